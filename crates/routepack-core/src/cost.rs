@@ -1,0 +1,98 @@
+//! Coefficients of DESIGN.md's cost model. Python derives them from the model shape and the
+//! hardware (`CostModel.from_model`) or loads calibrated ones; the core only consumes them.
+
+use crate::error::{invalid, Result};
+
+/// Forward + backward multiplier on compute terms (backward costs about twice the forward).
+pub const COMPUTE_PASSES: f64 = 3.0;
+/// Forward + backward multiplier on communication terms.
+pub const COMM_PASSES: f64 = 2.0;
+
+/// All times in seconds, sizes in bytes, bandwidths in bytes per second.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CostModel {
+    /// Linear attention/dense work per token per layer (projections, shared experts).
+    pub a_lin: f64,
+    /// Quadratic attention work per layer: `[L]`, 0 for linear-attention layers.
+    pub a_quad: Vec<f64>,
+    /// Expert compute per routed token (one token to one expert).
+    pub c_tok: f64,
+    /// Fixed cost per active expert on a rank (kernel and GEMM-tile overhead).
+    pub c_exp: f64,
+    /// Bytes of one routed token's hidden state (H · activation bytes), sent once per
+    /// (token, expert) in dispatch and again in combine.
+    pub token_bytes: f64,
+    /// Per-GPU bandwidth inside a node (one direction).
+    pub bw_intra: f64,
+    /// Per-GPU bandwidth between nodes (one direction).
+    pub bw_inter: f64,
+    /// Weights of one expert (3·H·I·weight bytes): what replication sends in forward.
+    pub expert_weight_bytes: f64,
+    /// fp32 gradient of one expert (3·H·I·4): what replication reduces back in backward.
+    pub expert_grad_bytes: f64,
+    /// Everything migration moves per expert: weights plus optimizer state
+    /// (fp32 master weights and Adam's two moments).
+    pub expert_state_bytes: f64,
+}
+
+impl CostModel {
+    pub fn check(&self, num_layers: usize) -> Result<()> {
+        if self.a_quad.len() != num_layers {
+            return Err(invalid(
+                "cost.a_quad",
+                format!("has {} entries, expected one per MoE layer ({num_layers})", self.a_quad.len()),
+            ));
+        }
+        let scalars = [
+            ("cost.a_lin", self.a_lin),
+            ("cost.c_tok", self.c_tok),
+            ("cost.c_exp", self.c_exp),
+            ("cost.token_bytes", self.token_bytes),
+            ("cost.expert_weight_bytes", self.expert_weight_bytes),
+            ("cost.expert_grad_bytes", self.expert_grad_bytes),
+            ("cost.expert_state_bytes", self.expert_state_bytes),
+        ];
+        for (name, v) in scalars {
+            if !v.is_finite() || v < 0.0 {
+                return Err(invalid(name, format!("must be finite and >= 0, got {v}")));
+            }
+        }
+        for (name, v) in [("cost.bw_intra", self.bw_intra), ("cost.bw_inter", self.bw_inter)] {
+            if !v.is_finite() || v <= 0.0 {
+                return Err(invalid(name, format!("must be finite and > 0, got {v}")));
+            }
+        }
+        if let Some((l, v)) = self.a_quad.iter().enumerate().find(|(_, v)| !v.is_finite() || **v < 0.0) {
+            return Err(invalid("cost.a_quad", format!("layer {l} has {v}; must be finite and >= 0")));
+        }
+        Ok(())
+    }
+
+    /// Attention/dense work of one sample of length n in layer l (one pass).
+    #[inline]
+    pub fn attention(&self, l: usize, n: f64) -> f64 {
+        self.a_lin * n + self.a_quad[l] * n * n
+    }
+
+    /// Seconds to move `bytes` between two EP-local ranks (intra- or inter-node).
+    #[inline]
+    pub fn link_time(&self, bytes: f64, same_node: bool) -> f64 {
+        bytes / if same_node { self.bw_intra } else { self.bw_inter }
+    }
+
+    /// A model with unit-ish coefficients for tests.
+    pub fn for_tests(num_layers: usize) -> Self {
+        Self {
+            a_lin: 1e-9,
+            a_quad: (0..num_layers).map(|l| if l % 4 == 3 { 1e-13 } else { 0.0 }).collect(),
+            c_tok: 2e-9,
+            c_exp: 1e-6,
+            token_bytes: 4096.0,
+            bw_intra: 4e11,
+            bw_inter: 5e10,
+            expert_weight_bytes: 6e6,
+            expert_grad_bytes: 12e6,
+            expert_state_bytes: 42e6,
+        }
+    }
+}

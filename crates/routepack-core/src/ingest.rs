@@ -1,0 +1,138 @@
+//! Routing-replay ingestion: top-k expert ids per token → per-sample per-layer expert demand.
+//!
+//! Input is the layout verl, slime and vLLM record: `routed [T, L, k]` (uint8, int16, int32 or
+//! int64 ids, row-major) with `cu_seqlens [S+1]` token offsets of the samples. Output is the
+//! window's `expert_tokens [S, L, E]`. Samples are counted in parallel (each writes its own
+//! `[L, E]` block), so the result is identical for any thread count.
+
+use rayon::prelude::*;
+
+use crate::error::{invalid, Result};
+
+/// An expert id type as recorded by a rollout engine.
+pub trait ExpertId: Copy + Send + Sync {
+    /// The id as an unsigned index; negative ids map to values >= any E (then refused).
+    fn index(self) -> u64;
+    /// The id as written, for error messages.
+    fn value(self) -> i64;
+}
+
+macro_rules! expert_id {
+    ($($t:ty),*) => {$(
+        impl ExpertId for $t {
+            #[inline(always)]
+            fn index(self) -> u64 { self as i64 as u64 }
+            #[inline(always)]
+            fn value(self) -> i64 { self as i64 }
+        }
+    )*};
+}
+expert_id!(u8, i16, i32, i64);
+
+/// Checks `cu_seqlens` against T tokens: starts at 0, strictly increasing, ends at T.
+pub fn check_cu_seqlens(cu_seqlens: &[i64], num_tokens: usize) -> Result<()> {
+    if cu_seqlens.len() < 2 {
+        return Err(invalid("cu_seqlens", format!("needs S+1 >= 2 entries, got {}", cu_seqlens.len())));
+    }
+    if cu_seqlens[0] != 0 {
+        return Err(invalid("cu_seqlens", format!("must start at 0, got {}", cu_seqlens[0])));
+    }
+    if let Some(i) = cu_seqlens.windows(2).position(|w| w[1] <= w[0]) {
+        return Err(invalid(
+            "cu_seqlens",
+            format!(
+                "sample {i} is empty or negative: cu_seqlens[{i}] = {}, cu_seqlens[{}] = {}",
+                cu_seqlens[i],
+                i + 1,
+                cu_seqlens[i + 1]
+            ),
+        ));
+    }
+    let last = *cu_seqlens.last().unwrap();
+    if last != num_tokens as i64 {
+        return Err(invalid(
+            "cu_seqlens",
+            format!("ends at {last} but routed has T = {num_tokens} tokens"),
+        ));
+    }
+    Ok(())
+}
+
+/// Counts `routed [T, L, k]` into `(seq_lens [S], expert_tokens [S, L, E])`.
+pub fn expert_tokens_from_routed<T: ExpertId>(
+    routed: &[T],
+    num_layers: usize,
+    top_k: usize,
+    cu_seqlens: &[i64],
+    num_experts: usize,
+) -> Result<(Vec<i64>, Vec<i32>)> {
+    if num_layers == 0 || top_k == 0 {
+        return Err(invalid("routed", format!("needs L >= 1 and k >= 1, got L={num_layers}, k={top_k}")));
+    }
+    if num_experts == 0 {
+        return Err(invalid("num_experts", "must be >= 1, got 0"));
+    }
+    let per_token = num_layers * top_k;
+    if routed.len() % per_token != 0 {
+        return Err(invalid("routed", format!("{} ids is not a multiple of L*k = {per_token}", routed.len())));
+    }
+    let t_n = routed.len() / per_token;
+    check_cu_seqlens(cu_seqlens, t_n)?;
+    let s_n = cu_seqlens.len() - 1;
+    let block = num_layers * num_experts;
+    let e_max = num_experts as u64;
+    let mut counts = vec![0i32; s_n * block];
+    // each sample fills its own [L, E] block; errors are reported for the lowest sample
+    let first_error = counts
+        .par_chunks_mut(block)
+        .enumerate()
+        .map(|(s, out)| {
+            let (lo, hi) = (cu_seqlens[s] as usize, cu_seqlens[s + 1] as usize);
+            let ids = &routed[lo * per_token..hi * per_token];
+            for (t, tok) in ids.chunks_exact(per_token).enumerate() {
+                for (l, layer_ids) in tok.chunks_exact(top_k).enumerate() {
+                    let row = &mut out[l * num_experts..(l + 1) * num_experts];
+                    for &id in layer_ids {
+                        let i = id.index();
+                        if i >= e_max {
+                            return Some((s, lo + t, l, id.value()));
+                        }
+                        row[i as usize] += 1;
+                    }
+                }
+            }
+            None
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .flatten()
+        .next();
+    if let Some((s, t, l, v)) = first_error {
+        return Err(invalid(
+            "routed",
+            format!("expert id {v} at token {t} (sample {s}), layer {l} is outside [0, {num_experts})"),
+        ));
+    }
+    let seq_lens = cu_seqlens.windows(2).map(|w| w[1] - w[0]).collect();
+    Ok((seq_lens, counts))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_and_names_bad_ids() {
+        // 3 tokens, L=1, k=2, two samples [0,2) and [2,3)
+        let routed: Vec<u8> = vec![0, 1, 1, 2, 2, 0];
+        let (lens, c) = expert_tokens_from_routed(&routed, 1, 2, &[0, 2, 3], 3).unwrap();
+        assert_eq!(lens, vec![2, 1]);
+        assert_eq!(c, vec![1, 2, 1, 1, 0, 1]);
+        let e = expert_tokens_from_routed(&routed, 1, 2, &[0, 2, 3], 2).unwrap_err();
+        assert!(e.to_string().contains("expert id 2 at token 1 (sample 0), layer 0"), "{e}");
+        let neg: Vec<i16> = vec![0, -1];
+        let e = expert_tokens_from_routed(&neg, 1, 2, &[0, 1], 4).unwrap_err();
+        assert!(e.to_string().contains("expert id -1"), "{e}");
+        assert!(expert_tokens_from_routed(&routed, 1, 2, &[0, 3, 3], 3).is_err());
+    }
+}

@@ -1,0 +1,31 @@
+//! routepack-core: the planning algorithms of routepack, in pure Rust.
+//!
+//! Stages (DESIGN.md), one module each:
+//! * [`ingest`]     routing replay → per-sample per-layer expert demand
+//! * [`placement`]  expert placement (static, EPLB baseline, routepack)
+//! * [`simulate`]   the cost model that scores every plan
+//! * [`flow`]       where each expert's tokens go under a plan (shared by simulator and remapper)
+//! * [`validate`]   the invariants every plan must satisfy
+//!
+//! Inputs are borrowed views ([`WindowView`]) so numpy arrays cross the FFI without copies.
+//! Every function is deterministic for its inputs and seed.
+
+pub mod cost;
+pub mod error;
+pub mod flow;
+pub mod ingest;
+pub mod migration;
+pub mod packing;
+pub mod plan;
+pub mod placement;
+pub mod simulate;
+pub mod topology;
+pub mod validate;
+pub mod window;
+
+pub use cost::CostModel;
+pub use error::{Error, Result};
+pub use placement::Placement;
+pub use plan::{MigrationRow, Plan, ReplicaRow};
+pub use topology::Topology;
+pub use window::WindowView;

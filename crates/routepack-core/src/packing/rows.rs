@@ -1,0 +1,72 @@
+//! Helpers shared by the packers: cap checks, making the row count a multiple of dp, and
+//! laying rows out onto (rank, step) cells.
+
+use super::Packing;
+use crate::error::{Error, Result};
+
+/// Refuses a sample longer than the cap, naming it (never a silent overflow).
+pub fn check_cap(seq_lens: &[i64], token_cap: i64) -> Result<()> {
+    if token_cap < 1 {
+        return Err(crate::error::invalid("token_cap", format!("must be >= 1, got {token_cap}")));
+    }
+    if let Some((s, &n)) = seq_lens.iter().enumerate().find(|(_, &n)| n > token_cap) {
+        return Err(Error::Infeasible(format!(
+            "sample {s} has {n} tokens, more than token_cap = {token_cap}; raise the cap or split the sample"
+        )));
+    }
+    Ok(())
+}
+
+/// Grows the row count to a multiple of `dp` (and at least dp) by splitting the heaviest row
+/// that has two or more samples: its samples are dealt alternately (largest first) into two
+/// rows, which stay under the cap because the original was. Errors when there are fewer
+/// samples than dp.
+pub fn equalise_rows(rows: &mut Vec<Vec<usize>>, seq_lens: &[i64], dp: usize) -> Result<()> {
+    if seq_lens.len() < dp {
+        return Err(Error::Infeasible(format!(
+            "{} samples cannot fill {dp} DP ranks with non-empty microbatches",
+            seq_lens.len()
+        )));
+    }
+    let load = |r: &Vec<usize>| r.iter().map(|&s| seq_lens[s]).sum::<i64>();
+    while rows.len() < dp || rows.len() % dp != 0 {
+        let pick = rows
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.len() >= 2)
+            .max_by(|a, b| load(a.1).cmp(&load(b.1)).then(b.0.cmp(&a.0)))
+            .map(|(i, _)| i)
+            .expect("more samples than rows, so some row has two");
+        let mut members = std::mem::take(&mut rows[pick]);
+        members.sort_by(|&a, &b| seq_lens[b].cmp(&seq_lens[a]).then(a.cmp(&b)));
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        let (mut la, mut lb) = (0i64, 0i64);
+        for s in members {
+            if la <= lb {
+                la += seq_lens[s];
+                a.push(s);
+            } else {
+                lb += seq_lens[s];
+                b.push(s);
+            }
+        }
+        rows[pick] = a;
+        rows.push(b);
+    }
+    Ok(())
+}
+
+/// Lays rows out in order: row i runs on rank i % dp at step i / dp. Requires
+/// rows.len() to be a positive multiple of dp.
+pub fn round_robin(rows: &[Vec<usize>], num_samples: usize, dp: usize) -> Packing {
+    debug_assert!(!rows.is_empty() && rows.len() % dp == 0);
+    let mut sample_rank = vec![0i32; num_samples];
+    let mut sample_micro = vec![0i32; num_samples];
+    for (i, row) in rows.iter().enumerate() {
+        for &s in row {
+            sample_rank[s] = (i % dp) as i32;
+            sample_micro[s] = (i / dp) as i32;
+        }
+    }
+    Packing { sample_rank, sample_micro, num_micro: rows.len() / dp }
+}

@@ -1,0 +1,369 @@
+//! The simulator: DESIGN.md's cost model, the one scale every plan and baseline is scored on.
+//!
+//! For EP group g, microbatch step m, MoE layer l:
+//! * attention of DP rank d: `A = Σ_{s∈cell(d,m)} a_lin·n_s + a_quad_l·n_s²`;
+//! * tokens of logical expert e from EP-local rank r, routed by [`crate::flow::route_expert`]
+//!   to placement slots and replica copies;
+//! * expert work of EP rank p: `X = c_tok·tokens(p) + c_exp·active_experts(p)`
+//!   (active = distinct logical experts with tokens on p);
+//! * all-to-all: per rank, max(sent, received) routed tokens × token_bytes over each link
+//!   (intra-/inter-node); the slowest rank sets the time; dispatch + combine;
+//! * replication: each replicated (expert, src) is a chain broadcast src → dsts (same node
+//!   first, then ascending rank) of the weights in forward and a chain reduce of fp32
+//!   gradients in backward; per rank max(sent, received) per link; what exceeds that layer's
+//!   attention (forward: 1×, backward: 2×) is exposed;
+//! * `T = 3·max_d A + 2·2·a2a + 3·max_p X + exposed replication`.
+//!
+//! Step time = max_g Σ_m Σ_l T + exposed migration (per rank max(sent, received) bytes of
+//! moved experts over each link). `ideal` replaces every max by the mean at the lower-bound
+//! microbatch count, with uniform all-to-all and no replication or migration.
+
+use rayon::prelude::*;
+
+use crate::cost::{CostModel, COMM_PASSES, COMPUTE_PASSES};
+use crate::error::Result;
+use crate::flow::{route_expert, Dest};
+use crate::plan::{cell_members, Plan, ReplicaRow};
+use crate::topology::Topology;
+use crate::validate::validate_plan;
+use crate::window::WindowView;
+
+/// What a plan costs on a window. Times in seconds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimReport {
+    pub step_time: f64,
+    pub ideal_time: f64,
+    pub throughput: f64,
+    pub ideal_throughput: f64,
+    /// Parts of the slowest group's time (they add up to `step_time`).
+    pub attention: f64,
+    pub expert: f64,
+    pub all_to_all: f64,
+    pub replication: f64,
+    pub migration: f64,
+    pub critical_group: usize,
+    /// `[G]` Σ_m Σ_l T of each group.
+    pub group_times: Vec<f64>,
+    /// `[G, M, L]` max / mean over EP ranks of expert tokens.
+    pub imbalance: Vec<f64>,
+    pub mean_imbalance: f64,
+}
+
+/// Cost of one (group, micro, layer), split into its parts (all passes included).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LayerCost {
+    pub attention: f64,
+    pub all_to_all: f64,
+    pub expert: f64,
+    pub replication: f64,
+    pub imbalance: f64,
+}
+
+impl LayerCost {
+    pub fn total(&self) -> f64 {
+        self.attention + self.all_to_all + self.expert + self.replication
+    }
+}
+
+/// Per-rank bytes over the two links, sent and received.
+#[derive(Clone, Copy, Default)]
+struct LinkBytes {
+    send_intra: f64,
+    recv_intra: f64,
+    send_inter: f64,
+    recv_inter: f64,
+}
+
+impl LinkBytes {
+    fn add(v: &mut [LinkBytes], from: usize, to: usize, bytes: f64, same_node: bool) {
+        if same_node {
+            v[from].send_intra += bytes;
+            v[to].recv_intra += bytes;
+        } else {
+            v[from].send_inter += bytes;
+            v[to].recv_inter += bytes;
+        }
+    }
+    /// The slowest rank's time: per link max(sent, received) over that link's bandwidth.
+    fn time(v: &[LinkBytes], cost: &CostModel) -> f64 {
+        v.iter()
+            .map(|b| b.send_intra.max(b.recv_intra) / cost.bw_intra + b.send_inter.max(b.recv_inter) / cost.bw_inter)
+            .fold(0.0, f64::max)
+    }
+}
+
+/// Scratch buffers for one worker, reused across cells.
+struct Scratch {
+    origin: Vec<i64>,   // [ep * E] tokens per (origin rank, expert)
+    column: Vec<i64>,   // [ep]
+    rem: Vec<i64>,      // [ep]
+    tokens: Vec<i64>,   // [ep] tokens per destination rank
+    stamp: Vec<u32>,    // [ep * E] last (expert, rank) activation stamp
+    active: Vec<u32>,   // [ep]
+    a2a: Vec<LinkBytes>,
+    repl_fwd: Vec<LinkBytes>,
+    repl_bwd: Vec<LinkBytes>,
+    clock: u32,
+}
+
+impl Scratch {
+    fn new(ep: usize, e: usize) -> Self {
+        Self {
+            origin: vec![0; ep * e],
+            column: vec![0; ep],
+            rem: Vec::with_capacity(ep),
+            tokens: vec![0; ep],
+            stamp: vec![0; ep * e],
+            active: vec![0; ep],
+            a2a: vec![LinkBytes::default(); ep],
+            repl_fwd: vec![LinkBytes::default(); ep],
+            repl_bwd: vec![LinkBytes::default(); ep],
+            clock: 0,
+        }
+    }
+}
+
+/// Replica rows bucketed by (group, micro, layer), table order kept inside a bucket.
+pub fn bucket_replicas(rows: &[ReplicaRow], groups: usize, micro: usize, layers: usize) -> Vec<Vec<ReplicaRow>> {
+    let mut b = vec![Vec::new(); groups * micro * layers];
+    for r in rows {
+        b[(r.group as usize * micro + r.micro as usize) * layers + r.layer as usize].push(*r);
+    }
+    b
+}
+
+/// Prices one (group g, micro m, layer l). `cells[r]` are the samples of EP-local rank r at
+/// step m; `attn[r]` their one-pass attention time; `slot_off/slots` the layer's placement in
+/// CSR form (see `Placement::replicas_of_layer`); `reps` this cell's replica rows.
+#[allow(clippy::too_many_arguments)]
+fn layer_cost(
+    w: &WindowView,
+    topo: &Topology,
+    cost: &CostModel,
+    l: usize,
+    cells: &[&[usize]],
+    attn_max: f64,
+    slot_off: &[usize],
+    slots: &[usize],
+    reps: &[ReplicaRow],
+    sc: &mut Scratch,
+) -> LayerCost {
+    let (ep, e_n) = (topo.ep, w.num_experts);
+    sc.origin.iter_mut().for_each(|x| *x = 0);
+    for (r, members) in cells.iter().enumerate() {
+        let row = &mut sc.origin[r * e_n..(r + 1) * e_n];
+        for &s in members.iter() {
+            for (o, &x) in row.iter_mut().zip(w.tokens(s, l)) {
+                *o += x as i64;
+            }
+        }
+    }
+    sc.tokens.iter_mut().for_each(|x| *x = 0);
+    sc.active.iter_mut().for_each(|x| *x = 0);
+    sc.a2a.iter_mut().for_each(|x| *x = LinkBytes::default());
+    sc.clock = sc.clock.wrapping_add(1);
+    if sc.clock == 0 {
+        sc.stamp.iter_mut().for_each(|x| *x = 0);
+        sc.clock = 1;
+    }
+    let clock = sc.clock;
+    let mut rep_args: Vec<(usize, f32)> = Vec::new();
+    for e in 0..e_n {
+        for r in 0..ep {
+            sc.column[r] = sc.origin[r * e_n + e];
+        }
+        rep_args.clear();
+        rep_args.extend(reps.iter().filter(|x| x.expert as usize == e).map(|x| (x.dst_rank as usize, x.share)));
+        if sc.column.iter().all(|&x| x == 0) {
+            continue;
+        }
+        let (tokens, active, stamp, a2a) = (&mut sc.tokens, &mut sc.active, &mut sc.stamp, &mut sc.a2a);
+        route_expert(&sc.column, &slots[slot_off[e]..slot_off[e + 1]], &rep_args, topo, &mut sc.rem, |o, p, _d: Dest, n| {
+            tokens[p] += n;
+            if stamp[p * e_n + e] != clock {
+                stamp[p * e_n + e] = clock;
+                active[p] += 1;
+            }
+            if o != p {
+                let same = topo.local_node_of(o) == topo.local_node_of(p);
+                LinkBytes::add(a2a, o, p, n as f64 * cost.token_bytes, same);
+            }
+        });
+    }
+    let x_max = (0..ep)
+        .map(|p| cost.c_tok * sc.tokens[p] as f64 + cost.c_exp * sc.active[p] as f64)
+        .fold(0.0, f64::max);
+    let total: i64 = sc.tokens.iter().sum();
+    let imbalance = if total > 0 {
+        *sc.tokens.iter().max().unwrap() as f64 * ep as f64 / total as f64
+    } else {
+        1.0
+    };
+    let a2a = 2.0 * COMM_PASSES * LinkBytes::time(&sc.a2a, cost);
+
+    let mut replication = 0.0;
+    if !reps.is_empty() {
+        sc.repl_fwd.iter_mut().for_each(|x| *x = LinkBytes::default());
+        sc.repl_bwd.iter_mut().for_each(|x| *x = LinkBytes::default());
+        // one chain per (expert, src): src → dsts ordered same-node-first, then by rank
+        let mut keys: Vec<(i32, i32)> = reps.iter().map(|r| (r.expert, r.src_rank)).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        for (e, src) in keys {
+            let src = src as usize;
+            let node = topo.local_node_of(src);
+            let mut dsts: Vec<usize> = reps
+                .iter()
+                .filter(|r| r.expert == e && r.src_rank as usize == src)
+                .map(|r| r.dst_rank as usize)
+                .collect();
+            dsts.sort_unstable_by_key(|&d| (topo.local_node_of(d) != node, d));
+            dsts.dedup();
+            let mut prev = src;
+            for d in dsts {
+                let same = topo.local_node_of(prev) == topo.local_node_of(d);
+                LinkBytes::add(&mut sc.repl_fwd, prev, d, cost.expert_weight_bytes, same);
+                LinkBytes::add(&mut sc.repl_bwd, d, prev, cost.expert_grad_bytes, same);
+                prev = d;
+            }
+        }
+        let fwd = LinkBytes::time(&sc.repl_fwd, cost);
+        let bwd = LinkBytes::time(&sc.repl_bwd, cost);
+        replication = (fwd - attn_max).max(0.0) + (bwd - 2.0 * attn_max).max(0.0);
+    }
+    LayerCost {
+        attention: COMPUTE_PASSES * attn_max,
+        all_to_all: a2a,
+        expert: COMPUTE_PASSES * x_max,
+        replication,
+        imbalance,
+    }
+}
+
+/// Seconds of exposed migration: per EP rank, max(sent, received) bytes over each link.
+pub fn migration_time(plan: &Plan, topo: &Topology, cost: &CostModel) -> f64 {
+    let mut links = vec![LinkBytes::default(); topo.ep];
+    for mv in &plan.migration {
+        let (s, d) = (mv.src_rank as usize, mv.dst_rank as usize);
+        if s != d {
+            let same = topo.local_node_of(s) == topo.local_node_of(d);
+            LinkBytes::add(&mut links, s, d, mv.bytes, same);
+        }
+    }
+    LinkBytes::time(&links, cost)
+}
+
+/// DESIGN.md's `ideal` at `ideal_micro` microbatches per rank.
+pub fn ideal_time(w: &WindowView, topo: &Topology, cost: &CostModel, ideal_micro: usize) -> f64 {
+    let (dp, ep) = (topo.dp as f64, topo.ep as f64);
+    let rpn = topo.ranks_per_group_node() as f64;
+    let lin: f64 = w.seq_lens.iter().map(|&n| n as f64).sum();
+    let quad: f64 = w.seq_lens.iter().map(|&n| (n as f64) * (n as f64)).sum();
+    let mut total = 0.0;
+    for l in 0..w.num_layers {
+        let tt: f64 = (0..w.num_samples).map(|s| w.tokens(s, l).iter().map(|&x| x as f64).sum::<f64>()).sum();
+        let attn = COMPUTE_PASSES * (cost.a_lin * lin + cost.a_quad[l] * quad) / dp;
+        let expert = COMPUTE_PASSES
+            * (cost.c_tok * tt / dp + cost.c_exp * ideal_micro as f64 * w.num_experts as f64 / ep);
+        let per_rank_bytes = tt / dp * cost.token_bytes;
+        let a2a = 2.0
+            * COMM_PASSES
+            * per_rank_bytes
+            * ((rpn - 1.0) / ep / cost.bw_intra + (ep - rpn) / ep / cost.bw_inter);
+        total += attn + expert + a2a;
+    }
+    total
+}
+
+/// Lower-bound microbatches per rank for a cap: ceil(ceil(Σ n / cap) / dp).
+pub fn lower_bound_micro(w: &WindowView, topo: &Topology, token_cap: i64) -> usize {
+    let rows = (w.total_tokens() as u64).div_ceil(token_cap.max(1) as u64) as usize;
+    rows.div_ceil(topo.dp).max(1)
+}
+
+/// Scores `plan` on `w`. `ideal_micro`: the microbatch count of the ideal bound (see
+/// [`lower_bound_micro`]); None uses the plan's own count.
+pub fn simulate(
+    plan: &Plan,
+    w: &WindowView,
+    topo: &Topology,
+    cost: &CostModel,
+    ideal_micro: Option<usize>,
+) -> Result<SimReport> {
+    cost.check(w.num_layers)?;
+    validate_plan(plan, w, topo, i64::MAX)?;
+    let (g_n, m_n, l_n, ep) = (topo.num_groups(), plan.num_micro, w.num_layers, topo.ep);
+    let (off, members) = cell_members(&plan.sample_rank, &plan.sample_micro, topo.dp, m_n);
+    let cell = |d: usize, m: usize| &members[off[d * m_n + m]..off[d * m_n + m + 1]];
+    let reps = bucket_replicas(&plan.replicas, g_n, m_n, l_n);
+    let layer_slots: Vec<(Vec<usize>, Vec<usize>)> = (0..l_n).map(|l| plan.placement.replicas_of_layer(l)).collect();
+
+    // every (g, m) independently; results kept in index order so the sum is deterministic
+    let per_gm: Vec<Vec<LayerCost>> = (0..g_n * m_n)
+        .into_par_iter()
+        .map_init(
+            || Scratch::new(ep, w.num_experts),
+            |sc, gm| {
+                let (g, m) = (gm / m_n, gm % m_n);
+                let cells: Vec<&[usize]> = (0..ep).map(|r| cell(g * ep + r, m)).collect();
+                let (lin, quad): (Vec<f64>, Vec<f64>) = cells
+                    .iter()
+                    .map(|c| {
+                        c.iter().fold((0.0, 0.0), |(a, b), &s| {
+                            let n = w.seq_lens[s] as f64;
+                            (a + n, b + n * n)
+                        })
+                    })
+                    .unzip();
+                (0..l_n)
+                    .map(|l| {
+                        let attn_max = (0..ep)
+                            .map(|r| cost.a_lin * lin[r] + cost.a_quad[l] * quad[r])
+                            .fold(0.0, f64::max);
+                        let (so, sl) = &layer_slots[l];
+                        layer_cost(w, topo, cost, l, &cells, attn_max, so, sl, &reps[gm * l_n + l], sc)
+                    })
+                    .collect()
+            },
+        )
+        .collect();
+
+    let mut group_times = vec![0.0; g_n];
+    let mut imbalance = Vec::with_capacity(g_n * m_n * l_n);
+    for (gm, layers) in per_gm.iter().enumerate() {
+        for lc in layers {
+            group_times[gm / m_n] += lc.total();
+            imbalance.push(lc.imbalance);
+        }
+    }
+    let critical = (0..g_n).fold(0, |b, g| if group_times[g] > group_times[b] { g } else { b });
+    let mut parts = LayerCost::default();
+    for layers in &per_gm[critical * m_n..(critical + 1) * m_n] {
+        for lc in layers {
+            parts.attention += lc.attention;
+            parts.all_to_all += lc.all_to_all;
+            parts.expert += lc.expert;
+            parts.replication += lc.replication;
+        }
+    }
+    let migration = migration_time(plan, topo, cost);
+    let step_time = group_times[critical] + migration;
+    let ideal = ideal_time(w, topo, cost, ideal_micro.unwrap_or(m_n));
+    let tokens = w.total_tokens() as f64;
+    let mean_imbalance = imbalance.iter().sum::<f64>() / imbalance.len() as f64;
+    Ok(SimReport {
+        step_time,
+        ideal_time: ideal,
+        throughput: tokens / step_time,
+        ideal_throughput: tokens / ideal,
+        attention: parts.attention,
+        expert: parts.expert,
+        all_to_all: parts.all_to_all,
+        replication: parts.replication,
+        migration,
+        critical_group: critical,
+        group_times,
+        imbalance,
+        mean_imbalance,
+    })
+}

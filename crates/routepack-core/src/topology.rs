@@ -1,0 +1,108 @@
+//! The cluster's shape: data-parallel ranks, expert-parallel groups, nodes, expert slots.
+
+use crate::error::{invalid, Result};
+
+/// * `dp` data-parallel ranks, each running its own microbatches.
+/// * EP groups are consecutive blocks of `ep` DP ranks (group g = ranks g·ep .. g·ep+ep-1).
+/// * nodes are consecutive blocks of `gpus_per_node` global ranks.
+/// * each EP rank has `slots_per_rank` physical expert slots per MoE layer; physical slot p
+///   lives on EP-local rank p / slots_per_rank (DeepSeek EPLB convention).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Topology {
+    pub dp: usize,
+    pub ep: usize,
+    pub gpus_per_node: usize,
+    pub slots_per_rank: usize,
+}
+
+impl Topology {
+    pub fn new(dp: usize, ep: usize, gpus_per_node: usize, slots_per_rank: usize) -> Result<Self> {
+        let t = Self { dp, ep, gpus_per_node, slots_per_rank };
+        t.check()?;
+        Ok(t)
+    }
+
+    /// Consistency of the four numbers on their own (not against a model).
+    pub fn check(&self) -> Result<()> {
+        if self.dp == 0 {
+            return Err(invalid("topo.dp", "must be >= 1, got 0"));
+        }
+        if self.ep == 0 {
+            return Err(invalid("topo.ep", "must be >= 1, got 0"));
+        }
+        if self.gpus_per_node == 0 {
+            return Err(invalid("topo.gpus_per_node", "must be >= 1, got 0"));
+        }
+        if self.slots_per_rank == 0 {
+            return Err(invalid("topo.slots_per_rank", "must be >= 1, got 0"));
+        }
+        if self.dp % self.ep != 0 {
+            return Err(invalid("topo", format!("dp={} is not a multiple of ep={}", self.dp, self.ep)));
+        }
+        if self.ep % self.gpus_per_node != 0 && self.gpus_per_node % self.ep != 0 {
+            return Err(invalid(
+                "topo",
+                format!(
+                    "ep={} and gpus_per_node={} must divide one another (an EP group spans whole nodes or lies inside one)",
+                    self.ep, self.gpus_per_node
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks that the slots can hold every logical expert at least once.
+    pub fn check_experts(&self, num_experts: usize) -> Result<()> {
+        self.check()?;
+        if self.num_slots() < num_experts {
+            return Err(invalid(
+                "topo",
+                format!(
+                    "ep*slots_per_rank = {}*{} = {} < num_experts = {}",
+                    self.ep,
+                    self.slots_per_rank,
+                    self.num_slots(),
+                    num_experts
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// EP groups: dp / ep.
+    #[inline]
+    pub fn num_groups(&self) -> usize {
+        self.dp / self.ep
+    }
+    /// Physical slots per layer in one EP group: ep · slots_per_rank.
+    #[inline]
+    pub fn num_slots(&self) -> usize {
+        self.ep * self.slots_per_rank
+    }
+    /// EP-local rank that holds physical slot p.
+    #[inline]
+    pub fn rank_of_slot(&self, p: usize) -> usize {
+        p / self.slots_per_rank
+    }
+    /// Node of global rank d.
+    #[inline]
+    pub fn node_of(&self, global_rank: usize) -> usize {
+        global_rank / self.gpus_per_node
+    }
+    /// Node index, within its EP group, of EP-local rank r (same for every group because
+    /// groups start on node boundaries or lie inside one node).
+    #[inline]
+    pub fn local_node_of(&self, ep_rank: usize) -> usize {
+        ep_rank / self.gpus_per_node.min(self.ep)
+    }
+    /// Nodes spanned by one EP group.
+    #[inline]
+    pub fn nodes_per_group(&self) -> usize {
+        self.ep.div_ceil(self.gpus_per_node).max(1)
+    }
+    /// EP ranks of one group that share a node.
+    #[inline]
+    pub fn ranks_per_group_node(&self) -> usize {
+        self.gpus_per_node.min(self.ep)
+    }
+}

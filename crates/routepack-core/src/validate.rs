@@ -1,0 +1,120 @@
+//! `validate`: every invariant of DESIGN.md, checked on a finished plan. Raises with the first
+//! violation, in words that name the sample, cell, layer or row.
+
+use crate::error::{bad_plan, Result};
+use crate::plan::{cell_members, Plan};
+use crate::topology::Topology;
+use crate::window::WindowView;
+
+pub fn validate_plan(plan: &Plan, w: &WindowView, topo: &Topology, token_cap: i64) -> Result<()> {
+    topo.check_experts(w.num_experts)?;
+    let p = &plan.placement;
+    if p.num_layers != w.num_layers || p.num_experts != w.num_experts {
+        return Err(bad_plan(format!(
+            "placement is for L={}, E={} but the window has L={}, E={}",
+            p.num_layers, p.num_experts, w.num_layers, w.num_experts
+        )));
+    }
+    p.check_topology(topo)?;
+    p.check()?;
+
+    let s_n = w.num_samples;
+    if plan.sample_rank.len() != s_n || plan.sample_micro.len() != s_n {
+        return Err(bad_plan(format!(
+            "sample_rank has {} and sample_micro {} entries; the window has {s_n} samples (each exactly once)",
+            plan.sample_rank.len(),
+            plan.sample_micro.len()
+        )));
+    }
+    let m_n = plan.num_micro;
+    if m_n == 0 {
+        return Err(bad_plan("num_micro is 0"));
+    }
+    for s in 0..s_n {
+        let (d, m) = (plan.sample_rank[s], plan.sample_micro[s]);
+        if d < 0 || d as usize >= topo.dp {
+            return Err(bad_plan(format!("sample {s} is on DP rank {d}, outside [0, {})", topo.dp)));
+        }
+        if m < 0 || m as usize >= m_n {
+            return Err(bad_plan(format!("sample {s} is at microbatch {m}, outside [0, {m_n})")));
+        }
+    }
+    let (off, members) = cell_members(&plan.sample_rank, &plan.sample_micro, topo.dp, m_n);
+    for d in 0..topo.dp {
+        for m in 0..m_n {
+            let c = d * m_n + m;
+            if off[c] == off[c + 1] {
+                return Err(bad_plan(format!(
+                    "cell (rank {d}, micro {m}) is empty; every DP rank must run {m_n} non-empty microbatches"
+                )));
+            }
+            let tokens: i64 = members[off[c]..off[c + 1]].iter().map(|&s| w.seq_lens[s]).sum();
+            if tokens > token_cap {
+                return Err(bad_plan(format!(
+                    "cell (rank {d}, micro {m}) holds {tokens} tokens, over the cap {token_cap}"
+                )));
+            }
+        }
+    }
+
+    let g_n = topo.num_groups() as i32;
+    let mut share_sum: std::collections::HashMap<(i32, i32, i32, i32), f64> = Default::default();
+    for (i, r) in plan.replicas.iter().enumerate() {
+        let ok = (0..m_n as i32).contains(&r.micro)
+            && (0..g_n).contains(&r.group)
+            && (0..w.num_layers as i32).contains(&r.layer)
+            && (0..w.num_experts as i32).contains(&r.expert)
+            && (0..topo.ep as i32).contains(&r.src_rank)
+            && (0..topo.ep as i32).contains(&r.dst_rank);
+        if !ok {
+            return Err(bad_plan(format!("replica row {i} is out of range: {r:?}")));
+        }
+        if !(r.share.is_finite() && (0.0..=1.0).contains(&r.share)) {
+            return Err(bad_plan(format!("replica row {i} has share {} outside [0, 1]", r.share)));
+        }
+        if r.src_rank == r.dst_rank {
+            return Err(bad_plan(format!("replica row {i} copies expert {} onto its own source rank {}", r.expert, r.src_rank)));
+        }
+        let layer = p.layer(r.layer as usize);
+        let lo = r.src_rank as usize * topo.slots_per_rank;
+        if !layer[lo..lo + topo.slots_per_rank].contains(&r.expert) {
+            return Err(bad_plan(format!(
+                "replica row {i}: src_rank {} does not host expert {} in layer {}",
+                r.src_rank, r.expert, r.layer
+            )));
+        }
+        *share_sum.entry((r.micro, r.group, r.layer, r.expert)).or_default() += r.share as f64;
+    }
+    if let Some((k, v)) = share_sum.iter().find(|(_, v)| **v > 1.0 + 1e-5) {
+        return Err(bad_plan(format!(
+            "replica shares of (micro, group, layer, expert) = {k:?} sum to {v} > 1"
+        )));
+    }
+
+    for (i, mv) in plan.migration.iter().enumerate() {
+        let ok = (0..w.num_layers as i32).contains(&mv.layer)
+            && (0..w.num_experts as i32).contains(&mv.expert)
+            && (0..topo.ep as i32).contains(&mv.src_rank)
+            && (0..topo.ep as i32).contains(&mv.dst_rank)
+            && (0..p.num_slots as i32).contains(&mv.dst_slot)
+            && (0..p.num_slots as i32).contains(&mv.src_slot);
+        if !ok || !(mv.bytes.is_finite() && mv.bytes >= 0.0) {
+            return Err(bad_plan(format!("migration row {i} is out of range: {mv:?}")));
+        }
+        if p.layer(mv.layer as usize)[mv.dst_slot as usize] != mv.expert {
+            return Err(bad_plan(format!(
+                "migration row {i} moves expert {} into slot {} of layer {}, but the placement holds {} there",
+                mv.expert,
+                mv.dst_slot,
+                mv.layer,
+                p.layer(mv.layer as usize)[mv.dst_slot as usize]
+            )));
+        }
+        if topo.rank_of_slot(mv.dst_slot as usize) != mv.dst_rank as usize
+            || topo.rank_of_slot(mv.src_slot as usize) != mv.src_rank as usize
+        {
+            return Err(bad_plan(format!("migration row {i}: slot and rank disagree: {mv:?}")));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,96 @@
+//! A window of samples as the planner sees it: each sample's length and its per-layer demand
+//! for every logical expert (from routing replay). Borrowed, so numpy arrays cross the FFI
+//! without a copy.
+
+use crate::error::{invalid, Result};
+
+/// Borrowed view of a window.
+///
+/// * `seq_lens`      `[S]` tokens of each sample, every entry >= 1.
+/// * `expert_tokens` `[S, L, E]` row-major: tokens of sample s routed to logical expert e in
+///   MoE layer l (each token counts once per expert it was routed to, so a row sums to k·n_s).
+#[derive(Clone, Copy, Debug)]
+pub struct WindowView<'a> {
+    pub seq_lens: &'a [i64],
+    pub expert_tokens: &'a [i32],
+    pub num_samples: usize,
+    pub num_layers: usize,
+    pub num_experts: usize,
+}
+
+impl<'a> WindowView<'a> {
+    /// Checks shapes and values; O(S·L·E) once, so later stages can index without checks.
+    pub fn new(
+        seq_lens: &'a [i64],
+        expert_tokens: &'a [i32],
+        num_layers: usize,
+        num_experts: usize,
+    ) -> Result<Self> {
+        let s = seq_lens.len();
+        if s == 0 {
+            return Err(invalid("seq_lens", "a window needs at least one sample (got 0)"));
+        }
+        if num_layers == 0 || num_experts == 0 {
+            return Err(invalid(
+                "expert_tokens",
+                format!("needs L >= 1 and E >= 1, got L={num_layers}, E={num_experts}"),
+            ));
+        }
+        if expert_tokens.len() != s * num_layers * num_experts {
+            return Err(invalid(
+                "expert_tokens",
+                format!(
+                    "has {} entries, expected S*L*E = {}*{}*{}",
+                    expert_tokens.len(),
+                    s,
+                    num_layers,
+                    num_experts
+                ),
+            ));
+        }
+        if let Some((i, &n)) = seq_lens.iter().enumerate().find(|(_, &n)| n < 1) {
+            return Err(invalid("seq_lens", format!("sample {i} has length {n}; every length must be >= 1")));
+        }
+        if let Some(i) = expert_tokens.iter().position(|&x| x < 0) {
+            let (si, rest) = (i / (num_layers * num_experts), i % (num_layers * num_experts));
+            return Err(invalid(
+                "expert_tokens",
+                format!(
+                    "negative count {} at sample {si}, layer {}, expert {}",
+                    expert_tokens[i],
+                    rest / num_experts,
+                    rest % num_experts
+                ),
+            ));
+        }
+        Ok(Self { seq_lens, expert_tokens, num_samples: s, num_layers, num_experts })
+    }
+
+    /// Demand of sample `s` in layer `l`: `[E]` tokens per logical expert.
+    #[inline]
+    pub fn tokens(&self, s: usize, l: usize) -> &'a [i32] {
+        let off = (s * self.num_layers + l) * self.num_experts;
+        &self.expert_tokens[off..off + self.num_experts]
+    }
+
+    /// Total tokens of the window, Σ n_s.
+    pub fn total_tokens(&self) -> i64 {
+        self.seq_lens.iter().sum()
+    }
+
+    /// Aggregate demand `[L, E]` over all samples (what window-level placement balances).
+    pub fn layer_expert_load(&self) -> Vec<f64> {
+        let (l, e) = (self.num_layers, self.num_experts);
+        let mut out = vec![0.0f64; l * e];
+        for s in 0..self.num_samples {
+            for li in 0..l {
+                let row = self.tokens(s, li);
+                let dst = &mut out[li * e..(li + 1) * e];
+                for (d, &x) in dst.iter_mut().zip(row) {
+                    *d += x as f64;
+                }
+            }
+        }
+        out
+    }
+}

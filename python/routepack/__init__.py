@@ -1,0 +1,41 @@
+"""routepack: load balancing for MoE reinforcement-learning training with routing replay.
+
+Before a training step the trainer knows every sample's length and per-layer expert demand
+(routing replay). `plan_window` turns that into a `Plan`: where each expert lives, how samples
+are packed into token-capped microbatches and laid out over DP ranks, and which hot experts
+to replicate per microbatch. `simulate` scores any plan under DESIGN.md's cost model.
+`routepack.torch` carries a plan out with torch.distributed.
+"""
+
+from routepack._core import __version__
+from routepack.errors import InfeasibleError, InvalidPlanError, RoutepackError, RoutepackInternalError
+from routepack.model import CostModel, Hardware, ModelShape, Topology
+from routepack.plan import MIGRATION_DTYPE, REPLICA_DTYPE, Placement, Plan
+from routepack.planner import plan_window
+from routepack.policies import PRESETS, Policy
+from routepack.simulate import SimResult, simulate
+from routepack.window import Window
+from routepack import traces
+
+__all__ = [
+    "__version__",
+    "CostModel",
+    "Hardware",
+    "InfeasibleError",
+    "InvalidPlanError",
+    "MIGRATION_DTYPE",
+    "ModelShape",
+    "PRESETS",
+    "Placement",
+    "Plan",
+    "Policy",
+    "REPLICA_DTYPE",
+    "RoutepackError",
+    "RoutepackInternalError",
+    "SimResult",
+    "Topology",
+    "Window",
+    "plan_window",
+    "simulate",
+    "traces",
+]

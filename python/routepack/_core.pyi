@@ -1,0 +1,42 @@
+"""Type stubs for the Rust extension `routepack._core` (kept by hand; see src/*.rs)."""
+
+from typing import Any, Dict, Tuple
+
+import numpy as np
+import numpy.typing as npt
+
+__version__: str
+
+class RoutepackError(ValueError): ...
+class InvalidPlanError(RoutepackError): ...
+class InfeasibleError(RoutepackError): ...
+class RoutepackInternalError(RuntimeError): ...
+
+I32 = npt.NDArray[np.int32]
+I64 = npt.NDArray[np.int64]
+F32 = npt.NDArray[np.float32]
+F64 = npt.NDArray[np.float64]
+MigrationColumns = Tuple[I32, I32, I32, I32, I32, I32, F64]
+ReplicaColumns = Tuple[I32, I32, I32, I32, I32, I32, F32]
+
+def static_placement(num_layers: int, num_experts: int, topo: Any) -> I32:
+    """phy2log [L, ep*slots_per_rank]: expert e on rank e // ceil(E/ep); spare slots -1."""
+
+def placement_tables(phy2log: I32, num_experts: int, slots_per_rank: int) -> Tuple[I32, I32]:
+    """(logcnt [L, E], log2phy [L, E, max_replicas]) of a checked phy2log."""
+
+def validate_plan(plan: Any, seq_lens: I64, expert_tokens: I32, topo: Any, token_cap: int) -> None:
+    """Raises InvalidPlanError with the first broken invariant."""
+
+def migration_diff(previous: I32, next: I32, num_experts: int, slots_per_rank: int,
+                   bytes_per_expert: float) -> MigrationColumns:
+    """Moves turning `previous` into `next`."""
+
+def pack_sequential(seq_lens: I64, token_cap: int, dp: int) -> Tuple[I32, I32, int]:
+    """Arrival-order first fit: (sample_rank [S], sample_micro [S], num_micro)."""
+
+def simulate(plan: Any, seq_lens: I64, expert_tokens: I32, topo: Any, cost: Any) -> Dict[str, Any]:
+    """DESIGN.md's cost model; keys are the fields of routepack.SimResult."""
+
+def expert_tokens_from_routed(routed: np.ndarray, cu_seqlens: I64, num_experts: int) -> Tuple[I64, I32]:
+    """(seq_lens [S], expert_tokens [S, L, E]) from top-k ids [T, L, k] (uint8/int16/int32/int64)."""

@@ -1,0 +1,214 @@
+"""The cluster, the model and the hardware, and the cost coefficients derived from them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import List, Sequence
+
+from routepack._checks import finite_float, positive_int
+
+ATTENTION_KINDS = ("linear", "full")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Data-parallel and expert-parallel layout of the cluster.
+
+    * ``dp`` DP ranks, each running its own microbatches.
+    * EP groups are consecutive blocks of ``ep`` DP ranks; nodes are consecutive blocks of
+      ``gpus_per_node`` ranks (an EP group spans whole nodes or lies inside one).
+    * each EP rank has ``slots_per_rank`` physical expert slots per MoE layer; physical slot p
+      lives on EP-local rank ``p // slots_per_rank``; ``ep * slots_per_rank - E`` of them are
+      redundant (for replicas of hot experts).
+    """
+
+    dp: int
+    ep: int
+    gpus_per_node: int
+    slots_per_rank: int
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "ep", "gpus_per_node", "slots_per_rank"):
+            positive_int(getattr(self, name), f"topo.{name}")
+        if self.dp % self.ep:
+            raise ValueError(f"topo: dp={self.dp} is not a multiple of ep={self.ep}")
+        if self.ep % self.gpus_per_node and self.gpus_per_node % self.ep:
+            raise ValueError(
+                f"topo: ep={self.ep} and gpus_per_node={self.gpus_per_node} must divide one another"
+            )
+
+    @property
+    def num_groups(self) -> int:
+        """EP groups (dp // ep)."""
+        return self.dp // self.ep
+
+    @property
+    def num_slots(self) -> int:
+        """Physical expert slots per layer in one EP group (ep * slots_per_rank)."""
+        return self.ep * self.slots_per_rank
+
+    @property
+    def nodes_per_group(self) -> int:
+        return max(1, -(-self.ep // self.gpus_per_node))
+
+    def check_experts(self, num_experts: int) -> None:
+        """Raises unless the slots can hold every logical expert once."""
+        if self.num_slots < num_experts:
+            raise ValueError(
+                f"topo: ep*slots_per_rank = {self.ep}*{self.slots_per_rank} = {self.num_slots} "
+                f"< num_experts = {num_experts}"
+            )
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The MoE model's shape. ``attention`` has one kind ("linear" or "full") per MoE layer."""
+
+    num_layers: int
+    num_experts: int
+    top_k: int
+    hidden: int
+    expert_ffn: int
+    attention: Sequence[str] = field(default_factory=tuple)
+    shared_experts: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "num_experts", "top_k", "hidden", "expert_ffn"):
+            positive_int(getattr(self, name), f"model.{name}")
+        positive_int(self.shared_experts, "model.shared_experts", minimum=0)
+        if self.top_k > self.num_experts:
+            raise ValueError(f"model.top_k: {self.top_k} > num_experts {self.num_experts}")
+        att = tuple(self.attention) if self.attention else ("full",) * self.num_layers
+        if len(att) != self.num_layers:
+            raise ValueError(f"model.attention: has {len(att)} entries, expected num_layers={self.num_layers}")
+        for i, a in enumerate(att):
+            if a not in ATTENTION_KINDS:
+                raise ValueError(f"model.attention[{i}]: {a!r} is not one of {ATTENTION_KINDS}")
+        object.__setattr__(self, "attention", att)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Per-GPU rates. Figures from presets are datasheet-level, scaled by achieved fractions."""
+
+    name: str
+    flops: float  # peak dense bf16 FLOP/s
+    flops_efficiency: float  # fraction of peak a grouped GEMM / attention kernel achieves
+    bw_intra: float  # bytes/s one direction, per GPU, inside a node (NVLink)
+    bw_inter: float  # bytes/s one direction, per GPU, between nodes (InfiniBand/RoCE)
+    comm_efficiency: float  # fraction of link bandwidth an all-to-all achieves
+    expert_overhead_s: float  # fixed time per active expert per layer (kernel/tile overhead)
+
+    def __post_init__(self) -> None:
+        for name in ("flops", "bw_intra", "bw_inter"):
+            finite_float(getattr(self, name), f"hardware.{name}", strict=True)
+        for name in ("flops_efficiency", "comm_efficiency"):
+            v = finite_float(getattr(self, name), f"hardware.{name}", strict=True)
+            if v > 1:
+                raise ValueError(f"hardware.{name}: must be in (0, 1], got {v}")
+        finite_float(self.expert_overhead_s, "hardware.expert_overhead_s")
+
+    @classmethod
+    def h200(cls) -> "Hardware":
+        """NVIDIA H200 SXM, datasheet-level: 989 TFLOP/s dense bf16, NVLink 900 GB/s
+        bidirectional (450 GB/s per direction), one 400 Gb/s NIC per GPU (50 GB/s). The
+        efficiency fractions are assumptions, not measurements; calibrate on real runs."""
+        return cls(
+            name="h200",
+            flops=989e12,
+            flops_efficiency=0.5,
+            bw_intra=450e9,
+            bw_inter=50e9,
+            comm_efficiency=0.8,
+            expert_overhead_s=2e-6,
+        )
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Coefficients of DESIGN.md's cost model (seconds, bytes, bytes/s).
+
+    * ``a_lin``  attention/dense work per token per layer (projections, shared experts).
+    * ``a_quad`` ``[L]`` quadratic attention work per layer (0 for linear-attention layers).
+    * ``c_tok``  expert compute per routed token; ``c_exp`` fixed cost per active expert.
+    * ``token_bytes`` hidden state of one routed token; ``bw_intra``/``bw_inter`` per-GPU links.
+    * ``expert_weight_bytes`` (replication, forward), ``expert_grad_bytes`` (fp32 gradient
+      reduced back), ``expert_state_bytes`` (weights + optimizer state moved by migration).
+    """
+
+    a_lin: float
+    a_quad: List[float]
+    c_tok: float
+    c_exp: float
+    token_bytes: float
+    bw_intra: float
+    bw_inter: float
+    expert_weight_bytes: float
+    expert_grad_bytes: float
+    expert_state_bytes: float
+
+    def __post_init__(self) -> None:
+        for name in ("a_lin", "c_tok", "c_exp", "token_bytes", "expert_weight_bytes",
+                     "expert_grad_bytes", "expert_state_bytes"):
+            object.__setattr__(self, name, finite_float(getattr(self, name), f"cost.{name}"))
+        for name in ("bw_intra", "bw_inter"):
+            object.__setattr__(self, name, finite_float(getattr(self, name), f"cost.{name}", strict=True))
+        aq = [finite_float(v, f"cost.a_quad[{i}]") for i, v in enumerate(self.a_quad)]
+        if not aq:
+            raise ValueError("cost.a_quad: needs one entry per MoE layer, got none")
+        object.__setattr__(self, "a_quad", aq)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.a_quad)
+
+    @classmethod
+    def from_model(cls, model: ModelShape, hardware: Hardware, weight_bytes: int = 2) -> "CostModel":
+        """FLOPs over the achieved rate, bytes over the achieved bandwidth.
+
+        Per token per layer: attention projections 4·H² and shared experts 3·H·I each
+        (2 FLOPs per parameter); full attention adds 2·H·n² FLOPs per sample of length n
+        (causal QKᵀ and AV); a routed token costs 2·3·H·I on its expert. Migration moves bf16
+        weights plus fp32 master weights and Adam's two fp32 moments (14 bytes a parameter).
+        """
+        rate = hardware.flops * hardware.flops_efficiency
+        h, i = model.hidden, model.expert_ffn
+        expert_params = 3 * h * i
+        dense = 4 * h * h + model.shared_experts * expert_params
+        return cls(
+            a_lin=2.0 * dense / rate,
+            a_quad=[(2.0 * h / rate if a == "full" else 0.0) for a in model.attention],
+            c_tok=2.0 * expert_params / rate,
+            c_exp=hardware.expert_overhead_s,
+            token_bytes=float(h * weight_bytes),
+            bw_intra=hardware.bw_intra * hardware.comm_efficiency,
+            bw_inter=hardware.bw_inter * hardware.comm_efficiency,
+            expert_weight_bytes=float(expert_params * weight_bytes),
+            expert_grad_bytes=float(expert_params * 4),
+            expert_state_bytes=float(expert_params * (weight_bytes + 12)),
+        )
+
+    # ------------------------------------------------------------- JSON
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "CostModel":
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError(f"cost JSON: expected an object, got {type(data).__name__}")
+        fields = set(cls.__dataclass_fields__)
+        unknown = set(data) - fields
+        missing = fields - set(data)
+        if unknown or missing:
+            raise ValueError(f"cost JSON: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
+        return cls(**data)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json())
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CostModel":
+        return cls.from_json(Path(path).read_text())

@@ -1,0 +1,205 @@
+"""`Placement` and `Plan`: what `plan_window` returns, checks, saves and loads."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+from routepack import _core
+from routepack._checks import as_int_array, positive_int
+
+#: One intra-batch replica: in microbatch `micro` of EP group `group`, layer `layer`, the
+#: weights of logical `expert` go from EP-local rank `src_rank` (which hosts it) to `dst_rank`,
+#: which computes `share` of that expert's tokens in that cell (`routepack-core/src/flow.rs`).
+REPLICA_DTYPE = np.dtype(
+    [("micro", "<i4"), ("group", "<i4"), ("layer", "<i4"), ("expert", "<i4"),
+     ("src_rank", "<i4"), ("dst_rank", "<i4"), ("share", "<f4")]
+)
+#: One expert moved between windows, with its weights and optimizer state (`bytes` in all).
+MIGRATION_DTYPE = np.dtype(
+    [("layer", "<i4"), ("expert", "<i4"), ("src_rank", "<i4"), ("dst_rank", "<i4"),
+     ("src_slot", "<i4"), ("dst_slot", "<i4"), ("bytes", "<f8")]
+)
+
+
+def empty_replicas() -> np.ndarray:
+    return np.zeros(0, dtype=REPLICA_DTYPE)
+
+
+def empty_migration() -> np.ndarray:
+    return np.zeros(0, dtype=MIGRATION_DTYPE)
+
+
+def _columns(table: np.ndarray) -> tuple:
+    return tuple(np.ascontiguousarray(table[name]) for name in table.dtype.names)
+
+
+class Placement:
+    """Expert placement, in DeepSeek EPLB's convention.
+
+    Attributes:
+        phy2log: int32 ``[L, ep*slots_per_rank]``: logical expert in physical slot p of layer l,
+                 or -1 for an empty slot; slot p lives on EP-local rank ``p // slots_per_rank``.
+                 Every EP group uses the same placement.
+        logcnt:  int32 ``[L, E]``: replicas of each logical expert (>= 1).
+        log2phy: int32 ``[L, E, max_replicas]``: physical slots of each expert, padded with -1.
+    """
+
+    __slots__ = ("phy2log", "num_experts", "slots_per_rank", "logcnt", "log2phy")
+
+    def __init__(self, phy2log: np.ndarray, num_experts: int, slots_per_rank: int) -> None:
+        self.phy2log = as_int_array(phy2log, "placement.phy2log", 2, np.int32)
+        self.num_experts = positive_int(num_experts, "num_experts")
+        self.slots_per_rank = positive_int(slots_per_rank, "slots_per_rank")
+        self.logcnt, self.log2phy = _core.placement_tables(self.phy2log, self.num_experts, self.slots_per_rank)
+
+    @classmethod
+    def static(cls, num_layers: int, num_experts: int, topo: Any) -> "Placement":
+        """Megatron-LM's default: expert e on rank e // ceil(E/ep); redundant slots empty."""
+        return cls(_core.static_placement(num_layers, num_experts, topo), num_experts, topo.slots_per_rank)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.phy2log.shape[0])
+
+    @property
+    def num_slots(self) -> int:
+        return int(self.phy2log.shape[1])
+
+    @property
+    def num_ranks(self) -> int:
+        return self.num_slots // self.slots_per_rank
+
+    def rank_experts(self, layer: int, rank: int) -> np.ndarray:
+        """Logical experts in EP rank `rank`'s slots of `layer` (-1 = empty)."""
+        lo = rank * self.slots_per_rank
+        return self.phy2log[layer, lo:lo + self.slots_per_rank]
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Placement)
+            and self.num_experts == other.num_experts
+            and self.slots_per_rank == other.slots_per_rank
+            and np.array_equal(self.phy2log, other.phy2log)
+        )
+
+    def __repr__(self) -> str:
+        return f"Placement(L={self.num_layers}, E={self.num_experts}, slots={self.num_slots})"
+
+
+@dataclass
+class Plan:
+    """A plan for one window (see DESIGN.md's table).
+
+    * ``placement``: `Placement`.
+    * ``sample_rank``, ``sample_micro``: int32 ``[S]``, DP rank and microbatch step of sample s.
+    * ``num_micro``: M, the same on every DP rank.
+    * ``replicas``: structured array of `REPLICA_DTYPE` rows (intra-batch replication).
+    * ``migration``: structured array of `MIGRATION_DTYPE` rows (moves from ``previous``).
+    * ``report``: predicted step time and its parts, bounds, certificates, imbalance, wall time.
+    """
+
+    placement: Placement
+    sample_rank: np.ndarray
+    sample_micro: np.ndarray
+    num_micro: int
+    replicas: np.ndarray = field(default_factory=empty_replicas)
+    migration: np.ndarray = field(default_factory=empty_migration)
+    report: Dict[str, Any] = field(default_factory=dict)
+    policy: str = ""
+
+    def __post_init__(self) -> None:
+        self.sample_rank = as_int_array(self.sample_rank, "sample_rank", 1, np.int32)
+        self.sample_micro = as_int_array(self.sample_micro, "sample_micro", 1, np.int32)
+        self.num_micro = positive_int(self.num_micro, "num_micro")
+        for name, dtype in (("replicas", REPLICA_DTYPE), ("migration", MIGRATION_DTYPE)):
+            table = np.asarray(getattr(self, name))
+            if table.dtype != dtype or table.ndim != 1:
+                raise TypeError(f"{name}: expected a 1-D structured array of dtype {dtype}, got {table.dtype}")
+            setattr(self, name, table)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.sample_rank.shape[0])
+
+    def cell_samples(self, rank: int, micro: int) -> np.ndarray:
+        """Indices of the samples that DP rank `rank` runs at microbatch step `micro`."""
+        return np.flatnonzero((self.sample_rank == rank) & (self.sample_micro == micro))
+
+    def _to_core(self) -> tuple:
+        """The tuple the Rust bindings read (see src/convert.rs)."""
+        p = self.placement
+        return (
+            p.phy2log, p.num_experts, p.slots_per_rank, self.sample_rank, self.sample_micro,
+            self.num_micro, _columns(self.replicas), _columns(self.migration),
+        )
+
+    def validate(self, window: Any, topo: Any, token_cap: int) -> "Plan":
+        """Checks every invariant of DESIGN.md; raises `InvalidPlanError` with the first
+        violation (each sample exactly once, no row over the cap, equal microbatch counts, no
+        empty cell, valid placement, replica shares in [0, 1] summing to at most 1, migration
+        consistent with the placement). Returns self."""
+        _core.validate_plan(self, window.seq_lens, window.expert_tokens, topo, int(token_cap))
+        return self
+
+    # ------------------------------------------------------------ persistence
+    def save(self, path: str | Path) -> None:
+        """Writes an ``.npz`` that `Plan.load` reads back identically."""
+        np.savez_compressed(
+            path,
+            phy2log=self.placement.phy2log,
+            num_experts=np.int64(self.placement.num_experts),
+            slots_per_rank=np.int64(self.placement.slots_per_rank),
+            sample_rank=self.sample_rank,
+            sample_micro=self.sample_micro,
+            num_micro=np.int64(self.num_micro),
+            replicas=self.replicas,
+            migration=self.migration,
+            report=np.array(json.dumps(self.report, default=_json_default)),
+            policy=np.array(self.policy),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Plan":
+        with np.load(path, allow_pickle=False) as z:
+            return cls(
+                placement=Placement(z["phy2log"], int(z["num_experts"]), int(z["slots_per_rank"])),
+                sample_rank=z["sample_rank"],
+                sample_micro=z["sample_micro"],
+                num_micro=int(z["num_micro"]),
+                replicas=z["replicas"],
+                migration=z["migration"],
+                report=json.loads(str(z["report"])),
+                policy=str(z["policy"]),
+            )
+
+    def same_as(self, other: "Plan") -> bool:
+        """Same decisions (placement, layout, replicas, migration); the report may differ."""
+        return (
+            self.placement == other.placement
+            and np.array_equal(self.sample_rank, other.sample_rank)
+            and np.array_equal(self.sample_micro, other.sample_micro)
+            and self.num_micro == other.num_micro
+            and self.replicas.tobytes() == other.replicas.tobytes()
+            and self.migration.tobytes() == other.migration.tobytes()
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"Plan(policy={self.policy!r}, S={self.num_samples}, M={self.num_micro}, "
+            f"{self.placement!r}, replicas={len(self.replicas)}, moves={len(self.migration)})"
+        )
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    raise TypeError(f"report value of type {type(o).__name__} is not JSON-serialisable")

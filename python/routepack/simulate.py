@@ -1,0 +1,80 @@
+"""`simulate`: DESIGN.md's cost model, evaluated in Rust, for any plan on any window."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+from routepack import _core
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """What a plan costs on a window.
+
+    * ``step_time``: seconds; max over EP groups of Σ_micro Σ_layer T_l, plus exposed migration.
+    * ``ideal_time``: the bound with every max replaced by the mean (DESIGN.md's ``ideal``).
+    * ``throughput`` / ``ideal_throughput``: Σ n_s over the times.
+    * ``attention``, ``expert``, ``all_to_all``, ``replication``, ``migration``: the parts of
+      ``step_time`` on the slowest group (they add up to it).
+    * ``group_times``: float64 ``[G]``.
+    * ``imbalance``: float64 ``[G, M, L]``: max over EP ranks / mean over EP ranks of expert
+      tokens per (group, micro, layer); ``mean_imbalance`` its average.
+    """
+
+    step_time: float
+    ideal_time: float
+    throughput: float
+    ideal_throughput: float
+    attention: float
+    expert: float
+    all_to_all: float
+    replication: float
+    migration: float
+    critical_group: int
+    group_times: np.ndarray = field(repr=False)
+    imbalance: np.ndarray = field(repr=False)
+    mean_imbalance: float = 0.0
+
+    @property
+    def fraction_of_ideal(self) -> float:
+        return self.ideal_time / self.step_time if self.step_time > 0 else 1.0
+
+    def breakdown(self) -> Dict[str, float]:
+        return {
+            "attention": self.attention,
+            "expert": self.expert,
+            "all_to_all": self.all_to_all,
+            "replication": self.replication,
+            "migration": self.migration,
+        }
+
+    def summary(self) -> Dict[str, Any]:
+        """Scalars only (what plan reports and JSON hold)."""
+        out = {k: getattr(self, k) for k in (
+            "step_time", "ideal_time", "throughput", "ideal_throughput", "attention", "expert",
+            "all_to_all", "replication", "migration", "critical_group", "mean_imbalance")}
+        out["fraction_of_ideal"] = self.fraction_of_ideal
+        return out
+
+
+def lower_bound_micro(window: Any, topo: Any, token_cap: int) -> int:
+    """ceil(ceil(Σ n_s / cap) / dp): the fewest microbatches per DP rank any plan can use."""
+    rows = -(-window.total_tokens // int(token_cap))
+    return max(1, -(-rows // topo.dp))
+
+
+def simulate(plan: Any, window: Any, topo: Any, cost: Any, token_cap: Optional[int] = None) -> SimResult:
+    """Scores `plan` on `window` under `topo` and `cost` (see DESIGN.md, "Cost model").
+
+    ``token_cap`` sets the microbatch count of the ``ideal`` bound (the lower bound
+    ``ceil(ceil(Σ n / cap) / dp)``); by default the cap recorded in ``plan.report``, else the
+    plan's own count. The plan is checked for well-formedness first (not against a cap: that
+    is the planner's business).
+    """
+    cap = token_cap if token_cap is not None else plan.report.get("token_cap")
+    ideal_micro = lower_bound_micro(window, topo, cap) if cap else None
+    out = _core.simulate(plan, window.seq_lens, window.expert_tokens, topo, cost, ideal_micro)
+    return SimResult(**out)

@@ -1,0 +1,197 @@
+"""Synthetic routing-replay traces: the built-in profiles of DESIGN.md.
+
+`synthetic(profile, windows, seed)` yields successive `Window`s whose realism matters to the
+planner:
+
+* long-tailed lengths: responses are lognormal, clipped at the maximum response length, so a
+  visible spike of truncated samples sits at the clip;
+* GRPO groups: G responses per prompt arrive together, share the prompt's topic and a
+  difficulty factor, so their lengths correlate;
+* per-layer expert popularity skew (some layers far more skewed than others);
+* per-topic expert affinity: each topic strongly prefers a few experts per layer, so hot
+  experts differ between samples and between microbatches;
+* drift: popularity and the topic mix random-walk from window to window.
+
+Everything is drawn from one `numpy.random.Generator` seeded by `seed`: the same arguments
+give the same windows. L, H, I and the topology of the profiles are assumptions (E, k and
+the attention ratio follow the public model cards of Ling-3.0-tiny / -flash).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, List, Sequence
+
+import numpy as np
+
+from routepack._checks import positive_int
+from routepack.model import CostModel, Hardware, ModelShape, Topology
+from routepack.window import Window
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A synthetic workload: model, cluster, cap, window size and the trace's statistics."""
+
+    name: str
+    num_layers: int
+    num_experts: int
+    top_k: int
+    hidden: int
+    expert_ffn: int
+    attention: Sequence[str]
+    dp: int
+    ep: int
+    gpus_per_node: int
+    slots_per_rank: int
+    token_cap: int
+    samples: int
+    group_size: int  # GRPO responses per prompt
+    prompt_median: float
+    response_median: float
+    max_response: int
+    response_sigma: float = 0.75  # lognormal sigma of a response around its prompt's mean
+    difficulty_sigma: float = 0.6  # prompt-level spread of the mean response length
+    num_topics: int = 16
+    layer_skew: tuple = (0.4, 1.4)  # range of the per-layer popularity spread (logit std)
+    topic_strength: float = 2.2  # logit boost of a topic's preferred experts
+    topic_experts: float = 0.06  # fraction of experts a topic prefers per layer
+    sample_noise: float = 0.25  # per-sample logit noise
+    drift: float = 0.15  # per-window random-walk std of popularity logits
+    topic_drift: float = 0.3  # per-window log-std drift of the topic mix
+
+    def model(self) -> ModelShape:
+        return ModelShape(self.num_layers, self.num_experts, self.top_k, self.hidden,
+                          self.expert_ffn, tuple(self.attention))
+
+    def topology(self) -> Topology:
+        return Topology(self.dp, self.ep, self.gpus_per_node, self.slots_per_rank)
+
+    def cost(self, hardware: Hardware | None = None) -> CostModel:
+        return CostModel.from_model(self.model(), hardware or Hardware.h200())
+
+
+def _pattern(linear: int, full: int, layers: int) -> List[str]:
+    unit = ["linear"] * linear + ["full"] * full
+    return [unit[i % len(unit)] for i in range(layers)]
+
+
+PROFILES = {
+    # Ling-3.0-tiny-like: 128 experts top-8, 3 linear : 1 full attention
+    "tiny": Profile(
+        name="tiny", num_layers=20, num_experts=128, top_k=8, hidden=2048, expert_ffn=512,
+        attention=tuple(_pattern(3, 1, 20)), dp=16, ep=8, gpus_per_node=8, slots_per_rank=17,
+        token_cap=32768, samples=1024, group_size=8, prompt_median=600.0,
+        response_median=2500.0, max_response=16384,
+    ),
+    # Ling-3.0-flash-like: 512 experts top-8, 5 linear : 1 full attention
+    "flash": Profile(
+        name="flash", num_layers=32, num_experts=512, top_k=8, hidden=4096, expert_ffn=1024,
+        attention=tuple(_pattern(5, 1, 32)), dp=64, ep=32, gpus_per_node=8, slots_per_rank=17,
+        token_cap=65536, samples=4096, group_size=16, prompt_median=800.0,
+        response_median=4000.0, max_response=32768,
+    ),
+}
+
+
+def profile(name: str | Profile) -> Profile:
+    """The built-in profile called `name` ("tiny" or "flash")."""
+    if isinstance(name, Profile):
+        return name
+    if name not in PROFILES:
+        raise ValueError(f"profile: unknown profile {name!r}; known: {sorted(PROFILES)}")
+    return PROFILES[name]
+
+
+def _cap_probs(p: np.ndarray, limit: float) -> np.ndarray:
+    """Clips rows of p at `limit` and renormalises the rest (so no expert expects more than
+    one assignment per token: a token's k experts are distinct)."""
+    p = p.copy()
+    for _ in range(20):
+        over = p > limit
+        if not over.any():
+            break
+        excess = np.where(over, p - limit, 0.0).sum(axis=-1, keepdims=True)
+        p = np.where(over, limit, p)
+        room = np.where(over, 0.0, p)
+        p = p + room / room.sum(axis=-1, keepdims=True) * excess
+    return p
+
+
+def _route_counts(rng: np.random.Generator, n: np.ndarray, k: int, probs: np.ndarray) -> np.ndarray:
+    """Counts [S, E] with row sums k·n_s and every entry <= n_s (top-k picks distinct experts)."""
+    counts = rng.multinomial(n * k, probs)
+    over = counts > n[:, None]
+    if over.any():
+        # move the (rare) excess to the most likely experts that still have room
+        for s in np.flatnonzero(over.any(axis=1)):
+            row = counts[s]
+            extra = int(np.clip(row - n[s], 0, None).sum())
+            row = np.minimum(row, n[s])
+            for e in np.argsort(-probs[s], kind="stable"):
+                if extra == 0:
+                    break
+                take = min(extra, int(n[s] - row[e]))
+                row[e] += take
+                extra -= take
+            counts[s] = row
+    return counts
+
+
+def synthetic(profile_name: str | Profile, windows: int = 1, seed: int = 0) -> Iterator[Window]:
+    """Yields `windows` successive windows of the profile, deterministically for `seed`."""
+    prof = profile(profile_name)
+    windows = positive_int(windows, "windows")
+    seed = positive_int(seed, "seed", minimum=0)
+    rng = np.random.default_rng(seed)
+    L, E, k, T = prof.num_layers, prof.num_experts, prof.top_k, prof.num_topics
+    S, G = prof.samples, prof.group_size
+    if S % G:
+        raise ValueError(f"profile.samples={S} is not a multiple of group_size={G}")
+
+    # popularity: per-layer logits with a per-layer spread (skew differs between layers)
+    spread = rng.uniform(*prof.layer_skew, size=(L, 1))
+    base = rng.standard_normal((L, E)) * spread
+    # topic affinity: each topic boosts a few experts per layer
+    n_pref = max(1, int(round(prof.topic_experts * E)))
+    affinity = np.zeros((T, L, E))
+    for t in range(T):
+        for l in range(L):
+            affinity[t, l, rng.choice(E, size=n_pref, replace=False)] = prof.topic_strength * rng.uniform(0.5, 1.0)
+    topic_logits = rng.standard_normal(T) * 0.5
+    limit = 0.95 / k
+
+    for _ in range(windows):
+        prompts = S // G
+        topic_p = np.exp(topic_logits - topic_logits.max())
+        topic_p /= topic_p.sum()
+        topic = rng.choice(T, size=prompts, p=topic_p)
+        prompt_len = np.clip(
+            np.round(rng.lognormal(np.log(prof.prompt_median), 0.5, size=prompts)), 16, prof.max_response // 4
+        ).astype(np.int64)
+        difficulty = rng.normal(0.0, prof.difficulty_sigma, size=prompts)
+        mu = np.log(prof.response_median) + difficulty
+        resp = rng.lognormal(np.repeat(mu, G), prof.response_sigma)
+        resp = np.clip(np.round(resp), 1, prof.max_response).astype(np.int64)  # the truncation spike
+        seq_lens = np.repeat(prompt_len, G) + resp
+        seq_lens = np.minimum(seq_lens, prof.token_cap)
+        sample_topic = np.repeat(topic, G)
+
+        expert_tokens = np.empty((S, L, E), dtype=np.int32)
+        noise_scale = prof.sample_noise
+        for l in range(L):
+            logits = base[l][None, :] + affinity[sample_topic, l, :]
+            logits = logits + rng.standard_normal((S, E)) * noise_scale
+            logits -= logits.max(axis=1, keepdims=True)
+            p = np.exp(logits)
+            p /= p.sum(axis=1, keepdims=True)
+            p = _cap_probs(p, limit)
+            expert_tokens[:, l, :] = _route_counts(rng, seq_lens, k, p)
+        yield Window(seq_lens, expert_tokens)
+
+        # drift between windows
+        base = base + rng.standard_normal((L, E)) * prof.drift
+        topic_logits = topic_logits + rng.standard_normal(T) * prof.topic_drift
+
+
+__all__ = ["Profile", "PROFILES", "profile", "synthetic"]

@@ -1,0 +1,170 @@
+//! numpy/Python objects → core types. Arrays are borrowed (zero copy) where the core takes
+//! views; small tables (plans) are copied. Python-side classes guarantee dtypes and
+//! contiguity, so failures here are programming errors reported as TypeError/ValueError.
+
+use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use routepack_core::{CostModel, MigrationRow, Placement, Plan, ReplicaRow, Topology, WindowView};
+
+use crate::errors::to_py;
+
+/// Contiguous slice of a readonly array, or a clear error.
+pub fn slice<'a, T: numpy::Element, D: numpy::ndarray::Dimension>(
+    a: &'a numpy::PyReadonlyArray<'_, T, D>,
+    name: &str,
+) -> PyResult<&'a [T]> {
+    a.as_slice().map_err(|_| PyValueError::new_err(format!("{name}: must be C-contiguous")))
+}
+
+/// Window arrays → view. `expert_tokens` is `[S, L, E]` int32, `seq_lens` `[S]` int64.
+pub fn window<'a>(
+    seq_lens: &'a PyReadonlyArray1<'_, i64>,
+    expert_tokens: &'a PyReadonlyArray3<'_, i32>,
+) -> PyResult<WindowView<'a>> {
+    let sh = expert_tokens.shape();
+    if sh[0] != seq_lens.len() {
+        return Err(to_py(routepack_core::error::invalid(
+            "expert_tokens",
+            format!("has {} samples but seq_lens has {}", sh[0], seq_lens.len()),
+        )));
+    }
+    WindowView::new(slice(seq_lens, "seq_lens")?, slice(expert_tokens, "expert_tokens")?, sh[1], sh[2]).map_err(to_py)
+}
+
+fn attr<'py, T>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<T>
+where
+    T: for<'a> FromPyObject<'a, 'py>,
+    for<'a> <T as FromPyObject<'a, 'py>>::Error: Into<PyErr>,
+{
+    obj.getattr(name)?.extract::<T>().map_err(|e| {
+        let e: PyErr = e.into();
+        PyValueError::new_err(format!("{name}: {e}"))
+    })
+}
+
+pub fn topology(obj: &Bound<'_, PyAny>) -> PyResult<Topology> {
+    Topology::new(
+        attr(obj, "dp")?,
+        attr(obj, "ep")?,
+        attr(obj, "gpus_per_node")?,
+        attr(obj, "slots_per_rank")?,
+    )
+    .map_err(to_py)
+}
+
+pub fn cost(obj: &Bound<'_, PyAny>) -> PyResult<CostModel> {
+    Ok(CostModel {
+        a_lin: attr(obj, "a_lin")?,
+        a_quad: attr(obj, "a_quad")?,
+        c_tok: attr(obj, "c_tok")?,
+        c_exp: attr(obj, "c_exp")?,
+        token_bytes: attr(obj, "token_bytes")?,
+        bw_intra: attr(obj, "bw_intra")?,
+        bw_inter: attr(obj, "bw_inter")?,
+        expert_weight_bytes: attr(obj, "expert_weight_bytes")?,
+        expert_grad_bytes: attr(obj, "expert_grad_bytes")?,
+        expert_state_bytes: attr(obj, "expert_state_bytes")?,
+    })
+}
+
+pub fn placement(phy2log: &PyReadonlyArray2<'_, i32>, num_experts: usize, slots_per_rank: usize) -> PyResult<Placement> {
+    let l = phy2log.shape()[0];
+    Placement::new(slice(phy2log, "placement.phy2log")?.to_vec(), l, num_experts, slots_per_rank).map_err(to_py)
+}
+
+/// The tuple `Plan._to_core()` builds on the Python side:
+/// `(phy2log [L, P] i32, num_experts, slots_per_rank, sample_rank [S] i32, sample_micro [S] i32,
+///   num_micro, replica columns (micro, group, layer, expert, src_rank, dst_rank: i32, share: f32),
+///   migration columns (layer, expert, src_rank, dst_rank, src_slot, dst_slot: i32, bytes: f64))`.
+pub fn plan(obj: &Bound<'_, PyAny>) -> PyResult<Plan> {
+    let t = obj.call_method0("_to_core")?;
+    let phy2log: PyReadonlyArray2<i32> = t.get_item(0)?.extract()?;
+    let num_experts: usize = t.get_item(1)?.extract()?;
+    let slots_per_rank: usize = t.get_item(2)?.extract()?;
+    let sample_rank: PyReadonlyArray1<i32> = t.get_item(3)?.extract()?;
+    let sample_micro: PyReadonlyArray1<i32> = t.get_item(4)?.extract()?;
+    let num_micro: usize = t.get_item(5)?.extract()?;
+    let rep = t.get_item(6)?;
+    let mig = t.get_item(7)?;
+    let col = |tbl: &Bound<'_, PyAny>, i: usize| -> PyResult<Vec<i32>> {
+        let a: PyReadonlyArray1<i32> = tbl.get_item(i)?.extract()?;
+        Ok(slice(&a, "plan table")?.to_vec())
+    };
+    let (rm, rg, rl, re, rs, rd) = (col(&rep, 0)?, col(&rep, 1)?, col(&rep, 2)?, col(&rep, 3)?, col(&rep, 4)?, col(&rep, 5)?);
+    let rshare: PyReadonlyArray1<f32> = rep.get_item(6)?.extract()?;
+    let rshare = slice(&rshare, "replicas.share")?;
+    let replicas = (0..rm.len())
+        .map(|i| ReplicaRow {
+            micro: rm[i],
+            group: rg[i],
+            layer: rl[i],
+            expert: re[i],
+            src_rank: rs[i],
+            dst_rank: rd[i],
+            share: rshare[i],
+        })
+        .collect();
+    let (ml, me, ms, md, mss, mds) = (col(&mig, 0)?, col(&mig, 1)?, col(&mig, 2)?, col(&mig, 3)?, col(&mig, 4)?, col(&mig, 5)?);
+    let mbytes: PyReadonlyArray1<f64> = mig.get_item(6)?.extract()?;
+    let mbytes = slice(&mbytes, "migration.bytes")?;
+    let migration = (0..ml.len())
+        .map(|i| MigrationRow {
+            layer: ml[i],
+            expert: me[i],
+            src_rank: ms[i],
+            dst_rank: md[i],
+            src_slot: mss[i],
+            dst_slot: mds[i],
+            bytes: mbytes[i],
+        })
+        .collect();
+    Ok(Plan {
+        placement: placement(&phy2log, num_experts, slots_per_rank)?,
+        sample_rank: slice(&sample_rank, "sample_rank")?.to_vec(),
+        sample_micro: slice(&sample_micro, "sample_micro")?.to_vec(),
+        num_micro,
+        replicas,
+        migration,
+    })
+}
+
+/// Migration rows → numpy columns (the Python side assembles the structured array).
+pub fn migration_columns<'py>(py: Python<'py>, rows: &[MigrationRow]) -> crate::py_plan::MigrationColumns<'py> {
+    use numpy::IntoPyArray;
+    let col = |f: fn(&MigrationRow) -> i32| rows.iter().map(f).collect::<Vec<i32>>().into_pyarray(py);
+    (
+        col(|r| r.layer),
+        col(|r| r.expert),
+        col(|r| r.src_rank),
+        col(|r| r.dst_rank),
+        col(|r| r.src_slot),
+        col(|r| r.dst_slot),
+        rows.iter().map(|r| r.bytes).collect::<Vec<f64>>().into_pyarray(py),
+    )
+}
+
+/// Replica rows → numpy columns `(micro, group, layer, expert, src_rank, dst_rank, share)`.
+pub fn replica_columns<'py>(py: Python<'py>, rows: &[ReplicaRow]) -> ReplicaColumns<'py> {
+    use numpy::IntoPyArray;
+    let col = |f: fn(&ReplicaRow) -> i32| rows.iter().map(f).collect::<Vec<i32>>().into_pyarray(py);
+    (
+        col(|r| r.micro),
+        col(|r| r.group),
+        col(|r| r.layer),
+        col(|r| r.expert),
+        col(|r| r.src_rank),
+        col(|r| r.dst_rank),
+        rows.iter().map(|r| r.share).collect::<Vec<f32>>().into_pyarray(py),
+    )
+}
+
+pub type ReplicaColumns<'py> = (
+    Bound<'py, numpy::PyArray1<i32>>,
+    Bound<'py, numpy::PyArray1<i32>>,
+    Bound<'py, numpy::PyArray1<i32>>,
+    Bound<'py, numpy::PyArray1<i32>>,
+    Bound<'py, numpy::PyArray1<i32>>,
+    Bound<'py, numpy::PyArray1<i32>>,
+    Bound<'py, numpy::PyArray1<f32>>,
+);

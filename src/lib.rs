@@ -1,0 +1,27 @@
+//! routepack._core: thin PyO3 bindings over `routepack-core`.
+//!
+//! Each `py_*.rs` file binds one stage; `convert` turns numpy arrays into core views without
+//! copying; `errors` maps core errors to the exception hierarchy and keeps panics inside.
+
+use pyo3::prelude::*;
+
+mod convert;
+mod errors;
+mod py_ingest;
+mod py_packing;
+mod py_plan;
+mod py_simulate;
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    errors::register(m)?;
+    m.add_function(wrap_pyfunction!(py_plan::static_placement, m)?)?;
+    m.add_function(wrap_pyfunction!(py_plan::placement_tables, m)?)?;
+    m.add_function(wrap_pyfunction!(py_plan::validate_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(py_plan::migration_diff, m)?)?;
+    m.add_function(wrap_pyfunction!(py_packing::pack_sequential, m)?)?;
+    m.add_function(wrap_pyfunction!(py_simulate::simulate, m)?)?;
+    m.add_function(wrap_pyfunction!(py_ingest::expert_tokens_from_routed, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,78 @@
+//! Bindings for placement tables and plan validation.
+
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyArray3, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3};
+use pyo3::prelude::*;
+use routepack_core::placement::static_placement as core_static;
+use routepack_core::validate::validate_plan as core_validate;
+
+use crate::convert;
+use crate::errors::run;
+
+/// Megatron's default placement `[L, ep*slots_per_rank]` int32.
+#[pyfunction]
+pub fn static_placement<'py>(py: Python<'py>, num_layers: usize, num_experts: usize, topo: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyArray2<i32>>> {
+    let t = convert::topology(topo)?;
+    let p = run(py, || core_static(num_layers, num_experts, &t))?;
+    Ok(numpy::ndarray::Array2::from_shape_vec((p.num_layers, p.num_slots), p.phy2log).expect("shape").into_pyarray(py))
+}
+
+/// `(logcnt [L, E], log2phy [L, E, R])` of a phy2log table; checks it on the way.
+#[pyfunction]
+pub fn placement_tables<'py>(
+    py: Python<'py>,
+    phy2log: PyReadonlyArray2<'py, i32>,
+    num_experts: usize,
+    slots_per_rank: usize,
+) -> PyResult<(Bound<'py, PyArray2<i32>>, Bound<'py, PyArray3<i32>>)> {
+    let p = convert::placement(&phy2log, num_experts, slots_per_rank)?;
+    let (l, e) = (p.num_layers, p.num_experts);
+    let cnt = p.logcnt();
+    let (l2p, r) = p.log2phy();
+    Ok((
+        numpy::ndarray::Array2::from_shape_vec((l, e), cnt).expect("shape").into_pyarray(py),
+        numpy::ndarray::Array3::from_shape_vec((l, e, r), l2p).expect("shape").into_pyarray(py),
+    ))
+}
+
+/// Raises `InvalidPlanError` with the first broken invariant.
+#[pyfunction]
+pub fn validate_plan<'py>(
+    py: Python<'py>,
+    plan: &Bound<'py, PyAny>,
+    seq_lens: PyReadonlyArray1<'py, i64>,
+    expert_tokens: PyReadonlyArray3<'py, i32>,
+    topo: &Bound<'py, PyAny>,
+    token_cap: i64,
+) -> PyResult<()> {
+    let plan = convert::plan(plan)?;
+    let w = convert::window(&seq_lens, &expert_tokens)?;
+    let t = convert::topology(topo)?;
+    run(py, || core_validate(&plan, &w, &t, token_cap))
+}
+
+/// Moves from `previous` to `next` as migration columns
+/// `(layer, expert, src_rank, dst_rank, src_slot, dst_slot, bytes)`.
+#[pyfunction]
+pub fn migration_diff<'py>(
+    py: Python<'py>,
+    previous: PyReadonlyArray2<'py, i32>,
+    next: PyReadonlyArray2<'py, i32>,
+    num_experts: usize,
+    slots_per_rank: usize,
+    bytes_per_expert: f64,
+) -> PyResult<MigrationColumns<'py>> {
+    let a = convert::placement(&previous, num_experts, slots_per_rank)?;
+    let b = convert::placement(&next, num_experts, slots_per_rank)?;
+    let rows = run(py, || routepack_core::migration::diff(&a, &b, bytes_per_expert))?;
+    Ok(convert::migration_columns(py, &rows))
+}
+
+pub type MigrationColumns<'py> = (
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray1<f64>>,
+);

@@ -1,0 +1,45 @@
+//! Binding for the simulator.
+
+use numpy::{IntoPyArray, PyReadonlyArray1, PyReadonlyArray3};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use routepack_core::simulate::simulate as core_simulate;
+
+use crate::convert;
+use crate::errors::run;
+
+/// DESIGN.md's cost model → dict with the fields of `routepack.SimResult`.
+#[pyfunction]
+#[pyo3(signature = (plan, seq_lens, expert_tokens, topo, cost, ideal_micro=None))]
+pub fn simulate<'py>(
+    py: Python<'py>,
+    plan: &Bound<'py, PyAny>,
+    seq_lens: PyReadonlyArray1<'py, i64>,
+    expert_tokens: PyReadonlyArray3<'py, i32>,
+    topo: &Bound<'py, PyAny>,
+    cost: &Bound<'py, PyAny>,
+    ideal_micro: Option<usize>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let plan = convert::plan(plan)?;
+    let w = convert::window(&seq_lens, &expert_tokens)?;
+    let t = convert::topology(topo)?;
+    let c = convert::cost(cost)?;
+    let r = run(py, || core_simulate(&plan, &w, &t, &c, ideal_micro))?;
+    let d = PyDict::new(py);
+    d.set_item("step_time", r.step_time)?;
+    d.set_item("ideal_time", r.ideal_time)?;
+    d.set_item("throughput", r.throughput)?;
+    d.set_item("ideal_throughput", r.ideal_throughput)?;
+    d.set_item("attention", r.attention)?;
+    d.set_item("expert", r.expert)?;
+    d.set_item("all_to_all", r.all_to_all)?;
+    d.set_item("replication", r.replication)?;
+    d.set_item("migration", r.migration)?;
+    d.set_item("critical_group", r.critical_group)?;
+    d.set_item("group_times", r.group_times.into_pyarray(py))?;
+    let shape = (t.num_groups(), plan.num_micro, w.num_layers);
+    let imb = numpy::ndarray::Array3::from_shape_vec(shape, r.imbalance).expect("shape");
+    d.set_item("imbalance", imb.into_pyarray(py))?;
+    d.set_item("mean_imbalance", r.mean_imbalance)?;
+    Ok(d)
+}
