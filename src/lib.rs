@@ -21,6 +21,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_plan::validate_plan, m)?)?;
     m.add_function(wrap_pyfunction!(py_plan::migration_diff, m)?)?;
     m.add_function(wrap_pyfunction!(py_packing::pack_sequential, m)?)?;
+    m.add_function(wrap_pyfunction!(py_packing::pack_kk, m)?)?;
+    m.add_function(wrap_pyfunction!(py_packing::pack_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(py_packing::pack_routepack, m)?)?;
+    m.add_function(wrap_pyfunction!(py_packing::layout_proxy_cost, m)?)?;
     m.add_function(wrap_pyfunction!(py_simulate::simulate, m)?)?;
     m.add_function(wrap_pyfunction!(py_ingest::expert_tokens_from_routed, m)?)?;
     Ok(())

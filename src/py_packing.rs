@@ -1,13 +1,22 @@
 //! Bindings for packing: samples → (rank, step) cells.
 
-use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
-use pyo3::prelude::*;
-use routepack_core::packing::sequential::sequential;
+use std::time::Duration;
 
-use crate::convert::slice;
-use crate::errors::run;
+use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use routepack_core::layout::chain::MoveMix;
+use routepack_core::layout::{proxy_step_time, routepack_packing, LayoutOptions};
+use routepack_core::packing::certified::certified_rows;
+use routepack_core::packing::kk::verl_kk;
+use routepack_core::packing::sequential::sequential;
+use routepack_core::packing::Packing;
+
+use crate::convert::{self, slice};
+use crate::errors::{run, to_py};
 
 type Cells<'py> = (Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i32>>, usize);
+type CellsReport<'py> = (Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i32>>, usize, Bound<'py, PyDict>);
 
 /// Arrival-order first fit: `(sample_rank [S], sample_micro [S], num_micro)`.
 #[pyfunction]
@@ -15,4 +24,153 @@ pub fn pack_sequential<'py>(py: Python<'py>, seq_lens: PyReadonlyArray1<'py, i64
     let lens = slice(&seq_lens, "seq_lens")?;
     let p = run(py, || sequential(lens, token_cap, dp))?;
     Ok((p.sample_rank.into_pyarray(py), p.sample_micro.into_pyarray(py), p.num_micro))
+}
+
+/// verl's Karmarkar–Karp balancing: `(sample_rank [S], sample_micro [S], num_micro, report)`.
+#[pyfunction]
+pub fn pack_kk<'py>(py: Python<'py>, seq_lens: PyReadonlyArray1<'py, i64>, token_cap: i64, dp: usize) -> PyResult<CellsReport<'py>> {
+    let lens = slice(&seq_lens, "seq_lens")?;
+    let (p, r) = run(py, || verl_kk(lens, token_cap, dp))?;
+    let d = PyDict::new(py);
+    d.set_item("rows", p.num_micro * dp)?;
+    d.set_item("micro", r.micro)?;
+    d.set_item("first_micro", r.first_micro)?;
+    d.set_item("overflow_retries", r.retries)?;
+    d.set_item("max_row_tokens", r.max_row_tokens)?;
+    Ok((p.sample_rank.into_pyarray(py), p.sample_micro.into_pyarray(py), p.num_micro, d))
+}
+
+/// The fewest rows in multiples of `step` with their certificate (no layout): a dict with
+/// rows, bins, l1, l2, lower_bound, certified, gap, method, nodes.
+#[pyfunction]
+#[pyo3(signature = (seq_lens, token_cap, step, node_limit=200_000))]
+pub fn pack_rows<'py>(py: Python<'py>, seq_lens: PyReadonlyArray1<'py, i64>, token_cap: i64, step: usize, node_limit: u64) -> PyResult<Bound<'py, PyDict>> {
+    let lens = slice(&seq_lens, "seq_lens")?;
+    let c = run(py, || certified_rows(lens, token_cap, step, node_limit, None))?;
+    let d = PyDict::new(py);
+    d.set_item("rows", c.rows.len())?;
+    d.set_item("bins", c.bins)?;
+    d.set_item("l1", c.l1)?;
+    d.set_item("l2", c.l2)?;
+    d.set_item("lower_bound", c.lower_bound)?;
+    d.set_item("certified", c.certified)?;
+    d.set_item("gap", c.gap)?;
+    d.set_item("method", c.method)?;
+    d.set_item("nodes", c.nodes)?;
+    Ok(d)
+}
+
+/// routepack's packing: certified rows, then the layout by population annealing.
+/// Returns `(sample_rank [S], sample_micro [S], num_micro, report)`.
+#[pyfunction]
+#[pyo3(signature = (seq_lens, expert_tokens, topo, cost, phy2log, token_cap, seed=0, anneal_moves=400_000,
+    time_budget_s=None, chains=4, steps=24, exact_nodes=200_000, lambda_=0.1, start_accept=0.1, cooling=1e-3,
+    mix=(0.25, 0.0, 0.65, 0.1)))]
+#[allow(clippy::too_many_arguments)]
+pub fn pack_routepack<'py>(
+    py: Python<'py>,
+    seq_lens: PyReadonlyArray1<'py, i64>,
+    expert_tokens: PyReadonlyArray3<'py, i32>,
+    topo: &Bound<'py, PyAny>,
+    cost: &Bound<'py, PyAny>,
+    phy2log: PyReadonlyArray2<'py, i32>,
+    token_cap: i64,
+    seed: u64,
+    anneal_moves: u64,
+    time_budget_s: Option<f64>,
+    chains: usize,
+    steps: usize,
+    exact_nodes: u64,
+    lambda_: f64,
+    start_accept: f64,
+    cooling: f64,
+    mix: (f64, f64, f64, f64),
+) -> PyResult<CellsReport<'py>> {
+    let w = convert::window(&seq_lens, &expert_tokens)?;
+    let t = convert::topology(topo)?;
+    let c = convert::cost(cost)?;
+    let pl = convert::placement(&phy2log, w.num_experts, t.slots_per_rank)?;
+    let time_budget = match time_budget_s {
+        None => None,
+        Some(s) if s.is_finite() && s > 0.0 => Some(Duration::from_secs_f64(s)),
+        Some(s) => return Err(to_py(routepack_core::error::invalid("time_budget_s", format!("must be finite and > 0, got {s}")))),
+    };
+    let mut opts = LayoutOptions { exact_nodes, lambda: lambda_, ..Default::default() };
+    opts.anneal.seed = seed;
+    opts.anneal.moves = anneal_moves;
+    opts.anneal.chains = chains;
+    opts.anneal.steps = steps;
+    opts.anneal.start_accept = start_accept;
+    opts.anneal.cooling = cooling;
+    opts.anneal.time_budget = time_budget;
+    opts.anneal.mix = MoveMix { shift: mix.0, swap: mix.1, near: mix.2, cells: mix.3 };
+    let (p, r) = run(py, || routepack_packing(&w, &t, &c, &pl, token_cap, &opts))?;
+    let d = PyDict::new(py);
+    let rows = &r.rows;
+    d.set_item("rows", rows.rows)?;
+    d.set_item("micro", rows.micro)?;
+    let lb = PyDict::new(py);
+    lb.set_item("L1", rows.l1)?;
+    lb.set_item("L2", rows.l2)?;
+    lb.set_item("rows", rows.lower_bound)?;
+    d.set_item("rows_lower_bound", lb)?;
+    d.set_item("certified", rows.certified)?;
+    d.set_item("gap", rows.gap)?;
+    d.set_item("rows_method", rows.method)?;
+    d.set_item("bins", rows.bins)?;
+    d.set_item("exact_nodes", rows.nodes)?;
+    d.set_item("layout_init", r.init)?;
+    let a = &r.anneal;
+    d.set_item("initial_cost", a.initial_cost)?;
+    d.set_item("annealed_cost", a.best_cost)?;
+    d.set_item("initial_energy", a.initial_energy)?;
+    d.set_item("annealed_energy", a.best_energy)?;
+    d.set_item("start_temperature", a.start_temperature)?;
+    d.set_item("moves", a.moves_done)?;
+    d.set_item("moves_evaluated", a.evaluated)?;
+    d.set_item("moves_accepted", a.accepted)?;
+    d.set_item("chains", a.chains)?;
+    d.set_item("steps", a.steps)?;
+    d.set_item("stopped_by_time", a.stopped_by_time)?;
+    let h = PyDict::new(py);
+    h.set_item("temperature", a.history.iter().map(|x| x.temperature).collect::<Vec<_>>())?;
+    h.set_item("best_cost", a.history.iter().map(|x| x.best_cost).collect::<Vec<_>>())?;
+    h.set_item("best_energy", a.history.iter().map(|x| x.best_energy).collect::<Vec<_>>())?;
+    h.set_item("mean_energy", a.history.iter().map(|x| x.mean_energy).collect::<Vec<_>>())?;
+    h.set_item("accept_rate", a.history.iter().map(|x| x.accept_rate).collect::<Vec<_>>())?;
+    h.set_item("moves", a.history.iter().map(|x| x.moves).collect::<Vec<_>>())?;
+    d.set_item("anneal_history", h)?;
+    let t = PyDict::new(py);
+    for (k, v) in ["rows", "proxy", "init", "anneal"].iter().zip(r.seconds) {
+        t.set_item(k, v)?;
+    }
+    d.set_item("seconds", t)?;
+    Ok((p.sample_rank.into_pyarray(py), p.sample_micro.into_pyarray(py), p.num_micro, d))
+}
+
+/// The layout proxy's step time (max over EP groups of the accumulated cost) of any layout,
+/// to compare with `simulate`.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn layout_proxy_cost<'py>(
+    py: Python<'py>,
+    seq_lens: PyReadonlyArray1<'py, i64>,
+    expert_tokens: PyReadonlyArray3<'py, i32>,
+    topo: &Bound<'py, PyAny>,
+    cost: &Bound<'py, PyAny>,
+    phy2log: PyReadonlyArray2<'py, i32>,
+    sample_rank: PyReadonlyArray1<'py, i32>,
+    sample_micro: PyReadonlyArray1<'py, i32>,
+    num_micro: usize,
+) -> PyResult<f64> {
+    let w = convert::window(&seq_lens, &expert_tokens)?;
+    let t = convert::topology(topo)?;
+    let c = convert::cost(cost)?;
+    let pl = convert::placement(&phy2log, w.num_experts, t.slots_per_rank)?;
+    let p = Packing {
+        sample_rank: slice(&sample_rank, "sample_rank")?.to_vec(),
+        sample_micro: slice(&sample_micro, "sample_micro")?.to_vec(),
+        num_micro,
+    };
+    run(py, || proxy_step_time(&w, &t, &c, &pl, &p))
 }

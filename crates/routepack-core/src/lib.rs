@@ -3,6 +3,8 @@
 //! Stages (DESIGN.md), one module each:
 //! * [`ingest`]     routing replay → per-sample per-layer expert demand
 //! * [`placement`]  expert placement (static, EPLB baseline, routepack)
+//! * [`packing`]    token-capped rows: bounds, heuristics, exact search, baselines
+//! * [`layout`]     routepack's packing: rows laid out on (rank, step) by population annealing
 //! * [`simulate`]   the cost model that scores every plan
 //! * [`flow`]       where each expert's tokens go under a plan (shared by simulator and remapper)
 //! * [`validate`]   the invariants every plan must satisfy
@@ -14,6 +16,7 @@ pub mod cost;
 pub mod error;
 pub mod flow;
 pub mod ingest;
+pub mod layout;
 pub mod migration;
 pub mod packing;
 pub mod plan;

@@ -20,12 +20,14 @@ pub fn check_cap(seq_lens: &[i64], token_cap: i64) -> Result<()> {
 /// Grows the row count to a multiple of `dp` (and at least dp) by splitting the heaviest row
 /// that has two or more samples: its samples are dealt alternately (largest first) into two
 /// rows, which stay under the cap because the original was. Errors when there are fewer
-/// samples than dp.
+/// samples than that many rows (some cell would be empty).
 pub fn equalise_rows(rows: &mut Vec<Vec<usize>>, seq_lens: &[i64], dp: usize) -> Result<()> {
-    if seq_lens.len() < dp {
+    let target = rows.len().div_ceil(dp).max(1) * dp;
+    if seq_lens.len() < target {
         return Err(Error::Infeasible(format!(
-            "{} samples cannot fill {dp} DP ranks with non-empty microbatches",
-            seq_lens.len()
+            "{} samples cannot fill {target} non-empty rows ({} microbatches on each of {dp} DP ranks)",
+            seq_lens.len(),
+            target / dp
         )));
     }
     let load = |r: &Vec<usize>| r.iter().map(|&s| seq_lens[s]).sum::<i64>();
@@ -36,7 +38,7 @@ pub fn equalise_rows(rows: &mut Vec<Vec<usize>>, seq_lens: &[i64], dp: usize) ->
             .filter(|(_, r)| r.len() >= 2)
             .max_by(|a, b| load(a.1).cmp(&load(b.1)).then(b.0.cmp(&a.0)))
             .map(|(i, _)| i)
-            .expect("more samples than rows, so some row has two");
+            .expect("at least as many samples as the target row count, so some row has two");
         let mut members = std::mem::take(&mut rows[pick]);
         members.sort_by(|&a, &b| seq_lens[b].cmp(&seq_lens[a]).then(a.cmp(&b)));
         let (mut a, mut b) = (Vec::new(), Vec::new());

@@ -1,0 +1,223 @@
+//! Benchmarks of packing and layout at the `flash` size (S = 4096, L = 32, E = 512,
+//! dp 64 / ep 32 / 8 GPUs per node / 17 slots, cap 65536): row bounds, certified rows, the
+//! exact search on an instance the heuristics miss, and annealing throughput (moves per second
+//! on one core). The window is synthetic (lognormal lengths, skewed per-layer expert
+//! popularity with per-topic hot experts), built in Rust so `cargo bench` needs no Python.
+//!
+//! Annealing throughput is measured in thread CPU time (`/proc/thread-self/schedstat`) as
+//! well as wall time: the shared 2-core machine is usually oversubscribed, and "moves per
+//! second per core" is a CPU-time figure.
+
+use std::hint::black_box;
+
+use criterion::measurement::{Measurement, ValueFormatter};
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use rand::{RngExt, SeedableRng};
+use rand_xoshiro::Xoshiro256PlusPlus;
+use routepack_core::layout::chain::{Chain, MoveMix};
+use routepack_core::layout::{init, Proxy};
+use routepack_core::packing::bounds::{l1, l2};
+use routepack_core::packing::certified::certified_rows;
+use routepack_core::packing::exact::pack_into;
+use routepack_core::placement::static_placement;
+use routepack_core::{CostModel, Topology, WindowView};
+
+const S: usize = 4096;
+const L: usize = 32;
+const E: usize = 512;
+const K: i64 = 8;
+const CAP: i64 = 65536;
+
+/// Lengths ~ prompt + lognormal response, clipped at 32768 + prompt; expert demand of each
+/// (sample, layer) split over experts by popularity × topic affinity (deterministic rounding).
+fn flash_window(seed: u64) -> (Vec<i64>, Vec<i32>) {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
+    let normal = |rng: &mut Xoshiro256PlusPlus| {
+        let (u, v): (f64, f64) = (rng.random::<f64>().max(1e-12), rng.random());
+        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+    };
+    let lens: Vec<i64> = (0..S)
+        .map(|_| {
+            let prompt = (800.0 * (0.5 * normal(&mut rng)).exp()).clamp(16.0, 8192.0);
+            let resp = (4000.0 * (0.9 * normal(&mut rng)).exp()).clamp(1.0, 32768.0);
+            ((prompt + resp).round() as i64).min(CAP)
+        })
+        .collect();
+    let topics = 16;
+    let pop: Vec<f64> = (0..L * E).map(|_| (normal(&mut rng) * 0.9).exp()).collect();
+    let affinity: Vec<f64> = (0..topics * L * E).map(|_| if rng.random::<f64>() < 0.06 { 6.0 } else { 1.0 }).collect();
+    let topic: Vec<usize> = (0..S).map(|s| (s / 16 * 7) % topics).collect();
+    let mut tok = vec![0i32; S * L * E];
+    let mut w = vec![0f64; E];
+    for s in 0..S {
+        for l in 0..L {
+            let mut total = 0.0;
+            for e in 0..E {
+                w[e] = pop[l * E + e] * affinity[(topic[s] * L + l) * E + e];
+                total += w[e];
+            }
+            let routed = K * lens[s];
+            let row = &mut tok[(s * L + l) * E..(s * L + l + 1) * E];
+            let mut given = 0i64;
+            for e in 0..E {
+                let x = ((routed as f64 * w[e] / total) as i64).min(lens[s]);
+                row[e] = x as i32;
+                given += x;
+            }
+            let mut e = (s * 31 + l) % E;
+            while given < routed {
+                if (row[e] as i64) < lens[s] {
+                    row[e] += 1;
+                    given += 1;
+                }
+                e = (e + 1) % E;
+            }
+        }
+    }
+    (lens, tok)
+}
+
+fn flash_cost() -> CostModel {
+    // CostModel.from_model(flash, Hardware.h200()) computed by hand: H = 4096, I = 1024
+    let rate = 989e12 * 0.5;
+    let (h, i) = (4096.0f64, 1024.0f64);
+    let expert = 3.0 * h * i;
+    CostModel {
+        a_lin: 2.0 * (4.0 * h * h + expert) / rate,
+        a_quad: (0..L).map(|l| if l % 6 == 5 { 2.0 * h / rate } else { 0.0 }).collect(),
+        c_tok: 2.0 * expert / rate,
+        c_exp: 2e-6,
+        token_bytes: h * 2.0,
+        bw_intra: 450e9 * 0.8,
+        bw_inter: 50e9 * 0.8,
+        expert_weight_bytes: expert * 2.0,
+        expert_grad_bytes: expert * 4.0,
+        expert_state_bytes: expert * 14.0,
+    }
+}
+
+fn benches(c: &mut Criterion) {
+    let (lens, tok) = flash_window(1);
+    let topo = Topology::new(64, 32, 8, 17).unwrap();
+    let cost = flash_cost();
+    let w = WindowView::new(&lens, &tok, L, E).unwrap();
+    let pl = static_placement(L, E, &topo).unwrap();
+
+    c.bench_function("bounds_l1_l2_flash", |b| b.iter(|| (l1(black_box(&lens), CAP), l2(black_box(&lens), CAP))));
+    c.bench_function("certified_rows_flash", |b| {
+        b.iter(|| certified_rows(black_box(&lens), CAP, topo.dp, 200_000, None).unwrap().rows.len())
+    });
+    // an instance where FFD and BFD need a row more than the optimum: pairs (4,3,3) scaled
+    let hard: Vec<i64> = (0..60).map(|i| if i % 3 == 0 { 4000 } else { 3000 }).collect();
+    c.bench_function("exact_rows_60_items", |b| b.iter(|| pack_into(black_box(&hard), 10_000, 20, 1_000_000, None).0));
+
+    c.bench_function("proxy_build_flash", |b| {
+        b.iter(|| Proxy::new(&w, &topo, &cost, &pl, CAP, 8, 0.1).unwrap().num_samples)
+    });
+}
+
+/// One chain at a fixed temperature on the flash window, `MOVES` proposals per iteration.
+fn anneal<M: Measurement>(c: &mut Criterion<M>, label: &str) {
+    let (lens, tok) = flash_window(1);
+    let topo = Topology::new(64, 32, 8, 17).unwrap();
+    let cost = flash_cost();
+    let w = WindowView::new(&lens, &tok, L, E).unwrap();
+    let pl = static_placement(L, E, &topo).unwrap();
+    let rows = certified_rows(&lens, CAP, topo.dp, 200_000, None).unwrap();
+    let micro = rows.rows.len() / topo.dp;
+    let px = Proxy::new(&w, &topo, &cost, &pl, CAP, micro, 0.1).unwrap();
+    let start = init::worst_fit(&px).unwrap_or_else(|| init::from_rows(&px, &rows.rows));
+    let base = Chain::new(&px, &start, Xoshiro256PlusPlus::seed_from_u64(0), MoveMix::default());
+    // a mid-schedule temperature: about a fifth of evaluated moves are accepted
+    let temp = 2e-3;
+    const MOVES: u64 = 20_000;
+    let mut g = c.benchmark_group(format!("anneal_flash_{label}"));
+    g.throughput(Throughput::Elements(MOVES));
+    g.sample_size(20);
+    g.bench_function("chain_moves_one_core", |b| {
+        b.iter_batched(|| base.clone(), |mut ch| ch.run(&px, MOVES, temp, None), BatchSize::LargeInput)
+    });
+    g.finish();
+}
+
+fn anneal_wall(c: &mut Criterion) {
+    anneal(c, "wall");
+}
+
+fn anneal_cpu(c: &mut Criterion<ThreadCpu>) {
+    anneal(c, "cpu");
+}
+
+/// Thread CPU time in ns, from /proc/thread-self/schedstat (time on CPU is its first field).
+struct ThreadCpu;
+
+fn thread_cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|x| x.parse().ok()))
+        .expect("/proc/thread-self/schedstat is readable on Linux")
+}
+
+impl Measurement for ThreadCpu {
+    type Intermediate = u64;
+    type Value = u64;
+    fn start(&self) -> u64 {
+        thread_cpu_ns()
+    }
+    fn end(&self, i: u64) -> u64 {
+        thread_cpu_ns() - i
+    }
+    fn add(&self, a: &u64, b: &u64) -> u64 {
+        a + b
+    }
+    fn zero(&self) -> u64 {
+        0
+    }
+    fn to_f64(&self, v: &u64) -> f64 {
+        *v as f64
+    }
+    fn formatter(&self) -> &dyn ValueFormatter {
+        &CpuFormatter
+    }
+}
+
+struct CpuFormatter;
+
+impl ValueFormatter for CpuFormatter {
+    fn scale_values(&self, ns: f64, values: &mut [f64]) -> &'static str {
+        let (f, unit) = if ns < 1e3 {
+            (1.0, "ns cpu")
+        } else if ns < 1e6 {
+            (1e-3, "µs cpu")
+        } else if ns < 1e9 {
+            (1e-6, "ms cpu")
+        } else {
+            (1e-9, "s cpu")
+        };
+        values.iter_mut().for_each(|v| *v *= f);
+        unit
+    }
+    fn scale_throughputs(&self, typical: f64, t: &Throughput, values: &mut [f64]) -> &'static str {
+        let n = match *t {
+            Throughput::Elements(n) => n as f64,
+            Throughput::ElementsAndBytes { elements, .. } => elements as f64,
+            Throughput::Bytes(n) | Throughput::BytesDecimal(n) => n as f64,
+            Throughput::Bits(n) => n as f64,
+        };
+        let per_s = n * 1e9 / typical;
+        let (d, unit) = if per_s < 1e6 { (1e3, "K/s per core") } else { (1e6, "M/s per core") };
+        values.iter_mut().for_each(|v| *v = n * 1e9 / *v / d);
+        unit
+    }
+    fn scale_for_machines(&self, _values: &mut [f64]) -> &'static str {
+        "ns"
+    }
+}
+
+criterion_group!(packing, benches, anneal_wall);
+criterion_group! {
+    name = packing_cpu;
+    config = Criterion::default().with_measurement(ThreadCpu);
+    targets = anneal_cpu
+}
+criterion_main!(packing, packing_cpu);

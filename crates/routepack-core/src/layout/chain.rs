@@ -1,0 +1,344 @@
+//! One Metropolis chain over layouts, with the moves that keep every invariant.
+//!
+//! Moves (a cell is a (DP rank, step) pair; a layout puts every sample in one cell):
+//! * move a sample to another cell (only if its cell keeps another sample and the target
+//!   stays within the cap);
+//! * swap two samples of different cells (only if both cells stay within the cap), either
+//!   two random samples or a sample and one of its neighbours in length order (near-equal
+//!   lengths keep attention and tokens almost unchanged and nearly always fit under the cap,
+//!   which matters when rows are nearly full; what changes is the expert mix);
+//! * swap the whole contents of two cells ("swap rows between cells"): always feasible.
+//! Coverage, the cap, non-empty cells and equal microbatch counts (the cell grid is fixed)
+//! hold after every accepted move. Half of the moves take their first cell from the currently
+//! slowest EP group, where an improvement lowers the step time.
+//!
+//! Reordering steps is not a move: the cost sums over steps, so a group's step order does not
+//! change it.
+
+use rand::Rng;
+use rand_xoshiro::Xoshiro256PlusPlus;
+
+use super::cost::{Delta, Proxy, Scratch, Shards, Src};
+
+/// A near-length partner is at most this many places away in length order.
+const NEAR: usize = 16;
+
+/// Relative frequencies of the proposals.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoveMix {
+    pub shift: f64,
+    pub swap: f64,
+    pub near: f64,
+    pub cells: f64,
+}
+
+impl Default for MoveMix {
+    fn default() -> Self {
+        Self { shift: 0.25, swap: 0.0, near: 0.65, cells: 0.1 }
+    }
+}
+
+impl MoveMix {
+    /// Cumulative thresholds (shift, swap, near) in [0, 1]; None if the weights are not
+    /// finite, negative, or all zero.
+    pub fn thresholds(&self) -> Option<[f64; 3]> {
+        let w = [self.shift, self.swap, self.near, self.cells];
+        let total: f64 = w.iter().sum();
+        if w.iter().any(|x| !x.is_finite() || *x < 0.0) || total <= 0.0 {
+            return None;
+        }
+        Some([w[0] / total, (w[0] + w[1]) / total, (w[0] + w[1] + w[2]) / total])
+    }
+}
+
+#[derive(Clone)]
+pub struct Chain {
+    pub rng: Xoshiro256PlusPlus,
+    /// Cumulative proposal thresholds (see `MoveMix`).
+    mix: [f64; 3],
+    /// `[S]` cell d·M + m of each sample.
+    pub cell_of: Vec<u32>,
+    /// `[S]` position of each sample in its cell's member list.
+    pos: Vec<u32>,
+    members: Vec<Vec<u32>>,
+    pub sh: Shards,
+    pub energy: f64,
+    pub proposed: u64,
+    pub evaluated: u64,
+    pub accepted: u64,
+    // scratch, not state
+    sc: Scratch,
+    d_a: Delta,
+    d_b: Delta,
+    agg: Vec<f32>,
+    agg_lq: Vec<(i64, i64)>,
+}
+
+/// A proposal, evaluated but not yet applied.
+#[derive(Clone, Copy)]
+enum Kind {
+    Move { s: usize },
+    Swap { s: usize, t: usize },
+    Cells,
+}
+
+struct Proposal {
+    kind: Kind,
+    a: usize,
+    b: usize,
+    gm_a: usize,
+    gm_b: usize,
+    cost_a: f64,
+    cost_b: f64,
+    energy: f64,
+}
+
+impl Chain {
+    /// A chain at layout `cell_of` (every cell non-empty and within the cap: the caller checks).
+    pub fn new(px: &Proxy, cell_of: &[u32], rng: Xoshiro256PlusPlus, mix: MoveMix) -> Self {
+        let mix = mix.thresholds().expect("move mix weights are checked by the caller");
+        let mut members: Vec<Vec<u32>> = vec![Vec::new(); px.cells()];
+        let mut pos = vec![0u32; cell_of.len()];
+        for (s, &c) in cell_of.iter().enumerate() {
+            pos[s] = members[c as usize].len() as u32;
+            members[c as usize].push(s as u32);
+        }
+        let sh = px.build(cell_of);
+        let energy = px.energy(&sh.group_cost);
+        Self {
+            rng,
+            mix,
+            cell_of: cell_of.to_vec(),
+            pos,
+            members,
+            sh,
+            energy,
+            proposed: 0,
+            evaluated: 0,
+            accepted: 0,
+            sc: px.scratch(),
+            d_a: Delta::one(Src::Zero, Src::Zero, 0, 0.0, 0.0),
+            d_b: Delta::one(Src::Zero, Src::Zero, 0, 0.0, 0.0),
+            agg: vec![0.0; 2 * px.agg_len()],
+            agg_lq: vec![(0, 0); 2],
+        }
+    }
+
+    /// Takes `other`'s layout and state, keeping this chain's random stream and counters
+    /// (population resampling: the RNG belongs to the chain index, not to the layout).
+    pub fn copy_state_from(&mut self, other: &Chain) {
+        self.cell_of.clone_from(&other.cell_of);
+        self.pos.clone_from(&other.pos);
+        self.members.clone_from(&other.members);
+        self.sh.clone_from(&other.sh);
+        self.energy = other.energy;
+    }
+
+    #[inline]
+    fn below(&mut self, n: usize) -> usize {
+        ((self.rng.next_u64() as u128 * n as u128) >> 64) as usize
+    }
+    #[inline]
+    fn unit(&mut self) -> f64 {
+        (self.rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+
+    /// Runs `moves` proposals at temperature `temp` (0: only non-worsening moves). Stops early
+    /// at `deadline`; returns false if it did.
+    pub fn run(&mut self, px: &Proxy, moves: u64, temp: f64, deadline: Option<std::time::Instant>) -> bool {
+        for i in 0..moves {
+            if i % 1024 == 1023 && deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                return false;
+            }
+            if let Some(p) = self.propose(px) {
+                let delta = p.energy - self.energy;
+                let accept = delta <= 0.0 || (temp > 0.0 && self.unit() < (-delta / temp).exp());
+                if accept {
+                    self.apply(px, p);
+                }
+            }
+        }
+        true
+    }
+
+    /// Energy change of one random proposal, without applying it (None when infeasible).
+    pub fn trial_delta(&mut self, px: &Proxy) -> Option<f64> {
+        self.propose(px).map(|p| p.energy - self.energy)
+    }
+
+    fn propose(&mut self, px: &Proxy) -> Option<Proposal> {
+        self.proposed += 1;
+        let cells = px.cells();
+        if cells < 2 {
+            return None;
+        }
+        let per_group = px.ep * px.micro;
+        let a = if px.groups > 1 && self.rng.next_u64() >> 63 == 1 {
+            let crit = (0..px.groups).fold(0, |b, g| if self.sh.group_cost[g] > self.sh.group_cost[b] { g } else { b });
+            crit * per_group + self.below(per_group)
+        } else {
+            self.below(cells)
+        };
+        let r = self.unit();
+        let mut b = self.below(cells - 1);
+        if b >= a {
+            b += 1;
+        }
+        // a near-length swap takes its second cell from the partner sample
+        let mut near = None;
+        if (self.mix[1]..self.mix[2]).contains(&r) {
+            let i = self.below(self.members[a].len());
+            let s = self.members[a][i] as usize;
+            let off = 1 + self.below(NEAR);
+            let pos = px.len_rank[s] as usize;
+            let q = if self.rng.next_u64() >> 63 == 1 { pos + off } else { pos.wrapping_sub(off) };
+            let t = *px.by_len.get(q)? as usize;
+            let cb = self.cell_of[t] as usize;
+            if cb == a {
+                return None;
+            }
+            b = cb;
+            near = Some((s, t));
+        }
+        let (pa, pb) = (px.rank_of(a), px.rank_of(b));
+        let (gm_a, gm_b) = (px.gm_of(a), px.gm_of(b));
+        let same = gm_a == gm_b;
+        let cap = px.token_cap;
+        // every move is "add − sub" entering cell a (and leaving cell b), see `cost::Delta`
+        let (kind, add, sub) = if r < self.mix[0] {
+            let i = self.below(self.members[a].len());
+            let s = self.members[a][i] as usize;
+            if self.members[a].len() < 2 || self.sh.lin[b] + px.lens[s] > cap {
+                return None;
+            }
+            // s leaves a for b: "add − sub" = −s
+            (Kind::Move { s }, Src::Zero, Src::Sample(s as u32))
+        } else if r < self.mix[2] {
+            let (s, t) = match near {
+                Some(st) => st,
+                None => {
+                    let (i, j) = (self.below(self.members[a].len()), self.below(self.members[b].len()));
+                    (self.members[a][i] as usize, self.members[b][j] as usize)
+                }
+            };
+            let d = px.lens[t] - px.lens[s];
+            if self.sh.lin[a] + d > cap || self.sh.lin[b] - d > cap {
+                return None;
+            }
+            (Kind::Swap { s, t }, Src::Sample(t as u32), Src::Sample(s as u32))
+        } else {
+            // whole cells: aggregate each cell's samples into one source
+            px.aggregate(&self.members[a], &mut self.agg, 0);
+            px.aggregate(&self.members[b], &mut self.agg, 1);
+            self.agg_lq[0] = (self.sh.lin[a], self.sh.quad[a]);
+            self.agg_lq[1] = (self.sh.lin[b], self.sh.quad[b]);
+            (Kind::Cells, Src::Agg(1), Src::Agg(0))
+        };
+        if same {
+            self.d_a = Delta::shift(add, sub, pb, pa);
+        } else {
+            self.d_a = Delta::one(add, sub, pa, 1.0, 1.0);
+            self.d_b = Delta::one(add, sub, pb, -1.0, -1.0);
+        }
+        self.evaluated += 1;
+        let cost_a = px.eval_gm(&mut self.sh, gm_a, &self.d_a, &self.agg, &self.agg_lq, &mut self.sc);
+        let cost_b = if same {
+            cost_a
+        } else {
+            px.eval_gm(&mut self.sh, gm_b, &self.d_b, &self.agg, &self.agg_lq, &mut self.sc)
+        };
+        // group totals with the new (group, step) costs, summed in step order
+        let m_n = px.micro;
+        let (g_a, g_b) = (gm_a / m_n, gm_b / m_n);
+        let group_total = |g: usize| -> f64 {
+            (0..m_n)
+                .map(|m| {
+                    let gm = g * m_n + m;
+                    if gm == gm_a {
+                        cost_a
+                    } else if gm == gm_b {
+                        cost_b
+                    } else {
+                        self.sh.gm_cost[gm]
+                    }
+                })
+                .sum()
+        };
+        let (ta, tb) = (group_total(g_a), group_total(g_b));
+        let mut max = 0.0f64;
+        let mut sum = 0.0f64;
+        for g in 0..px.groups {
+            let c = if g == g_a {
+                ta
+            } else if g == g_b {
+                tb
+            } else {
+                self.sh.group_cost[g]
+            };
+            max = max.max(c);
+            sum += c;
+        }
+        let energy = max + px.lambda * sum / px.groups as f64;
+        Some(Proposal { kind, a, b, gm_a, gm_b, cost_a, cost_b, energy })
+    }
+
+    fn apply(&mut self, px: &Proxy, p: Proposal) {
+        self.accepted += 1;
+        let (a, b) = (p.a, p.b);
+        match p.kind {
+            Kind::Move { s } => {
+                let i = self.pos[s] as usize;
+                self.members[a].swap_remove(i);
+                if let Some(&moved) = self.members[a].get(i) {
+                    self.pos[moved as usize] = i as u32;
+                }
+                self.pos[s] = self.members[b].len() as u32;
+                self.members[b].push(s as u32);
+                self.cell_of[s] = b as u32;
+                self.sh.lin[a] -= px.lens[s];
+                self.sh.quad[a] -= px.sq[s];
+                self.sh.lin[b] += px.lens[s];
+                self.sh.quad[b] += px.sq[s];
+            }
+            Kind::Swap { s, t } => {
+                let (i, j) = (self.pos[s] as usize, self.pos[t] as usize);
+                self.members[a][i] = t as u32;
+                self.members[b][j] = s as u32;
+                self.pos[s] = j as u32;
+                self.pos[t] = i as u32;
+                self.cell_of[s] = b as u32;
+                self.cell_of[t] = a as u32;
+                let (dl, dq) = (px.lens[t] - px.lens[s], px.sq[t] - px.sq[s]);
+                self.sh.lin[a] += dl;
+                self.sh.quad[a] += dq;
+                self.sh.lin[b] -= dl;
+                self.sh.quad[b] -= dq;
+            }
+            Kind::Cells => {
+                self.members.swap(a, b);
+                for &s in &self.members[a] {
+                    self.cell_of[s as usize] = a as u32;
+                }
+                for &s in &self.members[b] {
+                    self.cell_of[s as usize] = b as u32;
+                }
+                self.sh.lin.swap(a, b);
+                self.sh.quad.swap(a, b);
+            }
+        }
+        px.apply_gm(&mut self.sh, p.gm_a, &self.d_a, &self.agg, p.cost_a, &mut self.sc);
+        if p.gm_b != p.gm_a {
+            px.apply_gm(&mut self.sh, p.gm_b, &self.d_b, &self.agg, p.cost_b, &mut self.sc);
+        }
+        self.energy = p.energy;
+    }
+
+    /// Every sample's cell, and a check that the incremental state equals a rebuild (tests).
+    pub fn consistent(&self, px: &Proxy) -> bool {
+        let fresh = px.build(&self.cell_of);
+        fresh.gm == self.sh.gm
+            && fresh.lin == self.sh.lin
+            && fresh.quad == self.sh.quad
+            && fresh.gm_cost.iter().zip(&self.sh.gm_cost).all(|(x, y)| (x - y).abs() <= 1e-9 * x.abs().max(1e-30))
+    }
+}
