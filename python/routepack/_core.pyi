@@ -1,6 +1,6 @@
 """Type stubs for the Rust extension `routepack._core` (kept by hand; see src/*.rs)."""
 
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -34,6 +34,24 @@ def migration_diff(previous: I32, next: I32, num_experts: int, slots_per_rank: i
 
 def pack_sequential(seq_lens: I64, token_cap: int, dp: int) -> Tuple[I32, I32, int]:
     """Arrival-order first fit: (sample_rank [S], sample_micro [S], num_micro)."""
+
+def pack_kk(seq_lens: I64, token_cap: int, dp: int) -> Tuple[I32, I32, int, Dict[str, Any]]:
+    """verl's Karmarkar–Karp balancing: (sample_rank [S], sample_micro [S], num_micro, report)."""
+
+def pack_rows(seq_lens: I64, token_cap: int, step: int, node_limit: int = ...) -> Dict[str, Any]:
+    """Fewest rows in multiples of `step` with their certificate: rows, bins, l1, l2,
+    lower_bound, certified, gap, method, nodes."""
+
+def pack_routepack(seq_lens: I64, expert_tokens: I32, topo: Any, cost: Any, phy2log: I32, token_cap: int,
+                   seed: int = ..., anneal_moves: int = ..., time_budget_s: Optional[float] = ...,
+                   chains: int = ..., steps: int = ..., exact_nodes: int = ..., lambda_: float = ...,
+                   start_accept: float = ..., cooling: float = ...,
+                   mix: Tuple[float, float, float, float] = ...) -> Tuple[I32, I32, int, Dict[str, Any]]:
+    """Certified rows + annealed layout: (sample_rank [S], sample_micro [S], num_micro, report)."""
+
+def layout_proxy_cost(seq_lens: I64, expert_tokens: I32, topo: Any, cost: Any, phy2log: I32,
+                      sample_rank: I32, sample_micro: I32, num_micro: int) -> float:
+    """The layout proxy's step time (max over EP groups of accumulated cost) of a layout."""
 
 def simulate(plan: Any, seq_lens: I64, expert_tokens: I32, topo: Any, cost: Any) -> Dict[str, Any]:
     """DESIGN.md's cost model; keys are the fields of routepack.SimResult."""
