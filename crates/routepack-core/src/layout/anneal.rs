@@ -10,8 +10,9 @@
 //! Determinism: chain i draws from Xoshiro256PlusPlus seeded by (seed, i) and keeps its
 //! stream when it inherits another chain's layout; resampling and the best-so-far are
 //! computed on the calling thread in index order. So for a move budget the result does not
-//! depend on the number of threads. A deadline (wall clock) cuts steps short and is the only
-//! source of nondeterminism.
+//! depend on the number of threads. exp and ln come from `detmath`, not the platform's libm,
+//! so the decisions are also the same on every machine. A deadline (wall clock) cuts steps
+//! short and is the only source of nondeterminism.
 
 use std::time::{Duration, Instant};
 
@@ -21,6 +22,7 @@ use rayon::prelude::*;
 
 use super::chain::{Chain, MoveMix};
 use super::cost::Proxy;
+use super::detmath::{exp, ln};
 
 /// Search settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -113,12 +115,12 @@ pub fn anneal(px: &Proxy, init: &[u32], params: &AnnealParams) -> AnnealResult {
         }
     }
     let mean_up = if ups.is_empty() { initial_energy * 1e-6 } else { ups.iter().sum::<f64>() / ups.len() as f64 };
-    let t0 = (mean_up / (1.0 / params.start_accept.clamp(1e-6, 0.999)).ln()).max(f64::MIN_POSITIVE);
+    let t0 = (mean_up / ln(1.0 / params.start_accept.clamp(1e-6, 0.999))).max(f64::MIN_POSITIVE);
     let temp = |k: usize| {
         if steps == 1 {
             0.0
         } else {
-            t0 * params.cooling.powf(k as f64 / (steps - 1) as f64)
+            t0 * exp(ln(params.cooling) * k as f64 / (steps - 1) as f64)
         }
     };
 
@@ -204,7 +206,7 @@ fn resample(pop: &mut [Chain], dbeta: f64, rng: &mut Xoshiro256PlusPlus) {
         return;
     }
     let e_min = pop.iter().map(|c| c.energy).fold(f64::INFINITY, f64::min);
-    let w: Vec<f64> = pop.iter().map(|c| (-(dbeta * (c.energy - e_min))).exp()).collect();
+    let w: Vec<f64> = pop.iter().map(|c| exp(-(dbeta * (c.energy - e_min)))).collect();
     let total: f64 = w.iter().sum();
     let u0 = (rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64) / n as f64;
     let mut counts = vec![0usize; n];

@@ -8,6 +8,7 @@
 //!   lengths keep attention and tokens almost unchanged and nearly always fit under the cap,
 //!   which matters when rows are nearly full; what changes is the expert mix);
 //! * swap the whole contents of two cells ("swap rows between cells"): always feasible.
+//!
 //! Coverage, the cap, non-empty cells and equal microbatch counts (the cell grid is fixed)
 //! hold after every accepted move. Half of the moves take their first cell from the currently
 //! slowest EP group, where an improvement lowers the step time.
@@ -19,6 +20,7 @@ use rand::Rng;
 use rand_xoshiro::Xoshiro256PlusPlus;
 
 use super::cost::{Delta, Proxy, Scratch, Shards, Src};
+use super::detmath;
 
 /// A near-length partner is at most this many places away in length order.
 const NEAR: usize = 16;
@@ -70,8 +72,9 @@ pub struct Chain {
     sc: Scratch,
     d_a: Delta,
     d_b: Delta,
-    agg: Vec<f32>,
-    agg_lq: Vec<(i64, i64)>,
+    /// `[cells, agg_len]` demand of each cell's samples (cell swaps read it; see
+    /// `Proxy::cell_table`).
+    cagg: Vec<f32>,
 }
 
 /// A proposal, evaluated but not yet applied.
@@ -119,8 +122,7 @@ impl Chain {
             sc: px.scratch(),
             d_a: Delta::one(Src::Zero, Src::Zero, 0, 0.0, 0.0),
             d_b: Delta::one(Src::Zero, Src::Zero, 0, 0.0, 0.0),
-            agg: vec![0.0; 2 * px.agg_len()],
-            agg_lq: vec![(0, 0); 2],
+            cagg: px.cell_table(cell_of),
         }
     }
 
@@ -131,6 +133,7 @@ impl Chain {
         self.pos.clone_from(&other.pos);
         self.members.clone_from(&other.members);
         self.sh.clone_from(&other.sh);
+        self.cagg.clone_from(&other.cagg);
         self.energy = other.energy;
     }
 
@@ -152,7 +155,7 @@ impl Chain {
             }
             if let Some(p) = self.propose(px) {
                 let delta = p.energy - self.energy;
-                let accept = delta <= 0.0 || (temp > 0.0 && self.unit() < (-delta / temp).exp());
+                let accept = delta <= 0.0 || (temp > 0.0 && self.unit() < detmath::exp(-delta / temp));
                 if accept {
                     self.apply(px, p);
                 }
@@ -227,12 +230,8 @@ impl Chain {
             }
             (Kind::Swap { s, t }, Src::Sample(t as u32), Src::Sample(s as u32))
         } else {
-            // whole cells: aggregate each cell's samples into one source
-            px.aggregate(&self.members[a], &mut self.agg, 0);
-            px.aggregate(&self.members[b], &mut self.agg, 1);
-            self.agg_lq[0] = (self.sh.lin[a], self.sh.quad[a]);
-            self.agg_lq[1] = (self.sh.lin[b], self.sh.quad[b]);
-            (Kind::Cells, Src::Agg(1), Src::Agg(0))
+            // whole cells: each cell's samples as one source
+            (Kind::Cells, Src::Cell(b), Src::Cell(a))
         };
         if same {
             self.d_a = Delta::shift(add, sub, pb, pa);
@@ -241,11 +240,11 @@ impl Chain {
             self.d_b = Delta::one(add, sub, pb, -1.0, -1.0);
         }
         self.evaluated += 1;
-        let cost_a = px.eval_gm(&mut self.sh, gm_a, &self.d_a, &self.agg, &self.agg_lq, &mut self.sc);
+        let cost_a = px.eval_gm(&mut self.sh, gm_a, &self.d_a, &self.cagg, &mut self.sc);
         let cost_b = if same {
             cost_a
         } else {
-            px.eval_gm(&mut self.sh, gm_b, &self.d_b, &self.agg, &self.agg_lq, &mut self.sc)
+            px.eval_gm(&mut self.sh, gm_b, &self.d_b, &self.cagg, &mut self.sc)
         };
         // group totals with the new (group, step) costs, summed in step order
         let m_n = px.micro;
@@ -326,17 +325,37 @@ impl Chain {
                 self.sh.quad.swap(a, b);
             }
         }
-        px.apply_gm(&mut self.sh, p.gm_a, &self.d_a, &self.agg, p.cost_a, &mut self.sc);
+        // the rows first: a cell swap reads the cells' demand as it was before the move
+        px.apply_gm(&mut self.sh, p.gm_a, &self.d_a, &self.cagg, p.cost_a, &mut self.sc);
         if p.gm_b != p.gm_a {
-            px.apply_gm(&mut self.sh, p.gm_b, &self.d_b, &self.agg, p.cost_b, &mut self.sc);
+            px.apply_gm(&mut self.sh, p.gm_b, &self.d_b, &self.cagg, p.cost_b, &mut self.sc);
+        }
+        let len = px.agg_len();
+        let (lo, hi) = (a.min(b), a.max(b));
+        let (head, tail) = self.cagg.split_at_mut(hi * len);
+        let (row_lo, row_hi) = (&mut head[lo * len..(lo + 1) * len], &mut tail[..len]);
+        let (row_a, row_b) = if a < b { (row_lo, row_hi) } else { (row_hi, row_lo) };
+        match p.kind {
+            Kind::Move { s } => {
+                px.add_sample(row_a, s, -1.0);
+                px.add_sample(row_b, s, 1.0);
+            }
+            Kind::Swap { s, t } => {
+                px.add_sample(row_a, s, -1.0);
+                px.add_sample(row_a, t, 1.0);
+                px.add_sample(row_b, t, -1.0);
+                px.add_sample(row_b, s, 1.0);
+            }
+            Kind::Cells => row_a.swap_with_slice(row_b),
         }
         self.energy = p.energy;
     }
 
-    /// Every sample's cell, and a check that the incremental state equals a rebuild (tests).
+    /// Whether the incremental state equals a rebuild from `cell_of` (for tests).
     pub fn consistent(&self, px: &Proxy) -> bool {
         let fresh = px.build(&self.cell_of);
-        fresh.gm == self.sh.gm
+        px.cell_table(&self.cell_of) == self.cagg
+            && fresh.gm == self.sh.gm
             && fresh.lin == self.sh.lin
             && fresh.quad == self.sh.quad
             && fresh.gm_cost.iter().zip(&self.sh.gm_cost).all(|(x, y)| (x - y).abs() <= 1e-9 * x.abs().max(1e-30))

@@ -66,19 +66,19 @@ pub struct Proxy {
     pub ki: f32,
     pub ke: f32,
     pub lambda: f64,
-    /// Zeros laid out like an aggregate slot (`Src::Zero`).
+    /// Zeros laid out like a row of the per-cell table (`Src::Zero`).
     zero: Vec<f32>,
     /// The CPU has AVX2 (the hot loop has a build for it).
     avx2: bool,
 }
 
-/// Where a source vector comes from: nothing, one sample, or an aggregate slot of the
-/// caller's buffer (see `Proxy::aggregate`).
+/// Where a source vector comes from: nothing, one sample, or all samples of a cell (its row
+/// of the caller's per-cell table, `[cells, agg_len]`, kept by `Proxy::add_sample`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Src {
     Zero,
     Sample(u32),
-    Agg(usize),
+    Cell(usize),
 }
 
 /// A move as one (group, step) sees it: the demand of `add` minus that of `sub` enters EP
@@ -158,7 +158,8 @@ impl Proxy {
         let nodes = ep / rpn;
         // per layer: the rank of each single-replica expert (u32::MAX if replicated), and the
         // (expert, rank, share) triples of replicated experts, shares on one rank merged
-        let routes: Vec<(Vec<u32>, Vec<(usize, usize, f64)>)> = (0..l_n)
+        type Routes = (Vec<u32>, Vec<(usize, usize, f64)>);
+        let routes: Vec<Routes> = (0..l_n)
             .map(|l| {
                 let (off, slots) = placement.replicas_of_layer(l);
                 let mut single = vec![u32::MAX; w.num_experts];
@@ -260,7 +261,7 @@ impl Proxy {
             ki: (a2a / cost.bw_intra) as f32,
             ke: (a2a / cost.bw_inter) as f32,
             lambda,
-            zero: vec![0.0; l_n * (ep + 1 + nodes) + 2],
+            zero: vec![0.0; l_n * (ep + 1 + nodes)],
             avx2: detect_avx2(),
         })
     }
@@ -284,41 +285,48 @@ impl Proxy {
     fn block(&self) -> usize {
         self.num_layers * ROWS * self.ep
     }
-    /// Size of one aggregate slot: proj `[L, ep]`, otot `[L]`, onode `[L, nodes]`, lin, quad.
+    /// Size of one cell's row of the per-cell table: proj `[L, ep]`, otot `[L]`, onode
+    /// `[L, nodes]`.
     #[inline]
     pub fn agg_len(&self) -> usize {
-        self.num_layers * (self.ep + 1 + self.nodes) + 2
+        self.num_layers * (self.ep + 1 + self.nodes)
     }
 
-    /// Sums the demand of `samples` into aggregate slot `slot` of `agg`.
-    pub fn aggregate(&self, samples: &[u32], agg: &mut [f32], slot: usize) {
+    /// Adds (`sign` = 1) or removes (−1) sample s's demand to/from a per-cell row `[agg_len]`.
+    /// Values are whole numbers, so the row always equals the sum over the cell's samples.
+    pub fn add_sample(&self, row: &mut [f32], s: usize, sign: f32) {
         let (l_n, ep, nd) = (self.num_layers, self.ep, self.nodes);
-        let a = &mut agg[slot * self.agg_len()..(slot + 1) * self.agg_len()];
-        a.iter_mut().for_each(|x| *x = 0.0);
-        let (pr, rest) = a.split_at_mut(l_n * ep);
-        let (ot, rest) = rest.split_at_mut(l_n);
-        let (on, _) = rest.split_at_mut(l_n * nd);
-        for &s in samples {
-            let s = s as usize;
-            for (x, y) in pr.iter_mut().zip(&self.proj[s * l_n * ep..(s + 1) * l_n * ep]) {
-                *x += y;
-            }
-            for (x, y) in ot.iter_mut().zip(&self.otot[s * l_n..(s + 1) * l_n]) {
-                *x += y;
-            }
-            for (x, y) in on.iter_mut().zip(&self.onode[s * l_n * nd..(s + 1) * l_n * nd]) {
-                *x += y;
-            }
+        let (pr, rest) = row.split_at_mut(l_n * ep);
+        let (ot, on) = rest.split_at_mut(l_n);
+        for (x, &y) in pr.iter_mut().zip(&self.proj[s * l_n * ep..(s + 1) * l_n * ep]) {
+            *x += sign * y;
         }
+        for (x, &y) in ot.iter_mut().zip(&self.otot[s * l_n..(s + 1) * l_n]) {
+            *x += sign * y;
+        }
+        for (x, &y) in on.iter_mut().zip(&self.onode[s * l_n * nd..(s + 1) * l_n * nd]) {
+            *x += sign * y;
+        }
+    }
+
+    /// The per-cell table `[cells, agg_len]` of a layout.
+    pub fn cell_table(&self, cell_of: &[u32]) -> Vec<f32> {
+        let len = self.agg_len();
+        let mut t = vec![0f32; self.cells() * len];
+        for (s, &c) in cell_of.iter().enumerate() {
+            let c = c as usize;
+            self.add_sample(&mut t[c * len..(c + 1) * len], s, 1.0);
+        }
+        t
     }
 
     /// (Σ n, Σ n²) of a source.
     #[inline]
-    fn lin_quad(&self, src: Src, agg_lq: &[(i64, i64)]) -> (i64, i64) {
+    fn lin_quad(&self, src: Src, sh: &Shards) -> (i64, i64) {
         match src {
             Src::Zero => (0, 0),
             Src::Sample(s) => (self.lens[s as usize], self.sq[s as usize]),
-            Src::Agg(i) => agg_lq[i],
+            Src::Cell(c) => (sh.lin[c], sh.quad[c]),
         }
     }
 
@@ -337,7 +345,7 @@ impl Proxy {
                     onode: &self.onode[s * l_n * nd..(s + 1) * l_n * nd],
                 }
             }
-            Src::Agg(i) => slot(&agg[i * self.agg_len()..(i + 1) * self.agg_len()]),
+            Src::Cell(c) => slot(&agg[c * self.agg_len()..(c + 1) * self.agg_len()]),
         }
     }
 
@@ -368,8 +376,8 @@ impl Proxy {
 
     /// Cost of (group, step) `gm` after `d`. The state is unchanged afterwards (it is
     /// borrowed mutably because the kernel patches and restores the end ranks in place).
-    pub fn eval_gm(&self, sh: &mut Shards, gm: usize, d: &Delta, agg: &[f32], agg_lq: &[(i64, i64)], sc: &mut Scratch) -> f64 {
-        let att = self.attention(sh, gm, d, agg_lq);
+    pub fn eval_gm(&self, sh: &mut Shards, gm: usize, d: &Delta, agg: &[f32], sc: &mut Scratch) -> f64 {
+        let att = self.attention(sh, gm, d);
         let block = self.block();
         let gd = self.gm_delta(d, agg, sc);
         att + gm_cost(&mut sh.gm[gm * block..(gm + 1) * block], &self.hexp, &gd, self.coeffs(), self.shape(), self.avx2)
@@ -387,11 +395,11 @@ impl Proxy {
     }
 
     /// Attention part of a (group, step)'s cost after `d`: Σ_kinds count · max_p.
-    fn attention(&self, sh: &Shards, gm: usize, d: &Delta, agg_lq: &[(i64, i64)]) -> f64 {
+    fn attention(&self, sh: &Shards, gm: usize, d: &Delta) -> f64 {
         let (ep, m_n) = (self.ep, self.micro);
         let (g, m) = (gm / m_n, gm % m_n);
-        let (la, qa) = self.lin_quad(d.add, agg_lq);
-        let (ls, qs) = self.lin_quad(d.sub, agg_lq);
+        let (la, qa) = self.lin_quad(d.add, sh);
+        let (ls, qs) = self.lin_quad(d.sub, sh);
         let ends = &d.ends[..d.n_ends];
         let mut cost = 0.0f64;
         for &(q3, count) in &self.kinds {
@@ -434,7 +442,7 @@ impl Proxy {
         }
         for gm in 0..gms {
             let none = Delta { add: Src::Zero, sub: Src::Zero, tok: 0.0, ends: [(0, 0.0); 2], n_ends: 0 };
-            sh.gm_cost[gm] = self.eval_gm(&mut sh, gm, &none, &[], &[], &mut sc);
+            sh.gm_cost[gm] = self.eval_gm(&mut sh, gm, &none, &[], &mut sc);
         }
         for g in 0..self.groups {
             sh.group_cost[g] = sh.gm_cost[g * m_n..(g + 1) * m_n].iter().sum();
@@ -522,8 +530,8 @@ mod tests {
         let (ga, gb) = (px.gm_of(0), px.gm_of(7));
         let da = Delta::one(Src::Sample(0), Src::Zero, 0, -1.0, -1.0);
         let db = Delta::one(Src::Sample(0), Src::Zero, 1, 1.0, 1.0);
-        let ca = px.eval_gm(&mut sh, ga, &da, &[], &[], &mut sc);
-        let cb = px.eval_gm(&mut sh, gb, &db, &[], &[], &mut sc);
+        let ca = px.eval_gm(&mut sh, ga, &da, &[], &mut sc);
+        let cb = px.eval_gm(&mut sh, gb, &db, &[], &mut sc);
         let mut inc = sh.clone();
         px.apply_gm(&mut inc, ga, &da, &[], ca, &mut sc);
         px.apply_gm(&mut inc, gb, &db, &[], cb, &mut sc);

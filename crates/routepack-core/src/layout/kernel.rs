@@ -11,8 +11,8 @@
 //!   diag' = diag + ch · r
 //! The point rows (otot, onode, diag) change at the end ranks only: they are patched in
 //! scalar code before a layer's pass (and restored after it when only evaluating).
-//! The layer's cost is max_p (ct·tok' + hexp) + max_p (ki·(max(onode', same') − diag')
-//! + ke·max(otot' − onode', tok' − same')) (see `cost`). Ranks go eight at a time into eight
+//! The layer's cost is max_p (ct·tok' + hexp) + max_p (ki·(max(onode', same') − diag') +
+//! ke·max(otot' − onode', tok' − same')) (see `cost`). Ranks go eight at a time into eight
 //! lanes (rank p < ⌊ep/8⌋·8 to lane p mod 8, the tail to lane 0), with AVX2 when the CPU has
 //! it and plain code otherwise: the same operations in the same order (separate multiply and
 //! add, `x > y ? x : y` as max), so both give the same bits. Row values are whole numbers
@@ -117,8 +117,7 @@ unsafe fn patch(b: *mut f32, ep: usize, ra: &[f32], rs: &[f32], d: &GmDelta, l: 
     let ot = d.add.otot[l] - d.sub.otot[l];
     let rpn = ep / nodes;
     let mut old = [[0f32; 3]; 2];
-    for i in 0..d.n_ends {
-        let (p, sign) = d.ends[i];
+    for (i, &(p, sign)) in d.ends[..d.n_ends].iter().enumerate() {
         let node = p / rpn;
         let k = sign * (d.add.onode[l * nodes + node] - d.sub.onode[l * nodes + node]);
         old[i] = [*b.add(OTOT * ep + p), *b.add(ONODE * ep + p), *b.add(DIAG * ep + p)];

@@ -9,6 +9,7 @@
 //!
 //! * [`cost`]    the objective and its O(L·ep) incremental evaluation
 //! * [`kernel`]  the per-layer hot loop (plain and AVX2, bit-identical)
+//! * [`detmath`] exp and ln that give the same bits on every machine
 //! * [`init`]    the starting layout
 //! * [`chain`]   one Metropolis chain and its invariant-keeping moves
 //! * [`anneal`]  the population, temperature schedule and resampling
@@ -16,6 +17,7 @@
 pub mod anneal;
 pub mod chain;
 pub mod cost;
+pub mod detmath;
 pub mod init;
 pub mod kernel;
 
