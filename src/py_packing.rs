@@ -64,7 +64,7 @@ pub fn pack_rows<'py>(py: Python<'py>, seq_lens: PyReadonlyArray1<'py, i64>, tok
 /// Returns `(sample_rank [S], sample_micro [S], num_micro, report)`.
 #[pyfunction]
 #[pyo3(signature = (seq_lens, expert_tokens, topo, cost, phy2log, token_cap, seed=0, anneal_moves=400_000,
-    time_budget_s=None, chains=4, steps=24, exact_nodes=200_000, lambda_=0.1, start_accept=0.1, cooling=1e-3,
+    time_budget_s=None, chains=2, steps=24, exact_nodes=200_000, lambda_=0.1, start_accept=0.1, cooling=1e-3,
     mix=(0.25, 0.0, 0.65, 0.1)))]
 #[allow(clippy::too_many_arguments)]
 pub fn pack_routepack<'py>(

@@ -19,7 +19,7 @@ DEFAULT_ANNEAL_MOVES = 400_000
 
 #: Options `plan_window(..., **options)` passes to routepack's packing, with their defaults.
 ROUTEPACK_OPTIONS: Dict[str, Any] = {
-    "anneal_chains": 4,  # population size
+    "anneal_chains": 2,  # population size (a chain per core on the 2-core reference machine)
     "anneal_steps": 24,  # temperature steps (resampling after each)
     "anneal_lambda": 0.1,  # weight of the mean EDP-shard cost next to the slowest one
     "anneal_start_accept": 0.1,  # acceptance of a typical worsening move at the start

@@ -44,7 +44,7 @@ pub struct AnnealParams {
 
 impl Default for AnnealParams {
     fn default() -> Self {
-        Self { seed: 0, moves: 400_000, chains: 4, steps: 24, start_accept: 0.1, cooling: 1e-3, time_budget: None, mix: MoveMix::default() }
+        Self { seed: 0, moves: 400_000, chains: 2, steps: 24, start_accept: 0.1, cooling: 1e-3, time_budget: None, mix: MoveMix::default() }
     }
 }
 
