@@ -11,9 +11,10 @@ from typing import Any, Dict
 from routepack import _core
 from routepack.policies import PACKINGS, PackingResult, PlanContext
 
-#: Default search budget of routepack's layout, in proposed moves over all chains. Sized so
-#: that planning a `flash` window (4096 samples, dp 64) takes about 1 s in all on this
-#: project's reference machine (see benches/packing_quality.py); deterministic, unlike a
+#: Default search budget of routepack's layout, in proposed moves over all chains. Sized for
+#: `flash` (4096 samples, dp 64) on the 2-core reference machine: annealing measured 305K
+#: moves per CPU-second there (1.3 CPU-s, 0.65 s on two cores) and the whole plan about 1 s
+#: (benches/packing_quality.py); `tiny` anneals 3x faster. Deterministic, unlike a
 #: wall-clock budget.
 DEFAULT_ANNEAL_MOVES = 400_000
 

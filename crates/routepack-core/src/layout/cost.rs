@@ -10,8 +10,9 @@
 //!
 //! Routing is approximated through the placement: each sample's tokens for expert e are split
 //! evenly over e's replicas, giving `proj[s, l, p]`, the tokens sample s sends to EP rank p in
-//! layer l (rounded to whole tokens, so sums are exact in f32 for the static placement and any
-//! placement: no drift over millions of moves). For each (group, step, layer) the state keeps,
+//! layer l (rounded to whole tokens, so every sum is exact in f32 whatever the placement: no
+//! drift over millions of moves; under the static placement the projection is exact, with
+//! replicas it differs from `flow`'s integer split by under a token per sample and rank). For each (group, step, layer) the state keeps,
 //! per EP rank p: tokens received `tok`, tokens received from ranks on p's own node `same`,
 //! tokens sent `otot`, tokens sent to p's own node `onode`, and tokens p sends to itself `diag`.
 //! Then sent_intra = onode − diag, received_intra = same − diag, sent_inter = otot − onode,
@@ -104,7 +105,7 @@ impl Delta {
     }
 }
 
-/// Per-move scratch: the node mask and rank indicator vectors of a delta.
+/// Per-move scratch: the signed same-node indicator `[ep]` of a delta.
 #[derive(Clone, Debug)]
 pub struct Scratch {
     cm: Vec<f32>,
