@@ -71,7 +71,7 @@ def judge_faults(out: dict) -> list:
             if res["raised"] != "MigrationError" or not res["intact"]:
                 bad.append(f"rank {r}: fault at {point}: {res}")
         c = f["clean"]
-        if c["raised"] is not None or not c["bit_identical"] or not c["placement_is_plan"]:
+        if c["raised"] is not None or not (c["bit_identical"] and c["placement_is_plan"] and c["extra_state_moved"]):
             bad.append(f"rank {r}: clean migration: {c}")
         if not f["broadcast_same"]:
             bad.append(f"rank {r}: broadcast_plan differs")

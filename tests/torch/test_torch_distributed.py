@@ -78,6 +78,7 @@ def test_migration_succeeds_after_faults(faults):
     for f in faults.values():
         c = f["clean"]
         assert c["raised"] is None and c["bit_identical"] and c["placement_is_plan"] and c["moved_rows"] > 0
+        assert c["extra_state_moved"]  # e.g. fp32 master weights passed as extra_state
 
 
 def test_broadcast_plan_gives_every_rank_the_same_plan(faults):

@@ -77,13 +77,13 @@ def expert_state(layer: Any, optimizer: Optional[torch.optim.Optimizer] = None,
     return out
 
 
-def _pack(tensors: Sequence[torch.Tensor], slot: int) -> torch.Tensor:
+def pack_slot(tensors: Sequence[torch.Tensor], slot: int) -> torch.Tensor:
     """Raw bytes of slot ``slot`` of every tensor, concatenated (uint8 ``[slot_bytes]``)."""
     return torch.cat([t.detach()[slot].reshape(-1).view(torch.uint8) for t in tensors])
 
 
 @torch.no_grad()
-def _unpack(tensors: Sequence[torch.Tensor], slot: int, buf: torch.Tensor) -> None:
+def unpack_slot(tensors: Sequence[torch.Tensor], slot: int, buf: torch.Tensor) -> None:
     off = 0
     for t in tensors:
         dst = t.detach()[slot].reshape(-1).view(torch.uint8)
@@ -211,11 +211,11 @@ def migrate(layers: Sequence[Any], plan: Any, optimizer: Optional[torch.optim.Op
         for i, r in enumerate(rows):
             l, s_rank, d_rank = int(r["layer"]), int(r["src_rank"]), int(r["dst_rank"])
             if s_rank == me and d_rank == me:
-                staged[i] = _pack(states[l], int(r["src_slot"]) - me * spr).clone()
+                staged[i] = pack_slot(states[l], int(r["src_slot"]) - me * spr).clone()
                 sent[i] = staged[i]
                 local += 1
             elif s_rank == me:
-                sent[i] = _pack(states[l], int(r["src_slot"]) - me * spr)
+                sent[i] = pack_slot(states[l], int(r["src_slot"]) - me * spr)
             elif d_rank == me:
                 staged[i] = torch.empty(sizes[l], dtype=torch.uint8, device=device)
         _hook(fault, "packed")
@@ -276,10 +276,10 @@ def migrate(layers: Sequence[Any], plan: Any, optimizer: Optional[torch.optim.Op
         mine = [i for i, r in enumerate(rows) if int(r["dst_rank"]) == me]
         for i in mine:
             l, slot = int(rows[i]["layer"]), int(rows[i]["dst_slot"]) - me * spr
-            backups.append((l, slot, _pack(states[l], slot).clone()))
+            backups.append((l, slot, pack_slot(states[l], slot).clone()))
         for n, i in enumerate(mine):
             l, slot = int(rows[i]["layer"]), int(rows[i]["dst_slot"]) - me * spr
-            _unpack(states[l], slot, staged[i])
+            unpack_slot(states[l], slot, staged[i])
             if n == 0:
                 _hook(fault, "commit")
         for l, mod in enumerate(layers):
@@ -294,7 +294,7 @@ def migrate(layers: Sequence[Any], plan: Any, optimizer: Optional[torch.optim.Op
         failed, err = [-1], err or e
     if failed:
         for l, slot, buf in reversed(backups):
-            _unpack(states[l], slot, buf)
+            unpack_slot(states[l], slot, buf)
         for mod, row in zip(layers, old_rows):
             mod.phy2log = row
         who = "a peer is unreachable" if failed == [-1] else f"EP rank(s) {failed} failed to commit"

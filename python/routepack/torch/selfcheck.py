@@ -37,12 +37,10 @@ import torch.distributed as dist
 
 import routepack as rp
 from routepack import _core
-from routepack.errors import InvalidPlanError, RoutepackError
 from routepack.plan import MIGRATION_DTYPE, REPLICA_DTYPE, Placement, Plan
 from routepack.torch.broadcast import broadcast_plan, plan_digest
-from routepack.torch.migrate import MigrationError, _pack, expert_state
+from routepack.torch.migrate import expert_state, pack_slot
 from routepack.torch.moe import EPMoE, dense_moe
-from routepack.torch.remap import expert_counts
 from routepack.torch.replay import rank_microbatches
 from routepack.torch.runner import PlanRunner
 
@@ -266,7 +264,7 @@ def fingerprints(layers: Sequence[EPMoE], opt: Optional[torch.optim.Optimizer]) 
         st = expert_state(mod, opt)
         for s, e in enumerate(mod.local_experts().tolist()):
             if e >= 0:
-                digest = hashlib.sha256(_pack(st, s).cpu().numpy().tobytes()).hexdigest()
+                digest = hashlib.sha256(pack_slot(st, s).cpu().numpy().tobytes()).hexdigest()
                 mine.setdefault((l, e), set()).add(digest)
     out: List[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, mine)
@@ -424,7 +422,7 @@ def count_transfers():
 
 
 def _snapshot(model: EPModel) -> List[bytes]:
-    return [_pack(expert_state(mod, model.opt), s).cpu().numpy().tobytes()
+    return [pack_slot(expert_state(mod, model.opt), s).cpu().numpy().tobytes()
             for mod in model.layers for s in range(mod.slots_per_rank)] + [mod.phy2log.tobytes() for mod in model.layers]
 
 
@@ -457,11 +455,11 @@ def check_faults(rank: int, world: int, device: Any, case: Case = Case()) -> Dic
     figs: Dict[str, Any] = {"bad_plans": {}, "faults": {}}
     snap = _snapshot(model)
 
-    def attempt(plan: Plan, window: rp.Window, fault: Any = None) -> Dict[str, Any]:
+    def attempt(plan: Plan, window: rp.Window, fault: Any = None, extra: Any = None) -> Dict[str, Any]:
         t0 = time.perf_counter()
         with count_transfers() as seen:
             try:
-                model.runner.begin_window(plan, window, model.opt, fault=fault)
+                model.runner.begin_window(plan, window, model.opt, fault=fault, extra_state=extra)
                 raised = None
             except Exception as e:  # noqa: BLE001 (the figure is the type)
                 raised = type(e).__name__
@@ -512,9 +510,15 @@ def check_faults(rank: int, world: int, device: Any, case: Case = Case()) -> Dic
         figs["faults"][point] = attempt(plan1, window1, fault)
 
     # then the same migration succeeds, moving bytes unchanged
+    # ... with an extra per-slot tensor (as fp32 master weights would be) holding its expert's id
+    tags = [torch.tensor(mod.local_experts(), dtype=torch.float32, device=device)[:, None].repeat(1, 3)
+            for mod in model.layers]
     before = fingerprints(model.layers, model.opt)
-    ok = attempt(plan1, window1)
+    ok = attempt(plan1, window1, extra={l: [t] for l, t in enumerate(tags)})
     after = fingerprints(model.layers, model.opt)
+    ok["extra_state_moved"] = all(
+        bool((tags[l][s] == e).all()) for l, mod in enumerate(model.layers)
+        for s, e in enumerate(mod.local_experts().tolist()) if e >= 0)
     ok["bit_identical"] = set(before) == set(after) and all(after[k] == before[k] and len(before[k]) == 1 for k in before)
     ok["placement_is_plan"] = all(np.array_equal(mod.phy2log, plan1.placement.phy2log[l])
                                   for l, mod in enumerate(model.layers))
