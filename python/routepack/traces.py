@@ -24,7 +24,7 @@ from typing import Iterator, List, Sequence
 
 import numpy as np
 
-from routepack._checks import positive_int
+from routepack._checks import finite_float, positive_int
 from routepack.model import CostModel, Hardware, ModelShape, Topology
 from routepack.window import Window
 
@@ -59,6 +59,29 @@ class Profile:
     sample_noise: float = 0.25  # per-sample logit noise
     drift: float = 0.15  # per-window random-walk std of popularity logits
     topic_drift: float = 0.3  # per-window log-std drift of the topic mix
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "num_experts", "top_k", "hidden", "expert_ffn", "dp", "ep",
+                     "gpus_per_node", "slots_per_rank", "token_cap", "samples", "group_size",
+                     "max_response", "num_topics"):
+            positive_int(getattr(self, name), f"profile.{name}")
+        if self.num_experts <= self.top_k:
+            # a token's k experts are distinct and each takes at most 0.95/k of its mass
+            raise ValueError(f"profile.num_experts: {self.num_experts} must exceed top_k = {self.top_k}")
+        if self.samples % self.group_size:
+            raise ValueError(f"profile.samples={self.samples} is not a multiple of group_size={self.group_size}")
+        for name in ("prompt_median", "response_median"):
+            finite_float(getattr(self, name), f"profile.{name}", strict=True)
+        for name in ("response_sigma", "difficulty_sigma", "topic_strength", "sample_noise", "drift",
+                     "topic_drift"):
+            finite_float(getattr(self, name), f"profile.{name}")
+        if not 0 < finite_float(self.topic_experts, "profile.topic_experts") <= 1:
+            raise ValueError(f"profile.topic_experts: must be in (0, 1], got {self.topic_experts}")
+        lo, hi = (finite_float(v, "profile.layer_skew") for v in self.layer_skew)
+        if lo > hi:
+            raise ValueError(f"profile.layer_skew: ({lo}, {hi}) is not a range")
+        self.model()
+        self.topology()
 
     def model(self) -> ModelShape:
         return ModelShape(self.num_layers, self.num_experts, self.top_k, self.hidden,
@@ -104,18 +127,24 @@ def profile(name: str | Profile) -> Profile:
 
 
 def _cap_probs(p: np.ndarray, limit: float) -> np.ndarray:
-    """Clips rows of p at `limit` and renormalises the rest (so no expert expects more than
-    one assignment per token: a token's k experts are distinct)."""
-    p = p.copy()
-    for _ in range(20):
-        over = p > limit
-        if not over.any():
-            break
-        excess = np.where(over, p - limit, 0.0).sum(axis=-1, keepdims=True)
-        p = np.where(over, limit, p)
-        room = np.where(over, 0.0, p)
-        p = p + room / room.sum(axis=-1, keepdims=True) * excess
-    return p
+    """Rows of p capped at `limit` with the excess spread over the others in proportion to
+    their mass (exact water-filling), so no expert expects more than one assignment per token:
+    a token's k experts are distinct. Needs limit * E >= 1.
+
+    With the top j entries capped, the rest scale by f_j = (1 - j·limit) / (mass below the
+    top j); the answer is min(p·f_j, limit) for the smallest j whose next entry fits
+    (j = floor(1/limit) always does). Probabilities that underflowed to 0 get the smallest
+    positive float, so they can take excess too."""
+    p = np.maximum(p, np.finfo(p.dtype).tiny)
+    p = p / p.sum(axis=-1, keepdims=True)
+    jmax = min(p.shape[-1] - 1, int(np.floor(1.0 / limit)))
+    part = -np.partition(-p, jmax, axis=-1)
+    top = -np.sort(-part[..., : jmax + 1], axis=-1)  # the jmax+1 largest, descending
+    rest = part[..., jmax + 1:].sum(axis=-1, keepdims=True)  # everything below them
+    below = rest + np.cumsum(top[..., ::-1], axis=-1)[..., ::-1]  # mass from entry j down
+    factor = (1.0 - np.arange(jmax + 1) * limit) / below
+    j = np.argmax(top * factor <= limit, axis=-1)[..., None]
+    return np.minimum(p * np.take_along_axis(factor, j, axis=-1), limit)
 
 
 def _route_counts(rng: np.random.Generator, n: np.ndarray, k: int, probs: np.ndarray) -> np.ndarray:
