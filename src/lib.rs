@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 
 mod convert;
 mod errors;
+mod py_flow;
 mod py_ingest;
 mod py_packing;
 mod py_plan;
@@ -27,5 +28,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_packing::layout_proxy_cost, m)?)?;
     m.add_function(wrap_pyfunction!(py_simulate::simulate, m)?)?;
     m.add_function(wrap_pyfunction!(py_ingest::expert_tokens_from_routed, m)?)?;
+    m.add_function(wrap_pyfunction!(py_flow::route_cell, m)?)?;
+    m.add_function(wrap_pyfunction!(py_flow::rank_tokens, m)?)?;
     Ok(())
 }

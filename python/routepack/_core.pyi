@@ -58,3 +58,11 @@ def simulate(plan: Any, seq_lens: I64, expert_tokens: I32, topo: Any, cost: Any)
 
 def expert_tokens_from_routed(routed: np.ndarray, cu_seqlens: I64, num_experts: int) -> Tuple[I64, I32]:
     """(seq_lens [S], expert_tokens [S, L, E]) from top-k ids [T, L, k] (uint8/int16/int32/int64)."""
+
+def route_cell(origin: I64, phy2log: I32, topo: Any, rep_expert: I32, rep_dst: I32,
+               rep_share: F32) -> Tuple[I32, I32, I32, I32, I32, I64]:
+    """Flow table of one (group, micro, layer) cell (flow.rs::route_cell):
+    (origin_rank, dst_rank, dst_slot or -1, replica row or -1, expert, count)."""
+
+def rank_tokens(plan: Any, seq_lens: I64, expert_tokens: I32, topo: Any) -> npt.NDArray[np.int64]:
+    """int64 [G, M, L, ep]: tokens each EP rank receives under the plan (the simulator's tokens(p))."""

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import List, Sequence
 
-from routepack._checks import finite_float, positive_int
+from routepack._checks import finite_float, instance_of, positive_int
 
 ATTENTION_KINDS = ("linear", "full")
 
@@ -31,12 +31,16 @@ class Topology:
 
     def __post_init__(self) -> None:
         for name in ("dp", "ep", "gpus_per_node", "slots_per_rank"):
-            positive_int(getattr(self, name), f"topo.{name}")
+            positive_int(getattr(self, name), f"topo.{name}", maximum=2**31 - 1)  # int32 ids in plans
         if self.dp % self.ep:
             raise ValueError(f"topo: dp={self.dp} is not a multiple of ep={self.ep}")
         if self.ep % self.gpus_per_node and self.gpus_per_node % self.ep:
             raise ValueError(
                 f"topo: ep={self.ep} and gpus_per_node={self.gpus_per_node} must divide one another"
+            )
+        if self.ep * self.slots_per_rank > 2**31 - 1:
+            raise ValueError(
+                f"topo: ep*slots_per_rank = {self.ep}*{self.slots_per_rank} does not fit the int32 slot ids of a plan"
             )
 
     @property
@@ -173,6 +177,8 @@ class CostModel:
         (causal QKᵀ and AV); a routed token costs 2·3·H·I on its expert. Migration moves bf16
         weights plus fp32 master weights and Adam's two fp32 moments (14 bytes a parameter).
         """
+        instance_of(model, ModelShape, "model")
+        instance_of(hardware, Hardware, "hardware")
         rate = hardware.flops * hardware.flops_efficiency
         h, i = model.hidden, model.expert_ffn
         expert_params = 3 * h * i

@@ -10,7 +10,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 
 from routepack import _core
-from routepack._checks import as_int_array, positive_int
+from routepack._checks import as_int_array, instance_of, positive_int
 
 #: One intra-batch replica: in microbatch `micro` of EP group `group`, layer `layer`, the
 #: weights of logical `expert` go from EP-local rank `src_rank` (which hosts it) to `dst_rank`,
@@ -60,6 +60,11 @@ class Placement:
     @classmethod
     def static(cls, num_layers: int, num_experts: int, topo: Any) -> "Placement":
         """Megatron-LM's default: expert e on rank e // ceil(E/ep); redundant slots empty."""
+        from routepack.model import Topology
+
+        num_layers = positive_int(num_layers, "num_layers")
+        num_experts = positive_int(num_experts, "num_experts")
+        instance_of(topo, Topology, "topo")
         return cls(_core.static_placement(num_layers, num_experts, topo), num_experts, topo.slots_per_rank)
 
     @property
@@ -113,6 +118,7 @@ class Plan:
     policy: str = ""
 
     def __post_init__(self) -> None:
+        instance_of(self.placement, Placement, "placement")
         self.sample_rank = as_int_array(self.sample_rank, "sample_rank", 1, np.int32)
         self.sample_micro = as_int_array(self.sample_micro, "sample_micro", 1, np.int32)
         self.num_micro = positive_int(self.num_micro, "num_micro")
@@ -143,7 +149,13 @@ class Plan:
         violation (each sample exactly once, no row over the cap, equal microbatch counts, no
         empty cell, valid placement, replica shares in [0, 1] summing to at most 1, migration
         consistent with the placement). Returns self."""
-        _core.validate_plan(self, window.seq_lens, window.expert_tokens, topo, int(token_cap))
+        from routepack.model import Topology
+        from routepack.window import Window
+
+        instance_of(window, Window, "window")
+        instance_of(topo, Topology, "topo")
+        token_cap = positive_int(token_cap, "token_cap")
+        _core.validate_plan(self, window.seq_lens, window.expert_tokens, topo, token_cap)
         return self
 
     # ------------------------------------------------------------ persistence

@@ -56,11 +56,16 @@ def plan_window(
     if previous is not None and not isinstance(previous, Placement):
         raise TypeError(f"previous: expected routepack.Placement, got {type(previous).__name__}")
     token_cap = positive_int(token_cap, "token_cap")
-    seed = positive_int(seed, "seed", minimum=0)
+    seed = positive_int(seed, "seed", minimum=0, maximum=2**64 - 1)
     if anneal_moves is not None:
         anneal_moves = positive_int(anneal_moves, "anneal_moves", minimum=0)
     if time_budget_s is not None:
         time_budget_s = finite_float(time_budget_s, "time_budget_s", strict=True)
+    from routepack._checks import instance_of
+    from routepack.model import CostModel, Topology
+
+    instance_of(topo, Topology, "topo")
+    instance_of(cost, CostModel, "cost")
     topo.check_experts(window.num_experts)
     if cost.num_layers != window.num_layers:
         raise ValueError(f"cost.a_quad: has {cost.num_layers} layers but the window has {window.num_layers}")

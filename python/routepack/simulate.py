@@ -74,6 +74,17 @@ def simulate(plan: Any, window: Any, topo: Any, cost: Any, token_cap: Optional[i
     plan's own count. The plan is checked for well-formedness first (not against a cap: that
     is the planner's business).
     """
+    from routepack._checks import instance_of, positive_int
+    from routepack.model import CostModel, Topology
+    from routepack.plan import Plan
+    from routepack.window import Window
+
+    instance_of(plan, Plan, "plan")
+    instance_of(window, Window, "window")
+    instance_of(topo, Topology, "topo")
+    instance_of(cost, CostModel, "cost")
+    if token_cap is not None:
+        token_cap = positive_int(token_cap, "token_cap")
     cap = token_cap if token_cap is not None else plan.report.get("token_cap")
     ideal_micro = lower_bound_micro(window, topo, cap) if cap else None
     out = _core.simulate(plan, window.seq_lens, window.expert_tokens, topo, cost, ideal_micro)

@@ -24,7 +24,7 @@ from typing import Iterator, List, Sequence
 
 import numpy as np
 
-from routepack._checks import positive_int
+from routepack._checks import finite_float, positive_int
 from routepack.model import CostModel, Hardware, ModelShape, Topology
 from routepack.window import Window
 
@@ -59,6 +59,29 @@ class Profile:
     sample_noise: float = 0.25  # per-sample logit noise
     drift: float = 0.15  # per-window random-walk std of popularity logits
     topic_drift: float = 0.3  # per-window log-std drift of the topic mix
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "num_experts", "top_k", "hidden", "expert_ffn", "dp", "ep",
+                     "gpus_per_node", "slots_per_rank", "token_cap", "samples", "group_size",
+                     "max_response", "num_topics"):
+            positive_int(getattr(self, name), f"profile.{name}")
+        if self.num_experts <= self.top_k:
+            # a token's k experts are distinct and each takes at most 0.95/k of its mass
+            raise ValueError(f"profile.num_experts: {self.num_experts} must exceed top_k = {self.top_k}")
+        if self.samples % self.group_size:
+            raise ValueError(f"profile.samples={self.samples} is not a multiple of group_size={self.group_size}")
+        for name in ("prompt_median", "response_median"):
+            finite_float(getattr(self, name), f"profile.{name}", strict=True)
+        for name in ("response_sigma", "difficulty_sigma", "topic_strength", "sample_noise", "drift",
+                     "topic_drift"):
+            finite_float(getattr(self, name), f"profile.{name}")
+        if not 0 < finite_float(self.topic_experts, "profile.topic_experts") <= 1:
+            raise ValueError(f"profile.topic_experts: must be in (0, 1], got {self.topic_experts}")
+        lo, hi = (finite_float(v, "profile.layer_skew") for v in self.layer_skew)
+        if lo > hi:
+            raise ValueError(f"profile.layer_skew: ({lo}, {hi}) is not a range")
+        self.model()
+        self.topology()
 
     def model(self) -> ModelShape:
         return ModelShape(self.num_layers, self.num_experts, self.top_k, self.hidden,
@@ -104,37 +127,51 @@ def profile(name: str | Profile) -> Profile:
 
 
 def _cap_probs(p: np.ndarray, limit: float) -> np.ndarray:
-    """Clips rows of p at `limit` and renormalises the rest (so no expert expects more than
-    one assignment per token: a token's k experts are distinct)."""
-    p = p.copy()
-    for _ in range(20):
-        over = p > limit
-        if not over.any():
-            break
-        excess = np.where(over, p - limit, 0.0).sum(axis=-1, keepdims=True)
-        p = np.where(over, limit, p)
-        room = np.where(over, 0.0, p)
-        p = p + room / room.sum(axis=-1, keepdims=True) * excess
-    return p
+    """Rows of p capped at `limit` with the excess spread over the others in proportion to
+    their mass (exact water-filling), so no expert expects more than one assignment per token:
+    a token's k experts are distinct. Needs limit * E >= 1.
+
+    With the top j entries capped, the rest scale by f_j = (1 - j·limit) / (mass below the
+    top j); the answer is min(p·f_j, limit) for the smallest j whose next entry fits
+    (j = floor(1/limit) always does). Probabilities that underflowed to 0 get the smallest
+    positive float, so they can take excess too."""
+    p = np.maximum(p, np.finfo(p.dtype).tiny)
+    p = p / p.sum(axis=-1, keepdims=True)
+    jmax = min(p.shape[-1] - 1, int(np.floor(1.0 / limit)))
+    part = -np.partition(-p, jmax, axis=-1)
+    top = -np.sort(-part[..., : jmax + 1], axis=-1)  # the jmax+1 largest, descending
+    rest = part[..., jmax + 1:].sum(axis=-1, keepdims=True)  # everything below them
+    below = rest + np.cumsum(top[..., ::-1], axis=-1)[..., ::-1]  # mass from entry j down
+    factor = (1.0 - np.arange(jmax + 1) * limit) / below
+    j = np.argmax(top * factor <= limit, axis=-1)[..., None]
+    return np.minimum(p * np.take_along_axis(factor, j, axis=-1), limit)
 
 
 def _route_counts(rng: np.random.Generator, n: np.ndarray, k: int, probs: np.ndarray) -> np.ndarray:
-    """Counts [S, E] with row sums k·n_s and every entry <= n_s (top-k picks distinct experts)."""
-    counts = rng.multinomial(n * k, probs)
-    over = counts > n[:, None]
-    if over.any():
-        # move the (rare) excess to the most likely experts that still have room
-        for s in np.flatnonzero(over.any(axis=1)):
-            row = counts[s]
-            extra = int(np.clip(row - n[s], 0, None).sum())
-            row = np.minimum(row, n[s])
-            for e in np.argsort(-probs[s], kind="stable"):
-                if extra == 0:
-                    break
-                take = min(extra, int(n[s] - row[e]))
-                row[e] += take
-                extra -= take
-            counts[s] = row
+    """Counts [S, E] with row sums exactly k·n_s and every entry <= n_s.
+
+    Each expert gets the integer part of its expectation k·n_s·p, and the fractional parts are
+    resolved by systematic sampling (one uniform offset per row), so every expert receives at
+    most one extra token and the expectation is exact. Per-sample variation comes from the
+    logit noise; this keeps generation O(S·E) vector operations (``flash`` in a few seconds).
+    Because p <= 0.95/k, k·n·p <= 0.95·n and the +1 never exceeds n.
+    """
+    expected = probs * (n * k)[:, None].astype(np.float64)
+    base = np.floor(expected)
+    need = n * k - base.sum(axis=1).astype(np.int64)  # tokens still to place per row (< E)
+    resid = expected - base
+    total = resid.sum(axis=1, keepdims=True)
+    resid = np.divide(resid * need[:, None], total, out=np.zeros_like(resid), where=total > 0)
+    cum = np.cumsum(resid, axis=1)
+    u = rng.random((n.shape[0], 1))
+    marks = np.floor(cum + u)
+    extra = np.diff(marks, axis=1, prepend=np.floor(u))
+    counts = base.astype(np.int64) + extra.astype(np.int64)
+    # floating error can leave a row one token off: settle it on the row's likeliest expert
+    diff = n * k - counts.sum(axis=1)
+    if diff.any():
+        rows = np.flatnonzero(diff)
+        counts[rows, np.argmax(probs[rows], axis=1)] += diff[rows]
     return counts
 
 

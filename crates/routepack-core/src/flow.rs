@@ -13,7 +13,14 @@
 //!    slots (ascending slot order): slot j gets `rem_r / c` plus one if
 //!    `(j - r) mod c < rem_r mod c` (the remainder rotates with the origin so it spreads).
 
+use rayon::prelude::*;
+
+use crate::error::{bad_plan, invalid, Result};
+use crate::plan::{cell_members, Plan};
+use crate::simulate::bucket_replicas;
 use crate::topology::Topology;
+use crate::validate::validate_plan;
+use crate::window::WindowView;
 
 /// Destination of a batch of tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,6 +90,154 @@ pub fn route_expert(
     }
 }
 
+/// One batch of a cell's flow table: `count` tokens of logical `expert` from EP-local rank
+/// `origin` to EP-local rank `dst_rank`, into placement slot `Dest::Slot(p)` or the temporary
+/// copy of replica row `Dest::Replica { row, .. }` (`row` indexes the cell's replica list).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Flow {
+    pub origin: usize,
+    pub dst_rank: usize,
+    pub expert: usize,
+    pub dest: Dest,
+    pub count: i64,
+}
+
+/// One replica row of a cell as routing needs it: `(expert, dst_rank, share)`.
+pub type CellReplica = (usize, usize, f32);
+
+/// Checks the inputs of [`route_cell`] coming from outside a validated plan: `origin` `[ep*E]`
+/// non-negative, the layer's CSR non-empty for every expert, replica rows in range.
+pub fn check_cell(
+    origin: &[i64],
+    num_experts: usize,
+    slot_off: &[usize],
+    reps: &[CellReplica],
+    topo: &Topology,
+) -> Result<()> {
+    if origin.len() != topo.ep * num_experts {
+        return Err(invalid(
+            "origin",
+            format!("has {} entries, expected ep*E = {}*{num_experts}", origin.len(), topo.ep),
+        ));
+    }
+    if let Some(i) = origin.iter().position(|&x| x < 0) {
+        return Err(invalid(
+            "origin",
+            format!("negative count {} at rank {}, expert {}", origin[i], i / num_experts, i % num_experts),
+        ));
+    }
+    if slot_off.len() != num_experts + 1 {
+        return Err(invalid("placement", format!("slot table has {} offsets, expected E+1", slot_off.len())));
+    }
+    if let Some(e) = (0..num_experts).find(|&e| slot_off[e] == slot_off[e + 1]) {
+        return Err(bad_plan(format!("placement has no slot for logical expert {e}")));
+    }
+    for (i, &(e, dst, share)) in reps.iter().enumerate() {
+        if e >= num_experts {
+            return Err(invalid("replicas.expert", format!("row {i}: expert {e} outside [0, {num_experts})")));
+        }
+        if dst >= topo.ep {
+            return Err(invalid("replicas.dst_rank", format!("row {i}: rank {dst} outside [0, {})", topo.ep)));
+        }
+        if !(share.is_finite() && (0.0..=1.0).contains(&share)) {
+            return Err(invalid("replicas.share", format!("row {i}: share {share} outside [0, 1]")));
+        }
+    }
+    Ok(())
+}
+
+/// The flow table of one (group, micro, layer) cell: every expert in ascending order, each
+/// routed by [`route_expert`] (so in its emission order), exactly as the simulator routes it.
+///
+/// * `origin`  `[ep * E]` rank-major: tokens of expert e from EP-local rank r at `r*E + e`.
+/// * `slot_off`, `slots`  the layer's placement as CSR ([`crate::Placement::replicas_of_layer`]).
+/// * `reps`    the cell's replica rows in table order; a flow's `Dest::Replica { row }` is an
+///   index into `reps`.
+///
+/// Inputs must satisfy [`check_cell`] (a validated plan does).
+pub fn route_cell(
+    origin: &[i64],
+    num_experts: usize,
+    slot_off: &[usize],
+    slots: &[usize],
+    reps: &[CellReplica],
+    topo: &Topology,
+    out: &mut Vec<Flow>,
+) {
+    let ep = topo.ep;
+    let mut column = vec![0i64; ep];
+    let mut scratch = Vec::with_capacity(ep);
+    let mut args: Vec<(usize, f32)> = Vec::new();
+    let mut rows: Vec<usize> = Vec::new();
+    for e in 0..num_experts {
+        for (r, c) in column.iter_mut().enumerate() {
+            *c = origin[r * num_experts + e];
+        }
+        // the simulator skips an expert with no tokens before routing; so do we
+        if column.iter().all(|&x| x == 0) {
+            continue;
+        }
+        args.clear();
+        rows.clear();
+        for (i, &(re, dst, share)) in reps.iter().enumerate() {
+            if re == e {
+                args.push((dst, share));
+                rows.push(i);
+            }
+        }
+        route_expert(&column, &slots[slot_off[e]..slot_off[e + 1]], &args, topo, &mut scratch, |o, d, dest, n| {
+            let dest = match dest {
+                Dest::Replica { rank, row } => Dest::Replica { rank, row: rows[row] },
+                s => s,
+            };
+            out.push(Flow { origin: o, dst_rank: d, expert: e, dest, count: n });
+        });
+    }
+}
+
+/// Tokens every EP rank receives under `plan` on `w`: `[G, M, L, ep]` row-major, i.e.
+/// `tokens(p)` of the simulator's expert term for every (group, micro, layer). The torch
+/// remapper must deliver exactly these counts.
+pub fn rank_tokens(plan: &Plan, w: &WindowView, topo: &Topology) -> Result<Vec<i64>> {
+    validate_plan(plan, w, topo, i64::MAX)?;
+    let (g_n, m_n, l_n, ep, e_n) = (topo.num_groups(), plan.num_micro, w.num_layers, topo.ep, w.num_experts);
+    let (off, members) = cell_members(&plan.sample_rank, &plan.sample_micro, topo.dp, m_n);
+    let reps = bucket_replicas(&plan.replicas, g_n, m_n, l_n);
+    let layer_slots: Vec<(Vec<usize>, Vec<usize>)> = (0..l_n).map(|l| plan.placement.replicas_of_layer(l)).collect();
+    let per_gm: Vec<Vec<i64>> = (0..g_n * m_n)
+        .into_par_iter()
+        .map(|gm| {
+            let (g, m) = (gm / m_n, gm % m_n);
+            let mut out = vec![0i64; l_n * ep];
+            let mut origin = vec![0i64; ep * e_n];
+            let mut flows = Vec::new();
+            for l in 0..l_n {
+                origin.iter_mut().for_each(|x| *x = 0);
+                for r in 0..ep {
+                    let d = g * ep + r;
+                    for &s in &members[off[d * m_n + m]..off[d * m_n + m + 1]] {
+                        for (o, &x) in origin[r * e_n..(r + 1) * e_n].iter_mut().zip(w.tokens(s, l)) {
+                            *o += x as i64;
+                        }
+                    }
+                }
+                let cell: Vec<CellReplica> = reps[gm * l_n + l]
+                    .iter()
+                    .map(|x| (x.expert as usize, x.dst_rank as usize, x.share))
+                    .collect();
+                flows.clear();
+                let (so, sl) = &layer_slots[l];
+                route_cell(&origin, e_n, so, sl, &cell, topo, &mut flows);
+                for f in &flows {
+                    out[l * ep + f.dst_rank] += f.count;
+                }
+            }
+            out
+        })
+        .collect();
+    Ok(per_gm.concat())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,5 +268,161 @@ mod tests {
         let flows = collect(&[1, 1], &[0, 2], &[], &topo);
         // origin 0's single token goes to slot 0, origin 1's to slot 2
         assert_eq!(flows, vec![(0, 0, Dest::Slot(0), 1), (1, 1, Dest::Slot(2), 1)]);
+    }
+}
+
+#[cfg(test)]
+mod cell_tests {
+    //! `route_cell` and `rank_tokens` against the simulator: the per-rank loads they give must
+    //! be the ones `simulate` prices (same imbalance, bit for bit), and tokens are conserved.
+    use super::*;
+    use crate::cost::CostModel;
+    use crate::placement::Placement;
+    use crate::plan::ReplicaRow;
+    use crate::simulate::simulate;
+    use proptest::prelude::*;
+    use rand::{RngExt, SeedableRng};
+    use rand_xoshiro::Xoshiro256PlusPlus;
+
+    /// A random valid plan on a random window: redundant placement slots, every cell
+    /// non-empty, replica rows from a hosting rank with shares summing to at most 1.
+    fn random_case(seed: u64) -> (Topology, Vec<i64>, Vec<i32>, usize, usize, Plan) {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
+        let topo = Topology::new(8, 4, 2, 3).unwrap();
+        let (l_n, e_n, m_n) = (2usize, 9usize, 2usize);
+        let s_n = topo.dp * m_n + rng.random_range(0..6usize);
+        let lens: Vec<i64> = (0..s_n).map(|_| rng.random_range(1..20i64)).collect();
+        let mut et = vec![0i32; s_n * l_n * e_n];
+        for s in 0..s_n {
+            for l in 0..l_n {
+                for _ in 0..2 * lens[s] {
+                    et[(s * l_n + l) * e_n + rng.random_range(0..e_n)] += 1;
+                }
+            }
+        }
+        let mut phy = Vec::new();
+        for _ in 0..l_n {
+            let mut layer: Vec<i32> = (0..e_n as i32).collect();
+            while layer.len() < topo.num_slots() {
+                layer.push(if rng.random_bool(0.3) { -1 } else { rng.random_range(0..e_n as i32) });
+            }
+            for i in (1..layer.len()).rev() {
+                layer.swap(i, rng.random_range(0..=i));
+            }
+            phy.extend(layer);
+        }
+        let placement = Placement::new(phy, l_n, e_n, topo.slots_per_rank).unwrap();
+        let sample_rank: Vec<i32> = (0..s_n).map(|s| if s < topo.dp * m_n { (s % topo.dp) as i32 } else { rng.random_range(0..topo.dp as i32) }).collect();
+        let sample_micro: Vec<i32> = (0..s_n).map(|s| if s < topo.dp * m_n { (s / topo.dp) as i32 } else { rng.random_range(0..m_n as i32) }).collect();
+        let mut replicas = Vec::new();
+        for g in 0..topo.num_groups() {
+            for m in 0..m_n {
+                for l in 0..l_n {
+                    for e in 0..e_n {
+                        if !rng.random_bool(0.3) {
+                            continue;
+                        }
+                        let layer = placement.layer(l);
+                        let src = layer.iter().position(|&x| x == e as i32).unwrap() / topo.slots_per_rank;
+                        let mut left = 1.0f32;
+                        for dst in 0..topo.ep {
+                            if dst == src || !rng.random_bool(0.5) {
+                                continue;
+                            }
+                            let share = (rng.random_range(0.0..0.6f32)).min(left);
+                            left -= share;
+                            replicas.push(ReplicaRow {
+                                micro: m as i32,
+                                group: g as i32,
+                                layer: l as i32,
+                                expert: e as i32,
+                                src_rank: src as i32,
+                                dst_rank: dst as i32,
+                                share,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        let plan = Plan { placement, sample_rank, sample_micro, num_micro: m_n, replicas, migration: Vec::new() };
+        (topo, lens, et, l_n, e_n, plan)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        #[test]
+        fn rank_tokens_are_what_simulate_prices(seed in any::<u64>()) {
+            let (topo, lens, et, l_n, e_n, plan) = random_case(seed);
+            let w = WindowView::new(&lens, &et, l_n, e_n).unwrap();
+            let tokens = rank_tokens(&plan, &w, &topo).unwrap();
+            let rep = simulate(&plan, &w, &topo, &CostModel::for_tests(l_n), None).unwrap();
+            let ep = topo.ep;
+            prop_assert_eq!(tokens.len(), rep.imbalance.len() * ep);
+            let (off, members) = cell_members(&plan.sample_rank, &plan.sample_micro, topo.dp, plan.num_micro);
+            for (c, per_rank) in tokens.chunks(ep).enumerate() {
+                let total: i64 = per_rank.iter().sum();
+                // the same expression as the simulator's imbalance
+                let imb = if total > 0 { *per_rank.iter().max().unwrap() as f64 * ep as f64 / total as f64 } else { 1.0 };
+                prop_assert_eq!(imb.to_bits(), rep.imbalance[c].to_bits());
+                // conservation: every routed token of the cell's samples lands somewhere
+                let (gm, l) = (c / l_n, c % l_n);
+                let (g, m) = (gm / plan.num_micro, gm % plan.num_micro);
+                let want: i64 = (0..ep)
+                    .flat_map(|r| members[off[(g * ep + r) * plan.num_micro + m]..off[(g * ep + r) * plan.num_micro + m + 1]].iter())
+                    .map(|&s| w.tokens(s, l).iter().map(|&x| x as i64).sum::<i64>())
+                    .sum();
+                prop_assert_eq!(total, want);
+            }
+        }
+
+        #[test]
+        fn route_cell_conserves_each_origin(seed in any::<u64>()) {
+            let (topo, _, _, _, e_n, plan) = random_case(seed);
+            let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed ^ 0x5eed);
+            let origin: Vec<i64> = (0..topo.ep * e_n).map(|_| rng.random_range(0..7i64)).collect();
+            let (so, sl) = plan.placement.replicas_of_layer(0);
+            let reps: Vec<CellReplica> = plan.replicas.iter().filter(|r| r.layer == 0 && r.micro == 0 && r.group == 0)
+                .map(|r| (r.expert as usize, r.dst_rank as usize, r.share)).collect();
+            check_cell(&origin, e_n, &so, &reps, &topo).unwrap();
+            let mut flows = Vec::new();
+            route_cell(&origin, e_n, &so, &sl, &reps, &topo, &mut flows);
+            let mut got = vec![0i64; topo.ep * e_n];
+            let mut last_e = 0;
+            for f in &flows {
+                prop_assert!(f.count > 0);
+                prop_assert!(f.expert >= last_e, "experts ascending");
+                last_e = f.expert;
+                got[f.origin * e_n + f.expert] += f.count;
+                match f.dest {
+                    Dest::Slot(p) => {
+                        prop_assert_eq!(plan.placement.layer(0)[p], f.expert as i32);
+                        prop_assert_eq!(topo.rank_of_slot(p), f.dst_rank);
+                    }
+                    Dest::Replica { rank, row } => {
+                        prop_assert_eq!(reps[row].0, f.expert);
+                        prop_assert_eq!(reps[row].1, rank);
+                        prop_assert_eq!(rank, f.dst_rank);
+                    }
+                }
+            }
+            prop_assert_eq!(got, origin);
+        }
+    }
+
+    #[test]
+    fn check_cell_names_the_bad_argument() {
+        let topo = Topology::new(4, 4, 2, 2).unwrap();
+        let p = Placement::new(vec![0, 1, 2, 3, -1, -1, -1, -1], 1, 4, 2).unwrap();
+        let (so, _) = p.replicas_of_layer(0);
+        let origin = vec![1i64; 16];
+        assert!(check_cell(&origin[..15], 4, &so, &[], &topo).unwrap_err().to_string().contains("origin"));
+        let e = check_cell(&origin, 4, &so, &[(1, 3, 1.5)], &topo).unwrap_err();
+        assert!(e.to_string().contains("share 1.5"), "{e}");
+        let e = check_cell(&origin, 4, &so, &[(1, 4, 0.5)], &topo).unwrap_err();
+        assert!(e.to_string().contains("dst_rank"), "{e}");
+        let mut neg = origin.clone();
+        neg[5] = -2;
+        assert!(check_cell(&neg, 4, &so, &[], &topo).unwrap_err().to_string().contains("rank 1, expert 1"));
     }
 }

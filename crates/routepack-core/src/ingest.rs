@@ -69,19 +69,30 @@ pub fn expert_tokens_from_routed<T: ExpertId>(
     if num_layers == 0 || top_k == 0 {
         return Err(invalid("routed", format!("needs L >= 1 and k >= 1, got L={num_layers}, k={top_k}")));
     }
-    if num_experts == 0 {
-        return Err(invalid("num_experts", "must be >= 1, got 0"));
+    if num_experts == 0 || num_experts > i32::MAX as usize {
+        return Err(invalid("num_experts", format!("must be in [1, 2^31), got {num_experts}")));
     }
-    let per_token = num_layers * top_k;
+    let per_token = num_layers
+        .checked_mul(top_k)
+        .ok_or_else(|| invalid("routed", format!("L*k = {num_layers}*{top_k} overflows")))?;
     if routed.len() % per_token != 0 {
         return Err(invalid("routed", format!("{} ids is not a multiple of L*k = {per_token}", routed.len())));
     }
     let t_n = routed.len() / per_token;
     check_cu_seqlens(cu_seqlens, t_n)?;
     let s_n = cu_seqlens.len() - 1;
-    let block = num_layers * num_experts;
+    let block = num_layers
+        .checked_mul(num_experts)
+        .ok_or_else(|| invalid("num_experts", format!("L*E = {num_layers}*{num_experts} overflows")))?;
     let e_max = num_experts as u64;
-    let mut counts = vec![0i32; s_n * block];
+    let mut counts = Vec::new();
+    block
+        .checked_mul(s_n)
+        .and_then(|n| counts.try_reserve_exact(n).ok().map(|_| n))
+        .map(|n| counts.resize(n, 0i32))
+        .ok_or_else(|| {
+            invalid("num_experts", format!("S*L*E = {s_n}*{num_layers}*{num_experts} counts cannot be allocated"))
+        })?;
     // each sample fills its own [L, E] block; errors are reported for the lowest sample
     let first_error = counts
         .par_chunks_mut(block)

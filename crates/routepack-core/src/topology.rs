@@ -48,6 +48,19 @@ impl Topology {
                 ),
             ));
         }
+        // plans store DP ranks and physical slots as int32
+        if self.dp > i32::MAX as usize {
+            return Err(invalid("topo.dp", format!("{} does not fit the int32 rank ids of a plan", self.dp)));
+        }
+        if self.ep.checked_mul(self.slots_per_rank).map_or(true, |n| n > i32::MAX as usize) {
+            return Err(invalid(
+                "topo",
+                format!(
+                    "ep*slots_per_rank = {}*{} does not fit the int32 slot ids of a plan",
+                    self.ep, self.slots_per_rank
+                ),
+            ));
+        }
         Ok(())
     }
 

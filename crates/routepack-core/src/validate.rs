@@ -39,6 +39,12 @@ pub fn validate_plan(plan: &Plan, w: &WindowView, topo: &Topology, token_cap: i6
             return Err(bad_plan(format!("sample {s} is at microbatch {m}, outside [0, {m_n})")));
         }
     }
+    if topo.dp.checked_mul(m_n).map_or(true, |cells| cells > s_n) {
+        return Err(bad_plan(format!(
+            "{} DP ranks x {m_n} microbatches is more cells than the {s_n} samples: some cell is empty",
+            topo.dp
+        )));
+    }
     let (off, members) = cell_members(&plan.sample_rank, &plan.sample_micro, topo.dp, m_n);
     for d in 0..topo.dp {
         for m in 0..m_n {

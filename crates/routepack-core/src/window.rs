@@ -36,7 +36,7 @@ impl<'a> WindowView<'a> {
                 format!("needs L >= 1 and E >= 1, got L={num_layers}, E={num_experts}"),
             ));
         }
-        if expert_tokens.len() != s * num_layers * num_experts {
+        if s.checked_mul(num_layers).and_then(|x| x.checked_mul(num_experts)) != Some(expert_tokens.len()) {
             return Err(invalid(
                 "expert_tokens",
                 format!(

@@ -9,6 +9,9 @@ pub fn check_cap(seq_lens: &[i64], token_cap: i64) -> Result<()> {
     if token_cap < 1 {
         return Err(crate::error::invalid("token_cap", format!("must be >= 1, got {token_cap}")));
     }
+    if let Some((s, &n)) = seq_lens.iter().enumerate().find(|(_, &n)| n < 1) {
+        return Err(crate::error::invalid("seq_lens", format!("sample {s} has length {n}; every length must be >= 1")));
+    }
     if let Some((s, &n)) = seq_lens.iter().enumerate().find(|(_, &n)| n > token_cap) {
         return Err(Error::Infeasible(format!(
             "sample {s} has {n} tokens, more than token_cap = {token_cap}; raise the cap or split the sample"
@@ -20,14 +23,15 @@ pub fn check_cap(seq_lens: &[i64], token_cap: i64) -> Result<()> {
 /// Grows the row count to a multiple of `dp` (and at least dp) by splitting the heaviest row
 /// that has two or more samples: its samples are dealt alternately (largest first) into two
 /// rows, which stay under the cap because the original was. Errors when there are fewer
-/// samples than that many rows (some cell would be empty).
+/// samples than dp.
 pub fn equalise_rows(rows: &mut Vec<Vec<usize>>, seq_lens: &[i64], dp: usize) -> Result<()> {
-    let target = rows.len().div_ceil(dp).max(1) * dp;
-    if seq_lens.len() < target {
+    if dp == 0 {
+        return Err(crate::error::invalid("dp", "must be >= 1, got 0"));
+    }
+    if seq_lens.len() < dp {
         return Err(Error::Infeasible(format!(
-            "{} samples cannot fill {target} non-empty rows ({} microbatches on each of {dp} DP ranks)",
-            seq_lens.len(),
-            target / dp
+            "{} samples cannot fill {dp} DP ranks with non-empty microbatches",
+            seq_lens.len()
         )));
     }
     let load = |r: &Vec<usize>| r.iter().map(|&s| seq_lens[s]).sum::<i64>();
@@ -38,7 +42,7 @@ pub fn equalise_rows(rows: &mut Vec<Vec<usize>>, seq_lens: &[i64], dp: usize) ->
             .filter(|(_, r)| r.len() >= 2)
             .max_by(|a, b| load(a.1).cmp(&load(b.1)).then(b.0.cmp(&a.0)))
             .map(|(i, _)| i)
-            .expect("at least as many samples as the target row count, so some row has two");
+            .ok_or_else(|| Error::Infeasible(format!("{} single-sample rows cannot be split further into a multiple of dp = {dp} rows", rows.len())))?;
         let mut members = std::mem::take(&mut rows[pick]);
         members.sort_by(|&a, &b| seq_lens[b].cmp(&seq_lens[a]).then(a.cmp(&b)));
         let (mut a, mut b) = (Vec::new(), Vec::new());

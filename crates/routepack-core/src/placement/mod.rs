@@ -32,6 +32,18 @@ impl Placement {
             ));
         }
         let num_slots = phy2log.len() / num_layers;
+        if num_experts == 0 || num_experts > num_slots {
+            return Err(invalid(
+                "num_experts",
+                format!("{num_experts} logical experts do not fit {num_slots} slots per layer (each needs at least one)"),
+            ));
+        }
+        if num_layers > i32::MAX as usize || num_slots > i32::MAX as usize {
+            return Err(invalid(
+                "placement.phy2log",
+                format!("shape [{num_layers}, {num_slots}] does not fit the int32 ids of a plan"),
+            ));
+        }
         if num_slots % slots_per_rank != 0 {
             return Err(invalid(
                 "placement.phy2log",
@@ -168,7 +180,17 @@ pub fn static_placement(num_layers: usize, num_experts: usize, topo: &Topology) 
         let j = e % per_rank;
         layer[r * topo.slots_per_rank + j] = e as i32;
     }
-    let phy2log = layer.repeat(num_layers);
+    if num_layers == 0 || num_layers > i32::MAX as usize {
+        return Err(invalid("num_layers", format!("must be in [1, 2^31), got {num_layers}")));
+    }
+    let mut phy2log = Vec::new();
+    num_layers
+        .checked_mul(layer.len())
+        .and_then(|n| phy2log.try_reserve_exact(n).ok())
+        .ok_or_else(|| invalid("num_layers", format!("{num_layers} layers of {} slots cannot be allocated", layer.len())))?;
+    for _ in 0..num_layers {
+        phy2log.extend_from_slice(&layer);
+    }
     Placement::new(phy2log, num_layers, num_experts, topo.slots_per_rank)
 }
 

@@ -1,0 +1,5 @@
+import sys
+
+from routepack.cli import main
+
+sys.exit(main())

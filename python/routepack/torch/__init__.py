@@ -1,0 +1,56 @@
+"""routepack.torch: carries routepack plans out with torch.distributed (DESIGN.md stage 5).
+
+The only part of routepack that imports torch. Backend-neutral: gloo on CPU (tests), NCCL on
+GPUs (``tools/gpu_check.py``).
+
+* `EPMoE`: reference expert-parallel MoE layer (stacked slot weights, replayed top-k routing,
+  all-to-all dispatch/combine); `dense_moe` is its single-process reference.
+* `route_tokens` / `flow_table`: logical ids → physical slots and replica copies, by the
+  plan's own routing rule (``flow.rs::route_cell``).
+* `migrate`: plan.migration with optimizer state, staged, verified and committed atomically.
+* `ReplicaExchange`: per-microbatch hot-expert copies and their fp32 gradient reduction.
+* `PlanRunner`: one window end to end; `broadcast_plan`; `rank_microbatches` (replay order).
+"""
+
+try:
+    import torch  # noqa: F401
+    import torch.distributed  # noqa: F401
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError("routepack.torch needs PyTorch >= 2.1: pip install 'routepack[torch]'") from e
+
+from routepack.torch.broadcast import agree_on_plan, broadcast_plan, gather_ints, plan_digest
+from routepack.torch.grads import sync_redundant_grads
+from routepack.torch.migrate import (FAULT_POINTS, MigrationError, MigrationReport, check_migration,
+                                     checksum, expert_state, migrate)
+from routepack.torch.moe import EPMoE, dense_moe, swiglu
+from routepack.torch.remap import FLOW_DTYPE, TokenRoute, expert_counts, flow_table, route_tokens
+from routepack.torch.replay import Microbatch, rank_microbatches
+from routepack.torch.replicate import ReplicaExchange
+from routepack.torch.runner import PlanRunner
+
+__all__ = [
+    "EPMoE",
+    "FAULT_POINTS",
+    "FLOW_DTYPE",
+    "Microbatch",
+    "MigrationError",
+    "MigrationReport",
+    "PlanRunner",
+    "ReplicaExchange",
+    "TokenRoute",
+    "agree_on_plan",
+    "broadcast_plan",
+    "check_migration",
+    "checksum",
+    "dense_moe",
+    "expert_counts",
+    "expert_state",
+    "flow_table",
+    "gather_ints",
+    "migrate",
+    "plan_digest",
+    "rank_microbatches",
+    "route_tokens",
+    "swiglu",
+    "sync_redundant_grads",
+]

@@ -1,0 +1,311 @@
+"""Migration between windows: move experts with all of their optimizer state, atomically.
+
+`migrate` applies ``plan.migration`` (rows ``layer, expert, src_rank, dst_rank, src_slot,
+dst_slot``, EP-local; every EP group applies them on its own ranks) to `EPMoE` layers:
+
+1. **check** (local, nothing moves): the rows fit the placement in force and turn it into
+   ``plan.placement``; then one all-gather agrees on (ok, plan digest, bytes per slot) so a
+   plan refused by any rank, or different plans on different ranks, are refused by all.
+2. **stage**: every moved slot's tensors (weights, each optimizer state tensor shaped like its
+   parameter, e.g. Adam's ``exp_avg``/``exp_avg_sq``, and any ``extra_state`` such as fp32
+   master weights) are packed as raw bytes and sent with one batched point-to-point exchange
+   (local moves are copies). Nothing is written to the live tensors.
+3. **verify**: sender and receiver checksum each row; one all-gather of (status, checksums)
+   decides on every rank alike: commit only if every rank staged and every row matches.
+4. **commit**: each rank backs up the slots it overwrites and copies the staged bytes in;
+   one more all-gather confirms every rank committed, otherwise every rank restores its backup.
+
+A failure on any rank (an exception, a bad checksum, a timeout) makes every rank raise
+`MigrationError` with its previous weights and optimizer state intact. Each rank keeps
+taking part in every exchange of the protocol even after a local failure (sending
+placeholders), so a raised exception never leaves a peer waiting; waits are bounded by
+``timeout`` for the cases where a peer is gone. Bytes are copied bit for bit: after a
+migration every logical expert's weights and optimizer state are identical to before.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from routepack.errors import InvalidPlanError
+from routepack.torch.broadcast import digest_int, gather_ints
+
+#: Where a test's fault hook is called, in protocol order.
+FAULT_POINTS = ("checked", "packed", "staged", "verified", "commit")
+#: gloo tags of migration messages (replica transfers use small tags; see replicate.py).
+_TAG_BASE = 1 << 29
+
+
+class MigrationError(RuntimeError):
+    """A migration was aborted; every rank kept or restored its previous state."""
+
+
+@dataclass(frozen=True)
+class MigrationReport:
+    """What this rank did: rows applied in its EP group, bytes it sent and received over the
+    network, slots it filled by a local copy, wall seconds."""
+
+    rows: int
+    sent_bytes: int
+    received_bytes: int
+    local_copies: int
+    seconds: float
+
+
+def expert_state(layer: Any, optimizer: Optional[torch.optim.Optimizer] = None,
+                 extra: Sequence[torch.Tensor] = ()) -> List[torch.Tensor]:
+    """Tensors with one entry per physical slot of ``layer`` that travel with an expert:
+    ``w1``, ``w2``, every optimizer state tensor of theirs shaped like the parameter (sorted by
+    key), and ``extra`` (each with leading dimension ``slots_per_rank``)."""
+    out: List[torch.Tensor] = [layer.w1, layer.w2]
+    if optimizer is not None:
+        for p in (layer.w1, layer.w2):
+            st = optimizer.state.get(p, {})
+            out.extend(st[k] for k in sorted(st) if torch.is_tensor(st[k]) and st[k].shape == p.shape)
+    for i, t in enumerate(extra):
+        if t.dim() == 0 or t.shape[0] != layer.slots_per_rank:
+            raise ValueError(f"extra_state[{layer.layer}][{i}]: leading dimension must be "
+                             f"slots_per_rank={layer.slots_per_rank}, got shape {tuple(t.shape)}")
+        out.append(t)
+    return out
+
+
+def pack_slot(tensors: Sequence[torch.Tensor], slot: int) -> torch.Tensor:
+    """Raw bytes of slot ``slot`` of every tensor, concatenated (uint8 ``[slot_bytes]``)."""
+    return torch.cat([t.detach()[slot].reshape(-1).view(torch.uint8) for t in tensors])
+
+
+@torch.no_grad()
+def unpack_slot(tensors: Sequence[torch.Tensor], slot: int, buf: torch.Tensor) -> None:
+    off = 0
+    for t in tensors:
+        dst = t.detach()[slot].reshape(-1).view(torch.uint8)
+        dst.copy_(buf[off:off + dst.numel()])
+        off += dst.numel()
+
+
+def slot_bytes(tensors: Sequence[torch.Tensor]) -> int:
+    return int(sum(t[0].numel() * t.element_size() for t in tensors))
+
+
+def checksum(buf: torch.Tensor) -> int:
+    """Position-sensitive 63-bit checksum of a uint8 buffer, computed where it lives.
+
+    Words are summed plainly and weighted by their position within 65536-word chunks (partial
+    sums stay below 2^63), and the chunk sums are mixed on the host with wrapping arithmetic."""
+    chunk = 1 << 16
+    pad = (-buf.numel()) % (4 * chunk)
+    words = torch.cat([buf, buf.new_zeros(pad)]).view(torch.int32).view(-1, chunk)
+    weight = torch.arange(1, chunk + 1, dtype=torch.int64, device=buf.device)
+    plain, weighted = [], []
+    for i in range(0, words.shape[0], 64):
+        w = words[i:i + 64].to(torch.int64)
+        plain.append(w.sum(1))
+        weighted.append((w * weight).sum(1))
+    p = torch.cat(plain).cpu().numpy().astype(np.uint64)
+    q = torch.cat(weighted).cpu().numpy().astype(np.uint64)
+    mix = np.arange(1, p.size + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    with np.errstate(over="ignore"):
+        total = int((p * mix + q).sum(dtype=np.uint64)) ^ buf.numel()
+    return total & ((1 << 63) - 1)
+
+
+def check_migration(layers: Sequence[Any], plan: Any) -> None:
+    """Local check that ``plan.migration`` turns the layers' placement into ``plan.placement``:
+    shapes agree, each row's source slot holds its expert now and its destination slot holds it
+    in the plan, no slot is filled twice, and every slot whose expert changes is filled by a
+    row. Raises `InvalidPlanError` naming the row or slot."""
+    p = plan.placement
+    if p.num_layers != len(layers):
+        raise InvalidPlanError(f"plan has {p.num_layers} MoE layers; the model has {len(layers)}")
+    mod0 = layers[0]
+    if p.num_slots != mod0.topo.num_slots or p.slots_per_rank != mod0.slots_per_rank or p.num_experts != mod0.num_experts:
+        raise InvalidPlanError(
+            f"plan placement has {p.num_slots} slots ({p.slots_per_rank} per rank) for E={p.num_experts}; "
+            f"the model has {mod0.topo.num_slots} ({mod0.slots_per_rank} per rank) for E={mod0.num_experts}")
+    spr = mod0.slots_per_rank
+    filled: Dict[tuple, int] = {}
+    for i, r in enumerate(plan.migration):
+        l, e, ss, ds = int(r["layer"]), int(r["expert"]), int(r["src_slot"]), int(r["dst_slot"])
+        if not (0 <= l < len(layers) and 0 <= ss < p.num_slots and 0 <= ds < p.num_slots):
+            raise InvalidPlanError(f"migration row {i} is out of range: {r}")
+        if int(r["src_rank"]) != ss // spr or int(r["dst_rank"]) != ds // spr:
+            raise InvalidPlanError(f"migration row {i}: slot and rank disagree: {r}")
+        if layers[l].phy2log[ss] != e:
+            raise InvalidPlanError(f"migration row {i} moves expert {e} from slot {ss} of layer {l}, "
+                                   f"which holds {layers[l].phy2log[ss]} now")
+        if p.phy2log[l, ds] != e:
+            raise InvalidPlanError(f"migration row {i} moves expert {e} into slot {ds} of layer {l}, "
+                                   f"but the plan puts {p.phy2log[l, ds]} there")
+        if (l, ds) in filled:
+            raise InvalidPlanError(f"migration rows {filled[(l, ds)]} and {i} both fill slot {ds} of layer {l}")
+        filled[(l, ds)] = i
+    for l, mod in enumerate(layers):
+        for s in np.flatnonzero((p.phy2log[l] >= 0) & (p.phy2log[l] != mod.phy2log)).tolist():
+            if (l, s) not in filled:
+                raise InvalidPlanError(
+                    f"plan puts expert {p.phy2log[l, s]} in slot {s} of layer {l}, which holds "
+                    f"{mod.phy2log[s]} now, and no migration row fills it")
+
+
+def _hook(fault: Optional[Callable[[str], None]], point: str) -> None:
+    if fault is not None:
+        fault(point)
+
+
+def migrate(layers: Sequence[Any], plan: Any, optimizer: Optional[torch.optim.Optimizer] = None, *,
+            group: Optional[Any] = None, timeout: datetime.timedelta = datetime.timedelta(seconds=120),
+            extra_state: Optional[Dict[int, Sequence[torch.Tensor]]] = None,
+            fault: Optional[Callable[[str], None]] = None) -> MigrationReport:
+    """Applies ``plan.migration`` to ``layers`` (this rank's `EPMoE` layers, index = MoE layer)
+    together with ``optimizer``'s state and ``extra_state[layer]``. Collective over the EP
+    ``group``. Raises `InvalidPlanError` before anything moves when the plan does not fit,
+    `MigrationError` when the move was aborted (state intact on every rank). ``fault`` is a
+    test hook called with each of `FAULT_POINTS`."""
+    t0 = time.perf_counter()
+    extra_state = extra_state or {}
+    mod0 = layers[0]
+    me, spr, peers, device = mod0.ep_rank, mod0.slots_per_rank, mod0.peers, mod0.w1.device
+    rows = plan.migration
+
+    # 1. check, then agree before anything moves
+    err: Optional[BaseException] = None
+    states: List[List[torch.Tensor]] = []
+    sizes: List[int] = []
+    try:
+        check_migration(layers, plan)
+        states = [expert_state(mod, optimizer, extra_state.get(l, ())) for l, mod in enumerate(layers)]
+        sizes = [slot_bytes(st) for st in states]
+        _hook(fault, "checked")
+    except Exception as e:  # noqa: BLE001 (reported to every rank, then re-raised)
+        err = e
+    # status: 1 ok, 0 the plan was refused, 2 anything else went wrong here
+    status = 1 if err is None else (0 if isinstance(err, InvalidPlanError) else 2)
+    got = gather_ints([status, digest_int(plan), digest_of_sizes(sizes)], group, device, timeout)
+    if err is not None:
+        if status == 0:
+            raise err
+        raise MigrationError(f"EP rank {me}: {err!r}; nothing moved") from err
+    if (got[:, 0] == 0).any():
+        raise InvalidPlanError(f"EP rank(s) {np.flatnonzero(got[:, 0] == 0).tolist()} refused the plan; nothing moved")
+    if (got[:, 0] == 2).any():
+        raise MigrationError(f"EP rank(s) {np.flatnonzero(got[:, 0] == 2).tolist()} failed to prepare; nothing moved")
+    if np.unique(got[:, 1]).size != 1:
+        raise InvalidPlanError("EP ranks hold different plans; nothing moved")
+    if np.unique(got[:, 2]).size != 1:
+        raise MigrationError("expert state (weights + optimizer state) differs in size between EP ranks; nothing moved")
+
+    # 2. stage: pack, exchange; never touch live tensors
+    staged: Dict[int, torch.Tensor] = {}
+    sent: Dict[int, torch.Tensor] = {}
+    ops = []
+    sent_bytes = recv_bytes = local = 0
+    try:
+        for i, r in enumerate(rows):
+            l, s_rank, d_rank = int(r["layer"]), int(r["src_rank"]), int(r["dst_rank"])
+            if s_rank == me and d_rank == me:
+                staged[i] = pack_slot(states[l], int(r["src_slot"]) - me * spr).clone()
+                sent[i] = staged[i]
+                local += 1
+            elif s_rank == me:
+                sent[i] = pack_slot(states[l], int(r["src_slot"]) - me * spr)
+            elif d_rank == me:
+                staged[i] = torch.empty(sizes[l], dtype=torch.uint8, device=device)
+        _hook(fault, "packed")
+    except Exception as e:  # noqa: BLE001
+        err = e
+    try:
+        for i, r in enumerate(rows):
+            l, s_rank, d_rank = int(r["layer"]), int(r["src_rank"]), int(r["dst_rank"])
+            if s_rank == d_rank:
+                continue
+            if s_rank == me:
+                # after a local failure, still send (placeholder bytes) so the peer is not left waiting
+                buf = sent.get(i)
+                if buf is None or buf.numel() != sizes[l]:
+                    buf = sent[i] = torch.zeros(sizes[l], dtype=torch.uint8, device=device)
+                ops.append(dist.P2POp(dist.isend, buf, peers[d_rank], group, _TAG_BASE + i))
+                sent_bytes += buf.numel()
+            elif d_rank == me:
+                if i not in staged:
+                    staged[i] = torch.empty(sizes[l], dtype=torch.uint8, device=device)
+                ops.append(dist.P2POp(dist.irecv, staged[i], peers[s_rank], group, _TAG_BASE + i))
+                recv_bytes += staged[i].numel()
+        for w in (dist.batch_isend_irecv(ops) if ops else []):
+            w.wait(timeout)
+        _hook(fault, "staged")
+    except Exception as e:  # noqa: BLE001
+        err = err or e
+
+    # 3. verify: every rank sees every rank's status and both checksums of every row
+    sums = np.zeros((len(rows), 2), dtype=np.int64)
+    if err is None:
+        try:
+            for i, r in enumerate(rows):
+                if int(r["src_rank"]) == me:
+                    sums[i, 0] = checksum(sent[i])
+                if int(r["dst_rank"]) == me:
+                    sums[i, 1] = checksum(staged[i])
+        except Exception as e:  # noqa: BLE001
+            err = e
+    try:
+        got = gather_ints([int(err is None)] + sums.reshape(-1).tolist(), group, device, timeout)
+    except Exception as e:  # a peer is gone: nothing was written here, so just abort
+        raise MigrationError(f"EP rank {me}: verification exchange failed ({e!r}); nothing moved") from e
+    failed = np.flatnonzero(got[:, 0] == 0).tolist()
+    if failed:
+        raise MigrationError(f"EP rank(s) {failed} failed to stage"
+                             + (f" (here: {err!r})" if err is not None else "") + "; nothing moved") from err
+    both = got[:, 1:].reshape(got.shape[0], len(rows), 2).sum(axis=0)
+    bad = np.flatnonzero(both[:, 0] != both[:, 1]).tolist()
+    if bad:
+        raise MigrationError(f"checksum mismatch on migration rows {bad}; nothing moved")
+
+    # 4. commit with backups, then confirm on every rank
+    backups: List[tuple] = []
+    old_rows = [mod.phy2log.copy() for mod in layers]
+    try:
+        _hook(fault, "verified")
+        mine = [i for i, r in enumerate(rows) if int(r["dst_rank"]) == me]
+        for i in mine:
+            l, slot = int(rows[i]["layer"]), int(rows[i]["dst_slot"]) - me * spr
+            backups.append((l, slot, pack_slot(states[l], slot).clone()))
+        for n, i in enumerate(mine):
+            l, slot = int(rows[i]["layer"]), int(rows[i]["dst_slot"]) - me * spr
+            unpack_slot(states[l], slot, staged[i])
+            if n == 0:
+                _hook(fault, "commit")
+        for l, mod in enumerate(layers):
+            mod.phy2log = plan.placement.phy2log[l].astype(np.int32, copy=True)
+        err = None
+    except Exception as e:  # noqa: BLE001
+        err = e
+    try:
+        got = gather_ints([int(err is None)], group, device, timeout)
+        failed = np.flatnonzero(got[:, 0] == 0).tolist()
+    except Exception as e:  # noqa: BLE001
+        failed, err = [-1], err or e
+    if failed:
+        for l, slot, buf in reversed(backups):
+            unpack_slot(states[l], slot, buf)
+        for mod, row in zip(layers, old_rows):
+            mod.phy2log = row
+        who = "a peer is unreachable" if failed == [-1] else f"EP rank(s) {failed} failed to commit"
+        raise MigrationError(f"{who}; every slot restored" + (f" (here: {err!r})" if err is not None else "")) from err
+    return MigrationReport(rows=len(rows), sent_bytes=sent_bytes, received_bytes=recv_bytes,
+                           local_copies=local, seconds=time.perf_counter() - t0)
+
+
+def digest_of_sizes(sizes: Sequence[int]) -> int:
+    """One int standing for the per-layer slot sizes (equal on every rank when states agree)."""
+    h = 1469598103934665603
+    for s in list(sizes) + [len(sizes)]:
+        h = ((h ^ int(s)) * 1099511628211) & ((1 << 63) - 1)
+    return h
