@@ -10,6 +10,7 @@ mod errors;
 mod py_ingest;
 mod py_packing;
 mod py_plan;
+mod py_replication;
 mod py_simulate;
 
 #[pymodule]
@@ -23,5 +24,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_packing::pack_sequential, m)?)?;
     m.add_function(wrap_pyfunction!(py_simulate::simulate, m)?)?;
     m.add_function(wrap_pyfunction!(py_ingest::expert_tokens_from_routed, m)?)?;
+    m.add_function(wrap_pyfunction!(py_replication::replicate_hot_n, m)?)?;
+    m.add_function(wrap_pyfunction!(py_replication::replicate_relibra, m)?)?;
+    m.add_function(wrap_pyfunction!(py_replication::replicate_routepack, m)?)?;
+    m.add_function(wrap_pyfunction!(py_replication::relibra_placement, m)?)?;
     Ok(())
 }
