@@ -74,17 +74,32 @@ struct Move {
 }
 
 /// Up to `k` items of `keyed` with the largest key (ties: smaller index), appended to `out`
-/// unless already there.
-fn take_top(keyed: &mut [(i64, usize)], k: usize, out: &mut Vec<usize>) {
-    let order = |&(key, i): &(i64, usize)| (std::cmp::Reverse(key), i);
-    if keyed.len() > k {
-        keyed.select_nth_unstable_by_key(k, order);
+/// in that order unless already there; items with key <= 0 are left out. One pass with an
+/// insertion-sorted buffer (k is small).
+fn take_top(keyed: &mut Vec<(i64, usize)>, k: usize, out: &mut Vec<usize>) {
+    if k == 0 {
+        return;
     }
-    let n = k.min(keyed.len());
-    let top = &mut keyed[..n];
-    top.sort_unstable_by_key(order);
-    for &(key, i) in top.iter() {
-        if key > 0 && !out.contains(&i) {
+    let before = |a: &(i64, usize), b: &(i64, usize)| a.0 > b.0 || (a.0 == b.0 && a.1 < b.1);
+    let mut n = 0;
+    for i in 0..keyed.len() {
+        let item = keyed[i];
+        if item.0 <= 0 || (n == k && !before(&item, &keyed[n - 1])) {
+            continue;
+        }
+        // insert into the sorted prefix keyed[..n] (items already passed may be overwritten)
+        let mut j = n.min(k - 1);
+        if n < k {
+            n += 1;
+        }
+        while j > 0 && before(&item, &keyed[j - 1]) {
+            keyed[j] = keyed[j - 1];
+            j -= 1;
+        }
+        keyed[j] = item;
+    }
+    for &(_, i) in &keyed[..n] {
+        if !out.contains(&i) {
             out.push(i);
         }
     }
@@ -277,5 +292,24 @@ pub fn plan_cell(c: &Cell, wk: &mut Worker, opts: &Options) -> Vec<ReplicaRow> {
         st.table(c)
     } else {
         Vec::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::take_top;
+
+    #[test]
+    fn take_top_matches_a_full_sort() {
+        let items: Vec<(i64, usize)> = vec![(5, 3), (0, 1), (7, 9), (5, 2), (-1, 4), (7, 0), (2, 8)];
+        for k in 1..9 {
+            let mut sorted = items.clone();
+            sorted.sort_by_key(|&(key, i)| (std::cmp::Reverse(key), i));
+            let want: Vec<usize> = sorted.iter().take(k).filter(|x| x.0 > 0).map(|x| x.1).collect();
+            let mut got = vec![99];
+            let mut keyed = items.clone();
+            take_top(&mut keyed, k, &mut got);
+            assert_eq!(got[1..], want[..], "k={k}");
+        }
     }
 }
