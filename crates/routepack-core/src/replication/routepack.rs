@@ -76,7 +76,7 @@ struct Move {
 /// Up to `k` items of `keyed` with the largest key (ties: smaller index), appended to `out`
 /// in that order unless already there; items with key <= 0 are left out. One pass with an
 /// insertion-sorted buffer (k is small).
-fn take_top(keyed: &mut Vec<(i64, usize)>, k: usize, out: &mut Vec<usize>) {
+fn take_top(keyed: &mut [(i64, usize)], k: usize, out: &mut Vec<usize>) {
     if k == 0 {
         return;
     }
