@@ -52,7 +52,7 @@ def replicate_relibra(seq_lens: I64, expert_tokens: I32, phy2log: I32, sample_ra
 
 def replicate_routepack(seq_lens: I64, expert_tokens: I32, phy2log: I32, sample_rank: I32, sample_micro: I32,
                         num_micro: int, topo: Any, cost: Any, replica_slots: int,
-                        candidate_experts: int = 3, candidate_dsts: int = 3) -> ReplicaColumns:
+                        candidate_experts: int = 2, candidate_dsts: int = 2) -> ReplicaColumns:
     """routepack's replication: per cell, rows minimising the simulated layer time."""
 
 def relibra_placement(loads: F64, topo: Any, previous: I32 | None = None) -> I32:

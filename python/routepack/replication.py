@@ -19,8 +19,8 @@ Placement ``relibra``: per window, swaps experts between nodes to balance node l
 between the ranks of each node), starting from ``previous`` (or the static placement).
 
 Options (``plan_window(..., **options)``): ``hot_experts`` (int >= 1), ``replica_slots``
-(int >= 0), ``replication_candidates`` (int >= 1: experts and destinations routepack
-tries per bottleneck list and step; default 3).
+(int >= 0, default 2), ``replication_candidates`` (int >= 1: experts and destinations
+routepack tries per bottleneck list and step; default 2).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ from routepack.policies import PLACEMENTS, REPLICATIONS, PlanContext
 DEFAULT_HOT_EXPERTS = 3
 #: Copies a rank may hold per (micro, layer) for `relibra` and `routepack` replication.
 DEFAULT_REPLICA_SLOTS = 2
-DEFAULT_CANDIDATES = 3
+#: Experts and destinations routepack tries per bottleneck list and step (quality vs time).
+DEFAULT_CANDIDATES = 2
 
 
 def replica_table(columns: tuple) -> np.ndarray:
@@ -81,7 +82,7 @@ def relibra_replication(ctx: PlanContext, placement: Placement, sample_rank: np.
 def routepack_replication(ctx: PlanContext, placement: Placement, sample_rank: np.ndarray,
                           sample_micro: np.ndarray, num_micro: int) -> np.ndarray:
     """routepack's replication; options ``replica_slots`` (default 2) and
-    ``replication_candidates`` (default 3)."""
+    ``replication_candidates`` (default 2)."""
     slots = _option(ctx, "replica_slots", DEFAULT_REPLICA_SLOTS, 0)
     k = _option(ctx, "replication_candidates", DEFAULT_CANDIDATES, 1)
     cols = _core.replicate_routepack(*_common(ctx, placement, sample_rank, sample_micro, num_micro), slots, k, k)
