@@ -66,3 +66,20 @@ def route_cell(origin: I64, phy2log: I32, topo: Any, rep_expert: I32, rep_dst: I
 
 def rank_tokens(plan: Any, seq_lens: I64, expert_tokens: I32, topo: Any) -> npt.NDArray[np.int64]:
     """int64 [G, M, L, ep]: tokens each EP rank receives under the plan (the simulator's tokens(p))."""
+
+def replicate_hot_n(seq_lens: I64, expert_tokens: I32, phy2log: I32, sample_rank: I32, sample_micro: I32,
+                    num_micro: int, topo: Any, cost: Any, hot_experts: int) -> ReplicaColumns:
+    """MindSpeed's hot-expert broadcast: N hot experts per (group, micro, layer), copies on
+    every other EP rank computing their own tokens."""
+
+def replicate_relibra(seq_lens: I64, expert_tokens: I32, phy2log: I32, sample_rank: I32, sample_micro: I32,
+                      num_micro: int, topo: Any, cost: Any, replica_slots: int) -> ReplicaColumns:
+    """ReLibra's intra-node replication, at most `replica_slots` copies per rank per cell."""
+
+def replicate_routepack(seq_lens: I64, expert_tokens: I32, phy2log: I32, sample_rank: I32, sample_micro: I32,
+                        num_micro: int, topo: Any, cost: Any, replica_slots: int,
+                        candidate_experts: int = 2, candidate_dsts: int = 2) -> ReplicaColumns:
+    """routepack's replication: per cell, rows minimising the simulated layer time."""
+
+def relibra_placement(loads: F64, topo: Any, previous: I32 | None = None) -> I32:
+    """ReLibra's node-level expert reordering: phy2log [L, ep*slots_per_rank] from loads [L, E]."""

@@ -9,6 +9,7 @@ import numpy as np
 
 from routepack import _core, stages  # noqa: F401  (registers the baseline stages)
 from routepack import packing  # noqa: F401  (registers the kk and routepack packings)
+from routepack import replication  # noqa: F401  (registers hot_n, relibra, routepack replication)
 from routepack._checks import finite_float, positive_int
 from routepack.plan import MIGRATION_DTYPE, Placement, Plan, empty_migration
 from routepack.policies import PACKINGS, PLACEMENTS, REPLICATIONS, PlanContext, resolve

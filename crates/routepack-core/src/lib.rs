@@ -12,6 +12,7 @@
 //! Inputs are borrowed views ([`WindowView`]) so numpy arrays cross the FFI without copies.
 //! Every function is deterministic for its inputs and seed.
 
+pub mod cells;
 pub mod cost;
 pub mod error;
 pub mod flow;
@@ -20,6 +21,7 @@ pub mod layout;
 pub mod migration;
 pub mod packing;
 pub mod plan;
+pub mod replication;
 pub mod placement;
 pub mod simulate;
 pub mod topology;

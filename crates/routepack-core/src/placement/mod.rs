@@ -2,6 +2,8 @@
 //! layer (DESIGN.md stage 1). The `Placement` type and the `static` policy live here; the
 //! EPLB baseline and routepack's own placement live in sibling files.
 
+pub mod relibra;
+
 use crate::error::{bad_plan, invalid, Result};
 use crate::topology::Topology;
 
