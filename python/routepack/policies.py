@@ -61,7 +61,23 @@ REPLICATIONS: Dict[str, Callable[..., np.ndarray]] = {}
 
 #: Named presets: the systems of DESIGN.md's comparison table and ablations.
 PRESETS: Dict[str, Policy] = {
+    # Megatron-LM's default: expert e on rank e // ceil(E/ep), arrival-order first fit
     "static": Policy("static", "sequential", "none"),
+    # DeepSeek EPLB placement + verl's Karmarkar-Karp balancing, from the previous window's
+    # loads (what it does in practice) and from this window's loads (an oracle)
+    "eplb": Policy("eplb", "kk", "none", loads="previous"),
+    "eplb_oracle": Policy("eplb", "kk", "none", loads="window"),
+    # MindSpeed's balanced MoE: N hot experts per microbatch and layer broadcast to every rank
+    "hot_n": Policy("static", "sequential", "hot_n"),
+    # ReLibra: node-level expert reordering per window + intra-node replication per microbatch;
+    # both from routing replay, so from this window's loads (as its paper describes)
+    "relibra": Policy("relibra", "sequential", "relibra", loads="window"),
+    # ablations of routepack, as in the papers: placement alone, packing alone, both
+    "routepack_placement": Policy("routepack", "sequential", "none"),
+    "routepack_packing": Policy("static", "routepack", "none"),
+    "routepack_no_replication": Policy("routepack", "routepack", "none"),
+    # routepack: every stage, planned from this window's routing replay
+    "routepack": Policy("routepack", "routepack", "routepack"),
 }
 
 
