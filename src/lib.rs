@@ -9,6 +9,7 @@ mod convert;
 mod errors;
 mod py_ingest;
 mod py_packing;
+mod py_placement;
 mod py_plan;
 mod py_simulate;
 
@@ -23,5 +24,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_packing::pack_sequential, m)?)?;
     m.add_function(wrap_pyfunction!(py_simulate::simulate, m)?)?;
     m.add_function(wrap_pyfunction!(py_ingest::expert_tokens_from_routed, m)?)?;
+    py_placement::register(m)?;
     Ok(())
 }

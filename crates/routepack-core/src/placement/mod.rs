@@ -2,6 +2,14 @@
 //! layer (DESIGN.md stage 1). The `Placement` type and the `static` policy live here; the
 //! EPLB baseline and routepack's own placement live in sibling files.
 
+pub mod demand;
+pub mod eplb;
+pub mod pack;
+pub mod quality;
+pub mod relabel;
+pub mod replicate;
+pub mod routepack;
+
 use crate::error::{bad_plan, invalid, Result};
 use crate::topology::Topology;
 
