@@ -4,7 +4,8 @@
 //! skewed: lognormal expert popularity per layer, and per-chunk demand where each chunk mixes
 //! a few topics that boost their own experts (as `routepack.traces.synthetic` does).
 //! Measured from loads (and chunk demand) to placement; building the demand from a window is
-//! a separate pass over the window (`chunk_demand`).
+//! a separate pass over the window (`chunk_demand`). `examples/placement_cpu.rs` gives the
+//! CPU time of the same calls, for reading these on a shared machine.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use rand::{RngExt, SeedableRng};
@@ -84,6 +85,11 @@ fn bench(c: &mut Criterion) {
             b.iter(|| rebalance_experts(&loads, s.layers, s.experts, t.num_slots(), s.eplb_groups, t.nodes_per_group(), t.ep).unwrap())
         });
         g.bench_function(BenchmarkId::new("routepack", s.name), |b| b.iter(|| routepack_placement(&d, &t, &cost, None, &opts).unwrap()));
+        // the latency/quality knob: a smaller microbatch-phase budget (placement_fluct_evals)
+        let lean = Options { fluct_evals: 1000, ..opts.clone() };
+        g.bench_function(BenchmarkId::new("routepack_fluct1000", s.name), |b| {
+            b.iter(|| routepack_placement(&d, &t, &cost, None, &lean).unwrap())
+        });
         // with a placement in force (drifted loads): relabelling, incremental candidates, choice
         let prev = routepack_placement(&d2, &t, &cost, None, &opts).unwrap().placement;
         g.bench_function(BenchmarkId::new("routepack_migration", s.name), |b| {

@@ -67,12 +67,27 @@ pub fn diff_layer(
     let rpn = ranks_per_node.max(1);
     let ranks = old.len() / spr;
     let mut sent = vec![0.0f64; ranks];
+    // previous slots of each expert, ascending (CSR over the expert ids present)
+    let top = old.iter().chain(new).copied().max().unwrap_or(-1).max(0) as usize + 1;
+    let mut off = vec![0usize; top + 1];
+    for &e in old.iter().filter(|&&e| e >= 0) {
+        off[e as usize + 1] += 1;
+    }
+    for k in 0..top {
+        off[k + 1] += off[k];
+    }
+    let mut fill = off.clone();
+    let mut held = vec![0usize; off[top]];
+    for (q, &e) in old.iter().enumerate().filter(|&(_, &e)| e >= 0) {
+        held[fill[e as usize]] = q;
+        fill[e as usize] += 1;
+    }
     for (p, &e) in new.iter().enumerate() {
         if e < 0 || old[p] == e {
             continue;
         }
         let dst_rank = p / spr;
-        let holders = old.iter().enumerate().filter(|&(_, &x)| x == e).map(|(q, _)| q);
+        let holders = held[off[e as usize]..off[e as usize + 1]].iter().copied();
         let mut best: Option<(u8, f64, usize)> = None;
         for q in holders {
             let r = q / spr;

@@ -85,6 +85,13 @@ impl LinkBytes {
             v[to].recv_inter += bytes;
         }
     }
+    /// Adds `sign` times another rank's bytes.
+    pub(crate) fn merge(&mut self, o: &LinkBytes, sign: f64) {
+        self.send_intra += sign * o.send_intra;
+        self.recv_intra += sign * o.recv_intra;
+        self.send_inter += sign * o.send_inter;
+        self.recv_inter += sign * o.recv_inter;
+    }
     /// The slowest rank's time: per link max(sent, received) over that link's bandwidth.
     pub(crate) fn time(v: &[LinkBytes], cost: &CostModel) -> f64 {
         v.iter()

@@ -109,7 +109,7 @@ mod tests {
     #[test]
     fn chunks_split_tokens_and_sum_to_loads() {
         let lens = [4i64, 4, 4, 4];
-        let x: Vec<i32> = (0..4 * 2).map(|k| k as i32).collect(); // S=4, L=1, E=2
+        let x: Vec<i32> = (0..4 * 2).collect(); // S=4, L=1, E=2
         let w = WindowView::new(&lens, &x, 1, 2).unwrap();
         assert_eq!(chunk_of_samples(&lens, 2), vec![0, 0, 1, 1]);
         let c = chunk_demand(&w, 2).unwrap();

@@ -71,17 +71,18 @@ pub fn assign_min_cost(cost: &[i64], n: usize) -> Vec<usize> {
     col_of_row
 }
 
-/// Σ_e min(copies in a, copies in b) of two small expert lists.
+/// Σ_e min(copies in a, copies in b) of two expert lists sorted ascending (−1 = empty).
 fn overlap(a: &[i32], b: &[i32]) -> i64 {
-    let mut used = vec![false; b.len()];
-    let mut n = 0;
-    for &e in a {
-        if e < 0 {
-            continue;
-        }
-        if let Some(k) = (0..b.len()).find(|&k| !used[k] && b[k] == e) {
-            used[k] = true;
+    let (mut i, mut j, mut n) = (0, 0, 0);
+    while i < a.len() && j < b.len() {
+        if a[i] < 0 || a[i] < b[j] {
+            i += 1;
+        } else if b[j] < 0 || b[j] < a[i] {
+            j += 1;
+        } else {
             n += 1;
+            i += 1;
+            j += 1;
         }
     }
     n
@@ -95,7 +96,17 @@ pub fn match_ranks(new_bins: &[Vec<i32>], old_bins: &[Vec<i32>], ranks_per_node:
     let ep = new_bins.len();
     let rpn = ranks_per_node.min(ep).max(1);
     let nodes = ep / rpn;
-    let ov: Vec<i64> = (0..ep * ep).map(|k| overlap(&new_bins[k / ep], &old_bins[k % ep])).collect();
+    let sorted = |v: &[Vec<i32>]| -> Vec<Vec<i32>> {
+        v.iter()
+            .map(|b| {
+                let mut s = b.clone();
+                s.sort_unstable();
+                s
+            })
+            .collect()
+    };
+    let (sn, so) = (sorted(new_bins), sorted(old_bins));
+    let ov: Vec<i64> = (0..ep * ep).map(|k| overlap(&sn[k / ep], &so[k % ep])).collect();
     // best rank matching for every (new node, old node) pair
     let mut inner: Vec<Vec<usize>> = Vec::with_capacity(nodes * nodes);
     let mut node_cost = vec![0i64; nodes * nodes];

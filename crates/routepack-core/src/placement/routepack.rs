@@ -294,7 +294,9 @@ fn inherit(items: &Items, num_experts: usize, old: &[i32], topo: &Topology) -> V
 }
 
 /// Incremental candidates: `(swaps, [ep] item lists)` after 0, 1, 2, 4, ... local-search swaps
-/// from the inherited assignment, aiming at the fresh placement's largest rank load `target`.
+/// from the inherited assignment, aiming at the fresh placement's largest rank load `target`:
+/// min-max search down to `target`, the fluctuation pass with `explore` room, tightening
+/// back to `target` (the phases of a fresh packing, over all ranks at once).
 fn incremental_bins(items: &Items, num_experts: usize, old: &[i32], topo: &Topology, target: f64, opts: &Options) -> Vec<(usize, Vec<Vec<usize>>)> {
     let start = inherit(items, num_experts, old, topo);
     let p = items.problem(num_experts, topo.ep, topo.slots_per_rank);
@@ -308,22 +310,25 @@ fn incremental_bins(items: &Items, num_experts: usize, old: &[i32], topo: &Topol
     };
     let base = s.swaps;
     let mut out = vec![(0, bins_of(&s))];
-    let (mut max_done, mut fl_done, mut evals) = (false, false, 0usize);
+    let (mut phase, mut evals) = (0usize, 0usize);
+    let budget = opts.fluct_evals;
     let mut limit = 1usize;
-    while !(max_done && fl_done) {
-        let used = s.swaps - base;
-        if !max_done {
-            max_done = s.improve_max(target, limit - used);
-        }
-        if max_done && !fl_done {
-            let used = s.swaps - base;
-            fl_done = s.improve_fluct(target, limit - used, &mut evals, opts.fluct_evals) || evals >= opts.fluct_evals;
+    while phase < 3 {
+        let left = |s: &Pack| limit - (s.swaps - base);
+        let finished = match phase {
+            0 => s.improve_max(target, left(&s)),
+            1 => s.improve_fluct(target * (1.0 + opts.explore), left(&s), &mut evals, budget / 2) || evals >= budget / 2,
+            _ => s.tighten(target, left(&s), &mut evals, budget - budget / 4),
+        };
+        if finished {
+            phase += 1;
+        } else {
+            limit *= 2;
         }
         let used = s.swaps - base;
         if used > out.last().expect("seeded").0 {
             out.push((used, bins_of(&s)));
         }
-        limit *= 2;
     }
     out
 }
@@ -455,35 +460,62 @@ fn accumulate(links: &mut [LinkBytes], rows: &[MigrationRow], topo: &Topology) {
 /// Picks one candidate per layer: starts from keeping every layer and repeatedly applies the
 /// single layer change with the largest net saving (predicted time saved minus the increase
 /// of the exposed migration time of all chosen moves), while one is positive.
+///
+/// A moving candidate is credited at most the fresh placement's predicted time: the fresh
+/// search is the optimiser, the incremental ones only approximate it with fewer moves, and a
+/// proxy "improvement" beyond it is noise, not a reason to move. So when the placement in
+/// force is what the fresh search produces (unchanged loads), nothing moves.
 fn choose(plans: &[LayerPlan], topo: &Topology, cost: &CostModel) -> (Vec<usize>, f64) {
+    let credited = |lp: &LayerPlan, c: usize| {
+        let cand = &lp.candidates[c];
+        if cand.choice == Choice::Keep {
+            cand.time
+        } else {
+            cand.time.max(lp.candidates[lp.fresh].time)
+        }
+    };
+    let ep = topo.ep;
+    // per-rank link bytes of every candidate's moves, summed once
+    let own: Vec<Vec<Vec<LinkBytes>>> = plans
+        .iter()
+        .map(|lp| {
+            lp.candidates
+                .iter()
+                .map(|c| {
+                    let mut v = vec![LinkBytes::default(); ep];
+                    accumulate(&mut v, &c.moves, topo);
+                    v
+                })
+                .collect()
+        })
+        .collect();
     let mut pick = vec![0usize; plans.len()];
     let links_of = |pick: &[usize]| {
-        let mut links = vec![LinkBytes::default(); topo.ep];
-        for (lp, &c) in plans.iter().zip(pick) {
-            accumulate(&mut links, &lp.candidates[c].moves, topo);
+        let mut links = vec![LinkBytes::default(); ep];
+        for (l, &c) in pick.iter().enumerate() {
+            for (x, y) in links.iter_mut().zip(&own[l][c]) {
+                x.merge(y, 1.0);
+            }
         }
         links
     };
     let mut links = links_of(&pick);
     let mut now = LinkBytes::time(&links, cost);
+    let mut with = vec![LinkBytes::default(); ep];
     for _ in 0..plans.iter().map(|p| p.candidates.len()).sum::<usize>() {
         let mut best: Option<(f64, usize, usize)> = None;
         for (l, lp) in plans.iter().enumerate() {
-            let cur = &lp.candidates[pick[l]];
-            let mut without = links.clone();
-            for mv in &cur.moves {
-                let (s, d) = (mv.src_rank as usize, mv.dst_rank as usize);
-                if s != d {
-                    LinkBytes::add(&mut without, s, d, -mv.bytes, topo.local_node_of(s) == topo.local_node_of(d));
-                }
-            }
-            for (c, cand) in lp.candidates.iter().enumerate() {
-                let gain = cur.time - cand.time;
+            let cur_time = credited(lp, pick[l]);
+            for c in 0..lp.candidates.len() {
+                let gain = cur_time - credited(lp, c);
                 if c == pick[l] || gain <= 0.0 {
                     continue;
                 }
-                let mut with = without.clone();
-                accumulate(&mut with, &cand.moves, topo);
+                for r in 0..ep {
+                    with[r] = links[r];
+                    with[r].merge(&own[l][pick[l]][r], -1.0);
+                    with[r].merge(&own[l][c][r], 1.0);
+                }
                 let net = gain - (LinkBytes::time(&with, cost) - now);
                 if net > 0.0 && best.is_none_or(|b| net > b.0) {
                     best = Some((net, l, c));
