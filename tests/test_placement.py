@@ -168,6 +168,18 @@ def test_drifted_loads_move_fewer_than_a_naive_replacement():
     assert len(rep["choice"]) == w1.num_layers
 
 
+def test_from_a_static_placement_with_empty_slots():
+    prof, topo, cost = setup("small")
+    w = windows("small")[0]
+    static = rp.Placement.static(w.num_layers, w.num_experts, topo)
+    assert (static.phy2log < 0).any()
+    plan = rp.plan_window(w, topo, cost, token_cap=prof.token_cap, policy=ROUTEPACK, previous=static)
+    plan.validate(w, topo, prof.token_cap)
+    assert (plan.placement.phy2log >= 0).all()
+    assert plan.report["predicted"]["step_time"] < rp.plan_window(
+        w, topo, cost, token_cap=prof.token_cap, policy="static").report["predicted"]["step_time"]
+
+
 def test_expensive_migration_keeps_the_placement():
     prof, topo, cost = setup("small")
     w0, w1 = windows("small")

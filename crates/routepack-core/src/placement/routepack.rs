@@ -730,6 +730,19 @@ mod tests {
     }
 
     #[test]
+    fn layers_without_load_still_place_every_expert() {
+        let topo = Topology::new(4, 4, 2, 3).unwrap();
+        let loads = vec![0.0; 2 * 10];
+        let chunks = vec![0.0; 2 * 10 * 3];
+        let d = Demand::new(&loads, &chunks, 2, 10, 3).unwrap();
+        let out = routepack_placement(&d, &topo, &CostModel::for_tests(2), None, &Options::default()).unwrap();
+        assert!(out.placement.logcnt().iter().all(|&c| c >= 1));
+        assert!(out.placement.phy2log.iter().all(|&e| e >= 0));
+        let again = routepack_placement(&d, &topo, &CostModel::for_tests(2), Some(&out.placement), &Options::default()).unwrap();
+        assert_eq!(again.placement, out.placement);
+    }
+
+    #[test]
     fn bad_options_and_shapes_are_named() {
         let topo = Topology::new(2, 2, 2, 2).unwrap();
         let loads = vec![1.0; 4];
