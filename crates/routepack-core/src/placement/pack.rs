@@ -145,22 +145,30 @@ impl<'a> Pack<'a> {
         let mut s = Self::empty(p);
         let mut order: Vec<usize> = (0..p.len()).collect();
         order.sort_by(|&a, &b| p.weight[b].total_cmp(&p.weight[a]).then(a.cmp(&b)));
+        let mut fill = vec![0usize; p.bins];
         for i in order {
             let e = p.expert[i] as usize;
+            // the lightest bin with room (ties: lower index); usually it takes the copy too
             let mut best = usize::MAX;
-            let mut fallback = usize::MAX;
             for b in 0..p.bins {
-                if s.members[b].len() >= p.cap {
-                    continue;
-                }
-                if fallback == usize::MAX || s.load[b] < s.load[fallback] {
-                    fallback = b;
-                }
-                if s.room_for(b, e) && (best == usize::MAX || s.load[b] < s.load[best]) {
+                if fill[b] < p.cap && (best == usize::MAX || s.load[b] < s.load[best]) {
                     best = b;
                 }
             }
-            s.place(i, if best != usize::MAX { best } else { fallback });
+            if !s.room_for(best, e) {
+                let fallback = best;
+                best = usize::MAX;
+                for b in 0..p.bins {
+                    if fill[b] < p.cap && s.room_for(b, e) && (best == usize::MAX || s.load[b] < s.load[best]) {
+                        best = b;
+                    }
+                }
+                if best == usize::MAX {
+                    best = fallback;
+                }
+            }
+            fill[best] += 1;
+            s.place(i, best);
         }
         s.sort_members();
         s.repair();
