@@ -10,6 +10,7 @@ mod errors;
 mod py_flow;
 mod py_ingest;
 mod py_packing;
+mod py_placement;
 mod py_plan;
 mod py_replication;
 mod py_simulate;
@@ -35,5 +36,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_replication::replicate_relibra, m)?)?;
     m.add_function(wrap_pyfunction!(py_replication::replicate_routepack, m)?)?;
     m.add_function(wrap_pyfunction!(py_replication::relibra_placement, m)?)?;
+    py_placement::register(m)?;
     Ok(())
 }

@@ -10,6 +10,7 @@ import numpy as np
 from routepack import _core, stages  # noqa: F401  (registers the baseline stages)
 from routepack import packing  # noqa: F401  (registers the kk and routepack packings)
 from routepack import replication  # noqa: F401  (registers hot_n, relibra, routepack replication)
+from routepack import placement as _placement  # noqa: F401  (registers eplb, routepack placement)
 from routepack._checks import finite_float, positive_int
 from routepack.plan import MIGRATION_DTYPE, Placement, Plan, empty_migration
 from routepack.policies import PACKINGS, PLACEMENTS, REPLICATIONS, PlanContext, resolve
@@ -104,7 +105,8 @@ def plan_window(
     migration = empty_migration()
     if previous is not None:
         cols = _core.migration_diff(previous.phy2log, placement.phy2log, placement.num_experts,
-                                    placement.slots_per_rank, cost.expert_state_bytes)
+                                    placement.slots_per_rank, cost.expert_state_bytes,
+                                    min(topo.gpus_per_node, topo.ep))
         migration = np.zeros(len(cols[0]), dtype=MIGRATION_DTYPE)
         for name_, col in zip(MIGRATION_DTYPE.names, cols):
             migration[name_] = col
@@ -120,6 +122,7 @@ def plan_window(
         "predicted": sim.summary(),
         "packing": pack_report,
         "stage_seconds": seconds,
+        "stage_reports": ctx.reports,
         "seed": seed,
         "anneal_moves": anneal_moves,
         "time_budget_s": time_budget_s,

@@ -40,6 +40,8 @@ class PlanContext:
     time_budget_s: Optional[float] = None
     options: Dict[str, Any] = field(default_factory=dict)
     policy: Policy = field(default_factory=Policy)
+    #: What stages report about their decisions, by stage name (lands in plan.report).
+    reports: Dict[str, Any] = field(default_factory=dict)
 
     def placement_loads(self) -> np.ndarray:
         """float64 ``[L, E]`` loads the placement stage balances."""

@@ -66,9 +66,10 @@ impl LayerCost {
     }
 }
 
-/// Per-rank bytes over the two links, sent and received.
+/// Per-rank bytes over the two links, sent and received (also used by placement to price
+/// candidate migrations exactly as `migration_time` does).
 #[derive(Clone, Copy, Default)]
-struct LinkBytes {
+pub(crate) struct LinkBytes {
     send_intra: f64,
     recv_intra: f64,
     send_inter: f64,
@@ -76,7 +77,7 @@ struct LinkBytes {
 }
 
 impl LinkBytes {
-    fn add(v: &mut [LinkBytes], from: usize, to: usize, bytes: f64, same_node: bool) {
+    pub(crate) fn add(v: &mut [LinkBytes], from: usize, to: usize, bytes: f64, same_node: bool) {
         if same_node {
             v[from].send_intra += bytes;
             v[to].recv_intra += bytes;
@@ -85,8 +86,15 @@ impl LinkBytes {
             v[to].recv_inter += bytes;
         }
     }
+    /// Adds `sign` times another rank's bytes.
+    pub(crate) fn merge(&mut self, o: &LinkBytes, sign: f64) {
+        self.send_intra += sign * o.send_intra;
+        self.recv_intra += sign * o.recv_intra;
+        self.send_inter += sign * o.send_inter;
+        self.recv_inter += sign * o.recv_inter;
+    }
     /// The slowest rank's time: per link max(sent, received) over that link's bandwidth.
-    fn time(v: &[LinkBytes], cost: &CostModel) -> f64 {
+    pub(crate) fn time(v: &[LinkBytes], cost: &CostModel) -> f64 {
         v.iter()
             .map(|b| b.send_intra.max(b.recv_intra) / cost.bw_intra + b.send_inter.max(b.recv_inter) / cost.bw_inter)
             .fold(0.0, f64::max)
