@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from routepack import _core
-from routepack.policies import PACKINGS, PackingResult, PlanContext
+from routepack.policies import KNOWN_OPTIONS, PACKINGS, PackingResult, PlanContext
 
 #: Default search budget of routepack's layout, in proposed moves over all chains. Sized for
 #: `flash` (4096 samples, dp 64) on the 2-core reference machine: annealing measured 305K
@@ -51,10 +51,7 @@ def routepack_packing(ctx: PlanContext, placement: Any) -> PackingResult:
     (one entry per temperature step), seconds {rows, proxy, init, anneal} (wall time).
     """
     opts = dict(ROUTEPACK_OPTIONS)
-    unknown = set(ctx.options) - set(opts)
-    if unknown:
-        raise ValueError(f"options: unknown routepack packing option(s) {sorted(unknown)}; known: {sorted(opts)}")
-    opts.update(ctx.options)
+    opts.update({k: v for k, v in ctx.options.items() if k in ROUTEPACK_OPTIONS})
     moves = DEFAULT_ANNEAL_MOVES if ctx.anneal_moves is None else int(ctx.anneal_moves)
     rank, micro, m, report = _core.pack_routepack(
         ctx.window.seq_lens, ctx.window.expert_tokens, ctx.topo, ctx.cost, placement.phy2log,
@@ -71,5 +68,6 @@ def routepack_packing(ctx: PlanContext, placement: Any) -> PackingResult:
     return rank, micro, m, report
 
 
+KNOWN_OPTIONS.update(ROUTEPACK_OPTIONS)
 PACKINGS["kk"] = kk_packing
 PACKINGS["routepack"] = routepack_packing

@@ -37,7 +37,7 @@ import numpy as np
 from routepack import _core
 from routepack._checks import finite_float, positive_int
 from routepack.plan import Placement
-from routepack.policies import PLACEMENTS, PlanContext
+from routepack.policies import KNOWN_OPTIONS, PLACEMENTS, PlanContext
 from routepack.simulate import lower_bound_micro
 
 DEFAULT_CHUNKS = 32
@@ -139,6 +139,8 @@ def imbalance_lower_bound(loads: Any, topo: Any) -> np.ndarray:
     return _core.imbalance_lower_bound(_loads_array(loads, "loads"), topo.num_slots, topo.ep)
 
 
+KNOWN_OPTIONS.update({"eplb_num_groups", "placement_chunks", "placement_cells", "placement_slack",
+                      "placement_explore", "placement_fluct_evals", "placement_migration_aware"})
 PLACEMENTS["eplb"] = eplb_placement
 PLACEMENTS["routepack"] = routepack_placement
 

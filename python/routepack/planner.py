@@ -13,7 +13,7 @@ from routepack import replication  # noqa: F401  (registers hot_n, relibra, rout
 from routepack import placement as _placement  # noqa: F401  (registers eplb, routepack placement)
 from routepack._checks import finite_float, positive_int
 from routepack.plan import MIGRATION_DTYPE, Placement, Plan, empty_migration
-from routepack.policies import PACKINGS, PLACEMENTS, REPLICATIONS, PlanContext, resolve
+from routepack.policies import KNOWN_OPTIONS, PACKINGS, PLACEMENTS, REPLICATIONS, PlanContext, resolve
 from routepack.simulate import simulate
 
 
@@ -86,6 +86,9 @@ def plan_window(
     ):
         raise ValueError(f"previous: {previous!r} does not fit the window and topology {topo}")
 
+    unknown = set(options) - KNOWN_OPTIONS
+    if unknown:
+        raise ValueError(f"options: unknown option(s) {sorted(unknown)}; known: {sorted(KNOWN_OPTIONS)}")
     name, pol = resolve(policy)
     ctx = PlanContext(window, topo, cost, token_cap, previous, previous_window, seed,
                       anneal_moves, time_budget_s, dict(options), pol)

@@ -57,6 +57,10 @@ class PlanContext:
 #: Packing returns (sample_rank [S], sample_micro [S], num_micro, report dict).
 PackingResult = Tuple[np.ndarray, np.ndarray, int, Dict[str, Any]]
 
+#: Every option name a stage accepts through ``plan_window(..., **options)``; each stage module
+#: adds its own, and `plan_window` refuses names no stage knows (typos fail loudly).
+KNOWN_OPTIONS: set = set()
+
 PLACEMENTS: Dict[str, Callable[..., Any]] = {}
 PACKINGS: Dict[str, Callable[..., PackingResult]] = {}
 REPLICATIONS: Dict[str, Callable[..., np.ndarray]] = {}

@@ -32,7 +32,7 @@ import numpy as np
 from routepack import _core
 from routepack._checks import positive_int
 from routepack.plan import REPLICA_DTYPE, Placement
-from routepack.policies import PLACEMENTS, REPLICATIONS, PlanContext
+from routepack.policies import KNOWN_OPTIONS, PLACEMENTS, REPLICATIONS, PlanContext
 
 #: MindSpeed's default ``--balanced-moe-hot-expert-num``.
 DEFAULT_HOT_EXPERTS = 3
@@ -101,6 +101,7 @@ def relibra_placement(ctx: PlanContext) -> Placement:
 
 
 REPLICATIONS["hot_n"] = hot_n_replication
+KNOWN_OPTIONS.update({"hot_experts", "replica_slots", "replication_candidates"})
 REPLICATIONS["relibra"] = relibra_replication
 REPLICATIONS["routepack"] = routepack_replication
 PLACEMENTS["relibra"] = relibra_placement
