@@ -36,7 +36,7 @@ def test_preset_plans_validate(setup, name):
                           previous=first.placement, previous_window=windows[0], seed=3)
     plan.validate(windows[1], topo, SMALL.token_cap)
     assert plan.report["policy"] == name
-    assert set(plan.report["stage_seconds"]) == {"placement", "packing", "replication"}
+    assert set(plan.report["stage_seconds"]) == {"placement", "packing", "replication", "total"}
     res = rp.simulate(plan, windows[1], topo, cost)
     assert res.step_time == pytest.approx(plan.report["predicted"]["step_time"], rel=1e-12)
 

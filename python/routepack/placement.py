@@ -115,8 +115,12 @@ def routepack_placement(ctx: PlanContext) -> Placement:
     aware = opts.get("placement_migration_aware", True)
     if not isinstance(aware, (bool, np.bool_)):
         raise TypeError(f"placement_migration_aware: expected a bool, got {aware!r}")
-    loads = _loads_array(ctx.placement_loads(), "loads")
     demand = _core.chunk_demand(win.seq_lens, win.expert_tokens, chunks)
+    if chunks > 0 and win is ctx.window and ctx.policy.loads == "window":
+        # the window total is the sum of its chunks: skip a second pass over [S, L, E]
+        loads = np.ascontiguousarray(demand.sum(axis=2))
+    else:
+        loads = _loads_array(ctx.placement_loads(), "loads")
     previous = ctx.previous.phy2log if ctx.previous is not None else None
     phy2log, report = _core.routepack_placement(loads, demand, ctx.topo, ctx.cost, previous, cells, slack,
                                                 explore, evals, bool(aware))

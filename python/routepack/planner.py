@@ -93,10 +93,17 @@ def plan_window(
     ctx = PlanContext(window, topo, cost, token_cap, previous, previous_window, seed,
                       anneal_moves, time_budget_s, dict(options), pol)
     seconds = {}
-    t0 = time.perf_counter()
+    start = t0 = time.perf_counter()
     placement = PLACEMENTS[pol.placement](ctx)
     seconds["placement"] = time.perf_counter() - t0
 
+    if time_budget_s is not None:
+        # the packing stage is the only one that searches by time: give it what is left after
+        # placement, less a reserve for replication, migration, validation and the final
+        # simulate (over half of a `flash` routepack plan when replication is routepack)
+        left = time_budget_s - (time.perf_counter() - start)
+        share = 0.4 if pol.replication == "routepack" else 0.7
+        ctx.time_budget_s = max(0.01, left * share)
     t0 = time.perf_counter()
     sample_rank, sample_micro, num_micro, pack_report = PACKINGS[pol.packing](ctx, placement)
     seconds["packing"] = time.perf_counter() - t0
@@ -117,6 +124,7 @@ def plan_window(
     plan = Plan(placement, sample_rank, sample_micro, num_micro, replicas, migration, policy=name)
     plan.validate(window, topo, token_cap)
     sim = simulate(plan, window, topo, cost, token_cap)
+    seconds["total"] = time.perf_counter() - start
     plan.report = {
         "policy": name,
         "token_cap": token_cap,
