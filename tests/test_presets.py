@@ -74,3 +74,37 @@ def test_comparison_table(setup):
     text = format_table(summary)
     assert "routepack" in text and "ideal (bound)" in text
     assert np.isfinite([s["step_s"] for s in summary]).all()
+
+
+def test_bench_figure(setup, tmp_path):
+    pytest.importorskip("matplotlib")
+    from routepack.figures import bench_figure
+
+    windows, topo, cost = setup
+    rows = compare(windows, topo, cost, SMALL.token_cap, ["static", "routepack"], anneal_moves=2000)
+    path = bench_figure(rows, summarise(rows), tmp_path / "fig.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_bench_on_saved_windows(setup, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from routepack import cli, traces
+
+    windows, _, _ = setup
+    files = []
+    for i, w in enumerate(windows[:2]):
+        files.append(str(tmp_path / f"w{i}.npz"))
+        w.save(files[-1])
+    monkeypatch.setitem(traces.PROFILES, "small-test", SMALL)
+    out_json = tmp_path / "bench.json"
+    rc = cli.main(["bench", "--profile", "small-test", "--npz", *files, "--quiet", "--policy", "static",
+                   "--policy", "routepack", "--anneal-moves", "2000", "--figure", str(tmp_path / "b.png"),
+                   "--json", str(out_json)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "routepack" in text and "ideal (bound)" in text
+    import json
+
+    data = json.loads(out_json.read_text())
+    assert {r["policy"] for r in data["rows"]} == {"static", "routepack"}
+    assert (tmp_path / "b.png").exists()

@@ -17,7 +17,7 @@ from routepack.policies import KNOWN_OPTIONS, PACKINGS, PackingResult, PlanConte
 #: 0.35M moves per CPU-second there (0.25-0.35 s of wall time); `tiny` anneals 3x faster.
 #: Deterministic, unlike a wall-clock budget. Quality rises slowly with more
 #: (benches/packing_quality.py: annealed/initial proxy cost 0.987 at 0.1 s, 0.978 at 3 s).
-DEFAULT_ANNEAL_MOVES = 150_000
+DEFAULT_ANNEAL_MOVES = 120_000
 
 #: Options `plan_window(..., **options)` passes to routepack's packing, with their defaults.
 ROUTEPACK_OPTIONS: Dict[str, Any] = {
