@@ -44,7 +44,7 @@ def _progress(total: int, quiet: bool):
     if quiet:
         return None, lambda: None
     if tqdm is not None:
-        bar = tqdm(total=total, unit="plan", file=sys.stderr, leave=False)
+        bar = tqdm(total=total, unit="plan", file=sys.stderr, leave=False, disable=None)  # off when not a TTY
         return (lambda name, i: (bar.set_postfix_str(f"window {i} {name}"), bar.update(1))), bar.close
     done = [0]
 
