@@ -40,10 +40,16 @@ def plan_window(
         previous: the `Placement` in force now; migration is planned from it.
         previous_window: plan placement from these loads (history-based balancers, e.g. EPLB).
         seed: seeds every randomised stage; the plan is a pure function of inputs and seed.
-        anneal_moves: search budget in moves (deterministic).
-        time_budget_s: optional wall-clock cap (then plans may differ between machines;
-            compute on one rank and `routepack.torch.broadcast_plan`).
-        options: stage-specific options (documented by each stage).
+        anneal_moves: the layout search budget in proposed moves (deterministic; default
+            `routepack.packing.DEFAULT_ANNEAL_MOVES`, sized so a `flash` routepack plan takes
+            about 0.9 s on 2 cores).
+        time_budget_s: optional wall-clock cap for the whole plan (then plans may differ
+            between machines; compute on one rank and `routepack.torch.broadcast_plan`).
+            Placement runs first; the packing search gets a share of what is left (40% when
+            replication is ``routepack``, else 70%), the rest is kept for replication,
+            validation and the final simulate.
+        options: stage-specific options (see ``routepack.policies.KNOWN_OPTIONS`` and each
+            stage module's docstring); unknown names raise ``ValueError``.
 
     Returns:
         A `Plan` that passed `Plan.validate`, with ``report`` holding the predicted step time
