@@ -10,7 +10,9 @@ mod errors;
 mod py_flow;
 mod py_ingest;
 mod py_packing;
+mod py_placement;
 mod py_plan;
+mod py_replication;
 mod py_simulate;
 
 #[pymodule]
@@ -30,5 +32,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_ingest::expert_tokens_from_routed, m)?)?;
     m.add_function(wrap_pyfunction!(py_flow::route_cell, m)?)?;
     m.add_function(wrap_pyfunction!(py_flow::rank_tokens, m)?)?;
+    m.add_function(wrap_pyfunction!(py_replication::replicate_hot_n, m)?)?;
+    m.add_function(wrap_pyfunction!(py_replication::replicate_relibra, m)?)?;
+    m.add_function(wrap_pyfunction!(py_replication::replicate_routepack, m)?)?;
+    m.add_function(wrap_pyfunction!(py_replication::relibra_placement, m)?)?;
+    py_placement::register(m)?;
     Ok(())
 }

@@ -51,8 +51,10 @@ pub fn validate_plan<'py>(
 }
 
 /// Moves from `previous` to `next` as migration columns
-/// `(layer, expert, src_rank, dst_rank, src_slot, dst_slot, bytes)`.
+/// `(layer, expert, src_rank, dst_rank, src_slot, dst_slot, bytes)`; `ranks_per_node` (EP
+/// ranks per node) lets sources on the destination's node be preferred.
 #[pyfunction]
+#[pyo3(signature = (previous, next, num_experts, slots_per_rank, bytes_per_expert, ranks_per_node=1))]
 pub fn migration_diff<'py>(
     py: Python<'py>,
     previous: PyReadonlyArray2<'py, i32>,
@@ -60,10 +62,11 @@ pub fn migration_diff<'py>(
     num_experts: usize,
     slots_per_rank: usize,
     bytes_per_expert: f64,
+    ranks_per_node: usize,
 ) -> PyResult<MigrationColumns<'py>> {
     let a = convert::placement(&previous, num_experts, slots_per_rank)?;
     let b = convert::placement(&next, num_experts, slots_per_rank)?;
-    let rows = run(py, || routepack_core::migration::diff(&a, &b, bytes_per_expert))?;
+    let rows = run(py, || routepack_core::migration::diff_nodes(&a, &b, ranks_per_node, bytes_per_expert))?;
     Ok(convert::migration_columns(py, &rows))
 }
 

@@ -29,8 +29,8 @@ def validate_plan(plan: Any, seq_lens: I64, expert_tokens: I32, topo: Any, token
     """Raises InvalidPlanError with the first broken invariant."""
 
 def migration_diff(previous: I32, next: I32, num_experts: int, slots_per_rank: int,
-                   bytes_per_expert: float) -> MigrationColumns:
-    """Moves turning `previous` into `next`."""
+                   bytes_per_expert: float, ranks_per_node: int = 1) -> MigrationColumns:
+    """Moves turning `previous` into `next` (sources on the destination's node preferred)."""
 
 def pack_sequential(seq_lens: I64, token_cap: int, dp: int) -> Tuple[I32, I32, int]:
     """Arrival-order first fit: (sample_rank [S], sample_micro [S], num_micro)."""
@@ -66,3 +66,46 @@ def route_cell(origin: I64, phy2log: I32, topo: Any, rep_expert: I32, rep_dst: I
 
 def rank_tokens(plan: Any, seq_lens: I64, expert_tokens: I32, topo: Any) -> npt.NDArray[np.int64]:
     """int64 [G, M, L, ep]: tokens each EP rank receives under the plan (the simulator's tokens(p))."""
+
+def replicate_hot_n(seq_lens: I64, expert_tokens: I32, phy2log: I32, sample_rank: I32, sample_micro: I32,
+                    num_micro: int, topo: Any, cost: Any, hot_experts: int) -> ReplicaColumns:
+    """MindSpeed's hot-expert broadcast: N hot experts per (group, micro, layer), copies on
+    every other EP rank computing their own tokens."""
+
+def replicate_relibra(seq_lens: I64, expert_tokens: I32, phy2log: I32, sample_rank: I32, sample_micro: I32,
+                      num_micro: int, topo: Any, cost: Any, replica_slots: int) -> ReplicaColumns:
+    """ReLibra's intra-node replication, at most `replica_slots` copies per rank per cell."""
+
+def replicate_routepack(seq_lens: I64, expert_tokens: I32, phy2log: I32, sample_rank: I32, sample_micro: I32,
+                        num_micro: int, topo: Any, cost: Any, replica_slots: int,
+                        candidate_experts: int = 2, candidate_dsts: int = 2) -> ReplicaColumns:
+    """routepack's replication: per cell, rows minimising the simulated layer time."""
+
+def relibra_placement(loads: F64, topo: Any, previous: I32 | None = None) -> I32:
+    """ReLibra's node-level expert reordering: phy2log [L, ep*slots_per_rank] from loads [L, E]."""
+
+# ---- placement (src/py_placement.rs)
+def rebalance_experts(weight: F64, num_replicas: int, num_groups: int, num_nodes: int,
+                      num_gpus: int) -> Tuple[I64, I64, I64]:
+    """DeepSeek EPLB: (phy2log [L, R], log2phy [L, E, X], logcnt [L, E]) from weight [L, E] float64."""
+
+def eplb_placement(loads: F64, topo: Any, num_groups: int) -> I32:
+    """EPLB as a routepack placement: phy2log [L, ep*slots_per_rank]."""
+
+def eplb_default_num_groups(num_experts: int, topo: Any) -> int:
+    """Nodes per EP group when they divide E (hierarchical policy), else 1 (global)."""
+
+def chunk_demand(seq_lens: I64, expert_tokens: I32, num_chunks: int) -> F64:
+    """[L, E, B] tokens per expert in each of B consecutive-sample chunks."""
+
+def routepack_placement(loads: F64, chunks: F64, topo: Any, cost: Any, previous: I32 | None = None,
+                        cells: int = 0, slack: float = 5e-5, explore: float = 0.01,
+                        fluct_evals: int = 8000, migration_aware: bool = True) -> Tuple[I32, Dict[str, Any]]:
+    """(phy2log [L, ep*slots_per_rank], report: choice, swaps, moves, predicted_s, predicted_keep_s,
+    predicted_fresh_s [L] each, migration_s)."""
+
+def aggregate_imbalance(phy2log: I32, num_experts: int, slots_per_rank: int, loads: F64) -> F64:
+    """[L] max / mean rank load over the window."""
+
+def imbalance_lower_bound(loads: F64, num_slots: int, ranks: int) -> F64:
+    """[L] lowest aggregate imbalance any placement can reach."""

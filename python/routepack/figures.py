@@ -47,7 +47,9 @@ def bench_figure(rows: Sequence[Any], summary: Sequence[Dict[str, Any]], path: s
     rel = [s["vs_" + baseline] for s in summary]
     ideal = [s["of_ideal"] for s in summary]
     y = np.arange(len(names))
-    bars = ax.barh(y, rel, color=["#888" if n == baseline else "#2a7ab9" for n in names])
+    colors = ["#888" if n == baseline else "#ddd" if n.startswith("ideal") else
+              "#d9822b" if n == after else "#2a7ab9" for n in names]
+    bars = ax.barh(y, rel, color=colors, edgecolor="#555", linewidth=0.5)
     for b, r, f in zip(bars, rel, ideal):
         ax.text(b.get_width(), b.get_y() + b.get_height() / 2, f" {r:.3f}x ({f:.0%} of ideal)",
                 va="center", fontsize=8)

@@ -9,14 +9,15 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from routepack import _core
-from routepack.policies import PACKINGS, PackingResult, PlanContext
+from routepack.policies import KNOWN_OPTIONS, PACKINGS, PackingResult, PlanContext
 
-#: Default search budget of routepack's layout, in proposed moves over all chains. Sized for
-#: `flash` (4096 samples, dp 64) on the 2-core reference machine: annealing measured 305K
-#: moves per CPU-second there (1.3 CPU-s, 0.65 s on two cores) and the whole plan about 1 s
-#: (benches/packing_quality.py); `tiny` anneals 3x faster. Deterministic, unlike a
-#: wall-clock budget.
-DEFAULT_ANNEAL_MOVES = 400_000
+#: Default search budget of routepack's layout, in proposed moves over all chains. Sized so
+#: a whole `routepack` plan of a `flash` window (placement, rows, layout, replication, the
+#: final simulate) takes about 1 s on the 2-core reference machine: the anneal runs at about
+#: 0.35M moves per CPU-second there (0.25-0.35 s of wall time); `tiny` anneals 3x faster.
+#: Deterministic, unlike a wall-clock budget. Quality rises slowly with more
+#: (benches/packing_quality.py: annealed/initial proxy cost 0.987 at 0.1 s, 0.978 at 3 s).
+DEFAULT_ANNEAL_MOVES = 120_000
 
 #: Options `plan_window(..., **options)` passes to routepack's packing, with their defaults.
 ROUTEPACK_OPTIONS: Dict[str, Any] = {
@@ -51,10 +52,7 @@ def routepack_packing(ctx: PlanContext, placement: Any) -> PackingResult:
     (one entry per temperature step), seconds {rows, proxy, init, anneal} (wall time).
     """
     opts = dict(ROUTEPACK_OPTIONS)
-    unknown = set(ctx.options) - set(opts)
-    if unknown:
-        raise ValueError(f"options: unknown routepack packing option(s) {sorted(unknown)}; known: {sorted(opts)}")
-    opts.update(ctx.options)
+    opts.update({k: v for k, v in ctx.options.items() if k in ROUTEPACK_OPTIONS})
     moves = DEFAULT_ANNEAL_MOVES if ctx.anneal_moves is None else int(ctx.anneal_moves)
     rank, micro, m, report = _core.pack_routepack(
         ctx.window.seq_lens, ctx.window.expert_tokens, ctx.topo, ctx.cost, placement.phy2log,
@@ -71,5 +69,6 @@ def routepack_packing(ctx: PlanContext, placement: Any) -> PackingResult:
     return rank, micro, m, report
 
 
+KNOWN_OPTIONS.update(ROUTEPACK_OPTIONS)
 PACKINGS["kk"] = kk_packing
 PACKINGS["routepack"] = routepack_packing

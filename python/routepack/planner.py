@@ -9,9 +9,11 @@ import numpy as np
 
 from routepack import _core, stages  # noqa: F401  (registers the baseline stages)
 from routepack import packing  # noqa: F401  (registers the kk and routepack packings)
+from routepack import replication  # noqa: F401  (registers hot_n, relibra, routepack replication)
+from routepack import placement as _placement  # noqa: F401  (registers eplb, routepack placement)
 from routepack._checks import finite_float, positive_int
 from routepack.plan import MIGRATION_DTYPE, Placement, Plan, empty_migration
-from routepack.policies import PACKINGS, PLACEMENTS, REPLICATIONS, PlanContext, resolve
+from routepack.policies import KNOWN_OPTIONS, PACKINGS, PLACEMENTS, REPLICATIONS, PlanContext, resolve
 from routepack.simulate import simulate
 
 
@@ -84,14 +86,24 @@ def plan_window(
     ):
         raise ValueError(f"previous: {previous!r} does not fit the window and topology {topo}")
 
+    unknown = set(options) - KNOWN_OPTIONS
+    if unknown:
+        raise ValueError(f"options: unknown option(s) {sorted(unknown)}; known: {sorted(KNOWN_OPTIONS)}")
     name, pol = resolve(policy)
     ctx = PlanContext(window, topo, cost, token_cap, previous, previous_window, seed,
                       anneal_moves, time_budget_s, dict(options), pol)
     seconds = {}
-    t0 = time.perf_counter()
+    start = t0 = time.perf_counter()
     placement = PLACEMENTS[pol.placement](ctx)
     seconds["placement"] = time.perf_counter() - t0
 
+    if time_budget_s is not None:
+        # the packing stage is the only one that searches by time: give it what is left after
+        # placement, less a reserve for replication, migration, validation and the final
+        # simulate (over half of a `flash` routepack plan when replication is routepack)
+        left = time_budget_s - (time.perf_counter() - start)
+        share = 0.4 if pol.replication == "routepack" else 0.7
+        ctx.time_budget_s = max(0.01, left * share)
     t0 = time.perf_counter()
     sample_rank, sample_micro, num_micro, pack_report = PACKINGS[pol.packing](ctx, placement)
     seconds["packing"] = time.perf_counter() - t0
@@ -103,7 +115,8 @@ def plan_window(
     migration = empty_migration()
     if previous is not None:
         cols = _core.migration_diff(previous.phy2log, placement.phy2log, placement.num_experts,
-                                    placement.slots_per_rank, cost.expert_state_bytes)
+                                    placement.slots_per_rank, cost.expert_state_bytes,
+                                    min(topo.gpus_per_node, topo.ep))
         migration = np.zeros(len(cols[0]), dtype=MIGRATION_DTYPE)
         for name_, col in zip(MIGRATION_DTYPE.names, cols):
             migration[name_] = col
@@ -111,6 +124,7 @@ def plan_window(
     plan = Plan(placement, sample_rank, sample_micro, num_micro, replicas, migration, policy=name)
     plan.validate(window, topo, token_cap)
     sim = simulate(plan, window, topo, cost, token_cap)
+    seconds["total"] = time.perf_counter() - start
     plan.report = {
         "policy": name,
         "token_cap": token_cap,
@@ -119,6 +133,7 @@ def plan_window(
         "predicted": sim.summary(),
         "packing": pack_report,
         "stage_seconds": seconds,
+        "stage_reports": ctx.reports,
         "seed": seed,
         "anneal_moves": anneal_moves,
         "time_budget_s": time_budget_s,

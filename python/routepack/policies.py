@@ -40,6 +40,8 @@ class PlanContext:
     time_budget_s: Optional[float] = None
     options: Dict[str, Any] = field(default_factory=dict)
     policy: Policy = field(default_factory=Policy)
+    #: What stages report about their decisions, by stage name (lands in plan.report).
+    reports: Dict[str, Any] = field(default_factory=dict)
 
     def placement_loads(self) -> np.ndarray:
         """float64 ``[L, E]`` loads the placement stage balances."""
@@ -55,13 +57,33 @@ class PlanContext:
 #: Packing returns (sample_rank [S], sample_micro [S], num_micro, report dict).
 PackingResult = Tuple[np.ndarray, np.ndarray, int, Dict[str, Any]]
 
+#: Every option name a stage accepts through ``plan_window(..., **options)``; each stage module
+#: adds its own, and `plan_window` refuses names no stage knows (typos fail loudly).
+KNOWN_OPTIONS: set = set()
+
 PLACEMENTS: Dict[str, Callable[..., Any]] = {}
 PACKINGS: Dict[str, Callable[..., PackingResult]] = {}
 REPLICATIONS: Dict[str, Callable[..., np.ndarray]] = {}
 
 #: Named presets: the systems of DESIGN.md's comparison table and ablations.
 PRESETS: Dict[str, Policy] = {
+    # Megatron-LM's default: expert e on rank e // ceil(E/ep), arrival-order first fit
     "static": Policy("static", "sequential", "none"),
+    # DeepSeek EPLB placement + verl's Karmarkar-Karp balancing, from the previous window's
+    # loads (what it does in practice) and from this window's loads (an oracle)
+    "eplb": Policy("eplb", "kk", "none", loads="previous"),
+    "eplb_oracle": Policy("eplb", "kk", "none", loads="window"),
+    # MindSpeed's balanced MoE: N hot experts per microbatch and layer broadcast to every rank
+    "hot_n": Policy("static", "sequential", "hot_n"),
+    # ReLibra: node-level expert reordering per window + intra-node replication per microbatch;
+    # both from routing replay, so from this window's loads (as its paper describes)
+    "relibra": Policy("relibra", "sequential", "relibra", loads="window"),
+    # ablations of routepack, as in the papers: placement alone, packing alone, both
+    "routepack_placement": Policy("routepack", "sequential", "none"),
+    "routepack_packing": Policy("static", "routepack", "none"),
+    "routepack_no_replication": Policy("routepack", "routepack", "none"),
+    # routepack: every stage, planned from this window's routing replay
+    "routepack": Policy("routepack", "routepack", "routepack"),
 }
 
 

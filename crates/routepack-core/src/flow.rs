@@ -56,11 +56,14 @@ pub fn route_expert(
             let want = ((share as f64) * (total as f64)).round() as i64;
             let mut need = want.clamp(0, left);
             left -= need;
-            let node = topo.local_node_of(dst);
-            // own rank, then same node ascending, then the others ascending
+            // own rank, then same node ascending, then the others ascending (a node's ranks
+            // are the contiguous block [lo, hi))
+            let rpn = topo.ranks_per_group_node();
+            let lo = topo.local_node_of(dst) * rpn;
+            let hi = (lo + rpn).min(ep);
             let order = std::iter::once(dst)
-                .chain((0..ep).filter(|&r| r != dst && topo.local_node_of(r) == node))
-                .chain((0..ep).filter(|&r| topo.local_node_of(r) != node));
+                .chain((lo..hi).filter(|&r| r != dst))
+                .chain((0..lo).chain(hi..ep));
             for r in order {
                 if need == 0 {
                     break;
@@ -75,6 +78,16 @@ pub fn route_expert(
         }
     }
     let c = slots.len() as i64;
+    if c == 1 {
+        // one slot takes everything left (the common case: no redundant copy)
+        let (p, rank) = (slots[0], topo.rank_of_slot(slots[0]));
+        for (r, &left) in rem.iter().enumerate() {
+            if left > 0 {
+                emit(r, rank, Dest::Slot(p), left);
+            }
+        }
+        return;
+    }
     for (r, &left) in rem.iter().enumerate() {
         if left == 0 {
             continue;

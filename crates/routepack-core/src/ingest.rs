@@ -100,16 +100,17 @@ pub fn expert_tokens_from_routed<T: ExpertId>(
         .map(|(s, out)| {
             let (lo, hi) = (cu_seqlens[s] as usize, cu_seqlens[s + 1] as usize);
             let ids = &routed[lo * per_token..hi * per_token];
+            // flat offsets: id j of a token counts in row (j / k) of this sample's [L, E] block
+            let base: Vec<usize> = (0..per_token).map(|j| (j / top_k) * num_experts).collect();
+            let out = out.as_mut_ptr();
             for (t, tok) in ids.chunks_exact(per_token).enumerate() {
-                for (l, layer_ids) in tok.chunks_exact(top_k).enumerate() {
-                    let row = &mut out[l * num_experts..(l + 1) * num_experts];
-                    for &id in layer_ids {
-                        let i = id.index();
-                        if i >= e_max {
-                            return Some((s, lo + t, l, id.value()));
-                        }
-                        row[i as usize] += 1;
+                for (j, (&id, &b)) in tok.iter().zip(&base).enumerate() {
+                    let i = id.index();
+                    if i >= e_max {
+                        return Some((s, lo + t, j / top_k, id.value()));
                     }
+                    // SAFETY: i < num_experts and b + i < L·E = this sample's block
+                    unsafe { *out.add(b + i as usize) += 1 };
                 }
             }
             None

@@ -5,13 +5,16 @@
 //! * [`placement`]  expert placement (static, EPLB baseline, routepack)
 //! * [`packing`]    token-capped rows: bounds, heuristics, exact search, baselines
 //! * [`layout`]     routepack's packing: rows laid out on (rank, step) by population annealing
-//! * [`simulate`]   the cost model that scores every plan
+//! * [`replication`] intra-batch hot-expert replicas per (micro, group, layer): hot_n, relibra, routepack
+//! * [`migration`]  moves (weights + optimizer state) from the placement in force to a new one
+//! * [`simulate`]   the cost model that scores every plan ([`cells`]: per-cell demand it shares)
 //! * [`flow`]       where each expert's tokens go under a plan (shared by simulator and remapper)
 //! * [`validate`]   the invariants every plan must satisfy
 //!
 //! Inputs are borrowed views ([`WindowView`]) so numpy arrays cross the FFI without copies.
 //! Every function is deterministic for its inputs and seed.
 
+pub mod cells;
 pub mod cost;
 pub mod error;
 pub mod flow;
@@ -20,6 +23,7 @@ pub mod layout;
 pub mod migration;
 pub mod packing;
 pub mod plan;
+pub mod replication;
 pub mod placement;
 pub mod simulate;
 pub mod topology;

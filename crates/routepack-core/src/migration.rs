@@ -6,11 +6,16 @@ use crate::error::Result;
 use crate::placement::Placement;
 use crate::plan::MigrationRow;
 
-/// Moves from `previous` to `next`, layer by layer, slot by slot. A slot whose expert is
-/// unchanged costs nothing. Otherwise the source is a previous slot of that expert, chosen
-/// on the destination rank if one exists (a local copy, 0 network bytes), else the lowest
-/// such slot. `bytes_per_expert` is weights + optimizer state.
+/// Moves from `previous` to `next`, layer by layer, slot by slot (see [`diff_layer`]).
+/// `bytes_per_expert` is weights + optimizer state. Without a topology every rank counts as
+/// its own node; [`diff_nodes`] knows the node size.
 pub fn diff(previous: &Placement, next: &Placement, bytes_per_expert: f64) -> Result<Vec<MigrationRow>> {
+    diff_nodes(previous, next, 1, bytes_per_expert)
+}
+
+/// [`diff`] with `ranks_per_node` consecutive EP ranks per node (`Topology::ranks_per_group_node`),
+/// so that sources on the destination's node are preferred.
+pub fn diff_nodes(previous: &Placement, next: &Placement, ranks_per_node: usize, bytes_per_expert: f64) -> Result<Vec<MigrationRow>> {
     if previous.num_layers != next.num_layers
         || previous.num_slots != next.num_slots
         || previous.num_experts != next.num_experts
@@ -31,31 +36,90 @@ pub fn diff(previous: &Placement, next: &Placement, bytes_per_expert: f64) -> Re
             ),
         ));
     }
-    let spr = next.slots_per_rank;
+    if ranks_per_node == 0 {
+        return Err(crate::error::invalid("ranks_per_node", "must be >= 1, got 0"));
+    }
+    let rpn = ranks_per_node;
     let mut rows = Vec::new();
     for l in 0..next.num_layers {
-        let (old, new) = (previous.layer(l), next.layer(l));
-        let (off, slots) = previous.replicas_of_layer(l);
-        for (p, &e) in new.iter().enumerate() {
-            if e < 0 || old[p] == e {
-                continue;
-            }
-            let src_slots = &slots[off[e as usize]..off[e as usize + 1]];
-            let dst_rank = p / spr;
-            let src = src_slots.iter().copied().find(|&q| q / spr == dst_rank).unwrap_or(src_slots[0]);
-            let src_rank = src / spr;
-            rows.push(MigrationRow {
-                layer: l as i32,
-                expert: e,
-                src_rank: src_rank as i32,
-                dst_rank: dst_rank as i32,
-                src_slot: src as i32,
-                dst_slot: p as i32,
-                bytes: if src_rank == dst_rank { 0.0 } else { bytes_per_expert },
-            });
-        }
+        diff_layer(l, previous.layer(l), next.layer(l), next.slots_per_rank, rpn, bytes_per_expert, &mut rows);
     }
     Ok(rows)
+}
+
+/// Moves of one layer (`old`, `new`: that layer's phy2log), appended to `rows`.
+///
+/// A slot whose expert is unchanged costs nothing. Otherwise the source is a previous slot of
+/// that expert, chosen in this order: on the destination rank (a local copy, 0 network
+/// bytes); on the destination's node (`ranks_per_node` consecutive ranks), the rank that has
+/// sent the fewest bytes so far in this layer; else any rank, again the least-loaded sender;
+/// ties to the lowest slot. Spreading the sends keeps the slowest rank's migration time low.
+pub fn diff_layer(
+    layer: usize,
+    old: &[i32],
+    new: &[i32],
+    slots_per_rank: usize,
+    ranks_per_node: usize,
+    bytes_per_expert: f64,
+    rows: &mut Vec<MigrationRow>,
+) {
+    let spr = slots_per_rank;
+    let rpn = ranks_per_node.max(1);
+    let ranks = old.len() / spr;
+    let mut sent = vec![0.0f64; ranks];
+    // previous slots of each expert, ascending (CSR over the expert ids present)
+    let top = old.iter().chain(new).copied().max().unwrap_or(-1).max(0) as usize + 1;
+    let mut off = vec![0usize; top + 1];
+    for &e in old.iter().filter(|&&e| e >= 0) {
+        off[e as usize + 1] += 1;
+    }
+    for k in 0..top {
+        off[k + 1] += off[k];
+    }
+    let mut fill = off.clone();
+    let mut held = vec![0usize; off[top]];
+    for (q, &e) in old.iter().enumerate().filter(|&(_, &e)| e >= 0) {
+        held[fill[e as usize]] = q;
+        fill[e as usize] += 1;
+    }
+    for (p, &e) in new.iter().enumerate() {
+        if e < 0 || old[p] == e {
+            continue;
+        }
+        let dst_rank = p / spr;
+        let holders = held[off[e as usize]..off[e as usize + 1]].iter().copied();
+        let mut best: Option<(u8, f64, usize)> = None;
+        for q in holders {
+            let r = q / spr;
+            let tier = if r == dst_rank {
+                0
+            } else if r / rpn == dst_rank / rpn {
+                1
+            } else {
+                2
+            };
+            let key = (tier, if tier == 0 { 0.0 } else { sent[r] }, q);
+            if best.is_none_or(|b| (key.0, key.1) < (b.0, b.1)) {
+                best = Some(key);
+            }
+        }
+        let Some((_, _, src)) = best else {
+            // an expert new to this layer has no source: impossible for checked placements
+            continue;
+        };
+        let src_rank = src / spr;
+        let bytes = if src_rank == dst_rank { 0.0 } else { bytes_per_expert };
+        sent[src_rank] += bytes;
+        rows.push(MigrationRow {
+            layer: layer as i32,
+            expert: e,
+            src_rank: src_rank as i32,
+            dst_rank: dst_rank as i32,
+            src_slot: src as i32,
+            dst_slot: p as i32,
+            bytes,
+        });
+    }
 }
 
 #[cfg(test)]
@@ -70,5 +134,20 @@ mod tests {
         let rows = diff(&a, &b, 7.0).unwrap();
         assert_eq!(rows.len(), 2);
         assert_eq!((rows[0].expert, rows[0].src_slot, rows[0].dst_slot, rows[0].bytes), (2, 2, 1, 7.0));
+    }
+
+    #[test]
+    fn sources_prefer_local_then_node_then_least_loaded() {
+        // 4 ranks × 1 slot, 2 ranks per node; expert 0 on ranks 0 and 2
+        let old = [0, 1, 0, 2];
+        let mut rows = Vec::new();
+        // rank 3 wants expert 0: rank 2 is on its node
+        diff_layer(0, &old, &[0, 1, 0, 0], 1, 2, 5.0, &mut rows);
+        assert_eq!((rows[0].src_rank, rows[0].dst_rank), (2, 3));
+        // ranks 1 and 3 both want expert 0 with one rank per node: the second send goes to the
+        // rank that has not sent yet
+        rows.clear();
+        diff_layer(0, &old, &[0, 0, 0, 0], 1, 1, 5.0, &mut rows);
+        assert_eq!(rows.iter().map(|r| r.src_rank).collect::<Vec<_>>(), vec![0, 2]);
     }
 }

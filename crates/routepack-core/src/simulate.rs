@@ -23,7 +23,8 @@ use rayon::prelude::*;
 use crate::cost::{CostModel, COMM_PASSES, COMPUTE_PASSES};
 use crate::error::Result;
 use crate::flow::{route_expert, Dest};
-use crate::plan::{cell_members, Plan, ReplicaRow};
+use crate::cells::CellGrid;
+use crate::plan::{Plan, ReplicaRow};
 use crate::topology::Topology;
 use crate::validate::validate_plan;
 use crate::window::WindowView;
@@ -65,9 +66,10 @@ impl LayerCost {
     }
 }
 
-/// Per-rank bytes over the two links, sent and received.
+/// Per-rank bytes over the two links, sent and received (also used by placement to price
+/// candidate migrations exactly as `migration_time` does).
 #[derive(Clone, Copy, Default)]
-struct LinkBytes {
+pub(crate) struct LinkBytes {
     send_intra: f64,
     recv_intra: f64,
     send_inter: f64,
@@ -75,7 +77,7 @@ struct LinkBytes {
 }
 
 impl LinkBytes {
-    fn add(v: &mut [LinkBytes], from: usize, to: usize, bytes: f64, same_node: bool) {
+    pub(crate) fn add(v: &mut [LinkBytes], from: usize, to: usize, bytes: f64, same_node: bool) {
         if same_node {
             v[from].send_intra += bytes;
             v[to].recv_intra += bytes;
@@ -84,8 +86,15 @@ impl LinkBytes {
             v[to].recv_inter += bytes;
         }
     }
+    /// Adds `sign` times another rank's bytes.
+    pub(crate) fn merge(&mut self, o: &LinkBytes, sign: f64) {
+        self.send_intra += sign * o.send_intra;
+        self.recv_intra += sign * o.recv_intra;
+        self.send_inter += sign * o.send_inter;
+        self.recv_inter += sign * o.recv_inter;
+    }
     /// The slowest rank's time: per link max(sent, received) over that link's bandwidth.
-    fn time(v: &[LinkBytes], cost: &CostModel) -> f64 {
+    pub(crate) fn time(v: &[LinkBytes], cost: &CostModel) -> f64 {
         v.iter()
             .map(|b| b.send_intra.max(b.recv_intra) / cost.bw_intra + b.send_inter.max(b.recv_inter) / cost.bw_inter)
             .fold(0.0, f64::max)
@@ -94,7 +103,6 @@ impl LinkBytes {
 
 /// Scratch buffers for one worker, reused across cells.
 struct Scratch {
-    origin: Vec<i64>,   // [ep * E] tokens per (origin rank, expert)
     column: Vec<i64>,   // [ep]
     rem: Vec<i64>,      // [ep]
     tokens: Vec<i64>,   // [ep] tokens per destination rank
@@ -103,13 +111,13 @@ struct Scratch {
     a2a: Vec<LinkBytes>,
     repl_fwd: Vec<LinkBytes>,
     repl_bwd: Vec<LinkBytes>,
+    rep_args: Vec<(usize, f32)>,
     clock: u32,
 }
 
 impl Scratch {
     fn new(ep: usize, e: usize) -> Self {
         Self {
-            origin: vec![0; ep * e],
             column: vec![0; ep],
             rem: Vec::with_capacity(ep),
             tokens: vec![0; ep],
@@ -118,6 +126,7 @@ impl Scratch {
             a2a: vec![LinkBytes::default(); ep],
             repl_fwd: vec![LinkBytes::default(); ep],
             repl_bwd: vec![LinkBytes::default(); ep],
+            rep_args: Vec::new(),
             clock: 0,
         }
     }
@@ -132,32 +141,57 @@ pub fn bucket_replicas(rows: &[ReplicaRow], groups: usize, micro: usize, layers:
     b
 }
 
-/// Prices one (group g, micro m, layer l). `cells[r]` are the samples of EP-local rank r at
-/// step m; `attn[r]` their one-pass attention time; `slot_off/slots` the layer's placement in
-/// CSR form (see `Placement::replicas_of_layer`); `reps` this cell's replica rows.
+/// Prices single (group, micro, layer) cells exactly as [`simulate`] does; what per-cell
+/// planners (replication) use to compare their choices on the simulator's own scale.
+/// Holds scratch buffers: make one per worker thread and reuse it.
+pub struct CellPricer {
+    sc: Scratch,
+    ep: usize,
+    num_experts: usize,
+}
+
+impl CellPricer {
+    pub fn new(ep: usize, num_experts: usize) -> Self {
+        Self { sc: Scratch::new(ep, num_experts), ep, num_experts }
+    }
+
+    /// Cost of one cell.
+    /// * `origin`   `[ep * E]` rank-major: tokens for expert e sent by EP-local rank r
+    ///   (see [`crate::cells::CellGrid::origin`]);
+    /// * `attn_max` the slowest rank's one-pass attention time in this cell;
+    /// * `slot_off`, `slots` the layer's placement as CSR (`Placement::replicas_of_layer`);
+    /// * `reps`     this cell's replica rows, table order (their micro/group/layer are not read).
+    #[allow(clippy::too_many_arguments)]
+    pub fn price(
+        &mut self,
+        topo: &Topology,
+        cost: &CostModel,
+        origin: &[i64],
+        attn_max: f64,
+        slot_off: &[usize],
+        slots: &[usize],
+        reps: &[ReplicaRow],
+    ) -> LayerCost {
+        assert_eq!(topo.ep, self.ep, "CellPricer built for another ep");
+        assert_eq!(origin.len(), self.ep * self.num_experts, "origin must be [ep * E]");
+        price_cell(topo, cost, self.num_experts, origin, attn_max, slot_off, slots, reps, &mut self.sc)
+    }
+}
+
+/// See [`CellPricer::price`].
 #[allow(clippy::too_many_arguments)]
-fn layer_cost(
-    w: &WindowView,
+fn price_cell(
     topo: &Topology,
     cost: &CostModel,
-    l: usize,
-    cells: &[&[usize]],
+    e_n: usize,
+    origin: &[i64],
     attn_max: f64,
     slot_off: &[usize],
     slots: &[usize],
     reps: &[ReplicaRow],
     sc: &mut Scratch,
 ) -> LayerCost {
-    let (ep, e_n) = (topo.ep, w.num_experts);
-    sc.origin.iter_mut().for_each(|x| *x = 0);
-    for (r, members) in cells.iter().enumerate() {
-        let row = &mut sc.origin[r * e_n..(r + 1) * e_n];
-        for &s in members.iter() {
-            for (o, &x) in row.iter_mut().zip(w.tokens(s, l)) {
-                *o += x as i64;
-            }
-        }
-    }
+    let ep = topo.ep;
     sc.tokens.iter_mut().for_each(|x| *x = 0);
     sc.active.iter_mut().for_each(|x| *x = 0);
     sc.a2a.iter_mut().for_each(|x| *x = LinkBytes::default());
@@ -167,18 +201,17 @@ fn layer_cost(
         sc.clock = 1;
     }
     let clock = sc.clock;
-    let mut rep_args: Vec<(usize, f32)> = Vec::new();
     for e in 0..e_n {
         for r in 0..ep {
-            sc.column[r] = sc.origin[r * e_n + e];
+            sc.column[r] = origin[r * e_n + e];
         }
-        rep_args.clear();
-        rep_args.extend(reps.iter().filter(|x| x.expert as usize == e).map(|x| (x.dst_rank as usize, x.share)));
+        sc.rep_args.clear();
+        sc.rep_args.extend(reps.iter().filter(|x| x.expert as usize == e).map(|x| (x.dst_rank as usize, x.share)));
         if sc.column.iter().all(|&x| x == 0) {
             continue;
         }
         let (tokens, active, stamp, a2a) = (&mut sc.tokens, &mut sc.active, &mut sc.stamp, &mut sc.a2a);
-        route_expert(&sc.column, &slots[slot_off[e]..slot_off[e + 1]], &rep_args, topo, &mut sc.rem, |o, p, _d: Dest, n| {
+        route_expert(&sc.column, &slots[slot_off[e]..slot_off[e + 1]], &sc.rep_args, topo, &mut sc.rem, |o, p, _d: Dest, n| {
             tokens[p] += n;
             if stamp[p * e_n + e] != clock {
                 stamp[p * e_n + e] = clock;
@@ -293,8 +326,7 @@ pub fn simulate(
     cost.check(w.num_layers)?;
     validate_plan(plan, w, topo, i64::MAX)?;
     let (g_n, m_n, l_n, ep) = (topo.num_groups(), plan.num_micro, w.num_layers, topo.ep);
-    let (off, members) = cell_members(&plan.sample_rank, &plan.sample_micro, topo.dp, m_n);
-    let cell = |d: usize, m: usize| &members[off[d * m_n + m]..off[d * m_n + m + 1]];
+    let grid = CellGrid::new(&plan.sample_rank, &plan.sample_micro, m_n, w.seq_lens, topo);
     let reps = bucket_replicas(&plan.replicas, g_n, m_n, l_n);
     let layer_slots: Vec<(Vec<usize>, Vec<usize>)> = (0..l_n).map(|l| plan.placement.replicas_of_layer(l)).collect();
 
@@ -302,26 +334,15 @@ pub fn simulate(
     let per_gm: Vec<Vec<LayerCost>> = (0..g_n * m_n)
         .into_par_iter()
         .map_init(
-            || Scratch::new(ep, w.num_experts),
-            |sc, gm| {
+            || (CellPricer::new(ep, w.num_experts), vec![0i64; ep * w.num_experts]),
+            |(pricer, origin), gm| {
                 let (g, m) = (gm / m_n, gm % m_n);
-                let cells: Vec<&[usize]> = (0..ep).map(|r| cell(g * ep + r, m)).collect();
-                let (lin, quad): (Vec<f64>, Vec<f64>) = cells
-                    .iter()
-                    .map(|c| {
-                        c.iter().fold((0.0, 0.0), |(a, b), &s| {
-                            let n = w.seq_lens[s] as f64;
-                            (a + n, b + n * n)
-                        })
-                    })
-                    .unzip();
                 (0..l_n)
                     .map(|l| {
-                        let attn_max = (0..ep)
-                            .map(|r| cost.a_lin * lin[r] + cost.a_quad[l] * quad[r])
-                            .fold(0.0, f64::max);
+                        grid.origin(w, g, m, l, origin);
+                        let attn_max = grid.attention_max(cost, g, m, l);
                         let (so, sl) = &layer_slots[l];
-                        layer_cost(w, topo, cost, l, &cells, attn_max, so, sl, &reps[gm * l_n + l], sc)
+                        pricer.price(topo, cost, origin, attn_max, so, sl, &reps[gm * l_n + l])
                     })
                     .collect()
             },

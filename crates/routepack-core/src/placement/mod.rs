@@ -2,6 +2,20 @@
 //! layer (DESIGN.md stage 1). The `Placement` type and the `static` policy live here; the
 //! EPLB baseline and routepack's own placement live in sibling files.
 
+mod choose;
+pub mod demand;
+pub mod eplb;
+mod fresh;
+mod incremental;
+mod items;
+pub mod pack;
+mod predict;
+pub mod quality;
+pub mod relabel;
+pub mod relibra;
+pub mod replicate;
+pub mod routepack;
+
 use crate::error::{bad_plan, invalid, Result};
 use crate::topology::Topology;
 

@@ -1,0 +1,103 @@
+//! Placement latency (issue 3): the EPLB baseline and routepack's placement at the `flash`
+//! size (32 layers × 512 experts, 544 slots over 32 ranks, 4 nodes) and at EPLB's reference
+//! size (58 layers × 256 experts, 288 slots over 32 ranks, 4 nodes). Loads are synthetic and
+//! skewed: lognormal expert popularity per layer, and per-chunk demand where each chunk mixes
+//! a few topics that boost their own experts (as `routepack.traces.synthetic` does).
+//! Measured from loads (and chunk demand) to placement; building the demand from a window is
+//! a separate pass over the window (`chunk_demand`). `examples/placement_cpu.rs` gives the
+//! CPU time of the same calls, for reading these on a shared machine.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use rand::{RngExt, SeedableRng};
+use rand_xoshiro::Xoshiro256PlusPlus;
+use routepack_core::placement::demand::Demand;
+use routepack_core::placement::eplb::rebalance_experts;
+use routepack_core::placement::routepack::{routepack_placement, Options};
+use routepack_core::{CostModel, Topology};
+
+const CHUNKS: usize = 32;
+
+/// Standard normal by Box–Muller (the bench only needs a skewed, reproducible shape).
+fn normal(rng: &mut Xoshiro256PlusPlus) -> f64 {
+    let u: f64 = rng.random::<f64>().max(1e-12);
+    let v: f64 = rng.random::<f64>();
+    (-2.0f64 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+}
+
+/// `(loads [L, E], chunks [L, E, B])`: per-layer lognormal popularity (spread 0.4–1.4),
+/// 16 topics boosting 6% of the experts each, every chunk a random mix of 4 topics.
+fn synthetic(layers: usize, experts: usize, chunks: usize, seed: u64) -> (Vec<f64>, Vec<f64>) {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
+    let topics = 16;
+    let mut loads = vec![0.0; layers * experts];
+    let mut demand = vec![0.0; layers * experts * chunks];
+    for l in 0..layers {
+        let spread = 0.4 + rng.random::<f64>();
+        let base: Vec<f64> = (0..experts).map(|_| normal(&mut rng) * spread).collect();
+        let boost: Vec<Vec<f64>> = (0..topics)
+            .map(|_| (0..experts).map(|_| if rng.random::<f64>() < 0.06 { 2.2 * (0.5 + 0.5 * rng.random::<f64>()) } else { 0.0 }).collect())
+            .collect();
+        for b in 0..chunks {
+            let mix: Vec<usize> = (0..4).map(|_| rng.random_range(0..topics)).collect();
+            let mut p: Vec<f64> = (0..experts)
+                .map(|e| mix.iter().map(|&t| (base[e] + boost[t][e]).exp()).sum::<f64>())
+                .collect();
+            let z: f64 = p.iter().sum();
+            p.iter_mut().for_each(|x| *x *= 1.0e6 / z);
+            for e in 0..experts {
+                demand[(l * experts + e) * chunks + b] = p[e].round();
+                loads[l * experts + e] += p[e].round();
+            }
+        }
+    }
+    (loads, demand)
+}
+
+struct Size {
+    name: &'static str,
+    layers: usize,
+    experts: usize,
+    topo: Topology,
+    eplb_groups: usize,
+}
+
+fn sizes() -> Vec<Size> {
+    vec![
+        // EPLB's reference: 58 × 256, 288 slots over 32 GPUs in 4 nodes, 8 expert groups
+        Size { name: "reference_58x256", layers: 58, experts: 256, topo: Topology::new(64, 32, 8, 9).unwrap(), eplb_groups: 8 },
+        // flash: 32 × 512, 544 slots over 32 ranks in 4 nodes
+        Size { name: "flash_32x512", layers: 32, experts: 512, topo: Topology::new(64, 32, 8, 17).unwrap(), eplb_groups: 4 },
+    ]
+}
+
+fn bench(c: &mut Criterion) {
+    let mut g = c.benchmark_group("placement");
+    g.sample_size(20);
+    for s in sizes() {
+        let (loads, chunks) = synthetic(s.layers, s.experts, CHUNKS, 7);
+        let (loads2, chunks2) = synthetic(s.layers, s.experts, CHUNKS, 8);
+        let cost = CostModel::for_tests(s.layers);
+        let d = Demand::new(&loads, &chunks, s.layers, s.experts, CHUNKS).unwrap();
+        let d2 = Demand::new(&loads2, &chunks2, s.layers, s.experts, CHUNKS).unwrap();
+        let opts = Options { cells: 12, ..Options::default() };
+        let t = s.topo;
+        g.bench_function(BenchmarkId::new("eplb", s.name), |b| {
+            b.iter(|| rebalance_experts(&loads, s.layers, s.experts, t.num_slots(), s.eplb_groups, t.nodes_per_group(), t.ep).unwrap())
+        });
+        g.bench_function(BenchmarkId::new("routepack", s.name), |b| b.iter(|| routepack_placement(&d, &t, &cost, None, &opts).unwrap()));
+        // the latency/quality knob: a smaller microbatch-phase budget (placement_fluct_evals)
+        let lean = Options { fluct_evals: 1000, ..opts.clone() };
+        g.bench_function(BenchmarkId::new("routepack_fluct1000", s.name), |b| {
+            b.iter(|| routepack_placement(&d, &t, &cost, None, &lean).unwrap())
+        });
+        // with a placement in force (drifted loads): relabelling, incremental candidates, choice
+        let prev = routepack_placement(&d2, &t, &cost, None, &opts).unwrap().placement;
+        g.bench_function(BenchmarkId::new("routepack_migration", s.name), |b| {
+            b.iter(|| routepack_placement(&d, &t, &cost, Some(&prev), &opts).unwrap())
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

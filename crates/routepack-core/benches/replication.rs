@@ -1,0 +1,78 @@
+//! Replication planner latency on a flash-shaped window (E = 512, ep = 32 over 4 nodes of 8,
+//! dp = 64, 17 slots per rank, static placement, sequential packing at a 65536-token cap),
+//! with 4 MoE layers instead of 32 to keep the input small: time scales with layers.
+//! Demand: each sample sends a third of its k·n routed tokens to one of 16 topic experts per
+//! layer, the rest spread uniformly.
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use rand::{RngExt, SeedableRng};
+use rand_xoshiro::Xoshiro256PlusPlus;
+use routepack_core::packing::sequential::sequential;
+use routepack_core::placement::static_placement;
+use routepack_core::replication::{hot_n, relibra, routepack, Packed};
+use routepack_core::{CostModel, Topology, WindowView};
+use std::hint::black_box;
+
+const L: usize = 4;
+const E: usize = 512;
+const K: usize = 8;
+const S: usize = 4096;
+
+fn window() -> (Vec<i64>, Vec<i32>) {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(11);
+    let lens: Vec<i64> = (0..S).map(|_| 200 + rng.random_range(0..12_000i64)).collect();
+    let mut tokens = vec![0i32; S * L * E];
+    for s in 0..S {
+        let topic = rng.random_range(0..16usize);
+        for l in 0..L {
+            let row = &mut tokens[(s * L + l) * E..(s * L + l + 1) * E];
+            let routed = lens[s] as usize * K;
+            let hot = (topic * 31 + l * 7) % E;
+            row[hot] += (routed / 3) as i32;
+            // the rest in chunks of 32 tokens to uniform experts
+            for _ in 0..(routed - routed / 3) / 32 {
+                row[rng.random_range(0..E)] += 32;
+            }
+        }
+    }
+    (lens, tokens)
+}
+
+/// H200-like coefficients of the flash profile (python/routepack/traces.py, model.py).
+fn cost() -> CostModel {
+    let rate = 989e12 * 0.5;
+    let (h, i) = (4096.0, 1024.0);
+    let expert = 3.0 * h * i;
+    CostModel {
+        a_lin: 2.0 * (4.0 * h * h + expert) / rate,
+        a_quad: (0..L).map(|l| if l % 6 == 5 { 2.0 * h / rate } else { 0.0 }).collect(),
+        c_tok: 2.0 * expert / rate,
+        c_exp: 2e-6,
+        token_bytes: h * 2.0,
+        bw_intra: 450e9 * 0.8,
+        bw_inter: 50e9 * 0.8,
+        expert_weight_bytes: expert * 2.0,
+        expert_grad_bytes: expert * 4.0,
+        expert_state_bytes: expert * 14.0,
+    }
+}
+
+fn replication(c: &mut Criterion) {
+    let topo = Topology::new(64, 32, 8, 17).unwrap();
+    let (lens, tokens) = window();
+    let w = WindowView::new(&lens, &tokens, L, E).unwrap();
+    let cost = cost();
+    let placement = static_placement(L, E, &topo).unwrap();
+    let p = sequential(&lens, 65536, topo.dp).unwrap();
+    let packed = Packed { sample_rank: &p.sample_rank, sample_micro: &p.sample_micro, num_micro: p.num_micro };
+    let mut g = c.benchmark_group(format!("replication_flash_L{L}_M{}", p.num_micro));
+    g.sample_size(10);
+    g.bench_function("hot_n", |b| b.iter(|| black_box(hot_n(&w, &topo, &cost, &placement, packed, 3).unwrap())));
+    g.bench_function("relibra", |b| b.iter(|| black_box(relibra(&w, &topo, &cost, &placement, packed, 2).unwrap())));
+    let opts = routepack::Options::default();
+    g.bench_function("routepack", |b| b.iter(|| black_box(routepack(&w, &topo, &cost, &placement, packed, &opts).unwrap())));
+    g.finish();
+}
+
+criterion_group!(benches, replication);
+criterion_main!(benches);

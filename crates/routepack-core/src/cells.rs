@@ -1,0 +1,76 @@
+//! The cells of a packed window, as the simulator and the per-cell planners (replication)
+//! see them: which samples every EP rank of a group runs at a microbatch step, their
+//! attention work, and the tokens each rank sends to each logical expert in a layer.
+
+use crate::cost::CostModel;
+use crate::plan::cell_members;
+use crate::topology::Topology;
+use crate::window::WindowView;
+
+/// Samples per (DP rank, step) and their Σ n, Σ n² (what attention costs).
+/// Built from a packing that `validate_plan` accepted (ranks and steps in range).
+#[derive(Clone, Debug)]
+pub struct CellGrid {
+    pub ep: usize,
+    pub num_groups: usize,
+    pub num_micro: usize,
+    off: Vec<usize>,
+    members: Vec<usize>,
+    /// `[dp * M]` Σ n_s of each cell.
+    lin: Vec<f64>,
+    /// `[dp * M]` Σ n_s² of each cell.
+    quad: Vec<f64>,
+}
+
+impl CellGrid {
+    /// `sample_rank`, `sample_micro` `[S]` (in range), `num_micro` M, `seq_lens` `[S]`.
+    pub fn new(sample_rank: &[i32], sample_micro: &[i32], num_micro: usize, seq_lens: &[i64], topo: &Topology) -> Self {
+        let (off, members) = cell_members(sample_rank, sample_micro, topo.dp, num_micro);
+        let cells = topo.dp * num_micro;
+        let mut lin = vec![0.0; cells];
+        let mut quad = vec![0.0; cells];
+        for c in 0..cells {
+            // same summation order as the members (ascending sample index)
+            let (a, b) = members[off[c]..off[c + 1]].iter().fold((0.0, 0.0), |(a, b), &s| {
+                let n = seq_lens[s] as f64;
+                (a + n, b + n * n)
+            });
+            lin[c] = a;
+            quad[c] = b;
+        }
+        Self { ep: topo.ep, num_groups: topo.num_groups(), num_micro, off, members, lin, quad }
+    }
+
+    /// Samples of global DP rank `d` at step `m`, ascending.
+    #[inline]
+    pub fn members(&self, d: usize, m: usize) -> &[usize] {
+        let c = d * self.num_micro + m;
+        &self.members[self.off[c]..self.off[c + 1]]
+    }
+
+    /// The slowest rank's one-pass attention time in group g, step m, layer l.
+    pub fn attention_max(&self, cost: &CostModel, g: usize, m: usize, l: usize) -> f64 {
+        (0..self.ep)
+            .map(|r| {
+                let c = (g * self.ep + r) * self.num_micro + m;
+                cost.a_lin * self.lin[c] + cost.a_quad[l] * self.quad[c]
+            })
+            .fold(0.0, f64::max)
+    }
+
+    /// Fills `origin` `[ep * E]` (rank-major): tokens for logical expert e that EP-local rank
+    /// r's samples send in group g, step m, layer l.
+    pub fn origin(&self, w: &WindowView, g: usize, m: usize, l: usize, origin: &mut [i64]) {
+        let e_n = w.num_experts;
+        debug_assert_eq!(origin.len(), self.ep * e_n);
+        origin.iter_mut().for_each(|x| *x = 0);
+        for r in 0..self.ep {
+            let row = &mut origin[r * e_n..(r + 1) * e_n];
+            for &s in self.members(g * self.ep + r, m) {
+                for (o, &x) in row.iter_mut().zip(w.tokens(s, l)) {
+                    *o += x as i64;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! A fresh placement of one layer's replicas: nodes first (their loads set the inter-node
+//! all-to-all), then the ranks of each node, each level packed by [`Pack`] and settled by the
+//! microbatch-fluctuation phases.
+
+use super::items::Items;
+use super::pack::{Pack, Problem};
+use super::routepack::Options;
+use crate::topology::Topology;
+
+/// The fluctuation phases of one packing whose min-max search reached `balanced`: a pass
+/// allowed up to `explore` above it, then tightening back to `slack` at the least cost in
+/// fluctuation. (A further pass within `slack` was measured to add nothing on `flash`.)
+///
+/// Should tightening fail to reach `slack` (few items per bin, or items too coarse to fill
+/// the gap), the packing goes back to its balanced state and explores within `slack` only,
+/// so the result never ends more than `slack` above `balanced`.
+pub(crate) fn settle(s: &mut Pack, balanced: f64, opts: &Options, budget: usize) {
+    if budget == 0 {
+        return;
+    }
+    let target = balanced * (1.0 + opts.slack);
+    let start = s.clone();
+    // the budget is shared: exploring up to half, tightening up to three quarters, and a
+    // fallback gets what is left (at least a quarter)
+    let mut evals = 0;
+    s.improve_fluct(balanced * (1.0 + opts.explore), usize::MAX, &mut evals, budget / 2);
+    s.tighten(target, usize::MAX, &mut evals, budget - budget / 4);
+    if s.max_load() > target {
+        *s = start;
+        s.improve_fluct(target.max(s.max_load()), usize::MAX, &mut evals, budget);
+    }
+}
+
+/// Fresh node-then-rank packing of one layer's replicas. Returns `[ep]` item lists and the
+/// largest rank load.
+pub(crate) fn fresh_bins(items: &Items, num_experts: usize, topo: &Topology, opts: &Options) -> (Vec<Vec<usize>>, f64) {
+    let (nodes, rpn, spr) = (topo.nodes_per_group(), topo.ranks_per_group_node(), topo.slots_per_rank);
+    let n = items.weight.len();
+    // an eighth of the budget for nodes: measured on `flash`, rank-level swaps lower the
+    // per-microbatch peaks more per priced candidate (node-level swaps still help a little)
+    let (node_budget, rank_budget) = if nodes > 1 { (opts.fluct_evals / 8, opts.fluct_evals - opts.fluct_evals / 8) } else { (0, opts.fluct_evals) };
+    let node_of: Vec<usize> = if nodes > 1 {
+        let p = items.problem(num_experts, nodes, rpn * spr);
+        let mut s = Pack::lpt(&p);
+        s.improve_max(f64::NEG_INFINITY, usize::MAX);
+        let balanced = s.max_load();
+        settle(&mut s, balanced, opts, node_budget);
+        s.into_assignment()
+    } else {
+        vec![0; n]
+    };
+    let mut members: Vec<Vec<usize>> = vec![Vec::with_capacity(rpn * spr); nodes];
+    for (i, &k) in node_of.iter().enumerate() {
+        members[k].push(i);
+    }
+    let subs: Vec<Items> = members.iter().map(|m| items.subset(m)).collect();
+    let probs: Vec<Problem> = subs.iter().map(|s| s.problem(num_experts, rpn, spr)).collect();
+    let mut packs: Vec<Pack> = probs
+        .iter()
+        .map(|p| {
+            let mut s = Pack::lpt(p);
+            s.improve_max(f64::NEG_INFINITY, usize::MAX);
+            s
+        })
+        .collect();
+    let balanced = packs.iter().map(|s| s.max_load()).fold(f64::NEG_INFINITY, f64::max);
+    // Nodes first can cost rank balance when ranks hold few replicas (the node split fixes
+    // which replicas may pair up). Far from the bound, pack ranks directly too and go on with
+    // whichever balances the heaviest rank better.
+    let mean = items.weight.iter().sum::<f64>() / topo.ep as f64;
+    let bound = mean.max(items.weight.iter().copied().fold(0.0, f64::max));
+    if nodes > 1 && balanced > bound * (1.0 + 1e-3) {
+        let p = items.problem(num_experts, topo.ep, spr);
+        let mut s = Pack::lpt(&p);
+        s.improve_max(f64::NEG_INFINITY, usize::MAX);
+        let flat_balanced = s.max_load();
+        if flat_balanced < balanced * (1.0 - 1e-12) {
+            settle(&mut s, flat_balanced, opts, rank_budget);
+            let mut flat = vec![Vec::with_capacity(spr); topo.ep];
+            for (i, &b) in s.bin_of.iter().enumerate() {
+                flat[b].push(i);
+            }
+            return (flat, s.max_load());
+        }
+    }
+    for s in packs.iter_mut() {
+        settle(s, balanced, opts, rank_budget / nodes);
+    }
+    let mut bins = vec![Vec::with_capacity(spr); topo.ep];
+    let mut top = f64::NEG_INFINITY;
+    for (k, s) in packs.iter().enumerate() {
+        top = top.max(s.max_load());
+        for (local, &b) in s.bin_of.iter().enumerate() {
+            bins[k * rpn + b].push(members[k][local]);
+        }
+    }
+    (bins, top)
+}

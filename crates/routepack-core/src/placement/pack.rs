@@ -1,0 +1,657 @@
+//! Packing replicas onto bins (the nodes of an EP group, or the ranks of a node) with exactly
+//! `cap` replicas per bin, the cardinality constraint of physical slots.
+//!
+//! Three phases, each deterministic:
+//! 1. [`Pack::lpt`]: heaviest replica first, to the lightest bin with room (EPLB's greedy),
+//!    except that a bin already holding its share of copies of the same expert is skipped
+//!    while another bin has room ([`Pack::repair`] fixes what the greedy could not avoid);
+//! 2. [`Pack::improve_max`]: local search on the heaviest bin: the swap with another bin that
+//!    lowers the larger of the two loads the most, until no swap lowers the maximum;
+//! 3. [`Pack::improve_fluct`]: microbatch fluctuation. Each replica carries a vector of its
+//!    load in each chunk of the window (consecutive samples); swaps lower Σ_bins |V_bin|², the
+//!    sum over chunks of squared bin loads, i.e. the spread of bin loads chunk by chunk, which
+//!    co-locates experts whose demand is anti-correlated. No swap may lift a bin's aggregate
+//!    load above `cap_load`, so phase 2's balance is kept (up to the slack the caller allows).
+//!
+//! Copies of one expert: at most ceil(copies / bins) per bin (the fewest any arrangement can
+//! achieve), so two copies never share a bin while another arrangement exists.
+
+/// One packing problem. Items are replicas; `n = bins · cap`.
+pub struct Problem<'a> {
+    /// `[n]` aggregate load of each replica.
+    pub weight: &'a [f64],
+    /// `[n]` logical expert of each replica, `< num_experts`.
+    pub expert: &'a [u32],
+    pub num_experts: usize,
+    /// `[n · dim]` per-chunk load of each replica (dim may be 0: no fluctuation phase).
+    /// float32: only compared, never accumulated, and half the memory traffic.
+    pub vecs: &'a [f32],
+    pub dim: usize,
+    pub bins: usize,
+    pub cap: usize,
+}
+
+impl Problem<'_> {
+    #[inline]
+    fn v(&self, i: usize) -> &[f32] {
+        &self.vecs[i * self.dim..(i + 1) * self.dim]
+    }
+    pub fn len(&self) -> usize {
+        self.weight.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.weight.is_empty()
+    }
+}
+
+/// A (partial or full) assignment of items to bins with its running sums.
+#[derive(Clone)]
+pub struct Pack<'a> {
+    p: &'a Problem<'a>,
+    /// `[n]` bin of each item (`usize::MAX` while unplaced).
+    pub bin_of: Vec<usize>,
+    /// Items of each bin, sorted by (weight, index), so partners are found by bisection.
+    pub members: Vec<Vec<usize>>,
+    /// `[bins]` aggregate load.
+    pub load: Vec<f64>,
+    /// `[bins · dim]` per-chunk load, accumulated in float64 ...
+    vload: Vec<f64>,
+    /// ... and its float32 copy, what swaps are priced with.
+    vl32: Vec<f32>,
+    /// `[bins · E]` copies of each expert per bin.
+    mult: Vec<u16>,
+    /// `[E]` most copies of an expert one bin should hold.
+    limit: Vec<u16>,
+    /// Swaps applied so far (each moves two replicas).
+    pub swaps: usize,
+}
+
+impl<'a> Pack<'a> {
+    fn empty(p: &'a Problem<'a>) -> Self {
+        let mut copies = vec![0usize; p.num_experts];
+        for &e in p.expert {
+            copies[e as usize] += 1;
+        }
+        let limit = copies.iter().map(|&c| c.div_ceil(p.bins).max(1) as u16).collect();
+        Self {
+            p,
+            bin_of: vec![usize::MAX; p.len()],
+            members: vec![Vec::with_capacity(p.cap); p.bins],
+            load: vec![0.0; p.bins],
+            vload: vec![0.0; p.bins * p.dim],
+            vl32: vec![0.0; p.bins * p.dim],
+            mult: vec![0; p.bins * p.num_experts],
+            limit,
+            swaps: 0,
+        }
+    }
+
+    /// Position of item x in a bin sorted by (weight, index).
+    #[inline]
+    fn rank_in(&self, bin: &[usize], x: usize) -> usize {
+        let w = self.p.weight;
+        bin.partition_point(|&y| w[y].total_cmp(&w[x]).then(y.cmp(&x)).is_lt())
+    }
+
+    fn sort_members(&mut self) {
+        let w = self.p.weight;
+        for m in self.members.iter_mut() {
+            m.sort_unstable_by(|&x, &y| w[x].total_cmp(&w[y]).then(x.cmp(&y)));
+        }
+    }
+
+    fn insert(&mut self, b: usize, x: usize) {
+        let pos = self.rank_in(&self.members[b], x);
+        self.members[b].insert(pos, x);
+    }
+
+    fn remove(&mut self, b: usize, x: usize) {
+        let pos = self.rank_in(&self.members[b], x);
+        debug_assert_eq!(self.members[b][pos], x);
+        self.members[b].remove(pos);
+    }
+
+    /// Puts item i into bin b; `members[b]` is re-sorted by [`Pack::sort_members`] once all
+    /// items are placed.
+    fn place(&mut self, i: usize, b: usize) {
+        let p = self.p;
+        self.bin_of[i] = b;
+        self.members[b].push(i);
+        self.load[b] += p.weight[i];
+        for (x, &y) in self.vload[b * p.dim..(b + 1) * p.dim].iter_mut().zip(p.v(i)) {
+            *x += y as f64;
+        }
+        self.sync(b);
+        self.mult[b * p.num_experts + p.expert[i] as usize] += 1;
+    }
+
+    /// Refreshes the float32 copy of bin b's per-chunk load.
+    #[inline]
+    fn sync(&mut self, b: usize) {
+        let d = self.p.dim;
+        for (x, &y) in self.vl32[b * d..(b + 1) * d].iter_mut().zip(&self.vload[b * d..(b + 1) * d]) {
+            *x = y as f32;
+        }
+    }
+
+    #[inline]
+    fn room_for(&self, b: usize, e: usize) -> bool {
+        self.mult[b * self.p.num_experts + e] < self.limit[e]
+    }
+
+    /// Greedy: items by weight descending (ties: lower index first), each to the lightest
+    /// bin with room (ties: lower bin) that has not reached the expert's copy limit.
+    pub fn lpt(p: &'a Problem<'a>) -> Self {
+        let mut s = Self::empty(p);
+        let mut order: Vec<usize> = (0..p.len()).collect();
+        order.sort_by(|&a, &b| p.weight[b].total_cmp(&p.weight[a]).then(a.cmp(&b)));
+        let mut fill = vec![0usize; p.bins];
+        for i in order {
+            let e = p.expert[i] as usize;
+            // the lightest bin with room (ties: lower index); usually it takes the copy too
+            let mut best = usize::MAX;
+            for b in 0..p.bins {
+                if fill[b] < p.cap && (best == usize::MAX || s.load[b] < s.load[best]) {
+                    best = b;
+                }
+            }
+            if !s.room_for(best, e) {
+                let fallback = best;
+                best = usize::MAX;
+                for b in 0..p.bins {
+                    if fill[b] < p.cap && s.room_for(b, e) && (best == usize::MAX || s.load[b] < s.load[best]) {
+                        best = b;
+                    }
+                }
+                if best == usize::MAX {
+                    best = fallback;
+                }
+            }
+            fill[best] += 1;
+            s.place(i, best);
+        }
+        s.sort_members();
+        s.repair();
+        s
+    }
+
+    /// A given assignment (`bin_of[i] < bins`, exactly `cap` items per bin); then repaired.
+    pub fn from_assignment(p: &'a Problem<'a>, bin_of: &[usize]) -> Self {
+        let mut s = Self::empty(p);
+        for (i, &b) in bin_of.iter().enumerate() {
+            s.place(i, b);
+        }
+        s.sort_members();
+        s.repair();
+        s
+    }
+
+    /// Copies over their bin's limit.
+    pub fn violations(&self) -> usize {
+        let e_n = self.p.num_experts;
+        (0..self.p.bins * e_n).map(|k| self.mult[k].saturating_sub(self.limit[k % e_n]) as usize).sum()
+    }
+
+    /// Swaps each copy over its bin's limit with an item of another bin that takes it without
+    /// breaking a limit, choosing the swap that changes the loads least. With limits of
+    /// ceil(copies / bins) such a swap exists for every excess copy (some bin holds fewer
+    /// copies than the limit and, holding the same number of items, an item whose expert
+    /// has room in the first bin); the loop is bounded anyway.
+    pub fn repair(&mut self) {
+        let (p, e_n) = (self.p, self.p.num_experts);
+        let clean = (0..p.len()).all(|i| self.bin_of[i] == usize::MAX || self.mult[self.bin_of[i] * e_n + p.expert[i] as usize] <= self.limit[p.expert[i] as usize]);
+        if clean {
+            return;
+        }
+        for _ in 0..p.len() {
+            let Some(k) = (0..p.bins * e_n).find(|&k| self.mult[k] > self.limit[k % e_n]) else {
+                return;
+            };
+            let (a, e) = (k / e_n, k % e_n);
+            let i = *self.members[a].iter().find(|&&i| p.expert[i] as usize == e).expect("counted copy");
+            let mut best: Option<(f64, usize)> = None;
+            for b in (0..p.bins).filter(|&b| b != a && self.room_for(b, e)) {
+                for &j in &self.members[b] {
+                    let f = p.expert[j] as usize;
+                    if f != e && self.room_for(a, f) {
+                        let d = (p.weight[i] - p.weight[j]).abs();
+                        if best.is_none_or(|(bd, _)| d < bd) {
+                            best = Some((d, j));
+                        }
+                    }
+                }
+            }
+            match best {
+                Some((_, j)) => self.swap(i, j),
+                None => return,
+            }
+        }
+    }
+
+    /// Exchanges items i and j (in different bins).
+    pub fn swap(&mut self, i: usize, j: usize) {
+        let p = self.p;
+        let (a, b) = (self.bin_of[i], self.bin_of[j]);
+        debug_assert_ne!(a, b);
+        let d = p.weight[i] - p.weight[j];
+        self.load[a] -= d;
+        self.load[b] += d;
+        let (vi, vj) = (p.v(i), p.v(j));
+        for k in 0..p.dim {
+            let dv = vi[k] as f64 - vj[k] as f64;
+            self.vload[a * p.dim + k] -= dv;
+            self.vload[b * p.dim + k] += dv;
+        }
+        self.sync(a);
+        self.sync(b);
+        let (ei, ej) = (p.expert[i] as usize, p.expert[j] as usize);
+        self.mult[a * p.num_experts + ei] -= 1;
+        self.mult[b * p.num_experts + ei] += 1;
+        self.mult[b * p.num_experts + ej] -= 1;
+        self.mult[a * p.num_experts + ej] += 1;
+        self.remove(a, i);
+        self.remove(b, j);
+        self.insert(a, j);
+        self.insert(b, i);
+        self.bin_of[i] = b;
+        self.bin_of[j] = a;
+        self.swaps += 1;
+    }
+
+    /// Can i and j trade bins without breaking a copy limit?
+    #[inline]
+    fn can_swap(&self, i: usize, j: usize) -> bool {
+        let p = self.p;
+        let (ei, ej) = (p.expert[i] as usize, p.expert[j] as usize);
+        if ei == ej {
+            return false; // same expert: the swap changes nothing
+        }
+        let (a, b) = (self.bin_of[i], self.bin_of[j]);
+        self.room_for(b, ei) && self.room_for(a, ej)
+    }
+
+    pub fn max_load(&self) -> f64 {
+        self.load.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+    }
+
+    fn argmax_bin(&self) -> usize {
+        (0..self.p.bins).fold(0, |best, b| if self.load[b] > self.load[best] { b } else { best })
+    }
+
+    /// Other bins than `a`, lightest first (ties: lower index).
+    fn lighter_bins(&self, a: usize) -> Vec<usize> {
+        let mut v: Vec<usize> = (0..self.p.bins).filter(|&b| b != a).collect();
+        v.sort_by(|&x, &y| self.load[x].total_cmp(&self.load[y]).then(x.cmp(&y)));
+        v
+    }
+
+    /// The swap of an item of the heaviest bin `a` (load `top`) with an item of another bin
+    /// that minimises the larger of the two new loads: `(new max of the pair, i, j)`.
+    /// Bins are tried lightest first; a bin whose best conceivable result, the midpoint of
+    /// the two loads, cannot beat the best found ends the search.
+    fn best_max_swap(&self, a: usize, top: f64, tol: f64) -> Option<(f64, usize, usize)> {
+        const SCAN: usize = 6; // feasible-partner search depth on each side of the ideal weight
+        let w = self.p.weight;
+        let mut best: Option<(f64, usize, usize)> = None;
+        for b in self.lighter_bins(a) {
+            let gap = top - self.load[b];
+            if gap <= tol || best.is_some_and(|(m, _, _)| m <= top - gap / 2.0) {
+                break;
+            }
+            let sb = &self.members[b];
+            // members[a] ascend by weight, so the ideal partner position only moves right
+            let mut pos = 0;
+            for &i in &self.members[a] {
+                let wi = w[i];
+                while pos < sb.len() && w[sb[pos]] < wi - gap / 2.0 {
+                    pos += 1;
+                }
+                let mut consider = |j: usize| {
+                    let nm = (top - (wi - w[j])).max(self.load[b] + (wi - w[j]));
+                    if best.is_none_or(|(m, _, _)| nm < m) {
+                        best = Some((nm, i, j));
+                    }
+                };
+                // below the ideal partner weight, d = w_i − w_j grows going down
+                for &j in sb[..pos].iter().rev().take(SCAN) {
+                    if wi - w[j] >= gap {
+                        break;
+                    }
+                    if wi - w[j] > 0.0 && self.can_swap(i, j) {
+                        consider(j);
+                        break;
+                    }
+                }
+                for &j in sb[pos..].iter().take(SCAN) {
+                    if wi - w[j] <= 0.0 {
+                        break;
+                    }
+                    if wi - w[j] < gap && self.can_swap(i, j) {
+                        consider(j);
+                        break;
+                    }
+                }
+            }
+        }
+        best
+    }
+
+    /// Phase 2: while the heaviest bin is above `target`, apply the swap between it and
+    /// another bin that minimises the larger of their new loads, if that is below the current
+    /// maximum. At most `max_swaps` swaps. Returns true when it stopped because no swap helps
+    /// (or the target is met), false when the swap budget ran out.
+    pub fn improve_max(&mut self, target: f64, max_swaps: usize) -> bool {
+        // no packing beats the mean bin load or the heaviest item: stop within 1e-6 of that
+        let mean = self.load.iter().sum::<f64>() / self.p.bins as f64;
+        let heaviest = self.p.weight.iter().copied().fold(0.0, f64::max);
+        let target = target.max(mean.max(heaviest) * (1.0 + 1e-6));
+        let mut done = 0;
+        let mut spread_left = 4; // spreading swaps allowed per call (each costs O(bins² · cap))
+        loop {
+            let a = self.argmax_bin();
+            let top = self.load[a];
+            if top <= target {
+                return true;
+            }
+            if done >= max_swaps {
+                return false;
+            }
+            let tol = 1e-12 * top.abs().max(1e-300);
+            match self.best_max_swap(a, top, tol) {
+                Some((nm, i, j)) if nm < top - tol => {
+                    self.swap(i, j);
+                    done += 1;
+                }
+                _ => {
+                    // stuck: even out other pairs of bins (lower Σ load²), which can open a
+                    // swap for the heaviest; give up when that does not lower the maximum
+                    let before = self.swaps;
+                    for _ in 0..self.p.bins {
+                        if done >= max_swaps || spread_left == 0 || !self.spread_step(tol) {
+                            break;
+                        }
+                        done += 1;
+                        spread_left -= 1;
+                    }
+                    if self.swaps == before || self.max_load() >= top - tol {
+                        return true;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Applies the single swap that lowers Σ_bins load² the most (between any two bins, the
+    /// partner weight nearest half their gap); false when none lowers it by more than `tol`.
+    fn spread_step(&mut self, tol: f64) -> bool {
+        let w = self.p.weight;
+        let mut best: Option<(f64, usize, usize)> = None;
+        // pairs by decreasing gap: heavy bins against light ones; a pair can gain at most
+        // gap²/2, so scanning stops once that cannot beat the best found
+        let mut by_load: Vec<usize> = (0..self.p.bins).collect();
+        by_load.sort_by(|&x, &y| self.load[y].total_cmp(&self.load[x]).then(x.cmp(&y)));
+        for (ka, &a) in by_load.iter().enumerate() {
+            for &b in by_load[ka + 1..].iter().rev() {
+                let gap = self.load[a] - self.load[b];
+                if gap <= tol || best.is_some_and(|(g, _, _)| g >= gap * gap / 2.0) {
+                    break;
+                }
+                let sb = &self.members[b];
+                let mut pos = 0;
+                for &i in &self.members[a] {
+                    let wi = w[i];
+                    while pos < sb.len() && w[sb[pos]] < wi - gap / 2.0 {
+                        pos += 1;
+                    }
+                    for &j in sb[pos.saturating_sub(1)..(pos + 1).min(sb.len())].iter() {
+                        let d = wi - w[j];
+                        // Σ load² falls by 2·d·(gap − d)
+                        let gain = 2.0 * d * (gap - d);
+                        if d > 0.0 && d < gap && self.can_swap(i, j) && best.is_none_or(|(g, _, _)| gain > g) {
+                            best = Some((gain, i, j));
+                        }
+                    }
+                }
+            }
+        }
+        match best {
+            Some((g, i, j)) if g > tol * tol => {
+                self.swap(i, j);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Phase 3: first-improvement passes over the items, heaviest first; for each, the swap
+    /// that lowers Σ_bins |V_bin|² the most among partners whose exchange keeps both bins'
+    /// aggregate loads at most max(cap_load, their current load) (in each other bin, a window
+    /// of partner weights found by bisection). Stops when a pass finds nothing (returns true),
+    /// after `max_swaps` swaps or when `evals` (candidate pairs priced, each O(dim), plus one
+    /// per window searched) reaches `max_evals` (returns false).
+    pub fn improve_fluct(&mut self, cap_load: f64, max_swaps: usize, evals: &mut usize, max_evals: usize) -> bool {
+        let p = self.p;
+        let dim = p.dim;
+        if dim == 0 || p.bins < 2 {
+            return true;
+        }
+        if *evals >= max_evals || max_swaps == 0 {
+            return false;
+        }
+        let w = p.weight;
+        let mut order: Vec<usize> = (0..p.len()).collect();
+        order.sort_by(|&x, &y| w[y].total_cmp(&w[x]).then(x.cmp(&y)));
+        let norm: Vec<f64> = (0..p.len()).map(|i| p.v(i).iter().map(|&x| x as f64 * x as f64).sum()).collect();
+        let mut head = vec![0.0f64; p.bins];
+        let mut done = 0;
+        loop {
+            let mut improved = false;
+            for &i in &order {
+                if done >= max_swaps || *evals >= max_evals {
+                    return false;
+                }
+                for (b, h) in head.iter_mut().enumerate() {
+                    *h = cap_load.max(self.load[b]) - self.load[b];
+                }
+                let a = self.bin_of[i];
+                let (wi, vi) = (w[i], p.v(i));
+                let va = &self.vl32[a * dim..(a + 1) * dim];
+                let mut best: Option<(f64, usize)> = None;
+                for b in (0..p.bins).filter(|&b| b != a) {
+                    // partners j with w_i − head_b <= w_j <= w_i + head_a keep both bins in cap
+                    let sb = &self.members[b];
+                    *evals += 1; // the window search is work too
+                    let lo = sb.partition_point(|&j| w[j] < wi - head[b]);
+                    let hi = sb.partition_point(|&j| w[j] <= wi + head[a]);
+                    let vb = &self.vl32[b * dim..(b + 1) * dim];
+                    for &j in &sb[lo..hi] {
+                        if !self.can_swap(i, j) {
+                            continue;
+                        }
+                        *evals += 1;
+                        let delta = 2.0 * swap_delta(va, vb, vi, p.v(j));
+                        if delta < -1e-9 * (norm[i] + norm[j]) && best.is_none_or(|(bd, _)| delta < bd) {
+                            best = Some((delta, j));
+                        }
+                    }
+                }
+                if let Some((_, j)) = best {
+                    self.swap(i, j);
+                    done += 1;
+                    improved = true;
+                }
+            }
+            if !improved {
+                return true;
+            }
+        }
+    }
+
+    /// Phase 4, after a fluctuation phase that was allowed above the balanced maximum: brings
+    /// the heaviest bin back to `target` with the swaps that hurt Σ|V|² least. For the heaviest
+    /// bin a and every other bin b, the swaps that put both at or below `target` (partner
+    /// weights in a window found by bisection) are priced by their change of Σ|V|²; the
+    /// cheapest is applied. When no such swap exists, or once `evals` (candidates priced plus
+    /// windows searched) has reached `max_evals`, [`Pack::improve_max`] finishes the job.
+    /// Stops at the target, when nothing lowers the maximum, or after `max_swaps` swaps (then
+    /// returns false).
+    pub fn tighten(&mut self, target: f64, max_swaps: usize, evals: &mut usize, max_evals: usize) -> bool {
+        let p = self.p;
+        let (w, dim) = (p.weight, p.dim);
+        let mut done = 0;
+        loop {
+            let a = self.argmax_bin();
+            let top = self.load[a];
+            if top <= target {
+                return true;
+            }
+            if done >= max_swaps {
+                return false;
+            }
+            let mut best: Option<(f64, usize, usize)> = None;
+            let va = &self.vl32[a * dim..(a + 1) * dim];
+            for b in (0..p.bins).filter(|&b| b != a) {
+                // d = w_i − w_j must lie in [top − target, target − load_b]
+                let (dlo, dhi) = (top - target, target - self.load[b]);
+                if dlo > dhi || *evals >= max_evals {
+                    continue;
+                }
+                let sb = &self.members[b];
+                let vb = &self.vl32[b * dim..(b + 1) * dim];
+                for &i in &self.members[a] {
+                    *evals += 1;
+                    let lo = sb.partition_point(|&j| w[j] < w[i] - dhi);
+                    let hi = sb.partition_point(|&j| w[j] <= w[i] - dlo);
+                    for &j in &sb[lo..hi] {
+                        if !self.can_swap(i, j) {
+                            continue;
+                        }
+                        *evals += 1;
+                        let delta = swap_delta(va, vb, p.v(i), p.v(j));
+                        if best.is_none_or(|(bd, _, _)| delta < bd) {
+                            best = Some((delta, i, j));
+                        }
+                    }
+                }
+            }
+            match best {
+                Some((_, i, j)) => {
+                    self.swap(i, j);
+                    done += 1;
+                }
+                // no single swap reaches the target from here: plain min-max search (with its
+                // spreading escape) for the rest
+                None => return self.improve_max(target, max_swaps - done),
+            }
+        }
+    }
+
+    /// Σ_bins |V_bin|²: what phase 3 lowers.
+    pub fn fluct_objective(&self) -> f64 {
+        self.vload.iter().map(|x| x * x).sum()
+    }
+
+    /// `[n]` bin of each item.
+    pub fn into_assignment(self) -> Vec<usize> {
+        self.bin_of
+    }
+}
+
+/// Half the change of Σ|V|² when items i (in bin a) and j (in bin b) trade bins:
+/// <V_a − V_b, v_j − v_i> + |v_j − v_i|². Eight independent float32 accumulators in a fixed
+/// order (reproducible on every machine; the compiler vectorises the lanes).
+#[inline]
+fn swap_delta(va: &[f32], vb: &[f32], vi: &[f32], vj: &[f32]) -> f64 {
+    const W: usize = 8;
+    let n = va.len();
+    let (va, vb, vi, vj) = (&va[..n], &vb[..n], &vi[..n], &vj[..n]);
+    let mut acc = [0.0f32; W];
+    let full = n / W * W;
+    for k in (0..full).step_by(W) {
+        for lane in 0..W {
+            let dv = vj[k + lane] - vi[k + lane];
+            acc[lane] += (va[k + lane] - vb[k + lane] + dv) * dv;
+        }
+    }
+    let mut tail = 0.0f32;
+    for k in full..n {
+        let dv = vj[k] - vi[k];
+        tail += (va[k] - vb[k] + dv) * dv;
+    }
+    let mut sum = 0.0f64;
+    for x in acc {
+        sum += x as f64;
+    }
+    sum + tail as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn problem<'a>(w: &'a [f64], e: &'a [u32], ne: usize, v: &'a [f32], dim: usize, bins: usize) -> Problem<'a> {
+        Problem { weight: w, expert: e, num_experts: ne, vecs: v, dim, bins, cap: w.len() / bins }
+    }
+
+    #[test]
+    fn lpt_then_swaps_balance_and_spread_copies() {
+        // expert 0 has 2 copies of 5; LPT alone would pair them on an empty bin otherwise
+        let w = [5.0, 5.0, 4.0, 3.0, 2.0, 1.0];
+        let e = [0, 0, 1, 2, 3, 4];
+        let p = problem(&w, &e, 5, &[], 0, 2);
+        let mut s = Pack::lpt(&p);
+        assert_eq!(s.violations(), 0);
+        assert_ne!(s.bin_of[0], s.bin_of[1]);
+        s.improve_max(f64::NEG_INFINITY, usize::MAX);
+        assert_eq!(s.max_load(), 10.0);
+    }
+
+    #[test]
+    fn fluct_pairs_anti_correlated_items() {
+        // two chunks; items 0,1 are hot in chunk 0, items 2,3 in chunk 1; same aggregate.
+        let w = [2.0, 2.0, 2.0, 2.0];
+        let e = [0, 1, 2, 3];
+        let v = [2.0, 0.0, 2.0, 0.0, 0.0, 2.0, 0.0, 2.0];
+        let p = problem(&w, &e, 4, &v, 2, 2);
+        let mut s = Pack::from_assignment(&p, &[0, 0, 1, 1]);
+        let before = s.fluct_objective();
+        let mut evals = 0;
+        assert!(s.improve_fluct(4.0, usize::MAX, &mut evals, usize::MAX));
+        assert!(s.fluct_objective() < before);
+        assert_ne!(s.bin_of[0], s.bin_of[1]);
+        assert_eq!(s.max_load(), 4.0);
+    }
+
+    proptest! {
+        #[test]
+        fn phases_keep_cardinality_limits_and_caps(
+            raw in prop::collection::vec((0u32..1000, 0u32..12), 2..60),
+            bins in 1usize..6,
+            dim in 0usize..4,
+            seed in 0u64..1000,
+        ) {
+            let n = raw.len() / bins * bins;
+            prop_assume!(n >= bins);
+            let w: Vec<f64> = raw[..n].iter().map(|x| x.0 as f64).collect();
+            let e: Vec<u32> = raw[..n].iter().map(|x| x.1).collect();
+            let v: Vec<f32> = (0..n * dim).map(|k| ((k as u64 * 2654435761 + seed) % 97) as f32).collect();
+            let p = problem(&w, &e, 12, &v, dim, bins);
+            let mut s = Pack::lpt(&p);
+            prop_assert_eq!(s.violations(), 0);
+            let lpt_max = s.max_load();
+            s.improve_max(f64::NEG_INFINITY, usize::MAX);
+            let m = s.max_load();
+            prop_assert!(m <= lpt_max + 1e-9);
+            let mut evals = 0;
+            s.improve_fluct(m, usize::MAX, &mut evals, 100_000);
+            prop_assert!(s.max_load() <= m * (1.0 + 1e-12) + 1e-9);
+            prop_assert_eq!(s.violations(), 0);
+            for b in 0..bins {
+                prop_assert_eq!(s.members[b].len(), n / bins);
+                let l: f64 = s.members[b].iter().map(|&i| w[i]).sum();
+                prop_assert!((l - s.load[b]).abs() <= 1e-6 * (1.0 + l));
+            }
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! One (group, micro, layer) cell as the replication planners see it, and the driver that
+//! runs a planner over every cell of a packed window in parallel.
+
+use rayon::prelude::*;
+
+use crate::cells::CellGrid;
+use crate::cost::CostModel;
+use crate::error::Result;
+use crate::placement::Placement;
+use crate::plan::{Plan, ReplicaRow};
+use crate::topology::Topology;
+use crate::validate::validate_plan;
+use crate::window::WindowView;
+
+/// Inputs of one cell.
+pub struct Cell<'a> {
+    pub group: usize,
+    pub micro: usize,
+    pub layer: usize,
+    pub topo: &'a Topology,
+    pub cost: &'a CostModel,
+    /// `[ep * E]` rank-major: tokens for expert e sent by EP-local rank r.
+    pub origin: &'a [i64],
+    /// The slowest rank's one-pass attention time (what replication hides behind).
+    pub attn_max: f64,
+    /// The layer's placement as CSR: slots of expert e are `slots[slot_off[e]..slot_off[e+1]]`.
+    pub slot_off: &'a [usize],
+    pub slots: &'a [usize],
+}
+
+impl Cell<'_> {
+    #[inline]
+    pub fn ep(&self) -> usize {
+        self.topo.ep
+    }
+    #[inline]
+    pub fn num_experts(&self) -> usize {
+        self.slot_off.len() - 1
+    }
+    #[inline]
+    pub fn expert_slots(&self, e: usize) -> &[usize] {
+        &self.slots[self.slot_off[e]..self.slot_off[e + 1]]
+    }
+    #[inline]
+    pub fn origin_of(&self, r: usize, e: usize) -> i64 {
+        self.origin[r * self.num_experts() + e]
+    }
+    /// Whether EP rank r holds a placement slot of expert e.
+    pub fn hosts(&self, e: usize, r: usize) -> bool {
+        self.expert_slots(e).iter().any(|&p| self.topo.rank_of_slot(p) == r)
+    }
+    /// The rank a copy of e for `dst` is sent from: a host on dst's node if there is one
+    /// (the cheap link), else the host of e's first slot.
+    pub fn source_for(&self, e: usize, dst: usize) -> usize {
+        let node = self.topo.local_node_of(dst);
+        let slots = self.expert_slots(e);
+        slots
+            .iter()
+            .map(|&p| self.topo.rank_of_slot(p))
+            .find(|&r| self.topo.local_node_of(r) == node)
+            .unwrap_or_else(|| self.topo.rank_of_slot(slots[0]))
+    }
+    pub fn row(&self, e: usize, src: usize, dst: usize, share: f32) -> ReplicaRow {
+        ReplicaRow {
+            micro: self.micro as i32,
+            group: self.group as i32,
+            layer: self.layer as i32,
+            expert: e as i32,
+            src_rank: src as i32,
+            dst_rank: dst as i32,
+            share,
+        }
+    }
+}
+
+/// The f32 share whose rounding in `flow::route_expert` (`round(share · total)`) gives
+/// `n` tokens: exactly whenever total < 2^23 (an f32 resolves 1 token then); beyond that, the
+/// nearest f32 not above n/total. `0 <= n <= total`, `total > 0`.
+pub fn share_for(n: i64, total: i64) -> f32 {
+    debug_assert!(total > 0 && (0..=total).contains(&n));
+    let hits = |s: f32| ((s as f64) * (total as f64)).round() as i64;
+    let s = ((n as f64) / (total as f64)) as f32;
+    let down = f32::from_bits(s.to_bits().saturating_sub(1));
+    let up = f32::from_bits(s.to_bits() + 1);
+    let best = [s, down, up].into_iter().find(|&x| hits(x) == n).unwrap_or(if hits(s) > n { down } else { s });
+    best.clamp(0.0, 1.0)
+}
+
+/// Runs `plan_cell` on every (group, micro, layer) of the packed window, in parallel, and
+/// concatenates the rows in cell order (group, micro, layer), each cell's rows in the order
+/// the planner gave (which `flow::route_expert` honours). Checks placement and packing first.
+///
+/// * `sample_rank`, `sample_micro` `[S]`, `num_micro` M: the packing.
+/// * `plan_cell(cell, worker_state)`: the planner; `W` is per-worker scratch built by `init`.
+#[allow(clippy::too_many_arguments)]
+pub fn plan_cells<W, I, F>(
+    w: &WindowView,
+    topo: &Topology,
+    cost: &CostModel,
+    placement: &Placement,
+    sample_rank: &[i32],
+    sample_micro: &[i32],
+    num_micro: usize,
+    init: I,
+    plan_cell: F,
+) -> Result<Vec<ReplicaRow>>
+where
+    I: Fn() -> W + Sync + Send,
+    F: Fn(&Cell, &mut W) -> Vec<ReplicaRow> + Sync + Send,
+{
+    cost.check(w.num_layers)?;
+    let unreplicated = Plan {
+        placement: placement.clone(),
+        sample_rank: sample_rank.to_vec(),
+        sample_micro: sample_micro.to_vec(),
+        num_micro,
+        replicas: Vec::new(),
+        migration: Vec::new(),
+    };
+    validate_plan(&unreplicated, w, topo, i64::MAX)?;
+    let (g_n, m_n, l_n, ep, e_n) = (topo.num_groups(), num_micro, w.num_layers, topo.ep, w.num_experts);
+    let grid = CellGrid::new(sample_rank, sample_micro, num_micro, w.seq_lens, topo);
+    let layer_slots: Vec<(Vec<usize>, Vec<usize>)> = (0..l_n).map(|l| placement.replicas_of_layer(l)).collect();
+    let per_cell: Vec<Vec<ReplicaRow>> = (0..g_n * m_n * l_n)
+        .into_par_iter()
+        .map_init(
+            || (init(), vec![0i64; ep * e_n]),
+            |(state, origin), c| {
+                let (gm, l) = (c / l_n, c % l_n);
+                let (g, m) = (gm / m_n, gm % m_n);
+                grid.origin(w, g, m, l, origin);
+                let cell = Cell {
+                    group: g,
+                    micro: m,
+                    layer: l,
+                    topo,
+                    cost,
+                    origin,
+                    attn_max: grid.attention_max(cost, g, m, l),
+                    slot_off: &layer_slots[l].0,
+                    slots: &layer_slots[l].1,
+                };
+                plan_cell(&cell, state)
+            },
+        )
+        .collect();
+    Ok(per_cell.into_iter().flatten().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn share_for_rounds_back_exactly() {
+        for &total in &[1i64, 7, 1000, 65_537, 2_000_003, 8_388_607] {
+            for n in [0, 1, total / 3, total / 2, total - 1, total] {
+                if n < 0 {
+                    continue;
+                }
+                let s = share_for(n, total);
+                assert!((0.0..=1.0).contains(&s));
+                assert_eq!(((s as f64) * (total as f64)).round() as i64, n, "n={n} total={total}");
+            }
+        }
+    }
+}

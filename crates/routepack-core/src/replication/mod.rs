@@ -1,0 +1,90 @@
+//! Intra-batch replication (DESIGN.md stage 4): per (group, micro, layer), copies of hot
+//! experts on other EP ranks, each computing a planned share of that expert's tokens
+//! (`plan::ReplicaRow`; routed by `flow::route_expert`).
+//!
+//! * [`hot_n`]     MindSpeed's balanced MoE (baseline): N hot experts broadcast to every rank
+//! * [`relibra`]   ReLibra's intra-node replication (baseline)
+//! * [`routepack`] ours: rows and shares minimising each layer's simulated time
+//! * [`cell`]      one cell's inputs, the parallel driver, share rounding
+//! * [`state`]     the simulator's cell cost, updated one expert at a time
+//!
+//! Every planner is deterministic: cells are planned independently (in parallel) and their
+//! rows concatenated in cell order.
+
+pub mod cell;
+pub mod hot_n;
+pub mod relibra;
+pub mod routepack;
+pub mod state;
+
+use crate::cost::CostModel;
+use crate::error::{invalid, Result};
+use crate::placement::Placement;
+use crate::plan::ReplicaRow;
+use crate::topology::Topology;
+use crate::window::WindowView;
+
+use cell::plan_cells;
+use state::CellState;
+
+/// The packing replication plans for: `sample_rank`, `sample_micro` `[S]`, `num_micro` M.
+#[derive(Clone, Copy, Debug)]
+pub struct Packed<'a> {
+    pub sample_rank: &'a [i32],
+    pub sample_micro: &'a [i32],
+    pub num_micro: usize,
+}
+
+/// MindSpeed's rule with `hot_experts` (N >= 1) hot experts per cell.
+pub fn hot_n(
+    w: &WindowView,
+    topo: &Topology,
+    cost: &CostModel,
+    placement: &Placement,
+    packed: Packed,
+    hot_experts: usize,
+) -> Result<Vec<ReplicaRow>> {
+    if hot_experts == 0 {
+        return Err(invalid("hot_experts", "must be >= 1 (MindSpeed's --balanced-moe-hot-expert-num), got 0"));
+    }
+    plan_cells(w, topo, cost, placement, packed.sample_rank, packed.sample_micro, packed.num_micro, CellState::new, |c, st| {
+        hot_n::plan_cell(c, st, hot_experts)
+    })
+}
+
+/// ReLibra's intra-node replication with at most `replica_slots` copies per rank per cell.
+pub fn relibra(
+    w: &WindowView,
+    topo: &Topology,
+    cost: &CostModel,
+    placement: &Placement,
+    packed: Packed,
+    replica_slots: usize,
+) -> Result<Vec<ReplicaRow>> {
+    plan_cells(w, topo, cost, placement, packed.sample_rank, packed.sample_micro, packed.num_micro, CellState::new, |c, st| {
+        relibra::plan_cell(c, st, replica_slots)
+    })
+}
+
+/// routepack's replication (see [`routepack`]).
+pub fn routepack(
+    w: &WindowView,
+    topo: &Topology,
+    cost: &CostModel,
+    placement: &Placement,
+    packed: Packed,
+    opts: &routepack::Options,
+) -> Result<Vec<ReplicaRow>> {
+    if opts.experts == 0 || opts.dsts == 0 {
+        return Err(invalid(
+            "routepack replication",
+            format!("candidate experts and destinations per step must be >= 1, got {} and {}", opts.experts, opts.dsts),
+        ));
+    }
+    plan_cells(w, topo, cost, placement, packed.sample_rank, packed.sample_micro, packed.num_micro, routepack::Worker::default, |c, wk| {
+        routepack::plan_cell(c, wk, opts)
+    })
+}
+
+#[cfg(test)]
+mod tests;

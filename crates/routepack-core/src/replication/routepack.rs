@@ -1,0 +1,315 @@
+//! `routepack` replication: per (group, micro, layer), the replica rows and token shares
+//! that minimise that layer's time as the simulator prices it (expert max, all-to-all,
+//! replication traffic and the part of it that that layer's attention cannot hide), with at
+//! most `replica_slots` copies on any rank.
+//!
+//! Greedy with exact re-evaluation. Each step scans candidate moves "a copy of expert e on
+//! rank r computes n of e's tokens in this cell", for
+//! * experts hosted on the rank with the largest expert time (moving work off it),
+//! * experts hosted on the rank with the largest all-to-all time, by tokens it receives,
+//! * experts that rank sends the most tokens to (a copy on it keeps them local),
+//!
+//! each on a few destinations (the ranks with most own tokens of e, the least loaded ranks,
+//! the all-to-all bottleneck) with two shares (all of e's tokens on r's node, or the share
+//! that levels r with e's busiest host when that is less); a move to a rank that already has
+//! a copy of e changes its share. Every candidate is priced exactly (`CellState`, the
+//! simulator's formula), most promising lower bound first, skipping those whose bound cannot
+//! beat the best so far; the best move is taken while it lowers the layer's time. The result
+//! is kept only if it beats no replication, so a cell never gets slower (rows may be empty).
+
+use crate::plan::ReplicaRow;
+
+use super::cell::Cell;
+use super::state::{CellState, Row};
+
+/// Copies a rank may hold per (micro, layer) by default. MindSpeed's default
+/// (`hot_n` with N = 3) puts up to 3 copies on every rank; routepack gets fewer.
+pub const DEFAULT_REPLICA_SLOTS: usize = 2;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Options {
+    /// Copies a rank may receive per (micro, layer): the memory budget.
+    pub replica_slots: usize,
+    /// Experts taken from each bottleneck list per step.
+    pub experts: usize,
+    /// Destinations tried per expert from each destination list.
+    pub dsts: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self { replica_slots: DEFAULT_REPLICA_SLOTS, experts: 2, dsts: 2 }
+    }
+}
+
+/// Per-worker scratch.
+#[derive(Default)]
+pub struct Worker {
+    state: CellState,
+    rank_experts: Vec<Vec<usize>>,
+    /// `[E * ep]` whether rank r hosts a slot of expert e.
+    hosted: Vec<bool>,
+    cands: Vec<usize>,
+    dsts: Vec<usize>,
+    keyed: Vec<(i64, usize)>,
+    trial: Vec<Row>,
+    node_tokens: Vec<i64>,
+    moves: Vec<Move>,
+    pools: Vec<Vec<i64>>,
+    /// Per rank, the experts it sends most tokens to (computed on first use in a cell).
+    sent_top: Vec<Vec<usize>>,
+}
+
+/// A move: expert e's copy on `dst` (weights from `src`) computes n tokens; `t` is its lower
+/// bound, then its price; `idx` its place in scan order.
+#[derive(Clone, Copy)]
+struct Move {
+    t: f64,
+    idx: usize,
+    ci: usize,
+    e: usize,
+    dst: usize,
+    src: usize,
+    n: i64,
+}
+
+/// Up to `k` items of `keyed` with the largest key (ties: smaller index), appended to `out`
+/// in that order unless already there; items with key <= 0 are left out. One pass with an
+/// insertion-sorted buffer (k is small).
+fn take_top(keyed: &mut [(i64, usize)], k: usize, out: &mut Vec<usize>) {
+    if k == 0 {
+        return;
+    }
+    let before = |a: &(i64, usize), b: &(i64, usize)| a.0 > b.0 || (a.0 == b.0 && a.1 < b.1);
+    let mut n = 0;
+    for i in 0..keyed.len() {
+        let item = keyed[i];
+        if item.0 <= 0 || (n == k && !before(&item, &keyed[n - 1])) {
+            continue;
+        }
+        // insert into the sorted prefix keyed[..n] (items already passed may be overwritten)
+        let mut j = n.min(k - 1);
+        if n < k {
+            n += 1;
+        }
+        while j > 0 && before(&item, &keyed[j - 1]) {
+            keyed[j] = keyed[j - 1];
+            j -= 1;
+        }
+        keyed[j] = item;
+    }
+    for &(_, i) in &keyed[..n] {
+        if !out.contains(&i) {
+            out.push(i);
+        }
+    }
+}
+
+/// `rows` with `row` replacing the row of the same dst, or appended: written into `trial`.
+fn with_row<'t>(trial: &'t mut Vec<Row>, rows: &[Row], row: Row) -> &'t [Row] {
+    trial.clear();
+    trial.extend_from_slice(rows);
+    match trial.iter_mut().find(|x| x.dst == row.dst) {
+        Some(x) => *x = row,
+        None => trial.push(row),
+    }
+    trial
+}
+
+/// Rows of one cell.
+pub fn plan_cell(c: &Cell, wk: &mut Worker, opts: &Options) -> Vec<ReplicaRow> {
+    let st = &mut wk.state;
+    st.reset(c);
+    if opts.replica_slots == 0 {
+        return Vec::new();
+    }
+    let (ep, e_n) = (c.ep(), c.num_experts());
+    let topo = c.topo;
+    let (spr, rpn) = (topo.slots_per_rank, topo.ranks_per_group_node());
+    wk.rank_experts.iter_mut().for_each(Vec::clear);
+    wk.rank_experts.resize_with(ep, Vec::new);
+    wk.hosted.clear();
+    wk.hosted.resize(e_n * ep, false);
+    wk.sent_top.iter_mut().for_each(Vec::clear);
+    wk.sent_top.resize_with(ep, Vec::new);
+    for e in 0..e_n {
+        for &p in c.expert_slots(e) {
+            let r = topo.rank_of_slot(p);
+            wk.hosted[e * ep + r] = true;
+            if wk.rank_experts[r].last() != Some(&e) {
+                wk.rank_experts[r].push(e);
+            }
+        }
+    }
+    let none = st.time(c);
+    let mut cur = none;
+    let max_steps = 4 * ep * opts.replica_slots + 16;
+    for _ in 0..max_steps {
+        let (px, pa) = st.bottlenecks();
+        let cands = &mut wk.cands;
+        cands.clear();
+        let keyed = &mut wk.keyed;
+        keyed.clear();
+        keyed.extend(wk.rank_experts[px].iter().map(|&e| (st.expert_tokens(e, px), e)));
+        take_top(keyed, opts.experts, cands);
+        keyed.clear();
+        keyed.extend(wk.rank_experts[pa].iter().map(|&e| (st.expert_tokens(e, pa) - st.origin(e)[pa], e)));
+        take_top(keyed, opts.experts, cands);
+        let sent_from = cands.len();
+        keyed.clear();
+        // experts pa sends most tokens to: the top (experts + slots) by origin tokens are
+        // fixed for the cell (computed once per rank); at most `slots` of them have a copy
+        // on pa lowering their key, so the top `experts` by key are among them
+        if wk.sent_top[pa].is_empty() {
+            let hosted = &wk.hosted;
+            keyed.clear();
+            keyed.extend((0..e_n).filter(|&e| !hosted[e * ep + pa]).map(|e| (st.origin(e)[pa], e)));
+            let mut top = Vec::new();
+            take_top(keyed, opts.experts + opts.replica_slots, &mut top);
+            top.push(usize::MAX); // marks "computed" even when empty
+            wk.sent_top[pa] = top;
+        }
+        keyed.clear();
+        keyed.extend(
+            wk.sent_top[pa].iter().filter(|&&e| e != usize::MAX).map(|&e| (st.origin(e)[pa] - st.expert_tokens(e, pa), e)),
+        );
+        take_top(keyed, opts.experts, cands);
+
+        // 1. candidate moves, in scan order, each with a cheap lower bound on its price
+        let bar = cur * (1.0 - 1e-12);
+        wk.moves.clear();
+        for ci in 0..wk.cands.len() {
+            let e = wk.cands[ci];
+            let total = st.total(e);
+            if total == 0 {
+                continue;
+            }
+            // what copies appended after e's rows draw from (for the sparse pricing)
+            if wk.pools.len() <= ci {
+                wk.pools.resize_with(ci + 1, Vec::new);
+            }
+            st.pool_into(c, e, &mut wk.pools[ci]);
+            // destinations: most own tokens of e, least expert time, and the a2a bottleneck
+            let dsts = &mut wk.dsts;
+            dsts.clear();
+            let hosted = &wk.hosted[e * ep..(e + 1) * ep];
+            let eligible = |r: usize| !hosted[r] && (st.has_copy(e, r) || st.used[r] < opts.replica_slots);
+            let keyed = &mut wk.keyed;
+            keyed.clear();
+            keyed.extend((0..ep).filter(|&r| eligible(r)).map(|r| (st.origin(e)[r], r)));
+            take_top(keyed, opts.dsts, dsts);
+            keyed.clear();
+            // least loaded: key = -(expert time) in ns, positive offset keeps take_top's key > 0
+            let x_max = st.expert_time(px);
+            keyed.extend(
+                (0..ep).filter(|&r| eligible(r)).map(|r| (((x_max - st.expert_time(r)) * 1e9) as i64 + 1, r)),
+            );
+            take_top(keyed, opts.dsts, dsts);
+            if ci >= sent_from && eligible(pa) && !dsts.contains(&pa) {
+                dsts.push(pa);
+            }
+            // the busiest host of e (where its tokens come off), and e's tokens per node
+            let host_x = c.expert_slots(e).iter().map(|&p| st.expert_time(p / spr)).fold(0.0, f64::max);
+            wk.node_tokens.clear();
+            wk.node_tokens.extend(st.origin(e).chunks(rpn).map(|ch| ch.iter().sum::<i64>()));
+            for di in 0..wk.dsts.len() {
+                let r = wk.dsts[di];
+                let existing = st.rows[e].iter().position(|x| x.dst == r);
+                let mine = existing.map_or(0, |i| st.rows[e][i].n);
+                let others: i64 = st.rows[e].iter().filter(|x| x.dst != r).map(|x| x.n).sum();
+                let avail = total - others;
+                if avail <= 0 {
+                    continue;
+                }
+                let src = existing.map_or_else(|| c.source_for(e, r), |i| st.rows[e][i].src);
+                // shares: all of e's tokens on r's node (they then stay inside the node), or
+                // the tokens that level r with e's busiest host when that is less. (Taking only
+                // r's own tokens, or levelling past the node, was tried: greedy then spends
+                // slots on small gains, and the plans were slower on both profiles.)
+                let node_tokens = wk.node_tokens[r / rpn];
+                let level = mine + ((host_x - st.expert_time(r)) / (2.0 * c.cost.c_tok.max(f64::MIN_POSITIVE))) as i64;
+                let mut options = [node_tokens.clamp(1, avail), 0];
+                let n_options = if level >= 1 && level < node_tokens { options[1] = level.min(avail); 2 } else { 1 };
+                // ranks a move of e onto r can change: expert time on r, e's hosts and e's
+                // other copies; all-to-all also on the ranks tokens are drawn from, which is
+                // r's node when e has no other copy and the copy's old and new n stay within
+                // the node's tokens (otherwise any rank)
+                let alone = st.rows[e].iter().all(|x| x.dst == r);
+                let lo = (r / rpn) * rpn;
+                for (k, &n) in options[..n_options].iter().enumerate() {
+                    if n == mine || options[..k].contains(&n) {
+                        continue;
+                    }
+                    let x_changes = |p: usize| p == r || hosted[p] || st.has_copy(e, p);
+                    let lb = if alone && n.max(mine) <= node_tokens {
+                        st.lower_bound(c, x_changes, |p| hosted[p] || (lo..lo + rpn).contains(&p))
+                    } else {
+                        st.lower_bound(c, x_changes, |_| true)
+                    };
+                    if lb < bar {
+                        let idx = wk.moves.len();
+                        wk.moves.push(Move { t: lb, idx, ci, e, dst: r, src, n });
+                    }
+                }
+            }
+        }
+        // 2. price them exactly, most promising bound first; the best is the lowest price,
+        // the earliest in scan order among equal prices (so the order of pricing does not
+        // matter), and a move whose bound cannot beat the best is not priced
+        wk.moves.sort_unstable_by(|a, b| a.t.total_cmp(&b.t).then(a.idx.cmp(&b.idx)));
+        let mut best: Option<Move> = None;
+        for i in 0..wk.moves.len() {
+            let m = wk.moves[i];
+            let (best_t, best_idx) = best.map_or((bar, usize::MAX), |b| (b.t, b.idx));
+            if m.t > best_t {
+                break;
+            }
+            if m.t == best_t && m.idx > best_idx {
+                continue;
+            }
+            let lb = m.t;
+            let row = st.make_row(m.e, m.src, m.dst, m.n);
+            let slots = c.expert_slots(m.e);
+            // a new copy of a one-slot expert changes few ranks: priced sparsely (same result)
+            let t = if slots.len() == 1 && !st.has_copy(m.e, m.dst) && st.total(m.e) < 1 << 23 {
+                st.try_append(c, m.e, slots[0] / spr, &wk.pools[m.ci], row)
+            } else {
+                st.try_rows(c, m.e, with_row(&mut wk.trial, &st.rows[m.e], row))
+            };
+            debug_assert!(t >= lb, "bound {lb} above the price {t}: {:?}", (m.e, m.dst, m.n));
+            if t < best_t || (best.is_some() && t == best_t && m.idx < best_idx) {
+                best = Some(Move { t, ..m });
+            }
+        }
+        let Some(m) = best else { break };
+        with_row(&mut wk.trial, &st.rows[m.e], st.make_row(m.e, m.src, m.dst, m.n));
+        st.set_rows(c, m.e, wk.trial.clone());
+        cur = m.t;
+    }
+    // keep the rows only with a margin far above the float noise between this incremental
+    // sum and the simulator's, so the simulated layer time never grows
+    if cur < none * (1.0 - 1e-9) {
+        st.table(c)
+    } else {
+        Vec::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::take_top;
+
+    #[test]
+    fn take_top_matches_a_full_sort() {
+        let items: Vec<(i64, usize)> = vec![(5, 3), (0, 1), (7, 9), (5, 2), (-1, 4), (7, 0), (2, 8)];
+        for k in 1..9 {
+            let mut sorted = items.clone();
+            sorted.sort_by_key(|&(key, i)| (std::cmp::Reverse(key), i));
+            let want: Vec<usize> = sorted.iter().take(k).filter(|x| x.0 > 0).map(|x| x.1).collect();
+            let mut got = vec![99];
+            let mut keyed = items.clone();
+            take_top(&mut keyed, k, &mut got);
+            assert_eq!(got[1..], want[..], "k={k}");
+        }
+    }
+}

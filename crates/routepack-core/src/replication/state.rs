@@ -1,0 +1,557 @@
+//! `CellState`: the simulator's cost of one cell, kept up to date as replica rows of one
+//! expert at a time change, so a planner can price a candidate in O(ep) instead of
+//! re-pricing the whole cell in O(ep · E).
+//!
+//! The cell's cost (simulate.rs) is a function of per-rank sums over experts: tokens and
+//! active experts per rank (expert term), tokens sent/received per rank and link (all-to-all),
+//! replica hops sent/received per rank and link (replication chains, one per (expert, src)).
+//! Each expert's part is computed with `flow::route_expert` from its rows, exactly as the
+//! simulator routes it, and kept in integers, so swapping an expert's part in and out is
+//! exact. The float total differs from `CellPricer` only by rounding order (tests hold it
+//! within 1e-12 relative).
+//!
+//! Pricing a candidate is O(ep) integer work plus float work only on the ranks the
+//! candidate changes: per-rank values (expert time, all-to-all time, replica hops) and the
+//! ranks sorted by each are cached, so the max over unchanged ranks is read off the order.
+
+use crate::cost::{COMM_PASSES, COMPUTE_PASSES};
+use crate::flow::route_expert;
+use crate::plan::ReplicaRow;
+
+use super::cell::{share_for, Cell};
+
+/// Per rank and link: [send intra, recv intra, send inter, recv inter].
+type Links = [i64; 4];
+
+/// One replica row of an expert: `dst` computes `n` tokens (share `share` of the expert's
+/// cell total), its weights coming from `src`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Row {
+    pub dst: usize,
+    pub src: usize,
+    pub n: i64,
+    pub share: f32,
+}
+
+/// One expert's part of the per-rank sums.
+#[derive(Clone, Debug, Default)]
+pub struct Part {
+    pub tok: Vec<i64>,
+    pub links: Vec<Links>,
+}
+
+impl Part {
+    fn new(ep: usize) -> Self {
+        Self { tok: vec![0; ep], links: vec![[0; 4]; ep] }
+    }
+}
+
+#[derive(Default)]
+pub struct CellState {
+    ep: usize,
+    e_n: usize,
+    /// `[E * ep]` expert-major copy of the cell's origin tokens.
+    origin_t: Vec<i64>,
+    /// `[E]` cell total of each expert.
+    total: Vec<i64>,
+    /// Rows of each expert, in table order.
+    pub rows: Vec<Vec<Row>>,
+    /// `[E * ep]` tokens expert e is computed for on rank p (slots and copies).
+    etok: Vec<i64>,
+    /// `[E * ep]` expert e's all-to-all tokens per rank and link.
+    elinks: Vec<Links>,
+    /// `[ep]` sums over experts.
+    pub tok: Vec<i64>,
+    pub active: Vec<i64>,
+    links: Vec<Links>,
+    /// `[ep]` replica hops (forward direction) per rank and link.
+    hops: Vec<Links>,
+    /// `[ep]` distinct experts copied onto each rank (its replica slots in use).
+    pub used: Vec<usize>,
+    /// Scratch for candidates.
+    scratch_part: Part,
+    dhops: Vec<Links>,
+    touched: Vec<usize>,
+    rem: Vec<i64>,
+    args: Vec<(usize, f32)>,
+    srcs: Vec<usize>,
+    old_dsts: Vec<usize>,
+    new_dsts: Vec<usize>,
+    /// `[ep]` node of each EP-local rank (no division in the hot loops).
+    node: Vec<usize>,
+    /// Seconds per unit: a2a token over intra/inter link, replica hop over intra/inter link
+    /// (weights; gradients scale by grad/weight bytes).
+    k_tok: [f64; 2],
+    k_hop: [f64; 2],
+    /// `[ep]` cached per-rank values: one-pass expert time, all-to-all time, hop time per byte.
+    xv: Vec<f64>,
+    av: Vec<f64>,
+    hv: Vec<f64>,
+    /// `[ep]` ranks by each value, largest first (index breaks ties).
+    xo: Vec<usize>,
+    ao: Vec<usize>,
+    ho: Vec<usize>,
+    /// Ranks a candidate changes: `mark[p] == stamp`.
+    mark: Vec<u32>,
+    stamp: u32,
+    changed: Vec<usize>,
+    /// Sparse change of an appended copy: per changed rank (tokens, active, links);
+    /// `pos[p]` is p's entry when `mark[p] == stamp`.
+    delta: Vec<(usize, i64, i64, Links)>,
+    pos: Vec<usize>,
+    trial_rows: Vec<Row>,
+}
+
+impl CellState {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Loads a cell with no replica rows.
+    pub fn reset(&mut self, c: &Cell) {
+        let (ep, e_n) = (c.ep(), c.num_experts());
+        self.ep = ep;
+        self.e_n = e_n;
+        self.origin_t.resize(e_n * ep, 0);
+        self.total.resize(e_n, 0);
+        for e in 0..e_n {
+            let mut t = 0;
+            for r in 0..ep {
+                let x = c.origin[r * e_n + e];
+                self.origin_t[e * ep + r] = x;
+                t += x;
+            }
+            self.total[e] = t;
+        }
+        self.rows.iter_mut().for_each(Vec::clear);
+        self.rows.resize_with(e_n, Vec::new);
+        self.etok.clear();
+        self.etok.resize(e_n * ep, 0);
+        self.elinks.clear();
+        self.elinks.resize(e_n * ep, [0; 4]);
+        for v in [&mut self.tok, &mut self.active] {
+            v.clear();
+            v.resize(ep, 0);
+        }
+        for v in [&mut self.links, &mut self.hops, &mut self.dhops] {
+            v.clear();
+            v.resize(ep, [0; 4]);
+        }
+        self.used.clear();
+        self.used.resize(ep, 0);
+        self.node.clear();
+        self.node.extend((0..ep).map(|r| c.topo.local_node_of(r)));
+        let cost = c.cost;
+        self.k_tok = [cost.token_bytes / cost.bw_intra, cost.token_bytes / cost.bw_inter];
+        self.k_hop = [1.0 / cost.bw_intra, 1.0 / cost.bw_inter];
+        if self.scratch_part.tok.len() != ep {
+            self.scratch_part = Part::new(ep);
+        }
+        self.mark.clear();
+        self.mark.resize(ep, 0);
+        self.pos.clear();
+        self.pos.resize(ep, 0);
+        self.stamp = 0;
+        let mut part = Part::new(ep);
+        for e in 0..e_n {
+            if self.total[e] == 0 {
+                continue;
+            }
+            self.part_into(c, e, &[], &mut part);
+            self.install(e, &part);
+        }
+        self.refresh(c);
+    }
+
+    /// Rank values from tokens, active experts, links and hops (one formula everywhere, so
+    /// cached and fresh values are bit-identical).
+    #[inline]
+    fn values(&self, c: &Cell, tok: i64, act: i64, l: &Links, h: &Links) -> (f64, f64, f64) {
+        let (kt, kh) = (self.k_tok, self.k_hop);
+        (
+            c.cost.c_tok * tok as f64 + c.cost.c_exp * act as f64,
+            l[0].max(l[1]) as f64 * kt[0] + l[2].max(l[3]) as f64 * kt[1],
+            h[0].max(h[1]) as f64 * kh[0] + h[2].max(h[3]) as f64 * kh[1],
+        )
+    }
+
+    /// Recomputes the cached per-rank values and orders.
+    fn refresh(&mut self, c: &Cell) {
+        let ep = self.ep;
+        let (mut xv, mut av, mut hv) = (std::mem::take(&mut self.xv), std::mem::take(&mut self.av), std::mem::take(&mut self.hv));
+        xv.clear();
+        av.clear();
+        hv.clear();
+        for p in 0..ep {
+            let (x, a, h) = self.values(c, self.tok[p], self.active[p], &self.links[p], &self.hops[p]);
+            xv.push(x);
+            av.push(a);
+            hv.push(h);
+        }
+        for (order, v) in [(&mut self.xo, &xv), (&mut self.ao, &av), (&mut self.ho, &hv)] {
+            order.clear();
+            order.extend(0..ep);
+            order.sort_unstable_by(|&a, &b| v[b].total_cmp(&v[a]).then(a.cmp(&b)));
+        }
+        (self.xv, self.av, self.hv) = (xv, av, hv);
+    }
+
+    #[inline]
+    pub fn origin(&self, e: usize) -> &[i64] {
+        &self.origin_t[e * self.ep..(e + 1) * self.ep]
+    }
+    #[inline]
+    pub fn total(&self, e: usize) -> i64 {
+        self.total[e]
+    }
+    /// Tokens expert e is computed for on rank p now.
+    #[inline]
+    pub fn expert_tokens(&self, e: usize, p: usize) -> i64 {
+        self.etok[e * self.ep + p]
+    }
+    /// Whether rank p already holds a copy of e in this cell.
+    pub fn has_copy(&self, e: usize, p: usize) -> bool {
+        self.rows[e].iter().any(|r| r.dst == p)
+    }
+
+    /// Expert e's part of the sums if its rows were `rows` (computed by `route_expert`).
+    pub fn part_into(&mut self, c: &Cell, e: usize, rows: &[Row], out: &mut Part) {
+        let ep = self.ep;
+        out.tok.iter_mut().for_each(|x| *x = 0);
+        out.links.iter_mut().for_each(|x| *x = [0; 4]);
+        self.args.clear();
+        self.args.extend(rows.iter().map(|r| (r.dst, r.share)));
+        let origin = &self.origin_t[e * ep..(e + 1) * ep];
+        let node = &self.node;
+        route_expert(origin, c.expert_slots(e), &self.args, c.topo, &mut self.rem, |o, p, _, n| {
+            out.tok[p] += n;
+            if o != p {
+                let k = if node[o] == node[p] { 0 } else { 2 };
+                out.links[o][k] += n;
+                out.links[p][k + 1] += n;
+            }
+        });
+    }
+
+    fn install(&mut self, e: usize, part: &Part) {
+        let ep = self.ep;
+        for p in 0..ep {
+            let old = self.etok[e * ep + p];
+            let new = part.tok[p];
+            self.tok[p] += new - old;
+            self.active[p] += i64::from(new > 0) - i64::from(old > 0);
+            self.etok[e * ep + p] = new;
+            let ol = self.elinks[e * ep + p];
+            for (k, l) in self.links[p].iter_mut().enumerate() {
+                *l += part.links[p][k] - ol[k];
+            }
+            self.elinks[e * ep + p] = part.links[p];
+        }
+    }
+
+    /// Adds (sign +1) or removes (-1) the replication chain of (e, src) over `dsts` to `acc`:
+    /// src → dsts ordered same-node-first, then by rank (as the simulator chains them).
+    fn chain(node: &[usize], src: usize, dsts: &mut Vec<usize>, sign: i64, acc: &mut [Links], touched: &mut Vec<usize>) {
+        let home = node[src];
+        dsts.sort_unstable_by_key(|&d| (node[d] != home, d));
+        dsts.dedup();
+        let mut prev = src;
+        for &d in dsts.iter() {
+            let k = if node[prev] == node[d] { 0 } else { 2 };
+            acc[prev][k] += sign;
+            acc[d][k + 1] += sign;
+            touched.push(prev);
+            touched.push(d);
+            prev = d;
+        }
+    }
+
+    /// Hop changes when e's rows become `rows` (only copies added or removed change chains).
+    fn hop_delta(&mut self, e: usize, rows: &[Row]) {
+        let mut srcs = std::mem::take(&mut self.srcs);
+        let mut old = std::mem::take(&mut self.old_dsts);
+        let mut new = std::mem::take(&mut self.new_dsts);
+        srcs.clear();
+        srcs.extend(self.rows[e].iter().chain(rows).map(|r| r.src));
+        srcs.sort_unstable();
+        srcs.dedup();
+        for &src in &srcs {
+            old.clear();
+            old.extend(self.rows[e].iter().filter(|r| r.src == src).map(|r| r.dst));
+            new.clear();
+            new.extend(rows.iter().filter(|r| r.src == src).map(|r| r.dst));
+            old.sort_unstable();
+            new.sort_unstable();
+            if old == new {
+                continue;
+            }
+            Self::chain(&self.node, src, &mut old, -1, &mut self.dhops, &mut self.touched);
+            Self::chain(&self.node, src, &mut new, 1, &mut self.dhops, &mut self.touched);
+        }
+        self.srcs = srcs;
+        self.old_dsts = old;
+        self.new_dsts = new;
+    }
+
+    fn clear_dhops(&mut self) {
+        for &p in &self.touched {
+            self.dhops[p] = [0; 4];
+        }
+        self.touched.clear();
+    }
+
+    /// The cell's time (simulate.rs `LayerCost::total`) from the three maxima.
+    fn total_time(c: &Cell, x_max: f64, a_max: f64, h_max: f64) -> f64 {
+        let mut t = COMPUTE_PASSES * c.attn_max + 2.0 * COMM_PASSES * a_max + COMPUTE_PASSES * x_max;
+        if h_max > 0.0 {
+            let fwd = h_max * c.cost.expert_weight_bytes;
+            let bwd = h_max * c.cost.expert_grad_bytes;
+            t += (fwd - c.attn_max).max(0.0) + (bwd - 2.0 * c.attn_max).max(0.0);
+        }
+        t
+    }
+
+    /// The cell's time with expert e's part replaced by `part` and the hops changed by
+    /// `self.dhops`: fresh values on the ranks that change, cached maxima elsewhere.
+    fn time_with(&mut self, c: &Cell, e: usize, part: &Part) -> f64 {
+        let ep = self.ep;
+        self.stamp = self.stamp.wrapping_add(1);
+        if self.stamp == 0 {
+            self.mark.iter_mut().for_each(|m| *m = 0);
+            self.stamp = 1;
+        }
+        let stamp = self.stamp;
+        self.changed.clear();
+        let base = e * ep;
+        for p in 0..ep {
+            if part.tok[p] != self.etok[base + p] || part.links[p] != self.elinks[base + p] || self.dhops[p] != [0; 4] {
+                self.mark[p] = stamp;
+                self.changed.push(p);
+            }
+        }
+        let first = |order: &[usize], v: &[f64]| order.iter().find(|&&p| self.mark[p] != stamp).map_or(0.0, |&p| v[p]);
+        let (mut x_max, mut a_max, mut h_max) = (first(&self.xo, &self.xv), first(&self.ao, &self.av), first(&self.ho, &self.hv));
+        for &p in &self.changed {
+            let i = base + p;
+            let (new, old) = (part.tok[p], self.etok[i]);
+            let tok = self.tok[p] + new - old;
+            let act = self.active[p] + i64::from(new > 0) - i64::from(old > 0);
+            let mut l = self.links[p];
+            let mut h = self.hops[p];
+            for k in 0..4 {
+                l[k] += part.links[p][k] - self.elinks[i][k];
+                h[k] += self.dhops[p][k];
+            }
+            let (x, a, hh) = self.values(c, tok, act, &l, &h);
+            x_max = x_max.max(x);
+            a_max = a_max.max(a);
+            h_max = h_max.max(hh);
+        }
+        Self::total_time(c, x_max, a_max, h_max)
+    }
+
+    /// Rank p's expert time, one pass: c_tok · tokens + c_exp · active experts.
+    #[inline]
+    pub fn expert_time(&self, p: usize) -> f64 {
+        self.xv[p]
+    }
+
+    /// Rank p's all-to-all time, one pass one direction (max of sent, received per link).
+    #[inline]
+    pub fn a2a_time(&self, p: usize) -> f64 {
+        self.av[p]
+    }
+
+    /// Lower bound on the cell's time after a change that leaves every rank for which
+    /// `x_changes` (expert time) / `a_changes` (all-to-all time) is false untouched: the
+    /// maxima over the untouched ranks (cached), no replication cost.
+    pub fn lower_bound(&self, c: &Cell, x_changes: impl Fn(usize) -> bool, a_changes: impl Fn(usize) -> bool) -> f64 {
+        let x = self.xo.iter().find(|&&p| !x_changes(p)).map_or(0.0, |&p| self.xv[p]);
+        let a = self.ao.iter().find(|&&p| !a_changes(p)).map_or(0.0, |&p| self.av[p]);
+        Self::total_time(c, x, a, 0.0)
+    }
+
+    /// The rank with the largest expert time, and the one with the largest all-to-all time
+    /// (lowest index on ties).
+    pub fn bottlenecks(&self) -> (usize, usize) {
+        (self.xo[0], self.ao[0])
+    }
+
+    /// The cell's time now.
+    pub fn time(&self, c: &Cell) -> f64 {
+        let top = |order: &[usize], v: &[f64]| order.first().map_or(0.0, |&p| v[p]);
+        Self::total_time(c, top(&self.xo, &self.xv), top(&self.ao, &self.av), top(&self.ho, &self.hv))
+    }
+
+    /// The cell's time if expert e's rows were `rows`.
+    pub fn try_rows(&mut self, c: &Cell, e: usize, rows: &[Row]) -> f64 {
+        let mut part = std::mem::take(&mut self.scratch_part);
+        self.part_into(c, e, rows, &mut part);
+        self.hop_delta(e, rows);
+        let t = self.time_with(c, e, &part);
+        self.clear_dhops();
+        self.scratch_part = part;
+        t
+    }
+
+    /// Tokens of expert e per origin rank that no copy takes now (they go to e's slots):
+    /// the pool a copy appended after e's rows draws from.
+    pub fn pool_into(&mut self, c: &Cell, e: usize, out: &mut Vec<i64>) {
+        out.clear();
+        out.resize(self.ep, 0);
+        self.args.clear();
+        self.args.extend(self.rows[e].iter().map(|r| (r.dst, r.share)));
+        let origin = &self.origin_t[e * self.ep..(e + 1) * self.ep];
+        route_expert(origin, c.expert_slots(e), &self.args, c.topo, &mut self.rem, |o, _, d, n| {
+            if let crate::flow::Dest::Slot(_) = d {
+                out[o] += n;
+            }
+        });
+    }
+
+    /// The cell's time if `row` (a new dst) were appended to expert e's rows, for an expert
+    /// with one slot, on rank `host`: only the ranks it draws tokens from, dst, host and the
+    /// replication chain change, so only they are recomputed. `pool` from [`Self::pool_into`].
+    /// Same result as [`Self::try_rows`] with the row appended (checked in debug builds).
+    pub fn try_append(&mut self, c: &Cell, e: usize, host: usize, pool: &[i64], row: Row) -> f64 {
+        let (ep, r) = (self.ep, row.dst);
+        let total = self.total[e];
+        debug_assert!(c.expert_slots(e).len() == 1 && !self.has_copy(e, r) && r != host);
+        // what route_expert gives the appended row: round(share · T), capped by what is left
+        let taken: i64 = self.rows[e].iter().map(|x| x.n).sum();
+        let want = ((row.share as f64) * (total as f64)).round() as i64;
+        let mut need = want.clamp(0, (total - taken).max(0));
+        self.stamp = self.stamp.wrapping_add(1);
+        if self.stamp == 0 {
+            self.mark.iter_mut().for_each(|m| *m = 0);
+            self.stamp = 1;
+        }
+        let stamp = self.stamp;
+        self.delta.clear();
+        let node = &self.node;
+        let (mark, pos, delta) = (&mut self.mark, &mut self.pos, &mut self.delta);
+        fn at(mark: &mut [u32], pos: &mut [usize], delta: &mut Vec<(usize, i64, i64, Links)>, stamp: u32, p: usize) -> usize {
+            if mark[p] != stamp {
+                mark[p] = stamp;
+                pos[p] = delta.len();
+                delta.push((p, 0, 0, [0; 4]));
+            }
+            pos[p]
+        }
+        let rpn = c.topo.ranks_per_group_node();
+        let lo = (r / rpn) * rpn;
+        let hi = (lo + rpn).min(ep);
+        let order = std::iter::once(r).chain((lo..hi).filter(|&o| o != r)).chain((0..lo).chain(hi..ep));
+        let mut moved = 0;
+        for o in order {
+            if need == 0 {
+                break;
+            }
+            let t = pool[o].min(need);
+            if t == 0 {
+                continue;
+            }
+            need -= t;
+            moved += t;
+            // o's t tokens leave host's slot and go to r's copy
+            if o != host {
+                let k = if node[o] == node[host] { 0 } else { 2 };
+                let (io, ih) = (at(mark, pos, delta, stamp, o), at(mark, pos, delta, stamp, host));
+                delta[io].3[k] -= t;
+                delta[ih].3[k + 1] -= t;
+            }
+            if o != r {
+                let k = if node[o] == node[r] { 0 } else { 2 };
+                let (io, ir) = (at(mark, pos, delta, stamp, o), at(mark, pos, delta, stamp, r));
+                delta[io].3[k] += t;
+                delta[ir].3[k + 1] += t;
+            }
+        }
+        if moved > 0 {
+            let (ir, ih) = (at(mark, pos, delta, stamp, r), at(mark, pos, delta, stamp, host));
+            delta[ir].1 += moved;
+            delta[ir].2 += 1;
+            delta[ih].1 -= moved;
+            delta[ih].2 -= i64::from(self.etok[e * ep + host] == moved);
+        }
+        // the replication chain of (e, src) gains r
+        self.trial_rows.clear();
+        self.trial_rows.extend_from_slice(&self.rows[e]);
+        self.trial_rows.push(row);
+        let rows = std::mem::take(&mut self.trial_rows);
+        self.hop_delta(e, &rows);
+        self.trial_rows = rows;
+        for i in 0..self.touched.len() {
+            let p = self.touched[i];
+            if self.mark[p] != stamp {
+                self.mark[p] = stamp;
+                self.pos[p] = self.delta.len();
+                self.delta.push((p, 0, 0, [0; 4]));
+            }
+        }
+        let first = |order: &[usize], v: &[f64]| order.iter().find(|&&p| self.mark[p] != stamp).map_or(0.0, |&p| v[p]);
+        let (mut x_max, mut a_max, mut h_max) = (first(&self.xo, &self.xv), first(&self.ao, &self.av), first(&self.ho, &self.hv));
+        for &(p, dt, da, dl) in &self.delta {
+            let mut l = self.links[p];
+            let mut h = self.hops[p];
+            for k in 0..4 {
+                l[k] += dl[k];
+                h[k] += self.dhops[p][k];
+            }
+            let (x, a, hh) = self.values(c, self.tok[p] + dt, self.active[p] + da, &l, &h);
+            x_max = x_max.max(x);
+            a_max = a_max.max(a);
+            h_max = h_max.max(hh);
+        }
+        self.clear_dhops();
+        let t = Self::total_time(c, x_max, a_max, h_max);
+        #[cfg(debug_assertions)]
+        {
+            let mut rows = self.rows[e].clone();
+            rows.push(row);
+            let full = self.try_rows(c, e, &rows);
+            debug_assert!((full - t).abs() <= 1e-12 * full.abs(), "append {t} vs full {full}");
+        }
+        t
+    }
+
+    /// Makes `rows` expert e's rows.
+    pub fn set_rows(&mut self, c: &Cell, e: usize, rows: Vec<Row>) {
+        let mut part = std::mem::take(&mut self.scratch_part);
+        self.part_into(c, e, &rows, &mut part);
+        self.install(e, &part);
+        self.hop_delta(e, &rows);
+        for &p in &self.touched {
+            for k in 0..4 {
+                self.hops[p][k] += self.dhops[p][k];
+            }
+            self.dhops[p] = [0; 4];
+        }
+        // `touched` may list a rank twice; the first visit applied and zeroed its delta
+        self.touched.clear();
+        for r in &self.rows[e] {
+            self.used[r.dst] -= 1;
+        }
+        for r in &rows {
+            self.used[r.dst] += 1;
+        }
+        self.rows[e] = rows;
+        self.scratch_part = part;
+        self.refresh(c);
+    }
+
+    /// A row for e on dst computing n tokens, weights from `src`.
+    pub fn make_row(&self, e: usize, src: usize, dst: usize, n: i64) -> Row {
+        let t = self.total[e];
+        Row { dst, src, n, share: if t > 0 { share_for(n.clamp(0, t), t) } else { 0.0 } }
+    }
+
+    /// The rows as table rows of this cell: experts ascending, each expert's rows in order.
+    pub fn table(&self, c: &Cell) -> Vec<ReplicaRow> {
+        self.rows
+            .iter()
+            .enumerate()
+            .flat_map(|(e, rows)| rows.iter().map(move |r| c.row(e, r.src, r.dst, r.share)))
+            .collect()
+    }
+}

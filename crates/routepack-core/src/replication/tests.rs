@@ -1,0 +1,324 @@
+//! Tests of the replication planners: every plan through `validate_plan`, exactness of the
+//! incremental cell cost, the baselines' rules, routepack never slower than no replication,
+//! determinism across thread counts.
+
+use proptest::prelude::*;
+use rand::{RngExt, SeedableRng};
+use rand_xoshiro::Xoshiro256PlusPlus;
+
+use super::cell::{plan_cells, Cell};
+use super::state::CellState;
+use super::{hot_n, relibra, routepack, Packed};
+use crate::cost::CostModel;
+use crate::flow::route_expert;
+use crate::packing::sequential::sequential;
+use crate::placement::{static_placement, Placement};
+use crate::plan::{Plan, ReplicaRow};
+use crate::simulate::{bucket_replicas, simulate, CellPricer};
+use crate::topology::Topology;
+use crate::validate::validate_plan;
+use crate::window::WindowView;
+
+/// A random window with skewed, topic-like expert demand, owned.
+struct Case {
+    seq_lens: Vec<i64>,
+    expert_tokens: Vec<i32>,
+    layers: usize,
+    experts: usize,
+    topo: Topology,
+    placement: Placement,
+    cap: i64,
+}
+
+impl Case {
+    fn new(seed: u64, shape: usize) -> Self {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
+        // (dp, ep, gpus_per_node, slots_per_rank, E)
+        let shapes = [(8, 4, 2, 5, 16), (16, 8, 4, 3, 20), (8, 8, 8, 3, 16), (12, 4, 4, 4, 13)];
+        let (dp, ep, gpn, spr, e_n) = shapes[shape % shapes.len()];
+        let topo = Topology::new(dp, ep, gpn, spr).unwrap();
+        let (layers, k) = (3usize, 2usize);
+        let s_n = dp * rng.random_range(2..5usize);
+        let cap = 400i64;
+        let seq_lens: Vec<i64> = (0..s_n).map(|_| rng.random_range(1..=cap)).collect();
+        let mut expert_tokens = vec![0i32; s_n * layers * e_n];
+        for s in 0..s_n {
+            let hot = rng.random_range(0..e_n);
+            for l in 0..layers {
+                let row = &mut expert_tokens[(s * layers + l) * e_n..(s * layers + l + 1) * e_n];
+                for _ in 0..seq_lens[s] as usize * k {
+                    // a third of the demand goes to the sample's hot expert
+                    let e = if rng.random_range(0..3) == 0 { (hot + l) % e_n } else { rng.random_range(0..e_n) };
+                    row[e] += 1;
+                }
+            }
+        }
+        // static, or a shuffled placement with a few redundant copies
+        let placement = if rng.random_range(0..2) == 0 {
+            static_placement(layers, e_n, &topo).unwrap()
+        } else {
+            let ns = topo.num_slots();
+            let mut phy = Vec::with_capacity(layers * ns);
+            for _ in 0..layers {
+                let mut layer: Vec<i32> = (0..e_n as i32).collect();
+                while layer.len() < ns {
+                    layer.push(if rng.random_range(0..2) == 0 { rng.random_range(0..e_n as i32) } else { -1 });
+                }
+                for i in (1..ns).rev() {
+                    layer.swap(i, rng.random_range(0..=i));
+                }
+                phy.extend(layer);
+            }
+            Placement::new(phy, layers, e_n, spr).unwrap()
+        };
+        Self { seq_lens, expert_tokens, layers, experts: e_n, topo, placement, cap }
+    }
+
+    fn window(&self) -> WindowView<'_> {
+        WindowView::new(&self.seq_lens, &self.expert_tokens, self.layers, self.experts).unwrap()
+    }
+
+    fn plan(&self, replicas: Vec<ReplicaRow>) -> Plan {
+        let p = sequential(&self.seq_lens, self.cap, self.topo.dp).unwrap();
+        Plan {
+            placement: self.placement.clone(),
+            sample_rank: p.sample_rank,
+            sample_micro: p.sample_micro,
+            num_micro: p.num_micro,
+            replicas,
+            migration: Vec::new(),
+        }
+    }
+}
+
+fn run(case: &Case, which: &str, slots: usize) -> (Plan, Vec<ReplicaRow>) {
+    let base = case.plan(Vec::new());
+    let packed = Packed { sample_rank: &base.sample_rank, sample_micro: &base.sample_micro, num_micro: base.num_micro };
+    let w = case.window();
+    let cost = CostModel::for_tests(case.layers);
+    let rows = match which {
+        "hot_n" => hot_n(&w, &case.topo, &cost, &case.placement, packed, 3),
+        "relibra" => relibra(&w, &case.topo, &cost, &case.placement, packed, slots),
+        _ => routepack(&w, &case.topo, &cost, &case.placement, packed, &routepack::Options { replica_slots: slots, ..Default::default() }),
+    }
+    .unwrap();
+    (base, rows)
+}
+
+/// Copies per (group, micro, layer, dst rank).
+fn copies_per_rank(rows: &[ReplicaRow]) -> std::collections::HashMap<(i32, i32, i32, i32), usize> {
+    let mut m = std::collections::HashMap::new();
+    for r in rows {
+        *m.entry((r.group, r.micro, r.layer, r.dst_rank)).or_default() += 1;
+    }
+    m
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_plan_is_valid(seed in 0u64..1_000_000, shape in 0usize..4, slots in 0usize..4) {
+        let case = Case::new(seed, shape);
+        let w = case.window();
+        for which in ["hot_n", "relibra", "routepack"] {
+            let (mut plan, rows) = run(&case, which, slots);
+            for r in &rows {
+                prop_assert!((0.0..=1.0).contains(&r.share), "{which}: {r:?}");
+                prop_assert!(r.src_rank != r.dst_rank, "{which}: {r:?}");
+                prop_assert!(case.placement.layer(r.layer as usize)
+                    [r.src_rank as usize * case.topo.slots_per_rank..(r.src_rank as usize + 1) * case.topo.slots_per_rank]
+                    .contains(&r.expert), "{which}: src does not host: {r:?}");
+            }
+            if which != "hot_n" {
+                prop_assert!(copies_per_rank(&rows).values().all(|&n| n <= slots), "{which}: over the slot budget");
+            }
+            plan.replicas = rows;
+            validate_plan(&plan, &w, &case.topo, case.cap).map_err(|e| TestCaseError::fail(format!("{which}: {e}")))?;
+        }
+    }
+
+    #[test]
+    fn routepack_never_slower_than_none(seed in 0u64..1_000_000, shape in 0usize..4, slots in 1usize..4) {
+        let case = Case::new(seed, shape);
+        let w = case.window();
+        let cost = CostModel::for_tests(case.layers);
+        let (mut plan, rows) = run(&case, "routepack", slots);
+        let none = simulate(&plan, &w, &case.topo, &cost, None).unwrap();
+        plan.replicas = rows;
+        let with = simulate(&plan, &w, &case.topo, &cost, None).unwrap();
+        prop_assert!(with.step_time <= none.step_time, "{} > {}", with.step_time, none.step_time);
+        for (g, (a, b)) in with.group_times.iter().zip(&none.group_times).enumerate() {
+            prop_assert!(a <= b, "group {g}: {a} > {b}");
+        }
+    }
+
+    #[test]
+    fn incremental_cost_matches_the_simulator(seed in 0u64..1_000_000, shape in 0usize..4) {
+        // price every cell of every planner's plan both ways
+        let case = Case::new(seed, shape);
+        let w = case.window();
+        let cost = CostModel::for_tests(case.layers);
+        for which in ["hot_n", "relibra", "routepack"] {
+            let (base, rows) = run(&case, which, 2);
+            let (g_n, m_n, l_n) = (case.topo.num_groups(), base.num_micro, case.layers);
+            let buckets = bucket_replicas(&rows, g_n, m_n, l_n);
+            let bad = plan_cells(&w, &case.topo, &cost, &case.placement, &base.sample_rank, &base.sample_micro, base.num_micro,
+                || (CellState::new(), CellPricer::new(case.topo.ep, case.experts)),
+                |c: &Cell, (st, pricer)| {
+                    let reps = &buckets[(c.group * m_n + c.micro) * l_n + c.layer];
+                    let exact = pricer.price(c.topo, c.cost, c.origin, c.attn_max, c.slot_off, c.slots, reps).total();
+                    st.reset(c);
+                    let mut by_e: Vec<Vec<super::state::Row>> = vec![Vec::new(); c.num_experts()];
+                    for r in reps {
+                        by_e[r.expert as usize].push(super::state::Row { dst: r.dst_rank as usize, src: r.src_rank as usize, n: 0, share: r.share });
+                    }
+                    for (e, rows) in by_e.into_iter().enumerate() {
+                        if !rows.is_empty() { st.set_rows(c, e, rows); }
+                    }
+                    let inc = st.time(c);
+                    if (inc - exact).abs() > 1e-12 * exact.max(1e-30) { vec![c.row(0, 0, 0, inc as f32)] } else { Vec::new() }
+                }).unwrap();
+            prop_assert!(bad.is_empty(), "{which}: {} cells differ", bad.len());
+        }
+    }
+}
+
+#[test]
+fn hot_n_keeps_hot_tokens_local_and_shrinks_the_all_to_all() {
+    let case = Case::new(7, 0);
+    let case = Case { placement: static_placement(case.layers, case.experts, &case.topo).unwrap(), ..case };
+    let w = case.window();
+    let cost = CostModel::for_tests(case.layers);
+    let (base, rows) = run(&case, "hot_n", 2);
+    assert!(!rows.is_empty());
+    let (g_n, m_n, l_n) = (case.topo.num_groups(), base.num_micro, case.layers);
+    let buckets = bucket_replicas(&rows, g_n, m_n, l_n);
+    plan_cells(&w, &case.topo, &cost, &case.placement, &base.sample_rank, &base.sample_micro, base.num_micro,
+        || CellPricer::new(case.topo.ep, case.experts),
+        |c: &Cell, pricer| {
+            let reps = &buckets[(c.group * m_n + c.micro) * l_n + c.layer];
+            let mut hot: Vec<i32> = reps.iter().map(|r| r.expert).collect();
+            hot.dedup();
+            assert!(hot.len() <= 3);
+            for &e in &hot {
+                let e = e as usize;
+                // a copy on every other rank, each computing exactly its own tokens
+                assert_eq!(reps.iter().filter(|r| r.expert as usize == e).count(), c.ep() - 1);
+                let col: Vec<i64> = (0..c.ep()).map(|r| c.origin_of(r, e)).collect();
+                let args: Vec<(usize, f32)> = reps.iter().filter(|r| r.expert as usize == e).map(|r| (r.dst_rank as usize, r.share)).collect();
+                let mut scratch = Vec::new();
+                route_expert(&col, c.expert_slots(e), &args, c.topo, &mut scratch, |o, p, _, n| {
+                    assert_eq!(o, p, "expert {e}: {n} tokens of rank {o} computed on {p}");
+                });
+            }
+            let with = pricer.price(c.topo, c.cost, c.origin, c.attn_max, c.slot_off, c.slots, reps);
+            let none = pricer.price(c.topo, c.cost, c.origin, c.attn_max, c.slot_off, c.slots, &[]);
+            assert!(with.all_to_all <= none.all_to_all, "{} > {}", with.all_to_all, none.all_to_all);
+            Vec::new()
+        }).unwrap();
+}
+
+#[test]
+fn hot_n_follows_mindspeeds_counting_rule() {
+    // ep 4, one expert per slot, experts 0-3 on ranks 0-3 (one each)
+    let topo = Topology::new(4, 4, 4, 1).unwrap();
+    let cost = CostModel::for_tests(1);
+    // origin[r][e]: rank 0 hosts expert 0 with 40 tokens, rank 1 expert 1 with 35...
+    let origin: Vec<i64> = vec![
+        10, 5, 1, 1, //
+        10, 10, 1, 1, //
+        10, 10, 1, 8, //
+        10, 10, 1, 8, //
+    ];
+    let slot_off = vec![0, 1, 2, 3, 4];
+    let slots = vec![0, 1, 2, 3];
+    let c = Cell { group: 0, micro: 0, layer: 0, topo: &topo, cost: &cost, origin: &origin, attn_max: 1.0, slot_off: &slot_off, slots: &slots };
+    let mut st = CellState::new();
+    let rows = super::hot_n::plan_cell(&c, &mut st, 2);
+    // loads [40, 35, 4, 18] → rank 0's expert 0 is hot; each rank computes its own tokens
+    // of it: [10, 45, 14, 28] → rank 1's expert 1 is hot: [15, 20, 24, 38]
+    let hot: Vec<i32> = rows.iter().map(|r| r.expert).collect();
+    assert_eq!(hot, vec![0, 0, 0, 1, 1, 1]);
+    assert_eq!(st.tok, vec![15, 20, 24, 38]);
+    assert_eq!(rows.iter().map(|r| r.dst_rank).collect::<Vec<_>>(), vec![1, 2, 3, 0, 2, 3]);
+}
+
+#[test]
+fn relibra_stays_inside_nodes_and_levels_them() {
+    for seed in 0..6 {
+        let case = Case::new(seed, 1); // ep 8 over nodes of 4
+        let w = case.window();
+        let cost = CostModel::for_tests(case.layers);
+        let (base, rows) = run(&case, "relibra", 2);
+        for r in &rows {
+            assert_eq!(case.topo.local_node_of(r.src_rank as usize), case.topo.local_node_of(r.dst_rank as usize), "{r:?}");
+        }
+        let (g_n, m_n, l_n) = (case.topo.num_groups(), base.num_micro, case.layers);
+        let buckets = bucket_replicas(&rows, g_n, m_n, l_n);
+        plan_cells(&w, &case.topo, &cost, &case.placement, &base.sample_rank, &base.sample_micro, base.num_micro,
+            CellState::new,
+            |c: &Cell, st| {
+                st.reset(c);
+                let before = st.tok.clone();
+                let reps = &buckets[(c.group * m_n + c.micro) * l_n + c.layer];
+                for e in 0..c.num_experts() {
+                    let rs: Vec<_> = reps.iter().filter(|r| r.expert as usize == e)
+                        .map(|r| super::state::Row { dst: r.dst_rank as usize, src: r.src_rank as usize, n: 0, share: r.share }).collect();
+                    if !rs.is_empty() { st.set_rows(c, e, rs); }
+                }
+                let rpn = c.topo.ranks_per_group_node();
+                for n in 0..c.ep() / rpn {
+                    let mx = |v: &[i64]| v[n * rpn..(n + 1) * rpn].iter().copied().max().unwrap();
+                    assert!(mx(&st.tok) <= mx(&before), "node {n}: {:?} -> {:?}", before, st.tok);
+                }
+                Vec::new()
+            }).unwrap();
+    }
+}
+
+#[test]
+fn plans_are_identical_across_thread_counts() {
+    let case = Case::new(11, 1);
+    let pool = |n| rayon::ThreadPoolBuilder::new().num_threads(n).build().unwrap();
+    for which in ["hot_n", "relibra", "routepack"] {
+        let a = pool(1).install(|| run(&case, which, 2).1);
+        let b = pool(3).install(|| run(&case, which, 2).1);
+        assert_eq!(a, b, "{which}");
+    }
+}
+
+#[test]
+fn routepack_uses_replication_when_it_pays() {
+    // with copies cheap next to the expert work they move, routepack must use them
+    let mut gains = 0;
+    for seed in 0..8 {
+        let case = Case::new(seed, 0);
+        let w = case.window();
+        let cost = CostModel { expert_weight_bytes: 1e4, expert_grad_bytes: 2e4, ..CostModel::for_tests(case.layers) };
+        let base = case.plan(Vec::new());
+        let packed = Packed { sample_rank: &base.sample_rank, sample_micro: &base.sample_micro, num_micro: base.num_micro };
+        let rows = routepack(&w, &case.topo, &cost, &case.placement, packed, &routepack::Options::default()).unwrap();
+        let mut plan = base.clone();
+        let none = simulate(&plan, &w, &case.topo, &cost, None).unwrap().step_time;
+        plan.replicas = rows;
+        let with = simulate(&plan, &w, &case.topo, &cost, None).unwrap().step_time;
+        gains += usize::from(with < none * 0.999);
+    }
+    assert!(gains >= 4, "routepack replication helped on only {gains} of 8 windows");
+}
+
+#[test]
+fn bad_arguments_are_named() {
+    let case = Case::new(1, 0);
+    let base = case.plan(Vec::new());
+    let w = case.window();
+    let cost = CostModel::for_tests(case.layers);
+    let packed = Packed { sample_rank: &base.sample_rank, sample_micro: &base.sample_micro, num_micro: base.num_micro };
+    let e = hot_n(&w, &case.topo, &cost, &case.placement, packed, 0).unwrap_err();
+    assert!(e.to_string().contains("hot_experts"), "{e}");
+    let bad_rank = vec![99; base.sample_rank.len()];
+    let packed = Packed { sample_rank: &bad_rank, ..packed };
+    let e = relibra(&w, &case.topo, &cost, &case.placement, packed, 2).unwrap_err();
+    assert!(e.to_string().contains("DP rank 99"), "{e}");
+}

@@ -1,0 +1,110 @@
+//! Bindings for intra-batch replication (hot_n, relibra, routepack) and ReLibra's
+//! node-level expert reordering placement.
+
+use numpy::{IntoPyArray, PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use routepack_core::placement::relibra::relibra_placement as core_relibra_placement;
+use routepack_core::replication::{self, routepack::Options, Packed};
+
+use crate::convert::{self, slice, ReplicaColumns};
+use crate::errors::run;
+
+/// Shared arguments of the three planners: window, placement, packing, topology, cost.
+macro_rules! planner_args {
+    ($seq_lens:ident, $expert_tokens:ident, $phy2log:ident, $sample_rank:ident, $sample_micro:ident, $topo:ident, $cost:ident) => {{
+        let w = convert::window(&$seq_lens, &$expert_tokens)?;
+        let t = convert::topology($topo)?;
+        let c = convert::cost($cost)?;
+        let p = convert::placement(&$phy2log, w.num_experts, t.slots_per_rank)?;
+        let sr = slice(&$sample_rank, "sample_rank")?;
+        let sm = slice(&$sample_micro, "sample_micro")?;
+        (w, t, c, p, sr, sm)
+    }};
+}
+
+/// MindSpeed's hot-expert broadcast: replica columns
+/// `(micro, group, layer, expert, src_rank, dst_rank, share)`.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn replicate_hot_n<'py>(
+    py: Python<'py>,
+    seq_lens: PyReadonlyArray1<'py, i64>,
+    expert_tokens: PyReadonlyArray3<'py, i32>,
+    phy2log: PyReadonlyArray2<'py, i32>,
+    sample_rank: PyReadonlyArray1<'py, i32>,
+    sample_micro: PyReadonlyArray1<'py, i32>,
+    num_micro: usize,
+    topo: &Bound<'py, PyAny>,
+    cost: &Bound<'py, PyAny>,
+    hot_experts: usize,
+) -> PyResult<ReplicaColumns<'py>> {
+    let (w, t, c, p, sr, sm) = planner_args!(seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, topo, cost);
+    let packed = Packed { sample_rank: sr, sample_micro: sm, num_micro };
+    let rows = run(py, || replication::hot_n(&w, &t, &c, &p, packed, hot_experts))?;
+    Ok(convert::replica_columns(py, &rows))
+}
+
+/// ReLibra's intra-node replication: replica columns.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn replicate_relibra<'py>(
+    py: Python<'py>,
+    seq_lens: PyReadonlyArray1<'py, i64>,
+    expert_tokens: PyReadonlyArray3<'py, i32>,
+    phy2log: PyReadonlyArray2<'py, i32>,
+    sample_rank: PyReadonlyArray1<'py, i32>,
+    sample_micro: PyReadonlyArray1<'py, i32>,
+    num_micro: usize,
+    topo: &Bound<'py, PyAny>,
+    cost: &Bound<'py, PyAny>,
+    replica_slots: usize,
+) -> PyResult<ReplicaColumns<'py>> {
+    let (w, t, c, p, sr, sm) = planner_args!(seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, topo, cost);
+    let packed = Packed { sample_rank: sr, sample_micro: sm, num_micro };
+    let rows = run(py, || replication::relibra(&w, &t, &c, &p, packed, replica_slots))?;
+    Ok(convert::replica_columns(py, &rows))
+}
+
+/// routepack's replication (per-cell simulated time, `replica_slots` copies per rank):
+/// replica columns.
+#[pyfunction]
+#[pyo3(signature = (seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, num_micro, topo, cost, replica_slots, candidate_experts=2, candidate_dsts=2))]
+#[allow(clippy::too_many_arguments)]
+pub fn replicate_routepack<'py>(
+    py: Python<'py>,
+    seq_lens: PyReadonlyArray1<'py, i64>,
+    expert_tokens: PyReadonlyArray3<'py, i32>,
+    phy2log: PyReadonlyArray2<'py, i32>,
+    sample_rank: PyReadonlyArray1<'py, i32>,
+    sample_micro: PyReadonlyArray1<'py, i32>,
+    num_micro: usize,
+    topo: &Bound<'py, PyAny>,
+    cost: &Bound<'py, PyAny>,
+    replica_slots: usize,
+    candidate_experts: usize,
+    candidate_dsts: usize,
+) -> PyResult<ReplicaColumns<'py>> {
+    let (w, t, c, p, sr, sm) = planner_args!(seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, topo, cost);
+    let packed = Packed { sample_rank: sr, sample_micro: sm, num_micro };
+    let opts = Options { replica_slots, experts: candidate_experts, dsts: candidate_dsts };
+    let rows = run(py, || replication::routepack(&w, &t, &c, &p, packed, &opts))?;
+    Ok(convert::replica_columns(py, &rows))
+}
+
+/// ReLibra's per-window node-level expert reordering: phy2log `[L, ep*slots_per_rank]`.
+/// `loads` float64 `[L, E]`; `previous` the phy2log in force (or None: static).
+#[pyfunction]
+#[pyo3(signature = (loads, topo, previous=None))]
+pub fn relibra_placement<'py>(
+    py: Python<'py>,
+    loads: PyReadonlyArray2<'py, f64>,
+    topo: &Bound<'py, PyAny>,
+    previous: Option<PyReadonlyArray2<'py, i32>>,
+) -> PyResult<Bound<'py, PyArray2<i32>>> {
+    let t = convert::topology(topo)?;
+    let (l, e) = (loads.shape()[0], loads.shape()[1]);
+    let ld = slice(&loads, "loads")?;
+    let prev = previous.as_ref().map(|p| convert::placement(p, e, t.slots_per_rank)).transpose()?;
+    let p = run(py, || core_relibra_placement(ld, l, e, &t, prev.as_ref()))?;
+    Ok(numpy::ndarray::Array2::from_shape_vec((p.num_layers, p.num_slots), p.phy2log).expect("shape").into_pyarray(py))
+}
