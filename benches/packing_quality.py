@@ -10,8 +10,8 @@ Prints:
 4. how the layout proxy tracks `simulate` (static placement, and a placement with replicas);
 5. planning time of a `flash` window with the default budget.
 
-Windows come from `routepack.traces.synthetic(profile, n, seed)` and are cached as .npz (a
-`flash` window takes seconds to generate and 268 MB to keep).
+Windows come from `routepack.traces.synthetic(profile, n, seed)` and are cached as one .npz
+per window (a `flash` window takes seconds to generate and 268 MB to keep).
 
     python benches/packing_quality.py [--windows 20] [--ratio-windows 8] [--cache DIR] [--json out.json]
 """
@@ -24,7 +24,7 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, Iterator, List
 
 import numpy as np
 
@@ -33,28 +33,37 @@ from routepack import _core
 from routepack.packing import DEFAULT_ANNEAL_MOVES
 
 
-def windows(profile: str, n: int, seed: int, cache: Path) -> List[rp.Window]:
-    """The first n windows of the profile, from the cache when it holds at least n."""
+def _path(cache: Path, profile: str, seed: int, i: int) -> Path:
+    return cache / f"{profile}_seed{seed}_w{i}.npz"
+
+
+def _ensure(profile: str, n: int, seed: int, cache: Path) -> None:
+    """Generates and caches windows 0..n-1 (one file each) unless all are cached already."""
     cache.mkdir(parents=True, exist_ok=True)
-    for path in sorted(cache.glob(f"{profile}_seed{seed}_*.npz")):
-        have = int(path.stem.rsplit("_", 1)[1])
-        if have >= n:
-            z = np.load(path)
-            return [rp.Window(z[f"lens{i}"], z[f"tok{i}"]) for i in range(n)]
-    ws = list(rp.traces.synthetic(profile, n, seed))
-    np.savez(cache / f"{profile}_seed{seed}_{n}.npz",
-             **{f"lens{i}": w.seq_lens for i, w in enumerate(ws)},
-             **{f"tok{i}": w.expert_tokens for i, w in enumerate(ws)})
-    return ws
+    if all(_path(cache, profile, seed, i).exists() for i in range(n)):
+        return
+    for i, w in enumerate(rp.traces.synthetic(profile, n, seed)):
+        path = _path(cache, profile, seed, i)
+        if not path.exists():
+            np.savez(path, seq_lens=w.seq_lens, expert_tokens=w.expert_tokens)
+
+
+def windows(profile: str, n: int, seed: int, cache: Path) -> Iterator[rp.Window]:
+    """The first n windows of the profile, read one at a time from the cache."""
+    _ensure(profile, n, seed, cache)
+    for i in range(n):
+        with np.load(_path(cache, profile, seed, i)) as z:
+            yield rp.Window(z["seq_lens"], z["expert_tokens"])
 
 
 def lengths(profile: str, n: int, seed: int, cache: Path) -> List[np.ndarray]:
     """Only the lengths (cheap to read from the cache)."""
-    for path in sorted(cache.glob(f"{profile}_seed{seed}_*.npz")):
-        if int(path.stem.rsplit("_", 1)[1]) >= n:
-            z = np.load(path)
-            return [z[f"lens{i}"] for i in range(n)]
-    return [w.seq_lens for w in windows(profile, n, seed, cache)]
+    _ensure(profile, n, seed, cache)
+    out = []
+    for i in range(n):
+        with np.load(_path(cache, profile, seed, i)) as z:
+            out.append(z["seq_lens"])
+    return out
 
 
 def policy(packing: str) -> rp.Policy:
@@ -112,7 +121,7 @@ def budgets(profile: str, n: int, seed: int, cache: Path) -> Dict:
     """Annealed cost (proxy = simulated step time with static placement) against the budget."""
     prof = rp.traces.profile(profile)
     topo, cost, cap = prof.topology(), prof.cost(), prof.token_cap
-    ws = windows(profile, n, seed, cache)
+    ws = list(windows(profile, n, seed, cache))
     # the rate: moves per wall second of annealing with the default budget, here and now
     p = rp.plan_window(ws[0], topo, cost, token_cap=cap, policy=policy("routepack"))
     r = p.report["packing"]
@@ -159,7 +168,7 @@ def replicated_placement(w: rp.Window, topo: rp.Topology) -> rp.Placement:
 def proxy_check(profile: str, seed: int, cache: Path) -> Dict:
     prof = rp.traces.profile(profile)
     topo, cost, cap = prof.topology(), prof.cost(), prof.token_cap
-    w = windows(profile, 1, seed, cache)[0]
+    w = next(windows(profile, 1, seed, cache))
     out = {}
     for name, pl in (("static", rp.Placement.static(w.num_layers, w.num_experts, topo)),
                      ("replicated", replicated_placement(w, topo))):
@@ -188,7 +197,7 @@ def proxy_check(profile: str, seed: int, cache: Path) -> Dict:
 def planning_time(seed: int, cache: Path) -> Dict:
     prof = rp.traces.profile("flash")
     topo, cost, cap = prof.topology(), prof.cost(), prof.token_cap
-    w = windows("flash", 1, seed, cache)[0]
+    w = next(windows("flash", 1, seed, cache))
     out = []
     for _ in range(3):
         wall, cpu = time.perf_counter(), time.process_time()

@@ -244,16 +244,34 @@ unsafe fn pass_avx2<const WRITE: bool>(rows: *mut f32, hexp: &[f32], d: &GmDelta
             }
             p += 8;
         }
-        let (mut em, mut am) = ([0f32; 8], [0f32; 8]);
-        _mm256_storeu_ps(em.as_mut_ptr(), ve);
-        _mm256_storeu_ps(am.as_mut_ptr(), va);
-        tail::<WRITE>(b, h, ra, rs, d, c, ep, full, &mut em, &mut am);
+        let layer = if full == ep {
+            // max is exact on these values (all >= +0), so a lane tree gives `reduce`'s bits
+            hmax(ve) + hmax(va)
+        } else {
+            let (mut em, mut am) = ([0f32; 8], [0f32; 8]);
+            _mm256_storeu_ps(em.as_mut_ptr(), ve);
+            _mm256_storeu_ps(am.as_mut_ptr(), va);
+            tail::<WRITE>(b, h, ra, rs, d, c, ep, full, &mut em, &mut am);
+            reduce(&em, &am)
+        };
         if !WRITE {
             restore(b, ep, d, &old);
         }
-        cost += reduce(&em, &am) as f64;
+        cost += layer as f64;
     }
     cost
+}
+
+/// The largest of 8 lanes (`_mm_max_ps`, exact for values >= +0 in any order).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn hmax(v: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
+    let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let m = _mm_max_ss(m, _mm_shuffle_ps::<1>(m, m));
+    _mm_cvtss_f32(m)
 }
 
 /// Whether the running CPU has AVX2.
