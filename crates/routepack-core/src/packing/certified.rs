@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use super::bounds::{l1, l2};
 use super::exact::{pack_into, Outcome};
-use super::heuristics::{bfd, ffd, row_tokens};
+use super::heuristics::{bfd, ffd};
 use super::rows::check_cap;
 use crate::error::{invalid, Error, Result};
 
@@ -42,27 +42,8 @@ pub struct CertifiedRows {
 /// until there are `count`. Needs count <= number of samples.
 pub fn split_to(rows: &mut Vec<Vec<usize>>, seq_lens: &[i64], count: usize) {
     while rows.len() < count {
-        let pick = rows
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.len() >= 2)
-            .max_by(|a, b| row_tokens(a.1, seq_lens).cmp(&row_tokens(b.1, seq_lens)).then(b.0.cmp(&a.0)))
-            .map(|(i, _)| i)
-            .expect("fewer rows than samples, so some row has two");
-        let mut members = std::mem::take(&mut rows[pick]);
-        members.sort_by(|&a, &b| seq_lens[b].cmp(&seq_lens[a]).then(a.cmp(&b)));
-        let (mut a, mut b, mut la, mut lb) = (Vec::new(), Vec::new(), 0i64, 0i64);
-        for s in members {
-            if la <= lb {
-                la += seq_lens[s];
-                a.push(s);
-            } else {
-                lb += seq_lens[s];
-                b.push(s);
-            }
-        }
-        rows[pick] = a;
-        rows.push(b);
+        let split = super::rows::split_heaviest(rows, seq_lens);
+        assert!(split, "fewer rows than samples, so some row has two");
     }
 }
 
@@ -123,6 +104,7 @@ pub fn certified_rows(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::packing::heuristics::row_tokens;
 
     #[test]
     fn certifies_at_the_dp_rounded_bound() {

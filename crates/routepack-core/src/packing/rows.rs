@@ -34,32 +34,46 @@ pub fn equalise_rows(rows: &mut Vec<Vec<usize>>, seq_lens: &[i64], dp: usize) ->
             seq_lens.len()
         )));
     }
-    let load = |r: &Vec<usize>| r.iter().map(|&s| seq_lens[s]).sum::<i64>();
     while rows.len() < dp || rows.len() % dp != 0 {
-        let pick = rows
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.len() >= 2)
-            .max_by(|a, b| load(a.1).cmp(&load(b.1)).then(b.0.cmp(&a.0)))
-            .map(|(i, _)| i)
-            .ok_or_else(|| Error::Infeasible(format!("{} single-sample rows cannot be split further into a multiple of dp = {dp} rows", rows.len())))?;
-        let mut members = std::mem::take(&mut rows[pick]);
-        members.sort_by(|&a, &b| seq_lens[b].cmp(&seq_lens[a]).then(a.cmp(&b)));
-        let (mut a, mut b) = (Vec::new(), Vec::new());
-        let (mut la, mut lb) = (0i64, 0i64);
-        for s in members {
-            if la <= lb {
-                la += seq_lens[s];
-                a.push(s);
-            } else {
-                lb += seq_lens[s];
-                b.push(s);
-            }
+        if !split_heaviest(rows, seq_lens) {
+            return Err(Error::Infeasible(format!(
+                "{} single-sample rows cannot be split further into a multiple of dp = {dp} rows",
+                rows.len()
+            )));
         }
-        rows[pick] = a;
-        rows.push(b);
     }
     Ok(())
+}
+
+/// Splits the heaviest row with two or more samples (the lowest index among equals): its
+/// samples, largest first, are dealt to whichever half is lighter, so both halves stay under
+/// the cap. Returns false when every row holds a single sample.
+pub fn split_heaviest(rows: &mut Vec<Vec<usize>>, seq_lens: &[i64]) -> bool {
+    let load = |r: &Vec<usize>| r.iter().map(|&s| seq_lens[s]).sum::<i64>();
+    let Some(pick) = rows
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.len() >= 2)
+        .max_by(|a, b| load(a.1).cmp(&load(b.1)).then(b.0.cmp(&a.0)))
+        .map(|(i, _)| i)
+    else {
+        return false;
+    };
+    let mut members = std::mem::take(&mut rows[pick]);
+    members.sort_by(|&a, &b| seq_lens[b].cmp(&seq_lens[a]).then(a.cmp(&b)));
+    let (mut a, mut b, mut la, mut lb) = (Vec::new(), Vec::new(), 0i64, 0i64);
+    for s in members {
+        if la <= lb {
+            la += seq_lens[s];
+            a.push(s);
+        } else {
+            lb += seq_lens[s];
+            b.push(s);
+        }
+    }
+    rows[pick] = a;
+    rows.push(b);
+    true
 }
 
 /// Lays rows out in order: row i runs on rank i % dp at step i / dp. Requires
