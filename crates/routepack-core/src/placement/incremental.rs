@@ -51,7 +51,7 @@ pub(crate) fn inherit(items: &Items, num_experts: usize, old: &[i32], topo: &Top
         }
     }
     let mut rest: Vec<usize> = (0..n).filter(|&i| bin_of[i] == usize::MAX).collect();
-    rest.sort_by(|&a, &b| items.weight[b].total_cmp(&items.weight[a]).then(a.cmp(&b)));
+    rest.sort_unstable_by(|&a, &b| items.weight[b].total_cmp(&items.weight[a]).then(a.cmp(&b)));
     for i in rest {
         let e = items.expert[i] as usize;
         let limit = counts[e].div_ceil(ep).max(1) as u16;

@@ -52,6 +52,9 @@ pub struct Pack<'a> {
     pub bin_of: Vec<usize>,
     /// Items of each bin, sorted by (weight, index), so partners are found by bisection.
     pub members: Vec<Vec<usize>>,
+    /// `members`' weights, in the same order: the window searches bisect these contiguous
+    /// values instead of chasing `weight[members[b][k]]`.
+    wts: Vec<Vec<f64>>,
     /// `[bins]` aggregate load.
     pub load: Vec<f64>,
     /// `[bins · dim]` per-chunk load, accumulated in float64 ...
@@ -77,6 +80,7 @@ impl<'a> Pack<'a> {
             p,
             bin_of: vec![usize::MAX; p.len()],
             members: vec![Vec::with_capacity(p.cap); p.bins],
+            wts: vec![Vec::with_capacity(p.cap); p.bins],
             load: vec![0.0; p.bins],
             vload: vec![0.0; p.bins * p.dim],
             vl32: vec![0.0; p.bins * p.dim],
@@ -95,20 +99,24 @@ impl<'a> Pack<'a> {
 
     fn sort_members(&mut self) {
         let w = self.p.weight;
-        for m in self.members.iter_mut() {
+        for (m, ws) in self.members.iter_mut().zip(self.wts.iter_mut()) {
             m.sort_unstable_by(|&x, &y| w[x].total_cmp(&w[y]).then(x.cmp(&y)));
+            ws.clear();
+            ws.extend(m.iter().map(|&i| w[i]));
         }
     }
 
     fn insert(&mut self, b: usize, x: usize) {
         let pos = self.rank_in(&self.members[b], x);
         self.members[b].insert(pos, x);
+        self.wts[b].insert(pos, self.p.weight[x]);
     }
 
     fn remove(&mut self, b: usize, x: usize) {
         let pos = self.rank_in(&self.members[b], x);
         debug_assert_eq!(self.members[b][pos], x);
         self.members[b].remove(pos);
+        self.wts[b].remove(pos);
     }
 
     /// Puts item i into bin b; `members[b]` is re-sorted by [`Pack::sort_members`] once all
@@ -144,7 +152,7 @@ impl<'a> Pack<'a> {
     pub fn lpt(p: &'a Problem<'a>) -> Self {
         let mut s = Self::empty(p);
         let mut order: Vec<usize> = (0..p.len()).collect();
-        order.sort_by(|&a, &b| p.weight[b].total_cmp(&p.weight[a]).then(a.cmp(&b)));
+        order.sort_unstable_by(|&a, &b| p.weight[b].total_cmp(&p.weight[a]).then(a.cmp(&b)));
         let mut fill = vec![0usize; p.bins];
         for i in order {
             let e = p.expert[i] as usize;
@@ -281,7 +289,7 @@ impl<'a> Pack<'a> {
     /// Other bins than `a`, lightest first (ties: lower index).
     fn lighter_bins(&self, a: usize) -> Vec<usize> {
         let mut v: Vec<usize> = (0..self.p.bins).filter(|&b| b != a).collect();
-        v.sort_by(|&x, &y| self.load[x].total_cmp(&self.load[y]).then(x.cmp(&y)));
+        v.sort_unstable_by(|&x, &y| self.load[x].total_cmp(&self.load[y]).then(x.cmp(&y)));
         v
     }
 
@@ -298,12 +306,12 @@ impl<'a> Pack<'a> {
             if gap <= tol || best.is_some_and(|(m, _, _)| m <= top - gap / 2.0) {
                 break;
             }
-            let sb = &self.members[b];
+            let (sb, wb) = (&self.members[b], &self.wts[b]);
             // members[a] ascend by weight, so the ideal partner position only moves right
             let mut pos = 0;
             for &i in &self.members[a] {
                 let wi = w[i];
-                while pos < sb.len() && w[sb[pos]] < wi - gap / 2.0 {
+                while pos < sb.len() && wb[pos] < wi - gap / 2.0 {
                     pos += 1;
                 }
                 let mut consider = |j: usize| {
@@ -389,18 +397,24 @@ impl<'a> Pack<'a> {
         // pairs by decreasing gap: heavy bins against light ones; a pair can gain at most
         // gap²/2, so scanning stops once that cannot beat the best found
         let mut by_load: Vec<usize> = (0..self.p.bins).collect();
-        by_load.sort_by(|&x, &y| self.load[y].total_cmp(&self.load[x]).then(x.cmp(&y)));
+        by_load.sort_unstable_by(|&x, &y| self.load[y].total_cmp(&self.load[x]).then(x.cmp(&y)));
+        let lightest = by_load[by_load.len() - 1];
         for (ka, &a) in by_load.iter().enumerate() {
+            // the widest gap left is to the lightest bin, and it only narrows for lighter a
+            let widest = self.load[a] - self.load[lightest];
+            if widest <= tol || best.is_some_and(|(g, _, _)| g >= widest * widest / 2.0) {
+                break;
+            }
             for &b in by_load[ka + 1..].iter().rev() {
                 let gap = self.load[a] - self.load[b];
                 if gap <= tol || best.is_some_and(|(g, _, _)| g >= gap * gap / 2.0) {
                     break;
                 }
-                let sb = &self.members[b];
+                let (sb, wb) = (&self.members[b], &self.wts[b]);
                 let mut pos = 0;
                 for &i in &self.members[a] {
                     let wi = w[i];
-                    while pos < sb.len() && w[sb[pos]] < wi - gap / 2.0 {
+                    while pos < sb.len() && wb[pos] < wi - gap / 2.0 {
                         pos += 1;
                     }
                     for &j in sb[pos.saturating_sub(1)..(pos + 1).min(sb.len())].iter() {
@@ -440,7 +454,7 @@ impl<'a> Pack<'a> {
         }
         let w = p.weight;
         let mut order: Vec<usize> = (0..p.len()).collect();
-        order.sort_by(|&x, &y| w[y].total_cmp(&w[x]).then(x.cmp(&y)));
+        order.sort_unstable_by(|&x, &y| w[y].total_cmp(&w[x]).then(x.cmp(&y)));
         let norm: Vec<f64> = (0..p.len()).map(|i| p.v(i).iter().map(|&x| x as f64 * x as f64).sum()).collect();
         let mut head = vec![0.0f64; p.bins];
         let mut done = 0;
@@ -459,10 +473,10 @@ impl<'a> Pack<'a> {
                 let mut best: Option<(f64, usize)> = None;
                 for b in (0..p.bins).filter(|&b| b != a) {
                     // partners j with w_i − head_b <= w_j <= w_i + head_a keep both bins in cap
-                    let sb = &self.members[b];
+                    let (sb, wb) = (&self.members[b], &self.wts[b]);
                     *evals += 1; // the window search is work too
-                    let lo = sb.partition_point(|&j| w[j] < wi - head[b]);
-                    let hi = sb.partition_point(|&j| w[j] <= wi + head[a]);
+                    let lo = count_below(wb, wi - head[b]);
+                    let hi = lo + count_at_most(&wb[lo..], wi + head[a]);
                     let vb = &self.vl32[b * dim..(b + 1) * dim];
                     for &j in &sb[lo..hi] {
                         if !self.can_swap(i, j) {
@@ -516,12 +530,12 @@ impl<'a> Pack<'a> {
                 if dlo > dhi || *evals >= max_evals {
                     continue;
                 }
-                let sb = &self.members[b];
+                let (sb, wb) = (&self.members[b], &self.wts[b]);
                 let vb = &self.vl32[b * dim..(b + 1) * dim];
                 for &i in &self.members[a] {
                     *evals += 1;
-                    let lo = sb.partition_point(|&j| w[j] < w[i] - dhi);
-                    let hi = sb.partition_point(|&j| w[j] <= w[i] - dlo);
+                    let lo = count_below(wb, w[i] - dhi);
+                    let hi = lo + count_at_most(&wb[lo..], w[i] - dlo);
                     for &j in &sb[lo..hi] {
                         if !self.can_swap(i, j) {
                             continue;
@@ -555,6 +569,25 @@ impl<'a> Pack<'a> {
     pub fn into_assignment(self) -> Vec<usize> {
         self.bin_of
     }
+}
+
+/// How many of the ascending `ws` are below `x` (bins hold few items: a branchless count
+/// beats bisection; same result as `partition_point(|y| y < x)`).
+#[inline]
+fn count_below(ws: &[f64], x: f64) -> usize {
+    if ws.len() > 32 {
+        return ws.partition_point(|&y| y < x);
+    }
+    ws.iter().map(|&y| (y < x) as usize).sum()
+}
+
+/// How many of the ascending `ws` are at most `x`.
+#[inline]
+fn count_at_most(ws: &[f64], x: f64) -> usize {
+    if ws.len() > 32 {
+        return ws.partition_point(|&y| y <= x);
+    }
+    ws.iter().map(|&y| (y <= x) as usize).sum()
 }
 
 /// Half the change of Σ|V|² when items i (in bin a) and j (in bin b) trade bins:
