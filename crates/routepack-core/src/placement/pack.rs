@@ -299,21 +299,23 @@ impl<'a> Pack<'a> {
     }
 
     /// Other bins than `a`, lightest first (ties: lower index).
-    fn lighter_bins(&self, a: usize) -> Vec<usize> {
-        let mut v: Vec<usize> = (0..self.p.bins).filter(|&b| b != a).collect();
-        v.sort_unstable_by(|&x, &y| self.load[x].total_cmp(&self.load[y]).then(x.cmp(&y)));
-        v
+    /// (`out` is reused: this runs once per min-max step.)
+    fn lighter_bins(&self, a: usize, out: &mut Vec<(i64, usize)>) {
+        out.clear();
+        out.extend((0..self.p.bins).filter(|&b| b != a).map(|b| (total_key(self.load[b]), b)));
+        out.sort_unstable();
     }
 
     /// The swap of an item of the heaviest bin `a` (load `top`) with an item of another bin
     /// that minimises the larger of the two new loads: `(new max of the pair, i, j)`.
     /// Bins are tried lightest first; a bin whose best conceivable result, the midpoint of
     /// the two loads, cannot beat the best found ends the search.
-    fn best_max_swap(&self, a: usize, top: f64, tol: f64) -> Option<(f64, usize, usize)> {
+    fn best_max_swap(&self, a: usize, top: f64, tol: f64, bins: &mut Vec<(i64, usize)>) -> Option<(f64, usize, usize)> {
         const SCAN: usize = 6; // feasible-partner search depth on each side of the ideal weight
         let w = self.p.weight;
         let mut best: Option<(f64, usize, usize)> = None;
-        for b in self.lighter_bins(a) {
+        self.lighter_bins(a, bins);
+        for &(_, b) in bins.iter() {
             let gap = top - self.load[b];
             if gap <= tol || best.is_some_and(|(m, _, _)| m <= top - gap / 2.0) {
                 break;
@@ -367,6 +369,7 @@ impl<'a> Pack<'a> {
         let target = target.max(mean.max(heaviest) * (1.0 + 1e-6));
         let mut done = 0;
         let mut spread_left = 4; // spreading swaps allowed per call (each costs O(bins² · cap))
+        let mut bins = Vec::with_capacity(self.p.bins);
         loop {
             let a = self.argmax_bin();
             let top = self.load[a];
@@ -377,7 +380,7 @@ impl<'a> Pack<'a> {
                 return false;
             }
             let tol = 1e-12 * top.abs().max(1e-300);
-            match self.best_max_swap(a, top, tol) {
+            match self.best_max_swap(a, top, tol, &mut bins) {
                 Some((nm, i, j)) if nm < top - tol => {
                     self.swap(i, j);
                     done += 1;
@@ -408,8 +411,9 @@ impl<'a> Pack<'a> {
         let mut best: Option<(f64, usize, usize)> = None;
         // pairs by decreasing gap: heavy bins against light ones; a pair can gain at most
         // gap²/2, so scanning stops once that cannot beat the best found
-        let mut by_load: Vec<usize> = (0..self.p.bins).collect();
-        by_load.sort_unstable_by(|&x, &y| self.load[y].total_cmp(&self.load[x]).then(x.cmp(&y)));
+        let mut keyed: Vec<(i64, usize)> = (0..self.p.bins).map(|b| (-total_key(self.load[b]), b)).collect();
+        keyed.sort_unstable();
+        let by_load: Vec<usize> = keyed.into_iter().map(|(_, b)| b).collect();
         let lightest = by_load[by_load.len() - 1];
         for (ka, &a) in by_load.iter().enumerate() {
             // the widest gap left is to the lightest bin, and it only narrows for lighter a
@@ -588,6 +592,14 @@ impl<'a> Pack<'a> {
     pub fn into_assignment(self) -> Vec<usize> {
         self.bin_of
     }
+}
+
+/// An integer ordered as `f64::total_cmp` orders `x` (the transform `total_cmp` applies), so
+/// bins sort by (load, index) as plain integer pairs.
+#[inline]
+fn total_key(x: f64) -> i64 {
+    let b = x.to_bits() as i64;
+    b ^ ((((b >> 63) as u64) >> 1) as i64)
 }
 
 /// How many of the ascending `ws` are below `x` (bins hold few items: a branchless count
