@@ -647,13 +647,17 @@ fn swap_delta_lanes(va: &[f32], vb: &[f32], vi: &[f32], vj: &[f32]) -> f64 {
     let n = va.len();
     let (va, vb, vi, vj) = (&va[..n], &vb[..n], &vi[..n], &vj[..n]);
     let mut acc = [0.0f32; W];
-    let full = n / W * W;
-    for k in (0..full).step_by(W) {
+    // fixed-size chunks: no bounds checks left in the loop, so the lanes become one register
+    let chunks = va.chunks_exact(W).zip(vb.chunks_exact(W)).zip(vi.chunks_exact(W).zip(vj.chunks_exact(W)));
+    for ((a, b), (i, j)) in chunks {
+        let (a, b, i, j): (&[f32; W], &[f32; W], &[f32; W], &[f32; W]) =
+            (a.try_into().unwrap(), b.try_into().unwrap(), i.try_into().unwrap(), j.try_into().unwrap());
         for lane in 0..W {
-            let dv = vj[k + lane] - vi[k + lane];
-            acc[lane] += (va[k + lane] - vb[k + lane] + dv) * dv;
+            let dv = j[lane] - i[lane];
+            acc[lane] += (a[lane] - b[lane] + dv) * dv;
         }
     }
+    let full = n / W * W;
     let mut tail = 0.0f32;
     for k in full..n {
         let dv = vj[k] - vi[k];
