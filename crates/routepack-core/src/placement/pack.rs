@@ -131,8 +131,8 @@ impl<'a> Pack<'a> {
         self.wts[b].remove(pos);
     }
 
-    /// Puts item i into bin b; `members[b]` is re-sorted by [`Pack::sort_members`] once all
-    /// items are placed.
+    /// Puts item i into bin b; `members[b]` is re-sorted by [`Pack::sort_members`] and the
+    /// float32 loads refreshed by [`Pack::sync_all`] once all items are placed.
     fn place(&mut self, i: usize, b: usize) {
         let p = self.p;
         self.bin_of[i] = b;
@@ -141,8 +141,13 @@ impl<'a> Pack<'a> {
         for (x, &y) in self.vload[b * p.dim..(b + 1) * p.dim].iter_mut().zip(p.v(i)) {
             *x += y as f64;
         }
-        self.sync(b);
         self.mult[b * p.num_experts + p.expert[i] as usize] += 1;
+    }
+
+    fn sync_all(&mut self) {
+        for b in 0..self.p.bins {
+            self.sync(b);
+        }
     }
 
     /// Refreshes the float32 copy of bin b's per-chunk load.
@@ -191,6 +196,7 @@ impl<'a> Pack<'a> {
             s.place(i, best);
         }
         s.sort_members();
+        s.sync_all();
         s.repair();
         s
     }
@@ -202,6 +208,7 @@ impl<'a> Pack<'a> {
             s.place(i, b);
         }
         s.sort_members();
+        s.sync_all();
         s.repair();
         s
     }
