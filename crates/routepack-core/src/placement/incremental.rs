@@ -3,7 +3,7 @@
 //! choice can weigh each step's saving against its moves.
 
 use super::items::Items;
-use super::pack::Pack;
+use super::pack::{with_capacities, Pack};
 use super::routepack::Options;
 use crate::topology::Topology;
 
@@ -81,7 +81,7 @@ pub(crate) fn incremental_bins(items: &Items, num_experts: usize, old: &[i32], t
     let p = items.problem(num_experts, topo.ep, topo.slots_per_rank);
     let mut s = Pack::from_assignment(&p, &start);
     let bins_of = |s: &Pack| {
-        let mut b = vec![Vec::with_capacity(topo.slots_per_rank); topo.ep];
+        let mut b = with_capacities(topo.ep, topo.slots_per_rank);
         for (i, &r) in s.bin_of.iter().enumerate() {
             b[r].push(i);
         }

@@ -90,8 +90,8 @@ impl<'a> Pack<'a> {
         Self {
             p,
             bin_of: vec![usize::MAX; p.len()],
-            members: vec![Vec::with_capacity(p.cap); p.bins],
-            wts: vec![Vec::with_capacity(p.cap); p.bins],
+            members: with_capacities(p.bins, p.cap),
+            wts: with_capacities(p.bins, p.cap),
             load: vec![0.0; p.bins],
             vload: vec![0.0; p.bins * p.dim],
             vl32: vec![0.0; p.bins * p.dim],
@@ -599,6 +599,12 @@ impl<'a> Pack<'a> {
     pub fn into_assignment(self) -> Vec<usize> {
         self.bin_of
     }
+}
+
+/// `n` empty vectors with room for `cap` items each (`vec![Vec::with_capacity(cap); n]`
+/// would clone the capacity away: clones of an empty vector allocate nothing).
+pub(crate) fn with_capacities<T>(n: usize, cap: usize) -> Vec<Vec<T>> {
+    (0..n).map(|_| Vec::with_capacity(cap)).collect()
 }
 
 /// An integer ordered as `f64::total_cmp` orders `x` (the transform `total_cmp` applies), so
