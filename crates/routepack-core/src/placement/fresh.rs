@@ -3,7 +3,7 @@
 //! microbatch-fluctuation phases.
 
 use super::items::Items;
-use super::pack::{Pack, Problem};
+use super::pack::{with_capacities, Pack, Problem};
 use super::routepack::Options;
 use crate::topology::Topology;
 
@@ -49,7 +49,7 @@ pub(crate) fn fresh_bins(items: &Items, num_experts: usize, topo: &Topology, opt
     } else {
         vec![0; n]
     };
-    let mut members: Vec<Vec<usize>> = vec![Vec::with_capacity(rpn * spr); nodes];
+    let mut members: Vec<Vec<usize>> = with_capacities(nodes, rpn * spr);
     for (i, &k) in node_of.iter().enumerate() {
         members[k].push(i);
     }
@@ -76,7 +76,7 @@ pub(crate) fn fresh_bins(items: &Items, num_experts: usize, topo: &Topology, opt
         let flat_balanced = s.max_load();
         if flat_balanced < balanced * (1.0 - 1e-12) {
             settle(&mut s, flat_balanced, opts, rank_budget);
-            let mut flat = vec![Vec::with_capacity(spr); topo.ep];
+            let mut flat = with_capacities(topo.ep, spr);
             for (i, &b) in s.bin_of.iter().enumerate() {
                 flat[b].push(i);
             }
@@ -86,7 +86,7 @@ pub(crate) fn fresh_bins(items: &Items, num_experts: usize, topo: &Topology, opt
     for s in packs.iter_mut() {
         settle(s, balanced, opts, rank_budget / nodes);
     }
-    let mut bins = vec![Vec::with_capacity(spr); topo.ep];
+    let mut bins = with_capacities(topo.ep, spr);
     let mut top = f64::NEG_INFINITY;
     for (k, s) in packs.iter().enumerate() {
         top = top.max(s.max_load());

@@ -3,7 +3,7 @@
 //! choice can weigh each step's saving against its moves.
 
 use super::items::Items;
-use super::pack::Pack;
+use super::pack::{with_capacities, Pack};
 use super::routepack::Options;
 use crate::topology::Topology;
 
@@ -51,7 +51,7 @@ pub(crate) fn inherit(items: &Items, num_experts: usize, old: &[i32], topo: &Top
         }
     }
     let mut rest: Vec<usize> = (0..n).filter(|&i| bin_of[i] == usize::MAX).collect();
-    rest.sort_by(|&a, &b| items.weight[b].total_cmp(&items.weight[a]).then(a.cmp(&b)));
+    rest.sort_unstable_by(|&a, &b| items.weight[b].total_cmp(&items.weight[a]).then(a.cmp(&b)));
     for i in rest {
         let e = items.expert[i] as usize;
         let limit = counts[e].div_ceil(ep).max(1) as u16;
@@ -81,7 +81,7 @@ pub(crate) fn incremental_bins(items: &Items, num_experts: usize, old: &[i32], t
     let p = items.problem(num_experts, topo.ep, topo.slots_per_rank);
     let mut s = Pack::from_assignment(&p, &start);
     let bins_of = |s: &Pack| {
-        let mut b = vec![Vec::with_capacity(topo.slots_per_rank); topo.ep];
+        let mut b = with_capacities(topo.ep, topo.slots_per_rank);
         for (i, &r) in s.bin_of.iter().enumerate() {
             b[r].push(i);
         }

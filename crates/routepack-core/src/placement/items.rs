@@ -31,7 +31,13 @@ impl Items {
         Items {
             weight: idx.iter().map(|&i| self.weight[i]).collect(),
             expert: idx.iter().map(|&i| self.expert[i]).collect(),
-            vecs: idx.iter().flat_map(|&i| self.vecs[i * d..(i + 1) * d].iter().copied()).collect(),
+            vecs: {
+                let mut v = Vec::with_capacity(idx.len() * d);
+                for &i in idx {
+                    v.extend_from_slice(&self.vecs[i * d..(i + 1) * d]);
+                }
+                v
+            },
             dim: d,
         }
     }

@@ -16,6 +16,8 @@
 //! Copies of one expert: at most ceil(copies / bins) per bin (the fewest any arrangement can
 //! achieve), so two copies never share a bin while another arrangement exists.
 
+use std::sync::Arc;
+
 /// One packing problem. Items are replicas; `n = bins · cap`.
 pub struct Problem<'a> {
     /// `[n]` aggregate load of each replica.
@@ -52,6 +54,9 @@ pub struct Pack<'a> {
     pub bin_of: Vec<usize>,
     /// Items of each bin, sorted by (weight, index), so partners are found by bisection.
     pub members: Vec<Vec<usize>>,
+    /// `members`' weights, in the same order: the window searches bisect these contiguous
+    /// values instead of chasing `weight[members[b][k]]`.
+    wts: Vec<Vec<f64>>,
     /// `[bins]` aggregate load.
     pub load: Vec<f64>,
     /// `[bins · dim]` per-chunk load, accumulated in float64 ...
@@ -64,6 +69,15 @@ pub struct Pack<'a> {
     limit: Vec<u16>,
     /// Swaps applied so far (each moves two replicas).
     pub swaps: usize,
+    /// What the fluctuation phase derives from the problem alone, computed on its first call
+    /// and shared by clones (a settle runs the phase up to three times on one problem).
+    fluct: Option<Arc<FluctOrder>>,
+}
+
+/// Items heaviest first (ties: lower index) and `[n]` |v_i|² of each item.
+struct FluctOrder {
+    order: Vec<usize>,
+    norm: Vec<f64>,
 }
 
 impl<'a> Pack<'a> {
@@ -76,13 +90,15 @@ impl<'a> Pack<'a> {
         Self {
             p,
             bin_of: vec![usize::MAX; p.len()],
-            members: vec![Vec::with_capacity(p.cap); p.bins],
+            members: with_capacities(p.bins, p.cap),
+            wts: with_capacities(p.bins, p.cap),
             load: vec![0.0; p.bins],
             vload: vec![0.0; p.bins * p.dim],
             vl32: vec![0.0; p.bins * p.dim],
             mult: vec![0; p.bins * p.num_experts],
             limit,
             swaps: 0,
+            fluct: None,
         }
     }
 
@@ -95,24 +111,28 @@ impl<'a> Pack<'a> {
 
     fn sort_members(&mut self) {
         let w = self.p.weight;
-        for m in self.members.iter_mut() {
+        for (m, ws) in self.members.iter_mut().zip(self.wts.iter_mut()) {
             m.sort_unstable_by(|&x, &y| w[x].total_cmp(&w[y]).then(x.cmp(&y)));
+            ws.clear();
+            ws.extend(m.iter().map(|&i| w[i]));
         }
     }
 
     fn insert(&mut self, b: usize, x: usize) {
         let pos = self.rank_in(&self.members[b], x);
         self.members[b].insert(pos, x);
+        self.wts[b].insert(pos, self.p.weight[x]);
     }
 
     fn remove(&mut self, b: usize, x: usize) {
         let pos = self.rank_in(&self.members[b], x);
         debug_assert_eq!(self.members[b][pos], x);
         self.members[b].remove(pos);
+        self.wts[b].remove(pos);
     }
 
-    /// Puts item i into bin b; `members[b]` is re-sorted by [`Pack::sort_members`] once all
-    /// items are placed.
+    /// Puts item i into bin b; `members[b]` is re-sorted by [`Pack::sort_members`] and the
+    /// float32 loads refreshed by [`Pack::sync_all`] once all items are placed.
     fn place(&mut self, i: usize, b: usize) {
         let p = self.p;
         self.bin_of[i] = b;
@@ -121,8 +141,13 @@ impl<'a> Pack<'a> {
         for (x, &y) in self.vload[b * p.dim..(b + 1) * p.dim].iter_mut().zip(p.v(i)) {
             *x += y as f64;
         }
-        self.sync(b);
         self.mult[b * p.num_experts + p.expert[i] as usize] += 1;
+    }
+
+    fn sync_all(&mut self) {
+        for b in 0..self.p.bins {
+            self.sync(b);
+        }
     }
 
     /// Refreshes the float32 copy of bin b's per-chunk load.
@@ -144,7 +169,7 @@ impl<'a> Pack<'a> {
     pub fn lpt(p: &'a Problem<'a>) -> Self {
         let mut s = Self::empty(p);
         let mut order: Vec<usize> = (0..p.len()).collect();
-        order.sort_by(|&a, &b| p.weight[b].total_cmp(&p.weight[a]).then(a.cmp(&b)));
+        order.sort_unstable_by(|&a, &b| p.weight[b].total_cmp(&p.weight[a]).then(a.cmp(&b)));
         let mut fill = vec![0usize; p.bins];
         for i in order {
             let e = p.expert[i] as usize;
@@ -171,6 +196,7 @@ impl<'a> Pack<'a> {
             s.place(i, best);
         }
         s.sort_members();
+        s.sync_all();
         s.repair();
         s
     }
@@ -182,6 +208,7 @@ impl<'a> Pack<'a> {
             s.place(i, b);
         }
         s.sort_members();
+        s.sync_all();
         s.repair();
         s
     }
@@ -279,31 +306,33 @@ impl<'a> Pack<'a> {
     }
 
     /// Other bins than `a`, lightest first (ties: lower index).
-    fn lighter_bins(&self, a: usize) -> Vec<usize> {
-        let mut v: Vec<usize> = (0..self.p.bins).filter(|&b| b != a).collect();
-        v.sort_by(|&x, &y| self.load[x].total_cmp(&self.load[y]).then(x.cmp(&y)));
-        v
+    /// (`out` is reused: this runs once per min-max step.)
+    fn lighter_bins(&self, a: usize, out: &mut Vec<(i64, usize)>) {
+        out.clear();
+        out.extend((0..self.p.bins).filter(|&b| b != a).map(|b| (total_key(self.load[b]), b)));
+        out.sort_unstable();
     }
 
     /// The swap of an item of the heaviest bin `a` (load `top`) with an item of another bin
     /// that minimises the larger of the two new loads: `(new max of the pair, i, j)`.
     /// Bins are tried lightest first; a bin whose best conceivable result, the midpoint of
     /// the two loads, cannot beat the best found ends the search.
-    fn best_max_swap(&self, a: usize, top: f64, tol: f64) -> Option<(f64, usize, usize)> {
+    fn best_max_swap(&self, a: usize, top: f64, tol: f64, bins: &mut Vec<(i64, usize)>) -> Option<(f64, usize, usize)> {
         const SCAN: usize = 6; // feasible-partner search depth on each side of the ideal weight
         let w = self.p.weight;
         let mut best: Option<(f64, usize, usize)> = None;
-        for b in self.lighter_bins(a) {
+        self.lighter_bins(a, bins);
+        for &(_, b) in bins.iter() {
             let gap = top - self.load[b];
             if gap <= tol || best.is_some_and(|(m, _, _)| m <= top - gap / 2.0) {
                 break;
             }
-            let sb = &self.members[b];
+            let (sb, wb) = (&self.members[b], &self.wts[b]);
             // members[a] ascend by weight, so the ideal partner position only moves right
             let mut pos = 0;
             for &i in &self.members[a] {
                 let wi = w[i];
-                while pos < sb.len() && w[sb[pos]] < wi - gap / 2.0 {
+                while pos < sb.len() && wb[pos] < wi - gap / 2.0 {
                     pos += 1;
                 }
                 let mut consider = |j: usize| {
@@ -347,6 +376,7 @@ impl<'a> Pack<'a> {
         let target = target.max(mean.max(heaviest) * (1.0 + 1e-6));
         let mut done = 0;
         let mut spread_left = 4; // spreading swaps allowed per call (each costs O(bins² · cap))
+        let mut bins = Vec::with_capacity(self.p.bins);
         loop {
             let a = self.argmax_bin();
             let top = self.load[a];
@@ -357,7 +387,7 @@ impl<'a> Pack<'a> {
                 return false;
             }
             let tol = 1e-12 * top.abs().max(1e-300);
-            match self.best_max_swap(a, top, tol) {
+            match self.best_max_swap(a, top, tol, &mut bins) {
                 Some((nm, i, j)) if nm < top - tol => {
                     self.swap(i, j);
                     done += 1;
@@ -388,19 +418,26 @@ impl<'a> Pack<'a> {
         let mut best: Option<(f64, usize, usize)> = None;
         // pairs by decreasing gap: heavy bins against light ones; a pair can gain at most
         // gap²/2, so scanning stops once that cannot beat the best found
-        let mut by_load: Vec<usize> = (0..self.p.bins).collect();
-        by_load.sort_by(|&x, &y| self.load[y].total_cmp(&self.load[x]).then(x.cmp(&y)));
+        let mut keyed: Vec<(i64, usize)> = (0..self.p.bins).map(|b| (-total_key(self.load[b]), b)).collect();
+        keyed.sort_unstable();
+        let by_load: Vec<usize> = keyed.into_iter().map(|(_, b)| b).collect();
+        let lightest = by_load[by_load.len() - 1];
         for (ka, &a) in by_load.iter().enumerate() {
+            // the widest gap left is to the lightest bin, and it only narrows for lighter a
+            let widest = self.load[a] - self.load[lightest];
+            if widest <= tol || best.is_some_and(|(g, _, _)| g >= widest * widest / 2.0) {
+                break;
+            }
             for &b in by_load[ka + 1..].iter().rev() {
                 let gap = self.load[a] - self.load[b];
                 if gap <= tol || best.is_some_and(|(g, _, _)| g >= gap * gap / 2.0) {
                     break;
                 }
-                let sb = &self.members[b];
+                let (sb, wb) = (&self.members[b], &self.wts[b]);
                 let mut pos = 0;
                 for &i in &self.members[a] {
                     let wi = w[i];
-                    while pos < sb.len() && w[sb[pos]] < wi - gap / 2.0 {
+                    while pos < sb.len() && wb[pos] < wi - gap / 2.0 {
                         pos += 1;
                     }
                     for &j in sb[pos.saturating_sub(1)..(pos + 1).min(sb.len())].iter() {
@@ -439,14 +476,21 @@ impl<'a> Pack<'a> {
             return false;
         }
         let w = p.weight;
-        let mut order: Vec<usize> = (0..p.len()).collect();
-        order.sort_by(|&x, &y| w[y].total_cmp(&w[x]).then(x.cmp(&y)));
-        let norm: Vec<f64> = (0..p.len()).map(|i| p.v(i).iter().map(|&x| x as f64 * x as f64).sum()).collect();
+        let cache = self
+            .fluct
+            .get_or_insert_with(|| {
+                let mut order: Vec<usize> = (0..p.len()).collect();
+                order.sort_unstable_by(|&x, &y| w[y].total_cmp(&w[x]).then(x.cmp(&y)));
+                let norm = (0..p.len()).map(|i| p.v(i).iter().map(|&x| x as f64 * x as f64).sum()).collect();
+                Arc::new(FluctOrder { order, norm })
+            })
+            .clone();
+        let (order, norm) = (&cache.order, &cache.norm);
         let mut head = vec![0.0f64; p.bins];
         let mut done = 0;
         loop {
             let mut improved = false;
-            for &i in &order {
+            for &i in order {
                 if done >= max_swaps || *evals >= max_evals {
                     return false;
                 }
@@ -459,10 +503,10 @@ impl<'a> Pack<'a> {
                 let mut best: Option<(f64, usize)> = None;
                 for b in (0..p.bins).filter(|&b| b != a) {
                     // partners j with w_i − head_b <= w_j <= w_i + head_a keep both bins in cap
-                    let sb = &self.members[b];
+                    let (sb, wb) = (&self.members[b], &self.wts[b]);
                     *evals += 1; // the window search is work too
-                    let lo = sb.partition_point(|&j| w[j] < wi - head[b]);
-                    let hi = sb.partition_point(|&j| w[j] <= wi + head[a]);
+                    let lo = count_below(wb, wi - head[b]);
+                    let hi = lo + count_at_most(&wb[lo..], wi + head[a]);
                     let vb = &self.vl32[b * dim..(b + 1) * dim];
                     for &j in &sb[lo..hi] {
                         if !self.can_swap(i, j) {
@@ -516,12 +560,12 @@ impl<'a> Pack<'a> {
                 if dlo > dhi || *evals >= max_evals {
                     continue;
                 }
-                let sb = &self.members[b];
+                let (sb, wb) = (&self.members[b], &self.wts[b]);
                 let vb = &self.vl32[b * dim..(b + 1) * dim];
                 for &i in &self.members[a] {
                     *evals += 1;
-                    let lo = sb.partition_point(|&j| w[j] < w[i] - dhi);
-                    let hi = sb.partition_point(|&j| w[j] <= w[i] - dlo);
+                    let lo = count_below(wb, w[i] - dhi);
+                    let hi = lo + count_at_most(&wb[lo..], w[i] - dlo);
                     for &j in &sb[lo..hi] {
                         if !self.can_swap(i, j) {
                             continue;
@@ -557,22 +601,76 @@ impl<'a> Pack<'a> {
     }
 }
 
+/// `n` empty vectors with room for `cap` items each (`vec![Vec::with_capacity(cap); n]`
+/// would clone the capacity away: clones of an empty vector allocate nothing).
+pub(crate) fn with_capacities<T>(n: usize, cap: usize) -> Vec<Vec<T>> {
+    (0..n).map(|_| Vec::with_capacity(cap)).collect()
+}
+
+/// An integer ordered as `f64::total_cmp` orders `x` (the transform `total_cmp` applies), so
+/// bins sort by (load, index) as plain integer pairs.
+#[inline]
+fn total_key(x: f64) -> i64 {
+    let b = x.to_bits() as i64;
+    b ^ ((((b >> 63) as u64) >> 1) as i64)
+}
+
+/// How many of the ascending `ws` are below `x` (bins hold few items: a branchless count
+/// beats bisection; same result as `partition_point(|y| y < x)`).
+#[inline]
+fn count_below(ws: &[f64], x: f64) -> usize {
+    if ws.len() > 32 {
+        return ws.partition_point(|&y| y < x);
+    }
+    ws.iter().map(|&y| (y < x) as usize).sum()
+}
+
+/// How many of the ascending `ws` are at most `x`.
+#[inline]
+fn count_at_most(ws: &[f64], x: f64) -> usize {
+    if ws.len() > 32 {
+        return ws.partition_point(|&y| y <= x);
+    }
+    ws.iter().map(|&y| (y <= x) as usize).sum()
+}
+
 /// Half the change of Σ|V|² when items i (in bin a) and j (in bin b) trade bins:
 /// <V_a − V_b, v_j − v_i> + |v_j − v_i|². Eight independent float32 accumulators in a fixed
 /// order (reproducible on every machine; the compiler vectorises the lanes).
 #[inline]
 fn swap_delta(va: &[f32], vb: &[f32], vi: &[f32], vj: &[f32]) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2. The same operations in the same order (Rust never fuses
+        // a multiply and an add), only eight lanes to a register: bit-identical results.
+        return unsafe { swap_delta_avx2(va, vb, vi, vj) };
+    }
+    swap_delta_lanes(va, vb, vi, vj)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn swap_delta_avx2(va: &[f32], vb: &[f32], vi: &[f32], vj: &[f32]) -> f64 {
+    swap_delta_lanes(va, vb, vi, vj)
+}
+
+#[inline(always)]
+fn swap_delta_lanes(va: &[f32], vb: &[f32], vi: &[f32], vj: &[f32]) -> f64 {
     const W: usize = 8;
     let n = va.len();
     let (va, vb, vi, vj) = (&va[..n], &vb[..n], &vi[..n], &vj[..n]);
     let mut acc = [0.0f32; W];
-    let full = n / W * W;
-    for k in (0..full).step_by(W) {
+    // fixed-size chunks: no bounds checks left in the loop, so the lanes become one register
+    let chunks = va.chunks_exact(W).zip(vb.chunks_exact(W)).zip(vi.chunks_exact(W).zip(vj.chunks_exact(W)));
+    for ((a, b), (i, j)) in chunks {
+        let (a, b, i, j): (&[f32; W], &[f32; W], &[f32; W], &[f32; W]) =
+            (a.try_into().unwrap(), b.try_into().unwrap(), i.try_into().unwrap(), j.try_into().unwrap());
         for lane in 0..W {
-            let dv = vj[k + lane] - vi[k + lane];
-            acc[lane] += (va[k + lane] - vb[k + lane] + dv) * dv;
+            let dv = j[lane] - i[lane];
+            acc[lane] += (a[lane] - b[lane] + dv) * dv;
         }
     }
+    let full = n / W * W;
     let mut tail = 0.0f32;
     for k in full..n {
         let dv = vj[k] - vi[k];
