@@ -20,7 +20,10 @@ use routepack_core::packing::bounds::{l1, l2};
 use routepack_core::packing::certified::certified_rows;
 use routepack_core::packing::exact::pack_into;
 use routepack_core::placement::static_placement;
-use routepack_core::{CostModel, Topology, WindowView};
+use routepack_core::{Topology, WindowView};
+
+mod support;
+use support::normal;
 
 const S: usize = 4096;
 const L: usize = 32;
@@ -32,10 +35,6 @@ const CAP: i64 = 65536;
 /// (sample, layer) split over experts by popularity × topic affinity (deterministic rounding).
 fn flash_window(seed: u64) -> (Vec<i64>, Vec<i32>) {
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
-    let normal = |rng: &mut Xoshiro256PlusPlus| {
-        let (u, v): (f64, f64) = (rng.random::<f64>().max(1e-12), rng.random());
-        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
-    };
     let lens: Vec<i64> = (0..S)
         .map(|_| {
             let prompt = (800.0 * (0.5 * normal(&mut rng)).exp()).clamp(16.0, 8192.0);
@@ -77,29 +76,11 @@ fn flash_window(seed: u64) -> (Vec<i64>, Vec<i32>) {
     (lens, tok)
 }
 
-fn flash_cost() -> CostModel {
-    // CostModel.from_model(flash, Hardware.h200()) computed by hand: H = 4096, I = 1024
-    let rate = 989e12 * 0.5;
-    let (h, i) = (4096.0f64, 1024.0f64);
-    let expert = 3.0 * h * i;
-    CostModel {
-        a_lin: 2.0 * (4.0 * h * h + expert) / rate,
-        a_quad: (0..L).map(|l| if l % 6 == 5 { 2.0 * h / rate } else { 0.0 }).collect(),
-        c_tok: 2.0 * expert / rate,
-        c_exp: 2e-6,
-        token_bytes: h * 2.0,
-        bw_intra: 450e9 * 0.8,
-        bw_inter: 50e9 * 0.8,
-        expert_weight_bytes: expert * 2.0,
-        expert_grad_bytes: expert * 4.0,
-        expert_state_bytes: expert * 14.0,
-    }
-}
 
 fn benches(c: &mut Criterion) {
     let (lens, tok) = flash_window(1);
     let topo = Topology::new(64, 32, 8, 17).unwrap();
-    let cost = flash_cost();
+    let cost = support::flash_cost(L);
     let w = WindowView::new(&lens, &tok, L, E).unwrap();
     let pl = static_placement(L, E, &topo).unwrap();
 
@@ -120,7 +101,7 @@ fn benches(c: &mut Criterion) {
 fn anneal<M: Measurement>(c: &mut Criterion<M>, label: &str) {
     let (lens, tok) = flash_window(1);
     let topo = Topology::new(64, 32, 8, 17).unwrap();
-    let cost = flash_cost();
+    let cost = support::flash_cost(L);
     let w = WindowView::new(&lens, &tok, L, E).unwrap();
     let pl = static_placement(L, E, &topo).unwrap();
     let rows = certified_rows(&lens, CAP, topo.dp, 200_000, None).unwrap();

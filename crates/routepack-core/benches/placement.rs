@@ -8,50 +8,16 @@
 //! CPU time of the same calls, for reading these on a shared machine.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use rand::{RngExt, SeedableRng};
-use rand_xoshiro::Xoshiro256PlusPlus;
 use routepack_core::placement::demand::Demand;
 use routepack_core::placement::eplb::rebalance_experts;
 use routepack_core::placement::routepack::{routepack_placement, Options};
 use routepack_core::{CostModel, Topology};
 
+mod support;
+use support::synthetic;
+
 const CHUNKS: usize = 32;
 
-/// Standard normal by Box–Muller (the bench only needs a skewed, reproducible shape).
-fn normal(rng: &mut Xoshiro256PlusPlus) -> f64 {
-    let u: f64 = rng.random::<f64>().max(1e-12);
-    let v: f64 = rng.random::<f64>();
-    (-2.0f64 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
-}
-
-/// `(loads [L, E], chunks [L, E, B])`: per-layer lognormal popularity (spread 0.4–1.4),
-/// 16 topics boosting 6% of the experts each, every chunk a random mix of 4 topics.
-fn synthetic(layers: usize, experts: usize, chunks: usize, seed: u64) -> (Vec<f64>, Vec<f64>) {
-    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
-    let topics = 16;
-    let mut loads = vec![0.0; layers * experts];
-    let mut demand = vec![0.0; layers * experts * chunks];
-    for l in 0..layers {
-        let spread = 0.4 + rng.random::<f64>();
-        let base: Vec<f64> = (0..experts).map(|_| normal(&mut rng) * spread).collect();
-        let boost: Vec<Vec<f64>> = (0..topics)
-            .map(|_| (0..experts).map(|_| if rng.random::<f64>() < 0.06 { 2.2 * (0.5 + 0.5 * rng.random::<f64>()) } else { 0.0 }).collect())
-            .collect();
-        for b in 0..chunks {
-            let mix: Vec<usize> = (0..4).map(|_| rng.random_range(0..topics)).collect();
-            let mut p: Vec<f64> = (0..experts)
-                .map(|e| mix.iter().map(|&t| (base[e] + boost[t][e]).exp()).sum::<f64>())
-                .collect();
-            let z: f64 = p.iter().sum();
-            p.iter_mut().for_each(|x| *x *= 1.0e6 / z);
-            for e in 0..experts {
-                demand[(l * experts + e) * chunks + b] = p[e].round();
-                loads[l * experts + e] += p[e].round();
-            }
-        }
-    }
-    (loads, demand)
-}
 
 struct Size {
     name: &'static str,

@@ -10,8 +10,10 @@ use rand_xoshiro::Xoshiro256PlusPlus;
 use routepack_core::packing::sequential::sequential;
 use routepack_core::placement::static_placement;
 use routepack_core::replication::{hot_n, relibra, routepack, Packed};
-use routepack_core::{CostModel, Topology, WindowView};
+use routepack_core::{Topology, WindowView};
 use std::hint::black_box;
+
+mod support;
 
 const L: usize = 4;
 const E: usize = 512;
@@ -38,30 +40,12 @@ fn window() -> (Vec<i64>, Vec<i32>) {
     (lens, tokens)
 }
 
-/// H200-like coefficients of the flash profile (python/routepack/traces.py, model.py).
-fn cost() -> CostModel {
-    let rate = 989e12 * 0.5;
-    let (h, i) = (4096.0, 1024.0);
-    let expert = 3.0 * h * i;
-    CostModel {
-        a_lin: 2.0 * (4.0 * h * h + expert) / rate,
-        a_quad: (0..L).map(|l| if l % 6 == 5 { 2.0 * h / rate } else { 0.0 }).collect(),
-        c_tok: 2.0 * expert / rate,
-        c_exp: 2e-6,
-        token_bytes: h * 2.0,
-        bw_intra: 450e9 * 0.8,
-        bw_inter: 50e9 * 0.8,
-        expert_weight_bytes: expert * 2.0,
-        expert_grad_bytes: expert * 4.0,
-        expert_state_bytes: expert * 14.0,
-    }
-}
 
 fn replication(c: &mut Criterion) {
     let topo = Topology::new(64, 32, 8, 17).unwrap();
     let (lens, tokens) = window();
     let w = WindowView::new(&lens, &tokens, L, E).unwrap();
-    let cost = cost();
+    let cost = support::flash_cost(L);
     let placement = static_placement(L, E, &topo).unwrap();
     let p = sequential(&lens, 65536, topo.dp).unwrap();
     let packed = Packed { sample_rank: &p.sample_rank, sample_micro: &p.sample_micro, num_micro: p.num_micro };

@@ -1,0 +1,63 @@
+//! Inputs shared by the criterion benches and `examples/placement_cpu.rs` (each includes this
+//! file as `mod support`): the flash profile's cost coefficients and synthetic skewed loads.
+#![allow(dead_code)] // each bench uses a subset
+
+use rand::{RngExt, SeedableRng};
+use rand_xoshiro::Xoshiro256PlusPlus;
+use routepack_core::CostModel;
+
+/// H200-like coefficients of the flash profile, as `CostModel.from_model(flash, Hardware.h200())`
+/// computes them (python/routepack/model.py): H = 4096, I = 1024, one full-attention layer in six.
+pub fn flash_cost(layers: usize) -> CostModel {
+    let rate = 989e12 * 0.5;
+    let (h, i) = (4096.0f64, 1024.0f64);
+    let expert = 3.0 * h * i;
+    CostModel {
+        a_lin: 2.0 * (4.0 * h * h + expert) / rate,
+        a_quad: (0..layers).map(|l| if l % 6 == 5 { 2.0 * h / rate } else { 0.0 }).collect(),
+        c_tok: 2.0 * expert / rate,
+        c_exp: 2e-6,
+        token_bytes: h * 2.0,
+        bw_intra: 450e9 * 0.8,
+        bw_inter: 50e9 * 0.8,
+        expert_weight_bytes: expert * 2.0,
+        expert_grad_bytes: expert * 4.0,
+        expert_state_bytes: expert * 14.0,
+    }
+}
+
+/// Standard normal by Box–Muller (the bench only needs a skewed, reproducible shape).
+pub fn normal(rng: &mut Xoshiro256PlusPlus) -> f64 {
+    let u: f64 = rng.random::<f64>().max(1e-12);
+    let v: f64 = rng.random::<f64>();
+    (-2.0f64 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+}
+
+/// `(loads [L, E], chunks [L, E, B])`: per-layer lognormal popularity (spread 0.4–1.4),
+/// 16 topics boosting 6% of the experts each, every chunk a random mix of 4 topics.
+pub fn synthetic(layers: usize, experts: usize, chunks: usize, seed: u64) -> (Vec<f64>, Vec<f64>) {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
+    let topics = 16;
+    let mut loads = vec![0.0; layers * experts];
+    let mut demand = vec![0.0; layers * experts * chunks];
+    for l in 0..layers {
+        let spread = 0.4 + rng.random::<f64>();
+        let base: Vec<f64> = (0..experts).map(|_| normal(&mut rng) * spread).collect();
+        let boost: Vec<Vec<f64>> = (0..topics)
+            .map(|_| (0..experts).map(|_| if rng.random::<f64>() < 0.06 { 2.2 * (0.5 + 0.5 * rng.random::<f64>()) } else { 0.0 }).collect())
+            .collect();
+        for b in 0..chunks {
+            let mix: Vec<usize> = (0..4).map(|_| rng.random_range(0..topics)).collect();
+            let mut p: Vec<f64> = (0..experts)
+                .map(|e| mix.iter().map(|&t| (base[e] + boost[t][e]).exp()).sum::<f64>())
+                .collect();
+            let z: f64 = p.iter().sum();
+            p.iter_mut().for_each(|x| *x *= 1.0e6 / z);
+            for e in 0..experts {
+                demand[(l * experts + e) * chunks + b] = p[e].round();
+                loads[l * experts + e] += p[e].round();
+            }
+        }
+    }
+    (loads, demand)
+}
