@@ -12,7 +12,7 @@ use std::hint::black_box;
 
 use criterion::measurement::{Measurement, ValueFormatter};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use rand::{RngExt, SeedableRng};
+use rand::SeedableRng;
 use rand_xoshiro::Xoshiro256PlusPlus;
 use routepack_core::layout::chain::{Chain, MoveMix};
 use routepack_core::layout::{init, Proxy};
@@ -23,59 +23,9 @@ use routepack_core::placement::static_placement;
 use routepack_core::{Topology, WindowView};
 
 mod support;
-use support::normal;
+use support::flash_window;
 
-const S: usize = 4096;
-const L: usize = 32;
-const E: usize = 512;
-const K: i64 = 8;
-const CAP: i64 = 65536;
-
-/// Lengths ~ prompt + lognormal response, clipped at 32768 + prompt; expert demand of each
-/// (sample, layer) split over experts by popularity × topic affinity (deterministic rounding).
-fn flash_window(seed: u64) -> (Vec<i64>, Vec<i32>) {
-    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
-    let lens: Vec<i64> = (0..S)
-        .map(|_| {
-            let prompt = (800.0 * (0.5 * normal(&mut rng)).exp()).clamp(16.0, 8192.0);
-            let resp = (4000.0 * (0.9 * normal(&mut rng)).exp()).clamp(1.0, 32768.0);
-            ((prompt + resp).round() as i64).min(CAP)
-        })
-        .collect();
-    let topics = 16;
-    let pop: Vec<f64> = (0..L * E).map(|_| (normal(&mut rng) * 0.9).exp()).collect();
-    let affinity: Vec<f64> = (0..topics * L * E).map(|_| if rng.random::<f64>() < 0.06 { 6.0 } else { 1.0 }).collect();
-    let topic: Vec<usize> = (0..S).map(|s| (s / 16 * 7) % topics).collect();
-    let mut tok = vec![0i32; S * L * E];
-    let mut w = vec![0f64; E];
-    for s in 0..S {
-        for l in 0..L {
-            let mut total = 0.0;
-            for e in 0..E {
-                w[e] = pop[l * E + e] * affinity[(topic[s] * L + l) * E + e];
-                total += w[e];
-            }
-            let routed = K * lens[s];
-            let row = &mut tok[(s * L + l) * E..(s * L + l + 1) * E];
-            let mut given = 0i64;
-            for e in 0..E {
-                let x = ((routed as f64 * w[e] / total) as i64).min(lens[s]);
-                row[e] = x as i32;
-                given += x;
-            }
-            let mut e = (s * 31 + l) % E;
-            while given < routed {
-                if (row[e] as i64) < lens[s] {
-                    row[e] += 1;
-                    given += 1;
-                }
-                e = (e + 1) % E;
-            }
-        }
-    }
-    (lens, tok)
-}
-
+use support::{FLASH_CAP as CAP, FLASH_E as E, FLASH_L as L};
 
 fn benches(c: &mut Criterion) {
     let (lens, tok) = flash_window(1);

@@ -61,3 +61,55 @@ pub fn synthetic(layers: usize, experts: usize, chunks: usize, seed: u64) -> (Ve
     }
     (loads, demand)
 }
+
+/// The flash packing size: samples, MoE layers, experts, top-k, token cap.
+pub const FLASH_S: usize = 4096;
+pub const FLASH_L: usize = 32;
+pub const FLASH_E: usize = 512;
+pub const FLASH_K: i64 = 8;
+pub const FLASH_CAP: i64 = 65536;
+
+/// Lengths ~ prompt + lognormal response, clipped at 32768 + prompt; expert demand of each
+/// (sample, layer) split over experts by popularity × topic affinity (deterministic rounding).
+pub fn flash_window(seed: u64) -> (Vec<i64>, Vec<i32>) {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
+    let lens: Vec<i64> = (0..FLASH_S)
+        .map(|_| {
+            let prompt = (800.0 * (0.5 * normal(&mut rng)).exp()).clamp(16.0, 8192.0);
+            let resp = (4000.0 * (0.9 * normal(&mut rng)).exp()).clamp(1.0, 32768.0);
+            ((prompt + resp).round() as i64).min(FLASH_CAP)
+        })
+        .collect();
+    let topics = 16;
+    let pop: Vec<f64> = (0..FLASH_L * FLASH_E).map(|_| (normal(&mut rng) * 0.9).exp()).collect();
+    let affinity: Vec<f64> = (0..topics * FLASH_L * FLASH_E).map(|_| if rng.random::<f64>() < 0.06 { 6.0 } else { 1.0 }).collect();
+    let topic: Vec<usize> = (0..FLASH_S).map(|s| (s / 16 * 7) % topics).collect();
+    let mut tok = vec![0i32; FLASH_S * FLASH_L * FLASH_E];
+    let mut w = vec![0f64; FLASH_E];
+    for s in 0..FLASH_S {
+        for l in 0..FLASH_L {
+            let mut total = 0.0;
+            for e in 0..FLASH_E {
+                w[e] = pop[l * FLASH_E + e] * affinity[(topic[s] * FLASH_L + l) * FLASH_E + e];
+                total += w[e];
+            }
+            let routed = FLASH_K * lens[s];
+            let row = &mut tok[(s * FLASH_L + l) * FLASH_E..(s * FLASH_L + l + 1) * FLASH_E];
+            let mut given = 0i64;
+            for e in 0..FLASH_E {
+                let x = ((routed as f64 * w[e] / total) as i64).min(lens[s]);
+                row[e] = x as i32;
+                given += x;
+            }
+            let mut e = (s * 31 + l) % FLASH_E;
+            while given < routed {
+                if (row[e] as i64) < lens[s] {
+                    row[e] += 1;
+                    given += 1;
+                }
+                e = (e + 1) % FLASH_E;
+            }
+        }
+    }
+    (lens, tok)
+}

@@ -19,7 +19,7 @@
 use rand::Rng;
 use rand_xoshiro::Xoshiro256PlusPlus;
 
-use super::cost::{Delta, Proxy, Scratch, Shards, Src};
+use super::cost::{Delta, Proxy, Shards, Src};
 use super::detmath;
 
 /// A near-length partner is at most this many places away in length order.
@@ -69,10 +69,9 @@ pub struct Chain {
     pub evaluated: u64,
     pub accepted: u64,
     // scratch, not state
-    sc: Scratch,
     d_a: Delta,
     d_b: Delta,
-    /// `[cells, agg_len]` demand of each cell's samples (cell swaps read it; see
+    /// `[cells, row_len]` demand of each cell's samples (cell swaps read it; see
     /// `Proxy::cell_table`).
     cagg: Vec<f32>,
 }
@@ -119,7 +118,6 @@ impl Chain {
             proposed: 0,
             evaluated: 0,
             accepted: 0,
-            sc: px.scratch(),
             d_a: Delta::one(Src::Zero, Src::Zero, 0, 0.0, 0.0),
             d_b: Delta::one(Src::Zero, Src::Zero, 0, 0.0, 0.0),
             cagg: px.cell_table(cell_of),
@@ -240,11 +238,11 @@ impl Chain {
             self.d_b = Delta::one(add, sub, pb, -1.0, -1.0);
         }
         self.evaluated += 1;
-        let cost_a = px.eval_gm(&mut self.sh, gm_a, &self.d_a, &self.cagg, &mut self.sc);
+        let cost_a = px.eval_gm(&self.sh, gm_a, &self.d_a, &self.cagg);
         let cost_b = if same {
             cost_a
         } else {
-            px.eval_gm(&mut self.sh, gm_b, &self.d_b, &self.cagg, &mut self.sc)
+            px.eval_gm(&self.sh, gm_b, &self.d_b, &self.cagg)
         };
         // group totals with the new (group, step) costs, summed in step order
         let m_n = px.micro;
@@ -326,11 +324,11 @@ impl Chain {
             }
         }
         // the rows first: a cell swap reads the cells' demand as it was before the move
-        px.apply_gm(&mut self.sh, p.gm_a, &self.d_a, &self.cagg, p.cost_a, &mut self.sc);
+        px.apply_gm(&mut self.sh, p.gm_a, &self.d_a, &self.cagg, p.cost_a);
         if p.gm_b != p.gm_a {
-            px.apply_gm(&mut self.sh, p.gm_b, &self.d_b, &self.cagg, p.cost_b, &mut self.sc);
+            px.apply_gm(&mut self.sh, p.gm_b, &self.d_b, &self.cagg, p.cost_b);
         }
-        let len = px.agg_len();
+        let len = px.row_len();
         let (lo, hi) = (a.min(b), a.max(b));
         let (head, tail) = self.cagg.split_at_mut(hi * len);
         let (row_lo, row_hi) = (&mut head[lo * len..(lo + 1) * len], &mut tail[..len]);

@@ -9,15 +9,19 @@
 //!   inter-node / bw_inter), as `simulate` prices it.
 //!
 //! Routing is approximated through the placement: each sample's tokens for expert e are split
-//! evenly over e's replicas, giving `proj[s, l, p]`, the tokens sample s sends to EP rank p in
+//! evenly over e's replicas, giving proj[s, l, p], the tokens sample s sends to EP rank p in
 //! layer l (rounded to whole tokens, so every sum is exact in f32 whatever the placement: no
 //! drift over millions of moves; under the static placement the projection is exact, with
-//! replicas it differs from `flow`'s integer split by under a token per sample and rank). For each (group, step, layer) the state keeps,
-//! per EP rank p: tokens received `tok`, tokens received from ranks on p's own node `same`,
-//! tokens sent `otot`, tokens sent to p's own node `onode`, and tokens p sends to itself `diag`.
+//! replicas it differs from `flow`'s integer split by under a token per sample and rank). A
+//! sample's "demand row" holds proj, its sum over ranks (otot) and its sums over each node's
+//! ranks (onode), blocked by eight layers as `kernel::Shape` lays them out; a cell's demand
+//! row is the sum of its samples' rows. For each (group, step, layer) the state keeps, per EP
+//! rank p: tokens received `tok`, tokens received from ranks on p's own node `same`, tokens
+//! sent `otot`, tokens sent to p's own node `onode`, and tokens p sends to itself `diag`.
 //! Then sent_intra = onode − diag, received_intra = same − diag, sent_inter = otot − onode,
 //! received_inter = tok − same. Moving a sample touches two (group, step) cells: O(L·ep),
-//! one fused pass per layer (`kernel`).
+//! one pass each (`kernel`). Attention keeps the three largest rank values per (group, step)
+//! and kind, so a move prices it in O(kinds) (only its end ranks change).
 //!
 //! The energy the annealer minimises is max_g C_g + λ · mean_g C_g: the slowest shard's
 //! accumulated cost (what `simulate`'s step time is), plus a small pull on the other shards
@@ -31,7 +35,10 @@ use crate::placement::Placement;
 use crate::topology::Topology;
 use crate::window::WindowView;
 
-use super::kernel::{detect_avx2, gm_apply, gm_cost, Coeffs, GmDelta, Shape, SrcView, ROWS};
+use super::kernel::{detect_avx2, gm_apply, gm_cost, Coeffs, Shape, StepDelta};
+
+/// Rank values kept per (group, step, attention kind): the largest three.
+const TOP: usize = 3;
 
 /// Per-sample demand projected onto EP ranks, and the cost coefficients. Built once per
 /// window, placement and microbatch count; shared read-only by every chain.
@@ -51,14 +58,12 @@ pub struct Proxy {
     /// `[S]` samples in increasing length (ties by index), and each sample's place in it.
     pub by_len: Vec<u32>,
     pub len_rank: Vec<u32>,
-    /// `[S, L, ep]` tokens of sample s for EP rank p in layer l.
-    pub proj: Vec<f32>,
-    /// `[S, L]` Σ_p proj (tokens sample s sends in layer l).
-    pub otot: Vec<f32>,
-    /// `[S, L, nodes]` Σ over the ranks of each node of proj.
-    pub onode: Vec<f32>,
-    /// `[L, ep]` 3 · c_exp · experts hosted by rank p (the simulator counts active experts;
-    /// with thousands of tokens per microbatch every hosted expert is active).
+    /// Where values live in demand rows and state (layers blocked by eight).
+    pub shape: Shape,
+    /// `[S, row_len]` demand row of each sample (see the module comment).
+    pub demand: Vec<f32>,
+    /// `[chunks, ep, 8]` 3 · c_exp · experts hosted by rank p in layer l (the simulator counts
+    /// active experts; with thousands of tokens per microbatch every hosted expert is active).
     pub hexp: Vec<f32>,
     /// Distinct attention kinds: (3 · a_quad, number of layers with it).
     pub kinds: Vec<(f64, f64)>,
@@ -67,14 +72,14 @@ pub struct Proxy {
     pub ki: f32,
     pub ke: f32,
     pub lambda: f64,
-    /// Zeros laid out like a row of the per-cell table (`Src::Zero`).
+    /// A demand row of zeros (`Src::Zero`).
     zero: Vec<f32>,
     /// The CPU has AVX2 (the hot loop has a build for it).
     avx2: bool,
 }
 
 /// Where a source vector comes from: nothing, one sample, or all samples of a cell (its row
-/// of the caller's per-cell table, `[cells, agg_len]`, kept by `Proxy::add_sample`).
+/// of the caller's per-cell table, `[cells, row_len]`, kept by `Proxy::add_sample`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Src {
     Zero,
@@ -103,23 +108,24 @@ impl Delta {
     pub fn shift(add: Src, sub: Src, from: usize, to: usize) -> Self {
         Self { add, sub, tok: 0.0, ends: [(from, -1.0), (to, 1.0)], n_ends: 2 }
     }
-}
-
-/// Per-move scratch: the signed same-node indicator `[ep]` of a delta.
-#[derive(Clone, Debug)]
-pub struct Scratch {
-    cm: Vec<f32>,
+    /// No change (prices the state as it is).
+    pub fn none() -> Self {
+        Self { add: Src::Zero, sub: Src::Zero, tok: 0.0, ends: [(0, 0.0); 2], n_ends: 0 }
+    }
 }
 
 /// Incremental state of one layout: per (group, step) the rows above, per cell (DP rank d,
 /// step m; index d·M + m) Σ n and Σ n², and the costs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Shards {
-    /// `[G·M, L, ROWS, ep]`
+    /// `[G·M, state_len]` (`kernel::Shape::state_at`)
     pub gm: Vec<f32>,
     /// `[dp·M]`
     pub lin: Vec<i64>,
     pub quad: Vec<i64>,
+    /// `[G·M, kinds, 3]` the three largest attention values of the step's ranks (value,
+    /// rank), largest first; missing entries are (0, u32::MAX).
+    pub att_top: Vec<[(f64, u32); TOP]>,
     /// `[G·M]` cost of each (group, step).
     pub gm_cost: Vec<f64>,
     /// `[G]` Σ_m gm_cost.
@@ -157,6 +163,7 @@ impl Proxy {
         let (s_n, l_n, ep) = (w.num_samples, w.num_layers, topo.ep);
         let rpn = topo.ranks_per_group_node();
         let nodes = ep / rpn;
+        let shape = Shape::new(l_n, ep, nodes);
         // per layer: the rank of each single-replica expert (u32::MAX if replicated), and the
         // (expert, rank, share) triples of replicated experts, shares on one rank merged
         type Routes = (Vec<u32>, Vec<(usize, usize, f64)>);
@@ -183,8 +190,9 @@ impl Proxy {
                 (single, multi)
             })
             .collect();
-        let mut proj = vec![0f32; s_n * l_n * ep];
-        proj.par_chunks_mut(l_n * ep).enumerate().for_each(|(s, out)| {
+        let row_len = shape.row_len();
+        let mut demand = vec![0f32; s_n * row_len];
+        demand.par_chunks_mut(row_len).enumerate().for_each(|(s, out)| {
             let mut whole = vec![0i64; ep + 1];
             let mut part = vec![0f64; ep];
             for (l, (single, multi)) in routes.iter().enumerate() {
@@ -198,21 +206,21 @@ impl Proxy {
                 for &(e, p, sh) in multi {
                     part[p] += x[e] as f64 * sh;
                 }
+                let (mut sent, mut node_sent) = (0f32, 0f32);
                 for p in 0..ep {
-                    out[l * ep + p] = (whole[p] as f64 + part[p]).round() as f32;
+                    let v = (whole[p] as f64 + part[p]).round() as f32;
+                    out[shape.proj_at(l, p)] = v;
+                    sent += v;
+                    node_sent += v;
+                    if (p + 1) % rpn == 0 {
+                        out[shape.onode_at(l, p / rpn)] = node_sent;
+                        node_sent = 0.0;
+                    }
                 }
+                out[shape.otot_at(l)] = sent;
             }
         });
-        let mut otot = vec![0f32; s_n * l_n];
-        let mut onode = vec![0f32; s_n * l_n * nodes];
-        for sl in 0..s_n * l_n {
-            let row = &proj[sl * ep..(sl + 1) * ep];
-            otot[sl] = row.iter().sum();
-            for nd in 0..nodes {
-                onode[sl * nodes + nd] = row[nd * rpn..(nd + 1) * rpn].iter().sum();
-            }
-        }
-        let mut hexp = vec![0f32; l_n * ep];
+        let mut hexp = vec![0f32; shape.hexp_len()];
         for l in 0..l_n {
             let layer = placement.layer(l);
             for p in 0..ep {
@@ -220,7 +228,7 @@ impl Proxy {
                     layer[p * topo.slots_per_rank..(p + 1) * topo.slots_per_rank].iter().copied().filter(|&e| e >= 0).collect();
                 hosted.sort_unstable();
                 hosted.dedup();
-                hexp[l * ep + p] = (COMPUTE_PASSES * cost.c_exp * hosted.len() as f64) as f32;
+                hexp[shape.proj_at(l, p)] = (COMPUTE_PASSES * cost.c_exp * hosted.len() as f64) as f32;
             }
         }
         let mut kinds: Vec<(f64, f64)> = Vec::new();
@@ -252,9 +260,8 @@ impl Proxy {
             sq: w.seq_lens.iter().map(|&n| n * n).collect(),
             by_len,
             len_rank,
-            proj,
-            otot,
-            onode,
+            shape,
+            demand,
             hexp,
             kinds,
             att_lin: COMPUTE_PASSES * cost.a_lin,
@@ -262,7 +269,7 @@ impl Proxy {
             ki: (a2a / cost.bw_intra) as f32,
             ke: (a2a / cost.bw_inter) as f32,
             lambda,
-            zero: vec![0.0; l_n * (ep + 1 + nodes)],
+            zero: vec![0.0; row_len],
             avx2: detect_avx2(),
         })
     }
@@ -282,37 +289,29 @@ impl Proxy {
     pub fn rank_of(&self, cell: usize) -> usize {
         (cell / self.micro) % self.ep
     }
+    /// Length of a demand row (a sample's or a cell's).
     #[inline]
-    fn block(&self) -> usize {
-        self.num_layers * ROWS * self.ep
+    pub fn row_len(&self) -> usize {
+        self.shape.row_len()
     }
-    /// Size of one cell's row of the per-cell table: proj `[L, ep]`, otot `[L]`, onode
-    /// `[L, nodes]`.
+    /// Tokens sample s sends in layer l.
     #[inline]
-    pub fn agg_len(&self) -> usize {
-        self.num_layers * (self.ep + 1 + self.nodes)
+    pub fn sent(&self, s: usize, l: usize) -> f32 {
+        self.demand[s * self.row_len() + self.shape.otot_at(l)]
     }
 
-    /// Adds (`sign` = 1) or removes (−1) sample s's demand to/from a per-cell row `[agg_len]`.
-    /// Values are whole numbers, so the row always equals the sum over the cell's samples.
+    /// Adds (`sign` = 1) or removes (−1) sample s's demand row to/from `row`. Values are
+    /// whole numbers, so the row always equals the sum over the cell's samples.
     pub fn add_sample(&self, row: &mut [f32], s: usize, sign: f32) {
-        let (l_n, ep, nd) = (self.num_layers, self.ep, self.nodes);
-        let (pr, rest) = row.split_at_mut(l_n * ep);
-        let (ot, on) = rest.split_at_mut(l_n);
-        for (x, &y) in pr.iter_mut().zip(&self.proj[s * l_n * ep..(s + 1) * l_n * ep]) {
-            *x += sign * y;
-        }
-        for (x, &y) in ot.iter_mut().zip(&self.otot[s * l_n..(s + 1) * l_n]) {
-            *x += sign * y;
-        }
-        for (x, &y) in on.iter_mut().zip(&self.onode[s * l_n * nd..(s + 1) * l_n * nd]) {
+        let len = self.row_len();
+        for (x, &y) in row.iter_mut().zip(&self.demand[s * len..(s + 1) * len]) {
             *x += sign * y;
         }
     }
 
-    /// The per-cell table `[cells, agg_len]` of a layout.
+    /// The per-cell table `[cells, row_len]` of a layout.
     pub fn cell_table(&self, cell_of: &[u32]) -> Vec<f32> {
-        let len = self.agg_len();
+        let len = self.row_len();
         let mut t = vec![0f32; self.cells() * len];
         for (s, &c) in cell_of.iter().enumerate() {
             let c = c as usize;
@@ -331,33 +330,15 @@ impl Proxy {
         }
     }
 
-    /// A source's demand as the kernel reads it.
+    /// A source's demand row.
     #[inline]
-    fn view<'a>(&'a self, src: Src, agg: &'a [f32]) -> SrcView<'a> {
-        let (l_n, ep, nd) = (self.num_layers, self.ep, self.nodes);
-        let slot = |a: &'a [f32]| SrcView { proj: &a[..l_n * ep], otot: &a[l_n * ep..l_n * ep + l_n], onode: &a[l_n * (ep + 1)..l_n * (ep + 1 + nd)] };
+    fn row<'a>(&'a self, src: Src, cells: &'a [f32]) -> &'a [f32] {
+        let len = self.row_len();
         match src {
-            Src::Zero => slot(&self.zero),
-            Src::Sample(s) => {
-                let s = s as usize;
-                SrcView {
-                    proj: &self.proj[s * l_n * ep..(s + 1) * l_n * ep],
-                    otot: &self.otot[s * l_n..(s + 1) * l_n],
-                    onode: &self.onode[s * l_n * nd..(s + 1) * l_n * nd],
-                }
-            }
-            Src::Cell(c) => slot(&agg[c * self.agg_len()..(c + 1) * self.agg_len()]),
+            Src::Zero => &self.zero,
+            Src::Sample(s) => &self.demand[s as usize * len..(s as usize + 1) * len],
+            Src::Cell(c) => &cells[c * len..(c + 1) * len],
         }
-    }
-
-    /// Scratch for `eval_gm`/`apply_gm`.
-    pub fn scratch(&self) -> Scratch {
-        Scratch { cm: vec![0.0; self.ep] }
-    }
-
-    #[inline]
-    fn shape(&self) -> Shape {
-        Shape { layers: self.num_layers, ep: self.ep, nodes: self.nodes }
     }
 
     #[inline]
@@ -365,56 +346,71 @@ impl Proxy {
         Coeffs { ct: self.ct, ki: self.ki, ke: self.ke }
     }
 
-    /// The kernel's view of `d` for one (group, step); fills the scratch vector.
-    fn gm_delta<'a>(&'a self, d: &Delta, agg: &'a [f32], sc: &'a mut Scratch) -> GmDelta<'a> {
-        sc.cm.iter_mut().for_each(|x| *x = 0.0);
-        for &(p, sign) in &d.ends[..d.n_ends] {
-            let node = p / self.rpn;
-            sc.cm[node * self.rpn..(node + 1) * self.rpn].iter_mut().for_each(|x| *x += sign);
-        }
-        GmDelta { add: self.view(d.add, agg), sub: self.view(d.sub, agg), cm: &sc.cm, ts: d.tok, ends: d.ends, n_ends: d.n_ends }
+    #[inline]
+    fn step_delta<'a>(&'a self, d: &Delta, cells: &'a [f32]) -> StepDelta<'a> {
+        StepDelta { add: self.row(d.add, cells), sub: self.row(d.sub, cells), ts: d.tok, ends: d.ends, n_ends: d.n_ends }
     }
 
-    /// Cost of (group, step) `gm` after `d`. The state is unchanged afterwards (it is
-    /// borrowed mutably because the kernel patches and restores the end ranks in place).
-    pub fn eval_gm(&self, sh: &mut Shards, gm: usize, d: &Delta, agg: &[f32], sc: &mut Scratch) -> f64 {
+    /// Cost of (group, step) `gm` after `d` (`cells`: the per-cell table, read by cell
+    /// sources). The state is not changed.
+    pub fn eval_gm(&self, sh: &Shards, gm: usize, d: &Delta, cells: &[f32]) -> f64 {
+        let len = self.shape.state_len();
         let att = self.attention(sh, gm, d);
-        let block = self.block();
-        let gd = self.gm_delta(d, agg, sc);
-        att + gm_cost(&mut sh.gm[gm * block..(gm + 1) * block], &self.hexp, &gd, self.coeffs(), self.shape(), self.avx2)
+        att + gm_cost(&sh.gm[gm * len..(gm + 1) * len], &self.hexp, &self.step_delta(d, cells), self.coeffs(), self.shape, self.avx2)
     }
 
     /// Applies `d` to `gm`'s rows with the same arithmetic as `eval_gm` (so the state is what
-    /// was evaluated, bit for bit) and records `cost`. Σ n and Σ n² of cells are the caller's.
-    pub fn apply_gm(&self, sh: &mut Shards, gm: usize, d: &Delta, agg: &[f32], cost: f64, sc: &mut Scratch) {
-        let block = self.block();
-        let gd = self.gm_delta(d, agg, sc);
-        gm_apply(&mut sh.gm[gm * block..(gm + 1) * block], &self.hexp, &gd, self.coeffs(), self.shape(), self.avx2);
+    /// was evaluated, bit for bit) and records `cost`. The caller updates Σ n and Σ n² of the
+    /// cells first (the attention ranking is refreshed from them).
+    pub fn apply_gm(&self, sh: &mut Shards, gm: usize, d: &Delta, cells: &[f32], cost: f64) {
+        let len = self.shape.state_len();
+        gm_apply(&mut sh.gm[gm * len..(gm + 1) * len], &self.hexp, &self.step_delta(d, cells), self.coeffs(), self.shape, self.avx2);
+        self.rank_attention(sh, gm);
         sh.gm_cost[gm] = cost;
         let g = gm / self.micro;
         sh.group_cost[g] = sh.gm_cost[g * self.micro..(g + 1) * self.micro].iter().sum();
     }
 
-    /// Attention part of a (group, step)'s cost after `d`: Σ_kinds count · max_p.
+    /// Cell of EP rank p in (group, step) gm.
+    #[inline]
+    fn cell_at(&self, gm: usize, p: usize) -> usize {
+        let (g, m) = (gm / self.micro, gm % self.micro);
+        (g * self.ep + p) * self.micro + m
+    }
+
+    /// Recomputes the three largest attention values per kind of (group, step) gm.
+    fn rank_attention(&self, sh: &mut Shards, gm: usize) {
+        let k_n = self.kinds.len();
+        for (k, &(q3, _)) in self.kinds.iter().enumerate() {
+            let mut top = [(0.0f64, u32::MAX); TOP];
+            for p in 0..self.ep {
+                let c = self.cell_at(gm, p);
+                let v = self.att_lin * sh.lin[c] as f64 + q3 * sh.quad[c] as f64;
+                if let Some(i) = top.iter().position(|t| t.1 == u32::MAX || v > t.0) {
+                    top.copy_within(i..TOP - 1, i + 1);
+                    top[i] = (v, p as u32);
+                }
+            }
+            sh.att_top[gm * k_n + k] = top;
+        }
+    }
+
+    /// Attention part of a (group, step)'s cost after `d`: Σ_kinds count · max_p. Only the
+    /// end ranks change, so the peak is the largest value of a rank that is not an end
+    /// (from the ranking) or an end's new value.
     fn attention(&self, sh: &Shards, gm: usize, d: &Delta) -> f64 {
-        let (ep, m_n) = (self.ep, self.micro);
-        let (g, m) = (gm / m_n, gm % m_n);
         let (la, qa) = self.lin_quad(d.add, sh);
         let (ls, qs) = self.lin_quad(d.sub, sh);
         let ends = &d.ends[..d.n_ends];
+        let k_n = self.kinds.len();
         let mut cost = 0.0f64;
-        for &(q3, count) in &self.kinds {
-            let mut peak = 0.0f64;
-            for p in 0..ep {
-                let c = (g * ep + p) * m_n + m;
-                let (mut lin, mut quad) = (sh.lin[c], sh.quad[c]);
-                for &(e, sign) in ends {
-                    if e == p {
-                        let k = sign as i64;
-                        lin += k * (la - ls);
-                        quad += k * (qa - qs);
-                    }
-                }
+        for (k, &(q3, count)) in self.kinds.iter().enumerate() {
+            let top = &sh.att_top[gm * k_n + k];
+            let mut peak = top.iter().find(|t| !ends.iter().any(|e| e.0 as u32 == t.1)).map_or(0.0, |t| t.0);
+            for &(p, sign) in ends {
+                let c = self.cell_at(gm, p);
+                let s = sign as i64;
+                let (lin, quad) = (sh.lin[c] + s * (la - ls), sh.quad[c] + s * (qa - qs));
                 peak = peak.max(self.att_lin * lin as f64 + q3 * quad as f64);
             }
             cost += count * peak;
@@ -427,23 +423,25 @@ impl Proxy {
         let m_n = self.micro;
         let gms = self.groups * m_n;
         let mut sh = Shards {
-            gm: vec![0.0; gms * self.block()],
+            gm: vec![0.0; gms * self.shape.state_len()],
             lin: vec![0; self.cells()],
             quad: vec![0; self.cells()],
+            att_top: vec![[(0.0, u32::MAX); TOP]; gms * self.kinds.len()],
             gm_cost: vec![0.0; gms],
             group_cost: vec![0.0; self.groups],
         };
-        let mut sc = self.scratch();
+        let len = self.shape.state_len();
         for (s, &c) in cell_of.iter().enumerate() {
             let c = c as usize;
             let d = Delta::one(Src::Sample(s as u32), Src::Zero, self.rank_of(c), 1.0, 1.0);
-            self.apply_gm(&mut sh, self.gm_of(c), &d, &[], 0.0, &mut sc);
+            let gm = self.gm_of(c);
+            gm_apply(&mut sh.gm[gm * len..(gm + 1) * len], &self.hexp, &self.step_delta(&d, &[]), self.coeffs(), self.shape, self.avx2);
             sh.lin[c] += self.lens[s];
             sh.quad[c] += self.sq[s];
         }
         for gm in 0..gms {
-            let none = Delta { add: Src::Zero, sub: Src::Zero, tok: 0.0, ends: [(0, 0.0); 2], n_ends: 0 };
-            sh.gm_cost[gm] = self.eval_gm(&mut sh, gm, &none, &[], &mut sc);
+            self.rank_attention(&mut sh, gm);
+            sh.gm_cost[gm] = self.eval_gm(&sh, gm, &Delta::none(), &[]);
         }
         for g in 0..self.groups {
             sh.group_cost[g] = sh.gm_cost[g * m_n..(g + 1) * m_n].iter().sum();
@@ -525,20 +523,24 @@ mod tests {
         let pl = static_placement(l_n, e_n, &topo).unwrap();
         let px = Proxy::new(&w, &topo, &cost, &pl, 100_000, 2, 0.1).unwrap();
         let mut cell_of: Vec<u32> = (0..s_n as u32).map(|s| s % 8).collect();
-        let mut sh = px.build(&cell_of);
+        let sh = px.build(&cell_of);
         // move sample 0 from cell 0 (rank 0, step 0) to cell 7 (rank 3, step 1): another group
-        let mut sc = px.scratch();
         let (ga, gb) = (px.gm_of(0), px.gm_of(7));
         let da = Delta::one(Src::Sample(0), Src::Zero, 0, -1.0, -1.0);
         let db = Delta::one(Src::Sample(0), Src::Zero, 1, 1.0, 1.0);
-        let ca = px.eval_gm(&mut sh, ga, &da, &[], &mut sc);
-        let cb = px.eval_gm(&mut sh, gb, &db, &[], &mut sc);
+        let ca = px.eval_gm(&sh, ga, &da, &[]);
+        let cb = px.eval_gm(&sh, gb, &db, &[]);
         let mut inc = sh.clone();
-        px.apply_gm(&mut inc, ga, &da, &[], ca, &mut sc);
-        px.apply_gm(&mut inc, gb, &db, &[], cb, &mut sc);
+        inc.lin[0] -= lens[0];
+        inc.quad[0] -= lens[0] * lens[0];
+        inc.lin[7] += lens[0];
+        inc.quad[7] += lens[0] * lens[0];
+        px.apply_gm(&mut inc, ga, &da, &[], ca);
+        px.apply_gm(&mut inc, gb, &db, &[], cb);
         cell_of[0] = 7;
         let fresh = px.build(&cell_of);
         assert_eq!(fresh.gm, inc.gm);
+        assert_eq!(fresh.att_top, inc.att_top);
         assert!((fresh.gm_cost[ga] - ca).abs() <= 1e-12 * ca.abs().max(1.0));
         assert!((fresh.gm_cost[gb] - cb).abs() <= 1e-12 * cb.abs().max(1.0));
     }

@@ -15,7 +15,7 @@ pub fn sample_weight(px: &Proxy, s: usize) -> f64 {
     let n = px.lens[s] as f64;
     let att: f64 = px.kinds.iter().map(|&(q3, cnt)| cnt * (px.att_lin * n + q3 * n * n)).sum();
     let per_token = px.ct as f64 / px.ep as f64 + if px.nodes > 1 { px.ke as f64 } else { px.ki as f64 };
-    let toks: f64 = px.otot[s * px.num_layers..(s + 1) * px.num_layers].iter().map(|&x| x as f64).sum();
+    let toks: f64 = (0..px.num_layers).map(|l| px.sent(s, l) as f64).sum();
     att + per_token * toks
 }
 

@@ -1,30 +1,39 @@
 //! The hot loop of the layout search: all layers of one (group, step) after a move, evaluated
-//! (and, when the move is accepted, stored in place) in one pass over layers and EP ranks.
+//! (and, when the move is accepted, stored) in one pass over EP ranks with eight layers per
+//! SIMD vector.
 //!
 //! Every move changes a (group, step) by one source vector r = add − sub (the projected
 //! demand of a sample, of the difference of two samples, or of two whole cells) entering or
-//! leaving at most two EP ranks. Per layer and rank p the new rows are
+//! leaving at most two EP ranks (the "ends"). Per layer and rank p the new rows are
 //!   tok'  = tok  + ts · r            (ts ∈ {−1, 0, 1}: 0 when the samples stay in the step)
 //!   same' = same + cm · r            (cm = Σ_ends sign · [p on the end's node])
-//!   otot' = otot + ch · OT           (ch = Σ_ends sign · [p = end rank], OT = Σ_p r)
-//!   onode'= (onode + oh1 · k1) + oh2 · k2   (k_i = sign_i · r summed over end i's node)
-//!   diag' = diag + ch · r
-//! The point rows (otot, onode, diag) change at the end ranks only: they are patched in
-//! scalar code before a layer's pass (and restored after it when only evaluating).
+//!   otot' = otot + sign · OT         at an end rank only (OT = Σ_p r)
+//!   onode'= onode + sign · ON        at an end rank only (ON = r summed over its node)
+//!   diag' = diag + sign · r          at an end rank only
 //! The layer's cost is max_p (ct·tok' + hexp) + max_p (ki·(max(onode', same') − diag') +
-//! ke·max(otot' − onode', tok' − same')) (see `cost`). Ranks go eight at a time into eight
-//! lanes (rank p < ⌊ep/8⌋·8 to lane p mod 8, the tail to lane 0), with AVX2 when the CPU has
-//! it and plain code otherwise: the same operations in the same order (separate multiply and
-//! add, `x > y ? x : y` as max), so both give the same bits. Row values are whole numbers
-//! (tokens), exact in f32.
+//! ke·max(otot' − onode', tok' − same')) (see `cost`).
+//!
+//! Why layers go in the lanes: with eight layers per vector the max over ranks is a plain
+//! lane-wise max as the loop walks the ranks (no horizontal reductions), a rank that is an end
+//! takes its patch for all eight layers at once (the loop is split at the ends, so no branch
+//! per rank), and the loop body is the same for every EP size. All arrays the kernel reads
+//! are therefore blocked by eight layers ("chunks", `Shape`): state `[chunks, ep, ROWS, 8]`,
+//! demand rows `[chunks, ep, 8] ++ [chunks, 8] ++ [chunks, nodes, 8]`, hexp `[chunks, ep, 8]`.
+//! Lanes past the last layer hold zeros and are not summed.
+//!
+//! The body is written once over `Lanes` and built twice: plain (`[f32; 8]`) and AVX2. Both
+//! do the same IEEE operations in the same order (separate multiply and add, `x > y ? x : y`
+//! as max), so they give the same bits. Row values are whole numbers (tokens), exact in f32.
 
-/// Rows kept per (group, step, layer), each `ep` long.
+/// Rows kept per (group, step, layer, rank).
 pub const ROWS: usize = 5;
 pub const TOK: usize = 0;
 pub const SAME: usize = 1;
 pub const OTOT: usize = 2;
 pub const ONODE: usize = 3;
 pub const DIAG: usize = 4;
+/// Layers per vector.
+pub const LANES: usize = 8;
 
 /// Cost coefficients per token (all passes included).
 #[derive(Clone, Copy, Debug)]
@@ -34,244 +43,327 @@ pub struct Coeffs {
     pub ke: f32,
 }
 
-/// Sizes: layers, EP ranks, nodes per group.
-#[derive(Clone, Copy, Debug)]
+/// Sizes, and where each value lives in the blocked arrays (see the module comment).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shape {
     pub layers: usize,
+    /// ⌈layers / 8⌉
+    pub chunks: usize,
     pub ep: usize,
+    /// Nodes per group (ep is a multiple).
     pub nodes: usize,
 }
 
-/// A source's demand: proj `[L, ep]`, otot `[L]`, onode `[L, nodes]`.
-#[derive(Clone, Copy)]
-pub struct SrcView<'a> {
-    pub proj: &'a [f32],
-    pub otot: &'a [f32],
-    pub onode: &'a [f32],
+impl Shape {
+    pub fn new(layers: usize, ep: usize, nodes: usize) -> Self {
+        Self { layers, chunks: layers.div_ceil(LANES), ep, nodes }
+    }
+    /// Length of a demand row (a sample's or a cell's).
+    #[inline]
+    pub fn row_len(&self) -> usize {
+        self.chunks * LANES * (self.ep + 1 + self.nodes)
+    }
+    /// Length of one (group, step)'s state.
+    #[inline]
+    pub fn state_len(&self) -> usize {
+        self.chunks * self.ep * ROWS * LANES
+    }
+    /// Length of hexp.
+    #[inline]
+    pub fn hexp_len(&self) -> usize {
+        self.chunks * self.ep * LANES
+    }
+    /// Demand row: tokens for EP rank p in layer l (also hexp's index).
+    #[inline]
+    pub fn proj_at(&self, l: usize, p: usize) -> usize {
+        (l / LANES * self.ep + p) * LANES + l % LANES
+    }
+    /// Demand row: tokens sent in layer l.
+    #[inline]
+    pub fn otot_at(&self, l: usize) -> usize {
+        self.chunks * self.ep * LANES + l
+    }
+    /// Demand row: tokens for the ranks of node n in layer l.
+    #[inline]
+    pub fn onode_at(&self, l: usize, n: usize) -> usize {
+        self.chunks * LANES * (self.ep + 1) + (l / LANES * self.nodes + n) * LANES + l % LANES
+    }
+    /// State: row `row` of rank p in layer l.
+    #[inline]
+    pub fn state_at(&self, row: usize, l: usize, p: usize) -> usize {
+        ((l / LANES * self.ep + p) * ROWS + row) * LANES + l % LANES
+    }
 }
 
-/// One (group, step)'s view of a move (see the module comment): `cm` (`[ep]`) the signed
-/// same-node indicator, `ends[..n_ends]` the (rank, sign) of the end ranks (distinct).
+/// One (group, step)'s view of a move: the demand rows `add` and `sub`, the change of its
+/// received tokens `ts` (±1 or 0), and the end ranks `ends[..n_ends]` (distinct) with signs.
 #[derive(Clone, Copy)]
-pub struct GmDelta<'a> {
-    pub add: SrcView<'a>,
-    pub sub: SrcView<'a>,
-    pub cm: &'a [f32],
+pub struct StepDelta<'a> {
+    pub add: &'a [f32],
+    pub sub: &'a [f32],
     pub ts: f32,
     pub ends: [(usize, f32); 2],
     pub n_ends: usize,
 }
 
-impl GmDelta<'_> {
-    fn check(&self, rows: usize, hexp: usize, s: Shape) {
-        assert!(rows >= s.layers * ROWS * s.ep && hexp >= s.layers * s.ep);
-        for v in [self.add, self.sub] {
-            assert!(v.proj.len() >= s.layers * s.ep && v.otot.len() >= s.layers && v.onode.len() >= s.layers * s.nodes);
-        }
-        assert!(self.cm.len() >= s.ep && s.nodes >= 1 && s.ep % s.nodes == 0);
+impl StepDelta<'_> {
+    fn check(&self, state: usize, hexp: usize, s: Shape) {
+        assert!(state >= s.state_len() && hexp >= s.hexp_len());
+        assert!(self.add.len() >= s.row_len() && self.sub.len() >= s.row_len());
+        assert!(s.nodes >= 1 && s.ep % s.nodes == 0 && s.chunks * LANES >= s.layers);
         assert!(self.n_ends <= 2 && self.ends[..self.n_ends].iter().all(|e| e.0 < s.ep));
         assert!(self.n_ends < 2 || self.ends[0].0 != self.ends[1].0);
     }
 }
 
-/// x86's maxps: `a` if a > b, else `b`.
-#[inline(always)]
-fn fmax(a: f32, b: f32) -> f32 {
-    if a > b {
-        a
-    } else {
-        b
-    }
-}
-
-/// Σ_l cost of layer l of `rows` (`[L, ROWS, ep]`) after `d`. `hexp` is `[L, ep]`. The
-/// rows are left as they were (the two end ranks are patched during the pass and restored).
-pub fn gm_cost(rows: &mut [f32], hexp: &[f32], d: &GmDelta, c: Coeffs, s: Shape, avx2: bool) -> f64 {
+/// Σ_l cost of layer l of the state `rows` after `d`; `rows` is not changed.
+pub fn gm_cost(rows: &[f32], hexp: &[f32], d: &StepDelta, c: Coeffs, s: Shape, avx2: bool) -> f64 {
     d.check(rows.len(), hexp.len(), s);
-    // SAFETY: lengths checked above.
-    unsafe { dispatch::<false>(rows.as_mut_ptr(), hexp, d, c, s, avx2) }
+    // SAFETY: lengths checked above; with WRITE = false nothing is written through the pointer.
+    unsafe { dispatch::<false>(rows.as_ptr() as *mut f32, hexp, d, c, s, avx2) }
 }
 
-/// Writes the rows after `d` into `rows`, with the arithmetic of `gm_cost`.
-pub fn gm_apply(rows: &mut [f32], hexp: &[f32], d: &GmDelta, c: Coeffs, s: Shape, avx2: bool) {
+/// Writes the state after `d` into `rows`, with the arithmetic of `gm_cost`, and returns the
+/// same cost.
+pub fn gm_apply(rows: &mut [f32], hexp: &[f32], d: &StepDelta, c: Coeffs, s: Shape, avx2: bool) -> f64 {
     d.check(rows.len(), hexp.len(), s);
-    // SAFETY: lengths checked above; every element is read before it is written, by the
-    // same lane.
-    unsafe { dispatch::<true>(rows.as_mut_ptr(), hexp, d, c, s, avx2) };
+    // SAFETY: lengths checked above; each element is read before it is written.
+    unsafe { dispatch::<true>(rows.as_mut_ptr(), hexp, d, c, s, avx2) }
 }
 
-unsafe fn dispatch<const WRITE: bool>(rows: *mut f32, hexp: &[f32], d: &GmDelta, c: Coeffs, s: Shape, avx2: bool) -> f64 {
+unsafe fn dispatch<const WRITE: bool>(rows: *mut f32, hexp: &[f32], d: &StepDelta, c: Coeffs, s: Shape, avx2: bool) -> f64 {
     #[cfg(target_arch = "x86_64")]
     if avx2 {
         return pass_avx2::<WRITE>(rows, hexp, d, c, s);
     }
     let _ = avx2;
-    pass_plain::<WRITE>(rows, hexp, d, c, s)
+    pass::<Plain, WRITE>(rows, hexp, d, c, s)
 }
 
-/// Patches the point rows (otot, onode, diag) of the end ranks of layer l at `b`, returning
-/// the old values. otot' = otot + sign·OT, onode' = onode + k, diag' = diag + sign·r[p].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn pass_avx2<const WRITE: bool>(rows: *mut f32, hexp: &[f32], d: &StepDelta, c: Coeffs, s: Shape) -> f64 {
+    pass::<avx::V8, WRITE>(rows, hexp, d, c, s)
+}
+
+/// Eight f32 lanes.
+trait Lanes: Copy {
+    unsafe fn load(p: *const f32) -> Self;
+    unsafe fn store(self, p: *mut f32);
+    fn splat(x: f32) -> Self;
+    fn add(self, o: Self) -> Self;
+    fn sub(self, o: Self) -> Self;
+    fn mul(self, o: Self) -> Self;
+    /// `self > o ? self : o`, lane by lane.
+    fn max(self, o: Self) -> Self;
+    fn lanes(self) -> [f32; LANES];
+}
+
+#[derive(Clone, Copy)]
+struct Plain([f32; LANES]);
+
+impl Plain {
+    #[inline(always)]
+    fn zip(self, o: Self, f: impl Fn(f32, f32) -> f32) -> Self {
+        let mut x = self.0;
+        for j in 0..LANES {
+            x[j] = f(self.0[j], o.0[j]);
+        }
+        Plain(x)
+    }
+}
+
+impl Lanes for Plain {
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        Plain(std::ptr::read_unaligned(p as *const [f32; LANES]))
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        std::ptr::write_unaligned(p as *mut [f32; LANES], self.0)
+    }
+    #[inline(always)]
+    fn splat(x: f32) -> Self {
+        Plain([x; LANES])
+    }
+    #[inline(always)]
+    fn add(self, o: Self) -> Self {
+        self.zip(o, |a, b| a + b)
+    }
+    #[inline(always)]
+    fn sub(self, o: Self) -> Self {
+        self.zip(o, |a, b| a - b)
+    }
+    #[inline(always)]
+    fn mul(self, o: Self) -> Self {
+        self.zip(o, |a, b| a * b)
+    }
+    #[inline(always)]
+    fn max(self, o: Self) -> Self {
+        self.zip(o, |a, b| if a > b { a } else { b })
+    }
+    #[inline(always)]
+    fn lanes(self) -> [f32; LANES] {
+        self.0
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx {
+    use super::{Lanes, LANES};
+    use std::arch::x86_64::*;
+
+    #[derive(Clone, Copy)]
+    pub struct V8(__m256);
+
+    // Only reached from `pass_avx2` (AVX2 enabled), where these inline.
+    impl Lanes for V8 {
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self {
+            V8(_mm256_loadu_ps(p))
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32) {
+            _mm256_storeu_ps(p, self.0)
+        }
+        #[inline(always)]
+        fn splat(x: f32) -> Self {
+            unsafe { V8(_mm256_set1_ps(x)) }
+        }
+        #[inline(always)]
+        fn add(self, o: Self) -> Self {
+            unsafe { V8(_mm256_add_ps(self.0, o.0)) }
+        }
+        #[inline(always)]
+        fn sub(self, o: Self) -> Self {
+            unsafe { V8(_mm256_sub_ps(self.0, o.0)) }
+        }
+        #[inline(always)]
+        fn mul(self, o: Self) -> Self {
+            unsafe { V8(_mm256_mul_ps(self.0, o.0)) }
+        }
+        #[inline(always)]
+        fn max(self, o: Self) -> Self {
+            // maxps returns the second operand unless the first is greater: `a > b ? a : b`
+            unsafe { V8(_mm256_max_ps(self.0, o.0)) }
+        }
+        #[inline(always)]
+        fn lanes(self) -> [f32; LANES] {
+            let mut x = [0f32; LANES];
+            unsafe { _mm256_storeu_ps(x.as_mut_ptr(), self.0) };
+            x
+        }
+    }
+}
+
+/// What an end rank adds to its point rows in one chunk: sign, sign·OT, sign·ON.
+#[derive(Clone, Copy)]
+struct EndPatch<V> {
+    sign: V,
+    ot: V,
+    on: V,
+}
+
+/// One rank of one chunk: reads its rows at `st`, folds its costs into `ve`/`va`, and with
+/// WRITE stores the new rows. END: the rank is an end of the move.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn patch(b: *mut f32, ep: usize, ra: &[f32], rs: &[f32], d: &GmDelta, l: usize, nodes: usize) -> [[f32; 3]; 2] {
-    let ot = d.add.otot[l] - d.sub.otot[l];
+unsafe fn rank<V: Lanes, const WRITE: bool, const END: bool>(
+    st: *mut f32,
+    h: *const f32,
+    ra: *const f32,
+    rs: *const f32,
+    ts: f32,
+    cm: V,
+    k: (V, V, V),
+    end: EndPatch<V>,
+    ve: &mut V,
+    va: &mut V,
+) {
+    let (ct, ki, ke) = k;
+    let r = V::load(ra).sub(V::load(rs));
+    let tok = V::load(st.add(TOK * LANES));
+    let t = if ts > 0.0 {
+        tok.add(r)
+    } else if ts < 0.0 {
+        tok.sub(r)
+    } else {
+        tok
+    };
+    let sm = V::load(st.add(SAME * LANES)).add(cm.mul(r));
+    let (mut a, mut nn, mut dg) = (V::load(st.add(OTOT * LANES)), V::load(st.add(ONODE * LANES)), V::load(st.add(DIAG * LANES)));
+    if END {
+        a = a.add(end.ot);
+        nn = nn.add(end.on);
+        dg = dg.add(end.sign.mul(r));
+    }
+    *ve = ve.max(ct.mul(t).add(V::load(h)));
+    let intra = nn.max(sm).sub(dg);
+    let inter = a.sub(nn).max(t.sub(sm));
+    *va = va.max(ki.mul(intra).add(ke.mul(inter)));
+    if WRITE {
+        t.store(st.add(TOK * LANES));
+        sm.store(st.add(SAME * LANES));
+        if END {
+            a.store(st.add(OTOT * LANES));
+            nn.store(st.add(ONODE * LANES));
+            dg.store(st.add(DIAG * LANES));
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn pass<V: Lanes, const WRITE: bool>(rows: *mut f32, hexp: &[f32], d: &StepDelta, c: Coeffs, s: Shape) -> f64 {
+    let (ep, nodes) = (s.ep, s.nodes);
     let rpn = ep / nodes;
-    let mut old = [[0f32; 3]; 2];
-    for (i, &(p, sign)) in d.ends[..d.n_ends].iter().enumerate() {
-        let node = p / rpn;
-        let k = sign * (d.add.onode[l * nodes + node] - d.sub.onode[l * nodes + node]);
-        old[i] = [*b.add(OTOT * ep + p), *b.add(ONODE * ep + p), *b.add(DIAG * ep + p)];
-        *b.add(OTOT * ep + p) = old[i][0] + sign * ot;
-        *b.add(ONODE * ep + p) = old[i][1] + k;
-        *b.add(DIAG * ep + p) = old[i][2] + sign * (ra[p] - rs[p]);
+    let k = (V::splat(c.ct), V::splat(c.ki), V::splat(c.ke));
+    let (add, sub) = (d.add.as_ptr(), d.sub.as_ptr());
+    let mut ends = d.ends;
+    if d.n_ends == 2 && ends[0].0 > ends[1].0 {
+        ends.swap(0, 1);
     }
-    old
-}
-
-#[inline(always)]
-unsafe fn restore(b: *mut f32, ep: usize, d: &GmDelta, old: &[[f32; 3]; 2]) {
-    for i in (0..d.n_ends).rev() {
-        let p = d.ends[i].0;
-        *b.add(OTOT * ep + p) = old[i][0];
-        *b.add(ONODE * ep + p) = old[i][1];
-        *b.add(DIAG * ep + p) = old[i][2];
-    }
-}
-
-/// Ranks lo..ep of layer l in plain code (point rows already patched), lanes as in the
-/// module comment.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-unsafe fn tail<const WRITE: bool>(b: *mut f32, h: &[f32], ra: &[f32], rs: &[f32], d: &GmDelta, c: Coeffs, ep: usize, lo: usize, em: &mut [f32; 8], am: &mut [f32; 8]) {
-    let full = ep / 8 * 8;
-    for p in lo..ep {
-        let j = if p < full { p % 8 } else { 0 };
-        let r = ra[p] - rs[p];
-        let t = *b.add(TOK * ep + p) + d.ts * r;
-        let sm = *b.add(SAME * ep + p) + d.cm[p] * r;
-        let (a, n, dg) = (*b.add(OTOT * ep + p), *b.add(ONODE * ep + p), *b.add(DIAG * ep + p));
-        em[j] = fmax(em[j], c.ct * t + h[p]);
-        am[j] = fmax(am[j], c.ki * (fmax(n, sm) - dg) + c.ke * fmax(a - n, t - sm));
-        if WRITE {
-            *b.add(TOK * ep + p) = t;
-            *b.add(SAME * ep + p) = sm;
-        }
-    }
-}
-
-#[inline(always)]
-fn reduce(em: &[f32; 8], am: &[f32; 8]) -> f32 {
-    let (mut e, mut a) = (0f32, 0f32);
-    for j in 0..8 {
-        e = fmax(e, em[j]);
-        a = fmax(a, am[j]);
-    }
-    e + a
-}
-
-unsafe fn pass_plain<const WRITE: bool>(rows: *mut f32, hexp: &[f32], d: &GmDelta, c: Coeffs, s: Shape) -> f64 {
-    let ep = s.ep;
+    let ends = &ends[..d.n_ends];
+    let zero = V::splat(0.0);
+    let none = EndPatch { sign: zero, ot: zero, on: zero };
     let mut cost = 0.0f64;
-    for l in 0..s.layers {
-        let b = rows.add(l * ROWS * ep);
-        let (h, ra, rs) = (&hexp[l * ep..(l + 1) * ep], &d.add.proj[l * ep..(l + 1) * ep], &d.sub.proj[l * ep..(l + 1) * ep]);
-        let old = patch(b, ep, ra, rs, d, l, s.nodes);
-        let (mut em, mut am) = ([0f32; 8], [0f32; 8]);
-        tail::<WRITE>(b, h, ra, rs, d, c, ep, 0, &mut em, &mut am);
-        if !WRITE {
-            restore(b, ep, d, &old);
-        }
-        cost += reduce(&em, &am) as f64;
-    }
-    cost
-}
-
-/// `pass_plain` with AVX2 for the first ⌊ep/8⌋·8 ranks (`_mm256_max_ps(x, y)` is
-/// `x > y ? x : y`). tok' and same' use add/sub/copy for the signs ±1/0, which gives the same
-/// bits as the multiply by ±1.0/0.0 of the plain code (rows are >= +0).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn pass_avx2<const WRITE: bool>(rows: *mut f32, hexp: &[f32], d: &GmDelta, c: Coeffs, s: Shape) -> f64 {
-    use std::arch::x86_64::*;
-    let ep = s.ep;
-    let full = ep / 8 * 8;
-    let rpn = ep / s.nodes;
-    // the same-node sign of each 8-rank chunk, when chunks do not straddle nodes
-    let aligned = rpn % 8 == 0;
-    let (vct, vki, vke) = (_mm256_set1_ps(c.ct), _mm256_set1_ps(c.ki), _mm256_set1_ps(c.ke));
-    let ts = d.ts;
-    let mut cost = 0.0f64;
-    for l in 0..s.layers {
-        let b = rows.add(l * ROWS * ep);
-        let (h, ra, rs) = (&hexp[l * ep..(l + 1) * ep], &d.add.proj[l * ep..(l + 1) * ep], &d.sub.proj[l * ep..(l + 1) * ep]);
-        let old = patch(b, ep, ra, rs, d, l, s.nodes);
-        let mut ve = _mm256_setzero_ps();
-        let mut va = _mm256_setzero_ps();
-        let mut p = 0;
-        while p < full {
-            let r = _mm256_sub_ps(_mm256_loadu_ps(ra.as_ptr().add(p)), _mm256_loadu_ps(rs.as_ptr().add(p)));
-            let tok = _mm256_loadu_ps(b.add(TOK * ep + p));
-            let t = if ts > 0.0 {
-                _mm256_add_ps(tok, r)
-            } else if ts < 0.0 {
-                _mm256_sub_ps(tok, r)
-            } else {
-                tok
-            };
-            let same = _mm256_loadu_ps(b.add(SAME * ep + p));
-            let sm = if aligned {
-                let cmv = d.cm[p];
-                if cmv > 0.0 {
-                    _mm256_add_ps(same, r)
-                } else if cmv < 0.0 {
-                    _mm256_sub_ps(same, r)
-                } else {
-                    same
+    for ch in 0..s.chunks {
+        let ot_at = s.otot_at(ch * LANES);
+        let ot = V::load(add.add(ot_at)).sub(V::load(sub.add(ot_at)));
+        let (mut ve, mut va) = (zero, zero);
+        let row = |p: usize| (ch * ep + p) * LANES;
+        let mut next = 0;
+        for node in 0..nodes {
+            let cm: f32 = ends.iter().filter(|e| e.0 / rpn == node).map(|e| e.1).sum();
+            let cm = V::splat(cm);
+            let (mut p, hi) = (node * rpn, (node + 1) * rpn);
+            loop {
+                let stop = if next < ends.len() && ends[next].0 < hi { ends[next].0 } else { hi };
+                while p < stop {
+                    let i = row(p);
+                    rank::<V, WRITE, false>(rows.add(i * ROWS), hexp.as_ptr().add(i), add.add(i), sub.add(i), d.ts, cm, k, none, &mut ve, &mut va);
+                    p += 1;
                 }
-            } else {
-                _mm256_add_ps(same, _mm256_mul_ps(_mm256_loadu_ps(d.cm.as_ptr().add(p)), r))
-            };
-            let a = _mm256_loadu_ps(b.add(OTOT * ep + p));
-            let nn = _mm256_loadu_ps(b.add(ONODE * ep + p));
-            let dg = _mm256_loadu_ps(b.add(DIAG * ep + p));
-            ve = _mm256_max_ps(ve, _mm256_add_ps(_mm256_mul_ps(vct, t), _mm256_loadu_ps(h.as_ptr().add(p))));
-            let intra = _mm256_sub_ps(_mm256_max_ps(nn, sm), dg);
-            let inter = _mm256_max_ps(_mm256_sub_ps(a, nn), _mm256_sub_ps(t, sm));
-            va = _mm256_max_ps(va, _mm256_add_ps(_mm256_mul_ps(vki, intra), _mm256_mul_ps(vke, inter)));
-            if WRITE {
-                _mm256_storeu_ps(b.add(TOK * ep + p), t);
-                _mm256_storeu_ps(b.add(SAME * ep + p), sm);
+                if p == hi {
+                    break;
+                }
+                // p is an end rank
+                let sign = ends[next].1;
+                let on_at = s.onode_at(ch * LANES, node);
+                let on = V::load(add.add(on_at)).sub(V::load(sub.add(on_at)));
+                let sv = V::splat(sign);
+                let patch = EndPatch { sign: sv, ot: sv.mul(ot), on: sv.mul(on) };
+                let i = row(p);
+                rank::<V, WRITE, true>(rows.add(i * ROWS), hexp.as_ptr().add(i), add.add(i), sub.add(i), d.ts, cm, k, patch, &mut ve, &mut va);
+                p += 1;
+                next += 1;
             }
-            p += 8;
         }
-        let layer = if full == ep {
-            // max is exact on these values (all >= +0), so a lane tree gives `reduce`'s bits
-            hmax(ve) + hmax(va)
-        } else {
-            let (mut em, mut am) = ([0f32; 8], [0f32; 8]);
-            _mm256_storeu_ps(em.as_mut_ptr(), ve);
-            _mm256_storeu_ps(am.as_mut_ptr(), va);
-            tail::<WRITE>(b, h, ra, rs, d, c, ep, full, &mut em, &mut am);
-            reduce(&em, &am)
-        };
-        if !WRITE {
-            restore(b, ep, d, &old);
+        let (e, a) = (ve.lanes(), va.lanes());
+        for j in 0..LANES.min(s.layers - ch * LANES) {
+            cost += (e[j] + a[j]) as f64;
         }
-        cost += layer as f64;
     }
     cost
-}
-
-/// The largest of 8 lanes (`_mm_max_ps`, exact for values >= +0 in any order).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-#[inline]
-unsafe fn hmax(v: std::arch::x86_64::__m256) -> f32 {
-    use std::arch::x86_64::*;
-    let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    let m = _mm_max_ss(m, _mm_shuffle_ps::<1>(m, m));
-    _mm_cvtss_f32(m)
 }
 
 /// Whether the running CPU has AVX2.
@@ -290,42 +382,88 @@ pub fn detect_avx2() -> bool {
 mod tests {
     use super::*;
 
+    /// Whole-number test data laid out as `s` wants.
+    fn data(n: usize, k: usize) -> Vec<f32> {
+        (0..n).map(|i| ((i * 37 + k * 11) % 97) as f32 * 3.0).collect()
+    }
+
     #[test]
     fn avx2_and_plain_agree_bit_for_bit() {
         if !detect_avx2() {
             return;
         }
-        for (ep, nodes) in [(1usize, 1usize), (7, 7), (8, 2), (13, 1), (16, 1), (32, 4)] {
-            let layers = 3;
-            let v = |n: usize, k: usize| (0..n).map(|i| ((i * 37 + k * 11) % 97) as f32 * 3.0).collect::<Vec<f32>>();
-            let rows = v(layers * ROWS * ep, 0);
-            let hexp = v(layers * ep, 1);
-            let (pa, oa, na) = (v(layers * ep, 2), v(layers, 3), v(layers * nodes, 4));
-            let (ps, os, ns) = (v(layers * ep, 5), v(layers, 6), v(layers * nodes, 7));
-            let mut cm = vec![0f32; ep];
-            let rpn = ep / nodes;
-            let end = ep / 2;
-            cm[end / rpn * rpn..(end / rpn + 1) * rpn].iter_mut().for_each(|x| *x = 1.0);
-            let d = GmDelta {
-                add: SrcView { proj: &pa, otot: &oa, onode: &na },
-                sub: SrcView { proj: &ps, otot: &os, onode: &ns },
-                cm: &cm,
-                ts: 1.0,
-                ends: [(end, 1.0), (0, 0.0)],
-                n_ends: 1,
-            };
+        for (layers, ep, nodes) in [(3usize, 1usize, 1usize), (9, 7, 7), (8, 8, 2), (5, 13, 1), (17, 16, 1), (32, 32, 4)] {
+            let s = Shape::new(layers, ep, nodes);
+            let mut rows = data(s.state_len(), 0);
+            let mut hexp = data(s.hexp_len(), 1);
+            // padding lanes hold zeros, as the proxy keeps them
+            for ch_l in layers..s.chunks * LANES {
+                for p in 0..ep {
+                    hexp[s.proj_at(ch_l, p)] = 0.0;
+                    for r in 0..ROWS {
+                        rows[s.state_at(r, ch_l, p)] = 0.0;
+                    }
+                }
+            }
+            let (ra, rs) = (data(s.row_len(), 2), data(s.row_len(), 5));
             let c = Coeffs { ct: 1e-3, ki: 2e-4, ke: 3e-3 };
-            let s = Shape { layers, ep, nodes };
-            let mut rows2 = rows.clone();
-            let x = gm_cost(&mut rows2, &hexp, &d, c, s, true);
-            let y = gm_cost(&mut rows2, &hexp, &d, c, s, false);
-            assert_eq!(rows2, rows, "evaluation restores the rows");
-            assert_eq!(x.to_bits(), y.to_bits(), "ep {ep}");
-            let (mut r1, mut r2) = (rows.clone(), rows.clone());
-            gm_apply(&mut r1, &hexp, &d, c, s, true);
-            gm_apply(&mut r2, &hexp, &d, c, s, false);
-            assert_eq!(r1, r2);
-            assert_ne!(r1, rows);
+            let deltas = [
+                StepDelta { add: &ra, sub: &rs, ts: 1.0, ends: [(ep / 2, 1.0), (0, 0.0)], n_ends: 1 },
+                StepDelta { add: &ra, sub: &rs, ts: -1.0, ends: [(ep - 1, -1.0), (0, 0.0)], n_ends: 1 },
+                StepDelta { add: &ra, sub: &rs, ts: 0.0, ends: [(ep - 1, 1.0), (0, -1.0)], n_ends: if ep > 1 { 2 } else { 0 } },
+            ];
+            for d in &deltas {
+                let x = gm_cost(&rows, &hexp, d, c, s, true);
+                let y = gm_cost(&rows, &hexp, d, c, s, false);
+                assert_eq!(x.to_bits(), y.to_bits(), "ep {ep}");
+                let (mut r1, mut r2) = (rows.clone(), rows.clone());
+                let x2 = gm_apply(&mut r1, &hexp, d, c, s, true);
+                let y2 = gm_apply(&mut r2, &hexp, d, c, s, false);
+                assert_eq!(r1, r2);
+                if d.ts != 0.0 || d.n_ends > 0 {
+                    assert_ne!(r1, rows);
+                }
+                assert_eq!((x2.to_bits(), y2.to_bits()), (x.to_bits(), x.to_bits()));
+            }
+        }
+    }
+
+    /// The kernel against the formula of the module comment, one (layer, rank) at a time.
+    #[test]
+    fn kernel_matches_the_formula() {
+        let (layers, ep, nodes) = (11usize, 12usize, 3usize);
+        let s = Shape::new(layers, ep, nodes);
+        let rpn = ep / nodes;
+        let rows = data(s.state_len(), 3);
+        let hexp = data(s.hexp_len(), 4);
+        let (ra, rs) = (data(s.row_len(), 6), data(s.row_len(), 8));
+        let c = Coeffs { ct: 1e-3, ki: 2e-4, ke: 3e-3 };
+        let d = StepDelta { add: &ra, sub: &rs, ts: 0.0, ends: [(9, 1.0), (2, -1.0)], n_ends: 2 };
+        let mut want = 0.0f64;
+        for l in 0..layers {
+            let (mut em, mut am) = (0f32, 0f32);
+            let ot = ra[s.otot_at(l)] - rs[s.otot_at(l)];
+            for p in 0..ep {
+                let r = ra[s.proj_at(l, p)] - rs[s.proj_at(l, p)];
+                let g = |row| rows[s.state_at(row, l, p)];
+                let cm: f32 = d.ends[..2].iter().filter(|e| e.0 / rpn == p / rpn).map(|e| e.1).sum();
+                let t = g(TOK);
+                let sm = g(SAME) + cm * r;
+                let (mut a, mut nn, mut dg) = (g(OTOT), g(ONODE), g(DIAG));
+                if let Some(&(_, sign)) = d.ends[..2].iter().find(|e| e.0 == p) {
+                    let on = ra[s.onode_at(l, p / rpn)] - rs[s.onode_at(l, p / rpn)];
+                    a += sign * ot;
+                    nn += sign * on;
+                    dg += sign * r;
+                }
+                em = em.max(c.ct * t + hexp[s.proj_at(l, p)]);
+                am = am.max(c.ki * (nn.max(sm) - dg) + c.ke * (a - nn).max(t - sm));
+            }
+            want += (em + am) as f64;
+        }
+        for avx2 in [false, detect_avx2()] {
+            let got = gm_cost(&rows, &hexp, &d, c, s, avx2);
+            assert!((got - want).abs() <= 1e-9 * want, "{got} vs {want}");
         }
     }
 }
