@@ -16,11 +16,9 @@
 //! sample's "demand row" holds proj, its sum over ranks (otot) and its sums over each node's
 //! ranks (onode), blocked by eight layers as `kernel::Shape` lays them out; a cell's demand
 //! row is the sum of its samples' rows. For each (group, step, layer) the state keeps, per EP
-//! rank p: tokens received `tok`, tokens received from ranks on p's own node `same`, tokens
-//! sent `otot`, tokens sent to p's own node `onode`, and tokens p sends to itself `diag`.
-//! Then sent_intra = onode − diag, received_intra = same − diag, sent_inter = otot − onode,
-//! received_inter = tok − same. Moving a sample touches two (group, step) cells: O(L·ep),
-//! one pass each (`kernel`). Attention keeps the three largest rank values per (group, step)
+//! rank p, tokens received, and tokens received and sent within p's node and across nodes
+//! (`kernel` has the rows and their updates). Moving a sample touches two (group, step)
+//! cells: O(L·ep), one pass each. Attention keeps the three largest rank values per (group, step)
 //! and kind, so a move prices it in O(kinds) (only its end ranks change).
 //!
 //! The energy the annealer minimises is max_g C_g + λ · mean_g C_g: the slowest shard's
@@ -35,7 +33,7 @@ use crate::placement::Placement;
 use crate::topology::Topology;
 use crate::window::WindowView;
 
-use super::kernel::{detect_avx2, gm_apply, gm_cost, Coeffs, Shape, StepDelta};
+use super::kernel::{detect_avx2, gm_apply, gm_cost, Coeffs, Hosted, Shape, StepDelta, LANES};
 
 /// Rank values kept per (group, step, attention kind): the largest three.
 const TOP: usize = 3;
@@ -65,6 +63,8 @@ pub struct Proxy {
     /// `[chunks, ep, 8]` 3 · c_exp · experts hosted by rank p in layer l (the simulator counts
     /// active experts; with thousands of tokens per microbatch every hosted expert is active).
     pub hexp: Vec<f32>,
+    /// `[chunks · 8]` hexp of each layer when every rank of the layer has the same.
+    pub hexp_layer: Option<Vec<f32>>,
     /// Distinct attention kinds: (3 · a_quad, number of layers with it).
     pub kinds: Vec<(f64, f64)>,
     pub att_lin: f64,
@@ -231,6 +231,11 @@ impl Proxy {
                 hexp[shape.proj_at(l, p)] = (COMPUTE_PASSES * cost.c_exp * hosted.len() as f64) as f32;
             }
         }
+        let mut hexp_layer = vec![0f32; shape.chunks * LANES];
+        for (l, h) in hexp_layer.iter_mut().enumerate().take(l_n) {
+            *h = hexp[shape.proj_at(l, 0)];
+        }
+        let uniform = (0..l_n).all(|l| (0..ep).all(|p| hexp[shape.proj_at(l, p)] == hexp_layer[l]));
         let mut kinds: Vec<(f64, f64)> = Vec::new();
         for &q in &cost.a_quad {
             let q3 = COMPUTE_PASSES * q;
@@ -263,6 +268,7 @@ impl Proxy {
             shape,
             demand,
             hexp,
+            hexp_layer: uniform.then_some(hexp_layer),
             kinds,
             att_lin: COMPUTE_PASSES * cost.a_lin,
             ct: (COMPUTE_PASSES * cost.c_tok) as f32,
@@ -347,6 +353,11 @@ impl Proxy {
     }
 
     #[inline]
+    fn hosted(&self) -> Hosted<'_> {
+        Hosted { per_rank: &self.hexp, per_layer: self.hexp_layer.as_deref() }
+    }
+
+    #[inline]
     fn step_delta<'a>(&'a self, d: &Delta, cells: &'a [f32]) -> StepDelta<'a> {
         StepDelta { add: self.row(d.add, cells), sub: self.row(d.sub, cells), ts: d.tok, ends: d.ends, n_ends: d.n_ends }
     }
@@ -356,7 +367,7 @@ impl Proxy {
     pub fn eval_gm(&self, sh: &Shards, gm: usize, d: &Delta, cells: &[f32]) -> f64 {
         let len = self.shape.state_len();
         let att = self.attention(sh, gm, d);
-        att + gm_cost(&sh.gm[gm * len..(gm + 1) * len], &self.hexp, &self.step_delta(d, cells), self.coeffs(), self.shape, self.avx2)
+        att + gm_cost(&sh.gm[gm * len..(gm + 1) * len], &self.hosted(), &self.step_delta(d, cells), self.coeffs(), self.shape, self.avx2)
     }
 
     /// Applies `d` to `gm`'s rows with the same arithmetic as `eval_gm` (so the state is what
@@ -364,7 +375,7 @@ impl Proxy {
     /// cells first (the attention ranking is refreshed from them).
     pub fn apply_gm(&self, sh: &mut Shards, gm: usize, d: &Delta, cells: &[f32], cost: f64) {
         let len = self.shape.state_len();
-        gm_apply(&mut sh.gm[gm * len..(gm + 1) * len], &self.hexp, &self.step_delta(d, cells), self.coeffs(), self.shape, self.avx2);
+        gm_apply(&mut sh.gm[gm * len..(gm + 1) * len], &self.hosted(), &self.step_delta(d, cells), self.coeffs(), self.shape, self.avx2);
         self.rank_attention(sh, gm);
         sh.gm_cost[gm] = cost;
         let g = gm / self.micro;
@@ -435,7 +446,7 @@ impl Proxy {
             let c = c as usize;
             let d = Delta::one(Src::Sample(s as u32), Src::Zero, self.rank_of(c), 1.0, 1.0);
             let gm = self.gm_of(c);
-            gm_apply(&mut sh.gm[gm * len..(gm + 1) * len], &self.hexp, &self.step_delta(&d, &[]), self.coeffs(), self.shape, self.avx2);
+            gm_apply(&mut sh.gm[gm * len..(gm + 1) * len], &self.hosted(), &self.step_delta(&d, &[]), self.coeffs(), self.shape, self.avx2);
             sh.lin[c] += self.lens[s];
             sh.quad[c] += self.sq[s];
         }
