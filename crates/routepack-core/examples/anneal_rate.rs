@@ -11,7 +11,7 @@ use std::time::Instant;
 use rand::SeedableRng;
 use rand_xoshiro::Xoshiro256PlusPlus;
 use routepack_core::layout::chain::{Chain, MoveMix};
-use routepack_core::layout::{init, Proxy};
+use routepack_core::layout::{anneal, init, AnnealParams, Proxy};
 use routepack_core::packing::certified::certified_rows;
 use routepack_core::placement::static_placement;
 use routepack_core::{Topology, WindowView};
@@ -23,6 +23,14 @@ use support::{flash_window, FLASH_CAP, FLASH_E, FLASH_L};
 fn thread_cpu_s() -> f64 {
     let s = std::fs::read_to_string("/proc/thread-self/schedstat").expect("Linux schedstat");
     s.split_whitespace().next().and_then(|x| x.parse::<f64>().ok()).expect("a number") * 1e-9
+}
+
+/// CPU seconds of the whole process (the schedule runs chains on rayon's threads).
+fn process_cpu_s() -> f64 {
+    let s = std::fs::read_to_string("/proc/self/stat").expect("Linux /proc");
+    let f: Vec<&str> = s[s.rfind(')').expect("comm") + 2..].split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of stat (11 and 12 after the comm), in clock ticks
+    (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / 100.0
 }
 
 fn main() {
@@ -56,4 +64,20 @@ fn main() {
         ch.energy
     );
     assert!(ch.consistent(&px), "incremental state drifted");
+    // a whole schedule, as `routepack_packing` runs it, on one chain
+    let params = AnnealParams { moves, chains: 1, ..AnnealParams::default() };
+    let c0 = process_cpu_s();
+    let res = anneal::anneal(&px, &start, &params);
+    let cpu = process_cpu_s() - c0;
+    println!(
+        "schedule ({} steps, start acceptance {}): {} proposals in {cpu:.3} s cpu: {:.0} K proposals/s, {:.1}% evaluated, {:.1}% of evaluated accepted; cost {:.4} -> {:.4}",
+        res.steps,
+        params.start_accept,
+        res.moves_done,
+        res.moves_done as f64 / cpu / 1e3,
+        100.0 * res.evaluated as f64 / res.moves_done as f64,
+        100.0 * res.accepted as f64 / res.evaluated as f64,
+        res.initial_cost,
+        res.best_cost
+    );
 }

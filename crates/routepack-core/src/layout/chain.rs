@@ -238,11 +238,11 @@ impl Chain {
             self.d_b = Delta::one(add, sub, pb, -1.0, -1.0);
         }
         self.evaluated += 1;
-        let cost_a = px.eval_gm(&self.sh, gm_a, &self.d_a, &self.cagg);
-        let cost_b = if same {
-            cost_a
+        let (cost_a, cost_b) = if same {
+            let c = px.eval_gm(&self.sh, gm_a, &self.d_a, &self.cagg);
+            (c, c)
         } else {
-            px.eval_gm(&self.sh, gm_b, &self.d_b, &self.cagg)
+            px.eval_pair(&self.sh, gm_a, &self.d_a, gm_b, &self.d_b, &self.cagg)
         };
         // group totals with the new (group, step) costs, summed in step order
         let m_n = px.micro;
@@ -324,9 +324,10 @@ impl Chain {
             }
         }
         // the rows first: a cell swap reads the cells' demand as it was before the move
-        px.apply_gm(&mut self.sh, p.gm_a, &self.d_a, &self.cagg, p.cost_a);
-        if p.gm_b != p.gm_a {
-            px.apply_gm(&mut self.sh, p.gm_b, &self.d_b, &self.cagg, p.cost_b);
+        if p.gm_b == p.gm_a {
+            px.apply_gm(&mut self.sh, p.gm_a, &self.d_a, &self.cagg, p.cost_a);
+        } else {
+            px.apply_pair(&mut self.sh, p.gm_a, &self.d_a, p.gm_b, &self.d_b, &self.cagg, (p.cost_a, p.cost_b));
         }
         let len = px.row_len();
         let (lo, hi) = (a.min(b), a.max(b));

@@ -33,7 +33,7 @@ use crate::placement::Placement;
 use crate::topology::Topology;
 use crate::window::WindowView;
 
-use super::kernel::{detect_avx2, gm_apply, gm_cost, Coeffs, Hosted, Shape, StepDelta, LANES};
+use super::kernel::{detect_avx2, gm_apply, gm_apply_pair, gm_cost, gm_cost_pair, Coeffs, Hosted, Shape, StepDelta, LANES};
 
 /// Rank values kept per (group, step, attention kind): the largest three.
 const TOP: usize = 3;
@@ -72,8 +72,6 @@ pub struct Proxy {
     pub ki: f32,
     pub ke: f32,
     pub lambda: f64,
-    /// A demand row of zeros (`Src::Zero`).
-    zero: Vec<f32>,
     /// The CPU has AVX2 (the hot loop has a build for it).
     avx2: bool,
 }
@@ -275,7 +273,6 @@ impl Proxy {
             ki: (a2a / cost.bw_intra) as f32,
             ke: (a2a / cost.bw_inter) as f32,
             lambda,
-            zero: vec![0.0; row_len],
             avx2: detect_avx2(),
         })
     }
@@ -336,14 +333,14 @@ impl Proxy {
         }
     }
 
-    /// A source's demand row.
+    /// A source's demand row (None: zeros).
     #[inline]
-    fn row<'a>(&'a self, src: Src, cells: &'a [f32]) -> &'a [f32] {
+    fn row<'a>(&'a self, src: Src, cells: &'a [f32]) -> Option<&'a [f32]> {
         let len = self.row_len();
         match src {
-            Src::Zero => &self.zero,
-            Src::Sample(s) => &self.demand[s as usize * len..(s as usize + 1) * len],
-            Src::Cell(c) => &cells[c * len..(c + 1) * len],
+            Src::Zero => None,
+            Src::Sample(s) => Some(&self.demand[s as usize * len..(s as usize + 1) * len]),
+            Src::Cell(c) => Some(&cells[c * len..(c + 1) * len]),
         }
     }
 
@@ -368,6 +365,45 @@ impl Proxy {
         let len = self.shape.state_len();
         let att = self.attention(sh, gm, d);
         att + gm_cost(&sh.gm[gm * len..(gm + 1) * len], &self.hosted(), &self.step_delta(d, cells), self.coeffs(), self.shape, self.avx2)
+    }
+
+    /// `eval_gm` of a move between two different (group, step)s, `da` on `gm_a` and `db` on
+    /// `gm_b` (the same sources), in one pass over the sources.
+    #[allow(clippy::too_many_arguments)]
+    pub fn eval_pair(&self, sh: &Shards, gm_a: usize, da: &Delta, gm_b: usize, db: &Delta, cells: &[f32]) -> (f64, f64) {
+        debug_assert!(gm_a != gm_b && da.add == db.add && da.sub == db.sub);
+        let len = self.shape.state_len();
+        let (x, y) = gm_cost_pair(
+            &sh.gm[gm_a * len..(gm_a + 1) * len],
+            &sh.gm[gm_b * len..(gm_b + 1) * len],
+            &self.hosted(),
+            &self.step_delta(da, cells),
+            &self.step_delta(db, cells),
+            self.coeffs(),
+            self.shape,
+            self.avx2,
+        );
+        (self.attention(sh, gm_a, da) + x, self.attention(sh, gm_b, db) + y)
+    }
+
+    /// `apply_gm` of a move between two different (group, step)s (see `eval_pair`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn apply_pair(&self, sh: &mut Shards, gm_a: usize, da: &Delta, gm_b: usize, db: &Delta, cells: &[f32], costs: (f64, f64)) {
+        debug_assert!(gm_a != gm_b && da.add == db.add && da.sub == db.sub);
+        let len = self.shape.state_len();
+        let (lo, hi) = (gm_a.min(gm_b), gm_a.max(gm_b));
+        let (head, tail) = sh.gm.split_at_mut(hi * len);
+        let (rows_lo, rows_hi) = (&mut head[lo * len..(lo + 1) * len], &mut tail[..len]);
+        let (rows_a, rows_b) = if gm_a < gm_b { (rows_lo, rows_hi) } else { (rows_hi, rows_lo) };
+        let (sa, sb) = (self.step_delta(da, cells), self.step_delta(db, cells));
+        gm_apply_pair(rows_a, rows_b, &self.hosted(), &sa, &sb, self.coeffs(), self.shape, self.avx2);
+        for (gm, cost) in [(gm_a, costs.0), (gm_b, costs.1)] {
+            self.rank_attention(sh, gm);
+            sh.gm_cost[gm] = cost;
+        }
+        for g in [gm_a / self.micro, gm_b / self.micro] {
+            sh.group_cost[g] = sh.gm_cost[g * self.micro..(g + 1) * self.micro].iter().sum();
+        }
     }
 
     /// Applies `d` to `gm`'s rows with the same arithmetic as `eval_gm` (so the state is what

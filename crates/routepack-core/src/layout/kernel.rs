@@ -106,12 +106,13 @@ impl Shape {
     }
 }
 
-/// One (group, step)'s view of a move: the demand rows `add` and `sub`, the change of its
-/// received tokens `ts` (±1 or 0), and the end ranks `ends[..n_ends]` (distinct) with signs.
+/// One (group, step)'s view of a move: the demand rows `add` and `sub` (None: zeros), the
+/// change of its received tokens `ts` (±1 or 0), and the end ranks `ends[..n_ends]`
+/// (distinct) with signs.
 #[derive(Clone, Copy)]
 pub struct StepDelta<'a> {
-    pub add: &'a [f32],
-    pub sub: &'a [f32],
+    pub add: Option<&'a [f32]>,
+    pub sub: Option<&'a [f32]>,
     pub ts: f32,
     pub ends: [(usize, f32); 2],
     pub n_ends: usize,
@@ -129,11 +130,20 @@ impl StepDelta<'_> {
     fn check(&self, state: usize, h: &Hosted, s: Shape) {
         assert!(state >= s.state_len() && h.per_rank.len() >= s.hexp_len());
         assert!(h.per_layer.is_none_or(|x| x.len() >= s.chunks * LANES));
-        assert!(self.add.len() >= s.row_len() && self.sub.len() >= s.row_len());
+        assert!(self.add.is_none_or(|r| r.len() >= s.row_len()) && self.sub.is_none_or(|r| r.len() >= s.row_len()));
         assert!(s.nodes >= 1 && s.ep % s.nodes == 0 && s.chunks * LANES >= s.layers);
         assert!(self.n_ends <= 2 && self.ends[..self.n_ends].iter().all(|e| e.0 < s.ep));
         assert!(self.n_ends < 2 || self.ends[0].0 != self.ends[1].0);
         assert!([self.ts].iter().chain(self.ends[..self.n_ends].iter().map(|e| &e.1)).all(|&x| x == 0.0 || x == 1.0 || x == -1.0));
+    }
+    /// Which rows the kernel reads: both (0), `add` only (1), `sub` only (2), none (3).
+    fn rows(&self) -> u8 {
+        match (self.add.is_some(), self.sub.is_some()) {
+            (true, true) => 0,
+            (true, false) => 1,
+            (false, true) => 2,
+            (false, false) => 3,
+        }
     }
 }
 
@@ -141,37 +151,72 @@ impl StepDelta<'_> {
 pub fn gm_cost(rows: &[f32], h: &Hosted, d: &StepDelta, c: Coeffs, s: Shape, avx2: bool) -> f64 {
     d.check(rows.len(), h, s);
     // SAFETY: lengths checked above; without WRITE nothing is written through the pointer.
-    unsafe { dispatch::<false>(rows.as_ptr() as *mut f32, h, d, c, s, avx2) }
+    unsafe { dispatch::<false, 1>([rows.as_ptr() as *mut f32], h, [d], c, s, avx2)[0] }
+}
+
+/// `gm_cost` of two (group, step)s that see the same demand rows (a move between steps), in
+/// one pass that reads the rows once.
+#[allow(clippy::too_many_arguments)]
+pub fn gm_cost_pair(rows_a: &[f32], rows_b: &[f32], h: &Hosted, da: &StepDelta, db: &StepDelta, c: Coeffs, s: Shape, avx2: bool) -> (f64, f64) {
+    da.check(rows_a.len(), h, s);
+    db.check(rows_b.len(), h, s);
+    assert!(same_rows(da, db));
+    // SAFETY: lengths checked above; without WRITE nothing is written through the pointers.
+    let [x, y] = unsafe { dispatch::<false, 2>([rows_a.as_ptr() as *mut f32, rows_b.as_ptr() as *mut f32], h, [da, db], c, s, avx2) };
+    (x, y)
+}
+
+fn same_rows(a: &StepDelta, b: &StepDelta) -> bool {
+    let p = |r: Option<&[f32]>| r.map(|x| x.as_ptr());
+    p(a.add) == p(b.add) && p(a.sub) == p(b.sub)
 }
 
 /// Writes the state after `d` into `rows` (the rows `gm_cost` priced).
 pub fn gm_apply(rows: &mut [f32], h: &Hosted, d: &StepDelta, c: Coeffs, s: Shape, avx2: bool) {
     d.check(rows.len(), h, s);
     // SAFETY: lengths checked above; each element is read before it is written.
-    unsafe { dispatch::<true>(rows.as_mut_ptr(), h, d, c, s, avx2) };
+    unsafe { dispatch::<true, 1>([rows.as_mut_ptr()], h, [d], c, s, avx2) };
 }
 
-unsafe fn dispatch<const WRITE: bool>(rows: *mut f32, h: &Hosted, d: &StepDelta, c: Coeffs, s: Shape, avx2: bool) -> f64 {
+/// `gm_apply` to two (group, step)s that see the same demand rows, in one pass.
+#[allow(clippy::too_many_arguments)]
+pub fn gm_apply_pair(rows_a: &mut [f32], rows_b: &mut [f32], h: &Hosted, da: &StepDelta, db: &StepDelta, c: Coeffs, s: Shape, avx2: bool) {
+    da.check(rows_a.len(), h, s);
+    db.check(rows_b.len(), h, s);
+    assert!(same_rows(da, db));
+    // SAFETY: lengths checked above; the two states are distinct borrows; each element is
+    // read before it is written.
+    unsafe { dispatch::<true, 2>([rows_a.as_mut_ptr(), rows_b.as_mut_ptr()], h, [da, db], c, s, avx2) };
+}
+
+unsafe fn dispatch<const WRITE: bool, const N: usize>(rows: [*mut f32; N], h: &Hosted, d: [&StepDelta; N], c: Coeffs, s: Shape, avx2: bool) -> [f64; N] {
     #[cfg(target_arch = "x86_64")]
     if avx2 {
-        return pass_avx2::<WRITE>(rows, h, d, c, s);
+        return pass_avx2::<WRITE, N>(rows, h, d, c, s);
     }
     let _ = avx2;
-    choose::<Plain, WRITE>(rows, h, d, c, s)
+    choose::<Plain, WRITE, N>(rows, h, d, c, s)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn pass_avx2<const WRITE: bool>(rows: *mut f32, h: &Hosted, d: &StepDelta, c: Coeffs, s: Shape) -> f64 {
-    choose::<avx::V8, WRITE>(rows, h, d, c, s)
+unsafe fn pass_avx2<const WRITE: bool, const N: usize>(rows: [*mut f32; N], h: &Hosted, d: [&StepDelta; N], c: Coeffs, s: Shape) -> [f64; N] {
+    choose::<avx::V8, WRITE, N>(rows, h, d, c, s)
 }
 
+/// The pass built for the rows the move reads and for uniform hexp (only a cost needs it).
 #[inline(always)]
-unsafe fn choose<V: Lanes, const WRITE: bool>(rows: *mut f32, h: &Hosted, d: &StepDelta, c: Coeffs, s: Shape) -> f64 {
-    match (WRITE, h.per_layer) {
-        (true, _) => pass::<V, true, false>(rows, h, d, c, s),
-        (false, Some(_)) => pass::<V, false, true>(rows, h, d, c, s),
-        (false, None) => pass::<V, false, false>(rows, h, d, c, s),
+unsafe fn choose<V: Lanes, const WRITE: bool, const N: usize>(rows: [*mut f32; N], h: &Hosted, d: [&StepDelta; N], c: Coeffs, s: Shape) -> [f64; N] {
+    let uniform = !WRITE && h.per_layer.is_some();
+    match (d[0].rows(), uniform) {
+        (0, false) => pass::<V, WRITE, false, 0, N>(rows, h, d, c, s),
+        (1, false) => pass::<V, WRITE, false, 1, N>(rows, h, d, c, s),
+        (2, false) => pass::<V, WRITE, false, 2, N>(rows, h, d, c, s),
+        (_, false) => pass::<V, WRITE, false, 3, N>(rows, h, d, c, s),
+        (0, true) => pass::<V, WRITE, true, 0, N>(rows, h, d, c, s),
+        (1, true) => pass::<V, WRITE, true, 1, N>(rows, h, d, c, s),
+        (2, true) => pass::<V, WRITE, true, 2, N>(rows, h, d, c, s),
+        (_, true) => pass::<V, WRITE, true, 3, N>(rows, h, d, c, s),
     }
 }
 
@@ -183,6 +228,11 @@ trait Lanes: Copy {
     fn add(self, o: Self) -> Self;
     fn sub(self, o: Self) -> Self;
     fn mul(self, o: Self) -> Self;
+    /// `self + a·b` (a multiply, then an add).
+    #[inline(always)]
+    fn add_exact(self, a: Self, b: Self) -> Self {
+        self.add(a.mul(b))
+    }
     /// `self > o ? self : o`, lane by lane.
     fn max(self, o: Self) -> Self;
     fn lanes(self) -> [f32; LANES];
@@ -285,56 +335,56 @@ mod avx {
     }
 }
 
-/// `x + c·r` for a small integer c, as an add, a subtract or nothing when c is ±1 or 0 (the
-/// same bits as the multiply: every value is a whole number).
-#[inline(always)]
-fn plus<V: Lanes>(x: V, c: f32, r: V) -> V {
-    if c == 1.0 {
-        x.add(r)
-    } else if c == -1.0 {
-        x.sub(r)
-    } else if c == 0.0 {
-        x
-    } else {
-        x.add(V::splat(c).mul(r))
-    }
-}
-
 /// What a move does to one rank's rows in a chunk: received-row coefficients (ts for tok,
-/// dr for r_in, dx for x_in) and, at an end, the sent-row patch (sign σ, σ·ON, σ·(OT − ON)).
+/// dr for r_in, dx for x_in, all small integers as vectors) and, at an end, the sent-row
+/// patch (−σ, σ·ON, σ·(OT − ON)). Every product c·r is exact (whole numbers), so
+/// `x + c·r` gives the bits of an add, a subtract or nothing when c is ±1 or 0, without a
+/// branch in the loop.
 #[derive(Clone, Copy)]
 struct Step<V> {
-    ts: f32,
-    dr: f32,
-    dx: f32,
-    sign: f32,
+    ts: V,
+    dr: V,
+    dx: V,
+    nsign: V,
     on: V,
     oton: V,
 }
 
-/// One rank of one chunk: reads its rows at `st`, and either folds its costs into `ve`/`va`
-/// (not WRITE) or stores its new rows (WRITE). END: the rank is an end of the move. UNIFORM:
-/// hexp is the same on every rank (`ve` then takes tok, see the module comment).
+/// add − sub at offset i of the demand rows; R says which rows exist (see
+/// `StepDelta::rows`). A missing row reads as +0, with the same bits as loading zeros.
+#[inline(always)]
+unsafe fn diff<V: Lanes, const R: u8>(add: *const f32, sub: *const f32, i: usize) -> V {
+    let zero = V::splat(0.0);
+    match R {
+        0 => V::load(add.add(i)).sub(V::load(sub.add(i))),
+        1 => V::load(add.add(i)),
+        2 => zero.sub(V::load(sub.add(i))),
+        _ => zero,
+    }
+}
+
+/// One rank of one chunk with its demand difference r: reads its rows at `st`, and either
+/// folds its costs into `ve`/`va` (not WRITE) or stores its new rows (WRITE). END: the rank
+/// is an end of the move. UNIFORM: hexp is the same on every rank (`ve` then takes tok, see
+/// the module comment).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn rank<V: Lanes, const WRITE: bool, const END: bool, const UNIFORM: bool>(
     st: *mut f32,
     h: *const f32,
-    ra: *const f32,
-    rs: *const f32,
+    r: V,
     m: &Step<V>,
     k: (V, V, V),
     ve: &mut V,
     va: &mut V,
 ) {
     let (ct, ki, ke) = k;
-    let r = V::load(ra).sub(V::load(rs));
-    let t = plus(V::load(st.add(TOK * LANES)), m.ts, r);
-    let ri = plus(V::load(st.add(R_IN * LANES)), m.dr, r);
-    let xi = plus(V::load(st.add(X_IN * LANES)), m.dx, r);
+    let t = V::load(st.add(TOK * LANES)).add_exact(m.ts, r);
+    let ri = V::load(st.add(R_IN * LANES)).add_exact(m.dr, r);
+    let xi = V::load(st.add(X_IN * LANES)).add_exact(m.dx, r);
     let (mut si, mut se) = (V::load(st.add(S_IN * LANES)), V::load(st.add(S_EX * LANES)));
     if END {
-        si = plus(si.add(m.on), -m.sign, r);
+        si = si.add(m.on).add_exact(m.nsign, r);
         se = se.add(m.oton);
     }
     if WRITE {
@@ -351,51 +401,82 @@ unsafe fn rank<V: Lanes, const WRITE: bool, const END: bool, const UNIFORM: bool
     *va = va.max(ki.mul(si.max(ri)).add(ke.mul(se.max(xi))));
 }
 
+/// The move's coefficients on node `node` for ranks that are not ends.
 #[inline(always)]
-unsafe fn pass<V: Lanes, const WRITE: bool, const UNIFORM: bool>(rows: *mut f32, h: &Hosted, d: &StepDelta, c: Coeffs, s: Shape) -> f64 {
+fn node_step<V: Lanes>(d: &StepDelta, node: usize, rpn: usize) -> Step<V> {
+    let cm: f32 = d.ends[..d.n_ends].iter().filter(|e| e.0 / rpn == node).map(|e| e.1).sum();
+    let zero = V::splat(0.0);
+    Step { ts: V::splat(d.ts), dr: V::splat(cm), dx: V::splat(d.ts - cm), nsign: zero, on: zero, oton: zero }
+}
+
+/// Every rank of every chunk of N (group, step)s that see the same demand rows: their costs
+/// after the move, or (WRITE) their new states. R: which demand rows exist.
+#[inline(always)]
+unsafe fn pass<V: Lanes, const WRITE: bool, const UNIFORM: bool, const R: u8, const N: usize>(
+    rows: [*mut f32; N],
+    h: &Hosted,
+    d: [&StepDelta; N],
+    c: Coeffs,
+    s: Shape,
+) -> [f64; N] {
     let (ep, nodes) = (s.ep, s.nodes);
     let rpn = ep / nodes;
     let k = (V::splat(c.ct), V::splat(c.ki), V::splat(c.ke));
-    let (add, sub, hexp) = (d.add.as_ptr(), d.sub.as_ptr(), h.per_rank.as_ptr());
-    let mut ends = d.ends;
-    if d.n_ends == 2 && ends[0].0 > ends[1].0 {
-        ends.swap(0, 1);
+    let nul: *const f32 = std::ptr::null();
+    let (add, sub, hexp) = (d[0].add.map_or(nul, |r| r.as_ptr()), d[0].sub.map_or(nul, |r| r.as_ptr()), h.per_rank.as_ptr());
+    // the ranks where some target has an end, in order (at most 2 per target)
+    let mut stops = [usize::MAX; 4];
+    let mut n_stops = 0;
+    for x in &d {
+        for e in &x.ends[..x.n_ends] {
+            if !stops[..n_stops].contains(&e.0) {
+                stops[n_stops] = e.0;
+                n_stops += 1;
+            }
+        }
     }
-    let ends = &ends[..d.n_ends];
+    stops[..n_stops].sort_unstable();
     let zero = V::splat(0.0);
-    let mut cost = 0.0f64;
+    let mut cost = [0.0f64; N];
     for ch in 0..s.chunks {
-        let ot_at = s.otot_at(ch * LANES);
-        let ot = V::load(add.add(ot_at)).sub(V::load(sub.add(ot_at)));
-        let (mut ve, mut va) = (zero, zero);
+        let ot = diff::<V, R>(add, sub, s.otot_at(ch * LANES));
+        let (mut ve, mut va) = ([zero; N], [zero; N]);
         let row = |p: usize| (ch * ep + p) * LANES;
         let mut next = 0;
         for node in 0..nodes {
-            let cm: f32 = ends.iter().filter(|e| e.0 / rpn == node).map(|e| e.1).sum();
-            let m = Step { ts: d.ts, dr: cm, dx: d.ts - cm, sign: 0.0, on: zero, oton: zero };
+            let m: [Step<V>; N] = std::array::from_fn(|i| node_step(d[i], node, rpn));
             let (mut p, hi) = (node * rpn, (node + 1) * rpn);
             loop {
-                let stop = if next < ends.len() && ends[next].0 < hi { ends[next].0 } else { hi };
+                let stop = if next < n_stops && stops[next] < hi { stops[next] } else { hi };
                 while p < stop {
                     let i = row(p);
-                    rank::<V, WRITE, false, UNIFORM>(rows.add(i * ROWS), hexp.add(i), add.add(i), sub.add(i), &m, k, &mut ve, &mut va);
+                    let r = diff::<V, R>(add, sub, i);
+                    for t in 0..N {
+                        rank::<V, WRITE, false, UNIFORM>(rows[t].add(i * ROWS), hexp.add(i), r, &m[t], k, &mut ve[t], &mut va[t]);
+                    }
                     p += 1;
                 }
                 if p == hi {
                     break;
                 }
-                // p is an end rank
-                let sign = ends[next].1;
-                let on_at = s.onode_at(ch * LANES, node);
-                let on = V::load(add.add(on_at)).sub(V::load(sub.add(on_at)));
-                let sv = V::splat(sign);
-                let mut e = m;
-                e.dr = cm - sign;
-                e.sign = sign;
-                e.on = sv.mul(on);
-                e.oton = sv.mul(ot.sub(on));
+                // p is an end rank of some target
                 let i = row(p);
-                rank::<V, WRITE, true, UNIFORM>(rows.add(i * ROWS), hexp.add(i), add.add(i), sub.add(i), &e, k, &mut ve, &mut va);
+                let r = diff::<V, R>(add, sub, i);
+                for t in 0..N {
+                    match d[t].ends[..d[t].n_ends].iter().find(|e| e.0 == p) {
+                        Some(&(_, sign)) => {
+                            let on = diff::<V, R>(add, sub, s.onode_at(ch * LANES, node));
+                            let sv = V::splat(sign);
+                            let mut e = m[t];
+                            e.dr = e.dr.sub(sv);
+                            e.nsign = V::splat(-sign);
+                            e.on = sv.mul(on);
+                            e.oton = sv.mul(ot.sub(on));
+                            rank::<V, WRITE, true, UNIFORM>(rows[t].add(i * ROWS), hexp.add(i), r, &e, k, &mut ve[t], &mut va[t]);
+                        }
+                        None => rank::<V, WRITE, false, UNIFORM>(rows[t].add(i * ROWS), hexp.add(i), r, &m[t], k, &mut ve[t], &mut va[t]),
+                    }
+                }
                 p += 1;
                 next += 1;
             }
@@ -403,12 +484,15 @@ unsafe fn pass<V: Lanes, const WRITE: bool, const UNIFORM: bool>(rows: *mut f32,
         if WRITE {
             continue;
         }
-        if let (true, Some(hl)) = (UNIFORM, h.per_layer) {
-            ve = k.0.mul(ve).add(V::load(hl.as_ptr().add(ch * LANES)));
-        }
-        let (e, a) = (ve.lanes(), va.lanes());
-        for j in 0..LANES.min(s.layers - ch * LANES) {
-            cost += (e[j] + a[j]) as f64;
+        for t in 0..N {
+            let mut e = ve[t];
+            if let (true, Some(hl)) = (UNIFORM, h.per_layer) {
+                e = k.0.mul(e).add(V::load(hl.as_ptr().add(ch * LANES)));
+            }
+            let (e, a) = (e.lanes(), va[t].lanes());
+            for j in 0..LANES.min(s.layers - ch * LANES) {
+                cost[t] += (e[j] + a[j]) as f64;
+            }
         }
     }
     cost
@@ -491,6 +575,8 @@ mod tests {
     /// `simulate`'s formula on the raw values after the move, one (layer, rank) at a time.
     fn formula(raw: &[[f32; 5]], h: &[f32], d: &StepDelta, c: Coeffs, s: Shape) -> (f64, Vec<[f32; 5]>) {
         let rpn = s.ep / s.nodes;
+        let zero = vec![0f32; s.row_len()];
+        let d = Row2 { add: d.add.unwrap_or(&zero), sub: d.sub.unwrap_or(&zero), d };
         let mut cost = 0.0f64;
         let mut after = raw.to_vec();
         for l in 0..s.layers {
@@ -517,6 +603,20 @@ mod tests {
         (cost, after)
     }
 
+    /// A move's rows with zeros for missing ones (for `formula`).
+    struct Row2<'a> {
+        add: &'a [f32],
+        sub: &'a [f32],
+        d: &'a StepDelta<'a>,
+    }
+
+    impl<'a> std::ops::Deref for Row2<'a> {
+        type Target = StepDelta<'a>;
+        fn deref(&self) -> &StepDelta<'a> {
+            self.d
+        }
+    }
+
     #[test]
     fn kernel_matches_the_formula_on_both_builds() {
         let c = Coeffs { ct: 1e-3, ki: 2e-4, ke: 3e-3 };
@@ -525,15 +625,14 @@ mod tests {
             let raw = raw(layers, ep, layers + ep);
             let rows = state(&raw, s);
             let (ra, rs) = (demand(s, 2), demand(s, 5));
-            let zero = vec![0f32; s.row_len()];
             let two = ep > 1;
             let deltas = [
-                StepDelta { add: &ra, sub: &rs, ts: 1.0, ends: [(ep / 2, 1.0), (0, 0.0)], n_ends: 1 },
-                StepDelta { add: &ra, sub: &zero, ts: -1.0, ends: [(ep - 1, -1.0), (0, 0.0)], n_ends: 1 },
-                StepDelta { add: &zero, sub: &rs, ts: 1.0, ends: [(0, 1.0), (0, 0.0)], n_ends: 1 },
-                StepDelta { add: &ra, sub: &rs, ts: 0.0, ends: [(ep - 1, 1.0), (0, -1.0)], n_ends: if two { 2 } else { 0 } },
-                StepDelta { add: &ra, sub: &rs, ts: 0.0, ends: [(0, 1.0), (ep - 1, -1.0)], n_ends: if two { 2 } else { 0 } },
-                StepDelta { add: &zero, sub: &zero, ts: 0.0, ends: [(0, 0.0); 2], n_ends: 0 },
+                StepDelta { add: Some(&ra), sub: Some(&rs), ts: 1.0, ends: [(ep / 2, 1.0), (0, 0.0)], n_ends: 1 },
+                StepDelta { add: Some(&ra), sub: None, ts: -1.0, ends: [(ep - 1, -1.0), (0, 0.0)], n_ends: 1 },
+                StepDelta { add: None, sub: Some(&rs), ts: 1.0, ends: [(0, 1.0), (0, 0.0)], n_ends: 1 },
+                StepDelta { add: Some(&ra), sub: Some(&rs), ts: 0.0, ends: [(ep - 1, 1.0), (0, -1.0)], n_ends: if two { 2 } else { 0 } },
+                StepDelta { add: Some(&ra), sub: Some(&rs), ts: 0.0, ends: [(0, 1.0), (ep - 1, -1.0)], n_ends: if two { 2 } else { 0 } },
+                StepDelta { add: None, sub: None, ts: 0.0, ends: [(0, 0.0); 2], n_ends: 0 },
             ];
             for uniform in [false, true] {
                 let (per_rank, per_layer) = hexp(s, uniform);
@@ -550,6 +649,22 @@ mod tests {
                         got.push(r1);
                     }
                     assert_eq!(got[0], got[1]);
+                }
+                // a move between two steps, priced and applied in one pass
+                let rows_b = state(&raw.iter().rev().copied().collect::<Vec<_>>(), s);
+                for (add, sub) in [(Some(&ra[..]), Some(&rs[..])), (None, Some(&rs[..])), (Some(&ra[..]), None)] {
+                    let da = StepDelta { add, sub, ts: 1.0, ends: [(ep / 3, 1.0), (0, 0.0)], n_ends: 1 };
+                    let db = StepDelta { add, sub, ts: -1.0, ends: [(ep - 1 - ep / 3, -1.0), (0, 0.0)], n_ends: 1 };
+                    for avx2 in [false, detect_avx2()] {
+                        let (x, y) = gm_cost_pair(&rows, &rows_b, &hosted, &da, &db, c, s, avx2);
+                        assert_eq!(x.to_bits(), gm_cost(&rows, &hosted, &da, c, s, avx2).to_bits());
+                        assert_eq!(y.to_bits(), gm_cost(&rows_b, &hosted, &db, c, s, avx2).to_bits());
+                        let (mut a1, mut b1, mut a2, mut b2) = (rows.clone(), rows_b.clone(), rows.clone(), rows_b.clone());
+                        gm_apply_pair(&mut a1, &mut b1, &hosted, &da, &db, c, s, avx2);
+                        gm_apply(&mut a2, &hosted, &da, c, s, avx2);
+                        gm_apply(&mut b2, &hosted, &db, c, s, avx2);
+                        assert_eq!((a1, b1), (a2, b2));
+                    }
                 }
             }
         }
