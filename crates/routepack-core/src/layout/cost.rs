@@ -53,6 +53,9 @@ pub struct Proxy {
     pub token_cap: i64,
     pub lens: Vec<i64>,
     pub sq: Vec<i64>,
+    /// `[dp·M]` (group, step) and EP rank of each cell.
+    cell_gm: Vec<u32>,
+    cell_rank: Vec<u32>,
     /// `[S]` samples in increasing length (ties by index), and each sample's place in it.
     pub by_len: Vec<u32>,
     pub len_rank: Vec<u32>,
@@ -249,7 +252,12 @@ impl Proxy {
         for (i, &s) in by_len.iter().enumerate() {
             len_rank[s as usize] = i as u32;
         }
+        let cells = topo.dp * micro;
+        let cell_gm = (0..cells).map(|c| ((c / micro / ep) * micro + c % micro) as u32).collect();
+        let cell_rank = (0..cells).map(|c| ((c / micro) % ep) as u32).collect();
         Ok(Self {
+            cell_gm,
+            cell_rank,
             num_samples: s_n,
             num_layers: l_n,
             ep,
@@ -284,13 +292,12 @@ impl Proxy {
     /// (group, step) index of cell c = d·M + m.
     #[inline]
     pub fn gm_of(&self, cell: usize) -> usize {
-        let (d, m) = (cell / self.micro, cell % self.micro);
-        (d / self.ep) * self.micro + m
+        self.cell_gm[cell] as usize
     }
     /// EP-local rank of cell c.
     #[inline]
     pub fn rank_of(&self, cell: usize) -> usize {
-        (cell / self.micro) % self.ep
+        self.cell_rank[cell] as usize
     }
     /// Length of a demand row (a sample's or a cell's).
     #[inline]
@@ -428,15 +435,23 @@ impl Proxy {
     /// Recomputes the three largest attention values per kind of (group, step) gm.
     fn rank_attention(&self, sh: &mut Shards, gm: usize) {
         let k_n = self.kinds.len();
+        let base = self.cell_at(gm, 0);
         for (k, &(q3, _)) in self.kinds.iter().enumerate() {
-            let mut top = [(0.0f64, u32::MAX); TOP];
+            let mut top = [(f64::NEG_INFINITY, u32::MAX); TOP];
             for p in 0..self.ep {
-                let c = self.cell_at(gm, p);
+                let c = base + p * self.micro;
                 let v = self.att_lin * sh.lin[c] as f64 + q3 * sh.quad[c] as f64;
-                if let Some(i) = top.iter().position(|t| t.1 == u32::MAX || v > t.0) {
-                    top.copy_within(i..TOP - 1, i + 1);
+                if v > top[TOP - 1].0 {
+                    let mut i = TOP - 1;
+                    while i > 0 && v > top[i - 1].0 {
+                        top[i] = top[i - 1];
+                        i -= 1;
+                    }
                     top[i] = (v, p as u32);
                 }
+            }
+            for t in top.iter_mut().filter(|t| t.1 == u32::MAX) {
+                t.0 = 0.0;
             }
             sh.att_top[gm * k_n + k] = top;
         }
