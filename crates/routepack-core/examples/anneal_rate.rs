@@ -49,9 +49,10 @@ fn main() {
     println!("proxy: {:.3} s wall, micro {micro}, demand rows {:.1} MiB", t.elapsed().as_secs_f64(), (px.demand.len() * 4) as f64 / (1 << 20) as f64);
     let start = init::worst_fit(&px).unwrap_or_else(|| init::from_rows(&px, &rows.rows));
     let mut ch = Chain::new(&px, &start, Xoshiro256PlusPlus::seed_from_u64(0), MoveMix::default());
+    let moves_fixed = if std::env::var_os("SCHEDULE_ONLY").is_some() { 0 } else { moves };
     let e0 = ch.energy;
     let c0 = thread_cpu_s();
-    ch.run(&px, moves, temp, None);
+    ch.run(&px, moves_fixed, temp, None);
     let cpu = thread_cpu_s() - c0;
     println!(
         "{} proposals in {cpu:.3} s cpu: {:.0} K proposals/s, {:.0} K evaluated/s ({:.1}%), {:.0} K accepted/s ({:.1}% of evaluated); energy {e0:.4} -> {:.4}",

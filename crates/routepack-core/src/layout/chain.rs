@@ -153,7 +153,7 @@ impl Chain {
             }
             if let Some(p) = self.propose(px) {
                 let delta = p.energy - self.energy;
-                let accept = delta <= 0.0 || (temp > 0.0 && self.unit() < detmath::exp(-delta / temp));
+                let accept = delta <= 0.0 || (temp > 0.0 && metropolis(self.unit(), -delta / temp));
                 if accept {
                     self.apply(px, p);
                 }
@@ -360,3 +360,37 @@ impl Chain {
             && fresh.gm_cost.iter().zip(&self.sh.gm_cost).all(|(x, y)| (x - y).abs() <= 1e-9 * x.abs().max(1e-30))
     }
 }
+
+/// Below this exponent e^x < 2^-53, the smallest positive `unit()`.
+const EXP_BELOW_UNIT: f64 = -37.5;
+
+/// Metropolis acceptance of a worsening move: u < e^x, with u from `Chain::unit`. Most
+/// worsening moves late in a schedule have e^x below every positive u, so they are rejected
+/// without the exp: the same decision.
+#[inline]
+fn metropolis(u: f64, x: f64) -> bool {
+    if x < EXP_BELOW_UNIT && u != 0.0 {
+        false
+    } else {
+        u < detmath::exp(x)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skipping_exp_keeps_every_decision() {
+        let smallest = 1.0 / (1u64 << 53) as f64;
+        assert!(detmath::exp(EXP_BELOW_UNIT) < smallest);
+        for i in 0..2000 {
+            let x = EXP_BELOW_UNIT - i as f64 * 0.37;
+            assert!(detmath::exp(x) < smallest, "exp({x})");
+            for u in [0.0, smallest, 0.5] {
+                assert_eq!(metropolis(u, x), u < detmath::exp(x));
+            }
+        }
+    }
+}
+
