@@ -33,7 +33,7 @@ use crate::placement::Placement;
 use crate::topology::Topology;
 use crate::window::WindowView;
 
-use super::kernel::{detect_avx2, gm_apply, gm_apply_pair, gm_cost, gm_cost_pair, Coeffs, Hosted, Shape, StepDelta, LANES};
+use super::kernel::{detect_avx2, gm_apply, gm_apply_pair, gm_cost, gm_cost_pair, Coeffs, Hosted, Rows, Shape, StepDelta, LANES};
 
 /// Rank values kept per (group, step, attention kind): the largest three.
 const TOP: usize = 3;
@@ -61,8 +61,8 @@ pub struct Proxy {
     pub len_rank: Vec<u32>,
     /// Where values live in demand rows and state (layers blocked by eight).
     pub shape: Shape,
-    /// `[S, row_len]` demand row of each sample (see the module comment).
-    pub demand: Vec<f32>,
+    /// The demand row of each sample (see the module comment).
+    pub demand: SampleRows,
     /// `[chunks, ep, 8]` 3 · c_exp · experts hosted by rank p in layer l (the simulator counts
     /// active experts; with thousands of tokens per microbatch every hosted expert is active).
     pub hexp: Vec<f32>,
@@ -77,6 +77,46 @@ pub struct Proxy {
     pub lambda: f64,
     /// The CPU has AVX2 (the hot loop has a build for it).
     avx2: bool,
+}
+
+/// The samples' demand rows: `[S, row_len]` f32, or, when every proj value fits in 16 bits
+/// (tokens one sample sends one rank in one layer: almost always), proj `[S, proj_len]` in
+/// u16 and the tails (otot, onode) `[S, row_len − proj_len]` in f32. The annealer streams
+/// random samples' rows from a table of tens of MiB; half the bytes is a faster move.
+pub enum SampleRows {
+    F32(Vec<f32>),
+    U16 { proj: Vec<u16>, tail: Vec<f32> },
+}
+
+impl SampleRows {
+    /// Compact rows of `full` (`[S, row_len]`) when they fit, else `full` itself.
+    fn new(full: Vec<f32>, shape: Shape) -> Self {
+        let (len, pl) = (shape.row_len(), shape.proj_len());
+        if full.chunks_exact(len).any(|r| r[..pl].iter().any(|&x| x > u16::MAX as f32)) {
+            return SampleRows::F32(full);
+        }
+        let proj = full.chunks_exact(len).flat_map(|r| r[..pl].iter().map(|&x| x as u16)).collect();
+        let tail = full.chunks_exact(len).flat_map(|r| r[pl..].iter().copied()).collect();
+        SampleRows::U16 { proj, tail }
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        match self {
+            SampleRows::F32(x) => x.len() * 4,
+            SampleRows::U16 { proj, tail } => proj.len() * 2 + tail.len() * 4,
+        }
+    }
+
+    /// Sample s's row.
+    #[inline]
+    fn row(&self, s: usize, shape: Shape) -> Rows<'_> {
+        let (len, pl) = (shape.row_len(), shape.proj_len());
+        match self {
+            SampleRows::F32(x) => Rows::F32(&x[s * len..(s + 1) * len]),
+            SampleRows::U16 { proj, tail } => Rows::U16 { proj: &proj[s * pl..(s + 1) * pl], tail: &tail[s * (len - pl)..(s + 1) * (len - pl)] },
+        }
+    }
 }
 
 /// Where a source vector comes from: nothing, one sample, or all samples of a cell (its row
@@ -272,7 +312,7 @@ impl Proxy {
             by_len,
             len_rank,
             shape,
-            demand,
+            demand: SampleRows::new(demand, shape),
             hexp,
             hexp_layer: uniform.then_some(hexp_layer),
             kinds,
@@ -307,15 +347,30 @@ impl Proxy {
     /// Tokens sample s sends in layer l.
     #[inline]
     pub fn sent(&self, s: usize, l: usize) -> f32 {
-        self.demand[s * self.row_len() + self.shape.otot_at(l)]
+        match self.demand.row(s, self.shape) {
+            Rows::F32(r) => r[self.shape.otot_at(l)],
+            Rows::U16 { tail, .. } => tail[self.shape.otot_at(l) - self.shape.proj_len()],
+        }
     }
 
     /// Adds (`sign` = 1) or removes (−1) sample s's demand row to/from `row`. Values are
     /// whole numbers, so the row always equals the sum over the cell's samples.
     pub fn add_sample(&self, row: &mut [f32], s: usize, sign: f32) {
-        let len = self.row_len();
-        for (x, &y) in row.iter_mut().zip(&self.demand[s * len..(s + 1) * len]) {
-            *x += sign * y;
+        match self.demand.row(s, self.shape) {
+            Rows::F32(r) => {
+                for (x, &y) in row.iter_mut().zip(r) {
+                    *x += sign * y;
+                }
+            }
+            Rows::U16 { proj, tail } => {
+                let (rp, rt) = row.split_at_mut(proj.len());
+                for (x, &y) in rp.iter_mut().zip(proj) {
+                    *x += sign * y as f32;
+                }
+                for (x, &y) in rt.iter_mut().zip(tail) {
+                    *x += sign * y;
+                }
+            }
         }
     }
 
@@ -342,12 +397,12 @@ impl Proxy {
 
     /// A source's demand row (None: zeros).
     #[inline]
-    fn row<'a>(&'a self, src: Src, cells: &'a [f32]) -> Option<&'a [f32]> {
+    fn row<'a>(&'a self, src: Src, cells: &'a [f32]) -> Option<Rows<'a>> {
         let len = self.row_len();
         match src {
             Src::Zero => None,
-            Src::Sample(s) => Some(&self.demand[s as usize * len..(s as usize + 1) * len]),
-            Src::Cell(c) => Some(&cells[c * len..(c + 1) * len]),
+            Src::Sample(s) => Some(self.demand.row(s as usize, self.shape)),
+            Src::Cell(c) => Some(Rows::F32(&cells[c * len..(c + 1) * len])),
         }
     }
 
@@ -606,4 +661,26 @@ mod tests {
         assert!((fresh.gm_cost[ga] - ca).abs() <= 1e-12 * ca.abs().max(1.0));
         assert!((fresh.gm_cost[gb] - cb).abs() <= 1e-12 * cb.abs().max(1.0));
     }
+
+    #[test]
+    fn sample_rows_are_compact_only_when_every_value_fits() {
+        let shape = Shape::new(3, 4, 2);
+        let mut full: Vec<f32> = (0..2 * shape.row_len()).map(|i| (i % 50) as f32).collect();
+        let otot = shape.otot_at(1);
+        full[otot] = 1e6; // tails may exceed 16 bits
+        let rows = SampleRows::new(full.clone(), shape);
+        assert!(matches!(rows, SampleRows::U16 { .. }));
+        for s in 0..2 {
+            match rows.row(s, shape) {
+                Rows::U16 { proj, tail } => {
+                    let back: Vec<f32> = proj.iter().map(|&x| x as f32).chain(tail.iter().copied()).collect();
+                    assert_eq!(back, full[s * shape.row_len()..(s + 1) * shape.row_len()]);
+                }
+                Rows::F32(_) => unreachable!(),
+            }
+        }
+        full[shape.proj_at(2, 3) + shape.row_len()] = 70_000.0;
+        assert!(matches!(SampleRows::new(full, shape), SampleRows::F32(_)));
+    }
 }
+

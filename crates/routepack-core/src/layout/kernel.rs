@@ -89,6 +89,11 @@ impl Shape {
     pub fn proj_at(&self, l: usize, p: usize) -> usize {
         (l / LANES * self.ep + p) * LANES + l % LANES
     }
+    /// Length of a demand row's proj part (the rest, otot and onode, is its "tail").
+    #[inline]
+    pub fn proj_len(&self) -> usize {
+        self.chunks * self.ep * LANES
+    }
     /// Demand row: tokens sent in layer l.
     #[inline]
     pub fn otot_at(&self, l: usize) -> usize {
@@ -106,13 +111,42 @@ impl Shape {
     }
 }
 
-/// One (group, step)'s view of a move: the demand rows `add` and `sub` (None: zeros), the
-/// change of its received tokens `ts` (±1 or 0), and the end ranks `ends[..n_ends]`
-/// (distinct) with signs.
+/// A demand row as the kernel reads it: one f32 row (proj ++ tail, `Shape`), or a compact
+/// one, proj in u16 (whole numbers of tokens that fit, half the bytes to stream) and the
+/// tail (otot, onode: larger sums) in f32.
+#[derive(Clone, Copy)]
+pub enum Rows<'a> {
+    F32(&'a [f32]),
+    U16 { proj: &'a [u16], tail: &'a [f32] },
+}
+
+impl Rows<'_> {
+    fn check(&self, s: Shape) -> bool {
+        match self {
+            Rows::F32(r) => r.len() >= s.row_len(),
+            Rows::U16 { proj, tail } => proj.len() >= s.proj_len() && tail.len() >= s.row_len() - s.proj_len(),
+        }
+    }
+    fn compact(&self) -> bool {
+        matches!(self, Rows::U16 { .. })
+    }
+    /// Where the proj part and the tail start (tail offsets are `Shape::otot_at` and
+    /// `onode_at` minus `proj_len`).
+    fn ptrs(&self, s: Shape) -> (*const u8, *const f32) {
+        match self {
+            Rows::F32(r) => (r.as_ptr() as *const u8, r[s.proj_len()..].as_ptr()),
+            Rows::U16 { proj, tail } => (proj.as_ptr() as *const u8, tail.as_ptr()),
+        }
+    }
+}
+
+/// One (group, step)'s view of a move: the demand rows `add` and `sub` (None: zeros; both of
+/// one kind), the change of its received tokens `ts` (±1 or 0), and the end ranks
+/// `ends[..n_ends]` (distinct) with signs.
 #[derive(Clone, Copy)]
 pub struct StepDelta<'a> {
-    pub add: Option<&'a [f32]>,
-    pub sub: Option<&'a [f32]>,
+    pub add: Option<Rows<'a>>,
+    pub sub: Option<Rows<'a>>,
     pub ts: f32,
     pub ends: [(usize, f32); 2],
     pub n_ends: usize,
@@ -130,11 +164,16 @@ impl StepDelta<'_> {
     fn check(&self, state: usize, h: &Hosted, s: Shape) {
         assert!(state >= s.state_len() && h.per_rank.len() >= s.hexp_len());
         assert!(h.per_layer.is_none_or(|x| x.len() >= s.chunks * LANES));
-        assert!(self.add.is_none_or(|r| r.len() >= s.row_len()) && self.sub.is_none_or(|r| r.len() >= s.row_len()));
+        assert!(self.add.is_none_or(|r| r.check(s)) && self.sub.is_none_or(|r| r.check(s)));
+        assert!(self.add.is_none() || self.sub.is_none() || self.add.is_some_and(|a| a.compact()) == self.sub.is_some_and(|b| b.compact()));
         assert!(s.nodes >= 1 && s.ep % s.nodes == 0 && s.chunks * LANES >= s.layers);
         assert!(self.n_ends <= 2 && self.ends[..self.n_ends].iter().all(|e| e.0 < s.ep));
         assert!(self.n_ends < 2 || self.ends[0].0 != self.ends[1].0);
         assert!([self.ts].iter().chain(self.ends[..self.n_ends].iter().map(|e| &e.1)).all(|&x| x == 0.0 || x == 1.0 || x == -1.0));
+    }
+    /// Whether the rows are compact (u16 proj).
+    fn compact(&self) -> bool {
+        self.add.or(self.sub).is_some_and(|r| r.compact())
     }
     /// Which rows the kernel reads: both (0), `add` only (1), `sub` only (2), none (3).
     fn rows(&self) -> u8 {
@@ -167,8 +206,13 @@ pub fn gm_cost_pair(rows_a: &[f32], rows_b: &[f32], h: &Hosted, da: &StepDelta, 
 }
 
 fn same_rows(a: &StepDelta, b: &StepDelta) -> bool {
-    let p = |r: Option<&[f32]>| r.map(|x| x.as_ptr());
-    p(a.add) == p(b.add) && p(a.sub) == p(b.sub)
+    let p = |r: Option<Rows>| {
+        r.map(|x| match x {
+            Rows::F32(r) => r.as_ptr() as *const u8,
+            Rows::U16 { proj, .. } => proj.as_ptr() as *const u8,
+        })
+    };
+    p(a.add) == p(b.add) && p(a.sub) == p(b.sub) && a.compact() == b.compact()
 }
 
 /// Writes the state after `d` into `rows` (the rows `gm_cost` priced).
@@ -204,25 +248,63 @@ unsafe fn pass_avx2<const WRITE: bool, const N: usize>(rows: [*mut f32; N], h: &
     choose::<avx::V8, WRITE, N>(rows, h, d, c, s)
 }
 
-/// The pass built for the rows the move reads and for uniform hexp (only a cost needs it).
+/// The pass built for the rows the move reads (which, and their kind) and for uniform hexp
+/// (only a cost needs it).
 #[inline(always)]
 unsafe fn choose<V: Lanes, const WRITE: bool, const N: usize>(rows: [*mut f32; N], h: &Hosted, d: [&StepDelta; N], c: Coeffs, s: Shape) -> [f64; N] {
+    if d[0].compact() {
+        choose_rows::<V, WRITE, N, u16>(rows, h, d, c, s)
+    } else {
+        choose_rows::<V, WRITE, N, f32>(rows, h, d, c, s)
+    }
+}
+
+#[inline(always)]
+unsafe fn choose_rows<V: Lanes, const WRITE: bool, const N: usize, E: Elem>(
+    rows: [*mut f32; N],
+    h: &Hosted,
+    d: [&StepDelta; N],
+    c: Coeffs,
+    s: Shape,
+) -> [f64; N] {
     let uniform = !WRITE && h.per_layer.is_some();
     match (d[0].rows(), uniform) {
-        (0, false) => pass::<V, WRITE, false, 0, N>(rows, h, d, c, s),
-        (1, false) => pass::<V, WRITE, false, 1, N>(rows, h, d, c, s),
-        (2, false) => pass::<V, WRITE, false, 2, N>(rows, h, d, c, s),
-        (_, false) => pass::<V, WRITE, false, 3, N>(rows, h, d, c, s),
-        (0, true) => pass::<V, WRITE, true, 0, N>(rows, h, d, c, s),
-        (1, true) => pass::<V, WRITE, true, 1, N>(rows, h, d, c, s),
-        (2, true) => pass::<V, WRITE, true, 2, N>(rows, h, d, c, s),
-        (_, true) => pass::<V, WRITE, true, 3, N>(rows, h, d, c, s),
+        (0, false) => pass::<V, WRITE, false, 0, N, E>(rows, h, d, c, s),
+        (1, false) => pass::<V, WRITE, false, 1, N, E>(rows, h, d, c, s),
+        (2, false) => pass::<V, WRITE, false, 2, N, E>(rows, h, d, c, s),
+        (_, false) => pass::<V, WRITE, false, 3, N, E>(rows, h, d, c, s),
+        (0, true) => pass::<V, WRITE, true, 0, N, E>(rows, h, d, c, s),
+        (1, true) => pass::<V, WRITE, true, 1, N, E>(rows, h, d, c, s),
+        (2, true) => pass::<V, WRITE, true, 2, N, E>(rows, h, d, c, s),
+        (_, true) => pass::<V, WRITE, true, 3, N, E>(rows, h, d, c, s),
+    }
+}
+
+/// The element type of a demand row's proj part.
+trait Elem: Copy {
+    /// Eight values at `p` as f32 lanes.
+    unsafe fn load8<V: Lanes>(p: *const Self) -> V;
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    unsafe fn load8<V: Lanes>(p: *const f32) -> V {
+        V::load(p)
+    }
+}
+
+impl Elem for u16 {
+    #[inline(always)]
+    unsafe fn load8<V: Lanes>(p: *const u16) -> V {
+        V::load_u16(p)
     }
 }
 
 /// Eight f32 lanes.
 trait Lanes: Copy {
     unsafe fn load(p: *const f32) -> Self;
+    /// Eight u16 at `p`, converted (exactly) to f32.
+    unsafe fn load_u16(p: *const u16) -> Self;
     unsafe fn store(self, p: *mut f32);
     fn splat(x: f32) -> Self;
     fn add(self, o: Self) -> Self;
@@ -256,6 +338,10 @@ impl Lanes for Plain {
     #[inline(always)]
     unsafe fn load(p: *const f32) -> Self {
         Plain(std::ptr::read_unaligned(p as *const [f32; LANES]))
+    }
+    #[inline(always)]
+    unsafe fn load_u16(p: *const u16) -> Self {
+        Plain(std::ptr::read_unaligned(p as *const [u16; LANES]).map(f32::from))
     }
     #[inline(always)]
     unsafe fn store(self, p: *mut f32) {
@@ -300,6 +386,10 @@ mod avx {
         #[inline(always)]
         unsafe fn load(p: *const f32) -> Self {
             V8(_mm256_loadu_ps(p))
+        }
+        #[inline(always)]
+        unsafe fn load_u16(p: *const u16) -> Self {
+            V8(_mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i))))
         }
         #[inline(always)]
         unsafe fn store(self, p: *mut f32) {
@@ -350,15 +440,16 @@ struct Step<V> {
     oton: V,
 }
 
-/// add − sub at offset i of the demand rows; R says which rows exist (see
-/// `StepDelta::rows`). A missing row reads as +0, with the same bits as loading zeros.
+/// add − sub at offset i of the rows' proj parts (element type E) or, for `tail`, at offset i
+/// of the f32 rows `add`/`sub`; R says which rows exist (see `StepDelta::rows`). A missing
+/// row reads as +0, with the same bits as loading zeros.
 #[inline(always)]
-unsafe fn diff<V: Lanes, const R: u8>(add: *const f32, sub: *const f32, i: usize) -> V {
+unsafe fn diff<V: Lanes, const R: u8, E: Elem>(add: *const E, sub: *const E, i: usize) -> V {
     let zero = V::splat(0.0);
     match R {
-        0 => V::load(add.add(i)).sub(V::load(sub.add(i))),
-        1 => V::load(add.add(i)),
-        2 => zero.sub(V::load(sub.add(i))),
+        0 => E::load8::<V>(add.add(i)).sub(E::load8::<V>(sub.add(i))),
+        1 => E::load8::<V>(add.add(i)),
+        2 => zero.sub(E::load8::<V>(sub.add(i))),
         _ => zero,
     }
 }
@@ -412,7 +503,7 @@ fn node_step<V: Lanes>(d: &StepDelta, node: usize, rpn: usize) -> Step<V> {
 /// Every rank of every chunk of N (group, step)s that see the same demand rows: their costs
 /// after the move, or (WRITE) their new states. R: which demand rows exist.
 #[inline(always)]
-unsafe fn pass<V: Lanes, const WRITE: bool, const UNIFORM: bool, const R: u8, const N: usize>(
+unsafe fn pass<V: Lanes, const WRITE: bool, const UNIFORM: bool, const R: u8, const N: usize, E: Elem>(
     rows: [*mut f32; N],
     h: &Hosted,
     d: [&StepDelta; N],
@@ -422,8 +513,10 @@ unsafe fn pass<V: Lanes, const WRITE: bool, const UNIFORM: bool, const R: u8, co
     let (ep, nodes) = (s.ep, s.nodes);
     let rpn = ep / nodes;
     let k = (V::splat(c.ct), V::splat(c.ki), V::splat(c.ke));
-    let nul: *const f32 = std::ptr::null();
-    let (add, sub, hexp) = (d[0].add.map_or(nul, |r| r.as_ptr()), d[0].sub.map_or(nul, |r| r.as_ptr()), h.per_rank.as_ptr());
+    let ptrs = |r: Option<Rows>| r.map_or((std::ptr::null(), std::ptr::null()), |r| r.ptrs(s));
+    let ((add, add_t), (sub, sub_t)) = (ptrs(d[0].add), ptrs(d[0].sub));
+    let (add, sub) = (add as *const E, sub as *const E);
+    let hexp = h.per_rank.as_ptr();
     // the ranks where some target has an end, in order (at most 2 per target)
     let mut stops = [usize::MAX; 4];
     let mut n_stops = 0;
@@ -439,7 +532,7 @@ unsafe fn pass<V: Lanes, const WRITE: bool, const UNIFORM: bool, const R: u8, co
     let zero = V::splat(0.0);
     let mut cost = [0.0f64; N];
     for ch in 0..s.chunks {
-        let ot = diff::<V, R>(add, sub, s.otot_at(ch * LANES));
+        let ot = diff::<V, R, f32>(add_t, sub_t, s.otot_at(ch * LANES) - s.proj_len());
         let (mut ve, mut va) = ([zero; N], [zero; N]);
         let row = |p: usize| (ch * ep + p) * LANES;
         let mut next = 0;
@@ -450,7 +543,7 @@ unsafe fn pass<V: Lanes, const WRITE: bool, const UNIFORM: bool, const R: u8, co
                 let stop = if next < n_stops && stops[next] < hi { stops[next] } else { hi };
                 while p < stop {
                     let i = row(p);
-                    let r = diff::<V, R>(add, sub, i);
+                    let r = diff::<V, R, E>(add, sub, i);
                     for t in 0..N {
                         rank::<V, WRITE, false, UNIFORM>(rows[t].add(i * ROWS), hexp.add(i), r, &m[t], k, &mut ve[t], &mut va[t]);
                     }
@@ -461,11 +554,11 @@ unsafe fn pass<V: Lanes, const WRITE: bool, const UNIFORM: bool, const R: u8, co
                 }
                 // p is an end rank of some target
                 let i = row(p);
-                let r = diff::<V, R>(add, sub, i);
+                let r = diff::<V, R, E>(add, sub, i);
                 for t in 0..N {
                     match d[t].ends[..d[t].n_ends].iter().find(|e| e.0 == p) {
                         Some(&(_, sign)) => {
-                            let on = diff::<V, R>(add, sub, s.onode_at(ch * LANES, node));
+                            let on = diff::<V, R, f32>(add_t, sub_t, s.onode_at(ch * LANES, node) - s.proj_len());
                             let sv = V::splat(sign);
                             let mut e = m[t];
                             e.dr = e.dr.sub(sv);
@@ -576,7 +669,13 @@ mod tests {
     fn formula(raw: &[[f32; 5]], h: &[f32], d: &StepDelta, c: Coeffs, s: Shape) -> (f64, Vec<[f32; 5]>) {
         let rpn = s.ep / s.nodes;
         let zero = vec![0f32; s.row_len()];
-        let d = Row2 { add: d.add.unwrap_or(&zero), sub: d.sub.unwrap_or(&zero), d };
+        let full = |r: Option<Rows>| match r {
+            None => zero.clone(),
+            Some(Rows::F32(x)) => x.to_vec(),
+            Some(Rows::U16 { proj, tail }) => proj[..s.proj_len()].iter().map(|&v| v as f32).chain(tail.iter().copied()).collect(),
+        };
+        let (fa, fs) = (full(d.add), full(d.sub));
+        let d = Row2 { add: &fa, sub: &fs, d };
         let mut cost = 0.0f64;
         let mut after = raw.to_vec();
         for l in 0..s.layers {
@@ -627,11 +726,11 @@ mod tests {
             let (ra, rs) = (demand(s, 2), demand(s, 5));
             let two = ep > 1;
             let deltas = [
-                StepDelta { add: Some(&ra), sub: Some(&rs), ts: 1.0, ends: [(ep / 2, 1.0), (0, 0.0)], n_ends: 1 },
-                StepDelta { add: Some(&ra), sub: None, ts: -1.0, ends: [(ep - 1, -1.0), (0, 0.0)], n_ends: 1 },
-                StepDelta { add: None, sub: Some(&rs), ts: 1.0, ends: [(0, 1.0), (0, 0.0)], n_ends: 1 },
-                StepDelta { add: Some(&ra), sub: Some(&rs), ts: 0.0, ends: [(ep - 1, 1.0), (0, -1.0)], n_ends: if two { 2 } else { 0 } },
-                StepDelta { add: Some(&ra), sub: Some(&rs), ts: 0.0, ends: [(0, 1.0), (ep - 1, -1.0)], n_ends: if two { 2 } else { 0 } },
+                StepDelta { add: Some(Rows::F32(&ra)), sub: Some(Rows::F32(&rs)), ts: 1.0, ends: [(ep / 2, 1.0), (0, 0.0)], n_ends: 1 },
+                StepDelta { add: Some(Rows::F32(&ra)), sub: None, ts: -1.0, ends: [(ep - 1, -1.0), (0, 0.0)], n_ends: 1 },
+                StepDelta { add: None, sub: Some(Rows::F32(&rs)), ts: 1.0, ends: [(0, 1.0), (0, 0.0)], n_ends: 1 },
+                StepDelta { add: Some(Rows::F32(&ra)), sub: Some(Rows::F32(&rs)), ts: 0.0, ends: [(ep - 1, 1.0), (0, -1.0)], n_ends: if two { 2 } else { 0 } },
+                StepDelta { add: Some(Rows::F32(&ra)), sub: Some(Rows::F32(&rs)), ts: 0.0, ends: [(0, 1.0), (ep - 1, -1.0)], n_ends: if two { 2 } else { 0 } },
                 StepDelta { add: None, sub: None, ts: 0.0, ends: [(0, 0.0); 2], n_ends: 0 },
             ];
             for uniform in [false, true] {
@@ -652,10 +751,16 @@ mod tests {
                 }
                 // a move between two steps, priced and applied in one pass
                 let rows_b = state(&raw.iter().rev().copied().collect::<Vec<_>>(), s);
-                for (add, sub) in [(Some(&ra[..]), Some(&rs[..])), (None, Some(&rs[..])), (Some(&ra[..]), None)] {
+                let compact = |r: &[f32]| (r[..s.proj_len()].iter().map(|&v| v as u16).collect::<Vec<u16>>(), r[s.proj_len()..].to_vec());
+                let ((pa, ta), (ps, tsl)) = (compact(&ra), compact(&rs));
+                let (ca, cs) = (Rows::U16 { proj: &pa, tail: &ta }, Rows::U16 { proj: &ps, tail: &tsl });
+                let (fa, fs) = (Rows::F32(&ra), Rows::F32(&rs));
+                for (add, sub) in [(Some(fa), Some(fs)), (None, Some(fs)), (Some(fa), None), (Some(ca), Some(cs)), (None, Some(cs)), (Some(ca), None)] {
                     let da = StepDelta { add, sub, ts: 1.0, ends: [(ep / 3, 1.0), (0, 0.0)], n_ends: 1 };
                     let db = StepDelta { add, sub, ts: -1.0, ends: [(ep - 1 - ep / 3, -1.0), (0, 0.0)], n_ends: 1 };
+                    let (want_a, _) = formula(&raw, &per_rank, &da, c, s);
                     for avx2 in [false, detect_avx2()] {
+                        assert_eq!(gm_cost(&rows, &hosted, &da, c, s, avx2).to_bits(), want_a.to_bits());
                         let (x, y) = gm_cost_pair(&rows, &rows_b, &hosted, &da, &db, c, s, avx2);
                         assert_eq!(x.to_bits(), gm_cost(&rows, &hosted, &da, c, s, avx2).to_bits());
                         assert_eq!(y.to_bits(), gm_cost(&rows_b, &hosted, &db, c, s, avx2).to_bits());
