@@ -339,12 +339,7 @@ impl Chain {
                 px.add_sample(row_a, s, -1.0);
                 px.add_sample(row_b, s, 1.0);
             }
-            Kind::Swap { s, t } => {
-                px.add_sample(row_a, s, -1.0);
-                px.add_sample(row_a, t, 1.0);
-                px.add_sample(row_b, t, -1.0);
-                px.add_sample(row_b, s, 1.0);
-            }
+            Kind::Swap { s, t } => px.swap_samples(row_a, row_b, s, t),
             Kind::Cells => row_a.swap_with_slice(row_b),
         }
         self.energy = p.energy;

@@ -374,6 +374,35 @@ impl Proxy {
         }
     }
 
+    /// `row_a` loses sample s and gains t, `row_b` the other way round: one pass over each
+    /// row (the values are whole numbers, so this is exactly four `add_sample`s).
+    pub fn swap_samples(&self, row_a: &mut [f32], row_b: &mut [f32], s: usize, t: usize) {
+        let swap = |x: &mut f32, y: &mut f32, vs: f32, vt: f32| {
+            let d = vt - vs;
+            *x += d;
+            *y -= d;
+        };
+        match (self.demand.row(s, self.shape), self.demand.row(t, self.shape)) {
+            (Rows::F32(rs), Rows::F32(rt)) => {
+                for (((x, y), &vs), &vt) in row_a.iter_mut().zip(row_b.iter_mut()).zip(rs).zip(rt) {
+                    swap(x, y, vs, vt);
+                }
+            }
+            (Rows::U16 { proj: ps, tail: ts }, Rows::U16 { proj: pt, tail: tt }) => {
+                let pl = ps.len();
+                let (pa, ta) = row_a.split_at_mut(pl);
+                let (pb, tb) = row_b.split_at_mut(pl);
+                for (((x, y), &vs), &vt) in pa.iter_mut().zip(pb.iter_mut()).zip(ps).zip(pt) {
+                    swap(x, y, vs as f32, vt as f32);
+                }
+                for (((x, y), &vs), &vt) in ta.iter_mut().zip(tb.iter_mut()).zip(ts).zip(tt) {
+                    swap(x, y, vs, vt);
+                }
+            }
+            _ => unreachable!("all samples' rows are of one kind"),
+        }
+    }
+
     /// The per-cell table `[cells, row_len]` of a layout.
     pub fn cell_table(&self, cell_of: &[u32]) -> Vec<f32> {
         let len = self.row_len();
