@@ -492,10 +492,11 @@ unsafe fn rank<V: Lanes, const WRITE: bool, const END: bool, const UNIFORM: bool
     *va = va.max(ki.mul(si.max(ri)).add(ke.mul(se.max(xi))));
 }
 
-/// The move's coefficients on node `node` for ranks that are not ends.
+/// The move's coefficients on node `node` for ranks that are not ends (`end_nodes`: the
+/// node of each end, usize::MAX past `n_ends`).
 #[inline(always)]
-fn node_step<V: Lanes>(d: &StepDelta, node: usize, rpn: usize) -> Step<V> {
-    let cm: f32 = d.ends[..d.n_ends].iter().filter(|e| e.0 / rpn == node).map(|e| e.1).sum();
+fn node_step<V: Lanes>(d: &StepDelta, end_nodes: &[usize; 2], node: usize) -> Step<V> {
+    let cm: f32 = (0..d.n_ends).filter(|&i| end_nodes[i] == node).map(|i| d.ends[i].1).sum();
     let zero = V::splat(0.0);
     Step { ts: V::splat(d.ts), dr: V::splat(cm), dx: V::splat(d.ts - cm), nsign: zero, on: zero, oton: zero }
 }
@@ -529,6 +530,7 @@ unsafe fn pass<V: Lanes, const WRITE: bool, const UNIFORM: bool, const R: u8, co
         }
     }
     stops[..n_stops].sort_unstable();
+    let end_nodes: [[usize; 2]; N] = std::array::from_fn(|t| std::array::from_fn(|i| if i < d[t].n_ends { d[t].ends[i].0 / rpn } else { usize::MAX }));
     let zero = V::splat(0.0);
     let mut cost = [0.0f64; N];
     for ch in 0..s.chunks {
@@ -537,7 +539,7 @@ unsafe fn pass<V: Lanes, const WRITE: bool, const UNIFORM: bool, const R: u8, co
         let row = |p: usize| (ch * ep + p) * LANES;
         let mut next = 0;
         for node in 0..nodes {
-            let m: [Step<V>; N] = std::array::from_fn(|i| node_step(d[i], node, rpn));
+            let m: [Step<V>; N] = std::array::from_fn(|i| node_step(d[i], &end_nodes[i], node));
             let (mut p, hi) = (node * rpn, (node + 1) * rpn);
             loop {
                 let stop = if next < n_stops && stops[next] < hi { stops[next] } else { hi };
