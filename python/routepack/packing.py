@@ -13,11 +13,11 @@ from routepack.policies import KNOWN_OPTIONS, PACKINGS, PackingResult, PlanConte
 
 #: Default search budget of routepack's layout, in proposed moves over all chains. Sized so
 #: a whole `routepack` plan of a `flash` window (placement, rows, layout, replication, the
-#: final simulate) takes about 1 s on the 2-core reference machine: the anneal runs at about
-#: 0.35M moves per CPU-second there (0.25-0.35 s of wall time); `tiny` anneals 3x faster.
-#: Deterministic, unlike a wall-clock budget. Quality rises slowly with more
-#: (benches/packing_quality.py: annealed/initial proxy cost 0.987 at 0.1 s, 0.978 at 3 s).
-DEFAULT_ANNEAL_MOVES = 120_000
+#: final simulate) takes under 1 s on the 2-core reference machine: the anneal runs at about
+#: 1M moves per CPU-second there (`cargo bench --bench packing`), so this is about 0.15 s of
+#: wall time on two cores; `tiny` anneals 3x faster. Deterministic, unlike a wall-clock
+#: budget. Quality rises slowly with more (benches/packing_quality.py prints the curve).
+DEFAULT_ANNEAL_MOVES = 300_000
 
 #: Options `plan_window(..., **options)` passes to routepack's packing, with their defaults.
 ROUTEPACK_OPTIONS: Dict[str, Any] = {
