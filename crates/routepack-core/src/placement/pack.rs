@@ -16,8 +16,6 @@
 //! Copies of one expert: at most ceil(copies / bins) per bin (the fewest any arrangement can
 //! achieve), so two copies never share a bin while another arrangement exists.
 
-use std::sync::Arc;
-
 /// One packing problem. Items are replicas; `n = bins · cap`.
 pub struct Problem<'a> {
     /// `[n]` aggregate load of each replica.
@@ -31,6 +29,22 @@ pub struct Problem<'a> {
     pub dim: usize,
     pub bins: usize,
     pub cap: usize,
+    /// `[n]` items heaviest first (ties: lower index), from [`order_and_norm`]: every phase
+    /// visits items in this order, so it is sorted once per layer, not once per phase.
+    pub order: &'a [u32],
+    /// `[n]` |v_i|² of each item (float64 sum of the float32 entries, in order).
+    pub norm: &'a [f64],
+}
+
+/// `([n] items heaviest first, ties lower index; [n] |v_i|²)` of items with weights `weight`
+/// and chunk vectors `vecs` (`[n · dim]`): what [`Problem::order`] and [`Problem::norm`] hold.
+pub fn order_and_norm(weight: &[f64], vecs: &[f32], dim: usize) -> (Vec<u32>, Vec<f64>) {
+    let mut order: Vec<u32> = (0..weight.len() as u32).collect();
+    order.sort_unstable_by(|&x, &y| weight[y as usize].total_cmp(&weight[x as usize]).then(x.cmp(&y)));
+    let norm = (0..weight.len())
+        .map(|i| vecs[i * dim..(i + 1) * dim].iter().map(|&x| x as f64 * x as f64).sum())
+        .collect();
+    (order, norm)
 }
 
 impl Problem<'_> {
@@ -69,15 +83,6 @@ pub struct Pack<'a> {
     limit: Vec<u16>,
     /// Swaps applied so far (each moves two replicas).
     pub swaps: usize,
-    /// What the fluctuation phase derives from the problem alone, computed on its first call
-    /// and shared by clones (a settle runs the phase up to three times on one problem).
-    fluct: Option<Arc<FluctOrder>>,
-}
-
-/// Items heaviest first (ties: lower index) and `[n]` |v_i|² of each item.
-struct FluctOrder {
-    order: Vec<usize>,
-    norm: Vec<f64>,
 }
 
 impl<'a> Pack<'a> {
@@ -98,45 +103,68 @@ impl<'a> Pack<'a> {
             mult: vec![0; p.bins * p.num_experts],
             limit,
             swaps: 0,
-            fluct: None,
         }
     }
 
-    /// Position of item x in a bin sorted by (weight, index).
+    /// Position of item x in bin b, sorted by (weight, index): the weights are compared in
+    /// the contiguous `wts`, the index only among equal weights (copies of one expert).
     #[inline]
-    fn rank_in(&self, bin: &[usize], x: usize) -> usize {
-        let w = self.p.weight;
-        bin.partition_point(|&y| w[y].total_cmp(&w[x]).then(y.cmp(&x)).is_lt())
+    fn rank_in(&self, b: usize, x: usize) -> usize {
+        let wx = self.p.weight[x];
+        let (m, ws) = (&self.members[b], &self.wts[b]);
+        let lo = ws.partition_point(|&y| y.total_cmp(&wx).is_lt());
+        let mut k = lo;
+        while k < m.len() && ws[k].total_cmp(&wx).is_eq() && m[k] < x {
+            k += 1;
+        }
+        k
     }
 
+    /// Rebuilds `members` and `wts` from `bin_of`, each bin ascending by (weight, index):
+    /// the problem's `order` read backwards, runs of equal weight (copies of one expert)
+    /// turned round so that lower indices come first.
     fn sort_members(&mut self) {
-        let w = self.p.weight;
+        let (w, order) = (self.p.weight, self.p.order);
         for (m, ws) in self.members.iter_mut().zip(self.wts.iter_mut()) {
-            m.sort_unstable_by(|&x, &y| w[x].total_cmp(&w[y]).then(x.cmp(&y)));
+            m.clear();
             ws.clear();
-            ws.extend(m.iter().map(|&i| w[i]));
+        }
+        let mut end = order.len();
+        while end > 0 {
+            let wt = w[order[end - 1] as usize];
+            let mut start = end - 1;
+            while start > 0 && w[order[start - 1] as usize].total_cmp(&wt).is_eq() {
+                start -= 1;
+            }
+            for &i in &order[start..end] {
+                let b = self.bin_of[i as usize];
+                if b != usize::MAX {
+                    self.members[b].push(i as usize);
+                    self.wts[b].push(wt);
+                }
+            }
+            end = start;
         }
     }
 
     fn insert(&mut self, b: usize, x: usize) {
-        let pos = self.rank_in(&self.members[b], x);
+        let pos = self.rank_in(b, x);
         self.members[b].insert(pos, x);
         self.wts[b].insert(pos, self.p.weight[x]);
     }
 
     fn remove(&mut self, b: usize, x: usize) {
-        let pos = self.rank_in(&self.members[b], x);
+        let pos = self.rank_in(b, x);
         debug_assert_eq!(self.members[b][pos], x);
         self.members[b].remove(pos);
         self.wts[b].remove(pos);
     }
 
-    /// Puts item i into bin b; `members[b]` is re-sorted by [`Pack::sort_members`] and the
+    /// Puts item i into bin b; `members` is rebuilt by [`Pack::sort_members`] and the
     /// float32 loads refreshed by [`Pack::sync_all`] once all items are placed.
     fn place(&mut self, i: usize, b: usize) {
         let p = self.p;
         self.bin_of[i] = b;
-        self.members[b].push(i);
         self.load[b] += p.weight[i];
         for (x, &y) in self.vload[b * p.dim..(b + 1) * p.dim].iter_mut().zip(p.v(i)) {
             *x += y as f64;
@@ -168,10 +196,8 @@ impl<'a> Pack<'a> {
     /// bin with room (ties: lower bin) that has not reached the expert's copy limit.
     pub fn lpt(p: &'a Problem<'a>) -> Self {
         let mut s = Self::empty(p);
-        let mut order: Vec<usize> = (0..p.len()).collect();
-        order.sort_unstable_by(|&a, &b| p.weight[b].total_cmp(&p.weight[a]).then(a.cmp(&b)));
         let mut fill = vec![0usize; p.bins];
-        for i in order {
+        for i in p.order.iter().map(|&i| i as usize) {
             let e = p.expert[i] as usize;
             // the lightest bin with room (ties: lower index); usually it takes the copy too
             let mut best = usize::MAX;
@@ -286,7 +312,7 @@ impl<'a> Pack<'a> {
     }
 
     /// Can i and j trade bins without breaking a copy limit?
-    #[inline]
+    #[inline(always)]
     fn can_swap(&self, i: usize, j: usize) -> bool {
         let p = self.p;
         let (ei, ej) = (p.expert[i] as usize, p.expert[j] as usize);
@@ -467,6 +493,23 @@ impl<'a> Pack<'a> {
     /// after `max_swaps` swaps or when `evals` (candidate pairs priced, each O(dim), plus one
     /// per window searched) reaches `max_evals` (returns false).
     pub fn improve_fluct(&mut self, cap_load: f64, max_swaps: usize, evals: &mut usize, max_evals: usize) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (see `swap_delta`: bit-identical results)
+            return unsafe { self.improve_fluct_avx2(cap_load, max_swaps, evals, max_evals) };
+        }
+        self.improve_fluct_body(cap_load, max_swaps, evals, max_evals)
+    }
+
+    /// The whole search compiled for AVX2, so that pricing inlines into its loop.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn improve_fluct_avx2(&mut self, cap_load: f64, max_swaps: usize, evals: &mut usize, max_evals: usize) -> bool {
+        self.improve_fluct_body(cap_load, max_swaps, evals, max_evals)
+    }
+
+    #[inline(always)]
+    fn improve_fluct_body(&mut self, cap_load: f64, max_swaps: usize, evals: &mut usize, max_evals: usize) -> bool {
         let p = self.p;
         let dim = p.dim;
         if dim == 0 || p.bins < 2 {
@@ -476,21 +519,12 @@ impl<'a> Pack<'a> {
             return false;
         }
         let w = p.weight;
-        let cache = self
-            .fluct
-            .get_or_insert_with(|| {
-                let mut order: Vec<usize> = (0..p.len()).collect();
-                order.sort_unstable_by(|&x, &y| w[y].total_cmp(&w[x]).then(x.cmp(&y)));
-                let norm = (0..p.len()).map(|i| p.v(i).iter().map(|&x| x as f64 * x as f64).sum()).collect();
-                Arc::new(FluctOrder { order, norm })
-            })
-            .clone();
-        let (order, norm) = (&cache.order, &cache.norm);
+        let (order, norm) = (p.order, p.norm);
         let mut head = vec![0.0f64; p.bins];
         let mut done = 0;
         loop {
             let mut improved = false;
-            for &i in order {
+            for i in order.iter().map(|&i| i as usize) {
                 if done >= max_swaps || *evals >= max_evals {
                     return false;
                 }
@@ -513,7 +547,7 @@ impl<'a> Pack<'a> {
                             continue;
                         }
                         *evals += 1;
-                        let delta = 2.0 * swap_delta(va, vb, vi, p.v(j));
+                        let delta = 2.0 * swap_delta_lanes(va, vb, vi, p.v(j));
                         if delta < -1e-9 * (norm[i] + norm[j]) && best.is_none_or(|(bd, _)| delta < bd) {
                             best = Some((delta, j));
                         }
@@ -540,6 +574,22 @@ impl<'a> Pack<'a> {
     /// Stops at the target, when nothing lowers the maximum, or after `max_swaps` swaps (then
     /// returns false).
     pub fn tighten(&mut self, target: f64, max_swaps: usize, evals: &mut usize, max_evals: usize) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (see `swap_delta`: bit-identical results)
+            return unsafe { self.tighten_avx2(target, max_swaps, evals, max_evals) };
+        }
+        self.tighten_body(target, max_swaps, evals, max_evals)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn tighten_avx2(&mut self, target: f64, max_swaps: usize, evals: &mut usize, max_evals: usize) -> bool {
+        self.tighten_body(target, max_swaps, evals, max_evals)
+    }
+
+    #[inline(always)]
+    fn tighten_body(&mut self, target: f64, max_swaps: usize, evals: &mut usize, max_evals: usize) -> bool {
         let p = self.p;
         let (w, dim) = (p.weight, p.dim);
         let mut done = 0;
@@ -571,7 +621,7 @@ impl<'a> Pack<'a> {
                             continue;
                         }
                         *evals += 1;
-                        let delta = swap_delta(va, vb, p.v(i), p.v(j));
+                        let delta = swap_delta_lanes(va, vb, p.v(i), p.v(j));
                         if best.is_none_or(|(bd, _, _)| delta < bd) {
                             best = Some((delta, i, j));
                         }
@@ -636,24 +686,10 @@ fn count_at_most(ws: &[f64], x: f64) -> usize {
 
 /// Half the change of Σ|V|² when items i (in bin a) and j (in bin b) trade bins:
 /// <V_a − V_b, v_j − v_i> + |v_j − v_i|². Eight independent float32 accumulators in a fixed
-/// order (reproducible on every machine; the compiler vectorises the lanes).
-#[inline]
-fn swap_delta(va: &[f32], vb: &[f32], vi: &[f32], vj: &[f32]) -> f64 {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2. The same operations in the same order (Rust never fuses
-        // a multiply and an add), only eight lanes to a register: bit-identical results.
-        return unsafe { swap_delta_avx2(va, vb, vi, vj) };
-    }
-    swap_delta_lanes(va, vb, vi, vj)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn swap_delta_avx2(va: &[f32], vb: &[f32], vi: &[f32], vj: &[f32]) -> f64 {
-    swap_delta_lanes(va, vb, vi, vj)
-}
-
+/// order (reproducible on every machine; the compiler vectorises the lanes). The searches
+/// that call it are compiled twice, plain and for AVX2 (`improve_fluct`, `tighten`): the
+/// same operations in the same order (Rust never fuses a multiply and an add), only eight
+/// lanes to a register, so bit-identical results.
 #[inline(always)]
 fn swap_delta_lanes(va: &[f32], vb: &[f32], vi: &[f32], vj: &[f32]) -> f64 {
     const W: usize = 8;
@@ -676,11 +712,10 @@ fn swap_delta_lanes(va: &[f32], vb: &[f32], vi: &[f32], vj: &[f32]) -> f64 {
         let dv = vj[k] - vi[k];
         tail += (va[k] - vb[k] + dv) * dv;
     }
-    let mut sum = 0.0f64;
-    for x in acc {
-        sum += x as f64;
-    }
-    sum + tail as f64
+    // lanes summed as a tree (three dependent adds, not eight), fixed order
+    let s4 = [acc[0] + acc[4], acc[1] + acc[5], acc[2] + acc[6], acc[3] + acc[7]];
+    let s2 = [s4[0] + s4[2], s4[1] + s4[3]];
+    (s2[0] + s2[1]) as f64 + tail as f64
 }
 
 #[cfg(test)]
@@ -688,8 +723,11 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// A problem with its order and norms (leaked: tests only).
     fn problem<'a>(w: &'a [f64], e: &'a [u32], ne: usize, v: &'a [f32], dim: usize, bins: usize) -> Problem<'a> {
-        Problem { weight: w, expert: e, num_experts: ne, vecs: v, dim, bins, cap: w.len() / bins }
+        let (order, norm) = order_and_norm(w, v, dim);
+        let (order, norm) = (Box::leak(order.into_boxed_slice()), Box::leak(norm.into_boxed_slice()));
+        Problem { weight: w, expert: e, num_experts: ne, vecs: v, dim, bins, cap: w.len() / bins, order, norm }
     }
 
     #[test]
