@@ -16,6 +16,9 @@
 //! Copies of one expert: at most ceil(copies / bins) per bin (the fewest any arrangement can
 //! achieve), so two copies never share a bin while another arrangement exists.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
 /// One packing problem. Items are replicas; `n = bins · cap`.
 pub struct Problem<'a> {
     /// `[n]` aggregate load of each replica.
@@ -83,6 +86,8 @@ pub struct Pack<'a> {
     limit: Vec<u16>,
     /// Swaps applied so far (each moves two replicas).
     pub swaps: usize,
+    /// `members` and `wts` lag behind `bin_of` (see [`Pack::swap_loads`]).
+    stale: bool,
 }
 
 impl<'a> Pack<'a> {
@@ -103,6 +108,7 @@ impl<'a> Pack<'a> {
             mult: vec![0; p.bins * p.num_experts],
             limit,
             swaps: 0,
+            stale: false,
         }
     }
 
@@ -197,29 +203,59 @@ impl<'a> Pack<'a> {
     pub fn lpt(p: &'a Problem<'a>) -> Self {
         let mut s = Self::empty(p);
         let mut fill = vec![0usize; p.bins];
+        // many bins: the bins with room in a min-heap by (load, index), the order the scan
+        // below picks them in, instead of a scan of every bin per item
+        let mut heap: Option<BinaryHeap<Reverse<(i64, usize)>>> =
+            (p.bins >= 16).then(|| (0..p.bins).filter(|_| p.cap > 0).map(|b| Reverse((total_key(0.0), b))).collect());
+        let mut popped = Vec::new();
         for i in p.order.iter().map(|&i| i as usize) {
             let e = p.expert[i] as usize;
             // the lightest bin with room (ties: lower index); usually it takes the copy too
             let mut best = usize::MAX;
-            for b in 0..p.bins {
-                if fill[b] < p.cap && (best == usize::MAX || s.load[b] < s.load[best]) {
-                    best = b;
-                }
-            }
-            if !s.room_for(best, e) {
-                let fallback = best;
-                best = usize::MAX;
-                for b in 0..p.bins {
-                    if fill[b] < p.cap && s.room_for(b, e) && (best == usize::MAX || s.load[b] < s.load[best]) {
+            if let Some(h) = heap.as_mut() {
+                // the lightest bin with room whose copy limit admits e, else the lightest
+                popped.clear();
+                while let Some(Reverse((k, b))) = h.pop() {
+                    popped.push((k, b));
+                    if s.room_for(b, e) {
                         best = b;
+                        break;
                     }
                 }
                 if best == usize::MAX {
-                    best = fallback;
+                    best = popped.first().map_or(usize::MAX, |x| x.1);
+                }
+                for &(k, b) in &popped {
+                    if b != best {
+                        h.push(Reverse((k, b)));
+                    }
+                }
+            } else {
+                for b in 0..p.bins {
+                    if fill[b] < p.cap && (best == usize::MAX || s.load[b] < s.load[best]) {
+                        best = b;
+                    }
+                }
+                if !s.room_for(best, e) {
+                    let fallback = best;
+                    best = usize::MAX;
+                    for b in 0..p.bins {
+                        if fill[b] < p.cap && s.room_for(b, e) && (best == usize::MAX || s.load[b] < s.load[best]) {
+                            best = b;
+                        }
+                    }
+                    if best == usize::MAX {
+                        best = fallback;
+                    }
                 }
             }
             fill[best] += 1;
             s.place(i, best);
+            if let Some(h) = heap.as_mut() {
+                if fill[best] < p.cap {
+                    h.push(Reverse((total_key(s.load[best]), best)));
+                }
+            }
         }
         s.sort_members();
         s.sync_all();
@@ -251,6 +287,7 @@ impl<'a> Pack<'a> {
     /// copies than the limit and, holding the same number of items, an item whose expert
     /// has room in the first bin); the loop is bounded anyway.
     pub fn repair(&mut self) {
+        self.fresh_members();
         let (p, e_n) = (self.p, self.p.num_experts);
         let clean = (0..p.len()).all(|i| self.bin_of[i] == usize::MAX || self.mult[self.bin_of[i] * e_n + p.expert[i] as usize] <= self.limit[p.expert[i] as usize]);
         if clean {
@@ -283,6 +320,20 @@ impl<'a> Pack<'a> {
 
     /// Exchanges items i and j (in different bins).
     pub fn swap(&mut self, i: usize, j: usize) {
+        self.fresh_members();
+        let (a, b) = (self.bin_of[i], self.bin_of[j]);
+        self.swap_loads(i, j);
+        self.remove(a, i);
+        self.remove(b, j);
+        self.insert(a, j);
+        self.insert(b, i);
+        self.stale = false;
+    }
+
+    /// [`Pack::swap`] but for `members`, which go stale until [`Pack::fresh_members`]: the
+    /// fluctuation search finds partners through the problem's order, not bin by bin, and
+    /// makes most of the swaps.
+    fn swap_loads(&mut self, i: usize, j: usize) {
         let p = self.p;
         let (a, b) = (self.bin_of[i], self.bin_of[j]);
         debug_assert_ne!(a, b);
@@ -302,13 +353,19 @@ impl<'a> Pack<'a> {
         self.mult[b * p.num_experts + ei] += 1;
         self.mult[b * p.num_experts + ej] -= 1;
         self.mult[a * p.num_experts + ej] += 1;
-        self.remove(a, i);
-        self.remove(b, j);
-        self.insert(a, j);
-        self.insert(b, i);
         self.bin_of[i] = b;
         self.bin_of[j] = a;
         self.swaps += 1;
+        self.stale = true;
+    }
+
+    /// Rebuilds `members` after [`Pack::swap_loads`] (O(n)); a no-op when they are current.
+    #[inline]
+    pub(crate) fn fresh_members(&mut self) {
+        if self.stale {
+            self.sort_members();
+            self.stale = false;
+        }
     }
 
     /// Can i and j trade bins without breaking a copy limit?
@@ -396,6 +453,7 @@ impl<'a> Pack<'a> {
     /// maximum. At most `max_swaps` swaps. Returns true when it stopped because no swap helps
     /// (or the target is met), false when the swap budget ran out.
     pub fn improve_max(&mut self, target: f64, max_swaps: usize) -> bool {
+        self.fresh_members();
         // no packing beats the mean bin load or the heaviest item: stop within 1e-6 of that
         let mean = self.load.iter().sum::<f64>() / self.p.bins as f64;
         let heaviest = self.p.weight.iter().copied().fold(0.0, f64::max);
@@ -520,6 +578,8 @@ impl<'a> Pack<'a> {
         }
         let w = p.weight;
         let (order, norm) = (p.order, p.norm);
+        // weights in `order` (descending): the partners of every bin in one range
+        let desc: Vec<f64> = order.iter().map(|&i| w[i as usize]).collect();
         let mut head = vec![0.0f64; p.bins];
         let mut done = 0;
         loop {
@@ -528,33 +588,45 @@ impl<'a> Pack<'a> {
                 if done >= max_swaps || *evals >= max_evals {
                     return false;
                 }
+                let a = self.bin_of[i];
+                let mut widest = f64::NEG_INFINITY;
                 for (b, h) in head.iter_mut().enumerate() {
                     *h = cap_load.max(self.load[b]) - self.load[b];
-                }
-                let a = self.bin_of[i];
-                let (wi, vi) = (w[i], p.v(i));
-                let va = &self.vl32[a * dim..(a + 1) * dim];
-                let mut best: Option<(f64, usize)> = None;
-                for b in (0..p.bins).filter(|&b| b != a) {
-                    // partners j with w_i − head_b <= w_j <= w_i + head_a keep both bins in cap
-                    let (sb, wb) = (&self.members[b], &self.wts[b]);
-                    *evals += 1; // the window search is work too
-                    let lo = count_below(wb, wi - head[b]);
-                    let hi = lo + count_at_most(&wb[lo..], wi + head[a]);
-                    let vb = &self.vl32[b * dim..(b + 1) * dim];
-                    for &j in &sb[lo..hi] {
-                        if !self.can_swap(i, j) {
-                            continue;
-                        }
-                        *evals += 1;
-                        let delta = 2.0 * swap_delta_lanes(va, vb, vi, p.v(j));
-                        if delta < -1e-9 * (norm[i] + norm[j]) && best.is_none_or(|(bd, _)| delta < bd) {
-                            best = Some((delta, j));
-                        }
+                    if b != a {
+                        widest = widest.max(*h);
                     }
                 }
-                if let Some((_, j)) = best {
-                    self.swap(i, j);
+                let (wi, vi) = (w[i], p.v(i));
+                let va = &self.vl32[a * dim..(a + 1) * dim];
+                // partners j in bin b with w_i − head_b <= w_j <= w_i + head_a keep both bins
+                // in cap: one range of the descending weights holds them for every b, each
+                // then checked against its own bin's head. Counted as one window per other
+                // bin, as a search bin by bin would be (the budget means the same work).
+                *evals += p.bins - 1;
+                let lo = desc.partition_point(|&x| x > wi + head[a]);
+                let hi = lo + desc[lo..].partition_point(|&x| x >= wi - widest);
+                // the best candidate: lowest change, ties to the lowest (bin, weight, index),
+                // the first a bin-by-bin search in ascending weights would meet
+                let mut best: Option<(f64, usize, usize)> = None;
+                for &j in &order[lo..hi] {
+                    let j = j as usize;
+                    let b = self.bin_of[j];
+                    if b == a || w[j] < wi - head[b] || !self.can_swap(i, j) {
+                        continue;
+                    }
+                    *evals += 1;
+                    let vb = &self.vl32[b * dim..(b + 1) * dim];
+                    let delta = 2.0 * swap_delta_lanes(va, vb, vi, p.v(j));
+                    if delta < -1e-9 * (norm[i] + norm[j])
+                        && best.is_none_or(|(bd, bb, bj)| {
+                            delta < bd || (delta == bd && (b, w[j].total_cmp(&w[bj]), j) < (bb, std::cmp::Ordering::Equal, bj))
+                        })
+                    {
+                        best = Some((delta, b, j));
+                    }
+                }
+                if let Some((_, _, j)) = best {
+                    self.swap_loads(i, j);
                     done += 1;
                     improved = true;
                 }
@@ -590,6 +662,7 @@ impl<'a> Pack<'a> {
 
     #[inline(always)]
     fn tighten_body(&mut self, target: f64, max_swaps: usize, evals: &mut usize, max_evals: usize) -> bool {
+        self.fresh_members();
         let p = self.p;
         let (w, dim) = (p.weight, p.dim);
         let mut done = 0;
@@ -783,6 +856,7 @@ mod tests {
             s.improve_fluct(m, usize::MAX, &mut evals, 100_000);
             prop_assert!(s.max_load() <= m * (1.0 + 1e-12) + 1e-9);
             prop_assert_eq!(s.violations(), 0);
+            s.fresh_members();
             for b in 0..bins {
                 prop_assert_eq!(s.members[b].len(), n / bins);
                 let l: f64 = s.members[b].iter().map(|&i| w[i]).sum();
