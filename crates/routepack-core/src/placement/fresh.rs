@@ -68,13 +68,21 @@ pub(crate) fn fresh_bins(items: &Items, num_experts: usize, topo: &Topology, opt
     }
     let mut packs: Vec<Pack> = packs.into_iter().map(|s| s.expect("every node packed")).collect();
     // Nodes first can cost rank balance when ranks hold few replicas (the node split fixes
-    // which replicas may pair up). Far from the bound, pack ranks directly too and go on with
-    // whichever balances the heaviest rank better.
+    // which replicas may pair up). Far from the bound, let the min-max search swap across
+    // nodes too, starting from the node-first packing (most of its work is kept, and the
+    // search needs few swaps from there), and go on with whichever balances the heaviest
+    // rank better.
     let mean = items.weight.iter().sum::<f64>() / topo.ep as f64;
     let bound = mean.max(items.weight.iter().copied().fold(0.0, f64::max));
     if nodes > 1 && balanced > bound * (1.0 + 1e-3) {
         let p = items.problem(num_experts, topo.ep, spr);
-        let mut s = Pack::lpt(&p);
+        let mut start = vec![0usize; n];
+        for (k, s) in packs.iter().enumerate() {
+            for (local, &b) in s.bin_of.iter().enumerate() {
+                start[members[k][local]] = k * rpn + b;
+            }
+        }
+        let mut s = Pack::from_assignment(&p, &start);
         s.improve_max(f64::NEG_INFINITY, usize::MAX);
         let flat_balanced = s.max_load();
         if flat_balanced < balanced * (1.0 - 1e-12) {
