@@ -580,7 +580,21 @@ impl<'a> Pack<'a> {
         let (order, norm) = (p.order, p.norm);
         // weights in `order` (descending): the partners of every bin in one range
         let desc: Vec<f64> = order.iter().map(|&i| w[i as usize]).collect();
-        let mut head = vec![0.0f64; p.bins];
+        // room of each bin under the cap, and the two largest (changed by swaps only)
+        let mut head: Vec<f64> = self.load.iter().map(|&l| cap_load.max(l) - l).collect();
+        let top2 = |head: &[f64]| {
+            let (mut b1, mut h1, mut h2) = (usize::MAX, f64::NEG_INFINITY, f64::NEG_INFINITY);
+            for (b, &h) in head.iter().enumerate() {
+                if h > h1 {
+                    (h2, h1, b1) = (h1, h, b);
+                } else if h > h2 {
+                    h2 = h;
+                }
+            }
+            (b1, h1, h2)
+        };
+        let mut roomiest = top2(&head);
+        let (mut lo, mut hi) = (0usize, 0usize);
         let mut done = 0;
         loop {
             let mut improved = false;
@@ -589,13 +603,7 @@ impl<'a> Pack<'a> {
                     return false;
                 }
                 let a = self.bin_of[i];
-                let mut widest = f64::NEG_INFINITY;
-                for (b, h) in head.iter_mut().enumerate() {
-                    *h = cap_load.max(self.load[b]) - self.load[b];
-                    if b != a {
-                        widest = widest.max(*h);
-                    }
-                }
+                let widest = if roomiest.0 == a { roomiest.2 } else { roomiest.1 };
                 let (wi, vi) = (w[i], p.v(i));
                 let va = &self.vl32[a * dim..(a + 1) * dim];
                 // partners j in bin b with w_i − head_b <= w_j <= w_i + head_a keep both bins
@@ -603,8 +611,10 @@ impl<'a> Pack<'a> {
                 // then checked against its own bin's head. Counted as one window per other
                 // bin, as a search bin by bin would be (the budget means the same work).
                 *evals += p.bins - 1;
-                let lo = desc.partition_point(|&x| x > wi + head[a]);
-                let hi = lo + desc[lo..].partition_point(|&x| x >= wi - widest);
+                // successive items are close in weight: search from the last range
+                let (t_lo, t_hi) = (wi + head[a], wi - widest);
+                lo = seek(&desc, lo, |x| x > t_lo);
+                hi = lo.max(seek(&desc, hi, |x| x >= t_hi));
                 // the best candidate: lowest change, ties to the lowest (bin, weight, index),
                 // the first a bin-by-bin search in ascending weights would meet
                 let mut best: Option<(f64, usize, usize)> = None;
@@ -625,8 +635,12 @@ impl<'a> Pack<'a> {
                         best = Some((delta, b, j));
                     }
                 }
-                if let Some((_, _, j)) = best {
+                if let Some((_, b, j)) = best {
                     self.swap_loads(i, j);
+                    for k in [a, b] {
+                        head[k] = cap_load.max(self.load[k]) - self.load[k];
+                    }
+                    roomiest = top2(&head);
                     done += 1;
                     improved = true;
                 }
@@ -736,6 +750,40 @@ pub(crate) fn with_capacities<T>(n: usize, cap: usize) -> Vec<Vec<T>> {
 fn total_key(x: f64) -> i64 {
     let b = x.to_bits() as i64;
     b ^ ((((b >> 63) as u64) >> 1) as i64)
+}
+
+/// The first index of `xs` where `pred` (true on a prefix, false after) is false, searched
+/// outwards from `hint` (same result as `xs.partition_point(pred)`).
+#[inline]
+fn seek(xs: &[f64], hint: usize, pred: impl Fn(f64) -> bool) -> usize {
+    let n = xs.len();
+    let k = hint.min(n);
+    if k < n && pred(xs[k]) {
+        // forwards: the answer is in (k, n]
+        let (mut lo, mut step) = (k + 1, 1);
+        loop {
+            let probe = k + step;
+            if probe >= n || !pred(xs[probe]) {
+                let end = probe.min(n);
+                return lo + xs[lo..end].partition_point(|&x| pred(x));
+            }
+            lo = probe + 1;
+            step *= 2;
+        }
+    }
+    // backwards: the answer is in [0, k]
+    let (mut hi, mut step) = (k, 1);
+    loop {
+        if step > k {
+            return xs[..hi].partition_point(|&x| pred(x));
+        }
+        let probe = k - step;
+        if pred(xs[probe]) {
+            return probe + 1 + xs[probe + 1..hi].partition_point(|&x| pred(x));
+        }
+        hi = probe;
+        step *= 2;
+    }
 }
 
 /// How many of the ascending `ws` are below `x` (bins hold few items: a branchless count
