@@ -556,18 +556,19 @@ impl<'a> Pack<'a> {
             // SAFETY: the CPU has AVX2 (see `swap_delta`: bit-identical results)
             return unsafe { self.improve_fluct_avx2(cap_load, max_swaps, evals, max_evals) };
         }
-        self.improve_fluct_body(cap_load, max_swaps, evals, max_evals)
+        self.improve_fluct_body::<false>(cap_load, max_swaps, evals, max_evals)
     }
 
     /// The whole search compiled for AVX2, so that pricing inlines into its loop.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     unsafe fn improve_fluct_avx2(&mut self, cap_load: f64, max_swaps: usize, evals: &mut usize, max_evals: usize) -> bool {
-        self.improve_fluct_body(cap_load, max_swaps, evals, max_evals)
+        self.improve_fluct_body::<true>(cap_load, max_swaps, evals, max_evals)
     }
 
+    /// `AVX2`: compiled inside an AVX2 function (pricing by [`swap_delta_avx2`]).
     #[inline(always)]
-    fn improve_fluct_body(&mut self, cap_load: f64, max_swaps: usize, evals: &mut usize, max_evals: usize) -> bool {
+    fn improve_fluct_body<const AVX2: bool>(&mut self, cap_load: f64, max_swaps: usize, evals: &mut usize, max_evals: usize) -> bool {
         let p = self.p;
         let dim = p.dim;
         if dim == 0 || p.bins < 2 {
@@ -626,7 +627,7 @@ impl<'a> Pack<'a> {
                     }
                     *evals += 1;
                     let vb = &self.vl32[b * dim..(b + 1) * dim];
-                    let delta = 2.0 * swap_delta_lanes(va, vb, vi, p.v(j));
+                    let delta = 2.0 * swap_delta::<AVX2>(va, vb, vi, p.v(j));
                     if delta < -1e-9 * (norm[i] + norm[j])
                         && best.is_none_or(|(bd, bb, bj)| {
                             delta < bd || (delta == bd && (b, w[j].total_cmp(&w[bj]), j) < (bb, std::cmp::Ordering::Equal, bj))
@@ -665,17 +666,17 @@ impl<'a> Pack<'a> {
             // SAFETY: the CPU has AVX2 (see `swap_delta`: bit-identical results)
             return unsafe { self.tighten_avx2(target, max_swaps, evals, max_evals) };
         }
-        self.tighten_body(target, max_swaps, evals, max_evals)
+        self.tighten_body::<false>(target, max_swaps, evals, max_evals)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     unsafe fn tighten_avx2(&mut self, target: f64, max_swaps: usize, evals: &mut usize, max_evals: usize) -> bool {
-        self.tighten_body(target, max_swaps, evals, max_evals)
+        self.tighten_body::<true>(target, max_swaps, evals, max_evals)
     }
 
     #[inline(always)]
-    fn tighten_body(&mut self, target: f64, max_swaps: usize, evals: &mut usize, max_evals: usize) -> bool {
+    fn tighten_body<const AVX2: bool>(&mut self, target: f64, max_swaps: usize, evals: &mut usize, max_evals: usize) -> bool {
         self.fresh_members();
         let p = self.p;
         let (w, dim) = (p.weight, p.dim);
@@ -708,7 +709,7 @@ impl<'a> Pack<'a> {
                             continue;
                         }
                         *evals += 1;
-                        let delta = swap_delta_lanes(va, vb, p.v(i), p.v(j));
+                        let delta = swap_delta::<AVX2>(va, vb, p.v(i), p.v(j));
                         if best.is_none_or(|(bd, _, _)| delta < bd) {
                             best = Some((delta, i, j));
                         }
@@ -807,10 +808,60 @@ fn count_at_most(ws: &[f64], x: f64) -> usize {
 
 /// Half the change of Σ|V|² when items i (in bin a) and j (in bin b) trade bins:
 /// <V_a − V_b, v_j − v_i> + |v_j − v_i|². Eight independent float32 accumulators in a fixed
-/// order (reproducible on every machine; the compiler vectorises the lanes). The searches
-/// that call it are compiled twice, plain and for AVX2 (`improve_fluct`, `tighten`): the
-/// same operations in the same order (Rust never fuses a multiply and an add), only eight
-/// lanes to a register, so bit-identical results.
+/// order, reproducible on every machine: the searches that call it are compiled twice
+/// (`improve_fluct`, `tighten`), plain with [`swap_delta_lanes`] and for AVX2 with
+/// [`swap_delta_avx2`], the same operations lane by lane (Rust never fuses a multiply and an
+/// add), so bit-identical results.
+#[inline(always)]
+fn swap_delta<const AVX2: bool>(va: &[f32], vb: &[f32], vi: &[f32], vj: &[f32]) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if AVX2 {
+        // SAFETY: instantiated with AVX2 = true only inside the AVX2 builds of the searches,
+        // which run after the CPU was found to have AVX2
+        return unsafe { swap_delta_avx2(va, vb, vi, vj) };
+    }
+    swap_delta_lanes(va, vb, vi, vj)
+}
+
+/// [`swap_delta_lanes`] in AVX2 registers (the compiler split those lanes over 128-bit
+/// halves): per lane `acc += ((a − b) + dv) · dv` with `dv = j − i`, then the same tail and
+/// the same tree of lane sums.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+fn swap_delta_avx2(va: &[f32], vb: &[f32], vi: &[f32], vj: &[f32]) -> f64 {
+    use std::arch::x86_64::*;
+    const W: usize = 8;
+    let n = va.len();
+    let (va, vb, vi, vj) = (&va[..n], &vb[..n], &vi[..n], &vj[..n]);
+    let full = n / W * W;
+    let mut acc = _mm256_setzero_ps();
+    let mut c = 0;
+    while c < full {
+        // SAFETY: c + 8 <= full <= n, the length of all four slices
+        unsafe {
+            let a = _mm256_loadu_ps(va.as_ptr().add(c));
+            let b = _mm256_loadu_ps(vb.as_ptr().add(c));
+            let i = _mm256_loadu_ps(vi.as_ptr().add(c));
+            let j = _mm256_loadu_ps(vj.as_ptr().add(c));
+            let dv = _mm256_sub_ps(j, i);
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_add_ps(_mm256_sub_ps(a, b), dv), dv));
+        }
+        c += W;
+    }
+    let mut lanes = [0.0f32; W];
+    // SAFETY: `lanes` holds eight floats
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
+    let mut tail = 0.0f32;
+    for k in full..n {
+        let dv = vj[k] - vi[k];
+        tail += (va[k] - vb[k] + dv) * dv;
+    }
+    let s4 = [lanes[0] + lanes[4], lanes[1] + lanes[5], lanes[2] + lanes[6], lanes[3] + lanes[7]];
+    let s2 = [s4[0] + s4[2], s4[1] + s4[3]];
+    (s2[0] + s2[1]) as f64 + tail as f64
+}
+
 #[inline(always)]
 fn swap_delta_lanes(va: &[f32], vb: &[f32], vi: &[f32], vj: &[f32]) -> f64 {
     const W: usize = 8;
@@ -881,6 +932,28 @@ mod tests {
     }
 
     proptest! {
+        /// The AVX2 pricing gives the very bits of the portable one (plans do not depend on
+        /// the CPU), for lengths with and without a tail.
+        #[test]
+        fn avx2_pricing_is_bit_identical(dim in 0usize..40, seed in 0u64..1000) {
+            let mut x = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
+            let mut v = || {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x % 20000) as f32 / 7.0 - 1000.0
+            };
+            let vs: Vec<Vec<f32>> = (0..4).map(|_| (0..dim).map(|_| v()).collect()).collect();
+            let plain = swap_delta::<false>(&vs[0], &vs[1], &vs[2], &vs[3]);
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has AVX2
+                let wide = unsafe { swap_delta_avx2(&vs[0], &vs[1], &vs[2], &vs[3]) };
+                prop_assert_eq!(plain.to_bits(), wide.to_bits());
+            }
+            prop_assert!(plain.is_finite());
+        }
+
         #[test]
         fn phases_keep_cardinality_limits_and_caps(
             raw in prop::collection::vec((0u32..1000, 0u32..12), 2..60),
@@ -913,3 +986,4 @@ mod tests {
         }
     }
 }
+
