@@ -596,6 +596,12 @@ impl<'a> Pack<'a> {
         };
         let mut roomiest = top2(&head);
         let (mut lo, mut hi) = (0usize, 0usize);
+        // few bins of many items (nodes): each bin's own window, found in its sorted members,
+        // holds the partners without the wide range's misses (so those swaps keep members)
+        let by_bin = p.bins <= 4;
+        if by_bin {
+            self.fresh_members();
+        }
         let mut done = 0;
         loop {
             let mut improved = false;
@@ -612,13 +618,41 @@ impl<'a> Pack<'a> {
                 // then checked against its own bin's head. Counted as one window per other
                 // bin, as a search bin by bin would be (the budget means the same work).
                 *evals += p.bins - 1;
+                let mut best: Option<(f64, usize, usize)> = None;
+                if by_bin {
+                    for b in (0..p.bins).filter(|&b| b != a) {
+                        let (sb, wb) = (&self.members[b], &self.wts[b]);
+                        let l = count_below(wb, wi - head[b]);
+                        let h = l + count_at_most(&wb[l..], wi + head[a]);
+                        let vb = &self.vl32[b * dim..(b + 1) * dim];
+                        for &j in &sb[l..h] {
+                            if !self.can_swap(i, j) {
+                                continue;
+                            }
+                            *evals += 1;
+                            let delta = 2.0 * swap_delta::<AVX2>(va, vb, vi, p.v(j));
+                            if delta < -1e-9 * (norm[i] + norm[j]) && best.is_none_or(|(bd, _, _)| delta < bd) {
+                                best = Some((delta, b, j));
+                            }
+                        }
+                    }
+                    if let Some((_, b, j)) = best {
+                        self.swap(i, j);
+                        for k in [a, b] {
+                            head[k] = cap_load.max(self.load[k]) - self.load[k];
+                        }
+                        roomiest = top2(&head);
+                        done += 1;
+                        improved = true;
+                    }
+                    continue;
+                }
                 // successive items are close in weight: search from the last range
                 let (t_lo, t_hi) = (wi + head[a], wi - widest);
                 lo = seek(&desc, lo, |x| x > t_lo);
                 hi = lo.max(seek(&desc, hi, |x| x >= t_hi));
                 // the best candidate: lowest change, ties to the lowest (bin, weight, index),
                 // the first a bin-by-bin search in ascending weights would meet
-                let mut best: Option<(f64, usize, usize)> = None;
                 for &j in &order[lo..hi] {
                     let j = j as usize;
                     let b = self.bin_of[j];
@@ -986,4 +1020,5 @@ mod tests {
         }
     }
 }
+
 
