@@ -51,38 +51,23 @@ pub(crate) fn fresh_bins(items: &Items, num_experts: usize, topo: &Topology, opt
     };
     let (members, subs) = items.split(&node_of, nodes);
     let probs: Vec<Problem> = subs.iter().map(|s| s.problem(num_experts, rpn, spr)).collect();
-    // Only the largest rank load over all nodes counts: heaviest node first, and each later
-    // node's min-max search stops once it is no worse than the nodes before (the maximum is
-    // the one the full searches reach, since each search follows the same swaps until it
-    // stops; the fluctuation phases then have the room below that maximum anyway).
-    let node_load: Vec<f64> = subs.iter().map(|s| s.weight.iter().sum()).collect();
-    let mut by_load: Vec<usize> = (0..nodes).collect();
-    by_load.sort_by(|&x, &y| node_load[y].total_cmp(&node_load[x]).then(x.cmp(&y)));
-    let mut packs: Vec<Option<Pack>> = (0..nodes).map(|_| None).collect();
-    let mut balanced = f64::NEG_INFINITY;
-    for &k in &by_load {
-        let mut s = Pack::lpt(&probs[k]);
-        s.improve_max(balanced, usize::MAX);
-        balanced = balanced.max(s.max_load());
-        packs[k] = Some(s);
-    }
-    let mut packs: Vec<Pack> = packs.into_iter().map(|s| s.expect("every node packed")).collect();
+    let mut packs: Vec<Pack> = probs
+        .iter()
+        .map(|p| {
+            let mut s = Pack::lpt(p);
+            s.improve_max(f64::NEG_INFINITY, usize::MAX);
+            s
+        })
+        .collect();
+    let balanced = packs.iter().map(|s| s.max_load()).fold(f64::NEG_INFINITY, f64::max);
     // Nodes first can cost rank balance when ranks hold few replicas (the node split fixes
-    // which replicas may pair up). Far from the bound, let the min-max search swap across
-    // nodes too, starting from the node-first packing (most of its work is kept, and the
-    // search needs few swaps from there), and go on with whichever balances the heaviest
-    // rank better.
+    // which replicas may pair up). Far from the bound, pack ranks directly too and go on with
+    // whichever balances the heaviest rank better.
     let mean = items.weight.iter().sum::<f64>() / topo.ep as f64;
     let bound = mean.max(items.weight.iter().copied().fold(0.0, f64::max));
     if nodes > 1 && balanced > bound * (1.0 + 1e-3) {
         let p = items.problem(num_experts, topo.ep, spr);
-        let mut start = vec![0usize; n];
-        for (k, s) in packs.iter().enumerate() {
-            for (local, &b) in s.bin_of.iter().enumerate() {
-                start[members[k][local]] = k * rpn + b;
-            }
-        }
-        let mut s = Pack::from_assignment(&p, &start);
+        let mut s = Pack::lpt(&p);
         s.improve_max(f64::NEG_INFINITY, usize::MAX);
         let flat_balanced = s.max_load();
         if flat_balanced < balanced * (1.0 - 1e-12) {
