@@ -547,9 +547,11 @@ impl<'a> Pack<'a> {
     /// Phase 3: first-improvement passes over the items, heaviest first; for each, the swap
     /// that lowers Σ_bins |V_bin|² the most among partners whose exchange keeps both bins'
     /// aggregate loads at most max(cap_load, their current load) (in each other bin, a window
-    /// of partner weights found by bisection). Stops when a pass finds nothing (returns true),
-    /// after `max_swaps` swaps or when `evals` (candidate pairs priced, each O(dim), plus one
-    /// per window searched) reaches `max_evals` (returns false).
+    /// of partner weights: over few bins found by bisection in the bin, over many bins all
+    /// windows at once as one range of the problem's descending weights). Stops when a pass
+    /// finds nothing (returns true), after `max_swaps` swaps or when `evals` (candidate pairs
+    /// priced, each O(dim), plus one per other bin's window) reaches `max_evals` (returns
+    /// false).
     pub fn improve_fluct(&mut self, cap_load: f64, max_swaps: usize, evals: &mut usize, max_evals: usize) -> bool {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
