@@ -49,11 +49,7 @@ pub(crate) fn fresh_bins(items: &Items, num_experts: usize, topo: &Topology, opt
     } else {
         vec![0; n]
     };
-    let mut members: Vec<Vec<usize>> = with_capacities(nodes, rpn * spr);
-    for (i, &k) in node_of.iter().enumerate() {
-        members[k].push(i);
-    }
-    let subs: Vec<Items> = members.iter().map(|m| items.subset(m)).collect();
+    let (members, subs) = items.split(&node_of, nodes);
     let probs: Vec<Problem> = subs.iter().map(|s| s.problem(num_experts, rpn, spr)).collect();
     let mut packs: Vec<Pack> = probs
         .iter()

@@ -16,7 +16,8 @@
 //! Copies of one expert: at most ceil(copies / bins) per bin (the fewest any arrangement can
 //! achieve), so two copies never share a bin while another arrangement exists.
 
-use std::sync::Arc;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 /// One packing problem. Items are replicas; `n = bins · cap`.
 pub struct Problem<'a> {
@@ -31,6 +32,22 @@ pub struct Problem<'a> {
     pub dim: usize,
     pub bins: usize,
     pub cap: usize,
+    /// `[n]` items heaviest first (ties: lower index), from [`order_and_norm`]: every phase
+    /// visits items in this order, so it is sorted once per layer, not once per phase.
+    pub order: &'a [u32],
+    /// `[n]` |v_i|² of each item (float64 sum of the float32 entries, in order).
+    pub norm: &'a [f64],
+}
+
+/// `([n] items heaviest first, ties lower index; [n] |v_i|²)` of items with weights `weight`
+/// and chunk vectors `vecs` (`[n · dim]`): what [`Problem::order`] and [`Problem::norm`] hold.
+pub fn order_and_norm(weight: &[f64], vecs: &[f32], dim: usize) -> (Vec<u32>, Vec<f64>) {
+    let mut order: Vec<u32> = (0..weight.len() as u32).collect();
+    order.sort_unstable_by(|&x, &y| weight[y as usize].total_cmp(&weight[x as usize]).then(x.cmp(&y)));
+    let norm = (0..weight.len())
+        .map(|i| vecs[i * dim..(i + 1) * dim].iter().map(|&x| x as f64 * x as f64).sum())
+        .collect();
+    (order, norm)
 }
 
 impl Problem<'_> {
@@ -69,15 +86,8 @@ pub struct Pack<'a> {
     limit: Vec<u16>,
     /// Swaps applied so far (each moves two replicas).
     pub swaps: usize,
-    /// What the fluctuation phase derives from the problem alone, computed on its first call
-    /// and shared by clones (a settle runs the phase up to three times on one problem).
-    fluct: Option<Arc<FluctOrder>>,
-}
-
-/// Items heaviest first (ties: lower index) and `[n]` |v_i|² of each item.
-struct FluctOrder {
-    order: Vec<usize>,
-    norm: Vec<f64>,
+    /// `members` and `wts` lag behind `bin_of` (see [`Pack::swap_loads`]).
+    stale: bool,
 }
 
 impl<'a> Pack<'a> {
@@ -98,45 +108,69 @@ impl<'a> Pack<'a> {
             mult: vec![0; p.bins * p.num_experts],
             limit,
             swaps: 0,
-            fluct: None,
+            stale: false,
         }
     }
 
-    /// Position of item x in a bin sorted by (weight, index).
+    /// Position of item x in bin b, sorted by (weight, index): the weights are compared in
+    /// the contiguous `wts`, the index only among equal weights (copies of one expert).
     #[inline]
-    fn rank_in(&self, bin: &[usize], x: usize) -> usize {
-        let w = self.p.weight;
-        bin.partition_point(|&y| w[y].total_cmp(&w[x]).then(y.cmp(&x)).is_lt())
+    fn rank_in(&self, b: usize, x: usize) -> usize {
+        let wx = self.p.weight[x];
+        let (m, ws) = (&self.members[b], &self.wts[b]);
+        let lo = ws.partition_point(|&y| y.total_cmp(&wx).is_lt());
+        let mut k = lo;
+        while k < m.len() && ws[k].total_cmp(&wx).is_eq() && m[k] < x {
+            k += 1;
+        }
+        k
     }
 
+    /// Rebuilds `members` and `wts` from `bin_of`, each bin ascending by (weight, index):
+    /// the problem's `order` read backwards, runs of equal weight (copies of one expert)
+    /// turned round so that lower indices come first.
     fn sort_members(&mut self) {
-        let w = self.p.weight;
+        let (w, order) = (self.p.weight, self.p.order);
         for (m, ws) in self.members.iter_mut().zip(self.wts.iter_mut()) {
-            m.sort_unstable_by(|&x, &y| w[x].total_cmp(&w[y]).then(x.cmp(&y)));
+            m.clear();
             ws.clear();
-            ws.extend(m.iter().map(|&i| w[i]));
+        }
+        let mut end = order.len();
+        while end > 0 {
+            let wt = w[order[end - 1] as usize];
+            let mut start = end - 1;
+            while start > 0 && w[order[start - 1] as usize].total_cmp(&wt).is_eq() {
+                start -= 1;
+            }
+            for &i in &order[start..end] {
+                let b = self.bin_of[i as usize];
+                if b != usize::MAX {
+                    self.members[b].push(i as usize);
+                    self.wts[b].push(wt);
+                }
+            }
+            end = start;
         }
     }
 
     fn insert(&mut self, b: usize, x: usize) {
-        let pos = self.rank_in(&self.members[b], x);
+        let pos = self.rank_in(b, x);
         self.members[b].insert(pos, x);
         self.wts[b].insert(pos, self.p.weight[x]);
     }
 
     fn remove(&mut self, b: usize, x: usize) {
-        let pos = self.rank_in(&self.members[b], x);
+        let pos = self.rank_in(b, x);
         debug_assert_eq!(self.members[b][pos], x);
         self.members[b].remove(pos);
         self.wts[b].remove(pos);
     }
 
-    /// Puts item i into bin b; `members[b]` is re-sorted by [`Pack::sort_members`] and the
+    /// Puts item i into bin b; `members` is rebuilt by [`Pack::sort_members`] and the
     /// float32 loads refreshed by [`Pack::sync_all`] once all items are placed.
     fn place(&mut self, i: usize, b: usize) {
         let p = self.p;
         self.bin_of[i] = b;
-        self.members[b].push(i);
         self.load[b] += p.weight[i];
         for (x, &y) in self.vload[b * p.dim..(b + 1) * p.dim].iter_mut().zip(p.v(i)) {
             *x += y as f64;
@@ -168,32 +202,60 @@ impl<'a> Pack<'a> {
     /// bin with room (ties: lower bin) that has not reached the expert's copy limit.
     pub fn lpt(p: &'a Problem<'a>) -> Self {
         let mut s = Self::empty(p);
-        let mut order: Vec<usize> = (0..p.len()).collect();
-        order.sort_unstable_by(|&a, &b| p.weight[b].total_cmp(&p.weight[a]).then(a.cmp(&b)));
         let mut fill = vec![0usize; p.bins];
-        for i in order {
+        // many bins: the bins with room in a min-heap by (load, index), the order the scan
+        // below picks them in, instead of a scan of every bin per item
+        let mut heap: Option<BinaryHeap<Reverse<(i64, usize)>>> =
+            (p.bins >= 16).then(|| (0..p.bins).filter(|_| p.cap > 0).map(|b| Reverse((total_key(0.0), b))).collect());
+        let mut popped = Vec::new();
+        for i in p.order.iter().map(|&i| i as usize) {
             let e = p.expert[i] as usize;
             // the lightest bin with room (ties: lower index); usually it takes the copy too
             let mut best = usize::MAX;
-            for b in 0..p.bins {
-                if fill[b] < p.cap && (best == usize::MAX || s.load[b] < s.load[best]) {
-                    best = b;
-                }
-            }
-            if !s.room_for(best, e) {
-                let fallback = best;
-                best = usize::MAX;
-                for b in 0..p.bins {
-                    if fill[b] < p.cap && s.room_for(b, e) && (best == usize::MAX || s.load[b] < s.load[best]) {
+            if let Some(h) = heap.as_mut() {
+                // the lightest bin with room whose copy limit admits e, else the lightest
+                popped.clear();
+                while let Some(Reverse((k, b))) = h.pop() {
+                    popped.push((k, b));
+                    if s.room_for(b, e) {
                         best = b;
+                        break;
                     }
                 }
                 if best == usize::MAX {
-                    best = fallback;
+                    best = popped.first().map_or(usize::MAX, |x| x.1);
+                }
+                for &(k, b) in &popped {
+                    if b != best {
+                        h.push(Reverse((k, b)));
+                    }
+                }
+            } else {
+                for b in 0..p.bins {
+                    if fill[b] < p.cap && (best == usize::MAX || s.load[b] < s.load[best]) {
+                        best = b;
+                    }
+                }
+                if !s.room_for(best, e) {
+                    let fallback = best;
+                    best = usize::MAX;
+                    for b in 0..p.bins {
+                        if fill[b] < p.cap && s.room_for(b, e) && (best == usize::MAX || s.load[b] < s.load[best]) {
+                            best = b;
+                        }
+                    }
+                    if best == usize::MAX {
+                        best = fallback;
+                    }
                 }
             }
             fill[best] += 1;
             s.place(i, best);
+            if let Some(h) = heap.as_mut() {
+                if fill[best] < p.cap {
+                    h.push(Reverse((total_key(s.load[best]), best)));
+                }
+            }
         }
         s.sort_members();
         s.sync_all();
@@ -225,6 +287,7 @@ impl<'a> Pack<'a> {
     /// copies than the limit and, holding the same number of items, an item whose expert
     /// has room in the first bin); the loop is bounded anyway.
     pub fn repair(&mut self) {
+        self.fresh_members();
         let (p, e_n) = (self.p, self.p.num_experts);
         let clean = (0..p.len()).all(|i| self.bin_of[i] == usize::MAX || self.mult[self.bin_of[i] * e_n + p.expert[i] as usize] <= self.limit[p.expert[i] as usize]);
         if clean {
@@ -257,6 +320,20 @@ impl<'a> Pack<'a> {
 
     /// Exchanges items i and j (in different bins).
     pub fn swap(&mut self, i: usize, j: usize) {
+        self.fresh_members();
+        let (a, b) = (self.bin_of[i], self.bin_of[j]);
+        self.swap_loads(i, j);
+        self.remove(a, i);
+        self.remove(b, j);
+        self.insert(a, j);
+        self.insert(b, i);
+        self.stale = false;
+    }
+
+    /// [`Pack::swap`] but for `members`, which go stale until [`Pack::fresh_members`]: the
+    /// fluctuation search finds partners through the problem's order, not bin by bin, and
+    /// makes most of the swaps.
+    fn swap_loads(&mut self, i: usize, j: usize) {
         let p = self.p;
         let (a, b) = (self.bin_of[i], self.bin_of[j]);
         debug_assert_ne!(a, b);
@@ -276,17 +353,23 @@ impl<'a> Pack<'a> {
         self.mult[b * p.num_experts + ei] += 1;
         self.mult[b * p.num_experts + ej] -= 1;
         self.mult[a * p.num_experts + ej] += 1;
-        self.remove(a, i);
-        self.remove(b, j);
-        self.insert(a, j);
-        self.insert(b, i);
         self.bin_of[i] = b;
         self.bin_of[j] = a;
         self.swaps += 1;
+        self.stale = true;
+    }
+
+    /// Rebuilds `members` after [`Pack::swap_loads`] (O(n)); a no-op when they are current.
+    #[inline]
+    pub(crate) fn fresh_members(&mut self) {
+        if self.stale {
+            self.sort_members();
+            self.stale = false;
+        }
     }
 
     /// Can i and j trade bins without breaking a copy limit?
-    #[inline]
+    #[inline(always)]
     fn can_swap(&self, i: usize, j: usize) -> bool {
         let p = self.p;
         let (ei, ej) = (p.expert[i] as usize, p.expert[j] as usize);
@@ -370,6 +453,7 @@ impl<'a> Pack<'a> {
     /// maximum. At most `max_swaps` swaps. Returns true when it stopped because no swap helps
     /// (or the target is met), false when the swap budget ran out.
     pub fn improve_max(&mut self, target: f64, max_swaps: usize) -> bool {
+        self.fresh_members();
         // no packing beats the mean bin load or the heaviest item: stop within 1e-6 of that
         let mean = self.load.iter().sum::<f64>() / self.p.bins as f64;
         let heaviest = self.p.weight.iter().copied().fold(0.0, f64::max);
@@ -463,10 +547,30 @@ impl<'a> Pack<'a> {
     /// Phase 3: first-improvement passes over the items, heaviest first; for each, the swap
     /// that lowers Σ_bins |V_bin|² the most among partners whose exchange keeps both bins'
     /// aggregate loads at most max(cap_load, their current load) (in each other bin, a window
-    /// of partner weights found by bisection). Stops when a pass finds nothing (returns true),
-    /// after `max_swaps` swaps or when `evals` (candidate pairs priced, each O(dim), plus one
-    /// per window searched) reaches `max_evals` (returns false).
+    /// of partner weights: over few bins found by bisection in the bin, over many bins all
+    /// windows at once as one range of the problem's descending weights). Stops when a pass
+    /// finds nothing (returns true), after `max_swaps` swaps or when `evals` (candidate pairs
+    /// priced, each O(dim), plus one per other bin's window) reaches `max_evals` (returns
+    /// false).
     pub fn improve_fluct(&mut self, cap_load: f64, max_swaps: usize, evals: &mut usize, max_evals: usize) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (see `swap_delta`: bit-identical results)
+            return unsafe { self.improve_fluct_avx2(cap_load, max_swaps, evals, max_evals) };
+        }
+        self.improve_fluct_body::<false>(cap_load, max_swaps, evals, max_evals)
+    }
+
+    /// The whole search compiled for AVX2, so that pricing inlines into its loop.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn improve_fluct_avx2(&mut self, cap_load: f64, max_swaps: usize, evals: &mut usize, max_evals: usize) -> bool {
+        self.improve_fluct_body::<true>(cap_load, max_swaps, evals, max_evals)
+    }
+
+    /// `AVX2`: compiled inside an AVX2 function (pricing by [`swap_delta_avx2`]).
+    #[inline(always)]
+    fn improve_fluct_body<const AVX2: bool>(&mut self, cap_load: f64, max_swaps: usize, evals: &mut usize, max_evals: usize) -> bool {
         let p = self.p;
         let dim = p.dim;
         if dim == 0 || p.bins < 2 {
@@ -476,51 +580,104 @@ impl<'a> Pack<'a> {
             return false;
         }
         let w = p.weight;
-        let cache = self
-            .fluct
-            .get_or_insert_with(|| {
-                let mut order: Vec<usize> = (0..p.len()).collect();
-                order.sort_unstable_by(|&x, &y| w[y].total_cmp(&w[x]).then(x.cmp(&y)));
-                let norm = (0..p.len()).map(|i| p.v(i).iter().map(|&x| x as f64 * x as f64).sum()).collect();
-                Arc::new(FluctOrder { order, norm })
-            })
-            .clone();
-        let (order, norm) = (&cache.order, &cache.norm);
-        let mut head = vec![0.0f64; p.bins];
+        let (order, norm) = (p.order, p.norm);
+        // weights in `order` (descending): the partners of every bin in one range
+        let desc: Vec<f64> = order.iter().map(|&i| w[i as usize]).collect();
+        // room of each bin under the cap, and the two largest (changed by swaps only)
+        let mut head: Vec<f64> = self.load.iter().map(|&l| cap_load.max(l) - l).collect();
+        let top2 = |head: &[f64]| {
+            let (mut b1, mut h1, mut h2) = (usize::MAX, f64::NEG_INFINITY, f64::NEG_INFINITY);
+            for (b, &h) in head.iter().enumerate() {
+                if h > h1 {
+                    (h2, h1, b1) = (h1, h, b);
+                } else if h > h2 {
+                    h2 = h;
+                }
+            }
+            (b1, h1, h2)
+        };
+        let mut roomiest = top2(&head);
+        let (mut lo, mut hi) = (0usize, 0usize);
+        // few bins of many items (nodes): each bin's own window, found in its sorted members,
+        // holds the partners without the wide range's misses (so those swaps keep members)
+        let by_bin = p.bins <= 4;
+        if by_bin {
+            self.fresh_members();
+        }
         let mut done = 0;
         loop {
             let mut improved = false;
-            for &i in order {
+            for i in order.iter().map(|&i| i as usize) {
                 if done >= max_swaps || *evals >= max_evals {
                     return false;
                 }
-                for (b, h) in head.iter_mut().enumerate() {
-                    *h = cap_load.max(self.load[b]) - self.load[b];
-                }
                 let a = self.bin_of[i];
+                let widest = if roomiest.0 == a { roomiest.2 } else { roomiest.1 };
                 let (wi, vi) = (w[i], p.v(i));
                 let va = &self.vl32[a * dim..(a + 1) * dim];
-                let mut best: Option<(f64, usize)> = None;
-                for b in (0..p.bins).filter(|&b| b != a) {
-                    // partners j with w_i − head_b <= w_j <= w_i + head_a keep both bins in cap
-                    let (sb, wb) = (&self.members[b], &self.wts[b]);
-                    *evals += 1; // the window search is work too
-                    let lo = count_below(wb, wi - head[b]);
-                    let hi = lo + count_at_most(&wb[lo..], wi + head[a]);
-                    let vb = &self.vl32[b * dim..(b + 1) * dim];
-                    for &j in &sb[lo..hi] {
-                        if !self.can_swap(i, j) {
-                            continue;
-                        }
-                        *evals += 1;
-                        let delta = 2.0 * swap_delta(va, vb, vi, p.v(j));
-                        if delta < -1e-9 * (norm[i] + norm[j]) && best.is_none_or(|(bd, _)| delta < bd) {
-                            best = Some((delta, j));
+                // partners j in bin b with w_i − head_b <= w_j <= w_i + head_a keep both bins
+                // in cap: one range of the descending weights holds them for every b, each
+                // then checked against its own bin's head. Counted as one window per other
+                // bin, as a search bin by bin would be (the budget means the same work).
+                *evals += p.bins - 1;
+                let mut best: Option<(f64, usize, usize)> = None;
+                if by_bin {
+                    for b in (0..p.bins).filter(|&b| b != a) {
+                        let (sb, wb) = (&self.members[b], &self.wts[b]);
+                        let l = count_below(wb, wi - head[b]);
+                        let h = l + count_at_most(&wb[l..], wi + head[a]);
+                        let vb = &self.vl32[b * dim..(b + 1) * dim];
+                        for &j in &sb[l..h] {
+                            if !self.can_swap(i, j) {
+                                continue;
+                            }
+                            *evals += 1;
+                            let delta = 2.0 * swap_delta::<AVX2>(va, vb, vi, p.v(j));
+                            if delta < -1e-9 * (norm[i] + norm[j]) && best.is_none_or(|(bd, _, _)| delta < bd) {
+                                best = Some((delta, b, j));
+                            }
                         }
                     }
+                    if let Some((_, b, j)) = best {
+                        self.swap(i, j);
+                        for k in [a, b] {
+                            head[k] = cap_load.max(self.load[k]) - self.load[k];
+                        }
+                        roomiest = top2(&head);
+                        done += 1;
+                        improved = true;
+                    }
+                    continue;
                 }
-                if let Some((_, j)) = best {
-                    self.swap(i, j);
+                // successive items are close in weight: search from the last range
+                let (t_lo, t_hi) = (wi + head[a], wi - widest);
+                lo = seek(&desc, lo, |x| x > t_lo);
+                hi = lo.max(seek(&desc, hi, |x| x >= t_hi));
+                // the best candidate: lowest change, ties to the lowest (bin, weight, index),
+                // the first a bin-by-bin search in ascending weights would meet
+                for &j in &order[lo..hi] {
+                    let j = j as usize;
+                    let b = self.bin_of[j];
+                    if b == a || w[j] < wi - head[b] || !self.can_swap(i, j) {
+                        continue;
+                    }
+                    *evals += 1;
+                    let vb = &self.vl32[b * dim..(b + 1) * dim];
+                    let delta = 2.0 * swap_delta::<AVX2>(va, vb, vi, p.v(j));
+                    if delta < -1e-9 * (norm[i] + norm[j])
+                        && best.is_none_or(|(bd, bb, bj)| {
+                            delta < bd || (delta == bd && (b, w[j].total_cmp(&w[bj]), j) < (bb, std::cmp::Ordering::Equal, bj))
+                        })
+                    {
+                        best = Some((delta, b, j));
+                    }
+                }
+                if let Some((_, b, j)) = best {
+                    self.swap_loads(i, j);
+                    for k in [a, b] {
+                        head[k] = cap_load.max(self.load[k]) - self.load[k];
+                    }
+                    roomiest = top2(&head);
                     done += 1;
                     improved = true;
                 }
@@ -540,6 +697,23 @@ impl<'a> Pack<'a> {
     /// Stops at the target, when nothing lowers the maximum, or after `max_swaps` swaps (then
     /// returns false).
     pub fn tighten(&mut self, target: f64, max_swaps: usize, evals: &mut usize, max_evals: usize) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (see `swap_delta`: bit-identical results)
+            return unsafe { self.tighten_avx2(target, max_swaps, evals, max_evals) };
+        }
+        self.tighten_body::<false>(target, max_swaps, evals, max_evals)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn tighten_avx2(&mut self, target: f64, max_swaps: usize, evals: &mut usize, max_evals: usize) -> bool {
+        self.tighten_body::<true>(target, max_swaps, evals, max_evals)
+    }
+
+    #[inline(always)]
+    fn tighten_body<const AVX2: bool>(&mut self, target: f64, max_swaps: usize, evals: &mut usize, max_evals: usize) -> bool {
+        self.fresh_members();
         let p = self.p;
         let (w, dim) = (p.weight, p.dim);
         let mut done = 0;
@@ -571,7 +745,7 @@ impl<'a> Pack<'a> {
                             continue;
                         }
                         *evals += 1;
-                        let delta = swap_delta(va, vb, p.v(i), p.v(j));
+                        let delta = swap_delta::<AVX2>(va, vb, p.v(i), p.v(j));
                         if best.is_none_or(|(bd, _, _)| delta < bd) {
                             best = Some((delta, i, j));
                         }
@@ -615,6 +789,40 @@ fn total_key(x: f64) -> i64 {
     b ^ ((((b >> 63) as u64) >> 1) as i64)
 }
 
+/// The first index of `xs` where `pred` (true on a prefix, false after) is false, searched
+/// outwards from `hint` (same result as `xs.partition_point(pred)`).
+#[inline]
+fn seek(xs: &[f64], hint: usize, pred: impl Fn(f64) -> bool) -> usize {
+    let n = xs.len();
+    let k = hint.min(n);
+    if k < n && pred(xs[k]) {
+        // forwards: the answer is in (k, n]
+        let (mut lo, mut step) = (k + 1, 1);
+        loop {
+            let probe = k + step;
+            if probe >= n || !pred(xs[probe]) {
+                let end = probe.min(n);
+                return lo + xs[lo..end].partition_point(|&x| pred(x));
+            }
+            lo = probe + 1;
+            step *= 2;
+        }
+    }
+    // backwards: the answer is in [0, k]
+    let (mut hi, mut step) = (k, 1);
+    loop {
+        if step > k {
+            return xs[..hi].partition_point(|&x| pred(x));
+        }
+        let probe = k - step;
+        if pred(xs[probe]) {
+            return probe + 1 + xs[probe + 1..hi].partition_point(|&x| pred(x));
+        }
+        hi = probe;
+        step *= 2;
+    }
+}
+
 /// How many of the ascending `ws` are below `x` (bins hold few items: a branchless count
 /// beats bisection; same result as `partition_point(|y| y < x)`).
 #[inline]
@@ -636,22 +844,58 @@ fn count_at_most(ws: &[f64], x: f64) -> usize {
 
 /// Half the change of Σ|V|² when items i (in bin a) and j (in bin b) trade bins:
 /// <V_a − V_b, v_j − v_i> + |v_j − v_i|². Eight independent float32 accumulators in a fixed
-/// order (reproducible on every machine; the compiler vectorises the lanes).
-#[inline]
-fn swap_delta(va: &[f32], vb: &[f32], vi: &[f32], vj: &[f32]) -> f64 {
+/// order, reproducible on every machine: the searches that call it are compiled twice
+/// (`improve_fluct`, `tighten`), plain with [`swap_delta_lanes`] and for AVX2 with
+/// [`swap_delta_avx2`], the same operations lane by lane (Rust never fuses a multiply and an
+/// add), so bit-identical results.
+#[inline(always)]
+fn swap_delta<const AVX2: bool>(va: &[f32], vb: &[f32], vi: &[f32], vj: &[f32]) -> f64 {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2. The same operations in the same order (Rust never fuses
-        // a multiply and an add), only eight lanes to a register: bit-identical results.
+    if AVX2 {
+        // SAFETY: instantiated with AVX2 = true only inside the AVX2 builds of the searches,
+        // which run after the CPU was found to have AVX2
         return unsafe { swap_delta_avx2(va, vb, vi, vj) };
     }
     swap_delta_lanes(va, vb, vi, vj)
 }
 
+/// [`swap_delta_lanes`] in AVX2 registers (the compiler split those lanes over 128-bit
+/// halves): per lane `acc += ((a − b) + dv) · dv` with `dv = j − i`, then the same tail and
+/// the same tree of lane sums.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn swap_delta_avx2(va: &[f32], vb: &[f32], vi: &[f32], vj: &[f32]) -> f64 {
-    swap_delta_lanes(va, vb, vi, vj)
+#[inline]
+fn swap_delta_avx2(va: &[f32], vb: &[f32], vi: &[f32], vj: &[f32]) -> f64 {
+    use std::arch::x86_64::*;
+    const W: usize = 8;
+    let n = va.len();
+    let (va, vb, vi, vj) = (&va[..n], &vb[..n], &vi[..n], &vj[..n]);
+    let full = n / W * W;
+    let mut acc = _mm256_setzero_ps();
+    let mut c = 0;
+    while c < full {
+        // SAFETY: c + 8 <= full <= n, the length of all four slices
+        unsafe {
+            let a = _mm256_loadu_ps(va.as_ptr().add(c));
+            let b = _mm256_loadu_ps(vb.as_ptr().add(c));
+            let i = _mm256_loadu_ps(vi.as_ptr().add(c));
+            let j = _mm256_loadu_ps(vj.as_ptr().add(c));
+            let dv = _mm256_sub_ps(j, i);
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_add_ps(_mm256_sub_ps(a, b), dv), dv));
+        }
+        c += W;
+    }
+    let mut lanes = [0.0f32; W];
+    // SAFETY: `lanes` holds eight floats
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
+    let mut tail = 0.0f32;
+    for k in full..n {
+        let dv = vj[k] - vi[k];
+        tail += (va[k] - vb[k] + dv) * dv;
+    }
+    let s4 = [lanes[0] + lanes[4], lanes[1] + lanes[5], lanes[2] + lanes[6], lanes[3] + lanes[7]];
+    let s2 = [s4[0] + s4[2], s4[1] + s4[3]];
+    (s2[0] + s2[1]) as f64 + tail as f64
 }
 
 #[inline(always)]
@@ -676,11 +920,10 @@ fn swap_delta_lanes(va: &[f32], vb: &[f32], vi: &[f32], vj: &[f32]) -> f64 {
         let dv = vj[k] - vi[k];
         tail += (va[k] - vb[k] + dv) * dv;
     }
-    let mut sum = 0.0f64;
-    for x in acc {
-        sum += x as f64;
-    }
-    sum + tail as f64
+    // lanes summed as a tree (three dependent adds, not eight), fixed order
+    let s4 = [acc[0] + acc[4], acc[1] + acc[5], acc[2] + acc[6], acc[3] + acc[7]];
+    let s2 = [s4[0] + s4[2], s4[1] + s4[3]];
+    (s2[0] + s2[1]) as f64 + tail as f64
 }
 
 #[cfg(test)]
@@ -688,8 +931,11 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// A problem with its order and norms (leaked: tests only).
     fn problem<'a>(w: &'a [f64], e: &'a [u32], ne: usize, v: &'a [f32], dim: usize, bins: usize) -> Problem<'a> {
-        Problem { weight: w, expert: e, num_experts: ne, vecs: v, dim, bins, cap: w.len() / bins }
+        let (order, norm) = order_and_norm(w, v, dim);
+        let (order, norm) = (Box::leak(order.into_boxed_slice()), Box::leak(norm.into_boxed_slice()));
+        Problem { weight: w, expert: e, num_experts: ne, vecs: v, dim, bins, cap: w.len() / bins, order, norm }
     }
 
     #[test]
@@ -722,6 +968,28 @@ mod tests {
     }
 
     proptest! {
+        /// The AVX2 pricing gives the very bits of the portable one (plans do not depend on
+        /// the CPU), for lengths with and without a tail.
+        #[test]
+        fn avx2_pricing_is_bit_identical(dim in 0usize..40, seed in 0u64..1000) {
+            let mut x = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
+            let mut v = || {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x % 20000) as f32 / 7.0 - 1000.0
+            };
+            let vs: Vec<Vec<f32>> = (0..4).map(|_| (0..dim).map(|_| v()).collect()).collect();
+            let plain = swap_delta::<false>(&vs[0], &vs[1], &vs[2], &vs[3]);
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has AVX2
+                let wide = unsafe { swap_delta_avx2(&vs[0], &vs[1], &vs[2], &vs[3]) };
+                prop_assert_eq!(plain.to_bits(), wide.to_bits());
+            }
+            prop_assert!(plain.is_finite());
+        }
+
         #[test]
         fn phases_keep_cardinality_limits_and_caps(
             raw in prop::collection::vec((0u32..1000, 0u32..12), 2..60),
@@ -745,6 +1013,7 @@ mod tests {
             s.improve_fluct(m, usize::MAX, &mut evals, 100_000);
             prop_assert!(s.max_load() <= m * (1.0 + 1e-12) + 1e-9);
             prop_assert_eq!(s.violations(), 0);
+            s.fresh_members();
             for b in 0..bins {
                 prop_assert_eq!(s.members[b].len(), n / bins);
                 let l: f64 = s.members[b].iter().map(|&i| w[i]).sum();
