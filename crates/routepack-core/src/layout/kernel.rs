@@ -492,6 +492,41 @@ unsafe fn rank<V: Lanes, const WRITE: bool, const END: bool, const UNIFORM: bool
     *va = va.max(ki.mul(si.max(ri)).add(ke.mul(se.max(xi))));
 }
 
+/// `rank` for a move whose step tokens change by u = ts·r with ts = ±1 on a rank that is not
+/// an end: on the end's node (END_NODE) the received-within-node row takes u, elsewhere the
+/// received-across-nodes row does; the other is unchanged. Two adds instead of three
+/// multiply-adds, the same bits (every coefficient product is exact).
+#[inline(always)]
+unsafe fn rank_shift<V: Lanes, const WRITE: bool, const UNIFORM: bool, const END_NODE: bool>(
+    st: *mut f32,
+    h: *const f32,
+    u: V,
+    k: (V, V, V),
+    ve: &mut V,
+    va: &mut V,
+) {
+    let (ct, ki, ke) = k;
+    let t = V::load(st.add(TOK * LANES)).add(u);
+    let (mut ri, mut xi) = (V::load(st.add(R_IN * LANES)), V::load(st.add(X_IN * LANES)));
+    if END_NODE {
+        ri = ri.add(u);
+    } else {
+        xi = xi.add(u);
+    }
+    if WRITE {
+        t.store(st.add(TOK * LANES));
+        if END_NODE {
+            ri.store(st.add(R_IN * LANES));
+        } else {
+            xi.store(st.add(X_IN * LANES));
+        }
+        return;
+    }
+    let (si, se) = (V::load(st.add(S_IN * LANES)), V::load(st.add(S_EX * LANES)));
+    *ve = if UNIFORM { ve.max(t) } else { ve.max(ct.mul(t).add(V::load(h))) };
+    *va = va.max(ki.mul(si.max(ri)).add(ke.mul(se.max(xi))));
+}
+
 /// The move's coefficients on node `node` for ranks that are not ends (`end_nodes`: the
 /// node of each end, usize::MAX past `n_ends`).
 #[inline(always)]
@@ -540,6 +575,10 @@ unsafe fn pass<V: Lanes, const WRITE: bool, const UNIFORM: bool, const R: u8, co
         let mut next = 0;
         for node in 0..nodes {
             let m: [Step<V>; N] = std::array::from_fn(|i| node_step(d[i], &end_nodes[i], node));
+            // a move between steps (ts = ±1, one end): `rank_shift` applies on this node
+            let shift: [Option<bool>; N] = std::array::from_fn(|i| {
+                (d[i].ts != 0.0 && d[i].n_ends == 1 && d[i].ends[0].1 == d[i].ts).then_some(end_nodes[i][0] == node)
+            });
             let (mut p, hi) = (node * rpn, (node + 1) * rpn);
             loop {
                 let stop = if next < n_stops && stops[next] < hi { stops[next] } else { hi };
@@ -547,7 +586,18 @@ unsafe fn pass<V: Lanes, const WRITE: bool, const UNIFORM: bool, const R: u8, co
                     let i = row(p);
                     let r = diff::<V, R, E>(add, sub, i);
                     for t in 0..N {
-                        rank::<V, WRITE, false, UNIFORM>(rows[t].add(i * ROWS), hexp.add(i), r, &m[t], k, &mut ve[t], &mut va[t]);
+                        let (st, h) = (rows[t].add(i * ROWS), hexp.add(i));
+                        match shift[t] {
+                            Some(en) => {
+                                let u = if d[t].ts > 0.0 { r } else { zero.sub(r) };
+                                if en {
+                                    rank_shift::<V, WRITE, UNIFORM, true>(st, h, u, k, &mut ve[t], &mut va[t]);
+                                } else {
+                                    rank_shift::<V, WRITE, UNIFORM, false>(st, h, u, k, &mut ve[t], &mut va[t]);
+                                }
+                            }
+                            None => rank::<V, WRITE, false, UNIFORM>(st, h, r, &m[t], k, &mut ve[t], &mut va[t]),
+                        }
                     }
                     p += 1;
                 }
