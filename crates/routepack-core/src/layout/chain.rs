@@ -352,6 +352,7 @@ impl Chain {
             && fresh.gm == self.sh.gm
             && fresh.lin == self.sh.lin
             && fresh.quad == self.sh.quad
+            && fresh.att_top == self.sh.att_top
             && fresh.gm_cost.iter().zip(&self.sh.gm_cost).all(|(x, y)| (x - y).abs() <= 1e-9 * x.abs().max(1e-30))
     }
 }

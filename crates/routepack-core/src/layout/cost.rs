@@ -488,8 +488,8 @@ impl Proxy {
         let (rows_a, rows_b) = if gm_a < gm_b { (rows_lo, rows_hi) } else { (rows_hi, rows_lo) };
         let (sa, sb) = (self.step_delta(da, cells), self.step_delta(db, cells));
         gm_apply_pair(rows_a, rows_b, &self.hosted(), &sa, &sb, self.coeffs(), self.shape, self.avx2);
-        for (gm, cost) in [(gm_a, costs.0), (gm_b, costs.1)] {
-            self.rank_attention(sh, gm);
+        for (gm, cost, d) in [(gm_a, costs.0, da), (gm_b, costs.1, db)] {
+            self.update_attention(sh, gm, &d.ends[..d.n_ends]);
             sh.gm_cost[gm] = cost;
         }
         for g in [gm_a / self.micro, gm_b / self.micro] {
@@ -503,7 +503,7 @@ impl Proxy {
     pub fn apply_gm(&self, sh: &mut Shards, gm: usize, d: &Delta, cells: &[f32], cost: f64) {
         let len = self.shape.state_len();
         gm_apply(&mut sh.gm[gm * len..(gm + 1) * len], &self.hosted(), &self.step_delta(d, cells), self.coeffs(), self.shape, self.avx2);
-        self.rank_attention(sh, gm);
+        self.update_attention(sh, gm, &d.ends[..d.n_ends]);
         sh.gm_cost[gm] = cost;
         let g = gm / self.micro;
         sh.group_cost[g] = sh.gm_cost[g * self.micro..(g + 1) * self.micro].iter().sum();
@@ -518,26 +518,63 @@ impl Proxy {
 
     /// Recomputes the three largest attention values per kind of (group, step) gm.
     fn rank_attention(&self, sh: &mut Shards, gm: usize) {
+        for k in 0..self.kinds.len() {
+            self.rank_kind(sh, gm, k);
+        }
+    }
+
+    /// The attention value of EP rank p of (group, step) gm for kind k.
+    #[inline]
+    fn att_value(&self, sh: &Shards, gm: usize, k: usize, p: usize) -> f64 {
+        let c = self.cell_at(gm, p);
+        self.att_lin * sh.lin[c] as f64 + self.kinds[k].0 * sh.quad[c] as f64
+    }
+
+    /// `rank_attention` for one kind: the three best ranks by (value descending, rank
+    /// ascending); missing entries are (0, u32::MAX).
+    fn rank_kind(&self, sh: &mut Shards, gm: usize, k: usize) {
+        let mut top = [(f64::NEG_INFINITY, u32::MAX); TOP];
+        for p in 0..self.ep {
+            let v = self.att_value(sh, gm, k, p);
+            if v > top[TOP - 1].0 {
+                let mut i = TOP - 1;
+                while i > 0 && v > top[i - 1].0 {
+                    top[i] = top[i - 1];
+                    i -= 1;
+                }
+                top[i] = (v, p as u32);
+            }
+        }
+        for t in top.iter_mut().filter(|t| t.1 == u32::MAX) {
+            t.0 = 0.0;
+        }
+        sh.att_top[gm * self.kinds.len() + k] = top;
+    }
+
+    /// `rank_attention` after only the ranks of `ends` changed: a kind whose three best hold
+    /// none of them only takes the changed ranks in where they now rank (the same order a
+    /// full ranking gives); otherwise it is ranked again.
+    fn update_attention(&self, sh: &mut Shards, gm: usize, ends: &[(usize, f32)]) {
         let k_n = self.kinds.len();
-        let base = self.cell_at(gm, 0);
-        for (k, &(q3, _)) in self.kinds.iter().enumerate() {
-            let mut top = [(f64::NEG_INFINITY, u32::MAX); TOP];
-            for p in 0..self.ep {
-                let c = base + p * self.micro;
-                let v = self.att_lin * sh.lin[c] as f64 + q3 * sh.quad[c] as f64;
-                if v > top[TOP - 1].0 {
+        for k in 0..k_n {
+            let idx = gm * k_n + k;
+            if sh.att_top[idx].iter().any(|t| ends.iter().any(|e| e.0 as u32 == t.1)) || sh.att_top[idx][TOP - 1].1 == u32::MAX {
+                self.rank_kind(sh, gm, k);
+                continue;
+            }
+            for &(p, _) in ends {
+                let v = (self.att_value(sh, gm, k, p), p as u32);
+                let top = &mut sh.att_top[idx];
+                let better = |a: (f64, u32), b: (f64, u32)| a.0 > b.0 || (a.0 == b.0 && a.1 < b.1);
+                if better(v, top[TOP - 1]) {
                     let mut i = TOP - 1;
-                    while i > 0 && v > top[i - 1].0 {
+                    while i > 0 && better(v, top[i - 1]) {
                         top[i] = top[i - 1];
                         i -= 1;
                     }
-                    top[i] = (v, p as u32);
+                    top[i] = v;
                 }
             }
-            for t in top.iter_mut().filter(|t| t.1 == u32::MAX) {
-                t.0 = 0.0;
-            }
-            sh.att_top[gm * k_n + k] = top;
         }
     }
 
