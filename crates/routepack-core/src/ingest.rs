@@ -99,7 +99,7 @@ pub fn expert_tokens_from_routed<T: ExpertId>(
     let per_token = num_layers
         .checked_mul(top_k)
         .ok_or_else(|| invalid("routed", format!("L*k = {num_layers}*{top_k} overflows")))?;
-    if routed.len() % per_token != 0 {
+    if !routed.len().is_multiple_of(per_token) {
         return Err(invalid("routed", format!("{} ids is not a multiple of L*k = {per_token}", routed.len())));
     }
     let t_n = routed.len() / per_token;

@@ -36,10 +36,10 @@ impl Topology {
         if self.slots_per_rank == 0 {
             return Err(invalid("topo.slots_per_rank", "must be >= 1, got 0"));
         }
-        if self.dp % self.ep != 0 {
+        if !self.dp.is_multiple_of(self.ep) {
             return Err(invalid("topo", format!("dp={} is not a multiple of ep={}", self.dp, self.ep)));
         }
-        if self.ep % self.gpus_per_node != 0 && self.gpus_per_node % self.ep != 0 {
+        if !self.ep.is_multiple_of(self.gpus_per_node) && !self.gpus_per_node.is_multiple_of(self.ep) {
             return Err(invalid(
                 "topo",
                 format!(
@@ -52,7 +52,7 @@ impl Topology {
         if self.dp > i32::MAX as usize {
             return Err(invalid("topo.dp", format!("{} does not fit the int32 rank ids of a plan", self.dp)));
         }
-        if self.ep.checked_mul(self.slots_per_rank).map_or(true, |n| n > i32::MAX as usize) {
+        if self.ep.checked_mul(self.slots_per_rank).is_none_or(|n| n > i32::MAX as usize) {
             return Err(invalid(
                 "topo",
                 format!(

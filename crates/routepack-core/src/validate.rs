@@ -39,7 +39,7 @@ pub fn validate_plan(plan: &Plan, w: &WindowView, topo: &Topology, token_cap: i6
             return Err(bad_plan(format!("sample {s} is at microbatch {m}, outside [0, {m_n})")));
         }
     }
-    if topo.dp.checked_mul(m_n).map_or(true, |cells| cells > s_n) {
+    if topo.dp.checked_mul(m_n).is_none_or(|cells| cells > s_n) {
         return Err(bad_plan(format!(
             "{} DP ranks x {m_n} microbatches is more cells than the {s_n} samples: some cell is empty",
             topo.dp

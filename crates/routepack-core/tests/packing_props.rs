@@ -152,7 +152,7 @@ proptest! {
 #[test]
 fn a_sample_longer_than_the_cap_is_named_by_every_packer() {
     let lens = vec![10i64, 30, 12, 9];
-    let tok: Vec<i32> = lens.iter().flat_map(|&n| std::iter::repeat(0).take(L * E - 1).chain([2 * n as i32])).collect();
+    let tok: Vec<i32> = lens.iter().flat_map(|&n| std::iter::repeat_n(0, L * E - 1).chain([2 * n as i32])).collect();
     let w = WindowView::new(&lens, &tok, L, E).unwrap();
     let topo = Topology::new(2, 2, 2, 4).unwrap();
     let pl = static_placement(L, E, &topo).unwrap();

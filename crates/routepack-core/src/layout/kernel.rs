@@ -166,7 +166,7 @@ impl StepDelta<'_> {
         assert!(h.per_layer.is_none_or(|x| x.len() >= s.chunks * LANES));
         assert!(self.add.is_none_or(|r| r.check(s)) && self.sub.is_none_or(|r| r.check(s)));
         assert!(self.add.is_none() || self.sub.is_none() || self.add.is_some_and(|a| a.compact()) == self.sub.is_some_and(|b| b.compact()));
-        assert!(s.nodes >= 1 && s.ep % s.nodes == 0 && s.chunks * LANES >= s.layers);
+        assert!(s.nodes >= 1 && s.ep.is_multiple_of(s.nodes) && s.chunks * LANES >= s.layers);
         assert!(self.n_ends <= 2 && self.ends[..self.n_ends].iter().all(|e| e.0 < s.ep));
         assert!(self.n_ends < 2 || self.ends[0].0 != self.ends[1].0);
         assert!([self.ts].iter().chain(self.ends[..self.n_ends].iter().map(|e| &e.1)).all(|&x| x == 0.0 || x == 1.0 || x == -1.0));

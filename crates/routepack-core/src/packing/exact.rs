@@ -85,7 +85,7 @@ pub fn pack_into(seq_lens: &[i64], cap: i64, k: usize, node_limit: u64, deadline
                 rows.retain(|r| !r.is_empty());
                 return (Outcome::Packed(rows), nodes);
             }
-            if nodes >= node_limit || (nodes % 1024 == 0 && deadline.is_some_and(|d| Instant::now() >= d)) {
+            if nodes >= node_limit || (nodes.is_multiple_of(1024) && deadline.is_some_and(|d| Instant::now() >= d)) {
                 return (Outcome::Unknown, nodes);
             }
             depth += 1;

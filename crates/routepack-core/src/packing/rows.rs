@@ -34,7 +34,7 @@ pub fn equalise_rows(rows: &mut Vec<Vec<usize>>, seq_lens: &[i64], dp: usize) ->
             seq_lens.len()
         )));
     }
-    while rows.len() < dp || rows.len() % dp != 0 {
+    while rows.len() < dp || !rows.len().is_multiple_of(dp) {
         if !split_heaviest(rows, seq_lens) {
             return Err(Error::Infeasible(format!(
                 "{} single-sample rows cannot be split further into a multiple of dp = {dp} rows",
@@ -79,7 +79,7 @@ pub fn split_heaviest(rows: &mut Vec<Vec<usize>>, seq_lens: &[i64]) -> bool {
 /// Lays rows out in order: row i runs on rank i % dp at step i / dp. Requires
 /// rows.len() to be a positive multiple of dp.
 pub fn round_robin(rows: &[Vec<usize>], num_samples: usize, dp: usize) -> Packing {
-    debug_assert!(!rows.is_empty() && rows.len() % dp == 0);
+    debug_assert!(!rows.is_empty() && rows.len().is_multiple_of(dp));
     let mut sample_rank = vec![0i32; num_samples];
     let mut sample_micro = vec![0i32; num_samples];
     for (i, row) in rows.iter().enumerate() {

@@ -149,7 +149,7 @@ pub fn rebalance_experts(
     num_gpus: usize,
 ) -> Result<EplbTables> {
     check_args(weight, num_layers, num_experts, num_replicas, num_groups, num_nodes, num_gpus)?;
-    let (groups, nodes) = if num_groups % num_nodes == 0 { (num_groups, num_nodes) } else { (1, 1) };
+    let (groups, nodes) = if num_groups.is_multiple_of(num_nodes) { (num_groups, num_nodes) } else { (1, 1) };
     let per_layer: Vec<(Vec<usize>, Vec<usize>, Vec<usize>)> = (0..num_layers)
         .into_par_iter()
         .map(|l| hierarchical_layer(&weight[l * num_experts..(l + 1) * num_experts], num_replicas, groups, nodes, num_gpus))
@@ -196,17 +196,17 @@ fn check_args(
     if num_replicas < num_experts {
         return Err(invalid("num_replicas", format!("{num_replicas} < num_experts = {num_experts}")));
     }
-    if num_replicas % num_gpus != 0 {
+    if !num_replicas.is_multiple_of(num_gpus) {
         return Err(invalid("num_replicas", format!("{num_replicas} is not a multiple of num_gpus = {num_gpus}")));
     }
-    if num_gpus % num_nodes != 0 {
+    if !num_gpus.is_multiple_of(num_nodes) {
         return Err(invalid("num_gpus", format!("{num_gpus} is not a multiple of num_nodes = {num_nodes}")));
     }
-    if num_groups % num_nodes == 0 {
-        if num_experts % num_groups != 0 {
+    if num_groups.is_multiple_of(num_nodes) {
+        if !num_experts.is_multiple_of(num_groups) {
             return Err(invalid("num_groups", format!("num_experts = {num_experts} is not a multiple of num_groups = {num_groups}")));
         }
-        if num_experts % num_nodes != 0 || num_replicas % num_nodes != 0 {
+        if !num_experts.is_multiple_of(num_nodes) || !num_replicas.is_multiple_of(num_nodes) {
             return Err(invalid("num_nodes", format!("{num_nodes} does not divide num_experts = {num_experts} and num_replicas = {num_replicas}")));
         }
     }
@@ -217,7 +217,7 @@ fn check_args(
 /// EP group when the experts divide evenly (the hierarchical policy), else 1 (global).
 pub fn default_num_groups(num_experts: usize, topo: &Topology) -> usize {
     let nodes = topo.nodes_per_group();
-    if nodes > 1 && num_experts % nodes == 0 {
+    if nodes > 1 && num_experts.is_multiple_of(nodes) {
         nodes
     } else {
         1

@@ -39,7 +39,7 @@ impl Placement {
         num_experts: usize,
         slots_per_rank: usize,
     ) -> Result<Self> {
-        if num_layers == 0 || slots_per_rank == 0 || phy2log.len() % num_layers != 0 {
+        if num_layers == 0 || slots_per_rank == 0 || !phy2log.len().is_multiple_of(num_layers) {
             return Err(invalid(
                 "placement.phy2log",
                 format!("has {} entries, not a multiple of L={num_layers}", phy2log.len()),
@@ -58,7 +58,7 @@ impl Placement {
                 format!("shape [{num_layers}, {num_slots}] does not fit the int32 ids of a plan"),
             ));
         }
-        if num_slots % slots_per_rank != 0 {
+        if !num_slots.is_multiple_of(slots_per_rank) {
             return Err(invalid(
                 "placement.phy2log",
                 format!("{num_slots} slots per layer is not a multiple of slots_per_rank={slots_per_rank}"),
