@@ -479,7 +479,6 @@ unsafe fn rank<V: Lanes, const WRITE: bool, const END: bool, const UNIFORM: bool
     ve: &mut V,
     va: &mut V,
 ) {
-    let (ct, ki, ke) = k;
     let t = V::load(st.add(TOK * LANES)).add_exact(m.ts, r);
     let ri = V::load(st.add(R_IN * LANES)).add_exact(m.dr, r);
     let xi = V::load(st.add(X_IN * LANES)).add_exact(m.dx, r);
@@ -498,6 +497,15 @@ unsafe fn rank<V: Lanes, const WRITE: bool, const END: bool, const UNIFORM: bool
         }
         return;
     }
+    fold::<V, UNIFORM>(t, ri, xi, si, se, h, k, ve, va);
+}
+
+/// Folds a rank's compute value (tok when UNIFORM, else ct·tok + hexp) into `ve` and its
+/// all-to-all value into `va`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn fold<V: Lanes, const UNIFORM: bool>(t: V, ri: V, xi: V, si: V, se: V, h: *const f32, k: (V, V, V), ve: &mut V, va: &mut V) {
+    let (ct, ki, ke) = k;
     *ve = if UNIFORM { ve.max(t) } else { ve.max(ct.mul(t).add(V::load(h))) };
     *va = va.max(ki.mul(si.max(ri)).add(ke.mul(se.max(xi))));
 }
@@ -515,7 +523,6 @@ unsafe fn rank_shift<V: Lanes, const WRITE: bool, const UNIFORM: bool, const END
     ve: &mut V,
     va: &mut V,
 ) {
-    let (ct, ki, ke) = k;
     let t = V::load(st.add(TOK * LANES)).add(u);
     let (mut ri, mut xi) = (V::load(st.add(R_IN * LANES)), V::load(st.add(X_IN * LANES)));
     if END_NODE {
@@ -533,8 +540,7 @@ unsafe fn rank_shift<V: Lanes, const WRITE: bool, const UNIFORM: bool, const END
         return;
     }
     let (si, se) = (V::load(st.add(S_IN * LANES)), V::load(st.add(S_EX * LANES)));
-    *ve = if UNIFORM { ve.max(t) } else { ve.max(ct.mul(t).add(V::load(h))) };
-    *va = va.max(ki.mul(si.max(ri)).add(ke.mul(se.max(xi))));
+    fold::<V, UNIFORM>(t, ri, xi, si, se, h, k, ve, va);
 }
 
 /// The move's coefficients on node `node` for ranks that are not ends (`end_nodes`: the
