@@ -26,7 +26,7 @@ use routepack_core::placement::static_placement;
 use routepack_core::{Topology, WindowView};
 
 mod support;
-use support::flash_window;
+use support::{flash_window, process_cpu_ns};
 
 use support::{FLASH_CAP as CAP, FLASH_E as E, FLASH_L as L};
 
@@ -91,17 +91,8 @@ fn anneal_cpu(c: &mut Criterion<ProcessCpu>) {
     anneal(c, "cpu");
 }
 
-/// CPU time of all the process's threads in ns (a schedule runs its chain on a rayon
-/// thread), from /proc/self/task/*/schedstat (time on CPU is the first field).
+/// Criterion measured in `support::process_cpu_ns`.
 struct ProcessCpu;
-
-fn process_cpu_ns() -> u64 {
-    std::fs::read_dir("/proc/self/task")
-        .expect("/proc/self/task is readable on Linux")
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next().and_then(|x| x.parse::<u64>().ok()))
-        .sum()
-}
 
 impl Measurement for ProcessCpu {
     type Intermediate = u64;

@@ -1,5 +1,5 @@
 //! Annealing throughput and move statistics of one chain on the flash window (the input of
-//! `benches/packing.rs`'s `anneal_flash_*`), in thread CPU time:
+//! `benches/packing.rs`'s `anneal_flash_*`), in CPU time of the process:
 //!
 //!     cargo run --release --example anneal_rate -- [moves] [temperature]
 //!
@@ -20,17 +20,8 @@ use routepack_core::{Topology, WindowView};
 mod support;
 use support::{flash_window, FLASH_CAP, FLASH_E, FLASH_L};
 
-fn thread_cpu_s() -> f64 {
-    let s = std::fs::read_to_string("/proc/thread-self/schedstat").expect("Linux schedstat");
-    s.split_whitespace().next().and_then(|x| x.parse::<f64>().ok()).expect("a number") * 1e-9
-}
-
-/// CPU seconds of the whole process (the schedule runs chains on rayon's threads).
-fn process_cpu_s() -> f64 {
-    let s = std::fs::read_to_string("/proc/self/stat").expect("Linux /proc");
-    let f: Vec<&str> = s[s.rfind(')').expect("comm") + 2..].split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of stat (11 and 12 after the comm), in clock ticks
-    (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / 100.0
+fn cpu_s() -> f64 {
+    support::process_cpu_ns() as f64 * 1e-9
 }
 
 fn main() {
@@ -51,9 +42,9 @@ fn main() {
     let mut ch = Chain::new(&px, &start, Xoshiro256PlusPlus::seed_from_u64(0), MoveMix::default());
     let moves_fixed = if std::env::var_os("SCHEDULE_ONLY").is_some() { 0 } else { moves };
     let e0 = ch.energy;
-    let c0 = thread_cpu_s();
+    let c0 = cpu_s();
     ch.run(&px, moves_fixed, temp, None);
-    let cpu = thread_cpu_s() - c0;
+    let cpu = cpu_s() - c0;
     println!(
         "{} proposals in {cpu:.3} s cpu: {:.0} K proposals/s, {:.0} K evaluated/s ({:.1}%), {:.0} K accepted/s ({:.1}% of evaluated); energy {e0:.4} -> {:.4}",
         ch.proposed,
@@ -67,9 +58,9 @@ fn main() {
     assert!(ch.consistent(&px), "incremental state drifted");
     // a whole schedule, as `routepack_packing` runs it, on one chain
     let params = AnnealParams { moves, chains: 1, ..AnnealParams::default() };
-    let c0 = process_cpu_s();
+    let c0 = cpu_s();
     let res = anneal::anneal(&px, &start, &params);
-    let cpu = process_cpu_s() - c0;
+    let cpu = cpu_s() - c0;
     println!(
         "schedule ({} steps, start acceptance {}): {} proposals in {cpu:.3} s cpu: {:.0} K proposals/s, {:.1}% evaluated, {:.1}% of evaluated accepted; cost {:.4} -> {:.4}",
         res.steps,

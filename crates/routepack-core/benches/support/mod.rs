@@ -113,3 +113,13 @@ pub fn flash_window(seed: u64) -> (Vec<i64>, Vec<i32>) {
     }
     (lens, tok)
 }
+
+/// CPU time of all the process's threads in ns (an anneal runs its chains on rayon's
+/// threads), from /proc/self/task/*/schedstat (time on CPU is the first field).
+pub fn process_cpu_ns() -> u64 {
+    std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task is readable on Linux")
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next().and_then(|x| x.parse::<u64>().ok()))
+        .sum()
+}

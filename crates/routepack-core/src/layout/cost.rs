@@ -488,13 +488,16 @@ impl Proxy {
         let (rows_a, rows_b) = if gm_a < gm_b { (rows_lo, rows_hi) } else { (rows_hi, rows_lo) };
         let (sa, sb) = (self.step_delta(da, cells), self.step_delta(db, cells));
         gm_apply_pair(rows_a, rows_b, &self.hosted(), &sa, &sb, self.coeffs(), self.shape, self.avx2);
-        for (gm, cost, d) in [(gm_a, costs.0, da), (gm_b, costs.1, db)] {
-            self.update_attention(sh, gm, &d.ends[..d.n_ends]);
-            sh.gm_cost[gm] = cost;
-        }
-        for g in [gm_a / self.micro, gm_b / self.micro] {
-            sh.group_cost[g] = sh.gm_cost[g * self.micro..(g + 1) * self.micro].iter().sum();
-        }
+        self.record(sh, gm_a, da, costs.0);
+        self.record(sh, gm_b, db, costs.1);
+    }
+
+    /// After `d` was applied to `gm`'s rows: its attention ranking, cost and group total.
+    fn record(&self, sh: &mut Shards, gm: usize, d: &Delta, cost: f64) {
+        self.update_attention(sh, gm, &d.ends[..d.n_ends]);
+        sh.gm_cost[gm] = cost;
+        let g = gm / self.micro;
+        sh.group_cost[g] = sh.gm_cost[g * self.micro..(g + 1) * self.micro].iter().sum();
     }
 
     /// Applies `d` to `gm`'s rows with the same arithmetic as `eval_gm` (so the state is what
@@ -503,10 +506,7 @@ impl Proxy {
     pub fn apply_gm(&self, sh: &mut Shards, gm: usize, d: &Delta, cells: &[f32], cost: f64) {
         let len = self.shape.state_len();
         gm_apply(&mut sh.gm[gm * len..(gm + 1) * len], &self.hosted(), &self.step_delta(d, cells), self.coeffs(), self.shape, self.avx2);
-        self.update_attention(sh, gm, &d.ends[..d.n_ends]);
-        sh.gm_cost[gm] = cost;
-        let g = gm / self.micro;
-        sh.group_cost[g] = sh.gm_cost[g * self.micro..(g + 1) * self.micro].iter().sum();
+        self.record(sh, gm, d, cost);
     }
 
     /// Cell of EP rank p in (group, step) gm.
