@@ -42,7 +42,7 @@ pub(crate) fn fresh_bins(items: &Items, num_experts: usize, topo: &Topology, opt
     let node_of: Vec<usize> = if nodes > 1 {
         let p = items.problem(num_experts, nodes, rpn * spr);
         let mut s = Pack::lpt(&p);
-        s.improve_max(f64::NEG_INFINITY, usize::MAX);
+        s.improve_max(f64::NEG_INFINITY, usize::MAX, 0);
         let balanced = s.max_load();
         settle(&mut s, balanced, opts, node_budget);
         s.into_assignment()
@@ -51,24 +51,34 @@ pub(crate) fn fresh_bins(items: &Items, num_experts: usize, topo: &Topology, opt
     };
     let (members, subs) = items.split(&node_of, nodes);
     let probs: Vec<Problem> = subs.iter().map(|s| s.problem(num_experts, rpn, spr)).collect();
-    let mut packs: Vec<Pack> = probs
-        .iter()
-        .map(|p| {
-            let mut s = Pack::lpt(p);
-            s.improve_max(f64::NEG_INFINITY, usize::MAX);
-            s
-        })
-        .collect();
-    let balanced = packs.iter().map(|s| s.max_load()).fold(f64::NEG_INFINITY, f64::max);
+    let mut packs: Vec<Pack> = probs.iter().map(|p| Pack::lpt(p)).collect();
+    // The heaviest rank of the layer sets the balanced level the fluctuation phases work
+    // under, so the node whose greedy packing is heaviest is searched first, in full, and
+    // each other node only until its heaviest rank is no heavier than the level so far
+    // (searching it further would only be undone by the fluctuation phase's exploring).
+    let mut by_load: Vec<usize> = (0..nodes).collect();
+    by_load.sort_by(|&x, &y| packs[y].max_load().total_cmp(&packs[x].max_load()).then(x.cmp(&y)));
+    let mut balanced = f64::NEG_INFINITY;
+    for k in by_load {
+        packs[k].improve_max(balanced, usize::MAX, 0);
+        balanced = balanced.max(packs[k].max_load());
+    }
     // Nodes first can cost rank balance when ranks hold few replicas (the node split fixes
-    // which replicas may pair up). Far from the bound, pack ranks directly too and go on with
-    // whichever balances the heaviest rank better.
+    // which replicas may pair up). Far from the bound, let the min-max search swap across
+    // nodes too, starting from the node-first packing (few swaps are left to make from
+    // there), and go on with whichever balances the heaviest rank better.
     let mean = items.weight.iter().sum::<f64>() / topo.ep as f64;
     let bound = mean.max(items.weight.iter().copied().fold(0.0, f64::max));
     if nodes > 1 && balanced > bound * (1.0 + 1e-3) {
         let p = items.problem(num_experts, topo.ep, spr);
-        let mut s = Pack::lpt(&p);
-        s.improve_max(f64::NEG_INFINITY, usize::MAX);
+        let mut start = vec![0usize; n];
+        for (k, s) in packs.iter().enumerate() {
+            for (local, &b) in s.bin_of.iter().enumerate() {
+                start[members[k][local]] = k * rpn + b;
+            }
+        }
+        let mut s = Pack::from_assignment(&p, &start);
+        s.improve_max(f64::NEG_INFINITY, usize::MAX, 0);
         let flat_balanced = s.max_load();
         if flat_balanced < balanced * (1.0 - 1e-12) {
             settle(&mut s, flat_balanced, opts, rank_budget);

@@ -3,7 +3,7 @@
 //! choice can weigh each step's saving against its moves.
 
 use super::items::Items;
-use super::pack::{with_capacities, Pack};
+use super::pack::{with_capacities, Pack, SETTLING_SPREADS};
 use super::routepack::Options;
 use crate::topology::Topology;
 
@@ -95,7 +95,7 @@ pub(crate) fn incremental_bins(items: &Items, num_experts: usize, old: &[i32], t
     while phase < 3 {
         let left = |s: &Pack| limit - (s.swaps - base);
         let finished = match phase {
-            0 => s.improve_max(target, left(&s)),
+            0 => s.improve_max(target, left(&s), SETTLING_SPREADS),
             1 => s.improve_fluct(target * (1.0 + opts.explore), left(&s), &mut evals, budget / 2) || evals >= budget / 2,
             _ => s.tighten(target, left(&s), &mut evals, budget - budget / 4),
         };

@@ -1,10 +1,10 @@
 //! The replicas of one layer as the packer sees them: aggregate weight, expert and per-chunk
 //! demand of each copy (an expert's load split evenly over its copies, as `flow` routes it).
 
-use super::pack::{order_and_norm, Problem};
+use super::pack::{total_key, Problem};
 
 /// Replicas of one layer: weight, expert and chunk vector of each, with the packer's
-/// heaviest-first order and chunk-vector norms (see [`order_and_norm`]).
+/// heaviest-first order and chunk-vector norms (those of [`super::pack::order_and_norm`]).
 pub(crate) struct Items {
     pub(crate) weight: Vec<f64>,
     pub(crate) expert: Vec<u32>,
@@ -18,15 +18,36 @@ impl Items {
     pub(crate) fn new(loads: &[f64], chunks: &[f64], dim: usize, counts: &[u32]) -> Self {
         let n: usize = counts.iter().map(|&c| c as usize).sum();
         let (mut weight, mut expert, mut vecs) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n * dim));
+        // per expert: the first of its (consecutive) copies, their weight and |v|²
+        let mut first = Vec::with_capacity(counts.len());
+        let mut starts = Vec::with_capacity(counts.len());
         for (e, &c) in counts.iter().enumerate() {
             let share = 1.0 / c as f64;
-            for _ in 0..c {
+            first.push(weight.len());
+            let start = vecs.len();
+            starts.push(start);
+            vecs.extend(chunks[e * dim..(e + 1) * dim].iter().map(|x| (x * share) as f32));
+            for k in 0..c as usize {
+                if k > 0 {
+                    vecs.extend_from_within(start..start + dim);
+                }
                 weight.push(loads[e] * share);
                 expert.push(e as u32);
-                vecs.extend(chunks[e * dim..(e + 1) * dim].iter().map(|x| (x * share) as f32));
             }
         }
-        let (order, norm) = order_and_norm(&weight, &vecs, dim);
+        let norm_e = norms(&vecs, &starts, dim);
+        // heaviest first, ties lower index (the order `order_and_norm` gives): copies of one
+        // expert have equal weights and consecutive indices, so sorting the experts by
+        // (weight descending, expert) and expanding each into its copies is that order
+        let mut by_expert: Vec<(i64, u32)> =
+            counts.iter().enumerate().filter(|(_, &c)| c > 0).map(|(e, _)| (!total_key(weight[first[e]]), e as u32)).collect();
+        by_expert.sort_unstable();
+        let mut order = Vec::with_capacity(n);
+        for &(_, e) in &by_expert {
+            let f = first[e as usize];
+            order.extend(f as u32..(f + counts[e as usize] as usize) as u32);
+        }
+        let norm = expert.iter().map(|&e| norm_e[e as usize]).collect();
         Items { weight, expert, vecs, dim, order, norm }
     }
 
@@ -80,7 +101,48 @@ impl Items {
     }
 }
 
+/// |v|² of the vectors `vecs[s..s + dim]` for each `s` in `starts`, each a float64 sum in
+/// index order (as [`order_and_norm`] sums, see `super::pack::order_and_norm`); four vectors side by side, so that the four
+/// dependent chains of adds overlap (one sum at a time waits on each add).
+fn norms(vecs: &[f32], starts: &[usize], dim: usize) -> Vec<f64> {
+    const K: usize = 4;
+    let mut out = Vec::with_capacity(starts.len());
+    for group in starts.chunks(K) {
+        let mut acc = [-0.0f64; K]; // where `Sum` starts (the empty sum is -0.0)
+        for k in 0..dim {
+            for (a, &s) in acc.iter_mut().zip(group) {
+                let x = vecs[s + k] as f64;
+                *a += x * x;
+            }
+        }
+        out.extend_from_slice(&acc[..group.len()]);
+    }
+    out
+}
+
 /// Expert lists of rank bins given as item lists.
 pub(crate) fn as_experts(items: &Items, bins: &[Vec<usize>]) -> Vec<Vec<i32>> {
     bins.iter().map(|b| b.iter().map(|&i| items.expert[i] as i32).collect()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::placement::pack::order_and_norm;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The order and norms built expert by expert are those of `order_and_norm` over the
+        /// replicas (ties of equal weight included: loads drawn from few values).
+        #[test]
+        fn expert_order_is_the_replica_order(raw in prop::collection::vec((0u8..4, 1u32..4), 1..40), dim in 0usize..5) {
+            let loads: Vec<f64> = raw.iter().map(|x| x.0 as f64 * 1.5).collect();
+            let counts: Vec<u32> = raw.iter().map(|x| x.1).collect();
+            let chunks: Vec<f64> = (0..loads.len() * dim).map(|k| (k % 7) as f64 * 0.3).collect();
+            let it = Items::new(&loads, &chunks, dim, &counts);
+            let (order, norm) = order_and_norm(&it.weight, &it.vecs, dim);
+            prop_assert_eq!(&it.order, &order);
+            prop_assert_eq!(it.norm.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), norm.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        }
+    }
 }
