@@ -392,25 +392,45 @@ impl<'a> Pack<'a> {
         (0..self.p.bins).fold(0, |best, b| if self.load[b] > self.load[best] { b } else { best })
     }
 
-    /// Other bins than `a`, lightest first (ties: lower index).
-    /// (`out` is reused: this runs once per min-max step.)
-    fn lighter_bins(&self, a: usize, out: &mut Vec<(i64, usize)>) {
-        out.clear();
-        out.extend((0..self.p.bins).filter(|&b| b != a).map(|b| (total_key(self.load[b]), b)));
-        out.sort_unstable();
+    /// Every bin as `(total_key(load), bin)`, ascending: lightest first, ties lower index.
+    fn keyed_bins(&self) -> Vec<(i64, usize)> {
+        let mut keyed: Vec<(i64, usize)> = (0..self.p.bins).map(|b| (total_key(self.load[b]), b)).collect();
+        keyed.sort_unstable();
+        keyed
+    }
+
+    /// [`Pack::keyed_bins`] brought up to date after the loads of bins `x` and `y` changed:
+    /// their keys renewed, then an insertion sort, linear on the nearly sorted list (a full
+    /// sort per min-max step showed in profiles).
+    fn rekey(&self, keyed: &mut [(i64, usize)], x: usize, y: usize) {
+        for e in keyed.iter_mut() {
+            if e.1 == x || e.1 == y {
+                e.0 = total_key(self.load[e.1]);
+            }
+        }
+        for k in 1..keyed.len() {
+            let v = keyed[k];
+            let mut m = k;
+            while m > 0 && keyed[m - 1] > v {
+                keyed[m] = keyed[m - 1];
+                m -= 1;
+            }
+            keyed[m] = v;
+        }
     }
 
     /// The swap of an item of the heaviest bin `a` (load `top`) with an item of another bin
     /// that minimises the larger of the two new loads: `(new max of the pair, i, j)`.
-    /// Bins are tried lightest first; a bin whose best conceivable result, the midpoint of
-    /// the two loads, cannot beat the best found ends the search.
-    fn best_max_swap(&self, a: usize, top: f64, tol: f64, bins: &mut Vec<(i64, usize)>) -> Option<(f64, usize, usize)> {
+    /// Bins are tried lightest first (`keyed`, from [`Pack::keyed_bins`]); a bin whose best
+    /// conceivable result, the midpoint of the two loads, cannot beat the best found ends the
+    /// search.
+    fn best_max_swap(&self, a: usize, top: f64, tol: f64, keyed: &[(i64, usize)]) -> Option<(f64, usize, usize)> {
         const SCAN: usize = 6; // feasible-partner search depth on each side of the ideal weight
         let w = self.p.weight;
         let mut best: Option<(f64, usize, usize)> = None;
-        self.lighter_bins(a, bins);
-        for &(_, b) in bins.iter() {
-            let gap = top - self.load[b];
+        for &(_, b) in keyed.iter().filter(|x| x.1 != a) {
+            let lb = self.load[b];
+            let gap = top - lb;
             if gap <= tol || best.is_some_and(|(m, _, _)| m <= top - gap / 2.0) {
                 break;
             }
@@ -422,28 +442,31 @@ impl<'a> Pack<'a> {
                 while pos < sb.len() && wb[pos] < wi - gap / 2.0 {
                     pos += 1;
                 }
-                let mut consider = |j: usize| {
-                    let nm = (top - (wi - w[j])).max(self.load[b] + (wi - w[j]));
+                // d = w_i − w_j (wb holds the partners' weights)
+                let mut consider = |d: f64, j: usize| {
+                    let nm = (top - d).max(lb + d);
                     if best.is_none_or(|(m, _, _)| nm < m) {
                         best = Some((nm, i, j));
                     }
                 };
-                // below the ideal partner weight, d = w_i − w_j grows going down
-                for &j in sb[..pos].iter().rev().take(SCAN) {
-                    if wi - w[j] >= gap {
+                // below the ideal partner weight, d grows going down
+                for k in (pos.saturating_sub(SCAN)..pos).rev() {
+                    let d = wi - wb[k];
+                    if d >= gap {
                         break;
                     }
-                    if wi - w[j] > 0.0 && self.can_swap(i, j) {
-                        consider(j);
+                    if d > 0.0 && self.can_swap(i, sb[k]) {
+                        consider(d, sb[k]);
                         break;
                     }
                 }
-                for &j in sb[pos..].iter().take(SCAN) {
-                    if wi - w[j] <= 0.0 {
+                for k in pos..(pos + SCAN).min(sb.len()) {
+                    let d = wi - wb[k];
+                    if d <= 0.0 {
                         break;
                     }
-                    if wi - w[j] < gap && self.can_swap(i, j) {
-                        consider(j);
+                    if d < gap && self.can_swap(i, sb[k]) {
+                        consider(d, sb[k]);
                         break;
                     }
                 }
@@ -471,7 +494,7 @@ impl<'a> Pack<'a> {
         let target = target.max(mean.max(heaviest) * (1.0 + 1e-6));
         let mut done = 0;
         let mut spread_left = spreads; // each costs O(bins² · cap)
-        let mut bins = Vec::with_capacity(self.p.bins);
+        let mut keyed = self.keyed_bins();
         loop {
             let a = self.argmax_bin();
             let top = self.load[a];
@@ -482,9 +505,11 @@ impl<'a> Pack<'a> {
                 return false;
             }
             let tol = 1e-12 * top.abs().max(1e-300);
-            match self.best_max_swap(a, top, tol, &mut bins) {
+            match self.best_max_swap(a, top, tol, &keyed) {
                 Some((nm, i, j)) if nm < top - tol => {
+                    let b = self.bin_of[j];
                     self.swap(i, j);
+                    self.rekey(&mut keyed, a, b);
                     done += 1;
                 }
                 _ => {
@@ -501,6 +526,7 @@ impl<'a> Pack<'a> {
                     if self.swaps == before || self.max_load() >= top - tol {
                         return true;
                     }
+                    keyed = self.keyed_bins();
                 }
             }
         }

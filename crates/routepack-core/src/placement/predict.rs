@@ -25,11 +25,15 @@ impl<'a> Predictor<'a> {
             (loads.to_vec(), 1)
         } else {
             let c = if opts.cells == 0 { num_chunks } else { opts.cells.min(num_chunks) };
-            let cell_of: Vec<usize> = (0..num_chunks).map(|b| b * c / num_chunks).collect();
+            // cell k holds the consecutive chunks b with b·c / num_chunks == k, from `start[k]`
+            let mut start = vec![num_chunks; c + 1];
+            for b in (0..num_chunks).rev() {
+                start[b * c / num_chunks] = b;
+            }
             let mut v = vec![0.0; e_n * c];
             for (row, src) in v.chunks_exact_mut(c).zip(chunks.chunks_exact(num_chunks)) {
-                for (&k, &x) in cell_of.iter().zip(src) {
-                    row[k] += x;
+                for (k, x) in row.iter_mut().enumerate() {
+                    *x = src[start[k]..start[k + 1]].iter().fold(0.0, |s, &y| s + y);
                 }
             }
             (v, c)
