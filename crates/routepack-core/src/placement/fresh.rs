@@ -39,12 +39,16 @@ pub(crate) fn fresh_bins(items: &Items, num_experts: usize, topo: &Topology, opt
     // an eighth of the budget for nodes: measured on `flash`, rank-level swaps lower the
     // per-microbatch peaks more per priced candidate (node-level swaps still help a little)
     let (node_budget, rank_budget) = if nodes > 1 { (opts.fluct_evals / 8, opts.fluct_evals - opts.fluct_evals / 8) } else { (0, opts.fluct_evals) };
+    // the node level explores the same absolute band of load as the rank level (`explore`
+    // of a rank's load, a node holding `rpn` ranks): a node's many replicas leave room enough,
+    // and a wider band makes tightening back fall to the min-max search far more often
+    let node_opts = Options { explore: (opts.explore / rpn as f64).max(opts.slack), ..opts.clone() };
     let node_of: Vec<usize> = if nodes > 1 {
         let p = items.problem(num_experts, nodes, rpn * spr);
         let mut s = Pack::lpt(&p);
         s.improve_max(f64::NEG_INFINITY, usize::MAX, 0);
         let balanced = s.max_load();
-        settle(&mut s, balanced, opts, node_budget);
+        settle(&mut s, balanced, &node_opts, node_budget);
         s.into_assignment()
     } else {
         vec![0; n]

@@ -587,8 +587,8 @@ impl<'a> Pack<'a> {
     /// of partner weights: over few bins found by bisection in the bin, over many bins all
     /// windows at once as one range of the problem's descending weights). Stops when a pass
     /// finds nothing (returns true), after `max_swaps` swaps or when `evals` (candidate pairs
-    /// priced, each O(dim), plus one per other bin's window) reaches `max_evals` (returns
-    /// false).
+    /// priced, each O(dim), plus one per window searched: one per other bin over few bins,
+    /// one per item over many) reaches `max_evals` (returns false).
     pub fn improve_fluct(&mut self, cap_load: f64, max_swaps: usize, evals: &mut usize, max_evals: usize) -> bool {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
@@ -653,10 +653,12 @@ impl<'a> Pack<'a> {
                 let (wi, vi) = (w[i], p.v(i));
                 let va = &self.vl32[a * dim..(a + 1) * dim];
                 // partners j in bin b with w_i − head_b <= w_j <= w_i + head_a keep both bins
-                // in cap: one range of the descending weights holds them for every b, each
-                // then checked against its own bin's head. Counted as one window per other
-                // bin, as a search bin by bin would be (the budget means the same work).
-                *evals += p.bins - 1;
+                // in cap: over few bins, a window in each other bin (one eval each); over
+                // many, one range of the descending weights holds them for every b, each then
+                // checked against its own bin's head (one eval: counting it as one window per
+                // other bin, as the bin-by-bin search was counted, spent most of an all-ranks
+                // budget of 32 bins on windows never searched)
+                *evals += if by_bin { p.bins - 1 } else { 1 };
                 let mut best: Option<(f64, usize, usize)> = None;
                 if by_bin {
                     for b in (0..p.bins).filter(|&b| b != a) {
