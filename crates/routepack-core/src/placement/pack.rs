@@ -74,10 +74,10 @@ pub struct Pack<'a> {
     /// `[n]` bin of each item (`usize::MAX` while unplaced).
     pub bin_of: Vec<usize>,
     /// Items of each bin, sorted by (weight, index), so partners are found by bisection.
-    pub members: Vec<Vec<usize>>,
+    pub members: BinLists<usize>,
     /// `members`' weights, in the same order: the window searches bisect these contiguous
     /// values instead of chasing `weight[members[b][k]]`.
-    wts: Vec<Vec<f64>>,
+    wts: BinLists<f64>,
     /// `[bins]` aggregate load.
     pub load: Vec<f64>,
     /// `[bins · dim]` per-chunk load, accumulated in float64 ...
@@ -104,8 +104,8 @@ impl<'a> Pack<'a> {
         Self {
             p,
             bin_of: vec![usize::MAX; p.len()],
-            members: with_capacities(p.bins, p.cap),
-            wts: with_capacities(p.bins, p.cap),
+            members: BinLists::new(p.bins, p.cap),
+            wts: BinLists::new(p.bins, p.cap),
             load: vec![0.0; p.bins],
             vload: vec![0.0; p.bins * p.dim],
             vl32: vec![0.0; p.bins * p.dim],
@@ -135,10 +135,8 @@ impl<'a> Pack<'a> {
     /// turned round so that lower indices come first.
     fn sort_members(&mut self) {
         let (w, order) = (self.p.weight, self.p.order);
-        for (m, ws) in self.members.iter_mut().zip(self.wts.iter_mut()) {
-            m.clear();
-            ws.clear();
-        }
+        self.members.clear();
+        self.wts.clear();
         let mut end = order.len();
         while end > 0 {
             let wt = w[order[end - 1] as usize];
@@ -149,8 +147,8 @@ impl<'a> Pack<'a> {
             for &i in &order[start..end] {
                 let b = self.bin_of[i as usize];
                 if b != usize::MAX {
-                    self.members[b].push(i as usize);
-                    self.wts[b].push(wt);
+                    self.members.push(b, i as usize);
+                    self.wts.push(b, wt);
                 }
             }
             end = start;
@@ -159,15 +157,15 @@ impl<'a> Pack<'a> {
 
     fn insert(&mut self, b: usize, x: usize) {
         let pos = self.rank_in(b, x);
-        self.members[b].insert(pos, x);
-        self.wts[b].insert(pos, self.p.weight[x]);
+        self.members.insert(b, pos, x);
+        self.wts.insert(b, pos, self.p.weight[x]);
     }
 
     fn remove(&mut self, b: usize, x: usize) {
         let pos = self.rank_in(b, x);
         debug_assert_eq!(self.members[b][pos], x);
-        self.members[b].remove(pos);
-        self.wts[b].remove(pos);
+        self.members.remove(b, pos);
+        self.wts.remove(b, pos);
     }
 
     /// Puts item i into bin b; `members` is rebuilt by [`Pack::sort_members`] and the
@@ -809,6 +807,68 @@ impl<'a> Pack<'a> {
     /// `[n]` bin of each item.
     pub fn into_assignment(self) -> Vec<usize> {
         self.bin_of
+    }
+}
+
+/// A list of at most `cap` values per bin, all in one allocation (bin b's at `b · cap`):
+/// packings are built, rebuilt and cloned per layer, a vector per bin showed in profiles as
+/// allocator time. `lists[b]` is bin b's list.
+#[derive(Clone)]
+pub struct BinLists<T> {
+    data: Vec<T>,
+    len: Vec<usize>,
+    cap: usize,
+}
+
+impl<T: Copy + Default> BinLists<T> {
+    fn new(bins: usize, cap: usize) -> Self {
+        Self { data: vec![T::default(); bins * cap], len: vec![0; bins], cap }
+    }
+
+    fn clear(&mut self) {
+        self.len.fill(0);
+    }
+
+    /// Bin b's `cap` places (its list, then unused ones).
+    #[inline]
+    fn room(&mut self, b: usize) -> &mut [T] {
+        &mut self.data[b * self.cap..(b + 1) * self.cap]
+    }
+
+    /// Appends x to bin b's list (panics when it is full).
+    #[inline]
+    fn push(&mut self, b: usize, x: T) {
+        let n = self.len[b];
+        self.room(b)[n] = x;
+        self.len[b] = n + 1;
+    }
+
+    /// Inserts x at position `pos` of bin b's list (panics when it is full).
+    #[inline]
+    fn insert(&mut self, b: usize, pos: usize, x: T) {
+        let n = self.len[b];
+        let r = self.room(b);
+        r.copy_within(pos..n, pos + 1);
+        r[pos] = x;
+        self.len[b] = n + 1;
+    }
+
+    /// Removes position `pos` of bin b's list.
+    #[inline]
+    fn remove(&mut self, b: usize, pos: usize) {
+        let n = self.len[b];
+        assert!(pos < n, "position {pos} of a list of {n}");
+        self.room(b).copy_within(pos + 1..n, pos);
+        self.len[b] = n - 1;
+    }
+}
+
+impl<T> std::ops::Index<usize> for BinLists<T> {
+    type Output = [T];
+
+    #[inline]
+    fn index(&self, b: usize) -> &[T] {
+        &self.data[b * self.cap..b * self.cap + self.len[b]]
     }
 }
 
