@@ -340,14 +340,9 @@ impl<'a> Pack<'a> {
         let d = p.weight[i] - p.weight[j];
         self.load[a] -= d;
         self.load[b] += d;
-        let (vi, vj) = (p.v(i), p.v(j));
-        for k in 0..p.dim {
-            let dv = vi[k] as f64 - vj[k] as f64;
-            self.vload[a * p.dim + k] -= dv;
-            self.vload[b * p.dim + k] += dv;
-        }
-        self.sync(a);
-        self.sync(b);
+        let (va, vb) = two_rows(&mut self.vload, a, b, p.dim);
+        let (a32, b32) = two_rows(&mut self.vl32, a, b, p.dim);
+        trade_widened(va, vb, a32, b32, p.v(i), p.v(j));
         let (ei, ej) = (p.expert[i] as usize, p.expert[j] as usize);
         self.mult[a * p.num_experts + ei] -= 1;
         self.mult[b * p.num_experts + ei] += 1;
@@ -893,6 +888,53 @@ unsafe fn add_widened_avx2(acc: &mut [f64], v: &[f32]) {
 fn add_widened_body(acc: &mut [f64], v: &[f32]) {
     for (x, &y) in acc.iter_mut().zip(v) {
         *x += y as f64;
+    }
+}
+
+/// Rows a and b (a ≠ b) of the row-major `xs` with rows of `d`, both mutable.
+#[inline]
+fn two_rows<T>(xs: &mut [T], a: usize, b: usize, d: usize) -> (&mut [T], &mut [T]) {
+    assert_ne!(a, b);
+    let (lo, hi) = (a.min(b), a.max(b));
+    let (head, tail) = xs.split_at_mut(hi * d);
+    let (x, y) = (&mut head[lo * d..(lo + 1) * d], &mut tail[..d]);
+    if a < b {
+        (x, y)
+    } else {
+        (y, x)
+    }
+}
+
+/// Bin a hands item i to bin b for item j: per chunk `va -= vi − vj` and `vb += vi − vj`
+/// (the difference taken in float64), then both bins' float32 copies refreshed
+/// ([`Pack::sync`]'s conversion). Compiled for AVX2 where the CPU has it, as
+/// [`add_widened`] is: element-wise, so bit-identical.
+#[inline]
+fn trade_widened(va: &mut [f64], vb: &mut [f64], a32: &mut [f32], b32: &mut [f32], vi: &[f32], vj: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2
+        return unsafe { trade_widened_avx2(va, vb, a32, b32, vi, vj) };
+    }
+    trade_widened_body(va, vb, a32, b32, vi, vj)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn trade_widened_avx2(va: &mut [f64], vb: &mut [f64], a32: &mut [f32], b32: &mut [f32], vi: &[f32], vj: &[f32]) {
+    trade_widened_body(va, vb, a32, b32, vi, vj)
+}
+
+#[inline(always)]
+fn trade_widened_body(va: &mut [f64], vb: &mut [f64], a32: &mut [f32], b32: &mut [f32], vi: &[f32], vj: &[f32]) {
+    let n = va.len();
+    let (vb, a32, b32, vi, vj) = (&mut vb[..n], &mut a32[..n], &mut b32[..n], &vi[..n], &vj[..n]);
+    for k in 0..n {
+        let dv = vi[k] as f64 - vj[k] as f64;
+        va[k] -= dv;
+        vb[k] += dv;
+        a32[k] = va[k] as f32;
+        b32[k] = vb[k] as f32;
     }
 }
 
