@@ -74,10 +74,10 @@ pub struct Pack<'a> {
     /// `[n]` bin of each item (`usize::MAX` while unplaced).
     pub bin_of: Vec<usize>,
     /// Items of each bin, sorted by (weight, index), so partners are found by bisection.
-    pub members: Vec<Vec<usize>>,
+    pub members: BinLists<usize>,
     /// `members`' weights, in the same order: the window searches bisect these contiguous
     /// values instead of chasing `weight[members[b][k]]`.
-    wts: Vec<Vec<f64>>,
+    wts: BinLists<f64>,
     /// `[bins]` aggregate load.
     pub load: Vec<f64>,
     /// `[bins · dim]` per-chunk load, accumulated in float64 ...
@@ -104,8 +104,8 @@ impl<'a> Pack<'a> {
         Self {
             p,
             bin_of: vec![usize::MAX; p.len()],
-            members: with_capacities(p.bins, p.cap),
-            wts: with_capacities(p.bins, p.cap),
+            members: BinLists::new(p.bins, p.cap),
+            wts: BinLists::new(p.bins, p.cap),
             load: vec![0.0; p.bins],
             vload: vec![0.0; p.bins * p.dim],
             vl32: vec![0.0; p.bins * p.dim],
@@ -135,10 +135,8 @@ impl<'a> Pack<'a> {
     /// turned round so that lower indices come first.
     fn sort_members(&mut self) {
         let (w, order) = (self.p.weight, self.p.order);
-        for (m, ws) in self.members.iter_mut().zip(self.wts.iter_mut()) {
-            m.clear();
-            ws.clear();
-        }
+        self.members.clear();
+        self.wts.clear();
         let mut end = order.len();
         while end > 0 {
             let wt = w[order[end - 1] as usize];
@@ -149,8 +147,8 @@ impl<'a> Pack<'a> {
             for &i in &order[start..end] {
                 let b = self.bin_of[i as usize];
                 if b != usize::MAX {
-                    self.members[b].push(i as usize);
-                    self.wts[b].push(wt);
+                    self.members.push(b, i as usize);
+                    self.wts.push(b, wt);
                 }
             }
             end = start;
@@ -159,15 +157,15 @@ impl<'a> Pack<'a> {
 
     fn insert(&mut self, b: usize, x: usize) {
         let pos = self.rank_in(b, x);
-        self.members[b].insert(pos, x);
-        self.wts[b].insert(pos, self.p.weight[x]);
+        self.members.insert(b, pos, x);
+        self.wts.insert(b, pos, self.p.weight[x]);
     }
 
     fn remove(&mut self, b: usize, x: usize) {
         let pos = self.rank_in(b, x);
         debug_assert_eq!(self.members[b][pos], x);
-        self.members[b].remove(pos);
-        self.wts[b].remove(pos);
+        self.members.remove(b, pos);
+        self.wts.remove(b, pos);
     }
 
     /// Puts item i into bin b; `members` is rebuilt by [`Pack::sort_members`] and the
@@ -176,9 +174,7 @@ impl<'a> Pack<'a> {
         let p = self.p;
         self.bin_of[i] = b;
         self.load[b] += p.weight[i];
-        for (x, &y) in self.vload[b * p.dim..(b + 1) * p.dim].iter_mut().zip(p.v(i)) {
-            *x += y as f64;
-        }
+        add_widened(&mut self.vload[b * p.dim..(b + 1) * p.dim], p.v(i));
         self.mult[b * p.num_experts + p.expert[i] as usize] += 1;
     }
 
@@ -344,14 +340,9 @@ impl<'a> Pack<'a> {
         let d = p.weight[i] - p.weight[j];
         self.load[a] -= d;
         self.load[b] += d;
-        let (vi, vj) = (p.v(i), p.v(j));
-        for k in 0..p.dim {
-            let dv = vi[k] as f64 - vj[k] as f64;
-            self.vload[a * p.dim + k] -= dv;
-            self.vload[b * p.dim + k] += dv;
-        }
-        self.sync(a);
-        self.sync(b);
+        let (va, vb) = two_rows(&mut self.vload, a, b, p.dim);
+        let (a32, b32) = two_rows(&mut self.vl32, a, b, p.dim);
+        trade_widened(va, vb, a32, b32, p.v(i), p.v(j));
         let (ei, ej) = (p.expert[i] as usize, p.expert[j] as usize);
         self.mult[a * p.num_experts + ei] -= 1;
         self.mult[b * p.num_experts + ei] += 1;
@@ -811,6 +802,141 @@ impl<'a> Pack<'a> {
     /// `[n]` bin of each item.
     pub fn into_assignment(self) -> Vec<usize> {
         self.bin_of
+    }
+}
+
+/// A list of at most `cap` values per bin, all in one allocation (bin b's at `b · cap`):
+/// packings are built, rebuilt and cloned per layer, a vector per bin showed in profiles as
+/// allocator time. `lists[b]` is bin b's list.
+#[derive(Clone)]
+pub struct BinLists<T> {
+    data: Vec<T>,
+    len: Vec<usize>,
+    cap: usize,
+}
+
+impl<T: Copy + Default> BinLists<T> {
+    fn new(bins: usize, cap: usize) -> Self {
+        Self { data: vec![T::default(); bins * cap], len: vec![0; bins], cap }
+    }
+
+    fn clear(&mut self) {
+        self.len.fill(0);
+    }
+
+    /// Bin b's `cap` places (its list, then unused ones).
+    #[inline]
+    fn room(&mut self, b: usize) -> &mut [T] {
+        &mut self.data[b * self.cap..(b + 1) * self.cap]
+    }
+
+    /// Appends x to bin b's list (panics when it is full).
+    #[inline]
+    fn push(&mut self, b: usize, x: T) {
+        let n = self.len[b];
+        self.room(b)[n] = x;
+        self.len[b] = n + 1;
+    }
+
+    /// Inserts x at position `pos` of bin b's list (panics when it is full).
+    #[inline]
+    fn insert(&mut self, b: usize, pos: usize, x: T) {
+        let n = self.len[b];
+        let r = self.room(b);
+        r.copy_within(pos..n, pos + 1);
+        r[pos] = x;
+        self.len[b] = n + 1;
+    }
+
+    /// Removes position `pos` of bin b's list.
+    #[inline]
+    fn remove(&mut self, b: usize, pos: usize) {
+        let n = self.len[b];
+        assert!(pos < n, "position {pos} of a list of {n}");
+        self.room(b).copy_within(pos + 1..n, pos);
+        self.len[b] = n - 1;
+    }
+}
+
+impl<T> std::ops::Index<usize> for BinLists<T> {
+    type Output = [T];
+
+    #[inline]
+    fn index(&self, b: usize) -> &[T] {
+        &self.data[b * self.cap..b * self.cap + self.len[b]]
+    }
+}
+
+/// `acc[k] += v[k] as f64` for each k: a bin's per-chunk load taking an item, once per
+/// placed item. Compiled for AVX2 where the CPU has it (twice the lanes); each element's
+/// single add is the same either way, so the sums are bit-identical.
+#[inline]
+fn add_widened(acc: &mut [f64], v: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2
+        return unsafe { add_widened_avx2(acc, v) };
+    }
+    add_widened_body(acc, v)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn add_widened_avx2(acc: &mut [f64], v: &[f32]) {
+    add_widened_body(acc, v)
+}
+
+#[inline(always)]
+fn add_widened_body(acc: &mut [f64], v: &[f32]) {
+    for (x, &y) in acc.iter_mut().zip(v) {
+        *x += y as f64;
+    }
+}
+
+/// Rows a and b (a ≠ b) of the row-major `xs` with rows of `d`, both mutable.
+#[inline]
+fn two_rows<T>(xs: &mut [T], a: usize, b: usize, d: usize) -> (&mut [T], &mut [T]) {
+    assert_ne!(a, b);
+    let (lo, hi) = (a.min(b), a.max(b));
+    let (head, tail) = xs.split_at_mut(hi * d);
+    let (x, y) = (&mut head[lo * d..(lo + 1) * d], &mut tail[..d]);
+    if a < b {
+        (x, y)
+    } else {
+        (y, x)
+    }
+}
+
+/// Bin a hands item i to bin b for item j: per chunk `va -= vi − vj` and `vb += vi − vj`
+/// (the difference taken in float64), then both bins' float32 copies refreshed
+/// ([`Pack::sync`]'s conversion). Compiled for AVX2 where the CPU has it, as
+/// [`add_widened`] is: element-wise, so bit-identical.
+#[inline]
+fn trade_widened(va: &mut [f64], vb: &mut [f64], a32: &mut [f32], b32: &mut [f32], vi: &[f32], vj: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2
+        return unsafe { trade_widened_avx2(va, vb, a32, b32, vi, vj) };
+    }
+    trade_widened_body(va, vb, a32, b32, vi, vj)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn trade_widened_avx2(va: &mut [f64], vb: &mut [f64], a32: &mut [f32], b32: &mut [f32], vi: &[f32], vj: &[f32]) {
+    trade_widened_body(va, vb, a32, b32, vi, vj)
+}
+
+#[inline(always)]
+fn trade_widened_body(va: &mut [f64], vb: &mut [f64], a32: &mut [f32], b32: &mut [f32], vi: &[f32], vj: &[f32]) {
+    let n = va.len();
+    let (vb, a32, b32, vi, vj) = (&mut vb[..n], &mut a32[..n], &mut b32[..n], &vi[..n], &vj[..n]);
+    for k in 0..n {
+        let dv = vi[k] as f64 - vj[k] as f64;
+        va[k] -= dv;
+        vb[k] += dv;
+        a32[k] = va[k] as f32;
+        b32[k] = vb[k] as f32;
     }
 }
 

@@ -50,7 +50,13 @@ pub fn replicate(loads: &[f64], num_slots: usize) -> Result<Vec<u32>> {
     }
     check_loads(loads, "loads")?;
     let mut counts = vec![1u32; e_n];
-    let mut heap: BinaryHeap<Entry> = loads.iter().enumerate().map(|(e, &w)| Entry { per_replica: w, expert: e }).collect();
+    // Only experts with a load of at least the mean per slot can get a copy: the largest
+    // per-replica load never rises and ends at least at that mean (Σ load = Σ count ·
+    // load / count), so any lighter expert stays below every entry popped. The margin covers
+    // the rounding of the sum and divisions; the pops, hence the counts, are the same.
+    let floor = loads.iter().sum::<f64>() / num_slots as f64 * (1.0 - 1e-9);
+    let mut heap: BinaryHeap<Entry> =
+        loads.iter().enumerate().filter(|&(_, &w)| w >= floor).map(|(e, &w)| Entry { per_replica: w, expert: e }).collect();
     for _ in e_n..num_slots {
         let top = heap.pop().expect("E >= 1 when extra slots exist");
         counts[top.expert] += 1;
