@@ -430,8 +430,13 @@ impl<'a> Pack<'a> {
             let mut pos = 0;
             for &i in &self.members[a] {
                 let wi = w[i];
-                while pos < sb.len() && wb[pos] < wi - gap / 2.0 {
-                    pos += 1;
+                if wb.len() <= 32 {
+                    // few partners: a branchless count (the stepping loop's exit mispredicts)
+                    pos = count_below(wb, wi - gap / 2.0);
+                } else {
+                    while pos < sb.len() && wb[pos] < wi - gap / 2.0 {
+                        pos += 1;
+                    }
                 }
                 // d = w_i − w_j (wb holds the partners' weights)
                 let mut consider = |d: f64, j: usize| {
