@@ -771,10 +771,23 @@ impl<'a> Pack<'a> {
                 }
                 let (sb, wb) = (&self.members[b], &self.wts[b]);
                 let vb = &self.vl32[b * dim..(b + 1) * dim];
+                // members[a] ascend by weight, so over a long list both window ends only move
+                // right (a walk instead of two bisections per item; same windows)
+                let (mut lo, mut hi) = (0, 0);
                 for &i in &self.members[a] {
                     *evals += 1;
-                    let lo = count_below(wb, w[i] - dhi);
-                    let hi = lo + count_at_most(&wb[lo..], w[i] - dlo);
+                    if wb.len() > 32 {
+                        while lo < wb.len() && wb[lo] < w[i] - dhi {
+                            lo += 1;
+                        }
+                        hi = hi.max(lo);
+                        while hi < wb.len() && wb[hi] <= w[i] - dlo {
+                            hi += 1;
+                        }
+                    } else {
+                        lo = count_below(wb, w[i] - dhi);
+                        hi = lo + count_at_most(&wb[lo..], w[i] - dlo);
+                    }
                     for &j in &sb[lo..hi] {
                         if !self.can_swap(i, j) {
                             continue;
