@@ -6,7 +6,9 @@ Two successive windows W0, W1 of each profile (`routepack.traces.synthetic`, cac
 under --cache because `flash` takes minutes to generate). Everything is scored on W1:
 
 1. aggregate imbalance per layer (max / mean rank load over the window; each expert's load
-   split evenly over its replicas) against the lower bound (optimal replication);
+   split evenly over its replicas) against the lower bound (optimal replication); "(dup)"
+   counts the layers routepack trails where the baseline put two copies of one expert on one
+   rank, an arrangement routepack refuses while another exists;
 2. per-microbatch expert imbalance and step time from `routepack.simulate`, with static
    (sequential) packing and no replication, so only the placement differs; "shuffled" scores
    the same placements with the window's samples in a random order (cells then share nothing
@@ -42,6 +44,14 @@ def load_windows(name: str, seed: int, cache: Path):
 
 def policy(placement: str, loads: str = "window") -> rp.Policy:
     return rp.Policy(placement, "sequential", "none", loads)
+
+
+def shares_a_rank(placement: rp.Placement, topo) -> np.ndarray:
+    """[L] bool: some rank holds two copies of one expert (EPLB's greedy packing can; routepack
+    never does while another arrangement exists, so it may trail such a layer's balance)."""
+    ph = placement.phy2log.reshape(placement.phy2log.shape[0], topo.ep, -1)
+    srt = np.sort(ph, axis=2)
+    return ((srt[:, :, 1:] == srt[:, :, :-1]) & (srt[:, :, 1:] >= 0)).any(axis=(1, 2))
 
 
 def moves_per_layer(migration: np.ndarray, layers: int) -> np.ndarray:
@@ -89,12 +99,15 @@ def run(name: str, seed: int, cache: Path) -> None:
     ours = aggregate_imbalance(rows["routepack, oracle loads"].placement, loads)
 
     print("\n1. aggregate imbalance over the window (max/mean rank load), per layer")
-    print(f"{'placement':36s} {'mean':>8s} {'max':>8s} {'mean/LB':>8s} {'layers routepack(oracle) worse':>31s}")
+    print(f"{'placement':36s} {'mean':>8s} {'max':>8s} {'mean/LB':>8s} {'layers routepack(oracle) worse':>31s}"
+          f" {'(dup)':>6s}")
     print(f"{'lower bound (optimal replication)':36s} {lb.mean():8.4f} {lb.max():8.4f} {1.0:8.4f}")
     for label, p in rows.items():
         agg = aggregate_imbalance(p.placement, loads)
-        worse = int((ours > agg + 1e-12).sum())
-        print(f"{label:36s} {agg.mean():8.4f} {agg.max():8.4f} {np.mean(agg / lb):8.4f} {worse:>24d} of {L}")
+        worse = ours > agg + 1e-12
+        dup = shares_a_rank(p.placement, topo) & worse
+        print(f"{label:36s} {agg.mean():8.4f} {agg.max():8.4f} {np.mean(agg / lb):8.4f} {int(worse.sum()):>24d} of {L}"
+              f" {int(dup.sum()):6d}")
 
     perm = np.random.default_rng(seed + 1).permutation(w1.num_samples)
     ws = rp.Window(w1.seq_lens[perm], w1.expert_tokens[perm])

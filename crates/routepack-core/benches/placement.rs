@@ -51,10 +51,10 @@ fn bench(c: &mut Criterion) {
             b.iter(|| rebalance_experts(&loads, s.layers, s.experts, t.num_slots(), s.eplb_groups, t.nodes_per_group(), t.ep).unwrap())
         });
         g.bench_function(BenchmarkId::new("routepack", s.name), |b| b.iter(|| routepack_placement(&d, &t, &cost, None, &opts).unwrap()));
-        // the latency/quality knob: a smaller microbatch-phase budget (placement_fluct_evals)
-        let lean = Options { fluct_evals: 1000, ..opts.clone() };
-        g.bench_function(BenchmarkId::new("routepack_fluct1000", s.name), |b| {
-            b.iter(|| routepack_placement(&d, &t, &cost, None, &lean).unwrap())
+        // the latency/quality knob: a larger microbatch-phase budget (placement_fluct_evals)
+        let rich = Options { fluct_evals: 6000, ..opts.clone() };
+        g.bench_function(BenchmarkId::new("routepack_fluct6000", s.name), |b| {
+            b.iter(|| routepack_placement(&d, &t, &cost, None, &rich).unwrap())
         });
         // with a placement in force (drifted loads): relabelling, incremental candidates, choice
         let prev = routepack_placement(&d2, &t, &cost, None, &opts).unwrap().placement;
