@@ -18,7 +18,8 @@ Options (``plan_window(..., **options)``):
 * ``placement_slack`` (float, default 5e-5): how far above its balanced maximum (a fraction)
   the final placement may leave a rank's window load.
 * ``placement_explore`` (float, default 0.01, >= slack): how far above it the first
-  microbatch pass may go before a tightening pass brings the maximum back within the slack.
+  microbatch pass may go before a tightening pass brings the maximum back within the slack
+  (a fraction of a rank's load; the node level explores the same absolute band).
 * ``placement_fluct_evals`` (int, default 1500): swap candidates the microbatch phase prices
   per layer (its budget, counted, so plans stay deterministic). The default keeps placement
   within 5 ms at DeepSeek-V3's size (58 layers × 256 experts on 32 ranks); more lowers the

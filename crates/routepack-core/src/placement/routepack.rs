@@ -55,7 +55,8 @@ pub struct Options {
     /// aggregate load.
     pub slack: f64,
     /// How far above it the first fluctuation pass may go before the tightening pass brings
-    /// the maximum back to `slack` (a fraction, >= slack): room to reorganise.
+    /// the maximum back to `slack` (a fraction, >= slack): room to reorganise. A fraction of a
+    /// rank's load: the node level explores the same absolute band (`explore` / ranks per node).
     pub explore: f64,
     /// Candidate swaps the fluctuation phase prices per layer (its time budget, counted).
     pub fluct_evals: usize,
