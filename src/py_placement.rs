@@ -68,7 +68,7 @@ pub fn chunk_demand<'py>(
 /// routepack's placement → `(phy2log [L, ep*slots_per_rank] int32, report dict)`.
 /// `loads [L, E]`, `chunks [L, E, B]` float64; `previous` the phy2log in force or None.
 #[pyfunction]
-#[pyo3(signature = (loads, chunks, topo, cost, previous=None, cells=0, slack=5e-5, explore=0.01, fluct_evals=1_500, migration_aware=true))]
+#[pyo3(signature = (loads, chunks, topo, cost, previous=None, cells=0, slack=5e-5, explore=0.01, fluct_evals=1_000, migration_aware=true))]
 #[allow(clippy::too_many_arguments)]
 pub fn routepack_placement<'py>(
     py: Python<'py>,

@@ -100,7 +100,7 @@ def chunk_demand(seq_lens: I64, expert_tokens: I32, num_chunks: int) -> F64:
 
 def routepack_placement(loads: F64, chunks: F64, topo: Any, cost: Any, previous: I32 | None = None,
                         cells: int = 0, slack: float = 5e-5, explore: float = 0.01,
-                        fluct_evals: int = 1500, migration_aware: bool = True) -> Tuple[I32, Dict[str, Any]]:
+                        fluct_evals: int = 1000, migration_aware: bool = True) -> Tuple[I32, Dict[str, Any]]:
     """(phy2log [L, ep*slots_per_rank], report: choice, swaps, moves, predicted_s, predicted_keep_s,
     predicted_fresh_s [L] each, migration_s)."""
 

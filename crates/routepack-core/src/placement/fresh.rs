@@ -68,20 +68,16 @@ pub(crate) fn fresh_bins(items: &Items, num_experts: usize, topo: &Topology, opt
         balanced = balanced.max(packs[k].max_load());
     }
     // Nodes first can cost rank balance when ranks hold few replicas (the node split fixes
-    // which replicas may pair up). Far from the bound, let the min-max search swap across
-    // nodes too, starting from the node-first packing (few swaps are left to make from
-    // there), and go on with whichever balances the heaviest rank better.
+    // which replicas may pair up). Far from the bound, pack ranks directly too and go on with
+    // whichever balances the heaviest rank better. (Searching across nodes from the node-first
+    // packing instead of a fresh greedy one was cheaper, but often ended above what the greedy
+    // packing alone reaches, EPLB's packing: 26 layers in 15,207 random cases trailed EPLB
+    // against 2 from the greedy start.)
     let mean = items.weight.iter().sum::<f64>() / topo.ep as f64;
     let bound = mean.max(items.weight.iter().copied().fold(0.0, f64::max));
     if nodes > 1 && balanced > bound * (1.0 + 1e-3) {
         let p = items.problem(num_experts, topo.ep, spr);
-        let mut start = vec![0usize; n];
-        for (k, s) in packs.iter().enumerate() {
-            for (local, &b) in s.bin_of.iter().enumerate() {
-                start[members[k][local]] = k * rpn + b;
-            }
-        }
-        let mut s = Pack::from_assignment(&p, &start);
+        let mut s = Pack::lpt(&p);
         s.improve_max(f64::NEG_INFINITY, usize::MAX, 0);
         let flat_balanced = s.max_load();
         if flat_balanced < balanced * (1.0 - 1e-12) {

@@ -40,10 +40,10 @@ use crate::topology::Topology;
 /// Default microbatch-phase budget per layer ([`Options::fluct_evals`]). It keeps a placement
 /// of DeepSeek-V3's size (58 layers × 256 experts, 288 slots on 32 ranks in 4 nodes) under
 /// 5 ms on two cores. Larger budgets lower the per-microbatch peaks of the placement taken
-/// alone (on `flash` with sequential packing, simulated step time 0.7% lower at 8000 for about
-/// 3× the time); behind the full routepack policy, whose packing, layout and replication
+/// alone (on `flash` with sequential packing, simulated step time 1.5% lower at 8000 for about
+/// twice the time); behind the full routepack policy, whose packing, layout and replication
 /// balance each microbatch again, the measured step time did not change.
-pub const DEFAULT_FLUCT_EVALS: usize = 1_500;
+pub const DEFAULT_FLUCT_EVALS: usize = 1_000;
 
 /// Knobs of routepack's placement (Python: `plan_window(..., placement_<name>=...)`).
 #[derive(Clone, Debug, PartialEq)]
