@@ -8,16 +8,12 @@
 //! CPU time of the same calls, for reading these on a shared machine.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use routepack_core::placement::demand::Demand;
 use routepack_core::placement::eplb::rebalance_experts;
 use routepack_core::placement::routepack::{routepack_placement, Options};
 use routepack_core::{CostModel, Topology};
 
 mod support;
-use support::synthetic;
-
-const CHUNKS: usize = 32;
-
+use support::PlacementDemand;
 
 struct Size {
     name: &'static str,
@@ -40,15 +36,14 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("placement");
     g.sample_size(20);
     for s in sizes() {
-        let (loads, chunks) = synthetic(s.layers, s.experts, CHUNKS, 7);
-        let (loads2, chunks2) = synthetic(s.layers, s.experts, CHUNKS, 8);
+        let demand = PlacementDemand::new(s.layers, s.experts);
+        let (d, d2) = demand.demands();
+        let loads = &demand.loads;
         let cost = CostModel::for_tests(s.layers);
-        let d = Demand::new(&loads, &chunks, s.layers, s.experts, CHUNKS).unwrap();
-        let d2 = Demand::new(&loads2, &chunks2, s.layers, s.experts, CHUNKS).unwrap();
         let opts = Options { cells: 12, ..Options::default() };
         let t = s.topo;
         g.bench_function(BenchmarkId::new("eplb", s.name), |b| {
-            b.iter(|| rebalance_experts(&loads, s.layers, s.experts, t.num_slots(), s.eplb_groups, t.nodes_per_group(), t.ep).unwrap())
+            b.iter(|| rebalance_experts(loads, s.layers, s.experts, t.num_slots(), s.eplb_groups, t.nodes_per_group(), t.ep).unwrap())
         });
         g.bench_function(BenchmarkId::new("routepack", s.name), |b| b.iter(|| routepack_placement(&d, &t, &cost, None, &opts).unwrap()));
         // the latency/quality knob: a larger microbatch-phase budget (placement_fluct_evals)

@@ -10,16 +10,13 @@
 
 use std::hash::{Hash, Hasher};
 
-use routepack_core::placement::demand::Demand;
 use routepack_core::placement::quality::aggregate_imbalance;
 use routepack_core::placement::routepack::{routepack_placement, Options};
 use routepack_core::{CostModel, Topology};
 
 #[path = "../benches/support/mod.rs"]
 mod support;
-use support::synthetic;
-
-const CHUNKS: usize = 32;
+use support::PlacementDemand;
 
 fn main() {
     let evals: usize = std::env::args().nth(1).and_then(|x| x.parse().ok()).unwrap_or(Options::default().fluct_evals);
@@ -29,15 +26,14 @@ fn main() {
         ("small", 6, 40, Topology::new(8, 8, 4, 6).unwrap()),
     ];
     for (name, layers, experts, topo) in sizes {
-        let (loads, chunks) = synthetic(layers, experts, CHUNKS, 7);
-        let (loads2, chunks2) = synthetic(layers, experts, CHUNKS, 8);
+        let demand = PlacementDemand::new(layers, experts);
+        let (d, d2) = demand.demands();
+        let loads = &demand.loads;
         let cost = CostModel::for_tests(layers);
-        let d = Demand::new(&loads, &chunks, layers, experts, CHUNKS).unwrap();
-        let d2 = Demand::new(&loads2, &chunks2, layers, experts, CHUNKS).unwrap();
         let opts = Options { cells: 12, fluct_evals: evals, ..Options::default() };
         let fresh = routepack_placement(&d, &topo, &cost, None, &opts).unwrap();
         let predicted: f64 = fresh.layers.iter().map(|r| r.predicted).sum();
-        let imbalance = aggregate_imbalance(&fresh.placement, &loads).unwrap();
+        let imbalance = aggregate_imbalance(&fresh.placement, loads).unwrap();
         let imbalance = imbalance.iter().sum::<f64>() / imbalance.len() as f64;
         let previous = routepack_placement(&d2, &topo, &cost, None, &opts).unwrap().placement;
         let migrated = routepack_placement(&d, &topo, &cost, Some(&previous), &opts).unwrap();

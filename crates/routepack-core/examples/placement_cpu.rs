@@ -4,17 +4,13 @@
 //!
 //!     cargo run --release --example placement_cpu -- <reference|flash> <calls> [fluct_evals] [eplb|routepack|migration]
 
-use routepack_core::placement::demand::Demand;
 use routepack_core::placement::eplb::rebalance_experts;
 use routepack_core::placement::routepack::{routepack_placement, Options};
 use routepack_core::{CostModel, Topology};
 
 #[path = "../benches/support/mod.rs"]
 mod support;
-use support::synthetic;
-
-const CHUNKS: usize = 32;
-
+use support::PlacementDemand;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -36,18 +32,17 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let (loads, chunks) = synthetic(layers, experts, CHUNKS, 7);
-    let (loads2, chunks2) = synthetic(layers, experts, CHUNKS, 8);
+    let demand = PlacementDemand::new(layers, experts);
+    let (d, d2) = demand.demands();
+    let loads = &demand.loads;
     let cost = CostModel::for_tests(layers);
-    let d = Demand::new(&loads, &chunks, layers, experts, CHUNKS).unwrap();
-    let d2 = Demand::new(&loads2, &chunks2, layers, experts, CHUNKS).unwrap();
     let opts = Options { cells: 12, fluct_evals: evals, ..Options::default() };
     let prev = routepack_placement(&d2, &topo, &cost, None, &opts).unwrap().placement;
     let t0 = std::time::Instant::now();
     for _ in 0..calls {
         match what {
             "eplb" => {
-                std::hint::black_box(rebalance_experts(&loads, layers, experts, topo.num_slots(), groups, topo.nodes_per_group(), topo.ep).unwrap());
+                std::hint::black_box(rebalance_experts(loads, layers, experts, topo.num_slots(), groups, topo.nodes_per_group(), topo.ep).unwrap());
             }
             "migration" => {
                 std::hint::black_box(routepack_placement(&d, &topo, &cost, Some(&prev), &opts).unwrap());

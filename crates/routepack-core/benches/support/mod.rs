@@ -1,9 +1,10 @@
-//! Inputs shared by the criterion benches and `examples/placement_cpu.rs` (each includes this
-//! file as `mod support`): the flash profile's cost coefficients and synthetic skewed loads.
+//! Inputs shared by the criterion benches and the examples (each includes this file as
+//! `mod support`): the flash profile's cost coefficients and synthetic skewed loads.
 #![allow(dead_code)] // each bench uses a subset
 
 use rand::{RngExt, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
+use routepack_core::placement::demand::Demand;
 use routepack_core::CostModel;
 
 /// H200-like coefficients of the flash profile, as `CostModel.from_model(flash, Hardware.h200())`
@@ -31,6 +32,34 @@ pub fn normal(rng: &mut Xoshiro256PlusPlus) -> f64 {
     let u: f64 = rng.random::<f64>().max(1e-12);
     let v: f64 = rng.random::<f64>();
     (-2.0f64 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+}
+
+/// Chunks per window in the placement bench and examples.
+pub const PLACEMENT_CHUNKS: usize = 32;
+
+/// Two successive windows of synthetic placement demand ([`synthetic`], seeds 7 and 8): the
+/// window planned and the one before it, whose placement is in force in migration runs.
+pub struct PlacementDemand {
+    pub layers: usize,
+    pub experts: usize,
+    pub loads: Vec<f64>,
+    pub chunks: Vec<f64>,
+    pub loads_before: Vec<f64>,
+    pub chunks_before: Vec<f64>,
+}
+
+impl PlacementDemand {
+    pub fn new(layers: usize, experts: usize) -> Self {
+        let (loads, chunks) = synthetic(layers, experts, PLACEMENT_CHUNKS, 7);
+        let (loads_before, chunks_before) = synthetic(layers, experts, PLACEMENT_CHUNKS, 8);
+        Self { layers, experts, loads, chunks, loads_before, chunks_before }
+    }
+
+    /// `(this window, the window before)` as the placement takes them.
+    pub fn demands(&self) -> (Demand<'_>, Demand<'_>) {
+        let (l, e, b) = (self.layers, self.experts, PLACEMENT_CHUNKS);
+        (Demand::new(&self.loads, &self.chunks, l, e, b).unwrap(), Demand::new(&self.loads_before, &self.chunks_before, l, e, b).unwrap())
+    }
 }
 
 /// `(loads [L, E], chunks [L, E, B])`: per-layer lognormal popularity (spread 0.4–1.4),

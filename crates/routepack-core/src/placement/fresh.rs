@@ -55,7 +55,7 @@ pub(crate) fn fresh_bins(items: &Items, num_experts: usize, topo: &Topology, opt
     };
     let (members, subs) = items.split(&node_of, nodes);
     let probs: Vec<Problem> = subs.iter().map(|s| s.problem(num_experts, rpn, spr)).collect();
-    let mut packs: Vec<Pack> = probs.iter().map(|p| Pack::lpt(p)).collect();
+    let mut packs: Vec<Pack> = probs.iter().map(Pack::lpt).collect();
     // The heaviest rank of the layer sets the balanced level the fluctuation phases work
     // under, so the node whose greedy packing is heaviest is searched first, in full, and
     // each other node only until its heaviest rank is no heavier than the level so far
