@@ -673,42 +673,39 @@ impl<'a> Pack<'a> {
                             }
                         }
                     }
-                    if let Some((_, b, j)) = best {
-                        self.swap(i, j);
-                        for k in [a, b] {
-                            head[k] = cap_load.max(self.load[k]) - self.load[k];
+                } else {
+                    // successive items are close in weight: search from the last range
+                    let (t_lo, t_hi) = (wi + head[a], wi - widest);
+                    lo = seek(&desc, lo, |x| x > t_lo);
+                    hi = lo.max(seek(&desc, hi, |x| x >= t_hi));
+                    // the best candidate: lowest change, ties to the lowest (bin, weight,
+                    // index), the first a bin-by-bin search in ascending weights would meet
+                    for &j in &order[lo..hi] {
+                        let j = j as usize;
+                        let b = self.bin_of[j];
+                        if b == a || w[j] < wi - head[b] || !self.can_swap(i, j) {
+                            continue;
                         }
-                        roomiest = top2(&head);
-                        done += 1;
-                        improved = true;
-                    }
-                    continue;
-                }
-                // successive items are close in weight: search from the last range
-                let (t_lo, t_hi) = (wi + head[a], wi - widest);
-                lo = seek(&desc, lo, |x| x > t_lo);
-                hi = lo.max(seek(&desc, hi, |x| x >= t_hi));
-                // the best candidate: lowest change, ties to the lowest (bin, weight, index),
-                // the first a bin-by-bin search in ascending weights would meet
-                for &j in &order[lo..hi] {
-                    let j = j as usize;
-                    let b = self.bin_of[j];
-                    if b == a || w[j] < wi - head[b] || !self.can_swap(i, j) {
-                        continue;
-                    }
-                    *evals += 1;
-                    let vb = &self.vl32[b * dim..(b + 1) * dim];
-                    let delta = 2.0 * swap_delta::<AVX2>(va, vb, vi, p.v(j));
-                    if delta < -1e-9 * (norm[i] + norm[j])
-                        && best.is_none_or(|(bd, bb, bj)| {
-                            delta < bd || (delta == bd && (b, w[j].total_cmp(&w[bj]), j) < (bb, std::cmp::Ordering::Equal, bj))
-                        })
-                    {
-                        best = Some((delta, b, j));
+                        *evals += 1;
+                        let vb = &self.vl32[b * dim..(b + 1) * dim];
+                        let delta = 2.0 * swap_delta::<AVX2>(va, vb, vi, p.v(j));
+                        if delta < -1e-9 * (norm[i] + norm[j])
+                            && best.is_none_or(|(bd, bb, bj)| {
+                                delta < bd || (delta == bd && (b, w[j].total_cmp(&w[bj]), j) < (bb, std::cmp::Ordering::Equal, bj))
+                            })
+                        {
+                            best = Some((delta, b, j));
+                        }
                     }
                 }
                 if let Some((_, b, j)) = best {
-                    self.swap_loads(i, j);
+                    // the bin-by-bin search reads members, so it keeps them current; the
+                    // range search leaves them to be rebuilt once
+                    if by_bin {
+                        self.swap(i, j);
+                    } else {
+                        self.swap_loads(i, j);
+                    }
                     for k in [a, b] {
                         head[k] = cap_load.max(self.load[k]) - self.load[k];
                     }
