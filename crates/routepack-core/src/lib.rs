@@ -16,6 +16,7 @@
 
 pub mod cells;
 pub mod cost;
+pub mod cpu;
 pub mod error;
 pub mod flow;
 pub mod ingest;

@@ -20,6 +20,7 @@
 
 use rayon::prelude::*;
 
+use crate::cost::links::LinkBytes;
 use crate::cost::{CostModel, COMM_PASSES, COMPUTE_PASSES};
 use crate::error::Result;
 use crate::flow::{route_expert, Dest};
@@ -63,41 +64,6 @@ pub struct LayerCost {
 impl LayerCost {
     pub fn total(&self) -> f64 {
         self.attention + self.all_to_all + self.expert + self.replication
-    }
-}
-
-/// Per-rank bytes over the two links, sent and received (also used by placement to price
-/// candidate migrations exactly as `migration_time` does).
-#[derive(Clone, Copy, Default)]
-pub(crate) struct LinkBytes {
-    send_intra: f64,
-    recv_intra: f64,
-    send_inter: f64,
-    recv_inter: f64,
-}
-
-impl LinkBytes {
-    pub(crate) fn add(v: &mut [LinkBytes], from: usize, to: usize, bytes: f64, same_node: bool) {
-        if same_node {
-            v[from].send_intra += bytes;
-            v[to].recv_intra += bytes;
-        } else {
-            v[from].send_inter += bytes;
-            v[to].recv_inter += bytes;
-        }
-    }
-    /// Adds `sign` times another rank's bytes.
-    pub(crate) fn merge(&mut self, o: &LinkBytes, sign: f64) {
-        self.send_intra += sign * o.send_intra;
-        self.recv_intra += sign * o.recv_intra;
-        self.send_inter += sign * o.send_inter;
-        self.recv_inter += sign * o.recv_inter;
-    }
-    /// The slowest rank's time: per link max(sent, received) over that link's bandwidth.
-    pub(crate) fn time(v: &[LinkBytes], cost: &CostModel) -> f64 {
-        v.iter()
-            .map(|b| b.send_intra.max(b.recv_intra) / cost.bw_intra + b.send_inter.max(b.recv_inter) / cost.bw_inter)
-            .fold(0.0, f64::max)
     }
 }
 
@@ -224,7 +190,7 @@ fn price_cell(
         });
     }
     let x_max = (0..ep)
-        .map(|p| cost.c_tok * sc.tokens[p] as f64 + cost.c_exp * sc.active[p] as f64)
+        .map(|p| cost.expert_time(sc.tokens[p] as f64, sc.active[p] as f64))
         .fold(0.0, f64::max);
     let total: i64 = sc.tokens.iter().sum();
     let imbalance = if total > 0 {
@@ -232,7 +198,7 @@ fn price_cell(
     } else {
         1.0
     };
-    let a2a = 2.0 * COMM_PASSES * LinkBytes::time(&sc.a2a, cost);
+    let a2a = cost.all_to_all_time(&sc.a2a);
 
     let mut replication = 0.0;
     if !reps.is_empty() {
@@ -262,7 +228,7 @@ fn price_cell(
         }
         let fwd = LinkBytes::time(&sc.repl_fwd, cost);
         let bwd = LinkBytes::time(&sc.repl_bwd, cost);
-        replication = (fwd - attn_max).max(0.0) + (bwd - 2.0 * attn_max).max(0.0);
+        replication = cost.exposed_replication(fwd, bwd, attn_max);
     }
     LayerCost {
         attention: COMPUTE_PASSES * attn_max,
@@ -289,7 +255,6 @@ pub fn migration_time(plan: &Plan, topo: &Topology, cost: &CostModel) -> f64 {
 /// DESIGN.md's `ideal` at `ideal_micro` microbatches per rank.
 pub fn ideal_time(w: &WindowView, topo: &Topology, cost: &CostModel, ideal_micro: usize) -> f64 {
     let (dp, ep) = (topo.dp as f64, topo.ep as f64);
-    let rpn = topo.ranks_per_group_node() as f64;
     let lin: f64 = w.seq_lens.iter().map(|&n| n as f64).sum();
     let quad: f64 = w.seq_lens.iter().map(|&n| (n as f64) * (n as f64)).sum();
     let mut total = 0.0;
@@ -299,10 +264,7 @@ pub fn ideal_time(w: &WindowView, topo: &Topology, cost: &CostModel, ideal_micro
         let expert = COMPUTE_PASSES
             * (cost.c_tok * tt / dp + cost.c_exp * ideal_micro as f64 * w.num_experts as f64 / ep);
         let per_rank_bytes = tt / dp * cost.token_bytes;
-        let a2a = 2.0
-            * COMM_PASSES
-            * per_rank_bytes
-            * ((rpn - 1.0) / ep / cost.bw_intra + (ep - rpn) / ep / cost.bw_inter);
+        let a2a = 2.0 * COMM_PASSES * per_rank_bytes * cost.uniform_seconds_per_byte(topo);
         total += attn + expert + a2a;
     }
     total

@@ -5,7 +5,7 @@
 use super::routepack::Choice;
 use crate::cost::CostModel;
 use crate::plan::MigrationRow;
-use crate::simulate::LinkBytes;
+use crate::cost::links::LinkBytes;
 use crate::topology::Topology;
 
 /// One layer's candidates: phy2log, predicted time, moves (migration rows), kind, swaps.

@@ -38,8 +38,7 @@ impl<'a> Predictor<'a> {
             }
             (v, c)
         };
-        let (ep, rpn) = (topo.ep as f64, topo.ranks_per_group_node() as f64);
-        let a2a = cost.token_bytes * ((rpn - 1.0) / ep / cost.bw_intra + (ep - rpn) / ep / cost.bw_inter);
+        let a2a = cost.token_bytes * cost.uniform_seconds_per_byte(topo);
         let per_token = COMPUTE_PASSES * cost.c_tok + 2.0 * COMM_PASSES * a2a;
         Self { cells, num_cells, per_token, groups: topo.num_groups() as f64, topo }
     }

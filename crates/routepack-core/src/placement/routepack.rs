@@ -34,7 +34,7 @@ use super::Placement;
 use crate::cost::CostModel;
 use crate::error::{invalid, Result};
 use crate::migration::diff_layer;
-use crate::simulate::LinkBytes;
+use crate::cost::links::LinkBytes;
 use crate::topology::Topology;
 
 /// Default microbatch-phase budget per layer ([`Options::fluct_evals`]). It keeps a placement

@@ -306,7 +306,7 @@ impl CellState {
         if h_max > 0.0 {
             let fwd = h_max * c.cost.expert_weight_bytes;
             let bwd = h_max * c.cost.expert_grad_bytes;
-            t += (fwd - c.attn_max).max(0.0) + (bwd - 2.0 * c.attn_max).max(0.0);
+            t += c.cost.exposed_replication(fwd, bwd, c.attn_max);
         }
         t
     }

@@ -3,6 +3,9 @@
 
 use crate::error::{invalid, Result};
 
+pub(crate) mod links;
+mod terms;
+
 /// Forward + backward multiplier on compute terms (backward costs about twice the forward).
 pub const COMPUTE_PASSES: f64 = 3.0;
 /// Forward + backward multiplier on communication terms.

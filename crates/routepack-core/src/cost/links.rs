@@ -1,0 +1,42 @@
+//! Bytes each EP rank sends and receives over the two links (inside a node, between nodes):
+//! the one accounting that the simulator's all-to-all, replication and migration terms and
+//! placement's migration pricing all use, so they cannot drift apart.
+
+use super::CostModel;
+
+/// Per-rank bytes over the two links, sent and received.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct LinkBytes {
+    send_intra: f64,
+    recv_intra: f64,
+    send_inter: f64,
+    recv_inter: f64,
+}
+
+impl LinkBytes {
+    /// Adds `bytes` sent by rank `from` to rank `to` (`same_node`: over the intra-node link).
+    pub(crate) fn add(v: &mut [LinkBytes], from: usize, to: usize, bytes: f64, same_node: bool) {
+        if same_node {
+            v[from].send_intra += bytes;
+            v[to].recv_intra += bytes;
+        } else {
+            v[from].send_inter += bytes;
+            v[to].recv_inter += bytes;
+        }
+    }
+
+    /// Adds `sign` times another rank's bytes.
+    pub(crate) fn merge(&mut self, o: &LinkBytes, sign: f64) {
+        self.send_intra += sign * o.send_intra;
+        self.recv_intra += sign * o.recv_intra;
+        self.send_inter += sign * o.send_inter;
+        self.recv_inter += sign * o.recv_inter;
+    }
+
+    /// The slowest rank's time: per link max(sent, received) over that link's bandwidth.
+    pub(crate) fn time(v: &[LinkBytes], cost: &CostModel) -> f64 {
+        v.iter()
+            .map(|b| b.send_intra.max(b.recv_intra) / cost.bw_intra + b.send_inter.max(b.recv_inter) / cost.bw_inter)
+            .fold(0.0, f64::max)
+    }
+}

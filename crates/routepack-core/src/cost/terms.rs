@@ -1,0 +1,43 @@
+//! The terms of DESIGN.md's cost model, written once. `simulate` composes them exactly; every
+//! planner proxy (layout, replication, placement prediction, the `ideal` reference) calls the
+//! same methods, so a change to a term changes every user of it. Where a proxy approximates
+//! (for instance placement's uniform all-to-all), the approximation is named in that proxy's
+//! docs together with the test that ties it to `simulate`.
+
+use super::links::LinkBytes;
+use super::{CostModel, COMM_PASSES};
+use crate::topology::Topology;
+
+impl CostModel {
+    /// Expert work of one EP rank in one pass: `c_tok · tokens + c_exp · active experts`.
+    #[inline]
+    pub fn expert_time(&self, tokens: f64, active_experts: f64) -> f64 {
+        self.c_tok * tokens + self.c_exp * active_experts
+    }
+
+    /// All-to-all time of one layer of one cell, given the dispatch bytes each rank sends and
+    /// receives: the slowest rank's link time, twice (dispatch and combine) per communication
+    /// pass (forward and backward).
+    #[inline]
+    pub(crate) fn all_to_all_time(&self, dispatch: &[LinkBytes]) -> f64 {
+        2.0 * COMM_PASSES * LinkBytes::time(dispatch, self)
+    }
+
+    /// Seconds per byte a rank sends when its traffic is spread uniformly over the EP group:
+    /// the share `(ranks per node − 1) / ep` goes over the intra-node link, the rest
+    /// `(ep − ranks per node) / ep` between nodes. The uniform-traffic approximation of the
+    /// `ideal` reference and of placement's time predictor.
+    #[inline]
+    pub fn uniform_seconds_per_byte(&self, topo: &Topology) -> f64 {
+        let (ep, rpn) = (topo.ep as f64, topo.ranks_per_group_node() as f64);
+        (rpn - 1.0) / ep / self.bw_intra + (ep - rpn) / ep / self.bw_inter
+    }
+
+    /// Replication traffic not hidden by the layer's attention: the forward weight copies
+    /// (`fwd` seconds) overlap one attention pass, the backward gradient reduction (`bwd`)
+    /// overlaps the two backward attention passes.
+    #[inline]
+    pub fn exposed_replication(&self, fwd: f64, bwd: f64, attention_max: f64) -> f64 {
+        (fwd - attention_max).max(0.0) + (bwd - 2.0 * attention_max).max(0.0)
+    }
+}
