@@ -1,7 +1,8 @@
 """routepack's exception hierarchy (defined once, in the Rust bindings).
 
-``RoutepackError`` is a ``ValueError``: bad input raises it (or ``TypeError`` for a wrong
-type), naming the argument and the offending value. ``InvalidPlanError`` is raised by
+``RoutepackError`` is a ``ValueError``: every input error raises it or a subclass, naming the
+argument and the offending value; a wrong type raises ``RoutepackTypeError``, which is also a
+``TypeError``. ``InvalidPlanError`` is raised by
 ``Plan.validate``; ``InfeasibleError`` when no plan can exist (a sample longer than the cap).
 ``RoutepackInternalError`` is a bug: a Rust panic caught at the boundary.
 """
@@ -11,6 +12,8 @@ from routepack._core import (
     InvalidPlanError,
     RoutepackError,
     RoutepackInternalError,
+    RoutepackTypeError,
 )
 
-__all__ = ["RoutepackError", "InvalidPlanError", "InfeasibleError", "RoutepackInternalError"]
+__all__ = ["RoutepackError", "InvalidPlanError", "InfeasibleError", "RoutepackInternalError",
+           "RoutepackTypeError"]
