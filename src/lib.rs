@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 
 mod convert;
 mod errors;
+mod py_defaults;
 mod py_flow;
 mod py_ingest;
 mod py_packing;
@@ -19,6 +20,7 @@ mod py_simulate;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
+    m.add_function(wrap_pyfunction!(py_defaults::defaults, m)?)?;
     m.add_function(wrap_pyfunction!(py_plan::static_placement, m)?)?;
     m.add_function(wrap_pyfunction!(py_plan::placement_tables, m)?)?;
     m.add_function(wrap_pyfunction!(py_plan::validate_plan, m)?)?;

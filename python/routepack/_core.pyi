@@ -13,6 +13,10 @@ class InvalidPlanError(RoutepackError): ...
 class InfeasibleError(RoutepackError): ...
 class RoutepackInternalError(RuntimeError): ...
 
+def defaults() -> Dict[str, Dict[str, Any]]:
+    """Every stage option's default, by stage (read from the Rust core's defaults)."""
+
+
 I32 = npt.NDArray[np.int32]
 I64 = npt.NDArray[np.int64]
 F32 = npt.NDArray[np.float32]

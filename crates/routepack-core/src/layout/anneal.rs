@@ -42,9 +42,18 @@ pub struct AnnealParams {
     pub mix: MoveMix,
 }
 
+/// The layout search's default budget in proposed moves over all chains. Sized so a whole
+/// `routepack` plan of a `flash` window (placement, rows, layout, replication, the final
+/// simulate) takes under 1 s on the 2-core reference machine: the anneal runs at about 1M
+/// moves per CPU-second there (`cargo bench --bench packing`), so this is about 0.15 s of wall
+/// time on two cores; `tiny` anneals 3x faster. Deterministic, unlike a wall-clock budget.
+/// Quality rises slowly with more (benches/packing_quality.py prints the curve).
+pub const DEFAULT_MOVES: u64 = 300_000;
+
 impl Default for AnnealParams {
     fn default() -> Self {
-        Self { seed: 0, moves: 400_000, chains: 2, steps: 24, start_accept: 0.1, cooling: 1e-3, time_budget: None, mix: MoveMix::default() }
+        // two chains: one per core on the 2-core reference machine
+        Self { seed: 0, moves: DEFAULT_MOVES, chains: 2, steps: 24, start_accept: 0.1, cooling: 1e-3, time_budget: None, mix: MoveMix::default() }
     }
 }
 

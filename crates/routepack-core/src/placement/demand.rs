@@ -11,6 +11,10 @@ use rayon::prelude::*;
 use crate::error::{invalid, Result};
 use crate::window::WindowView;
 
+/// Default number of chunks the window is split into for placement's microbatch awareness
+/// (`placement_chunks`; 0 disables it).
+pub const DEFAULT_CHUNKS: usize = 32;
+
 /// Borrowed demand of one window.
 ///
 /// * `loads`  `[L, E]` tokens per logical expert.

@@ -1,0 +1,46 @@
+//! `defaults()`: every stage option's default, read from the core's `Default` impls and
+//! constants, so Python never writes a default of its own (one source for every number).
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use routepack_core::layout::{anneal, LayoutOptions};
+use routepack_core::placement::demand::DEFAULT_CHUNKS;
+use routepack_core::placement::routepack::Options as PlacementOptions;
+use routepack_core::replication::hot_n::DEFAULT_HOT_EXPERTS;
+use routepack_core::replication::routepack::Options as ReplicationOptions;
+
+/// `{stage: {option name: default}}` with the option names `plan_window` takes.
+#[pyfunction]
+pub fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let out = PyDict::new(py);
+
+    let p = PlacementOptions::default();
+    let placement = PyDict::new(py);
+    placement.set_item("placement_chunks", DEFAULT_CHUNKS)?;
+    placement.set_item("placement_slack", p.slack)?;
+    placement.set_item("placement_explore", p.explore)?;
+    placement.set_item("placement_fluct_evals", p.fluct_evals)?;
+    placement.set_item("placement_migration_aware", p.migration_aware)?;
+    out.set_item("placement", placement)?;
+
+    let l = LayoutOptions::default();
+    let a = &l.anneal;
+    let packing = PyDict::new(py);
+    packing.set_item("anneal_moves", anneal::DEFAULT_MOVES)?;
+    packing.set_item("anneal_chains", a.chains)?;
+    packing.set_item("anneal_steps", a.steps)?;
+    packing.set_item("anneal_lambda", l.lambda)?;
+    packing.set_item("anneal_start_accept", a.start_accept)?;
+    packing.set_item("anneal_cooling", a.cooling)?;
+    packing.set_item("anneal_mix", (a.mix.shift, a.mix.swap, a.mix.near, a.mix.cells))?;
+    packing.set_item("packing_exact_nodes", l.exact_nodes)?;
+    out.set_item("packing", packing)?;
+
+    let r = ReplicationOptions::default();
+    let replication = PyDict::new(py);
+    replication.set_item("replication_hot_experts", DEFAULT_HOT_EXPERTS)?;
+    replication.set_item("replication_slots", r.replica_slots)?;
+    replication.set_item("replication_candidates", r.experts)?;
+    out.set_item("replication", replication)?;
+    Ok(out)
+}
