@@ -167,7 +167,6 @@ WRONG_TYPES = {
     "CostModel.from_model(hidden=10**200)": lambda t, w, c, p: rp.CostModel.from_model(
         rp.ModelShape(1, 2, 1, 10**200, 1), rp.Hardware.h200()),
 }
-}
 
 
 @pytest.mark.parametrize("name", list(WRONG_TYPES))
