@@ -17,6 +17,9 @@ pub fn static_placement<'py>(py: Python<'py>, num_layers: usize, num_experts: us
     Ok(numpy::ndarray::Array2::from_shape_vec((p.num_layers, p.num_slots), p.phy2log).expect("shape").into_pyarray(py))
 }
 
+/// `(logcnt [L, E], log2phy [L, E, R])`.
+type PlacementTables<'py> = (Bound<'py, PyArray2<i32>>, Bound<'py, PyArray3<i32>>);
+
 /// `(logcnt [L, E], log2phy [L, E, R])` of a phy2log table; checks it on the way.
 #[pyfunction]
 pub fn placement_tables<'py>(
@@ -24,7 +27,7 @@ pub fn placement_tables<'py>(
     phy2log: PyReadonlyArray2<'py, i32>,
     num_experts: usize,
     slots_per_rank: usize,
-) -> PyResult<(Bound<'py, PyArray2<i32>>, Bound<'py, PyArray3<i32>>)> {
+) -> PyResult<PlacementTables<'py>> {
     let p = convert::placement(&phy2log, num_experts, slots_per_rank)?;
     let (l, e) = (p.num_layers, p.num_experts);
     let cnt = p.logcnt();
