@@ -1,5 +1,5 @@
-//! numpy/Python objects → core types. Arrays are borrowed (zero copy) where the core takes
-//! views; small tables (plans) are copied. Python-side classes guarantee dtypes and
+//! numpy/Python objects → core types (the way back, core tables → numpy, is `columns`).
+//! Arrays are borrowed (zero copy) where the core takes views; small tables (plans) are copied. Python-side classes guarantee dtypes and
 //! contiguity, so failures here are programming errors reported as TypeError/ValueError.
 
 use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods};
@@ -32,6 +32,7 @@ pub fn window<'a>(
     WindowView::new(slice(seq_lens, "seq_lens")?, slice(expert_tokens, "expert_tokens")?, sh[1], sh[2]).map_err(to_py)
 }
 
+/// Attribute `name` of a Python object, extracted; the error names the attribute.
 fn attr<'py, T>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<T>
 where
     T: for<'a> FromPyObject<'a, 'py>,
@@ -43,6 +44,7 @@ where
     })
 }
 
+/// A `routepack.Topology` → the core's (checked) `Topology`.
 pub fn topology(obj: &Bound<'_, PyAny>) -> PyResult<Topology> {
     Topology::new(
         attr(obj, "dp")?,
@@ -53,6 +55,7 @@ pub fn topology(obj: &Bound<'_, PyAny>) -> PyResult<Topology> {
     .map_err(to_py)
 }
 
+/// A `routepack.CostModel` → the core's `CostModel`.
 pub fn cost(obj: &Bound<'_, PyAny>) -> PyResult<CostModel> {
     Ok(CostModel {
         a_lin: attr(obj, "a_lin")?,
@@ -68,6 +71,7 @@ pub fn cost(obj: &Bound<'_, PyAny>) -> PyResult<CostModel> {
     })
 }
 
+/// A phy2log table `[L, P]` → a checked core `Placement`.
 pub fn placement(phy2log: &PyReadonlyArray2<'_, i32>, num_experts: usize, slots_per_rank: usize) -> PyResult<Placement> {
     let l = phy2log.shape()[0];
     Placement::new(slice(phy2log, "placement.phy2log")?.to_vec(), l, num_experts, slots_per_rank).map_err(to_py)
@@ -128,43 +132,3 @@ pub fn plan(obj: &Bound<'_, PyAny>) -> PyResult<Plan> {
         migration,
     })
 }
-
-/// Migration rows → numpy columns (the Python side assembles the structured array).
-pub fn migration_columns<'py>(py: Python<'py>, rows: &[MigrationRow]) -> crate::py_plan::MigrationColumns<'py> {
-    use numpy::IntoPyArray;
-    let col = |f: fn(&MigrationRow) -> i32| rows.iter().map(f).collect::<Vec<i32>>().into_pyarray(py);
-    (
-        col(|r| r.layer),
-        col(|r| r.expert),
-        col(|r| r.src_rank),
-        col(|r| r.dst_rank),
-        col(|r| r.src_slot),
-        col(|r| r.dst_slot),
-        rows.iter().map(|r| r.bytes).collect::<Vec<f64>>().into_pyarray(py),
-    )
-}
-
-/// Replica rows → numpy columns `(micro, group, layer, expert, src_rank, dst_rank, share)`.
-pub fn replica_columns<'py>(py: Python<'py>, rows: &[ReplicaRow]) -> ReplicaColumns<'py> {
-    use numpy::IntoPyArray;
-    let col = |f: fn(&ReplicaRow) -> i32| rows.iter().map(f).collect::<Vec<i32>>().into_pyarray(py);
-    (
-        col(|r| r.micro),
-        col(|r| r.group),
-        col(|r| r.layer),
-        col(|r| r.expert),
-        col(|r| r.src_rank),
-        col(|r| r.dst_rank),
-        rows.iter().map(|r| r.share).collect::<Vec<f32>>().into_pyarray(py),
-    )
-}
-
-pub type ReplicaColumns<'py> = (
-    Bound<'py, numpy::PyArray1<i32>>,
-    Bound<'py, numpy::PyArray1<i32>>,
-    Bound<'py, numpy::PyArray1<i32>>,
-    Bound<'py, numpy::PyArray1<i32>>,
-    Bound<'py, numpy::PyArray1<i32>>,
-    Bound<'py, numpy::PyArray1<i32>>,
-    Bound<'py, numpy::PyArray1<f32>>,
-);

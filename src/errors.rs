@@ -25,6 +25,7 @@ create_exception!(routepack, InvalidPlanError, RoutepackError, "A plan breaks an
 create_exception!(routepack, InfeasibleError, RoutepackError, "No plan can satisfy the inputs (e.g. a sample longer than the cap).");
 create_exception!(routepack, RoutepackInternalError, PyRuntimeError, "A bug in routepack (a Rust panic caught at the boundary).");
 
+/// A core error → the exception class of its kind.
 pub fn to_py(e: Error) -> PyErr {
     match e {
         Error::InvalidArgument { .. } => RoutepackError::new_err(e.to_string()),
@@ -50,6 +51,7 @@ pub fn run<T: Send>(py: Python<'_>, f: impl FnOnce() -> routepack_core::Result<T
     }
 }
 
+/// Adds the exception classes to `routepack._core`.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("RoutepackError", py.get_type::<RoutepackError>())?;

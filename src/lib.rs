@@ -1,10 +1,14 @@
 //! routepack._core: thin PyO3 bindings over `routepack-core`.
 //!
-//! Each `py_*.rs` file binds one stage; `convert` turns numpy arrays into core views without
-//! copying; `errors` maps core errors to the exception hierarchy and keeps panics inside.
+//! Each `py_*.rs` file binds one stage and registers its own functions; `convert` turns
+//! numpy arrays and Python objects into core views (without copying where the core takes
+//! views); `columns` turns core plan tables back into numpy columns; `errors` maps core
+//! errors to the exception hierarchy and keeps panics inside. Stage options without a value
+//! are filled from the core's `Default` impls and constants, so no default is written here.
 
 use pyo3::prelude::*;
 
+mod columns;
 mod convert;
 mod errors;
 mod py_defaults;
@@ -16,28 +20,19 @@ mod py_plan;
 mod py_replication;
 mod py_simulate;
 
+/// The module: each file adds its own functions (one `register` per file), so a binding
+/// is declared and registered in one place.
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
-    m.add_function(wrap_pyfunction!(py_defaults::defaults, m)?)?;
-    m.add_function(wrap_pyfunction!(py_plan::static_placement, m)?)?;
-    m.add_function(wrap_pyfunction!(py_plan::placement_tables, m)?)?;
-    m.add_function(wrap_pyfunction!(py_plan::validate_plan, m)?)?;
-    m.add_function(wrap_pyfunction!(py_plan::migration_diff, m)?)?;
-    m.add_function(wrap_pyfunction!(py_packing::pack_sequential, m)?)?;
-    m.add_function(wrap_pyfunction!(py_packing::pack_kk, m)?)?;
-    m.add_function(wrap_pyfunction!(py_packing::pack_rows, m)?)?;
-    m.add_function(wrap_pyfunction!(py_packing::pack_routepack, m)?)?;
-    m.add_function(wrap_pyfunction!(py_packing::layout_proxy_cost, m)?)?;
-    m.add_function(wrap_pyfunction!(py_simulate::simulate, m)?)?;
-    m.add_function(wrap_pyfunction!(py_ingest::expert_tokens_from_routed, m)?)?;
-    m.add_function(wrap_pyfunction!(py_flow::route_cell, m)?)?;
-    m.add_function(wrap_pyfunction!(py_flow::rank_tokens, m)?)?;
-    m.add_function(wrap_pyfunction!(py_replication::replicate_hot_n, m)?)?;
-    m.add_function(wrap_pyfunction!(py_replication::replicate_relibra, m)?)?;
-    m.add_function(wrap_pyfunction!(py_replication::replicate_routepack, m)?)?;
-    m.add_function(wrap_pyfunction!(py_replication::relibra_placement, m)?)?;
+    py_defaults::register(m)?;
+    py_plan::register(m)?;
+    py_packing::register(m)?;
+    py_simulate::register(m)?;
+    py_ingest::register(m)?;
+    py_flow::register(m)?;
+    py_replication::register(m)?;
     py_placement::register(m)?;
     Ok(())
 }

@@ -44,3 +44,9 @@ pub fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     out.set_item("replication", replication)?;
     Ok(out)
 }
+
+/// Adds this file's functions to `routepack._core`.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(defaults, m)?)?;
+    Ok(())
+}

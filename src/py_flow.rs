@@ -1,5 +1,5 @@
 //! Bindings for token routing under a plan (`routepack-core/src/flow.rs`): the flow table of
-//! one cell, and the per-rank loads of a whole plan. The torch remapper builds its dispatch
+//! one exchange (EP group, step, layer), and the per-rank loads of a whole plan. The torch remapper builds its dispatch
 //! from the first and is checked against the second.
 
 use numpy::{IntoPyArray, PyArray1, PyArray4, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods};
@@ -11,6 +11,7 @@ use routepack_core::Placement;
 use crate::convert::{self, slice};
 use crate::errors::{run, to_py};
 
+/// `(origin_rank, dst_rank, dst_slot or -1, replica row or -1, expert, count)`.
 pub type FlowColumns<'py> = (
     Bound<'py, PyArray1<i32>>,
     Bound<'py, PyArray1<i32>>,
@@ -20,12 +21,12 @@ pub type FlowColumns<'py> = (
     Bound<'py, PyArray1<i64>>,
 );
 
-/// Flow table of one (group, micro, layer) cell as columns
+/// Flow table of one exchange (EP group, step, layer) as columns
 /// `(origin_rank, dst_rank, dst_slot or -1, replica row or -1, expert, count)`.
 ///
 /// * `origin` int64 `[ep, E]`: tokens of expert e from EP-local rank r.
 /// * `phy2log` int32 `[ep*slots_per_rank]`: the layer's placement row.
-/// * `rep_expert`, `rep_dst` int32 `[n]`, `rep_share` float32 `[n]`: the cell's replica rows
+/// * `rep_expert`, `rep_dst` int32 `[n]`, `rep_share` float32 `[n]`: the exchange's replica rows
 ///   in table order; the `replica` column indexes them.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
@@ -99,4 +100,11 @@ pub fn rank_tokens<'py>(
     let v = run(py, || core_rank_tokens(&plan, &w, &t))?;
     let shape = (t.num_groups(), plan.num_micro, w.num_layers, t.ep);
     Ok(numpy::ndarray::Array4::from_shape_vec(shape, v).expect("shape").into_pyarray(py))
+}
+
+/// Adds this file's functions to `routepack._core`.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(route_cell, m)?)?;
+    m.add_function(wrap_pyfunction!(rank_tokens, m)?)?;
+    Ok(())
 }

@@ -47,3 +47,9 @@ pub fn expert_tokens_from_routed<'py>(
     }
     Err(PyTypeError::new_err("routed: expected a 3-D array of uint8, int16, int32 or int64 ids [T, L, k]"))
 }
+
+/// Adds this file's functions to `routepack._core`.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(expert_tokens_from_routed, m)?)?;
+    Ok(())
+}

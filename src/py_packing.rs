@@ -41,11 +41,13 @@ pub fn pack_kk<'py>(py: Python<'py>, seq_lens: PyReadonlyArray1<'py, i64>, token
 }
 
 /// The fewest rows in multiples of `step` with their certificate (no layout): a dict with
-/// rows, bins, l1, l2, lower_bound, certified, gap, method, nodes.
+/// rows, bins, l1, l2, lower_bound, certified, gap, method, nodes. `node_limit` bounds the
+/// exact search (None: the packing stage's `exact_nodes` default).
 #[pyfunction]
-#[pyo3(signature = (seq_lens, token_cap, step, node_limit=200_000))]
-pub fn pack_rows<'py>(py: Python<'py>, seq_lens: PyReadonlyArray1<'py, i64>, token_cap: i64, step: usize, node_limit: u64) -> PyResult<Bound<'py, PyDict>> {
+#[pyo3(signature = (seq_lens, token_cap, step, node_limit=None))]
+pub fn pack_rows<'py>(py: Python<'py>, seq_lens: PyReadonlyArray1<'py, i64>, token_cap: i64, step: usize, node_limit: Option<u64>) -> PyResult<Bound<'py, PyDict>> {
     let lens = slice(&seq_lens, "seq_lens")?;
+    let node_limit = node_limit.unwrap_or_else(|| LayoutOptions::default().exact_nodes);
     let c = run(py, || certified_rows(lens, token_cap, step, node_limit, None))?;
     let d = PyDict::new(py);
     d.set_item("rows", c.rows.len())?;
@@ -61,11 +63,12 @@ pub fn pack_rows<'py>(py: Python<'py>, seq_lens: PyReadonlyArray1<'py, i64>, tok
 }
 
 /// routepack's packing: certified rows, then the layout by population annealing.
-/// Returns `(sample_rank [S], sample_micro [S], num_micro, report)`.
+/// Returns `(sample_rank [S], sample_micro [S], num_micro, report)`. Every option left None
+/// takes the core's default (`LayoutOptions::default()`); `time_budget_s` None: no time limit.
 #[pyfunction]
-#[pyo3(signature = (seq_lens, expert_tokens, topo, cost, phy2log, token_cap, seed=0, anneal_moves=400_000,
-    time_budget_s=None, chains=2, steps=24, exact_nodes=200_000, lambda_=0.1, start_accept=0.1, cooling=1e-3,
-    mix=(0.25, 0.0, 0.65, 0.1)))]
+#[pyo3(signature = (seq_lens, expert_tokens, topo, cost, phy2log, token_cap, seed=None, anneal_moves=None,
+    time_budget_s=None, chains=None, steps=None, exact_nodes=None, lambda_=None, start_accept=None, cooling=None,
+    mix=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn pack_routepack<'py>(
     py: Python<'py>,
@@ -75,16 +78,16 @@ pub fn pack_routepack<'py>(
     cost: &Bound<'py, PyAny>,
     phy2log: PyReadonlyArray2<'py, i32>,
     token_cap: i64,
-    seed: u64,
-    anneal_moves: u64,
+    seed: Option<u64>,
+    anneal_moves: Option<u64>,
     time_budget_s: Option<f64>,
-    chains: usize,
-    steps: usize,
-    exact_nodes: u64,
-    lambda_: f64,
-    start_accept: f64,
-    cooling: f64,
-    mix: (f64, f64, f64, f64),
+    chains: Option<usize>,
+    steps: Option<usize>,
+    exact_nodes: Option<u64>,
+    lambda_: Option<f64>,
+    start_accept: Option<f64>,
+    cooling: Option<f64>,
+    mix: Option<(f64, f64, f64, f64)>,
 ) -> PyResult<CellsReport<'py>> {
     let w = convert::window(&seq_lens, &expert_tokens)?;
     let t = convert::topology(topo)?;
@@ -95,15 +98,20 @@ pub fn pack_routepack<'py>(
         Some(s) if s.is_finite() && s > 0.0 => Some(Duration::from_secs_f64(s)),
         Some(s) => return Err(to_py(routepack_core::error::invalid("time_budget_s", format!("must be finite and > 0, got {s}")))),
     };
-    let mut opts = LayoutOptions { exact_nodes, lambda: lambda_, ..Default::default() };
-    opts.anneal.seed = seed;
-    opts.anneal.moves = anneal_moves;
-    opts.anneal.chains = chains;
-    opts.anneal.steps = steps;
-    opts.anneal.start_accept = start_accept;
-    opts.anneal.cooling = cooling;
-    opts.anneal.time_budget = time_budget;
-    opts.anneal.mix = MoveMix { shift: mix.0, swap: mix.1, near: mix.2, cells: mix.3 };
+    let mut opts = LayoutOptions::default();
+    opts.exact_nodes = exact_nodes.unwrap_or(opts.exact_nodes);
+    opts.lambda = lambda_.unwrap_or(opts.lambda);
+    let a = &mut opts.anneal;
+    a.seed = seed.unwrap_or(a.seed);
+    a.moves = anneal_moves.unwrap_or(a.moves);
+    a.chains = chains.unwrap_or(a.chains);
+    a.steps = steps.unwrap_or(a.steps);
+    a.start_accept = start_accept.unwrap_or(a.start_accept);
+    a.cooling = cooling.unwrap_or(a.cooling);
+    a.time_budget = time_budget;
+    if let Some((shift, swap, near, cells)) = mix {
+        a.mix = MoveMix { shift, swap, near, cells };
+    }
     let (p, r) = run(py, || routepack_packing(&w, &t, &c, &pl, token_cap, &opts))?;
     let d = PyDict::new(py);
     let rows = &r.rows;
@@ -173,4 +181,14 @@ pub fn layout_proxy_cost<'py>(
         num_micro,
     };
     run(py, || proxy_step_time(&w, &t, &c, &pl, &p))
+}
+
+/// Adds this file's functions to `routepack._core`.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(pack_sequential, m)?)?;
+    m.add_function(wrap_pyfunction!(pack_kk, m)?)?;
+    m.add_function(wrap_pyfunction!(pack_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(pack_routepack, m)?)?;
+    m.add_function(wrap_pyfunction!(layout_proxy_cost, m)?)?;
+    Ok(())
 }

@@ -67,8 +67,9 @@ pub fn chunk_demand<'py>(
 
 /// routepack's placement → `(phy2log [L, ep*slots_per_rank] int32, report dict)`.
 /// `loads [L, E]`, `chunks [L, E, B]` float64; `previous` the phy2log in force or None.
+/// Options left None take the core's defaults (`placement::routepack::Options::default()`).
 #[pyfunction]
-#[pyo3(signature = (loads, chunks, topo, cost, previous=None, cells=0, slack=5e-5, explore=0.01, fluct_evals=1_000, migration_aware=true))]
+#[pyo3(signature = (loads, chunks, topo, cost, previous=None, cells=None, slack=None, explore=None, fluct_evals=None, migration_aware=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn routepack_placement<'py>(
     py: Python<'py>,
@@ -77,11 +78,11 @@ pub fn routepack_placement<'py>(
     topo: &Bound<'py, PyAny>,
     cost: &Bound<'py, PyAny>,
     previous: Option<PyReadonlyArray2<'py, i32>>,
-    cells: usize,
-    slack: f64,
-    explore: f64,
-    fluct_evals: usize,
-    migration_aware: bool,
+    cells: Option<usize>,
+    slack: Option<f64>,
+    explore: Option<f64>,
+    fluct_evals: Option<usize>,
+    migration_aware: Option<bool>,
 ) -> PyResult<(Bound<'py, PyArray2<i32>>, Bound<'py, PyDict>)> {
     let (l, e) = (loads.shape()[0], loads.shape()[1]);
     let b = chunks.shape()[2];
@@ -92,7 +93,14 @@ pub fn routepack_placement<'py>(
         None => None,
     };
     let (lw, cw) = (convert::slice(&loads, "loads")?, convert::slice(&chunks, "chunks")?);
-    let opts = Options { cells, slack, explore, fluct_evals, migration_aware };
+    let d = Options::default();
+    let opts = Options {
+        cells: cells.unwrap_or(d.cells),
+        slack: slack.unwrap_or(d.slack),
+        explore: explore.unwrap_or(d.explore),
+        fluct_evals: fluct_evals.unwrap_or(d.fluct_evals),
+        migration_aware: migration_aware.unwrap_or(d.migration_aware),
+    };
     let out = run(py, || {
         let d = Demand::new(lw, cw, l, e, b)?;
         core_routepack(&d, &t, &c, prev.as_ref(), &opts)
@@ -145,6 +153,7 @@ pub fn imbalance_lower_bound<'py>(py: Python<'py>, loads: PyReadonlyArray2<'py, 
     Ok(v.into_pyarray(py))
 }
 
+/// Adds this file's functions to `routepack._core`.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rebalance_experts, m)?)?;
     m.add_function(wrap_pyfunction!(eplb_placement, m)?)?;

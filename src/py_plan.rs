@@ -1,10 +1,11 @@
 //! Bindings for placement tables and plan validation.
 
-use numpy::{IntoPyArray, PyArray1, PyArray2, PyArray3, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3};
+use numpy::{IntoPyArray, PyArray2, PyArray3, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3};
 use pyo3::prelude::*;
 use routepack_core::placement::static_placement as core_static;
 use routepack_core::validate::validate_plan as core_validate;
 
+use crate::columns::{self, MigrationColumns};
 use crate::convert;
 use crate::errors::run;
 
@@ -16,6 +17,9 @@ pub fn static_placement<'py>(py: Python<'py>, num_layers: usize, num_experts: us
     Ok(numpy::ndarray::Array2::from_shape_vec((p.num_layers, p.num_slots), p.phy2log).expect("shape").into_pyarray(py))
 }
 
+/// `(logcnt [L, E], log2phy [L, E, R])`.
+type PlacementTables<'py> = (Bound<'py, PyArray2<i32>>, Bound<'py, PyArray3<i32>>);
+
 /// `(logcnt [L, E], log2phy [L, E, R])` of a phy2log table; checks it on the way.
 #[pyfunction]
 pub fn placement_tables<'py>(
@@ -23,7 +27,7 @@ pub fn placement_tables<'py>(
     phy2log: PyReadonlyArray2<'py, i32>,
     num_experts: usize,
     slots_per_rank: usize,
-) -> PyResult<(Bound<'py, PyArray2<i32>>, Bound<'py, PyArray3<i32>>)> {
+) -> PyResult<PlacementTables<'py>> {
     let p = convert::placement(&phy2log, num_experts, slots_per_rank)?;
     let (l, e) = (p.num_layers, p.num_experts);
     let cnt = p.logcnt();
@@ -52,9 +56,10 @@ pub fn validate_plan<'py>(
 
 /// Moves from `previous` to `next` as migration columns
 /// `(layer, expert, src_rank, dst_rank, src_slot, dst_slot, bytes)`; `ranks_per_node` (EP
-/// ranks per node) lets sources on the destination's node be preferred.
+/// ranks per node) lets sources on the destination's node be preferred. None: the core's
+/// `migration::diff`, where every rank counts as its own node.
 #[pyfunction]
-#[pyo3(signature = (previous, next, num_experts, slots_per_rank, bytes_per_expert, ranks_per_node=1))]
+#[pyo3(signature = (previous, next, num_experts, slots_per_rank, bytes_per_expert, ranks_per_node=None))]
 pub fn migration_diff<'py>(
     py: Python<'py>,
     previous: PyReadonlyArray2<'py, i32>,
@@ -62,20 +67,22 @@ pub fn migration_diff<'py>(
     num_experts: usize,
     slots_per_rank: usize,
     bytes_per_expert: f64,
-    ranks_per_node: usize,
+    ranks_per_node: Option<usize>,
 ) -> PyResult<MigrationColumns<'py>> {
     let a = convert::placement(&previous, num_experts, slots_per_rank)?;
     let b = convert::placement(&next, num_experts, slots_per_rank)?;
-    let rows = run(py, || routepack_core::migration::diff_nodes(&a, &b, ranks_per_node, bytes_per_expert))?;
-    Ok(convert::migration_columns(py, &rows))
+    let rows = run(py, || match ranks_per_node {
+        Some(n) => routepack_core::migration::diff_nodes(&a, &b, n, bytes_per_expert),
+        None => routepack_core::migration::diff(&a, &b, bytes_per_expert),
+    })?;
+    Ok(columns::migration_columns(py, &rows))
 }
 
-pub type MigrationColumns<'py> = (
-    Bound<'py, PyArray1<i32>>,
-    Bound<'py, PyArray1<i32>>,
-    Bound<'py, PyArray1<i32>>,
-    Bound<'py, PyArray1<i32>>,
-    Bound<'py, PyArray1<i32>>,
-    Bound<'py, PyArray1<i32>>,
-    Bound<'py, PyArray1<f64>>,
-);
+/// Adds this file's functions to `routepack._core`.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(static_placement, m)?)?;
+    m.add_function(wrap_pyfunction!(placement_tables, m)?)?;
+    m.add_function(wrap_pyfunction!(validate_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(migration_diff, m)?)?;
+    Ok(())
+}

@@ -6,7 +6,8 @@ use pyo3::prelude::*;
 use routepack_core::placement::relibra::relibra_placement as core_relibra_placement;
 use routepack_core::replication::{self, routepack::Options, Packed};
 
-use crate::convert::{self, slice, ReplicaColumns};
+use crate::columns::{self, ReplicaColumns};
+use crate::convert::{self, slice};
 use crate::errors::run;
 
 /// Shared arguments of the three planners: window, placement, packing, topology, cost.
@@ -23,8 +24,10 @@ macro_rules! planner_args {
 }
 
 /// MindSpeed's hot-expert broadcast: replica columns
-/// `(micro, group, layer, expert, src_rank, dst_rank, share)`.
+/// `(micro, group, layer, expert, src_rank, dst_rank, share)`. `hot_experts` None: the
+/// core's `hot_n::DEFAULT_HOT_EXPERTS`.
 #[pyfunction]
+#[pyo3(signature = (seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, num_micro, topo, cost, hot_experts=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn replicate_hot_n<'py>(
     py: Python<'py>,
@@ -36,16 +39,19 @@ pub fn replicate_hot_n<'py>(
     num_micro: usize,
     topo: &Bound<'py, PyAny>,
     cost: &Bound<'py, PyAny>,
-    hot_experts: usize,
+    hot_experts: Option<usize>,
 ) -> PyResult<ReplicaColumns<'py>> {
     let (w, t, c, p, sr, sm) = planner_args!(seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, topo, cost);
     let packed = Packed { sample_rank: sr, sample_micro: sm, num_micro };
+    let hot_experts = hot_experts.unwrap_or(replication::hot_n::DEFAULT_HOT_EXPERTS);
     let rows = run(py, || replication::hot_n(&w, &t, &c, &p, packed, hot_experts))?;
-    Ok(convert::replica_columns(py, &rows))
+    Ok(columns::replica_columns(py, &rows))
 }
 
-/// ReLibra's intra-node replication: replica columns.
+/// ReLibra's intra-node replication: replica columns. `replica_slots` None: the budget
+/// routepack's replication gets by default (`replication::routepack::Options::default()`).
 #[pyfunction]
+#[pyo3(signature = (seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, num_micro, topo, cost, replica_slots=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn replicate_relibra<'py>(
     py: Python<'py>,
@@ -57,18 +63,20 @@ pub fn replicate_relibra<'py>(
     num_micro: usize,
     topo: &Bound<'py, PyAny>,
     cost: &Bound<'py, PyAny>,
-    replica_slots: usize,
+    replica_slots: Option<usize>,
 ) -> PyResult<ReplicaColumns<'py>> {
     let (w, t, c, p, sr, sm) = planner_args!(seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, topo, cost);
     let packed = Packed { sample_rank: sr, sample_micro: sm, num_micro };
+    let replica_slots = replica_slots.unwrap_or(Options::default().replica_slots);
     let rows = run(py, || replication::relibra(&w, &t, &c, &p, packed, replica_slots))?;
-    Ok(convert::replica_columns(py, &rows))
+    Ok(columns::replica_columns(py, &rows))
 }
 
-/// routepack's replication (per-cell simulated time, `replica_slots` copies per rank):
-/// replica columns.
+/// routepack's replication (per-exchange simulated time, `replica_slots` copies per rank):
+/// replica columns. Options left None take the core's defaults
+/// (`replication::routepack::Options::default()`).
 #[pyfunction]
-#[pyo3(signature = (seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, num_micro, topo, cost, replica_slots, candidate_experts=2, candidate_dsts=2))]
+#[pyo3(signature = (seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, num_micro, topo, cost, replica_slots=None, candidate_experts=None, candidate_dsts=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn replicate_routepack<'py>(
     py: Python<'py>,
@@ -80,15 +88,20 @@ pub fn replicate_routepack<'py>(
     num_micro: usize,
     topo: &Bound<'py, PyAny>,
     cost: &Bound<'py, PyAny>,
-    replica_slots: usize,
-    candidate_experts: usize,
-    candidate_dsts: usize,
+    replica_slots: Option<usize>,
+    candidate_experts: Option<usize>,
+    candidate_dsts: Option<usize>,
 ) -> PyResult<ReplicaColumns<'py>> {
     let (w, t, c, p, sr, sm) = planner_args!(seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, topo, cost);
     let packed = Packed { sample_rank: sr, sample_micro: sm, num_micro };
-    let opts = Options { replica_slots, experts: candidate_experts, dsts: candidate_dsts };
+    let d = Options::default();
+    let opts = Options {
+        replica_slots: replica_slots.unwrap_or(d.replica_slots),
+        experts: candidate_experts.unwrap_or(d.experts),
+        dsts: candidate_dsts.unwrap_or(d.dsts),
+    };
     let rows = run(py, || replication::routepack(&w, &t, &c, &p, packed, &opts))?;
-    Ok(convert::replica_columns(py, &rows))
+    Ok(columns::replica_columns(py, &rows))
 }
 
 /// ReLibra's per-window node-level expert reordering: phy2log `[L, ep*slots_per_rank]`.
@@ -107,4 +120,13 @@ pub fn relibra_placement<'py>(
     let prev = previous.as_ref().map(|p| convert::placement(p, e, t.slots_per_rank)).transpose()?;
     let p = run(py, || core_relibra_placement(ld, l, e, &t, prev.as_ref()))?;
     Ok(numpy::ndarray::Array2::from_shape_vec((p.num_layers, p.num_slots), p.phy2log).expect("shape").into_pyarray(py))
+}
+
+/// Adds this file's functions to `routepack._core`.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(replicate_hot_n, m)?)?;
+    m.add_function(wrap_pyfunction!(replicate_relibra, m)?)?;
+    m.add_function(wrap_pyfunction!(replicate_routepack, m)?)?;
+    m.add_function(wrap_pyfunction!(relibra_placement, m)?)?;
+    Ok(())
 }

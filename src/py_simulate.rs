@@ -43,3 +43,9 @@ pub fn simulate<'py>(
     d.set_item("mean_imbalance", r.mean_imbalance)?;
     Ok(d)
 }
+
+/// Adds this file's functions to `routepack._core`.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(simulate, m)?)?;
+    Ok(())
+}

@@ -1,116 +1,151 @@
-"""Type stubs for the Rust extension `routepack._core` (kept by hand; see src/*.rs)."""
+"""Type stubs for the Rust extension `routepack._core` (kept by hand beside src/*.rs, one
+section per binding file; `.ci/run` checks them against the built module with
+`python -m mypy.stubtest routepack._core`).
+
+An option that defaults to None takes the Rust core's default (`defaults()` lists them)."""
 
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import numpy.typing as npt
 
+# what the module exports (PyO3 fills the runtime `__all__` as each file registers)
+__all__ = [
+    "__version__", "RoutepackError", "RoutepackTypeError", "InvalidPlanError", "InfeasibleError",
+    "RoutepackInternalError", "defaults", "static_placement", "placement_tables", "validate_plan",
+    "migration_diff", "pack_sequential", "pack_kk", "pack_rows", "pack_routepack",
+    "layout_proxy_cost", "simulate", "expert_tokens_from_routed", "route_cell", "rank_tokens",
+    "replicate_hot_n", "replicate_relibra", "replicate_routepack", "relibra_placement",
+    "rebalance_experts", "eplb_placement", "eplb_default_num_groups", "chunk_demand",
+    "routepack_placement", "aggregate_imbalance", "imbalance_lower_bound",
+]
+
 __version__: str
 
+# the private aliases below exist only here (stubtest skips private names)
+_I32 = npt.NDArray[np.int32]
+_I64 = npt.NDArray[np.int64]
+_F32 = npt.NDArray[np.float32]
+_F64 = npt.NDArray[np.float64]
+#: (layer, expert, src_rank, dst_rank, src_slot, dst_slot, bytes)
+_MigrationColumns = Tuple[_I32, _I32, _I32, _I32, _I32, _I32, _F64]
+#: (micro, group, layer, expert, src_rank, dst_rank, share)
+_ReplicaColumns = Tuple[_I32, _I32, _I32, _I32, _I32, _I32, _F32]
+#: (sample_rank [S], sample_micro [S], num_micro, report)
+_CellsReport = Tuple[_I32, _I32, int, Dict[str, Any]]
+
+# ---- errors (src/errors.rs)
 class RoutepackError(ValueError): ...
 class RoutepackTypeError(RoutepackError, TypeError): ...
 class InvalidPlanError(RoutepackError): ...
 class InfeasibleError(RoutepackError): ...
 class RoutepackInternalError(RuntimeError): ...
 
+# ---- defaults (src/py_defaults.rs)
 def defaults() -> Dict[str, Dict[str, Any]]:
     """Every stage option's default, by stage (read from the Rust core's defaults)."""
 
-
-I32 = npt.NDArray[np.int32]
-I64 = npt.NDArray[np.int64]
-F32 = npt.NDArray[np.float32]
-F64 = npt.NDArray[np.float64]
-MigrationColumns = Tuple[I32, I32, I32, I32, I32, I32, F64]
-ReplicaColumns = Tuple[I32, I32, I32, I32, I32, I32, F32]
-
-def static_placement(num_layers: int, num_experts: int, topo: Any) -> I32:
+# ---- placement tables and plans (src/py_plan.rs)
+def static_placement(num_layers: int, num_experts: int, topo: Any) -> _I32:
     """phy2log [L, ep*slots_per_rank]: expert e on rank e // ceil(E/ep); spare slots -1."""
 
-def placement_tables(phy2log: I32, num_experts: int, slots_per_rank: int) -> Tuple[I32, I32]:
+def placement_tables(phy2log: _I32, num_experts: int, slots_per_rank: int) -> Tuple[_I32, _I32]:
     """(logcnt [L, E], log2phy [L, E, max_replicas]) of a checked phy2log."""
 
-def validate_plan(plan: Any, seq_lens: I64, expert_tokens: I32, topo: Any, token_cap: int) -> None:
+def validate_plan(plan: Any, seq_lens: _I64, expert_tokens: _I32, topo: Any, token_cap: int) -> None:
     """Raises InvalidPlanError with the first broken invariant."""
 
-def migration_diff(previous: I32, next: I32, num_experts: int, slots_per_rank: int,
-                   bytes_per_expert: float, ranks_per_node: int = 1) -> MigrationColumns:
-    """Moves turning `previous` into `next` (sources on the destination's node preferred)."""
+def migration_diff(previous: _I32, next: _I32, num_experts: int, slots_per_rank: int,
+                   bytes_per_expert: float, ranks_per_node: Optional[int] = None) -> _MigrationColumns:
+    """Moves turning `previous` into `next` (sources on the destination's node preferred;
+    None: every rank its own node)."""
 
-def pack_sequential(seq_lens: I64, token_cap: int, dp: int) -> Tuple[I32, I32, int]:
+# ---- packing (src/py_packing.rs)
+def pack_sequential(seq_lens: _I64, token_cap: int, dp: int) -> Tuple[_I32, _I32, int]:
     """Arrival-order first fit: (sample_rank [S], sample_micro [S], num_micro)."""
 
-def pack_kk(seq_lens: I64, token_cap: int, dp: int) -> Tuple[I32, I32, int, Dict[str, Any]]:
+def pack_kk(seq_lens: _I64, token_cap: int, dp: int) -> _CellsReport:
     """verl's Karmarkar–Karp balancing: (sample_rank [S], sample_micro [S], num_micro, report)."""
 
-def pack_rows(seq_lens: I64, token_cap: int, step: int, node_limit: int = ...) -> Dict[str, Any]:
+def pack_rows(seq_lens: _I64, token_cap: int, step: int, node_limit: Optional[int] = None) -> Dict[str, Any]:
     """Fewest rows in multiples of `step` with their certificate: rows, bins, l1, l2,
     lower_bound, certified, gap, method, nodes."""
 
-def pack_routepack(seq_lens: I64, expert_tokens: I32, topo: Any, cost: Any, phy2log: I32, token_cap: int,
-                   seed: int = ..., anneal_moves: int = ..., time_budget_s: Optional[float] = ...,
-                   chains: int = ..., steps: int = ..., exact_nodes: int = ..., lambda_: float = ...,
-                   start_accept: float = ..., cooling: float = ...,
-                   mix: Tuple[float, float, float, float] = ...) -> Tuple[I32, I32, int, Dict[str, Any]]:
+def pack_routepack(seq_lens: _I64, expert_tokens: _I32, topo: Any, cost: Any, phy2log: _I32, token_cap: int,
+                   seed: Optional[int] = None, anneal_moves: Optional[int] = None,
+                   time_budget_s: Optional[float] = None, chains: Optional[int] = None,
+                   steps: Optional[int] = None, exact_nodes: Optional[int] = None,
+                   lambda_: Optional[float] = None, start_accept: Optional[float] = None,
+                   cooling: Optional[float] = None,
+                   mix: Optional[Tuple[float, float, float, float]] = None) -> _CellsReport:
     """Certified rows + annealed layout: (sample_rank [S], sample_micro [S], num_micro, report)."""
 
-def layout_proxy_cost(seq_lens: I64, expert_tokens: I32, topo: Any, cost: Any, phy2log: I32,
-                      sample_rank: I32, sample_micro: I32, num_micro: int) -> float:
+def layout_proxy_cost(seq_lens: _I64, expert_tokens: _I32, topo: Any, cost: Any, phy2log: _I32,
+                      sample_rank: _I32, sample_micro: _I32, num_micro: int) -> float:
     """The layout proxy's step time (max over EP groups of accumulated cost) of a layout."""
 
-def simulate(plan: Any, seq_lens: I64, expert_tokens: I32, topo: Any, cost: Any) -> Dict[str, Any]:
-    """DESIGN.md's cost model; keys are the fields of routepack.SimResult."""
+# ---- simulator (src/py_simulate.rs)
+def simulate(plan: Any, seq_lens: _I64, expert_tokens: _I32, topo: Any, cost: Any,
+             ideal_micro: Optional[int] = None) -> Dict[str, Any]:
+    """DESIGN.md's cost model; keys are the fields of routepack.SimResult. `ideal_micro`: the
+    steps the ideal time assumes (None: the plan's own)."""
 
-def expert_tokens_from_routed(routed: np.ndarray, cu_seqlens: I64, num_experts: int) -> Tuple[I64, I32]:
+# ---- ingestion (src/py_ingest.rs)
+def expert_tokens_from_routed(routed: np.ndarray, cu_seqlens: _I64, num_experts: int) -> Tuple[_I64, _I32]:
     """(seq_lens [S], expert_tokens [S, L, E]) from top-k ids [T, L, k] (uint8/int16/int32/int64)."""
 
-def route_cell(origin: I64, phy2log: I32, topo: Any, rep_expert: I32, rep_dst: I32,
-               rep_share: F32) -> Tuple[I32, I32, I32, I32, I32, I64]:
-    """Flow table of one (group, micro, layer) cell (flow.rs::route_cell):
+# ---- token routing (src/py_flow.rs)
+def route_cell(origin: _I64, phy2log: _I32, topo: Any, rep_expert: _I32, rep_dst: _I32,
+               rep_share: _F32) -> Tuple[_I32, _I32, _I32, _I32, _I32, _I64]:
+    """Flow table of one exchange (EP group, step, layer) (flow.rs::route_cell):
     (origin_rank, dst_rank, dst_slot or -1, replica row or -1, expert, count)."""
 
-def rank_tokens(plan: Any, seq_lens: I64, expert_tokens: I32, topo: Any) -> npt.NDArray[np.int64]:
+def rank_tokens(plan: Any, seq_lens: _I64, expert_tokens: _I32, topo: Any) -> _I64:
     """int64 [G, M, L, ep]: tokens each EP rank receives under the plan (the simulator's tokens(p))."""
 
-def replicate_hot_n(seq_lens: I64, expert_tokens: I32, phy2log: I32, sample_rank: I32, sample_micro: I32,
-                    num_micro: int, topo: Any, cost: Any, hot_experts: int) -> ReplicaColumns:
-    """MindSpeed's hot-expert broadcast: N hot experts per (group, micro, layer), copies on
-    every other EP rank computing their own tokens."""
+# ---- replication (src/py_replication.rs)
+def replicate_hot_n(seq_lens: _I64, expert_tokens: _I32, phy2log: _I32, sample_rank: _I32, sample_micro: _I32,
+                    num_micro: int, topo: Any, cost: Any, hot_experts: Optional[int] = None) -> _ReplicaColumns:
+    """MindSpeed's hot-expert broadcast: N hot experts per exchange (EP group, step, layer),
+    copies on every other EP rank computing their own tokens."""
 
-def replicate_relibra(seq_lens: I64, expert_tokens: I32, phy2log: I32, sample_rank: I32, sample_micro: I32,
-                      num_micro: int, topo: Any, cost: Any, replica_slots: int) -> ReplicaColumns:
-    """ReLibra's intra-node replication, at most `replica_slots` copies per rank per cell."""
+def replicate_relibra(seq_lens: _I64, expert_tokens: _I32, phy2log: _I32, sample_rank: _I32,
+                      sample_micro: _I32, num_micro: int, topo: Any, cost: Any,
+                      replica_slots: Optional[int] = None) -> _ReplicaColumns:
+    """ReLibra's intra-node replication, at most `replica_slots` copies per rank per exchange."""
 
-def replicate_routepack(seq_lens: I64, expert_tokens: I32, phy2log: I32, sample_rank: I32, sample_micro: I32,
-                        num_micro: int, topo: Any, cost: Any, replica_slots: int,
-                        candidate_experts: int = 2, candidate_dsts: int = 2) -> ReplicaColumns:
-    """routepack's replication: per cell, rows minimising the simulated layer time."""
+def replicate_routepack(seq_lens: _I64, expert_tokens: _I32, phy2log: _I32, sample_rank: _I32,
+                        sample_micro: _I32, num_micro: int, topo: Any, cost: Any,
+                        replica_slots: Optional[int] = None, candidate_experts: Optional[int] = None,
+                        candidate_dsts: Optional[int] = None) -> _ReplicaColumns:
+    """routepack's replication: per exchange, rows minimising the simulated layer time."""
 
-def relibra_placement(loads: F64, topo: Any, previous: I32 | None = None) -> I32:
+def relibra_placement(loads: _F64, topo: Any, previous: Optional[_I32] = None) -> _I32:
     """ReLibra's node-level expert reordering: phy2log [L, ep*slots_per_rank] from loads [L, E]."""
 
 # ---- placement (src/py_placement.rs)
-def rebalance_experts(weight: F64, num_replicas: int, num_groups: int, num_nodes: int,
-                      num_gpus: int) -> Tuple[I64, I64, I64]:
+def rebalance_experts(weight: _F64, num_replicas: int, num_groups: int, num_nodes: int,
+                      num_gpus: int) -> Tuple[_I64, _I64, _I64]:
     """DeepSeek EPLB: (phy2log [L, R], log2phy [L, E, X], logcnt [L, E]) from weight [L, E] float64."""
 
-def eplb_placement(loads: F64, topo: Any, num_groups: int) -> I32:
+def eplb_placement(loads: _F64, topo: Any, num_groups: int) -> _I32:
     """EPLB as a routepack placement: phy2log [L, ep*slots_per_rank]."""
 
 def eplb_default_num_groups(num_experts: int, topo: Any) -> int:
     """Nodes per EP group when they divide E (hierarchical policy), else 1 (global)."""
 
-def chunk_demand(seq_lens: I64, expert_tokens: I32, num_chunks: int) -> F64:
+def chunk_demand(seq_lens: _I64, expert_tokens: _I32, num_chunks: int) -> _F64:
     """[L, E, B] tokens per expert in each of B consecutive-sample chunks."""
 
-def routepack_placement(loads: F64, chunks: F64, topo: Any, cost: Any, previous: I32 | None = None,
-                        cells: int = 0, slack: float = 5e-5, explore: float = 0.01,
-                        fluct_evals: int = 1000, migration_aware: bool = True) -> Tuple[I32, Dict[str, Any]]:
+def routepack_placement(loads: _F64, chunks: _F64, topo: Any, cost: Any, previous: Optional[_I32] = None,
+                        cells: Optional[int] = None, slack: Optional[float] = None,
+                        explore: Optional[float] = None, fluct_evals: Optional[int] = None,
+                        migration_aware: Optional[bool] = None) -> Tuple[_I32, Dict[str, Any]]:
     """(phy2log [L, ep*slots_per_rank], report: choice, swaps, moves, predicted_s, predicted_keep_s,
     predicted_fresh_s [L] each, migration_s)."""
 
-def aggregate_imbalance(phy2log: I32, num_experts: int, slots_per_rank: int, loads: F64) -> F64:
+def aggregate_imbalance(phy2log: _I32, num_experts: int, slots_per_rank: int, loads: _F64) -> _F64:
     """[L] max / mean rank load over the window."""
 
-def imbalance_lower_bound(loads: F64, num_slots: int, ranks: int) -> F64:
+def imbalance_lower_bound(loads: _F64, num_slots: int, ranks: int) -> _F64:
     """[L] lowest aggregate imbalance any placement can reach."""

@@ -1,0 +1,57 @@
+//! Core plan tables → numpy columns, the direction opposite to `convert`. The Python side
+//! assembles the structured arrays (`REPLICA_DTYPE`, `MIGRATION_DTYPE`) from these tuples, so
+//! the column order here is the field order there.
+
+use numpy::{IntoPyArray, PyArray1};
+use pyo3::prelude::*;
+use routepack_core::{MigrationRow, ReplicaRow};
+
+/// `(layer, expert, src_rank, dst_rank, src_slot, dst_slot, bytes)`.
+pub type MigrationColumns<'py> = (
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray1<f64>>,
+);
+
+/// `(micro, group, layer, expert, src_rank, dst_rank, share)`.
+pub type ReplicaColumns<'py> = (
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray1<f32>>,
+);
+
+/// Migration rows → [`MigrationColumns`].
+pub fn migration_columns<'py>(py: Python<'py>, rows: &[MigrationRow]) -> MigrationColumns<'py> {
+    let col = |f: fn(&MigrationRow) -> i32| rows.iter().map(f).collect::<Vec<i32>>().into_pyarray(py);
+    (
+        col(|r| r.layer),
+        col(|r| r.expert),
+        col(|r| r.src_rank),
+        col(|r| r.dst_rank),
+        col(|r| r.src_slot),
+        col(|r| r.dst_slot),
+        rows.iter().map(|r| r.bytes).collect::<Vec<f64>>().into_pyarray(py),
+    )
+}
+
+/// Replica rows → [`ReplicaColumns`].
+pub fn replica_columns<'py>(py: Python<'py>, rows: &[ReplicaRow]) -> ReplicaColumns<'py> {
+    let col = |f: fn(&ReplicaRow) -> i32| rows.iter().map(f).collect::<Vec<i32>>().into_pyarray(py);
+    (
+        col(|r| r.micro),
+        col(|r| r.group),
+        col(|r| r.layer),
+        col(|r| r.expert),
+        col(|r| r.src_rank),
+        col(|r| r.dst_rank),
+        rows.iter().map(|r| r.share).collect::<Vec<f32>>().into_pyarray(py),
+    )
+}

@@ -1,0 +1,87 @@
+"""The bindings' option defaults (src/py_*.rs): an option left None takes the Rust core's default,
+the number `_core.defaults()` reports, so a call without it plans exactly what a call passing
+that number plans."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import routepack as rp
+from routepack import _core
+
+PROFILE = replace(rp.traces.profile("tiny"), samples=64)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    window = next(iter(rp.traces.synthetic(PROFILE, 1, 0)))
+    topo, cost = PROFILE.topology(), PROFILE.cost()
+    static = rp.Placement.static(window.num_layers, window.num_experts, topo)
+    rank, micro, m = _core.pack_sequential(window.seq_lens, PROFILE.token_cap, topo.dp)
+    return window, topo, cost, static, (rank, micro, m)
+
+
+def test_pack_rows_node_limit(setup):
+    window, *_ = setup
+    d = _core.defaults()["packing"]
+    assert _core.pack_rows(window.seq_lens, PROFILE.token_cap, 1) == _core.pack_rows(
+        window.seq_lens, PROFILE.token_cap, 1, node_limit=d["packing_exact_nodes"])
+
+
+def test_pack_routepack_options(setup):
+    window, topo, cost, static, _ = setup
+    d = _core.defaults()["packing"]
+    args = (window.seq_lens, window.expert_tokens, topo, cost, static.phy2log, PROFILE.token_cap)
+    implicit = _core.pack_routepack(*args)
+    explicit = _core.pack_routepack(
+        *args, seed=0, anneal_moves=d["anneal_moves"], chains=d["anneal_chains"], steps=d["anneal_steps"],
+        exact_nodes=d["packing_exact_nodes"], lambda_=d["anneal_lambda"], start_accept=d["anneal_start_accept"],
+        cooling=d["anneal_cooling"], mix=d["anneal_mix"])
+    for a, b in zip(implicit[:2], explicit[:2]):
+        np.testing.assert_array_equal(a, b)
+    assert implicit[2] == explicit[2]
+    assert implicit[3]["moves"] == explicit[3]["moves"]
+    assert implicit[3]["annealed_cost"] == explicit[3]["annealed_cost"]
+
+
+def test_routepack_placement_options(setup):
+    window, topo, cost, static, _ = setup
+    d = _core.defaults()["placement"]
+    loads = window.expert_tokens.sum(axis=0).astype(np.float64)
+    chunks = _core.chunk_demand(window.seq_lens, window.expert_tokens, d["placement_chunks"])
+    implicit = _core.routepack_placement(loads, chunks, topo, cost, static.phy2log)
+    explicit = _core.routepack_placement(
+        loads, chunks, topo, cost, static.phy2log, cells=0, slack=d["placement_slack"],
+        explore=d["placement_explore"], fluct_evals=d["placement_fluct_evals"],
+        migration_aware=d["placement_migration_aware"])
+    np.testing.assert_array_equal(implicit[0], explicit[0])
+    assert list(implicit[1]["choice"]) == list(explicit[1]["choice"])
+
+
+def test_replication_options(setup):
+    window, topo, cost, static, (rank, micro, m) = setup
+    d = _core.defaults()["replication"]
+    args = (window.seq_lens, window.expert_tokens, static.phy2log, rank, micro, m, topo, cost)
+    pairs = [
+        (_core.replicate_hot_n(*args), _core.replicate_hot_n(*args, d["replication_hot_experts"])),
+        (_core.replicate_relibra(*args), _core.replicate_relibra(*args, d["replication_slots"])),
+        (_core.replicate_routepack(*args), _core.replicate_routepack(
+            *args, d["replication_slots"], d["replication_candidates"], d["replication_candidates"])),
+    ]
+    for implicit, explicit in pairs:
+        for a, b in zip(implicit, explicit):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_migration_diff_ranks_per_node(setup):
+    window, topo, cost, static, _ = setup
+    rng = np.random.default_rng(0)
+    nxt = static.phy2log.copy()
+    for row in nxt:
+        rng.shuffle(row)
+    args = (static.phy2log, nxt, window.num_experts, topo.slots_per_rank, 1.0)
+    for a, b in zip(_core.migration_diff(*args), _core.migration_diff(*args, 1)):
+        np.testing.assert_array_equal(a, b)
