@@ -8,7 +8,7 @@
 //! (a sample finds no cell with room); then the certified rows are laid out instead: heaviest
 //! row first onto the lightest (group, step) with a free rank.
 
-use super::cost::Proxy;
+use super::proxy::Proxy;
 
 /// Weight of sample s: Σ_l attention + tokens × (expert + all-to-all cost per token).
 pub fn sample_weight(px: &Proxy, s: usize) -> f64 {
