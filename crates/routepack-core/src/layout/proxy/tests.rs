@@ -1,3 +1,6 @@
+//! The proxy against `simulate`, its incremental evaluation against a rebuild, and the
+//! compact sample demand.
+
 use super::*;
 use crate::layout::kernel::{Demand, Shape};
 use crate::placement::static_placement;
@@ -46,6 +49,46 @@ fn proxy_matches_simulate_under_static_placement() {
         let rel = (sh.group_cost[g] - rep.group_times[g]).abs() / rep.group_times[g];
         assert!(rel < 1e-5, "group {g}: proxy {} vs simulate {}", sh.group_cost[g], rep.group_times[g]);
     }
+}
+
+#[test]
+fn proxy_tracks_simulate_with_replicated_experts() {
+    // EPLB replicates the hot experts: the proxy splits their tokens evenly over the replicas
+    // (rounded per sample, layer and rank), `simulate` routes them through `flow`
+    let (s_n, l_n, e_n) = (48, 4, 16);
+    let (lens, tok) = window(s_n, l_n, e_n, 7);
+    let w = WindowView::new(&lens, &tok, l_n, e_n).unwrap();
+    let topo = Topology::new(8, 4, 2, 5).unwrap();
+    let cost = CostModel::for_tests(l_n);
+    let mut loads = vec![0f64; l_n * e_n];
+    for s in 0..s_n {
+        for l in 0..l_n {
+            for (e, &n) in w.tokens(s, l).iter().enumerate() {
+                loads[l * e_n + e] += n as f64;
+            }
+        }
+    }
+    let groups = crate::placement::eplb::default_num_groups(e_n, &topo);
+    let pl = crate::placement::eplb::eplb_placement(&loads, l_n, e_n, &topo, groups).unwrap();
+    assert!(pl.max_replicas() > 1, "the test needs replicated experts");
+    let m_n = 3;
+    let px = Proxy::new(&w, &topo, &cost, &pl, 4000, m_n, 0.0).unwrap();
+    let cell_of: Vec<u32> = (0..s_n as u32).map(|s| (s * 5) % (8 * m_n as u32)).collect();
+    let sh = px.build(&cell_of);
+    let plan = Plan {
+        placement: pl,
+        sample_rank: cell_of.iter().map(|&c| (c as usize / m_n) as i32).collect(),
+        sample_micro: cell_of.iter().map(|&c| (c as usize % m_n) as i32).collect(),
+        num_micro: m_n,
+        replicas: vec![],
+        migration: vec![],
+    };
+    let rep = simulate(&plan, &w, &topo, &cost, None).unwrap();
+    for g in 0..2 {
+        let rel = (sh.group_cost[g] - rep.group_times[g]).abs() / rep.group_times[g];
+        assert!(rel < 1e-3, "group {g}: proxy {} vs simulate {}", sh.group_cost[g], rep.group_times[g]);
+    }
+    assert!((px.step_time(&sh) - rep.step_time).abs() / rep.step_time < 1e-3);
 }
 
 #[test]
