@@ -3,7 +3,7 @@
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use routepack_core::layout::{anneal, LayoutOptions};
+use routepack_core::packing::routepack::{Options as LayoutOptions, DEFAULT_MOVES};
 use routepack_core::placement::demand::DEFAULT_CHUNKS;
 use routepack_core::placement::routepack::Options as PlacementOptions;
 use routepack_core::replication::hot_n::DEFAULT_HOT_EXPERTS;
@@ -26,7 +26,7 @@ pub fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let l = LayoutOptions::default();
     let a = &l.anneal;
     let packing = PyDict::new(py);
-    packing.set_item("anneal_moves", anneal::DEFAULT_MOVES)?;
+    packing.set_item("anneal_moves", DEFAULT_MOVES)?;
     packing.set_item("anneal_chains", a.chains)?;
     packing.set_item("anneal_steps", a.steps)?;
     packing.set_item("anneal_lambda", l.lambda)?;

@@ -6,8 +6,8 @@ use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyReadonl
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use routepack_core::layout::chain::MoveMix;
-use routepack_core::layout::{proxy_step_time, routepack_packing, LayoutOptions};
-use routepack_core::packing::certified::certified_rows;
+use routepack_core::packing::routepack::{proxy_step_time, routepack_packing, Options as LayoutOptions};
+use routepack_core::packing::rows::certified::certified_rows;
 use routepack_core::packing::kk::verl_kk;
 use routepack_core::packing::sequential::sequential;
 use routepack_core::packing::Packing;
@@ -115,7 +115,7 @@ pub fn pack_routepack<'py>(
     let (p, r) = run(py, || routepack_packing(&w, &t, &c, &pl, token_cap, &opts))?;
     let d = PyDict::new(py);
     let rows = &r.rows;
-    d.set_item("rows", rows.rows)?;
+    d.set_item("rows", rows.num_rows)?;
     d.set_item("micro", rows.micro)?;
     let lb = PyDict::new(py);
     lb.set_item("L1", rows.l1)?;

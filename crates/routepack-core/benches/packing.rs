@@ -17,11 +17,12 @@ use criterion::measurement::{Measurement, ValueFormatter};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use rand::SeedableRng;
 use rand_xoshiro::Xoshiro256PlusPlus;
-use routepack_core::layout::chain::{Chain, MoveMix};
+use routepack_core::layout::chain::Chain;
 use routepack_core::layout::{anneal, init, AnnealParams, Proxy};
-use routepack_core::packing::bounds::{l1, l2};
-use routepack_core::packing::certified::certified_rows;
-use routepack_core::packing::exact::pack_into;
+use routepack_core::packing::routepack::Options;
+use routepack_core::packing::rows::bounds::{l1, l2};
+use routepack_core::packing::rows::certified::certified_rows;
+use routepack_core::packing::rows::exact::pack_into;
 use routepack_core::placement::static_placement;
 use routepack_core::{Topology, WindowView};
 
@@ -62,7 +63,7 @@ fn anneal<M: Measurement>(c: &mut Criterion<M>, label: &str) {
     let micro = rows.rows.len() / topo.dp;
     let px = Proxy::new(&w, &topo, &cost, &pl, CAP, micro, 0.1).unwrap();
     let start = init::worst_fit(&px).unwrap_or_else(|| init::from_rows(&px, &rows.rows));
-    let base = Chain::new(&px, &start, Xoshiro256PlusPlus::seed_from_u64(0), MoveMix::default());
+    let base = Chain::new(&px, &start, Xoshiro256PlusPlus::seed_from_u64(0), Options::default().anneal.mix);
     // an early-schedule temperature (a schedule starts near 7e-3 on this window): about 45%
     // of evaluated moves are accepted
     let temp = 2e-3;
@@ -75,7 +76,7 @@ fn anneal<M: Measurement>(c: &mut Criterion<M>, label: &str) {
     });
     g.finish();
     const SCHEDULE: u64 = 200_000;
-    let params = AnnealParams { moves: SCHEDULE, chains: 1, ..AnnealParams::default() };
+    let params = AnnealParams { moves: SCHEDULE, chains: 1, ..Options::default().anneal };
     let mut g = c.benchmark_group(format!("anneal_flash_{label}"));
     g.throughput(Throughput::Elements(SCHEDULE));
     g.sample_size(10);

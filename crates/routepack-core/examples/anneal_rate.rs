@@ -10,9 +10,10 @@ use std::time::Instant;
 
 use rand::SeedableRng;
 use rand_xoshiro::Xoshiro256PlusPlus;
-use routepack_core::layout::chain::{Chain, MoveMix};
+use routepack_core::layout::chain::Chain;
 use routepack_core::layout::{anneal, init, AnnealParams, Proxy};
-use routepack_core::packing::certified::certified_rows;
+use routepack_core::packing::routepack::Options;
+use routepack_core::packing::rows::certified::certified_rows;
 use routepack_core::placement::static_placement;
 use routepack_core::{Topology, WindowView};
 
@@ -37,9 +38,9 @@ fn main() {
     let micro = rows.rows.len() / topo.dp;
     let t = Instant::now();
     let px = Proxy::new(&w, &topo, &cost, &pl, FLASH_CAP, micro, 0.1).unwrap();
-    println!("proxy: {:.3} s wall, micro {micro}, demand rows {:.1} MiB", t.elapsed().as_secs_f64(), px.demand.bytes() as f64 / (1 << 20) as f64);
+    println!("proxy: {:.3} s wall, micro {micro}, sample demand {:.1} MiB", t.elapsed().as_secs_f64(), px.demand.bytes() as f64 / (1 << 20) as f64);
     let start = init::worst_fit(&px).unwrap_or_else(|| init::from_rows(&px, &rows.rows));
-    let mut ch = Chain::new(&px, &start, Xoshiro256PlusPlus::seed_from_u64(0), MoveMix::default());
+    let mut ch = Chain::new(&px, &start, Xoshiro256PlusPlus::seed_from_u64(0), Options::default().anneal.mix);
     let moves_fixed = if std::env::var_os("SCHEDULE_ONLY").is_some() { 0 } else { moves };
     let e0 = ch.energy;
     let c0 = cpu_s();
@@ -57,7 +58,7 @@ fn main() {
     );
     assert!(ch.consistent(&px), "incremental state drifted");
     // a whole schedule, as `routepack_packing` runs it, on one chain
-    let params = AnnealParams { moves, chains: 1, ..AnnealParams::default() };
+    let params = AnnealParams { moves, chains: 1, ..Options::default().anneal };
     let c0 = cpu_s();
     let res = anneal::anneal(&px, &start, &params);
     let cpu = cpu_s() - c0;

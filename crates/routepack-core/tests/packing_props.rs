@@ -4,9 +4,9 @@
 
 use proptest::prelude::*;
 use routepack_core::error::Error;
-use routepack_core::layout::{routepack_packing, LayoutOptions};
-use routepack_core::packing::certified::certified_rows;
-use routepack_core::packing::heuristics::row_tokens;
+use routepack_core::packing::routepack::{routepack_packing, Options};
+use routepack_core::packing::rows::certified::certified_rows;
+use routepack_core::packing::rows::heuristics::row_tokens;
 use routepack_core::packing::kk::verl_kk;
 use routepack_core::packing::sequential::sequential;
 use routepack_core::packing::Packing;
@@ -59,8 +59,8 @@ fn case() -> impl Strategy<Value = Case> {
     })
 }
 
-fn opts(seed: u64) -> LayoutOptions {
-    let mut o = LayoutOptions::default();
+fn opts(seed: u64) -> Options {
+    let mut o = Options::default();
     o.anneal.moves = 3_000;
     o.anneal.chains = 2;
     o.anneal.steps = 4;

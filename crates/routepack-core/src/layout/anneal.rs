@@ -21,16 +21,19 @@ use rand_xoshiro::Xoshiro256PlusPlus;
 use rayon::prelude::*;
 
 use super::chain::{Chain, MoveMix};
-use super::cost::Proxy;
+use super::proxy::Proxy;
 use super::detmath::{exp, ln};
 
-/// Search settings.
+/// Search settings (the defaults are in `packing::routepack::Options::default`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct AnnealParams {
+    /// Seed of every chain's random stream.
     pub seed: u64,
-    /// Total proposals over all chains and steps.
+    /// Total proposals over all chains and temperature steps.
     pub moves: u64,
+    /// Chains in the population.
     pub chains: usize,
+    /// Temperature steps of the schedule.
     pub steps: usize,
     /// Acceptance probability of a typical (mean) worsening move at the start temperature.
     pub start_accept: f64,
@@ -42,51 +45,51 @@ pub struct AnnealParams {
     pub mix: MoveMix,
 }
 
-/// The layout search's default budget in proposed moves over all chains. Sized so a whole
-/// `routepack` plan of a `flash` window (placement, rows, layout, replication, the final
-/// simulate) takes under 1 s on the 2-core reference machine: the anneal runs at about 1M
-/// moves per CPU-second there (`cargo bench --bench packing`), so this is about 0.15 s of wall
-/// time on two cores; `tiny` anneals 3x faster. Deterministic, unlike a wall-clock budget.
-/// Quality rises slowly with more (benches/packing_quality.py prints the curve).
-pub const DEFAULT_MOVES: u64 = 300_000;
-
-impl Default for AnnealParams {
-    fn default() -> Self {
-        // two chains: one per core on the 2-core reference machine
-        Self { seed: 0, moves: DEFAULT_MOVES, chains: 2, steps: 24, start_accept: 0.1, cooling: 1e-3, time_budget: None, mix: MoveMix::default() }
-    }
-}
-
 /// One temperature step of the search.
 #[derive(Clone, Debug, PartialEq)]
-pub struct StepRecord {
+pub struct TemperatureStep {
+    /// The temperature.
     pub temperature: f64,
-    /// Best energy and proxy step time (max_g C_g) found so far.
+    /// Best energy found so far.
     pub best_energy: f64,
+    /// Proxy step time (max_g C_g) of the best layout so far.
     pub best_cost: f64,
-    /// Mean energy of the population at the end of the step.
+    /// Mean energy of the population at the end of the temperature step.
     pub mean_energy: f64,
-    /// Accepted / evaluated proposals in this step, over all chains.
+    /// Accepted / evaluated proposals in this temperature step, over all chains.
     pub accept_rate: f64,
-    /// Proposals made in this step, over all chains.
+    /// Proposals made in this temperature step, over all chains.
     pub moves: u64,
 }
 
+/// What the search found and did.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AnnealResult {
     /// `[S]` best layout found: cell d·M + m of every sample.
     pub cell_of: Vec<u32>,
+    /// Energy of the initial layout.
     pub initial_energy: f64,
+    /// Proxy step time of the initial layout.
     pub initial_cost: f64,
+    /// Energy of the best layout.
     pub best_energy: f64,
+    /// Proxy step time of the best layout.
     pub best_cost: f64,
+    /// The calibrated start temperature.
     pub start_temperature: f64,
-    pub history: Vec<StepRecord>,
+    /// One record per temperature step run.
+    pub history: Vec<TemperatureStep>,
+    /// Proposals made.
     pub moves_done: u64,
+    /// Feasible proposals evaluated.
     pub evaluated: u64,
+    /// Proposals accepted.
     pub accepted: u64,
+    /// Chains run.
     pub chains: usize,
+    /// Temperature steps planned.
     pub steps: usize,
+    /// A wall-clock budget cut the search short.
     pub stopped_by_time: bool,
 }
 
@@ -184,7 +187,7 @@ pub fn anneal(px: &Proxy, init: &[u32], params: &AnnealParams) -> AnnealResult {
             }
         }
         let mean = pop.iter().map(|c| c.energy).sum::<f64>() / chains_n as f64;
-        result.history.push(StepRecord {
+        result.history.push(TemperatureStep {
             temperature: t,
             best_energy,
             best_cost,

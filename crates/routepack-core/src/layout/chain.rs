@@ -19,25 +19,24 @@
 use rand::Rng;
 use rand_xoshiro::Xoshiro256PlusPlus;
 
-use super::cost::{Delta, Proxy, Shards, Src};
+use super::proxy::{Delta, Proxy, Shards, Src};
 use super::detmath;
 
 /// A near-length partner is at most this many places away in length order.
 const NEAR: usize = 16;
 
-/// Relative frequencies of the proposals.
+/// Relative frequencies of the proposals (the defaults are in
+/// `packing::routepack::Options::default`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MoveMix {
+    /// Move a sample to another cell.
     pub shift: f64,
+    /// Swap two random samples of different cells.
     pub swap: f64,
+    /// Swap a sample with a near-length partner.
     pub near: f64,
+    /// Swap the contents of two cells.
     pub cells: f64,
-}
-
-impl Default for MoveMix {
-    fn default() -> Self {
-        Self { shift: 0.25, swap: 0.0, near: 0.65, cells: 0.1 }
-    }
 }
 
 impl MoveMix {
@@ -71,7 +70,7 @@ pub struct Chain {
     // scratch, not state
     d_a: Delta,
     d_b: Delta,
-    /// `[cells, row_len]` demand of each cell's samples (cell swaps read it; see
+    /// `[cells, demand_len]` demand of each cell's samples (cell swaps read it; see
     /// `Proxy::cell_table`).
     cagg: Vec<f32>,
 }
@@ -323,24 +322,25 @@ impl Chain {
                 self.sh.quad.swap(a, b);
             }
         }
-        // the rows first: a cell swap reads the cells' demand as it was before the move
+        // the (group, step) state first: a cell swap reads the cells' demand as it was before
+        // the move
         if p.gm_b == p.gm_a {
             px.apply_gm(&mut self.sh, p.gm_a, &self.d_a, &self.cagg, p.cost_a);
         } else {
             px.apply_pair(&mut self.sh, p.gm_a, &self.d_a, p.gm_b, &self.d_b, &self.cagg, (p.cost_a, p.cost_b));
         }
-        let len = px.row_len();
+        let len = px.demand_len();
         let (lo, hi) = (a.min(b), a.max(b));
         let (head, tail) = self.cagg.split_at_mut(hi * len);
-        let (row_lo, row_hi) = (&mut head[lo * len..(lo + 1) * len], &mut tail[..len]);
-        let (row_a, row_b) = if a < b { (row_lo, row_hi) } else { (row_hi, row_lo) };
+        let (dem_lo, dem_hi) = (&mut head[lo * len..(lo + 1) * len], &mut tail[..len]);
+        let (dem_a, dem_b) = if a < b { (dem_lo, dem_hi) } else { (dem_hi, dem_lo) };
         match p.kind {
             Kind::Move { s } => {
-                px.add_sample(row_a, s, -1.0);
-                px.add_sample(row_b, s, 1.0);
+                px.add_sample(dem_a, s, -1.0);
+                px.add_sample(dem_b, s, 1.0);
             }
-            Kind::Swap { s, t } => px.swap_samples(row_a, row_b, s, t),
-            Kind::Cells => row_a.swap_with_slice(row_b),
+            Kind::Swap { s, t } => px.swap_samples(dem_a, dem_b, s, t),
+            Kind::Cells => dem_a.swap_with_slice(dem_b),
         }
         self.energy = p.energy;
     }

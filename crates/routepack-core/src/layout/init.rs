@@ -8,9 +8,12 @@
 //! (a sample finds no cell with room); then the certified rows are laid out instead: heaviest
 //! row first onto the lightest (group, step) with a free rank.
 
-use super::cost::Proxy;
+use super::proxy::Proxy;
 
-/// Weight of sample s: Σ_l attention + tokens × (expert + all-to-all cost per token).
+/// Weight of sample s: Σ_l attention + tokens × (expert + all-to-all cost per token). A
+/// heuristic for ordering samples, not a cost-model term: the all-to-all share charges every
+/// token the slower link (not `CostModel::uniform_seconds_per_byte`'s split), and changing it
+/// would change the starting layouts and so the plans.
 pub fn sample_weight(px: &Proxy, s: usize) -> f64 {
     let n = px.lens[s] as f64;
     let att: f64 = px.kinds.iter().map(|&(q3, cnt)| cnt * (px.att_lin * n + q3 * n * n)).sum();

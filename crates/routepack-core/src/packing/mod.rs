@@ -1,29 +1,25 @@
-//! Packing (DESIGN.md stage 2): samples into token-capped execution rows, and rows onto
-//! (DP rank, microbatch step) cells with equal counts per rank and no empty cell.
+//! Packing (DESIGN.md stages 2 and 3): samples into token-capped rows, and rows onto
+//! (DP rank, step) cells with equal counts per rank and no empty cell. Every packer is here:
 //!
-//! * [`rows`]        row-level helpers shared by every packer (cap checks, equalising counts)
+//! * [`routepack`]   routepack's packing: certified rows, then the layout search (`crate::layout`)
 //! * [`sequential`]  arrival order, first fit (the Megatron/`static` baseline)
-//! * [`bounds`]      L1, Martello–Toth L2, rounded to a multiple of dp
-//! * [`heuristics`]  first-fit and best-fit decreasing
-//! * [`exact`]       branch and bound: pack into k rows, or prove it impossible
-//! * [`certified`]   the fewest rows with a certificate (bounds + heuristics + exact)
 //! * [`kk`]          verl's Karmarkar–Karp balancing (the `eplb` preset's packing)
-//!
-//! routepack's own packing (certified rows, then the annealed layout) is in `crate::layout`.
+//! * [`rows`]        the fewest rows with a certificate (bounds, heuristics, exact search) and
+//!   the row helpers every packer shares (cap checks, equalising counts)
 
-pub mod bounds;
-pub mod certified;
-pub mod exact;
-pub mod heuristics;
 pub mod kk;
+pub mod routepack;
 pub mod rows;
 pub mod sequential;
 
-/// A packed window: `rows[i]` lists the samples of row i; `sample_rank`/`sample_micro` say
-/// where each sample runs.
+/// A packed window: where each sample runs. `sample_rank[s]` is sample s's DP rank and
+/// `sample_micro[s]` its step, in `0..num_micro`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Packing {
+    /// `[S]` DP rank of each sample.
     pub sample_rank: Vec<i32>,
+    /// `[S]` step (microbatch index on its rank) of each sample.
     pub sample_micro: Vec<i32>,
+    /// Steps per DP rank (M).
     pub num_micro: usize,
 }

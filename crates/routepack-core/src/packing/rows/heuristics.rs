@@ -2,7 +2,7 @@
 //!
 //! Both take samples longest first (ties by index, so results are deterministic) and return
 //! rows as lists of sample indices, every row within the cap. They need every length to be in
-//! [1, cap] (see `rows::check_cap`). FFD keeps a max-segment tree over the rows' free room, so
+//! [1, cap] (see `super::check_cap`). FFD keeps a max-segment tree over the rows' free room, so
 //! "the first row with room" is O(log rows); BFD keeps rows ordered by room.
 
 use std::collections::BTreeSet;

@@ -1,5 +1,17 @@
-//! Helpers shared by the packers: cap checks, making the row count a multiple of dp, and
-//! laying rows out onto (rank, step) cells.
+//! Token-capped rows: the fewest rows with a certificate, and the helpers every packer shares.
+//!
+//! * [`bounds`]      L1, Martello–Toth L2, rounded to a multiple of dp
+//! * [`heuristics`]  first-fit and best-fit decreasing
+//! * [`exact`]       branch and bound: pack into k rows, or prove it impossible
+//! * [`certified`]   the fewest rows with a certificate (bounds + heuristics + exact)
+//!
+//! The helpers below: cap checks, making the row count a multiple of dp, and laying rows out
+//! onto (DP rank, step) cells in order.
+
+pub mod bounds;
+pub mod certified;
+pub mod exact;
+pub mod heuristics;
 
 use super::Packing;
 use crate::error::{Error, Result};

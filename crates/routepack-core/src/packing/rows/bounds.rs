@@ -10,7 +10,7 @@
 
 use crate::error::{Error, Result};
 
-use super::rows::check_cap;
+use super::check_cap;
 
 /// L1 = ceil(Σ n / cap). `cap` must be >= 1 (checked by callers via `check_cap`).
 pub fn l1(seq_lens: &[i64], cap: i64) -> usize {

@@ -13,7 +13,7 @@ use std::time::Instant;
 use super::bounds::{l1, l2};
 use super::exact::{pack_into, Outcome};
 use super::heuristics::{bfd, ffd};
-use super::rows::check_cap;
+use super::check_cap;
 use crate::error::{invalid, Error, Result};
 
 /// Rows and how far they are from optimal.
@@ -42,7 +42,7 @@ pub struct CertifiedRows {
 /// until there are `count`. Needs count <= number of samples.
 pub fn split_to(rows: &mut Vec<Vec<usize>>, seq_lens: &[i64], count: usize) {
     while rows.len() < count {
-        let split = super::rows::split_heaviest(rows, seq_lens);
+        let split = super::split_heaviest(rows, seq_lens);
         assert!(split, "fewer rows than samples, so some row has two");
     }
 }
@@ -104,7 +104,7 @@ pub fn certified_rows(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::packing::heuristics::row_tokens;
+    use crate::packing::rows::heuristics::row_tokens;
 
     #[test]
     fn certifies_at_the_dp_rounded_bound() {

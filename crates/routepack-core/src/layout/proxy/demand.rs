@@ -1,0 +1,211 @@
+//! The samples' demand vectors: routing projected through the placement (`project`), stored
+//! compactly (`SampleDemand`), and summed per cell (`Proxy::cell_table` and its updates).
+
+use rayon::prelude::*;
+
+use crate::layout::kernel::{Demand, Shape};
+use super::{Proxy, Src};
+use crate::placement::Placement;
+use crate::topology::Topology;
+use crate::window::WindowView;
+
+/// Every sample's demand vector, `[S, demand_len]` (see the module docs of `proxy`): tokens
+/// for expert e are split evenly over e's replicas and rounded to whole tokens per
+/// (sample, layer, rank), so every sum is exact in f32 whatever the placement.
+pub(super) fn project(w: &WindowView, topo: &Topology, placement: &Placement, shape: Shape) -> Vec<f32> {
+    let (s_n, l_n, ep) = (w.num_samples, w.num_layers, topo.ep);
+    let rpn = topo.ranks_per_group_node();
+    // per layer: the rank of each single-replica expert (u32::MAX if replicated), and the
+    // (expert, rank, share) triples of replicated experts, shares on one rank merged
+    type Routes = (Vec<u32>, Vec<(usize, usize, f64)>);
+    let routes: Vec<Routes> = (0..l_n)
+        .map(|l| {
+            let (off, slots) = placement.replicas_of_layer(l);
+            let mut single = vec![u32::MAX; w.num_experts];
+            let mut multi: Vec<(usize, usize, f64)> = Vec::new();
+            for e in 0..w.num_experts {
+                let sl = &slots[off[e]..off[e + 1]];
+                if sl.len() == 1 {
+                    single[e] = topo.rank_of_slot(sl[0]) as u32;
+                    continue;
+                }
+                let start = multi.len();
+                for &slot in sl {
+                    let p = topo.rank_of_slot(slot);
+                    match multi[start..].iter_mut().find(|x| x.1 == p) {
+                        Some(x) => x.2 += 1.0 / sl.len() as f64,
+                        None => multi.push((e, p, 1.0 / sl.len() as f64)),
+                    }
+                }
+            }
+            (single, multi)
+        })
+        .collect();
+    let demand_len = shape.demand_len();
+    let mut demand = vec![0f32; s_n * demand_len];
+    demand.par_chunks_mut(demand_len).enumerate().for_each(|(s, out)| {
+        let mut whole = vec![0i64; ep + 1];
+        let mut part = vec![0f64; ep];
+        for (l, (single, multi)) in routes.iter().enumerate() {
+            whole.iter_mut().for_each(|x| *x = 0);
+            part.iter_mut().for_each(|x| *x = 0.0);
+            let x = w.tokens(s, l);
+            // replicated experts land in the spare entry `ep` here and are split below
+            for (&r, &n) in single.iter().zip(x) {
+                whole[(r as usize).min(ep)] += n as i64;
+            }
+            for &(e, p, sh) in multi {
+                part[p] += x[e] as f64 * sh;
+            }
+            let (mut sent, mut node_sent) = (0f32, 0f32);
+            for p in 0..ep {
+                let v = (whole[p] as f64 + part[p]).round() as f32;
+                out[shape.proj_at(l, p)] = v;
+                sent += v;
+                node_sent += v;
+                if (p + 1) % rpn == 0 {
+                    out[shape.onode_at(l, p / rpn)] = node_sent;
+                    node_sent = 0.0;
+                }
+            }
+            out[shape.otot_at(l)] = sent;
+        }
+    });
+    demand
+}
+
+/// The samples' demand vectors: `[S, demand_len]` f32, or, when every proj value fits in 16
+/// bits (tokens one sample sends one rank in one layer: almost always), proj `[S, proj_len]`
+/// in u16 and the tails (otot, onode) `[S, demand_len − proj_len]` in f32. The annealer
+/// streams random samples' demand from a table of tens of MiB; half the bytes is a faster
+/// move.
+pub enum SampleDemand {
+    /// `[S, demand_len]`
+    F32(Vec<f32>),
+    /// Compact: proj in u16, the tails in f32.
+    U16 {
+        /// `[S, proj_len]`
+        proj: Vec<u16>,
+        /// `[S, demand_len − proj_len]`
+        tail: Vec<f32>,
+    },
+}
+
+impl SampleDemand {
+    /// Compact vectors of `full` (`[S, demand_len]`) when they fit, else `full` itself.
+    pub(super) fn new(full: Vec<f32>, shape: Shape) -> Self {
+        let (len, pl) = (shape.demand_len(), shape.proj_len());
+        if full.chunks_exact(len).any(|r| r[..pl].iter().any(|&x| x > u16::MAX as f32)) {
+            return SampleDemand::F32(full);
+        }
+        let proj = full.chunks_exact(len).flat_map(|r| r[..pl].iter().map(|&x| x as u16)).collect();
+        let tail = full.chunks_exact(len).flat_map(|r| r[pl..].iter().copied()).collect();
+        SampleDemand::U16 { proj, tail }
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        match self {
+            SampleDemand::F32(x) => x.len() * 4,
+            SampleDemand::U16 { proj, tail } => proj.len() * 2 + tail.len() * 4,
+        }
+    }
+
+    /// Sample s's demand vector.
+    #[inline]
+    pub(super) fn of(&self, s: usize, shape: Shape) -> Demand<'_> {
+        let (len, pl) = (shape.demand_len(), shape.proj_len());
+        match self {
+            SampleDemand::F32(x) => Demand::F32(&x[s * len..(s + 1) * len]),
+            SampleDemand::U16 { proj, tail } => Demand::U16 { proj: &proj[s * pl..(s + 1) * pl], tail: &tail[s * (len - pl)..(s + 1) * (len - pl)] },
+        }
+    }
+}
+
+impl Proxy {
+    /// Length of a demand vector (a sample's or a cell's).
+    #[inline]
+    pub fn demand_len(&self) -> usize {
+        self.shape.demand_len()
+    }
+    /// Tokens sample s sends in layer l.
+    #[inline]
+    pub fn sent(&self, s: usize, l: usize) -> f32 {
+        match self.demand.of(s, self.shape) {
+            Demand::F32(r) => r[self.shape.otot_at(l)],
+            Demand::U16 { tail, .. } => tail[self.shape.otot_at(l) - self.shape.proj_len()],
+        }
+    }
+
+    /// Adds (`sign` = 1) or removes (−1) sample s's demand vector to/from a cell's `demand`.
+    /// Values are whole numbers, so a cell's vector always equals the sum over its samples.
+    pub fn add_sample(&self, demand: &mut [f32], s: usize, sign: f32) {
+        match self.demand.of(s, self.shape) {
+            Demand::F32(r) => {
+                for (x, &y) in demand.iter_mut().zip(r) {
+                    *x += sign * y;
+                }
+            }
+            Demand::U16 { proj, tail } => {
+                let (rp, rt) = demand.split_at_mut(proj.len());
+                for (x, &y) in rp.iter_mut().zip(proj) {
+                    *x += sign * y as f32;
+                }
+                for (x, &y) in rt.iter_mut().zip(tail) {
+                    *x += sign * y;
+                }
+            }
+        }
+    }
+
+    /// Cell demand `dem_a` loses sample s and gains t, `dem_b` the other way round: one pass
+    /// over each (the values are whole numbers, so this is exactly four `add_sample`s).
+    pub fn swap_samples(&self, dem_a: &mut [f32], dem_b: &mut [f32], s: usize, t: usize) {
+        let swap = |x: &mut f32, y: &mut f32, vs: f32, vt: f32| {
+            let d = vt - vs;
+            *x += d;
+            *y -= d;
+        };
+        match (self.demand.of(s, self.shape), self.demand.of(t, self.shape)) {
+            (Demand::F32(rs), Demand::F32(rt)) => {
+                for (((x, y), &vs), &vt) in dem_a.iter_mut().zip(dem_b.iter_mut()).zip(rs).zip(rt) {
+                    swap(x, y, vs, vt);
+                }
+            }
+            (Demand::U16 { proj: ps, tail: ts }, Demand::U16 { proj: pt, tail: tt }) => {
+                let pl = ps.len();
+                let (pa, ta) = dem_a.split_at_mut(pl);
+                let (pb, tb) = dem_b.split_at_mut(pl);
+                for (((x, y), &vs), &vt) in pa.iter_mut().zip(pb.iter_mut()).zip(ps).zip(pt) {
+                    swap(x, y, vs as f32, vt as f32);
+                }
+                for (((x, y), &vs), &vt) in ta.iter_mut().zip(tb.iter_mut()).zip(ts).zip(tt) {
+                    swap(x, y, vs, vt);
+                }
+            }
+            _ => unreachable!("all samples' demand vectors are of one kind"),
+        }
+    }
+
+    /// The per-cell table `[cells, demand_len]` of a layout.
+    pub fn cell_table(&self, cell_of: &[u32]) -> Vec<f32> {
+        let len = self.demand_len();
+        let mut t = vec![0f32; self.cells() * len];
+        for (s, &c) in cell_of.iter().enumerate() {
+            let c = c as usize;
+            self.add_sample(&mut t[c * len..(c + 1) * len], s, 1.0);
+        }
+        t
+    }
+
+    /// A source's demand vector (None: zeros); `cells` is the per-cell table.
+    #[inline]
+    pub(super) fn source<'a>(&'a self, src: Src, cells: &'a [f32]) -> Option<Demand<'a>> {
+        let len = self.demand_len();
+        match src {
+            Src::Zero => None,
+            Src::Sample(s) => Some(self.demand.of(s as usize, self.shape)),
+            Src::Cell(c) => Some(Demand::F32(&cells[c * len..(c + 1) * len])),
+        }
+    }
+}

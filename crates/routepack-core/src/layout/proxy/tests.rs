@@ -1,0 +1,145 @@
+//! The proxy against `simulate`, its incremental evaluation against a rebuild, and the
+//! compact sample demand.
+
+use super::*;
+use crate::layout::kernel::{Demand, Shape};
+use crate::placement::static_placement;
+use crate::plan::Plan;
+use crate::simulate::simulate;
+
+/// A small window with skewed expert demand.
+pub(crate) fn window(s_n: usize, l_n: usize, e_n: usize, seed: u64) -> (Vec<i64>, Vec<i32>) {
+    use rand::{RngExt, SeedableRng};
+    let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(seed);
+    let lens: Vec<i64> = (0..s_n).map(|_| rng.random_range(50..900i64)).collect();
+    let mut tok = vec![0i32; s_n * l_n * e_n];
+    for s in 0..s_n {
+        for l in 0..l_n {
+            for _ in 0..lens[s] * 2 {
+                let e = (rng.random_range(0..e_n * e_n) as f64).sqrt() as usize;
+                tok[(s * l_n + l) * e_n + e] += 1;
+            }
+        }
+    }
+    (lens, tok)
+}
+
+#[test]
+fn proxy_matches_simulate_under_static_placement() {
+    let (s_n, l_n, e_n) = (48, 4, 16);
+    let (lens, tok) = window(s_n, l_n, e_n, 3);
+    let w = WindowView::new(&lens, &tok, l_n, e_n).unwrap();
+    let topo = Topology::new(8, 4, 2, 4).unwrap();
+    let cost = CostModel::for_tests(l_n);
+    let pl = static_placement(l_n, e_n, &topo).unwrap();
+    let m_n = 3;
+    let px = Proxy::new(&w, &topo, &cost, &pl, 4000, m_n, 0.0).unwrap();
+    let cell_of: Vec<u32> = (0..s_n as u32).map(|s| s % (8 * m_n as u32)).collect();
+    let sh = px.build(&cell_of);
+    let plan = Plan {
+        placement: pl,
+        sample_rank: cell_of.iter().map(|&c| (c as usize / m_n) as i32).collect(),
+        sample_micro: cell_of.iter().map(|&c| (c as usize % m_n) as i32).collect(),
+        num_micro: m_n,
+        replicas: vec![],
+        migration: vec![],
+    };
+    let rep = simulate(&plan, &w, &topo, &cost, None).unwrap();
+    for g in 0..2 {
+        let rel = (sh.group_cost[g] - rep.group_times[g]).abs() / rep.group_times[g];
+        assert!(rel < 1e-5, "group {g}: proxy {} vs simulate {}", sh.group_cost[g], rep.group_times[g]);
+    }
+}
+
+#[test]
+fn proxy_tracks_simulate_with_replicated_experts() {
+    // EPLB replicates the hot experts: the proxy splits their tokens evenly over the replicas
+    // (rounded per sample, layer and rank), `simulate` routes them through `flow`
+    let (s_n, l_n, e_n) = (48, 4, 16);
+    let (lens, tok) = window(s_n, l_n, e_n, 7);
+    let w = WindowView::new(&lens, &tok, l_n, e_n).unwrap();
+    let topo = Topology::new(8, 4, 2, 5).unwrap();
+    let cost = CostModel::for_tests(l_n);
+    let mut loads = vec![0f64; l_n * e_n];
+    for s in 0..s_n {
+        for l in 0..l_n {
+            for (e, &n) in w.tokens(s, l).iter().enumerate() {
+                loads[l * e_n + e] += n as f64;
+            }
+        }
+    }
+    let groups = crate::placement::eplb::default_num_groups(e_n, &topo);
+    let pl = crate::placement::eplb::eplb_placement(&loads, l_n, e_n, &topo, groups).unwrap();
+    assert!(pl.max_replicas() > 1, "the test needs replicated experts");
+    let m_n = 3;
+    let px = Proxy::new(&w, &topo, &cost, &pl, 4000, m_n, 0.0).unwrap();
+    let cell_of: Vec<u32> = (0..s_n as u32).map(|s| (s * 5) % (8 * m_n as u32)).collect();
+    let sh = px.build(&cell_of);
+    let plan = Plan {
+        placement: pl,
+        sample_rank: cell_of.iter().map(|&c| (c as usize / m_n) as i32).collect(),
+        sample_micro: cell_of.iter().map(|&c| (c as usize % m_n) as i32).collect(),
+        num_micro: m_n,
+        replicas: vec![],
+        migration: vec![],
+    };
+    let rep = simulate(&plan, &w, &topo, &cost, None).unwrap();
+    for g in 0..2 {
+        let rel = (sh.group_cost[g] - rep.group_times[g]).abs() / rep.group_times[g];
+        assert!(rel < 1e-3, "group {g}: proxy {} vs simulate {}", sh.group_cost[g], rep.group_times[g]);
+    }
+    assert!((px.step_time(&sh) - rep.step_time).abs() / rep.step_time < 1e-3);
+}
+
+#[test]
+fn incremental_evaluation_equals_rebuild() {
+    let (s_n, l_n, e_n) = (40, 3, 8);
+    let (lens, tok) = window(s_n, l_n, e_n, 5);
+    let w = WindowView::new(&lens, &tok, l_n, e_n).unwrap();
+    let topo = Topology::new(4, 2, 1, 5).unwrap();
+    let cost = CostModel::for_tests(l_n);
+    let pl = static_placement(l_n, e_n, &topo).unwrap();
+    let px = Proxy::new(&w, &topo, &cost, &pl, 100_000, 2, 0.1).unwrap();
+    let mut cell_of: Vec<u32> = (0..s_n as u32).map(|s| s % 8).collect();
+    let sh = px.build(&cell_of);
+    // move sample 0 from cell 0 (rank 0, step 0) to cell 7 (rank 3, step 1): another group
+    let (ga, gb) = (px.gm_of(0), px.gm_of(7));
+    let da = Delta::one(Src::Sample(0), Src::Zero, 0, -1.0, -1.0);
+    let db = Delta::one(Src::Sample(0), Src::Zero, 1, 1.0, 1.0);
+    let ca = px.eval_gm(&sh, ga, &da, &[]);
+    let cb = px.eval_gm(&sh, gb, &db, &[]);
+    let mut inc = sh.clone();
+    inc.lin[0] -= lens[0];
+    inc.quad[0] -= lens[0] * lens[0];
+    inc.lin[7] += lens[0];
+    inc.quad[7] += lens[0] * lens[0];
+    px.apply_gm(&mut inc, ga, &da, &[], ca);
+    px.apply_gm(&mut inc, gb, &db, &[], cb);
+    cell_of[0] = 7;
+    let fresh = px.build(&cell_of);
+    assert_eq!(fresh.gm, inc.gm);
+    assert_eq!(fresh.att_top, inc.att_top);
+    assert!((fresh.gm_cost[ga] - ca).abs() <= 1e-12 * ca.abs().max(1.0));
+    assert!((fresh.gm_cost[gb] - cb).abs() <= 1e-12 * cb.abs().max(1.0));
+}
+
+#[test]
+fn sample_demand_is_compact_only_when_every_value_fits() {
+    let shape = Shape::new(3, 4, 2);
+    let mut full: Vec<f32> = (0..2 * shape.demand_len()).map(|i| (i % 50) as f32).collect();
+    let otot = shape.otot_at(1);
+    full[otot] = 1e6; // tails may exceed 16 bits
+    let demand = SampleDemand::new(full.clone(), shape);
+    assert!(matches!(demand, SampleDemand::U16 { .. }));
+    for s in 0..2 {
+        match demand.of(s, shape) {
+            Demand::U16 { proj, tail } => {
+                let back: Vec<f32> = proj.iter().map(|&x| x as f32).chain(tail.iter().copied()).collect();
+                assert_eq!(back, full[s * shape.demand_len()..(s + 1) * shape.demand_len()]);
+            }
+            Demand::F32(_) => unreachable!(),
+        }
+    }
+    full[shape.proj_at(2, 3) + shape.demand_len()] = 70_000.0;
+    assert!(matches!(SampleDemand::new(full, shape), SampleDemand::F32(_)));
+}

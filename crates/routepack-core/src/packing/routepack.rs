@@ -1,0 +1,203 @@
+//! routepack's packing: the fewest token-capped rows with a certificate (`super::rows`), which
+//! fixes M = rows / dp steps per DP rank; then the layout search (`crate::layout`) places the
+//! samples on the dp × M grid of cells, minimising the slowest EP group's accumulated cost
+//! under the layout proxy. The annealer moves samples between rows too, so the certified rows
+//! fix the count, not the membership.
+//!
+//! [`Options::default`] holds every default of this stage (the bindings and `_core.defaults()`
+//! read them from there).
+
+use std::time::{Duration, Instant};
+
+use super::rows::certified::certified_rows;
+use super::Packing;
+use crate::cost::CostModel;
+use crate::error::{bad_plan, invalid, Result};
+use crate::layout::chain::MoveMix;
+use crate::layout::{anneal, init, AnnealParams, AnnealResult, Proxy};
+use crate::placement::Placement;
+use crate::topology::Topology;
+use crate::window::WindowView;
+
+/// The layout search's default budget in proposed moves over all chains. Sized so a whole
+/// `routepack` plan of a `flash` window (placement, rows, layout, replication, the final
+/// simulate) takes under 1 s on the 2-core reference machine: the anneal runs at about 1M
+/// moves per CPU-second there (`cargo bench --bench packing`), so this is about 0.15 s of wall
+/// time on two cores; `tiny` anneals 3x faster. Deterministic, unlike a wall-clock budget.
+/// Quality rises slowly with more (benches/packing_quality.py prints the curve).
+pub const DEFAULT_MOVES: u64 = 300_000;
+
+/// Settings of routepack's packing.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Options {
+    /// The layout search (population annealing).
+    pub anneal: AnnealParams,
+    /// Node limit of the exact row search (per target count).
+    pub exact_nodes: u64,
+    /// Weight of the mean group cost in the annealer's energy (see `layout::proxy`).
+    pub lambda: f64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            anneal: AnnealParams {
+                seed: 0,
+                moves: DEFAULT_MOVES,
+                // two chains: one per core on the 2-core reference machine
+                chains: 2,
+                steps: 24,
+                start_accept: 0.1,
+                cooling: 1e-3,
+                time_budget: None,
+                mix: MoveMix { shift: 0.25, swap: 0.0, near: 0.65, cells: 0.1 },
+            },
+            exact_nodes: 200_000,
+            lambda: 0.1,
+        }
+    }
+}
+
+/// The row certificate, copied out of `CertifiedRows` (without the rows themselves).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowsReport {
+    /// How many rows (dp · M).
+    pub num_rows: usize,
+    /// Steps per DP rank (M).
+    pub micro: usize,
+    /// The continuous lower bound ceil(Σ n / cap).
+    pub l1: usize,
+    /// Martello and Toth's lower bound.
+    pub l2: usize,
+    /// The lower bound on the row count (a multiple of dp).
+    pub lower_bound: usize,
+    /// True when no feasible plan has fewer rows.
+    pub certified: bool,
+    /// `num_rows - lower_bound`.
+    pub gap: usize,
+    /// Which method produced the rows: "ffd", "bfd" or "exact".
+    pub method: &'static str,
+    /// Rows the packing used before splitting to a multiple of dp.
+    pub bins: usize,
+    /// Nodes the exact search visited.
+    pub nodes: u64,
+}
+
+/// What routepack's packing did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Report {
+    /// The certified rows.
+    pub rows: RowsReport,
+    /// The layout the search started from: "worst_fit" or "rows" (see `layout::init`).
+    pub init: &'static str,
+    /// The layout search.
+    pub anneal: AnnealResult,
+    /// Wall seconds of the parts: rows, proxy (projections), init, anneal.
+    pub seconds: [f64; 4],
+}
+
+/// routepack's packing: certified rows, then the annealed layout. `placement` is the one the
+/// plan will use (expert loads on EP ranks are projected through it).
+pub fn routepack_packing(
+    w: &WindowView,
+    topo: &Topology,
+    cost: &CostModel,
+    placement: &Placement,
+    token_cap: i64,
+    opts: &Options,
+) -> Result<(Packing, Report)> {
+    let a = &opts.anneal;
+    if a.chains == 0 {
+        return Err(invalid("anneal_chains", "must be >= 1, got 0"));
+    }
+    if a.steps == 0 {
+        return Err(invalid("anneal_steps", "must be >= 1, got 0"));
+    }
+    if !(a.start_accept > 0.0 && a.start_accept < 1.0) {
+        return Err(invalid("start_accept", format!("must be in (0, 1), got {}", a.start_accept)));
+    }
+    if a.mix.thresholds().is_none() {
+        return Err(invalid("anneal_mix", format!("weights must be finite, >= 0 and not all 0, got {:?}", a.mix)));
+    }
+    if !(a.cooling > 0.0 && a.cooling <= 1.0) {
+        return Err(invalid("cooling", format!("must be in (0, 1], got {}", a.cooling)));
+    }
+    topo.check_experts(w.num_experts)?;
+    let start = Instant::now();
+    // the exact search may use a quarter of a wall-clock budget
+    let exact_deadline = a.time_budget.map(|b| start + b / 4);
+    let rows = certified_rows(w.seq_lens, token_cap, topo.dp, opts.exact_nodes, exact_deadline)?;
+    let t_rows = start.elapsed().as_secs_f64();
+    let micro = rows.rows.len() / topo.dp;
+    let px = Proxy::new(w, topo, cost, placement, token_cap, micro, opts.lambda)?;
+    let t_proxy = start.elapsed().as_secs_f64();
+    let (init, how) = match init::worst_fit(&px) {
+        Some(c) => (c, "worst_fit"),
+        None => (init::from_rows(&px, &rows.rows), "rows"),
+    };
+    let t_init = start.elapsed().as_secs_f64();
+    let mut params = a.clone();
+    params.time_budget = a.time_budget.map(|b| b.saturating_sub(start.elapsed()).max(Duration::from_millis(1)));
+    let result = anneal::anneal(&px, &init, &params);
+    let t_anneal = start.elapsed().as_secs_f64();
+    let packing = to_packing(&result.cell_of, micro);
+    let report = Report {
+        rows: RowsReport {
+            num_rows: rows.rows.len(),
+            micro,
+            l1: rows.l1,
+            l2: rows.l2,
+            lower_bound: rows.lower_bound,
+            certified: rows.certified,
+            gap: rows.gap,
+            method: rows.method,
+            bins: rows.bins,
+            nodes: rows.nodes,
+        },
+        init: how,
+        anneal: result,
+        seconds: [t_rows, t_proxy - t_rows, t_init - t_proxy, t_anneal - t_init],
+    };
+    Ok((packing, report))
+}
+
+/// A layout's cells d·M + m → (sample_rank, sample_micro).
+pub fn to_packing(cell_of: &[u32], micro: usize) -> Packing {
+    Packing {
+        sample_rank: cell_of.iter().map(|&c| (c as usize / micro) as i32).collect(),
+        sample_micro: cell_of.iter().map(|&c| (c as usize % micro) as i32).collect(),
+        num_micro: micro,
+    }
+}
+
+/// The layout proxy's step time (max_g C_g, see `layout::proxy`) of any packing: to check
+/// that the proxy tracks `simulate`. The packing's ranks and steps must be in range.
+pub fn proxy_step_time(
+    w: &WindowView,
+    topo: &Topology,
+    cost: &CostModel,
+    placement: &Placement,
+    packing: &Packing,
+) -> Result<f64> {
+    let m_n = packing.num_micro;
+    if packing.sample_rank.len() != w.num_samples || packing.sample_micro.len() != w.num_samples {
+        return Err(bad_plan(format!(
+            "sample_rank has {} and sample_micro {} entries; the window has {} samples",
+            packing.sample_rank.len(),
+            packing.sample_micro.len(),
+            w.num_samples
+        )));
+    }
+    let mut cell_of = Vec::with_capacity(w.num_samples);
+    for (s, (&d, &m)) in packing.sample_rank.iter().zip(&packing.sample_micro).enumerate() {
+        if d < 0 || d as usize >= topo.dp || m < 0 || m as usize >= m_n {
+            return Err(bad_plan(format!("sample {s} is at (rank {d}, micro {m}), outside {}x{m_n}", topo.dp)));
+        }
+        cell_of.push((d as usize * m_n + m as usize) as u32);
+    }
+    let px = Proxy::new(w, topo, cost, placement, i64::MAX, m_n, 0.0)?;
+    Ok(px.step_time(&px.build(&cell_of)))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,95 @@
+//! routepack's packing end to end: feasible plans, the proxy against `simulate`, determinism.
+
+use rand::SeedableRng;
+
+use super::*;
+use crate::layout::chain::Chain;
+use crate::placement::static_placement;
+use crate::plan::Plan;
+use crate::simulate::simulate;
+use crate::validate::validate_plan;
+
+fn window(s_n: usize, l_n: usize, e_n: usize, seed: u64) -> (Vec<i64>, Vec<i32>) {
+    use rand::RngExt;
+    let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(seed);
+    let lens: Vec<i64> = (0..s_n).map(|_| rng.random_range(20..1500i64)).collect();
+    let mut tok = vec![0i32; s_n * l_n * e_n];
+    for s in 0..s_n {
+        let hot = rng.random_range(0..e_n);
+        for l in 0..l_n {
+            for _ in 0..lens[s] * 2 {
+                let e = if rng.random_range(0..3) == 0 { hot } else { rng.random_range(0..e_n) };
+                tok[(s * l_n + l) * e_n + e] += 1;
+            }
+        }
+    }
+    (lens, tok)
+}
+
+fn setup(s_n: usize) -> (Vec<i64>, Vec<i32>, Topology, CostModel) {
+    let (lens, tok) = window(s_n, 4, 16, 11);
+    (lens, tok, Topology::new(8, 4, 2, 5).unwrap(), CostModel::for_tests(4))
+}
+
+#[test]
+fn chain_state_stays_exact_and_feasible() {
+    let (lens, tok, topo, cost) = setup(96);
+    let w = WindowView::new(&lens, &tok, 4, 16).unwrap();
+    let pl = static_placement(4, 16, &topo).unwrap();
+    let rows = certified_rows(&lens, 3000, 8, 1000, None).unwrap();
+    let m_n = rows.rows.len() / 8;
+    let px = Proxy::new(&w, &topo, &cost, &pl, 3000, m_n, 0.1).unwrap();
+    let init = init::worst_fit(&px).unwrap_or_else(|| init::from_rows(&px, &rows.rows));
+    let mix = Options::default().anneal.mix;
+    let mut c = Chain::new(&px, &init, rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(1), mix);
+    for round in 0..5 {
+        c.run(&px, 2000, if round < 4 { 1e-4 } else { 0.0 }, None);
+        assert!(c.consistent(&px), "incremental state drifted from a rebuild");
+        let p = to_packing(&c.cell_of, m_n);
+        let plan = Plan { placement: pl.clone(), sample_rank: p.sample_rank, sample_micro: p.sample_micro, num_micro: m_n, replicas: vec![], migration: vec![] };
+        validate_plan(&plan, &w, &topo, 3000).unwrap();
+    }
+    assert!(c.accepted > 0 && c.evaluated > c.accepted);
+}
+
+#[test]
+fn annealing_improves_and_the_proxy_tracks_simulate() {
+    let (lens, tok, topo, cost) = setup(128);
+    let w = WindowView::new(&lens, &tok, 4, 16).unwrap();
+    let pl = static_placement(4, 16, &topo).unwrap();
+    let mut opts = Options::default();
+    opts.anneal.moves = 40_000;
+    let (p, rep) = routepack_packing(&w, &topo, &cost, &pl, 4096, &opts).unwrap();
+    assert!(rep.anneal.best_cost < rep.anneal.initial_cost);
+    assert_eq!(rep.anneal.history.len(), rep.anneal.steps);
+    let plan = Plan { placement: pl.clone(), sample_rank: p.sample_rank.clone(), sample_micro: p.sample_micro.clone(), num_micro: p.num_micro, replicas: vec![], migration: vec![] };
+    validate_plan(&plan, &w, &topo, 4096).unwrap();
+    let sim = simulate(&plan, &w, &topo, &cost, None).unwrap();
+    let proxy = proxy_step_time(&w, &topo, &cost, &pl, &p).unwrap();
+    assert!((sim.step_time - proxy).abs() / sim.step_time < 1e-3, "simulate {} proxy {proxy}", sim.step_time);
+}
+
+#[test]
+fn same_plan_on_one_and_two_threads() {
+    let (lens, tok, topo, cost) = setup(128);
+    let w = WindowView::new(&lens, &tok, 4, 16).unwrap();
+    let pl = static_placement(4, 16, &topo).unwrap();
+    let mut opts = Options::default();
+    opts.anneal.moves = 20_000;
+    opts.anneal.seed = 5;
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        pool.install(|| routepack_packing(&w, &topo, &cost, &pl, 4096, &opts).unwrap())
+    };
+    let (a, ra) = run(1);
+    let (b, rb) = run(2);
+    assert_eq!(a, b);
+    assert_eq!(ra.anneal.history, rb.anneal.history);
+    opts.anneal.seed = 6;
+    let (c, _) = pool_free(&w, &topo, &cost, &pl, &opts);
+    assert_ne!(a, c, "another seed should give another layout");
+}
+
+fn pool_free(w: &WindowView, topo: &Topology, cost: &CostModel, pl: &Placement, opts: &Options) -> (Packing, Report) {
+    routepack_packing(w, topo, cost, pl, 4096, opts).unwrap()
+}
