@@ -3,7 +3,7 @@
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use routepack_core::packing::routepack::{Options as LayoutOptions, DEFAULT_MOVES};
+use routepack_core::packing::routepack::{Options as PackingOptions, DEFAULT_MOVES};
 use routepack_core::placement::demand::DEFAULT_CHUNKS;
 use routepack_core::placement::routepack::Options as PlacementOptions;
 use routepack_core::replication::hot_n::DEFAULT_HOT_EXPERTS;
@@ -23,7 +23,7 @@ pub fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     placement.set_item("placement_migration_aware", p.migration_aware)?;
     out.set_item("placement", placement)?;
 
-    let l = LayoutOptions::default();
+    let l = PackingOptions::default();
     let a = &l.anneal;
     let packing = PyDict::new(py);
     packing.set_item("anneal_moves", DEFAULT_MOVES)?;

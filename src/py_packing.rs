@@ -6,7 +6,7 @@ use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyReadonl
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use routepack_core::layout::chain::MoveMix;
-use routepack_core::packing::routepack::{proxy_step_time, routepack_packing, Options as LayoutOptions};
+use routepack_core::packing::routepack::{proxy_step_time, routepack_packing, Options as PackingOptions};
 use routepack_core::packing::rows::certified::certified_rows;
 use routepack_core::packing::kk::verl_kk;
 use routepack_core::packing::sequential::sequential;
@@ -47,7 +47,7 @@ pub fn pack_kk<'py>(py: Python<'py>, seq_lens: PyReadonlyArray1<'py, i64>, token
 #[pyo3(signature = (seq_lens, token_cap, step, node_limit=None))]
 pub fn pack_rows<'py>(py: Python<'py>, seq_lens: PyReadonlyArray1<'py, i64>, token_cap: i64, step: usize, node_limit: Option<u64>) -> PyResult<Bound<'py, PyDict>> {
     let lens = slice(&seq_lens, "seq_lens")?;
-    let node_limit = node_limit.unwrap_or_else(|| LayoutOptions::default().exact_nodes);
+    let node_limit = node_limit.unwrap_or_else(|| PackingOptions::default().exact_nodes);
     let c = run(py, || certified_rows(lens, token_cap, step, node_limit, None))?;
     let d = PyDict::new(py);
     d.set_item("rows", c.rows.len())?;
@@ -64,7 +64,7 @@ pub fn pack_rows<'py>(py: Python<'py>, seq_lens: PyReadonlyArray1<'py, i64>, tok
 
 /// routepack's packing: certified rows, then the layout by population annealing.
 /// Returns `(sample_rank [S], sample_micro [S], num_micro, report)`. Every option left None
-/// takes the core's default (`LayoutOptions::default()`); `time_budget_s` None: no time limit.
+/// takes the core's default (`PackingOptions::default()`); `time_budget_s` None: no time limit.
 #[pyfunction]
 #[pyo3(signature = (seq_lens, expert_tokens, topo, cost, phy2log, token_cap, seed=None, anneal_moves=None,
     time_budget_s=None, chains=None, steps=None, exact_nodes=None, lambda_=None, start_accept=None, cooling=None,
@@ -98,7 +98,7 @@ pub fn pack_routepack<'py>(
         Some(s) if s.is_finite() && s > 0.0 => Some(Duration::from_secs_f64(s)),
         Some(s) => return Err(to_py(routepack_core::error::invalid("time_budget_s", format!("must be finite and > 0, got {s}")))),
     };
-    let mut opts = LayoutOptions::default();
+    let mut opts = PackingOptions::default();
     opts.exact_nodes = exact_nodes.unwrap_or(opts.exact_nodes);
     opts.lambda = lambda_.unwrap_or(opts.lambda);
     let a = &mut opts.anneal;
