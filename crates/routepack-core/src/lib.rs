@@ -5,16 +5,18 @@
 //! * [`placement`]  expert placement (static, EPLB baseline, routepack)
 //! * [`packing`]    token-capped rows: bounds, heuristics, exact search, baselines
 //! * [`layout`]     routepack's packing: rows laid out on (rank, step) by population annealing
-//! * [`replication`] intra-batch hot-expert replicas per (micro, group, layer): hot_n, relibra, routepack
+//! * [`replication`] intra-batch hot-expert replicas per exchange (EP group, step, layer):
+//!   hot_n, relibra, routepack
 //! * [`migration`]  moves (weights + optimizer state) from the placement in force to a new one
-//! * [`simulate`]   the cost model that scores every plan ([`cells`]: per-cell demand it shares)
+//! * [`simulate`]   the cost model that scores every plan, one exchange at a time
+//!   ([`cell_grid`]: the samples of every cell (DP rank, step), shared with replication)
 //! * [`flow`]       where each expert's tokens go under a plan (shared by simulator and remapper)
 //! * [`validate`]   the invariants every plan must satisfy
 //!
 //! Inputs are borrowed views ([`WindowView`]) so numpy arrays cross the FFI without copies.
 //! Every function is deterministic for its inputs and seed.
 
-pub mod cells;
+pub mod cell_grid;
 pub mod cost;
 pub mod cpu;
 pub mod error;

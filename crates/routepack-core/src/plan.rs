@@ -64,3 +64,14 @@ pub fn cell_members(sample_rank: &[i32], sample_micro: &[i32], dp: usize, num_mi
     }
     (off, members)
 }
+
+/// Replica rows bucketed by exchange (EP group g, step m, layer l), bucket index
+/// `(g·M + m)·L + l`, table order kept inside a bucket: what the simulator prices and the
+/// router routes one exchange at a time.
+pub fn bucket_replicas(rows: &[ReplicaRow], groups: usize, micro: usize, layers: usize) -> Vec<Vec<ReplicaRow>> {
+    let mut b = vec![Vec::new(); groups * micro * layers];
+    for r in rows {
+        b[(r.group as usize * micro + r.micro as usize) * layers + r.layer as usize].push(*r);
+    }
+    b
+}
