@@ -68,7 +68,7 @@ pub fn replicate_relibra<'py>(
 /// routepack's replication (per-cell simulated time, `replica_slots` copies per rank):
 /// replica columns.
 #[pyfunction]
-#[pyo3(signature = (seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, num_micro, topo, cost, replica_slots, candidate_experts=2, candidate_dsts=2))]
+#[pyo3(signature = (seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, num_micro, topo, cost, replica_slots, candidate_experts=None, candidate_dsts=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn replicate_routepack<'py>(
     py: Python<'py>,
@@ -81,12 +81,13 @@ pub fn replicate_routepack<'py>(
     topo: &Bound<'py, PyAny>,
     cost: &Bound<'py, PyAny>,
     replica_slots: usize,
-    candidate_experts: usize,
-    candidate_dsts: usize,
+    candidate_experts: Option<usize>,
+    candidate_dsts: Option<usize>,
 ) -> PyResult<ReplicaColumns<'py>> {
     let (w, t, c, p, sr, sm) = planner_args!(seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, topo, cost);
     let packed = Packed { sample_rank: sr, sample_micro: sm, num_micro };
-    let opts = Options { replica_slots, experts: candidate_experts, dsts: candidate_dsts };
+    let d = Options::default();
+    let opts = Options { replica_slots, experts: candidate_experts.unwrap_or(d.experts), dsts: candidate_dsts.unwrap_or(d.dsts) };
     let rows = run(py, || replication::routepack(&w, &t, &c, &p, packed, &opts))?;
     Ok(convert::replica_columns(py, &rows))
 }

@@ -5,11 +5,9 @@
 //! * [`placement`]  expert placement (static, EPLB baseline, routepack)
 //! * [`packing`]    token-capped rows: bounds, heuristics, exact search, baselines
 //! * [`layout`]     routepack's packing: rows laid out on (rank, step) by population annealing
-//! * [`replication`] intra-batch hot-expert replicas per exchange (EP group, step, layer):
-//!   hot_n, relibra, routepack
+//! * [`replication`] intra-batch hot-expert replicas per (micro, group, layer): hot_n, relibra, routepack
 //! * [`migration`]  moves (weights + optimizer state) from the placement in force to a new one
-//! * [`simulate`]   the cost model that scores every plan, one exchange at a time
-//!   ([`cell_grid`]: the samples of every cell (DP rank, step), shared with replication)
+//! * [`simulate`]   the cost model that scores every plan ([`cell_grid`]: per-cell demand it shares)
 //! * [`flow`]       where each expert's tokens go under a plan (shared by simulator and remapper)
 //! * [`validate`]   the invariants every plan must satisfy
 //!

@@ -251,7 +251,7 @@ pub fn ideal_time(w: &WindowView, topo: &Topology, cost: &CostModel, ideal_micro
     let mut total = 0.0;
     for l in 0..w.num_layers {
         let tt: f64 = (0..w.num_samples).map(|s| w.tokens(s, l).iter().map(|&x| x as f64).sum::<f64>()).sum();
-        let attn = COMPUTE_PASSES * (cost.a_lin * lin + cost.a_quad[l] * quad) / dp;
+        let attn = COMPUTE_PASSES * cost.attention_of_sums(l, lin, quad) / dp;
         let expert = COMPUTE_PASSES
             * (cost.c_tok * tt / dp + cost.c_exp * ideal_micro as f64 * w.num_experts as f64 / ep);
         let per_rank_bytes = tt / dp * cost.token_bytes;

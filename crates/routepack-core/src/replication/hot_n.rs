@@ -1,11 +1,11 @@
 //! `hot_n`: MindSpeed's balanced MoE (seed 004; REFERENCES.md), the baseline as published.
 //!
-//! Per (group, micro, layer), from the all-gathered per-rank per-expert token counts, repeat
+//! Per exchange (group, micro, layer), from the all-gathered per-rank per-expert token counts, repeat
 //! N times (default 3): take the EP rank with the largest load, take that rank's largest
 //! expert as hot, subtract its total from the owner and add back to each rank the tokens it
 //! sent to it (those are now computed locally), and zero it so it is not picked again.
 //! The hot experts' weights are broadcast from the owner to every other EP rank, and every
-//! rank computes its own tokens for them: the rep for dst has
+//! rank computes its own tokens for them: the replica row for dst has
 //! `share = (tokens of that expert originating at dst) / (its exchange total)`, which
 //! `flow::route_expert` (own rank first) turns into exactly dst's own tokens, so those tokens
 //! leave the all-to-all. Ranks with no tokens of a hot expert still receive its weights

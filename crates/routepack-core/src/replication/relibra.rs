@@ -3,8 +3,8 @@
 //! ReLibra "dynamically performs expert replication within a node to absorb
 //! micro-batch-level load fluctuations", using the routing known from replay; cross-node
 //! balance is left to its inter-batch expert reordering (`placement::relibra`). The paper's
-//! abstract gives no more detail, so this is the direct reading: per (group, micro, layer)
-//! and per node, while the node's expert load (tokens computed per rank) is uneven, copy the
+//! abstract gives no more detail, so this is the direct reading: per exchange (group, micro,
+//! layer) and per node, while the node's expert load (tokens computed per rank) is uneven, copy the
 //! hottest expert of the most loaded rank to the least loaded rank of the same node that has
 //! a free replica slot, with the share that levels the two ranks (half their gap, at most
 //! what the expert has); stop when a copy no longer narrows the gap or slots run out.
@@ -22,7 +22,7 @@ pub fn plan_exchange(c: &Exchange, state: &mut ExchangeState, replica_slots: usi
     let topo = c.topo;
     let (ep, e_n) = (c.ep(), c.num_experts());
     let rpn = topo.ranks_per_group_node();
-    // each accepted copy adds a rep or grows one; bounded so a pathological exchange ends
+    // each accepted copy adds a replica or grows one; bounded so a pathological exchange ends
     let max_steps = 4 * rpn * (replica_slots + 1);
     // experts of each rank (its placement slots)
     let mut rank_experts: Vec<Vec<usize>> = vec![Vec::new(); ep];

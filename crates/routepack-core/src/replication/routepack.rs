@@ -1,9 +1,9 @@
-//! `routepack` replication: per (group, micro, layer), the replicas and token shares
-//! that minimise that layer's time as the simulator prices it (expert max, all-to-all,
+//! `routepack` replication: per exchange (EP group, step, layer), the replicas and token
+//! shares that minimise that exchange's time as the simulator prices it (expert max, all-to-all,
 //! replication traffic and the part of it that that layer's attention cannot hide), with at
 //! most `replica_slots` copies on any rank.
 //!
-//! Greedy with exact re-evaluation. Each step scans candidate moves "a copy of expert e on
+//! Greedy with exact re-evaluation. Each greedy step scans candidate moves "a copy of expert e on
 //! rank r computes n of e's tokens in this exchange", for
 //! * experts hosted on the rank with the largest expert time (moving work off it),
 //! * experts hosted on the rank with the largest all-to-all time, by tokens it receives,
@@ -14,29 +14,30 @@
 //! that levels r with e's busiest host when that is less); a move to a rank that already has
 //! a copy of e changes its share. Every candidate is priced exactly (`ExchangeState`, the
 //! simulator's formula), most promising lower bound first, skipping those whose bound cannot
-//! beat the best so far; the best move is taken while it lowers the layer's time. The result
-//! is kept only if it beats no replication, so a exchange never gets slower (reps may be empty).
+//! beat the best so far; the best move is taken while it lowers the exchange's time. The
+//! result is kept only if it beats no replication, so an exchange never gets slower (it may
+//! get no replicas).
 
 use crate::plan::ReplicaRow;
 
 use super::exchange::Exchange;
 use super::state::{ExchangeState, Replica};
 
-/// Copies a rank may hold per (micro, layer) by default. MindSpeed's default
+/// Copies a rank may hold per exchange by default (also ReLibra's budget, `relibra`). MindSpeed's default
 /// (`hot_n` with N = 3) puts up to 3 copies on every rank; routepack gets fewer.
 pub const DEFAULT_REPLICA_SLOTS: usize = 2;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Options {
-    /// Copies a rank may receive per (micro, layer): the memory budget.
+    /// Copies a rank may receive per exchange: the memory budget.
     pub replica_slots: usize,
-    /// Experts taken from each bottleneck list per step.
+    /// Experts taken from each bottleneck list per greedy step.
     pub experts: usize,
     /// Destinations tried per expert from each destination list.
     pub dsts: usize,
 }
 
-/// Experts and destinations tried per bottleneck list and step by default
+/// Experts and destinations tried per bottleneck list and greedy step by default
 /// (`replication_candidates`): 1 keeps a `flash` plan near 1 s; 2 finds a little more on
 /// static placements at about twice the time.
 pub const DEFAULT_CANDIDATES: usize = 1;
@@ -110,7 +111,7 @@ fn take_top(keyed: &mut [(i64, usize)], k: usize, out: &mut Vec<usize>) {
     }
 }
 
-/// `reps` with `rep` replacing the rep of the same dst, or appended: written into `trial`.
+/// `reps` with `rep` replacing the replica on the same dst, or appended: written into `trial`.
 fn with_replica<'t>(trial: &'t mut Vec<Replica>, reps: &[Replica], rep: Replica) -> &'t [Replica] {
     trial.clear();
     trial.extend_from_slice(reps);
@@ -189,7 +190,7 @@ pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Repli
             if total == 0 {
                 continue;
             }
-            // what copies appended after e's reps draw from (for the sparse pricing)
+            // what copies appended after e's replicas draw from (for the sparse pricing)
             if wk.pools.len() <= ci {
                 wk.pools.resize_with(ci + 1, Vec::new);
             }
@@ -291,7 +292,7 @@ pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Repli
         st.set_replicas(c, m.e, wk.trial.clone());
         cur = m.t;
     }
-    // keep the reps only with a margin far above the float noise between this incremental
+    // keep the replicas only with a margin far above the float noise between this incremental
     // sum and the simulator's, so the simulated layer time never grows
     if cur < none * (1.0 - 1e-9) {
         st.table(c)

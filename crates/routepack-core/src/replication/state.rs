@@ -1,22 +1,42 @@
-//! `ExchangeState`: the simulator's cost of one exchange, kept up to date as replicas of one
-//! expert at a time change, so a planner can price a candidate in O(ep) instead of
-//! re-pricing the whole exchange in O(ep · E).
+//! `ExchangeState`: the simulator's cost of one exchange (EP group, step, layer), kept up to
+//! date as the replicas of one expert at a time change, so a planner can price a candidate
+//! in O(ep) instead of re-pricing the whole exchange in O(ep · E).
 //!
-//! The exchange's cost (simulate.rs) is a function of per-rank sums over experts: tokens and
-//! active experts per rank (expert term), tokens sent/received per rank and link (all-to-all),
-//! replica hops sent/received per rank and link (replication chains, one per (expert, src)).
-//! Each expert's part is computed with `flow::route_expert` from its reps, exactly as the
-//! simulator routes it, and kept in integers, so swapping an expert's part in and out is
-//! exact. The float total differs from `ExchangePricer` only by rounding order (tests hold it
-//! within 1e-12 relative).
+//! The exchange's cost (`simulate::ExchangePricer`) is a function of per-rank sums over
+//! experts: tokens and active experts per rank (expert term), tokens sent/received per rank
+//! and link (all-to-all), replica hops sent/received per rank and link (replication chains,
+//! one per (expert, src)). Each expert's part is computed with `flow::route_expert` from its
+//! replicas, exactly as the simulator routes it, and kept in integers, so swapping an
+//! expert's part in and out is exact.
 //!
 //! Pricing a candidate is O(ep) integer work plus float work only on the ranks the
 //! candidate changes: per-rank values (expert time, all-to-all time, replica hops) and the
 //! ranks sorted by each are cached, so the max over unchanged ranks is read off the order.
+//!
+//! # What it shares with `simulate`, and what it approximates
+//! * Shared, bit for bit: the expert term ([`crate::cost::CostModel::expert_time`]), the all-to-all passes
+//!   ([`crate::cost::CostModel::all_to_all_of_link_time`]), the exposed replication
+//!   ([`crate::cost::CostModel::exposed_replication`]), the attention it hides behind (the exchange's
+//!   `attn_max`, from `CellGrid::attention_max` like the simulator's) and the sum of the
+//!   parts (`LayerCost::total`).
+//! * Approximated by rounding order only: link times. The simulator adds each flow's bytes
+//!   (`n · token_bytes`, a hop's `expert_weight_bytes`) in f64 and divides the slowest
+//!   rank's per-link max by the bandwidth; this state keeps integer token and hop counts and
+//!   multiplies their max by a precomputed seconds-per-unit (`token_bytes / bw`,
+//!   `1 / bw` then × bytes), and prices the backward gradient reduction from the same hop
+//!   counts (a reversed chain has the same per-rank max(sent, received)).
+//!
+//! The test that ties it to the simulator, and fails if they drift:
+//! `replication::tests::incremental_cost_matches_the_simulator` prices every exchange of
+//! every planner's plan both ways and requires agreement within 1e-12 relative. routepack
+//! keeps its replicas only when they beat no replication by 1e-9 relative, far above that
+//! noise, so a planned exchange is never slower on the simulator's scale
+//! (`replication::tests::routepack_never_slower_than_none`).
 
-use crate::cost::{COMM_PASSES, COMPUTE_PASSES};
+use crate::cost::COMPUTE_PASSES;
 use crate::flow::route_expert;
 use crate::plan::ReplicaRow;
+use crate::simulate::LayerCost;
 
 use super::exchange::{share_for, Exchange};
 
@@ -54,7 +74,7 @@ pub struct ExchangeState {
     origin_t: Vec<i64>,
     /// `[E]` exchange total of each expert.
     total: Vec<i64>,
-    /// Rows of each expert, in table order.
+    /// Replicas of each expert, in table order.
     pub replicas: Vec<Vec<Replica>>,
     /// `[E * ep]` tokens expert e is computed for on rank p (slots and copies).
     etok: Vec<i64>,
@@ -107,7 +127,7 @@ impl ExchangeState {
         Self::default()
     }
 
-    /// Loads a exchange with no replicas.
+    /// Loads an exchange with no replicas.
     pub fn reset(&mut self, c: &Exchange) {
         let (ep, e_n) = (c.ep(), c.num_experts());
         self.ep = ep;
@@ -169,7 +189,7 @@ impl ExchangeState {
     fn values(&self, c: &Exchange, tok: i64, act: i64, l: &Links, h: &Links) -> (f64, f64, f64) {
         let (kt, kh) = (self.k_tok, self.k_hop);
         (
-            c.cost.c_tok * tok as f64 + c.cost.c_exp * act as f64,
+            c.cost.expert_time(tok as f64, act as f64),
             l[0].max(l[1]) as f64 * kt[0] + l[2].max(l[3]) as f64 * kt[1],
             h[0].max(h[1]) as f64 * kh[0] + h[2].max(h[3]) as f64 * kh[1],
         )
@@ -214,7 +234,7 @@ impl ExchangeState {
         self.replicas[e].iter().any(|r| r.dst == p)
     }
 
-    /// Expert e's part of the sums if its reps were `reps` (computed by `route_expert`).
+    /// Expert e's part of the sums if its replicas were `reps` (computed by `route_expert`).
     pub fn part_into(&mut self, c: &Exchange, e: usize, reps: &[Replica], out: &mut Part) {
         let ep = self.ep;
         out.tok.iter_mut().for_each(|x| *x = 0);
@@ -266,7 +286,7 @@ impl ExchangeState {
         }
     }
 
-    /// Hop changes when e's reps become `reps` (only copies added or removed change chains).
+    /// Hop changes when e's replicas become `reps` (only copies added or removed change chains).
     fn hop_delta(&mut self, e: usize, reps: &[Replica]) {
         let mut srcs = std::mem::take(&mut self.srcs);
         let mut old = std::mem::take(&mut self.old_dsts);
@@ -300,15 +320,25 @@ impl ExchangeState {
         self.touched.clear();
     }
 
-    /// The exchange's time (simulate.rs `LayerCost::total`) from the three maxima.
+    /// The exchange's time (the simulator's `LayerCost::total`) from the three maxima: the
+    /// slowest rank's one-pass expert time, one-way all-to-all link time and hop time per byte.
     fn total_time(c: &Exchange, x_max: f64, a_max: f64, h_max: f64) -> f64 {
-        let mut t = COMPUTE_PASSES * c.attn_max + 2.0 * COMM_PASSES * a_max + COMPUTE_PASSES * x_max;
-        if h_max > 0.0 {
-            let fwd = h_max * c.cost.expert_weight_bytes;
-            let bwd = h_max * c.cost.expert_grad_bytes;
-            t += c.cost.exposed_replication(fwd, bwd, c.attn_max);
+        let cost = c.cost;
+        let replication = if h_max > 0.0 {
+            let fwd = h_max * cost.expert_weight_bytes;
+            let bwd = h_max * cost.expert_grad_bytes;
+            cost.exposed_replication(fwd, bwd, c.attn_max)
+        } else {
+            0.0
+        };
+        LayerCost {
+            attention: COMPUTE_PASSES * c.attn_max,
+            all_to_all: cost.all_to_all_of_link_time(a_max),
+            expert: COMPUTE_PASSES * x_max,
+            replication,
+            imbalance: 0.0,
         }
-        t
+        .total()
     }
 
     /// The exchange's time with expert e's part replaced by `part` and the hops changed by
@@ -383,7 +413,7 @@ impl ExchangeState {
         Self::total_time(c, top(&self.xo, &self.xv), top(&self.ao, &self.av), top(&self.ho, &self.hv))
     }
 
-    /// The exchange's time if expert e's reps were `reps`.
+    /// The exchange's time if expert e's replicas were `reps`.
     pub fn try_replicas(&mut self, c: &Exchange, e: usize, reps: &[Replica]) -> f64 {
         let mut part = std::mem::take(&mut self.scratch_part);
         self.part_into(c, e, reps, &mut part);
@@ -395,7 +425,7 @@ impl ExchangeState {
     }
 
     /// Tokens of expert e per origin rank that no copy takes now (they go to e's slots):
-    /// the pool a copy appended after e's reps draws from.
+    /// the pool a copy appended after e's replicas draws from.
     pub fn pool_into(&mut self, c: &Exchange, e: usize, out: &mut Vec<i64>) {
         out.clear();
         out.resize(self.ep, 0);
@@ -409,15 +439,15 @@ impl ExchangeState {
         });
     }
 
-    /// The exchange's time if `rep` (a new dst) were appended to expert e's reps, for an expert
+    /// The exchange's time if `rep` (a new dst) were appended to expert e's replicas, for an expert
     /// with one slot, on rank `host`: only the ranks it draws tokens from, dst, host and the
     /// replication chain change, so only they are recomputed. `pool` from [`Self::pool_into`].
-    /// Same result as [`Self::try_replicas`] with the rep appended (checked in debug builds).
+    /// Same result as [`Self::try_replicas`] with the replica appended (checked in debug builds).
     pub fn try_append(&mut self, c: &Exchange, e: usize, host: usize, pool: &[i64], rep: Replica) -> f64 {
         let (ep, r) = (self.ep, rep.dst);
         let total = self.total[e];
         debug_assert!(c.expert_slots(e).len() == 1 && !self.has_copy(e, r) && r != host);
-        // what route_expert gives the appended rep: round(share · T), capped by what is left
+        // what route_expert gives the appended replica: round(share · T), capped by what is left
         let taken: i64 = self.replicas[e].iter().map(|x| x.n).sum();
         let want = ((rep.share as f64) * (total as f64)).round() as i64;
         let mut need = want.clamp(0, (total - taken).max(0));
@@ -515,7 +545,7 @@ impl ExchangeState {
         t
     }
 
-    /// Makes `reps` expert e's reps.
+    /// Makes `reps` expert e's replicas.
     pub fn set_replicas(&mut self, c: &Exchange, e: usize, reps: Vec<Replica>) {
         let mut part = std::mem::take(&mut self.scratch_part);
         self.part_into(c, e, &reps, &mut part);
@@ -540,13 +570,14 @@ impl ExchangeState {
         self.refresh(c);
     }
 
-    /// A rep for e on dst computing n tokens, weights from `src`.
+    /// A replica of e on dst computing n tokens, weights from `src`.
     pub fn make_replica(&self, e: usize, src: usize, dst: usize, n: i64) -> Replica {
         let t = self.total[e];
         Replica { dst, src, n, share: if t > 0 { share_for(n.clamp(0, t), t) } else { 0.0 } }
     }
 
-    /// The reps as table reps of this exchange: experts ascending, each expert's reps in order.
+    /// The replicas as the plan table's replica rows of this exchange: experts ascending, each
+    /// expert's replicas in order.
     pub fn table(&self, c: &Exchange) -> Vec<ReplicaRow> {
         self.replicas
             .iter()

@@ -97,7 +97,7 @@ fn run(case: &Case, which: &str, slots: usize) -> (Plan, Vec<ReplicaRow>) {
     let w = case.window();
     let cost = CostModel::for_tests(case.layers);
     let rows = match which {
-        "hot_n" => hot_n(&w, &case.topo, &cost, &case.placement, packed, 3),
+        "hot_n" => hot_n(&w, &case.topo, &cost, &case.placement, packed, hot_n::DEFAULT_HOT_EXPERTS),
         "relibra" => relibra(&w, &case.topo, &cost, &case.placement, packed, slots),
         _ => routepack(&w, &case.topo, &cost, &case.placement, packed, &routepack::Options { replica_slots: slots, ..Default::default() }),
     }
@@ -200,7 +200,7 @@ fn hot_n_keeps_hot_tokens_local_and_shrinks_the_all_to_all() {
             let reps = &buckets[(c.group * m_n + c.micro) * l_n + c.layer];
             let mut hot: Vec<i32> = reps.iter().map(|r| r.expert).collect();
             hot.dedup();
-            assert!(hot.len() <= 3);
+            assert!(hot.len() <= hot_n::DEFAULT_HOT_EXPERTS);
             for &e in &hot {
                 let e = e as usize;
                 // a copy on every other rank, each computing exactly its own tokens
