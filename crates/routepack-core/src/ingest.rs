@@ -174,7 +174,7 @@ mod tests {
 
     #[test]
     fn counts_past_the_u16_flush() {
-        // 20 000 tokens of one sample, every id 3: 160 000 counts in one cell, several flushes
+        // 20 000 tokens of one sample, every id 3: 160 000 counts in one counter, several flushes
         let (t, k) = (20_000usize, 8usize);
         let mut routed = vec![3i32; t * k];
         let (lens, c) = expert_tokens_from_routed(&routed, 1, k, &[0, t as i64], 4).unwrap();

@@ -5,7 +5,7 @@ use crate::placement::Placement;
 
 /// One intra-batch replica: in microbatch `micro` of EP group `group`, layer `layer`, the
 /// weights of logical `expert` go from EP-local rank `src_rank` (which hosts it) to `dst_rank`,
-/// which computes `share` of that expert's tokens in that cell (see `flow`).
+/// which computes `share` of that expert's tokens in that exchange (see `flow`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ReplicaRow {
     pub micro: i32,

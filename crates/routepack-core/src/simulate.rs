@@ -1,6 +1,6 @@
 //! The simulator: DESIGN.md's cost model, the one scale every plan and baseline is scored on.
 //!
-//! For EP group g, microbatch step m, MoE layer l:
+//! For each exchange (EP group g, microbatch step m, MoE layer l):
 //! * attention of DP rank d: `A = Σ_{s∈cell(d,m)} a_lin·n_s + a_quad_l·n_s²`;
 //! * tokens of logical expert e from EP-local rank r, routed by [`crate::flow::route_expert`]
 //!   to placement slots and replica copies;

@@ -15,9 +15,9 @@ impl CostModel {
         self.c_tok * tokens + self.c_exp * active_experts
     }
 
-    /// All-to-all time of one layer of one cell, given the dispatch bytes each rank sends and
-    /// receives: the slowest rank's link time, twice (dispatch and combine) per communication
-    /// pass (forward and backward).
+    /// All-to-all time of one exchange (EP group, step, layer), given the dispatch bytes each
+    /// rank sends and receives: the slowest rank's link time, twice (dispatch and combine) per
+    /// communication pass (forward and backward).
     #[inline]
     pub(crate) fn all_to_all_time(&self, dispatch: &[LinkBytes]) -> f64 {
         self.all_to_all_of_link_time(LinkBytes::time(dispatch, self))
