@@ -5,7 +5,7 @@
 use numpy::{IntoPyArray, PyArray1, PyArray4, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use routepack_core::error::invalid;
-use routepack_core::flow::{check_cell, rank_tokens as core_rank_tokens, route_cell as core_route_cell, CellReplica, Dest};
+use routepack_core::flow::{check_exchange, rank_tokens as core_rank_tokens, route_exchange, Dest, ExchangeReplica};
 use routepack_core::Placement;
 
 use crate::convert::{self, slice};
@@ -62,15 +62,15 @@ pub fn route_cell<'py>(
     if let Some(i) = (0..re.len()).find(|&i| re[i] < 0 || rd[i] < 0) {
         return Err(to_py(invalid("replicas", format!("row {i}: negative expert {} or dst_rank {}", re[i], rd[i]))));
     }
-    let reps: Vec<CellReplica> = (0..re.len()).map(|i| (re[i] as usize, rd[i] as usize, rs[i])).collect();
+    let reps: Vec<ExchangeReplica> = (0..re.len()).map(|i| (re[i] as usize, rd[i] as usize, rs[i])).collect();
     let origin = slice(&origin, "origin")?;
     let row = row.to_vec();
     let flows = run(py, || {
         let p = Placement::new(row, 1, e_n, t.slots_per_rank)?;
         let (so, sl) = p.replicas_of_layer(0);
-        check_cell(origin, e_n, &so, &reps, &t)?;
+        check_exchange(origin, e_n, &so, &reps, &t)?;
         let mut flows = Vec::new();
-        core_route_cell(origin, e_n, &so, &sl, &reps, &t, &mut flows);
+        route_exchange(origin, e_n, &so, &sl, &reps, &t, &mut flows);
         Ok(flows)
     })?;
     let col = |f: &dyn Fn(&routepack_core::flow::Flow) -> i32| flows.iter().map(f).collect::<Vec<i32>>().into_pyarray(py);

@@ -1,11 +1,12 @@
-//! Where the tokens of one logical expert go in one (EP group, microbatch, layer) cell.
+//! Where the tokens of one logical expert go in one exchange (EP group, microbatch step, MoE
+//! layer: one dispatch/combine all-to-all).
 //!
 //! This is the single definition of token routing under a plan: the simulator prices it and
 //! the torch remapper (`routepack.torch`) carries it out through the same function, so the
 //! load every physical rank receives is exactly the one the plan predicted.
 //!
 //! Rule, for expert e with `origin[r]` tokens coming from EP-local rank r (T = Σ origin):
-//! 1. Replica rows of this cell and expert, in table order: row i takes
+//! 1. Replica rows of this exchange and expert, in table order: row i takes
 //!    `n_i = min(round(share_i · T), tokens not yet taken)`, drawn first from its own rank's
 //!    tokens, then from ranks on its node (ascending), then from the other ranks (ascending).
 //!    Those tokens are computed on `dst_rank` by its temporary copy.
@@ -16,8 +17,7 @@
 use rayon::prelude::*;
 
 use crate::error::{bad_plan, invalid, Result};
-use crate::plan::{cell_members, Plan};
-use crate::simulate::bucket_replicas;
+use crate::plan::{bucket_replicas, cell_members, Plan};
 use crate::topology::Topology;
 use crate::validate::validate_plan;
 use crate::window::WindowView;
@@ -27,7 +27,7 @@ use crate::window::WindowView;
 pub enum Dest {
     /// A placement slot (global physical slot index within the EP group).
     Slot(usize),
-    /// The temporary replica on an EP-local rank named by replica row `row` of the cell.
+    /// The temporary replica on an EP-local rank named by replica row `row` of the exchange.
     Replica { rank: usize, row: usize },
 }
 
@@ -35,7 +35,7 @@ pub enum Dest {
 ///
 /// * `origin`   `[ep]` tokens of the expert from each EP-local rank.
 /// * `slots`    the expert's placement slots, ascending (non-empty).
-/// * `replicas` `(dst_rank, share)` of the cell's replica rows for this expert, table order.
+/// * `replicas` `(dst_rank, share)` of the exchange's replica rows for this expert, table order.
 /// * `scratch`  reused buffer of length ep (remaining tokens per origin).
 pub fn route_expert(
     origin: &[i64],
@@ -103,9 +103,9 @@ pub fn route_expert(
     }
 }
 
-/// One batch of a cell's flow table: `count` tokens of logical `expert` from EP-local rank
+/// One batch of an exchange's flow table: `count` tokens of logical `expert` from EP-local rank
 /// `origin` to EP-local rank `dst_rank`, into placement slot `Dest::Slot(p)` or the temporary
-/// copy of replica row `Dest::Replica { row, .. }` (`row` indexes the cell's replica list).
+/// copy of replica row `Dest::Replica { row, .. }` (`row` indexes the exchange's replica list).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Flow {
     pub origin: usize,
@@ -115,16 +115,16 @@ pub struct Flow {
     pub count: i64,
 }
 
-/// One replica row of a cell as routing needs it: `(expert, dst_rank, share)`.
-pub type CellReplica = (usize, usize, f32);
+/// One replica row of an exchange as routing needs it: `(expert, dst_rank, share)`.
+pub type ExchangeReplica = (usize, usize, f32);
 
-/// Checks the inputs of [`route_cell`] coming from outside a validated plan: `origin` `[ep*E]`
+/// Checks the inputs of [`route_exchange`] coming from outside a validated plan: `origin` `[ep*E]`
 /// non-negative, the layer's CSR non-empty for every expert, replica rows in range.
-pub fn check_cell(
+pub fn check_exchange(
     origin: &[i64],
     num_experts: usize,
     slot_off: &[usize],
-    reps: &[CellReplica],
+    reps: &[ExchangeReplica],
     topo: &Topology,
 ) -> Result<()> {
     if origin.len() != topo.ep * num_experts {
@@ -159,21 +159,21 @@ pub fn check_cell(
     Ok(())
 }
 
-/// The flow table of one (group, micro, layer) cell: every expert in ascending order, each
+/// The flow table of one exchange (group, step, layer): every expert in ascending order, each
 /// routed by [`route_expert`] (so in its emission order), exactly as the simulator routes it.
 ///
 /// * `origin`  `[ep * E]` rank-major: tokens of expert e from EP-local rank r at `r*E + e`.
 /// * `slot_off`, `slots`  the layer's placement as CSR ([`crate::Placement::replicas_of_layer`]).
-/// * `reps`    the cell's replica rows in table order; a flow's `Dest::Replica { row }` is an
+/// * `reps`    the exchange's replica rows in table order; a flow's `Dest::Replica { row }` is an
 ///   index into `reps`.
 ///
-/// Inputs must satisfy [`check_cell`] (a validated plan does).
-pub fn route_cell(
+/// Inputs must satisfy [`check_exchange`] (a validated plan does).
+pub fn route_exchange(
     origin: &[i64],
     num_experts: usize,
     slot_off: &[usize],
     slots: &[usize],
-    reps: &[CellReplica],
+    reps: &[ExchangeReplica],
     topo: &Topology,
     out: &mut Vec<Flow>,
 ) {
@@ -234,13 +234,13 @@ pub fn rank_tokens(plan: &Plan, w: &WindowView, topo: &Topology) -> Result<Vec<i
                         }
                     }
                 }
-                let cell: Vec<CellReplica> = reps[gm * l_n + l]
+                let exchange: Vec<ExchangeReplica> = reps[gm * l_n + l]
                     .iter()
                     .map(|x| (x.expert as usize, x.dst_rank as usize, x.share))
                     .collect();
                 flows.clear();
                 let (so, sl) = &layer_slots[l];
-                route_cell(&origin, e_n, so, sl, &cell, topo, &mut flows);
+                route_exchange(&origin, e_n, so, sl, &exchange, topo, &mut flows);
                 for f in &flows {
                     out[l * ep + f.dst_rank] += f.count;
                 }
@@ -281,161 +281,5 @@ mod tests {
         let flows = collect(&[1, 1], &[0, 2], &[], &topo);
         // origin 0's single token goes to slot 0, origin 1's to slot 2
         assert_eq!(flows, vec![(0, 0, Dest::Slot(0), 1), (1, 1, Dest::Slot(2), 1)]);
-    }
-}
-
-#[cfg(test)]
-mod cell_tests {
-    //! `route_cell` and `rank_tokens` against the simulator: the per-rank loads they give must
-    //! be the ones `simulate` prices (same imbalance, bit for bit), and tokens are conserved.
-    use super::*;
-    use crate::cost::CostModel;
-    use crate::placement::Placement;
-    use crate::plan::ReplicaRow;
-    use crate::simulate::simulate;
-    use proptest::prelude::*;
-    use rand::{RngExt, SeedableRng};
-    use rand_xoshiro::Xoshiro256PlusPlus;
-
-    /// A random valid plan on a random window: redundant placement slots, every cell
-    /// non-empty, replica rows from a hosting rank with shares summing to at most 1.
-    fn random_case(seed: u64) -> (Topology, Vec<i64>, Vec<i32>, usize, usize, Plan) {
-        let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
-        let topo = Topology::new(8, 4, 2, 3).unwrap();
-        let (l_n, e_n, m_n) = (2usize, 9usize, 2usize);
-        let s_n = topo.dp * m_n + rng.random_range(0..6usize);
-        let lens: Vec<i64> = (0..s_n).map(|_| rng.random_range(1..20i64)).collect();
-        let mut et = vec![0i32; s_n * l_n * e_n];
-        for s in 0..s_n {
-            for l in 0..l_n {
-                for _ in 0..2 * lens[s] {
-                    et[(s * l_n + l) * e_n + rng.random_range(0..e_n)] += 1;
-                }
-            }
-        }
-        let mut phy = Vec::new();
-        for _ in 0..l_n {
-            let mut layer: Vec<i32> = (0..e_n as i32).collect();
-            while layer.len() < topo.num_slots() {
-                layer.push(if rng.random_bool(0.3) { -1 } else { rng.random_range(0..e_n as i32) });
-            }
-            for i in (1..layer.len()).rev() {
-                layer.swap(i, rng.random_range(0..=i));
-            }
-            phy.extend(layer);
-        }
-        let placement = Placement::new(phy, l_n, e_n, topo.slots_per_rank).unwrap();
-        let sample_rank: Vec<i32> = (0..s_n).map(|s| if s < topo.dp * m_n { (s % topo.dp) as i32 } else { rng.random_range(0..topo.dp as i32) }).collect();
-        let sample_micro: Vec<i32> = (0..s_n).map(|s| if s < topo.dp * m_n { (s / topo.dp) as i32 } else { rng.random_range(0..m_n as i32) }).collect();
-        let mut replicas = Vec::new();
-        for g in 0..topo.num_groups() {
-            for m in 0..m_n {
-                for l in 0..l_n {
-                    for e in 0..e_n {
-                        if !rng.random_bool(0.3) {
-                            continue;
-                        }
-                        let layer = placement.layer(l);
-                        let src = layer.iter().position(|&x| x == e as i32).unwrap() / topo.slots_per_rank;
-                        let mut left = 1.0f32;
-                        for dst in 0..topo.ep {
-                            if dst == src || !rng.random_bool(0.5) {
-                                continue;
-                            }
-                            let share = (rng.random_range(0.0..0.6f32)).min(left);
-                            left -= share;
-                            replicas.push(ReplicaRow {
-                                micro: m as i32,
-                                group: g as i32,
-                                layer: l as i32,
-                                expert: e as i32,
-                                src_rank: src as i32,
-                                dst_rank: dst as i32,
-                                share,
-                            });
-                        }
-                    }
-                }
-            }
-        }
-        let plan = Plan { placement, sample_rank, sample_micro, num_micro: m_n, replicas, migration: Vec::new() };
-        (topo, lens, et, l_n, e_n, plan)
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(48))]
-        #[test]
-        fn rank_tokens_are_what_simulate_prices(seed in any::<u64>()) {
-            let (topo, lens, et, l_n, e_n, plan) = random_case(seed);
-            let w = WindowView::new(&lens, &et, l_n, e_n).unwrap();
-            let tokens = rank_tokens(&plan, &w, &topo).unwrap();
-            let rep = simulate(&plan, &w, &topo, &CostModel::for_tests(l_n), None).unwrap();
-            let ep = topo.ep;
-            prop_assert_eq!(tokens.len(), rep.imbalance.len() * ep);
-            let (off, members) = cell_members(&plan.sample_rank, &plan.sample_micro, topo.dp, plan.num_micro);
-            for (c, per_rank) in tokens.chunks(ep).enumerate() {
-                let total: i64 = per_rank.iter().sum();
-                // the same expression as the simulator's imbalance
-                let imb = if total > 0 { *per_rank.iter().max().unwrap() as f64 * ep as f64 / total as f64 } else { 1.0 };
-                prop_assert_eq!(imb.to_bits(), rep.imbalance[c].to_bits());
-                // conservation: every routed token of the cell's samples lands somewhere
-                let (gm, l) = (c / l_n, c % l_n);
-                let (g, m) = (gm / plan.num_micro, gm % plan.num_micro);
-                let want: i64 = (0..ep)
-                    .flat_map(|r| members[off[(g * ep + r) * plan.num_micro + m]..off[(g * ep + r) * plan.num_micro + m + 1]].iter())
-                    .map(|&s| w.tokens(s, l).iter().map(|&x| x as i64).sum::<i64>())
-                    .sum();
-                prop_assert_eq!(total, want);
-            }
-        }
-
-        #[test]
-        fn route_cell_conserves_each_origin(seed in any::<u64>()) {
-            let (topo, _, _, _, e_n, plan) = random_case(seed);
-            let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed ^ 0x5eed);
-            let origin: Vec<i64> = (0..topo.ep * e_n).map(|_| rng.random_range(0..7i64)).collect();
-            let (so, sl) = plan.placement.replicas_of_layer(0);
-            let reps: Vec<CellReplica> = plan.replicas.iter().filter(|r| r.layer == 0 && r.micro == 0 && r.group == 0)
-                .map(|r| (r.expert as usize, r.dst_rank as usize, r.share)).collect();
-            check_cell(&origin, e_n, &so, &reps, &topo).unwrap();
-            let mut flows = Vec::new();
-            route_cell(&origin, e_n, &so, &sl, &reps, &topo, &mut flows);
-            let mut got = vec![0i64; topo.ep * e_n];
-            let mut last_e = 0;
-            for f in &flows {
-                prop_assert!(f.count > 0);
-                prop_assert!(f.expert >= last_e, "experts ascending");
-                last_e = f.expert;
-                got[f.origin * e_n + f.expert] += f.count;
-                match f.dest {
-                    Dest::Slot(p) => {
-                        prop_assert_eq!(plan.placement.layer(0)[p], f.expert as i32);
-                        prop_assert_eq!(topo.rank_of_slot(p), f.dst_rank);
-                    }
-                    Dest::Replica { rank, row } => {
-                        prop_assert_eq!(reps[row].0, f.expert);
-                        prop_assert_eq!(reps[row].1, rank);
-                        prop_assert_eq!(rank, f.dst_rank);
-                    }
-                }
-            }
-            prop_assert_eq!(got, origin);
-        }
-    }
-
-    #[test]
-    fn check_cell_names_the_bad_argument() {
-        let topo = Topology::new(4, 4, 2, 2).unwrap();
-        let p = Placement::new(vec![0, 1, 2, 3, -1, -1, -1, -1], 1, 4, 2).unwrap();
-        let (so, _) = p.replicas_of_layer(0);
-        let origin = vec![1i64; 16];
-        assert!(check_cell(&origin[..15], 4, &so, &[], &topo).unwrap_err().to_string().contains("origin"));
-        let e = check_cell(&origin, 4, &so, &[(1, 3, 1.5)], &topo).unwrap_err();
-        assert!(e.to_string().contains("share 1.5"), "{e}");
-        let e = check_cell(&origin, 4, &so, &[(1, 4, 0.5)], &topo).unwrap_err();
-        assert!(e.to_string().contains("dst_rank"), "{e}");
-        let mut neg = origin.clone();
-        neg[5] = -2;
-        assert!(check_cell(&neg, 4, &so, &[], &topo).unwrap_err().to_string().contains("rank 1, expert 1"));
     }
 }

@@ -60,6 +60,11 @@ pub fn check_cu_seqlens(cu_seqlens: &[i64], num_tokens: usize) -> Result<()> {
 
 /// Adds one to `counters[base[j] + id]` for every id j of every token of `ids`; on the first
 /// id outside [0, e_max) returns (token, position in the token, id) instead.
+///
+/// Panics unless every base offset leaves room for `e_max` counters
+/// (`base[j] + e_max <= counters.len()`). That is checked once per call, O(L·k), before the
+/// loop: it is what makes the unchecked increments inside the loop sound, whatever the caller
+/// passes.
 fn count_tokens<T: ExpertId, C: Copy + std::ops::AddAssign + From<u8>>(
     ids: &[T],
     base: &[usize],
@@ -67,16 +72,18 @@ fn count_tokens<T: ExpertId, C: Copy + std::ops::AddAssign + From<u8>>(
     counters: &mut [C],
 ) -> Option<(usize, usize, i64)> {
     let per_token = base.len();
-    debug_assert!(base.iter().all(|&b| b as u64 + e_max <= counters.len() as u64));
-    let cp = counters.as_mut_ptr();
+    let room = |b: usize| usize::try_from(e_max).ok().and_then(|e| b.checked_add(e)).is_some_and(|end| end <= counters.len());
+    assert!(base.iter().all(|&b| room(b)), "count_tokens: a base offset leaves no room for {e_max} counters");
     for (t, tok) in ids.chunks_exact(per_token).enumerate() {
         for (j, (&id, &b)) in tok.iter().zip(base).enumerate() {
             let i = id.index();
             if i >= e_max {
                 return Some((t, j, id.value()));
             }
-            // SAFETY: i < e_max and every base offset leaves room for e_max counters
-            unsafe { *cp.add(b + i as usize) += C::from(1u8) };
+            // SAFETY: `i < e_max` (tested just above) and `b + e_max <= counters.len()` without
+            // overflow (asserted for every base offset before the loop), so
+            // `b + i < counters.len()`: the index is in bounds and the addition cannot overflow.
+            unsafe { *counters.get_unchecked_mut(b + i as usize) += C::from(1u8) };
         }
     }
     None
@@ -167,7 +174,7 @@ mod tests {
 
     #[test]
     fn counts_past_the_u16_flush() {
-        // 20 000 tokens of one sample, every id 3: 160 000 counts in one cell, several flushes
+        // 20 000 tokens of one sample, every id 3: 160 000 counts in one counter, several flushes
         let (t, k) = (20_000usize, 8usize);
         let mut routed = vec![3i32; t * k];
         let (lens, c) = expert_tokens_from_routed(&routed, 1, k, &[0, t as i64], 4).unwrap();

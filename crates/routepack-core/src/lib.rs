@@ -7,14 +7,14 @@
 //! * [`layout`]     routepack's packing: rows laid out on (rank, step) by population annealing
 //! * [`replication`] intra-batch hot-expert replicas per (micro, group, layer): hot_n, relibra, routepack
 //! * [`migration`]  moves (weights + optimizer state) from the placement in force to a new one
-//! * [`simulate`]   the cost model that scores every plan ([`cells`]: per-cell demand it shares)
+//! * [`simulate`]   the cost model that scores every plan ([`cell_grid`]: per-cell demand it shares)
 //! * [`flow`]       where each expert's tokens go under a plan (shared by simulator and remapper)
 //! * [`validate`]   the invariants every plan must satisfy
 //!
 //! Inputs are borrowed views ([`WindowView`]) so numpy arrays cross the FFI without copies.
 //! Every function is deterministic for its inputs and seed.
 
-pub mod cells;
+pub mod cell_grid;
 pub mod cost;
 pub mod cpu;
 pub mod error;

@@ -5,7 +5,7 @@ use crate::placement::Placement;
 
 /// One intra-batch replica: in microbatch `micro` of EP group `group`, layer `layer`, the
 /// weights of logical `expert` go from EP-local rank `src_rank` (which hosts it) to `dst_rank`,
-/// which computes `share` of that expert's tokens in that cell (see `flow`).
+/// which computes `share` of that expert's tokens in that exchange (see `flow`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ReplicaRow {
     pub micro: i32,
@@ -63,4 +63,15 @@ pub fn cell_members(sample_rank: &[i32], sample_micro: &[i32], dp: usize, num_mi
         fill[c] += 1;
     }
     (off, members)
+}
+
+/// Replica rows bucketed by exchange (EP group g, step m, layer l), bucket index
+/// `(g·M + m)·L + l`, table order kept inside a bucket: what the simulator prices and the
+/// router routes one exchange at a time.
+pub fn bucket_replicas(rows: &[ReplicaRow], groups: usize, micro: usize, layers: usize) -> Vec<Vec<ReplicaRow>> {
+    let mut b = vec![Vec::new(); groups * micro * layers];
+    for r in rows {
+        b[(r.group as usize * micro + r.micro as usize) * layers + r.layer as usize].push(*r);
+    }
+    b
 }

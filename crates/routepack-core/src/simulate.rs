@@ -1,6 +1,6 @@
 //! The simulator: DESIGN.md's cost model, the one scale every plan and baseline is scored on.
 //!
-//! For EP group g, microbatch step m, MoE layer l:
+//! For each exchange (EP group g, microbatch step m, MoE layer l):
 //! * attention of DP rank d: `A = Σ_{s∈cell(d,m)} a_lin·n_s + a_quad_l·n_s²`;
 //! * tokens of logical expert e from EP-local rank r, routed by [`crate::flow::route_expert`]
 //!   to placement slots and replica copies;
@@ -24,8 +24,8 @@ use crate::cost::links::LinkBytes;
 use crate::cost::{CostModel, COMM_PASSES, COMPUTE_PASSES};
 use crate::error::Result;
 use crate::flow::{route_expert, Dest};
-use crate::cells::CellGrid;
-use crate::plan::{Plan, ReplicaRow};
+use crate::cell_grid::CellGrid;
+use crate::plan::{bucket_replicas, Plan, ReplicaRow};
 use crate::topology::Topology;
 use crate::validate::validate_plan;
 use crate::window::WindowView;
@@ -67,7 +67,7 @@ impl LayerCost {
     }
 }
 
-/// Scratch buffers for one worker, reused across cells.
+/// Scratch buffers for one worker, reused across exchanges.
 struct Scratch {
     column: Vec<i64>,   // [ep]
     rem: Vec<i64>,      // [ep]
@@ -98,35 +98,26 @@ impl Scratch {
     }
 }
 
-/// Replica rows bucketed by (group, micro, layer), table order kept inside a bucket.
-pub fn bucket_replicas(rows: &[ReplicaRow], groups: usize, micro: usize, layers: usize) -> Vec<Vec<ReplicaRow>> {
-    let mut b = vec![Vec::new(); groups * micro * layers];
-    for r in rows {
-        b[(r.group as usize * micro + r.micro as usize) * layers + r.layer as usize].push(*r);
-    }
-    b
-}
-
-/// Prices single (group, micro, layer) cells exactly as [`simulate`] does; what per-cell
-/// planners (replication) use to compare their choices on the simulator's own scale.
+/// Prices single exchanges (EP group, step, layer) exactly as [`simulate`] does; what
+/// per-exchange planners (replication) use to compare their choices on the simulator's own scale.
 /// Holds scratch buffers: make one per worker thread and reuse it.
-pub struct CellPricer {
+pub struct ExchangePricer {
     sc: Scratch,
     ep: usize,
     num_experts: usize,
 }
 
-impl CellPricer {
+impl ExchangePricer {
     pub fn new(ep: usize, num_experts: usize) -> Self {
         Self { sc: Scratch::new(ep, num_experts), ep, num_experts }
     }
 
-    /// Cost of one cell.
+    /// Cost of one exchange.
     /// * `origin`   `[ep * E]` rank-major: tokens for expert e sent by EP-local rank r
-    ///   (see [`crate::cells::CellGrid::origin`]);
-    /// * `attn_max` the slowest rank's one-pass attention time in this cell;
+    ///   (see [`crate::cell_grid::CellGrid::origin`]);
+    /// * `attn_max` the slowest rank's one-pass attention time in this exchange;
     /// * `slot_off`, `slots` the layer's placement as CSR (`Placement::replicas_of_layer`);
-    /// * `reps`     this cell's replica rows, table order (their micro/group/layer are not read).
+    /// * `reps`     this exchange's replica rows, table order (their micro/group/layer are not read).
     #[allow(clippy::too_many_arguments)]
     pub fn price(
         &mut self,
@@ -138,15 +129,15 @@ impl CellPricer {
         slots: &[usize],
         reps: &[ReplicaRow],
     ) -> LayerCost {
-        assert_eq!(topo.ep, self.ep, "CellPricer built for another ep");
+        assert_eq!(topo.ep, self.ep, "ExchangePricer built for another ep");
         assert_eq!(origin.len(), self.ep * self.num_experts, "origin must be [ep * E]");
-        price_cell(topo, cost, self.num_experts, origin, attn_max, slot_off, slots, reps, &mut self.sc)
+        price_exchange(topo, cost, self.num_experts, origin, attn_max, slot_off, slots, reps, &mut self.sc)
     }
 }
 
-/// See [`CellPricer::price`].
+/// See [`ExchangePricer::price`].
 #[allow(clippy::too_many_arguments)]
-fn price_cell(
+fn price_exchange(
     topo: &Topology,
     cost: &CostModel,
     e_n: usize,
@@ -260,7 +251,7 @@ pub fn ideal_time(w: &WindowView, topo: &Topology, cost: &CostModel, ideal_micro
     let mut total = 0.0;
     for l in 0..w.num_layers {
         let tt: f64 = (0..w.num_samples).map(|s| w.tokens(s, l).iter().map(|&x| x as f64).sum::<f64>()).sum();
-        let attn = COMPUTE_PASSES * (cost.a_lin * lin + cost.a_quad[l] * quad) / dp;
+        let attn = COMPUTE_PASSES * cost.attention_of_sums(l, lin, quad) / dp;
         let expert = COMPUTE_PASSES
             * (cost.c_tok * tt / dp + cost.c_exp * ideal_micro as f64 * w.num_experts as f64 / ep);
         let per_rank_bytes = tt / dp * cost.token_bytes;
@@ -296,7 +287,7 @@ pub fn simulate(
     let per_gm: Vec<Vec<LayerCost>> = (0..g_n * m_n)
         .into_par_iter()
         .map_init(
-            || (CellPricer::new(ep, w.num_experts), vec![0i64; ep * w.num_experts]),
+            || (ExchangePricer::new(ep, w.num_experts), vec![0i64; ep * w.num_experts]),
             |(pricer, origin), gm| {
                 let (g, m) = (gm / m_n, gm % m_n);
                 (0..l_n)

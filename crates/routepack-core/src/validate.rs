@@ -103,8 +103,10 @@ pub fn validate_plan(plan: &Plan, w: &WindowView, topo: &Topology, token_cap: i6
             && (0..topo.ep as i32).contains(&mv.src_rank)
             && (0..topo.ep as i32).contains(&mv.dst_rank)
             && (0..p.num_slots as i32).contains(&mv.dst_slot)
-            && (0..p.num_slots as i32).contains(&mv.src_slot);
-        if !ok || !(mv.bytes.is_finite() && mv.bytes >= 0.0) {
+            && (0..p.num_slots as i32).contains(&mv.src_slot)
+            && mv.bytes.is_finite()
+            && mv.bytes >= 0.0;
+        if !ok {
             return Err(bad_plan(format!("migration row {i} is out of range: {mv:?}")));
         }
         if p.layer(mv.layer as usize)[mv.dst_slot as usize] != mv.expert {

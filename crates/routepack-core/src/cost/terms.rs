@@ -15,12 +15,26 @@ impl CostModel {
         self.c_tok * tokens + self.c_exp * active_experts
     }
 
-    /// All-to-all time of one layer of one cell, given the dispatch bytes each rank sends and
-    /// receives: the slowest rank's link time, twice (dispatch and combine) per communication
-    /// pass (forward and backward).
+    /// All-to-all time of one exchange (EP group, step, layer), given the dispatch bytes each
+    /// rank sends and receives: the slowest rank's link time, twice (dispatch and combine) per
+    /// communication pass (forward and backward).
     #[inline]
     pub(crate) fn all_to_all_time(&self, dispatch: &[LinkBytes]) -> f64 {
-        2.0 * COMM_PASSES * LinkBytes::time(dispatch, self)
+        self.all_to_all_of_link_time(LinkBytes::time(dispatch, self))
+    }
+
+    /// All-to-all time from the slowest rank's one-way dispatch link time: dispatch and
+    /// combine, forward and backward.
+    #[inline]
+    pub fn all_to_all_of_link_time(&self, link_time: f64) -> f64 {
+        2.0 * COMM_PASSES * link_time
+    }
+
+    /// Attention/dense work of layer l of a group of samples in one pass, given their
+    /// `Σ n` (`lin`) and `Σ n²` (`quad`): what one rank's cell costs.
+    #[inline]
+    pub fn attention_of_sums(&self, l: usize, lin: f64, quad: f64) -> f64 {
+        self.a_lin * lin + self.a_quad[l] * quad
     }
 
     /// Seconds per byte a rank sends when its traffic is spread uniformly over the EP group:

@@ -1,12 +1,12 @@
 //! `hot_n`: MindSpeed's balanced MoE (seed 004; REFERENCES.md), the baseline as published.
 //!
-//! Per (group, micro, layer), from the all-gathered per-rank per-expert token counts, repeat
+//! Per exchange (group, micro, layer), from the all-gathered per-rank per-expert token counts, repeat
 //! N times (default 3): take the EP rank with the largest load, take that rank's largest
 //! expert as hot, subtract its total from the owner and add back to each rank the tokens it
 //! sent to it (those are now computed locally), and zero it so it is not picked again.
 //! The hot experts' weights are broadcast from the owner to every other EP rank, and every
-//! rank computes its own tokens for them: the row for dst has
-//! `share = (tokens of that expert originating at dst) / (its cell total)`, which
+//! rank computes its own tokens for them: the replica row for dst has
+//! `share = (tokens of that expert originating at dst) / (its exchange total)`, which
 //! `flow::route_expert` (own rank first) turns into exactly dst's own tokens, so those tokens
 //! leave the all-to-all. Ranks with no tokens of a hot expert still receive its weights
 //! (share 0): MindSpeed's broadcast goes to the whole EP group.
@@ -18,14 +18,14 @@
 
 use crate::plan::ReplicaRow;
 
-use super::cell::Cell;
-use super::state::CellState;
+use super::exchange::Exchange;
+use super::state::ExchangeState;
 
 /// MindSpeed's default `--balanced-moe-hot-expert-num`.
 pub const DEFAULT_HOT_EXPERTS: usize = 3;
 
-/// Rows of one cell; `state` is scratch (reset here).
-pub fn plan_cell(c: &Cell, state: &mut CellState, hot_experts: usize) -> Vec<ReplicaRow> {
+/// Replica rows of one exchange; `state` is scratch (reset here).
+pub fn plan_exchange(c: &Exchange, state: &mut ExchangeState, hot_experts: usize) -> Vec<ReplicaRow> {
     state.reset(c);
     let (ep, e_n) = (c.ep(), c.num_experts());
     let mut hot = vec![false; e_n];
@@ -42,11 +42,11 @@ pub fn plan_cell(c: &Cell, state: &mut CellState, hot_experts: usize) -> Vec<Rep
         }
         let Some((e, _)) = pick else { break };
         hot[e] = true;
-        let rows = (0..ep)
+        let reps = (0..ep)
             .filter(|&r| !c.hosts(e, r))
-            .map(|r| state.make_row(e, c.source_for(e, r), r, state.origin(e)[r]))
+            .map(|r| state.make_replica(e, c.source_for(e, r), r, state.origin(e)[r]))
             .collect();
-        state.set_rows(c, e, rows);
+        state.set_replicas(c, e, reps);
     }
     state.table(c)
 }

@@ -1,17 +1,17 @@
-//! Intra-batch replication (DESIGN.md stage 4): per (group, micro, layer), copies of hot
+//! Intra-batch replication (DESIGN.md stage 4): per exchange (EP group, step, layer), copies of hot
 //! experts on other EP ranks, each computing a planned share of that expert's tokens
 //! (`plan::ReplicaRow`; routed by `flow::route_expert`).
 //!
 //! * [`hot_n`]     MindSpeed's balanced MoE (baseline): N hot experts broadcast to every rank
 //! * [`relibra`]   ReLibra's intra-node replication (baseline)
-//! * [`routepack`] ours: rows and shares minimising each layer's simulated time
-//! * [`cell`]      one cell's inputs, the parallel driver, share rounding
-//! * [`state`]     the simulator's cell cost, updated one expert at a time
+//! * [`routepack`] ours: replicas and shares minimising each exchange's simulated time
+//! * [`exchange`]  one exchange's inputs, the parallel driver, share rounding
+//! * [`state`]     the simulator's exchange cost, updated one expert at a time
 //!
-//! Every planner is deterministic: cells are planned independently (in parallel) and their
-//! rows concatenated in cell order.
+//! Every planner is deterministic: exchanges are planned independently (in parallel) and their
+//! replica rows concatenated in exchange order.
 
-pub mod cell;
+pub mod exchange;
 pub mod hot_n;
 pub mod relibra;
 pub mod routepack;
@@ -24,8 +24,8 @@ use crate::plan::ReplicaRow;
 use crate::topology::Topology;
 use crate::window::WindowView;
 
-use cell::plan_cells;
-use state::CellState;
+use exchange::plan_exchanges;
+use state::ExchangeState;
 
 /// The packing replication plans for: `sample_rank`, `sample_micro` `[S]`, `num_micro` M.
 #[derive(Clone, Copy, Debug)]
@@ -35,7 +35,8 @@ pub struct Packed<'a> {
     pub num_micro: usize,
 }
 
-/// MindSpeed's rule with `hot_experts` (N >= 1) hot experts per cell.
+/// MindSpeed's rule with `hot_experts` (N >= 1) hot experts per exchange
+/// ([`hot_n::DEFAULT_HOT_EXPERTS`] is MindSpeed's default).
 pub fn hot_n(
     w: &WindowView,
     topo: &Topology,
@@ -47,12 +48,13 @@ pub fn hot_n(
     if hot_experts == 0 {
         return Err(invalid("hot_experts", "must be >= 1 (MindSpeed's --balanced-moe-hot-expert-num), got 0"));
     }
-    plan_cells(w, topo, cost, placement, packed.sample_rank, packed.sample_micro, packed.num_micro, CellState::new, |c, st| {
-        hot_n::plan_cell(c, st, hot_experts)
+    plan_exchanges(w, topo, cost, placement, packed.sample_rank, packed.sample_micro, packed.num_micro, ExchangeState::new, |c, st| {
+        hot_n::plan_exchange(c, st, hot_experts)
     })
 }
 
-/// ReLibra's intra-node replication with at most `replica_slots` copies per rank per cell.
+/// ReLibra's intra-node replication with at most `replica_slots` copies per rank per exchange:
+/// the same budget routepack gets ([`routepack::DEFAULT_REPLICA_SLOTS`] by default).
 pub fn relibra(
     w: &WindowView,
     topo: &Topology,
@@ -61,8 +63,8 @@ pub fn relibra(
     packed: Packed,
     replica_slots: usize,
 ) -> Result<Vec<ReplicaRow>> {
-    plan_cells(w, topo, cost, placement, packed.sample_rank, packed.sample_micro, packed.num_micro, CellState::new, |c, st| {
-        relibra::plan_cell(c, st, replica_slots)
+    plan_exchanges(w, topo, cost, placement, packed.sample_rank, packed.sample_micro, packed.num_micro, ExchangeState::new, |c, st| {
+        relibra::plan_exchange(c, st, replica_slots)
     })
 }
 
@@ -81,8 +83,8 @@ pub fn routepack(
             format!("candidate experts and destinations per step must be >= 1, got {} and {}", opts.experts, opts.dsts),
         ));
     }
-    plan_cells(w, topo, cost, placement, packed.sample_rank, packed.sample_micro, packed.num_micro, routepack::Worker::default, |c, wk| {
-        routepack::plan_cell(c, wk, opts)
+    plan_exchanges(w, topo, cost, placement, packed.sample_rank, packed.sample_micro, packed.num_micro, routepack::Worker::default, |c, wk| {
+        routepack::plan_exchange(c, wk, opts)
     })
 }
 

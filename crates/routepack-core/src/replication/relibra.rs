@@ -3,8 +3,8 @@
 //! ReLibra "dynamically performs expert replication within a node to absorb
 //! micro-batch-level load fluctuations", using the routing known from replay; cross-node
 //! balance is left to its inter-batch expert reordering (`placement::relibra`). The paper's
-//! abstract gives no more detail, so this is the direct reading: per (group, micro, layer)
-//! and per node, while the node's expert load (tokens computed per rank) is uneven, copy the
+//! abstract gives no more detail, so this is the direct reading: per exchange (group, micro,
+//! layer) and per node, while the node's expert load (tokens computed per rank) is uneven, copy the
 //! hottest expert of the most loaded rank to the least loaded rank of the same node that has
 //! a free replica slot, with the share that levels the two ranks (half their gap, at most
 //! what the expert has); stop when a copy no longer narrows the gap or slots run out.
@@ -13,16 +13,16 @@
 
 use crate::plan::ReplicaRow;
 
-use super::cell::Cell;
-use super::state::CellState;
+use super::exchange::Exchange;
+use super::state::ExchangeState;
 
-/// Rows of one cell; `state` is scratch (reset here).
-pub fn plan_cell(c: &Cell, state: &mut CellState, replica_slots: usize) -> Vec<ReplicaRow> {
+/// Replica rows of one exchange; `state` is scratch (reset here).
+pub fn plan_exchange(c: &Exchange, state: &mut ExchangeState, replica_slots: usize) -> Vec<ReplicaRow> {
     state.reset(c);
     let topo = c.topo;
     let (ep, e_n) = (c.ep(), c.num_experts());
     let rpn = topo.ranks_per_group_node();
-    // each accepted copy adds a row or grows one; bounded so a pathological cell ends
+    // each accepted copy adds a replica or grows one; bounded so a pathological exchange ends
     let max_steps = 4 * rpn * (replica_slots + 1);
     // experts of each rank (its placement slots)
     let mut rank_experts: Vec<Vec<usize>> = vec![Vec::new(); ep];
@@ -60,8 +60,8 @@ pub fn plan_cell(c: &Cell, state: &mut CellState, replica_slots: usize) -> Vec<R
                     if !has && state.used[q] >= replica_slots {
                         continue;
                     }
-                    let taken: i64 = state.rows[e].iter().filter(|r| r.dst != q).map(|r| r.n).sum();
-                    let mine = state.rows[e].iter().find(|r| r.dst == q).map_or(0, |r| r.n);
+                    let taken: i64 = state.replicas[e].iter().filter(|r| r.dst != q).map(|r| r.n).sum();
+                    let mine = state.replicas[e].iter().find(|r| r.dst == q).map_or(0, |r| r.n);
                     let avail = state.total(e) - taken - mine;
                     let delta = (gap / 2).min(avail).min(state.expert_tokens(e, p));
                     if delta <= 0 {
@@ -72,17 +72,17 @@ pub fn plan_cell(c: &Cell, state: &mut CellState, replica_slots: usize) -> Vec<R
                 }
             }
             let Some((e, q, n)) = step else { break };
-            let mut rows = state.rows[e].clone();
-            match rows.iter_mut().find(|r| r.dst == q) {
-                Some(r) => *r = state.make_row(e, r.src, q, n),
-                None => rows.push(state.make_row(e, p, q, n)),
+            let mut reps = state.replicas[e].clone();
+            match reps.iter_mut().find(|r| r.dst == q) {
+                Some(r) => *r = state.make_replica(e, r.src, q, n),
+                None => reps.push(state.make_replica(e, p, q, n)),
             }
-            let before = state.rows[e].clone();
+            let before = state.replicas[e].clone();
             let old_p = state.tok[p];
-            state.set_rows(c, e, rows);
+            state.set_replicas(c, e, reps);
             // accept only if the pair's larger load dropped (the copy narrowed the gap)
             if state.tok[p].max(state.tok[q]) >= old_p {
-                state.set_rows(c, e, before);
+                state.set_replicas(c, e, before);
                 break;
             }
         }

@@ -1,10 +1,10 @@
-//! `routepack` replication: per (group, micro, layer), the replica rows and token shares
-//! that minimise that layer's time as the simulator prices it (expert max, all-to-all,
+//! `routepack` replication: per exchange (EP group, step, layer), the replicas and token
+//! shares that minimise that exchange's time as the simulator prices it (expert max, all-to-all,
 //! replication traffic and the part of it that that layer's attention cannot hide), with at
 //! most `replica_slots` copies on any rank.
 //!
-//! Greedy with exact re-evaluation. Each step scans candidate moves "a copy of expert e on
-//! rank r computes n of e's tokens in this cell", for
+//! Greedy with exact re-evaluation. Each greedy step scans candidate moves "a copy of expert e on
+//! rank r computes n of e's tokens in this exchange", for
 //! * experts hosted on the rank with the largest expert time (moving work off it),
 //! * experts hosted on the rank with the largest all-to-all time, by tokens it receives,
 //! * experts that rank sends the most tokens to (a copy on it keeps them local),
@@ -12,31 +12,32 @@
 //! each on a few destinations (the ranks with most own tokens of e, the least loaded ranks,
 //! the all-to-all bottleneck) with two shares (all of e's tokens on r's node, or the share
 //! that levels r with e's busiest host when that is less); a move to a rank that already has
-//! a copy of e changes its share. Every candidate is priced exactly (`CellState`, the
+//! a copy of e changes its share. Every candidate is priced exactly (`ExchangeState`, the
 //! simulator's formula), most promising lower bound first, skipping those whose bound cannot
-//! beat the best so far; the best move is taken while it lowers the layer's time. The result
-//! is kept only if it beats no replication, so a cell never gets slower (rows may be empty).
+//! beat the best so far; the best move is taken while it lowers the exchange's time. The
+//! result is kept only if it beats no replication, so an exchange never gets slower (it may
+//! get no replicas).
 
 use crate::plan::ReplicaRow;
 
-use super::cell::Cell;
-use super::state::{CellState, Row};
+use super::exchange::Exchange;
+use super::state::{ExchangeState, Replica};
 
-/// Copies a rank may hold per (micro, layer) by default. MindSpeed's default
+/// Copies a rank may hold per exchange by default (also ReLibra's budget, `relibra`). MindSpeed's default
 /// (`hot_n` with N = 3) puts up to 3 copies on every rank; routepack gets fewer.
 pub const DEFAULT_REPLICA_SLOTS: usize = 2;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Options {
-    /// Copies a rank may receive per (micro, layer): the memory budget.
+    /// Copies a rank may receive per exchange: the memory budget.
     pub replica_slots: usize,
-    /// Experts taken from each bottleneck list per step.
+    /// Experts taken from each bottleneck list per greedy step.
     pub experts: usize,
     /// Destinations tried per expert from each destination list.
     pub dsts: usize,
 }
 
-/// Experts and destinations tried per bottleneck list and step by default
+/// Experts and destinations tried per bottleneck list and greedy step by default
 /// (`replication_candidates`): 1 keeps a `flash` plan near 1 s; 2 finds a little more on
 /// static placements at about twice the time.
 pub const DEFAULT_CANDIDATES: usize = 1;
@@ -50,18 +51,18 @@ impl Default for Options {
 /// Per-worker scratch.
 #[derive(Default)]
 pub struct Worker {
-    state: CellState,
+    state: ExchangeState,
     rank_experts: Vec<Vec<usize>>,
     /// `[E * ep]` whether rank r hosts a slot of expert e.
     hosted: Vec<bool>,
     cands: Vec<usize>,
     dsts: Vec<usize>,
     keyed: Vec<(i64, usize)>,
-    trial: Vec<Row>,
+    trial: Vec<Replica>,
     node_tokens: Vec<i64>,
     moves: Vec<Move>,
     pools: Vec<Vec<i64>>,
-    /// Per rank, the experts it sends most tokens to (computed on first use in a cell).
+    /// Per rank, the experts it sends most tokens to (computed on first use in a exchange).
     sent_top: Vec<Vec<usize>>,
 }
 
@@ -110,19 +111,19 @@ fn take_top(keyed: &mut [(i64, usize)], k: usize, out: &mut Vec<usize>) {
     }
 }
 
-/// `rows` with `row` replacing the row of the same dst, or appended: written into `trial`.
-fn with_row<'t>(trial: &'t mut Vec<Row>, rows: &[Row], row: Row) -> &'t [Row] {
+/// `reps` with `rep` replacing the replica on the same dst, or appended: written into `trial`.
+fn with_replica<'t>(trial: &'t mut Vec<Replica>, reps: &[Replica], rep: Replica) -> &'t [Replica] {
     trial.clear();
-    trial.extend_from_slice(rows);
-    match trial.iter_mut().find(|x| x.dst == row.dst) {
-        Some(x) => *x = row,
-        None => trial.push(row),
+    trial.extend_from_slice(reps);
+    match trial.iter_mut().find(|x| x.dst == rep.dst) {
+        Some(x) => *x = rep,
+        None => trial.push(rep),
     }
     trial
 }
 
-/// Rows of one cell.
-pub fn plan_cell(c: &Cell, wk: &mut Worker, opts: &Options) -> Vec<ReplicaRow> {
+/// Replica rows of one exchange.
+pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<ReplicaRow> {
     let st = &mut wk.state;
     st.reset(c);
     if opts.replica_slots == 0 {
@@ -163,7 +164,7 @@ pub fn plan_cell(c: &Cell, wk: &mut Worker, opts: &Options) -> Vec<ReplicaRow> {
         let sent_from = cands.len();
         keyed.clear();
         // experts pa sends most tokens to: the top (experts + slots) by origin tokens are
-        // fixed for the cell (computed once per rank); at most `slots` of them have a copy
+        // fixed for the exchange (computed once per rank); at most `slots` of them have a copy
         // on pa lowering their key, so the top `experts` by key are among them
         if wk.sent_top[pa].is_empty() {
             let hosted = &wk.hosted;
@@ -189,7 +190,7 @@ pub fn plan_cell(c: &Cell, wk: &mut Worker, opts: &Options) -> Vec<ReplicaRow> {
             if total == 0 {
                 continue;
             }
-            // what copies appended after e's rows draw from (for the sparse pricing)
+            // what copies appended after e's replicas draw from (for the sparse pricing)
             if wk.pools.len() <= ci {
                 wk.pools.resize_with(ci + 1, Vec::new);
             }
@@ -219,14 +220,14 @@ pub fn plan_cell(c: &Cell, wk: &mut Worker, opts: &Options) -> Vec<ReplicaRow> {
             wk.node_tokens.extend(st.origin(e).chunks(rpn).map(|ch| ch.iter().sum::<i64>()));
             for di in 0..wk.dsts.len() {
                 let r = wk.dsts[di];
-                let existing = st.rows[e].iter().position(|x| x.dst == r);
-                let mine = existing.map_or(0, |i| st.rows[e][i].n);
-                let others: i64 = st.rows[e].iter().filter(|x| x.dst != r).map(|x| x.n).sum();
+                let existing = st.replicas[e].iter().position(|x| x.dst == r);
+                let mine = existing.map_or(0, |i| st.replicas[e][i].n);
+                let others: i64 = st.replicas[e].iter().filter(|x| x.dst != r).map(|x| x.n).sum();
                 let avail = total - others;
                 if avail <= 0 {
                     continue;
                 }
-                let src = existing.map_or_else(|| c.source_for(e, r), |i| st.rows[e][i].src);
+                let src = existing.map_or_else(|| c.source_for(e, r), |i| st.replicas[e][i].src);
                 // shares: all of e's tokens on r's node (they then stay inside the node), or
                 // the tokens that level r with e's busiest host when that is less. (Taking only
                 // r's own tokens, or levelling past the node, was tried: greedy then spends
@@ -239,7 +240,7 @@ pub fn plan_cell(c: &Cell, wk: &mut Worker, opts: &Options) -> Vec<ReplicaRow> {
                 // other copies; all-to-all also on the ranks tokens are drawn from, which is
                 // r's node when e has no other copy and the copy's old and new n stay within
                 // the node's tokens (otherwise any rank)
-                let alone = st.rows[e].iter().all(|x| x.dst == r);
+                let alone = st.replicas[e].iter().all(|x| x.dst == r);
                 let lo = (r / rpn) * rpn;
                 for (k, &n) in options[..n_options].iter().enumerate() {
                     if n == mine || options[..k].contains(&n) {
@@ -273,13 +274,13 @@ pub fn plan_cell(c: &Cell, wk: &mut Worker, opts: &Options) -> Vec<ReplicaRow> {
                 continue;
             }
             let lb = m.t;
-            let row = st.make_row(m.e, m.src, m.dst, m.n);
+            let rep = st.make_replica(m.e, m.src, m.dst, m.n);
             let slots = c.expert_slots(m.e);
             // a new copy of a one-slot expert changes few ranks: priced sparsely (same result)
             let t = if slots.len() == 1 && !st.has_copy(m.e, m.dst) && st.total(m.e) < 1 << 23 {
-                st.try_append(c, m.e, slots[0] / spr, &wk.pools[m.ci], row)
+                st.try_append(c, m.e, slots[0] / spr, &wk.pools[m.ci], rep)
             } else {
-                st.try_rows(c, m.e, with_row(&mut wk.trial, &st.rows[m.e], row))
+                st.try_replicas(c, m.e, with_replica(&mut wk.trial, &st.replicas[m.e], rep))
             };
             debug_assert!(t >= lb, "bound {lb} above the price {t}: {:?}", (m.e, m.dst, m.n));
             if t < best_t || (best.is_some() && t == best_t && m.idx < best_idx) {
@@ -287,11 +288,11 @@ pub fn plan_cell(c: &Cell, wk: &mut Worker, opts: &Options) -> Vec<ReplicaRow> {
             }
         }
         let Some(m) = best else { break };
-        with_row(&mut wk.trial, &st.rows[m.e], st.make_row(m.e, m.src, m.dst, m.n));
-        st.set_rows(c, m.e, wk.trial.clone());
+        with_replica(&mut wk.trial, &st.replicas[m.e], st.make_replica(m.e, m.src, m.dst, m.n));
+        st.set_replicas(c, m.e, wk.trial.clone());
         cur = m.t;
     }
-    // keep the rows only with a margin far above the float noise between this incremental
+    // keep the replicas only with a margin far above the float noise between this incremental
     // sum and the simulator's, so the simulated layer time never grows
     if cur < none * (1.0 - 1e-9) {
         st.table(c)

@@ -1,20 +1,20 @@
 //! Tests of the replication planners: every plan through `validate_plan`, exactness of the
-//! incremental cell cost, the baselines' rules, routepack never slower than no replication,
+//! incremental exchange cost, the baselines' rules, routepack never slower than no replication,
 //! determinism across thread counts.
 
 use proptest::prelude::*;
 use rand::{RngExt, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 
-use super::cell::{plan_cells, Cell};
-use super::state::CellState;
+use super::exchange::{plan_exchanges, Exchange};
+use super::state::ExchangeState;
 use super::{hot_n, relibra, routepack, Packed};
 use crate::cost::CostModel;
 use crate::flow::route_expert;
 use crate::packing::sequential::sequential;
 use crate::placement::{static_placement, Placement};
-use crate::plan::{Plan, ReplicaRow};
-use crate::simulate::{bucket_replicas, simulate, CellPricer};
+use crate::plan::{bucket_replicas, Plan, ReplicaRow};
+use crate::simulate::{simulate, ExchangePricer};
 use crate::topology::Topology;
 use crate::validate::validate_plan;
 use crate::window::WindowView;
@@ -97,7 +97,7 @@ fn run(case: &Case, which: &str, slots: usize) -> (Plan, Vec<ReplicaRow>) {
     let w = case.window();
     let cost = CostModel::for_tests(case.layers);
     let rows = match which {
-        "hot_n" => hot_n(&w, &case.topo, &cost, &case.placement, packed, 3),
+        "hot_n" => hot_n(&w, &case.topo, &cost, &case.placement, packed, hot_n::DEFAULT_HOT_EXPERTS),
         "relibra" => relibra(&w, &case.topo, &cost, &case.placement, packed, slots),
         _ => routepack(&w, &case.topo, &cost, &case.placement, packed, &routepack::Options { replica_slots: slots, ..Default::default() }),
     }
@@ -155,7 +155,7 @@ proptest! {
 
     #[test]
     fn incremental_cost_matches_the_simulator(seed in 0u64..1_000_000, shape in 0usize..4) {
-        // price every cell of every planner's plan both ways
+        // price every exchange of every planner's plan both ways
         let case = Case::new(seed, shape);
         let w = case.window();
         let cost = CostModel::for_tests(case.layers);
@@ -163,23 +163,23 @@ proptest! {
             let (base, rows) = run(&case, which, 2);
             let (g_n, m_n, l_n) = (case.topo.num_groups(), base.num_micro, case.layers);
             let buckets = bucket_replicas(&rows, g_n, m_n, l_n);
-            let bad = plan_cells(&w, &case.topo, &cost, &case.placement, &base.sample_rank, &base.sample_micro, base.num_micro,
-                || (CellState::new(), CellPricer::new(case.topo.ep, case.experts)),
-                |c: &Cell, (st, pricer)| {
+            let bad = plan_exchanges(&w, &case.topo, &cost, &case.placement, &base.sample_rank, &base.sample_micro, base.num_micro,
+                || (ExchangeState::new(), ExchangePricer::new(case.topo.ep, case.experts)),
+                |c: &Exchange, (st, pricer)| {
                     let reps = &buckets[(c.group * m_n + c.micro) * l_n + c.layer];
                     let exact = pricer.price(c.topo, c.cost, c.origin, c.attn_max, c.slot_off, c.slots, reps).total();
                     st.reset(c);
-                    let mut by_e: Vec<Vec<super::state::Row>> = vec![Vec::new(); c.num_experts()];
+                    let mut by_e: Vec<Vec<super::state::Replica>> = vec![Vec::new(); c.num_experts()];
                     for r in reps {
-                        by_e[r.expert as usize].push(super::state::Row { dst: r.dst_rank as usize, src: r.src_rank as usize, n: 0, share: r.share });
+                        by_e[r.expert as usize].push(super::state::Replica { dst: r.dst_rank as usize, src: r.src_rank as usize, n: 0, share: r.share });
                     }
                     for (e, rows) in by_e.into_iter().enumerate() {
-                        if !rows.is_empty() { st.set_rows(c, e, rows); }
+                        if !rows.is_empty() { st.set_replicas(c, e, rows); }
                     }
                     let inc = st.time(c);
-                    if (inc - exact).abs() > 1e-12 * exact.max(1e-30) { vec![c.row(0, 0, 0, inc as f32)] } else { Vec::new() }
+                    if (inc - exact).abs() > 1e-12 * exact.max(1e-30) { vec![c.replica_row(0, 0, 0, inc as f32)] } else { Vec::new() }
                 }).unwrap();
-            prop_assert!(bad.is_empty(), "{which}: {} cells differ", bad.len());
+            prop_assert!(bad.is_empty(), "{which}: {} exchanges differ", bad.len());
         }
     }
 }
@@ -194,13 +194,13 @@ fn hot_n_keeps_hot_tokens_local_and_shrinks_the_all_to_all() {
     assert!(!rows.is_empty());
     let (g_n, m_n, l_n) = (case.topo.num_groups(), base.num_micro, case.layers);
     let buckets = bucket_replicas(&rows, g_n, m_n, l_n);
-    plan_cells(&w, &case.topo, &cost, &case.placement, &base.sample_rank, &base.sample_micro, base.num_micro,
-        || CellPricer::new(case.topo.ep, case.experts),
-        |c: &Cell, pricer| {
+    plan_exchanges(&w, &case.topo, &cost, &case.placement, &base.sample_rank, &base.sample_micro, base.num_micro,
+        || ExchangePricer::new(case.topo.ep, case.experts),
+        |c: &Exchange, pricer| {
             let reps = &buckets[(c.group * m_n + c.micro) * l_n + c.layer];
             let mut hot: Vec<i32> = reps.iter().map(|r| r.expert).collect();
             hot.dedup();
-            assert!(hot.len() <= 3);
+            assert!(hot.len() <= hot_n::DEFAULT_HOT_EXPERTS);
             for &e in &hot {
                 let e = e as usize;
                 // a copy on every other rank, each computing exactly its own tokens
@@ -233,9 +233,9 @@ fn hot_n_follows_mindspeeds_counting_rule() {
     ];
     let slot_off = vec![0, 1, 2, 3, 4];
     let slots = vec![0, 1, 2, 3];
-    let c = Cell { group: 0, micro: 0, layer: 0, topo: &topo, cost: &cost, origin: &origin, attn_max: 1.0, slot_off: &slot_off, slots: &slots };
-    let mut st = CellState::new();
-    let rows = super::hot_n::plan_cell(&c, &mut st, 2);
+    let c = Exchange { group: 0, micro: 0, layer: 0, topo: &topo, cost: &cost, origin: &origin, attn_max: 1.0, slot_off: &slot_off, slots: &slots };
+    let mut st = ExchangeState::new();
+    let rows = super::hot_n::plan_exchange(&c, &mut st, 2);
     // loads [40, 35, 4, 18] → rank 0's expert 0 is hot; each rank computes its own tokens
     // of it: [10, 45, 14, 28] → rank 1's expert 1 is hot: [15, 20, 24, 38]
     let hot: Vec<i32> = rows.iter().map(|r| r.expert).collect();
@@ -256,16 +256,16 @@ fn relibra_stays_inside_nodes_and_levels_them() {
         }
         let (g_n, m_n, l_n) = (case.topo.num_groups(), base.num_micro, case.layers);
         let buckets = bucket_replicas(&rows, g_n, m_n, l_n);
-        plan_cells(&w, &case.topo, &cost, &case.placement, &base.sample_rank, &base.sample_micro, base.num_micro,
-            CellState::new,
-            |c: &Cell, st| {
+        plan_exchanges(&w, &case.topo, &cost, &case.placement, &base.sample_rank, &base.sample_micro, base.num_micro,
+            ExchangeState::new,
+            |c: &Exchange, st| {
                 st.reset(c);
                 let before = st.tok.clone();
                 let reps = &buckets[(c.group * m_n + c.micro) * l_n + c.layer];
                 for e in 0..c.num_experts() {
                     let rs: Vec<_> = reps.iter().filter(|r| r.expert as usize == e)
-                        .map(|r| super::state::Row { dst: r.dst_rank as usize, src: r.src_rank as usize, n: 0, share: r.share }).collect();
-                    if !rs.is_empty() { st.set_rows(c, e, rs); }
+                        .map(|r| super::state::Replica { dst: r.dst_rank as usize, src: r.src_rank as usize, n: 0, share: r.share }).collect();
+                    if !rs.is_empty() { st.set_replicas(c, e, rs); }
                 }
                 let rpn = c.topo.ranks_per_group_node();
                 for n in 0..c.ep() / rpn {

@@ -1,9 +1,10 @@
-//! One (group, micro, layer) cell as the replication planners see it, and the driver that
-//! runs a planner over every cell of a packed window in parallel.
+//! One exchange (EP group, step, layer: one dispatch/combine all-to-all) as the replication
+//! planners see it, and the driver that runs a planner over every exchange of a packed window
+//! in parallel.
 
 use rayon::prelude::*;
 
-use crate::cells::CellGrid;
+use crate::cell_grid::CellGrid;
 use crate::cost::CostModel;
 use crate::error::Result;
 use crate::placement::Placement;
@@ -12,8 +13,8 @@ use crate::topology::Topology;
 use crate::validate::validate_plan;
 use crate::window::WindowView;
 
-/// Inputs of one cell.
-pub struct Cell<'a> {
+/// Inputs of one exchange: EP group `group`, microbatch step `micro`, MoE layer `layer`.
+pub struct Exchange<'a> {
     pub group: usize,
     pub micro: usize,
     pub layer: usize,
@@ -28,7 +29,7 @@ pub struct Cell<'a> {
     pub slots: &'a [usize],
 }
 
-impl Cell<'_> {
+impl Exchange<'_> {
     #[inline]
     pub fn ep(&self) -> usize {
         self.topo.ep
@@ -60,7 +61,8 @@ impl Cell<'_> {
             .find(|&r| self.topo.local_node_of(r) == node)
             .unwrap_or_else(|| self.topo.rank_of_slot(slots[0]))
     }
-    pub fn row(&self, e: usize, src: usize, dst: usize, share: f32) -> ReplicaRow {
+    /// The replica row of this exchange: a copy of e from `src` on `dst` computing `share`.
+    pub fn replica_row(&self, e: usize, src: usize, dst: usize, share: f32) -> ReplicaRow {
         ReplicaRow {
             micro: self.micro as i32,
             group: self.group as i32,
@@ -86,14 +88,14 @@ pub fn share_for(n: i64, total: i64) -> f32 {
     best.clamp(0.0, 1.0)
 }
 
-/// Runs `plan_cell` on every (group, micro, layer) of the packed window, in parallel, and
-/// concatenates the rows in cell order (group, micro, layer), each cell's rows in the order
-/// the planner gave (which `flow::route_expert` honours). Checks placement and packing first.
+/// Runs `plan_exchange` on every exchange (group, step, layer) of the packed window, in
+/// parallel, and concatenates the replica rows in exchange order (group, step, layer), each
+/// exchange's rows in the order the planner gave (which `flow::route_expert` honours). Checks placement and packing first.
 ///
 /// * `sample_rank`, `sample_micro` `[S]`, `num_micro` M: the packing.
-/// * `plan_cell(cell, worker_state)`: the planner; `W` is per-worker scratch built by `init`.
+/// * `plan_exchange(exchange, worker_state)`: the planner; `W` is per-worker scratch built by `init`.
 #[allow(clippy::too_many_arguments)]
-pub fn plan_cells<W, I, F>(
+pub fn plan_exchanges<W, I, F>(
     w: &WindowView,
     topo: &Topology,
     cost: &CostModel,
@@ -102,11 +104,11 @@ pub fn plan_cells<W, I, F>(
     sample_micro: &[i32],
     num_micro: usize,
     init: I,
-    plan_cell: F,
+    plan_exchange: F,
 ) -> Result<Vec<ReplicaRow>>
 where
     I: Fn() -> W + Sync + Send,
-    F: Fn(&Cell, &mut W) -> Vec<ReplicaRow> + Sync + Send,
+    F: Fn(&Exchange, &mut W) -> Vec<ReplicaRow> + Sync + Send,
 {
     cost.check(w.num_layers)?;
     let unreplicated = Plan {
@@ -121,7 +123,7 @@ where
     let (g_n, m_n, l_n, ep, e_n) = (topo.num_groups(), num_micro, w.num_layers, topo.ep, w.num_experts);
     let grid = CellGrid::new(sample_rank, sample_micro, num_micro, w.seq_lens, topo);
     let layer_slots: Vec<(Vec<usize>, Vec<usize>)> = (0..l_n).map(|l| placement.replicas_of_layer(l)).collect();
-    let per_cell: Vec<Vec<ReplicaRow>> = (0..g_n * m_n * l_n)
+    let per_exchange: Vec<Vec<ReplicaRow>> = (0..g_n * m_n * l_n)
         .into_par_iter()
         .map_init(
             || (init(), vec![0i64; ep * e_n]),
@@ -129,7 +131,7 @@ where
                 let (gm, l) = (c / l_n, c % l_n);
                 let (g, m) = (gm / m_n, gm % m_n);
                 grid.origin(w, g, m, l, origin);
-                let cell = Cell {
+                let exchange = Exchange {
                     group: g,
                     micro: m,
                     layer: l,
@@ -140,11 +142,11 @@ where
                     slot_off: &layer_slots[l].0,
                     slots: &layer_slots[l].1,
                 };
-                plan_cell(&cell, state)
+                plan_exchange(&exchange, state)
             },
         )
         .collect();
-    Ok(per_cell.into_iter().flatten().collect())
+    Ok(per_exchange.into_iter().flatten().collect())
 }
 
 #[cfg(test)]

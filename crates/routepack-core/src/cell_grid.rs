@@ -1,6 +1,7 @@
-//! The cells of a packed window, as the simulator and the per-cell planners (replication)
-//! see them: which samples every EP rank of a group runs at a microbatch step, their
-//! attention work, and the tokens each rank sends to each logical expert in a layer.
+//! The cells (DP rank, step) of a packed window: which samples every rank runs at each
+//! microbatch step and their attention work, and from them what the simulator and the
+//! per-exchange planners (replication) read for one exchange (EP group, step, layer): the
+//! slowest rank's attention and the tokens each EP rank sends to each logical expert.
 
 use crate::cost::CostModel;
 use crate::plan::cell_members;
@@ -48,18 +49,18 @@ impl CellGrid {
         &self.members[self.off[c]..self.off[c + 1]]
     }
 
-    /// The slowest rank's one-pass attention time in group g, step m, layer l.
+    /// The slowest rank's one-pass attention time in exchange (group g, step m, layer l).
     pub fn attention_max(&self, cost: &CostModel, g: usize, m: usize, l: usize) -> f64 {
         (0..self.ep)
             .map(|r| {
                 let c = (g * self.ep + r) * self.num_micro + m;
-                cost.a_lin * self.lin[c] + cost.a_quad[l] * self.quad[c]
+                cost.attention_of_sums(l, self.lin[c], self.quad[c])
             })
             .fold(0.0, f64::max)
     }
 
     /// Fills `origin` `[ep * E]` (rank-major): tokens for logical expert e that EP-local rank
-    /// r's samples send in group g, step m, layer l.
+    /// r's samples send in exchange (group g, step m, layer l).
     pub fn origin(&self, w: &WindowView, g: usize, m: usize, l: usize, origin: &mut [i64]) {
         let e_n = w.num_experts;
         debug_assert_eq!(origin.len(), self.ep * e_n);

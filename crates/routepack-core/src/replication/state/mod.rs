@@ -1,32 +1,55 @@
-//! `CellState`: the simulator's cost of one cell, kept up to date as replica rows of one
-//! expert at a time change, so a planner can price a candidate in O(ep) instead of
-//! re-pricing the whole cell in O(ep · E).
+//! `ExchangeState`: the simulator's cost of one exchange (EP group, step, layer), kept up to
+//! date as the replicas of one expert at a time change, so a planner can price a candidate
+//! in O(ep) instead of re-pricing the whole exchange in O(ep · E).
 //!
-//! The cell's cost (simulate.rs) is a function of per-rank sums over experts: tokens and
-//! active experts per rank (expert term), tokens sent/received per rank and link (all-to-all),
-//! replica hops sent/received per rank and link (replication chains, one per (expert, src)).
-//! Each expert's part is computed with `flow::route_expert` from its rows, exactly as the
-//! simulator routes it, and kept in integers, so swapping an expert's part in and out is
-//! exact. The float total differs from `CellPricer` only by rounding order (tests hold it
-//! within 1e-12 relative).
+//! The exchange's cost (`simulate::ExchangePricer`) is a function of per-rank sums over
+//! experts: tokens and active experts per rank (expert term), tokens sent/received per rank
+//! and link (all-to-all), replica hops sent/received per rank and link (replication chains,
+//! one per (expert, src)). Each expert's part is computed with `flow::route_expert` from its
+//! replicas, exactly as the simulator routes it, and kept in integers, so swapping an
+//! expert's part in and out is exact.
 //!
 //! Pricing a candidate is O(ep) integer work plus float work only on the ranks the
 //! candidate changes: per-rank values (expert time, all-to-all time, replica hops) and the
 //! ranks sorted by each are cached, so the max over unchanged ranks is read off the order.
+//! [`append`] prices the commonest candidate, a new copy of a one-slot expert, sparser still.
+//!
+//! # What it shares with `simulate`, and what it approximates
+//! * Shared, bit for bit: the expert term ([`crate::cost::CostModel::expert_time`]), the all-to-all passes
+//!   ([`crate::cost::CostModel::all_to_all_of_link_time`]), the exposed replication
+//!   ([`crate::cost::CostModel::exposed_replication`]), the attention it hides behind (the exchange's
+//!   `attn_max`, from `CellGrid::attention_max` like the simulator's) and the sum of the
+//!   parts (`LayerCost::total`).
+//! * Approximated by rounding order only: link times. The simulator adds each flow's bytes
+//!   (`n · token_bytes`, a hop's `expert_weight_bytes`) in f64 and divides the slowest
+//!   rank's per-link max by the bandwidth; this state keeps integer token and hop counts and
+//!   multiplies their max by a precomputed seconds-per-unit (`token_bytes / bw`,
+//!   `1 / bw` then × bytes), and prices the backward gradient reduction from the same hop
+//!   counts (a reversed chain has the same per-rank max(sent, received)).
+//!
+//! The test that ties it to the simulator, and fails if they drift:
+//! `replication::tests::incremental_cost_matches_the_simulator` prices every exchange of
+//! every planner's plan both ways and requires agreement within 1e-12 relative. routepack
+//! keeps its replicas only when they beat no replication by 1e-9 relative, far above that
+//! noise, so a planned exchange is never slower on the simulator's scale
+//! (`replication::tests::routepack_never_slower_than_none`).
 
-use crate::cost::{COMM_PASSES, COMPUTE_PASSES};
+use crate::cost::COMPUTE_PASSES;
 use crate::flow::route_expert;
 use crate::plan::ReplicaRow;
+use crate::simulate::LayerCost;
 
-use super::cell::{share_for, Cell};
+use super::exchange::{share_for, Exchange};
+
+mod append;
 
 /// Per rank and link: [send intra, recv intra, send inter, recv inter].
 type Links = [i64; 4];
 
-/// One replica row of an expert: `dst` computes `n` tokens (share `share` of the expert's
-/// cell total), its weights coming from `src`.
+/// One replica of an expert: `dst` computes `n` tokens (share `share` of the expert's
+/// exchange total), its weights coming from `src`.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Row {
+pub struct Replica {
     pub dst: usize,
     pub src: usize,
     pub n: i64,
@@ -47,15 +70,15 @@ impl Part {
 }
 
 #[derive(Default)]
-pub struct CellState {
+pub struct ExchangeState {
     ep: usize,
     e_n: usize,
-    /// `[E * ep]` expert-major copy of the cell's origin tokens.
+    /// `[E * ep]` expert-major copy of the exchange's origin tokens.
     origin_t: Vec<i64>,
-    /// `[E]` cell total of each expert.
+    /// `[E]` exchange total of each expert.
     total: Vec<i64>,
-    /// Rows of each expert, in table order.
-    pub rows: Vec<Vec<Row>>,
+    /// Replicas of each expert, in table order.
+    pub replicas: Vec<Vec<Replica>>,
     /// `[E * ep]` tokens expert e is computed for on rank p (slots and copies).
     etok: Vec<i64>,
     /// `[E * ep]` expert e's all-to-all tokens per rank and link.
@@ -99,16 +122,16 @@ pub struct CellState {
     /// `pos[p]` is p's entry when `mark[p] == stamp`.
     delta: Vec<(usize, i64, i64, Links)>,
     pos: Vec<usize>,
-    trial_rows: Vec<Row>,
+    trial: Vec<Replica>,
 }
 
-impl CellState {
+impl ExchangeState {
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Loads a cell with no replica rows.
-    pub fn reset(&mut self, c: &Cell) {
+    /// Loads an exchange with no replicas.
+    pub fn reset(&mut self, c: &Exchange) {
         let (ep, e_n) = (c.ep(), c.num_experts());
         self.ep = ep;
         self.e_n = e_n;
@@ -123,8 +146,8 @@ impl CellState {
             }
             self.total[e] = t;
         }
-        self.rows.iter_mut().for_each(Vec::clear);
-        self.rows.resize_with(e_n, Vec::new);
+        self.replicas.iter_mut().for_each(Vec::clear);
+        self.replicas.resize_with(e_n, Vec::new);
         self.etok.clear();
         self.etok.resize(e_n * ep, 0);
         self.elinks.clear();
@@ -166,17 +189,17 @@ impl CellState {
     /// Rank values from tokens, active experts, links and hops (one formula everywhere, so
     /// cached and fresh values are bit-identical).
     #[inline]
-    fn values(&self, c: &Cell, tok: i64, act: i64, l: &Links, h: &Links) -> (f64, f64, f64) {
+    fn values(&self, c: &Exchange, tok: i64, act: i64, l: &Links, h: &Links) -> (f64, f64, f64) {
         let (kt, kh) = (self.k_tok, self.k_hop);
         (
-            c.cost.c_tok * tok as f64 + c.cost.c_exp * act as f64,
+            c.cost.expert_time(tok as f64, act as f64),
             l[0].max(l[1]) as f64 * kt[0] + l[2].max(l[3]) as f64 * kt[1],
             h[0].max(h[1]) as f64 * kh[0] + h[2].max(h[3]) as f64 * kh[1],
         )
     }
 
     /// Recomputes the cached per-rank values and orders.
-    fn refresh(&mut self, c: &Cell) {
+    fn refresh(&mut self, c: &Exchange) {
         let ep = self.ep;
         let (mut xv, mut av, mut hv) = (std::mem::take(&mut self.xv), std::mem::take(&mut self.av), std::mem::take(&mut self.hv));
         xv.clear();
@@ -209,18 +232,18 @@ impl CellState {
     pub fn expert_tokens(&self, e: usize, p: usize) -> i64 {
         self.etok[e * self.ep + p]
     }
-    /// Whether rank p already holds a copy of e in this cell.
+    /// Whether rank p already holds a copy of e in this exchange.
     pub fn has_copy(&self, e: usize, p: usize) -> bool {
-        self.rows[e].iter().any(|r| r.dst == p)
+        self.replicas[e].iter().any(|r| r.dst == p)
     }
 
-    /// Expert e's part of the sums if its rows were `rows` (computed by `route_expert`).
-    pub fn part_into(&mut self, c: &Cell, e: usize, rows: &[Row], out: &mut Part) {
+    /// Expert e's part of the sums if its replicas were `reps` (computed by `route_expert`).
+    pub fn part_into(&mut self, c: &Exchange, e: usize, reps: &[Replica], out: &mut Part) {
         let ep = self.ep;
         out.tok.iter_mut().for_each(|x| *x = 0);
         out.links.iter_mut().for_each(|x| *x = [0; 4]);
         self.args.clear();
-        self.args.extend(rows.iter().map(|r| (r.dst, r.share)));
+        self.args.extend(reps.iter().map(|r| (r.dst, r.share)));
         let origin = &self.origin_t[e * ep..(e + 1) * ep];
         let node = &self.node;
         route_expert(origin, c.expert_slots(e), &self.args, c.topo, &mut self.rem, |o, p, _, n| {
@@ -266,20 +289,20 @@ impl CellState {
         }
     }
 
-    /// Hop changes when e's rows become `rows` (only copies added or removed change chains).
-    fn hop_delta(&mut self, e: usize, rows: &[Row]) {
+    /// Hop changes when e's replicas become `reps` (only copies added or removed change chains).
+    fn hop_delta(&mut self, e: usize, reps: &[Replica]) {
         let mut srcs = std::mem::take(&mut self.srcs);
         let mut old = std::mem::take(&mut self.old_dsts);
         let mut new = std::mem::take(&mut self.new_dsts);
         srcs.clear();
-        srcs.extend(self.rows[e].iter().chain(rows).map(|r| r.src));
+        srcs.extend(self.replicas[e].iter().chain(reps).map(|r| r.src));
         srcs.sort_unstable();
         srcs.dedup();
         for &src in &srcs {
             old.clear();
-            old.extend(self.rows[e].iter().filter(|r| r.src == src).map(|r| r.dst));
+            old.extend(self.replicas[e].iter().filter(|r| r.src == src).map(|r| r.dst));
             new.clear();
-            new.extend(rows.iter().filter(|r| r.src == src).map(|r| r.dst));
+            new.extend(reps.iter().filter(|r| r.src == src).map(|r| r.dst));
             old.sort_unstable();
             new.sort_unstable();
             if old == new {
@@ -300,20 +323,30 @@ impl CellState {
         self.touched.clear();
     }
 
-    /// The cell's time (simulate.rs `LayerCost::total`) from the three maxima.
-    fn total_time(c: &Cell, x_max: f64, a_max: f64, h_max: f64) -> f64 {
-        let mut t = COMPUTE_PASSES * c.attn_max + 2.0 * COMM_PASSES * a_max + COMPUTE_PASSES * x_max;
-        if h_max > 0.0 {
-            let fwd = h_max * c.cost.expert_weight_bytes;
-            let bwd = h_max * c.cost.expert_grad_bytes;
-            t += c.cost.exposed_replication(fwd, bwd, c.attn_max);
+    /// The exchange's time (the simulator's `LayerCost::total`) from the three maxima: the
+    /// slowest rank's one-pass expert time, one-way all-to-all link time and hop time per byte.
+    fn total_time(c: &Exchange, x_max: f64, a_max: f64, h_max: f64) -> f64 {
+        let cost = c.cost;
+        let replication = if h_max > 0.0 {
+            let fwd = h_max * cost.expert_weight_bytes;
+            let bwd = h_max * cost.expert_grad_bytes;
+            cost.exposed_replication(fwd, bwd, c.attn_max)
+        } else {
+            0.0
+        };
+        LayerCost {
+            attention: COMPUTE_PASSES * c.attn_max,
+            all_to_all: cost.all_to_all_of_link_time(a_max),
+            expert: COMPUTE_PASSES * x_max,
+            replication,
+            imbalance: 0.0,
         }
-        t
+        .total()
     }
 
-    /// The cell's time with expert e's part replaced by `part` and the hops changed by
+    /// The exchange's time with expert e's part replaced by `part` and the hops changed by
     /// `self.dhops`: fresh values on the ranks that change, cached maxima elsewhere.
-    fn time_with(&mut self, c: &Cell, e: usize, part: &Part) -> f64 {
+    fn time_with(&mut self, c: &Exchange, e: usize, part: &Part) -> f64 {
         let ep = self.ep;
         self.stamp = self.stamp.wrapping_add(1);
         if self.stamp == 0 {
@@ -362,10 +395,10 @@ impl CellState {
         self.av[p]
     }
 
-    /// Lower bound on the cell's time after a change that leaves every rank for which
+    /// Lower bound on the exchange's time after a change that leaves every rank for which
     /// `x_changes` (expert time) / `a_changes` (all-to-all time) is false untouched: the
     /// maxima over the untouched ranks (cached), no replication cost.
-    pub fn lower_bound(&self, c: &Cell, x_changes: impl Fn(usize) -> bool, a_changes: impl Fn(usize) -> bool) -> f64 {
+    pub fn lower_bound(&self, c: &Exchange, x_changes: impl Fn(usize) -> bool, a_changes: impl Fn(usize) -> bool) -> f64 {
         let x = self.xo.iter().find(|&&p| !x_changes(p)).map_or(0.0, |&p| self.xv[p]);
         let a = self.ao.iter().find(|&&p| !a_changes(p)).map_or(0.0, |&p| self.av[p]);
         Self::total_time(c, x, a, 0.0)
@@ -377,150 +410,29 @@ impl CellState {
         (self.xo[0], self.ao[0])
     }
 
-    /// The cell's time now.
-    pub fn time(&self, c: &Cell) -> f64 {
+    /// The exchange's time now.
+    pub fn time(&self, c: &Exchange) -> f64 {
         let top = |order: &[usize], v: &[f64]| order.first().map_or(0.0, |&p| v[p]);
         Self::total_time(c, top(&self.xo, &self.xv), top(&self.ao, &self.av), top(&self.ho, &self.hv))
     }
 
-    /// The cell's time if expert e's rows were `rows`.
-    pub fn try_rows(&mut self, c: &Cell, e: usize, rows: &[Row]) -> f64 {
+    /// The exchange's time if expert e's replicas were `reps`.
+    pub fn try_replicas(&mut self, c: &Exchange, e: usize, reps: &[Replica]) -> f64 {
         let mut part = std::mem::take(&mut self.scratch_part);
-        self.part_into(c, e, rows, &mut part);
-        self.hop_delta(e, rows);
+        self.part_into(c, e, reps, &mut part);
+        self.hop_delta(e, reps);
         let t = self.time_with(c, e, &part);
         self.clear_dhops();
         self.scratch_part = part;
         t
     }
 
-    /// Tokens of expert e per origin rank that no copy takes now (they go to e's slots):
-    /// the pool a copy appended after e's rows draws from.
-    pub fn pool_into(&mut self, c: &Cell, e: usize, out: &mut Vec<i64>) {
-        out.clear();
-        out.resize(self.ep, 0);
-        self.args.clear();
-        self.args.extend(self.rows[e].iter().map(|r| (r.dst, r.share)));
-        let origin = &self.origin_t[e * self.ep..(e + 1) * self.ep];
-        route_expert(origin, c.expert_slots(e), &self.args, c.topo, &mut self.rem, |o, _, d, n| {
-            if let crate::flow::Dest::Slot(_) = d {
-                out[o] += n;
-            }
-        });
-    }
-
-    /// The cell's time if `row` (a new dst) were appended to expert e's rows, for an expert
-    /// with one slot, on rank `host`: only the ranks it draws tokens from, dst, host and the
-    /// replication chain change, so only they are recomputed. `pool` from [`Self::pool_into`].
-    /// Same result as [`Self::try_rows`] with the row appended (checked in debug builds).
-    pub fn try_append(&mut self, c: &Cell, e: usize, host: usize, pool: &[i64], row: Row) -> f64 {
-        let (ep, r) = (self.ep, row.dst);
-        let total = self.total[e];
-        debug_assert!(c.expert_slots(e).len() == 1 && !self.has_copy(e, r) && r != host);
-        // what route_expert gives the appended row: round(share · T), capped by what is left
-        let taken: i64 = self.rows[e].iter().map(|x| x.n).sum();
-        let want = ((row.share as f64) * (total as f64)).round() as i64;
-        let mut need = want.clamp(0, (total - taken).max(0));
-        self.stamp = self.stamp.wrapping_add(1);
-        if self.stamp == 0 {
-            self.mark.iter_mut().for_each(|m| *m = 0);
-            self.stamp = 1;
-        }
-        let stamp = self.stamp;
-        self.delta.clear();
-        let node = &self.node;
-        let (mark, pos, delta) = (&mut self.mark, &mut self.pos, &mut self.delta);
-        fn at(mark: &mut [u32], pos: &mut [usize], delta: &mut Vec<(usize, i64, i64, Links)>, stamp: u32, p: usize) -> usize {
-            if mark[p] != stamp {
-                mark[p] = stamp;
-                pos[p] = delta.len();
-                delta.push((p, 0, 0, [0; 4]));
-            }
-            pos[p]
-        }
-        let rpn = c.topo.ranks_per_group_node();
-        let lo = (r / rpn) * rpn;
-        let hi = (lo + rpn).min(ep);
-        let order = std::iter::once(r).chain((lo..hi).filter(|&o| o != r)).chain((0..lo).chain(hi..ep));
-        let mut moved = 0;
-        for o in order {
-            if need == 0 {
-                break;
-            }
-            let t = pool[o].min(need);
-            if t == 0 {
-                continue;
-            }
-            need -= t;
-            moved += t;
-            // o's t tokens leave host's slot and go to r's copy
-            if o != host {
-                let k = if node[o] == node[host] { 0 } else { 2 };
-                let (io, ih) = (at(mark, pos, delta, stamp, o), at(mark, pos, delta, stamp, host));
-                delta[io].3[k] -= t;
-                delta[ih].3[k + 1] -= t;
-            }
-            if o != r {
-                let k = if node[o] == node[r] { 0 } else { 2 };
-                let (io, ir) = (at(mark, pos, delta, stamp, o), at(mark, pos, delta, stamp, r));
-                delta[io].3[k] += t;
-                delta[ir].3[k + 1] += t;
-            }
-        }
-        if moved > 0 {
-            let (ir, ih) = (at(mark, pos, delta, stamp, r), at(mark, pos, delta, stamp, host));
-            delta[ir].1 += moved;
-            delta[ir].2 += 1;
-            delta[ih].1 -= moved;
-            delta[ih].2 -= i64::from(self.etok[e * ep + host] == moved);
-        }
-        // the replication chain of (e, src) gains r
-        self.trial_rows.clear();
-        self.trial_rows.extend_from_slice(&self.rows[e]);
-        self.trial_rows.push(row);
-        let rows = std::mem::take(&mut self.trial_rows);
-        self.hop_delta(e, &rows);
-        self.trial_rows = rows;
-        for i in 0..self.touched.len() {
-            let p = self.touched[i];
-            if self.mark[p] != stamp {
-                self.mark[p] = stamp;
-                self.pos[p] = self.delta.len();
-                self.delta.push((p, 0, 0, [0; 4]));
-            }
-        }
-        let first = |order: &[usize], v: &[f64]| order.iter().find(|&&p| self.mark[p] != stamp).map_or(0.0, |&p| v[p]);
-        let (mut x_max, mut a_max, mut h_max) = (first(&self.xo, &self.xv), first(&self.ao, &self.av), first(&self.ho, &self.hv));
-        for &(p, dt, da, dl) in &self.delta {
-            let mut l = self.links[p];
-            let mut h = self.hops[p];
-            for k in 0..4 {
-                l[k] += dl[k];
-                h[k] += self.dhops[p][k];
-            }
-            let (x, a, hh) = self.values(c, self.tok[p] + dt, self.active[p] + da, &l, &h);
-            x_max = x_max.max(x);
-            a_max = a_max.max(a);
-            h_max = h_max.max(hh);
-        }
-        self.clear_dhops();
-        let t = Self::total_time(c, x_max, a_max, h_max);
-        #[cfg(debug_assertions)]
-        {
-            let mut rows = self.rows[e].clone();
-            rows.push(row);
-            let full = self.try_rows(c, e, &rows);
-            debug_assert!((full - t).abs() <= 1e-12 * full.abs(), "append {t} vs full {full}");
-        }
-        t
-    }
-
-    /// Makes `rows` expert e's rows.
-    pub fn set_rows(&mut self, c: &Cell, e: usize, rows: Vec<Row>) {
+    /// Makes `reps` expert e's replicas.
+    pub fn set_replicas(&mut self, c: &Exchange, e: usize, reps: Vec<Replica>) {
         let mut part = std::mem::take(&mut self.scratch_part);
-        self.part_into(c, e, &rows, &mut part);
+        self.part_into(c, e, &reps, &mut part);
         self.install(e, &part);
-        self.hop_delta(e, &rows);
+        self.hop_delta(e, &reps);
         for &p in &self.touched {
             for k in 0..4 {
                 self.hops[p][k] += self.dhops[p][k];
@@ -529,29 +441,30 @@ impl CellState {
         }
         // `touched` may list a rank twice; the first visit applied and zeroed its delta
         self.touched.clear();
-        for r in &self.rows[e] {
+        for r in &self.replicas[e] {
             self.used[r.dst] -= 1;
         }
-        for r in &rows {
+        for r in &reps {
             self.used[r.dst] += 1;
         }
-        self.rows[e] = rows;
+        self.replicas[e] = reps;
         self.scratch_part = part;
         self.refresh(c);
     }
 
-    /// A row for e on dst computing n tokens, weights from `src`.
-    pub fn make_row(&self, e: usize, src: usize, dst: usize, n: i64) -> Row {
+    /// A replica of e on dst computing n tokens, weights from `src`.
+    pub fn make_replica(&self, e: usize, src: usize, dst: usize, n: i64) -> Replica {
         let t = self.total[e];
-        Row { dst, src, n, share: if t > 0 { share_for(n.clamp(0, t), t) } else { 0.0 } }
+        Replica { dst, src, n, share: if t > 0 { share_for(n.clamp(0, t), t) } else { 0.0 } }
     }
 
-    /// The rows as table rows of this cell: experts ascending, each expert's rows in order.
-    pub fn table(&self, c: &Cell) -> Vec<ReplicaRow> {
-        self.rows
+    /// The replicas as the plan table's replica rows of this exchange: experts ascending, each
+    /// expert's replicas in order.
+    pub fn table(&self, c: &Exchange) -> Vec<ReplicaRow> {
+        self.replicas
             .iter()
             .enumerate()
-            .flat_map(|(e, rows)| rows.iter().map(move |r| c.row(e, r.src, r.dst, r.share)))
+            .flat_map(|(e, reps)| reps.iter().map(move |r| c.replica_row(e, r.src, r.dst, r.share)))
             .collect()
     }
 }

@@ -1,0 +1,176 @@
+//! Shared generators of the core's property tests (one test file per module: `*_props.rs`).
+//!
+//! Derived randomness (placements, layouts, replica rows) comes from a splitmix64 stream
+//! seeded by a proptest-drawn u64, so a failing case shrinks to its seed.
+
+// each test file uses only some of these
+#![allow(dead_code)]
+
+use proptest::prelude::*;
+use routepack_core::error::Error;
+use routepack_core::migration::diff;
+use routepack_core::placement::Placement;
+use routepack_core::plan::{Plan, ReplicaRow};
+use routepack_core::topology::Topology;
+use routepack_core::window::WindowView;
+
+/// splitmix64: a small deterministic stream for derived choices.
+pub struct Mix(pub u64);
+
+impl Mix {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, n), n >= 1.
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    pub fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    pub fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            v.swap(i, self.below(i + 1));
+        }
+    }
+}
+
+/// (dp, ep, gpus_per_node, slots_per_rank): groups inside a node, spanning nodes, ep = 1.
+pub fn topologies() -> impl Strategy<Value = Topology> {
+    (prop::sample::select(vec![1usize, 2, 4, 8]), 1usize..=3, 0usize..4, 1usize..=4).prop_map(|(ep, mult, g, spr)| {
+        let gpn = [1usize, 2, 4, 8, 16].iter().copied().filter(|x| x % ep == 0 || ep % x == 0).nth(g % 3).unwrap_or(ep);
+        Topology::new(ep * mult, ep, gpn, spr).unwrap()
+    })
+}
+
+/// An owned window: seq_lens [S] in 1..=max_len, expert_tokens [S, L, E] in 0..=n_s.
+#[derive(Clone, Debug)]
+pub struct OwnedWindow {
+    pub seq_lens: Vec<i64>,
+    pub expert_tokens: Vec<i32>,
+    pub layers: usize,
+    pub experts: usize,
+}
+
+impl OwnedWindow {
+    pub fn view(&self) -> WindowView<'_> {
+        WindowView::new(&self.seq_lens, &self.expert_tokens, self.layers, self.experts).unwrap()
+    }
+}
+
+pub fn window(mix: &mut Mix, samples: usize, layers: usize, experts: usize, max_len: i64) -> OwnedWindow {
+    let seq_lens: Vec<i64> = (0..samples).map(|_| 1 + mix.below(max_len as usize) as i64).collect();
+    let mut expert_tokens = vec![0i32; samples * layers * experts];
+    for s in 0..samples {
+        for x in &mut expert_tokens[s * layers * experts..(s + 1) * layers * experts] {
+            if mix.unit() < 0.6 {
+                *x = mix.below(seq_lens[s] as usize + 1) as i32;
+            }
+        }
+    }
+    OwnedWindow { seq_lens, expert_tokens, layers, experts }
+}
+
+/// Random phy2log [L, num_slots]: every expert once, surplus slots empty or redundant copies.
+pub fn random_phy2log(mix: &mut Mix, layers: usize, experts: usize, topo: &Topology) -> Vec<i32> {
+    let slots = topo.num_slots();
+    let mut out = Vec::with_capacity(layers * slots);
+    for _ in 0..layers {
+        let mut layer: Vec<i32> = (0..experts as i32).collect();
+        for _ in experts..slots {
+            layer.push(if mix.unit() < 0.6 { mix.below(experts) as i32 } else { -1 });
+        }
+        mix.shuffle(&mut layer);
+        out.extend(layer);
+    }
+    out
+}
+
+/// Random (sample_rank, sample_micro) with every (rank, micro) cell non-empty; S >= dp·M.
+pub fn random_layout(mix: &mut Mix, samples: usize, dp: usize, micro: usize) -> (Vec<i32>, Vec<i32>) {
+    let cells = dp * micro;
+    let mut cell: Vec<usize> = (0..samples).map(|s| if s < cells { s } else { mix.below(cells) }).collect();
+    mix.shuffle(&mut cell);
+    (cell.iter().map(|&c| (c / micro) as i32).collect(), cell.iter().map(|&c| (c % micro) as i32).collect())
+}
+
+/// Replica rows that `validate_plan` accepts: hosting src, dst != src, shares summing <= 1
+/// per (micro, group, layer, expert).
+pub fn random_replicas(mix: &mut Mix, placement: &Placement, topo: &Topology, micro: usize) -> Vec<ReplicaRow> {
+    let mut rows = Vec::new();
+    if topo.ep < 2 {
+        return rows;
+    }
+    let spr = topo.slots_per_rank;
+    for m in 0..micro {
+        for g in 0..topo.num_groups() {
+            for l in 0..placement.num_layers {
+                for e in 0..placement.num_experts {
+                    if mix.unit() > 0.3 {
+                        continue;
+                    }
+                    let hosts: Vec<usize> = placement
+                        .layer(l)
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, &x)| x == e as i32)
+                        .map(|(p, _)| p / spr)
+                        .collect();
+                    let src = hosts[mix.below(hosts.len())];
+                    let n = 1 + mix.below(3);
+                    let mut left = 1.0f64;
+                    for _ in 0..n {
+                        let mut dst = mix.below(topo.ep - 1);
+                        if dst >= src {
+                            dst += 1;
+                        }
+                        let share = [0.0, 0.25, 0.5, left, left * mix.unit()][mix.below(5)].min(left) as f32;
+                        left = (left - share as f64).max(0.0); // f32 rounding may take a hair more
+                        rows.push(ReplicaRow {
+                            micro: m as i32,
+                            group: g as i32,
+                            layer: l as i32,
+                            expert: e as i32,
+                            src_rank: src as i32,
+                            dst_rank: dst as i32,
+                            share,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    mix.shuffle(&mut rows);
+    rows
+}
+
+/// A valid plan with redundant copies, a random layout, replicas and migration.
+pub fn random_plan(mix: &mut Mix, w: &OwnedWindow, topo: &Topology, micro: usize) -> Plan {
+    let placement = Placement::new(random_phy2log(mix, w.layers, w.experts, topo), w.layers, w.experts, topo.slots_per_rank).unwrap();
+    let previous = Placement::new(random_phy2log(mix, w.layers, w.experts, topo), w.layers, w.experts, topo.slots_per_rank).unwrap();
+    let (sample_rank, sample_micro) = random_layout(mix, w.seq_lens.len(), topo.dp, micro);
+    let replicas = random_replicas(mix, &placement, topo, micro);
+    let migration = diff(&previous, &placement, 42.0).unwrap();
+    Plan { placement, sample_rank, sample_micro, num_micro: micro, replicas, migration }
+}
+
+pub fn cell_tokens(plan: &Plan, seq_lens: &[i64], dp: usize) -> Vec<i64> {
+    let mut t = vec![0i64; dp * plan.num_micro];
+    for (s, &n) in seq_lens.iter().enumerate() {
+        t[plan.sample_rank[s] as usize * plan.num_micro + plan.sample_micro[s] as usize] += n;
+    }
+    t
+}
+
+pub fn is_plan_error(r: &Result<(), Error>) -> bool {
+    matches!(r, Err(Error::InvalidPlan(_)))
+}
+
+/// Sizes around the edges: small, and values whose products overflow.
+pub fn usizes() -> impl Strategy<Value = usize> {
+    prop_oneof![0usize..6, Just(usize::MAX), Just(usize::MAX / 2 + 1), Just(1usize << 32)]
+}
