@@ -92,7 +92,7 @@ pub fn routepack_placement<'py>(
         None => None,
     };
     let (lw, cw) = (convert::slice(&loads, "loads")?, convert::slice(&chunks, "chunks")?);
-    let opts = Options { cells, slack, explore, fluct_evals, migration_aware };
+    let opts = Options { exchanges: cells, slack, explore, fluct_evals, migration_aware };
     let out = run(py, || {
         let d = Demand::new(lw, cw, l, e, b)?;
         core_routepack(&d, &t, &c, prev.as_ref(), &opts)

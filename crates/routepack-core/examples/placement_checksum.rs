@@ -25,7 +25,7 @@ fn main() {
         let (d, d2) = demand.demands();
         let loads = &demand.loads;
         let cost = CostModel::for_tests(layers);
-        let opts = Options { cells: 12, fluct_evals: evals, ..Options::default() };
+        let opts = Options { exchanges: 12, fluct_evals: evals, ..Options::default() };
         let fresh = routepack_placement(&d, &topo, &cost, None, &opts).unwrap();
         let predicted: f64 = fresh.layers.iter().map(|r| r.predicted).sum();
         let imbalance = aggregate_imbalance(&fresh.placement, loads).unwrap();

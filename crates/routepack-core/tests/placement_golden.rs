@@ -20,7 +20,7 @@ fn digests(layers: usize, experts: usize, topo: &Topology) -> (u64, u64) {
     let demand = PlacementDemand::new(layers, experts);
     let (d, before) = demand.demands();
     let cost = CostModel::for_tests(layers);
-    let opts = Options { cells: 12, ..Options::default() };
+    let opts = Options { exchanges: 12, ..Options::default() };
     let fresh = routepack_placement(&d, topo, &cost, None, &opts).unwrap();
     let previous = routepack_placement(&before, topo, &cost, None, &opts).unwrap().placement;
     let migrated = routepack_placement(&d, topo, &cost, Some(&previous), &opts).unwrap();

@@ -43,8 +43,8 @@ impl<'a> Demand<'a> {
                 format!("has {} entries; expected L*E*B = {num_layers}*{num_experts}*{num_chunks}", chunks.len()),
             ));
         }
-        super::replicate::check_loads(loads, "loads")?;
-        super::replicate::check_loads(chunks, "chunks")?;
+        super::replica_counts::check_loads(loads, "loads")?;
+        super::replica_counts::check_loads(chunks, "chunks")?;
         Ok(Self { num_layers, num_experts, loads, chunks, num_chunks })
     }
 

@@ -187,7 +187,7 @@ fn check_args(
     if num_layers == 0 || num_experts == 0 || weight.len() != num_layers * num_experts {
         return Err(invalid("weight", format!("has {} entries; expected L*E with L, E >= 1 (L={num_layers}, E={num_experts})", weight.len())));
     }
-    super::replicate::check_loads(weight, "weight")?;
+    super::replica_counts::check_loads(weight, "weight")?;
     for (name, v) in [("num_groups", num_groups), ("num_nodes", num_nodes), ("num_gpus", num_gpus)] {
         if v == 0 {
             return Err(invalid(name, "must be >= 1, got 0"));

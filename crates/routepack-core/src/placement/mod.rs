@@ -1,19 +1,16 @@
 //! Expert placement: which physical slot of each EP rank holds which logical expert, per MoE
-//! layer (DESIGN.md stage 1). The `Placement` type and the `static` policy live here; the
-//! EPLB baseline and routepack's own placement live in sibling files.
+//! layer (DESIGN.md stage 1). The `Placement` type and the `static` policy live here; beside
+//! them: `demand` (the loads and chunk demand placement works from), `replica_counts` (how
+//! many slots each expert gets), `eplb` (the EPLB baseline), `relibra` (ReLibra's placement),
+//! `relabel` (slot layout against a placement in force), `quality` (balance figures) and
+//! `routepack/` (routepack's own placement, with its bin packing of replicas onto ranks).
 
-mod choose;
 pub mod demand;
 pub mod eplb;
-mod fresh;
-mod incremental;
-mod items;
-pub mod pack;
-mod predict;
 pub mod quality;
 pub mod relabel;
 pub mod relibra;
-pub mod replicate;
+pub mod replica_counts;
 pub mod routepack;
 
 use crate::error::{bad_plan, invalid, Result};
