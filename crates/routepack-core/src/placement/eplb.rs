@@ -25,8 +25,11 @@ use crate::topology::Topology;
 /// `rebalance_experts`' three tables, int64 like the original.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EplbTables {
+    /// MoE layers L.
     pub num_layers: usize,
+    /// Logical experts E per layer.
     pub num_experts: usize,
+    /// Physical slots R per layer.
     pub num_replicas: usize,
     /// X: the largest replica count over all layers (width of `log2phy`).
     pub max_count: usize,
@@ -106,10 +109,10 @@ fn hierarchical_layer(
     let (gpack, grank) = balanced_packing(&tokens_per_group, num_nodes);
     let mut log2mlog = vec![0usize; e_n];
     let mut mlog2log = vec![0usize; e_n];
-    for e in 0..e_n {
+    for (e, to) in log2mlog.iter_mut().enumerate() {
         let g = e / group_size;
         let m = (gpack[g] * groups_per_node + grank[g]) * group_size + e % group_size;
-        log2mlog[e] = m;
+        *to = m;
         mlog2log[m] = e;
     }
 

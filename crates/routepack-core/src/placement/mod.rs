@@ -21,10 +21,15 @@ use crate::topology::Topology;
 /// placement.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Placement {
+    /// MoE layers L.
     pub num_layers: usize,
+    /// Logical experts E per layer.
     pub num_experts: usize,
+    /// Physical slots per layer (`ep · slots_per_rank`).
     pub num_slots: usize,
+    /// Slots on each EP rank.
     pub slots_per_rank: usize,
+    /// `[L, num_slots]` logical expert in each slot (-1: empty).
     pub phy2log: Vec<i32>,
 }
 
@@ -100,11 +105,13 @@ impl Placement {
         Ok(())
     }
 
+    /// Layer l's row of `phy2log`.
     #[inline]
     pub fn layer(&self, l: usize) -> &[i32] {
         &self.phy2log[l * self.num_slots..(l + 1) * self.num_slots]
     }
 
+    /// EP ranks the slots are spread over.
     #[inline]
     pub fn num_ranks(&self) -> usize {
         self.num_slots / self.slots_per_rank

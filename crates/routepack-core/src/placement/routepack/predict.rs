@@ -11,14 +11,19 @@
 //! * **per-exchange peak**: in each exchange, the heaviest rank's tokens set both the expert
 //!   time (`c_tok` per token, as [`CostModel::expert_time`] with the `c_exp` term dropped) and
 //!   the all-to-all time;
-//! * **uniform all-to-all**: the heaviest rank's tokens arrive spread uniformly over the EP
-//!   group ([`CostModel::uniform_seconds_per_byte`]), not by the router's local-first routing;
+//! * **uniform all-to-all, receivers only**: the heaviest rank's tokens arrive spread
+//!   uniformly over the EP group ([`CostModel::uniform_seconds_per_byte`]), not by the
+//!   router's local-first routing, and the senders' side (set by where the packing puts the
+//!   samples, `simulate` takes max(sent, received) per rank) is ignored. Where the heaviest
+//!   sender sets the all-to-all, the proxy can rank two nearly balanced placements unlike
+//!   `simulate` (seen with routepack's and the static placement on the test windows below,
+//!   whose peaks differ by a few percent), so it is trusted for clear differences only;
 //! * **no replication**: an expert's demand is split evenly over its placement copies, and
 //!   intra-batch replicas (the `replication` stage) are not modelled.
 //!
 //! `tests::ranks_placements_as_simulate_does` ties it to `simulate`: on plans without
 //! replicas, one group and `c_exp = 0`, it must rank a balanced and a skewed placement as
-//! `simulate` does, and its value must lie within a factor of 2 of `simulate`'s expert +
+//! `simulate` does, and its value must lie within a factor of 1.5 of `simulate`'s expert +
 //! all-to-all time.
 
 use crate::cost::{CostModel, COMM_PASSES, COMPUTE_PASSES};
@@ -87,5 +92,73 @@ impl<'a> Predictor<'a> {
             }
         }
         peak.iter().sum::<f64>() * self.per_token / self.groups
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packing::sequential::sequential;
+    use crate::placement::demand::{window_loads, Demand};
+    use crate::placement::routepack::test_windows::window_data;
+    use crate::placement::routepack::{routepack_placement, Options};
+    use crate::placement::Placement;
+    use crate::plan::Plan;
+    use crate::simulate::simulate;
+    use crate::window::WindowView;
+
+    /// The approximations of the module docs, checked against `simulate` where they are the
+    /// only difference: one EP group, one step (so one exchange per layer, the predictor's
+    /// single run of the aggregate loads), one slot per expert (no placement copies), no
+    /// replicas, `c_exp = 0`. Then the predictor's expert term is exact and only its
+    /// all-to-all differs: it must rank routepack's balanced placement and a skewed one (the
+    /// hottest experts together) as `simulate` does, and stay within a factor of 1.5 of
+    /// `simulate`'s expert + all-to-all seconds for each.
+    #[test]
+    fn ranks_placements_as_simulate_does() {
+        for seed in 0..4 {
+            let (l_n, e_n) = (3, 32);
+            let topo = Topology::new(8, 8, 4, 4).unwrap(); // 2 nodes, 32 slots: no copies
+            let (lens, x) = window_data(64, l_n, e_n, seed);
+            let w = WindowView::new(&lens, &x, l_n, e_n).unwrap();
+            let loads = window_loads(&w);
+            let mut cost = CostModel::for_tests(l_n);
+            cost.c_exp = 0.0;
+            let d = Demand::new(&loads, &[], l_n, e_n, 0).unwrap();
+            let balanced = routepack_placement(&d, &topo, &cost, None, &Options::default()).unwrap().placement;
+            // the hottest experts of each layer together, four to a rank, heaviest rank first
+            let mut phy2log = Vec::with_capacity(l_n * e_n);
+            for l in 0..l_n {
+                let mut by_load: Vec<i32> = (0..e_n as i32).collect();
+                by_load.sort_by(|&a, &b| loads[l * e_n + b as usize].total_cmp(&loads[l * e_n + a as usize]));
+                phy2log.extend(by_load);
+            }
+            let skewed = Placement::new(phy2log, l_n, e_n, topo.slots_per_rank).unwrap();
+            let cap = w.total_tokens();
+            let packed = sequential(w.seq_lens, cap, topo.dp).unwrap();
+            assert_eq!(packed.num_micro, 1, "one step: one exchange per layer");
+            let (predicted, simulated): (Vec<f64>, Vec<f64>) = [balanced, skewed]
+                .into_iter()
+                .map(|p: Placement| {
+                    let pred: f64 = (0..l_n)
+                        .map(|l| Predictor::new(&loads[l * e_n..(l + 1) * e_n], &[], 0, 0, &cost, &topo).time(p.layer(l)))
+                        .sum();
+                    let plan = Plan {
+                        placement: p,
+                        sample_rank: packed.sample_rank.clone(),
+                        sample_micro: packed.sample_micro.clone(),
+                        num_micro: packed.num_micro,
+                        replicas: vec![],
+                        migration: vec![],
+                    };
+                    let r = simulate(&plan, &w, &topo, &cost, None).unwrap();
+                    (pred, r.expert + r.all_to_all)
+                })
+                .unzip();
+            assert_eq!(predicted[0] < predicted[1], simulated[0] < simulated[1], "seed {seed}: the proxy ranks the placements as simulate does");
+            for (p, s) in predicted.iter().zip(&simulated) {
+                assert!(*p <= 1.5 * s && *s <= 1.5 * p, "seed {seed}: predicted {p} and simulated {s} differ by more than 1.5x");
+            }
+        }
     }
 }

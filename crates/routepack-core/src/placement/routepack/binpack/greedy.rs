@@ -43,16 +43,16 @@ impl<'a> Pack<'a> {
                     }
                 }
             } else {
-                for b in 0..p.bins {
-                    if fill[b] < p.cap && (best == usize::MAX || s.load[b] < s.load[best]) {
+                for (b, &f) in fill.iter().enumerate() {
+                    if f < p.cap && (best == usize::MAX || s.load[b] < s.load[best]) {
                         best = b;
                     }
                 }
                 if !s.room_for(best, e) {
                     let fallback = best;
                     best = usize::MAX;
-                    for b in 0..p.bins {
-                        if fill[b] < p.cap && s.room_for(b, e) && (best == usize::MAX || s.load[b] < s.load[best]) {
+                    for (b, &f) in fill.iter().enumerate() {
+                        if f < p.cap && s.room_for(b, e) && (best == usize::MAX || s.load[b] < s.load[best]) {
                             best = b;
                         }
                     }

@@ -195,6 +195,7 @@ impl<'a> Pack<'a> {
         self.room_for(b, ei) && self.room_for(a, ej)
     }
 
+    /// The heaviest bin's aggregate load.
     pub fn max_load(&self) -> f64 {
         self.load.iter().copied().fold(f64::NEG_INFINITY, f64::max)
     }

@@ -217,6 +217,9 @@ mod tests {
         xs.iter().map(|x| x.to_bits()).collect()
     }
 
+    /// A load update of two bins' float64 and float32 per-chunk loads, as the tests run it.
+    type Update<'a> = &'a dyn Fn(&mut [f64], &mut [f64], &mut [f32], &mut [f32]);
+
     proptest! {
         /// The AVX2 pricing gives the very bits of the portable one (plans do not depend on
         /// the CPU), for lengths with and without a tail.
@@ -243,7 +246,7 @@ mod tests {
             add_widened_body(&mut plain, vi);
             add_widened(&mut dispatched, vi);
             prop_assert_eq!(bits64(&plain), bits64(&dispatched));
-            let run = |f: &dyn Fn(&mut [f64], &mut [f64], &mut [f32], &mut [f32])| {
+            let run = |f: Update| {
                 let (mut va, mut vb) = (base[..dim].to_vec(), base[dim..].to_vec());
                 let (mut a32, mut b32) = (vec![0f32; dim], vec![0f32; dim]);
                 f(&mut va, &mut vb, &mut a32, &mut b32);
