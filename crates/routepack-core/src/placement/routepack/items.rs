@@ -102,9 +102,9 @@ impl Items {
 }
 
 /// |v|² of the vectors `vecs[s..s + dim]` for each `s` in `starts`, each a float64 sum in
-/// index order (as [`order_and_norm`] sums, see `super::binpack::order_and_norm`); sixteen
-/// vectors side by side, so that their dependent chains of adds overlap (one sum at a time
-/// waits on each add; sixteen measured faster than four).
+/// index order (as [`super::binpack::order_and_norm`] sums); sixteen vectors side by side, so
+/// that their dependent chains of adds overlap (one sum at a time waits on each add; sixteen
+/// measured faster than four).
 fn norms(vecs: &[f32], starts: &[usize], dim: usize) -> Vec<f64> {
     const K: usize = 16;
     let mut out = Vec::with_capacity(starts.len());

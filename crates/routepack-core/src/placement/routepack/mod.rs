@@ -3,9 +3,9 @@
 //! 1. replica counts: [`count_replicas`] (optimal for the largest per-replica load);
 //! 2. node-aware packing: replicas onto the nodes of an EP group first (balancing node loads,
 //!    hence the inter-node all-to-all each node receives), then each node's replicas onto its
-//!    ranks; each level by [`Pack`]: greedy, min-max local search, then the fluctuation phase
-//!    that lowers the chunk-by-chunk spread of loads (per-microbatch peaks) without lifting
-//!    the balanced maximum by more than `slack`;
+//!    ranks; each level by [`binpack::Pack`]: greedy, min-max local search, then the
+//!    fluctuation phase that lowers the chunk-by-chunk spread of loads (per-microbatch peaks)
+//!    without lifting the balanced maximum by more than `slack`;
 //! 3. migration awareness, when a placement is in force (`previous`): the fresh placement is
 //!    relabelled (nodes, ranks within nodes, slots within ranks) to overlap the old one most;
 //!    beside it, incremental candidates start from the old placement (counts adjusted,

@@ -103,7 +103,7 @@ impl<'a> Pack<'a> {
     /// maximum. At most `max_swaps` swaps. Returns true when it stopped because no swap helps
     /// (or the target is met), false when the swap budget ran out.
     ///
-    /// `spreads`: when no swap helps, up to this many spreading swaps ([`Pack::spread_step`])
+    /// `spreads`: when no swap helps, up to this many spreading swaps (`Pack::spread_step`)
     /// even out the other bins first. They seldom lower the maximum, but they leave the other
     /// bins closer together: worth it where the search settles a final packing (tightening,
     /// incremental candidates), not before a fluctuation phase that reshapes every bin anyway
