@@ -95,7 +95,7 @@ pub fn routepack_placement<'py>(
     let (lw, cw) = (convert::slice(&loads, "loads")?, convert::slice(&chunks, "chunks")?);
     let d = Options::default();
     let opts = Options {
-        cells: cells.unwrap_or(d.cells),
+        exchanges: cells.unwrap_or(d.exchanges),
         slack: slack.unwrap_or(d.slack),
         explore: explore.unwrap_or(d.explore),
         fluct_evals: fluct_evals.unwrap_or(d.fluct_evals),

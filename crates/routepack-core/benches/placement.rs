@@ -40,7 +40,7 @@ fn bench(c: &mut Criterion) {
         let (d, d2) = demand.demands();
         let loads = &demand.loads;
         let cost = CostModel::for_tests(s.layers);
-        let opts = Options { cells: 12, ..Options::default() };
+        let opts = Options { exchanges: 12, ..Options::default() };
         let t = s.topo;
         g.bench_function(BenchmarkId::new("eplb", s.name), |b| {
             b.iter(|| rebalance_experts(loads, s.layers, s.experts, t.num_slots(), s.eplb_groups, t.nodes_per_group(), t.ep).unwrap())

@@ -36,7 +36,7 @@ fn main() {
     let (d, d2) = demand.demands();
     let loads = &demand.loads;
     let cost = CostModel::for_tests(layers);
-    let opts = Options { cells: 12, fluct_evals: evals, ..Options::default() };
+    let opts = Options { exchanges: 12, fluct_evals: evals, ..Options::default() };
     let prev = routepack_placement(&d2, &topo, &cost, None, &opts).unwrap().placement;
     let t0 = std::time::Instant::now();
     for _ in 0..calls {

@@ -5,7 +5,7 @@
 use rand::{RngExt, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 use routepack_core::placement::demand::Demand;
-use routepack_core::CostModel;
+use routepack_core::{CostModel, Topology};
 
 /// H200-like coefficients of the flash profile, as `CostModel.from_model(flash, Hardware.h200())`
 /// computes them (python/routepack/model.py): H = 4096, I = 1024, one full-attention layer in six.
@@ -60,6 +60,28 @@ impl PlacementDemand {
         let (l, e, b) = (self.layers, self.experts, PLACEMENT_CHUNKS);
         (Demand::new(&self.loads, &self.chunks, l, e, b).unwrap(), Demand::new(&self.loads_before, &self.chunks_before, l, e, b).unwrap())
     }
+}
+
+/// The placement sizes the checksum example and the golden test use: `(name, layers,
+/// experts, topology)`. EPLB's reference (58 × 256, 288 slots on 32 ranks in 4 nodes), flash
+/// (32 × 512, 544 slots on 32 ranks in 4 nodes) and a small one (6 × 40 on 8 ranks in 2 nodes).
+pub fn placement_sizes() -> [(&'static str, usize, usize, Topology); 3] {
+    [
+        ("reference", 58, 256, Topology::new(64, 32, 8, 9).unwrap()),
+        ("flash", 32, 512, Topology::new(64, 32, 8, 17).unwrap()),
+        ("small", 6, 40, Topology::new(8, 8, 4, 6).unwrap()),
+    ]
+}
+
+/// 64-bit FNV-1a of a phy2log table's entries as little-endian bytes: a digest that, unlike
+/// `DefaultHasher`, is the same on every Rust version and machine, so it can be committed.
+pub fn fnv1a_i32(xs: &[i32]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in xs.iter().flat_map(|x| x.to_le_bytes()) {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
 }
 
 /// `(loads [L, E], chunks [L, E, B])`: per-layer lognormal popularity (spread 0.4–1.4),

@@ -22,14 +22,20 @@ pub const DEFAULT_CHUNKS: usize = 32;
 ///   0: no microbatch awareness); `Σ_b chunks[l, e, b] = loads[l, e]` when built from a window.
 #[derive(Clone, Copy, Debug)]
 pub struct Demand<'a> {
+    /// MoE layers L.
     pub num_layers: usize,
+    /// Logical experts E per layer.
     pub num_experts: usize,
+    /// `[L, E]` tokens per logical expert.
     pub loads: &'a [f64],
+    /// `[L, E, B]` tokens per logical expert in each chunk.
     pub chunks: &'a [f64],
+    /// Chunks B (0: none).
     pub num_chunks: usize,
 }
 
 impl<'a> Demand<'a> {
+    /// Checks the shapes (and that every entry is finite and >= 0) and wraps the tables.
     pub fn new(loads: &'a [f64], chunks: &'a [f64], num_layers: usize, num_experts: usize, num_chunks: usize) -> Result<Self> {
         if num_layers == 0 || num_experts == 0 || loads.len() != num_layers * num_experts {
             return Err(invalid(
@@ -43,11 +49,12 @@ impl<'a> Demand<'a> {
                 format!("has {} entries; expected L*E*B = {num_layers}*{num_experts}*{num_chunks}", chunks.len()),
             ));
         }
-        super::replicate::check_loads(loads, "loads")?;
-        super::replicate::check_loads(chunks, "chunks")?;
+        super::replica_counts::check_loads(loads, "loads")?;
+        super::replica_counts::check_loads(chunks, "chunks")?;
         Ok(Self { num_layers, num_experts, loads, chunks, num_chunks })
     }
 
+    /// Layer l's `[E]` loads.
     #[inline]
     pub fn layer_loads(&self, l: usize) -> &'a [f64] {
         &self.loads[l * self.num_experts..(l + 1) * self.num_experts]

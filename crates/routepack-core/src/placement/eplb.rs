@@ -25,8 +25,11 @@ use crate::topology::Topology;
 /// `rebalance_experts`' three tables, int64 like the original.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EplbTables {
+    /// MoE layers L.
     pub num_layers: usize,
+    /// Logical experts E per layer.
     pub num_experts: usize,
+    /// Physical slots R per layer.
     pub num_replicas: usize,
     /// X: the largest replica count over all layers (width of `log2phy`).
     pub max_count: usize,
@@ -106,10 +109,10 @@ fn hierarchical_layer(
     let (gpack, grank) = balanced_packing(&tokens_per_group, num_nodes);
     let mut log2mlog = vec![0usize; e_n];
     let mut mlog2log = vec![0usize; e_n];
-    for e in 0..e_n {
+    for (e, to) in log2mlog.iter_mut().enumerate() {
         let g = e / group_size;
         let m = (gpack[g] * groups_per_node + grank[g]) * group_size + e % group_size;
-        log2mlog[e] = m;
+        *to = m;
         mlog2log[m] = e;
     }
 
@@ -187,7 +190,7 @@ fn check_args(
     if num_layers == 0 || num_experts == 0 || weight.len() != num_layers * num_experts {
         return Err(invalid("weight", format!("has {} entries; expected L*E with L, E >= 1 (L={num_layers}, E={num_experts})", weight.len())));
     }
-    super::replicate::check_loads(weight, "weight")?;
+    super::replica_counts::check_loads(weight, "weight")?;
     for (name, v) in [("num_groups", num_groups), ("num_nodes", num_nodes), ("num_gpus", num_gpus)] {
         if v == 0 {
             return Err(invalid(name, "must be >= 1, got 0"));

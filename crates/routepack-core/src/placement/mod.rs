@@ -1,19 +1,16 @@
 //! Expert placement: which physical slot of each EP rank holds which logical expert, per MoE
-//! layer (DESIGN.md stage 1). The `Placement` type and the `static` policy live here; the
-//! EPLB baseline and routepack's own placement live in sibling files.
+//! layer (DESIGN.md stage 1). The `Placement` type and the `static` policy live here; beside
+//! them: `demand` (the loads and chunk demand placement works from), `replica_counts` (how
+//! many slots each expert gets), `eplb` (the EPLB baseline), `relibra` (ReLibra's placement),
+//! `relabel` (slot layout against a placement in force), `quality` (balance figures) and
+//! `routepack/` (routepack's own placement, with its bin packing of replicas onto ranks).
 
-mod choose;
 pub mod demand;
 pub mod eplb;
-mod fresh;
-mod incremental;
-mod items;
-pub mod pack;
-mod predict;
 pub mod quality;
 pub mod relabel;
 pub mod relibra;
-pub mod replicate;
+pub mod replica_counts;
 pub mod routepack;
 
 use crate::error::{bad_plan, invalid, Result};
@@ -24,10 +21,15 @@ use crate::topology::Topology;
 /// placement.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Placement {
+    /// MoE layers L.
     pub num_layers: usize,
+    /// Logical experts E per layer.
     pub num_experts: usize,
+    /// Physical slots per layer (`ep · slots_per_rank`).
     pub num_slots: usize,
+    /// Slots on each EP rank.
     pub slots_per_rank: usize,
+    /// `[L, num_slots]` logical expert in each slot (-1: empty).
     pub phy2log: Vec<i32>,
 }
 
@@ -103,11 +105,13 @@ impl Placement {
         Ok(())
     }
 
+    /// Layer l's row of `phy2log`.
     #[inline]
     pub fn layer(&self, l: usize) -> &[i32] {
         &self.phy2log[l * self.num_slots..(l + 1) * self.num_slots]
     }
 
+    /// EP ranks the slots are spread over.
     #[inline]
     pub fn num_ranks(&self) -> usize {
         self.num_slots / self.slots_per_rank

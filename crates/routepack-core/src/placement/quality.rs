@@ -1,7 +1,7 @@
 //! How balanced a placement is over a window, and how balanced any placement could be:
 //! the figures the placement benchmarks and tests compare.
 
-use super::replicate::rank_load_lower_bound;
+use super::replica_counts::rank_load_lower_bound;
 use super::Placement;
 use crate::error::{invalid, Result};
 

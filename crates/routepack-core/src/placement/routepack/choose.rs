@@ -1,14 +1,26 @@
 //! Which candidate each layer takes when a placement is in force: keep it, move part of the
 //! way, or re-place, by predicted saving net of the exposed migration time of all layers'
-//! moves together (priced as `simulate::migration_time` does).
+//! moves together (priced by `LinkBytes::time`, as `simulate::migration_time` does). Holds
+//! [`Choice`], the kind of candidate a layer took, which the stage's report carries.
 
-use super::routepack::Choice;
+use crate::cost::links::LinkBytes;
 use crate::cost::CostModel;
 use crate::plan::MigrationRow;
-use crate::cost::links::LinkBytes;
 use crate::topology::Topology;
 
-/// One layer's candidates: phy2log, predicted time, moves (migration rows), kind, swaps.
+/// What the stage decided for a layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Choice {
+    /// The placement in force, unchanged.
+    Keep,
+    /// Placed from scratch, relabelled against the old placement.
+    Fresh,
+    /// The old placement adjusted by `swaps` local-search swaps.
+    Incremental,
+}
+
+/// One candidate placement of a layer: phy2log, predicted time, moves (migration rows),
+/// kind, swaps.
 pub(crate) struct Candidate {
     pub(crate) layer: Vec<i32>,
     pub(crate) time: f64,
@@ -17,12 +29,15 @@ pub(crate) struct Candidate {
     pub(crate) swaps: usize,
 }
 
+/// One layer's candidates, the fresh one among them.
 pub(crate) struct LayerPlan {
     pub(crate) candidates: Vec<Candidate>,
     /// Index of the fresh candidate.
     pub(crate) fresh: usize,
 }
 
+/// Adds the bytes of migration rows `rows` to the per-rank links they cross (rows within a
+/// rank cross none).
 pub(crate) fn accumulate(links: &mut [LinkBytes], rows: &[MigrationRow], topo: &Topology) {
     for mv in rows {
         let (s, d) = (mv.src_rank as usize, mv.dst_rank as usize);

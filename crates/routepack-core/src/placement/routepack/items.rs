@@ -1,10 +1,10 @@
 //! The replicas of one layer as the packer sees them: aggregate weight, expert and per-chunk
 //! demand of each copy (an expert's load split evenly over its copies, as `flow` routes it).
 
-use super::pack::{total_key, Problem};
+use super::binpack::{total_key, Problem};
 
 /// Replicas of one layer: weight, expert and chunk vector of each, with the packer's
-/// heaviest-first order and chunk-vector norms (those of [`super::pack::order_and_norm`]).
+/// heaviest-first order and chunk-vector norms (those of [`super::binpack::order_and_norm`]).
 pub(crate) struct Items {
     pub(crate) weight: Vec<f64>,
     pub(crate) expert: Vec<u32>,
@@ -102,9 +102,9 @@ impl Items {
 }
 
 /// |v|² of the vectors `vecs[s..s + dim]` for each `s` in `starts`, each a float64 sum in
-/// index order (as [`order_and_norm`] sums, see `super::pack::order_and_norm`); sixteen
-/// vectors side by side, so that their dependent chains of adds overlap (one sum at a time
-/// waits on each add; sixteen measured faster than four).
+/// index order (as [`super::binpack::order_and_norm`] sums); sixteen vectors side by side, so
+/// that their dependent chains of adds overlap (one sum at a time waits on each add; sixteen
+/// measured faster than four).
 fn norms(vecs: &[f32], starts: &[usize], dim: usize) -> Vec<f64> {
     const K: usize = 16;
     let mut out = Vec::with_capacity(starts.len());
@@ -129,7 +129,7 @@ pub(crate) fn as_experts(items: &Items, bins: &[Vec<usize>]) -> Vec<Vec<i32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::placement::pack::order_and_norm;
+    use crate::placement::routepack::binpack::order_and_norm;
     use proptest::prelude::*;
 
     proptest! {

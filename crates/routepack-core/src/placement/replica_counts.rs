@@ -1,4 +1,5 @@
-//! Replication: how many physical slots each logical expert of one layer gets.
+//! Replica counts: how many physical slots each logical expert of one layer gets (placement's
+//! first step; not the `replication` stage, which copies experts within one exchange).
 //!
 //! Each extra slot goes to the expert with the largest load per replica, lowest index on ties
 //! (DeepSeek EPLB's `replicate_experts`). This greedy water-filling minimises the largest
@@ -43,7 +44,7 @@ pub fn check_loads(loads: &[f64], arg: &str) -> Result<()> {
 /// `[E]` replica counts (each >= 1, summing to `num_slots`) minimising the largest per-replica
 /// load. O(num_slots · log E). Equal to EPLB's argmax loop (same tie rule), which is
 /// O((num_slots − E) · E).
-pub fn replicate(loads: &[f64], num_slots: usize) -> Result<Vec<u32>> {
+pub fn count_replicas(loads: &[f64], num_slots: usize) -> Result<Vec<u32>> {
     let e_n = loads.len();
     if num_slots < e_n {
         return Err(invalid("num_slots", format!("{num_slots} slots cannot hold {e_n} experts once each")));
@@ -73,7 +74,7 @@ pub fn max_replica_load(loads: &[f64], counts: &[u32]) -> f64 {
 /// Lower bound of the largest rank load of any placement of `loads` on `ranks` ranks with
 /// `num_slots` slots in all: max(mean rank load, optimal largest per-replica load).
 pub fn rank_load_lower_bound(loads: &[f64], num_slots: usize, ranks: usize) -> Result<f64> {
-    let counts = replicate(loads, num_slots)?;
+    let counts = count_replicas(loads, num_slots)?;
     let mean = loads.iter().sum::<f64>() / ranks as f64;
     Ok(mean.max(max_replica_load(loads, &counts)))
 }
@@ -119,14 +120,14 @@ mod tests {
 
     #[test]
     fn hot_expert_gets_the_spares() {
-        assert_eq!(replicate(&[10.0, 1.0, 1.0], 5).unwrap(), vec![3, 1, 1]);
-        assert_eq!(replicate(&[4.0, 4.0], 3).unwrap(), vec![2, 1]);
+        assert_eq!(count_replicas(&[10.0, 1.0, 1.0], 5).unwrap(), vec![3, 1, 1]);
+        assert_eq!(count_replicas(&[4.0, 4.0], 3).unwrap(), vec![2, 1]);
     }
 
     #[test]
     fn bad_input_is_named() {
-        assert!(replicate(&[1.0, f64::NAN], 3).unwrap_err().to_string().contains("entry 1"));
-        assert!(replicate(&[1.0, 2.0], 1).unwrap_err().to_string().contains("num_slots"));
+        assert!(count_replicas(&[1.0, f64::NAN], 3).unwrap_err().to_string().contains("entry 1"));
+        assert!(count_replicas(&[1.0, 2.0], 1).unwrap_err().to_string().contains("num_slots"));
     }
 
     proptest! {
@@ -136,7 +137,7 @@ mod tests {
             extra in 0usize..6,
         ) {
             let loads: Vec<f64> = loads.into_iter().map(f64::from).collect();
-            let c = replicate(&loads, loads.len() + extra).unwrap();
+            let c = count_replicas(&loads, loads.len() + extra).unwrap();
             prop_assert_eq!(&c, &argmax_loop(&loads, loads.len() + extra));
             prop_assert_eq!(c.iter().sum::<u32>() as usize, loads.len() + extra);
             let got = max_replica_load(&loads, &c);

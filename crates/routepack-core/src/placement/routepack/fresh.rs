@@ -3,8 +3,8 @@
 //! microbatch-fluctuation phases.
 
 use super::items::Items;
-use super::pack::{with_capacities, Pack, Problem};
-use super::routepack::Options;
+use super::binpack::{with_capacities, Pack, Problem};
+use super::options::Options;
 use crate::topology::Topology;
 
 /// The fluctuation phases of one packing whose min-max search reached `balanced`: a pass

@@ -3,8 +3,8 @@
 //! choice can weigh each step's saving against its moves.
 
 use super::items::Items;
-use super::pack::{with_capacities, Pack, SETTLING_SPREADS};
-use super::routepack::Options;
+use super::binpack::{with_capacities, Pack, SETTLING_SPREADS};
+use super::options::Options;
 use crate::topology::Topology;
 
 /// Starting assignment from the old layer: replicas stay on ranks that hold their expert;
