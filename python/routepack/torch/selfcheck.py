@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 import routepack as rp
+from routepack.errors import RoutepackError
 from routepack import _core
 from routepack.plan import MIGRATION_DTYPE, REPLICA_DTYPE, Placement, Plan
 from routepack.torch.broadcast import broadcast_plan, plan_digest
@@ -303,7 +304,7 @@ def check_windows(rank: int, world: int, device: Any, case: Case = Case()) -> Di
     ``case.windows`` windows; returns the worst errors and the exact checks (see module doc)."""
     topo = case.topology()
     if world != topo.dp:
-        raise ValueError(f"world: {world} ranks but the case has dp={topo.dp}")
+        raise RoutepackError(f"world: {world} ranks but the case has dp={topo.dp}")
     weights = Weights(case, device)
     groups = make_groups(topo)
     reb, sta = EPModel(case, weights, device, groups), EPModel(case, weights, device, groups)
