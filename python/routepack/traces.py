@@ -19,7 +19,7 @@ the attention ratio follow the public model cards of Ling-3.0-tiny / -flash).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator, List, Sequence
 
 import numpy as np

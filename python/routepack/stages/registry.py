@@ -20,9 +20,14 @@ from dataclasses import fields
 from typing import Any, Callable, Dict, FrozenSet, Mapping, NamedTuple, Tuple, Type
 
 from routepack.errors import RoutepackError, RoutepackTypeError
-from routepack.stages import packing, placement, replication
 from routepack.stages.options import NoOptions, StageOptions
+from routepack.stages.packing import RoutepackPackingOptions, kk_packing, routepack_packing, sequential_packing
+from routepack.stages.placement import (EplbOptions, RoutepackPlacementOptions, eplb_placement, relibra_placement,
+                                        routepack_placement, static_placement)
 from routepack.stages.policy import Policy
+from routepack.stages.replication import (HotNOptions, RelibraReplicationOptions, RoutepackReplicationOptions,
+                                          hot_n_replication, no_replication, relibra_replication,
+                                          routepack_replication)
 
 
 class Stage(NamedTuple):
@@ -33,23 +38,23 @@ class Stage(NamedTuple):
 
 
 PLACEMENTS: Dict[str, Stage] = {
-    "static": Stage(placement.static_placement, NoOptions),
-    "eplb": Stage(placement.eplb_placement, placement.EplbOptions),
-    "relibra": Stage(placement.relibra_placement, NoOptions),
-    "routepack": Stage(placement.routepack_placement, placement.RoutepackPlacementOptions),
+    "static": Stage(static_placement, NoOptions),
+    "eplb": Stage(eplb_placement, EplbOptions),
+    "relibra": Stage(relibra_placement, NoOptions),
+    "routepack": Stage(routepack_placement, RoutepackPlacementOptions),
 }
 
 PACKINGS: Dict[str, Stage] = {
-    "sequential": Stage(packing.sequential_packing, NoOptions),
-    "kk": Stage(packing.kk_packing, NoOptions),
-    "routepack": Stage(packing.routepack_packing, packing.RoutepackPackingOptions),
+    "sequential": Stage(sequential_packing, NoOptions),
+    "kk": Stage(kk_packing, NoOptions),
+    "routepack": Stage(routepack_packing, RoutepackPackingOptions),
 }
 
 REPLICATIONS: Dict[str, Stage] = {
-    "none": Stage(replication.no_replication, NoOptions),
-    "hot_n": Stage(replication.hot_n_replication, replication.HotNOptions),
-    "relibra": Stage(replication.relibra_replication, replication.RelibraReplicationOptions),
-    "routepack": Stage(replication.routepack_replication, replication.RoutepackReplicationOptions),
+    "none": Stage(no_replication, NoOptions),
+    "hot_n": Stage(hot_n_replication, HotNOptions),
+    "relibra": Stage(relibra_replication, RelibraReplicationOptions),
+    "routepack": Stage(routepack_replication, RoutepackReplicationOptions),
 }
 
 #: The tables by stage name, in planning order.
