@@ -105,14 +105,15 @@ def main() -> None:
     ap.add_argument("--profiles", nargs="+", default=["tiny", "flash"])
     ap.add_argument("--windows", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--replica-slots", type=int, default=None, help="relibra/routepack copies per rank (default 2)")
-    ap.add_argument("--hot-experts", type=int, default=None, help="hot_n's N (default 3)")
+    ap.add_argument("--replication-slots", "--replica-slots", dest="replication_slots", type=int, default=None,
+                    help="relibra/routepack copies per rank (default: the core's, 2)")
+    ap.add_argument("--replication-hot-experts", "--hot-experts", dest="replication_hot_experts", type=int,
+                    default=None, help="hot_n's N (default: the core's, 3)")
     args = ap.parse_args()
     options = {}
-    if args.replica_slots is not None:
-        options["replication_slots"] = args.replica_slots
-    if args.hot_experts is not None:
-        options["replication_hot_experts"] = args.hot_experts
+    for name in ("replication_slots", "replication_hot_experts"):
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
     print(f"routepack {rp.__version__}, {os.cpu_count()} CPUs, RAYON_NUM_THREADS={os.environ.get('RAYON_NUM_THREADS', 'default')}, "
           f"options {options or 'defaults'}")
     for name in args.profiles:
