@@ -18,7 +18,6 @@ from typing import List, Optional
 
 from routepack import traces
 from routepack.compare import available_presets, compare, format_table, summarise
-from routepack.figures import bench_figure
 from routepack.window import Window
 
 
@@ -81,6 +80,7 @@ def _run(args: argparse.Namespace, figure: bool) -> int:
         print(f"wrote {args.json}")
     if figure and getattr(args, "figure", None):
         try:
+            from routepack.figures import bench_figure
         except ImportError:
             print("matplotlib is missing: pip install 'routepack[bench]' for the figure")
             return 0
