@@ -206,7 +206,7 @@ def random_case(seed: int, topology: Optional[tuple] = None) -> Case:
 
 
 def assert_plan_invariants(plan: rp.Plan, window: rp.Window, topo: rp.Topology, token_cap: int) -> None:
-    """DESIGN.md's invariants checked in numpy, independently of `Plan.validate`: every sample
+    """docs/design.md's invariants checked in numpy, independently of `Plan.validate`: every sample
     exactly once on a valid (rank, micro) cell, no cell empty or over the cap, the same
     microbatch count on every rank, every logical expert with a slot in every layer, replica
     shares in [0, 1] summing to at most 1 per (micro, group, layer, expert)."""

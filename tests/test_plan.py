@@ -1,5 +1,5 @@
 """The `static` policy end to end: validation, .npz round trip, determinism; the data model's
-errors; and the synthetic traces' determinism and realism features (DESIGN.md, "Synthetic
+errors; and the synthetic traces' determinism and realism features (docs/design.md, "Synthetic
 traces")."""
 
 from __future__ import annotations

@@ -44,15 +44,15 @@ def test_preset_plans_validate(setup, name):
 def test_options_reach_their_stage_and_unknown_are_refused(setup):
     windows, topo, cost = setup
     w = windows[1]
-    none = rp.plan_window(w, topo, cost, token_cap=SMALL.token_cap, policy="routepack", replica_slots=0,
+    none = rp.plan_window(w, topo, cost, token_cap=SMALL.token_cap, policy="routepack", replication_slots=0,
                           anneal_moves=2000, placement_chunks=4, anneal_chains=1)
     none.validate(w, topo, SMALL.token_cap)
     assert len(none.replicas) == 0
-    some = rp.plan_window(w, topo, cost, token_cap=SMALL.token_cap, policy="routepack", replica_slots=2,
+    some = rp.plan_window(w, topo, cost, token_cap=SMALL.token_cap, policy="routepack", replication_slots=2,
                           anneal_moves=2000, placement_chunks=4, anneal_chains=1)
     some.validate(w, topo, SMALL.token_cap)
     assert some.report["predicted"]["step_time"] <= none.report["predicted"]["step_time"]
-    with pytest.raises(ValueError, match="unknown option"):
+    with pytest.raises(rp.RoutepackError, match="unknown option.*replication_slots"):
         rp.plan_window(w, topo, cost, token_cap=SMALL.token_cap, policy="static", replica_slot=2)
 
 

@@ -98,7 +98,7 @@ def test_every_plan_is_valid(seed, shape, replication, placement):
     for r in rows:
         assert int(r["src_rank"]) in host_ranks(p.placement, int(r["layer"]), int(r["expert"]))
     if replication != "hot_n":
-        # at most replica_slots (default 2) copies on a rank per (group, micro, layer)
+        # at most replication_slots (default 2) copies on a rank per (group, micro, layer)
         _, counts = np.unique(keys(rows, "group", "micro", "layer", "dst_rank"), return_counts=True)
         assert (counts <= 2).all()
 
@@ -110,7 +110,7 @@ def test_routepack_never_slower_than_none(seed, shape, slots, cheap):
     window, topo, _, cap = make_case(seed, shape)
     cost = cost_for(window.num_layers, cheap_copies=cheap)
     none = plan(window, topo, cost, cap, "none")
-    ours = plan(window, topo, cost, cap, "routepack", replica_slots=slots)
+    ours = plan(window, topo, cost, cap, "routepack", replication_slots=slots)
     ours.validate(window, topo, cap)
     a = rp.simulate(none, window, topo, cost, cap)
     b = rp.simulate(ours, window, topo, cost, cap)
@@ -192,17 +192,17 @@ def test_hot_n_shrinks_the_all_to_all():
 
 def test_hot_experts_option():
     window, topo, cost, cap = make_case(1, 0)
-    one = plan(window, topo, cost, cap, "hot_n", hot_experts=1).replicas
+    one = plan(window, topo, cost, cap, "hot_n", replication_hot_experts=1).replicas
     hot = np.unique(keys(one, "group", "micro", "layer", "expert"))
     cells = np.unique(keys(one, "group", "micro", "layer"))
     assert len(hot) == len(cells) > 0
-    with pytest.raises(ValueError, match="hot_experts"):
-        plan(window, topo, cost, cap, "hot_n", hot_experts=0)
-    with pytest.raises(ValueError, match="replica_slots"):
-        plan(window, topo, cost, cap, "routepack", replica_slots=-1)
-    with pytest.raises(TypeError, match="replica_slots"):
-        plan(window, topo, cost, cap, "relibra", replica_slots=1.5)
-    assert len(plan(window, topo, cost, cap, "routepack", replica_slots=0).replicas) == 0
+    with pytest.raises(rp.RoutepackError, match="replication_hot_experts"):
+        plan(window, topo, cost, cap, "hot_n", replication_hot_experts=0)
+    with pytest.raises(rp.RoutepackError, match="replication_slots"):
+        plan(window, topo, cost, cap, "routepack", replication_slots=-1)
+    with pytest.raises(rp.RoutepackTypeError, match="replication_slots"):
+        plan(window, topo, cost, cap, "relibra", replication_slots=1.5)
+    assert len(plan(window, topo, cost, cap, "routepack", replication_slots=0).replicas) == 0
 
 
 def test_relibra_copies_stay_in_node():

@@ -1,4 +1,4 @@
-"""`routepack.simulate` against an independent pure-numpy implementation of DESIGN.md's cost
+"""`routepack.simulate` against an independent pure-numpy implementation of docs/design.md's cost
 model, written from the documented rules (crates/routepack-core/src/simulate.rs and flow.rs
 module docs), not by calling Rust:
 

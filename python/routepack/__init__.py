@@ -3,19 +3,21 @@
 Before a training step the trainer knows every sample's length and per-layer expert demand
 (routing replay). `plan_window` turns that into a `Plan`: where each expert lives, how samples
 are packed into token-capped microbatches and laid out over DP ranks, and which hot experts
-to replicate per microbatch. `simulate` scores any plan under DESIGN.md's cost model.
-`routepack.torch` carries a plan out with torch.distributed.
+to replicate per microbatch. `simulate` scores any plan under docs/design.md's cost model.
+`routepack.torch` carries a plan out with torch.distributed. The stages, their options
+and their registry are in `routepack.stages`.
 """
 
 from routepack._core import __version__
-from routepack.errors import InfeasibleError, InvalidPlanError, RoutepackError, RoutepackInternalError
+from routepack.errors import (InfeasibleError, InvalidPlanError, RoutepackError, RoutepackInternalError,
+                              RoutepackTypeError)
 from routepack.model import CostModel, Hardware, ModelShape, Topology
 from routepack.plan import MIGRATION_DTYPE, REPLICA_DTYPE, Placement, Plan
 from routepack.planner import plan_window
 from routepack.policies import PRESETS, Policy
 from routepack.simulate import SimResult, simulate
 from routepack.window import Window
-from routepack import traces
+from routepack import stages, traces
 
 __all__ = [
     "__version__",
@@ -32,10 +34,12 @@ __all__ = [
     "REPLICA_DTYPE",
     "RoutepackError",
     "RoutepackInternalError",
+    "RoutepackTypeError",
     "SimResult",
     "Topology",
     "Window",
     "plan_window",
     "simulate",
+    "stages",
     "traces",
 ]

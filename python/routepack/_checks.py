@@ -1,4 +1,6 @@
-"""Argument checks shared by the data classes: every failure names the argument and value."""
+"""Argument checks shared by the data classes and stage options: every failure names the
+argument and value, and raises `RoutepackError` (a ValueError) or `RoutepackTypeError` (a
+TypeError), so ``except routepack.RoutepackError`` catches every input error."""
 
 from __future__ import annotations
 
@@ -7,21 +9,23 @@ from typing import Any
 
 import numpy as np
 
+from routepack.errors import RoutepackError, RoutepackTypeError
+
 
 def as_int_array(value: Any, name: str, ndim: int, dtype: type = np.int64) -> np.ndarray:
     """Contiguous integer array of `ndim` dimensions in `dtype`; floats, bools and objects are refused."""
     arr = np.asarray(value)
     if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
-        raise TypeError(f"{name}: expected an integer array, got dtype {arr.dtype}")
+        raise RoutepackTypeError(f"{name}: expected an integer array, got dtype {arr.dtype}")
     if arr.ndim != ndim:
-        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {arr.shape}")
+        raise RoutepackError(f"{name}: expected {ndim} dimensions, got shape {arr.shape}")
     if arr.size and np.issubdtype(arr.dtype, np.unsignedinteger) and arr.max() > np.iinfo(dtype).max:
-        raise ValueError(f"{name}: value {arr.max()} does not fit {np.dtype(dtype).name}")
+        raise RoutepackError(f"{name}: value {arr.max()} does not fit {np.dtype(dtype).name}")
     if arr.size and np.issubdtype(arr.dtype, np.signedinteger) and arr.dtype.itemsize > np.dtype(dtype).itemsize:
         info = np.iinfo(dtype)
         lo, hi = arr.min(), arr.max()
         if lo < info.min or hi > info.max:
-            raise ValueError(f"{name}: value {hi if hi > info.max else lo} does not fit {np.dtype(dtype).name}")
+            raise RoutepackError(f"{name}: value {hi if hi > info.max else lo} does not fit {np.dtype(dtype).name}")
     return np.ascontiguousarray(arr, dtype=dtype)
 
 
@@ -31,29 +35,60 @@ MAX_INT = 2**63 - 1
 
 def positive_int(value: Any, name: str, minimum: int = 1, maximum: int = MAX_INT) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+        raise RoutepackTypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
     if value < minimum:
-        raise ValueError(f"{name}: must be >= {minimum}, got {value}")
+        raise RoutepackError(f"{name}: must be >= {minimum}, got {value}")
     if value > maximum:
-        raise ValueError(f"{name}: must be <= {maximum}, got {value}")
+        raise RoutepackError(f"{name}: must be <= {maximum}, got {value}")
     return int(value)
 
 
 def instance_of(value: Any, cls: type, name: str) -> Any:
     """`value` if it is a `cls`, else a TypeError naming the argument."""
     if not isinstance(value, cls):
-        raise TypeError(f"{name}: expected routepack.{cls.__name__}, got {type(value).__name__}")
+        raise RoutepackTypeError(f"{name}: expected routepack.{cls.__name__}, got {type(value).__name__}")
     return value
 
 
-def finite_float(value: Any, name: str, minimum: float = 0.0, strict: bool = False) -> float:
+def _number(value: Any, name: str) -> float:
+    """``value`` as a float: a number (not a bool) that a float can hold."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name}: expected a number, got {type(value).__name__} {value!r}")
+        raise RoutepackTypeError(f"{name}: expected a number, got {type(value).__name__} {value!r}")
     try:
-        v = float(value)
+        return float(value)
     except OverflowError:
-        raise ValueError(f"{name}: must be finite, got an integer too large for a float") from None
+        raise RoutepackError(f"{name}: must be finite, got an integer too large for a float") from None
+
+
+def finite_float(value: Any, name: str, minimum: float = 0.0, strict: bool = False) -> float:
+    v = _number(value, name)
     if not math.isfinite(v) or v < minimum or (strict and v == minimum):
         op = ">" if strict else ">="
-        raise ValueError(f"{name}: must be finite and {op} {minimum}, got {value!r}")
+        raise RoutepackError(f"{name}: must be finite and {op} {minimum}, got {value!r}")
     return v
+
+
+def bounded_float(value: Any, name: str, lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> float:
+    """A finite number in the interval ``lo..hi`` (each end closed unless ``*_open``)."""
+    v = _number(value, name)
+    if not math.isfinite(v) or v < lo or v > hi or (lo_open and v == lo) or (hi_open and v == hi):
+        interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+        raise RoutepackError(f"{name}: must be finite and in {interval}, got {value!r}")
+    return v
+
+
+def boolean(value: Any, name: str) -> bool:
+    """``value`` as a bool; anything but a Python or numpy bool is refused."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise RoutepackTypeError(f"{name}: expected a bool, got {value!r}")
+    return bool(value)
+
+
+def loads_array(weight: Any, name: str) -> np.ndarray:
+    """float64 ``[L, E]`` contiguous copy of a numeric (integer or float, not bool) array."""
+    w = np.asarray(weight)
+    if w.dtype == np.bool_ or not (np.issubdtype(w.dtype, np.integer) or np.issubdtype(w.dtype, np.floating)):
+        raise RoutepackTypeError(f"{name}: expected a numeric array, got dtype {w.dtype}")
+    if w.ndim != 2:
+        raise RoutepackError(f"{name}: expected shape [L, E], got {w.shape}")
+    return np.ascontiguousarray(w, dtype=np.float64)

@@ -9,6 +9,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
+from routepack.errors import RoutepackError
 from routepack.planner import plan_window
 from routepack.policies import PRESETS, resolve
 from routepack.simulate import lower_bound_micro, simulate
@@ -62,7 +63,7 @@ def compare(
     policy's placement from window to window so migration is charged, and scores every plan
     with `simulate` under the same coefficients."""
     if len(windows) < 2:
-        raise ValueError(f"windows: need at least 2 (the first only feeds history), got {len(windows)}")
+        raise RoutepackError(f"windows: need at least 2 (the first only feeds history), got {len(windows)}")
     names = list(policies) if policies is not None else available_presets()
     rows: List[Row] = []
     previous: Dict[str, Any] = {}
@@ -117,7 +118,7 @@ def summarise(rows: Sequence[Row], baseline: str = "static") -> List[Dict[str, A
             "micro_lb": med(lambda r: r.micro_lower_bound),
             "plan_s": med(lambda r: r.plan_seconds),
         })
-    # DESIGN.md's `ideal`: every max replaced by the mean (a bound, not a plan)
+    # docs/design.md's `ideal`: every max replaced by the mean (a bound, not a plan)
     ref = by.get(baseline) or next(iter(by.values()), [])
     if ref:
         nan = float("nan")

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import List, Sequence
 
 from routepack._checks import finite_float, instance_of, positive_int
+from routepack.errors import RoutepackError
 
 ATTENTION_KINDS = ("linear", "full")
 
@@ -33,13 +34,13 @@ class Topology:
         for name in ("dp", "ep", "gpus_per_node", "slots_per_rank"):
             positive_int(getattr(self, name), f"topo.{name}", maximum=2**31 - 1)  # int32 ids in plans
         if self.dp % self.ep:
-            raise ValueError(f"topo: dp={self.dp} is not a multiple of ep={self.ep}")
+            raise RoutepackError(f"topo: dp={self.dp} is not a multiple of ep={self.ep}")
         if self.ep % self.gpus_per_node and self.gpus_per_node % self.ep:
-            raise ValueError(
+            raise RoutepackError(
                 f"topo: ep={self.ep} and gpus_per_node={self.gpus_per_node} must divide one another"
             )
         if self.ep * self.slots_per_rank > 2**31 - 1:
-            raise ValueError(
+            raise RoutepackError(
                 f"topo: ep*slots_per_rank = {self.ep}*{self.slots_per_rank} does not fit the int32 slot ids of a plan"
             )
 
@@ -60,7 +61,7 @@ class Topology:
     def check_experts(self, num_experts: int) -> None:
         """Raises unless the slots can hold every logical expert once."""
         if self.num_slots < num_experts:
-            raise ValueError(
+            raise RoutepackError(
                 f"topo: ep*slots_per_rank = {self.ep}*{self.slots_per_rank} = {self.num_slots} "
                 f"< num_experts = {num_experts}"
             )
@@ -83,13 +84,13 @@ class ModelShape:
             positive_int(getattr(self, name), f"model.{name}")
         positive_int(self.shared_experts, "model.shared_experts", minimum=0)
         if self.top_k > self.num_experts:
-            raise ValueError(f"model.top_k: {self.top_k} > num_experts {self.num_experts}")
+            raise RoutepackError(f"model.top_k: {self.top_k} > num_experts {self.num_experts}")
         att = tuple(self.attention) if self.attention else ("full",) * self.num_layers
         if len(att) != self.num_layers:
-            raise ValueError(f"model.attention: has {len(att)} entries, expected num_layers={self.num_layers}")
+            raise RoutepackError(f"model.attention: has {len(att)} entries, expected num_layers={self.num_layers}")
         for i, a in enumerate(att):
             if a not in ATTENTION_KINDS:
-                raise ValueError(f"model.attention[{i}]: {a!r} is not one of {ATTENTION_KINDS}")
+                raise RoutepackError(f"model.attention[{i}]: {a!r} is not one of {ATTENTION_KINDS}")
         object.__setattr__(self, "attention", att)
 
 
@@ -111,7 +112,7 @@ class Hardware:
         for name in ("flops_efficiency", "comm_efficiency"):
             v = finite_float(getattr(self, name), f"hardware.{name}", strict=True)
             if v > 1:
-                raise ValueError(f"hardware.{name}: must be in (0, 1], got {v}")
+                raise RoutepackError(f"hardware.{name}: must be in (0, 1], got {v}")
         finite_float(self.expert_overhead_s, "hardware.expert_overhead_s")
 
     @classmethod
@@ -132,7 +133,7 @@ class Hardware:
 
 @dataclass(frozen=True)
 class CostModel:
-    """Coefficients of DESIGN.md's cost model (seconds, bytes, bytes/s).
+    """Coefficients of docs/design.md's cost model (seconds, bytes, bytes/s).
 
     * ``a_lin``  attention/dense work per token per layer (projections, shared experts).
     * ``a_quad`` ``[L]`` quadratic attention work per layer (0 for linear-attention layers).
@@ -161,7 +162,7 @@ class CostModel:
             object.__setattr__(self, name, finite_float(getattr(self, name), f"cost.{name}", strict=True))
         aq = [finite_float(v, f"cost.a_quad[{i}]") for i, v in enumerate(self.a_quad)]
         if not aq:
-            raise ValueError("cost.a_quad: needs one entry per MoE layer, got none")
+            raise RoutepackError("cost.a_quad: needs one entry per MoE layer, got none")
         object.__setattr__(self, "a_quad", aq)
 
     @property
@@ -204,12 +205,12 @@ class CostModel:
     def from_json(cls, text: str) -> "CostModel":
         data = json.loads(text)
         if not isinstance(data, dict):
-            raise ValueError(f"cost JSON: expected an object, got {type(data).__name__}")
+            raise RoutepackError(f"cost JSON: expected an object, got {type(data).__name__}")
         fields = set(cls.__dataclass_fields__)
         unknown = set(data) - fields
         missing = fields - set(data)
         if unknown or missing:
-            raise ValueError(f"cost JSON: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
+            raise RoutepackError(f"cost JSON: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
         return cls(**data)
 
     def save(self, path: str | Path) -> None:

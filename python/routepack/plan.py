@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 import numpy as np
 
 from routepack import _core
 from routepack._checks import as_int_array, instance_of, positive_int
+from routepack.errors import RoutepackTypeError
+from routepack.model import Topology
+from routepack.window import Window
 
 #: One intra-batch replica: in microbatch `micro` of EP group `group`, layer `layer`, the
 #: weights of logical `expert` go from EP-local rank `src_rank` (which hosts it) to `dst_rank`,
@@ -60,8 +63,6 @@ class Placement:
     @classmethod
     def static(cls, num_layers: int, num_experts: int, topo: Any) -> "Placement":
         """Megatron-LM's default: expert e on rank e // ceil(E/ep); redundant slots empty."""
-        from routepack.model import Topology
-
         num_layers = positive_int(num_layers, "num_layers")
         num_experts = positive_int(num_experts, "num_experts")
         instance_of(topo, Topology, "topo")
@@ -98,7 +99,7 @@ class Placement:
 
 @dataclass
 class Plan:
-    """A plan for one window (see DESIGN.md's table).
+    """A plan for one window (see docs/design.md's table).
 
     * ``placement``: `Placement`.
     * ``sample_rank``, ``sample_micro``: int32 ``[S]``, DP rank and microbatch step of sample s.
@@ -125,7 +126,7 @@ class Plan:
         for name, dtype in (("replicas", REPLICA_DTYPE), ("migration", MIGRATION_DTYPE)):
             table = np.asarray(getattr(self, name))
             if table.dtype != dtype or table.ndim != 1:
-                raise TypeError(f"{name}: expected a 1-D structured array of dtype {dtype}, got {table.dtype}")
+                raise RoutepackTypeError(f"{name}: expected a 1-D structured array of dtype {dtype}, got {table.dtype}")
             setattr(self, name, table)
 
     @property
@@ -145,13 +146,10 @@ class Plan:
         )
 
     def validate(self, window: Any, topo: Any, token_cap: int) -> "Plan":
-        """Checks every invariant of DESIGN.md; raises `InvalidPlanError` with the first
+        """Checks every invariant of docs/design.md; raises `InvalidPlanError` with the first
         violation (each sample exactly once, no row over the cap, equal microbatch counts, no
         empty cell, valid placement, replica shares in [0, 1] summing to at most 1, migration
         consistent with the placement). Returns self."""
-        from routepack.model import Topology
-        from routepack.window import Window
-
         instance_of(window, Window, "window")
         instance_of(topo, Topology, "topo")
         token_cap = positive_int(token_cap, "token_cap")
@@ -214,4 +212,4 @@ def _json_default(o: Any) -> Any:
         return int(o)
     if isinstance(o, (np.floating,)):
         return float(o)
-    raise TypeError(f"report value of type {type(o).__name__} is not JSON-serialisable")
+    raise RoutepackTypeError(f"report value of type {type(o).__name__} is not JSON-serialisable")

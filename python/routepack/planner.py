@@ -7,14 +7,16 @@ from typing import Any, Optional
 
 import numpy as np
 
-from routepack import _core, stages  # noqa: F401  (registers the baseline stages)
-from routepack import packing  # noqa: F401  (registers the kk and routepack packings)
-from routepack import replication  # noqa: F401  (registers hot_n, relibra, routepack replication)
-from routepack import placement as _placement  # noqa: F401  (registers eplb, routepack placement)
-from routepack._checks import finite_float, positive_int
+from routepack import _core
+from routepack._checks import finite_float, instance_of, positive_int
+from routepack.errors import RoutepackError
+from routepack.model import CostModel, Topology
 from routepack.plan import MIGRATION_DTYPE, Placement, Plan, empty_migration
-from routepack.policies import KNOWN_OPTIONS, PACKINGS, PLACEMENTS, REPLICATIONS, PlanContext, resolve
+from routepack.policies import resolve
 from routepack.simulate import simulate
+from routepack.stages.context import PlanContext
+from routepack.stages.registry import PACKINGS, PLACEMENTS, REPLICATIONS, canonical_options, stage_options
+from routepack.window import Window
 
 
 def plan_window(
@@ -41,46 +43,45 @@ def plan_window(
         previous_window: plan placement from these loads (history-based balancers, e.g. EPLB).
         seed: seeds every randomised stage; the plan is a pure function of inputs and seed.
         anneal_moves: the layout search budget in proposed moves (deterministic; default
-            `routepack.packing.DEFAULT_ANNEAL_MOVES`, sized so a `flash` routepack plan takes
+            `routepack.stages.packing.DEFAULT_ANNEAL_MOVES`, the core's, sized so a `flash` routepack plan takes
             about 0.9 s on 2 cores).
         time_budget_s: optional wall-clock cap for the whole plan (then plans may differ
             between machines; compute on one rank and `routepack.torch.broadcast_plan`).
             Placement runs first; the packing search gets a share of what is left (40% when
             replication is ``routepack``, else 70%), the rest is kept for replication,
             validation and the final simulate.
-        options: stage-specific options (see ``routepack.policies.KNOWN_OPTIONS`` and each
-            stage module's docstring); unknown names raise ``ValueError``.
+        options: stage options by name, filling the options dataclass of each stage choice
+            (`routepack.stages`: e.g. ``placement_chunks``, ``anneal_chains``,
+            ``packing_exact_nodes``, ``replication_slots``; ``routepack.stages.known_options()``
+            lists them). Every value is checked by its dataclass, whichever stages the policy
+            runs. The old names ``exact_nodes``, ``replica_slots`` and ``hot_experts`` still
+            work, with a DeprecationWarning; unknown names raise `RoutepackError` listing the
+            valid ones.
 
     Returns:
         A `Plan` that passed `Plan.validate`, with ``report`` holding the predicted step time
         and its parts (`simulate`), bounds, certificates and each stage's wall time.
     """
-    from routepack.window import Window
-
-    if not isinstance(window, Window):
-        raise TypeError(f"window: expected routepack.Window, got {type(window).__name__}")
-    if previous_window is not None and not isinstance(previous_window, Window):
-        raise TypeError(f"previous_window: expected routepack.Window, got {type(previous_window).__name__}")
-    if previous is not None and not isinstance(previous, Placement):
-        raise TypeError(f"previous: expected routepack.Placement, got {type(previous).__name__}")
+    instance_of(window, Window, "window")
+    if previous_window is not None:
+        instance_of(previous_window, Window, "previous_window")
+    if previous is not None:
+        instance_of(previous, Placement, "previous")
     token_cap = positive_int(token_cap, "token_cap")
     seed = positive_int(seed, "seed", minimum=0, maximum=2**64 - 1)
     if anneal_moves is not None:
         anneal_moves = positive_int(anneal_moves, "anneal_moves", minimum=0)
     if time_budget_s is not None:
         time_budget_s = finite_float(time_budget_s, "time_budget_s", strict=True)
-    from routepack._checks import instance_of
-    from routepack.model import CostModel, Topology
-
     instance_of(topo, Topology, "topo")
     instance_of(cost, CostModel, "cost")
     topo.check_experts(window.num_experts)
     if cost.num_layers != window.num_layers:
-        raise ValueError(f"cost.a_quad: has {cost.num_layers} layers but the window has {window.num_layers}")
+        raise RoutepackError(f"cost.a_quad: has {cost.num_layers} layers but the window has {window.num_layers}")
     if previous_window is not None and (
         previous_window.num_layers != window.num_layers or previous_window.num_experts != window.num_experts
     ):
-        raise ValueError(
+        raise RoutepackError(
             f"previous_window: has L={previous_window.num_layers}, E={previous_window.num_experts}; "
             f"the window has L={window.num_layers}, E={window.num_experts}"
         )
@@ -90,17 +91,16 @@ def plan_window(
         or previous.num_slots != topo.num_slots
         or previous.slots_per_rank != topo.slots_per_rank
     ):
-        raise ValueError(f"previous: {previous!r} does not fit the window and topology {topo}")
+        raise RoutepackError(f"previous: {previous!r} does not fit the window and topology {topo}")
 
-    unknown = set(options) - KNOWN_OPTIONS
-    if unknown:
-        raise ValueError(f"options: unknown option(s) {sorted(unknown)}; known: {sorted(KNOWN_OPTIONS)}")
+    options = canonical_options(options, stacklevel=2)
     name, pol = resolve(policy)
+    place_opts, pack_opts, repl_opts = stage_options(pol, options)
     ctx = PlanContext(window, topo, cost, token_cap, previous, previous_window, seed,
-                      anneal_moves, time_budget_s, dict(options), pol)
+                      anneal_moves, time_budget_s, options, pol)
     seconds = {}
     start = t0 = time.perf_counter()
-    placement = PLACEMENTS[pol.placement](ctx)
+    placement = PLACEMENTS[pol.placement].run(ctx, place_opts)
     seconds["placement"] = time.perf_counter() - t0
 
     if time_budget_s is not None:
@@ -111,11 +111,11 @@ def plan_window(
         share = 0.4 if pol.replication == "routepack" else 0.7
         ctx.time_budget_s = max(0.01, left * share)
     t0 = time.perf_counter()
-    sample_rank, sample_micro, num_micro, pack_report = PACKINGS[pol.packing](ctx, placement)
+    sample_rank, sample_micro, num_micro, pack_report = PACKINGS[pol.packing].run(ctx, pack_opts, placement)
     seconds["packing"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    replicas = REPLICATIONS[pol.replication](ctx, placement, sample_rank, sample_micro, num_micro)
+    replicas = REPLICATIONS[pol.replication].run(ctx, repl_opts, placement, sample_rank, sample_micro, num_micro)
     seconds["replication"] = time.perf_counter() - t0
 
     migration = empty_migration()

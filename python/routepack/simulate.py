@@ -1,4 +1,4 @@
-"""`simulate`: DESIGN.md's cost model, evaluated in Rust, for any plan on any window."""
+"""`simulate`: docs/design.md's cost model, evaluated in Rust, for any plan on any window."""
 
 from __future__ import annotations
 
@@ -8,6 +8,10 @@ from typing import Any, Dict, Optional
 import numpy as np
 
 from routepack import _core
+from routepack._checks import instance_of, positive_int
+from routepack.model import CostModel, Topology
+from routepack.plan import Plan
+from routepack.window import Window
 
 
 @dataclass(frozen=True)
@@ -15,7 +19,7 @@ class SimResult:
     """What a plan costs on a window.
 
     * ``step_time``: seconds; max over EP groups of Σ_micro Σ_layer T_l, plus exposed migration.
-    * ``ideal_time``: the bound with every max replaced by the mean (DESIGN.md's ``ideal``).
+    * ``ideal_time``: the bound with every max replaced by the mean (docs/design.md's ``ideal``).
     * ``throughput`` / ``ideal_throughput``: Σ n_s over the times.
     * ``attention``, ``expert``, ``all_to_all``, ``replication``, ``migration``: the parts of
       ``step_time`` on the slowest group (they add up to it).
@@ -67,18 +71,13 @@ def lower_bound_micro(window: Any, topo: Any, token_cap: int) -> int:
 
 
 def simulate(plan: Any, window: Any, topo: Any, cost: Any, token_cap: Optional[int] = None) -> SimResult:
-    """Scores `plan` on `window` under `topo` and `cost` (see DESIGN.md, "Cost model").
+    """Scores `plan` on `window` under `topo` and `cost` (see docs/design.md, "Cost model").
 
     ``token_cap`` sets the microbatch count of the ``ideal`` bound (the lower bound
     ``ceil(ceil(Σ n / cap) / dp)``); by default the cap recorded in ``plan.report``, else the
     plan's own count. The plan is checked for well-formedness first (not against a cap: that
     is the planner's business).
     """
-    from routepack._checks import instance_of, positive_int
-    from routepack.model import CostModel, Topology
-    from routepack.plan import Plan
-    from routepack.window import Window
-
     instance_of(plan, Plan, "plan")
     instance_of(window, Window, "window")
     instance_of(topo, Topology, "topo")

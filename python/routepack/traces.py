@@ -1,4 +1,4 @@
-"""Synthetic routing-replay traces: the built-in profiles of DESIGN.md.
+"""Synthetic routing-replay traces: the built-in profiles of docs/design.md.
 
 `synthetic(profile, windows, seed)` yields successive `Window`s whose realism matters to the
 planner:
@@ -19,12 +19,13 @@ the attention ratio follow the public model cards of Ling-3.0-tiny / -flash).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator, List, Sequence
 
 import numpy as np
 
 from routepack._checks import finite_float, positive_int
+from routepack.errors import RoutepackError
 from routepack.model import CostModel, Hardware, ModelShape, Topology
 from routepack.window import Window
 
@@ -67,19 +68,19 @@ class Profile:
             positive_int(getattr(self, name), f"profile.{name}")
         if self.num_experts <= self.top_k:
             # a token's k experts are distinct and each takes at most 0.95/k of its mass
-            raise ValueError(f"profile.num_experts: {self.num_experts} must exceed top_k = {self.top_k}")
+            raise RoutepackError(f"profile.num_experts: {self.num_experts} must exceed top_k = {self.top_k}")
         if self.samples % self.group_size:
-            raise ValueError(f"profile.samples={self.samples} is not a multiple of group_size={self.group_size}")
+            raise RoutepackError(f"profile.samples={self.samples} is not a multiple of group_size={self.group_size}")
         for name in ("prompt_median", "response_median"):
             finite_float(getattr(self, name), f"profile.{name}", strict=True)
         for name in ("response_sigma", "difficulty_sigma", "topic_strength", "sample_noise", "drift",
                      "topic_drift"):
             finite_float(getattr(self, name), f"profile.{name}")
         if not 0 < finite_float(self.topic_experts, "profile.topic_experts") <= 1:
-            raise ValueError(f"profile.topic_experts: must be in (0, 1], got {self.topic_experts}")
+            raise RoutepackError(f"profile.topic_experts: must be in (0, 1], got {self.topic_experts}")
         lo, hi = (finite_float(v, "profile.layer_skew") for v in self.layer_skew)
         if lo > hi:
-            raise ValueError(f"profile.layer_skew: ({lo}, {hi}) is not a range")
+            raise RoutepackError(f"profile.layer_skew: ({lo}, {hi}) is not a range")
         self.model()
         self.topology()
 
@@ -122,7 +123,7 @@ def profile(name: str | Profile) -> Profile:
     if isinstance(name, Profile):
         return name
     if name not in PROFILES:
-        raise ValueError(f"profile: unknown profile {name!r}; known: {sorted(PROFILES)}")
+        raise RoutepackError(f"profile: unknown profile {name!r}; known: {sorted(PROFILES)}")
     return PROFILES[name]
 
 
@@ -184,7 +185,7 @@ def synthetic(profile_name: str | Profile, windows: int = 1, seed: int = 0) -> I
     L, E, k, T = prof.num_layers, prof.num_experts, prof.top_k, prof.num_topics
     S, G = prof.samples, prof.group_size
     if S % G:
-        raise ValueError(f"profile.samples={S} is not a multiple of group_size={G}")
+        raise RoutepackError(f"profile.samples={S} is not a multiple of group_size={G}")
 
     # popularity: per-layer logits with a per-layer spread (skew differs between layers)
     spread = rng.uniform(*prof.layer_skew, size=(L, 1))

@@ -9,8 +9,8 @@ import numpy as np
 
 from routepack import _core
 from routepack._checks import as_int_array, positive_int
-
-ROUTED_DTYPES = (np.uint8, np.int16, np.int32, np.int64)
+from routepack._routed import ROUTED_DTYPES, flatten_slime, flatten_verl
+from routepack.errors import RoutepackError, RoutepackTypeError
 
 
 class Window:
@@ -28,19 +28,19 @@ class Window:
         seq_lens = as_int_array(seq_lens, "seq_lens", 1, np.int64)
         expert_tokens = as_int_array(expert_tokens, "expert_tokens", 3, np.int32)
         if seq_lens.shape[0] == 0:
-            raise ValueError("seq_lens: a window needs at least one sample (got 0)")
+            raise RoutepackError("seq_lens: a window needs at least one sample (got 0)")
         if expert_tokens.shape[0] != seq_lens.shape[0]:
-            raise ValueError(
+            raise RoutepackError(
                 f"expert_tokens: has {expert_tokens.shape[0]} samples but seq_lens has {seq_lens.shape[0]}"
             )
         if expert_tokens.shape[1] == 0 or expert_tokens.shape[2] == 0:
-            raise ValueError(f"expert_tokens: needs L >= 1 and E >= 1, got shape {expert_tokens.shape}")
+            raise RoutepackError(f"expert_tokens: needs L >= 1 and E >= 1, got shape {expert_tokens.shape}")
         bad = np.flatnonzero(seq_lens < 1)
         if bad.size:
-            raise ValueError(f"seq_lens: sample {bad[0]} has length {seq_lens[bad[0]]}; every length must be >= 1")
+            raise RoutepackError(f"seq_lens: sample {bad[0]} has length {seq_lens[bad[0]]}; every length must be >= 1")
         if expert_tokens.size and expert_tokens.min() < 0:
             s, l, e = np.unravel_index(int(np.argmin(expert_tokens)), expert_tokens.shape)
-            raise ValueError(
+            raise RoutepackError(
                 f"expert_tokens: negative count {expert_tokens[s, l, e]} at sample {s}, layer {l}, expert {e}"
             )
         self.seq_lens = seq_lens
@@ -106,11 +106,9 @@ class Window:
         num_experts = positive_int(num_experts, "num_experts")
         routed = np.asarray(routed)
         if routed.dtype.type not in ROUTED_DTYPES:
-            raise TypeError(
-                f"routed: dtype {routed.dtype} is not one of uint8, int16, int32, int64"
-            )
+            raise RoutepackTypeError(f"routed: dtype {routed.dtype} is not one of uint8, int16, int32, int64")
         if routed.ndim != 3:
-            raise ValueError(f"routed: expected [T, L, k], got shape {routed.shape}")
+            raise RoutepackError(f"routed: expected [T, L, k], got shape {routed.shape}")
         routed = np.ascontiguousarray(routed)
         cu = as_int_array(cu_seqlens, "cu_seqlens", 1, np.int64)
         seq_lens, counts = _core.expert_tokens_from_routed(routed, cu, num_experts)
@@ -118,16 +116,21 @@ class Window:
 
     @classmethod
     def from_verl(cls, routed_experts: np.ndarray, attention_mask: np.ndarray, num_experts: int) -> "Window":
-        """verl's padded layout: ``routed_experts [B, T, L, k]`` and ``attention_mask [B, T]``
-        (1 for real tokens). See `routepack.replay.from_verl`."""
-        from routepack.replay import from_verl
-
-        return from_verl(routed_experts, attention_mask, num_experts)
+        """verl's padded layout: ``routed_experts [B, T, L, k]`` top-k ids per position (padding
+        ignored) and ``attention_mask [B, T]``, 1 (or True) for real tokens, 0 for padding; a
+        sample's real tokens may sit anywhere in its row. Sample b's length is its number of
+        real tokens. Also `routepack.replay.from_verl`."""
+        num_experts = positive_int(num_experts, "num_experts")
+        return cls.from_routed_experts(*flatten_verl(routed_experts, attention_mask), num_experts)
 
     @classmethod
-    def from_slime(cls, per_sample: Sequence[np.ndarray], num_experts: int) -> "Window":
-        """slime's layout: a list of ``[T_i, L, k]`` arrays, one per sample.
-        See `routepack.replay.from_slime`."""
-        from routepack.replay import from_slime
-
-        return from_slime(per_sample, num_experts)
+    def from_slime(cls, per_sample: Sequence[np.ndarray], num_experts: int, add_last_token: bool = True) -> "Window":
+        """slime's layout: a list of ``[T_i, L, k]`` arrays, one per sample (same L, k and
+        dtype). slime records ``tokens - 1`` positions; with ``add_last_token`` (default) each
+        sample's length is ``T_i + 1`` (the trainer runs every token), while expert demand
+        counts the recorded positions. Also `routepack.replay.from_slime`."""
+        num_experts = positive_int(num_experts, "num_experts")
+        w = cls.from_routed_experts(*flatten_slime(per_sample), num_experts)
+        if add_last_token:
+            return cls(w.seq_lens + 1, w.expert_tokens)
+        return w

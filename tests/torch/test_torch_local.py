@@ -6,6 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import routepack as rp  # noqa: E402
 from routepack.plan import Placement, Plan  # noqa: E402
 from routepack.torch import checksum, dense_moe, plan_digest, rank_microbatches, swiglu  # noqa: E402
 from routepack.torch import selfcheck as sc  # noqa: E402
@@ -54,9 +55,9 @@ def test_rank_microbatches_follow_the_plan_in_execution_order():
     a = rank_microbatches(plan, per_sample, 1)
     b = rank_microbatches(plan, routed, 1, cu)
     assert all(torch.equal(x.routed, y.routed) for x, y in zip(a, b))
-    with pytest.raises(ValueError, match="cu_seqlens"):
+    with pytest.raises(rp.RoutepackError, match="cu_seqlens"):
         rank_microbatches(plan, routed, 0)
-    with pytest.raises(ValueError, match="rank"):
+    with pytest.raises(rp.RoutepackError, match="rank"):
         rank_microbatches(plan, routed, 9, cu)
 
 

@@ -72,7 +72,7 @@ def test_origin_counts_must_match_the_ids():
     origin = np.array([[1, 1], [0, 1]])
     row = np.array([0, 1], np.int32)
     route_tokens(ids, origin, row, topo, np.zeros(0, REPLICA_DTYPE), 0)
-    with pytest.raises(ValueError, match=r"origin\[1\]"):
+    with pytest.raises(rp.RoutepackError, match=r"origin\[1\]"):
         route_tokens(ids, origin, row, topo, np.zeros(0, REPLICA_DTYPE), 1)
-    with pytest.raises(ValueError, match="expert id 5"):
+    with pytest.raises(rp.RoutepackError, match="expert id 5"):
         expert_counts(np.array([[5]]), 2)

@@ -1,4 +1,4 @@
-"""routepack.torch: carries routepack plans out with torch.distributed (DESIGN.md stage 5).
+"""routepack.torch: carries routepack plans out with torch.distributed (docs/design.md stage 5).
 
 The only part of routepack that imports torch. Backend-neutral: gloo on CPU (tests), NCCL on
 GPUs (``tools/gpu_check.py``).

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from routepack.errors import InvalidPlanError
+from routepack.errors import InvalidPlanError, RoutepackTypeError
 from routepack.plan import Plan
 
 
@@ -65,7 +65,7 @@ def broadcast_plan(plan: Optional[Plan], src: int, group: Optional[Any] = None, 
     device = device if device is not None else default_device(group)
     if dist.get_rank() == src:
         if not isinstance(plan, Plan):
-            raise TypeError(f"plan: rank {src} must pass a routepack.Plan, got {type(plan).__name__}")
+            raise RoutepackTypeError(f"plan: rank {src} must pass a routepack.Plan, got {type(plan).__name__}")
         raw = io.BytesIO()
         plan.save(raw)
         data = torch.frombuffer(bytearray(raw.getvalue()), dtype=torch.uint8).to(device)

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from routepack.errors import InvalidPlanError
+from routepack.errors import InvalidPlanError, RoutepackError
 from routepack.torch.broadcast import digest_int, gather_ints
 
 #: Where a test's fault hook is called, in protocol order.
@@ -71,8 +71,8 @@ def expert_state(layer: Any, optimizer: Optional[torch.optim.Optimizer] = None,
             out.extend(st[k] for k in sorted(st) if torch.is_tensor(st[k]) and st[k].shape == p.shape)
     for i, t in enumerate(extra):
         if t.dim() == 0 or t.shape[0] != layer.slots_per_rank:
-            raise ValueError(f"extra_state[{layer.layer}][{i}]: leading dimension must be "
-                             f"slots_per_rank={layer.slots_per_rank}, got shape {tuple(t.shape)}")
+            raise RoutepackError(f"extra_state[{layer.layer}][{i}]: leading dimension must be "
+                                 f"slots_per_rank={layer.slots_per_rank}, got shape {tuple(t.shape)}")
         out.append(t)
     return out
 

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from routepack.errors import RoutepackError
 from routepack.plan import empty_replicas
 from routepack.torch.remap import TokenRoute, expert_counts, route_tokens
 
@@ -99,12 +100,12 @@ class EPMoE(torch.nn.Module):
                  dtype: torch.dtype = torch.float32, device: Any = None) -> None:
         super().__init__()
         if dist.get_world_size(group) != topo.ep:
-            raise ValueError(f"group: has {dist.get_world_size(group)} ranks but topo.ep = {topo.ep}")
+            raise RoutepackError(f"group: has {dist.get_world_size(group)} ranks but topo.ep = {topo.ep}")
         row = np.ascontiguousarray(phy2log_row, dtype=np.int32)
         if row.shape != (topo.num_slots,):
-            raise ValueError(f"phy2log_row: expected shape ({topo.num_slots},), got {row.shape}")
+            raise RoutepackError(f"phy2log_row: expected shape ({topo.num_slots},), got {row.shape}")
         if row.min() < -1 or row.max() >= num_experts:
-            raise ValueError(f"phy2log_row: entries must lie in [-1, {num_experts}), got {row.min()}..{row.max()}")
+            raise RoutepackError(f"phy2log_row: entries must lie in [-1, {num_experts}), got {row.min()}..{row.max()}")
         self.layer, self.num_experts, self.hidden, self.ffn = int(layer), int(num_experts), int(hidden), int(ffn)
         self.topo, self.group = topo, group
         self.ep_rank = dist.get_rank(group)
@@ -131,7 +132,7 @@ class EPMoE(torch.nn.Module):
         """The lowest local slot holding ``expert``; raises if this rank holds none."""
         hit = np.flatnonzero(self.local_experts() == expert)
         if hit.size == 0:
-            raise ValueError(f"expert {expert} is not on EP rank {self.ep_rank} in layer {self.layer}")
+            raise RoutepackError(f"expert {expert} is not on EP rank {self.ep_rank} in layer {self.layer}")
         return int(hit[0])
 
     @torch.no_grad()
@@ -158,10 +159,10 @@ class EPMoE(torch.nn.Module):
         """``x`` ``[T, H]``, ``topk_ids`` int ``[T, k]`` (replayed logical ids), ``topk_weights``
         ``[T, k]`` → ``[T, H]``. Every EP rank of the group must call it (collective)."""
         if x.dim() != 2 or x.shape[1] != self.hidden:
-            raise ValueError(f"x: expected [T, {self.hidden}], got {tuple(x.shape)}")
+            raise RoutepackError(f"x: expected [T, {self.hidden}], got {tuple(x.shape)}")
         if topk_ids.shape != topk_weights.shape or topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
-            raise ValueError(f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} "
-                             f"must both be [T={x.shape[0]}, k]")
+            raise RoutepackError(f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} "
+                                 f"must both be [T={x.shape[0]}, k]")
         t, k = topk_ids.shape
         ids = topk_ids.detach().cpu().numpy()
         origin = self._origin_counts(expert_counts(ids, self.num_experts), x.device)

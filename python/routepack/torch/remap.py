@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from routepack import _core
+from routepack.errors import RoutepackError
 
 #: One row of a cell's flow table (see `flow_table`).
 FLOW_DTYPE = np.dtype(
@@ -87,7 +88,7 @@ def expert_counts(topk_ids: np.ndarray, num_experts: int) -> np.ndarray:
     flat = np.asarray(topk_ids).reshape(-1)
     if flat.size and (flat.min() < 0 or flat.max() >= num_experts):
         bad = flat[(flat < 0) | (flat >= num_experts)][0]
-        raise ValueError(f"topk_ids: expert id {bad} outside [0, {num_experts})")
+        raise RoutepackError(f"topk_ids: expert id {bad} outside [0, {num_experts})")
     return np.bincount(flat.astype(np.int64), minlength=num_experts).astype(np.int64)
 
 
@@ -106,7 +107,7 @@ def route_tokens(topk_ids: np.ndarray, origin: np.ndarray, phy2log_row: np.ndarr
     flat = np.asarray(topk_ids).reshape(-1).astype(np.int64)
     mine = np.bincount(flat, minlength=origin.shape[1])
     if mine.shape[0] != origin.shape[1] or not np.array_equal(mine, origin[ep_rank]):
-        raise ValueError(f"origin[{ep_rank}]: counts differ from the histogram of topk_ids")
+        raise RoutepackError(f"origin[{ep_rank}]: counts differ from the histogram of topk_ids")
     flows = flow_table(origin, phy2log_row, topo, cell_rows)
 
     # origin side: pairs grouped by expert (ascending flat index inside), which is exactly the

@@ -14,6 +14,8 @@ from typing import Any, List, Sequence, Union
 import numpy as np
 import torch
 
+from routepack.errors import RoutepackError
+
 
 @dataclass(frozen=True)
 class Microbatch:
@@ -44,20 +46,20 @@ def rank_microbatches(plan: Any, routed: Union[np.ndarray, torch.Tensor, Sequenc
     """
     s_n = plan.num_samples
     if not 0 <= rank < int(plan.sample_rank.max()) + 1:
-        raise ValueError(f"rank: {rank} runs no samples in this plan (ranks 0..{int(plan.sample_rank.max())})")
+        raise RoutepackError(f"rank: {rank} runs no samples in this plan (ranks 0..{int(plan.sample_rank.max())})")
     if cu_seqlens is None:
         if isinstance(routed, (np.ndarray, torch.Tensor)):
-            raise ValueError("cu_seqlens: required when routed is one [T, L, k] array")
+            raise RoutepackError("cu_seqlens: required when routed is one [T, L, k] array")
         per_sample = [torch.as_tensor(np.asarray(r)) if not isinstance(r, torch.Tensor) else r for r in routed]
         if len(per_sample) != s_n:
-            raise ValueError(f"routed: has {len(per_sample)} samples, the plan has {s_n}")
+            raise RoutepackError(f"routed: has {len(per_sample)} samples, the plan has {s_n}")
     else:
         cu = np.asarray(cu_seqlens, dtype=np.int64)
         if cu.shape != (s_n + 1,) or cu[0] != 0 or np.any(np.diff(cu) < 0):
-            raise ValueError(f"cu_seqlens: expected non-decreasing [S+1={s_n + 1}] from 0, got shape {cu.shape}")
+            raise RoutepackError(f"cu_seqlens: expected non-decreasing [S+1={s_n + 1}] from 0, got shape {cu.shape}")
         all_ids = routed if isinstance(routed, torch.Tensor) else torch.as_tensor(np.asarray(routed))
         if all_ids.dim() != 3 or all_ids.shape[0] != cu[-1]:
-            raise ValueError(f"routed: expected [T={cu[-1]}, L, k], got {tuple(all_ids.shape)}")
+            raise RoutepackError(f"routed: expected [T={cu[-1]}, L, k], got {tuple(all_ids.shape)}")
         per_sample = [all_ids[cu[s]:cu[s + 1]] for s in range(s_n)]
     out = []
     for m in range(plan.num_micro):

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from routepack import _core
-from routepack.errors import InvalidPlanError, RoutepackError
+from routepack.errors import InvalidPlanError, RoutepackError, RoutepackTypeError
 from routepack.plan import Plan, empty_replicas
 from routepack.torch.broadcast import digest_int, gather_ints
 from routepack.torch.grads import sync_redundant_grads
@@ -53,21 +53,21 @@ class PlanRunner:
                  timeout: datetime.timedelta = datetime.timedelta(seconds=120)) -> None:
         self.layers = list(layers)
         if not self.layers:
-            raise ValueError("layers: need at least one EPMoE layer")
+            raise RoutepackError("layers: need at least one EPMoE layer")
         for i, mod in enumerate(self.layers):
             if mod.layer != i:
-                raise ValueError(f"layers[{i}] is MoE layer {mod.layer}; pass them in layer order")
+                raise RoutepackError(f"layers[{i}] is MoE layer {mod.layer}; pass them in layer order")
             if mod.topo != topo:
-                raise ValueError(f"layers[{i}] was built for {mod.topo}, runner for {topo}")
+                raise RoutepackError(f"layers[{i}] was built for {mod.topo}, runner for {topo}")
         if dist.get_world_size(group) != topo.ep:
-            raise ValueError(f"group: has {dist.get_world_size(group)} ranks but topo.ep = {topo.ep}")
+            raise RoutepackError(f"group: has {dist.get_world_size(group)} ranks but topo.ep = {topo.ep}")
         if topo.num_groups > 1 and edp_group is None:
-            raise ValueError(f"edp_group: required when dp={topo.dp} > ep={topo.ep}")
+            raise RoutepackError(f"edp_group: required when dp={topo.dp} > ep={topo.ep}")
         self.topo, self.group, self.edp_group, self.timeout = topo, group, edp_group, timeout
         self.dp_rank = dist.get_rank() if dp_rank is None else int(dp_rank)
         if not 0 <= self.dp_rank < topo.dp or self.dp_rank % topo.ep != dist.get_rank(group):
-            raise ValueError(f"dp_rank: {self.dp_rank} does not match EP-local rank {dist.get_rank(group)} "
-                             f"under {topo}")
+            raise RoutepackError(f"dp_rank: {self.dp_rank} does not match EP-local rank {dist.get_rank(group)} "
+                                 f"under {topo}")
         self.ep_group_index = self.dp_rank // topo.ep
         self.plan: Optional[Plan] = None
         self.micro = 0
@@ -86,7 +86,7 @@ class PlanRunner:
         """Local refusal of a plan that this job cannot carry out (raises `InvalidPlanError` or
         `RoutepackError` naming the problem); `begin_window` runs it on every rank and agrees."""
         if not isinstance(plan, Plan):
-            raise TypeError(f"plan: expected routepack.Plan, got {type(plan).__name__}")
+            raise RoutepackTypeError(f"plan: expected routepack.Plan, got {type(plan).__name__}")
         mod0 = self.layers[0]
         if window.num_layers != len(self.layers) or window.num_experts != mod0.num_experts:
             raise InvalidPlanError(f"window has L={window.num_layers}, E={window.num_experts}; the model has "
@@ -150,7 +150,7 @@ class PlanRunner:
         if self.plan is None:
             raise RuntimeError("start_micro: call begin_window first")
         if not 0 <= micro < self.plan.num_micro:
-            raise ValueError(f"micro: {micro} outside [0, {self.plan.num_micro})")
+            raise RoutepackError(f"micro: {micro} outside [0, {self.plan.num_micro})")
         self.micro = int(micro)
         self.exchange.micro = self.micro
         if prefetch:

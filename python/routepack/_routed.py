@@ -1,0 +1,76 @@
+"""The routing-replay layouts trainers hold, flattened to ``(routed [T, L, k], cu_seqlens
+[S+1])``: what `Window.from_routed_experts` counts. A leaf module (numpy only), so `window`
+and `replay` both build on it without importing each other.
+
+* verl: ``batch["routed_experts"]`` ``[B, T, L, k]`` zero-padded, with ``attention_mask [B, T]``
+  telling real tokens (uint8 ids when E <= 256).
+* slime: per sample ``rollout_routed_experts`` ``[T_i, L, k]`` int32, recorded for
+  ``tokens - 1`` positions (SGLang does not route the last generated token).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence, Tuple
+
+import numpy as np
+
+from routepack.errors import RoutepackError, RoutepackTypeError
+
+#: The dtypes expert ids may come in (counted without a copy).
+ROUTED_DTYPES = (np.uint8, np.int16, np.int32, np.int64)
+
+
+def check_ids(arr: np.ndarray, name: str, ndim: int) -> np.ndarray:
+    """``arr`` as an array of expert ids in one of `ROUTED_DTYPES` with ``ndim`` dimensions."""
+    arr = np.asarray(arr)
+    if arr.dtype.type not in ROUTED_DTYPES:
+        raise RoutepackTypeError(f"{name}: dtype {arr.dtype} is not one of uint8, int16, int32, int64")
+    if arr.ndim != ndim:
+        raise RoutepackError(f"{name}: expected {ndim} dimensions, got shape {arr.shape}")
+    return arr
+
+
+def flatten_verl(routed_experts: np.ndarray, attention_mask: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """verl's padded ``[B, T, L, k]`` + ``[B, T]`` mask → (real tokens ``[N, L, k]`` in
+    order, cu_seqlens int64 ``[B+1]``)."""
+    routed = check_ids(routed_experts, "routed_experts", 4)
+    mask = np.asarray(attention_mask)
+    if mask.ndim != 2 or mask.shape != routed.shape[:2]:
+        raise RoutepackError(
+            f"attention_mask: shape {mask.shape} does not match routed_experts' [B, T] = {routed.shape[:2]}"
+        )
+    if not (mask.dtype == np.bool_ or np.issubdtype(mask.dtype, np.integer)):
+        raise RoutepackTypeError(f"attention_mask: expected bool or integer, got dtype {mask.dtype}")
+    if mask.dtype != np.bool_ and ((mask != 0) & (mask != 1)).any():
+        raise RoutepackError("attention_mask: entries must be 0 or 1")
+    keep = mask.astype(bool)
+    lens = keep.sum(axis=1)
+    empty = np.flatnonzero(lens == 0)
+    if empty.size:
+        raise RoutepackError(f"attention_mask: sample {empty[0]} has no real tokens")
+    flat = routed[keep]  # [N, L, k], samples in order, tokens in order
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    return flat, cu
+
+
+def flatten_slime(per_sample: Sequence[np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
+    """slime's per-sample ``[T_i, L, k]`` arrays → (their concatenation ``[T, L, k]``,
+    cu_seqlens int64 ``[S+1]``)."""
+    if isinstance(per_sample, np.ndarray) or len(per_sample) == 0:
+        raise RoutepackError("per_sample: expected a non-empty list of [T_i, L, k] arrays")
+    arrays = [check_ids(a, f"per_sample[{i}]", 3) for i, a in enumerate(per_sample)]
+    first = arrays[0]
+    for i, a in enumerate(arrays):
+        if a.shape[1:] != first.shape[1:] or a.dtype != first.dtype:
+            raise RoutepackError(
+                f"per_sample[{i}]: shape {a.shape} / dtype {a.dtype} differs from per_sample[0]'s "
+                f"[T, {first.shape[1]}, {first.shape[2]}] / {first.dtype}"
+            )
+        if a.shape[0] == 0:
+            raise RoutepackError(f"per_sample[{i}]: has no tokens")
+    lens = np.array([a.shape[0] for a in arrays], dtype=np.int64)
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    return np.concatenate(arrays, axis=0), cu
+
+
+__all__ = ["ROUTED_DTYPES", "check_ids", "flatten_slime", "flatten_verl"]

@@ -1,0 +1,97 @@
+"""Packing stage (docs/design.md stages 2-3): samples into token-capped rows, and rows onto
+cells (DP rank, step).
+
+Every choice has the signature ``f(ctx, options, placement) -> (sample_rank [S] int32,
+sample_micro [S] int32, num_micro, report dict)``.
+
+* ``sequential`` (`sequential_packing`, no options): arrival-order first fit.
+* ``kk`` (`kk_packing`, no options): verl's Karmarkar–Karp balancing.
+* ``routepack`` (`routepack_packing`, `RoutepackPackingOptions`): the fewest certified rows,
+  then the layout by population annealing.
+
+The annealing budget ``anneal_moves`` is an argument of ``plan_window`` itself (default
+`DEFAULT_ANNEAL_MOVES`), not one of these options.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Tuple
+
+from routepack import _core
+from routepack.stages.context import PackingResult, PlanContext
+from routepack.stages.options import DEFAULTS, NoOptions, StageOptions, count, number, option, weights
+
+#: Default search budget of routepack's layout, in proposed moves over all chains (the
+#: core's). Sized so a whole `routepack` plan of a `flash` window (placement, rows, layout,
+#: replication, the final simulate) takes under 1 s on the 2-core reference machine: the
+#: anneal runs at about 1M moves per CPU-second there (`cargo bench --bench packing`);
+#: `tiny` anneals 3x faster. Deterministic, unlike a wall-clock budget. Quality rises slowly
+#: with more (benches/packing_quality.py prints the curve).
+DEFAULT_ANNEAL_MOVES: int = DEFAULTS["packing"]["anneal_moves"]
+
+
+@dataclass(frozen=True)
+class RoutepackPackingOptions(StageOptions):
+    """Options of the ``routepack`` packing (defaults: the Rust core's)."""
+
+    #: Population size (a chain per core on the 2-core reference machine), >= 1.
+    anneal_chains: int = option("packing", "anneal_chains", count(1))
+    #: Temperature steps (resampling after each), >= 1.
+    anneal_steps: int = option("packing", "anneal_steps", count(1))
+    #: Weight of the mean EDP-shard cost next to the slowest one, >= 0.
+    anneal_lambda: float = option("packing", "anneal_lambda", number(0.0))
+    #: Acceptance of a typical worsening move at the start, in (0, 1).
+    anneal_start_accept: float = option("packing", "anneal_start_accept", number(0.0, 1.0, lo_open=True, hi_open=True))
+    #: Final temperature / start temperature, in (0, 1].
+    anneal_cooling: float = option("packing", "anneal_cooling", number(0.0, 1.0, lo_open=True))
+    #: Proposal weights (move, random swap, near-length swap, cell swap): >= 0, not all 0.
+    anneal_mix: Tuple[float, float, float, float] = option("packing", "anneal_mix", weights(4))
+    #: Node limit of the exact row search, >= 0.
+    packing_exact_nodes: int = option("packing", "packing_exact_nodes", count(0, 2**64 - 1))
+
+
+def sequential_packing(ctx: PlanContext, options: NoOptions, placement: Any) -> PackingResult:
+    """Arrival-order first fit. Report: rows."""
+    rank, micro, m = _core.pack_sequential(ctx.window.seq_lens, int(ctx.token_cap), ctx.topo.dp)
+    return rank, micro, m, {"rows": m * ctx.topo.dp}
+
+
+def kk_packing(ctx: PlanContext, options: NoOptions, placement: Any) -> PackingResult:
+    """verl: Karmarkar–Karp on 24576·n + n² over DP ranks (equal counts), microbatches per
+    rank = ceil(tokens / cap) all-reduced to the max, repartitioned with one more on overflow,
+    small microbatches at both ends. Report: rows, micro, first_micro, overflow_retries,
+    max_row_tokens."""
+    rank, micro, m, report = _core.pack_kk(ctx.window.seq_lens, int(ctx.token_cap), ctx.topo.dp)
+    return rank, micro, m, dict(report)
+
+
+def routepack_packing(ctx: PlanContext, options: RoutepackPackingOptions, placement: Any) -> PackingResult:
+    """routepack: the fewest token-capped rows with a certificate, then the (DP rank, step)
+    layout that minimises the slowest EDP shard's accumulated attention + expert + all-to-all
+    cost under `placement`, by parallel population annealing.
+
+    Report keys: rows, micro, rows_lower_bound {L1, L2, rows}, certified, gap, rows_method,
+    bins, exact_nodes, layout_init, initial_cost / annealed_cost (proxy step time, s),
+    moves (proposed), moves_evaluated, moves_accepted, chains, steps, stopped_by_time,
+    anneal_history {temperature, best_cost, best_energy, mean_energy, accept_rate, moves}
+    (one entry per temperature step), seconds {rows, proxy, init, anneal} (wall time).
+    """
+    o = options
+    moves = DEFAULT_ANNEAL_MOVES if ctx.anneal_moves is None else int(ctx.anneal_moves)
+    rank, micro, m, report = _core.pack_routepack(
+        ctx.window.seq_lens, ctx.window.expert_tokens, ctx.topo, ctx.cost, placement.phy2log,
+        int(ctx.token_cap), seed=int(ctx.seed), anneal_moves=moves, time_budget_s=ctx.time_budget_s,
+        chains=o.anneal_chains, steps=o.anneal_steps, exact_nodes=o.packing_exact_nodes,
+        lambda_=o.anneal_lambda, start_accept=o.anneal_start_accept, cooling=o.anneal_cooling,
+        mix=o.anneal_mix,
+    )
+    report = dict(report)
+    report["anneal_history"] = dict(report["anneal_history"])
+    report["rows_lower_bound"] = dict(report["rows_lower_bound"])
+    report["seconds"] = dict(report["seconds"])
+    return rank, micro, m, report
+
+
+__all__ = ["DEFAULT_ANNEAL_MOVES", "RoutepackPackingOptions", "kk_packing", "routepack_packing",
+           "sequential_packing"]

@@ -1,0 +1,141 @@
+"""Placement stage (docs/design.md stage 1): where each expert's copies live, per layer.
+
+Every choice has the signature ``f(ctx, options) -> Placement`` and reads its loads through
+``ctx.placement_loads()``: this window's (``Policy(loads="window")``, an oracle) or the
+previous window's (``Policy(loads="previous")`` with ``previous_window=``, what EPLB does in
+practice).
+
+* ``static`` (`static_placement`, no options): Megatron-LM's, expert e on rank
+  ``e // ceil(E / ep)``.
+* ``eplb`` (`eplb_placement`, `EplbOptions`): DeepSeek's EPLB, every slot filled.
+* ``relibra`` (`relibra_placement`, no options): ReLibra's per-window node-level reordering.
+* ``routepack`` (`routepack_placement`, `RoutepackPlacementOptions`): optimal replica counts,
+  node-then-rank packing, microbatch and migration awareness.
+
+routepack's per-layer decisions land in ``plan.report["stage_reports"]["placement"]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from routepack import _core
+from routepack._checks import loads_array
+from routepack.errors import RoutepackError
+from routepack.plan import Placement
+from routepack.simulate import lower_bound_micro
+from routepack.stages.context import PlanContext
+from routepack.stages.options import DEFAULTS, NoOptions, StageOptions, computed, count, flag, number, option
+
+
+@dataclass(frozen=True)
+class EplbOptions(StageOptions):
+    """Options of the ``eplb`` placement."""
+
+    #: EPLB's number of expert groups (``E / num_groups`` consecutive experts each), >= 1.
+    #: None: one group per node of an EP group when the experts divide evenly, which selects
+    #: EPLB's hierarchical policy; 1 (or any count the nodes do not divide) selects its
+    #: global policy.
+    eplb_num_groups: Optional[int] = computed(count(1))
+
+
+@dataclass(frozen=True)
+class RoutepackPlacementOptions(StageOptions):
+    """Options of the ``routepack`` placement (defaults: the Rust core's)."""
+
+    #: The window is split into this many runs of consecutive samples (chunks) and each
+    #: expert's per-chunk demand is balanced too, so per-microbatch peaks fall (0 disables
+    #: microbatch awareness; more than the window's samples means one chunk per sample).
+    placement_chunks: int = option("placement", "placement_chunks", count(0))
+    #: Exchanges (EP groups × steps) the predicted-time proxy merges the chunks into, >= 1.
+    #: None: EP groups × the lower-bound step count.
+    placement_cells: Optional[int] = computed(count(1))
+    #: How far above its balanced maximum (a fraction, in [0, 1]) the final placement may
+    #: leave a rank's window load.
+    placement_slack: float = option("placement", "placement_slack", number(0.0, 1.0))
+    #: How far above it the first microbatch pass may go before a tightening pass brings the
+    #: maximum back within the slack (a fraction of a rank's load in [slack, 1]; the node
+    #: level explores the same absolute band). None: the core's default or
+    #: ``placement_slack``, whichever is larger (see `explore`).
+    placement_explore: Optional[float] = computed(number(0.0, 1.0))
+    #: Swap candidates the microbatch phase prices per layer (its budget, counted, so plans
+    #: stay deterministic). The default keeps placement within 5 ms at DeepSeek-V3's size
+    #: (58 layers × 256 experts on 32 ranks); more lowers the per-microbatch peaks of the
+    #: placement alone, while behind the full ``routepack`` policy no measured step time
+    #: changed.
+    placement_fluct_evals: int = option("placement", "placement_fluct_evals", count(0))
+    #: With ``previous=``, weigh keeping a layer and partial moves against the exposed
+    #: migration time; False always re-places and only relabels slots against ``previous``.
+    placement_migration_aware: bool = option("placement", "placement_migration_aware", flag())
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.placement_explore is not None and self.placement_explore < self.placement_slack:
+            raise RoutepackError(f"placement_explore: must be in [slack={self.placement_slack}, 1], "
+                                 f"got {self.placement_explore}")
+
+    def explore(self) -> float:
+        """``placement_explore``, or its default: the core's or the slack, whichever is larger."""
+        if self.placement_explore is not None:
+            return self.placement_explore
+        return max(float(DEFAULTS["placement"]["placement_explore"]), self.placement_slack)
+
+
+def static_placement(ctx: PlanContext, options: NoOptions) -> Placement:
+    """Megatron-LM's default: expert e on rank ``e // ceil(E / ep)``, spare slots empty."""
+    w = ctx.window
+    return Placement.static(w.num_layers, w.num_experts, ctx.topo)
+
+
+def eplb_placement(ctx: PlanContext, options: EplbOptions) -> Placement:
+    """The EPLB baseline on ``ctx.placement_loads()``, every slot filled."""
+    loads = loads_array(ctx.placement_loads(), "loads")
+    groups = options.eplb_num_groups
+    if groups is None:
+        groups = int(_core.eplb_default_num_groups(ctx.window.num_experts, ctx.topo))
+    phy2log = _core.eplb_placement(loads, ctx.topo, groups)
+    return Placement(phy2log, ctx.window.num_experts, ctx.topo.slots_per_rank)
+
+
+def relibra_placement(ctx: PlanContext, options: NoOptions) -> Placement:
+    """ReLibra's per-window expert reordering from ``ctx.placement_loads()`` ([L, E]),
+    starting from ``ctx.previous`` (or the static placement)."""
+    loads = np.ascontiguousarray(ctx.placement_loads(), dtype=np.float64)
+    prev: Any = None
+    if ctx.previous is not None:
+        prev = ctx.previous.phy2log
+    phy2log = _core.relibra_placement(loads, ctx.topo, prev)
+    return Placement(phy2log, ctx.window.num_experts, ctx.topo.slots_per_rank)
+
+
+def routepack_placement(ctx: PlanContext, options: RoutepackPlacementOptions) -> Placement:
+    """routepack's placement: optimal replication, node-then-rank packing, microbatch
+    awareness from per-chunk demand, migration awareness against ``ctx.previous``."""
+    win = ctx.demand_window()
+    if win is None:
+        ctx.placement_loads()  # raises the error that names previous_window
+    chunks = min(options.placement_chunks, win.num_samples)
+    cells = options.placement_cells
+    if cells is None:
+        cells = ctx.topo.num_groups * lower_bound_micro(win, ctx.topo, ctx.token_cap)
+    demand = _core.chunk_demand(win.seq_lens, win.expert_tokens, chunks)
+    if chunks > 0 and win is ctx.window and ctx.policy.loads == "window":
+        # the window total is the sum of its chunks: skip a second pass over [S, L, E]
+        loads = np.ascontiguousarray(demand.sum(axis=2))
+    else:
+        loads = loads_array(ctx.placement_loads(), "loads")
+    previous = ctx.previous.phy2log if ctx.previous is not None else None
+    phy2log, report = _core.routepack_placement(loads, demand, ctx.topo, ctx.cost, previous, cells,
+                                                options.placement_slack, options.explore(),
+                                                options.placement_fluct_evals, options.placement_migration_aware)
+    report["chunks"] = chunks
+    report["cells"] = cells
+    ctx.reports["placement"] = report
+    return Placement(phy2log, ctx.window.num_experts, ctx.topo.slots_per_rank)
+
+
+__all__ = ["EplbOptions", "RoutepackPlacementOptions", "eplb_placement", "relibra_placement",
+           "routepack_placement", "static_placement"]
