@@ -6,7 +6,7 @@ per-window node-level reordering placement (with and without replication). Every
 scored by `routepack.simulate`; the table gives, per policy, the median over windows of the
 simulated throughput relative to static/none (min and max in brackets), the fraction of the
 ideal bound, the mean expert imbalance (max/mean over EP ranks per (group, micro, layer)),
-replica rows per cell, the median wall time of the replication stage (plan_window's
+replicas per cell, the median wall time of the replication stage (plan_window's
 stage_seconds) and its CPU time (all threads), and the median step-time parts of the
 slowest group (all-to-all, expert, exposed replication, exposed migration), in seconds.
 

@@ -4,7 +4,7 @@
 
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
-use routepack_core::{MigrationRow, ReplicaRow};
+use routepack_core::{ExpertMove, Replica};
 
 /// `(layer, expert, src_rank, dst_rank, src_slot, dst_slot, bytes)`.
 pub type MigrationColumns<'py> = (
@@ -29,8 +29,8 @@ pub type ReplicaColumns<'py> = (
 );
 
 /// Migration rows → [`MigrationColumns`].
-pub fn migration_columns<'py>(py: Python<'py>, rows: &[MigrationRow]) -> MigrationColumns<'py> {
-    let col = |f: fn(&MigrationRow) -> i32| rows.iter().map(f).collect::<Vec<i32>>().into_pyarray(py);
+pub fn migration_columns<'py>(py: Python<'py>, rows: &[ExpertMove]) -> MigrationColumns<'py> {
+    let col = |f: fn(&ExpertMove) -> i32| rows.iter().map(f).collect::<Vec<i32>>().into_pyarray(py);
     (
         col(|r| r.layer),
         col(|r| r.expert),
@@ -42,9 +42,9 @@ pub fn migration_columns<'py>(py: Python<'py>, rows: &[MigrationRow]) -> Migrati
     )
 }
 
-/// Replica rows → [`ReplicaColumns`].
-pub fn replica_columns<'py>(py: Python<'py>, rows: &[ReplicaRow]) -> ReplicaColumns<'py> {
-    let col = |f: fn(&ReplicaRow) -> i32| rows.iter().map(f).collect::<Vec<i32>>().into_pyarray(py);
+/// Replicas → [`ReplicaColumns`].
+pub fn replica_columns<'py>(py: Python<'py>, rows: &[Replica]) -> ReplicaColumns<'py> {
+    let col = |f: fn(&Replica) -> i32| rows.iter().map(f).collect::<Vec<i32>>().into_pyarray(py);
     (
         col(|r| r.micro),
         col(|r| r.group),

@@ -5,7 +5,7 @@
 use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use routepack_core::{CostModel, MigrationRow, Placement, Plan, ReplicaRow, Topology, WindowView};
+use routepack_core::{CostModel, ExpertMove, Placement, Plan, Replica, Topology, WindowView};
 
 use crate::errors::to_py;
 
@@ -99,7 +99,7 @@ pub fn plan(obj: &Bound<'_, PyAny>) -> PyResult<Plan> {
     let rshare: PyReadonlyArray1<f32> = rep.get_item(6)?.extract()?;
     let rshare = slice(&rshare, "replicas.share")?;
     let replicas = (0..rm.len())
-        .map(|i| ReplicaRow {
+        .map(|i| Replica {
             micro: rm[i],
             group: rg[i],
             layer: rl[i],
@@ -113,7 +113,7 @@ pub fn plan(obj: &Bound<'_, PyAny>) -> PyResult<Plan> {
     let mbytes: PyReadonlyArray1<f64> = mig.get_item(6)?.extract()?;
     let mbytes = slice(&mbytes, "migration.bytes")?;
     let migration = (0..ml.len())
-        .map(|i| MigrationRow {
+        .map(|i| ExpertMove {
             layer: ml[i],
             expert: me[i],
             src_rank: ms[i],

@@ -11,7 +11,7 @@ use routepack_core::Placement;
 use crate::convert::{self, slice};
 use crate::errors::{run, to_py};
 
-/// `(origin_rank, dst_rank, dst_slot or -1, replica row or -1, expert, count)`.
+/// `(origin_rank, dst_rank, dst_slot or -1, replica or -1, expert, count)`.
 pub type FlowColumns<'py> = (
     Bound<'py, PyArray1<i32>>,
     Bound<'py, PyArray1<i32>>,
@@ -22,11 +22,11 @@ pub type FlowColumns<'py> = (
 );
 
 /// Flow table of one exchange (EP group, step, layer) as columns
-/// `(origin_rank, dst_rank, dst_slot or -1, replica row or -1, expert, count)`.
+/// `(origin_rank, dst_rank, dst_slot or -1, replica or -1, expert, count)`.
 ///
 /// * `origin` int64 `[ep, E]`: tokens of expert e from EP-local rank r.
 /// * `phy2log` int32 `[ep*slots_per_rank]`: the layer's placement row.
-/// * `rep_expert`, `rep_dst` int32 `[n]`, `rep_share` float32 `[n]`: the exchange's replica rows
+/// * `rep_expert`, `rep_dst` int32 `[n]`, `rep_share` float32 `[n]`: the exchange's replicas
 ///   in table order; the `replica` column indexes them.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
@@ -78,7 +78,7 @@ pub fn route_cell<'py>(
         col(&|f| f.origin as i32),
         col(&|f| f.dst_rank as i32),
         col(&|f| if let Dest::Slot(p) = f.dest { p as i32 } else { -1 }),
-        col(&|f| if let Dest::Replica { row, .. } = f.dest { row as i32 } else { -1 }),
+        col(&|f| if let Dest::Replica { index, .. } = f.dest { index as i32 } else { -1 }),
         col(&|f| f.expert as i32),
         flows.iter().map(|f| f.count).collect::<Vec<i64>>().into_pyarray(py),
     ))

@@ -1,9 +1,9 @@
 """Random small windows, topologies, cost models and plans for the tests.
 
-Plans built here are well-formed (every sample once, no empty cell, replica rows that
+Plans built here are well-formed (every sample once, no empty cell, replicas that
 `Plan.validate` accepts, migration rows from `_core.migration_diff`) but otherwise arbitrary:
 random placements with redundant copies (two copies of one expert on one rank included),
-random layouts, random replica rows and shares. Everything is drawn from a
+random layouts, random replicas and shares. Everything is drawn from a
 `numpy.random.Generator`, so a seed reproduces a case.
 """
 

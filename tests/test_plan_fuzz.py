@@ -171,7 +171,7 @@ def corrupt(kind: str, case, draw):
 @FUZZ
 @given(seed=st.integers(0, 10**6), kind=st.sampled_from(CORRUPTIONS), data=st.data())
 def test_validate_rejects_corrupted_plans(seed, kind, data):
-    case = random_case(seed, TOPOLOGIES[seed % 4])  # ep >= 2: replica rows exist
+    case = random_case(seed, TOPOLOGIES[seed % 4])  # ep >= 2: replicas exist
     case.plan.validate(case.window, case.topo, 10**9)
     assert_plan_invariants(case.plan, case.window, case.topo, 10**9)
     plan, window, topo, cap, words = corrupt(kind, case, data.draw)

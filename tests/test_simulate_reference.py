@@ -4,7 +4,7 @@ module docs), not by calling Rust:
 
 * cells: the samples of DP rank d at step m; EP group g = ranks g·ep .. g·ep+ep-1;
 * attention of a rank: Σ a_lin·n_s + a_quad_l·n_s² (one pass; ×3 in the layer time);
-* token flow of expert e from EP-local origin r: replica rows in table order take
+* token flow of expert e from EP-local origin r: replicas in table order take
   round(share·T) (half away from zero, at most what is left), drawn from the dst rank's own
   tokens, then its node's ranks ascending, then the others ascending; the rest of each origin
   splits evenly over e's placement slots (ascending), slot j getting one extra token when

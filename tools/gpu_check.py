@@ -10,7 +10,7 @@ What runs, by world size W (processes, one GPU each):
 * W >= 4: exactly the CI checks (2 "nodes" × 2 ranks, Topology(dp=4, ep=4,
   gpus_per_node=2, slots_per_rank=3)): migration + replication + redundant slots over
   several windows against a dense reference, bad plans, faults, a dying rank.
-* W = 2: Topology(dp=2, ep=2, gpus_per_node=1): MindSpeed-style replica rows only (a
+* W = 2: Topology(dp=2, ep=2, gpus_per_node=1): MindSpeed-style replicas only (a
   ReLibra row needs a node mate).
 * W = 1 (a one-GPU machine): Topology(dp=1, ep=1, slots_per_rank=12): NCCL collectives of
   world size 1, migration as local slot copies, no replicas (a replica needs another rank);

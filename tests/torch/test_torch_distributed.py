@@ -94,7 +94,7 @@ def test_a_rank_dying_mid_migration_hangs_nobody():
 
 
 def test_two_ep_groups_match_dense_reference():
-    """dp=4 over two EP groups of 2 (one node each): replica rows per group, migration applied
+    """dp=4 over two EP groups of 2 (one node each): replicas per group, migration applied
     in each group, expert-data-parallel gradient sum across groups."""
     case = sc.Case(dp=4, ep=2, gpus_per_node=2, slots_per_rank=5, windows=2)
     out = sc.run_ranks(sc.check_windows, WORLD, case, join_timeout_s=300)

@@ -6,7 +6,7 @@
 //! load every physical rank receives is exactly the one the plan predicted.
 //!
 //! Rule, for expert e with `origin[r]` tokens coming from EP-local rank r (T = Σ origin):
-//! 1. Replica rows of this exchange and expert, in table order: row i takes
+//! 1. Replicas of this exchange and expert, in table order: row i takes
 //!    `n_i = min(round(share_i · T), tokens not yet taken)`, drawn first from its own rank's
 //!    tokens, then from ranks on its node (ascending), then from the other ranks (ascending).
 //!    Those tokens are computed on `dst_rank` by its temporary copy.
@@ -27,15 +27,15 @@ use crate::window::WindowView;
 pub enum Dest {
     /// A placement slot (global physical slot index within the EP group).
     Slot(usize),
-    /// The temporary replica on an EP-local rank named by replica row `row` of the exchange.
-    Replica { rank: usize, row: usize },
+    /// The temporary replica on EP-local rank `rank`: entry `index` of the exchange's replicas.
+    Replica { rank: usize, index: usize },
 }
 
 /// Calls `emit(origin_rank, dst_rank, dest, count)` for every non-empty flow of one expert.
 ///
 /// * `origin`   `[ep]` tokens of the expert from each EP-local rank.
 /// * `slots`    the expert's placement slots, ascending (non-empty).
-/// * `replicas` `(dst_rank, share)` of the exchange's replica rows for this expert, table order.
+/// * `replicas` `(dst_rank, share)` of the exchange's replicas for this expert, table order.
 /// * `scratch`  reused buffer of length ep (remaining tokens per origin).
 pub fn route_expert(
     origin: &[i64],
@@ -72,7 +72,7 @@ pub fn route_expert(
                 if take > 0 {
                     rem[r] -= take;
                     need -= take;
-                    emit(r, dst, Dest::Replica { rank: dst, row }, take);
+                    emit(r, dst, Dest::Replica { rank: dst, index: row }, take);
                 }
             }
         }
@@ -105,7 +105,7 @@ pub fn route_expert(
 
 /// One batch of an exchange's flow table: `count` tokens of logical `expert` from EP-local rank
 /// `origin` to EP-local rank `dst_rank`, into placement slot `Dest::Slot(p)` or the temporary
-/// copy of replica row `Dest::Replica { row, .. }` (`row` indexes the exchange's replica list).
+/// copy of replica `Dest::Replica { index, .. }` (`index` indexes the exchange's replica list).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Flow {
     pub origin: usize,
@@ -115,11 +115,11 @@ pub struct Flow {
     pub count: i64,
 }
 
-/// One replica row of an exchange as routing needs it: `(expert, dst_rank, share)`.
+/// One replica of an exchange as routing needs it: `(expert, dst_rank, share)`.
 pub type ExchangeReplica = (usize, usize, f32);
 
 /// Checks the inputs of [`route_exchange`] coming from outside a validated plan: `origin` `[ep*E]`
-/// non-negative, the layer's CSR non-empty for every expert, replica rows in range.
+/// non-negative, the layer's CSR non-empty for every expert, replicas in range.
 pub fn check_exchange(
     origin: &[i64],
     num_experts: usize,
@@ -164,7 +164,7 @@ pub fn check_exchange(
 ///
 /// * `origin`  `[ep * E]` rank-major: tokens of expert e from EP-local rank r at `r*E + e`.
 /// * `slot_off`, `slots`  the layer's placement as CSR ([`crate::Placement::replicas_of_layer`]).
-/// * `reps`    the exchange's replica rows in table order; a flow's `Dest::Replica { row }` is an
+/// * `reps`    the exchange's replicas in table order; a flow's `Dest::Replica { index }` is an
 ///   index into `reps`.
 ///
 /// Inputs must satisfy [`check_exchange`] (a validated plan does).
@@ -181,7 +181,7 @@ pub fn route_exchange(
     let mut column = vec![0i64; ep];
     let mut scratch = Vec::with_capacity(ep);
     let mut args: Vec<(usize, f32)> = Vec::new();
-    let mut rows: Vec<usize> = Vec::new();
+    let mut index: Vec<usize> = Vec::new();
     for e in 0..num_experts {
         for (r, c) in column.iter_mut().enumerate() {
             *c = origin[r * num_experts + e];
@@ -191,16 +191,16 @@ pub fn route_exchange(
             continue;
         }
         args.clear();
-        rows.clear();
+        index.clear();
         for (i, &(re, dst, share)) in reps.iter().enumerate() {
             if re == e {
                 args.push((dst, share));
-                rows.push(i);
+                index.push(i);
             }
         }
         route_expert(&column, &slots[slot_off[e]..slot_off[e + 1]], &args, topo, &mut scratch, |o, d, dest, n| {
             let dest = match dest {
-                Dest::Replica { rank, row } => Dest::Replica { rank, row: rows[row] },
+                Dest::Replica { rank, index: k } => Dest::Replica { rank, index: index[k] },
                 s => s,
             };
             out.push(Flow { origin: o, dst_rank: d, expert: e, dest, count: n });

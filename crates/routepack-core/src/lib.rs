@@ -1,18 +1,50 @@
-//! routepack-core: the planning algorithms of routepack, in pure Rust.
+//! routepack-core: the planning algorithms of routepack, in pure Rust (no Python needed for
+//! `cargo test` / `cargo bench`). The design, the cost model and the public contract are in
+//! the repository's `docs/design.md`.
 //!
-//! Stages (DESIGN.md), one module each:
-//! * [`ingest`]     routing replay → per-sample per-layer expert demand
-//! * [`placement`]  expert placement (static, EPLB baseline, routepack)
-//! * [`packing`]    token-capped rows: bounds, heuristics, exact search, baselines
-//! * [`layout`]     routepack's packing: rows laid out on (rank, step) by population annealing
-//! * [`replication`] intra-batch hot-expert replicas per (micro, group, layer): hot_n, relibra, routepack
-//! * [`migration`]  moves (weights + optimizer state) from the placement in force to a new one
-//! * [`simulate`]   the cost model that scores every plan ([`cell_grid`]: per-cell demand it shares)
-//! * [`flow`]       where each expert's tokens go under a plan (shared by simulator and remapper)
-//! * [`validate`]   the invariants every plan must satisfy
+//! # Where things are
+//! * [`ingest`]      routing replay → per-sample, per-layer expert demand
+//! * [`placement`]   stage 1, expert placement: `static`, the baselines ([`placement::eplb`],
+//!   [`placement::relibra`]) and routepack's ([`placement::routepack`], whose bin packing of
+//!   replicas onto ranks is `placement::routepack::binpack`); [`placement::replica_counts`]
+//!   decides how many slots each expert gets
+//! * [`packing`]     stage 2, every packing of samples: [`packing::sequential`] (Megatron),
+//!   [`packing::kk`] (verl), [`packing::routepack`] (certified rows, then the layout search);
+//!   [`packing::rows`] finds the fewest rows with a certificate
+//! * [`layout`]      stage 3, the layout search: rows onto (DP rank, step) cells by population
+//!   annealing, against a proxy of the cost model (`layout::proxy`, its hot loop `layout::kernel`)
+//! * [`replication`] stage 4, intra-batch replicas per exchange: `hot_n` (MindSpeed), `relibra`,
+//!   `routepack`
+//! * [`migration`]   expert moves (weights + optimizer state) from the placement in force
+//! * [`cost`]        the cost model: coefficients and the shared terms every proxy calls
+//! * [`simulate`]    the simulator that scores every plan by composing [`cost`]'s terms per
+//!   exchange ([`cell_grid`]: which samples run in each cell)
+//! * [`flow`]        where each expert's tokens go under a plan (simulator and torch remap)
+//! * [`validate`]    the invariants every plan must satisfy
+//! * [`cpu`]         CPU capability tokens for the SIMD kernels, detected once
+//!
+//! # Glossary
+//! Each word means one thing, in code and docs:
+//! * **sample**: one sequence of the window.
+//! * **row**: a set of samples of at most `token_cap` tokens that runs as one microbatch on one
+//!   DP rank (packing's unit).
+//! * **step**: a microbatch step m in 0..M−1, the execution order on every DP rank (the
+//!   annealer's schedule has *temperature* steps).
+//! * **cell**: (DP rank, step), where one row runs; no cell is empty.
+//! * **exchange**: (EP group, step, layer), one dispatch/combine all-to-all: the unit the
+//!   simulator prices, tokens are routed in and replication plans for.
+//! * **chunk**: a run of consecutive samples that placement balances per-microbatch demand over
+//!   (`placement_chunks`); the layout kernel groups layers in *layer blocks*.
+//! * **slot**: a physical expert slot of an EP rank; **replica**: a copy of an expert in a slot
+//!   (placement) or, for one exchange, on another rank ([`Replica`]).
 //!
 //! Inputs are borrowed views ([`WindowView`]) so numpy arrays cross the FFI without copies.
-//! Every function is deterministic for its inputs and seed.
+//! Every function is deterministic for its inputs and seed: a plan is byte-identical across
+//! runs, processes and thread counts (the golden digests in `tests/placement_golden.rs` and
+//! the Python `tests/test_golden_digest.py` guard it).
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod cell_grid;
 pub mod cost;
@@ -24,8 +56,8 @@ pub mod layout;
 pub mod migration;
 pub mod packing;
 pub mod plan;
-pub mod replication;
 pub mod placement;
+pub mod replication;
 pub mod simulate;
 pub mod topology;
 pub mod validate;
@@ -34,6 +66,6 @@ pub mod window;
 pub use cost::CostModel;
 pub use error::{Error, Result};
 pub use placement::Placement;
-pub use plan::{MigrationRow, Plan, ReplicaRow};
+pub use plan::{ExpertMove, Plan, Replica};
 pub use topology::Topology;
 pub use window::WindowView;

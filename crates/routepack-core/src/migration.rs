@@ -4,18 +4,18 @@
 
 use crate::error::Result;
 use crate::placement::Placement;
-use crate::plan::MigrationRow;
+use crate::plan::ExpertMove;
 
 /// Moves from `previous` to `next`, layer by layer, slot by slot (see [`diff_layer`]).
 /// `bytes_per_expert` is weights + optimizer state. Without a topology every rank counts as
 /// its own node; [`diff_nodes`] knows the node size.
-pub fn diff(previous: &Placement, next: &Placement, bytes_per_expert: f64) -> Result<Vec<MigrationRow>> {
+pub fn diff(previous: &Placement, next: &Placement, bytes_per_expert: f64) -> Result<Vec<ExpertMove>> {
     diff_nodes(previous, next, 1, bytes_per_expert)
 }
 
 /// [`diff`] with `ranks_per_node` consecutive EP ranks per node (`Topology::ranks_per_group_node`),
 /// so that sources on the destination's node are preferred.
-pub fn diff_nodes(previous: &Placement, next: &Placement, ranks_per_node: usize, bytes_per_expert: f64) -> Result<Vec<MigrationRow>> {
+pub fn diff_nodes(previous: &Placement, next: &Placement, ranks_per_node: usize, bytes_per_expert: f64) -> Result<Vec<ExpertMove>> {
     if previous.num_layers != next.num_layers
         || previous.num_slots != next.num_slots
         || previous.num_experts != next.num_experts
@@ -61,7 +61,7 @@ pub fn diff_layer(
     slots_per_rank: usize,
     ranks_per_node: usize,
     bytes_per_expert: f64,
-    rows: &mut Vec<MigrationRow>,
+    rows: &mut Vec<ExpertMove>,
 ) {
     let spr = slots_per_rank;
     let rpn = ranks_per_node.max(1);
@@ -110,7 +110,7 @@ pub fn diff_layer(
         let src_rank = src / spr;
         let bytes = if src_rank == dst_rank { 0.0 } else { bytes_per_expert };
         sent[src_rank] += bytes;
-        rows.push(MigrationRow {
+        rows.push(ExpertMove {
             layer: layer as i32,
             expert: e,
             src_rank: src_rank as i32,

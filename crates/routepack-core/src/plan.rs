@@ -7,7 +7,7 @@ use crate::placement::Placement;
 /// weights of logical `expert` go from EP-local rank `src_rank` (which hosts it) to `dst_rank`,
 /// which computes `share` of that expert's tokens in that exchange (see `flow`).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ReplicaRow {
+pub struct Replica {
     pub micro: i32,
     pub group: i32,
     pub layer: i32,
@@ -20,7 +20,7 @@ pub struct ReplicaRow {
 /// One expert moved between windows: its weights and optimizer state go from physical slot
 /// `src_slot` (on EP-local rank `src_rank`) to `dst_slot` (on `dst_rank`) in `layer`.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct MigrationRow {
+pub struct ExpertMove {
     pub layer: i32,
     pub expert: i32,
     pub src_rank: i32,
@@ -39,8 +39,8 @@ pub struct Plan {
     pub sample_micro: Vec<i32>,
     /// M, the same on every DP rank.
     pub num_micro: usize,
-    pub replicas: Vec<ReplicaRow>,
-    pub migration: Vec<MigrationRow>,
+    pub replicas: Vec<Replica>,
+    pub migration: Vec<ExpertMove>,
 }
 
 /// Samples of every cell (DP rank d, step m), cell index d·M + m, as CSR (offsets, samples),
@@ -65,10 +65,10 @@ pub fn cell_members(sample_rank: &[i32], sample_micro: &[i32], dp: usize, num_mi
     (off, members)
 }
 
-/// Replica rows bucketed by exchange (EP group g, step m, layer l), bucket index
+/// Replicas bucketed by exchange (EP group g, step m, layer l), bucket index
 /// `(g·M + m)·L + l`, table order kept inside a bucket: what the simulator prices and the
 /// router routes one exchange at a time.
-pub fn bucket_replicas(rows: &[ReplicaRow], groups: usize, micro: usize, layers: usize) -> Vec<Vec<ReplicaRow>> {
+pub fn bucket_replicas(rows: &[Replica], groups: usize, micro: usize, layers: usize) -> Vec<Vec<Replica>> {
     let mut b = vec![Vec::new(); groups * micro * layers];
     for r in rows {
         b[(r.group as usize * micro + r.micro as usize) * layers + r.layer as usize].push(*r);

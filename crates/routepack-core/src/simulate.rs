@@ -25,7 +25,7 @@ use crate::cost::{CostModel, COMM_PASSES, COMPUTE_PASSES};
 use crate::error::Result;
 use crate::flow::{route_expert, Dest};
 use crate::cell_grid::CellGrid;
-use crate::plan::{bucket_replicas, Plan, ReplicaRow};
+use crate::plan::{bucket_replicas, Plan, Replica};
 use crate::topology::Topology;
 use crate::validate::validate_plan;
 use crate::window::WindowView;
@@ -117,7 +117,7 @@ impl ExchangePricer {
     ///   (see [`crate::cell_grid::CellGrid::origin`]);
     /// * `attn_max` the slowest rank's one-pass attention time in this exchange;
     /// * `slot_off`, `slots` the layer's placement as CSR (`Placement::replicas_of_layer`);
-    /// * `reps`     this exchange's replica rows, table order (their micro/group/layer are not read).
+    /// * `reps`     this exchange's replicas, table order (their micro/group/layer are not read).
     #[allow(clippy::too_many_arguments)]
     pub fn price(
         &mut self,
@@ -127,7 +127,7 @@ impl ExchangePricer {
         attn_max: f64,
         slot_off: &[usize],
         slots: &[usize],
-        reps: &[ReplicaRow],
+        reps: &[Replica],
     ) -> LayerCost {
         assert_eq!(topo.ep, self.ep, "ExchangePricer built for another ep");
         assert_eq!(origin.len(), self.ep * self.num_experts, "origin must be [ep * E]");
@@ -145,7 +145,7 @@ fn price_exchange(
     attn_max: f64,
     slot_off: &[usize],
     slots: &[usize],
-    reps: &[ReplicaRow],
+    reps: &[Replica],
     sc: &mut Scratch,
 ) -> LayerCost {
     let ep = topo.ep;

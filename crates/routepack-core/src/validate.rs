@@ -73,19 +73,19 @@ pub fn validate_plan(plan: &Plan, w: &WindowView, topo: &Topology, token_cap: i6
             && (0..topo.ep as i32).contains(&r.src_rank)
             && (0..topo.ep as i32).contains(&r.dst_rank);
         if !ok {
-            return Err(bad_plan(format!("replica row {i} is out of range: {r:?}")));
+            return Err(bad_plan(format!("replica {i} is out of range: {r:?}")));
         }
         if !(r.share.is_finite() && (0.0..=1.0).contains(&r.share)) {
-            return Err(bad_plan(format!("replica row {i} has share {} outside [0, 1]", r.share)));
+            return Err(bad_plan(format!("replica {i} has share {} outside [0, 1]", r.share)));
         }
         if r.src_rank == r.dst_rank {
-            return Err(bad_plan(format!("replica row {i} copies expert {} onto its own source rank {}", r.expert, r.src_rank)));
+            return Err(bad_plan(format!("replica {i} copies expert {} onto its own source rank {}", r.expert, r.src_rank)));
         }
         let layer = p.layer(r.layer as usize);
         let lo = r.src_rank as usize * topo.slots_per_rank;
         if !layer[lo..lo + topo.slots_per_rank].contains(&r.expert) {
             return Err(bad_plan(format!(
-                "replica row {i}: src_rank {} does not host expert {} in layer {}",
+                "replica {i}: src_rank {} does not host expert {} in layer {}",
                 r.src_rank, r.expert, r.layer
             )));
         }

@@ -1,4 +1,4 @@
-//! Property tests of `flow`: `route_expert` follows its documented rule (replica rows take
+//! Property tests of `flow`: `route_expert` follows its documented rule (replicas take
 //! round(share·T) in table order, locality-first; the rest splits evenly with a rotating
 //! remainder); `route_exchange` and `rank_tokens` give the per-rank loads `simulate` prices
 //! (same imbalance, bit for bit), and tokens are conserved.
@@ -12,7 +12,7 @@ use rand_xoshiro::Xoshiro256PlusPlus;
 use routepack_core::cost::CostModel;
 use routepack_core::flow::{check_exchange, rank_tokens, route_exchange, route_expert, Dest, ExchangeReplica};
 use routepack_core::placement::Placement;
-use routepack_core::plan::{cell_members, Plan, ReplicaRow};
+use routepack_core::plan::{cell_members, Plan, Replica};
 use routepack_core::simulate::simulate;
 use routepack_core::topology::Topology;
 use routepack_core::window::WindowView;
@@ -50,7 +50,7 @@ proptest! {
         for (row, &(dst, share)) in reps.iter().enumerate() {
             let want = ((share as f64) * (total as f64)).round() as i64;
             let need = want.clamp(0, total - taken_total);
-            let mine: Vec<_> = flows.iter().filter(|f| f.2 == Dest::Replica { rank: dst, row }).collect();
+            let mine: Vec<_> = flows.iter().filter(|f| f.2 == Dest::Replica { rank: dst, index: row }).collect();
             prop_assert_eq!(mine.iter().map(|f| f.3).sum::<i64>(), need, "row {} share {}", row, share);
             prop_assert!(mine.iter().all(|f| f.1 == dst));
             // origins in order: dst itself, its node ascending, the others ascending; each drained before the next
@@ -93,7 +93,7 @@ proptest! {
 // ------------------ route_exchange and rank_tokens against the simulator
 
 /// A random valid plan on a random window: redundant placement slots, every cell
-/// non-empty, replica rows from a hosting rank with shares summing to at most 1.
+/// non-empty, replicas from a hosting rank with shares summing to at most 1.
 fn random_case(seed: u64) -> (Topology, Vec<i64>, Vec<i32>, usize, usize, Plan) {
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
     let topo = Topology::new(8, 4, 2, 3).unwrap();
@@ -139,7 +139,7 @@ fn random_case(seed: u64) -> (Topology, Vec<i64>, Vec<i32>, usize, usize, Plan) 
                         }
                         let share = (rng.random_range(0.0..0.6f32)).min(left);
                         left -= share;
-                        replicas.push(ReplicaRow {
+                        replicas.push(Replica {
                             micro: m as i32,
                             group: g as i32,
                             layer: l as i32,
@@ -207,7 +207,7 @@ proptest! {
                     prop_assert_eq!(plan.placement.layer(0)[p], f.expert as i32);
                     prop_assert_eq!(topo.rank_of_slot(p), f.dst_rank);
                 }
-                Dest::Replica { rank, row } => {
+                Dest::Replica { rank, index: row } => {
                     prop_assert_eq!(reps[row].0, f.expert);
                     prop_assert_eq!(reps[row].1, rank);
                     prop_assert_eq!(rank, f.dst_rank);

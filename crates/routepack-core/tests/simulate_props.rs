@@ -7,7 +7,7 @@ use common::{random_phy2log, topologies, window, Mix};
 use proptest::prelude::*;
 use routepack_core::cost::CostModel;
 use routepack_core::placement::Placement;
-use routepack_core::plan::{MigrationRow, Plan, ReplicaRow};
+use routepack_core::plan::{ExpertMove, Plan, Replica};
 use routepack_core::simulate::simulate;
 use routepack_core::validate::validate_plan;
 
@@ -35,8 +35,8 @@ proptest! {
             sample_rank,
             sample_micro,
             num_micro,
-            replicas: reps.iter().map(|&(micro, group, layer, expert, src_rank, dst_rank, share)| ReplicaRow { micro, group, layer, expert, src_rank, dst_rank, share }).collect(),
-            migration: migs.iter().map(|&(layer, expert, src_rank, dst_rank, src_slot, dst_slot, bytes)| MigrationRow { layer, expert, src_rank, dst_rank, src_slot, dst_slot, bytes }).collect(),
+            replicas: reps.iter().map(|&(micro, group, layer, expert, src_rank, dst_rank, share)| Replica { micro, group, layer, expert, src_rank, dst_rank, share }).collect(),
+            migration: migs.iter().map(|&(layer, expert, src_rank, dst_rank, src_slot, dst_slot, bytes)| ExpertMove { layer, expert, src_rank, dst_rank, src_slot, dst_slot, bytes }).collect(),
         };
         let view = w.view();
         let _ = validate_plan(&plan, &view, &topo, 50);

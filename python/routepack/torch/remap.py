@@ -37,7 +37,7 @@ def flow_table(origin: np.ndarray, phy2log_row: np.ndarray, topo: Any, cell_rows
         origin:      int64 ``[ep, E]``: tokens of logical expert e from EP-local rank r.
         phy2log_row: int32 ``[ep*slots_per_rank]``: the layer's placement.
         topo:        `routepack.Topology`.
-        cell_rows:   the cell's replica rows (`routepack.REPLICA_DTYPE`), in plan table order.
+        cell_rows:   the cell's replicas (`routepack.REPLICA_DTYPE`), in plan table order.
 
     Returns:
         Structured array of `FLOW_DTYPE`: experts ascending, each in `route_expert`'s order;

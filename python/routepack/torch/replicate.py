@@ -1,6 +1,6 @@
-"""Intra-batch hot-expert replication: the plan's replica rows carried out.
+"""Intra-batch hot-expert replication: the plan's replicas carried out.
 
-For each replica row ``(micro, group, layer, expert, src_rank, dst_rank, share)`` of this
+For each replica ``(micro, group, layer, expert, src_rank, dst_rank, share)`` of this
 rank's EP group:
 
 * forward: the owner (``src_rank``) sends the expert's weights (its lowest local slot holding

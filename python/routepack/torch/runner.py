@@ -135,7 +135,7 @@ class PlanRunner:
         return report
 
     def _bucket(self, plan: Plan) -> Dict[Tuple[int, int], Tuple[np.ndarray, np.ndarray]]:
-        """This EP group's replica rows per (micro, layer), table order, with their row indices."""
+        """This EP group's replicas per (micro, layer), table order, with their row indices."""
         rows = plan.replicas
         idx = np.flatnonzero(rows["group"] == self.ep_group_index)
         cells: Dict[Tuple[int, int], Tuple[np.ndarray, np.ndarray]] = {}
@@ -164,7 +164,7 @@ class PlanRunner:
 
     # ------------------------------------------------- hooks for EPMoE
     def cell_rows(self, layer: int) -> np.ndarray:
-        """Replica rows (`REPLICA_DTYPE`) of (this group, current micro, ``layer``), table order."""
+        """Replicas (`REPLICA_DTYPE`) of (this group, current micro, ``layer``), table order."""
         cell = self._cells.get((self.micro, layer))
         return cell[1] if cell is not None else empty_replicas()
 

@@ -8,7 +8,7 @@ use crate::cell_grid::CellGrid;
 use crate::cost::CostModel;
 use crate::error::Result;
 use crate::placement::Placement;
-use crate::plan::{Plan, ReplicaRow};
+use crate::plan::{Plan, Replica};
 use crate::topology::Topology;
 use crate::validate::validate_plan;
 use crate::window::WindowView;
@@ -61,9 +61,9 @@ impl Exchange<'_> {
             .find(|&r| self.topo.local_node_of(r) == node)
             .unwrap_or_else(|| self.topo.rank_of_slot(slots[0]))
     }
-    /// The replica row of this exchange: a copy of e from `src` on `dst` computing `share`.
-    pub fn replica_row(&self, e: usize, src: usize, dst: usize, share: f32) -> ReplicaRow {
-        ReplicaRow {
+    /// The replica of this exchange: a copy of e from `src` on `dst` computing `share`.
+    pub fn replica(&self, e: usize, src: usize, dst: usize, share: f32) -> Replica {
+        Replica {
             micro: self.micro as i32,
             group: self.group as i32,
             layer: self.layer as i32,
@@ -89,7 +89,7 @@ pub fn share_for(n: i64, total: i64) -> f32 {
 }
 
 /// Runs `plan_exchange` on every exchange (group, step, layer) of the packed window, in
-/// parallel, and concatenates the replica rows in exchange order (group, step, layer), each
+/// parallel, and concatenates the replicas in exchange order (group, step, layer), each
 /// exchange's rows in the order the planner gave (which `flow::route_expert` honours). Checks placement and packing first.
 ///
 /// * `sample_rank`, `sample_micro` `[S]`, `num_micro` M: the packing.
@@ -105,10 +105,10 @@ pub fn plan_exchanges<W, I, F>(
     num_micro: usize,
     init: I,
     plan_exchange: F,
-) -> Result<Vec<ReplicaRow>>
+) -> Result<Vec<Replica>>
 where
     I: Fn() -> W + Sync + Send,
-    F: Fn(&Exchange, &mut W) -> Vec<ReplicaRow> + Sync + Send,
+    F: Fn(&Exchange, &mut W) -> Vec<Replica> + Sync + Send,
 {
     cost.check(w.num_layers)?;
     let unreplicated = Plan {
@@ -123,7 +123,7 @@ where
     let (g_n, m_n, l_n, ep, e_n) = (topo.num_groups(), num_micro, w.num_layers, topo.ep, w.num_experts);
     let grid = CellGrid::new(sample_rank, sample_micro, num_micro, w.seq_lens, topo);
     let layer_slots: Vec<(Vec<usize>, Vec<usize>)> = (0..l_n).map(|l| placement.replicas_of_layer(l)).collect();
-    let per_exchange: Vec<Vec<ReplicaRow>> = (0..g_n * m_n * l_n)
+    let per_exchange: Vec<Vec<Replica>> = (0..g_n * m_n * l_n)
         .into_par_iter()
         .map_init(
             || (init(), vec![0i64; ep * e_n]),

@@ -5,7 +5,7 @@
 //! expert as hot, subtract its total from the owner and add back to each rank the tokens it
 //! sent to it (those are now computed locally), and zero it so it is not picked again.
 //! The hot experts' weights are broadcast from the owner to every other EP rank, and every
-//! rank computes its own tokens for them: the replica row for dst has
+//! rank computes its own tokens for them: the replica for dst has
 //! `share = (tokens of that expert originating at dst) / (its exchange total)`, which
 //! `flow::route_expert` (own rank first) turns into exactly dst's own tokens, so those tokens
 //! leave the all-to-all. Ranks with no tokens of a hot expert still receive its weights
@@ -16,7 +16,7 @@
 //! expert (from a host on their node if any), and the hosts' own tokens stay split over the
 //! hosts as the placement routes them.
 
-use crate::plan::ReplicaRow;
+use crate::plan::Replica;
 
 use super::exchange::Exchange;
 use super::state::ExchangeState;
@@ -24,8 +24,8 @@ use super::state::ExchangeState;
 /// MindSpeed's default `--balanced-moe-hot-expert-num`.
 pub const DEFAULT_HOT_EXPERTS: usize = 3;
 
-/// Replica rows of one exchange; `state` is scratch (reset here).
-pub fn plan_exchange(c: &Exchange, state: &mut ExchangeState, hot_experts: usize) -> Vec<ReplicaRow> {
+/// Replicas of one exchange; `state` is scratch (reset here).
+pub fn plan_exchange(c: &Exchange, state: &mut ExchangeState, hot_experts: usize) -> Vec<Replica> {
     state.reset(c);
     let (ep, e_n) = (c.ep(), c.num_experts());
     let mut hot = vec![false; e_n];

@@ -1,15 +1,15 @@
 //! Intra-batch replication (DESIGN.md stage 4): per exchange (EP group, step, layer), copies of hot
 //! experts on other EP ranks, each computing a planned share of that expert's tokens
-//! (`plan::ReplicaRow`; routed by `flow::route_expert`).
+//! (`plan::Replica`; routed by `flow::route_expert`).
 //!
-//! * [`hot_n`]     MindSpeed's balanced MoE (baseline): N hot experts broadcast to every rank
-//! * [`relibra`]   ReLibra's intra-node replication (baseline)
-//! * [`routepack`] ours: replicas and shares minimising each exchange's simulated time
+//! * [`hot_n`](mod@hot_n)     MindSpeed's balanced MoE (baseline): N hot experts broadcast to every rank
+//! * [`relibra`](mod@relibra)   ReLibra's intra-node replication (baseline)
+//! * [`routepack`](mod@routepack) ours: replicas and shares minimising each exchange's simulated time
 //! * [`exchange`]  one exchange's inputs, the parallel driver, share rounding
 //! * [`state`]     the simulator's exchange cost, updated one expert at a time
 //!
 //! Every planner is deterministic: exchanges are planned independently (in parallel) and their
-//! replica rows concatenated in exchange order.
+//! replicas concatenated in exchange order.
 
 pub mod exchange;
 pub mod hot_n;
@@ -20,7 +20,7 @@ pub mod state;
 use crate::cost::CostModel;
 use crate::error::{invalid, Result};
 use crate::placement::Placement;
-use crate::plan::ReplicaRow;
+use crate::plan::Replica;
 use crate::topology::Topology;
 use crate::window::WindowView;
 
@@ -44,7 +44,7 @@ pub fn hot_n(
     placement: &Placement,
     packed: Packed,
     hot_experts: usize,
-) -> Result<Vec<ReplicaRow>> {
+) -> Result<Vec<Replica>> {
     if hot_experts == 0 {
         return Err(invalid("hot_experts", "must be >= 1 (MindSpeed's --balanced-moe-hot-expert-num), got 0"));
     }
@@ -62,13 +62,13 @@ pub fn relibra(
     placement: &Placement,
     packed: Packed,
     replica_slots: usize,
-) -> Result<Vec<ReplicaRow>> {
+) -> Result<Vec<Replica>> {
     plan_exchanges(w, topo, cost, placement, packed.sample_rank, packed.sample_micro, packed.num_micro, ExchangeState::new, |c, st| {
         relibra::plan_exchange(c, st, replica_slots)
     })
 }
 
-/// routepack's replication (see [`routepack`]).
+/// routepack's replication (see [`routepack`](mod@routepack)).
 pub fn routepack(
     w: &WindowView,
     topo: &Topology,
@@ -76,7 +76,7 @@ pub fn routepack(
     placement: &Placement,
     packed: Packed,
     opts: &routepack::Options,
-) -> Result<Vec<ReplicaRow>> {
+) -> Result<Vec<Replica>> {
     if opts.experts == 0 || opts.dsts == 0 {
         return Err(invalid(
             "routepack replication",

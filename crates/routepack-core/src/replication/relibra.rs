@@ -11,13 +11,13 @@
 //! Copies take the dst's own tokens first, then its node-mates' (`flow::route_expert`).
 //! The replica budget per rank is the same `replica_slots` routepack gets.
 
-use crate::plan::ReplicaRow;
+use crate::plan::Replica;
 
 use super::exchange::Exchange;
 use super::state::ExchangeState;
 
-/// Replica rows of one exchange; `state` is scratch (reset here).
-pub fn plan_exchange(c: &Exchange, state: &mut ExchangeState, replica_slots: usize) -> Vec<ReplicaRow> {
+/// Replicas of one exchange; `state` is scratch (reset here).
+pub fn plan_exchange(c: &Exchange, state: &mut ExchangeState, replica_slots: usize) -> Vec<Replica> {
     state.reset(c);
     let topo = c.topo;
     let (ep, e_n) = (c.ep(), c.num_experts());

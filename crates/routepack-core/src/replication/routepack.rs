@@ -18,10 +18,10 @@
 //! result is kept only if it beats no replication, so an exchange never gets slower (it may
 //! get no replicas).
 
-use crate::plan::ReplicaRow;
+use crate::plan::Replica;
 
 use super::exchange::Exchange;
-use super::state::{ExchangeState, Replica};
+use super::state::{ExchangeState, ReplicaShare};
 
 /// Copies a rank may hold per exchange by default (also ReLibra's budget, `relibra`). MindSpeed's default
 /// (`hot_n` with N = 3) puts up to 3 copies on every rank; routepack gets fewer.
@@ -58,7 +58,7 @@ pub struct Worker {
     cands: Vec<usize>,
     dsts: Vec<usize>,
     keyed: Vec<(i64, usize)>,
-    trial: Vec<Replica>,
+    trial: Vec<ReplicaShare>,
     node_tokens: Vec<i64>,
     moves: Vec<Move>,
     pools: Vec<Vec<i64>>,
@@ -112,7 +112,7 @@ fn take_top(keyed: &mut [(i64, usize)], k: usize, out: &mut Vec<usize>) {
 }
 
 /// `reps` with `rep` replacing the replica on the same dst, or appended: written into `trial`.
-fn with_replica<'t>(trial: &'t mut Vec<Replica>, reps: &[Replica], rep: Replica) -> &'t [Replica] {
+fn with_replica<'t>(trial: &'t mut Vec<ReplicaShare>, reps: &[ReplicaShare], rep: ReplicaShare) -> &'t [ReplicaShare] {
     trial.clear();
     trial.extend_from_slice(reps);
     match trial.iter_mut().find(|x| x.dst == rep.dst) {
@@ -122,8 +122,8 @@ fn with_replica<'t>(trial: &'t mut Vec<Replica>, reps: &[Replica], rep: Replica)
     trial
 }
 
-/// Replica rows of one exchange.
-pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<ReplicaRow> {
+/// The replicas (and their token shares) of one exchange.
+pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Replica> {
     let st = &mut wk.state;
     st.reset(c);
     if opts.replica_slots == 0 {

@@ -13,7 +13,7 @@ use crate::cost::CostModel;
 use crate::flow::route_expert;
 use crate::packing::sequential::sequential;
 use crate::placement::{static_placement, Placement};
-use crate::plan::{bucket_replicas, Plan, ReplicaRow};
+use crate::plan::{bucket_replicas, Plan, Replica};
 use crate::simulate::{simulate, ExchangePricer};
 use crate::topology::Topology;
 use crate::validate::validate_plan;
@@ -78,7 +78,7 @@ impl Case {
         WindowView::new(&self.seq_lens, &self.expert_tokens, self.layers, self.experts).unwrap()
     }
 
-    fn plan(&self, replicas: Vec<ReplicaRow>) -> Plan {
+    fn plan(&self, replicas: Vec<Replica>) -> Plan {
         let p = sequential(&self.seq_lens, self.cap, self.topo.dp).unwrap();
         Plan {
             placement: self.placement.clone(),
@@ -91,7 +91,7 @@ impl Case {
     }
 }
 
-fn run(case: &Case, which: &str, slots: usize) -> (Plan, Vec<ReplicaRow>) {
+fn run(case: &Case, which: &str, slots: usize) -> (Plan, Vec<Replica>) {
     let base = case.plan(Vec::new());
     let packed = Packed { sample_rank: &base.sample_rank, sample_micro: &base.sample_micro, num_micro: base.num_micro };
     let w = case.window();
@@ -106,7 +106,7 @@ fn run(case: &Case, which: &str, slots: usize) -> (Plan, Vec<ReplicaRow>) {
 }
 
 /// Copies per (group, micro, layer, dst rank).
-fn copies_per_rank(rows: &[ReplicaRow]) -> std::collections::HashMap<(i32, i32, i32, i32), usize> {
+fn copies_per_rank(rows: &[Replica]) -> std::collections::HashMap<(i32, i32, i32, i32), usize> {
     let mut m = std::collections::HashMap::new();
     for r in rows {
         *m.entry((r.group, r.micro, r.layer, r.dst_rank)).or_default() += 1;
@@ -169,15 +169,15 @@ proptest! {
                     let reps = &buckets[(c.group * m_n + c.micro) * l_n + c.layer];
                     let exact = pricer.price(c.topo, c.cost, c.origin, c.attn_max, c.slot_off, c.slots, reps).total();
                     st.reset(c);
-                    let mut by_e: Vec<Vec<super::state::Replica>> = vec![Vec::new(); c.num_experts()];
+                    let mut by_e: Vec<Vec<super::state::ReplicaShare>> = vec![Vec::new(); c.num_experts()];
                     for r in reps {
-                        by_e[r.expert as usize].push(super::state::Replica { dst: r.dst_rank as usize, src: r.src_rank as usize, n: 0, share: r.share });
+                        by_e[r.expert as usize].push(super::state::ReplicaShare { dst: r.dst_rank as usize, src: r.src_rank as usize, n: 0, share: r.share });
                     }
                     for (e, rows) in by_e.into_iter().enumerate() {
                         if !rows.is_empty() { st.set_replicas(c, e, rows); }
                     }
                     let inc = st.time(c);
-                    if (inc - exact).abs() > 1e-12 * exact.max(1e-30) { vec![c.replica_row(0, 0, 0, inc as f32)] } else { Vec::new() }
+                    if (inc - exact).abs() > 1e-12 * exact.max(1e-30) { vec![c.replica(0, 0, 0, inc as f32)] } else { Vec::new() }
                 }).unwrap();
             prop_assert!(bad.is_empty(), "{which}: {} exchanges differ", bad.len());
         }
@@ -264,7 +264,7 @@ fn relibra_stays_inside_nodes_and_levels_them() {
                 let reps = &buckets[(c.group * m_n + c.micro) * l_n + c.layer];
                 for e in 0..c.num_experts() {
                     let rs: Vec<_> = reps.iter().filter(|r| r.expert as usize == e)
-                        .map(|r| super::state::Replica { dst: r.dst_rank as usize, src: r.src_rank as usize, n: 0, share: r.share }).collect();
+                        .map(|r| super::state::ReplicaShare { dst: r.dst_rank as usize, src: r.src_rank as usize, n: 0, share: r.share }).collect();
                     if !rs.is_empty() { st.set_replicas(c, e, rs); }
                 }
                 let rpn = c.topo.ranks_per_group_node();

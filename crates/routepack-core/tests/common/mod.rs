@@ -1,6 +1,6 @@
 //! Shared generators of the core's property tests (one test file per module: `*_props.rs`).
 //!
-//! Derived randomness (placements, layouts, replica rows) comes from a splitmix64 stream
+//! Derived randomness (placements, layouts, replicas) comes from a splitmix64 stream
 //! seeded by a proptest-drawn u64, so a failing case shrinks to its seed.
 
 // each test file uses only some of these
@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use routepack_core::error::Error;
 use routepack_core::migration::diff;
 use routepack_core::placement::Placement;
-use routepack_core::plan::{Plan, ReplicaRow};
+use routepack_core::plan::{Plan, Replica};
 use routepack_core::topology::Topology;
 use routepack_core::window::WindowView;
 
@@ -98,9 +98,9 @@ pub fn random_layout(mix: &mut Mix, samples: usize, dp: usize, micro: usize) -> 
     (cell.iter().map(|&c| (c / micro) as i32).collect(), cell.iter().map(|&c| (c % micro) as i32).collect())
 }
 
-/// Replica rows that `validate_plan` accepts: hosting src, dst != src, shares summing <= 1
+/// Replicas that `validate_plan` accepts: hosting src, dst != src, shares summing <= 1
 /// per (micro, group, layer, expert).
-pub fn random_replicas(mix: &mut Mix, placement: &Placement, topo: &Topology, micro: usize) -> Vec<ReplicaRow> {
+pub fn random_replicas(mix: &mut Mix, placement: &Placement, topo: &Topology, micro: usize) -> Vec<Replica> {
     let mut rows = Vec::new();
     if topo.ep < 2 {
         return rows;
@@ -130,7 +130,7 @@ pub fn random_replicas(mix: &mut Mix, placement: &Placement, topo: &Topology, mi
                         }
                         let share = [0.0, 0.25, 0.5, left, left * mix.unit()][mix.below(5)].min(left) as f32;
                         left = (left - share as f64).max(0.0); // f32 rounding may take a hair more
-                        rows.push(ReplicaRow {
+                        rows.push(Replica {
                             micro: m as i32,
                             group: g as i32,
                             layer: l as i32,

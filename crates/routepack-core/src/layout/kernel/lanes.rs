@@ -2,7 +2,7 @@
 //! (`Elem`), and the scalar build of the lanes (`Scalar`, `[f32; 8]`). The AVX2 build is in
 //! `super::avx2`.
 
-use super::LANES;
+use super::inputs::LANES;
 
 /// The element type of a demand vector's proj part.
 pub(super) trait Elem: Copy {

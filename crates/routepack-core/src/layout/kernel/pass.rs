@@ -10,7 +10,7 @@
 //! writable and not aliased. V's build must also be enabled (`super::avx2`).
 
 use super::lanes::{Elem, Lanes};
-use super::{Coeffs, Demand, Hosted, Shape, StepDelta, LANES, R_IN, S_EX, S_IN, TOK, VALUES, X_IN};
+use super::inputs::{Coeffs, Demand, Hosted, Shape, StepDelta, LANES, R_IN, S_EX, S_IN, TOK, VALUES, X_IN};
 
 /// The pass built for the demand vectors the move reads (which, and their kind) and for
 /// uniform hexp (only a cost needs it).

@@ -1,5 +1,6 @@
 //! The kernel against `simulate`'s formula, bit for bit, on the scalar and (where the CPU has it) the AVX2 build.
 
+use super::inputs::{R_IN, S_EX, S_IN, TOK, X_IN};
 use super::*;
 use crate::cpu::Avx2;
 

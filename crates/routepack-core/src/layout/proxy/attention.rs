@@ -3,10 +3,9 @@
 //! per (group, step) and kind so that a move (which changes at most two ranks) prices it in
 //! O(kinds).
 
+use super::state::TOP;
 use super::{Delta, Proxy, Shards};
 
-/// Rank values kept per (group, step, attention kind): the largest three.
-pub(super) const TOP: usize = 3;
 
 impl Proxy {
     /// Cell of EP rank p in (group, step) gm.

@@ -2,9 +2,11 @@
 //! and updated when the move is accepted, through `kernel` (expert work and all-to-all) and
 //! `attention`.
 
-use super::attention::TOP;
 use super::{Delta, Proxy, Src};
 use crate::layout::kernel::{gm_apply, gm_apply_pair, gm_cost, gm_cost_pair, Coeffs, Hosted, StepDelta};
+
+/// Rank values kept per (group, step, attention kind): the largest three.
+pub(super) const TOP: usize = 3;
 
 /// Incremental state of one layout: per (group, step) the kernel's values, per cell (DP rank
 /// d, step m; index d·M + m) Σ n and Σ n², and the costs.

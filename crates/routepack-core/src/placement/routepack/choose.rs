@@ -5,7 +5,7 @@
 
 use crate::cost::links::LinkBytes;
 use crate::cost::CostModel;
-use crate::plan::MigrationRow;
+use crate::plan::ExpertMove;
 use crate::topology::Topology;
 
 /// What the stage decided for a layer.
@@ -24,7 +24,7 @@ pub enum Choice {
 pub(crate) struct Candidate {
     pub(crate) layer: Vec<i32>,
     pub(crate) time: f64,
-    pub(crate) moves: Vec<MigrationRow>,
+    pub(crate) moves: Vec<ExpertMove>,
     pub(crate) choice: Choice,
     pub(crate) swaps: usize,
 }
@@ -38,7 +38,7 @@ pub(crate) struct LayerPlan {
 
 /// Adds the bytes of migration rows `rows` to the per-rank links they cross (rows within a
 /// rank cross none).
-pub(crate) fn accumulate(links: &mut [LinkBytes], rows: &[MigrationRow], topo: &Topology) {
+pub(crate) fn accumulate(links: &mut [LinkBytes], rows: &[ExpertMove], topo: &Topology) {
     for mv in rows {
         let (s, d) = (mv.src_rank as usize, mv.dst_rank as usize);
         if s != d {

@@ -8,7 +8,7 @@ use crate::packing::sequential::sequential;
 use crate::placement::demand::{chunk_demand, window_loads};
 use crate::placement::eplb::eplb_placement;
 use crate::placement::quality::{aggregate_imbalance, imbalance_lower_bound};
-use crate::plan::{MigrationRow, Plan};
+use crate::plan::{ExpertMove, Plan};
 use crate::validate::validate_plan;
 use crate::window::WindowView;
 use proptest::prelude::*;
@@ -27,7 +27,7 @@ fn avoidable_duplicate(p: &Placement, l: usize) -> bool {
     })
 }
 
-fn plan_with(p: Placement, w: &WindowView, topo: &Topology, cap: i64, migration: Vec<MigrationRow>) -> Plan {
+fn plan_with(p: Placement, w: &WindowView, topo: &Topology, cap: i64, migration: Vec<ExpertMove>) -> Plan {
     let pk = sequential(w.seq_lens, cap, topo.dp).unwrap();
     Plan { placement: p, sample_rank: pk.sample_rank, sample_micro: pk.sample_micro, num_micro: pk.num_micro, replicas: vec![], migration }
 }

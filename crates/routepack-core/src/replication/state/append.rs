@@ -4,7 +4,7 @@
 //! result equals [`ExchangeState::try_replicas`] with the replica appended (checked in debug
 //! builds).
 
-use super::{ExchangeState, Links, Replica};
+use super::{ExchangeState, Links, ReplicaShare};
 use crate::flow::{route_expert, Dest};
 use crate::replication::exchange::Exchange;
 
@@ -28,7 +28,7 @@ impl ExchangeState {
     /// with one slot, on rank `host`: only the ranks it draws tokens from, dst, host and the
     /// replication chain change, so only they are recomputed. `pool` from [`Self::pool_into`].
     /// Same result as [`Self::try_replicas`] with the replica appended (checked in debug builds).
-    pub fn try_append(&mut self, c: &Exchange, e: usize, host: usize, pool: &[i64], rep: Replica) -> f64 {
+    pub fn try_append(&mut self, c: &Exchange, e: usize, host: usize, pool: &[i64], rep: ReplicaShare) -> f64 {
         let (ep, r) = (self.ep, rep.dst);
         let total = self.total[e];
         debug_assert!(c.expert_slots(e).len() == 1 && !self.has_copy(e, r) && r != host);

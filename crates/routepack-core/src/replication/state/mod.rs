@@ -12,7 +12,7 @@
 //! Pricing a candidate is O(ep) integer work plus float work only on the ranks the
 //! candidate changes: per-rank values (expert time, all-to-all time, replica hops) and the
 //! ranks sorted by each are cached, so the max over unchanged ranks is read off the order.
-//! [`append`] prices the commonest candidate, a new copy of a one-slot expert, sparser still.
+//! `append` prices the commonest candidate, a new copy of a one-slot expert, sparser still.
 //!
 //! # What it shares with `simulate`, and what it approximates
 //! * Shared, bit for bit: the expert term ([`crate::cost::CostModel::expert_time`]), the all-to-all passes
@@ -36,7 +36,7 @@
 
 use crate::cost::COMPUTE_PASSES;
 use crate::flow::route_expert;
-use crate::plan::ReplicaRow;
+use crate::plan::Replica;
 use crate::simulate::LayerCost;
 
 use super::exchange::{share_for, Exchange};
@@ -49,7 +49,7 @@ type Links = [i64; 4];
 /// One replica of an expert: `dst` computes `n` tokens (share `share` of the expert's
 /// exchange total), its weights coming from `src`.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Replica {
+pub struct ReplicaShare {
     pub dst: usize,
     pub src: usize,
     pub n: i64,
@@ -78,7 +78,7 @@ pub struct ExchangeState {
     /// `[E]` exchange total of each expert.
     total: Vec<i64>,
     /// Replicas of each expert, in table order.
-    pub replicas: Vec<Vec<Replica>>,
+    pub replicas: Vec<Vec<ReplicaShare>>,
     /// `[E * ep]` tokens expert e is computed for on rank p (slots and copies).
     etok: Vec<i64>,
     /// `[E * ep]` expert e's all-to-all tokens per rank and link.
@@ -122,7 +122,7 @@ pub struct ExchangeState {
     /// `pos[p]` is p's entry when `mark[p] == stamp`.
     delta: Vec<(usize, i64, i64, Links)>,
     pos: Vec<usize>,
-    trial: Vec<Replica>,
+    trial: Vec<ReplicaShare>,
 }
 
 impl ExchangeState {
@@ -238,7 +238,7 @@ impl ExchangeState {
     }
 
     /// Expert e's part of the sums if its replicas were `reps` (computed by `route_expert`).
-    pub fn part_into(&mut self, c: &Exchange, e: usize, reps: &[Replica], out: &mut Part) {
+    pub fn part_into(&mut self, c: &Exchange, e: usize, reps: &[ReplicaShare], out: &mut Part) {
         let ep = self.ep;
         out.tok.iter_mut().for_each(|x| *x = 0);
         out.links.iter_mut().for_each(|x| *x = [0; 4]);
@@ -290,7 +290,7 @@ impl ExchangeState {
     }
 
     /// Hop changes when e's replicas become `reps` (only copies added or removed change chains).
-    fn hop_delta(&mut self, e: usize, reps: &[Replica]) {
+    fn hop_delta(&mut self, e: usize, reps: &[ReplicaShare]) {
         let mut srcs = std::mem::take(&mut self.srcs);
         let mut old = std::mem::take(&mut self.old_dsts);
         let mut new = std::mem::take(&mut self.new_dsts);
@@ -417,7 +417,7 @@ impl ExchangeState {
     }
 
     /// The exchange's time if expert e's replicas were `reps`.
-    pub fn try_replicas(&mut self, c: &Exchange, e: usize, reps: &[Replica]) -> f64 {
+    pub fn try_replicas(&mut self, c: &Exchange, e: usize, reps: &[ReplicaShare]) -> f64 {
         let mut part = std::mem::take(&mut self.scratch_part);
         self.part_into(c, e, reps, &mut part);
         self.hop_delta(e, reps);
@@ -428,7 +428,7 @@ impl ExchangeState {
     }
 
     /// Makes `reps` expert e's replicas.
-    pub fn set_replicas(&mut self, c: &Exchange, e: usize, reps: Vec<Replica>) {
+    pub fn set_replicas(&mut self, c: &Exchange, e: usize, reps: Vec<ReplicaShare>) {
         let mut part = std::mem::take(&mut self.scratch_part);
         self.part_into(c, e, &reps, &mut part);
         self.install(e, &part);
@@ -453,18 +453,18 @@ impl ExchangeState {
     }
 
     /// A replica of e on dst computing n tokens, weights from `src`.
-    pub fn make_replica(&self, e: usize, src: usize, dst: usize, n: i64) -> Replica {
+    pub fn make_replica(&self, e: usize, src: usize, dst: usize, n: i64) -> ReplicaShare {
         let t = self.total[e];
-        Replica { dst, src, n, share: if t > 0 { share_for(n.clamp(0, t), t) } else { 0.0 } }
+        ReplicaShare { dst, src, n, share: if t > 0 { share_for(n.clamp(0, t), t) } else { 0.0 } }
     }
 
-    /// The replicas as the plan table's replica rows of this exchange: experts ascending, each
+    /// The replicas as the plan table's replicas of this exchange: experts ascending, each
     /// expert's replicas in order.
-    pub fn table(&self, c: &Exchange) -> Vec<ReplicaRow> {
+    pub fn table(&self, c: &Exchange) -> Vec<Replica> {
         self.replicas
             .iter()
             .enumerate()
-            .flat_map(|(e, reps)| reps.iter().map(move |r| c.replica_row(e, r.src, r.dst, r.share)))
+            .flat_map(|(e, reps)| reps.iter().map(move |r| c.replica(e, r.src, r.dst, r.share)))
             .collect()
     }
 }
