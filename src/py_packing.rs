@@ -51,14 +51,14 @@ pub fn pack_rows<'py>(py: Python<'py>, seq_lens: PyReadonlyArray1<'py, i64>, tok
     let c = run(py, || certified_rows(lens, token_cap, step, node_limit, None))?;
     let d = PyDict::new(py);
     d.set_item("rows", c.rows.len())?;
-    d.set_item("bins", c.bins)?;
-    d.set_item("l1", c.l1)?;
-    d.set_item("l2", c.l2)?;
-    d.set_item("lower_bound", c.lower_bound)?;
-    d.set_item("certified", c.certified)?;
-    d.set_item("gap", c.gap)?;
-    d.set_item("method", c.method)?;
-    d.set_item("nodes", c.nodes)?;
+    d.set_item("bins", c.certificate.bins)?;
+    d.set_item("l1", c.certificate.l1)?;
+    d.set_item("l2", c.certificate.l2)?;
+    d.set_item("lower_bound", c.certificate.lower_bound)?;
+    d.set_item("certified", c.certificate.certified)?;
+    d.set_item("gap", c.certificate.gap)?;
+    d.set_item("method", c.certificate.method)?;
+    d.set_item("nodes", c.certificate.nodes)?;
     Ok(d)
 }
 
@@ -118,15 +118,15 @@ pub fn pack_routepack<'py>(
     d.set_item("rows", rows.num_rows)?;
     d.set_item("micro", rows.micro)?;
     let lb = PyDict::new(py);
-    lb.set_item("L1", rows.l1)?;
-    lb.set_item("L2", rows.l2)?;
-    lb.set_item("rows", rows.lower_bound)?;
+    lb.set_item("L1", rows.certificate.l1)?;
+    lb.set_item("L2", rows.certificate.l2)?;
+    lb.set_item("rows", rows.certificate.lower_bound)?;
     d.set_item("rows_lower_bound", lb)?;
-    d.set_item("certified", rows.certified)?;
-    d.set_item("gap", rows.gap)?;
-    d.set_item("rows_method", rows.method)?;
-    d.set_item("bins", rows.bins)?;
-    d.set_item("exact_nodes", rows.nodes)?;
+    d.set_item("certified", rows.certificate.certified)?;
+    d.set_item("gap", rows.certificate.gap)?;
+    d.set_item("rows_method", rows.certificate.method)?;
+    d.set_item("bins", rows.certificate.bins)?;
+    d.set_item("exact_nodes", rows.certificate.nodes)?;
     d.set_item("layout_init", r.init)?;
     let a = &r.anneal;
     d.set_item("initial_cost", a.initial_cost)?;

@@ -2,8 +2,9 @@
 every public function and constructor.
 
 Each call either succeeds, and then its result is checked (plans through `Plan.validate` and
-an independent numpy check of the invariants), or raises a clean error: a `ValueError` or
-`TypeError` (`routepack.RoutepackError` and its subclasses are ValueErrors). A Rust panic
+an independent numpy check of the invariants), or raises a clean error: a
+`routepack.RoutepackError` (a `ValueError`; its subclass `RoutepackTypeError` is also a
+`TypeError`). A Rust panic
 (`RoutepackInternalError`, a RuntimeError, or pyo3's PanicException, a BaseException) or any
 other exception fails the test. Where validity is easy to state, success must coincide with
 it exactly (no false rejections either).
@@ -32,7 +33,8 @@ FUZZ = settings(max_examples=int(os.environ.get("ROUTEPACK_FUZZ_EXAMPLES", "100"
                 derandomize=not os.environ.get("ROUTEPACK_FUZZ_RANDOM"), database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.filter_too_much])
-CLEAN = (ValueError, TypeError)
+#: Every input error is a RoutepackError (a ValueError; RoutepackTypeError is also a TypeError).
+CLEAN = (rp.RoutepackError,)
 
 INT_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
 OTHER_DTYPES = [np.float32, np.float64, np.bool_]
@@ -112,7 +114,7 @@ cost = rp.CostModel(1e-9, [0.0], 1e-9, 1e-6, 10.0, 1e9, 1e8, 1e3, 1e3, 1e3)
 plan = rp.plan_window(window, topo, cost, token_cap=10, policy="static").validate(window, topo, 10)
 try:
     {call}
-except (ValueError, TypeError) as e:
+except rp.RoutepackError as e:
     print("CLEAN", type(e).__name__, e)
 else:
     print("ACCEPTED")
@@ -124,3 +126,22 @@ def run_in_own_interpreter(call: str) -> subprocess.CompletedProcess:
     code = textwrap.dedent(PRELUDE).format(call=call)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "RUST_BACKTRACE": "0"})
+
+
+def assert_wrong_type_is_clean(call) -> None:
+    """A wrong type or an unrepresentable number given to ``call(topo, window, cost, plan)``
+    raises a RoutepackError, not AttributeError/OverflowError."""
+    try:
+        call(*small_plan())
+    except CLEAN as e:
+        assert str(e), f"{type(e).__name__} without a message"
+    else:
+        raise AssertionError("accepted")
+
+
+def assert_absurd_size_fails_cleanly(call: str) -> None:
+    """Sizes no machine can hold must be refused with a RoutepackError before anything is
+    allocated (an allocation failure aborts the interpreter, so each runs in its own)."""
+    proc = run_in_own_interpreter(call)
+    assert proc.returncode == 0 and proc.stdout.startswith("CLEAN"), (
+        f"rc={proc.returncode} stdout={proc.stdout[-300:]!r} stderr={proc.stderr[-300:]!r}")

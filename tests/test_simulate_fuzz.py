@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import routepack as rp
-from fuzzing import FUZZ, CLEAN, outcome, small_plan, run_in_own_interpreter
+from fuzzing import assert_absurd_size_fails_cleanly, assert_wrong_type_is_clean, FUZZ, outcome
 from random_plans import TOPOLOGIES, random_case
 
 
@@ -52,10 +52,7 @@ WRONG_TYPES = {
 
 @pytest.mark.parametrize("name", list(WRONG_TYPES))
 def test_wrong_argument_types_are_clean_errors(name):
-    """A wrong type or an unrepresentable number raises ValueError/TypeError, not
-    AttributeError/OverflowError."""
-    with pytest.raises(CLEAN):
-        WRONG_TYPES[name](*small_plan())
+    assert_wrong_type_is_clean(WRONG_TYPES[name])
 
 
 # ---------------------------------- absurd sizes, each in its own interpreter
@@ -67,8 +64,4 @@ ABSURD = {
 
 @pytest.mark.parametrize("name", list(ABSURD))
 def test_absurd_sizes_fail_cleanly(name):
-    """Sizes no machine can hold must be refused with a ValueError before anything is
-    allocated; an allocation failure aborts the whole interpreter."""
-    proc = run_in_own_interpreter(ABSURD[name])
-    assert proc.returncode == 0 and proc.stdout.startswith("CLEAN"), (
-        f"rc={proc.returncode} stdout={proc.stdout[-300:]!r} stderr={proc.stderr[-300:]!r}")
+    assert_absurd_size_fails_cleanly(ABSURD[name])

@@ -11,8 +11,7 @@ from hypothesis.extra import numpy as hnp
 
 import routepack as rp
 from fuzzing import (
-    FUZZ, CLEAN, INT_DTYPES, OTHER_DTYPES, ROUTED_DTYPES, outcome, is_int, int_array_ok,
-    run_in_own_interpreter,
+    assert_absurd_size_fails_cleanly, FUZZ, INT_DTYPES, OTHER_DTYPES, ROUTED_DTYPES, outcome, is_int, int_array_ok,
 )
 
 
@@ -109,8 +108,4 @@ ABSURD = {
 
 @pytest.mark.parametrize("name", list(ABSURD))
 def test_absurd_sizes_fail_cleanly(name):
-    """Sizes no machine can hold must be refused with a ValueError before anything is
-    allocated; an allocation failure aborts the whole interpreter."""
-    proc = run_in_own_interpreter(ABSURD[name])
-    assert proc.returncode == 0 and proc.stdout.startswith("CLEAN"), (
-        f"rc={proc.returncode} stdout={proc.stdout[-300:]!r} stderr={proc.stderr[-300:]!r}")
+    assert_absurd_size_fails_cleanly(ABSURD[name])

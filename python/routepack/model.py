@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import List, Sequence
 
 from routepack._checks import finite_float, instance_of, positive_int
-from routepack.errors import RoutepackError
+from routepack.errors import RoutepackError, RoutepackTypeError
 
 ATTENTION_KINDS = ("linear", "full")
 
@@ -160,6 +160,8 @@ class CostModel:
             object.__setattr__(self, name, finite_float(getattr(self, name), f"cost.{name}"))
         for name in ("bw_intra", "bw_inter"):
             object.__setattr__(self, name, finite_float(getattr(self, name), f"cost.{name}", strict=True))
+        if isinstance(self.a_quad, (str, bytes)) or not hasattr(self.a_quad, "__iter__"):
+            raise RoutepackTypeError(f"cost.a_quad: expected a sequence of numbers, got {type(self.a_quad).__name__}")
         aq = [finite_float(v, f"cost.a_quad[{i}]") for i, v in enumerate(self.a_quad)]
         if not aq:
             raise RoutepackError("cost.a_quad: needs one entry per MoE layer, got none")
@@ -203,7 +205,12 @@ class CostModel:
 
     @classmethod
     def from_json(cls, text: str) -> "CostModel":
-        data = json.loads(text)
+        if not isinstance(text, (str, bytes, bytearray)):
+            raise RoutepackTypeError(f"cost JSON: expected a string, got {type(text).__name__}")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise RoutepackError(f"cost JSON: not valid JSON ({e})") from None
         if not isinstance(data, dict):
             raise RoutepackError(f"cost JSON: expected an object, got {type(data).__name__}")
         fields = set(cls.__dataclass_fields__)

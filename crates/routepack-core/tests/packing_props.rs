@@ -124,9 +124,10 @@ proptest! {
                 prop_assert_eq!(all, (0..c.lens.len()).collect::<Vec<_>>());
                 prop_assert!(r.rows.iter().all(|x| !x.is_empty() && row_tokens(x, &c.lens) <= c.cap));
                 prop_assert_eq!(r.rows.len() % step, 0);
-                prop_assert!(r.l2 >= r.l1 && r.lower_bound >= r.l2 && r.rows.len() >= r.lower_bound);
-                prop_assert_eq!(r.certified, r.rows.len() == r.lower_bound);
-                prop_assert_eq!(r.gap, r.rows.len() - r.lower_bound);
+                let c = &r.certificate;
+                prop_assert!(c.l2 >= c.l1 && c.lower_bound >= c.l2 && r.rows.len() >= c.lower_bound);
+                prop_assert_eq!(c.certified, r.rows.len() == c.lower_bound);
+                prop_assert_eq!(c.gap, r.rows.len() - c.lower_bound);
             }
             Err(e) => prop_assert!(matches!(e, Error::Infeasible(_))),
         }

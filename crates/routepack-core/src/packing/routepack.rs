@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::rows::certified::certified_rows;
+use super::rows::certified::{certified_rows, RowCertificate};
 use super::Packing;
 use crate::cost::CostModel;
 use crate::error::{bad_plan, invalid, Result};
@@ -58,29 +58,15 @@ impl Default for Options {
     }
 }
 
-/// The row certificate, copied out of `CertifiedRows` (without the rows themselves).
+/// The rows' count and certificate (the rows themselves are the layout's to place).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RowsReport {
     /// How many rows (dp · M).
     pub num_rows: usize,
     /// Steps per DP rank (M).
     pub micro: usize,
-    /// The continuous lower bound ceil(Σ n / cap).
-    pub l1: usize,
-    /// Martello and Toth's lower bound.
-    pub l2: usize,
-    /// The lower bound on the row count (a multiple of dp).
-    pub lower_bound: usize,
-    /// True when no feasible plan has fewer rows.
-    pub certified: bool,
-    /// `num_rows - lower_bound`.
-    pub gap: usize,
-    /// Which method produced the rows: "ffd", "bfd" or "exact".
-    pub method: &'static str,
-    /// Rows the packing used before splitting to a multiple of dp.
-    pub bins: usize,
-    /// Nodes the exact search visited.
-    pub nodes: u64,
+    /// How far `num_rows` is from optimal.
+    pub certificate: RowCertificate,
 }
 
 /// What routepack's packing did.
@@ -142,18 +128,7 @@ pub fn routepack_packing(
     let t_anneal = start.elapsed().as_secs_f64();
     let packing = to_packing(&result.cell_of, micro);
     let report = Report {
-        rows: RowsReport {
-            num_rows: rows.rows.len(),
-            micro,
-            l1: rows.l1,
-            l2: rows.l2,
-            lower_bound: rows.lower_bound,
-            certified: rows.certified,
-            gap: rows.gap,
-            method: rows.method,
-            bins: rows.bins,
-            nodes: rows.nodes,
-        },
+        rows: RowsReport { num_rows: rows.rows.len(), micro, certificate: rows.certificate },
         init: how,
         anneal: result,
         seconds: [t_rows, t_proxy - t_rows, t_init - t_proxy, t_anneal - t_init],

@@ -16,19 +16,20 @@ use super::heuristics::{bfd, ffd};
 use super::check_cap;
 use crate::error::{invalid, Error, Result};
 
-/// Rows and how far they are from optimal.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CertifiedRows {
-    /// Exactly `count` non-empty rows, each within the cap, every sample once.
-    pub rows: Vec<Vec<usize>>,
+/// How far a row count is from optimal: the lower bounds, whether the count is certified
+/// optimal, and how it was found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowCertificate {
+    /// The continuous lower bound ceil(Σ n / cap).
     pub l1: usize,
+    /// Martello and Toth's lower bound.
     pub l2: usize,
     /// The lower bound on the count: step · ceil(L2 / step), raised by each impossibility
     /// the exact search proved.
     pub lower_bound: usize,
-    /// True when `rows.len() == lower_bound`: no feasible plan has fewer rows.
+    /// True when the count equals `lower_bound`: no feasible plan has fewer rows.
     pub certified: bool,
-    /// rows.len() - lower_bound.
+    /// count − lower_bound.
     pub gap: usize,
     /// Which method produced the rows: "ffd", "bfd" or "exact".
     pub method: &'static str,
@@ -36,6 +37,16 @@ pub struct CertifiedRows {
     pub bins: usize,
     /// Nodes the exact search visited (0 when a heuristic reached the bound).
     pub nodes: u64,
+}
+
+/// Rows and how far they are from optimal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CertifiedRows {
+    /// Exactly `certificate.lower_bound + certificate.gap` non-empty rows, each within the
+    /// cap, every sample once.
+    pub rows: Vec<Vec<usize>>,
+    /// The row count's certificate.
+    pub certificate: RowCertificate,
 }
 
 /// Splits rows (heaviest splittable row first, its samples dealt alternately largest first)
@@ -88,17 +99,8 @@ pub fn certified_rows(
         )));
     }
     split_to(&mut best, seq_lens, count);
-    Ok(CertifiedRows {
-        rows: best,
-        l1: a,
-        l2: b,
-        lower_bound,
-        certified: count == lower_bound,
-        gap: count - lower_bound,
-        method,
-        bins,
-        nodes,
-    })
+    let certificate = RowCertificate { l1: a, l2: b, lower_bound, certified: count == lower_bound, gap: count - lower_bound, method, bins, nodes };
+    Ok(CertifiedRows { rows: best, certificate })
 }
 
 #[cfg(test)]
@@ -110,8 +112,8 @@ mod tests {
     fn certifies_at_the_dp_rounded_bound() {
         let lens = [9, 8, 7, 6, 5, 4, 3, 2, 1];
         let c = certified_rows(&lens, 10, 3, 10_000, None).unwrap();
-        assert_eq!((c.l1, c.lower_bound, c.rows.len()), (5, 6, 6));
-        assert!(c.certified);
+        assert_eq!((c.certificate.l1, c.certificate.lower_bound, c.rows.len()), (5, 6, 6));
+        assert!(c.certificate.certified);
         assert!(c.rows.iter().all(|r| !r.is_empty() && row_tokens(r, &lens) <= 10));
     }
 
@@ -119,8 +121,8 @@ mod tests {
     fn exact_search_raises_the_bound_when_it_proves_impossibility() {
         let lens = [34i64; 7];
         let c = certified_rows(&lens, 100, 1, 1_000_000, None).unwrap();
-        assert_eq!((c.l2, c.lower_bound, c.rows.len()), (3, 4, 4));
-        assert!(c.certified);
+        assert_eq!((c.certificate.l2, c.certificate.lower_bound, c.rows.len()), (3, 4, 4));
+        assert!(c.certificate.certified);
     }
 
     #[test]
@@ -129,8 +131,8 @@ mod tests {
         let lens = [4, 4, 3, 3, 3, 3];
         assert_eq!((ffd(&lens, 10).len(), bfd(&lens, 10).len()), (3, 3));
         let c = certified_rows(&lens, 10, 1, 1_000_000, None).unwrap();
-        assert_eq!((c.rows.len(), c.method), (2, "exact"));
-        assert!(c.certified);
+        assert_eq!((c.rows.len(), c.certificate.method), (2, "exact"));
+        assert!(c.certificate.certified);
         assert!(c.rows.iter().all(|r| row_tokens(r, &lens) == 10));
     }
 }
