@@ -11,13 +11,15 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 from dataclasses import replace
+from pathlib import Path
 from typing import List
 
+import numpy as np
 import pytest
 
 import routepack as rp
+from routepack import compare as rp_compare
 from routepack.compare import available_presets
 
 PYTHON_DIR = str(Path(rp.__file__).resolve().parent.parent)
@@ -33,6 +35,9 @@ if {hide_matplotlib!r}:
                 raise ImportError("No module named 'matplotlib' (hidden by the test)")
     sys.meta_path.insert(0, _Hide())
 import routepack as rp
+import numpy as np
+
+from routepack import compare as rp_compare
 from routepack.compare import available_presets
 from routepack import cli
 rp.traces.PROFILES["small-test"] = replace(
@@ -159,3 +164,32 @@ def test_an_input_the_planner_refuses_is_a_one_line_error(tmp_path):
         w.save(files[-1])
     proc = run(["bench", "--profile", "tiny", "--npz", *files, "--quiet", "--policy", "static"], tmp_path)
     one_line_error(proc, "routepack bench: error:", "layers")
+
+
+def _row(policy: str, window: int, step: float, bound: float = float("nan")) -> rp_compare.Row:
+    return rp_compare.Row(policy=policy, window=window, step_time=step, throughput=1000.0 / step,
+                          fraction_of_balanced=1.0 / step, attention=0.1, expert=0.2, all_to_all=0.3,
+                          replication=0.0, migration=0.0, imbalance=1.1, num_micro=3, micro_lower_bound=3,
+                          plan_seconds=0.01, ideal_time=1.0, fraction_of_bound=bound / step,
+                          lower_bound_time=bound)
+
+
+def test_the_bound_column_appears_exactly_when_simulate_reports_it():
+    """`of bound` and the `lower bound` row come from SimResult's fraction_of_bound /
+    lower_bound_time; without them (NaN) neither is shown."""
+    def rows(bound: float):
+        return [_row("static", w, 4.0, bound) for w in (1, 2)] + [_row("eplb", 1, 2.0, bound), _row("eplb", 2, 2.5, bound),
+                                                                 _row("relibra", 1, 2.2, bound), _row("relibra", 2, 2.0, bound),
+                                                                 _row("routepack", 1, 1.6, bound), _row("routepack", 2, 1.8, bound)]
+    without = rp_compare.summarise(rows(float("nan")))
+    text = rp_compare.format_table(without)
+    assert "of bound" not in text and "lower bound" not in [s["policy"] for s in without]
+    with_bound = rp_compare.summarise(rows(0.8))
+    text = rp_compare.format_table(with_bound)
+    assert "of bound" in text and with_bound[-1]["policy"] == "lower bound"
+    ours = next(s for s in with_bound if s["policy"] == "routepack")
+    assert ours["of_bound"] == pytest.approx(np.median([0.8 / 1.6, 0.8 / 1.8]))
+    best = next(s for s in with_bound if s["policy"] == "best baseline")
+    assert best["best_of"] == {"1": "eplb", "2": "relibra"} and best["step_s"] == pytest.approx(2.0)
+    (vs_best,) = [r for r in rp_compare.ratios(rows(0.8)) if r["against"] == "best baseline"]
+    assert (vs_best["min"], vs_best["max"]) == pytest.approx((2.0 / 1.8, 2.0 / 1.6))
