@@ -18,7 +18,8 @@ under --cache because `flash` takes minutes to generate). Everything is scored o
    re-placement (routepack from scratch, diffed slot by slot), EPLB re-placed, and keeping W0's.
 
 EPLB runs with this window's loads (oracle) and with W0's (what it does in practice), in its
-hierarchical policy (default `eplb_num_groups`: one group per node) and its global policy.
+global policy (the default for these models, which route without groups: `eplb_num_groups=1`)
+and its hierarchical policy (placement `eplb_hierarchical`: one group per node).
 """
 
 from __future__ import annotations
@@ -88,9 +89,9 @@ def run(name: str, seed: int, cache: Path) -> None:
     print(f"\n=== {name}: L={L} E={w1.num_experts} slots={topo.num_slots} over ep={topo.ep} ranks, "
           f"{topo.nodes_per_group} node(s) per EP group; scored on window 1 (seed {seed}) ===")
     rows = {
-        "EPLB hierarchical, oracle loads": plan(policy("eplb")),
+        "EPLB hierarchical, oracle loads": plan(policy("eplb_hierarchical")),
         "EPLB global, oracle loads": plan(policy("eplb"), eplb_num_groups=1),
-        "EPLB hierarchical, previous loads": plan(policy("eplb", "previous")),
+        "EPLB hierarchical, previous loads": plan(policy("eplb_hierarchical", "previous")),
         "EPLB global, previous loads": plan(policy("eplb", "previous"), eplb_num_groups=1),
         "routepack, oracle loads": plan(policy("routepack")),
         "routepack, previous loads": plan(policy("routepack", "previous")),
@@ -141,9 +142,9 @@ def run(name: str, seed: int, cache: Path) -> None:
                                              placement_migration_aware=False)),
         ("naive re-placement (no relabel)", naive),
     ]
-    for g_label, g in (("hierarchical", {}), ("global", {"eplb_num_groups": 1})):
-        e0 = plan(policy("eplb"), window=w0, **g)
-        cases.append((f"EPLB {g_label} re-placed (oracle)", plan(policy("eplb"), previous=e0.placement, **g)))
+    for g_label, choice in (("hierarchical", "eplb_hierarchical"), ("global", "eplb")):
+        e0 = plan(policy(choice), window=w0)
+        cases.append((f"EPLB {g_label} re-placed (oracle)", plan(policy(choice), previous=e0.placement)))
     for label, p in cases:
         res = rp.simulate(p, w1, topo, cost, cap)
         mv = moves_per_layer(p.migration, L)

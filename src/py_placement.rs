@@ -45,10 +45,11 @@ pub fn eplb_placement<'py>(py: Python<'py>, loads: PyReadonlyArray2<'py, f64>, t
     Ok(Array2::from_shape_vec((p.num_layers, p.num_slots), p.phy2log).expect("shape").into_pyarray(py))
 }
 
-/// EPLB's default number of expert groups for a topology (see `eplb::default_num_groups`).
+/// One EPLB expert group per node of an EP group when they divide the experts, else 1
+/// (`eplb::node_groups`: the `eplb_hierarchical` configuration, not the default).
 #[pyfunction]
-pub fn eplb_default_num_groups(num_experts: usize, topo: &Bound<'_, PyAny>) -> PyResult<usize> {
-    Ok(eplb::default_num_groups(num_experts, &convert::topology(topo)?))
+pub fn eplb_node_groups(num_experts: usize, topo: &Bound<'_, PyAny>) -> PyResult<usize> {
+    Ok(eplb::node_groups(num_experts, &convert::topology(topo)?))
 }
 
 /// `[L, E, B]` float64 tokens per expert in each of `num_chunks` consecutive-sample chunks.
@@ -157,7 +158,7 @@ pub fn imbalance_lower_bound<'py>(py: Python<'py>, loads: PyReadonlyArray2<'py, 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rebalance_experts, m)?)?;
     m.add_function(wrap_pyfunction!(eplb_placement, m)?)?;
-    m.add_function(wrap_pyfunction!(eplb_default_num_groups, m)?)?;
+    m.add_function(wrap_pyfunction!(eplb_node_groups, m)?)?;
     m.add_function(wrap_pyfunction!(chunk_demand, m)?)?;
     m.add_function(wrap_pyfunction!(routepack_placement, m)?)?;
     m.add_function(wrap_pyfunction!(aggregate_imbalance, m)?)?;

@@ -33,8 +33,8 @@ PROFILES = {
 #: sha256 of the plan bytes of the second window, per (profile, preset).
 GOLDEN = {
     ('flash_small', 'static'): 'a36a77358d1aed7c93ea50fe3f0d05604b64f5d5ff2a83c73fc3eb761088911d',
-    ('flash_small', 'eplb'): '9a9bbe25bd29481c7be3073c55a34fb11c245460e0c24b97c826daaeca23ee32',
-    ('flash_small', 'eplb_oracle'): '7f85d430abeb2057e407fecd695664de333999f5a8a00454e07499e26da1a3d6',
+    ('flash_small', 'eplb'): 'baae47c33d55529c265e8c3f8889727e7a647ce1a9ec7d52dd641c5093061605',
+    ('flash_small', 'eplb_oracle'): '8d0bc1ed2f10a9b2c8ae403277e2eab0df15e27075225b10675bfb5973451d05',
     ('flash_small', 'hot_n'): 'e2aa4a1571485686b606215f7948b1afa1bfdf7d2ff09117a849a23a20a505b5',
     ('flash_small', 'relibra'): '6fc0b73ade04677ee92b621875fbb00de0dd915d914cdd647eee6d9b6a0a5505',
     ('flash_small', 'routepack_placement'): '3db8bb37e115b5295548505509b772fa146beed5ee93155f3e6207ecb588c001',

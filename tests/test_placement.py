@@ -235,15 +235,20 @@ def test_bad_options_are_named(key, value, match):
 
 
 def test_eplb_groups_option_selects_the_policy():
-    prof, topo, cost = setup("small")  # 2 nodes per EP group
+    prof, topo, cost = setup("small")  # 2 nodes per EP group; the model routes without groups
     w = windows("small")[0]
-    hier = rp.plan_window(w, topo, cost, token_cap=prof.token_cap, policy=EPLB)
+    default = rp.plan_window(w, topo, cost, token_cap=prof.token_cap, policy=EPLB)
     glob = rp.plan_window(w, topo, cost, token_cap=prof.token_cap, policy=EPLB, eplb_num_groups=1)
+    hier = rp.plan_window(w, topo, cost, token_cap=prof.token_cap, policy=EPLB, eplb_num_groups=2)
+    per_node = rp.plan_window(w, topo, cost, token_cap=prof.token_cap,
+                              policy=rp.Policy("eplb_hierarchical", "sequential", "none", "window"))
     loads = w.layer_expert_load()
     expect_h = rebalance_experts(loads, topo.num_slots, 2, 2, topo.ep)[0]
     expect_g = rebalance_experts(loads, topo.num_slots, 1, 2, topo.ep)[0]
-    assert np.array_equal(hier.placement.phy2log, expect_h)
+    assert np.array_equal(default.placement.phy2log, expect_g)
     assert np.array_equal(glob.placement.phy2log, expect_g)
+    assert np.array_equal(hier.placement.phy2log, expect_h)
+    assert np.array_equal(per_node.placement.phy2log, expect_h)
 
 
 # ------------------------------------------------------------------ quality on `tiny`

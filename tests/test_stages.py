@@ -44,10 +44,11 @@ def same(a: rp.Plan, b: rp.Plan) -> bool:
 
 # ------------------------------------------------------------------ registry
 def test_every_choice_is_listed_with_its_options():
-    assert set(PLACEMENTS) == {"static", "eplb", "relibra", "routepack"}
+    assert set(PLACEMENTS) == {"static", "eplb", "eplb_hierarchical", "relibra", "routepack"}
     assert set(PACKINGS) == {"sequential", "kk", "routepack"}
     assert set(REPLICATIONS) == {"none", "hot_n", "relibra", "routepack"}
     assert PLACEMENTS["eplb"].options is EplbOptions
+    assert PLACEMENTS["eplb_hierarchical"].options is EplbOptions
     assert PLACEMENTS["routepack"].options is RoutepackPlacementOptions
     assert PACKINGS["routepack"].options is RoutepackPackingOptions
     assert REPLICATIONS["hot_n"].options is HotNOptions

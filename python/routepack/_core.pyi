@@ -16,7 +16,7 @@ __all__ = [
     "migration_diff", "pack_sequential", "pack_kk", "pack_rows", "pack_routepack",
     "layout_proxy_cost", "simulate", "expert_tokens_from_routed", "route_cell", "rank_tokens",
     "replicate_hot_n", "replicate_relibra", "replicate_routepack", "relibra_placement",
-    "rebalance_experts", "eplb_placement", "eplb_default_num_groups", "chunk_demand",
+    "rebalance_experts", "eplb_placement", "eplb_node_groups", "chunk_demand",
     "routepack_placement", "aggregate_imbalance", "imbalance_lower_bound",
 ]
 
@@ -131,8 +131,9 @@ def rebalance_experts(weight: _F64, num_replicas: int, num_groups: int, num_node
 def eplb_placement(loads: _F64, topo: Any, num_groups: int) -> _I32:
     """EPLB as a routepack placement: phy2log [L, ep*slots_per_rank]."""
 
-def eplb_default_num_groups(num_experts: int, topo: Any) -> int:
-    """Nodes per EP group when they divide E (hierarchical policy), else 1 (global)."""
+def eplb_node_groups(num_experts: int, topo: Any) -> int:
+    """Nodes per EP group when they divide E (EPLB's hierarchical policy), else 1 (global):
+    the ``eplb_hierarchical`` configuration, not the default."""
 
 def chunk_demand(seq_lens: _I64, expert_tokens: _I32, num_chunks: int) -> _F64:
     """[L, E, B] tokens per expert in each of B consecutive-sample chunks."""

@@ -1,33 +1,105 @@
 """`routepack` command line.
 
 * ``routepack demo``: plans a few synthetic windows with every policy and prints how each
-  would fare (step time from `simulate`, throughput relative to ``static``).
+  would fare (step time from `simulate`, throughput relative to ``static`` and to the best
+  baseline).
 * ``routepack bench``: the same over more windows (a built-in profile or your own windows
-  saved as ``.npz``), with a progress bar, a JSON dump and a figure.
+  saved as ``.npz``), with progress on stderr, a JSON dump and a figure (the figure needs
+  matplotlib: ``pip install "routepack[bench]"``; without it the table is still printed).
+
+A user error (a bad argument, an unreadable ``--npz``, an input the planner refuses) prints
+one line on stderr and exits with status 2; no traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 import time
+import zipfile
 from dataclasses import asdict
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Callable, Iterable, Iterator, List, NoReturn, Optional, Tuple
 
-from routepack import traces
-from routepack.compare import available_presets, compare, format_table, summarise
+from routepack import __version__, traces
+from routepack.compare import (available_presets, best_of, compare, format_ratios, format_table, ratios,
+                               summarise)
+from routepack.errors import RoutepackError
 from routepack.window import Window
+
+FIGURE_HINT = 'pip install "routepack[bench]"'
+
+
+class UsageError(Exception):
+    """A user error the CLI reports in one line (exit 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line: ``routepack bench: error: ... (see --help)``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    """argparse type: an int >= ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+    return parse
+
+
+def _writable(path: str, flag: str) -> Path:
+    """``path`` if a file can be written there (checked before the benchmark runs)."""
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {path}: directory {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise UsageError(f"{flag} {path}: not writable")
+    return p
+
+
+def _bar(iterable: Iterable[Any], total: int, unit: str, quiet: bool) -> Iterator[Any]:
+    """``iterable`` with a tqdm bar on stderr (shown on a terminal, unless ``quiet``)."""
+    if quiet:
+        return iter(iterable)
+    from tqdm import tqdm
+
+    return iter(tqdm(iterable, total=total, unit=unit, file=sys.stderr, leave=False, disable=None))
 
 
 def _load_windows(args: argparse.Namespace, prof: traces.Profile) -> List[Window]:
     t0 = time.perf_counter()
+    windows: List[Window] = []
     if args.npz:
-        windows = [Window.load(p) for p in args.npz]
+        if not args.quiet:
+            print(f"loading {len(args.npz)} windows from .npz ...", file=sys.stderr, flush=True)
+        for path in _bar(args.npz, len(args.npz), "window", args.quiet):
+            try:
+                windows.append(Window.load(path))
+            except RoutepackError as e:
+                raise UsageError(f"--npz {path}: {e}") from None
+            except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as e:
+                why = f"missing array {e}" if isinstance(e, KeyError) else (str(e) or type(e).__name__)
+                raise UsageError(f"--npz {path}: not a routepack Window file ({why})") from None
         src = f"{len(windows)} windows from .npz"
     else:
-        windows = list(traces.synthetic(prof, args.windows + 1, args.seed))
+        n = args.windows + 1
+        if not args.quiet:
+            print(f"generating {n} synthetic {prof.name} windows ({prof.samples} samples each) ...",
+                  file=sys.stderr, flush=True)
+        windows = list(_bar(traces.synthetic(prof, n, args.seed), n, "window", args.quiet))
         src = f"{len(windows)} synthetic windows"
     print(f"profile {prof.name}: L={prof.num_layers}, E={prof.num_experts}, top-{prof.top_k}, "
           f"dp={prof.dp} ep={prof.ep} gpus/node={prof.gpus_per_node} slots/rank={prof.slots_per_rank}, "
@@ -36,88 +108,120 @@ def _load_windows(args: argparse.Namespace, prof: traces.Profile) -> List[Window
     return windows
 
 
-def _progress(total: int, quiet: bool):
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover - tqdm is a dependency of the bench extra
-        tqdm = None
+def _progress(total: int, quiet: bool) -> Tuple[Optional[Callable[[str, int], None]], Callable[[], None]]:
     if quiet:
         return None, lambda: None
-    if tqdm is not None:
-        bar = tqdm(total=total, unit="plan", file=sys.stderr, leave=False, disable=None)  # off when not a TTY
-        return (lambda name, i: (bar.set_postfix_str(f"window {i} {name}"), bar.update(1))), bar.close
-    done = [0]
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, unit="plan", file=sys.stderr, leave=False, disable=None)  # off when not a TTY
 
     def step(name: str, i: int) -> None:
-        done[0] += 1
-        print(f"\r[{done[0]}/{total}] window {i} {name:<24}", end="", file=sys.stderr, flush=True)
+        bar.set_postfix_str(f"window {i} {name}")
+        bar.update(1)
 
-    return step, lambda: print(file=sys.stderr)
+    return step, bar.close
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN and infinities as null (JSON has neither)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 def _run(args: argparse.Namespace, figure: bool) -> int:
     prof = traces.profile(args.profile)
+    json_path = _writable(args.json, "--json") if getattr(args, "json", None) else None
+    fig_path = _writable(args.figure, "--figure") if figure and getattr(args, "figure", None) else None
     windows = _load_windows(args, prof)
     policies = args.policy or available_presets()
+    baseline = "static" if "static" in policies else policies[0]
     step, close = _progress((len(windows) - 1) * len(policies), args.quiet)
     options = {}
-    if getattr(args, "anneal_moves", None) is not None:
+    if args.anneal_moves is not None:
         options["anneal_moves"] = args.anneal_moves
     try:
         rows = compare(windows, prof.topology(), prof.cost(), prof.token_cap, policies,
                        seed=args.seed, progress=step, **options)
     finally:
         close()
-    summary = summarise(rows)
-    print(f"median over {len(windows) - 1} window(s), scored by routepack.simulate "
-          f"(cost model: H200 datasheet-level, see routepack.Hardware.h200):")
-    print(format_table(summary))
-    if getattr(args, "json", None):
-        Path(args.json).write_text(json.dumps(
-            {"profile": prof.name, "summary": summary,
-             "rows": [{k: v for k, v in asdict(r).items() if k != "imbalance_map"} for r in rows]},
+    summary = summarise(rows, baseline)
+    vs = ratios(rows)
+    winners = best_of(rows)
+    print(f"\nmedian over {len(windows) - 1} window(s), scored by routepack.simulate "
+          f"(cost model: H200 datasheet-level, see routepack.Hardware.h200):\n")
+    print(format_table(summary, baseline))
+    if vs:
+        print()
+        print(format_ratios(vs, winners))
+    if json_path is not None:
+        json_path.write_text(json.dumps(_json_safe(
+            {"profile": prof.name, "baseline": baseline, "summary": summary, "ratios": vs,
+             "best_of": {str(w): p for w, p in winners.items()},
+             "rows": [{k: v for k, v in asdict(r).items() if k != "imbalance_map"} for r in rows]}),
             indent=2))
-        print(f"wrote {args.json}")
-    if figure and getattr(args, "figure", None):
+        print(f"wrote {json_path}")
+    if fig_path is not None:
         try:
-            from routepack.figures import bench_figure
+            import matplotlib  # noqa: F401  (only to know whether the figure can be drawn)
         except ImportError:
-            print("matplotlib is missing: pip install 'routepack[bench]' for the figure")
+            print(f"no figure: matplotlib is not installed ({FIGURE_HINT} for it)")
             return 0
-        path = bench_figure(rows, summary, args.figure,
+        from routepack.figures import bench_figure
+
+        path = bench_figure(rows, summary, fig_path, baseline=baseline,
                             title=f"routepack bench: {prof.name}, {len(windows) - 1} windows")
         print(f"wrote {path}")
     return 0
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="routepack", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="routepack", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"routepack {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    presets = available_presets()
     for name, windows, helptext in (
         ("demo", 2, "plan a couple of synthetic windows with every policy and print a comparison"),
         ("bench", 8, "benchmark every preset over successive windows: table, JSON and figure"),
     ):
-        p = sub.add_parser(name, help=helptext)
+        p = sub.add_parser(name, help=helptext, description=helptext)
         p.add_argument("--profile", default="tiny", choices=sorted(traces.PROFILES),
-                       help="built-in profile: model, topology, cap (and the synthetic trace)")
-        p.add_argument("--windows", type=int, default=windows,
-                       help="windows to score (one more is generated first, for history)")
-        p.add_argument("--seed", type=int, default=0)
-        p.add_argument("--policy", action="append", help="preset to include (repeatable; default: all)")
+                       help="built-in profile: model, topology, cap (and the synthetic trace); "
+                            "choices: %(choices)s")
+        p.add_argument("--windows", type=_count(1), default=windows,
+                       help="windows to score (one more is generated first, for history); default %(default)s")
+        p.add_argument("--seed", type=_count(0), default=0, help="trace and planner seed, >= 0")
+        p.add_argument("--policy", action="append", choices=presets, metavar="PRESET",
+                       help="preset to include (repeatable; default: all): " + ", ".join(presets))
         p.add_argument("--npz", nargs="+", help="your own windows (Window.save files), in order")
-        p.add_argument("--quiet", action="store_true", help="no progress bar")
-        p.add_argument("--anneal-moves", type=int, default=None, dest="anneal_moves")
+        p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+        p.add_argument("--anneal-moves", type=_count(0), default=None, dest="anneal_moves",
+                       help="layout search budget in proposed moves (default: the core's)")
         if name == "bench":
-            p.add_argument("--figure", default="routepack_bench.png", help="PNG to write ('' for none)")
+            p.add_argument("--figure", default="routepack_bench.png",
+                           help=f"PNG to write ('' for none; needs matplotlib: {FIGURE_HINT})")
             p.add_argument("--json", default=None, help="also write the results as JSON")
         p.set_defaults(func=lambda a, fig=(name == "bench"): _run(a, fig))
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
-    if args.windows < 1:
-        parser.error("--windows must be >= 1")
     if args.npz and len(args.npz) < 2:
         parser.error("--npz needs at least 2 windows (the first only feeds history)")
-    return args.func(args)
+    try:
+        return int(args.func(args))
+    except (UsageError, RoutepackError) as e:
+        print(f"routepack {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"routepack {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,10 +1,22 @@
 """Plans successive windows with several policies and scores each with `simulate`: the
-comparison behind `routepack demo` and `routepack bench`."""
+comparison behind `routepack demo` and `routepack bench`.
+
+Every ratio is quoted per window and then summarised (median, range): against ``static``,
+and against the **best baseline**, per window the fastest plan of every baseline preset that
+ran (`BASELINES`: each baseline in its configurations, e.g. EPLB's global and hierarchical
+policies, previous and this window's loads). Two references sit under the plans: the
+**balanced** step time (docs/design.md's ``ideal``: every max over ranks replaced by the
+mean, at uniform all-to-all traffic; a reference, not a bound, since a plan that keeps
+tokens inside their node can beat it) and, where `simulate` reports it, the **lower bound**
+(``fraction_of_bound``: no valid plan for the window is faster).
+"""
 
 from __future__ import annotations
 
+import math
+import textwrap
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
@@ -13,6 +25,17 @@ from routepack.errors import RoutepackError
 from routepack.planner import plan_window
 from routepack.policies import PRESETS, resolve
 from routepack.simulate import lower_bound_micro, simulate
+
+NAN = float("nan")
+
+#: The baselines' presets, every configuration of each that `routepack bench` runs; the
+#: ``best baseline`` row is, per window, the fastest of those that ran.
+BASELINES = ("static", "hot_n", "eplb", "eplb_oracle", "eplb_hierarchical", "eplb_hierarchical_oracle", "relibra")
+
+#: Names of the summary rows that are not presets.
+BEST = "best baseline"
+BALANCED = "balanced (reference)"
+BOUND = "lower bound"
 
 
 @dataclass
@@ -23,7 +46,8 @@ class Row:
     window: int
     step_time: float
     throughput: float
-    fraction_of_ideal: float
+    #: ``ideal_time / step_time``: above 1 when the plan beats the balanced reference
+    fraction_of_balanced: float
     attention: float
     expert: float
     all_to_all: float
@@ -33,7 +57,10 @@ class Row:
     num_micro: int
     micro_lower_bound: int
     plan_seconds: float
-    ideal_time: float = float("nan")
+    ideal_time: float = NAN
+    #: ``lower_bound_time / step_time`` (at most 1); NaN while `simulate` does not report it
+    fraction_of_bound: float = NAN
+    lower_bound_time: float = NAN
     imbalance_map: Any = None  # float64 [G, M, L] for figures
 
 
@@ -78,35 +105,75 @@ def compare(
             plan.validate(w, topo, token_cap)
             previous[name] = plan.placement
             sim = simulate(plan, w, topo, cost, token_cap)
+            summary = sim.summary()  # the bound's keys only where simulate reports them
             rows.append(Row(
                 policy=name, window=i, step_time=sim.step_time, throughput=sim.throughput,
-                fraction_of_ideal=sim.fraction_of_ideal, attention=sim.attention, expert=sim.expert,
+                fraction_of_balanced=sim.fraction_of_ideal, attention=sim.attention, expert=sim.expert,
                 all_to_all=sim.all_to_all, replication=sim.replication, migration=sim.migration,
                 imbalance=sim.mean_imbalance, num_micro=plan.num_micro,
                 micro_lower_bound=lower_bound_micro(w, topo, token_cap), plan_seconds=seconds,
-                ideal_time=sim.ideal_time, imbalance_map=sim.imbalance,
+                ideal_time=sim.ideal_time, fraction_of_bound=float(summary.get("fraction_of_bound", NAN)),
+                lower_bound_time=float(summary.get("lower_bound_time", NAN)), imbalance_map=sim.imbalance,
             ))
             if progress is not None:
                 progress(name, i)
     return rows
 
 
-def summarise(rows: Sequence[Row], baseline: str = "static") -> List[Dict[str, Any]]:
-    """Median over windows per policy; throughput relative to `baseline` is the median of
-    per-window ratios."""
-    by: Dict[str, List[Row]] = {}
+def _by_policy(rows: Sequence[Row]) -> Dict[str, Dict[int, Row]]:
+    by: Dict[str, Dict[int, Row]] = {}
     for r in rows:
-        by.setdefault(r.policy, []).append(r)
-    base = {r.window: r.throughput for r in by.get(baseline, [])}
+        by.setdefault(r.policy, {})[r.window] = r
+    return by
+
+
+def best_baseline(rows: Sequence[Row]) -> List[Row]:
+    """Per window, the fastest row of the `BASELINES` that ran, renamed ``best baseline``
+    (the winner's name is in `best_of`)."""
     out = []
-    for name, rs in by.items():
+    for window in sorted({r.window for r in rows}):
+        cands = [r for r in rows if r.window == window and r.policy in BASELINES]
+        if cands:
+            out.append(replace(min(cands, key=lambda r: r.step_time), policy=BEST))
+    return out
+
+
+def best_of(rows: Sequence[Row]) -> Dict[int, str]:
+    """Per window, which baseline preset the ``best baseline`` row is."""
+    out = {}
+    for window in sorted({r.window for r in rows}):
+        cands = [r for r in rows if r.window == window and r.policy in BASELINES]
+        if cands:
+            out[window] = min(cands, key=lambda r: r.step_time).policy
+    return out
+
+
+def _ratios(num: Dict[int, Row], den: Dict[int, Row]) -> List[float]:
+    return [num[w].throughput / den[w].throughput for w in sorted(num) if w in den]
+
+
+def summarise(rows: Sequence[Row], baseline: str = "static") -> List[Dict[str, Any]]:
+    """Median over windows per policy, then the ``best baseline`` row and the references
+    (``balanced``; ``lower bound`` where `simulate` reports it). ``vs_<baseline>`` and
+    ``vs_best`` are medians of per-window throughput ratios."""
+    by = _by_policy(rows)
+    best = {r.window: r for r in best_baseline(rows)}
+    base = by.get(baseline, {})
+    out = []
+    groups = list(by.items()) + ([(BEST, best)] if best else [])
+    winners = best_of(rows)
+    for name, per_window in groups:
+        rs = list(per_window.values())
         med = lambda f: float(np.median([f(r) for r in rs]))  # noqa: E731
-        rel = [r.throughput / base[r.window] for r in rs if r.window in base]
-        out.append({
+        rel = _ratios(per_window, base)
+        vs_best = _ratios(per_window, best)
+        entry = {
             "policy": name,
             "windows": len(rs),
-            "vs_" + baseline: float(np.median(rel)) if rel else float("nan"),
-            "of_ideal": med(lambda r: r.fraction_of_ideal),
+            "vs_" + baseline: float(np.median(rel)) if rel else NAN,
+            "vs_best": float(np.median(vs_best)) if vs_best else NAN,
+            "of_balanced": med(lambda r: r.fraction_of_balanced),
+            "of_bound": med(lambda r: r.fraction_of_bound),
             "step_s": med(lambda r: r.step_time),
             "attention": med(lambda r: r.attention),
             "expert": med(lambda r: r.expert),
@@ -117,28 +184,68 @@ def summarise(rows: Sequence[Row], baseline: str = "static") -> List[Dict[str, A
             "micro": med(lambda r: r.num_micro),
             "micro_lb": med(lambda r: r.micro_lower_bound),
             "plan_s": med(lambda r: r.plan_seconds),
-        })
-    # docs/design.md's `ideal`: every max replaced by the mean (a bound, not a plan)
-    ref = by.get(baseline) or next(iter(by.values()), [])
+        }
+        if name == BEST:
+            entry["best_of"] = {str(w): p for w, p in winners.items()}
+        out.append(entry)
+    # the references: plan-independent times per window (window, topology, cost model)
+    ref = base or next(iter(by.values()), {})
     if ref:
-        nan = float("nan")
-        out.append({
-            "policy": "ideal (bound)", "windows": len(ref),
-            "vs_" + baseline: float(np.median([r.step_time / r.ideal_time for r in ref])),
-            "of_ideal": 1.0, "step_s": float(np.median([r.ideal_time for r in ref])),
-            "attention": nan, "expert": nan, "all_to_all": nan, "replication": 0.0, "migration": 0.0,
-            "imbalance": 1.0, "micro": float(np.median([r.micro_lower_bound for r in ref])),
-            "micro_lb": float(np.median([r.micro_lower_bound for r in ref])), "plan_s": 0.0,
-        })
+        windows = sorted(ref)
+        m_lb = float(np.median([ref[w].micro_lower_bound for w in windows]))
+
+        def reference(name: str, times: Dict[int, float]) -> Dict[str, Any]:
+            thr = {w: ref[w].throughput * ref[w].step_time / times[w] for w in windows}
+            return {
+                "policy": name, "windows": len(windows),
+                "vs_" + baseline: float(np.median([ref[w].step_time / times[w] for w in windows])),
+                "vs_best": (float(np.median([thr[w] / best[w].throughput for w in windows if w in best]))
+                            if best else NAN),
+                "of_balanced": float(np.median([ref[w].ideal_time / times[w] for w in windows])),
+                "of_bound": float(np.median([ref[w].lower_bound_time / times[w] for w in windows])),
+                "step_s": float(np.median([times[w] for w in windows])),
+                "attention": NAN, "expert": NAN, "all_to_all": NAN, "replication": NAN, "migration": NAN,
+                "imbalance": 1.0, "micro": m_lb, "micro_lb": m_lb, "plan_s": NAN,
+            }
+
+        out.append(reference(BALANCED, {w: ref[w].ideal_time for w in windows}))
+        if all(math.isfinite(ref[w].lower_bound_time) for w in windows):
+            out.append(reference(BOUND, {w: ref[w].lower_bound_time for w in windows}))
     return out
 
 
-def format_table(summary: Sequence[Dict[str, Any]], baseline: str = "static") -> str:
-    """Fixed-width table of `summarise` output."""
+def ratios(rows: Sequence[Row], target: str = "routepack") -> List[Dict[str, Any]]:
+    """``target``'s throughput over every other policy's and the best baseline's, per window:
+    median, min and max over the windows both ran (empty when ``target`` did not run)."""
+    by = _by_policy(rows)
+    if target not in by:
+        return []
+    best = {r.window: r for r in best_baseline(rows)}
+    out = []
+    for name, per_window in ([(BEST, best)] if best else []) + [(n, p) for n, p in by.items() if n != target]:
+        rel = _ratios(by[target], per_window)
+        if rel:
+            out.append({"policy": target, "against": name, "windows": len(rel), "median": float(np.median(rel)),
+                        "min": float(min(rel)), "max": float(max(rel))})
+    return out
+
+
+def _has_bound(summary: Sequence[Dict[str, Any]]) -> bool:
+    return any(math.isfinite(s.get("of_bound", NAN)) for s in summary)
+
+
+def format_table(summary: Sequence[Dict[str, Any]], baseline: str = "static", legend: bool = True) -> str:
+    """Fixed-width table of `summarise` output, with a legend of its columns under it. The
+    ``of bound`` column appears when `simulate` reports the lower bound."""
     cols = [
-        ("policy", "policy", "{:<22}"),
-        ("vs_" + baseline, "thr/" + baseline, "{:>10.3f}"),
-        ("of_ideal", "of ideal", "{:>9.1%}"),
+        ("policy", "policy", "{:<26}"),
+        ("vs_" + baseline, "thr/" + baseline[:8], "{:>13.3f}"),
+        ("vs_best", "thr/best", "{:>8.3f}"),
+        ("of_balanced", "of balanced", "{:>11.1%}"),
+    ]
+    if _has_bound(summary):
+        cols.append(("of_bound", "of bound", "{:>8.1%}"))
+    cols += [
         ("step_s", "step s", "{:>8.3f}"),
         ("attention", "attn s", "{:>7.3f}"),
         ("expert", "expert s", "{:>8.3f}"),
@@ -150,9 +257,80 @@ def format_table(summary: Sequence[Dict[str, Any]], baseline: str = "static") ->
         ("micro_lb", "M lb", "{:>5.0f}"),
         ("plan_s", "plan s", "{:>7.3f}"),
     ]
-    head = " ".join(fmt.replace(".3f", "").replace(".1%", "").replace(".0f", "").format(title)
-                    for _, title, fmt in cols)
+
+    def cell(fmt: str, value: Any) -> str:
+        if isinstance(value, float) and not math.isfinite(value):
+            return _plain(fmt).format("-")
+        return fmt.format(value)
+
+    head = " ".join(_plain(fmt).format(title) for _, title, fmt in cols)
     lines = [head, "-" * len(head)]
     for row in summary:
-        lines.append(" ".join(fmt.format(row[key]) for key, _, fmt in cols))
+        lines.append(" ".join(cell(fmt, row[key]) for key, _, fmt in cols))
+    if legend:
+        lines += ["", table_legend(baseline, _has_bound(summary))]
     return "\n".join(lines)
+
+
+def _plain(fmt: str) -> str:
+    """A number's format as a string's of the same width and alignment."""
+    return fmt.replace(".3f", "").replace(".1%", "").replace(".0f", "")
+
+
+def table_legend(baseline: str = "static", bound: bool = True) -> str:
+    """What every column and reference row of `format_table` means."""
+    items = [
+        ("thr/" + baseline[:8], f"throughput over {baseline}'s: median over windows of the per-window ratio"),
+        ("thr/best", "throughput over the best baseline's, the same way"),
+        ("of balanced", "balanced step time / this step time; balanced (docs/design.md's `ideal`) replaces every "
+                        "max over ranks by the mean at uniform all-to-all traffic: a reference, not a bound "
+                        "(a plan that keeps tokens in their node can pass 100%)"),
+    ]
+    if bound:
+        items.append(("of bound", "lower bound / this step time: no valid plan is faster than the bound (<= 100%)"))
+    items += [
+        ("step s", "predicted step time (seconds) of the slowest EP group; in each plan the five parts after "
+                   "it add up to it"),
+        ("attn s", "attention and dense work (projections, shared experts), forward + backward"),
+        ("expert s", "routed-expert compute on the most loaded EP rank of each exchange"),
+        ("a2a s", "dispatch + combine all-to-all, forward + backward"),
+        ("repl s", "hot-expert copies and their gradients not hidden behind attention (0: all hidden, or none)"),
+        ("migr s", "moving experts with their optimizer state since the previous window (never hidden)"),
+        ("imbal", "expert tokens max / mean over EP ranks, averaged over exchanges (1 = even)"),
+        ("M", "microbatch steps per DP rank"),
+        ("M lb", "the fewest any plan can use: ceil(ceil(total tokens / cap) / dp)"),
+        ("plan s", "planner wall time on this machine"),
+    ]
+    rows = [("best baseline", "per window the fastest baseline preset that ran (" + ", ".join(BASELINES) + ")"),
+            ("balanced", "the balanced reference's time (above); 'lower bound' the bound's")]
+    width = max(len(k) for k, _ in items + rows)
+
+    def entry(key: str, text: str) -> str:
+        return textwrap.fill(text, 100, initial_indent=f"  {key:<{width}}  ", subsequent_indent=" " * (width + 4))
+
+    out = ["columns (medians over windows):"] + [entry(k, v) for k, v in items]
+    out += ["rows:"] + [entry(k, v) for k, v in rows]
+    return "\n".join(out)
+
+
+def format_ratios(ratio_rows: Sequence[Dict[str, Any]], winners: Optional[Dict[int, str]] = None) -> str:
+    """`ratios` as text: one line per baseline, median and range over windows."""
+    if not ratio_rows:
+        return ""
+    target = ratio_rows[0]["policy"]
+    n = ratio_rows[0]["windows"]
+    lines = [f"{target}'s throughput over each policy, per window (median, range over {n} window(s)):"]
+    width = max(len(r["against"]) for r in ratio_rows)
+    for r in ratio_rows:
+        line = f"  {r['against']:<{width}}  {r['median']:.3f}x  ({r['min']:.3f}-{r['max']:.3f})"
+        if r["against"] == BEST and winners:
+            counts: Dict[str, int] = {}
+            for p in winners.values():
+                counts[p] = counts.get(p, 0) + 1
+            line += "  best per window: " + ", ".join(f"{p} x{c}" for p, c in sorted(counts.items(), key=lambda x: -x[1]))
+        lines.append(line)
+    return "\n".join(lines)
+
+
+__all__ = ["BALANCED", "BASELINES", "BEST", "BOUND", "Row", "available_presets", "best_baseline", "best_of",
+           "compare", "format_ratios", "format_table", "ratios", "summarise", "table_legend"]

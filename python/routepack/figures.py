@@ -8,6 +8,8 @@ from typing import Any, Dict, Sequence
 
 import numpy as np
 
+from routepack.compare import BALANCED, BEST, BOUND
+
 
 def bench_figure(rows: Sequence[Any], summary: Sequence[Dict[str, Any]], path: str | Path,
                  before: str = "static", after: str = "routepack", baseline: str = "static",
@@ -45,13 +47,13 @@ def bench_figure(rows: Sequence[Any], summary: Sequence[Dict[str, Any]], path: s
     ax = fig.add_subplot(grid[0, 2])
     names = [s["policy"] for s in summary]
     rel = [s["vs_" + baseline] for s in summary]
-    ideal = [s["of_ideal"] for s in summary]
+    balanced = [s["of_balanced"] for s in summary]
     y = np.arange(len(names))
-    colors = ["#888" if n == baseline else "#ddd" if n.startswith("ideal") else
+    colors = ["#888" if n in (baseline, BEST) else "#ddd" if n in (BALANCED, BOUND) else
               "#d9822b" if n == after else "#2a7ab9" for n in names]
     bars = ax.barh(y, rel, color=colors, edgecolor="#555", linewidth=0.5)
-    for b, r, f in zip(bars, rel, ideal):
-        ax.text(b.get_width(), b.get_y() + b.get_height() / 2, f" {r:.3f}x ({f:.0%} of ideal)",
+    for b, r, f in zip(bars, rel, balanced):
+        ax.text(b.get_width(), b.get_y() + b.get_height() / 2, f" {r:.3f}x ({f:.0%} of balanced)",
                 va="center", fontsize=8)
     ax.set_yticks(y, names)
     ax.invert_yaxis()

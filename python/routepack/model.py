@@ -13,6 +13,14 @@ from routepack.errors import RoutepackError, RoutepackTypeError
 ATTENTION_KINDS = ("linear", "full")
 
 
+def _check_groups(groups: object, num_experts: int | None, name: str) -> int:
+    """``groups`` as an int >= 1 that divides ``num_experts`` (when known)."""
+    g = positive_int(groups, name)
+    if num_experts is not None and num_experts % g:
+        raise RoutepackError(f"{name}: {g} does not divide num_experts = {num_experts}")
+    return g
+
+
 @dataclass(frozen=True)
 class Topology:
     """Data-parallel and expert-parallel layout of the cluster.
@@ -69,7 +77,14 @@ class Topology:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """The MoE model's shape. ``attention`` has one kind ("linear" or "full") per MoE layer."""
+    """The MoE model's shape. ``attention`` has one kind ("linear" or "full") per MoE layer.
+
+    ``expert_groups``: the groups of the model's group-limited routing (each token picks its
+    experts from a few of ``expert_groups`` blocks of ``num_experts / expert_groups``
+    consecutive experts): 8 for DeepSeek-V3; 1, the default, for a model that routes without
+    groups (Qwen3-MoE, Mixtral, the synthetic profiles). EPLB takes it as ``num_groups``, as
+    DeepSeek, vLLM and SGLang pass it.
+    """
 
     num_layers: int
     num_experts: int
@@ -78,11 +93,13 @@ class ModelShape:
     expert_ffn: int
     attention: Sequence[str] = field(default_factory=tuple)
     shared_experts: int = 1
+    expert_groups: int = 1
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_experts", "top_k", "hidden", "expert_ffn"):
             positive_int(getattr(self, name), f"model.{name}")
         positive_int(self.shared_experts, "model.shared_experts", minimum=0)
+        _check_groups(self.expert_groups, self.num_experts, "model.expert_groups")
         if self.top_k > self.num_experts:
             raise RoutepackError(f"model.top_k: {self.top_k} > num_experts {self.num_experts}")
         att = tuple(self.attention) if self.attention else ("full",) * self.num_layers
@@ -131,6 +148,10 @@ class Hardware:
         )
 
 
+#: CostModel fields a JSON file may lack (written before they existed): their defaults apply.
+_OPTIONAL_JSON_KEYS = frozenset({"expert_groups"})
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Coefficients of docs/design.md's cost model (seconds, bytes, bytes/s).
@@ -141,6 +162,10 @@ class CostModel:
     * ``token_bytes`` hidden state of one routed token; ``bw_intra``/``bw_inter`` per-GPU links.
     * ``expert_weight_bytes`` (replication, forward), ``expert_grad_bytes`` (fp32 gradient
       reduced back), ``expert_state_bytes`` (weights + optimizer state moved by migration).
+    * ``expert_groups``: not a coefficient but the model's `ModelShape.expert_groups`, which
+      the ``eplb`` placement passes to EPLB as ``num_groups``; it rides here because the cost
+      model is the planner's only view of the model. `from_model` copies it; a hand-built
+      cost model, or a JSON file written before it existed, gets 1 (routing without groups).
     """
 
     a_lin: float
@@ -153,8 +178,10 @@ class CostModel:
     expert_weight_bytes: float
     expert_grad_bytes: float
     expert_state_bytes: float
+    expert_groups: int = 1
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "expert_groups", _check_groups(self.expert_groups, None, "cost.expert_groups"))
         for name in ("a_lin", "c_tok", "c_exp", "token_bytes", "expert_weight_bytes",
                      "expert_grad_bytes", "expert_state_bytes"):
             object.__setattr__(self, name, finite_float(getattr(self, name), f"cost.{name}"))
@@ -197,6 +224,7 @@ class CostModel:
             expert_weight_bytes=float(expert_params * weight_bytes),
             expert_grad_bytes=float(expert_params * 4),
             expert_state_bytes=float(expert_params * (weight_bytes + 12)),
+            expert_groups=model.expert_groups,
         )
 
     # ------------------------------------------------------------- JSON
@@ -215,7 +243,7 @@ class CostModel:
             raise RoutepackError(f"cost JSON: expected an object, got {type(data).__name__}")
         fields = set(cls.__dataclass_fields__)
         unknown = set(data) - fields
-        missing = fields - set(data)
+        missing = fields - set(data) - _OPTIONAL_JSON_KEYS
         if unknown or missing:
             raise RoutepackError(f"cost JSON: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
         return cls(**data)

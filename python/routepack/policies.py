@@ -23,6 +23,11 @@ PRESETS: Dict[str, Policy] = {
     # loads (what it does in practice) and from this window's loads (an oracle)
     "eplb": Policy("eplb", "kk", "none", loads="previous"),
     "eplb_oracle": Policy("eplb", "kk", "none", loads="window"),
+    # the same with one expert group per node (EPLB's hierarchical policy on groups the model
+    # does not have): the other configuration of the baseline; `eplb` is hierarchical already
+    # for a model that routes with groups the nodes divide (DeepSeek-V3: 8)
+    "eplb_hierarchical": Policy("eplb_hierarchical", "kk", "none", loads="previous"),
+    "eplb_hierarchical_oracle": Policy("eplb_hierarchical", "kk", "none", loads="window"),
     # MindSpeed's balanced MoE: N hot experts per microbatch and layer broadcast to every rank
     "hot_n": Policy("static", "sequential", "hot_n"),
     # ReLibra: node-level expert reordering per window + intra-node replication per microbatch;

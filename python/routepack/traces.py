@@ -60,6 +60,9 @@ class Profile:
     sample_noise: float = 0.25  # per-sample logit noise
     drift: float = 0.15  # per-window random-walk std of popularity logits
     topic_drift: float = 0.3  # per-window log-std drift of the topic mix
+    #: the model's routing groups (`ModelShape.expert_groups`): 1, the trace draws every
+    #: token's experts from all of them (no group-limited routing)
+    expert_groups: int = 1
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_experts", "top_k", "hidden", "expert_ffn", "dp", "ep",
@@ -86,7 +89,7 @@ class Profile:
 
     def model(self) -> ModelShape:
         return ModelShape(self.num_layers, self.num_experts, self.top_k, self.hidden,
-                          self.expert_ffn, tuple(self.attention))
+                          self.expert_ffn, tuple(self.attention), expert_groups=self.expert_groups)
 
     def topology(self) -> Topology:
         return Topology(self.dp, self.ep, self.gpus_per_node, self.slots_per_rank)
@@ -101,19 +104,20 @@ def _pattern(linear: int, full: int, layers: int) -> List[str]:
 
 
 PROFILES = {
-    # Ling-3.0-tiny-like: 128 experts top-8, 3 linear : 1 full attention
+    # Ling-3.0-tiny-like: 128 experts top-8, 3 linear : 1 full attention; the synthetic
+    # traces route without expert groups (expert_groups=1), so EPLB runs its global policy
     "tiny": Profile(
         name="tiny", num_layers=20, num_experts=128, top_k=8, hidden=2048, expert_ffn=512,
         attention=tuple(_pattern(3, 1, 20)), dp=16, ep=8, gpus_per_node=8, slots_per_rank=17,
         token_cap=32768, samples=1024, group_size=8, prompt_median=600.0,
-        response_median=2500.0, max_response=16384,
+        response_median=2500.0, max_response=16384, expert_groups=1,
     ),
     # Ling-3.0-flash-like: 512 experts top-8, 5 linear : 1 full attention
     "flash": Profile(
         name="flash", num_layers=32, num_experts=512, top_k=8, hidden=4096, expert_ffn=1024,
         attention=tuple(_pattern(5, 1, 32)), dp=64, ep=32, gpus_per_node=8, slots_per_rank=17,
         token_cap=65536, samples=4096, group_size=16, prompt_median=800.0,
-        response_median=4000.0, max_response=32768,
+        response_median=4000.0, max_response=32768, expert_groups=1,
     ),
 }
 
@@ -188,7 +192,8 @@ def synthetic(profile_name: str | Profile, windows: int = 1, seed: int = 0) -> I
         raise RoutepackError(f"profile.samples={S} is not a multiple of group_size={G}")
 
     # popularity: per-layer logits with a per-layer spread (skew differs between layers)
-    spread = rng.uniform(*prof.layer_skew, size=(L, 1))
+    lo, hi = prof.layer_skew
+    spread = rng.uniform(lo, hi, size=(L, 1))
     base = rng.standard_normal((L, E)) * spread
     # topic affinity: each topic boosts a few experts per layer
     n_pref = max(1, int(round(prof.topic_experts * E)))

@@ -7,7 +7,11 @@ practice).
 
 * ``static`` (`static_placement`, no options): Megatron-LM's, expert e on rank
   ``e // ceil(E / ep)``.
-* ``eplb`` (`eplb_placement`, `EplbOptions`): DeepSeek's EPLB, every slot filled.
+* ``eplb`` (`eplb_placement`, `EplbOptions`): DeepSeek's EPLB, every slot filled, with the
+  model's expert groups (``cost.expert_groups``) as its ``num_groups``, as its users run it.
+* ``eplb_hierarchical`` (`eplb_hierarchical_placement`, `EplbOptions`): the same with one
+  expert group per node, which forces EPLB's hierarchical policy (a second, explicitly named
+  configuration of the baseline, for models without groups).
 * ``relibra`` (`relibra_placement`, no options): ReLibra's per-window node-level reordering.
 * ``routepack`` (`routepack_placement`, `RoutepackPlacementOptions`): optimal replica counts,
   node-then-rank packing, microbatch and migration awareness.
@@ -35,10 +39,12 @@ from routepack.stages.options import DEFAULTS, NoOptions, StageOptions, computed
 class EplbOptions(StageOptions):
     """Options of the ``eplb`` placement."""
 
-    #: EPLB's number of expert groups (``E / num_groups`` consecutive experts each), >= 1.
-    #: None: one group per node of an EP group when the experts divide evenly, which selects
-    #: EPLB's hierarchical policy; 1 (or any count the nodes do not divide) selects its
-    #: global policy.
+    #: EPLB's number of expert groups (``E / num_groups`` consecutive experts each), >= 1;
+    #: a count the nodes of an EP group divide selects EPLB's hierarchical policy, any other
+    #: (1 among them) its global policy. None: for ``eplb``, the model's own
+    #: ``cost.expert_groups`` (`routepack.ModelShape.expert_groups`: 1 unless the model routes
+    #: with groups, e.g. 8 for DeepSeek-V3), what DeepSeek, vLLM and SGLang pass; for
+    #: ``eplb_hierarchical``, one group per node of an EP group when they divide the experts.
     eplb_num_groups: Optional[int] = computed(count(1))
 
 
@@ -90,14 +96,31 @@ def static_placement(ctx: PlanContext, options: NoOptions) -> Placement:
     return Placement.static(w.num_layers, w.num_experts, ctx.topo)
 
 
-def eplb_placement(ctx: PlanContext, options: EplbOptions) -> Placement:
-    """The EPLB baseline on ``ctx.placement_loads()``, every slot filled."""
+def _eplb(ctx: PlanContext, groups: int) -> Placement:
     loads = loads_array(ctx.placement_loads(), "loads")
+    phy2log = _core.eplb_placement(loads, ctx.topo, groups)
+    ctx.reports["placement"] = {"eplb_num_groups": groups}
+    return Placement(phy2log, ctx.window.num_experts, ctx.topo.slots_per_rank)
+
+
+def eplb_placement(ctx: PlanContext, options: EplbOptions) -> Placement:
+    """The EPLB baseline on ``ctx.placement_loads()``, every slot filled, as its users run
+    it: ``num_groups`` is the model's expert groups (``ctx.cost.expert_groups``) unless
+    ``eplb_num_groups`` says otherwise."""
     groups = options.eplb_num_groups
     if groups is None:
-        groups = int(_core.eplb_default_num_groups(ctx.window.num_experts, ctx.topo))
-    phy2log = _core.eplb_placement(loads, ctx.topo, groups)
-    return Placement(phy2log, ctx.window.num_experts, ctx.topo.slots_per_rank)
+        groups = ctx.cost.expert_groups
+    return _eplb(ctx, groups)
+
+
+def eplb_hierarchical_placement(ctx: PlanContext, options: EplbOptions) -> Placement:
+    """EPLB with one expert group per node of an EP group (its hierarchical policy, on groups
+    of consecutive expert ids the model does not have) unless ``eplb_num_groups`` says
+    otherwise; on one node, or when the nodes do not divide the experts, its global policy."""
+    groups = options.eplb_num_groups
+    if groups is None:
+        groups = int(_core.eplb_node_groups(ctx.window.num_experts, ctx.topo))
+    return _eplb(ctx, groups)
 
 
 def relibra_placement(ctx: PlanContext, options: NoOptions) -> Placement:
@@ -137,5 +160,5 @@ def routepack_placement(ctx: PlanContext, options: RoutepackPlacementOptions) ->
     return Placement(phy2log, ctx.window.num_experts, ctx.topo.slots_per_rank)
 
 
-__all__ = ["EplbOptions", "RoutepackPlacementOptions", "eplb_placement", "relibra_placement",
-           "routepack_placement", "static_placement"]
+__all__ = ["EplbOptions", "RoutepackPlacementOptions", "eplb_hierarchical_placement", "eplb_placement",
+           "relibra_placement", "routepack_placement", "static_placement"]

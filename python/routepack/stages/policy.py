@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Policy:
-    """placement: static | eplb | relibra | routepack; packing: sequential | kk | routepack;
+    """placement: static | eplb | eplb_hierarchical | relibra | routepack; packing: sequential | kk | routepack;
     replication: none | hot_n | relibra | routepack (or any name registered with
     `routepack.stages.register_placement` and its siblings)."""
 

@@ -22,8 +22,8 @@ from typing import Any, Callable, Dict, FrozenSet, Mapping, NamedTuple, Tuple, T
 from routepack.errors import RoutepackError, RoutepackTypeError
 from routepack.stages.options import NoOptions, StageOptions
 from routepack.stages.packing import RoutepackPackingOptions, kk_packing, routepack_packing, sequential_packing
-from routepack.stages.placement import (EplbOptions, RoutepackPlacementOptions, eplb_placement, relibra_placement,
-                                        routepack_placement, static_placement)
+from routepack.stages.placement import (EplbOptions, RoutepackPlacementOptions, eplb_hierarchical_placement,
+                                        eplb_placement, relibra_placement, routepack_placement, static_placement)
 from routepack.stages.policy import Policy
 from routepack.stages.replication import (HotNOptions, RelibraReplicationOptions, RoutepackReplicationOptions,
                                           hot_n_replication, no_replication, relibra_replication,
@@ -40,6 +40,7 @@ class Stage(NamedTuple):
 PLACEMENTS: Dict[str, Stage] = {
     "static": Stage(static_placement, NoOptions),
     "eplb": Stage(eplb_placement, EplbOptions),
+    "eplb_hierarchical": Stage(eplb_hierarchical_placement, EplbOptions),
     "relibra": Stage(relibra_placement, NoOptions),
     "routepack": Stage(routepack_placement, RoutepackPlacementOptions),
 }

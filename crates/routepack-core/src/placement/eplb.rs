@@ -216,9 +216,14 @@ fn check_args(
     Ok(())
 }
 
-/// The number of expert groups routepack passes to EPLB by default: one group per node of an
-/// EP group when the experts divide evenly (the hierarchical policy), else 1 (global).
-pub fn default_num_groups(num_experts: usize, topo: &Topology) -> usize {
+/// One expert group per node of an EP group when the experts divide evenly (which selects
+/// EPLB's hierarchical policy), else 1 (its global policy).
+///
+/// Not the default: the `eplb` stage passes the model's own group count
+/// (`CostModel.expert_groups`, 1 for a model that routes without groups, as DeepSeek, vLLM and
+/// SGLang do). This is the `eplb_hierarchical` configuration, run as a second, explicitly named
+/// baseline: groups invented from consecutive expert ids, one per node.
+pub fn node_groups(num_experts: usize, topo: &Topology) -> usize {
     let nodes = topo.nodes_per_group();
     if nodes > 1 && num_experts.is_multiple_of(nodes) {
         nodes

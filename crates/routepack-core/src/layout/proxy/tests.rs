@@ -68,7 +68,7 @@ fn proxy_tracks_simulate_with_replicated_experts() {
             }
         }
     }
-    let groups = crate::placement::eplb::default_num_groups(e_n, &topo);
+    let groups = crate::placement::eplb::node_groups(e_n, &topo);
     let pl = crate::placement::eplb::eplb_placement(&loads, l_n, e_n, &topo, groups).unwrap();
     assert!(pl.max_replicas() > 1, "the test needs replicated experts");
     let m_n = 3;
