@@ -100,10 +100,11 @@ def relibra_replication(ctx: PlanContext, options: RelibraReplicationOptions, pl
 
 def routepack_replication(ctx: PlanContext, options: RoutepackReplicationOptions, placement: Placement,
                           sample_rank: np.ndarray, sample_micro: np.ndarray, num_micro: int) -> np.ndarray:
-    """routepack's replication."""
+    """routepack's replication. Exchanges not begun when ``ctx.time_budget_s`` (seconds from
+    the call, None: no cap) is spent get no replicas."""
     k = options.replication_candidates
     cols = _core.replicate_routepack(*_common(ctx, placement, sample_rank, sample_micro, num_micro),
-                                     options.replication_slots, k, k)
+                                     options.replication_slots, k, k, time_budget_s=ctx.time_budget_s)
     return replica_table(cols)
 
 
