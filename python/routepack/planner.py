@@ -34,10 +34,11 @@ BUDGET_WEIGHTS: Dict[Tuple[str, str], float] = {
 }
 
 #: The reserve for validation and the final simulate, per entry of ``expert_tokens [S, L, E]``
-#: and fixed: both pass over the routing once. Measured on the 2-core reference machine,
-#: unloaded: `flash` (67M entries) validates in 0.03 s and simulates in 0.19 s, `tiny` (2.6M)
-#: in 2 + 15 ms. Should the estimate fall short, the call overruns by the shortfall only.
-RESERVE_S_PER_ENTRY = 4e-9
+#: and fixed: both pass over the routing once. Measured on the 2-core reference machine:
+#: `flash` (67M entries) validates in 0.03 s and simulates in 0.19 s unloaded, 0.24-0.38 s
+#: beside other jobs; `tiny` (2.6M) in 2 + 15 ms. Should the estimate fall short, the call
+#: overruns by the shortfall only.
+RESERVE_S_PER_ENTRY = 5e-9
 RESERVE_S_FIXED = 0.005
 
 
@@ -92,12 +93,14 @@ def plan_window(
             not yet planned without replicas (never slower than no replication). Guaranteed:
             the plan passes `Plan.validate`, and the call returns by the deadline plus what
             its mandatory work overruns: reading the arrays (placement's chunk demand,
-            packing's rows and proxy, replication's routing check, ~0.3 s on `flash` on the
-            2-core reference machine), validation and the final simulate beyond their
-            reserve. Budgets above that return within about 1.1x of the budget + 20 ms;
-            smaller ones as fast as the mandatory work allows. Timing is not promised on a
-            loaded machine. None (the default): no clock is read, the plan is deterministic.
-            Values above 1e9 s mean no deadline (byte-identical to None).
+            packing's rows and proxy, replication's routing check: ~0.3 s on `flash` on the
+            2-core reference machine) and validation and the final simulate beyond their
+            reserve (~0.25 s there). Budgets above that mandatory work return within about
+            1.1x of the budget + 20 ms; smaller ones as fast as the mandatory work allows
+            (~0.6 s for `flash`, ~40 ms for `tiny`). On a loaded machine the mandatory work
+            itself takes longer. None (the default): no clock is read, and the plan is
+            deterministic. Values above 1e9 s mean no deadline (byte-identical to None);
+            negative or non-finite ones raise `RoutepackError`.
         options: stage options by name, filling the options dataclass of each stage choice
             (`routepack.stages`: e.g. ``placement_chunks``, ``anneal_chains``,
             ``packing_exact_nodes``, ``replication_slots``; ``routepack.stages.known_options()``
