@@ -50,7 +50,7 @@ def main() -> None:
             end = med["total"] - med["placement"] - med["packing"] - med["replication"]
             ratio = f"{wall / budget:6.2f}" if budget else f"{'-':>6}"
             step = plan.report["predicted"]["step_time"]
-            label = f"{budget:8.2f}" if budget else f"{'none':>8}"
+            label = f"{budget:8g}" if budget else f"{'none':>8}"
             print(f"{name:8} {label} {wall:7.3f} {ratio} {step:11.4f} {valid:>5}  {med['placement']:9.3f} "
                   f"{med['packing']:7.3f} {med['replication']:7.3f} {end:6.3f}  {len(plan.replicas)}")
 
