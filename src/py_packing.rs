@@ -1,10 +1,9 @@
 //! Bindings for packing: samples → (rank, step) cells.
 
-use std::time::Duration;
-
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use routepack_core::budget;
 use routepack_core::layout::chain::MoveMix;
 use routepack_core::packing::routepack::{proxy_step_time, routepack_packing, Options as PackingOptions};
 use routepack_core::packing::rows::certified::certified_rows;
@@ -64,7 +63,9 @@ pub fn pack_rows<'py>(py: Python<'py>, seq_lens: PyReadonlyArray1<'py, i64>, tok
 
 /// routepack's packing: certified rows, then the layout by population annealing.
 /// Returns `(sample_rank [S], sample_micro [S], num_micro, report)`. Every option left None
-/// takes the core's default (`PackingOptions::default()`); `time_budget_s` None: no time limit.
+/// takes the core's default (`PackingOptions::default()`); `time_budget_s`: a wall-clock cap
+/// of the stage in seconds (None or above `budget::UNLIMITED_S`: none; 0: the least search;
+/// negative or not finite: an error).
 #[pyfunction]
 #[pyo3(signature = (seq_lens, expert_tokens, topo, cost, phy2log, token_cap, seed=None, anneal_moves=None,
     time_budget_s=None, chains=None, steps=None, exact_nodes=None, lambda_=None, start_accept=None, cooling=None,
@@ -93,11 +94,7 @@ pub fn pack_routepack<'py>(
     let t = convert::topology(topo)?;
     let c = convert::cost(cost)?;
     let pl = convert::placement(&phy2log, w.num_experts, t.slots_per_rank)?;
-    let time_budget = match time_budget_s {
-        None => None,
-        Some(s) if s.is_finite() && s > 0.0 => Some(Duration::from_secs_f64(s)),
-        Some(s) => return Err(to_py(routepack_core::error::invalid("time_budget_s", format!("must be finite and > 0, got {s}")))),
-    };
+    let time_budget = budget::from_secs("time_budget_s", time_budget_s).map_err(to_py)?;
     let mut opts = PackingOptions::default();
     opts.exact_nodes = exact_nodes.unwrap_or(opts.exact_nodes);
     opts.lambda = lambda_.unwrap_or(opts.lambda);

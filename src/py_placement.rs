@@ -5,12 +5,13 @@ use numpy::ndarray::{Array1, Array2, Array3};
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyArray3, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use routepack_core::budget;
 use routepack_core::placement::demand::{chunk_demand as core_chunks, Demand};
 use routepack_core::placement::routepack::{routepack_placement as core_routepack, Choice, Options};
 use routepack_core::placement::{eplb, quality};
 
 use crate::convert;
-use crate::errors::run;
+use crate::errors::{run, to_py};
 
 type I64_2<'py> = Bound<'py, PyArray2<i64>>;
 
@@ -69,8 +70,10 @@ pub fn chunk_demand<'py>(
 /// routepack's placement → `(phy2log [L, ep*slots_per_rank] int32, report dict)`.
 /// `loads [L, E]`, `chunks [L, E, B]` float64; `previous` the phy2log in force or None.
 /// Options left None take the core's defaults (`placement::routepack::Options::default()`).
+/// `time_budget_s`: a wall-clock cap of the search in seconds (None or above
+/// `budget::UNLIMITED_S`: none; 0: greedy packing only; negative or not finite: an error).
 #[pyfunction]
-#[pyo3(signature = (loads, chunks, topo, cost, previous=None, cells=None, slack=None, explore=None, fluct_evals=None, migration_aware=None))]
+#[pyo3(signature = (loads, chunks, topo, cost, previous=None, cells=None, slack=None, explore=None, fluct_evals=None, migration_aware=None, time_budget_s=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn routepack_placement<'py>(
     py: Python<'py>,
@@ -84,6 +87,7 @@ pub fn routepack_placement<'py>(
     explore: Option<f64>,
     fluct_evals: Option<usize>,
     migration_aware: Option<bool>,
+    time_budget_s: Option<f64>,
 ) -> PyResult<(Bound<'py, PyArray2<i32>>, Bound<'py, PyDict>)> {
     let (l, e) = (loads.shape()[0], loads.shape()[1]);
     let b = chunks.shape()[2];
@@ -101,6 +105,7 @@ pub fn routepack_placement<'py>(
         explore: explore.unwrap_or(d.explore),
         fluct_evals: fluct_evals.unwrap_or(d.fluct_evals),
         migration_aware: migration_aware.unwrap_or(d.migration_aware),
+        time_budget: budget::from_secs("time_budget_s", time_budget_s).map_err(to_py)?,
     };
     let out = run(py, || {
         let d = Demand::new(lw, cw, l, e, b)?;

@@ -3,12 +3,13 @@
 
 use numpy::{IntoPyArray, PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods};
 use pyo3::prelude::*;
+use routepack_core::budget;
 use routepack_core::placement::relibra::relibra_placement as core_relibra_placement;
 use routepack_core::replication::{self, routepack::Options, Packed};
 
 use crate::columns::{self, ReplicaColumns};
 use crate::convert::{self, slice};
-use crate::errors::run;
+use crate::errors::{run, to_py};
 
 /// Shared arguments of the three planners: window, placement, packing, topology, cost.
 macro_rules! planner_args {
@@ -74,9 +75,11 @@ pub fn replicate_relibra<'py>(
 
 /// routepack's replication (per-exchange simulated time, `replica_slots` copies per rank):
 /// replica columns. Options left None take the core's defaults
-/// (`replication::routepack::Options::default()`).
+/// (`replication::routepack::Options::default()`). `time_budget_s`: a wall-clock cap in
+/// seconds, exchanges not begun by then get no replicas (None or above
+/// `budget::UNLIMITED_S`: none; 0: no exchange planned; negative or not finite: an error).
 #[pyfunction]
-#[pyo3(signature = (seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, num_micro, topo, cost, replica_slots=None, candidate_experts=None, candidate_dsts=None))]
+#[pyo3(signature = (seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, num_micro, topo, cost, replica_slots=None, candidate_experts=None, candidate_dsts=None, time_budget_s=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn replicate_routepack<'py>(
     py: Python<'py>,
@@ -91,6 +94,7 @@ pub fn replicate_routepack<'py>(
     replica_slots: Option<usize>,
     candidate_experts: Option<usize>,
     candidate_dsts: Option<usize>,
+    time_budget_s: Option<f64>,
 ) -> PyResult<ReplicaColumns<'py>> {
     let (w, t, c, p, sr, sm) = planner_args!(seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, topo, cost);
     let packed = Packed { sample_rank: sr, sample_micro: sm, num_micro };
@@ -99,6 +103,7 @@ pub fn replicate_routepack<'py>(
         replica_slots: replica_slots.unwrap_or(d.replica_slots),
         experts: candidate_experts.unwrap_or(d.experts),
         dsts: candidate_dsts.unwrap_or(d.dsts),
+        time_budget: budget::from_secs("time_budget_s", time_budget_s).map_err(to_py)?,
     };
     let rows = run(py, || replication::routepack(&w, &t, &c, &p, packed, &opts))?;
     Ok(columns::replica_columns(py, &rows))

@@ -117,7 +117,8 @@ def replicate_relibra(seq_lens: _I64, expert_tokens: _I32, phy2log: _I32, sample
 def replicate_routepack(seq_lens: _I64, expert_tokens: _I32, phy2log: _I32, sample_rank: _I32,
                         sample_micro: _I32, num_micro: int, topo: Any, cost: Any,
                         replica_slots: Optional[int] = None, candidate_experts: Optional[int] = None,
-                        candidate_dsts: Optional[int] = None) -> _ReplicaColumns:
+                        candidate_dsts: Optional[int] = None,
+                        time_budget_s: Optional[float] = None) -> _ReplicaColumns:
     """routepack's replication: per exchange, rows minimising the simulated layer time."""
 
 def relibra_placement(loads: _F64, topo: Any, previous: Optional[_I32] = None) -> _I32:
@@ -141,7 +142,8 @@ def chunk_demand(seq_lens: _I64, expert_tokens: _I32, num_chunks: int) -> _F64:
 def routepack_placement(loads: _F64, chunks: _F64, topo: Any, cost: Any, previous: Optional[_I32] = None,
                         cells: Optional[int] = None, slack: Optional[float] = None,
                         explore: Optional[float] = None, fluct_evals: Optional[int] = None,
-                        migration_aware: Optional[bool] = None) -> Tuple[_I32, Dict[str, Any]]:
+                        migration_aware: Optional[bool] = None,
+                        time_budget_s: Optional[float] = None) -> Tuple[_I32, Dict[str, Any]]:
     """(phy2log [L, ep*slots_per_rank], report: choice, swaps, moves, predicted_s, predicted_keep_s,
     predicted_fresh_s [L] each, migration_s)."""
 

@@ -22,6 +22,7 @@
 //! * [`flow`]        where each expert's tokens go under a plan (simulator and torch remap)
 //! * [`validate`]    the invariants every plan must satisfy
 //! * [`cpu`]         CPU capability tokens for the SIMD kernels, detected once
+//! * [`budget`]      wall-clock budgets (`time_budget_s`) to deadlines, without overflow
 //!
 //! # Glossary
 //! Each word means one thing, in code and docs:
@@ -46,6 +47,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod budget;
 pub mod cell_grid;
 pub mod cost;
 pub mod cpu;

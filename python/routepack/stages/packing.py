@@ -10,7 +10,8 @@ sample_micro [S] int32, num_micro, report dict)``.
   then the layout by population annealing.
 
 The annealing budget ``anneal_moves`` is an argument of ``plan_window`` itself (default
-`DEFAULT_ANNEAL_MOVES`), not one of these options.
+`DEFAULT_ANNEAL_MOVES`), not one of these options; under ``time_budget_s`` the stage's
+wall-clock share arrives as ``ctx.time_budget_s`` (seconds, `routepack.planner.BUDGET_WEIGHTS`).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ routepack's per-layer decisions land in ``plan.report["stage_reports"]["placemen
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -136,7 +137,9 @@ def relibra_placement(ctx: PlanContext, options: NoOptions) -> Placement:
 
 def routepack_placement(ctx: PlanContext, options: RoutepackPlacementOptions) -> Placement:
     """routepack's placement: optimal replication, node-then-rank packing, microbatch
-    awareness from per-chunk demand, migration awareness against ``ctx.previous``."""
+    awareness from per-chunk demand, migration awareness against ``ctx.previous``. The search
+    stops improving when ``ctx.time_budget_s`` (seconds from the call, None: no cap) is spent."""
+    start = time.perf_counter()
     win = ctx.demand_window()
     if win is None:
         ctx.placement_loads()  # raises the error that names previous_window
@@ -151,9 +154,14 @@ def routepack_placement(ctx: PlanContext, options: RoutepackPlacementOptions) ->
     else:
         loads = loads_array(ctx.placement_loads(), "loads")
     previous = ctx.previous.phy2log if ctx.previous is not None else None
+    budget = None
+    if ctx.time_budget_s is not None:
+        # the chunk demand above was part of the share
+        budget = max(0.0, ctx.time_budget_s - (time.perf_counter() - start))
     phy2log, report = _core.routepack_placement(loads, demand, ctx.topo, ctx.cost, previous, cells,
                                                 options.placement_slack, options.explore(),
-                                                options.placement_fluct_evals, options.placement_migration_aware)
+                                                options.placement_fluct_evals, options.placement_migration_aware,
+                                                time_budget_s=budget)
     report["chunks"] = chunks
     report["cells"] = cells
     ctx.reports["placement"] = report

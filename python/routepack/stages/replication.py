@@ -21,6 +21,7 @@ tokens in that exchange (routing rule: routepack-core's flow module).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Tuple
 
 import numpy as np
 
@@ -69,7 +70,7 @@ def replica_table(columns: tuple) -> np.ndarray:
 
 
 def _common(ctx: PlanContext, placement: Placement, sample_rank: np.ndarray, sample_micro: np.ndarray,
-            num_micro: int) -> tuple:
+            num_micro: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, Any, Any]:
     w = ctx.window
     return (w.seq_lens, w.expert_tokens, placement.phy2log,
             np.ascontiguousarray(sample_rank, dtype=np.int32),
@@ -100,10 +101,12 @@ def relibra_replication(ctx: PlanContext, options: RelibraReplicationOptions, pl
 
 def routepack_replication(ctx: PlanContext, options: RoutepackReplicationOptions, placement: Placement,
                           sample_rank: np.ndarray, sample_micro: np.ndarray, num_micro: int) -> np.ndarray:
-    """routepack's replication."""
+    """routepack's replication. Exchanges not begun when ``ctx.time_budget_s`` (seconds from
+    the call, None: no cap) is spent get no replicas."""
     k = options.replication_candidates
     cols = _core.replicate_routepack(*_common(ctx, placement, sample_rank, sample_micro, num_micro),
-                                     options.replication_slots, k, k)
+                                     replica_slots=options.replication_slots, candidate_experts=k,
+                                     candidate_dsts=k, time_budget_s=ctx.time_budget_s)
     return replica_table(cols)
 
 

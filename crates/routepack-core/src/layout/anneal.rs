@@ -101,7 +101,7 @@ fn chain_rng(seed: u64, index: u64) -> Xoshiro256PlusPlus {
 /// Anneals from `init` (`[S]` cells, a feasible layout).
 pub fn anneal(px: &Proxy, init: &[u32], params: &AnnealParams) -> AnnealResult {
     let t_start = Instant::now();
-    let deadline = params.time_budget.map(|b| t_start + b);
+    let deadline = crate::budget::deadline(t_start, params.time_budget);
     let chains_n = params.chains.max(1).min(params.moves.max(1) as usize);
     let steps = params.steps.max(1).min((params.moves / chains_n as u64).max(1) as usize);
     let per = params.moves / (chains_n * steps) as u64;
@@ -167,7 +167,7 @@ pub fn anneal(px: &Proxy, init: &[u32], params: &AnnealParams) -> AnnealResult {
     for k in 0..steps {
         let t = temp(k);
         // each step gets an equal slice of the time budget, so the schedule completes
-        let step_deadline = params.time_budget.map(|b| t_start + b.mul_f64((k + 1) as f64 / steps as f64));
+        let step_deadline = crate::budget::deadline(t_start, params.time_budget.map(|b| b.mul_f64((k + 1) as f64 / steps as f64)));
         let before: Vec<(u64, u64, u64)> = pop.iter().map(|c| (c.proposed, c.evaluated, c.accepted)).collect();
         let finished: Vec<bool> = pop.par_iter_mut().map(|c| c.run(px, per, t, step_deadline)).collect();
         let (mut moves, mut eval, mut acc) = (0u64, 0u64, 0u64);
@@ -200,7 +200,7 @@ pub fn anneal(px: &Proxy, init: &[u32], params: &AnnealParams) -> AnnealResult {
         if finished.iter().any(|f| !f) {
             result.stopped_by_time = true;
         }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
+        if crate::budget::passed(deadline) {
             result.stopped_by_time = true;
             break;
         }

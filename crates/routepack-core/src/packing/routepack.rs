@@ -111,7 +111,7 @@ pub fn routepack_packing(
     topo.check_experts(w.num_experts)?;
     let start = Instant::now();
     // the exact search may use a quarter of a wall-clock budget
-    let exact_deadline = a.time_budget.map(|b| start + b / 4);
+    let exact_deadline = crate::budget::deadline(start, a.time_budget.map(|b| b / 4));
     let rows = certified_rows(w.seq_lens, token_cap, topo.dp, opts.exact_nodes, exact_deadline)?;
     let t_rows = start.elapsed().as_secs_f64();
     let micro = rows.rows.len() / topo.dp;

@@ -2,8 +2,11 @@
 //! planners see it, and the driver that runs a planner over every exchange of a packed window
 //! in parallel.
 
+use std::time::Instant;
+
 use rayon::prelude::*;
 
+use crate::budget;
 use crate::cell_grid::CellGrid;
 use crate::cost::CostModel;
 use crate::error::Result;
@@ -110,6 +113,31 @@ where
     I: Fn() -> W + Sync + Send,
     F: Fn(&Exchange, &mut W) -> Vec<Replica> + Sync + Send,
 {
+    plan_exchanges_until(w, topo, cost, placement, sample_rank, sample_micro, num_micro, None, init, plan_exchange)
+}
+
+/// [`plan_exchanges`] with an optional `deadline`: an exchange whose turn comes after it gets
+/// no replicas (it is not even routed): valid, and for routepack, whose planned exchanges are
+/// never slower than unreplicated ones, the plan is never slower than no replication at all.
+/// Which exchanges are planned in time depends on the machine; the result keeps exchange
+/// order. Without a deadline the clock is never read.
+#[allow(clippy::too_many_arguments)]
+pub fn plan_exchanges_until<W, I, F>(
+    w: &WindowView,
+    topo: &Topology,
+    cost: &CostModel,
+    placement: &Placement,
+    sample_rank: &[i32],
+    sample_micro: &[i32],
+    num_micro: usize,
+    deadline: Option<Instant>,
+    init: I,
+    plan_exchange: F,
+) -> Result<Vec<Replica>>
+where
+    I: Fn() -> W + Sync + Send,
+    F: Fn(&Exchange, &mut W) -> Vec<Replica> + Sync + Send,
+{
     cost.check(w.num_layers)?;
     let unreplicated = Plan {
         placement: placement.clone(),
@@ -128,6 +156,9 @@ where
         .map_init(
             || (init(), vec![0i64; ep * e_n]),
             |(state, origin), c| {
+                if budget::passed(deadline) {
+                    return Vec::new();
+                }
                 let (gm, l) = (c / l_n, c % l_n);
                 let (g, m) = (gm / m_n, gm % m_n);
                 grid.origin(w, g, m, l, origin);

@@ -24,7 +24,7 @@ use crate::plan::Replica;
 use crate::topology::Topology;
 use crate::window::WindowView;
 
-use exchange::plan_exchanges;
+use exchange::{plan_exchanges, plan_exchanges_until};
 use state::ExchangeState;
 
 /// The packing replication plans for: `sample_rank`, `sample_micro` `[S]`, `num_micro` M.
@@ -68,7 +68,8 @@ pub fn relibra(
     })
 }
 
-/// routepack's replication (see [`routepack`](mod@routepack)).
+/// routepack's replication (see [`routepack`](mod@routepack)); `opts.time_budget` caps its
+/// wall time (exchanges planned after it get no replicas).
 pub fn routepack(
     w: &WindowView,
     topo: &Topology,
@@ -83,9 +84,19 @@ pub fn routepack(
             format!("candidate experts and destinations per step must be >= 1, got {} and {}", opts.experts, opts.dsts),
         ));
     }
-    plan_exchanges(w, topo, cost, placement, packed.sample_rank, packed.sample_micro, packed.num_micro, routepack::Worker::default, |c, wk| {
-        routepack::plan_exchange(c, wk, opts)
-    })
+    let deadline = crate::budget::deadline(std::time::Instant::now(), opts.time_budget);
+    plan_exchanges_until(
+        w,
+        topo,
+        cost,
+        placement,
+        packed.sample_rank,
+        packed.sample_micro,
+        packed.num_micro,
+        deadline,
+        routepack::Worker::default,
+        |c, wk| routepack::plan_exchange(c, wk, opts),
+    )
 }
 
 #[cfg(test)]

@@ -16,7 +16,10 @@
 //! simulator's formula), most promising lower bound first, skipping those whose bound cannot
 //! beat the best so far; the best move is taken while it lowers the exchange's time. The
 //! result is kept only if it beats no replication, so an exchange never gets slower (it may
-//! get no replicas).
+//! get no replicas). With [`Options::time_budget`], exchanges whose turn comes after the
+//! deadline get no replicas (`exchange::plan_exchanges_until`).
+
+use std::time::Duration;
 
 use crate::plan::Replica;
 
@@ -35,6 +38,9 @@ pub struct Options {
     pub experts: usize,
     /// Destinations tried per expert from each destination list.
     pub dsts: usize,
+    /// Optional wall-clock cap of the stage (None, the default: every exchange is planned and
+    /// the clock is never read). Exchanges not begun when it passes get no replicas.
+    pub time_budget: Option<Duration>,
 }
 
 /// Experts and destinations tried per bottleneck list and greedy step by default
@@ -44,7 +50,7 @@ pub const DEFAULT_CANDIDATES: usize = 1;
 
 impl Default for Options {
     fn default() -> Self {
-        Self { replica_slots: DEFAULT_REPLICA_SLOTS, experts: DEFAULT_CANDIDATES, dsts: DEFAULT_CANDIDATES }
+        Self { replica_slots: DEFAULT_REPLICA_SLOTS, experts: DEFAULT_CANDIDATES, dsts: DEFAULT_CANDIDATES, time_budget: None }
     }
 }
 

@@ -322,3 +322,23 @@ fn bad_arguments_are_named() {
     let e = relibra(&w, &case.topo, &cost, &case.placement, packed, 2).unwrap_err();
     assert!(e.to_string().contains("DP rank 99"), "{e}");
 }
+
+/// routepack's replication past its deadline plans no exchange (valid, and no replicas);
+/// a budget too long to end (31 years) gives the plan of no budget.
+#[test]
+fn a_spent_budget_plans_no_exchange() {
+    use std::time::Duration;
+    for seed in 0..4 {
+        let case = Case::new(seed, seed as usize);
+        let base = case.plan(Vec::new());
+        let w = case.window();
+        let cost = CostModel::for_tests(case.layers);
+        let packed = Packed { sample_rank: &base.sample_rank, sample_micro: &base.sample_micro, num_micro: base.num_micro };
+        let spent = routepack::Options { time_budget: Some(Duration::ZERO), ..Default::default() };
+        assert!(routepack(&w, &case.topo, &cost, &case.placement, packed, &spent).unwrap().is_empty());
+        let long = routepack::Options { time_budget: Some(Duration::from_secs(1_000_000_000)), ..Default::default() };
+        let rows = routepack(&w, &case.topo, &cost, &case.placement, packed, &long).unwrap();
+        assert_eq!(rows, routepack(&w, &case.topo, &cost, &case.placement, packed, &Default::default()).unwrap());
+        validate_plan(&case.plan(rows), &w, &case.topo, case.cap).unwrap();
+    }
+}

@@ -1,10 +1,14 @@
 //! A fresh placement of one layer's replicas: nodes first (their loads set the inter-node
 //! all-to-all), then the ranks of each node, each level packed by [`Pack`] and settled by the
-//! microbatch-fluctuation phases.
+//! microbatch-fluctuation phases. Past the stage's deadline each search phase not yet begun is
+//! skipped (the greedy packing stands: valid, only less balanced).
+
+use std::time::Instant;
 
 use super::items::Items;
 use super::binpack::{with_capacities, Pack, Problem};
 use super::options::Options;
+use crate::budget::passed;
 use crate::topology::Topology;
 
 /// The fluctuation phases of one packing whose min-max search reached `balanced`: a pass
@@ -32,8 +36,9 @@ pub(crate) fn settle(s: &mut Pack, balanced: f64, opts: &Options, budget: usize)
 }
 
 /// Fresh node-then-rank packing of one layer's replicas. Returns `[ep]` item lists and the
-/// largest rank load.
-pub(crate) fn fresh_bins(items: &Items, num_experts: usize, topo: &Topology, opts: &Options) -> (Vec<Vec<usize>>, f64) {
+/// largest rank load. `deadline` (the stage's, None without a budget): once passed, the
+/// min-max searches, fluctuation phases and the flat alternative not yet begun are skipped.
+pub(crate) fn fresh_bins(items: &Items, num_experts: usize, topo: &Topology, opts: &Options, deadline: Option<Instant>) -> (Vec<Vec<usize>>, f64) {
     let (nodes, rpn, spr) = (topo.nodes_per_group(), topo.ranks_per_group_node(), topo.slots_per_rank);
     let n = items.weight.len();
     // an eighth of the budget for nodes: measured on `flash`, rank-level swaps lower the
@@ -46,9 +51,13 @@ pub(crate) fn fresh_bins(items: &Items, num_experts: usize, topo: &Topology, opt
     let node_of: Vec<usize> = if nodes > 1 {
         let p = items.problem(num_experts, nodes, rpn * spr);
         let mut s = Pack::lpt(&p);
-        s.improve_max(f64::NEG_INFINITY, usize::MAX, 0);
+        if !passed(deadline) {
+            s.improve_max(f64::NEG_INFINITY, usize::MAX, 0);
+        }
         let balanced = s.max_load();
-        settle(&mut s, balanced, &node_opts, node_budget);
+        if !passed(deadline) {
+            settle(&mut s, balanced, &node_opts, node_budget);
+        }
         s.into_assignment()
     } else {
         vec![0; n]
@@ -64,7 +73,9 @@ pub(crate) fn fresh_bins(items: &Items, num_experts: usize, topo: &Topology, opt
     by_load.sort_by(|&x, &y| packs[y].max_load().total_cmp(&packs[x].max_load()).then(x.cmp(&y)));
     let mut balanced = f64::NEG_INFINITY;
     for k in by_load {
-        packs[k].improve_max(balanced, usize::MAX, 0);
+        if !passed(deadline) {
+            packs[k].improve_max(balanced, usize::MAX, 0);
+        }
         balanced = balanced.max(packs[k].max_load());
     }
     // Nodes first can cost rank balance when ranks hold few replicas (the node split fixes
@@ -75,7 +86,7 @@ pub(crate) fn fresh_bins(items: &Items, num_experts: usize, topo: &Topology, opt
     // against 2 from the greedy start.)
     let mean = items.weight.iter().sum::<f64>() / topo.ep as f64;
     let bound = mean.max(items.weight.iter().copied().fold(0.0, f64::max));
-    if nodes > 1 && balanced > bound * (1.0 + 1e-3) {
+    if nodes > 1 && balanced > bound * (1.0 + 1e-3) && !passed(deadline) {
         let p = items.problem(num_experts, topo.ep, spr);
         let mut s = Pack::lpt(&p);
         s.improve_max(f64::NEG_INFINITY, usize::MAX, 0);
@@ -90,7 +101,9 @@ pub(crate) fn fresh_bins(items: &Items, num_experts: usize, topo: &Topology, opt
         }
     }
     for s in packs.iter_mut() {
-        settle(s, balanced, opts, rank_budget / nodes);
+        if !passed(deadline) {
+            settle(s, balanced, opts, rank_budget / nodes);
+        }
     }
     let mut bins = with_capacities(topo.ep, spr);
     let mut top = f64::NEG_INFINITY;

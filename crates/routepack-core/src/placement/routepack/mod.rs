@@ -23,6 +23,8 @@
 //! the old placement), `predict` (the time proxy) and `choose` (the migration choice, and
 //! [`Choice`]).
 
+use std::time::Instant;
+
 use rayon::prelude::*;
 
 pub mod binpack;
@@ -46,6 +48,7 @@ use incremental::incremental_bins;
 use items::{as_experts, Items};
 use predict::Predictor;
 
+use crate::budget;
 use crate::cost::links::LinkBytes;
 use crate::cost::CostModel;
 use crate::error::{invalid, Result};
@@ -85,15 +88,16 @@ pub struct Outcome {
 }
 
 /// Layer l's candidates: the fresh placement (relabelled against the one in force), and with
-/// a placement in force and `migration_aware`, keeping it and the incremental candidates.
-fn plan_layer(l: usize, demand: &Demand, topo: &Topology, cost: &CostModel, previous: Option<&Placement>, opts: &Options) -> Result<LayerPlan> {
+/// a placement in force and `migration_aware`, keeping it and the incremental candidates
+/// (these only while `deadline` has not passed).
+fn plan_layer(l: usize, demand: &Demand, topo: &Topology, cost: &CostModel, previous: Option<&Placement>, opts: &Options, deadline: Option<Instant>) -> Result<LayerPlan> {
     let (e_n, dim) = (demand.num_experts, demand.num_chunks);
     let loads = demand.layer_loads(l);
     let chunks = demand.layer_chunks(l);
     let counts = count_replicas(loads, topo.num_slots())?;
     let items = Items::new(loads, chunks, dim, &counts);
     let predictor = Predictor::new(loads, chunks, dim, opts.exchanges, cost, topo);
-    let (bins, top) = fresh_bins(&items, e_n, topo, opts);
+    let (bins, top) = fresh_bins(&items, e_n, topo, opts, deadline);
     let rpn = topo.ranks_per_group_node();
     let old = previous.map(|p| p.layer(l));
     let fresh_layer = layout_layer(&as_experts(&items, &bins), old, topo.slots_per_rank, rpn);
@@ -107,7 +111,8 @@ fn plan_layer(l: usize, demand: &Demand, topo: &Topology, cost: &CostModel, prev
     let mut candidates = Vec::new();
     if let (Some(old), true) = (old, opts.migration_aware) {
         candidates.push(Candidate { layer: old.to_vec(), time: predictor.time(old), moves: Vec::new(), choice: Choice::Keep, swaps: 0 });
-        for (swaps, b) in incremental_bins(&items, e_n, old, topo, top, opts) {
+        let incremental = if budget::passed(deadline) { Vec::new() } else { incremental_bins(&items, e_n, old, topo, top, opts) };
+        for (swaps, b) in incremental {
             let ex = as_experts(&items, &b);
             let layer: Vec<i32> = (0..topo.ep)
                 .flat_map(|r| fill_slots(&ex[r], &old[r * topo.slots_per_rank..(r + 1) * topo.slots_per_rank]))
@@ -123,8 +128,10 @@ fn plan_layer(l: usize, demand: &Demand, topo: &Topology, cost: &CostModel, prev
 }
 
 /// routepack's placement of every layer (see the module docs). `previous`: the placement in
-/// force, or None for a first placement.
+/// force, or None for a first placement. With `opts.time_budget`, layers stop improving once
+/// it has passed (see [`Options::time_budget`]); the placement is valid either way.
 pub fn routepack_placement(demand: &Demand, topo: &Topology, cost: &CostModel, previous: Option<&Placement>, opts: &Options) -> Result<Outcome> {
+    let deadline = budget::deadline(Instant::now(), opts.time_budget);
     opts.check()?;
     topo.check_experts(demand.num_experts)?;
     cost.check(demand.num_layers)?;
@@ -139,7 +146,7 @@ pub fn routepack_placement(demand: &Demand, topo: &Topology, cost: &CostModel, p
     }
     let plans: Vec<LayerPlan> = (0..demand.num_layers)
         .into_par_iter()
-        .map(|l| plan_layer(l, demand, topo, cost, previous, opts))
+        .map(|l| plan_layer(l, demand, topo, cost, previous, opts, deadline))
         .collect::<Result<_>>()?;
     let (pick, migration_time) = match previous {
         Some(_) if opts.migration_aware => choose(&plans, topo, cost),

@@ -3,6 +3,8 @@
 //! `Options::default()`). A leaf module, so that the stage's parts can take the options
 //! without importing the stage's entry point.
 
+use std::time::Duration;
+
 use crate::error::{invalid, Result};
 
 /// Default microbatch-phase budget per layer ([`Options::fluct_evals`]). It keeps a placement
@@ -47,6 +49,13 @@ pub struct Options {
     /// With `previous`: weigh keeping and incremental candidates against migration time.
     /// false = always the fresh placement, relabelled against `previous`.
     pub migration_aware: bool,
+    /// Optional wall-clock cap of the whole stage (None, the default: no cap, and the clock is
+    /// never read, so the placement is deterministic). When it passes, each layer not yet
+    /// searched stops improving at its next phase boundary: the greedy packing stands
+    /// without min-max search or fluctuation phases, and the incremental candidates are
+    /// skipped (the fresh placement, relabelled against `previous`, is always there). The
+    /// placement stays valid; the proxy times and migration choice are computed as usual.
+    pub time_budget: Option<Duration>,
 }
 
 impl Default for Options {
@@ -57,6 +66,7 @@ impl Default for Options {
             explore: DEFAULT_EXPLORE,
             fluct_evals: DEFAULT_FLUCT_EVALS,
             migration_aware: DEFAULT_MIGRATION_AWARE,
+            time_budget: None,
         }
     }
 }

@@ -150,3 +150,33 @@ fn bad_options_and_shapes_are_named() {
     assert!(e.to_string().contains("previous"), "{e}");
     assert!(Demand::new(&[1.0, f64::NAN], &[], 1, 2, 0).unwrap_err().to_string().contains("loads"));
 }
+
+/// A budget already spent still gives a valid placement of every expert (the greedy packing,
+/// no search), with and without a placement in force; a budget too long to end (31 years)
+/// changes nothing.
+#[test]
+fn a_spent_budget_still_places_every_expert() {
+    use std::time::Duration;
+    let topo = Topology::new(8, 8, 4, 3).unwrap();
+    let (lens, x) = window_data(48, 3, 20, 7);
+    let w = WindowView::new(&lens, &x, 3, 20).unwrap();
+    let loads = window_loads(&w);
+    let ch = chunk_demand(&w, 4).unwrap();
+    let d = Demand::new(&loads, &ch, 3, 20, 4).unwrap();
+    let cost = CostModel::for_tests(3);
+    let none = routepack_placement(&d, &topo, &cost, None, &Options::default()).unwrap();
+    let spent = Options { time_budget: Some(Duration::ZERO), ..Options::default() };
+    let long = Options { time_budget: Some(Duration::from_secs(1_000_000_000)), ..Options::default() };
+    for prev in [None, Some(&none.placement)] {
+        let out = routepack_placement(&d, &topo, &cost, prev, &spent).unwrap();
+        let pk = sequential(w.seq_lens, 1000, topo.dp).unwrap();
+        let plan = Plan { placement: out.placement.clone(), sample_rank: pk.sample_rank, sample_micro: pk.sample_micro, num_micro: pk.num_micro, replicas: vec![], migration: vec![] };
+        validate_plan(&plan, &w, &topo, 1000).unwrap();
+        assert!(out.placement.logcnt().iter().all(|&c| c >= 1));
+        assert!(out.placement.phy2log.iter().all(|&e| e >= 0));
+        assert!(out.layers.iter().all(|r| r.choice != Choice::Incremental), "no incremental search past the deadline");
+        let (a, b) = (routepack_placement(&d, &topo, &cost, prev, &long).unwrap(), routepack_placement(&d, &topo, &cost, prev, &Options::default()).unwrap());
+        assert_eq!(a.placement, b.placement);
+        assert_eq!(a.layers.iter().map(|r| (r.choice, r.swaps)).collect::<Vec<_>>(), b.layers.iter().map(|r| (r.choice, r.swaps)).collect::<Vec<_>>());
+    }
+}
