@@ -23,14 +23,19 @@
 //! 3. **Replication, linearised.** For μ, ν ∈ [0, 1], `x⁺ ≥ μ·x`, so with 3 − μ − 2ν ≥ 0:
 //!    `T ≥ (3 − μ − 2ν)·α + (1/ep)·Σ_r [4·lt(r) + μ·F_r + ν·B_r] + 3·mean_p X_p`, F_r ≥
 //!    |R_r|·w/bw and B_r ≥ |R_r|·g/bw (R_r: experts with a replica on r; w, g: weight and
-//!    gradient bytes). And α ≥ mean_r of the cells' attention.
+//!    gradient bytes; bw the fastest link), and a replica of an expert its node does not host
+//!    enters the node once over the inter-node link (the chain's first destination there
+//!    receives from outside it and sends the gradient back): `(w + g)·(1/bw_inter −
+//!    1/bw_intra)⁺` more per (expert, node) over the node's ranks. And α ≥ mean_r of the
+//!    cells' attention.
 //! 4. **Traffic.** A token of expert e from rank r stays on r only if r hosts e (≤ spr experts,
 //!    the set H_r) or holds a replica of it; it stays in r's node only if the node hosts e
 //!    (≤ rpn·spr experts) or a replica of it is on the node. Per rank,
 //!    `lt(r) ≥ s_intra/bw_intra + s_inter/bw_inter`, which over a node's ranks is ≥
 //!    `Z/bw_fast + Y·(1/bw_inter − 1/bw_intra)⁺` (Z: tokens that must leave their rank, Y:
-//!    those that must leave their node, × token bytes). Splitting the replicas' price
-//!    (μw + νg)/bw as θ at rank level and 1 − θ at node level, each expert's tokens of a
+//!    those that must leave their node, × token bytes). Splitting the replicas' rank price
+//!    (μw + νg)/bw as θ at rank level and 1 − θ at node level (Σ_r |R_r| ≥ |R_node|), plus
+//!    the node-entry price of 3 at node level, each expert's tokens of a
 //!    cell either pay the traffic price or one replica: `min(q·t, c) ≥ t·min(q, c/U)` for
 //!    `t ≤ U`, where U bounds the tokens of e in one cell (≤ ρ_e·cap, ρ_e the largest
 //!    share of a sample's tokens e takes, and ≤ the window's tokens of e) or one node-step
@@ -101,21 +106,24 @@ struct Prices {
     rank: f64,
     /// Extra seconds per routed token that must leave its node (0 inside one node).
     node: f64,
-    /// Seconds per byte of replica traffic on the fastest link the group has.
-    replica_per_byte: f64,
+    /// Seconds per byte a replica's destination receives (sends) on the fastest link.
+    replica_rank: f64,
+    /// Extra seconds per byte of a replica entering a node that does not host its expert:
+    /// the first destination of a chain in that node receives from outside it.
+    replica_node: f64,
 }
 
 impl Prices {
     fn new(topo: &Topology, cost: &CostModel) -> Self {
         let per_token = 2.0 * COMM_PASSES * cost.token_bytes;
-        let (bw, node) = if topo.nodes_per_group() == 1 {
+        let (bw, extra) = if topo.nodes_per_group() == 1 {
             (cost.bw_intra, 0.0)
         } else if topo.ranks_per_group_node() == 1 {
             (cost.bw_inter, 0.0)
         } else {
-            (cost.bw_intra.max(cost.bw_inter), per_token * (1.0 / cost.bw_inter - 1.0 / cost.bw_intra).max(0.0))
+            (cost.bw_intra.max(cost.bw_inter), (1.0 / cost.bw_inter - 1.0 / cost.bw_intra).max(0.0))
         };
-        Self { rank: per_token / bw, node, replica_per_byte: 1.0 / bw }
+        Self { rank: per_token / bw, node: per_token * extra, replica_rank: 1.0 / bw, replica_node: extra }
     }
 }
 
@@ -253,14 +261,16 @@ pub fn lower_bound_time(w: &WindowView, topo: &Topology, cost: &CostModel, token
     for &mu in &GRID {
         for &nu in &GRID {
             let attn_coef = COMPUTE_PASSES - mu - 2.0 * nu;
-            let replica = (mu * cost.expert_weight_bytes + nu * cost.expert_grad_bytes) * prices.replica_per_byte;
+            let bytes = mu * cost.expert_weight_bytes + nu * cost.expert_grad_bytes;
+            let replica = bytes * prices.replica_rank;
             let attention: f64 = sums.iter().map(|s| attn_coef * s.attention / dp).sum();
             for &theta in &GRID {
+                let node_replica = bytes * prices.replica_node + (1.0 - theta) * replica;
                 let comm: f64 = sums
                     .iter()
                     .map(|s| {
                         traffic(prices.rank, theta * replica, cap, s, s.top_rank)
-                            + traffic(prices.node, (1.0 - theta) * replica, rpn * cap, s, s.top_node)
+                            + traffic(prices.node, node_replica, rpn * cap, s, s.top_node)
                     })
                     .sum::<f64>()
                     / dp;
