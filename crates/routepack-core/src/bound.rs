@@ -79,8 +79,6 @@ struct SampleLayer {
     experts: usize,
     /// Tokens on the sample's spr most used experts (what its rank may host).
     top_rank: f64,
-    /// Tokens on its rpn·spr most used experts (what its node may host).
-    top_node: f64,
 }
 
 /// Window sums per layer.
@@ -150,61 +148,58 @@ fn top_sum(v: &mut [i32], k: usize) -> f64 {
     v[..k].iter().map(|&x| x as f64).sum()
 }
 
-fn sample_layers(w: &WindowView, topo: &Topology) -> Vec<SampleLayer> {
-    let (l_n, e_n) = (w.num_layers, w.num_experts);
+/// One layer's sums and its samples' parts, in one pass over the layer (layers in parallel);
+/// the top-k sums only with `tops` (else 0).
+fn layer_pass(w: &WindowView, topo: &Topology, cost: &CostModel, l: usize, tops: bool) -> (LayerSums, Vec<SampleLayer>) {
+    let e_n = w.num_experts;
     let k_rank = topo.slots_per_rank;
     let k_node = topo.slots_per_rank * topo.ranks_per_group_node();
-    (0..w.num_samples)
-        .into_par_iter()
-        .flat_map_iter(|s| {
-            let mut buf = vec![0i32; e_n];
-            (0..l_n)
-                .map(|l| {
-                    let t = w.tokens(s, l);
-                    buf.copy_from_slice(t);
-                    let tokens: f64 = t.iter().map(|&x| x as f64).sum();
-                    let experts = t.iter().filter(|&&x| x > 0).count();
-                    // the larger top first: the smaller one is then inside its prefix
-                    let top_node = top_sum(&mut buf, k_node);
-                    let top_rank = top_sum(&mut buf[..k_node.min(e_n)], k_rank);
-                    SampleLayer { tokens, experts, top_rank, top_node }
-                })
-                .collect::<Vec<_>>()
-        })
-        .collect()
-}
-
-fn layer_sums(w: &WindowView, cost: &CostModel, per: &[SampleLayer]) -> Vec<LayerSums> {
-    let (l_n, e_n) = (w.num_layers, w.num_experts);
-    (0..l_n)
-        .map(|l| {
-            let mut sums = LayerSums {
-                attention: 0.0,
-                tokens: 0.0,
-                top_rank: 0.0,
-                top_node: 0.0,
-                min_experts: usize::MAX,
-                used_experts: 0,
-                expert_tokens: vec![0.0; e_n],
-                expert_share: vec![0.0; e_n],
-            };
-            for s in 0..w.num_samples {
-                let n = w.seq_lens[s] as f64;
-                let p = &per[s * l_n + l];
-                sums.attention += cost.attention(l, n);
-                sums.tokens += p.tokens;
-                sums.top_rank += p.top_rank;
-                sums.top_node += p.top_node;
-                sums.min_experts = sums.min_experts.min(p.experts);
-                for (e, &x) in w.tokens(s, l).iter().enumerate() {
-                    sums.expert_tokens[e] += x as f64;
-                    sums.expert_share[e] = sums.expert_share[e].max(x as f64 / n);
-                }
+    let mut sums = LayerSums {
+        attention: 0.0,
+        tokens: 0.0,
+        top_rank: 0.0,
+        top_node: 0.0,
+        min_experts: usize::MAX,
+        used_experts: 0,
+        expert_tokens: vec![0.0; e_n],
+        expert_share: vec![0.0; e_n],
+    };
+    let mut buf = vec![0i32; e_n];
+    let per = (0..w.num_samples)
+        .map(|s| {
+            let n = w.seq_lens[s] as f64;
+            let t = w.tokens(s, l);
+            let (mut tokens, mut experts) = (0.0, 0);
+            for (e, &x) in t.iter().enumerate() {
+                tokens += x as f64;
+                experts += usize::from(x > 0);
+                sums.expert_tokens[e] += x as f64;
             }
-            sums.used_experts = sums.expert_tokens.iter().filter(|&&x| x > 0.0).count();
-            sums
+            let inv = 1.0 / n;
+            for (sh, &x) in sums.expert_share.iter_mut().zip(t) {
+                *sh = sh.max(x as f64 * inv);
+            }
+            // the larger top first: the smaller one is then inside its prefix; a sample on
+            // at most k experts keeps all its tokens
+            let (top_rank, top_node) = if !tops {
+                (0.0, 0.0)
+            } else if experts <= k_rank {
+                (tokens, tokens)
+            } else {
+                buf.copy_from_slice(t);
+                let top_node = top_sum(&mut buf, k_node);
+                (top_sum(&mut buf[..k_node.min(e_n)], k_rank), top_node)
+            };
+            sums.attention += cost.attention(l, n);
+            sums.tokens += tokens;
+            sums.top_rank += top_rank;
+            sums.top_node += top_node;
+            sums.min_experts = sums.min_experts.min(experts);
+            SampleLayer { tokens, experts, top_rank }
         })
-        .collect()
+        .collect();
+    sums.used_experts = sums.expert_tokens.iter().filter(|&&x| x > 0.0).count();
+    (sums, per)
 }
 
 /// Lower bound of Σ_{cells} min over hosting of the traffic + replica price of one layer:
@@ -242,44 +237,74 @@ pub fn lower_bound_time(w: &WindowView, topo: &Topology, cost: &CostModel, token
         None => total,
     } as f64;
     let micro = lower_bound_micro(w, topo, cap as i64) as f64;
-    let (dp, ep, groups) = (topo.dp as f64, topo.ep as f64, topo.num_groups() as f64);
-    let rpn = topo.ranks_per_group_node() as f64;
-    let per = sample_layers(w, topo);
-    let sums = layer_sums(w, cost, &per);
-    let prices = Prices::new(topo, cost);
-
-    // expert work at the mean (2), the same for every multiplier
-    let expert: f64 = sums
-        .iter()
-        .map(|s| {
-            let active = (micro * s.min_experts as f64).max(s.used_experts as f64 / groups);
-            COMPUTE_PASSES * (cost.c_tok * s.tokens / dp + cost.c_exp * active / ep)
-        })
-        .sum();
-
-    let mut best: f64 = 0.0;
-    for &mu in &GRID {
-        for &nu in &GRID {
-            let attn_coef = COMPUTE_PASSES - mu - 2.0 * nu;
-            let bytes = mu * cost.expert_weight_bytes + nu * cost.expert_grad_bytes;
-            let replica = bytes * prices.replica_rank;
-            let attention: f64 = sums.iter().map(|s| attn_coef * s.attention / dp).sum();
-            for &theta in &GRID {
-                let node_replica = bytes * prices.replica_node + (1.0 - theta) * replica;
-                let comm: f64 = sums
-                    .iter()
-                    .map(|s| {
-                        traffic(prices.rank, theta * replica, cap, s, s.top_rank)
-                            + traffic(prices.node, node_replica, rpn * cap, s, s.top_node)
-                    })
-                    .sum::<f64>()
-                    / dp;
-                best = best.max(attention + comm + expert);
-            }
-            best = best.max(single_sample(w, cost, topo, &per, &sums, &prices, micro, cap, attn_coef, replica));
-        }
+    let bound = Bound { w, topo, cost, prices: Prices::new(topo, cost), micro, cap };
+    // First without the top-k sums (the costly part): every candidate is then over-estimated
+    // (its traffic only falls as the hostable tokens rise) except the ones that charge no
+    // traffic (μ = ν = 0), which are exact. When no estimate beats those, they are the bound.
+    let (sums, per) = bound.layers(false);
+    let free = bound.best(&sums, &per, true);
+    if bound.best(&sums, &per, false) <= free {
+        return Ok(free);
     }
-    Ok(best)
+    let (sums, per) = bound.layers(true);
+    Ok(bound.best(&sums, &per, false))
+}
+
+/// The inputs of one bound.
+struct Bound<'a> {
+    w: &'a WindowView<'a>,
+    topo: &'a Topology,
+    cost: &'a CostModel,
+    prices: Prices,
+    /// M*, the fewest steps a valid plan has.
+    micro: f64,
+    cap: f64,
+}
+
+impl Bound<'_> {
+    /// Every layer's sums and its samples' parts (top-k sums 0 unless `tops`).
+    fn layers(&self, tops: bool) -> (Vec<LayerSums>, Vec<Vec<SampleLayer>>) {
+        (0..self.w.num_layers).into_par_iter().map(|l| layer_pass(self.w, self.topo, self.cost, l, tops)).unzip()
+    }
+
+    /// The largest candidate over the grid (`free_only`: only μ = ν = 0).
+    fn best(&self, sums: &[LayerSums], per: &[Vec<SampleLayer>], free_only: bool) -> f64 {
+        let (w, topo, cost, prices, micro, cap) = (self.w, self.topo, self.cost, &self.prices, self.micro, self.cap);
+        let (dp, ep, groups) = (topo.dp as f64, topo.ep as f64, topo.num_groups() as f64);
+        let rpn = topo.ranks_per_group_node() as f64;
+        // expert work at the mean (2), the same for every multiplier
+        let expert: f64 = sums
+            .iter()
+            .map(|s| {
+                let active = (micro * s.min_experts as f64).max(s.used_experts as f64 / groups);
+                COMPUTE_PASSES * (cost.c_tok * s.tokens / dp + cost.c_exp * active / ep)
+            })
+            .sum();
+        let grid: &[f64] = if free_only { &GRID[..1] } else { &GRID };
+        let mut best: f64 = 0.0;
+        for &mu in grid {
+            for &nu in grid {
+                let attn_coef = COMPUTE_PASSES - mu - 2.0 * nu;
+                let bytes = mu * cost.expert_weight_bytes + nu * cost.expert_grad_bytes;
+                let replica = bytes * prices.replica_rank;
+                let attention: f64 = sums.iter().map(|s| attn_coef * s.attention / dp).sum();
+                for &theta in &GRID {
+                    let node_replica = bytes * prices.replica_node + (1.0 - theta) * replica;
+                    let comm: f64 = sums
+                        .iter()
+                        .map(|s| {
+                            traffic(prices.rank, theta * replica, cap, s, s.top_rank)
+                                + traffic(prices.node, node_replica, rpn * cap, s, s.top_node)
+                        })
+                        .sum::<f64>()
+                        / dp;
+                    best = best.max(attention + comm + expert);
+                }
+                best = best.max(single_sample(w, cost, topo, per, sums, prices, micro, cap, attn_coef, replica));
+            }
+        }
+        best
+    }
 }
 
 /// Part 6 of the derivation: the largest over samples of what the group holding it must pay.
@@ -288,7 +313,7 @@ fn single_sample(
     w: &WindowView,
     cost: &CostModel,
     topo: &Topology,
-    per: &[SampleLayer],
+    per: &[Vec<SampleLayer>],
     sums: &[LayerSums],
     prices: &Prices,
     micro: f64,
@@ -311,7 +336,7 @@ fn single_sample(
             let n = w.seq_lens[s] as f64;
             (0..l_n)
                 .map(|l| {
-                    let p = &per[s * l_n + l];
+                    let p = &per[l][s];
                     let active = p.experts as f64 + (micro - 1.0) * sums[l].min_experts as f64;
                     attn_coef * cost.attention(l, n)
                         + rates[l] * (p.tokens - p.top_rank).max(0.0)
@@ -320,4 +345,42 @@ fn single_sample(
                 .sum::<f64>()
         })
         .fold(0.0, f64::max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shortcut (no top-k sums when no traffic-charging candidate can win) returns what
+    /// the full evaluation does.
+    #[test]
+    fn the_shortcut_changes_nothing() {
+        let mut state = 7u64;
+        let mut next = |n: u64| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (state >> 33) % n
+        };
+        let mut shortcuts = 0;
+        for case in 0..200 {
+            let (dp, ep, gpn, spr) = [(4, 2, 2, 2), (8, 4, 2, 3), (4, 4, 4, 2), (2, 2, 1, 4)][case % 4];
+            let topo = Topology::new(dp, ep, gpn, spr).unwrap();
+            let (s_n, l_n, e_n) = (4 + next(12) as usize, 1 + next(3) as usize, 1 + next(topo.num_slots() as u64) as usize);
+            let seq: Vec<i64> = (0..s_n).map(|_| 1 + next(50) as i64).collect();
+            let tok: Vec<i32> = (0..s_n * l_n * e_n).map(|i| next(seq[i / (l_n * e_n)] as u64 + 1) as i32).collect();
+            let w = WindowView::new(&seq, &tok, l_n, e_n).unwrap();
+            let mut cost = CostModel::for_tests(l_n);
+            cost.token_bytes = [1.0, 4096.0, 1e6][case % 3];
+            cost.expert_weight_bytes = [1e3, 6e6, 1e9][(case / 3) % 3];
+            let cap = *seq.iter().max().unwrap() + next(40) as i64;
+            let got = lower_bound_time(&w, &topo, &cost, Some(cap)).unwrap();
+            let c = cap.min(w.total_tokens()) as f64;
+            let bound = Bound { w: &w, topo: &topo, cost: &cost, prices: Prices::new(&topo, &cost), micro: lower_bound_micro(&w, &topo, c as i64) as f64, cap: c };
+            let (sums, per) = bound.layers(true);
+            let full = bound.best(&sums, &per, false);
+            assert_eq!(got, full, "case {case}");
+            let (sums0, per0) = bound.layers(false);
+            shortcuts += usize::from(bound.best(&sums0, &per0, false) <= bound.best(&sums0, &per0, true));
+        }
+        assert!(shortcuts > 0 && shortcuts < 200, "both paths taken ({shortcuts} shortcuts of 200)");
+    }
 }
