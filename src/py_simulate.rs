@@ -3,14 +3,16 @@
 use numpy::{IntoPyArray, PyReadonlyArray1, PyReadonlyArray3};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use routepack_core::simulate::simulate as core_simulate;
+use routepack_core::simulate::simulate_with_cap;
 
 use crate::convert;
 use crate::errors::run;
 
-/// DESIGN.md's cost model → dict with the fields of `routepack.SimResult`.
+/// DESIGN.md's cost model → dict with the fields of `routepack.SimResult`. `token_cap`: the
+/// cap the lower bound assumes (None: no cap).
 #[pyfunction]
-#[pyo3(signature = (plan, seq_lens, expert_tokens, topo, cost, ideal_micro=None))]
+#[pyo3(signature = (plan, seq_lens, expert_tokens, topo, cost, ideal_micro=None, token_cap=None))]
+#[allow(clippy::too_many_arguments)]
 pub fn simulate<'py>(
     py: Python<'py>,
     plan: &Bound<'py, PyAny>,
@@ -19,15 +21,17 @@ pub fn simulate<'py>(
     topo: &Bound<'py, PyAny>,
     cost: &Bound<'py, PyAny>,
     ideal_micro: Option<usize>,
+    token_cap: Option<i64>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let plan = convert::plan(plan)?;
     let w = convert::window(&seq_lens, &expert_tokens)?;
     let t = convert::topology(topo)?;
     let c = convert::cost(cost)?;
-    let r = run(py, || core_simulate(&plan, &w, &t, &c, ideal_micro))?;
+    let r = run(py, || simulate_with_cap(&plan, &w, &t, &c, ideal_micro, token_cap))?;
     let d = PyDict::new(py);
     d.set_item("step_time", r.step_time)?;
     d.set_item("ideal_time", r.ideal_time)?;
+    d.set_item("lower_bound_time", r.lower_bound_time)?;
     d.set_item("throughput", r.throughput)?;
     d.set_item("ideal_throughput", r.ideal_throughput)?;
     d.set_item("attention", r.attention)?;

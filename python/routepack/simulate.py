@@ -19,7 +19,13 @@ class SimResult:
     """What a plan costs on a window.
 
     * ``step_time``: seconds; max over EP groups of Σ_micro Σ_layer T_l, plus exposed migration.
-    * ``ideal_time``: the bound with every max replaced by the mean (docs/design.md's ``ideal``).
+    * ``ideal_time``: the *balanced* reference: every max replaced by the mean, uniform
+      all-to-all (docs/design.md's ``ideal``). Not a bound: a plan that keeps tokens inside
+      their node can beat it.
+    * ``lower_bound_time``: a true lower bound: no valid plan for the window, topology, cost
+      model and token cap (any placement, packing, layout, replicas) has a smaller
+      ``step_time`` (docs/design.md, "Lower bound"). ``fraction_of_bound`` is
+      ``lower_bound_time / step_time``, in (0, 1].
     * ``throughput`` / ``ideal_throughput``: Σ n_s over the times.
     * ``attention``, ``expert``, ``all_to_all``, ``replication``, ``migration``: the parts of
       ``step_time`` on the slowest group (they add up to it).
@@ -30,6 +36,7 @@ class SimResult:
 
     step_time: float
     ideal_time: float
+    lower_bound_time: float
     throughput: float
     ideal_throughput: float
     attention: float
@@ -46,6 +53,12 @@ class SimResult:
     def fraction_of_ideal(self) -> float:
         return self.ideal_time / self.step_time if self.step_time > 0 else 1.0
 
+    @property
+    def fraction_of_bound(self) -> float:
+        """``lower_bound_time / step_time``: 1 means no valid plan could be faster. Rounding
+        alone can put the ratio a hair above 1 for a plan at the bound; it is reported as 1."""
+        return min(1.0, self.lower_bound_time / self.step_time) if self.step_time > 0 else 1.0
+
     def breakdown(self) -> Dict[str, float]:
         return {
             "attention": self.attention,
@@ -58,9 +71,11 @@ class SimResult:
     def summary(self) -> Dict[str, Any]:
         """Scalars only (what plan reports and JSON hold)."""
         out = {k: getattr(self, k) for k in (
-            "step_time", "ideal_time", "throughput", "ideal_throughput", "attention", "expert",
-            "all_to_all", "replication", "migration", "critical_group", "mean_imbalance")}
+            "step_time", "ideal_time", "lower_bound_time", "throughput", "ideal_throughput",
+            "attention", "expert", "all_to_all", "replication", "migration", "critical_group",
+            "mean_imbalance")}
         out["fraction_of_ideal"] = self.fraction_of_ideal
+        out["fraction_of_bound"] = self.fraction_of_bound
         return out
 
 
@@ -73,10 +88,12 @@ def lower_bound_micro(window: Any, topo: Any, token_cap: int) -> int:
 def simulate(plan: Any, window: Any, topo: Any, cost: Any, token_cap: Optional[int] = None) -> SimResult:
     """Scores `plan` on `window` under `topo` and `cost` (see docs/design.md, "Cost model").
 
-    ``token_cap`` sets the microbatch count of the ``ideal`` bound (the lower bound
-    ``ceil(ceil(Σ n / cap) / dp)``); by default the cap recorded in ``plan.report``, else the
-    plan's own count. The plan is checked for well-formedness first (not against a cap: that
-    is the planner's business).
+    ``token_cap`` sets the microbatch count of the balanced reference ``ideal_time`` (the
+    lower bound ``ceil(ceil(Σ n / cap) / dp)``) and the cap ``lower_bound_time`` assumes; by
+    default the cap recorded in ``plan.report``, else the plan's own count and no cap (the
+    weakest bound). The plan is checked for well-formedness first (not against a cap: that is
+    the planner's business; where one of its rows exceeds the cap, the bound is taken at that
+    row's size, so it still bounds this plan).
     """
     instance_of(plan, Plan, "plan")
     instance_of(window, Window, "window")
@@ -86,5 +103,6 @@ def simulate(plan: Any, window: Any, topo: Any, cost: Any, token_cap: Optional[i
         token_cap = positive_int(token_cap, "token_cap")
     cap = token_cap if token_cap is not None else plan.report.get("token_cap")
     ideal_micro = lower_bound_micro(window, topo, cap) if cap else None
-    out = _core.simulate(plan, window.seq_lens, window.expert_tokens, topo, cost, ideal_micro)
+    out = _core.simulate(plan, window.seq_lens, window.expert_tokens, topo, cost, ideal_micro,
+                         int(cap) if cap else None)
     return SimResult(**out)

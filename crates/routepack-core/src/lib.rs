@@ -17,6 +17,7 @@
 //!   `routepack`
 //! * [`migration`]   expert moves (weights + optimizer state) from the placement in force
 //! * [`cost`]        the cost model: coefficients and the shared terms every proxy calls
+//! * [`bound`]       the lower bound on every valid plan's step time (`SimReport::lower_bound_time`)
 //! * [`simulate`]    the simulator that scores every plan by composing [`cost`]'s terms per
 //!   exchange ([`cell_grid`]: which samples run in each cell)
 //! * [`flow`]        where each expert's tokens go under a plan (simulator and torch remap)
@@ -47,6 +48,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod bound;
 pub mod budget;
 pub mod cell_grid;
 pub mod cost;

@@ -16,7 +16,9 @@
 //!
 //! Step time = max_g Σ_m Σ_l T + exposed migration (per rank max(sent, received) bytes of
 //! moved experts over each link). `ideal` replaces every max by the mean at the lower-bound
-//! microbatch count, with uniform all-to-all and no replication or migration.
+//! microbatch count, with uniform all-to-all and no replication or migration: the *balanced*
+//! reference, not a bound (a plan that keeps tokens inside their node beats it).
+//! `lower_bound_time` is the true bound ([`crate::bound`]): no valid plan scores below it.
 
 use rayon::prelude::*;
 
@@ -24,6 +26,7 @@ use crate::cost::links::LinkBytes;
 use crate::cost::{CostModel, COMM_PASSES, COMPUTE_PASSES};
 use crate::error::Result;
 use crate::flow::{route_expert, Dest};
+use crate::bound::lower_bound_time;
 use crate::cell_grid::CellGrid;
 use crate::plan::{bucket_replicas, Plan, Replica};
 use crate::topology::Topology;
@@ -35,6 +38,9 @@ use crate::window::WindowView;
 pub struct SimReport {
     pub step_time: f64,
     pub ideal_time: f64,
+    /// [`crate::bound::lower_bound_time`] for the window, topology, cost and the cap (see
+    /// [`simulate_with_cap`]): no valid plan's `step_time` is below it.
+    pub lower_bound_time: f64,
     pub throughput: f64,
     pub ideal_throughput: f64,
     /// Parts of the slowest group's time (they add up to `step_time`).
@@ -261,14 +267,12 @@ pub fn ideal_time(w: &WindowView, topo: &Topology, cost: &CostModel, ideal_micro
     total
 }
 
-/// Lower-bound microbatches per rank for a cap: ceil(ceil(Σ n / cap) / dp).
-pub fn lower_bound_micro(w: &WindowView, topo: &Topology, token_cap: i64) -> usize {
-    let rows = (w.total_tokens() as u64).div_ceil(token_cap.max(1) as u64) as usize;
-    rows.div_ceil(topo.dp).max(1)
-}
+/// Moved to [`crate::bound`], which the bound needs it for; kept here under its old path.
+pub use crate::bound::lower_bound_micro;
 
-/// Scores `plan` on `w`. `ideal_micro`: the microbatch count of the ideal bound (see
-/// [`lower_bound_micro`]); None uses the plan's own count.
+/// Scores `plan` on `w`. `ideal_micro`: the microbatch count of the balanced reference (see
+/// [`lower_bound_micro`]); None uses the plan's own count. The lower bound is the one without
+/// a cap (see [`simulate_with_cap`]).
 pub fn simulate(
     plan: &Plan,
     w: &WindowView,
@@ -276,8 +280,25 @@ pub fn simulate(
     cost: &CostModel,
     ideal_micro: Option<usize>,
 ) -> Result<SimReport> {
+    simulate_with_cap(plan, w, topo, cost, ideal_micro, None)
+}
+
+/// [`simulate`], with `lower_bound_time` computed for plans of at most `token_cap` tokens per
+/// row. The plan itself is not checked against the cap: where one of its rows holds more, the
+/// bound is taken at that row's size instead, so it still bounds this plan (and every plan
+/// valid under the larger cap). None: no cap (Σ n, the weakest bound).
+pub fn simulate_with_cap(
+    plan: &Plan,
+    w: &WindowView,
+    topo: &Topology,
+    cost: &CostModel,
+    ideal_micro: Option<usize>,
+    token_cap: Option<i64>,
+) -> Result<SimReport> {
     cost.check(w.num_layers)?;
     validate_plan(plan, w, topo, i64::MAX)?;
+    let bound_cap = token_cap.map(|cap| cap.max(largest_row(plan, w, topo)));
+    let lower_bound = lower_bound_time(w, topo, cost, bound_cap)?;
     let (g_n, m_n, l_n, ep) = (topo.num_groups(), plan.num_micro, w.num_layers, topo.ep);
     let grid = CellGrid::new(&plan.sample_rank, &plan.sample_micro, m_n, w.seq_lens, topo);
     let reps = bucket_replicas(&plan.replicas, g_n, m_n, l_n);
@@ -328,6 +349,7 @@ pub fn simulate(
     Ok(SimReport {
         step_time,
         ideal_time: ideal,
+        lower_bound_time: lower_bound,
         throughput: tokens / step_time,
         ideal_throughput: tokens / ideal,
         attention: parts.attention,
@@ -340,4 +362,13 @@ pub fn simulate(
         imbalance,
         mean_imbalance,
     })
+}
+
+/// Tokens of the plan's largest row (cell).
+fn largest_row(plan: &Plan, w: &WindowView, topo: &Topology) -> i64 {
+    let mut cells = vec![0i64; topo.dp * plan.num_micro];
+    for (s, &n) in w.seq_lens.iter().enumerate() {
+        cells[plan.sample_rank[s] as usize * plan.num_micro + plan.sample_micro[s] as usize] += n;
+    }
+    cells.into_iter().max().unwrap_or(0)
 }

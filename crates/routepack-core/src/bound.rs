@@ -1,0 +1,386 @@
+//! A true lower bound on the step time of every valid plan for a window: whatever the
+//! placement, the packing into rows, the layout of rows onto cells, the replicas and the
+//! migration, `simulate` cannot score a plan below [`lower_bound_time`] (for the same window,
+//! topology, cost model and token cap). docs/design.md ("Cost model", "Lower bound") carries
+//! the same derivation; `tests/bound_props.rs` checks it on more than 10⁴ plans from every
+//! planner of the core and random valid plans.
+//!
+//! # Derivation
+//! `simulate` prices each exchange (group g, step m, layer l) as
+//! `T = 3·α + 4·max_r lt(r) + (F − α)⁺ + (B − 2α)⁺ + 3·max_p X_p`, with α the slowest rank's
+//! attention, lt(r) rank r's dispatch link time, F and B the forward/backward replication link
+//! times and X_p = c_tok·tokens(p) + c_exp·active(p). Step time = max_g Σ_m Σ_l T + migration;
+//! migration ≥ 0 is bounded by 0. Every term is non-negative, and:
+//!
+//! 1. **Steps.** Every cell holds ≤ cap tokens and no cell is empty, so
+//!    M ≥ M_lb = ⌈⌈Σn/cap⌉/dp⌉ and every exchange has at least u_min(l) active experts
+//!    (the fewest distinct experts one sample uses in layer l).
+//! 2. **Expert work.** `max_p X_p ≥ mean_p X_p`; Σ_p tokens(p) is the exchange's routed tokens
+//!    (every token is computed once, on a slot or a replica) and Σ_p active(p) ≥ the
+//!    distinct experts used, ≥ u_min(l) per exchange and, summed over all exchanges of the
+//!    layer, ≥ U(l), the experts the window uses. So Σ_m 3·max_p X ≥ (3/ep)(c_tok·N_g(l) +
+//!    c_exp·Σ_m U_gm(l)).
+//! 3. **Replication, linearised.** For μ, ν ∈ [0, 1], `x⁺ ≥ μ·x`, so with 3 − μ − 2ν ≥ 0:
+//!    `T ≥ (3 − μ − 2ν)·α + (1/ep)·Σ_r [4·lt(r) + μ·F_r + ν·B_r] + 3·mean_p X_p`, F_r ≥
+//!    |R_r|·w/bw and B_r ≥ |R_r|·g/bw (R_r: experts with a replica on r; w, g: weight and
+//!    gradient bytes; bw the fastest link), and a replica of an expert its node does not host
+//!    enters the node once over the inter-node link (the chain's first destination there
+//!    receives from outside it and sends the gradient back): `(w + g)·(1/bw_inter −
+//!    1/bw_intra)⁺` more per (expert, node) over the node's ranks. And α ≥ mean_r of the
+//!    cells' attention.
+//! 4. **Traffic.** A token of expert e from rank r stays on r only if r hosts e (≤ spr experts,
+//!    the set H_r) or holds a replica of it; it stays in r's node only if the node hosts e
+//!    (≤ rpn·spr experts) or a replica of it is on the node. Per rank,
+//!    `lt(r) ≥ s_intra/bw_intra + s_inter/bw_inter`, which over a node's ranks is ≥
+//!    `Z/bw_fast + Y·(1/bw_inter − 1/bw_intra)⁺` (Z: tokens that must leave their rank, Y:
+//!    those that must leave their node, × token bytes). Splitting the replicas' rank price
+//!    (μw + νg)/bw as θ at rank level and 1 − θ at node level (Σ_r |R_r| ≥ |R_node|), plus
+//!    the node-entry price of 3 at node level, each expert's tokens of a
+//!    cell either pay the traffic price or one replica: `min(q·t, c) ≥ t·min(q, c/U)` for
+//!    `t ≤ U`, where U bounds the tokens of e in one cell (≤ ρ_e·cap, ρ_e the largest
+//!    share of a sample's tokens e takes, and ≤ the window's tokens of e) or one node-step
+//!    (≤ rpn·ρ_e·cap). Then `Σ_{e ∉ H} t_e ≥ Σ t − top_k(t)` and `Σ t − top_k(t)` is
+//!    superadditive, so a cell's bound is at least the sum of its samples' bounds.
+//! 5. **Mean over ranks and groups.** After 2–4 every term is a sum over samples of the
+//!    group divided by ep (plus the c_exp term); the maximum over groups is at least the mean,
+//!    so the bound is the window's sums divided by dp. The expert count uses
+//!    mean_g Σ_m U_gm(l) ≥ max(M_lb·u_min(l), U(l)/G).
+//! 6. **One sample.** The group holding sample s pays, at s's step, α ≥ a_l(n_s) and the
+//!    traffic of s's rank (rank level only, θ = 1, the fastest link), plus the expert term of
+//!    2 with Σ_m U ≥ u(s, l) + (M_lb − 1)·u_min(l).
+//!
+//! The bound is the largest of these over a grid of μ, ν, θ ∈ {0, ¼, ½, ¾, 1}. μ = ν = 0 is
+//! "attention + expert work at the mean, no traffic" (replicas hidden behind attention could
+//! in principle remove every all-to-all); μ = ν = 1 charges every replica its full link time
+//! and drops attention. Without a cap the weakest one is used (cap = Σ n: M_lb = 1).
+
+use rayon::prelude::*;
+
+use crate::cost::{CostModel, COMM_PASSES, COMPUTE_PASSES};
+use crate::error::{invalid, Result};
+use crate::topology::Topology;
+use crate::window::WindowView;
+
+/// Lower-bound microbatches per rank for a cap: ceil(ceil(Σ n / cap) / dp).
+pub fn lower_bound_micro(w: &WindowView, topo: &Topology, token_cap: i64) -> usize {
+    let rows = (w.total_tokens() as u64).div_ceil(token_cap.max(1) as u64) as usize;
+    rows.div_ceil(topo.dp).max(1)
+}
+
+/// The multipliers of the grid (μ, ν, θ each take every value).
+const GRID: [f64; 5] = [0.0, 0.25, 0.5, 0.75, 1.0];
+
+/// What one sample contributes in one layer.
+#[derive(Clone, Copy, Default)]
+struct SampleLayer {
+    /// Σ_e tokens (routed tokens of the sample in the layer).
+    tokens: f64,
+    /// Distinct experts used.
+    experts: usize,
+    /// Tokens on the sample's spr most used experts (what its rank may host).
+    top_rank: f64,
+}
+
+/// Window sums per layer.
+struct LayerSums {
+    /// Σ_s attention (one pass).
+    attention: f64,
+    tokens: f64,
+    top_rank: f64,
+    top_node: f64,
+    /// Fewest distinct experts of one sample.
+    min_experts: usize,
+    /// Distinct experts the window uses.
+    used_experts: usize,
+    /// `[E]` tokens of each expert over the window.
+    expert_tokens: Vec<f64>,
+    /// `[E]` largest fraction of one sample's length routed to each expert.
+    expert_share: Vec<f64>,
+}
+
+/// Link prices of the topology: which links an EP group's traffic can use.
+struct Prices {
+    /// Seconds per routed token that must leave its rank (dispatch + combine, both passes).
+    rank: f64,
+    /// Extra seconds per routed token that must leave its node (0 inside one node).
+    node: f64,
+    /// Seconds per byte a replica's destination receives (sends) on the fastest link.
+    replica_rank: f64,
+    /// Extra seconds per byte of a replica entering a node that does not host its expert:
+    /// the first destination of a chain in that node receives from outside it.
+    replica_node: f64,
+}
+
+impl Prices {
+    fn new(topo: &Topology, cost: &CostModel) -> Self {
+        let per_token = 2.0 * COMM_PASSES * cost.token_bytes;
+        let (bw, extra) = if topo.nodes_per_group() == 1 {
+            (cost.bw_intra, 0.0)
+        } else if topo.ranks_per_group_node() == 1 {
+            (cost.bw_inter, 0.0)
+        } else {
+            (cost.bw_intra.max(cost.bw_inter), (1.0 / cost.bw_inter - 1.0 / cost.bw_intra).max(0.0))
+        };
+        Self { rank: per_token / bw, node: per_token * extra, replica_rank: 1.0 / bw, replica_node: extra }
+    }
+}
+
+/// `min(q, c / u)`: the per-token price of tokens that either cross a link at `q` each or are
+/// served by one replica costing `c`, when at most `u` of them share the replica.
+#[inline]
+fn rate(q: f64, c: f64, u: f64) -> f64 {
+    if u > 0.0 {
+        q.min(c / u)
+    } else {
+        q
+    }
+}
+
+/// Sum of the `k` largest of `v` (all of them when k ≥ len); reorders `v`.
+fn top_sum(v: &mut [i32], k: usize) -> f64 {
+    if k >= v.len() {
+        return v.iter().map(|&x| x as f64).sum();
+    }
+    if k == 0 {
+        return 0.0;
+    }
+    v.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
+    v[..k].iter().map(|&x| x as f64).sum()
+}
+
+/// One layer's sums and its samples' parts, in one pass over the layer (layers in parallel);
+/// the top-k sums only with `tops` (else 0).
+fn layer_pass(w: &WindowView, topo: &Topology, cost: &CostModel, l: usize, tops: bool) -> (LayerSums, Vec<SampleLayer>) {
+    let e_n = w.num_experts;
+    let k_rank = topo.slots_per_rank;
+    let k_node = topo.slots_per_rank * topo.ranks_per_group_node();
+    let mut sums = LayerSums {
+        attention: 0.0,
+        tokens: 0.0,
+        top_rank: 0.0,
+        top_node: 0.0,
+        min_experts: usize::MAX,
+        used_experts: 0,
+        expert_tokens: vec![0.0; e_n],
+        expert_share: vec![0.0; e_n],
+    };
+    let mut buf = vec![0i32; e_n];
+    let per = (0..w.num_samples)
+        .map(|s| {
+            let n = w.seq_lens[s] as f64;
+            let t = w.tokens(s, l);
+            let (mut tokens, mut experts) = (0.0, 0);
+            for (e, &x) in t.iter().enumerate() {
+                tokens += x as f64;
+                experts += usize::from(x > 0);
+                sums.expert_tokens[e] += x as f64;
+            }
+            let inv = 1.0 / n;
+            for (sh, &x) in sums.expert_share.iter_mut().zip(t) {
+                *sh = sh.max(x as f64 * inv);
+            }
+            // the larger top first: the smaller one is then inside its prefix; a sample on
+            // at most k experts keeps all its tokens
+            let (top_rank, top_node) = if !tops {
+                (0.0, 0.0)
+            } else if experts <= k_rank {
+                (tokens, tokens)
+            } else {
+                buf.copy_from_slice(t);
+                let top_node = top_sum(&mut buf, k_node);
+                (top_sum(&mut buf[..k_node.min(e_n)], k_rank), top_node)
+            };
+            sums.attention += cost.attention(l, n);
+            sums.tokens += tokens;
+            sums.top_rank += top_rank;
+            sums.top_node += top_node;
+            sums.min_experts = sums.min_experts.min(experts);
+            SampleLayer { tokens, experts, top_rank }
+        })
+        .collect();
+    sums.used_experts = sums.expert_tokens.iter().filter(|&&x| x > 0.0).count();
+    (sums, per)
+}
+
+/// Lower bound of Σ_{cells} min over hosting of the traffic + replica price of one layer:
+/// the larger of the uniform-rate form (the layer's largest cell bound U) and the
+/// per-expert-rate form `Σ_e κ_e·T_e − κ_max·top` (both valid, see the module docs).
+fn traffic(q: f64, c: f64, per_cell: f64, sums: &LayerSums, top: f64) -> f64 {
+    if q <= 0.0 {
+        return 0.0;
+    }
+    let bound_of = |e: usize| (sums.expert_share[e] * per_cell).min(sums.expert_tokens[e]);
+    let u_max = (0..sums.expert_tokens.len()).map(bound_of).fold(0.0, f64::max);
+    let uniform = rate(q, c, u_max) * (sums.tokens - top).max(0.0);
+    let mut linear = 0.0;
+    let mut k_max: f64 = 0.0;
+    for (e, &t) in sums.expert_tokens.iter().enumerate() {
+        if t > 0.0 {
+            let k = rate(q, c, bound_of(e));
+            linear += k * t;
+            k_max = k_max.max(k);
+        }
+    }
+    uniform.max(linear - k_max * top)
+}
+
+/// The lower bound, in seconds, on `simulate`'s step time of every plan that is valid for `w`
+/// and `topo` with at most `token_cap` tokens per row (None: no cap, i.e. Σ n, the weakest).
+/// See the module docs for the derivation.
+pub fn lower_bound_time(w: &WindowView, topo: &Topology, cost: &CostModel, token_cap: Option<i64>) -> Result<f64> {
+    cost.check(w.num_layers)?;
+    topo.check_experts(w.num_experts)?;
+    let total = w.total_tokens();
+    let cap = match token_cap {
+        Some(c) if c < 1 => return Err(invalid("token_cap", format!("must be >= 1, got {c}"))),
+        Some(c) => c.min(total),
+        None => total,
+    } as f64;
+    let micro = lower_bound_micro(w, topo, cap as i64) as f64;
+    let bound = Bound { w, topo, cost, prices: Prices::new(topo, cost), micro, cap };
+    // First without the top-k sums (the costly part): every candidate is then over-estimated
+    // (its traffic only falls as the hostable tokens rise) except the ones that charge no
+    // traffic (μ = ν = 0), which are exact. When no estimate beats those, they are the bound.
+    let (sums, per) = bound.layers(false);
+    let free = bound.best(&sums, &per, true);
+    if bound.best(&sums, &per, false) <= free {
+        return Ok(free);
+    }
+    let (sums, per) = bound.layers(true);
+    Ok(bound.best(&sums, &per, false))
+}
+
+/// The inputs of one bound.
+struct Bound<'a> {
+    w: &'a WindowView<'a>,
+    topo: &'a Topology,
+    cost: &'a CostModel,
+    prices: Prices,
+    /// M*, the fewest steps a valid plan has.
+    micro: f64,
+    cap: f64,
+}
+
+impl Bound<'_> {
+    /// Every layer's sums and its samples' parts (top-k sums 0 unless `tops`).
+    fn layers(&self, tops: bool) -> (Vec<LayerSums>, Vec<Vec<SampleLayer>>) {
+        (0..self.w.num_layers).into_par_iter().map(|l| layer_pass(self.w, self.topo, self.cost, l, tops)).unzip()
+    }
+
+    /// The largest candidate over the grid (`free_only`: only μ = ν = 0).
+    fn best(&self, sums: &[LayerSums], per: &[Vec<SampleLayer>], free_only: bool) -> f64 {
+        let (w, topo, cost, prices, micro, cap) = (self.w, self.topo, self.cost, &self.prices, self.micro, self.cap);
+        let (dp, ep, groups) = (topo.dp as f64, topo.ep as f64, topo.num_groups() as f64);
+        let rpn = topo.ranks_per_group_node() as f64;
+        // expert work at the mean (2), the same for every multiplier
+        let expert: f64 = sums
+            .iter()
+            .map(|s| {
+                let active = (micro * s.min_experts as f64).max(s.used_experts as f64 / groups);
+                COMPUTE_PASSES * (cost.c_tok * s.tokens / dp + cost.c_exp * active / ep)
+            })
+            .sum();
+        let grid: &[f64] = if free_only { &GRID[..1] } else { &GRID };
+        let mut best: f64 = 0.0;
+        for &mu in grid {
+            for &nu in grid {
+                let attn_coef = COMPUTE_PASSES - mu - 2.0 * nu;
+                let bytes = mu * cost.expert_weight_bytes + nu * cost.expert_grad_bytes;
+                let replica = bytes * prices.replica_rank;
+                let attention: f64 = sums.iter().map(|s| attn_coef * s.attention / dp).sum();
+                for &theta in &GRID {
+                    let node_replica = bytes * prices.replica_node + (1.0 - theta) * replica;
+                    let comm: f64 = sums
+                        .iter()
+                        .map(|s| {
+                            traffic(prices.rank, theta * replica, cap, s, s.top_rank)
+                                + traffic(prices.node, node_replica, rpn * cap, s, s.top_node)
+                        })
+                        .sum::<f64>()
+                        / dp;
+                    best = best.max(attention + comm + expert);
+                }
+                best = best.max(single_sample(w, cost, topo, per, sums, prices, micro, cap, attn_coef, replica));
+            }
+        }
+        best
+    }
+}
+
+/// Part 6 of the derivation: the largest over samples of what the group holding it must pay.
+#[allow(clippy::too_many_arguments)]
+fn single_sample(
+    w: &WindowView,
+    cost: &CostModel,
+    topo: &Topology,
+    per: &[Vec<SampleLayer>],
+    sums: &[LayerSums],
+    prices: &Prices,
+    micro: f64,
+    cap: f64,
+    attn_coef: f64,
+    replica: f64,
+) -> f64 {
+    let (l_n, ep) = (w.num_layers, topo.ep as f64);
+    let rates: Vec<f64> = sums
+        .iter()
+        .map(|s| {
+            let u = (0..s.expert_tokens.len())
+                .map(|e| (s.expert_share[e] * cap).min(s.expert_tokens[e]))
+                .fold(0.0, f64::max);
+            rate(prices.rank, replica, u)
+        })
+        .collect();
+    (0..w.num_samples)
+        .map(|s| {
+            let n = w.seq_lens[s] as f64;
+            (0..l_n)
+                .map(|l| {
+                    let p = &per[l][s];
+                    let active = p.experts as f64 + (micro - 1.0) * sums[l].min_experts as f64;
+                    attn_coef * cost.attention(l, n)
+                        + rates[l] * (p.tokens - p.top_rank).max(0.0)
+                        + COMPUTE_PASSES * (cost.c_tok * p.tokens + cost.c_exp * active) / ep
+                })
+                .sum::<f64>()
+        })
+        .fold(0.0, f64::max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shortcut (no top-k sums when no traffic-charging candidate can win) returns what
+    /// the full evaluation does.
+    #[test]
+    fn the_shortcut_changes_nothing() {
+        let mut state = 7u64;
+        let mut next = |n: u64| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (state >> 33) % n
+        };
+        let mut shortcuts = 0;
+        for case in 0..200 {
+            let (dp, ep, gpn, spr) = [(4, 2, 2, 2), (8, 4, 2, 3), (4, 4, 4, 2), (2, 2, 1, 4)][case % 4];
+            let topo = Topology::new(dp, ep, gpn, spr).unwrap();
+            let (s_n, l_n, e_n) = (4 + next(12) as usize, 1 + next(3) as usize, 1 + next(topo.num_slots() as u64) as usize);
+            let seq: Vec<i64> = (0..s_n).map(|_| 1 + next(50) as i64).collect();
+            let tok: Vec<i32> = (0..s_n * l_n * e_n).map(|i| next(seq[i / (l_n * e_n)] as u64 + 1) as i32).collect();
+            let w = WindowView::new(&seq, &tok, l_n, e_n).unwrap();
+            let mut cost = CostModel::for_tests(l_n);
+            cost.token_bytes = [1.0, 4096.0, 1e6][case % 3];
+            cost.expert_weight_bytes = [1e3, 6e6, 1e9][(case / 3) % 3];
+            let cap = *seq.iter().max().unwrap() + next(40) as i64;
+            let got = lower_bound_time(&w, &topo, &cost, Some(cap)).unwrap();
+            let c = cap.min(w.total_tokens()) as f64;
+            let bound = Bound { w: &w, topo: &topo, cost: &cost, prices: Prices::new(&topo, &cost), micro: lower_bound_micro(&w, &topo, c as i64) as f64, cap: c };
+            let (sums, per) = bound.layers(true);
+            let full = bound.best(&sums, &per, false);
+            assert_eq!(got, full, "case {case}");
+            let (sums0, per0) = bound.layers(false);
+            shortcuts += usize::from(bound.best(&sums0, &per0, false) <= bound.best(&sums0, &per0, true));
+        }
+        assert!(shortcuts > 0 && shortcuts < 200, "both paths taken ({shortcuts} shortcuts of 200)");
+    }
+}
