@@ -108,7 +108,7 @@ def compare(
             summary = sim.summary()  # the bound's keys only where simulate reports them
             rows.append(Row(
                 policy=name, window=i, step_time=sim.step_time, throughput=sim.throughput,
-                fraction_of_balanced=sim.fraction_of_ideal, attention=sim.attention, expert=sim.expert,
+                fraction_of_balanced=sim.fraction_of_balanced, attention=sim.attention, expert=sim.expert,
                 all_to_all=sim.all_to_all, replication=sim.replication, migration=sim.migration,
                 imbalance=sim.mean_imbalance, num_micro=plan.num_micro,
                 micro_lower_bound=lower_bound_micro(w, topo, token_cap), plan_seconds=seconds,

@@ -50,8 +50,16 @@ class SimResult:
     mean_imbalance: float = 0.0
 
     @property
-    def fraction_of_ideal(self) -> float:
+    def fraction_of_balanced(self) -> float:
+        """``ideal_time / step_time``: how close the plan is to the balanced reference (every
+        max replaced by the mean, uniform traffic). A reference, not a bound: a plan that keeps
+        tokens inside their node can exceed 1."""
         return self.ideal_time / self.step_time if self.step_time > 0 else 1.0
+
+    @property
+    def fraction_of_ideal(self) -> float:
+        """The old name of `fraction_of_balanced` (kept for callers)."""
+        return self.fraction_of_balanced
 
     @property
     def fraction_of_bound(self) -> float:
@@ -75,6 +83,7 @@ class SimResult:
             "attention", "expert", "all_to_all", "replication", "migration", "critical_group",
             "mean_imbalance")}
         out["fraction_of_ideal"] = self.fraction_of_ideal
+        out["fraction_of_balanced"] = self.fraction_of_balanced
         out["fraction_of_bound"] = self.fraction_of_bound
         return out
 

@@ -16,7 +16,7 @@ use routepack_core::packing::kk::verl_kk;
 use routepack_core::packing::routepack::{routepack_packing, Options as PackingOptions};
 use routepack_core::packing::sequential::sequential;
 use routepack_core::placement::demand::{chunk_demand, window_loads, Demand};
-use routepack_core::placement::eplb::{default_num_groups, eplb_placement};
+use routepack_core::placement::eplb::{eplb_placement, node_groups};
 use routepack_core::placement::relibra::relibra_placement;
 use routepack_core::placement::routepack::{routepack_placement, Options as PlacementOptions};
 use routepack_core::placement::{static_placement, Placement};
@@ -109,7 +109,7 @@ fn plans(mix: &mut Mix, w: &OwnedWindow, topo: &Topology, cost: &CostModel, cap:
     let loads = window_loads(&view);
     let mut placements = vec![static_placement(l_n, e_n, topo).unwrap()];
     placements.extend(eplb_placement(&loads, l_n, e_n, topo, 1));
-    placements.extend(eplb_placement(&loads, l_n, e_n, topo, default_num_groups(e_n, topo)));
+    placements.extend(eplb_placement(&loads, l_n, e_n, topo, node_groups(e_n, topo)));
     placements.extend(relibra_placement(&loads, l_n, e_n, topo, None));
     let chunks = 2.min(w.seq_lens.len());
     let chunk = chunk_demand(&view, chunks).unwrap();
