@@ -5,7 +5,8 @@ TypeError), so ``except routepack.RoutepackError`` catches every input error."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Mapping, Set
+from typing import Any, List
 
 import numpy as np
 
@@ -41,6 +42,20 @@ def positive_int(value: Any, name: str, minimum: int = 1, maximum: int = MAX_INT
     if value > maximum:
         raise RoutepackError(f"{name}: must be <= {maximum}, got {value}")
     return int(value)
+
+
+def sequence(value: Any, name: str, what: str = "numbers") -> List[Any]:
+    """``value``'s items as a list: a list, tuple or 1-D array. A mapping or set (whose
+    iteration would silently yield keys or an arbitrary order), a string, or a scalar is
+    refused with a TypeError naming the argument."""
+    if isinstance(value, np.ndarray):
+        if value.ndim != 1:
+            raise RoutepackTypeError(f"{name}: expected a sequence of {what}, got an array of shape {value.shape}")
+        return list(value)
+    if (isinstance(value, (str, bytes, bytearray, Mapping, Set)) or not hasattr(value, "__iter__")
+            or not hasattr(value, "__len__")):
+        raise RoutepackTypeError(f"{name}: expected a sequence of {what}, got {type(value).__name__} {value!r}")
+    return list(value)
 
 
 def instance_of(value: Any, cls: type, name: str) -> Any:

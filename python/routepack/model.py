@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import List, Sequence
 
-from routepack._checks import finite_float, instance_of, positive_int
+from routepack._checks import finite_float, instance_of, positive_int, sequence
 from routepack.errors import RoutepackError, RoutepackTypeError
 
 ATTENTION_KINDS = ("linear", "full")
@@ -102,7 +102,9 @@ class ModelShape:
         _check_groups(self.expert_groups, self.num_experts, "model.expert_groups")
         if self.top_k > self.num_experts:
             raise RoutepackError(f"model.top_k: {self.top_k} > num_experts {self.num_experts}")
-        att = tuple(self.attention) if self.attention else ("full",) * self.num_layers
+        att = tuple(sequence(() if self.attention is None else self.attention, "model.attention",
+                                "attention kinds"))
+        att = att or ("full",) * self.num_layers
         if len(att) != self.num_layers:
             raise RoutepackError(f"model.attention: has {len(att)} entries, expected num_layers={self.num_layers}")
         for i, a in enumerate(att):
@@ -187,9 +189,7 @@ class CostModel:
             object.__setattr__(self, name, finite_float(getattr(self, name), f"cost.{name}"))
         for name in ("bw_intra", "bw_inter"):
             object.__setattr__(self, name, finite_float(getattr(self, name), f"cost.{name}", strict=True))
-        if isinstance(self.a_quad, (str, bytes)) or not hasattr(self.a_quad, "__iter__"):
-            raise RoutepackTypeError(f"cost.a_quad: expected a sequence of numbers, got {type(self.a_quad).__name__}")
-        aq = [finite_float(v, f"cost.a_quad[{i}]") for i, v in enumerate(self.a_quad)]
+        aq = [finite_float(v, f"cost.a_quad[{i}]") for i, v in enumerate(sequence(self.a_quad, "cost.a_quad"))]
         if not aq:
             raise RoutepackError("cost.a_quad: needs one entry per MoE layer, got none")
         object.__setattr__(self, "a_quad", aq)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Dict, Optional
 
 from routepack import _core
-from routepack._checks import MAX_INT, bounded_float, boolean, finite_float, positive_int
-from routepack.errors import RoutepackError, RoutepackTypeError
+from routepack._checks import MAX_INT, bounded_float, boolean, finite_float, positive_int, sequence
+from routepack.errors import RoutepackError
 
 #: ``{stage: {option name: default}}``, from the Rust core (the one source of every default).
 DEFAULTS: Dict[str, Dict[str, Any]] = _core.defaults()
@@ -49,11 +49,10 @@ def optional(check: Check) -> Check:
 def weights(n: int) -> Check:
     """``n`` finite weights >= 0, not all 0, as a tuple of floats."""
     def check(v: Any, name: str) -> tuple:
-        if isinstance(v, (str, bytes)) or not hasattr(v, "__len__"):
-            raise RoutepackTypeError(f"{name}: expected {n} weights, got {type(v).__name__} {v!r}")
-        if len(v) != n:
-            raise RoutepackError(f"{name}: expected {n} weights, got {len(v)}")
-        out = tuple(finite_float(x, f"{name}[{i}]") for i, x in enumerate(v))
+        items = sequence(v, name, f"{n} weights")
+        if len(items) != n:
+            raise RoutepackError(f"{name}: expected {n} weights, got {len(items)}: {v!r}")
+        out = tuple(finite_float(x, f"{name}[{i}]") for i, x in enumerate(items))
         if not any(out):
             raise RoutepackError(f"{name}: weights must not all be 0, got {v!r}")
         return out

@@ -1,0 +1,64 @@
+"""Issue 13, classes 5-7 on the Python side: strict types (no silent coercion), errors that
+name the argument, and damaged files. Each class has its listed examples plus a hypothesis
+property over the class."""
+
+from __future__ import annotations
+
+import copy
+import os
+import zipfile
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import routepack as rp
+from routepack import placement as pl
+from routepack.errors import RoutepackError, RoutepackTypeError
+from routepack.model import CostModel, Hardware, ModelShape, Topology
+from routepack.stages.packing import RoutepackPackingOptions
+
+COST = dict(a_lin=1.0, c_tok=1.0, c_exp=1.0, token_bytes=1.0, bw_intra=1.0, bw_inter=1.0,
+            expert_weight_bytes=1.0, expert_grad_bytes=1.0, expert_state_bytes=1.0)
+
+#: Containers whose iteration would silently give keys or an arbitrary order, and scalars.
+NOT_SEQUENCES = st.one_of(
+    st.dictionaries(st.integers(0, 3), st.floats(0, 1), min_size=1, max_size=4),
+    st.sets(st.floats(0, 1), min_size=1, max_size=4).map(frozenset),
+    st.sets(st.integers(0, 3), min_size=1, max_size=4),
+    st.text(min_size=1, max_size=4),
+    st.integers(), st.floats(allow_nan=False),
+)
+
+
+# ------------------------------------------------------------------ class 5: strict types
+def test_a_quad_mapping_is_refused():
+    with pytest.raises(RoutepackTypeError, match="cost.a_quad"):
+        CostModel(a_quad={0: 1.0}, **COST)
+
+
+def test_attention_mapping_is_refused():
+    with pytest.raises(RoutepackTypeError, match="model.attention"):
+        ModelShape(2, 4, 2, 8, 8, attention={"full": 1, "linear": 2})
+    with pytest.raises(RoutepackTypeError, match="model.attention"):
+        ModelShape(4, 4, 2, 8, 8, attention="full")
+
+
+def test_sequences_still_accepted():
+    assert CostModel(a_quad=(1.0, 2), **COST).a_quad == [1.0, 2.0]
+    assert CostModel(a_quad=np.array([1.0, 0.0]), **COST).a_quad == [1.0, 0.0]
+    assert ModelShape(2, 4, 2, 8, 8, attention=["full", "linear"]).attention == ("full", "linear")
+    assert ModelShape(2, 4, 2, 8, 8).attention == ("full", "full")
+    assert RoutepackPackingOptions(anneal_mix=[1, 0, 0, 0]).anneal_mix == (1.0, 0.0, 0.0, 0.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(NOT_SEQUENCES)
+def test_non_sequences_are_type_errors(value):
+    with pytest.raises(RoutepackTypeError, match="cost.a_quad"):
+        CostModel(a_quad=value, **COST)
+    with pytest.raises(RoutepackTypeError, match="model.attention"):
+        ModelShape(1, 4, 2, 8, 8, attention=value)
+    with pytest.raises(RoutepackTypeError, match="anneal_mix"):
+        RoutepackPackingOptions(anneal_mix=value)
