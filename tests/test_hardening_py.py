@@ -62,3 +62,61 @@ def test_non_sequences_are_type_errors(value):
         ModelShape(1, 4, 2, 8, 8, attention=value)
     with pytest.raises(RoutepackTypeError, match="anneal_mix"):
         RoutepackPackingOptions(anneal_mix=value)
+
+
+TOPO = Topology(2, 2, 1, 3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 1), st.integers(0, 3), st.sampled_from([np.nan, -np.inf, np.inf, -1.0, -1e-300]))
+def test_bad_loads_are_refused_naming_loads(layer, expert, bad):
+    loads = np.ones((2, 4))
+    loads[layer, expert] = bad
+    placement = rp.Placement.static(2, 4, TOPO)
+    for f in (lambda: pl.aggregate_imbalance(placement, loads), lambda: pl.imbalance_lower_bound(loads, TOPO)):
+        with pytest.raises(RoutepackError, match=rf"loads: entry \[{layer}, {expert}\]"):
+            f()
+
+
+def test_good_loads_unchanged():
+    loads = np.arange(8.0).reshape(2, 4)
+    placement = rp.Placement.static(2, 4, TOPO)
+    assert np.isfinite(pl.aggregate_imbalance(placement, loads)).all()
+    assert (pl.imbalance_lower_bound(loads, TOPO) >= 1).all()
+    with pytest.raises(RoutepackTypeError, match="topo"):
+        pl.imbalance_lower_bound(loads, None)
+
+
+# ------------------------------------------------------- class 6: errors name the argument
+@pytest.mark.parametrize("value", [-2, 0, float("nan"), float("inf")])
+def test_from_model_blames_weight_bytes(value):
+    with pytest.raises(RoutepackError, match="weight_bytes"):
+        CostModel.from_model(ModelShape(2, 4, 2, 8, 8), Hardware.h200(), weight_bytes=value)
+    with pytest.raises(RoutepackTypeError, match="weight_bytes"):
+        CostModel.from_model(ModelShape(2, 4, 2, 8, 8), Hardware.h200(), weight_bytes="2")
+
+
+def test_from_model_default_weight_bytes_unchanged():
+    m = ModelShape(2, 4, 2, 8, 8)
+    assert CostModel.from_model(m, Hardware.h200()) == CostModel.from_model(m, Hardware.h200(), weight_bytes=2)
+    assert CostModel.from_model(m, Hardware.h200()).token_bytes == 16.0
+
+
+def test_a_quad_scalar_names_argument():
+    with pytest.raises(RoutepackTypeError, match="cost.a_quad"):
+        CostModel(a_quad=5, **COST)
+
+
+@pytest.mark.parametrize("value,exc", [(-1, RoutepackError), (2**64, RoutepackError), (1.5, RoutepackTypeError),
+                                       ("2", RoutepackTypeError), (True, RoutepackTypeError)])
+def test_option_ints_checked_naming_option(value, exc):
+    with pytest.raises(exc, match="anneal_chains"):
+        RoutepackPackingOptions(anneal_chains=value)
+    with pytest.raises(exc if value != -1 else RoutepackError, match="packing_exact_nodes"):
+        RoutepackPackingOptions(packing_exact_nodes=value if value != 2**64 else 2**64)
+    assert RoutepackPackingOptions(anneal_chains=np.int32(3)).anneal_chains == 3
+
+
+def test_anneal_mix_length_names_option():
+    with pytest.raises(RoutepackError, match="anneal_mix: expected 4 weights"):
+        RoutepackPackingOptions(anneal_mix=(1.0,))

@@ -106,4 +106,11 @@ def loads_array(weight: Any, name: str) -> np.ndarray:
         raise RoutepackTypeError(f"{name}: expected a numeric array, got dtype {w.dtype}")
     if w.ndim != 2:
         raise RoutepackError(f"{name}: expected shape [L, E], got {w.shape}")
-    return np.ascontiguousarray(w, dtype=np.float64)
+    out = np.ascontiguousarray(w, dtype=np.float64)
+    # A NaN or negative load makes every max/mean ratio meaningless (NaN compares false, so
+    # the ratios read as a perfect 1.0): refuse it here, naming the first bad entry.
+    bad = np.flatnonzero(~(np.isfinite(out) & (out >= 0)))
+    if bad.size:
+        l, e = np.unravel_index(int(bad[0]), out.shape)
+        raise RoutepackError(f"{name}: entry [{l}, {e}] is {out[l, e]}; loads must be finite and >= 0")
+    return out

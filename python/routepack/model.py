@@ -199,7 +199,7 @@ class CostModel:
         return len(self.a_quad)
 
     @classmethod
-    def from_model(cls, model: ModelShape, hardware: Hardware, weight_bytes: int = 2) -> "CostModel":
+    def from_model(cls, model: ModelShape, hardware: Hardware, weight_bytes: float = 2) -> "CostModel":
         """FLOPs over the achieved rate, bytes over the achieved bandwidth.
 
         Per token per layer: attention projections 4·H² and shared experts 3·H·I each
@@ -209,6 +209,9 @@ class CostModel:
         """
         instance_of(model, ModelShape, "model")
         instance_of(hardware, Hardware, "hardware")
+        # Bytes per parameter (2 for bf16; a fraction for sub-byte formats), checked here so
+        # an error blames this argument, not the cost terms derived from it.
+        finite_float(weight_bytes, "weight_bytes", strict=True)
         rate = hardware.flops * hardware.flops_efficiency
         h, i = model.hidden, model.expert_ffn
         expert_params = 3 * h * i

@@ -11,7 +11,8 @@ from typing import Any, Tuple
 import numpy as np
 
 from routepack import _core
-from routepack._checks import loads_array, positive_int
+from routepack._checks import instance_of, loads_array, positive_int
+from routepack.model import Topology
 from routepack.plan import Placement
 from routepack.stages.placement import (EplbOptions, RoutepackPlacementOptions, eplb_placement, relibra_placement,
                                         routepack_placement, static_placement)
@@ -41,6 +42,7 @@ def rebalance_experts(weight: Any, num_replicas: int, num_groups: int, num_nodes
 def aggregate_imbalance(placement: Placement, loads: Any) -> np.ndarray:
     """float64 ``[L]``: max / mean over EP ranks of window load per rank (each expert's
     ``loads [L, E]`` split evenly over its replicas)."""
+    instance_of(placement, Placement, "placement")
     return _core.aggregate_imbalance(placement.phy2log, placement.num_experts, placement.slots_per_rank,
                                      loads_array(loads, "loads"))
 
@@ -48,6 +50,7 @@ def aggregate_imbalance(placement: Placement, loads: Any) -> np.ndarray:
 def imbalance_lower_bound(loads: Any, topo: Any) -> np.ndarray:
     """float64 ``[L]``: the lowest aggregate imbalance any placement on ``topo`` can reach,
     max(mean rank load, optimal largest per-replica load) / mean rank load."""
+    instance_of(topo, Topology, "topo")
     return _core.imbalance_lower_bound(loads_array(loads, "loads"), topo.num_slots, topo.ep)
 
 
