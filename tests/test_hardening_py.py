@@ -120,3 +120,17 @@ def test_option_ints_checked_naming_option(value, exc):
 def test_anneal_mix_length_names_option():
     with pytest.raises(RoutepackError, match="anneal_mix: expected 4 weights"):
         RoutepackPackingOptions(anneal_mix=(1.0,))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["i2", "i4", "i8"]),
+       st.lists(st.lists(st.integers(0, 7), min_size=2, max_size=2, unique=True), min_size=1, max_size=12))
+def test_big_endian_routed_counts_as_native(code, tokens):
+    routed = np.array(tokens).reshape(len(tokens), 1, 2)
+    cu = np.array([0, len(tokens)])
+    native = rp.Window.from_routed_experts(routed.astype("<" + code), cu, 8)
+    big = rp.Window.from_routed_experts(routed.astype(">" + code), cu, 8)
+    assert big == native
+    verl = rp.Window.from_verl(routed.astype(">" + code)[None], np.ones((1, len(tokens)), np.int8), 8)
+    assert verl == native
+    assert rp.Window.from_slime([routed.astype(">" + code)], 8, add_last_token=False) == native

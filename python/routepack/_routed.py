@@ -27,6 +27,14 @@ def check_ids(arr: np.ndarray, name: str, ndim: int) -> np.ndarray:
         raise RoutepackTypeError(f"{name}: dtype {arr.dtype} is not one of uint8, int16, int32, int64")
     if arr.ndim != ndim:
         raise RoutepackError(f"{name}: expected {ndim} dimensions, got shape {arr.shape}")
+    return native_order(arr)
+
+
+def native_order(arr: np.ndarray) -> np.ndarray:
+    """``arr`` in the machine's byte order: a big-endian trace (read from a file written on
+    another machine) is converted, since the core reads ids in native order."""
+    if not arr.dtype.isnative:
+        return arr.astype(arr.dtype.newbyteorder("="))
     return arr
 
 
@@ -73,4 +81,4 @@ def flatten_slime(per_sample: Sequence[np.ndarray]) -> Tuple[np.ndarray, np.ndar
     return np.concatenate(arrays, axis=0), cu
 
 
-__all__ = ["ROUTED_DTYPES", "check_ids", "flatten_slime", "flatten_verl"]
+__all__ = ["ROUTED_DTYPES", "check_ids", "native_order", "flatten_slime", "flatten_verl"]

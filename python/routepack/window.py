@@ -9,7 +9,7 @@ import numpy as np
 
 from routepack import _core
 from routepack._checks import as_int_array, positive_int
-from routepack._routed import ROUTED_DTYPES, flatten_slime, flatten_verl
+from routepack._routed import ROUTED_DTYPES, flatten_slime, flatten_verl, native_order
 from routepack.errors import RoutepackError, RoutepackTypeError
 
 
@@ -109,7 +109,7 @@ class Window:
             raise RoutepackTypeError(f"routed: dtype {routed.dtype} is not one of uint8, int16, int32, int64")
         if routed.ndim != 3:
             raise RoutepackError(f"routed: expected [T, L, k], got shape {routed.shape}")
-        routed = np.ascontiguousarray(routed)
+        routed = np.ascontiguousarray(native_order(routed))
         cu = as_int_array(cu_seqlens, "cu_seqlens", 1, np.int64)
         seq_lens, counts = _core.expert_tokens_from_routed(routed, cu, num_experts)
         return cls(seq_lens, counts)
