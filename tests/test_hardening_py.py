@@ -134,3 +134,36 @@ def test_big_endian_routed_counts_as_native(code, tokens):
     verl = rp.Window.from_verl(routed.astype(">" + code)[None], np.ones((1, len(tokens)), np.int8), 8)
     assert verl == native
     assert rp.Window.from_slime([routed.astype(">" + code)], 8, add_last_token=False) == native
+
+
+def _small_plan():
+    topo = Topology(2, 2, 1, 3)
+    window = rp.Window(np.array([5, 6, 7, 8]), np.ones((4, 2, 4), np.int32))
+    cost = CostModel.from_model(ModelShape(2, 4, 2, 8, 8), Hardware.h200())
+    return rp.plan_window(window, topo, cost, token_cap=100), window, topo, cost
+
+
+_FIELD_BREAKS = {"replicas": None, "migration": None, "report": None, "placement": None, "num_micro": None,
+                 "sample_rank": None, "sample_micro": None, "policy": None}
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from(sorted(_FIELD_BREAKS)), st.sampled_from([None, [], "x", 1.5, {"a": 1}]))
+def test_plan_field_set_to_wrong_type_is_named(name, value):
+    plan, window, topo, cost = _small_plan_cached()
+    broken = copy.copy(plan)
+    if (name, type(value)) in {("report", dict), ("policy", str)}:
+        return  # valid values
+    setattr(broken, name, value)
+    for f in (lambda: rp.simulate(broken, window, topo, cost), lambda: broken.validate(window, topo, 100)):
+        with pytest.raises((RoutepackError, RoutepackTypeError), match=name):
+            f()
+
+
+_CACHE: list = []
+
+
+def _small_plan_cached():
+    if not _CACHE:
+        _CACHE.append(_small_plan())
+    return _CACHE[0]

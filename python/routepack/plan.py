@@ -119,6 +119,12 @@ class Plan:
     policy: str = ""
 
     def __post_init__(self) -> None:
+        self._check_fields()
+
+    def _check_fields(self) -> None:
+        """Checks (and normalises) every field. A dataclass's fields can be reassigned after
+        construction, so `validate`, `simulate` and the core's conversion run this again:
+        a field set to ``None`` or a wrong type fails naming the field, not deep inside."""
         instance_of(self.placement, Placement, "placement")
         self.sample_rank = as_int_array(self.sample_rank, "sample_rank", 1, np.int32)
         self.sample_micro = as_int_array(self.sample_micro, "sample_micro", 1, np.int32)
@@ -128,6 +134,10 @@ class Plan:
             if table.dtype != dtype or table.ndim != 1:
                 raise RoutepackTypeError(f"{name}: expected a 1-D structured array of dtype {dtype}, got {table.dtype}")
             setattr(self, name, table)
+        if not isinstance(self.report, dict):
+            raise RoutepackTypeError(f"report: expected a dict, got {type(self.report).__name__}")
+        if not isinstance(self.policy, str):
+            raise RoutepackTypeError(f"policy: expected a str, got {type(self.policy).__name__}")
 
     @property
     def num_samples(self) -> int:
@@ -139,6 +149,7 @@ class Plan:
 
     def _to_core(self) -> tuple:
         """The tuple the Rust bindings read (see src/convert.rs)."""
+        self._check_fields()
         p = self.placement
         return (
             p.phy2log, p.num_experts, p.slots_per_rank, self.sample_rank, self.sample_micro,

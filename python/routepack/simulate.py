@@ -108,6 +108,7 @@ def simulate(plan: Any, window: Any, topo: Any, cost: Any, token_cap: Optional[i
     instance_of(window, Window, "window")
     instance_of(topo, Topology, "topo")
     instance_of(cost, CostModel, "cost")
+    plan._check_fields()  # before reading plan.report: a field set to None must be named
     if token_cap is not None:
         token_cap = positive_int(token_cap, "token_cap")
     cap = token_cap if token_cap is not None else plan.report.get("token_cap")
