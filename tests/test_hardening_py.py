@@ -167,3 +167,110 @@ def _small_plan_cached():
     if not _CACHE:
         _CACHE.append(_small_plan())
     return _CACHE[0]
+
+
+# ------------------------------------------------------------------ class 7: files
+def _window():
+    return rp.Window(np.array([5, 6, 7, 8]), np.arange(32, dtype=np.int32).reshape(4, 2, 4) % 3)
+
+
+def test_save_load_agree_on_the_path(tmp_path):
+    plan, window, _, _ = _small_plan_cached()
+    for name in ("x", "x.npz", "dir.with.dots"):
+        plan.save(tmp_path / f"plan_{name}")
+        assert (tmp_path / f"plan_{name}").exists() and not (tmp_path / f"plan_{name}.npz").exists()
+        back = rp.Plan.load(tmp_path / f"plan_{name}")
+        assert back.same_as(plan) and back.report.keys() == plan.report.keys() and back.policy == plan.policy
+        window.save(tmp_path / f"win_{name}")
+        assert rp.Window.load(tmp_path / f"win_{name}") == window
+
+
+def _saved(tmp_path, kind):
+    path = tmp_path / f"{kind}.npz"
+    (_small_plan_cached()[0] if kind == "plan" else _window()).save(path)
+    return path, (rp.Plan.load if kind == "plan" else rp.Window.load)
+
+
+def _rewrite(path, replace=None, drop=()):
+    """Rewrites the .npz at path with some arrays replaced (raw .npy bytes or arrays) or dropped."""
+    with zipfile.ZipFile(path) as zf:
+        members = {n: zf.read(n) for n in zf.namelist()}
+    for name in drop:
+        members.pop(f"{name}.npy")
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for n, data in members.items():
+            key = n[:-4]
+            if replace and key in replace:
+                value = replace[key]
+                if not isinstance(value, bytes):
+                    import io
+                    buf = io.BytesIO()
+                    np.lib.format.write_array(buf, np.asanyarray(value), allow_pickle=True)
+                    value = buf.getvalue()
+                data = value
+            zf.writestr(n, data)
+
+
+@pytest.mark.parametrize("kind", ["plan", "window"])
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_truncated_or_flipped_file_is_a_file_error(tmp_path_factory, kind, data):
+    path, load = _saved(tmp_path_factory.mktemp("f"), kind)
+    raw = path.read_bytes()
+    if data.draw(st.booleans(), label="truncate"):
+        damaged = raw[:data.draw(st.integers(0, len(raw) - 1), label="cut")]
+    else:
+        i = data.draw(st.integers(0, len(raw) - 1), label="at")
+        damaged = raw[:i] + bytes([raw[i] ^ data.draw(st.integers(1, 255), label="xor")]) + raw[i + 1:]
+    path.write_bytes(damaged)
+    try:
+        load(path)  # a flip in slack bytes may leave a valid file
+    except rp.RoutepackFileError as e:
+        assert str(path) in str(e)
+
+
+def _forged_header(shape):
+    """A .npy header claiming an array of ``shape`` (40 TiB) with only 16 bytes of data."""
+    import io
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": "<i8", "fortran_order": False, "shape": shape})
+    return buf.getvalue() + b"\0" * 16
+
+
+@pytest.mark.parametrize("kind", ["plan", "window"])
+def test_listed_damage_is_a_file_error(tmp_path, kind):
+    path, load = _saved(tmp_path, kind)
+    path.write_bytes(b"not a zip at all")
+    with pytest.raises(rp.RoutepackFileError, match="not an .npz"):
+        load(path)
+    key = "sample_rank" if kind == "plan" else "seq_lens"
+    for replace, drop, match in [
+        (None, (key,), "missing arrays"),
+        ({key: np.array([object()], dtype=object)}, (), "pickled"),
+        ({key: _forged_header((2**40, 5))}, (), "header claims"),
+        ({key: np.array([1.5, 2.5])}, (), key),
+    ]:
+        path, load = _saved(tmp_path, kind)
+        _rewrite(path, replace, drop)
+        with pytest.raises(rp.RoutepackFileError, match=match) as info:
+            load(path)
+        assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("replace,match", [
+    ({"num_micro": np.float64(2.7)}, "num_micro: expected an integer"),
+    ({"num_micro": np.array([1, 2])}, "num_micro: expected an integer"),
+    ({"report": np.array("[1, 2]")}, "report: expected a JSON object, got list"),
+    ({"report": np.array("{not json")}, "report: not valid JSON"),
+    ({"policy": np.array(3)}, "policy: expected a string"),
+])
+def test_plan_file_scalars_are_strict(tmp_path, replace, match):
+    path, load = _saved(tmp_path, "plan")
+    _rewrite(path, replace)
+    with pytest.raises(rp.RoutepackFileError, match=match):
+        load(path)
+
+
+def test_missing_file_is_still_os_error(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        rp.Plan.load(tmp_path / "nope")

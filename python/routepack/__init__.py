@@ -9,8 +9,8 @@ and their registry are in `routepack.stages`.
 """
 
 from routepack._core import __version__
-from routepack.errors import (InfeasibleError, InvalidPlanError, RoutepackError, RoutepackInternalError,
-                              RoutepackTypeError)
+from routepack.errors import (InfeasibleError, InvalidPlanError, RoutepackError, RoutepackFileError,
+                              RoutepackInternalError, RoutepackTypeError)
 from routepack.model import CostModel, Hardware, ModelShape, Topology
 from routepack.plan import MIGRATION_DTYPE, REPLICA_DTYPE, Placement, Plan
 from routepack.planner import plan_window
@@ -33,6 +33,7 @@ __all__ = [
     "Policy",
     "REPLICA_DTYPE",
     "RoutepackError",
+    "RoutepackFileError",
     "RoutepackInternalError",
     "RoutepackTypeError",
     "SimResult",

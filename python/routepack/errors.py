@@ -15,5 +15,13 @@ from routepack._core import (
     RoutepackTypeError,
 )
 
-__all__ = ["RoutepackError", "InvalidPlanError", "InfeasibleError", "RoutepackInternalError",
-           "RoutepackTypeError"]
+
+class RoutepackFileError(RoutepackError):
+    """A file `Window.load` or `Plan.load` reads is damaged (not a zip, truncated, missing
+    arrays, pickled objects, a header claiming more data than the file holds, or contents
+    that fail the class's checks). The message names the path and what is wrong. Defined in
+    Python, on top of the core's `RoutepackError`, since only the Python side reads files."""
+
+
+__all__ = ["RoutepackError", "InvalidPlanError", "InfeasibleError", "RoutepackFileError",
+           "RoutepackInternalError", "RoutepackTypeError"]

@@ -9,9 +9,9 @@ from typing import Any, Dict
 
 import numpy as np
 
-from routepack import _core
+from routepack import _core, _npz
 from routepack._checks import as_int_array, instance_of, positive_int
-from routepack.errors import RoutepackTypeError
+from routepack.errors import RoutepackError, RoutepackFileError, RoutepackTypeError
 from routepack.model import Topology
 from routepack.window import Window
 
@@ -169,8 +169,9 @@ class Plan:
 
     # ------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> None:
-        """Writes an ``.npz`` that `Plan.load` reads back identically."""
-        np.savez_compressed(
+        """Writes an ``.npz`` to exactly ``path`` (no suffix added) that `Plan.load` reads back
+        identically."""
+        _npz.write(
             path,
             phy2log=self.placement.phy2log,
             num_experts=np.int64(self.placement.num_experts),
@@ -186,17 +187,30 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
-        with np.load(path, allow_pickle=False) as z:
+        """Reads what `save` wrote; a damaged file raises `RoutepackFileError` naming it."""
+        z = _npz.read(path, _PLAN_KEYS, "plan")
+        try:
+            report = json.loads(_npz.scalar_str(z, "report", path, "plan"))
+        except json.JSONDecodeError as e:
+            _npz.fail(path, "plan", f"report: not valid JSON ({e})")
+        if not isinstance(report, dict):
+            _npz.fail(path, "plan", f"report: expected a JSON object, got {type(report).__name__}")
+        try:
             return cls(
-                placement=Placement(z["phy2log"], int(z["num_experts"]), int(z["slots_per_rank"])),
+                placement=Placement(z["phy2log"], _npz.scalar_int(z, "num_experts", path, "plan"),
+                                    _npz.scalar_int(z, "slots_per_rank", path, "plan")),
                 sample_rank=z["sample_rank"],
                 sample_micro=z["sample_micro"],
-                num_micro=int(z["num_micro"]),
+                num_micro=_npz.scalar_int(z, "num_micro", path, "plan"),
                 replicas=z["replicas"],
                 migration=z["migration"],
-                report=json.loads(str(z["report"])),
-                policy=str(z["policy"]),
+                report=report,
+                policy=_npz.scalar_str(z, "policy", path, "plan"),
             )
+        except RoutepackFileError:
+            raise
+        except RoutepackError as e:
+            _npz.fail(path, "plan", str(e))
 
     def same_as(self, other: "Plan") -> bool:
         """Same decisions (placement, layout, replicas, migration); the report may differ."""
@@ -214,6 +228,11 @@ class Plan:
             f"Plan(policy={self.policy!r}, S={self.num_samples}, M={self.num_micro}, "
             f"{self.placement!r}, replicas={len(self.replicas)}, moves={len(self.migration)})"
         )
+
+
+#: The arrays a plan file holds (`Plan.save`).
+_PLAN_KEYS = ("phy2log", "num_experts", "slots_per_rank", "sample_rank", "sample_micro", "num_micro",
+              "replicas", "migration", "report", "policy")
 
 
 def _json_default(o: Any) -> Any:

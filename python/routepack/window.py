@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from routepack import _core
+from routepack import _core, _npz
 from routepack._checks import as_int_array, positive_int
 from routepack._routed import ROUTED_DTYPES, flatten_slime, flatten_verl, native_order
 from routepack.errors import RoutepackError, RoutepackTypeError
@@ -82,12 +82,17 @@ class Window:
 
     # ------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> None:
-        np.savez_compressed(path, seq_lens=self.seq_lens, expert_tokens=self.expert_tokens)
+        """Writes an ``.npz`` to exactly ``path`` (no suffix added)."""
+        _npz.write(path, seq_lens=self.seq_lens, expert_tokens=self.expert_tokens)
 
     @classmethod
     def load(cls, path: str | Path) -> "Window":
-        with np.load(path) as z:
+        """Reads what `save` wrote; a damaged file raises `RoutepackFileError` naming it."""
+        z = _npz.read(path, ("seq_lens", "expert_tokens"), "window")
+        try:
             return cls(z["seq_lens"], z["expert_tokens"])
+        except RoutepackError as e:
+            _npz.fail(path, "window", str(e))
 
     # -------------------------------------------------------- routing replay
     @classmethod

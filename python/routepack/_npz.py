@@ -1,0 +1,118 @@
+"""The ``.npz`` files `Window.save` / `Plan.save` write and ``load`` reads back.
+
+`write` writes exactly the path it is given (numpy's ``savez`` appends ``.npz`` to a bare
+name, which ``load`` then could not find). `read` opens the zip itself instead of trusting
+``np.load``: every way a file can be damaged (not a zip, truncated, a corrupt stream, a
+missing array, pickled Python objects, a forged header claiming terabytes) becomes one
+`RoutepackFileError` naming the path and the fault, and nothing is allocated beyond what
+the file can actually hold. A leaf module (numpy and errors only).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+import zipfile
+import zlib
+from pathlib import Path
+from typing import Any, Dict, NoReturn, Sequence
+
+import numpy as np
+from numpy.lib import format as npy_format
+
+from routepack.errors import RoutepackFileError
+
+#: deflate cannot expand data by more than about 1032:1; a zip entry claiming more is forged.
+_MAX_DEFLATE_RATIO = 1100
+
+#: What reading a damaged member can raise (zip, zlib, numpy's header parser, allocation).
+_DAMAGE = (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OSError, SyntaxError, struct.error,
+           MemoryError, TypeError, OverflowError, NotImplementedError, KeyError)
+
+
+def write(path: str | Path, **arrays: Any) -> None:
+    """Writes ``arrays`` compressed to exactly ``path`` (no suffix added)."""
+    with open(path, "wb") as fh:
+        np.savez_compressed(fh, **arrays)
+
+
+def fail(path: str | Path, what: str, message: str) -> NoReturn:
+    raise RoutepackFileError(f"{what} file {os.fspath(path)!r}: {message}") from None
+
+
+class _Damaged(Exception):
+    """A member's fault, described for the user."""
+
+
+def _check_member(info: zipfile.ZipInfo, f: Any) -> None:
+    """Reads a member's ``.npy`` header and refuses it unless its data fits the entry."""
+    version = npy_format.read_magic(f)
+    if version == (1, 0):
+        shape, _, dtype = npy_format.read_array_header_1_0(f)
+    elif version == (2, 0):
+        shape, _, dtype = npy_format.read_array_header_2_0(f)
+    else:
+        raise _Damaged(f"unsupported .npy format version {version}")
+    if dtype.hasobject:
+        raise _Damaged("holds pickled Python objects, which routepack never loads")
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > info.file_size:
+        raise _Damaged(f"header claims shape {shape} of {dtype} ({nbytes} bytes) but the entry holds "
+                       f"{info.file_size} bytes")
+
+
+def _member(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
+    if info.file_size > max(info.compress_size, 1) * _MAX_DEFLATE_RATIO + 4096:
+        raise _Damaged(f"zip entry claims {info.file_size} bytes from {info.compress_size} compressed")
+    with zf.open(info) as f:
+        _check_member(info, f)
+    with zf.open(info) as f:
+        return npy_format.read_array(f, allow_pickle=False)
+
+
+def read(path: str | Path, keys: Sequence[str], what: str) -> Dict[str, np.ndarray]:
+    """The arrays ``keys`` of the ``.npz`` at ``path``; `RoutepackFileError` if it is damaged.
+    A missing or unreadable path raises the usual `OSError`."""
+    with open(path, "rb") as fh:
+        try:
+            zf = zipfile.ZipFile(fh)
+        except _DAMAGE as e:
+            fail(path, what, f"not an .npz file ({type(e).__name__}: {e})")
+        with zf:
+            try:
+                names = set(zf.namelist())
+            except _DAMAGE as e:
+                fail(path, what, f"damaged zip directory ({type(e).__name__}: {e})")
+            missing = [k for k in keys if f"{k}.npy" not in names]
+            if missing:
+                held = sorted(n[:-4] for n in names if n.endswith(".npy"))
+                fail(path, what, f"missing arrays {missing} (it holds {held})")
+            out = {}
+            for k in keys:
+                try:
+                    out[k] = _member(zf, zf.getinfo(f"{k}.npy"))
+                except _Damaged as e:
+                    fail(path, what, f"array {k!r} {e}")
+                except _DAMAGE as e:
+                    fail(path, what, f"array {k!r} is damaged ({type(e).__name__}: {e})")
+    return out
+
+
+def scalar_int(arrays: Dict[str, np.ndarray], key: str, path: str | Path, what: str) -> int:
+    """``arrays[key]`` as an int: a 0-d integer array (a float such as 2.7 is refused, not truncated)."""
+    a = arrays[key]
+    if a.ndim != 0 or a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.integer):
+        fail(path, what, f"{key}: expected an integer scalar, got dtype {a.dtype} shape {a.shape}")
+    return int(a)
+
+
+def scalar_str(arrays: Dict[str, np.ndarray], key: str, path: str | Path, what: str) -> str:
+    """``arrays[key]`` as a str: a 0-d unicode array."""
+    a = arrays[key]
+    if a.ndim != 0 or a.dtype.kind != "U":
+        fail(path, what, f"{key}: expected a string scalar, got dtype {a.dtype} shape {a.shape}")
+    return str(a)
+
+
+__all__ = ["fail", "read", "scalar_int", "scalar_str", "write"]
