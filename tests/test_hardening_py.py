@@ -274,3 +274,43 @@ def test_plan_file_scalars_are_strict(tmp_path, replace, match):
 def test_missing_file_is_still_os_error(tmp_path):
     with pytest.raises(FileNotFoundError):
         rp.Plan.load(tmp_path / "nope")
+
+
+# ------------------------------ classes 5-6 over every stage option: strict and in range
+def _option_fields():
+    from dataclasses import fields
+    from routepack.stages.registry import PACKINGS, PLACEMENTS, REPLICATIONS
+    classes = {s.options for reg in (PLACEMENTS, PACKINGS, REPLICATIONS) for s in reg.values()}
+    out = []
+    for cls in sorted(classes, key=lambda c: c.__name__):
+        for f in fields(cls):
+            default = cls().__getattribute__(f.name)
+            out.append((cls, f.name, default))
+    return out
+
+
+OPTION_FIELDS = _option_fields()
+NON_NUMBERS = st.one_of(st.text(max_size=3), st.booleans(), st.lists(st.integers(), max_size=2),
+                        st.dictionaries(st.integers(), st.integers(), max_size=2))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from(OPTION_FIELDS), st.data())
+def test_every_option_is_strict_and_named(entry, data):
+    cls, name, default = entry
+    if isinstance(default, tuple):
+        value = data.draw(NOT_SEQUENCES, label="value")
+    elif isinstance(default, bool):
+        value = data.draw(st.one_of(st.integers(), st.text(max_size=2), st.floats()), label="value")
+    elif isinstance(default, int) or default is None:
+        value = data.draw(st.one_of(NON_NUMBERS, st.floats(), st.integers(max_value=-1),
+                                    st.integers(min_value=2**64)), label="value")
+    else:  # a float option
+        value = data.draw(st.one_of(NON_NUMBERS, st.sampled_from([float("nan"), float("inf"), -1.0])),
+                          label="value")
+    try:
+        cls(**{name: value})
+    except RoutepackError as e:  # RoutepackTypeError included
+        assert name in str(e)
+    else:  # a float option given a float inside its range, an int option given an int in range
+        assert isinstance(value, (int, float)) and not isinstance(value, bool) and default is None
