@@ -314,3 +314,13 @@ def test_every_option_is_strict_and_named(entry, data):
         assert name in str(e)
     else:  # a float option given a float inside its range, an int option given an int in range
         assert isinstance(value, (int, float)) and not isinstance(value, bool) and default is None
+
+
+def test_open_files_round_trip_and_damage_is_named():
+    import io
+    plan = _small_plan_cached()[0]
+    buf = io.BytesIO()
+    plan.save(buf)
+    assert rp.Plan.load(io.BytesIO(buf.getvalue())).same_as(plan)
+    with pytest.raises(rp.RoutepackFileError, match="plan file <BytesIO>"):
+        rp.Plan.load(io.BytesIO(buf.getvalue()[:100]))

@@ -10,13 +10,14 @@ the file can actually hold. A leaf module (numpy and errors only).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import struct
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any, Dict, NoReturn, Sequence
+from typing import Any, BinaryIO, Dict, NoReturn, Sequence, Union
 
 import numpy as np
 from numpy.lib import format as npy_format
@@ -31,14 +32,25 @@ _DAMAGE = (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OSError, Syntax
            MemoryError, TypeError, OverflowError, NotImplementedError, KeyError)
 
 
-def write(path: str | Path, **arrays: Any) -> None:
-    """Writes ``arrays`` compressed to exactly ``path`` (no suffix added)."""
-    with open(path, "wb") as fh:
+#: A path, or an open binary file (``routepack.torch`` broadcasts plans through a BytesIO).
+Target = Union[str, Path, BinaryIO]
+
+
+def write(path: Target, **arrays: Any) -> None:
+    """Writes ``arrays`` compressed to exactly ``path`` (no suffix added), or into an open file."""
+    if hasattr(path, "write"):
+        np.savez_compressed(path, **arrays)
+        return
+    with open(path, "wb") as fh:  # type: ignore[arg-type]
         np.savez_compressed(fh, **arrays)
 
 
-def fail(path: str | Path, what: str, message: str) -> NoReturn:
-    raise RoutepackFileError(f"{what} file {os.fspath(path)!r}: {message}") from None
+def _name(path: Target) -> str:
+    return repr(os.fspath(path)) if isinstance(path, (str, Path)) else f"<{type(path).__name__}>"
+
+
+def fail(path: Target, what: str, message: str) -> NoReturn:
+    raise RoutepackFileError(f"{what} file {_name(path)}: {message}") from None
 
 
 class _Damaged(Exception):
@@ -71,10 +83,10 @@ def _member(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
         return npy_format.read_array(f, allow_pickle=False)
 
 
-def read(path: str | Path, keys: Sequence[str], what: str) -> Dict[str, np.ndarray]:
+def read(path: Target, keys: Sequence[str], what: str) -> Dict[str, np.ndarray]:
     """The arrays ``keys`` of the ``.npz`` at ``path``; `RoutepackFileError` if it is damaged.
     A missing or unreadable path raises the usual `OSError`."""
-    with open(path, "rb") as fh:
+    with (contextlib.nullcontext(path) if hasattr(path, "read") else open(path, "rb")) as fh:  # type: ignore[arg-type]
         try:
             zf = zipfile.ZipFile(fh)
         except _DAMAGE as e:
@@ -99,7 +111,7 @@ def read(path: str | Path, keys: Sequence[str], what: str) -> Dict[str, np.ndarr
     return out
 
 
-def scalar_int(arrays: Dict[str, np.ndarray], key: str, path: str | Path, what: str) -> int:
+def scalar_int(arrays: Dict[str, np.ndarray], key: str, path: Target, what: str) -> int:
     """``arrays[key]`` as an int: a 0-d integer array (a float such as 2.7 is refused, not truncated)."""
     a = arrays[key]
     if a.ndim != 0 or a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.integer):
@@ -107,7 +119,7 @@ def scalar_int(arrays: Dict[str, np.ndarray], key: str, path: str | Path, what: 
     return int(a)
 
 
-def scalar_str(arrays: Dict[str, np.ndarray], key: str, path: str | Path, what: str) -> str:
+def scalar_str(arrays: Dict[str, np.ndarray], key: str, path: Target, what: str) -> str:
     """``arrays[key]`` as a str: a 0-d unicode array."""
     a = arrays[key]
     if a.ndim != 0 or a.dtype.kind != "U":
