@@ -50,6 +50,8 @@ def test_sequences_still_accepted():
     assert CostModel(a_quad=np.array([1.0, 0.0]), **COST).a_quad == [1.0, 0.0]
     assert ModelShape(2, 4, 2, 8, 8, attention=["full", "linear"]).attention == ("full", "linear")
     assert ModelShape(2, 4, 2, 8, 8).attention == ("full", "full")
+    assert ModelShape(2, 4, 2, 8, 8, attention=(a for a in ("linear", "full"))).attention == ("linear", "full")
+    assert CostModel(a_quad=iter([1.0]), **COST).a_quad == [1.0]
     assert RoutepackPackingOptions(anneal_mix=[1, 0, 0, 0]).anneal_mix == (1.0, 0.0, 0.0, 0.0)
 
 

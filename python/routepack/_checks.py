@@ -45,15 +45,14 @@ def positive_int(value: Any, name: str, minimum: int = 1, maximum: int = MAX_INT
 
 
 def sequence(value: Any, name: str, what: str = "numbers") -> List[Any]:
-    """``value``'s items as a list: a list, tuple or 1-D array. A mapping or set (whose
-    iteration would silently yield keys or an arbitrary order), a string, or a scalar is
-    refused with a TypeError naming the argument."""
+    """``value``'s items as a list: a list, tuple, 1-D array or other iterable. A mapping or
+    set (whose iteration would silently yield keys or an arbitrary order), a string, or a
+    scalar is refused with a TypeError naming the argument."""
     if isinstance(value, np.ndarray):
         if value.ndim != 1:
             raise RoutepackTypeError(f"{name}: expected a sequence of {what}, got an array of shape {value.shape}")
         return list(value)
-    if (isinstance(value, (str, bytes, bytearray, Mapping, Set)) or not hasattr(value, "__iter__")
-            or not hasattr(value, "__len__")):
+    if isinstance(value, (str, bytes, bytearray, Mapping, Set)) or not hasattr(value, "__iter__"):
         raise RoutepackTypeError(f"{name}: expected a sequence of {what}, got {type(value).__name__} {value!r}")
     return list(value)
 
