@@ -118,3 +118,31 @@ fn zero_weight_samples_are_placed() {
         validate_plan(&plan, &w, &topo, 600).unwrap();
     }
 }
+
+/// Chain and temperature-step counts beyond the caps are refused, naming the option, before
+/// anything is allocated (an allocation failure would abort the process).
+#[test]
+fn absurd_anneal_sizes_are_refused() {
+    let (lens, tok, topo, cost) = setup(32);
+    let w = WindowView::new(&lens, &tok, 4, 16).unwrap();
+    let pl = static_placement(4, 16, &topo).unwrap();
+    let cases: [(usize, usize, u64, &str); 3] = [
+        (100_000_000, 24, u64::MAX, "anneal_chains"),
+        (2, 1_000_000_000, u64::MAX, "anneal_steps"),
+        (2, 1 << 62, u64::MAX, "anneal_steps"),
+    ];
+    for (chains, steps, moves, arg) in cases {
+        let mut opts = Options::default();
+        opts.anneal.chains = chains;
+        opts.anneal.steps = steps;
+        opts.anneal.moves = moves;
+        let e = routepack_packing(&w, &topo, &cost, &pl, 4096, &opts).unwrap_err().to_string();
+        assert!(e.contains(arg), "{arg}: {e}");
+    }
+    // at the caps the sizes are accepted (a small budget keeps it quick)
+    let mut opts = Options::default();
+    opts.anneal.chains = crate::layout::anneal::MAX_CHAINS;
+    opts.anneal.steps = crate::layout::anneal::MAX_STEPS;
+    opts.anneal.moves = 10_000;
+    routepack_packing(&w, &topo, &cost, &pl, 4096, &opts).unwrap();
+}
