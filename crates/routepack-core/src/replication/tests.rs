@@ -351,7 +351,7 @@ fn routepack_with_zero_token_cost() {
         let mut case = Case::new(seed, seed as usize);
         // experts without tokens leave their hosts idle, so ranks differ in expert time
         let e_n = case.experts;
-        case.expert_tokens.iter_mut().enumerate().filter(|(i, _)| (i % e_n) % 3 == 0).for_each(|(_, t)| *t = 0);
+        case.expert_tokens.iter_mut().enumerate().filter(|(i, _)| (i % e_n).is_multiple_of(3)).for_each(|(_, t)| *t = 0);
         let w = case.window();
         let cost = CostModel { c_tok: 0.0, c_exp: 1e-9, token_bytes: 1e6, ..CostModel::for_tests(case.layers) };
         let mut plan = case.plan(Vec::new());
