@@ -80,7 +80,7 @@ fn anneal<M: Measurement>(c: &mut Criterion<M>, label: &str) {
     let mut g = c.benchmark_group(format!("anneal_flash_{label}"));
     g.throughput(Throughput::Elements(SCHEDULE));
     g.sample_size(10);
-    g.bench_function("schedule_one_chain", |b| b.iter(|| anneal::anneal(&px, &start, &params).moves_done));
+    g.bench_function("schedule_one_chain", |b| b.iter(|| anneal::anneal(&px, &start, &params).expect("sizes within the caps").moves_done));
     g.finish();
 }
 

@@ -60,7 +60,7 @@ fn main() {
     // a whole schedule, as `routepack_packing` runs it, on one chain
     let params = AnnealParams { moves, chains: 1, ..Options::default().anneal };
     let c0 = cpu_s();
-    let res = anneal::anneal(&px, &start, &params);
+    let res = anneal::anneal(&px, &start, &params).expect("sizes within the caps");
     let cpu = cpu_s() - c0;
     println!(
         "schedule ({} steps, start acceptance {}): {} proposals in {cpu:.3} s cpu: {:.0} K proposals/s, {:.1}% evaluated, {:.1}% of evaluated accepted; cost {:.4} -> {:.4}",

@@ -23,6 +23,7 @@ use rayon::prelude::*;
 use super::chain::{Chain, MoveMix};
 use super::proxy::Proxy;
 use super::detmath::{exp, ln};
+use crate::error::{invalid, Result};
 
 /// Search settings (the defaults are in `packing::routepack::Options::default`).
 #[derive(Clone, Debug, PartialEq)]
@@ -93,13 +94,45 @@ pub struct AnnealResult {
     pub stopped_by_time: bool,
 }
 
+/// Most chains a population may hold. Each chain is a full copy of the layout state, and a
+/// count beyond a few per core buys nothing: the cap turns an absurd `anneal_chains` into an
+/// error instead of an allocation failure (which aborts the process).
+pub const MAX_CHAINS: usize = 4096;
+/// Most temperature steps a schedule may have (the history keeps one record per step).
+pub const MAX_STEPS: usize = 1_000_000;
+/// Most bytes the population of chains may hold together (a fixed ceiling, not a fraction of
+/// this machine's memory, so whether a request is refused does not depend on the machine).
+pub const MAX_POPULATION_BYTES: u64 = 16 << 30;
+
+/// Refuses chain and step counts beyond `MAX_CHAINS` / `MAX_STEPS`, naming the option and
+/// what it would allocate, before anything is built.
+pub fn check_sizes(params: &AnnealParams) -> Result<()> {
+    if params.chains > MAX_CHAINS {
+        return Err(invalid(
+            "anneal_chains",
+            format!("must be <= {MAX_CHAINS} (each chain holds a copy of the layout state), got {}", params.chains),
+        ));
+    }
+    if params.steps > MAX_STEPS {
+        let bytes = (params.steps as u128) * std::mem::size_of::<TemperatureStep>() as u128;
+        return Err(invalid(
+            "anneal_steps",
+            format!("must be <= {MAX_STEPS}, got {} (its history alone would take {bytes} bytes)", params.steps),
+        ));
+    }
+    Ok(())
+}
+
 fn chain_rng(seed: u64, index: u64) -> Xoshiro256PlusPlus {
     // distinct streams per index: mix the index into the seed with a 64-bit odd constant
     Xoshiro256PlusPlus::seed_from_u64(seed ^ index.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15))
 }
 
-/// Anneals from `init` (`[S]` cells, a feasible layout).
-pub fn anneal(px: &Proxy, init: &[u32], params: &AnnealParams) -> AnnealResult {
+/// Anneals from `init` (`[S]` cells, a feasible layout). Refuses (`Error::InvalidArgument`)
+/// chain and step counts beyond the caps of `check_sizes`, and a population whose chains would
+/// hold more than `MAX_POPULATION_BYTES` together.
+pub fn anneal(px: &Proxy, init: &[u32], params: &AnnealParams) -> Result<AnnealResult> {
+    check_sizes(params)?;
     let t_start = Instant::now();
     let deadline = crate::budget::deadline(t_start, params.time_budget);
     let chains_n = params.chains.max(1).min(params.moves.max(1) as usize);
@@ -107,6 +140,16 @@ pub fn anneal(px: &Proxy, init: &[u32], params: &AnnealParams) -> AnnealResult {
     let per = params.moves / (chains_n * steps) as u64;
 
     let base = Chain::new(px, init, chain_rng(params.seed, 0), params.mix);
+    let population = chains_n as u64 * base.heap_bytes() as u64;
+    if population > MAX_POPULATION_BYTES {
+        return Err(invalid(
+            "anneal_chains",
+            format!(
+                "{chains_n} chains of {} bytes each would take {population} bytes, over the {MAX_POPULATION_BYTES}-byte ceiling",
+                base.heap_bytes()
+            ),
+        ));
+    }
     let initial_energy = base.energy;
     let initial_cost = px.step_time(&base.sh);
     let mut best_cell = init.to_vec();
@@ -153,7 +196,7 @@ pub fn anneal(px: &Proxy, init: &[u32], params: &AnnealParams) -> AnnealResult {
     };
     if per == 0 {
         result.cell_of = best_cell;
-        return result;
+        return Ok(result);
     }
     let mut pop: Vec<Chain> = (0..chains_n)
         .map(|i| {
@@ -211,7 +254,7 @@ pub fn anneal(px: &Proxy, init: &[u32], params: &AnnealParams) -> AnnealResult {
     result.cell_of = best_cell;
     result.best_energy = best_energy;
     result.best_cost = best_cost;
-    result
+    Ok(result)
 }
 
 /// Systematic resampling by Boltzmann weight; chains drawn at least once keep their layout,

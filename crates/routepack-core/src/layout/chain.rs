@@ -123,6 +123,24 @@ impl Chain {
         }
     }
 
+    /// Bytes this chain holds on the heap (what each further chain of a population costs).
+    pub fn heap_bytes(&self) -> usize {
+        use std::mem::size_of_val;
+        let members: usize = self.members.iter().map(|m| size_of_val(m.as_slice())).sum();
+        let sh = &self.sh;
+        size_of_val(self.cell_of.as_slice())
+            + size_of_val(self.pos.as_slice())
+            + size_of_val(self.members.as_slice())
+            + members
+            + size_of_val(sh.gm.as_slice())
+            + size_of_val(sh.lin.as_slice())
+            + size_of_val(sh.quad.as_slice())
+            + size_of_val(sh.att_top.as_slice())
+            + size_of_val(sh.gm_cost.as_slice())
+            + size_of_val(sh.group_cost.as_slice())
+            + size_of_val(self.cagg.as_slice())
+    }
+
     /// Takes `other`'s layout and state, keeping this chain's random stream and counters
     /// (population resampling: the RNG belongs to the chain index, not to the layout).
     pub fn copy_state_from(&mut self, other: &Chain) {

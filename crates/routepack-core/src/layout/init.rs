@@ -30,12 +30,20 @@ pub fn worst_fit(px: &Proxy) -> Option<Vec<u32>> {
     order.sort_by(|&a, &b| w[b].total_cmp(&w[a]).then(a.cmp(&b)));
     let mut load = vec![0f64; cells];
     let mut tokens = vec![0i64; cells];
+    let mut used = vec![false; cells];
     let mut cell_of = vec![0u32; px.num_samples];
     for s in order {
         let n = px.lens[s];
         let mut pick = usize::MAX;
         for c in 0..cells {
-            if tokens[c] + n <= px.token_cap && (pick == usize::MAX || load[c] < load[pick]) {
+            // An empty cell is lighter than any used one, whatever the loads: a zero-weight
+            // sample (no attention cost, no expert tokens) must still open a cell, or the
+            // annealer is handed an empty cell. Where every weight is positive, used cells
+            // weigh more than 0 and this orders cells exactly as the loads alone did.
+            let lighter = pick == usize::MAX
+                || (!used[c] && used[pick])
+                || (used[c] == used[pick] && load[c] < load[pick]);
+            if tokens[c] + n <= px.token_cap && lighter {
                 pick = c;
             }
         }
@@ -44,6 +52,7 @@ pub fn worst_fit(px: &Proxy) -> Option<Vec<u32>> {
         }
         load[pick] += w[s];
         tokens[pick] += n;
+        used[pick] = true;
         cell_of[s] = pick as u32;
     }
     Some(cell_of)
@@ -75,4 +84,33 @@ pub fn from_rows(px: &Proxy, rows: &[Vec<usize>]) -> Vec<u32> {
         }
     }
     cell_of
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::CostModel;
+    use crate::placement::static_placement;
+    use crate::topology::Topology;
+    use crate::window::WindowView;
+
+    /// Samples of zero weight (no attention cost, no expert tokens) still open every cell.
+    #[test]
+    fn zero_weight_samples_open_every_cell() {
+        let (s_n, l_n, e_n) = (24, 2, 8);
+        let lens: Vec<i64> = (0..s_n).map(|s| 10 + s as i64).collect();
+        let tok = vec![0i32; s_n * l_n * e_n];
+        let topo = Topology::new(4, 2, 2, 4).unwrap();
+        let mut cost = CostModel::for_tests(l_n);
+        cost.a_lin = 0.0;
+        cost.a_quad = vec![0.0; l_n];
+        let w = WindowView::new(&lens, &tok, l_n, e_n).unwrap();
+        let pl = static_placement(l_n, e_n, &topo).unwrap();
+        let px = Proxy::new(&w, &topo, &cost, &pl, 1000, 3, 0.1).unwrap();
+        assert!((0..s_n).all(|s| sample_weight(&px, s) == 0.0));
+        let cell_of = worst_fit(&px).expect("room everywhere");
+        let mut count = vec![0usize; px.cells()];
+        cell_of.iter().for_each(|&c| count[c as usize] += 1);
+        assert!(count.iter().all(|&n| n >= 1), "an empty cell: {count:?}");
+    }
 }

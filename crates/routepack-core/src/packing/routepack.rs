@@ -108,6 +108,7 @@ pub fn routepack_packing(
     if !(a.cooling > 0.0 && a.cooling <= 1.0) {
         return Err(invalid("cooling", format!("must be in (0, 1], got {}", a.cooling)));
     }
+    anneal::check_sizes(a)?;
     topo.check_experts(w.num_experts)?;
     let start = Instant::now();
     // the exact search may use a quarter of a wall-clock budget
@@ -124,7 +125,7 @@ pub fn routepack_packing(
     let t_init = start.elapsed().as_secs_f64();
     let mut params = a.clone();
     params.time_budget = a.time_budget.map(|b| b.saturating_sub(start.elapsed()).max(Duration::from_millis(1)));
-    let result = anneal::anneal(&px, &init, &params);
+    let result = anneal::anneal(&px, &init, &params)?;
     let t_anneal = start.elapsed().as_secs_f64();
     let packing = to_packing(&result.cell_of, micro);
     let report = Report {

@@ -158,6 +158,8 @@ pub fn rebalance_experts(
         .map(|l| hierarchical_layer(&weight[l * num_experts..(l + 1) * num_experts], num_replicas, groups, nodes, num_gpus))
         .collect();
     let max_count = per_layer.iter().flat_map(|x| x.2.iter().copied()).max().unwrap_or(1);
+    // log2phy's width is known only now: check it before allocating it
+    check_bytes("num_replicas", (num_layers * num_experts) as u128 * max_count as u128 * 8, "log2phy")?;
     let mut t = EplbTables {
         num_layers,
         num_experts,
@@ -175,6 +177,19 @@ pub fn rebalance_experts(
         t.logcnt.extend(cnt.into_iter().map(|c| c as i64));
     }
     Ok(t)
+}
+
+/// Most bytes one table of `rebalance_experts` may take: a fixed ceiling (not a fraction of
+/// this machine's memory, so whether a call is refused does not depend on the machine), far
+/// above any real model's (a few MB) and below what a failed allocation would abort on.
+pub const MAX_TABLE_BYTES: u128 = 16 << 30;
+
+/// Refuses a table of `bytes` over `MAX_TABLE_BYTES`, blaming the argument that sized it.
+fn check_bytes(arg: &str, bytes: u128, what: &str) -> Result<()> {
+    if bytes > MAX_TABLE_BYTES {
+        return Err(invalid(arg, format!("{what} would take {bytes} bytes, over the {MAX_TABLE_BYTES}-byte ceiling")));
+    }
+    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -199,6 +214,9 @@ fn check_args(
     if num_replicas < num_experts {
         return Err(invalid("num_replicas", format!("{num_replicas} < num_experts = {num_experts}")));
     }
+    // every layer's tables (phy2log, the physical ranks and their working copies, about
+    // 48 bytes per replica) are built at once, layers in parallel
+    check_bytes("num_replicas", num_layers as u128 * num_replicas as u128 * 48, "the per-layer tables")?;
     if !num_replicas.is_multiple_of(num_gpus) {
         return Err(invalid("num_replicas", format!("{num_replicas} is not a multiple of num_gpus = {num_gpus}")));
     }
@@ -289,5 +307,14 @@ mod tests {
         assert!(rebalance_experts(&w, 1, 12, 15, 1, 1, 2).unwrap_err().to_string().contains("multiple of num_gpus"));
         assert!(rebalance_experts(&w, 1, 12, 16, 5, 5, 10).unwrap_err().to_string().contains("num_gpus"));
         assert!(rebalance_experts(&w, 2, 12, 16, 1, 1, 8).unwrap_err().to_string().contains("weight"));
+    }
+
+    /// A replica count no machine can hold is refused, with the bytes, before allocating.
+    #[test]
+    fn absurd_replica_counts_are_refused() {
+        let w = vec![1.0; 16];
+        let e = rebalance_experts(&w, 2, 8, 1 << 40, 4, 2, 4).unwrap_err().to_string();
+        assert!(e.contains("num_replicas") && e.contains("bytes"), "{e}");
+        assert!(rebalance_experts(&w, 2, 8, 1 << 20, 4, 2, 4).is_ok());
     }
 }

@@ -214,7 +214,7 @@ pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Repli
             // least loaded: key = -(expert time) in ns, positive offset keeps take_top's key > 0
             let x_max = st.expert_time(px);
             keyed.extend(
-                (0..ep).filter(|&r| eligible(r)).map(|r| (((x_max - st.expert_time(r)) * 1e9) as i64 + 1, r)),
+                (0..ep).filter(|&r| eligible(r)).map(|r| ((((x_max - st.expert_time(r)) * 1e9) as i64).saturating_add(1), r)),
             );
             take_top(keyed, opts.dsts, dsts);
             if ci >= sent_from && eligible(pa) && !dsts.contains(&pa) {
@@ -239,7 +239,10 @@ pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Repli
                 // r's own tokens, or levelling past the node, was tried: greedy then spends
                 // slots on small gains, and the plans were slower on both profiles.)
                 let node_tokens = wk.node_tokens[r / rpn];
-                let level = mine + ((host_x - st.expert_time(r)) / (2.0 * c.cost.c_tok.max(f64::MIN_POSITIVE))) as i64;
+                // with c_tok = 0 (or a huge gap) the share is "all of it": the float→int cast
+                // saturates, and the sum must too (it overflowed i64 before)
+                let level = mine
+                    .saturating_add(((host_x - st.expert_time(r)) / (2.0 * c.cost.c_tok.max(f64::MIN_POSITIVE))) as i64);
                 let mut options = [node_tokens.clamp(1, avail), 0];
                 let n_options = if level >= 1 && level < node_tokens { options[1] = level.min(avail); 2 } else { 1 };
                 // ranks a move of e onto r can change: expert time on r, e's hosts and e's

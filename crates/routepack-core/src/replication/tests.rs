@@ -342,3 +342,23 @@ fn a_spent_budget_plans_no_exchange() {
         validate_plan(&case.plan(rows), &w, &case.topo, case.cap).unwrap();
     }
 }
+
+/// A cost model with no per-token expert cost (`c_tok = 0`): levelling a rank with the busiest
+/// host then asks for "all the tokens", which must saturate, not overflow; the plan stays valid.
+#[test]
+fn routepack_with_zero_token_cost() {
+    for seed in 0..24u64 {
+        let mut case = Case::new(seed, seed as usize);
+        // experts without tokens leave their hosts idle, so ranks differ in expert time
+        let e_n = case.experts;
+        case.expert_tokens.iter_mut().enumerate().filter(|(i, _)| (i % e_n).is_multiple_of(3)).for_each(|(_, t)| *t = 0);
+        let w = case.window();
+        let cost = CostModel { c_tok: 0.0, c_exp: 1e-9, token_bytes: 1e6, ..CostModel::for_tests(case.layers) };
+        let mut plan = case.plan(Vec::new());
+        let packed = Packed { sample_rank: &plan.sample_rank, sample_micro: &plan.sample_micro, num_micro: plan.num_micro };
+        let opts = routepack::Options { replica_slots: 1 + seed as usize % 3, ..Default::default() };
+        let rows = routepack(&w, &case.topo, &cost, &case.placement, packed, &opts).unwrap();
+        plan.replicas = rows;
+        validate_plan(&plan, &w, &case.topo, case.cap).unwrap();
+    }
+}

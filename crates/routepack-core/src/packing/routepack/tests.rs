@@ -93,3 +93,56 @@ fn same_plan_on_one_and_two_threads() {
 fn pool_free(w: &WindowView, topo: &Topology, cost: &CostModel, pl: &Placement, opts: &Options) -> (Packing, Report) {
     routepack_packing(w, topo, cost, pl, 4096, opts).unwrap()
 }
+
+/// Samples of zero cost weight (a cost model with no attention cost, a window with no expert
+/// tokens) are placed like any other: every cell gets one, and the plan is valid.
+#[test]
+fn zero_weight_samples_are_placed() {
+    let (s_n, l_n, e_n) = (40, 4, 16);
+    let lens: Vec<i64> = (0..s_n).map(|s| 20 + 7 * s as i64).collect();
+    let tok = vec![0i32; s_n * l_n * e_n];
+    let topo = Topology::new(8, 4, 2, 5).unwrap();
+    for zero_c_tok in [false, true] {
+        let mut cost = CostModel::for_tests(l_n);
+        cost.a_lin = 0.0;
+        cost.a_quad = vec![0.0; l_n];
+        if zero_c_tok {
+            cost = CostModel { c_tok: 0.0, c_exp: 0.0, token_bytes: 0.0, ..cost };
+        }
+        let w = WindowView::new(&lens, &tok, l_n, e_n).unwrap();
+        let pl = static_placement(l_n, e_n, &topo).unwrap();
+        let mut opts = Options::default();
+        opts.anneal.moves = 5_000;
+        let (p, _) = routepack_packing(&w, &topo, &cost, &pl, 600, &opts).unwrap();
+        let plan = Plan { placement: pl.clone(), sample_rank: p.sample_rank, sample_micro: p.sample_micro, num_micro: p.num_micro, replicas: vec![], migration: vec![] };
+        validate_plan(&plan, &w, &topo, 600).unwrap();
+    }
+}
+
+/// Chain and temperature-step counts beyond the caps are refused, naming the option, before
+/// anything is allocated (an allocation failure would abort the process).
+#[test]
+fn absurd_anneal_sizes_are_refused() {
+    let (lens, tok, topo, cost) = setup(32);
+    let w = WindowView::new(&lens, &tok, 4, 16).unwrap();
+    let pl = static_placement(4, 16, &topo).unwrap();
+    let cases: [(usize, usize, u64, &str); 3] = [
+        (100_000_000, 24, u64::MAX, "anneal_chains"),
+        (2, 1_000_000_000, u64::MAX, "anneal_steps"),
+        (2, 1 << 62, u64::MAX, "anneal_steps"),
+    ];
+    for (chains, steps, moves, arg) in cases {
+        let mut opts = Options::default();
+        opts.anneal.chains = chains;
+        opts.anneal.steps = steps;
+        opts.anneal.moves = moves;
+        let e = routepack_packing(&w, &topo, &cost, &pl, 4096, &opts).unwrap_err().to_string();
+        assert!(e.contains(arg), "{arg}: {e}");
+    }
+    // at the caps the sizes are accepted (a small budget keeps it quick)
+    let mut opts = Options::default();
+    opts.anneal.chains = crate::layout::anneal::MAX_CHAINS;
+    opts.anneal.steps = crate::layout::anneal::MAX_STEPS;
+    opts.anneal.moves = 10_000;
+    routepack_packing(&w, &topo, &cost, &pl, 4096, &opts).unwrap();
+}
