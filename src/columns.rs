@@ -28,7 +28,7 @@ pub type ReplicaColumns<'py> = (
     Bound<'py, PyArray1<f32>>,
 );
 
-/// Migration rows → [`MigrationColumns`].
+/// Expert moves → [`MigrationColumns`].
 pub fn migration_columns<'py>(py: Python<'py>, rows: &[ExpertMove]) -> MigrationColumns<'py> {
     let col = |f: fn(&ExpertMove) -> i32| rows.iter().map(f).collect::<Vec<i32>>().into_pyarray(py);
     (

@@ -97,32 +97,14 @@ pub fn share_for(n: i64, total: i64) -> f32 {
 ///
 /// * `sample_rank`, `sample_micro` `[S]`, `num_micro` M: the packing.
 /// * `plan_exchange(exchange, worker_state)`: the planner; `W` is per-worker scratch built by `init`.
-#[allow(clippy::too_many_arguments)]
-pub fn plan_exchanges<W, I, F>(
-    w: &WindowView,
-    topo: &Topology,
-    cost: &CostModel,
-    placement: &Placement,
-    sample_rank: &[i32],
-    sample_micro: &[i32],
-    num_micro: usize,
-    init: I,
-    plan_exchange: F,
-) -> Result<Vec<Replica>>
-where
-    I: Fn() -> W + Sync + Send,
-    F: Fn(&Exchange, &mut W) -> Vec<Replica> + Sync + Send,
-{
-    plan_exchanges_until(w, topo, cost, placement, sample_rank, sample_micro, num_micro, None, init, plan_exchange)
-}
-
-/// [`plan_exchanges`] with an optional `deadline`: an exchange whose turn comes after it gets
+///
+/// With a `deadline`, an exchange whose turn comes after it gets
 /// no replicas (it is not even routed): valid, and for routepack, whose planned exchanges are
 /// never slower than unreplicated ones, the plan is never slower than no replication at all.
 /// Which exchanges are planned in time depends on the machine; the result keeps exchange
 /// order. Without a deadline the clock is never read.
 #[allow(clippy::too_many_arguments)]
-pub fn plan_exchanges_until<W, I, F>(
+pub fn plan_exchanges<W, I, F>(
     w: &WindowView,
     topo: &Topology,
     cost: &CostModel,

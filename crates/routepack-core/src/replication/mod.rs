@@ -24,7 +24,7 @@ use crate::plan::Replica;
 use crate::topology::Topology;
 use crate::window::WindowView;
 
-use exchange::{plan_exchanges, plan_exchanges_until};
+use exchange::plan_exchanges;
 use state::ExchangeState;
 
 /// The packing replication plans for: `sample_rank`, `sample_micro` `[S]`, `num_micro` M.
@@ -48,7 +48,7 @@ pub fn hot_n(
     if hot_experts == 0 {
         return Err(invalid("hot_experts", "must be >= 1 (MindSpeed's --balanced-moe-hot-expert-num), got 0"));
     }
-    plan_exchanges(w, topo, cost, placement, packed.sample_rank, packed.sample_micro, packed.num_micro, ExchangeState::new, |c, st| {
+    plan_exchanges(w, topo, cost, placement, packed.sample_rank, packed.sample_micro, packed.num_micro, None, ExchangeState::new, |c, st| {
         hot_n::plan_exchange(c, st, hot_experts)
     })
 }
@@ -63,7 +63,7 @@ pub fn relibra(
     packed: Packed,
     replica_slots: usize,
 ) -> Result<Vec<Replica>> {
-    plan_exchanges(w, topo, cost, placement, packed.sample_rank, packed.sample_micro, packed.num_micro, ExchangeState::new, |c, st| {
+    plan_exchanges(w, topo, cost, placement, packed.sample_rank, packed.sample_micro, packed.num_micro, None, ExchangeState::new, |c, st| {
         relibra::plan_exchange(c, st, replica_slots)
     })
 }
@@ -85,7 +85,7 @@ pub fn routepack(
         ));
     }
     let deadline = crate::budget::deadline(std::time::Instant::now(), opts.time_budget);
-    plan_exchanges_until(
+    plan_exchanges(
         w,
         topo,
         cost,

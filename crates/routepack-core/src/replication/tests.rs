@@ -163,7 +163,7 @@ proptest! {
             let (base, rows) = run(&case, which, 2);
             let (g_n, m_n, l_n) = (case.topo.num_groups(), base.num_micro, case.layers);
             let buckets = bucket_replicas(&rows, g_n, m_n, l_n);
-            let bad = plan_exchanges(&w, &case.topo, &cost, &case.placement, &base.sample_rank, &base.sample_micro, base.num_micro,
+            let bad = plan_exchanges(&w, &case.topo, &cost, &case.placement, &base.sample_rank, &base.sample_micro, base.num_micro, None,
                 || (ExchangeState::new(), ExchangePricer::new(case.topo.ep, case.experts)),
                 |c: &Exchange, (st, pricer)| {
                     let reps = &buckets[(c.group * m_n + c.micro) * l_n + c.layer];
@@ -194,7 +194,7 @@ fn hot_n_keeps_hot_tokens_local_and_shrinks_the_all_to_all() {
     assert!(!rows.is_empty());
     let (g_n, m_n, l_n) = (case.topo.num_groups(), base.num_micro, case.layers);
     let buckets = bucket_replicas(&rows, g_n, m_n, l_n);
-    plan_exchanges(&w, &case.topo, &cost, &case.placement, &base.sample_rank, &base.sample_micro, base.num_micro,
+    plan_exchanges(&w, &case.topo, &cost, &case.placement, &base.sample_rank, &base.sample_micro, base.num_micro, None,
         || ExchangePricer::new(case.topo.ep, case.experts),
         |c: &Exchange, pricer| {
             let reps = &buckets[(c.group * m_n + c.micro) * l_n + c.layer];
@@ -256,7 +256,7 @@ fn relibra_stays_inside_nodes_and_levels_them() {
         }
         let (g_n, m_n, l_n) = (case.topo.num_groups(), base.num_micro, case.layers);
         let buckets = bucket_replicas(&rows, g_n, m_n, l_n);
-        plan_exchanges(&w, &case.topo, &cost, &case.placement, &base.sample_rank, &base.sample_micro, base.num_micro,
+        plan_exchanges(&w, &case.topo, &cost, &case.placement, &base.sample_rank, &base.sample_micro, base.num_micro, None,
             ExchangeState::new,
             |c: &Exchange, st| {
                 st.reset(c);
