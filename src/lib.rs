@@ -6,6 +6,8 @@
 //! errors to the exception hierarchy and keeps panics inside. Stage options without a value
 //! are filled from the core's `Default` impls and constants, so no default is written here.
 
+#![deny(missing_docs)]
+
 use pyo3::prelude::*;
 
 mod columns;

@@ -12,8 +12,11 @@ use crate::window::WindowView;
 /// Built from a packing that `validate_plan` accepted (ranks and steps in range).
 #[derive(Clone, Debug)]
 pub struct CellGrid {
+    /// EP ranks per group (`Topology::ep`): DP rank d is EP-local rank d mod ep of group d / ep.
     pub ep: usize,
+    /// EP groups G (`Topology::num_groups`).
     pub num_groups: usize,
+    /// Microbatch steps M per DP rank.
     pub num_micro: usize,
     off: Vec<usize>,
     members: Vec<usize>,

@@ -3,11 +3,18 @@
 
 use thiserror::Error;
 
+/// Every error of the core. The bindings map `InvalidArgument` to Python's `RoutepackError`,
+/// `InvalidPlan` and `Infeasible` to its subclasses `InvalidPlanError` and `InfeasibleError`.
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum Error {
     /// An argument has the wrong shape, a value out of range, or is inconsistent with another.
     #[error("{arg}: {msg}")]
-    InvalidArgument { arg: String, msg: String },
+    InvalidArgument {
+        /// The argument as the caller spells it, e.g. `seq_lens` or `topo.ep`.
+        arg: String,
+        /// What is wrong with it, naming the offending value.
+        msg: String,
+    },
     /// A plan breaks one of DESIGN.md's invariants.
     #[error("invalid plan: {0}")]
     InvalidPlan(String),
@@ -16,6 +23,7 @@ pub enum Error {
     Infeasible(String),
 }
 
+/// The core's result type: every fallible function returns [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
 
 /// Shorthand for `Error::InvalidArgument`.

@@ -28,7 +28,14 @@ pub enum Dest {
     /// A placement slot (global physical slot index within the EP group).
     Slot(usize),
     /// The temporary replica on EP-local rank `rank`: entry `index` of the exchange's replicas.
-    Replica { rank: usize, index: usize },
+    Replica {
+        /// EP-local rank in `0..ep` that holds the copy (the replica's `dst_rank`).
+        rank: usize,
+        /// Position of the replica in the list the router was given: the expert's
+        /// `(dst_rank, share)` list in [`route_expert`], the exchange's `reps` in
+        /// [`route_exchange`].
+        index: usize,
+    },
 }
 
 /// Calls `emit(origin_rank, dst_rank, dest, count)` for every non-empty flow of one expert.
@@ -108,10 +115,15 @@ pub fn route_expert(
 /// copy of replica `Dest::Replica { index, .. }` (`index` indexes the exchange's replica list).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Flow {
+    /// EP-local rank in `0..ep` whose samples the tokens come from.
     pub origin: usize,
+    /// EP-local rank in `0..ep` that computes them (the slot's rank or the copy's rank).
     pub dst_rank: usize,
+    /// Logical expert e in `0..E` the tokens are routed to.
     pub expert: usize,
+    /// Placement slot or replica copy on `dst_rank` that computes them.
     pub dest: Dest,
+    /// Tokens in the batch, > 0.
     pub count: i64,
 }
 

@@ -45,6 +45,7 @@
 //! runs, processes and thread counts (the golden digests in `tests/placement_golden.rs` and
 //! the Python `tests/test_golden_digest.py` guard it).
 
+#![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 

@@ -8,12 +8,22 @@ use crate::placement::Placement;
 /// which computes `share` of that expert's tokens in that exchange (see `flow`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Replica {
+    /// Microbatch step m in `0..num_micro` of the exchange.
     pub micro: i32,
+    /// EP group g in `0..dp / ep` of the exchange.
     pub group: i32,
+    /// MoE layer l in `0..L` of the exchange.
     pub layer: i32,
+    /// Logical expert e in `0..E` that is copied.
     pub expert: i32,
+    /// EP-local rank in `0..ep` that sends the weights; it holds a placement slot of `expert`.
     pub src_rank: i32,
+    /// EP-local rank in `0..ep` that holds the temporary copy and computes its share; never
+    /// `src_rank`.
     pub dst_rank: i32,
+    /// Fraction in [0, 1] of the expert's tokens in this exchange (Σ over EP ranks) that the
+    /// copy computes; the shares of one (exchange, expert) sum to at most 1, the rest stays on
+    /// the placement slots.
     pub share: f32,
 }
 
@@ -21,17 +31,30 @@ pub struct Replica {
 /// `src_slot` (on EP-local rank `src_rank`) to `dst_slot` (on `dst_rank`) in `layer`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ExpertMove {
+    /// MoE layer l in `0..L`.
     pub layer: i32,
+    /// Logical expert e in `0..E` that the new placement puts in `dst_slot`.
     pub expert: i32,
+    /// EP-local rank of `src_slot` (`src_slot / slots_per_rank`).
     pub src_rank: i32,
+    /// EP-local rank of `dst_slot` (`dst_slot / slots_per_rank`).
     pub dst_rank: i32,
+    /// Physical slot in `0..num_slots` of the placement in force that holds `expert` and
+    /// sends it.
     pub src_slot: i32,
+    /// Physical slot in `0..num_slots` of the new placement that receives `expert`.
     pub dst_slot: i32,
+    /// Bytes sent: `CostModel::expert_state_bytes` (weights plus optimizer state), or 0 when
+    /// the source slot is on the destination rank (a local copy).
     pub bytes: f64,
 }
 
+/// Everything routepack decides for one window, as the trainer carries it out: where the
+/// experts live, where and when each sample runs, the intra-batch replicas per exchange and
+/// the expert moves from the placement in force. `validate::validate_plan` checks it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
+    /// Stage 1: logical expert of every physical slot, per layer (the same in every EP group).
     pub placement: Placement,
     /// `[S]` DP rank that runs sample s.
     pub sample_rank: Vec<i32>,
@@ -39,7 +62,12 @@ pub struct Plan {
     pub sample_micro: Vec<i32>,
     /// M, the same on every DP rank.
     pub num_micro: usize,
+    /// Stage 4: intra-batch replicas. Table order matters inside one (exchange, expert):
+    /// `flow::route_expert` serves the copies in that order. The planners emit them grouped
+    /// by exchange in exchange order (group, step, layer); empty when nothing is replicated.
     pub replicas: Vec<Replica>,
+    /// Expert moves that turn the placement in force into `placement`, applied in every EP
+    /// group before the window runs; empty on the first window or when nothing moves.
     pub migration: Vec<ExpertMove>,
 }
 

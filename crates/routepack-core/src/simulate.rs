@@ -36,38 +36,62 @@ use crate::window::WindowView;
 /// What a plan costs on a window. Times in seconds.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SimReport {
+    /// Seconds of one training step under the plan: the slowest group's Σ_m Σ_l T plus the
+    /// exposed migration.
     pub step_time: f64,
+    /// Seconds of the *balanced* reference ([`ideal_time`]): every max replaced by the mean,
+    /// uniform all-to-all, no replication or migration. Not a bound: a plan that keeps tokens
+    /// inside their node can beat it.
     pub ideal_time: f64,
     /// [`crate::bound::lower_bound_time`] for the window, topology, cost and the cap (see
     /// [`simulate_with_cap`]): no valid plan's `step_time` is below it.
     pub lower_bound_time: f64,
+    /// Tokens per second: Σ n_s of the window / `step_time`.
     pub throughput: f64,
+    /// Tokens per second of the balanced reference: Σ n_s / `ideal_time`.
     pub ideal_throughput: f64,
-    /// Parts of the slowest group's time (they add up to `step_time`).
+    /// Seconds of attention/dense work in the slowest group, all passes (the slowest rank of
+    /// each exchange). This and the next four are the parts of `step_time`: they add up to it.
     pub attention: f64,
+    /// Seconds of expert compute in the slowest group, all passes (the busiest EP rank of
+    /// each exchange).
     pub expert: f64,
+    /// Seconds of dispatch + combine all-to-all in the slowest group, all passes.
     pub all_to_all: f64,
+    /// Seconds of intra-batch replication in the slowest group that attention does not hide.
     pub replication: f64,
+    /// Seconds of exposed migration ([`migration_time`]), paid once per step by every group.
     pub migration: f64,
+    /// Index in `0..G` of the slowest EP group (the first one on ties): the group whose time
+    /// is `step_time`.
     pub critical_group: usize,
     /// `[G]` Σ_m Σ_l T of each group.
     pub group_times: Vec<f64>,
     /// `[G, M, L]` max / mean over EP ranks of expert tokens.
     pub imbalance: Vec<f64>,
+    /// Mean of `imbalance` over every exchange (1.0: perfectly balanced).
     pub mean_imbalance: f64,
 }
 
 /// Cost of one (group, micro, layer), split into its parts (all passes included).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct LayerCost {
+    /// Seconds: 3 × the slowest rank's one-pass attention (`COMPUTE_PASSES · attn_max`).
     pub attention: f64,
+    /// Seconds of dispatch + combine, forward and backward (`CostModel::all_to_all_time`).
     pub all_to_all: f64,
+    /// Seconds: 3 × the busiest EP rank's expert time (`COMPUTE_PASSES · max_p X`).
     pub expert: f64,
+    /// Seconds of replica broadcast and gradient reduction not hidden behind attention
+    /// (`CostModel::exposed_replication`); 0 without replicas.
     pub replication: f64,
+    /// Max / mean over EP ranks of the expert tokens they compute (1.0 when there are none);
+    /// a figure of balance, not a time, so not part of [`LayerCost::total`].
     pub imbalance: f64,
 }
 
 impl LayerCost {
+    /// Seconds of the exchange, T: attention + all-to-all + expert + replication.
     pub fn total(&self) -> f64 {
         self.attention + self.all_to_all + self.expert + self.replication
     }
@@ -114,6 +138,8 @@ pub struct ExchangePricer {
 }
 
 impl ExchangePricer {
+    /// A pricer for exchanges of `ep` EP ranks and `num_experts` logical experts (its
+    /// scratch is sized for them; [`ExchangePricer::price`] panics on another shape).
     pub fn new(ep: usize, num_experts: usize) -> Self {
         Self { sc: Scratch::new(ep, num_experts), ep, num_experts }
     }

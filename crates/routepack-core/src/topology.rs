@@ -2,6 +2,8 @@
 
 use crate::error::{invalid, Result};
 
+/// The cluster's shape, checked by [`Topology::new`] / [`Topology::check`]:
+///
 /// * `dp` data-parallel ranks, each running its own microbatches.
 /// * EP groups are consecutive blocks of `ep` DP ranks (group g = ranks g·ep .. g·ep+ep-1).
 /// * nodes are consecutive blocks of `gpus_per_node` global ranks.
@@ -9,13 +11,18 @@ use crate::error::{invalid, Result};
 ///   lives on EP-local rank p / slots_per_rank (DeepSeek EPLB convention).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Topology {
+    /// Data-parallel ranks (global GPUs), a multiple of `ep`.
     pub dp: usize,
+    /// EP ranks per EP group; `ep` and `gpus_per_node` divide one another.
     pub ep: usize,
+    /// GPUs per node: ranks on one node talk over the fast intra-node link (`bw_intra`).
     pub gpus_per_node: usize,
+    /// Physical expert slots per EP rank per MoE layer (the placement's memory budget).
     pub slots_per_rank: usize,
 }
 
 impl Topology {
+    /// A checked topology (see [`Topology::check`]); errors name the field and its value.
     pub fn new(dp: usize, ep: usize, gpus_per_node: usize, slots_per_rank: usize) -> Result<Self> {
         let t = Self { dp, ep, gpus_per_node, slots_per_rank };
         t.check()?;

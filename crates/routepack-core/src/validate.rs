@@ -6,6 +6,13 @@ use crate::plan::{cell_members, Plan};
 use crate::topology::Topology;
 use crate::window::WindowView;
 
+/// Checks `plan` against the window `w`, the topology and `token_cap` (tokens per cell;
+/// `i64::MAX` skips the cap): the placement fits the topology and hosts every expert; every
+/// sample runs exactly once, in range, and no cell is empty or over the cap; replicas are in
+/// range, come from a rank that hosts the expert, go to another rank, and their shares per
+/// (exchange, expert) sum to at most 1; migration moves are in range, land in the slot the
+/// placement gives the expert, and their ranks match their slots. The error names the first
+/// violation (`Error::InvalidPlan`).
 pub fn validate_plan(plan: &Plan, w: &WindowView, topo: &Topology, token_cap: i64) -> Result<()> {
     topo.check_experts(w.num_experts)?;
     let p = &plan.placement;

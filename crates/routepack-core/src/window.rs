@@ -11,10 +11,16 @@ use crate::error::{invalid, Result};
 ///   MoE layer l (each token counts once per expert it was routed to, so a row sums to k·n_s).
 #[derive(Clone, Copy, Debug)]
 pub struct WindowView<'a> {
+    /// `[S]` tokens of each sample, every entry >= 1.
     pub seq_lens: &'a [i64],
+    /// `[S, L, E]` row-major routed tokens of sample s to logical expert e in layer l (see
+    /// [`WindowView::tokens`]); every entry >= 0.
     pub expert_tokens: &'a [i32],
+    /// S, the samples of the window (`seq_lens.len()`, >= 1).
     pub num_samples: usize,
+    /// L, the MoE layers (>= 1).
     pub num_layers: usize,
+    /// E, the logical experts per layer (>= 1).
     pub num_experts: usize,
 }
 

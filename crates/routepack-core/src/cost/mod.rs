@@ -39,6 +39,9 @@ pub struct CostModel {
 }
 
 impl CostModel {
+    /// Checks the coefficients against a model of `num_layers` MoE layers: `a_quad` has one
+    /// entry per layer, every coefficient is finite and >= 0, bandwidths > 0. Errors name
+    /// the field (`cost.<name>`) and its value.
     pub fn check(&self, num_layers: usize) -> Result<()> {
         if self.a_quad.len() != num_layers {
             return Err(invalid(

@@ -52,8 +52,14 @@ impl MoveMix {
     }
 }
 
+/// One Metropolis chain of the population annealer: a layout (every sample's cell), the
+/// proxy's cached cost state of that layout and the chain's own random stream. Every
+/// accepted move keeps the layout valid (see the module docs).
 #[derive(Clone)]
 pub struct Chain {
+    /// The chain's random stream, seeded per chain index; it stays with the chain when
+    /// resampling copies another chain's layout in ([`Chain::copy_state_from`]), so runs are
+    /// deterministic for a seed.
     pub rng: Xoshiro256PlusPlus,
     /// Cumulative proposal thresholds (see `MoveMix`).
     mix: [f64; 3],
@@ -62,10 +68,18 @@ pub struct Chain {
     /// `[S]` position of each sample in its cell's member list.
     pos: Vec<u32>,
     members: Vec<Vec<u32>>,
+    /// The proxy's per-cell and per-(group, step) cost state of the current layout, kept
+    /// up to date by every accepted move.
     pub sh: Shards,
+    /// The annealer's energy of the current layout, in proxy seconds:
+    /// max_g C_g + λ · mean_g C_g (`Proxy::energy`).
     pub energy: f64,
+    /// Proposals drawn, including those rejected before pricing (infeasible, or fewer than
+    /// two cells).
     pub proposed: u64,
+    /// Proposals that passed the feasibility checks and were priced by the proxy.
     pub evaluated: u64,
+    /// Proposals accepted (applied to the layout).
     pub accepted: u64,
     // scratch, not state
     d_a: Delta,

@@ -24,6 +24,10 @@ pub fn first_fit_rows(seq_lens: &[i64], token_cap: i64) -> Vec<Vec<usize>> {
     rows
 }
 
+/// Megatron-style packing of `seq_lens` `[S]` into rows of at most `token_cap` tokens on
+/// `dp` ranks: first-fit rows in arrival order, grown to a multiple of dp by splitting the
+/// heaviest rows (`rows::equalise_rows`), then dealt round-robin to ranks. Errors name a
+/// sample longer than the cap, or say that there are fewer samples than dp.
 pub fn sequential(seq_lens: &[i64], token_cap: i64, dp: usize) -> Result<Packing> {
     check_cap(seq_lens, token_cap)?;
     let mut rows = first_fit_rows(seq_lens, token_cap);

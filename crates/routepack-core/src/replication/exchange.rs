@@ -18,10 +18,15 @@ use crate::window::WindowView;
 
 /// Inputs of one exchange: EP group `group`, microbatch step `micro`, MoE layer `layer`.
 pub struct Exchange<'a> {
+    /// EP group g in `0..G`.
     pub group: usize,
+    /// Microbatch step m in `0..M`.
     pub micro: usize,
+    /// MoE layer l in `0..L`.
     pub layer: usize,
+    /// The cluster (EP ranks, nodes, slots per rank).
     pub topo: &'a Topology,
+    /// The cost model the exchange is priced with (checked by the driver).
     pub cost: &'a CostModel,
     /// `[ep * E]` rank-major: tokens for expert e sent by EP-local rank r.
     pub origin: &'a [i64],
@@ -29,22 +34,28 @@ pub struct Exchange<'a> {
     pub attn_max: f64,
     /// The layer's placement as CSR: slots of expert e are `slots[slot_off[e]..slot_off[e+1]]`.
     pub slot_off: &'a [usize],
+    /// Physical slots in `0..num_slots`, grouped by expert (see `slot_off`), ascending
+    /// within an expert.
     pub slots: &'a [usize],
 }
 
 impl Exchange<'_> {
+    /// EP ranks of the group (`Topology::ep`).
     #[inline]
     pub fn ep(&self) -> usize {
         self.topo.ep
     }
+    /// Logical experts E of the layer (`slot_off.len() - 1`).
     #[inline]
     pub fn num_experts(&self) -> usize {
         self.slot_off.len() - 1
     }
+    /// Placement slots of expert e in this layer, ascending (at least one).
     #[inline]
     pub fn expert_slots(&self, e: usize) -> &[usize] {
         &self.slots[self.slot_off[e]..self.slot_off[e + 1]]
     }
+    /// Tokens for expert e sent by EP-local rank r's samples in this exchange.
     #[inline]
     pub fn origin_of(&self, r: usize, e: usize) -> i64 {
         self.origin[r * self.num_experts() + e]

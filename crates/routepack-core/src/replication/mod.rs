@@ -30,8 +30,11 @@ use state::ExchangeState;
 /// The packing replication plans for: `sample_rank`, `sample_micro` `[S]`, `num_micro` M.
 #[derive(Clone, Copy, Debug)]
 pub struct Packed<'a> {
+    /// `[S]` DP rank in `0..dp` that runs sample s (`Plan::sample_rank`).
     pub sample_rank: &'a [i32],
+    /// `[S]` microbatch step in `0..num_micro` of sample s on its rank (`Plan::sample_micro`).
     pub sample_micro: &'a [i32],
+    /// M, the microbatch steps of every DP rank.
     pub num_micro: usize,
 }
 

@@ -30,6 +30,8 @@ use super::state::{ExchangeState, ReplicaShare};
 /// (`hot_n` with N = 3) puts up to 3 copies on every rank; routepack gets fewer.
 pub const DEFAULT_REPLICA_SLOTS: usize = 2;
 
+/// Options of routepack's replication planner; `Default` holds every default (the bindings
+/// fill unset arguments from it).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Options {
     /// Copies a rank may receive per exchange: the memory budget.

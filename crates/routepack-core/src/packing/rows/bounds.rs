@@ -54,7 +54,9 @@ pub fn l2(seq_lens: &[i64], cap: i64) -> usize {
 /// The bounds a packing is certified against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RowBounds {
+    /// L1 = ceil(Σ n_s / cap), the continuous bound on rows ([`l1`]).
     pub l1: usize,
+    /// Martello and Toth's L2 >= L1 ([`l2`]).
     pub l2: usize,
     /// Fewest rows a plan can have: dp · ceil(max(L1, L2) / dp), at least dp.
     pub rows: usize,

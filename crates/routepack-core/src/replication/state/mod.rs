@@ -50,16 +50,25 @@ type Links = [i64; 4];
 /// exchange total), its weights coming from `src`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ReplicaShare {
+    /// EP-local rank in `0..ep` that holds the copy and computes its tokens.
     pub dst: usize,
+    /// EP-local rank in `0..ep` that hosts the expert and sends the weights (`!= dst`).
     pub src: usize,
+    /// Tokens the copy computes in this exchange (what `share` rounds to, see
+    /// `exchange::share_for`).
     pub n: i64,
+    /// Fraction in [0, 1] of the expert's exchange total, as the plan stores it
+    /// (`plan::Replica::share`).
     pub share: f32,
 }
 
 /// One expert's part of the per-rank sums.
 #[derive(Clone, Debug, Default)]
 pub struct Part {
+    /// `[ep]` tokens of the expert computed on each EP rank (its slots and copies).
     pub tok: Vec<i64>,
+    /// `[ep]` the expert's all-to-all tokens per rank and link: [send intra, recv intra,
+    /// send inter, recv inter] (tokens a rank computes for itself cross no link).
     pub links: Vec<Links>,
 }
 
@@ -69,6 +78,10 @@ impl Part {
     }
 }
 
+/// The simulator's cost of one exchange under its current replicas, kept as integer per-rank
+/// sums that one expert's part can be swapped in and out of exactly (see the module docs).
+/// Load an exchange with [`ExchangeState::reset`]; make one per worker and reuse it, its
+/// buffers keep their capacity.
 #[derive(Default)]
 pub struct ExchangeState {
     ep: usize,
@@ -83,8 +96,10 @@ pub struct ExchangeState {
     etok: Vec<i64>,
     /// `[E * ep]` expert e's all-to-all tokens per rank and link.
     elinks: Vec<Links>,
-    /// `[ep]` sums over experts.
+    /// `[ep]` tokens each EP rank computes, summed over experts (slots and copies).
     pub tok: Vec<i64>,
+    /// `[ep]` active experts of each EP rank: distinct logical experts it computes tokens for
+    /// (what `c_exp` is charged for).
     pub active: Vec<i64>,
     links: Vec<Links>,
     /// `[ep]` replica hops (forward direction) per rank and link.
@@ -126,6 +141,7 @@ pub struct ExchangeState {
 }
 
 impl ExchangeState {
+    /// An empty state; [`ExchangeState::reset`] loads an exchange into it.
     pub fn new() -> Self {
         Self::default()
     }
@@ -219,10 +235,13 @@ impl ExchangeState {
         (self.xv, self.av, self.hv) = (xv, av, hv);
     }
 
+    /// `[ep]` tokens of expert e sent by each EP-local rank's samples in this exchange.
     #[inline]
     pub fn origin(&self, e: usize) -> &[i64] {
         &self.origin_t[e * self.ep..(e + 1) * self.ep]
     }
+    /// Tokens of expert e in this exchange, Σ over EP ranks of [`ExchangeState::origin`]:
+    /// the total a replica's share is a fraction of.
     #[inline]
     pub fn total(&self, e: usize) -> i64 {
         self.total[e]
