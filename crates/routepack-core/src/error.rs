@@ -23,7 +23,7 @@ pub enum Error {
     Infeasible(String),
 }
 
-/// The core's result type: every fallible function returns [`Error`].
+/// The core's result type: every fallible function returns [`enum@Error`].
 pub type Result<T> = std::result::Result<T, Error>;
 
 /// Shorthand for `Error::InvalidArgument`.

@@ -60,7 +60,8 @@ pub struct SimReport {
     pub all_to_all: f64,
     /// Seconds of intra-batch replication in the slowest group that attention does not hide.
     pub replication: f64,
-    /// Seconds of exposed migration ([`migration_time`]), paid once per step by every group.
+    /// Seconds of exposed migration ([`migration_time`]); every group moves its experts at
+    /// the same time, so it is added once.
     pub migration: f64,
     /// Index in `0..G` of the slowest EP group (the first one on ties): the group whose time
     /// is `step_time`.
