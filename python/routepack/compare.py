@@ -101,6 +101,10 @@ def compare(
         raise RoutepackError(f"windows: need at least 2 (the first only feeds history), got {len(windows)}")
     chosen = list(policies) if policies is not None else available_presets()
     names = [resolve(p)[0] for p in chosen]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        # rows, and the placement carried to the next window, are keyed by name
+        raise RoutepackError(f"policies: {twice} appear more than once")
     rows: List[Row] = []
     previous: Dict[str, Any] = {}
     for i in range(1, len(windows)):
