@@ -102,11 +102,14 @@ def ratios(profile: str, n: int, seed: int, cache: Path) -> Dict:
             p.validate(w, topo, cap)
             t[packing] = p.report["predicted"]["step_time"]
             t[packing + "_micro"] = p.num_micro
+            t[packing + "_xnode"] = p.report["predicted"]["cross_node_bytes_per_token"] / 1e3
         t["vs_kk"] = t["routepack"] / t["kk"]
         t["vs_sequential"] = t["routepack"] / t["sequential"]
         rows.append(t)
         print(f"  {profile} window {i}: step time (s) sequential {t['sequential']:.4f} (M={t['sequential_micro']}), "
               f"kk {t['kk']:.4f} (M={t['kk_micro']}), routepack {t['routepack']:.4f} (M={t['routepack_micro']}); "
+              f"cross-node kB/token sequential {t['sequential_xnode']:.2f}, kk {t['kk_xnode']:.2f}, "
+              f"routepack {t['routepack_xnode']:.2f}; "
               f"routepack/kk {t['vs_kk']:.4f}, routepack/sequential {t['vs_sequential']:.4f}", flush=True)
     kk = [r["vs_kk"] for r in rows]
     sq = [r["vs_sequential"] for r in rows]

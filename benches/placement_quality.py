@@ -119,15 +119,18 @@ def run(name: str, seed: int, cache: Path) -> None:
         return rp.simulate(q, ws, topo, cost, cap)
 
     print("\n2. simulate, static packing, no replication (per-microbatch imbalance = mean over group, micro, layer)")
-    print(f"{'placement':36s} {'micro imb':>9s} {'step s':>9s} {'shuffled imb':>12s} {'shuffled step':>13s} {'place s':>8s}")
+    print(f"{'placement':36s} {'micro imb':>9s} {'step s':>9s} {'shuffled imb':>12s} {'shuffled step':>13s} {'place s':>8s}"
+          f" {'xnode kB/tok':>12s}")
     for label, p in [("static (Megatron)", static)] + list(rows.items()):
         pr = p.report["predicted"]
         s = shuffled(p)
         print(f"{label:36s} {pr['mean_imbalance']:9.4f} {pr['step_time']:9.3f} {s.mean_imbalance:12.4f} "
-              f"{s.step_time:13.3f} {p.report['stage_seconds']['placement']:8.3f}")
+              f"{s.step_time:13.3f} {p.report['stage_seconds']['placement']:8.3f} "
+              f"{pr['cross_node_bytes_per_token'] / 1e3:12.2f}")
 
     print("\n3. migration from the placement planned on window 0 (network moves per layer)")
-    print(f"{'':36s} {'moves mean':>10s} {'max':>5s} {'migration s':>11s} {'step s':>9s} {'micro imb':>9s}")
+    print(f"{'':36s} {'moves mean':>10s} {'max':>5s} {'migration s':>11s} {'step s':>9s} {'micro imb':>9s}"
+          f" {'xnode kB/tok':>12s}")
     first = plan(policy("routepack"), window=w0)
     same = plan(policy("routepack"), window=w0, previous=first.placement)
     mv = moves_per_layer(same.migration, L)
@@ -149,10 +152,10 @@ def run(name: str, seed: int, cache: Path) -> None:
         res = rp.simulate(p, w1, topo, cost, cap)
         mv = moves_per_layer(p.migration, L)
         print(f"{label:36s} {mv.mean():10.1f} {mv.max():5d} {res.migration:11.4f} {res.step_time:9.3f} "
-              f"{res.mean_imbalance:9.4f}")
+              f"{res.mean_imbalance:9.4f} {res.cross_node_bytes_per_token / 1e3:12.2f}")
     res = rp.simulate(keep, w1, topo, cost, cap)
     print(f"{'keep window 0 routepack placement':36s} {0.0:10.1f} {0:5d} {0.0:11.4f} {res.step_time:9.3f} "
-          f"{res.mean_imbalance:9.4f}")
+          f"{res.mean_imbalance:9.4f} {res.cross_node_bytes_per_token / 1e3:12.2f}")
     aware = cases[0][1].report["stage_reports"]["placement"]
     print("   routepack choices per layer:", {c: aware["choice"].count(c) for c in sorted(set(aware["choice"]))})
 

@@ -86,6 +86,7 @@ def run_profile(name: str, windows: int, seed: int, options: dict) -> list:
                 "expert": s["expert"],
                 "replication": s["replication"],
                 "migration": s["migration"],
+                "cross_node_kb": s["cross_node_bytes_per_token"] / 1e3,
             })
         print(f"  {name} window {wi}: {time.perf_counter() - t0:.1f} s", flush=True)
     base = [r["throughput"] for r in results["static + none"]]
@@ -96,7 +97,7 @@ def run_profile(name: str, windows: int, seed: int, options: dict) -> list:
         med = lambda k: statistics.median(r[k] for r in rs)  # noqa: E731
         rows.append((label, statistics.median(rel), min(rel), max(rel), med("fraction_of_ideal"),
                      med("imbalance"), med("rows_per_cell"), med("replication_s"), med("replication_cpu"), med("all_to_all"),
-                     med("expert"), med("replication"), med("migration")))
+                     med("expert"), med("replication"), med("migration"), med("cross_node_kb")))
     return rows
 
 
@@ -120,10 +121,10 @@ def main() -> None:
         rows = run_profile(name, args.windows, args.seed, options)
         print(f"\n{name}: {args.windows} windows, seed {args.seed}; throughput relative to static + none, median [min, max]")
         print(f"{'policy':27s} {'throughput':>22s} {'of ideal':>8s} {'imbal':>6s} {'rows/cell':>9s} {'repl s':>7s} {'cpu s':>6s} "
-              f"{'a2a s':>7s} {'expert s':>8s} {'repl exp s':>10s} {'migr s':>7s}")
-        for (label, rel, lo, hi, ideal, imb, rpc, rs, cpu, a2a, ex, rep, mig) in rows:
+              f"{'a2a s':>7s} {'expert s':>8s} {'repl exp s':>10s} {'migr s':>7s} {'xnode kB/tok':>12s}")
+        for (label, rel, lo, hi, ideal, imb, rpc, rs, cpu, a2a, ex, rep, mig, xnode) in rows:
             print(f"{label:27s} {rel:8.4f} [{lo:.4f}, {hi:.4f}] {ideal:8.3f} {imb:6.3f} {rpc:9.2f} {rs:7.3f} {cpu:6.3f} "
-                  f"{a2a:7.2f} {ex:8.2f} {rep:10.4f} {mig:7.3f}")
+                  f"{a2a:7.2f} {ex:8.2f} {rep:10.4f} {mig:7.3f} {xnode:12.2f}")
 
 
 if __name__ == "__main__":

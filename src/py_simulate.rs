@@ -45,6 +45,9 @@ pub fn simulate<'py>(
     let imb = numpy::ndarray::Array3::from_shape_vec(shape, r.imbalance).expect("shape");
     d.set_item("imbalance", imb.into_pyarray(py))?;
     d.set_item("mean_imbalance", r.mean_imbalance)?;
+    d.set_item("intra_node_bytes", r.intra_node_bytes)?;
+    d.set_item("cross_node_bytes", r.cross_node_bytes)?;
+    d.set_item("cross_node_bytes_per_token", r.cross_node_bytes_per_token)?;
     Ok(d)
 }
 

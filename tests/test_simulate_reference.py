@@ -15,6 +15,8 @@ module docs), not by calling Rust:
 * replication: per (expert, src) a chain src → dsts (same node first, then rank) of weights
   (forward) and fp32 gradients back (backward); per rank max(sent, received) per link; the
   part over 1× (forward) / 2× (backward) the layer's attention is exposed;
+* intra-/cross-node bytes: Σ over every exchange of the routed tokens sent to another rank of
+  the same / another node × token_bytes × 2 (dispatch, combine) × 2 (passes); per token: over Σ n_s;
 * step time = max_g Σ_m Σ_l T + migration (per rank max(sent, received) bytes per link);
 * ideal at the lower-bound microbatch count: every max a mean, uniform all-to-all.
 """
@@ -103,6 +105,7 @@ def reference(plan: rp.Plan, window: rp.Window, topo: rp.Topology, cost: rp.Cost
     replication = np.zeros((G, M, L))
     imbalance = np.zeros((G, M, L))
     reps = plan.replicas
+    node_bytes = {"intra": 0.0, "cross": 0.0}
     for g in range(G):
         for m in range(M):
             members = [np.flatnonzero((plan.sample_rank == g * ep + r) & (plan.sample_micro == m))
@@ -129,6 +132,10 @@ def reference(plan: rp.Plan, window: rp.Window, topo: rp.Topology, cost: rp.Cost
                 total = tokens.sum()
                 imbalance[g, m, l] = tokens.max() * ep / total if total > 0 else 1.0
                 pairs = [(o, p, moved[o, p] * cost.token_bytes) for o in range(ep) for p in range(ep)]
+                for o, p, b in pairs:
+                    if o != p:
+                        node_bytes["intra" if local_node(o, topo) == local_node(p, topo) else "cross"] += \
+                            2 * COMM_PASSES * b
                 a2a[g, m, l] = 2 * COMM_PASSES * link_time(*link_bytes(pairs, topo), cost)
                 if len(cell):
                     fwd, bwd = [], []
@@ -183,11 +190,15 @@ def reference(plan: rp.Plan, window: rp.Window, topo: rp.Topology, cost: rp.Cost
         "group_times": group_times,
         "imbalance": imbalance,
         "mean_imbalance": float(imbalance.mean()),
+        "intra_node_bytes": node_bytes["intra"],
+        "cross_node_bytes": node_bytes["cross"],
+        "cross_node_bytes_per_token": node_bytes["cross"] / tokens_total,
     }
 
 
 FLOAT_FIELDS = ["step_time", "ideal_time", "throughput", "ideal_throughput", "attention", "expert",
-                "all_to_all", "replication", "migration", "mean_imbalance"]
+                "all_to_all", "replication", "migration", "mean_imbalance", "intra_node_bytes",
+                "cross_node_bytes", "cross_node_bytes_per_token"]
 
 
 def assert_matches(res: rp.SimResult, ref: Dict[str, object]) -> None:

@@ -6,6 +6,9 @@
 * ``routepack bench``: the same over more windows (a built-in profile or your own windows
   saved as ``.npz``), with progress on stderr, a JSON dump and a figure (the figure needs
   matplotlib: ``pip install "routepack[bench]"``; without it the table is still printed).
+* ``routepack bench --sweep``: every registered placement × packing × replication instead of
+  the presets (`routepack.sweep`), sorted by step time, the ``routepack`` preset marked
+  (``--placements``/``--packings``/``--replications`` narrow it; no figure).
 
 A user error (a bad argument, an unreadable ``--npz``, an input the planner refuses) prints
 one line on stderr and exits with status 2; no traceback.
@@ -28,6 +31,8 @@ from routepack import __version__, traces
 from routepack.compare import (available_presets, best_of, compare, format_ratios, format_table, ratios,
                                summarise)
 from routepack.errors import RoutepackError
+from routepack.stages.registry import PACKINGS, PLACEMENTS, REPLICATIONS
+from routepack.sweep import combinations, format_sweep, sweep, sweep_policies
 from routepack.window import Window
 
 FIGURE_HINT = 'pip install "routepack[bench]"'
@@ -133,7 +138,41 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+def _rows_json(rows: Iterable[Any]) -> List[Any]:
+    return [{k: v for k, v in asdict(r).items() if k != "imbalance_map"} for r in rows]
+
+
+def _run_sweep(args: argparse.Namespace) -> int:
+    """``routepack bench --sweep`` (and ``benches/sweep.py``)."""
+    prof = traces.profile(args.profile)
+    json_path = _writable(args.json, "--json") if args.json else None
+    try:
+        combos = combinations(args.placements, args.packings, args.replications, args.loads)
+    except RoutepackError as e:
+        raise UsageError(str(e)) from None
+    windows = _load_windows(args, prof)
+    policies = sweep_policies(combos)
+    step, close = _progress((len(windows) - 1) * len(policies), args.quiet)
+    options = {} if args.anneal_moves is None else {"anneal_moves": args.anneal_moves}
+    try:
+        result = sweep(windows, prof.topology(), prof.cost(), prof.token_cap, args.placements, args.packings,
+                       args.replications, loads=args.loads, seed=args.seed, progress=step, **options)
+    finally:
+        close()
+    print(f"\nsweep: {len(combos)} stage combinations (loads: {args.loads}) + the routepack preset and the "
+          f"baselines where not among them; median over {len(windows) - 1} window(s), scored by routepack.simulate\n")
+    print(format_sweep(result))
+    if json_path is not None:
+        out = {"profile": prof.name, "seed": args.seed, "windows": len(windows) - 1,
+               **{k: v for k, v in result.items() if k != "rows"}, "rows": _rows_json(result["rows"])}
+        json_path.write_text(json.dumps(_json_safe(out), indent=2))
+        print(f"wrote {json_path}")
+    return 0
+
+
 def _run(args: argparse.Namespace, figure: bool) -> int:
+    if getattr(args, "sweep", False):
+        return _run_sweep(args)
     prof = traces.profile(args.profile)
     json_path = _writable(args.json, "--json") if getattr(args, "json", None) else None
     fig_path = _writable(args.figure, "--figure") if figure and getattr(args, "figure", None) else None
@@ -162,7 +201,7 @@ def _run(args: argparse.Namespace, figure: bool) -> int:
         json_path.write_text(json.dumps(_json_safe(
             {"profile": prof.name, "baseline": baseline, "summary": summary, "ratios": vs,
              "best_of": {str(w): p for w, p in winners.items()},
-             "rows": [{k: v for k, v in asdict(r).items() if k != "imbalance_map"} for r in rows]}),
+             "rows": _rows_json(rows)}),
             indent=2))
         print(f"wrote {json_path}")
     if fig_path is not None:
@@ -205,6 +244,15 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--figure", default="routepack_bench.png",
                            help=f"PNG to write ('' for none; needs matplotlib: {FIGURE_HINT})")
             p.add_argument("--json", default=None, help="also write the results as JSON")
+            p.add_argument("--sweep", action="store_true",
+                           help="every placement x packing x replication instead of the presets (no figure)")
+            for flag, table in (("--placements", PLACEMENTS), ("--packings", PACKINGS),
+                                ("--replications", REPLICATIONS)):
+                p.add_argument(flag, nargs="+", choices=list(table), default=None, metavar="NAME",
+                               help=f"with --sweep: only these {flag[2:]} (default: all): " + ", ".join(table))
+            p.add_argument("--loads", choices=("window", "previous"), default="window",
+                           help="with --sweep: the loads every combination plans from (default: %(default)s, "
+                                "as the routepack preset does)")
         p.set_defaults(func=lambda a, fig=(name == "bench"): _run(a, fig))
     return parser
 
@@ -214,6 +262,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.npz and len(args.npz) < 2:
         parser.error("--npz needs at least 2 windows (the first only feeds history)")
+    if args.command == "bench" and not args.sweep:
+        given = [f for f in ("placements", "packings", "replications") if getattr(args, f) is not None]
+        if given or args.loads != "window":
+            parser.error(f"--{(given or ['loads'])[0]} needs --sweep")
     try:
         return int(args.func(args))
     except (UsageError, RoutepackError) as e:

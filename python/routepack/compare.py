@@ -17,13 +17,13 @@ import math
 import textwrap
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 import numpy as np
 
 from routepack.errors import RoutepackError
 from routepack.planner import plan_window
-from routepack.policies import PRESETS, resolve
+from routepack.policies import PRESETS, Policy, resolve
 from routepack.simulate import lower_bound_micro, simulate
 
 NAN = float("nan")
@@ -31,6 +31,11 @@ NAN = float("nan")
 #: The baselines' presets, every configuration of each that `routepack bench` runs; the
 #: ``best baseline`` row is, per window, the fastest of those that ran.
 BASELINES = ("static", "hot_n", "eplb", "eplb_oracle", "eplb_hierarchical", "eplb_hierarchical_oracle", "relibra")
+
+#: What the cross-node column of every bench table means (`SimResult.cross_node_bytes_per_token`).
+CROSS_NODE_LEGEND = ("all-to-all bytes between nodes per window token, kB (10^3 B): routed tokens sent to a rank "
+                     "on another node, dispatch + combine, forward + backward, over the window's tokens; 0 when "
+                     "an EP group fits in one node")
 
 #: Names of the summary rows that are not presets.
 BEST = "best baseline"
@@ -61,6 +66,8 @@ class Row:
     #: ``lower_bound_time / step_time`` (at most 1); NaN while `simulate` does not report it
     fraction_of_bound: float = NAN
     lower_bound_time: float = NAN
+    #: `SimResult.cross_node_bytes_per_token`: all-to-all bytes between nodes per window token
+    cross_node_bytes_per_token: float = NAN
     imbalance_map: Any = None  # float64 [G, M, L] for figures
 
 
@@ -81,24 +88,30 @@ def compare(
     topo: Any,
     cost: Any,
     token_cap: int,
-    policies: Optional[Iterable[str]] = None,
+    policies: Optional[Iterable[Union[str, Policy]]] = None,
     seed: int = 0,
     progress: Optional[Callable[[str, int], None]] = None,
     **options: Any,
 ) -> List[Row]:
     """Plans windows[1:] with every policy (windows[0] only feeds history), carrying each
     policy's placement from window to window so migration is charged, and scores every plan
-    with `simulate` under the same coefficients."""
+    with `simulate` under the same coefficients. A policy is a preset name or a `Policy`
+    (its rows are named ``placement+packing+replication``, as `resolve` names it)."""
     if len(windows) < 2:
         raise RoutepackError(f"windows: need at least 2 (the first only feeds history), got {len(windows)}")
-    names = list(policies) if policies is not None else available_presets()
+    chosen = list(policies) if policies is not None else available_presets()
+    names = [resolve(p)[0] for p in chosen]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        # rows, and the placement carried to the next window, are keyed by name
+        raise RoutepackError(f"policies: {twice} appear more than once")
     rows: List[Row] = []
     previous: Dict[str, Any] = {}
     for i in range(1, len(windows)):
         w, prev_w = windows[i], windows[i - 1]
-        for name in names:
+        for name, pol in zip(names, chosen):
             t0 = time.perf_counter()
-            plan = plan_window(w, topo, cost, token_cap=token_cap, policy=name,
+            plan = plan_window(w, topo, cost, token_cap=token_cap, policy=pol,
                                previous=previous.get(name), previous_window=prev_w, seed=seed + i,
                                **options)
             seconds = time.perf_counter() - t0
@@ -113,7 +126,8 @@ def compare(
                 imbalance=sim.mean_imbalance, num_micro=plan.num_micro,
                 micro_lower_bound=lower_bound_micro(w, topo, token_cap), plan_seconds=seconds,
                 ideal_time=sim.ideal_time, fraction_of_bound=float(summary.get("fraction_of_bound", NAN)),
-                lower_bound_time=float(summary.get("lower_bound_time", NAN)), imbalance_map=sim.imbalance,
+                lower_bound_time=float(summary.get("lower_bound_time", NAN)),
+                cross_node_bytes_per_token=sim.cross_node_bytes_per_token, imbalance_map=sim.imbalance,
             ))
             if progress is not None:
                 progress(name, i)
@@ -183,6 +197,7 @@ def summarise(rows: Sequence[Row], baseline: str = "static") -> List[Dict[str, A
             "imbalance": med(lambda r: r.imbalance),
             "micro": med(lambda r: r.num_micro),
             "micro_lb": med(lambda r: r.micro_lower_bound),
+            "cross_node_bytes_per_token": med(lambda r: r.cross_node_bytes_per_token),
             "plan_s": med(lambda r: r.plan_seconds),
         }
         if name == BEST:
@@ -205,7 +220,8 @@ def summarise(rows: Sequence[Row], baseline: str = "static") -> List[Dict[str, A
                 "of_bound": float(np.median([ref[w].lower_bound_time / times[w] for w in windows])),
                 "step_s": float(np.median([times[w] for w in windows])),
                 "attention": NAN, "expert": NAN, "all_to_all": NAN, "replication": NAN, "migration": NAN,
-                "imbalance": 1.0, "micro": m_lb, "micro_lb": m_lb, "plan_s": NAN,
+                "imbalance": 1.0, "micro": m_lb, "micro_lb": m_lb, "cross_node_bytes_per_token": NAN,
+                "plan_s": NAN,
             }
 
         out.append(reference(BALANCED, {w: ref[w].ideal_time for w in windows}))
@@ -255,6 +271,7 @@ def format_table(summary: Sequence[Dict[str, Any]], baseline: str = "static", le
         ("imbalance", "imbal", "{:>6.3f}"),
         ("micro", "M", "{:>4.0f}"),
         ("micro_lb", "M lb", "{:>5.0f}"),
+        ("cross_node_kb", "xnode kB/tok", "{:>12.2f}"),
         ("plan_s", "plan s", "{:>7.3f}"),
     ]
 
@@ -266,6 +283,7 @@ def format_table(summary: Sequence[Dict[str, Any]], baseline: str = "static", le
     head = " ".join(_plain(fmt).format(title) for _, title, fmt in cols)
     lines = [head, "-" * len(head)]
     for row in summary:
+        row = {**row, "cross_node_kb": row.get("cross_node_bytes_per_token", NAN) / 1e3}
         lines.append(" ".join(cell(fmt, row[key]) for key, _, fmt in cols))
     if legend:
         lines += ["", table_legend(baseline, _has_bound(summary))]
@@ -274,7 +292,7 @@ def format_table(summary: Sequence[Dict[str, Any]], baseline: str = "static", le
 
 def _plain(fmt: str) -> str:
     """A number's format as a string's of the same width and alignment."""
-    return fmt.replace(".3f", "").replace(".1%", "").replace(".0f", "")
+    return fmt.replace(".3f", "").replace(".2f", "").replace(".1%", "").replace(".0f", "")
 
 
 def table_legend(baseline: str = "static", bound: bool = True) -> str:
@@ -299,6 +317,7 @@ def table_legend(baseline: str = "static", bound: bool = True) -> str:
         ("imbal", "expert tokens max / mean over EP ranks, averaged over exchanges (1 = even)"),
         ("M", "microbatch steps per DP rank"),
         ("M lb", "the fewest any plan can use: ceil(ceil(total tokens / cap) / dp)"),
+        ("xnode kB/tok", CROSS_NODE_LEGEND),
         ("plan s", "planner wall time on this machine"),
     ]
     rows = [("best baseline", "per window the fastest baseline preset that ran (" + ", ".join(BASELINES) + ")"),
@@ -332,5 +351,5 @@ def format_ratios(ratio_rows: Sequence[Dict[str, Any]], winners: Optional[Dict[i
     return "\n".join(lines)
 
 
-__all__ = ["BALANCED", "BASELINES", "BEST", "BOUND", "Row", "available_presets", "best_baseline", "best_of",
+__all__ = ["BALANCED", "BASELINES", "BEST", "BOUND", "CROSS_NODE_LEGEND", "Row", "available_presets", "best_baseline", "best_of",
            "compare", "format_ratios", "format_table", "ratios", "summarise", "table_legend"]

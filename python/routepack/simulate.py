@@ -32,6 +32,14 @@ class SimResult:
     * ``group_times``: float64 ``[G]``.
     * ``imbalance``: float64 ``[G, M, L]``: max over EP ranks / mean over EP ranks of expert
       tokens per (group, micro, layer); ``mean_imbalance`` its average.
+    * ``intra_node_bytes`` / ``cross_node_bytes``: the routed-token bytes the all-to-all moves
+      between EP ranks of the same node / of different nodes, over the whole window (every EP
+      group, step and MoE layer), counted as the cost model counts them: a token computed on a
+      rank other than the one holding its sample moves ``cost.token_bytes`` in dispatch and
+      again in combine, in the forward and in the backward pass (4 × its dispatch bytes); a
+      token computed on its own rank moves nothing. Replica weights, gradients and migration
+      are not counted. ``cross_node_bytes`` is 0 when an EP group fits in one node.
+    * ``cross_node_bytes_per_token``: ``cross_node_bytes`` / Σ n_s (the window's tokens).
     """
 
     step_time: float
@@ -48,6 +56,9 @@ class SimResult:
     group_times: np.ndarray = field(repr=False)
     imbalance: np.ndarray = field(repr=False)
     mean_imbalance: float = 0.0
+    intra_node_bytes: float = 0.0
+    cross_node_bytes: float = 0.0
+    cross_node_bytes_per_token: float = 0.0
 
     @property
     def fraction_of_balanced(self) -> float:
@@ -81,7 +92,7 @@ class SimResult:
         out = {k: getattr(self, k) for k in (
             "step_time", "ideal_time", "lower_bound_time", "throughput", "ideal_throughput",
             "attention", "expert", "all_to_all", "replication", "migration", "critical_group",
-            "mean_imbalance")}
+            "mean_imbalance", "intra_node_bytes", "cross_node_bytes", "cross_node_bytes_per_token")}
         out["fraction_of_ideal"] = self.fraction_of_ideal
         out["fraction_of_balanced"] = self.fraction_of_balanced
         out["fraction_of_bound"] = self.fraction_of_bound

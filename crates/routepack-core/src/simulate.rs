@@ -14,6 +14,9 @@
 //!   attention (forward: 1×, backward: 2×) is exposed;
 //! * `T = 3·max_d A + 2·2·a2a + 3·max_p X + exposed replication`.
 //!
+//! Alongside the time it counts the routed-token bytes of every exchange's all-to-all (the
+//! ones its `a2a` term prices), split by link: `intra_node_bytes` and `cross_node_bytes`.
+//!
 //! Step time = max_g Σ_m Σ_l T + exposed migration (per rank max(sent, received) bytes of
 //! moved experts over each link). `ideal` replaces every max by the mean at the lower-bound
 //! microbatch count, with uniform all-to-all and no replication or migration: the *balanced*
@@ -72,6 +75,18 @@ pub struct SimReport {
     pub imbalance: Vec<f64>,
     /// Mean of `imbalance` over every exchange (1.0: perfectly balanced).
     pub mean_imbalance: f64,
+    /// Routed-token bytes the all-to-all moves between EP ranks of the same node, over the whole
+    /// window (every EP group, step and MoE layer), counted as the cost model counts them: a
+    /// token computed on a rank other than its origin moves `token_bytes` in dispatch and again
+    /// in combine, in the forward and in the backward pass (4 × its dispatch bytes,
+    /// [`CostModel::all_to_all_bytes`]); a token computed on its origin rank moves nothing.
+    /// Replica weights and gradients and migration are not counted (they are not tokens).
+    pub intra_node_bytes: f64,
+    /// The same for tokens whose origin and computing rank are on different nodes (zero when an
+    /// EP group fits in one node).
+    pub cross_node_bytes: f64,
+    /// `cross_node_bytes` per token of the window (Σ n_s over its samples).
+    pub cross_node_bytes_per_token: f64,
 }
 
 /// Cost of one (group, micro, layer), split into its parts (all passes included).
@@ -165,6 +180,12 @@ impl ExchangePricer {
         assert_eq!(topo.ep, self.ep, "ExchangePricer built for another ep");
         assert_eq!(origin.len(), self.ep * self.num_experts, "origin must be [ep * E]");
         price_exchange(topo, cost, self.num_experts, origin, attn_max, slot_off, slots, reps, &mut self.sc)
+    }
+
+    /// Dispatch bytes of the exchange priced last, summed over its ranks: `(inside nodes,
+    /// between nodes)`, one way (see [`CostModel::all_to_all_bytes`] for the whole count).
+    pub fn dispatch_bytes(&self) -> (f64, f64) {
+        LinkBytes::sent_totals(&self.sc.a2a)
     }
 }
 
@@ -332,7 +353,8 @@ pub fn simulate_with_cap(
     let layer_slots: Vec<(Vec<usize>, Vec<usize>)> = (0..l_n).map(|l| plan.placement.replicas_of_layer(l)).collect();
 
     // every (g, m) independently; results kept in index order so the sum is deterministic
-    let per_gm: Vec<Vec<LayerCost>> = (0..g_n * m_n)
+    // each exchange's cost and its one-way dispatch bytes (inside nodes, between nodes)
+    let per_gm: Vec<Vec<(LayerCost, (f64, f64))>> = (0..g_n * m_n)
         .into_par_iter()
         .map_init(
             || (ExchangePricer::new(ep, w.num_experts), vec![0i64; ep * w.num_experts]),
@@ -343,7 +365,8 @@ pub fn simulate_with_cap(
                         grid.origin(w, g, m, l, origin);
                         let attn_max = grid.attention_max(cost, g, m, l);
                         let (so, sl) = &layer_slots[l];
-                        pricer.price(topo, cost, origin, attn_max, so, sl, &reps[gm * l_n + l])
+                        let lc = pricer.price(topo, cost, origin, attn_max, so, sl, &reps[gm * l_n + l]);
+                        (lc, pricer.dispatch_bytes())
                     })
                     .collect()
             },
@@ -352,16 +375,19 @@ pub fn simulate_with_cap(
 
     let mut group_times = vec![0.0; g_n];
     let mut imbalance = Vec::with_capacity(g_n * m_n * l_n);
+    let (mut intra, mut cross) = (0.0, 0.0);
     for (gm, layers) in per_gm.iter().enumerate() {
-        for lc in layers {
+        for (lc, (i, c)) in layers {
             group_times[gm / m_n] += lc.total();
             imbalance.push(lc.imbalance);
+            intra += i;
+            cross += c;
         }
     }
     let critical = (0..g_n).fold(0, |b, g| if group_times[g] > group_times[b] { g } else { b });
     let mut parts = LayerCost::default();
     for layers in &per_gm[critical * m_n..(critical + 1) * m_n] {
-        for lc in layers {
+        for (lc, _) in layers {
             parts.attention += lc.attention;
             parts.all_to_all += lc.all_to_all;
             parts.expert += lc.expert;
@@ -388,6 +414,9 @@ pub fn simulate_with_cap(
         group_times,
         imbalance,
         mean_imbalance,
+        intra_node_bytes: cost.all_to_all_bytes(intra),
+        cross_node_bytes: cost.all_to_all_bytes(cross),
+        cross_node_bytes_per_token: cost.all_to_all_bytes(cross) / tokens,
     })
 }
 

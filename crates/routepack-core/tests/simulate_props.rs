@@ -1,14 +1,17 @@
 //! Property tests of `simulate`: arbitrary (also malformed) plans and cost models give `Err`,
-//! never a panic, and a plan it prices has a finite positive step time.
+//! never a panic, and a plan it prices has a finite positive step time; its intra- and
+//! cross-node bytes are the routed tokens' bytes, split by link.
 
 mod common;
 
-use common::{random_phy2log, topologies, window, Mix};
+use common::{random_phy2log, random_plan, topologies, window, Mix};
 use proptest::prelude::*;
 use routepack_core::cost::CostModel;
+use routepack_core::flow::{route_exchange, ExchangeReplica};
 use routepack_core::placement::Placement;
 use routepack_core::plan::{ExpertMove, Plan, Replica};
 use routepack_core::simulate::simulate;
+use routepack_core::topology::Topology;
 use routepack_core::validate::validate_plan;
 
 proptest! {
@@ -50,6 +53,94 @@ proptest! {
         if let Ok(rep) = simulate(&plan, &view, &topo, &cost, Some(1 + mix.below(3))) {
             prop_assert!(bad_cost == 0 && validate_plan(&plan, &view, &topo, i64::MAX).is_ok());
             prop_assert!(rep.step_time.is_finite() && rep.step_time > 0.0);
+        }
+    }
+}
+
+/// `(intra, cross)` one-way dispatch bytes of every exchange of a valid plan, from the flow
+/// tables of `flow::route_exchange` (the routing rule), not from the simulator.
+fn routed_bytes(plan: &Plan, w: &common::OwnedWindow, topo: &Topology, token_bytes: f64) -> (f64, f64) {
+    let (e_n, ep) = (w.experts, topo.ep);
+    let (mut intra, mut cross) = (0.0, 0.0);
+    let mut flows = Vec::new();
+    for g in 0..topo.num_groups() {
+        for m in 0..plan.num_micro {
+            for l in 0..w.layers {
+                let mut origin = vec![0i64; ep * e_n];
+                for (s, (&d, &mm)) in plan.sample_rank.iter().zip(&plan.sample_micro).enumerate() {
+                    let (d, mm) = (d as usize, mm as usize);
+                    if d / ep == g && mm == m {
+                        let r = d % ep;
+                        for e in 0..e_n {
+                            origin[r * e_n + e] += w.expert_tokens[(s * w.layers + l) * e_n + e] as i64;
+                        }
+                    }
+                }
+                let reps: Vec<ExchangeReplica> = plan
+                    .replicas
+                    .iter()
+                    .filter(|x| (x.group, x.micro, x.layer) == (g as i32, m as i32, l as i32))
+                    .map(|x| (x.expert as usize, x.dst_rank as usize, x.share))
+                    .collect();
+                let (so, sl) = plan.placement.replicas_of_layer(l);
+                flows.clear();
+                route_exchange(&origin, e_n, &so, &sl, &reps, topo, &mut flows);
+                for f in &flows {
+                    let bytes = f.count as f64 * token_bytes;
+                    if f.origin == f.dst_rank {
+                        continue;
+                    }
+                    if topo.local_node_of(f.origin) == topo.local_node_of(f.dst_rank) {
+                        intra += bytes;
+                    } else {
+                        cross += bytes;
+                    }
+                }
+            }
+        }
+    }
+    (intra, cross)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// intra + cross is every routed token sent off its rank, ×4 (dispatch and combine, forward
+    /// and backward), each on its link; an EP group inside one node sends nothing across nodes.
+    #[test]
+    fn node_bytes_are_the_routed_bytes_split_by_link(
+        topo in topologies(),
+        seed in any::<u64>(),
+        micro in 1usize..3,
+        extra in 0usize..8,
+    ) {
+        let mut mix = Mix(seed);
+        let layers = 1 + mix.below(3);
+        let experts = 1 + mix.below(topo.num_slots());
+        let w = window(&mut mix, topo.dp * micro + extra, layers, experts, 40);
+        let plan = random_plan(&mut mix, &w, &topo, micro);
+        let cost = CostModel::for_tests(layers);
+        let rep = simulate(&plan, &w.view(), &topo, &cost, None).unwrap();
+        let (intra, cross) = routed_bytes(&plan, &w, &topo, cost.token_bytes);
+        // token_bytes is a power of two and the counts are small: every sum is exact
+        prop_assert_eq!(rep.intra_node_bytes, 4.0 * intra);
+        prop_assert_eq!(rep.cross_node_bytes, 4.0 * cross);
+        prop_assert_eq!(rep.intra_node_bytes + rep.cross_node_bytes, 4.0 * (intra + cross));
+        let tokens: i64 = w.seq_lens.iter().sum();
+        prop_assert_eq!(rep.cross_node_bytes_per_token, rep.cross_node_bytes / tokens as f64);
+        if topo.gpus_per_node >= topo.ep {
+            prop_assert_eq!(rep.cross_node_bytes, 0.0);
+        }
+        // the same plan with the whole EP group on one node: nothing crosses (replicas draw
+        // their tokens node-first, so which tokens move can change with the node layout)
+        let one_node = Topology::new(topo.dp, topo.ep, topo.ep.max(topo.gpus_per_node), topo.slots_per_rank).unwrap();
+        let rep1 = simulate(&plan, &w.view(), &one_node, &cost, None).unwrap();
+        let (intra1, cross1) = routed_bytes(&plan, &w, &one_node, cost.token_bytes);
+        prop_assert_eq!(cross1, 0.0);
+        prop_assert_eq!(rep1.cross_node_bytes, 0.0);
+        prop_assert_eq!(rep1.intra_node_bytes, 4.0 * intra1);
+        if plan.replicas.is_empty() {
+            prop_assert_eq!(intra1, intra + cross);
         }
     }
 }

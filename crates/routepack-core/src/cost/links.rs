@@ -33,6 +33,12 @@ impl LinkBytes {
         self.recv_inter += sign * o.recv_inter;
     }
 
+    /// Bytes sent over each link summed over all ranks: `(inside nodes, between nodes)`.
+    /// Every byte is counted once, at its sender (a rank's received bytes are another's sent).
+    pub(crate) fn sent_totals(v: &[LinkBytes]) -> (f64, f64) {
+        v.iter().fold((0.0, 0.0), |(intra, inter), b| (intra + b.send_intra, inter + b.send_inter))
+    }
+
     /// The slowest rank's time: per link max(sent, received) over that link's bandwidth.
     pub(crate) fn time(v: &[LinkBytes], cost: &CostModel) -> f64 {
         v.iter()

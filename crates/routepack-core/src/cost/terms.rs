@@ -30,6 +30,14 @@ impl CostModel {
         2.0 * COMM_PASSES * link_time
     }
 
+    /// Bytes an exchange's all-to-all moves in the cost model's count, given the bytes its
+    /// dispatch sends (summed over ranks): dispatch and combine, forward and backward, the
+    /// same multiplier as [`CostModel::all_to_all_of_link_time`] puts on the time.
+    #[inline]
+    pub fn all_to_all_bytes(&self, dispatch_bytes: f64) -> f64 {
+        2.0 * COMM_PASSES * dispatch_bytes
+    }
+
     /// Attention/dense work of layer l of a group of samples in one pass, given their
     /// `Σ n` (`lin`) and `Σ n²` (`quad`): what one rank's cell costs.
     #[inline]
