@@ -195,6 +195,24 @@ def test_replay_of_unchanged_weights_reproduces_the_captured_pass(name, batch):
     assert np.array_equal(again.routed(mask).routed, rec.routed)
 
 
+def test_replay_without_padding_and_masks_of_any_kind():
+    m = model("DeepSeek-V3")
+    ids = torch.randint(3, COMMON["vocab_size"], (3, 7))
+    rec = hf.capture_routed(m, ids)  # no mask: every token real
+    assert np.array_equal(rec.cu_seqlens, [0, 7, 14, 21])
+    with torch.no_grad():
+        want = m(input_ids=ids).logits
+        with hf.replay_routing(m, rec.routed, cu_seqlens=rec.cu_seqlens):  # the router sees exactly T tokens
+            assert torch.equal(m(input_ids=ids).logits, want)
+    mask = np.ones((3, 7), dtype=np.int64)
+    mask[1, :4] = 0
+    for kind in (mask, mask.astype(bool), torch.from_numpy(mask)):
+        got = hf.capture_routed(m, ids, kind)
+        assert np.array_equal(got.cu_seqlens, [0, 7, 10, 17])
+        assert np.array_equal(got.routed, hf.capture_routed(m, ids, torch.from_numpy(mask)).routed)
+    assert hf.capture(m, ids, mask) == rp.Window.from_routed_experts(*got)
+
+
 class forced_topk:  # noqa: N801 - a context manager
     """Makes each router's own ``forward`` choose the recorded experts: its last
     ``torch.topk`` (over all E experts, k = top_k) returns the recorded ids at real tokens
@@ -334,12 +352,20 @@ def test_bad_inputs_name_the_argument():
     with pytest.raises(RoutepackError, match="input_ids: expected a"):
         hf.capture(m, ids[0])
     rec = hf.capture_routed(m, ids)
-    with pytest.raises(RoutepackError, match=r"routed: expected \[T, L=2, k=2\]"):
+    with pytest.raises(RoutepackError, match=r"routed: expected \[T >= 1, L=2, k=2\]"):
         hf.replay_routing(m, rec.routed[:, :1])
     with pytest.raises(RoutepackError, match="routed: expert id 8 outside"):
         hf.replay_routing(m, np.full_like(rec.routed, 8))
     with pytest.raises(RoutepackTypeError, match="routed: expected integer"):
         hf.replay_routing(m, rec.routed.astype(np.float32))
+    with pytest.raises(RoutepackTypeError, match="routed: expected a"):
+        hf.replay_routing(m, tuple(rec))
+    with pytest.raises(RoutepackError, match="routed: recorded with num_experts=9"):
+        hf.replay_routing(m, rec._replace(num_experts=9))
+    big_endian = rec.routed.astype(">i4")
+    with hf.replay_routing(m, big_endian), torch.no_grad(), hf.record_routing(m) as again:
+        m(input_ids=ids)
+    assert np.array_equal(again.routed(torch.ones_like(ids)).routed, rec.routed)
     with pytest.raises(RoutepackError, match="attention_mask: has 9 real tokens, routed has T=10"):
         hf.replay_routing(m, rec, attention_mask=torch.tensor([[1, 1, 1, 1, 0], [1] * 5]))
     with pytest.raises(RoutepackError, match="cu_seqlens: sample lengths"):

@@ -282,18 +282,23 @@ class replay_routing:  # noqa: N801 - a context manager used like a function
             if routed.num_experts != e:
                 raise RoutepackError(f"routed: recorded with num_experts={routed.num_experts}, the model has {e}")
             routed = routed.routed
-        ids = routed.detach().cpu() if isinstance(routed, torch.Tensor) else torch.from_numpy(
-            np.ascontiguousarray(np.asarray(routed)))
-        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-            raise RoutepackTypeError(f"routed: expected integer expert ids, got dtype {ids.dtype}")
-        want = ("T", len(self.routers), k)
-        if ids.dim() != 3 or ids.shape[1:] != want[1:]:
-            raise RoutepackError(f"routed: expected [T, L={want[1]}, k={k}] for this model, got {tuple(ids.shape)}")
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= e):
-            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
-            raise RoutepackError(f"routed: expert id {bad} outside [0, {e})")
-        t = ids.shape[0]
-        self._ids = ids.to(torch.int64)
+        if isinstance(routed, torch.Tensor):
+            routed = routed.detach().cpu().numpy()
+        try:
+            arr = np.asarray(routed)
+        except ValueError as err:  # ragged nesting
+            raise RoutepackTypeError(f"routed: expected a [T, L, k] integer array, got {type(routed).__name__}") from err
+        if arr.dtype.kind not in "iu":
+            raise RoutepackTypeError(f"routed: expected integer expert ids, got dtype {arr.dtype}")
+        layers = len(self.routers)
+        if arr.ndim != 3 or arr.shape[1:] != (layers, k) or arr.shape[0] == 0:
+            raise RoutepackError(f"routed: expected [T >= 1, L={layers}, k={k}] for this model, got {arr.shape}")
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi >= e:
+            raise RoutepackError(f"routed: expert id {lo if lo < 0 else hi} outside [0, {e})")
+        t = arr.shape[0]
+        # [L, T, k] int64 (native order: torch reads no other): one layer's ids contiguous
+        self._ids = torch.from_numpy(np.ascontiguousarray(arr.astype(np.int64).transpose(1, 0, 2)))
         self._pos: Optional[torch.Tensor] = None
         self._tokens = t
         lens = None
@@ -337,10 +342,10 @@ class replay_routing:  # noqa: N801 - a context manager used like a function
                                      f"{self._tokens} (the attention_mask / routed it was given)")
             all_ids, pos = self._on_device(live_ids.device)
             if pos is None:
-                ids = all_ids[:, layer, :]
+                ids = all_ids[layer]
             else:
                 ids = live_ids.clone()
-                ids[pos] = all_ids[:, layer, :]
+                ids[pos] = all_ids[layer]
             return logits, r.family.weights(module, logits, ids), ids
         return hook
 
