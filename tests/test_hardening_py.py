@@ -239,6 +239,14 @@ def _forged_header(shape):
     return buf.getvalue() + b"\0" * 16
 
 
+def _unbalanced_header():
+    """A .npy header with an unclosed bracket: numpy's header parser tokenizes it and raises
+    tokenize.TokenError (neither a ValueError nor a SyntaxError; a bit flip can make one)."""
+    h = b"{'descr': '<i8', 'fortran_order': False, 'shape': ((2,), }"
+    h += b" " * (63 - (10 + len(h)) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(h).to_bytes(2, "little") + h + b"\0" * 16
+
+
 @pytest.mark.parametrize("kind", ["plan", "window"])
 def test_listed_damage_is_a_file_error(tmp_path, kind):
     path, load = _saved(tmp_path, kind)
@@ -250,6 +258,7 @@ def test_listed_damage_is_a_file_error(tmp_path, kind):
         (None, (key,), "missing arrays"),
         ({key: np.array([object()], dtype=object)}, (), "pickled"),
         ({key: _forged_header((2**40, 5))}, (), "header claims"),
+        ({key: _unbalanced_header()}, (), key),
         ({key: np.array([1.5, 2.5])}, (), key),
     ]:
         path, load = _saved(tmp_path, kind)

@@ -14,6 +14,7 @@ import contextlib
 import math
 import os
 import struct
+import tokenize
 import zipfile
 import zlib
 from pathlib import Path
@@ -27,9 +28,10 @@ from routepack.errors import RoutepackFileError
 #: deflate cannot expand data by more than about 1032:1; a zip entry claiming more is forged.
 _MAX_DEFLATE_RATIO = 1100
 
-#: What reading a damaged member can raise (zip, zlib, numpy's header parser, allocation).
+#: What reading a damaged member can raise (zip, zlib, numpy's header parser — which tokenizes
+#: the header, so an unbalanced bracket is a tokenize.TokenError —, allocation).
 _DAMAGE = (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OSError, SyntaxError, struct.error,
-           MemoryError, TypeError, OverflowError, NotImplementedError, KeyError)
+           MemoryError, TypeError, OverflowError, NotImplementedError, KeyError, tokenize.TokenError)
 
 
 #: A path, or an open binary file (``routepack.torch`` broadcasts plans through a BytesIO).

@@ -1,6 +1,6 @@
 """routepack.torch: carries routepack plans out with torch.distributed (docs/design.md stage 5).
 
-The only part of routepack that imports torch. Backend-neutral: gloo on CPU (tests), NCCL on
+With `routepack.integrations`, the only code of routepack that imports torch. Backend-neutral: gloo on CPU (tests), NCCL on
 GPUs (``tools/gpu_check.py``).
 
 * `EPMoE`: reference expert-parallel MoE layer (stacked slot weights, replayed top-k routing,
