@@ -267,10 +267,10 @@ def campaign(args: argparse.Namespace) -> Stats:
                     pending = None
                     if args.stop is not None:
                         bar.update(1)
-            if args.stop is None:
-                bar.n = min(total, int(time.monotonic() - t0))
             other = sum(c.get("other", 0) for c in stats.counts.values())
             bar.set_postfix_str(f"cases={stats.cases} other={other}", refresh=False)
+            if args.stop is None:  # the bar counts seconds; update() redraws at mininterval
+                bar.update(max(0, min(total, int(time.monotonic() - t0)) - bar.n))
             if finished:
                 break
         kill(proc)

@@ -17,11 +17,13 @@ import math
 import textwrap
 import time
 from dataclasses import dataclass, replace
+from collections.abc import Mapping
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from routepack.errors import RoutepackError
+from routepack._checks import boolean
+from routepack.errors import RoutepackError, RoutepackTypeError
 from routepack.planner import plan_window
 from routepack.policies import PRESETS, resolve
 from routepack.simulate import lower_bound_micro, simulate
@@ -62,6 +64,38 @@ class Row:
     fraction_of_bound: float = NAN
     lower_bound_time: float = NAN
     imbalance_map: Any = None  # float64 [G, M, L] for figures
+
+
+def check_rows(rows: Any, name: str = "rows") -> List[Row]:
+    """``rows`` as a list of `Row` (what `compare` returns); anything else raises
+    `RoutepackTypeError` naming the argument or the entry."""
+    if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Iterable):
+        raise RoutepackTypeError(f"{name}: expected a sequence of routepack.compare.Row, got {type(rows).__name__}")
+    out = list(rows)
+    for i, r in enumerate(out):
+        if not isinstance(r, Row):
+            raise RoutepackTypeError(f"{name}[{i}]: expected a routepack.compare.Row, got {type(r).__name__}")
+    return out
+
+
+def _check_entries(entries: Any, name: str, keys: Sequence[str]) -> List[Dict[str, Any]]:
+    """``entries`` as a list of dicts holding ``keys`` (what `summarise` / `ratios` return)."""
+    if isinstance(entries, (str, bytes, Mapping)) or not isinstance(entries, Iterable):
+        raise RoutepackTypeError(f"{name}: expected a sequence of dicts, got {type(entries).__name__}")
+    out = list(entries)
+    for i, e in enumerate(out):
+        if not isinstance(e, Mapping):
+            raise RoutepackTypeError(f"{name}[{i}]: expected a dict, got {type(e).__name__}")
+        missing = [k for k in keys if k not in e]
+        if missing:
+            raise RoutepackError(f"{name}[{i}]: missing keys {missing}")
+    return out
+
+
+def _name(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise RoutepackTypeError(f"{name}: expected a str, got {type(value).__name__} {value!r}")
+    return value
 
 
 def available_presets() -> List[str]:
@@ -130,6 +164,7 @@ def _by_policy(rows: Sequence[Row]) -> Dict[str, Dict[int, Row]]:
 def best_baseline(rows: Sequence[Row]) -> List[Row]:
     """Per window, the fastest row of the `BASELINES` that ran, renamed ``best baseline``
     (the winner's name is in `best_of`)."""
+    rows = check_rows(rows)
     out = []
     for window in sorted({r.window for r in rows}):
         cands = [r for r in rows if r.window == window and r.policy in BASELINES]
@@ -140,6 +175,7 @@ def best_baseline(rows: Sequence[Row]) -> List[Row]:
 
 def best_of(rows: Sequence[Row]) -> Dict[int, str]:
     """Per window, which baseline preset the ``best baseline`` row is."""
+    rows = check_rows(rows)
     out = {}
     for window in sorted({r.window for r in rows}):
         cands = [r for r in rows if r.window == window and r.policy in BASELINES]
@@ -156,6 +192,8 @@ def summarise(rows: Sequence[Row], baseline: str = "static") -> List[Dict[str, A
     """Median over windows per policy, then the ``best baseline`` row and the references
     (``balanced``; ``lower bound`` where `simulate` reports it). ``vs_<baseline>`` and
     ``vs_best`` are medians of per-window throughput ratios."""
+    rows = check_rows(rows)
+    baseline = _name(baseline, "baseline")
     by = _by_policy(rows)
     best = {r.window: r for r in best_baseline(rows)}
     base = by.get(baseline, {})
@@ -217,6 +255,8 @@ def summarise(rows: Sequence[Row], baseline: str = "static") -> List[Dict[str, A
 def ratios(rows: Sequence[Row], target: str = "routepack") -> List[Dict[str, Any]]:
     """``target``'s throughput over every other policy's and the best baseline's, per window:
     median, min and max over the windows both ran (empty when ``target`` did not run)."""
+    rows = check_rows(rows)
+    target = _name(target, "target")
     by = _by_policy(rows)
     if target not in by:
         return []
@@ -237,6 +277,9 @@ def _has_bound(summary: Sequence[Dict[str, Any]]) -> bool:
 def format_table(summary: Sequence[Dict[str, Any]], baseline: str = "static", legend: bool = True) -> str:
     """Fixed-width table of `summarise` output, with a legend of its columns under it. The
     ``of bound`` column appears when `simulate` reports the lower bound."""
+    baseline = _name(baseline, "baseline")
+    summary = _check_entries(summary, "summary", ("policy",))
+    legend = boolean(legend, "legend")
     cols = [
         ("policy", "policy", "{:<26}"),
         ("vs_" + baseline, "thr/" + baseline[:8], "{:>13.3f}"),
@@ -257,6 +300,8 @@ def format_table(summary: Sequence[Dict[str, Any]], baseline: str = "static", le
         ("micro_lb", "M lb", "{:>5.0f}"),
         ("plan_s", "plan s", "{:>7.3f}"),
     ]
+
+    _check_entries(summary, "summary", [key for key, _, _ in cols])
 
     def cell(fmt: str, value: Any) -> str:
         if isinstance(value, float) and not math.isfinite(value):
@@ -279,6 +324,8 @@ def _plain(fmt: str) -> str:
 
 def table_legend(baseline: str = "static", bound: bool = True) -> str:
     """What every column and reference row of `format_table` means."""
+    baseline = _name(baseline, "baseline")
+    bound = boolean(bound, "bound")
     items = [
         ("thr/" + baseline[:8], f"throughput over {baseline}'s: median over windows of the per-window ratio"),
         ("thr/best", "throughput over the best baseline's, the same way"),
@@ -315,6 +362,9 @@ def table_legend(baseline: str = "static", bound: bool = True) -> str:
 
 def format_ratios(ratio_rows: Sequence[Dict[str, Any]], winners: Optional[Dict[int, str]] = None) -> str:
     """`ratios` as text: one line per baseline, median and range over windows."""
+    ratio_rows = _check_entries(ratio_rows, "ratio_rows", ("policy", "against", "windows", "median", "min", "max"))
+    if winners is not None and not isinstance(winners, Mapping):
+        raise RoutepackTypeError(f"winners: expected a dict of window -> preset, got {type(winners).__name__}")
     if not ratio_rows:
         return ""
     target = ratio_rows[0]["policy"]
@@ -333,4 +383,4 @@ def format_ratios(ratio_rows: Sequence[Dict[str, Any]], winners: Optional[Dict[i
 
 
 __all__ = ["BALANCED", "BASELINES", "BEST", "BOUND", "Row", "available_presets", "best_baseline", "best_of",
-           "compare", "format_ratios", "format_table", "ratios", "summarise", "table_legend"]
+           "check_rows", "compare", "format_ratios", "format_table", "ratios", "summarise", "table_legend"]

@@ -137,6 +137,11 @@ _NUM = re.compile(r"(?<![A-Za-z_])-?(?:0x[0-9a-fA-F]+|\d+(?:\.\d*)?(?:[eE][-+]?\
 def normalise(message: str, limit: int = 110) -> str:
     """A message with its numbers as N (so one root cause is one bucket), on one line."""
     s = " ".join(str(message).split())
+    # the offending value's type is not the cause: "'dict' object has no attribute", "not list"
+    s = re.sub(r"'[\w.]+' object", "'T' object", s)
+    s = re.sub(r"instances of '[\w.]+' and '[\w.]+'", "instances of 'T' and 'T'", s)
+    s = re.sub(r", not (?:<class '[\w.]+'>|[\w.]+)$", ", not T", s)
+    s = re.sub(r"type '[\w.]+'", "type 'T'", s)
     s = _NUM.sub("N", s)
     s = re.sub(r"N(?:[\s,;:]+N)+", "N…", s)
     s = re.sub(r"'/tmp/[^']*'|/tmp/\S+", "PATH", s)

@@ -14,7 +14,7 @@ import fractions
 import io
 import struct
 import zipfile
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 from numpy.lib import format as npy_format
@@ -41,6 +41,19 @@ def pick(rng: np.random.Generator, pool: List[Any]) -> Any:
     """An entry of ``pool`` (a deep copy, so a call cannot mutate the pool)."""
     v = pool[int(rng.integers(len(pool)))]
     return v if isinstance(v, (np.ndarray, np.generic)) or v is None else copy.deepcopy(v)
+
+
+def spoil_one(rng: np.random.Generator, args: List[Any], pools: Dict[int, Any], p: float) -> Optional[int]:
+    """With probability ``p``, replaces one argument ``args[i]`` (``i`` a key of ``pools``,
+    drawn uniformly) by an entry of ``pools[i]`` (a list to `pick` from, or a function of the
+    generator); returns ``i``, or None when nothing was replaced."""
+    if rng.random() >= p:
+        return None
+    keys = sorted(pools)
+    i = keys[int(rng.integers(len(keys)))]
+    pool = pools[i]
+    args[i] = pool(rng) if callable(pool) else pick(rng, pool)
+    return i
 
 
 def is_huge(v: Any) -> bool:

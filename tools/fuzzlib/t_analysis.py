@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import dataclasses
 import io
 import math
 import os
 from pathlib import Path
-from typing import Any, List
+from typing import Any, List, Tuple
 
 import numpy as np
 import routepack as rp
@@ -19,7 +20,7 @@ import eplb_reference
 from random_plans import random_window
 from test_traces_fuzz import PROFILE_FIELDS, SMALL_PROFILE
 from fuzzlib.engine import Case, Target, mixed
-from fuzzlib.inputs import is_huge, BAD_INTS, BAD_OBJECTS, damage, mutate_array, pick
+from fuzzlib.inputs import BAD_INTS, BAD_OBJECTS, damage, is_huge, mutate_array, pick, spoil_one
 from fuzzlib.t_model import tmp_path
 from fuzzlib.t_planner import TOPOS
 
@@ -94,30 +95,34 @@ def loads_and_placement(rng: np.random.Generator):
 
 
 def _bad_loads(rng: np.random.Generator, loads: np.ndarray) -> Any:
-    label, bad = mutate_array(rng, loads)
+    """Loads mutated (`mutate_array`), or with one NaN / negative / infinite entry."""
     if rng.random() < 0.3:
         bad = loads.copy()
         bad[0, 0] = rng.choice([np.nan, -1.0, np.inf, -1e-300])
-        label = f"a load of {bad[0, 0]}"
-    return label, bad
+        return bad
+    return mutate_array(rng, loads)[1]
+
+
+def _loads_case(rng: np.random.Generator, args: List[Any], at: int, other: int) -> Tuple[str, Any]:
+    """(kind, expect) of a case whose ``args[at]`` are loads and ``args[other]`` an object;
+    one of them spoiled 40% of the time (a NaN or negative load must be refused)."""
+    loads = args[at]
+    i = spoil_one(rng, args, {at: lambda r: _bad_loads(r, loads), other: BAD_OBJECTS}, 0.4)
+    if i is None:
+        return "valid", "ok"
+    x = np.asarray(args[at])
+    bad_value = i == at and x.dtype.kind == "f" and x.shape == loads.shape and not (np.isfinite(x) & (x >= 0)).all()
+    return "malformed", "error" if bad_value else None
 
 
 def aggregate_case(rng: np.random.Generator) -> Case:
     topo, loads, p = loads_and_placement(rng)
     args: List[Any] = [p, loads]
-    kind, expect, note = "valid", "ok", ""
-    if rng.random() < 0.4:
-        kind, expect = "malformed", None
-        if rng.random() < 0.8:
-            note, args[1] = _bad_loads(rng, loads)
-        else:
-            args[0], note = pick(rng, BAD_OBJECTS), "placement"
-        if note.startswith("a load of"):
-            expect = "error"
+    kind, expect = _loads_case(rng, args, 1, 0)
 
     def check(out: Any) -> None:
         x = np.asarray(args[1], dtype=np.float64)
-        spr, E = p.slots_per_rank, p.num_experts
+        spr = p.slots_per_rank
         want = []
         for l in range(p.num_layers):
             per = np.zeros(p.num_ranks)
@@ -127,22 +132,13 @@ def aggregate_case(rng: np.random.Generator) -> Case:
             want.append(per.max() / per.mean() if per.mean() > 0 else 1.0)
         assert out.shape == (p.num_layers,) and np.isfinite(out).all()
         assert np.allclose(out, want, rtol=1e-9), f"aggregate_imbalance {out} != {want}"
-        del E
-    return Case(kind, placement.aggregate_imbalance, tuple(args), check=check, expect=expect, note=note)
+    return Case(kind, placement.aggregate_imbalance, tuple(args), check=check, expect=expect)
 
 
 def lower_bound_case(rng: np.random.Generator) -> Case:
     topo, loads, _ = loads_and_placement(rng)
     args: List[Any] = [loads, topo]
-    kind, expect, note = "valid", "ok", ""
-    if rng.random() < 0.4:
-        kind, expect = "malformed", None
-        if rng.random() < 0.8:
-            note, args[0] = _bad_loads(rng, loads)
-        else:
-            args[1], note = pick(rng, BAD_OBJECTS), "topo"
-        if note.startswith("a load of"):
-            expect = "error"
+    kind, expect = _loads_case(rng, args, 0, 1)
 
     def check(out: Any) -> None:
         x = np.asarray(args[0], dtype=np.float64)
@@ -152,7 +148,7 @@ def lower_bound_case(rng: np.random.Generator) -> Case:
             static = rp.Placement.static(x.shape[0], x.shape[1], topo)
             got = placement.aggregate_imbalance(static, x)
             assert (out <= got + 1e-9).all(), "the lower bound exceeds the static placement's imbalance"
-    return Case(kind, placement.imbalance_lower_bound, tuple(args), check=check, expect=expect, note=note)
+    return Case(kind, placement.imbalance_lower_bound, tuple(args), check=check, expect=expect)
 
 
 # ------------------------------------------------------------------ traces
@@ -185,25 +181,19 @@ def synthetic_case(rng: np.random.Generator) -> Case:
     if rng.random() < 0.5:
         for f in rng.choice(PROFILE_FIELDS, size=int(rng.integers(1, 3)), replace=False):
             tweaks[str(f)] = pick(rng, [int(rng.integers(1, 30)), float(rng.uniform(0.1, 5)), 1, 2, 0.0])
-    windows: Any = int(rng.integers(1, 3))
-    seed: Any = pick(rng, [0, 1, 2**63, 2**64 - 1])
-    kind = "valid"
-    if rng.random() < 0.3:
-        kind = "malformed"
-        if rng.random() < 0.5:
-            windows = pick(rng, BAD_INTS)
-        else:
-            seed = pick(rng, BAD_INTS)
+    call: List[Any] = [tweaks, int(rng.integers(1, 3)), pick(rng, [0, 1, 2**63, 2**64 - 1])]
+    kind = "valid" if spoil_one(rng, call, {1: BAD_INTS, 2: BAD_INTS}, 0.3) is None else "malformed"
+    windows, seed = call[1], call[2]
 
     def run(prof: Any, n: Any, s: Any) -> Any:
         if isinstance(prof, dict):
             prof = dataclasses.replace(SMALL_PROFILE, **prof)
-        return prof, list(traces.synthetic(prof, n, s))
+        return prof, list(itertools.islice(traces.synthetic(prof, n, s), 2))  # n may be 2**32
     run.__qualname__ = "traces.synthetic"
 
     def check(out: Any) -> None:
         prof, ws = out
-        assert len(ws) == windows
+        assert len(ws) == min(windows, 2)
         for w in ws:
             assert w.expert_tokens.shape[1:] == (prof.num_layers, prof.num_experts)
             assert (w.expert_tokens.sum(axis=2) == prof.top_k * w.seq_lens[:, None]).all(), "sum != top_k * length"
@@ -308,6 +298,36 @@ def figure_case(rng: np.random.Generator) -> Case:
                 expect="ok" if kind == "valid" else None)
 
 
+def legend_case(rng: np.random.Generator) -> Case:
+    call: List[Any] = [str(rng.choice(sorted(rp.PRESETS))), bool(rng.random() < 0.5)]
+    kind = "valid" if spoil_one(rng, call, {0: [None, 3, b"static", ["x"]], 1: ["yes", None, 2]}, 0.3) is None \
+        else "malformed"
+    return Case(kind, compare.table_legend, tuple(call), check=lambda out: _is_text(out),
+                expect="ok" if kind == "valid" else None, names=("baseline", "bound"))
+
+
+def presets_case(rng: np.random.Generator) -> Case:
+    def check(out: Any) -> None:
+        assert out == [n for n in rp.PRESETS], "available_presets() != the presets in order"
+    return Case("valid", compare.available_presets, (), check=check, expect="ok")
+
+
+def profile_cost_case(rng: np.random.Generator) -> Case:
+    hw: Any = None if rng.random() < 0.5 else rp.Hardware.h200()
+    kind = "valid"
+    if rng.random() < 0.3:
+        hw, kind = pick(rng, ["h200", 3, {}, rp.ModelShape(1, 2, 1, 4, 4)]), "malformed"
+
+    def check(cost: Any) -> None:
+        assert isinstance(cost, rp.CostModel) and cost.num_layers == SMALL_PROFILE.num_layers
+    return Case(kind, SMALL_PROFILE.cost, (hw,), check=check, expect="ok" if kind == "valid" else "error",
+                names=("hardware",))
+
+
+def _is_text(out: Any) -> None:
+    assert isinstance(out, str) and out, "not a non-empty string"
+
+
 # ------------------------------------------------------------------ the command line
 class CliRefusal(rp.RoutepackError):
     """The CLI refused its arguments the way it promises: status 2 and one line on stderr."""
@@ -320,16 +340,17 @@ def run_cli(argv: List[str]) -> Any:
             code = cli.main(argv)
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
-    lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+    errors = [ln for ln in err.getvalue().splitlines() if "error:" in ln]
     assert "Traceback" not in err.getvalue(), "a traceback on stderr: " + err.getvalue()[-300:]
     if code == 0:
         return out.getvalue()
-    assert code == 2 and len(lines) == 1, f"exit {code} with stderr {lines[-3:]!r}"
-    raise CliRefusal(lines[0])
+    assert code == 2 and len(errors) == 1, f"exit {code} with stderr {err.getvalue().splitlines()[-3:]!r}"
+    raise CliRefusal(errors[0])
 
 
 def cli_case(rng: np.random.Generator) -> Case:
-    w0, w1 = (random_window(rng, 8, 2, 8, max_len=50) for _ in range(2))
+    tiny = traces.profile("tiny")
+    w0, w1 = (random_window(rng, 2 * tiny.dp, tiny.num_layers, tiny.num_experts, max_len=50) for _ in range(2))
     paths = [tmp_path("cliw"), tmp_path("cliw")]
     w0.save(paths[0])
     w1.save(paths[1])
@@ -347,7 +368,8 @@ def cli_case(rng: np.random.Generator) -> Case:
         label, raw, _ = damage(rng, Path(paths[1]).read_bytes())
         Path(paths[1]).write_bytes(raw)
         argv = ["bench", "--npz", *paths, "--figure", "", *quick]
-    flags = tuple(a for a in argv if a.startswith("--")) + tuple(paths) + ("--npz", "--windows", "--seed")
+    flags = (tuple(a for a in argv if a.startswith("--")) + tuple(paths) + ("--npz", "--windows", "--seed", "command",
+             "arguments are required: command", "anneal_moves", "token_cap", "windows", "seed"))
     return Case(kind, run_cli, (argv,), expect="ok" if kind == "valid" else None, names=flags)
 
 
@@ -369,6 +391,9 @@ TARGETS = [
            weight=1),
     Target("compare.format_ratios", compare.format_ratios, mixed((1, tables_case(compare.format_ratios, "ratios"))),
            weight=1),
+    Target("compare.table_legend", compare.table_legend, mixed((1, legend_case)), weight=1),
+    Target("compare.available_presets", compare.available_presets, mixed((1, presets_case)), weight=1),
+    Target("traces.Profile.cost", traces.Profile.cost, mixed((1, profile_cost_case)), weight=1),
     Target("figures.bench_figure", figures.bench_figure, mixed((1, figure_case)), weight=1, batch=4,
            names=("path",)),
     Target("cli.main", cli.main, mixed((1, cli_case)), weight=1, batch=8, names=("argv",)),

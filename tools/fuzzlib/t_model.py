@@ -46,7 +46,6 @@ def topology_valid(args: List[Any]) -> bool:
 def check_topology(args: List[Any]):
     def check(t: rp.Topology) -> None:
         assert (t.dp, t.ep, t.gpus_per_node, t.slots_per_rank) == tuple(int(a) for a in args), "fields differ"
-        assert all(type(v) is int for v in (t.dp, t.ep, t.gpus_per_node, t.slots_per_rank)), "fields not int"
         assert t.num_groups * t.ep == t.dp and t.num_slots == t.ep * t.slots_per_rank
         assert t.nodes_per_group >= 1
     return check
@@ -290,6 +289,10 @@ TARGETS = [
                                                                                max_size=2),
                                                       st.one_of(st.just("fuzz"), st.none(), st.integers())),
                                             hardware_case), weight=2, names=("hardware",)),
+    Target("Hardware.h200", rp.Hardware.h200, mixed((1, lambda rng: Case(
+        "valid", rp.Hardware.h200, (), expect="ok", check=lambda hw: hardware_case(
+            ((hw.flops, hw.flops_efficiency, hw.bw_intra, hw.bw_inter, hw.comm_efficiency, hw.expert_overhead_s),
+             {}, hw.name)).check(hw)))), weight=1),
     Target("CostModel", rp.CostModel, hyp_gen(COST_STRATEGY, cost_case), weight=3, names=("cost",)),
     Target("CostModel.from_model", rp.CostModel.from_model, mixed((1, from_model_case)), weight=2,
            names=("cost", "model", "hardware")),

@@ -15,7 +15,7 @@ from routepack.stages import PACKINGS, PLACEMENTS, REPLICATIONS, known_options
 
 from random_plans import random_cost, random_layout, random_phy2log, random_window
 from fuzzlib.engine import Case, Target, mixed
-from fuzzlib.inputs import BAD_FLOATS, BAD_INTS, BAD_OBJECTS, bad_for, pick
+from fuzzlib.inputs import BAD_FLOATS, BAD_INTS, BAD_OBJECTS, bad_for, is_huge, pick
 from fuzzlib.t_plan import check_plan, check_sim
 
 OPTION_NAMES = tuple(sorted(known_options()))
@@ -181,7 +181,7 @@ def apply_edge(rng: np.random.Generator, inp: Inputs, edge: str) -> None:
     elif edge == "tight_cap":
         pass  # random_inputs' cap with zero slack is already tight in half the cases
     elif edge == "no_spare_slots":
-        inp.window = random_window(rng, w.num_samples, L, inp.topo.num_slots)
+        inp.window = retoken(rng, w, inp.topo.num_slots)
         inp.kwargs.pop("previous", None)
         inp.kwargs.pop("eplb_num_groups", None)
         if "previous_window" in inp.kwargs:
@@ -199,6 +199,12 @@ def apply_edge(rng: np.random.Generator, inp: Inputs, edge: str) -> None:
         inp.kwargs["time_budget_s"] = float(rng.choice([1e9 + 1, 3e19, 1e20, 1e300]))
     elif edge == "max_seed":
         inp.kwargs["seed"] = 2**64 - 1
+
+
+def retoken(rng: np.random.Generator, w: rp.Window, num_experts: int) -> rp.Window:
+    """``w``'s lengths with new expert counts over ``num_experts`` experts (each <= its length)."""
+    fresh = random_window(rng, w.num_samples, w.num_layers, num_experts)
+    return rp.Window(w.seq_lens, np.minimum(fresh.expert_tokens, w.seq_lens[:, None, None]).astype(np.int32))
 
 
 def _fit_previous(inp: Inputs) -> None:
@@ -291,6 +297,10 @@ def args_case(rng: np.random.Generator) -> Case:
         kw[which] = pick(rng, BAD_OBJECTS + [rp.Placement.static(1, 1, rp.Topology(1, 1, 1, 1))])
     elif which in ("seed", "anneal_moves"):
         kw[which] = pick(rng, BAD_INTS)
+        if which == "anneal_moves" and is_huge(kw[which]):
+            # a valid budget of billions of moves: the time budget must stop it
+            kw["time_budget_s"] = 0.5
+            note = "anneal_moves huge under time_budget_s=0.5"
     elif which == "time_budget_s":
         kw[which] = pick(rng, BAD_FLOATS + [0, 0.0, -1.0])
     else:

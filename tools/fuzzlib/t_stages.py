@@ -7,8 +7,7 @@ earlier ones)."""
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Tuple
 
 import numpy as np
 import routepack as rp
@@ -18,8 +17,8 @@ from routepack.stages import (EplbOptions, HotNOptions, NoOptions, PlanContext, 
 
 from random_plans import random_phy2log
 from fuzzlib.engine import Case, Target, mixed
-from fuzzlib.inputs import BAD_INTS, BAD_OBJECTS, bad_for, pick
-from fuzzlib.t_plan import check_placement, check_plan
+from fuzzlib.inputs import BAD_INTS, BAD_OBJECTS, bad_for, is_huge, pick
+from fuzzlib.t_plan import PLAN_NAMES, check_placement, check_plan
 from fuzzlib.t_planner import DOMAIN, OPTION_NAMES, in_domain, random_inputs, random_options
 
 OPTION_CLASSES = [EplbOptions, RoutepackPlacementOptions, RoutepackPackingOptions, HotNOptions,
@@ -111,14 +110,18 @@ def _packing_fn(fn: Callable, opts: Callable[[np.random.Generator], Any]):
                 ctx.token_cap = pick(rng, [int(inp.window.seq_lens.max()) - 1, 0, None, 1.5, 2**64])
             else:
                 setattr(ctx, field, pick(rng, BAD_INTS))
+                if field == "anneal_moves" and is_huge(ctx.anneal_moves):
+                    ctx.time_budget_s = 0.5  # billions of moves: the budget must stop them
+        static = rp.Placement.static(inp.window.num_layers, inp.window.num_experts, inp.topo)
 
         def check(out: Any) -> None:
             rank, micro, m, report = out
             assert isinstance(report, dict)
-            plan = rp.Plan(placement, rank, micro, m)
+            plan = rp.Plan(static, rank, micro, m)
             check_plan(plan, inp.window, inp.topo, inp.cap)
         return Case(kind, fn, (ctx, o, placement), check=check, expect=expect,
-                    names=("ctx", "options", "placement", "token_cap", "seed", "anneal_moves", "sample") + OPTION_NAMES)
+                    names=("ctx", "options", "placement", "token_cap", "seed", "anneal_moves", "sample", "num_experts",
+                           "topo") + OPTION_NAMES)
     return make
 
 
@@ -150,7 +153,8 @@ def _replication_fn(fn: Callable, opts: Callable[[np.random.Generator], Any]):
             plan = rp.Plan(placement, rank, micro, m, replicas=reps)
             check_plan(plan, inp.window, inp.topo, inp.cap)
         return Case(kind, fn, tuple(args), check=check, expect=expect,
-                    names=("ctx", "options", "placement", "sample_rank", "sample_micro", "num_micro") + OPTION_NAMES)
+                    names=("ctx", "options", "placement", "sample_rank", "sample_micro", "num_micro") + OPTION_NAMES
+                    + PLAN_NAMES)
     return make
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import routepack as rp
 
 from fuzzlib.engine import Case, Target, hyp_gen, mixed
-from fuzzlib.inputs import BAD_INTS, BAD_OBJECTS, mutate_array, pick
+from fuzzlib.inputs import BAD_INTS, BAD_OBJECTS, mutate_array, pick, spoil_one
 from fuzzlib.t_plan import valid_plan
 
 _PG: List[bool] = []
@@ -92,15 +92,10 @@ def _build() -> dict:
 
     def broadcast_case(rng: np.random.Generator) -> Case:
         pc = valid_plan(rng)
-        plan: Any = pc.plan
-        src: Any = 0
-        kind = "valid"
-        if rng.random() < 0.4:
-            kind = "malformed"
-            if rng.random() < 0.5:
-                plan = pick(rng, BAD_OBJECTS)
-            else:
-                src = pick(rng, [1, -1, 2**40, None, "0"])
+        call: List[Any] = [pc.plan, 0]
+        kind = "valid" if spoil_one(rng, call, {0: BAD_OBJECTS, 1: [1, -1, 2**40, None, "0"]}, 0.4) is None \
+            else "malformed"
+        plan, src = call
         return Case(kind, _with_group(rt.broadcast_plan), (plan, src), expect="ok" if kind == "valid" else "error",
                     check=lambda got: None if got.same_as(pc.plan) else _fail("broadcast changed the plan"),
                     names=("plan", "src"))
@@ -116,7 +111,7 @@ def _build() -> dict:
         kind = "valid"
         if rng.random() < 0.4:
             kind = "malformed"
-            vals = pick(rng, [[2**63], [1.5], ["x"], None, [], [[1]], 3])
+            vals = pick(rng, [[2**63], [1.5], ["x"], None, [[1]], 3])
 
         def check(out: Any) -> None:
             assert out.shape == (1, len(vals)) and out[0].tolist() == vals
@@ -209,6 +204,7 @@ def _build() -> dict:
     # -------------------------------------------------------------- kernels and layers
     def checksum_case(rng: np.random.Generator) -> Case:
         n = int(rng.choice([0, 1, 7, 4096, 300000]))
+        sub = np.random.default_rng(int(rng.integers(2**32)))
         buf: Any = torch.from_numpy(rng.integers(0, 256, size=n, dtype=np.uint8))
         kind = "valid"
         if rng.random() < 0.3:
@@ -216,10 +212,11 @@ def _build() -> dict:
             buf = pick(rng, [None, b"abc", torch.zeros(3), torch.zeros((2, 2), dtype=torch.uint8)])
 
         def check(c: Any) -> None:
+            assert buf.dtype == torch.uint8, f"a checksum of a {buf.dtype} tensor, not of a uint8 buffer"
             assert isinstance(c, int) and 0 <= c < 2**63 and rt.checksum(buf.clone()) == c
-            if n:
-                flipped = buf.clone()
-                flipped[int(rng.integers(n))] ^= 1
+            if buf.numel():
+                flipped = buf.clone().reshape(-1)
+                flipped[int(sub.integers(buf.numel()))] ^= 1
                 assert rt.checksum(flipped) != c, "a flipped bit left the checksum unchanged"
         return Case(kind, rt.checksum, (buf,), check=check, expect="ok" if kind == "valid" else None, names=("buf",))
 
@@ -306,7 +303,7 @@ def _build() -> dict:
         run.__qualname__ = "migrate"
         refuse = tamper in ("dup", "slot") or (tamper == "expert" and E > 1) or tamper == "drop"
         return Case("tampered" if tamper else "valid", run, (plan,), note=tamper or "",
-                    expect="error" if refuse else "ok", names=("migration row", "slot", "plan", "migration"))
+                    expect="error" if refuse else "ok", names=("migration row", "migration rows", "slot", "plan", "migration"))
 
     remap = cells()
     return {"plan_digest": mixed((1, digest_case)), "broadcast_plan": mixed((1, broadcast_case)),

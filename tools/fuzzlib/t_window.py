@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, List
 
 import numpy as np
 import routepack as rp
