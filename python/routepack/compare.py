@@ -123,8 +123,14 @@ def compare(
     """Plans windows[1:] with every policy (windows[0] only feeds history), carrying each
     policy's placement from window to window so migration is charged, and scores every plan
     with `simulate` under the same coefficients."""
+    if isinstance(windows, (str, bytes, Mapping)) or not isinstance(windows, Iterable):
+        raise RoutepackTypeError(f"windows: expected a sequence of routepack.Window, got {type(windows).__name__}")
+    windows = list(windows)
     if len(windows) < 2:
         raise RoutepackError(f"windows: need at least 2 (the first only feeds history), got {len(windows)}")
+    if policies is not None and (isinstance(policies, (str, bytes, Mapping)) or not isinstance(policies, Iterable)):
+        raise RoutepackTypeError(f"policies: expected a sequence of preset names, got {type(policies).__name__} "
+                                 f"{policies!r}")
     names = list(policies) if policies is not None else available_presets()
     rows: List[Row] = []
     previous: Dict[str, Any] = {}

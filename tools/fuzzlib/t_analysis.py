@@ -144,7 +144,7 @@ def lower_bound_case(rng: np.random.Generator) -> Case:
         x = np.asarray(args[0], dtype=np.float64)
         assert out.shape == (x.shape[0],) and np.isfinite(out).all()
         assert (out >= 1 - 1e-12).all() and (out <= topo.ep + 1e-9).all(), f"bound {out} outside [1, ep]"
-        if x.shape[1] <= topo.num_slots:
+        if x.shape[0] >= 1 and x.shape[1] <= topo.num_slots:
             static = rp.Placement.static(x.shape[0], x.shape[1], topo)
             got = placement.aggregate_imbalance(static, x)
             assert (out <= got + 1e-9).all(), "the lower bound exceeds the static placement's imbalance"

@@ -181,7 +181,8 @@ def _edit_tables(plan: rp.Plan, rng: np.random.Generator, pc: PlanCase) -> Optio
 def _field_none(plan: rp.Plan, rng: np.random.Generator, pc: PlanCase) -> Optional[str]:
     name = str(rng.choice(["placement", "sample_rank", "sample_micro", "num_micro", "replicas", "migration",
                            "report", "policy"]))
-    setattr(plan, name, pick(rng, [None, "x", 2.5, [], {}, object()]))
+    wrong = {"report": [None, 2.5, [], "x", object()], "policy": [None, 2.5, [], {}, object()]}
+    setattr(plan, name, pick(rng, wrong.get(name, [None, "x", 2.5, [], {}, object()])))
     return f"plan.{name} replaced by a wrong type"
 
 
@@ -425,6 +426,9 @@ def plan_ctor_case(rng: np.random.Generator) -> Case:
                                       v.astype([(n, "<f8") for n in v.dtype.names]), v.tolist()])
         elif name == "policy":
             fields[name] = pick(rng, [None, 3, b"x", ["x"], {}])
+            expect = "error"
+        elif name == "report":
+            fields[name] = pick(rng, [None, 3, "x", [("a", 1)], object()])
             expect = "error"
         else:
             fields[name] = bad_for(rng, v)

@@ -165,7 +165,7 @@ def _build() -> dict:
                 args[i] = mutate_array(rng, np.asarray(args[i]))[1] if i != 4 else pick(rng, [None, np.zeros(2)])
 
         def check(rt_: Any) -> None:
-            n = np.asarray(ids[r]).size
+            n = np.asarray(args[0]).size
             assert np.array_equal(np.sort(rt_.send_order), np.arange(n)) and sum(rt_.send_splits) == n
             assert sum(rt_.recv_splits) == rt_.recv_unit.size == rt_.received[r]
         return Case(kind, rt.route_tokens, tuple(args), check=check, expect=expect,
@@ -236,11 +236,18 @@ def _build() -> dict:
             args[int(rng.integers(5))] = pick(rng, [None, torch.zeros(1), torch.zeros(T, 99)])
 
         def check(out: Any) -> None:
-            want = torch.zeros(T, H, dtype=torch.float64)
-            for t in range(T):
-                for j in range(k):
-                    want[t] += gw[t, j] * rt.swiglu(x[t:t + 1], w1[ids[t, j]], w2[ids[t, j]])[0]
-            assert torch.allclose(out, want, rtol=1e-10, atol=1e-10)
+            ax, aids, agw, aw1, aw2 = args
+            try:  # the reference, from the arguments passed: it fails if their shapes disagree
+                want = torch.zeros(ax.shape[0], ax.shape[1], dtype=torch.float64)
+                for t in range(ax.shape[0]):
+                    for j in range(aids.shape[1]):
+                        e = int(aids[t, j])
+                        want[t] += agw[t, j] * rt.swiglu(ax[t:t + 1], aw1[e], aw2[e])[0]
+            except (RuntimeError, IndexError, AttributeError, TypeError) as e:
+                raise AssertionError(f"accepted arguments of inconsistent shapes ({type(e).__name__})") from None
+            assert torch.allclose(out, want, rtol=1e-10, atol=1e-10), "dense_moe != the gate-weighted sum"
+            if kind != "valid":
+                return
 
             layer = rt.EPMoE(0, E, H, I, rp.Topology(1, 1, 1, E), np.arange(E, dtype=np.int32), dtype=torch.float64)
             layer.load_logical(w1, w2)
@@ -260,7 +267,9 @@ def _build() -> dict:
                                                          if i == 4 else mutate_array(rng, row)[1])
 
         def check(layer: Any) -> None:
-            assert layer.w1.shape == (spr, 4, 6) and np.array_equal(layer.phy2log, row)
+            t, r_ = args[4], np.asarray(args[5])
+            assert layer.w1.shape == (t.slots_per_rank, int(args[2]), 2 * int(args[3]))
+            assert np.array_equal(layer.phy2log, r_.astype(np.int64)), "phy2log_row changed"
         return Case(kind, _with_group(rt.EPMoE), tuple(args), check=check, expect=expect,
                     names=("layer", "num_experts", "hidden", "ffn", "topo", "phy2log_row", "group"))
 
