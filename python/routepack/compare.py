@@ -66,26 +66,27 @@ class Row:
     imbalance_map: Any = None  # float64 [G, M, L] for figures
 
 
-def check_rows(rows: Any, name: str = "rows") -> List[Row]:
-    """``rows`` as a list of `Row` (what `compare` returns); anything else raises
-    `RoutepackTypeError` naming the argument or the entry."""
-    if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Iterable):
-        raise RoutepackTypeError(f"{name}: expected a sequence of routepack.compare.Row, got {type(rows).__name__}")
-    out = list(rows)
-    for i, r in enumerate(out):
-        if not isinstance(r, Row):
-            raise RoutepackTypeError(f"{name}[{i}]: expected a routepack.compare.Row, got {type(r).__name__}")
+def _items(value: Any, name: str, cls: type, what: str) -> List[Any]:
+    """``value`` as a list whose entries are all ``cls``; a non-sequence (a string, a mapping,
+    a scalar) or a wrong entry raises `RoutepackTypeError` naming the argument or the entry."""
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise RoutepackTypeError(f"{name}: expected a sequence of {what}, got {type(value).__name__}")
+    out = list(value)
+    for i, item in enumerate(out):
+        if not isinstance(item, cls):
+            raise RoutepackTypeError(f"{name}[{i}]: expected a {what}, got {type(item).__name__}")
     return out
+
+
+def check_rows(rows: Any, name: str = "rows") -> List[Row]:
+    """``rows`` as a list of `Row` (what `compare` returns), else `RoutepackTypeError`."""
+    return _items(rows, name, Row, "routepack.compare.Row")
 
 
 def _check_entries(entries: Any, name: str, keys: Sequence[str]) -> List[Dict[str, Any]]:
     """``entries`` as a list of dicts holding ``keys`` (what `summarise` / `ratios` return)."""
-    if isinstance(entries, (str, bytes, Mapping)) or not isinstance(entries, Iterable):
-        raise RoutepackTypeError(f"{name}: expected a sequence of dicts, got {type(entries).__name__}")
-    out = list(entries)
+    out = _items(entries, name, Mapping, "dict")
     for i, e in enumerate(out):
-        if not isinstance(e, Mapping):
-            raise RoutepackTypeError(f"{name}[{i}]: expected a dict, got {type(e).__name__}")
         missing = [k for k in keys if k not in e]
         if missing:
             raise RoutepackError(f"{name}[{i}]: missing keys {missing}")
@@ -123,9 +124,7 @@ def compare(
     """Plans windows[1:] with every policy (windows[0] only feeds history), carrying each
     policy's placement from window to window so migration is charged, and scores every plan
     with `simulate` under the same coefficients."""
-    if isinstance(windows, (str, bytes, Mapping)) or not isinstance(windows, Iterable):
-        raise RoutepackTypeError(f"windows: expected a sequence of routepack.Window, got {type(windows).__name__}")
-    windows = list(windows)
+    windows = _items(windows, "windows", object, "routepack.Window")
     if len(windows) < 2:
         raise RoutepackError(f"windows: need at least 2 (the first only feeds history), got {len(windows)}")
     if policies is not None and (isinstance(policies, (str, bytes, Mapping)) or not isinstance(policies, Iterable)):
