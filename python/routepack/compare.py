@@ -17,11 +17,13 @@ import math
 import textwrap
 import time
 from dataclasses import dataclass, replace
+from collections.abc import Mapping
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 import numpy as np
 
-from routepack.errors import RoutepackError
+from routepack._checks import boolean
+from routepack.errors import RoutepackError, RoutepackTypeError
 from routepack.planner import plan_window
 from routepack.policies import PRESETS, Policy, resolve
 from routepack.simulate import lower_bound_micro, simulate
@@ -71,6 +73,39 @@ class Row:
     imbalance_map: Any = None  # float64 [G, M, L] for figures
 
 
+def _items(value: Any, name: str, cls: type, what: str) -> List[Any]:
+    """``value`` as a list whose entries are all ``cls``; a non-sequence (a string, a mapping,
+    a scalar) or a wrong entry raises `RoutepackTypeError` naming the argument or the entry."""
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise RoutepackTypeError(f"{name}: expected a sequence of {what}, got {type(value).__name__}")
+    out = list(value)
+    for i, item in enumerate(out):
+        if not isinstance(item, cls):
+            raise RoutepackTypeError(f"{name}[{i}]: expected a {what}, got {type(item).__name__}")
+    return out
+
+
+def check_rows(rows: Any, name: str = "rows") -> List[Row]:
+    """``rows`` as a list of `Row` (what `compare` returns), else `RoutepackTypeError`."""
+    return _items(rows, name, Row, "routepack.compare.Row")
+
+
+def _check_entries(entries: Any, name: str, keys: Sequence[str]) -> List[Dict[str, Any]]:
+    """``entries`` as a list of dicts holding ``keys`` (what `summarise` / `ratios` return)."""
+    out = _items(entries, name, Mapping, "dict")
+    for i, e in enumerate(out):
+        missing = [k for k in keys if k not in e]
+        if missing:
+            raise RoutepackError(f"{name}[{i}]: missing keys {missing}")
+    return out
+
+
+def _name(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise RoutepackTypeError(f"{name}: expected a str, got {type(value).__name__} {value!r}")
+    return value
+
+
 def available_presets() -> List[str]:
     """Presets whose every stage is implemented, in PRESETS order."""
     names = []
@@ -97,8 +132,12 @@ def compare(
     policy's placement from window to window so migration is charged, and scores every plan
     with `simulate` under the same coefficients. A policy is a preset name or a `Policy`
     (its rows are named ``placement+packing+replication``, as `resolve` names it)."""
+    windows = _items(windows, "windows", object, "routepack.Window")
     if len(windows) < 2:
         raise RoutepackError(f"windows: need at least 2 (the first only feeds history), got {len(windows)}")
+    if policies is not None and (isinstance(policies, (str, bytes, Mapping)) or not isinstance(policies, Iterable)):
+        raise RoutepackTypeError(f"policies: expected a sequence of preset names or Policy objects, got "
+                                 f"{type(policies).__name__} {policies!r}")
     chosen = list(policies) if policies is not None else available_presets()
     names = [resolve(p)[0] for p in chosen]
     twice = sorted({n for n in names if names.count(n) > 1})
@@ -144,6 +183,7 @@ def _by_policy(rows: Sequence[Row]) -> Dict[str, Dict[int, Row]]:
 def best_baseline(rows: Sequence[Row]) -> List[Row]:
     """Per window, the fastest row of the `BASELINES` that ran, renamed ``best baseline``
     (the winner's name is in `best_of`)."""
+    rows = check_rows(rows)
     out = []
     for window in sorted({r.window for r in rows}):
         cands = [r for r in rows if r.window == window and r.policy in BASELINES]
@@ -154,6 +194,7 @@ def best_baseline(rows: Sequence[Row]) -> List[Row]:
 
 def best_of(rows: Sequence[Row]) -> Dict[int, str]:
     """Per window, which baseline preset the ``best baseline`` row is."""
+    rows = check_rows(rows)
     out = {}
     for window in sorted({r.window for r in rows}):
         cands = [r for r in rows if r.window == window and r.policy in BASELINES]
@@ -170,6 +211,8 @@ def summarise(rows: Sequence[Row], baseline: str = "static") -> List[Dict[str, A
     """Median over windows per policy, then the ``best baseline`` row and the references
     (``balanced``; ``lower bound`` where `simulate` reports it). ``vs_<baseline>`` and
     ``vs_best`` are medians of per-window throughput ratios."""
+    rows = check_rows(rows)
+    baseline = _name(baseline, "baseline")
     by = _by_policy(rows)
     best = {r.window: r for r in best_baseline(rows)}
     base = by.get(baseline, {})
@@ -233,6 +276,8 @@ def summarise(rows: Sequence[Row], baseline: str = "static") -> List[Dict[str, A
 def ratios(rows: Sequence[Row], target: str = "routepack") -> List[Dict[str, Any]]:
     """``target``'s throughput over every other policy's and the best baseline's, per window:
     median, min and max over the windows both ran (empty when ``target`` did not run)."""
+    rows = check_rows(rows)
+    target = _name(target, "target")
     by = _by_policy(rows)
     if target not in by:
         return []
@@ -253,6 +298,9 @@ def _has_bound(summary: Sequence[Dict[str, Any]]) -> bool:
 def format_table(summary: Sequence[Dict[str, Any]], baseline: str = "static", legend: bool = True) -> str:
     """Fixed-width table of `summarise` output, with a legend of its columns under it. The
     ``of bound`` column appears when `simulate` reports the lower bound."""
+    baseline = _name(baseline, "baseline")
+    summary = _check_entries(summary, "summary", ("policy",))
+    legend = boolean(legend, "legend")
     cols = [
         ("policy", "policy", "{:<26}"),
         ("vs_" + baseline, "thr/" + baseline[:8], "{:>13.3f}"),
@@ -274,6 +322,9 @@ def format_table(summary: Sequence[Dict[str, Any]], baseline: str = "static", le
         ("cross_node_kb", "xnode kB/tok", "{:>12.2f}"),
         ("plan_s", "plan s", "{:>7.3f}"),
     ]
+
+    # cross_node_kb is derived below from cross_node_bytes_per_token (NaN where a row lacks it)
+    _check_entries(summary, "summary", [key for key, _, _ in cols if key != "cross_node_kb"])
 
     def cell(fmt: str, value: Any) -> str:
         if isinstance(value, float) and not math.isfinite(value):
@@ -297,6 +348,8 @@ def _plain(fmt: str) -> str:
 
 def table_legend(baseline: str = "static", bound: bool = True) -> str:
     """What every column and reference row of `format_table` means."""
+    baseline = _name(baseline, "baseline")
+    bound = boolean(bound, "bound")
     items = [
         ("thr/" + baseline[:8], f"throughput over {baseline}'s: median over windows of the per-window ratio"),
         ("thr/best", "throughput over the best baseline's, the same way"),
@@ -334,6 +387,9 @@ def table_legend(baseline: str = "static", bound: bool = True) -> str:
 
 def format_ratios(ratio_rows: Sequence[Dict[str, Any]], winners: Optional[Dict[int, str]] = None) -> str:
     """`ratios` as text: one line per baseline, median and range over windows."""
+    ratio_rows = _check_entries(ratio_rows, "ratio_rows", ("policy", "against", "windows", "median", "min", "max"))
+    if winners is not None and not isinstance(winners, Mapping):
+        raise RoutepackTypeError(f"winners: expected a dict of window -> preset, got {type(winners).__name__}")
     if not ratio_rows:
         return ""
     target = ratio_rows[0]["policy"]
@@ -351,5 +407,5 @@ def format_ratios(ratio_rows: Sequence[Dict[str, Any]], winners: Optional[Dict[i
     return "\n".join(lines)
 
 
-__all__ = ["BALANCED", "BASELINES", "BEST", "BOUND", "CROSS_NODE_LEGEND", "Row", "available_presets", "best_baseline", "best_of",
-           "compare", "format_ratios", "format_table", "ratios", "summarise", "table_legend"]
+__all__ = ["BALANCED", "BASELINES", "BEST", "BOUND", "CROSS_NODE_LEGEND", "Row", "available_presets", "best_baseline",
+           "best_of", "check_rows", "compare", "format_ratios", "format_table", "ratios", "summarise", "table_legend"]

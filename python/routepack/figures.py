@@ -8,7 +8,8 @@ from typing import Any, Dict, Sequence
 
 import numpy as np
 
-from routepack.compare import BALANCED, BEST, BOUND
+from routepack.compare import BALANCED, BEST, BOUND, check_rows
+from routepack.errors import RoutepackTypeError
 
 
 def bench_figure(rows: Sequence[Any], summary: Sequence[Dict[str, Any]], path: str | Path,
@@ -17,6 +18,9 @@ def bench_figure(rows: Sequence[Any], summary: Sequence[Dict[str, Any]], path: s
     """Writes a PNG with three panels: per-(layer, microbatch) max/mean expert load of the
     slowest EP group under `before` and `after` on the last window, and throughput relative
     to `baseline` per preset (median over windows)."""
+    rows = check_rows(rows)
+    if not isinstance(path, (str, Path)) or not str(path):
+        raise RoutepackTypeError(f"path: expected a non-empty str or Path, got {type(path).__name__} {path!r}")
     import matplotlib
 
     matplotlib.use("Agg")

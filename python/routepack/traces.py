@@ -24,8 +24,8 @@ from typing import Iterator, List, Sequence
 
 import numpy as np
 
-from routepack._checks import finite_float, positive_int
-from routepack.errors import RoutepackError
+from routepack._checks import finite_float, positive_int, sequence
+from routepack.errors import RoutepackError, RoutepackTypeError
 from routepack.model import CostModel, Hardware, ModelShape, Topology
 from routepack.window import Window
 
@@ -81,21 +81,27 @@ class Profile:
             finite_float(getattr(self, name), f"profile.{name}")
         if not 0 < finite_float(self.topic_experts, "profile.topic_experts") <= 1:
             raise RoutepackError(f"profile.topic_experts: must be in (0, 1], got {self.topic_experts}")
-        lo, hi = (finite_float(v, "profile.layer_skew") for v in self.layer_skew)
+        skew = sequence(self.layer_skew, "profile.layer_skew", "two numbers")
+        if len(skew) != 2:
+            raise RoutepackError(f"profile.layer_skew: expected (low, high), got {self.layer_skew!r}")
+        lo, hi = (finite_float(v, "profile.layer_skew") for v in skew)
         if lo > hi:
             raise RoutepackError(f"profile.layer_skew: ({lo}, {hi}) is not a range")
         self.model()
         self.topology()
 
     def model(self) -> ModelShape:
-        return ModelShape(self.num_layers, self.num_experts, self.top_k, self.hidden,
-                          self.expert_ffn, tuple(self.attention), expert_groups=self.expert_groups)
+        # ModelShape checks the kinds; a sequence is all it needs (a mapping or a scalar is refused)
+        return ModelShape(self.num_layers, self.num_experts, self.top_k, self.hidden, self.expert_ffn,
+                          tuple(sequence(self.attention, "profile.attention", "attention kinds")),
+                          expert_groups=self.expert_groups)
 
     def topology(self) -> Topology:
         return Topology(self.dp, self.ep, self.gpus_per_node, self.slots_per_rank)
 
     def cost(self, hardware: Hardware | None = None) -> CostModel:
-        return CostModel.from_model(self.model(), hardware or Hardware.h200())
+        # None, not any falsy value, means the default (an empty dict is not a Hardware)
+        return CostModel.from_model(self.model(), Hardware.h200() if hardware is None else hardware)
 
 
 def _pattern(linear: int, full: int, layers: int) -> List[str]:
@@ -126,6 +132,8 @@ def profile(name: str | Profile) -> Profile:
     """The built-in profile called `name` ("tiny" or "flash")."""
     if isinstance(name, Profile):
         return name
+    if not isinstance(name, str):
+        raise RoutepackTypeError(f"profile: expected a profile name or a Profile, got {type(name).__name__} {name!r}")
     if name not in PROFILES:
         raise RoutepackError(f"profile: unknown profile {name!r}; known: {sorted(PROFILES)}")
     return PROFILES[name]
