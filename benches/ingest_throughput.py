@@ -24,6 +24,16 @@ def numpy_reference(routed: np.ndarray, cu: np.ndarray, num_experts: int) -> np.
     return np.bincount(key.ravel(), minlength=s * l * num_experts).reshape(s, l, num_experts)
 
 
+def distinct_top_k(rng: np.random.Generator, tokens: int, layers: int, top_k: int, experts: int) -> np.ndarray:
+    """int64 ``[T, L, k]`` ids, k distinct ones per (token, layer), as a router picks them
+    (`Window.from_routed_experts` refuses a repeat): a run of k consecutive entries, from a
+    random start, of one of 64 random permutations of the experts."""
+    perms = np.stack([rng.permutation(experts) for _ in range(64)])
+    which = rng.integers(0, 64, size=(tokens, layers, 1))
+    start = rng.integers(0, experts, size=(tokens, layers, 1))
+    return perms[which, (start + np.arange(top_k)) % experts]
+
+
 def best_of(fn, repeat: int) -> float:
     times = []
     for _ in range(repeat):
@@ -46,8 +56,9 @@ def main() -> None:
     cu = np.linspace(0, a.tokens, a.samples + 1).astype(np.int64)
     print(f"T={a.tokens} tokens, L={a.layers}, k={a.topk}, E={a.experts}, S={a.samples}; best of {a.repeat}")
     print(f"{'dtype':>6} {'MB':>8} {'routepack GB/s':>15} {'numpy GB/s':>11} {'speed-up':>9}")
+    ids = distinct_top_k(rng, a.tokens, a.layers, a.topk, a.experts)
     for dtype in (np.uint8, np.int16, np.int32, np.int64):
-        routed = rng.integers(0, a.experts, size=(a.tokens, a.layers, a.topk)).astype(dtype)
+        routed = ids.astype(dtype)
         w = rp.Window.from_routed_experts(routed, cu, a.experts)
         assert np.array_equal(w.expert_tokens, numpy_reference(routed, cu, a.experts))
         t_rp = best_of(lambda: rp.Window.from_routed_experts(routed, cu, a.experts), a.repeat)

@@ -3,7 +3,7 @@
 use numpy::{IntoPyArray, PyArray1, PyArray3, PyReadonlyArray1, PyReadonlyArray3, PyUntypedArrayMethods};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use routepack_core::ingest::{expert_tokens_from_routed as core_ingest, ExpertId};
+use routepack_core::ingest::{check_expert_tokens as core_check, expert_tokens_from_routed as core_ingest, ExpertId};
 
 use crate::convert::slice;
 use crate::errors::run;
@@ -48,8 +48,25 @@ pub fn expert_tokens_from_routed<'py>(
     Err(PyTypeError::new_err("routed: expected a 3-D array of uint8, int16, int32 or int64 ids [T, L, k]"))
 }
 
+/// Raises `RoutepackError` unless `expert_tokens [S, L, E]` is possible for `seq_lens [S]`
+/// (and `top_k`, when given): `ingest::check_expert_tokens`.
+#[pyfunction]
+#[pyo3(signature = (seq_lens, expert_tokens, top_k=None))]
+pub fn check_expert_tokens<'py>(
+    py: Python<'py>,
+    seq_lens: PyReadonlyArray1<'py, i64>,
+    expert_tokens: PyReadonlyArray3<'py, i32>,
+    top_k: Option<usize>,
+) -> PyResult<()> {
+    let sh = expert_tokens.shape().to_vec();
+    let (lens, counts) = (slice(&seq_lens, "seq_lens")?, slice(&expert_tokens, "expert_tokens")?);
+    // a sample count that differs from seq_lens' fails the core's S*L*E size check
+    run(py, || core_check(lens, counts, sh[1], sh[2], top_k))
+}
+
 /// Adds this file's functions to `routepack._core`.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(expert_tokens_from_routed, m)?)?;
+    m.add_function(wrap_pyfunction!(check_expert_tokens, m)?)?;
     Ok(())
 }

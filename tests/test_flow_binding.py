@@ -51,7 +51,7 @@ def test_route_cell_refuses_bad_input(args, match):
 def test_rank_tokens_conserves_and_matches_simulate():
     topo = rp.Topology(4, 4, 2, 3)
     rng = np.random.default_rng(3)
-    routed = rng.integers(0, 8, size=(60, 2, 2)).astype(np.int32)
+    routed = np.argsort(rng.random((60, 2, 8)), axis=2)[..., :2].astype(np.int32)  # 2 distinct ids a token
     cu = np.array([0, 5, 12, 20, 26, 33, 40, 47, 53, 60])
     window = rp.Window.from_routed_experts(routed, cu, 8)
     rank = np.array([0, 1, 2, 3, 0, 1, 2, 3, 0], np.int32)

@@ -23,6 +23,11 @@ def bincount_reference(routed: np.ndarray, cu_seqlens: np.ndarray, num_experts: 
     return np.diff(cu_seqlens).astype(np.int64), out
 
 
+def distinct_ids(rng: np.random.Generator, T: int, L: int, k: int, E: int) -> np.ndarray:
+    """int64 [T, L, k]: k distinct ids in [0, E) per (token, layer), as a router picks them."""
+    return np.argsort(rng.random((T, L, E)), axis=2)[..., :k]
+
+
 def random_cu_seqlens(rng: np.random.Generator, T: int, S: int) -> np.ndarray:
     """S+1 strictly increasing offsets from 0 to T (S <= T)."""
     cuts = np.sort(rng.choice(np.arange(1, T), size=S - 1, replace=False)) if S > 1 else np.zeros(0, int)
@@ -33,17 +38,17 @@ def random_cu_seqlens(rng: np.random.Generator, T: int, S: int) -> np.ndarray:
 @pytest.mark.parametrize("seed", range(8))
 def test_matches_bincount(dtype, seed):
     rng = np.random.default_rng(seed)
-    E = int(rng.integers(1, 256 if dtype == np.uint8 else 600))
     T, L, k = int(rng.integers(1, 300)), int(rng.integers(1, 5)), int(rng.integers(1, 9))
+    E = int(rng.integers(k, 256 if dtype == np.uint8 else 600))
     S = int(rng.integers(1, min(T, 20) + 1))
-    routed = rng.integers(0, E, size=(T, L, k)).astype(dtype)
+    routed = distinct_ids(rng, T, L, k, E).astype(dtype)
     cu = random_cu_seqlens(rng, T, S)
     w = rp.Window.from_routed_experts(routed, cu, E)
     lens, ref = bincount_reference(routed, cu, E)
     assert w.seq_lens.dtype == np.int64 and w.expert_tokens.dtype == np.int32
     np.testing.assert_array_equal(w.seq_lens, lens)
     np.testing.assert_array_equal(w.expert_tokens, ref)
-    assert w.expert_tokens.shape == (S, L, E)
+    assert w.expert_tokens.shape == (S, L, E) and w.top_k == k
     # each token counts once per routed id
     np.testing.assert_array_equal(w.expert_tokens.sum(axis=2), np.repeat(lens[:, None] * k, L, axis=1))
 
@@ -52,7 +57,7 @@ def test_matches_bincount(dtype, seed):
 def test_non_contiguous_and_list_offsets(dtype):
     """A strided view of ids and a Python list of offsets count like their contiguous copies."""
     rng = np.random.default_rng(1)
-    big = rng.integers(0, 50, size=(40, 3, 8)).astype(dtype)
+    big = distinct_ids(rng, 40, 3, 8, 50).astype(dtype)
     view = big[::2, :, ::2]  # [20, 3, 4], not contiguous
     cu = [0, 3, 11, 20]
     w = rp.Window.from_routed_experts(view, cu, 50)
@@ -61,15 +66,16 @@ def test_non_contiguous_and_list_offsets(dtype):
 
 
 def test_largest_valid_id_and_uint8_full_range():
-    routed = np.full((3, 1, 2), 255, dtype=np.uint8)
+    routed = np.full((3, 1, 1), 255, dtype=np.uint8)
     w = rp.Window.from_routed_experts(routed, [0, 1, 3], 256)
-    assert w.expert_tokens[:, 0, 255].tolist() == [2, 4]
+    assert w.expert_tokens[:, 0, 255].tolist() == [1, 2]
     assert w.expert_tokens[:, 0, :255].sum() == 0
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_out_of_range_id_names_token_and_layer(dtype):
     routed = np.zeros((6, 3, 2), dtype=dtype)
+    routed[..., 1] = 1  # every token picks experts 0 and 1
     routed[4, 2, 1] = 9
     with pytest.raises(ValueError) as ei:
         rp.Window.from_routed_experts(routed, [0, 2, 6], 9)
@@ -90,6 +96,7 @@ def test_first_bad_id_is_reported_whatever_the_thread_order():
 @pytest.mark.parametrize("dtype", [np.int16, np.int32, np.int64])
 def test_negative_id_is_refused(dtype):
     routed = np.zeros((3, 2, 2), dtype=dtype)
+    routed[..., 1] = 1
     routed[1, 1, 0] = -1
     with pytest.raises(ValueError) as ei:
         rp.Window.from_routed_experts(routed, [0, 3], 4)

@@ -25,7 +25,8 @@ TINY = rp.traces.profile("tiny")
 
 def random_window(rng: np.random.Generator, S: int, L: int, E: int, cap: int, near: float = 0.3) -> rp.Window:
     """Lengths: a fraction `near` within 3 tokens of the cap, the rest uniform in [1, cap];
-    demand: 2 tokens per token, skewed towards a per-sample hot expert."""
+    demand: 2 tokens per token, skewed towards a per-sample hot expert (at most n_s on one
+    expert: a token picks an expert once)."""
     lens = np.where(rng.random(S) < near, cap - rng.integers(0, 4, S), rng.integers(1, cap + 1, S)).astype(np.int64)
     lens = np.maximum(lens, 1)
     tok = np.zeros((S, L, E), dtype=np.int32)
@@ -33,7 +34,7 @@ def random_window(rng: np.random.Generator, S: int, L: int, E: int, cap: int, ne
         p = np.full(E, 1.0)
         p[rng.integers(E)] += 3.0
         for l in range(L):
-            tok[s, l] = rng.multinomial(2 * lens[s], p / p.sum())
+            tok[s, l] = np.minimum(rng.multinomial(2 * lens[s], p / p.sum()), lens[s])
     return rp.Window(lens, tok)
 
 
@@ -126,7 +127,7 @@ DETERMINISM = textwrap.dedent("""
     rng = np.random.default_rng(11)
     S, L, E, cap = 96, 3, 6, 900
     lens = rng.integers(50, cap + 1, S).astype(np.int64)
-    tok = np.stack([rng.multinomial(2 * n, np.linspace(1, 3, E) / np.linspace(1, 3, E).sum(), size=L) for n in lens]).astype(np.int32)
+    tok = np.stack([np.minimum(rng.multinomial(2 * n, np.linspace(1, 3, E) / np.linspace(1, 3, E).sum(), size=L), n) for n in lens]).astype(np.int32)
     w = rp.Window(lens, tok)
     topo = rp.Topology(dp=8, ep=4, gpus_per_node=2, slots_per_rank=2)
     model = rp.ModelShape(num_layers=L, num_experts=E, top_k=2, hidden=64, expert_ffn=32, attention=["linear", "linear", "full"])

@@ -72,7 +72,7 @@ CORRUPTIONS = [
     "rank_high", "rank_neg", "micro_high", "micro_neg", "empty_cell", "extra_micro", "short_samples",
     "over_cap", "share_range", "share_sum", "src_not_host", "src_is_dst", "replica_range",
     "migration_expert", "migration_rank", "migration_bytes", "placement_missing_expert",
-    "placement_topology", "window_shape",
+    "placement_topology", "window_shape", "stale_logcnt", "stale_log2phy",
 ]
 
 
@@ -154,9 +154,40 @@ def corrupt(kind: str, case, draw):
     elif kind == "placement_missing_expert":
         l, e = draw(st.integers(0, L - 1)), draw(st.integers(0, E - 1))
         placement = rp.Placement(p2l, E, topo.slots_per_rank)
+        with pytest.raises(ValueError, match="read-only"):
+            placement.phy2log[l][placement.phy2log[l] == e] = -1
+        # forcing write access back on (the placement owns its copy) is the only way in
+        placement.phy2log.setflags(write=True)
         placement.phy2log[l][placement.phy2log[l] == e] = -1  # mutated after its own check
         bad = rp.Plan(placement, rank, micro, num_micro, reps, mig)
         return bad, window, topo, cap, f"no slot for logical expert {e}"
+    elif kind in ("stale_logcnt", "stale_log2phy"):
+        # phy2log stays valid (a fresh placement of it passes), but logcnt / log2phy were
+        # derived from the old one: the first kind adds a copy of an expert in a free or
+        # redundant slot (its replica count changes), the second swaps two slots of
+        # different experts (counts stay, slots move)
+        l = draw(st.integers(0, L - 1))
+        row = p2l[l].copy()
+        counts = np.bincount(row[row >= 0], minlength=E)
+        if kind == "stale_logcnt":
+            spare = [q for q in range(len(row)) if row[q] < 0 or counts[row[q]] > 1]
+            assume(spare and E > 1)
+            q = draw(st.sampled_from(spare))
+            row[q] = draw(st.sampled_from([x for x in range(E) if x != row[q]]))
+        else:
+            pairs = [(a, b) for a in range(len(row)) for b in range(a) if row[a] != row[b]]
+            assume(pairs)
+            a, b = draw(st.sampled_from(pairs))
+            row[a], row[b] = row[b], row[a]
+        new = p2l.copy()
+        new[l] = row
+        rp.Placement(new, E, topo.slots_per_rank)  # valid in itself
+        placement = rp.Placement(p2l, E, topo.slots_per_rank)
+        placement.phy2log = new  # reassigned: the derived tables are the old ones
+        # no replicas or moves, which the new slots might contradict first
+        plan = rp.Plan(placement, rank, micro, num_micro)
+        words = "placement.logcnt: disagrees" if kind == "stale_logcnt" else "placement.log2phy: disagrees"
+        return plan, window, topo, cap, words
     elif kind == "placement_topology":
         other = rp.Topology(topo.dp, topo.ep, topo.gpus_per_node, topo.slots_per_rank + 1)
         return dataclasses.replace(plan), window, other, cap, "slots"

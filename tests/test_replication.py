@@ -58,6 +58,7 @@ def make_case(seed: int, shape: int, layers: int = 3):
             n_hot = n // 3
             tokens[s, l, (hot + l) % E] += n_hot
             tokens[s, l] += rng.multinomial(n - n_hot, np.full(E, 1.0 / E)).astype(np.int32)
+    tokens = np.minimum(tokens, seq_lens[:, None, None])  # a token picks an expert once
     return rp.Window(seq_lens, tokens), topo, cost_for(layers), cap
 
 

@@ -284,20 +284,20 @@ def test_simulate_single_cell_by_hand():
     cost = rp.CostModel(a_lin=1.0, a_quad=[0.5], c_tok=10.0, c_exp=100.0, token_bytes=2.0,
                         bw_intra=4.0, bw_inter=1.0, expert_weight_bytes=1.0, expert_grad_bytes=1.0,
                         expert_state_bytes=1.0)
-    window = rp.Window(np.array([2, 4]), np.array([[[3, 1]], [[0, 6]]], dtype=np.int32))
+    window = rp.Window(np.array([3, 6]), np.array([[[3, 1]], [[0, 6]]], dtype=np.int32))
     placement = rp.Placement(np.array([[0, 1]], dtype=np.int32), 2, 1)
     plan = rp.Plan(placement, np.array([0, 1]), np.array([0, 0]), 1)
     res = rp.simulate(plan, window, topo, cost)
-    # attention: max(1·2 + 0.5·4, 1·4 + 0.5·16) = 12, ×3
-    assert res.attention == pytest.approx(36.0)
+    # attention: max(1·3 + 0.5·9, 1·6 + 0.5·36) = 24, ×3
+    assert res.attention == pytest.approx(72.0)
     # expert 0: 3 tokens on rank 0 (local); expert 1: 1 from rank 0 → rank 1, 6 local on rank 1
     # tokens [3, 7], one active expert each: max(30 + 100, 70 + 100) = 170, ×3
     assert res.expert == pytest.approx(510.0)
     # a2a: rank 0 sends 1 token (2 bytes), rank 1 receives it: 2 / 4 = 0.5, ×2×2
     assert res.all_to_all == pytest.approx(2.0)
-    assert res.step_time == pytest.approx(548.0)
+    assert res.step_time == pytest.approx(584.0)
     assert res.imbalance[0, 0, 0] == pytest.approx(7 * 2 / 10)
-    # ideal (no cap: M = 1): attention (6 + 0.5·20)/2·3 = 24; expert 3·(10·10/2 + 100·1·2/2)
+    # ideal (no cap: M = 1): attention (9 + 0.5·45)/2·3 = 47.25; expert 3·(10·10/2 + 100·1·2/2)
     # = 450; a2a 4 · (10/2·2) · (1/2/4) = 5
-    assert res.ideal_time == pytest.approx(24 + 450 + 5)
+    assert res.ideal_time == pytest.approx(47.25 + 450 + 5)
     assert_matches(res, reference(plan, window, topo, cost, None))

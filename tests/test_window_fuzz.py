@@ -19,38 +19,62 @@ from fuzzing import (
 
 @st.composite
 def window_inputs(draw):
-    """(seq_lens, expert_tokens): consistent shapes and small values half of the time, else
-    arbitrary arrays; any dtype."""
+    """(seq_lens, expert_tokens, top_k): consistent shapes and small values half of the time
+    (counts within their lengths half of that), else arbitrary arrays; any dtype; top_k
+    None, a small int or another type."""
     dtypes = st.sampled_from(INT_DTYPES + OTHER_DTYPES)
     if draw(st.booleans()):
         S, L, E = draw(st.integers(0, 5)), draw(st.integers(0, 3)), draw(st.integers(0, 4))
-        def values(shape):
+        def values(shape, hi=50):
             dtype = np.dtype(draw(dtypes))
-            vals = draw(hnp.arrays(np.int64, shape, elements=st.integers(-1, 50)))
+            vals = draw(hnp.arrays(np.int64, shape, elements=st.integers(-1, hi)))
             return (np.abs(vals) if dtype.kind == "u" else vals).astype(dtype)
 
-        seq, tokens = values(S), values((S, L, E))
+        seq = values(S)
+        if draw(st.booleans()) and seq.dtype.kind in "iu" and (seq.astype(np.int64) >= 1).all():
+            # counts drawn within each sample's length: possible per expert, maybe not per layer
+            frac = draw(hnp.arrays(np.float64, (S, L, E), elements=st.floats(0, 1)))
+            tokens = np.floor(frac * (seq.astype(np.int64)[:, None, None] + 1)).astype(np.int64)
+            tokens = np.minimum(tokens, seq.astype(np.int64)[:, None, None]).astype(np.int32)
+        else:
+            tokens = values((S, L, E))
     else:
         seq = draw(hnp.arrays(dtypes, hnp.array_shapes(min_dims=0, max_dims=2, min_side=0, max_side=5)))
         tokens = draw(hnp.arrays(dtypes, hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=4)))
-    return seq, tokens
+    top_k = draw(st.one_of(st.none(), st.integers(-1, 5), st.sampled_from([1.0, "2", True])))
+    return seq, tokens, top_k
+
+
+def counts_possible(seq: np.ndarray, tokens: np.ndarray, top_k) -> bool:
+    """The window's counts are possible for its lengths, in Python ints: none above its
+    sample's length, and with top_k, no layer's total above length * top_k."""
+    lens = [int(n) for n in seq]
+    for s, n in enumerate(lens):
+        for row in tokens[s].astype(np.int64).tolist():
+            if max(row) > n or (top_k is not None and sum(row) > n * top_k):
+                return False
+    return True
 
 
 @FUZZ
 @given(window_inputs())
 def test_window(args):
-    seq, tokens = args
-    w, err = outcome(rp.Window, seq, tokens)
+    seq, tokens, top_k = args
+    w, err = outcome(rp.Window, seq, tokens, top_k)
     valid = (
         int_array_ok(seq, 1, np.int64) and int_array_ok(tokens, 3, np.int32)
         and seq.shape[0] >= 1 and tokens.shape[0] == seq.shape[0] and tokens.shape[1] >= 1
         and tokens.shape[2] >= 1 and (seq >= 1).all() and (tokens >= 0).all()
+        and (top_k is None or (is_int(top_k) and 1 <= top_k <= tokens.shape[2]))
+        and sum(int(n) for n in seq) <= 2**63 - 1
+        and counts_possible(seq, tokens, top_k)
     )
     assert (err is None) == valid, err
     if w is not None:
         assert w.seq_lens.dtype == np.int64 and w.expert_tokens.dtype == np.int32
         np.testing.assert_array_equal(w.seq_lens, seq)
         np.testing.assert_array_equal(w.expert_tokens, tokens)
+        assert w.top_k == top_k and w.total_tokens == sum(int(n) for n in seq)
 
 
 # --------------------------------------------------------------- from_routed_experts
@@ -63,7 +87,15 @@ def routed_inputs(draw):
     E = draw(st.one_of(st.integers(1, 20), st.sampled_from([0, -1, 1.5, None, True])))
     top = 22 if not isinstance(E, int) or isinstance(E, bool) else E + 2
     lo = 0 if np.dtype(dtype).kind in "ub" else -2
-    ids = draw(hnp.arrays(np.int64, shape, elements=st.integers(lo, top)))
+    if len(shape) == 3 and is_int(E) and 1 <= shape[2] <= E and draw(st.booleans()):
+        # a router's output: k distinct ids per (token, layer), now and then one repeated
+        keys = draw(hnp.arrays(np.float64, shape[:2] + (E,), elements=st.floats(0, 1)))
+        ids = np.argsort(keys, axis=2, kind="stable")[..., :shape[2]]
+        if ids.size and shape[2] >= 2 and draw(st.booleans()):
+            t, l = draw(st.integers(0, shape[0] - 1)), draw(st.integers(0, shape[1] - 1))
+            ids[t, l, -1] = ids[t, l, 0]
+    else:
+        ids = draw(hnp.arrays(np.int64, shape, elements=st.integers(lo, top)))
     routed = ids.astype(dtype)
     T = shape[0] if len(shape) >= 1 else 0
     if draw(st.booleans()) and T >= 1:
@@ -75,13 +107,23 @@ def routed_inputs(draw):
     return routed, cu_arr, E
 
 
+def first_repeat(routed: np.ndarray):
+    """(token, layer, id) of the first (token, layer) whose ids repeat one, or None."""
+    for t in range(routed.shape[0]):
+        for l in range(routed.shape[1]):
+            row = routed[t, l].astype(np.int64).tolist()
+            if len(set(row)) < len(row):
+                return t, l, next(x for i, x in enumerate(row) if x in row[:i])
+    return None
+
+
 @FUZZ
 @given(routed_inputs())
 def test_from_routed_experts(args):
     routed, cu, E = args
     w, err = outcome(rp.Window.from_routed_experts, routed, cu, E)
     T = routed.shape[0] if routed.ndim >= 1 else 0
-    valid = (
+    well_formed = (
         is_int(E) and E >= 1
         and routed.dtype.type in ROUTED_DTYPES and routed.ndim == 3
         and routed.shape[1] >= 1 and routed.shape[2] >= 1
@@ -89,8 +131,13 @@ def test_from_routed_experts(args):
         and cu[0] == 0 and (np.diff(cu.astype(np.int64)) > 0).all() and cu[-1] == T
         and ((routed.astype(np.int64) >= 0) & (routed.astype(np.int64) < E)).all()
     )
-    assert (err is None) == valid, (err, routed.dtype, routed.shape, cu, E)
+    repeat = first_repeat(routed) if well_formed else None
+    assert (err is None) == (well_formed and repeat is None), (err, routed.dtype, routed.shape, cu, E)
+    if repeat is not None:
+        t, l, e = repeat
+        assert f"token {t} (sample" in str(err) and f"layer {l} lists expert {e} twice" in str(err), err
     if w is not None:
+        assert w.top_k == routed.shape[2]
         cu64 = cu.astype(np.int64)
         for s in range(len(cu) - 1):
             for l in range(routed.shape[1]):

@@ -5,6 +5,7 @@ TypeError), so ``except routepack.RoutepackError`` catches every input error."""
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Mapping, Set
 from typing import Any, List
 
@@ -112,4 +113,22 @@ def loads_array(weight: Any, name: str) -> np.ndarray:
     if bad.size:
         l, e = np.unravel_index(int(bad[0]), out.shape)
         raise RoutepackError(f"{name}: entry [{l}, {e}] is {out[l, e]}; loads must be finite and >= 0")
+    return out
+
+
+#: The read-only arrays `frozen` made, by id: an array here has no writable alias anywhere
+#: (an array that merely reads read-only may be a view of a buffer its owner still writes).
+_FROZEN: "weakref.WeakValueDictionary[int, np.ndarray]" = weakref.WeakValueDictionary()
+
+
+def frozen(arr: np.ndarray, fresh: bool = False) -> np.ndarray:
+    """``arr`` as a read-only array nobody else can write through: itself if `frozen` made
+    it, else a read-only copy (or, with ``fresh``, for an array the caller just created and
+    holds alone, such as a core result, itself made read-only). What plans hold is frozen, so
+    tables derived from it cannot go stale behind an in-place edit."""
+    if _FROZEN.get(id(arr)) is arr:
+        return arr
+    out = arr if fresh else arr.copy()
+    out.setflags(write=False)
+    _FROZEN[id(out)] = out
     return out

@@ -14,7 +14,7 @@ __all__ = [
     "__version__", "RoutepackError", "RoutepackTypeError", "InvalidPlanError", "InfeasibleError",
     "RoutepackInternalError", "defaults", "static_placement", "placement_tables", "validate_plan",
     "migration_diff", "pack_sequential", "pack_kk", "pack_rows", "pack_routepack",
-    "layout_proxy_cost", "simulate", "expert_tokens_from_routed", "route_cell", "rank_tokens",
+    "layout_proxy_cost", "simulate", "expert_tokens_from_routed", "check_expert_tokens", "route_cell", "rank_tokens",
     "replicate_hot_n", "replicate_relibra", "replicate_routepack", "relibra_placement",
     "rebalance_experts", "eplb_placement", "eplb_node_groups", "chunk_demand",
     "routepack_placement", "aggregate_imbalance", "imbalance_lower_bound",
@@ -94,6 +94,9 @@ def simulate(plan: Any, seq_lens: _I64, expert_tokens: _I32, topo: Any, cost: An
 # ---- ingestion (src/py_ingest.rs)
 def expert_tokens_from_routed(routed: np.ndarray, cu_seqlens: _I64, num_experts: int) -> Tuple[_I64, _I32]:
     """(seq_lens [S], expert_tokens [S, L, E]) from top-k ids [T, L, k] (uint8/int16/int32/int64)."""
+
+def check_expert_tokens(seq_lens: _I64, expert_tokens: _I32, top_k: Optional[int] = None) -> None:
+    """Raises RoutepackError unless the counts are possible for the lengths (and top_k)."""
 
 # ---- token routing (src/py_flow.rs)
 def route_cell(origin: _I64, phy2log: _I32, topo: Any, rep_expert: _I32, rep_dst: _I32,

@@ -85,8 +85,9 @@ def _member(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
         return npy_format.read_array(f, allow_pickle=False)
 
 
-def read(path: Target, keys: Sequence[str], what: str) -> Dict[str, np.ndarray]:
-    """The arrays ``keys`` of the ``.npz`` at ``path``; `RoutepackFileError` if it is damaged.
+def read(path: Target, keys: Sequence[str], what: str, optional: Sequence[str] = ()) -> Dict[str, np.ndarray]:
+    """The arrays ``keys`` of the ``.npz`` at ``path``, and those of ``optional`` it holds
+    (arrays added after files were first written); `RoutepackFileError` if it is damaged.
     A missing or unreadable path raises the usual `OSError`."""
     with (contextlib.nullcontext(path) if hasattr(path, "read") else open(path, "rb")) as fh:  # type: ignore[arg-type]
         try:
@@ -103,7 +104,7 @@ def read(path: Target, keys: Sequence[str], what: str) -> Dict[str, np.ndarray]:
                 held = sorted(n[:-4] for n in names if n.endswith(".npy"))
                 fail(path, what, f"missing arrays {missing} (it holds {held})")
             out = {}
-            for k in keys:
+            for k in [*keys, *(k for k in optional if f"{k}.npy" in names)]:
                 try:
                     out[k] = _member(zf, zf.getinfo(f"{k}.npy"))
                 except _Damaged as e:

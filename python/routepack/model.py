@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 from routepack._checks import finite_float, instance_of, positive_int, sequence
 from routepack.errors import RoutepackError, RoutepackTypeError
@@ -151,7 +151,7 @@ class Hardware:
 
 
 #: CostModel fields a JSON file may lack (written before they existed): their defaults apply.
-_OPTIONAL_JSON_KEYS = frozenset({"expert_groups"})
+_OPTIONAL_JSON_KEYS = frozenset({"expert_groups", "num_experts"})
 
 
 @dataclass(frozen=True)
@@ -168,6 +168,11 @@ class CostModel:
       the ``eplb`` placement passes to EPLB as ``num_groups``; it rides here because the cost
       model is the planner's only view of the model. `from_model` copies it; a hand-built
       cost model, or a JSON file written before it existed, gets 1 (routing without groups).
+    * ``num_experts``: the model's `ModelShape.num_experts` E, or None (unknown). Coefficients
+      such as ``expert_state_bytes`` are per expert of one model, so `plan_window`,
+      `simulate` (and the lower bound it reports) refuse a window with another expert count.
+      `from_model` copies it; a hand-built cost model, or a JSON file written before it
+      existed, gets None, which checks nothing.
     """
 
     a_lin: float
@@ -181,9 +186,13 @@ class CostModel:
     expert_grad_bytes: float
     expert_state_bytes: float
     expert_groups: int = 1
+    num_experts: Optional[int] = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "expert_groups", _check_groups(self.expert_groups, None, "cost.expert_groups"))
+        if self.num_experts is not None:
+            object.__setattr__(self, "num_experts", positive_int(self.num_experts, "cost.num_experts"))
+        object.__setattr__(self, "expert_groups",
+                           _check_groups(self.expert_groups, self.num_experts, "cost.expert_groups"))
         for name in ("a_lin", "c_tok", "c_exp", "token_bytes", "expert_weight_bytes",
                      "expert_grad_bytes", "expert_state_bytes"):
             object.__setattr__(self, name, finite_float(getattr(self, name), f"cost.{name}"))
@@ -197,6 +206,16 @@ class CostModel:
     @property
     def num_layers(self) -> int:
         return len(self.a_quad)
+
+    def check_window_shape(self, num_layers: int, num_experts: int) -> None:
+        """Raises `RoutepackError` naming both numbers unless this cost model is for a window
+        of ``num_layers`` MoE layers and (when known) ``num_experts`` experts."""
+        if self.num_layers != num_layers:
+            raise RoutepackError(f"cost.a_quad: has {self.num_layers} layers but the window has {num_layers}")
+        if self.num_experts is not None and self.num_experts != num_experts:
+            raise RoutepackError(
+                f"cost.num_experts: the cost model is for {self.num_experts} experts but the window has {num_experts}"
+            )
 
     @classmethod
     def from_model(cls, model: ModelShape, hardware: Hardware, weight_bytes: float = 2) -> "CostModel":
@@ -228,6 +247,7 @@ class CostModel:
             expert_grad_bytes=float(expert_params * 4),
             expert_state_bytes=float(expert_params * (weight_bytes + 12)),
             expert_groups=model.expert_groups,
+            num_experts=model.num_experts,
         )
 
     # ------------------------------------------------------------- JSON

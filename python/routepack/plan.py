@@ -10,8 +10,8 @@ from typing import Any, Dict
 import numpy as np
 
 from routepack import _core, _npz
-from routepack._checks import as_int_array, instance_of, positive_int
-from routepack.errors import RoutepackError, RoutepackFileError, RoutepackTypeError
+from routepack._checks import as_int_array, frozen, instance_of, positive_int
+from routepack.errors import InvalidPlanError, RoutepackError, RoutepackFileError, RoutepackTypeError
 from routepack.model import Topology
 from routepack.window import Window
 
@@ -30,11 +30,11 @@ MIGRATION_DTYPE = np.dtype(
 
 
 def empty_replicas() -> np.ndarray:
-    return np.zeros(0, dtype=REPLICA_DTYPE)
+    return frozen(np.zeros(0, dtype=REPLICA_DTYPE), fresh=True)
 
 
 def empty_migration() -> np.ndarray:
-    return np.zeros(0, dtype=MIGRATION_DTYPE)
+    return frozen(np.zeros(0, dtype=MIGRATION_DTYPE), fresh=True)
 
 
 def _columns(table: np.ndarray) -> tuple:
@@ -50,15 +50,43 @@ class Placement:
                  Every EP group uses the same placement.
         logcnt:  int32 ``[L, E]``: replicas of each logical expert (>= 1).
         log2phy: int32 ``[L, E, max_replicas]``: physical slots of each expert, padded with -1.
+
+    The arrays are read-only (``phy2log`` is a copy where the caller's array could still be
+    written), so ``logcnt`` and ``log2phy``, derived from ``phy2log`` here, cannot go stale
+    through an in-place edit; build a new `Placement` to change one. `Plan.validate` derives
+    them again and refuses a placement whose tables disagree (an attribute reassigned, or
+    write access forced back on).
     """
 
     __slots__ = ("phy2log", "num_experts", "slots_per_rank", "logcnt", "log2phy")
 
     def __init__(self, phy2log: np.ndarray, num_experts: int, slots_per_rank: int) -> None:
-        self.phy2log = as_int_array(phy2log, "placement.phy2log", 2, np.int32)
+        self.phy2log = frozen(as_int_array(phy2log, "placement.phy2log", 2, np.int32))
         self.num_experts = positive_int(num_experts, "num_experts")
         self.slots_per_rank = positive_int(slots_per_rank, "slots_per_rank")
-        self.logcnt, self.log2phy = _core.placement_tables(self.phy2log, self.num_experts, self.slots_per_rank)
+        self.logcnt, self.log2phy = self._derived_tables()
+
+    def _derived_tables(self) -> tuple:
+        """(logcnt, log2phy) of ``phy2log``, read-only."""
+        phy2log = as_int_array(self.phy2log, "placement.phy2log", 2, np.int32)
+        logcnt, log2phy = _core.placement_tables(phy2log, self.num_experts, self.slots_per_rank)
+        return frozen(logcnt, fresh=True), frozen(log2phy, fresh=True)
+
+    def _check_derived_tables(self) -> None:
+        """Raises `InvalidPlanError` naming the table unless ``logcnt`` and ``log2phy`` are what
+        ``phy2log`` gives (`validate` and `simulate` call it after the core checked
+        ``phy2log`` itself, so its own faults are named first)."""
+        try:
+            derived = self._derived_tables()
+        except RoutepackError as e:
+            raise InvalidPlanError(f"placement.phy2log: {e}") from None
+        for name, have, want in zip(("logcnt", "log2phy"), (self.logcnt, self.log2phy), derived):
+            have = np.asarray(have)
+            if have.shape != want.shape or not np.array_equal(have, want):
+                raise InvalidPlanError(
+                    f"placement.{name}: disagrees with placement.phy2log (shape {have.shape}, derived {want.shape}); "
+                    "it was edited or replaced after construction: build a new Placement instead"
+                )
 
     @classmethod
     def static(cls, num_layers: int, num_experts: int, topo: Any) -> "Placement":
@@ -107,6 +135,10 @@ class Plan:
     * ``replicas``: structured array of `REPLICA_DTYPE` rows (intra-batch replication).
     * ``migration``: structured array of `MIGRATION_DTYPE` rows (moves from ``previous``).
     * ``report``: predicted step time and its parts, bounds, certificates, imbalance, wall time.
+
+    The arrays are read-only after construction (copies where the caller's could still be
+    written); fields reassigned later are checked, and frozen, again by `validate`,
+    `simulate` and the core's conversion.
     """
 
     placement: Placement
@@ -126,14 +158,14 @@ class Plan:
         construction, so `validate`, `simulate` and the core's conversion run this again:
         a field set to ``None`` or a wrong type fails naming the field, not deep inside."""
         instance_of(self.placement, Placement, "placement")
-        self.sample_rank = as_int_array(self.sample_rank, "sample_rank", 1, np.int32)
-        self.sample_micro = as_int_array(self.sample_micro, "sample_micro", 1, np.int32)
+        self.sample_rank = frozen(as_int_array(self.sample_rank, "sample_rank", 1, np.int32))
+        self.sample_micro = frozen(as_int_array(self.sample_micro, "sample_micro", 1, np.int32))
         self.num_micro = positive_int(self.num_micro, "num_micro")
         for name, dtype in (("replicas", REPLICA_DTYPE), ("migration", MIGRATION_DTYPE)):
             table = np.asarray(getattr(self, name))
             if table.dtype != dtype or table.ndim != 1:
                 raise RoutepackTypeError(f"{name}: expected a 1-D structured array of dtype {dtype}, got {table.dtype}")
-            setattr(self, name, table)
+            setattr(self, name, frozen(table))
         if not isinstance(self.report, dict):
             raise RoutepackTypeError(f"report: expected a dict, got {type(self.report).__name__}")
         if not isinstance(self.policy, str):
@@ -152,7 +184,7 @@ class Plan:
         self._check_fields()
         p = self.placement
         return (
-            p.phy2log, p.num_experts, p.slots_per_rank, self.sample_rank, self.sample_micro,
+            as_int_array(p.phy2log, "placement.phy2log", 2, np.int32), p.num_experts, p.slots_per_rank, self.sample_rank, self.sample_micro,
             self.num_micro, _columns(self.replicas), _columns(self.migration),
         )
 
@@ -160,11 +192,13 @@ class Plan:
         """Checks every invariant of docs/design.md; raises `InvalidPlanError` with the first
         violation (each sample exactly once, no row over the cap, equal microbatch counts, no
         empty cell, valid placement, replica shares in [0, 1] summing to at most 1, migration
-        consistent with the placement). Returns self."""
+        consistent with the placement, ``logcnt`` and ``log2phy`` what ``phy2log`` gives).
+        Returns self."""
         instance_of(window, Window, "window")
         instance_of(topo, Topology, "topo")
         token_cap = positive_int(token_cap, "token_cap")
         _core.validate_plan(self, window.seq_lens, window.expert_tokens, topo, token_cap)
+        self.placement._check_derived_tables()
         return self
 
     # ------------------------------------------------------------ persistence

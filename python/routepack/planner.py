@@ -75,7 +75,8 @@ def plan_window(
 
     Args:
         window: `Window` (seq_lens [S], expert_tokens [S, L, E]).
-        topo: `Topology`; cost: `CostModel` with one ``a_quad`` per layer.
+        topo: `Topology`; cost: `CostModel` with one ``a_quad`` per layer (and, where it
+            knows ``num_experts``, the window's expert count).
         token_cap: hard cap on tokens per microbatch; a longer sample raises `InfeasibleError`.
         policy: a preset name (``routepack.PRESETS``) or a `Policy`.
         previous: the `Placement` in force now; migration is planned from it.
@@ -128,8 +129,7 @@ def plan_window(
     instance_of(topo, Topology, "topo")
     instance_of(cost, CostModel, "cost")
     topo.check_experts(window.num_experts)
-    if cost.num_layers != window.num_layers:
-        raise RoutepackError(f"cost.a_quad: has {cost.num_layers} layers but the window has {window.num_layers}")
+    cost.check_window_shape(window.num_layers, window.num_experts)
     if previous_window is not None and (
         previous_window.num_layers != window.num_layers or previous_window.num_experts != window.num_experts
     ):

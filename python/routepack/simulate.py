@@ -119,6 +119,7 @@ def simulate(plan: Any, window: Any, topo: Any, cost: Any, token_cap: Optional[i
     instance_of(window, Window, "window")
     instance_of(topo, Topology, "topo")
     instance_of(cost, CostModel, "cost")
+    cost.check_window_shape(window.num_layers, window.num_experts)
     plan._check_fields()  # before reading plan.report: a field set to None must be named
     if token_cap is not None:
         token_cap = positive_int(token_cap, "token_cap")
@@ -126,4 +127,5 @@ def simulate(plan: Any, window: Any, topo: Any, cost: Any, token_cap: Optional[i
     ideal_micro = lower_bound_micro(window, topo, cap) if cap else None
     out = _core.simulate(plan, window.seq_lens, window.expert_tokens, topo, cost, ideal_micro,
                          int(cap) if cap else None)
+    plan.placement._check_derived_tables()  # the core reads phy2log only; callers read the tables
     return SimResult(**out)

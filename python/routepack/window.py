@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -13,18 +13,36 @@ from routepack._routed import ROUTED_DTYPES, flatten_slime, flatten_verl, native
 from routepack.errors import RoutepackError, RoutepackTypeError
 
 
+#: Largest total of a window's lengths: `Window.total_tokens` and every token sum the core
+#: compares with a cap are int64.
+MAX_TOTAL_TOKENS = 2**63 - 1
+
+
 class Window:
     """One window of samples, as routing replay describes it.
 
     Attributes:
-        seq_lens:      int64 ``[S]``, tokens of each sample, every entry >= 1.
+        seq_lens:      int64 ``[S]``, tokens of each sample, every entry >= 1; their total
+                       fits int64 (`MAX_TOTAL_TOKENS`).
         expert_tokens: int32 ``[S, L, E]``, tokens of sample s routed to logical expert e in
                        MoE layer l (a token routed top-k counts once for each of its k experts).
+        top_k:         the experts each token picks (k), or None where the window's maker did
+                       not say.
+
+    Counts must be possible for their lengths, else the constructor raises naming the
+    sample, layer (and expert): a token picks an expert at most once, so no count exceeds its
+    sample's length; and with ``top_k`` known, a layer's counts add up to at most
+    ``seq_len · top_k``. ``top_k`` is known when the window comes from routing replay
+    (`from_routed_experts`, `from_verl`, `from_slime` set it to the routed array's k) or when
+    its maker passes it; `save` keeps it and `load` restores it (files written before it
+    existed load with None). It is declared data about the counts, not part of them, so it
+    does not take part in ``==``. No known trace format needs counts beyond these bounds, so
+    there is no escape hatch: a window that violates them is a recording or conversion bug.
     """
 
-    __slots__ = ("seq_lens", "expert_tokens")
+    __slots__ = ("seq_lens", "expert_tokens", "top_k")
 
-    def __init__(self, seq_lens: np.ndarray, expert_tokens: np.ndarray) -> None:
+    def __init__(self, seq_lens: np.ndarray, expert_tokens: np.ndarray, top_k: Optional[int] = None) -> None:
         seq_lens = as_int_array(seq_lens, "seq_lens", 1, np.int64)
         expert_tokens = as_int_array(expert_tokens, "expert_tokens", 3, np.int32)
         if seq_lens.shape[0] == 0:
@@ -35,16 +53,18 @@ class Window:
             )
         if expert_tokens.shape[1] == 0 or expert_tokens.shape[2] == 0:
             raise RoutepackError(f"expert_tokens: needs L >= 1 and E >= 1, got shape {expert_tokens.shape}")
+        if top_k is not None:
+            top_k = positive_int(top_k, "top_k", maximum=expert_tokens.shape[2])
         bad = np.flatnonzero(seq_lens < 1)
         if bad.size:
             raise RoutepackError(f"seq_lens: sample {bad[0]} has length {seq_lens[bad[0]]}; every length must be >= 1")
-        if expert_tokens.size and expert_tokens.min() < 0:
-            s, l, e = np.unravel_index(int(np.argmin(expert_tokens)), expert_tokens.shape)
-            raise RoutepackError(
-                f"expert_tokens: negative count {expert_tokens[s, l, e]} at sample {s}, layer {l}, expert {e}"
-            )
+        _check_total(seq_lens)
+        # negative counts, counts above their sample's length and (with top_k) layer totals
+        # above seq_len * top_k: one parallel pass in the core, naming the first offender
+        _core.check_expert_tokens(seq_lens, expert_tokens, top_k)
         self.seq_lens = seq_lens
         self.expert_tokens = expert_tokens
+        self.top_k = top_k
 
     # ------------------------------------------------------------------ shape
     @property
@@ -61,6 +81,7 @@ class Window:
 
     @property
     def total_tokens(self) -> int:
+        """Σ seq_lens (fits int64: checked at construction)."""
         return int(self.seq_lens.sum())
 
     def layer_expert_load(self) -> np.ndarray:
@@ -68,8 +89,9 @@ class Window:
         return self.expert_tokens.sum(axis=0, dtype=np.float64)
 
     def __repr__(self) -> str:
+        k = "" if self.top_k is None else f", top_k={self.top_k}"
         return (
-            f"Window(S={self.num_samples}, L={self.num_layers}, E={self.num_experts}, "
+            f"Window(S={self.num_samples}, L={self.num_layers}, E={self.num_experts}{k}, "
             f"tokens={self.total_tokens})"
         )
 
@@ -82,15 +104,18 @@ class Window:
 
     # ------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> None:
-        """Writes an ``.npz`` to exactly ``path`` (no suffix added)."""
-        _npz.write(path, seq_lens=self.seq_lens, expert_tokens=self.expert_tokens)
+        """Writes an ``.npz`` to exactly ``path`` (no suffix added); ``top_k`` only when known."""
+        extra = {} if self.top_k is None else {"top_k": np.int64(self.top_k)}
+        _npz.write(path, seq_lens=self.seq_lens, expert_tokens=self.expert_tokens, **extra)
 
     @classmethod
     def load(cls, path: str | Path) -> "Window":
-        """Reads what `save` wrote; a damaged file raises `RoutepackFileError` naming it."""
-        z = _npz.read(path, ("seq_lens", "expert_tokens"), "window")
+        """Reads what `save` wrote; a damaged file raises `RoutepackFileError` naming it. A file
+        without ``top_k`` (written before it was kept) loads with ``top_k=None``."""
+        z = _npz.read(path, ("seq_lens", "expert_tokens"), "window", optional=("top_k",))
+        top_k = _npz.scalar_int(z, "top_k", path, "window") if "top_k" in z else None
         try:
-            return cls(z["seq_lens"], z["expert_tokens"])
+            return cls(z["seq_lens"], z["expert_tokens"], top_k)
         except RoutepackError as e:
             _npz.fail(path, "window", str(e))
 
@@ -107,6 +132,9 @@ class Window:
             num_experts: E; every id must lie in [0, E).
 
         Counting runs in Rust, in parallel over samples, reading ``routed`` without a copy.
+        A token that lists one expert twice among its k is refused naming the token and layer,
+        as is a sample of more than 2**31 - 1 tokens (its counts could not fit int32). The
+        window's ``top_k`` is the routed array's k.
         """
         num_experts = positive_int(num_experts, "num_experts")
         routed = np.asarray(routed)
@@ -117,7 +145,7 @@ class Window:
         routed = np.ascontiguousarray(native_order(routed))
         cu = as_int_array(cu_seqlens, "cu_seqlens", 1, np.int64)
         seq_lens, counts = _core.expert_tokens_from_routed(routed, cu, num_experts)
-        return cls(seq_lens, counts)
+        return cls(seq_lens, counts, top_k=int(routed.shape[2]))
 
     @classmethod
     def from_verl(cls, routed_experts: np.ndarray, attention_mask: np.ndarray, num_experts: int) -> "Window":
@@ -137,5 +165,19 @@ class Window:
         num_experts = positive_int(num_experts, "num_experts")
         w = cls.from_routed_experts(*flatten_slime(per_sample), num_experts)
         if add_last_token:
-            return cls(w.seq_lens + 1, w.expert_tokens)
+            return cls(w.seq_lens + 1, w.expert_tokens, w.top_k)
         return w
+
+
+def _check_total(seq_lens: np.ndarray) -> None:
+    """Refuses lengths (each >= 1) whose total would overflow int64. Summed exactly in Python
+    ints, but only where numpy's int64 sum could wrap (the largest length times S exceeds
+    the limit), so the common case costs one max."""
+    if int(seq_lens.max()) <= MAX_TOTAL_TOKENS // seq_lens.shape[0]:
+        return
+    total = sum(int(n) for n in seq_lens)
+    if total > MAX_TOTAL_TOKENS:
+        raise RoutepackError(
+            f"seq_lens: the {seq_lens.shape[0]} lengths add up to {total} tokens, more than int64 holds "
+            f"({MAX_TOTAL_TOKENS}); the largest is {int(seq_lens.max())}"
+        )

@@ -67,5 +67,7 @@ def test_plan_digest_covers_decisions_not_report():
     same = Plan(plan.placement, plan.sample_rank, plan.sample_micro, plan.num_micro, plan.replicas.copy(),
                 plan.migration, report={"x": 1})
     assert plan_digest(same) == plan_digest(plan)
-    same.replicas["share"][0] += 0.125
-    assert plan_digest(same) != plan_digest(plan)
+    shifted = plan.replicas.copy()  # plan arrays are read-only: a changed plan is a new one
+    shifted["share"][0] += 0.125
+    other = Plan(plan.placement, plan.sample_rank, plan.sample_micro, plan.num_micro, shifted, plan.migration)
+    assert plan_digest(other) != plan_digest(plan)

@@ -11,9 +11,19 @@ const L: usize = 32;
 const K: usize = 8;
 const E: usize = 256;
 
+/// K distinct ids per (token, layer), as a router picks them (a repeat is refused): K
+/// consecutive experts from a random start, scrambled by an odd multiplier (a bijection mod E
+/// = 256).
 fn input<T: Copy>(tokens: usize, samples: usize, conv: impl Fn(u64) -> T) -> (Vec<T>, Vec<i64>) {
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(7);
-    let ids = (0..tokens * L * K).map(|_| conv(rng.random_range(0..E as u64))).collect();
+    let e = E as u64;
+    let ids = (0..tokens * L)
+        .flat_map(|_| {
+            let (start, mult) = (rng.random_range(0..e), 2 * rng.random_range(0..e / 2) + 1);
+            (0..K as u64).map(move |j| (start + j) * mult % e)
+        })
+        .map(conv)
+        .collect();
     let cu = (0..=samples).map(|i| (i * tokens / samples) as i64).collect();
     (ids, cu)
 }

@@ -29,7 +29,13 @@ macro_rules! expert_id {
 }
 expert_id!(u8, i16, i32, i64);
 
-/// Checks `cu_seqlens` against T tokens: starts at 0, strictly increasing, ends at T.
+/// Most tokens one sample may have: `expert_tokens` is int32, and a (sample, layer, expert)
+/// count is at most the sample's length (a token picks an expert at most once, which
+/// `expert_tokens_from_routed` checks), so this bound is what keeps every count from wrapping.
+pub const MAX_SAMPLE_TOKENS: i64 = i32::MAX as i64;
+
+/// Checks `cu_seqlens` against T tokens: starts at 0, strictly increasing, ends at T, and no
+/// sample longer than [`MAX_SAMPLE_TOKENS`].
 pub fn check_cu_seqlens(cu_seqlens: &[i64], num_tokens: usize) -> Result<()> {
     if cu_seqlens.len() < 2 {
         return Err(invalid("cu_seqlens", format!("needs S+1 >= 2 entries, got {}", cu_seqlens.len())));
@@ -48,6 +54,16 @@ pub fn check_cu_seqlens(cu_seqlens: &[i64], num_tokens: usize) -> Result<()> {
             ),
         ));
     }
+    // strictly increasing from 0, so every difference is positive and cannot overflow
+    if let Some(i) = cu_seqlens.windows(2).position(|w| w[1] - w[0] > MAX_SAMPLE_TOKENS) {
+        return Err(invalid(
+            "cu_seqlens",
+            format!(
+                "sample {i} has {} tokens, more than the {MAX_SAMPLE_TOKENS} an int32 expert count can hold",
+                cu_seqlens[i + 1] - cu_seqlens[i]
+            ),
+        ));
+    }
     let last = *cu_seqlens.last().unwrap();
     if last != num_tokens as i64 {
         return Err(invalid(
@@ -58,38 +74,82 @@ pub fn check_cu_seqlens(cu_seqlens: &[i64], num_tokens: usize) -> Result<()> {
     Ok(())
 }
 
-/// Adds one to `counters[base[j] + id]` for every id j of every token of `ids`; on the first
-/// id outside [0, e_max) returns (token, position in the token, id) instead.
+/// Tokens counted between two flushes of the tagged counters (see [`count_tokens`]): a
+/// counter's low 16 bits hold its count, which grows by at most one per token.
+const FLUSH_TOKENS: usize = u16::MAX as usize;
+
+/// What [`count_tokens`] stopped at: token `t` of its slice.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum BadToken {
+    /// Id number `j` of the token (layer `j / k`) is outside [0, E).
+    OutOfRange { t: usize, j: usize },
+    /// The token's top-k lists one expert twice in some layer.
+    Duplicate { t: usize },
+}
+
+/// Counts every id of `ids` (`[tokens, L, k]` flattened, at most [`FLUSH_TOKENS`] tokens)
+/// into `counters[base[j] + id]`, `j` the id's position in its token; on the first id
+/// outside [0, e_max), or the first token whose top-k lists an expert twice in a layer,
+/// returns that instead.
 ///
-/// Panics unless every base offset leaves room for `e_max` counters
-/// (`base[j] + e_max <= counters.len()`). That is checked once per call, O(L·k), before the
-/// loop: it is what makes the unchecked increments inside the loop sound, whatever the caller
-/// passes.
-fn count_tokens<T: ExpertId, C: Copy + std::ops::AddAssign + From<u8>>(
-    ids: &[T],
-    base: &[usize],
-    e_max: u64,
-    counters: &mut [C],
-) -> Option<(usize, usize, i64)> {
+/// Each counter is tagged: its high 16 bits hold 1 + the index of the last token that
+/// counted into it, its low 16 bits the count. A token reading its own tag back has named
+/// that (layer, expert) twice. This finds duplicates exactly for any k and E at the cost of
+/// a few ALU operations on the counter the count reads and writes anyway (an exact pairwise
+/// or bitmask test per token measured 2-4x slower on k = 8, E = 256). Without duplicates a
+/// counter grows by at most one per token, so the count never carries into the tag.
+///
+/// Panics unless `ids` holds at most [`FLUSH_TOKENS`] tokens and every base offset leaves
+/// room for `e_max` counters (`base[j] + e_max <= counters.len()`). Both are checked once per
+/// call, before the loop: they are what make the unchecked accesses inside it sound and the
+/// tags distinct, whatever the caller passes.
+fn count_tokens<T: ExpertId>(ids: &[T], base: &[usize], e_max: u64, counters: &mut [u32]) -> Option<BadToken> {
     let per_token = base.len();
+    assert!(ids.len() / per_token <= FLUSH_TOKENS, "count_tokens: more than {FLUSH_TOKENS} tokens");
     let room = |b: usize| usize::try_from(e_max).ok().and_then(|e| b.checked_add(e)).is_some_and(|end| end <= counters.len());
     assert!(base.iter().all(|&b| room(b)), "count_tokens: a base offset leaves no room for {e_max} counters");
     for (t, tok) in ids.chunks_exact(per_token).enumerate() {
+        // t < FLUSH_TOKENS (asserted), so the tag fits the high half and differs per token
+        let tag = (t as u32 + 1) << 16;
+        let mut seen = 0u32;
         for (j, (&id, &b)) in tok.iter().zip(base).enumerate() {
             let i = id.index();
             if i >= e_max {
-                return Some((t, j, id.value()));
+                return Some(BadToken::OutOfRange { t, j });
             }
             // SAFETY: `i < e_max` (tested just above) and `b + e_max <= counters.len()` without
             // overflow (asserted for every base offset before the loop), so
             // `b + i < counters.len()`: the index is in bounds and the addition cannot overflow.
-            unsafe { *counters.get_unchecked_mut(b + i as usize) += C::from(1u8) };
+            let c = unsafe { counters.get_unchecked_mut(b + i as usize) };
+            seen = seen.max(*c);
+            // count <= t before this token (one per earlier token at most): no carry
+            *c = (*c & 0xffff) + 1 + tag;
+        }
+        // earlier tokens left tags < tag (and counts < 2^16); only a repeat reads its own
+        if seen >= tag {
+            return Some(BadToken::Duplicate { t });
         }
     }
     None
 }
 
+/// The first (layer, position, position, id) at which one token's ids `tok` (`[L, k]`)
+/// repeat an id; the slow, exact locator behind a duplicate [`count_tokens`] found.
+fn locate_duplicate<T: ExpertId>(tok: &[T], top_k: usize) -> Option<(usize, usize, usize, i64)> {
+    tok.chunks_exact(top_k).enumerate().find_map(|(l, sel)| {
+        (1..sel.len()).find_map(|j| {
+            sel[..j].iter().position(|y| y.index() == sel[j].index()).map(|i| (l, i, j, sel[j].value()))
+        })
+    })
+}
+
 /// Counts `routed [T, L, k]` into `(seq_lens [S], expert_tokens [S, L, E])`.
+///
+/// Refused, naming the token (and its sample) and layer: an id outside [0, E), and a token
+/// whose top-k lists one expert twice (a router picks k distinct experts; a repeated id would
+/// count one token twice for one expert, more than the sample's length allows). A sample
+/// longer than [`MAX_SAMPLE_TOKENS`] is refused before anything is counted. So every count is
+/// at most its sample's length, which fits the int32 output: no count can wrap.
 pub fn expert_tokens_from_routed<T: ExpertId>(
     routed: &[T],
     num_layers: usize,
@@ -128,27 +188,20 @@ pub fn expert_tokens_from_routed<T: ExpertId>(
     let first_error = counts
         .par_chunks_mut(block)
         .enumerate()
-        .map_init(Vec::<u16>::new, |local, (s, out)| {
+        .map_init(Vec::<u32>::new, |local, (s, out)| {
             let (lo, hi) = (cu_seqlens[s] as usize, cu_seqlens[s + 1] as usize);
             let ids = &routed[lo * per_token..hi * per_token];
             // flat offsets: id j of a token counts in row (j / k) of this sample's [L, E] block
             let base: Vec<usize> = (0..per_token).map(|j| (j / top_k) * num_experts).collect();
-            let bad = |(t, j, v): (usize, usize, i64)| Some((s, lo + t, j / top_k, v));
-            if std::mem::size_of::<T>() < 4 {
-                return count_tokens(ids, &base, e_max, out).and_then(bad);
-            }
-            // wide ids stream 4-8 bytes each: count into u16 counters (half the i32 block's
-            // cache footprint, so block and stream share L1 better; measured 13.5 → 18 GB/s on
-            // int64), flushed before any counter could overflow (k increments per token at most)
-            let flush_every = (u16::MAX as usize / top_k).max(1);
             local.clear();
             local.resize(out.len(), 0);
-            for (c, chunk) in ids.chunks(flush_every * per_token).enumerate() {
-                if let Some((t, j, v)) = count_tokens(chunk, &base, e_max, local) {
-                    return bad((c * flush_every + t, j, v));
+            for (c, chunk) in ids.chunks(FLUSH_TOKENS * per_token).enumerate() {
+                if let Some(bad) = count_tokens(chunk, &base, e_max, local) {
+                    return Some((s, lo + c * FLUSH_TOKENS, bad));
                 }
+                // the sample has at most i32::MAX tokens and each adds at most one here
                 for (o, l) in out.iter_mut().zip(local.iter_mut()) {
-                    *o += i32::from(*l);
+                    *o += (*l & 0xffff) as i32;
                     *l = 0;
                 }
             }
@@ -158,14 +211,90 @@ pub fn expert_tokens_from_routed<T: ExpertId>(
         .into_iter()
         .flatten()
         .next();
-    if let Some((s, t, l, v)) = first_error {
-        return Err(invalid(
-            "routed",
-            format!("expert id {v} at token {t} (sample {s}), layer {l} is outside [0, {num_experts})"),
-        ));
+    match first_error {
+        Some((s, first, BadToken::OutOfRange { t, j })) => {
+            let id = routed[(first + t) * per_token + j].value();
+            Err(invalid(
+                "routed",
+                format!("expert id {id} at token {} (sample {s}), layer {} is outside [0, {num_experts})", first + t, j / top_k),
+            ))
+        }
+        Some((s, first, BadToken::Duplicate { t })) => {
+            let tok = &routed[(first + t) * per_token..(first + t + 1) * per_token];
+            // count_tokens only reports a token that repeats an id in one layer, so the
+            // locator always finds it; the fallback keeps even a broken invariant panic-free
+            let what = match locate_duplicate(tok, top_k) {
+                Some((l, i, j, id)) => format!("layer {l} lists expert {id} twice (positions {i} and {j} of its top-{top_k})"),
+                None => "repeats an expert in one layer".to_string(),
+            };
+            Err(invalid(
+                "routed",
+                format!("token {} (sample {s}), {what}; a token picks {top_k} distinct experts", first + t),
+            ))
+        }
+        None => Ok((cu_seqlens.windows(2).map(|w| w[1] - w[0]).collect(), counts)),
     }
-    let seq_lens = cu_seqlens.windows(2).map(|w| w[1] - w[0]).collect();
-    Ok((seq_lens, counts))
+}
+
+/// Checks that a window's counts are possible for its lengths, in one parallel pass over
+/// `expert_tokens [S, L, E]`: no count negative, none above its sample's length (a token
+/// picks an expert at most once), and with `top_k` known, no layer's counts adding up to
+/// more than `seq_len · top_k`. Names the first offending (sample, layer[, expert]) in
+/// sample order. `seq_lens` must hold S lengths and `expert_tokens` S·L·E counts; `top_k`
+/// lies in [1, E].
+pub fn check_expert_tokens(
+    seq_lens: &[i64],
+    expert_tokens: &[i32],
+    num_layers: usize,
+    num_experts: usize,
+    top_k: Option<usize>,
+) -> Result<()> {
+    let block = num_layers.checked_mul(num_experts).filter(|&b| b > 0);
+    let Some(block) = block.filter(|b| b.checked_mul(seq_lens.len()) == Some(expert_tokens.len())) else {
+        return Err(invalid(
+            "expert_tokens",
+            format!(
+                "has {} entries, expected S*L*E = {}*{num_layers}*{num_experts} with L, E >= 1",
+                expert_tokens.len(),
+                seq_lens.len()
+            ),
+        ));
+    };
+    if let Some(k) = top_k.filter(|&k| k == 0 || k > num_experts) {
+        return Err(invalid("top_k", format!("must be in [1, E = {num_experts}] (a token picks distinct experts), got {k}")));
+    }
+    let first = expert_tokens.par_chunks(block).zip(seq_lens.par_iter()).enumerate().find_map_first(|(s, (counts, &n))| {
+        counts.chunks_exact(num_experts).enumerate().find_map(|(l, row)| {
+            // one vectorisable sweep per row; the expert is located only on a violation
+            let (mut lo, mut hi, mut sum) = (i32::MAX, i32::MIN, 0i64);
+            for &c in row {
+                lo = lo.min(c);
+                hi = hi.max(c);
+                sum += i64::from(c);
+            }
+            let at = |v: i32| row.iter().position(|&c| c == v).unwrap_or(0);
+            if lo < 0 {
+                return Some(format!("negative count {lo} at sample {s}, layer {l}, expert {}", at(lo)));
+            }
+            if i64::from(hi) > n {
+                return Some(format!(
+                    "sample {s}, layer {l}, expert {} has {hi} tokens but the sample's length is {n}; a token \
+                     picks an expert at most once",
+                    at(hi)
+                ));
+            }
+            // sum <= E * i32::MAX < 2^62; sum > n·k  <=>  ceil(sum / k) > n, which cannot overflow
+            // without top_k nothing bounds the sum: no violation in this row
+            let k = top_k? as i64; // in [1, E], checked above
+            ((sum + k - 1) / k > n).then(|| {
+                format!(
+                    "sample {s}, layer {l} has {sum} tokens over its experts, more than seq_len * top_k = {n} * {k}; \
+                     each token picks top_k experts"
+                )
+            })
+        })
+    });
+    first.map_or(Ok(()), |msg| Err(invalid("expert_tokens", msg)))
 }
 
 #[cfg(test)]
@@ -174,15 +303,57 @@ mod tests {
 
     #[test]
     fn counts_past_the_u16_flush() {
-        // 20 000 tokens of one sample, every id 3: 160 000 counts in one counter, several flushes
-        let (t, k) = (20_000usize, 8usize);
-        let mut routed = vec![3i32; t * k];
-        let (lens, c) = expert_tokens_from_routed(&routed, 1, k, &[0, t as i64], 4).unwrap();
-        assert_eq!((lens, c), (vec![t as i64], vec![0, 0, 0, (t * k) as i32]));
+        // 140 000 tokens of one sample, k = 2, every token picks expert 3 and one of 0..3:
+        // 140 000 counts in one counter, two u16 flushes
+        let t = 140_000usize;
+        let mut routed: Vec<i32> = (0..t).flat_map(|i| [3, (i % 3) as i32]).collect();
+        let (lens, c) = expert_tokens_from_routed(&routed, 1, 2, &[0, t as i64], 4).unwrap();
+        let third = (t / 3) as i32; // t = 3 * 46 666 + 2: experts 0 and 1 get one more
+        assert_eq!((lens, c), (vec![t as i64], vec![third + 1, third + 1, third, t as i32]));
         // a bad id after the first flush is still located exactly
-        routed[9_000 * k + 5] = 7;
-        let e = expert_tokens_from_routed(&routed, 1, k, &[0, t as i64], 4).unwrap_err();
-        assert!(e.to_string().contains("expert id 7 at token 9000 (sample 0), layer 0"), "{e}");
+        routed[70_000 * 2 + 1] = 7;
+        let e = expert_tokens_from_routed(&routed, 1, 2, &[0, t as i64], 4).unwrap_err();
+        assert!(e.to_string().contains("expert id 7 at token 70000 (sample 0), layer 0"), "{e}");
+        // and so is a duplicate
+        routed[70_000 * 2 + 1] = 0;
+        routed[100_001 * 2 + 1] = 3;
+        let e = expert_tokens_from_routed(&routed, 1, 2, &[0, t as i64], 4).unwrap_err();
+        assert!(e.to_string().contains("token 100001 (sample 0), layer 0 lists expert 3 twice"), "{e}");
+    }
+
+    #[test]
+    fn names_duplicates_and_long_samples() {
+        // L = 2, k = 3: token 1 of sample 1 repeats expert 4 in layer 1
+        let mut routed: Vec<u8> = [0u8, 1, 2, 3, 4, 5].repeat(3);
+        routed[2 * 6 + 3 + 2] = 3;
+        let e = expert_tokens_from_routed(&routed, 2, 3, &[0, 1, 3], 6).unwrap_err();
+        assert!(e.to_string().contains("token 2 (sample 1), layer 1 lists expert 3 twice (positions 0 and 2"), "{e}");
+        let long = MAX_SAMPLE_TOKENS + 1;
+        let e = check_cu_seqlens(&[0, 5, 5 + long], (5 + long) as usize).unwrap_err();
+        assert!(e.to_string().contains(&format!("sample 1 has {long} tokens")), "{e}");
+        assert!(check_cu_seqlens(&[0, MAX_SAMPLE_TOKENS], MAX_SAMPLE_TOKENS as usize).is_ok());
+    }
+
+    #[test]
+    fn impossible_counts_are_named() {
+        // S = 2, L = 2, E = 3; sample 1 (length 2) has 3 tokens on expert 2 in layer 1
+        let lens = [4i64, 2];
+        let mut c = vec![1i32, 2, 1, 4, 0, 0, 1, 1, 0, 0, 0, 3];
+        let e = check_expert_tokens(&lens, &c, 2, 3, None).unwrap_err();
+        assert!(e.to_string().contains("sample 1, layer 1, expert 2 has 3 tokens but the sample's length is 2"), "{e}");
+        c[11] = 2;
+        assert!(check_expert_tokens(&lens, &c, 2, 3, None).is_ok());
+        // with k = 1, sample 0's layer 0 (4 tokens) holds 1 + 2 + 1 = 4: fine; sample 1's layer 1 holds 2
+        assert!(check_expert_tokens(&lens, &c, 2, 3, Some(1)).is_ok());
+        c[6] = 2; // sample 1, layer 0: 2 + 1 + 0 = 3 > 2 * 1
+        let e = check_expert_tokens(&lens, &c, 2, 3, Some(1)).unwrap_err();
+        assert!(e.to_string().contains("sample 1, layer 0 has 3 tokens over its experts, more than seq_len * top_k = 2 * 1"), "{e}");
+        c[4] = -1;
+        let e = check_expert_tokens(&lens, &c, 2, 3, None).unwrap_err();
+        assert!(e.to_string().contains("negative count -1 at sample 0, layer 1, expert 1"), "{e}");
+        assert!(check_expert_tokens(&lens, &c[1..], 2, 3, None).is_err());
+        assert!(check_expert_tokens(&lens, &c, 2, 3, Some(4)).is_err());
+        assert!(check_expert_tokens(&lens, &c, 2, 3, Some(0)).is_err());
     }
 
     #[test]

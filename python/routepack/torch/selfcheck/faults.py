@@ -94,19 +94,24 @@ def check_faults(rank: int, world: int, device: Any, case: Case = Case()) -> Dic
              if case.ep % 2 == 0 else replace(case, slots_per_rank=case.slots_per_rank + 1))
     figs["bad_plans"]["other_topology"] = attempt(*make_plans(other, 1, Placement.static(
         case.layers, case.experts, other.topology()))[0:3:2])
-    missing = Plan(Placement(plan1.placement.phy2log.copy(), case.experts, case.slots_per_rank),
-                   plan1.sample_rank, plan1.sample_micro, plan1.num_micro, plan1.replicas.copy(), plan1.migration.copy())
-    only = [s for s in range(topo.num_slots) if (missing.placement.phy2log[0] == missing.placement.phy2log[0, s]).sum() == 1]
-    missing.placement.phy2log[0, only[0]] = -1
+    # no constructor accepts a placement without a slot for some expert (and plan arrays are
+    # read-only): build the bad table anew and put it in a fresh placement's place
+    holes = plan1.placement.phy2log.copy()
+    only = [s for s in range(topo.num_slots) if (holes[0] == holes[0, s]).sum() == 1]
+    holes[0, only[0]] = -1
+    missing = Plan(Placement(plan1.placement.phy2log, case.experts, case.slots_per_rank),
+                   plan1.sample_rank, plan1.sample_micro, plan1.num_micro, plan1.replicas, plan1.migration)
+    missing.placement.phy2log = holes
     figs["bad_plans"]["missing_slot"] = attempt(missing, window1)
     rows = plan1.replicas
     if rows.size == 0:  # ep = 1 plans have no replicas; give the bad share a row to live in
         e = int(plan1.placement.phy2log[0, 0])
         rows = np.array([(0, 0, 0, e, 0, 1 % case.ep, 0.5)], dtype=REPLICA_DTYPE)
     for name, share in (("share_above_one", 1.5), ("share_negative", -0.25)):
-        bad = Plan(plan1.placement, plan1.sample_rank, plan1.sample_micro, plan1.num_micro, rows.copy(),
+        bad_rows = rows.copy()
+        bad_rows["share"][0] = share
+        bad = Plan(plan1.placement, plan1.sample_rank, plan1.sample_micro, plan1.num_micro, bad_rows,
                    plan1.migration)
-        bad.replicas["share"][0] = share
         figs["bad_plans"][name] = attempt(bad, window1)
     stale = Plan(plan1.placement, plan1.sample_rank, plan1.sample_micro, plan1.num_micro, plan1.replicas,
                  migration_rows(Placement.static(case.layers, case.experts, topo), plan1.placement))
