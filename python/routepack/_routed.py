@@ -94,34 +94,37 @@ def flatten_slime(per_sample: Iterable[np.ndarray]) -> Tuple[np.ndarray, np.ndar
 #: array and its sample (`routepack-core/src/ingest.rs`).
 _TOKEN = re.compile(r"token (\d+) \(sample (\d+)\)")
 
-#: A token's place in a trainer's layout, from (flattened token index, sample).
-Locate = Callable[[int, int], str]
+#: A token's place in a trainer's layout, from (flattened token index, sample): the argument
+#: (or its element) that holds it, and the token as the message names it there.
+Locate = Callable[[int, int], Tuple[str, str]]
 
 
 def renamed(error: RoutepackError, name: str, locate: Locate) -> RoutepackError:
     """A counting error of `Window.from_routed_experts` (which names its own ``routed`` and
-    ``cu_seqlens``) restated for an adapter's argument ``name``, its token located by
-    ``locate`` in that argument's layout. Other errors come back unchanged."""
+    ``cu_seqlens``) restated for an adapter's argument ``name``: a token the error names is
+    located by ``locate`` in that argument's layout (``per_sample[3]: token 5 (sample 3)``).
+    Other errors come back unchanged."""
     head, sep, rest = str(error).partition(": ")
     if not sep or head not in ("routed", "cu_seqlens"):
         return error
     m = _TOKEN.search(rest)
     if m:
-        rest = rest[:m.start()] + locate(int(m.group(1)), int(m.group(2))) + rest[m.end():]
+        name, token = locate(int(m.group(1)), int(m.group(2)))
+        rest = rest[:m.start()] + token + rest[m.end():]
     return type(error)(f"{name}: {rest}")
 
 
 def verl_location(attention_mask: Any, cu: np.ndarray) -> Locate:
     """Token t (of sample s) of `flatten_verl`'s output as its position in ``routed_experts``."""
-    def locate(t: int, s: int) -> str:
-        pos = np.flatnonzero(np.asarray(attention_mask)[s])[t - int(cu[s])]
-        return f"routed_experts[{s}, {pos}] (sample {s}'s real token {t - int(cu[s])})"
+    def locate(t: int, s: int) -> Tuple[str, str]:
+        pos = int(np.flatnonzero(np.asarray(attention_mask)[s])[t - int(cu[s])])
+        return f"routed_experts[{s}, {pos}]", f"position {pos} (sample {s})"
     return locate
 
 
 def slime_location(cu: np.ndarray) -> Locate:
     """Token t (of sample s) of `flatten_slime`'s output as its row of ``per_sample[s]``."""
-    return lambda t, s: f"token {t - int(cu[s])} of per_sample[{s}]"
+    return lambda t, s: (f"per_sample[{s}]", f"token {t - int(cu[s])} (sample {s})")
 
 
 __all__ = ["ROUTED_DTYPES", "check_ids", "flatten_slime", "flatten_verl", "native_order", "renamed", "slime_location",
