@@ -14,6 +14,7 @@ from hypothesis.extra import numpy as hnp
 import routepack as rp
 from fuzzing import assert_wrong_type_is_clean, FUZZ, outcome, is_int
 from random_plans import TOPOLOGIES, assert_plan_invariants, random_phy2log
+from routepack.simulate import lower_bound_micro
 
 
 # ---------------------------------------------------------------- plan_window
@@ -72,7 +73,9 @@ def test_plan_window(window, topo, cap, seed, policy, previous, previous_window,
     should_plan = (
         is_int(cap) and int(window.seq_lens.max()) <= cap < 2**63 and is_int(seed) and 0 <= seed
         and policy in ("static", "P()", "P(previous)") and E <= topo.num_slots and cost_layers == "match"
-        and previous in (None, "static", "random") and previous_window in (None, "same") and S >= topo.dp
+        and previous in (None, "static", "random") and previous_window in (None, "same")
+        # every cell runs a sample: dp ranks times the steps the cap needs at least
+        and S >= topo.dp * lower_bound_micro(window, topo, cap)
     )
     if should_plan and plan is None:
         # the one refusal left for valid inputs: first-fit rows that cannot reach a multiple of dp
@@ -82,8 +85,11 @@ def test_plan_window(window, topo, cap, seed, policy, previous, previous_window,
             too_long = np.flatnonzero(window.seq_lens > cap)
             if too_long.size:
                 assert f"sample {too_long[0]} has {window.seq_lens[too_long[0]]} tokens" in str(err)
+            elif S < topo.dp * lower_bound_micro(window, topo, cap):
+                assert str(err).startswith(f"window: its {S} samples cannot fill") and f"topo.dp = {topo.dp}" in str(
+                    err), err
             else:
-                assert S < topo.dp or "single-sample rows" in str(err), err
+                assert "single-sample rows" in str(err), err
         return
     assert is_int(cap) and cap >= max(1, int(window.seq_lens.max()))
     assert E <= topo.num_slots and cost_layers == "match"
