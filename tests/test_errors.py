@@ -8,8 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import routepack as rp
+from fuzzing import FUZZ
 from routepack import compare, placement, replay, stages
 
 PACKAGE = Path(rp.__file__).parent
@@ -113,3 +116,12 @@ def test_no_bare_value_or_type_errors_in_the_package():
 
 def test_a_valid_plan_still_plans():
     a_plan().validate(W, TOPO, 8)
+
+
+@FUZZ
+@given(junk=st.sampled_from([None, "w", 3, [], np.zeros(3)]), where=st.integers(0, 2), n=st.integers(2, 3))
+def test_compare_names_the_window_entry_that_is_no_window(junk, where, n):
+    windows = [W] * n
+    windows[min(where, n - 1)] = junk
+    with pytest.raises(rp.RoutepackTypeError, match=rf"^windows\[{min(where, n - 1)}\]: expected a routepack.Window"):
+        compare.compare(windows, TOPO, COST, 8, ["static"])

@@ -60,3 +60,22 @@ def test_synthetic_custom_profiles(tweaks, windows, seed):
             assert w.expert_tokens.shape[1:] == (prof.num_layers, prof.num_experts)
             assert (w.expert_tokens.sum(axis=2) == prof.top_k * w.seq_lens[:, None]).all()
             assert (w.expert_tokens <= w.seq_lens[:, None, None]).all()
+
+
+MODEL_AND_TOPOLOGY_FIELDS = ["num_layers", "num_experts", "top_k", "hidden", "expert_ffn", "expert_groups", "attention",
+                             "dp", "ep", "gpus_per_node", "slots_per_rank"]
+
+
+@FUZZ
+@given(tweaks=st.dictionaries(st.sampled_from(MODEL_AND_TOPOLOGY_FIELDS),
+                              st.one_of(st.integers(-2, 40), st.sampled_from([("full",), ("full", "nope"), 1.5, None])),
+                              min_size=1, max_size=2))
+def test_profile_errors_name_the_profile_field(tweaks):
+    """A `Profile` builds its `ModelShape` and `Topology`: their refusals name the profile's
+    field (``profile.num_layers``), never a ``model.`` or ``topo.`` argument the caller did
+    not pass."""
+    prof, err = outcome(dataclasses.replace, SMALL_PROFILE, **tweaks)
+    if err is not None:
+        assert str(err).startswith("profile") and not str(err).startswith(("model", "topo")), err
+    else:
+        assert prof.model().num_layers == prof.num_layers and prof.topology().dp == prof.dp

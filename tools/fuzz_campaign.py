@@ -210,13 +210,15 @@ def campaign(args: argparse.Namespace) -> Stats:
     while not finished and time.monotonic() < t_end and (args.stop is None or pos < args.stop):
         capture = os.path.join(workdir, f"capture_{pos}.txt")
         proc, rfd = start_worker(args, pos, capture)
-        buf, pending, started = b"", None, time.monotonic()
+        buf, pending, heard = b"", None, time.monotonic()
         while True:
             now = time.monotonic()
             if now >= t_end:
                 break
             limit = args.call_timeout if pending else max(args.call_timeout, 180)
-            since = pending["at"] if pending else started
+            # between cases the worker generates the next batch: silent for `limit` since its
+            # last record (not since it started, which retired every worker after 180 s)
+            since = pending["at"] if pending else heard
             wait = min(t_end - now, since + limit - now)
             if wait <= 0:
                 if pending:
@@ -250,6 +252,7 @@ def campaign(args: argparse.Namespace) -> Stats:
                     pos += 1
                 break
             buf += chunk
+            heard = time.monotonic()
             *lines, buf = buf.split(b"\n")
             for line in lines:
                 rec = json.loads(line)

@@ -27,6 +27,7 @@ from routepack.errors import RoutepackError, RoutepackTypeError
 from routepack.planner import plan_window
 from routepack.policies import PRESETS, Policy, resolve
 from routepack.simulate import lower_bound_micro, simulate
+from routepack.window import Window
 
 NAN = float("nan")
 
@@ -132,7 +133,7 @@ def compare(
     policy's placement from window to window so migration is charged, and scores every plan
     with `simulate` under the same coefficients. A policy is a preset name or a `Policy`
     (its rows are named ``placement+packing+replication``, as `resolve` names it)."""
-    windows = _items(windows, "windows", object, "routepack.Window")
+    windows = _items(windows, "windows", Window, "routepack.Window")
     if len(windows) < 2:
         raise RoutepackError(f"windows: need at least 2 (the first only feeds history), got {len(windows)}")
     if policies is not None and (isinstance(policies, (str, bytes, Mapping)) or not isinstance(policies, Iterable)):

@@ -19,6 +19,7 @@ the attention ratio follow the public model cards of Ling-3.0-tiny / -flash).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Iterator, List, Sequence
 
@@ -92,16 +93,34 @@ class Profile:
 
     def model(self) -> ModelShape:
         # ModelShape checks the kinds; a sequence is all it needs (a mapping or a scalar is refused)
-        return ModelShape(self.num_layers, self.num_experts, self.top_k, self.hidden, self.expert_ffn,
-                          tuple(sequence(self.attention, "profile.attention", "attention kinds")),
-                          expert_groups=self.expert_groups)
+        attention = tuple(sequence(self.attention, "profile.attention", "attention kinds"))
+        with _as_profile_fields("model"):
+            return ModelShape(self.num_layers, self.num_experts, self.top_k, self.hidden, self.expert_ffn,
+                              attention, expert_groups=self.expert_groups)
 
     def topology(self) -> Topology:
-        return Topology(self.dp, self.ep, self.gpus_per_node, self.slots_per_rank)
+        with _as_profile_fields("topo"):
+            return Topology(self.dp, self.ep, self.gpus_per_node, self.slots_per_rank)
 
     def cost(self, hardware: Hardware | None = None) -> CostModel:
         # None, not any falsy value, means the default (an empty dict is not a Hardware)
         return CostModel.from_model(self.model(), Hardware.h200() if hardware is None else hardware)
+
+
+@contextlib.contextmanager
+def _as_profile_fields(prefix: str) -> Iterator[None]:
+    """Restates an error of the `ModelShape` / `Topology` a profile builds (``model.<field>:``
+    / ``topo.<field>:``, or the whole ``topo:``) for the profile's field of the same name (or
+    the profile): the caller passed a profile, not a model or a topology."""
+    try:
+        yield
+    except RoutepackError as e:
+        head, sep, rest = str(e).partition(":")
+        if head == prefix:
+            raise type(e)(f"profile{sep}{rest}") from None
+        if head.startswith(prefix + "."):
+            raise type(e)(f"profile.{head[len(prefix) + 1:]}{sep}{rest}") from None
+        raise
 
 
 def _pattern(linear: int, full: int, layers: int) -> List[str]:

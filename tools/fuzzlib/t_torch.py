@@ -287,13 +287,15 @@ def _build() -> dict:
         tamper = None
         if rng.random() < 0.4 and len(mig):
             tamper = str(rng.choice(["dup", "expert", "slot", "drop"]))
-            m = plan.migration
+            m = plan.migration.copy()  # a plan's tables are read-only: tamper with a copy, then set it
             if tamper == "dup":
                 plan.migration = np.concatenate([m, m[:1]])
             elif tamper == "expert":
                 m["expert"][0] = (m["expert"][0] + 1) % E if E > 1 else m["expert"][0]
+                plan.migration = m
             elif tamper == "slot":
                 m["dst_slot"][0] = topo.num_slots + 3
+                plan.migration = m
             else:
                 plan.migration = m[1:]
 
