@@ -10,14 +10,19 @@ pub(super) const TOP: usize = 3;
 
 /// Incremental state of one layout: per (group, step) the kernel's values, per cell (DP rank
 /// d, step m; index d·M + m) Σ n and Σ n², and the costs.
+///
+/// A group's cost is the sum of its steps' costs in step order (`f64` addition, so the order
+/// is part of the result). `group_prefix` keeps that sum's partial sums, so a move that
+/// changes step m re-adds only steps m.. (with thousands of steps on one DP rank, re-adding
+/// every step for every proposal was most of the search); the sums are the same bits.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Shards {
     /// `[G·M, state_len]` (`kernel::Shape::state_at`)
     pub gm: Vec<f32>,
     /// `[dp·M]` Σ n of each cell.
     pub lin: Vec<i64>,
-    /// `[dp·M]` Σ n² of each cell.
-    pub quad: Vec<i64>,
+    /// `[dp·M]` Σ n² of each cell (i128: n² overflows i64 above 3·10⁹ tokens).
+    pub quad: Vec<i128>,
     /// `[G·M, kinds, 3]` the three largest attention values of the step's ranks (value,
     /// rank), largest first; missing entries are (0, u32::MAX).
     pub att_top: Vec<[(f64, u32); TOP]>,
@@ -25,12 +30,15 @@ pub struct Shards {
     pub gm_cost: Vec<f64>,
     /// `[G]` Σ_m gm_cost.
     pub group_cost: Vec<f64>,
+    /// `[G, M + 1]` partial sums: entry (g, m) is the sum of group g's first m step costs in
+    /// step order, from −0.0 as `Iterator::sum` starts (entry (g, M) is `group_cost[g]`).
+    pub group_prefix: Vec<f64>,
 }
 
 impl Proxy {
     /// (Σ n, Σ n²) of a source.
     #[inline]
-    pub(super) fn lin_quad(&self, src: Src, sh: &Shards) -> (i64, i64) {
+    pub(super) fn lin_quad(&self, src: Src, sh: &Shards) -> (i64, i128) {
         match src {
             Src::Zero => (0, 0),
             Src::Sample(s) => (self.lens[s as usize], self.sq[s as usize]),
@@ -99,8 +107,46 @@ impl Proxy {
     fn record(&self, sh: &mut Shards, gm: usize, d: &Delta, cost: f64) {
         self.update_attention(sh, gm, &d.ends[..d.n_ends]);
         sh.gm_cost[gm] = cost;
-        let g = gm / self.micro;
-        sh.group_cost[g] = sh.gm_cost[g * self.micro..(g + 1) * self.micro].iter().sum();
+        self.resum_from(sh, gm);
+    }
+
+    /// Group g's partial sums from step m on, and its total, after step (g, m)'s cost changed
+    /// (gm = g·M + m): the steps before m keep their partial sums, so the total is the sum
+    /// over every step in step order, as `Iterator::sum` gives it.
+    pub(super) fn resum_from(&self, sh: &mut Shards, gm: usize) {
+        let m_n = self.micro;
+        let (g, m) = (gm / m_n, gm % m_n);
+        let costs = &sh.gm_cost[g * m_n..(g + 1) * m_n];
+        let prefix = &mut sh.group_prefix[g * (m_n + 1)..(g + 1) * (m_n + 1)];
+        for i in m..m_n {
+            prefix[i + 1] = prefix[i] + costs[i];
+        }
+        sh.group_cost[g] = prefix[m_n];
+    }
+
+    /// Group g's total if steps `changed` (gm indices; those outside g are ignored) had the
+    /// costs given, the others theirs: the partial sum before the first changed step, then the
+    /// rest in step order. The same bits as summing every step (see `Shards`).
+    pub fn group_total_with(&self, sh: &Shards, g: usize, changed: [(usize, f64); 2]) -> f64 {
+        let m_n = self.micro;
+        let base = g * m_n;
+        let inside = |gm: usize| gm >= base && gm < base + m_n;
+        let first = changed.iter().filter(|c| inside(c.0)).map(|c| c.0 - base).min();
+        let Some(first) = first else {
+            return sh.group_cost[g];
+        };
+        let mut acc = sh.group_prefix[g * (m_n + 1) + first];
+        for m in first..m_n {
+            let gm = base + m;
+            acc += if gm == changed[0].0 {
+                changed[0].1
+            } else if gm == changed[1].0 {
+                changed[1].1
+            } else {
+                sh.gm_cost[gm]
+            };
+        }
+        acc
     }
 
     /// Applies `d` to `gm`'s values with the same arithmetic as `eval_gm` (so the state is what
@@ -124,6 +170,7 @@ impl Proxy {
             att_top: vec![[(0.0, u32::MAX); TOP]; gms * self.kinds.len()],
             gm_cost: vec![0.0; gms],
             group_cost: vec![0.0; self.groups],
+            group_prefix: vec![-0.0; self.groups * (m_n + 1)],
         };
         let len = self.shape.state_len();
         for (s, &c) in cell_of.iter().enumerate() {
@@ -139,7 +186,7 @@ impl Proxy {
             sh.gm_cost[gm] = self.eval_gm(&sh, gm, &Delta::none(), &[]);
         }
         for g in 0..self.groups {
-            sh.group_cost[g] = sh.gm_cost[g * m_n..(g + 1) * m_n].iter().sum();
+            self.resum_from(&mut sh, g * m_n);
         }
         sh
     }

@@ -91,12 +91,33 @@ pub fn certified_rows(
             Outcome::Unknown => break,
         }
     }
+    // More rows than samples leaves a cell empty. The count that fits most loosely is
+    // k = step·⌊S/step⌋: when the search stopped (node limit) short of the bound, try k itself
+    // before refusing, so a window that fits is not refused for want of a tighter packing.
+    let loosest = s_n / step * step;
+    if round(best.len()) > s_n && loosest >= lower_bound.max(step) {
+        let (out, used) = pack_into(seq_lens, token_cap, loosest, node_limit, deadline);
+        nodes += used;
+        match out {
+            Outcome::Packed(rows) => {
+                best = rows;
+                method = "exact";
+            }
+            Outcome::Impossible => lower_bound = loosest + step,
+            Outcome::Unknown => {}
+        }
+    }
     let bins = best.len();
     let count = round(bins);
     if count > s_n {
-        return Err(Error::Infeasible(format!(
-            "{s_n} samples cannot fill {count} non-empty rows (a multiple of {step}, the fewest found under token cap {token_cap})"
-        )));
+        let why = if lower_bound > s_n {
+            format!("every packing under token cap {token_cap} needs at least {lower_bound} rows (a multiple of {step})")
+        } else {
+            format!(
+                "the fewest rows found under token cap {token_cap} in multiples of {step} are {count}; the exact search stopped at its node limit ({node_limit}) or deadline before finding {loosest} or fewer"
+            )
+        };
+        return Err(Error::Infeasible(format!("{s_n} samples cannot fill {count} non-empty rows: {why}")));
     }
     split_to(&mut best, seq_lens, count);
     let certificate = RowCertificate { l1: a, l2: b, lower_bound, certified: count == lower_bound, gap: count - lower_bound, method, bins, nodes };

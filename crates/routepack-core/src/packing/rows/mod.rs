@@ -4,6 +4,8 @@
 //! * [`heuristics`]  first-fit and best-fit decreasing
 //! * [`exact`]       branch and bound: pack into k rows, or prove it impossible
 //! * [`certified`]   the fewest rows with a certificate (bounds + heuristics + exact)
+//! * [`fallback`]    the certified rows laid out in order, for a baseline whose own
+//!   procedure finds no rows that fit the cells
 //!
 //! The helpers below: cap checks, making the row count a multiple of dp, and laying rows out
 //! onto (DP rank, step) cells in order.
@@ -11,6 +13,7 @@
 pub mod bounds;
 pub mod certified;
 pub mod exact;
+pub mod fallback;
 pub mod heuristics;
 
 use super::Packing;
@@ -61,7 +64,8 @@ pub fn equalise_rows(rows: &mut Vec<Vec<usize>>, seq_lens: &[i64], dp: usize) ->
 /// samples, largest first, are dealt to whichever half is lighter, so both halves stay under
 /// the cap. Returns false when every row holds a single sample.
 pub fn split_heaviest(rows: &mut Vec<Vec<usize>>, seq_lens: &[i64]) -> bool {
-    let load = |r: &Vec<usize>| r.iter().map(|&s| seq_lens[s]).sum::<i64>();
+    // i128: a row's samples are summed before anything says it is within the cap
+    let load = |r: &Vec<usize>| r.iter().map(|&s| seq_lens[s] as i128).sum::<i128>();
     let Some(pick) = rows
         .iter()
         .enumerate()
@@ -73,13 +77,13 @@ pub fn split_heaviest(rows: &mut Vec<Vec<usize>>, seq_lens: &[i64]) -> bool {
     };
     let mut members = std::mem::take(&mut rows[pick]);
     members.sort_by(|&a, &b| seq_lens[b].cmp(&seq_lens[a]).then(a.cmp(&b)));
-    let (mut a, mut b, mut la, mut lb) = (Vec::new(), Vec::new(), 0i64, 0i64);
+    let (mut a, mut b, mut la, mut lb) = (Vec::new(), Vec::new(), 0i128, 0i128);
     for s in members {
         if la <= lb {
-            la += seq_lens[s];
+            la += seq_lens[s] as i128;
             a.push(s);
         } else {
-            lb += seq_lens[s];
+            lb += seq_lens[s] as i128;
             b.push(s);
         }
     }
