@@ -99,15 +99,23 @@ impl Proxy {
         let (state_a, state_b) = if gm_a < gm_b { (state_lo, state_hi) } else { (state_hi, state_lo) };
         let (sa, sb) = (self.step_delta(da, cells), self.step_delta(db, cells));
         gm_apply_pair(state_a, state_b, &self.hosted(), &sa, &sb, self.coeffs(), self.shape, self.avx2);
-        self.record(sh, gm_a, da, costs.0);
-        self.record(sh, gm_b, db, costs.1);
+        self.record_cost(sh, gm_a, da, costs.0);
+        self.record_cost(sh, gm_b, db, costs.1);
+        let m_n = self.micro;
+        if gm_a / m_n == gm_b / m_n {
+            // one pass over the group from the earlier step
+            self.resum_from(sh, gm_a.min(gm_b));
+        } else {
+            self.resum_from(sh, gm_a);
+            self.resum_from(sh, gm_b);
+        }
     }
 
-    /// After `d` was applied to `gm`'s values: its attention ranking, cost and group total.
-    fn record(&self, sh: &mut Shards, gm: usize, d: &Delta, cost: f64) {
+    /// After `d` was applied to `gm`'s values: its attention ranking and cost (the group
+    /// total is the caller's: `resum_from`).
+    fn record_cost(&self, sh: &mut Shards, gm: usize, d: &Delta, cost: f64) {
         self.update_attention(sh, gm, &d.ends[..d.n_ends]);
         sh.gm_cost[gm] = cost;
-        self.resum_from(sh, gm);
     }
 
     /// Group g's partial sums from step m on, and its total, after step (g, m)'s cost changed
@@ -116,12 +124,15 @@ impl Proxy {
     pub(super) fn resum_from(&self, sh: &mut Shards, gm: usize) {
         let m_n = self.micro;
         let (g, m) = (gm / m_n, gm % m_n);
-        let costs = &sh.gm_cost[g * m_n..(g + 1) * m_n];
-        let prefix = &mut sh.group_prefix[g * (m_n + 1)..(g + 1) * (m_n + 1)];
-        for i in m..m_n {
-            prefix[i + 1] = prefix[i] + costs[i];
+        let costs = &sh.gm_cost[g * m_n + m..(g + 1) * m_n];
+        let prefix = &mut sh.group_prefix[g * (m_n + 1) + m..(g + 1) * (m_n + 1)];
+        // the running sum in a register (not re-read from the table it is written to)
+        let mut acc = prefix[0];
+        for (p, &c) in prefix[1..].iter_mut().zip(costs) {
+            acc += c;
+            *p = acc;
         }
-        sh.group_cost[g] = prefix[m_n];
+        sh.group_cost[g] = acc;
     }
 
     /// Group g's total if steps `changed` (gm indices; those outside g are ignored) had the
@@ -155,7 +166,8 @@ impl Proxy {
     pub fn apply_gm(&self, sh: &mut Shards, gm: usize, d: &Delta, cells: &[f32], cost: f64) {
         let len = self.shape.state_len();
         gm_apply(&mut sh.gm[gm * len..(gm + 1) * len], &self.hosted(), &self.step_delta(d, cells), self.coeffs(), self.shape, self.avx2);
-        self.record(sh, gm, d, cost);
+        self.record_cost(sh, gm, d, cost);
+        self.resum_from(sh, gm);
     }
 
 

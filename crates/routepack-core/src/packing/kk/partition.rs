@@ -6,15 +6,22 @@
 //! item costs n·k sets (quadratic when k grows with n: S = 8192 samples on one rank held
 //! 0.8 GB, S = 32768 did not fit). Here a state keeps only its non-empty sets: an empty set
 //! (sum 0, no items) sorts below every non-empty one (a placeholder's set has sum 0 but one
-//! item), so the first `sets.len()` of verl's k sets are exactly these and the rest are empty.
-//! Every comparison and merge gives what verl's full state gives, in memory linear in the items.
+//! item), so the first `len` of verl's k sets are exactly these and the rest are empty.
+//!
+//! The sets are kept ordered (a short sorted vector, a B-tree once a state has many), and a
+//! merge moves the state with fewer sets into the other: it pairs the smaller state's sets
+//! with the other's smallest (taken out, joined, put back) and inserts the rest, in
+//! O(min(p, q) · log k) instead of re-sorting k sets; two joined sets keep verl's item order
+//! (the first state's items, then the second's) by appending or prepending the shorter list.
+//! Every comparison and merge gives what verl's full state gives, in memory linear in the
+//! items.
 //!
 //! Sums are exact: a workload 24576·n + n² of an i64 length is below 2^127, so a [`Load`] of
 //! 192 bits holds the sum of up to 2^64 of them (i128 wrapped from a few samples near 2^62
 //! tokens, where verl's Python integers do not).
 
 use std::cmp::Ordering;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeSet, BinaryHeap, VecDeque};
 
 /// An exact non-negative sum of u128 weights: (hi, lo) is hi·2^128 + lo, ordered as numbers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -45,7 +52,8 @@ impl Load {
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Set {
     sum: Load,
-    items: Vec<usize>,
+    /// In verl's order (a joined set: the first state's items, then the second's).
+    items: VecDeque<usize>,
 }
 
 impl Ord for Set {
@@ -60,38 +68,135 @@ impl PartialOrd for Set {
     }
 }
 
-/// The non-empty sets of a state of k sets, in decreasing order (at least one, at most k).
+/// `x` (from the state merged into) joined with `y`: x's items then y's, moving the shorter.
+fn join(mut x: Set, mut y: Set) -> Set {
+    let sum = x.sum.plus(y.sum);
+    if x.items.len() >= y.items.len() {
+        x.items.extend(y.items);
+        Set { sum, items: x.items }
+    } else {
+        for i in x.items.into_iter().rev() {
+            y.items.push_front(i);
+        }
+        Set { sum, items: y.items }
+    }
+}
+
+/// Sets kept below this count in a sorted vector (a B-tree node holds 11 sets' room).
+const FEW: usize = 16;
+
+/// A state's non-empty sets, ascending. No two are equal (their items differ), so the order
+/// is the one verl's sort gives.
+enum Sets {
+    Few(Vec<Set>),
+    Many(BTreeSet<Set>),
+}
+
+impl Sets {
+    fn len(&self) -> usize {
+        match self {
+            Sets::Few(v) => v.len(),
+            Sets::Many(t) => t.len(),
+        }
+    }
+    fn largest(&self) -> &Set {
+        match self {
+            Sets::Few(v) => v.last(),
+            Sets::Many(t) => t.last(),
+        }
+        .expect("a state has a set")
+    }
+    fn smallest(&self) -> &Set {
+        match self {
+            Sets::Few(v) => v.first(),
+            Sets::Many(t) => t.first(),
+        }
+        .expect("a state has a set")
+    }
+    fn pop_smallest(&mut self) -> Set {
+        match self {
+            Sets::Few(v) => v.remove(0),
+            Sets::Many(t) => t.pop_first().expect("a set to pop"),
+        }
+    }
+    fn insert(&mut self, s: Set) {
+        match self {
+            Sets::Few(v) => {
+                let at = v.partition_point(|x| *x < s);
+                v.insert(at, s);
+                if v.len() > FEW {
+                    *self = Sets::Many(std::mem::take(v).into_iter().collect());
+                }
+            }
+            Sets::Many(t) => {
+                t.insert(s);
+            }
+        }
+    }
+    /// Largest first.
+    fn into_decreasing(self) -> Vec<Set> {
+        match self {
+            Sets::Few(mut v) => {
+                v.reverse();
+                v
+            }
+            Sets::Many(t) => t.into_iter().rev().collect(),
+        }
+    }
+}
+
+/// The non-empty sets of a state of k sets (at least one, at most k), with what the heap
+/// compares (a state does not change while it is in the heap).
 struct State {
-    sets: Vec<Set>,
+    sets: Sets,
     /// k: how many sets the state has, counting the empty ones not stored.
     k: usize,
     id: usize,
+    /// Largest set minus smallest (an empty one, of sum 0, when fewer than k are stored).
+    spread: Load,
+    /// The largest set's sum and item count (its items break the rarer ties).
+    top: (Load, usize),
 }
 
 impl State {
-    /// Largest set minus smallest (an empty one, of sum 0, when fewer than k are stored).
-    fn spread(&self) -> Load {
-        let last = if self.sets.len() == self.k { self.sets[self.k - 1].sum } else { Load::default() };
-        self.sets[0].sum.minus(last)
+    fn new(sets: Sets, k: usize, id: usize) -> Self {
+        let last = if sets.len() == k { sets.smallest().sum } else { Load::default() };
+        let largest = sets.largest();
+        let (spread, top) = (largest.sum.minus(last), (largest.sum, largest.items.len()));
+        Self { sets, k, id, spread, top }
     }
 
-    /// verl's merge: set i of `self` takes set k−1−i of `o` (empty sets included), then the
-    /// sets are sorted again. Only the positions where either side is non-empty are touched.
-    fn absorb(&mut self, o: State) {
-        let (k, p, q) = (self.k, self.sets.len(), o.sets.len());
-        let mut theirs: Vec<Option<Set>> = o.sets.into_iter().map(Some).collect();
-        // positions i < p with k−1−i < q: both non-empty, o's set appended to ours
-        for i in k.saturating_sub(q)..p {
-            let other = theirs[k - 1 - i].take().expect("each of o's sets is used once");
-            let mine = &mut self.sets[i];
-            mine.sum = mine.sum.plus(other.sum);
-            mine.items.extend(other.items);
+    /// verl's merge of `a` (popped first) and `b`: a's set of rank i (0 = largest, empty sets
+    /// last) joins b's set of rank k−1−i. With p and q stored sets, the pairs are a's ranks
+    /// k−q..p against b's ranks q−1 down to k−p (b's p+q−k smallest); the others stand alone.
+    fn merge(a: State, b: State) -> Sets {
+        let (k, p, q) = (a.k, a.sets.len(), b.sets.len());
+        let pairs = (p + q).saturating_sub(k);
+        if p <= q {
+            // a's sets into b: b's smallest come out, a's by rank
+            let mut into = b.sets;
+            let theirs: Vec<Set> = (0..pairs).map(|_| into.pop_smallest()).collect(); // b ranks q−1, q−2, …
+            let mut mine = a.sets.into_decreasing().into_iter();
+            for x in mine.by_ref().take((k - q).min(p)) {
+                into.insert(x);
+            }
+            for (x, y) in mine.zip(theirs) {
+                into.insert(join(x, y));
+            }
+            into
+        } else {
+            // b's sets into a: a's smallest come out, b's by rank
+            let mut into = a.sets;
+            let mine: Vec<Set> = (0..pairs).map(|_| into.pop_smallest()).collect(); // a ranks p−1, p−2, …
+            let mut theirs = b.sets.into_decreasing().into_iter();
+            for y in theirs.by_ref().take((k - p).min(q)) {
+                into.insert(y);
+            }
+            for (x, y) in mine.into_iter().zip(theirs) {
+                into.insert(join(x, y));
+            }
+            into
         }
-        // o's sets facing our empty positions (i >= p) stand alone
-        self.sets.extend(theirs.into_iter().flatten());
-        debug_assert!(self.sets.len() <= k);
-        // no two non-empty sets are equal (their items differ), so this order is verl's
-        self.sets.sort_by(|x, y| y.cmp(x));
     }
 }
 
@@ -105,7 +210,11 @@ impl Ord for State {
     /// The heap pops the largest spread first, then the state with the largest first set,
     /// then (for determinism) the older state.
     fn cmp(&self, o: &Self) -> Ordering {
-        self.spread().cmp(&o.spread()).then_with(|| self.sets[0].cmp(&o.sets[0])).then(o.id.cmp(&self.id))
+        self.spread
+            .cmp(&o.spread)
+            .then(self.top.cmp(&o.top))
+            .then_with(|| self.sets.largest().items.cmp(&o.sets.largest().items))
+            .then(o.id.cmp(&self.id))
     }
 }
 impl PartialOrd for State {
@@ -128,9 +237,11 @@ pub fn karmarkar_karp(weights: &[u128], k: usize, equal_size: bool) -> Vec<Vec<u
     let mut order: Vec<usize> = (0..padded).collect();
     order.sort_by(|&a, &b| w(a).cmp(&w(b)).then(((a < n) as u8).cmp(&((b < n) as u8))).then(a.cmp(&b)));
     let new_state = |items: &[usize], id: usize| {
-        let mut sets: Vec<Set> = items.iter().map(|&i| Set { sum: Load::of(w(i)), items: vec![i] }).collect();
-        sets.sort_by(|a, b| b.cmp(a));
-        State { sets, k, id }
+        let mut sets = Sets::Few(Vec::new());
+        for &i in items {
+            sets.insert(Set { sum: Load::of(w(i)), items: VecDeque::from([i]) });
+        }
+        State::new(sets, k, id)
     };
     let mut heap = BinaryHeap::new();
     let chunk = if equal_size { k } else { 1 };
@@ -139,16 +250,15 @@ pub fn karmarkar_karp(weights: &[u128], k: usize, equal_size: bool) -> Vec<Vec<u
     }
     let mut next_id = heap.len();
     while heap.len() > 1 {
-        let mut a = heap.pop().expect("two states");
+        let a = heap.pop().expect("two states");
         let b = heap.pop().expect("two states");
-        a.absorb(b);
-        a.id = next_id;
+        heap.push(State::new(State::merge(a, b), k, next_id));
         next_id += 1;
-        heap.push(a);
     }
     let mut parts: Vec<Vec<usize>> = match heap.pop() {
         Some(last) => last
             .sets
+            .into_decreasing()
             .into_iter()
             .map(|s| {
                 let mut items: Vec<usize> = s.items.into_iter().filter(|&i| i < n).collect();

@@ -52,10 +52,8 @@ pub struct CertifiedRows {
 /// Splits rows (heaviest splittable row first, its samples dealt alternately largest first)
 /// until there are `count`. Needs count <= number of samples.
 pub fn split_to(rows: &mut Vec<Vec<usize>>, seq_lens: &[i64], count: usize) {
-    while rows.len() < count {
-        let split = super::split_heaviest(rows, seq_lens);
-        assert!(split, "fewer rows than samples, so some row has two");
-    }
+    let split = super::split_heaviest_until(rows, seq_lens, count);
+    assert!(split, "fewer rows than samples, so some row has two");
 }
 
 /// The fewest rows in multiples of `step` (see the module comment). `node_limit` bounds the
