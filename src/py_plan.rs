@@ -64,9 +64,12 @@ pub fn validate_plan<'py>(
     })
 }
 
-/// `(logcnt, log2phy, R)` of a Python placement, copied, when it has both attributes; an
-/// attribute of another type or shape is an `InvalidPlanError` naming it.
-fn derived_tables(placement: &Bound<'_, PyAny>) -> PyResult<Option<(Vec<i32>, Vec<i32>, usize)>> {
+/// `(logcnt [L·E], log2phy [L·E·R], R)`, copied from a Python placement.
+type DerivedTables = (Vec<i32>, Vec<i32>, usize);
+
+/// The derived tables of a Python placement when it has both attributes; an attribute of
+/// another type or shape is an `InvalidPlanError` naming it.
+fn derived_tables(placement: &Bound<'_, PyAny>) -> PyResult<Option<DerivedTables>> {
     if !placement.hasattr("logcnt")? || !placement.hasattr("log2phy")? {
         return Ok(None);
     }

@@ -89,7 +89,7 @@ pub fn chunk_demand(w: &WindowView, num_chunks: usize) -> Result<Vec<f64>> {
         return Ok(Vec::new());
     }
     if num_chunks > w.num_samples {
-        return Err(invalid("num_chunks", format!("{num_chunks} chunks for {} samples; use at most one chunk per sample", w.num_samples)));
+        return Err(invalid("placement_chunks", format!("{num_chunks} chunks for {} samples; use at most one chunk per sample", w.num_samples)));
     }
     let chunk = chunk_of_samples(w.seq_lens, num_chunks);
     let (e_n, b_n) = (w.num_experts, num_chunks);
