@@ -127,6 +127,6 @@ mod tests {
         assert_eq!(c, vec![0.0 + 2.0, 4.0 + 6.0, 1.0 + 3.0, 5.0 + 7.0]);
         let loads = window_loads(&w);
         assert_eq!(loads, vec![12.0, 16.0]);
-        assert!(chunk_demand(&w, 5).unwrap_err().to_string().contains("num_chunks"));
+        assert!(chunk_demand(&w, 5).unwrap_err().to_string().contains("placement_chunks"));
     }
 }
