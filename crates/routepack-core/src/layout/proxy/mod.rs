@@ -97,8 +97,8 @@ pub struct Proxy {
     pub token_cap: i64,
     /// `[S]` sample lengths n.
     pub lens: Vec<i64>,
-    /// `[S]` n².
-    pub sq: Vec<i64>,
+    /// `[S]` n² (i128: it overflows i64 above 3·10⁹ tokens).
+    pub sq: Vec<i128>,
     /// `[dp·M]` (group, step) and EP rank of each cell.
     cell_gm: Vec<u32>,
     cell_rank: Vec<u32>,
@@ -156,7 +156,7 @@ impl Proxy {
             return Err(invalid("num_micro", "must be >= 1, got 0"));
         }
         if !(lambda.is_finite() && lambda >= 0.0) {
-            return Err(invalid("lambda", format!("must be finite and >= 0, got {lambda}")));
+            return Err(invalid("anneal_lambda", format!("must be finite and >= 0, got {lambda}")));
         }
         let (s_n, l_n, ep) = (w.num_samples, w.num_layers, topo.ep);
         let rpn = topo.ranks_per_group_node();
@@ -226,7 +226,7 @@ impl Proxy {
             nodes,
             token_cap,
             lens: w.seq_lens.to_vec(),
-            sq: w.seq_lens.iter().map(|&n| n * n).collect(),
+            sq: w.seq_lens.iter().map(|&n| n as i128 * n as i128).collect(),
             by_len,
             len_rank,
             shape,

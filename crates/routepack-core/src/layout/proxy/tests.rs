@@ -110,9 +110,9 @@ fn incremental_evaluation_equals_rebuild() {
     let cb = px.eval_gm(&sh, gb, &db, &[]);
     let mut inc = sh.clone();
     inc.lin[0] -= lens[0];
-    inc.quad[0] -= lens[0] * lens[0];
+    inc.quad[0] -= lens[0] as i128 * lens[0] as i128;
     inc.lin[7] += lens[0];
-    inc.quad[7] += lens[0] * lens[0];
+    inc.quad[7] += lens[0] as i128 * lens[0] as i128;
     px.apply_gm(&mut inc, ga, &da, &[], ca);
     px.apply_gm(&mut inc, gb, &db, &[], cb);
     cell_of[0] = 7;
