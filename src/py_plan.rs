@@ -57,15 +57,27 @@ pub fn validate_plan<'py>(
     let t = convert::topology(topo)?;
     run(py, || {
         core_validate(&plan, &w, &t, token_cap)?;
-        match &tables {
-            Some((cnt, l2p, r)) => validate_placement_tables(&plan.placement, cnt, l2p, *r),
-            None => Ok(()),
-        }
+        check_tables(&plan, &tables)
     })
 }
 
+/// The derived tables of a plan's Python placement, read before the GIL is released
+/// (`derived_tables`), checked after the plan's own invariants (`check_tables`): `validate_plan`
+/// and `simulate` both call them, so an edited `logcnt` / `log2phy` is refused by either.
+pub(crate) fn plan_tables(plan: &Bound<'_, PyAny>) -> PyResult<Option<DerivedTables>> {
+    derived_tables(&plan.getattr("placement")?)
+}
+
+/// See [`plan_tables`].
+pub(crate) fn check_tables(plan: &routepack_core::plan::Plan, tables: &Option<DerivedTables>) -> routepack_core::error::Result<()> {
+    match tables {
+        Some((cnt, l2p, r)) => validate_placement_tables(&plan.placement, cnt, l2p, *r),
+        None => Ok(()),
+    }
+}
+
 /// `(logcnt [L·E], log2phy [L·E·R], R)`, copied from a Python placement.
-type DerivedTables = (Vec<i32>, Vec<i32>, usize);
+pub(crate) type DerivedTables = (Vec<i32>, Vec<i32>, usize);
 
 /// The derived tables of a Python placement when it has both attributes; an attribute of
 /// another type or shape is an `InvalidPlanError` naming it.
