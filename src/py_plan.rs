@@ -31,8 +31,7 @@ pub fn placement_tables<'py>(
 ) -> PyResult<PlacementTables<'py>> {
     let p = convert::placement(&phy2log, num_experts, slots_per_rank)?;
     let (l, e) = (p.num_layers, p.num_experts);
-    let cnt = p.logcnt();
-    let (l2p, r) = p.log2phy();
+    let (cnt, (l2p, r)) = run(py, || Ok((p.logcnt(), p.log2phy()?)))?;
     Ok((
         numpy::ndarray::Array2::from_shape_vec((l, e), cnt).expect("shape").into_pyarray(py),
         numpy::ndarray::Array3::from_shape_vec((l, e, r), l2p).expect("shape").into_pyarray(py),

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -183,3 +184,88 @@ ABSURD = {
 @pytest.mark.parametrize("name", list(ABSURD))
 def test_absurd_sizes_fail_cleanly(name):
     assert_absurd_size_fails_cleanly(ABSURD[name])
+
+
+# ------------------------------------- numbers kept as Python ints and floats, whatever came in
+
+NUMPY_INTS = st.sampled_from([int, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64])
+NUMPY_FLOATS = st.sampled_from([float, np.float32, np.float64, np.longdouble])
+
+
+@FUZZ
+@given(ep=st.sampled_from([1, 2, 4]), groups=st.integers(1, 3), gpn=st.sampled_from([1, 2, 4, 8]),
+       spr=st.integers(1, 9), types=st.lists(NUMPY_INTS, min_size=4, max_size=4))
+def test_topology_fields_are_python_ints(ep, groups, gpn, spr, types):
+    args = [t(v) for t, v in zip(types, (ep * groups, ep, gpn, spr))]
+    topo, err = outcome(rp.Topology, *args)
+    assert err is None or "gpus_per_node" in str(err), err
+    if topo is not None:
+        for name in ("dp", "ep", "gpus_per_node", "slots_per_rank"):
+            assert type(getattr(topo, name)) is int
+        # arithmetic on the fields stays exact (a uint64 field made nodes_per_group overflow)
+        assert topo.nodes_per_group == max(1, -(-ep // gpn)) and topo.num_slots == ep * spr
+        topo.check_experts(types[0](topo.num_slots))
+
+
+@FUZZ
+@given(types=st.lists(NUMPY_INTS, min_size=7, max_size=7), ftypes=st.lists(NUMPY_FLOATS, min_size=17, max_size=17))
+def test_model_hardware_and_cost_fields_are_python_numbers(types, ftypes):
+    model = rp.ModelShape(*[t(v) for t, v in zip(types, (2, 8, 2, 64, 32))], attention=("full", "linear"),
+                          shared_experts=types[5](1), expert_groups=types[6](2))
+    assert all(type(getattr(model, f.name)) is int for f in dataclasses.fields(model) if f.name != "attention")
+    f = iter(ftypes)
+    hw = rp.Hardware("h", next(f)(1e15), next(f)(0.5), next(f)(1e11), next(f)(1e10), next(f)(0.5),
+                     next(f)(2e-6))
+    assert all(type(getattr(hw, k)) is float for k in HW_FIELDS)
+    cost = rp.CostModel(next(f)(1e-7), [next(f)(0.0), next(f)(1e-9)], next(f)(1e-7), next(f)(1e-6), next(f)(1e3),
+                        next(f)(1e10), next(f)(1e9), next(f)(1e6), next(f)(1e6), next(f)(1e6),
+                        expert_groups=types[0](2), num_experts=types[1](8))
+    assert all(type(v) is float for v in dataclasses.astuple(cost)[:10] if not isinstance(v, list))
+    assert all(type(v) is float for v in cost.a_quad)
+    assert type(cost.expert_groups) is int and type(cost.num_experts) is int
+
+
+@FUZZ
+@given(st.one_of(scalars(-3, 40), st.sampled_from([np.int64(3), np.uint8(0), 3.0, "2", [1]])))
+def test_check_experts_takes_a_count(num_experts):
+    topo = rp.Topology(4, 2, 2, 8)  # 16 slots
+    _, err = outcome(topo.check_experts, num_experts)
+    assert (err is None) == (is_int(num_experts) and 1 <= num_experts <= 16), err
+    if err is not None:
+        assert "num_experts" in str(err), err
+
+
+# --------------------------------- a cost model must price some work; its files are UTF-8 JSON
+
+WORK = ["a_lin", "c_tok", "c_exp", "token_bytes", "expert_weight_bytes", "expert_grad_bytes", "expert_state_bytes"]
+
+
+@FUZZ
+@given(priced=st.sets(st.sampled_from(WORK + ["a_quad"])), layers=st.integers(1, 4),
+       value=st.floats(1e-12, 1e6))
+def test_cost_model_pricing_nothing_is_refused(priced, layers, value):
+    kw = {k: (value if k in priced else 0.0) for k in WORK}
+    a_quad = [0.0] * layers
+    if "a_quad" in priced:
+        a_quad[-1] = value
+    cost, err = outcome(rp.CostModel, a_quad=a_quad, bw_intra=1.0, bw_inter=1.0, **kw)
+    assert (err is None) == bool(priced), err
+    if err is not None:  # names every coefficient it looked at
+        assert all(f"cost.{k}" in str(err) for k in WORK + ["a_quad"]), err
+
+
+@FUZZ
+@given(raw=st.one_of(st.binary(max_size=40),
+                     st.sampled_from(["utf-16", "latin-1", "utf-32"]).map(
+                         lambda enc: rp.traces.profile("tiny").cost().to_json().replace("a_lin", "ä_lin").encode(enc)),
+                     st.just(rp.traces.profile("tiny").cost().to_json().encode("utf-8"))),
+       as_bytes=st.sampled_from([bytes, bytearray]))
+def test_cost_json_from_bytes_and_files(raw, as_bytes, tmp_path_factory):
+    cost, err = outcome(rp.CostModel.from_json, as_bytes(raw))
+    assert err is None or "cost JSON" in str(err), err
+    path = tmp_path_factory.mktemp("cost") / "c.json"
+    path.write_bytes(raw)
+    loaded, err2 = outcome(rp.CostModel.load, path)
+    assert (loaded is None) == (cost is None) and (loaded is None or loaded == cost)
+    if err2 is not None:
+        assert isinstance(err2, rp.RoutepackFileError) and str(path) in str(err2), err2

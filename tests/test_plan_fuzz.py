@@ -257,6 +257,11 @@ def test_wrong_argument_types_are_clean_errors(name):
 
 ABSURD = {
     "Placement(num_experts=10**18)": "rp.Placement(np.zeros((1, 2), np.int32), 10**18, 1)",
+    # 64 GiB of phy2log from a valid topology (it aborted the interpreter on allocation)
+    "Placement.static(64 GiB)": "rp.Placement.static(16, 2, rp.Topology(2, 2, 2, 2**29))",
+    # a 512 kB phy2log whose log2phy [L, E, max_replicas] would take 16 GiB
+    "Placement(log2phy of 16 GiB)":
+        "rp.Placement(np.concatenate([np.arange(65536), np.zeros(65537)]).astype(np.int32)[None], 65536, 1)",
     "Placement.static(num_layers=2**40)": "rp.Placement.static(2**40, 4, rp.Topology(2, 2, 2, 2))",
     "Placement.static(slots_per_rank=2**40)": "rp.Placement.static(1, 2, rp.Topology(1, 1, 1, 2**40))",
     "validate(dp=2**40)": "plan.validate(window, rp.Topology(2**40, 1, 1, 1), 10)",
@@ -268,3 +273,110 @@ ABSURD = {
 @pytest.mark.parametrize("name", list(ABSURD))
 def test_absurd_sizes_fail_cleanly(name):
     assert_absurd_size_fails_cleanly(ABSURD[name])
+
+
+# ---------------------------------- Plan and Placement methods: their arguments checked
+
+INDEX_VALUES = st.one_of(st.integers(-3, 10), st.sampled_from([2**63, -(2**63) - 1, 2**64]), st.none(),
+                         st.floats(allow_nan=True), st.text(max_size=2), st.booleans(),
+                         st.sampled_from([np.int64(1), np.uint8(0), [0], (0,)]))
+
+
+@FUZZ
+@given(seed=st.integers(0, 10**6), layer=INDEX_VALUES, rank=INDEX_VALUES)
+def test_rank_experts_takes_indices_in_range(seed, layer, rank):
+    p = random_case(seed).plan.placement
+    got, err = outcome(p.rank_experts, layer, rank)
+    valid = is_int(layer) and 0 <= layer < p.num_layers and is_int(rank) and 0 <= rank < p.num_ranks
+    assert (err is None) == valid, err
+    if valid:
+        lo = int(rank) * p.slots_per_rank
+        assert np.array_equal(got, p.phy2log[int(layer), lo:lo + p.slots_per_rank])
+    else:
+        assert "layer" in str(err) or "rank" in str(err), err
+
+
+@FUZZ
+@given(seed=st.integers(0, 10**6), rank=INDEX_VALUES, micro=INDEX_VALUES)
+def test_cell_samples_takes_ints_from_zero(seed, rank, micro):
+    plan = random_case(seed).plan
+    got, err = outcome(plan.cell_samples, rank, micro)
+    valid = all(is_int(v) and 0 <= v <= 2**63 - 1 for v in (rank, micro))
+    assert (err is None) == valid, err
+    if valid:  # a rank or step beyond the plan's runs no sample
+        assert np.array_equal(got, np.flatnonzero((plan.sample_rank == rank) & (plan.sample_micro == micro)))
+    else:
+        assert "rank" in str(err) or "micro" in str(err), err
+
+
+@FUZZ
+@given(seed=st.integers(0, 10**6), other=st.one_of(scalars(), st.sampled_from([{}, [], (), "plan"])))
+def test_same_as_takes_only_a_plan(seed, other):
+    plan = random_case(seed).plan
+    assert plan.same_as(dataclasses.replace(plan, report={"x": 1}))
+    _, err = outcome(plan.same_as, other)
+    assert err is not None and "other" in str(err), err
+
+
+#: JSON-able report values, and ones that are not (each with the Python type json rejects)
+REPORT_OK = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-10**20, 10**20), st.floats(allow_nan=False), st.text(max_size=3),
+              st.sampled_from([np.int64(3), np.float32(0.5), np.bool_(True), np.arange(3)])),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.tuples(inner, inner),
+                            st.dictionaries(st.one_of(st.text(max_size=3), st.integers(-5, 5)), inner, max_size=3)),
+    max_leaves=8,
+)
+REPORT_BAD = st.sampled_from([{1, 2}, object(), frozenset(), b"x", 1j, np.datetime64("2020-01-01")])
+
+
+@FUZZ
+@given(seed=st.integers(0, 10**6), report=st.dictionaries(st.text(max_size=3), REPORT_OK, max_size=3),
+       bad=st.one_of(st.none(), REPORT_BAD), key=st.sampled_from(["a", 3, ("t",)]), data=st.data())
+def test_plan_save_names_the_report_entry_it_cannot_write(seed, report, bad, key, data):
+    import io
+    import json
+    plan = random_case(seed).plan
+    plan.report = dict(report)
+    if bad is not None or key == ("t",):
+        # an unwritable value (or a key JSON cannot hold) somewhere in the report
+        where = data.draw(st.sampled_from(["top", "nested"]))
+        value = bad if bad is not None else 1
+        plan.report = {key: value} if where == "top" else {"n": [0, {key: value}]}
+        _, err = outcome(plan.save, io.BytesIO())
+        assert err is not None and isinstance(err, rp.RoutepackTypeError), err
+        assert str(err).startswith("report"), err
+        if where == "nested":
+            assert str(err).startswith("report['n'][1]"), err
+        return
+    buf = io.BytesIO()
+    plan.save(buf)
+    buf.seek(0)
+    back = rp.Plan.load(buf)
+    assert back.same_as(plan)
+    assert back.report == json.loads(json.dumps(back.report))  # what JSON holds, read back
+
+
+#: what save/load take as a path, and what they refuse (an int would be a file descriptor)
+BAD_PATHS = st.sampled_from([None, 3.5, {}, [], 2**40, -1, 0, True, b"x", b"\0", "", "a\0b", object()])
+
+
+@FUZZ
+@given(bad=BAD_PATHS, which=st.sampled_from(["Window", "Plan", "CostModel"]), load=st.booleans())
+def test_save_and_load_refuse_what_is_no_path_naming_it(bad, which, load, tmp_path_factory):
+    topo, window, cost, plan = _SMALL
+    obj = {"Window": window, "Plan": plan, "CostModel": cost}[which]
+    _, err = outcome(getattr(type(obj), "load"), bad) if load else outcome(obj.save, bad)
+    assert err is not None and str(err).startswith("path:"), err
+    path = tmp_path_factory.mktemp("paths") / "x"  # a pathlib.Path and its str both work
+    for p in (path, str(path)):
+        obj.save(p)
+        back = type(obj).load(p)
+        assert (back.same_as(obj) if which == "Plan" else back == obj)
+
+
+_SMALL = None
+
+
+def setup_module(module):
+    from fuzzing import small_plan
+    module._SMALL = small_plan()

@@ -65,3 +65,31 @@ ABSURD = {
 @pytest.mark.parametrize("name", list(ABSURD))
 def test_absurd_sizes_fail_cleanly(name):
     assert_absurd_size_fails_cleanly(ABSURD[name])
+
+
+# ------------------------------------------- a step of 0 s, and a bound of 0 below a plan
+
+@FUZZ
+@given(seed=st.integers(0, 10**6), priced=st.sampled_from(["c_exp", "c_tok", "expert_state_bytes"]),
+       with_previous=st.booleans())
+def test_windows_holding_none_of_the_priced_work(seed, priced, with_previous):
+    """A cost model pricing only expert work (or only migration) on a window that routes no
+    token: the step takes 0 s (or only migration), and every figure keeps its contract."""
+    case = random_case(seed)
+    w = rp.Window(case.window.seq_lens, 0 * case.window.expert_tokens)
+    kw = {k: 0.0 for k in ("a_lin", "c_tok", "c_exp", "token_bytes", "expert_weight_bytes", "expert_grad_bytes",
+                           "expert_state_bytes")}
+    kw[priced] = 1e-3 if priced != "expert_state_bytes" else 1e6
+    cost = rp.CostModel(a_quad=[0.0] * w.num_layers, bw_intra=1e9, bw_inter=1e8, **kw)
+    plan = case.plan if with_previous else rp.Plan(case.plan.placement, case.plan.sample_rank,
+                                                   case.plan.sample_micro, case.plan.num_micro)
+    res = rp.simulate(plan, w, case.topo, cost)
+    assert 0 <= res.fraction_of_bound <= 1 and res.fraction_of_balanced >= 0
+    assert res.step_time == res.migration and res.throughput > 0 and not math.isnan(res.throughput)
+    if res.step_time == 0:
+        assert res.throughput == math.inf and res.fraction_of_bound == 1 and res.fraction_of_balanced == 1
+    else:  # migration alone: a plan keeping the placement would cost nothing
+        assert len(plan.migration) and res.lower_bound_time == 0 and res.fraction_of_bound == 0
+        assert math.isclose(res.throughput, w.total_tokens / res.step_time)
+    summary = res.summary()  # JSON-able, as plan reports hold it
+    assert summary["throughput"] == res.throughput

@@ -222,3 +222,173 @@ def test_register_a_choice_of_ones_own(case):
     assert "mirror_flip" not in stages.known_options()
     with pytest.raises(rp.RoutepackError, match="unknown choice 'test_mirror'"):
         plan(case, rp.Policy("static", "sequential", "test_mirror"))
+
+
+# ------------------------------------------- stage functions check what they are handed
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from fuzzing import FUZZ, outcome  # noqa: E402
+
+TOPO = rp.Topology(4, 2, 2, 3)
+WINDOW = rp.Window(np.array([5, 3, 7, 2, 6, 4, 1, 8]), np.minimum(np.arange(8 * 2 * 4).reshape(8, 2, 4) % 5,
+                                                               np.array([5, 3, 7, 2, 6, 4, 1, 8])[:, None, None]
+                                                               ).astype(np.int32))
+COST = rp.CostModel(1e-6, [0.0, 1e-9], 1e-6, 1e-5, 1e3, 1e10, 1e9, 1e6, 1e6, 1e6)
+STATIC = rp.Placement.static(2, 4, TOPO)
+#: (stage function, its options class, the arguments after ctx and options)
+STAGE_FUNCTIONS = (
+    [(stages.static_placement, NoOptions, ()), (stages.eplb_placement, EplbOptions, ()),
+     (stages.placement.eplb_hierarchical_placement, EplbOptions, ()), (stages.relibra_placement, NoOptions, ()),
+     (stages.routepack_placement, RoutepackPlacementOptions, ())]
+    + [(f, o, (STATIC,)) for f, o in ((stages.sequential_packing, NoOptions), (stages.kk_packing, NoOptions),
+                                      (stages.routepack_packing, RoutepackPackingOptions))]
+    + [(f, o, "layout") for f, o in ((stages.no_replication, NoOptions), (stages.hot_n_replication, HotNOptions),
+                                     (stages.relibra_replication, RelibraReplicationOptions),
+                                     (stages.routepack_replication, RoutepackReplicationOptions))]
+)
+#: values no field takes, and per field a few it must refuse beside them
+JUNK = [None, "x", 1.5, -1, [], {}, object()]
+BAD_FIELDS = {
+    "window": JUNK, "topo": JUNK + [rp.Topology(4, 2, 2, 1)], "cost": JUNK + [dataclasses.replace(COST, a_quad=[0.0])],
+    "token_cap": JUNK + [0, 2**64, True, np.float64(8)], "seed": JUNK + [2**64, "0"],
+    "anneal_moves": ["x", 1.5, -1, 2**64, [], True], "time_budget_s": ["x", -1.0, float("nan"), float("inf"), []],
+    "previous": JUNK + [rp.Placement.static(1, 4, TOPO)],
+    "previous_window": JUNK + [rp.Window(np.array([3]), np.zeros((1, 2, 5), np.int32))],
+    "options": JUNK[:3] + [[("a", 1)]], "policy": JUNK[:3] + ["static"], "reports": JUNK[:3] + [[]],
+}
+
+
+def context(**fields):
+    ctx = stages.PlanContext(WINDOW, TOPO, COST, 16, seed=1, anneal_moves=500, previous_window=WINDOW)
+    for k, v in fields.items():
+        setattr(ctx, k, v)
+    return ctx
+
+
+def call(fn, options, rest, ctx):
+    if rest == "layout":
+        rank, micro, m, _ = stages.sequential_packing(context(), NoOptions(), STATIC)
+        rest = (STATIC, rank, micro, m)
+    return fn(ctx, options, *rest)
+
+
+@FUZZ
+@given(stage=st.sampled_from(STAGE_FUNCTIONS), field=st.sampled_from(sorted(BAD_FIELDS)), data=st.data())
+def test_stage_functions_refuse_a_bad_context_naming_the_field(stage, field, data):
+    fn, options_class, rest = stage
+    assert call(fn, options_class(), rest, context()) is not None  # the context as made is fine
+    bad = data.draw(st.sampled_from(BAD_FIELDS[field]))
+    _, err = outcome(call, fn, options_class(), rest, context(**{field: bad}))
+    named = {"cost": ("cost", "a_quad"), "topo": ("topo", "num_experts", "slots")}.get(field, (field,))
+    assert err is not None and any(n in str(err) for n in named), (field, bad, err)
+
+
+OPTION_CLASSES = [NoOptions, EplbOptions, RoutepackPlacementOptions, RoutepackPackingOptions, HotNOptions,
+                  RelibraReplicationOptions, RoutepackReplicationOptions]
+
+
+@FUZZ
+@given(stage=st.sampled_from(STAGE_FUNCTIONS), options=st.one_of(st.sampled_from(OPTION_CLASSES).map(lambda c: c()),
+                                                                  st.sampled_from(JUNK)))
+def test_stage_functions_take_only_their_own_options(stage, options):
+    fn, options_class, rest = stage
+    got, err = outcome(call, fn, options, rest, context())
+    assert (err is None) == isinstance(options, options_class), err
+    if err is not None:
+        assert str(err).startswith("options:") and options_class.__name__ in str(err), err
+
+
+@FUZZ
+@given(stage=st.sampled_from([s for s in STAGE_FUNCTIONS if s[2] != ()]),
+       what=st.sampled_from(["placement", "sample_rank", "sample_micro", "num_micro"]),
+       bad=st.sampled_from(JUNK + [rp.Placement.static(1, 1, rp.Topology(1, 1, 1, 1)), np.zeros(3, np.int32),
+                                   np.zeros(8, np.float64), 2**40, 0]))
+def test_packing_and_replication_check_the_placement_and_layout(stage, what, bad):
+    fn, options_class, rest = stage
+    if rest != "layout" and what != "placement":
+        return
+    rank, micro, m, _ = stages.sequential_packing(context(), NoOptions(), STATIC)
+    args = {"placement": STATIC, "sample_rank": rank, "sample_micro": micro, "num_micro": m}
+    args[what] = bad
+    extra = (args["placement"],) if rest != "layout" else tuple(args.values())
+    _, err = outcome(fn, context(), options_class(), *extra)
+    assert err is not None and what in str(err), (what, bad, err)
+
+
+def test_too_few_samples_for_the_cells_is_infeasible_naming_why():
+    for n, cap, steps in ((3, 100, "one step"), (5, 6, "the 2 steps token_cap = 6 needs")):
+        w = rp.Window(np.full(n, 5), np.ones((n, 2, 4), np.int32))
+        for run in (lambda: rp.plan_window(w, TOPO, COST, cap, policy="static"),
+                    lambda: stages.kk_packing(context(window=w, previous_window=None, token_cap=cap), NoOptions(),
+                                              STATIC)):
+            with pytest.raises(rp.InfeasibleError, match=rf"window: its {n} samples cannot fill {steps}.*topo.dp = 4"):
+                run()
+
+
+# ------------------------------------------- the registry's and presets' arguments
+
+COLUMN = st.one_of(
+    st.integers(0, 6).flatmap(lambda n: st.sampled_from([np.int32, np.int64, np.uint8, np.float32, np.bool_]).map(
+        lambda d: np.arange(n).astype(d))),
+    st.sampled_from([None, "x", 3, [1.5], [0, 1], np.full(2, 2**40), np.zeros((2, 2), np.int32),
+                     np.array([np.nan, 0.5]), np.array(["a", "b"])]),
+)
+
+
+@FUZZ
+@given(cols=st.lists(COLUMN, min_size=0, max_size=8))
+def test_replica_table_checks_its_columns(cols):
+    t, err = outcome(stages.replica_table, tuple(cols))
+    arrs = [np.asarray(c) for c in cols]
+    ids_ok = all(a.ndim == 1 and a.dtype.kind in "iu" and (a.size == 0 or (a.min() >= -2**31 and a.max() < 2**31))
+                 for a in arrs[:6])
+    share = arrs[6] if len(arrs) == 7 else None
+    share_ok = share is not None and share.ndim == 1 and share.dtype.kind in "iuf" and bool(
+        np.isfinite(share.astype(np.float32)).all())
+    valid = len(arrs) == 7 and ids_ok and share_ok and len({len(a) for a in arrs}) == 1
+    assert (err is None) == valid, (err, cols)
+    if valid:
+        for name, a in zip(rp.REPLICA_DTYPE.names, arrs):
+            assert np.array_equal(t[name], a.astype(t.dtype[name]))
+    else:
+        assert "columns" in str(err), err
+
+
+@FUZZ
+@given(options=st.one_of(st.sampled_from([j for j in JUNK if j != {}] + [[("anneal_chains", 2)], "anneal_chains"]),
+                         st.dictionaries(st.one_of(st.integers(), st.none(), st.tuples(st.text(max_size=2))),
+                                         st.integers(), min_size=1, max_size=2)),
+       policy=st.one_of(st.sampled_from(JUNK + ["static", {"dp": 2}]),
+                        st.builds(rp.Policy, st.one_of(st.sampled_from(sorted(PLACEMENTS) + ["nope"]), st.sampled_from(
+                            JUNK)), st.just("kk"), st.one_of(st.just("none"), st.sampled_from(JUNK)))))
+def test_registry_functions_check_their_arguments(options, policy):
+    _, err = outcome(stages.canonical_options, options)
+    assert err is not None and str(err).startswith("options:"), err
+    _, err = outcome(stages.stage_options, policy, {})
+    valid = (isinstance(policy, rp.Policy) and isinstance(policy.placement, str) and policy.placement in PLACEMENTS
+             and policy.replication == "none")
+    assert (err is None) == valid, (policy, err)
+    if err is not None and not isinstance(policy, str):  # resolve takes a preset's name too
+        assert str(err).startswith("policy"), err
+        _, err2 = outcome(rp.policies.resolve, policy)
+        assert err2 is not None and str(err2).startswith("policy"), err2
+
+
+@FUZZ
+@given(name=st.one_of(st.text(max_size=4), st.sampled_from(JUNK + [b"x", 3])), policy=st.sampled_from(
+    [rp.Policy("routepack", "kk", "hot_n"), "static", None]))
+def test_register_preset_takes_a_name_and_a_policy(name, policy):
+    before = dict(rp.PRESETS)
+    try:
+        _, err = outcome(rp.policies.register_preset, name, policy)
+        valid = isinstance(name, str) and name != "" and isinstance(policy, rp.Policy)
+        assert (err is None) == valid, err
+        if valid:
+            assert rp.policies.resolve(name) == (name, policy)
+        else:
+            assert str(err).startswith(("name:", "policy:")), err
+    finally:
+        rp.PRESETS.clear()
+        rp.PRESETS.update(before)

@@ -145,6 +145,66 @@ def test_from_routed_experts(args):
                 np.testing.assert_array_equal(w.expert_tokens[s, l], ref)
 
 
+# ------------------------------------------- the replay layouts: from_verl / from_slime
+
+@st.composite
+def layout_inputs(draw):
+    """(B, T, L, k, E, routed [B, T, L, k], mask [B, T]) of distinct ids, every row with a
+    real token, and a fault to inject: none, an id outside [0, E), or a repeated id."""
+    B, T, L = draw(st.integers(1, 4)), draw(st.integers(1, 6)), draw(st.integers(1, 3))
+    k = draw(st.integers(1, 3))
+    E = k + draw(st.integers(0, 3))
+    keys = draw(hnp.arrays(np.float64, (B, T, L, E), elements=st.floats(0, 1)))
+    routed = np.argsort(keys, axis=3, kind="stable")[..., :k].astype(draw(st.sampled_from(ROUTED_DTYPES)))
+    mask = draw(hnp.arrays(np.bool_, (B, T)))
+    mask[np.arange(B), draw(hnp.arrays(np.int64, B, elements=st.integers(0, T - 1)))] = True
+    fault = draw(st.sampled_from(["none", "outside"] + (["repeat"] if k >= 2 else [])))
+    return B, T, L, k, E, routed, mask, fault
+
+
+@FUZZ
+@given(layout_inputs(), st.data())
+def test_replay_layout_errors_name_the_argument_and_position(args, data):
+    B, T, L, k, E, routed, mask, fault = args
+    per_sample = [routed[b][mask[b]] for b in range(B)]
+    if fault != "none":
+        b = data.draw(st.integers(0, B - 1))
+        pos = data.draw(st.sampled_from(np.flatnonzero(mask[b]).tolist()))
+        t = int(np.flatnonzero(mask[b]).tolist().index(pos))
+        l = data.draw(st.integers(0, L - 1))
+        routed[b, pos, l, k - 1] = E if fault == "outside" else routed[b, pos, l, 0]
+        per_sample[b][t, l, k - 1] = routed[b, pos, l, k - 1]
+        what = "is outside" if fault == "outside" else "lists expert"
+        for make, name, token in ((lambda: rp.Window.from_verl(routed, mask, E), f"routed_experts[{b}, {pos}]",
+                                   f"position {pos}"),
+                                  (lambda: rp.Window.from_slime(per_sample, E), f"per_sample[{b}]", f"token {t}")):
+            _, err = outcome(make)
+            assert err is not None and str(err).startswith(name + ":"), err
+            assert f"{token} (sample {b}), layer {l}" in str(err) and what in str(err), err
+        return
+    verl = rp.Window.from_verl(routed, mask, E)
+    for container in (list, tuple, iter):
+        slime = rp.Window.from_slime(container(per_sample), E, add_last_token=False)
+        assert slime == verl and slime.top_k == k
+
+
+@FUZZ
+@given(per_sample=st.one_of(st.none(), st.integers(), st.text(max_size=3), st.just({}), st.just([]),
+                            st.just({0: np.zeros((1, 1, 1), np.int32)}), st.just(np.zeros((2, 1, 1), np.int32))),
+       add=st.one_of(st.booleans(), st.none(), st.integers(-1, 2), st.text(max_size=3), st.floats(), st.just([True]),
+                     st.sampled_from([np.bool_(True), np.bool_(False)])))
+def test_from_slime_checks_its_arguments(per_sample, add):
+    good = [np.zeros((2, 1, 1), np.int32), np.ones((3, 1, 1), np.int32)]
+    w, err = outcome(rp.Window.from_slime, good, 2, add_last_token=add)
+    assert (err is None) == isinstance(add, (bool, np.bool_)), err
+    if w is not None:
+        assert w.seq_lens.tolist() == ([3, 4] if add else [2, 3])
+    else:
+        assert "add_last_token" in str(err), err
+    _, err = outcome(rp.Window.from_slime, per_sample, 2)
+    assert err is not None and "per_sample" in str(err), err
+
+
 # ---------------------------------- absurd sizes, each in its own interpreter
 
 ABSURD = {

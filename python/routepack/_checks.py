@@ -4,10 +4,12 @@ TypeError), so ``except routepack.RoutepackError`` catches every input error."""
 
 from __future__ import annotations
 
+import io
 import math
+import os
 import weakref
 from collections.abc import Mapping, Set
-from typing import Any, List
+from typing import Any, List, Optional
 
 import numpy as np
 
@@ -43,6 +45,37 @@ def positive_int(value: Any, name: str, minimum: int = 1, maximum: int = MAX_INT
     if value > maximum:
         raise RoutepackError(f"{name}: must be <= {maximum}, got {value}")
     return int(value)
+
+
+def index(value: Any, name: str, size: int, what: str) -> int:
+    """``value`` as an index into ``size`` items (an int in ``0..size``, numpy ints too, not
+    bools or negative ints counted from the end), or an error naming the argument and the range."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise RoutepackTypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+    if not 0 <= value < size:
+        raise RoutepackError(f"{name}: must be in [0, {size}) ({size} {what}), got {value}")
+    return int(value)
+
+
+def file_path(path: Any, name: str = "path", open_file: Optional[str] = None) -> Any:
+    """``path`` as a str path to pass to ``open``: a non-empty str or an `os.PathLike` giving
+    one, without NUL characters. With ``open_file`` ("read" or "write"), an open binary file
+    with that method is accepted as well and returned as it is. Anything else (None, bytes,
+    an int, which ``open`` would take as a file descriptor, a text file) is refused naming the
+    argument, before any file is touched."""
+    if open_file is not None and hasattr(path, open_file) and not isinstance(path, (str, os.PathLike)):
+        if isinstance(path, io.TextIOBase):
+            raise RoutepackTypeError(f"{name}: expected a binary file, got the text file {path!r}")
+        return path
+    what = "a str or os.PathLike path" + (f", or a binary file open for {open_file.rstrip('e')}ing" if open_file else "")
+    text = os.fspath(path) if isinstance(path, os.PathLike) else path
+    if not isinstance(text, str):
+        raise RoutepackTypeError(f"{name}: expected {what}, got {type(path).__name__} {path!r}")
+    if not text:
+        raise RoutepackError(f"{name}: is empty; expected {what}")
+    if "\0" in text:
+        raise RoutepackError(f"{name}: {text!r} contains a NUL character")
+    return text
 
 
 def sequence(value: Any, name: str, what: str = "numbers") -> List[Any]:

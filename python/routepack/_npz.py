@@ -5,7 +5,7 @@ name, which ``load`` then could not find). `read` opens the zip itself instead o
 ``np.load``: every way a file can be damaged (not a zip, truncated, a corrupt stream, a
 missing array, pickled Python objects, a forged header claiming terabytes) becomes one
 `RoutepackFileError` naming the path and the fault, and nothing is allocated beyond what
-the file can actually hold. A leaf module (numpy and errors only).
+the file can actually hold. Builds on numpy, errors and `_checks` only.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any, BinaryIO, Dict, NoReturn, Sequence, Union
 import numpy as np
 from numpy.lib import format as npy_format
 
+from routepack._checks import file_path
 from routepack.errors import RoutepackFileError
 
 #: deflate cannot expand data by more than about 1032:1; a zip entry claiming more is forged.
@@ -39,11 +40,13 @@ Target = Union[str, Path, BinaryIO]
 
 
 def write(path: Target, **arrays: Any) -> None:
-    """Writes ``arrays`` compressed to exactly ``path`` (no suffix added), or into an open file."""
-    if hasattr(path, "write"):
-        np.savez_compressed(path, **arrays)
+    """Writes ``arrays`` compressed to exactly ``path`` (no suffix added), or into an open
+    binary file; any other ``path`` (`_checks.file_path`) raises naming ``path``."""
+    target = file_path(path, "path", open_file="write")
+    if not isinstance(target, str):
+        np.savez_compressed(target, **arrays)
         return
-    with open(path, "wb") as fh:  # type: ignore[arg-type]
+    with open(target, "wb") as fh:
         np.savez_compressed(fh, **arrays)
 
 
@@ -88,8 +91,10 @@ def _member(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
 def read(path: Target, keys: Sequence[str], what: str, optional: Sequence[str] = ()) -> Dict[str, np.ndarray]:
     """The arrays ``keys`` of the ``.npz`` at ``path``, and those of ``optional`` it holds
     (arrays added after files were first written); `RoutepackFileError` if it is damaged.
-    A missing or unreadable path raises the usual `OSError`."""
-    with (contextlib.nullcontext(path) if hasattr(path, "read") else open(path, "rb")) as fh:  # type: ignore[arg-type]
+    A missing or unreadable path raises the usual `OSError`; a ``path`` that is no path nor
+    binary file (`_checks.file_path`) raises naming ``path``."""
+    source = file_path(path, "path", open_file="read")
+    with (contextlib.nullcontext(source) if not isinstance(source, str) else open(source, "rb")) as fh:
         try:
             zf = zipfile.ZipFile(fh)
         except _DAMAGE as e:

@@ -1,6 +1,8 @@
 """The routing-replay layouts trainers hold, flattened to ``(routed [T, L, k], cu_seqlens
-[S+1])``: what `Window.from_routed_experts` counts. A leaf module (numpy only), so `window`
-and `replay` both build on it without importing each other.
+[S+1])``: what `Window.from_routed_experts` counts, and the way back from the flattened
+token a counting error names to the position in the trainer's layout. Builds on numpy,
+errors and `_checks` only, so `window` and `replay` both build on it without importing each
+other.
 
 * verl: ``batch["routed_experts"]`` ``[B, T, L, k]`` zero-padded, with ``attention_mask [B, T]``
   telling real tokens (uint8 ids when E <= 256).
@@ -10,10 +12,12 @@ and `replay` both build on it without importing each other.
 
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+import re
+from typing import Any, Callable, Iterable, Tuple
 
 import numpy as np
 
+from routepack._checks import sequence
 from routepack.errors import RoutepackError, RoutepackTypeError
 
 #: The dtypes expert ids may come in (counted without a copy).
@@ -61,12 +65,17 @@ def flatten_verl(routed_experts: np.ndarray, attention_mask: np.ndarray) -> Tupl
     return flat, cu
 
 
-def flatten_slime(per_sample: Sequence[np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
-    """slime's per-sample ``[T_i, L, k]`` arrays → (their concatenation ``[T, L, k]``,
-    cu_seqlens int64 ``[S+1]``)."""
-    if isinstance(per_sample, np.ndarray) or len(per_sample) == 0:
-        raise RoutepackError("per_sample: expected a non-empty list of [T_i, L, k] arrays")
-    arrays = [check_ids(a, f"per_sample[{i}]", 3) for i, a in enumerate(per_sample)]
+def flatten_slime(per_sample: Iterable[np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
+    """slime's per-sample ``[T_i, L, k]`` arrays (a list, tuple or any other iterable of them)
+    → (their concatenation ``[T, L, k]``, cu_seqlens int64 ``[S+1]``)."""
+    if isinstance(per_sample, np.ndarray):
+        raise RoutepackTypeError(
+            f"per_sample: expected a list of [T_i, L, k] arrays, got one array of shape {per_sample.shape}"
+        )
+    items = sequence(per_sample, "per_sample", "[T_i, L, k] arrays")
+    if not items:
+        raise RoutepackError("per_sample: expected a non-empty list of [T_i, L, k] arrays, got none")
+    arrays = [check_ids(a, f"per_sample[{i}]", 3) for i, a in enumerate(items)]
     first = arrays[0]
     for i, a in enumerate(arrays):
         if a.shape[1:] != first.shape[1:] or a.dtype != first.dtype:
@@ -81,4 +90,42 @@ def flatten_slime(per_sample: Sequence[np.ndarray]) -> Tuple[np.ndarray, np.ndar
     return np.concatenate(arrays, axis=0), cu
 
 
-__all__ = ["ROUTED_DTYPES", "check_ids", "native_order", "flatten_slime", "flatten_verl"]
+#: Where the core's counting errors name a token: its index in the flattened ``[T, L, k]``
+#: array and its sample (`routepack-core/src/ingest.rs`).
+_TOKEN = re.compile(r"token (\d+) \(sample (\d+)\)")
+
+#: A token's place in a trainer's layout, from (flattened token index, sample): the argument
+#: (or its element) that holds it, and the token as the message names it there.
+Locate = Callable[[int, int], Tuple[str, str]]
+
+
+def renamed(error: RoutepackError, name: str, locate: Locate) -> RoutepackError:
+    """A counting error of `Window.from_routed_experts` (which names its own ``routed`` and
+    ``cu_seqlens``) restated for an adapter's argument ``name``: a token the error names is
+    located by ``locate`` in that argument's layout (``per_sample[3]: token 5 (sample 3)``).
+    Other errors come back unchanged."""
+    head, sep, rest = str(error).partition(": ")
+    if not sep or head not in ("routed", "cu_seqlens"):
+        return error
+    m = _TOKEN.search(rest)
+    if m:
+        name, token = locate(int(m.group(1)), int(m.group(2)))
+        rest = rest[:m.start()] + token + rest[m.end():]
+    return type(error)(f"{name}: {rest}")
+
+
+def verl_location(attention_mask: Any, cu: np.ndarray) -> Locate:
+    """Token t (of sample s) of `flatten_verl`'s output as its position in ``routed_experts``."""
+    def locate(t: int, s: int) -> Tuple[str, str]:
+        pos = int(np.flatnonzero(np.asarray(attention_mask)[s])[t - int(cu[s])])
+        return f"routed_experts[{s}, {pos}]", f"position {pos} (sample {s})"
+    return locate
+
+
+def slime_location(cu: np.ndarray) -> Locate:
+    """Token t (of sample s) of `flatten_slime`'s output as its row of ``per_sample[s]``."""
+    return lambda t, s: (f"per_sample[{s}]", f"token {t - int(cu[s])} (sample {s})")
+
+
+__all__ = ["ROUTED_DTYPES", "check_ids", "flatten_slime", "flatten_verl", "native_order", "renamed", "slime_location",
+           "verl_location"]

@@ -7,10 +7,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from routepack._checks import finite_float, instance_of, positive_int, sequence
-from routepack.errors import RoutepackError, RoutepackTypeError
+from routepack._checks import file_path, finite_float, instance_of, positive_int, sequence
+from routepack.errors import RoutepackError, RoutepackFileError, RoutepackTypeError
 
 ATTENTION_KINDS = ("linear", "full")
+
+
+def _set(obj: object, name: str, value: object) -> None:
+    """Stores a checked, normalised field on a frozen dataclass (Python ints and floats, not
+    the numpy scalars a caller may have passed)."""
+    object.__setattr__(obj, name, value)
 
 
 def _check_groups(groups: object, num_experts: int | None, name: str) -> int:
@@ -40,7 +46,8 @@ class Topology:
 
     def __post_init__(self) -> None:
         for name in ("dp", "ep", "gpus_per_node", "slots_per_rank"):
-            positive_int(getattr(self, name), f"topo.{name}", maximum=2**31 - 1)  # int32 ids in plans
+            # stored as Python ints (a numpy uint64 would turn later arithmetic into uint64)
+            _set(self, name, positive_int(getattr(self, name), f"topo.{name}", maximum=2**31 - 1))  # int32 ids
         if self.dp % self.ep:
             raise RoutepackError(f"topo: dp={self.dp} is not a multiple of ep={self.ep}")
         if self.ep % self.gpus_per_node and self.gpus_per_node % self.ep:
@@ -67,7 +74,9 @@ class Topology:
         return max(1, -(-self.ep // self.gpus_per_node))
 
     def check_experts(self, num_experts: int) -> None:
-        """Raises unless the slots can hold every logical expert once."""
+        """Raises unless ``num_experts`` is a count >= 1 and the slots can hold every logical
+        expert once."""
+        num_experts = positive_int(num_experts, "num_experts")
         if self.num_slots < num_experts:
             raise RoutepackError(
                 f"topo: ep*slots_per_rank = {self.ep}*{self.slots_per_rank} = {self.num_slots} "
@@ -97,9 +106,9 @@ class ModelShape:
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_experts", "top_k", "hidden", "expert_ffn"):
-            positive_int(getattr(self, name), f"model.{name}")
-        positive_int(self.shared_experts, "model.shared_experts", minimum=0)
-        _check_groups(self.expert_groups, self.num_experts, "model.expert_groups")
+            _set(self, name, positive_int(getattr(self, name), f"model.{name}"))
+        _set(self, "shared_experts", positive_int(self.shared_experts, "model.shared_experts", minimum=0))
+        _set(self, "expert_groups", _check_groups(self.expert_groups, self.num_experts, "model.expert_groups"))
         if self.top_k > self.num_experts:
             raise RoutepackError(f"model.top_k: {self.top_k} > num_experts {self.num_experts}")
         att = tuple(sequence(() if self.attention is None else self.attention, "model.attention",
@@ -126,13 +135,16 @@ class Hardware:
     expert_overhead_s: float  # fixed time per active expert per layer (kernel/tile overhead)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise RoutepackTypeError(f"hardware.name: expected a str, got {type(self.name).__name__} {self.name!r}")
         for name in ("flops", "bw_intra", "bw_inter"):
-            finite_float(getattr(self, name), f"hardware.{name}", strict=True)
+            _set(self, name, finite_float(getattr(self, name), f"hardware.{name}", strict=True))
         for name in ("flops_efficiency", "comm_efficiency"):
             v = finite_float(getattr(self, name), f"hardware.{name}", strict=True)
             if v > 1:
                 raise RoutepackError(f"hardware.{name}: must be in (0, 1], got {v}")
-        finite_float(self.expert_overhead_s, "hardware.expert_overhead_s")
+            _set(self, name, v)
+        _set(self, "expert_overhead_s", finite_float(self.expert_overhead_s, "hardware.expert_overhead_s"))
 
     @classmethod
     def h200(cls) -> "Hardware":
@@ -149,6 +161,11 @@ class Hardware:
             expert_overhead_s=2e-6,
         )
 
+
+#: The coefficients besides ``a_quad`` that price a token's or an expert's work (time or bytes);
+#: a cost model needs at least one of them, or an ``a_quad`` entry, above 0.
+_WORK_COEFFICIENTS = ("a_lin", "c_tok", "c_exp", "token_bytes", "expert_weight_bytes", "expert_grad_bytes",
+                      "expert_state_bytes")
 
 #: CostModel fields a JSON file may lack (written before they existed): their defaults apply.
 _OPTIONAL_JSON_KEYS = frozenset({"expert_groups", "num_experts"})
@@ -202,6 +219,13 @@ class CostModel:
         if not aq:
             raise RoutepackError("cost.a_quad: needs one entry per MoE layer, got none")
         object.__setattr__(self, "a_quad", aq)
+        if not any(aq) and not any(getattr(self, n) for n in _WORK_COEFFICIENTS):
+            # every plan would cost 0 s: nothing to rank plans by, and no throughput to report
+            raise RoutepackError(
+                "cost: every coefficient that prices work is 0 (cost.a_lin, cost.a_quad, cost.c_tok, cost.c_exp, "
+                "cost.token_bytes, cost.expert_weight_bytes, cost.expert_grad_bytes, cost.expert_state_bytes), so "
+                "every plan would take 0 s and none could be told from another; set at least one"
+            )
 
     @property
     def num_layers(self) -> int:
@@ -255,9 +279,15 @@ class CostModel:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "CostModel":
+    def from_json(cls, text: str | bytes) -> "CostModel":
+        """The cost model `to_json` wrote: a str, or bytes / bytearray of UTF-8 text."""
         if not isinstance(text, (str, bytes, bytearray)):
             raise RoutepackTypeError(f"cost JSON: expected a string, got {type(text).__name__}")
+        if not isinstance(text, str):
+            try:
+                text = bytes(text).decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise RoutepackError(f"cost JSON: not UTF-8 text ({e})") from None
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
@@ -272,8 +302,15 @@ class CostModel:
         return cls(**data)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_json())
+        """Writes `to_json` (UTF-8) to ``path``, a str or `os.PathLike`."""
+        Path(file_path(path)).write_text(self.to_json(), encoding="utf-8")
 
     @classmethod
     def load(cls, path: str | Path) -> "CostModel":
-        return cls.from_json(Path(path).read_text())
+        """Reads what `save` wrote. A missing or unreadable path raises the usual `OSError`;
+        a file that is not a cost model's JSON raises `RoutepackFileError` naming the path."""
+        raw = Path(file_path(path)).read_bytes()
+        try:
+            return cls.from_json(raw)
+        except RoutepackError as e:
+            raise RoutepackFileError(f"cost file {str(path)!r}: {e}") from None

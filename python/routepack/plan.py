@@ -10,7 +10,7 @@ from typing import Any, Dict
 import numpy as np
 
 from routepack import _core, _npz
-from routepack._checks import as_int_array, frozen, instance_of, positive_int
+from routepack._checks import as_int_array, frozen, index, instance_of, positive_int
 from routepack.errors import RoutepackError, RoutepackFileError, RoutepackTypeError
 from routepack.model import Topology
 from routepack.window import Window
@@ -93,7 +93,10 @@ class Placement:
         return self.num_slots // self.slots_per_rank
 
     def rank_experts(self, layer: int, rank: int) -> np.ndarray:
-        """Logical experts in EP rank `rank`'s slots of `layer` (-1 = empty)."""
+        """Logical experts in EP rank `rank`'s slots of `layer` (-1 = empty): a read-only view
+        of ``phy2log``. ``layer`` in [0, L) and ``rank`` in [0, num_ranks), as ints."""
+        layer = index(layer, "layer", self.num_layers, "MoE layers")
+        rank = index(rank, "rank", self.num_ranks, "EP ranks")
         lo = rank * self.slots_per_rank
         return self.phy2log[layer, lo:lo + self.slots_per_rank]
 
@@ -160,7 +163,10 @@ class Plan:
         return int(self.sample_rank.shape[0])
 
     def cell_samples(self, rank: int, micro: int) -> np.ndarray:
-        """Indices of the samples that DP rank `rank` runs at microbatch step `micro`."""
+        """Indices of the samples that DP rank `rank` runs at microbatch step `micro` (ints
+        >= 0; a rank or step the plan does not have runs none, so the result is empty)."""
+        rank = positive_int(rank, "rank", minimum=0)
+        micro = positive_int(micro, "micro", minimum=0)
         return np.flatnonzero((self.sample_rank == rank) & (self.sample_micro == micro))
 
     def _to_core(self) -> tuple:
@@ -188,6 +194,7 @@ class Plan:
     def save(self, path: str | Path) -> None:
         """Writes an ``.npz`` to exactly ``path`` (no suffix added) that `Plan.load` reads back
         identically."""
+        report = np.array(json.dumps(_json_ready(self.report, "report")))
         _npz.write(
             path,
             phy2log=self.placement.phy2log,
@@ -198,7 +205,7 @@ class Plan:
             num_micro=np.int64(self.num_micro),
             replicas=self.replicas,
             migration=self.migration,
-            report=np.array(json.dumps(self.report, default=_json_default)),
+            report=report,
             policy=np.array(self.policy),
         )
 
@@ -231,6 +238,7 @@ class Plan:
 
     def same_as(self, other: "Plan") -> bool:
         """Same decisions (placement, layout, replicas, migration); the report may differ."""
+        instance_of(other, Plan, "other")
         return (
             self.placement == other.placement
             and np.array_equal(self.sample_rank, other.sample_rank)
@@ -252,11 +260,34 @@ _PLAN_KEYS = ("phy2log", "num_experts", "slots_per_rank", "sample_rank", "sample
               "replicas", "migration", "report", "policy")
 
 
-def _json_default(o: Any) -> Any:
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
-    raise RoutepackTypeError(f"report value of type {type(o).__name__} is not JSON-serialisable")
+#: What JSON holds as it is (besides dicts and lists, which `_json_ready` walks).
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def _json_ready(value: Any, where: str) -> Any:
+    """``value`` as what `json.dumps` writes and `json.loads` reads back: numpy arrays as
+    lists, numpy scalars as Python numbers, tuples as lists, dict keys as str (as JSON makes
+    them; a key that is no str, number, bool or None is refused). Anything else raises
+    `RoutepackTypeError` naming where it sits (``report['a'][3]``)."""
+    if isinstance(value, _JSON_SCALARS):
+        return value
+    if isinstance(value, np.generic) and isinstance(value.item(), _JSON_SCALARS):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        if value.dtype.hasobject:
+            return [_json_ready(v, f"{where}[{i}]") for i, v in enumerate(value.tolist())]
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_json_ready(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if isinstance(k, np.generic):
+                k = k.item()
+            if not isinstance(k, _JSON_SCALARS):
+                raise RoutepackTypeError(
+                    f"{where}: key {k!r} of type {type(k).__name__} is not a JSON key (str, number, bool or None)"
+                )
+            out[k] = _json_ready(v, f"{where}[{k!r}]")
+        return out
+    raise RoutepackTypeError(f"{where}: value of type {type(value).__name__} is not JSON-serialisable: {value!r:.80}")

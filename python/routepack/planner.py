@@ -8,13 +8,11 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from routepack import _core
-from routepack._checks import finite_float, instance_of, positive_int
-from routepack.errors import RoutepackError
-from routepack.model import CostModel, Topology
+from routepack._checks import finite_float
 from routepack.plan import MIGRATION_DTYPE, Placement, Plan, empty_migration
 from routepack.policies import resolve
 from routepack.simulate import simulate
-from routepack.stages.context import PlanContext
+from routepack.stages.context import PlanContext, check_fills_cells
 from routepack.stages.registry import PACKINGS, PLACEMENTS, REPLICATIONS, canonical_options, stage_options
 from routepack.window import Window
 
@@ -115,41 +113,18 @@ def plan_window(
         and its parts (`simulate`), bounds, certificates and each stage's wall time (and
         with a budget, ``budget``: the reserve and each stage's share, in seconds).
     """
-    instance_of(window, Window, "window")
-    if previous_window is not None:
-        instance_of(previous_window, Window, "previous_window")
-    if previous is not None:
-        instance_of(previous, Placement, "previous")
-    token_cap = positive_int(token_cap, "token_cap")
-    seed = positive_int(seed, "seed", minimum=0, maximum=2**64 - 1)
-    if anneal_moves is not None:
-        anneal_moves = positive_int(anneal_moves, "anneal_moves", minimum=0)
     if time_budget_s is not None:
         time_budget_s = finite_float(time_budget_s, "time_budget_s", strict=True)
-    instance_of(topo, Topology, "topo")
-    instance_of(cost, CostModel, "cost")
-    topo.check_experts(window.num_experts)
-    cost.check_window_shape(window.num_layers, window.num_experts)
-    if previous_window is not None and (
-        previous_window.num_layers != window.num_layers or previous_window.num_experts != window.num_experts
-    ):
-        raise RoutepackError(
-            f"previous_window: has L={previous_window.num_layers}, E={previous_window.num_experts}; "
-            f"the window has L={window.num_layers}, E={window.num_experts}"
-        )
-    if previous is not None and (
-        previous.num_layers != window.num_layers
-        or previous.num_experts != window.num_experts
-        or previous.num_slots != topo.num_slots
-        or previous.slots_per_rank != topo.slots_per_rank
-    ):
-        raise RoutepackError(f"previous: {previous!r} does not fit the window and topology {topo}")
+    # every argument checked in one place, the one each stage function runs too
+    ctx = PlanContext(window, topo, cost, token_cap, previous, previous_window, seed, anneal_moves,
+                      time_budget_s).check()
+    token_cap, seed, anneal_moves = ctx.token_cap, ctx.seed, ctx.anneal_moves
 
     options = canonical_options(options, stacklevel=2)
     name, pol = resolve(policy)
     place_opts, pack_opts, repl_opts = stage_options(pol, options)
-    ctx = PlanContext(window, topo, cost, token_cap, previous, previous_window, seed,
-                      anneal_moves, time_budget_s, options, pol)
+    ctx.options, ctx.policy = options, pol
+    check_fills_cells(ctx)
     seconds = {}
     start = t0 = time.perf_counter()
     budget: Dict[str, float] = {}

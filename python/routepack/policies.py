@@ -13,7 +13,7 @@ from typing import Any, Dict, Tuple
 from routepack.errors import RoutepackError, RoutepackTypeError
 from routepack.stages.context import PackingResult, PlanContext
 from routepack.stages.policy import Policy
-from routepack.stages.registry import KNOWN_OPTIONS, PACKINGS, PLACEMENTS, REPLICATIONS, known_options
+from routepack.stages.registry import KNOWN_OPTIONS, PACKINGS, PLACEMENTS, REPLICATIONS, check_policy, known_options
 
 #: Named presets: the systems of docs/design.md's comparison table and ablations.
 PRESETS: Dict[str, Policy] = {
@@ -43,32 +43,28 @@ PRESETS: Dict[str, Policy] = {
 
 
 def register_preset(name: str, policy: Policy) -> None:
-    """Adds (or replaces) preset ``name``."""
+    """Adds (or replaces) preset ``name`` (a non-empty str): `resolve` and ``plan_window``
+    then take ``name`` as ``policy``. Its stage choices are checked when it is resolved (a
+    choice may be registered after the preset)."""
+    if not isinstance(name, str) or not name:
+        raise RoutepackTypeError(f"name: expected a non-empty str, got {type(name).__name__} {name!r:.80}")
     if not isinstance(policy, Policy):
         raise RoutepackTypeError(f"policy: expected a Policy, got {type(policy).__name__}")
     PRESETS[name] = policy
 
 
 def resolve(policy: Any) -> Tuple[str, Policy]:
-    """A preset name or a `Policy` → (name, Policy), checking every stage exists."""
+    """A preset name or a `Policy` → (name, Policy), checking every stage exists
+    (`routepack.stages.registry.check_policy`)."""
     if isinstance(policy, Policy):
+        pol = check_policy(policy)
         name = f"{policy.placement}+{policy.packing}+{policy.replication}"
-        pol = policy
     elif isinstance(policy, str):
         if policy not in PRESETS:
             raise RoutepackError(f"policy: unknown preset {policy!r}; known: {sorted(PRESETS)}")
-        name, pol = policy, PRESETS[policy]
+        name, pol = policy, check_policy(PRESETS[policy])
     else:
         raise RoutepackTypeError(f"policy: expected a preset name or a Policy, got {type(policy).__name__}")
-    for stage, table, choice in (
-        ("placement", PLACEMENTS, pol.placement),
-        ("packing", PACKINGS, pol.packing),
-        ("replication", REPLICATIONS, pol.replication),
-    ):
-        if choice not in table:
-            raise RoutepackError(f"policy.{stage}: unknown choice {choice!r}; known: {sorted(table)}")
-    if pol.loads not in ("window", "previous"):
-        raise RoutepackError(f"policy.loads: expected 'window' or 'previous', got {pol.loads!r}")
     return name, pol
 
 

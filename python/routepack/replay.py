@@ -12,7 +12,7 @@ in `routepack._routed`.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable
 
 import numpy as np
 
@@ -32,13 +32,14 @@ def from_verl(routed_experts: np.ndarray, attention_mask: np.ndarray, num_expert
     return Window.from_verl(routed_experts, attention_mask, num_experts)
 
 
-def from_slime(per_sample: Sequence[np.ndarray], num_experts: int, add_last_token: bool = True) -> Window:
+def from_slime(per_sample: Iterable[np.ndarray], num_experts: int, add_last_token: bool = True) -> Window:
     """slime's per-sample recordings → `Window`.
 
     Args:
-        per_sample: one ``[T_i, L, k]`` array per sample, same L, k and dtype.
+        per_sample: one ``[T_i, L, k]`` array per sample, same L, k and dtype (a list, tuple
+            or any other iterable of them).
         num_experts: E.
-        add_last_token: slime records ``tokens - 1`` positions; with True (default) each
+        add_last_token: a bool. slime records ``tokens - 1`` positions; with True (default) each
             sample's length is ``T_i + 1`` (the trainer runs every token), while expert demand
             counts the recorded positions.
     """

@@ -25,8 +25,17 @@ class SimResult:
     * ``lower_bound_time``: a true lower bound: no valid plan for the window, topology, cost
       model and token cap (any placement, packing, layout, replicas) has a smaller
       ``step_time`` (docs/design.md, "Lower bound"). ``fraction_of_bound`` is
-      ``lower_bound_time / step_time``, in (0, 1].
+      ``lower_bound_time / step_time``, in [0, 1].
     * ``throughput`` / ``ideal_throughput``: Σ n_s over the times.
+
+    A step can take 0 s: a `CostModel` must price some work (it refuses one whose every
+    coefficient is 0), but a window can hold none of the work it prices (say ``a_lin = 0``,
+    ``a_quad`` all 0 and no routed tokens). Then ``step_time`` is 0.0, ``throughput`` is
+    ``inf`` (tokens in no time: every plan is as fast as can be), and ``fraction_of_bound``
+    and ``fraction_of_balanced`` are 1.0; the same holds for ``ideal_time`` and
+    ``ideal_throughput`` on their own. ``fraction_of_bound`` is 0.0 only when the bound is 0
+    but the plan is not (a cost model that prices migration alone, and a plan that moves
+    experts where keeping them would cost nothing).
     * ``attention``, ``expert``, ``all_to_all``, ``replication``, ``migration``: the parts of
       ``step_time`` on the slowest group (they add up to it).
     * ``group_times``: float64 ``[G]``.
@@ -64,7 +73,7 @@ class SimResult:
     def fraction_of_balanced(self) -> float:
         """``ideal_time / step_time``: how close the plan is to the balanced reference (every
         max replaced by the mean, uniform traffic). A reference, not a bound: a plan that keeps
-        tokens inside their node can exceed 1."""
+        tokens inside their node can exceed 1. 1.0 for a step of 0 s."""
         return self.ideal_time / self.step_time if self.step_time > 0 else 1.0
 
     @property
@@ -74,8 +83,9 @@ class SimResult:
 
     @property
     def fraction_of_bound(self) -> float:
-        """``lower_bound_time / step_time``: 1 means no valid plan could be faster. Rounding
-        alone can put the ratio a hair above 1 for a plan at the bound; it is reported as 1."""
+        """``lower_bound_time / step_time`` in [0, 1]: 1 means no valid plan could be faster
+        (1.0 for a step of 0 s). Rounding alone can put the ratio a hair above 1 for a plan at
+        the bound; it is reported as 1."""
         return min(1.0, self.lower_bound_time / self.step_time) if self.step_time > 0 else 1.0
 
     def breakdown(self) -> Dict[str, float]:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterable, Optional
 
 import numpy as np
 
 from routepack import _core, _npz
-from routepack._checks import as_int_array, positive_int
-from routepack._routed import ROUTED_DTYPES, flatten_slime, flatten_verl, native_order
+from routepack._checks import as_int_array, boolean, positive_int
+from routepack._routed import (ROUTED_DTYPES, flatten_slime, flatten_verl, native_order, renamed, slime_location,
+                               verl_location)
 from routepack.errors import RoutepackError, RoutepackTypeError
 
 
@@ -154,16 +155,26 @@ class Window:
         sample's real tokens may sit anywhere in its row. Sample b's length is its number of
         real tokens. Also `routepack.replay.from_verl`."""
         num_experts = positive_int(num_experts, "num_experts")
-        return cls.from_routed_experts(*flatten_verl(routed_experts, attention_mask), num_experts)
+        routed, cu = flatten_verl(routed_experts, attention_mask)
+        try:
+            return cls.from_routed_experts(routed, cu, num_experts)
+        except RoutepackError as e:
+            raise renamed(e, "routed_experts", verl_location(attention_mask, cu)) from None
 
     @classmethod
-    def from_slime(cls, per_sample: Sequence[np.ndarray], num_experts: int, add_last_token: bool = True) -> "Window":
-        """slime's layout: a list of ``[T_i, L, k]`` arrays, one per sample (same L, k and
-        dtype). slime records ``tokens - 1`` positions; with ``add_last_token`` (default) each
-        sample's length is ``T_i + 1`` (the trainer runs every token), while expert demand
-        counts the recorded positions. Also `routepack.replay.from_slime`."""
+    def from_slime(cls, per_sample: Iterable[np.ndarray], num_experts: int, add_last_token: bool = True) -> "Window":
+        """slime's layout: a list (or any iterable) of ``[T_i, L, k]`` arrays, one per sample
+        (same L, k and dtype). slime records ``tokens - 1`` positions; with ``add_last_token``
+        (default True; a bool) each sample's length is ``T_i + 1`` (the trainer runs every
+        token), while expert demand counts the recorded positions. Also
+        `routepack.replay.from_slime`."""
         num_experts = positive_int(num_experts, "num_experts")
-        w = cls.from_routed_experts(*flatten_slime(per_sample), num_experts)
+        add_last_token = boolean(add_last_token, "add_last_token")
+        routed, cu = flatten_slime(per_sample)
+        try:
+            w = cls.from_routed_experts(routed, cu, num_experts)
+        except RoutepackError as e:
+            raise renamed(e, "per_sample", slime_location(cu)) from None
         if add_last_token:
             return cls(w.seq_lens + 1, w.expert_tokens, w.top_k)
         return w

@@ -244,7 +244,7 @@ def tables_case(fn: Any, which: str):
                     for k, v in d.items():
                         assert not isinstance(v, float) or math.isfinite(v) or k in (
                             "of_bound", "vs_static", "vs_best", "attention", "expert", "all_to_all", "replication",
-                            "migration", "plan_s"), f"{k} = {v}"
+                            "migration", "plan_s", "cross_node_bytes_per_token"), f"{k} = {v}"
         return Case(kind, fn, (arg, *extra), check=check, expect="ok" if kind != "malformed" else None,
                     names=("rows", "summary", "ratio_rows"))
     return make

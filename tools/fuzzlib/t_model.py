@@ -139,6 +139,8 @@ def cost_case(x: Any) -> Case:
     kw = dict(zip([f for f in COST_FIELDS if f != "a_quad"], scal), a_quad=a_quad)
     valid = (all(finite_number_ok(kw[k], strict=k.startswith("bw_")) for k in kw if k != "a_quad")
              and isinstance(a_quad, (list, tuple)) and len(a_quad) >= 1 and all(finite_number_ok(v) for v in a_quad))
+    # a cost model must price some work (every coefficient but the bandwidths 0 is refused)
+    valid = valid and (any(a_quad) or any(kw[k] for k in kw if k not in ("a_quad", "bw_intra", "bw_inter")))
 
     def check(c: rp.CostModel) -> None:
         for k in COST_FIELDS:

@@ -90,15 +90,22 @@ def check_plan(plan: Any, window: Any, topo: Any, cap: int) -> None:
 
 def check_sim(res: Any, plan: Any, window: Any, topo: Any) -> None:
     assert isinstance(res, rp.SimResult)
-    vals = [res.step_time, res.ideal_time, res.lower_bound_time, res.throughput, res.ideal_throughput,
-            res.attention, res.expert, res.all_to_all, res.replication, res.migration, res.mean_imbalance]
+    vals = [res.step_time, res.ideal_time, res.lower_bound_time, res.attention, res.expert, res.all_to_all,
+            res.replication, res.migration, res.mean_imbalance]
+    # a step of 0 s (a window with none of the work the cost model prices) has throughput inf
+    # and fractions 1 (SimResult's contract); every other figure is finite
+    assert math.isfinite(res.step_time) and res.step_time >= 0, f"step {res.step_time}"
+    assert res.throughput > 0 and (math.isfinite(res.throughput) or res.step_time == 0), \
+        f"step {res.step_time}, throughput {res.throughput}"
+    assert math.isfinite(res.ideal_time) and res.ideal_time >= 0 and res.ideal_throughput > 0 and (
+        math.isfinite(res.ideal_throughput) or res.ideal_time == 0), f"ideal {res.ideal_time}, {res.ideal_throughput}"
     assert all(math.isfinite(v) for v in vals), f"a non-finite time {vals}"
-    assert res.step_time > 0 and res.throughput > 0, f"step {res.step_time}, throughput {res.throughput}"
     parts = res.attention + res.expert + res.all_to_all + res.replication + res.migration
     assert abs(parts - res.step_time) <= 1e-9 * res.step_time + 1e-300, "the parts do not add up to step_time"
     assert res.lower_bound_time <= res.step_time * (1 + 1e-9), "lower bound above the step time"
     exact = sum(int(x) for x in window.seq_lens.tolist())
-    assert math.isclose(res.throughput, exact / res.step_time, rel_tol=1e-9), "throughput != tokens / step"
+    assert (res.throughput == math.inf if res.step_time == 0 else
+            math.isclose(res.throughput, exact / res.step_time, rel_tol=1e-9)), "throughput != tokens / step"
     assert res.group_times.shape == (topo.num_groups,), "group_times shape"
     # step_time: the slowest group plus the exposed migration (which no group hides)
     assert math.isclose(res.group_times.max() + res.migration, res.step_time, rel_tol=1e-9), \
@@ -106,7 +113,10 @@ def check_sim(res: Any, plan: Any, window: Any, topo: Any) -> None:
     assert 0 <= res.critical_group < topo.num_groups and res.group_times[res.critical_group] == res.group_times.max()
     assert res.imbalance.shape == (topo.num_groups, plan.num_micro, window.num_layers)
     assert (res.imbalance >= 1 - 1e-9).all() and (res.imbalance <= topo.ep + 1e-9).all(), "imbalance out of [1, ep]"
-    assert 0 < res.fraction_of_bound <= 1 and res.summary() and res.breakdown()
+    assert 0 <= res.fraction_of_bound <= 1 and res.summary() and res.breakdown()
+    # 0 only where the bound is 0 and the plan is not; 1 for a step of 0 s
+    assert (res.fraction_of_bound > 0 or (res.lower_bound_time == 0 and res.step_time > 0)), "fraction_of_bound 0"
+    assert res.step_time > 0 or (res.fraction_of_bound == 1 and res.fraction_of_balanced == 1)
 
 
 # ------------------------------------------------------------------ valid plans

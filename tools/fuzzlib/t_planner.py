@@ -159,7 +159,9 @@ def apply_edge(rng: np.random.Generator, inp: Inputs, edge: str) -> None:
         if edge == "zero_weight":
             inp.cost = dataclasses.replace(inp.cost, a_lin=0.0, a_quad=[0.0] * L)
     elif edge == "zero_cost":
-        inp.cost = rp.CostModel(0.0, [0.0] * L, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0)
+        # a cost model pricing migration alone (one pricing nothing is refused): a step of 0 s
+        # without ``previous``, migration only with it
+        inp.cost = rp.CostModel(0.0, [0.0] * L, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1e6)
     elif edge == "one_sample":
         inp.topo = rp.Topology(1, 1, 1, max(E, int(rng.integers(1, 4))))
         inp.window = rp.Window(w.seq_lens[:1], w.expert_tokens[:1])
@@ -172,7 +174,11 @@ def apply_edge(rng: np.random.Generator, inp: Inputs, edge: str) -> None:
     elif edge == "huge_cap":
         inp.cap = pick(rng, [2**40, 2**62, 2**63 - 1])
     elif edge == "near_2_61":
-        lens = np.full(w.num_samples, 2**61, dtype=np.int64) - rng.integers(0, 1000, w.num_samples)
+        # up to three samples near 2**61 (the rest as they were): sums of rows pass 2**62 while
+        # the window's total still fits int64, which `Window` requires
+        lens = w.seq_lens.copy()
+        big = min(3, w.num_samples)
+        lens[:big] = 2**61 - rng.integers(0, 1000, big)
         inp.window = rp.Window(lens, w.expert_tokens)
         inp.cap = 2**63 - 1
         inp.kwargs.pop("previous_window", None)

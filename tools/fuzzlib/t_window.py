@@ -49,8 +49,8 @@ def consistent_window(rng: np.random.Generator) -> rp.Window:
 
 # ------------------------------------------------------------------ Window
 def window_hyp_case(x: Any) -> Case:
-    seq, tokens = x
-    return Case("malformed", rp.Window, (seq, tokens), check=lambda w: check_window(w, seq, tokens))
+    seq, tokens, top_k = x
+    return Case("malformed", rp.Window, (seq, tokens, top_k), check=lambda w: check_window(w, seq, tokens))
 
 
 def window_rng_case(rng: np.random.Generator) -> Case:

@@ -24,6 +24,7 @@
 //! * [`validate`]    the invariants every plan must satisfy
 //! * [`cpu`]         CPU capability tokens for the SIMD kernels, detected once
 //! * [`budget`]      wall-clock budgets (`time_budget_s`) to deadlines, without overflow
+//! * [`sizes`]       tables sized by an argument, checked before they are allocated
 //!
 //! # Glossary
 //! Each word means one thing, in code and docs:
@@ -64,6 +65,7 @@ pub mod plan;
 pub mod placement;
 pub mod replication;
 pub mod simulate;
+pub mod sizes;
 pub mod topology;
 pub mod validate;
 pub mod window;

@@ -49,9 +49,10 @@ pub struct SimReport {
     /// [`crate::bound::lower_bound_time`] for the window, topology, cost and the cap (see
     /// [`simulate_with_cap`]): no valid plan's `step_time` is below it.
     pub lower_bound_time: f64,
-    /// Tokens per second: Σ n_s of the window / `step_time`.
+    /// Tokens per second: Σ n_s of the window / `step_time`; `+inf` for a step of 0 s (a
+    /// window with none of the work the cost model prices), never NaN (Σ n_s >= 1).
     pub throughput: f64,
-    /// Tokens per second of the balanced reference: Σ n_s / `ideal_time`.
+    /// Tokens per second of the balanced reference: Σ n_s / `ideal_time` (`+inf` for 0 s).
     pub ideal_throughput: f64,
     /// Seconds of attention/dense work in the slowest group, all passes (the slowest rank of
     /// each exchange). This and the next four are the parts of `step_time`: they add up to it.

@@ -1,14 +1,22 @@
-"""`PlanContext`: everything a stage function may read, and the stage signatures' types."""
+"""`PlanContext`: everything a stage function may read, the stage signatures' types, and the
+one check of what a stage function is handed (`stage_context`, `check_placement_fits`,
+`check_fills_cells`), which `plan_window` and every stage function called directly share."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from routepack.errors import RoutepackError
+from routepack._checks import finite_float, instance_of, positive_int
+from routepack.errors import InfeasibleError, RoutepackError, RoutepackTypeError
+from routepack.model import CostModel, Topology
+from routepack.plan import Placement
+from routepack.simulate import lower_bound_micro
 from routepack.stages.policy import Policy
+from routepack.window import Window
 
 #: Packing returns (sample_rank [S], sample_micro [S], num_micro, report dict).
 PackingResult = Tuple[np.ndarray, np.ndarray, int, Dict[str, Any]]
@@ -18,7 +26,12 @@ PackingResult = Tuple[np.ndarray, np.ndarray, int, Dict[str, Any]]
 class PlanContext:
     """Everything a stage may read. A stage's own options arrive as its typed options
     dataclass (the stage function's second argument); ``options`` holds every option
-    ``plan_window`` was given, under its current (stage-prefixed) name."""
+    ``plan_window`` was given, under its current (stage-prefixed) name.
+
+    Its fields are plain attributes a caller may set; `check` (which every built-in stage
+    function runs first, through `stage_context`) checks and normalises them all, naming
+    the field: ``token_cap``, ``seed``, ``anneal_moves`` and ``time_budget_s`` as
+    `plan_window` takes them (a budget here may be 0: a stage's share of a spent budget)."""
 
     window: Any
     topo: Any
@@ -33,6 +46,39 @@ class PlanContext:
     policy: Policy = field(default_factory=Policy)
     #: What stages report about their decisions, by stage name (lands in plan.report).
     reports: Dict[str, Any] = field(default_factory=dict)
+
+    def check(self) -> "PlanContext":
+        """Checks every field (types, ranges, and that the cost model, ``previous`` and
+        ``previous_window`` fit the window and topology), normalising the numbers to Python
+        ints and floats; raises `RoutepackError` / `RoutepackTypeError` naming the field.
+        Returns self."""
+        window = instance_of(self.window, Window, "window")
+        topo = instance_of(self.topo, Topology, "topo")
+        cost = instance_of(self.cost, CostModel, "cost")
+        self.token_cap = positive_int(self.token_cap, "token_cap")
+        self.seed = positive_int(self.seed, "seed", minimum=0, maximum=2**64 - 1)
+        if self.anneal_moves is not None:
+            self.anneal_moves = positive_int(self.anneal_moves, "anneal_moves", minimum=0)
+        if self.time_budget_s is not None:
+            self.time_budget_s = finite_float(self.time_budget_s, "time_budget_s")
+        topo.check_experts(window.num_experts)
+        cost.check_window_shape(window.num_layers, window.num_experts)
+        prev_window = self.previous_window
+        if prev_window is not None:
+            instance_of(prev_window, Window, "previous_window")
+            if prev_window.num_layers != window.num_layers or prev_window.num_experts != window.num_experts:
+                raise RoutepackError(
+                    f"previous_window: has L={prev_window.num_layers}, E={prev_window.num_experts}; "
+                    f"the window has L={window.num_layers}, E={window.num_experts}"
+                )
+        if self.previous is not None:
+            check_placement_fits(self.previous, "previous", window, topo)
+        if not isinstance(self.options, Mapping):
+            raise RoutepackTypeError(f"ctx.options: expected a dict of options, got {type(self.options).__name__}")
+        instance_of(self.policy, Policy, "ctx.policy")
+        if not isinstance(self.reports, dict):
+            raise RoutepackTypeError(f"ctx.reports: expected a dict, got {type(self.reports).__name__}")
+        return self
 
     def placement_loads(self) -> np.ndarray:
         """float64 ``[L, E]`` loads the placement stage balances."""
@@ -49,4 +95,48 @@ class PlanContext:
         return self.previous_window if self.policy.loads == "previous" else self.window
 
 
-__all__ = ["PackingResult", "PlanContext"]
+def stage_context(ctx: Any, options: Any, options_class: type) -> PlanContext:
+    """What a stage function runs first: ``ctx`` a checked `PlanContext` (`PlanContext.check`)
+    and ``options`` an instance of the stage's own options dataclass, else an error naming
+    ``ctx`` / the field, or ``options``. Returns the context."""
+    instance_of(ctx, PlanContext, "ctx")
+    if not isinstance(options, options_class):
+        raise RoutepackTypeError(
+            f"options: expected routepack.stages.{options_class.__name__}, got {type(options).__name__} {options!r:.80}"
+        )
+    return ctx.check()
+
+
+def check_placement_fits(placement: Any, name: str, window: Any, topo: Any) -> Placement:
+    """``placement`` as a `Placement` for the window's layers and experts on ``topo``'s slots,
+    else an error naming ``name``."""
+    instance_of(placement, Placement, name)
+    if (placement.num_layers != window.num_layers or placement.num_experts != window.num_experts
+            or placement.num_slots != topo.num_slots or placement.slots_per_rank != topo.slots_per_rank):
+        raise RoutepackError(f"{name}: {placement!r} does not fit the window (L={window.num_layers}, "
+                             f"E={window.num_experts}) and topology {topo}")
+    return placement
+
+
+def check_fills_cells(ctx: PlanContext) -> None:
+    """Raises `InfeasibleError` when no plan can exist for the window, ``topo.dp`` and
+    ``token_cap``, naming them: a sample longer than the cap (the first such), or too few samples, since every cell (DP rank, step) runs at least one
+    sample and the cap needs at least `lower_bound_micro` steps on each of the ``topo.dp``
+    ranks."""
+    w, dp, cap = ctx.window, ctx.topo.dp, ctx.token_cap
+    if int(w.seq_lens.max()) > cap:
+        # the first cause of all: no row can hold this sample (the packings' own wording)
+        s = int(np.flatnonzero(w.seq_lens > cap)[0])
+        raise InfeasibleError(f"sample {s} has {w.seq_lens[s]} tokens, more than token_cap = {cap}; "
+                              "raise the cap or split the sample")
+    micro = lower_bound_micro(w, ctx.topo, cap)
+    if w.num_samples < micro * dp:
+        need = (f"the {micro} steps token_cap = {ctx.token_cap} needs for its {w.total_tokens} tokens"
+                if micro > 1 else "one step")
+        raise InfeasibleError(
+            f"window: its {w.num_samples} samples cannot fill {need} on each of topo.dp = {dp} DP ranks "
+            f"({micro * dp} cells, each running at least one sample)"
+        )
+
+
+__all__ = ["PackingResult", "PlanContext", "check_fills_cells", "check_placement_fits", "stage_context"]

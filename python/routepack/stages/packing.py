@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Tuple
 
 from routepack import _core
-from routepack.stages.context import PackingResult, PlanContext
+from routepack.stages.context import (PackingResult, PlanContext, check_fills_cells, check_placement_fits,
+                                      stage_context)
 from routepack.stages.options import DEFAULTS, NoOptions, StageOptions, count, number, option, weights
 
 #: Default search budget of routepack's layout, in proposed moves over all chains (the
@@ -52,10 +53,20 @@ class RoutepackPackingOptions(StageOptions):
     packing_exact_nodes: int = option("packing", "packing_exact_nodes", count(0, 2**64 - 1))
 
 
+def _packing_context(ctx: Any, options: Any, options_class: type, placement: Any) -> PlanContext:
+    """`stage_context`, ``placement`` fitting the window and topology, and enough samples to
+    fill the cells (`check_fills_cells`): what every packing checks first."""
+    ctx = stage_context(ctx, options, options_class)
+    check_placement_fits(placement, "placement", ctx.window, ctx.topo)
+    check_fills_cells(ctx)
+    return ctx
+
+
 def sequential_packing(ctx: PlanContext, options: NoOptions, placement: Any) -> PackingResult:
     """Arrival-order first fit. Report: rows, fallback (first fit opened more rows than the
     cells take, so the certified rows were laid out: a baseline never refuses a window that
     fits)."""
+    ctx = _packing_context(ctx, options, NoOptions, placement)
     rank, micro, m, report = _core.pack_sequential(ctx.window.seq_lens, int(ctx.token_cap), ctx.topo.dp)
     return rank, micro, m, dict(report)
 
@@ -66,6 +77,7 @@ def kk_packing(ctx: PlanContext, options: NoOptions, placement: Any) -> PackingR
     small microbatches at both ends. Report: rows, micro, first_micro, overflow_retries,
     max_row_tokens, fallback (verl's retries ran out on a window that fits, so the certified
     rows were laid out)."""
+    ctx = _packing_context(ctx, options, NoOptions, placement)
     rank, micro, m, report = _core.pack_kk(ctx.window.seq_lens, int(ctx.token_cap), ctx.topo.dp)
     return rank, micro, m, dict(report)
 
@@ -81,11 +93,12 @@ def routepack_packing(ctx: PlanContext, options: RoutepackPackingOptions, placem
     anneal_history {temperature, best_cost, best_energy, mean_energy, accept_rate, moves}
     (one entry per temperature step), seconds {rows, proxy, init, anneal} (wall time).
     """
+    ctx = _packing_context(ctx, options, RoutepackPackingOptions, placement)
     o = options
-    moves = DEFAULT_ANNEAL_MOVES if ctx.anneal_moves is None else int(ctx.anneal_moves)
+    moves = DEFAULT_ANNEAL_MOVES if ctx.anneal_moves is None else ctx.anneal_moves
     rank, micro, m, report = _core.pack_routepack(
         ctx.window.seq_lens, ctx.window.expert_tokens, ctx.topo, ctx.cost, placement.phy2log,
-        int(ctx.token_cap), seed=int(ctx.seed), anneal_moves=moves, time_budget_s=ctx.time_budget_s,
+        ctx.token_cap, seed=ctx.seed, anneal_moves=moves, time_budget_s=ctx.time_budget_s,
         chains=o.anneal_chains, steps=o.anneal_steps, exact_nodes=o.packing_exact_nodes,
         lambda_=o.anneal_lambda, start_accept=o.anneal_start_accept, cooling=o.anneal_cooling,
         mix=o.anneal_mix,

@@ -32,7 +32,7 @@ from routepack._checks import loads_array
 from routepack.errors import RoutepackError
 from routepack.plan import Placement
 from routepack.simulate import lower_bound_micro
-from routepack.stages.context import PlanContext
+from routepack.stages.context import PlanContext, stage_context
 from routepack.stages.options import DEFAULTS, NoOptions, StageOptions, computed, count, flag, number, option
 
 
@@ -93,6 +93,7 @@ class RoutepackPlacementOptions(StageOptions):
 
 def static_placement(ctx: PlanContext, options: NoOptions) -> Placement:
     """Megatron-LM's default: expert e on rank ``e // ceil(E / ep)``, spare slots empty."""
+    ctx = stage_context(ctx, options, NoOptions)
     w = ctx.window
     return Placement.static(w.num_layers, w.num_experts, ctx.topo)
 
@@ -108,6 +109,7 @@ def eplb_placement(ctx: PlanContext, options: EplbOptions) -> Placement:
     """The EPLB baseline on ``ctx.placement_loads()``, every slot filled, as its users run
     it: ``num_groups`` is the model's expert groups (``ctx.cost.expert_groups``) unless
     ``eplb_num_groups`` says otherwise."""
+    ctx = stage_context(ctx, options, EplbOptions)
     groups = options.eplb_num_groups
     if groups is None:
         groups = ctx.cost.expert_groups
@@ -118,6 +120,7 @@ def eplb_hierarchical_placement(ctx: PlanContext, options: EplbOptions) -> Place
     """EPLB with one expert group per node of an EP group (its hierarchical policy, on groups
     of consecutive expert ids the model does not have) unless ``eplb_num_groups`` says
     otherwise; on one node, or when the nodes do not divide the experts, its global policy."""
+    ctx = stage_context(ctx, options, EplbOptions)
     groups = options.eplb_num_groups
     if groups is None:
         groups = int(_core.eplb_node_groups(ctx.window.num_experts, ctx.topo))
@@ -127,6 +130,7 @@ def eplb_hierarchical_placement(ctx: PlanContext, options: EplbOptions) -> Place
 def relibra_placement(ctx: PlanContext, options: NoOptions) -> Placement:
     """ReLibra's per-window expert reordering from ``ctx.placement_loads()`` ([L, E]),
     starting from ``ctx.previous`` (or the static placement)."""
+    ctx = stage_context(ctx, options, NoOptions)
     loads = np.ascontiguousarray(ctx.placement_loads(), dtype=np.float64)
     prev: Any = None
     if ctx.previous is not None:
@@ -140,6 +144,7 @@ def routepack_placement(ctx: PlanContext, options: RoutepackPlacementOptions) ->
     awareness from per-chunk demand, migration awareness against ``ctx.previous``. The search
     stops improving when ``ctx.time_budget_s`` (seconds from the call, None: no cap) is spent."""
     start = time.perf_counter()
+    ctx = stage_context(ctx, options, RoutepackPlacementOptions)
     win = ctx.demand_window()
     if win is None:
         ctx.placement_loads()  # raises the error that names previous_window

@@ -16,6 +16,7 @@ Pass a frozen `StageOptions` subclass as ``options`` to take options: its field 
 from __future__ import annotations
 
 import warnings
+from collections import abc
 from dataclasses import fields
 from typing import Any, Callable, Dict, FrozenSet, Mapping, NamedTuple, Tuple, Type
 
@@ -113,6 +114,7 @@ def canonical_options(options: Mapping[str, Any], stacklevel: int = 2) -> Dict[s
     """``options`` under their current names: a deprecated name becomes its new one (with a
     DeprecationWarning naming it); an unknown name raises `RoutepackError` listing the valid
     ones. ``stacklevel`` is the warning's, counted from the caller of this function."""
+    options = _options_mapping(options)
     known = known_options()
     out: Dict[str, Any] = {}
     for key, value in options.items():
@@ -132,7 +134,10 @@ def canonical_options(options: Mapping[str, Any], stacklevel: int = 2) -> Dict[s
 def stage_options(policy: Policy, options: Mapping[str, Any]) -> Tuple[StageOptions, StageOptions, StageOptions]:
     """The typed options of the policy's (placement, packing, replication) from canonical
     ``options``. Every registered options class checks its fields, so a bad value raises
-    whichever stages the policy runs."""
+    whichever stages the policy runs; ``policy`` must name registered choices
+    (`check_policy`) and ``options`` be a mapping."""
+    check_policy(policy)
+    options = _options_mapping(options)
     built: Dict[type, StageOptions] = {}
     for table in STAGES.values():
         for stage in table.values():
@@ -144,6 +149,34 @@ def stage_options(policy: Policy, options: Mapping[str, Any]) -> Tuple[StageOpti
             built[REPLICATIONS[policy.replication].options])
 
 
+def _options_mapping(options: Any) -> Mapping[str, Any]:
+    """``options`` if it is a mapping with str keys, else an error naming ``options``."""
+    if not isinstance(options, abc.Mapping):
+        raise RoutepackTypeError(f"options: expected a mapping of option names to values, got "
+                                 f"{type(options).__name__} {options!r:.80}")
+    bad = [k for k in options if not isinstance(k, str)]
+    if bad:
+        raise RoutepackTypeError(f"options: option names are str, got {bad[0]!r} ({type(bad[0]).__name__})")
+    return options
+
+
+def check_policy(policy: Any) -> Policy:
+    """``policy`` if it is a `Policy` whose every stage choice is a registered name and whose
+    ``loads`` is "window" or "previous", else an error naming the field (``policy.packing``)."""
+    if not isinstance(policy, Policy):
+        raise RoutepackTypeError(f"policy: expected a routepack.Policy, got {type(policy).__name__} {policy!r:.80}")
+    for stage, table in STAGES.items():
+        choice = getattr(policy, stage)
+        if not isinstance(choice, str):
+            raise RoutepackTypeError(f"policy.{stage}: expected a str naming a {stage} choice, got "
+                                     f"{type(choice).__name__} {choice!r:.80}; known: {sorted(table)}")
+        if choice not in table:
+            raise RoutepackError(f"policy.{stage}: unknown choice {choice!r}; known: {sorted(table)}")
+    if not isinstance(policy.loads, str) or policy.loads not in ("window", "previous"):
+        raise RoutepackError(f"policy.loads: expected 'window' or 'previous', got {policy.loads!r:.80}")
+    return policy
+
+
 __all__ = ["DEPRECATED_OPTIONS", "KNOWN_OPTIONS", "PACKINGS", "PLACEMENTS", "REPLICATIONS", "STAGES", "Stage",
-           "canonical_options", "known_options", "register_packing", "register_placement", "register_replication",
+           "canonical_options", "check_policy", "known_options", "register_packing", "register_placement", "register_replication",
            "stage_options"]

@@ -26,8 +26,10 @@ from typing import Any, Tuple
 import numpy as np
 
 from routepack import _core
+from routepack._checks import as_int_array, positive_int, sequence
+from routepack.errors import RoutepackError
 from routepack.plan import REPLICA_DTYPE, Placement, empty_replicas
-from routepack.stages.context import PlanContext
+from routepack.stages.context import PlanContext, check_placement_fits, stage_context
 from routepack.stages.options import NoOptions, StageOptions, count, option
 
 
@@ -62,31 +64,63 @@ class RoutepackReplicationOptions(StageOptions):
 
 def replica_table(columns: tuple) -> np.ndarray:
     """Columns ``(micro, group, layer, expert, src_rank, dst_rank: int32 [N], share: float32
-    [N])`` → structured array of `REPLICA_DTYPE` [N]."""
-    table = np.zeros(len(columns[0]), dtype=REPLICA_DTYPE)
-    for name, col in zip(REPLICA_DTYPE.names, columns):
+    [N])`` → structured array of `REPLICA_DTYPE` [N]. Each id column must hold integers
+    that fit int32 and ``share`` finite numbers (as float32), all seven of one length N;
+    anything else raises naming the column (``columns[i]`` / its name)."""
+    cols = sequence(columns, "columns", "7 replica columns")
+    if len(cols) != len(REPLICA_DTYPE.names):
+        raise RoutepackError(f"columns: expected {len(REPLICA_DTYPE.names)} columns {REPLICA_DTYPE.names}, "
+                             f"got {len(cols)}")
+    checked = [as_int_array(c, f"columns[{i}] ({name})", 1, np.int32)
+               for i, (name, c) in enumerate(zip(REPLICA_DTYPE.names[:-1], cols))]
+    share = np.asarray(cols[-1])
+    if share.ndim != 1 or share.dtype == np.bool_ or not (np.issubdtype(share.dtype, np.floating)
+                                                          or np.issubdtype(share.dtype, np.integer)):
+        raise RoutepackError(f"columns[6] (share): expected a 1-D numeric array, got dtype {share.dtype} "
+                             f"shape {share.shape}")
+    share32 = share.astype(np.float32)
+    if not np.isfinite(share32).all():
+        bad = int(np.flatnonzero(~np.isfinite(share32))[0])
+        raise RoutepackError(f"columns[6] (share): entry {bad} is {share[bad]}, not a finite float32")
+    checked.append(share32)
+    n = len(checked[0])
+    for i, (name, c) in enumerate(zip(REPLICA_DTYPE.names, checked)):
+        if len(c) != n:
+            raise RoutepackError(f"columns[{i}] ({name}): has {len(c)} entries, columns[0] (micro) has {n}")
+    table = np.zeros(n, dtype=REPLICA_DTYPE)
+    for name, col in zip(REPLICA_DTYPE.names, checked):
         table[name] = col
     return table
 
 
-def _common(ctx: PlanContext, placement: Placement, sample_rank: np.ndarray, sample_micro: np.ndarray,
-            num_micro: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, Any, Any]:
+def _common(ctx: Any, options: Any, options_class: type, placement: Any, sample_rank: Any, sample_micro: Any,
+            num_micro: Any) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, Any, Any]:
+    """What every replication checks first (`stage_context`, the placement, the layout's
+    arrays and count) → the core's leading arguments. Values in the layout are checked by
+    the core against the window and topology, naming the sample."""
+    ctx = stage_context(ctx, options, options_class)
     w = ctx.window
-    return (w.seq_lens, w.expert_tokens, placement.phy2log,
-            np.ascontiguousarray(sample_rank, dtype=np.int32),
-            np.ascontiguousarray(sample_micro, dtype=np.int32), int(num_micro), ctx.topo, ctx.cost)
+    placement = check_placement_fits(placement, "placement", w, ctx.topo)
+    rank = as_int_array(sample_rank, "sample_rank", 1, np.int32)
+    micro = as_int_array(sample_micro, "sample_micro", 1, np.int32)
+    for name, arr in (("sample_rank", rank), ("sample_micro", micro)):
+        if arr.shape[0] != w.num_samples:
+            raise RoutepackError(f"{name}: has {arr.shape[0]} entries but the window has {w.num_samples} samples")
+    m = positive_int(num_micro, "num_micro", maximum=w.num_samples)
+    return (w.seq_lens, w.expert_tokens, placement.phy2log, rank, micro, m, ctx.topo, ctx.cost)
 
 
 def no_replication(ctx: PlanContext, options: NoOptions, placement: Placement, sample_rank: np.ndarray,
                    sample_micro: np.ndarray, num_micro: int) -> np.ndarray:
     """No copies."""
+    _common(ctx, options, NoOptions, placement, sample_rank, sample_micro, num_micro)
     return empty_replicas()
 
 
 def hot_n_replication(ctx: PlanContext, options: HotNOptions, placement: Placement, sample_rank: np.ndarray,
                       sample_micro: np.ndarray, num_micro: int) -> np.ndarray:
     """MindSpeed's hot-expert broadcast."""
-    cols = _core.replicate_hot_n(*_common(ctx, placement, sample_rank, sample_micro, num_micro),
+    cols = _core.replicate_hot_n(*_common(ctx, options, HotNOptions, placement, sample_rank, sample_micro, num_micro),
                                  options.replication_hot_experts)
     return replica_table(cols)
 
@@ -94,7 +128,8 @@ def hot_n_replication(ctx: PlanContext, options: HotNOptions, placement: Placeme
 def relibra_replication(ctx: PlanContext, options: RelibraReplicationOptions, placement: Placement,
                         sample_rank: np.ndarray, sample_micro: np.ndarray, num_micro: int) -> np.ndarray:
     """ReLibra's intra-node replication."""
-    cols = _core.replicate_relibra(*_common(ctx, placement, sample_rank, sample_micro, num_micro),
+    cols = _core.replicate_relibra(*_common(ctx, options, RelibraReplicationOptions, placement, sample_rank,
+                                            sample_micro, num_micro),
                                    options.replication_slots)
     return replica_table(cols)
 
@@ -103,8 +138,9 @@ def routepack_replication(ctx: PlanContext, options: RoutepackReplicationOptions
                           sample_rank: np.ndarray, sample_micro: np.ndarray, num_micro: int) -> np.ndarray:
     """routepack's replication. Exchanges not begun when ``ctx.time_budget_s`` (seconds from
     the call, None: no cap) is spent get no replicas."""
+    args = _common(ctx, options, RoutepackReplicationOptions, placement, sample_rank, sample_micro, num_micro)
     k = options.replication_candidates
-    cols = _core.replicate_routepack(*_common(ctx, placement, sample_rank, sample_micro, num_micro),
+    cols = _core.replicate_routepack(*args,
                                      replica_slots=options.replication_slots, candidate_experts=k,
                                      candidate_dsts=k, time_budget_s=ctx.time_budget_s)
     return replica_table(cols)

@@ -20,6 +20,7 @@ use rayon::prelude::*;
 
 use super::Placement;
 use crate::error::{invalid, Result};
+use crate::sizes;
 use crate::topology::Topology;
 
 /// `rebalance_experts`' three tables, int64 like the original.
@@ -158,15 +159,15 @@ pub fn rebalance_experts(
         .map(|l| hierarchical_layer(&weight[l * num_experts..(l + 1) * num_experts], num_replicas, groups, nodes, num_gpus))
         .collect();
     let max_count = per_layer.iter().flat_map(|x| x.2.iter().copied()).max().unwrap_or(1);
-    // log2phy's width is known only now: check it before allocating it
-    check_bytes("num_replicas", (num_layers * num_experts) as u128 * max_count as u128 * 8, "log2phy")?;
+    // log2phy's width is known only now: check it before allocating it (fallibly)
+    let log2phy = sizes::filled("num_replicas", "log2phy", (num_layers * num_experts).saturating_mul(max_count), -1)?;
     let mut t = EplbTables {
         num_layers,
         num_experts,
         num_replicas,
         max_count,
         phy2log: Vec::with_capacity(num_layers * num_replicas),
-        log2phy: vec![-1; num_layers * num_experts * max_count],
+        log2phy,
         logcnt: Vec::with_capacity(num_layers * num_experts),
     };
     for (l, (p2l, rank, cnt)) in per_layer.into_iter().enumerate() {
@@ -179,17 +180,9 @@ pub fn rebalance_experts(
     Ok(t)
 }
 
-/// Most bytes one table of `rebalance_experts` may take: a fixed ceiling (not a fraction of
-/// this machine's memory, so whether a call is refused does not depend on the machine), far
-/// above any real model's (a few MB) and below what a failed allocation would abort on.
-pub const MAX_TABLE_BYTES: u128 = 16 << 30;
-
-/// Refuses a table of `bytes` over `MAX_TABLE_BYTES`, blaming the argument that sized it.
+/// Refuses a table of `bytes` over [`sizes::MAX_TABLE_BYTES`], blaming the argument that sized it.
 fn check_bytes(arg: &str, bytes: u128, what: &str) -> Result<()> {
-    if bytes > MAX_TABLE_BYTES {
-        return Err(invalid(arg, format!("{what} would take {bytes} bytes, over the {MAX_TABLE_BYTES}-byte ceiling")));
-    }
-    Ok(())
+    sizes::check_bytes(arg, what, bytes)
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -14,6 +14,7 @@ pub mod replica_counts;
 pub mod routepack;
 
 use crate::error::{bad_plan, invalid, Result};
+use crate::sizes;
 use crate::topology::Topology;
 
 /// `phy2log[l * num_slots + p]` = logical expert in physical slot p of layer l, or -1 for an
@@ -136,9 +137,14 @@ impl Placement {
     }
 
     /// `[L, E, max_replicas]` physical slots of each expert in ascending order, padded with -1.
-    pub fn log2phy(&self) -> (Vec<i32>, usize) {
+    /// Its size grows with E × the largest replica count (up to (slots / 2)² per layer from a
+    /// small `phy2log`), so it is checked and allocated as a table sized by
+    /// `placement.phy2log` ([`sizes`]).
+    pub fn log2phy(&self) -> Result<(Vec<i32>, usize)> {
         let r = self.max_replicas();
-        let mut out = vec![-1i32; self.num_layers * self.num_experts * r];
+        let n = (self.num_layers * self.num_experts).saturating_mul(r);
+        let what = format!("log2phy [L, E, max_replicas] = [{}, {}, {r}] of int32", self.num_layers, self.num_experts);
+        let mut out = sizes::filled("placement.phy2log", &what, n, -1i32)?;
         let mut fill = vec![0usize; self.num_experts];
         for l in 0..self.num_layers {
             fill.iter_mut().for_each(|x| *x = 0);
@@ -150,7 +156,7 @@ impl Placement {
                 }
             }
         }
-        (out, r)
+        Ok((out, r))
     }
 
     /// Per layer, the physical slots of every expert in ascending order, as a CSR table:
@@ -192,22 +198,22 @@ pub fn static_placement(num_layers: usize, num_experts: usize, topo: &Topology) 
             ),
         ));
     }
-    let mut layer = vec![-1i32; topo.num_slots()];
-    for e in 0..num_experts {
-        let r = e / per_rank;
-        let j = e % per_rank;
-        layer[r * topo.slots_per_rank + j] = e as i32;
-    }
     if num_layers == 0 || num_layers > i32::MAX as usize {
         return Err(invalid("num_layers", format!("must be in [1, 2^31), got {num_layers}")));
     }
-    let mut phy2log = Vec::new();
-    num_layers
-        .checked_mul(layer.len())
-        .and_then(|n| phy2log.try_reserve_exact(n).ok())
-        .ok_or_else(|| invalid("num_layers", format!("{num_layers} layers of {} slots cannot be allocated", layer.len())))?;
-    for _ in 0..num_layers {
-        phy2log.extend_from_slice(&layer);
+    // the whole table is sized by the arguments: check it before allocating anything
+    let slots = topo.num_slots();
+    let what = format!("phy2log [num_layers, topo.ep * topo.slots_per_rank] = [{num_layers}, {slots}] of int32");
+    sizes::check_bytes("num_layers", &what, sizes::table_bytes(&[num_layers, slots], 4))?;
+    let mut phy2log = sizes::with_capacity::<i32>("num_layers", &what, num_layers * slots)?;
+    phy2log.resize(slots, -1);
+    for e in 0..num_experts {
+        let r = e / per_rank;
+        let j = e % per_rank;
+        phy2log[r * topo.slots_per_rank + j] = e as i32;
+    }
+    for _ in 1..num_layers {
+        phy2log.extend_from_within(..slots);
     }
     Placement::new(phy2log, num_layers, num_experts, topo.slots_per_rank)
 }
@@ -224,7 +230,7 @@ mod tests {
         assert_eq!(p.layer(0)[16], -1);
         assert_eq!(p.layer(1)[17], 16);
         assert!(p.logcnt().iter().all(|&c| c == 1));
-        let (l2p, r) = p.log2phy();
+        let (l2p, r) = p.log2phy().unwrap();
         assert_eq!(r, 1);
         assert_eq!(l2p[16], 17);
     }
