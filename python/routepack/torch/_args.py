@@ -96,8 +96,8 @@ def placement_row(value: Any, name: str, num_slots: int, num_experts: int) -> np
 
 def replica_rows(value: Any, name: str, num_experts: int, ep: int) -> np.ndarray:
     """A 1-D array of `routepack.REPLICA_DTYPE` whose experts, ranks and shares are in range."""
-    if not isinstance(value, np.ndarray) or value.dtype.names is None \
-            or not set(REPLICA_DTYPE.names) <= set(value.dtype.names):
+    fields = value.dtype.names if isinstance(value, np.ndarray) else None
+    if fields is None or not set(REPLICA_DTYPE.names or ()) <= set(fields):
         got = value.dtype if isinstance(value, np.ndarray) else type(value).__name__
         raise RoutepackTypeError(f"{name}: expected a structured array of routepack.REPLICA_DTYPE, got {got}")
     if value.ndim != 1:

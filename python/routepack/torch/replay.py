@@ -78,7 +78,10 @@ def rank_microbatches(plan: Any, routed: Union[np.ndarray, torch.Tensor, Sequenc
             if r.shape[1:] != per_sample[0].shape[1:] or r.dtype != per_sample[0].dtype:
                 raise RoutepackError(f"routed[{s}]: shape {tuple(r.shape)} {r.dtype}, but routed[0] is "
                                      f"{tuple(per_sample[0].shape)} {per_sample[0].dtype} (same L, k, dtype)")
-        empty = per_sample[0][:0] if per_sample else None
+        if not per_sample:
+            raise RoutepackError("routed: an empty per-sample list has no [L, k] shape; pass one [0, L, k] array "
+                                 "with cu_seqlens=[0]")
+        empty = per_sample[0][:0]
     else:
         cu = as_int_array(cu_seqlens, "cu_seqlens", 1)
         if cu.shape != (s_n + 1,) or cu[0] != 0 or np.any(np.diff(cu) < 0):
