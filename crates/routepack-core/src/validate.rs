@@ -178,7 +178,7 @@ pub fn validate_placement_tables(p: &Placement, logcnt: &[i32], log2phy: &[i32],
             want_cnt[i]
         )));
     }
-    let (want_l2p, r) = p.log2phy();
+    let (want_l2p, r) = p.log2phy()?;
     if log2phy_replicas != r || log2phy.len() != want_l2p.len() {
         return Err(bad_plan(format!(
             "placement.log2phy has {} entries with last dimension {log2phy_replicas}; phy2log gives [L={l_n}, E={e_n}, R={r}]",

@@ -120,7 +120,7 @@ proptest! {
         let w = window(&mut mix, topo.dp + 3, layers, experts, 60);
         let plan = random_plan(&mut mix, &w, &topo, 1);
         let p = &plan.placement;
-        let (mut cnt, (mut l2p, r)) = (p.logcnt(), p.log2phy());
+        let (mut cnt, (mut l2p, r)) = (p.logcnt(), p.log2phy().unwrap());
         prop_assert!(validate_placement_tables(p, &cnt, &l2p, r).is_ok());
         let name = if which == 0 {
             let i = mix.below(cnt.len());
