@@ -10,9 +10,24 @@
 //!    `n_i = min(round(share_i · T), tokens not yet taken)`, drawn first from its own rank's
 //!    tokens, then from ranks on its node (ascending), then from the other ranks (ascending).
 //!    Those tokens are computed on `dst_rank` by its temporary copy.
-//! 2. What is left of each origin's tokens, `rem_r`, is split evenly over e's c placement
-//!    slots (ascending slot order): slot j gets `rem_r / c` plus one if
-//!    `(j - r) mod c < rem_r mod c` (the remainder rotates with the origin so it spreads).
+//! 2. What is left of each origin's tokens, `rem_r`, goes to e's c placement slots (ascending
+//!    slot order), node first:
+//!    * **quotas**: slot j computes `q_j = Σ_r (rem_r / c + [(j − r) mod c < rem_r mod c])`
+//!      tokens: what an even split of every origin's tokens would give it, the remainder
+//!      rotating with the origin so it spreads (Σ_j q_j = R = Σ_r rem_r, and every q_j is
+//!      within one token per origin of R / c). These are exactly the per-slot loads of the even
+//!      split routepack used before node-first feeding, so a copy's expert work does not depend
+//!      on where its tokens come from;
+//!    * **feeding**, in three passes over the slots (ascending), each taking
+//!      `min(tokens the origin has left, quota the slot has left)` from origins in order:
+//!      (a) its own rank; (b) the other ranks of its node, ascending; (c) the ranks of the
+//!      other nodes, ascending. Pass (b) ends for every slot before (c) starts, so each node
+//!      keeps `min(its tokens, its slots' quotas)` inside itself, the most any split with
+//!      these quotas can (and each rank keeps the most it can on itself).
+//!
+//!    With one slot (the common case) it takes everything left. Real dispatchers do the same
+//!    (SGLang's static dispatch map sends a GPU's tokens to the copy on that GPU, else on its
+//!    node). Integer, deterministic, O(ep · c).
 
 use rayon::prelude::*;
 
@@ -77,8 +92,7 @@ pub fn route_expert(
             }
         }
     }
-    let c = slots.len() as i64;
-    if c == 1 {
+    if slots.len() == 1 {
         // one slot takes everything left (the common case: no redundant copy)
         let (p, rank) = (slots[0], topo.rank_of_slot(slots[0]));
         for (r, &left) in rem.iter().enumerate() {
@@ -88,19 +102,65 @@ pub fn route_expert(
         }
         return;
     }
-    for (r, &left) in rem.iter().enumerate() {
-        if left == 0 {
-            continue;
-        }
-        let (base, extra) = (left / c, left % c);
-        let rr = r as i64 % c;
-        for (j, &p) in slots.iter().enumerate() {
-            let n = base + i64::from((j as i64 - rr).rem_euclid(c) < extra);
-            if n > 0 {
-                emit(r, topo.rank_of_slot(p), Dest::Slot(p), n);
-            }
+    feed_slots(rem, slots, topo, emit);
+}
+
+/// Step 2 of the rule (module docs) for an expert with c ≥ 2 slots: quotas of the even
+/// split, filled own rank → own node → other nodes. `rem` (`[ep]`, the tokens no replica took)
+/// holds `ep + c` entries on return (the quotas are kept behind the ranks' tokens, so the
+/// caller's scratch serves both without an allocation per call); its first ep are all zero.
+fn feed_slots(rem: &mut Vec<i64>, slots: &[usize], topo: &Topology, mut emit: impl FnMut(usize, usize, Dest, i64)) {
+    let (ep, c) = (rem.len(), slots.len());
+    // q_j = Σ_r rem_r / c, plus one for each origin whose remainder covers j: origin r's
+    // remainder covers the cyclic run r mod c, r mod c + 1, … of length rem_r mod c
+    let base: i64 = rem.iter().map(|&x| x / c as i64).sum();
+    rem.resize(ep + c, base);
+    let (rem, quota) = rem.split_at_mut(ep);
+    for r in 0..ep {
+        let extra = (rem[r] % c as i64) as usize;
+        let mut j = r % c;
+        for _ in 0..extra {
+            quota[j] += 1;
+            j = if j + 1 == c { 0 } else { j + 1 };
         }
     }
+    let rpn = topo.ranks_per_group_node();
+    let mut take = |r: usize, j: usize, rem: &mut [i64], quota: &mut [i64]| {
+        let n = rem[r].min(quota[j]);
+        if n > 0 {
+            rem[r] -= n;
+            quota[j] -= n;
+            emit(r, topo.rank_of_slot(slots[j]), Dest::Slot(slots[j]), n);
+        }
+    };
+    // (a) each slot from its own rank
+    for j in 0..c {
+        take(topo.rank_of_slot(slots[j]), j, rem, quota);
+    }
+    // (b) from the other ranks of its node (a node's ranks are the block [lo, lo + rpn)); a rank
+    // that still has tokens here has no slot with quota left on itself, so own rank is skipped
+    // by the `min`
+    for j in 0..c {
+        let lo = topo.local_node_of(topo.rank_of_slot(slots[j])) * rpn;
+        for r in lo..(lo + rpn).min(ep) {
+            if quota[j] == 0 {
+                break;
+            }
+            take(r, j, rem, quota);
+        }
+    }
+    // (c) from the other nodes' ranks: after (b) a slot with quota left has a drained node
+    for j in 0..c {
+        let lo = topo.local_node_of(topo.rank_of_slot(slots[j])) * rpn;
+        let hi = (lo + rpn).min(ep);
+        for r in (0..lo).chain(hi..ep) {
+            if quota[j] == 0 {
+                break;
+            }
+            take(r, j, rem, quota);
+        }
+    }
+    debug_assert!(rem.iter().all(|&x| x == 0) && quota.iter().all(|&x| x == 0));
 }
 
 /// One batch of an exchange's flow table: `count` tokens of logical `expert` from EP-local rank
@@ -276,10 +336,29 @@ mod tests {
     }
 
     #[test]
-    fn even_split_rotates_remainder() {
+    fn quotas_rotate_the_remainder() {
         let topo = Topology::new(2, 2, 2, 2).unwrap();
         let flows = collect(&[1, 1], &[0, 2], &[], &topo);
-        // origin 0's single token goes to slot 0, origin 1's to slot 2
+        // each slot's quota is one token, each rank's own token stays on it
         assert_eq!(flows, vec![(0, 0, Dest::Slot(0), 1), (1, 1, Dest::Slot(2), 1)]);
+        // both slots on rank 0: quotas 1 and 1 again; rank 0's own token fills slot 0, and
+        // slot 1 takes its node-mate rank 1's
+        let flows = collect(&[1, 1], &[0, 1], &[], &topo);
+        assert_eq!(flows, vec![(0, 0, Dest::Slot(0), 1), (1, 0, Dest::Slot(1), 1)]);
+    }
+
+    #[test]
+    fn copies_feed_from_their_node_first() {
+        // 4 ranks on 2 nodes, copies on rank 0 (node 0) and rank 2 (node 1), 1 slot per rank
+        let topo = Topology::new(4, 4, 2, 1).unwrap();
+        // node 0 sends 10 + 6, node 1 sends 0 + 4: quotas 10 and 10
+        let flows = collect(&[10, 6, 0, 4], &[0, 2], &[], &topo);
+        let cross: i64 = flows.iter().filter(|f| topo.local_node_of(f.0) != topo.local_node_of(f.1)).map(|f| f.3).sum();
+        // node 1 keeps its 4 tokens; node 0's surplus of 6 has to cross (the least possible)
+        assert_eq!(cross, 6);
+        assert_eq!(
+            flows,
+            vec![(0, 0, Dest::Slot(0), 10), (3, 2, Dest::Slot(2), 4), (1, 2, Dest::Slot(2), 6)]
+        );
     }
 }

@@ -1,6 +1,6 @@
 //! Property tests of `flow`: `route_expert` follows its documented rule (replicas take
-//! round(share·T) in table order, locality-first; the rest splits evenly with a rotating
-//! remainder); `route_exchange` and `rank_tokens` give the per-rank loads `simulate` prices
+//! round(share·T) in table order, locality-first; the rest fills the quotas of an even split
+//! with a rotating remainder, own rank → own node → other nodes); `route_exchange` and `rank_tokens` give the per-rank loads `simulate` prices
 //! (same imbalance, bit for bit), and tokens are conserved.
 
 mod common;
@@ -75,17 +75,62 @@ proptest! {
             }
             taken_total += need;
         }
-        // the rest: an even split with a remainder that rotates with the origin
+        // the rest: quotas of an even split with a remainder that rotates with the origin,
+        // fed own rank → own node → other nodes
         let c = slots.len() as i64;
+        let node = |r: usize| topo.local_node_of(r);
+        let quota: Vec<i64> = (0..slots.len())
+            .map(|j| rem.iter().enumerate().map(|(r, &x)| x / c + i64::from((j as i64 - r as i64).rem_euclid(c) < x % c)).sum())
+            .collect();
+        let to_slots: Vec<_> = flows.iter().filter(|f| matches!(f.2, Dest::Slot(_))).copied().collect();
+        for (j, &p) in slots.iter().enumerate() {
+            // every copy's load is that of the even split
+            let got: i64 = to_slots.iter().filter(|f| f.2 == Dest::Slot(p)).map(|f| f.3).sum();
+            prop_assert_eq!(got, quota[j], "slot {}", p);
+            prop_assert!(to_slots.iter().filter(|f| f.2 == Dest::Slot(p)).all(|f| f.1 == topo.rank_of_slot(p)));
+        }
         for (r, &left) in rem.iter().enumerate() {
-            for (j, &p) in slots.iter().enumerate() {
-                let got: i64 = flows.iter().filter(|f| f.0 == r && f.2 == Dest::Slot(p)).map(|f| f.3).sum();
-                let extra = i64::from((j as i64 - r as i64).rem_euclid(c) < left % c);
-                prop_assert_eq!(got, left / c + extra, "origin {} slot {}", r, p);
-                if got > 0 {
-                    prop_assert!(flows.iter().any(|f| f.0 == r && f.2 == Dest::Slot(p) && f.1 == topo.rank_of_slot(p)));
+            prop_assert_eq!(to_slots.iter().filter(|f| f.0 == r).map(|f| f.3).sum::<i64>(), left, "origin {}", r);
+        }
+        // the flows, in emission order, are those of the three passes
+        let mut expect = Vec::new();
+        if slots.len() == 1 {
+            for (r, &left) in rem.iter().enumerate() {
+                if left > 0 {
+                    expect.push((r, topo.rank_of_slot(slots[0]), Dest::Slot(slots[0]), left));
                 }
             }
+        } else {
+            let (mut q, mut left) = (quota.clone(), rem.clone());
+            for pass in 0..3 {
+                for (j, &p) in slots.iter().enumerate() {
+                    let dst = topo.rank_of_slot(p);
+                    let from: Vec<usize> = (0..ep)
+                        .filter(|&r| match pass {
+                            0 => r == dst,
+                            1 => r != dst && node(r) == node(dst),
+                            _ => node(r) != node(dst),
+                        })
+                        .collect();
+                    for r in from {
+                        let n = left[r].min(q[j]);
+                        if n > 0 {
+                            left[r] -= n;
+                            q[j] -= n;
+                            expect.push((r, dst, Dest::Slot(p), n));
+                        }
+                    }
+                }
+            }
+        }
+        prop_assert_eq!(&to_slots, &expect);
+        // each node keeps min(its tokens, its slots' quotas) inside itself: the most any
+        // feeding of these quotas can
+        for n in 0..topo.nodes_per_group() {
+            let supply: i64 = (0..ep).filter(|&r| node(r) == n).map(|r| rem[r]).sum();
+            let demand: i64 = slots.iter().zip(&quota).filter(|(&p, _)| node(topo.rank_of_slot(p)) == n).map(|(_, &q)| q).sum();
+            let local: i64 = to_slots.iter().filter(|f| node(f.0) == n && node(f.1) == n).map(|f| f.3).sum();
+            prop_assert_eq!(local, supply.min(demand), "node {}", n);
         }
     }
 }
