@@ -18,12 +18,17 @@
 //!      within one token per origin of R / c). These are exactly the per-slot loads of the even
 //!      split routepack used before node-first feeding, so a copy's expert work does not depend
 //!      on where its tokens come from;
-//!    * **feeding**, in three passes over the slots (ascending), each taking
-//!      `min(tokens the origin has left, quota the slot has left)` from origins in order:
-//!      (a) its own rank; (b) the other ranks of its node, ascending; (c) the ranks of the
-//!      other nodes, ascending. Pass (b) ends for every slot before (c) starts, so each node
-//!      keeps `min(its tokens, its slots' quotas)` inside itself, the most any split with
-//!      these quotas can (and each rank keeps the most it can on itself).
+//!    * **feeding**, in three passes over the slots (ascending): (a) each slot takes
+//!      `min(its rank's tokens left, its quota)` from its own rank; (b) what its quota still
+//!      lacks from the ranks of its node, (c) then from the ranks of the other nodes, in both
+//!      drawn from those ranks in proportion to the tokens each has left ([`draw`]'s integer
+//!      rule: ⌊need · rem_r / Σ rem⌋, the tokens left over one each to the first ranks,
+//!      ascending, whose share had a fraction). Pass (b) ends for every slot before (c)
+//!      starts, so each node keeps `min(its tokens, its slots' quotas)` inside itself, the
+//!      most any feeding of these quotas can (and each rank keeps the most it can on itself);
+//!      drawing in proportion spreads what must cross over all of a node's ranks, as the even
+//!      split did (drawing ranks in ascending order instead concentrated it on the lowest
+//!      ranks and measured slower on `flash`, the busiest sender setting the all-to-all).
 //!
 //!    With one slot (the common case) it takes everything left. Real dispatchers do the same
 //!    (SGLang's static dispatch map sends a GPU's tokens to the copy on that GPU, else on its
@@ -125,42 +130,74 @@ fn feed_slots(rem: &mut Vec<i64>, slots: &[usize], topo: &Topology, mut emit: im
         }
     }
     let rpn = topo.ranks_per_group_node();
-    let mut take = |r: usize, j: usize, rem: &mut [i64], quota: &mut [i64]| {
+    // (a) each slot from its own rank
+    for (j, &p) in slots.iter().enumerate() {
+        let r = topo.rank_of_slot(p);
         let n = rem[r].min(quota[j]);
         if n > 0 {
             rem[r] -= n;
             quota[j] -= n;
-            emit(r, topo.rank_of_slot(slots[j]), Dest::Slot(slots[j]), n);
-        }
-    };
-    // (a) each slot from its own rank
-    for j in 0..c {
-        take(topo.rank_of_slot(slots[j]), j, rem, quota);
-    }
-    // (b) from the other ranks of its node (a node's ranks are the block [lo, lo + rpn)); a rank
-    // that still has tokens here has no slot with quota left on itself, so own rank is skipped
-    // by the `min`
-    for j in 0..c {
-        let lo = topo.local_node_of(topo.rank_of_slot(slots[j])) * rpn;
-        for r in lo..(lo + rpn).min(ep) {
-            if quota[j] == 0 {
-                break;
-            }
-            take(r, j, rem, quota);
+            emit(r, r, Dest::Slot(p), n);
         }
     }
-    // (c) from the other nodes' ranks: after (b) a slot with quota left has a drained node
-    for j in 0..c {
-        let lo = topo.local_node_of(topo.rank_of_slot(slots[j])) * rpn;
-        let hi = (lo + rpn).min(ep);
-        for r in (0..lo).chain(hi..ep) {
+    // (b) from the other ranks of its node (the block [lo, lo + rpn)), then (c) from the other
+    // nodes' ranks; (b) ends for every slot before (c) begins. A rank that still has tokens in
+    // (b) has no slot with quota left on itself, so including it changes nothing.
+    for pass in 0..2 {
+        for (j, &p) in slots.iter().enumerate() {
             if quota[j] == 0 {
-                break;
+                continue;
             }
-            take(r, j, rem, quota);
+            let dst = topo.rank_of_slot(p);
+            let lo = topo.local_node_of(dst) * rpn;
+            let hi = (lo + rpn).min(ep);
+            let from = if pass == 0 { lo..hi } else { 0..ep };
+            let skip = if pass == 0 { 0..0 } else { lo..hi };
+            draw(rem, from, skip, &mut quota[j], |r, n| emit(r, dst, Dest::Slot(p), n));
         }
     }
     debug_assert!(rem.iter().all(|&x| x == 0) && quota.iter().all(|&x| x == 0));
+}
+
+/// Passes (b) and (c): a slot's `need` drawn from the origins `from` (less `skip`) in proportion to what each has
+/// left: origin r gives ⌊need · rem_r / X⌋ (X = their sum), and the tokens this leaves over go
+/// one each to the first origins, ascending, whose share had a fraction (there are enough:
+/// the fractions sum to what is left over). All of X when need ≥ X. Drawing in proportion
+/// keeps every origin's remaining fraction alike, so the tokens that must leave a node leave
+/// from all its ranks evenly, as they did under the even split, rather than from its lowest
+/// ranks (which would raise the busiest sender's all-to-all time).
+fn draw(rem: &mut [i64], from: std::ops::Range<usize>, skip: std::ops::Range<usize>, need: &mut i64, mut emit: impl FnMut(usize, i64)) {
+    let origins = || from.clone().filter(|r| !skip.contains(r));
+    let x: i64 = origins().map(|r| rem[r]).sum();
+    if x == 0 {
+        return;
+    }
+    let d = (*need).min(x);
+    // a share and whether it had a fraction; d · rem_r fits i64 unless an exchange sends
+    // billions of tokens to one expert, then i128
+    let share = |v: i64| match d.checked_mul(v) {
+        Some(t) => (t / x, t % x != 0),
+        None => {
+            let t = i128::from(d) * i128::from(v);
+            ((t / i128::from(x)) as i64, t % i128::from(x) != 0)
+        }
+    };
+    // the shares' sum fixes what is left over; then the shares, and the left-over tokens to
+    // the first origins with a fraction
+    let mut over = d - origins().map(|r| share(rem[r]).0).sum::<i64>();
+    for r in origins() {
+        let (mut n, frac) = share(rem[r]);
+        if frac && over > 0 {
+            n += 1;
+            over -= 1;
+        }
+        if n > 0 {
+            rem[r] -= n;
+            emit(r, n);
+        }
+    }
+    debug_assert_eq!(over, 0);
+    *need -= d;
 }
 
 /// One batch of an exchange's flow table: `count` tokens of logical `expert` from EP-local rank
@@ -360,5 +397,26 @@ mod tests {
             flows,
             vec![(0, 0, Dest::Slot(0), 10), (3, 2, Dest::Slot(2), 4), (1, 2, Dest::Slot(2), 6)]
         );
+        // quotas 12 and 12: rank 0 fills its own slot with its 8 and rank 1's 4, node 1's
+        // copy takes rank 3's 4 and the 8 rank 1 has left
+        let flows = collect(&[8, 12, 0, 4], &[0, 2], &[], &topo);
+        assert_eq!(
+            flows,
+            vec![(0, 0, Dest::Slot(0), 8), (1, 0, Dest::Slot(0), 4), (3, 2, Dest::Slot(2), 4), (1, 2, Dest::Slot(2), 8)]
+        );
+        let flows = collect(&[16, 8, 0, 0], &[1, 3], &[], &topo);
+        // slots on ranks 1 and 3, quotas 12 and 12: rank 1 keeps 8, takes 4 of rank 0's 16;
+        // the other 12 cross
+        assert_eq!(flows, vec![(1, 1, Dest::Slot(1), 8), (0, 1, Dest::Slot(1), 4), (0, 3, Dest::Slot(3), 12)]);
+    }
+
+    #[test]
+    fn crossing_tokens_leave_every_rank_of_a_node_alike() {
+        // 4 ranks on one node hold the expert's tokens, its two copies sit on another node's
+        // ranks and on one of theirs: the 3 ranks without a copy send alike
+        let topo = Topology::new(8, 8, 4, 1).unwrap();
+        let flows = collect(&[30, 30, 30, 30, 0, 0, 0, 0], &[0, 4], &[], &topo);
+        let sent: Vec<i64> = (0..4).map(|r| flows.iter().filter(|f| f.0 == r && f.1 == 4).map(|f| f.3).sum()).collect();
+        assert_eq!(sent, vec![0, 20, 20, 20]);
     }
 }

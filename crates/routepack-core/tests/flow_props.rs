@@ -1,6 +1,7 @@
 //! Property tests of `flow`: `route_expert` follows its documented rule (replicas take
 //! round(share·T) in table order, locality-first; the rest fills the quotas of an even split
-//! with a rotating remainder, own rank → own node → other nodes); `route_exchange` and `rank_tokens` give the per-rank loads `simulate` prices
+//! with a rotating remainder, own rank → own node → other nodes, drawing in proportion);
+//! `route_exchange` and `rank_tokens` give the per-rank loads `simulate` prices
 //! (same imbalance, bit for bit), and tokens are conserved.
 
 mod common;
@@ -102,26 +103,46 @@ proptest! {
             }
         } else {
             let (mut q, mut left) = (quota.clone(), rem.clone());
-            for pass in 0..3 {
+            for (j, &p) in slots.iter().enumerate() {
+                let dst = topo.rank_of_slot(p);
+                let n = left[dst].min(q[j]);
+                if n > 0 {
+                    left[dst] -= n;
+                    q[j] -= n;
+                    expect.push((dst, dst, Dest::Slot(p), n));
+                }
+            }
+            for pass in 1..3 {
                 for (j, &p) in slots.iter().enumerate() {
                     let dst = topo.rank_of_slot(p);
-                    let from: Vec<usize> = (0..ep)
-                        .filter(|&r| match pass {
-                            0 => r == dst,
-                            1 => r != dst && node(r) == node(dst),
-                            _ => node(r) != node(dst),
-                        })
-                        .collect();
-                    for r in from {
-                        let n = left[r].min(q[j]);
+                    let from: Vec<usize> = (0..ep).filter(|&r| (node(r) == node(dst)) == (pass == 1)).collect();
+                    // in proportion to what each has left, floors first, then one more to the
+                    // first with a fraction until the need is met
+                    let x: i64 = from.iter().map(|&r| left[r]).sum();
+                    let d = q[j].min(x);
+                    if d == 0 {
+                        continue;
+                    }
+                    let mut shares: Vec<(usize, i64, bool)> =
+                        from.iter().map(|&r| (r, d * left[r] / x, (d * left[r]) % x != 0)).collect();
+                    let mut over = d - shares.iter().map(|t| t.1).sum::<i64>();
+                    for t in shares.iter_mut() {
+                        if t.2 && over > 0 {
+                            t.1 += 1;
+                            over -= 1;
+                        }
+                    }
+                    prop_assert_eq!(over, 0);
+                    for (r, n, _) in shares {
                         if n > 0 {
                             left[r] -= n;
-                            q[j] -= n;
                             expect.push((r, dst, Dest::Slot(p), n));
                         }
                     }
+                    q[j] -= d;
                 }
             }
+            prop_assert!(left.iter().all(|&x| x == 0) && q.iter().all(|&x| x == 0));
         }
         prop_assert_eq!(&to_slots, &expect);
         // each node keeps min(its tokens, its slots' quotas) inside itself: the most any
