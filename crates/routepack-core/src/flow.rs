@@ -110,17 +110,20 @@ pub fn route_expert(
     feed_slots(rem, slots, topo, emit);
 }
 
-/// Step 2 of the rule (module docs) for an expert with c ≥ 2 slots: quotas of the even
-/// split, filled own rank → own node → other nodes. `rem` (`[ep]`, the tokens no replica took)
-/// holds `ep + c` entries on return (the quotas are kept behind the ranks' tokens, so the
-/// caller's scratch serves both without an allocation per call); its first ep are all zero.
+/// Step 2 of the rule (module docs) for an expert with c ≥ 2 slots. `rem` (`[ep]`, the tokens
+/// no replica took) is the caller's scratch; it holds `2·(ep + c)` entries on return (quotas,
+/// outflows and inflows are kept behind the ranks' tokens, so one buffer serves every call
+/// without an allocation), its first ep all zero.
 fn feed_slots(rem: &mut Vec<i64>, slots: &[usize], topo: &Topology, mut emit: impl FnMut(usize, usize, Dest, i64)) {
     let (ep, c) = (rem.len(), slots.len());
     // q_j = Σ_r rem_r / c, plus one for each origin whose remainder covers j: origin r's
     // remainder covers the cyclic run r mod c, r mod c + 1, … of length rem_r mod c
     let base: i64 = rem.iter().map(|&x| x / c as i64).sum();
     rem.resize(ep + c, base);
-    let (rem, quota) = rem.split_at_mut(ep);
+    rem.resize(2 * (ep + c), 0);
+    let (rem, rest) = rem.split_at_mut(ep);
+    let (quota, rest) = rest.split_at_mut(c);
+    let (out, inflow) = rest.split_at_mut(ep);
     for r in 0..ep {
         let extra = (rem[r] % c as i64) as usize;
         let mut j = r % c;
@@ -130,74 +133,111 @@ fn feed_slots(rem: &mut Vec<i64>, slots: &[usize], topo: &Topology, mut emit: im
         }
     }
     let rpn = topo.ranks_per_group_node();
-    // (a) each slot from its own rank
-    for (j, &p) in slots.iter().enumerate() {
-        let r = topo.rank_of_slot(p);
-        let n = rem[r].min(quota[j]);
-        if n > 0 {
-            rem[r] -= n;
-            quota[j] -= n;
-            emit(r, r, Dest::Slot(p), n);
+    let node_of_slot = |j: usize| topo.local_node_of(topo.rank_of_slot(slots[j]));
+    // (1) per node: what must leave it (its tokens beyond its slots' quotas), spread over its
+    // ranks in proportion to their tokens, or what must come in, spread over its slots in
+    // proportion to their quotas
+    for n in 0..ep.div_ceil(rpn) {
+        let ranks = n * rpn..((n + 1) * rpn).min(ep);
+        let supply: i64 = rem[ranks.clone()].iter().sum();
+        let demand: i64 = (0..c).filter(|&j| node_of_slot(j) == n).map(|j| quota[j]).sum();
+        if supply > demand {
+            apportion(supply - demand, supply, ranks.map(|r| (r, rem[r])), |r, k| out[r] = k);
+        } else if demand > supply {
+            apportion(demand - supply, demand, (0..c).filter(|&j| node_of_slot(j) == n).map(|j| (j, quota[j])), |j, k| inflow[j] = k);
         }
     }
-    // (b) from the other ranks of its node (the block [lo, lo + rpn)), then (c) from the other
-    // nodes' ranks; (b) ends for every slot before (c) begins. A rank that still has tokens in
-    // (b) has no slot with quota left on itself, so including it changes nothing.
-    for pass in 0..2 {
-        for (j, &p) in slots.iter().enumerate() {
-            if quota[j] == 0 {
-                continue;
-            }
-            let dst = topo.rank_of_slot(p);
-            let lo = topo.local_node_of(dst) * rpn;
-            let hi = (lo + rpn).min(ep);
-            let from = if pass == 0 { lo..hi } else { 0..ep };
-            let skip = if pass == 0 { 0..0 } else { lo..hi };
-            draw(rem, from, skip, &mut quota[j], |r, n| emit(r, dst, Dest::Slot(p), n));
+    // (2) across nodes: each slot's inflow drawn from every rank's outflow in proportion
+    // (a node either sends or receives, so only other nodes' ranks have an outflow)
+    let mut pool: i64 = out.iter().sum();
+    for j in 0..c {
+        let (p, dst) = (slots[j], topo.rank_of_slot(slots[j]));
+        let k = draw(inflow[j], pool, out, |r, k| {
+            rem[r] -= k;
+            emit(r, dst, Dest::Slot(p), k);
+        });
+        quota[j] -= k;
+        pool -= k;
+    }
+    // (3) inside each node: a slot's own rank first (those tokens cross no link), then the
+    // other ranks of its node in proportion to what each has left
+    for (j, &p) in slots.iter().enumerate() {
+        let r = topo.rank_of_slot(p);
+        let k = rem[r].min(quota[j]);
+        if k > 0 {
+            rem[r] -= k;
+            quota[j] -= k;
+            emit(r, r, Dest::Slot(p), k);
         }
+    }
+    for (j, &p) in slots.iter().enumerate() {
+        if quota[j] == 0 {
+            continue;
+        }
+        let dst = topo.rank_of_slot(p);
+        let lo = topo.local_node_of(dst) * rpn;
+        let hi = (lo + rpn).min(ep);
+        let left: i64 = rem[lo..hi].iter().sum();
+        quota[j] -= draw(quota[j], left, &mut rem[lo..hi], |i, k| emit(lo + i, dst, Dest::Slot(p), k));
     }
     debug_assert!(rem.iter().all(|&x| x == 0) && quota.iter().all(|&x| x == 0));
 }
 
-/// Passes (b) and (c): a slot's `need` drawn from the origins `from` (less `skip`) in proportion to what each has
-/// left: origin r gives ⌊need · rem_r / X⌋ (X = their sum), and the tokens this leaves over go
-/// one each to the first origins, ascending, whose share had a fraction (there are enough:
-/// the fractions sum to what is left over). All of X when need ≥ X. Drawing in proportion
-/// keeps every origin's remaining fraction alike, so the tokens that must leave a node leave
-/// from all its ranks evenly, as they did under the even split, rather than from its lowest
-/// ranks (which would raise the busiest sender's all-to-all time).
-fn draw(rem: &mut [i64], from: std::ops::Range<usize>, skip: std::ops::Range<usize>, need: &mut i64, mut emit: impl FnMut(usize, i64)) {
-    let origins = || from.clone().filter(|r| !skip.contains(r));
-    let x: i64 = origins().map(|r| rem[r]).sum();
-    if x == 0 {
-        return;
-    }
-    let d = (*need).min(x);
-    // a share and whether it had a fraction; d · rem_r fits i64 unless an exchange sends
-    // billions of tokens to one expert, then i128
-    let share = |v: i64| match d.checked_mul(v) {
-        Some(t) => (t / x, t % x != 0),
-        None => {
-            let t = i128::from(d) * i128::from(v);
-            ((t / i128::from(x)) as i64, t % i128::from(x) != 0)
-        }
-    };
-    // the shares' sum fixes what is left over; then the shares, and the left-over tokens to
-    // the first origins with a fraction
-    let mut over = d - origins().map(|r| share(rem[r]).0).sum::<i64>();
-    for r in origins() {
-        let (mut n, frac) = share(rem[r]);
+/// `need` (≤ `total`) apportioned over `items` `(index, weight)` whose weights sum to
+/// `total`: item i gets ⌊need · w_i / total⌋, and the units this leaves over go one each to
+/// the first items whose share had a fraction (there are enough: the fractions sum to what
+/// is left over). Calls `f(index, share)` for every item, shares of 0 included.
+fn apportion(need: i64, total: i64, items: impl Iterator<Item = (usize, i64)> + Clone, mut f: impl FnMut(usize, i64)) {
+    debug_assert!(0 <= need && need <= total);
+    let over = need - items.clone().map(|(_, w)| share(need, w, total).0).sum::<i64>();
+    let mut over = over;
+    for (i, w) in items {
+        let (mut k, frac) = share(need, w, total);
         if frac && over > 0 {
-            n += 1;
+            k += 1;
             over -= 1;
         }
-        if n > 0 {
-            rem[r] -= n;
-            emit(r, n);
+        f(i, k);
+    }
+    debug_assert_eq!(over, 0);
+}
+
+/// Draws `min(need, total)` out of `pool` (`total` = Σ pool) by [`apportion`]'s rule, each
+/// entry giving its share, and reports the non-empty shares to `f(index, share)`; returns
+/// what it drew.
+fn draw(need: i64, total: i64, pool: &mut [i64], mut f: impl FnMut(usize, i64)) -> i64 {
+    let need = need.min(total);
+    if need == 0 {
+        return 0;
+    }
+    let over = need - pool.iter().map(|&w| share(need, w, total).0).sum::<i64>();
+    let mut over = over;
+    for (i, w) in pool.iter_mut().enumerate() {
+        let (mut k, frac) = share(need, *w, total);
+        if frac && over > 0 {
+            k += 1;
+            over -= 1;
+        }
+        if k > 0 {
+            *w -= k;
+            f(i, k);
         }
     }
     debug_assert_eq!(over, 0);
-    *need -= d;
+    need
+}
+
+/// ⌊need · w / total⌋ and whether it had a fraction; the product fits i64 unless an exchange
+/// sends billions of tokens to one expert, then i128.
+#[inline]
+fn share(need: i64, w: i64, total: i64) -> (i64, bool) {
+    match need.checked_mul(w) {
+        Some(t) => (t / total, t % total != 0),
+        None => {
+            let t = i128::from(need) * i128::from(w);
+            ((t / i128::from(total)) as i64, t % i128::from(total) != 0)
+        }
+    }
 }
 
 /// One batch of an exchange's flow table: `count` tokens of logical `expert` from EP-local rank
@@ -391,32 +431,40 @@ mod tests {
         // node 0 sends 10 + 6, node 1 sends 0 + 4: quotas 10 and 10
         let flows = collect(&[10, 6, 0, 4], &[0, 2], &[], &topo);
         let cross: i64 = flows.iter().filter(|f| topo.local_node_of(f.0) != topo.local_node_of(f.1)).map(|f| f.3).sum();
-        // node 1 keeps its 4 tokens; node 0's surplus of 6 has to cross (the least possible)
+        // node 1 keeps its 4 tokens; node 0's surplus of 6 has to cross (the least possible),
+        // from its ranks in proportion to their tokens (3.75 : 2.25, rounded to 4 : 2)
         assert_eq!(cross, 6);
-        assert_eq!(
-            flows,
-            vec![(0, 0, Dest::Slot(0), 10), (3, 2, Dest::Slot(2), 4), (1, 2, Dest::Slot(2), 6)]
-        );
-        // quotas 12 and 12: rank 0 fills its own slot with its 8 and rank 1's 4, node 1's
-        // copy takes rank 3's 4 and the 8 rank 1 has left
+        let want = [(0, 2, Dest::Slot(2), 4), (1, 2, Dest::Slot(2), 2), (0, 0, Dest::Slot(0), 6), (1, 0, Dest::Slot(0), 4), (3, 2, Dest::Slot(2), 4)];
+        assert_eq!(flows, want);
+        // quotas 12 and 12: node 0's surplus of 8 leaves as 4 + 4 (3.2 : 4.8 rounded)
         let flows = collect(&[8, 12, 0, 4], &[0, 2], &[], &topo);
-        assert_eq!(
-            flows,
-            vec![(0, 0, Dest::Slot(0), 8), (1, 0, Dest::Slot(0), 4), (3, 2, Dest::Slot(2), 4), (1, 2, Dest::Slot(2), 8)]
-        );
+        let want = [(0, 2, Dest::Slot(2), 4), (1, 2, Dest::Slot(2), 4), (0, 0, Dest::Slot(0), 4), (1, 0, Dest::Slot(0), 8), (3, 2, Dest::Slot(2), 4)];
+        assert_eq!(flows, want);
+        // slots on ranks 1 and 3, quotas 12 and 12: 12 of node 0's 24 cross, 8 from rank 0 and
+        // 4 from rank 1 (the copy's own rank sends its share too, so no rank sends more than
+        // under the even split)
         let flows = collect(&[16, 8, 0, 0], &[1, 3], &[], &topo);
-        // slots on ranks 1 and 3, quotas 12 and 12: rank 1 keeps 8, takes 4 of rank 0's 16;
-        // the other 12 cross
-        assert_eq!(flows, vec![(1, 1, Dest::Slot(1), 8), (0, 1, Dest::Slot(1), 4), (0, 3, Dest::Slot(3), 12)]);
+        assert_eq!(flows, vec![(0, 3, Dest::Slot(3), 8), (1, 3, Dest::Slot(3), 4), (1, 1, Dest::Slot(1), 4), (0, 1, Dest::Slot(1), 8)]);
     }
 
     #[test]
     fn crossing_tokens_leave_every_rank_of_a_node_alike() {
-        // 4 ranks on one node hold the expert's tokens, its two copies sit on another node's
-        // ranks and on one of theirs: the 3 ranks without a copy send alike
+        // 4 ranks on one node hold the expert's tokens, its two copies sit on rank 0 and on
+        // rank 4 of the other node: half crosses, a quarter of it from each rank
         let topo = Topology::new(8, 8, 4, 1).unwrap();
         let flows = collect(&[30, 30, 30, 30, 0, 0, 0, 0], &[0, 4], &[], &topo);
         let sent: Vec<i64> = (0..4).map(|r| flows.iter().filter(|f| f.0 == r && f.1 == 4).map(|f| f.3).sum()).collect();
-        assert_eq!(sent, vec![0, 20, 20, 20]);
+        assert_eq!(sent, vec![15; 4]);
+    }
+
+    #[test]
+    fn inflow_spreads_over_a_nodes_copies() {
+        // copies on ranks 0 and 1 (node 0) with 2 and 10 tokens of their own, node 1 sends 20:
+        // each copy takes half of node 1's tokens (10), and rank 1 gives rank 0 the 4 it lacks
+        let topo = Topology::new(4, 4, 2, 1).unwrap();
+        let flows = collect(&[2, 10, 12, 8], &[0, 1], &[], &topo);
+        let inter = |p: usize| flows.iter().filter(|f| f.1 == p && topo.local_node_of(f.0) != topo.local_node_of(p)).map(|f| f.3).sum::<i64>();
+        assert_eq!((inter(0), inter(1)), (10, 10));
+        assert!(flows.contains(&(0, 0, Dest::Slot(0), 2)) && flows.contains(&(1, 0, Dest::Slot(0), 4)));
     }
 }
