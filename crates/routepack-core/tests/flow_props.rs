@@ -102,7 +102,44 @@ proptest! {
                 }
             }
         } else {
+            // the rule, written out plainly: per node, what leaves (shared by its ranks in
+            // proportion to their tokens) or comes in (shared by its slots in proportion to
+            // their quotas); across nodes each slot draws its inflow from every outflow in
+            // proportion; inside nodes own rank first, then the node's ranks in proportion
             let (mut q, mut left) = (quota.clone(), rem.clone());
+            let mut out = vec![0i64; ep];
+            let mut inflow = vec![0i64; slots.len()];
+            let slot_node = |j: usize| node(topo.rank_of_slot(slots[j]));
+            for n in 0..topo.nodes_per_group() {
+                let ranks: Vec<usize> = (0..ep).filter(|&r| node(r) == n).collect();
+                let js: Vec<usize> = (0..slots.len()).filter(|&j| slot_node(j) == n).collect();
+                let supply: i64 = ranks.iter().map(|&r| left[r]).sum();
+                let demand: i64 = js.iter().map(|&j| q[j]).sum();
+                if supply > demand {
+                    for (r, k) in apportioned(supply - demand, &ranks.iter().map(|&r| left[r]).collect::<Vec<_>>()).into_iter().enumerate() {
+                        out[ranks[r]] = k;
+                    }
+                } else if demand > supply {
+                    for (i, k) in apportioned(demand - supply, &js.iter().map(|&j| q[j]).collect::<Vec<_>>()).into_iter().enumerate() {
+                        inflow[js[i]] = k;
+                    }
+                }
+            }
+            for (j, &p) in slots.iter().enumerate() {
+                let dst = topo.rank_of_slot(p);
+                if inflow[j] == 0 {
+                    continue;
+                }
+                for (r, k) in apportioned(inflow[j], &out).into_iter().enumerate() {
+                    if k > 0 {
+                        out[r] -= k;
+                        left[r] -= k;
+                        expect.push((r, dst, Dest::Slot(p), k));
+                    }
+                }
+                q[j] -= inflow[j];
+            }
+            prop_assert!(out.iter().all(|&x| x == 0));
             for (j, &p) in slots.iter().enumerate() {
                 let dst = topo.rank_of_slot(p);
                 let n = left[dst].min(q[j]);
@@ -112,37 +149,21 @@ proptest! {
                     expect.push((dst, dst, Dest::Slot(p), n));
                 }
             }
-            for pass in 1..3 {
-                for (j, &p) in slots.iter().enumerate() {
-                    let dst = topo.rank_of_slot(p);
-                    let from: Vec<usize> = (0..ep).filter(|&r| (node(r) == node(dst)) == (pass == 1)).collect();
-                    // in proportion to what each has left, floors first, then one more to the
-                    // first with a fraction until the need is met
-                    let x: i64 = from.iter().map(|&r| left[r]).sum();
-                    let d = q[j].min(x);
-                    if d == 0 {
-                        continue;
-                    }
-                    let mut shares: Vec<(usize, i64, bool)> =
-                        from.iter().map(|&r| (r, d * left[r] / x, (d * left[r]) % x != 0)).collect();
-                    let mut over = d - shares.iter().map(|t| t.1).sum::<i64>();
-                    for t in shares.iter_mut() {
-                        if t.2 && over > 0 {
-                            t.1 += 1;
-                            over -= 1;
-                        }
-                    }
-                    prop_assert_eq!(over, 0);
-                    for (r, n, _) in shares {
-                        if n > 0 {
-                            left[r] -= n;
-                            expect.push((r, dst, Dest::Slot(p), n));
-                        }
-                    }
-                    q[j] -= d;
+            for (j, &p) in slots.iter().enumerate() {
+                let dst = topo.rank_of_slot(p);
+                if q[j] == 0 {
+                    continue;
                 }
+                let mates: Vec<usize> = (0..ep).filter(|&r| node(r) == node(dst)).collect();
+                for (i, k) in apportioned(q[j], &mates.iter().map(|&r| left[r]).collect::<Vec<_>>()).into_iter().enumerate() {
+                    if k > 0 {
+                        left[mates[i]] -= k;
+                        expect.push((mates[i], dst, Dest::Slot(p), k));
+                    }
+                }
+                q[j] = 0;
             }
-            prop_assert!(left.iter().all(|&x| x == 0) && q.iter().all(|&x| x == 0));
+            prop_assert!(left.iter().all(|&x| x == 0));
         }
         prop_assert_eq!(&to_slots, &expect);
         // each node keeps min(its tokens, its slots' quotas) inside itself: the most any
@@ -154,6 +175,23 @@ proptest! {
             prop_assert_eq!(local, supply.min(demand), "node {}", n);
         }
     }
+}
+
+/// `need` (≤ Σ weights) shared in proportion to `weights`: floors first, then one more to
+/// each of the first entries whose share had a fraction until `need` is met.
+fn apportioned(need: i64, weights: &[i64]) -> Vec<i64> {
+    let total: i64 = weights.iter().sum();
+    assert!(need <= total);
+    let mut shares: Vec<(i64, bool)> = weights.iter().map(|&w| (need * w / total, (need * w) % total != 0)).collect();
+    let mut over = need - shares.iter().map(|s| s.0).sum::<i64>();
+    for s in shares.iter_mut() {
+        if s.1 && over > 0 {
+            s.0 += 1;
+            over -= 1;
+        }
+    }
+    assert_eq!(over, 0);
+    shares.into_iter().map(|s| s.0).collect()
 }
 
 // ------------------ route_exchange and rank_tokens against the simulator
