@@ -6,6 +6,7 @@
 use std::time::Instant;
 
 use super::items::Items;
+use super::spread::spread_copies;
 use super::binpack::{with_capacities, Pack, Problem};
 use super::options::Options;
 use crate::budget::passed;
@@ -97,7 +98,12 @@ pub(crate) fn fresh_bins(items: &Items, num_experts: usize, topo: &Topology, opt
             for (i, &b) in s.bin_of.iter().enumerate() {
                 flat[b].push(i);
             }
-            return (flat, s.max_load());
+            // the flat packing limits copies per rank only: spread them over nodes
+            if spread_copies(items, num_experts, &mut flat, topo) == 0 {
+                return (flat, s.max_load());
+            }
+            let top = flat.iter().map(|b| b.iter().map(|&i| items.weight[i]).sum::<f64>()).fold(f64::NEG_INFINITY, f64::max);
+            return (flat, top);
         }
     }
     for s in packs.iter_mut() {
