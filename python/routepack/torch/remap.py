@@ -1,7 +1,7 @@
 """Token remapping: logical top-k ids → physical slots and replica copies under a plan.
 
-The destination of every token is decided by `routepack-core/src/flow.rs::route_cell` (the
-same function the simulator prices), so the tokens each EP rank receives are exactly the
+The destination of every token is decided by `routepack-core/src/flow/` (`route_exchange`,
+bound as `_core.route_cell`: the same function the simulator prices), so the tokens each EP rank receives are exactly the
 plan's prediction. This module turns the cell's flow table (counts) into concrete token
 assignments, deterministically:
 

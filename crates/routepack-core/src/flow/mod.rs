@@ -10,33 +10,45 @@
 //!    `n_i = min(round(share_i · T), tokens not yet taken)`, drawn first from its own rank's
 //!    tokens, then from ranks on its node (ascending), then from the other ranks (ascending).
 //!    Those tokens are computed on `dst_rank` by its temporary copy.
-//! 2. What is left of each origin's tokens, `rem_r`, goes to e's c placement slots (ascending
-//!    slot order), node first:
+//! 2. What is left of each origin's tokens, `rem_r` (R = Σ rem_r), goes to e's c placement
+//!    slots (ascending slot order), node first (`feed`):
 //!    * **quotas**: slot j computes `q_j = Σ_r (rem_r / c + [(j − r) mod c < rem_r mod c])`
 //!      tokens: what an even split of every origin's tokens would give it, the remainder
-//!      rotating with the origin so it spreads (Σ_j q_j = R = Σ_r rem_r, and every q_j is
-//!      within one token per origin of R / c). These are exactly the per-slot loads of the even
-//!      split routepack used before node-first feeding, so a copy's expert work does not depend
-//!      on where its tokens come from;
-//!    * **feeding**, in three passes over the slots (ascending): (a) each slot takes
-//!      `min(its rank's tokens left, its quota)` from its own rank; (b) what its quota still
-//!      lacks from the ranks of its node, (c) then from the ranks of the other nodes, in both
-//!      drawn from those ranks in proportion to the tokens each has left ([`draw`]'s integer
-//!      rule: ⌊need · rem_r / Σ rem⌋, the tokens left over one each to the first ranks,
-//!      ascending, whose share had a fraction). Pass (b) ends for every slot before (c)
-//!      starts, so each node keeps `min(its tokens, its slots' quotas)` inside itself, the
-//!      most any feeding of these quotas can (and each rank keeps the most it can on itself);
-//!      drawing in proportion spreads what must cross over all of a node's ranks, as the even
-//!      split did (drawing ranks in ascending order instead concentrated it on the lowest
-//!      ranks and measured slower on `flash`, the busiest sender setting the all-to-all).
+//!      rotating with the origin so it spreads (Σ_j q_j = R; each q_j is R / c to within one
+//!      token per origin). These are exactly the per-slot loads of the even split routepack
+//!      used before node-first feeding, so a copy's expert work does not depend on where its
+//!      tokens come from;
+//!    * **across nodes**: node n, with `S_n` of the tokens and slots whose quotas sum to
+//!      `D_n`, keeps `min(S_n, D_n)` inside itself, the most any feeding of these quotas can.
+//!      A node with `S_n > D_n` sends `S_n − D_n`, shared by its ranks in proportion to their
+//!      tokens; a node with `D_n > S_n` receives `D_n − S_n`, shared by its slots in
+//!      proportion to their quotas; each receiving slot (ascending) draws its share from every
+//!      sending rank in proportion to what that rank has still to send;
+//!    * **inside nodes**: each slot takes what its quota still lacks from its own rank first
+//!      (those tokens cross no link), then from the ranks of its node in proportion to what
+//!      each has left.
 //!
-//!    With one slot (the common case) it takes everything left. Real dispatchers do the same
-//!    (SGLang's static dispatch map sends a GPU's tokens to the copy on that GPU, else on its
-//!    node). Integer, deterministic, O(ep · c).
+//!    Every share is integer: ⌊need · w_i / Σ w⌋, the units left over one each to the first
+//!    (ascending) whose share had a fraction. Sharing in proportion is what keeps each rank's
+//!    inter-node traffic at or under the even split's (up to rounding): what must leave a node
+//!    leaves from all its ranks alike, and what must enter spreads over all its copies.
+//!    Drawing origins in ascending order instead (own rank, node, other nodes, each rank
+//!    drained before the next) keeps as much inside nodes but piles the crossing tokens on a
+//!    node's lowest ranks and on the copies whose own ranks had the fewest tokens; measured
+//!    on `flash` it made EPLB's plans up to 2% slower than the even split, the busiest rank
+//!    setting the all-to-all. This rule was measured no slower than the even split on any
+//!    preset of `tiny` or `flash`.
+//!
+//!    With one slot (the common case) it takes everything left. Real dispatchers also prefer
+//!    the copy nearest a token (SGLang's static dispatch map sends a GPU's tokens to the copy
+//!    on that GPU, else on its node). Integer, deterministic, O(ep · c).
 
 use rayon::prelude::*;
 
+mod feed;
+
 use crate::error::{bad_plan, invalid, Result};
+use feed::feed_slots;
 use crate::plan::{bucket_replicas, cell_members, Plan};
 use crate::topology::Topology;
 use crate::validate::validate_plan;
@@ -56,7 +68,7 @@ pub enum Dest {
 /// * `origin`   `[ep]` tokens of the expert from each EP-local rank.
 /// * `slots`    the expert's placement slots, ascending (non-empty).
 /// * `replicas` `(dst_rank, share)` of the exchange's replicas for this expert, table order.
-/// * `scratch`  reused buffer of length ep (remaining tokens per origin).
+/// * `scratch`  reused buffer (tokens left per origin, and step 2's quotas and shares).
 pub fn route_expert(
     origin: &[i64],
     slots: &[usize],
@@ -108,136 +120,6 @@ pub fn route_expert(
         return;
     }
     feed_slots(rem, slots, topo, emit);
-}
-
-/// Step 2 of the rule (module docs) for an expert with c ≥ 2 slots. `rem` (`[ep]`, the tokens
-/// no replica took) is the caller's scratch; it holds `2·(ep + c)` entries on return (quotas,
-/// outflows and inflows are kept behind the ranks' tokens, so one buffer serves every call
-/// without an allocation), its first ep all zero.
-fn feed_slots(rem: &mut Vec<i64>, slots: &[usize], topo: &Topology, mut emit: impl FnMut(usize, usize, Dest, i64)) {
-    let (ep, c) = (rem.len(), slots.len());
-    // q_j = Σ_r rem_r / c, plus one for each origin whose remainder covers j: origin r's
-    // remainder covers the cyclic run r mod c, r mod c + 1, … of length rem_r mod c
-    let base: i64 = rem.iter().map(|&x| x / c as i64).sum();
-    rem.resize(ep + c, base);
-    rem.resize(2 * (ep + c), 0);
-    let (rem, rest) = rem.split_at_mut(ep);
-    let (quota, rest) = rest.split_at_mut(c);
-    let (out, inflow) = rest.split_at_mut(ep);
-    for r in 0..ep {
-        let extra = (rem[r] % c as i64) as usize;
-        let mut j = r % c;
-        for _ in 0..extra {
-            quota[j] += 1;
-            j = if j + 1 == c { 0 } else { j + 1 };
-        }
-    }
-    let rpn = topo.ranks_per_group_node();
-    let node_of_slot = |j: usize| topo.local_node_of(topo.rank_of_slot(slots[j]));
-    // (1) per node: what must leave it (its tokens beyond its slots' quotas), spread over its
-    // ranks in proportion to their tokens, or what must come in, spread over its slots in
-    // proportion to their quotas
-    for n in 0..ep.div_ceil(rpn) {
-        let ranks = n * rpn..((n + 1) * rpn).min(ep);
-        let supply: i64 = rem[ranks.clone()].iter().sum();
-        let demand: i64 = (0..c).filter(|&j| node_of_slot(j) == n).map(|j| quota[j]).sum();
-        if supply > demand {
-            apportion(supply - demand, supply, ranks.map(|r| (r, rem[r])), |r, k| out[r] = k);
-        } else if demand > supply {
-            apportion(demand - supply, demand, (0..c).filter(|&j| node_of_slot(j) == n).map(|j| (j, quota[j])), |j, k| inflow[j] = k);
-        }
-    }
-    // (2) across nodes: each slot's inflow drawn from every rank's outflow in proportion
-    // (a node either sends or receives, so only other nodes' ranks have an outflow)
-    let mut pool: i64 = out.iter().sum();
-    for j in 0..c {
-        let (p, dst) = (slots[j], topo.rank_of_slot(slots[j]));
-        let k = draw(inflow[j], pool, out, |r, k| {
-            rem[r] -= k;
-            emit(r, dst, Dest::Slot(p), k);
-        });
-        quota[j] -= k;
-        pool -= k;
-    }
-    // (3) inside each node: a slot's own rank first (those tokens cross no link), then the
-    // other ranks of its node in proportion to what each has left
-    for (j, &p) in slots.iter().enumerate() {
-        let r = topo.rank_of_slot(p);
-        let k = rem[r].min(quota[j]);
-        if k > 0 {
-            rem[r] -= k;
-            quota[j] -= k;
-            emit(r, r, Dest::Slot(p), k);
-        }
-    }
-    for (j, &p) in slots.iter().enumerate() {
-        if quota[j] == 0 {
-            continue;
-        }
-        let dst = topo.rank_of_slot(p);
-        let lo = topo.local_node_of(dst) * rpn;
-        let hi = (lo + rpn).min(ep);
-        let left: i64 = rem[lo..hi].iter().sum();
-        quota[j] -= draw(quota[j], left, &mut rem[lo..hi], |i, k| emit(lo + i, dst, Dest::Slot(p), k));
-    }
-    debug_assert!(rem.iter().all(|&x| x == 0) && quota.iter().all(|&x| x == 0));
-}
-
-/// `need` (≤ `total`) apportioned over `items` `(index, weight)` whose weights sum to
-/// `total`: item i gets ⌊need · w_i / total⌋, and the units this leaves over go one each to
-/// the first items whose share had a fraction (there are enough: the fractions sum to what
-/// is left over). Calls `f(index, share)` for every item, shares of 0 included.
-fn apportion(need: i64, total: i64, items: impl Iterator<Item = (usize, i64)> + Clone, mut f: impl FnMut(usize, i64)) {
-    debug_assert!(0 <= need && need <= total);
-    let over = need - items.clone().map(|(_, w)| share(need, w, total).0).sum::<i64>();
-    let mut over = over;
-    for (i, w) in items {
-        let (mut k, frac) = share(need, w, total);
-        if frac && over > 0 {
-            k += 1;
-            over -= 1;
-        }
-        f(i, k);
-    }
-    debug_assert_eq!(over, 0);
-}
-
-/// Draws `min(need, total)` out of `pool` (`total` = Σ pool) by [`apportion`]'s rule, each
-/// entry giving its share, and reports the non-empty shares to `f(index, share)`; returns
-/// what it drew.
-fn draw(need: i64, total: i64, pool: &mut [i64], mut f: impl FnMut(usize, i64)) -> i64 {
-    let need = need.min(total);
-    if need == 0 {
-        return 0;
-    }
-    let over = need - pool.iter().map(|&w| share(need, w, total).0).sum::<i64>();
-    let mut over = over;
-    for (i, w) in pool.iter_mut().enumerate() {
-        let (mut k, frac) = share(need, *w, total);
-        if frac && over > 0 {
-            k += 1;
-            over -= 1;
-        }
-        if k > 0 {
-            *w -= k;
-            f(i, k);
-        }
-    }
-    debug_assert_eq!(over, 0);
-    need
-}
-
-/// ⌊need · w / total⌋ and whether it had a fraction; the product fits i64 unless an exchange
-/// sends billions of tokens to one expert, then i128.
-#[inline]
-fn share(need: i64, w: i64, total: i64) -> (i64, bool) {
-    match need.checked_mul(w) {
-        Some(t) => (t / total, t % total != 0),
-        None => {
-            let t = i128::from(need) * i128::from(w);
-            ((t / i128::from(total)) as i64, t % i128::from(total) != 0)
-        }
-    }
 }
 
 /// One batch of an exchange's flow table: `count` tokens of logical `expert` from EP-local rank
