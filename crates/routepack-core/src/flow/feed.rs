@@ -18,8 +18,8 @@ pub(super) fn feed_slots(rem: &mut Vec<i64>, slots: &[usize], topo: &Topology, m
     let (rem, rest) = rem.split_at_mut(ep);
     let (quota, rest) = rest.split_at_mut(c);
     let (out, inflow) = rest.split_at_mut(ep);
-    for r in 0..ep {
-        let extra = (rem[r] % c as i64) as usize;
+    for (r, &x) in rem.iter().enumerate() {
+        let extra = (x % c as i64) as usize;
         let mut j = r % c;
         for _ in 0..extra {
             quota[j] += 1;

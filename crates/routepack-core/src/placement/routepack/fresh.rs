@@ -98,12 +98,16 @@ pub(crate) fn fresh_bins(items: &Items, num_experts: usize, topo: &Topology, opt
             for (i, &b) in s.bin_of.iter().enumerate() {
                 flat[b].push(i);
             }
-            // the flat packing limits copies per rank only: spread them over nodes
-            if spread_copies(items, num_experts, &mut flat, topo) == 0 {
-                return (flat, s.max_load());
+            // the flat packing limits copies per rank only: spread them over nodes, where that
+            // costs no balance (this packing was taken for its balance)
+            let mut spread = flat.clone();
+            if spread_copies(items, num_experts, &mut spread, topo) > 0 {
+                let top = spread.iter().map(|b| b.iter().map(|&i| items.weight[i]).sum::<f64>()).fold(f64::NEG_INFINITY, f64::max);
+                if top <= s.max_load() {
+                    return (spread, top);
+                }
             }
-            let top = flat.iter().map(|b| b.iter().map(|&i| items.weight[i]).sum::<f64>()).fold(f64::NEG_INFINITY, f64::max);
-            return (flat, top);
+            return (flat, s.max_load());
         }
     }
     for s in packs.iter_mut() {

@@ -57,8 +57,9 @@ pub(crate) fn spread_copies(items: &Items, num_experts: usize, bins: &mut [Vec<u
                 .expect("src holds a copy");
             let we = items.weight[bins[pr][pk]];
             let mut best: Option<(f64, usize, usize)> = None;
-            for r in dst * rpn..((dst + 1) * rpn).min(ep) {
-                for (k, &i) in bins[r].iter().enumerate() {
+            let lo = dst * rpn;
+            for (r, bin) in bins.iter().enumerate().take(((dst + 1) * rpn).min(ep)).skip(lo) {
+                for (k, &i) in bin.iter().enumerate() {
                     let x = items.expert[i] as usize;
                     if x == e || on[src * num_experts + x] + 1 > limit(x) {
                         continue;
