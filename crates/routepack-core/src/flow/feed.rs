@@ -1,14 +1,13 @@
 //! Step 2 of `flow`'s rule: the tokens no replica took, onto an expert's placement slots,
 //! node first (the rule and why it shares in proportion are in `flow`'s module docs).
 
-use super::Dest;
 use crate::topology::Topology;
 
 /// Step 2 of the rule (module docs) for an expert with c ≥ 2 slots. `rem` (`[ep]`, the tokens
 /// no replica took) is the caller's scratch; it holds `2·(ep + c)` entries on return (quotas,
 /// outflows and inflows are kept behind the ranks' tokens, so one buffer serves every call
-/// without an allocation), its first ep all zero.
-pub(super) fn feed_slots(rem: &mut Vec<i64>, slots: &[usize], topo: &Topology, mut emit: impl FnMut(usize, usize, Dest, i64)) {
+/// without an allocation), its first ep all zero. Calls `emit(origin, dst_rank, slot, count)`.
+pub(super) fn feed_slots(rem: &mut Vec<i64>, slots: &[usize], topo: &Topology, mut emit: impl FnMut(usize, usize, usize, i64)) {
     let (ep, c) = (rem.len(), slots.len());
     // q_j = Σ_r rem_r / c, plus one for each origin whose remainder covers j: origin r's
     // remainder covers the cyclic run r mod c, r mod c + 1, … of length rem_r mod c
@@ -48,7 +47,7 @@ pub(super) fn feed_slots(rem: &mut Vec<i64>, slots: &[usize], topo: &Topology, m
         let (p, dst) = (slots[j], topo.rank_of_slot(slots[j]));
         let k = draw(inflow[j], pool, out, |r, k| {
             rem[r] -= k;
-            emit(r, dst, Dest::Slot(p), k);
+            emit(r, dst, p, k);
         });
         quota[j] -= k;
         pool -= k;
@@ -61,7 +60,7 @@ pub(super) fn feed_slots(rem: &mut Vec<i64>, slots: &[usize], topo: &Topology, m
         if k > 0 {
             rem[r] -= k;
             quota[j] -= k;
-            emit(r, r, Dest::Slot(p), k);
+            emit(r, r, p, k);
         }
     }
     for (j, &p) in slots.iter().enumerate() {
@@ -72,7 +71,7 @@ pub(super) fn feed_slots(rem: &mut Vec<i64>, slots: &[usize], topo: &Topology, m
         let lo = topo.local_node_of(dst) * rpn;
         let hi = (lo + rpn).min(ep);
         let left: i64 = rem[lo..hi].iter().sum();
-        quota[j] -= draw(quota[j], left, &mut rem[lo..hi], |i, k| emit(lo + i, dst, Dest::Slot(p), k));
+        quota[j] -= draw(quota[j], left, &mut rem[lo..hi], |i, k| emit(lo + i, dst, p, k));
     }
     debug_assert!(rem.iter().all(|&x| x == 0) && quota.iter().all(|&x| x == 0));
 }

@@ -119,7 +119,7 @@ pub fn route_expert(
         }
         return;
     }
-    feed_slots(rem, slots, topo, emit);
+    feed_slots(rem, slots, topo, |o, d, p, n| emit(o, d, Dest::Slot(p), n));
 }
 
 /// One batch of an exchange's flow table: `count` tokens of logical `expert` from EP-local rank
