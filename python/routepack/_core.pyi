@@ -102,7 +102,7 @@ def check_expert_tokens(seq_lens: _I64, expert_tokens: _I32, top_k: Optional[int
 # ---- token routing (src/py_flow.rs)
 def route_cell(origin: _I64, phy2log: _I32, topo: Any, rep_expert: _I32, rep_dst: _I32,
                rep_share: _F32) -> Tuple[_I32, _I32, _I32, _I32, _I32, _I64]:
-    """Flow table of one exchange (EP group, step, layer) (flow.rs::route_cell):
+    """Flow table of one exchange (EP group, step, layer) (flow::route_exchange):
     (origin_rank, dst_rank, dst_slot or -1, replica or -1, expert, count)."""
 
 def rank_tokens(plan: Any, seq_lens: _I64, expert_tokens: _I32, topo: Any) -> _I64:

@@ -17,7 +17,7 @@ from routepack.window import Window
 
 #: One intra-batch replica: in microbatch `micro` of EP group `group`, layer `layer`, the
 #: weights of logical `expert` go from EP-local rank `src_rank` (which hosts it) to `dst_rank`,
-#: which computes `share` of that expert's tokens in that cell (`routepack-core/src/flow.rs`).
+#: which computes `share` of that expert's tokens in that cell (`routepack-core/src/flow/`).
 REPLICA_DTYPE = np.dtype(
     [("micro", "<i4"), ("group", "<i4"), ("layer", "<i4"), ("expert", "<i4"),
      ("src_rank", "<i4"), ("dst_rank", "<i4"), ("share", "<f4")]

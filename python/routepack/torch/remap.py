@@ -1,8 +1,8 @@
 """Token remapping: logical top-k ids → physical slots and replica copies under a plan.
 
-The destination of every token is decided by `routepack-core/src/flow.rs::route_cell` (the
-same function the simulator prices), so the tokens each EP rank receives are exactly the
-plan's prediction. This module turns the cell's flow table (counts) into concrete token
+The destination of every token is decided by `routepack-core/src/flow/` (`route_exchange`,
+bound as `_core.route_cell`: the same function the simulator prices), so the tokens each EP
+rank receives are exactly the plan's prediction. This module turns the cell's flow table (counts) into concrete token
 assignments, deterministically:
 
 * at the origin rank, the (token, k) pairs routed to logical expert e are taken in ascending
