@@ -184,7 +184,7 @@ def proxy_check(profile: str, seed: int, cache: Path) -> Dict:
             elif packing == "kk":
                 rank, micro, m, _ = _core.pack_kk(w.seq_lens, cap, topo.dp)
             else:
-                rank, micro, m = _core.pack_sequential(w.seq_lens, cap, topo.dp)
+                rank, micro, m, _ = _core.pack_sequential(w.seq_lens, cap, topo.dp)
             plan = rp.Plan(pl, rank, micro, m)
             plan.validate(w, topo, cap)
             sim.append(rp.simulate(plan, w, topo, cost, cap).step_time)

@@ -1,4 +1,4 @@
-//! Bindings for token routing under a plan (`routepack-core/src/flow.rs`): the flow table of
+//! Bindings for token routing under a plan (`routepack-core/src/flow/`): the flow table of
 //! one exchange (EP group, step, layer), and the per-rank loads of a whole plan. The torch remapper builds its dispatch
 //! from the first and is checked against the second.
 

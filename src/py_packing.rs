@@ -8,21 +8,25 @@ use routepack_core::layout::chain::MoveMix;
 use routepack_core::packing::routepack::{proxy_step_time, routepack_packing, Options as PackingOptions};
 use routepack_core::packing::rows::certified::certified_rows;
 use routepack_core::packing::kk::verl_kk;
-use routepack_core::packing::sequential::sequential;
+use routepack_core::packing::sequential::sequential_report;
 use routepack_core::packing::Packing;
 
 use crate::convert::{self, slice};
 use crate::errors::{run, to_py};
 
-type Cells<'py> = (Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i32>>, usize);
 type CellsReport<'py> = (Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i32>>, usize, Bound<'py, PyDict>);
 
-/// Arrival-order first fit: `(sample_rank [S], sample_micro [S], num_micro)`.
+/// Arrival-order first fit: `(sample_rank [S], sample_micro [S], num_micro, report)`, the
+/// report `{rows, fallback}` (fallback: first fit could not fill the cells, so the certified
+/// rows were laid out).
 #[pyfunction]
-pub fn pack_sequential<'py>(py: Python<'py>, seq_lens: PyReadonlyArray1<'py, i64>, token_cap: i64, dp: usize) -> PyResult<Cells<'py>> {
+pub fn pack_sequential<'py>(py: Python<'py>, seq_lens: PyReadonlyArray1<'py, i64>, token_cap: i64, dp: usize) -> PyResult<CellsReport<'py>> {
     let lens = slice(&seq_lens, "seq_lens")?;
-    let p = run(py, || sequential(lens, token_cap, dp))?;
-    Ok((p.sample_rank.into_pyarray(py), p.sample_micro.into_pyarray(py), p.num_micro))
+    let (p, r) = run(py, || sequential_report(lens, token_cap, dp))?;
+    let d = PyDict::new(py);
+    d.set_item("rows", r.rows)?;
+    d.set_item("fallback", r.fallback)?;
+    Ok((p.sample_rank.into_pyarray(py), p.sample_micro.into_pyarray(py), p.num_micro, d))
 }
 
 /// verl's Karmarkar–Karp balancing: `(sample_rank [S], sample_micro [S], num_micro, report)`.
@@ -36,6 +40,7 @@ pub fn pack_kk<'py>(py: Python<'py>, seq_lens: PyReadonlyArray1<'py, i64>, token
     d.set_item("first_micro", r.first_micro)?;
     d.set_item("overflow_retries", r.retries)?;
     d.set_item("max_row_tokens", r.max_row_tokens)?;
+    d.set_item("fallback", r.fallback)?;
     Ok((p.sample_rank.into_pyarray(py), p.sample_micro.into_pyarray(py), p.num_micro, d))
 }
 

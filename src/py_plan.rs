@@ -1,13 +1,14 @@
 //! Bindings for placement tables and plan validation.
 
-use numpy::{IntoPyArray, PyArray2, PyArray3, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3};
+use numpy::{IntoPyArray, PyArray2, PyArray3, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use routepack_core::placement::static_placement as core_static;
-use routepack_core::validate::validate_plan as core_validate;
+use routepack_core::error::bad_plan;
+use routepack_core::validate::{validate_placement_tables, validate_plan as core_validate};
 
 use crate::columns::{self, MigrationColumns};
 use crate::convert;
-use crate::errors::run;
+use crate::errors::{run, to_py};
 
 /// Megatron's default placement `[L, ep*slots_per_rank]` int32.
 #[pyfunction]
@@ -37,7 +38,9 @@ pub fn placement_tables<'py>(
     ))
 }
 
-/// Raises `InvalidPlanError` with the first broken invariant.
+/// Raises `InvalidPlanError` with the first broken invariant. Where the plan's placement
+/// carries `logcnt` / `log2phy` (tables derived from `phy2log`, which can be edited apart from
+/// it), they must be what `phy2log` gives.
 #[pyfunction]
 pub fn validate_plan<'py>(
     py: Python<'py>,
@@ -47,10 +50,47 @@ pub fn validate_plan<'py>(
     topo: &Bound<'py, PyAny>,
     token_cap: i64,
 ) -> PyResult<()> {
+    let tables = derived_tables(&plan.getattr("placement")?)?;
     let plan = convert::plan(plan)?;
     let w = convert::window(&seq_lens, &expert_tokens)?;
     let t = convert::topology(topo)?;
-    run(py, || core_validate(&plan, &w, &t, token_cap))
+    run(py, || {
+        core_validate(&plan, &w, &t, token_cap)?;
+        check_tables(&plan, &tables)
+    })
+}
+
+/// The derived tables of a plan's Python placement, read before the GIL is released
+/// (`derived_tables`), checked after the plan's own invariants (`check_tables`): `validate_plan`
+/// and `simulate` both call them, so an edited `logcnt` / `log2phy` is refused by either.
+pub(crate) fn plan_tables(plan: &Bound<'_, PyAny>) -> PyResult<Option<DerivedTables>> {
+    derived_tables(&plan.getattr("placement")?)
+}
+
+/// See [`plan_tables`].
+pub(crate) fn check_tables(plan: &routepack_core::plan::Plan, tables: &Option<DerivedTables>) -> routepack_core::error::Result<()> {
+    match tables {
+        Some((cnt, l2p, r)) => validate_placement_tables(&plan.placement, cnt, l2p, *r),
+        None => Ok(()),
+    }
+}
+
+/// `(logcnt [L·E], log2phy [L·E·R], R)`, copied from a Python placement.
+pub(crate) type DerivedTables = (Vec<i32>, Vec<i32>, usize);
+
+/// The derived tables of a Python placement when it has both attributes; an attribute of
+/// another type or shape is an `InvalidPlanError` naming it.
+fn derived_tables(placement: &Bound<'_, PyAny>) -> PyResult<Option<DerivedTables>> {
+    if !placement.hasattr("logcnt")? || !placement.hasattr("log2phy")? {
+        return Ok(None);
+    }
+    let wrong = |name: &str, want: &str| to_py(bad_plan(format!("placement.{name}: expected a C-contiguous int32 {want} array")));
+    let cnt: PyReadonlyArray2<i32> = placement.getattr("logcnt")?.extract().map_err(|_| wrong("logcnt", "[L, E]"))?;
+    let l2p: PyReadonlyArray3<i32> = placement.getattr("log2phy")?.extract().map_err(|_| wrong("log2phy", "[L, E, R]"))?;
+    let r = l2p.shape()[2];
+    let cnt = cnt.as_slice().map_err(|_| wrong("logcnt", "[L, E]"))?.to_vec();
+    let l2p = l2p.as_slice().map_err(|_| wrong("log2phy", "[L, E, R]"))?.to_vec();
+    Ok(Some((cnt, l2p, r)))
 }
 
 /// Moves from `previous` to `next` as migration columns

@@ -7,6 +7,7 @@ use routepack_core::simulate::simulate_with_cap;
 
 use crate::convert;
 use crate::errors::run;
+use crate::py_plan::{check_tables, plan_tables};
 
 /// DESIGN.md's cost model → dict with the fields of `routepack.SimResult`. `token_cap`: the
 /// cap the lower bound assumes (None: no cap).
@@ -23,11 +24,17 @@ pub fn simulate<'py>(
     ideal_micro: Option<usize>,
     token_cap: Option<i64>,
 ) -> PyResult<Bound<'py, PyDict>> {
+    let tables = plan_tables(plan)?;
     let plan = convert::plan(plan)?;
     let w = convert::window(&seq_lens, &expert_tokens)?;
     let t = convert::topology(topo)?;
     let c = convert::cost(cost)?;
-    let r = run(py, || simulate_with_cap(&plan, &w, &t, &c, ideal_micro, token_cap))?;
+    let r = run(py, || {
+        // simulate validates the plan first, so its own faults are named before the tables'
+        let r = simulate_with_cap(&plan, &w, &t, &c, ideal_micro, token_cap)?;
+        check_tables(&plan, &tables)?;
+        Ok(r)
+    })?;
     let d = PyDict::new(py);
     d.set_item("step_time", r.step_time)?;
     d.set_item("ideal_time", r.ideal_time)?;

@@ -20,7 +20,7 @@ def setup():
     window = next(iter(rp.traces.synthetic(PROFILE, 1, 0)))
     topo, cost = PROFILE.topology(), PROFILE.cost()
     static = rp.Placement.static(window.num_layers, window.num_experts, topo)
-    rank, micro, m = _core.pack_sequential(window.seq_lens, PROFILE.token_cap, topo.dp)
+    rank, micro, m, _ = _core.pack_sequential(window.seq_lens, PROFILE.token_cap, topo.dp)
     return window, topo, cost, static, (rank, micro, m)
 
 

@@ -18,9 +18,13 @@ def test_route_cell_follows_route_expert():
     row = np.array([0, 1, -1, -1, 0, 1, -1, 1], dtype=np.int32)
     o, d, slot, rep, e, n = _core.route_cell(origin, row, topo, *_cell([0], [2], [0.5]))
     # expert 0: round(0.5 * 15) = 8 tokens to the copy on rank 2, node mate 3 first, then rank 0;
-    # the rest split over slots 0 and 4 (ranks 0 and 2)
-    assert e.tolist() == [0, 0, 0, 0, 1, 1, 1]
+    # the rest (rank 1's 7) to slots 0 and 4 (ranks 0 and 2) with quotas 3 and 4, node first:
+    # 4 cross to rank 2, 3 stay on node 0
+    assert e.tolist() == [0, 0, 0, 0, 1, 1]
     assert (o[:2].tolist(), d[:2].tolist(), rep[:2].tolist(), n[:2].tolist()) == ([3, 0], [2, 2], [0, 0], [3, 5])
+    assert (o[2:4].tolist(), d[2:4].tolist(), n[2:4].tolist()) == ([1, 1], [2, 0], [4, 3])
+    # expert 1 (slots on ranks 0, 2, 3; quotas 1, 2, 0): each node feeds its own slots, nothing crosses
+    assert (o[4:].tolist(), d[4:].tolist(), n[4:].tolist()) == ([1, 3], [0, 2], [1, 2])
     for i in range(len(n)):
         assert (slot[i] >= 0) != (rep[i] >= 0)
         if slot[i] >= 0:

@@ -41,10 +41,10 @@ GOLDEN = {
     ('flash_small', 'eplb_hierarchical_oracle'): '7f85d430abeb2057e407fecd695664de333999f5a8a00454e07499e26da1a3d6',
     ('flash_small', 'hot_n'): 'e2aa4a1571485686b606215f7948b1afa1bfdf7d2ff09117a849a23a20a505b5',
     ('flash_small', 'relibra'): '6fc0b73ade04677ee92b621875fbb00de0dd915d914cdd647eee6d9b6a0a5505',
-    ('flash_small', 'routepack_placement'): '3db8bb37e115b5295548505509b772fa146beed5ee93155f3e6207ecb588c001',
+    ('flash_small', 'routepack_placement'): '877411b328626574d97c9b474cbbff190f39a261479f7f999972d98de09dc68e',
     ('flash_small', 'routepack_packing'): '07cb75b0450773a355614a57f1799597966a201967aef8d5c2908e29a2f61409',
-    ('flash_small', 'routepack_no_replication'): '617ef9c51d508a84f4bb2d3106cef7636afb047c9b66231072ae39de244bd398',
-    ('flash_small', 'routepack'): 'aa6cd62490a48ffd5a1c45d16d4be8a854705917dc27f50812fbdfda2df83c63',
+    ('flash_small', 'routepack_no_replication'): '50ebcd82339b04ce41c1d62f91f1e9dce03f8e6ab3ea50dcd2e0e5635f762612',
+    ('flash_small', 'routepack'): '9c2ba0d572a6ee19043ad22515640dfc66666932008754378de8594dd2cc016d',
     ('tiny', 'static'): 'dcf16d8cc09a3d9633b572a65e471184c70eb9f2697f2d9aca532bcaf78b420d',
     ('tiny', 'eplb'): '5401bd3b3ec76d390e8efa1c20d57f5876d8d76221a479d1716788044f2656f6',
     ('tiny', 'eplb_oracle'): '348d6b522a5b3fd9b0d54f8ae50d7003fad805ff5ecdedfea3be9be1c5457a3e',
@@ -55,7 +55,7 @@ GOLDEN = {
     ('tiny', 'routepack_placement'): '7364e7342e93d097c88081c048debb17e620c0cd6bc34eb88c129ec6f5307c3e',
     ('tiny', 'routepack_packing'): 'ca8b4c3ff335bd7768d0caf7296c1568c1b19170b5783a71dc244054e87044a0',
     ('tiny', 'routepack_no_replication'): 'f4f0d22813f5694ca2db5ae61d191b49a6d23434d675504ac46c118e1aecef3d',
-    ('tiny', 'routepack'): 'dc3250c9c8f93f84292b9e338ceca6f4fdd6cf59392a1f6abda88161c123c9c4',
+    ('tiny', 'routepack'): '4de22f2fd80e1c0f88aa6e820b0f0e47a979acb06f92003ac7fd0fd2c39e90dd',
 }
 
 

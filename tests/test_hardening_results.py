@@ -213,9 +213,9 @@ def test_stale_derived_tables_are_refused(seed, data):
     placement.phy2log.setflags(write=True)  # the one way in: forcing write access back on
     placement.phy2log[l, [a, b]] = placement.phy2log[l, [b, a]]
     plan = rp.Plan(placement, case.plan.sample_rank, case.plan.sample_micro, case.plan.num_micro)
-    with pytest.raises(rp.InvalidPlanError, match="placement.log2phy: disagrees with placement.phy2log"):
+    with pytest.raises(rp.InvalidPlanError, match=r"placement.log2phy\["):
         plan.validate(case.window, case.topo, 10**9)
-    with pytest.raises(rp.InvalidPlanError, match="placement.log2phy"):
+    with pytest.raises(rp.InvalidPlanError, match=r"placement.log2phy\["):
         rp.simulate(plan, case.window, case.topo, case.cost)
     # rebuilt from the edited table, the same placement is fine
     fixed = rp.Plan(rp.Placement(placement.phy2log, p.num_experts, p.slots_per_rank), plan.sample_rank,

@@ -186,7 +186,7 @@ def corrupt(kind: str, case, draw):
         placement.phy2log = new  # reassigned: the derived tables are the old ones
         # no replicas or moves, which the new slots might contradict first
         plan = rp.Plan(placement, rank, micro, num_micro)
-        words = "placement.logcnt: disagrees" if kind == "stale_logcnt" else "placement.log2phy: disagrees"
+        words = r"placement.logcnt\[" if kind == "stale_logcnt" else r"placement.log2phy\["
         return plan, window, topo, cap, words
     elif kind == "placement_topology":
         other = rp.Topology(topo.dp, topo.ep, topo.gpus_per_node, topo.slots_per_rank + 1)

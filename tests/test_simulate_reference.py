@@ -1,14 +1,19 @@
 """`routepack.simulate` against an independent pure-numpy implementation of docs/design.md's cost
-model, written from the documented rules (crates/routepack-core/src/simulate.rs and flow.rs
+model, written from the documented rules (crates/routepack-core/src/simulate.rs and flow/
 module docs), not by calling Rust:
 
 * cells: the samples of DP rank d at step m; EP group g = ranks g·ep .. g·ep+ep-1;
 * attention of a rank: Σ a_lin·n_s + a_quad_l·n_s² (one pass; ×3 in the layer time);
 * token flow of expert e from EP-local origin r: replicas in table order take
   round(share·T) (half away from zero, at most what is left), drawn from the dst rank's own
-  tokens, then its node's ranks ascending, then the others ascending; the rest of each origin
-  splits evenly over e's placement slots (ascending), slot j getting one extra token when
-  (j − r) mod c < rem mod c;
+  tokens, then its node's ranks ascending, then the others ascending; the rest goes to e's
+  placement slots (ascending) node first: slot j's quota is Σ_r rem_r // c plus one per origin
+  with (j − r) mod c < rem_r mod c; a node with more tokens than its slots' quotas sends the
+  surplus, shared by its ranks in proportion to their tokens, a node with less receives the
+  deficit, shared by its slots in proportion to their quotas, each such slot drawing it from
+  every sender in proportion to what it has still to send; then each slot takes from its own
+  rank, then from its node's ranks in proportion to what each has left (every share: floors,
+  then one more to the first with a fraction);
 * expert work of rank p: c_tok·tokens(p) + c_exp·(distinct logical experts with tokens on p);
 * all-to-all: per rank, per link, max(sent, received) routed tokens × token_bytes over that
   link's bandwidth; slowest rank; ×2 (dispatch, combine) ×2 (passes);
@@ -82,11 +87,61 @@ def route(origin: np.ndarray, slots: List[int], reps: List[Tuple[int, float]], t
             flow[r, dst] += take
         assert need == 0  # left == Σ rem, so a row always gets what it asks for
     c = len(slots)
-    for r in range(ep):
-        base, extra = divmod(int(rem[r]), c)
-        for j, p in enumerate(slots):
-            flow[r, p // spr] += base + (1 if (j - r) % c < extra else 0)
+    quota = [sum(int(x) // c + (1 if (j - r) % c < int(x) % c else 0) for r, x in enumerate(rem)) for j in range(c)]
+    dst = [p // spr for p in slots]
+    if c == 1:
+        flow[:, dst[0]] += rem
+        return flow
+    nodes = sorted({local_node(r, topo) for r in range(ep)})
+    out = np.zeros(ep, dtype=np.int64)
+    inflow = [0] * c
+    for n in nodes:
+        ranks = [r for r in range(ep) if local_node(r, topo) == n]
+        js = [j for j in range(c) if local_node(dst[j], topo) == n]
+        supply, demand = sum(int(rem[r]) for r in ranks), sum(quota[j] for j in js)
+        if supply > demand:
+            for r, k in zip(ranks, shares(supply - demand, [int(rem[r]) for r in ranks])):
+                out[r] = k
+        elif demand > supply:
+            for j, k in zip(js, shares(demand - supply, [quota[j] for j in js])):
+                inflow[j] = k
+    for j in range(c):
+        if inflow[j]:
+            for r, k in enumerate(shares(inflow[j], [int(x) for x in out])):
+                out[r] -= k
+                rem[r] -= k
+                flow[r, dst[j]] += k
+            quota[j] -= inflow[j]
+    assert not out.any()
+    for j in range(c):
+        k = min(int(rem[dst[j]]), quota[j])
+        rem[dst[j]] -= k
+        quota[j] -= k
+        flow[dst[j], dst[j]] += k
+    for j in range(c):
+        if quota[j]:
+            mates = [r for r in range(ep) if local_node(r, topo) == local_node(dst[j], topo)]
+            for r, k in zip(mates, shares(quota[j], [int(rem[r]) for r in mates])):
+                rem[r] -= k
+                flow[r, dst[j]] += k
+            quota[j] = 0
+    assert not rem.any()
     return flow
+
+
+def shares(need: int, weights: List[int]) -> List[int]:
+    """need (at most Σ weights) in proportion to weights: floors, then one more to each of the
+    first whose share had a fraction until need is met."""
+    total = sum(weights)
+    assert need <= total
+    out = [need * w // total for w in weights]
+    over = need - sum(out)
+    for i, w in enumerate(weights):
+        if over and (need * w) % total:
+            out[i] += 1
+            over -= 1
+    assert over == 0
+    return out
 
 
 def reference(plan: rp.Plan, window: rp.Window, topo: rp.Topology, cost: rp.CostModel,
@@ -261,7 +316,7 @@ def test_generator_covers_the_rules():
 
 
 def test_reference_route_rules_by_hand():
-    """The reference's routing on the flow.rs doc example (so the reference itself is checked
+    """The reference's routing on the flow/ doc example (so the reference itself is checked
     against numbers worked out by hand, not only against Rust)."""
     topo = rp.Topology(4, 4, 2, 2)
     # expert on slots 1 (rank 0) and 6 (rank 3); origins 5, 7, 0, 3 (T = 15); replica on rank 2
@@ -271,9 +326,14 @@ def test_reference_route_rules_by_hand():
     # left: rank 1's 7 tokens split over the slots, origin 1 → the extra goes to slot index 1
     assert flow[1].tolist() == [3, 0, 0, 4]
     assert flow.sum() == 15
-    # even split rotates: origin 0's single token → slot 0, origin 1's → slot 2 (rank 1)
+    # quotas of the even split (1 and 1), each rank's token kept on itself
     topo2 = rp.Topology(2, 2, 2, 2)
     assert route(np.array([1, 1]), [0, 2], [], topo2).tolist() == [[1, 0], [0, 1]]
+    # node first: copies on rank 0 (node 0) and rank 2 (node 1), quotas 10 and 10; node 1 keeps
+    # its 4, node 0's surplus of 6 crosses from ranks 0 and 1 as 6·10/16 and 6·6/16 (3.75,
+    # 2.25 → 4, 2); rank 0 keeps 6 and takes rank 1's other 4
+    topo3 = rp.Topology(4, 4, 2, 1)
+    assert route(np.array([10, 6, 0, 4]), [0, 2], [], topo3).tolist() == [[6, 0, 4, 0], [4, 0, 2, 0], [0, 0, 0, 0], [0, 0, 4, 0]]
     assert round_half_away(2.5) == 3 and round_half_away(0.49999999999999994) == 0
 
 

@@ -53,7 +53,8 @@ def placement_tables(phy2log: _I32, num_experts: int, slots_per_rank: int) -> Tu
     """(logcnt [L, E], log2phy [L, E, max_replicas]) of a checked phy2log."""
 
 def validate_plan(plan: Any, seq_lens: _I64, expert_tokens: _I32, topo: Any, token_cap: int) -> None:
-    """Raises InvalidPlanError with the first broken invariant."""
+    """Raises InvalidPlanError with the first broken invariant (placement.logcnt / log2phy,
+    where present, included)."""
 
 def migration_diff(previous: _I32, next: _I32, num_experts: int, slots_per_rank: int,
                    bytes_per_expert: float, ranks_per_node: Optional[int] = None) -> _MigrationColumns:
@@ -61,8 +62,8 @@ def migration_diff(previous: _I32, next: _I32, num_experts: int, slots_per_rank:
     None: every rank its own node)."""
 
 # ---- packing (src/py_packing.rs)
-def pack_sequential(seq_lens: _I64, token_cap: int, dp: int) -> Tuple[_I32, _I32, int]:
-    """Arrival-order first fit: (sample_rank [S], sample_micro [S], num_micro)."""
+def pack_sequential(seq_lens: _I64, token_cap: int, dp: int) -> _CellsReport:
+    """Arrival-order first fit: (sample_rank [S], sample_micro [S], num_micro, report {rows, fallback})."""
 
 def pack_kk(seq_lens: _I64, token_cap: int, dp: int) -> _CellsReport:
     """verl's Karmarkar–Karp balancing: (sample_rank [S], sample_micro [S], num_micro, report)."""
@@ -101,7 +102,7 @@ def check_expert_tokens(seq_lens: _I64, expert_tokens: _I32, top_k: Optional[int
 # ---- token routing (src/py_flow.rs)
 def route_cell(origin: _I64, phy2log: _I32, topo: Any, rep_expert: _I32, rep_dst: _I32,
                rep_share: _F32) -> Tuple[_I32, _I32, _I32, _I32, _I32, _I64]:
-    """Flow table of one exchange (EP group, step, layer) (flow.rs::route_cell):
+    """Flow table of one exchange (EP group, step, layer) (flow::route_exchange):
     (origin_rank, dst_rank, dst_slot or -1, replica or -1, expert, count)."""
 
 def rank_tokens(plan: Any, seq_lens: _I64, expert_tokens: _I32, topo: Any) -> _I64:

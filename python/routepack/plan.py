@@ -11,13 +11,13 @@ import numpy as np
 
 from routepack import _core, _npz
 from routepack._checks import as_int_array, frozen, index, instance_of, positive_int
-from routepack.errors import InvalidPlanError, RoutepackError, RoutepackFileError, RoutepackTypeError
+from routepack.errors import RoutepackError, RoutepackFileError, RoutepackTypeError
 from routepack.model import Topology
 from routepack.window import Window
 
 #: One intra-batch replica: in microbatch `micro` of EP group `group`, layer `layer`, the
 #: weights of logical `expert` go from EP-local rank `src_rank` (which hosts it) to `dst_rank`,
-#: which computes `share` of that expert's tokens in that cell (`routepack-core/src/flow.rs`).
+#: which computes `share` of that expert's tokens in that cell (`routepack-core/src/flow/`).
 REPLICA_DTYPE = np.dtype(
     [("micro", "<i4"), ("group", "<i4"), ("layer", "<i4"), ("expert", "<i4"),
      ("src_rank", "<i4"), ("dst_rank", "<i4"), ("share", "<f4")]
@@ -71,22 +71,6 @@ class Placement:
         phy2log = as_int_array(self.phy2log, "placement.phy2log", 2, np.int32)
         logcnt, log2phy = _core.placement_tables(phy2log, self.num_experts, self.slots_per_rank)
         return frozen(logcnt, fresh=True), frozen(log2phy, fresh=True)
-
-    def _check_derived_tables(self) -> None:
-        """Raises `InvalidPlanError` naming the table unless ``logcnt`` and ``log2phy`` are what
-        ``phy2log`` gives (`validate` and `simulate` call it after the core checked
-        ``phy2log`` itself, so its own faults are named first)."""
-        try:
-            derived = self._derived_tables()
-        except RoutepackError as e:
-            raise InvalidPlanError(f"placement.phy2log: {e}") from None
-        for name, have, want in zip(("logcnt", "log2phy"), (self.logcnt, self.log2phy), derived):
-            have = np.asarray(have)
-            if have.shape != want.shape or not np.array_equal(have, want):
-                raise InvalidPlanError(
-                    f"placement.{name}: disagrees with placement.phy2log (shape {have.shape}, derived {want.shape}); "
-                    "it was edited or replaced after construction: build a new Placement instead"
-                )
 
     @classmethod
     def static(cls, num_layers: int, num_experts: int, topo: Any) -> "Placement":
@@ -204,7 +188,6 @@ class Plan:
         instance_of(topo, Topology, "topo")
         token_cap = positive_int(token_cap, "token_cap")
         _core.validate_plan(self, window.seq_lens, window.expert_tokens, topo, token_cap)
-        self.placement._check_derived_tables()
         return self
 
     # ------------------------------------------------------------ persistence

@@ -137,5 +137,4 @@ def simulate(plan: Any, window: Any, topo: Any, cost: Any, token_cap: Optional[i
     ideal_micro = lower_bound_micro(window, topo, cap) if cap else None
     out = _core.simulate(plan, window.seq_lens, window.expert_tokens, topo, cost, ideal_micro,
                          int(cap) if cap else None)
-    plan.placement._check_derived_tables()  # the core reads phy2log only; callers read the tables
     return SimResult(**out)

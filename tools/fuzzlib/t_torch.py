@@ -287,16 +287,16 @@ def _build() -> dict:
         tamper = None
         if rng.random() < 0.4 and len(mig):
             tamper = str(rng.choice(["dup", "expert", "slot", "drop"]))
-            m = plan.migration.copy()  # a plan's tables are read-only: tamper with a copy, then set it
+            m = plan.migration.copy()  # plan arrays are read-only: tamper with a copy, then assign it
             if tamper == "dup":
                 plan.migration = np.concatenate([m, m[:1]])
             elif tamper == "expert":
                 m["expert"][0] = (m["expert"][0] + 1) % E if E > 1 else m["expert"][0]
-                plan.migration = m
             elif tamper == "slot":
                 m["dst_slot"][0] = topo.num_slots + 3
+            if tamper in ("expert", "slot"):
                 plan.migration = m
-            else:
+            elif tamper == "drop":
                 plan.migration = m[1:]
 
         def run(_plan: Any) -> Any:

@@ -3,7 +3,8 @@
 //! For each exchange (EP group g, microbatch step m, MoE layer l):
 //! * attention of DP rank d: `A = Σ_{s∈cell(d,m)} a_lin·n_s + a_quad_l·n_s²`;
 //! * tokens of logical expert e from EP-local rank r, routed by [`crate::flow::route_expert`]
-//!   to placement slots and replica copies;
+//!   to replica copies, then to placement slots (each slot's load that of an even split, fed
+//!   from its own rank, then its node, then the other nodes);
 //! * expert work of EP rank p: `X = c_tok·tokens(p) + c_exp·active_experts(p)`
 //!   (active = distinct logical experts with tokens on p);
 //! * all-to-all: per rank, max(sent, received) routed tokens × token_bytes over each link

@@ -1,18 +1,25 @@
 //! `validate`: every invariant of DESIGN.md, checked on a finished plan. Raises with the first
 //! violation, in words that name the sample, cell, layer or row.
+//!
+//! A cell's tokens are summed in i128: lengths are i64, and a cell of a few samples near 2^62
+//! tokens wraps an i64 sum below the cap. Migration rows are one per destination slot (a slot
+//! filled twice would be charged twice by `simulate`), and [`validate_placement_tables`]
+//! checks tables derived from `phy2log` that travel with a plan (they can be edited apart
+//! from it).
 
 use crate::error::{bad_plan, Result};
+use crate::placement::Placement;
 use crate::plan::{cell_members, Plan};
 use crate::topology::Topology;
 use crate::window::WindowView;
 
 /// Checks `plan` against the window `w`, the topology and `token_cap` (tokens per cell;
 /// `i64::MAX` skips the cap): the placement fits the topology and hosts every expert; every
-/// sample runs exactly once, in range, and no cell is empty or over the cap; replicas are in
-/// range, come from a rank that hosts the expert, go to another rank, and their shares per
-/// (exchange, expert) sum to at most 1; migration moves are in range, land in the slot the
-/// placement gives the expert, and their ranks match their slots. The error names the first
-/// violation (`Error::InvalidPlan`).
+/// sample runs exactly once, in range, and no cell is empty or over the cap (sums in i128);
+/// replicas are in range, come from a rank that hosts the expert, go to another rank, and
+/// their shares per (exchange, expert) sum to at most 1; migration moves are in range, land
+/// in the slot the placement gives the expert, no (layer, slot) is moved into twice, and
+/// their ranks match their slots. The error names the first violation (`Error::InvalidPlan`).
 pub fn validate_plan(plan: &Plan, w: &WindowView, topo: &Topology, token_cap: i64) -> Result<()> {
     topo.check_experts(w.num_experts)?;
     let p = &plan.placement;
@@ -61,8 +68,8 @@ pub fn validate_plan(plan: &Plan, w: &WindowView, topo: &Topology, token_cap: i6
                     "cell (rank {d}, micro {m}) is empty; every DP rank must run {m_n} non-empty microbatches"
                 )));
             }
-            let tokens: i64 = members[off[c]..off[c + 1]].iter().map(|&s| w.seq_lens[s]).sum();
-            if tokens > token_cap {
+            let tokens: i128 = members[off[c]..off[c + 1]].iter().map(|&s| w.seq_lens[s] as i128).sum();
+            if tokens > token_cap as i128 {
                 return Err(bad_plan(format!(
                     "cell (rank {d}, micro {m}) holds {tokens} tokens, over the cap {token_cap}"
                 )));
@@ -130,6 +137,63 @@ pub fn validate_plan(plan: &Plan, w: &WindowView, topo: &Topology, token_cap: i6
         {
             return Err(bad_plan(format!("migration row {i}: slot and rank disagree: {mv:?}")));
         }
+    }
+    if let Some((first, again)) = repeated_destination(&plan.migration) {
+        let mv = &plan.migration[again];
+        return Err(bad_plan(format!(
+            "migration row {again} moves an expert into slot {} of layer {} again (row {first} already does): {mv:?}",
+            mv.dst_slot, mv.layer
+        )));
+    }
+    Ok(())
+}
+
+/// The earliest migration row whose (layer, destination slot) an earlier row has, with that
+/// earlier row: a slot is filled once (exact duplicates included).
+fn repeated_destination(rows: &[crate::plan::ExpertMove]) -> Option<(usize, usize)> {
+    let mut keys: Vec<(i32, i32, usize)> = rows.iter().enumerate().map(|(i, m)| (m.layer, m.dst_slot, i)).collect();
+    keys.sort_unstable();
+    keys.windows(2).filter(|p| (p[0].0, p[0].1) == (p[1].0, p[1].1)).map(|p| (p[0].2, p[1].2)).min_by_key(|&(_, again)| again)
+}
+
+/// Checks `logcnt` (`[L, E]`, replicas of each expert) and `log2phy` (`[L, E, R]`, each
+/// expert's slots ascending, padded with -1) against what `p`'s `phy2log` gives, naming the
+/// first entry that differs. `log2phy_replicas` is R, the table's last dimension.
+pub fn validate_placement_tables(p: &Placement, logcnt: &[i32], log2phy: &[i32], log2phy_replicas: usize) -> Result<()> {
+    let (l_n, e_n) = (p.num_layers, p.num_experts);
+    let want_cnt = p.logcnt();
+    if logcnt.len() != want_cnt.len() {
+        return Err(bad_plan(format!(
+            "placement.logcnt has {} entries; phy2log gives [L={l_n}, E={e_n}] = {}",
+            logcnt.len(),
+            want_cnt.len()
+        )));
+    }
+    if let Some(i) = (0..want_cnt.len()).find(|&i| logcnt[i] != want_cnt[i]) {
+        return Err(bad_plan(format!(
+            "placement.logcnt[{}, {}] = {} but phy2log gives {} replicas (a table edited apart from phy2log)",
+            i / e_n,
+            i % e_n,
+            logcnt[i],
+            want_cnt[i]
+        )));
+    }
+    let (want_l2p, r) = p.log2phy()?;
+    if log2phy_replicas != r || log2phy.len() != want_l2p.len() {
+        return Err(bad_plan(format!(
+            "placement.log2phy has {} entries with last dimension {log2phy_replicas}; phy2log gives [L={l_n}, E={e_n}, R={r}]",
+            log2phy.len()
+        )));
+    }
+    if let Some(i) = (0..want_l2p.len()).find(|&i| log2phy[i] != want_l2p[i]) {
+        return Err(bad_plan(format!(
+            "placement.log2phy[{}, {}, {}] = {} but phy2log gives {} (a table edited apart from phy2log)",
+            i / (e_n * r),
+            i / r % e_n,
+            i % r,
+            log2phy[i],
+            want_l2p[i]
+        )));
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! Property tests of `flow`: `route_expert` follows its documented rule (replicas take
-//! round(share·T) in table order, locality-first; the rest splits evenly with a rotating
-//! remainder); `route_exchange` and `rank_tokens` give the per-rank loads `simulate` prices
+//! round(share·T) in table order, locality-first; the rest fills the quotas of an even split
+//! with a rotating remainder, own rank → own node → other nodes, drawing in proportion);
+//! `route_exchange` and `rank_tokens` give the per-rank loads `simulate` prices
 //! (same imbalance, bit for bit), and tokens are conserved.
 
 mod common;
@@ -75,19 +76,122 @@ proptest! {
             }
             taken_total += need;
         }
-        // the rest: an even split with a remainder that rotates with the origin
+        // the rest: quotas of an even split with a remainder that rotates with the origin,
+        // fed own rank → own node → other nodes
         let c = slots.len() as i64;
+        let node = |r: usize| topo.local_node_of(r);
+        let quota: Vec<i64> = (0..slots.len())
+            .map(|j| rem.iter().enumerate().map(|(r, &x)| x / c + i64::from((j as i64 - r as i64).rem_euclid(c) < x % c)).sum())
+            .collect();
+        let to_slots: Vec<_> = flows.iter().filter(|f| matches!(f.2, Dest::Slot(_))).copied().collect();
+        for (j, &p) in slots.iter().enumerate() {
+            // every copy's load is that of the even split
+            let got: i64 = to_slots.iter().filter(|f| f.2 == Dest::Slot(p)).map(|f| f.3).sum();
+            prop_assert_eq!(got, quota[j], "slot {}", p);
+            prop_assert!(to_slots.iter().filter(|f| f.2 == Dest::Slot(p)).all(|f| f.1 == topo.rank_of_slot(p)));
+        }
         for (r, &left) in rem.iter().enumerate() {
-            for (j, &p) in slots.iter().enumerate() {
-                let got: i64 = flows.iter().filter(|f| f.0 == r && f.2 == Dest::Slot(p)).map(|f| f.3).sum();
-                let extra = i64::from((j as i64 - r as i64).rem_euclid(c) < left % c);
-                prop_assert_eq!(got, left / c + extra, "origin {} slot {}", r, p);
-                if got > 0 {
-                    prop_assert!(flows.iter().any(|f| f.0 == r && f.2 == Dest::Slot(p) && f.1 == topo.rank_of_slot(p)));
+            prop_assert_eq!(to_slots.iter().filter(|f| f.0 == r).map(|f| f.3).sum::<i64>(), left, "origin {}", r);
+        }
+        // the flows, in emission order, are those of the three passes
+        let mut expect = Vec::new();
+        if slots.len() == 1 {
+            for (r, &left) in rem.iter().enumerate() {
+                if left > 0 {
+                    expect.push((r, topo.rank_of_slot(slots[0]), Dest::Slot(slots[0]), left));
                 }
             }
+        } else {
+            // the rule, written out plainly: per node, what leaves (shared by its ranks in
+            // proportion to their tokens) or comes in (shared by its slots in proportion to
+            // their quotas); across nodes each slot draws its inflow from every outflow in
+            // proportion; inside nodes own rank first, then the node's ranks in proportion
+            let (mut q, mut left) = (quota.clone(), rem.clone());
+            let mut out = vec![0i64; ep];
+            let mut inflow = vec![0i64; slots.len()];
+            let slot_node = |j: usize| node(topo.rank_of_slot(slots[j]));
+            for n in 0..topo.nodes_per_group() {
+                let ranks: Vec<usize> = (0..ep).filter(|&r| node(r) == n).collect();
+                let js: Vec<usize> = (0..slots.len()).filter(|&j| slot_node(j) == n).collect();
+                let supply: i64 = ranks.iter().map(|&r| left[r]).sum();
+                let demand: i64 = js.iter().map(|&j| q[j]).sum();
+                if supply > demand {
+                    for (r, k) in apportioned(supply - demand, &ranks.iter().map(|&r| left[r]).collect::<Vec<_>>()).into_iter().enumerate() {
+                        out[ranks[r]] = k;
+                    }
+                } else if demand > supply {
+                    for (i, k) in apportioned(demand - supply, &js.iter().map(|&j| q[j]).collect::<Vec<_>>()).into_iter().enumerate() {
+                        inflow[js[i]] = k;
+                    }
+                }
+            }
+            for (j, &p) in slots.iter().enumerate() {
+                let dst = topo.rank_of_slot(p);
+                if inflow[j] == 0 {
+                    continue;
+                }
+                for (r, k) in apportioned(inflow[j], &out).into_iter().enumerate() {
+                    if k > 0 {
+                        out[r] -= k;
+                        left[r] -= k;
+                        expect.push((r, dst, Dest::Slot(p), k));
+                    }
+                }
+                q[j] -= inflow[j];
+            }
+            prop_assert!(out.iter().all(|&x| x == 0));
+            for (j, &p) in slots.iter().enumerate() {
+                let dst = topo.rank_of_slot(p);
+                let n = left[dst].min(q[j]);
+                if n > 0 {
+                    left[dst] -= n;
+                    q[j] -= n;
+                    expect.push((dst, dst, Dest::Slot(p), n));
+                }
+            }
+            for (j, &p) in slots.iter().enumerate() {
+                let dst = topo.rank_of_slot(p);
+                if q[j] == 0 {
+                    continue;
+                }
+                let mates: Vec<usize> = (0..ep).filter(|&r| node(r) == node(dst)).collect();
+                for (i, k) in apportioned(q[j], &mates.iter().map(|&r| left[r]).collect::<Vec<_>>()).into_iter().enumerate() {
+                    if k > 0 {
+                        left[mates[i]] -= k;
+                        expect.push((mates[i], dst, Dest::Slot(p), k));
+                    }
+                }
+                q[j] = 0;
+            }
+            prop_assert!(left.iter().all(|&x| x == 0));
+        }
+        prop_assert_eq!(&to_slots, &expect);
+        // each node keeps min(its tokens, its slots' quotas) inside itself: the most any
+        // feeding of these quotas can
+        for n in 0..topo.nodes_per_group() {
+            let supply: i64 = (0..ep).filter(|&r| node(r) == n).map(|r| rem[r]).sum();
+            let demand: i64 = slots.iter().zip(&quota).filter(|(&p, _)| node(topo.rank_of_slot(p)) == n).map(|(_, &q)| q).sum();
+            let local: i64 = to_slots.iter().filter(|f| node(f.0) == n && node(f.1) == n).map(|f| f.3).sum();
+            prop_assert_eq!(local, supply.min(demand), "node {}", n);
         }
     }
+}
+
+/// `need` (≤ Σ weights) shared in proportion to `weights`: floors first, then one more to
+/// each of the first entries whose share had a fraction until `need` is met.
+fn apportioned(need: i64, weights: &[i64]) -> Vec<i64> {
+    let total: i64 = weights.iter().sum();
+    assert!(need <= total);
+    let mut shares: Vec<(i64, bool)> = weights.iter().map(|&w| (need * w / total, (need * w) % total != 0)).collect();
+    let mut over = need - shares.iter().map(|s| s.0).sum::<i64>();
+    for s in shares.iter_mut() {
+        if s.1 && over > 0 {
+            s.0 += 1;
+            over -= 1;
+        }
+    }
+    assert_eq!(over, 0);
+    shares.into_iter().map(|s| s.0).collect()
 }
 
 // ------------------ route_exchange and rank_tokens against the simulator

@@ -122,7 +122,7 @@ proptest! {
                 let mut all: Vec<usize> = r.rows.concat();
                 all.sort_unstable();
                 prop_assert_eq!(all, (0..c.lens.len()).collect::<Vec<_>>());
-                prop_assert!(r.rows.iter().all(|x| !x.is_empty() && row_tokens(x, &c.lens) <= c.cap));
+                prop_assert!(r.rows.iter().all(|x| !x.is_empty() && row_tokens(x, &c.lens) <= c.cap as i128));
                 prop_assert_eq!(r.rows.len() % step, 0);
                 let c = &r.certificate;
                 prop_assert!(c.l2 >= c.l1 && c.lower_bound >= c.l2 && r.rows.len() >= c.lower_bound);

@@ -33,8 +33,10 @@ proptest! {
         let packed = sequential(&w.seq_lens, cap, topo.dp);
         let p = match packed {
             Err(Error::Infeasible(msg)) => {
-                // refused only when the ranks cannot all be filled
-                prop_assert!(samples < topo.dp || msg.contains("single-sample rows"), "{msg}");
+                // refused only when the ranks cannot all be filled: fewer samples than ranks, or
+                // proven to need more rows than samples (first fit opening too many rows falls
+                // back to the certified rows, issue 13)
+                prop_assert!(samples < topo.dp || msg.contains("needs at least"), "{msg}");
                 return Ok(());
             }
             Err(e) => return Err(TestCaseError::fail(format!("unexpected error {e}"))),

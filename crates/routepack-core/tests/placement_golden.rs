@@ -2,8 +2,9 @@
 //! migration-aware one (the window before's placement in force), at the sizes of
 //! `examples/placement_checksum.rs` (EPLB's reference 58 × 256, flash 32 × 512, small 6 × 40;
 //! `support::placement_sizes`), on the synthetic loads of `benches/placement.rs`. The
-//! constants were computed on the code before the placement was restructured (issue 11): a
-//! change of one slot of one layer fails here. FNV-1a (`support::fnv1a_i32`), not
+//! constants were computed on the code before the placement was restructured (issue 11); the
+//! migration-aware ones changed once since, on purpose, when the flat packings began spreading
+//! an expert's copies over nodes (issue 14). A change of one slot of one layer fails here. FNV-1a (`support::fnv1a_i32`), not
 //! `DefaultHasher`, whose output may change between Rust versions. All three take about two
 //! seconds in a debug build.
 
@@ -37,17 +38,17 @@ fn check(name: &str, want: (u64, u64)) {
 /// EPLB's reference: 58 layers × 256 experts in 288 slots over 32 ranks in 4 nodes.
 #[test]
 fn reference_placement_is_unchanged() {
-    check("reference", (0xa2bf792f0137aa65, 0x95bcc572a4ea4a75));
+    check("reference", (0xa2bf792f0137aa65, 0xe1c31236f519f215));
 }
 
 /// flash: 32 layers × 512 experts in 544 slots over 32 ranks in 4 nodes.
 #[test]
 fn flash_placement_is_unchanged() {
-    check("flash", (0x65d094f2fe2a5952, 0xee28564779a1aa3a));
+    check("flash", (0x65d094f2fe2a5952, 0xe92326b3e92739ce));
 }
 
 /// small: 6 layers × 40 experts in 48 slots over 8 ranks in 2 nodes.
 #[test]
 fn small_placement_is_unchanged() {
-    check("small", (0x35f81286f71966fd, 0xdcce007a742166cd));
+    check("small", (0x35f81286f71966fd, 0x58b0cf8787e8ee0d));
 }

@@ -1,5 +1,7 @@
 //! Property tests of `validate_plan`: random valid plans (redundant copies, replicas,
-//! migration) are accepted, and each kind of corruption is rejected as a plan error.
+//! migration) are accepted, and each kind of corruption is rejected as a plan error (a
+//! migration row repeated, or a second row into the same slot, included); derived placement
+//! tables that disagree with phy2log are refused naming the entry.
 
 mod common;
 
@@ -7,7 +9,7 @@ use common::{cell_tokens, is_plan_error, random_plan, topologies, window, Mix};
 use proptest::prelude::*;
 use routepack_core::cost::CostModel;
 use routepack_core::simulate::simulate;
-use routepack_core::validate::validate_plan;
+use routepack_core::validate::{validate_placement_tables, validate_plan};
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() })]
@@ -18,7 +20,7 @@ proptest! {
         seed in any::<u64>(),
         micro in 1usize..3,
         extra in 0usize..10,
-        kind in 0usize..14,
+        kind in 0usize..16,
     ) {
         let mut mix = Mix(seed);
         let layers = 1 + mix.below(3);
@@ -69,6 +71,21 @@ proptest! {
                     _ => bad.replicas[i].group = topo.num_groups() as i32,
                 }
             }
+            14 | 15 => {
+                // a slot filled twice: the same row again, or a second move into its slot
+                if bad.migration.is_empty() {
+                    return Ok(());
+                }
+                let i = mix.below(bad.migration.len());
+                let mut twin = bad.migration[i];
+                if kind == 15 {
+                    twin.bytes += 1.0;
+                    twin.src_slot = mix.below(bad.placement.num_slots) as i32;
+                    twin.src_rank = (twin.src_slot as usize / topo.slots_per_rank) as i32;
+                }
+                let at = mix.below(bad.migration.len() + 1);
+                bad.migration.insert(at, twin);
+            }
             12 => {
                 if bad.migration.is_empty() || experts < 2 {
                     return Ok(());
@@ -86,8 +103,37 @@ proptest! {
         }
         let r = validate_plan(&bad, &view, &topo, bad_cap);
         prop_assert!(is_plan_error(&r), "kind {} accepted: {:?}", kind, r);
+        if kind >= 14 {
+            let msg = r.unwrap_err().to_string();
+            prop_assert!(msg.contains("migration row") && msg.contains("again"), "{}", msg);
+        }
         if kind != 6 {
             prop_assert!(simulate(&bad, &view, &topo, &CostModel::for_tests(layers), None).is_err());
+        }
+    }
+
+    #[test]
+    fn derived_tables_must_be_what_phy2log_gives(topo in topologies(), seed in any::<u64>(), which in 0usize..2) {
+        let mut mix = Mix(seed);
+        let layers = 1 + mix.below(3);
+        let experts = 1 + mix.below(topo.num_slots());
+        let w = window(&mut mix, topo.dp + 3, layers, experts, 60);
+        let plan = random_plan(&mut mix, &w, &topo, 1);
+        let p = &plan.placement;
+        let (mut cnt, (mut l2p, r)) = (p.logcnt(), p.log2phy().unwrap());
+        prop_assert!(validate_placement_tables(p, &cnt, &l2p, r).is_ok());
+        let name = if which == 0 {
+            let i = mix.below(cnt.len());
+            cnt[i] += 1;
+            "placement.logcnt["
+        } else {
+            let i = mix.below(l2p.len());
+            l2p[i] = if l2p[i] == 0 { 1 } else { 0 };
+            "placement.log2phy["
+        };
+        match validate_placement_tables(p, &cnt, &l2p, r) {
+            Err(e) => prop_assert!(is_plan_error(&Err(e.clone())) && e.to_string().contains(name), "{}", e),
+            Ok(()) => return Err(TestCaseError::fail("edited table accepted")),
         }
     }
 }

@@ -63,19 +63,22 @@ def _packing_context(ctx: Any, options: Any, options_class: type, placement: Any
 
 
 def sequential_packing(ctx: PlanContext, options: NoOptions, placement: Any) -> PackingResult:
-    """Arrival-order first fit. Report: rows."""
+    """Arrival-order first fit. Report: rows, fallback (first fit opened more rows than the
+    cells take, so the certified rows were laid out: a baseline never refuses a window that
+    fits)."""
     ctx = _packing_context(ctx, options, NoOptions, placement)
-    rank, micro, m = _core.pack_sequential(ctx.window.seq_lens, ctx.token_cap, ctx.topo.dp)
-    return rank, micro, m, {"rows": m * ctx.topo.dp}
+    rank, micro, m, report = _core.pack_sequential(ctx.window.seq_lens, int(ctx.token_cap), ctx.topo.dp)
+    return rank, micro, m, dict(report)
 
 
 def kk_packing(ctx: PlanContext, options: NoOptions, placement: Any) -> PackingResult:
     """verl: Karmarkar–Karp on 24576·n + n² over DP ranks (equal counts), microbatches per
     rank = ceil(tokens / cap) all-reduced to the max, repartitioned with one more on overflow,
     small microbatches at both ends. Report: rows, micro, first_micro, overflow_retries,
-    max_row_tokens."""
+    max_row_tokens, fallback (verl's retries ran out on a window that fits, so the certified
+    rows were laid out)."""
     ctx = _packing_context(ctx, options, NoOptions, placement)
-    rank, micro, m, report = _core.pack_kk(ctx.window.seq_lens, ctx.token_cap, ctx.topo.dp)
+    rank, micro, m, report = _core.pack_kk(ctx.window.seq_lens, int(ctx.token_cap), ctx.topo.dp)
     return rank, micro, m, dict(report)
 
 

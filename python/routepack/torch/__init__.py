@@ -6,7 +6,7 @@ GPUs (``tools/gpu_check.py``).
 * `EPMoE`: reference expert-parallel MoE layer (stacked slot weights, replayed top-k routing,
   all-to-all dispatch/combine); `dense_moe` is its single-process reference.
 * `route_tokens` / `flow_table`: logical ids → physical slots and replica copies, by the
-  plan's own routing rule (``flow.rs::route_cell``).
+  plan's own routing rule (``flow::route_exchange``).
 * `migrate`: plan.migration with optimizer state, staged, verified and committed atomically.
 * `ReplicaExchange`: per-microbatch hot-expert copies and their fp32 gradient reduction.
 * `PlanRunner`: one window end to end; `broadcast_plan`; `rank_microbatches` (replay order).

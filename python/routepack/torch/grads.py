@@ -16,6 +16,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from routepack.torch import _args
+from routepack.torch.moe import check_layers
+
 
 @torch.no_grad()
 def sync_redundant_grads(layers: Sequence[Any], group: Optional[Any] = None,
@@ -26,6 +29,9 @@ def sync_redundant_grads(layers: Sequence[Any], group: Optional[Any] = None,
     hold the same EP-local rank in every EP group (None when there is one EP group). Slots
     without a gradient count as zero. Collective: every rank of both groups calls it.
     """
+    layers = check_layers(layers)
+    _args.group(group)
+    _args.group(edp_group, "edp_group")
     for mod in layers:
         for p in (mod.w1, mod.w2):
             if p.grad is None:

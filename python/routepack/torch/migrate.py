@@ -34,8 +34,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from routepack.errors import InvalidPlanError, RoutepackError
+from routepack.errors import InvalidPlanError, RoutepackError, RoutepackTypeError
+from routepack.plan import MIGRATION_DTYPE, Plan
+from routepack.torch import _args
 from routepack.torch.broadcast import digest_int, gather_ints
+from routepack.torch.moe import check_layers
 
 #: Where a test's fault hook is called, in protocol order.
 FAULT_POINTS = ("checked", "packed", "staged", "verified", "commit")
@@ -99,7 +102,18 @@ def checksum(buf: torch.Tensor) -> int:
     """Position-sensitive 63-bit checksum of a uint8 buffer, computed where it lives.
 
     Words are summed plainly and weighted by their position within 65536-word chunks (partial
-    sums stay below 2^63), and the chunk sums are mixed on the host with wrapping arithmetic."""
+    sums stay below 2^63), and the chunk sums are mixed on the host with wrapping arithmetic.
+    ``buf`` must be a 1-D ``torch.uint8`` tensor (view another tensor's bytes with
+    ``t.reshape(-1).view(torch.uint8)``); an empty buffer's checksum is 0."""
+    if not isinstance(buf, torch.Tensor):
+        raise RoutepackTypeError(f"buf: expected a 1-D torch.uint8 tensor, got {type(buf).__name__}")
+    if buf.dtype != torch.uint8:
+        raise RoutepackTypeError(f"buf: expected a byte buffer (dtype torch.uint8), got dtype {buf.dtype}; "
+                                 "pass t.reshape(-1).view(torch.uint8) to checksum a tensor's bytes")
+    if buf.dim() != 1:
+        raise RoutepackError(f"buf: expected a 1-D byte buffer, got shape {tuple(buf.shape)}")
+    if buf.numel() == 0:
+        return 0
     chunk = 1 << 16
     pad = (-buf.numel()) % (4 * chunk)
     words = torch.cat([buf, buf.new_zeros(pad)]).view(torch.int32).view(-1, chunk)
@@ -170,16 +184,27 @@ def migrate(layers: Sequence[Any], plan: Any, optimizer: Optional[torch.optim.Op
     `MigrationError` when the move was aborted (state intact on every rank). ``fault`` is a
     test hook called with each of `FAULT_POINTS`."""
     t0 = time.perf_counter()
+    # arguments every rank passes alike (the layers, the group, the timeout): a bad one fails
+    # on every rank at once, before any exchange
+    layers = check_layers(layers)
+    _args.group(group)
+    _args.timeout(timeout, optional=False)
+    if extra_state is not None and not isinstance(extra_state, dict):
+        raise RoutepackTypeError(f"extra_state: expected a dict layer -> tensors, got {type(extra_state).__name__}")
     extra_state = extra_state or {}
     mod0 = layers[0]
     me, spr, peers, device = mod0.ep_rank, mod0.slots_per_rank, mod0.peers, mod0.w1.device
-    rows = plan.migration
+    rows = plan.migration if isinstance(plan, Plan) else np.zeros(0, dtype=MIGRATION_DTYPE)
 
     # 1. check, then agree before anything moves
     err: Optional[BaseException] = None
     states: List[List[torch.Tensor]] = []
     sizes: List[int] = []
+    digest = 0
     try:
+        if not isinstance(plan, Plan):
+            raise InvalidPlanError(f"plan: expected routepack.Plan, got {type(plan).__name__}")
+        digest = digest_int(plan)
         check_migration(layers, plan)
         states = [expert_state(mod, optimizer, extra_state.get(l, ())) for l, mod in enumerate(layers)]
         sizes = [slot_bytes(st) for st in states]
@@ -188,7 +213,7 @@ def migrate(layers: Sequence[Any], plan: Any, optimizer: Optional[torch.optim.Op
         err = e
     # status: 1 ok, 0 the plan was refused, 2 anything else went wrong here
     status = 1 if err is None else (0 if isinstance(err, InvalidPlanError) else 2)
-    got = gather_ints([status, digest_int(plan), digest_of_sizes(sizes)], group, device, timeout)
+    got = gather_ints([status, digest, digest_of_sizes(sizes)], group, device, timeout)
     if err is not None:
         if status == 0:
             raise err

@@ -22,9 +22,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from routepack.errors import RoutepackError
+from routepack._checks import positive_int
+from routepack.errors import RoutepackError, RoutepackTypeError
 from routepack.plan import empty_replicas
-from routepack.torch.remap import TokenRoute, expert_counts, route_tokens
+from routepack.torch import _args
+from routepack.torch.broadcast import group_peers
+from routepack.torch.remap import TokenRoute, _route, expert_counts
 
 
 def swiglu(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
@@ -38,9 +41,10 @@ def dense_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     """Single-process reference: ``y[t] = Σ_j topk_weights[t, j] · expert_{topk_ids[t, j]}(x[t])``.
 
     ``x`` ``[T, H]``, ``topk_ids`` int ``[T, k]``, ``topk_weights`` ``[T, k]``, logical weights
-    ``w1`` ``[E, H, 2I]`` and ``w2`` ``[E, I, H]``. Returns ``[T, H]``.
+    ``w1`` ``[E, H, 2I]`` and ``w2`` ``[E, I, H]``. Returns ``[T, H]``; T = 0 (a rank without
+    tokens) gives an empty ``[0, H]`` that is still part of the autograd graph.
     """
-    t, k = topk_ids.shape
+    t, k, h = check_moe_inputs(x, topk_ids, topk_weights, w1, w2)
     flat = topk_ids.reshape(-1)
     pairs = x.repeat_interleave(k, dim=0)
     parts, index = [], []
@@ -48,8 +52,45 @@ def dense_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
         sel = torch.nonzero(flat == e).squeeze(1)
         parts.append(swiglu(pairs.index_select(0, sel), w1[e], w2[e]))
         index.append(sel)
+    if not parts:
+        # no tokens: an empty result that still depends on x, w1 and w2, so a backward through
+        # it runs (and gives zero gradients) like on any other rank
+        parts.append(swiglu(pairs, w1[0], w2[0]))
+        index.append(torch.arange(0, device=x.device))
     out = torch.cat(parts).index_select(0, torch.argsort(torch.cat(index)))
-    return (out.view(t, k, -1) * topk_weights.unsqueeze(-1).to(out.dtype)).sum(1)
+    # h, not -1: with T = 0 the view would not know its last dimension
+    return (out.view(t, k, h) * topk_weights.unsqueeze(-1).to(out.dtype)).sum(1)
+
+
+def check_moe_inputs(x: Any, topk_ids: Any, topk_weights: Any, w1: Any, w2: Any) -> tuple:
+    """(T, k, H) after checking `dense_moe`'s arguments: types, shapes, dtypes, devices and
+    every id in ``[0, E)``."""
+    _args.tensor(x, "x", 2, "float")
+    _args.tensor(topk_ids, "topk_ids", 2, "int")
+    _args.tensor(topk_weights, "topk_weights", 2, "float")
+    _args.tensor(w1, "w1", 3, "float")
+    _args.tensor(w2, "w2", 3, "float")
+    t, h = x.shape
+    e_n, i2 = w1.shape[0], w1.shape[2]
+    if e_n == 0 or w1.shape[1] != h or i2 == 0 or i2 % 2:
+        raise RoutepackError(f"w1: expected [E >= 1, H={h}, 2I >= 2], got {tuple(w1.shape)}")
+    if tuple(w2.shape) != (e_n, i2 // 2, h):
+        raise RoutepackError(f"w2: expected [E={e_n}, I={i2 // 2}, H={h}], got {tuple(w2.shape)}")
+    if topk_ids.shape[0] != t or topk_ids.shape[1] == 0:
+        raise RoutepackError(f"topk_ids: expected [T={t}, k >= 1], got {tuple(topk_ids.shape)}")
+    if topk_weights.shape != topk_ids.shape:
+        raise RoutepackError(f"topk_weights: expected {tuple(topk_ids.shape)} like topk_ids, got {tuple(topk_weights.shape)}")
+    for name, v in (("w1", w1), ("w2", w2)):
+        if v.dtype != x.dtype:
+            raise RoutepackTypeError(f"{name}: dtype {v.dtype} differs from x's {x.dtype}")
+    for name, v in (("topk_ids", topk_ids), ("topk_weights", topk_weights), ("w1", w1), ("w2", w2)):
+        if v.device != x.device:
+            raise RoutepackError(f"{name}: on {v.device}, x on {x.device}")
+    if topk_ids.numel():
+        lo, hi = int(topk_ids.min()), int(topk_ids.max())
+        if lo < 0 or hi >= e_n:
+            raise RoutepackError(f"topk_ids: expert id {lo if lo < 0 else hi} outside [0, {e_n})")
+    return int(t), int(topk_ids.shape[1]), int(h)
 
 
 class _AllToAll(torch.autograd.Function):
@@ -69,14 +110,6 @@ class _AllToAll(torch.autograd.Function):
         out = grad.new_empty((sum(send_splits),) + tuple(grad.shape[1:]))
         dist.all_to_all_single(out, grad.contiguous(), send_splits, recv_splits, group=ctx.group)
         return out, None, None, None
-
-
-def group_peers(group: Optional[Any]) -> List[int]:
-    """Global ranks of ``group`` in group-rank order (EP-local rank r → ``peers[r]``)."""
-    n = dist.get_world_size(group)
-    if group is None or group is dist.group.WORLD:
-        return list(range(n))
-    return [dist.get_global_rank(group, r) for r in range(n)]
 
 
 class EPMoE(torch.nn.Module):
@@ -99,21 +132,31 @@ class EPMoE(torch.nn.Module):
                  phy2log_row: np.ndarray, group: Optional[Any] = None,
                  dtype: torch.dtype = torch.float32, device: Any = None) -> None:
         super().__init__()
+        layer = positive_int(layer, "layer", minimum=0, maximum=2**31 - 1)
+        num_experts = positive_int(num_experts, "num_experts", maximum=2**31 - 1)  # int32 ids in plans
+        hidden = positive_int(hidden, "hidden")
+        ffn = positive_int(ffn, "ffn")
+        _args.topology(topo)
+        _args.group(group)
+        dtype = _args.dtype_float(dtype)
         if dist.get_world_size(group) != topo.ep:
             raise RoutepackError(f"group: has {dist.get_world_size(group)} ranks but topo.ep = {topo.ep}")
-        row = np.ascontiguousarray(phy2log_row, dtype=np.int32)
-        if row.shape != (topo.num_slots,):
-            raise RoutepackError(f"phy2log_row: expected shape ({topo.num_slots},), got {row.shape}")
-        if row.min() < -1 or row.max() >= num_experts:
-            raise RoutepackError(f"phy2log_row: entries must lie in [-1, {num_experts}), got {row.min()}..{row.max()}")
-        self.layer, self.num_experts, self.hidden, self.ffn = int(layer), int(num_experts), int(hidden), int(ffn)
+        row = _args.placement_row(phy2log_row, "phy2log_row", topo.num_slots, num_experts)
+        spr = topo.slots_per_rank
+        # w1 [spr, H, 2I] + w2 [spr, I, H]: refuse a size the device cannot hold before torch tries
+        nbytes = 3 * spr * hidden * ffn * torch.empty(0, dtype=dtype).element_size()
+        _args.fits_memory(nbytes, f"hidden={hidden}, ffn={ffn} (w1 and w2 of {spr} slots)", device)
+        self.layer, self.num_experts, self.hidden, self.ffn = layer, num_experts, hidden, ffn
         self.topo, self.group = topo, group
         self.ep_rank = dist.get_rank(group)
         self.peers = group_peers(group)
         self.phy2log = row.copy()
-        spr = topo.slots_per_rank
-        self.w1 = torch.nn.Parameter(torch.zeros(spr, hidden, 2 * ffn, dtype=dtype, device=device))
-        self.w2 = torch.nn.Parameter(torch.zeros(spr, ffn, hidden, dtype=dtype, device=device))
+        try:
+            self.w1 = torch.nn.Parameter(torch.zeros(spr, hidden, 2 * ffn, dtype=dtype, device=device))
+            self.w2 = torch.nn.Parameter(torch.zeros(spr, ffn, hidden, dtype=dtype, device=device))
+        except RuntimeError as e:  # under the device's total, but not free now (torch's OOM is a RuntimeError)
+            raise RoutepackError(f"hidden={hidden}, ffn={ffn}: w1 and w2 of {spr} slots ({nbytes} bytes) "
+                                 f"could not be allocated: {str(e).splitlines()[0][:200]}") from None
         self.runner: Any = None
         #: the last forward's `TokenRoute` (for inspection and tests)
         self.last_route: Optional[TokenRoute] = None
@@ -148,27 +191,57 @@ class EPMoE(torch.nn.Module):
                 self.w2[s].copy_(w2[e])
 
     # ---------------------------------------------------------------- forward
-    def _origin_counts(self, counts: np.ndarray, device: torch.device) -> np.ndarray:
-        """All-gathers every EP rank's per-expert pair counts: int64 ``[ep, E]``."""
-        mine = torch.from_numpy(counts).to(device)
+    def _origin_counts(self, counts: np.ndarray, ok: bool, device: torch.device) -> np.ndarray:
+        """All-gathers every EP rank's status and per-expert pair counts: int64 ``[ep, 1 + E]``
+        (column 0: 1 when that rank's inputs were valid)."""
+        mine = torch.from_numpy(np.concatenate([[int(ok)], counts]).astype(np.int64)).to(device)
         bufs = [torch.empty_like(mine) for _ in range(self.topo.ep)]
         dist.all_gather(bufs, mine, group=self.group)
         return torch.stack(bufs).cpu().numpy()
 
+    def check_inputs(self, x: Any, topk_ids: Any, topk_weights: Any) -> np.ndarray:
+        """This rank's replayed ids as int64 ``[T, k]`` after checking the forward's arguments."""
+        _args.tensor(x, "x", 2, "float")
+        _args.tensor(topk_ids, "topk_ids", 2, "int")
+        _args.tensor(topk_weights, "topk_weights", 2, "float")
+        if x.shape[1] != self.hidden:
+            raise RoutepackError(f"x: expected [T, {self.hidden}], got {tuple(x.shape)}")
+        if x.dtype != self.w1.dtype or x.device != self.w1.device:
+            raise RoutepackError(f"x: {x.dtype} on {x.device}, the layer's weights {self.w1.dtype} on {self.w1.device}")
+        if topk_ids.shape[0] != x.shape[0] or topk_ids.shape[1] == 0:
+            raise RoutepackError(f"topk_ids: expected [T={x.shape[0]}, k >= 1], got {tuple(topk_ids.shape)}")
+        if topk_weights.shape != topk_ids.shape:
+            raise RoutepackError(f"topk_weights: expected {tuple(topk_ids.shape)} like topk_ids, "
+                                 f"got {tuple(topk_weights.shape)}")
+        return topk_ids.detach().cpu().numpy().astype(np.int64, copy=False)
+
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """``x`` ``[T, H]``, ``topk_ids`` int ``[T, k]`` (replayed logical ids), ``topk_weights``
-        ``[T, k]`` → ``[T, H]``. Every EP rank of the group must call it (collective)."""
-        if x.dim() != 2 or x.shape[1] != self.hidden:
-            raise RoutepackError(f"x: expected [T, {self.hidden}], got {tuple(x.shape)}")
-        if topk_ids.shape != topk_weights.shape or topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
-            raise RoutepackError(f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} "
-                                 f"must both be [T={x.shape[0]}, k]")
-        t, k = topk_ids.shape
-        ids = topk_ids.detach().cpu().numpy()
-        origin = self._origin_counts(expert_counts(ids, self.num_experts), x.device)
+        ``[T, k]`` → ``[T, H]``. Every EP rank of the group must call it (collective).
+
+        T may be 0 (a rank without tokens in this microbatch): the rank still takes part in
+        every exchange with empty buffers, computes the tokens other ranks send to its slots,
+        and returns an empty ``[0, H]`` in the graph, so its backward runs the same
+        collectives. Inputs that fail a check make *every* rank raise: the check's outcome
+        travels with the first exchange (the per-expert counts), so no peer is left waiting."""
+        err: Optional[BaseException] = None
+        try:
+            ids = self.check_inputs(x, topk_ids, topk_weights)
+            counts = expert_counts(ids, self.num_experts)
+        except Exception as e:  # noqa: BLE001 (shared with every rank, then re-raised)
+            err, counts = e, np.zeros(self.num_experts, dtype=np.int64)
+        got = self._origin_counts(counts, err is None, self.w1.device)
+        if err is not None:
+            raise err
+        bad = np.flatnonzero(got[:, 0] == 0).tolist()
+        if bad:
+            raise RoutepackError(f"x: EP rank(s) {bad} passed invalid inputs to MoE layer {self.layer} "
+                                 "(each raised its own error); nothing was dispatched")
+        origin = np.ascontiguousarray(got[:, 1:])
+        t, k = ids.shape
         runner = self.runner
         rows = runner.cell_rows(self.layer) if runner is not None else empty_replicas()
-        route = route_tokens(ids, origin, self.phy2log, self.topo, rows, self.ep_rank)
+        route = _route(ids, origin, self.phy2log, self.topo, rows, self.ep_rank)
         self.last_route = route
         send_order = torch.from_numpy(route.send_order).to(x.device)
         recv = _AllToAll.apply(x.index_select(0, send_order // k), route.send_splits, route.recv_splits, self.group)
@@ -180,7 +253,8 @@ class EPMoE(torch.nn.Module):
         out = self._experts(recv, route.recv_unit, w1r, w2r)
         back = _AllToAll.apply(out, route.recv_splits, route.send_splits, self.group)
         pairs = back.index_select(0, torch.argsort(send_order))
-        return (pairs.view(t, k, -1) * topk_weights.unsqueeze(-1).to(pairs.dtype)).sum(1)
+        # hidden, not -1: with T = 0 the view would not know its last dimension
+        return (pairs.view(t, k, self.hidden) * topk_weights.unsqueeze(-1).to(pairs.dtype)).sum(1)
 
     def _experts(self, recv: torch.Tensor, unit: np.ndarray, w1r: Optional[torch.Tensor],
                  w2r: Optional[torch.Tensor]) -> torch.Tensor:
@@ -188,8 +262,10 @@ class EPMoE(torch.nn.Module):
         unit (stable), computed unit by unit, and put back in arrival order."""
         spr = self.slots_per_rank
         if unit.size == 0:
-            # keep the received tensor in the graph so every rank runs the same backward collectives
-            return recv * 0
+            # nothing to compute (recv has no rows): an empty result that keeps the received
+            # tensor in the graph, so every rank runs the same backward collectives, and gives
+            # w1/w2 a zero gradient like on a rank whose slots did compute (not None)
+            return swiglu(recv, self.w1[0], self.w2[0])
         perm = np.argsort(unit, kind="stable")
         counts = np.bincount(unit, minlength=spr + (0 if w1r is None else w1r.shape[0]))
         perm_t = torch.from_numpy(perm).to(recv.device)
@@ -204,3 +280,15 @@ class EPMoE(torch.nn.Module):
                 parts.append(swiglu(chunk, w1r[u - spr], w2r[u - spr]))
         out = torch.cat(parts)
         return out.index_select(0, torch.from_numpy(np.argsort(perm)).to(recv.device))
+
+
+def check_layers(layers: Any) -> List[Any]:
+    """``layers`` (a list, tuple or ``nn.ModuleList``; index = MoE layer) as a non-empty list of
+    `EPMoE` layers."""
+    items = list(layers) if isinstance(layers, (list, tuple, torch.nn.ModuleList)) else None
+    if not items:
+        raise RoutepackTypeError(f"layers: expected a non-empty list of EPMoE layers, got {_args.short(layers)}")
+    for i, mod in enumerate(items):
+        if not isinstance(mod, EPMoE):
+            raise RoutepackTypeError(f"layers[{i}]: expected routepack.torch.EPMoE, got {type(mod).__name__}")
+    return items

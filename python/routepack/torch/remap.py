@@ -1,8 +1,8 @@
 """Token remapping: logical top-k ids → physical slots and replica copies under a plan.
 
-The destination of every token is decided by `routepack-core/src/flow.rs::route_cell` (the
-same function the simulator prices), so the tokens each EP rank receives are exactly the
-plan's prediction. This module turns the cell's flow table (counts) into concrete token
+The destination of every token is decided by `routepack-core/src/flow/` (`route_exchange`,
+bound as `_core.route_cell`: the same function the simulator prices), so the tokens each EP
+rank receives are exactly the plan's prediction. This module turns the cell's flow table (counts) into concrete token
 assignments, deterministically:
 
 * at the origin rank, the (token, k) pairs routed to logical expert e are taken in ascending
@@ -21,7 +21,9 @@ from typing import Any
 import numpy as np
 
 from routepack import _core
+from routepack._checks import positive_int
 from routepack.errors import RoutepackError
+from routepack.torch import _args
 
 #: One row of a cell's flow table (see `flow_table`).
 FLOW_DTYPE = np.dtype(
@@ -44,6 +46,22 @@ def flow_table(origin: np.ndarray, phy2log_row: np.ndarray, topo: Any, cell_rows
         ``dst_slot`` is -1 for a replica flow, ``replica`` (index into ``cell_rows``) is -1
         for a slot flow.
     """
+    origin, phy2log_row, topo, cell_rows = _check_cell(origin, phy2log_row, topo, cell_rows)
+    return _flow_table(origin, phy2log_row, topo, cell_rows)
+
+
+def _check_cell(origin: Any, phy2log_row: Any, topo: Any, cell_rows: Any) -> tuple:
+    """`flow_table`'s arguments checked (each error names its argument), in the dtypes the
+    core reads."""
+    _args.topology(topo)
+    origin = _args.counts_table(origin, "origin", topo.ep)
+    e_n = int(origin.shape[1])
+    row = _args.placement_row(phy2log_row, "phy2log_row", topo.num_slots, e_n)
+    rows = _args.replica_rows(cell_rows, "cell_rows", e_n, topo.ep)
+    return origin, row, topo, rows
+
+
+def _flow_table(origin: np.ndarray, phy2log_row: np.ndarray, topo: Any, cell_rows: np.ndarray) -> np.ndarray:
     cols = _core.route_cell(
         np.ascontiguousarray(origin, dtype=np.int64),
         np.ascontiguousarray(phy2log_row, dtype=np.int32),
@@ -82,33 +100,45 @@ class TokenRoute:
     flows: np.ndarray
 
 
-def expert_counts(topk_ids: np.ndarray, num_experts: int) -> np.ndarray:
-    """int64 ``[E]``: (token, k) pairs routed to each logical expert. Raises on an id outside
-    ``[0, E)``."""
-    flat = np.asarray(topk_ids).reshape(-1)
-    if flat.size and (flat.min() < 0 or flat.max() >= num_experts):
-        bad = flat[(flat < 0) | (flat >= num_experts)][0]
-        raise RoutepackError(f"topk_ids: expert id {bad} outside [0, {num_experts})")
-    return np.bincount(flat.astype(np.int64), minlength=num_experts).astype(np.int64)
+def expert_counts(topk_ids: Any, num_experts: int) -> np.ndarray:
+    """int64 ``[E]``: (token, k) pairs routed to each logical expert. ``topk_ids``: integer
+    ids of any shape (a numpy array, a sequence or a torch tensor). Raises on an id outside
+    ``[0, E)`` or ids that are not integers."""
+    num_experts = positive_int(num_experts, "num_experts")
+    flat = _args.int_ids(topk_ids, "topk_ids").reshape(-1)
+    _args.ids_in_range(flat, "topk_ids", num_experts)
+    return np.bincount(flat, minlength=num_experts).astype(np.int64)
 
 
-def route_tokens(topk_ids: np.ndarray, origin: np.ndarray, phy2log_row: np.ndarray, topo: Any,
-                 cell_rows: np.ndarray, ep_rank: int) -> TokenRoute:
+def route_tokens(topk_ids: Any, origin: Any, phy2log_row: Any, topo: Any,
+                 cell_rows: Any, ep_rank: int) -> TokenRoute:
     """Assigns this rank's (token, k) pairs to destinations and names what it receives.
 
     Args:
-        topk_ids: int ``[T, k]``: logical expert ids of this rank's tokens (replayed).
+        topk_ids: int ``[T, k]``: logical expert ids of this rank's tokens (replayed); T may
+                  be 0 (a rank without tokens still receives and computes others' tokens).
         origin:   int64 ``[ep, E]``: every EP rank's pair counts per expert (all-gathered);
                   row ``ep_rank`` must equal the histogram of ``topk_ids``.
         phy2log_row, topo, cell_rows: as in `flow_table`.
-        ep_rank:  this rank's EP-local rank.
+        ep_rank:  this rank's EP-local rank, in ``[0, ep)``.
     """
-    ep, spr = topo.ep, topo.slots_per_rank
-    flat = np.asarray(topk_ids).reshape(-1).astype(np.int64)
-    mine = np.bincount(flat, minlength=origin.shape[1])
-    if mine.shape[0] != origin.shape[1] or not np.array_equal(mine, origin[ep_rank]):
+    origin, row, topo, rows = _check_cell(origin, phy2log_row, topo, cell_rows)
+    ep_rank = _args.rank(ep_rank, "ep_rank", topo.ep)
+    ids = _args.int_ids(topk_ids, "topk_ids", 2)
+    mine = expert_counts(ids, origin.shape[1])
+    if not np.array_equal(mine, origin[ep_rank]):
         raise RoutepackError(f"origin[{ep_rank}]: counts differ from the histogram of topk_ids")
-    flows = flow_table(origin, phy2log_row, topo, cell_rows)
+    return _route(ids, origin, row, topo, rows, ep_rank)
+
+
+def _route(ids: np.ndarray, origin: np.ndarray, phy2log_row: np.ndarray, topo: Any,
+           cell_rows: np.ndarray, ep_rank: int) -> TokenRoute:
+    """`route_tokens` on checked arguments (`EPMoE` calls it directly: its placement was
+    checked when set, ``origin`` is the all-gather of checked counts, the plan's rows passed
+    `Plan.validate`)."""
+    ep, spr = topo.ep, topo.slots_per_rank
+    flat = ids.reshape(-1)
+    flows = _flow_table(origin, phy2log_row, topo, cell_rows)
 
     # origin side: pairs grouped by expert (ascending flat index inside), which is exactly the
     # order of this rank's flows in the table (experts ascending), so counts line up

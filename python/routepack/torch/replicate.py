@@ -8,7 +8,7 @@ rank's EP group:
   whole microbatch, so they overlap the attention that precedes each MoE layer; the layer
   waits for its own layer's transfers only when it reaches its experts.
 * the destination computes the planned share of the expert's tokens with that copy (the
-  remapper routes them there, `flow.rs::route_expert`).
+  remapper routes them there, `flow::route_expert`).
 * backward: the copy's gradient is sent back in fp32 as soon as autograd has it (posted from
   the layer's backward, before the dispatch all-to-all's backward, on every rank in the same
   order); `ReplicaExchange.finish` waits and adds it into the owner slot's gradient, in table

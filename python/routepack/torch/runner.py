@@ -24,11 +24,15 @@ import torch
 import torch.distributed as dist
 
 from routepack import _core
+from routepack._checks import positive_int
 from routepack.errors import InvalidPlanError, RoutepackError, RoutepackTypeError
 from routepack.plan import Plan, empty_replicas
+from routepack.window import Window
+from routepack.torch import _args
 from routepack.torch.broadcast import digest_int, gather_ints
 from routepack.torch.grads import sync_redundant_grads
 from routepack.torch.migrate import MigrationReport, migrate
+from routepack.torch.moe import check_layers
 from routepack.torch.replicate import ReplicaExchange, _ReplicaLink
 
 #: token cap used when the caller gives none: validation then checks everything but the cap
@@ -51,9 +55,11 @@ class PlanRunner:
     def __init__(self, layers: Sequence[Any], topo: Any, group: Optional[Any] = None,
                  edp_group: Optional[Any] = None, dp_rank: Optional[int] = None,
                  timeout: datetime.timedelta = datetime.timedelta(seconds=120)) -> None:
-        self.layers = list(layers)
-        if not self.layers:
-            raise RoutepackError("layers: need at least one EPMoE layer")
+        self.layers = check_layers(layers)
+        _args.topology(topo)
+        _args.group(group)
+        _args.group(edp_group, "edp_group")
+        _args.timeout(timeout, optional=False)
         for i, mod in enumerate(self.layers):
             if mod.layer != i:
                 raise RoutepackError(f"layers[{i}] is MoE layer {mod.layer}; pass them in layer order")
@@ -64,7 +70,7 @@ class PlanRunner:
         if topo.num_groups > 1 and edp_group is None:
             raise RoutepackError(f"edp_group: required when dp={topo.dp} > ep={topo.ep}")
         self.topo, self.group, self.edp_group, self.timeout = topo, group, edp_group, timeout
-        self.dp_rank = dist.get_rank() if dp_rank is None else int(dp_rank)
+        self.dp_rank = dist.get_rank() if dp_rank is None else positive_int(dp_rank, "dp_rank", minimum=0)
         if not 0 <= self.dp_rank < topo.dp or self.dp_rank % topo.ep != dist.get_rank(group):
             raise RoutepackError(f"dp_rank: {self.dp_rank} does not match EP-local rank {dist.get_rank(group)} "
                                  f"under {topo}")
@@ -87,6 +93,10 @@ class PlanRunner:
         `RoutepackError` naming the problem); `begin_window` runs it on every rank and agrees."""
         if not isinstance(plan, Plan):
             raise RoutepackTypeError(f"plan: expected routepack.Plan, got {type(plan).__name__}")
+        if not isinstance(window, Window):
+            raise RoutepackTypeError(f"window: expected routepack.Window, got {type(window).__name__}")
+        if token_cap is not None:
+            positive_int(token_cap, "token_cap")
         mod0 = self.layers[0]
         if window.num_layers != len(self.layers) or window.num_experts != mod0.num_experts:
             raise InvalidPlanError(f"window has L={window.num_layers}, E={window.num_experts}; the model has "
@@ -112,7 +122,7 @@ class PlanRunner:
         try:
             self.check_plan(plan, window, token_cap)
             digest = digest_int(plan)
-        except (RoutepackError, ValueError, TypeError) as e:
+        except Exception as e:  # noqa: BLE001 (shared with every EP rank, then re-raised)
             err, digest = e, 0
         device = self.layers[0].w1.device
         got = gather_ints([int(err is None), digest], self.group, device, self.timeout)
@@ -149,9 +159,7 @@ class PlanRunner:
         they overlap the attention before each MoE layer (every rank must choose alike)."""
         if self.plan is None:
             raise RuntimeError("start_micro: call begin_window first")
-        if not 0 <= micro < self.plan.num_micro:
-            raise RoutepackError(f"micro: {micro} outside [0, {self.plan.num_micro})")
-        self.micro = int(micro)
+        self.micro = _args.rank(micro, "micro", self.plan.num_micro)
         self.exchange.micro = self.micro
         if prefetch:
             self.exchange.prefetch(self.micro)

@@ -152,6 +152,7 @@ impl Chain {
             + size_of_val(sh.att_top.as_slice())
             + size_of_val(sh.gm_cost.as_slice())
             + size_of_val(sh.group_cost.as_slice())
+            + size_of_val(sh.group_prefix.as_slice())
             + size_of_val(self.cagg.as_slice())
     }
 
@@ -240,7 +241,8 @@ impl Chain {
         let (kind, add, sub) = if r < self.mix[0] {
             let i = self.below(self.members[a].len());
             let s = self.members[a][i] as usize;
-            if self.members[a].len() < 2 || self.sh.lin[b] + px.lens[s] > cap {
+            // i128: a cell's tokens plus a sample's overflow i64 under a cap near 2^63
+            if self.members[a].len() < 2 || self.sh.lin[b] as i128 + px.lens[s] as i128 > cap as i128 {
                 return None;
             }
             // s leaves a for b: "add − sub" = −s
@@ -253,8 +255,8 @@ impl Chain {
                     (self.members[a][i] as usize, self.members[b][j] as usize)
                 }
             };
-            let d = px.lens[t] - px.lens[s];
-            if self.sh.lin[a] + d > cap || self.sh.lin[b] - d > cap {
+            let d = (px.lens[t] - px.lens[s]) as i128;
+            if self.sh.lin[a] as i128 + d > cap as i128 || self.sh.lin[b] as i128 - d > cap as i128 {
                 return None;
             }
             (Kind::Swap { s, t }, Src::Sample(t as u32), Src::Sample(s as u32))
@@ -275,24 +277,13 @@ impl Chain {
         } else {
             px.eval_pair(&self.sh, gm_a, &self.d_a, gm_b, &self.d_b, &self.cagg)
         };
-        // group totals with the new (group, step) costs, summed in step order
+        // group totals with the new (group, step) costs, summed in step order (from the partial
+        // sum before the first changed step; once when both steps are in one group)
         let m_n = px.micro;
         let (g_a, g_b) = (gm_a / m_n, gm_b / m_n);
-        let group_total = |g: usize| -> f64 {
-            (0..m_n)
-                .map(|m| {
-                    let gm = g * m_n + m;
-                    if gm == gm_a {
-                        cost_a
-                    } else if gm == gm_b {
-                        cost_b
-                    } else {
-                        self.sh.gm_cost[gm]
-                    }
-                })
-                .sum()
-        };
-        let (ta, tb) = (group_total(g_a), group_total(g_b));
+        let changed = [(gm_a, cost_a), (gm_b, cost_b)];
+        let ta = px.group_total_with(&self.sh, g_a, changed);
+        let tb = if g_b == g_a { ta } else { px.group_total_with(&self.sh, g_b, changed) };
         let mut max = 0.0f64;
         let mut sum = 0.0f64;
         for g in 0..px.groups {

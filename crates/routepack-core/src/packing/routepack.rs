@@ -10,6 +10,7 @@
 use std::time::{Duration, Instant};
 
 use super::rows::certified::{certified_rows, RowCertificate};
+use super::rows::exact::DEFAULT_NODE_LIMIT;
 use super::Packing;
 use crate::cost::CostModel;
 use crate::error::{bad_plan, invalid, Result};
@@ -52,7 +53,7 @@ impl Default for Options {
                 time_budget: None,
                 mix: MoveMix { shift: 0.25, swap: 0.0, near: 0.65, cells: 0.1 },
             },
-            exact_nodes: 200_000,
+            exact_nodes: DEFAULT_NODE_LIMIT,
             lambda: 0.1,
         }
     }
@@ -100,13 +101,13 @@ pub fn routepack_packing(
         return Err(invalid("anneal_steps", "must be >= 1, got 0"));
     }
     if !(a.start_accept > 0.0 && a.start_accept < 1.0) {
-        return Err(invalid("start_accept", format!("must be in (0, 1), got {}", a.start_accept)));
+        return Err(invalid("anneal_start_accept", format!("must be in (0, 1), got {}", a.start_accept)));
     }
     if a.mix.thresholds().is_none() {
         return Err(invalid("anneal_mix", format!("weights must be finite, >= 0 and not all 0, got {:?}", a.mix)));
     }
     if !(a.cooling > 0.0 && a.cooling <= 1.0) {
-        return Err(invalid("cooling", format!("must be in (0, 1], got {}", a.cooling)));
+        return Err(invalid("anneal_cooling", format!("must be in (0, 1], got {}", a.cooling)));
     }
     anneal::check_sizes(a)?;
     topo.check_experts(w.num_experts)?;

@@ -89,7 +89,7 @@ pub fn chunk_demand(w: &WindowView, num_chunks: usize) -> Result<Vec<f64>> {
         return Ok(Vec::new());
     }
     if num_chunks > w.num_samples {
-        return Err(invalid("num_chunks", format!("{num_chunks} chunks for {} samples; use at most one chunk per sample", w.num_samples)));
+        return Err(invalid("placement_chunks", format!("{num_chunks} chunks for {} samples; use at most one chunk per sample", w.num_samples)));
     }
     let chunk = chunk_of_samples(w.seq_lens, num_chunks);
     let (e_n, b_n) = (w.num_experts, num_chunks);
@@ -127,6 +127,6 @@ mod tests {
         assert_eq!(c, vec![0.0 + 2.0, 4.0 + 6.0, 1.0 + 3.0, 5.0 + 7.0]);
         let loads = window_loads(&w);
         assert_eq!(loads, vec![12.0, 16.0]);
-        assert!(chunk_demand(&w, 5).unwrap_err().to_string().contains("num_chunks"));
+        assert!(chunk_demand(&w, 5).unwrap_err().to_string().contains("placement_chunks"));
     }
 }

@@ -49,7 +49,7 @@ pub fn hot_n(
     hot_experts: usize,
 ) -> Result<Vec<Replica>> {
     if hot_experts == 0 {
-        return Err(invalid("hot_experts", "must be >= 1 (MindSpeed's --balanced-moe-hot-expert-num), got 0"));
+        return Err(invalid("replication_hot_experts", "must be >= 1 (MindSpeed's --balanced-moe-hot-expert-num), got 0"));
     }
     plan_exchanges(w, topo, cost, placement, packed.sample_rank, packed.sample_micro, packed.num_micro, None, ExchangeState::new, |c, st| {
         hot_n::plan_exchange(c, st, hot_experts)

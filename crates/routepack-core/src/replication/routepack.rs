@@ -249,9 +249,11 @@ pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Repli
                 let n_options = if level >= 1 && level < node_tokens { options[1] = level.min(avail); 2 } else { 1 };
                 // ranks a move of e onto r can change: expert time on r, e's hosts and e's
                 // other copies; all-to-all also on the ranks tokens are drawn from, which is
-                // r's node when e has no other copy and the copy's old and new n stay within
-                // the node's tokens (otherwise any rank)
-                let alone = st.replicas[e].iter().all(|x| x.dst == r);
+                // r's node when e has no other copy, the copy's old and new n stay within
+                // the node's tokens and e has one placement slot (otherwise any rank: the
+                // slots of a replicated expert are fed node first, so taking tokens off one
+                // node changes what every node sends and receives for it)
+                let alone = st.replicas[e].iter().all(|x| x.dst == r) && c.expert_slots(e).len() == 1;
                 let lo = (r / rpn) * rpn;
                 for (k, &n) in options[..n_options].iter().enumerate() {
                     if n == mine || options[..k].contains(&n) {

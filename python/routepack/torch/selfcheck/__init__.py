@@ -16,10 +16,12 @@ plan passes `Plan.validate` before use.
   `broadcast_plan`.
 * `check_peer_death`: a rank exits in the middle of a migration; the others raise within the
   timeout with their state intact.
+* `check_zero_tokens`: steps where some (or all) ranks have no tokens match the dense
+  reference forward and backward; a bad argument on one rank makes every rank raise.
 
 The parts: `case` (sizes, data and plans from the seed), `model` (the test model and the
 figures compared across ranks), `windows` (`check_windows`), `faults` (`check_faults`,
-`check_peer_death`), `spawn` (`run_ranks`).
+`check_peer_death`), `zero` (`check_zero_tokens`), `spawn` (`run_ranks`).
 """
 
 from routepack.torch.selfcheck.case import (Case, cell_origin, make_layout, make_placement, make_plans,
@@ -29,7 +31,9 @@ from routepack.torch.selfcheck.model import (EPModel, Weights, fingerprints, for
                                              make_groups, rel_err)
 from routepack.torch.selfcheck.spawn import run_ranks
 from routepack.torch.selfcheck.windows import check_windows
+from routepack.torch.selfcheck.zero import check_zero_tokens, expected_messages
 
 __all__ = ["Case", "EPModel", "Weights", "cell_origin", "check_faults", "check_peer_death", "check_windows",
-           "count_transfers", "fingerprints", "forward", "logical_weights", "make_groups", "make_layout",
-           "make_placement", "make_plans", "make_replicas", "make_window", "migration_rows", "rel_err", "run_ranks"]
+           "check_zero_tokens", "count_transfers", "expected_messages", "fingerprints", "forward", "logical_weights",
+           "make_groups", "make_layout", "make_placement", "make_plans", "make_replicas", "make_window",
+           "migration_rows", "rel_err", "run_ranks"]

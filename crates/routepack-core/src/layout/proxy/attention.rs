@@ -92,7 +92,7 @@ impl Proxy {
             for &(p, sign) in ends {
                 let c = self.cell_at(gm, p);
                 let s = sign as i64;
-                let (lin, quad) = (sh.lin[c] + s * (la - ls), sh.quad[c] + s * (qa - qs));
+                let (lin, quad) = (sh.lin[c] + s * (la - ls), sh.quad[c] + s as i128 * (qa - qs));
                 peak = peak.max(self.att_lin * lin as f64 + q3 * quad as f64);
             }
             cost += count * peak;

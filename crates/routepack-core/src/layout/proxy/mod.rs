@@ -31,9 +31,23 @@
 //!   the replication stage runs, so replica copies, their traffic and their exposed time are
 //!   not in it.
 //! * **Placement's even split**: a replicated expert's tokens are split evenly over its
-//!   replicas and rounded to whole tokens per (sample, layer, rank), where `flow` splits each
-//!   source rank's tokens in integers; under a placement without replicated experts the
-//!   projection is exact, otherwise it differs by under a token per sample and rank.
+//!   replicas and rounded to whole tokens per (sample, layer, rank). Under a placement without
+//!   replicated experts the projection is exact. `flow` gives every copy the load of that
+//!   split (to under a token per sample and rank) but feeds it node first: its own rank, its
+//!   node, then the surplus of the other nodes. So the per-rank loads the proxy sees are
+//!   `simulate`'s, while where a replicated expert's copies span nodes the proxy counts more
+//!   inter-node traffic than `simulate` does (never less on any rank's inter-node link, up to
+//!   rounding; intra-node traffic rises by part of that). It over-estimates the all-to-all:
+//!   measured +0.2–0.3% of the step on `flash` (`routepack_no_replication`, 3 windows) and
+//!   +0.6–1.5% per group in `proxy_tracks_simulate_with_replicated_experts`. The error does
+//!   not depend on the layout much: node-first feeding depends on the node a sample runs on,
+//!   so a move that changes a sample's node changes its projection; the proxy keeps one
+//!   projection per sample (per-node ones would need every kernel pass to read one demand
+//!   vector per end node). On `flash` after node-first feeding the slowest rank of every
+//!   exchange is a receiver, and its inter-node tokens are all for experts with one copy,
+//!   which the projection routes exactly; counting every replicated expert's tokens as
+//!   node-local would not lower that rank's time (measured: +1.5%, the intra-node term
+//!   rises), so a node-aware projection has nothing to gain for the layout there.
 //! * **Hosted experts count as active**: `c_exp` is charged for every expert a rank hosts;
 //!   `simulate` charges the experts that receive tokens (the same with thousands of tokens
 //!   per microbatch).
@@ -45,7 +59,8 @@
 //!
 //! Tests that tie it to `simulate`: `proxy::tests::proxy_matches_simulate_under_static_placement`
 //! (every group's cost within 1e-5), `proxy::tests::proxy_tracks_simulate_with_replicated_experts`
-//! (a placement with replicated experts, within 1e-3) and
+//! (a placement with replicated experts: from 0.1% under to 3% over `simulate`, twice the gap
+//! measured there) and
 //! `packing::routepack::tests::annealing_improves_and_the_proxy_tracks_simulate` (the
 //! annealed layout's `proxy_step_time` within 1e-3 of `simulate`'s step time).
 //!
@@ -97,8 +112,8 @@ pub struct Proxy {
     pub token_cap: i64,
     /// `[S]` sample lengths n.
     pub lens: Vec<i64>,
-    /// `[S]` n².
-    pub sq: Vec<i64>,
+    /// `[S]` n² (i128: it overflows i64 above 3·10⁹ tokens).
+    pub sq: Vec<i128>,
     /// `[dp·M]` (group, step) and EP rank of each cell.
     cell_gm: Vec<u32>,
     cell_rank: Vec<u32>,
@@ -156,7 +171,7 @@ impl Proxy {
             return Err(invalid("num_micro", "must be >= 1, got 0"));
         }
         if !(lambda.is_finite() && lambda >= 0.0) {
-            return Err(invalid("lambda", format!("must be finite and >= 0, got {lambda}")));
+            return Err(invalid("anneal_lambda", format!("must be finite and >= 0, got {lambda}")));
         }
         let (s_n, l_n, ep) = (w.num_samples, w.num_layers, topo.ep);
         let rpn = topo.ranks_per_group_node();
@@ -226,7 +241,7 @@ impl Proxy {
             nodes,
             token_cap,
             lens: w.seq_lens.to_vec(),
-            sq: w.seq_lens.iter().map(|&n| n * n).collect(),
+            sq: w.seq_lens.iter().map(|&n| n as i128 * n as i128).collect(),
             by_len,
             len_rank,
             shape,

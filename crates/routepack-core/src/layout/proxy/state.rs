@@ -10,14 +10,19 @@ pub(super) const TOP: usize = 3;
 
 /// Incremental state of one layout: per (group, step) the kernel's values, per cell (DP rank
 /// d, step m; index d·M + m) Σ n and Σ n², and the costs.
+///
+/// A group's cost is the sum of its steps' costs in step order (`f64` addition, so the order
+/// is part of the result). `group_prefix` keeps that sum's partial sums, so a move that
+/// changes step m re-adds only steps m.. (with thousands of steps on one DP rank, re-adding
+/// every step for every proposal was most of the search); the sums are the same bits.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Shards {
     /// `[G·M, state_len]` (`kernel::Shape::state_at`)
     pub gm: Vec<f32>,
     /// `[dp·M]` Σ n of each cell.
     pub lin: Vec<i64>,
-    /// `[dp·M]` Σ n² of each cell.
-    pub quad: Vec<i64>,
+    /// `[dp·M]` Σ n² of each cell (i128: n² overflows i64 above 3·10⁹ tokens).
+    pub quad: Vec<i128>,
     /// `[G·M, kinds, 3]` the three largest attention values of the step's ranks (value,
     /// rank), largest first; missing entries are (0, u32::MAX).
     pub att_top: Vec<[(f64, u32); TOP]>,
@@ -25,12 +30,15 @@ pub struct Shards {
     pub gm_cost: Vec<f64>,
     /// `[G]` Σ_m gm_cost.
     pub group_cost: Vec<f64>,
+    /// `[G, M + 1]` partial sums: entry (g, m) is the sum of group g's first m step costs in
+    /// step order, from −0.0 as `Iterator::sum` starts (entry (g, M) is `group_cost[g]`).
+    pub group_prefix: Vec<f64>,
 }
 
 impl Proxy {
     /// (Σ n, Σ n²) of a source.
     #[inline]
-    pub(super) fn lin_quad(&self, src: Src, sh: &Shards) -> (i64, i64) {
+    pub(super) fn lin_quad(&self, src: Src, sh: &Shards) -> (i64, i128) {
         match src {
             Src::Zero => (0, 0),
             Src::Sample(s) => (self.lens[s as usize], self.sq[s as usize]),
@@ -91,16 +99,65 @@ impl Proxy {
         let (state_a, state_b) = if gm_a < gm_b { (state_lo, state_hi) } else { (state_hi, state_lo) };
         let (sa, sb) = (self.step_delta(da, cells), self.step_delta(db, cells));
         gm_apply_pair(state_a, state_b, &self.hosted(), &sa, &sb, self.coeffs(), self.shape, self.avx2);
-        self.record(sh, gm_a, da, costs.0);
-        self.record(sh, gm_b, db, costs.1);
+        self.record_cost(sh, gm_a, da, costs.0);
+        self.record_cost(sh, gm_b, db, costs.1);
+        let m_n = self.micro;
+        if gm_a / m_n == gm_b / m_n {
+            // one pass over the group from the earlier step
+            self.resum_from(sh, gm_a.min(gm_b));
+        } else {
+            self.resum_from(sh, gm_a);
+            self.resum_from(sh, gm_b);
+        }
     }
 
-    /// After `d` was applied to `gm`'s values: its attention ranking, cost and group total.
-    fn record(&self, sh: &mut Shards, gm: usize, d: &Delta, cost: f64) {
+    /// After `d` was applied to `gm`'s values: its attention ranking and cost (the group
+    /// total is the caller's: `resum_from`).
+    fn record_cost(&self, sh: &mut Shards, gm: usize, d: &Delta, cost: f64) {
         self.update_attention(sh, gm, &d.ends[..d.n_ends]);
         sh.gm_cost[gm] = cost;
-        let g = gm / self.micro;
-        sh.group_cost[g] = sh.gm_cost[g * self.micro..(g + 1) * self.micro].iter().sum();
+    }
+
+    /// Group g's partial sums from step m on, and its total, after step (g, m)'s cost changed
+    /// (gm = g·M + m): the steps before m keep their partial sums, so the total is the sum
+    /// over every step in step order, as `Iterator::sum` gives it.
+    pub(super) fn resum_from(&self, sh: &mut Shards, gm: usize) {
+        let m_n = self.micro;
+        let (g, m) = (gm / m_n, gm % m_n);
+        let costs = &sh.gm_cost[g * m_n + m..(g + 1) * m_n];
+        let prefix = &mut sh.group_prefix[g * (m_n + 1) + m..(g + 1) * (m_n + 1)];
+        // the running sum in a register (not re-read from the table it is written to)
+        let mut acc = prefix[0];
+        for (p, &c) in prefix[1..].iter_mut().zip(costs) {
+            acc += c;
+            *p = acc;
+        }
+        sh.group_cost[g] = acc;
+    }
+
+    /// Group g's total if steps `changed` (gm indices; those outside g are ignored) had the
+    /// costs given, the others theirs: the partial sum before the first changed step, then the
+    /// rest in step order. The same bits as summing every step (see `Shards`).
+    pub fn group_total_with(&self, sh: &Shards, g: usize, changed: [(usize, f64); 2]) -> f64 {
+        let m_n = self.micro;
+        let base = g * m_n;
+        let inside = |gm: usize| gm >= base && gm < base + m_n;
+        let first = changed.iter().filter(|c| inside(c.0)).map(|c| c.0 - base).min();
+        let Some(first) = first else {
+            return sh.group_cost[g];
+        };
+        let mut acc = sh.group_prefix[g * (m_n + 1) + first];
+        for m in first..m_n {
+            let gm = base + m;
+            acc += if gm == changed[0].0 {
+                changed[0].1
+            } else if gm == changed[1].0 {
+                changed[1].1
+            } else {
+                sh.gm_cost[gm]
+            };
+        }
+        acc
     }
 
     /// Applies `d` to `gm`'s values with the same arithmetic as `eval_gm` (so the state is what
@@ -109,7 +166,8 @@ impl Proxy {
     pub fn apply_gm(&self, sh: &mut Shards, gm: usize, d: &Delta, cells: &[f32], cost: f64) {
         let len = self.shape.state_len();
         gm_apply(&mut sh.gm[gm * len..(gm + 1) * len], &self.hosted(), &self.step_delta(d, cells), self.coeffs(), self.shape, self.avx2);
-        self.record(sh, gm, d, cost);
+        self.record_cost(sh, gm, d, cost);
+        self.resum_from(sh, gm);
     }
 
 
@@ -124,6 +182,7 @@ impl Proxy {
             att_top: vec![[(0.0, u32::MAX); TOP]; gms * self.kinds.len()],
             gm_cost: vec![0.0; gms],
             group_cost: vec![0.0; self.groups],
+            group_prefix: vec![-0.0; self.groups * (m_n + 1)],
         };
         let len = self.shape.state_len();
         for (s, &c) in cell_of.iter().enumerate() {
@@ -139,7 +198,7 @@ impl Proxy {
             sh.gm_cost[gm] = self.eval_gm(&sh, gm, &Delta::none(), &[]);
         }
         for g in 0..self.groups {
-            sh.group_cost[g] = sh.gm_cost[g * m_n..(g + 1) * m_n].iter().sum();
+            self.resum_from(&mut sh, g * m_n);
         }
         sh
     }

@@ -54,7 +54,11 @@ fn proxy_matches_simulate_under_static_placement() {
 #[test]
 fn proxy_tracks_simulate_with_replicated_experts() {
     // EPLB replicates the hot experts: the proxy splits their tokens evenly over the replicas
-    // (rounded per sample, layer and rank), `simulate` routes them through `flow`
+    // (rounded per sample, layer and rank), `simulate` routes them through `flow`, which feeds
+    // each copy from its own node first. That takes tokens off the inter-node links of every
+    // rank, so the proxy over-estimates the all-to-all where copies span nodes (see the
+    // module's approximations): here by 1.5% (measured; +0.2–0.3% on `flash`), half of what
+    // is allowed. Under the even split `flow` used before, this test held within 1e-3.
     let (s_n, l_n, e_n) = (48, 4, 16);
     let (lens, tok) = window(s_n, l_n, e_n, 7);
     let w = WindowView::new(&lens, &tok, l_n, e_n).unwrap();
@@ -84,11 +88,11 @@ fn proxy_tracks_simulate_with_replicated_experts() {
         migration: vec![],
     };
     let rep = simulate(&plan, &w, &topo, &cost, None).unwrap();
+    let within = |proxy: f64, sim: f64| (-1e-3..3e-2).contains(&((proxy - sim) / sim));
     for g in 0..2 {
-        let rel = (sh.group_cost[g] - rep.group_times[g]).abs() / rep.group_times[g];
-        assert!(rel < 1e-3, "group {g}: proxy {} vs simulate {}", sh.group_cost[g], rep.group_times[g]);
+        assert!(within(sh.group_cost[g], rep.group_times[g]), "group {g}: proxy {} vs simulate {}", sh.group_cost[g], rep.group_times[g]);
     }
-    assert!((px.step_time(&sh) - rep.step_time).abs() / rep.step_time < 1e-3);
+    assert!(within(px.step_time(&sh), rep.step_time), "proxy {} vs simulate {}", px.step_time(&sh), rep.step_time);
 }
 
 #[test]
@@ -110,9 +114,9 @@ fn incremental_evaluation_equals_rebuild() {
     let cb = px.eval_gm(&sh, gb, &db, &[]);
     let mut inc = sh.clone();
     inc.lin[0] -= lens[0];
-    inc.quad[0] -= lens[0] * lens[0];
+    inc.quad[0] -= lens[0] as i128 * lens[0] as i128;
     inc.lin[7] += lens[0];
-    inc.quad[7] += lens[0] * lens[0];
+    inc.quad[7] += lens[0] as i128 * lens[0] as i128;
     px.apply_gm(&mut inc, ga, &da, &[], ca);
     px.apply_gm(&mut inc, gb, &db, &[], cb);
     cell_of[0] = 7;

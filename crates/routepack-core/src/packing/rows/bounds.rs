@@ -32,8 +32,9 @@ pub fn l2(seq_lens: &[i64], cap: i64) -> usize {
     }
     let sum = |a: usize, b: usize| prefix[b] - prefix[a];
     let s = v.len();
-    // first index of an item larger than cap/2 (2n > cap handles odd caps exactly)
-    let half = v.partition_point(|&n| 2 * n <= cap);
+    // first index of an item larger than cap/2 (2n > cap handles odd caps exactly; in i128,
+    // as 2n overflows i64 for n above 2^62)
+    let half = v.partition_point(|&n| 2 * n as i128 <= cap as i128);
     let mut best = l1(seq_lens, cap);
     // α = 0 and every distinct small size: the bound only changes at item sizes
     let mut candidates: Vec<i64> = std::iter::once(0).chain(v[..half].iter().copied()).collect();

@@ -52,10 +52,8 @@ pub struct CertifiedRows {
 /// Splits rows (heaviest splittable row first, its samples dealt alternately largest first)
 /// until there are `count`. Needs count <= number of samples.
 pub fn split_to(rows: &mut Vec<Vec<usize>>, seq_lens: &[i64], count: usize) {
-    while rows.len() < count {
-        let split = super::split_heaviest(rows, seq_lens);
-        assert!(split, "fewer rows than samples, so some row has two");
-    }
+    let split = super::split_heaviest_until(rows, seq_lens, count);
+    assert!(split, "fewer rows than samples, so some row has two");
 }
 
 /// The fewest rows in multiples of `step` (see the module comment). `node_limit` bounds the
@@ -91,12 +89,33 @@ pub fn certified_rows(
             Outcome::Unknown => break,
         }
     }
+    // More rows than samples leaves a cell empty. The count that fits most loosely is
+    // k = step·⌊S/step⌋: when the search stopped (node limit) short of the bound, try k itself
+    // before refusing, so a window that fits is not refused for want of a tighter packing.
+    let loosest = s_n / step * step;
+    if round(best.len()) > s_n && loosest >= lower_bound.max(step) {
+        let (out, used) = pack_into(seq_lens, token_cap, loosest, node_limit, deadline);
+        nodes += used;
+        match out {
+            Outcome::Packed(rows) => {
+                best = rows;
+                method = "exact";
+            }
+            Outcome::Impossible => lower_bound = loosest + step,
+            Outcome::Unknown => {}
+        }
+    }
     let bins = best.len();
     let count = round(bins);
     if count > s_n {
-        return Err(Error::Infeasible(format!(
-            "{s_n} samples cannot fill {count} non-empty rows (a multiple of {step}, the fewest found under token cap {token_cap})"
-        )));
+        let why = if lower_bound > s_n {
+            format!("every packing under token cap {token_cap} needs at least {lower_bound} rows (a multiple of {step})")
+        } else {
+            format!(
+                "the fewest rows found under token cap {token_cap} in multiples of {step} are {count}; the exact search stopped at its node limit ({node_limit}) or deadline before finding {loosest} or fewer"
+            )
+        };
+        return Err(Error::Infeasible(format!("{s_n} samples cannot fill {count} non-empty rows: {why}")));
     }
     split_to(&mut best, seq_lens, count);
     let certificate = RowCertificate { l1: a, l2: b, lower_bound, certified: count == lower_bound, gap: count - lower_bound, method, bins, nodes };

@@ -16,13 +16,13 @@ pub fn decreasing(seq_lens: &[i64]) -> Vec<usize> {
 
 /// Max-tree over free room of up to `n` rows; unopened rows have room `cap` but are found
 /// only after every open row (first fit opens rows in order).
-struct RoomTree {
+pub(crate) struct RoomTree {
     size: usize,
     max: Vec<i64>,
 }
 
 impl RoomTree {
-    fn new(n: usize, cap: i64) -> Self {
+    pub(crate) fn new(n: usize, cap: i64) -> Self {
         let size = n.next_power_of_two().max(1);
         let mut max = vec![i64::MIN; 2 * size];
         for i in 0..n {
@@ -35,7 +35,7 @@ impl RoomTree {
     }
 
     /// Leftmost leaf with room >= need.
-    fn first_fit(&self, need: i64) -> Option<usize> {
+    pub(crate) fn first_fit(&self, need: i64) -> Option<usize> {
         if self.max[1] < need {
             return None;
         }
@@ -46,7 +46,7 @@ impl RoomTree {
         Some(i - self.size)
     }
 
-    fn set(&mut self, leaf: usize, room: i64) {
+    pub(crate) fn set(&mut self, leaf: usize, room: i64) {
         let mut i = leaf + self.size;
         self.max[i] = room;
         while i > 1 {
@@ -98,9 +98,9 @@ pub fn bfd(seq_lens: &[i64], cap: i64) -> Vec<Vec<usize>> {
     rows
 }
 
-/// Tokens of a row.
-pub fn row_tokens(row: &[usize], seq_lens: &[i64]) -> i64 {
-    row.iter().map(|&s| seq_lens[s]).sum()
+/// Tokens of a row, in i128 (lengths near 2^62 overflow an i64 sum before any cap check).
+pub fn row_tokens(row: &[usize], seq_lens: &[i64]) -> i128 {
+    row.iter().map(|&s| seq_lens[s] as i128).sum()
 }
 
 #[cfg(test)]
@@ -111,7 +111,7 @@ mod tests {
         let mut seen = vec![false; lens.len()];
         for r in rows {
             assert!(!r.is_empty());
-            assert!(row_tokens(r, lens) <= cap);
+            assert!(row_tokens(r, lens) <= cap as i128);
             for &s in r {
                 assert!(!seen[s]);
                 seen[s] = true;

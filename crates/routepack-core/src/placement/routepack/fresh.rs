@@ -6,6 +6,7 @@
 use std::time::Instant;
 
 use super::items::Items;
+use super::spread::spread_copies;
 use super::binpack::{with_capacities, Pack, Problem};
 use super::options::Options;
 use crate::budget::passed;
@@ -96,6 +97,15 @@ pub(crate) fn fresh_bins(items: &Items, num_experts: usize, topo: &Topology, opt
             let mut flat = with_capacities(topo.ep, spr);
             for (i, &b) in s.bin_of.iter().enumerate() {
                 flat[b].push(i);
+            }
+            // the flat packing limits copies per rank only: spread them over nodes, where that
+            // costs no balance (this packing was taken for its balance)
+            let mut spread = flat.clone();
+            if spread_copies(items, num_experts, &mut spread, topo) > 0 {
+                let top = spread.iter().map(|b| b.iter().map(|&i| items.weight[i]).sum::<f64>()).fold(f64::NEG_INFINITY, f64::max);
+                if top <= s.max_load() {
+                    return (spread, top);
+                }
             }
             return (flat, s.max_load());
         }

@@ -14,14 +14,18 @@
 //!    of the simulator's per-exchange expert and all-to-all terms, from the chunk demand) is
 //!    weighed against its exposed migration time (priced as `simulate::migration_time` does,
 //!    over all layers together): layers are upgraded greedily by net saving until no upgrade
-//!    pays for its moves.
+//!    pays for its moves;
+//! 4. node spread: the packings over all ranks at once (incremental candidates, the fresh
+//!    placement's flat alternative) get each expert's copies spread over nodes (`spread`), as
+//!    the node-level packing keeps them: `flow` feeds copies node first, so copies on distinct
+//!    nodes keep more tokens inside their node.
 //!
 //! This file is the entry point ([`routepack_placement`], its [`Outcome`] and [`LayerReport`]);
 //! the parts live beside it, none importing this file: `options` ([`Options`] and every
 //! default), `items` (one layer's replicas), `binpack` (bin packing of replicas onto nodes and
 //! ranks, by search phase), `fresh` (node-then-rank packing), `incremental` (candidates from
-//! the old placement), `predict` (the time proxy) and `choose` (the migration choice, and
-//! [`Choice`]).
+//! the old placement), `spread` (copies onto distinct nodes), `predict` (the time proxy) and
+//! `choose` (the migration choice, and [`Choice`]).
 
 use std::time::Instant;
 
@@ -34,6 +38,7 @@ mod incremental;
 mod items;
 mod options;
 mod predict;
+mod spread;
 #[cfg(test)]
 mod test_windows;
 #[cfg(test)]
@@ -47,6 +52,7 @@ use fresh::fresh_bins;
 use incremental::incremental_bins;
 use items::{as_experts, Items};
 use predict::Predictor;
+use spread::spread_copies;
 
 use crate::budget;
 use crate::cost::links::LinkBytes;
@@ -112,7 +118,8 @@ fn plan_layer(l: usize, demand: &Demand, topo: &Topology, cost: &CostModel, prev
     if let (Some(old), true) = (old, opts.migration_aware) {
         candidates.push(Candidate { layer: old.to_vec(), time: predictor.time(old), moves: Vec::new(), choice: Choice::Keep, swaps: 0 });
         let incremental = if budget::passed(deadline) { Vec::new() } else { incremental_bins(&items, e_n, old, topo, top, opts) };
-        for (swaps, b) in incremental {
+        for (swaps, mut b) in incremental {
+            spread_copies(&items, e_n, &mut b, topo);
             let ex = as_experts(&items, &b);
             let layer: Vec<i32> = (0..topo.ep)
                 .flat_map(|r| fill_slots(&ex[r], &old[r * topo.slots_per_rank..(r + 1) * topo.slots_per_rank]))

@@ -1,29 +1,14 @@
-//! `kk`: verl's sequence balancing, the baseline of the `eplb` preset, implemented from its
-//! published behaviour (REFERENCES.md, `verl/utils/seqlen_balancing.py`):
-//!
-//! 1. Workload per sample: 24576·n + n² (12·h²·n + 2·h·n² over 2h for h = 4096).
-//! 2. DP balance: Karmarkar–Karp (largest differencing) over the workloads into dp partitions
-//!    with equal sample counts; partition i goes to DP rank i. (verl requires S % dp == 0; we
-//!    pad with zero-workload placeholders, so counts differ by at most one.)
-//! 3. Microbatches per rank: k = ceil(tokens / cap) (at most the rank's sample count),
-//!    all-reduced to the max over DP ranks; each rank's samples are split into k microbatches
-//!    by Karmarkar–Karp on workload without the equal-count constraint.
-//! 4. Overflow fix (verl 2026): when a microbatch exceeds the cap, repartition with k + 1. We
-//!    retry on every rank with the same k, so counts stay equal (the retry is all-reduced).
-//! 5. Order: microbatches sorted by workload descending (ties by their smallest sample index,
-//!    descending), then the even positions reversed followed by the odd ones, which puts small
-//!    microbatches at both ends.
+//! verl's Karmarkar–Karp as it was before states kept only their non-empty sets (k sets per
+//! state, i128 sums): the reference the sparse states must match on every input it handled.
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use super::rows::check_cap;
-use super::Packing;
 use crate::error::{Error, Result};
+use crate::packing::rows::check_cap;
+use crate::packing::Packing;
 
-/// verl's workload of a sample of length n.
-#[inline]
-pub fn workload(n: i64) -> i128 {
+fn workload_i128(n: i64) -> i128 {
     24576 * n as i128 + (n as i128) * (n as i128)
 }
 
@@ -80,7 +65,7 @@ impl PartialOrd for State {
 /// items sorted ascending are taken k at a time as the starting states, so every partition
 /// gets the same count (placeholders of weight 0 make up a remainder and are dropped). Without
 /// it, every item starts its own state. Partitions come out in decreasing order of sum.
-pub fn karmarkar_karp(weights: &[i128], k: usize, equal_size: bool) -> Vec<Vec<usize>> {
+pub fn karmarkar_karp_full(weights: &[i128], k: usize, equal_size: bool) -> Vec<Vec<usize>> {
     assert!(k >= 1, "karmarkar_karp: k must be >= 1");
     let n = weights.len();
     let padded = if equal_size { n.div_ceil(k) * k } else { n };
@@ -126,21 +111,8 @@ pub fn karmarkar_karp(weights: &[i128], k: usize, equal_size: bool) -> Vec<Vec<u
         .collect()
 }
 
-/// What `kk` did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KkReport {
-    /// Microbatches per rank before any overflow retry: max over ranks of ceil(tokens / cap).
-    pub first_micro: usize,
-    /// Microbatches per rank in the plan.
-    pub micro: usize,
-    /// Repartitions forced by a microbatch over the cap.
-    pub retries: usize,
-    /// Tokens of the fullest microbatch.
-    pub max_row_tokens: i64,
-}
-
 /// verl's `kk` packing on `dp` ranks (see the module comment).
-pub fn verl_kk(seq_lens: &[i64], token_cap: i64, dp: usize) -> Result<(Packing, KkReport)> {
+pub fn verl_kk_full(seq_lens: &[i64], token_cap: i64, dp: usize) -> Result<(Packing, [usize; 3], i64)> {
     check_cap(seq_lens, token_cap)?;
     let s_n = seq_lens.len();
     if dp == 0 {
@@ -149,8 +121,8 @@ pub fn verl_kk(seq_lens: &[i64], token_cap: i64, dp: usize) -> Result<(Packing, 
     if s_n < dp {
         return Err(Error::Infeasible(format!("{s_n} samples cannot fill {dp} DP ranks with non-empty microbatches")));
     }
-    let wl: Vec<i128> = seq_lens.iter().map(|&n| workload(n)).collect();
-    let ranks = karmarkar_karp(&wl, dp, true);
+    let wl: Vec<i128> = seq_lens.iter().map(|&n| workload_i128(n)).collect();
+    let ranks = karmarkar_karp_full(&wl, dp, true);
     let tokens = |items: &[usize]| items.iter().map(|&s| seq_lens[s]).sum::<i64>();
     let fewest = ranks.iter().map(|r| r.len()).min().unwrap();
     let first = ranks
@@ -166,7 +138,7 @@ pub fn verl_kk(seq_lens: &[i64], token_cap: i64, dp: usize) -> Result<(Packing, 
             .iter()
             .map(|r| {
                 let w: Vec<i128> = r.iter().map(|&s| wl[s]).collect();
-                karmarkar_karp(&w, k, false)
+                karmarkar_karp_full(&w, k, false)
                     .into_iter()
                     .map(|p| p.into_iter().map(|i| r[i]).collect::<Vec<usize>>())
                     .collect()
@@ -202,50 +174,6 @@ pub fn verl_kk(seq_lens: &[i64], token_cap: i64, dp: usize) -> Result<(Packing, 
             }
         }
     }
-    let report = KkReport { first_micro: first, micro: k, retries: k - first, max_row_tokens: max_row };
-    Ok((Packing { sample_rank, sample_micro, num_micro: k }, report))
+    Ok((Packing { sample_rank, sample_micro, num_micro: k }, [first, k, k - first], max_row))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kk_two_way_is_the_textbook_answer() {
-        // largest differencing on {8,7,6,5,4} ends with a difference of 2 (sums 16 and 14)
-        let parts = karmarkar_karp(&[8, 7, 6, 5, 4], 2, false);
-        let sums: Vec<i128> = parts.iter().map(|p| p.iter().map(|&i| [8, 7, 6, 5, 4][i]).sum()).collect();
-        assert_eq!(sums.iter().sum::<i128>(), 30);
-        assert_eq!(sums, vec![16, 14]);
-    }
-
-    #[test]
-    fn equal_size_counts_and_padding() {
-        let w: Vec<i128> = (1..=10).map(|x| x * x).collect();
-        let parts = karmarkar_karp(&w, 5, true);
-        assert!(parts.iter().all(|p| p.len() == 2));
-        let parts = karmarkar_karp(&w[..9], 4, true);
-        let mut lens: Vec<usize> = parts.iter().map(|p| p.len()).collect();
-        lens.sort();
-        assert_eq!(lens, vec![2, 2, 2, 3]);
-    }
-
-    #[test]
-    fn verl_kk_respects_cap_and_orders_small_at_ends() {
-        let lens: Vec<i64> = (0..64).map(|i| 100 + (i * 37) % 900).collect();
-        let (p, rep) = verl_kk(&lens, 1000, 4).unwrap();
-        assert_eq!(p.num_micro, rep.micro);
-        assert!(rep.max_row_tokens <= 1000);
-        for r in 0..4 {
-            let wl: Vec<i128> = (0..p.num_micro)
-                .map(|m| (0..64).filter(|&s| p.sample_rank[s] == r && p.sample_micro[s] == m as i32).map(|s| workload(lens[s])).sum())
-                .collect();
-            assert!(wl.iter().all(|&x| x > 0));
-            let peak = wl.iter().enumerate().max_by_key(|x| x.1).unwrap().0;
-            // the heaviest microbatch is in the middle, never at an end (when there are 3+)
-            if wl.len() >= 3 {
-                assert!(peak != 0 && peak != wl.len() - 1 || wl.iter().all(|&x| x == wl[peak]), "{wl:?}");
-            }
-        }
-    }
-}
