@@ -36,50 +36,64 @@ pub(crate) fn spread_copies(items: &Items, num_experts: usize, bins: &mut [Vec<u
     }
     let limit = |e: usize| copies[e].div_ceil(nodes);
     let mut swaps = 0;
-    for e in (0..num_experts).filter(|&e| copies[e] > 1) {
-        loop {
-            // the fullest node beyond the limit, and the emptiest node (lowest index on ties)
-            let count = |n: usize| on[n * num_experts + e];
-            let src = (0..nodes).filter(|&n| count(n) > limit(e)).fold(None, |b: Option<usize>, n| match b {
-                Some(x) if count(x) >= count(n) => Some(x),
-                _ => Some(n),
-            });
-            let Some(src) = src else { break };
-            let dst = (0..nodes).fold(0, |b, n| if count(n) < count(b) { n } else { b });
-            if count(dst) + 1 > limit(e) {
-                break;
-            }
-            // the copy on src's last rank holding one, and the partner of closest weight on
-            // dst whose expert may gain a copy on src
-            let (pr, pk) = (src * rpn..((src + 1) * rpn).min(ep))
-                .rev()
-                .find_map(|r| bins[r].iter().position(|&i| items.expert[i] as usize == e).map(|k| (r, k)))
-                .expect("src holds a copy");
-            let we = items.weight[bins[pr][pk]];
-            let mut best: Option<(f64, usize, usize)> = None;
-            let lo = dst * rpn;
-            for (r, bin) in bins.iter().enumerate().take(((dst + 1) * rpn).min(ep)).skip(lo) {
-                for (k, &i) in bin.iter().enumerate() {
-                    let x = items.expert[i] as usize;
-                    if x == e || on[src * num_experts + x] + 1 > limit(x) {
-                        continue;
+    // A repair of a later expert can free the partner an earlier one lacked, so passes repeat
+    // until one makes no swap. Each swap lowers the total excess (copies above the limit, over
+    // every node and expert) by one, so the passes end.
+    loop {
+        let before = swaps;
+        for e in (0..num_experts).filter(|&e| copies[e] > 1) {
+            loop {
+                // the fullest node beyond the limit (lowest index on ties)
+                let count = |n: usize| on[n * num_experts + e];
+                let src = (0..nodes).filter(|&n| count(n) > limit(e)).fold(None, |b: Option<usize>, n| match b {
+                    Some(x) if count(x) >= count(n) => Some(x),
+                    _ => Some(n),
+                });
+                let Some(src) = src else { break };
+                // the copy on src's last rank holding one
+                let (pr, pk) = (src * rpn..((src + 1) * rpn).min(ep))
+                    .rev()
+                    .find_map(|r| bins[r].iter().position(|&i| items.expert[i] as usize == e).map(|k| (r, k)))
+                    .expect("src holds a copy");
+                let we = items.weight[bins[pr][pk]];
+                // the nodes that may gain a copy, emptiest first (lowest index on ties); on the
+                // first that has one, the partner of closest weight whose expert may gain a copy
+                // on src
+                let mut dsts: Vec<usize> = (0..nodes).filter(|&n| count(n) < limit(e)).collect();
+                dsts.sort_by_key(|&n| (count(n), n));
+                let mut best: Option<(f64, usize, usize)> = None;
+                for dst in dsts {
+                    for (r, bin) in bins.iter().enumerate().take(((dst + 1) * rpn).min(ep)).skip(dst * rpn) {
+                        for (k, &i) in bin.iter().enumerate() {
+                            let x = items.expert[i] as usize;
+                            if x == e || on[src * num_experts + x] + 1 > limit(x) {
+                                continue;
+                            }
+                            let gap = (items.weight[i] - we).abs();
+                            if best.is_none_or(|b| gap < b.0) {
+                                best = Some((gap, r, k));
+                            }
+                        }
                     }
-                    let gap = (items.weight[i] - we).abs();
-                    if best.is_none_or(|b| gap < b.0) {
-                        best = Some((gap, r, k));
+                    if best.is_some() {
+                        break;
                     }
                 }
+                let Some((_, qr, qk)) = best else { break };
+                let dst = qr / rpn;
+                let (i, j) = (bins[pr][pk], bins[qr][qk]);
+                let x = items.expert[j] as usize;
+                bins[pr][pk] = j;
+                bins[qr][qk] = i;
+                on[src * num_experts + e] -= 1;
+                on[dst * num_experts + e] += 1;
+                on[dst * num_experts + x] -= 1;
+                on[src * num_experts + x] += 1;
+                swaps += 1;
             }
-            let Some((_, qr, qk)) = best else { break };
-            let (i, j) = (bins[pr][pk], bins[qr][qk]);
-            let x = items.expert[j] as usize;
-            bins[pr][pk] = j;
-            bins[qr][qk] = i;
-            on[src * num_experts + e] -= 1;
-            on[dst * num_experts + e] += 1;
-            on[dst * num_experts + x] -= 1;
-            on[src * num_experts + x] += 1;
-            swaps += 1;
+        }
+        if swaps == before {
+            break;
         }
     }
     swaps
