@@ -1,0 +1,121 @@
+"""What `routepack.calibrate` measures: the sweep points and the timer's settings.
+
+`Sweeps.default` scales the sweeps to the device: a CUDA GPU runs the whole range a training
+step sees (thousands of tokens per expert, samples of tens of thousands of tokens) in a few
+minutes, while one CPU core needs a narrower range to stay within ~10 minutes; ``quick``
+is a smoke run (tests, the README) of well under a minute with small shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional, Tuple
+
+from routepack._checks import finite_float, positive_int, sequence
+from routepack.errors import RoutepackError
+
+
+def log_points(lo: int, hi: int, per_octave: float) -> Tuple[int, ...]:
+    """Integers from ``lo`` to ``hi`` (both included), ``per_octave`` points per doubling,
+    rounded, duplicates dropped."""
+    lo, hi = positive_int(lo, "lo"), positive_int(hi, "hi")
+    if hi < lo:
+        raise RoutepackError(f"sweep: hi={hi} < lo={lo}")
+    out, i = [], 0
+    while True:
+        v = int(round(lo * 2.0 ** (i / per_octave)))
+        if v >= hi:
+            break
+        if not out or v != out[-1]:
+            out.append(v)
+        i += 1
+    return tuple(out) + (hi,)
+
+
+def _ints(values: object, name: str) -> Tuple[int, ...]:
+    got = tuple(positive_int(v, f"{name}[{i}]") for i, v in enumerate(sequence(values, name)))
+    if not got:
+        raise RoutepackError(f"{name}: needs at least one point, got none")
+    if list(got) != sorted(set(got)):
+        raise RoutepackError(f"{name}: must be increasing without repeats, got {list(got)}")
+    return got
+
+
+@dataclass(frozen=True)
+class Sweeps:
+    """Sweep points and timer settings.
+
+    * ``tokens_per_expert`` × ``active_experts``: the expert-GEMM grid (points with more than
+      ``max_tokens`` tokens in all are skipped, so the large corner does not dominate).
+    * ``lengths``: sample lengths of the attention sweep.
+    * ``message_bytes``: bytes each rank sends in a point-to-point or all-to-all.
+    * ``warmup`` untimed and up to ``repeats`` timed calls per point (the median is kept;
+      after 3, a point stops once it has taken ``budget_s``).
+    * ``holdout_every``: every k-th point of each sweep is held out of the fit and only
+      predicted (`routepack.calibrate.fit.holdout_mask`).
+    """
+
+    tokens_per_expert: Tuple[int, ...]
+    active_experts: Tuple[int, ...]
+    max_tokens: int
+    lengths: Tuple[int, ...]
+    message_bytes: Tuple[int, ...]
+    warmup: int = 1
+    repeats: int = 5
+    budget_s: float = 2.0
+    holdout_every: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("tokens_per_expert", "active_experts", "lengths", "message_bytes"):
+            object.__setattr__(self, name, _ints(getattr(self, name), f"sweeps.{name}"))
+        positive_int(self.max_tokens, "sweeps.max_tokens")
+        positive_int(self.warmup, "sweeps.warmup", minimum=0)
+        positive_int(self.repeats, "sweeps.repeats")
+        finite_float(self.budget_s, "sweeps.budget_s", strict=True)
+        positive_int(self.holdout_every, "sweeps.holdout_every", minimum=2)
+        if not self.expert_grid():
+            raise RoutepackError(f"sweeps.max_tokens: {self.max_tokens} leaves no expert-GEMM point "
+                                 f"(smallest is {self.tokens_per_expert[0] * self.active_experts[0]} tokens)")
+
+    def expert_grid(self) -> Tuple[Tuple[int, int], ...]:
+        """(active experts, tokens per expert) points, grouped by active experts."""
+        return tuple((a, t) for a in self.active_experts for t in self.tokens_per_expert
+                     if a * t <= self.max_tokens)
+
+    @property
+    def points(self) -> int:
+        """Measurement points of the expert GEMM and attention sweeps (for the progress bar)."""
+        return len(self.expert_grid()) + len(self.lengths)
+
+    @classmethod
+    def default(cls, device: str = "cpu", quick: bool = False, max_tokens_per_expert: Optional[int] = None,
+                max_length: Optional[int] = None) -> "Sweeps":
+        """The sweeps for ``device`` ("cpu" or "cuda"); ``max_tokens_per_expert`` and
+        ``max_length`` shorten (or lengthen) the expert-GEMM and attention ranges."""
+        if device not in ("cpu", "cuda"):
+            raise RoutepackError(f"device: expected 'cpu' or 'cuda', got {device!r}")
+        if quick:
+            tpe, per_oct_t, active, cap = 256, 0.5, (1, 4), 1024
+            lo_len, length, per_oct_l, msg = 64, 512, 1.0, (4096, 1 << 20, 0.5)
+            timer = dict(warmup=1, repeats=3, budget_s=0.3)
+        elif device == "cpu":
+            tpe, per_oct_t, active, cap = 4096, 2.0, (1, 2, 4, 8), 4096
+            lo_len, length, per_oct_l, msg = 128, 2048, 2.0, (4096, 64 << 20, 2.0)
+            timer = dict(warmup=1, repeats=5, budget_s=2.0)
+        else:
+            tpe, per_oct_t, active, cap = 8192, 2.0, (1, 2, 4, 8, 16, 32), 1 << 17
+            lo_len, length, per_oct_l, msg = 128, 32768, 2.0, (4096, 256 << 20, 2.0)
+            timer = dict(warmup=3, repeats=10, budget_s=1.0)
+        tpe = positive_int(max_tokens_per_expert, "max_tokens_per_expert") if max_tokens_per_expert else tpe
+        length = positive_int(max_length, "max_length") if max_length else length
+        lo_len = min(lo_len, length)
+        return cls(tokens_per_expert=log_points(1, tpe, per_oct_t), active_experts=active,
+                   max_tokens=max(cap, tpe), lengths=log_points(lo_len, length, per_oct_l),
+                   message_bytes=log_points(msg[0], msg[1], msg[2]), **timer)  # type: ignore[arg-type]
+
+    def with_timer(self, warmup: Optional[int] = None, repeats: Optional[int] = None,
+                   holdout_every: Optional[int] = None) -> "Sweeps":
+        """These sweeps with some timer settings replaced (None keeps one)."""
+        given = {k: v for k, v in (("warmup", warmup), ("repeats", repeats), ("holdout_every", holdout_every))
+                 if v is not None}
+        return replace(self, **given)
