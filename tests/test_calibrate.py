@@ -203,6 +203,27 @@ def test_the_figure_is_a_png(tmp_path):
     assert path.read_bytes()[:4] == b"\x89PNG"
 
 
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 12), warmup=st.integers(0, 3), repeats=st.integers(1, 7), seed=st.integers(0, 99))
+def test_run_rounds_interleaves_points_and_keeps_medians(n, warmup, repeats, seed):
+    from routepack.calibrate.timing import run_rounds
+
+    calls, ticks = [], []
+
+    def step(i):
+        def f():
+            calls.append(i)
+            k = sum(1 for c in calls if c == i)  # this point's k-th call: figures k and -k
+            return float(k), float(-k)
+        return f
+
+    got = run_rounds([step(i) for i in range(n)], warmup, repeats, lambda: ticks.append(1), seed)
+    rounds = [calls[r * n:(r + 1) * n] for r in range(warmup + repeats)]
+    assert all(sorted(r) == list(range(n)) for r in rounds)  # every point once a round
+    med = float(np.median(np.arange(warmup + 1, warmup + repeats + 1)))
+    assert got == [(med, -med)] * n and len(ticks) == n * repeats
+
+
 # ------------------------------------------------------------------ sweeps and arguments
 @settings(max_examples=60, deadline=None)
 @given(lo=st.integers(1, 100), span=st.integers(0, 5000), per_octave=st.sampled_from([0.5, 1.0, 2.0, 3.0]))

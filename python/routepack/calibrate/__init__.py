@@ -129,10 +129,13 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
         ranks: processes of the links measurement; ``threads``: torch CPU threads while
             measuring (restored afterwards; the spawned ranks use one each).
         progress: a tqdm bar on stderr (shown on a terminal).
+
+    The links measurement starts processes with the ``spawn`` method, which re-imports the
+    calling script: call `calibrate` from a script under ``if __name__ == "__main__":``.
     """
     from routepack._core import __version__
     from routepack.calibrate import attention, expert_gemm, links
-    from routepack.calibrate.timing import device_info, require_torch
+    from routepack.calibrate.timing import clock, device_info, require_torch, steady_heap
 
     if device not in ("cpu", "cuda"):
         raise RoutepackError(f"device: expected 'cpu' or 'cuda', got {device!r}")
@@ -157,17 +160,21 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
     t0 = time.perf_counter()
     measurements: Dict[str, Dict[str, Any]] = {}
     skipped: Dict[str, str] = {}
-    total = (len(sweeps.expert_grid()) if "expert_gemm" in kinds else 0) + \
-        (len(sweeps.lengths) if "attention" in kinds else 0) + \
+    total = sweeps.repeats * ((len(sweeps.expert_grid()) if "expert_gemm" in kinds else 0) +
+                              (len(sweeps.lengths) if "attention" in kinds else 0)) + \
         (2 * len(sweeps.message_bytes) if "links" in kinds else 0)
     bar = _bar(total, progress)
-    tick: Callable[[str], None] = lambda what: (bar.set_postfix_str(what), bar.update(1))  # noqa: E731
+    tick: Callable[[], None] = lambda: bar.update(1)  # noqa: E731
     try:
         info = device_info(device, tdtype)
-        if "expert_gemm" in kinds:
-            measurements["expert_gemm"] = expert_gemm.measure(shape, sweeps, device, tdtype, tick)
-        if "attention" in kinds:
-            measurements["attention"] = attention.measure(shape, sweeps, device, tdtype, tick)
+        info["clock"] = clock(device)[0]
+        with steady_heap(device) as info["steady_heap"]:
+            if "expert_gemm" in kinds:
+                bar.set_postfix_str("expert_gemm")
+                measurements["expert_gemm"] = expert_gemm.measure(shape, sweeps, device, tdtype, tick)
+            if "attention" in kinds:
+                bar.set_postfix_str("attention")
+                measurements["attention"] = attention.measure(shape, sweeps, device, tdtype, tick)
         if "links" in kinds:
             bar.set_postfix_str(f"links: {ranks} ranks")
             got = links.measure(sweeps, device, ranks, links_timeout_s)

@@ -11,11 +11,10 @@ one sequence, so a point of length n is what one sample of n tokens costs in one
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable, Dict, List, Tuple
 
 from routepack.calibrate.sweeps import Sweeps
-from routepack.calibrate.timing import median_time, require_torch, synchronizer
+from routepack.calibrate.timing import clock, require_torch, run_rounds, synchronizer
 from routepack.model import ModelShape
 
 
@@ -44,10 +43,12 @@ def _layer(x: Any, wqkv: Any, wo: Any, shared: List[Tuple[Any, Any]], heads: int
 
 
 def measure(model: ModelShape, sweeps: Sweeps, device: Any, dtype: Any,
-            tick: Callable[[str], None] = lambda _: None) -> Dict[str, Any]:
-    """Median forward + backward (and forward-only) seconds at every sample length."""
+            tick: Callable[[], None] = lambda: None) -> Dict[str, Any]:
+    """Median forward + backward (and forward-only) seconds at every sample length,
+    measured in interleaved rounds."""
     torch = require_torch()
     sync = synchronizer(device)
+    _, now = clock(device)
     h, i = model.hidden, model.expert_ffn
     d = head_dim(h)
     gen = torch.Generator().manual_seed(1)
@@ -58,31 +59,26 @@ def measure(model: ModelShape, sweeps: Sweeps, device: Any, dtype: Any,
     wqkv, wo = param(h, 3 * h), param(h, h)
     shared = [(param(h, 2 * i), param(i, h)) for _ in range(model.shared_experts)]
     params = [wqkv, wo] + [w for pair in shared for w in pair]
-    sweep: List[Dict[str, Any]] = []
-    total: List[float] = []
-    forward: List[float] = []
-    for n in sweeps.lengths:
-        x = torch.randn(n, h, generator=gen).to(device, dtype).requires_grad_()
-        grad_out = torch.randn(n, h, generator=gen).to(device, dtype)
+    longest = max(sweeps.lengths)
+    x = torch.randn(longest, h, generator=gen).to(device, dtype)
+    grad_out = torch.randn(longest, h, generator=gen).to(device, dtype)
 
+    def point(n: int) -> Callable[[], Tuple[float, float]]:
         def step() -> Tuple[float, float]:
+            sample = x[:n].detach().requires_grad_()
             sync()
-            t0 = time.perf_counter()
-            out = _layer(x, wqkv, wo, shared, h // d)
+            t0 = now()
+            out = _layer(sample, wqkv, wo, shared, h // d)
             sync()
-            t1 = time.perf_counter()
-            out.backward(grad_out)
+            t1 = now()
+            out.backward(grad_out[:n])
             sync()
-            t2 = time.perf_counter()
-            x.grad = None
+            t2 = now()
             for w in params:
                 w.grad = None
             return t2 - t0, t1 - t0
+        return step
 
-        both, fwd = median_time(step, sweeps.warmup, sweeps.repeats, budget_s=sweeps.budget_s)
-        sweep.append({"length": n})
-        total.append(both)
-        forward.append(fwd)
-        tick(f"attention n={n}")
-        del x, grad_out
-    return {"sweep": sweep, "measured_s": total, "forward_s": forward, "heads": h // d, "head_dim": d}
+    got = run_rounds([point(n) for n in sweeps.lengths], sweeps.warmup, sweeps.repeats, tick, seed=1)
+    return {"sweep": [{"length": n} for n in sweeps.lengths], "measured_s": [g[0] for g in got],
+            "forward_s": [g[1] for g in got], "heads": h // d, "head_dim": d}

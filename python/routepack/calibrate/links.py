@@ -13,8 +13,9 @@ the intra-node link (``bw_intra``); ``bw_inter`` cannot be measured here.
   dispatch does; the cost model prices this as ``max(sent, received) / bw_intra``.
 
 Every rank runs the same number of timed calls (a collective must be entered by all), each
-between a barrier and a device synchronisation; a call's time is the slowest rank's
-(all-reduced max), the median over calls is kept.
+between a barrier and a device synchronisation, on the wall clock (waiting for the other
+rank is part of a link's time); a call's time is the slowest rank's (all-reduced max), the
+median over calls is kept.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def measure(sweeps: Sweeps, device: str, ranks: int = 2, timeout_s: float = 600)
         backend = "gloo"
     from routepack.torch.selfcheck.spawn import run_ranks
 
-    out = run_ranks(_rank_main, ranks, list(sweeps.message_bytes), sweeps.warmup, max(3, sweeps.repeats),
+    # more calls than a compute point: small messages are cheap and their times scatter most
+    out = run_ranks(_rank_main, ranks, list(sweeps.message_bytes), sweeps.warmup, 3 * sweeps.repeats,
                     backend=backend, join_timeout_s=timeout_s, pg_timeout_s=min(timeout_s, 300))
     return {**out[0], "ranks": ranks, "backend": backend}

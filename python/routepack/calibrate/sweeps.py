@@ -9,9 +9,9 @@ is a smoke run (tests, the README) of well under a minute with small shapes.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
-from routepack._checks import finite_float, positive_int, sequence
+from routepack._checks import positive_int, sequence
 from routepack.errors import RoutepackError
 
 
@@ -21,7 +21,8 @@ def log_points(lo: int, hi: int, per_octave: float) -> Tuple[int, ...]:
     lo, hi = positive_int(lo, "lo"), positive_int(hi, "hi")
     if hi < lo:
         raise RoutepackError(f"sweep: hi={hi} < lo={lo}")
-    out, i = [], 0
+    out: List[int] = []
+    i = 0
     while True:
         v = int(round(lo * 2.0 ** (i / per_octave)))
         if v >= hi:
@@ -41,6 +42,26 @@ def _ints(values: object, name: str) -> Tuple[int, ...]:
     return got
 
 
+class _Preset(NamedTuple):
+    tokens_per_expert: int  # top of the expert sweep, from 1
+    per_octave: float
+    active: Tuple[int, ...]
+    max_tokens: int
+    shortest: int  # attention lengths from ... to ...
+    length: int
+    per_octave_length: float
+    messages: Tuple[int, int, float]  # bytes from, to, points per octave
+    warmup: int
+    repeats: int
+
+
+_PRESETS = {
+    "quick": _Preset(256, 0.5, (1, 4), 1024, 64, 512, 1.0, (4096, 1 << 20, 0.5), 1, 3),
+    "cpu": _Preset(4096, 2.0, (1, 2, 4, 8), 4096, 128, 2048, 2.0, (4096, 64 << 20, 2.0), 1, 5),
+    "cuda": _Preset(8192, 2.0, (1, 2, 4, 8, 16, 32), 1 << 17, 128, 32768, 2.0, (4096, 256 << 20, 2.0), 2, 7),
+}
+
+
 @dataclass(frozen=True)
 class Sweeps:
     """Sweep points and timer settings.
@@ -49,8 +70,8 @@ class Sweeps:
       ``max_tokens`` tokens in all are skipped, so the large corner does not dominate).
     * ``lengths``: sample lengths of the attention sweep.
     * ``message_bytes``: bytes each rank sends in a point-to-point or all-to-all.
-    * ``warmup`` untimed and up to ``repeats`` timed calls per point (the median is kept;
-      after 3, a point stops once it has taken ``budget_s``).
+    * ``warmup`` untimed and ``repeats`` timed rounds over each sweep, every point once a
+      round (`routepack.calibrate.timing.run_rounds`; the median is kept).
     * ``holdout_every``: every k-th point of each sweep is held out of the fit and only
       predicted (`routepack.calibrate.fit.holdout_mask`).
     """
@@ -62,7 +83,6 @@ class Sweeps:
     message_bytes: Tuple[int, ...]
     warmup: int = 1
     repeats: int = 5
-    budget_s: float = 2.0
     holdout_every: int = 3
 
     def __post_init__(self) -> None:
@@ -71,7 +91,6 @@ class Sweeps:
         positive_int(self.max_tokens, "sweeps.max_tokens")
         positive_int(self.warmup, "sweeps.warmup", minimum=0)
         positive_int(self.repeats, "sweeps.repeats")
-        finite_float(self.budget_s, "sweeps.budget_s", strict=True)
         positive_int(self.holdout_every, "sweeps.holdout_every", minimum=2)
         if not self.expert_grid():
             raise RoutepackError(f"sweeps.max_tokens: {self.max_tokens} leaves no expert-GEMM point "
@@ -94,28 +113,18 @@ class Sweeps:
         ``max_length`` shorten (or lengthen) the expert-GEMM and attention ranges."""
         if device not in ("cpu", "cuda"):
             raise RoutepackError(f"device: expected 'cpu' or 'cuda', got {device!r}")
-        if quick:
-            tpe, per_oct_t, active, cap = 256, 0.5, (1, 4), 1024
-            lo_len, length, per_oct_l, msg = 64, 512, 1.0, (4096, 1 << 20, 0.5)
-            timer = dict(warmup=1, repeats=3, budget_s=0.3)
-        elif device == "cpu":
-            tpe, per_oct_t, active, cap = 4096, 2.0, (1, 2, 4, 8), 4096
-            lo_len, length, per_oct_l, msg = 128, 2048, 2.0, (4096, 64 << 20, 2.0)
-            timer = dict(warmup=1, repeats=5, budget_s=2.0)
-        else:
-            tpe, per_oct_t, active, cap = 8192, 2.0, (1, 2, 4, 8, 16, 32), 1 << 17
-            lo_len, length, per_oct_l, msg = 128, 32768, 2.0, (4096, 256 << 20, 2.0)
-            timer = dict(warmup=3, repeats=10, budget_s=1.0)
+        pre = _PRESETS["quick" if quick else device]
+        tpe, length, lo_len = pre.tokens_per_expert, pre.length, pre.shortest
         tpe = positive_int(max_tokens_per_expert, "max_tokens_per_expert") if max_tokens_per_expert else tpe
         length = positive_int(max_length, "max_length") if max_length else length
         lo_len = min(lo_len, length)
-        return cls(tokens_per_expert=log_points(1, tpe, per_oct_t), active_experts=active,
-                   max_tokens=max(cap, tpe), lengths=log_points(lo_len, length, per_oct_l),
-                   message_bytes=log_points(msg[0], msg[1], msg[2]), **timer)  # type: ignore[arg-type]
+        return cls(tokens_per_expert=log_points(1, tpe, pre.per_octave), active_experts=pre.active,
+                   max_tokens=max(pre.max_tokens, tpe), lengths=log_points(lo_len, length, pre.per_octave_length),
+                   message_bytes=log_points(*pre.messages), warmup=pre.warmup, repeats=pre.repeats)
 
     def with_timer(self, warmup: Optional[int] = None, repeats: Optional[int] = None,
                    holdout_every: Optional[int] = None) -> "Sweeps":
         """These sweeps with some timer settings replaced (None keeps one)."""
-        given = {k: v for k, v in (("warmup", warmup), ("repeats", repeats), ("holdout_every", holdout_every))
-                 if v is not None}
-        return replace(self, **given)
+        return replace(self, warmup=self.warmup if warmup is None else warmup,
+                       repeats=self.repeats if repeats is None else repeats,
+                       holdout_every=self.holdout_every if holdout_every is None else holdout_every)
