@@ -155,6 +155,7 @@ def test_to_cost_model_sets_the_fitted_fields_and_keeps_the_rest_from_the_preset
         assert getattr(cost, name) == getattr(preset, name)
     assert sources["c_tok"] == "measured: expert_gemm" and sources["bw_inter"] == "preset h200"
     assert sources["token_bytes"] == "model shape"
+    assert cost.num_experts == preset.num_experts == MODEL.num_experts
     given_inter, src = to_cost_model(MODEL, fits, bw_inter=12.5e9)
     assert given_inter.bw_inter == 12.5e9 and src["bw_inter"].startswith("given")
     partial, src = to_cost_model(MODEL, {"expert_gemm": fits["expert_gemm"]})

@@ -234,8 +234,10 @@ def to_cost_model(model: ModelShape, fits: Mapping[str, KernelFit], hardware: Op
     hardware = hardware or Hardware.h200()
     base = CostModel.from_model(model, hardware, weight_bytes)
     sources = {name: f"preset {hardware.name}" for name in base.__dataclass_fields__}
-    for name in ("token_bytes", "expert_weight_bytes", "expert_grad_bytes", "expert_state_bytes", "expert_groups"):
-        sources[name] = "model shape"
+    for name in ("token_bytes", "expert_weight_bytes", "expert_grad_bytes", "expert_state_bytes", "expert_groups",
+                 "num_experts"):
+        if name in sources:
+            sources[name] = "model shape"
     fields: Dict[str, Any] = {}
     for kind, fit in fits.items():
         for name, value in fit.cost_fields.items():
