@@ -5,7 +5,8 @@ Before a training step the trainer knows every sample's length and per-layer exp
 are packed into token-capped microbatches and laid out over DP ranks, and which hot experts
 to replicate per microbatch. `simulate` scores any plan under docs/design.md's cost model.
 `routepack.torch` carries a plan out with torch.distributed. The stages, their options
-and their registry are in `routepack.stages`.
+and their registry are in `routepack.stages`. `calibrate` measures the cost model's
+coefficients on this machine (imports torch only when called).
 """
 
 from routepack._core import __version__
@@ -17,10 +18,12 @@ from routepack.planner import plan_window
 from routepack.policies import PRESETS, Policy
 from routepack.simulate import SimResult, simulate
 from routepack.window import Window
+from routepack.calibrate import Calibration, calibrate
 from routepack import stages, traces
 
 __all__ = [
     "__version__",
+    "Calibration",
     "CostModel",
     "Hardware",
     "InfeasibleError",
@@ -39,6 +42,7 @@ __all__ = [
     "SimResult",
     "Topology",
     "Window",
+    "calibrate",
     "plan_window",
     "simulate",
     "stages",

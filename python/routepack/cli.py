@@ -9,6 +9,9 @@
 * ``routepack bench --sweep``: every registered placement × packing × replication instead of
   the presets (`routepack.sweep`), sorted by step time, the ``routepack`` preset marked
   (``--placements``/``--packings``/``--replications`` narrow it; no figure).
+* ``routepack calibrate``: measures the cost model's coefficients on this machine with torch
+  (`routepack.calibrate`) and writes the calibrated ``CostModel`` JSON, a report JSON and a
+  figure of measured vs predicted times (``pip install "routepack[torch]"``).
 
 A user error (a bad argument, an unreadable ``--npz``, an input the planner refuses) prints
 one line on stderr and exits with status 2; no traceback.
@@ -218,6 +221,86 @@ def _run(args: argparse.Namespace, figure: bool) -> int:
     return 0
 
 
+def _run_calibrate(args: argparse.Namespace) -> int:
+    """``routepack calibrate``: measure, fit, write the cost model, the report and the figure."""
+    out = _writable(args.out, "--out")
+    report = _writable(args.report, "--report") if args.report else None
+    fig = _writable(args.plot, "--plot") if args.plot else None
+    try:
+        from routepack.calibrate import calibrate
+        from routepack.calibrate.report import PLOT_HINT
+        cal = calibrate(args.profile, hidden=args.hidden, expert_ffn=args.expert_ffn, device=args.device,
+                        dtype=args.dtype, quick=args.quick, kernels=args.kernels, bw_inter=args.bw_inter,
+                        ranks=args.ranks, threads=args.threads, warmup=args.warmup, repeats=args.repeats,
+                        holdout_every=args.holdout_every, max_tokens_per_expert=args.max_tokens_per_expert,
+                        max_length=args.max_length, progress=not args.quiet)
+    except ImportError as e:
+        raise UsageError(str(e)) from None
+    rep = cal.report
+    dev = rep["device"]
+    print(f"calibrated {rep['profile']} shapes (H={rep['model']['hidden']}, I={rep['model']['expert_ffn']}) on "
+          f"{dev.get('gpu') or dev.get('cpu')} ({dev['device']}, {dev['dtype']}, {dev['threads']} thread(s), "
+          f"torch {dev['torch']}) in {rep['elapsed_s']:.0f} s\n")
+    print(f"{'kernel':<12} {'points':>6} {'held out':>8} {'max rel. error (held out)':>26}  coefficients")
+    for kind, k in rep["kernels"].items():
+        mre = "n/a" if k["max_rel_error"] is None else f"{100 * k['max_rel_error']:.1f}%"
+        coef = ", ".join(f"{n}={v:.3g}" for n, v in k["coefficients"].items())
+        print(f"{kind:<12} {len(k['sweep']):>6} {k['held_out_points']:>8} {mre:>26}  {coef}")
+    for kind, why in rep["skipped"].items():
+        print(f"{kind:<12} skipped: {why}")
+    ratio = rep["preset"]["ratio"]
+    print(f"\nvs the {rep['preset']['hardware']['name']} preset: " +
+          ", ".join(f"{n} x{v:.3g}" for n, v in ratio.items() if v is not None))
+    print(f"bw_inter: {rep['sources']['bw_inter']} ({cal.cost.bw_inter:.3g} B/s)")
+    cal.cost.save(out)
+    print(f"wrote {out}")
+    if report is not None:
+        from routepack.calibrate.report import write_json
+
+        print(f"wrote {write_json(rep, report)}")
+    if fig is not None:
+        try:
+            print(f"wrote {cal.plot(fig)}")
+        except ImportError:
+            print(f"no figure: matplotlib is not installed ({PLOT_HINT} for it)")
+    return 0
+
+
+def _calibrate_parser(sub: Any) -> None:
+    helptext = "measure the cost model's coefficients on this machine (needs torch) and write a CostModel JSON"
+    p = sub.add_parser("calibrate", help=helptext, description=helptext)
+    p.add_argument("--profile", default="tiny", choices=sorted(traces.PROFILES),
+                   help="built-in profile whose model shape is measured; choices: %(choices)s")
+    p.add_argument("--hidden", type=_count(1), default=None, help="override the profile's hidden size")
+    p.add_argument("--expert-ffn", type=_count(1), default=None, dest="expert_ffn",
+                   help="override the profile's per-expert FFN size")
+    p.add_argument("--out", default="routepack_cost.json", help="the calibrated CostModel (JSON)")
+    p.add_argument("--report", default="routepack_calibration.json", help="the report JSON ('' for none)")
+    p.add_argument("--plot", default="routepack_calibration.png",
+                   help=f"measured vs predicted PNG ('' for none; needs matplotlib: {FIGURE_HINT})")
+    p.add_argument("--quick", action="store_true", help="a smoke run: small sweeps, few repeats")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to measure (default %(default)s)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                   help="default: float32 on cpu, bfloat16 on cuda")
+    p.add_argument("--kernels", nargs="+", choices=("expert_gemm", "attention", "links"),
+                   default=["expert_gemm", "attention", "links"], metavar="KIND",
+                   help="kernel kinds to measure (default: all): expert_gemm, attention, links")
+    p.add_argument("--bw-inter", type=float, default=None, dest="bw_inter",
+                   help="inter-node bytes/s for the cost model (default: the H200 preset's; not measurable here)")
+    p.add_argument("--ranks", type=_count(2), default=2, help="local processes for the links (default %(default)s)")
+    p.add_argument("--threads", type=_count(1), default=None, help="torch CPU threads while measuring")
+    p.add_argument("--warmup", type=_count(0), default=None, help="untimed calls per point")
+    p.add_argument("--repeats", type=_count(1), default=None, help="timed calls per point (median kept)")
+    p.add_argument("--holdout-every", type=_count(2), default=None, dest="holdout_every",
+                   help="hold every k-th sweep point out of the fit (default 3)")
+    p.add_argument("--max-tokens-per-expert", type=_count(1), default=None, dest="max_tokens_per_expert",
+                   help="top of the expert-GEMM sweep")
+    p.add_argument("--max-length", type=_count(1), default=None, dest="max_length",
+                   help="top of the attention sweep (sample length)")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=_run_calibrate)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="routepack", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"routepack {__version__}")
@@ -254,13 +337,14 @@ def _parser() -> argparse.ArgumentParser:
                            help="with --sweep: the loads every combination plans from (default: %(default)s, "
                                 "as the routepack preset does)")
         p.set_defaults(func=lambda a, fig=(name == "bench"): _run(a, fig))
+    _calibrate_parser(sub)
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.npz and len(args.npz) < 2:
+    if getattr(args, "npz", None) and len(args.npz) < 2:
         parser.error("--npz needs at least 2 windows (the first only feeds history)")
     if args.command == "bench" and not args.sweep:
         given = [f for f in ("placements", "packings", "replications") if getattr(args, f) is not None]

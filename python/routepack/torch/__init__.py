@@ -1,7 +1,7 @@
 """routepack.torch: carries routepack plans out with torch.distributed (docs/design.md stage 5).
 
-With `routepack.integrations`, the only code of routepack that imports torch. Backend-neutral: gloo on CPU (tests), NCCL on
-GPUs (``tools/gpu_check.py``).
+With `routepack.integrations` and `routepack.calibrate`, the only code of routepack that
+imports torch. Backend-neutral: gloo on CPU (tests), NCCL on GPUs (``tools/gpu_check.py``).
 
 * `EPMoE`: reference expert-parallel MoE layer (stacked slot weights, replayed top-k routing,
   all-to-all dispatch/combine); `dense_moe` is its single-process reference.

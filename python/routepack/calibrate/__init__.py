@@ -1,0 +1,202 @@
+"""`routepack calibrate`: measures the cost model's coefficients on this machine.
+
+`calibrate` times, with torch, the kernels the cost model prices (docs/design.md,
+"Calibration"):
+
+* ``expert_gemm`` (`routepack.calibrate.expert_gemm`): the routed experts of one EP rank in
+  `routepack.torch.EPMoE`'s layout, forward + backward, over tokens per expert × active
+  experts → ``c_tok``, ``c_exp``;
+* ``attention`` (`routepack.calibrate.attention`): one full-attention layer (projections,
+  causal SDPA, shared experts) over sample lengths → ``a_lin``, ``a_quad``;
+* ``links`` (`routepack.calibrate.links`): point-to-point and all-to-all between local
+  processes (gloo on CPU, NCCL on CUDA) over message sizes → ``bw_intra``.
+
+`routepack.calibrate.fit` fits each kind with its own function (every k-th point held out
+and only predicted) and builds a `CostModel`; whatever is not measured (``bw_inter``, the
+byte counts) comes from `CostModel.from_model` with the hardware preset, or ``bw_inter``
+as given. `routepack.calibrate.report` writes the report JSON and the figure. torch is
+imported only when `calibrate` runs (``pip install 'routepack[torch]'``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from routepack._checks import finite_float, instance_of, positive_int, sequence
+from routepack.calibrate.fit import FITS, KernelFit, to_cost_model
+from routepack.calibrate.report import PLOT_HINT, build, plot, write_json
+from routepack.calibrate.sweeps import Sweeps
+from routepack.errors import RoutepackError
+from routepack.model import CostModel, Hardware, ModelShape
+
+#: The kernel kinds `calibrate` measures, in the order it measures them.
+KERNELS = ("expert_gemm", "attention", "links")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass
+class Calibration:
+    """What `calibrate` returns: the calibrated `CostModel`, the report document and the
+    per-kernel fits."""
+
+    cost: CostModel
+    report: Dict[str, Any]
+    fits: Dict[str, KernelFit]
+
+    def save(self, out: Optional[str | Path] = None, report: Optional[str | Path] = None,
+             plot_path: Optional[str | Path] = None) -> List[Path]:
+        """Writes the cost model (``CostModel.save``), the report JSON and the figure (needs
+        matplotlib) to whichever paths are given; returns the paths written."""
+        written = []
+        if out:
+            self.cost.save(out)
+            written.append(Path(out))
+        if report:
+            written.append(write_json(self.report, report))
+        if plot_path:
+            written.append(self.plot(plot_path))
+        return written
+
+    def plot(self, path: str | Path) -> Path:
+        """The measured-vs-predicted figure (PNG); ImportError naming the extra without matplotlib."""
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError as e:
+            raise ImportError(f"the calibration figure needs matplotlib: {PLOT_HINT}") from e
+        return plot(self.report, path)
+
+
+def _model(profile: str, model: Optional[ModelShape], hidden: Optional[int], expert_ffn: Optional[int]) -> ModelShape:
+    from routepack import traces
+
+    base = instance_of(model, ModelShape, "model") if model is not None else traces.profile(profile).model()
+    given = {k: positive_int(v, k) for k, v in (("hidden", hidden), ("expert_ffn", expert_ffn)) if v is not None}
+    return replace(base, **given)
+
+
+def _dtype(torch: Any, dtype: Optional[str], device: str) -> Any:
+    name = dtype or ("float32" if device == "cpu" else "bfloat16")
+    if name not in DTYPES:
+        raise RoutepackError(f"dtype: expected one of {DTYPES}, got {name!r}")
+    return getattr(torch, name)
+
+
+def _kernels(kernels: Sequence[str]) -> List[str]:
+    got = list(sequence(kernels, "kernels", "kernel kinds"))
+    for k in got:
+        if k not in KERNELS:
+            raise RoutepackError(f"kernels: {k!r} is not one of {KERNELS}")
+    if not got:
+        raise RoutepackError("kernels: needs at least one kernel kind, got none")
+    return [k for k in KERNELS if k in got]
+
+
+def _bar(total: int, show: bool) -> Any:
+    from tqdm import tqdm
+    import sys
+
+    return tqdm(total=total, unit="point", file=sys.stderr, leave=False, disable=None if show else True,
+                desc="calibrate")
+
+
+def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidden: Optional[int] = None,
+              expert_ffn: Optional[int] = None, device: str = "cpu", dtype: Optional[str] = None,
+              quick: bool = False, sweeps: Optional[Sweeps] = None, kernels: Sequence[str] = KERNELS,
+              hardware: Optional[Hardware] = None, bw_inter: Optional[float] = None, ranks: int = 2,
+              threads: Optional[int] = None, warmup: Optional[int] = None, repeats: Optional[int] = None,
+              holdout_every: Optional[int] = None, max_tokens_per_expert: Optional[int] = None,
+              max_length: Optional[int] = None, progress: bool = True,
+              links_timeout_s: float = 600.0) -> Calibration:
+    """Measures and fits the cost model on this machine; returns a `Calibration`.
+
+    Args:
+        profile: built-in profile whose model shape is measured (`routepack.traces.PROFILES`),
+            unless ``model`` is given; ``hidden`` / ``expert_ffn`` override its sizes.
+        device: "cpu" or "cuda"; ``dtype``: "float32" (CPU default), "bfloat16" (CUDA default)
+            or "float16".
+        quick: a smoke run (small sweeps, few repeats; with small ``hidden`` /
+            ``expert_ffn`` it takes seconds). ``sweeps`` replaces the sweeps altogether;
+            ``warmup``, ``repeats``, ``holdout_every``, ``max_tokens_per_expert`` and
+            ``max_length`` adjust the default ones.
+        kernels: the kinds to measure (default all of `KERNELS`); a coefficient of a kind not
+            measured comes from ``hardware``'s preset.
+        hardware: preset for what is not measured and for the report's comparison
+            (default `Hardware.h200`); ``bw_inter``: the inter-node bandwidth to use, in the
+            cost model's bytes/s (local processes cannot measure it).
+        ranks: processes of the links measurement; ``threads``: torch CPU threads while
+            measuring (restored afterwards; the spawned ranks use one each).
+        progress: a tqdm bar on stderr (shown on a terminal).
+
+    The links measurement starts processes with the ``spawn`` method, which re-imports the
+    calling script: call `calibrate` from a script under ``if __name__ == "__main__":``.
+    """
+    from routepack._core import __version__
+    from routepack.calibrate import attention, expert_gemm, links
+    from routepack.calibrate.timing import clock, device_info, require_torch, steady_heap
+
+    if device not in ("cpu", "cuda"):
+        raise RoutepackError(f"device: expected 'cpu' or 'cuda', got {device!r}")
+    shape = _model(profile, model, hidden, expert_ffn)
+    kinds = _kernels(kernels)
+    hardware = instance_of(hardware, Hardware, "hardware") if hardware is not None else Hardware.h200()
+    if bw_inter is not None:
+        bw_inter = finite_float(bw_inter, "bw_inter", strict=True)
+    ranks = positive_int(ranks, "ranks", minimum=2)
+    if sweeps is None:
+        sweeps = Sweeps.default(device, quick, max_tokens_per_expert, max_length)
+    else:
+        instance_of(sweeps, Sweeps, "sweeps")
+    sweeps = sweeps.with_timer(warmup, repeats, holdout_every)
+    torch = require_torch()
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RoutepackError("device: 'cuda' but torch.cuda.is_available() is False")
+    tdtype = _dtype(torch, dtype, device)
+    saved_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(positive_int(threads, "threads"))
+    t0 = time.perf_counter()
+    measurements: Dict[str, Dict[str, Any]] = {}
+    skipped: Dict[str, str] = {}
+    total = sweeps.repeats * ((len(sweeps.expert_grid()) if "expert_gemm" in kinds else 0) +
+                              (len(sweeps.lengths) if "attention" in kinds else 0)) + \
+        (2 * len(sweeps.message_bytes) if "links" in kinds else 0)
+    bar = _bar(total, progress)
+    tick: Callable[[], None] = lambda: bar.update(1)  # noqa: E731
+    try:
+        info = device_info(device, tdtype)
+        info["clock"] = clock(device)[0]
+        with steady_heap(device) as info["steady_heap"]:
+            if "expert_gemm" in kinds:
+                bar.set_postfix_str("expert_gemm")
+                measurements["expert_gemm"] = expert_gemm.measure(shape, sweeps, device, tdtype, tick)
+            if "attention" in kinds:
+                bar.set_postfix_str("attention")
+                measurements["attention"] = attention.measure(shape, sweeps, device, tdtype, tick)
+        if "links" in kinds:
+            bar.set_postfix_str(f"links: {ranks} ranks")
+            got = links.measure(sweeps, device, ranks, links_timeout_s)
+            bar.update(2 * len(sweeps.message_bytes))
+            if "skipped" in got:
+                skipped["links"] = got["skipped"]
+            else:
+                measurements["links"] = got
+    finally:
+        bar.close()
+        torch.set_num_threads(saved_threads)
+    fits = {kind: FITS[kind](m, sweeps.holdout_every, shape) for kind, m in measurements.items()}
+    cost, sources = to_cost_model(shape, fits, hardware, bw_inter)
+    if "links" not in fits:
+        skipped.setdefault("links", "not requested")
+    preset = CostModel.from_model(shape, hardware)
+    settings = {**asdict(sweeps), "quick": quick, "kernels": kinds, "ranks": ranks,
+                "bw_inter": "given" if bw_inter is not None else f"preset {hardware.name} (local processes are one node)"}
+    report = build(fits=fits, cost=cost, preset=preset, hardware=hardware, sources=sources, device=info,
+                   settings=settings, model=asdict(shape), profile=profile if model is None else "custom",
+                   skipped=skipped, elapsed_s=time.perf_counter() - t0, version=__version__)
+    return Calibration(cost, report, fits)
+
+
+__all__ = ["Calibration", "KERNELS", "Sweeps", "calibrate"]

@@ -1,0 +1,251 @@
+"""Fitting measured kernel times to the cost model's coefficients, one function per kernel kind.
+
+Each ``fit_<kind>`` takes that kind's measurement (``sweep``: one dict of sweep variables per
+point; ``measured_s``: its median time) and returns a `KernelFit`: the coefficients, the
+times the fitted model predicts at every point, which points were held out, and the
+`CostModel` fields the coefficients set (``cost_fields``). `FITS` maps each kind to its
+function, so a richer model of one kernel (a roofline expert curve, tabulated attention, a
+link latency) replaces one entry and leaves the others alone; `to_cost_model` merges the
+fields of whatever was fitted into `CostModel.from_model`'s coefficients.
+
+The fit is least squares on *relative* residuals ((predicted − measured) / measured), with
+non-negative coefficients, because the figure the report is judged by is the relative
+error, and the sweeps span three or more orders of magnitude of time (an absolute fit would
+ignore the small points). Every ``holdout_every``-th point is left out of the fit
+(`holdout_mask`) and only predicted: ``max_rel_error`` is taken over those points, so it
+measures how well the model interpolates, not how well it memorises.
+
+Compute times are measured as training runs them, forward and backward; the cost model
+prices a pass as ``expert_time`` / ``attention_of_sums`` and counts ``COMPUTE_PASSES`` = 3
+of them (docs/design.md, "Passes"), so the predicted time of a point is 3 × the per-pass
+formula.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from routepack.errors import RoutepackError
+from routepack.model import CostModel, Hardware, ModelShape
+
+#: Forward + backward ≈ 3 forward passes: the multiplier `simulate` puts on compute terms.
+COMPUTE_PASSES = 3.0
+
+
+def holdout_mask(n: int, every: int) -> np.ndarray:
+    """bool ``[n]``: points ``every//2, every//2 + every, ...`` are held out. The first and
+    the last point are always fitted, so a held-out point is interpolated, never extrapolated."""
+    mask = np.zeros(n, dtype=bool)
+    if every >= 2:
+        mask[every // 2::every] = True
+    if n:
+        mask[0] = mask[-1] = False
+    return mask
+
+
+def nnls_relative(features: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    """Non-negative ``c`` minimising Σ ((features·c − measured) / measured)².
+
+    Exact for the handful of coefficients a kernel has: the optimum is the unconstrained
+    least-squares solution on some subset of the columns whose coefficients are all >= 0,
+    so every subset is tried (2^p − 1 small solves) and the best feasible one kept."""
+    x = np.asarray(features, dtype=np.float64)
+    y = np.asarray(measured, dtype=np.float64)
+    if x.ndim != 2 or y.shape != (x.shape[0],):
+        raise RoutepackError(f"fit: features {x.shape} and measured {y.shape} do not match")
+    if not np.all(np.isfinite(y)) or np.any(y <= 0):
+        raise RoutepackError("fit: measured times must be finite and > 0")
+    a = x / y[:, None]
+    ones = np.ones_like(y)
+    best, best_err = np.zeros(x.shape[1]), float(np.sum(ones ** 2))
+    for r in range(1, x.shape[1] + 1):
+        for cols in itertools.combinations(range(x.shape[1]), r):
+            sub = a[:, cols]
+            coef, *_ = np.linalg.lstsq(sub, ones, rcond=None)
+            if np.any(coef < 0):
+                continue
+            err = float(np.sum((sub @ coef - ones) ** 2))
+            if err < best_err:
+                best_err = err
+                best = np.zeros(x.shape[1])
+                best[list(cols)] = coef
+    return best
+
+
+@dataclass
+class KernelFit:
+    """One kernel kind's sweep, measured and predicted times and fitted coefficients."""
+
+    kind: str
+    formula: str  # what ``predicted_s`` is, in the coefficients' names
+    sweep: List[Dict[str, Any]]
+    measured_s: List[float]
+    predicted_s: List[float]
+    held_out: List[bool]
+    coefficients: Dict[str, float]
+    cost_fields: Dict[str, Any]  # CostModel field -> value this fit sets
+    notes: List[str] = field(default_factory=list)
+    extra: Dict[str, Any] = field(default_factory=dict)  # per-point figures not fitted (e.g. forward time)
+
+    @property
+    def rel_error(self) -> List[float]:
+        """(predicted − measured) / measured at every point."""
+        return [(p - m) / m for p, m in zip(self.predicted_s, self.measured_s)]
+
+    def _max_abs(self, held_out: bool) -> Optional[float]:
+        errs = [abs(e) for e, h in zip(self.rel_error, self.held_out) if h == held_out]
+        return max(errs) if errs else None
+
+    @property
+    def max_rel_error(self) -> Optional[float]:
+        """Largest |relative error| over the held-out points (None when none was held out)."""
+        return self._max_abs(True)
+
+    @property
+    def max_rel_error_fit(self) -> Optional[float]:
+        """Largest |relative error| over the points the fit saw."""
+        return self._max_abs(False)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"kind": self.kind, "formula": self.formula, "sweep": self.sweep,
+                "measured_s": self.measured_s, "predicted_s": self.predicted_s, "held_out": self.held_out,
+                "rel_error": self.rel_error, "max_rel_error": self.max_rel_error,
+                "max_rel_error_fit": self.max_rel_error_fit, "held_out_points": int(sum(self.held_out)),
+                "coefficients": self.coefficients, "cost_fields": self.cost_fields, "notes": self.notes,
+                **self.extra}
+
+
+def _points(measurement: Mapping[str, Any], kind: str) -> Tuple[List[Dict[str, Any]], np.ndarray]:
+    sweep = list(measurement.get("sweep", ()))
+    measured = np.asarray(measurement.get("measured_s", ()), dtype=np.float64)
+    if not sweep or measured.shape != (len(sweep),):
+        raise RoutepackError(f"{kind}: needs one measured time per sweep point, got {measured.shape[0]} "
+                             f"for {len(sweep)} points")
+    return sweep, measured
+
+
+def _linear_fit(kind: str, measurement: Mapping[str, Any], holdout_every: int, names: Sequence[str],
+                features: np.ndarray, mask: Optional[np.ndarray] = None) -> Tuple[Dict[str, float], np.ndarray,
+                                                                                  np.ndarray]:
+    """Coefficients fitted on the points not held out, predictions at every point, the mask."""
+    _, measured = _points(measurement, kind)
+    held = holdout_mask(len(measured), holdout_every) if mask is None else mask
+    if int((~held).sum()) < len(names):
+        raise RoutepackError(f"{kind}: {int((~held).sum())} fitted points cannot determine "
+                             f"{len(names)} coefficients {list(names)}; measure more points")
+    coef = nnls_relative(features[~held], measured[~held])
+    return dict(zip(names, map(float, coef))), features @ coef, held
+
+
+def fit_expert_gemm(measurement: Mapping[str, Any], holdout_every: int, model: ModelShape) -> KernelFit:
+    """Forward + backward of ``active`` experts with ``tokens_per_expert`` tokens each:
+    3·(c_tok·tokens + c_exp·active), the cost model's `expert_time` over three passes."""
+    sweep, measured = _points(measurement, "expert_gemm")
+    tokens = np.array([p["tokens"] for p in sweep], dtype=np.float64)
+    active = np.array([p["active_experts"] for p in sweep], dtype=np.float64)
+    coef, pred, held = _linear_fit("expert_gemm", measurement, holdout_every, ("c_tok", "c_exp"),
+                                   COMPUTE_PASSES * np.stack([tokens, active], axis=1))
+    return KernelFit("expert_gemm", "3·(c_tok·tokens + c_exp·active_experts)", sweep, measured.tolist(),
+                     pred.tolist(), held.tolist(), coef, {"c_tok": coef["c_tok"], "c_exp": coef["c_exp"]},
+                     extra=_forward(measurement))
+
+
+def fit_attention(measurement: Mapping[str, Any], holdout_every: int, model: ModelShape) -> KernelFit:
+    """Forward + backward of one full-attention layer on one sample of ``length`` n:
+    3·(a_lin·n + a_quad·n²). ``a_quad`` goes to the model's full-attention layers; the
+    linear-attention layers get 0, as `CostModel.from_model` gives them."""
+    sweep, measured = _points(measurement, "attention")
+    n = np.array([p["length"] for p in sweep], dtype=np.float64)
+    coef, pred, held = _linear_fit("attention", measurement, holdout_every, ("a_lin", "a_quad"),
+                                   COMPUTE_PASSES * np.stack([n, n * n], axis=1))
+    a_quad = [coef["a_quad"] if kind == "full" else 0.0 for kind in model.attention]
+    notes = ["a_lin is fitted on full-attention layers and applies to every layer (the cost model "
+             "has one a_lin); linear-attention layers get a_quad = 0"]
+    return KernelFit("attention", "3·(a_lin·length + a_quad·length²)", sweep, measured.tolist(), pred.tolist(),
+                     held.tolist(), coef, {"a_lin": coef["a_lin"], "a_quad": a_quad}, notes,
+                     extra={**_forward(measurement), **{k: measurement[k] for k in ("heads", "head_dim")
+                                                        if k in measurement}})
+
+
+LINK_OPS = ("p2p", "all_to_all")
+
+
+def fit_links(measurement: Mapping[str, Any], holdout_every: int, model: ModelShape) -> KernelFit:
+    """One-way time of a message of ``bytes`` per rank, per op (``p2p``: half a ping-pong
+    between two ranks; ``all_to_all``: every rank sends ``bytes`` to the others in all):
+    latency + bytes / bandwidth, fitted per op. ``bw_intra`` is the all-to-all's bandwidth,
+    since the cost model prices exchanges (all-to-alls) with it; the cost model has no
+    latency term, so the report gives it only."""
+    sweep, measured = _points(measurement, "links")
+    ops = np.array([p["op"] for p in sweep])
+    nbytes = np.array([p["bytes"] for p in sweep], dtype=np.float64)
+    pred = np.zeros_like(measured)
+    held = np.zeros(len(sweep), dtype=bool)
+    coef: Dict[str, float] = {}
+    for op in LINK_OPS:
+        idx = np.flatnonzero(ops == op)
+        if idx.size == 0:
+            continue
+        sub = {"sweep": [sweep[i] for i in idx], "measured_s": measured[idx]}
+        c, p, h = _linear_fit(f"links.{op}", sub, holdout_every, ("latency_s", "s_per_byte"),
+                              np.stack([np.ones(idx.size), nbytes[idx]], axis=1))
+        if c["s_per_byte"] <= 0:
+            raise RoutepackError(f"links.{op}: time does not grow with message size; cannot fit a bandwidth")
+        coef[f"latency_{op}_s"] = c["latency_s"]
+        coef[f"bw_{op}"] = 1.0 / c["s_per_byte"]
+        pred[idx], held[idx] = p, h
+    if "bw_all_to_all" not in coef:
+        raise RoutepackError("links: no all_to_all points measured; cannot fit bw_intra")
+    notes = [f"bw_intra = the all-to-all's bandwidth between {measurement.get('ranks', '?')} local processes "
+             f"({measurement.get('backend', '?')}); the cost model has no latency term "
+             f"(latency_all_to_all_s = {coef['latency_all_to_all_s']:.3g} s is not priced)"]
+    return KernelFit("links", "latency_<op> + bytes / bw_<op>", sweep, measured.tolist(), pred.tolist(),
+                     held.tolist(), coef, {"bw_intra": coef["bw_all_to_all"]}, notes,
+                     extra={k: measurement[k] for k in ("ranks", "backend") if k in measurement})
+
+
+def _forward(measurement: Mapping[str, Any]) -> Dict[str, Any]:
+    """The forward-only times measured alongside, and their median share of forward +
+    backward (what the cost model's 1 : 3 pass ratio assumes to be 1/3)."""
+    fwd = measurement.get("forward_s")
+    if fwd is None:
+        return {}
+    share = np.asarray(fwd, dtype=np.float64) / np.asarray(measurement["measured_s"], dtype=np.float64)
+    return {"forward_s": list(map(float, fwd)), "forward_share": float(np.median(share))}
+
+
+#: kernel kind -> its fitting function ``(measurement, holdout_every, model) -> KernelFit``.
+FITS: Dict[str, Callable[[Mapping[str, Any], int, ModelShape], KernelFit]] = {
+    "expert_gemm": fit_expert_gemm,
+    "attention": fit_attention,
+    "links": fit_links,
+}
+
+
+def to_cost_model(model: ModelShape, fits: Mapping[str, KernelFit], hardware: Optional[Hardware] = None,
+                  bw_inter: Optional[float] = None, weight_bytes: float = 2) -> Tuple[CostModel, Dict[str, str]]:
+    """`CostModel.from_model` (byte counts and whatever was not measured, from ``hardware``,
+    default `Hardware.h200`) with the fitted fields in place, and where each field came
+    from: ``measured: <kind>``, ``given`` (``bw_inter``) or ``preset <name>``."""
+    hardware = hardware or Hardware.h200()
+    base = CostModel.from_model(model, hardware, weight_bytes)
+    sources = {name: f"preset {hardware.name}" for name in base.__dataclass_fields__}
+    for name in ("token_bytes", "expert_weight_bytes", "expert_grad_bytes", "expert_state_bytes", "expert_groups",
+                 "num_experts"):
+        if name in sources:
+            sources[name] = "model shape"
+    fields: Dict[str, Any] = {}
+    for kind, fit in fits.items():
+        for name, value in fit.cost_fields.items():
+            if name in fields:
+                raise RoutepackError(f"fits: {kind} and {sources[name]} both set cost.{name}")
+            fields[name] = value
+            sources[name] = f"measured: {kind}"
+    if bw_inter is not None:
+        fields["bw_inter"] = bw_inter
+        sources["bw_inter"] = "given (--bw-inter)"
+    return replace(base, **fields), sources

@@ -1,0 +1,94 @@
+"""Link timing: point-to-point and all-to-all between local processes (gloo on CPU, NCCL on
+CUDA), over a sweep of message sizes.
+
+The ranks are spawned the way the project's self-checks spawn them
+(`routepack.torch.selfcheck.spawn.run_ranks`: ``spawn`` start method, a file store, one
+thread per rank, stragglers killed). Local processes share one node, so what is measured is
+the intra-node link (``bw_intra``); ``bw_inter`` cannot be measured here.
+
+* ``p2p``: rank 0 sends ``bytes`` to rank 1, which sends them back; half the round trip is
+  the one-way time (the other ranks wait at the barrier).
+* ``all_to_all``: every rank sends ``bytes`` in all, split evenly over the other ranks
+  (``all_to_all_single`` with equal splits; the rank's own chunk stays), as an exchange's
+  dispatch does; the cost model prices this as ``max(sent, received) / bw_intra``.
+
+Every rank runs the same number of timed calls (a collective must be entered by all), each
+between a barrier and a device synchronisation, on the wall clock (waiting for the other
+rank is part of a link's time); a call's time is the slowest rank's (all-reduced max), the
+median over calls is kept.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Dict, List, Sequence
+
+from routepack.calibrate.sweeps import Sweeps
+from routepack.calibrate.timing import require_torch, synchronizer
+
+
+def _timed(fn: Any, sync: Any, dist: Any, torch: Any, device: Any, warmup: int, repeats: int) -> float:
+    times: List[float] = []
+    for k in range(warmup + repeats):
+        dist.barrier()
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        if k >= warmup:
+            times.append(time.perf_counter() - t0)
+    slowest = torch.tensor(times, dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return float(statistics.median(slowest.cpu().tolist()))
+
+
+def _rank_main(rank: int, world: int, device: Any, sizes: Sequence[int], warmup: int,
+               repeats: int) -> Dict[str, Any]:
+    """Runs on every spawned rank; returns the sweep and the times (the same on every rank)."""
+    torch = require_torch()
+    import torch.distributed as dist
+
+    sync = synchronizer(device)
+    sweep: List[Dict[str, Any]] = []
+    measured: List[float] = []
+    for nbytes in sizes:
+        buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
+
+        def pingpong() -> None:
+            if rank == 0:
+                dist.send(buf, 1)
+                dist.recv(buf, 1)
+            elif rank == 1:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+
+        sweep.append({"op": "p2p", "bytes": buf.numel() * 4})
+        measured.append(0.5 * _timed(pingpong, sync, dist, torch, device, warmup, repeats))
+    for nbytes in sizes:
+        chunk = max(1, nbytes // 4 // (world - 1))
+        send = torch.zeros(chunk * world, dtype=torch.float32, device=device)
+        recv = torch.empty_like(send)
+        sweep.append({"op": "all_to_all", "bytes": chunk * 4 * (world - 1)})
+        measured.append(_timed(lambda: dist.all_to_all_single(recv, send), sync, dist, torch, device,
+                               warmup, repeats))
+    return {"sweep": sweep, "measured_s": measured}
+
+
+def measure(sweeps: Sweeps, device: str, ranks: int = 2, timeout_s: float = 600) -> Dict[str, Any]:
+    """Spawns ``ranks`` local processes and times both ops at every ``sweeps.message_bytes``.
+    Returns ``{"skipped": why}`` where it cannot run (CUDA with fewer GPUs than ranks)."""
+    torch = require_torch()
+    if device == "cuda":
+        if torch.cuda.device_count() < ranks:
+            return {"skipped": f"NCCL needs one GPU per rank: {ranks} ranks, "
+                               f"{torch.cuda.device_count()} GPU(s) visible"}
+        backend = "nccl"
+    else:
+        backend = "gloo"
+    from routepack.torch.selfcheck.spawn import run_ranks
+
+    # more calls than a compute point: small messages are cheap and their times scatter most
+    out = run_ranks(_rank_main, ranks, list(sweeps.message_bytes), sweeps.warmup, 3 * sweeps.repeats,
+                    backend=backend, join_timeout_s=timeout_s, pg_timeout_s=min(timeout_s, 300))
+    return {**out[0], "ranks": ranks, "backend": backend}

@@ -1,0 +1,130 @@
+"""What `routepack.calibrate` measures: the sweep points and the timer's settings.
+
+`Sweeps.default` scales the sweeps to the device: a CUDA GPU runs the whole range a training
+step sees (thousands of tokens per expert, samples of tens of thousands of tokens) in a few
+minutes, while one CPU core needs a narrower range to stay within ~10 minutes; ``quick``
+is a smoke run (tests, the README) of well under a minute with small shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import List, NamedTuple, Optional, Tuple
+
+from routepack._checks import positive_int, sequence
+from routepack.errors import RoutepackError
+
+
+def log_points(lo: int, hi: int, per_octave: float) -> Tuple[int, ...]:
+    """Integers from ``lo`` to ``hi`` (both included), ``per_octave`` points per doubling,
+    rounded, duplicates dropped."""
+    lo, hi = positive_int(lo, "lo"), positive_int(hi, "hi")
+    if hi < lo:
+        raise RoutepackError(f"sweep: hi={hi} < lo={lo}")
+    out: List[int] = []
+    i = 0
+    while True:
+        v = int(round(lo * 2.0 ** (i / per_octave)))
+        if v >= hi:
+            break
+        if not out or v != out[-1]:
+            out.append(v)
+        i += 1
+    return tuple(out) + (hi,)
+
+
+def _ints(values: object, name: str) -> Tuple[int, ...]:
+    got = tuple(positive_int(v, f"{name}[{i}]") for i, v in enumerate(sequence(values, name)))
+    if not got:
+        raise RoutepackError(f"{name}: needs at least one point, got none")
+    if list(got) != sorted(set(got)):
+        raise RoutepackError(f"{name}: must be increasing without repeats, got {list(got)}")
+    return got
+
+
+class _Preset(NamedTuple):
+    tokens_per_expert: int  # top of the expert sweep, from 1
+    per_octave: float
+    active: Tuple[int, ...]
+    max_tokens: int
+    shortest: int  # attention lengths from ... to ...
+    length: int
+    per_octave_length: float
+    messages: Tuple[int, int, float]  # bytes from, to, points per octave
+    warmup: int
+    repeats: int
+
+
+_PRESETS = {
+    "quick": _Preset(256, 0.5, (1, 4), 1024, 64, 512, 1.0, (4096, 1 << 20, 0.5), 1, 3),
+    "cpu": _Preset(4096, 2.0, (1, 2, 4, 8), 4096, 128, 2048, 2.0, (4096, 64 << 20, 2.0), 1, 5),
+    "cuda": _Preset(8192, 2.0, (1, 2, 4, 8, 16, 32), 1 << 17, 128, 32768, 2.0, (4096, 256 << 20, 2.0), 2, 7),
+}
+
+
+@dataclass(frozen=True)
+class Sweeps:
+    """Sweep points and timer settings.
+
+    * ``tokens_per_expert`` × ``active_experts``: the expert-GEMM grid (points with more than
+      ``max_tokens`` tokens in all are skipped, so the large corner does not dominate).
+    * ``lengths``: sample lengths of the attention sweep.
+    * ``message_bytes``: bytes each rank sends in a point-to-point or all-to-all.
+    * ``warmup`` untimed and ``repeats`` timed rounds over each sweep, every point once a
+      round (`routepack.calibrate.timing.run_rounds`; the median is kept).
+    * ``holdout_every``: every k-th point of each sweep is held out of the fit and only
+      predicted (`routepack.calibrate.fit.holdout_mask`).
+    """
+
+    tokens_per_expert: Tuple[int, ...]
+    active_experts: Tuple[int, ...]
+    max_tokens: int
+    lengths: Tuple[int, ...]
+    message_bytes: Tuple[int, ...]
+    warmup: int = 1
+    repeats: int = 5
+    holdout_every: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("tokens_per_expert", "active_experts", "lengths", "message_bytes"):
+            object.__setattr__(self, name, _ints(getattr(self, name), f"sweeps.{name}"))
+        positive_int(self.max_tokens, "sweeps.max_tokens")
+        positive_int(self.warmup, "sweeps.warmup", minimum=0)
+        positive_int(self.repeats, "sweeps.repeats")
+        positive_int(self.holdout_every, "sweeps.holdout_every", minimum=2)
+        if not self.expert_grid():
+            raise RoutepackError(f"sweeps.max_tokens: {self.max_tokens} leaves no expert-GEMM point "
+                                 f"(smallest is {self.tokens_per_expert[0] * self.active_experts[0]} tokens)")
+
+    def expert_grid(self) -> Tuple[Tuple[int, int], ...]:
+        """(active experts, tokens per expert) points, grouped by active experts."""
+        return tuple((a, t) for a in self.active_experts for t in self.tokens_per_expert
+                     if a * t <= self.max_tokens)
+
+    @property
+    def points(self) -> int:
+        """Measurement points of the expert GEMM and attention sweeps (for the progress bar)."""
+        return len(self.expert_grid()) + len(self.lengths)
+
+    @classmethod
+    def default(cls, device: str = "cpu", quick: bool = False, max_tokens_per_expert: Optional[int] = None,
+                max_length: Optional[int] = None) -> "Sweeps":
+        """The sweeps for ``device`` ("cpu" or "cuda"); ``max_tokens_per_expert`` and
+        ``max_length`` shorten (or lengthen) the expert-GEMM and attention ranges."""
+        if device not in ("cpu", "cuda"):
+            raise RoutepackError(f"device: expected 'cpu' or 'cuda', got {device!r}")
+        pre = _PRESETS["quick" if quick else device]
+        tpe, length, lo_len = pre.tokens_per_expert, pre.length, pre.shortest
+        tpe = positive_int(max_tokens_per_expert, "max_tokens_per_expert") if max_tokens_per_expert else tpe
+        length = positive_int(max_length, "max_length") if max_length else length
+        lo_len = min(lo_len, length)
+        return cls(tokens_per_expert=log_points(1, tpe, pre.per_octave), active_experts=pre.active,
+                   max_tokens=max(pre.max_tokens, tpe), lengths=log_points(lo_len, length, pre.per_octave_length),
+                   message_bytes=log_points(*pre.messages), warmup=pre.warmup, repeats=pre.repeats)
+
+    def with_timer(self, warmup: Optional[int] = None, repeats: Optional[int] = None,
+                   holdout_every: Optional[int] = None) -> "Sweeps":
+        """These sweeps with some timer settings replaced (None keeps one)."""
+        return replace(self, warmup=self.warmup if warmup is None else warmup,
+                       repeats=self.repeats if repeats is None else repeats,
+                       holdout_every=self.holdout_every if holdout_every is None else holdout_every)
