@@ -127,3 +127,23 @@ def test_refusals_name_the_argument():
         rm.local_experts("plan")
     with pytest.raises(rp.RoutepackError, match="ep_group"):
         PlanRouter(lambda x: x, placement, 0, topo)  # no group but topo.ep = 2
+
+
+def test_gpu_check_cpu_part_runs():
+    """tools/gpu_megatron.py's CPU part (the case every rank builds, each slot's weights,
+    the slot routing against the dense reference) imports and passes here."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "tools" / "gpu_megatron.py"
+    spec = importlib.util.spec_from_file_location("gpu_megatron", path)
+    gm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gm)
+    for world in (2, 3):
+        case = gm.build_case(world)
+        assert case.plan.placement.num_slots > gm.EXPERTS  # redundant copies exercised
+        for r in range(world):
+            for i, (w1, _) in enumerate(gm.slot_weights(case, r)):
+                e = rm.local_experts(case.plan)[0, r, i]
+                assert e < 0 or np.array_equal(w1, case.fc1[e])
+        assert gm.dry_run(world) < gm.TOL
