@@ -133,11 +133,13 @@ def test_gpu_check_cpu_part_runs():
     """tools/gpu_megatron.py's CPU part (the case every rank builds, each slot's weights,
     the slot routing against the dense reference) imports and passes here."""
     import importlib.util
+    import sys
     from pathlib import Path
 
     path = Path(__file__).resolve().parent.parent / "tools" / "gpu_megatron.py"
     spec = importlib.util.spec_from_file_location("gpu_megatron", path)
     gm = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_megatron"] = gm  # dataclasses look their module up there
     spec.loader.exec_module(gm)
     for world in (2, 3):
         case = gm.build_case(world)
