@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from routepack._checks import index, instance_of
 from routepack.errors import RoutepackError
+from routepack.integrations._megatron_slots import slot_topk
 from routepack.model import Topology
 from routepack.plan import Placement
 
@@ -70,8 +71,6 @@ class PlanRouter(torch.nn.Module):
         tok, exp = torch.nonzero(routing_map, as_tuple=True)  # row-major: ascending (t, e)
         counts = torch.bincount(exp, minlength=self.num_experts).to(torch.int64)
         origin = self._gather(counts)
-        from routepack.integrations.megatron import slot_topk
-
         ids = exp.cpu().numpy().reshape(-1, 1)
         slots = torch.from_numpy(slot_topk(ids, origin, self.phy2log_row, self.topo, self.ep_rank)[:, 0])
         slots = slots.to(routing_map.device)
