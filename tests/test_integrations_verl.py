@@ -152,7 +152,7 @@ def test_equal_count_plan_moves_samples_and_keeps_the_plan_valid():
         w = window_of(rng, random_lens(rng, 16, 40))
         cost = rp.CostModel(a_lin=1e-6, a_quad=[1e-9] * 2, c_tok=1e-6, c_exp=1e-5, token_bytes=1e3, bw_intra=1e11,
                             bw_inter=1e10, expert_weight_bytes=1e6, expert_grad_bytes=1e6, expert_state_bytes=1e7)
-        plan = rp.plan_window(w, topo, cost, token_cap=60, seed=seed, anneal_moves=500)
+        plan = rp.plan_window(w, topo, cost, token_cap=60, seed=seed, anneal_moves=500).validate(w, topo, 60)
         out = rv.equal_count_plan(plan, w, topo, 60, cost)
         out.validate(w, topo, 60)
         assert np.bincount(out.sample_rank, minlength=4).tolist() == [4] * 4
