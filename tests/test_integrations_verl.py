@@ -199,3 +199,32 @@ def test_plan_batch_falls_back_to_kk_where_counts_cannot_be_equalised():
         assert len(set(np.bincount(plan.sample_rank, minlength=4).tolist())) == 1
         fallbacks += plan.report.get("equal_counts", {}).get("fallback") == "kk"
     assert fallbacks > 0
+
+
+def test_adapters_import_and_plan_without_torch_or_the_frameworks():
+    """The index functions need numpy only; a function that builds a framework's objects
+    says which extra it needs."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+for m in ("torch", "verl", "megatron", "tensordict"):
+    sys.modules[m] = None
+import numpy as np, routepack as rp
+from routepack.integrations import verl as rv, slime as rs, megatron as rm
+w = rp.Window(np.array([4, 5, 6, 7]), np.ones((4, 1, 4), np.int32))
+topo = rp.Topology(dp=2, ep=2, gpus_per_node=2, slots_per_rank=2)
+plan = rp.Plan(rp.Placement.static(1, 4, topo), np.array([0, 1, 0, 1]), np.array([0, 0, 0, 0]), 1)
+plan = rv.equal_count_plan(plan, w, topo, 20)
+print(rv.balance_partitions(plan), rv.micro_batch_indices(plan, 1), rm.local_experts(plan).tolist())
+try:
+    rv.rearrange_micro_batches({}, 20, plan, 0)
+except ImportError as e:
+    print(e)
+assert not any(m.split(".")[0] in ("torch", "verl", "megatron") for m in sys.modules if sys.modules[m])
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "[[0, 2], [1, 3]] [[0, 1]] [[[0, 1], [2, 3]]]" in r.stdout
+    assert "rearrange_micro_batches needs verl: pip install 'routepack[verl]'" in r.stdout

@@ -26,6 +26,18 @@ def as_numpy(value: Any, name: str) -> np.ndarray:
         raise RoutepackTypeError(f"{name}: cannot be read as an array ({e})") from None
 
 
+def require(module: str, what: str, extra: str) -> Any:
+    """``module`` imported, or an ImportError saying that ``what`` needs it and which extra
+    installs it (the frameworks are optional: only the functions that build their objects
+    import them)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"{what} needs {module.split('.')[0]}: pip install 'routepack[{extra}]' ({e})") from e
+
+
 def plans_list(plans: Any, name: str = "plans") -> List[Plan]:
     """One `Plan` or a non-empty sequence of them, as a list (each checked to be a Plan)."""
     if isinstance(plans, Plan):
@@ -83,4 +95,4 @@ def local_micro_indices(plan: Plan, rank: int, name: str = "plan") -> List[List[
     return out
 
 
-__all__ = ["as_numpy", "local_micro_indices", "num_ranks", "plans_list", "rank_cells", "rank_order"]
+__all__ = ["as_numpy", "local_micro_indices", "num_ranks", "plans_list", "rank_cells", "rank_order", "require"]

@@ -9,6 +9,7 @@ from typing import Any, Optional
 import numpy as np
 
 from routepack.errors import RoutepackError
+from routepack.integrations._common import as_numpy
 
 
 def slot_topk(topk_ids: Any, origin: Any, phy2log_row: Any, topo: Any, ep_rank: int,
@@ -40,17 +41,19 @@ def slot_topk(topk_ids: Any, origin: Any, phy2log_row: Any, topo: Any, ep_rank: 
             "(plan with replication='none', e.g. policy='routepack_no_replication')"
         )
     route = route_tokens(topk_ids, origin, phy2log_row, topo, rows, ep_rank)
-    flat = np.asarray(route.send_order)
-    ids = np.asarray(topk_ids)
+    ids = as_numpy(topk_ids, "topk_ids")
+    # this rank's flows (experts ascending, each in table order) are the slots of its pairs
+    # sorted by expert, ascending flat index inside (route_tokens' rule): put them back at
+    # the pairs' own positions
     out = route.flows[route.flows["origin"] == ep_rank]
     slot_sorted = np.repeat(out["dst_slot"].astype(np.int64), out["count"])
-    # route_tokens' send order is the expert-sorted pairs regrouped by destination rank
-    # (stable); undo that regrouping to recover the expert-sorted order's slots
     order = np.argsort(ids.reshape(-1), kind="stable")
     slots = np.empty(order.shape[0], dtype=np.int64)
     slots[order] = slot_sorted
-    if not np.array_equal(flat, order[np.argsort(slot_sorted // topo.slots_per_rank, kind="stable")]):
-        raise RoutepackError("topk_ids: send order disagrees with the flow table")  # pragma: no cover - an invariant
+    # the ranks the slots lie on send the pairs in route_tokens' own order
+    by_rank = order[np.argsort(slot_sorted // topo.slots_per_rank, kind="stable")]
+    if not np.array_equal(np.asarray(route.send_order), by_rank):  # pragma: no cover - an invariant
+        raise RoutepackError("topk_ids: the slots disagree with route_tokens' send order")
     return slots.reshape(ids.shape)
 
 

@@ -36,7 +36,8 @@ from routepack import _core
 from routepack._checks import instance_of, positive_int
 from routepack._routed import check_ids, native_order, renamed
 from routepack.errors import InfeasibleError, RoutepackError, RoutepackTypeError
-from routepack.integrations._common import as_numpy, local_micro_indices, num_ranks, plans_list, rank_order
+from routepack.integrations._common import (as_numpy, local_micro_indices, num_ranks, plans_list, rank_order,
+                                            require)
 from routepack.integrations._equal_counts import equal_count_plan
 from routepack.plan import Plan
 from routepack.window import Window
@@ -240,7 +241,7 @@ def balance_batch(batch: Any, plans: Any, metrics: Optional[Dict[str, Any]] = No
     ``DataProto`` ``batch`` (in place, with ``batch.reorder``) so that its ``dp`` equal
     chunks are the plans' DP ranks (`balance_partitions`), and adds verl's balance metrics to
     ``metrics``. The batch must hold as many samples as the plans, with the plans' lengths."""
-    import torch
+    torch = require("torch", "routepack.integrations.verl.balance_batch", "verl")
 
     partitions = balance_partitions(plans)
     mask = as_numpy(batch.batch["attention_mask"], "batch['attention_mask']")
@@ -270,7 +271,7 @@ def rearrange_micro_batches(batch: Any, max_token_len: int, plan: Any, dp_rank: 
     (``attention_mask [S_r, T]``). Every microbatch's ``attention_mask`` sum is checked to be
     at most ``max_token_len`` (a plan made with ``token_cap <= max_token_len`` on the
     batch's own lengths always is); a batch that does not match the plan is refused."""
-    from verl.utils import tensordict_utils as tu
+    tu = require("verl.utils.tensordict_utils", "routepack.integrations.verl.rearrange_micro_batches", "verl")
 
     max_token_len = positive_int(max_token_len, "max_token_len")
     idx = micro_batch_indices(plan, dp_rank)
@@ -295,7 +296,7 @@ def prepare_dynamic_batch(data: Any, max_token_len: int, plan: Any, dp_rank: int
     `rearrange_micro_batches` with their non-tensor fields and ``meta_info``."""
     import copy
 
-    from verl.protocol import DataProto
+    DataProto = require("verl.protocol", "routepack.integrations.verl.prepare_dynamic_batch", "verl").DataProto
 
     batches, idx = rearrange_micro_batches(data.batch, max_token_len, plan, dp_rank)
     out = []
