@@ -1,0 +1,240 @@
+"""routepack inside slime: a `Window` from slime's per-sample routing replay, and from
+plans exactly the structure ``slime/utils/dp_schedule.py::build_dp_schedule`` returns, so a
+slime user swaps one call.
+
+slime's layout (THUDM/slime, 2026: ``ray/rollout.py``, ``backends/megatron_utils/
+cp_utils.py``):
+
+* per sample ``rollout_routed_experts`` int32 ``[len(tokens) - 1, L, k]``: SGLang routes
+  every token but the last generated one;
+* for training, ``prepare_routed_experts_for_routing_replay`` appends one row per sample
+  for that last token, ``arange(L * k).reshape(1, L, k) % num_experts`` (layer l routes it
+  to experts ``(l*k + j) % E``), and pads the microbatch to the TP/CP multiple the same way.
+
+The schedule: ``build_dp_schedule(args, train_parallel_config, total_lengths, *,
+global_batch_size, rollout_indices)`` returns ``(partitions, micro_batch_indices,
+num_microbatches, global_batch_sizes)``: per DP rank its global sample indices, per rank its
+microbatches as index lists into its partition (tiling it in order, steps one after the
+other), per step the microbatches each rank runs, per step the rollouts in it. Samples are
+grouped into steps of ``global_batch_size`` rollouts (first-occurrence order; all samples of
+a rollout in one step; trailing rollouts that do not fill a step dropped). Here one plan per
+step decides the rest, and what slime's open bugs break holds by construction and is
+checked: every microbatch within ``max_tokens_per_gpu * cp_size`` (#2017:
+``--balance-by-flops`` ignores it), no empty microbatch (#1838, #1860), no more microbatches
+than samples on a rank (#2065), the same count on every DP rank.
+
+Needs numpy only (torch tensors are read without importing torch); ``pip install
+'routepack[slime]'`` adds nothing beyond routepack.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Sequence, Tuple
+
+import numpy as np
+
+from routepack._checks import boolean, positive_int, sequence
+from routepack._routed import check_ids, native_order, renamed
+from routepack.errors import RoutepackError, RoutepackTypeError
+from routepack.integrations._common import as_numpy, num_ranks, plans_list, rank_cells
+from routepack.window import Window
+
+#: What slime's last-token row is counted as (``last_token``).
+LAST_TOKEN = ("pad", "skip")
+
+
+def slime_pad_row(num_layers: int, top_k: int, num_experts: int, dtype: Any = np.int32) -> np.ndarray:
+    """``[1, L, k]``: the route slime replays for a sample's last token
+    (``_pad_routed_experts(experts, 1, num_experts)``: ``arange(L*k) % E``)."""
+    return (np.arange(num_layers * top_k, dtype=np.int64).reshape(1, num_layers, top_k) % num_experts).astype(dtype)
+
+
+def window_from_slime(rollout_routed_experts: Any, num_experts: int, total_lengths: Any = None,
+                      last_token: str = "pad") -> Window:
+    """A `Window` from slime's ``rollout_routed_experts``.
+
+    Args:
+        rollout_routed_experts: a list of per-sample ``[T_i, L, k]`` arrays (numpy or torch;
+            int32 as slime keeps them, or uint8 | int16 | int64), same L, k and dtype.
+        num_experts:   E; every id lies in [0, E), and ``k <= E``.
+        total_lengths: optional ints ``[S]``, ``len(tokens)`` of each sample (slime's
+            ``total_lengths``); each must be ``T_i + 1``, as slime asserts.
+        last_token:    ``"pad"`` (default): the last token is counted with the route slime
+            replays for it (`slime_pad_row`); ``"skip"``: not counted.
+
+    Sample i's length (int64) is ``T_i + 1``, the tokens the trainer runs; expert demand is
+    int32 ``[S, L, E]``, ``top_k`` = k.
+    """
+    num_experts = positive_int(num_experts, "num_experts")
+    if last_token not in LAST_TOKEN:
+        raise RoutepackError(f"last_token: expected one of {LAST_TOKEN}, got {last_token!r}")
+    if isinstance(rollout_routed_experts, np.ndarray):
+        raise RoutepackTypeError(
+            f"rollout_routed_experts: expected a list of [T_i, L, k] arrays, got one array of shape "
+            f"{rollout_routed_experts.shape}"
+        )
+    items = sequence(rollout_routed_experts, "rollout_routed_experts", "[T_i, L, k] arrays")
+    if not items:
+        raise RoutepackError("rollout_routed_experts: expected at least one sample, got none")
+    arrays = [check_ids(as_numpy(a, f"rollout_routed_experts[{i}]"), f"rollout_routed_experts[{i}]", 3)
+              for i, a in enumerate(items)]
+    first = arrays[0]
+    for i, a in enumerate(arrays):
+        if a.shape[1:] != first.shape[1:] or a.dtype != first.dtype:
+            raise RoutepackError(
+                f"rollout_routed_experts[{i}]: shape {a.shape} / dtype {a.dtype} differs from sample 0's "
+                f"[T, {first.shape[1]}, {first.shape[2]}] / {first.dtype}"
+            )
+    layers, k = int(first.shape[1]), int(first.shape[2])
+    if k > num_experts:
+        raise RoutepackError(f"num_experts: {num_experts} is fewer than the routed k = {k}")
+    rows = np.array([a.shape[0] for a in arrays], dtype=np.int64)
+    if total_lengths is not None:
+        lens = _lengths(total_lengths, len(arrays))
+        bad = np.flatnonzero(lens != rows + 1)
+        if bad.size:
+            i = int(bad[0])
+            raise RoutepackError(
+                f"rollout_routed_experts[{i}]: has {rows[i]} rows but total_lengths[{i}] = {lens[i]}; slime records "
+                "len(tokens) - 1"
+            )
+    if last_token == "pad":
+        pad = slime_pad_row(layers, k, num_experts, first.dtype)
+        arrays = [np.concatenate([native_order(a), pad]) for a in arrays]
+        counted = rows + 1
+    else:
+        counted = rows
+    return _count(arrays, counted, rows + 1, num_experts, k)
+
+
+def _lengths(total_lengths: Any, n: int) -> np.ndarray:
+    lens = as_numpy(total_lengths, "total_lengths")
+    if lens.ndim != 1 or lens.shape[0] != n or not np.issubdtype(lens.dtype, np.integer):
+        raise RoutepackError(f"total_lengths: expected {n} integers, got shape {lens.shape} / dtype {lens.dtype}")
+    return lens.astype(np.int64)
+
+
+def _count(arrays: List[np.ndarray], counted: np.ndarray, lens: np.ndarray, num_experts: int, k: int) -> Window:
+    """Counts each sample's first ``counted[i]`` rows (samples with none count nothing)."""
+    some = np.flatnonzero(counted)
+    expert_tokens = np.zeros((len(arrays), arrays[0].shape[1], num_experts), dtype=np.int32)
+    if some.size:
+        flat = np.ascontiguousarray(np.concatenate([arrays[i][:counted[i]] for i in some]))
+        cu = np.concatenate([[0], np.cumsum(counted[some])]).astype(np.int64)
+        try:
+            sub = Window.from_routed_experts(flat, cu, num_experts).expert_tokens
+        except RoutepackError as e:
+            def locate(t: int, s: int) -> Tuple[str, str]:
+                i = int(some[s])
+                return f"rollout_routed_experts[{i}]", f"token {t - int(cu[s])} (sample {i})"
+            raise renamed(e, "rollout_routed_experts", locate) from None
+        expert_tokens[some] = sub
+    return Window(lens, expert_tokens, top_k=k)
+
+
+# ------------------------------------------------------------------ the steps
+def step_samples(rollout_indices: Any, global_batch_size: int) -> List[List[int]]:
+    """The samples of each training step, as ``build_dp_schedule`` groups them: rollouts in
+    first-occurrence order of ``rollout_indices`` (int ``[S]``, ``samples[i].index``), steps
+    of ``global_batch_size`` rollouts, a rollout's samples together in order, trailing
+    rollouts that do not fill a step dropped. Plan step s's window from these samples, in
+    this order."""
+    global_batch_size = positive_int(global_batch_size, "global_batch_size")
+    ids = sequence(rollout_indices, "rollout_indices", "rollout ids")
+    groups: Dict[Any, List[int]] = {}
+    for pos, rid in enumerate(ids):
+        groups.setdefault(rid, []).append(pos)
+    rollouts = list(groups)
+    steps = len(rollouts) // global_batch_size
+    if steps < 1:
+        raise RoutepackError(
+            f"global_batch_size: {global_batch_size} rollouts per step, but rollout_indices holds {len(rollouts)}"
+        )
+    return [[pos for rid in rollouts[s * global_batch_size:(s + 1) * global_batch_size] for pos in groups[rid]]
+            for s in range(steps)]
+
+
+def build_dp_schedule(args: Any, train_parallel_config: Dict[str, int], total_lengths: Sequence[int], *,
+                      global_batch_size: int, rollout_indices: Sequence[Any], plans: Any
+                      ) -> Tuple[List[List[int]], List[List[List[int]]], List[int], List[int]]:
+    """In place of slime's ``build_dp_schedule`` (same arguments, plus ``plans``): the same
+    4-tuple, decided by the plans.
+
+    Args:
+        args: slime's namespace; reads ``use_dynamic_batch_size`` (must be true: plans are
+              token-capped) and ``max_tokens_per_gpu``.
+        train_parallel_config: ``{"dp_size", "cp_size", "vpp_size",
+              "microbatch_group_size_per_vp_stage"}``.
+        total_lengths: ints ``[S]``, tokens per sample (global indices).
+        global_batch_size, rollout_indices: as slime's (`step_samples`).
+        plans: one `Plan` per step (or one Plan for a single step), plan s over
+              ``step_samples(...)[s]`` in that order, on ``dp_size`` DP ranks.
+
+    Returns:
+        ``(partitions, micro_batch_indices, num_microbatches, global_batch_sizes)``:
+        ``list[dp][int]`` global sample indices (per step, rank r's samples step by plan
+        step, ascending inside one); ``list[dp][list[int]]`` microbatches as local indices
+        into ``partitions[r]``, execution order; ``list[steps][int]`` the plan's step count
+        (the same on every rank); ``list[steps][int]`` = ``global_batch_size``.
+
+    Refused (`RoutepackError` naming the argument): a plan whose microbatch exceeds
+    ``max_tokens_per_gpu * cp_size`` on these lengths, a plan of the wrong size or DP width,
+    a step count that is not a multiple of ``microbatch_group_size_per_vp_stage`` under VPP.
+    """
+    if not boolean(getattr(args, "use_dynamic_batch_size", False), "args.use_dynamic_batch_size"):
+        raise RoutepackError("args.use_dynamic_batch_size: routepack plans are token-capped; set it to True")
+    cfg = _parallel_config(train_parallel_config)
+    cap = positive_int(getattr(args, "max_tokens_per_gpu", None), "args.max_tokens_per_gpu") * cfg["cp_size"]
+    steps = step_samples(rollout_indices, global_batch_size)
+    lens = _lengths(total_lengths, len(sequence(rollout_indices, "rollout_indices", "rollout ids")))
+    plans = plans_list(plans)
+    if len(plans) != len(steps):
+        raise RoutepackError(f"plans: {len(plans)} plans for {len(steps)} training steps")
+    dp = cfg["dp_size"]
+    partitions: List[List[int]] = [[] for _ in range(dp)]
+    micro: List[List[List[int]]] = [[] for _ in range(dp)]
+    num_microbatches: List[int] = []
+    for s, (plan, samples) in enumerate(zip(plans, steps)):
+        name = f"plans[{s}]"
+        _check_step_plan(plan, name, samples, dp, cfg)
+        for r in range(dp):
+            for m, cell in enumerate(rank_cells(plan, r, name)):
+                glob = [samples[int(i)] for i in cell]
+                tokens = int(lens[glob].sum())
+                if tokens > cap:
+                    raise RoutepackError(
+                        f"{name}: microbatch {m} of DP rank {r} holds {tokens} tokens, more than max_tokens_per_gpu * "
+                        f"cp_size = {cap} (plan with token_cap <= {cap} on these lengths)"
+                    )
+                start = len(partitions[r])
+                partitions[r].extend(glob)
+                micro[r].append(list(range(start, start + len(glob))))
+        num_microbatches.append(int(plan.num_micro))
+    return partitions, micro, num_microbatches, [int(global_batch_size)] * len(steps)
+
+
+def _parallel_config(cfg: Any) -> Dict[str, int]:
+    if not isinstance(cfg, dict):
+        raise RoutepackTypeError(f"train_parallel_config: expected a dict, got {type(cfg).__name__}")
+    out = {}
+    for key in ("dp_size", "cp_size", "vpp_size", "microbatch_group_size_per_vp_stage"):
+        if key not in cfg:
+            raise RoutepackError(f"train_parallel_config: has no {key!r}")
+        out[key] = positive_int(cfg[key], f"train_parallel_config[{key!r}]")
+    return out
+
+
+def _check_step_plan(plan: Any, name: str, samples: List[int], dp: int, cfg: Dict[str, int]) -> None:
+    if plan.num_samples != len(samples):
+        raise RoutepackError(f"{name}: plans {plan.num_samples} samples, step holds {len(samples)}")
+    if num_ranks(plan, name) != dp:
+        raise RoutepackError(f"{name}: runs on {num_ranks(plan, name)} DP ranks, dp_size is {dp}")
+    group = cfg["microbatch_group_size_per_vp_stage"] if cfg["vpp_size"] > 1 else 1
+    if plan.num_micro % group:
+        raise RoutepackError(
+            f"{name}: {plan.num_micro} microbatches per rank is not a multiple of "
+            f"microbatch_group_size_per_vp_stage = {group} (VPP)"
+        )
+
+
+__all__ = ["LAST_TOKEN", "build_dp_schedule", "slime_pad_row", "step_samples", "window_from_slime"]
