@@ -100,6 +100,14 @@ def test_the_optimizer_owns_the_tensors_the_experts_compute_with(ranks, family):
         assert ranks[r][family]["experts_owned"] and ranks[r][family]["no_full_experts"]
 
 
+def test_a_bad_token_mask_on_one_rank_makes_every_rank_raise(ranks):
+    for family in FAMILIES:
+        for r in range(WORLD):
+            msg = ranks[r][family]["bad_mask"]
+            want = "the mask given to start_micro has 2 entries" if r == 1 else "EP rank(s) [1] passed invalid inputs"
+            assert want in msg, (family, r, msg)
+
+
 # ------------------------------------------------------------- refusals (no process group)
 
 @functools.lru_cache(maxsize=None)

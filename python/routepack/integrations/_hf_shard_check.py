@@ -258,5 +258,19 @@ def _train_case(rank: int, case: Case) -> Dict[str, Any]:
     figs["dense"] = {n: p.detach().numpy().copy() for n, p in model.named_parameters()
                      if not n.endswith((".ep.w1", ".ep.w2"))}
     figs["phy2log"] = [mod.phy2log.tolist() for mod in sh.layers]
+    figs["bad_mask"] = _bad_mask_on_one_rank(sh, model, rank)
     return figs
+
+
+def _bad_mask_on_one_rank(sh: Any, model: Any, rank: int) -> str:
+    """Rank 1 marks tokens with a mask of the wrong size: every rank must raise (none hangs).
+    No replica prefetch: nothing may stay posted once the forward has raised."""
+    ids = torch.full((1, 1), 3, dtype=torch.long)
+    sh.start_micro(0, tokens=torch.ones(1, 2 if rank == 1 else 1, dtype=torch.long), prefetch=False)
+    try:
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
+    except rp.RoutepackError as e:
+        return str(e)
+    return "nothing raised"
 

@@ -160,9 +160,14 @@ class EPExperts(torch.nn.Module):
         keep = owner._keep
         x, ids, w = hidden_states, top_k_index, top_k_weights
         if keep is not None:
-            if keep.numel() and int(keep[-1]) >= hidden_states.shape[0]:
-                raise RoutepackError(f"tokens: marks token {int(keep[-1])} but MoE layer {self.ep.layer} sees "
-                                     f"{hidden_states.shape[0]} (the mask given to start_micro has another shape)")
+            if owner._mask_size != hidden_states.shape[0]:
+                # a local error must not leave the peers waiting in this layer's exchanges: invalid
+                # inputs make EPMoE raise on every rank at once
+                try:
+                    self.ep(x, ids[:0], w)
+                except RoutepackError as e:
+                    raise RoutepackError(f"tokens: the mask given to start_micro has {owner._mask_size} entries but "
+                                         f"MoE layer {self.ep.layer} sees {hidden_states.shape[0]} tokens") from e
             keep = keep.to(hidden_states.device)
             x, ids, w = x.index_select(0, keep), ids.index_select(0, keep), w.index_select(0, keep)
         if owner.recording:
@@ -194,6 +199,7 @@ class ShardedMoE:
         self.topo, self.group, self.dense_group = topo, group, dense_group
         self.recording = False
         self._keep: Optional[torch.Tensor] = None
+        self._mask_size = 0
         self._seen: List[List[torch.Tensor]] = [[] for _ in layers]
 
     # ------------------------------------------------------------ parameters
@@ -233,6 +239,7 @@ class ShardedMoE:
         if mask.dtype != np.bool_ and ((mask != 0) & (mask != 1)).any():
             raise RoutepackError(f"tokens: entries must be 0 or 1, got {np.unique(mask)[:8].tolist()}")
         self._keep = torch.from_numpy(np.flatnonzero(mask.reshape(-1)).astype(np.int64))
+        self._mask_size = int(mask.size)
 
     def finish_step(self, sync_dense: bool = True) -> None:
         """Before the optimizer step: replica gradients into their owner slots, every expert's
