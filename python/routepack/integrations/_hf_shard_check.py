@@ -108,6 +108,7 @@ class Batch:
 
 
 def capture_windows(model: Any, case: Case) -> List[Batch]:
+    """``case.windows`` batches of ``case.samples`` right-padded prompts and their routing."""
     out = []
     vocab = COMMON["vocab_size"]
     for w in range(case.windows):
@@ -123,6 +124,7 @@ def capture_windows(model: Any, case: Case) -> List[Batch]:
 
 
 def planning_cost(model: Any) -> rp.CostModel:
+    """The model's cost model, expert work per token x1e5, expert bytes x1e-3 (module doc)."""
     base = rp.CostModel.from_model(hf.model_shape(model), rp.Hardware.h200())
     return dataclasses.replace(base, c_tok=base.c_tok * 1e5, expert_weight_bytes=base.expert_weight_bytes * 1e-3,
                                expert_grad_bytes=base.expert_grad_bytes * 1e-3,
@@ -130,6 +132,7 @@ def planning_cost(model: Any) -> rp.CostModel:
 
 
 def plan_windows(model: Any, batches: List[Batch], case: Case) -> List[rp.Plan]:
+    """One validated plan per window, each from the placement the previous one left."""
     topo, cost = case.topology(), planning_cost(model)
     plans: List[rp.Plan] = []
     for w, b in enumerate(batches):
@@ -158,6 +161,7 @@ def loss_sum(logits: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor) 
 
 
 def label_count(mask: torch.Tensor) -> int:
+    """Next-token targets in a right-padded int ``[B, S]`` mask (real tokens after the first)."""
     return int((mask[:, 1:] & mask[:, :-1]).sum())
 
 
