@@ -26,6 +26,7 @@ import json
 import os
 import tempfile
 import warnings
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -47,8 +48,10 @@ TOPO = {"Qwen3-MoE": rp.Topology(dp=4, ep=4, gpus_per_node=2, slots_per_rank=3),
 
 def build_model(family: str, seed: int = 0):
     """A tiny random model (stands for loading the same checkpoint on every rank)."""
-    common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=24,
+    common: dict = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=24,
                   max_position_embeddings=64, pad_token_id=0, attention_dropout=0.0)
+    cls: Any
+    config: Any
     if family == "Qwen3-MoE":  # softmax router; layer 1 is dense
         cls = transformers.Qwen3MoeForCausalLM
         config = transformers.Qwen3MoeConfig(**common, num_key_value_heads=2, head_dim=8, num_experts=8,

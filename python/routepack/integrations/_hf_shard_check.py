@@ -34,7 +34,7 @@ import routepack as rp
 from routepack.integrations import hf
 from routepack.torch import rank_microbatches
 
-COMMON = dict(vocab_size=64, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+COMMON: Dict[str, Any] = dict(vocab_size=64, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
               intermediate_size=24, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
               attention_dropout=0.0)
 #: family -> (config class, model class, fields, slots per rank for 4 ranks)
@@ -110,7 +110,7 @@ class Batch:
 def capture_windows(model: Any, case: Case) -> List[Batch]:
     """``case.windows`` batches of ``case.samples`` right-padded prompts and their routing."""
     out = []
-    vocab = COMMON["vocab_size"]
+    vocab = int(COMMON["vocab_size"])
     for w in range(case.windows):
         g = torch.Generator().manual_seed(case.seed * 1000 + w)
         lens = torch.randint(3, case.max_len + 1, (case.samples,), generator=g)
@@ -247,8 +247,7 @@ def _train_case(rank: int, case: Case) -> Dict[str, Any]:
                 logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
                 loss = logits.sum() * 0.0
                 figs["routing_equal"] &= sh.take_routed().shape[0] == 0
-            figs["replica_tokens"] += sum(int((mod.last_route.recv_unit >= mod.slots_per_rank).sum())
-                                          for mod in sh.layers)
+            figs["replica_tokens"] += _replica_tokens(sh.layers)
             loss.backward()
             local += float(loss.detach())
         sh.finish_step()
@@ -264,6 +263,15 @@ def _train_case(rank: int, case: Case) -> Dict[str, Any]:
     figs["phy2log"] = [mod.phy2log.tolist() for mod in sh.layers]
     figs["bad_mask"] = _bad_mask_on_one_rank(sh, model, rank)
     return figs
+
+
+def _replica_tokens(layers: Any) -> int:
+    """(token, expert) rows this rank computed on replica copies in the last forward."""
+    rows = 0
+    for mod in layers:
+        route = mod.last_route
+        rows += 0 if route is None else int((route.recv_unit >= mod.slots_per_rank).sum())
+    return rows
 
 
 def _bad_mask_on_one_rank(sh: Any, model: Any, rank: int) -> str:
