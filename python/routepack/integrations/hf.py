@@ -360,5 +360,8 @@ class replay_routing:  # noqa: N801 - a context manager used like a function
         self._handles.clear()
 
 
-__all__ = ["Routed", "Router", "RoutingRecorder", "capture", "capture_routed", "model_shape", "moe_routers",
-           "record_routing", "replay_routing"]
+# expert-parallel training under a plan (its own module: `routepack.integrations.hf_shard`)
+from routepack.integrations.hf_shard import EPExperts, ShardedMoE, shard  # noqa: E402
+
+__all__ = ["EPExperts", "Routed", "Router", "RoutingRecorder", "ShardedMoE", "capture", "capture_routed", "model_shape",
+           "moe_routers", "record_routing", "replay_routing", "shard"]
