@@ -132,7 +132,9 @@ def cost_check(args: argparse.Namespace) -> list:
     except ImportError:
         pass
     print("  wrote " + ", ".join(map(str, written)))
-    if args.device == "cpu" or gpus >= 2:
+    if args.no_measure:
+        print("measure: skipped (--no-measure)")
+    elif args.device == "cpu" or gpus >= 2:
         work = Workload(hidden=args.hidden or 256, ffn=args.expert_ffn or 256, samples=args.samples)
         try:
             res = measure(work, quick=args.quick, repeats=args.repeats, progress=False, device=args.device)
@@ -160,6 +162,7 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=48, help="samples of the measured run's window")
     ap.add_argument("--repeats", type=int, default=5, help="timed steps per plan in the measured run")
     ap.add_argument("--out", default="gpu_check_out", help="folder for the cost model, report, figure")
+    ap.add_argument("--no-measure", action="store_true", help="calibrate only, no measured run")
     args = ap.parse_args()
     if args.cost_only:
         if args.device == "cuda" and not torch.cuda.is_available():

@@ -128,7 +128,9 @@ proptest! {
         let a = simulate(&plan, &w.view(), &topo, &none, None).unwrap();
         let b = simulate(&plan, &w.view(), &topo, &over, None).unwrap();
         prop_assert_eq!(a.hidden, 0.0);
-        prop_assert!(b.hidden >= 0.0 && b.hidden <= b.all_to_all && b.hidden <= b.attention + b.expert);
+        // (sums over exchanges, so up to rounding: Σ min(C, A) against Σ C summed part by part)
+        let slack = 1.0 + 1e-12;
+        prop_assert!(b.hidden >= 0.0 && b.hidden <= b.all_to_all * slack && b.hidden <= (b.attention + b.expert) * slack);
         let parts = b.attention + b.expert + b.all_to_all + b.replication + b.migration - b.hidden;
         prop_assert!(close(parts, b.step_time), "{} vs {}", parts, b.step_time);
         for (x, y) in a.group_times.iter().zip(&b.group_times) {
