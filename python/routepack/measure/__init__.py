@@ -28,20 +28,23 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-import routepack as rp
 from routepack._checks import instance_of, positive_int, sequence
 from routepack.errors import RoutepackError
+from routepack.model import CostModel
+from routepack.plan import Plan
+from routepack.simulate import simulate
+from routepack.window import Window
 from routepack.measure.workload import Workload, make_plans
 
 
-def micro_plan(plan: rp.Plan, window: rp.Window, m: int) -> Tuple[rp.Plan, rp.Window]:
+def micro_plan(plan: Plan, window: Window, m: int) -> Tuple[Plan, Window]:
     """Microbatch ``m`` of ``plan`` as a plan of its own (one step, its samples, its replicas,
     no migration) and the window of its samples."""
     idx = np.flatnonzero(plan.sample_micro == m)
-    w = rp.Window(window.seq_lens[idx], window.expert_tokens[idx], top_k=window.top_k)
+    w = Window(window.seq_lens[idx], window.expert_tokens[idx], top_k=window.top_k)
     reps = plan.replicas[plan.replicas["micro"] == m].copy()
     reps["micro"] = 0
-    return rp.Plan(plan.placement, plan.sample_rank[idx], np.zeros(idx.size, dtype=np.int32), 1, reps), w
+    return Plan(plan.placement, plan.sample_rank[idx], np.zeros(idx.size, dtype=np.int32), 1, reps), w
 
 
 @dataclass
@@ -52,7 +55,7 @@ class Measurement:
     ``static`` (``speedup``, ``predicted_speedup``); ``cost`` the model the predictions used."""
 
     workload: Workload
-    cost: rp.CostModel
+    cost: CostModel
     policies: Dict[str, Dict[str, Any]]
     calibration: Optional[Dict[str, Any]] = None
 
@@ -62,7 +65,7 @@ class Measurement:
 
 
 def _calibrated(work: Workload, ranks: int, quick: bool, progress: bool,
-                device: str = "cpu") -> Tuple[rp.CostModel, Dict[str, Any]]:
+                device: str = "cpu") -> Tuple[CostModel, Dict[str, Any]]:
     from routepack.calibrate import calibrate
 
     window, _, _ = work.window()
@@ -75,7 +78,7 @@ def _calibrated(work: Workload, ranks: int, quick: bool, progress: bool,
     return cal.cost, summary
 
 
-def measure(work: Optional[Workload] = None, *, cost: Optional[rp.CostModel] = None,
+def measure(work: Optional[Workload] = None, *, cost: Optional[CostModel] = None,
             policies: Sequence[str] = ("static", "routepack"), overlap: str = "none", warmup: int = 1,
             repeats: int = 5, quick: bool = False, progress: bool = True,
             join_timeout_s: float = 1800, device: str = "cpu") -> Measurement:
@@ -114,7 +117,7 @@ def measure(work: Optional[Workload] = None, *, cost: Optional[rp.CostModel] = N
     calibration = None
     if cost is None:
         cost, calibration = _calibrated(work, work.ranks, quick, progress, device)
-    instance_of(cost, rp.CostModel, "cost")
+    instance_of(cost, CostModel, "cost")
     # the run is float32: 4 bytes per activation and weight, whatever the calibration's preset
     params = 3.0 * work.hidden * work.ffn
     cost = replace(cost, a_lin=0.0, a_quad=[0.0] * work.layers, overlap=overlap, num_experts=work.experts,
@@ -133,8 +136,8 @@ def measure(work: Optional[Workload] = None, *, cost: Optional[rp.CostModel] = N
         pred = []
         for m in range(plan.num_micro):
             sub, sub_window = micro_plan(plan, window, m)
-            pred.append(rp.simulate(sub, sub_window, topo, cost).step_time)
-        step_pred = rp.simulate(plan, window, topo, cost).step_time
+            pred.append(simulate(sub, sub_window, topo, cost).step_time)
+        step_pred = simulate(plan, window, topo, cost).step_time
         shared = micro + finish / plan.num_micro
         out[name] = {"num_micro": plan.num_micro, "micro_s": micro.tolist(), "finish_s": finish,
                      "predicted_micro_s": pred, "step_s": float(micro.sum() + finish),

@@ -14,8 +14,12 @@ from typing import Dict, Tuple
 
 import numpy as np
 
-import routepack as rp
 from routepack._checks import finite_float, positive_int
+from routepack.errors import RoutepackError
+from routepack.model import CostModel, ModelShape, Topology
+from routepack.plan import Plan
+from routepack.planner import plan_window
+from routepack.window import Window
 
 
 @dataclass(frozen=True)
@@ -47,18 +51,18 @@ class Workload:
         finite_float(self.popularity, "workload.popularity", strict=True)
         self.topology().check_experts(self.experts)
         if self.top_k > self.experts:
-            raise rp.RoutepackError(f"workload.top_k: {self.top_k} > experts {self.experts}")
+            raise RoutepackError(f"workload.top_k: {self.top_k} > experts {self.experts}")
         if self.min_len > self.max_len:
-            raise rp.RoutepackError(f"workload.min_len: {self.min_len} > max_len {self.max_len}")
+            raise RoutepackError(f"workload.min_len: {self.min_len} > max_len {self.max_len}")
 
-    def topology(self) -> rp.Topology:
-        return rp.Topology(self.ranks, self.ranks, self.ranks, self.slots_per_rank)
+    def topology(self) -> Topology:
+        return Topology(self.ranks, self.ranks, self.ranks, self.slots_per_rank)
 
-    def model(self) -> rp.ModelShape:
-        return rp.ModelShape(self.layers, self.experts, self.top_k, self.hidden, self.ffn,
+    def model(self) -> ModelShape:
+        return ModelShape(self.layers, self.experts, self.top_k, self.hidden, self.ffn,
                              attention=("linear",) * self.layers, shared_experts=0)
 
-    def window(self) -> Tuple[rp.Window, np.ndarray, np.ndarray]:
+    def window(self) -> Tuple[Window, np.ndarray, np.ndarray]:
         """(Window, routed int32 ``[T, L, k]`` distinct ids per token, cu_seqlens int64 ``[S+1]``)."""
         rng = np.random.default_rng([self.seed, 11])
         lens = rng.integers(self.min_len, self.max_len + 1, size=self.samples)
@@ -73,21 +77,21 @@ class Workload:
                 p /= p.sum()
                 for t in range(int(cu[s]), int(cu[s + 1])):
                     routed[t, l] = rng.choice(self.experts, size=self.top_k, replace=False, p=p)
-        return rp.Window.from_routed_experts(routed, cu, self.experts), routed, cu
+        return Window.from_routed_experts(routed, cu, self.experts), routed, cu
 
-    def token_cap(self, window: rp.Window) -> int:
+    def token_cap(self, window: Window) -> int:
         """The cap that gives about ``micro`` microbatches per rank (never below the longest
         sample)."""
         per_row = -(-window.total_tokens // (self.ranks * self.micro))
         return int(max(per_row * 1.1, window.seq_lens.max()))
 
 
-def make_plans(work: Workload, window: rp.Window, cost: rp.CostModel, policies: Tuple[str, ...]) -> Dict[str, rp.Plan]:
+def make_plans(work: Workload, window: Window, cost: CostModel, policies: Tuple[str, ...]) -> Dict[str, Plan]:
     """policy → its plan of the window under ``cost`` (every plan validated)."""
     topo, cap = work.topology(), work.token_cap(window)
     out = {}
     for name in policies:
-        plan = rp.plan_window(window, topo, cost, token_cap=cap, policy=name, seed=work.seed)
+        plan = plan_window(window, topo, cost, token_cap=cap, policy=name, seed=work.seed)
         plan.validate(window, topo, cap)
         out[name] = plan
     return out
