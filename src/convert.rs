@@ -5,6 +5,7 @@
 use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use routepack_core::cost::{Overlap, Pass};
 use routepack_core::{CostModel, ExpertMove, Placement, Plan, Replica, Topology, WindowView};
 
 use crate::errors::to_py;
@@ -57,6 +58,9 @@ pub fn topology(obj: &Bound<'_, PyAny>) -> PyResult<Topology> {
 
 /// A `routepack.CostModel` → the core's `CostModel`.
 pub fn cost(obj: &Bound<'_, PyAny>) -> PyResult<CostModel> {
+    let overlap = Overlap::parse(&attr::<String>(obj, "overlap")?).map_err(to_py)?;
+    let names: Vec<String> = attr(obj, "passes")?;
+    let passes = names.iter().enumerate().map(|(i, n)| Pass::parse(i, n)).collect::<Result<Vec<_>, _>>().map_err(to_py)?;
     Ok(CostModel {
         a_lin: attr(obj, "a_lin")?,
         a_quad: attr(obj, "a_quad")?,
@@ -68,6 +72,9 @@ pub fn cost(obj: &Bound<'_, PyAny>) -> PyResult<CostModel> {
         expert_weight_bytes: attr(obj, "expert_weight_bytes")?,
         expert_grad_bytes: attr(obj, "expert_grad_bytes")?,
         expert_state_bytes: attr(obj, "expert_state_bytes")?,
+        c_weights: attr(obj, "c_weights")?,
+        overlap,
+        passes,
     })
 }
 

@@ -3,6 +3,7 @@
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use routepack_core::cost::{Overlap, DEFAULT_PASSES};
 use routepack_core::packing::routepack::{Options as PackingOptions, DEFAULT_MOVES};
 use routepack_core::placement::demand::DEFAULT_CHUNKS;
 use routepack_core::placement::routepack::Options as PlacementOptions;
@@ -45,8 +46,20 @@ pub fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     Ok(out)
 }
 
+/// `{field: default}` of the cost model's options (`c_weights`, `overlap`, `passes`): the
+/// values that price every plan as before the options existed.
+#[pyfunction]
+pub fn cost_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let cost = PyDict::new(py);
+    cost.set_item("c_weights", 0.0)?;
+    cost.set_item("overlap", Overlap::default().name())?;
+    cost.set_item("passes", DEFAULT_PASSES.iter().map(|p| p.name()).collect::<Vec<_>>())?;
+    Ok(cost)
+}
+
 /// Adds this file's functions to `routepack._core`.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(defaults, m)?)?;
+    m.add_function(wrap_pyfunction!(cost_defaults, m)?)?;
     Ok(())
 }

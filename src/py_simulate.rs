@@ -44,6 +44,7 @@ pub fn simulate<'py>(
     d.set_item("attention", r.attention)?;
     d.set_item("expert", r.expert)?;
     d.set_item("all_to_all", r.all_to_all)?;
+    d.set_item("hidden", r.hidden)?;
     d.set_item("replication", r.replication)?;
     d.set_item("migration", r.migration)?;
     d.set_item("critical_group", r.critical_group)?;

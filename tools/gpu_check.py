@@ -1,9 +1,19 @@
 #!/usr/bin/env python
-"""GPU check of routepack.torch: the self-checks of tests/torch, on NCCL.
+"""GPU check of routepack.torch: the self-checks of tests/torch, on NCCL; and the cost model:
+`routepack calibrate` and (with >= 2 GPUs) the measured run of `routepack measure` on CUDA.
 
     python tools/gpu_check.py                 # NCCL, one process per GPU (at most 4)
     python tools/gpu_check.py --shared-gpu    # also try 4 NCCL ranks on one GPU (reported only)
     python tools/gpu_check.py --backend gloo --world 4   # the same script on CPU (dry run)
+    python tools/gpu_check.py --cost-only --out DIR      # calibrate (+ measure with >= 2 GPUs) only
+    python tools/gpu_check.py --cost-only --device cpu --quick --hidden 64 --expert-ffn 32  # dry run
+
+The cost part (`cost_check`) calibrates the ``--profile`` shapes (default ``flash``: what a
+user with an H200 would see) on the device, prints every kernel's held-out
+``max_rel_error``, the fitted coefficients and their ratio to the H200 preset, and writes
+the cost model, the report and the figure to ``--out``; with two GPUs or more it then runs
+`routepack.measure` on NCCL (one GPU per rank) and prints measured vs predicted
+microbatches and speed-ups. Its figures are printed, not judged (no pass/fail threshold).
 
 What runs, by world size W (processes, one GPU each):
 
@@ -88,12 +98,81 @@ def device_checksum_matches_host() -> list:
     return [] if host == dev else [f"checksum differs: host {host}, device {dev}"]
 
 
+def cost_check(args: argparse.Namespace) -> list:
+    """Calibrates on ``args.device`` and, where two devices (GPUs, or a CPU dry run) exist,
+    runs the measured comparison; prints the figures, writes them under ``args.out``. Returns
+    failures (a step that raised), not judgements of the figures."""
+    from pathlib import Path
+
+    from routepack.calibrate import calibrate
+    from routepack.measure import Workload, format_table, measure
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    failures = []
+    gpus = torch.cuda.device_count() if args.device == "cuda" else 0
+    kernels = ["expert_gemm", "attention"] + (["links"] if args.device == "cpu" or gpus >= 2 else [])
+    t0 = time.time()
+    try:
+        cal = calibrate(args.profile, hidden=args.hidden, expert_ffn=args.expert_ffn, device=args.device,
+                        quick=args.quick, kernels=kernels, progress=False)
+    except Exception as e:  # noqa: BLE001 (reported)
+        return [f"calibrate: {type(e).__name__}: {e}"]
+    rep = cal.report
+    print(f"calibrate {args.profile} on {rep['device'].get('gpu') or rep['device'].get('cpu')} "
+          f"({args.device}) in {time.time() - t0:.0f} s")
+    for kind, k in rep["kernels"].items():
+        err = k["max_rel_error"]
+        print(f"  {kind}: held-out max_rel_error {'n/a' if err is None else f'{100 * err:.1f}%'}; " +
+              ", ".join(f"{n}={v:.3g}" for n, v in k["coefficients"].items()))
+    print("  vs the h200 preset: " + ", ".join(f"{n} x{v:.3g}" for n, v in rep["preset"]["ratio"].items() if v))
+    written = cal.save(out / "cost.json", out / "calibration.json")
+    try:
+        written.append(cal.plot(out / "calibration.png"))
+    except ImportError:
+        pass
+    print("  wrote " + ", ".join(map(str, written)))
+    if args.no_measure:
+        print("measure: skipped (--no-measure)")
+    elif args.device == "cpu" or gpus >= 2:
+        work = Workload(hidden=args.hidden or 256, ffn=args.expert_ffn or 256, samples=args.samples)
+        try:
+            res = measure(work, quick=args.quick, repeats=args.repeats, progress=False, device=args.device)
+        except Exception as e:  # noqa: BLE001 (reported)
+            return failures + [f"measure: {type(e).__name__}: {e}"]
+        print("\n".join(format_table(res)))
+        (out / "measure.json").write_text(json.dumps(res.to_dict(), indent=2, default=str))
+    else:
+        print(f"measure: skipped ({gpus} GPU; the measured run needs one GPU per rank, 2 ranks)")
+    return failures
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
     ap.add_argument("--world", type=int, default=None, help="processes (default: GPUs, at most 4)")
     ap.add_argument("--shared-gpu", action="store_true", help="also try 4 NCCL ranks on one GPU")
+    ap.add_argument("--cost-only", action="store_true", help="only the cost-model part (calibrate, measure)")
+    ap.add_argument("--no-cost", action="store_true", help="skip the cost-model part")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="the cost part's device")
+    ap.add_argument("--profile", default="flash", help="profile whose shapes calibrate measures")
+    ap.add_argument("--hidden", type=int, default=None, help="override the profile's hidden size")
+    ap.add_argument("--expert-ffn", type=int, default=None, dest="expert_ffn", help="override its expert FFN")
+    ap.add_argument("--quick", action="store_true", help="the smoke sweeps (a dry run)")
+    ap.add_argument("--samples", type=int, default=48, help="samples of the measured run's window")
+    ap.add_argument("--repeats", type=int, default=5, help="timed steps per plan in the measured run")
+    ap.add_argument("--out", default="gpu_check_out", help="folder for the cost model, report, figure")
+    ap.add_argument("--no-measure", action="store_true", help="calibrate only, no measured run")
     args = ap.parse_args()
+    if args.cost_only:
+        if args.device == "cuda" and not torch.cuda.is_available():
+            print("no CUDA device: use --device cpu for a dry run")
+            return 2
+        failures = cost_check(args)
+        for f in failures:
+            print("FAIL", f)
+        print("PASS" if not failures else f"{len(failures)} FAILURES")
+        return 0 if not failures else 1
     if args.backend == "nccl" and not torch.cuda.is_available():
         print("no CUDA device: use --backend gloo for a dry run")
         return 2
@@ -124,6 +203,8 @@ def main() -> int:
             print("shared-gpu: 4 NCCL ranks on one GPU ran")
         except Exception as e:  # noqa: BLE001 (reported, not failed: NCCL normally refuses)
             print(f"shared-gpu: not possible here: {str(e).splitlines()[0][:300]}")
+    if not args.no_cost and torch.cuda.is_available():
+        failures += cost_check(args)
     print(f"seconds {time.time() - t0:.1f}")
     for f in failures:
         print("FAIL", f)

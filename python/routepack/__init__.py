@@ -19,6 +19,7 @@ from routepack.policies import PRESETS, Policy
 from routepack.simulate import SimResult, simulate
 from routepack.window import Window
 from routepack.calibrate import Calibration, calibrate
+from routepack.measure import Measurement, measure
 from routepack import stages, traces
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "InfeasibleError",
     "InvalidPlanError",
     "MIGRATION_DTYPE",
+    "Measurement",
     "ModelShape",
     "PRESETS",
     "Placement",
@@ -43,6 +45,7 @@ __all__ = [
     "Topology",
     "Window",
     "calibrate",
+    "measure",
     "plan_window",
     "simulate",
     "stages",

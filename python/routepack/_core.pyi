@@ -12,7 +12,7 @@ import numpy.typing as npt
 # what the module exports (PyO3 fills the runtime `__all__` as each file registers)
 __all__ = [
     "__version__", "RoutepackError", "RoutepackTypeError", "InvalidPlanError", "InfeasibleError",
-    "RoutepackInternalError", "defaults", "static_placement", "placement_tables", "validate_plan",
+    "RoutepackInternalError", "defaults", "cost_defaults", "static_placement", "placement_tables", "validate_plan",
     "migration_diff", "pack_sequential", "pack_kk", "pack_rows", "pack_routepack",
     "layout_proxy_cost", "simulate", "expert_tokens_from_routed", "check_expert_tokens", "route_cell", "rank_tokens",
     "replicate_hot_n", "replicate_relibra", "replicate_routepack", "relibra_placement",
@@ -44,6 +44,9 @@ class RoutepackInternalError(RuntimeError): ...
 # ---- defaults (src/py_defaults.rs)
 def defaults() -> Dict[str, Dict[str, Any]]:
     """Every stage option's default, by stage (read from the Rust core's defaults)."""
+
+def cost_defaults() -> Dict[str, Any]:
+    """The cost model options' defaults: c_weights, overlap, passes (the core's)."""
 
 # ---- placement tables and plans (src/py_plan.rs)
 def static_placement(num_layers: int, num_experts: int, topo: Any) -> _I32:

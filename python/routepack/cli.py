@@ -12,6 +12,9 @@
 * ``routepack calibrate``: measures the cost model's coefficients on this machine with torch
   (`routepack.calibrate`) and writes the calibrated ``CostModel`` JSON, a report JSON and a
   figure of measured vs predicted times (``pip install "routepack[torch]"``).
+* ``routepack measure``: executes the MoE layers of ``static`` and ``routepack`` plans for real
+  (`routepack.measure`, local gloo processes) and prints measured vs predicted times and speed-ups.
+* ``--overlap dispatch_combine`` / ``--cost FILE`` (demo, bench): score with that cost model.
 
 A user error (a bad argument, an unreadable ``--npz``, an input the planner refuses) prints
 one line on stderr and exits with status 2; no traceback.
@@ -145,6 +148,21 @@ def _rows_json(rows: Iterable[Any]) -> List[Any]:
     return [{k: v for k, v in asdict(r).items() if k != "imbalance_map"} for r in rows]
 
 
+def _bench_cost(args: argparse.Namespace, prof: Any) -> Any:
+    """The cost model demo/bench score with: ``--cost`` or the profile's preset, ``--overlap`` applied."""
+    from dataclasses import replace
+
+    from routepack.model import CostModel
+
+    cost = CostModel.load(args.cost) if getattr(args, "cost", None) else prof.cost()
+    return replace(cost, overlap=args.overlap) if getattr(args, "overlap", None) else cost
+
+
+def _cost_name(args: argparse.Namespace) -> str:
+    base = f"{args.cost}" if getattr(args, "cost", None) else "H200 datasheet-level, see routepack.Hardware.h200"
+    return base + (f", overlap {args.overlap}" if getattr(args, "overlap", None) else "")
+
+
 def _run_sweep(args: argparse.Namespace) -> int:
     """``routepack bench --sweep`` (and ``benches/sweep.py``)."""
     prof = traces.profile(args.profile)
@@ -187,7 +205,7 @@ def _run(args: argparse.Namespace, figure: bool) -> int:
     if args.anneal_moves is not None:
         options["anneal_moves"] = args.anneal_moves
     try:
-        rows = compare(windows, prof.topology(), prof.cost(), prof.token_cap, policies,
+        rows = compare(windows, prof.topology(), _bench_cost(args, prof), prof.token_cap, policies,
                        seed=args.seed, progress=step, **options)
     finally:
         close()
@@ -195,7 +213,7 @@ def _run(args: argparse.Namespace, figure: bool) -> int:
     vs = ratios(rows)
     winners = best_of(rows)
     print(f"\nmedian over {len(windows) - 1} window(s), scored by routepack.simulate "
-          f"(cost model: H200 datasheet-level, see routepack.Hardware.h200):\n")
+          f"(cost model: {_cost_name(args)}):\n")
     print(format_table(summary, baseline))
     if vs:
         print()
@@ -323,6 +341,9 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--quiet", action="store_true", help="no progress on stderr")
         p.add_argument("--anneal-moves", type=_count(0), default=None, dest="anneal_moves",
                        help="layout search budget in proposed moves (default: the core's)")
+        p.add_argument("--overlap", choices=("none", "dispatch_combine"), default=None,
+                       help="the cost model's overlap (default: the cost model's own, none for the preset)")
+        p.add_argument("--cost", default=None, help="a CostModel JSON (default: the profile's H200 preset)")
         if name == "bench":
             p.add_argument("--figure", default="routepack_bench.png",
                            help=f"PNG to write ('' for none; needs matplotlib: {FIGURE_HINT})")
@@ -338,6 +359,8 @@ def _parser() -> argparse.ArgumentParser:
                                 "as the routepack preset does)")
         p.set_defaults(func=lambda a, fig=(name == "bench"): _run(a, fig))
     _calibrate_parser(sub)
+    from routepack.measure.cli import add_parser as _measure_parser
+    _measure_parser(sub, _count)
     return parser
 
 

@@ -5,12 +5,21 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
+from routepack import _core
 from routepack._checks import file_path, finite_float, instance_of, positive_int, sequence
 from routepack.errors import RoutepackError, RoutepackFileError, RoutepackTypeError
 
 ATTENTION_KINDS = ("linear", "full")
+#: `CostModel.overlap` values: none, or the dispatch/combine all-to-all behind the compute.
+OVERLAPS = ("none", "dispatch_combine")
+#: `CostModel.passes` kinds: a forward pass (compute ×1, one dispatch + combine) and a
+#: backward pass (compute ×2, one dispatch + combine).
+PASS_KINDS = ("forward", "backward")
+#: The cost model options' defaults, from the Rust core: the values that price every plan as
+#: before the options existed.
+_COST_DEFAULTS = _core.cost_defaults()
 
 
 def _set(obj: object, name: str, value: object) -> None:
@@ -165,10 +174,10 @@ class Hardware:
 #: The coefficients besides ``a_quad`` that price a token's or an expert's work (time or bytes);
 #: a cost model needs at least one of them, or an ``a_quad`` entry, above 0.
 _WORK_COEFFICIENTS = ("a_lin", "c_tok", "c_exp", "token_bytes", "expert_weight_bytes", "expert_grad_bytes",
-                      "expert_state_bytes")
+                      "expert_state_bytes", "c_weights")
 
 #: CostModel fields a JSON file may lack (written before they existed): their defaults apply.
-_OPTIONAL_JSON_KEYS = frozenset({"expert_groups", "num_experts"})
+_OPTIONAL_JSON_KEYS = frozenset({"expert_groups", "num_experts", "c_weights", "overlap", "passes"})
 
 
 @dataclass(frozen=True)
@@ -190,6 +199,21 @@ class CostModel:
       `simulate` (and the lower bound it reports) refuse a window with another expert count.
       `from_model` copies it; a hand-built cost model, or a JSON file written before it
       existed, gets None, which checks nothing.
+    * ``c_weights``: seconds one active expert's GEMM takes at least per pass (streaming its
+      weights): an expert with t tokens on a rank costs ``c_exp + max(c_tok * t, c_weights)``,
+      a roofline whose knee is ``c_weights / c_tok`` tokens. 0 (the default): the linear model
+      ``c_tok * t + c_exp``. `routepack calibrate` fits it.
+    * ``overlap``: ``"none"`` (the default: a layer's time is attention + experts +
+      all-to-all) or ``"dispatch_combine"``: the all-to-all of one microbatch runs behind the
+      attention and expert compute of another (DualPipe, DeepEP, Megatron ``moe_fb_overlap``),
+      so a layer costs ``max(compute, all_to_all) + exposed replication``.
+    * ``passes``: the passes of one step, each ``"forward"`` (compute ×1, one dispatch +
+      combine) or ``"backward"`` (compute ×2, one dispatch + combine). The default
+      ``("forward", "backward")`` is compute ×3, communication ×2; RL's recompute of old
+      log-probs adds a forward: ``("forward", "forward", "backward")``.
+
+    The three options' defaults come from the core (``_core.cost_defaults()``); a JSON file
+    written before they existed loads with them, and prices every plan as it did.
     """
 
     a_lin: float
@@ -204,14 +228,26 @@ class CostModel:
     expert_state_bytes: float
     expert_groups: int = 1
     num_experts: Optional[int] = None
+    c_weights: float = _COST_DEFAULTS["c_weights"]
+    overlap: str = _COST_DEFAULTS["overlap"]
+    passes: Tuple[str, ...] = tuple(_COST_DEFAULTS["passes"])
 
     def __post_init__(self) -> None:
         if self.num_experts is not None:
             object.__setattr__(self, "num_experts", positive_int(self.num_experts, "cost.num_experts"))
         object.__setattr__(self, "expert_groups",
                            _check_groups(self.expert_groups, self.num_experts, "cost.expert_groups"))
+        if not isinstance(self.overlap, str) or self.overlap not in OVERLAPS:
+            raise RoutepackError(f"cost.overlap: {self.overlap!r} is not one of {OVERLAPS}")
+        passes = tuple(sequence(self.passes, "cost.passes", "pass kinds"))
+        if not passes:
+            raise RoutepackError("cost.passes: must name at least one pass, got none")
+        for i, kind in enumerate(passes):
+            if not isinstance(kind, str) or kind not in PASS_KINDS:
+                raise RoutepackError(f"cost.passes[{i}]: {kind!r} is not one of {PASS_KINDS}")
+        object.__setattr__(self, "passes", passes)
         for name in ("a_lin", "c_tok", "c_exp", "token_bytes", "expert_weight_bytes",
-                     "expert_grad_bytes", "expert_state_bytes"):
+                     "expert_grad_bytes", "expert_state_bytes", "c_weights"):
             object.__setattr__(self, name, finite_float(getattr(self, name), f"cost.{name}"))
         for name in ("bw_intra", "bw_inter"):
             object.__setattr__(self, name, finite_float(getattr(self, name), f"cost.{name}", strict=True))
@@ -223,7 +259,8 @@ class CostModel:
             # every plan would cost 0 s: nothing to rank plans by, and no throughput to report
             raise RoutepackError(
                 "cost: every coefficient that prices work is 0 (cost.a_lin, cost.a_quad, cost.c_tok, cost.c_exp, "
-                "cost.token_bytes, cost.expert_weight_bytes, cost.expert_grad_bytes, cost.expert_state_bytes), so "
+                "cost.token_bytes, cost.expert_weight_bytes, cost.expert_grad_bytes, cost.expert_state_bytes, "
+                "cost.c_weights), so "
                 "every plan would take 0 s and none could be told from another; set at least one"
             )
 

@@ -37,7 +37,9 @@ class SimResult:
     but the plan is not (a cost model that prices migration alone, and a plan that moves
     experts where keeping them would cost nothing).
     * ``attention``, ``expert``, ``all_to_all``, ``replication``, ``migration``: the parts of
-      ``step_time`` on the slowest group (they add up to it).
+      ``step_time`` on the slowest group; ``hidden``: the seconds of that all-to-all hidden
+      behind compute (0 unless ``cost.overlap`` is ``"dispatch_combine"``). The parts minus
+      ``hidden`` add up to ``step_time``.
     * ``group_times``: float64 ``[G]``.
     * ``imbalance``: float64 ``[G, M, L]``: max over EP ranks / mean over EP ranks of expert
       tokens per (group, micro, layer); ``mean_imbalance`` its average.
@@ -65,6 +67,7 @@ class SimResult:
     group_times: np.ndarray = field(repr=False)
     imbalance: np.ndarray = field(repr=False)
     mean_imbalance: float = 0.0
+    hidden: float = 0.0
     intra_node_bytes: float = 0.0
     cross_node_bytes: float = 0.0
     cross_node_bytes_per_token: float = 0.0
@@ -102,7 +105,7 @@ class SimResult:
         out = {k: getattr(self, k) for k in (
             "step_time", "ideal_time", "lower_bound_time", "throughput", "ideal_throughput",
             "attention", "expert", "all_to_all", "replication", "migration", "critical_group",
-            "mean_imbalance", "intra_node_bytes", "cross_node_bytes", "cross_node_bytes_per_token")}
+            "mean_imbalance", "intra_node_bytes", "cross_node_bytes", "cross_node_bytes_per_token", "hidden")}
         out["fraction_of_ideal"] = self.fraction_of_ideal
         out["fraction_of_balanced"] = self.fraction_of_balanced
         out["fraction_of_bound"] = self.fraction_of_bound

@@ -49,14 +49,26 @@
 //!    traffic of s's rank (rank level only, θ = 1, the fastest link), plus the expert term of
 //!    2 with Σ_m U ≥ u(s, l) + (M_lb − 1)·u_min(l).
 //!
-//! The bound is the largest of these over a grid of μ, ν, θ ∈ {0, ¼, ½, ¾, 1}. μ = ν = 0 is
+//! 7. **The cost model's options.** The passes (`CostModel::compute_passes` = P,
+//!    `CostModel::comm_passes` = K) stand for 3 and 2 above; a (μ, ν) whose attention
+//!    coefficient P − μ − 2ν is negative is skipped. The roofline floor adds
+//!    `(c_weights − c_tok·t)⁺ ≥ 0` per active expert to X_p, so every bound on the linear
+//!    X_p bounds it. Under `Overlap::DispatchCombine` an exchange costs
+//!    `max(C, A) + (F − α)⁺ + (B − 2α)⁺` (C = P·α + P·max_p X_p, A the all-to-all), and
+//!    `max(C, A) ≥ λ·C + (1 − λ)·A` for λ ∈ [0, 1]: the derivation above goes through with the
+//!    compute terms scaled by λ and the traffic prices by 1 − λ, the attention coefficient
+//!    becoming λ·P − μ − 2ν. Without overlap λ·C + A (λ = 1, traffic ×1) is the exact sum.
+//!    `tests/bound_props.rs` draws all three options.
+//!
+//! The bound is the largest of these over a grid of μ, ν, θ ∈ {0, ¼, ½, ¾, 1} (and λ in the
+//! same grid under overlap). μ = ν = 0 is
 //! "attention + expert work at the mean, no traffic" (replicas hidden behind attention could
 //! in principle remove every all-to-all); μ = ν = 1 charges every replica its full link time
 //! and drops attention. Without a cap the weakest one is used (cap = Σ n: M_lb = 1).
 
 use rayon::prelude::*;
 
-use crate::cost::{CostModel, COMM_PASSES, COMPUTE_PASSES};
+use crate::cost::{CostModel, Overlap};
 use crate::error::{invalid, Result};
 use crate::topology::Topology;
 use crate::window::WindowView;
@@ -99,6 +111,7 @@ struct LayerSums {
 }
 
 /// Link prices of the topology: which links an EP group's traffic can use.
+#[derive(Clone, Copy)]
 struct Prices {
     /// Seconds per routed token that must leave its rank (dispatch + combine, both passes).
     rank: f64,
@@ -113,7 +126,7 @@ struct Prices {
 
 impl Prices {
     fn new(topo: &Topology, cost: &CostModel) -> Self {
-        let per_token = 2.0 * COMM_PASSES * cost.token_bytes;
+        let per_token = 2.0 * cost.comm_passes() * cost.token_bytes;
         let (bw, extra) = if topo.nodes_per_group() == 1 {
             (cost.bw_intra, 0.0)
         } else if topo.ranks_per_group_node() == 1 {
@@ -272,39 +285,58 @@ impl Bound<'_> {
         let (w, topo, cost, prices, micro, cap) = (self.w, self.topo, self.cost, &self.prices, self.micro, self.cap);
         let (dp, ep, groups) = (topo.dp as f64, topo.ep as f64, topo.num_groups() as f64);
         let rpn = topo.ranks_per_group_node() as f64;
-        // expert work at the mean (2), the same for every multiplier
+        let passes = cost.compute_passes();
+        // expert work at the mean (2), the same for every multiplier but λ
         let expert: f64 = sums
             .iter()
             .map(|s| {
                 let active = (micro * s.min_experts as f64).max(s.used_experts as f64 / groups);
-                COMPUTE_PASSES * (cost.c_tok * s.tokens / dp + cost.c_exp * active / ep)
+                passes * (cost.c_tok * s.tokens / dp + cost.c_exp * active / ep)
             })
             .sum();
+        // (λ on compute, 1 − λ on traffic) under overlap (part 7); both 1 without
+        let mixes: Vec<(f64, f64)> = match cost.overlap {
+            Overlap::None => vec![(1.0, 1.0)],
+            Overlap::DispatchCombine => GRID.iter().map(|&l| (l, 1.0 - l)).collect(),
+        };
         let grid: &[f64] = if free_only { &GRID[..1] } else { &GRID };
         let mut best: f64 = 0.0;
-        for &mu in grid {
-            for &nu in grid {
-                let attn_coef = COMPUTE_PASSES - mu - 2.0 * nu;
-                let bytes = mu * cost.expert_weight_bytes + nu * cost.expert_grad_bytes;
-                let replica = bytes * prices.replica_rank;
-                let attention: f64 = sums.iter().map(|s| attn_coef * s.attention / dp).sum();
-                for &theta in &GRID {
-                    let node_replica = bytes * prices.replica_node + (1.0 - theta) * replica;
-                    let comm: f64 = sums
-                        .iter()
-                        .map(|s| {
-                            traffic(prices.rank, theta * replica, cap, s, s.top_rank)
-                                + traffic(prices.node, node_replica, rpn * cap, s, s.top_node)
-                        })
-                        .sum::<f64>()
-                        / dp;
-                    best = best.max(attention + comm + expert);
+        for &(cf, kf) in &mixes {
+            let mix = Mix { compute: cf, prices: Prices { rank: kf * prices.rank, node: kf * prices.node, ..*prices } };
+            for &mu in grid {
+                for &nu in grid {
+                    let attn_coef = cf * passes - mu - 2.0 * nu;
+                    if attn_coef < 0.0 {
+                        continue;
+                    }
+                    let bytes = mu * cost.expert_weight_bytes + nu * cost.expert_grad_bytes;
+                    let replica = bytes * prices.replica_rank;
+                    let attention: f64 = sums.iter().map(|s| attn_coef * s.attention / dp).sum();
+                    let p = &mix.prices;
+                    for &theta in &GRID {
+                        let node_replica = bytes * p.replica_node + (1.0 - theta) * replica;
+                        let comm: f64 = sums
+                            .iter()
+                            .map(|s| {
+                                traffic(p.rank, theta * replica, cap, s, s.top_rank)
+                                    + traffic(p.node, node_replica, rpn * cap, s, s.top_node)
+                            })
+                            .sum::<f64>()
+                            / dp;
+                        best = best.max(attention + comm + cf * expert);
+                    }
+                    best = best.max(single_sample(w, cost, topo, per, sums, &mix, micro, cap, attn_coef, replica));
                 }
-                best = best.max(single_sample(w, cost, topo, per, sums, prices, micro, cap, attn_coef, replica));
             }
         }
         best
     }
+}
+
+/// One λ of part 7: the factor on the compute terms and the link prices scaled for traffic.
+struct Mix {
+    compute: f64,
+    prices: Prices,
 }
 
 /// Part 6 of the derivation: the largest over samples of what the group holding it must pay.
@@ -315,13 +347,14 @@ fn single_sample(
     topo: &Topology,
     per: &[Vec<SampleLayer>],
     sums: &[LayerSums],
-    prices: &Prices,
+    mix: &Mix,
     micro: f64,
     cap: f64,
     attn_coef: f64,
     replica: f64,
 ) -> f64 {
     let (l_n, ep) = (w.num_layers, topo.ep as f64);
+    let (prices, expert_coef) = (&mix.prices, mix.compute * cost.compute_passes());
     let rates: Vec<f64> = sums
         .iter()
         .map(|s| {
@@ -340,7 +373,7 @@ fn single_sample(
                     let active = p.experts as f64 + (micro - 1.0) * sums[l].min_experts as f64;
                     attn_coef * cost.attention(l, n)
                         + rates[l] * (p.tokens - p.top_rank).max(0.0)
-                        + COMPUTE_PASSES * (cost.c_tok * p.tokens + cost.c_exp * active) / ep
+                        + expert_coef * (cost.c_tok * p.tokens + cost.c_exp * active) / ep
                 })
                 .sum::<f64>()
         })

@@ -5,7 +5,8 @@
 //! * tokens of logical expert e from EP-local rank r, routed by [`crate::flow::route_expert`]
 //!   to replica copies, then to placement slots (each slot's load that of an even split, fed
 //!   from its own rank, then its node, then the other nodes);
-//! * expert work of EP rank p: `X = c_tok·tokens(p) + c_exp·active_experts(p)`
+//! * expert work of EP rank p: `X = Σ_{e active on p} c_exp + max(c_tok·t(p, e), c_weights)`,
+//!   which is `c_tok·tokens(p) + c_exp·active_experts(p)` for the linear model (`c_weights = 0`)
 //!   (active = distinct logical experts with tokens on p);
 //! * all-to-all: per rank, max(sent, received) routed tokens × token_bytes over each link
 //!   (intra-/inter-node); the slowest rank sets the time; dispatch + combine;
@@ -13,7 +14,10 @@
 //!   first, then ascending rank) of the weights in forward and a chain reduce of fp32
 //!   gradients in backward; per rank max(sent, received) per link; what exceeds that layer's
 //!   attention (forward: 1×, backward: 2×) is exposed;
-//! * `T = 3·max_d A + 2·2·a2a + 3·max_p X + exposed replication`.
+//! * `T = 3·max_d A + 2·2·a2a + 3·max_p X + exposed replication` for the default step (its
+//!   passes' multipliers `CostModel::compute_passes`, `CostModel::comm_passes` in place of 3
+//!   and 2); under `Overlap::DispatchCombine` the all-to-all hides behind the compute:
+//!   `T = max(3·max_d A + 3·max_p X, 2·2·a2a) + exposed replication`.
 //!
 //! Alongside the time it counts the routed-token bytes of every exchange's all-to-all (the
 //! ones its `a2a` term prices), split by link: `intra_node_bytes` and `cross_node_bytes`.
@@ -27,7 +31,7 @@
 use rayon::prelude::*;
 
 use crate::cost::links::LinkBytes;
-use crate::cost::{CostModel, COMM_PASSES, COMPUTE_PASSES};
+use crate::cost::CostModel;
 use crate::error::Result;
 use crate::flow::{route_expert, Dest};
 use crate::bound::lower_bound_time;
@@ -61,8 +65,11 @@ pub struct SimReport {
     /// Seconds of expert compute in the slowest group, all passes (the busiest EP rank of
     /// each exchange).
     pub expert: f64,
-    /// Seconds of dispatch + combine all-to-all in the slowest group, all passes.
+    /// Seconds of dispatch + combine all-to-all in the slowest group, all passes, hidden or not.
     pub all_to_all: f64,
+    /// Seconds of that all-to-all hidden behind computation (0 without overlap): the parts
+    /// add up to `step_time` with this one subtracted.
+    pub hidden: f64,
     /// Seconds of intra-batch replication in the slowest group that attention does not hide.
     pub replication: f64,
     /// Seconds of exposed migration ([`migration_time`]); every group moves its experts at
@@ -103,15 +110,36 @@ pub struct LayerCost {
     /// Seconds of replica broadcast and gradient reduction not hidden behind attention
     /// (`CostModel::exposed_replication`); 0 without replicas.
     pub replication: f64,
+    /// Seconds of the all-to-all hidden behind attention and expert work
+    /// (`CostModel::hidden_communication`); 0 without overlap.
+    pub hidden: f64,
     /// Max / mean over EP ranks of the expert tokens they compute (1.0 when there are none);
     /// a figure of balance, not a time, so not part of [`LayerCost::total`].
     pub imbalance: f64,
 }
 
 impl LayerCost {
-    /// Seconds of the exchange, T: attention + all-to-all + expert + replication.
+    /// The exchange's cost from its one-pass maxima: the slowest rank's attention
+    /// `attn_max` and expert time `x_max`, the all-to-all `all_to_all` (all passes) and the
+    /// exposed `replication`. The one place the parts are put together (the simulator and
+    /// replication's incremental state both call it).
+    pub fn new(cost: &CostModel, attn_max: f64, x_max: f64, all_to_all: f64, replication: f64, imbalance: f64) -> Self {
+        let passes = cost.compute_passes();
+        let (attention, expert) = (passes * attn_max, passes * x_max);
+        let hidden = cost.hidden_communication(attention + expert, all_to_all);
+        LayerCost { attention, all_to_all, expert, replication, hidden, imbalance }
+    }
+
+    /// Seconds of the exchange, T: attention + all-to-all + expert + replication − hidden.
+    /// With something hidden that is `max(attention + expert, all_to_all) + replication`,
+    /// computed as the max so that T never falls when a part grows (rounding included: the
+    /// planners' bounds on T rely on it); without, the plain sum, bit for bit as before overlap.
     pub fn total(&self) -> f64 {
-        self.attention + self.all_to_all + self.expert + self.replication
+        if self.hidden > 0.0 {
+            (self.attention + self.expert).max(self.all_to_all) + self.replication
+        } else {
+            self.attention + self.all_to_all + self.expert + self.replication
+        }
     }
 }
 
@@ -122,6 +150,9 @@ struct Scratch {
     tokens: Vec<i64>,   // [ep] tokens per destination rank
     stamp: Vec<u32>,    // [ep * E] last (expert, rank) activation stamp
     active: Vec<u32>,   // [ep]
+    extra: Vec<f64>,    // [ep] roofline extra of the rank's active experts
+    etok: Vec<i64>,     // [ep] tokens of the expert being routed, per rank
+    touched: Vec<usize>, // ranks with tokens of the expert being routed
     a2a: Vec<LinkBytes>,
     repl_fwd: Vec<LinkBytes>,
     repl_bwd: Vec<LinkBytes>,
@@ -137,6 +168,9 @@ impl Scratch {
             tokens: vec![0; ep],
             stamp: vec![0; ep * e],
             active: vec![0; ep],
+            extra: vec![0.0; ep],
+            etok: vec![0; ep],
+            touched: Vec::with_capacity(ep),
             a2a: vec![LinkBytes::default(); ep],
             repl_fwd: vec![LinkBytes::default(); ep],
             repl_bwd: vec![LinkBytes::default(); ep],
@@ -207,6 +241,8 @@ fn price_exchange(
     let ep = topo.ep;
     sc.tokens.iter_mut().for_each(|x| *x = 0);
     sc.active.iter_mut().for_each(|x| *x = 0);
+    sc.extra.iter_mut().for_each(|x| *x = 0.0);
+    let roofline = cost.roofline();
     sc.a2a.iter_mut().for_each(|x| *x = LinkBytes::default());
     sc.clock = sc.clock.wrapping_add(1);
     if sc.clock == 0 {
@@ -224,21 +260,38 @@ fn price_exchange(
             continue;
         }
         let (tokens, active, stamp, a2a) = (&mut sc.tokens, &mut sc.active, &mut sc.stamp, &mut sc.a2a);
+        let (etok, touched) = (&mut sc.etok, &mut sc.touched);
         route_expert(&sc.column, &slots[slot_off[e]..slot_off[e + 1]], &sc.rep_args, topo, &mut sc.rem, |o, p, _d: Dest, n| {
             tokens[p] += n;
             if stamp[p * e_n + e] != clock {
                 stamp[p * e_n + e] = clock;
                 active[p] += 1;
+                touched.push(p);
             }
+            etok[p] += n;
             if o != p {
                 let same = topo.local_node_of(o) == topo.local_node_of(p);
                 LinkBytes::add(a2a, o, p, n as f64 * cost.token_bytes, same);
             }
         });
+        for &p in &sc.touched {
+            if roofline {
+                sc.extra[p] += cost.weights_bound_extra(sc.etok[p] as f64);
+            }
+            sc.etok[p] = 0;
+        }
+        sc.touched.clear();
     }
-    let x_max = (0..ep)
-        .map(|p| cost.expert_time(sc.tokens[p] as f64, sc.active[p] as f64))
-        .fold(0.0, f64::max);
+    // the linear model's bits stay as they were: the extra is added only with a floor
+    let x_of = |p: usize| {
+        let x = cost.expert_time(sc.tokens[p] as f64, sc.active[p] as f64);
+        if roofline {
+            x + sc.extra[p]
+        } else {
+            x
+        }
+    };
+    let x_max = (0..ep).map(x_of).fold(0.0, f64::max);
     let total: i64 = sc.tokens.iter().sum();
     let imbalance = if total > 0 {
         *sc.tokens.iter().max().unwrap() as f64 * ep as f64 / total as f64
@@ -277,13 +330,7 @@ fn price_exchange(
         let bwd = LinkBytes::time(&sc.repl_bwd, cost);
         replication = cost.exposed_replication(fwd, bwd, attn_max);
     }
-    LayerCost {
-        attention: COMPUTE_PASSES * attn_max,
-        all_to_all: a2a,
-        expert: COMPUTE_PASSES * x_max,
-        replication,
-        imbalance,
-    }
+    LayerCost::new(cost, attn_max, x_max, a2a, replication, imbalance)
 }
 
 /// Seconds of exposed migration: per EP rank, max(sent, received) bytes over each link.
@@ -307,12 +354,12 @@ pub fn ideal_time(w: &WindowView, topo: &Topology, cost: &CostModel, ideal_micro
     let mut total = 0.0;
     for l in 0..w.num_layers {
         let tt: f64 = (0..w.num_samples).map(|s| w.tokens(s, l).iter().map(|&x| x as f64).sum::<f64>()).sum();
-        let attn = COMPUTE_PASSES * cost.attention_of_sums(l, lin, quad) / dp;
-        let expert = COMPUTE_PASSES
-            * (cost.c_tok * tt / dp + cost.c_exp * ideal_micro as f64 * w.num_experts as f64 / ep);
+        let passes = cost.compute_passes();
+        let attn = passes * cost.attention_of_sums(l, lin, quad) / dp;
+        let expert = passes * (cost.c_tok * tt / dp + cost.c_exp * ideal_micro as f64 * w.num_experts as f64 / ep);
         let per_rank_bytes = tt / dp * cost.token_bytes;
-        let a2a = 2.0 * COMM_PASSES * per_rank_bytes * cost.uniform_seconds_per_byte(topo);
-        total += attn + expert + a2a;
+        let a2a = 2.0 * cost.comm_passes() * per_rank_bytes * cost.uniform_seconds_per_byte(topo);
+        total += attn + expert + a2a - cost.hidden_communication(attn + expert, a2a);
     }
     total
 }
@@ -394,6 +441,7 @@ pub fn simulate_with_cap(
             parts.all_to_all += lc.all_to_all;
             parts.expert += lc.expert;
             parts.replication += lc.replication;
+            parts.hidden += lc.hidden;
         }
     }
     let migration = migration_time(plan, topo, cost);
@@ -410,6 +458,7 @@ pub fn simulate_with_cap(
         attention: parts.attention,
         expert: parts.expert,
         all_to_all: parts.all_to_all,
+        hidden: parts.hidden,
         replication: parts.replication,
         migration,
         critical_group: critical,

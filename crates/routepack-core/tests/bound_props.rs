@@ -10,7 +10,7 @@ use common::{random_layout, random_phy2log, random_replicas, topologies, window,
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use routepack_core::bound::{lower_bound_micro, lower_bound_time};
-use routepack_core::cost::CostModel;
+use routepack_core::cost::{CostModel, Overlap, Pass, DEFAULT_PASSES};
 use routepack_core::migration::diff;
 use routepack_core::packing::kk::verl_kk;
 use routepack_core::packing::routepack::{routepack_packing, Options as PackingOptions};
@@ -43,7 +43,30 @@ fn random_cost(mix: &mut Mix, layers: usize) -> CostModel {
     let a_quad = (0..layers).map(|_| scale(1e-14, 1e-9)).collect();
     let bw_intra = 1e8 * 1e4f64.powf(mix.unit());
     let bw_inter = 1e8 * 1e4f64.powf(mix.unit());
-    CostModel { a_lin, a_quad, c_tok, c_exp, token_bytes, bw_intra, bw_inter, expert_weight_bytes, expert_grad_bytes, expert_state_bytes }
+    // the options (each drawn on its own): a weights-bound floor up to 10⁴ tokens' worth,
+    // dispatch/combine overlap, and RL's extra forward pass or a forward-only step
+    let c_weights = if mix.unit() < 0.4 { c_tok * 1e4f64.powf(mix.unit()) } else { 0.0 };
+    let overlap = if mix.unit() < 0.4 { Overlap::DispatchCombine } else { Overlap::None };
+    let passes = match mix.below(4) {
+        0 => vec![Pass::Forward, Pass::Forward, Pass::Backward],
+        1 => vec![Pass::Forward],
+        _ => DEFAULT_PASSES.to_vec(),
+    };
+    CostModel {
+        a_lin,
+        a_quad,
+        c_tok,
+        c_exp,
+        token_bytes,
+        bw_intra,
+        bw_inter,
+        expert_weight_bytes,
+        expert_grad_bytes,
+        expert_state_bytes,
+        c_weights,
+        overlap,
+        passes,
+    }
 }
 
 /// A window whose samples lean on a few experts each (topic-like), so that placement and

@@ -109,7 +109,7 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
               threads: Optional[int] = None, warmup: Optional[int] = None, repeats: Optional[int] = None,
               holdout_every: Optional[int] = None, max_tokens_per_expert: Optional[int] = None,
               max_length: Optional[int] = None, progress: bool = True,
-              links_timeout_s: float = 600.0) -> Calibration:
+              links_timeout_s: float = 600.0, expert_stack: Optional[int] = None) -> Calibration:
     """Measures and fits the cost model on this machine; returns a `Calibration`.
 
     Args:
@@ -129,6 +129,9 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
         ranks: processes of the links measurement; ``threads``: torch CPU threads while
             measuring (restored afterwards; the spawned ranks use one each).
         progress: a tqdm bar on stderr (shown on a terminal).
+        expert_stack: time the expert GEMMs with `routepack.torch.EPMoE`'s own weight indexing
+            into a stack of this many slots (`routepack.measure` does, to predict EPMoE runs);
+            None (default): a grouped GEMM's layout.
 
     The links measurement starts processes with the ``spawn`` method, which re-imports the
     calling script: call `calibrate` from a script under ``if __name__ == "__main__":``.
@@ -171,7 +174,8 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
         with steady_heap(device) as info["steady_heap"]:
             if "expert_gemm" in kinds:
                 bar.set_postfix_str("expert_gemm")
-                measurements["expert_gemm"] = expert_gemm.measure(shape, sweeps, device, tdtype, tick)
+                stack = None if expert_stack is None else positive_int(expert_stack, "expert_stack")
+                measurements["expert_gemm"] = expert_gemm.measure(shape, sweeps, device, tdtype, tick, stack)
             if "attention" in kinds:
                 bar.set_postfix_str("attention")
                 measurements["attention"] = attention.measure(shape, sweeps, device, tdtype, tick)
@@ -191,7 +195,7 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
     if "links" not in fits:
         skipped.setdefault("links", "not requested")
     preset = CostModel.from_model(shape, hardware)
-    settings = {**asdict(sweeps), "quick": quick, "kernels": kinds, "ranks": ranks,
+    settings = {**asdict(sweeps), "quick": quick, "kernels": kinds, "ranks": ranks, "expert_stack": expert_stack,
                 "bw_inter": "given" if bw_inter is not None else f"preset {hardware.name} (local processes are one node)"}
     report = build(fits=fits, cost=cost, preset=preset, hardware=hardware, sources=sources, device=info,
                    settings=settings, model=asdict(shape), profile=profile if model is None else "custom",
@@ -199,4 +203,27 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
     return Calibration(cost, report, fits)
 
 
-__all__ = ["Calibration", "KERNELS", "Sweeps", "calibrate"]
+def refit(report: Dict[str, Any], hardware: Optional[Hardware] = None) -> Calibration:
+    """A `Calibration` fitted anew from the measurements a report holds (its ``kernels``'
+    sweeps and measured times), without measuring: what a change of the fitted model (say the
+    roofline expert curve) gives on a machine measured before. ``hardware``: the preset for
+    what was not measured (default `Hardware.h200`); ``bw_inter`` is the report's cost model's."""
+    from routepack._core import __version__
+
+    if not isinstance(report, dict) or not isinstance(report.get("kernels"), dict) or "model" not in report:
+        raise RoutepackError("report: expected a calibration report (a dict with 'model' and 'kernels')")
+    shape = ModelShape(**report["model"])
+    hardware = instance_of(hardware, Hardware, "hardware") if hardware is not None else Hardware.h200()
+    every = positive_int(report.get("settings", {}).get("holdout_every", 3), "report.settings.holdout_every", minimum=2)
+    fits = {kind: FITS[kind](m, every, shape) for kind, m in report["kernels"].items() if kind in FITS}
+    bw_inter = report.get("cost_model", {}).get("bw_inter")
+    cost, sources = to_cost_model(shape, fits, hardware, bw_inter)
+    preset = CostModel.from_model(shape, hardware)
+    out = build(fits=fits, cost=cost, preset=preset, hardware=hardware, sources=sources,
+                device=report.get("device", {}), settings={**report.get("settings", {}), "refit": True},
+                model=asdict(shape), profile=report.get("profile", "custom"), skipped=report.get("skipped", {}),
+                elapsed_s=float(report.get("elapsed_s", 0.0)), version=__version__)
+    return Calibration(cost, out, fits)
+
+
+__all__ = ["Calibration", "KERNELS", "Sweeps", "calibrate", "refit"]

@@ -10,7 +10,9 @@ difference: the stacked weights are split with ``unbind`` (whose backward stacks
 experts' gradients once) where EPMoE indexes ``w1[u]`` per expert (whose backward builds a
 zero gradient of the whole stack per expert, so its backward grows as active experts ×
 slots: 1.38 s against 0.19 s for 8 experts of the tiny profile with 2 tokens each on one CPU
-core); a grouped-GEMM kernel, which calibration stands for, does the former. The
+core); a grouped-GEMM kernel, which calibration stands for, does the former. ``stack`` (the
+measured run, `routepack.measure`, uses it) times EPMoE's own indexing instead, into a stack
+of that many slots, so that a run of EPMoE is predicted by the kernel it runs. The
 weights, the tokens and the gradient flowing back all require grad, as in training, and
 the weight tensors have one entry per *active* expert, so a point's fixed cost is per
 active expert (what ``c_exp`` prices).
@@ -18,7 +20,7 @@ active expert (what ``c_exp`` prices).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -27,20 +29,23 @@ from routepack.calibrate.timing import clock, require_torch, run_rounds, synchro
 from routepack.model import ModelShape
 
 
-def _experts(recv: Any, perm: Any, inverse: Any, counts: List[int], w1: Any, w2: Any) -> Any:
+def _experts(recv: Any, perm: Any, inverse: Any, counts: List[int], w1: Any, w2: Any, index: bool = False) -> Any:
     """``EPMoE._experts`` with the permutation precomputed: sort by expert, one SwiGLU per
-    expert, back to arrival order."""
+    expert, back to arrival order (``index``: the experts' weights as ``w1[u]``, EPMoE's way)."""
     torch = require_torch()
     from routepack.torch.moe import swiglu
 
     chunks = torch.split(recv.index_select(0, perm), counts)
-    w1s, w2s = w1.unbind(0), w2.unbind(0)
+    if index:
+        w1s, w2s = [w1[u] for u in range(len(counts))], [w2[u] for u in range(len(counts))]
+    else:
+        w1s, w2s = w1.unbind(0), w2.unbind(0)
     out = torch.cat([swiglu(chunk, a, b) for chunk, a, b in zip(chunks, w1s, w2s)])
     return out.index_select(0, inverse)
 
 
 def _step(x: Any, grad_out: Any, w1: Any, w2: Any, active: int, per_expert: int, rng: Any, device: Any,
-          sync: Callable[[], None], now: Callable[[], float]) -> Callable[[], Tuple[float, float]]:
+          sync: Callable[[], None], now: Callable[[], float], index: bool = False) -> Callable[[], Tuple[float, float]]:
     """One point's timed call: ``active`` experts, ``per_expert`` tokens each, arriving
     shuffled. Inputs are views of the shared buffers, fresh leaves on every call."""
     torch = require_torch()
@@ -55,7 +60,7 @@ def _step(x: Any, grad_out: Any, w1: Any, w2: Any, active: int, per_expert: int,
         recv = x[:n].detach().requires_grad_()
         sync()
         t0 = now()
-        out = _experts(recv, perm, inverse, counts, w1, w2)
+        out = _experts(recv, perm, inverse, counts, w1, w2, index)
         sync()
         t1 = now()
         out.backward(grad_out[:n])
@@ -68,9 +73,11 @@ def _step(x: Any, grad_out: Any, w1: Any, w2: Any, active: int, per_expert: int,
 
 
 def measure(model: ModelShape, sweeps: Sweeps, device: Any, dtype: Any,
-            tick: Callable[[], None] = lambda: None) -> Dict[str, Any]:
+            tick: Callable[[], None] = lambda: None, stack: Optional[int] = None) -> Dict[str, Any]:
     """Median forward + backward (and forward-only) seconds at every (active experts, tokens
-    per expert) point of ``sweeps.expert_grid()``, measured in interleaved rounds."""
+    per expert) point of ``sweeps.expert_grid()``, measured in interleaved rounds. ``stack``:
+    index the weights as EPMoE does, out of a stack of ``max(stack, active)`` slots (None:
+    one weight tensor per active expert, split with ``unbind``)."""
     torch = require_torch()
     sync = synchronizer(device)
     _, now = clock(device)
@@ -81,10 +88,11 @@ def measure(model: ModelShape, sweeps: Sweeps, device: Any, dtype: Any,
     most = max(a * t for a, t in grid)
     x = torch.randn(most, h, generator=gen).to(device, dtype)
     grad_out = torch.randn(most, h, generator=gen).to(device, dtype)
-    weights = {a: ((torch.randn(a, h, 2 * i, generator=gen) * h ** -0.5).to(device, dtype).requires_grad_(),
-                   (torch.randn(a, i, h, generator=gen) * i ** -0.5).to(device, dtype).requires_grad_())
+    size = {a: a if stack is None else max(stack, a) for a, _ in grid}
+    weights = {a: ((torch.randn(size[a], h, 2 * i, generator=gen) * h ** -0.5).to(device, dtype).requires_grad_(),
+                   (torch.randn(size[a], i, h, generator=gen) * i ** -0.5).to(device, dtype).requires_grad_())
                for a in sorted({a for a, _ in grid})}
-    steps = [_step(x, grad_out, *weights[a], a, t, rng, device, sync, now) for a, t in grid]
+    steps = [_step(x, grad_out, *weights[a], a, t, rng, device, sync, now, stack is not None) for a, t in grid]
     got = run_rounds(steps, sweeps.warmup, sweeps.repeats, tick, seed=0)
     return {"sweep": [{"active_experts": a, "tokens_per_expert": t, "tokens": a * t} for a, t in grid],
             "measured_s": [g[0] for g in got], "forward_s": [g[1] for g in got]}

@@ -16,9 +16,9 @@ ignore the small points). Every ``holdout_every``-th point is left out of the fi
 measures how well the model interpolates, not how well it memorises.
 
 Compute times are measured as training runs them, forward and backward; the cost model
-prices a pass as ``expert_time`` / ``attention_of_sums`` and counts ``COMPUTE_PASSES`` = 3
-of them (docs/design.md, "Passes"), so the predicted time of a point is 3 × the per-pass
-formula.
+prices a pass as ``expert_time`` (+ the roofline floor) / ``attention_of_sums`` and counts
+``COMPUTE_PASSES`` = 3 of them for the default ``passes`` (forward + backward; docs/design.md,
+"Passes"), so the predicted time of a point is 3 × the per-pass formula.
 """
 
 from __future__ import annotations
@@ -141,16 +141,41 @@ def _linear_fit(kind: str, measurement: Mapping[str, Any], holdout_every: int, n
     return dict(zip(names, map(float, coef))), features @ coef, held
 
 
+def _knees(tokens: np.ndarray) -> np.ndarray:
+    """Candidate roofline knees (tokens per expert): 1 (no floor inside the sweep) and a
+    geometric grid of 8 points per doubling up to the largest swept count."""
+    hi = float(tokens.max()) if tokens.size else 1.0
+    return np.unique(np.concatenate([[1.0], np.geomspace(1.0, max(hi, 1.0), 1 + int(8 * np.log2(max(hi, 2.0))))]))
+
+
 def fit_expert_gemm(measurement: Mapping[str, Any], holdout_every: int, model: ModelShape) -> KernelFit:
-    """Forward + backward of ``active`` experts with ``tokens_per_expert`` tokens each:
-    3·(c_tok·tokens + c_exp·active), the cost model's `expert_time` over three passes."""
+    """Forward + backward of ``active`` experts with ``tokens_per_expert`` t tokens each:
+    3·active·(c_exp + max(c_tok·t, c_weights)), the cost model's roofline expert term over
+    three passes. The knee ``c_weights / c_tok`` is searched on a grid (`_knees`); for each
+    knee the rest is linear in (c_tok, c_exp) and fitted by `nnls_relative`; the knee with
+    the least squared relative error on the fitted points wins (knee 1: the linear model)."""
     sweep, measured = _points(measurement, "expert_gemm")
-    tokens = np.array([p["tokens"] for p in sweep], dtype=np.float64)
+    if all("tokens_per_expert" in p for p in sweep):
+        per = np.array([p["tokens_per_expert"] for p in sweep], dtype=np.float64)
+    else:  # an older measurement: tokens / active
+        per = np.array([p["tokens"] / p["active_experts"] for p in sweep], dtype=np.float64)
     active = np.array([p["active_experts"] for p in sweep], dtype=np.float64)
-    coef, pred, held = _linear_fit("expert_gemm", measurement, holdout_every, ("c_tok", "c_exp"),
-                                   COMPUTE_PASSES * np.stack([tokens, active], axis=1))
-    return KernelFit("expert_gemm", "3·(c_tok·tokens + c_exp·active_experts)", sweep, measured.tolist(),
-                     pred.tolist(), held.tolist(), coef, {"c_tok": coef["c_tok"], "c_exp": coef["c_exp"]},
+    best: Optional[Tuple[float, float, Dict[str, float], np.ndarray, np.ndarray]] = None
+    for knee in _knees(per):
+        features = COMPUTE_PASSES * np.stack([active * np.maximum(per, knee), active], axis=1)
+        coef, pred, held = _linear_fit("expert_gemm", measurement, holdout_every, ("c_tok", "c_exp"), features)
+        err = float(np.sum(((pred - measured) / measured)[~held] ** 2))
+        if best is None or err < best[0] - 1e-12:
+            best = (err, float(knee), coef, pred, held)
+    assert best is not None
+    _, knee, coef, pred, held = best
+    c_weights = coef["c_tok"] * knee if knee > per.min() else 0.0
+    coef = {**coef, "c_weights": c_weights, "knee_tokens_per_expert": knee}
+    notes = [f"roofline knee at {knee:.3g} tokens per expert (c_weights = c_tok * knee; "
+             f"{'the linear model: no floor inside the sweep' if c_weights == 0 else 'weights-bound below it'})"]
+    return KernelFit("expert_gemm", "3·active_experts·(c_exp + max(c_tok·tokens_per_expert, c_weights))", sweep,
+                     measured.tolist(), pred.tolist(), held.tolist(), coef,
+                     {"c_tok": coef["c_tok"], "c_exp": coef["c_exp"], "c_weights": c_weights}, notes,
                      extra=_forward(measurement))
 
 

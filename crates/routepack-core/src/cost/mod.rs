@@ -4,11 +4,17 @@
 use crate::error::{invalid, Result};
 
 pub(crate) mod links;
+mod step;
 mod terms;
 
-/// Forward + backward multiplier on compute terms (backward costs about twice the forward).
+pub use step::{Overlap, Pass, DEFAULT_PASSES};
+
+/// Compute multiplier of the default step ([`DEFAULT_PASSES`]: forward + backward, the
+/// backward costing about twice the forward); a cost model's own is
+/// [`CostModel::compute_passes`].
 pub const COMPUTE_PASSES: f64 = 3.0;
-/// Forward + backward multiplier on communication terms.
+/// Communication multiplier of the default step; a cost model's own is
+/// [`CostModel::comm_passes`].
 pub const COMM_PASSES: f64 = 2.0;
 
 /// All times in seconds, sizes in bytes, bandwidths in bytes per second.
@@ -36,6 +42,16 @@ pub struct CostModel {
     /// Everything migration moves per expert: weights plus optimizer state
     /// (fp32 master weights and Adam's two moments).
     pub expert_state_bytes: f64,
+    /// Seconds one active expert's GEMM takes at least, one pass: the time to stream its
+    /// weights, below which a small grouped GEMM cannot go however few tokens it has. The
+    /// expert's time is `c_exp + max(c_tok · tokens, c_weights)` (a roofline whose knee is
+    /// at `c_weights / c_tok` tokens); 0, the default, is the linear model.
+    pub c_weights: f64,
+    /// Whether a layer's all-to-all overlaps its computation ([`Overlap::None`] by default).
+    pub overlap: Overlap,
+    /// The passes of one step ([`DEFAULT_PASSES`] by default; RL adds the recompute's
+    /// forward: `[Forward, Forward, Backward]`). Never empty.
+    pub passes: Vec<Pass>,
 }
 
 impl CostModel {
@@ -57,6 +73,7 @@ impl CostModel {
             ("cost.expert_weight_bytes", self.expert_weight_bytes),
             ("cost.expert_grad_bytes", self.expert_grad_bytes),
             ("cost.expert_state_bytes", self.expert_state_bytes),
+            ("cost.c_weights", self.c_weights),
         ];
         for (name, v) in scalars {
             if !v.is_finite() || v < 0.0 {
@@ -68,6 +85,9 @@ impl CostModel {
                 return Err(invalid(name, format!("must be finite and > 0, got {v}")));
             }
         }
+        if self.passes.is_empty() {
+            return Err(invalid("cost.passes", "must name at least one pass, got none"));
+        }
         if let Some((l, v)) = self.a_quad.iter().enumerate().find(|(_, v)| !v.is_finite() || **v < 0.0) {
             return Err(invalid("cost.a_quad", format!("layer {l} has {v}; must be finite and >= 0")));
         }
@@ -78,6 +98,20 @@ impl CostModel {
     #[inline]
     pub fn attention(&self, l: usize, n: f64) -> f64 {
         self.a_lin * n + self.a_quad[l] * n * n
+    }
+
+    /// Compute multiplier of the step: Σ over its passes of [`Pass::compute`] (3 for the
+    /// default forward + backward).
+    #[inline]
+    pub fn compute_passes(&self) -> f64 {
+        self.passes.iter().map(|p| p.compute()).sum()
+    }
+
+    /// Communication multiplier of the step: dispatch + combine rounds, one per pass (2 for
+    /// the default).
+    #[inline]
+    pub fn comm_passes(&self) -> f64 {
+        self.passes.iter().map(|p| p.communication()).sum()
     }
 
     /// Seconds to move `bytes` between two EP-local ranks (intra- or inter-node).
@@ -99,6 +133,9 @@ impl CostModel {
             expert_weight_bytes: 6e6,
             expert_grad_bytes: 12e6,
             expert_state_bytes: 42e6,
+            c_weights: 0.0,
+            overlap: Overlap::None,
+            passes: DEFAULT_PASSES.to_vec(),
         }
     }
 }

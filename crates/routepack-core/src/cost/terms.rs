@@ -5,14 +5,45 @@
 //! docs together with the test that ties it to `simulate`.
 
 use super::links::LinkBytes;
-use super::{CostModel, COMM_PASSES};
+use super::{CostModel, Overlap};
 use crate::topology::Topology;
 
 impl CostModel {
-    /// Expert work of one EP rank in one pass: `c_tok · tokens + c_exp · active experts`.
+    /// Expert work of one EP rank in one pass, its linear part: `c_tok · tokens + c_exp ·
+    /// active experts`. With `c_weights > 0` each active expert adds
+    /// [`CostModel::weights_bound_extra`] of its own tokens.
     #[inline]
     pub fn expert_time(&self, tokens: f64, active_experts: f64) -> f64 {
         self.c_tok * tokens + self.c_exp * active_experts
+    }
+
+    /// Whether the expert-time curve has a weights-bound floor (`c_weights > 0`); without
+    /// one, [`CostModel::expert_time`] is the whole expert term.
+    #[inline]
+    pub fn roofline(&self) -> bool {
+        self.c_weights > 0.0
+    }
+
+    /// What one active expert with `tokens` (> 0) tokens on a rank costs beyond the linear
+    /// term, one pass: `(c_weights − c_tok · tokens)⁺`, so that the expert's time is
+    /// `c_exp + max(c_tok · tokens, c_weights)`: weights-bound below the knee
+    /// `c_weights / c_tok`, FLOP-bound above it. Never negative, so every bound on the
+    /// linear term bounds the roofline one.
+    #[inline]
+    pub fn weights_bound_extra(&self, tokens: f64) -> f64 {
+        (self.c_weights - self.c_tok * tokens).max(0.0)
+    }
+
+    /// Seconds of an exchange's communication that its computation hides, given its
+    /// compute (attention + expert work, all passes) and its all-to-all (all passes):
+    /// 0 without overlap; `min(compute, all_to_all)` under [`Overlap::DispatchCombine`],
+    /// so that `compute + all_to_all − hidden = max(compute, all_to_all)`.
+    #[inline]
+    pub fn hidden_communication(&self, compute: f64, all_to_all: f64) -> f64 {
+        match self.overlap {
+            Overlap::None => 0.0,
+            Overlap::DispatchCombine => compute.min(all_to_all),
+        }
     }
 
     /// All-to-all time of one exchange (EP group, step, layer), given the dispatch bytes each
@@ -27,7 +58,7 @@ impl CostModel {
     /// combine, forward and backward.
     #[inline]
     pub fn all_to_all_of_link_time(&self, link_time: f64) -> f64 {
-        2.0 * COMM_PASSES * link_time
+        2.0 * self.comm_passes() * link_time
     }
 
     /// Bytes an exchange's all-to-all moves in the cost model's count, given the bytes its
@@ -35,7 +66,7 @@ impl CostModel {
     /// same multiplier as [`CostModel::all_to_all_of_link_time`] puts on the time.
     #[inline]
     pub fn all_to_all_bytes(&self, dispatch_bytes: f64) -> f64 {
-        2.0 * COMM_PASSES * dispatch_bytes
+        2.0 * self.comm_passes() * dispatch_bytes
     }
 
     /// Attention/dense work of layer l of a group of samples in one pass, given their

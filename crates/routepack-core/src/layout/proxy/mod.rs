@@ -69,7 +69,7 @@
 //! updated through `kernel`), `attention` (the attention ranking).
 
 use crate::cost::links::LinkBytes;
-use crate::cost::{CostModel, COMPUTE_PASSES};
+use crate::cost::CostModel;
 use crate::cpu::Avx2;
 use crate::error::{bad_plan, invalid, Result};
 use crate::placement::Placement;
@@ -182,8 +182,9 @@ impl Proxy {
         // multiplied in the kernel in f32) and its per-expert part (`hexp`). expert_time(0, 1)
         // is c_exp and expert_time(1, 0) is c_tok exactly, so these are the bits of
         // 3·c_exp·hosted and 3·c_tok.
-        let per_expert = COMPUTE_PASSES * cost.expert_time(0.0, 1.0);
-        let per_token = COMPUTE_PASSES * cost.expert_time(1.0, 0.0);
+        let passes = cost.compute_passes();
+        let per_expert = passes * cost.expert_time(0.0, 1.0);
+        let per_token = passes * cost.expert_time(1.0, 0.0);
         let mut hexp = vec![0f32; shape.hexp_len()];
         for l in 0..l_n {
             let layer = placement.layer(l);
@@ -205,7 +206,7 @@ impl Proxy {
         // quantity summed in another order; see the approximations above).
         let mut kinds: Vec<(f64, f64)> = Vec::new();
         for &q in &cost.a_quad {
-            let q3 = COMPUTE_PASSES * q;
+            let q3 = passes * q;
             match kinds.iter_mut().find(|k| k.0 == q3) {
                 Some(k) => k.1 += 1.0,
                 None => kinds.push((q3, 1.0)),
@@ -249,7 +250,7 @@ impl Proxy {
             hexp,
             hexp_layer: uniform.then_some(hexp_layer),
             kinds,
-            att_lin: COMPUTE_PASSES * cost.a_lin,
+            att_lin: passes * cost.a_lin,
             ct: per_token as f32,
             ki: a2a_per_token(true),
             ke: a2a_per_token(false),

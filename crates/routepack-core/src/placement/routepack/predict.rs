@@ -26,7 +26,7 @@
 //! `simulate` does, and its value must lie within a factor of 1.5 of `simulate`'s expert +
 //! all-to-all time.
 
-use crate::cost::{CostModel, COMM_PASSES, COMPUTE_PASSES};
+use crate::cost::CostModel;
 use crate::topology::Topology;
 
 /// The predicted-time proxy of one layer's phy2log: Σ over exchanges of the largest rank load
@@ -65,7 +65,7 @@ impl<'a> Predictor<'a> {
             (v, c)
         };
         let a2a = cost.token_bytes * cost.uniform_seconds_per_byte(topo);
-        let per_token = COMPUTE_PASSES * cost.c_tok + 2.0 * COMM_PASSES * a2a;
+        let per_token = cost.compute_passes() * cost.c_tok + cost.all_to_all_of_link_time(a2a);
         Self { demand, num_exchanges, per_token, groups: topo.num_groups() as f64, topo }
     }
 

@@ -113,7 +113,8 @@ impl ExchangeState {
                 l[k] += dl[k];
                 h[k] += self.dhops[p][k];
             }
-            let (x, a, hh) = self.values(c, self.tok[p] + dt, self.active[p] + da, &l, &h);
+            let extra = self.extra(c, p, e, self.etok[e * ep + p] + dt);
+            let (x, a, hh) = self.values(c, self.tok[p] + dt, self.active[p] + da, extra, &l, &h);
             x_max = x_max.max(x);
             a_max = a_max.max(a);
             h_max = h_max.max(hh);

@@ -15,11 +15,13 @@
 //! `append` prices the commonest candidate, a new copy of a one-slot expert, sparser still.
 //!
 //! # What it shares with `simulate`, and what it approximates
-//! * Shared, bit for bit: the expert term ([`crate::cost::CostModel::expert_time`]), the all-to-all passes
+//! * Shared, bit for bit: the expert term ([`crate::cost::CostModel::expert_time`], plus
+//!   [`crate::cost::CostModel::weights_bound_extra`] of each active expert, summed in expert
+//!   order as the simulator sums it), the all-to-all passes
 //!   ([`crate::cost::CostModel::all_to_all_of_link_time`]), the exposed replication
 //!   ([`crate::cost::CostModel::exposed_replication`]), the attention it hides behind (the exchange's
 //!   `attn_max`, from `CellGrid::attention_max` like the simulator's) and the sum of the
-//!   parts (`LayerCost::total`).
+//!   parts (`LayerCost::new`, `LayerCost::total`, overlap included).
 //! * Approximated by rounding order only: link times. The simulator adds each flow's bytes
 //!   (`n · token_bytes`, a hop's `expert_weight_bytes`) in f64 and divides the slowest
 //!   rank's per-link max by the bandwidth; this state keeps integer token and hop counts and
@@ -34,7 +36,6 @@
 //! noise, so a planned exchange is never slower on the simulator's scale
 //! (`replication::tests::routepack_never_slower_than_none`).
 
-use crate::cost::COMPUTE_PASSES;
 use crate::flow::route_expert;
 use crate::plan::Replica;
 use crate::simulate::LayerCost;
@@ -202,13 +203,31 @@ impl ExchangeState {
         self.refresh(c);
     }
 
-    /// Rank values from tokens, active experts, links and hops (one formula everywhere, so
-    /// cached and fresh values are bit-identical).
+    /// Rank p's roofline extra (`CostModel::weights_bound_extra` summed over its active
+    /// experts in expert order, as the simulator sums it) with expert e's tokens on p taken as
+    /// `e_tok`; 0 for the linear model. O(E), only with a weights-bound floor.
+    fn extra(&self, c: &Exchange, p: usize, e: usize, e_tok: i64) -> f64 {
+        if !c.cost.roofline() {
+            return 0.0;
+        }
+        let mut x = 0.0;
+        for k in 0..self.e_n {
+            let t = if k == e { e_tok } else { self.etok[k * self.ep + p] };
+            if t > 0 {
+                x += c.cost.weights_bound_extra(t as f64);
+            }
+        }
+        x
+    }
+
+    /// Rank values from tokens, active experts, the roofline extra, links and hops (one
+    /// formula everywhere, so cached and fresh values are bit-identical).
     #[inline]
-    fn values(&self, c: &Exchange, tok: i64, act: i64, l: &Links, h: &Links) -> (f64, f64, f64) {
+    fn values(&self, c: &Exchange, tok: i64, act: i64, extra: f64, l: &Links, h: &Links) -> (f64, f64, f64) {
         let (kt, kh) = (self.k_tok, self.k_hop);
+        let x = c.cost.expert_time(tok as f64, act as f64);
         (
-            c.cost.expert_time(tok as f64, act as f64),
+            if c.cost.roofline() { x + extra } else { x },
             l[0].max(l[1]) as f64 * kt[0] + l[2].max(l[3]) as f64 * kt[1],
             h[0].max(h[1]) as f64 * kh[0] + h[2].max(h[3]) as f64 * kh[1],
         )
@@ -222,7 +241,8 @@ impl ExchangeState {
         av.clear();
         hv.clear();
         for p in 0..ep {
-            let (x, a, h) = self.values(c, self.tok[p], self.active[p], &self.links[p], &self.hops[p]);
+            let extra = self.extra(c, p, usize::MAX, 0); // no expert replaced
+            let (x, a, h) = self.values(c, self.tok[p], self.active[p], extra, &self.links[p], &self.hops[p]);
             xv.push(x);
             av.push(a);
             hv.push(h);
@@ -353,14 +373,7 @@ impl ExchangeState {
         } else {
             0.0
         };
-        LayerCost {
-            attention: COMPUTE_PASSES * c.attn_max,
-            all_to_all: cost.all_to_all_of_link_time(a_max),
-            expert: COMPUTE_PASSES * x_max,
-            replication,
-            imbalance: 0.0,
-        }
-        .total()
+        LayerCost::new(cost, c.attn_max, x_max, cost.all_to_all_of_link_time(a_max), replication, 0.0).total()
     }
 
     /// The exchange's time with expert e's part replaced by `part` and the hops changed by
@@ -394,7 +407,8 @@ impl ExchangeState {
                 l[k] += part.links[p][k] - self.elinks[i][k];
                 h[k] += self.dhops[p][k];
             }
-            let (x, a, hh) = self.values(c, tok, act, &l, &h);
+            let extra = self.extra(c, p, e, new);
+            let (x, a, hh) = self.values(c, tok, act, extra, &l, &h);
             x_max = x_max.max(x);
             a_max = a_max.max(a);
             h_max = h_max.max(hh);
@@ -402,7 +416,8 @@ impl ExchangeState {
         Self::total_time(c, x_max, a_max, h_max)
     }
 
-    /// Rank p's expert time, one pass: c_tok · tokens + c_exp · active experts.
+    /// Rank p's expert time, one pass: c_tok · tokens + c_exp · active experts (+ the
+    /// roofline extra).
     #[inline]
     pub fn expert_time(&self, p: usize) -> f64 {
         self.xv[p]

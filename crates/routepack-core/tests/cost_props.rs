@@ -1,0 +1,183 @@
+//! Property tests of the cost model's options (`c_weights`, `overlap`, `passes`) in
+//! `simulate`: the roofline expert term equals an independent count from the routing rule's
+//! flow tables; a floor below every active expert's load changes no bit; overlap hides at most
+//! the all-to-all and at most the compute, and never slows a plan; RL's extra forward scales
+//! each part by its pass multipliers. (`bound_props.rs` checks the lower bound under all
+//! three options; the golden digests and `tests/test_cost_options.py` check that unset
+//! options price and plan every window as before.)
+
+mod common;
+
+use common::{random_plan, topologies, window, Mix, OwnedWindow};
+use proptest::prelude::*;
+use routepack_core::cost::{CostModel, Overlap, Pass};
+use routepack_core::flow::{route_exchange, ExchangeReplica};
+use routepack_core::plan::Plan;
+use routepack_core::simulate::simulate;
+use routepack_core::topology::Topology;
+
+/// `[G]` Σ_m Σ_l 3 · max_p Σ_{e active on p} (c_exp + max(c_tok·t, c_weights)), from the
+/// flow tables of `flow::route_exchange` (the routing rule), not from the simulator.
+fn roofline_expert_times(plan: &Plan, w: &OwnedWindow, topo: &Topology, cost: &CostModel) -> Vec<f64> {
+    let (e_n, ep) = (w.experts, topo.ep);
+    let mut out = vec![0.0; topo.num_groups()];
+    let mut flows = Vec::new();
+    for (g, slot) in out.iter_mut().enumerate() {
+        for m in 0..plan.num_micro {
+            for l in 0..w.layers {
+                let mut origin = vec![0i64; ep * e_n];
+                for (s, (&d, &mm)) in plan.sample_rank.iter().zip(&plan.sample_micro).enumerate() {
+                    let (d, mm) = (d as usize, mm as usize);
+                    if d / ep == g && mm == m {
+                        for e in 0..e_n {
+                            origin[(d % ep) * e_n + e] += w.expert_tokens[(s * w.layers + l) * e_n + e] as i64;
+                        }
+                    }
+                }
+                let reps: Vec<ExchangeReplica> = plan
+                    .replicas
+                    .iter()
+                    .filter(|x| (x.group, x.micro, x.layer) == (g as i32, m as i32, l as i32))
+                    .map(|x| (x.expert as usize, x.dst_rank as usize, x.share))
+                    .collect();
+                let (so, sl) = plan.placement.replicas_of_layer(l);
+                flows.clear();
+                route_exchange(&origin, e_n, &so, &sl, &reps, topo, &mut flows);
+                let mut t = vec![0i64; ep * e_n];
+                for f in &flows {
+                    t[f.dst_rank * e_n + f.expert] += f.count;
+                }
+                let x_max = (0..ep)
+                    .map(|p| {
+                        (0..e_n)
+                            .filter(|&e| t[p * e_n + e] > 0)
+                            .map(|e| cost.c_exp + (cost.c_tok * t[p * e_n + e] as f64).max(cost.c_weights))
+                            .sum::<f64>()
+                    })
+                    .fold(0.0, f64::max);
+                *slot += 3.0 * x_max;
+            }
+        }
+    }
+    out
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// With only expert work priced, every group's time is the roofline expert term counted
+    /// from the flow tables.
+    #[test]
+    fn roofline_expert_term_is_the_flow_tables(topo in topologies(), seed in any::<u64>(), micro in 1usize..3, extra in 0usize..8) {
+        let mut mix = Mix(seed);
+        let layers = 1 + mix.below(3);
+        let experts = 1 + mix.below(topo.num_slots());
+        let w = window(&mut mix, topo.dp * micro + extra, layers, experts, 40);
+        let plan = random_plan(&mut mix, &w, &topo, micro);
+        let mut cost = CostModel::for_tests(layers);
+        cost.a_lin = 0.0;
+        cost.a_quad = vec![0.0; layers];
+        cost.token_bytes = 0.0;
+        cost.expert_weight_bytes = 0.0;
+        cost.expert_grad_bytes = 0.0;
+        cost.c_weights = cost.c_tok * [0.5, 3.0, 20.0, 1e3][mix.below(4)];
+        let mut plan = plan;
+        plan.migration.clear();
+        let rep = simulate(&plan, &w.view(), &topo, &cost, None).unwrap();
+        let want = roofline_expert_times(&plan, &w, &topo, &cost);
+        for (g, (&got, &want)) in rep.group_times.iter().zip(&want).enumerate() {
+            prop_assert!(close(got, want), "group {}: simulate {} vs flow tables {}", g, got, want);
+        }
+    }
+
+    /// A floor no higher than one token's work (every active expert has a token) changes no
+    /// bit of the report; a higher one never lowers any part.
+    #[test]
+    fn a_floor_below_every_load_changes_nothing(topo in topologies(), seed in any::<u64>(), micro in 1usize..3, extra in 0usize..8) {
+        let mut mix = Mix(seed);
+        let layers = 1 + mix.below(3);
+        let experts = 1 + mix.below(topo.num_slots());
+        let w = window(&mut mix, topo.dp * micro + extra, layers, experts, 40);
+        let plan = random_plan(&mut mix, &w, &topo, micro);
+        let linear = CostModel::for_tests(layers);
+        let base = simulate(&plan, &w.view(), &topo, &linear, None).unwrap();
+        let low = CostModel { c_weights: linear.c_tok * mix.unit(), ..linear.clone() };
+        prop_assert_eq!(&simulate(&plan, &w.view(), &topo, &low, None).unwrap(), &base);
+        let high = CostModel { c_weights: linear.c_tok * 50.0, ..linear.clone() };
+        let r = simulate(&plan, &w.view(), &topo, &high, None).unwrap();
+        prop_assert!(r.expert >= base.expert && r.step_time >= base.step_time);
+        prop_assert!(r.lower_bound_time <= r.step_time * (1.0 + 1e-12));
+    }
+
+    /// Overlap hides at most the all-to-all and at most the compute of the critical group, the
+    /// parts minus the hidden seconds add up to the step, and no group gets slower.
+    #[test]
+    fn overlap_hides_what_it_can(topo in topologies(), seed in any::<u64>(), micro in 1usize..3, extra in 0usize..8, bytes in 0usize..3) {
+        let mut mix = Mix(seed);
+        let layers = 1 + mix.below(3);
+        let experts = 1 + mix.below(topo.num_slots());
+        let w = window(&mut mix, topo.dp * micro + extra, layers, experts, 40);
+        let plan = random_plan(&mut mix, &w, &topo, micro);
+        let mut none = CostModel::for_tests(layers);
+        none.token_bytes = [64.0, 4096.0, 1e6][bytes];
+        let over = CostModel { overlap: Overlap::DispatchCombine, ..none.clone() };
+        let a = simulate(&plan, &w.view(), &topo, &none, None).unwrap();
+        let b = simulate(&plan, &w.view(), &topo, &over, None).unwrap();
+        prop_assert_eq!(a.hidden, 0.0);
+        // (sums over exchanges, so up to rounding: Σ min(C, A) against Σ C summed part by part)
+        let slack = 1.0 + 1e-12;
+        prop_assert!(b.hidden >= 0.0 && b.hidden <= b.all_to_all * slack && b.hidden <= (b.attention + b.expert) * slack);
+        let parts = b.attention + b.expert + b.all_to_all + b.replication + b.migration - b.hidden;
+        prop_assert!(close(parts, b.step_time), "{} vs {}", parts, b.step_time);
+        for (x, y) in a.group_times.iter().zip(&b.group_times) {
+            prop_assert!(y <= x);
+        }
+        // every exchange costs at least its compute and at least its all-to-all
+        prop_assert!(b.step_time * (1.0 + 1e-12) >= (b.attention + b.expert).max(b.all_to_all));
+        prop_assert!(b.lower_bound_time <= b.step_time * (1.0 + 1e-12));
+    }
+
+    /// RL's step (recompute forward + update forward/backward) prices compute ×4 and
+    /// communication ×3 where the default prices ×3 and ×2; replication is unchanged.
+    #[test]
+    fn passes_scale_their_parts(topo in topologies(), seed in any::<u64>(), micro in 1usize..3, extra in 0usize..8) {
+        let mut mix = Mix(seed);
+        let layers = 1 + mix.below(3);
+        let experts = 1 + mix.below(topo.num_slots());
+        let w = window(&mut mix, topo.dp * micro + extra, layers, experts, 40);
+        let plan = random_plan(&mut mix, &w, &topo, micro);
+        let base = CostModel::for_tests(layers);
+        let rl = CostModel { passes: vec![Pass::Forward, Pass::Forward, Pass::Backward], ..base.clone() };
+        let a = simulate(&plan, &w.view(), &topo, &base, None).unwrap();
+        let b = simulate(&plan, &w.view(), &topo, &rl, None).unwrap();
+        // the critical group may change; compare per part only where it did not
+        if a.critical_group == b.critical_group {
+            prop_assert!(close(b.attention, a.attention * 4.0 / 3.0));
+            prop_assert!(close(b.expert, a.expert * 4.0 / 3.0));
+            prop_assert!(close(b.all_to_all, a.all_to_all * 1.5));
+            prop_assert!(close(b.replication, a.replication));
+        }
+        prop_assert!(b.step_time >= a.step_time);
+        prop_assert!(b.lower_bound_time <= b.step_time * (1.0 + 1e-12));
+    }
+}
+
+/// `check` names the new fields: an empty pass list and a negative or NaN floor.
+#[test]
+fn check_names_the_options() {
+    let mut c = CostModel::for_tests(2);
+    c.passes.clear();
+    assert!(c.check(2).unwrap_err().to_string().contains("cost.passes"));
+    for bad in [-1.0, f64::NAN, f64::INFINITY] {
+        let c = CostModel { c_weights: bad, ..CostModel::for_tests(2) };
+        assert!(c.check(2).unwrap_err().to_string().contains("cost.c_weights"));
+    }
+    assert!(Overlap::parse("both").unwrap_err().to_string().contains("cost.overlap"));
+    assert!(Pass::parse(1, "recompute").unwrap_err().to_string().contains("cost.passes[1]"));
+    assert_eq!(Overlap::parse("dispatch_combine").unwrap(), Overlap::DispatchCombine);
+    assert_eq!(Pass::parse(0, Pass::Backward.name()).unwrap(), Pass::Backward);
+}

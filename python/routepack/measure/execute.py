@@ -1,0 +1,116 @@
+"""Executes a plan's MoE layers for real on one rank (`run_plan`, run in every spawned
+process): `routepack.torch.EPMoE` layers holding the plan's placement, driven by a
+`PlanRunner` (replica copies and their gradients included), forward and backward of each of
+this rank's microbatches with the window's recorded routing, between barriers; the plans
+take turns step by step, so that a change of the machine's load falls on all of them.
+
+Each microbatch is timed twice: by the rank's CPU time (``time.process_time``: user + system
+time of all its threads, gloo's included) and by the wall clock. On a machine shared with
+other work (this project's CPU runners, where a dozen processes share two cores) the wall
+clock measures the other processes; the CPU time is what the rank itself spent, which is the
+wall time it would take with a core to itself, minus its waits for the other rank. The
+cost model prices the slowest rank (max over ranks), and the caller takes the max of the
+ranks' CPU times, the same figure when the slowest rank is the same in every layer of the
+microbatch (it is the rank that waits least). On CUDA the figure is the wall clock after a
+device synchronisation (the CPU time would miss the kernels).
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from typing import Any, Dict, List
+
+import numpy as np
+
+
+def _layers(work: Any, plan: Any, weights: Any, device: Any) -> List[Any]:
+    from routepack.torch.moe import EPMoE
+
+    topo = work.topology()
+    layers = [EPMoE(l, work.experts, work.hidden, work.ffn, topo, plan.placement.phy2log[l], device=device)
+              for l in range(work.layers)]
+    for l, mod in enumerate(layers):
+        mod.load_logical(weights[0][l], weights[1][l])
+    return layers
+
+
+def run_plan(rank: int, world: int, device: Any, work: Any, plans: Dict[str, Any], window: Any,
+             routed: np.ndarray, cu: np.ndarray, warmup: int, repeats: int) -> Dict[str, Any]:
+    """policy → {"micro_s": median CPU seconds of each microbatch on this rank (forward +
+    backward of every MoE layer, replica weights posted at its start), "wall_s": the same by
+    the wall clock, "finish_s": median CPU seconds of ``finish_step`` (replica gradients back
+    to their owners)}."""
+    import torch
+    import torch.distributed as dist
+
+    from routepack.calibrate.timing import steady_heap
+    from routepack.torch.replay import rank_microbatches
+    from routepack.torch.runner import PlanRunner
+
+    cuda = torch.device(device).type == "cuda"
+    # on a GPU the wall clock between synchronised barriers (the CPU time would miss the kernels)
+    now = time.perf_counter if cuda else time.process_time
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    g = torch.Generator().manual_seed(work.seed)
+    L, E, H, I = work.layers, work.experts, work.hidden, work.ffn
+    weights = ((torch.randn(L, E, H, 2 * I, generator=g) / H ** 0.5), (torch.randn(L, E, I, H, generator=g) / I ** 0.5))
+    setups = {}
+    for name, plan in plans.items():
+        layers = _layers(work, plan, weights, device)
+        runner = PlanRunner(layers, work.topology(), timeout=datetime.timedelta(seconds=120))
+        gm = torch.Generator().manual_seed(work.seed * 1000 + rank)
+        data = []
+        for mb in rank_microbatches(plan, routed, rank, cu, dp=work.ranks):
+            t = int(mb.routed.shape[0])
+            data.append((torch.randn(t, H, generator=gm).to(device), torch.randn(t, H, generator=gm).to(device),
+                         torch.softmax(torch.randn(t, L, work.top_k, generator=gm), dim=-1).to(device),
+                         mb.routed.long().to(device)))
+        setups[name] = (plan, layers, runner, data)
+
+    def step(name: str) -> Any:
+        """One training step of plan ``name``: (per microbatch (CPU, wall) seconds, finish)."""
+        plan, layers, runner, data = setups[name]
+        runner.begin_window(plan, window)
+        times = []
+        for m, (x, cot, gates, ids) in enumerate(data):
+            sync()
+            dist.barrier()
+            t0, c0 = time.perf_counter(), now()
+            runner.start_micro(m)
+            h = x
+            for l, mod in enumerate(layers):
+                h = h + mod(h, ids[:, l], gates[:, l])
+            (h * cot).sum().backward()
+            sync()
+            c1 = now()
+            dist.barrier()
+            times.append((c1 - c0, time.perf_counter() - t0))
+        dist.barrier()
+        c0 = now()
+        runner.finish_step()
+        sync()
+        fin = now() - c0
+        dist.barrier()
+        for mod in layers:
+            mod.w1.grad = mod.w2.grad = None
+        return times, fin
+
+    # the plans take turns, step by step, in alternating order: a change in the machine's load
+    # (other processes come and go) then falls on every plan alike, not on the one measured last
+    got: Dict[str, List[Any]] = {name: [] for name in plans}
+    names = list(plans)
+    # freed blocks stay in the heap, as under a GPU's caching allocator and as the calibration
+    # measured the kernels (`calibrate.timing.steady_heap`): no page faults on fresh gradients
+    with steady_heap(device):
+        for rep in range(warmup + repeats):
+            for name in (names if rep % 2 == 0 else names[::-1]):
+                res = step(name)
+                if rep >= warmup:
+                    got[name].append(res)
+    out: Dict[str, Any] = {}
+    for name, runs in got.items():
+        both = np.median(np.array([t for t, _ in runs]), axis=0)  # [M, 2]: CPU, wall
+        out[name] = {"micro_s": both[:, 0].tolist(), "wall_s": both[:, 1].tolist(),
+                     "finish_s": float(np.median([f for _, f in runs]))}
+    return out

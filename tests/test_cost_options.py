@@ -1,0 +1,98 @@
+"""The cost model's options (``c_weights``, ``overlap``, ``passes``) on the Python side: defaults
+from the core, exact JSON round trip, old files loading with the defaults and pricing as before,
+errors naming the field, and each option's effect on `simulate` (the Rust property tests in
+crates/routepack-core/tests/cost_props.rs and bound_props.rs check the formulas and the bound)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import routepack as rp
+from routepack import _core
+
+PROFILE = rp.traces.profile("tiny")
+
+
+@pytest.fixture(scope="module")
+def case():
+    w0, w1 = list(rp.traces.synthetic(PROFILE, 2, seed=3))
+    topo, cost = PROFILE.topology(), PROFILE.cost()
+    plans = {p: rp.plan_window(w1, topo, cost, PROFILE.token_cap, policy=p, previous_window=w0)
+             for p in ("static", "routepack")}
+    for plan in plans.values():
+        plan.validate(w1, topo, PROFILE.token_cap)
+    return w1, topo, cost, plans
+
+
+def test_defaults_are_the_cores():
+    d = _core.cost_defaults()
+    c = PROFILE.cost()
+    assert (c.c_weights, c.overlap, list(c.passes)) == (d["c_weights"], d["overlap"], list(d["passes"]))
+    assert c.passes == ("forward", "backward") and c.overlap == "none" and c.c_weights == 0.0
+
+
+def test_old_json_loads_with_the_defaults_and_prices_the_same(case):
+    w, topo, cost, plans = case
+    old = json.loads(cost.to_json())
+    for k in ("c_weights", "overlap", "passes"):
+        old.pop(k)
+    loaded = rp.CostModel.from_json(json.dumps(old))
+    assert loaded == cost
+    for plan in plans.values():
+        a, b = rp.simulate(plan, w, topo, cost), rp.simulate(plan, w, topo, loaded)
+        assert a.step_time == b.step_time and a.hidden == 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(c_weights=st.floats(0, 1e-3, allow_nan=False), overlap=st.sampled_from(rp.model.OVERLAPS),
+       passes=st.lists(st.sampled_from(rp.model.PASS_KINDS), min_size=1, max_size=4))
+def test_json_round_trip_is_exact(c_weights, overlap, passes):
+    c = replace(PROFILE.cost(), c_weights=c_weights, overlap=overlap, passes=passes)
+    again = rp.CostModel.from_json(c.to_json())
+    assert again == c and again.to_json() == c.to_json()
+    assert asdict(again)["passes"] == tuple(passes)
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("overlap", "always", "cost.overlap"),
+    ("overlap", 1, "cost.overlap"),
+    ("passes", [], "cost.passes"),
+    ("passes", ["forward", "recompute"], "cost.passes[1]"),
+    ("c_weights", -1.0, "cost.c_weights"),
+    ("c_weights", float("nan"), "cost.c_weights"),
+])
+def test_bad_options_name_the_field(field, value, needle):
+    with pytest.raises(rp.RoutepackError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+        replace(PROFILE.cost(), **{field: value})
+
+
+def test_each_option_moves_the_step_as_documented(case):
+    w, topo, cost, plans = case
+    for plan in plans.values():
+        base = rp.simulate(plan, w, topo, cost)
+        over = rp.simulate(plan, w, topo, replace(cost, overlap="dispatch_combine"))
+        assert 0 < over.hidden <= over.all_to_all and over.step_time < base.step_time
+        parts = over.attention + over.expert + over.all_to_all + over.replication + over.migration - over.hidden
+        assert parts == pytest.approx(over.step_time, rel=1e-9)
+        assert over.lower_bound_time <= over.step_time
+        rl = rp.simulate(plan, w, topo, replace(cost, passes=("forward", "forward", "backward")))
+        assert rl.step_time > base.step_time and rl.lower_bound_time <= rl.step_time
+        roof = rp.simulate(plan, w, topo, replace(cost, c_weights=cost.c_tok * 1e6))  # above every load
+        assert roof.expert > base.expert and roof.lower_bound_time <= roof.step_time
+        tiny = rp.simulate(plan, w, topo, replace(cost, c_weights=cost.c_tok * 0.5))
+        assert tiny.step_time == base.step_time  # a floor below one token's work binds nowhere
+
+
+def test_planning_under_the_options_gives_valid_plans(case):
+    w, topo, cost, _ = case
+    for opt in ({"overlap": "dispatch_combine"}, {"c_weights": cost.c_tok * 32}, {"passes": ("forward",)}):
+        c = replace(cost, **opt)
+        plan = rp.plan_window(w, topo, c, PROFILE.token_cap, policy="routepack", anneal_moves=20000)
+        plan.validate(w, topo, PROFILE.token_cap)
+        r = rp.simulate(plan, w, topo, c)
+        assert np.isfinite(r.step_time) and r.lower_bound_time <= r.step_time
