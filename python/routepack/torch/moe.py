@@ -28,6 +28,7 @@ from routepack.plan import empty_replicas
 from routepack.torch import _args
 from routepack.torch.broadcast import group_peers
 from routepack.torch.remap import TokenRoute, _route, expert_counts
+from routepack.torch.slot_link import SlotLink
 
 
 def swiglu(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
@@ -126,7 +127,17 @@ class EPMoE(torch.nn.Module):
     this rank's slots; an empty slot (-1) holds whatever it last held and receives no tokens.
     A `routepack.torch.PlanRunner` attaches itself as ``runner`` to supply the cell's replica
     rows and weights; without one the layer routes by its placement alone.
+
+    Gradients: the backward of each forward hands ``w1``/``w2`` their complete gradient for
+    that microbatch (local tokens + replica copies' fp32 gradients + redundant slots summed
+    over the EP group, added in fp32, rounded once; `routepack.torch.slot_link`), so
+    parameter hooks (DDP, ``main_grad``, ``overlap_grad_reduce``) see it. Only the sum across
+    EP groups (expert data parallelism) is left to the trainer or `PlanRunner.finish_step`.
     """
+
+    #: the backward completes redundant-slot and replica gradients (`sync_redundant_grads`
+    #: then only sums across EP groups)
+    grads_complete_in_backward = True
 
     def __init__(self, layer: int, num_experts: int, hidden: int, ffn: int, topo: Any,
                  phy2log_row: np.ndarray, group: Optional[Any] = None,
@@ -247,39 +258,75 @@ class EPMoE(torch.nn.Module):
         recv = _AllToAll.apply(x.index_select(0, send_order // k), route.send_splits, route.recv_splits, self.group)
         if runner is not None:
             runner.record_received(self.layer, int(recv.shape[0]))
-            recv, w1r, w2r = runner.replica_link(self.layer, recv, self.w1, self.w2)
-        else:
-            w1r = w2r = None
-        out = self._experts(recv, route.recv_unit, w1r, w2r)
+        # every gradient of the slots is completed inside this node's backward (slot_link.py)
+        recv, w1v, w2v, w1r, w2r = SlotLink.apply(recv, self.w1, self.w2, self,
+                                                  runner.exchange if runner is not None else None)
+        out = self._experts(recv, route.recv_unit, w1v, w2v, w1r, w2r)
         back = _AllToAll.apply(out, route.recv_splits, route.send_splits, self.group)
         pairs = back.index_select(0, torch.argsort(send_order))
         # hidden, not -1: with T = 0 the view would not know its last dimension
         return (pairs.view(t, k, self.hidden) * topk_weights.unsqueeze(-1).to(pairs.dtype)).sum(1)
 
-    def _experts(self, recv: torch.Tensor, unit: np.ndarray, w1r: Optional[torch.Tensor],
-                 w2r: Optional[torch.Tensor]) -> torch.Tensor:
-        """Grouped GEMM over compute units: local slots, then replica copies. Rows are sorted by
-        unit (stable), computed unit by unit, and put back in arrival order."""
-        spr = self.slots_per_rank
+    def _experts(self, recv: torch.Tensor, unit: np.ndarray, w1: torch.Tensor, w2: torch.Tensor,
+                 w1r: torch.Tensor, w2r: torch.Tensor) -> torch.Tensor:
+        """Grouped GEMM over compute units: local slots ``w1`` ``[spr, H, 2I]`` / ``w2``, then
+        replica copies ``w1r`` ``[R, H, 2I]`` / ``w2r``. Rows are sorted by unit (stable),
+        computed by `grouped_swiglu` and put back in arrival order."""
         if unit.size == 0:
             # nothing to compute (recv has no rows): an empty result that keeps the received
             # tensor in the graph, so every rank runs the same backward collectives, and gives
             # w1/w2 a zero gradient like on a rank whose slots did compute (not None)
-            return swiglu(recv, self.w1[0], self.w2[0])
+            return swiglu(recv, w1[0], w2[0])
+        spr = self.slots_per_rank
         perm = np.argsort(unit, kind="stable")
-        counts = np.bincount(unit, minlength=spr + (0 if w1r is None else w1r.shape[0]))
-        perm_t = torch.from_numpy(perm).to(recv.device)
-        chunks = torch.split(recv.index_select(0, perm_t), counts.tolist())
+        counts = np.bincount(unit, minlength=spr + w1r.shape[0])
+        rows = recv.index_select(0, torch.from_numpy(perm).to(recv.device))
+        n_local = int(counts[:spr].sum())
         parts = []
-        for u, chunk in enumerate(chunks):
-            if chunk.shape[0] == 0:
-                continue
-            if u < spr:
-                parts.append(swiglu(chunk, self.w1[u], self.w2[u]))
-            else:
-                parts.append(swiglu(chunk, w1r[u - spr], w2r[u - spr]))
-        out = torch.cat(parts)
+        if n_local:
+            parts.append(grouped_swiglu(rows[:n_local], counts[:spr], w1, w2))
+        if n_local < rows.shape[0]:
+            parts.append(grouped_swiglu(rows[n_local:], counts[spr:], w1r, w2r))
+        out = torch.cat(parts) if len(parts) > 1 else parts[0]
         return out.index_select(0, torch.from_numpy(np.argsort(perm)).to(recv.device))
+
+
+#: (device type, dtype) → whether ``torch._grouped_mm`` ran there; filled on first use
+_GROUPED_MM_OK: dict = {}
+
+
+def _grouped_mm_usable(x: torch.Tensor, w1: torch.Tensor) -> bool:
+    """Whether ``torch._grouped_mm`` may take these operands: present in this torch, a dtype it
+    supports, and every row stride a multiple of 16 bytes (its layout rule)."""
+    if not hasattr(torch, "_grouped_mm") or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return False
+    if _GROUPED_MM_OK.get((x.device.type, x.dtype)) is False:
+        return False
+    size = x.element_size()
+    return all((d * size) % 16 == 0 for d in (w1.shape[1], w1.shape[2], w1.shape[2] // 2))
+
+
+def grouped_swiglu(rows: torch.Tensor, counts: np.ndarray, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """SwiGLU experts over consecutive groups of rows: ``rows`` ``[N, H]`` sorted by group,
+    ``counts`` int64 ``[G]`` (sum N), ``w1`` ``[G, H, 2I]``, ``w2`` ``[G, I, H]`` → ``[N, H]``.
+
+    One ``torch._grouped_mm`` per projection where this torch offers it for the operands
+    (`_grouped_mm_usable`), else a loop over the groups that have rows, on ``unbind`` views:
+    its backward stacks the groups' gradients into one ``[G, H, 2I]`` tensor (indexing
+    ``w1[g]`` would build a full zero gradient of ``w1`` for every group)."""
+    if _grouped_mm_usable(rows, w1):
+        offs = torch.from_numpy(np.cumsum(counts).astype(np.int32)).to(rows.device)
+        try:
+            gate, up = torch._grouped_mm(rows.contiguous(), w1, offs=offs).chunk(2, dim=-1)
+            out = torch._grouped_mm((F.silu(gate) * up).contiguous(), w2, offs=offs)
+            _GROUPED_MM_OK[(rows.device.type, rows.dtype)] = True
+            return out
+        except RuntimeError:  # this build or device refuses it: the loop below computes the same
+            _GROUPED_MM_OK[(rows.device.type, rows.dtype)] = False
+    w1s, w2s = w1.unbind(0), w2.unbind(0)
+    chunks = torch.split(rows, counts.tolist())
+    parts = [swiglu(c, w1s[g], w2s[g]) for g, c in enumerate(chunks) if c.shape[0]]
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
 def check_layers(layers: Any) -> List[Any]:

@@ -9,10 +9,10 @@ rank's EP group:
   waits for its own layer's transfers only when it reaches its experts.
 * the destination computes the planned share of the expert's tokens with that copy (the
   remapper routes them there, `flow::route_expert`).
-* backward: the copy's gradient is sent back in fp32 as soon as autograd has it (posted from
-  the layer's backward, before the dispatch all-to-all's backward, on every rank in the same
-  order); `ReplicaExchange.finish` waits and adds it into the owner slot's gradient, in table
-  order, before the optimizer step.
+* backward: the copy's gradient is sent back in fp32 from the layer's `SlotLink` node (before
+  the dispatch all-to-all's backward, on every rank in the same order); the owner adds it to
+  its slot's gradient in fp32 inside that node, so the parameter's hooks see it
+  (`routepack.torch.slot_link`).
 
 ReLibra-style rows (a copy on an under-loaded rank of the same node) and MindSpeed-style rows
 (a copy on every other EP rank, share = that rank's own token fraction) are both just rows.
@@ -39,25 +39,6 @@ def _tag(row_index: int, phase: int) -> int:
     return 2 * int(row_index) + phase
 
 
-class _ReplicaLink(torch.autograd.Function):
-    """Identity on the received tokens; also yields the replica weights of the layer.
-
-    Threading the tokens through this node fixes the backward order on every rank: the
-    experts' backward produces the copies' gradients, this node sends them to their owners,
-    and only then does the dispatch all-to-all's backward run."""
-
-    @staticmethod
-    def forward(ctx, recv, w1, w2, exchange, layer):  # type: ignore[override]
-        w1r, w2r = exchange.weights(layer)
-        ctx.exchange, ctx.layer, ctx.micro = exchange, layer, exchange.micro
-        return recv.view_as(recv), w1r, w2r
-
-    @staticmethod
-    def backward(ctx, grad_recv, g1r, g2r):  # type: ignore[override]
-        ctx.exchange.send_grads(ctx.micro, ctx.layer, g1r, g2r)
-        return grad_recv, None, None, None, None
-
-
 class ReplicaExchange:
     """The replica transfers of one EP rank for one window.
 
@@ -75,7 +56,6 @@ class ReplicaExchange:
         self.timeout = timeout
         self.micro = 0
         self._weights: Dict[int, Tuple[list, list, np.ndarray]] = {}
-        self._grads: List[Tuple[list, list]] = []
         self.sent_bytes = 0
         self.received_bytes = 0
 
@@ -130,12 +110,16 @@ class ReplicaExchange:
         return w1r, w2r
 
     # ----------------------------------------------------------- backward
-    def send_grads(self, micro: int, layer: int, g1r: torch.Tensor, g2r: torch.Tensor) -> None:
-        """Posts the fp32 gradient transfers of the copies of (``micro``, ``layer``) to their
-        owners."""
+    def exchange_grads(self, micro: int, layer: int, g1r: torch.Tensor,
+                       g2r: torch.Tensor) -> List[Tuple[int, torch.Tensor]]:
+        """Sends this rank's copy gradients of (``micro``, ``layer``) (``g1r`` ``[R, H, 2I]``,
+        ``g2r`` ``[R, I, H]``, cell order) to their owners in fp32 and receives the ones owed to
+        its slots; waits for both. Returns ``(local slot, fp32 [H*2I + I*H])`` per received row,
+        in table order. Called from `SlotLink`'s backward on every rank of the group alike;
+        the buffers live only until the caller has added them."""
         mod = self.layers[layer]
         idx, table = self._cell(micro, layer)
-        me, ops, targets, bufs = mod.ep_rank, [], [], []
+        me, ops, got = mod.ep_rank, [], []
         numel = mod.w1[0].numel() + mod.w2[0].numel()
         j = 0
         for i, r in zip(idx.tolist(), table if table is not None else []):
@@ -144,29 +128,16 @@ class ReplicaExchange:
                 buf = torch.cat([g1r[j].reshape(-1), g2r[j].reshape(-1)]).to(torch.float32)
                 j += 1
                 ops.append(dist.P2POp(dist.isend, buf, mod.peers[src], mod.group, _tag(i, _TAG_GRADS)))
-                bufs.append(buf)
                 self.sent_bytes += buf.numel() * 4
             elif src == me:
                 buf = torch.empty(numel, dtype=torch.float32, device=mod.w1.device)
                 ops.append(dist.P2POp(dist.irecv, buf, mod.peers[dst], mod.group, _tag(i, _TAG_GRADS)))
-                bufs.append(buf)
-                targets.append((layer, mod.local_slot_of(int(r["expert"])), buf))
+                got.append((mod.local_slot_of(int(r["expert"])), buf))
                 self.received_bytes += buf.numel() * 4
-        works = dist.batch_isend_irecv(ops) if ops else []
-        self._grads.append((works, targets, bufs))
+        for w in (dist.batch_isend_irecv(ops) if ops else []):
+            w.wait(self.timeout)
+        return got
 
-    @torch.no_grad()
     def finish(self) -> None:
-        """Waits for every gradient transfer and adds each copy's gradient into its owner slot
-        (in the order the rows were posted, so the sum is deterministic)."""
-        pending, self._grads = self._grads, []
-        for works, targets, _bufs in pending:
-            for w in works:
-                w.wait(self.timeout)
-            for layer, slot, buf in targets:
-                mod = self.layers[layer]
-                n1 = mod.w1[0].numel()
-                for p, part in ((mod.w1, buf[:n1]), (mod.w2, buf[n1:])):
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
-                    p.grad[slot] += part.view(p.shape[1:]).to(p.grad.dtype)
+        """Nothing left to do: `SlotLink` delivers every copy's gradient inside backward. Kept
+        so that callers written for the older after-backward delivery still work."""

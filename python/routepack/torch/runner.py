@@ -6,7 +6,7 @@ Per window::
     for m in range(plan.num_micro):                # this rank's microbatches, execution order
         runner.start_micro(m)                      # posts the replica weight transfers (async)
         loss = model(batch[m]); loss.backward()    # layers remap tokens, use replica copies
-    runner.finish_step()                           # replica grads to owners, redundant-slot sums
+    runner.finish_step()                           # sum over EP groups (replica/redundant grads: in backward)
     optimizer.step(); optimizer.zero_grad()
 
 Bad plans (another topology, a placement missing an expert, shares out of range, a
@@ -33,7 +33,7 @@ from routepack.torch.broadcast import digest_int, gather_ints
 from routepack.torch.grads import sync_redundant_grads
 from routepack.torch.migrate import MigrationReport, migrate
 from routepack.torch.moe import check_layers
-from routepack.torch.replicate import ReplicaExchange, _ReplicaLink
+from routepack.torch.replicate import ReplicaExchange
 
 #: token cap used when the caller gives none: validation then checks everything but the cap
 NO_CAP = 1 << 62
@@ -164,21 +164,20 @@ class PlanRunner:
         if prefetch:
             self.exchange.prefetch(self.micro)
 
-    def finish_step(self) -> None:
-        """Before the optimizer step: replica gradients into their owners, then every logical
-        expert's gradient summed over its slots (and over EP groups)."""
+    def finish_step(self, reduce_edp: bool = True) -> None:
+        """Before the optimizer step: every slot without a gradient gets zeros and, with
+        ``reduce_edp``, expert gradients are summed over EP groups (``edp_group``). Replica and
+        redundant-slot gradients need nothing here: the layers' backward delivered them
+        (`routepack.torch.slot_link`). A trainer whose own DP reduction covers the experts
+        (DDP over ``edp_group``, Megatron) passes ``reduce_edp=False`` or skips the call."""
         self.exchange.finish()
-        sync_redundant_grads(self.layers, self.group, self.edp_group)
+        sync_redundant_grads(self.layers, self.group, self.edp_group if reduce_edp else None)
 
     # ------------------------------------------------- hooks for EPMoE
     def cell_rows(self, layer: int) -> np.ndarray:
         """Replicas (`REPLICA_DTYPE`) of (this group, current micro, ``layer``), table order."""
         cell = self._cells.get((self.micro, layer))
         return cell[1] if cell is not None else empty_replicas()
-
-    def replica_link(self, layer: int, recv: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor):
-        """(tokens, replica ``w1`` ``[R, H, 2I]``, replica ``w2`` ``[R, I, H]``) for ``layer``."""
-        return _ReplicaLink.apply(recv, w1, w2, self.exchange, layer)
 
     def record_received(self, layer: int, rows: int) -> None:
         if self.received.shape[0] > self.micro:
