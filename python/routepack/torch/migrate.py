@@ -65,18 +65,61 @@ class MigrationReport:
 def expert_state(layer: Any, optimizer: Optional[torch.optim.Optimizer] = None,
                  extra: Sequence[torch.Tensor] = ()) -> List[torch.Tensor]:
     """Tensors with one entry per physical slot of ``layer`` that travel with an expert:
-    ``w1``, ``w2``, every optimizer state tensor of theirs shaped like the parameter (sorted by
-    key), and ``extra`` (each with leading dimension ``slots_per_rank``)."""
+    ``w1``, ``w2``, every optimizer state tensor of theirs with one row per slot (sorted by
+    key), and ``extra`` (each with leading dimension ``slots_per_rank``).
+
+    Works for any ``torch.optim`` optimizer whose state is keyed by the parameters (Adam,
+    AdamW, SGD with momentum, RMSprop, Adagrad, Adafactor's factored ``row_var``/``col_var``,
+    ...): a state tensor whose leading dimension is ``slots_per_rank`` moves with the rows;
+    a scalar (``step``, ASGD's ``eta``) belongs to the whole parameter and stays. Raises
+    `RoutepackError` naming the parameter and key for anything else, and when the optimizer
+    does not hold ``w1``/``w2`` themselves (a flat or sharded fp32 state such as Megatron's
+    DistributedOptimizer, whose master copy would silently undo the move): never ignores it."""
     out: List[torch.Tensor] = [layer.w1, layer.w2]
     if optimizer is not None:
-        for p in (layer.w1, layer.w2):
-            st = optimizer.state.get(p, {})
-            out.extend(st[k] for k in sorted(st) if torch.is_tensor(st[k]) and st[k].shape == p.shape)
+        out.extend(optimizer_rows(layer, optimizer))
     for i, t in enumerate(extra):
         if t.dim() == 0 or t.shape[0] != layer.slots_per_rank:
             raise RoutepackError(f"extra_state[{layer.layer}][{i}]: leading dimension must be "
                                  f"slots_per_rank={layer.slots_per_rank}, got shape {tuple(t.shape)}")
         out.append(t)
+    return out
+
+
+def optimizer_rows(layer: Any, optimizer: Any) -> List[torch.Tensor]:
+    """``optimizer``'s per-slot state tensors of ``layer.w1`` and ``layer.w2`` (see
+    `expert_state`), after checking that the optimizer owns both and that every state entry
+    is either per-slot or a per-parameter scalar."""
+    if not hasattr(optimizer, "param_groups") or not hasattr(optimizer, "state"):
+        raise RoutepackTypeError(f"optimizer: expected a torch.optim.Optimizer keyed by parameter, got "
+                                 f"{type(optimizer).__name__} (pass its inner torch optimizer, or move its state "
+                                 "with extra_state)")
+    owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    out: List[torch.Tensor] = []
+    spr = layer.slots_per_rank
+    for pname, p in (("w1", layer.w1), ("w2", layer.w2)):
+        name = f"layers[{layer.layer}].{pname}"
+        if id(p) not in owned:
+            raise RoutepackError(
+                f"optimizer: does not hold {name} (shape {tuple(p.shape)}) among its parameters, so its state "
+                f"cannot be moved with the expert rows ({type(optimizer).__name__}: a flat or sharded state such as "
+                "Megatron's DistributedOptimizer keeps fp32 master copies that would undo the migration); pass an "
+                "optimizer keyed by the layer's parameters, or the per-slot tensors as extra_state")
+        st = optimizer.state.get(p, {})
+        for k in sorted(st, key=str):
+            v = st[k]
+            if v is None or not torch.is_tensor(v):
+                continue  # e.g. SGD's momentum_buffer before the first step, python scalars
+            if v.dim() == 0:
+                continue  # per-parameter scalar (step, eta, mu_product): every slot shares it
+            if v.shape[0] != spr:
+                raise RoutepackError(
+                    f"optimizer.state[{name}][{k!r}]: shape {tuple(v.shape)} has no row per slot "
+                    f"(leading dimension {spr}) and is no scalar; routepack cannot move it with the expert rows")
+            if v.device != p.device:
+                raise RoutepackError(f"optimizer.state[{name}][{k!r}]: on {v.device}, the parameter on {p.device} "
+                                     "(an offloaded state is not moved; pass it as extra_state)")
+            out.append(v)
     return out
 
 
@@ -211,15 +254,20 @@ def migrate(layers: Sequence[Any], plan: Any, optimizer: Optional[torch.optim.Op
         _hook(fault, "checked")
     except Exception as e:  # noqa: BLE001 (reported to every rank, then re-raised)
         err = e
-    # status: 1 ok, 0 the plan was refused, 2 anything else went wrong here
-    status = 1 if err is None else (0 if isinstance(err, InvalidPlanError) else 2)
+    # status: 1 ok, 0 the plan was refused, 3 an argument (optimizer, extra_state) cannot be
+    # mapped, 2 anything else went wrong here
+    status = 1 if err is None else (0 if isinstance(err, InvalidPlanError) else
+                                    3 if isinstance(err, RoutepackError) else 2)
     got = gather_ints([status, digest, digest_of_sizes(sizes)], group, device, timeout)
     if err is not None:
-        if status == 0:
+        if status in (0, 3):
             raise err
         raise MigrationError(f"EP rank {me}: {err!r}; nothing moved") from err
     if (got[:, 0] == 0).any():
         raise InvalidPlanError(f"EP rank(s) {np.flatnonzero(got[:, 0] == 0).tolist()} refused the plan; nothing moved")
+    if (got[:, 0] == 3).any():
+        raise RoutepackError(f"EP rank(s) {np.flatnonzero(got[:, 0] == 3).tolist()} cannot map their optimizer or "
+                             "extra state (each raised its own error); nothing moved")
     if (got[:, 0] == 2).any():
         raise MigrationError(f"EP rank(s) {np.flatnonzero(got[:, 0] == 2).tolist()} failed to prepare; nothing moved")
     if np.unique(got[:, 1]).size != 1:
