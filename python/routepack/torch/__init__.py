@@ -20,6 +20,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from routepack.torch.broadcast import agree_on_plan, broadcast_plan, gather_ints, plan_digest
 from routepack.torch.grads import sync_redundant_grads
+from routepack.torch.logical import export_logical, import_logical
 from routepack.torch.migrate import (FAULT_POINTS, MigrationError, MigrationReport, check_migration,
                                      checksum, expert_state, migrate)
 from routepack.torch.moe import EPMoE, dense_moe, swiglu
@@ -45,8 +46,10 @@ __all__ = [
     "dense_moe",
     "expert_counts",
     "expert_state",
+    "export_logical",
     "flow_table",
     "gather_ints",
+    "import_logical",
     "migrate",
     "plan_digest",
     "rank_microbatches",

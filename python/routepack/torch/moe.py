@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from routepack._checks import positive_int
 from routepack.errors import RoutepackError, RoutepackTypeError
 from routepack.plan import empty_replicas
-from routepack.torch import _args
+from routepack.torch import _args, checkpoint
 from routepack.torch.broadcast import group_peers
 from routepack.torch.remap import TokenRoute, _route, expert_counts
 from routepack.torch.slot_link import SlotLink
@@ -188,6 +188,35 @@ class EPMoE(torch.nn.Module):
         if hit.size == 0:
             raise RoutepackError(f"expert {expert} is not on EP rank {self.ep_rank} in layer {self.layer}")
         return int(hit[0])
+
+    # ------------------------------------------------------------- checkpoints
+    def get_extra_state(self) -> dict:
+        """The placement row and the layer's identity, saved in ``state_dict`` as
+        ``_extra_state`` (`routepack.torch.checkpoint`)."""
+        return checkpoint.extra_state(self)
+
+    def set_extra_state(self, state: Any) -> None:
+        """Restores the placement saved by `get_extra_state` (refuses another rank's or shape's)."""
+        checkpoint.set_extra_state(self, state)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # type: ignore[override]
+        # the placement record is checked before torch copies any weight in, so a checkpoint
+        # of another rank or shape leaves this module untouched
+        key = prefix + "_extra_state"
+        if key in state_dict:
+            checkpoint.check_extra_state(self, state_dict[key])
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def export_logical(self) -> tuple:
+        """``(w1 [E, H, 2I], w2 [E, I, H])``: the experts in logical order, as the unsharded
+        model holds them, on every rank. Collective over the EP group."""
+        return checkpoint.export_layer(self)
+
+    def import_logical(self, w1: torch.Tensor, w2: torch.Tensor) -> None:
+        """Fills every local slot from logical ``w1`` ``[E, H, 2I]``, ``w2`` ``[E, I, H]`` (the
+        inverse of `export_logical`; local, no collective)."""
+        checkpoint.check_logical(self, w1, w2)
+        self.load_logical(w1, w2)
 
     @torch.no_grad()
     def load_logical(self, w1: torch.Tensor, w2: torch.Tensor) -> None:
