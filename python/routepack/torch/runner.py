@@ -114,10 +114,11 @@ class PlanRunner:
     def begin_window(self, plan: Plan, window: Any, optimizer: Optional[torch.optim.Optimizer] = None,
                      token_cap: Optional[int] = None,
                      extra_state: Optional[Dict[int, Sequence[torch.Tensor]]] = None,
-                     fault: Any = None) -> Optional[MigrationReport]:
+                     fault: Any = None, max_bytes_in_flight: Optional[int] = None) -> Optional[MigrationReport]:
         """Checks ``plan`` against ``window`` and this job, agrees on it with every EP rank, then
-        migrates (with ``optimizer`` state and ``extra_state``) if it has migration rows.
-        Collective over the EP group. Returns the migration report (None without moves)."""
+        migrates (with ``optimizer`` state and ``extra_state``, staged under
+        ``max_bytes_in_flight``, see `migrate`) if it has migration rows. Collective over the
+        EP group. Returns the migration report (None without moves)."""
         err: Optional[BaseException] = None
         try:
             self.check_plan(plan, window, token_cap)
@@ -135,7 +136,7 @@ class PlanRunner:
         report = None
         if plan.migration.size:
             report = migrate(self.layers, plan, optimizer, group=self.group, timeout=self.timeout,
-                             extra_state=extra_state, fault=fault)
+                             extra_state=extra_state, fault=fault, max_bytes_in_flight=max_bytes_in_flight)
         self.last_migration = report
         self.plan = plan
         self._cells = self._bucket(plan)
