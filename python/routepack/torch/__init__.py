@@ -7,9 +7,20 @@ imports torch. Backend-neutral: gloo on CPU (tests), NCCL on GPUs (``tools/gpu_c
   all-to-all dispatch/combine); `dense_moe` is its single-process reference.
 * `route_tokens` / `flow_table`: logical ids → physical slots and replica copies, by the
   plan's own routing rule (``flow::route_exchange``).
-* `migrate`: plan.migration with optimizer state, staged, verified and committed atomically.
+* `migrate`: plan.migration with the state of any ``torch.optim`` optimizer keyed by parameter
+  (per-slot tensors move, scalars such as ``step`` stay; unmappable state is refused naming
+  the parameter and key), staged, verified and committed atomically; ``max_bytes_in_flight=``
+  moves a few layers at a time under that ceiling (`routepack.torch.staging`).
 * `ReplicaExchange`: per-microbatch hot-expert copies and their fp32 gradient reduction.
 * `PlanRunner`: one window end to end; `broadcast_plan`; `rank_microbatches` (replay order).
+* `export_logical(layers)` → ``[(w1 [E, H, 2I], w2 [E, I, H])]`` per layer in logical order
+  (collective); `import_logical(layers, weights)` its inverse; ``EPMoE.state_dict()`` keeps the
+  placement (``_extra_state``), so a checkpoint round trip keeps placement and weights.
+
+Gradients: each `EPMoE` backward returns the slots' complete gradient of that microbatch
+(local + replica copies + redundant slots summed over the EP group, in fp32, rounded once;
+`routepack.torch.slot_link`), before the parameters' hooks fire (DDP, Megatron ``main_grad``).
+`PlanRunner.finish_step(reduce_edp=True)` then only sums over EP groups.
 """
 
 try:

@@ -324,6 +324,19 @@ class EPMoE(torch.nn.Module):
 _GROUPED_MM_OK: dict = {}
 
 
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward hands on a contiguous gradient: ``torch._grouped_mm``'s
+    backward refuses an expanded one (e.g. the gradient of a ``.sum()``)."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[override]
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return grad.contiguous()
+
+
 def _grouped_mm_usable(x: torch.Tensor, w1: torch.Tensor) -> bool:
     """Whether ``torch._grouped_mm`` may take these operands: present in this torch, a dtype it
     supports, and every row stride a multiple of 16 bytes (its layout rule)."""
@@ -346,8 +359,8 @@ def grouped_swiglu(rows: torch.Tensor, counts: np.ndarray, w1: torch.Tensor, w2:
     if _grouped_mm_usable(rows, w1):
         offs = torch.from_numpy(np.cumsum(counts).astype(np.int32)).to(rows.device)
         try:
-            gate, up = torch._grouped_mm(rows.contiguous(), w1, offs=offs).chunk(2, dim=-1)
-            out = torch._grouped_mm((F.silu(gate) * up).contiguous(), w2, offs=offs)
+            gate, up = _ContiguousGrad.apply(torch._grouped_mm(rows.contiguous(), w1, offs=offs)).chunk(2, dim=-1)
+            out = _ContiguousGrad.apply(torch._grouped_mm((F.silu(gate) * up).contiguous(), w2, offs=offs))
             _GROUPED_MM_OK[(rows.device.type, rows.dtype)] = True
             return out
         except RuntimeError:  # this build or device refuses it: the loop below computes the same
