@@ -2,10 +2,13 @@
 
     PYTHONPATH=python python3 benches/torch_routing.py [--repeats 5]
 
-1. host routing of one MoE layer on one EP rank, as `EPMoE.forward` does it today: the
-   replayed ids to the host, per-expert counts, and `route_tokens`' table (the all-gather of
-   counts is left out: one process), for 4k / 8k / 16k tokens x k = 8 on the `tiny`
-   topology (ep = 8, E = 128, 17 slots per rank);
+1. routing of one MoE layer on one EP rank, 4k / 8k / 16k tokens x k = 8 on the `tiny`
+   topology (ep = 8, E = 128, 17 slots per rank): "in forward" is what `EPMoE.forward` does
+   without precomputed routes (ids to the host, per-expert counts, the route and its index
+   tensors; the all-gather of counts is left out: one process); "precomputed" is what it
+   does with `PlanRunner.begin_window(..., microbatches=)`: compare the ids with the
+   replayed ones on the device, no host copy; "per cell at begin_window" is the host work
+   moved out of the forward (once per window and cell);
 2. the experts of one rank: a Python loop over slots against one `torch._grouped_mm` per
    projection (`routepack.torch.moe.grouped_swiglu`), forward + backward, fp32 on the CPU.
 Median wall milliseconds; numbers, not assertions.
@@ -23,6 +26,7 @@ import routepack as rp
 from routepack.plan import Placement, empty_replicas
 from routepack.torch.moe import grouped_swiglu, swiglu
 from routepack.torch.remap import _route, expert_counts
+from routepack.torch.routes import cell_route
 
 
 def median_ms(fn, repeats: int) -> float:
@@ -49,11 +53,24 @@ def main() -> None:
         ids = torch.from_numpy(np.argsort(rng.random((t, prof.num_experts)), axis=1)[:, :k].copy())
         origin = np.stack([expert_counts(ids.numpy(), prof.num_experts)] * topo.ep)
 
-        def host():
+        def in_forward():
             h = ids.cpu().numpy().astype(np.int64)
             expert_counts(h, prof.num_experts)
-            _route(h, origin, row, topo, empty_replicas(), 0)
-        print(f"routing  T={t:5d} k={k}: {median_ms(host, args.repeats):7.2f} ms per layer (host, today)")
+            cell_route(_route(h, origin, row, topo, empty_replicas(), 0), k, topo.slots_per_rank, "cpu")
+
+        def at_begin_window():
+            cell_route(_route(ids.numpy().astype(np.int64), origin, row, topo, empty_replicas(), 0), k,
+                       topo.slots_per_rank, "cpu", ids.clone())
+        cell = cell_route(_route(ids.numpy().astype(np.int64), origin, row, topo, empty_replicas(), 0), k,
+                          topo.slots_per_rank, "cpu", ids.clone())
+        flag = [None]
+
+        def precomputed():
+            d = (ids != cell.ids).any()
+            flag[0] = d if flag[0] is None else flag[0] | d
+        print(f"routing  T={t:5d} k={k}: in forward {median_ms(in_forward, args.repeats):7.2f} ms per layer, "
+              f"precomputed {median_ms(precomputed, args.repeats):6.3f} ms per layer "
+              f"(+ {median_ms(at_begin_window, args.repeats):6.2f} ms per cell at begin_window)")
 
     h_dim, ffn, slots = 256, 128, prof.slots_per_rank
     for n in (2048, 8192):

@@ -11,8 +11,13 @@ imports torch. Backend-neutral: gloo on CPU (tests), NCCL on GPUs (``tools/gpu_c
   (per-slot tensors move, scalars such as ``step`` stay; unmappable state is refused naming
   the parameter and key), staged, verified and committed atomically; ``max_bytes_in_flight=``
   moves a few layers at a time under that ceiling (`routepack.torch.staging`).
-* `ReplicaExchange`: per-microbatch hot-expert copies and their fp32 gradient reduction.
+* `ReplicaExchange`: per-microbatch hot-expert copies, sent as the simulator's chain
+  (owner → same node → others), and their fp32 gradients reduced back along it.
 * `PlanRunner`: one window end to end; `broadcast_plan`; `rank_microbatches` (replay order).
+  ``begin_window(..., microbatches=rank_microbatches(...))`` precomputes every layer's route
+  for the window (`routepack.torch.routes`: no host sync or all-gather in the forward; the
+  ids fed are checked once per step in ``finish_step``); ``max_bytes_in_flight=`` stages
+  the migration.
 * `export_logical(layers)` → ``[(w1 [E, H, 2I], w2 [E, I, H])]`` per layer in logical order
   (collective); `import_logical(layers, weights)` its inverse; ``EPMoE.state_dict()`` keeps the
   placement (``_extra_state``), so a checkpoint round trip keeps placement and weights.

@@ -28,6 +28,7 @@ from routepack.plan import empty_replicas
 from routepack.torch import _args, checkpoint
 from routepack.torch.broadcast import group_peers
 from routepack.torch.remap import TokenRoute, _route, expert_counts
+from routepack.torch.routes import CellRoute, cell_route
 from routepack.torch.slot_link import SlotLink
 
 
@@ -264,6 +265,31 @@ class EPMoE(torch.nn.Module):
         and returns an empty ``[0, H]`` in the graph, so its backward runs the same
         collectives. Inputs that fail a check make *every* rank raise: the check's outcome
         travels with the first exchange (the per-expert counts), so no peer is left waiting."""
+        runner = self.runner
+        cell = runner.route_for(self.layer) if runner is not None else None
+        if cell is not None:
+            # precomputed for the window (routes.py): no host copy, no all-gather here
+            self._check_meta(x, topk_ids, topk_weights, cell)
+            runner.note_ids(cell, topk_ids)
+        else:
+            cell = self._route_now(x, topk_ids, topk_weights)
+        route, (t, k) = cell.route, (int(topk_ids.shape[0]), cell.k)
+        self.last_route = route
+        recv = _AllToAll.apply(x.index_select(0, cell.src_rows), route.send_splits, route.recv_splits, self.group)
+        if runner is not None:
+            runner.record_received(self.layer, sum(route.recv_splits))
+        # every gradient of the slots is completed inside this node's backward (slot_link.py)
+        recv, w1v, w2v, w1r, w2r = SlotLink.apply(recv, self.w1, self.w2, self,
+                                                  runner.exchange if runner is not None else None)
+        out = self._experts(recv, cell, w1v, w2v, w1r, w2r)
+        back = _AllToAll.apply(out, route.recv_splits, route.send_splits, self.group)
+        pairs = back.index_select(0, cell.back)
+        # hidden, not -1: with T = 0 the view would not know its last dimension
+        return (pairs.view(t, k, self.hidden) * topk_weights.unsqueeze(-1).to(pairs.dtype)).sum(1)
+
+    def _route_now(self, x: Any, topk_ids: Any, topk_weights: Any) -> CellRoute:
+        """The cell's route computed in the forward: ids to the host, counts all-gathered (with
+        every rank's check outcome), `route_tokens`' rule."""
         err: Optional[BaseException] = None
         try:
             ids = self.check_inputs(x, topk_ids, topk_weights)
@@ -278,38 +304,42 @@ class EPMoE(torch.nn.Module):
             raise RoutepackError(f"x: EP rank(s) {bad} passed invalid inputs to MoE layer {self.layer} "
                                  "(each raised its own error); nothing was dispatched")
         origin = np.ascontiguousarray(got[:, 1:])
-        t, k = ids.shape
-        runner = self.runner
-        rows = runner.cell_rows(self.layer) if runner is not None else empty_replicas()
+        rows = self.runner.cell_rows(self.layer) if self.runner is not None else empty_replicas()
         route = _route(ids, origin, self.phy2log, self.topo, rows, self.ep_rank)
-        self.last_route = route
-        send_order = torch.from_numpy(route.send_order).to(x.device)
-        recv = _AllToAll.apply(x.index_select(0, send_order // k), route.send_splits, route.recv_splits, self.group)
-        if runner is not None:
-            runner.record_received(self.layer, int(recv.shape[0]))
-        # every gradient of the slots is completed inside this node's backward (slot_link.py)
-        recv, w1v, w2v, w1r, w2r = SlotLink.apply(recv, self.w1, self.w2, self,
-                                                  runner.exchange if runner is not None else None)
-        out = self._experts(recv, route.recv_unit, w1v, w2v, w1r, w2r)
-        back = _AllToAll.apply(out, route.recv_splits, route.send_splits, self.group)
-        pairs = back.index_select(0, torch.argsort(send_order))
-        # hidden, not -1: with T = 0 the view would not know its last dimension
-        return (pairs.view(t, k, self.hidden) * topk_weights.unsqueeze(-1).to(pairs.dtype)).sum(1)
+        return cell_route(route, int(ids.shape[1]), self.slots_per_rank + int(route.replica_rows.size), x.device)
 
-    def _experts(self, recv: torch.Tensor, unit: np.ndarray, w1: torch.Tensor, w2: torch.Tensor,
+    def _check_meta(self, x: Any, topk_ids: Any, topk_weights: Any, cell: CellRoute) -> None:
+        """The forward's arguments against a precomputed route: types, shapes, dtypes and
+        devices only (no host copy; the ids themselves are compared on the device,
+        `PlanRunner.note_ids`). A mismatch raises here, and the EP peers then wait in the
+        dispatch all-to-all until the process group's timeout: feed the replayed microbatch."""
+        _args.tensor(x, "x", 2, "float")
+        _args.tensor(topk_ids, "topk_ids", 2, "int")
+        _args.tensor(topk_weights, "topk_weights", 2, "float")
+        want = tuple(cell.ids.shape)
+        if tuple(topk_ids.shape) != want or tuple(x.shape) != (want[0], self.hidden) \
+                or tuple(topk_weights.shape) != want:
+            raise RoutepackError(f"topk_ids: MoE layer {self.layer} expected this micro's replayed ids {want} "
+                                 f"(x [{want[0]}, {self.hidden}]), got ids {tuple(topk_ids.shape)}, "
+                                 f"x {tuple(x.shape)}, weights {tuple(topk_weights.shape)}")
+        if x.dtype != self.w1.dtype or x.device != self.w1.device or topk_ids.device != self.w1.device:
+            raise RoutepackError(f"x: {x.dtype} on {x.device} (ids on {topk_ids.device}), the layer's weights "
+                                 f"{self.w1.dtype} on {self.w1.device}")
+
+    def _experts(self, recv: torch.Tensor, cell: CellRoute, w1: torch.Tensor, w2: torch.Tensor,
                  w1r: torch.Tensor, w2r: torch.Tensor) -> torch.Tensor:
         """Grouped GEMM over compute units: local slots ``w1`` ``[spr, H, 2I]`` / ``w2``, then
-        replica copies ``w1r`` ``[R, H, 2I]`` / ``w2r``. Rows are sorted by unit (stable),
-        computed by `grouped_swiglu` and put back in arrival order."""
-        if unit.size == 0:
+        replica copies ``w1r`` ``[R, H, 2I]`` / ``w2r``. Rows are sorted by unit (stable, the
+        cell's precomputed permutation), computed by `grouped_swiglu` and put back in arrival
+        order."""
+        if recv.shape[0] == 0:
             # nothing to compute (recv has no rows): an empty result that keeps the received
             # tensor in the graph, so every rank runs the same backward collectives, and gives
             # w1/w2 a zero gradient like on a rank whose slots did compute (not None)
             return swiglu(recv, w1[0], w2[0])
         spr = self.slots_per_rank
-        perm = np.argsort(unit, kind="stable")
-        counts = np.bincount(unit, minlength=spr + w1r.shape[0])
-        rows = recv.index_select(0, torch.from_numpy(perm).to(recv.device))
+        counts = cell.unit_counts
+        rows = recv.index_select(0, cell.unit_perm)
         n_local = int(counts[:spr].sum())
         parts = []
         if n_local:
@@ -317,7 +347,7 @@ class EPMoE(torch.nn.Module):
         if n_local < rows.shape[0]:
             parts.append(grouped_swiglu(rows[n_local:], counts[spr:], w1r, w2r))
         out = torch.cat(parts) if len(parts) > 1 else parts[0]
-        return out.index_select(0, torch.from_numpy(np.argsort(perm)).to(recv.device))
+        return out.index_select(0, cell.unit_inv)
 
 
 #: (device type, dtype) → whether ``torch._grouped_mm`` ran there; filled on first use
