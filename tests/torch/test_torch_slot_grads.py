@@ -41,4 +41,3 @@ def test_replica_gradients_are_summed_in_fp32_and_rounded_once(seed, spr, n_extr
         want = (local + extra[s]).bfloat16() if s in extra else local.bfloat16()
         got = torch.cat([o1[s].reshape(-1), o2[s].reshape(-1)])
         assert torch.equal(got, want), s
-    # the inputs are left as they were (autograd may share them)
