@@ -250,7 +250,7 @@ def migrate(layers: Sequence[Any], plan: Any, optimizer: Optional[torch.optim.Op
         raise RoutepackTypeError(f"extra_state: expected a dict layer -> tensors, got {type(extra_state).__name__}")
     extra_state = extra_state or {}
     mod0 = layers[0]
-    me, spr, peers, device = mod0.ep_rank, mod0.slots_per_rank, mod0.peers, mod0.w1.device
+    me, device = mod0.ep_rank, mod0.w1.device
     rows = plan.migration if isinstance(plan, Plan) else np.zeros(0, dtype=MIGRATION_DTYPE)
 
     # 1. check, then agree before anything moves

@@ -127,14 +127,16 @@ class ReplicaExchange:
 
     def _post_weights(self, micro: int, layer: int) -> None:
         mod = self.layers[layer]
-        me, ops, held = mod.ep_rank, [], {}
+        # held[c]: the copy of chain c this rank received; held[-1 - c]: the owner's send buffer
+        me, ops = mod.ep_rank, []
+        held: Dict[int, torch.Tensor] = {}
         for c, ch in enumerate(self._chains(micro, layer)):
             if ch.src == me:
                 s = mod.local_slot_of(ch.expert)
                 buf = torch.cat([mod.w1[s].detach().reshape(-1), mod.w2[s].detach().reshape(-1)])
                 ops.append(dist.P2POp(dist.isend, buf, mod.peers[ch.hops[0]], mod.group,
                                       _tag(ch.tags[0], _TAG_WEIGHTS)))
-                held[("send", c)] = buf
+                held[-1 - c] = buf
                 self.sent_bytes += buf.numel() * buf.element_size()
             elif ch.hops[0] == me:
                 held[c] = self._recv_weights(mod, ops, ch, 0)

@@ -51,7 +51,9 @@ def plan_stages(rows: np.ndarray, slot_bytes: Sequence[int], ep: int,
         groups = [with_rows]
     else:
         ceiling = positive_int(max_bytes_in_flight, "max_bytes_in_flight")
-        groups, current, held = [], [], np.zeros(ep, dtype=np.int64)
+        groups: List[List[int]] = []
+        current: List[int] = []
+        held = np.zeros(ep, dtype=np.int64)
         for l in with_rows:
             need = per_layer[l]
             if int(need.max()) > ceiling:
