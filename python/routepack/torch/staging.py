@@ -47,11 +47,11 @@ def plan_stages(rows: np.ndarray, slot_bytes: Sequence[int], ep: int,
     per_layer = rank_bytes(rows, slot_bytes, ep)
     layer_of = rows["layer"].astype(np.int64) if rows.size else np.zeros(0, dtype=np.int64)
     with_rows = np.unique(layer_of).tolist()
+    groups: List[List[int]] = []
     if max_bytes_in_flight is None:
-        groups = [with_rows]
+        groups.append(with_rows)
     else:
         ceiling = positive_int(max_bytes_in_flight, "max_bytes_in_flight")
-        groups: List[List[int]] = []
         current: List[int] = []
         held = np.zeros(ep, dtype=np.int64)
         for l in with_rows:
