@@ -50,6 +50,11 @@ def test_training_with_rebalancing_equals_training_without(windows):
     assert f["trained_vs_dense"] <= TOL and f["router_vs_dense"] <= TOL
 
 
+def test_ids_other_than_the_precomputed_replay_are_refused_on_every_rank(windows):
+    for rank, f in windows.items():
+        assert "EP rank(s) [3] fed MoE layers ids other than the replayed" in f["mismatch"], (rank, f["mismatch"])
+
+
 def test_received_load_is_the_plans_prediction(windows):
     for f in windows.values():
         assert f["loads_equal"], (f["received"], f["predicted"])

@@ -7,9 +7,25 @@ imports torch. Backend-neutral: gloo on CPU (tests), NCCL on GPUs (``tools/gpu_c
   all-to-all dispatch/combine); `dense_moe` is its single-process reference.
 * `route_tokens` / `flow_table`: logical ids → physical slots and replica copies, by the
   plan's own routing rule (``flow::route_exchange``).
-* `migrate`: plan.migration with optimizer state, staged, verified and committed atomically.
-* `ReplicaExchange`: per-microbatch hot-expert copies and their fp32 gradient reduction.
+* `migrate`: plan.migration with the state of any ``torch.optim`` optimizer keyed by parameter
+  (per-slot tensors move, scalars such as ``step`` stay; unmappable state is refused naming
+  the parameter and key), staged, verified and committed atomically; ``max_bytes_in_flight=``
+  moves a few layers at a time under that ceiling (`routepack.torch.staging`).
+* `ReplicaExchange`: per-microbatch hot-expert copies, sent as the simulator's chain
+  (owner → same node → others), and their fp32 gradients reduced back along it.
 * `PlanRunner`: one window end to end; `broadcast_plan`; `rank_microbatches` (replay order).
+  ``begin_window(..., microbatches=rank_microbatches(...))`` precomputes every layer's route
+  for the window (`routepack.torch.routes`: no host sync or all-gather in the forward; the
+  ids fed are checked once per step in ``finish_step``); ``max_bytes_in_flight=`` stages
+  the migration.
+* `export_logical(layers)` → ``[(w1 [E, H, 2I], w2 [E, I, H])]`` per layer in logical order
+  (collective); `import_logical(layers, weights)` its inverse; ``EPMoE.state_dict()`` keeps the
+  placement (``_extra_state``), so a checkpoint round trip keeps placement and weights.
+
+Gradients: each `EPMoE` backward returns the slots' complete gradient of that microbatch
+(local + replica copies + redundant slots summed over the EP group, in fp32, rounded once;
+`routepack.torch.slot_link`), before the parameters' hooks fire (DDP, Megatron ``main_grad``).
+`PlanRunner.finish_step(reduce_edp=True)` then only sums over EP groups.
 """
 
 try:
@@ -20,6 +36,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from routepack.torch.broadcast import agree_on_plan, broadcast_plan, gather_ints, plan_digest
 from routepack.torch.grads import sync_redundant_grads
+from routepack.torch.logical import export_logical, import_logical
 from routepack.torch.migrate import (FAULT_POINTS, MigrationError, MigrationReport, check_migration,
                                      checksum, expert_state, migrate)
 from routepack.torch.moe import EPMoE, dense_moe, swiglu
@@ -45,8 +62,10 @@ __all__ = [
     "dense_moe",
     "expert_counts",
     "expert_state",
+    "export_logical",
     "flow_table",
     "gather_ints",
+    "import_logical",
     "migrate",
     "plan_digest",
     "rank_microbatches",

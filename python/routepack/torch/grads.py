@@ -6,18 +6,23 @@ copy must step with that sum, or the copies drift apart. `sync_redundant_grads` 
 the EP group (one all-reduce per layer, over only the redundant experts) and, where DP has
 several EP groups, over the expert-data-parallel group too, so each copy ends with the full
 logical gradient and the same optimizer update (all-reduce gives every rank the same bits).
+
+`EPMoE`'s backward already does the EP-group sum (and adds replica gradients) before the
+parameter hooks fire (`routepack.torch.slot_link`); for such layers
+(``grads_complete_in_backward``) `sync_redundant_grads` only does the sum across EP groups,
+which a trainer with its own expert-data-parallel reduction (DDP, Megatron) skips.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from routepack.torch import _args
 from routepack.torch.moe import check_layers
+from routepack.torch.slot_link import redundant_experts
 
 
 @torch.no_grad()
@@ -27,7 +32,9 @@ def sync_redundant_grads(layers: Sequence[Any], group: Optional[Any] = None,
 
     ``layers``: `EPMoE` layers of this rank; ``group``: the EP group; ``edp_group``: ranks that
     hold the same EP-local rank in every EP group (None when there is one EP group). Slots
-    without a gradient count as zero. Collective: every rank of both groups calls it.
+    without a gradient count as zero. Collective: every rank of both groups calls it. For
+    `EPMoE` layers the EP-group sum already happened in backward, so only ``edp_group``'s
+    remains.
     """
     layers = check_layers(layers)
     _args.group(group)
@@ -39,9 +46,8 @@ def sync_redundant_grads(layers: Sequence[Any], group: Optional[Any] = None,
         if edp_group is not None:
             for p in (mod.w1, mod.w2):
                 dist.all_reduce(p.grad, group=edp_group)
-        counts = np.bincount(mod.phy2log[mod.phy2log >= 0], minlength=mod.num_experts)
-        redundant = np.flatnonzero(counts > 1)
-        if redundant.size == 0:
+        redundant = redundant_experts(mod.phy2log, mod.num_experts)
+        if redundant.size == 0 or getattr(mod, "grads_complete_in_backward", False):
             continue
         index = {int(e): i for i, e in enumerate(redundant)}
         n1, n2 = mod.w1[0].numel(), mod.w2[0].numel()

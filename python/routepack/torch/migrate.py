@@ -39,6 +39,7 @@ from routepack.plan import MIGRATION_DTYPE, Plan
 from routepack.torch import _args
 from routepack.torch.broadcast import digest_int, gather_ints
 from routepack.torch.moe import check_layers
+from routepack.torch.staging import plan_stages
 
 #: Where a test's fault hook is called, in protocol order.
 FAULT_POINTS = ("checked", "packed", "staged", "verified", "commit")
@@ -53,30 +54,76 @@ class MigrationError(RuntimeError):
 @dataclass(frozen=True)
 class MigrationReport:
     """What this rank did: rows applied in its EP group, bytes it sent and received over the
-    network, slots it filled by a local copy, wall seconds."""
+    network, slots it filled by a local copy, wall seconds; the number of stages and the peak
+    extra bytes any EP rank held at once under that staging (`staging.plan_stages`)."""
 
     rows: int
     sent_bytes: int
     received_bytes: int
     local_copies: int
     seconds: float
+    stages: int = 1
+    peak_bytes: int = 0
 
 
 def expert_state(layer: Any, optimizer: Optional[torch.optim.Optimizer] = None,
                  extra: Sequence[torch.Tensor] = ()) -> List[torch.Tensor]:
     """Tensors with one entry per physical slot of ``layer`` that travel with an expert:
-    ``w1``, ``w2``, every optimizer state tensor of theirs shaped like the parameter (sorted by
-    key), and ``extra`` (each with leading dimension ``slots_per_rank``)."""
+    ``w1``, ``w2``, every optimizer state tensor of theirs with one row per slot (sorted by
+    key), and ``extra`` (each with leading dimension ``slots_per_rank``).
+
+    Works for any ``torch.optim`` optimizer whose state is keyed by the parameters (Adam,
+    AdamW, SGD with momentum, RMSprop, Adagrad, Adafactor's factored ``row_var``/``col_var``,
+    ...): a state tensor whose leading dimension is ``slots_per_rank`` moves with the rows;
+    a scalar (``step``, ASGD's ``eta``) belongs to the whole parameter and stays. Raises
+    `RoutepackError` naming the parameter and key for anything else, and when the optimizer
+    does not hold ``w1``/``w2`` themselves (a flat or sharded fp32 state such as Megatron's
+    DistributedOptimizer, whose master copy would silently undo the move): never ignores it."""
     out: List[torch.Tensor] = [layer.w1, layer.w2]
     if optimizer is not None:
-        for p in (layer.w1, layer.w2):
-            st = optimizer.state.get(p, {})
-            out.extend(st[k] for k in sorted(st) if torch.is_tensor(st[k]) and st[k].shape == p.shape)
+        out.extend(optimizer_rows(layer, optimizer))
     for i, t in enumerate(extra):
         if t.dim() == 0 or t.shape[0] != layer.slots_per_rank:
             raise RoutepackError(f"extra_state[{layer.layer}][{i}]: leading dimension must be "
                                  f"slots_per_rank={layer.slots_per_rank}, got shape {tuple(t.shape)}")
         out.append(t)
+    return out
+
+
+def optimizer_rows(layer: Any, optimizer: Any) -> List[torch.Tensor]:
+    """``optimizer``'s per-slot state tensors of ``layer.w1`` and ``layer.w2`` (see
+    `expert_state`), after checking that the optimizer owns both and that every state entry
+    is either per-slot or a per-parameter scalar."""
+    if not hasattr(optimizer, "param_groups") or not hasattr(optimizer, "state"):
+        raise RoutepackTypeError(f"optimizer: expected a torch.optim.Optimizer keyed by parameter, got "
+                                 f"{type(optimizer).__name__} (pass its inner torch optimizer, or move its state "
+                                 "with extra_state)")
+    owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    out: List[torch.Tensor] = []
+    spr = layer.slots_per_rank
+    for pname, p in (("w1", layer.w1), ("w2", layer.w2)):
+        name = f"layers[{layer.layer}].{pname}"
+        if id(p) not in owned:
+            raise RoutepackError(
+                f"optimizer: does not hold {name} (shape {tuple(p.shape)}) among its parameters, so its state "
+                f"cannot be moved with the expert rows ({type(optimizer).__name__}: a flat or sharded state such as "
+                "Megatron's DistributedOptimizer keeps fp32 master copies that would undo the migration); pass an "
+                "optimizer keyed by the layer's parameters, or the per-slot tensors as extra_state")
+        st = optimizer.state.get(p, {})
+        for k in sorted(st, key=str):
+            v = st[k]
+            if v is None or not torch.is_tensor(v):
+                continue  # e.g. SGD's momentum_buffer before the first step, python scalars
+            if v.dim() == 0:
+                continue  # per-parameter scalar (step, eta, mu_product): every slot shares it
+            if v.shape[0] != spr:
+                raise RoutepackError(
+                    f"optimizer.state[{name}][{k!r}]: shape {tuple(v.shape)} has no row per slot "
+                    f"(leading dimension {spr}) and is no scalar; routepack cannot move it with the expert rows")
+            if v.device != p.device:
+                raise RoutepackError(f"optimizer.state[{name}][{k!r}]: on {v.device}, the parameter on {p.device} "
+                                     "(an offloaded state is not moved; pass it as extra_state)")
+            out.append(v)
     return out
 
 
@@ -177,12 +224,22 @@ def _hook(fault: Optional[Callable[[str], None]], point: str) -> None:
 def migrate(layers: Sequence[Any], plan: Any, optimizer: Optional[torch.optim.Optimizer] = None, *,
             group: Optional[Any] = None, timeout: datetime.timedelta = datetime.timedelta(seconds=120),
             extra_state: Optional[Dict[int, Sequence[torch.Tensor]]] = None,
-            fault: Optional[Callable[[str], None]] = None) -> MigrationReport:
+            fault: Optional[Callable[[str], None]] = None,
+            max_bytes_in_flight: Optional[int] = None) -> MigrationReport:
     """Applies ``plan.migration`` to ``layers`` (this rank's `EPMoE` layers, index = MoE layer)
     together with ``optimizer``'s state and ``extra_state[layer]``. Collective over the EP
     ``group``. Raises `InvalidPlanError` before anything moves when the plan does not fit,
     `MigrationError` when the move was aborted (state intact on every rank). ``fault`` is a
-    test hook called with each of `FAULT_POINTS`."""
+    test hook called with each of `FAULT_POINTS`.
+
+    ``max_bytes_in_flight``: the ceiling on the extra memory any EP rank holds at once (its
+    staged receives, the backups of the slots it overwrites and its packed sends;
+    `routepack.torch.staging`). Layers are then moved a few at a time, each stage staged,
+    verified and committed on its own: atomic per stage, so an abort in a later stage leaves
+    the layers of earlier stages on the plan's placement (the error names them) and the
+    rest on their previous one. None (default): one stage, atomic over all layers. Every
+    rank passes the same value; a single layer above the ceiling is refused before anything
+    moves (`RoutepackError` naming the layer, the rank and the bytes)."""
     t0 = time.perf_counter()
     # arguments every rank passes alike (the layers, the group, the timeout): a bad one fails
     # on every rank at once, before any exchange
@@ -193,13 +250,16 @@ def migrate(layers: Sequence[Any], plan: Any, optimizer: Optional[torch.optim.Op
         raise RoutepackTypeError(f"extra_state: expected a dict layer -> tensors, got {type(extra_state).__name__}")
     extra_state = extra_state or {}
     mod0 = layers[0]
-    me, spr, peers, device = mod0.ep_rank, mod0.slots_per_rank, mod0.peers, mod0.w1.device
+    me, device = mod0.ep_rank, mod0.w1.device
     rows = plan.migration if isinstance(plan, Plan) else np.zeros(0, dtype=MIGRATION_DTYPE)
 
     # 1. check, then agree before anything moves
     err: Optional[BaseException] = None
     states: List[List[torch.Tensor]] = []
     sizes: List[int] = []
+    stages: List[tuple] = []
+    stage_of: set = set()
+    peak = 0
     digest = 0
     try:
         if not isinstance(plan, Plan):
@@ -208,32 +268,77 @@ def migrate(layers: Sequence[Any], plan: Any, optimizer: Optional[torch.optim.Op
         check_migration(layers, plan)
         states = [expert_state(mod, optimizer, extra_state.get(l, ())) for l, mod in enumerate(layers)]
         sizes = [slot_bytes(st) for st in states]
+        stages, peak = plan_stages(rows, sizes, mod0.topo.ep, max_bytes_in_flight)
+        stage_of = {l for ls, _ in stages for l in ls}
         _hook(fault, "checked")
     except Exception as e:  # noqa: BLE001 (reported to every rank, then re-raised)
         err = e
-    # status: 1 ok, 0 the plan was refused, 2 anything else went wrong here
-    status = 1 if err is None else (0 if isinstance(err, InvalidPlanError) else 2)
-    got = gather_ints([status, digest, digest_of_sizes(sizes)], group, device, timeout)
+    # status: 1 ok, 0 the plan was refused, 3 an argument (optimizer, extra_state) cannot be
+    # mapped, 2 anything else went wrong here
+    status = 1 if err is None else (0 if isinstance(err, InvalidPlanError) else
+                                    3 if isinstance(err, RoutepackError) else 2)
+    ceiling = -1 if max_bytes_in_flight is None else int(max_bytes_in_flight)
+    got = gather_ints([status, digest, digest_of_sizes(sizes), ceiling], group, device, timeout)
     if err is not None:
-        if status == 0:
+        if status in (0, 3):
             raise err
         raise MigrationError(f"EP rank {me}: {err!r}; nothing moved") from err
     if (got[:, 0] == 0).any():
         raise InvalidPlanError(f"EP rank(s) {np.flatnonzero(got[:, 0] == 0).tolist()} refused the plan; nothing moved")
+    if (got[:, 0] == 3).any():
+        raise RoutepackError(f"EP rank(s) {np.flatnonzero(got[:, 0] == 3).tolist()} cannot map their optimizer or "
+                             "extra state (each raised its own error); nothing moved")
     if (got[:, 0] == 2).any():
         raise MigrationError(f"EP rank(s) {np.flatnonzero(got[:, 0] == 2).tolist()} failed to prepare; nothing moved")
     if np.unique(got[:, 1]).size != 1:
         raise InvalidPlanError("EP ranks hold different plans; nothing moved")
     if np.unique(got[:, 2]).size != 1:
         raise MigrationError("expert state (weights + optimizer state) differs in size between EP ranks; nothing moved")
+    if np.unique(got[:, 3]).size != 1:
+        raise RoutepackError(f"max_bytes_in_flight: EP ranks passed different values {got[:, 3].tolist()} "
+                             "(-1: None); nothing moved")
 
+    # 2-4 per stage (a few layers whose extra memory fits max_bytes_in_flight; one stage
+    # holding every layer without a ceiling): stage, verify, commit
+    totals = [0, 0, 0]
+    done: List[int] = []
+    for k, (stage_layers, idx) in enumerate(stages):
+        last = k == len(stages) - 1
+        # the last stage also installs the placement of layers without rows (slots emptied)
+        install = sorted(set(stage_layers) | ({l for l in range(len(layers))} - set(stage_of)) if last
+                         else stage_layers)
+        try:
+            sent_b, recv_b, local_n = _stage(layers, plan, rows, idx, install, states, sizes, group, timeout, fault)
+        except MigrationError as e:
+            if done:
+                raise MigrationError(f"{e} (stage {k + 1} of {len(stages)}; layers {done} were moved by earlier "
+                                     "stages and keep the plan's placement, the others their previous one)") from e
+            raise
+        for j, v in enumerate((sent_b, recv_b, local_n)):
+            totals[j] += v
+        done.extend(install)
+    return MigrationReport(rows=len(rows), sent_bytes=totals[0], received_bytes=totals[1],
+                           local_copies=totals[2], seconds=time.perf_counter() - t0, stages=len(stages),
+                           peak_bytes=peak)
+
+
+def _stage(layers: List[Any], plan: Plan, rows: np.ndarray, idx: Sequence[int], install: Sequence[int],
+           states: List[List[torch.Tensor]], sizes: List[int], group: Any, timeout: datetime.timedelta,
+           fault: Optional[Callable[[str], None]]) -> tuple:
+    """Stages, verifies and commits migration rows ``idx`` (global row indices), then sets the
+    placement of layers ``install``; all or nothing on every rank. Returns (bytes sent, bytes
+    received, local copies)."""
+    mod0 = layers[0]
+    me, spr, peers, device = mod0.ep_rank, mod0.slots_per_rank, mod0.peers, mod0.w1.device
+    err: Optional[BaseException] = None
     # 2. stage: pack, exchange; never touch live tensors
     staged: Dict[int, torch.Tensor] = {}
     sent: Dict[int, torch.Tensor] = {}
     ops = []
     sent_bytes = recv_bytes = local = 0
     try:
-        for i, r in enumerate(rows):
+        for i in idx:
+            r = rows[i]
             l, s_rank, d_rank = int(r["layer"]), int(r["src_rank"]), int(r["dst_rank"])
             if s_rank == me and d_rank == me:
                 staged[i] = pack_slot(states[l], int(r["src_slot"]) - me * spr).clone()
@@ -247,7 +352,8 @@ def migrate(layers: Sequence[Any], plan: Any, optimizer: Optional[torch.optim.Op
     except Exception as e:  # noqa: BLE001
         err = e
     try:
-        for i, r in enumerate(rows):
+        for i in idx:
+            r = rows[i]
             l, s_rank, d_rank = int(r["layer"]), int(r["src_rank"]), int(r["dst_rank"])
             if s_rank == d_rank:
                 continue
@@ -270,14 +376,14 @@ def migrate(layers: Sequence[Any], plan: Any, optimizer: Optional[torch.optim.Op
         err = err or e
 
     # 3. verify: every rank sees every rank's status and both checksums of every row
-    sums = np.zeros((len(rows), 2), dtype=np.int64)
+    sums = np.zeros((len(idx), 2), dtype=np.int64)
     if err is None:
         try:
-            for i, r in enumerate(rows):
-                if int(r["src_rank"]) == me:
-                    sums[i, 0] = checksum(sent[i])
-                if int(r["dst_rank"]) == me:
-                    sums[i, 1] = checksum(staged[i])
+            for n, i in enumerate(idx):
+                if int(rows[i]["src_rank"]) == me:
+                    sums[n, 0] = checksum(sent[i])
+                if int(rows[i]["dst_rank"]) == me:
+                    sums[n, 1] = checksum(staged[i])
         except Exception as e:  # noqa: BLE001
             err = e
     try:
@@ -288,27 +394,28 @@ def migrate(layers: Sequence[Any], plan: Any, optimizer: Optional[torch.optim.Op
     if failed:
         raise MigrationError(f"EP rank(s) {failed} failed to stage"
                              + (f" (here: {err!r})" if err is not None else "") + "; nothing moved") from err
-    both = got[:, 1:].reshape(got.shape[0], len(rows), 2).sum(axis=0)
-    bad = np.flatnonzero(both[:, 0] != both[:, 1]).tolist()
+    both = got[:, 1:].reshape(got.shape[0], len(idx), 2).sum(axis=0)
+    bad = [int(idx[n]) for n in np.flatnonzero(both[:, 0] != both[:, 1]).tolist()]
     if bad:
         raise MigrationError(f"checksum mismatch on migration rows {bad}; nothing moved")
+    sent.clear()  # the packed sources are no longer needed: free them before the backups
 
     # 4. commit with backups, then confirm on every rank
     backups: List[tuple] = []
-    old_rows = [mod.phy2log.copy() for mod in layers]
+    old_rows = {l: layers[l].phy2log.copy() for l in install}
     try:
         _hook(fault, "verified")
-        mine = [i for i, r in enumerate(rows) if int(r["dst_rank"]) == me]
+        mine = [i for i in idx if int(rows[i]["dst_rank"]) == me]
         for i in mine:
             l, slot = int(rows[i]["layer"]), int(rows[i]["dst_slot"]) - me * spr
             backups.append((l, slot, pack_slot(states[l], slot).clone()))
         for n, i in enumerate(mine):
             l, slot = int(rows[i]["layer"]), int(rows[i]["dst_slot"]) - me * spr
-            unpack_slot(states[l], slot, staged[i])
+            unpack_slot(states[l], slot, staged.pop(i))
             if n == 0:
                 _hook(fault, "commit")
-        for l, mod in enumerate(layers):
-            mod.phy2log = plan.placement.phy2log[l].astype(np.int32, copy=True)
+        for l in install:
+            layers[l].phy2log = plan.placement.phy2log[l].astype(np.int32, copy=True)
         err = None
     except Exception as e:  # noqa: BLE001
         err = e
@@ -320,12 +427,11 @@ def migrate(layers: Sequence[Any], plan: Any, optimizer: Optional[torch.optim.Op
     if failed:
         for l, slot, buf in reversed(backups):
             unpack_slot(states[l], slot, buf)
-        for mod, row in zip(layers, old_rows):
-            mod.phy2log = row
+        for l, row in old_rows.items():
+            layers[l].phy2log = row
         who = "a peer is unreachable" if failed == [-1] else f"EP rank(s) {failed} failed to commit"
         raise MigrationError(f"{who}; every slot restored" + (f" (here: {err!r})" if err is not None else "")) from err
-    return MigrationReport(rows=len(rows), sent_bytes=sent_bytes, received_bytes=recv_bytes,
-                           local_copies=local, seconds=time.perf_counter() - t0)
+    return sent_bytes, recv_bytes, local
 
 
 def digest_of_sizes(sizes: Sequence[int]) -> int:

@@ -25,9 +25,11 @@ import torch.nn.functional as F
 from routepack._checks import positive_int
 from routepack.errors import RoutepackError, RoutepackTypeError
 from routepack.plan import empty_replicas
-from routepack.torch import _args
+from routepack.torch import _args, checkpoint
 from routepack.torch.broadcast import group_peers
 from routepack.torch.remap import TokenRoute, _route, expert_counts
+from routepack.torch.routes import CellRoute, cell_route
+from routepack.torch.slot_link import SlotLink
 
 
 def swiglu(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
@@ -126,7 +128,17 @@ class EPMoE(torch.nn.Module):
     this rank's slots; an empty slot (-1) holds whatever it last held and receives no tokens.
     A `routepack.torch.PlanRunner` attaches itself as ``runner`` to supply the cell's replica
     rows and weights; without one the layer routes by its placement alone.
+
+    Gradients: the backward of each forward hands ``w1``/``w2`` their complete gradient for
+    that microbatch (local tokens + replica copies' fp32 gradients + redundant slots summed
+    over the EP group, added in fp32, rounded once; `routepack.torch.slot_link`), so
+    parameter hooks (DDP, ``main_grad``, ``overlap_grad_reduce``) see it. Only the sum across
+    EP groups (expert data parallelism) is left to the trainer or `PlanRunner.finish_step`.
     """
+
+    #: the backward completes redundant-slot and replica gradients (`sync_redundant_grads`
+    #: then only sums across EP groups)
+    grads_complete_in_backward = True
 
     def __init__(self, layer: int, num_experts: int, hidden: int, ffn: int, topo: Any,
                  phy2log_row: np.ndarray, group: Optional[Any] = None,
@@ -178,6 +190,35 @@ class EPMoE(torch.nn.Module):
             raise RoutepackError(f"expert {expert} is not on EP rank {self.ep_rank} in layer {self.layer}")
         return int(hit[0])
 
+    # ------------------------------------------------------------- checkpoints
+    def get_extra_state(self) -> dict:
+        """The placement row and the layer's identity, saved in ``state_dict`` as
+        ``_extra_state`` (`routepack.torch.checkpoint`)."""
+        return checkpoint.extra_state(self)
+
+    def set_extra_state(self, state: Any) -> None:
+        """Restores the placement saved by `get_extra_state` (refuses another rank's or shape's)."""
+        checkpoint.set_extra_state(self, state)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # type: ignore[override]
+        # the placement record is checked before torch copies any weight in, so a checkpoint
+        # of another rank or shape leaves this module untouched
+        key = prefix + "_extra_state"
+        if key in state_dict:
+            checkpoint.check_extra_state(self, state_dict[key])
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def export_logical(self) -> tuple:
+        """``(w1 [E, H, 2I], w2 [E, I, H])``: the experts in logical order, as the unsharded
+        model holds them, on every rank. Collective over the EP group."""
+        return checkpoint.export_layer(self)
+
+    def import_logical(self, w1: torch.Tensor, w2: torch.Tensor) -> None:
+        """Fills every local slot from logical ``w1`` ``[E, H, 2I]``, ``w2`` ``[E, I, H]`` (the
+        inverse of `export_logical`; local, no collective)."""
+        checkpoint.check_logical(self, w1, w2)
+        self.load_logical(w1, w2)
+
     @torch.no_grad()
     def load_logical(self, w1: torch.Tensor, w2: torch.Tensor) -> None:
         """Fills every local slot from logical weights ``w1`` ``[E, H, 2I]``, ``w2`` ``[E, I, H]``
@@ -224,6 +265,31 @@ class EPMoE(torch.nn.Module):
         and returns an empty ``[0, H]`` in the graph, so its backward runs the same
         collectives. Inputs that fail a check make *every* rank raise: the check's outcome
         travels with the first exchange (the per-expert counts), so no peer is left waiting."""
+        runner = self.runner
+        cell = runner.route_for(self.layer) if runner is not None else None
+        if cell is not None:
+            # precomputed for the window (routes.py): no host copy, no all-gather here
+            self._check_meta(x, topk_ids, topk_weights, cell)
+            runner.note_ids(cell, topk_ids)
+        else:
+            cell = self._route_now(x, topk_ids, topk_weights)
+        route, (t, k) = cell.route, (int(topk_ids.shape[0]), cell.k)
+        self.last_route = route
+        recv = _AllToAll.apply(x.index_select(0, cell.src_rows), route.send_splits, route.recv_splits, self.group)
+        if runner is not None:
+            runner.record_received(self.layer, sum(route.recv_splits))
+        # every gradient of the slots is completed inside this node's backward (slot_link.py)
+        recv, w1v, w2v, w1r, w2r = SlotLink.apply(recv, self.w1, self.w2, self,
+                                                  runner.exchange if runner is not None else None)
+        out = self._experts(recv, cell, w1v, w2v, w1r, w2r)
+        back = _AllToAll.apply(out, route.recv_splits, route.send_splits, self.group)
+        pairs = back.index_select(0, cell.back)
+        # hidden, not -1: with T = 0 the view would not know its last dimension
+        return (pairs.view(t, k, self.hidden) * topk_weights.unsqueeze(-1).to(pairs.dtype)).sum(1)
+
+    def _route_now(self, x: Any, topk_ids: Any, topk_weights: Any) -> CellRoute:
+        """The cell's route computed in the forward: ids to the host, counts all-gathered (with
+        every rank's check outcome), `route_tokens`' rule."""
         err: Optional[BaseException] = None
         try:
             ids = self.check_inputs(x, topk_ids, topk_weights)
@@ -238,48 +304,101 @@ class EPMoE(torch.nn.Module):
             raise RoutepackError(f"x: EP rank(s) {bad} passed invalid inputs to MoE layer {self.layer} "
                                  "(each raised its own error); nothing was dispatched")
         origin = np.ascontiguousarray(got[:, 1:])
-        t, k = ids.shape
-        runner = self.runner
-        rows = runner.cell_rows(self.layer) if runner is not None else empty_replicas()
+        rows = self.runner.cell_rows(self.layer) if self.runner is not None else empty_replicas()
         route = _route(ids, origin, self.phy2log, self.topo, rows, self.ep_rank)
-        self.last_route = route
-        send_order = torch.from_numpy(route.send_order).to(x.device)
-        recv = _AllToAll.apply(x.index_select(0, send_order // k), route.send_splits, route.recv_splits, self.group)
-        if runner is not None:
-            runner.record_received(self.layer, int(recv.shape[0]))
-            recv, w1r, w2r = runner.replica_link(self.layer, recv, self.w1, self.w2)
-        else:
-            w1r = w2r = None
-        out = self._experts(recv, route.recv_unit, w1r, w2r)
-        back = _AllToAll.apply(out, route.recv_splits, route.send_splits, self.group)
-        pairs = back.index_select(0, torch.argsort(send_order))
-        # hidden, not -1: with T = 0 the view would not know its last dimension
-        return (pairs.view(t, k, self.hidden) * topk_weights.unsqueeze(-1).to(pairs.dtype)).sum(1)
+        return cell_route(route, int(ids.shape[1]), self.slots_per_rank + int(route.replica_rows.size), x.device)
 
-    def _experts(self, recv: torch.Tensor, unit: np.ndarray, w1r: Optional[torch.Tensor],
-                 w2r: Optional[torch.Tensor]) -> torch.Tensor:
-        """Grouped GEMM over compute units: local slots, then replica copies. Rows are sorted by
-        unit (stable), computed unit by unit, and put back in arrival order."""
-        spr = self.slots_per_rank
-        if unit.size == 0:
+    def _check_meta(self, x: Any, topk_ids: Any, topk_weights: Any, cell: CellRoute) -> None:
+        """The forward's arguments against a precomputed route: types, shapes, dtypes and
+        devices only (no host copy; the ids themselves are compared on the device,
+        `PlanRunner.note_ids`). A mismatch raises here, and the EP peers then wait in the
+        dispatch all-to-all until the process group's timeout: feed the replayed microbatch."""
+        _args.tensor(x, "x", 2, "float")
+        _args.tensor(topk_ids, "topk_ids", 2, "int")
+        _args.tensor(topk_weights, "topk_weights", 2, "float")
+        want = tuple(cell.ids.shape)
+        if tuple(topk_ids.shape) != want or tuple(x.shape) != (want[0], self.hidden) \
+                or tuple(topk_weights.shape) != want:
+            raise RoutepackError(f"topk_ids: MoE layer {self.layer} expected this micro's replayed ids {want} "
+                                 f"(x [{want[0]}, {self.hidden}]), got ids {tuple(topk_ids.shape)}, "
+                                 f"x {tuple(x.shape)}, weights {tuple(topk_weights.shape)}")
+        if x.dtype != self.w1.dtype or x.device != self.w1.device or topk_ids.device != self.w1.device:
+            raise RoutepackError(f"x: {x.dtype} on {x.device} (ids on {topk_ids.device}), the layer's weights "
+                                 f"{self.w1.dtype} on {self.w1.device}")
+
+    def _experts(self, recv: torch.Tensor, cell: CellRoute, w1: torch.Tensor, w2: torch.Tensor,
+                 w1r: torch.Tensor, w2r: torch.Tensor) -> torch.Tensor:
+        """Grouped GEMM over compute units: local slots ``w1`` ``[spr, H, 2I]`` / ``w2``, then
+        replica copies ``w1r`` ``[R, H, 2I]`` / ``w2r``. Rows are sorted by unit (stable, the
+        cell's precomputed permutation), computed by `grouped_swiglu` and put back in arrival
+        order."""
+        if recv.shape[0] == 0:
             # nothing to compute (recv has no rows): an empty result that keeps the received
             # tensor in the graph, so every rank runs the same backward collectives, and gives
             # w1/w2 a zero gradient like on a rank whose slots did compute (not None)
-            return swiglu(recv, self.w1[0], self.w2[0])
-        perm = np.argsort(unit, kind="stable")
-        counts = np.bincount(unit, minlength=spr + (0 if w1r is None else w1r.shape[0]))
-        perm_t = torch.from_numpy(perm).to(recv.device)
-        chunks = torch.split(recv.index_select(0, perm_t), counts.tolist())
+            return swiglu(recv, w1[0], w2[0])
+        spr = self.slots_per_rank
+        counts = cell.unit_counts
+        rows = recv.index_select(0, cell.unit_perm)
+        n_local = int(counts[:spr].sum())
         parts = []
-        for u, chunk in enumerate(chunks):
-            if chunk.shape[0] == 0:
-                continue
-            if u < spr:
-                parts.append(swiglu(chunk, self.w1[u], self.w2[u]))
-            else:
-                parts.append(swiglu(chunk, w1r[u - spr], w2r[u - spr]))
-        out = torch.cat(parts)
-        return out.index_select(0, torch.from_numpy(np.argsort(perm)).to(recv.device))
+        if n_local:
+            parts.append(grouped_swiglu(rows[:n_local], counts[:spr], w1, w2))
+        if n_local < rows.shape[0]:
+            parts.append(grouped_swiglu(rows[n_local:], counts[spr:], w1r, w2r))
+        out = torch.cat(parts) if len(parts) > 1 else parts[0]
+        return out.index_select(0, cell.unit_inv)
+
+
+#: (device type, dtype) → whether ``torch._grouped_mm`` ran there; filled on first use
+_GROUPED_MM_OK: dict = {}
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward hands on a contiguous gradient: ``torch._grouped_mm``'s
+    backward refuses an expanded one (e.g. the gradient of a ``.sum()``)."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[override]
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return grad.contiguous()
+
+
+def _grouped_mm_usable(x: torch.Tensor, w1: torch.Tensor) -> bool:
+    """Whether ``torch._grouped_mm`` may take these operands: present in this torch, a dtype it
+    supports, and every row stride a multiple of 16 bytes (its layout rule)."""
+    if not hasattr(torch, "_grouped_mm") or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return False
+    if _GROUPED_MM_OK.get((x.device.type, x.dtype)) is False:
+        return False
+    size = x.element_size()
+    return all((d * size) % 16 == 0 for d in (w1.shape[1], w1.shape[2], w1.shape[2] // 2))
+
+
+def grouped_swiglu(rows: torch.Tensor, counts: np.ndarray, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """SwiGLU experts over consecutive groups of rows: ``rows`` ``[N, H]`` sorted by group,
+    ``counts`` int64 ``[G]`` (sum N), ``w1`` ``[G, H, 2I]``, ``w2`` ``[G, I, H]`` → ``[N, H]``.
+
+    One ``torch._grouped_mm`` per projection where this torch offers it for the operands
+    (`_grouped_mm_usable`), else a loop over the groups that have rows, on ``unbind`` views:
+    its backward stacks the groups' gradients into one ``[G, H, 2I]`` tensor (indexing
+    ``w1[g]`` would build a full zero gradient of ``w1`` for every group)."""
+    if _grouped_mm_usable(rows, w1):
+        offs = torch.from_numpy(np.cumsum(counts).astype(np.int32)).to(rows.device)
+        try:
+            gate, up = _ContiguousGrad.apply(torch._grouped_mm(rows.contiguous(), w1, offs=offs)).chunk(2, dim=-1)
+            out = _ContiguousGrad.apply(torch._grouped_mm((F.silu(gate) * up).contiguous(), w2, offs=offs))
+            _GROUPED_MM_OK[(rows.device.type, rows.dtype)] = True
+            return out
+        except RuntimeError:  # this build or device refuses it: the loop below computes the same
+            _GROUPED_MM_OK[(rows.device.type, rows.dtype)] = False
+    w1s, w2s = w1.unbind(0), w2.unbind(0)
+    chunks = torch.split(rows, counts.tolist())
+    parts = [swiglu(c, w1s[g], w2s[g]) for g, c in enumerate(chunks) if c.shape[0]]
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
 def check_layers(layers: Any) -> List[Any]:

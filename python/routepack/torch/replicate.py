@@ -3,26 +3,31 @@
 For each replica ``(micro, group, layer, expert, src_rank, dst_rank, share)`` of this
 rank's EP group:
 
-* forward: the owner (``src_rank``) sends the expert's weights (its lowest local slot holding
-  it) to ``dst_rank``. `ReplicaExchange.prefetch` posts these transfers asynchronously for a
-  whole microbatch, so they overlap the attention that precedes each MoE layer; the layer
-  waits for its own layer's transfers only when it reaches its experts.
+* forward: the copies of one (expert, owner) in a cell travel as a chain, the way
+  ``simulate.rs`` prices them: the owner (``src_rank``, its lowest local slot holding the
+  expert) sends to the first destination (same node first, then ascending rank), which
+  forwards to the next, and so on. `ReplicaExchange.prefetch` posts the first hop of every
+  layer of a microbatch asynchronously, so it overlaps the attention before each MoE layer;
+  the later hops run when the layer reaches its experts.
 * the destination computes the planned share of the expert's tokens with that copy (the
   remapper routes them there, `flow::route_expert`).
-* backward: the copy's gradient is sent back in fp32 as soon as autograd has it (posted from
-  the layer's backward, before the dispatch all-to-all's backward, on every rank in the same
-  order); `ReplicaExchange.finish` waits and adds it into the owner slot's gradient, in table
-  order, before the optimizer step.
+* backward: the copies' gradients are reduced back along the chain in fp32 (the last rank
+  sends to the one before it, which adds its own, ... down to the owner), from the layer's
+  `SlotLink` node (before the dispatch all-to-all's backward, on every rank in the same
+  order); the owner adds the sum to its slot's gradient in fp32 inside that node, so the
+  parameter's hooks see it (`routepack.torch.slot_link`).
 
 ReLibra-style rows (a copy on an under-loaded rank of the same node) and MindSpeed-style rows
 (a copy on every other EP rank, share = that rank's own token fraction) are both just rows.
-Transfers are point-to-point owner ↔ destination (a star); the simulator prices a chain
-src → dsts, which moves the same bytes per destination but fewer through the owner.
+Each hop moves one expert's weights forward and one fp32 gradient backward: per rank the
+bytes the simulator's chain counts (a relay sends once and receives once per chain, the
+owner sends once, where a star would make it send once per destination).
 """
 
 from __future__ import annotations
 
 import datetime
+from dataclasses import dataclass
 from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
@@ -39,23 +44,44 @@ def _tag(row_index: int, phase: int) -> int:
     return 2 * int(row_index) + phase
 
 
-class _ReplicaLink(torch.autograd.Function):
-    """Identity on the received tokens; also yields the replica weights of the layer.
+@dataclass(frozen=True)
+class Chain:
+    """The copies of one (expert, owner) in one cell, as the simulator prices them.
 
-    Threading the tokens through this node fixes the backward order on every rank: the
-    experts' backward produces the copies' gradients, this node sends them to their owners,
-    and only then does the dispatch all-to-all's backward run."""
+    * ``hops``: EP ranks after the owner ``src``, same node as the owner first, then ascending
+      rank (``simulate.rs``); ``tags``: the plan row index naming each hop's messages.
+    * ``mine``: this rank's copy indices (cell order of the rows it receives) in the chain.
+    """
 
-    @staticmethod
-    def forward(ctx, recv, w1, w2, exchange, layer):  # type: ignore[override]
-        w1r, w2r = exchange.weights(layer)
-        ctx.exchange, ctx.layer, ctx.micro = exchange, layer, exchange.micro
-        return recv.view_as(recv), w1r, w2r
+    expert: int
+    src: int
+    hops: Tuple[int, ...]
+    tags: Tuple[int, ...]
+    mine: Tuple[int, ...]
 
-    @staticmethod
-    def backward(ctx, grad_recv, g1r, g2r):  # type: ignore[override]
-        ctx.exchange.send_grads(ctx.micro, ctx.layer, g1r, g2r)
-        return grad_recv, None, None, None, None
+
+def chains(idx: np.ndarray, table: Any, topo: Any, me: int) -> List[Chain]:
+    """The cell's chains, ordered by (expert, owner), from its rows (``idx`` into
+    ``plan.replicas``, ``table`` the rows, table order); ``me``: this EP rank."""
+    node = lambda r: r // min(topo.gpus_per_node, topo.ep)  # noqa: E731 (Topology::local_node_of)
+    groups: Dict[Tuple[int, int], Dict[int, List[int]]] = {}
+    first_tag: Dict[Tuple[int, int, int], int] = {}
+    copy = 0
+    mine: Dict[Tuple[int, int], List[int]] = {}
+    for i, r in zip(idx.tolist(), table if table is not None else []):
+        key, dst = (int(r["expert"]), int(r["src_rank"])), int(r["dst_rank"])
+        groups.setdefault(key, {}).setdefault(dst, []).append(i)
+        first_tag.setdefault(key + (dst,), i)
+        if dst == me:
+            mine.setdefault(key, []).append(copy)
+            copy += 1
+    out = []
+    for key in sorted(groups):
+        src = key[1]
+        hops = sorted(groups[key], key=lambda d: (node(d) != node(src), d))
+        out.append(Chain(expert=key[0], src=src, hops=tuple(hops), tags=tuple(first_tag[key + (d,)] for d in hops),
+                         mine=tuple(mine.get(key, ()))))
+    return out
 
 
 class ReplicaExchange:
@@ -74,8 +100,8 @@ class ReplicaExchange:
         self.rows = rows
         self.timeout = timeout
         self.micro = 0
-        self._weights: Dict[int, Tuple[list, list, np.ndarray]] = {}
-        self._grads: List[Tuple[list, list]] = []
+        self._weights: Dict[int, Tuple[list, dict]] = {}
+        self._chain_cache: Dict[Tuple[int, int], List[Chain]] = {}
         self.sent_bytes = 0
         self.received_bytes = 0
 
@@ -83,9 +109,17 @@ class ReplicaExchange:
         empty = (np.zeros(0, dtype=np.int64), None)
         return self.rows.get((micro, layer), empty)
 
+    def _chains(self, micro: int, layer: int) -> List["Chain"]:
+        key = (micro, layer)
+        if key not in self._chain_cache:
+            mod = self.layers[layer]
+            idx, table = self._cell(micro, layer)
+            self._chain_cache[key] = chains(idx, table, mod.topo, mod.ep_rank)
+        return self._chain_cache[key]
+
     # ------------------------------------------------------------ forward
     def prefetch(self, micro: int) -> None:
-        """Posts the weight transfers of every layer of ``micro`` (asynchronous)."""
+        """Posts the first hop of every layer's weight chains of ``micro`` (asynchronous)."""
         self.micro = micro
         self._weights.clear()
         for layer in range(len(self.layers)):
@@ -93,80 +127,106 @@ class ReplicaExchange:
 
     def _post_weights(self, micro: int, layer: int) -> None:
         mod = self.layers[layer]
-        idx, table = self._cell(micro, layer)
-        me, ops, bufs = mod.ep_rank, [], []
-        numel = mod.w1[0].numel() + mod.w2[0].numel()
-        mine = []
-        for i, r in zip(idx.tolist(), table if table is not None else []):
-            src, dst = int(r["src_rank"]), int(r["dst_rank"])
-            if src == me:
-                s = mod.local_slot_of(int(r["expert"]))
+        # held[c]: the copy of chain c this rank received; held[-1 - c]: the owner's send buffer
+        me, ops = mod.ep_rank, []
+        held: Dict[int, torch.Tensor] = {}
+        for c, ch in enumerate(self._chains(micro, layer)):
+            if ch.src == me:
+                s = mod.local_slot_of(ch.expert)
                 buf = torch.cat([mod.w1[s].detach().reshape(-1), mod.w2[s].detach().reshape(-1)])
-                ops.append(dist.P2POp(dist.isend, buf, mod.peers[dst], mod.group, _tag(i, _TAG_WEIGHTS)))
-                bufs.append(buf)
+                ops.append(dist.P2POp(dist.isend, buf, mod.peers[ch.hops[0]], mod.group,
+                                      _tag(ch.tags[0], _TAG_WEIGHTS)))
+                held[-1 - c] = buf
                 self.sent_bytes += buf.numel() * buf.element_size()
-            elif dst == me:
-                buf = torch.empty(numel, dtype=mod.w1.dtype, device=mod.w1.device)
-                ops.append(dist.P2POp(dist.irecv, buf, mod.peers[src], mod.group, _tag(i, _TAG_WEIGHTS)))
-                bufs.append(buf)
-                mine.append(len(bufs) - 1)
-                self.received_bytes += buf.numel() * buf.element_size()
+            elif ch.hops[0] == me:
+                held[c] = self._recv_weights(mod, ops, ch, 0)
         works = dist.batch_isend_irecv(ops) if ops else []
-        self._weights[layer] = (works, bufs, np.asarray(mine, dtype=np.int64))
+        self._weights[layer] = (works, held)
+
+    def _recv_weights(self, mod: Any, ops: list, ch: "Chain", hop: int) -> torch.Tensor:
+        numel = mod.w1[0].numel() + mod.w2[0].numel()
+        buf = torch.empty(numel, dtype=mod.w1.dtype, device=mod.w1.device)
+        prev = ch.src if hop == 0 else ch.hops[hop - 1]
+        ops.append(dist.P2POp(dist.irecv, buf, mod.peers[prev], mod.group, _tag(ch.tags[hop], _TAG_WEIGHTS)))
+        self.received_bytes += buf.numel() * buf.element_size()
+        return buf
 
     def weights(self, layer: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Waits for ``layer``'s transfers of the current microbatch; returns this rank's copies
-        ``[R, H, 2I]`` and ``[R, I, H]`` in cell order (R may be 0)."""
+        """Waits for ``layer``'s transfers of the current microbatch, relaying along each chain
+        (hop by hop: a rank forwards the copy it received to the next one); returns this
+        rank's copies ``[R, H, 2I]`` and ``[R, I, H]`` in cell order (R may be 0)."""
         if layer not in self._weights:
             self._post_weights(self.micro, layer)
-        works, bufs, mine = self._weights.pop(layer)
+        works, held = self._weights.pop(layer)
         for w in works:
             w.wait(self.timeout)
         mod = self.layers[layer]
+        me = mod.ep_rank
+        cs = self._chains(self.micro, layer)
+        for hop in range(1, max((len(ch.hops) for ch in cs), default=0)):
+            ops = []
+            for c, ch in enumerate(cs):
+                if len(ch.hops) <= hop:
+                    continue
+                if ch.hops[hop - 1] == me:
+                    ops.append(dist.P2POp(dist.isend, held[c], mod.peers[ch.hops[hop]], mod.group,
+                                          _tag(ch.tags[hop], _TAG_WEIGHTS)))
+                    self.sent_bytes += held[c].numel() * held[c].element_size()
+                elif ch.hops[hop] == me:
+                    held[c] = self._recv_weights(mod, ops, ch, hop)
+            for w in (dist.batch_isend_irecv(ops) if ops else []):
+                w.wait(self.timeout)
         h, i2 = mod.w1.shape[1], mod.w1.shape[2]
         n1 = h * i2
-        w1r = torch.stack([bufs[j][:n1].view(h, i2) for j in mine.tolist()]) if mine.size else mod.w1.new_empty(0, h, i2)
-        w2r = torch.stack([bufs[j][n1:].view(i2 // 2, h) for j in mine.tolist()]) if mine.size else mod.w2.new_empty(0, i2 // 2, h)
+        by_copy = {j: held[c] for c, ch in enumerate(cs) for j in ch.mine}  # copy index, cell order
+        copies = [by_copy[j] for j in range(len(by_copy))]
+        w1r = torch.stack([b[:n1].view(h, i2) for b in copies]) if copies else mod.w1.new_empty(0, h, i2)
+        w2r = torch.stack([b[n1:].view(i2 // 2, h) for b in copies]) if copies else mod.w2.new_empty(0, i2 // 2, h)
         return w1r, w2r
 
     # ----------------------------------------------------------- backward
-    def send_grads(self, micro: int, layer: int, g1r: torch.Tensor, g2r: torch.Tensor) -> None:
-        """Posts the fp32 gradient transfers of the copies of (``micro``, ``layer``) to their
-        owners."""
+    def exchange_grads(self, micro: int, layer: int, g1r: torch.Tensor,
+                       g2r: torch.Tensor) -> List[Tuple[int, torch.Tensor]]:
+        """Reduces this rank's copy gradients of (``micro``, ``layer``) (``g1r`` ``[R, H, 2I]``,
+        ``g2r`` ``[R, I, H]``, cell order) back along each chain in fp32: the last rank sends
+        its gradient to the one before it, which adds its own and sends the sum on, down to
+        the owner. Returns ``(local slot, fp32 [H*2I + I*H])`` per chain this rank owns.
+        Called from `SlotLink`'s backward on every rank of the group alike; the buffers live
+        only until the caller has added them."""
         mod = self.layers[layer]
-        idx, table = self._cell(micro, layer)
-        me, ops, targets, bufs = mod.ep_rank, [], [], []
+        me = mod.ep_rank
+        cs = self._chains(micro, layer)
         numel = mod.w1[0].numel() + mod.w2[0].numel()
-        j = 0
-        for i, r in zip(idx.tolist(), table if table is not None else []):
-            src, dst = int(r["src_rank"]), int(r["dst_rank"])
-            if dst == me:
-                buf = torch.cat([g1r[j].reshape(-1), g2r[j].reshape(-1)]).to(torch.float32)
-                j += 1
-                ops.append(dist.P2POp(dist.isend, buf, mod.peers[src], mod.group, _tag(i, _TAG_GRADS)))
-                bufs.append(buf)
-                self.sent_bytes += buf.numel() * 4
-            elif src == me:
-                buf = torch.empty(numel, dtype=torch.float32, device=mod.w1.device)
-                ops.append(dist.P2POp(dist.irecv, buf, mod.peers[dst], mod.group, _tag(i, _TAG_GRADS)))
-                bufs.append(buf)
-                targets.append((layer, mod.local_slot_of(int(r["expert"])), buf))
-                self.received_bytes += buf.numel() * 4
-        works = dist.batch_isend_irecv(ops) if ops else []
-        self._grads.append((works, targets, bufs))
-
-    @torch.no_grad()
-    def finish(self) -> None:
-        """Waits for every gradient transfer and adds each copy's gradient into its owner slot
-        (in the order the rows were posted, so the sum is deterministic)."""
-        pending, self._grads = self._grads, []
-        for works, targets, _bufs in pending:
-            for w in works:
+        acc: Dict[int, torch.Tensor] = {}
+        for c, ch in enumerate(cs):
+            for j in ch.mine:
+                g = torch.cat([g1r[j].reshape(-1), g2r[j].reshape(-1)]).to(torch.float32)
+                acc[c] = g if c not in acc else acc[c] + g
+        got: List[Tuple[int, torch.Tensor]] = []
+        for hop in range(max((len(ch.hops) for ch in cs), default=0) - 1, -1, -1):
+            ops, recvs = [], []
+            for c, ch in enumerate(cs):
+                if len(ch.hops) <= hop:
+                    continue
+                prev = ch.src if hop == 0 else ch.hops[hop - 1]
+                if ch.hops[hop] == me:
+                    ops.append(dist.P2POp(dist.isend, acc[c], mod.peers[prev], mod.group, _tag(ch.tags[hop], _TAG_GRADS)))
+                    self.sent_bytes += numel * 4
+                elif prev == me:
+                    buf = torch.empty(numel, dtype=torch.float32, device=mod.w1.device)
+                    ops.append(dist.P2POp(dist.irecv, buf, mod.peers[ch.hops[hop]], mod.group,
+                                          _tag(ch.tags[hop], _TAG_GRADS)))
+                    recvs.append((c, buf))
+                    self.received_bytes += numel * 4
+            for w in (dist.batch_isend_irecv(ops) if ops else []):
                 w.wait(self.timeout)
-            for layer, slot, buf in targets:
-                mod = self.layers[layer]
-                n1 = mod.w1[0].numel()
-                for p, part in ((mod.w1, buf[:n1]), (mod.w2, buf[n1:])):
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
-                    p.grad[slot] += part.view(p.shape[1:]).to(p.grad.dtype)
+            for c, buf in recvs:
+                if hop == 0:
+                    got.append((mod.local_slot_of(cs[c].expert), buf))
+                else:
+                    acc[c] = acc[c] + buf
+        return got
+
+    def finish(self) -> None:
+        """Nothing left to do: `SlotLink` delivers every copy's gradient inside backward. Kept
+        so that callers written for the older after-backward delivery still work."""

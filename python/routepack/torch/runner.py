@@ -6,7 +6,7 @@ Per window::
     for m in range(plan.num_micro):                # this rank's microbatches, execution order
         runner.start_micro(m)                      # posts the replica weight transfers (async)
         loss = model(batch[m]); loss.backward()    # layers remap tokens, use replica copies
-    runner.finish_step()                           # replica grads to owners, redundant-slot sums
+    runner.finish_step()                           # sum over EP groups (replica/redundant grads: in backward)
     optimizer.step(); optimizer.zero_grad()
 
 Bad plans (another topology, a placement missing an expert, shares out of range, a
@@ -33,7 +33,8 @@ from routepack.torch.broadcast import digest_int, gather_ints
 from routepack.torch.grads import sync_redundant_grads
 from routepack.torch.migrate import MigrationReport, migrate
 from routepack.torch.moe import check_layers
-from routepack.torch.replicate import ReplicaExchange, _ReplicaLink
+from routepack.torch.replicate import ReplicaExchange
+from routepack.torch.routes import window_routes
 
 #: token cap used when the caller gives none: validation then checks everything but the cap
 NO_CAP = 1 << 62
@@ -84,6 +85,9 @@ class PlanRunner:
         #: int64 ``[G, M, L, ep]``: the plan's prediction of the same (`_core.rank_tokens`)
         self.predicted = np.zeros((0, 0, 0, 0), dtype=np.int64)
         self.last_migration: Optional[MigrationReport] = None
+        self._routes: Dict[Tuple[int, int], Any] = {}
+        #: device bool, True once a layer was fed ids other than the precomputed ones
+        self._mismatch: Optional[torch.Tensor] = None
         for mod in self.layers:
             mod.runner = self
 
@@ -114,10 +118,19 @@ class PlanRunner:
     def begin_window(self, plan: Plan, window: Any, optimizer: Optional[torch.optim.Optimizer] = None,
                      token_cap: Optional[int] = None,
                      extra_state: Optional[Dict[int, Sequence[torch.Tensor]]] = None,
-                     fault: Any = None) -> Optional[MigrationReport]:
+                     fault: Any = None, max_bytes_in_flight: Optional[int] = None,
+                     microbatches: Optional[Sequence[Any]] = None) -> Optional[MigrationReport]:
         """Checks ``plan`` against ``window`` and this job, agrees on it with every EP rank, then
-        migrates (with ``optimizer`` state and ``extra_state``) if it has migration rows.
-        Collective over the EP group. Returns the migration report (None without moves)."""
+        migrates (with ``optimizer`` state and ``extra_state``, staged under
+        ``max_bytes_in_flight``, see `migrate`) if it has migration rows. Collective over the
+        EP group. Returns the migration report (None without moves).
+
+        ``microbatches``: this rank's replayed microbatches of the window
+        (`rank_microbatches`, execution order). With them every (micro, layer) route is
+        computed here, once (`routepack.torch.routes`), and the layers' forward does no host
+        copy and no all-gather; `finish_step` then checks, once per step, that every rank fed
+        exactly these ids. Without them each forward computes its route (one host copy and
+        one all-gather of counts per layer)."""
         err: Optional[BaseException] = None
         try:
             self.check_plan(plan, window, token_cap)
@@ -135,13 +148,17 @@ class PlanRunner:
         report = None
         if plan.migration.size:
             report = migrate(self.layers, plan, optimizer, group=self.group, timeout=self.timeout,
-                             extra_state=extra_state, fault=fault)
+                             extra_state=extra_state, fault=fault, max_bytes_in_flight=max_bytes_in_flight)
         self.last_migration = report
         self.plan = plan
         self._cells = self._bucket(plan)
         self.exchange = ReplicaExchange(self.layers, self._cells, self.timeout)
         self.received = np.zeros((plan.num_micro, len(self.layers)), dtype=np.int64)
         self.predicted = _core.rank_tokens(plan, window.seq_lens, window.expert_tokens, self.topo)
+        self._routes = {}
+        self._mismatch = None
+        if microbatches is not None:
+            self._routes = window_routes(self, plan, window, microbatches)
         return report
 
     def _bucket(self, plan: Plan) -> Dict[Tuple[int, int], Tuple[np.ndarray, np.ndarray]]:
@@ -164,21 +181,56 @@ class PlanRunner:
         if prefetch:
             self.exchange.prefetch(self.micro)
 
-    def finish_step(self) -> None:
-        """Before the optimizer step: replica gradients into their owners, then every logical
-        expert's gradient summed over its slots (and over EP groups)."""
+    def finish_step(self, reduce_edp: bool = True) -> None:
+        """Before the optimizer step: every slot without a gradient gets zeros and, with
+        ``reduce_edp``, expert gradients are summed over EP groups (``edp_group``). Replica and
+        redundant-slot gradients need nothing here: the layers' backward delivered them
+        (`routepack.torch.slot_link`). A trainer whose own DP reduction covers the experts
+        (DDP over ``edp_group``, Megatron) passes ``reduce_edp=False`` or skips the call."""
         self.exchange.finish()
-        sync_redundant_grads(self.layers, self.group, self.edp_group)
+        self.check_replayed_ids()
+        sync_redundant_grads(self.layers, self.group, self.edp_group if reduce_edp else None)
+
+    def check_replayed_ids(self) -> None:
+        """Raises `RoutepackError` on every EP rank when some rank fed a layer ids other than
+        the precomputed replay (one host sync and one small all-gather; `finish_step` calls
+        it). A no-op without precomputed routes."""
+        if not self._routes:
+            return
+        bad = int(self._mismatch.item()) if self._mismatch is not None else 0
+        self._mismatch = None
+        device = self.layers[0].w1.device
+        got = gather_ints([bad], self.group, device, self.timeout)
+        ranks = np.flatnonzero(got[:, 0]).tolist()
+        elsewhere = False
+        if self.edp_group is not None:
+            # every EP group learns it too: the later collectives (the EDP sum) span them all
+            elsewhere = bool(gather_ints([int(bool(ranks))], self.edp_group, device, self.timeout)[:, 0].any())
+        if ranks or elsewhere:
+            who = f"EP rank(s) {ranks}" if ranks else "a rank of another EP group"
+            raise RoutepackError(f"topk_ids: {who} fed MoE layers ids other than the replayed microbatches "
+                                 "given to begin_window; this step's gradients are wrong: do not step")
 
     # ------------------------------------------------- hooks for EPMoE
     def cell_rows(self, layer: int) -> np.ndarray:
         """Replicas (`REPLICA_DTYPE`) of (this group, current micro, ``layer``), table order."""
-        cell = self._cells.get((self.micro, layer))
+        return self.cell_rows_of(self.micro, layer)
+
+    def cell_rows_of(self, micro: int, layer: int) -> np.ndarray:
+        """Replicas (`REPLICA_DTYPE`) of (this group, ``micro``, ``layer``), table order."""
+        cell = self._cells.get((micro, layer))
         return cell[1] if cell is not None else empty_replicas()
 
-    def replica_link(self, layer: int, recv: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor):
-        """(tokens, replica ``w1`` ``[R, H, 2I]``, replica ``w2`` ``[R, I, H]``) for ``layer``."""
-        return _ReplicaLink.apply(recv, w1, w2, self.exchange, layer)
+    def route_for(self, layer: int) -> Any:
+        """The precomputed `routes.CellRoute` of (current micro, ``layer``), or None."""
+        return self._routes.get((self.micro, layer))
+
+    def note_ids(self, cell: Any, topk_ids: torch.Tensor) -> None:
+        """Records, on the device and without a sync, whether ``topk_ids`` differ from the ids
+        ``cell`` was computed for (checked by `check_replayed_ids`)."""
+        diff = (topk_ids != cell.ids.to(topk_ids.dtype)).any() if topk_ids.numel() else None
+        if diff is not None:
+            self._mismatch = diff if self._mismatch is None else (self._mismatch | diff)
 
     def record_received(self, layer: int, rows: int) -> None:
         if self.received.shape[0] > self.micro:

@@ -40,8 +40,11 @@ def check_windows(rank: int, world: int, device: Any, case: Case = Case()) -> Di
     for w in range(case.windows):
         plan, static, window, routed, cu = make_plans(case, w, previous)
         previous = plan.placement
+        batches = {d: rank_microbatches(plan, routed, d, cu) for d in range(topo.dp)}
         before = fingerprints(reb.layers, reb.opt)
-        reb.runner.begin_window(plan, window, reb.opt)
+        # the rebalanced model runs on routes precomputed for the window, the static one
+        # computes them in each forward: both against the dense reference
+        reb.runner.begin_window(plan, window, reb.opt, microbatches=batches[rank])
         after = fingerprints(reb.layers, reb.opt)
         figs["moved_rows"] += int(plan.migration.size)
         figs["replica_rows"] += int(plan.replicas.size)
@@ -51,7 +54,6 @@ def check_windows(rank: int, world: int, device: Any, case: Case = Case()) -> Di
         sta.runner.begin_window(static, window, sta.opt)
 
         # dense reference over every rank's microbatches
-        batches = {d: rank_microbatches(plan, routed, d, cu) for d in range(topo.dp)}
         ref_out, ref_xg = {}, {}
         loss = 0.0
         for d in range(topo.dp):
@@ -111,6 +113,7 @@ def check_windows(rank: int, world: int, device: Any, case: Case = Case()) -> Di
         # redundant copies stepped with the same summed gradient: still identical, bit for bit
         figs["copies_identical"] &= all(len(v) == 1 for v in fingerprints(reb.layers, reb.opt).values())
 
+    figs["mismatch"] = _replay_mismatch(case, weights, device, groups, make_plans(case, 0, previous), rank)
     a, b = logical_weights(reb.layers), logical_weights(sta.layers)
     figs["trained_vs_static"] = max(float(np.abs(a[k] - b[k]).max() / np.abs(b[k]).max()) for k in b)
     ref = {(l, e): torch.cat([ref_w1[l, e].reshape(-1), ref_w2[l, e].reshape(-1)]).detach().double().cpu().numpy()
@@ -121,3 +124,22 @@ def check_windows(rank: int, world: int, device: Any, case: Case = Case()) -> Di
         ((l, e), torch.cat([weights.w1[l, e].reshape(-1), weights.w2[l, e].reshape(-1)]).double().cpu().numpy())
         for l in range(case.layers) for e in range(case.experts)))
     return figs
+
+
+def _replay_mismatch(case: Case, weights: Weights, device: Any, groups: Any, plans: tuple, rank: int) -> str:
+    """One step on precomputed routes in which the last rank feeds its ids in another order
+    (same counts, other pairs): what `finish_step` raised here ("nothing" if it did not)."""
+    _, static, window, routed, cu = plans
+    model = EPModel(case, weights, device, groups)
+    mbs = rank_microbatches(static, routed, rank, cu)
+    model.runner.begin_window(static, window, model.opt, microbatches=mbs)
+    for mb in mbs:
+        model.runner.start_micro(mb.micro)
+        ids = mb.routed.flip(-1) if rank == case.dp - 1 else mb.routed
+        x, r = inputs(case, 9, rank, mb.micro, mb.routed.shape[0], device)
+        (model(x, ids.to(device)) * r).sum().backward()
+    try:
+        model.runner.finish_step()
+    except RoutepackError as e:
+        return str(e)
+    return "nothing"
