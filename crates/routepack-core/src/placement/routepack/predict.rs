@@ -43,7 +43,7 @@ pub(crate) struct Predictor<'a> {
     demand: Vec<f64>,
     num_exchanges: usize,
     per_token: f64,
-    /// `[ep + 1]` a copy's weight per token of its expert's load, by copy count
+    /// `[slots + 1]` a copy's weight per token of its expert's load, by copy count
     /// (`copy_cost::copy_shares`).
     shares: Vec<f64>,
     groups: f64,
@@ -74,7 +74,8 @@ impl<'a> Predictor<'a> {
         };
         let a2a = cost.token_bytes * cost.uniform_seconds_per_byte(topo);
         let per_token = COMPUTE_PASSES * cost.c_tok + 2.0 * COMM_PASSES * a2a;
-        let shares = copy_shares(topo.ep, topo, cost);
+        // every count a layer can give an expert (more than ep when slots outnumber experts)
+        let shares = copy_shares(topo.num_slots(), topo, cost);
         Self { demand, num_exchanges, per_token, shares, groups: topo.num_groups() as f64, topo }
     }
 
