@@ -1,5 +1,7 @@
 //! The replicas of one layer as the packer sees them: aggregate weight, expert and per-chunk
-//! demand of each copy (an expert's load split evenly over its copies, as `flow` routes it).
+//! demand of each copy (an expert's load times its copy's share, `copy_cost::copy_shares`:
+//! the even split over its copies, as `flow` routes it, weighed by what the copy's tokens
+//! cost its rank to receive).
 
 use super::binpack::{total_key, Problem};
 
@@ -15,14 +17,25 @@ pub(crate) struct Items {
 }
 
 impl Items {
+    /// Each copy weighs an even split of its expert's load and chunk demand (tests: the
+    /// packer's properties hold for any weights).
+    #[cfg(test)]
     pub(crate) fn new(loads: &[f64], chunks: &[f64], dim: usize, counts: &[u32]) -> Self {
+        let max = counts.iter().copied().max().unwrap_or(0) as usize;
+        let even: Vec<f64> = (0..=max).map(|c| if c == 0 { 0.0 } else { 1.0 / c as f64 }).collect();
+        Self::weighted(loads, chunks, dim, counts, &even)
+    }
+
+    /// Each copy of an expert with c copies weighs `shares[c]` of its expert's load and chunk
+    /// demand (`copy_cost::copy_shares`: what a copy costs its rank, not only its tokens).
+    pub(crate) fn weighted(loads: &[f64], chunks: &[f64], dim: usize, counts: &[u32], shares: &[f64]) -> Self {
         let n: usize = counts.iter().map(|&c| c as usize).sum();
         let (mut weight, mut expert, mut vecs) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n * dim));
         // per expert: the first of its (consecutive) copies, their weight and |v|²
         let mut first = Vec::with_capacity(counts.len());
         let mut starts = Vec::with_capacity(counts.len());
         for (e, &c) in counts.iter().enumerate() {
-            let share = 1.0 / c as f64;
+            let share = shares[c as usize];
             first.push(weight.len());
             let start = vecs.len();
             starts.push(start);

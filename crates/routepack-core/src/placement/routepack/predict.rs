@@ -11,21 +11,26 @@
 //! * **per-exchange peak**: in each exchange, the heaviest rank's tokens set both the expert
 //!   time (`c_tok` per token, as [`CostModel::expert_time`] with the `c_exp` term dropped) and
 //!   the all-to-all time;
-//! * **uniform all-to-all, receivers only**: the heaviest rank's tokens arrive spread
-//!   uniformly over the EP group ([`CostModel::uniform_seconds_per_byte`]), not by the
-//!   router's local-first routing, and the senders' side (set by where the packing puts the
-//!   samples, `simulate` takes max(sent, received) per rank) is ignored. Where the heaviest
-//!   sender sets the all-to-all, the proxy can rank two nearly balanced placements unlike
-//!   `simulate` (seen with routepack's and the static placement on the test windows below,
-//!   whose peaks differ by a few percent), so it is trusted for clear differences only;
-//! * **no replication**: an expert's demand is split evenly over its placement copies, and
-//!   intra-batch replicas (the `replication` stage) are not modelled.
+//! * **receivers only, origins uniform**: each copy's weight per token of its expert's load
+//!   is what the packer balances (`copy_cost::copy_shares`: its compute plus its receiving
+//!   all-to-all over each link under node-first feeding, tokens originating evenly over the
+//!   group, copies on distinct nodes), and the heaviest rank's weighted tokens are priced at a
+//!   lone copy's seconds per token (expert compute plus [`CostModel::uniform_seconds_per_byte`],
+//!   which is what a lone copy receives from uniform origins); where the samples run (the
+//!   packing, not known yet) and the senders' side (`simulate` takes max(sent, received) per
+//!   rank) are ignored. Where the heaviest sender sets the all-to-all, the proxy can rank two
+//!   nearly balanced placements unlike `simulate` (seen with routepack's and the static
+//!   placement on the test windows below, whose peaks differ by a few percent), so it is
+//!   trusted for clear differences only;
+//! * **no replication**: an expert's demand is split evenly over its placement copies (then
+//!   weighted as above), and intra-batch replicas (the `replication` stage) are not modelled.
 //!
 //! `tests::ranks_placements_as_simulate_does` ties it to `simulate`: on plans without
 //! replicas, one group and `c_exp = 0`, it must rank a balanced and a skewed placement as
 //! `simulate` does, and its value must lie within a factor of 1.5 of `simulate`'s expert +
 //! all-to-all time.
 
+use super::copy_cost::copy_shares;
 use crate::cost::CostModel;
 use crate::topology::Topology;
 
@@ -38,6 +43,9 @@ pub(crate) struct Predictor<'a> {
     demand: Vec<f64>,
     num_exchanges: usize,
     per_token: f64,
+    /// `[slots + 1]` a copy's weight per token of its expert's load, by copy count
+    /// (`copy_cost::copy_shares`).
+    shares: Vec<f64>,
     groups: f64,
     topo: &'a Topology,
 }
@@ -66,7 +74,9 @@ impl<'a> Predictor<'a> {
         };
         let a2a = cost.token_bytes * cost.uniform_seconds_per_byte(topo);
         let per_token = cost.compute_passes() * cost.c_tok + cost.all_to_all_of_link_time(a2a);
-        Self { demand, num_exchanges, per_token, groups: topo.num_groups() as f64, topo }
+        // every count a layer can give an expert (more than ep when slots outnumber experts)
+        let shares = copy_shares(topo.num_slots(), topo, cost);
+        Self { demand, num_exchanges, per_token, shares, groups: topo.num_groups() as f64, topo }
     }
 
     /// Predicted seconds of the layer placed as `layer` (its phy2log row).
@@ -82,7 +92,7 @@ impl<'a> Predictor<'a> {
         for r in 0..self.topo.ep {
             rank.iter_mut().for_each(|x| *x = 0.0);
             for &e in layer[r * spr..(r + 1) * spr].iter().filter(|&&e| e >= 0) {
-                let share = 1.0 / cnt[e as usize] as f64;
+                let share = self.shares[cnt[e as usize] as usize];
                 for (x, &y) in rank.iter_mut().zip(&self.demand[e as usize * c_n..(e as usize + 1) * c_n]) {
                     *x += y * share;
                 }

@@ -42,9 +42,11 @@ fn place(w: &WindowView, topo: &Topology, prev: Option<&Placement>, chunks: usiz
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
     /// Random loads, slot counts and node shapes: every plan validates, fills every slot,
-    /// never puts two copies of an expert on one rank when avoidable, and is at least as
-    /// balanced over the window as EPLB given the same loads (within float noise) wherever
-    /// EPLB's own layout keeps copies apart.
+    /// never puts two copies of an expert on one rank when avoidable, and, where an EP group
+    /// fits in one node, is at least as balanced over the window as EPLB given the same loads
+    /// (within float noise) wherever EPLB's own layout keeps copies apart. Across nodes the
+    /// packer balances what a copy costs its rank, not its tokens (`copy_cost`), so there it
+    /// may trade token balance for the receivers' all-to-all.
     #[test]
     fn plans_validate_and_beat_eplb(
         ep_pow in 0u32..4, gpn_pow in 0u32..4, extra in 0usize..5, e in 2usize..40,
@@ -71,7 +73,7 @@ proptest! {
             prop_assert!(ours[l] >= lb[l] - 1e-9);
             // EPLB may buy balance with duplicates on one rank (its known defect), which
             // routepack refuses; compare where EPLB's layout is a legal one for us
-            if !avoidable_duplicate(&base, l) {
+            if topo.nodes_per_group() == 1 && !avoidable_duplicate(&base, l) {
                 prop_assert!(ours[l] <= theirs[l] * (1.0 + 1e-9), "layer {l}: {} > eplb {}", ours[l], theirs[l]);
             }
         }
