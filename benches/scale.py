@@ -47,6 +47,7 @@ _DSV3 = Profile(
 
 #: name -> the profile of that size (flash's statistics; the models' public shapes).
 SIZES: Dict[str, Profile] = {
+    "tiny": PROFILES["tiny"],  # a smoke size (tests/test_scale_bench.py)
     "flash": _FLASH,
     "flash_x2": dataclasses.replace(_FLASH, name="flash_x2", samples=8192, dp=128),
     "flash_x4": dataclasses.replace(_FLASH, name="flash_x4", samples=16384, dp=256),

@@ -263,6 +263,25 @@ impl ExchangeState {
         self.moved = moved;
     }
 
+    /// Whether the cached values and orders are those a full [`ExchangeState::refresh`] gives.
+    #[cfg(test)]
+    pub(crate) fn caches_match(&self, c: &Exchange) -> bool {
+        let mut fresh = ExchangeState {
+            ep: self.ep,
+            tok: self.tok.clone(),
+            active: self.active.clone(),
+            links: self.links.clone(),
+            hops: self.hops.clone(),
+            k_tok: self.k_tok,
+            k_hop: self.k_hop,
+            ..ExchangeState::default()
+        };
+        fresh.refresh(c);
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        (bits(&fresh.xv), bits(&fresh.av), bits(&fresh.hv), &fresh.xo, &fresh.ao, &fresh.ho)
+            == (bits(&self.xv), bits(&self.av), bits(&self.hv), &self.xo, &self.ao, &self.ho)
+    }
+
     /// Repairs `order` (ranks by `v` descending, index ascending) after the values of the
     /// ranks in `moved` changed: takes them out and inserts each at its place.
     fn reinsert(order: &mut Vec<usize>, v: &[f64], moved: &[usize], mark: &mut [u32], stamp: &mut u32) {
@@ -517,6 +536,9 @@ impl ExchangeState {
         self.replicas[e] = reps;
         self.scratch_part = part;
         self.refresh_changed(c);
+        // every test that plans with routepack checks the repaired orders against a full sort
+        #[cfg(test)]
+        assert!(self.caches_match(c), "incremental rank orders differ from a full refresh");
     }
 
     /// A replica of e on dst computing n tokens, weights from `src`.
