@@ -351,17 +351,21 @@ pub fn ideal_time(w: &WindowView, topo: &Topology, cost: &CostModel, ideal_micro
     let (dp, ep) = (topo.dp as f64, topo.ep as f64);
     let lin: f64 = w.seq_lens.iter().map(|&n| n as f64).sum();
     let quad: f64 = w.seq_lens.iter().map(|&n| (n as f64) * (n as f64)).sum();
-    let mut total = 0.0;
-    for l in 0..w.num_layers {
-        let tt: f64 = (0..w.num_samples).map(|s| w.tokens(s, l).iter().map(|&x| x as f64).sum::<f64>()).sum();
-        let passes = cost.compute_passes();
-        let attn = passes * cost.attention_of_sums(l, lin, quad) / dp;
-        let expert = passes * (cost.c_tok * tt / dp + cost.c_exp * ideal_micro as f64 * w.num_experts as f64 / ep);
-        let per_rank_bytes = tt / dp * cost.token_bytes;
-        let a2a = 2.0 * cost.comm_passes() * per_rank_bytes * cost.uniform_seconds_per_byte(topo);
-        total += attn + expert + a2a - cost.hidden_communication(attn + expert, a2a);
-    }
-    total
+    // layers in parallel (a pass over the whole demand), each summed as before and added in
+    // layer order: the same value for any thread count
+    let passes = cost.compute_passes();
+    let per_layer: Vec<f64> = (0..w.num_layers)
+        .into_par_iter()
+        .map(|l| {
+            let tt: f64 = (0..w.num_samples).map(|s| w.tokens(s, l).iter().map(|&x| x as f64).sum::<f64>()).sum();
+            let attn = passes * cost.attention_of_sums(l, lin, quad) / dp;
+            let expert = passes * (cost.c_tok * tt / dp + cost.c_exp * ideal_micro as f64 * w.num_experts as f64 / ep);
+            let per_rank_bytes = tt / dp * cost.token_bytes;
+            let a2a = 2.0 * cost.comm_passes() * per_rank_bytes * cost.uniform_seconds_per_byte(topo);
+            attn + expert + a2a - cost.hidden_communication(attn + expert, a2a)
+        })
+        .collect();
+    per_layer.into_iter().fold(0.0, |total, t| total + t)
 }
 
 /// Moved to [`crate::bound`], which the bound needs it for; kept here under its old path.

@@ -2,7 +2,13 @@
 //! for every logical expert (from routing replay). Borrowed, so numpy arrays cross the FFI
 //! without a copy.
 
+use rayon::prelude::*;
+
 use crate::error::{invalid, Result};
+
+/// Entries of `expert_tokens` per parallel task of the negativity check in
+/// [`WindowView::new`]: large enough that a task outweighs its scheduling (256 KiB of i32).
+const NEGATIVE_SCAN_CHUNK: usize = 1 << 16;
 
 /// Borrowed view of a window.
 ///
@@ -57,7 +63,14 @@ impl<'a> WindowView<'a> {
         if let Some((i, &n)) = seq_lens.iter().enumerate().find(|(_, &n)| n < 1) {
             return Err(invalid("seq_lens", format!("sample {i} has length {n}; every length must be >= 1")));
         }
-        if let Some(i) = expert_tokens.iter().position(|&x| x < 0) {
+        // every FFI call of a stage builds a view, so this pass runs several times per plan:
+        // a vectorisable min per chunk, in parallel; the entry is located only on a violation
+        // (the first one, as a serial scan would find it)
+        let first_negative = expert_tokens.par_chunks(NEGATIVE_SCAN_CHUNK).enumerate().find_map_first(|(c, chunk)| {
+            let lo = chunk.iter().fold(i32::MAX, |m, &x| m.min(x));
+            (lo < 0).then(|| c * NEGATIVE_SCAN_CHUNK + chunk.iter().position(|&x| x < 0).unwrap_or(0))
+        });
+        if let Some(i) = first_negative {
             let (si, rest) = (i / (num_layers * num_experts), i % (num_layers * num_experts));
             return Err(invalid(
                 "expert_tokens",
