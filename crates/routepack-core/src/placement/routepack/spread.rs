@@ -62,11 +62,16 @@ pub(crate) fn spread_copies(items: &Items, num_experts: usize, bins: &mut [Vec<u
                 let mut dsts: Vec<usize> = (0..nodes).filter(|&n| count(n) < limit(e)).collect();
                 dsts.sort_by_key(|&n| (count(n), n));
                 let mut best: Option<(f64, usize, usize)> = None;
+                // a swap must not put a second copy on a rank: x must be absent from pr, e from r
+                let holds = |r: usize, x: usize| bins[r].iter().any(|&i| items.expert[i] as usize == x);
                 for dst in dsts {
                     for (r, bin) in bins.iter().enumerate().take(((dst + 1) * rpn).min(ep)).skip(dst * rpn) {
+                        if holds(r, e) {
+                            continue;
+                        }
                         for (k, &i) in bin.iter().enumerate() {
                             let x = items.expert[i] as usize;
-                            if x == e || on[src * num_experts + x] + 1 > limit(x) {
+                            if x == e || on[src * num_experts + x] + 1 > limit(x) || holds(pr, x) {
                                 continue;
                             }
                             let gap = (items.weight[i] - we).abs();
@@ -143,6 +148,7 @@ mod tests {
             }
             let mut bins: Vec<Vec<usize>> = ids.chunks(spr).map(|c| c.to_vec()).collect();
             let before = per_node(&items, e_n, &bins, rpn);
+            let before_bins = bins.clone();
             let topo = Topology::new(ep, ep, rpn, spr).unwrap();
             spread_copies(&items, e_n, &mut bins, &topo);
             prop_assert!(bins.iter().all(|b| b.len() == spr));
@@ -150,6 +156,13 @@ mod tests {
             all.sort_unstable();
             prop_assert_eq!(all, (0..slots).collect::<Vec<_>>());
             let after = per_node(&items, e_n, &bins, rpn);
+            // and never crowds a rank: per rank, no expert gains a copy it already had
+            let ranks_before = per_node(&items, e_n, &before_bins, 1);
+            let ranks_after = per_node(&items, e_n, &bins, 1);
+            for e in 0..e_n {
+                let worst = |on: &[usize]| (0..ep).map(|r| on[r * e_n + e]).max().unwrap();
+                prop_assert!(worst(&ranks_after) <= worst(&ranks_before).max(1), "expert {} crowds a rank", e);
+            }
             let single = counts.iter().filter(|&&c| c == 1).count();
             for e in 0..e_n {
                 let limit = (counts[e] as usize).div_ceil(nodes);
