@@ -23,13 +23,18 @@ EXPECT = {
     "slime_schedule.py": ("microbatches per rank per step", ()),
     "megatron_router.py": ("physical layout computes the logical MoE: ok", ("torch",)),
 }
+#: Examples with a test of their own (they spawn processes; run there at smaller sizes).
+OWN_TEST = {"hf_train.py": "tests/test_example_hf_train.py"}
 
 
 def test_every_example_is_listed():
-    assert sorted(p.name for p in EXAMPLES) == sorted(EXPECT)
+    assert sorted(p.name for p in EXAMPLES) == sorted([*EXPECT, *OWN_TEST])
+    for test in OWN_TEST.values():
+        assert (ROOT / test).is_file(), test
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+@pytest.mark.parametrize("path", [p for p in EXAMPLES if p.name not in OWN_TEST],
+                         ids=[p.name for p in EXAMPLES if p.name not in OWN_TEST])
 def test_example_runs(path: Path, tmp_path: Path):
     expected, needs = EXPECT[path.name]
     for module in needs:

@@ -32,17 +32,24 @@ from verl_batches import distinct_topk  # noqa: E402
 
 @pytest.fixture(scope="module")
 def single_rank():
-    """A one-process gloo world with Megatron's model-parallel state (all sizes 1)."""
-    if not dist.is_initialized():
+    """A one-process gloo world with Megatron's model-parallel state (all sizes 1), torn down
+    afterwards: later tests in the same process (the README's blocks) start their own."""
+    owns_world = not dist.is_initialized()
+    if owns_world:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=0, world_size=1)
-    if not parallel_state.model_parallel_is_initialized():
+    owns_mpu = not parallel_state.model_parallel_is_initialized()
+    if owns_mpu:
         parallel_state.initialize_model_parallel()
     yield
     RouterReplay.clear_global_router_replay_instances()
+    if owns_mpu:
+        parallel_state.destroy_model_parallel()
+    if owns_world:
+        dist.destroy_process_group()
 
 
 def logical_router(experts, k):
