@@ -86,6 +86,20 @@ def test_same_as_sees_every_decision():
         assert not rp.Plan(plan.placement, swapped, plan.sample_micro, plan.num_micro).same_as(plan)
 
 
+def test_digest_follows_the_decisions():
+    window, topo, cost = small_setup()
+    plan = rp.plan_window(window, topo, cost, token_cap=90, policy="routepack").validate(window, topo, 90)
+    copy = rp.Plan(plan.placement, plan.sample_rank.copy(), plan.sample_micro.copy(), plan.num_micro,
+                   plan.replicas.copy(), plan.migration.copy())
+    assert copy.digest() == plan.digest() and len(plan.digest()) == 64
+    assert plan.num_micro > 1
+    for i in range(plan.num_samples):  # a sample moved to another step: another digest
+        micro = plan.sample_micro.copy()
+        micro[i] = (micro[i] + 1) % plan.num_micro
+        assert rp.Plan(plan.placement, plan.sample_rank, micro, plan.num_micro,
+                       plan.replicas, plan.migration).digest() != plan.digest()
+
+
 def decisions(plan: rp.Plan) -> bytes:
     return b"".join([plan.placement.phy2log.tobytes(), plan.sample_rank.tobytes(),
                      plan.sample_micro.tobytes(), np.int64(plan.num_micro).tobytes(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -235,6 +236,21 @@ class Plan:
             raise
         except RoutepackError as e:
             _npz.fail(path, "plan", str(e))
+
+    def digest(self) -> str:
+        """SHA-256 (hex) of the plan's decisions: each of ``sample_rank``, ``sample_micro``,
+        ``num_micro`` (as int64), ``placement.phy2log``, ``replicas``, ``migration`` as its
+        dtype name, shape and bytes. Equal digests, equal plans (the report is not hashed);
+        what the golden-digest test pins and ``benches/scale.py`` prints."""
+        self._check_fields()
+        h = hashlib.sha256()
+        for arr in (self.sample_rank, self.sample_micro, np.asarray([self.num_micro], dtype=np.int64),
+                    self.placement.phy2log, self.replicas, self.migration):
+            a = np.ascontiguousarray(arr)
+            h.update(str(a.dtype).encode())
+            h.update(str(a.shape).encode())
+            h.update(a.tobytes())
+        return h.hexdigest()
 
     def same_as(self, other: "Plan") -> bool:
         """Same decisions (placement, layout, replicas, migration); the report may differ."""
