@@ -92,11 +92,11 @@ def rollout(model, windows: int, samples: int, max_len: int):
 def plan_all(model, batches, topo, token_cap: int):
     """One plan per window, each from the placement the previous one left in force.
 
-    The cost model is the model's own with the experts' work per token x1e5 and their bytes
+    The cost model is the model's own with the experts' work per token x3e5 and their bytes
     x1e-3: at its real size a tiny model has nothing worth balancing, and no plan would move
     or copy an expert. Each plan is validated against its window."""
     base = rp.CostModel.from_model(hf.model_shape(model), rp.Hardware.h200())
-    cost = dataclasses.replace(base, c_tok=base.c_tok * 1e5, expert_weight_bytes=base.expert_weight_bytes * 1e-3,
+    cost = dataclasses.replace(base, c_tok=base.c_tok * 3e5, expert_weight_bytes=base.expert_weight_bytes * 1e-3,
                                expert_grad_bytes=base.expert_grad_bytes * 1e-3,
                                expert_state_bytes=base.expert_state_bytes * 1e-3)
     plans, previous = [], None

@@ -10,9 +10,10 @@ same model, prompts, routing and plans (`PlanRunner.begin_window` checks they ag
   vocabulary range per window so the routing shifts) and their routing, captured from the
   initial model (`hf.capture_routed`), as a rollout engine would record it.
 * `plan_windows`: one `plan_window` per window from the placement in force, each validated.
-  The cost model is the model's own with expert work per token x1e5 and expert bytes x1e-3:
+  The cost model is the model's own with expert work per token x3e5 and expert bytes x1e-3:
   at its real size a tiny model has nothing worth balancing, so no plan would move or
-  replicate an expert.
+  replicate an expert (at x1e5, since placement weighs what a copy costs its rank across
+  nodes, Qwen3-MoE's and OLMoE's plans replicated nothing; at x3e5 every family's do).
 * `train_single` / `train_rank`: the loss is the summed next-token cross-entropy of the
   window over its real tokens, divided by their count (so the ranks' losses add up to the
   single process's); one Adam step per window.
@@ -124,9 +125,9 @@ def capture_windows(model: Any, case: Case) -> List[Batch]:
 
 
 def planning_cost(model: Any) -> rp.CostModel:
-    """The model's cost model, expert work per token x1e5, expert bytes x1e-3 (module doc)."""
+    """The model's cost model, expert work per token x3e5, expert bytes x1e-3 (module doc)."""
     base = rp.CostModel.from_model(hf.model_shape(model), rp.Hardware.h200())
-    return dataclasses.replace(base, c_tok=base.c_tok * 1e5, expert_weight_bytes=base.expert_weight_bytes * 1e-3,
+    return dataclasses.replace(base, c_tok=base.c_tok * 3e5, expert_weight_bytes=base.expert_weight_bytes * 1e-3,
                                expert_grad_bytes=base.expert_grad_bytes * 1e-3,
                                expert_state_bytes=base.expert_state_bytes * 1e-3)
 
