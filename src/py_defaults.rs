@@ -4,7 +4,7 @@
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use routepack_core::cost::{Overlap, DEFAULT_PASSES};
-use routepack_core::packing::routepack::{Options as PackingOptions, DEFAULT_MOVES};
+use routepack_core::packing::routepack::{Options as PackingOptions, DEFAULT_MOVES, DEFAULT_MOVES_ACROSS_NODES};
 use routepack_core::placement::demand::DEFAULT_CHUNKS;
 use routepack_core::placement::routepack::Options as PlacementOptions;
 use routepack_core::replication::hot_n::DEFAULT_HOT_EXPERTS;
@@ -28,6 +28,7 @@ pub fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let a = &l.anneal;
     let packing = PyDict::new(py);
     packing.set_item("anneal_moves", DEFAULT_MOVES)?;
+    packing.set_item("anneal_moves_across_nodes", DEFAULT_MOVES_ACROSS_NODES)?;
     packing.set_item("anneal_chains", a.chains)?;
     packing.set_item("anneal_steps", a.steps)?;
     packing.set_item("anneal_lambda", l.lambda)?;

@@ -5,7 +5,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use routepack_core::budget;
 use routepack_core::layout::chain::MoveMix;
-use routepack_core::packing::routepack::{proxy_step_time, routepack_packing, Options as PackingOptions};
+use routepack_core::packing::routepack::{default_moves, proxy_step_time, routepack_packing, Options as PackingOptions};
 use routepack_core::packing::rows::certified::certified_rows;
 use routepack_core::packing::kk::verl_kk;
 use routepack_core::packing::sequential::sequential_report;
@@ -105,7 +105,7 @@ pub fn pack_routepack<'py>(
     opts.lambda = lambda_.unwrap_or(opts.lambda);
     let a = &mut opts.anneal;
     a.seed = seed.unwrap_or(a.seed);
-    a.moves = anneal_moves.unwrap_or(a.moves);
+    a.moves = anneal_moves.unwrap_or_else(|| default_moves(&t));
     a.chains = chains.unwrap_or(a.chains);
     a.steps = steps.unwrap_or(a.steps);
     a.start_accept = start_accept.unwrap_or(a.start_accept);

@@ -47,6 +47,23 @@ def test_pack_routepack_options(setup):
     assert implicit[3]["annealed_cost"] == explicit[3]["annealed_cost"]
 
 
+@pytest.mark.parametrize("gpus_per_node, key", [(8, "anneal_moves"), (4, "anneal_moves_across_nodes"),
+                                                 (1, "anneal_moves_across_nodes")])
+def test_pack_routepack_default_moves_follow_the_topology(setup, gpus_per_node, key):
+    """No anneal_moves: the core's budget for the topology (ep 8: one node per EP group with 8
+    GPUs per node, two or eight nodes with fewer), the number `_core.defaults()` reports."""
+    window, topo, cost, _, _ = setup
+    topo = rp.Topology(dp=topo.dp, ep=topo.ep, gpus_per_node=gpus_per_node, slots_per_rank=topo.slots_per_rank)
+    static = rp.Placement.static(window.num_layers, window.num_experts, topo)
+    args = (window.seq_lens, window.expert_tokens, topo, cost, static.phy2log, PROFILE.token_cap)
+    moves = _core.defaults()["packing"][key]
+    implicit = _core.pack_routepack(*args)
+    explicit = _core.pack_routepack(*args, anneal_moves=moves)
+    for a, b in zip(implicit[:2], explicit[:2]):
+        np.testing.assert_array_equal(a, b)
+    assert implicit[3]["moves"] == explicit[3]["moves"] == moves
+
+
 def test_routepack_placement_options(setup):
     window, topo, cost, static, _ = setup
     d = _core.defaults()["placement"]

@@ -79,6 +79,8 @@ def test_defaults_are_the_cores():
                 seen[f.name] = f.default
     flat = {k: v for group in core.values() for k, v in group.items()}
     assert flat.pop("anneal_moves") == rp.packing.DEFAULT_ANNEAL_MOVES == stages.DEFAULT_ANNEAL_MOVES
+    assert flat.pop("anneal_moves_across_nodes") == rp.packing.DEFAULT_ANNEAL_MOVES_ACROSS_NODES \
+        == stages.DEFAULT_ANNEAL_MOVES_ACROSS_NODES
     for name, default in seen.items():
         if default is None:  # computed by the stage from the window and topology
             assert name in ("placement_cells", "placement_explore", "eplb_num_groups"), name

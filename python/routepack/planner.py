@@ -80,9 +80,10 @@ def plan_window(
         previous: the `Placement` in force now; migration is planned from it.
         previous_window: plan placement from these loads (history-based balancers, e.g. EPLB).
         seed: seeds every randomised stage; the plan is a pure function of inputs and seed.
-        anneal_moves: the layout search budget in proposed moves (deterministic; default
-            `routepack.stages.packing.DEFAULT_ANNEAL_MOVES`, the core's, sized so a `flash` routepack plan takes
-            about 0.9 s on 2 cores).
+        anneal_moves: the layout search budget in proposed moves (deterministic). Default, the
+            core's by topology: `routepack.packing.DEFAULT_ANNEAL_MOVES` (300 000) where an EP
+            group fits in one node, `DEFAULT_ANNEAL_MOVES_ACROSS_NODES` (0: the starting layout)
+            where it spans nodes (see docs/design.md, "Layout search").
         time_budget_s: optional wall-clock cap, in seconds, on the whole call (then plans may
             differ between runs and machines; compute on one rank and
             `routepack.torch.broadcast_plan`). Each searching stage gets a share of the time

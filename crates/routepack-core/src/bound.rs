@@ -178,16 +178,20 @@ fn layer_pass(w: &WindowView, topo: &Topology, cost: &CostModel, l: usize, tops:
         expert_share: vec![0.0; e_n],
     };
     let mut buf = vec![0i32; e_n];
+    // integer accumulators: every count is an integer below 2^53, so their f64 sums are exact
+    // in any order and equal to these; integers let the loop below vectorise
+    let mut expert_tokens = vec![0i64; e_n];
     let per = (0..w.num_samples)
         .map(|s| {
             let n = w.seq_lens[s] as f64;
             let t = w.tokens(s, l);
-            let (mut tokens, mut experts) = (0.0, 0);
-            for (e, &x) in t.iter().enumerate() {
-                tokens += x as f64;
+            let (mut tok, mut experts) = (0i64, 0usize);
+            for (et, &x) in expert_tokens.iter_mut().zip(t) {
+                tok += x as i64;
                 experts += usize::from(x > 0);
-                sums.expert_tokens[e] += x as f64;
+                *et += x as i64;
             }
+            let tokens = tok as f64;
             let inv = 1.0 / n;
             for (sh, &x) in sums.expert_share.iter_mut().zip(t) {
                 *sh = sh.max(x as f64 * inv);
@@ -211,6 +215,9 @@ fn layer_pass(w: &WindowView, topo: &Topology, cost: &CostModel, l: usize, tops:
             SampleLayer { tokens, experts, top_rank }
         })
         .collect();
+    for (et, &x) in sums.expert_tokens.iter_mut().zip(&expert_tokens) {
+        *et = x as f64;
+    }
     sums.used_experts = sums.expert_tokens.iter().filter(|&&x| x > 0.0).count();
     (sums, per)
 }
@@ -241,6 +248,18 @@ fn traffic(q: f64, c: f64, per_cell: f64, sums: &LayerSums, top: f64) -> f64 {
 /// and `topo` with at most `token_cap` tokens per row (None: no cap, i.e. Σ n, the weakest).
 /// See the module docs for the derivation.
 pub fn lower_bound_time(w: &WindowView, topo: &Topology, cost: &CostModel, token_cap: Option<i64>) -> Result<f64> {
+    lower_bound_and_layer_tokens(w, topo, cost, token_cap).map(|(bound, _)| bound)
+}
+
+/// [`lower_bound_time`] and, from the same pass over the demand, each layer's routed tokens
+/// `[L]` (Σ_s Σ_e, exact: what [`crate::simulate::ideal_time`] needs, so `simulate` reads the
+/// demand once for both).
+pub fn lower_bound_and_layer_tokens(
+    w: &WindowView,
+    topo: &Topology,
+    cost: &CostModel,
+    token_cap: Option<i64>,
+) -> Result<(f64, Vec<f64>)> {
     cost.check(w.num_layers)?;
     topo.check_experts(w.num_experts)?;
     let total = w.total_tokens();
@@ -255,12 +274,13 @@ pub fn lower_bound_time(w: &WindowView, topo: &Topology, cost: &CostModel, token
     // (its traffic only falls as the hostable tokens rise) except the ones that charge no
     // traffic (μ = ν = 0), which are exact. When no estimate beats those, they are the bound.
     let (sums, per) = bound.layers(false);
+    let layer_tokens = sums.iter().map(|s| s.tokens).collect();
     let free = bound.best(&sums, &per, true);
     if bound.best(&sums, &per, false) <= free {
-        return Ok(free);
+        return Ok((free, layer_tokens));
     }
     let (sums, per) = bound.layers(true);
-    Ok(bound.best(&sums, &per, false))
+    Ok((bound.best(&sums, &per, false), layer_tokens))
 }
 
 /// The inputs of one bound.

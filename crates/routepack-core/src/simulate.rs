@@ -34,7 +34,7 @@ use crate::cost::links::LinkBytes;
 use crate::cost::CostModel;
 use crate::error::Result;
 use crate::flow::{route_expert, Dest};
-use crate::bound::lower_bound_time;
+use crate::bound::lower_bound_and_layer_tokens;
 use crate::cell_grid::CellGrid;
 use crate::plan::{bucket_replicas, Plan, Replica};
 use crate::topology::Topology;
@@ -348,24 +348,28 @@ pub fn migration_time(plan: &Plan, topo: &Topology, cost: &CostModel) -> f64 {
 
 /// DESIGN.md's `ideal` at `ideal_micro` microbatches per rank.
 pub fn ideal_time(w: &WindowView, topo: &Topology, cost: &CostModel, ideal_micro: usize) -> f64 {
+    // layers in parallel (a pass over the whole demand); integer sums are exact
+    let layer_tokens: Vec<f64> = (0..w.num_layers)
+        .into_par_iter()
+        .map(|l| (0..w.num_samples).map(|s| w.tokens(s, l).iter().map(|&x| x as i64).sum::<i64>()).sum::<i64>() as f64)
+        .collect();
+    ideal_time_of(&layer_tokens, w, topo, cost, ideal_micro)
+}
+
+/// [`ideal_time`] given each layer's routed tokens `layer_tokens` `[L]` (Σ_s Σ_e).
+fn ideal_time_of(layer_tokens: &[f64], w: &WindowView, topo: &Topology, cost: &CostModel, ideal_micro: usize) -> f64 {
     let (dp, ep) = (topo.dp as f64, topo.ep as f64);
     let lin: f64 = w.seq_lens.iter().map(|&n| n as f64).sum();
     let quad: f64 = w.seq_lens.iter().map(|&n| (n as f64) * (n as f64)).sum();
-    // layers in parallel (a pass over the whole demand), each summed as before and added in
-    // layer order: the same value for any thread count
     let passes = cost.compute_passes();
-    let per_layer: Vec<f64> = (0..w.num_layers)
-        .into_par_iter()
-        .map(|l| {
-            let tt: f64 = (0..w.num_samples).map(|s| w.tokens(s, l).iter().map(|&x| x as f64).sum::<f64>()).sum();
-            let attn = passes * cost.attention_of_sums(l, lin, quad) / dp;
-            let expert = passes * (cost.c_tok * tt / dp + cost.c_exp * ideal_micro as f64 * w.num_experts as f64 / ep);
-            let per_rank_bytes = tt / dp * cost.token_bytes;
-            let a2a = 2.0 * cost.comm_passes() * per_rank_bytes * cost.uniform_seconds_per_byte(topo);
-            attn + expert + a2a - cost.hidden_communication(attn + expert, a2a)
-        })
-        .collect();
-    per_layer.into_iter().fold(0.0, |total, t| total + t)
+    // added in layer order: the same value for any thread count
+    layer_tokens.iter().enumerate().fold(0.0, |total, (l, &tt)| {
+        let attn = passes * cost.attention_of_sums(l, lin, quad) / dp;
+        let expert = passes * (cost.c_tok * tt / dp + cost.c_exp * ideal_micro as f64 * w.num_experts as f64 / ep);
+        let per_rank_bytes = tt / dp * cost.token_bytes;
+        let a2a = 2.0 * cost.comm_passes() * per_rank_bytes * cost.uniform_seconds_per_byte(topo);
+        total + (attn + expert + a2a - cost.hidden_communication(attn + expert, a2a))
+    })
 }
 
 /// Moved to [`crate::bound`], which the bound needs it for; kept here under its old path.
@@ -399,7 +403,7 @@ pub fn simulate_with_cap(
     cost.check(w.num_layers)?;
     validate_plan(plan, w, topo, i64::MAX)?;
     let bound_cap = token_cap.map(|cap| cap.max(largest_row(plan, w, topo)));
-    let lower_bound = lower_bound_time(w, topo, cost, bound_cap)?;
+    let (lower_bound, layer_tokens) = lower_bound_and_layer_tokens(w, topo, cost, bound_cap)?;
     let (g_n, m_n, l_n, ep) = (topo.num_groups(), plan.num_micro, w.num_layers, topo.ep);
     let grid = CellGrid::new(&plan.sample_rank, &plan.sample_micro, m_n, w.seq_lens, topo);
     let reps = bucket_replicas(&plan.replicas, g_n, m_n, l_n);
@@ -450,7 +454,7 @@ pub fn simulate_with_cap(
     }
     let migration = migration_time(plan, topo, cost);
     let step_time = group_times[critical] + migration;
-    let ideal = ideal_time(w, topo, cost, ideal_micro.unwrap_or(m_n));
+    let ideal = ideal_time_of(&layer_tokens, w, topo, cost, ideal_micro.unwrap_or(m_n));
     let tokens = w.total_tokens() as f64;
     let mean_imbalance = imbalance.iter().sum::<f64>() / imbalance.len() as f64;
     Ok(SimReport {

@@ -17,7 +17,8 @@ field name (stage-prefixed: ``placement_*``, ``eplb_*``, ``anneal_*``, ``packing
 
 from routepack.stages.context import PackingResult, PlanContext
 from routepack.stages.options import DEFAULTS, NoOptions, StageOptions
-from routepack.stages.packing import (DEFAULT_ANNEAL_MOVES, RoutepackPackingOptions, kk_packing, routepack_packing,
+from routepack.stages.packing import (DEFAULT_ANNEAL_MOVES, DEFAULT_ANNEAL_MOVES_ACROSS_NODES,
+                                      RoutepackPackingOptions, kk_packing, routepack_packing,
                                       sequential_packing)
 from routepack.stages.placement import (EplbOptions, RoutepackPlacementOptions, eplb_placement, relibra_placement,
                                         routepack_placement, static_placement)
@@ -30,7 +31,8 @@ from routepack.stages.replication import (HotNOptions, RelibraReplicationOptions
                                           routepack_replication)
 
 __all__ = [
-    "DEFAULTS", "DEFAULT_ANNEAL_MOVES", "DEPRECATED_OPTIONS", "EplbOptions", "HotNOptions", "KNOWN_OPTIONS",
+    "DEFAULTS", "DEFAULT_ANNEAL_MOVES", "DEFAULT_ANNEAL_MOVES_ACROSS_NODES", "DEPRECATED_OPTIONS",
+    "EplbOptions", "HotNOptions", "KNOWN_OPTIONS",
     "NoOptions", "PACKINGS", "PLACEMENTS", "PackingResult", "PlanContext", "Policy", "REPLICATIONS",
     "RelibraReplicationOptions", "RoutepackPackingOptions", "RoutepackPlacementOptions",
     "RoutepackReplicationOptions", "STAGES", "Stage", "StageOptions", "canonical_options", "eplb_placement",

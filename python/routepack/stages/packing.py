@@ -9,8 +9,9 @@ sample_micro [S] int32, num_micro, report dict)``.
 * ``routepack`` (`routepack_packing`, `RoutepackPackingOptions`): the fewest certified rows,
   then the layout by population annealing.
 
-The annealing budget ``anneal_moves`` is an argument of ``plan_window`` itself (default
-`DEFAULT_ANNEAL_MOVES`), not one of these options; under ``time_budget_s`` the stage's
+The annealing budget ``anneal_moves`` is an argument of ``plan_window`` itself (default: the
+core's, by topology: `DEFAULT_ANNEAL_MOVES` where an EP group fits in one node,
+`DEFAULT_ANNEAL_MOVES_ACROSS_NODES` where it spans nodes), not one of these options; under ``time_budget_s`` the stage's
 wall-clock share arrives as ``ctx.time_budget_s`` (seconds, `routepack.planner.BUDGET_WEIGHTS`).
 """
 
@@ -24,13 +25,15 @@ from routepack.stages.context import (PackingResult, PlanContext, check_fills_ce
                                       stage_context)
 from routepack.stages.options import DEFAULTS, NoOptions, StageOptions, count, number, option, weights
 
-#: Default search budget of routepack's layout, in proposed moves over all chains (the
-#: core's). Sized so a whole `routepack` plan of a `flash` window (placement, rows, layout,
-#: replication, the final simulate) takes under 1 s on the 2-core reference machine: the
-#: anneal runs at about 1M moves per CPU-second there (`cargo bench --bench packing`);
-#: `tiny` anneals 3x faster. Deterministic, unlike a wall-clock budget. Quality rises slowly
-#: with more (benches/packing_quality.py prints the curve).
+#: Default search budget of routepack's layout where an EP group fits in one node, in proposed
+#: moves over all chains (the core's `DEFAULT_MOVES`). Deterministic, unlike a wall-clock
+#: budget. Quality rises slowly with more (benches/packing_quality.py prints the curve).
 DEFAULT_ANNEAL_MOVES: int = DEFAULTS["packing"]["anneal_moves"]
+#: The default where an EP group spans nodes (the core's `DEFAULT_MOVES_ACROSS_NODES`: 0, the
+#: starting layout as it is). There the layout proxy misprices what replication and node-first
+#: feeding do with copies on several nodes, and the anneal's gains under it do not survive
+#: replication (docs/design.md, "Layout search"; measured on flash windows 0-7).
+DEFAULT_ANNEAL_MOVES_ACROSS_NODES: int = DEFAULTS["packing"]["anneal_moves_across_nodes"]
 
 
 @dataclass(frozen=True)
@@ -95,10 +98,10 @@ def routepack_packing(ctx: PlanContext, options: RoutepackPackingOptions, placem
     """
     ctx = _packing_context(ctx, options, RoutepackPackingOptions, placement)
     o = options
-    moves = DEFAULT_ANNEAL_MOVES if ctx.anneal_moves is None else ctx.anneal_moves
+    # None: the core's default for the topology (`DEFAULT_ANNEAL_MOVES[_ACROSS_NODES]`)
     rank, micro, m, report = _core.pack_routepack(
         ctx.window.seq_lens, ctx.window.expert_tokens, ctx.topo, ctx.cost, placement.phy2log,
-        ctx.token_cap, seed=ctx.seed, anneal_moves=moves, time_budget_s=ctx.time_budget_s,
+        ctx.token_cap, seed=ctx.seed, anneal_moves=ctx.anneal_moves, time_budget_s=ctx.time_budget_s,
         chains=o.anneal_chains, steps=o.anneal_steps, exact_nodes=o.packing_exact_nodes,
         lambda_=o.anneal_lambda, start_accept=o.anneal_start_accept, cooling=o.anneal_cooling,
         mix=o.anneal_mix,
@@ -110,5 +113,5 @@ def routepack_packing(ctx: PlanContext, options: RoutepackPackingOptions, placem
     return rank, micro, m, report
 
 
-__all__ = ["DEFAULT_ANNEAL_MOVES", "RoutepackPackingOptions", "kk_packing", "routepack_packing",
-           "sequential_packing"]
+__all__ = ["DEFAULT_ANNEAL_MOVES", "DEFAULT_ANNEAL_MOVES_ACROSS_NODES", "RoutepackPackingOptions", "kk_packing",
+           "routepack_packing", "sequential_packing"]

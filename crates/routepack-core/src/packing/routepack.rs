@@ -20,13 +20,34 @@ use crate::placement::Placement;
 use crate::topology::Topology;
 use crate::window::WindowView;
 
-/// The layout search's default budget in proposed moves over all chains. Sized so a whole
-/// `routepack` plan of a `flash` window (placement, rows, layout, replication, the final
-/// simulate) takes under 1 s on the 2-core reference machine: the anneal runs at about 1M
-/// moves per CPU-second there (`cargo bench --bench packing`), so this is about 0.15 s of wall
-/// time on two cores; `tiny` anneals 3x faster. Deterministic, unlike a wall-clock budget.
+/// The layout search's default budget in proposed moves over all chains, where an EP group
+/// fits in one node (see [`default_moves`] for groups that span nodes). Deterministic, unlike
+/// a wall-clock budget. The anneal runs at about 0.4-1M moves per CPU-second on the 2-core
+/// reference machine (`cargo run -p routepack-core --release --example anneal_rate`); `tiny`
+/// gains 0.9% of its predicted step from it (median over 8 windows, against none).
 /// Quality rises slowly with more (benches/packing_quality.py prints the curve).
 pub const DEFAULT_MOVES: u64 = 300_000;
+
+/// The default budget where an EP group spans nodes: no annealing, the starting layout
+/// (`layout::init`) as it is. There the layout proxy prices the all-to-all before
+/// replication and splits a replicated expert's tokens evenly over its copies, while the
+/// placement puts hot experts' copies on several nodes and `flow` feeds them node first: on
+/// `flash` the proxy's step is 8% above `simulate`'s for the same unreplicated layout
+/// (118.2 s vs 109.6 s, window 1), and what the anneal gains under it does not survive
+/// replication. Over flash windows 0-7 (seed 0) the annealed plans (300 000 moves) were
+/// median 0.3% slower than the starting layout's (from 1.2% slower to 0.3% faster) and took
+/// 0.6 s more, a third of the plan. `anneal_moves` still sets any budget.
+pub const DEFAULT_MOVES_ACROSS_NODES: u64 = 0;
+
+/// The default layout-search budget for `topo`: [`DEFAULT_MOVES`] where an EP group fits in
+/// one node, [`DEFAULT_MOVES_ACROSS_NODES`] where it spans several.
+pub fn default_moves(topo: &Topology) -> u64 {
+    if topo.nodes_per_group() > 1 {
+        DEFAULT_MOVES_ACROSS_NODES
+    } else {
+        DEFAULT_MOVES
+    }
+}
 
 /// Settings of routepack's packing.
 #[derive(Clone, Debug, PartialEq)]

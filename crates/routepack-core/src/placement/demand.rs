@@ -96,10 +96,19 @@ pub fn chunk_demand(w: &WindowView, num_chunks: usize) -> Result<Vec<f64>> {
     let per_layer: Vec<Vec<f64>> = (0..w.num_layers)
         .into_par_iter()
         .map(|l| {
-            let mut out = vec![0.0f64; e_n * b_n];
+            // chunk-major integer sums first (contiguous rows: the loop vectorises), then the
+            // [E, B] transpose; integer counts below 2^53 make these f64 values exact, the
+            // same as summing in f64 in any order
+            let mut acc = vec![0i64; b_n * e_n];
             for (s, &b) in chunk.iter().enumerate() {
-                for (e, &x) in w.tokens(s, l).iter().enumerate() {
-                    out[e * b_n + b] += x as f64;
+                for (a, &x) in acc[b * e_n..(b + 1) * e_n].iter_mut().zip(w.tokens(s, l)) {
+                    *a += x as i64;
+                }
+            }
+            let mut out = vec![0.0f64; e_n * b_n];
+            for (b, row) in acc.chunks_exact(e_n).enumerate() {
+                for (e, &x) in row.iter().enumerate() {
+                    out[e * b_n + b] = x as f64;
                 }
             }
             out

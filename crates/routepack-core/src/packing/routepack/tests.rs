@@ -146,3 +146,13 @@ fn absurd_anneal_sizes_are_refused() {
     opts.anneal.moves = 10_000;
     routepack_packing(&w, &topo, &cost, &pl, 4096, &opts).unwrap();
 }
+
+#[test]
+fn default_moves_anneal_only_inside_one_node() {
+    // ep 8: one node with 8 GPUs per node, two with 4, eight with 1
+    let cases = [(8, DEFAULT_MOVES), (16, DEFAULT_MOVES), (4, DEFAULT_MOVES_ACROSS_NODES), (1, DEFAULT_MOVES_ACROSS_NODES)];
+    for (gpus_per_node, want) in cases {
+        let topo = Topology::new(16, 8, gpus_per_node, 4).unwrap();
+        assert_eq!(default_moves(&topo), want, "gpus_per_node {gpus_per_node}");
+    }
+}
