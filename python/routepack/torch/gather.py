@@ -41,8 +41,10 @@ def gather_payloads(header: Sequence[int], payload: Optional[np.ndarray], error:
     device = device if device is not None else default_device(group)
     if longest == 0:
         return got[:, 2:], [np.empty(0, np.uint8) for _ in sizes]
-    padded = np.zeros(longest, np.uint8)
-    padded[:mine.size] = mine
+    padded = mine
+    if mine.size < longest or not mine.flags.writeable:
+        padded = np.zeros(longest, np.uint8)
+        padded[:mine.size] = mine
     send = torch.from_numpy(padded).to(device)
     bufs = [torch.empty_like(send) for _ in range(dist.get_world_size(group))]
     work = dist.all_gather(bufs, send, group=group, async_op=True)

@@ -86,25 +86,28 @@ def encode(window: Window) -> Tuple[int, np.ndarray]:
     return _COUNT_DTYPES.index(cdt), np.concatenate([lens, counts.astype(cdt, copy=False).reshape(-1).view(np.uint8)])
 
 
-def decode(code: int, payload: np.ndarray, samples: int, layers: int, experts: int,
-           max_len: int) -> Tuple[np.ndarray, np.ndarray]:
+def decode(code: int, payload: np.ndarray, samples: int, layers: int, experts: int, max_len: int,
+           out: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
     """(seq_lens int64 ``[S]``, expert_tokens int32 ``[S, L, E]``) from `encode`'s output;
-    ``max_len`` picks the lengths' dtype as `encode` did."""
+    ``max_len`` picks the lengths' dtype as `encode` did. ``out``: a C-contiguous int32
+    ``[S, L, E]`` to decode the counts into (saves a copy when assembling many ranks)."""
     ldt = next(d for d in _LEN_DTYPES if max_len <= np.iinfo(d).max)
     cut = samples * ldt.itemsize
     lens = payload[:cut].view(ldt).astype(np.int64)
     body = payload[cut:]
     size = samples * layers * experts
+    counts = np.empty((samples, layers, experts), np.int32) if out is None else out
+    flat = counts.reshape(-1)  # a view: `out` is contiguous
     cdt = _COUNT_DTYPES[code % 3]
     if code < 3:
-        counts = body.view(cdt).astype(np.int32)
+        flat[:] = body.view(cdt)
     else:
         idt = np.dtype(np.uint32) if size <= 2**32 else np.dtype(np.int64)
         # nnz indices, then nnz counts
         nnz = body.size // (idt.itemsize + cdt.itemsize)
-        counts = np.zeros(size, np.int32)
-        counts[body[:nnz * idt.itemsize].view(idt)] = body[nnz * idt.itemsize:].view(cdt)
-    return lens, counts.reshape(samples, layers, experts)
+        flat[:] = 0
+        flat[body[:nnz * idt.itemsize].view(idt)] = body[nnz * idt.itemsize:].view(cdt)
+    return lens, counts
 
 
 def gather_window(local: Window, group: Optional[Any] = None, raw_bytes: Optional[int] = None,
@@ -140,8 +143,11 @@ def gather_window(local: Window, group: Optional[Any] = None, raw_bytes: Optiona
             raise RoutepackError(f"local: the ranks' windows differ in {name}: {heads[:, col].tolist()} "
                                  "(in group-rank order; -1: top_k unknown)")
     layers, experts, top_k = (int(heads[0, c]) for c in (1, 2, 3))
-    lens, counts = zip(*(decode(int(h[4]), p, int(h[0]), layers, experts, int(h[5])) for h, p in zip(heads, parts)))
-    window = Window(np.concatenate(lens), np.concatenate(counts), None if top_k < 0 else top_k)
+    starts = np.concatenate([[0], np.cumsum(heads[:, 0])])
+    counts = np.empty((int(starts[-1]), layers, experts), np.int32)
+    lens = [decode(int(h[4]), p, int(h[0]), layers, experts, int(h[5]), out=counts[a:b])[0]
+            for h, p, a, b in zip(heads, parts, starts[:-1], starts[1:])]
+    window = Window(np.concatenate(lens), counts, None if top_k < 0 else top_k)
     sizes = np.array([p.size for p in parts], np.int64)
     return GatheredWindow(window, heads[:, 0].copy(), tuple(ENCODINGS[int(c)] for c in heads[:, 4]), sizes,
                           int(sizes.max()), heads[:, 6].copy())
