@@ -14,6 +14,7 @@ The encode/decode of the wire format is property-tested in-process (hypothesis).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 
 import numpy as np
@@ -116,6 +117,12 @@ def _battery(group, windows, ids, cu):
     err["gather_not_a_window"] = _raises(lambda: gather_window("x" if rank == 1 else got.window, group=group))
     out["errors"] = err
     out["alive"] = plan_window_distributed(tiny, *args, policy="hot_n", group=group).digest()
+    # an option under its deprecated name on one rank is the same option
+    old_name = {"replica_slots": 3} if rank == 0 else {"replication_slots": 3}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        out["old_name"] = plan_window_distributed(tiny, *args, token_cap=prof.token_cap, policy="relibra",
+                                                  anneal_moves=4000, group=group, **old_name).digest()
     return out
 
 
@@ -248,6 +255,12 @@ def test_the_group_still_plans_after_every_error(ranks, reference):
     world, groups = ranks
     for r, out in _each(groups):
         assert out["alive"] == reference["tiny_hot_n"], r
+
+
+def test_an_option_under_its_old_name_agrees_with_its_new_name(ranks, reference):
+    world, groups = ranks
+    for r, out in _each(groups):
+        assert out["old_name"] == reference["tiny", "relibra"].digest(), r
 
 
 def test_a_group_of_three_plans_alone_and_the_outsider_refuses(spawned, reference):

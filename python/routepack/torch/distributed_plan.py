@@ -103,10 +103,11 @@ def plan_window_distributed(window: Any, topo: Any, cost: Any, token_cap: int = 
                 f"time_budget_s: plan_window_distributed plans without a wall-clock cap (got {time_budget_s!r}): a "
                 "deadline makes the plan depend on each rank's clock, so ranks could disagree; plan on one rank "
                 "with time_budget_s and routepack.torch.broadcast_plan it")
-        _check_locally(window, topo, cost, token_cap, policy, previous, previous_window, seed, anneal_moves, options)
+        canonical = _check_locally(window, topo, cost, token_cap, policy, previous, previous_window, seed,
+                                   anneal_moves, options)
         prints = _fingerprints(dict(window=window, topo=topo, cost=cost, token_cap=token_cap, policy=policy,
                                     previous=previous, previous_window=previous_window, seed=seed,
-                                    anneal_moves=anneal_moves, options=options))
+                                    anneal_moves=anneal_moves, options=canonical))
     except Exception as e:  # noqa: BLE001 (shared with the peers, then re-raised)
         err = e
     got = gather_ints([int(err is None)] + prints, group, timeout=timeout)
@@ -154,10 +155,11 @@ def _spread(me: int, n: int, group: Optional[Any], timeout: Optional[datetime.ti
 
 
 def _check_locally(window: Any, topo: Any, cost: Any, token_cap: Any, policy: Any, previous: Any,
-                   previous_window: Any, seed: Any, anneal_moves: Any, options: Dict[str, Any]) -> None:
+                   previous_window: Any, seed: Any, anneal_moves: Any, options: Dict[str, Any]) -> Dict[str, Any]:
     """`plan_window`'s argument checks, run before the ranks agree, so that a rank's bad
     argument raises its own error there (its peers: that it failed), not a disagreement.
-    Deprecation warnings are left to the planning itself, which warns once."""
+    Returns the options under their current names (what the ranks compare). Deprecation
+    warnings are left to the planning itself, which warns once."""
     ctx = PlanContext(window, topo, cost, token_cap, previous, previous_window, seed, anneal_moves, None).check()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -165,6 +167,7 @@ def _check_locally(window: Any, topo: Any, cost: Any, token_cap: Any, policy: An
     ctx.options, (_, ctx.policy) = canonical, resolve(policy)
     stage_options(ctx.policy, canonical)
     check_fills_cells(ctx)
+    return canonical
 
 
 def _fingerprints(args: Dict[str, Any]) -> List[int]:
