@@ -5,7 +5,7 @@ use numpy::{IntoPyArray, PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyReadonl
 use pyo3::prelude::*;
 use routepack_core::budget;
 use routepack_core::placement::relibra::relibra_placement as core_relibra_placement;
-use routepack_core::replication::{self, routepack::Options, Packed};
+use routepack_core::replication::{self, routepack::Options, Block, Packed, Planner};
 
 use crate::columns::{self, ReplicaColumns};
 use crate::convert::{self, slice};
@@ -26,9 +26,10 @@ macro_rules! planner_args {
 
 /// MindSpeed's hot-expert broadcast: replica columns
 /// `(micro, group, layer, expert, src_rank, dst_rank, share)`. `hot_experts` None: the
-/// core's `hot_n::DEFAULT_HOT_EXPERTS`.
+/// core's `hot_n::DEFAULT_HOT_EXPERTS`. `block` `(index, count)`: plan only that block of
+/// the exchanges (`replication::Block`; None: all).
 #[pyfunction]
-#[pyo3(signature = (seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, num_micro, topo, cost, hot_experts=None))]
+#[pyo3(signature = (seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, num_micro, topo, cost, hot_experts=None, block=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn replicate_hot_n<'py>(
     py: Python<'py>,
@@ -41,18 +42,21 @@ pub fn replicate_hot_n<'py>(
     topo: &Bound<'py, PyAny>,
     cost: &Bound<'py, PyAny>,
     hot_experts: Option<usize>,
+    block: Option<(usize, usize)>,
 ) -> PyResult<ReplicaColumns<'py>> {
     let (w, t, c, p, sr, sm) = planner_args!(seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, topo, cost);
     let packed = Packed { sample_rank: sr, sample_micro: sm, num_micro };
     let hot_experts = hot_experts.unwrap_or(replication::hot_n::DEFAULT_HOT_EXPERTS);
-    let rows = run(py, || replication::hot_n(&w, &t, &c, &p, packed, hot_experts))?;
+    let (planner, block) = (Planner::HotN(hot_experts), block_of(block)?);
+    let rows = run(py, || replication::plan_block(&w, &t, &c, &p, packed, &planner, block))?;
     Ok(columns::replica_columns(py, &rows))
 }
 
 /// ReLibra's intra-node replication: replica columns. `replica_slots` None: the budget
 /// routepack's replication gets by default (`replication::routepack::Options::default()`).
+/// `block`: as in `replicate_hot_n`.
 #[pyfunction]
-#[pyo3(signature = (seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, num_micro, topo, cost, replica_slots=None))]
+#[pyo3(signature = (seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, num_micro, topo, cost, replica_slots=None, block=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn replicate_relibra<'py>(
     py: Python<'py>,
@@ -65,11 +69,13 @@ pub fn replicate_relibra<'py>(
     topo: &Bound<'py, PyAny>,
     cost: &Bound<'py, PyAny>,
     replica_slots: Option<usize>,
+    block: Option<(usize, usize)>,
 ) -> PyResult<ReplicaColumns<'py>> {
     let (w, t, c, p, sr, sm) = planner_args!(seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, topo, cost);
     let packed = Packed { sample_rank: sr, sample_micro: sm, num_micro };
     let replica_slots = replica_slots.unwrap_or(Options::default().replica_slots);
-    let rows = run(py, || replication::relibra(&w, &t, &c, &p, packed, replica_slots))?;
+    let (planner, block) = (Planner::Relibra(replica_slots), block_of(block)?);
+    let rows = run(py, || replication::plan_block(&w, &t, &c, &p, packed, &planner, block))?;
     Ok(columns::replica_columns(py, &rows))
 }
 
@@ -78,8 +84,9 @@ pub fn replicate_relibra<'py>(
 /// (`replication::routepack::Options::default()`). `time_budget_s`: a wall-clock cap in
 /// seconds, exchanges not begun by then get no replicas (None or above
 /// `budget::UNLIMITED_S`: none; 0: no exchange planned; negative or not finite: an error).
+/// `block`: as in `replicate_hot_n`.
 #[pyfunction]
-#[pyo3(signature = (seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, num_micro, topo, cost, replica_slots=None, candidate_experts=None, candidate_dsts=None, time_budget_s=None))]
+#[pyo3(signature = (seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, num_micro, topo, cost, replica_slots=None, candidate_experts=None, candidate_dsts=None, time_budget_s=None, block=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn replicate_routepack<'py>(
     py: Python<'py>,
@@ -95,6 +102,7 @@ pub fn replicate_routepack<'py>(
     candidate_experts: Option<usize>,
     candidate_dsts: Option<usize>,
     time_budget_s: Option<f64>,
+    block: Option<(usize, usize)>,
 ) -> PyResult<ReplicaColumns<'py>> {
     let (w, t, c, p, sr, sm) = planner_args!(seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, topo, cost);
     let packed = Packed { sample_rank: sr, sample_micro: sm, num_micro };
@@ -105,7 +113,8 @@ pub fn replicate_routepack<'py>(
         dsts: candidate_dsts.unwrap_or(d.dsts),
         time_budget: budget::from_secs("time_budget_s", time_budget_s).map_err(to_py)?,
     };
-    let rows = run(py, || replication::routepack(&w, &t, &c, &p, packed, &opts))?;
+    let (planner, block) = (Planner::Routepack(opts), block_of(block)?);
+    let rows = run(py, || replication::plan_block(&w, &t, &c, &p, packed, &planner, block))?;
     Ok(columns::replica_columns(py, &rows))
 }
 
@@ -125,6 +134,11 @@ pub fn relibra_placement<'py>(
     let prev = previous.as_ref().map(|p| convert::placement(p, e, t.slots_per_rank)).transpose()?;
     let p = run(py, || core_relibra_placement(ld, l, e, &t, prev.as_ref()))?;
     Ok(numpy::ndarray::Array2::from_shape_vec((p.num_layers, p.num_slots), p.phy2log).expect("shape").into_pyarray(py))
+}
+
+/// `block` as the core's `Block` (None: every exchange); a bad pair is an error naming `block`.
+fn block_of(block: Option<(usize, usize)>) -> PyResult<Block> {
+    block.map_or(Ok(Block::ALL), |(i, n)| Block::new(i, n)).map_err(to_py)
 }
 
 /// Adds this file's functions to `routepack._core`.

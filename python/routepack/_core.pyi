@@ -113,21 +113,28 @@ def rank_tokens(plan: Any, seq_lens: _I64, expert_tokens: _I32, topo: Any) -> _I
 
 # ---- replication (src/py_replication.rs)
 def replicate_hot_n(seq_lens: _I64, expert_tokens: _I32, phy2log: _I32, sample_rank: _I32, sample_micro: _I32,
-                    num_micro: int, topo: Any, cost: Any, hot_experts: Optional[int] = None) -> _ReplicaColumns:
+                    num_micro: int, topo: Any, cost: Any, hot_experts: Optional[int] = None,
+                    block: Optional[Tuple[int, int]] = None) -> _ReplicaColumns:
     """MindSpeed's hot-expert broadcast: N hot experts per exchange (EP group, step, layer),
-    copies on every other EP rank computing their own tokens."""
+    copies on every other EP rank computing their own tokens. ``block`` ``(index, count)``:
+    only that contiguous block of the flattened exchange index ``(g·M + m)·L + l``, the rows
+    the full run gives it, in order (None: every exchange; blocks 0..count tile the run)."""
 
 def replicate_relibra(seq_lens: _I64, expert_tokens: _I32, phy2log: _I32, sample_rank: _I32,
                       sample_micro: _I32, num_micro: int, topo: Any, cost: Any,
-                      replica_slots: Optional[int] = None) -> _ReplicaColumns:
-    """ReLibra's intra-node replication, at most `replica_slots` copies per rank per exchange."""
+                      replica_slots: Optional[int] = None,
+                      block: Optional[Tuple[int, int]] = None) -> _ReplicaColumns:
+    """ReLibra's intra-node replication, at most `replica_slots` copies per rank per exchange.
+    ``block``: as in `replicate_hot_n`."""
 
 def replicate_routepack(seq_lens: _I64, expert_tokens: _I32, phy2log: _I32, sample_rank: _I32,
                         sample_micro: _I32, num_micro: int, topo: Any, cost: Any,
                         replica_slots: Optional[int] = None, candidate_experts: Optional[int] = None,
                         candidate_dsts: Optional[int] = None,
-                        time_budget_s: Optional[float] = None) -> _ReplicaColumns:
-    """routepack's replication: per exchange, rows minimising the simulated layer time."""
+                        time_budget_s: Optional[float] = None,
+                        block: Optional[Tuple[int, int]] = None) -> _ReplicaColumns:
+    """routepack's replication: per exchange, rows minimising the simulated layer time.
+    ``block``: as in `replicate_hot_n`."""
 
 def relibra_placement(loads: _F64, topo: Any, previous: Optional[_I32] = None) -> _I32:
     """ReLibra's node-level expert reordering: phy2log [L, ep*slots_per_rank] from loads [L, E]."""

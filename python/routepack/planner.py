@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -13,7 +13,8 @@ from routepack.plan import MIGRATION_DTYPE, Placement, Plan, empty_migration
 from routepack.policies import resolve
 from routepack.simulate import simulate
 from routepack.stages.context import PlanContext, check_fills_cells
-from routepack.stages.registry import PACKINGS, PLACEMENTS, REPLICATIONS, canonical_options, stage_options
+from routepack.stages.registry import (PACKINGS, PLACEMENTS, REPLICATIONS, Stage, canonical_options,
+                                       stage_options)
 from routepack.window import Window
 
 #: How ``time_budget_s`` is spent: the one table of shares (docs/design.md points here).
@@ -114,6 +115,29 @@ def plan_window(
         and its parts (`simulate`), bounds, certificates and each stage's wall time (and
         with a budget, ``budget``: the reserve and each stage's share, in seconds).
     """
+    return plan_stages(window, topo, cost, token_cap, policy, previous, previous_window, seed, anneal_moves,
+                       time_budget_s, options, run_replication, stacklevel=3)
+
+
+#: How a plan's replication stage is run: ``f(stage, ctx, options, placement, sample_rank,
+#: sample_micro, num_micro) -> replicas``, where ``stage`` is the policy's `Stage`. The one
+#: seam between `plan_window` and `routepack.torch.plan_window_distributed` (which spreads
+#: the exchanges over the ranks and gathers their replicas).
+ReplicationRunner = Callable[..., np.ndarray]
+
+
+def run_replication(stage: Stage, ctx: PlanContext, options: Any, placement: Placement, sample_rank: np.ndarray,
+                    sample_micro: np.ndarray, num_micro: int) -> np.ndarray:
+    """`plan_window`'s `ReplicationRunner`: the stage, whole, in this process."""
+    return stage.run(ctx, options, placement, sample_rank, sample_micro, num_micro)
+
+
+def plan_stages(window: Any, topo: Any, cost: Any, token_cap: Any, policy: Any, previous: Optional[Placement],
+                previous_window: Any, seed: Any, anneal_moves: Any, time_budget_s: Any, options: Dict[str, Any],
+                replicate: ReplicationRunner, stacklevel: int) -> Plan:
+    """`plan_window`'s body (same arguments, ``options`` as a dict), with its replication stage
+    run by ``replicate``; ``stacklevel`` counts the deprecation warnings' frames from this
+    function (`plan_window` passes 3: its caller)."""
     if time_budget_s is not None:
         time_budget_s = finite_float(time_budget_s, "time_budget_s", strict=True)
     # every argument checked in one place, the one each stage function runs too
@@ -121,7 +145,7 @@ def plan_window(
                       time_budget_s).check()
     token_cap, seed, anneal_moves = ctx.token_cap, ctx.seed, ctx.anneal_moves
 
-    options = canonical_options(options, stacklevel=2)
+    options = canonical_options(options, stacklevel=stacklevel)
     name, pol = resolve(policy)
     place_opts, pack_opts, repl_opts = stage_options(pol, options)
     ctx.options, ctx.policy = options, pol
@@ -151,7 +175,7 @@ def plan_window(
 
     t0 = time.perf_counter()
     ctx.time_budget_s = share("replication")
-    replicas = REPLICATIONS[pol.replication].run(ctx, repl_opts, placement, sample_rank, sample_micro, num_micro)
+    replicas = replicate(REPLICATIONS[pol.replication], ctx, repl_opts, placement, sample_rank, sample_micro, num_micro)
     seconds["replication"] = time.perf_counter() - t0
     ctx.time_budget_s = time_budget_s
 

@@ -21,7 +21,7 @@ tokens in that exchange (routing rule: routepack-core's flow module).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 import numpy as np
 
@@ -93,6 +93,25 @@ def replica_table(columns: tuple) -> np.ndarray:
     return table
 
 
+#: ``block`` of the per-exchange choices: ``(index, count)`` plans only block ``index`` of
+#: ``count`` contiguous blocks of the flattened exchange index ``(group · M + micro) · L +
+#: layer``, giving exactly the rows the full run gives those exchanges, in order (None: every
+#: exchange). `routepack.torch.plan_window_distributed` has rank i of n plan block i.
+Block = Optional[Tuple[int, int]]
+
+
+def _block(block: Any) -> Block:
+    """``block`` checked: None or a pair ``(index, count)`` with ``0 <= index < count``."""
+    if block is None:
+        return None
+    pair = sequence(block, "block", "(index, count)")
+    if len(pair) != 2:
+        raise RoutepackError(f"block: expected (index, count), got {block!r}")
+    count = positive_int(pair[1], "block[1] (count)")
+    index = positive_int(pair[0], "block[0] (index)", minimum=0, maximum=count - 1)
+    return index, count
+
+
 def _common(ctx: Any, options: Any, options_class: type, placement: Any, sample_rank: Any, sample_micro: Any,
             num_micro: Any) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, Any, Any]:
     """What every replication checks first (`stage_context`, the placement, the layout's
@@ -118,33 +137,35 @@ def no_replication(ctx: PlanContext, options: NoOptions, placement: Placement, s
 
 
 def hot_n_replication(ctx: PlanContext, options: HotNOptions, placement: Placement, sample_rank: np.ndarray,
-                      sample_micro: np.ndarray, num_micro: int) -> np.ndarray:
-    """MindSpeed's hot-expert broadcast."""
+                      sample_micro: np.ndarray, num_micro: int, block: Block = None) -> np.ndarray:
+    """MindSpeed's hot-expert broadcast (``block``: see `Block`)."""
     cols = _core.replicate_hot_n(*_common(ctx, options, HotNOptions, placement, sample_rank, sample_micro, num_micro),
-                                 options.replication_hot_experts)
+                                 options.replication_hot_experts, block=_block(block))
     return replica_table(cols)
 
 
 def relibra_replication(ctx: PlanContext, options: RelibraReplicationOptions, placement: Placement,
-                        sample_rank: np.ndarray, sample_micro: np.ndarray, num_micro: int) -> np.ndarray:
-    """ReLibra's intra-node replication."""
+                        sample_rank: np.ndarray, sample_micro: np.ndarray, num_micro: int,
+                        block: Block = None) -> np.ndarray:
+    """ReLibra's intra-node replication (``block``: see `Block`)."""
     cols = _core.replicate_relibra(*_common(ctx, options, RelibraReplicationOptions, placement, sample_rank,
                                             sample_micro, num_micro),
-                                   options.replication_slots)
+                                   options.replication_slots, block=_block(block))
     return replica_table(cols)
 
 
 def routepack_replication(ctx: PlanContext, options: RoutepackReplicationOptions, placement: Placement,
-                          sample_rank: np.ndarray, sample_micro: np.ndarray, num_micro: int) -> np.ndarray:
+                          sample_rank: np.ndarray, sample_micro: np.ndarray, num_micro: int,
+                          block: Block = None) -> np.ndarray:
     """routepack's replication. Exchanges not begun when ``ctx.time_budget_s`` (seconds from
-    the call, None: no cap) is spent get no replicas."""
+    the call, None: no cap) is spent get no replicas. ``block``: see `Block`."""
     args = _common(ctx, options, RoutepackReplicationOptions, placement, sample_rank, sample_micro, num_micro)
     k = options.replication_candidates
     cols = _core.replicate_routepack(*args,
                                      replica_slots=options.replication_slots, candidate_experts=k,
-                                     candidate_dsts=k, time_budget_s=ctx.time_budget_s)
+                                     candidate_dsts=k, time_budget_s=ctx.time_budget_s, block=_block(block))
     return replica_table(cols)
 
 
-__all__ = ["HotNOptions", "RelibraReplicationOptions", "RoutepackReplicationOptions", "hot_n_replication",
+__all__ = ["Block", "HotNOptions", "RelibraReplicationOptions", "RoutepackReplicationOptions", "hot_n_replication",
            "no_replication", "relibra_replication", "replica_table", "routepack_replication"]

@@ -13,6 +13,10 @@ imports torch. Backend-neutral: gloo on CPU (tests), NCCL on GPUs (``tools/gpu_c
   moves a few layers at a time under that ceiling (`routepack.torch.staging`).
 * `ReplicaExchange`: per-microbatch hot-expert copies, sent as the simulator's chain
   (owner → same node → others), and their fp32 gradients reduced back along it.
+* `plan_window_distributed`: `routepack.plan_window` computed by the ranks of a group together
+  (replication's exchanges spread over them), the same plan byte for byte on every rank;
+  `window_from_ranks` / `gather_window`: the window assembled from each DP rank's own
+  samples' compact histograms (`GatheredWindow` says the bytes on the wire vs raw ids).
 * `PlanRunner`: one window end to end; `broadcast_plan`; `rank_microbatches` (replay order).
   ``begin_window(..., microbatches=rank_microbatches(...))`` precomputes every layer's route
   for the window (`routepack.torch.routes`: no host sync or all-gather in the forward; the
@@ -35,6 +39,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("routepack.torch needs PyTorch >= 2.1: pip install 'routepack[torch]'") from e
 
 from routepack.torch.broadcast import agree_on_plan, broadcast_plan, gather_ints, plan_digest
+from routepack.torch.distributed_plan import plan_window_distributed
 from routepack.torch.grads import sync_redundant_grads
 from routepack.torch.logical import export_logical, import_logical
 from routepack.torch.migrate import (FAULT_POINTS, MigrationError, MigrationReport, check_migration,
@@ -44,11 +49,13 @@ from routepack.torch.remap import FLOW_DTYPE, TokenRoute, expert_counts, flow_ta
 from routepack.torch.replay import Microbatch, rank_microbatches
 from routepack.torch.replicate import ReplicaExchange
 from routepack.torch.runner import PlanRunner
+from routepack.torch.window_gather import GatheredWindow, gather_window, window_from_ranks
 
 __all__ = [
     "EPMoE",
     "FAULT_POINTS",
     "FLOW_DTYPE",
+    "GatheredWindow",
     "Microbatch",
     "MigrationError",
     "MigrationReport",
@@ -65,11 +72,14 @@ __all__ = [
     "export_logical",
     "flow_table",
     "gather_ints",
+    "gather_window",
     "import_logical",
     "migrate",
     "plan_digest",
+    "plan_window_distributed",
     "rank_microbatches",
     "route_tokens",
     "swiglu",
     "sync_redundant_grads",
+    "window_from_ranks",
 ]

@@ -1,7 +1,8 @@
 //! One exchange (EP group, step, layer: one dispatch/combine all-to-all) as the replication
 //! planners see it, and the driver that runs a planner over every exchange of a packed window
-//! in parallel.
+//! (or over one [`Block`] of them: distributed planning) in parallel.
 
+use std::ops::Range;
 use std::time::Instant;
 
 use rayon::prelude::*;
@@ -9,7 +10,7 @@ use rayon::prelude::*;
 use crate::budget;
 use crate::cell_grid::CellGrid;
 use crate::cost::CostModel;
-use crate::error::Result;
+use crate::error::{invalid, Result};
 use crate::placement::Placement;
 use crate::plan::{Plan, Replica};
 use crate::topology::Topology;
@@ -102,6 +103,38 @@ pub fn share_for(n: i64, total: i64) -> f32 {
     best.clamp(0.0, 1.0)
 }
 
+/// Block `index` of `count` contiguous, near-equal blocks of the flattened exchange index
+/// `c = (g · M + m) · L + l` (group, step, layer): what one of `count` planners (the ranks of
+/// `routepack.torch.plan_window_distributed`) plans. Blocks `0..count` in order tile
+/// `0..total` exactly, so their replicas, concatenated in block order, are the full run's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Block {
+    /// This block, in `0..count`.
+    pub index: usize,
+    /// Blocks in all, >= 1.
+    pub count: usize,
+}
+
+impl Block {
+    /// Every exchange: block 0 of 1.
+    pub const ALL: Block = Block { index: 0, count: 1 };
+
+    /// Block `index` of `count`; `count >= 1` and `index < count`, else an error naming `block`.
+    pub fn new(index: usize, count: usize) -> Result<Block> {
+        if count == 0 || index >= count {
+            return Err(invalid("block", format!("expected (index, count) with count >= 1 and 0 <= index < count, got ({index}, {count})")));
+        }
+        Ok(Block { index, count })
+    }
+
+    /// The exchanges of this block among `total`: `[total·index/count, total·(index+1)/count)`
+    /// (in u128, so no product overflows).
+    pub fn range(&self, total: usize) -> Range<usize> {
+        let at = |i: usize| ((total as u128 * i as u128) / self.count as u128) as usize;
+        at(self.index)..at(self.index + 1)
+    }
+}
+
 /// Runs `plan_exchange` on every exchange (group, step, layer) of the packed window, in
 /// parallel, and concatenates the replicas in exchange order (group, step, layer), each
 /// exchange's rows in the order the planner gave (which `flow::route_expert` honours). Checks placement and packing first.
@@ -131,6 +164,31 @@ where
     I: Fn() -> W + Sync + Send,
     F: Fn(&Exchange, &mut W) -> Vec<Replica> + Sync + Send,
 {
+    plan_exchange_block(w, topo, cost, placement, sample_rank, sample_micro, num_micro, deadline, Block::ALL, init, plan_exchange)
+}
+
+/// [`plan_exchanges`] on the exchanges of `block` only: the same checks (of the whole
+/// placement and packing), and the replicas of the block's exchanges exactly as the full run
+/// gives them, in exchange order. A deadline is read as in the full run.
+#[allow(clippy::too_many_arguments)]
+pub fn plan_exchange_block<W, I, F>(
+    w: &WindowView,
+    topo: &Topology,
+    cost: &CostModel,
+    placement: &Placement,
+    sample_rank: &[i32],
+    sample_micro: &[i32],
+    num_micro: usize,
+    deadline: Option<Instant>,
+    block: Block,
+    init: I,
+    plan_exchange: F,
+) -> Result<Vec<Replica>>
+where
+    I: Fn() -> W + Sync + Send,
+    F: Fn(&Exchange, &mut W) -> Vec<Replica> + Sync + Send,
+{
+    let block = Block::new(block.index, block.count)?;
     cost.check(w.num_layers)?;
     let unreplicated = Plan {
         placement: placement.clone(),
@@ -144,7 +202,8 @@ where
     let (g_n, m_n, l_n, ep, e_n) = (topo.num_groups(), num_micro, w.num_layers, topo.ep, w.num_experts);
     let grid = CellGrid::new(sample_rank, sample_micro, num_micro, w.seq_lens, topo);
     let layer_slots: Vec<(Vec<usize>, Vec<usize>)> = (0..l_n).map(|l| placement.replicas_of_layer(l)).collect();
-    let per_exchange: Vec<Vec<Replica>> = (0..g_n * m_n * l_n)
+    let per_exchange: Vec<Vec<Replica>> = block
+        .range(g_n * m_n * l_n)
         .into_par_iter()
         .map_init(
             || (init(), vec![0i64; ep * e_n]),

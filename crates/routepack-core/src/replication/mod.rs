@@ -5,11 +5,13 @@
 //! * [`hot_n`](mod@hot_n)     MindSpeed's balanced MoE (baseline): N hot experts broadcast to every rank
 //! * [`relibra`](mod@relibra)   ReLibra's intra-node replication (baseline)
 //! * [`routepack`](mod@routepack) ours: replicas and shares minimising each exchange's simulated time
-//! * [`exchange`]  one exchange's inputs, the parallel driver, share rounding
+//! * [`exchange`]  one exchange's inputs, the parallel driver, blocks of exchanges, share rounding
 //! * [`state`]     the simulator's exchange cost, updated one expert at a time
 //!
 //! Every planner is deterministic: exchanges are planned independently (in parallel) and their
-//! replicas concatenated in exchange order.
+//! replicas concatenated in exchange order. [`plan_block`] runs one of them on a [`Block`] of
+//! the exchanges only (distributed planning: rank i of n plans block i, and the blocks'
+//! replicas, concatenated in block order, are the full run's).
 
 pub mod exchange;
 pub mod hot_n;
@@ -24,7 +26,8 @@ use crate::plan::Replica;
 use crate::topology::Topology;
 use crate::window::WindowView;
 
-use exchange::plan_exchanges;
+pub use exchange::Block;
+use exchange::plan_exchange_block;
 use state::ExchangeState;
 
 /// The packing replication plans for: `sample_rank`, `sample_micro` `[S]`, `num_micro` M.
@@ -38,6 +41,72 @@ pub struct Packed<'a> {
     pub num_micro: usize,
 }
 
+/// A replication planner with its options: what [`plan_block`] runs.
+#[derive(Clone, Debug)]
+pub enum Planner {
+    /// MindSpeed's rule ([`hot_n`](fn@hot_n)) with this many hot experts per exchange.
+    HotN(usize),
+    /// ReLibra's intra-node replication ([`relibra`](fn@relibra)) with this many copies per rank.
+    Relibra(usize),
+    /// routepack's replication ([`routepack`](fn@routepack)).
+    Routepack(routepack::Options),
+}
+
+/// Runs `planner` on the exchanges of `block` (see [`Block`]): the replicas the full run
+/// gives those exchanges, in the same order. Placement and packing are checked whole, so
+/// every block of one call fails alike. With routepack's `time_budget`, the deadline starts
+/// now and applies to this block only.
+pub fn plan_block(
+    w: &WindowView,
+    topo: &Topology,
+    cost: &CostModel,
+    placement: &Placement,
+    packed: Packed,
+    planner: &Planner,
+    block: Block,
+) -> Result<Vec<Replica>> {
+    let Packed { sample_rank, sample_micro, num_micro } = packed;
+    match planner {
+        Planner::HotN(hot_experts) => {
+            let n = *hot_experts;
+            if n == 0 {
+                return Err(invalid("replication_hot_experts", "must be >= 1 (MindSpeed's --balanced-moe-hot-expert-num), got 0"));
+            }
+            plan_exchange_block(w, topo, cost, placement, sample_rank, sample_micro, num_micro, None, block, ExchangeState::new, |c, st| {
+                hot_n::plan_exchange(c, st, n)
+            })
+        }
+        Planner::Relibra(replica_slots) => {
+            let k = *replica_slots;
+            plan_exchange_block(w, topo, cost, placement, sample_rank, sample_micro, num_micro, None, block, ExchangeState::new, |c, st| {
+                relibra::plan_exchange(c, st, k)
+            })
+        }
+        Planner::Routepack(opts) => {
+            if opts.experts == 0 || opts.dsts == 0 {
+                return Err(invalid(
+                    "routepack replication",
+                    format!("candidate experts and destinations per step must be >= 1, got {} and {}", opts.experts, opts.dsts),
+                ));
+            }
+            let deadline = crate::budget::deadline(std::time::Instant::now(), opts.time_budget);
+            plan_exchange_block(
+                w,
+                topo,
+                cost,
+                placement,
+                sample_rank,
+                sample_micro,
+                num_micro,
+                deadline,
+                block,
+                routepack::Worker::default,
+                |c, wk| routepack::plan_exchange(c, wk, opts),
+            )
+        }
+    }
+}
+
 /// MindSpeed's rule with `hot_experts` (N >= 1) hot experts per exchange
 /// ([`hot_n::DEFAULT_HOT_EXPERTS`] is MindSpeed's default).
 pub fn hot_n(
@@ -48,12 +117,7 @@ pub fn hot_n(
     packed: Packed,
     hot_experts: usize,
 ) -> Result<Vec<Replica>> {
-    if hot_experts == 0 {
-        return Err(invalid("replication_hot_experts", "must be >= 1 (MindSpeed's --balanced-moe-hot-expert-num), got 0"));
-    }
-    plan_exchanges(w, topo, cost, placement, packed.sample_rank, packed.sample_micro, packed.num_micro, None, ExchangeState::new, |c, st| {
-        hot_n::plan_exchange(c, st, hot_experts)
-    })
+    plan_block(w, topo, cost, placement, packed, &Planner::HotN(hot_experts), Block::ALL)
 }
 
 /// ReLibra's intra-node replication with at most `replica_slots` copies per rank per exchange:
@@ -66,9 +130,7 @@ pub fn relibra(
     packed: Packed,
     replica_slots: usize,
 ) -> Result<Vec<Replica>> {
-    plan_exchanges(w, topo, cost, placement, packed.sample_rank, packed.sample_micro, packed.num_micro, None, ExchangeState::new, |c, st| {
-        relibra::plan_exchange(c, st, replica_slots)
-    })
+    plan_block(w, topo, cost, placement, packed, &Planner::Relibra(replica_slots), Block::ALL)
 }
 
 /// routepack's replication (see [`routepack`](mod@routepack)); `opts.time_budget` caps its
@@ -81,25 +143,7 @@ pub fn routepack(
     packed: Packed,
     opts: &routepack::Options,
 ) -> Result<Vec<Replica>> {
-    if opts.experts == 0 || opts.dsts == 0 {
-        return Err(invalid(
-            "routepack replication",
-            format!("candidate experts and destinations per step must be >= 1, got {} and {}", opts.experts, opts.dsts),
-        ));
-    }
-    let deadline = crate::budget::deadline(std::time::Instant::now(), opts.time_budget);
-    plan_exchanges(
-        w,
-        topo,
-        cost,
-        placement,
-        packed.sample_rank,
-        packed.sample_micro,
-        packed.num_micro,
-        deadline,
-        routepack::Worker::default,
-        |c, wk| routepack::plan_exchange(c, wk, opts),
-    )
+    plan_block(w, topo, cost, placement, packed, &Planner::Routepack(*opts), Block::ALL)
 }
 
 #[cfg(test)]
