@@ -138,7 +138,7 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
     """
     from routepack._core import __version__
     from routepack.calibrate import attention, expert_gemm, links
-    from routepack.calibrate.timing import clock, device_info, require_torch, steady_heap
+    from routepack.calibrate.timing import AGGREGATE, clock, device_info, load_averages, require_torch, steady_heap
 
     if device not in ("cpu", "cuda"):
         raise RoutepackError(f"device: expected 'cpu' or 'cuda', got {device!r}")
@@ -161,6 +161,7 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
     if threads is not None:
         torch.set_num_threads(positive_int(threads, "threads"))
     t0 = time.perf_counter()
+    load_start = load_averages()
     measurements: Dict[str, Dict[str, Any]] = {}
     skipped: Dict[str, str] = {}
     total = sweeps.repeats * ((len(sweeps.expert_grid()) if "expert_gemm" in kinds else 0) +
@@ -195,7 +196,9 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
     if "links" not in fits:
         skipped.setdefault("links", "not requested")
     preset = CostModel.from_model(shape, hardware)
-    settings = {**asdict(sweeps), "quick": quick, "kernels": kinds, "ranks": ranks, "expert_stack": expert_stack,
+    settings = {**asdict(sweeps), "aggregate": AGGREGATE, "threads": info["threads"],
+                "loadavg": {"start": load_start, "end": load_averages()},
+                "quick": quick, "kernels": kinds, "ranks": ranks, "expert_stack": expert_stack,
                 "bw_inter": "given" if bw_inter is not None else f"preset {hardware.name} (local processes are one node)"}
     report = build(fits=fits, cost=cost, preset=preset, hardware=hardware, sources=sources, device=info,
                    settings=settings, model=asdict(shape), profile=profile if model is None else "custom",

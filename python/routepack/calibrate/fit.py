@@ -233,14 +233,20 @@ def fit_links(measurement: Mapping[str, Any], holdout_every: int, model: ModelSh
                      extra={k: measurement[k] for k in ("ranks", "backend") if k in measurement})
 
 
+#: Per-point and per-sweep timer figures a fit passes through to the report unchanged.
+TIMER_KEYS = ("spread", "calls_per_visit", "loadavg")
+
+
 def _forward(measurement: Mapping[str, Any]) -> Dict[str, Any]:
     """The forward-only times measured alongside, and their median share of forward +
-    backward (what the cost model's 1 : 3 pass ratio assumes to be 1/3)."""
+    backward (what the cost model's 1 : 3 pass ratio assumes to be 1/3); the timer's figures
+    (`TIMER_KEYS`) where the measurement has them."""
+    out = {k: measurement[k] for k in TIMER_KEYS if k in measurement}
     fwd = measurement.get("forward_s")
     if fwd is None:
-        return {}
+        return out
     share = np.asarray(fwd, dtype=np.float64) / np.asarray(measurement["measured_s"], dtype=np.float64)
-    return {"forward_s": list(map(float, fwd)), "forward_share": float(np.median(share))}
+    return {**out, "forward_s": list(map(float, fwd)), "forward_share": float(np.median(share))}
 
 
 #: kernel kind -> its fitting function ``(measurement, holdout_every, model) -> KernelFit``.
