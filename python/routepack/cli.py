@@ -266,6 +266,15 @@ def _run_calibrate(args: argparse.Namespace) -> int:
         print(f"{kind:<12} {len(k['sweep']):>6} {k['held_out_points']:>8} {mre:>26}  {coef}")
     for kind, why in rep["skipped"].items():
         print(f"{kind:<12} skipped: {why}")
+    for kind, k in rep["kernels"].items():
+        for name, form in k.get("unpriced_forms", {}).items():
+            if form.get("max_rel_error") is not None:
+                print(f"{kind:<12} not priced by the cost model: {name} would give {100 * form['max_rel_error']:.1f}% "
+                      f"held out ({form['formula']})")
+    load = rep["settings"].get("loadavg") or {}
+    if load.get("start") and load.get("end"):
+        print(f"load average (1 min) {load['start'][0]:.2f} at the start, {load['end'][0]:.2f} at the end; "
+              f"each point: {rep['settings'].get('aggregate')}")
     ratio = rep["preset"]["ratio"]
     print(f"\nvs the {rep['preset']['hardware']['name']} preset: " +
           ", ".join(f"{n} x{v:.3g}" for n, v in ratio.items() if v is not None))
