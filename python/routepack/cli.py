@@ -316,8 +316,9 @@ def _calibrate_parser(sub: Any) -> None:
                    help="inter-node bytes/s for the cost model (default: the H200 preset's; not measurable here)")
     p.add_argument("--ranks", type=_count(2), default=2, help="local processes for the links (default %(default)s)")
     p.add_argument("--threads", type=_count(1), default=None, help="torch CPU threads while measuring")
-    p.add_argument("--warmup", type=_count(0), default=None, help="untimed calls per point")
-    p.add_argument("--repeats", type=_count(1), default=None, help="timed calls per point (median kept)")
+    p.add_argument("--warmup", type=_count(0), default=None, help="untimed rounds over each sweep")
+    p.add_argument("--repeats", type=_count(1), default=None,
+                   help="timed rounds over each sweep (a point's figure: its least visit median)")
     p.add_argument("--holdout-every", type=_count(2), default=None, dest="holdout_every",
                    help="hold every k-th sweep point out of the fit (default 3)")
     p.add_argument("--max-tokens-per-expert", type=_count(1), default=None, dest="max_tokens_per_expert",

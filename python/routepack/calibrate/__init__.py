@@ -127,7 +127,8 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
             (default `Hardware.h200`); ``bw_inter``: the inter-node bandwidth to use, in the
             cost model's bytes/s (local processes cannot measure it).
         ranks: processes of the links measurement; ``threads``: torch CPU threads while
-            measuring (restored afterwards; the spawned ranks use one each).
+            measuring (restored afterwards; the spawned ranks use one each; the report's
+            ``settings.threads``).
         progress: a tqdm bar on stderr (shown on a terminal).
         expert_stack: time the expert GEMMs with `routepack.torch.EPMoE`'s own weight indexing
             into a stack of this many slots (`routepack.measure` does, to predict EPMoE runs);
