@@ -154,7 +154,8 @@ def _knees(tokens: np.ndarray) -> np.ndarray:
 
 #: The expert curve with one term the cost model does not have (``c_gemm``), fitted only for
 #: the report: how much of a fit's error is the cost model's form (see `fit_expert_gemm`).
-GEMM_STEP_FORMULA = "3·active_experts·(c_exp + max(c_tok·tokens_per_expert, c_weights) + c_gemm·[tokens_per_expert ≥ 2])"
+GEMM_STEP_FORMULA = ("3·active_experts·(c_exp + max(c_tok·tokens_per_expert, c_weights) "
+                     "+ c_gemm·[tokens_per_expert ≥ 2])")
 
 
 def _roofline(measurement: Mapping[str, Any], holdout_every: int, per: np.ndarray, active: np.ndarray,

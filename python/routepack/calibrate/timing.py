@@ -9,11 +9,11 @@ median of its calls; a point's figure is the *least* of its visits' medians over
 rounds (`AGGREGATE`). On a shared machine interference only ever adds time (another job
 evicts the caches or takes the memory bandwidth the kernel needs), so the quietest visit is
 the reproducible figure: on this 2-core machine at load 2-3, two runs of the small expert
-points differed by up to 21-25% as medians over all calls and 16% as the least visit median.
-The median inside a visit drops a single outlier call either way. Interleaving spreads a spell
-of interference (and a drift of the load) over all points instead of biasing the few measured
-during it, and it runs every point with cold caches, as training does (other layers run
-between two calls of one layer's kernel). Each point's ``spread`` (the median visit over the
+points (one expert, 1-64 tokens, 9 rounds of 3 calls) differed by up to 21-25% as medians and
+16% as the least visit median. The median inside a visit drops a single outlier call either
+way. Interleaving spreads a spell of interference (and a drift of the load) over all points
+instead of biasing the few measured during it, and it runs every point with cold caches, as
+training does (other layers run between two calls of one layer's kernel). Each point's ``spread`` (the median visit over the
 least, minus 1) and the 1-minute load average over the rounds go into the report, so a
 reader sees how loaded the machine was. On CUDA every timed region is closed by
 ``torch.cuda.synchronize()``: kernels are launched asynchronously and the clock must stop
@@ -108,8 +108,8 @@ AGGREGATE = "least over the timed rounds of each visit's median call"
 @dataclass
 class Rounds:
     """What `run_rounds` measured, one entry per step: ``figures`` (the step's figures from
-    its quietest visit, see `AGGREGATE`), ``spread`` (that visit's first figure over the
-    median visit's, minus 1: how much the load moved the point), ``calls`` (calls per
+    its quietest visit, see `AGGREGATE`), ``spread`` (the median visit's first figure over
+    the quietest's, minus 1: how much the load moved the point), ``calls`` (calls per
     visit); ``loadavg``: the least and the largest 1-minute load average seen over the
     rounds (None where the platform has none)."""
 

@@ -113,6 +113,7 @@ def run_plan(rank: int, world: int, device: Any, work: Any, plans: Dict[str, Any
     out: Dict[str, Any] = {}
     for name, runs in got.items():
         both = np.array([t for t, _ in runs])  # [repeats, M, 2]: CPU, wall
-        out[name] = {"micro_s": both[:, :, 0].min(axis=0).tolist(), "wall_s": np.median(both[:, :, 1], axis=0).tolist(),
+        out[name] = {"micro_s": both[:, :, 0].min(axis=0).tolist(),
+                     "wall_s": np.median(both[:, :, 1], axis=0).tolist(),
                      "finish_s": float(np.min([f for _, f in runs]))}
     return out
