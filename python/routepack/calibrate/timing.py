@@ -13,9 +13,9 @@ points (one expert, 1-64 tokens, 9 rounds of 3 calls) differed by up to 21-25% a
 16% as the least visit median. The median inside a visit drops a single outlier call either
 way. Interleaving spreads a spell of interference (and a drift of the load) over all points
 instead of biasing the few measured during it, and it runs every point with cold caches, as
-training does (other layers run between two calls of one layer's kernel). Each point's ``spread`` (the median visit over the
-least, minus 1) and the 1-minute load average over the rounds go into the report, so a
-reader sees how loaded the machine was. On CUDA every timed region is closed by
+training does (other layers run between two calls of one layer's kernel). Each point's
+``spread`` (the median visit over the least, minus 1) and the 1-minute load average over
+the rounds go into the report, so a reader sees how loaded the machine was. On CUDA every timed region is closed by
 ``torch.cuda.synchronize()``: kernels are launched asynchronously and the clock must stop
 when they finish, not when they are queued.
 
