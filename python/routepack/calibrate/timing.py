@@ -15,9 +15,9 @@ way. Interleaving spreads a spell of interference (and a drift of the load) over
 instead of biasing the few measured during it, and it runs every point with cold caches, as
 training does (other layers run between two calls of one layer's kernel). Each point's
 ``spread`` (the median visit over the least, minus 1) and the 1-minute load average over
-the rounds go into the report, so a reader sees how loaded the machine was. On CUDA every timed region is closed by
-``torch.cuda.synchronize()``: kernels are launched asynchronously and the clock must stop
-when they finish, not when they are queued.
+the rounds go into the report, so a reader sees how loaded the machine was. On CUDA every
+timed region is closed by ``torch.cuda.synchronize()``: kernels are launched asynchronously
+and the clock must stop when they finish, not when they are queued.
 
 On CPU with one torch thread the clock is the process's CPU time (`clock`), not the wall
 clock: on a shared machine the measuring process is descheduled for other work at random,
