@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 import routepack as rp
 from routepack.calibrate import refit
-from routepack.calibrate.fit import COMPUTE_PASSES, _knees, fit_expert_gemm
+from routepack.calibrate.fit import (COMPUTE_PASSES, GEMM_STEP_FORMULA, _knees, convex_bound, fit_expert_gemm,
+                                    holdout_mask)
 from routepack.calibrate.sweeps import Sweeps
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,6 +49,82 @@ def test_the_fit_recovers_a_knee_on_its_grid(c_tok, c_exp, i):
     assert fit.coefficients["c_exp"] == pytest.approx(c_exp, rel=1e-6, abs=1e-9 * c_tok)
     assert fit.cost_fields["c_weights"] == pytest.approx(c_tok * knee, rel=1e-6)
     assert fit.max_rel_error < 1e-6
+
+
+def step_measurement(c_tok: float, c_exp: float, knee: float, c_gemm: float) -> dict:
+    """Timings of `GEMM_STEP_FORMULA`: the roofline plus c_gemm per expert with >= 2 tokens."""
+    m = roofline_measurement(c_tok, c_exp, knee)
+    step = [COMPUTE_PASSES * p["active_experts"] * c_gemm * (p["tokens_per_expert"] >= 2) for p in m["sweep"]]
+    m["measured_s"] = [v + s for v, s in zip(m["measured_s"], step)]
+    return m
+
+
+@settings(max_examples=25, deadline=None)
+@given(c_tok=st.floats(1e-9, 1e-3), c_exp=st.floats(1e-8, 1e-2), i=st.integers(0, 80), ratio=st.floats(0.05, 3.0))
+def test_the_unpriced_step_form_recovers_its_coefficients_and_the_priced_fit_keeps_the_cost_models_form(
+        c_tok, c_exp, i, ratio):
+    knee = float(_knees(np.array([4096.0]))[i])
+    assume(knee == 1.0 or knee >= 2.0)  # a knee between 1 and 2 is the step and c_exp over again
+    assume(c_tok * 4096 >= 0.05 * c_exp)  # the per-token part must show in the timings
+    c_gemm = ratio * (c_exp + c_tok * knee)  # a step from 5% to 3x the 1-token time
+    fit = fit_expert_gemm(step_measurement(c_tok, c_exp, knee, c_gemm), 3, MODEL)
+    step = fit.extra["unpriced_forms"]["gemm_step"]
+    assert step["formula"] == GEMM_STEP_FORMULA and step["priced"] is False
+    assert step["coefficients"]["c_gemm"] == pytest.approx(c_gemm, rel=1e-5)
+    assert step["coefficients"]["c_tok"] == pytest.approx(c_tok, rel=1e-5)
+    assert step["coefficients"]["c_exp"] == pytest.approx(c_exp, rel=1e-5, abs=1e-9 * c_tok)
+    assert step["max_rel_error"] < 1e-6 and step["max_rel_error_fit"] < 1e-6
+    # the priced fit sets only the cost model's fields, and its predictions are its formula
+    assert set(fit.cost_fields) == {"c_tok", "c_exp", "c_weights"}
+    c = fit.cost_fields
+    want = [COMPUTE_PASSES * p["active_experts"] * (c["c_exp"] + max(c["c_tok"] * p["tokens_per_expert"],
+                                                                    c["c_weights"])) for p in fit.sweep]
+    assert fit.predicted_s == pytest.approx(want, rel=1e-9)
+    # one term less cannot fit better, on the points it sees or on those it does not
+    assert fit.max_rel_error_fit >= step["max_rel_error_fit"] - 1e-9
+
+
+@settings(max_examples=25, deadline=None)
+@given(every=st.integers(2, 6), seed=st.integers(0, 2**31), scale=st.floats(0.2, 5.0))
+def test_held_out_points_stay_out_of_the_fit(every, seed, scale):
+    """Fitted and held-out points partition the sweep (the first and last are fitted), and
+    changing the held-out measurements changes no coefficient, only the held-out errors."""
+    rng = np.random.default_rng(seed)
+    base = step_measurement(2e-6, 1e-4, 16.0, 5e-5)
+    base["measured_s"] = [v * (1 + 0.1 * rng.uniform(-1, 1)) for v in base["measured_s"]]
+    fit = fit_expert_gemm(base, every, MODEL)
+    held = np.array(fit.held_out)
+    assert not held[0] and not held[-1] and held.sum() == holdout_mask(len(held), every).sum()
+    moved = dict(base, measured_s=[v * (scale if h else 1.0) for v, h in zip(base["measured_s"], held)])
+    again = fit_expert_gemm(moved, every, MODEL)
+    assert again.held_out == fit.held_out
+    assert again.coefficients == pytest.approx(fit.coefficients, rel=1e-9, abs=1e-15)
+    assert again.predicted_s == pytest.approx(fit.predicted_s, rel=1e-9)
+    step, step2 = (f.extra["unpriced_forms"]["gemm_step"] for f in (fit, again))
+    assert step2["coefficients"] == pytest.approx(step["coefficients"], rel=1e-9, abs=1e-15)
+
+
+@settings(max_examples=40, deadline=None)
+@given(pieces=st.lists(st.tuples(st.floats(0.0, 1e-3), st.floats(1.0, 4096.0)), min_size=1, max_size=4),
+       c=st.floats(1e-6, 1e-1))
+def test_convex_timings_have_no_convexity_bound(pieces, c):
+    t = np.array(SWEEPS.tokens_per_expert, dtype=np.float64)
+    m = c + sum(s * np.maximum(t - k, 0.0) for s, k in pieces)  # convex in t
+    assert convex_bound(t, m) <= 1e-9
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31), dip=st.floats(0.3, 1.0))
+def test_no_fit_of_the_cost_models_form_beats_the_convexity_bound(seed, dip):
+    """On any timings (here: the step form, noisy, with the 1-token points scaled by ``dip``),
+    the priced fit misses some point by at least `convex_bound`: its curve is convex in t."""
+    rng = np.random.default_rng(seed)
+    m = step_measurement(2e-6, 1e-4, 8.0, 2e-4)
+    m["measured_s"] = [v * (dip if p["tokens_per_expert"] == 1 else 1.0) * (1 + 0.05 * rng.uniform(-1, 1))
+                       for v, p in zip(m["measured_s"], m["sweep"])]
+    fit = fit_expert_gemm(m, 3, MODEL)
+    assert max(fit.max_rel_error, fit.max_rel_error_fit) >= fit.extra["convex_bound"] - 1e-9
+    assert fit.extra["convex_bound"] >= 0
 
 
 def test_the_fitted_floor_is_what_simulate_charges():

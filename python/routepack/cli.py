@@ -266,6 +266,15 @@ def _run_calibrate(args: argparse.Namespace) -> int:
         print(f"{kind:<12} {len(k['sweep']):>6} {k['held_out_points']:>8} {mre:>26}  {coef}")
     for kind, why in rep["skipped"].items():
         print(f"{kind:<12} skipped: {why}")
+    for kind, k in rep["kernels"].items():
+        for name, form in k.get("unpriced_forms", {}).items():
+            if form.get("max_rel_error") is not None:
+                print(f"{kind:<12} not priced by the cost model: {name} would give {100 * form['max_rel_error']:.1f}% "
+                      f"held out ({form['formula']})")
+    load = rep["settings"].get("loadavg") or {}
+    if load.get("start") and load.get("end"):
+        print(f"load average (1 min) {load['start'][0]:.2f} at the start, {load['end'][0]:.2f} at the end; "
+              f"each point: {rep['settings'].get('aggregate')}")
     ratio = rep["preset"]["ratio"]
     print(f"\nvs the {rep['preset']['hardware']['name']} preset: " +
           ", ".join(f"{n} x{v:.3g}" for n, v in ratio.items() if v is not None))
@@ -307,8 +316,9 @@ def _calibrate_parser(sub: Any) -> None:
                    help="inter-node bytes/s for the cost model (default: the H200 preset's; not measurable here)")
     p.add_argument("--ranks", type=_count(2), default=2, help="local processes for the links (default %(default)s)")
     p.add_argument("--threads", type=_count(1), default=None, help="torch CPU threads while measuring")
-    p.add_argument("--warmup", type=_count(0), default=None, help="untimed calls per point")
-    p.add_argument("--repeats", type=_count(1), default=None, help="timed calls per point (median kept)")
+    p.add_argument("--warmup", type=_count(0), default=None, help="untimed rounds over each sweep")
+    p.add_argument("--repeats", type=_count(1), default=None,
+                   help="timed rounds over each sweep (a point's figure: its least visit median)")
     p.add_argument("--holdout-every", type=_count(2), default=None, dest="holdout_every",
                    help="hold every k-th sweep point out of the fit (default 3)")
     p.add_argument("--max-tokens-per-expert", type=_count(1), default=None, dest="max_tokens_per_expert",

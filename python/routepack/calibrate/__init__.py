@@ -127,7 +127,8 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
             (default `Hardware.h200`); ``bw_inter``: the inter-node bandwidth to use, in the
             cost model's bytes/s (local processes cannot measure it).
         ranks: processes of the links measurement; ``threads``: torch CPU threads while
-            measuring (restored afterwards; the spawned ranks use one each).
+            measuring (restored afterwards; the spawned ranks use one each; the report's
+            ``settings.threads``).
         progress: a tqdm bar on stderr (shown on a terminal).
         expert_stack: time the expert GEMMs with `routepack.torch.EPMoE`'s own weight indexing
             into a stack of this many slots (`routepack.measure` does, to predict EPMoE runs);
@@ -138,7 +139,7 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
     """
     from routepack._core import __version__
     from routepack.calibrate import attention, expert_gemm, links
-    from routepack.calibrate.timing import clock, device_info, require_torch, steady_heap
+    from routepack.calibrate.timing import AGGREGATE, clock, device_info, load_averages, require_torch, steady_heap
 
     if device not in ("cpu", "cuda"):
         raise RoutepackError(f"device: expected 'cpu' or 'cuda', got {device!r}")
@@ -161,6 +162,7 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
     if threads is not None:
         torch.set_num_threads(positive_int(threads, "threads"))
     t0 = time.perf_counter()
+    load_start = load_averages()
     measurements: Dict[str, Dict[str, Any]] = {}
     skipped: Dict[str, str] = {}
     total = sweeps.repeats * ((len(sweeps.expert_grid()) if "expert_gemm" in kinds else 0) +
@@ -195,7 +197,9 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
     if "links" not in fits:
         skipped.setdefault("links", "not requested")
     preset = CostModel.from_model(shape, hardware)
-    settings = {**asdict(sweeps), "quick": quick, "kernels": kinds, "ranks": ranks, "expert_stack": expert_stack,
+    settings = {**asdict(sweeps), "aggregate": AGGREGATE, "threads": info["threads"],
+                "loadavg": {"start": load_start, "end": load_averages()},
+                "quick": quick, "kernels": kinds, "ranks": ranks, "expert_stack": expert_stack,
                 "bw_inter": "given" if bw_inter is not None else f"preset {hardware.name} (local processes are one node)"}
     report = build(fits=fits, cost=cost, preset=preset, hardware=hardware, sources=sources, device=info,
                    settings=settings, model=asdict(shape), profile=profile if model is None else "custom",

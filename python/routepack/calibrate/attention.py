@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Tuple
 
 from routepack.calibrate.sweeps import Sweeps
-from routepack.calibrate.timing import clock, require_torch, run_rounds, synchronizer
+from routepack.calibrate.timing import clock, require_torch, run_rounds, synchronizer, timed
 from routepack.model import ModelShape
 
 
@@ -44,8 +44,8 @@ def _layer(x: Any, wqkv: Any, wo: Any, shared: List[Tuple[Any, Any]], heads: int
 
 def measure(model: ModelShape, sweeps: Sweeps, device: Any, dtype: Any,
             tick: Callable[[], None] = lambda: None) -> Dict[str, Any]:
-    """Median forward + backward (and forward-only) seconds at every sample length,
-    measured in interleaved rounds."""
+    """Forward + backward (and forward-only) seconds at every sample length, measured in
+    interleaved rounds (`timed`)."""
     torch = require_torch()
     sync = synchronizer(device)
     _, now = clock(device)
@@ -79,6 +79,6 @@ def measure(model: ModelShape, sweeps: Sweeps, device: Any, dtype: Any,
             return t2 - t0, t1 - t0
         return step
 
-    got = run_rounds([point(n) for n in sweeps.lengths], sweeps.warmup, sweeps.repeats, tick, seed=1)
-    return {"sweep": [{"length": n} for n in sweeps.lengths], "measured_s": [g[0] for g in got],
-            "forward_s": [g[1] for g in got], "heads": h // d, "head_dim": d}
+    got = run_rounds([point(n) for n in sweeps.lengths], sweeps.warmup, sweeps.repeats, tick, seed=1,
+                     visit_s=sweeps.visit_s, visit_calls=sweeps.visit_calls)
+    return {"sweep": [{"length": n} for n in sweeps.lengths], **timed(got), "heads": h // d, "head_dim": d}

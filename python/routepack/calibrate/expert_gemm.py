@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from routepack.calibrate.sweeps import Sweeps
-from routepack.calibrate.timing import clock, require_torch, run_rounds, synchronizer
+from routepack.calibrate.timing import clock, require_torch, run_rounds, synchronizer, timed
 from routepack.model import ModelShape
 
 
@@ -74,8 +74,8 @@ def _step(x: Any, grad_out: Any, w1: Any, w2: Any, active: int, per_expert: int,
 
 def measure(model: ModelShape, sweeps: Sweeps, device: Any, dtype: Any,
             tick: Callable[[], None] = lambda: None, stack: Optional[int] = None) -> Dict[str, Any]:
-    """Median forward + backward (and forward-only) seconds at every (active experts, tokens
-    per expert) point of ``sweeps.expert_grid()``, measured in interleaved rounds. ``stack``:
+    """Forward + backward (and forward-only) seconds at every (active experts, tokens per
+    expert) point of ``sweeps.expert_grid()``, measured in interleaved rounds (`timed`). ``stack``:
     index the weights as EPMoE does, out of a stack of ``max(stack, active)`` slots (None:
     one weight tensor per active expert, split with ``unbind``)."""
     torch = require_torch()
@@ -93,6 +93,7 @@ def measure(model: ModelShape, sweeps: Sweeps, device: Any, dtype: Any,
                    (torch.randn(size[a], i, h, generator=gen) * i ** -0.5).to(device, dtype).requires_grad_())
                for a in sorted({a for a, _ in grid})}
     steps = [_step(x, grad_out, *weights[a], a, t, rng, device, sync, now, stack is not None) for a, t in grid]
-    got = run_rounds(steps, sweeps.warmup, sweeps.repeats, tick, seed=0)
+    got = run_rounds(steps, sweeps.warmup, sweeps.repeats, tick, seed=0, visit_s=sweeps.visit_s,
+                     visit_calls=sweeps.visit_calls)
     return {"sweep": [{"active_experts": a, "tokens_per_expert": t, "tokens": a * t} for a, t in grid],
-            "measured_s": [g[0] for g in got], "forward_s": [g[1] for g in got]}
+            **timed(got)}

@@ -52,7 +52,8 @@ def nnls_relative(features: np.ndarray, measured: np.ndarray) -> np.ndarray:
 
     Exact for the handful of coefficients a kernel has: the optimum is the unconstrained
     least-squares solution on some subset of the columns whose coefficients are all >= 0,
-    so every subset is tried (2^p − 1 small solves) and the best feasible one kept."""
+    so every subset is tried (2^p − 1 small solves) and the best feasible one kept, unless
+    the solution on all columns is feasible already."""
     x = np.asarray(features, dtype=np.float64)
     y = np.asarray(measured, dtype=np.float64)
     if x.ndim != 2 or y.shape != (x.shape[0],):
@@ -61,6 +62,9 @@ def nnls_relative(features: np.ndarray, measured: np.ndarray) -> np.ndarray:
         raise RoutepackError("fit: measured times must be finite and > 0")
     a = x / y[:, None]
     ones = np.ones_like(y)
+    whole, *_ = np.linalg.lstsq(a, ones, rcond=None)
+    if np.all(whole >= 0):  # the unconstrained optimum is feasible, so no subset does better
+        return whole
     best, best_err = np.zeros(x.shape[1]), float(np.sum(ones ** 2))
     for r in range(1, x.shape[1] + 1):
         for cols in itertools.combinations(range(x.shape[1]), r):
@@ -148,35 +152,105 @@ def _knees(tokens: np.ndarray) -> np.ndarray:
     return np.unique(np.concatenate([[1.0], np.geomspace(1.0, max(hi, 1.0), 1 + int(8 * np.log2(max(hi, 2.0))))]))
 
 
+#: The expert curve with one term the cost model does not have (``c_gemm``), fitted only for
+#: the report: how much of a fit's error is the cost model's form (see `fit_expert_gemm`).
+GEMM_STEP_FORMULA = ("3·active_experts·(c_exp + max(c_tok·tokens_per_expert, c_weights) "
+                     "+ c_gemm·[tokens_per_expert ≥ 2])")
+
+
+def _roofline(measurement: Mapping[str, Any], holdout_every: int, per: np.ndarray, active: np.ndarray,
+              step: bool) -> Tuple[float, float, Dict[str, float], np.ndarray, np.ndarray]:
+    """The best knee on the `_knees` grid: (squared relative error on the fitted points, knee,
+    coefficients, predictions, held-out mask); ``step`` adds the ``c_gemm`` column."""
+    _, measured = _points(measurement, "expert_gemm")
+    names = ("c_tok", "c_exp", "c_gemm") if step else ("c_tok", "c_exp")
+    best: Optional[Tuple[float, float, Dict[str, float], np.ndarray, np.ndarray]] = None
+    for knee in _knees(per):
+        if step and 1.0 < knee < 2.0:  # a floor below 2 tokens is c_exp and c_gemm again: not identifiable
+            continue
+        cols = [active * np.maximum(per, knee), active] + ([active * (per >= 2)] if step else [])
+        coef, pred, held = _linear_fit("expert_gemm", measurement, holdout_every, names,
+                                       COMPUTE_PASSES * np.stack(cols, axis=1))
+        err = float(np.sum(((pred - measured) / measured)[~held] ** 2))
+        if best is None or err < best[0] - 1e-12:
+            best = (err, float(knee), coef, pred, held)
+    assert best is not None
+    return best
+
+
+def convex_bound(x: np.ndarray, measured: np.ndarray) -> float:
+    """The least max |relative error| over all points that any curve convex in ``x`` can
+    reach: float ``x`` ``[n]`` (distinct), ``measured`` ``[n]`` (> 0). A convex g keeps every
+    middle point under the chord of two outer ones, g(x_j) <= λ g(x_i) + (1 − λ) g(x_k), so
+    with each g within e of its measurement, m_j (1 − e) <= L (1 + e), L = λ m_i + (1 − λ) m_k:
+    e >= (m_j − L) / (m_j + L); the largest over all triples bounds every convex fit from below
+    (a lower bound: it is exact for three points, not always for more)."""
+    x = np.asarray(x, dtype=np.float64)
+    m = np.asarray(measured, dtype=np.float64)
+    o = np.argsort(x)
+    x, m = x[o], m[o]
+    best = 0.0
+    for j in range(1, len(x) - 1):
+        xi, mi = x[:j, None], m[:j, None]
+        xk, mk = x[None, j + 1:], m[None, j + 1:]
+        lam = (xk - x[j]) / (xk - xi)
+        chord = lam * mi + (1 - lam) * mk
+        best = max(best, float(np.max((m[j] - chord) / (m[j] + chord))))
+    return best
+
+
+def _max_abs(rel: np.ndarray, mask: np.ndarray) -> Optional[float]:
+    return float(np.abs(rel[mask]).max()) if mask.any() else None
+
+
 def fit_expert_gemm(measurement: Mapping[str, Any], holdout_every: int, model: ModelShape) -> KernelFit:
     """Forward + backward of ``active`` experts with ``tokens_per_expert`` t tokens each:
     3·active·(c_exp + max(c_tok·t, c_weights)), the cost model's roofline expert term over
     three passes. The knee ``c_weights / c_tok`` is searched on a grid (`_knees`); for each
     knee the rest is linear in (c_tok, c_exp) and fitted by `nnls_relative`; the knee with
-    the least squared relative error on the fitted points wins (knee 1: the linear model)."""
+    the least squared relative error on the fitted points wins (knee 1: the linear model).
+
+    The report also gets, in ``unpriced_forms``, the same fit with one term more, ``c_gemm``
+    per expert that has at least 2 tokens (`GEMM_STEP_FORMULA`): on CPU one token per expert
+    runs as a matrix-vector product (and its weight gradient as an outer product), which
+    skips the GEMM's fixed cost, so the measured curve steps up from 1 to 2 tokens and is
+    concave there, which no curve of the cost model's (convex) form follows. The cost model
+    does not price ``c_gemm``; the figure says how much of the error is the form's."""
     sweep, measured = _points(measurement, "expert_gemm")
     if all("tokens_per_expert" in p for p in sweep):
         per = np.array([p["tokens_per_expert"] for p in sweep], dtype=np.float64)
     else:  # an older measurement: tokens / active
         per = np.array([p["tokens"] / p["active_experts"] for p in sweep], dtype=np.float64)
     active = np.array([p["active_experts"] for p in sweep], dtype=np.float64)
-    best: Optional[Tuple[float, float, Dict[str, float], np.ndarray, np.ndarray]] = None
-    for knee in _knees(per):
-        features = COMPUTE_PASSES * np.stack([active * np.maximum(per, knee), active], axis=1)
-        coef, pred, held = _linear_fit("expert_gemm", measurement, holdout_every, ("c_tok", "c_exp"), features)
-        err = float(np.sum(((pred - measured) / measured)[~held] ** 2))
-        if best is None or err < best[0] - 1e-12:
-            best = (err, float(knee), coef, pred, held)
-    assert best is not None
-    _, knee, coef, pred, held = best
+    _, knee, coef, pred, held = _roofline(measurement, holdout_every, per, active, step=False)
     c_weights = coef["c_tok"] * knee if knee > per.min() else 0.0
     coef = {**coef, "c_weights": c_weights, "knee_tokens_per_expert": knee}
     notes = [f"roofline knee at {knee:.3g} tokens per expert (c_weights = c_tok * knee; "
              f"{'the linear model: no floor inside the sweep' if c_weights == 0 else 'weights-bound below it'})"]
+    extra = _forward(measurement)
+    # the cost model's curve is convex in tokens per expert: no fit of it beats this on all points
+    extra["convex_bound"] = max(convex_bound(per[active == a], measured[active == a]) for a in np.unique(active))
+    if extra["convex_bound"] > 0.05:
+        notes.append(f"measured times are not convex in tokens per expert: every curve of the cost model's form "
+                     f"(convex) misses some point of one active count by >= {extra['convex_bound']:.1%}")
+    if (~held).sum() >= 3 and (per < 2).any() and (per >= 2).any():
+        _, s_knee, s_coef, s_pred, _ = _roofline(measurement, holdout_every, per, active, step=True)
+        rel = (s_pred - measured) / measured
+        s_coef = {**s_coef, "c_weights": s_coef["c_tok"] * s_knee if s_knee > per.min() else 0.0,
+                  "knee_tokens_per_expert": s_knee}
+        step = {"formula": GEMM_STEP_FORMULA, "coefficients": s_coef, "predicted_s": s_pred.tolist(),
+                "max_rel_error": _max_abs(rel, held), "max_rel_error_fit": _max_abs(rel, ~held),
+                "priced": False}
+        extra["unpriced_forms"] = {"gemm_step": step}
+        own = _max_abs((pred - measured) / measured, held)
+        if step["max_rel_error"] is not None and own is not None:
+            notes.append(f"with a term the cost model lacks, c_gemm = {s_coef['c_gemm']:.3g} s per expert with "
+                         f">= 2 tokens (1 token runs as a matrix-vector product), held-out max rel. error "
+                         f"{step['max_rel_error']:.1%} instead of {own:.1%} (unpriced_forms.gemm_step)")
     return KernelFit("expert_gemm", "3·active_experts·(c_exp + max(c_tok·tokens_per_expert, c_weights))", sweep,
                      measured.tolist(), pred.tolist(), held.tolist(), coef,
                      {"c_tok": coef["c_tok"], "c_exp": coef["c_exp"], "c_weights": c_weights}, notes,
-                     extra=_forward(measurement))
+                     extra=extra)
 
 
 def fit_attention(measurement: Mapping[str, Any], holdout_every: int, model: ModelShape) -> KernelFit:
@@ -233,14 +307,20 @@ def fit_links(measurement: Mapping[str, Any], holdout_every: int, model: ModelSh
                      extra={k: measurement[k] for k in ("ranks", "backend") if k in measurement})
 
 
+#: Per-point and per-sweep timer figures a fit passes through to the report unchanged.
+TIMER_KEYS = ("spread", "calls_per_visit", "loadavg")
+
+
 def _forward(measurement: Mapping[str, Any]) -> Dict[str, Any]:
     """The forward-only times measured alongside, and their median share of forward +
-    backward (what the cost model's 1 : 3 pass ratio assumes to be 1/3)."""
+    backward (what the cost model's 1 : 3 pass ratio assumes to be 1/3); the timer's figures
+    (`TIMER_KEYS`) where the measurement has them."""
+    out = {k: measurement[k] for k in TIMER_KEYS if k in measurement}
     fwd = measurement.get("forward_s")
     if fwd is None:
-        return {}
+        return out
     share = np.asarray(fwd, dtype=np.float64) / np.asarray(measurement["measured_s"], dtype=np.float64)
-    return {"forward_s": list(map(float, fwd)), "forward_share": float(np.median(share))}
+    return {**out, "forward_s": list(map(float, fwd)), "forward_share": float(np.median(share))}
 
 
 #: kernel kind -> its fitting function ``(measurement, holdout_every, model) -> KernelFit``.

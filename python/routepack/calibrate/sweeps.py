@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import List, NamedTuple, Optional, Tuple
 
-from routepack._checks import positive_int, sequence
+from routepack._checks import finite_float, positive_int, sequence
 from routepack.errors import RoutepackError
 
 
@@ -53,13 +53,18 @@ class _Preset(NamedTuple):
     messages: Tuple[int, int, float]  # bytes from, to, points per octave
     warmup: int
     repeats: int
+    visit_s: float  # a visit calls a point as often as fills this many seconds ...
+    visit_calls: int  # ... at most this often
 
 
 _PRESETS = {
     # quick: messages up to 8 MiB, so the fitted bandwidth is not lost in a loaded machine's noise
-    "quick": _Preset(256, 0.5, (1, 4), 1024, 64, 512, 1.0, (4096, 8 << 20, 0.5), 1, 3),
-    "cpu": _Preset(4096, 2.0, (1, 2, 4, 8), 4096, 128, 2048, 2.0, (4096, 64 << 20, 2.0), 1, 5),
-    "cuda": _Preset(8192, 2.0, (1, 2, 4, 8, 16, 32), 1 << 17, 128, 32768, 2.0, (4096, 256 << 20, 2.0), 2, 7),
+    "quick": _Preset(256, 0.5, (1, 4), 1024, 64, 512, 1.0, (4096, 8 << 20, 0.5), 1, 3, 0.0, 1),
+    # cpu: the small expert points (5-50 ms) are the noisy ones on a shared machine and cost
+    # little, so a visit repeats them; the large ones (0.1-1.3 s) are called once a visit
+    "cpu": _Preset(4096, 2.0, (1, 2, 4, 8), 4096, 128, 2048, 2.0, (4096, 64 << 20, 2.0), 1, 7, 0.1, 5),
+    "cuda": _Preset(8192, 2.0, (1, 2, 4, 8, 16, 32), 1 << 17, 128, 32768, 2.0, (4096, 256 << 20, 2.0), 2, 7,
+                    0.01, 10),
 }
 
 
@@ -71,8 +76,10 @@ class Sweeps:
       ``max_tokens`` tokens in all are skipped, so the large corner does not dominate).
     * ``lengths``: sample lengths of the attention sweep.
     * ``message_bytes``: bytes each rank sends in a point-to-point or all-to-all.
-    * ``warmup`` untimed and ``repeats`` timed rounds over each sweep, every point once a
-      round (`routepack.calibrate.timing.run_rounds`; the median is kept).
+    * ``warmup`` untimed and ``repeats`` timed rounds over each sweep, every point visited
+      once a round and called ``visit_calls`` times at most in a visit, as many as fill
+      ``visit_s`` seconds (`routepack.calibrate.timing.run_rounds`: the least visit median
+      is kept).
     * ``holdout_every``: every k-th point of each sweep is held out of the fit and only
       predicted (`routepack.calibrate.fit.holdout_mask`).
     """
@@ -85,6 +92,8 @@ class Sweeps:
     warmup: int = 1
     repeats: int = 5
     holdout_every: int = 3
+    visit_s: float = 0.0
+    visit_calls: int = 1
 
     def __post_init__(self) -> None:
         for name in ("tokens_per_expert", "active_experts", "lengths", "message_bytes"):
@@ -93,6 +102,8 @@ class Sweeps:
         positive_int(self.warmup, "sweeps.warmup", minimum=0)
         positive_int(self.repeats, "sweeps.repeats")
         positive_int(self.holdout_every, "sweeps.holdout_every", minimum=2)
+        object.__setattr__(self, "visit_s", finite_float(self.visit_s, "sweeps.visit_s", minimum=0.0))
+        positive_int(self.visit_calls, "sweeps.visit_calls")
         if not self.expert_grid():
             raise RoutepackError(f"sweeps.max_tokens: {self.max_tokens} leaves no expert-GEMM point "
                                  f"(smallest is {self.tokens_per_expert[0] * self.active_experts[0]} tokens)")
@@ -121,7 +132,8 @@ class Sweeps:
         lo_len = min(lo_len, length)
         return cls(tokens_per_expert=log_points(1, tpe, pre.per_octave), active_experts=pre.active,
                    max_tokens=max(pre.max_tokens, tpe), lengths=log_points(lo_len, length, pre.per_octave_length),
-                   message_bytes=log_points(*pre.messages), warmup=pre.warmup, repeats=pre.repeats)
+                   message_bytes=log_points(*pre.messages), warmup=pre.warmup, repeats=pre.repeats,
+                   visit_s=pre.visit_s, visit_calls=pre.visit_calls)
 
     def with_timer(self, warmup: Optional[int] = None, repeats: Optional[int] = None,
                    holdout_every: Optional[int] = None) -> "Sweeps":

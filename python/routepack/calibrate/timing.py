@@ -2,13 +2,22 @@
 machine the report records.
 
 The timer (`run_rounds`) measures a whole sweep in rounds: ``warmup`` untimed rounds, then
-``repeats`` timed ones, each visiting every point once in a fresh random order; a point's
-figure is its median over the timed rounds. Interleaving spreads a spell of interference
-(another job on a shared machine) over all points instead of biasing the few measured
-during it, and it runs every point with cold caches, as training does (other layers run
-between two calls of one layer's kernel). On CUDA every timed region is closed by
-``torch.cuda.synchronize()``: kernels are launched asynchronously and the clock must stop
-when they finish, not when they are queued.
+``repeats`` timed ones, each visiting every point once in a fresh random order. A visit
+calls the point ``calls`` times back to back (as many as fill ``visit_s`` seconds, at most
+``visit_calls``, from the warm-up's time of the point; one without a warm-up) and keeps the
+median of its calls; a point's figure is the *least* of its visits' medians over the timed
+rounds (`AGGREGATE`). On a shared machine interference only ever adds time (another job
+evicts the caches or takes the memory bandwidth the kernel needs), so the quietest visit is
+the reproducible figure: on this 2-core machine at load 2-3, two runs of the small expert
+points (one expert, 1-64 tokens, 9 rounds of 3 calls) differed by up to 21-25% as medians and
+16% as the least visit median. The median inside a visit drops a single outlier call either
+way. Interleaving spreads a spell of interference (and a drift of the load) over all points
+instead of biasing the few measured during it, and it runs every point with cold caches, as
+training does (other layers run between two calls of one layer's kernel). Each point's
+``spread`` (the median visit over the least, minus 1) and the 1-minute load average over
+the rounds go into the report, so a reader sees how loaded the machine was. On CUDA every
+timed region is closed by ``torch.cuda.synchronize()``: kernels are launched asynchronously
+and the clock must stop when they finish, not when they are queued.
 
 On CPU with one torch thread the clock is the process's CPU time (`clock`), not the wall
 clock: on a shared machine the measuring process is descheduled for other work at random,
@@ -27,13 +36,15 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
 import platform
 import random
 import statistics
 import sys
 import time
-from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 TORCH_HINT = "routepack.calibrate needs PyTorch >= 2.1: pip install 'routepack[torch]'"
 
@@ -90,22 +101,88 @@ def steady_heap(device: Any) -> Iterator[bool]:
             libc.mallopt(_M_TRIM_THRESHOLD, _DEFAULT_TRIM_THRESHOLD)
 
 
+#: How `run_rounds` turns a point's timed calls into its figure (the report's ``settings``).
+AGGREGATE = "least over the timed rounds of each visit's median call"
+
+
+@dataclass
+class Rounds:
+    """What `run_rounds` measured, one entry per step: ``figures`` (the step's figures from
+    its quietest visit, see `AGGREGATE`), ``spread`` (the median visit's first figure over
+    the quietest's, minus 1: how much the load moved the point), ``calls`` (calls per
+    visit); ``loadavg``: the least and the largest 1-minute load average seen over the
+    rounds (None where the platform has none)."""
+
+    figures: List[Tuple[float, ...]]
+    spread: List[float]
+    calls: List[int]
+    loadavg: Optional[Tuple[float, float]]
+
+
+def load_averages() -> Optional[List[float]]:
+    """The 1-, 5- and 15-minute load averages (None where the platform has none)."""
+    try:
+        return [float(v) for v in os.getloadavg()]
+    except (OSError, AttributeError):  # not on this platform
+        return None
+
+
+def _load() -> Optional[float]:
+    got = load_averages()
+    return None if got is None else got[0]
+
+
+def _calls(seconds: float, visit_s: float, visit_calls: int) -> int:
+    """Calls that fill ``visit_s`` at ``seconds`` a call: 1 to ``visit_calls``."""
+    if seconds <= 0 or not math.isfinite(seconds):
+        return visit_calls
+    return max(1, min(visit_calls, math.ceil(visit_s / seconds)))
+
+
 def run_rounds(steps: Sequence[Callable[[], Tuple[float, ...]]], warmup: int, repeats: int,
-               tick: Callable[[], None] = lambda: None, seed: int = 0) -> List[Tuple[float, ...]]:
-    """Per step, the median over ``repeats`` timed rounds of each figure it returns (a step
-    times itself, so it can time its parts, e.g. forward and forward + backward). ``tick``
-    is called after every timed call (the progress bar)."""
+               tick: Callable[[], None] = lambda: None, seed: int = 0, visit_s: float = 0.0,
+               visit_calls: int = 1) -> Rounds:
+    """Times every step in ``warmup`` untimed and ``repeats`` timed rounds, each visiting the
+    steps in a fresh random order (see the module's docstring). A step times itself and
+    returns its figures, the first being the one the visits are ranked by (e.g. forward +
+    backward, then forward alone); a visit's figures are the medians of its calls' figures.
+    ``visit_s`` / ``visit_calls``: a visit calls a step as many times as fill ``visit_s``
+    seconds at the step's last warm-up time, at most ``visit_calls`` (once without a
+    warm-up). ``tick`` is called after every timed visit (the progress bar)."""
     rng = random.Random(seed)
-    runs: List[List[Tuple[float, ...]]] = [[] for _ in steps]
+    visits: List[List[Tuple[float, ...]]] = [[] for _ in steps]
+    calls = [1] * len(steps)
+    loads: List[float] = []
     for r in range(warmup + repeats):
         order = list(range(len(steps)))
         rng.shuffle(order)
         for i in order:
-            got = tuple(steps[i]())
-            if r >= warmup:
-                runs[i].append(got)
-                tick()
-    return [tuple(statistics.median(col) for col in zip(*per)) for per in runs]
+            if r < warmup:
+                calls[i] = _calls(float(steps[i]()[0]), visit_s, visit_calls)
+                continue
+            got = [tuple(steps[i]()) for _ in range(calls[i])]
+            visits[i].append(tuple(statistics.median(col) for col in zip(*got)))
+            tick()
+        load = _load()
+        if load is not None:
+            loads.append(load)
+    figures, spread = [], []
+    for per in visits:
+        best = min(per, key=lambda v: v[0])
+        figures.append(best)
+        mid = statistics.median(v[0] for v in per)
+        spread.append(mid / best[0] - 1.0 if best[0] > 0 else 0.0)
+    return Rounds(figures, spread, calls, (min(loads), max(loads)) if loads else None)
+
+
+def timed(rounds: Rounds) -> Dict[str, Any]:
+    """A kernel measurement's timing entries from `run_rounds` of steps returning (forward +
+    backward, forward) seconds: ``measured_s`` and ``forward_s`` (float ``[points]``),
+    ``spread`` (float ``[points]``), ``calls_per_visit`` (int ``[points]``) and ``loadavg``
+    ([least, largest] 1-minute load average, or None)."""
+    return {"measured_s": [float(f[0]) for f in rounds.figures], "forward_s": [float(f[1]) for f in rounds.figures],
+            "spread": list(map(float, rounds.spread)), "calls_per_visit": list(rounds.calls),
+            "loadavg": None if rounds.loadavg is None else list(rounds.loadavg)}
 
 
 def _cpu_name() -> str:

@@ -93,7 +93,8 @@ def measure(work: Optional[Workload] = None, *, cost: Optional[CostModel] = None
             reference).
         overlap: the predictions' `CostModel.overlap` (the run itself overlaps nothing:
             "none" is the model of what runs).
-        warmup, repeats: untimed and timed steps per plan (medians are kept).
+        warmup, repeats: untimed and timed steps per plan (each microbatch's least CPU time is
+            kept, as the calibration keeps its least visit).
         device: "cpu" (gloo, one core per rank) or "cuda" (NCCL, one GPU per rank: needs
             ``work.ranks`` GPUs); the run is float32 either way.
 
