@@ -8,10 +8,9 @@
 
 mod common;
 
-use common::{random_plan, topologies, window, Mix, OwnedWindow};
+use common::{for_each_exchange_flows, random_plan, topologies, window, Mix, OwnedWindow};
 use proptest::prelude::*;
 use routepack_core::cost::{CostModel, Overlap, Pass};
-use routepack_core::flow::{route_exchange, ExchangeReplica};
 use routepack_core::plan::Plan;
 use routepack_core::simulate::simulate;
 use routepack_core::topology::Topology;
@@ -21,44 +20,21 @@ use routepack_core::topology::Topology;
 fn roofline_expert_times(plan: &Plan, w: &OwnedWindow, topo: &Topology, cost: &CostModel) -> Vec<f64> {
     let (e_n, ep) = (w.experts, topo.ep);
     let mut out = vec![0.0; topo.num_groups()];
-    let mut flows = Vec::new();
-    for (g, slot) in out.iter_mut().enumerate() {
-        for m in 0..plan.num_micro {
-            for l in 0..w.layers {
-                let mut origin = vec![0i64; ep * e_n];
-                for (s, (&d, &mm)) in plan.sample_rank.iter().zip(&plan.sample_micro).enumerate() {
-                    let (d, mm) = (d as usize, mm as usize);
-                    if d / ep == g && mm == m {
-                        for e in 0..e_n {
-                            origin[(d % ep) * e_n + e] += w.expert_tokens[(s * w.layers + l) * e_n + e] as i64;
-                        }
-                    }
-                }
-                let reps: Vec<ExchangeReplica> = plan
-                    .replicas
-                    .iter()
-                    .filter(|x| (x.group, x.micro, x.layer) == (g as i32, m as i32, l as i32))
-                    .map(|x| (x.expert as usize, x.dst_rank as usize, x.share))
-                    .collect();
-                let (so, sl) = plan.placement.replicas_of_layer(l);
-                flows.clear();
-                route_exchange(&origin, e_n, &so, &sl, &reps, topo, &mut flows);
-                let mut t = vec![0i64; ep * e_n];
-                for f in &flows {
-                    t[f.dst_rank * e_n + f.expert] += f.count;
-                }
-                let x_max = (0..ep)
-                    .map(|p| {
-                        (0..e_n)
-                            .filter(|&e| t[p * e_n + e] > 0)
-                            .map(|e| cost.c_exp + (cost.c_tok * t[p * e_n + e] as f64).max(cost.c_weights))
-                            .sum::<f64>()
-                    })
-                    .fold(0.0, f64::max);
-                *slot += 3.0 * x_max;
-            }
+    for_each_exchange_flows(plan, w, topo, |g, _, flows| {
+        let mut t = vec![0i64; ep * e_n];
+        for f in flows {
+            t[f.dst_rank * e_n + f.expert] += f.count;
         }
-    }
+        let x_max = (0..ep)
+            .map(|p| {
+                (0..e_n)
+                    .filter(|&e| t[p * e_n + e] > 0)
+                    .map(|e| cost.c_exp + (cost.c_tok * t[p * e_n + e] as f64).max(cost.c_weights))
+                    .sum::<f64>()
+            })
+            .fold(0.0, f64::max);
+        out[g] += 3.0 * x_max;
+    });
     out
 }
 

@@ -4,10 +4,9 @@
 
 mod common;
 
-use common::{random_phy2log, random_plan, topologies, window, Mix};
+use common::{for_each_exchange_flows, random_phy2log, random_plan, topologies, window, Mix};
 use proptest::prelude::*;
 use routepack_core::cost::CostModel;
-use routepack_core::flow::{route_exchange, ExchangeReplica};
 use routepack_core::placement::Placement;
 use routepack_core::plan::{ExpertMove, Plan, Replica};
 use routepack_core::simulate::simulate;
@@ -60,45 +59,20 @@ proptest! {
 /// `(intra, cross)` one-way dispatch bytes of every exchange of a valid plan, from the flow
 /// tables of `flow::route_exchange` (the routing rule), not from the simulator.
 fn routed_bytes(plan: &Plan, w: &common::OwnedWindow, topo: &Topology, token_bytes: f64) -> (f64, f64) {
-    let (e_n, ep) = (w.experts, topo.ep);
     let (mut intra, mut cross) = (0.0, 0.0);
-    let mut flows = Vec::new();
-    for g in 0..topo.num_groups() {
-        for m in 0..plan.num_micro {
-            for l in 0..w.layers {
-                let mut origin = vec![0i64; ep * e_n];
-                for (s, (&d, &mm)) in plan.sample_rank.iter().zip(&plan.sample_micro).enumerate() {
-                    let (d, mm) = (d as usize, mm as usize);
-                    if d / ep == g && mm == m {
-                        let r = d % ep;
-                        for e in 0..e_n {
-                            origin[r * e_n + e] += w.expert_tokens[(s * w.layers + l) * e_n + e] as i64;
-                        }
-                    }
-                }
-                let reps: Vec<ExchangeReplica> = plan
-                    .replicas
-                    .iter()
-                    .filter(|x| (x.group, x.micro, x.layer) == (g as i32, m as i32, l as i32))
-                    .map(|x| (x.expert as usize, x.dst_rank as usize, x.share))
-                    .collect();
-                let (so, sl) = plan.placement.replicas_of_layer(l);
-                flows.clear();
-                route_exchange(&origin, e_n, &so, &sl, &reps, topo, &mut flows);
-                for f in &flows {
-                    let bytes = f.count as f64 * token_bytes;
-                    if f.origin == f.dst_rank {
-                        continue;
-                    }
-                    if topo.local_node_of(f.origin) == topo.local_node_of(f.dst_rank) {
-                        intra += bytes;
-                    } else {
-                        cross += bytes;
-                    }
-                }
+    for_each_exchange_flows(plan, w, topo, |_, _, flows| {
+        for f in flows {
+            let bytes = f.count as f64 * token_bytes;
+            if f.origin == f.dst_rank {
+                continue;
+            }
+            if topo.local_node_of(f.origin) == topo.local_node_of(f.dst_rank) {
+                intra += bytes;
+            } else {
+                cross += bytes;
             }
         }
-    }
+    });
     (intra, cross)
 }
 

@@ -83,14 +83,21 @@ def gather_ints(values: Sequence[int], group: Optional[Any] = None, device: Any 
     return _all_gather(torch.tensor(mine, dtype=torch.int64, device=device), group, timeout)
 
 
-def _all_gather(mine: torch.Tensor, group: Optional[Any], timeout: Optional[datetime.timedelta]) -> np.ndarray:
+def all_gather_tensors(mine: torch.Tensor, group: Optional[Any],
+                       timeout: Optional[datetime.timedelta]) -> "list[torch.Tensor]":
+    """Collective: every rank's ``mine`` (same shape and dtype on every rank), in group-rank
+    order; ``timeout`` bounds the wait (None: the group's own)."""
     bufs = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     work = dist.all_gather(bufs, mine, group=group, async_op=True)
     if timeout is None:
         work.wait()
     else:
         work.wait(timeout)
-    return torch.stack(bufs).cpu().numpy()
+    return bufs
+
+
+def _all_gather(mine: torch.Tensor, group: Optional[Any], timeout: Optional[datetime.timedelta]) -> np.ndarray:
+    return torch.stack(all_gather_tensors(mine, group, timeout)).cpu().numpy()
 
 
 def broadcast_plan(plan: Optional[Plan], src: int, group: Optional[Any] = None, device: Any = None) -> Plan:

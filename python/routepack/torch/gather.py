@@ -9,10 +9,9 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from routepack.errors import RoutepackError
-from routepack.torch.broadcast import default_device, gather_ints
+from routepack.torch.broadcast import all_gather_tensors, default_device, gather_ints
 
 
 def gather_payloads(header: Sequence[int], payload: Optional[np.ndarray], error: Optional[BaseException],
@@ -45,13 +44,7 @@ def gather_payloads(header: Sequence[int], payload: Optional[np.ndarray], error:
     if mine.size < longest or not mine.flags.writeable:
         padded = np.zeros(longest, np.uint8)
         padded[:mine.size] = mine
-    send = torch.from_numpy(padded).to(device)
-    bufs = [torch.empty_like(send) for _ in range(dist.get_world_size(group))]
-    work = dist.all_gather(bufs, send, group=group, async_op=True)
-    if timeout is None:
-        work.wait()
-    else:
-        work.wait(timeout)
+    bufs = all_gather_tensors(torch.from_numpy(padded).to(device), group, timeout)
     return got[:, 2:], [b.cpu().numpy()[:int(n)] for b, n in zip(bufs, sizes)]
 
 

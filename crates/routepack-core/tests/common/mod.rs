@@ -8,6 +8,7 @@
 
 use proptest::prelude::*;
 use routepack_core::error::Error;
+use routepack_core::flow::{route_exchange, ExchangeReplica, Flow};
 use routepack_core::migration::diff;
 use routepack_core::placement::Placement;
 use routepack_core::plan::{Plan, Replica};
@@ -173,4 +174,43 @@ pub fn is_plan_error(r: &Result<(), Error>) -> bool {
 /// Sizes around the edges: small, and values whose products overflow.
 pub fn usizes() -> impl Strategy<Value = usize> {
     prop_oneof![0usize..6, Just(usize::MAX), Just(usize::MAX / 2 + 1), Just(1usize << 32)]
+}
+
+/// Calls `f(g, l, flows)` for every exchange (group g, step, layer l) of a valid `plan` on `w`,
+/// with the exchange's flow table from `flow::route_exchange` (the routing rule), built from the
+/// window and the plan directly, not through the simulator: a reference the simulator's
+/// prices and byte counts are checked against.
+pub fn for_each_exchange_flows(
+    plan: &Plan,
+    w: &OwnedWindow,
+    topo: &Topology,
+    mut f: impl FnMut(usize, usize, &[Flow]),
+) {
+    let (e_n, ep) = (w.experts, topo.ep);
+    let mut flows = Vec::new();
+    for g in 0..topo.num_groups() {
+        for m in 0..plan.num_micro {
+            for l in 0..w.layers {
+                let mut origin = vec![0i64; ep * e_n];
+                for (s, (&d, &mm)) in plan.sample_rank.iter().zip(&plan.sample_micro).enumerate() {
+                    let (d, mm) = (d as usize, mm as usize);
+                    if d / ep == g && mm == m {
+                        for e in 0..e_n {
+                            origin[(d % ep) * e_n + e] += w.expert_tokens[(s * w.layers + l) * e_n + e] as i64;
+                        }
+                    }
+                }
+                let reps: Vec<ExchangeReplica> = plan
+                    .replicas
+                    .iter()
+                    .filter(|x| (x.group, x.micro, x.layer) == (g as i32, m as i32, l as i32))
+                    .map(|x| (x.expert as usize, x.dst_rank as usize, x.share))
+                    .collect();
+                let (so, sl) = plan.placement.replicas_of_layer(l);
+                flows.clear();
+                route_exchange(&origin, e_n, &so, &sl, &reps, topo, &mut flows);
+                f(g, l, &flows);
+            }
+        }
+    }
 }

@@ -177,7 +177,7 @@ impl Proxy {
         let rpn = topo.ranks_per_group_node();
         let nodes = ep / rpn;
         let shape = Shape::new(l_n, ep, nodes);
-        let demand = demand::project(w, topo, placement, shape);
+        let demand = demand::project_compact(w, topo, placement, shape);
         // The expert-work term `CostModel::expert_time`, split into its per-token part (`ct`,
         // multiplied in the kernel in f32) and its per-expert part (`hexp`). expert_time(0, 1)
         // is c_exp and expert_time(1, 0) is c_tok exactly, so these are the bits of
@@ -246,7 +246,7 @@ impl Proxy {
             by_len,
             len_rank,
             shape,
-            demand: SampleDemand::new(demand, shape),
+            demand,
             hexp,
             hexp_layer: uniform.then_some(hexp_layer),
             kinds,

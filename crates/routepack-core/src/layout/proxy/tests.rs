@@ -147,3 +147,40 @@ fn sample_demand_is_compact_only_when_every_value_fits() {
     full[shape.proj_at(2, 3) + shape.demand_len()] = 70_000.0;
     assert!(matches!(SampleDemand::new(full, shape), SampleDemand::F32(_)));
 }
+
+#[test]
+fn compact_projection_equals_the_full_table_compacted() {
+    // placements with one copy per expert and with replicated experts (the even split), and a
+    // window whose proj values overflow 16 bits (then both are the f32 table)
+    let (l_n, e_n) = (3, 16);
+    let topo = Topology::new(8, 4, 2, 5).unwrap();
+    let static_pl = static_placement(l_n, e_n, &topo).unwrap();
+    let mut replicated = static_pl.clone();
+    for l in 0..l_n {
+        // the spare slot of every rank hosts expert l (a hot expert copied on every rank)
+        for p in 0..topo.ep {
+            replicated.phy2log[l * topo.num_slots() + p * topo.slots_per_rank + topo.slots_per_rank - 1] = l as i32;
+        }
+    }
+    for (seed, big) in [(1u64, false), (2, false), (3, true)] {
+        let (mut lens, mut tok) = window(40, l_n, e_n, seed);
+        if big {
+            lens[5] = 200_000;
+            tok[(5 * l_n + 1) * e_n + 2] = 150_000;
+        }
+        let w = WindowView::new(&lens, &tok, l_n, e_n).unwrap();
+        for pl in [&static_pl, &replicated] {
+            let shape = Shape::new(l_n, topo.ep, topo.ep / topo.ranks_per_group_node());
+            let want = SampleDemand::new(demand::project(&w, &topo, pl, shape), shape);
+            let got = demand::project_compact(&w, &topo, pl, shape);
+            assert_eq!(matches!(got, SampleDemand::U16 { .. }), !big, "seed {seed}");
+            for s in 0..w.num_samples {
+                let flat = |d: Demand| match d {
+                    Demand::F32(r) => r.to_vec(),
+                    Demand::U16 { proj, tail } => proj.iter().map(|&x| x as f32).chain(tail.iter().copied()).collect(),
+                };
+                assert_eq!(flat(got.of(s, shape)), flat(want.of(s, shape)), "seed {seed} sample {s}");
+            }
+        }
+    }
+}
