@@ -34,6 +34,18 @@ def check_ids(arr: np.ndarray, name: str, ndim: int) -> np.ndarray:
     return native_order(arr)
 
 
+def check_same_layout(arrays: "list[np.ndarray]", name: str) -> None:
+    """Every per-sample array of ``arrays`` (``name[i]``, each ``[T_i, L, k]``) has the first
+    one's ``[L, k]`` and dtype, else `RoutepackError` naming the first that differs."""
+    first = arrays[0]
+    for i, a in enumerate(arrays):
+        if a.shape[1:] != first.shape[1:] or a.dtype != first.dtype:
+            raise RoutepackError(
+                f"{name}[{i}]: shape {a.shape} / dtype {a.dtype} differs from {name}[0]'s "
+                f"[T, {first.shape[1]}, {first.shape[2]}] / {first.dtype}"
+            )
+
+
 def native_order(arr: np.ndarray) -> np.ndarray:
     """``arr`` in the machine's byte order: a big-endian trace (read from a file written on
     another machine) is converted, since the core reads ids in native order."""
@@ -76,13 +88,8 @@ def flatten_slime(per_sample: Iterable[np.ndarray]) -> Tuple[np.ndarray, np.ndar
     if not items:
         raise RoutepackError("per_sample: expected a non-empty list of [T_i, L, k] arrays, got none")
     arrays = [check_ids(a, f"per_sample[{i}]", 3) for i, a in enumerate(items)]
-    first = arrays[0]
+    check_same_layout(arrays, "per_sample")
     for i, a in enumerate(arrays):
-        if a.shape[1:] != first.shape[1:] or a.dtype != first.dtype:
-            raise RoutepackError(
-                f"per_sample[{i}]: shape {a.shape} / dtype {a.dtype} differs from per_sample[0]'s "
-                f"[T, {first.shape[1]}, {first.shape[2]}] / {first.dtype}"
-            )
         if a.shape[0] == 0:
             raise RoutepackError(f"per_sample[{i}]: has no tokens")
     lens = np.array([a.shape[0] for a in arrays], dtype=np.int64)

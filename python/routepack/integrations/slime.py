@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 import numpy as np
 
 from routepack._checks import boolean, positive_int, sequence
-from routepack._routed import check_ids, native_order, renamed
+from routepack._routed import check_ids, check_same_layout, native_order, renamed
 from routepack.errors import RoutepackError, RoutepackTypeError
 from routepack.integrations._common import as_numpy, num_ranks, plans_list, rank_cells
 from routepack.window import Window
@@ -78,13 +78,8 @@ def window_from_slime(rollout_routed_experts: Any, num_experts: int, total_lengt
         raise RoutepackError("rollout_routed_experts: expected at least one sample, got none")
     arrays = [check_ids(as_numpy(a, f"rollout_routed_experts[{i}]"), f"rollout_routed_experts[{i}]", 3)
               for i, a in enumerate(items)]
+    check_same_layout(arrays, "rollout_routed_experts")
     first = arrays[0]
-    for i, a in enumerate(arrays):
-        if a.shape[1:] != first.shape[1:] or a.dtype != first.dtype:
-            raise RoutepackError(
-                f"rollout_routed_experts[{i}]: shape {a.shape} / dtype {a.dtype} differs from sample 0's "
-                f"[T, {first.shape[1]}, {first.shape[2]}] / {first.dtype}"
-            )
     layers, k = int(first.shape[1]), int(first.shape[2])
     if k > num_experts:
         raise RoutepackError(f"num_experts: {num_experts} is fewer than the routed k = {k}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import io
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -53,6 +53,18 @@ def default_device(group: Optional[Any] = None) -> torch.device:
     return torch.device("cpu")
 
 
+def raise_shared_failure(err: Optional[BaseException], ok: np.ndarray, message: Callable[[list], str],
+                         error: type = RoutepackError) -> None:
+    """After a collective that carried every rank's ok flag (``ok``: int ``[ranks]``, 0 where
+    that rank failed): re-raises this rank's own ``err``, else raises ``error(message(bad))``
+    where ``bad`` lists the ranks that failed, so every rank leaves the collective and raises."""
+    if err is not None:
+        raise err
+    bad = np.flatnonzero(ok == 0).tolist()
+    if bad:
+        raise error(message(bad))
+
+
 def gather_ints(values: Sequence[int], group: Optional[Any] = None, device: Any = None,
                 timeout: Optional[datetime.timedelta] = None) -> np.ndarray:
     """All-gathers a few int64 values from every rank of ``group``: int64 ``[ranks, n]``.
@@ -73,11 +85,8 @@ def gather_ints(values: Sequence[int], group: Optional[Any] = None, device: Any 
         err = e
     device = device if device is not None else default_device(group)
     head = _all_gather(torch.tensor([int(err is None), len(mine)], dtype=torch.int64, device=device), group, timeout)
-    if err is not None:
-        raise err
-    bad = np.flatnonzero(head[:, 0] == 0).tolist()
-    if bad:
-        raise RoutepackError(f"values: rank(s) {bad} of the group passed invalid values (each raised its own error)")
+    raise_shared_failure(err, head[:, 0], lambda bad: f"values: rank(s) {bad} of the group passed invalid values "
+                         "(each raised its own error)")
     if np.unique(head[:, 1]).size != 1:
         raise RoutepackError(f"values: ranks passed different counts {head[:, 1].tolist()}; every rank must pass as many")
     return _all_gather(torch.tensor(mine, dtype=torch.int64, device=device), group, timeout)
@@ -161,10 +170,7 @@ def agree_on_plan(plan: Plan, group: Optional[Any] = None, device: Any = None,
     except RoutepackError as e:
         err, digest = e, 0
     got = gather_ints([int(err is None), digest], group, device, timeout)
-    if err is not None:
-        raise err
-    bad = np.flatnonzero(got[:, 0] == 0).tolist()
-    if bad:
-        raise InvalidPlanError(f"plan: rank(s) {bad} of the group passed no valid routepack.Plan")
+    raise_shared_failure(err, got[:, 0], lambda bad: f"plan: rank(s) {bad} of the group passed no valid routepack.Plan",
+                         InvalidPlanError)
     if np.unique(got[:, 1]).size != 1:
         raise InvalidPlanError(f"ranks hold different plans (digests {[hex(int(x)) for x in got[:, 1]]})")

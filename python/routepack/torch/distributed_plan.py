@@ -33,7 +33,7 @@ from routepack.stages.context import PlanContext, check_fills_cells
 from routepack.stages.registry import Stage, canonical_options, stage_options
 from routepack.stages.replication import hot_n_replication, relibra_replication, routepack_replication
 from routepack.torch import _args
-from routepack.torch.broadcast import gather_ints
+from routepack.torch.broadcast import gather_ints, raise_shared_failure
 from routepack.torch.gather import gather_payloads
 from routepack.window import Window
 
@@ -111,12 +111,8 @@ def plan_window_distributed(window: Any, topo: Any, cost: Any, token_cap: int = 
     except Exception as e:  # noqa: BLE001 (shared with the peers, then re-raised)
         err = e
     got = gather_ints([int(err is None)] + prints, group, timeout=timeout)
-    if err is not None:
-        raise err
-    bad = np.flatnonzero(got[:, 0] == 0).tolist()
-    if bad:
-        raise RoutepackError(f"plan_window_distributed: rank(s) {bad} of the group passed invalid arguments "
-                             "(each raised its own error)")
+    raise_shared_failure(err, got[:, 0], lambda bad: f"plan_window_distributed: rank(s) {bad} of the group passed "
+                         "invalid arguments (each raised its own error)")
     for i, name in enumerate(_AGREED):
         col = got[:, 1 + i]
         if np.unique(col).size != 1:

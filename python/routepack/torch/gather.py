@@ -10,8 +10,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from routepack.errors import RoutepackError
-from routepack.torch.broadcast import all_gather_tensors, default_device, gather_ints
+from routepack.torch.broadcast import all_gather_tensors, default_device, gather_ints, raise_shared_failure
 
 
 def gather_payloads(header: Sequence[int], payload: Optional[np.ndarray], error: Optional[BaseException],
@@ -30,11 +29,8 @@ def gather_payloads(header: Sequence[int], payload: Optional[np.ndarray], error:
     mine = np.ascontiguousarray(payload if ok and payload is not None else np.empty(0, np.uint8)).view(np.uint8).ravel()
     ints = [int(v) for v in header] if ok else [0] * len(header)
     got = gather_ints([int(ok), mine.size] + ints, group, device, timeout)
-    if error is not None:
-        raise error
-    bad = np.flatnonzero(got[:, 0] == 0).tolist()
-    if bad:
-        raise RoutepackError(f"{what}: rank(s) {bad} of the group failed (each raised its own error)")
+    raise_shared_failure(error, got[:, 0],
+                         lambda bad: f"{what}: rank(s) {bad} of the group failed (each raised its own error)")
     sizes = got[:, 1]
     longest = int(sizes.max())
     device = device if device is not None else default_device(group)

@@ -26,7 +26,7 @@ from routepack._checks import positive_int
 from routepack.errors import RoutepackError, RoutepackTypeError
 from routepack.plan import empty_replicas
 from routepack.torch import _args, checkpoint
-from routepack.torch.broadcast import group_peers
+from routepack.torch.broadcast import group_peers, raise_shared_failure
 from routepack.torch.remap import TokenRoute, _route, expert_counts
 from routepack.torch.routes import CellRoute, cell_route
 from routepack.torch.slot_link import SlotLink
@@ -297,12 +297,8 @@ class EPMoE(torch.nn.Module):
         except Exception as e:  # noqa: BLE001 (shared with every rank, then re-raised)
             err, counts = e, np.zeros(self.num_experts, dtype=np.int64)
         got = self._origin_counts(counts, err is None, self.w1.device)
-        if err is not None:
-            raise err
-        bad = np.flatnonzero(got[:, 0] == 0).tolist()
-        if bad:
-            raise RoutepackError(f"x: EP rank(s) {bad} passed invalid inputs to MoE layer {self.layer} "
-                                 "(each raised its own error); nothing was dispatched")
+        raise_shared_failure(err, got[:, 0], lambda bad: f"x: EP rank(s) {bad} passed invalid inputs to MoE layer "
+                             f"{self.layer} (each raised its own error); nothing was dispatched")
         origin = np.ascontiguousarray(got[:, 1:])
         rows = self.runner.cell_rows(self.layer) if self.runner is not None else empty_replicas()
         route = _route(ids, origin, self.phy2log, self.topo, rows, self.ep_rank)

@@ -29,7 +29,7 @@ from routepack.errors import InvalidPlanError, RoutepackError, RoutepackTypeErro
 from routepack.plan import Plan, empty_replicas
 from routepack.window import Window
 from routepack.torch import _args
-from routepack.torch.broadcast import digest_int, gather_ints
+from routepack.torch.broadcast import digest_int, gather_ints, raise_shared_failure
 from routepack.torch.grads import sync_redundant_grads
 from routepack.torch.migrate import MigrationReport, migrate
 from routepack.torch.moe import check_layers
@@ -139,10 +139,8 @@ class PlanRunner:
             err, digest = e, 0
         device = self.layers[0].w1.device
         got = gather_ints([int(err is None), digest], self.group, device, self.timeout)
-        if err is not None:
-            raise err
-        if not got[:, 0].all():
-            raise InvalidPlanError(f"EP rank(s) {np.flatnonzero(got[:, 0] == 0).tolist()} refused the plan; nothing moved")
+        raise_shared_failure(err, got[:, 0], lambda bad: f"EP rank(s) {bad} refused the plan; nothing moved",
+                             InvalidPlanError)
         if np.unique(got[:, 1]).size != 1:
             raise InvalidPlanError("EP ranks hold different plans; nothing moved (use broadcast_plan)")
         report = None
