@@ -66,7 +66,28 @@ impl CellGrid {
 
     /// Fills `origin` `[ep * E]` (rank-major): tokens for logical expert e that EP-local rank
     /// r's samples send in exchange (group g, step m, layer l).
+    /// Compiled for AVX2 where the CPU has it (integer sums: the same values either way).
     pub fn origin(&self, w: &WindowView, g: usize, m: usize, l: usize, origin: &mut [i64]) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(cpu) = Avx2::detect() {
+            // SAFETY: `cpu` proves the running CPU has AVX2
+            return unsafe { self.origin_avx2(cpu, w, g, m, l, origin) };
+        }
+        self.origin_body(w, g, m, l, origin)
+    }
+
+    /// [`CellGrid::origin`] compiled for AVX2.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 (`_cpu` is the token that says so).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn origin_avx2(&self, _cpu: Avx2, w: &WindowView, g: usize, m: usize, l: usize, origin: &mut [i64]) {
+        self.origin_body(w, g, m, l, origin)
+    }
+
+    #[inline(always)]
+    fn origin_body(&self, w: &WindowView, g: usize, m: usize, l: usize, origin: &mut [i64]) {
         let e_n = w.num_experts;
         debug_assert_eq!(origin.len(), self.ep * e_n);
         origin.iter_mut().for_each(|x| *x = 0);
