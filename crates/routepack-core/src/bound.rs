@@ -429,11 +429,11 @@ impl SampleTables {
     fn new(w: &WindowView, cost: &CostModel, per: &[Vec<SampleLayer>], sums: &[LayerSums], micro: f64) -> Self {
         let (s_n, l_n) = (w.num_samples, w.num_layers);
         let mut t = SampleTables { attention: vec![0.0; s_n * l_n], unhosted: vec![0.0; s_n * l_n], work: vec![0.0; s_n * l_n] };
-        for s in 0..s_n {
-            let n = w.seq_lens[s] as f64;
-            for l in 0..l_n {
-                let p = &per[l][s];
-                let active = p.experts as f64 + (micro - 1.0) * sums[l].min_experts as f64;
+        for (s, &len) in w.seq_lens.iter().enumerate() {
+            let n = len as f64;
+            for (l, (layer, sum)) in per.iter().zip(sums).enumerate() {
+                let p = &layer[s];
+                let active = p.experts as f64 + (micro - 1.0) * sum.min_experts as f64;
                 t.attention[s * l_n + l] = cost.attention(l, n);
                 t.unhosted[s * l_n + l] = (p.tokens - p.top_rank).max(0.0);
                 t.work[s * l_n + l] = cost.c_tok * p.tokens + cost.c_exp * active;

@@ -457,7 +457,7 @@ pub fn simulate_validated(
     // every (g, m) independently; results kept in index order so the sum is deterministic:
     // each exchange's cost and its one-way dispatch bytes (inside nodes, between nodes), and
     // what the lower bound reads of the demand, gathered on the same pass over it
-    let per_gm: Vec<(Vec<(LayerCost, (f64, f64))>, GmSums)> = (0..g_n * m_n)
+    let per_gm: Vec<GmResult> = (0..g_n * m_n)
         .into_par_iter()
         .map_init(
             || (ExchangePricer::new(ep, e_n), vec![0i64; ep * e_n]),
@@ -542,7 +542,11 @@ pub fn simulate_validated(
     })
 }
 
-/// What one (group, step) task of [`simulate_with_cap`] gathers for the lower bound
+/// What one (group, step) task of [`simulate_validated`] returns: each layer's exchange cost
+/// and one-way dispatch bytes (inside nodes, between nodes), and its part of the demand sums.
+type GmResult = (Vec<(LayerCost, (f64, f64))>, GmSums);
+
+/// What one (group, step) task of [`simulate_validated`] gathers for the lower bound
 /// ([`DemandSums`]): its rows `(sample, layer, Σ_e tokens, distinct experts)` and, per
 /// layer, its experts' totals and largest shares (`[L * E]` each).
 struct GmSums {

@@ -24,6 +24,10 @@ pub struct DemandSums {
     pub(super) expert_share: Vec<f64>,
 }
 
+/// One layer's part of [`DemandSums::of_window`]: its rows' (tokens, experts) by sample, its
+/// experts' totals and largest shares.
+type LayerPart = (Vec<(i64, usize)>, Vec<i64>, Vec<f64>);
+
 impl DemandSums {
     /// All zero, for a window of `num_samples` × `num_layers` × `num_experts`.
     pub fn new(num_samples: usize, num_layers: usize, num_experts: usize) -> Self {
@@ -41,7 +45,7 @@ impl DemandSums {
     pub fn of_window(w: &WindowView) -> Self {
         let (s_n, l_n, e_n) = (w.num_samples, w.num_layers, w.num_experts);
         let mut out = Self::new(s_n, l_n, e_n);
-        let parts: Vec<(Vec<(i64, usize)>, Vec<i64>, Vec<f64>)> = (0..l_n)
+        let parts: Vec<LayerPart> = (0..l_n)
             .into_par_iter()
             .map(|l| {
                 let mut totals = vec![0i64; e_n];
