@@ -68,7 +68,8 @@ proptest! {
         let layers = 1 + mix.below(3);
         let experts = 1 + mix.below(topo.num_slots());
         // short samples, so that many experts have 1 token on a rank (either side of the step)
-        let w = window(&mut mix, topo.dp * micro + extra, layers, experts, [6, 40][mix.below(2)]);
+        let max_len = [6, 40][mix.below(2)];
+        let w = window(&mut mix, topo.dp * micro + extra, layers, experts, max_len);
         let mut plan = random_plan(&mut mix, &w, &topo, micro);
         plan.migration.clear();
         let gemm = [0.5, 3.0, 50.0, 1e3][mix.below(4)];
@@ -127,7 +128,8 @@ fn replication_plans_under_a_gemm_step() {
             let samples = topo.dp * micro + mix.below(2 * topo.dp + 3);
             let layers = 1 + mix.below(3);
             let experts = 1 + mix.below(topo.num_slots().min(12));
-            let w = window(&mut mix, samples, layers, experts, [8, 60][mix.below(2)]);
+            let max_len = [8, 60][mix.below(2)];
+            let w = window(&mut mix, samples, layers, experts, max_len);
             let view = w.view();
             let placement =
                 Placement::new(random_phy2log(&mut mix, layers, experts, &topo), layers, experts, topo.slots_per_rank).unwrap();
