@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import routepack as rp
 from routepack.calibrate import refit
 from routepack.calibrate.fit import (COMPUTE_PASSES, GEMM_STEP_FORMULA, ROOFLINE_FORMULA, _knees, convex_bound,
-                                    fit_expert_gemm, holdout_mask)
+                                    fit_expert_gemm, holdout_mask, monotone_bound)
 from routepack.calibrate.sweeps import Sweeps
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -163,6 +163,28 @@ def test_no_fit_of_the_convex_form_beats_the_convexity_bound(seed, dip):
     meas = np.array(fit.measured_s)
     sq = lambda pred: float(np.sum(((np.array(pred) - meas) / meas)[fitted] ** 2))  # noqa: E731
     assert sq(fit.predicted_s) <= sq(roof["predicted_s"]) * (1 + 1e-9) + 1e-18
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.lists(st.floats(1e-6, 1.0), min_size=2, max_size=24), seed=st.integers(0, 2**31))
+def test_the_monotone_bound_is_exact(m, seed):
+    """`monotone_bound` is 0 on non-decreasing timings and otherwise met by the best
+    non-decreasing curve: the running max of m·(1 − e) never overshoots m·(1 + e)."""
+    x = np.arange(1.0, len(m) + 1)
+    y = np.array(m)
+    assert monotone_bound(x, np.sort(y)) == 0.0
+    e = monotone_bound(x, y)
+    g = np.maximum.accumulate(y * (1 - e))  # the least non-decreasing curve above every lower end
+    assert np.all(g <= y * (1 + e) * (1 + 1e-9))
+    if e > 0:  # and no smaller error works: the same curve at e·(1 − 1e-6) overshoots somewhere
+        e2 = e * (1 - 1e-6)
+        assert np.any(np.maximum.accumulate(y * (1 - e2)) > y * (1 + e2))
+    rng = np.random.default_rng(seed)
+    fit_input = step_measurement(2e-6, 1e-4, 8.0, 2e-4)
+    fit_input["measured_s"] = [v * (1 + 0.2 * rng.uniform(-1, 1)) for v in fit_input["measured_s"]]
+    fit = fit_expert_gemm(fit_input, 3, MODEL)
+    # the committed curve is non-decreasing in tokens, so it misses some point by the bound
+    assert max(fit.max_rel_error, fit.max_rel_error_fit) >= fit.extra["monotone_bound"] - 1e-9
 
 
 def test_the_fitted_floor_and_step_are_what_simulate_charges():

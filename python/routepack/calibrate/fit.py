@@ -200,6 +200,26 @@ def convex_bound(x: np.ndarray, measured: np.ndarray) -> float:
     return best
 
 
+def monotone_bound(x: np.ndarray, measured: np.ndarray) -> float:
+    """The least max |relative error| over all points that any curve non-decreasing in ``x``
+    can reach: float ``x`` ``[n]``, ``measured`` ``[n]`` (> 0). Where a point measures more
+    than one at a larger ``x`` (m_i > m_j, x_i < x_j), a non-decreasing g with g(x_i) <= g(x_j)
+    and each within e of its measurement needs m_i (1 − e) <= m_j (1 + e): e >= (m_i − m_j) /
+    (m_i + m_j); the largest over all such pairs (exact: a curve that meets it exists). Every
+    cost-model expert curve is non-decreasing in tokens, so this is what the machine's
+    non-monotone timings cost any of them."""
+    x = np.asarray(x, dtype=np.float64)
+    m = np.asarray(measured, dtype=np.float64)
+    o = np.argsort(x, kind="stable")
+    x, m = x[o], m[o]
+    best = 0.0
+    for i in range(len(x) - 1):
+        later = m[i + 1:][x[i + 1:] > x[i]]
+        if later.size:
+            best = max(best, float((m[i] - later.min()) / (m[i] + later.min())))
+    return best
+
+
 def _max_abs(rel: np.ndarray, mask: np.ndarray) -> Optional[float]:
     return float(np.abs(rel[mask]).max()) if mask.any() else None
 
@@ -248,6 +268,11 @@ def fit_expert_gemm(measurement: Mapping[str, Any], holdout_every: int, model: M
     if extra["convex_bound"] > 0.05:
         notes.append(f"measured times are not convex in tokens per expert: every convex curve (the roofline "
                      f"without c_gemm) misses some point of one active count by >= {extra['convex_bound']:.1%}")
+    # and every curve of the cost model is non-decreasing in tokens per expert
+    extra["monotone_bound"] = max(monotone_bound(per[active == a], measured[active == a]) for a in np.unique(active))
+    if extra["monotone_bound"] > 0.05:
+        notes.append(f"measured times are not non-decreasing in tokens per expert: every curve of the cost model "
+                     f"(non-decreasing) misses some point of one active count by >= {extra['monotone_bound']:.1%}")
     if stepped:
         r_coef, r_pred, _ = form(False)
         rel = (r_pred - measured) / measured
