@@ -73,6 +73,7 @@ pub fn cost(obj: &Bound<'_, PyAny>) -> PyResult<CostModel> {
         expert_grad_bytes: attr(obj, "expert_grad_bytes")?,
         expert_state_bytes: attr(obj, "expert_state_bytes")?,
         c_weights: attr(obj, "c_weights")?,
+        c_gemm: attr(obj, "c_gemm")?,
         overlap,
         passes,
     })

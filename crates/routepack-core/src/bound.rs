@@ -51,9 +51,9 @@
 //!
 //! 7. **The cost model's options.** The passes (`CostModel::compute_passes` = P,
 //!    `CostModel::comm_passes` = K) stand for 3 and 2 above; a (μ, ν) whose attention
-//!    coefficient P − μ − 2ν is negative is skipped. The roofline floor adds
-//!    `(c_weights − c_tok·t)⁺ ≥ 0` per active expert to X_p, so every bound on the linear
-//!    X_p bounds it. Under `Overlap::DispatchCombine` an exchange costs
+//!    coefficient P − μ − 2ν is negative is skipped. The roofline floor and the GEMM step
+//!    add `(c_weights − c_tok·t)⁺ + c_gemm·[t ≥ 2] ≥ 0` per active expert to X_p, so every
+//!    bound on the linear X_p bounds it (the bound drops that extra). Under `Overlap::DispatchCombine` an exchange costs
 //!    `max(C, A) + (F − α)⁺ + (B − 2α)⁺` (C = P·α + P·max_p X_p, A the all-to-all), and
 //!    `max(C, A) ≥ λ·C + (1 − λ)·A` for λ ∈ [0, 1]: the derivation above goes through with the
 //!    compute terms scaled by λ and the traffic prices by 1 − λ, the attention coefficient

@@ -5,8 +5,10 @@
 //! * tokens of logical expert e from EP-local rank r, routed by [`crate::flow::route_expert`]
 //!   to replica copies, then to placement slots (each slot's load that of an even split, fed
 //!   from its own rank, then its node, then the other nodes);
-//! * expert work of EP rank p: `X = Σ_{e active on p} c_exp + max(c_tok·t(p, e), c_weights)`,
-//!   which is `c_tok·tokens(p) + c_exp·active_experts(p)` for the linear model (`c_weights = 0`)
+//! * expert work of EP rank p:
+//!   `X = Σ_{e active on p} c_exp + max(c_tok·t(p, e), c_weights) + c_gemm·[t(p, e) ≥ 2]`
+//!   (`CostModel::weights_bound_extra`), which is `c_tok·tokens(p) + c_exp·active_experts(p)`
+//!   for the linear model (`c_weights = c_gemm = 0`)
 //!   (active = distinct logical experts with tokens on p);
 //! * all-to-all: per rank, max(sent, received) routed tokens × token_bytes over each link
 //!   (intra-/inter-node); the slowest rank sets the time; dispatch + combine;
