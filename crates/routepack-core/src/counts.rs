@@ -135,6 +135,8 @@ impl<'a> Counts<'a> {
 
     /// `out[i] = self[i]` as int32 over the shorter of the two (every stored value fits).
     #[inline]
+    // the macro's int32 arm converts i32 to itself; the other arms need the conversion
+    #[allow(clippy::useless_conversion)]
     pub fn copy_to_i32(&self, out: &mut [i32]) {
         with_counts!(*self, x => for (o, &c) in out.iter_mut().zip(x.iter()) {
             *o = i32::from(c);
