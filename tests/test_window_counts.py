@@ -132,3 +132,13 @@ def test_a_truncated_old_file_is_named(tmp_path) -> None:
     cut.write_bytes(data[: len(data) - 200])
     with pytest.raises(rp.RoutepackFileError):
         rp.Window.load(cut)
+
+
+def test_the_wire_decodes_into_the_narrow_assembly() -> None:
+    wg = pytest.importorskip("routepack.torch.window_gather")
+    lens, counts = _window_arrays(5, 300, s_n=9)
+    w = rp.Window(lens, counts)
+    code, payload = wg.encode(w)
+    out = np.zeros(w.counts.shape, np.uint16)
+    back_lens, back = wg.decode(code, payload, 9, 2, 5, int(lens.max()), out=out)
+    assert back is out and np.array_equal(back, counts) and np.array_equal(back_lens, lens)

@@ -88,18 +88,18 @@ def encode(window: Window) -> Tuple[int, np.ndarray]:
 
 def decode(code: int, payload: np.ndarray, samples: int, layers: int, experts: int, max_len: int,
            out: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
-    """(seq_lens int64 ``[S]``, counts ``[S, L, E]``) from `encode`'s output, the counts in the
-    dtype they travelled in (uint8 | uint16 | int32, `ENCODINGS`); ``max_len`` picks the
-    lengths' dtype as `encode` did. ``out``: a C-contiguous ``[S, L, E]`` array of that dtype
-    or a wider one of ``_COUNT_DTYPES`` to decode the counts into (saves a copy when
-    assembling many ranks)."""
+    """(seq_lens int64 ``[S]``, expert_tokens int32 ``[S, L, E]``) from `encode`'s output;
+    ``max_len`` picks the lengths' dtype as `encode` did. ``out``: a C-contiguous ``[S, L, E]``
+    array to decode the counts into instead (saves a copy when assembling many ranks), of the
+    dtype they travelled in (`ENCODINGS`) or any wider one: uint8 | uint16 | int32
+    (`gather_window` passes the narrowest that holds every rank's)."""
     ldt = next(d for d in _LEN_DTYPES if max_len <= np.iinfo(d).max)
     cut = samples * ldt.itemsize
     lens = payload[:cut].view(ldt).astype(np.int64)
     body = payload[cut:]
     size = samples * layers * experts
     cdt = _COUNT_DTYPES[code % 3]
-    counts = np.empty((samples, layers, experts), cdt) if out is None else out
+    counts = np.empty((samples, layers, experts), np.int32) if out is None else out
     flat = counts.reshape(-1)  # a view: `out` is contiguous
     if code < 3:
         flat[:] = body.view(cdt)
