@@ -186,16 +186,16 @@ fn layer_pass(w: &WindowView, topo: &Topology, cost: &CostModel, l: usize, tops:
             let n = w.seq_lens[s] as f64;
             let t = w.tokens(s, l);
             let (mut tok, mut experts) = (0i64, 0usize);
-            for (et, &x) in expert_tokens.iter_mut().zip(t) {
+            crate::with_counts!(t, t => for (et, &x) in expert_tokens.iter_mut().zip(t) {
                 tok += x as i64;
                 experts += usize::from(x > 0);
                 *et += x as i64;
-            }
+            });
             let tokens = tok as f64;
             let inv = 1.0 / n;
-            for (sh, &x) in sums.expert_share.iter_mut().zip(t) {
+            crate::with_counts!(t, t => for (sh, &x) in sums.expert_share.iter_mut().zip(t) {
                 *sh = sh.max(x as f64 * inv);
-            }
+            });
             // the larger top first: the smaller one is then inside its prefix; a sample on
             // at most k experts keeps all its tokens
             let (top_rank, top_node) = if !tops {
@@ -203,7 +203,7 @@ fn layer_pass(w: &WindowView, topo: &Topology, cost: &CostModel, l: usize, tops:
             } else if experts <= k_rank {
                 (tokens, tokens)
             } else {
-                buf.copy_from_slice(t);
+                t.copy_to_i32(&mut buf);
                 let top_node = top_sum(&mut buf, k_node);
                 (top_sum(&mut buf[..k_node.min(e_n)], k_rank), top_node)
             };

@@ -71,9 +71,7 @@ impl CellGrid {
         for r in 0..self.ep {
             let row = &mut origin[r * e_n..(r + 1) * e_n];
             for &s in self.members(g * self.ep + r, m) {
-                for (o, &x) in row.iter_mut().zip(w.tokens(s, l)) {
-                    *o += x as i64;
-                }
+                w.tokens(s, l).add_to(row);
             }
         }
     }

@@ -353,7 +353,7 @@ pub fn ideal_time(w: &WindowView, topo: &Topology, cost: &CostModel, ideal_micro
     // layers in parallel (a pass over the whole demand); integer sums are exact
     let layer_tokens: Vec<f64> = (0..w.num_layers)
         .into_par_iter()
-        .map(|l| (0..w.num_samples).map(|s| w.tokens(s, l).iter().map(|&x| x as i64).sum::<i64>()).sum::<i64>() as f64)
+        .map(|l| (0..w.num_samples).map(|s| w.tokens(s, l).sum()).sum::<i64>() as f64)
         .collect();
     ideal_time_of(&layer_tokens, w, topo, cost, ideal_micro)
 }

@@ -101,9 +101,7 @@ pub fn chunk_demand(w: &WindowView, num_chunks: usize) -> Result<Vec<f64>> {
             // same as summing in f64 in any order
             let mut acc = vec![0i64; b_n * e_n];
             for (s, &b) in chunk.iter().enumerate() {
-                for (a, &x) in acc[b * e_n..(b + 1) * e_n].iter_mut().zip(w.tokens(s, l)) {
-                    *a += x as i64;
-                }
+                w.tokens(s, l).add_to(&mut acc[b * e_n..(b + 1) * e_n]);
             }
             let mut out = vec![0.0f64; e_n * b_n];
             for (b, row) in acc.chunks_exact(e_n).enumerate() {

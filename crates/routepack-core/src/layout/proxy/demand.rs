@@ -63,12 +63,14 @@ fn project_sample(w: &WindowView, routes: &[Routes], shape: Shape, s: usize, sc:
         part.iter_mut().for_each(|x| *x = 0.0);
         let x = w.tokens(s, l);
         // replicated experts land in the spare entry `ep` here and are split below
-        for (&r, &n) in single.iter().zip(x) {
-            whole[(r as usize).min(ep)] += n as i64;
-        }
-        for &(e, p, sh) in multi {
-            part[p] += x[e] as f64 * sh;
-        }
+        crate::with_counts!(x, x => {
+            for (&r, &n) in single.iter().zip(x) {
+                whole[(r as usize).min(ep)] += n as i64;
+            }
+            for &(e, p, sh) in multi {
+                part[p] += x[e] as f64 * sh;
+            }
+        });
         let (mut sent, mut node_sent) = (0f32, 0f32);
         for p in 0..ep {
             let v = (whole[p] as f64 + part[p]).round() as f32;

@@ -67,7 +67,7 @@ fn proxy_tracks_simulate_with_replicated_experts() {
     let mut loads = vec![0f64; l_n * e_n];
     for s in 0..s_n {
         for l in 0..l_n {
-            for (e, &n) in w.tokens(s, l).iter().enumerate() {
+            for (e, n) in w.tokens(s, l).iter().enumerate() {
                 loads[l * e_n + e] += n as f64;
             }
         }
