@@ -45,7 +45,7 @@ def _ensure(profile: str, n: int, seed: int, cache: Path) -> None:
     for i, w in enumerate(rp.traces.synthetic(profile, n, seed)):
         path = _path(cache, profile, seed, i)
         if not path.exists():
-            np.savez(path, seq_lens=w.seq_lens, expert_tokens=w.expert_tokens)
+            np.savez(path, seq_lens=w.seq_lens, expert_tokens=w.counts)
 
 
 def windows(profile: str, n: int, seed: int, cache: Path) -> Iterator[rp.Window]:
@@ -179,7 +179,7 @@ def proxy_check(profile: str, seed: int, cache: Path) -> Dict:
         for packing, moves in (("sequential", None), ("kk", None), ("routepack", 0), ("routepack", 100_000),
                                ("routepack", None)):
             if packing == "routepack":
-                rank, micro, m, _ = _core.pack_routepack(w.seq_lens, w.expert_tokens, topo, cost, pl.phy2log, cap,
+                rank, micro, m, _ = _core.pack_routepack(w.seq_lens, w.counts, topo, cost, pl.phy2log, cap,
                                                          anneal_moves=DEFAULT_ANNEAL_MOVES if moves is None else moves)
             elif packing == "kk":
                 rank, micro, m, _ = _core.pack_kk(w.seq_lens, cap, topo.dp)
@@ -188,7 +188,7 @@ def proxy_check(profile: str, seed: int, cache: Path) -> Dict:
             plan = rp.Plan(pl, rank, micro, m)
             plan.validate(w, topo, cap)
             sim.append(rp.simulate(plan, w, topo, cost, cap).step_time)
-            proxy.append(_core.layout_proxy_cost(w.seq_lens, w.expert_tokens, topo, cost, pl.phy2log, rank, micro, m))
+            proxy.append(_core.layout_proxy_cost(w.seq_lens, w.counts, topo, cost, pl.phy2log, rank, micro, m))
         rel = max(abs(a - b) / b for a, b in zip(proxy, sim))
         r = float(np.corrcoef(proxy, sim)[0, 1])
         print(f"[proxy] {profile}, {name} placement: proxy vs simulate over {len(sim)} layouts: Pearson r {r:.6f}, "

@@ -111,7 +111,7 @@ def run(name: str, seed: int, cache: Path) -> None:
               f" {int(dup.sum()):6d}")
 
     perm = np.random.default_rng(seed + 1).permutation(w1.num_samples)
-    ws = rp.Window(w1.seq_lens[perm], w1.expert_tokens[perm])
+    ws = rp.Window(w1.seq_lens[perm], w1.counts[perm])
     packed = rp.plan_window(ws, topo, cost, token_cap=cap, policy="static")
 
     def shuffled(p):

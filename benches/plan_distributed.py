@@ -58,7 +58,7 @@ def bench_rank(rank: int, world: int, device: Any, profile: str, path: str, repe
         best = min(best, time.perf_counter() - t)
     assert plan is not None
     lo, hi = w.num_samples * rank // world, w.num_samples * (rank + 1) // world
-    local = rp.Window(w.seq_lens[lo:hi], w.expert_tokens[lo:hi], prof.top_k)
+    local = rp.Window(w.seq_lens[lo:hi], w.counts[lo:hi], prof.top_k)
     dist.barrier()
     t = time.perf_counter()
     got = gather_window(local)

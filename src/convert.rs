@@ -6,9 +6,9 @@ use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArray
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use routepack_core::cost::{Overlap, Pass};
-use routepack_core::{CostModel, ExpertMove, Placement, Plan, Replica, Topology, WindowView};
+use routepack_core::{CostModel, Counts, ExpertMove, Placement, Plan, Replica, Topology, WindowView};
 
-use crate::errors::to_py;
+use crate::errors::{to_py, type_error};
 
 /// Contiguous slice of a readonly array, or a clear error.
 pub fn slice<'a, T: numpy::Element, D: numpy::ndarray::Dimension>(
@@ -18,11 +18,62 @@ pub fn slice<'a, T: numpy::Element, D: numpy::ndarray::Dimension>(
     a.as_slice().map_err(|_| PyValueError::new_err(format!("{name}: must be C-contiguous")))
 }
 
-/// Window arrays → view. `expert_tokens` is `[S, L, E]` int32, `seq_lens` `[S]` int64.
-pub fn window<'a>(
-    seq_lens: &'a PyReadonlyArray1<'_, i64>,
-    expert_tokens: &'a PyReadonlyArray3<'_, i32>,
-) -> PyResult<WindowView<'a>> {
+/// A window's `expert_tokens [S, L, E]` as the caller stores it: int32, uint16 or uint8,
+/// borrowed without a copy (every binding taking `expert_tokens` extracts it as this type;
+/// anything else is refused with `RoutepackTypeError` naming `expert_tokens` and its dtype).
+pub enum CountsArray<'py> {
+    /// int32 counts.
+    I32(PyReadonlyArray3<'py, i32>),
+    /// uint16 counts.
+    U16(PyReadonlyArray3<'py, u16>),
+    /// uint8 counts.
+    U8(PyReadonlyArray3<'py, u8>),
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for CountsArray<'py> {
+    type Error = PyErr;
+
+    fn extract(obj: pyo3::Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        if let Ok(a) = obj.extract::<PyReadonlyArray3<'py, i32>>() {
+            return Ok(Self::I32(a));
+        }
+        if let Ok(a) = obj.extract::<PyReadonlyArray3<'py, u16>>() {
+            return Ok(Self::U16(a));
+        }
+        if let Ok(a) = obj.extract::<PyReadonlyArray3<'py, u8>>() {
+            return Ok(Self::U8(a));
+        }
+        let what = match (obj.getattr("dtype"), obj.getattr("ndim")) {
+            (Ok(d), Ok(n)) => format!("an array of dtype {d} with {n} dimensions"),
+            _ => format!("a {}", obj.get_type().name().map_or_else(|_| "?".to_string(), |n| n.to_string())),
+        };
+        Err(type_error(obj.py(), format!("expert_tokens: expected a 3-D int32, uint16 or uint8 array [S, L, E], got {what}")))
+    }
+}
+
+impl CountsArray<'_> {
+    /// `[S, L, E]`.
+    pub fn shape(&self) -> &[usize] {
+        match self {
+            Self::I32(a) => a.shape(),
+            Self::U16(a) => a.shape(),
+            Self::U8(a) => a.shape(),
+        }
+    }
+
+    /// The counts as the core borrows them (C-contiguous, else an error).
+    pub fn counts(&self) -> PyResult<Counts<'_>> {
+        Ok(match self {
+            Self::I32(a) => Counts::I32(slice(a, "expert_tokens")?),
+            Self::U16(a) => Counts::U16(slice(a, "expert_tokens")?),
+            Self::U8(a) => Counts::U8(slice(a, "expert_tokens")?),
+        })
+    }
+}
+
+/// Window arrays → view. `expert_tokens` is `[S, L, E]` (int32, uint16 or uint8), `seq_lens`
+/// `[S]` int64.
+pub fn window<'a>(seq_lens: &'a PyReadonlyArray1<'_, i64>, expert_tokens: &'a CountsArray<'_>) -> PyResult<WindowView<'a>> {
     let sh = expert_tokens.shape();
     if sh[0] != seq_lens.len() {
         return Err(to_py(routepack_core::error::invalid(
@@ -30,7 +81,7 @@ pub fn window<'a>(
             format!("has {} samples but seq_lens has {}", sh[0], seq_lens.len()),
         )));
     }
-    WindowView::new(slice(seq_lens, "seq_lens")?, slice(expert_tokens, "expert_tokens")?, sh[1], sh[2]).map_err(to_py)
+    WindowView::new(slice(seq_lens, "seq_lens")?, expert_tokens.counts()?, sh[1], sh[2]).map_err(to_py)
 }
 
 /// Attribute `name` of a Python object, extracted; the error names the attribute.
@@ -73,6 +124,7 @@ pub fn cost(obj: &Bound<'_, PyAny>) -> PyResult<CostModel> {
         expert_grad_bytes: attr(obj, "expert_grad_bytes")?,
         expert_state_bytes: attr(obj, "expert_state_bytes")?,
         c_weights: attr(obj, "c_weights")?,
+        c_gemm: attr(obj, "c_gemm")?,
         overlap,
         passes,
     })

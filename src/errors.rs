@@ -29,6 +29,16 @@ create_exception!(routepack, InvalidPlanError, RoutepackError, "A plan breaks an
 create_exception!(routepack, InfeasibleError, RoutepackError, "No plan can satisfy the inputs (e.g. a sample longer than the cap).");
 create_exception!(routepack, RoutepackInternalError, PyRuntimeError, "A bug in routepack (a Rust panic caught at the boundary).");
 
+/// A `RoutepackTypeError` (the class `register` builds) carrying `msg`; a plain `TypeError`
+/// should the class be missing.
+pub fn type_error(py: Python<'_>, msg: String) -> PyErr {
+    let made = py.import("routepack._core").and_then(|m| m.getattr("RoutepackTypeError")).and_then(|c| c.call1((msg.clone(),)));
+    match made {
+        Ok(e) => PyErr::from_value(e),
+        Err(_) => PyTypeError::new_err(msg),
+    }
+}
+
 /// A core error → the exception class of its kind.
 pub fn to_py(e: Error) -> PyErr {
     match e {

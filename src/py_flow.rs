@@ -2,7 +2,7 @@
 //! one exchange (EP group, step, layer), and the per-rank loads of a whole plan. The torch remapper builds its dispatch
 //! from the first and is checked against the second.
 
-use numpy::{IntoPyArray, PyArray1, PyArray4, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods};
+use numpy::{IntoPyArray, PyArray1, PyArray4, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use routepack_core::error::invalid;
 use routepack_core::flow::{check_exchange, rank_tokens as core_rank_tokens, route_exchange, Dest, ExchangeReplica};
@@ -91,7 +91,7 @@ pub fn rank_tokens<'py>(
     py: Python<'py>,
     plan: &Bound<'py, PyAny>,
     seq_lens: PyReadonlyArray1<'py, i64>,
-    expert_tokens: PyReadonlyArray3<'py, i32>,
+    expert_tokens: convert::CountsArray<'py>,
     topo: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyArray4<i64>>> {
     let plan = convert::plan(plan)?;

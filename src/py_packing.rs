@@ -1,6 +1,6 @@
 //! Bindings for packing: samples → (rank, step) cells.
 
-use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3};
+use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use routepack_core::budget;
@@ -79,7 +79,7 @@ pub fn pack_rows<'py>(py: Python<'py>, seq_lens: PyReadonlyArray1<'py, i64>, tok
 pub fn pack_routepack<'py>(
     py: Python<'py>,
     seq_lens: PyReadonlyArray1<'py, i64>,
-    expert_tokens: PyReadonlyArray3<'py, i32>,
+    expert_tokens: convert::CountsArray<'py>,
     topo: &Bound<'py, PyAny>,
     cost: &Bound<'py, PyAny>,
     phy2log: PyReadonlyArray2<'py, i32>,
@@ -165,7 +165,7 @@ pub fn pack_routepack<'py>(
 pub fn layout_proxy_cost<'py>(
     py: Python<'py>,
     seq_lens: PyReadonlyArray1<'py, i64>,
-    expert_tokens: PyReadonlyArray3<'py, i32>,
+    expert_tokens: convert::CountsArray<'py>,
     topo: &Bound<'py, PyAny>,
     cost: &Bound<'py, PyAny>,
     phy2log: PyReadonlyArray2<'py, i32>,

@@ -58,7 +58,7 @@ pub fn eplb_node_groups(num_experts: usize, topo: &Bound<'_, PyAny>) -> PyResult
 pub fn chunk_demand<'py>(
     py: Python<'py>,
     seq_lens: PyReadonlyArray1<'py, i64>,
-    expert_tokens: PyReadonlyArray3<'py, i32>,
+    expert_tokens: convert::CountsArray<'py>,
     num_chunks: usize,
 ) -> PyResult<Bound<'py, PyArray3<f64>>> {
     let w = convert::window(&seq_lens, &expert_tokens)?;

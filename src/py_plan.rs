@@ -46,7 +46,7 @@ pub fn validate_plan<'py>(
     py: Python<'py>,
     plan: &Bound<'py, PyAny>,
     seq_lens: PyReadonlyArray1<'py, i64>,
-    expert_tokens: PyReadonlyArray3<'py, i32>,
+    expert_tokens: convert::CountsArray<'py>,
     topo: &Bound<'py, PyAny>,
     token_cap: i64,
 ) -> PyResult<()> {

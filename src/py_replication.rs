@@ -1,7 +1,7 @@
 //! Bindings for intra-batch replication (hot_n, relibra, routepack) and ReLibra's
 //! node-level expert reordering placement.
 
-use numpy::{IntoPyArray, PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods};
+use numpy::{IntoPyArray, PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use routepack_core::budget;
 use routepack_core::placement::relibra::relibra_placement as core_relibra_placement;
@@ -34,7 +34,7 @@ macro_rules! planner_args {
 pub fn replicate_hot_n<'py>(
     py: Python<'py>,
     seq_lens: PyReadonlyArray1<'py, i64>,
-    expert_tokens: PyReadonlyArray3<'py, i32>,
+    expert_tokens: convert::CountsArray<'py>,
     phy2log: PyReadonlyArray2<'py, i32>,
     sample_rank: PyReadonlyArray1<'py, i32>,
     sample_micro: PyReadonlyArray1<'py, i32>,
@@ -61,7 +61,7 @@ pub fn replicate_hot_n<'py>(
 pub fn replicate_relibra<'py>(
     py: Python<'py>,
     seq_lens: PyReadonlyArray1<'py, i64>,
-    expert_tokens: PyReadonlyArray3<'py, i32>,
+    expert_tokens: convert::CountsArray<'py>,
     phy2log: PyReadonlyArray2<'py, i32>,
     sample_rank: PyReadonlyArray1<'py, i32>,
     sample_micro: PyReadonlyArray1<'py, i32>,
@@ -91,7 +91,7 @@ pub fn replicate_relibra<'py>(
 pub fn replicate_routepack<'py>(
     py: Python<'py>,
     seq_lens: PyReadonlyArray1<'py, i64>,
-    expert_tokens: PyReadonlyArray3<'py, i32>,
+    expert_tokens: convert::CountsArray<'py>,
     phy2log: PyReadonlyArray2<'py, i32>,
     sample_rank: PyReadonlyArray1<'py, i32>,
     sample_micro: PyReadonlyArray1<'py, i32>,

@@ -1,6 +1,6 @@
 //! Binding for the simulator.
 
-use numpy::{IntoPyArray, PyReadonlyArray1, PyReadonlyArray3};
+use numpy::{IntoPyArray, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use routepack_core::simulate::simulate_validated;
@@ -19,7 +19,7 @@ pub fn simulate<'py>(
     py: Python<'py>,
     plan: &Bound<'py, PyAny>,
     seq_lens: PyReadonlyArray1<'py, i64>,
-    expert_tokens: PyReadonlyArray3<'py, i32>,
+    expert_tokens: convert::CountsArray<'py>,
     topo: &Bound<'py, PyAny>,
     cost: &Bound<'py, PyAny>,
     ideal_micro: Option<usize>,

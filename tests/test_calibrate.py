@@ -74,8 +74,10 @@ def test_the_expert_fit_recovers_its_coefficients(c_tok, c_exp, every):
     assert fit.coefficients["c_tok"] == pytest.approx(c_tok, rel=1e-6)
     assert fit.coefficients["c_exp"] == pytest.approx(c_exp, rel=1e-6, abs=1e-9 * c_tok)
     assert fit.max_rel_error < 1e-6 and fit.max_rel_error_fit < 1e-6
-    assert fit.cost_fields == {"c_tok": fit.coefficients["c_tok"], "c_exp": fit.coefficients["c_exp"],
-                               "c_weights": 0.0}  # linear timings: no floor
+    # linear timings: no floor and no GEMM step (c_gemm is fitted, and found 0 up to rounding)
+    assert set(fit.cost_fields) == {"c_tok", "c_exp", "c_weights", "c_gemm"}
+    assert fit.cost_fields["c_tok"] == fit.coefficients["c_tok"] and fit.cost_fields["c_weights"] == 0.0
+    assert fit.cost_fields["c_gemm"] == pytest.approx(0.0, abs=1e-6 * (c_exp + c_tok))
     assert fit.extra["forward_share"] == pytest.approx(1 / 3)
 
 
@@ -149,6 +151,7 @@ def test_to_cost_model_sets_the_fitted_fields_and_keeps_the_rest_from_the_preset
     cost, sources = to_cost_model(MODEL, fits)
     preset = rp.CostModel.from_model(MODEL, rp.Hardware.h200())
     assert cost.c_tok == fits["expert_gemm"].coefficients["c_tok"]
+    assert cost.c_gemm == fits["expert_gemm"].cost_fields["c_gemm"] and sources["c_gemm"] == "measured: expert_gemm"
     assert cost.bw_intra == fits["links"].coefficients["bw_all_to_all"]
     assert cost.a_quad == fits["attention"].cost_fields["a_quad"]
     for name in ("token_bytes", "expert_weight_bytes", "expert_grad_bytes", "expert_state_bytes", "bw_inter",

@@ -1,6 +1,8 @@
-"""The roofline expert fit (`routepack.calibrate.fit.fit_expert_gemm`): on timings made from
-``3·active·(c_exp + max(c_tok·t, c_weights))`` it recovers the knee and the coefficients; the
-fitted ``c_weights`` prices in `simulate` what the fit predicts; `refit` reproduces a report
+"""The expert fit (`routepack.calibrate.fit.fit_expert_gemm`): on timings made from
+``3·active·(c_exp + max(c_tok·t, c_weights) + c_gemm·[t ≥ 2])`` it recovers the knee, the GEMM
+step and the coefficients, and commits that form (the convex roofline without the step is
+reported as an alternative, and no convex curve beats `convex_bound`); the fitted
+``c_weights`` and ``c_gemm`` price in `simulate` what the fit predicts; `refit` reproduces a report
 from its own measurements; and ``tools/gpu_check.py --cost-only --device cpu`` (its dry form)
 runs calibrate and writes a loadable cost model. No assertion is on a measured time."""
 
@@ -20,8 +22,8 @@ from hypothesis import strategies as st
 
 import routepack as rp
 from routepack.calibrate import refit
-from routepack.calibrate.fit import (COMPUTE_PASSES, GEMM_STEP_FORMULA, _knees, convex_bound, fit_expert_gemm,
-                                    holdout_mask)
+from routepack.calibrate.fit import (COMPUTE_PASSES, GEMM_STEP_FORMULA, ROOFLINE_FORMULA, _knees, convex_bound,
+                                    fit_expert_gemm, holdout_mask, monotone_bound)
 from routepack.calibrate.sweeps import Sweeps
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,6 +50,9 @@ def test_the_fit_recovers_a_knee_on_its_grid(c_tok, c_exp, i):
     assert fit.coefficients["c_tok"] == pytest.approx(c_tok, rel=1e-6)
     assert fit.coefficients["c_exp"] == pytest.approx(c_exp, rel=1e-6, abs=1e-9 * c_tok)
     assert fit.cost_fields["c_weights"] == pytest.approx(c_tok * knee, rel=1e-6)
+    # the committed form has the step; timings without one fit it at 0
+    assert fit.formula == GEMM_STEP_FORMULA
+    assert fit.cost_fields["c_gemm"] == pytest.approx(0.0, abs=1e-6 * (c_exp + c_tok * knee))
     assert fit.max_rel_error < 1e-6
 
 
@@ -59,9 +64,17 @@ def step_measurement(c_tok: float, c_exp: float, knee: float, c_gemm: float) -> 
     return m
 
 
+def predicted(fields: dict, sweep: list) -> list:
+    """`GEMM_STEP_FORMULA` from a fit's cost fields, written out here."""
+    return [COMPUTE_PASSES * p["active_experts"] * (fields["c_exp"] + max(fields["c_tok"] * p["tokens_per_expert"],
+                                                                         fields["c_weights"])
+                                                    + fields.get("c_gemm", 0.0) * (p["tokens_per_expert"] >= 2))
+            for p in sweep]
+
+
 @settings(max_examples=25, deadline=None)
 @given(c_tok=st.floats(1e-9, 1e-3), c_exp=st.floats(1e-8, 1e-2), i=st.integers(0, 80), ratio=st.floats(0.05, 3.0))
-def test_the_unpriced_step_form_recovers_its_coefficients_and_the_priced_fit_keeps_the_cost_models_form(
+def test_the_committed_step_form_recovers_its_coefficients_and_the_roofline_is_reported_beside_it(
         c_tok, c_exp, i, ratio):
     knee = float(_knees(np.array([4096.0]))[i])
     # a knee in (1, 2] is the step and c_exp over again: its floor lifts only the 1-token point,
@@ -70,20 +83,35 @@ def test_the_unpriced_step_form_recovers_its_coefficients_and_the_priced_fit_kee
     assume(c_tok * 4096 >= 0.05 * c_exp)  # the per-token part must show in the timings
     c_gemm = ratio * (c_exp + c_tok * knee)  # a step from 5% to 3x the 1-token time
     fit = fit_expert_gemm(step_measurement(c_tok, c_exp, knee, c_gemm), 3, MODEL)
-    step = fit.extra["unpriced_forms"]["gemm_step"]
-    assert step["formula"] == GEMM_STEP_FORMULA and step["priced"] is False
-    assert step["coefficients"]["c_gemm"] == pytest.approx(c_gemm, rel=1e-5)
-    assert step["coefficients"]["c_tok"] == pytest.approx(c_tok, rel=1e-5)
-    assert step["coefficients"]["c_exp"] == pytest.approx(c_exp, rel=1e-5, abs=1e-9 * c_tok)
-    assert step["max_rel_error"] < 1e-6 and step["max_rel_error_fit"] < 1e-6
-    # the priced fit sets only the cost model's fields, and its predictions are its formula
-    assert set(fit.cost_fields) == {"c_tok", "c_exp", "c_weights"}
+    assert fit.formula == GEMM_STEP_FORMULA
+    assert set(fit.cost_fields) == {"c_tok", "c_exp", "c_weights", "c_gemm"}
     c = fit.cost_fields
-    want = [COMPUTE_PASSES * p["active_experts"] * (c["c_exp"] + max(c["c_tok"] * p["tokens_per_expert"],
-                                                                    c["c_weights"])) for p in fit.sweep]
-    assert fit.predicted_s == pytest.approx(want, rel=1e-9)
-    # one term less cannot fit better, on the points it sees or on those it does not
-    assert fit.max_rel_error_fit >= step["max_rel_error_fit"] - 1e-9
+    assert c["c_gemm"] == pytest.approx(c_gemm, rel=1e-5)
+    assert c["c_tok"] == pytest.approx(c_tok, rel=1e-5)
+    assert c["c_exp"] == pytest.approx(c_exp, rel=1e-5, abs=1e-9 * c_tok)
+    assert c["c_weights"] == pytest.approx(c_tok * knee if knee > 1 else 0.0, rel=1e-5)
+    assert fit.max_rel_error < 1e-6 and fit.max_rel_error_fit < 1e-6
+    # the committed predictions are the formula of the fields it writes into the cost model
+    assert fit.predicted_s == pytest.approx(predicted(c, fit.sweep), rel=1e-9)
+    # the roofline without the step: reported, not committed, its predictions its own formula,
+    # and it cannot fit better with one term less (nor beat the convexity bound)
+    roof = fit.extra["alternative_forms"]["roofline"]
+    assert roof["formula"] == ROOFLINE_FORMULA and roof["priced"] is False
+    assert roof["coefficients"]["c_gemm"] == 0.0
+    assert roof["predicted_s"] == pytest.approx(predicted(roof["coefficients"], fit.sweep), rel=1e-9)
+    assert roof["max_rel_error_fit"] >= fit.max_rel_error_fit - 1e-9
+    assert max(roof["max_rel_error"], roof["max_rel_error_fit"]) >= fit.extra["convex_bound"] - 1e-9
+
+
+def test_without_one_token_points_the_step_is_not_fitted():
+    """A sweep that starts at 2 tokens cannot tell c_gemm from c_exp: c_gemm = 0, the roofline."""
+    m = step_measurement(2e-6, 1e-4, 16.0, 5e-5)
+    keep = [i for i, p in enumerate(m["sweep"]) if p["tokens_per_expert"] >= 2]
+    m = {k: [m[k][i] for i in keep] for k in ("sweep", "measured_s", "forward_s")}
+    fit = fit_expert_gemm(m, 3, MODEL)
+    assert fit.formula == ROOFLINE_FORMULA and fit.cost_fields["c_gemm"] == 0.0
+    assert "alternative_forms" not in fit.extra
+    assert fit.max_rel_error < 1e-6  # c_exp takes the step: on >= 2 tokens they are one term
 
 
 @settings(max_examples=25, deadline=None)
@@ -102,8 +130,8 @@ def test_held_out_points_stay_out_of_the_fit(every, seed, scale):
     assert again.held_out == fit.held_out
     assert again.coefficients == pytest.approx(fit.coefficients, rel=1e-9, abs=1e-15)
     assert again.predicted_s == pytest.approx(fit.predicted_s, rel=1e-9)
-    step, step2 = (f.extra["unpriced_forms"]["gemm_step"] for f in (fit, again))
-    assert step2["coefficients"] == pytest.approx(step["coefficients"], rel=1e-9, abs=1e-15)
+    roof, roof2 = (f.extra["alternative_forms"]["roofline"] for f in (fit, again))
+    assert roof2["coefficients"] == pytest.approx(roof["coefficients"], rel=1e-9, abs=1e-15)
 
 
 @settings(max_examples=40, deadline=None)
@@ -117,30 +145,63 @@ def test_convex_timings_have_no_convexity_bound(pieces, c):
 
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2**31), dip=st.floats(0.3, 1.0))
-def test_no_fit_of_the_cost_models_form_beats_the_convexity_bound(seed, dip):
+def test_no_fit_of_the_convex_form_beats_the_convexity_bound(seed, dip):
     """On any timings (here: the step form, noisy, with the 1-token points scaled by ``dip``),
-    the priced fit misses some point by at least `convex_bound`: its curve is convex in t."""
+    the roofline without the step misses some point by at least `convex_bound` (its curve is
+    convex in t), and the committed step form, which is not convex, fits the fitted points no
+    worse in least squares."""
     rng = np.random.default_rng(seed)
     m = step_measurement(2e-6, 1e-4, 8.0, 2e-4)
     m["measured_s"] = [v * (dip if p["tokens_per_expert"] == 1 else 1.0) * (1 + 0.05 * rng.uniform(-1, 1))
                        for v, p in zip(m["measured_s"], m["sweep"])]
     fit = fit_expert_gemm(m, 3, MODEL)
-    assert max(fit.max_rel_error, fit.max_rel_error_fit) >= fit.extra["convex_bound"] - 1e-9
+    roof = fit.extra["alternative_forms"]["roofline"]
+    assert max(roof["max_rel_error"], roof["max_rel_error_fit"]) >= fit.extra["convex_bound"] - 1e-9
     assert fit.extra["convex_bound"] >= 0
+    # the step form nests the roofline (c_gemm = 0), so its least squares on the fitted points is no larger
+    fitted = ~np.array(fit.held_out)
+    meas = np.array(fit.measured_s)
+    sq = lambda pred: float(np.sum(((np.array(pred) - meas) / meas)[fitted] ** 2))  # noqa: E731
+    assert sq(fit.predicted_s) <= sq(roof["predicted_s"]) * (1 + 1e-9) + 1e-18
 
 
-def test_the_fitted_floor_is_what_simulate_charges():
-    """One rank, one expert with t tokens: simulate's expert part is the fit's prediction."""
-    fit = fit_expert_gemm(roofline_measurement(2e-6, 1e-4, 64.0), 3, MODEL)
+@settings(max_examples=40, deadline=None)
+@given(m=st.lists(st.floats(1e-6, 1.0), min_size=2, max_size=24), seed=st.integers(0, 2**31))
+def test_the_monotone_bound_is_exact(m, seed):
+    """`monotone_bound` is 0 on non-decreasing timings and otherwise met by the best
+    non-decreasing curve: the running max of m·(1 − e) never overshoots m·(1 + e)."""
+    x = np.arange(1.0, len(m) + 1)
+    y = np.array(m)
+    assert monotone_bound(x, np.sort(y)) == 0.0
+    e = monotone_bound(x, y)
+    g = np.maximum.accumulate(y * (1 - e))  # the least non-decreasing curve above every lower end
+    assert np.all(g <= y * (1 + e) * (1 + 1e-9))
+    if e > 0:  # and no smaller error works: the same curve at e·(1 − 1e-6) overshoots somewhere
+        e2 = e * (1 - 1e-6)
+        assert np.any(np.maximum.accumulate(y * (1 - e2)) > y * (1 + e2))
+    rng = np.random.default_rng(seed)
+    fit_input = step_measurement(2e-6, 1e-4, 8.0, 2e-4)
+    fit_input["measured_s"] = [v * (1 + 0.2 * rng.uniform(-1, 1)) for v in fit_input["measured_s"]]
+    fit = fit_expert_gemm(fit_input, 3, MODEL)
+    # the committed curve is non-decreasing in tokens, so it misses some point by the bound
+    assert max(fit.max_rel_error, fit.max_rel_error_fit) >= fit.extra["monotone_bound"] - 1e-9
+
+
+def test_the_fitted_floor_and_step_are_what_simulate_charges():
+    """One rank, one expert with t tokens: simulate's expert part is the fit's prediction, on
+    both sides of the step and of the knee."""
+    fit = fit_expert_gemm(step_measurement(2e-6, 1e-4, 64.0, 3e-4), 3, MODEL)
+    f = fit.cost_fields
+    assert f["c_gemm"] > 0 and f["c_weights"] > 0
     topo = rp.Topology(1, 1, 1, 1)
-    cost = rp.CostModel(a_lin=0.0, a_quad=[0.0], c_tok=fit.coefficients["c_tok"], c_exp=fit.coefficients["c_exp"],
+    cost = rp.CostModel(a_lin=0.0, a_quad=[0.0], c_tok=f["c_tok"], c_exp=f["c_exp"],
                         token_bytes=0.0, bw_intra=1.0, bw_inter=1.0, expert_weight_bytes=0.0, expert_grad_bytes=0.0,
-                        expert_state_bytes=0.0, c_weights=fit.cost_fields["c_weights"])
-    for t in (1, 10, 64, 100, 1000):
+                        expert_state_bytes=0.0, c_weights=f["c_weights"], c_gemm=f["c_gemm"])
+    for t in (1, 2, 10, 64, 100, 1000):
         w = rp.Window(np.array([t]), np.array([[[t]]], dtype=np.int32))
         plan = rp.plan_window(w, topo, cost, token_cap=t, policy="static")
         plan.validate(w, topo, t)
-        want = COMPUTE_PASSES * (cost.c_exp + max(cost.c_tok * t, cost.c_weights))
+        want = predicted(f, [{"active_experts": 1, "tokens_per_expert": t}])[0]
         assert rp.simulate(plan, w, topo, cost).expert == pytest.approx(want, rel=1e-12)
 
 

@@ -1,4 +1,4 @@
-"""The cost model's options (``c_weights``, ``overlap``, ``passes``) on the Python side: defaults
+"""The cost model's options (``c_weights``, ``c_gemm``, ``overlap``, ``passes``) on the Python side: defaults
 from the core, exact JSON round trip, old files loading with the defaults and pricing as before,
 errors naming the field, and each option's effect on `simulate` (the Rust property tests in
 crates/routepack-core/tests/cost_props.rs and bound_props.rs check the formulas and the bound)."""
@@ -32,14 +32,15 @@ def case():
 def test_defaults_are_the_cores():
     d = _core.cost_defaults()
     c = PROFILE.cost()
-    assert (c.c_weights, c.overlap, list(c.passes)) == (d["c_weights"], d["overlap"], list(d["passes"]))
-    assert c.passes == ("forward", "backward") and c.overlap == "none" and c.c_weights == 0.0
+    assert (c.c_weights, c.c_gemm, c.overlap, list(c.passes)) == (d["c_weights"], d["c_gemm"], d["overlap"],
+                                                                  list(d["passes"]))
+    assert c.passes == ("forward", "backward") and c.overlap == "none" and c.c_weights == c.c_gemm == 0.0
 
 
 def test_old_json_loads_with_the_defaults_and_prices_the_same(case):
     w, topo, cost, plans = case
     old = json.loads(cost.to_json())
-    for k in ("c_weights", "overlap", "passes"):
+    for k in ("c_weights", "c_gemm", "overlap", "passes"):
         old.pop(k)
     loaded = rp.CostModel.from_json(json.dumps(old))
     assert loaded == cost
@@ -50,9 +51,10 @@ def test_old_json_loads_with_the_defaults_and_prices_the_same(case):
 
 @settings(max_examples=60, deadline=None)
 @given(c_weights=st.floats(0, 1e-3, allow_nan=False), overlap=st.sampled_from(rp.model.OVERLAPS),
-       passes=st.lists(st.sampled_from(rp.model.PASS_KINDS), min_size=1, max_size=4))
-def test_json_round_trip_is_exact(c_weights, overlap, passes):
-    c = replace(PROFILE.cost(), c_weights=c_weights, overlap=overlap, passes=passes)
+       passes=st.lists(st.sampled_from(rp.model.PASS_KINDS), min_size=1, max_size=4),
+       c_gemm=st.floats(0, 1e-2, allow_nan=False))
+def test_json_round_trip_is_exact(c_weights, overlap, passes, c_gemm):
+    c = replace(PROFILE.cost(), c_weights=c_weights, overlap=overlap, passes=passes, c_gemm=c_gemm)
     again = rp.CostModel.from_json(c.to_json())
     assert again == c and again.to_json() == c.to_json()
     assert asdict(again)["passes"] == tuple(passes)
@@ -65,6 +67,9 @@ def test_json_round_trip_is_exact(c_weights, overlap, passes):
     ("passes", ["forward", "recompute"], "cost.passes[1]"),
     ("c_weights", -1.0, "cost.c_weights"),
     ("c_weights", float("nan"), "cost.c_weights"),
+    ("c_gemm", -1e-9, "cost.c_gemm"),
+    ("c_gemm", float("inf"), "cost.c_gemm"),
+    ("c_gemm", "1e-3", "cost.c_gemm"),
 ])
 def test_bad_options_name_the_field(field, value, needle):
     with pytest.raises(rp.RoutepackError, match=needle.replace("[", r"\[").replace("]", r"\]")):
@@ -86,13 +91,28 @@ def test_each_option_moves_the_step_as_documented(case):
         assert roof.expert > base.expert and roof.lower_bound_time <= roof.step_time
         tiny = rp.simulate(plan, w, topo, replace(cost, c_weights=cost.c_tok * 0.5))
         assert tiny.step_time == base.step_time  # a floor below one token's work binds nowhere
+        step = rp.simulate(plan, w, topo, replace(cost, c_gemm=cost.c_exp))  # every expert here has >= 2 tokens
+        assert step.expert > base.expert and step.lower_bound_time <= step.step_time
 
 
 def test_planning_under_the_options_gives_valid_plans(case):
     w, topo, cost, _ = case
-    for opt in ({"overlap": "dispatch_combine"}, {"c_weights": cost.c_tok * 32}, {"passes": ("forward",)}):
+    for opt in ({"overlap": "dispatch_combine"}, {"c_weights": cost.c_tok * 32}, {"passes": ("forward",)},
+                {"c_gemm": cost.c_tok * 64}):
         c = replace(cost, **opt)
         plan = rp.plan_window(w, topo, c, PROFILE.token_cap, policy="routepack", anneal_moves=20000)
         plan.validate(w, topo, PROFILE.token_cap)
         r = rp.simulate(plan, w, topo, c)
         assert np.isfinite(r.step_time) and r.lower_bound_time <= r.step_time
+
+
+def test_an_old_file_without_c_gemm_loads_with_no_step(tmp_path):
+    """A cost file written before ``c_gemm`` existed (its other options present) loads with
+    ``c_gemm = 0`` and prices every plan bit for bit as the model without the step."""
+    c = replace(PROFILE.cost(), c_weights=PROFILE.cost().c_tok * 4)
+    old = json.loads(c.to_json())
+    old.pop("c_gemm")
+    path = tmp_path / "old_cost.json"
+    path.write_text(json.dumps(old), encoding="utf-8")
+    loaded = rp.CostModel.load(path)
+    assert loaded.c_gemm == 0.0 and loaded == c

@@ -99,8 +99,9 @@ def _battery(group, windows, ids, cu):
     out["window_numpy_equal"] = window_from_ranks(mine, my_cu, 64, group=group).window == got.window
 
     # bad arguments, each on one rank or all; the group must still work afterwards
-    other = rp.Window(tiny.seq_lens, tiny.expert_tokens.copy(), tiny.top_k)
-    other.expert_tokens[5, 2, 7] = max(0, other.expert_tokens[5, 2, 7] - 1)
+    counts = tiny.expert_tokens.copy()  # `expert_tokens` is a read-only int32 copy: edit a copy of it
+    counts[5, 2, 7] = max(0, counts[5, 2, 7] - 1)
+    other = rp.Window(tiny.seq_lens, counts, tiny.top_k)
     err, g = {}, {"group": group}
     err["other_window"] = _raises(lambda: plan_window_distributed(other if rank == world - 1 else tiny, *args, **g))
     err["other_seed"] = _raises(lambda: plan_window_distributed(tiny, *args, seed=rank % 2, **g))

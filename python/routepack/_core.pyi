@@ -4,7 +4,7 @@ section per binding file; `.ci/run` checks them against the built module with
 
 An option that defaults to None takes the Rust core's default (`defaults()` lists them)."""
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -27,6 +27,8 @@ _I32 = npt.NDArray[np.int32]
 _I64 = npt.NDArray[np.int64]
 _F32 = npt.NDArray[np.float32]
 _F64 = npt.NDArray[np.float64]
+#: a window's counts [S, L, E] as `Window.counts` stores them (every binding reads them zero-copy)
+_Counts = Union[npt.NDArray[np.uint8], npt.NDArray[np.uint16], npt.NDArray[np.int32]]
 #: (layer, expert, src_rank, dst_rank, src_slot, dst_slot, bytes)
 _MigrationColumns = Tuple[_I32, _I32, _I32, _I32, _I32, _I32, _F64]
 #: (micro, group, layer, expert, src_rank, dst_rank, share)
@@ -46,7 +48,7 @@ def defaults() -> Dict[str, Dict[str, Any]]:
     """Every stage option's default, by stage (read from the Rust core's defaults)."""
 
 def cost_defaults() -> Dict[str, Any]:
-    """The cost model options' defaults: c_weights, overlap, passes (the core's)."""
+    """The cost model options' defaults: c_weights, c_gemm, overlap, passes (the core's)."""
 
 # ---- placement tables and plans (src/py_plan.rs)
 def static_placement(num_layers: int, num_experts: int, topo: Any) -> _I32:
@@ -55,7 +57,7 @@ def static_placement(num_layers: int, num_experts: int, topo: Any) -> _I32:
 def placement_tables(phy2log: _I32, num_experts: int, slots_per_rank: int) -> Tuple[_I32, _I32]:
     """(logcnt [L, E], log2phy [L, E, max_replicas]) of a checked phy2log."""
 
-def validate_plan(plan: Any, seq_lens: _I64, expert_tokens: _I32, topo: Any, token_cap: int) -> None:
+def validate_plan(plan: Any, seq_lens: _I64, expert_tokens: _Counts, topo: Any, token_cap: int) -> None:
     """Raises InvalidPlanError with the first broken invariant (placement.logcnt / log2phy,
     where present, included)."""
 
@@ -75,7 +77,7 @@ def pack_rows(seq_lens: _I64, token_cap: int, step: int, node_limit: Optional[in
     """Fewest rows in multiples of `step` with their certificate: rows, bins, l1, l2,
     lower_bound, certified, gap, method, nodes."""
 
-def pack_routepack(seq_lens: _I64, expert_tokens: _I32, topo: Any, cost: Any, phy2log: _I32, token_cap: int,
+def pack_routepack(seq_lens: _I64, expert_tokens: _Counts, topo: Any, cost: Any, phy2log: _I32, token_cap: int,
                    seed: Optional[int] = None, anneal_moves: Optional[int] = None,
                    time_budget_s: Optional[float] = None, chains: Optional[int] = None,
                    steps: Optional[int] = None, exact_nodes: Optional[int] = None,
@@ -84,12 +86,12 @@ def pack_routepack(seq_lens: _I64, expert_tokens: _I32, topo: Any, cost: Any, ph
                    mix: Optional[Tuple[float, float, float, float]] = None) -> _CellsReport:
     """Certified rows + annealed layout: (sample_rank [S], sample_micro [S], num_micro, report)."""
 
-def layout_proxy_cost(seq_lens: _I64, expert_tokens: _I32, topo: Any, cost: Any, phy2log: _I32,
+def layout_proxy_cost(seq_lens: _I64, expert_tokens: _Counts, topo: Any, cost: Any, phy2log: _I32,
                       sample_rank: _I32, sample_micro: _I32, num_micro: int) -> float:
     """The layout proxy's step time (max over EP groups of accumulated cost) of a layout."""
 
 # ---- simulator (src/py_simulate.rs)
-def simulate(plan: Any, seq_lens: _I64, expert_tokens: _I32, topo: Any, cost: Any,
+def simulate(plan: Any, seq_lens: _I64, expert_tokens: _Counts, topo: Any, cost: Any,
              ideal_micro: Optional[int] = None, token_cap: Optional[int] = None,
              plan_cap: Optional[int] = None) -> Dict[str, Any]:
     """DESIGN.md's cost model; keys are the fields of routepack.SimResult. `ideal_micro`: the
@@ -98,11 +100,13 @@ def simulate(plan: Any, seq_lens: _I64, expert_tokens: _I32, topo: Any, cost: An
     `validate_plan` does (None: well-formedness only)."""
 
 # ---- ingestion (src/py_ingest.rs)
-def expert_tokens_from_routed(routed: np.ndarray, cu_seqlens: _I64, num_experts: int) -> Tuple[_I64, _I32]:
-    """(seq_lens [S], expert_tokens [S, L, E]) from top-k ids [T, L, k] (uint8/int16/int32/int64)."""
+def expert_tokens_from_routed(routed: np.ndarray, cu_seqlens: _I64, num_experts: int) -> Tuple[_I64, _Counts]:
+    """(seq_lens [S], expert_tokens [S, L, E]) from top-k ids [T, L, k] (uint8/int16/int32/int64);
+    the counts in the narrowest of uint8, uint16, int32 that holds them."""
 
-def check_expert_tokens(seq_lens: _I64, expert_tokens: _I32, top_k: Optional[int] = None) -> None:
-    """Raises RoutepackError unless the counts are possible for the lengths (and top_k)."""
+def check_expert_tokens(seq_lens: _I64, expert_tokens: _Counts, top_k: Optional[int] = None) -> int:
+    """Raises RoutepackError unless the counts are possible for the lengths (and top_k);
+    returns the largest count."""
 
 # ---- token routing (src/py_flow.rs)
 def route_cell(origin: _I64, phy2log: _I32, topo: Any, rep_expert: _I32, rep_dst: _I32,
@@ -110,11 +114,11 @@ def route_cell(origin: _I64, phy2log: _I32, topo: Any, rep_expert: _I32, rep_dst
     """Flow table of one exchange (EP group, step, layer) (flow::route_exchange):
     (origin_rank, dst_rank, dst_slot or -1, replica or -1, expert, count)."""
 
-def rank_tokens(plan: Any, seq_lens: _I64, expert_tokens: _I32, topo: Any) -> _I64:
+def rank_tokens(plan: Any, seq_lens: _I64, expert_tokens: _Counts, topo: Any) -> _I64:
     """int64 [G, M, L, ep]: tokens each EP rank receives under the plan (the simulator's tokens(p))."""
 
 # ---- replication (src/py_replication.rs)
-def replicate_hot_n(seq_lens: _I64, expert_tokens: _I32, phy2log: _I32, sample_rank: _I32, sample_micro: _I32,
+def replicate_hot_n(seq_lens: _I64, expert_tokens: _Counts, phy2log: _I32, sample_rank: _I32, sample_micro: _I32,
                     num_micro: int, topo: Any, cost: Any, hot_experts: Optional[int] = None,
                     block: Optional[Tuple[int, int]] = None) -> _ReplicaColumns:
     """MindSpeed's hot-expert broadcast: N hot experts per exchange (EP group, step, layer),
@@ -122,14 +126,14 @@ def replicate_hot_n(seq_lens: _I64, expert_tokens: _I32, phy2log: _I32, sample_r
     only that contiguous block of the flattened exchange index ``(g·M + m)·L + l``, the rows
     the full run gives it, in order (None: every exchange; blocks 0..count tile the run)."""
 
-def replicate_relibra(seq_lens: _I64, expert_tokens: _I32, phy2log: _I32, sample_rank: _I32,
+def replicate_relibra(seq_lens: _I64, expert_tokens: _Counts, phy2log: _I32, sample_rank: _I32,
                       sample_micro: _I32, num_micro: int, topo: Any, cost: Any,
                       replica_slots: Optional[int] = None,
                       block: Optional[Tuple[int, int]] = None) -> _ReplicaColumns:
     """ReLibra's intra-node replication, at most `replica_slots` copies per rank per exchange.
     ``block``: as in `replicate_hot_n`."""
 
-def replicate_routepack(seq_lens: _I64, expert_tokens: _I32, phy2log: _I32, sample_rank: _I32,
+def replicate_routepack(seq_lens: _I64, expert_tokens: _Counts, phy2log: _I32, sample_rank: _I32,
                         sample_micro: _I32, num_micro: int, topo: Any, cost: Any,
                         replica_slots: Optional[int] = None, candidate_experts: Optional[int] = None,
                         candidate_dsts: Optional[int] = None,
@@ -153,7 +157,7 @@ def eplb_node_groups(num_experts: int, topo: Any) -> int:
     """Nodes per EP group when they divide E (EPLB's hierarchical policy), else 1 (global):
     the ``eplb_hierarchical`` configuration, not the default."""
 
-def chunk_demand(seq_lens: _I64, expert_tokens: _I32, num_chunks: int) -> _F64:
+def chunk_demand(seq_lens: _I64, expert_tokens: _Counts, num_chunks: int) -> _F64:
     """[L, E, B] tokens per expert in each of B consecutive-sample chunks."""
 
 def routepack_placement(loads: _F64, chunks: _F64, topo: Any, cost: Any, previous: Optional[_I32] = None,

@@ -79,18 +79,54 @@ def _check_member(info: zipfile.ZipInfo, f: Any) -> None:
                        f"{info.file_size} bytes")
 
 
-def _member(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
+#: Entries read per chunk when a member is narrowed while it is read (`_member_narrow`).
+_NARROW_CHUNK = 1 << 22
+
+
+def _member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, narrow: bool = False) -> np.ndarray:
     if info.file_size > max(info.compress_size, 1) * _MAX_DEFLATE_RATIO + 4096:
         raise _Damaged(f"zip entry claims {info.file_size} bytes from {info.compress_size} compressed")
     with zf.open(info) as f:
         _check_member(info, f)
+    if narrow:
+        with zf.open(info) as f:
+            out = _member_narrow(f)
+        if out is not None:
+            return out
     with zf.open(info) as f:
         return npy_format.read_array(f, allow_pickle=False)
 
 
-def read(path: Target, keys: Sequence[str], what: str, optional: Sequence[str] = ()) -> Dict[str, np.ndarray]:
+def _member_narrow(f: Any) -> Any:
+    """A C-order integer member wider than uint16 whose values all lie in [0, 65535], read
+    chunk by chunk into uint16 (an old int32 window's counts: never the whole int32 array in
+    memory); None for any other member, or on the first value outside that range (the caller
+    then reads it whole, as written)."""
+    version = npy_format.read_magic(f)
+    read_header = npy_format.read_array_header_1_0 if version == (1, 0) else npy_format.read_array_header_2_0
+    shape, fortran, dtype = read_header(f)
+    if fortran or dtype.kind not in "iu" or dtype.itemsize <= 2:
+        return None
+    out = np.empty(shape, np.uint16)
+    flat = out.reshape(-1)
+    for lo in range(0, flat.size, _NARROW_CHUNK):
+        n = min(_NARROW_CHUNK, flat.size - lo)
+        raw = f.read(n * dtype.itemsize)
+        if len(raw) != n * dtype.itemsize:
+            raise _Damaged(f"holds {lo + len(raw) // dtype.itemsize} of its {flat.size} entries")
+        chunk = np.frombuffer(raw, dtype)
+        if chunk.min() < 0 or chunk.max() > 65535:
+            return None
+        flat[lo:lo + n] = chunk
+    return out
+
+
+def read(path: Target, keys: Sequence[str], what: str, optional: Sequence[str] = (),
+         narrow: Sequence[str] = ()) -> Dict[str, np.ndarray]:
     """The arrays ``keys`` of the ``.npz`` at ``path``, and those of ``optional`` it holds
     (arrays added after files were first written); `RoutepackFileError` if it is damaged.
+    Integer arrays named in ``narrow`` whose values all fit uint16 are read as uint16, chunk
+    by chunk (the file's wider array is never held whole); other arrays as written.
     A missing or unreadable path raises the usual `OSError`; a ``path`` that is no path nor
     binary file (`_checks.file_path`) raises naming ``path``."""
     source = file_path(path, "path", open_file="read")
@@ -111,7 +147,7 @@ def read(path: Target, keys: Sequence[str], what: str, optional: Sequence[str] =
             out = {}
             for k in [*keys, *(k for k in optional if f"{k}.npy" in names)]:
                 try:
-                    out[k] = _member(zf, zf.getinfo(f"{k}.npy"))
+                    out[k] = _member(zf, zf.getinfo(f"{k}.npy"), k in narrow)
                 except _Damaged as e:
                     fail(path, what, f"array {k!r} {e}")
                 except _DAMAGE as e:

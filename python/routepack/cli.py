@@ -267,9 +267,9 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     for kind, why in rep["skipped"].items():
         print(f"{kind:<12} skipped: {why}")
     for kind, k in rep["kernels"].items():
-        for name, form in k.get("unpriced_forms", {}).items():
+        for name, form in k.get("alternative_forms", {}).items():
             if form.get("max_rel_error") is not None:
-                print(f"{kind:<12} not priced by the cost model: {name} would give {100 * form['max_rel_error']:.1f}% "
+                print(f"{kind:<12} not committed: the {name} form would give {100 * form['max_rel_error']:.1f}% "
                       f"held out ({form['formula']})")
     load = rep["settings"].get("loadavg") or {}
     if load.get("start") and load.get("end"):

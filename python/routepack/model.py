@@ -174,10 +174,10 @@ class Hardware:
 #: The coefficients besides ``a_quad`` that price a token's or an expert's work (time or bytes);
 #: a cost model needs at least one of them, or an ``a_quad`` entry, above 0.
 _WORK_COEFFICIENTS = ("a_lin", "c_tok", "c_exp", "token_bytes", "expert_weight_bytes", "expert_grad_bytes",
-                      "expert_state_bytes", "c_weights")
+                      "expert_state_bytes", "c_weights", "c_gemm")
 
 #: CostModel fields a JSON file may lack (written before they existed): their defaults apply.
-_OPTIONAL_JSON_KEYS = frozenset({"expert_groups", "num_experts", "c_weights", "overlap", "passes"})
+_OPTIONAL_JSON_KEYS = frozenset({"expert_groups", "num_experts", "c_weights", "overlap", "passes", "c_gemm"})
 
 
 @dataclass(frozen=True)
@@ -203,6 +203,13 @@ class CostModel:
       weights): an expert with t tokens on a rank costs ``c_exp + max(c_tok * t, c_weights)``,
       a roofline whose knee is ``c_weights / c_tok`` tokens. 0 (the default): the linear model
       ``c_tok * t + c_exp``. `routepack calibrate` fits it.
+    * ``c_gemm``: seconds one active expert's GEMM costs beyond a matrix-vector product per
+      pass, once it has ≥ 2 tokens on a rank: the fixed cost of a matrix-matrix kernel (a CPU
+      BLAS's GEMM set-up; one token runs as a matrix-vector product and an outer-product
+      weight gradient, which skip it). The expert then costs ``c_exp + max(c_tok * t,
+      c_weights) + c_gemm * (t >= 2)``: splitting an expert's tokens over replicas pays it once
+      per copy. 0 (the default) prices no step; `routepack calibrate` fits it (about 0 on a
+      GPU, where ``c_weights`` is the floor of a small grouped GEMM).
     * ``overlap``: ``"none"`` (the default: a layer's time is attention + experts +
       all-to-all) or ``"dispatch_combine"``: the all-to-all of one microbatch runs behind the
       attention and expert compute of another (DualPipe, DeepEP, Megatron ``moe_fb_overlap``),
@@ -212,7 +219,7 @@ class CostModel:
       ``("forward", "backward")`` is compute ×3, communication ×2; RL's recompute of old
       log-probs adds a forward: ``("forward", "forward", "backward")``.
 
-    The three options' defaults come from the core (``_core.cost_defaults()``); a JSON file
+    The options' defaults (``c_weights``, ``c_gemm``, ``overlap``, ``passes``) come from the core (``_core.cost_defaults()``); a JSON file
     written before they existed loads with them, and prices every plan as it did.
     """
 
@@ -231,6 +238,7 @@ class CostModel:
     c_weights: float = _COST_DEFAULTS["c_weights"]
     overlap: str = _COST_DEFAULTS["overlap"]
     passes: Tuple[str, ...] = tuple(_COST_DEFAULTS["passes"])
+    c_gemm: float = _COST_DEFAULTS["c_gemm"]
 
     def __post_init__(self) -> None:
         if self.num_experts is not None:
@@ -247,7 +255,7 @@ class CostModel:
                 raise RoutepackError(f"cost.passes[{i}]: {kind!r} is not one of {PASS_KINDS}")
         object.__setattr__(self, "passes", passes)
         for name in ("a_lin", "c_tok", "c_exp", "token_bytes", "expert_weight_bytes",
-                     "expert_grad_bytes", "expert_state_bytes", "c_weights"):
+                     "expert_grad_bytes", "expert_state_bytes", "c_weights", "c_gemm"):
             object.__setattr__(self, name, finite_float(getattr(self, name), f"cost.{name}"))
         for name in ("bw_intra", "bw_inter"):
             object.__setattr__(self, name, finite_float(getattr(self, name), f"cost.{name}", strict=True))
@@ -260,7 +268,7 @@ class CostModel:
             raise RoutepackError(
                 "cost: every coefficient that prices work is 0 (cost.a_lin, cost.a_quad, cost.c_tok, cost.c_exp, "
                 "cost.token_bytes, cost.expert_weight_bytes, cost.expert_grad_bytes, cost.expert_state_bytes, "
-                "cost.c_weights), so "
+                "cost.c_weights, cost.c_gemm), so "
                 "every plan would take 0 s and none could be told from another; set at least one"
             )
 

@@ -188,7 +188,7 @@ class Plan:
         instance_of(window, Window, "window")
         instance_of(topo, Topology, "topo")
         token_cap = positive_int(token_cap, "token_cap")
-        _core.validate_plan(self, window.seq_lens, window.expert_tokens, topo, token_cap)
+        _core.validate_plan(self, window.seq_lens, window.counts, topo, token_cap)
         return self
 
     # ------------------------------------------------------------ persistence

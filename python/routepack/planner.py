@@ -43,7 +43,7 @@ RESERVE_S_FIXED = 0.005
 
 def reserve_seconds(window: Window) -> float:
     """Seconds a budgeted plan keeps for validation and the final simulate of `window`."""
-    return RESERVE_S_FIXED + RESERVE_S_PER_ENTRY * window.expert_tokens.size
+    return RESERVE_S_FIXED + RESERVE_S_PER_ENTRY * window.counts.size
 
 
 def _stage_share(deadline: float, reserve: float, stage: str, pol: Any) -> float:

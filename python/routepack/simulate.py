@@ -146,6 +146,6 @@ def simulate(plan: Any, window: Any, topo: Any, cost: Any, token_cap: Optional[i
         raise RoutepackError("token_cap: validate=True checks the plan against a cap; pass token_cap=")
     cap = token_cap if token_cap is not None else plan.report.get("token_cap")
     ideal_micro = lower_bound_micro(window, topo, cap) if cap else None
-    out = _core.simulate(plan, window.seq_lens, window.expert_tokens, topo, cost, ideal_micro,
+    out = _core.simulate(plan, window.seq_lens, window.counts, topo, cost, ideal_micro,
                          int(cap) if cap else None, token_cap if validate else None)
     return SimResult(**out)

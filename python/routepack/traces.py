@@ -28,7 +28,7 @@ import numpy as np
 from routepack._checks import finite_float, positive_int, sequence
 from routepack.errors import RoutepackError, RoutepackTypeError
 from routepack.model import CostModel, Hardware, ModelShape, Topology
-from routepack.window import Window
+from routepack.window import Window, count_dtype
 
 
 @dataclass(frozen=True)
@@ -247,7 +247,9 @@ def synthetic(profile_name: str | Profile, windows: int = 1, seed: int = 0) -> I
         seq_lens = np.minimum(seq_lens, prof.token_cap)
         sample_topic = np.repeat(topic, G)
 
-        expert_tokens = np.empty((S, L, E), dtype=np.int32)
+        # no count exceeds its sample's length: the dtype holding the longest one holds them
+        # all (the window narrows further when its counts allow), never a dense int32 array
+        expert_tokens = np.empty((S, L, E), dtype=count_dtype(int(seq_lens.max())))
         noise_scale = prof.sample_noise
         for l in range(L):
             logits = base[l][None, :] + affinity[sample_topic, l, :]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 import numpy as np
 
@@ -18,6 +18,15 @@ from routepack.errors import RoutepackError, RoutepackTypeError
 #: compares with a cap are int64.
 MAX_TOTAL_TOKENS = 2**63 - 1
 
+#: The dtypes `Window.counts` is stored in, narrowest first: a window keeps the first that
+#: holds its largest count (what the core and every binding taking counts read, zero-copy).
+COUNT_DTYPES = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.int32))
+
+
+def count_dtype(top: int) -> np.dtype:
+    """The narrowest of `COUNT_DTYPES` holding every count in ``0..=top``."""
+    return next((d for d in COUNT_DTYPES[:2] if top <= np.iinfo(d).max), COUNT_DTYPES[2])
+
 
 class Window:
     """One window of samples, as routing replay describes it.
@@ -25,10 +34,22 @@ class Window:
     Attributes:
         seq_lens:      int64 ``[S]``, tokens of each sample, every entry >= 1; their total
                        fits int64 (`MAX_TOTAL_TOKENS`).
-        expert_tokens: int32 ``[S, L, E]``, tokens of sample s routed to logical expert e in
-                       MoE layer l (a token routed top-k counts once for each of its k experts).
+        counts:        uint8 | uint16 | int32 ``[S, L, E]``, C-contiguous: tokens of sample s
+                       routed to logical expert e in MoE layer l (a token routed top-k counts
+                       once for each of its k experts), stored in the narrowest of
+                       `COUNT_DTYPES` that holds the largest count (uint8 when every count is
+                       <= 255, uint16 when <= 65,535, else int32). The planner, the simulator
+                       and validation read this array without a copy.
+        expert_tokens: int32 ``[S, L, E]``, the same counts widened (a property: a new
+                       read-only int32 copy on every access unless ``counts`` is int32, then a
+                       read-only view of it); for code written against int32 counts.
         top_k:         the experts each token picks (k), or None where the window's maker did
                        not say.
+
+    ``expert_tokens`` given to the constructor may be any integer array (int64, int32, the
+    unsigned types, ...); values that fit uint16 are converted straight to the narrowest
+    dtype, never through int32. A window equals another with the same lengths and counts
+    whatever dtypes they were given in.
 
     Counts must be possible for their lengths, else the constructor raises naming the
     sample, layer (and expert): a token picks an expert at most once, so no count exceeds its
@@ -41,11 +62,11 @@ class Window:
     there is no escape hatch: a window that violates them is a recording or conversion bug.
     """
 
-    __slots__ = ("seq_lens", "expert_tokens", "top_k")
+    __slots__ = ("seq_lens", "counts", "top_k")
 
     def __init__(self, seq_lens: np.ndarray, expert_tokens: np.ndarray, top_k: Optional[int] = None) -> None:
         seq_lens = as_int_array(seq_lens, "seq_lens", 1, np.int64)
-        expert_tokens = as_int_array(expert_tokens, "expert_tokens", 3, np.int32)
+        expert_tokens = _as_counts(expert_tokens)
         if seq_lens.shape[0] == 0:
             raise RoutepackError("seq_lens: a window needs at least one sample (got 0)")
         if expert_tokens.shape[0] != seq_lens.shape[0]:
@@ -61,11 +82,24 @@ class Window:
             raise RoutepackError(f"seq_lens: sample {bad[0]} has length {seq_lens[bad[0]]}; every length must be >= 1")
         _check_total(seq_lens)
         # negative counts, counts above their sample's length and (with top_k) layer totals
-        # above seq_len * top_k: one parallel pass in the core, naming the first offender
-        _core.check_expert_tokens(seq_lens, expert_tokens, top_k)
+        # above seq_len * top_k: one parallel pass in the core, naming the first offender;
+        # it returns the largest count, which picks the narrowest dtype
+        top = _core.check_expert_tokens(seq_lens, expert_tokens, top_k)
+        want = count_dtype(top)
+        if want.itemsize < expert_tokens.dtype.itemsize:
+            expert_tokens = expert_tokens.astype(want)
         self.seq_lens = seq_lens
-        self.expert_tokens = expert_tokens
+        self.counts = expert_tokens
         self.top_k = top_k
+
+    @property
+    def expert_tokens(self) -> np.ndarray:
+        """int32 ``[S, L, E]``: `counts` widened to int32, read-only. A new copy on every
+        access (S·L·E·4 bytes) unless `counts` is int32 already (then a read-only view);
+        routepack's own code reads `counts`."""
+        out = self.counts.view() if self.counts.dtype == np.int32 else self.counts.astype(np.int32)
+        out.flags.writeable = False
+        return out
 
     # ------------------------------------------------------------------ shape
     @property
@@ -74,11 +108,11 @@ class Window:
 
     @property
     def num_layers(self) -> int:
-        return int(self.expert_tokens.shape[1])
+        return int(self.counts.shape[1])
 
     @property
     def num_experts(self) -> int:
-        return int(self.expert_tokens.shape[2])
+        return int(self.counts.shape[2])
 
     @property
     def total_tokens(self) -> int:
@@ -87,7 +121,7 @@ class Window:
 
     def layer_expert_load(self) -> np.ndarray:
         """float64 ``[L, E]``: tokens per logical expert over the window."""
-        return self.expert_tokens.sum(axis=0, dtype=np.float64)
+        return self.counts.sum(axis=0, dtype=np.float64)
 
     def __repr__(self) -> str:
         k = "" if self.top_k is None else f", top_k={self.top_k}"
@@ -100,20 +134,23 @@ class Window:
         return (
             isinstance(other, Window)
             and np.array_equal(self.seq_lens, other.seq_lens)
-            and np.array_equal(self.expert_tokens, other.expert_tokens)
+            and np.array_equal(self.counts, other.counts)
         )
 
     # ------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> None:
-        """Writes an ``.npz`` to exactly ``path`` (no suffix added); ``top_k`` only when known."""
+        """Writes an ``.npz`` to exactly ``path`` (no suffix added): ``seq_lens``, the counts
+        as ``expert_tokens`` in their stored dtype (`counts`), ``top_k`` only when known."""
         extra = {} if self.top_k is None else {"top_k": np.int64(self.top_k)}
-        _npz.write(path, seq_lens=self.seq_lens, expert_tokens=self.expert_tokens, **extra)
+        _npz.write(path, seq_lens=self.seq_lens, expert_tokens=self.counts, **extra)
 
     @classmethod
     def load(cls, path: str | Path) -> "Window":
         """Reads what `save` wrote; a damaged file raises `RoutepackFileError` naming it. A file
-        without ``top_k`` (written before it was kept) loads with ``top_k=None``."""
-        z = _npz.read(path, ("seq_lens", "expert_tokens"), "window", optional=("top_k",))
+        without ``top_k`` (written before it was kept) loads with ``top_k=None``; one whose
+        counts were saved as int32 (before windows stored the narrowest dtype) loads narrowed,
+        read chunk by chunk so the int32 array is never held whole."""
+        z = _npz.read(path, ("seq_lens", "expert_tokens"), "window", optional=("top_k",), narrow=("expert_tokens",))
         top_k = _npz.scalar_int(z, "top_k", path, "window") if "top_k" in z else None
         try:
             return cls(z["seq_lens"], z["expert_tokens"], top_k)
@@ -176,8 +213,25 @@ class Window:
         except RoutepackError as e:
             raise renamed(e, "per_sample", slime_location(cu)) from None
         if add_last_token:
-            return cls(w.seq_lens + 1, w.expert_tokens, w.top_k)
+            return cls(w.seq_lens + 1, w.counts, w.top_k)
         return w
+
+
+def _as_counts(value: Any) -> np.ndarray:
+    """``expert_tokens`` as a C-contiguous ``[S, L, E]`` array of `COUNT_DTYPES`: kept as given
+    when it is one (native byte order), converted straight to the narrowest when its values
+    fit uint16, else to int32 as `as_int_array` does (which also names every type or shape
+    error). Values are checked by the core afterwards (`_core.check_expert_tokens`)."""
+    arr = np.asarray(value)
+    if arr.dtype in COUNT_DTYPES and arr.dtype.isnative:
+        if arr.ndim != 3:
+            raise RoutepackError(f"expert_tokens: expected 3 dimensions, got shape {arr.shape}")
+        return np.ascontiguousarray(arr)
+    if arr.dtype != np.bool_ and np.issubdtype(arr.dtype, np.integer) and arr.ndim == 3 and arr.size:
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo >= 0 and hi <= np.iinfo(np.uint16).max:
+            return np.ascontiguousarray(arr, dtype=count_dtype(hi))
+    return as_int_array(arr, "expert_tokens", 3, np.int32)
 
 
 def _check_total(seq_lens: np.ndarray) -> None:

@@ -51,9 +51,9 @@
 //!
 //! 7. **The cost model's options.** The passes (`CostModel::compute_passes` = P,
 //!    `CostModel::comm_passes` = K) stand for 3 and 2 above; a (μ, ν) whose attention
-//!    coefficient P − μ − 2ν is negative is skipped. The roofline floor adds
-//!    `(c_weights − c_tok·t)⁺ ≥ 0` per active expert to X_p, so every bound on the linear
-//!    X_p bounds it. Under `Overlap::DispatchCombine` an exchange costs
+//!    coefficient P − μ − 2ν is negative is skipped. The roofline floor and the GEMM step
+//!    add `(c_weights − c_tok·t)⁺ + c_gemm·[t ≥ 2] ≥ 0` per active expert to X_p, so every
+//!    bound on the linear X_p bounds it (the bound drops that extra). Under `Overlap::DispatchCombine` an exchange costs
 //!    `max(C, A) + (F − α)⁺ + (B − 2α)⁺` (C = P·α + P·max_p X_p, A the all-to-all), and
 //!    `max(C, A) ≥ λ·C + (1 − λ)·A` for λ ∈ [0, 1]: the derivation above goes through with the
 //!    compute terms scaled by λ and the traffic prices by 1 − λ, the attention coefficient
@@ -215,14 +215,15 @@ fn layer_pass(w: &WindowView, topo: &Topology, cost: &CostModel, l: usize) -> (L
         .map(|s| {
             let n = w.seq_lens[s] as f64;
             let t = w.tokens(s, l);
-            let (tok, experts) = row_sums(t, w.seq_lens[s], &mut expert_tokens, &mut sums.expert_share);
+            let (tok, experts) =
+                crate::with_counts!(t, t => row_sums(t, w.seq_lens[s], &mut expert_tokens, &mut sums.expert_share));
             let tokens = tok as f64;
             // the larger top first: the smaller one is then inside its prefix; a sample on
             // at most k experts keeps all its tokens
             let (top_rank, top_node) = if experts <= k_rank {
                 (tokens, tokens)
             } else {
-                buf.copy_from_slice(t);
+                t.copy_to_i32(&mut buf);
                 let top_node = top_sum(&mut buf, k_node);
                 (top_sum(&mut buf[..k_node.min(e_n)], k_rank), top_node)
             };

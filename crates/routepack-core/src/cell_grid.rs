@@ -94,9 +94,9 @@ impl CellGrid {
         for r in 0..self.ep {
             let row = &mut origin[r * e_n..(r + 1) * e_n];
             for &s in self.members(g * self.ep + r, m) {
-                for (o, &x) in row.iter_mut().zip(w.tokens(s, l)) {
-                    *o += x as i64;
-                }
+                crate::with_counts!(w.tokens(s, l), x => for (o, &c) in row.iter_mut().zip(x) {
+                    *o += i64::from(c);
+                });
             }
         }
     }
@@ -164,7 +164,7 @@ impl CellGrid {
         for r in 0..self.ep {
             let o = &mut origin[r * e_n..(r + 1) * e_n];
             for &s in self.members(g * self.ep + r, m) {
-                let (tokens, experts) = row_sums(w.tokens(s, l), w.seq_lens[s], o, share);
+                let (tokens, experts) = crate::with_counts!(w.tokens(s, l), t => row_sums(t, w.seq_lens[s], o, share));
                 row(s, tokens, experts);
             }
         }

@@ -2,11 +2,14 @@
 //!
 //! Input is the layout verl, slime and vLLM record: `routed [T, L, k]` (uint8, int16, int32 or
 //! int64 ids, row-major) with `cu_seqlens [S+1]` token offsets of the samples. Output is the
-//! window's `expert_tokens [S, L, E]`. Samples are counted in parallel (each writes its own
-//! `[L, E]` block), so the result is identical for any thread count.
+//! window's `expert_tokens [S, L, E]`, counted straight into the narrowest type its counts fit
+//! ([`OwnedCounts`]: uint8, uint16 or int32; never an int32 intermediate when they fit less).
+//! Samples are counted in parallel (each writes its own `[L, E]` block), so the result is
+//! identical for any thread count.
 
 use rayon::prelude::*;
 
+use crate::counts::{Count, Counts, OwnedCounts};
 use crate::error::{invalid, Result};
 
 /// An expert id type as recorded by a rollout engine.
@@ -143,20 +146,23 @@ fn locate_duplicate<T: ExpertId>(tok: &[T], top_k: usize) -> Option<(usize, usiz
     })
 }
 
-/// Counts `routed [T, L, k]` into `(seq_lens [S], expert_tokens [S, L, E])`.
+/// Counts `routed [T, L, k]` into `(seq_lens [S], expert_tokens [S, L, E])`, the counts in the
+/// narrowest type that holds them (uint8 when every count is <= 255, uint16 when <= 65,535,
+/// else int32).
 ///
 /// Refused, naming the token (and its sample) and layer: an id outside [0, E), and a token
 /// whose top-k lists one expert twice (a router picks k distinct experts; a repeated id would
 /// count one token twice for one expert, more than the sample's length allows). A sample
 /// longer than [`MAX_SAMPLE_TOKENS`] is refused before anything is counted. So every count is
-/// at most its sample's length, which fits the int32 output: no count can wrap.
+/// at most its sample's length: counting into the type that holds the longest sample's
+/// length cannot wrap, and a final pass narrows further when the counts allow.
 pub fn expert_tokens_from_routed<T: ExpertId>(
     routed: &[T],
     num_layers: usize,
     top_k: usize,
     cu_seqlens: &[i64],
     num_experts: usize,
-) -> Result<(Vec<i64>, Vec<i32>)> {
+) -> Result<(Vec<i64>, OwnedCounts)> {
     if num_layers == 0 || top_k == 0 {
         return Err(invalid("routed", format!("needs L >= 1 and k >= 1, got L={num_layers}, k={top_k}")));
     }
@@ -171,16 +177,41 @@ pub fn expert_tokens_from_routed<T: ExpertId>(
     }
     let t_n = routed.len() / per_token;
     check_cu_seqlens(cu_seqlens, t_n)?;
-    let s_n = cu_seqlens.len() - 1;
     let block = num_layers
         .checked_mul(num_experts)
         .ok_or_else(|| invalid("num_experts", format!("L*E = {num_layers}*{num_experts} overflows")))?;
+    let longest = cu_seqlens.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+    let args = Args { routed, per_token, top_k, cu_seqlens, num_experts, block };
+    let counts = if longest <= u8::MAX as i64 {
+        OwnedCounts::U8(count_into(&args)?)
+    } else if longest <= u16::MAX as i64 {
+        OwnedCounts::U16(count_into(&args)?)
+    } else {
+        OwnedCounts::I32(count_into(&args)?)
+    };
+    Ok((cu_seqlens.windows(2).map(|w| w[1] - w[0]).collect(), counts.into_narrowest()))
+}
+
+/// The checked arguments of [`expert_tokens_from_routed`].
+struct Args<'a, T> {
+    routed: &'a [T],
+    per_token: usize,
+    top_k: usize,
+    cu_seqlens: &'a [i64],
+    num_experts: usize,
+    block: usize,
+}
+
+/// The counts `[S, L, E]` in `C`, which must hold the longest sample's length.
+fn count_into<T: ExpertId, C: Count>(a: &Args<'_, T>) -> Result<Vec<C>> {
+    let Args { routed, per_token, top_k, cu_seqlens, num_experts, block } = *a;
+    let (s_n, num_layers) = (cu_seqlens.len() - 1, block / num_experts);
     let e_max = num_experts as u64;
     let mut counts = Vec::new();
     block
         .checked_mul(s_n)
         .and_then(|n| counts.try_reserve_exact(n).ok().map(|_| n))
-        .map(|n| counts.resize(n, 0i32))
+        .map(|n| counts.resize(n, C::default()))
         .ok_or_else(|| {
             invalid("num_experts", format!("S*L*E = {s_n}*{num_layers}*{num_experts} counts cannot be allocated"))
         })?;
@@ -199,9 +230,9 @@ pub fn expert_tokens_from_routed<T: ExpertId>(
                 if let Some(bad) = count_tokens(chunk, &base, e_max, local) {
                     return Some((s, lo + c * FLUSH_TOKENS, bad));
                 }
-                // the sample has at most i32::MAX tokens and each adds at most one here
+                // the sample has at most C::MAX tokens and each adds at most one here
                 for (o, l) in out.iter_mut().zip(local.iter_mut()) {
-                    *o += (*l & 0xffff) as i32;
+                    *o = C::narrow(o.wide() + i64::from(*l & 0xffff));
                     *l = 0;
                 }
             }
@@ -232,7 +263,7 @@ pub fn expert_tokens_from_routed<T: ExpertId>(
                 format!("token {} (sample {s}), {what}; a token picks {top_k} distinct experts", first + t),
             ))
         }
-        None => Ok((cu_seqlens.windows(2).map(|w| w[1] - w[0]).collect(), counts)),
+        None => Ok(counts),
     }
 }
 
@@ -240,15 +271,17 @@ pub fn expert_tokens_from_routed<T: ExpertId>(
 /// `expert_tokens [S, L, E]`: no count negative, none above its sample's length (a token
 /// picks an expert at most once), and with `top_k` known, no layer's counts adding up to
 /// more than `seq_len · top_k`. Names the first offending (sample, layer[, expert]) in
-/// sample order. `seq_lens` must hold S lengths and `expert_tokens` S·L·E counts; `top_k`
-/// lies in [1, E].
-pub fn check_expert_tokens(
+/// sample order. `seq_lens` must hold S lengths and `expert_tokens` S·L·E counts (int32,
+/// uint16 or uint8; only int32 can be negative); `top_k` lies in [1, E]. Returns the largest
+/// count (0 for an all-zero window), which picks the narrowest type that holds them.
+pub fn check_expert_tokens<'a>(
     seq_lens: &[i64],
-    expert_tokens: &[i32],
+    expert_tokens: impl Into<Counts<'a>>,
     num_layers: usize,
     num_experts: usize,
     top_k: Option<usize>,
-) -> Result<()> {
+) -> Result<i64> {
+    let expert_tokens = expert_tokens.into();
     let block = num_layers.checked_mul(num_experts).filter(|&b| b > 0);
     let Some(block) = block.filter(|b| b.checked_mul(seq_lens.len()) == Some(expert_tokens.len())) else {
         return Err(invalid(
@@ -263,20 +296,42 @@ pub fn check_expert_tokens(
     if let Some(k) = top_k.filter(|&k| k == 0 || k > num_experts) {
         return Err(invalid("top_k", format!("must be in [1, E = {num_experts}] (a token picks distinct experts), got {k}")));
     }
-    let first = expert_tokens.par_chunks(block).zip(seq_lens.par_iter()).enumerate().find_map_first(|(s, (counts, &n))| {
-        counts.chunks_exact(num_experts).enumerate().find_map(|(l, row)| {
+    let per_sample = crate::with_counts!(expert_tokens, x => check_rows(x, seq_lens, block, num_experts, top_k));
+    // the first offender in sample order, else the largest count
+    let mut top = 0;
+    for r in per_sample {
+        top = top.max(r.map_err(|msg| invalid("expert_tokens", msg))?);
+    }
+    Ok(top)
+}
+
+/// Per sample of `counts` (`[S, L, E]` in blocks of `block`): its largest count, or the
+/// message naming its first impossible row (see [`check_expert_tokens`]).
+fn check_rows<C: Count>(
+    counts: &[C],
+    seq_lens: &[i64],
+    block: usize,
+    num_experts: usize,
+    top_k: Option<usize>,
+) -> Vec<std::result::Result<i64, String>> {
+    counts.par_chunks(block).zip(seq_lens.par_iter()).enumerate().map(|(s, (counts, &n))| {
+        let mut top = 0i64;
+        let bad = counts.chunks_exact(num_experts).enumerate().find_map(|(l, row)| {
             // one vectorisable sweep per row; the expert is located only on a violation
-            let (mut lo, mut hi, mut sum) = (i32::MAX, i32::MIN, 0i64);
+            // (min and max in the stored type: the sweep vectorises as it did for int32 alone)
+            let (mut lo, mut hi, mut sum) = (C::HIGHEST, C::LOWEST, 0i64);
             for &c in row {
                 lo = lo.min(c);
                 hi = hi.max(c);
-                sum += i64::from(c);
+                sum += c.wide();
             }
-            let at = |v: i32| row.iter().position(|&c| c == v).unwrap_or(0);
+            let (lo, hi) = (lo.wide(), hi.wide());
+            top = top.max(hi);
+            let at = |v: i64| row.iter().position(|&c| c.wide() == v).unwrap_or(0);
             if lo < 0 {
                 return Some(format!("negative count {lo} at sample {s}, layer {l}, expert {}", at(lo)));
             }
-            if i64::from(hi) > n {
+            if hi > n {
                 return Some(format!(
                     "sample {s}, layer {l}, expert {} has {hi} tokens but the sample's length is {n}; a token \
                      picks an expert at most once",
@@ -292,9 +347,9 @@ pub fn check_expert_tokens(
                      each token picks top_k experts"
                 )
             })
-        })
-    });
-    first.map_or(Ok(()), |msg| Err(invalid("expert_tokens", msg)))
+        });
+        bad.map_or(Ok(top), Err)
+    }).collect()
 }
 
 #[cfg(test)]
@@ -309,7 +364,8 @@ mod tests {
         let mut routed: Vec<i32> = (0..t).flat_map(|i| [3, (i % 3) as i32]).collect();
         let (lens, c) = expert_tokens_from_routed(&routed, 1, 2, &[0, t as i64], 4).unwrap();
         let third = (t / 3) as i32; // t = 3 * 46 666 + 2: experts 0 and 1 get one more
-        assert_eq!((lens, c), (vec![t as i64], vec![third + 1, third + 1, third, t as i32]));
+        // the longest count is 140 000: int32, the only type that holds it
+        assert_eq!((lens, c), (vec![t as i64], OwnedCounts::I32(vec![third + 1, third + 1, third, t as i32])));
         // a bad id after the first flush is still located exactly
         routed[70_000 * 2 + 1] = 7;
         let e = expert_tokens_from_routed(&routed, 1, 2, &[0, t as i64], 4).unwrap_err();
@@ -342,7 +398,9 @@ mod tests {
         let e = check_expert_tokens(&lens, &c, 2, 3, None).unwrap_err();
         assert!(e.to_string().contains("sample 1, layer 1, expert 2 has 3 tokens but the sample's length is 2"), "{e}");
         c[11] = 2;
-        assert!(check_expert_tokens(&lens, &c, 2, 3, None).is_ok());
+        assert_eq!(check_expert_tokens(&lens, &c, 2, 3, None).unwrap(), 4);
+        let narrow: Vec<u8> = c.iter().map(|&x| x as u8).collect();
+        assert_eq!(check_expert_tokens(&lens, &narrow, 2, 3, None).unwrap(), 4);
         // with k = 1, sample 0's layer 0 (4 tokens) holds 1 + 2 + 1 = 4: fine; sample 1's layer 1 holds 2
         assert!(check_expert_tokens(&lens, &c, 2, 3, Some(1)).is_ok());
         c[6] = 2; // sample 1, layer 0: 2 + 1 + 0 = 3 > 2 * 1
@@ -362,7 +420,7 @@ mod tests {
         let routed: Vec<u8> = vec![0, 1, 1, 2, 2, 0];
         let (lens, c) = expert_tokens_from_routed(&routed, 1, 2, &[0, 2, 3], 3).unwrap();
         assert_eq!(lens, vec![2, 1]);
-        assert_eq!(c, vec![1, 2, 1, 1, 0, 1]);
+        assert_eq!(c, OwnedCounts::U8(vec![1, 2, 1, 1, 0, 1]));
         let e = expert_tokens_from_routed(&routed, 1, 2, &[0, 2, 3], 2).unwrap_err();
         assert!(e.to_string().contains("expert id 2 at token 1 (sample 0), layer 0"), "{e}");
         let neg: Vec<i16> = vec![0, -1];

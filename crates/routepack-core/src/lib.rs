@@ -4,6 +4,7 @@
 //!
 //! # Where things are
 //! * [`ingest`]      routing replay → per-sample, per-layer expert demand
+//! * [`counts`]      that demand borrowed in its stored type (int32, uint16, uint8)
 //! * [`placement`]   stage 1, expert placement: `static`, the baselines ([`placement::eplb`],
 //!   [`placement::relibra`]) and routepack's ([`placement::routepack`], whose bin packing of
 //!   replicas onto ranks is `placement::routepack::binpack`); [`placement::replica_counts`]
@@ -54,6 +55,7 @@ pub mod bound;
 pub mod budget;
 pub mod cell_grid;
 pub mod cost;
+pub mod counts;
 pub mod cpu;
 pub mod error;
 pub mod flow;
@@ -71,6 +73,7 @@ pub mod validate;
 pub mod window;
 
 pub use cost::CostModel;
+pub use counts::{Counts, OwnedCounts};
 pub use error::{Error, Result};
 pub use placement::Placement;
 pub use plan::{ExpertMove, Plan, Replica};

@@ -5,8 +5,10 @@
 //! * tokens of logical expert e from EP-local rank r, routed by [`crate::flow::route_expert`]
 //!   to replica copies, then to placement slots (each slot's load that of an even split, fed
 //!   from its own rank, then its node, then the other nodes);
-//! * expert work of EP rank p: `X = Σ_{e active on p} c_exp + max(c_tok·t(p, e), c_weights)`,
-//!   which is `c_tok·tokens(p) + c_exp·active_experts(p)` for the linear model (`c_weights = 0`)
+//! * expert work of EP rank p:
+//!   `X = Σ_{e active on p} c_exp + max(c_tok·t(p, e), c_weights) + c_gemm·[t(p, e) ≥ 2]`
+//!   (`CostModel::weights_bound_extra`), which is `c_tok·tokens(p) + c_exp·active_experts(p)`
+//!   for the linear model (`c_weights = c_gemm = 0`)
 //!   (active = distinct logical experts with tokens on p);
 //! * all-to-all: per rank, max(sent, received) routed tokens × token_bytes over each link
 //!   (intra-/inter-node); the slowest rank sets the time; dispatch + combine;
@@ -381,7 +383,7 @@ pub fn ideal_time(w: &WindowView, topo: &Topology, cost: &CostModel, ideal_micro
     // layers in parallel (a pass over the whole demand); integer sums are exact
     let layer_tokens: Vec<f64> = (0..w.num_layers)
         .into_par_iter()
-        .map(|l| (0..w.num_samples).map(|s| w.tokens(s, l).iter().map(|&x| x as i64).sum::<i64>()).sum::<i64>() as f64)
+        .map(|l| (0..w.num_samples).map(|s| w.tokens(s, l).sum()).sum::<i64>() as f64)
         .collect();
     ideal_time_of(&layer_tokens, w, topo, cost, ideal_micro)
 }

@@ -4,6 +4,7 @@
 
 use rayon::prelude::*;
 
+use crate::counts::Counts;
 use crate::error::{invalid, Result};
 
 /// Entries of `expert_tokens` per parallel task of the negativity check in
@@ -14,14 +15,16 @@ const NEGATIVE_SCAN_CHUNK: usize = 1 << 16;
 ///
 /// * `seq_lens`      `[S]` tokens of each sample, every entry >= 1.
 /// * `expert_tokens` `[S, L, E]` row-major: tokens of sample s routed to logical expert e in
-///   MoE layer l (each token counts once per expert it was routed to, so a row sums to k·n_s).
+///   MoE layer l (each token counts once per expert it was routed to, so a row sums to k·n_s),
+///   borrowed in the type they are stored in (int32, uint16 or uint8: [`Counts`]); every
+///   result is the same whichever type carries the same values.
 #[derive(Clone, Copy, Debug)]
 pub struct WindowView<'a> {
     /// `[S]` tokens of each sample, every entry >= 1.
     pub seq_lens: &'a [i64],
     /// `[S, L, E]` row-major routed tokens of sample s to logical expert e in layer l (see
     /// [`WindowView::tokens`]); every entry >= 0.
-    pub expert_tokens: &'a [i32],
+    pub expert_tokens: Counts<'a>,
     /// S, the samples of the window (`seq_lens.len()`, >= 1).
     pub num_samples: usize,
     /// L, the MoE layers (>= 1).
@@ -31,13 +34,15 @@ pub struct WindowView<'a> {
 }
 
 impl<'a> WindowView<'a> {
-    /// Checks shapes and values; O(S·L·E) once, so later stages can index without checks.
+    /// Checks shapes and values; O(S·L·E) once, so later stages can index without checks
+    /// (the negativity scan runs only for int32 counts: the unsigned types cannot hold one).
     pub fn new(
         seq_lens: &'a [i64],
-        expert_tokens: &'a [i32],
+        expert_tokens: impl Into<Counts<'a>>,
         num_layers: usize,
         num_experts: usize,
     ) -> Result<Self> {
+        let expert_tokens = expert_tokens.into();
         let s = seq_lens.len();
         if s == 0 {
             return Err(invalid("seq_lens", "a window needs at least one sample (got 0)"));
@@ -66,7 +71,10 @@ impl<'a> WindowView<'a> {
         // every FFI call of a stage builds a view, so this pass runs several times per plan:
         // a vectorisable min per chunk, in parallel; the entry is located only on a violation
         // (the first one, as a serial scan would find it)
-        let first_negative = expert_tokens.par_chunks(NEGATIVE_SCAN_CHUNK).enumerate().find_map_first(|(c, chunk)| {
+        let Counts::I32(signed) = expert_tokens else {
+            return Ok(Self { seq_lens, expert_tokens, num_samples: s, num_layers, num_experts });
+        };
+        let first_negative = signed.par_chunks(NEGATIVE_SCAN_CHUNK).enumerate().find_map_first(|(c, chunk)| {
             let lo = chunk.iter().fold(i32::MAX, |m, &x| m.min(x));
             (lo < 0).then(|| c * NEGATIVE_SCAN_CHUNK + chunk.iter().position(|&x| x < 0).unwrap_or(0))
         });
@@ -76,7 +84,7 @@ impl<'a> WindowView<'a> {
                 "expert_tokens",
                 format!(
                     "negative count {} at sample {si}, layer {}, expert {}",
-                    expert_tokens[i],
+                    signed[i],
                     rest / num_experts,
                     rest % num_experts
                 ),
@@ -85,11 +93,12 @@ impl<'a> WindowView<'a> {
         Ok(Self { seq_lens, expert_tokens, num_samples: s, num_layers, num_experts })
     }
 
-    /// Demand of sample `s` in layer `l`: `[E]` tokens per logical expert.
+    /// Demand of sample `s` in layer `l`: `[E]` tokens per logical expert, in the stored type
+    /// (read it with [`Counts::add_to`] and the other helpers, or [`crate::with_counts!`]).
     #[inline]
-    pub fn tokens(&self, s: usize, l: usize) -> &'a [i32] {
+    pub fn tokens(&self, s: usize, l: usize) -> Counts<'a> {
         let off = (s * self.num_layers + l) * self.num_experts;
-        &self.expert_tokens[off..off + self.num_experts]
+        self.expert_tokens.slice(off, self.num_experts)
     }
 
     /// Total tokens of the window, Σ n_s.
@@ -103,11 +112,7 @@ impl<'a> WindowView<'a> {
         let mut out = vec![0.0f64; l * e];
         for s in 0..self.num_samples {
             for li in 0..l {
-                let row = self.tokens(s, li);
-                let dst = &mut out[li * e..(li + 1) * e];
-                for (d, &x) in dst.iter_mut().zip(row) {
-                    *d += x as f64;
-                }
+                self.tokens(s, li).add_to_f64(&mut out[li * e..(li + 1) * e]);
             }
         }
         out

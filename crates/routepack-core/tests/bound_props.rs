@@ -52,6 +52,8 @@ fn random_cost(mix: &mut Mix, layers: usize) -> CostModel {
         1 => vec![Pass::Forward],
         _ => DEFAULT_PASSES.to_vec(),
     };
+    // a GEMM step (per active expert with >= 2 tokens) from a token's worth to 10⁴ tokens'
+    let c_gemm = if mix.unit() < 0.4 { c_tok * 1e4f64.powf(mix.unit()) } else { 0.0 };
     CostModel {
         a_lin,
         a_quad,
@@ -64,6 +66,7 @@ fn random_cost(mix: &mut Mix, layers: usize) -> CostModel {
         expert_grad_bytes,
         expert_state_bytes,
         c_weights,
+        c_gemm,
         overlap,
         passes,
     }

@@ -282,7 +282,7 @@ proptest! {
             let (g, m) = (gm / plan.num_micro, gm % plan.num_micro);
             let want: i64 = (0..ep)
                 .flat_map(|r| members[off[(g * ep + r) * plan.num_micro + m]..off[(g * ep + r) * plan.num_micro + m + 1]].iter())
-                .map(|&s| w.tokens(s, l).iter().map(|&x| x as i64).sum::<i64>())
+                .map(|&s| w.tokens(s, l).sum())
                 .sum();
             prop_assert_eq!(total, want);
         }

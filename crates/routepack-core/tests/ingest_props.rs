@@ -7,6 +7,17 @@ mod common;
 use common::{usizes, Mix};
 use proptest::prelude::*;
 use routepack_core::ingest::{check_cu_seqlens, expert_tokens_from_routed, ExpertId, MAX_SAMPLE_TOKENS};
+use routepack_core::OwnedCounts;
+
+/// Whether `c` is stored in the narrowest type holding its largest count.
+fn is_narrowest(c: &OwnedCounts) -> bool {
+    let top = c.to_i32_vec().into_iter().max().unwrap_or(0);
+    match c {
+        OwnedCounts::U8(_) => top <= 255,
+        OwnedCounts::U16(_) => (256..=65535).contains(&top),
+        OwnedCounts::I32(_) => top > 65535,
+    }
+}
 
 fn naive_count<T: ExpertId>(routed: &[T], layers: usize, k: usize, cu: &[i64], experts: usize) -> Vec<i32> {
     let s_n = cu.len() - 1;
@@ -27,7 +38,9 @@ fn naive_count<T: ExpertId>(routed: &[T], layers: usize, k: usize, cu: &[i64], e
 /// Ingests and checks the counts against `naive_count`, and what every valid window must
 /// satisfy: a count is at most its sample's length, a layer's counts add up to length · k.
 fn check_ingest<T: ExpertId + std::fmt::Debug>(ids: &[T], layers: usize, k: usize, cu: &[i64], experts: usize) -> Result<(), TestCaseError> {
-    let (lens, counts) = expert_tokens_from_routed(ids, layers, k, cu, experts).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let (lens, owned) = expert_tokens_from_routed(ids, layers, k, cu, experts).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    prop_assert!(is_narrowest(&owned));
+    let counts = owned.to_i32_vec();
     prop_assert_eq!(&lens, &cu.windows(2).map(|w| w[1] - w[0]).collect::<Vec<_>>());
     for (s, &n) in lens.iter().enumerate() {
         for l in 0..layers {
@@ -147,6 +160,7 @@ proptest! {
     fn ingest_never_panics(ids in prop::collection::vec(-2i32..6, 0..40), layers in usizes(), k in usizes(), cu in prop::collection::vec(-2i64..45, 0..5), experts in prop_oneof![0usize..8, Just(usize::MAX)]) {
         let _ = check_cu_seqlens(&cu, ids.len());
         if let Ok((lens, counts)) = expert_tokens_from_routed(&ids, layers, k, &cu, experts) {
+            let counts = counts.to_i32_vec();
             prop_assert_eq!(counts.len(), lens.len() * layers * experts);
             prop_assert!(lens.iter().zip(counts.chunks(layers.max(1) * experts.max(1))).all(|(&n, c)| c.iter().all(|&x| (0..=n).contains(&i64::from(x)))));
         }

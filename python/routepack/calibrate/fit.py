@@ -4,8 +4,7 @@ Each ``fit_<kind>`` takes that kind's measurement (``sweep``: one dict of sweep 
 point; ``measured_s``: its median time) and returns a `KernelFit`: the coefficients, the
 times the fitted model predicts at every point, which points were held out, and the
 `CostModel` fields the coefficients set (``cost_fields``). `FITS` maps each kind to its
-function, so a richer model of one kernel (a roofline expert curve, tabulated attention, a
-link latency) replaces one entry and leaves the others alone; `to_cost_model` merges the
+function, so a richer model of one kernel (tabulated attention, a link latency) replaces one entry and leaves the others alone; `to_cost_model` merges the
 fields of whatever was fitted into `CostModel.from_model`'s coefficients.
 
 The fit is least squares on *relative* residuals ((predicted − measured) / measured), with
@@ -16,7 +15,7 @@ ignore the small points). Every ``holdout_every``-th point is left out of the fi
 measures how well the model interpolates, not how well it memorises.
 
 Compute times are measured as training runs them, forward and backward; the cost model
-prices a pass as ``expert_time`` (+ the roofline floor) / ``attention_of_sums`` and counts
+prices a pass as ``expert_time`` (+ the roofline floor and the GEMM step) / ``attention_of_sums`` and counts
 ``COMPUTE_PASSES`` = 3 of them for the default ``passes`` (forward + backward; docs/design.md,
 "Passes"), so the predicted time of a point is 3 × the per-pass formula.
 """
@@ -152,10 +151,12 @@ def _knees(tokens: np.ndarray) -> np.ndarray:
     return np.unique(np.concatenate([[1.0], np.geomspace(1.0, max(hi, 1.0), 1 + int(8 * np.log2(max(hi, 2.0))))]))
 
 
-#: The expert curve with one term the cost model does not have (``c_gemm``), fitted only for
-#: the report: how much of a fit's error is the cost model's form (see `fit_expert_gemm`).
+#: The expert curve the calibration commits (`fit_expert_gemm`): the roofline plus ``c_gemm``
+#: per active expert with >= 2 tokens (`CostModel.c_gemm`), three passes.
 GEMM_STEP_FORMULA = ("3·active_experts·(c_exp + max(c_tok·tokens_per_expert, c_weights) "
                      "+ c_gemm·[tokens_per_expert ≥ 2])")
+#: The expert curve without the GEMM step (convex in tokens per expert), reported alongside.
+ROOFLINE_FORMULA = "3·active_experts·(c_exp + max(c_tok·tokens_per_expert, c_weights))"
 
 
 def _roofline(measurement: Mapping[str, Any], holdout_every: int, per: np.ndarray, active: np.ndarray,
@@ -166,8 +167,8 @@ def _roofline(measurement: Mapping[str, Any], holdout_every: int, per: np.ndarra
     names = ("c_tok", "c_exp", "c_gemm") if step else ("c_tok", "c_exp")
     best: Optional[Tuple[float, float, Dict[str, float], np.ndarray, np.ndarray]] = None
     for knee in _knees(per):
-        if step and 1.0 < knee < 2.0:  # a floor below 2 tokens is c_exp and c_gemm again: not identifiable
-            continue
+        # (with the step, a knee in (1, 2] lifts only the 1-token points, which c_exp + c_gemm
+        # can too: ties go to the lower knee, so such a knee wins only where it fits better)
         cols = [active * np.maximum(per, knee), active] + ([active * (per >= 2)] if step else [])
         coef, pred, held = _linear_fit("expert_gemm", measurement, holdout_every, names,
                                        COMPUTE_PASSES * np.stack(cols, axis=1))
@@ -199,58 +200,92 @@ def convex_bound(x: np.ndarray, measured: np.ndarray) -> float:
     return best
 
 
+def monotone_bound(x: np.ndarray, measured: np.ndarray) -> float:
+    """The least max |relative error| over all points that any curve non-decreasing in ``x``
+    can reach: float ``x`` ``[n]``, ``measured`` ``[n]`` (> 0). Where a point measures more
+    than one at a larger ``x`` (m_i > m_j, x_i < x_j), a non-decreasing g with g(x_i) <= g(x_j)
+    and each within e of its measurement needs m_i (1 − e) <= m_j (1 + e): e >= (m_i − m_j) /
+    (m_i + m_j); the largest over all such pairs (exact: a curve that meets it exists). Every
+    cost-model expert curve is non-decreasing in tokens, so this is what the machine's
+    non-monotone timings cost any of them."""
+    x = np.asarray(x, dtype=np.float64)
+    m = np.asarray(measured, dtype=np.float64)
+    o = np.argsort(x, kind="stable")
+    x, m = x[o], m[o]
+    best = 0.0
+    for i in range(len(x) - 1):
+        later = m[i + 1:][x[i + 1:] > x[i]]
+        if later.size:
+            best = max(best, float((m[i] - later.min()) / (m[i] + later.min())))
+    return best
+
+
 def _max_abs(rel: np.ndarray, mask: np.ndarray) -> Optional[float]:
     return float(np.abs(rel[mask]).max()) if mask.any() else None
 
 
 def fit_expert_gemm(measurement: Mapping[str, Any], holdout_every: int, model: ModelShape) -> KernelFit:
     """Forward + backward of ``active`` experts with ``tokens_per_expert`` t tokens each:
-    3·active·(c_exp + max(c_tok·t, c_weights)), the cost model's roofline expert term over
-    three passes. The knee ``c_weights / c_tok`` is searched on a grid (`_knees`); for each
-    knee the rest is linear in (c_tok, c_exp) and fitted by `nnls_relative`; the knee with
-    the least squared relative error on the fitted points wins (knee 1: the linear model).
+    3·active·(c_exp + max(c_tok·t, c_weights) + c_gemm·[t ≥ 2]) (`GEMM_STEP_FORMULA`), the cost
+    model's expert term over three passes. The knee ``c_weights / c_tok`` is searched on a grid
+    (`_knees`); for each knee the rest is linear in (c_tok, c_exp, c_gemm) and fitted by
+    `nnls_relative`; the knee with the least squared relative error on the fitted points wins
+    (knee 1: no floor).
 
-    The report also gets, in ``unpriced_forms``, the same fit with one term more, ``c_gemm``
-    per expert that has at least 2 tokens (`GEMM_STEP_FORMULA`): on CPU one token per expert
-    runs as a matrix-vector product (and its weight gradient as an outer product), which
-    skips the GEMM's fixed cost, so the measured curve steps up from 1 to 2 tokens and is
-    concave there, which no curve of the cost model's (convex) form follows. The cost model
-    does not price ``c_gemm``; the figure says how much of the error is the form's."""
+    ``c_gemm`` is the fixed cost of a GEMM beyond a matrix-vector product: on CPU one token per
+    expert runs as a matrix-vector product (and its weight gradient as an outer product),
+    which skips it, so the measured curve steps up from 1 to 2 tokens and is concave there,
+    which no convex curve follows (``convex_bound``). It is fitted only where the fitted points
+    have experts on both sides of the step (some with 1 token, some with >= 2); otherwise it
+    is ``c_exp`` over again and set to 0 (`ROOFLINE_FORMULA`). The fit without the step is
+    reported in ``alternative_forms["roofline"]`` (not committed), so the report says what
+    the step buys."""
     sweep, measured = _points(measurement, "expert_gemm")
     if all("tokens_per_expert" in p for p in sweep):
         per = np.array([p["tokens_per_expert"] for p in sweep], dtype=np.float64)
     else:  # an older measurement: tokens / active
         per = np.array([p["tokens"] / p["active_experts"] for p in sweep], dtype=np.float64)
     active = np.array([p["active_experts"] for p in sweep], dtype=np.float64)
-    _, knee, coef, pred, held = _roofline(measurement, holdout_every, per, active, step=False)
-    c_weights = coef["c_tok"] * knee if knee > per.min() else 0.0
-    coef = {**coef, "c_weights": c_weights, "knee_tokens_per_expert": knee}
+    fitted = ~holdout_mask(len(sweep), holdout_every)
+    stepped = bool(fitted.sum() >= 3 and (per[fitted] < 2).any() and (per[fitted] >= 2).any())
+
+    def form(step: bool) -> Tuple[Dict[str, float], np.ndarray, np.ndarray]:
+        _, knee, coef, pred, held = _roofline(measurement, holdout_every, per, active, step=step)
+        coef = {**coef, "c_gemm": coef.get("c_gemm", 0.0),
+                "c_weights": coef["c_tok"] * knee if knee > per.min() else 0.0, "knee_tokens_per_expert": knee}
+        return coef, pred, held
+
+    coef, pred, held = form(stepped)
+    knee, c_weights = coef["knee_tokens_per_expert"], coef["c_weights"]
     notes = [f"roofline knee at {knee:.3g} tokens per expert (c_weights = c_tok * knee; "
-             f"{'the linear model: no floor inside the sweep' if c_weights == 0 else 'weights-bound below it'})"]
+             f"{'no floor inside the sweep' if c_weights == 0 else 'weights-bound below it'})"]
+    notes.append(f"GEMM step c_gemm = {coef['c_gemm']:.3g} s per expert with >= 2 tokens (1 token runs as a "
+                 f"matrix-vector product)" if stepped else
+                 "no GEMM step fitted: the fitted points do not have experts on both sides of 2 tokens (c_gemm = 0)")
     extra = _forward(measurement)
-    # the cost model's curve is convex in tokens per expert: no fit of it beats this on all points
+    # the curve without the step is convex in tokens per expert: no fit of it beats this on all points
     extra["convex_bound"] = max(convex_bound(per[active == a], measured[active == a]) for a in np.unique(active))
     if extra["convex_bound"] > 0.05:
-        notes.append(f"measured times are not convex in tokens per expert: every curve of the cost model's form "
-                     f"(convex) misses some point of one active count by >= {extra['convex_bound']:.1%}")
-    if (~held).sum() >= 3 and (per < 2).any() and (per >= 2).any():
-        _, s_knee, s_coef, s_pred, _ = _roofline(measurement, holdout_every, per, active, step=True)
-        rel = (s_pred - measured) / measured
-        s_coef = {**s_coef, "c_weights": s_coef["c_tok"] * s_knee if s_knee > per.min() else 0.0,
-                  "knee_tokens_per_expert": s_knee}
-        step = {"formula": GEMM_STEP_FORMULA, "coefficients": s_coef, "predicted_s": s_pred.tolist(),
-                "max_rel_error": _max_abs(rel, held), "max_rel_error_fit": _max_abs(rel, ~held),
-                "priced": False}
-        extra["unpriced_forms"] = {"gemm_step": step}
+        notes.append(f"measured times are not convex in tokens per expert: every convex curve (the roofline "
+                     f"without c_gemm) misses some point of one active count by >= {extra['convex_bound']:.1%}")
+    # and every curve of the cost model is non-decreasing in tokens per expert
+    extra["monotone_bound"] = max(monotone_bound(per[active == a], measured[active == a]) for a in np.unique(active))
+    if extra["monotone_bound"] > 0.05:
+        notes.append(f"measured times are not non-decreasing in tokens per expert: every curve of the cost model "
+                     f"(non-decreasing) misses some point of one active count by >= {extra['monotone_bound']:.1%}")
+    if stepped:
+        r_coef, r_pred, _ = form(False)
+        rel = (r_pred - measured) / measured
+        roof = {"formula": ROOFLINE_FORMULA, "coefficients": r_coef, "predicted_s": r_pred.tolist(),
+                "max_rel_error": _max_abs(rel, held), "max_rel_error_fit": _max_abs(rel, ~held), "priced": False}
+        extra["alternative_forms"] = {"roofline": roof}
         own = _max_abs((pred - measured) / measured, held)
-        if step["max_rel_error"] is not None and own is not None:
-            notes.append(f"with a term the cost model lacks, c_gemm = {s_coef['c_gemm']:.3g} s per expert with "
-                         f">= 2 tokens (1 token runs as a matrix-vector product), held-out max rel. error "
-                         f"{step['max_rel_error']:.1%} instead of {own:.1%} (unpriced_forms.gemm_step)")
-    return KernelFit("expert_gemm", "3·active_experts·(c_exp + max(c_tok·tokens_per_expert, c_weights))", sweep,
-                     measured.tolist(), pred.tolist(), held.tolist(), coef,
-                     {"c_tok": coef["c_tok"], "c_exp": coef["c_exp"], "c_weights": c_weights}, notes,
-                     extra=extra)
+        if roof["max_rel_error"] is not None and own is not None:
+            notes.append(f"without the GEMM step (c_gemm = 0, a convex curve) the held-out max rel. error would be "
+                         f"{roof['max_rel_error']:.1%} instead of {own:.1%} (alternative_forms.roofline)")
+    fields = {"c_tok": coef["c_tok"], "c_exp": coef["c_exp"], "c_weights": c_weights, "c_gemm": coef["c_gemm"]}
+    return KernelFit("expert_gemm", GEMM_STEP_FORMULA if stepped else ROOFLINE_FORMULA, sweep,
+                     measured.tolist(), pred.tolist(), held.tolist(), coef, fields, notes, extra=extra)
 
 
 def fit_attention(measurement: Mapping[str, Any], holdout_every: int, model: ModelShape) -> KernelFit:

@@ -92,7 +92,7 @@ def _series(kind: str, sweep: Any) -> Dict[str, np.ndarray]:
 def plot(report: Mapping[str, Any], path: str | Path) -> Path:
     """Per kernel kind: measured (dots; held-out points ringed) and predicted (lines) time on
     log-log axes, and the relative error underneath (with, as crosses, that of any
-    ``unpriced_forms`` the fit tried, forms the cost model does not price)."""
+    ``alternative_forms`` the fit tried but did not commit)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -118,11 +118,11 @@ def plot(report: Mapping[str, Any], path: str | Path) -> Path:
             top.plot(x[h], meas[h], "o", mfc="none", mec="k", ms=8)
             bottom.plot(x[o], 100 * err[o], ".-", color=color, lw=0.8, ms=4)
             bottom.plot(x[h], 100 * err[h], "o", mfc="none", mec="k", ms=7)
-        for j, (name, form) in enumerate(k.get("unpriced_forms", {}).items()):
+        for j, (name, form) in enumerate(k.get("alternative_forms", {}).items()):
             alt = 100 * (np.array(form["predicted_s"]) / meas - 1)
             amre = form.get("max_rel_error")
             bottom.plot(x, alt, "x", color=f"{0.35 + 0.2 * j:.2f}", ms=3,
-                        label=f"{name}, not priced: held-out max {'n/a' if amre is None else f'{100 * amre:.1f}%'}")
+                        label=f"{name}, not committed: held-out max {'n/a' if amre is None else f'{100 * amre:.1f}%'}")
             bottom.legend(fontsize=6)
         top.set_xscale("log")
         top.set_yscale("log")

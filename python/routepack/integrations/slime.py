@@ -112,17 +112,20 @@ def _lengths(total_lengths: Any, n: int) -> np.ndarray:
 def _count(arrays: List[np.ndarray], counted: np.ndarray, lens: np.ndarray, num_experts: int, k: int) -> Window:
     """Counts each sample's first ``counted[i]`` rows (samples with none count nothing)."""
     some = np.flatnonzero(counted)
-    expert_tokens = np.zeros((len(arrays), arrays[0].shape[1], num_experts), dtype=np.int32)
+    shape = (len(arrays), arrays[0].shape[1], num_experts)
+    expert_tokens = np.zeros(shape, dtype=np.uint8)
     if some.size:
         flat = np.ascontiguousarray(np.concatenate([arrays[i][:counted[i]] for i in some]))
         cu = np.concatenate([[0], np.cumsum(counted[some])]).astype(np.int64)
         try:
-            sub = Window.from_routed_experts(flat, cu, num_experts).expert_tokens
+            sub = Window.from_routed_experts(flat, cu, num_experts).counts
         except RoutepackError as e:
             def locate(t: int, s: int) -> Tuple[str, str]:
                 i = int(some[s])
                 return f"rollout_routed_experts[{i}]", f"token {t - int(cu[s])} (sample {i})"
             raise renamed(e, "rollout_routed_experts", locate) from None
+        # the counted samples' narrow dtype holds the whole window's (the rest count nothing)
+        expert_tokens = np.zeros(shape, dtype=sub.dtype)
         expert_tokens[some] = sub
     return Window(lens, expert_tokens, top_k=k)
 

@@ -134,7 +134,8 @@ def _window(routed: np.ndarray, counted: np.ndarray, lens: np.ndarray, num_exper
     sets the lengths; a bad id is named by its position in ``routed_experts``."""
     b_idx, t_idx = np.nonzero(counted)
     per = np.bincount(b_idx, minlength=len(lens))
-    counts = np.zeros((len(lens), routed.shape[2], num_experts), dtype=np.int32)
+    shape = (len(lens), routed.shape[2], num_experts)
+    counts = np.zeros(shape, dtype=np.uint8)
     some = np.flatnonzero(per)
     if some.size:
         flat = np.ascontiguousarray(native_order(routed[b_idx, t_idx]))
@@ -146,6 +147,8 @@ def _window(routed: np.ndarray, counted: np.ndarray, lens: np.ndarray, num_exper
                 b, pos = int(b_idx[t]), int(t_idx[t])
                 return f"routed_experts[{b}, {pos}]", f"position {pos} (sample {b})"
             raise renamed(e, "routed_experts", locate) from None
+        # the counted samples' narrow dtype holds the whole window's (the rest count nothing)
+        counts = np.zeros(shape, dtype=sub.dtype)
         counts[some] = sub
     return Window(lens, counts, top_k=int(routed.shape[3]))
 

@@ -41,7 +41,7 @@ def micro_plan(plan: Plan, window: Window, m: int) -> Tuple[Plan, Window]:
     """Microbatch ``m`` of ``plan`` as a plan of its own (one step, its samples, its replicas,
     no migration) and the window of its samples."""
     idx = np.flatnonzero(plan.sample_micro == m)
-    w = Window(window.seq_lens[idx], window.expert_tokens[idx], top_k=window.top_k)
+    w = Window(window.seq_lens[idx], window.counts[idx], top_k=window.top_k)
     reps = plan.replicas[plan.replicas["micro"] == m].copy()
     reps["micro"] = 0
     return Plan(plan.placement, plan.sample_rank[idx], np.zeros(idx.size, dtype=np.int32), 1, reps), w
@@ -69,7 +69,7 @@ def _calibrated(work: Workload, ranks: int, quick: bool, progress: bool,
     from routepack.calibrate import calibrate
 
     window, _, _ = work.window()
-    most = int(window.expert_tokens.sum(axis=0).max())  # the most tokens one expert gets in a layer
+    most = int(window.counts.sum(axis=0, dtype=np.int64).max())  # the most tokens one expert gets in a layer
     cal = calibrate(model=work.model(), kernels=("expert_gemm", "links"), ranks=ranks, quick=quick,
                     max_tokens_per_expert=max(8, most), expert_stack=work.slots_per_rank, progress=progress,
                     threads=1 if device == "cpu" else None, device=device, dtype="float32")

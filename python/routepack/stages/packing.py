@@ -100,7 +100,7 @@ def routepack_packing(ctx: PlanContext, options: RoutepackPackingOptions, placem
     o = options
     # None: the core's default for the topology (`DEFAULT_ANNEAL_MOVES[_ACROSS_NODES]`)
     rank, micro, m, report = _core.pack_routepack(
-        ctx.window.seq_lens, ctx.window.expert_tokens, ctx.topo, ctx.cost, placement.phy2log,
+        ctx.window.seq_lens, ctx.window.counts, ctx.topo, ctx.cost, placement.phy2log,
         ctx.token_cap, seed=ctx.seed, anneal_moves=ctx.anneal_moves, time_budget_s=ctx.time_budget_s,
         chains=o.anneal_chains, steps=o.anneal_steps, exact_nodes=o.packing_exact_nodes,
         lambda_=o.anneal_lambda, start_accept=o.anneal_start_accept, cooling=o.anneal_cooling,

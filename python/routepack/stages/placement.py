@@ -152,7 +152,7 @@ def routepack_placement(ctx: PlanContext, options: RoutepackPlacementOptions) ->
     cells = options.placement_cells
     if cells is None:
         cells = ctx.topo.num_groups * lower_bound_micro(win, ctx.topo, ctx.token_cap)
-    demand = _core.chunk_demand(win.seq_lens, win.expert_tokens, chunks)
+    demand = _core.chunk_demand(win.seq_lens, win.counts, chunks)
     if chunks > 0 and win is ctx.window and ctx.policy.loads == "window":
         # the window total is the sum of its chunks: skip a second pass over [S, L, E]
         loads = np.ascontiguousarray(demand.sum(axis=2))

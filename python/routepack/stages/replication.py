@@ -126,7 +126,7 @@ def _common(ctx: Any, options: Any, options_class: type, placement: Any, sample_
         if arr.shape[0] != w.num_samples:
             raise RoutepackError(f"{name}: has {arr.shape[0]} entries but the window has {w.num_samples} samples")
     m = positive_int(num_micro, "num_micro", maximum=w.num_samples)
-    return (w.seq_lens, w.expert_tokens, placement.phy2log, rank, micro, m, ctx.topo, ctx.cost)
+    return (w.seq_lens, w.counts, placement.phy2log, rank, micro, m, ctx.topo, ctx.cost)
 
 
 def no_replication(ctx: PlanContext, options: NoOptions, placement: Placement, sample_rank: np.ndarray,

@@ -176,7 +176,7 @@ def _fingerprints(args: Dict[str, Any]) -> List[int]:
     for name in _AGREED:
         v = args[name]
         if isinstance(v, Window):
-            parts = [_array_digest(v.seq_lens), _array_digest(v.expert_tokens), repr(v.top_k).encode()]
+            parts = [_array_digest(v.seq_lens), _array_digest(v.counts), repr(v.top_k).encode()]
         elif isinstance(v, CostModel):
             parts = [v.to_json().encode()]
         elif isinstance(v, Placement):

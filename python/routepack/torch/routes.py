@@ -58,7 +58,7 @@ def cell_origins(plan: Any, window: Any, group_index: int, ep: int) -> np.ndarra
     ``group_index`` in each (micro, layer), from the window's counts and the plan's layout."""
     sel = np.flatnonzero(plan.sample_rank // ep == group_index)
     out = np.zeros((plan.num_micro, ep, window.num_layers, window.num_experts), dtype=np.int64)
-    np.add.at(out, (plan.sample_micro[sel], plan.sample_rank[sel] % ep), window.expert_tokens[sel].astype(np.int64))
+    np.add.at(out, (plan.sample_micro[sel], plan.sample_rank[sel] % ep), window.counts[sel].astype(np.int64))
     return out
 
 

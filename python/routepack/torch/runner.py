@@ -152,7 +152,7 @@ class PlanRunner:
         self._cells = self._bucket(plan)
         self.exchange = ReplicaExchange(self.layers, self._cells, self.timeout)
         self.received = np.zeros((plan.num_micro, len(self.layers)), dtype=np.int64)
-        self.predicted = _core.rank_tokens(plan, window.seq_lens, window.expert_tokens, self.topo)
+        self.predicted = _core.rank_tokens(plan, window.seq_lens, window.counts, self.topo)
         self._routes = {}
         self._mismatch = None
         if microbatches is not None:

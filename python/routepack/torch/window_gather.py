@@ -70,7 +70,7 @@ def encode(window: Window) -> Tuple[int, np.ndarray]:
     """A window's histograms and lengths as (encoding code into `ENCODINGS`, uint8 payload):
     the smallest encoding (module docstring); codes 0-2 dense, 3-5 sparse, by count dtype
     uint8 / uint16 / int32. `decode` inverts it."""
-    counts = window.expert_tokens
+    counts = window.counts
     size = counts.size
     top = int(counts.max())
     cdt = next(d for d in _COUNT_DTYPES if top <= np.iinfo(d).max)
@@ -89,16 +89,18 @@ def encode(window: Window) -> Tuple[int, np.ndarray]:
 def decode(code: int, payload: np.ndarray, samples: int, layers: int, experts: int, max_len: int,
            out: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
     """(seq_lens int64 ``[S]``, expert_tokens int32 ``[S, L, E]``) from `encode`'s output;
-    ``max_len`` picks the lengths' dtype as `encode` did. ``out``: a C-contiguous int32
-    ``[S, L, E]`` to decode the counts into (saves a copy when assembling many ranks)."""
+    ``max_len`` picks the lengths' dtype as `encode` did. ``out``: a C-contiguous ``[S, L, E]``
+    array to decode the counts into instead (saves a copy when assembling many ranks), of the
+    dtype they travelled in (`ENCODINGS`) or any wider one: uint8 | uint16 | int32
+    (`gather_window` passes the narrowest that holds every rank's)."""
     ldt = next(d for d in _LEN_DTYPES if max_len <= np.iinfo(d).max)
     cut = samples * ldt.itemsize
     lens = payload[:cut].view(ldt).astype(np.int64)
     body = payload[cut:]
     size = samples * layers * experts
+    cdt = _COUNT_DTYPES[code % 3]
     counts = np.empty((samples, layers, experts), np.int32) if out is None else out
     flat = counts.reshape(-1)  # a view: `out` is contiguous
-    cdt = _COUNT_DTYPES[code % 3]
     if code < 3:
         flat[:] = body.view(cdt)
     else:
@@ -144,7 +146,10 @@ def gather_window(local: Window, group: Optional[Any] = None, raw_bytes: Optiona
                                  "(in group-rank order; -1: top_k unknown)")
     layers, experts, top_k = (int(heads[0, c]) for c in (1, 2, 3))
     starts = np.concatenate([[0], np.cumsum(heads[:, 0])])
-    counts = np.empty((int(starts[-1]), layers, experts), np.int32)
+    # the widest dtype any rank sent holds every count: the window is assembled in it, and
+    # `Window` narrows it no further than its largest count allows (never through int32)
+    cdt = _COUNT_DTYPES[max(int(h[4]) % 3 for h in heads)]
+    counts = np.empty((int(starts[-1]), layers, experts), cdt)
     lens = [decode(int(h[4]), p, int(h[0]), layers, experts, int(h[5]), out=counts[a:b])[0]
             for h, p, a, b in zip(heads, parts, starts[:-1], starts[1:])]
     window = Window(np.concatenate(lens), counts, None if top_k < 0 else top_k)

@@ -50,7 +50,7 @@ impl DemandSums {
             .map(|l| {
                 let mut totals = vec![0i64; e_n];
                 let mut share = vec![0.0f64; e_n];
-                let rows = (0..s_n).map(|s| row_sums(w.tokens(s, l), w.seq_lens[s], &mut totals, &mut share)).collect();
+                let rows = (0..s_n).map(|s| crate::with_counts!(w.tokens(s, l), t => row_sums(t, w.seq_lens[s], &mut totals, &mut share))).collect();
                 (rows, totals, share)
             })
             .collect();
@@ -91,17 +91,19 @@ impl DemandSums {
 /// tokens in one layer) to `totals` `[E]` and raises `share` `[E]` to its `x / n`; returns
 /// (Σ_e tokens, distinct experts). Always inlined, so a caller compiled for AVX2 gets it so.
 #[inline(always)]
-pub fn row_sums(row: &[i32], seq_len: i64, totals: &mut [i64], share: &mut [f64]) -> (i64, usize) {
+pub fn row_sums<T: Copy + Into<i64>>(row: &[T], seq_len: i64, totals: &mut [i64], share: &mut [f64]) -> (i64, usize) {
     // integer accumulators: every count is an integer below 2^53, so their f64 sums are exact
     // in any order and equal to these; integers let the loop vectorise
     let (mut tok, mut experts) = (0i64, 0usize);
     for (et, &x) in totals.iter_mut().zip(row) {
-        tok += x as i64;
+        let x: i64 = x.into();
+        tok += x;
         experts += usize::from(x > 0);
-        *et += x as i64;
+        *et += x;
     }
     let inv = 1.0 / seq_len as f64;
     for (sh, &x) in share.iter_mut().zip(row) {
+        let x: i64 = x.into();
         *sh = sh.max(x as f64 * inv);
     }
     (tok, experts)

@@ -47,6 +47,14 @@ pub struct CostModel {
     /// expert's time is `c_exp + max(c_tok · tokens, c_weights)` (a roofline whose knee is
     /// at `c_weights / c_tok` tokens); 0, the default, is the linear model.
     pub c_weights: f64,
+    /// Seconds one active expert's GEMM costs beyond a matrix-vector product, one pass, when
+    /// it has ≥ 2 tokens on a rank: the fixed cost of a matrix-matrix kernel (a CPU BLAS's
+    /// GEMM set-up and packing, which a single token's matrix-vector product and outer-product
+    /// weight gradient skip). The expert's time is `c_exp + max(c_tok · tokens, c_weights) +
+    /// c_gemm · [tokens ≥ 2]`, a step up at 2 tokens. 0, the default, prices no step; on a
+    /// GPU, where a grouped GEMM of one token is as dear as one of a few, calibration fits it
+    /// at about 0 (`c_weights` is its floor there).
+    pub c_gemm: f64,
     /// Whether a layer's all-to-all overlaps its computation ([`Overlap::None`] by default).
     pub overlap: Overlap,
     /// The passes of one step ([`DEFAULT_PASSES`] by default; RL adds the recompute's
@@ -74,6 +82,7 @@ impl CostModel {
             ("cost.expert_grad_bytes", self.expert_grad_bytes),
             ("cost.expert_state_bytes", self.expert_state_bytes),
             ("cost.c_weights", self.c_weights),
+            ("cost.c_gemm", self.c_gemm),
         ];
         for (name, v) in scalars {
             if !v.is_finite() || v < 0.0 {
@@ -134,6 +143,7 @@ impl CostModel {
             expert_grad_bytes: 12e6,
             expert_state_bytes: 42e6,
             c_weights: 0.0,
+            c_gemm: 0.0,
             overlap: Overlap::None,
             passes: DEFAULT_PASSES.to_vec(),
         }

@@ -10,28 +10,37 @@ use crate::topology::Topology;
 
 impl CostModel {
     /// Expert work of one EP rank in one pass, its linear part: `c_tok · tokens + c_exp ·
-    /// active experts`. With `c_weights > 0` each active expert adds
+    /// active experts`. With `c_weights > 0` or `c_gemm > 0` each active expert adds
     /// [`CostModel::weights_bound_extra`] of its own tokens.
     #[inline]
     pub fn expert_time(&self, tokens: f64, active_experts: f64) -> f64 {
         self.c_tok * tokens + self.c_exp * active_experts
     }
 
-    /// Whether the expert-time curve has a weights-bound floor (`c_weights > 0`); without
-    /// one, [`CostModel::expert_time`] is the whole expert term.
+    /// Whether the expert-time curve has a per-expert part beyond the linear term (a
+    /// weights-bound floor, `c_weights > 0`, or a GEMM step, `c_gemm > 0`); without one,
+    /// [`CostModel::expert_time`] is the whole expert term (and the linear model's bits stay
+    /// as they were: callers add the extra only when this is true).
     #[inline]
     pub fn roofline(&self) -> bool {
-        self.c_weights > 0.0
+        self.c_weights > 0.0 || self.c_gemm > 0.0
     }
 
     /// What one active expert with `tokens` (> 0) tokens on a rank costs beyond the linear
-    /// term, one pass: `(c_weights − c_tok · tokens)⁺`, so that the expert's time is
-    /// `c_exp + max(c_tok · tokens, c_weights)`: weights-bound below the knee
-    /// `c_weights / c_tok`, FLOP-bound above it. Never negative, so every bound on the
-    /// linear term bounds the roofline one.
+    /// term, one pass: `(c_weights − c_tok · tokens)⁺ + c_gemm · [tokens ≥ 2]`, so that the
+    /// expert's time is `c_exp + max(c_tok · tokens, c_weights) + c_gemm · [tokens ≥ 2]`:
+    /// weights-bound below the knee `c_weights / c_tok`, FLOP-bound above it, and a
+    /// matrix-matrix kernel's fixed cost from 2 tokens on. Never negative, so every bound on
+    /// the linear term bounds this one; but with `c_gemm > 0` it is not monotone in tokens
+    /// (it steps up at 2), so a bound may not assume fewer tokens cost no less.
     #[inline]
     pub fn weights_bound_extra(&self, tokens: f64) -> f64 {
-        (self.c_weights - self.c_tok * tokens).max(0.0)
+        let floor = (self.c_weights - self.c_tok * tokens).max(0.0);
+        if tokens >= 2.0 {
+            floor + self.c_gemm
+        } else {
+            floor
+        }
     }
 
     /// Seconds of an exchange's communication that its computation hides, given its

@@ -260,9 +260,7 @@ pub fn rank_tokens(plan: &Plan, w: &WindowView, topo: &Topology) -> Result<Vec<i
                 for r in 0..ep {
                     let d = g * ep + r;
                     for &s in &members[off[d * m_n + m]..off[d * m_n + m + 1]] {
-                        for (o, &x) in origin[r * e_n..(r + 1) * e_n].iter_mut().zip(w.tokens(s, l)) {
-                            *o += x as i64;
-                        }
+                        w.tokens(s, l).add_to(&mut origin[r * e_n..(r + 1) * e_n]);
                     }
                 }
                 let exchange: Vec<ExchangeReplica> = reps[gm * l_n + l]

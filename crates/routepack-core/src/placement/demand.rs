@@ -139,9 +139,9 @@ unsafe fn chunk_sums_avx2(_cpu: Avx2, w: &WindowView, l: usize, chunk: &[usize],
 fn chunk_sums_body(w: &WindowView, l: usize, chunk: &[usize], acc: &mut [i64]) {
     let e_n = w.num_experts;
     for (s, &b) in chunk.iter().enumerate() {
-        for (a, &x) in acc[b * e_n..(b + 1) * e_n].iter_mut().zip(w.tokens(s, l)) {
-            *a += x as i64;
-        }
+        crate::with_counts!(w.tokens(s, l), x => for (a, &c) in acc[b * e_n..(b + 1) * e_n].iter_mut().zip(x) {
+            *a += i64::from(c);
+        });
     }
 }
 

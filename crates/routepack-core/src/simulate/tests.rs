@@ -114,6 +114,7 @@ fn the_one_slot_shortcut_prices_exchanges_bit_for_bit() {
         cost.token_bytes = [4096.0, 7168.0 * 2.0, 1.3, 0.1][case % 4];
         cost.c_weights = [0.0, 3e-8][(case / 4) % 2];
         cost.overlap = [Overlap::None, Overlap::DispatchCombine][(case / 8) % 2];
+        cost.c_gemm = [0.0, 2e-7][(case / 16) % 2];
         let attn_max = mix.below(100) as f64 * 1e-7;
         let mut pricer = ExchangePricer::new(ep, e_n);
         let got = pricer.price(&topo, &cost, &origin, attn_max, &so, &sl, &reps);

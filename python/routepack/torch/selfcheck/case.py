@@ -85,7 +85,7 @@ def cell_origin(case: Case, window: rp.Window, rank: np.ndarray, micro: np.ndarr
     out = np.zeros((case.ep, case.experts), dtype=np.int64)
     for r in range(case.ep):
         sel = (rank == g * case.ep + r) & (micro == m)
-        out[r] = window.expert_tokens[sel, l].sum(axis=0)
+        out[r] = window.counts[sel, l].sum(axis=0, dtype=np.int64)
     return out
 
 

@@ -76,12 +76,14 @@ fn project_sample(w: &WindowView, routes: &[Routes], shape: Shape, s: usize, sc:
         let x = w.tokens(s, l);
         // each rank's single-replica experts summed apart (integer sums: any order is exact,
         // and independent sums run faster than one scatter); replicated ones are split below
-        for (p, t) in whole[..ep].iter_mut().enumerate() {
-            *t = rt.experts[rt.off[p]..rt.off[p + 1]].iter().map(|&e| x[e as usize] as i64).sum();
-        }
-        for &(e, p, sh) in &rt.multi {
-            part[p] += x[e] as f64 * sh;
-        }
+        crate::with_counts!(x, x => {
+            for (p, t) in whole[..ep].iter_mut().enumerate() {
+                *t = rt.experts[rt.off[p]..rt.off[p + 1]].iter().map(|&e| i64::from(x[e as usize])).sum();
+            }
+            for &(e, p, sh) in &rt.multi {
+                part[p] += f64::from(x[e]) * sh;
+            }
+        });
         let (mut sent, mut node_sent) = (0f32, 0f32);
         for p in 0..ep {
             let v = (whole[p] as f64 + part[p]).round() as f32;

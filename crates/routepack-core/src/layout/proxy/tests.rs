@@ -67,7 +67,7 @@ fn proxy_tracks_simulate_with_replicated_experts() {
     let mut loads = vec![0f64; l_n * e_n];
     for s in 0..s_n {
         for l in 0..l_n {
-            for (e, &n) in w.tokens(s, l).iter().enumerate() {
+            for (e, n) in w.tokens(s, l).iter().enumerate() {
                 loads[l * e_n + e] += n as f64;
             }
         }
@@ -218,7 +218,7 @@ fn projection_by_rank_sums_equals_the_plain_scatter() {
                 for e in 0..e_n {
                     let sl = &slots[off[e]..off[e + 1]];
                     if sl.len() == 1 {
-                        whole[topo.rank_of_slot(sl[0])] += x[e] as i64;
+                        whole[topo.rank_of_slot(sl[0])] += x.get(e);
                     }
                 }
                 // replicated experts: the module's merged (expert, rank, share) order
@@ -237,7 +237,7 @@ fn projection_by_rank_sums_equals_the_plain_scatter() {
                     }
                 }
                 for &(e, p, sh) in &multi {
-                    part[p] += x[e] as f64 * sh;
+                    part[p] += x.get(e) as f64 * sh;
                 }
                 for p in 0..ep {
                     let want = (whole[p] as f64 + part[p]).round() as f32;

@@ -1,0 +1,188 @@
+//! Property tests of the GEMM step (`CostModel::c_gemm`: a fixed cost per active expert with
+//! ≥ 2 tokens on a rank) in `simulate`, the lower bound and replication planning: the
+//! simulator's expert term equals a direct per-expert sum from the routing rule's flow
+//! tables; `lower_bound_time` stays below every plan's step; every replication planner's
+//! plans validate, and routepack's replicas never make a group slower than no replicas
+//! (each exchange keeps them only when they beat none). `c_gemm = 0` changing no bit is
+//! checked by the golden digests (tests/test_golden_digest.py) and `c_gemm_zero_changes_nothing`.
+
+mod common;
+
+use common::{for_each_exchange_flows, random_layout, random_phy2log, random_plan, topologies, window, Mix};
+use proptest::prelude::*;
+use routepack_core::cost::CostModel;
+use routepack_core::placement::Placement;
+use routepack_core::plan::Plan;
+use routepack_core::replication::{plan_block, routepack::Options, Block, Packed, Planner};
+use routepack_core::simulate::simulate;
+use routepack_core::validate::validate_plan;
+use std::cell::Cell;
+
+/// `[G]` Σ_m Σ_l 3 · max_p Σ_{e active on p} (c_exp + max(c_tok·t, c_weights) + c_gemm·[t ≥ 2]),
+/// written from the formula over the flow tables, not through `CostModel`'s methods.
+fn direct_expert_times(plan: &Plan, w: &common::OwnedWindow, topo: &routepack_core::topology::Topology, cost: &CostModel) -> Vec<f64> {
+    let (e_n, ep) = (w.experts, topo.ep);
+    let mut out = vec![0.0; topo.num_groups()];
+    for_each_exchange_flows(plan, w, topo, |g, _, flows| {
+        let mut t = vec![0i64; ep * e_n];
+        for f in flows {
+            t[f.dst_rank * e_n + f.expert] += f.count;
+        }
+        let x_max = (0..ep)
+            .map(|p| {
+                (0..e_n)
+                    .map(|e| t[p * e_n + e])
+                    .filter(|&n| n > 0)
+                    .map(|n| {
+                        let step = if n >= 2 { cost.c_gemm } else { 0.0 };
+                        cost.c_exp + (cost.c_tok * n as f64).max(cost.c_weights) + step
+                    })
+                    .sum::<f64>()
+            })
+            .fold(0.0, f64::max);
+        out[g] += 3.0 * x_max;
+    });
+    out
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs())
+}
+
+/// A test cost model with a GEMM step of `gemm` c_tok's and a floor of `floor` c_tok's.
+fn stepped(layers: usize, gemm: f64, floor: f64) -> CostModel {
+    let mut cost = CostModel::for_tests(layers);
+    cost.c_gemm = cost.c_tok * gemm;
+    cost.c_weights = cost.c_tok * floor;
+    cost
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// With only expert work priced, every group's time is the direct per-expert sum, GEMM
+    /// step and floor included; and the step never lowers the expert part or the step time.
+    #[test]
+    fn simulate_is_the_direct_per_expert_sum(topo in topologies(), seed in any::<u64>(), micro in 1usize..3, extra in 0usize..8) {
+        let mut mix = Mix(seed);
+        let layers = 1 + mix.below(3);
+        let experts = 1 + mix.below(topo.num_slots());
+        // short samples, so that many experts have 1 token on a rank (either side of the step)
+        let max_len = [6, 40][mix.below(2)];
+        let w = window(&mut mix, topo.dp * micro + extra, layers, experts, max_len);
+        let mut plan = random_plan(&mut mix, &w, &topo, micro);
+        plan.migration.clear();
+        let gemm = [0.5, 3.0, 50.0, 1e3][mix.below(4)];
+        let floor = [0.0, 0.0, 3.0, 20.0][mix.below(4)];
+        let mut cost = stepped(layers, gemm, floor);
+        let full = simulate(&plan, &w.view(), &topo, &cost, None).unwrap();
+        let without = simulate(&plan, &w.view(), &topo, &CostModel { c_gemm: 0.0, ..cost.clone() }, None).unwrap();
+        prop_assert!(full.expert >= without.expert && full.step_time >= without.step_time);
+        prop_assert!(full.lower_bound_time <= full.step_time * (1.0 + 1e-12));
+        cost.a_lin = 0.0;
+        cost.a_quad = vec![0.0; layers];
+        cost.token_bytes = 0.0;
+        cost.expert_weight_bytes = 0.0;
+        cost.expert_grad_bytes = 0.0;
+        let rep = simulate(&plan, &w.view(), &topo, &cost, None).unwrap();
+        let want = direct_expert_times(&plan, &w, &topo, &cost);
+        for (g, (&got, &want)) in rep.group_times.iter().zip(&want).enumerate() {
+            prop_assert!(close(got, want), "group {}: simulate {} vs direct sum {}", g, got, want);
+        }
+    }
+
+    /// `c_gemm = 0` prices every plan bit for bit as the model without the field did (the
+    /// extra is added only when `roofline()`), floor or not.
+    #[test]
+    fn c_gemm_zero_changes_nothing(topo in topologies(), seed in any::<u64>(), micro in 1usize..3, extra in 0usize..8) {
+        let mut mix = Mix(seed);
+        let layers = 1 + mix.below(3);
+        let experts = 1 + mix.below(topo.num_slots());
+        let w = window(&mut mix, topo.dp * micro + extra, layers, experts, 40);
+        let plan = random_plan(&mut mix, &w, &topo, micro);
+        let cost = stepped(layers, 0.0, [0.0, 3.0][mix.below(2)]);
+        prop_assert!(cost.roofline() == (cost.c_weights > 0.0));
+        let r = simulate(&plan, &w.view(), &topo, &cost, None).unwrap();
+        // the same plan priced with the extra written out from the formula of the floor alone
+        for t in 1..64 {
+            prop_assert_eq!(cost.weights_bound_extra(t as f64), (cost.c_weights - cost.c_tok * t as f64).max(0.0));
+        }
+        prop_assert!(r.lower_bound_time <= r.step_time * (1.0 + 1e-12));
+    }
+}
+
+/// Every replication planner's plans under a GEMM step validate, stay above the lower bound,
+/// and routepack's never make a group slower than the same plan without replicas.
+#[test]
+fn replication_plans_under_a_gemm_step() {
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+    let mut runner = TestRunner::new_with_rng(
+        Config { cases: 150, failure_persistence: None, ..Config::default() },
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    let rows_seen = Cell::new(0usize);
+    runner
+        .run(&(topologies(), any::<u64>()), |(topo, seed)| {
+            let mut mix = Mix(seed);
+            let micro = 1 + mix.below(3);
+            let samples = topo.dp * micro + mix.below(2 * topo.dp + 3);
+            let layers = 1 + mix.below(3);
+            let experts = 1 + mix.below(topo.num_slots().min(12));
+            let max_len = [8, 60][mix.below(2)];
+            let w = window(&mut mix, samples, layers, experts, max_len);
+            let view = w.view();
+            let placement =
+                Placement::new(random_phy2log(&mut mix, layers, experts, &topo), layers, experts, topo.slots_per_rank).unwrap();
+            let (rank, step) = random_layout(&mut mix, samples, topo.dp, micro);
+            let packed = Packed { sample_rank: &rank, sample_micro: &step, num_micro: micro };
+            // a step from a fraction of a token's work to a thousand tokens' (splitting an
+            // expert then costs its copy c_gemm more), cheap copies half the time
+            let mut cost = stepped(layers, [0.3, 5.0, 100.0, 1e3][mix.below(4)], [0.0, 0.0, 4.0][mix.below(3)]);
+            if mix.unit() < 0.5 {
+                cost.expert_weight_bytes = 1e3;
+                cost.expert_grad_bytes = 2e3;
+                cost.c_exp = 1e-9;
+            }
+            let bare = Plan {
+                placement: placement.clone(),
+                sample_rank: rank.clone(),
+                sample_micro: step.clone(),
+                num_micro: micro,
+                replicas: Vec::new(),
+                migration: Vec::new(),
+            };
+            let base = simulate(&bare, &view, &topo, &cost, None).unwrap();
+            let planners = [
+                Planner::HotN(1 + mix.below(3)),
+                Planner::Relibra(1 + mix.below(2)),
+                Planner::Routepack(Options { replica_slots: 1 + mix.below(4), ..Options::default() }),
+            ];
+            for planner in &planners {
+                let replicas = plan_block(&view, &topo, &cost, &placement, packed, planner, Block::ALL).unwrap();
+                rows_seen.set(rows_seen.get() + replicas.len());
+                let plan = Plan { replicas, ..bare.clone() };
+                prop_assert!(validate_plan(&plan, &view, &topo, i64::MAX).is_ok(), "{:?}: invalid plan", planner);
+                let r = simulate(&plan, &view, &topo, &cost, None).unwrap();
+                prop_assert!(r.lower_bound_time <= r.step_time * (1.0 + 1e-12));
+                if let Planner::Routepack(_) = planner {
+                    for (g, (x, y)) in base.group_times.iter().zip(&r.group_times).enumerate() {
+                        prop_assert!(*y <= x * (1.0 + 1e-12), "group {}: {} with replicas vs {} without", g, y, x);
+                    }
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+    assert!(rows_seen.get() > 100, "only {} replica rows in all cases", rows_seen.get());
+}
+
+/// `check` names `cost.c_gemm` for a negative, NaN or infinite step.
+#[test]
+fn check_names_c_gemm() {
+    for bad in [-1.0, -1e-300, f64::NAN, f64::INFINITY] {
+        let c = CostModel { c_gemm: bad, ..CostModel::for_tests(2) };
+        let msg = c.check(2).unwrap_err().to_string();
+        assert!(msg.contains("cost.c_gemm"), "{msg}");
+    }
+    assert!(CostModel { c_gemm: 1e-3, ..CostModel::for_tests(2) }.check(2).is_ok());
+}
