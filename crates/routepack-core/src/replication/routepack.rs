@@ -203,6 +203,7 @@ pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Repli
                 wk.pools.resize_with(ci + 1, Vec::new);
             }
             st.pool_into(c, e, &mut wk.pools[ci]);
+            st.prepare_bound(c, e, &wk.hosted[e * ep..(e + 1) * ep]);
             // destinations: most own tokens of e, least expert time, and the a2a bottleneck
             let dsts = &mut wk.dsts;
             dsts.clear();
@@ -259,12 +260,8 @@ pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Repli
                     if n == mine || options[..k].contains(&n) {
                         continue;
                     }
-                    let x_changes = |p: usize| p == r || hosted[p] || st.has_copy(e, p);
-                    let lb = if alone && n.max(mine) <= node_tokens {
-                        st.lower_bound(c, x_changes, |p| hosted[p] || (lo..lo + rpn).contains(&p))
-                    } else {
-                        st.lower_bound(c, x_changes, |_| true)
-                    };
+                    let local = (alone && n.max(mine) <= node_tokens).then_some(lo / rpn);
+                    let lb = st.bound(c, r, src, existing.is_none(), local, hosted, rpn);
                     if lb < bar {
                         let idx = wk.moves.len();
                         wk.moves.push(Move { t: lb, idx, ci, e, dst: r, src, n });

@@ -43,6 +43,7 @@ use crate::simulate::LayerCost;
 use super::exchange::{share_for, Exchange};
 
 mod append;
+mod bound;
 
 /// Per rank and link: [send intra, recv intra, send inter, recv inter].
 type Links = [i64; 4];
@@ -142,6 +143,15 @@ pub struct ExchangeState {
     /// Scratch of `refresh_changed`: per value (expert, all-to-all, hops), the ranks whose
     /// value changed.
     moved: [Vec<usize>; 3],
+    /// `bound`'s per-expert scratch: `[ep]` values without the expert's part, ranks whose
+    /// expert time any move changes, and the maxima over them.
+    wo_x: Vec<f64>,
+    wo_a: Vec<f64>,
+    flag: Vec<bool>,
+    b_x_flag: f64,
+    b_a_all: f64,
+    b_a_host: f64,
+    b_expert: usize,
 }
 
 impl ExchangeState {
