@@ -252,7 +252,7 @@ pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Repli
                         continue;
                     }
                     let local = (alone && n.max(mine) <= node_tokens).then_some(lo / rpn);
-                    let lb = st.bound(c, r, src, existing.is_none(), local, hosted, rpn);
+                    let lb = st.bound(c, r, src, n, existing.is_none(), local, hosted, rpn);
                     if lb < bar {
                         let idx = wk.moves.len();
                         wk.moves.push(Move { t: lb, idx, ci, e, dst: r, src, n });

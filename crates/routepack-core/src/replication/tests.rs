@@ -20,18 +20,18 @@ use crate::validate::validate_plan;
 use crate::window::WindowView;
 
 /// A random window with skewed, topic-like expert demand, owned.
-struct Case {
-    seq_lens: Vec<i64>,
-    expert_tokens: Vec<i32>,
-    layers: usize,
-    experts: usize,
-    topo: Topology,
-    placement: Placement,
-    cap: i64,
+pub(super) struct Case {
+    pub(super) seq_lens: Vec<i64>,
+    pub(super) expert_tokens: Vec<i32>,
+    pub(super) layers: usize,
+    pub(super) experts: usize,
+    pub(super) topo: Topology,
+    pub(super) placement: Placement,
+    pub(super) cap: i64,
 }
 
 impl Case {
-    fn new(seed: u64, shape: usize) -> Self {
+    pub(super) fn new(seed: u64, shape: usize) -> Self {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
         // (dp, ep, gpus_per_node, slots_per_rank, E)
         let shapes = [(8, 4, 2, 5, 16), (16, 8, 4, 3, 20), (8, 8, 8, 3, 16), (12, 4, 4, 4, 13)];
@@ -74,11 +74,11 @@ impl Case {
         Self { seq_lens, expert_tokens, layers, experts: e_n, topo, placement, cap }
     }
 
-    fn window(&self) -> WindowView<'_> {
+    pub(super) fn window(&self) -> WindowView<'_> {
         WindowView::new(&self.seq_lens, &self.expert_tokens, self.layers, self.experts).unwrap()
     }
 
-    fn plan(&self, replicas: Vec<Replica>) -> Plan {
+    pub(super) fn plan(&self, replicas: Vec<Replica>) -> Plan {
         let p = sequential(&self.seq_lens, self.cap, self.topo.dp).unwrap();
         Plan {
             placement: self.placement.clone(),

@@ -151,8 +151,9 @@ pub struct ExchangeState {
     wo_x: Vec<f64>,
     wo_a: Vec<f64>,
     flag: Vec<bool>,
+    own: Vec<i64>,
     b_x_flag: f64,
-    b_a_all: f64,
+    b_a_top: [(f64, usize); 2],
     b_a_host: f64,
     b_expert: usize,
     /// Parts of the multi-slot candidates priced since their expert last changed.
@@ -557,3 +558,6 @@ impl ExchangeState {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests;
