@@ -4,7 +4,9 @@
 //! other experts' part, and the rank values (`values`) grow with each of its integer sums,
 //! rounding included. So the slowest rank after the move is at least, over ranks p, a bound
 //! on p's new values where the move may change p and the cached values elsewhere:
-//! * expert time: e's hosts without e's tokens; the destination with its copy's new tokens;
+//! * expert time: e's hosts with the least their slots compute (the tokens no copy takes,
+//!   R, are split over the c slots by quotas of at least Σ_r ⌊rem_r / c⌋ ≥ (R − ep·(c−1)) / c
+//!   each, `flow`'s rule); the destination with its copy's new tokens;
 //!   e's other copies as now (every copy computes exactly its `n`: shares round back
 //!   exactly below 2^23 tokens and the `n` of an expert's copies never sum above its
 //!   total, so moving one copy's share changes no other copy's tokens; above 2^23 they
@@ -61,6 +63,15 @@ impl ExchangeState {
         }
         wo_x.clear();
         wo_a.clear();
+        self.b_hosts.clear();
+        for &slot in c.expert_slots(e) {
+            let h = c.topo.rank_of_slot(slot);
+            match self.b_hosts.last_mut() {
+                Some((r, k)) if *r == h => *k += 1,
+                _ => self.b_hosts.push((h, 1)),
+            }
+        }
+        self.b_taken = self.replicas[e].iter().map(|r| r.n).sum();
         let (mut x_flag, mut a_host) = (0.0f64, 0.0f64);
         let mut top = [(f64::NEG_INFINITY, usize::MAX); 2];
         for p in 0..ep {
@@ -69,7 +80,7 @@ impl ExchangeState {
             let (l, el) = (self.links[p], self.elinks[base + p]);
             let l = [l[0] - el[0], l[1] - el[1], l[2] - el[2], l[3] - el[3]];
             let a = if hosted[p] { a2a(kt, &l) } else { a2a_sending(kt, &l, self.origin_t[base + p] - own[p]) };
-            if flag[p] {
+            if flag[p] && !hosted[p] {
                 x_flag = x_flag.max(x);
             }
             if hosted[p] {
@@ -111,7 +122,16 @@ impl ExchangeState {
         } else {
             self.wo_x[dst]
         };
-        let x = self.b_x_flag.max(x_dst).max(first(&self.xo, &self.xv, &|p| flag[p] || p == dst));
+        // what the slots compute: at least the copies' n less (stored n never below the
+        // tokens a copy computes), spread by quotas
+        let c_n = c.expert_slots(e).len() as i64;
+        let left = self.total[e] - (self.b_taken - self.own[dst]) - n;
+        let quota = ((left - ep as i64 * (c_n - 1)) / c_n).max(0);
+        let x_host = self.b_hosts.iter().fold(0.0f64, |m, &(h, k)| {
+            let (t, new) = (self.etok[base + h], k * quota);
+            m.max(c.cost.expert_time((self.tok[h] - t + new) as f64, (self.active[h] - i64::from(t > 0) + i64::from(new > 0)) as f64))
+        });
+        let x = self.b_x_flag.max(x_host).max(x_dst).max(first(&self.xo, &self.xv, &|p| flag[p] || p == dst));
         let (l, el) = (self.links[dst], self.elinks[base + dst]);
         let a_dst = a2a_sending(kt, &[l[0] - el[0], l[1] - el[1], l[2] - el[2], l[3] - el[3]], self.origin_t[base + dst] - n);
         let a = match local {

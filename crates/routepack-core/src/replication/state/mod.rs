@@ -155,6 +155,9 @@ pub struct ExchangeState {
     b_x_flag: f64,
     b_a_top: [(f64, usize); 2],
     b_a_host: f64,
+    /// e's hosts with their slot counts, and the tokens its copies take (Σ n).
+    b_hosts: Vec<(usize, i64)>,
+    b_taken: i64,
     b_expert: usize,
     /// Parts of the multi-slot candidates priced since their expert last changed.
     cache: PartCache,
