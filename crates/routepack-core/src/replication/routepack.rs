@@ -13,11 +13,11 @@
 //! the all-to-all bottleneck) with two shares (all of e's tokens on r's node, or the share
 //! that levels r with e's busiest host when that is less); a move to a rank that already has
 //! a copy of e changes its share. Every candidate is priced exactly (`ExchangeState`, the
-//! simulator's formula), most promising lower bound first, skipping those whose bound cannot
-//! beat the best so far; the best move is taken while it lowers the exchange's time. The
-//! result is kept only if it beats no replication, so an exchange never gets slower (it may
-//! get no replicas). With [`Options::time_budget`], exchanges whose turn comes after the
-//! deadline get no replicas (`exchange::plan_exchanges_until`).
+//! simulator's formula), most promising lower bound first (`ExchangeState::bound`), skipping
+//! those whose bound cannot beat the best so far; the best move is taken while it lowers
+//! the exchange's time. The result is kept only if it beats no replication, so an exchange
+//! never gets slower (it may get no replicas). With [`Options::time_budget`], exchanges whose
+//! turn comes after the deadline get no replicas (`exchange::plan_exchanges_until`).
 
 use std::time::Duration;
 

@@ -12,7 +12,10 @@
 //! Pricing a candidate is O(ep) integer work plus float work only on the ranks the
 //! candidate changes: per-rank values (expert time, all-to-all time, replica hops) and the
 //! ranks sorted by each are cached, so the max over unchanged ranks is read off the order.
-//! `append` prices the commonest candidate, a new copy of a one-slot expert, sparser still.
+//! `append` prices the commonest candidate, a new copy of a one-slot expert, sparser still;
+//! `cache` keeps the parts of multi-slot experts' candidates until the expert changes; `bound`
+//! bounds a candidate's price from below so most are never priced; `part` routes one
+//! expert's part (and loads an unreplicated one-slot expert without routing).
 //!
 //! # What it shares with `simulate`, and what it approximates
 //! * Shared, bit for bit: the expert term ([`crate::cost::CostModel::expert_time`], plus
