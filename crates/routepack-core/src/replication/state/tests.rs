@@ -9,7 +9,7 @@ use rand_xoshiro::Xoshiro256PlusPlus;
 use super::{ExchangeState, Part};
 use crate::cost::CostModel;
 use crate::replication::exchange::{plan_exchanges, Exchange};
-use crate::replication::tests::Case;
+use crate::replication::test_case::Case;
 
 /// Runs `check(exchange, state, twin, rng)` on every exchange of `case`'s sequential packing.
 fn each_exchange(case: &Case, seed: u64, check: impl Fn(&Exchange, &mut ExchangeState, &mut ExchangeState, &mut Xoshiro256PlusPlus) + Sync) {
