@@ -5,20 +5,8 @@
 //! replicas stay: its part depends only on the exchange's origin, the expert's slots and its
 //! replicas. The price itself (the other ranks' sums change) is always recomputed.
 
-use super::{ExchangeState, Part, ReplicaShare};
+use super::{ExchangeState, Part, PartCache, ReplicaShare};
 use crate::replication::exchange::Exchange;
-
-/// Parts by (expert, destination, share bits) of the trial "expert e's replicas with the
-/// replica on `dst` set to `share`".
-#[derive(Default)]
-pub(super) struct PartCache {
-    /// Entry i: its key and part; free entries are listed in `free`.
-    keys: Vec<(usize, usize, u32)>,
-    parts: Vec<Part>,
-    free: Vec<usize>,
-    /// `[E]` the live entries of each expert.
-    by_expert: Vec<Vec<usize>>,
-}
 
 impl PartCache {
     /// Forgets every entry (a new exchange with `e_n` experts); buffers are kept.

@@ -49,8 +49,6 @@ mod bound;
 mod cache;
 mod part;
 
-use cache::PartCache;
-
 /// Per rank and link: [send intra, recv intra, send inter, recv inter].
 type Links = [i64; 4];
 
@@ -84,6 +82,18 @@ impl Part {
     fn new(ep: usize) -> Self {
         Self { tok: vec![0; ep], links: vec![[0; 4]; ep] }
     }
+}
+
+/// The part cache (`cache`): parts by (expert, destination, share bits) of the trial "expert e's replicas with the
+/// replica on `dst` set to `share`".
+#[derive(Default)]
+struct PartCache {
+    /// Entry i: its key and part; free entries are listed in `free`.
+    keys: Vec<(usize, usize, u32)>,
+    parts: Vec<Part>,
+    free: Vec<usize>,
+    /// `[E]` the live entries of each expert.
+    by_expert: Vec<Vec<usize>>,
 }
 
 /// The simulator's cost of one exchange under its current replicas, kept as integer per-rank
