@@ -147,4 +147,6 @@ pub fn routepack(
 }
 
 #[cfg(test)]
+mod test_case;
+#[cfg(test)]
 mod tests;

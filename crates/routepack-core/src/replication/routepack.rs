@@ -13,18 +13,18 @@
 //! the all-to-all bottleneck) with two shares (all of e's tokens on r's node, or the share
 //! that levels r with e's busiest host when that is less); a move to a rank that already has
 //! a copy of e changes its share. Every candidate is priced exactly (`ExchangeState`, the
-//! simulator's formula), most promising lower bound first, skipping those whose bound cannot
-//! beat the best so far; the best move is taken while it lowers the exchange's time. The
-//! result is kept only if it beats no replication, so an exchange never gets slower (it may
-//! get no replicas). With [`Options::time_budget`], exchanges whose turn comes after the
-//! deadline get no replicas (`exchange::plan_exchanges_until`).
+//! simulator's formula), most promising lower bound first (`ExchangeState::bound`), skipping
+//! those whose bound cannot beat the best so far; the best move is taken while it lowers
+//! the exchange's time. The result is kept only if it beats no replication, so an exchange
+//! never gets slower (it may get no replicas). With [`Options::time_budget`], exchanges whose
+//! turn comes after the deadline get no replicas (`exchange::plan_exchanges_until`).
 
 use std::time::Duration;
 
 use crate::plan::Replica;
 
 use super::exchange::Exchange;
-use super::state::{ExchangeState, ReplicaShare};
+use super::state::ExchangeState;
 
 /// Copies a rank may hold per exchange by default (also ReLibra's budget, `relibra`). MindSpeed's default
 /// (`hot_n` with N = 3) puts up to 3 copies on every rank; routepack gets fewer.
@@ -66,7 +66,6 @@ pub struct Worker {
     cands: Vec<usize>,
     dsts: Vec<usize>,
     keyed: Vec<(i64, usize)>,
-    trial: Vec<ReplicaShare>,
     node_tokens: Vec<i64>,
     moves: Vec<Move>,
     pools: Vec<Vec<i64>>,
@@ -117,17 +116,6 @@ fn take_top(keyed: &mut [(i64, usize)], k: usize, out: &mut Vec<usize>) {
             out.push(i);
         }
     }
-}
-
-/// `reps` with `rep` replacing the replica on the same dst, or appended: written into `trial`.
-fn with_replica<'t>(trial: &'t mut Vec<ReplicaShare>, reps: &[ReplicaShare], rep: ReplicaShare) -> &'t [ReplicaShare] {
-    trial.clear();
-    trial.extend_from_slice(reps);
-    match trial.iter_mut().find(|x| x.dst == rep.dst) {
-        Some(x) => *x = rep,
-        None => trial.push(rep),
-    }
-    trial
 }
 
 /// The replicas (and their token shares) of one exchange.
@@ -198,11 +186,15 @@ pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Repli
             if total == 0 {
                 continue;
             }
-            // what copies appended after e's replicas draw from (for the sparse pricing)
+            // what copies appended after e's replicas draw from (for the sparse pricing of a
+            // one-slot expert's new copy; an expert with several slots is priced in full)
             if wk.pools.len() <= ci {
                 wk.pools.resize_with(ci + 1, Vec::new);
             }
-            st.pool_into(c, e, &mut wk.pools[ci]);
+            if c.expert_slots(e).len() == 1 {
+                st.pool_into(c, e, &mut wk.pools[ci]);
+            }
+            st.prepare_bound(c, e, &wk.hosted[e * ep..(e + 1) * ep]);
             // destinations: most own tokens of e, least expert time, and the a2a bottleneck
             let dsts = &mut wk.dsts;
             dsts.clear();
@@ -259,12 +251,8 @@ pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Repli
                     if n == mine || options[..k].contains(&n) {
                         continue;
                     }
-                    let x_changes = |p: usize| p == r || hosted[p] || st.has_copy(e, p);
-                    let lb = if alone && n.max(mine) <= node_tokens {
-                        st.lower_bound(c, x_changes, |p| hosted[p] || (lo..lo + rpn).contains(&p))
-                    } else {
-                        st.lower_bound(c, x_changes, |_| true)
-                    };
+                    let local = (alone && n.max(mine) <= node_tokens).then_some(lo / rpn);
+                    let lb = st.bound(c, r, src, n, existing.is_none(), local, hosted, rpn);
                     if lb < bar {
                         let idx = wk.moves.len();
                         wk.moves.push(Move { t: lb, idx, ci, e, dst: r, src, n });
@@ -293,7 +281,7 @@ pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Repli
             let t = if slots.len() == 1 && !st.has_copy(m.e, m.dst) && st.total(m.e) < 1 << 23 {
                 st.try_append(c, m.e, slots[0] / spr, &wk.pools[m.ci], rep)
             } else {
-                st.try_replicas(c, m.e, with_replica(&mut wk.trial, &st.replicas[m.e], rep))
+                st.try_move(c, m.e, rep)
             };
             debug_assert!(t >= lb, "bound {lb} above the price {t}: {:?}", (m.e, m.dst, m.n));
             if t < best_t || (best.is_some() && t == best_t && m.idx < best_idx) {
@@ -301,8 +289,7 @@ pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Repli
             }
         }
         let Some(m) = best else { break };
-        with_replica(&mut wk.trial, &st.replicas[m.e], st.make_replica(m.e, m.src, m.dst, m.n));
-        st.set_replicas(c, m.e, wk.trial.clone());
+        st.apply_move(c, m.e, st.make_replica(m.e, m.src, m.dst, m.n));
         cur = m.t;
     }
     // keep the replicas only with a margin far above the float noise between this incremental

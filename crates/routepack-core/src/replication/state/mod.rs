@@ -12,7 +12,10 @@
 //! Pricing a candidate is O(ep) integer work plus float work only on the ranks the
 //! candidate changes: per-rank values (expert time, all-to-all time, replica hops) and the
 //! ranks sorted by each are cached, so the max over unchanged ranks is read off the order.
-//! `append` prices the commonest candidate, a new copy of a one-slot expert, sparser still.
+//! `append` prices the commonest candidate, a new copy of a one-slot expert, sparser still;
+//! `cache` keeps the parts of multi-slot experts' candidates until the expert changes; `bound`
+//! bounds a candidate's price from below so most are never priced; `part` routes one
+//! expert's part (and loads an unreplicated one-slot expert without routing).
 //!
 //! # What it shares with `simulate`, and what it approximates
 //! * Shared, bit for bit: the expert term ([`crate::cost::CostModel::expert_time`], plus
@@ -36,13 +39,15 @@
 //! noise, so a planned exchange is never slower on the simulator's scale
 //! (`replication::tests::routepack_never_slower_than_none`).
 
-use crate::flow::route_expert;
 use crate::plan::Replica;
 use crate::simulate::LayerCost;
 
 use super::exchange::{share_for, Exchange};
 
 mod append;
+mod bound;
+mod cache;
+mod part;
 
 /// Per rank and link: [send intra, recv intra, send inter, recv inter].
 type Links = [i64; 4];
@@ -77,6 +82,18 @@ impl Part {
     fn new(ep: usize) -> Self {
         Self { tok: vec![0; ep], links: vec![[0; 4]; ep] }
     }
+}
+
+/// The part cache (`cache`): parts by (expert, destination, share bits) of the trial "expert e's replicas with the
+/// replica on `dst` set to `share`".
+#[derive(Default)]
+struct PartCache {
+    /// Entry i: its key and part; free entries are listed in `free`.
+    keys: Vec<(usize, usize, u32)>,
+    parts: Vec<Part>,
+    free: Vec<usize>,
+    /// `[E]` the live entries of each expert.
+    by_expert: Vec<Vec<usize>>,
 }
 
 /// The simulator's cost of one exchange under its current replicas, kept as integer per-rank
@@ -142,6 +159,21 @@ pub struct ExchangeState {
     /// Scratch of `refresh_changed`: per value (expert, all-to-all, hops), the ranks whose
     /// value changed.
     moved: [Vec<usize>; 3],
+    /// `bound`'s per-expert scratch: `[ep]` values without the expert's part, ranks whose
+    /// expert time any move changes, and the maxima over them.
+    wo_x: Vec<f64>,
+    wo_a: Vec<f64>,
+    flag: Vec<bool>,
+    own: Vec<i64>,
+    b_x_flag: f64,
+    b_a_top: [(f64, usize); 2],
+    b_a_host: f64,
+    /// e's hosts with their slot counts, and the tokens its copies take (Σ n).
+    b_hosts: Vec<(usize, i64)>,
+    b_taken: i64,
+    b_expert: usize,
+    /// Parts of the multi-slot candidates priced since their expert last changed.
+    cache: PartCache,
 }
 
 impl ExchangeState {
@@ -195,14 +227,21 @@ impl ExchangeState {
         self.pos.clear();
         self.pos.resize(ep, 0);
         self.stamp = 0;
-        let mut part = Part::new(ep);
+        self.cache.clear(e_n);
+        let mut part = std::mem::take(&mut self.scratch_part);
         for e in 0..e_n {
             if self.total[e] == 0 {
                 continue;
             }
-            self.part_into(c, e, &[], &mut part);
-            self.install(e, &part);
+            match c.expert_slots(e) {
+                &[slot] => self.install_unreplicated(e, c.topo.rank_of_slot(slot)),
+                _ => {
+                    self.part_into(c, e, &[], &mut part);
+                    self.install(e, &part);
+                }
+            }
         }
+        self.scratch_part = part;
         self.refresh(c);
     }
 
@@ -344,41 +383,6 @@ impl ExchangeState {
         self.replicas[e].iter().any(|r| r.dst == p)
     }
 
-    /// Expert e's part of the sums if its replicas were `reps` (computed by `route_expert`).
-    pub fn part_into(&mut self, c: &Exchange, e: usize, reps: &[ReplicaShare], out: &mut Part) {
-        let ep = self.ep;
-        out.tok.iter_mut().for_each(|x| *x = 0);
-        out.links.iter_mut().for_each(|x| *x = [0; 4]);
-        self.args.clear();
-        self.args.extend(reps.iter().map(|r| (r.dst, r.share)));
-        let origin = &self.origin_t[e * ep..(e + 1) * ep];
-        let node = &self.node;
-        route_expert(origin, c.expert_slots(e), &self.args, c.topo, &mut self.rem, |o, p, _, n| {
-            out.tok[p] += n;
-            if o != p {
-                let k = if node[o] == node[p] { 0 } else { 2 };
-                out.links[o][k] += n;
-                out.links[p][k + 1] += n;
-            }
-        });
-    }
-
-    fn install(&mut self, e: usize, part: &Part) {
-        let ep = self.ep;
-        for p in 0..ep {
-            let old = self.etok[e * ep + p];
-            let new = part.tok[p];
-            self.tok[p] += new - old;
-            self.active[p] += i64::from(new > 0) - i64::from(old > 0);
-            self.etok[e * ep + p] = new;
-            let ol = self.elinks[e * ep + p];
-            for (k, l) in self.links[p].iter_mut().enumerate() {
-                *l += part.links[p][k] - ol[k];
-            }
-            self.elinks[e * ep + p] = part.links[p];
-        }
-    }
-
     /// Adds (sign +1) or removes (-1) the replication chain of (e, src) over `dsts` to `acc`:
     /// src → dsts ordered same-node-first, then by rank (as the simulator chains them).
     fn chain(node: &[usize], src: usize, dsts: &mut Vec<usize>, sign: i64, acc: &mut [Links], touched: &mut Vec<usize>) {
@@ -497,15 +501,6 @@ impl ExchangeState {
         self.av[p]
     }
 
-    /// Lower bound on the exchange's time after a change that leaves every rank for which
-    /// `x_changes` (expert time) / `a_changes` (all-to-all time) is false untouched: the
-    /// maxima over the untouched ranks (cached), no replication cost.
-    pub fn lower_bound(&self, c: &Exchange, x_changes: impl Fn(usize) -> bool, a_changes: impl Fn(usize) -> bool) -> f64 {
-        let x = self.xo.iter().find(|&&p| !x_changes(p)).map_or(0.0, |&p| self.xv[p]);
-        let a = self.ao.iter().find(|&&p| !a_changes(p)).map_or(0.0, |&p| self.av[p]);
-        Self::total_time(c, x, a, 0.0)
-    }
-
     /// The rank with the largest expert time, and the one with the largest all-to-all time
     /// (lowest index on ties).
     pub fn bottlenecks(&self) -> (usize, usize) {
@@ -533,7 +528,14 @@ impl ExchangeState {
     pub fn set_replicas(&mut self, c: &Exchange, e: usize, reps: Vec<ReplicaShare>) {
         let mut part = std::mem::take(&mut self.scratch_part);
         self.part_into(c, e, &reps, &mut part);
-        self.install(e, &part);
+        self.commit(c, e, reps, &part);
+        self.scratch_part = part;
+    }
+
+    /// Makes `reps` expert e's replicas, `part` their part (from [`Self::part_into`]).
+    fn commit(&mut self, c: &Exchange, e: usize, reps: Vec<ReplicaShare>, part: &Part) {
+        self.cache.forget(e);
+        self.install(e, part);
         self.hop_delta(e, &reps);
         for &p in &self.touched {
             for k in 0..4 {
@@ -550,7 +552,6 @@ impl ExchangeState {
             self.used[r.dst] += 1;
         }
         self.replicas[e] = reps;
-        self.scratch_part = part;
         self.refresh_changed(c);
         // every test that plans with routepack checks the repaired orders against a full sort
         #[cfg(test)]
@@ -573,3 +574,6 @@ impl ExchangeState {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests;
