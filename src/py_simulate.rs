@@ -3,16 +3,17 @@
 use numpy::{IntoPyArray, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use routepack_core::simulate::simulate_with_cap;
+use routepack_core::simulate::simulate_validated;
 
 use crate::convert;
 use crate::errors::run;
 use crate::py_plan::{check_tables, plan_tables};
 
 /// DESIGN.md's cost model → dict with the fields of `routepack.SimResult`. `token_cap`: the
-/// cap the lower bound assumes (None: no cap).
+/// cap the lower bound assumes (None: no cap). `plan_cap`: first validate the plan against
+/// this cap as `validate_plan` does (None: well-formedness only, no cap).
 #[pyfunction]
-#[pyo3(signature = (plan, seq_lens, expert_tokens, topo, cost, ideal_micro=None, token_cap=None))]
+#[pyo3(signature = (plan, seq_lens, expert_tokens, topo, cost, ideal_micro=None, token_cap=None, plan_cap=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn simulate<'py>(
     py: Python<'py>,
@@ -23,6 +24,7 @@ pub fn simulate<'py>(
     cost: &Bound<'py, PyAny>,
     ideal_micro: Option<usize>,
     token_cap: Option<i64>,
+    plan_cap: Option<i64>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let tables = plan_tables(plan)?;
     let plan = convert::plan(plan)?;
@@ -31,7 +33,7 @@ pub fn simulate<'py>(
     let c = convert::cost(cost)?;
     let r = run(py, || {
         // simulate validates the plan first, so its own faults are named before the tables'
-        let r = simulate_with_cap(&plan, &w, &t, &c, ideal_micro, token_cap)?;
+        let r = simulate_validated(&plan, &w, &t, &c, ideal_micro, token_cap, plan_cap.unwrap_or(i64::MAX))?;
         check_tables(&plan, &tables)?;
         Ok(r)
     })?;

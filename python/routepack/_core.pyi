@@ -92,10 +92,12 @@ def layout_proxy_cost(seq_lens: _I64, expert_tokens: _Counts, topo: Any, cost: A
 
 # ---- simulator (src/py_simulate.rs)
 def simulate(plan: Any, seq_lens: _I64, expert_tokens: _Counts, topo: Any, cost: Any,
-             ideal_micro: Optional[int] = None, token_cap: Optional[int] = None) -> Dict[str, Any]:
+             ideal_micro: Optional[int] = None, token_cap: Optional[int] = None,
+             plan_cap: Optional[int] = None) -> Dict[str, Any]:
     """DESIGN.md's cost model; keys are the fields of routepack.SimResult. `ideal_micro`: the
     steps the ideal time assumes (None: the plan's own); `token_cap`: the cap the lower bound
-    assumes (None: no cap)."""
+    assumes (None: no cap); `plan_cap`: first validate the plan against this cap as
+    `validate_plan` does (None: well-formedness only)."""
 
 # ---- ingestion (src/py_ingest.rs)
 def expert_tokens_from_routed(routed: np.ndarray, cu_seqlens: _I64, num_experts: int) -> Tuple[_I64, _Counts]:

@@ -189,8 +189,8 @@ def plan_stages(window: Any, topo: Any, cost: Any, token_cap: Any, policy: Any, 
             migration[name_] = col
 
     plan = Plan(placement, sample_rank, sample_micro, num_micro, replicas, migration, policy=name)
-    plan.validate(window, topo, token_cap)
-    sim = simulate(plan, window, topo, cost, token_cap)
+    # `Plan.validate` and the final simulate in one call: one view of the window for both
+    sim = simulate(plan, window, topo, cost, token_cap, validate=True)
     seconds["total"] = time.perf_counter() - start
     plan.report = {
         "policy": name,

@@ -8,7 +8,8 @@ from typing import Any, Dict, Optional
 import numpy as np
 
 from routepack import _core
-from routepack._checks import instance_of, positive_int
+from routepack._checks import boolean, instance_of, positive_int
+from routepack.errors import RoutepackError
 from routepack.model import CostModel, Topology
 from routepack.plan import Plan
 from routepack.window import Window
@@ -118,7 +119,8 @@ def lower_bound_micro(window: Any, topo: Any, token_cap: int) -> int:
     return max(1, -(-rows // topo.dp))
 
 
-def simulate(plan: Any, window: Any, topo: Any, cost: Any, token_cap: Optional[int] = None) -> SimResult:
+def simulate(plan: Any, window: Any, topo: Any, cost: Any, token_cap: Optional[int] = None,
+             validate: bool = False) -> SimResult:
     """Scores `plan` on `window` under `topo` and `cost` (see docs/design.md, "Cost model").
 
     ``token_cap`` sets the microbatch count of the balanced reference ``ideal_time`` (the
@@ -126,7 +128,10 @@ def simulate(plan: Any, window: Any, topo: Any, cost: Any, token_cap: Optional[i
     default the cap recorded in ``plan.report``, else the plan's own count and no cap (the
     weakest bound). The plan is checked for well-formedness first (not against a cap: that is
     the planner's business; where one of its rows exceeds the cap, the bound is taken at that
-    row's size, so it still bounds this plan).
+    row's size, so it still bounds this plan). With ``validate`` (a bool) the plan is first
+    checked as ``plan.validate(window, topo, token_cap)`` checks it (``token_cap`` then
+    required), raising the same `InvalidPlanError`, in the same call over the window (what
+    `plan_window` runs on the plan it assembles).
     """
     instance_of(plan, Plan, "plan")
     instance_of(window, Window, "window")
@@ -134,10 +139,13 @@ def simulate(plan: Any, window: Any, topo: Any, cost: Any, token_cap: Optional[i
     instance_of(cost, CostModel, "cost")
     cost.check_window_shape(window.num_layers, window.num_experts)
     plan._check_fields()  # before reading plan.report: a field set to None must be named
+    validate = boolean(validate, "validate")
     if token_cap is not None:
         token_cap = positive_int(token_cap, "token_cap")
+    elif validate:
+        raise RoutepackError("token_cap: validate=True checks the plan against a cap; pass token_cap=")
     cap = token_cap if token_cap is not None else plan.report.get("token_cap")
     ideal_micro = lower_bound_micro(window, topo, cap) if cap else None
     out = _core.simulate(plan, window.seq_lens, window.counts, topo, cost, ideal_micro,
-                         int(cap) if cap else None)
+                         int(cap) if cap else None, token_cap if validate else None)
     return SimResult(**out)

@@ -68,6 +68,10 @@
 
 use rayon::prelude::*;
 
+mod sums;
+
+pub use sums::{row_sums, DemandSums};
+
 use crate::cost::{CostModel, Overlap};
 use crate::error::{invalid, Result};
 use crate::topology::Topology;
@@ -161,9 +165,37 @@ fn top_sum(v: &mut [i32], k: usize) -> f64 {
     v[..k].iter().map(|&x| x as f64).sum()
 }
 
-/// One layer's sums and its samples' parts, in one pass over the layer (layers in parallel);
-/// the top-k sums only with `tops` (else 0).
-fn layer_pass(w: &WindowView, topo: &Topology, cost: &CostModel, l: usize, tops: bool) -> (LayerSums, Vec<SampleLayer>) {
+/// One layer's sums and its samples' parts without the top-k sums (0), from `d`.
+fn layer_of_sums(w: &WindowView, cost: &CostModel, d: &DemandSums, l: usize) -> (LayerSums, Vec<SampleLayer>) {
+    let (s_n, e_n) = (w.num_samples, w.num_experts);
+    let mut sums = LayerSums {
+        attention: 0.0,
+        tokens: 0.0,
+        top_rank: 0.0,
+        top_node: 0.0,
+        min_experts: usize::MAX,
+        used_experts: 0,
+        expert_tokens: d.expert_tokens[l * e_n..(l + 1) * e_n].iter().map(|&x| x as f64).collect(),
+        expert_share: d.expert_share[l * e_n..(l + 1) * e_n].to_vec(),
+    };
+    // sample order, as `layer_pass` adds them
+    let per = (0..s_n)
+        .map(|s| {
+            let tokens = d.row_tokens[l * s_n + s] as f64;
+            let experts = d.row_experts[l * s_n + s];
+            sums.attention += cost.attention(l, w.seq_lens[s] as f64);
+            sums.tokens += tokens;
+            sums.min_experts = sums.min_experts.min(experts);
+            SampleLayer { tokens, experts, top_rank: 0.0 }
+        })
+        .collect();
+    sums.used_experts = sums.expert_tokens.iter().filter(|&&x| x > 0.0).count();
+    (sums, per)
+}
+
+/// One layer's sums and its samples' parts with the top-k sums, in one pass over the layer
+/// (layers in parallel).
+fn layer_pass(w: &WindowView, topo: &Topology, cost: &CostModel, l: usize) -> (LayerSums, Vec<SampleLayer>) {
     let e_n = w.num_experts;
     let k_rank = topo.slots_per_rank;
     let k_node = topo.slots_per_rank * topo.ranks_per_group_node();
@@ -178,29 +210,17 @@ fn layer_pass(w: &WindowView, topo: &Topology, cost: &CostModel, l: usize, tops:
         expert_share: vec![0.0; e_n],
     };
     let mut buf = vec![0i32; e_n];
-    // integer accumulators: every count is an integer below 2^53, so their f64 sums are exact
-    // in any order and equal to these; integers let the loop below vectorise
     let mut expert_tokens = vec![0i64; e_n];
     let per = (0..w.num_samples)
         .map(|s| {
             let n = w.seq_lens[s] as f64;
             let t = w.tokens(s, l);
-            let (mut tok, mut experts) = (0i64, 0usize);
-            crate::with_counts!(t, t => for (et, &x) in expert_tokens.iter_mut().zip(t) {
-                tok += x as i64;
-                experts += usize::from(x > 0);
-                *et += x as i64;
-            });
+            let (tok, experts) =
+                crate::with_counts!(t, t => row_sums(t, w.seq_lens[s], &mut expert_tokens, &mut sums.expert_share));
             let tokens = tok as f64;
-            let inv = 1.0 / n;
-            crate::with_counts!(t, t => for (sh, &x) in sums.expert_share.iter_mut().zip(t) {
-                *sh = sh.max(x as f64 * inv);
-            });
             // the larger top first: the smaller one is then inside its prefix; a sample on
             // at most k experts keeps all its tokens
-            let (top_rank, top_node) = if !tops {
-                (0.0, 0.0)
-            } else if experts <= k_rank {
+            let (top_rank, top_node) = if experts <= k_rank {
                 (tokens, tokens)
             } else {
                 t.copy_to_i32(&mut buf);
@@ -260,11 +280,39 @@ pub fn lower_bound_and_layer_tokens(
     cost: &CostModel,
     token_cap: Option<i64>,
 ) -> Result<(f64, Vec<f64>)> {
+    check_bound_inputs(w, topo, cost, token_cap)?;
+    lower_bound_of_sums(w, topo, cost, token_cap, &DemandSums::of_window(w))
+}
+
+/// The errors of [`lower_bound_time`]'s inputs: a cost model for another layer count, too few
+/// slots for the experts, a cap below 1.
+pub fn check_bound_inputs(w: &WindowView, topo: &Topology, cost: &CostModel, token_cap: Option<i64>) -> Result<()> {
     cost.check(w.num_layers)?;
     topo.check_experts(w.num_experts)?;
+    match token_cap {
+        Some(c) if c < 1 => Err(invalid("token_cap", format!("must be >= 1, got {c}"))),
+        _ => Ok(()),
+    }
+}
+
+/// [`lower_bound_and_layer_tokens`] given the window's [`DemandSums`] `d` (gathered by the
+/// caller, e.g. `simulate` on its own pass over the demand): the same result, bit for bit.
+/// The demand is read again only for the top-k sums, and only when a candidate that
+/// charges traffic could beat the ones that do not.
+pub fn lower_bound_of_sums(
+    w: &WindowView,
+    topo: &Topology,
+    cost: &CostModel,
+    token_cap: Option<i64>,
+    d: &DemandSums,
+) -> Result<(f64, Vec<f64>)> {
+    check_bound_inputs(w, topo, cost, token_cap)?;
+    assert!(
+        d.num_samples == w.num_samples && d.num_experts == w.num_experts && d.row_tokens.len() == w.num_samples * w.num_layers,
+        "DemandSums of another window"
+    );
     let total = w.total_tokens();
     let cap = match token_cap {
-        Some(c) if c < 1 => return Err(invalid("token_cap", format!("must be >= 1, got {c}"))),
         Some(c) => c.min(total),
         None => total,
     } as f64;
@@ -273,13 +321,13 @@ pub fn lower_bound_and_layer_tokens(
     // First without the top-k sums (the costly part): every candidate is then over-estimated
     // (its traffic only falls as the hostable tokens rise) except the ones that charge no
     // traffic (μ = ν = 0), which are exact. When no estimate beats those, they are the bound.
-    let (sums, per) = bound.layers(false);
+    let (sums, per) = bound.layers_of(d);
     let layer_tokens = sums.iter().map(|s| s.tokens).collect();
     let free = bound.best(&sums, &per, true);
     if bound.best(&sums, &per, false) <= free {
         return Ok((free, layer_tokens));
     }
-    let (sums, per) = bound.layers(true);
+    let (sums, per) = bound.layers_with_tops();
     Ok((bound.best(&sums, &per, false), layer_tokens))
 }
 
@@ -295,9 +343,14 @@ struct Bound<'a> {
 }
 
 impl Bound<'_> {
-    /// Every layer's sums and its samples' parts (top-k sums 0 unless `tops`).
-    fn layers(&self, tops: bool) -> (Vec<LayerSums>, Vec<Vec<SampleLayer>>) {
-        (0..self.w.num_layers).into_par_iter().map(|l| layer_pass(self.w, self.topo, self.cost, l, tops)).unzip()
+    /// Every layer's sums and its samples' parts, top-k sums 0, from `d`.
+    fn layers_of(&self, d: &DemandSums) -> (Vec<LayerSums>, Vec<Vec<SampleLayer>>) {
+        (0..self.w.num_layers).into_par_iter().map(|l| layer_of_sums(self.w, self.cost, d, l)).unzip()
+    }
+
+    /// Every layer's sums and its samples' parts with the top-k sums (a pass over the demand).
+    fn layers_with_tops(&self) -> (Vec<LayerSums>, Vec<Vec<SampleLayer>>) {
+        (0..self.w.num_layers).into_par_iter().map(|l| layer_pass(self.w, self.topo, self.cost, l)).unzip()
     }
 
     /// The largest candidate over the grid (`free_only`: only μ = ν = 0).
@@ -320,9 +373,12 @@ impl Bound<'_> {
             Overlap::DispatchCombine => GRID.iter().map(|&l| (l, 1.0 - l)).collect(),
         };
         let grid: &[f64] = if free_only { &GRID[..1] } else { &GRID };
+        let tables = SampleTables::new(w, cost, per, sums, micro);
         let mut best: f64 = 0.0;
         for &(cf, kf) in &mixes {
             let mix = Mix { compute: cf, prices: Prices { rank: kf * prices.rank, node: kf * prices.node, ..*prices } };
+            let expert_coef = mix.compute * passes;
+            let expert_part: Vec<f64> = tables.work.iter().map(|&x| expert_coef * x / ep).collect();
             for &mu in grid {
                 for &nu in grid {
                     let attn_coef = cf * passes - mu - 2.0 * nu;
@@ -345,7 +401,7 @@ impl Bound<'_> {
                             / dp;
                         best = best.max(attention + comm + cf * expert);
                     }
-                    best = best.max(single_sample(w, cost, topo, per, sums, &mix, micro, cap, attn_coef, replica));
+                    best = best.max(single_sample(w, &tables, &expert_part, sums, &mix, cap, attn_coef, replica));
                 }
             }
         }
@@ -359,22 +415,50 @@ struct Mix {
     prices: Prices,
 }
 
+/// What part 6 reads of every (sample, layer), the same for every candidate: sample-major
+/// `[S * L]` tables, so each candidate is one pass of multiply-adds.
+struct SampleTables {
+    /// `cost.attention(l, n_s)`.
+    attention: Vec<f64>,
+    /// Tokens the sample's rank cannot host: `(tokens − top_rank)⁺`.
+    unhosted: Vec<f64>,
+    /// One pass of expert work at the mean: `c_tok·tokens + c_exp·active`.
+    work: Vec<f64>,
+}
+
+impl SampleTables {
+    fn new(w: &WindowView, cost: &CostModel, per: &[Vec<SampleLayer>], sums: &[LayerSums], micro: f64) -> Self {
+        let (s_n, l_n) = (w.num_samples, w.num_layers);
+        let mut t = SampleTables { attention: vec![0.0; s_n * l_n], unhosted: vec![0.0; s_n * l_n], work: vec![0.0; s_n * l_n] };
+        for (s, &len) in w.seq_lens.iter().enumerate() {
+            let n = len as f64;
+            for (l, (layer, sum)) in per.iter().zip(sums).enumerate() {
+                let p = &layer[s];
+                let active = p.experts as f64 + (micro - 1.0) * sum.min_experts as f64;
+                t.attention[s * l_n + l] = cost.attention(l, n);
+                t.unhosted[s * l_n + l] = (p.tokens - p.top_rank).max(0.0);
+                t.work[s * l_n + l] = cost.c_tok * p.tokens + cost.c_exp * active;
+            }
+        }
+        t
+    }
+}
+
 /// Part 6 of the derivation: the largest over samples of what the group holding it must pay.
+/// `expert` `[S * L]`: the tables' `work` times this mix's expert coefficient, over ep.
 #[allow(clippy::too_many_arguments)]
 fn single_sample(
     w: &WindowView,
-    cost: &CostModel,
-    topo: &Topology,
-    per: &[Vec<SampleLayer>],
+    tables: &SampleTables,
+    expert: &[f64],
     sums: &[LayerSums],
     mix: &Mix,
-    micro: f64,
     cap: f64,
     attn_coef: f64,
     replica: f64,
 ) -> f64 {
-    let (l_n, ep) = (w.num_layers, topo.ep as f64);
-    let (prices, expert_coef) = (&mix.prices, mix.compute * cost.compute_passes());
+    let l_n = w.num_layers;
+    let prices = &mix.prices;
     let rates: Vec<f64> = sums
         .iter()
         .map(|s| {
@@ -384,20 +468,16 @@ fn single_sample(
             rate(prices.rank, replica, u)
         })
         .collect();
+    // each sample's layers added in layer order; the max over samples is the same in any order
     (0..w.num_samples)
+        .into_par_iter()
+        .with_min_len(1024)
         .map(|s| {
-            let n = w.seq_lens[s] as f64;
-            (0..l_n)
-                .map(|l| {
-                    let p = &per[l][s];
-                    let active = p.experts as f64 + (micro - 1.0) * sums[l].min_experts as f64;
-                    attn_coef * cost.attention(l, n)
-                        + rates[l] * (p.tokens - p.top_rank).max(0.0)
-                        + expert_coef * (cost.c_tok * p.tokens + cost.c_exp * active) / ep
-                })
-                .sum::<f64>()
+            let row = s * l_n..(s + 1) * l_n;
+            let (a, x, e) = (&tables.attention[row.clone()], &tables.unhosted[row.clone()], &expert[row]);
+            (0..l_n).map(|l| attn_coef * a[l] + rates[l] * x[l] + e[l]).sum::<f64>()
         })
-        .fold(0.0, f64::max)
+        .reduce(|| 0.0, f64::max)
 }
 
 #[cfg(test)]
@@ -428,10 +508,10 @@ mod tests {
             let got = lower_bound_time(&w, &topo, &cost, Some(cap)).unwrap();
             let c = cap.min(w.total_tokens()) as f64;
             let bound = Bound { w: &w, topo: &topo, cost: &cost, prices: Prices::new(&topo, &cost), micro: lower_bound_micro(&w, &topo, c as i64) as f64, cap: c };
-            let (sums, per) = bound.layers(true);
+            let (sums, per) = bound.layers_with_tops();
             let full = bound.best(&sums, &per, false);
             assert_eq!(got, full, "case {case}");
-            let (sums0, per0) = bound.layers(false);
+            let (sums0, per0) = bound.layers_of(&DemandSums::of_window(&w));
             shortcuts += usize::from(bound.best(&sums0, &per0, false) <= bound.best(&sums0, &per0, true));
         }
         assert!(shortcuts > 0 && shortcuts < 200, "both paths taken ({shortcuts} shortcuts of 200)");

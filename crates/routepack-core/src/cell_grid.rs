@@ -3,7 +3,9 @@
 //! per-exchange planners (replication) read for one exchange (EP group, step, layer): the
 //! slowest rank's attention and the tokens each EP rank sends to each logical expert.
 
+use crate::bound::row_sums;
 use crate::cost::CostModel;
+use crate::cpu::Avx2;
 use crate::plan::cell_members;
 use crate::topology::Topology;
 use crate::window::WindowView;
@@ -64,14 +66,106 @@ impl CellGrid {
 
     /// Fills `origin` `[ep * E]` (rank-major): tokens for logical expert e that EP-local rank
     /// r's samples send in exchange (group g, step m, layer l).
+    /// Compiled for AVX2 where the CPU has it (integer sums: the same values either way).
     pub fn origin(&self, w: &WindowView, g: usize, m: usize, l: usize, origin: &mut [i64]) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(cpu) = Avx2::detect() {
+            // SAFETY: `cpu` proves the running CPU has AVX2
+            return unsafe { self.origin_avx2(cpu, w, g, m, l, origin) };
+        }
+        self.origin_body(w, g, m, l, origin)
+    }
+
+    /// [`CellGrid::origin`] compiled for AVX2.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 (`_cpu` is the token that says so).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn origin_avx2(&self, _cpu: Avx2, w: &WindowView, g: usize, m: usize, l: usize, origin: &mut [i64]) {
+        self.origin_body(w, g, m, l, origin)
+    }
+
+    #[inline(always)]
+    fn origin_body(&self, w: &WindowView, g: usize, m: usize, l: usize, origin: &mut [i64]) {
         let e_n = w.num_experts;
         debug_assert_eq!(origin.len(), self.ep * e_n);
         origin.iter_mut().for_each(|x| *x = 0);
         for r in 0..self.ep {
             let row = &mut origin[r * e_n..(r + 1) * e_n];
             for &s in self.members(g * self.ep + r, m) {
-                w.tokens(s, l).add_to(row);
+                crate::with_counts!(w.tokens(s, l), x => for (o, &c) in row.iter_mut().zip(x) {
+                    *o += i64::from(c);
+                });
+            }
+        }
+    }
+
+    /// [`CellGrid::origin`], gathering on the way what the lower bound reads of each row
+    /// ([`crate::bound::DemandSums`], through [`row_sums`]): `share` `[E]` is raised to every
+    /// member's largest share of its length, and `row(s, tokens, experts)` is called for each
+    /// member s (its Σ_e tokens and distinct experts in layer l). Compiled for AVX2 where the
+    /// CPU has it (integer sums and maxima: the same bits either way).
+    #[allow(clippy::too_many_arguments)]
+    pub fn origin_and_sums(
+        &self,
+        w: &WindowView,
+        g: usize,
+        m: usize,
+        l: usize,
+        origin: &mut [i64],
+        share: &mut [f64],
+        row: impl FnMut(usize, i64, usize),
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(cpu) = Avx2::detect() {
+            // SAFETY: `cpu` proves the running CPU has AVX2
+            return unsafe { self.origin_and_sums_avx2(cpu, w, g, m, l, origin, share, row) };
+        }
+        self.origin_and_sums_body(w, g, m, l, origin, share, row)
+    }
+
+    /// [`CellGrid::origin_and_sums`] compiled for AVX2.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 (`_cpu` is the token that says so).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn origin_and_sums_avx2(
+        &self,
+        _cpu: Avx2,
+        w: &WindowView,
+        g: usize,
+        m: usize,
+        l: usize,
+        origin: &mut [i64],
+        share: &mut [f64],
+        row: impl FnMut(usize, i64, usize),
+    ) {
+        self.origin_and_sums_body(w, g, m, l, origin, share, row)
+    }
+
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn origin_and_sums_body(
+        &self,
+        w: &WindowView,
+        g: usize,
+        m: usize,
+        l: usize,
+        origin: &mut [i64],
+        share: &mut [f64],
+        mut row: impl FnMut(usize, i64, usize),
+    ) {
+        let e_n = w.num_experts;
+        debug_assert_eq!(origin.len(), self.ep * e_n);
+        origin.iter_mut().for_each(|x| *x = 0);
+        for r in 0..self.ep {
+            let o = &mut origin[r * e_n..(r + 1) * e_n];
+            for &s in self.members(g * self.ep + r, m) {
+                let (tokens, experts) = crate::with_counts!(w.tokens(s, l), t => row_sums(t, w.seq_lens[s], o, share));
+                row(s, tokens, experts);
             }
         }
     }

@@ -36,7 +36,7 @@ use crate::cost::links::LinkBytes;
 use crate::cost::CostModel;
 use crate::error::Result;
 use crate::flow::{route_expert, Dest};
-use crate::bound::lower_bound_and_layer_tokens;
+use crate::bound::{check_bound_inputs, lower_bound_of_sums, DemandSums};
 use crate::cell_grid::CellGrid;
 use crate::plan::{bucket_replicas, Plan, Replica};
 use crate::topology::Topology;
@@ -150,7 +150,6 @@ struct Scratch {
     column: Vec<i64>,   // [ep]
     rem: Vec<i64>,      // [ep]
     tokens: Vec<i64>,   // [ep] tokens per destination rank
-    stamp: Vec<u32>,    // [ep * E] last (expert, rank) activation stamp
     active: Vec<u32>,   // [ep]
     extra: Vec<f64>,    // [ep] roofline extra of the rank's active experts
     etok: Vec<i64>,     // [ep] tokens of the expert being routed, per rank
@@ -159,16 +158,16 @@ struct Scratch {
     repl_fwd: Vec<LinkBytes>,
     repl_bwd: Vec<LinkBytes>,
     rep_args: Vec<(usize, f32)>,
-    clock: u32,
+    rep_order: Vec<usize>, // the exchange's replicas, stably sorted by expert
+    node: Vec<usize>,      // [ep] node of each EP-local rank
 }
 
 impl Scratch {
-    fn new(ep: usize, e: usize) -> Self {
+    fn new(ep: usize) -> Self {
         Self {
             column: vec![0; ep],
             rem: Vec::with_capacity(ep),
             tokens: vec![0; ep],
-            stamp: vec![0; ep * e],
             active: vec![0; ep],
             extra: vec![0.0; ep],
             etok: vec![0; ep],
@@ -177,7 +176,8 @@ impl Scratch {
             repl_fwd: vec![LinkBytes::default(); ep],
             repl_bwd: vec![LinkBytes::default(); ep],
             rep_args: Vec::new(),
-            clock: 0,
+            rep_order: Vec::new(),
+            node: Vec::with_capacity(ep),
         }
     }
 }
@@ -195,7 +195,7 @@ impl ExchangePricer {
     /// A pricer for exchanges of `ep` EP ranks and `num_experts` logical experts (its
     /// scratch is sized for them; [`ExchangePricer::price`] panics on another shape).
     pub fn new(ep: usize, num_experts: usize) -> Self {
-        Self { sc: Scratch::new(ep, num_experts), ep, num_experts }
+        Self { sc: Scratch::new(ep), ep, num_experts }
     }
 
     /// Cost of one exchange.
@@ -246,34 +246,64 @@ fn price_exchange(
     sc.extra.iter_mut().for_each(|x| *x = 0.0);
     let roofline = cost.roofline();
     sc.a2a.iter_mut().for_each(|x| *x = LinkBytes::default());
-    sc.clock = sc.clock.wrapping_add(1);
-    if sc.clock == 0 {
-        sc.stamp.iter_mut().for_each(|x| *x = 0);
-        sc.clock = 1;
-    }
-    let clock = sc.clock;
+    // each rank's node, once (not a division per routed batch)
+    sc.node.clear();
+    sc.node.extend((0..ep).map(|r| topo.local_node_of(r)));
+    // the exchange's replicas by expert, each expert's in table order
+    sc.rep_order.clear();
+    sc.rep_order.extend(0..reps.len());
+    // (as usize, as the match below reads it: an expert outside 0..E is never routed, as before)
+    sc.rep_order.sort_by_key(|&i| reps[i].expert as usize);
+    let mut next_rep = 0;
     for e in 0..e_n {
         for r in 0..ep {
             sc.column[r] = origin[r * e_n + e];
         }
         sc.rep_args.clear();
-        sc.rep_args.extend(reps.iter().filter(|x| x.expert as usize == e).map(|x| (x.dst_rank as usize, x.share)));
+        while next_rep < sc.rep_order.len() && reps[sc.rep_order[next_rep]].expert as usize == e {
+            let x = &reps[sc.rep_order[next_rep]];
+            sc.rep_args.push((x.dst_rank as usize, x.share));
+            next_rep += 1;
+        }
+        let expert_slots = &slots[slot_off[e]..slot_off[e + 1]];
+        let node = &sc.node;
+        if expert_slots.len() == 1 && sc.rep_args.is_empty() {
+            // one slot and no replica (the common case): every token goes to the slot's rank,
+            // the flows `route_expert` emits, added in the same (ascending origin) order
+            let p = topo.rank_of_slot(expert_slots[0]);
+            let mut t = 0i64;
+            for (o, &n) in sc.column.iter().enumerate() {
+                if n > 0 {
+                    t += n;
+                    if o != p {
+                        LinkBytes::add(&mut sc.a2a, o, p, n as f64 * cost.token_bytes, node[o] == node[p]);
+                    }
+                }
+            }
+            if t > 0 {
+                sc.tokens[p] += t;
+                sc.active[p] += 1;
+                if roofline {
+                    sc.extra[p] += cost.weights_bound_extra(t as f64);
+                }
+            }
+            continue;
+        }
         if sc.column.iter().all(|&x| x == 0) {
             continue;
         }
-        let (tokens, active, stamp, a2a) = (&mut sc.tokens, &mut sc.active, &mut sc.stamp, &mut sc.a2a);
+        let (tokens, active, a2a) = (&mut sc.tokens, &mut sc.active, &mut sc.a2a);
         let (etok, touched) = (&mut sc.etok, &mut sc.touched);
-        route_expert(&sc.column, &slots[slot_off[e]..slot_off[e + 1]], &sc.rep_args, topo, &mut sc.rem, |o, p, _d: Dest, n| {
+        route_expert(&sc.column, expert_slots, &sc.rep_args, topo, &mut sc.rem, |o, p, _d: Dest, n| {
             tokens[p] += n;
-            if stamp[p * e_n + e] != clock {
-                stamp[p * e_n + e] = clock;
+            // every flow holds n > 0 tokens: a rank with none of this expert's yet is new
+            if etok[p] == 0 {
                 active[p] += 1;
                 touched.push(p);
             }
             etok[p] += n;
             if o != p {
-                let same = topo.local_node_of(o) == topo.local_node_of(p);
-                LinkBytes::add(a2a, o, p, n as f64 * cost.token_bytes, same);
+                LinkBytes::add(a2a, o, p, n as f64 * cost.token_bytes, node[o] == node[p]);
             }
         });
         for &p in &sc.touched {
@@ -402,40 +432,73 @@ pub fn simulate_with_cap(
     ideal_micro: Option<usize>,
     token_cap: Option<i64>,
 ) -> Result<SimReport> {
+    simulate_validated(plan, w, topo, cost, ideal_micro, token_cap, i64::MAX)
+}
+
+/// [`simulate_with_cap`] after [`validate_plan`] with `plan_cap` (tokens per cell; `i64::MAX`
+/// checks no cap): `Plan.validate` and the simulator in one call, the window viewed once
+/// (what `plan_window` runs on the plan it assembles).
+pub fn simulate_validated(
+    plan: &Plan,
+    w: &WindowView,
+    topo: &Topology,
+    cost: &CostModel,
+    ideal_micro: Option<usize>,
+    token_cap: Option<i64>,
+    plan_cap: i64,
+) -> Result<SimReport> {
     cost.check(w.num_layers)?;
-    validate_plan(plan, w, topo, i64::MAX)?;
+    validate_plan(plan, w, topo, plan_cap)?;
     let bound_cap = token_cap.map(|cap| cap.max(largest_row(plan, w, topo)));
-    let (lower_bound, layer_tokens) = lower_bound_and_layer_tokens(w, topo, cost, bound_cap)?;
-    let (g_n, m_n, l_n, ep) = (topo.num_groups(), plan.num_micro, w.num_layers, topo.ep);
+    check_bound_inputs(w, topo, cost, bound_cap)?;
+    let (g_n, m_n, l_n, ep, e_n) = (topo.num_groups(), plan.num_micro, w.num_layers, topo.ep, w.num_experts);
     let grid = CellGrid::new(&plan.sample_rank, &plan.sample_micro, m_n, w.seq_lens, topo);
     let reps = bucket_replicas(&plan.replicas, g_n, m_n, l_n);
     let layer_slots: Vec<(Vec<usize>, Vec<usize>)> = (0..l_n).map(|l| plan.placement.replicas_of_layer(l)).collect();
 
-    // every (g, m) independently; results kept in index order so the sum is deterministic
-    // each exchange's cost and its one-way dispatch bytes (inside nodes, between nodes)
-    let per_gm: Vec<Vec<(LayerCost, (f64, f64))>> = (0..g_n * m_n)
+    // every (g, m) independently; results kept in index order so the sum is deterministic:
+    // each exchange's cost and its one-way dispatch bytes (inside nodes, between nodes), and
+    // what the lower bound reads of the demand, gathered on the same pass over it
+    let per_gm: Vec<GmResult> = (0..g_n * m_n)
         .into_par_iter()
         .map_init(
-            || (ExchangePricer::new(ep, w.num_experts), vec![0i64; ep * w.num_experts]),
+            || (ExchangePricer::new(ep, e_n), vec![0i64; ep * e_n]),
             |(pricer, origin), gm| {
                 let (g, m) = (gm / m_n, gm % m_n);
-                (0..l_n)
+                let mut part = GmSums { rows: Vec::new(), totals: vec![0; l_n * e_n], share: vec![0.0; l_n * e_n] };
+                let costs = (0..l_n)
                     .map(|l| {
-                        grid.origin(w, g, m, l, origin);
+                        let share = &mut part.share[l * e_n..(l + 1) * e_n];
+                        grid.origin_and_sums(w, g, m, l, origin, share, |s, t, x| part.rows.push((s, l, t, x)));
+                        let totals = &mut part.totals[l * e_n..(l + 1) * e_n];
+                        for o in origin.chunks_exact(e_n) {
+                            totals.iter_mut().zip(o).for_each(|(t, &x)| *t += x);
+                        }
                         let attn_max = grid.attention_max(cost, g, m, l);
                         let (so, sl) = &layer_slots[l];
                         let lc = pricer.price(topo, cost, origin, attn_max, so, sl, &reps[gm * l_n + l]);
                         (lc, pricer.dispatch_bytes())
                     })
-                    .collect()
+                    .collect();
+                (costs, part)
             },
         )
         .collect();
+    let mut demand = DemandSums::new(w.num_samples, l_n, e_n);
+    for (_, part) in &per_gm {
+        for &(s, l, t, x) in &part.rows {
+            demand.set_row(s, l, t, x);
+        }
+        for l in 0..l_n {
+            demand.add_layer_part(l, &part.totals[l * e_n..(l + 1) * e_n], &part.share[l * e_n..(l + 1) * e_n]);
+        }
+    }
+    let (lower_bound, layer_tokens) = lower_bound_of_sums(w, topo, cost, bound_cap, &demand)?;
 
     let mut group_times = vec![0.0; g_n];
     let mut imbalance = Vec::with_capacity(g_n * m_n * l_n);
     let (mut intra, mut cross) = (0.0, 0.0);
-    for (gm, layers) in per_gm.iter().enumerate() {
+    for (gm, (layers, _)) in per_gm.iter().enumerate() {
         for (lc, (i, c)) in layers {
             group_times[gm / m_n] += lc.total();
             imbalance.push(lc.imbalance);
@@ -445,7 +508,7 @@ pub fn simulate_with_cap(
     }
     let critical = (0..g_n).fold(0, |b, g| if group_times[g] > group_times[b] { g } else { b });
     let mut parts = LayerCost::default();
-    for layers in &per_gm[critical * m_n..(critical + 1) * m_n] {
+    for (layers, _) in &per_gm[critical * m_n..(critical + 1) * m_n] {
         for (lc, _) in layers {
             parts.attention += lc.attention;
             parts.all_to_all += lc.all_to_all;
@@ -481,6 +544,19 @@ pub fn simulate_with_cap(
     })
 }
 
+/// What one (group, step) task of [`simulate_validated`] returns: each layer's exchange cost
+/// and one-way dispatch bytes (inside nodes, between nodes), and its part of the demand sums.
+type GmResult = (Vec<(LayerCost, (f64, f64))>, GmSums);
+
+/// What one (group, step) task of [`simulate_validated`] gathers for the lower bound
+/// ([`DemandSums`]): its rows `(sample, layer, Σ_e tokens, distinct experts)` and, per
+/// layer, its experts' totals and largest shares (`[L * E]` each).
+struct GmSums {
+    rows: Vec<(usize, usize, i64, usize)>,
+    totals: Vec<i64>,
+    share: Vec<f64>,
+}
+
 /// Tokens of the plan's largest row (cell).
 fn largest_row(plan: &Plan, w: &WindowView, topo: &Topology) -> i64 {
     let mut cells = vec![0i64; topo.dp * plan.num_micro];
@@ -489,3 +565,6 @@ fn largest_row(plan: &Plan, w: &WindowView, topo: &Topology) -> i64 {
     }
     cells.into_iter().max().unwrap_or(0)
 }
+
+#[cfg(test)]
+mod tests;

@@ -9,7 +9,8 @@ use proptest::prelude::*;
 use routepack_core::cost::CostModel;
 use routepack_core::placement::Placement;
 use routepack_core::plan::{ExpertMove, Plan, Replica};
-use routepack_core::simulate::simulate;
+use routepack_core::bound::lower_bound_time;
+use routepack_core::simulate::{ideal_time, simulate, simulate_with_cap};
 use routepack_core::topology::Topology;
 use routepack_core::validate::validate_plan;
 
@@ -119,5 +120,38 @@ proptest! {
         if plan.replicas.is_empty() && plan.placement.logcnt().iter().all(|&c| c == 1) {
             prop_assert_eq!(intra1, intra + cross);
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// The simulator gathers the lower bound's demand sums on its own pass over the demand:
+    /// its `lower_bound_time` and `ideal_time` are, bit for bit, the standalone functions' (at
+    /// the cap or the plan's largest row, whichever is larger), with and without a cap.
+    #[test]
+    fn simulate_reports_the_standalone_bound_and_ideal_exactly(
+        topo in topologies(),
+        seed in any::<u64>(),
+        micro in 1usize..3,
+        extra in 0usize..8,
+        capped in any::<bool>(),
+    ) {
+        let mut mix = Mix(seed);
+        let layers = 1 + mix.below(3);
+        let experts = 1 + mix.below(topo.num_slots());
+        let w = window(&mut mix, topo.dp * micro + extra, layers, experts, 40);
+        let plan = random_plan(&mut mix, &w, &topo, micro);
+        let mut cost = CostModel::for_tests(layers);
+        cost.token_bytes = [4096.0, 1.7][mix.below(2)];
+        cost.c_weights = [0.0, 5e-8][mix.below(2)];
+        let view = w.view();
+        let longest = *w.seq_lens.iter().max().unwrap();
+        let cap = if capped { Some(longest + mix.below(60) as i64) } else { None };
+        let rep = simulate_with_cap(&plan, &view, &topo, &cost, Some(1), cap).unwrap();
+        let largest = common::cell_tokens(&plan, &w.seq_lens, topo.dp).into_iter().max().unwrap();
+        let bound = lower_bound_time(&view, &topo, &cost, cap.map(|c| c.max(largest))).unwrap();
+        prop_assert_eq!(rep.lower_bound_time.to_bits(), bound.to_bits());
+        prop_assert_eq!(rep.ideal_time.to_bits(), ideal_time(&view, &topo, &cost, 1).to_bits());
     }
 }

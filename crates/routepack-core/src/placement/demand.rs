@@ -8,6 +8,7 @@
 
 use rayon::prelude::*;
 
+use crate::cpu::Avx2;
 use crate::error::{invalid, Result};
 use crate::window::WindowView;
 
@@ -100,9 +101,7 @@ pub fn chunk_demand(w: &WindowView, num_chunks: usize) -> Result<Vec<f64>> {
             // [E, B] transpose; integer counts below 2^53 make these f64 values exact, the
             // same as summing in f64 in any order
             let mut acc = vec![0i64; b_n * e_n];
-            for (s, &b) in chunk.iter().enumerate() {
-                w.tokens(s, l).add_to(&mut acc[b * e_n..(b + 1) * e_n]);
-            }
+            chunk_sums(w, l, &chunk, &mut acc);
             let mut out = vec![0.0f64; e_n * b_n];
             for (b, row) in acc.chunks_exact(e_n).enumerate() {
                 for (e, &x) in row.iter().enumerate() {
@@ -113,6 +112,37 @@ pub fn chunk_demand(w: &WindowView, num_chunks: usize) -> Result<Vec<f64>> {
         })
         .collect();
     Ok(per_layer.concat())
+}
+
+/// Adds every sample's demand in layer `l` to its chunk's row of `acc` `[B, E]`; compiled for
+/// AVX2 where the CPU has it (integer sums: the same values either way).
+fn chunk_sums(w: &WindowView, l: usize, chunk: &[usize], acc: &mut [i64]) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(cpu) = Avx2::detect() {
+        // SAFETY: `cpu` proves the running CPU has AVX2
+        return unsafe { chunk_sums_avx2(cpu, w, l, chunk, acc) };
+    }
+    chunk_sums_body(w, l, chunk, acc)
+}
+
+/// [`chunk_sums`] compiled for AVX2.
+///
+/// # Safety
+/// The CPU must support AVX2 (`_cpu` is the token that says so).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn chunk_sums_avx2(_cpu: Avx2, w: &WindowView, l: usize, chunk: &[usize], acc: &mut [i64]) {
+    chunk_sums_body(w, l, chunk, acc)
+}
+
+#[inline(always)]
+fn chunk_sums_body(w: &WindowView, l: usize, chunk: &[usize], acc: &mut [i64]) {
+    let e_n = w.num_experts;
+    for (s, &b) in chunk.iter().enumerate() {
+        crate::with_counts!(w.tokens(s, l), x => for (a, &c) in acc[b * e_n..(b + 1) * e_n].iter_mut().zip(x) {
+            *a += i64::from(c);
+        });
+    }
 }
 
 /// `[L, E]` aggregate loads of `w` (Σ over samples), as `WindowView::layer_expert_load`.

@@ -9,20 +9,25 @@ use crate::placement::Placement;
 use crate::topology::Topology;
 use crate::window::WindowView;
 
-/// Per layer: the rank of each single-replica expert (u32::MAX if replicated), and the
-/// (expert, rank, share) triples of replicated experts, shares on one rank merged.
-type Routes = (Vec<u32>, Vec<(usize, usize, f64)>);
+/// Per layer: the single-replica experts grouped by their rank, as CSR (rank p's are
+/// `experts[off[p]..off[p + 1]]`, ascending), and the (expert, rank, share) triples of
+/// replicated experts, shares on one rank merged.
+struct Routes {
+    off: Vec<usize>,
+    experts: Vec<u32>,
+    multi: Vec<(usize, usize, f64)>,
+}
 
 fn routes(w: &WindowView, topo: &Topology, placement: &Placement) -> Vec<Routes> {
     (0..w.num_layers)
         .map(|l| {
             let (off, slots) = placement.replicas_of_layer(l);
-            let mut single = vec![u32::MAX; w.num_experts];
+            let mut single: Vec<(usize, u32)> = Vec::with_capacity(w.num_experts);
             let mut multi: Vec<(usize, usize, f64)> = Vec::new();
             for e in 0..w.num_experts {
                 let sl = &slots[off[e]..off[e + 1]];
                 if sl.len() == 1 {
-                    single[e] = topo.rank_of_slot(sl[0]) as u32;
+                    single.push((topo.rank_of_slot(sl[0]), e as u32));
                     continue;
                 }
                 let start = multi.len();
@@ -34,7 +39,15 @@ fn routes(w: &WindowView, topo: &Topology, placement: &Placement) -> Vec<Routes>
                     }
                 }
             }
-            (single, multi)
+            single.sort_unstable();
+            let mut by_rank = vec![0usize; topo.ep + 1];
+            for &(p, _) in &single {
+                by_rank[p + 1] += 1;
+            }
+            for p in 0..topo.ep {
+                by_rank[p + 1] += by_rank[p];
+            }
+            Routes { off: by_rank, experts: single.into_iter().map(|(_, e)| e).collect(), multi }
         })
         .collect()
 }
@@ -58,17 +71,17 @@ impl Scratch {
 fn project_sample(w: &WindowView, routes: &[Routes], shape: Shape, s: usize, sc: &mut Scratch, out: &mut [f32]) {
     let (ep, rpn) = (sc.ep, sc.rpn);
     let (whole, part) = (&mut sc.whole, &mut sc.part);
-    for (l, (single, multi)) in routes.iter().enumerate() {
-        whole.iter_mut().for_each(|x| *x = 0);
+    for (l, rt) in routes.iter().enumerate() {
         part.iter_mut().for_each(|x| *x = 0.0);
         let x = w.tokens(s, l);
-        // replicated experts land in the spare entry `ep` here and are split below
+        // each rank's single-replica experts summed apart (integer sums: any order is exact,
+        // and independent sums run faster than one scatter); replicated ones are split below
         crate::with_counts!(x, x => {
-            for (&r, &n) in single.iter().zip(x) {
-                whole[(r as usize).min(ep)] += n as i64;
+            for (p, t) in whole[..ep].iter_mut().enumerate() {
+                *t = rt.experts[rt.off[p]..rt.off[p + 1]].iter().map(|&e| i64::from(x[e as usize])).sum();
             }
-            for &(e, p, sh) in multi {
-                part[p] += x[e] as f64 * sh;
+            for &(e, p, sh) in &rt.multi {
+                part[p] += f64::from(x[e]) * sh;
             }
         });
         let (mut sent, mut node_sent) = (0f32, 0f32);

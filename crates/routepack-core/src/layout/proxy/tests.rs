@@ -184,3 +184,66 @@ fn compact_projection_equals_the_full_table_compacted() {
         }
     }
 }
+
+#[test]
+fn projection_by_rank_sums_equals_the_plain_scatter() {
+    // the projection sums each rank's single-copy experts apart; the plain rule scatters
+    // every expert's tokens onto its rank and splits a replicated one evenly over its copies
+    use rand::{RngExt, SeedableRng};
+    let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(9);
+    for case in 0..40 {
+        let (dp, ep, gpn, spr) = [(8, 4, 2, 5), (8, 8, 4, 3), (4, 4, 4, 2)][case % 3];
+        let topo = Topology::new(dp, ep, gpn, spr).unwrap();
+        let (l_n, e_n) = (1 + case % 3, 1 + rng.random_range(0..topo.num_slots()));
+        let mut phy2log = Vec::new();
+        for _ in 0..l_n {
+            let mut layer: Vec<i32> =
+                (0..topo.num_slots()).map(|p| if p < e_n { p as i32 } else { rng.random_range(0..e_n) as i32 }).collect();
+            for i in (1..layer.len()).rev() {
+                layer.swap(i, rng.random_range(0..i + 1));
+            }
+            phy2log.extend(layer);
+        }
+        let pl = Placement::new(phy2log, l_n, e_n, spr).unwrap();
+        let (lens, tok) = window(12, l_n, e_n, case as u64);
+        let w = WindowView::new(&lens, &tok, l_n, e_n).unwrap();
+        let shape = Shape::new(l_n, topo.ep, topo.ep / topo.ranks_per_group_node());
+        let got = demand::project(&w, &topo, &pl, shape);
+        let len = shape.demand_len();
+        for s in 0..w.num_samples {
+            for l in 0..l_n {
+                let (off, slots) = pl.replicas_of_layer(l);
+                let (mut whole, mut part) = (vec![0i64; ep], vec![0.0f64; ep]);
+                let x = w.tokens(s, l);
+                for e in 0..e_n {
+                    let sl = &slots[off[e]..off[e + 1]];
+                    if sl.len() == 1 {
+                        whole[topo.rank_of_slot(sl[0])] += x.get(e);
+                    }
+                }
+                // replicated experts: the module's merged (expert, rank, share) order
+                let mut multi: Vec<(usize, usize, f64)> = Vec::new();
+                for e in 0..e_n {
+                    let sl = &slots[off[e]..off[e + 1]];
+                    if sl.len() > 1 {
+                        let start = multi.len();
+                        for &slot in sl {
+                            let p = topo.rank_of_slot(slot);
+                            match multi[start..].iter_mut().find(|m| m.1 == p) {
+                                Some(m) => m.2 += 1.0 / sl.len() as f64,
+                                None => multi.push((e, p, 1.0 / sl.len() as f64)),
+                            }
+                        }
+                    }
+                }
+                for &(e, p, sh) in &multi {
+                    part[p] += x.get(e) as f64 * sh;
+                }
+                for p in 0..ep {
+                    let want = (whole[p] as f64 + part[p]).round() as f32;
+                    assert_eq!(got[s * len + shape.proj_at(l, p)], want, "case {case} sample {s} layer {l} rank {p}");
+                }
+            }
+        }
+    }
+}
