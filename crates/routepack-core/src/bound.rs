@@ -114,6 +114,23 @@ struct LayerSums {
     expert_share: Vec<f64>,
 }
 
+impl LayerSums {
+    /// Sums of no sample yet over the given per-expert `[E]` tokens and shares (the rest is
+    /// accumulated sample by sample).
+    fn empty(expert_tokens: Vec<f64>, expert_share: Vec<f64>) -> Self {
+        Self {
+            attention: 0.0,
+            tokens: 0.0,
+            top_rank: 0.0,
+            top_node: 0.0,
+            min_experts: usize::MAX,
+            used_experts: 0,
+            expert_tokens,
+            expert_share,
+        }
+    }
+}
+
 /// Link prices of the topology: which links an EP group's traffic can use.
 #[derive(Clone, Copy)]
 struct Prices {
@@ -168,16 +185,10 @@ fn top_sum(v: &mut [i32], k: usize) -> f64 {
 /// One layer's sums and its samples' parts without the top-k sums (0), from `d`.
 fn layer_of_sums(w: &WindowView, cost: &CostModel, d: &DemandSums, l: usize) -> (LayerSums, Vec<SampleLayer>) {
     let (s_n, e_n) = (w.num_samples, w.num_experts);
-    let mut sums = LayerSums {
-        attention: 0.0,
-        tokens: 0.0,
-        top_rank: 0.0,
-        top_node: 0.0,
-        min_experts: usize::MAX,
-        used_experts: 0,
-        expert_tokens: d.expert_tokens[l * e_n..(l + 1) * e_n].iter().map(|&x| x as f64).collect(),
-        expert_share: d.expert_share[l * e_n..(l + 1) * e_n].to_vec(),
-    };
+    let mut sums = LayerSums::empty(
+        d.expert_tokens[l * e_n..(l + 1) * e_n].iter().map(|&x| x as f64).collect(),
+        d.expert_share[l * e_n..(l + 1) * e_n].to_vec(),
+    );
     // sample order, as `layer_pass` adds them
     let per = (0..s_n)
         .map(|s| {
@@ -199,16 +210,7 @@ fn layer_pass(w: &WindowView, topo: &Topology, cost: &CostModel, l: usize) -> (L
     let e_n = w.num_experts;
     let k_rank = topo.slots_per_rank;
     let k_node = topo.slots_per_rank * topo.ranks_per_group_node();
-    let mut sums = LayerSums {
-        attention: 0.0,
-        tokens: 0.0,
-        top_rank: 0.0,
-        top_node: 0.0,
-        min_experts: usize::MAX,
-        used_experts: 0,
-        expert_tokens: vec![0.0; e_n],
-        expert_share: vec![0.0; e_n],
-    };
+    let mut sums = LayerSums::empty(vec![0.0; e_n], vec![0.0; e_n]);
     let mut buf = vec![0i32; e_n];
     let mut expert_tokens = vec![0i64; e_n];
     let per = (0..w.num_samples)
