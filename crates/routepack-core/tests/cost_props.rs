@@ -8,35 +8,10 @@
 
 mod common;
 
-use common::{for_each_exchange_flows, random_plan, topologies, window, Mix, OwnedWindow};
+use common::{expert_times_from_flows, expert_work_only, random_plan, topologies, window, Mix};
 use proptest::prelude::*;
 use routepack_core::cost::{CostModel, Overlap, Pass};
-use routepack_core::plan::Plan;
 use routepack_core::simulate::simulate;
-use routepack_core::topology::Topology;
-
-/// `[G]` Σ_m Σ_l 3 · max_p Σ_{e active on p} (c_exp + max(c_tok·t, c_weights)), from the
-/// flow tables of `flow::route_exchange` (the routing rule), not from the simulator.
-fn roofline_expert_times(plan: &Plan, w: &OwnedWindow, topo: &Topology, cost: &CostModel) -> Vec<f64> {
-    let (e_n, ep) = (w.experts, topo.ep);
-    let mut out = vec![0.0; topo.num_groups()];
-    for_each_exchange_flows(plan, w, topo, |g, _, flows| {
-        let mut t = vec![0i64; ep * e_n];
-        for f in flows {
-            t[f.dst_rank * e_n + f.expert] += f.count;
-        }
-        let x_max = (0..ep)
-            .map(|p| {
-                (0..e_n)
-                    .filter(|&e| t[p * e_n + e] > 0)
-                    .map(|e| cost.c_exp + (cost.c_tok * t[p * e_n + e] as f64).max(cost.c_weights))
-                    .sum::<f64>()
-            })
-            .fold(0.0, f64::max);
-        out[g] += 3.0 * x_max;
-    });
-    out
-}
 
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * a.abs().max(b.abs())
@@ -55,16 +30,12 @@ proptest! {
         let w = window(&mut mix, topo.dp * micro + extra, layers, experts, 40);
         let plan = random_plan(&mut mix, &w, &topo, micro);
         let mut cost = CostModel::for_tests(layers);
-        cost.a_lin = 0.0;
-        cost.a_quad = vec![0.0; layers];
-        cost.token_bytes = 0.0;
-        cost.expert_weight_bytes = 0.0;
-        cost.expert_grad_bytes = 0.0;
+        expert_work_only(&mut cost);
         cost.c_weights = cost.c_tok * [0.5, 3.0, 20.0, 1e3][mix.below(4)];
         let mut plan = plan;
         plan.migration.clear();
         let rep = simulate(&plan, &w.view(), &topo, &cost, None).unwrap();
-        let want = roofline_expert_times(&plan, &w, &topo, &cost);
+        let want = expert_times_from_flows(&plan, &w, &topo, &cost);
         for (g, (&got, &want)) in rep.group_times.iter().zip(&want).enumerate() {
             prop_assert!(close(got, want), "group {}: simulate {} vs flow tables {}", g, got, want);
         }

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{for_each_exchange_flows, random_layout, random_phy2log, random_plan, topologies, window, Mix};
+use common::{expert_times_from_flows, expert_work_only, random_layout, random_phy2log, random_plan, topologies, window, Mix};
 use proptest::prelude::*;
 use routepack_core::cost::CostModel;
 use routepack_core::placement::Placement;
@@ -17,33 +17,6 @@ use routepack_core::replication::{plan_block, routepack::Options, Block, Packed,
 use routepack_core::simulate::simulate;
 use routepack_core::validate::validate_plan;
 use std::cell::Cell;
-
-/// `[G]` Σ_m Σ_l 3 · max_p Σ_{e active on p} (c_exp + max(c_tok·t, c_weights) + c_gemm·[t ≥ 2]),
-/// written from the formula over the flow tables, not through `CostModel`'s methods.
-fn direct_expert_times(plan: &Plan, w: &common::OwnedWindow, topo: &routepack_core::topology::Topology, cost: &CostModel) -> Vec<f64> {
-    let (e_n, ep) = (w.experts, topo.ep);
-    let mut out = vec![0.0; topo.num_groups()];
-    for_each_exchange_flows(plan, w, topo, |g, _, flows| {
-        let mut t = vec![0i64; ep * e_n];
-        for f in flows {
-            t[f.dst_rank * e_n + f.expert] += f.count;
-        }
-        let x_max = (0..ep)
-            .map(|p| {
-                (0..e_n)
-                    .map(|e| t[p * e_n + e])
-                    .filter(|&n| n > 0)
-                    .map(|n| {
-                        let step = if n >= 2 { cost.c_gemm } else { 0.0 };
-                        cost.c_exp + (cost.c_tok * n as f64).max(cost.c_weights) + step
-                    })
-                    .sum::<f64>()
-            })
-            .fold(0.0, f64::max);
-        out[g] += 3.0 * x_max;
-    });
-    out
-}
 
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * a.abs().max(b.abs())
@@ -79,13 +52,9 @@ proptest! {
         let without = simulate(&plan, &w.view(), &topo, &CostModel { c_gemm: 0.0, ..cost.clone() }, None).unwrap();
         prop_assert!(full.expert >= without.expert && full.step_time >= without.step_time);
         prop_assert!(full.lower_bound_time <= full.step_time * (1.0 + 1e-12));
-        cost.a_lin = 0.0;
-        cost.a_quad = vec![0.0; layers];
-        cost.token_bytes = 0.0;
-        cost.expert_weight_bytes = 0.0;
-        cost.expert_grad_bytes = 0.0;
+        expert_work_only(&mut cost);
         let rep = simulate(&plan, &w.view(), &topo, &cost, None).unwrap();
-        let want = direct_expert_times(&plan, &w, &topo, &cost);
+        let want = expert_times_from_flows(&plan, &w, &topo, &cost);
         for (g, (&got, &want)) in rep.group_times.iter().zip(&want).enumerate() {
             prop_assert!(close(got, want), "group {}: simulate {} vs direct sum {}", g, got, want);
         }

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 use proptest::prelude::*;
+use routepack_core::cost::CostModel;
 use routepack_core::error::Error;
 use routepack_core::flow::{route_exchange, ExchangeReplica, Flow};
 use routepack_core::migration::diff;
@@ -213,4 +214,42 @@ pub fn for_each_exchange_flows(
             }
         }
     }
+}
+
+/// `[G]` Σ_m Σ_l 3 · max_p Σ_{e active on p} (c_exp + max(c_tok·t, c_weights) + c_gemm·[t ≥ 2]):
+/// the expert term of every group written out from the formula over the flow tables
+/// ([`for_each_exchange_flows`], the routing rule), not through the simulator or `CostModel`'s
+/// methods.
+pub fn expert_times_from_flows(plan: &Plan, w: &OwnedWindow, topo: &Topology, cost: &CostModel) -> Vec<f64> {
+    let (e_n, ep) = (w.experts, topo.ep);
+    let mut out = vec![0.0; topo.num_groups()];
+    for_each_exchange_flows(plan, w, topo, |g, _, flows| {
+        let mut t = vec![0i64; ep * e_n];
+        for f in flows {
+            t[f.dst_rank * e_n + f.expert] += f.count;
+        }
+        let x_max = (0..ep)
+            .map(|p| {
+                (0..e_n)
+                    .map(|e| t[p * e_n + e])
+                    .filter(|&n| n > 0)
+                    .map(|n| {
+                        let step = if n >= 2 { cost.c_gemm } else { 0.0 };
+                        cost.c_exp + (cost.c_tok * n as f64).max(cost.c_weights) + step
+                    })
+                    .sum::<f64>()
+            })
+            .fold(0.0, f64::max);
+        out[g] += 3.0 * x_max;
+    });
+    out
+}
+
+/// `cost` with only expert work priced: no attention, no token, weight or gradient bytes.
+pub fn expert_work_only(cost: &mut CostModel) {
+    cost.a_lin = 0.0;
+    cost.a_quad.iter_mut().for_each(|x| *x = 0.0);
+    cost.token_bytes = 0.0;
+    cost.expert_weight_bytes = 0.0;
+    cost.expert_grad_bytes = 0.0;
 }
