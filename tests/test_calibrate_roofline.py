@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 import routepack as rp
 from routepack.calibrate import refit
-from routepack.calibrate.fit import (COMPUTE_PASSES, GEMM_STEP_FORMULA, ROOFLINE_FORMULA, _knees, convex_bound,
-                                    fit_expert_gemm, holdout_mask, monotone_bound)
+from routepack.calibrate.fit import (COMPUTE_PASSES, GEMM_STEP_FORMULA, ROOFLINE_FORMULA, STEP_MIN_GAIN, _knees,
+                                    convex_bound, curve_bound, fit_expert_gemm, holdout_mask, monotone_bound)
 from routepack.calibrate.sweeps import Sweeps
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,9 +50,12 @@ def test_the_fit_recovers_a_knee_on_its_grid(c_tok, c_exp, i):
     assert fit.coefficients["c_tok"] == pytest.approx(c_tok, rel=1e-6)
     assert fit.coefficients["c_exp"] == pytest.approx(c_exp, rel=1e-6, abs=1e-9 * c_tok)
     assert fit.cost_fields["c_weights"] == pytest.approx(c_tok * knee, rel=1e-6)
-    # the committed form has the step; timings without one fit it at 0
-    assert fit.formula == GEMM_STEP_FORMULA
-    assert fit.cost_fields["c_gemm"] == pytest.approx(0.0, abs=1e-6 * (c_exp + c_tok * knee))
+    # timings without a step: the step buys nothing, so the roofline is committed, c_gemm = 0,
+    # and the step form is reported beside it, fitted at about 0
+    assert fit.formula == ROOFLINE_FORMULA and fit.cost_fields["c_gemm"] == 0.0
+    step = fit.extra["alternative_forms"]["gemm_step"]
+    assert step["formula"] == GEMM_STEP_FORMULA and step["priced"] is False
+    assert step["coefficients"]["c_gemm"] == pytest.approx(0.0, abs=1e-6 * (c_exp + c_tok * knee))
     assert fit.max_rel_error < 1e-6
 
 
@@ -103,6 +106,33 @@ def test_the_committed_step_form_recovers_its_coefficients_and_the_roofline_is_r
     assert max(roof["max_rel_error"], roof["max_rel_error_fit"]) >= fit.extra["convex_bound"] - 1e-9
 
 
+@settings(max_examples=40, deadline=None)
+@given(ratio=st.floats(0.0, 1.0), noise=st.floats(0.0, 0.1), seed=st.integers(0, 2**31))
+def test_the_step_is_committed_only_where_it_earns_its_parameter(ratio, noise, seed):
+    """The step form is committed exactly where it cuts the fitted points' squared relative
+    error below `STEP_MIN_GAIN` of the roofline's; the report carries the ratio and the other
+    form; a step of >= 20% of the 1-token time stands out of 2% noise."""
+    rng = np.random.default_rng(seed)
+    m = step_measurement(2e-6, 1e-4, 16.0, ratio * (1e-4 + 2e-6 * 16))
+    m["measured_s"] = [v * (1 + noise * rng.uniform(-1, 1)) for v in m["measured_s"]]
+    fit = fit_expert_gemm(m, 3, MODEL)
+    (name, alt), = fit.extra["alternative_forms"].items()
+    fitted = ~np.array(fit.held_out)
+    meas = np.array(fit.measured_s)
+    sq = lambda pred: float(np.sum(((np.array(pred) - meas) / meas)[fitted] ** 2))  # noqa: E731
+    own, other = sq(fit.predicted_s), sq(alt["predicted_s"])
+    step_sq, roof_sq = (own, other) if name == "roofline" else (other, own)
+    earns = step_sq < STEP_MIN_GAIN * roof_sq and roof_sq - step_sq > 1e-18
+    assert (fit.formula == GEMM_STEP_FORMULA) == earns
+    assert name == ("roofline" if earns else "gemm_step")
+    if not earns:
+        assert fit.formula == ROOFLINE_FORMULA and fit.cost_fields["c_gemm"] == 0.0
+    r = fit.extra["step_sq_error_ratio"]
+    assert r is None if roof_sq == 0 else r == pytest.approx(step_sq / roof_sq, rel=1e-9)
+    if ratio >= 0.2 and noise <= 0.02:
+        assert earns
+
+
 def test_without_one_token_points_the_step_is_not_fitted():
     """A sweep that starts at 2 tokens cannot tell c_gemm from c_exp: c_gemm = 0, the roofline."""
     m = step_measurement(2e-6, 1e-4, 16.0, 5e-5)
@@ -130,8 +160,11 @@ def test_held_out_points_stay_out_of_the_fit(every, seed, scale):
     assert again.held_out == fit.held_out
     assert again.coefficients == pytest.approx(fit.coefficients, rel=1e-9, abs=1e-15)
     assert again.predicted_s == pytest.approx(fit.predicted_s, rel=1e-9)
-    roof, roof2 = (f.extra["alternative_forms"]["roofline"] for f in (fit, again))
-    assert roof2["coefficients"] == pytest.approx(roof["coefficients"], rel=1e-9, abs=1e-15)
+    # which form is committed is decided on the fitted points alone, so it does not move either
+    assert again.formula == fit.formula
+    (name, alt), = fit.extra["alternative_forms"].items()
+    assert again.extra["alternative_forms"][name]["coefficients"] == pytest.approx(alt["coefficients"], rel=1e-9,
+                                                                                   abs=1e-15)
 
 
 @settings(max_examples=40, deadline=None)
@@ -185,6 +218,37 @@ def test_the_monotone_bound_is_exact(m, seed):
     fit = fit_expert_gemm(fit_input, 3, MODEL)
     # the committed curve is non-decreasing in tokens, so it misses some point by the bound
     assert max(fit.max_rel_error, fit.max_rel_error_fit) >= fit.extra["monotone_bound"] - 1e-9
+
+
+@settings(max_examples=40, deadline=None)
+@given(points=st.lists(st.tuples(st.sampled_from([1, 2, 3, 8, 64]), st.sampled_from([1, 2, 4, 8]),
+                                 st.floats(1e-6, 1.0)), min_size=1, max_size=30), seed=st.integers(0, 2**31))
+def test_the_curve_bound_is_exact_and_bounds_every_fit(points, seed):
+    """`curve_bound` is met by a curve a·f(t), f non-decreasing (the running max of the
+    per-expert times' lower ends, per distinct t), no smaller error is, and every fit of the
+    expert GEMM (both forms) misses some point by at least it and by at least `monotone_bound`."""
+    t, a, m = (np.array(c, dtype=np.float64) for c in zip(*points))
+    e = curve_bound(t, a, m)
+    p = m / (COMPUTE_PASSES * a)
+
+    def feasible(err: float) -> bool:
+        ts = np.unique(t)
+        f = np.maximum.accumulate([float((p[t == v] * (1 - err)).max()) for v in ts])
+        return all(np.all(f[k] <= p[t == v] * (1 + err) * (1 + 1e-9)) for k, v in enumerate(ts))
+    assert feasible(e)
+    if e > 0:
+        assert not feasible(e * (1 - 1e-6))
+    # times of one active count, non-decreasing in distinct t, meet no bound
+    assert curve_bound(np.arange(1.0, len(m) + 1), np.full(len(m), 2.0), np.sort(m)) == 0.0
+    rng = np.random.default_rng(seed)
+    fit_input = step_measurement(2e-6, 1e-4, 8.0, 2e-4)
+    fit_input["measured_s"] = [v * (1 + 0.2 * rng.uniform(-1, 1)) for v in fit_input["measured_s"]]
+    fit = fit_expert_gemm(fit_input, 3, MODEL)
+    bound = fit.extra["curve_bound"]
+    assert bound >= fit.extra["monotone_bound"] - 1e-12
+    for pred in [fit.predicted_s] + [f["predicted_s"] for f in fit.extra["alternative_forms"].values()]:
+        meas = np.array(fit.measured_s)
+        assert np.abs((np.array(pred) - meas) / meas).max() >= bound - 1e-9
 
 
 def test_the_fitted_floor_and_step_are_what_simulate_charges():
