@@ -73,7 +73,9 @@ def _calibrated(work: Workload, ranks: int, quick: bool, progress: bool,
     cal = calibrate(model=work.model(), kernels=("expert_gemm", "links"), ranks=ranks, quick=quick,
                     max_tokens_per_expert=max(8, most), expert_stack=work.slots_per_rank, progress=progress,
                     threads=1 if device == "cpu" else None, device=device, dtype="float32")
-    summary = {kind: {"max_rel_error": fit.max_rel_error, "coefficients": fit.coefficients}
+    # the form committed and what bounds it (the expert fit's `curve_bound`), beside the error
+    summary = {kind: {"max_rel_error": fit.max_rel_error, "coefficients": fit.coefficients, "formula": fit.formula,
+                      **{k: fit.extra[k] for k in ("curve_bound", "step_sq_error_ratio") if k in fit.extra}}
                for kind, fit in cal.fits.items()}
     return cal.cost, summary
 

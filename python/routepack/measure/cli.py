@@ -32,8 +32,10 @@ def run(args: argparse.Namespace) -> int:
     if result.calibration:
         for kind, fit in result.calibration.items():
             err = fit["max_rel_error"]
+            bound = fit.get("curve_bound")
             print(f"  calibrated {kind}: held-out max rel. error "
-                  f"{'n/a' if err is None else f'{100 * err:.1f}%'}")
+                  f"{'n/a' if err is None else f'{100 * err:.1f}%'}"
+                  + ("" if bound is None else f" (no cost-model curve fits every point within {100 * bound:.1f}%)"))
     print("\n".join(format_table(result)))
     if args.json:
         Path(args.json).write_text(json.dumps(result.to_dict(), indent=2, default=str))
