@@ -306,7 +306,8 @@ def fit_expert_gemm(measurement: Mapping[str, Any], holdout_every: int, model: M
         notes.append(f"no GEMM step committed (c_gemm = 0): with it the fitted points' squared relative error "
                      f"would not fall below {STEP_MIN_GAIN:.0%} of the roofline's (alternative_forms.gemm_step)")
     else:
-        notes.append("no GEMM step fitted: the fitted points do not have experts on both sides of 2 tokens (c_gemm = 0)")
+        notes.append("no GEMM step fitted: the fitted points do not have experts on both sides of 2 tokens "
+                     "(c_gemm = 0)")
     extra = _forward(measurement)
     # the curve without the step is convex in tokens per expert: no fit of it beats this on all points
     extra["convex_bound"] = max(convex_bound(per[active == a], measured[active == a]) for a in np.unique(active))
