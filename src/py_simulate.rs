@@ -49,6 +49,7 @@ pub fn simulate<'py>(
     d.set_item("hidden", r.hidden)?;
     d.set_item("replication", r.replication)?;
     d.set_item("migration", r.migration)?;
+    d.set_item("redundant_grads", r.redundant_grads)?;
     d.set_item("critical_group", r.critical_group)?;
     d.set_item("group_times", r.group_times.into_pyarray(py))?;
     let shape = (t.num_groups(), plan.num_micro, w.num_layers);

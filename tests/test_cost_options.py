@@ -82,7 +82,8 @@ def test_each_option_moves_the_step_as_documented(case):
         base = rp.simulate(plan, w, topo, cost)
         over = rp.simulate(plan, w, topo, replace(cost, overlap="dispatch_combine"))
         assert 0 < over.hidden <= over.all_to_all and over.step_time < base.step_time
-        parts = over.attention + over.expert + over.all_to_all + over.replication + over.migration - over.hidden
+        parts = (over.attention + over.expert + over.all_to_all + over.replication + over.migration
+                 + over.redundant_grads - over.hidden)
         assert parts == pytest.approx(over.step_time, rel=1e-9)
         assert over.lower_bound_time <= over.step_time
         rl = rp.simulate(plan, w, topo, replace(cost, passes=("forward", "forward", "backward")))

@@ -37,12 +37,18 @@ def test_micro_plans_add_up_to_the_plan(seed, overlap):
     assert routed.shape == (window.total_tokens, work.layers, work.top_k) and cu[-1] == window.total_tokens
     cost = rp.CostModel(**{**cost_for(work).__dict__, "overlap": overlap})
     for name, plan in make_plans(work, window, cost, ("static", "routepack")).items():
+        whole = rp.simulate(plan, window, work.topology(), cost)
         total = 0.0
         for m in range(plan.num_micro):
             sub, w = micro_plan(plan, window, m)
             sub.validate(w, work.topology(), work.token_cap(window))
-            total += rp.simulate(sub, w, work.topology(), cost).step_time
-        assert total == pytest.approx(rp.simulate(plan, window, work.topology(), cost).step_time, rel=1e-9), name
+            r = rp.simulate(sub, w, work.topology(), cost)
+            # the once-per-step sum of redundant experts' gradients is the placement's: every
+            # one-step sub-plan prices it, the whole plan once
+            assert r.redundant_grads == whole.redundant_grads
+            total += r.step_time - r.redundant_grads
+        assert (whole.redundant_grads > 0) == (name == "routepack"), name
+        assert total + whole.redundant_grads == pytest.approx(whole.step_time, rel=1e-9), name
 
 
 @pytest.mark.parametrize("kwargs, needle", [({"ranks": 0}, "workload.ranks"), ({"popularity": -1.0}, "workload.popularity"),

@@ -215,7 +215,12 @@ def reference(plan: rp.Plan, window: rp.Window, topo: rp.Topology, cost: rp.Cost
     mig = plan.migration
     pairs = [(int(r["src_rank"]), int(r["dst_rank"]), float(r["bytes"])) for r in mig]
     migration = link_time(*link_bytes(pairs, topo), cost)
-    step = float(group_times[critical]) + migration
+    # redundant experts' gradients, summed once per step: a ring all-reduce over the EP group
+    redundant = sum(int((np.bincount(row[row >= 0], minlength=E) > 1).sum()) for row in plan.placement.phy2log)
+    ring = 2 * (ep - 1) / ep * redundant * cost.expert_grad_bytes
+    spans_nodes = ep > topo.gpus_per_node
+    redundant_grads = ring / (cost.bw_inter if spans_nodes else cost.bw_intra) if ep > 1 else 0.0
+    step = float(group_times[critical]) + migration + redundant_grads
 
     # ideal at the lower-bound microbatch count (the plan's own count without a cap)
     tokens_total = float(n.sum())
@@ -241,6 +246,7 @@ def reference(plan: rp.Plan, window: rp.Window, topo: rp.Topology, cost: rp.Cost
         "all_to_all": float(a2a[critical].sum()),
         "replication": float(replication[critical].sum()),
         "migration": migration,
+        "redundant_grads": redundant_grads,
         "critical_group": critical,
         "group_times": group_times,
         "imbalance": imbalance,
@@ -252,7 +258,7 @@ def reference(plan: rp.Plan, window: rp.Window, topo: rp.Topology, cost: rp.Cost
 
 
 FLOAT_FIELDS = ["step_time", "ideal_time", "throughput", "ideal_throughput", "attention", "expert",
-                "all_to_all", "replication", "migration", "mean_imbalance", "intra_node_bytes",
+                "all_to_all", "replication", "migration", "redundant_grads", "mean_imbalance", "intra_node_bytes",
                 "cross_node_bytes", "cross_node_bytes_per_token"]
 
 
@@ -264,7 +270,7 @@ def assert_matches(res: rp.SimResult, ref: Dict[str, object]) -> None:
     assert res.imbalance.shape == ref["imbalance"].shape
     np.testing.assert_allclose(res.imbalance, ref["imbalance"], rtol=1e-9, atol=0, err_msg="imbalance")
     # the parts of the critical group add up to the step time
-    parts = res.attention + res.expert + res.all_to_all + res.replication + res.migration
+    parts = res.attention + res.expert + res.all_to_all + res.replication + res.migration + res.redundant_grads
     np.testing.assert_allclose(parts, res.step_time, rtol=1e-9)
 
 

@@ -72,6 +72,8 @@ class Row:
     #: `SimResult.cross_node_bytes_per_token`: all-to-all bytes between nodes per window token
     cross_node_bytes_per_token: float = NAN
     imbalance_map: Any = None  # float64 [G, M, L] for figures
+    #: `SimResult.redundant_grads`: the once-per-step sum of redundant experts' gradients
+    redundant_grads: float = 0.0
 
 
 def _items(value: Any, name: str, cls: type, what: str) -> List[Any]:
@@ -168,6 +170,7 @@ def compare(
                 ideal_time=sim.ideal_time, fraction_of_bound=float(summary.get("fraction_of_bound", NAN)),
                 lower_bound_time=float(summary.get("lower_bound_time", NAN)),
                 cross_node_bytes_per_token=sim.cross_node_bytes_per_token, imbalance_map=sim.imbalance,
+                redundant_grads=sim.redundant_grads,
             ))
             if progress is not None:
                 progress(name, i)
@@ -238,6 +241,7 @@ def summarise(rows: Sequence[Row], baseline: str = "static") -> List[Dict[str, A
             "all_to_all": med(lambda r: r.all_to_all),
             "replication": med(lambda r: r.replication),
             "migration": med(lambda r: r.migration),
+            "redundant_grads": med(lambda r: r.redundant_grads),
             "imbalance": med(lambda r: r.imbalance),
             "micro": med(lambda r: r.num_micro),
             "micro_lb": med(lambda r: r.micro_lower_bound),
@@ -264,7 +268,7 @@ def summarise(rows: Sequence[Row], baseline: str = "static") -> List[Dict[str, A
                 "of_bound": float(np.median([ref[w].lower_bound_time / times[w] for w in windows])),
                 "step_s": float(np.median([times[w] for w in windows])),
                 "attention": NAN, "expert": NAN, "all_to_all": NAN, "replication": NAN, "migration": NAN,
-                "imbalance": 1.0, "micro": m_lb, "micro_lb": m_lb, "cross_node_bytes_per_token": NAN,
+                "redundant_grads": NAN, "imbalance": 1.0, "micro": m_lb, "micro_lb": m_lb, "cross_node_bytes_per_token": NAN,
                 "plan_s": NAN,
             }
 
@@ -317,6 +321,7 @@ def format_table(summary: Sequence[Dict[str, Any]], baseline: str = "static", le
         ("all_to_all", "a2a s", "{:>7.3f}"),
         ("replication", "repl s", "{:>7.3f}"),
         ("migration", "migr s", "{:>7.3f}"),
+        ("redundant_grads", "rgrad s", "{:>7.3f}"),
         ("imbalance", "imbal", "{:>6.3f}"),
         ("micro", "M", "{:>4.0f}"),
         ("micro_lb", "M lb", "{:>5.0f}"),
@@ -361,13 +366,14 @@ def table_legend(baseline: str = "static", bound: bool = True) -> str:
     if bound:
         items.append(("of bound", "lower bound / this step time: no valid plan is faster than the bound (<= 100%)"))
     items += [
-        ("step s", "predicted step time (seconds) of the slowest EP group; in each plan the five parts after "
-                   "it add up to it"),
+        ("step s", "predicted step time (seconds) of the slowest EP group; in each plan the six parts after "
+                   "it add up to it (less what overlap hides)"),
         ("attn s", "attention and dense work (projections, shared experts), forward + backward"),
         ("expert s", "routed-expert compute on the most loaded EP rank of each exchange"),
         ("a2a s", "dispatch + combine all-to-all, forward + backward"),
         ("repl s", "hot-expert copies and their gradients not hidden behind attention (0: all hidden, or none)"),
         ("migr s", "moving experts with their optimizer state since the previous window (never hidden)"),
+        ("rgrad s", "summing redundant experts' gradients over the EP group, once per step (never hidden)"),
         ("imbal", "expert tokens max / mean over EP ranks, averaged over exchanges (1 = even)"),
         ("M", "microbatch steps per DP rank"),
         ("M lb", "the fewest any plan can use: ceil(ceil(total tokens / cap) / dp)"),

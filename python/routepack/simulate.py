@@ -19,7 +19,8 @@ from routepack.window import Window
 class SimResult:
     """What a plan costs on a window.
 
-    * ``step_time``: seconds; max over EP groups of Σ_micro Σ_layer T_l, plus exposed migration.
+    * ``step_time``: seconds; max over EP groups of Σ_micro Σ_layer T_l, plus exposed migration,
+      plus ``redundant_grads``.
     * ``ideal_time``: the *balanced* reference: every max replaced by the mean, uniform
       all-to-all (docs/design.md's ``ideal``). Not a bound: a plan that keeps tokens inside
       their node can beat it.
@@ -37,8 +38,12 @@ class SimResult:
     ``ideal_throughput`` on their own. ``fraction_of_bound`` is 0.0 only when the bound is 0
     but the plan is not (a cost model that prices migration alone, and a plan that moves
     experts where keeping them would cost nothing).
-    * ``attention``, ``expert``, ``all_to_all``, ``replication``, ``migration``: the parts of
-      ``step_time`` on the slowest group; ``hidden``: the seconds of that all-to-all hidden
+    * ``redundant_grads``: seconds of summing, once per step, the fp32 gradients of every
+      expert the placement holds in more than one slot of a layer over the EP group (a ring
+      all-reduce of ``cost.expert_grad_bytes`` each; what `routepack.torch` does in the last
+      microbatch's backward); 0 without redundant copies.
+    * ``attention``, ``expert``, ``all_to_all``, ``replication``, ``migration``,
+      ``redundant_grads``: the parts of ``step_time`` on the slowest group; ``hidden``: the seconds of that all-to-all hidden
       behind compute (0 unless ``cost.overlap`` is ``"dispatch_combine"``). The parts minus
       ``hidden`` add up to ``step_time``.
     * ``group_times``: float64 ``[G]``.
@@ -72,6 +77,7 @@ class SimResult:
     intra_node_bytes: float = 0.0
     cross_node_bytes: float = 0.0
     cross_node_bytes_per_token: float = 0.0
+    redundant_grads: float = 0.0
 
     @property
     def fraction_of_balanced(self) -> float:
@@ -99,6 +105,7 @@ class SimResult:
             "all_to_all": self.all_to_all,
             "replication": self.replication,
             "migration": self.migration,
+            "redundant_grads": self.redundant_grads,
         }
 
     def summary(self) -> Dict[str, Any]:
@@ -106,7 +113,8 @@ class SimResult:
         out = {k: getattr(self, k) for k in (
             "step_time", "ideal_time", "lower_bound_time", "throughput", "ideal_throughput",
             "attention", "expert", "all_to_all", "replication", "migration", "critical_group",
-            "mean_imbalance", "intra_node_bytes", "cross_node_bytes", "cross_node_bytes_per_token", "hidden")}
+            "mean_imbalance", "intra_node_bytes", "cross_node_bytes", "cross_node_bytes_per_token", "hidden",
+            "redundant_grads")}
         out["fraction_of_ideal"] = self.fraction_of_ideal
         out["fraction_of_balanced"] = self.fraction_of_balanced
         out["fraction_of_bound"] = self.fraction_of_bound

@@ -25,7 +25,8 @@
 //! ones its `a2a` term prices), split by link: `intra_node_bytes` and `cross_node_bytes`.
 //!
 //! Step time = max_g Σ_m Σ_l T + exposed migration (per rank max(sent, received) bytes of
-//! moved experts over each link). `ideal` replaces every max by the mean at the lower-bound
+//! moved experts over each link) + the once-per-step sum of redundant experts' gradients over
+//! the EP group ([`redundant_grad_time`]). `ideal` replaces every max by the mean at the lower-bound
 //! microbatch count, with uniform all-to-all and no replication or migration: the *balanced*
 //! reference, not a bound (a plan that keeps tokens inside their node beats it).
 //! `lower_bound_time` is the true bound ([`crate::bound`]): no valid plan scores below it.
@@ -62,7 +63,7 @@ pub struct SimReport {
     /// Tokens per second of the balanced reference: Σ n_s / `ideal_time` (`+inf` for 0 s).
     pub ideal_throughput: f64,
     /// Seconds of attention/dense work in the slowest group, all passes (the slowest rank of
-    /// each exchange). This and the next four are the parts of `step_time`: they add up to it.
+    /// each exchange). This, the next four and `redundant_grads` are the parts of `step_time`: they add up to it.
     pub attention: f64,
     /// Seconds of expert compute in the slowest group, all passes (the busiest EP rank of
     /// each exchange).
@@ -77,6 +78,9 @@ pub struct SimReport {
     /// Seconds of exposed migration ([`migration_time`]); every group moves its experts at
     /// the same time, so it is added once.
     pub migration: f64,
+    /// Seconds of the once-per-step sum of redundant experts' gradients over the EP group
+    /// ([`redundant_grad_time`]); every group sums its own at the same time, so it is added once.
+    pub redundant_grads: f64,
     /// Index in `0..G` of the slowest EP group (the first one on ties): the group whose time
     /// is `step_time`.
     pub critical_group: usize,
@@ -378,6 +382,23 @@ pub fn migration_time(plan: &Plan, topo: &Topology, cost: &CostModel) -> f64 {
     LinkBytes::time(&links, cost)
 }
 
+/// Seconds of summing the gradients of every expert the placement holds in more than one
+/// slot of a layer, over the EP group, once per step ([`CostModel::redundant_grad_time`] of
+/// their count over all layers).
+pub fn redundant_grad_time(plan: &Plan, topo: &Topology, cost: &CostModel) -> f64 {
+    let p = &plan.placement;
+    let mut counts = vec![0u32; p.num_experts];
+    let mut redundant = 0usize;
+    for l in 0..p.num_layers {
+        counts.iter_mut().for_each(|c| *c = 0);
+        for &e in p.layer(l).iter().filter(|&&e| e >= 0) {
+            counts[e as usize] += 1;
+        }
+        redundant += counts.iter().filter(|&&c| c > 1).count();
+    }
+    cost.redundant_grad_time(redundant as f64, topo)
+}
+
 /// DESIGN.md's `ideal` at `ideal_micro` microbatches per rank.
 pub fn ideal_time(w: &WindowView, topo: &Topology, cost: &CostModel, ideal_micro: usize) -> f64 {
     // layers in parallel (a pass over the whole demand); integer sums are exact
@@ -518,7 +539,8 @@ pub fn simulate_validated(
         }
     }
     let migration = migration_time(plan, topo, cost);
-    let step_time = group_times[critical] + migration;
+    let redundant_grads = redundant_grad_time(plan, topo, cost);
+    let step_time = group_times[critical] + migration + redundant_grads;
     let ideal = ideal_time_of(&layer_tokens, w, topo, cost, ideal_micro.unwrap_or(m_n));
     let tokens = w.total_tokens() as f64;
     let mean_imbalance = imbalance.iter().sum::<f64>() / imbalance.len() as f64;
@@ -534,6 +556,7 @@ pub fn simulate_validated(
         hidden: parts.hidden,
         replication: parts.replication,
         migration,
+        redundant_grads,
         critical_group: critical,
         group_times,
         imbalance,

@@ -78,7 +78,7 @@ proptest! {
         // (sums over exchanges, so up to rounding: Σ min(C, A) against Σ C summed part by part)
         let slack = 1.0 + 1e-12;
         prop_assert!(b.hidden >= 0.0 && b.hidden <= b.all_to_all * slack && b.hidden <= (b.attention + b.expert) * slack);
-        let parts = b.attention + b.expert + b.all_to_all + b.replication + b.migration - b.hidden;
+        let parts = b.attention + b.expert + b.all_to_all + b.replication + b.migration + b.redundant_grads - b.hidden;
         prop_assert!(close(parts, b.step_time), "{} vs {}", parts, b.step_time);
         for (x, y) in a.group_times.iter().zip(&b.group_times) {
             prop_assert!(y <= x);
@@ -86,6 +86,38 @@ proptest! {
         // every exchange costs at least its compute and at least its all-to-all
         prop_assert!(b.step_time * (1.0 + 1e-12) >= (b.attention + b.expert).max(b.all_to_all));
         prop_assert!(b.lower_bound_time <= b.step_time * (1.0 + 1e-12));
+    }
+
+    /// The once-per-step sum of redundant experts' gradients is the formula written out: per
+    /// layer, the experts held by more than one slot, each `expert_grad_bytes` through a ring
+    /// all-reduce (2·(ep−1)/ep of the bytes per rank) over the slowest link of the group; 0
+    /// without redundant copies; the rest of the step does not depend on it.
+    #[test]
+    fn redundant_grads_are_the_ring_all_reduce(topo in topologies(), seed in any::<u64>(), micro in 1usize..3, extra in 0usize..8) {
+        let mut mix = Mix(seed);
+        let layers = 1 + mix.below(3);
+        let experts = 1 + mix.below(topo.num_slots());
+        let w = window(&mut mix, topo.dp * micro + extra, layers, experts, 40);
+        let plan = random_plan(&mut mix, &w, &topo, micro);
+        let cost = CostModel::for_tests(layers);
+        let r = simulate(&plan, &w.view(), &topo, &cost, None).unwrap();
+        let mut redundant = 0usize;
+        for l in 0..layers {
+            let row = plan.placement.layer(l);
+            redundant += (0..experts as i32).filter(|&e| row.iter().filter(|&&x| x == e).count() > 1).count();
+        }
+        let ep = topo.ep as f64;
+        let bw = if topo.nodes_per_group() > 1 { cost.bw_inter } else { cost.bw_intra };
+        let want = if topo.ep > 1 { 2.0 * (ep - 1.0) / ep * redundant as f64 * cost.expert_grad_bytes / bw } else { 0.0 };
+        prop_assert!(close(r.redundant_grads, want), "{} vs {}", r.redundant_grads, want);
+        let free = CostModel { expert_grad_bytes: 0.0, ..cost.clone() };
+        let z = simulate(&plan, &w.view(), &topo, &free, None).unwrap();
+        prop_assert_eq!(z.redundant_grads, 0.0);
+        // expert_grad_bytes prices intra-batch replicas too: compare on a plan without them
+        if plan.replicas.is_empty() {
+            prop_assert!(close(r.step_time, z.step_time + want), "{} vs {} + {}", r.step_time, z.step_time, want);
+        }
+        prop_assert!(r.lower_bound_time <= r.step_time * (1.0 + 1e-12));
     }
 
     /// RL's step (recompute forward + update forward/backward) prices compute ×4 and

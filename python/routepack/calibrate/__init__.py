@@ -130,9 +130,10 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
             measuring (restored afterwards; the spawned ranks use one each; the report's
             ``settings.threads``).
         progress: a tqdm bar on stderr (shown on a terminal).
-        expert_stack: time the expert GEMMs with `routepack.torch.EPMoE`'s own weight indexing
-            into a stack of this many slots (`routepack.measure` does, to predict EPMoE runs);
-            None (default): a grouped GEMM's layout.
+        expert_stack: time the expert GEMMs in a stack of this many slots, ``active`` of them
+            fed, as a rank of `routepack.torch.EPMoE` with that many slots runs them
+            (`routepack.measure` does, to predict EPMoE runs); None (default): a stack of the
+            active experts only.
 
     The links measurement starts processes with the ``spawn`` method, which re-imports the
     calling script: call `calibrate` from a script under ``if __name__ == "__main__":``.

@@ -5,7 +5,8 @@ For a small MoE model (`Workload`: its window with recorded routing, one EP grou
 ``ranks`` local processes, gloo on CPU, one core each), `measure`:
 
 1. calibrates the cost model on this machine for the workload's shapes (`routepack.calibrate`:
-   the expert GEMM in `routepack.torch.EPMoE`'s own weight indexing, and the links between
+   the expert GEMM as a rank of `routepack.torch.EPMoE` runs it (`grouped_swiglu` over a
+   stack of ``slots_per_rank`` slots), and the links between
    ``ranks`` processes), or takes a given `CostModel`; attention and dense work are set to 0,
    since only the MoE layers run;
 2. plans the window with each policy (default ``static`` and ``routepack``) under that model;
@@ -16,9 +17,9 @@ For a small MoE model (`Workload`: its window with recorded routing, one EP grou
 
 Times are each rank's CPU time, the slowest rank's kept (`routepack.measure.execute` says
 why: the wall clock of a shared machine measures its other work; it is reported too). The
-measured step is Σ microbatches + ``finish_step`` (replica gradients home); the cost model
-prices that reduction inside each exchange, so the per-microbatch comparison adds an equal
-share of it to every microbatch. Speed-ups are static's time over each plan's.
+measured step is Σ microbatches + ``finish_step``; the per-microbatch comparison adds an equal
+share of ``finish_step`` to every microbatch, and puts the once-per-step sum of redundant
+experts' gradients (`SimResult.redundant_grads`) in the last microbatch, whose backward does it. Speed-ups are static's time over each plan's.
 """
 
 from __future__ import annotations
@@ -137,10 +138,16 @@ def measure(work: Optional[Workload] = None, *, cost: Optional[CostModel] = None
         finish = max(float(got[r][name]["finish_s"]) for r in range(work.ranks))
         wall = np.max([np.array(got[r][name]["wall_s"]) for r in range(work.ranks)], axis=0)
         pred = []
+        whole = simulate(plan, window, topo, cost)
         for m in range(plan.num_micro):
             sub, sub_window = micro_plan(plan, window, m)
-            pred.append(simulate(sub, sub_window, topo, cost).step_time)
-        step_pred = simulate(plan, window, topo, cost).step_time
+            r = simulate(sub, sub_window, topo, cost)
+            # redundant experts' gradients are summed once a step, in the last microbatch's
+            # backward (routepack.torch.slot_link): each one-step sub-plan prices that sum, the
+            # run pays it in the last microbatch only
+            last = m == plan.num_micro - 1
+            pred.append(r.step_time - r.redundant_grads + (whole.redundant_grads if last else 0.0))
+        step_pred = whole.step_time
         shared = micro + finish / plan.num_micro
         out[name] = {"num_micro": plan.num_micro, "micro_s": micro.tolist(), "finish_s": finish,
                      "predicted_micro_s": pred, "step_s": float(micro.sum() + finish),

@@ -35,6 +35,7 @@ from routepack.torch.migrate import MigrationReport, migrate
 from routepack.torch.moe import check_layers
 from routepack.torch.replicate import ReplicaExchange
 from routepack.torch.routes import window_routes
+from routepack.torch.slot_link import StepSums
 
 #: token cap used when the caller gives none: validation then checks everything but the cap
 NO_CAP = 1 << 62
@@ -80,6 +81,8 @@ class PlanRunner:
         self.micro = 0
         self._cells: Dict[Tuple[int, int], Tuple[np.ndarray, np.ndarray]] = {}
         self.exchange = ReplicaExchange(self.layers, self._cells, timeout)
+        #: the redundant slots' gradients of the step so far (`slot_link.StepSums`); None before a window
+        self.step_sums: Optional[StepSums] = None
         #: int64 ``[M, L]``: rows this rank received per (micro, layer) in the current window
         self.received = np.zeros((0, len(self.layers)), dtype=np.int64)
         #: int64 ``[G, M, L, ep]``: the plan's prediction of the same (`_core.rank_tokens`)
@@ -131,6 +134,7 @@ class PlanRunner:
         copy and no all-gather; `finish_step` then checks, once per step, that every rank fed
         exactly these ids. Without them each forward computes its route (one host copy and
         one all-gather of counts per layer)."""
+        self.check_step_finished("begin_window")
         err: Optional[BaseException] = None
         try:
             self.check_plan(plan, window, token_cap)
@@ -151,6 +155,7 @@ class PlanRunner:
         self.plan = plan
         self._cells = self._bucket(plan)
         self.exchange = ReplicaExchange(self.layers, self._cells, self.timeout)
+        self.step_sums = StepSums(plan.num_micro)
         self.received = np.zeros((plan.num_micro, len(self.layers)), dtype=np.int64)
         self.predicted = _core.rank_tokens(plan, window.seq_lens, window.counts, self.topo)
         self._routes = {}
@@ -183,11 +188,32 @@ class PlanRunner:
         """Before the optimizer step: every slot without a gradient gets zeros and, with
         ``reduce_edp``, expert gradients are summed over EP groups (``edp_group``). Replica and
         redundant-slot gradients need nothing here: the layers' backward delivered them
-        (`routepack.torch.slot_link`). A trainer whose own DP reduction covers the experts
+        (`routepack.torch.slot_link`; redundant experts in the last microbatch's backward,
+        which must have run: otherwise this raises, see `check_step_finished`). A trainer whose own DP reduction covers the experts
         (DDP over ``edp_group``, Megatron) passes ``reduce_edp=False`` or skips the call."""
+        self.check_step_finished("finish_step")
         self.exchange.finish()
         self.check_replayed_ids()
         sync_redundant_grads(self.layers, self.group, self.edp_group if reduce_edp else None)
+
+    def check_step_finished(self, where: str) -> None:
+        """Raises `RoutepackError` when some layer's backward has run for part of the step's
+        microbatches only: its redundant experts' gradients are summed in the backward of the
+        step's last microbatch (`routepack.torch.slot_link`), so an optimizer step now would
+        miss them. `discard_step` drops them (a step abandoned on purpose)."""
+        left = self.step_sums.unfinished() if self.step_sums is not None else {}
+        if left:
+            m = self.step_sums.num_micro
+            raise RoutepackError(
+                f"{where}: the step is part-way: layer(s) {list(left)} ran backward for {sorted(set(left.values()))} "
+                f"of the plan's {m} microbatches; their redundant experts' gradients are summed in the backward "
+                f"of the step's last microbatch, which has not run (call runner.discard_step() to abandon the step)")
+
+    def discard_step(self) -> None:
+        """Forgets the redundant slots' gradients of a step abandoned part-way (the backward of
+        some microbatches ran, not of all); the next backward starts a new step."""
+        if self.step_sums is not None:
+            self.step_sums = StepSums(self.step_sums.num_micro)
 
     def check_replayed_ids(self) -> None:
         """Raises `RoutepackError` on every EP rank when some rank fed a layer ids other than

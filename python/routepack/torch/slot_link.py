@@ -8,13 +8,33 @@ backward that node therefore holds, for the layer, every gradient that belongs t
 * the replica copies' gradients, sent back in fp32 by the ranks that computed them (the
   copy holders post them from this same node, in plan table order, on every rank alike),
 * for redundant experts (one expert in several slots), the sum over every slot of the EP
-  group (one fp32 all-reduce over only those experts).
+  group (one fp32 all-reduce over only those experts), once per step (`StepSums`).
 
 It adds them in fp32 and rounds once to the parameter's dtype, and returns that as the
 gradient of ``w1``/``w2``. Autograd then accumulates it into ``p.grad`` and fires the
 parameter's hooks (DDP buckets, Megatron's ``main_grad`` copy, ``overlap_grad_reduce``,
-``register_post_accumulate_grad_hook``) with the complete gradient of this microbatch. No
-buffer outlives the node. The expert-data-parallel sum (same slot across EP groups) is the
+``register_post_accumulate_grad_hook``).
+
+**Redundant experts are summed once per step, not per microbatch.** Under a `PlanRunner` the
+node keeps each redundant slot's fp32 gradient (local and replica parts) of the step's
+microbatches in `StepSums` and hands autograd zeros for those slots, until the layer's
+backward of the step's last microbatch (the ``num_micro``-th backward of the layer since the
+window began, in whatever order the microbatches run): that one all-reduces the step's sums
+and returns them, rounded once, so every copy of an expert gets the same bits (handing the
+local parts on and returning the sum minus them would leave the copies' gradients apart by
+rounding, and their optimizer states with them: `selfcheck.windows` checks they stay
+identical). The zeros are written into the incoming gradient of the stack, which is the
+layer's own (`_own`), so the microbatches before the last copy nothing but the redundant
+slots' fp32 gradients. Summing per microbatch cost one all-reduce of every redundant
+expert's fp32 gradient per layer and microbatch: on the measured run's workload
+(`routepack.measure`: 2 gloo ranks, 4 redundant experts a layer, 3 microbatches) that was
+17.6 ms of each layer's backward (profiled), 67 ms of a 404 ms step, which the cost model did
+not price. So hooks see every slot's complete gradient of the step by the end of the last
+microbatch's backward (which is where ``overlap_grad_reduce`` and DDP without ``no_sync``
+reduce what they reduce last); on earlier microbatches a redundant slot's hook sees 0. The
+fp32 sums are the only buffers that outlive the node: one per redundant slot of this rank,
+freed by the last microbatch. Without a runner (no step is known) each call completes its
+own gradient as before. The expert-data-parallel sum (same slot across EP groups) is the
 trainer's own DP reduction, or `PlanRunner.finish_step`'s.
 
 Threading the tokens through the node fixes the order of the backward collectives on every
@@ -23,7 +43,7 @@ rank: the experts' backward, then this node's transfers, then the dispatch all-t
 
 from __future__ import annotations
 
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -54,8 +74,43 @@ class SlotLink(torch.autograd.Function):
         if exchange is not None:
             for slot, buf in exchange.exchange_grads(ctx.micro, mod.layer, g1r, g2r):
                 extra[slot] = buf if slot not in extra else extra[slot] + buf
-        g1, g2 = complete_slot_grads(mod, g1, g2, extra)
+        sums = getattr(mod.runner, "step_sums", None) if exchange is not None else None
+        g1, g2 = complete_slot_grads(mod, g1, g2, extra, sums)
         return g_recv, g1, g2, None, None
+
+
+class StepSums:
+    """The fp32 gradients of this rank's redundant slots over one step's microbatches, per
+    layer, until the layer's ``num_micro``-th backward of the step sums them over the EP group
+    (see the module docstring). `PlanRunner.begin_window` makes one per window."""
+
+    def __init__(self, num_micro: int) -> None:
+        self.num_micro = num_micro
+        #: layer → backwards of the layer seen in the current step
+        self.seen: Dict[int, int] = {}
+        #: layer → local slot → fp32 ``[H*2I + I*H]``: the step's gradient of that redundant
+        #: slot so far (local and replica parts), kept back until the sum
+        self.pending: Dict[int, Dict[int, torch.Tensor]] = {}
+
+    def note_backward(self, layer: int) -> bool:
+        """Counts one backward of ``layer``; True when it is the step's last (then the count
+        starts again, for the next step of the window)."""
+        n = self.seen.get(layer, 0) + 1
+        last = n == self.num_micro
+        self.seen[layer] = 0 if last else n
+        return last
+
+    def unfinished(self) -> Dict[int, int]:
+        """layer → backwards seen, for layers whose step is part-way (their sums not delivered)."""
+        return {l: n for l, n in sorted(self.seen.items()) if n}
+
+
+def _own(g: torch.Tensor) -> bool:
+    """Whether the gradient of a slot stack may be edited in place: a dense tensor of its own
+    (not a view, not expanded). The stacks' gradients reach `SlotLink` from this layer's own
+    expert kernels only (``torch._grouped_mm``'s, ``unbind``'s or ``select``'s backward, each
+    a fresh tensor nothing else holds), since the slot views it returns feed nothing else."""
+    return g._base is None and g.is_contiguous() and g.layout == torch.strided
 
 
 def redundant_experts(phy2log: np.ndarray, num_experts: int) -> np.ndarray:
@@ -65,12 +120,19 @@ def redundant_experts(phy2log: np.ndarray, num_experts: int) -> np.ndarray:
 
 
 @torch.no_grad()
-def complete_slot_grads(mod: Any, g1: torch.Tensor, g2: torch.Tensor,
-                        extra: Dict[int, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+def complete_slot_grads(mod: Any, g1: torch.Tensor, g2: torch.Tensor, extra: Dict[int, torch.Tensor],
+                        sums: Optional[StepSums] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(g1, g2)`` (``[spr, H, 2I]`` / ``[spr, I, H]``, the parameter's dtype) with each local
     slot's replica gradients ``extra[slot]`` (fp32, flat ``[H*2I + I*H]``) added and every
-    redundant expert summed over the EP group, in fp32, rounded once. Collective over
-    ``mod.group`` when the layer has redundant experts (every rank of it calls this)."""
+    redundant expert summed over the EP group, in fp32, rounded once.
+
+    ``sums``: the step's `StepSums` (None: sum now). With it, before the layer's last backward
+    of the step a redundant slot gets 0 and its fp32 gradient is kept back; the last backward
+    all-reduces each copy's step total and returns it, rounded once, so every copy of an
+    expert ends the step with the same bits (what keeps their optimizer updates identical).
+    Collective over ``mod.group`` where it sums redundant experts (every rank of the group
+    makes the same calls: redundancy is the placement's, and every rank runs the step's
+    microbatches)."""
     redundant = redundant_experts(mod.phy2log, mod.num_experts)
     local = mod.local_experts().tolist()
     index = {int(e): i for i, e in enumerate(redundant.tolist())}
@@ -84,7 +146,20 @@ def complete_slot_grads(mod: Any, g1: torch.Tensor, g2: torch.Tensor,
         if s in extra:
             a += extra[s]
         acc[s] = a
-    if redundant.size:
+    reduce_now = True
+    if sums is not None and redundant.size:
+        reduce_now = sums.note_backward(mod.layer)
+        pending = sums.pending.setdefault(mod.layer, {})
+        for s in touched:
+            if local[s] in index:
+                if s in pending:
+                    acc[s] = acc[s] + pending.pop(s)
+                if not reduce_now:
+                    pending[s] = acc[s]
+                    acc[s] = torch.zeros_like(acc[s])  # delivered with the step's last backward
+        if reduce_now:
+            sums.pending.pop(mod.layer, None)
+    if redundant.size and reduce_now:
         # every rank of the group joins, also one that holds none of the redundant experts
         buf = torch.zeros(redundant.size, n1 + n2, dtype=torch.float32, device=g1.device)
         for s in touched:
@@ -95,6 +170,12 @@ def complete_slot_grads(mod: Any, g1: torch.Tensor, g2: torch.Tensor,
             if local[s] in index:
                 acc[s] = buf[index[local[s]]]
     if not touched:
+        return g1, g2
+    if not reduce_now and all(local[s] in index for s in touched) and _own(g1) and _own(g2):
+        # only zeros to write (redundant slots, kept back): in place, without copying the stack
+        for s in touched:
+            g1[s].zero_()
+            g2[s].zero_()
         return g1, g2
     # new tensors: the incoming gradients may be shared with other nodes and are not ours to edit
     out1, out2 = g1.clone(), g2.clone()

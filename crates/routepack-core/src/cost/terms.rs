@@ -102,4 +102,21 @@ impl CostModel {
     pub fn exposed_replication(&self, fwd: f64, bwd: f64, attention_max: f64) -> f64 {
         (fwd - attention_max).max(0.0) + (bwd - 2.0 * attention_max).max(0.0)
     }
+
+    /// Seconds of summing `redundant` experts' fp32 gradients (`expert_grad_bytes` each) over
+    /// the EP group, once per step: what `routepack.torch.slot_link` does in the backward of
+    /// the step's last microbatch for every expert a placement holds in more than one slot
+    /// (one all-reduce a layer, summed here over layers). Priced as a ring all-reduce: every
+    /// rank sends and receives `2·(ep−1)/ep` of the bytes, over the inter-node link where the
+    /// group spans nodes (the ring's slowest hop), else inside the node; exposed (it sits at
+    /// the end of the backward, where nothing of the step is left to hide it behind).
+    #[inline]
+    pub fn redundant_grad_time(&self, redundant: f64, topo: &Topology) -> f64 {
+        let ep = topo.ep as f64;
+        if topo.ep < 2 || redundant <= 0.0 {
+            return 0.0;
+        }
+        let bytes = 2.0 * (ep - 1.0) / ep * redundant * self.expert_grad_bytes;
+        self.link_time(bytes, topo.nodes_per_group() < 2)
+    }
 }

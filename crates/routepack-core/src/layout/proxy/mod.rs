@@ -275,7 +275,8 @@ impl Proxy {
         self.cell_rank[cell] as usize
     }
 
-    /// max_g C_g: the proxy's step time.
+    /// max_g C_g: the proxy's step time (without the placement's once-per-step terms, which
+    /// no layout changes: `simulate::redundant_grad_time`).
     pub fn step_time(&self, sh: &Shards) -> f64 {
         sh.group_cost.iter().copied().fold(0.0, f64::max)
     }
