@@ -8,7 +8,8 @@ several EP groups, over the expert-data-parallel group too, so each copy ends wi
 logical gradient and the same optimizer update (all-reduce gives every rank the same bits).
 
 `EPMoE`'s backward already does the EP-group sum (and adds replica gradients) before the
-parameter hooks fire (`routepack.torch.slot_link`); for such layers
+parameter hooks fire (`routepack.torch.slot_link`; under a `PlanRunner`, once per step, in
+the last microbatch's backward); for such layers
 (``grads_complete_in_backward``) `sync_redundant_grads` only does the sum across EP groups,
 which a trainer with its own expert-data-parallel reduction (DDP, Megatron) skips.
 """
