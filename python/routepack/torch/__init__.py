@@ -26,9 +26,11 @@ imports torch. Backend-neutral: gloo on CPU (tests), NCCL on GPUs (``tools/gpu_c
   (collective); `import_logical(layers, weights)` its inverse; ``EPMoE.state_dict()`` keeps the
   placement (``_extra_state``), so a checkpoint round trip keeps placement and weights.
 
-Gradients: each `EPMoE` backward returns the slots' complete gradient of that microbatch
-(local + replica copies + redundant slots summed over the EP group, in fp32, rounded once;
-`routepack.torch.slot_link`), before the parameters' hooks fire (DDP, Megatron ``main_grad``).
+Gradients: each `EPMoE` backward returns the slots' gradient of that microbatch (local +
+replica copies, in fp32, rounded once; `routepack.torch.slot_link`) before the parameters'
+hooks fire (DDP, Megatron ``main_grad``); slots of redundant experts (one expert in several
+slots) get 0 until the step's last microbatch, whose backward returns their whole step's
+gradient summed over the EP group (one all-reduce a layer and step).
 `PlanRunner.finish_step(reduce_edp=True)` then only sums over EP groups.
 """
 

@@ -129,10 +129,12 @@ class EPMoE(torch.nn.Module):
     A `routepack.torch.PlanRunner` attaches itself as ``runner`` to supply the cell's replica
     rows and weights; without one the layer routes by its placement alone.
 
-    Gradients: the backward of each forward hands ``w1``/``w2`` their complete gradient for
-    that microbatch (local tokens + replica copies' fp32 gradients + redundant slots summed
-    over the EP group, added in fp32, rounded once; `routepack.torch.slot_link`), so
-    parameter hooks (DDP, ``main_grad``, ``overlap_grad_reduce``) see it. Only the sum across
+    Gradients: the backward of each forward hands ``w1``/``w2`` their gradient for that
+    microbatch (local tokens + replica copies' fp32 gradients, added in fp32, rounded once;
+    `routepack.torch.slot_link`), so parameter hooks (DDP, ``main_grad``,
+    ``overlap_grad_reduce``) see it; under a `PlanRunner` the slots of redundant experts get
+    0 until the step's last microbatch, whose backward hands them the step's gradient summed
+    over the EP group (without a runner, each backward sums its own microbatch). Only the sum across
     EP groups (expert data parallelism) is left to the trainer or `PlanRunner.finish_step`.
     """
 
