@@ -386,16 +386,7 @@ pub fn migration_time(plan: &Plan, topo: &Topology, cost: &CostModel) -> f64 {
 /// slot of a layer, over the EP group, once per step ([`CostModel::redundant_grad_time`] of
 /// their count over all layers).
 pub fn redundant_grad_time(plan: &Plan, topo: &Topology, cost: &CostModel) -> f64 {
-    let p = &plan.placement;
-    let mut counts = vec![0u32; p.num_experts];
-    let mut redundant = 0usize;
-    for l in 0..p.num_layers {
-        counts.iter_mut().for_each(|c| *c = 0);
-        for &e in p.layer(l).iter().filter(|&&e| e >= 0) {
-            counts[e as usize] += 1;
-        }
-        redundant += counts.iter().filter(|&&c| c > 1).count();
-    }
+    let redundant = plan.placement.logcnt().iter().filter(|&&c| c > 1).count();
     cost.redundant_grad_time(redundant as f64, topo)
 }
 
