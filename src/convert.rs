@@ -125,6 +125,8 @@ pub fn cost(obj: &Bound<'_, PyAny>) -> PyResult<CostModel> {
         expert_state_bytes: attr(obj, "expert_state_bytes")?,
         c_weights: attr(obj, "c_weights")?,
         c_gemm: attr(obj, "c_gemm")?,
+        c_call: attr(obj, "c_call")?,
+        a2a_latency: attr(obj, "a2a_latency")?,
         overlap,
         passes,
     })

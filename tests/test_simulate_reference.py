@@ -14,9 +14,10 @@ module docs), not by calling Rust:
   every sender in proportion to what it has still to send; then each slot takes from its own
   rank, then from its node's ranks in proportion to what each has left (every share: floors,
   then one more to the first with a fraction);
-* expert work of rank p: c_tok·tokens(p) + c_exp·(distinct logical experts with tokens on p);
+* expert work of rank p: c_tok·tokens(p) + c_exp·(distinct logical experts with tokens on p)
+  + c_call when p computes any token (one kernel call);
 * all-to-all: per rank, per link, max(sent, received) routed tokens × token_bytes over that
-  link's bandwidth; slowest rank; ×2 (dispatch, combine) ×2 (passes);
+  link's bandwidth; slowest rank; plus a2a_latency; ×2 (dispatch, combine) ×2 (passes);
 * replication: per (expert, src) a chain src → dsts (same node first, then rank) of weights
   (forward) and fp32 gradients back (backward); per rank max(sent, received) per link; the
   part over 1× (forward) / 2× (backward) the layer's attention is exposed;
@@ -29,6 +30,7 @@ module docs), not by calling Rust:
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Dict, List, Tuple
 
 import numpy as np
@@ -183,7 +185,7 @@ def reference(plan: rp.Plan, window: rp.Window, topo: rp.Topology, cost: rp.Cost
                     tokens += received
                     active += received > 0
                     moved += flow
-                x_max = float((cost.c_tok * tokens + cost.c_exp * active).max())
+                x_max = float((cost.c_tok * tokens + cost.c_exp * active + cost.c_call * (tokens > 0)).max())
                 total = tokens.sum()
                 imbalance[g, m, l] = tokens.max() * ep / total if total > 0 else 1.0
                 pairs = [(o, p, moved[o, p] * cost.token_bytes) for o in range(ep) for p in range(ep)]
@@ -191,7 +193,7 @@ def reference(plan: rp.Plan, window: rp.Window, topo: rp.Topology, cost: rp.Cost
                     if o != p:
                         node_bytes["intra" if local_node(o, topo) == local_node(p, topo) else "cross"] += \
                             2 * COMM_PASSES * b
-                a2a[g, m, l] = 2 * COMM_PASSES * link_time(*link_bytes(pairs, topo), cost)
+                a2a[g, m, l] = 2 * COMM_PASSES * (link_time(*link_bytes(pairs, topo), cost) + cost.a2a_latency)
                 if len(cell):
                     fwd, bwd = [], []
                     for e, src in sorted({(int(r["expert"]), int(r["src_rank"])) for r in cell}):
@@ -278,8 +280,14 @@ def assert_matches(res: rp.SimResult, ref: Dict[str, object]) -> None:
 def test_simulate_matches_reference(seed):
     case = random_case(seed, TOPOLOGIES[seed % len(TOPOLOGIES)])
     case.plan.validate(case.window, case.topo, 10**9)
-    res = rp.simulate(case.plan, case.window, case.topo, case.cost, case.token_cap)
-    assert_matches(res, reference(case.plan, case.window, case.topo, case.cost, case.token_cap))
+    # every other case with a kernel call's fixed cost (c_call), from a tenth of an expert's
+    # overhead to 30 of them
+    cost = replace(case.cost, c_call=case.cost.c_exp * [0.1, 1.0, 30.0][seed // 2 % 3]) if seed % 2 else case.cost
+    # and every third with an all-to-all latency (a tenth to ten times an expert's overhead)
+    if seed % 3 == 1:
+        cost = replace(cost, a2a_latency=case.cost.c_exp * [0.1, 10.0][seed // 3 % 2])
+    res = rp.simulate(case.plan, case.window, case.topo, cost, case.token_cap)
+    assert_matches(res, reference(case.plan, case.window, case.topo, cost, case.token_cap))
 
 
 def test_generator_covers_the_rules():

@@ -174,10 +174,11 @@ class Hardware:
 #: The coefficients besides ``a_quad`` that price a token's or an expert's work (time or bytes);
 #: a cost model needs at least one of them, or an ``a_quad`` entry, above 0.
 _WORK_COEFFICIENTS = ("a_lin", "c_tok", "c_exp", "token_bytes", "expert_weight_bytes", "expert_grad_bytes",
-                      "expert_state_bytes", "c_weights", "c_gemm")
+                      "expert_state_bytes", "c_weights", "c_gemm", "c_call", "a2a_latency")
 
 #: CostModel fields a JSON file may lack (written before they existed): their defaults apply.
-_OPTIONAL_JSON_KEYS = frozenset({"expert_groups", "num_experts", "c_weights", "overlap", "passes", "c_gemm"})
+_OPTIONAL_JSON_KEYS = frozenset({"expert_groups", "num_experts", "c_weights", "overlap", "passes", "c_gemm",
+                                 "c_call", "a2a_latency"})
 
 
 @dataclass(frozen=True)
@@ -210,6 +211,16 @@ class CostModel:
       c_weights) + c_gemm * (t >= 2)``: splitting an expert's tokens over replicas pays it once
       per copy. 0 (the default) prices no step; `routepack calibrate` fits it (about 0 on a
       GPU, where ``c_weights`` is the floor of a small grouped GEMM).
+    * ``c_call``: seconds of one EP rank's grouped expert kernel call per pass, whatever its
+      experts and tokens (the kernel's launch and set-up, the framework's per-operator work
+      around it, an idle stack slot's zero gradient): charged once per rank and exchange where
+      the rank computes a token, so a rank's expert time in a pass is ``c_call + Σ over its
+      active experts``. 0 (the default) prices none; `routepack calibrate` fits it from the
+      spread between active-expert counts (about a millisecond a pass on a CPU).
+    * ``a2a_latency``: seconds of one all-to-all beyond its bytes' link time (one dispatch or
+      one combine of one pass: the collective's start-up), paid by every exchange whatever it
+      moves: an exchange's all-to-all costs ``2 · K · (a2a_latency + link time)``. 0 (the
+      default) prices none; `routepack calibrate` fits it with the links.
     * ``overlap``: ``"none"`` (the default: a layer's time is attention + experts +
       all-to-all) or ``"dispatch_combine"``: the all-to-all of one microbatch runs behind the
       attention and expert compute of another (DualPipe, DeepEP, Megatron ``moe_fb_overlap``),
@@ -219,7 +230,8 @@ class CostModel:
       ``("forward", "backward")`` is compute ×3, communication ×2; RL's recompute of old
       log-probs adds a forward: ``("forward", "forward", "backward")``.
 
-    The options' defaults (``c_weights``, ``c_gemm``, ``overlap``, ``passes``) come from the core (``_core.cost_defaults()``); a JSON file
+    The options' defaults (``c_weights``, ``c_gemm``, ``c_call``, ``a2a_latency``, ``overlap``, ``passes``) come
+    from the core (``_core.cost_defaults()``); a JSON file
     written before they existed loads with them, and prices every plan as it did.
     """
 
@@ -239,6 +251,8 @@ class CostModel:
     overlap: str = _COST_DEFAULTS["overlap"]
     passes: Tuple[str, ...] = tuple(_COST_DEFAULTS["passes"])
     c_gemm: float = _COST_DEFAULTS["c_gemm"]
+    c_call: float = _COST_DEFAULTS["c_call"]
+    a2a_latency: float = _COST_DEFAULTS["a2a_latency"]
 
     def __post_init__(self) -> None:
         if self.num_experts is not None:
@@ -255,7 +269,7 @@ class CostModel:
                 raise RoutepackError(f"cost.passes[{i}]: {kind!r} is not one of {PASS_KINDS}")
         object.__setattr__(self, "passes", passes)
         for name in ("a_lin", "c_tok", "c_exp", "token_bytes", "expert_weight_bytes",
-                     "expert_grad_bytes", "expert_state_bytes", "c_weights", "c_gemm"):
+                     "expert_grad_bytes", "expert_state_bytes", "c_weights", "c_gemm", "c_call", "a2a_latency"):
             object.__setattr__(self, name, finite_float(getattr(self, name), f"cost.{name}"))
         for name in ("bw_intra", "bw_inter"):
             object.__setattr__(self, name, finite_float(getattr(self, name), f"cost.{name}", strict=True))
@@ -268,7 +282,7 @@ class CostModel:
             raise RoutepackError(
                 "cost: every coefficient that prices work is 0 (cost.a_lin, cost.a_quad, cost.c_tok, cost.c_exp, "
                 "cost.token_bytes, cost.expert_weight_bytes, cost.expert_grad_bytes, cost.expert_state_bytes, "
-                "cost.c_weights, cost.c_gemm), so "
+                "cost.c_weights, cost.c_gemm, cost.c_call, cost.a2a_latency), so "
                 "every plan would take 0 s and none could be told from another; set at least one"
             )
 

@@ -109,7 +109,8 @@ pub struct SimReport {
 pub struct LayerCost {
     /// Seconds: 3 × the slowest rank's one-pass attention (`COMPUTE_PASSES · attn_max`).
     pub attention: f64,
-    /// Seconds of dispatch + combine, forward and backward (`CostModel::all_to_all_time`).
+    /// Seconds of dispatch + combine, forward and backward: their link time
+    /// (`CostModel::all_to_all_time`) plus their latencies (`CostModel::all_to_all_latency`).
     pub all_to_all: f64,
     /// Seconds: 3 × the busiest EP rank's expert time (`COMPUTE_PASSES · max_p X`).
     pub expert: f64,
@@ -126,10 +127,13 @@ pub struct LayerCost {
 
 impl LayerCost {
     /// The exchange's cost from its one-pass maxima: the slowest rank's attention
-    /// `attn_max` and expert time `x_max`, the all-to-all `all_to_all` (all passes) and the
+    /// `attn_max` and expert time `x_max`, the all-to-all's link time `all_to_all` (all
+    /// passes; its latencies, `CostModel::all_to_all_latency`, are added here) and the
     /// exposed `replication`. The one place the parts are put together (the simulator and
     /// replication's incremental state both call it).
     pub fn new(cost: &CostModel, attn_max: f64, x_max: f64, all_to_all: f64, replication: f64, imbalance: f64) -> Self {
+        // every exchange runs its all-to-alls, whatever they move (+ 0.0 keeps the bits)
+        let all_to_all = all_to_all + cost.all_to_all_latency();
         let passes = cost.compute_passes();
         let (attention, expert) = (passes * attn_max, passes * x_max);
         let hidden = cost.hidden_communication(attention + expert, all_to_all);
@@ -319,14 +323,7 @@ fn price_exchange(
         sc.touched.clear();
     }
     // the linear model's bits stay as they were: the extra is added only with a floor
-    let x_of = |p: usize| {
-        let x = cost.expert_time(sc.tokens[p] as f64, sc.active[p] as f64);
-        if roofline {
-            x + sc.extra[p]
-        } else {
-            x
-        }
-    };
+    let x_of = |p: usize| cost.rank_expert_time(sc.tokens[p] as f64, sc.active[p] as f64, sc.extra[p]);
     let x_max = (0..ep).map(x_of).fold(0.0, f64::max);
     let total: i64 = sc.tokens.iter().sum();
     let imbalance = if total > 0 {

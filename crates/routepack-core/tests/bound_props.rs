@@ -54,6 +54,10 @@ fn random_cost(mix: &mut Mix, layers: usize) -> CostModel {
     };
     // a GEMM step (per active expert with >= 2 tokens) from a token's worth to 10⁴ tokens'
     let c_gemm = if mix.unit() < 0.4 { c_tok * 1e4f64.powf(mix.unit()) } else { 0.0 };
+    // a kernel call's fixed cost per rank with tokens, from a token's worth to 10⁵ tokens'
+    let c_call = if mix.unit() < 0.4 { c_tok * 1e5f64.powf(mix.unit()) } else { 0.0 };
+    // an all-to-all latency from a token's link time to 10⁴ of them
+    let a2a_latency = if mix.unit() < 0.4 { token_bytes / bw_intra * 1e4f64.powf(mix.unit()) } else { 0.0 };
     CostModel {
         a_lin,
         a_quad,
@@ -67,6 +71,8 @@ fn random_cost(mix: &mut Mix, layers: usize) -> CostModel {
         expert_state_bytes,
         c_weights,
         c_gemm,
+        c_call,
+        a2a_latency,
         overlap,
         passes,
     }

@@ -1,10 +1,11 @@
-//! Property tests of the cost model's options (`c_weights`, `overlap`, `passes`) in
-//! `simulate`: the roofline expert term equals an independent count from the routing rule's
-//! flow tables; a floor below every active expert's load changes no bit; overlap hides at most
-//! the all-to-all and at most the compute, and never slows a plan; RL's extra forward scales
-//! each part by its pass multipliers. (`bound_props.rs` checks the lower bound under all
-//! three options; the golden digests and `tests/test_cost_options.py` check that unset
-//! options price and plan every window as before.)
+//! Property tests of the cost model's options (`c_weights`, `overlap`, `passes`,
+//! `a2a_latency`) in `simulate`: the roofline expert term equals an independent count from the
+//! routing rule's flow tables; a floor below every active expert's load changes no bit; overlap
+//! hides at most the all-to-all and at most the compute, and never slows a plan; RL's extra
+//! forward scales each part by its pass multipliers; the all-to-all latency adds the same to
+//! every exchange. (`bound_props.rs` checks the lower bound under all the options,
+//! `call_props.rs` the call's cost, `gemm_step_props.rs` the GEMM step; the golden digests and
+//! `tests/test_cost_options.py` check that unset options price and plan every window as before.)
 
 mod common;
 
@@ -143,9 +144,40 @@ proptest! {
         prop_assert!(b.step_time >= a.step_time);
         prop_assert!(b.lower_bound_time <= b.step_time * (1.0 + 1e-12));
     }
+
+    /// Without overlap, the all-to-all latency adds 2·K·a2a_latency to every exchange of every
+    /// group (its collectives run whatever they move), RL's extra forward included; under
+    /// overlap it never lowers the step; the lower bound stays below it; 0 changes no bit.
+    #[test]
+    fn latency_adds_to_every_exchange(topo in topologies(), seed in any::<u64>(), micro in 1usize..3, extra in 0usize..8) {
+        let mut mix = Mix(seed);
+        let layers = 1 + mix.below(3);
+        let experts = 1 + mix.below(topo.num_slots());
+        let w = window(&mut mix, topo.dp * micro + extra, layers, experts, 40);
+        let plan = random_plan(&mut mix, &w, &topo, micro);
+        let mut base = CostModel::for_tests(layers);
+        if mix.below(2) == 0 {
+            base.passes = vec![Pass::Forward, Pass::Forward, Pass::Backward];
+        }
+        let lat = CostModel { a2a_latency: base.c_exp * [0.1, 2.0, 50.0][mix.below(3)], ..base.clone() };
+        let a = simulate(&plan, &w.view(), &topo, &base, None).unwrap();
+        let b = simulate(&plan, &w.view(), &topo, &lat, None).unwrap();
+        let per_exchange = 2.0 * lat.comm_passes() * lat.a2a_latency;
+        prop_assert!(close(lat.all_to_all_latency(), per_exchange));
+        for (g, (&x, &y)) in a.group_times.iter().zip(&b.group_times).enumerate() {
+            let want = x + per_exchange * (plan.num_micro * layers) as f64;
+            prop_assert!(close(y, want), "group {}: {} with latency vs {}", g, y, want);
+        }
+        prop_assert!(b.lower_bound_time <= b.step_time * (1.0 + 1e-12));
+        let ov = |c: &CostModel| CostModel { overlap: Overlap::DispatchCombine, ..c.clone() };
+        let (c, d) = (simulate(&plan, &w.view(), &topo, &ov(&base), None).unwrap(), simulate(&plan, &w.view(), &topo, &ov(&lat), None).unwrap());
+        prop_assert!(d.step_time >= c.step_time && d.lower_bound_time <= d.step_time * (1.0 + 1e-12));
+        let zero = CostModel { a2a_latency: 0.0, ..lat };
+        prop_assert_eq!(&simulate(&plan, &w.view(), &topo, &zero, None).unwrap(), &a);
+    }
 }
 
-/// `check` names the new fields: an empty pass list and a negative or NaN floor.
+/// `check` names the new fields: an empty pass list, a negative or NaN floor or latency.
 #[test]
 fn check_names_the_options() {
     let mut c = CostModel::for_tests(2);
@@ -154,6 +186,10 @@ fn check_names_the_options() {
     for bad in [-1.0, f64::NAN, f64::INFINITY] {
         let c = CostModel { c_weights: bad, ..CostModel::for_tests(2) };
         assert!(c.check(2).unwrap_err().to_string().contains("cost.c_weights"));
+    }
+    for bad in [-1e-9, f64::NAN, f64::INFINITY] {
+        let c = CostModel { a2a_latency: bad, ..CostModel::for_tests(2) };
+        assert!(c.check(2).unwrap_err().to_string().contains("cost.a2a_latency"));
     }
     assert!(Overlap::parse("both").unwrap_err().to_string().contains("cost.overlap"));
     assert!(Pass::parse(1, "recompute").unwrap_err().to_string().contains("cost.passes[1]"));

@@ -8,15 +8,10 @@
 
 mod common;
 
-use common::{expert_times_from_flows, expert_work_only, random_layout, random_phy2log, random_plan, topologies, window, Mix};
+use common::{expert_times_from_flows, expert_work_only, random_plan, topologies, window, Mix};
 use proptest::prelude::*;
 use routepack_core::cost::CostModel;
-use routepack_core::placement::Placement;
-use routepack_core::plan::Plan;
-use routepack_core::replication::{plan_block, routepack::Options, Block, Packed, Planner};
 use routepack_core::simulate::simulate;
-use routepack_core::validate::validate_plan;
-use std::cell::Cell;
 
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * a.abs().max(b.abs())
@@ -84,65 +79,11 @@ proptest! {
 /// and routepack's never make a group slower than the same plan without replicas.
 #[test]
 fn replication_plans_under_a_gemm_step() {
-    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
-    let mut runner = TestRunner::new_with_rng(
-        Config { cases: 150, failure_persistence: None, ..Config::default() },
-        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
-    );
-    let rows_seen = Cell::new(0usize);
-    runner
-        .run(&(topologies(), any::<u64>()), |(topo, seed)| {
-            let mut mix = Mix(seed);
-            let micro = 1 + mix.below(3);
-            let samples = topo.dp * micro + mix.below(2 * topo.dp + 3);
-            let layers = 1 + mix.below(3);
-            let experts = 1 + mix.below(topo.num_slots().min(12));
-            let max_len = [8, 60][mix.below(2)];
-            let w = window(&mut mix, samples, layers, experts, max_len);
-            let view = w.view();
-            let placement =
-                Placement::new(random_phy2log(&mut mix, layers, experts, &topo), layers, experts, topo.slots_per_rank).unwrap();
-            let (rank, step) = random_layout(&mut mix, samples, topo.dp, micro);
-            let packed = Packed { sample_rank: &rank, sample_micro: &step, num_micro: micro };
-            // a step from a fraction of a token's work to a thousand tokens' (splitting an
-            // expert then costs its copy c_gemm more), cheap copies half the time
-            let mut cost = stepped(layers, [0.3, 5.0, 100.0, 1e3][mix.below(4)], [0.0, 0.0, 4.0][mix.below(3)]);
-            if mix.unit() < 0.5 {
-                cost.expert_weight_bytes = 1e3;
-                cost.expert_grad_bytes = 2e3;
-                cost.c_exp = 1e-9;
-            }
-            let bare = Plan {
-                placement: placement.clone(),
-                sample_rank: rank.clone(),
-                sample_micro: step.clone(),
-                num_micro: micro,
-                replicas: Vec::new(),
-                migration: Vec::new(),
-            };
-            let base = simulate(&bare, &view, &topo, &cost, None).unwrap();
-            let planners = [
-                Planner::HotN(1 + mix.below(3)),
-                Planner::Relibra(1 + mix.below(2)),
-                Planner::Routepack(Options { replica_slots: 1 + mix.below(4), ..Options::default() }),
-            ];
-            for planner in &planners {
-                let replicas = plan_block(&view, &topo, &cost, &placement, packed, planner, Block::ALL).unwrap();
-                rows_seen.set(rows_seen.get() + replicas.len());
-                let plan = Plan { replicas, ..bare.clone() };
-                prop_assert!(validate_plan(&plan, &view, &topo, i64::MAX).is_ok(), "{:?}: invalid plan", planner);
-                let r = simulate(&plan, &view, &topo, &cost, None).unwrap();
-                prop_assert!(r.lower_bound_time <= r.step_time * (1.0 + 1e-12));
-                if let Planner::Routepack(_) = planner {
-                    for (g, (x, y)) in base.group_times.iter().zip(&r.group_times).enumerate() {
-                        prop_assert!(*y <= x * (1.0 + 1e-12), "group {}: {} with replicas vs {} without", g, y, x);
-                    }
-                }
-            }
-            Ok(())
-        })
-        .unwrap();
-    assert!(rows_seen.get() > 100, "only {} replica rows in all cases", rows_seen.get());
+    // a step from a fraction of a token's work to a thousand tokens' (splitting an expert then
+    // costs its copy c_gemm more)
+    common::check_replication_planners(|mix, layers| {
+        stepped(layers, [0.3, 5.0, 100.0, 1e3][mix.below(4)], [0.0, 0.0, 4.0][mix.below(3)])
+    });
 }
 
 /// `check` names `cost.c_gemm` for a negative, NaN or infinite step.

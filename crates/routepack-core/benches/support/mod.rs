@@ -26,6 +26,8 @@ pub fn flash_cost(layers: usize) -> CostModel {
         expert_state_bytes: expert * 14.0,
         c_weights: 0.0,
         c_gemm: 0.0,
+        c_call: 0.0,
+        a2a_latency: 0.0,
         overlap: routepack_core::cost::Overlap::None,
         passes: routepack_core::cost::DEFAULT_PASSES.to_vec(),
     }

@@ -55,6 +55,21 @@ pub struct CostModel {
     /// GPU, where a grouped GEMM of one token is as dear as one of a few, calibration fits it
     /// at about 0 (`c_weights` is its floor there).
     pub c_gemm: f64,
+    /// Seconds of one EP rank's grouped expert kernel call in one pass, whatever its experts
+    /// and tokens: the kernel's launch and set-up, the framework's per-operator work around
+    /// it (sorting tokens by expert, the activation, the backward's bookkeeping), the zero
+    /// gradients of a stack's idle slots. Charged once per rank and exchange where the rank
+    /// computes at least one token ([`CostModel::call_time`]). 0, the default, prices none;
+    /// a CPU calibrates it at about a millisecond a pass (`routepack calibrate`), where a
+    /// per-expert cost alone (`c_exp`) prices one expert's call as cheap as a share of eight.
+    pub c_call: f64,
+    /// Seconds of one all-to-all beyond its bytes' link time (one dispatch or one combine of
+    /// one pass): the collective's start-up and synchronisation, paid by every exchange
+    /// whatever it moves, so an exchange's all-to-all is
+    /// `2·K·(a2a_latency + slowest rank's link time)` ([`CostModel::all_to_all_latency`]).
+    /// 0, the default, prices none; `routepack calibrate` fits it with the links (about
+    /// 0.2 ms for gloo between local processes).
+    pub a2a_latency: f64,
     /// Whether a layer's all-to-all overlaps its computation ([`Overlap::None`] by default).
     pub overlap: Overlap,
     /// The passes of one step ([`DEFAULT_PASSES`] by default; RL adds the recompute's
@@ -83,6 +98,8 @@ impl CostModel {
             ("cost.expert_state_bytes", self.expert_state_bytes),
             ("cost.c_weights", self.c_weights),
             ("cost.c_gemm", self.c_gemm),
+            ("cost.c_call", self.c_call),
+            ("cost.a2a_latency", self.a2a_latency),
         ];
         for (name, v) in scalars {
             if !v.is_finite() || v < 0.0 {
@@ -144,6 +161,8 @@ impl CostModel {
             expert_state_bytes: 42e6,
             c_weights: 0.0,
             c_gemm: 0.0,
+            c_call: 0.0,
+            a2a_latency: 0.0,
             overlap: Overlap::None,
             passes: DEFAULT_PASSES.to_vec(),
         }

@@ -43,6 +43,31 @@ impl CostModel {
         }
     }
 
+    /// Seconds of a rank's grouped expert kernel call in one pass: `c_call` where the rank
+    /// computes `tokens` > 0, else 0 (a rank without tokens calls no kernel).
+    #[inline]
+    pub fn call_time(&self, tokens: f64) -> f64 {
+        if tokens > 0.0 {
+            self.c_call
+        } else {
+            0.0
+        }
+    }
+
+    /// One EP rank's whole expert time in one pass, X of DESIGN.md: the linear term
+    /// ([`CostModel::expert_time`]), plus `extra`, the sum of its active experts'
+    /// [`CostModel::weights_bound_extra`], where the model has one ([`CostModel::roofline`]),
+    /// plus its kernel call ([`CostModel::call_time`]). The simulator and replication's exact
+    /// state both price a rank with it, so their values are the same bits; with the options
+    /// at 0 it is `expert_time` exactly (the extra is not added, and adding a zero call keeps
+    /// a non-negative sum's bits).
+    #[inline]
+    pub fn rank_expert_time(&self, tokens: f64, active_experts: f64, extra: f64) -> f64 {
+        let x = self.expert_time(tokens, active_experts);
+        let x = if self.roofline() { x + extra } else { x };
+        x + self.call_time(tokens)
+    }
+
     /// Seconds of an exchange's communication that its computation hides, given its
     /// compute (attention + expert work, all passes) and its all-to-all (all passes):
     /// 0 without overlap; `min(compute, all_to_all)` under [`Overlap::DispatchCombine`],
@@ -63,8 +88,17 @@ impl CostModel {
         self.all_to_all_of_link_time(LinkBytes::time(dispatch, self))
     }
 
+    /// Seconds of an exchange's all-to-all latencies: `a2a_latency` for each of its
+    /// all-to-alls (dispatch and combine, once per communication pass), whatever they move.
+    /// [`crate::simulate::LayerCost::new`] adds it to the link time of every exchange.
+    #[inline]
+    pub fn all_to_all_latency(&self) -> f64 {
+        2.0 * self.comm_passes() * self.a2a_latency
+    }
+
     /// All-to-all time from the slowest rank's one-way dispatch link time: dispatch and
-    /// combine, forward and backward.
+    /// combine, forward and backward (the link part: the latencies are
+    /// [`CostModel::all_to_all_latency`]).
     #[inline]
     pub fn all_to_all_of_link_time(&self, link_time: f64) -> f64 {
         2.0 * self.comm_passes() * link_time

@@ -64,8 +64,10 @@ fn reference_price(
     }
     let x_of = |p: usize| {
         let x = cost.expert_time(tokens[p] as f64, active[p] as f64);
-        if cost.roofline() {
-            x + extra[p]
+        let x = if cost.roofline() { x + extra[p] } else { x };
+        // one kernel call on a rank that computes a token
+        if tokens[p] > 0 {
+            x + cost.c_call
         } else {
             x
         }
@@ -115,6 +117,7 @@ fn the_one_slot_shortcut_prices_exchanges_bit_for_bit() {
         cost.c_weights = [0.0, 3e-8][(case / 4) % 2];
         cost.overlap = [Overlap::None, Overlap::DispatchCombine][(case / 8) % 2];
         cost.c_gemm = [0.0, 2e-7][(case / 16) % 2];
+        cost.c_call = [0.0, 5e-7][(case / 32) % 2];
         let attn_max = mix.below(100) as f64 * 1e-7;
         let mut pricer = ExchangePricer::new(ep, e_n);
         let got = pricer.price(&topo, &cost, &origin, attn_max, &so, &sl, &reps);

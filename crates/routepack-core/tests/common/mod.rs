@@ -216,7 +216,8 @@ pub fn for_each_exchange_flows(
     }
 }
 
-/// `[G]` Σ_m Σ_l 3 · max_p Σ_{e active on p} (c_exp + max(c_tok·t, c_weights) + c_gemm·[t ≥ 2]):
+/// `[G]` Σ_m Σ_l 3 · max_p (c_call·[p has tokens] + Σ_{e active on p} (c_exp + max(c_tok·t,
+/// c_weights) + c_gemm·[t ≥ 2])):
 /// the expert term of every group written out from the formula over the flow tables
 /// ([`for_each_exchange_flows`], the routing rule), not through the simulator or `CostModel`'s
 /// methods.
@@ -230,14 +231,16 @@ pub fn expert_times_from_flows(plan: &Plan, w: &OwnedWindow, topo: &Topology, co
         }
         let x_max = (0..ep)
             .map(|p| {
-                (0..e_n)
+                let experts = (0..e_n)
                     .map(|e| t[p * e_n + e])
                     .filter(|&n| n > 0)
                     .map(|n| {
                         let step = if n >= 2 { cost.c_gemm } else { 0.0 };
                         cost.c_exp + (cost.c_tok * n as f64).max(cost.c_weights) + step
                     })
-                    .sum::<f64>()
+                    .sum::<f64>();
+                let has_tokens = (0..e_n).any(|e| t[p * e_n + e] > 0);
+                experts + if has_tokens { cost.c_call } else { 0.0 }
             })
             .fold(0.0, f64::max);
         out[g] += 3.0 * x_max;
@@ -252,4 +255,71 @@ pub fn expert_work_only(cost: &mut CostModel) {
     cost.token_bytes = 0.0;
     cost.expert_weight_bytes = 0.0;
     cost.expert_grad_bytes = 0.0;
+}
+
+/// Every replication planner's plans, under the cost model `make_cost(mix, layers)` draws (cheap
+/// copies half the time), validate, stay above the lower bound, and routepack's never make a
+/// group slower than the same plan without replicas; 150 cases of random topologies, windows of
+/// short samples, placements and layouts. Panics with the failing case.
+pub fn check_replication_planners(make_cost: impl Fn(&mut Mix, usize) -> CostModel) {
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+    use routepack_core::replication::{plan_block, routepack::Options, Block, Packed, Planner};
+    use routepack_core::simulate::simulate;
+    use routepack_core::validate::validate_plan;
+    let mut runner = TestRunner::new_with_rng(
+        Config { cases: 150, failure_persistence: None, ..Config::default() },
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    let rows_seen = std::cell::Cell::new(0usize);
+    runner
+        .run(&(topologies(), any::<u64>()), |(topo, seed)| {
+            let mut mix = Mix(seed);
+            let micro = 1 + mix.below(3);
+            let samples = topo.dp * micro + mix.below(2 * topo.dp + 3);
+            let layers = 1 + mix.below(3);
+            let experts = 1 + mix.below(topo.num_slots().min(12));
+            let max_len = [8, 60][mix.below(2)];
+            let w = window(&mut mix, samples, layers, experts, max_len);
+            let view = w.view();
+            let placement =
+                Placement::new(random_phy2log(&mut mix, layers, experts, &topo), layers, experts, topo.slots_per_rank).unwrap();
+            let (rank, step) = random_layout(&mut mix, samples, topo.dp, micro);
+            let packed = Packed { sample_rank: &rank, sample_micro: &step, num_micro: micro };
+            let mut cost = make_cost(&mut mix, layers);
+            if mix.unit() < 0.5 {
+                cost.expert_weight_bytes = 1e3;
+                cost.expert_grad_bytes = 2e3;
+                cost.c_exp = 1e-9;
+            }
+            let bare = Plan {
+                placement: placement.clone(),
+                sample_rank: rank.clone(),
+                sample_micro: step.clone(),
+                num_micro: micro,
+                replicas: Vec::new(),
+                migration: Vec::new(),
+            };
+            let base = simulate(&bare, &view, &topo, &cost, None).unwrap();
+            let planners = [
+                Planner::HotN(1 + mix.below(3)),
+                Planner::Relibra(1 + mix.below(2)),
+                Planner::Routepack(Options { replica_slots: 1 + mix.below(4), ..Options::default() }),
+            ];
+            for planner in &planners {
+                let replicas = plan_block(&view, &topo, &cost, &placement, packed, planner, Block::ALL).unwrap();
+                rows_seen.set(rows_seen.get() + replicas.len());
+                let plan = Plan { replicas, ..bare.clone() };
+                prop_assert!(validate_plan(&plan, &view, &topo, i64::MAX).is_ok(), "{:?}: invalid plan", planner);
+                let r = simulate(&plan, &view, &topo, &cost, None).unwrap();
+                prop_assert!(r.lower_bound_time <= r.step_time * (1.0 + 1e-12));
+                if let Planner::Routepack(_) = planner {
+                    for (g, (x, y)) in base.group_times.iter().zip(&r.group_times).enumerate() {
+                        prop_assert!(*y <= x * (1.0 + 1e-12), "group {}: {} with replicas vs {} without", g, y, x);
+                    }
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+    assert!(rows_seen.get() > 100, "only {} replica rows in all cases", rows_seen.get());
 }

@@ -267,9 +267,8 @@ impl ExchangeState {
     #[inline]
     fn values(&self, c: &Exchange, tok: i64, act: i64, extra: f64, l: &Links, h: &Links) -> (f64, f64, f64) {
         let (kt, kh) = (self.k_tok, self.k_hop);
-        let x = c.cost.expert_time(tok as f64, act as f64);
         (
-            if c.cost.roofline() { x + extra } else { x },
+            c.cost.rank_expert_time(tok as f64, act as f64, extra),
             l[0].max(l[1]) as f64 * kt[0] + l[2].max(l[3]) as f64 * kt[1],
             h[0].max(h[1]) as f64 * kh[0] + h[2].max(h[3]) as f64 * kh[1],
         )
@@ -489,7 +488,7 @@ impl ExchangeState {
     }
 
     /// Rank p's expert time, one pass: c_tok · tokens + c_exp · active experts (+ the
-    /// roofline extra).
+    /// roofline extra, + its kernel call: `CostModel::rank_expert_time`).
     #[inline]
     pub fn expert_time(&self, p: usize) -> f64 {
         self.xv[p]
