@@ -74,8 +74,10 @@ def test_the_expert_fit_recovers_its_coefficients(c_tok, c_exp, every):
     assert fit.coefficients["c_tok"] == pytest.approx(c_tok, rel=1e-6)
     assert fit.coefficients["c_exp"] == pytest.approx(c_exp, rel=1e-6, abs=1e-9 * c_tok)
     assert fit.max_rel_error < 1e-6 and fit.max_rel_error_fit < 1e-6
-    # linear timings: no floor and no GEMM step (the step buys nothing: the roofline is committed)
-    assert set(fit.cost_fields) == {"c_tok", "c_exp", "c_weights", "c_gemm"}
+    # linear timings: no floor, no GEMM step (the step buys nothing: the roofline is committed)
+    # and no call cost
+    assert set(fit.cost_fields) == {"c_tok", "c_exp", "c_weights", "c_gemm", "c_call"}
+    assert fit.cost_fields["c_call"] == pytest.approx(0.0, abs=1e-6 * (c_exp + c_tok))
     assert fit.cost_fields["c_tok"] == fit.coefficients["c_tok"] and fit.cost_fields["c_weights"] == 0.0
     assert fit.formula == ROOFLINE_FORMULA and fit.cost_fields["c_gemm"] == 0.0
     assert fit.extra["forward_share"] == pytest.approx(1 / 3)
@@ -102,7 +104,8 @@ def test_the_links_fit_recovers_bandwidth_and_latency_per_op(lat, bw_p2p, bw_a2a
     assert fit.coefficients["bw_p2p"] == pytest.approx(bw_p2p, rel=1e-5)
     assert fit.coefficients["bw_all_to_all"] == pytest.approx(bw_a2a, rel=1e-5)
     assert fit.coefficients["latency_all_to_all_s"] == pytest.approx(lat, rel=1e-4, abs=1e-12)
-    assert fit.cost_fields == {"bw_intra": fit.coefficients["bw_all_to_all"]}
+    assert fit.cost_fields == {"bw_intra": fit.coefficients["bw_all_to_all"],
+                               "a2a_latency": fit.coefficients["latency_all_to_all_s"]}
     for op in ("p2p", "all_to_all"):  # each op has held-out points of its own
         assert any(h for h, p in zip(fit.held_out, fit.sweep) if p["op"] == op)
 

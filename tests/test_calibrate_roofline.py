@@ -1,8 +1,9 @@
 """The expert fit (`routepack.calibrate.fit.fit_expert_gemm`): on timings made from
-``3·active·(c_exp + max(c_tok·t, c_weights) + c_gemm·[t ≥ 2])`` it recovers the knee, the GEMM
-step and the coefficients, and commits that form (the convex roofline without the step is
-reported as an alternative, and no convex curve beats `convex_bound`); the fitted
-``c_weights`` and ``c_gemm`` price in `simulate` what the fit predicts; `refit` reproduces a report
+``3·(c_call + active·(c_exp + max(c_tok·t, c_weights) + c_gemm·[t ≥ 2]))`` it recovers the
+knee, the GEMM step, the call's cost and the coefficients, and commits that form (the convex
+roofline without the step is reported as an alternative, and no convex curve beats
+`convex_bound`); `curve_bound` and `call_curve_bound` are exact and no fit beats the latter; the
+fitted ``c_weights``, ``c_gemm`` and ``c_call`` price in `simulate` what the fit predicts; `refit` reproduces a report
 from its own measurements; and ``tools/gpu_check.py --cost-only --device cpu`` (its dry form)
 runs calibrate and writes a loadable cost model. No assertion is on a measured time."""
 
@@ -23,7 +24,8 @@ from hypothesis import strategies as st
 import routepack as rp
 from routepack.calibrate import refit
 from routepack.calibrate.fit import (COMPUTE_PASSES, GEMM_STEP_FORMULA, ROOFLINE_FORMULA, STEP_MIN_GAIN, _knees,
-                                    convex_bound, curve_bound, fit_expert_gemm, holdout_mask, monotone_bound)
+                                    call_curve_bound, call_curve_feasible, convex_bound, curve_bound,
+                                    fit_expert_gemm, holdout_mask, monotone_bound)
 from routepack.calibrate.sweeps import Sweeps
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,19 +61,22 @@ def test_the_fit_recovers_a_knee_on_its_grid(c_tok, c_exp, i):
     assert fit.max_rel_error < 1e-6
 
 
-def step_measurement(c_tok: float, c_exp: float, knee: float, c_gemm: float) -> dict:
-    """Timings of `GEMM_STEP_FORMULA`: the roofline plus c_gemm per expert with >= 2 tokens."""
+def step_measurement(c_tok: float, c_exp: float, knee: float, c_gemm: float, c_call: float = 0.0) -> dict:
+    """Timings of `GEMM_STEP_FORMULA`: the roofline plus c_gemm per expert with >= 2 tokens, plus
+    c_call per point (one kernel call)."""
     m = roofline_measurement(c_tok, c_exp, knee)
-    step = [COMPUTE_PASSES * p["active_experts"] * c_gemm * (p["tokens_per_expert"] >= 2) for p in m["sweep"]]
+    step = [COMPUTE_PASSES * (p["active_experts"] * c_gemm * (p["tokens_per_expert"] >= 2) + c_call)
+            for p in m["sweep"]]
     m["measured_s"] = [v + s for v, s in zip(m["measured_s"], step)]
     return m
 
 
 def predicted(fields: dict, sweep: list) -> list:
     """`GEMM_STEP_FORMULA` from a fit's cost fields, written out here."""
-    return [COMPUTE_PASSES * p["active_experts"] * (fields["c_exp"] + max(fields["c_tok"] * p["tokens_per_expert"],
-                                                                         fields["c_weights"])
-                                                    + fields.get("c_gemm", 0.0) * (p["tokens_per_expert"] >= 2))
+    return [COMPUTE_PASSES * (fields.get("c_call", 0.0)
+                              + p["active_experts"] * (fields["c_exp"] + max(fields["c_tok"] * p["tokens_per_expert"],
+                                                                             fields["c_weights"])
+                                                       + fields.get("c_gemm", 0.0) * (p["tokens_per_expert"] >= 2)))
             for p in sweep]
 
 
@@ -87,7 +92,7 @@ def test_the_committed_step_form_recovers_its_coefficients_and_the_roofline_is_r
     c_gemm = ratio * (c_exp + c_tok * knee)  # a step from 5% to 3x the 1-token time
     fit = fit_expert_gemm(step_measurement(c_tok, c_exp, knee, c_gemm), 3, MODEL)
     assert fit.formula == GEMM_STEP_FORMULA
-    assert set(fit.cost_fields) == {"c_tok", "c_exp", "c_weights", "c_gemm"}
+    assert set(fit.cost_fields) == {"c_tok", "c_exp", "c_weights", "c_gemm", "c_call"}
     c = fit.cost_fields
     assert c["c_gemm"] == pytest.approx(c_gemm, rel=1e-5)
     assert c["c_tok"] == pytest.approx(c_tok, rel=1e-5)
@@ -248,23 +253,76 @@ def test_the_curve_bound_is_exact_and_bounds_every_fit(points, seed):
     fit_input = step_measurement(2e-6, 1e-4, 8.0, 2e-4)
     fit_input["measured_s"] = [v * (1 + 0.2 * rng.uniform(-1, 1)) for v in fit_input["measured_s"]]
     fit = fit_expert_gemm(fit_input, 3, MODEL)
-    bound = fit.extra["curve_bound"]
-    assert bound >= fit.extra["monotone_bound"] - 1e-12
+    assert fit.extra["curve_bound"] >= fit.extra["monotone_bound"] - 1e-12
+    # the fits price a call too, so what bounds them is the call's curve bound, never above
+    bound = fit.extra["call_curve_bound"]
+    assert bound <= fit.extra["curve_bound"] + 1e-7
     for pred in [fit.predicted_s] + [f["predicted_s"] for f in fit.extra["alternative_forms"].values()]:
         meas = np.array(fit.measured_s)
-        assert np.abs((np.array(pred) - meas) / meas).max() >= bound - 1e-9
+        assert np.abs((np.array(pred) - meas) / meas).max() >= bound - 1e-6
+
+
+@settings(max_examples=25, deadline=None)
+@given(c_tok=st.floats(1e-9, 1e-4), c_exp=st.floats(1e-7, 1e-3), call=st.floats(0.1, 30.0), step=st.booleans())
+def test_the_fit_recovers_a_call_cost(c_tok, c_exp, call, step):
+    """Timings with a call's cost (c_call, per point whatever its experts) give it back, with
+    the rest of the form; the committed predictions are the formula of the fields written."""
+    c_call = call * c_exp
+    fit = fit_expert_gemm(step_measurement(c_tok, c_exp, 8.0, c_exp if step else 0.0, c_call=c_call), 3, MODEL)
+    c = fit.cost_fields
+    assert c["c_call"] == pytest.approx(c_call, rel=1e-5)
+    assert c["c_exp"] == pytest.approx(c_exp, rel=1e-5) and c["c_tok"] == pytest.approx(c_tok, rel=1e-5)
+    assert fit.formula == (GEMM_STEP_FORMULA if step else ROOFLINE_FORMULA)
+    assert fit.max_rel_error < 1e-6 and fit.extra["call_curve_bound"] <= 1e-6
+    assert fit.predicted_s == pytest.approx(predicted(c, fit.sweep), rel=1e-9)
+    # a·f(t) cannot follow a call's cost that shows (a fifth of one expert's floor or more): one
+    # expert's call is dearer per expert than eight's
+    if c_call >= 0.2 * (c_exp + c_tok * 8.0):
+        assert fit.extra["curve_bound"] > 0.01
+
+
+def test_one_active_count_fits_no_call():
+    """With one active count a call's cost is c_exp over again: it is not fitted (0)."""
+    m = step_measurement(2e-6, 1e-4, 8.0, 2e-4, c_call=3e-4)
+    keep = [i for i, p in enumerate(m["sweep"]) if p["active_experts"] == 4]
+    one = {"sweep": [m["sweep"][i] for i in keep], "measured_s": [m["measured_s"][i] for i in keep]}
+    fit = fit_expert_gemm(one, 3, MODEL)
+    assert fit.cost_fields["c_call"] == 0.0 and fit.max_rel_error < 1e-6
+    assert any("no call cost fitted" in n for n in fit.notes)
+
+
+@settings(max_examples=40, deadline=None)
+@given(points=st.lists(st.tuples(st.sampled_from([1, 2, 3, 8, 64]), st.sampled_from([1, 2, 4, 8]),
+                                 st.floats(1e-6, 1.0)), min_size=1, max_size=30))
+@example(points=[(2, 1, 1.0000000000000002e-06), (2, 1, 1e-06)])
+def test_the_call_curve_bound_is_exact(points):
+    """`call_curve_bound` e is met by a curve 3·(c + a·f(t)), c >= 0 and f >= 0 non-decreasing
+    (c from `call_curve_feasible`, f the running max of the lower ends), no smaller error is
+    (above rounding), and it is never above `curve_bound` (c = 0 is one such curve)."""
+    t, a, m = (np.array(c, dtype=np.float64) for c in zip(*points))
+    e = call_curve_bound(t, a, m)
+    assert e <= curve_bound(t, a, m) + 1e-7
+    c = call_curve_feasible(t, a, m, e)
+    assert c is not None and c >= 0
+    ts = np.unique(t)
+    lo = np.maximum((m * (1 - e) / COMPUTE_PASSES - c) / a, 0.0)
+    f = np.maximum.accumulate([float(lo[t == v].max()) for v in ts])
+    got = COMPUTE_PASSES * (c + a * f[np.searchsorted(ts, t)])
+    assert np.all(np.abs(got - m) <= (e + 1e-6) * m)
+    if e > 1e-5:
+        assert call_curve_feasible(t, a, m, e * (1 - 1e-3) - 1e-7) is None
 
 
 def test_the_fitted_floor_and_step_are_what_simulate_charges():
     """One rank, one expert with t tokens: simulate's expert part is the fit's prediction, on
-    both sides of the step and of the knee."""
-    fit = fit_expert_gemm(step_measurement(2e-6, 1e-4, 64.0, 3e-4), 3, MODEL)
+    both sides of the step and of the knee, its call included."""
+    fit = fit_expert_gemm(step_measurement(2e-6, 1e-4, 64.0, 3e-4, c_call=5e-4), 3, MODEL)
     f = fit.cost_fields
-    assert f["c_gemm"] > 0 and f["c_weights"] > 0
+    assert f["c_gemm"] > 0 and f["c_weights"] > 0 and f["c_call"] == pytest.approx(5e-4, rel=1e-6)
     topo = rp.Topology(1, 1, 1, 1)
     cost = rp.CostModel(a_lin=0.0, a_quad=[0.0], c_tok=f["c_tok"], c_exp=f["c_exp"],
                         token_bytes=0.0, bw_intra=1.0, bw_inter=1.0, expert_weight_bytes=0.0, expert_grad_bytes=0.0,
-                        expert_state_bytes=0.0, c_weights=f["c_weights"], c_gemm=f["c_gemm"])
+                        expert_state_bytes=0.0, c_weights=f["c_weights"], c_gemm=f["c_gemm"], c_call=f["c_call"])
     for t in (1, 2, 10, 64, 100, 1000):
         w = rp.Window(np.array([t]), np.array([[[t]]], dtype=np.int32))
         plan = rp.plan_window(w, topo, cost, token_cap=t, policy="static")

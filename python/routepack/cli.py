@@ -267,6 +267,10 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     for kind, why in rep["skipped"].items():
         print(f"{kind:<12} skipped: {why}")
     for kind, k in rep["kernels"].items():
+        if k.get("call_curve_bound") is not None:
+            print(f"{kind:<12} bound: no curve of the cost model fits every point within "
+                  f"{100 * k['call_curve_bound']:.1f}% (call_curve_bound; without the call: "
+                  f"{100 * k['curve_bound']:.1f}%)")
         for name, form in k.get("alternative_forms", {}).items():
             if form.get("max_rel_error") is not None:
                 print(f"{kind:<12} not committed: the {name} form would give {100 * form['max_rel_error']:.1f}% "

@@ -5,11 +5,12 @@
 
 * ``expert_gemm`` (`routepack.calibrate.expert_gemm`): the routed experts of one EP rank in
   `routepack.torch.EPMoE`'s layout, forward + backward, over tokens per expert × active
-  experts → ``c_tok``, ``c_exp``;
+  experts → ``c_tok``, ``c_exp``, ``c_weights``, ``c_gemm``, ``c_call``;
 * ``attention`` (`routepack.calibrate.attention`): one full-attention layer (projections,
-  causal SDPA, shared experts) over sample lengths → ``a_lin``, ``a_quad``;
+  causal SDPA, shared experts) and the MoE layer's work at the origin rank (gather, combine,
+  residual) over sample lengths → ``a_lin``, ``a_quad``;
 * ``links`` (`routepack.calibrate.links`): point-to-point and all-to-all between local
-  processes (gloo on CPU, NCCL on CUDA) over message sizes → ``bw_intra``.
+  processes (gloo on CPU, NCCL on CUDA) over message sizes → ``bw_intra``, ``a2a_latency``.
 
 `routepack.calibrate.fit` fits each kind with its own function (every k-th point held out
 and only predicted) and builds a `CostModel`; whatever is not measured (``bw_inter``, the
@@ -109,7 +110,8 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
               threads: Optional[int] = None, warmup: Optional[int] = None, repeats: Optional[int] = None,
               holdout_every: Optional[int] = None, max_tokens_per_expert: Optional[int] = None,
               max_length: Optional[int] = None, progress: bool = True,
-              links_timeout_s: float = 600.0, expert_stack: Optional[int] = None) -> Calibration:
+              links_timeout_s: float = 600.0, expert_stack: Optional[int] = None,
+              attention_dense: bool = True, links_clock: str = "wall") -> Calibration:
     """Measures and fits the cost model on this machine; returns a `Calibration`.
 
     Args:
@@ -134,6 +136,13 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
             fed, as a rank of `routepack.torch.EPMoE` with that many slots runs them
             (`routepack.measure` does, to predict EPMoE runs); None (default): a stack of the
             active experts only.
+        attention_dense: whether the ``attention`` kernel times the dense layer (projections,
+            attention, shared experts) besides the MoE layer's work at the origin rank (gather,
+            gate-weighted combine, residual); False: that origin work alone, for layers
+            without attention (`routepack.measure`'s).
+        links_clock: "wall" (default: waiting for the peer is a link's time) or "cpu" (each
+            call's CPU time, gloo's threads included: what `routepack.measure` judges its
+            run by; CPU devices only).
 
     The links measurement starts processes with the ``spawn`` method, which re-imports the
     calling script: call `calibrate` from a script under ``if __name__ == "__main__":``.
@@ -181,10 +190,11 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
                 measurements["expert_gemm"] = expert_gemm.measure(shape, sweeps, device, tdtype, tick, stack)
             if "attention" in kinds:
                 bar.set_postfix_str("attention")
-                measurements["attention"] = attention.measure(shape, sweeps, device, tdtype, tick)
+                measurements["attention"] = attention.measure(shape, sweeps, device, tdtype, tick,
+                                                              dense=bool(attention_dense))
         if "links" in kinds:
             bar.set_postfix_str(f"links: {ranks} ranks")
-            got = links.measure(sweeps, device, ranks, links_timeout_s)
+            got = links.measure(sweeps, device, ranks, links_timeout_s, clock=links_clock)
             bar.update(2 * len(sweeps.message_bytes))
             if "skipped" in got:
                 skipped["links"] = got["skipped"]
@@ -201,6 +211,7 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
     settings = {**asdict(sweeps), "aggregate": AGGREGATE, "threads": info["threads"],
                 "loadavg": {"start": load_start, "end": load_averages()},
                 "quick": quick, "kernels": kinds, "ranks": ranks, "expert_stack": expert_stack,
+                "attention_dense": bool(attention_dense), "links_clock": links_clock,
                 "bw_inter": "given" if bw_inter is not None else f"preset {hardware.name} (local processes are one node)"}
     report = build(fits=fits, cost=cost, preset=preset, hardware=hardware, sources=sources, device=info,
                    settings=settings, model=asdict(shape), profile=profile if model is None else "custom",

@@ -151,29 +151,35 @@ def _knees(tokens: np.ndarray) -> np.ndarray:
     return np.unique(np.concatenate([[1.0], np.geomspace(1.0, max(hi, 1.0), 1 + int(8 * np.log2(max(hi, 2.0))))]))
 
 
-#: The expert curve the calibration commits (`fit_expert_gemm`): the roofline plus ``c_gemm``
-#: per active expert with >= 2 tokens (`CostModel.c_gemm`), three passes.
-GEMM_STEP_FORMULA = ("3·active_experts·(c_exp + max(c_tok·tokens_per_expert, c_weights) "
-                     "+ c_gemm·[tokens_per_expert ≥ 2])")
+#: The expert curve the calibration commits (`fit_expert_gemm`): one kernel call (`CostModel.c_call`)
+#: plus, per active expert, the roofline and ``c_gemm`` where it has >= 2 tokens
+#: (`CostModel.c_gemm`), three passes.
+GEMM_STEP_FORMULA = ("3·(c_call + active_experts·(c_exp + max(c_tok·tokens_per_expert, c_weights) "
+                     "+ c_gemm·[tokens_per_expert ≥ 2]))")
 #: The expert curve without the GEMM step (convex in tokens per expert), reported alongside.
-ROOFLINE_FORMULA = "3·active_experts·(c_exp + max(c_tok·tokens_per_expert, c_weights))"
+ROOFLINE_FORMULA = "3·(c_call + active_experts·(c_exp + max(c_tok·tokens_per_expert, c_weights)))"
 #: The GEMM step is committed only where it cuts the fitted points' squared relative error to
 #: below this share of the roofline's. Measured: on timings of the roofline with 0.1–5% noise
-#: the step's extra parameter buys a ratio of 0.83–1.0 (400 draws), on this CPU's sweep 0.15.
-STEP_MIN_GAIN = 0.5
+#: the step's extra parameter buys a ratio of 0.83–1.0 (400 draws; 0.88–1.0 in 150 with the
+#: call's column); on this CPU's sweeps 0.02–0.12 at the tiny profile's shapes and 0.33–0.44
+#: at the measured run's (H = I = 256, a stack of 10), where ½ had refused the step in some
+#: runs and committed a roofline 21–54% off at held-out points.
+STEP_MIN_GAIN = 0.75
 
 
 def _roofline(measurement: Mapping[str, Any], holdout_every: int, per: np.ndarray, active: np.ndarray,
-              step: bool) -> Tuple[float, float, Dict[str, float], np.ndarray, np.ndarray]:
+              step: bool, call: bool) -> Tuple[float, float, Dict[str, float], np.ndarray, np.ndarray]:
     """The best knee on the `_knees` grid: (squared relative error on the fitted points, knee,
-    coefficients, predictions, held-out mask); ``step`` adds the ``c_gemm`` column."""
+    coefficients, predictions, held-out mask); ``step`` adds the ``c_gemm`` column, ``call``
+    the ``c_call`` column (one per point: a kernel call whatever its experts)."""
     _, measured = _points(measurement, "expert_gemm")
-    names = ("c_tok", "c_exp", "c_gemm") if step else ("c_tok", "c_exp")
+    names = ("c_tok", "c_exp") + (("c_gemm",) if step else ()) + (("c_call",) if call else ())
     best: Optional[Tuple[float, float, Dict[str, float], np.ndarray, np.ndarray]] = None
     for knee in _knees(per):
         # (with the step, a knee in (1, 2] lifts only the 1-token points, which c_exp + c_gemm
         # can too: ties go to the lower knee, so such a knee wins only where it fits better)
-        cols = [active * np.maximum(per, knee), active] + ([active * (per >= 2)] if step else [])
+        cols = ([active * np.maximum(per, knee), active] + ([active * (per >= 2)] if step else [])
+                + ([np.ones_like(active)] if call else []))
         coef, pred, held = _linear_fit("expert_gemm", measurement, holdout_every, names,
                                        COMPUTE_PASSES * np.stack(cols, axis=1))
         err = float(np.sum(((pred - measured) / measured)[~held] ** 2))
@@ -226,14 +232,16 @@ def monotone_bound(x: np.ndarray, measured: np.ndarray) -> float:
 
 def curve_bound(tokens: np.ndarray, active: np.ndarray, measured: np.ndarray) -> float:
     """The least max |relative error| over all points that any expert curve of the cost model
-    can reach: float ``tokens`` ``[n]`` (tokens per expert t), ``active`` ``[n]`` (active
-    experts a), ``measured`` ``[n]`` (> 0). Every such curve prices a point as a·f(t) with f
-    non-decreasing in t (`GEMM_STEP_FORMULA` and `ROOFLINE_FORMULA` both are), so with each
+    without a call's cost (``c_call = 0``) can reach: float ``tokens`` ``[n]`` (tokens per
+    expert t), ``active`` ``[n]`` (active experts a), ``measured`` ``[n]`` (> 0). Every such
+    curve prices a point as a·f(t) with f non-decreasing in t (`GEMM_STEP_FORMULA` and
+    `ROOFLINE_FORMULA` with ``c_call = 0`` both are; `call_curve_bound` adds the call), so with each
     point within e, every pair with t_i <= t_j (equal t included: two active counts of one t
     share f(t)) needs p_i (1 − e) <= p_j (1 + e) for the per-expert times p = m / (3a):
     e >= (p_i − p_j) / (p_i + p_j); the largest over all pairs. Exact: f(t) = the largest
     p_i (1 − e) over t_i <= t meets it. Unlike `monotone_bound` it also counts the spread
-    between active counts, so it bounds what any form, tabulated or not, can reach."""
+    between active counts, so it bounds what any form without the call, tabulated or not, can
+    reach."""
     t = np.asarray(tokens, dtype=np.float64)
     p = np.asarray(measured, dtype=np.float64) / (COMPUTE_PASSES * np.asarray(active, dtype=np.float64))
     o = np.argsort(t, kind="stable")
@@ -245,17 +253,72 @@ def curve_bound(tokens: np.ndarray, active: np.ndarray, measured: np.ndarray) ->
     return best
 
 
+def call_curve_feasible(tokens: np.ndarray, active: np.ndarray, measured: np.ndarray,
+                        error: float) -> Optional[float]:
+    """The least call time c >= 0 for which some curve 3·(c + a·f(t)), f >= 0 non-decreasing in
+    t, is within ``error`` (relative) of every point, or None where none is: float ``tokens``
+    ``[n]``, ``active`` ``[n]`` (> 0), ``measured`` ``[n]`` (> 0). With each point within e,
+    f(t_i) lies in [(L_i − c)/a_i, (U_i − c)/a_i], L, U = m·(1 ∓ e)/3, and f(t_i) >= 0 needs
+    c <= U_i; a non-decreasing f through those intervals exists exactly when every pair with
+    t_i <= t_j has (L_i − c)/a_i <= (U_j − c)/a_j (then f(t) = the largest lower end at or
+    below t meets them), a condition linear in c: c·(1/a_j − 1/a_i) <= U_j/a_j − L_i/a_i. So
+    the feasible c form an interval, and its lower end is returned."""
+    t = np.asarray(tokens, dtype=np.float64)
+    a = np.asarray(active, dtype=np.float64)
+    m = np.asarray(measured, dtype=np.float64)
+    lo, hi = m * (1.0 - error) / COMPUTE_PASSES, m * (1.0 + error) / COMPUTE_PASSES
+    pair = t[:, None] <= t[None, :]  # [i, j]: t_i <= t_j
+    coef = (1.0 / a)[None, :] - (1.0 / a)[:, None]
+    rhs = (hi / a)[None, :] - (lo / a)[:, None]
+    tol = 1e-12 * float(np.abs(rhs).max(initial=0.0))
+    if np.any(pair & (coef == 0) & (rhs < -tol)):
+        return None
+    up = pair & (coef > 0)
+    down = pair & (coef < 0)
+    c_hi = min(float(hi.min()), float(np.min(rhs[up] / coef[up], initial=np.inf)))
+    c_lo = max(0.0, float(np.max(rhs[down] / coef[down], initial=-np.inf)))
+    return c_lo if c_lo <= c_hi + tol else None
+
+
+def call_curve_bound(tokens: np.ndarray, active: np.ndarray, measured: np.ndarray) -> float:
+    """The least max |relative error| over all points that any expert curve of the cost model
+    with a kernel call's cost can reach: float ``tokens`` ``[n]``, ``active`` ``[n]``,
+    ``measured`` ``[n]`` (> 0). Every such curve prices a point as 3·(c + a·f(t)), c = c_call
+    >= 0 and f >= 0 non-decreasing in t (`GEMM_STEP_FORMULA`, `ROOFLINE_FORMULA`); whether
+    some (c, f) is within e of every point is decided exactly by `call_curve_feasible`, and
+    feasibility only grows with e, so the least e is found by bisection (to 1e-7). With c = 0
+    the curves are `curve_bound`'s, so this is never above it."""
+    if call_curve_feasible(tokens, active, measured, 0.0) is not None:
+        return 0.0
+    lo, hi = 0.0, 1.0  # e = 1 admits every point: c = 0, f = 0 (each within 100%)
+    while hi - lo > 1e-7:
+        mid = 0.5 * (lo + hi)
+        if call_curve_feasible(tokens, active, measured, mid) is None:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
 def _max_abs(rel: np.ndarray, mask: np.ndarray) -> Optional[float]:
     return float(np.abs(rel[mask]).max()) if mask.any() else None
 
 
 def fit_expert_gemm(measurement: Mapping[str, Any], holdout_every: int, model: ModelShape) -> KernelFit:
-    """Forward + backward of ``active`` experts with ``tokens_per_expert`` t tokens each:
-    3·active·(c_exp + max(c_tok·t, c_weights) + c_gemm·[t ≥ 2]) (`GEMM_STEP_FORMULA`), the cost
-    model's expert term over three passes. The knee ``c_weights / c_tok`` is searched on a grid
-    (`_knees`); for each knee the rest is linear in (c_tok, c_exp, c_gemm) and fitted by
-    `nnls_relative`; the knee with the least squared relative error on the fitted points wins
-    (knee 1: no floor).
+    """Forward + backward of ``active`` experts with ``tokens_per_expert`` t tokens each in one
+    kernel call: 3·(c_call + active·(c_exp + max(c_tok·t, c_weights) + c_gemm·[t ≥ 2]))
+    (`GEMM_STEP_FORMULA`), the cost model's expert term of one rank over three passes. The knee
+    ``c_weights / c_tok`` is searched on a grid (`_knees`); for each knee the rest is linear in
+    (c_tok, c_exp, c_gemm, c_call) and fitted by `nnls_relative`; the knee with the least
+    squared relative error on the fitted points wins (knee 1: no floor).
+
+    ``c_call`` is what a call costs whatever its experts (the kernel's set-up, the framework's
+    per-operator work around it, an idle stack slot's zero gradient): it is what makes one
+    expert's call dearer per expert than a share of eight experts' at the same tokens per
+    expert, which no curve active·f(t) can follow (``curve_bound``). It can be told from
+    ``c_exp`` only where the fitted points have two active counts or more (otherwise it is 0);
+    ``call_curve_bound`` is the least max error any curve of the cost model, call included,
+    can reach on these timings.
 
     ``c_gemm`` is the fixed cost of a GEMM beyond a matrix-vector product: on CPU one token per
     expert runs as a matrix-vector product (and its weight gradient as an outer product),
@@ -277,10 +340,12 @@ def fit_expert_gemm(measurement: Mapping[str, Any], holdout_every: int, model: M
     active = np.array([p["active_experts"] for p in sweep], dtype=np.float64)
     fitted = ~holdout_mask(len(sweep), holdout_every)
     eligible = bool(fitted.sum() >= 3 and (per[fitted] < 2).any() and (per[fitted] >= 2).any())
+    # a call's cost and c_exp are one column over a single active count
+    call = bool(np.unique(active[fitted]).size >= 2)
 
     def form(step: bool) -> Tuple[float, Dict[str, float], np.ndarray, np.ndarray]:
-        sq, knee, coef, pred, held = _roofline(measurement, holdout_every, per, active, step=step)
-        coef = {**coef, "c_gemm": coef.get("c_gemm", 0.0),
+        sq, knee, coef, pred, held = _roofline(measurement, holdout_every, per, active, step=step, call=call)
+        coef = {**coef, "c_gemm": coef.get("c_gemm", 0.0), "c_call": coef.get("c_call", 0.0),
                 "c_weights": coef["c_tok"] * knee if knee > per.min() else 0.0, "knee_tokens_per_expert": knee}
         return sq, coef, pred, held
 
@@ -308,6 +373,11 @@ def fit_expert_gemm(measurement: Mapping[str, Any], holdout_every: int, model: M
     else:
         notes.append("no GEMM step fitted: the fitted points do not have experts on both sides of 2 tokens "
                      "(c_gemm = 0)")
+    if call:
+        notes.append(f"kernel call c_call = {coef['c_call']:.3g} s per call and pass, whatever its experts")
+    else:
+        notes.append("no call cost fitted: the fitted points have one active count, where c_call and c_exp are "
+                     "one column (c_call = 0)")
     extra = _forward(measurement)
     # the curve without the step is convex in tokens per expert: no fit of it beats this on all points
     extra["convex_bound"] = max(convex_bound(per[active == a], measured[active == a]) for a in np.unique(active))
@@ -319,11 +389,13 @@ def fit_expert_gemm(measurement: Mapping[str, Any], holdout_every: int, model: M
     if extra["monotone_bound"] > 0.05:
         notes.append(f"measured times are not non-decreasing in tokens per expert: every curve of the cost model "
                      f"(non-decreasing) misses some point of one active count by >= {extra['monotone_bound']:.1%}")
-    # and prices a·f(t): the spread between active counts at one t counts too
+    # without a call's cost every curve prices a·f(t): the spread between active counts at one t
+    # counts too; with it, c + a·f(t)
     extra["curve_bound"] = curve_bound(per, active, measured)
-    if extra["curve_bound"] > 0.05:
-        notes.append(f"no expert curve of the cost model (active experts × a non-decreasing curve in tokens per "
-                     f"expert, tabulated or not) fits every point within {extra['curve_bound']:.1%}")
+    extra["call_curve_bound"] = call_curve_bound(per, active, measured)
+    if extra["call_curve_bound"] > 0.05:
+        notes.append(f"no expert curve of the cost model (a call plus active experts × a non-decreasing curve in "
+                     f"tokens per expert, tabulated or not) fits every point within {extra['call_curve_bound']:.1%}")
     if other is not None:
         name, formula, (_, o_coef, o_pred, _) = other
         rel = (o_pred - measured) / measured
@@ -336,7 +408,8 @@ def fit_expert_gemm(measurement: Mapping[str, Any], holdout_every: int, model: M
             what = "without the GEMM step (c_gemm = 0, a convex curve)" if stepped else "with the GEMM step"
             notes.append(f"{what} the held-out max rel. error would be {alt['max_rel_error']:.1%} instead of "
                          f"{own:.1%} (alternative_forms.{name})")
-    fields = {"c_tok": coef["c_tok"], "c_exp": coef["c_exp"], "c_weights": c_weights, "c_gemm": coef["c_gemm"]}
+    fields = {"c_tok": coef["c_tok"], "c_exp": coef["c_exp"], "c_weights": c_weights, "c_gemm": coef["c_gemm"],
+              "c_call": coef["c_call"]}
     return KernelFit("expert_gemm", GEMM_STEP_FORMULA if stepped else ROOFLINE_FORMULA, sweep,
                      measured.tolist(), pred.tolist(), held.tolist(), coef, fields, notes, extra=extra)
 
@@ -352,9 +425,12 @@ def fit_attention(measurement: Mapping[str, Any], holdout_every: int, model: Mod
     a_quad = [coef["a_quad"] if kind == "full" else 0.0 for kind in model.attention]
     notes = ["a_lin is fitted on full-attention layers and applies to every layer (the cost model "
              "has one a_lin); linear-attention layers get a_quad = 0"]
+    if "parts" in measurement:
+        notes.append(f"timed per token: {', '.join(measurement['parts'])} (moe_origin: the MoE layer's gather, "
+                     f"gate-weighted combine and residual at the origin rank)")
     return KernelFit("attention", "3·(a_lin·length + a_quad·length²)", sweep, measured.tolist(), pred.tolist(),
                      held.tolist(), coef, {"a_lin": coef["a_lin"], "a_quad": a_quad}, notes,
-                     extra={**_forward(measurement), **{k: measurement[k] for k in ("heads", "head_dim")
+                     extra={**_forward(measurement), **{k: measurement[k] for k in ("heads", "head_dim", "top_k", "parts")
                                                         if k in measurement}})
 
 
@@ -364,9 +440,8 @@ LINK_OPS = ("p2p", "all_to_all")
 def fit_links(measurement: Mapping[str, Any], holdout_every: int, model: ModelShape) -> KernelFit:
     """One-way time of a message of ``bytes`` per rank, per op (``p2p``: half a ping-pong
     between two ranks; ``all_to_all``: every rank sends ``bytes`` to the others in all):
-    latency + bytes / bandwidth, fitted per op. ``bw_intra`` is the all-to-all's bandwidth,
-    since the cost model prices exchanges (all-to-alls) with it; the cost model has no
-    latency term, so the report gives it only."""
+    latency + bytes / bandwidth, fitted per op. ``bw_intra`` is the all-to-all's bandwidth and
+    ``a2a_latency`` its latency, since the cost model prices exchanges (all-to-alls) with them."""
     sweep, measured = _points(measurement, "links")
     ops = np.array([p["op"] for p in sweep])
     nbytes = np.array([p["bytes"] for p in sweep], dtype=np.float64)
@@ -388,11 +463,12 @@ def fit_links(measurement: Mapping[str, Any], holdout_every: int, model: ModelSh
     if "bw_all_to_all" not in coef:
         raise RoutepackError("links: no all_to_all points measured; cannot fit bw_intra")
     notes = [f"bw_intra = the all-to-all's bandwidth between {measurement.get('ranks', '?')} local processes "
-             f"({measurement.get('backend', '?')}); the cost model has no latency term "
-             f"(latency_all_to_all_s = {coef['latency_all_to_all_s']:.3g} s is not priced)"]
+             f"({measurement.get('backend', '?')}); a2a_latency = its latency "
+             f"({coef['latency_all_to_all_s']:.3g} s per all-to-all); the p2p figures are reported only"]
     return KernelFit("links", "latency_<op> + bytes / bw_<op>", sweep, measured.tolist(), pred.tolist(),
-                     held.tolist(), coef, {"bw_intra": coef["bw_all_to_all"]}, notes,
-                     extra={k: measurement[k] for k in ("ranks", "backend") if k in measurement})
+                     held.tolist(), coef, {"bw_intra": coef["bw_all_to_all"], "a2a_latency": coef["latency_all_to_all_s"]},
+                     notes,
+                     extra={k: measurement[k] for k in ("ranks", "backend", "clock") if k in measurement})
 
 
 #: Per-point and per-sweep timer figures a fit passes through to the report unchanged.

@@ -15,7 +15,10 @@ the intra-node link (``bw_intra``); ``bw_inter`` cannot be measured here.
 Every rank runs the same number of timed calls (a collective must be entered by all), each
 between a barrier and a device synchronisation, on the wall clock (waiting for the other
 rank is part of a link's time); a call's time is the slowest rank's (all-reduced max), the
-median over calls is kept.
+median over calls is kept. ``clock="cpu"`` (CPU only) times each call by the process's CPU
+time instead (gloo's threads and the kernel's TCP work included, waiting not): what
+`routepack.measure` judges its run by, so its links are calibrated on the same clock (on this
+machine a gloo all-to-all's CPU time is about half its wall time at a few MB).
 """
 
 from __future__ import annotations
@@ -25,31 +28,34 @@ import time
 from typing import Any, Dict, List, Sequence
 
 from routepack.calibrate.sweeps import Sweeps
+from routepack.errors import RoutepackError
 from routepack.calibrate.timing import require_torch, synchronizer
 
 
-def _timed(fn: Any, sync: Any, dist: Any, torch: Any, device: Any, warmup: int, repeats: int) -> float:
+def _timed(fn: Any, sync: Any, dist: Any, torch: Any, device: Any, warmup: int, repeats: int,
+           now: Any = time.perf_counter) -> float:
     times: List[float] = []
     for k in range(warmup + repeats):
         dist.barrier()
         sync()
-        t0 = time.perf_counter()
+        t0 = now()
         fn()
         sync()
         if k >= warmup:
-            times.append(time.perf_counter() - t0)
+            times.append(now() - t0)
     slowest = torch.tensor(times, dtype=torch.float64, device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return float(statistics.median(slowest.cpu().tolist()))
 
 
 def _rank_main(rank: int, world: int, device: Any, sizes: Sequence[int], warmup: int,
-               repeats: int) -> Dict[str, Any]:
+               repeats: int, clock: str = "wall") -> Dict[str, Any]:
     """Runs on every spawned rank; returns the sweep and the times (the same on every rank)."""
     torch = require_torch()
     import torch.distributed as dist
 
     sync = synchronizer(device)
+    now = time.process_time if clock == "cpu" else time.perf_counter
     sweep: List[Dict[str, Any]] = []
     measured: List[float] = []
     for nbytes in sizes:
@@ -64,21 +70,25 @@ def _rank_main(rank: int, world: int, device: Any, sizes: Sequence[int], warmup:
                 dist.send(buf, 0)
 
         sweep.append({"op": "p2p", "bytes": buf.numel() * 4})
-        measured.append(0.5 * _timed(pingpong, sync, dist, torch, device, warmup, repeats))
+        measured.append(0.5 * _timed(pingpong, sync, dist, torch, device, warmup, repeats, now))
     for nbytes in sizes:
         chunk = max(1, nbytes // 4 // (world - 1))
         send = torch.zeros(chunk * world, dtype=torch.float32, device=device)
         recv = torch.empty_like(send)
         sweep.append({"op": "all_to_all", "bytes": chunk * 4 * (world - 1)})
         measured.append(_timed(lambda: dist.all_to_all_single(recv, send), sync, dist, torch, device,
-                               warmup, repeats))
+                               warmup, repeats, now))
     return {"sweep": sweep, "measured_s": measured}
 
 
-def measure(sweeps: Sweeps, device: str, ranks: int = 2, timeout_s: float = 600) -> Dict[str, Any]:
-    """Spawns ``ranks`` local processes and times both ops at every ``sweeps.message_bytes``.
-    Returns ``{"skipped": why}`` where it cannot run (CUDA with fewer GPUs than ranks)."""
+def measure(sweeps: Sweeps, device: str, ranks: int = 2, timeout_s: float = 600,
+            clock: str = "wall") -> Dict[str, Any]:
+    """Spawns ``ranks`` local processes and times both ops at every ``sweeps.message_bytes``
+    on ``clock`` ("wall", or "cpu": the process's CPU time, CPU devices only). Returns
+    ``{"skipped": why}`` where it cannot run (CUDA with fewer GPUs than ranks)."""
     torch = require_torch()
+    if clock not in ("wall", "cpu") or (clock == "cpu" and device == "cuda"):
+        raise RoutepackError(f"links clock: expected 'wall' (or 'cpu' on a CPU device), got {clock!r} on {device}")
     if device == "cuda":
         if torch.cuda.device_count() < ranks:
             return {"skipped": f"NCCL needs one GPU per rank: {ranks} ranks, "
@@ -89,6 +99,6 @@ def measure(sweeps: Sweeps, device: str, ranks: int = 2, timeout_s: float = 600)
     from routepack.torch.selfcheck.spawn import run_ranks
 
     # more calls than a compute point: small messages are cheap and their times scatter most
-    out = run_ranks(_rank_main, ranks, list(sweeps.message_bytes), sweeps.warmup, 3 * sweeps.repeats,
+    out = run_ranks(_rank_main, ranks, list(sweeps.message_bytes), sweeps.warmup, 3 * sweeps.repeats, clock,
                     backend=backend, join_timeout_s=timeout_s, pg_timeout_s=min(timeout_s, 300))
-    return {**out[0], "ranks": ranks, "backend": backend}
+    return {**out[0], "ranks": ranks, "backend": backend, "clock": clock}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
@@ -127,7 +128,9 @@ def plot(report: Mapping[str, Any], path: str | Path) -> Path:
         top.set_xscale("log")
         top.set_yscale("log")
         mre = k.get("max_rel_error")
-        top.set_title(f"{kind}: {k['formula']}\nheld-out max |rel. error| "
+        # long formulas (the expert curve's) wrapped to the panel's width
+        formula = "\n".join(textwrap.wrap(f"{kind}: {k['formula']}", 58))
+        top.set_title(f"{formula}\nheld-out max |rel. error| "
                       f"{'n/a' if mre is None else f'{100 * mre:.1f}%'} (ringed)", fontsize=9)
         top.set_ylabel("seconds (dots measured, lines predicted)")
         top.legend(fontsize=7)

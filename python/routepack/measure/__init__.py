@@ -6,9 +6,11 @@ For a small MoE model (`Workload`: its window with recorded routing, one EP grou
 
 1. calibrates the cost model on this machine for the workload's shapes (`routepack.calibrate`:
    the expert GEMM as a rank of `routepack.torch.EPMoE` runs it (`grouped_swiglu` over a
-   stack of ``slots_per_rank`` slots), and the links between
-   ``ranks`` processes), or takes a given `CostModel`; attention and dense work are set to 0,
-   since only the MoE layers run;
+   stack of ``slots_per_rank`` slots), the MoE layer's work on its tokens at the origin rank
+   (gather, gate-weighted combine, residual: the ``attention`` kernel without a dense layer,
+   ``a_lin``; the layers have no attention), and the links between ``ranks`` processes, their
+   latency included, on the clock the run is judged by (CPU time on CPU)), or takes a given
+   `CostModel`, whose attention and dense work are set to 0 (only the MoE layers run);
 2. plans the window with each policy (default ``static`` and ``routepack``) under that model;
 3. runs every plan's microbatches forward and backward through `EPMoE` layers driven by a
    `routepack.torch.PlanRunner` in ``ranks`` spawned processes (`routepack.measure.execute`);
@@ -71,12 +73,16 @@ def _calibrated(work: Workload, ranks: int, quick: bool, progress: bool,
 
     window, _, _ = work.window()
     most = int(window.counts.sum(axis=0, dtype=np.int64).max())  # the most tokens one expert gets in a layer
-    cal = calibrate(model=work.model(), kernels=("expert_gemm", "links"), ranks=ranks, quick=quick,
+    # the longest sample a rank's microbatch holds bounds the origin sweep
+    longest = max(work.token_cap(window), 128)
+    cal = calibrate(model=work.model(), kernels=("expert_gemm", "attention", "links"), ranks=ranks, quick=quick,
                     max_tokens_per_expert=max(8, most), expert_stack=work.slots_per_rank, progress=progress,
-                    threads=1 if device == "cpu" else None, device=device, dtype="float32")
-    # the form committed and what bounds it (the expert fit's `curve_bound`), beside the error
+                    threads=1 if device == "cpu" else None, device=device, dtype="float32",
+                    max_length=longest, attention_dense=False, links_clock="cpu" if device == "cpu" else "wall")
+    # the form committed and what bounds it (the expert fit's `call_curve_bound`), beside the error
     summary = {kind: {"max_rel_error": fit.max_rel_error, "coefficients": fit.coefficients, "formula": fit.formula,
-                      **{k: fit.extra[k] for k in ("curve_bound", "step_sq_error_ratio") if k in fit.extra}}
+                      **{k: fit.extra[k] for k in ("curve_bound", "call_curve_bound", "step_sq_error_ratio")
+                         if k in fit.extra}}
                for kind, fit in cal.fits.items()}
     return cal.cost, summary
 
@@ -90,8 +96,10 @@ def measure(work: Optional[Workload] = None, *, cost: Optional[CostModel] = None
     Args:
         work: the workload (default `Workload()`: 2 ranks, 2 layers of 16 experts top-2,
             H = I = 256, 48 samples in 3 microbatches per rank).
-        cost: the cost model to predict with (its ``a_lin``/``a_quad`` are zeroed); None:
-            calibrate one here first (``quick``: the smoke sweeps).
+        cost: the cost model to predict with (its ``a_lin``/``a_quad`` are zeroed: the run has
+            no attention, and a given model's dense work is another layer's); None: calibrate
+            one here first (``quick``: the smoke sweeps), its ``a_lin`` the MoE layers' own
+            work at the origin rank.
         policies: presets to plan with; ``static`` is added first when missing (the speed-ups'
             reference).
         overlap: the predictions' `CostModel.overlap` (the run itself overlaps nothing:
@@ -121,10 +129,12 @@ def measure(work: Optional[Workload] = None, *, cost: Optional[CostModel] = None
     calibration = None
     if cost is None:
         cost, calibration = _calibrated(work, work.ranks, quick, progress, device)
-    instance_of(cost, CostModel, "cost")
-    # the run is float32: 4 bytes per activation and weight, whatever the calibration's preset
+    else:
+        cost = replace(instance_of(cost, CostModel, "cost"), a_lin=0.0)
+    # the run is float32: 4 bytes per activation and weight, whatever the calibration's preset;
+    # its layers have no attention (a_quad 0), a_lin is the MoE layers' origin work
     params = 3.0 * work.hidden * work.ffn
-    cost = replace(cost, a_lin=0.0, a_quad=[0.0] * work.layers, overlap=overlap, num_experts=work.experts,
+    cost = replace(cost, a_quad=[0.0] * work.layers, overlap=overlap, num_experts=work.experts,
                    expert_groups=1, token_bytes=4.0 * work.hidden, expert_weight_bytes=4 * params,
                    expert_grad_bytes=4 * params, expert_state_bytes=16 * params)
     window, routed, cu = work.window()
@@ -153,6 +163,7 @@ def measure(work: Optional[Workload] = None, *, cost: Optional[CostModel] = None
                      "predicted_micro_s": pred, "step_s": float(micro.sum() + finish),
                      "predicted_step_s": step_pred, "replicas": int(plan.replicas.size),
                      "wall_micro_s": wall.tolist(), "per_rank_micro_s": [got[r][name]["micro_s"] for r in range(work.ranks)],
+                     "pinned_cores": [got[r].get("_pinned") for r in range(work.ranks)],
                      "micro_rel_error": [(p - s) / s for p, s in zip(pred, shared)]}
     base = out["static"]
     for rec in out.values():

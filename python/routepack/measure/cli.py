@@ -25,14 +25,15 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise RoutepackError(f"routepack measure needs torch ({e})") from None
     w = result.workload
+    dense = "a_lin 0" if args.cost else "a_lin: the MoE layers' work at the origin rank"
     print(f"measured run: {w.ranks} gloo ranks (one core each), {w.layers} MoE layers of {w.experts} experts "
           f"top-{w.top_k}, H={w.hidden}, I={w.ffn}, {w.samples} samples; times are each rank's CPU time, "
           f"the slowest rank's; predictions: routepack.simulate with the "
-          f"{'given' if args.cost else 'calibrated'} cost model (overlap={args.overlap}, attention off)")
+          f"{'given' if args.cost else 'calibrated'} cost model (overlap={args.overlap}, no attention; {dense})")
     if result.calibration:
         for kind, fit in result.calibration.items():
             err = fit["max_rel_error"]
-            bound = fit.get("curve_bound")
+            bound = fit.get("call_curve_bound")
             print(f"  calibrated {kind}: held-out max rel. error "
                   f"{'n/a' if err is None else f'{100 * err:.1f}%'}"
                   + ("" if bound is None else f" (no cost-model curve fits every point within {100 * bound:.1f}%)"))

@@ -35,6 +35,22 @@ def _layers(work: Any, plan: Any, weights: Any, device: Any) -> List[Any]:
     return layers
 
 
+def _pin(rank: int, world: int) -> Any:
+    """Pins this rank's process to one core of its own (rank r to the r-th core this process
+    may use), where the machine has a core per rank: two ranks the scheduler puts on one core,
+    or moves between cores, share or refill its caches, which changed a microbatch's CPU time
+    by up to 40% from one run to the next. Returns the core, or None where it did not pin."""
+    import os
+
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < world:
+        return None
+    os.sched_setaffinity(0, {cores[rank]})
+    return cores[rank]
+
+
 def run_plan(rank: int, world: int, device: Any, work: Any, plans: Dict[str, Any], window: Any,
              routed: np.ndarray, cu: np.ndarray, warmup: int, repeats: int) -> Dict[str, Any]:
     """policy → {"micro_s": the least CPU seconds over the timed steps of each microbatch on
@@ -42,7 +58,8 @@ def run_plan(rank: int, world: int, device: Any, work: Any, plans: Dict[str, Any
     "wall_s": the median by the wall clock, "finish_s": the least CPU seconds of
     ``finish_step`` (replica gradients back to their owners)}. The least, as the calibration
     keeps its least visit (`routepack.calibrate.timing.AGGREGATE`): the prediction is made
-    from quiet-machine kernel times, so it is compared with the quietest step."""
+    from quiet-machine kernel times, so it is compared with the quietest step; and
+    ``"_pinned"``: the core this rank was pinned to (`_pin`), or None."""
     import torch
     import torch.distributed as dist
 
@@ -51,6 +68,7 @@ def run_plan(rank: int, world: int, device: Any, work: Any, plans: Dict[str, Any
     from routepack.torch.runner import PlanRunner
 
     cuda = torch.device(device).type == "cuda"
+    pinned = _pin(rank, world) if not cuda else None
     # on a GPU the wall clock between synchronised barriers (the CPU time would miss the kernels)
     now = time.perf_counter if cuda else time.process_time
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -110,7 +128,7 @@ def run_plan(rank: int, world: int, device: Any, work: Any, plans: Dict[str, Any
                 res = step(name)
                 if rep >= warmup:
                     got[name].append(res)
-    out: Dict[str, Any] = {}
+    out: Dict[str, Any] = {"_pinned": pinned}
     for name, runs in got.items():
         both = np.array([t for t, _ in runs])  # [repeats, M, 2]: CPU, wall
         out[name] = {"micro_s": both[:, :, 0].min(axis=0).tolist(),
