@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{expert_times_from_flows, expert_work_only, random_plan, topologies, window, Mix};
+use common::{expert_times_from_flows, expert_work_only, random_case, topologies, Mix};
 use proptest::prelude::*;
 use routepack_core::cost::{CostModel, Overlap};
 use routepack_core::plan::Plan;
@@ -49,11 +49,9 @@ proptest! {
     #[test]
     fn simulate_is_the_direct_sum_with_the_call(topo in topologies(), seed in any::<u64>(), micro in 1usize..3, extra in 0usize..8) {
         let mut mix = Mix(seed);
-        let layers = 1 + mix.below(3);
-        let experts = 1 + mix.below(topo.num_slots());
         let max_len = [6, 40][mix.below(2)];
-        let w = window(&mut mix, topo.dp * micro + extra, layers, experts, max_len);
-        let mut plan = random_plan(&mut mix, &w, &topo, micro);
+        let (w, mut plan) = random_case(&mut mix, &topo, micro, extra, max_len);
+        let layers = w.layers;
         plan.migration.clear();
         let mut cost = CostModel::for_tests(layers);
         cost.c_call = cost.c_exp * [0.1, 1.0, 30.0][mix.below(3)];
@@ -73,10 +71,8 @@ proptest! {
     #[test]
     fn each_busy_exchange_pays_one_call(topo in topologies(), seed in any::<u64>(), micro in 1usize..3, extra in 0usize..8) {
         let mut mix = Mix(seed);
-        let layers = 1 + mix.below(3);
-        let experts = 1 + mix.below(topo.num_slots());
-        let w = window(&mut mix, topo.dp * micro + extra, layers, experts, 40);
-        let plan = random_plan(&mut mix, &w, &topo, micro);
+        let (w, plan) = random_case(&mut mix, &topo, micro, extra, 40);
+        let layers = w.layers;
         let base = CostModel::for_tests(layers);
         let cost = CostModel { c_call: base.c_exp * [0.5, 4.0, 100.0][mix.below(3)], ..base.clone() };
         let without = simulate(&plan, &w.view(), &topo, &base, None).unwrap();
@@ -97,10 +93,8 @@ proptest! {
     #[test]
     fn c_call_zero_changes_nothing(topo in topologies(), seed in any::<u64>(), micro in 1usize..3, extra in 0usize..8) {
         let mut mix = Mix(seed);
-        let layers = 1 + mix.below(3);
-        let experts = 1 + mix.below(topo.num_slots());
-        let w = window(&mut mix, topo.dp * micro + extra, layers, experts, 40);
-        let plan = random_plan(&mut mix, &w, &topo, micro);
+        let (w, plan) = random_case(&mut mix, &topo, micro, extra, 40);
+        let layers = w.layers;
         let cost = CostModel::for_tests(layers);
         prop_assert_eq!(cost.c_call, 0.0);
         for t in [0.0, 1.0, 17.0] {

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{expert_times_from_flows, expert_work_only, random_plan, topologies, window, Mix};
+use common::{expert_times_from_flows, expert_work_only, random_case, topologies, Mix};
 use proptest::prelude::*;
 use routepack_core::cost::{CostModel, Overlap, Pass};
 use routepack_core::simulate::simulate;
@@ -26,10 +26,8 @@ proptest! {
     #[test]
     fn roofline_expert_term_is_the_flow_tables(topo in topologies(), seed in any::<u64>(), micro in 1usize..3, extra in 0usize..8) {
         let mut mix = Mix(seed);
-        let layers = 1 + mix.below(3);
-        let experts = 1 + mix.below(topo.num_slots());
-        let w = window(&mut mix, topo.dp * micro + extra, layers, experts, 40);
-        let plan = random_plan(&mut mix, &w, &topo, micro);
+        let (w, plan) = random_case(&mut mix, &topo, micro, extra, 40);
+        let layers = w.layers;
         let mut cost = CostModel::for_tests(layers);
         expert_work_only(&mut cost);
         cost.c_weights = cost.c_tok * [0.5, 3.0, 20.0, 1e3][mix.below(4)];
@@ -47,10 +45,8 @@ proptest! {
     #[test]
     fn a_floor_below_every_load_changes_nothing(topo in topologies(), seed in any::<u64>(), micro in 1usize..3, extra in 0usize..8) {
         let mut mix = Mix(seed);
-        let layers = 1 + mix.below(3);
-        let experts = 1 + mix.below(topo.num_slots());
-        let w = window(&mut mix, topo.dp * micro + extra, layers, experts, 40);
-        let plan = random_plan(&mut mix, &w, &topo, micro);
+        let (w, plan) = random_case(&mut mix, &topo, micro, extra, 40);
+        let layers = w.layers;
         let linear = CostModel::for_tests(layers);
         let base = simulate(&plan, &w.view(), &topo, &linear, None).unwrap();
         let low = CostModel { c_weights: linear.c_tok * mix.unit(), ..linear.clone() };
@@ -66,10 +62,8 @@ proptest! {
     #[test]
     fn overlap_hides_what_it_can(topo in topologies(), seed in any::<u64>(), micro in 1usize..3, extra in 0usize..8, bytes in 0usize..3) {
         let mut mix = Mix(seed);
-        let layers = 1 + mix.below(3);
-        let experts = 1 + mix.below(topo.num_slots());
-        let w = window(&mut mix, topo.dp * micro + extra, layers, experts, 40);
-        let plan = random_plan(&mut mix, &w, &topo, micro);
+        let (w, plan) = random_case(&mut mix, &topo, micro, extra, 40);
+        let layers = w.layers;
         let mut none = CostModel::for_tests(layers);
         none.token_bytes = [64.0, 4096.0, 1e6][bytes];
         let over = CostModel { overlap: Overlap::DispatchCombine, ..none.clone() };
@@ -96,16 +90,14 @@ proptest! {
     #[test]
     fn redundant_grads_are_the_ring_all_reduce(topo in topologies(), seed in any::<u64>(), micro in 1usize..3, extra in 0usize..8) {
         let mut mix = Mix(seed);
-        let layers = 1 + mix.below(3);
-        let experts = 1 + mix.below(topo.num_slots());
-        let w = window(&mut mix, topo.dp * micro + extra, layers, experts, 40);
-        let plan = random_plan(&mut mix, &w, &topo, micro);
+        let (w, plan) = random_case(&mut mix, &topo, micro, extra, 40);
+        let layers = w.layers;
         let cost = CostModel::for_tests(layers);
         let r = simulate(&plan, &w.view(), &topo, &cost, None).unwrap();
         let mut redundant = 0usize;
         for l in 0..layers {
             let row = plan.placement.layer(l);
-            redundant += (0..experts as i32).filter(|&e| row.iter().filter(|&&x| x == e).count() > 1).count();
+            redundant += (0..w.experts as i32).filter(|&e| row.iter().filter(|&&x| x == e).count() > 1).count();
         }
         let ep = topo.ep as f64;
         let bw = if topo.nodes_per_group() > 1 { cost.bw_inter } else { cost.bw_intra };
@@ -126,10 +118,8 @@ proptest! {
     #[test]
     fn passes_scale_their_parts(topo in topologies(), seed in any::<u64>(), micro in 1usize..3, extra in 0usize..8) {
         let mut mix = Mix(seed);
-        let layers = 1 + mix.below(3);
-        let experts = 1 + mix.below(topo.num_slots());
-        let w = window(&mut mix, topo.dp * micro + extra, layers, experts, 40);
-        let plan = random_plan(&mut mix, &w, &topo, micro);
+        let (w, plan) = random_case(&mut mix, &topo, micro, extra, 40);
+        let layers = w.layers;
         let base = CostModel::for_tests(layers);
         let rl = CostModel { passes: vec![Pass::Forward, Pass::Forward, Pass::Backward], ..base.clone() };
         let a = simulate(&plan, &w.view(), &topo, &base, None).unwrap();
@@ -151,10 +141,8 @@ proptest! {
     #[test]
     fn latency_adds_to_every_exchange(topo in topologies(), seed in any::<u64>(), micro in 1usize..3, extra in 0usize..8) {
         let mut mix = Mix(seed);
-        let layers = 1 + mix.below(3);
-        let experts = 1 + mix.below(topo.num_slots());
-        let w = window(&mut mix, topo.dp * micro + extra, layers, experts, 40);
-        let plan = random_plan(&mut mix, &w, &topo, micro);
+        let (w, plan) = random_case(&mut mix, &topo, micro, extra, 40);
+        let layers = w.layers;
         let mut base = CostModel::for_tests(layers);
         if mix.below(2) == 0 {
             base.passes = vec![Pass::Forward, Pass::Forward, Pass::Backward];

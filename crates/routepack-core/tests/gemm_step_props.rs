@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{expert_times_from_flows, expert_work_only, random_plan, topologies, window, Mix};
+use common::{expert_times_from_flows, expert_work_only, random_case, random_plan, topologies, window, Mix};
 use proptest::prelude::*;
 use routepack_core::cost::CostModel;
 use routepack_core::simulate::simulate;
@@ -60,10 +60,8 @@ proptest! {
     #[test]
     fn c_gemm_zero_changes_nothing(topo in topologies(), seed in any::<u64>(), micro in 1usize..3, extra in 0usize..8) {
         let mut mix = Mix(seed);
-        let layers = 1 + mix.below(3);
-        let experts = 1 + mix.below(topo.num_slots());
-        let w = window(&mut mix, topo.dp * micro + extra, layers, experts, 40);
-        let plan = random_plan(&mut mix, &w, &topo, micro);
+        let (w, plan) = random_case(&mut mix, &topo, micro, extra, 40);
+        let layers = w.layers;
         let cost = stepped(layers, 0.0, [0.0, 3.0][mix.below(2)]);
         prop_assert!(cost.roofline() == (cost.c_weights > 0.0));
         let r = simulate(&plan, &w.view(), &topo, &cost, None).unwrap();

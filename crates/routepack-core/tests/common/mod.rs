@@ -216,6 +216,17 @@ pub fn for_each_exchange_flows(
     }
 }
 
+/// A random case of the cost-option tests: a window of `topo.dp · micro + extra` samples of up to
+/// `max_len` tokens over 1–3 layers and 1..=slots experts, and a random valid plan of it (with
+/// replicas and migration) in `micro` steps; `w.layers` is the layer count.
+pub fn random_case(mix: &mut Mix, topo: &Topology, micro: usize, extra: usize, max_len: i64) -> (OwnedWindow, Plan) {
+    let layers = 1 + mix.below(3);
+    let experts = 1 + mix.below(topo.num_slots());
+    let w = window(mix, topo.dp * micro + extra, layers, experts, max_len);
+    let plan = random_plan(mix, &w, topo, micro);
+    (w, plan)
+}
+
 /// `[G]` Σ_m Σ_l 3 · max_p (c_call·[p has tokens] + Σ_{e active on p} (c_exp + max(c_tok·t,
 /// c_weights) + c_gemm·[t ≥ 2])):
 /// the expert term of every group written out from the formula over the flow tables
