@@ -321,6 +321,8 @@ def test_bad_sweeps_name_the_argument(kwargs, match):
     (dict(ranks=1), "ranks: must be >= 2"),
     (dict(bw_inter=-1.0), "bw_inter"),
     (dict(dtype="int8"), "dtype: expected one of"),
+    (dict(links_clock="tsc"), "links_clock: expected 'wall'"),
+    (dict(links_clock="cpu", device="cuda"), "links_clock: .* got 'cpu' on cuda"),
 ])
 def test_bad_arguments_are_routepack_errors(kwargs, match):
     if kwargs.get("dtype") and not HAS_TORCH:

@@ -159,6 +159,7 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
     if bw_inter is not None:
         bw_inter = finite_float(bw_inter, "bw_inter", strict=True)
     ranks = positive_int(ranks, "ranks", minimum=2)
+    links_clock = links.check_clock(links_clock, device)  # before minutes of measuring
     if sweeps is None:
         sweeps = Sweeps.default(device, quick, max_tokens_per_expert, max_length)
     else:

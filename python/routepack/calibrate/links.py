@@ -81,14 +81,21 @@ def _rank_main(rank: int, world: int, device: Any, sizes: Sequence[int], warmup:
     return {"sweep": sweep, "measured_s": measured}
 
 
+def check_clock(clock: object, device: str) -> str:
+    """``clock`` as `measure` takes it: "wall", or "cpu" on a CPU device (a GPU's kernels run
+    outside the process's CPU time); anything else is a `RoutepackError` naming it."""
+    if clock not in ("wall", "cpu") or (clock == "cpu" and device == "cuda"):
+        raise RoutepackError(f"links_clock: expected 'wall' (or 'cpu' on a CPU device), got {clock!r} on {device}")
+    return str(clock)
+
+
 def measure(sweeps: Sweeps, device: str, ranks: int = 2, timeout_s: float = 600,
             clock: str = "wall") -> Dict[str, Any]:
     """Spawns ``ranks`` local processes and times both ops at every ``sweeps.message_bytes``
     on ``clock`` ("wall", or "cpu": the process's CPU time, CPU devices only). Returns
     ``{"skipped": why}`` where it cannot run (CUDA with fewer GPUs than ranks)."""
     torch = require_torch()
-    if clock not in ("wall", "cpu") or (clock == "cpu" and device == "cuda"):
-        raise RoutepackError(f"links clock: expected 'wall' (or 'cpu' on a CPU device), got {clock!r} on {device}")
+    clock = check_clock(clock, device)
     if device == "cuda":
         if torch.cuda.device_count() < ranks:
             return {"skipped": f"NCCL needs one GPU per rank: {ranks} ranks, "

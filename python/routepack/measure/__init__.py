@@ -144,9 +144,10 @@ def measure(work: Optional[Workload] = None, *, cost: Optional[CostModel] = None
     topo = work.topology()
     out: Dict[str, Dict[str, Any]] = {}
     for name, plan in plans.items():
-        micro = np.max([np.array(got[r][name]["micro_s"]) for r in range(work.ranks)], axis=0)
-        finish = max(float(got[r][name]["finish_s"]) for r in range(work.ranks))
-        wall = np.max([np.array(got[r][name]["wall_s"]) for r in range(work.ranks)], axis=0)
+        ranks = [got[r]["policies"][name] for r in range(work.ranks)]
+        micro = np.max([np.array(rank["micro_s"]) for rank in ranks], axis=0)
+        finish = max(float(rank["finish_s"]) for rank in ranks)
+        wall = np.max([np.array(rank["wall_s"]) for rank in ranks], axis=0)
         pred = []
         whole = simulate(plan, window, topo, cost)
         for m in range(plan.num_micro):
@@ -162,8 +163,8 @@ def measure(work: Optional[Workload] = None, *, cost: Optional[CostModel] = None
         out[name] = {"num_micro": plan.num_micro, "micro_s": micro.tolist(), "finish_s": finish,
                      "predicted_micro_s": pred, "step_s": float(micro.sum() + finish),
                      "predicted_step_s": step_pred, "replicas": int(plan.replicas.size),
-                     "wall_micro_s": wall.tolist(), "per_rank_micro_s": [got[r][name]["micro_s"] for r in range(work.ranks)],
-                     "pinned_cores": [got[r].get("_pinned") for r in range(work.ranks)],
+                     "wall_micro_s": wall.tolist(), "per_rank_micro_s": [rank["micro_s"] for rank in ranks],
+                     "pinned_cores": [got[r]["pinned"] for r in range(work.ranks)],
                      "micro_rel_error": [(p - s) / s for p, s in zip(pred, shared)]}
     base = out["static"]
     for rec in out.values():

@@ -53,13 +53,14 @@ def _pin(rank: int, world: int) -> Any:
 
 def run_plan(rank: int, world: int, device: Any, work: Any, plans: Dict[str, Any], window: Any,
              routed: np.ndarray, cu: np.ndarray, warmup: int, repeats: int) -> Dict[str, Any]:
-    """policy → {"micro_s": the least CPU seconds over the timed steps of each microbatch on
-    this rank (forward + backward of every MoE layer, replica weights posted at its start),
-    "wall_s": the median by the wall clock, "finish_s": the least CPU seconds of
-    ``finish_step`` (replica gradients back to their owners)}. The least, as the calibration
-    keeps its least visit (`routepack.calibrate.timing.AGGREGATE`): the prediction is made
-    from quiet-machine kernel times, so it is compared with the quietest step; and
-    ``"_pinned"``: the core this rank was pinned to (`_pin`), or None."""
+    """``{"policies": …, "pinned": …}``. ``policies``: policy → {"micro_s": the least CPU seconds
+    over the timed steps of each microbatch on this rank (forward + backward of every MoE
+    layer, replica weights posted at its start), "wall_s": the median by the wall clock,
+    "finish_s": the least CPU seconds of ``finish_step`` (replica gradients back to their
+    owners)}. The least, as the calibration keeps its least visit
+    (`routepack.calibrate.timing.AGGREGATE`): the prediction is made from quiet-machine kernel
+    times, so it is compared with the quietest step. ``pinned``: the core this rank was pinned
+    to (`_pin`), or None."""
     import torch
     import torch.distributed as dist
 
@@ -128,10 +129,10 @@ def run_plan(rank: int, world: int, device: Any, work: Any, plans: Dict[str, Any
                 res = step(name)
                 if rep >= warmup:
                     got[name].append(res)
-    out: Dict[str, Any] = {"_pinned": pinned}
+    out: Dict[str, Any] = {}
     for name, runs in got.items():
         both = np.array([t for t, _ in runs])  # [repeats, M, 2]: CPU, wall
         out[name] = {"micro_s": both[:, :, 0].min(axis=0).tolist(),
                      "wall_s": np.median(both[:, :, 1], axis=0).tolist(),
                      "finish_s": float(np.min([f for _, f in runs]))}
-    return out
+    return {"policies": out, "pinned": pinned}

@@ -154,15 +154,15 @@ def complete_slot_grads(mod: Any, g1: torch.Tensor, g2: torch.Tensor, extra: Dic
         return a
 
     reduce_now = True
-    kept = sums is not None and redundant.size > 0
+    step = sums if redundant.size else None  # the step's sums, where redundant slots are kept back
     pending: Dict[int, torch.Tensor] = {}
-    if kept:
-        assert sums is not None
-        reduce_now = sums.note_backward(mod.layer)
-        pending = sums.pending.setdefault(mod.layer, {})
-    acc: Dict[int, Optional[torch.Tensor]] = {}
+    if step is not None:
+        reduce_now = step.note_backward(mod.layer)
+        pending = step.pending.setdefault(mod.layer, {})
+    acc: Dict[int, torch.Tensor] = {}
+    held = set()  # kept-back slots: 0 until the step's last backward delivers the sum
     for s in touched:
-        if not (kept and local[s] in index):
+        if step is None or local[s] not in index:
             acc[s] = fp32(s)
             continue
         run = pending.pop(s, None)
@@ -177,9 +177,9 @@ def complete_slot_grads(mod: Any, g1: torch.Tensor, g2: torch.Tensor, extra: Dic
             acc[s] = run
         else:
             pending[s] = run
-            acc[s] = None  # 0 until the step's last backward delivers the sum
-    if kept and reduce_now:
-        sums.pending.pop(mod.layer, None)  # type: ignore[union-attr]
+            held.add(s)
+    if step is not None and reduce_now:
+        step.pending.pop(mod.layer, None)
     if redundant.size and reduce_now:
         # every rank of the group joins, also one that holds none of the redundant experts
         buf = torch.zeros(redundant.size, n1 + n2, dtype=torch.float32, device=g1.device)
@@ -196,11 +196,10 @@ def complete_slot_grads(mod: Any, g1: torch.Tensor, g2: torch.Tensor, extra: Dic
     # may be shared with other nodes, and new tensors are returned
     out1, out2 = (g1, g2) if _own(g1) and _own(g2) else (g1.clone(), g2.clone())
     for s in touched:
-        a = acc[s]
-        if a is None:
+        if s in held:
             out1[s].zero_()
             out2[s].zero_()
         else:
-            out1[s] = a[:n1].view(g1.shape[1:]).to(g1.dtype)
-            out2[s] = a[n1:].view(g2.shape[1:]).to(g2.dtype)
+            out1[s] = acc[s][:n1].view(g1.shape[1:]).to(g1.dtype)
+            out2[s] = acc[s][n1:].view(g2.shape[1:]).to(g2.dtype)
     return out1, out2
