@@ -111,7 +111,9 @@ def cost_check(args: argparse.Namespace) -> list:
     out.mkdir(parents=True, exist_ok=True)
     failures = []
     gpus = torch.cuda.device_count() if args.device == "cuda" else 0
-    kernels = ["expert_gemm", "attention"] + (["links"] if args.device == "cpu" or gpus >= 2 else [])
+    # the exchange (an EPMoE layer on every rank) where two GPUs can run it; the CPU dry run skips it
+    kernels = ["expert_gemm", "attention"] + (["links"] if args.device == "cpu" or gpus >= 2 else []) + \
+        (["exchange"] if gpus >= 2 else [])
     t0 = time.time()
     try:
         cal = calibrate(args.profile, hidden=args.hidden, expert_ffn=args.expert_ffn, device=args.device,

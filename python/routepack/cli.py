@@ -298,6 +298,8 @@ def _run_calibrate(args: argparse.Namespace) -> int:
 
 
 def _calibrate_parser(sub: Any) -> None:
+    from routepack.calibrate import ALL_KERNELS, KERNELS
+
     helptext = "measure the cost model's coefficients on this machine (needs torch) and write a CostModel JSON"
     p = sub.add_parser("calibrate", help=helptext, description=helptext)
     p.add_argument("--profile", default="tiny", choices=sorted(traces.PROFILES),
@@ -313,12 +315,12 @@ def _calibrate_parser(sub: Any) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to measure (default %(default)s)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                    help="default: float32 on cpu, bfloat16 on cuda")
-    p.add_argument("--kernels", nargs="+", choices=("expert_gemm", "attention", "links"),
-                   default=["expert_gemm", "attention", "links"], metavar="KIND",
-                   help="kernel kinds to measure (default: all): expert_gemm, attention, links")
+    p.add_argument("--kernels", nargs="+", choices=ALL_KERNELS, default=list(KERNELS), metavar="KIND",
+                   help=f"kernel kinds to measure (default: {' '.join(KERNELS)}; of {', '.join(ALL_KERNELS)})")
     p.add_argument("--bw-inter", type=float, default=None, dest="bw_inter",
                    help="inter-node bytes/s for the cost model (default: the H200 preset's; not measurable here)")
-    p.add_argument("--ranks", type=_count(2), default=2, help="local processes for the links (default %(default)s)")
+    p.add_argument("--ranks", type=_count(2), default=2,
+                   help="local processes for the links and the exchange (default %(default)s)")
     p.add_argument("--threads", type=_count(1), default=None, help="torch CPU threads while measuring")
     p.add_argument("--warmup", type=_count(0), default=None, help="untimed rounds over each sweep")
     p.add_argument("--repeats", type=_count(1), default=None,

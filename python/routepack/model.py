@@ -220,7 +220,9 @@ class CostModel:
     * ``a2a_latency``: seconds of one all-to-all beyond its bytes' link time (one dispatch or
       one combine of one pass: the collective's start-up), paid by every exchange whatever it
       moves: an exchange's all-to-all costs ``2 · K · (a2a_latency + link time)``. 0 (the
-      default) prices none; `routepack calibrate` fits it with the links.
+      default) prices none; `routepack calibrate` fits it with the links (a bare
+      all-to-all), or in the MoE layer where the ``exchange`` kind is measured (its routing,
+      split sizes and launches too: about 1 ms an all-to-all on the measured run's CPU ranks).
     * ``overlap``: ``"none"`` (the default: a layer's time is attention + experts +
       all-to-all) or ``"dispatch_combine"``: the all-to-all of one microbatch runs behind the
       attention and expert compute of another (DualPipe, DeepEP, Megatron ``moe_fb_overlap``),

@@ -10,10 +10,14 @@
   causal SDPA, shared experts) and the MoE layer's work at the origin rank (gather, combine,
   residual) over sample lengths → ``a_lin``, ``a_quad``;
 * ``links`` (`routepack.calibrate.links`): point-to-point and all-to-all between local
-  processes (gloo on CPU, NCCL on CUDA) over message sizes → ``bw_intra``, ``a2a_latency``.
+  processes (gloo on CPU, NCCL on CUDA) over message sizes → ``bw_intra``, ``a2a_latency``;
+* ``exchange`` (`routepack.calibrate.exchange`, on request: `routepack.measure` asks for it):
+  one MoE layer of `routepack.torch.EPMoE` between local processes, its time outside the
+  expert kernel over tokens per rank → ``a2a_latency`` (the layer's fixed cost per
+  all-to-all, in place of the links') and what it adds to ``a_lin``.
 
 `routepack.calibrate.fit` fits each kind with its own function (every k-th point held out
-and only predicted) and builds a `CostModel`; whatever is not measured (``bw_inter``, the
+and only predicted; the exchange last, against what the others priced) and builds a `CostModel`; whatever is not measured (``bw_inter``, the
 byte counts) comes from `CostModel.from_model` with the hardware preset, or ``bw_inter``
 as given. `routepack.calibrate.report` writes the report JSON and the figure. torch is
 imported only when `calibrate` runs (``pip install 'routepack[torch]'``).
@@ -27,14 +31,17 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from routepack._checks import finite_float, instance_of, positive_int, sequence
-from routepack.calibrate.fit import FITS, KernelFit, to_cost_model
+from routepack.calibrate.fit import KernelFit, fit_all
 from routepack.calibrate.report import PLOT_HINT, build, plot, write_json
 from routepack.calibrate.sweeps import Sweeps
 from routepack.errors import RoutepackError
 from routepack.model import CostModel, Hardware, ModelShape
 
-#: The kernel kinds `calibrate` measures, in the order it measures them.
+#: The kernel kinds `calibrate` measures by default, in the order it measures them.
 KERNELS = ("expert_gemm", "attention", "links")
+#: Every kind it can measure: the defaults, then the ``exchange`` (a whole MoE layer on every
+#: rank: minutes at a large profile's shapes on a CPU).
+ALL_KERNELS = KERNELS + ("exchange",)
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -88,11 +95,11 @@ def _dtype(torch: Any, dtype: Optional[str], device: str) -> Any:
 def _kernels(kernels: Sequence[str]) -> List[str]:
     got = list(sequence(kernels, "kernels", "kernel kinds"))
     for k in got:
-        if k not in KERNELS:
-            raise RoutepackError(f"kernels: {k!r} is not one of {KERNELS}")
+        if k not in ALL_KERNELS:
+            raise RoutepackError(f"kernels: {k!r} is not one of {ALL_KERNELS}")
     if not got:
         raise RoutepackError("kernels: needs at least one kernel kind, got none")
-    return [k for k in KERNELS if k in got]
+    return [k for k in ALL_KERNELS if k in got]
 
 
 def _bar(total: int, show: bool) -> Any:
@@ -123,12 +130,12 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
             ``expert_ffn`` it takes seconds). ``sweeps`` replaces the sweeps altogether;
             ``warmup``, ``repeats``, ``holdout_every``, ``max_tokens_per_expert`` and
             ``max_length`` adjust the default ones.
-        kernels: the kinds to measure (default all of `KERNELS`); a coefficient of a kind not
-            measured comes from ``hardware``'s preset.
+        kernels: the kinds to measure (default `KERNELS`; `ALL_KERNELS` adds the
+            ``exchange``); a coefficient of a kind not measured comes from ``hardware``'s preset.
         hardware: preset for what is not measured and for the report's comparison
             (default `Hardware.h200`); ``bw_inter``: the inter-node bandwidth to use, in the
             cost model's bytes/s (local processes cannot measure it).
-        ranks: processes of the links measurement; ``threads``: torch CPU threads while
+        ranks: processes of the links and exchange measurements; ``threads``: torch CPU threads while
             measuring (restored afterwards; the spawned ranks use one each; the report's
             ``settings.threads``).
         progress: a tqdm bar on stderr (shown on a terminal).
@@ -142,13 +149,13 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
             without attention (`routepack.measure`'s).
         links_clock: "wall" (default: waiting for the peer is a link's time) or "cpu" (each
             call's CPU time, gloo's threads included: what `routepack.measure` judges its
-            run by; CPU devices only).
+            run by; CPU devices only), for the links and the exchange.
 
     The links measurement starts processes with the ``spawn`` method, which re-imports the
     calling script: call `calibrate` from a script under ``if __name__ == "__main__":``.
     """
     from routepack._core import __version__
-    from routepack.calibrate import attention, expert_gemm, links
+    from routepack.calibrate import attention, exchange, expert_gemm, links
     from routepack.calibrate.timing import AGGREGATE, clock, device_info, load_averages, require_torch, steady_heap
 
     if device not in ("cpu", "cuda"):
@@ -178,7 +185,8 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
     skipped: Dict[str, str] = {}
     total = sweeps.repeats * ((len(sweeps.expert_grid()) if "expert_gemm" in kinds else 0) +
                               (len(sweeps.lengths) if "attention" in kinds else 0)) + \
-        (2 * len(sweeps.message_bytes) if "links" in kinds else 0)
+        (2 * len(sweeps.message_bytes) if "links" in kinds else 0) + \
+        (len(sweeps.exchange_tokens) if "exchange" in kinds else 0)
     bar = _bar(total, progress)
     tick: Callable[[], None] = lambda: bar.update(1)  # noqa: E731
     try:
@@ -201,11 +209,18 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
                 skipped["links"] = got["skipped"]
             else:
                 measurements["links"] = got
+        if "exchange" in kinds:
+            bar.set_postfix_str(f"exchange: {ranks} ranks")
+            got = exchange.measure(shape, sweeps, device, tdtype, ranks, links_timeout_s, clock=links_clock)
+            bar.update(len(sweeps.exchange_tokens))
+            if "skipped" in got:
+                skipped["exchange"] = got["skipped"]
+            else:
+                measurements["exchange"] = got
     finally:
         bar.close()
         torch.set_num_threads(saved_threads)
-    fits = {kind: FITS[kind](m, sweeps.holdout_every, shape) for kind, m in measurements.items()}
-    cost, sources = to_cost_model(shape, fits, hardware, bw_inter)
+    fits, cost, sources = fit_all(measurements, sweeps.holdout_every, shape, hardware, bw_inter)
     if "links" not in fits:
         skipped.setdefault("links", "not requested")
     preset = CostModel.from_model(shape, hardware)
@@ -232,9 +247,8 @@ def refit(report: Dict[str, Any], hardware: Optional[Hardware] = None) -> Calibr
     shape = ModelShape(**report["model"])
     hardware = instance_of(hardware, Hardware, "hardware") if hardware is not None else Hardware.h200()
     every = positive_int(report.get("settings", {}).get("holdout_every", 3), "report.settings.holdout_every", minimum=2)
-    fits = {kind: FITS[kind](m, every, shape) for kind, m in report["kernels"].items() if kind in FITS}
     bw_inter = report.get("cost_model", {}).get("bw_inter")
-    cost, sources = to_cost_model(shape, fits, hardware, bw_inter)
+    fits, cost, sources = fit_all(report["kernels"], every, shape, hardware, bw_inter)
     preset = CostModel.from_model(shape, hardware)
     out = build(fits=fits, cost=cost, preset=preset, hardware=hardware, sources=sources,
                 device=report.get("device", {}), settings={**report.get("settings", {}), "refit": True},
@@ -243,4 +257,4 @@ def refit(report: Dict[str, Any], hardware: Optional[Hardware] = None) -> Calibr
     return Calibration(cost, out, fits)
 
 
-__all__ = ["Calibration", "KERNELS", "Sweeps", "calibrate", "refit"]
+__all__ = ["ALL_KERNELS", "Calibration", "KERNELS", "Sweeps", "calibrate", "refit"]

@@ -46,8 +46,9 @@ def holdout_mask(n: int, every: int) -> np.ndarray:
     return mask
 
 
-def nnls_relative(features: np.ndarray, measured: np.ndarray) -> np.ndarray:
-    """Non-negative ``c`` minimising Σ ((features·c − measured) / measured)².
+def nnls_relative(features: np.ndarray, measured: np.ndarray, offset: Optional[np.ndarray] = None) -> np.ndarray:
+    """Non-negative ``c`` minimising Σ ((features·c + offset − measured) / measured)²
+    (``offset``: a known part of each point's time, default 0).
 
     Exact for the handful of coefficients a kernel has: the optimum is the unconstrained
     least-squares solution on some subset of the columns whose coefficients are all >= 0,
@@ -60,7 +61,7 @@ def nnls_relative(features: np.ndarray, measured: np.ndarray) -> np.ndarray:
     if not np.all(np.isfinite(y)) or np.any(y <= 0):
         raise RoutepackError("fit: measured times must be finite and > 0")
     a = x / y[:, None]
-    ones = np.ones_like(y)
+    ones = np.ones_like(y) if offset is None else 1.0 - np.asarray(offset, dtype=np.float64) / y
     whole, *_ = np.linalg.lstsq(a, ones, rcond=None)
     if np.all(whole >= 0):  # the unconstrained optimum is feasible, so no subset does better
         return whole
@@ -132,16 +133,18 @@ def _points(measurement: Mapping[str, Any], kind: str) -> Tuple[List[Dict[str, A
 
 
 def _linear_fit(kind: str, measurement: Mapping[str, Any], holdout_every: int, names: Sequence[str],
-                features: np.ndarray, mask: Optional[np.ndarray] = None) -> Tuple[Dict[str, float], np.ndarray,
-                                                                                  np.ndarray]:
-    """Coefficients fitted on the points not held out, predictions at every point, the mask."""
+                features: np.ndarray, mask: Optional[np.ndarray] = None,
+                offset: Optional[np.ndarray] = None) -> Tuple[Dict[str, float], np.ndarray, np.ndarray]:
+    """Coefficients fitted on the points not held out, predictions at every point, the mask.
+    ``offset``: a known part of every point's time, added to the fitted part."""
     _, measured = _points(measurement, kind)
     held = holdout_mask(len(measured), holdout_every) if mask is None else mask
     if int((~held).sum()) < len(names):
         raise RoutepackError(f"{kind}: {int((~held).sum())} fitted points cannot determine "
                              f"{len(names)} coefficients {list(names)}; measure more points")
-    coef = nnls_relative(features[~held], measured[~held])
-    return dict(zip(names, map(float, coef))), features @ coef, held
+    known = np.zeros(len(measured)) if offset is None else np.asarray(offset, dtype=np.float64)
+    coef = nnls_relative(features[~held], measured[~held], known[~held])
+    return dict(zip(names, map(float, coef))), features @ coef + known, held
 
 
 def _knees(tokens: np.ndarray) -> np.ndarray:
@@ -471,6 +474,43 @@ def fit_links(measurement: Mapping[str, Any], holdout_every: int, model: ModelSh
                      extra={k: measurement[k] for k in ("ranks", "backend", "clock") if k in measurement})
 
 
+#: All-to-alls of one MoE layer's forward and backward: dispatch and combine, each pass.
+LAYER_ALL_TO_ALLS = 4.0
+
+
+def fit_exchange(measurement: Mapping[str, Any], holdout_every: int, model: ModelShape,
+                 priced: CostModel) -> KernelFit:
+    """One MoE layer's forward + backward on a rank outside its expert kernel, at ``tokens``
+    per rank (`routepack.calibrate.exchange`), against what ``priced`` (the cost model the
+    other kernels fitted) charges for it: four all-to-alls of the slowest rank's remote bytes
+    at ``bw_intra`` and the origin work ``3·a_lin·tokens``. What that leaves is fitted as
+    ``4·a2a_latency + 3·a_lin_extra·tokens`` (non-negative): the layer's fixed cost per
+    all-to-all (routing, split sizes, launches) and its per-token work beyond the origin
+    kernel's timing (sorting the received rows, the exchanges' own copies). Sets
+    ``a2a_latency`` (in place of the links' bare all-to-all latency) and
+    ``a_lin = priced.a_lin + a_lin_extra``."""
+    sweep, measured = _points(measurement, "exchange")
+    tokens = np.array([p["tokens"] for p in sweep], dtype=np.float64)
+    nbytes = np.array([p["remote_bytes"] for p in sweep], dtype=np.float64)
+    known = LAYER_ALL_TO_ALLS * nbytes / priced.bw_intra + COMPUTE_PASSES * priced.a_lin * tokens
+    coef, pred, held = _linear_fit("exchange", measurement, holdout_every, ("a2a_latency", "a_lin_extra"),
+                                   np.stack([np.full(tokens.size, LAYER_ALL_TO_ALLS), COMPUTE_PASSES * tokens], axis=1),
+                                   offset=known)
+    # what the other kernels' model charged, their all-to-all latency included
+    charged = known + LAYER_ALL_TO_ALLS * priced.a2a_latency
+    before = float(np.max(np.abs(charged / measured - 1.0)))
+    notes = [f"fitted beyond what the other kernels price (bw_intra {priced.bw_intra:.3g} B/s, a_lin "
+             f"{priced.a_lin:.3g} s); their model, a2a_latency {priced.a2a_latency:.3g} s included, missed by "
+             f"up to {before:.0%}; a_lin = {priced.a_lin:.3g} + {coef['a_lin_extra']:.3g}"]
+    return KernelFit("exchange", "4·(a2a_latency + remote_bytes / bw_intra) + 3·(a_lin + a_lin_extra)·tokens", sweep,
+                     measured.tolist(), pred.tolist(), held.tolist(),
+                     {**coef, "a_lin": priced.a_lin, "bw_intra": priced.bw_intra},
+                     {"a2a_latency": coef["a2a_latency"], "a_lin": priced.a_lin + coef["a_lin_extra"]}, notes,
+                     extra={"priced_before_s": charged.tolist(), "max_rel_error_before": before,
+                            **{k: measurement[k] for k in ("layer_s", "kernel_s", "ranks", "backend", "clock", "dtype")
+                               if k in measurement}})
+
+
 #: Per-point and per-sweep timer figures a fit passes through to the report unchanged.
 TIMER_KEYS = ("spread", "calls_per_visit", "loadavg")
 
@@ -493,6 +533,22 @@ FITS: Dict[str, Callable[[Mapping[str, Any], int, ModelShape], KernelFit]] = {
     "attention": fit_attention,
     "links": fit_links,
 }
+
+
+def fit_all(measurements: Mapping[str, Mapping[str, Any]], holdout_every: int, model: ModelShape,
+            hardware: Optional[Hardware] = None,
+            bw_inter: Optional[float] = None) -> Tuple[Dict[str, KernelFit], CostModel, Dict[str, str]]:
+    """Every measured kind fitted (`FITS`), the cost model they give (`to_cost_model`) and
+    where each field came from; then the ``exchange`` (where measured) against that model
+    (`fit_exchange`), its fields in place."""
+    fits = {kind: FITS[kind](m, holdout_every, model) for kind, m in measurements.items() if kind in FITS}
+    cost, sources = to_cost_model(model, fits, hardware, bw_inter)
+    if "exchange" in measurements:
+        fits["exchange"] = fit_exchange(measurements["exchange"], holdout_every, model, cost)
+        cost = replace(cost, **fits["exchange"].cost_fields)
+        for name in fits["exchange"].cost_fields:
+            sources[name] = "measured: exchange" + (f" (on {sources[name]})" if name == "a_lin" else "")
+    return fits, cost, sources
 
 
 def to_cost_model(model: ModelShape, fits: Mapping[str, KernelFit], hardware: Optional[Hardware] = None,

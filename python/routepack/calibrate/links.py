@@ -89,11 +89,11 @@ def check_clock(clock: object, device: str) -> str:
     return str(clock)
 
 
-def measure(sweeps: Sweeps, device: str, ranks: int = 2, timeout_s: float = 600,
-            clock: str = "wall") -> Dict[str, Any]:
-    """Spawns ``ranks`` local processes and times both ops at every ``sweeps.message_bytes``
-    on ``clock`` ("wall", or "cpu": the process's CPU time, CPU devices only). Returns
-    ``{"skipped": why}`` where it cannot run (CUDA with fewer GPUs than ranks)."""
+def spawn(fn: Any, device: str, ranks: int, clock: str, timeout_s: float, *args: Any) -> Dict[str, Any]:
+    """Runs ``fn(rank, world, device, *args, clock)`` on ``ranks`` spawned local processes
+    (gloo on CPU, NCCL on CUDA: one GPU per rank) and returns rank 0's result with
+    ``ranks``, ``backend`` and ``clock`` added, or ``{"skipped": why}`` where it cannot run
+    (CUDA with fewer GPUs than ranks). The links and the exchange measure this way."""
     torch = require_torch()
     clock = check_clock(clock, device)
     if device == "cuda":
@@ -105,7 +105,16 @@ def measure(sweeps: Sweeps, device: str, ranks: int = 2, timeout_s: float = 600,
         backend = "gloo"
     from routepack.torch.selfcheck.spawn import run_ranks
 
-    # more calls than a compute point: small messages are cheap and their times scatter most
-    out = run_ranks(_rank_main, ranks, list(sweeps.message_bytes), sweeps.warmup, 3 * sweeps.repeats, clock,
-                    backend=backend, join_timeout_s=timeout_s, pg_timeout_s=min(timeout_s, 300))
+    out = run_ranks(fn, ranks, *args, clock, backend=backend, join_timeout_s=timeout_s,
+                    pg_timeout_s=min(timeout_s, 300))
     return {**out[0], "ranks": ranks, "backend": backend, "clock": clock}
+
+
+def measure(sweeps: Sweeps, device: str, ranks: int = 2, timeout_s: float = 600,
+            clock: str = "wall") -> Dict[str, Any]:
+    """Spawns ``ranks`` local processes and times both ops at every ``sweeps.message_bytes``
+    on ``clock`` ("wall", or "cpu": the process's CPU time, CPU devices only). Returns
+    ``{"skipped": why}`` where it cannot run (CUDA with fewer GPUs than ranks)."""
+    # more calls than a compute point: small messages are cheap and their times scatter most
+    return spawn(_rank_main, device, ranks, clock, timeout_s, list(sweeps.message_bytes), sweeps.warmup,
+                 3 * sweeps.repeats)

@@ -104,7 +104,7 @@ def plot(report: Mapping[str, Any], path: str | Path) -> Path:
                              squeeze=False, sharex="col", gridspec_kw={"height_ratios": [3, 1.4]},
                              constrained_layout=True)
     xlabel = {"expert_gemm": "routed tokens (all active experts)", "attention": "sample length (tokens)",
-              "links": "bytes per rank"}
+              "links": "bytes per rank", "exchange": "tokens per rank"}
     for col, (kind, k) in enumerate(kernels.items()):
         top, bottom = axes[0, col], axes[1, col]
         x = _x(kind, k["sweep"])

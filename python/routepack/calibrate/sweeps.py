@@ -8,7 +8,7 @@ is a smoke run (tests, the README) of well under a minute with small shapes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import List, NamedTuple, Optional, Tuple
 
 from routepack._checks import finite_float, positive_int, sequence
@@ -55,16 +55,18 @@ class _Preset(NamedTuple):
     repeats: int
     visit_s: float  # a visit calls a point as often as fills this many seconds ...
     visit_calls: int  # ... at most this often
+    exchange_tokens: Tuple[int, int, float]  # tokens per rank of the exchange sweep: from, to, per octave
 
 
 _PRESETS = {
     # quick: messages up to 8 MiB, so the fitted bandwidth is not lost in a loaded machine's noise
-    "quick": _Preset(256, 0.5, (1, 4), 1024, 64, 512, 1.0, (4096, 8 << 20, 0.5), 1, 3, 0.0, 1),
+    "quick": _Preset(256, 0.5, (1, 4), 1024, 64, 512, 1.0, (4096, 8 << 20, 0.5), 1, 3, 0.0, 1, (4, 256, 0.5)),
     # cpu: the small expert points (5-50 ms) are the noisy ones on a shared machine and cost
     # little, so a visit repeats them; the large ones (0.1-1.3 s) are called once a visit
-    "cpu": _Preset(4096, 2.0, (1, 2, 4, 8), 4096, 128, 2048, 2.0, (4096, 64 << 20, 2.0), 1, 7, 0.1, 5),
+    "cpu": _Preset(4096, 2.0, (1, 2, 4, 8), 4096, 128, 2048, 2.0, (4096, 64 << 20, 2.0), 1, 7, 0.1, 5,
+                   (4, 1024, 1.0)),
     "cuda": _Preset(8192, 2.0, (1, 2, 4, 8, 16, 32), 1 << 17, 128, 32768, 2.0, (4096, 256 << 20, 2.0), 2, 7,
-                    0.01, 10),
+                    0.01, 10, (16, 16384, 1.0)),
 }
 
 
@@ -76,6 +78,8 @@ class Sweeps:
       ``max_tokens`` tokens in all are skipped, so the large corner does not dominate).
     * ``lengths``: sample lengths of the attention sweep.
     * ``message_bytes``: bytes each rank sends in a point-to-point or all-to-all.
+    * ``exchange_tokens``: tokens each rank routes through the MoE layer of the ``exchange``
+      sweep (`routepack.calibrate.exchange`; default: the CPU preset's).
     * ``warmup`` untimed and ``repeats`` timed rounds over each sweep, every point visited
       once a round and called ``visit_calls`` times at most in a visit, as many as fill
       ``visit_s`` seconds (`routepack.calibrate.timing.run_rounds`: the least visit median
@@ -94,9 +98,10 @@ class Sweeps:
     holdout_every: int = 3
     visit_s: float = 0.0
     visit_calls: int = 1
+    exchange_tokens: Tuple[int, ...] = field(default_factory=lambda: log_points(*_PRESETS["cpu"].exchange_tokens))
 
     def __post_init__(self) -> None:
-        for name in ("tokens_per_expert", "active_experts", "lengths", "message_bytes"):
+        for name in ("tokens_per_expert", "active_experts", "lengths", "message_bytes", "exchange_tokens"):
             object.__setattr__(self, name, _ints(getattr(self, name), f"sweeps.{name}"))
         positive_int(self.max_tokens, "sweeps.max_tokens")
         positive_int(self.warmup, "sweeps.warmup", minimum=0)
@@ -133,7 +138,8 @@ class Sweeps:
         return cls(tokens_per_expert=log_points(1, tpe, pre.per_octave), active_experts=pre.active,
                    max_tokens=max(pre.max_tokens, tpe), lengths=log_points(lo_len, length, pre.per_octave_length),
                    message_bytes=log_points(*pre.messages), warmup=pre.warmup, repeats=pre.repeats,
-                   visit_s=pre.visit_s, visit_calls=pre.visit_calls)
+                   visit_s=pre.visit_s, visit_calls=pre.visit_calls,
+                   exchange_tokens=log_points(*pre.exchange_tokens))
 
     def with_timer(self, warmup: Optional[int] = None, repeats: Optional[int] = None,
                    holdout_every: Optional[int] = None) -> "Sweeps":

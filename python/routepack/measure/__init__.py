@@ -8,9 +8,12 @@ For a small MoE model (`Workload`: its window with recorded routing, one EP grou
    the expert GEMM as a rank of `routepack.torch.EPMoE` runs it (`grouped_swiglu` over a
    stack of ``slots_per_rank`` slots), the MoE layer's work on its tokens at the origin rank
    (gather, gate-weighted combine, residual: the ``attention`` kernel without a dense layer,
-   ``a_lin``; the layers have no attention), and the links between ``ranks`` processes, their
-   latency included, on the clock the run is judged by (CPU time on CPU)), or takes a given
-   `CostModel`, whose attention and dense work are set to 0 (only the MoE layers run);
+   ``a_lin``; the layers have no attention), the links between ``ranks`` processes and the
+   exchange (one `EPMoE` layer on every rank, its time outside the expert kernel: the
+   all-to-all's fixed cost in the layer, ``a2a_latency``, and the per-token work the origin
+   sweep misses, added to ``a_lin``), on the clock the run is judged by (CPU time on CPU)),
+   or takes a given `CostModel`, whose attention and dense work are set to 0 (only the MoE
+   layers run);
 2. plans the window with each policy (default ``static`` and ``routepack``) under that model;
 3. runs every plan's microbatches forward and backward through `EPMoE` layers driven by a
    `routepack.torch.PlanRunner` in ``ranks`` spawned processes (`routepack.measure.execute`);
@@ -75,7 +78,8 @@ def _calibrated(work: Workload, ranks: int, quick: bool, progress: bool,
     most = int(window.counts.sum(axis=0, dtype=np.int64).max())  # the most tokens one expert gets in a layer
     # the longest sample a rank's microbatch holds bounds the origin sweep
     longest = max(work.token_cap(window), 128)
-    cal = calibrate(model=work.model(), kernels=("expert_gemm", "attention", "links"), ranks=ranks, quick=quick,
+    cal = calibrate(model=work.model(), kernels=("expert_gemm", "attention", "links", "exchange"), ranks=ranks,
+                    quick=quick,
                     max_tokens_per_expert=max(8, most), expert_stack=work.slots_per_rank, progress=progress,
                     threads=1 if device == "cpu" else None, device=device, dtype="float32",
                     max_length=longest, attention_dense=False, links_clock="cpu" if device == "cpu" else "wall")

@@ -15,7 +15,7 @@ replace the dispatcher's "expert id → rank" map by `route_tokens`, keep everyt
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 import numpy as np
 import torch
@@ -141,6 +141,10 @@ class EPMoE(torch.nn.Module):
     #: the backward completes redundant-slot and replica gradients (`sync_redundant_grads`
     #: then only sums across EP groups)
     grads_complete_in_backward = True
+    #: the grouped expert kernel ``(rows, counts, w1, w2) -> out`` (None: `grouped_swiglu`);
+    #: `routepack.calibrate.exchange` sets a timed wrapper of it on an instance, to tell the
+    #: kernel's time from the rest of the layer's
+    expert_kernel: Optional[Callable[..., torch.Tensor]] = None
 
     def __init__(self, layer: int, num_experts: int, hidden: int, ffn: int, topo: Any,
                  phy2log_row: np.ndarray, group: Optional[Any] = None,
@@ -339,11 +343,12 @@ class EPMoE(torch.nn.Module):
         counts = cell.unit_counts
         rows = recv.index_select(0, cell.unit_perm)
         n_local = int(counts[:spr].sum())
+        kernel = self.expert_kernel or grouped_swiglu
         parts = []
         if n_local:
-            parts.append(grouped_swiglu(rows[:n_local], counts[:spr], w1, w2))
+            parts.append(kernel(rows[:n_local], counts[:spr], w1, w2))
         if n_local < rows.shape[0]:
-            parts.append(grouped_swiglu(rows[n_local:], counts[spr:], w1r, w2r))
+            parts.append(kernel(rows[n_local:], counts[spr:], w1r, w2r))
         out = torch.cat(parts) if len(parts) > 1 else parts[0]
         return out.index_select(0, cell.unit_inv)
 

@@ -68,7 +68,9 @@ pub struct CostModel {
     /// whatever it moves, so an exchange's all-to-all is
     /// `2·K·(a2a_latency + slowest rank's link time)` ([`CostModel::all_to_all_latency`]).
     /// 0, the default, prices none; `routepack calibrate` fits it with the links (about
-    /// 0.2 ms for gloo between local processes).
+    /// 0.2 ms for a bare gloo all-to-all between local processes), or in an EPMoE layer where
+    /// it measures the `exchange` (the layer's routing, split sizes and launches too: about
+    /// 1 ms an all-to-all on the measured run's CPU ranks).
     pub a2a_latency: f64,
     /// Whether a layer's all-to-all overlaps its computation ([`Overlap::None`] by default).
     pub overlap: Overlap,

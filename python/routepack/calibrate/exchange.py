@@ -1,0 +1,148 @@
+"""Exchange timing: what one MoE layer of `routepack.torch.EPMoE` costs a rank beyond its
+expert kernel, between local processes (gloo on CPU, NCCL on CUDA), over a sweep of tokens
+per rank.
+
+Why: the ``links`` sweep times bare ``all_to_all_single`` calls between idle processes, and
+the cost model priced a layer's communication from those alone. The layer does more around
+its kernel: it routes (counts per expert, an all-gather of the split sizes, the send order),
+gathers the routed copies, exchanges them twice forward and twice backward, sorts the
+received rows by slot and back, and combines the results gate-weighted at the origin. On the
+measured run's CPU ranks (`routepack.measure`: H = I = 256, 16 experts top-2) that came to
+3-4 ms of a layer's forward and backward at a handful of tokens, where the cost model priced
+0.7 ms (four all-to-all latencies of the links sweep, 0.16 ms each), and 7.8-9.5 µs per token
+where it priced 3.9.
+
+Each rank holds ``num_experts / ranks`` experts (rounded up) in a static placement (expert e in slot e),
+routes ``tokens`` tokens of its own (``top_k`` distinct experts each, uniformly at random) and
+runs ``x + layer(x)`` forward and backward, timed on ``clock``; the expert kernel is timed
+inside the same call through `EPMoE.expert_kernel` (its forward directly, its backward from
+the gradient reaching its output to the one leaving its input) and taken out. A point's
+figure is each rank's least over the timed rounds of the time outside the kernel, the
+slowest rank's kept (`routepack.calibrate.timing.AGGREGATE`'s reasoning: interference only
+adds time). The points are visited round-robin, every rank in the same order (a collective
+must be entered by all). ``routepack.calibrate.fit.fit_exchange`` fits what the links and
+the origin work leave unexplained.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Dict, List, Sequence
+
+import numpy as np
+
+from routepack.calibrate.links import spawn
+from routepack.calibrate.sweeps import Sweeps
+from routepack.calibrate.timing import require_torch, synchronizer
+from routepack.model import ModelShape
+
+
+def _timed_kernel(torch: Any, kernel: Callable[..., Any], sync: Callable[[], None], now: Callable[[], float],
+                  spent: List[float]) -> Callable[..., Any]:
+    """``kernel`` with its forward and backward seconds added to ``spent[0]``."""
+    start: List[float] = [0.0]
+
+    class _Stamp(torch.autograd.Function):
+        """Identity whose backward calls ``stamp`` when the gradient passes it."""
+
+        @staticmethod
+        def forward(ctx, x, stamp):  # type: ignore[override]
+            ctx.stamp = stamp
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):  # type: ignore[override]
+            ctx.stamp()
+            return grad, None
+
+    def begin() -> None:
+        sync()
+        start[0] = now()
+
+    def end() -> None:
+        sync()
+        spent[0] += now() - start[0]
+
+    def timed(rows: Any, counts: np.ndarray, w1: Any, w2: Any) -> Any:
+        rows = _Stamp.apply(rows, end)  # its backward runs after the kernel's: the kernel's backward ends
+        sync()
+        t0 = now()
+        out = kernel(rows, counts, w1, w2)
+        sync()
+        spent[0] += now() - t0
+        return _Stamp.apply(out, begin)  # its backward runs first: the kernel's backward begins
+
+    return timed
+
+
+def _rank_main(rank: int, world: int, device: Any, shape: Dict[str, int], tokens: Sequence[int], warmup: int,
+               repeats: int, dtype: str, clock: str) -> Dict[str, Any]:
+    """Runs on every spawned rank; returns the sweep and the figures (the same on every rank)."""
+    torch = require_torch()
+    import torch.distributed as dist
+
+    from routepack import Topology
+    from routepack.torch.moe import EPMoE, grouped_swiglu
+
+    E, K, H, I = shape["num_experts"], shape["top_k"], shape["hidden"], shape["expert_ffn"]
+    spr = -(-E // world)  # the last rank's slots past expert E-1 stay empty
+    tdtype = getattr(torch, dtype)
+    sync = synchronizer(device)
+    now = time.process_time if clock == "cpu" else time.perf_counter
+    phy2log = np.arange(world * spr)
+    phy2log[phy2log >= E] = -1
+    layer = EPMoE(0, E, H, I, Topology(world, world, world, spr), phy2log, dtype=tdtype, device=device)
+    gen = torch.Generator().manual_seed(1234 + rank)
+    with torch.no_grad():
+        layer.w1.copy_(torch.randn(layer.w1.shape, generator=gen) * H ** -0.5)
+        layer.w2.copy_(torch.randn(layer.w2.shape, generator=gen) * I ** -0.5)
+    spent = [0.0]
+    layer.expert_kernel = _timed_kernel(torch, grouped_swiglu, sync, now, spent)
+    points = []
+    for t in tokens:
+        ids = torch.rand(t, E, generator=gen).topk(K, dim=1).indices  # K distinct experts per token
+        points.append((torch.randn(t, H, generator=gen).to(device, tdtype), ids.to(device),
+                       torch.softmax(torch.randn(t, K, generator=gen), dim=-1).to(device, tdtype),
+                       torch.randn(t, H, generator=gen).to(device, tdtype)))
+    best = np.full((len(tokens), 3), np.inf)  # per point: outside the kernel, the layer, the kernel
+    remote = np.zeros(len(tokens), dtype=np.int64)
+    for r in range(warmup + repeats):
+        for i, (x, ids, gates, cot) in enumerate(points):
+            x = x.detach().requires_grad_()
+            dist.barrier()
+            sync()
+            spent[0] = 0.0
+            t0 = now()
+            ((x + layer(x, ids, gates)) * cot).sum().backward()
+            sync()
+            whole = now() - t0
+            layer.w1.grad = layer.w2.grad = None
+            if r < warmup:
+                route = layer.last_route  # this forward's: rows sent to and received from each rank
+                if route is not None:
+                    remote[i] = max(sum(n for d, n in enumerate(route.send_splits) if d != rank),
+                                    sum(n for s, n in enumerate(route.recv_splits) if s != rank))
+                continue
+            if whole - spent[0] < best[i, 0]:
+                best[i] = (whole - spent[0], whole, spent[0])
+    slowest = torch.from_numpy(np.concatenate([best.reshape(-1), remote.astype(np.float64)])).to(device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    got = slowest.cpu().numpy()
+    figures, rows = got[:best.size].reshape(best.shape), got[best.size:]
+    token_bytes = H * torch.empty(0, dtype=tdtype).element_size()
+    sweep = [{"tokens": int(t), "routed": int(t) * K, "remote_rows": int(n), "remote_bytes": int(n) * token_bytes}
+             for t, n in zip(tokens, rows)]
+    return {"sweep": sweep, "measured_s": figures[:, 0].tolist(), "layer_s": figures[:, 1].tolist(),
+            "kernel_s": figures[:, 2].tolist()}
+
+
+def measure(model: ModelShape, sweeps: Sweeps, device: str, dtype: Any, ranks: int = 2, timeout_s: float = 600,
+            clock: str = "wall") -> Dict[str, Any]:
+    """Spawns ``ranks`` local processes and times one MoE layer at every
+    ``sweeps.exchange_tokens`` (see the module's docstring) on ``clock``. Returns
+    ``{"skipped": why}`` where it cannot run (CUDA with fewer GPUs than ranks)."""
+    shape = {k: int(getattr(model, k)) for k in ("num_experts", "top_k", "hidden", "expert_ffn")}
+    name = str(dtype).replace("torch.", "")
+    got = spawn(_rank_main, device, ranks, clock, timeout_s, shape, list(sweeps.exchange_tokens), sweeps.warmup + 1,
+                2 * sweeps.repeats, name)
+    return got if "skipped" in got else {**got, "dtype": name}
