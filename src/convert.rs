@@ -127,6 +127,7 @@ pub fn cost(obj: &Bound<'_, PyAny>) -> PyResult<CostModel> {
         c_gemm: attr(obj, "c_gemm")?,
         c_call: attr(obj, "c_call")?,
         a2a_latency: attr(obj, "a2a_latency")?,
+        bw_reduce: attr(obj, "bw_reduce")?,
         overlap,
         passes,
     })

@@ -48,7 +48,7 @@ pub fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 }
 
 /// `{field: default}` of the cost model's options (`c_weights`, `c_gemm`, `c_call`,
-/// `a2a_latency`, `overlap`, `passes`): the values that price every plan as before the options existed.
+/// `a2a_latency`, `bw_reduce`, `overlap`, `passes`): the values that price every plan as before the options existed.
 #[pyfunction]
 pub fn cost_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let cost = PyDict::new(py);
@@ -56,6 +56,7 @@ pub fn cost_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     cost.set_item("c_gemm", 0.0)?;
     cost.set_item("c_call", 0.0)?;
     cost.set_item("a2a_latency", 0.0)?;
+    cost.set_item("bw_reduce", 0.0)?;
     cost.set_item("overlap", Overlap::default().name())?;
     cost.set_item("passes", DEFAULT_PASSES.iter().map(|p| p.name()).collect::<Vec<_>>())?;
     Ok(cost)

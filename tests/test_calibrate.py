@@ -49,9 +49,11 @@ def attention_measurement(a_lin: float, a_quad: float, noise: float = 0.0, seed:
     return {"sweep": sweep, "measured_s": measured, "forward_s": measured, "heads": 16, "head_dim": 128}
 
 
-def links_measurement(lat: float, bw_p2p: float, bw_a2a: float) -> dict:
+def links_measurement(lat: float, bw_p2p: float, bw_a2a: float, bw_ar: float = 0.0) -> dict:
+    """Timings of the links' ops (the all-reduce's where ``bw_ar`` is given; reports before
+    it have none)."""
     sweep, measured = [], []
-    for op, bw in (("p2p", bw_p2p), ("all_to_all", bw_a2a)):
+    for op, bw in (("p2p", bw_p2p), ("all_to_all", bw_a2a)) + ((("all_reduce", bw_ar),) if bw_ar else ()):
         for b in SWEEPS.message_bytes:
             sweep.append({"op": op, "bytes": b})
             measured.append(lat + b / bw)
@@ -61,7 +63,7 @@ def links_measurement(lat: float, bw_p2p: float, bw_a2a: float) -> dict:
 def synthetic_fits() -> dict:
     return {"expert_gemm": fit_expert_gemm(expert_measurement(1e-6, 2e-4), 3, MODEL),
             "attention": fit_attention(attention_measurement(5e-5, 1e-9), 3, MODEL),
-            "links": fit_links(links_measurement(1e-4, 2e9, 1e9), 3, MODEL)}
+            "links": fit_links(links_measurement(1e-4, 2e9, 1e9, 5e8), 3, MODEL)}
 
 
 positive = st.floats(1e-10, 1e-2, allow_nan=False, allow_infinity=False)
@@ -100,13 +102,18 @@ def test_the_attention_fit_recovers_its_coefficients_and_zeroes_linear_layers(a_
 @settings(max_examples=40, deadline=None)
 @given(lat=st.floats(1e-7, 1e-3), bw_p2p=st.floats(1e7, 1e12), bw_a2a=st.floats(1e7, 1e12))
 def test_the_links_fit_recovers_bandwidth_and_latency_per_op(lat, bw_p2p, bw_a2a):
-    fit = fit_links(links_measurement(lat, bw_p2p, bw_a2a), 3, MODEL)
+    fit = fit_links(links_measurement(lat, bw_p2p, bw_a2a, bw_a2a / 3), 3, MODEL)
     assert fit.coefficients["bw_p2p"] == pytest.approx(bw_p2p, rel=1e-5)
     assert fit.coefficients["bw_all_to_all"] == pytest.approx(bw_a2a, rel=1e-5)
+    assert fit.coefficients["bw_all_reduce"] == pytest.approx(bw_a2a / 3, rel=1e-5)
     assert fit.coefficients["latency_all_to_all_s"] == pytest.approx(lat, rel=1e-4, abs=1e-12)
+    # two ranks: a ring sends 2·(2−1)/2 = all of the buffer from each rank
     assert fit.cost_fields == {"bw_intra": fit.coefficients["bw_all_to_all"],
-                               "a2a_latency": fit.coefficients["latency_all_to_all_s"]}
-    for op in ("p2p", "all_to_all"):  # each op has held-out points of its own
+                               "a2a_latency": fit.coefficients["latency_all_to_all_s"],
+                               "bw_reduce": fit.coefficients["bw_all_reduce"]}
+    before = fit_links(links_measurement(lat, bw_p2p, bw_a2a), 3, MODEL)  # a report without the all-reduce
+    assert "bw_reduce" not in before.cost_fields and "bw_all_reduce" not in before.coefficients
+    for op in ("p2p", "all_to_all", "all_reduce"):  # each op has held-out points of its own
         assert any(h for h, p in zip(fit.held_out, fit.sweep) if p["op"] == op)
 
 
@@ -156,6 +163,7 @@ def test_to_cost_model_sets_the_fitted_fields_and_keeps_the_rest_from_the_preset
     assert cost.c_tok == fits["expert_gemm"].coefficients["c_tok"]
     assert cost.c_gemm == fits["expert_gemm"].cost_fields["c_gemm"] and sources["c_gemm"] == "measured: expert_gemm"
     assert cost.bw_intra == fits["links"].coefficients["bw_all_to_all"]
+    assert cost.bw_reduce == fits["links"].coefficients["bw_all_reduce"] and sources["bw_reduce"] == "measured: links"
     assert cost.a_quad == fits["attention"].cost_fields["a_quad"]
     for name in ("token_bytes", "expert_weight_bytes", "expert_grad_bytes", "expert_state_bytes", "bw_inter",
                  "expert_groups"):
@@ -380,6 +388,7 @@ def test_quick_cpu_run_writes_a_loadable_cost_model(tmp_path):
     assert rp.CostModel.from_json(json.dumps(rep["cost_model"])) == cost
     assert cost.c_tok == rep["kernels"]["expert_gemm"]["coefficients"]["c_tok"]
     assert cost.bw_intra == rep["kernels"]["links"]["coefficients"]["bw_all_to_all"]
+    assert cost.bw_reduce == rep["kernels"]["links"]["coefficients"]["bw_all_reduce"]  # two ranks: the whole buffer
     assert cost.num_layers == MODEL.num_layers
     if HAS_MPL:
         assert (tmp_path / "fit.png").read_bytes()[:4] == b"\x89PNG"

@@ -32,16 +32,16 @@ def case():
 def test_defaults_are_the_cores():
     d = _core.cost_defaults()
     c = PROFILE.cost()
-    assert (c.c_weights, c.c_gemm, c.c_call, c.a2a_latency, c.overlap, list(c.passes)) == (
-        d["c_weights"], d["c_gemm"], d["c_call"], d["a2a_latency"], d["overlap"], list(d["passes"]))
+    assert (c.c_weights, c.c_gemm, c.c_call, c.a2a_latency, c.bw_reduce, c.overlap, list(c.passes)) == (
+        d["c_weights"], d["c_gemm"], d["c_call"], d["a2a_latency"], d["bw_reduce"], d["overlap"], list(d["passes"]))
     assert c.passes == ("forward", "backward") and c.overlap == "none"
-    assert c.c_weights == c.c_gemm == c.c_call == c.a2a_latency == 0.0
+    assert c.c_weights == c.c_gemm == c.c_call == c.a2a_latency == c.bw_reduce == 0.0
 
 
 def test_old_json_loads_with_the_defaults_and_prices_the_same(case):
     w, topo, cost, plans = case
     old = json.loads(cost.to_json())
-    for k in ("c_weights", "c_gemm", "c_call", "a2a_latency", "overlap", "passes"):
+    for k in ("c_weights", "c_gemm", "c_call", "a2a_latency", "bw_reduce", "overlap", "passes"):
         old.pop(k)
     loaded = rp.CostModel.from_json(json.dumps(old))
     assert loaded == cost
@@ -54,10 +54,10 @@ def test_old_json_loads_with_the_defaults_and_prices_the_same(case):
 @given(c_weights=st.floats(0, 1e-3, allow_nan=False), overlap=st.sampled_from(rp.model.OVERLAPS),
        passes=st.lists(st.sampled_from(rp.model.PASS_KINDS), min_size=1, max_size=4),
        c_gemm=st.floats(0, 1e-2, allow_nan=False), c_call=st.floats(0, 1e-2, allow_nan=False),
-       a2a_latency=st.floats(0, 1e-2, allow_nan=False))
-def test_json_round_trip_is_exact(c_weights, overlap, passes, c_gemm, c_call, a2a_latency):
+       a2a_latency=st.floats(0, 1e-2, allow_nan=False), bw_reduce=st.floats(0, 1e12, allow_nan=False))
+def test_json_round_trip_is_exact(c_weights, overlap, passes, c_gemm, c_call, a2a_latency, bw_reduce):
     c = replace(PROFILE.cost(), c_weights=c_weights, overlap=overlap, passes=passes, c_gemm=c_gemm, c_call=c_call,
-                a2a_latency=a2a_latency)
+                a2a_latency=a2a_latency, bw_reduce=bw_reduce)
     again = rp.CostModel.from_json(c.to_json())
     assert again == c and again.to_json() == c.to_json()
     assert asdict(again)["passes"] == tuple(passes)
@@ -78,6 +78,8 @@ def test_json_round_trip_is_exact(c_weights, overlap, passes, c_gemm, c_call, a2
     ("c_call", None, "cost.c_call"),
     ("a2a_latency", -1e-9, "cost.a2a_latency"),
     ("a2a_latency", float("inf"), "cost.a2a_latency"),
+    ("bw_reduce", -1.0, "cost.bw_reduce"),
+    ("bw_reduce", float("nan"), "cost.bw_reduce"),
 ])
 def test_bad_options_name_the_field(field, value, needle):
     with pytest.raises(rp.RoutepackError, match=needle.replace("[", r"\[").replace("]", r"\]")):

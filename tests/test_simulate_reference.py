@@ -221,7 +221,8 @@ def reference(plan: rp.Plan, window: rp.Window, topo: rp.Topology, cost: rp.Cost
     redundant = sum(int((np.bincount(row[row >= 0], minlength=E) > 1).sum()) for row in plan.placement.phy2log)
     ring = 2 * (ep - 1) / ep * redundant * cost.expert_grad_bytes
     spans_nodes = ep > topo.gpus_per_node
-    redundant_grads = ring / (cost.bw_inter if spans_nodes else cost.bw_intra) if ep > 1 else 0.0
+    inside = cost.bw_reduce if cost.bw_reduce > 0 else cost.bw_intra  # an all-reduce's own bandwidth where set
+    redundant_grads = ring / (cost.bw_inter if spans_nodes else inside) if ep > 1 else 0.0
     step = float(group_times[critical]) + migration + redundant_grads
 
     # ideal at the lower-bound microbatch count (the plan's own count without a cap)
@@ -286,6 +287,9 @@ def test_simulate_matches_reference(seed):
     # and every third with an all-to-all latency (a tenth to ten times an expert's overhead)
     if seed % 3 == 1:
         cost = replace(cost, a2a_latency=case.cost.c_exp * [0.1, 10.0][seed // 3 % 2])
+    # and every fifth with an all-reduce bandwidth of its own (a tenth to twice the all-to-all's)
+    if seed % 5 == 2:
+        cost = replace(cost, bw_reduce=case.cost.bw_intra * [0.1, 2.0][seed // 5 % 2])
     res = rp.simulate(case.plan, case.window, case.topo, cost, case.token_cap)
     assert_matches(res, reference(case.plan, case.window, case.topo, cost, case.token_cap))
 

@@ -178,7 +178,7 @@ _WORK_COEFFICIENTS = ("a_lin", "c_tok", "c_exp", "token_bytes", "expert_weight_b
 
 #: CostModel fields a JSON file may lack (written before they existed): their defaults apply.
 _OPTIONAL_JSON_KEYS = frozenset({"expert_groups", "num_experts", "c_weights", "overlap", "passes", "c_gemm",
-                                 "c_call", "a2a_latency"})
+                                 "c_call", "a2a_latency", "bw_reduce"})
 
 
 @dataclass(frozen=True)
@@ -223,6 +223,11 @@ class CostModel:
       default) prices none; `routepack calibrate` fits it with the links (a bare
       all-to-all), or in the MoE layer where the ``exchange`` kind is measured (its routing,
       split sizes and launches too: about 1 ms an all-to-all on the measured run's CPU ranks).
+    * ``bw_reduce``: bytes/s at which an all-reduce inside a node moves a rank's bytes (a
+      ring all-reduce of n bytes sends ``2·(ep−1)/ep·n`` from every rank): what the
+      once-per-step sum of redundant experts' gradients costs (`SimResult.redundant_grads`).
+      0 (the default) prices it at ``bw_intra``; `routepack calibrate` measures it with the
+      links where it also times the ``exchange``, whose bytes then set ``bw_intra``.
     * ``overlap``: ``"none"`` (the default: a layer's time is attention + experts +
       all-to-all) or ``"dispatch_combine"``: the all-to-all of one microbatch runs behind the
       attention and expert compute of another (DualPipe, DeepEP, Megatron ``moe_fb_overlap``),
@@ -232,7 +237,8 @@ class CostModel:
       ``("forward", "backward")`` is compute ×3, communication ×2; RL's recompute of old
       log-probs adds a forward: ``("forward", "forward", "backward")``.
 
-    The options' defaults (``c_weights``, ``c_gemm``, ``c_call``, ``a2a_latency``, ``overlap``, ``passes``) come
+    The options' defaults (``c_weights``, ``c_gemm``, ``c_call``, ``a2a_latency``, ``bw_reduce``, ``overlap``,
+    ``passes``) come
     from the core (``_core.cost_defaults()``); a JSON file
     written before they existed loads with them, and prices every plan as it did.
     """
@@ -255,6 +261,7 @@ class CostModel:
     c_gemm: float = _COST_DEFAULTS["c_gemm"]
     c_call: float = _COST_DEFAULTS["c_call"]
     a2a_latency: float = _COST_DEFAULTS["a2a_latency"]
+    bw_reduce: float = _COST_DEFAULTS["bw_reduce"]
 
     def __post_init__(self) -> None:
         if self.num_experts is not None:
@@ -271,7 +278,8 @@ class CostModel:
                 raise RoutepackError(f"cost.passes[{i}]: {kind!r} is not one of {PASS_KINDS}")
         object.__setattr__(self, "passes", passes)
         for name in ("a_lin", "c_tok", "c_exp", "token_bytes", "expert_weight_bytes",
-                     "expert_grad_bytes", "expert_state_bytes", "c_weights", "c_gemm", "c_call", "a2a_latency"):
+                     "expert_grad_bytes", "expert_state_bytes", "c_weights", "c_gemm", "c_call", "a2a_latency",
+                     "bw_reduce"):
             object.__setattr__(self, name, finite_float(getattr(self, name), f"cost.{name}"))
         for name in ("bw_intra", "bw_inter"):
             object.__setattr__(self, name, finite_float(getattr(self, name), f"cost.{name}", strict=True))

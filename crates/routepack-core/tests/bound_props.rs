@@ -58,6 +58,8 @@ fn random_cost(mix: &mut Mix, layers: usize) -> CostModel {
     let c_call = if mix.unit() < 0.4 { c_tok * 1e5f64.powf(mix.unit()) } else { 0.0 };
     // an all-to-all latency from a token's link time to 10⁴ of them
     let a2a_latency = if mix.unit() < 0.4 { token_bytes / bw_intra * 1e4f64.powf(mix.unit()) } else { 0.0 };
+    // an all-reduce inside the node from 10x slower to 10x faster than the all-to-all's bytes
+    let bw_reduce = if mix.unit() < 0.4 { bw_intra * 10f64.powf(2.0 * mix.unit() - 1.0) } else { 0.0 };
     CostModel {
         a_lin,
         a_quad,
@@ -73,6 +75,7 @@ fn random_cost(mix: &mut Mix, layers: usize) -> CostModel {
         c_gemm,
         c_call,
         a2a_latency,
+        bw_reduce,
         overlap,
         passes,
     }

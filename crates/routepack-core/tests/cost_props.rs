@@ -165,6 +165,31 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 120, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// `bw_reduce` prices the once-per-step sum of redundant experts' gradients inside a node
+    /// (and only that): its time is the same bytes at the other bandwidth; a group spanning
+    /// nodes keeps the inter-node link; 0 changes no bit.
+    #[test]
+    fn reduce_bandwidth_prices_the_redundant_sum(topo in topologies(), seed in any::<u64>(), micro in 1usize..3, extra in 0usize..8) {
+        let mut mix = Mix(seed);
+        let (w, plan) = random_case(&mut mix, &topo, micro, extra, 40);
+        let base = CostModel::for_tests(w.layers);
+        let factor = [0.01, 0.5, 4.0][mix.below(3)];
+        let slow = CostModel { bw_reduce: base.bw_intra * factor, ..base.clone() };
+        let a = simulate(&plan, &w.view(), &topo, &base, None).unwrap();
+        let b = simulate(&plan, &w.view(), &topo, &slow, None).unwrap();
+        let want = if topo.nodes_per_group() < 2 { a.redundant_grads / factor } else { a.redundant_grads };
+        prop_assert!(close(b.redundant_grads, want), "{} vs {}", b.redundant_grads, want);
+        prop_assert!(close(b.step_time - a.step_time, b.redundant_grads - a.redundant_grads));
+        prop_assert!(close(b.expert, a.expert) && close(b.all_to_all, a.all_to_all));
+        prop_assert!(b.lower_bound_time <= b.step_time * (1.0 + 1e-12));
+        let zero = CostModel { bw_reduce: 0.0, ..slow };
+        prop_assert_eq!(&simulate(&plan, &w.view(), &topo, &zero, None).unwrap(), &a);
+    }
+}
+
 /// `check` names the new fields: an empty pass list, a negative or NaN floor or latency.
 #[test]
 fn check_names_the_options() {
@@ -178,6 +203,8 @@ fn check_names_the_options() {
     for bad in [-1e-9, f64::NAN, f64::INFINITY] {
         let c = CostModel { a2a_latency: bad, ..CostModel::for_tests(2) };
         assert!(c.check(2).unwrap_err().to_string().contains("cost.a2a_latency"));
+        let c = CostModel { bw_reduce: bad, ..CostModel::for_tests(2) };
+        assert!(c.check(2).unwrap_err().to_string().contains("cost.bw_reduce"));
     }
     assert!(Overlap::parse("both").unwrap_err().to_string().contains("cost.overlap"));
     assert!(Pass::parse(1, "recompute").unwrap_err().to_string().contains("cost.passes[1]"));

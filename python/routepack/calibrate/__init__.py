@@ -9,12 +9,13 @@
 * ``attention`` (`routepack.calibrate.attention`): one full-attention layer (projections,
   causal SDPA, shared experts) and the MoE layer's work at the origin rank (gather, combine,
   residual) over sample lengths → ``a_lin``, ``a_quad``;
-* ``links`` (`routepack.calibrate.links`): point-to-point and all-to-all between local
-  processes (gloo on CPU, NCCL on CUDA) over message sizes → ``bw_intra``, ``a2a_latency``;
+* ``links`` (`routepack.calibrate.links`): point-to-point, all-to-all and all-reduce between
+  local processes (gloo on CPU, NCCL on CUDA) over message sizes → ``bw_intra``,
+  ``a2a_latency``, ``bw_reduce``;
 * ``exchange`` (`routepack.calibrate.exchange`, on request: `routepack.measure` asks for it):
   one MoE layer of `routepack.torch.EPMoE` between local processes, its time outside the
-  expert kernel over tokens per rank → ``a2a_latency`` (the layer's fixed cost per
-  all-to-all, in place of the links') and what it adds to ``a_lin``.
+  expert kernel over tokens per rank and the share of them sent away → ``a2a_latency`` and
+  ``bw_intra`` as the layer pays them (in place of the links') and what it adds to ``a_lin``.
 
 `routepack.calibrate.fit` fits each kind with its own function (every k-th point held out
 and only predicted; the exchange last, against what the others priced) and builds a `CostModel`; whatever is not measured (``bw_inter``, the
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from routepack._checks import finite_float, instance_of, positive_int, sequence
-from routepack.calibrate.fit import KernelFit, fit_all
+from routepack.calibrate.fit import LINK_OPS, KernelFit, fit_all
 from routepack.calibrate.report import PLOT_HINT, build, plot, write_json
 from routepack.calibrate.sweeps import Sweeps
 from routepack.errors import RoutepackError
@@ -185,8 +186,8 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
     skipped: Dict[str, str] = {}
     total = sweeps.repeats * ((len(sweeps.expert_grid()) if "expert_gemm" in kinds else 0) +
                               (len(sweeps.lengths) if "attention" in kinds else 0)) + \
-        (2 * len(sweeps.message_bytes) if "links" in kinds else 0) + \
-        (len(sweeps.exchange_tokens) if "exchange" in kinds else 0)
+        (len(LINK_OPS) * len(sweeps.message_bytes) if "links" in kinds else 0) + \
+        (len(sweeps.exchange_tokens) * len(exchange.ROUTINGS) if "exchange" in kinds else 0)
     bar = _bar(total, progress)
     tick: Callable[[], None] = lambda: bar.update(1)  # noqa: E731
     try:
@@ -204,7 +205,7 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
         if "links" in kinds:
             bar.set_postfix_str(f"links: {ranks} ranks")
             got = links.measure(sweeps, device, ranks, links_timeout_s, clock=links_clock)
-            bar.update(2 * len(sweeps.message_bytes))
+            bar.update(len(LINK_OPS) * len(sweeps.message_bytes))
             if "skipped" in got:
                 skipped["links"] = got["skipped"]
             else:
@@ -212,7 +213,7 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
         if "exchange" in kinds:
             bar.set_postfix_str(f"exchange: {ranks} ranks")
             got = exchange.measure(shape, sweeps, device, tdtype, ranks, links_timeout_s, clock=links_clock)
-            bar.update(len(sweeps.exchange_tokens))
+            bar.update(len(sweeps.exchange_tokens) * len(exchange.ROUTINGS))
             if "skipped" in got:
                 skipped["exchange"] = got["skipped"]
             else:

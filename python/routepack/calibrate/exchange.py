@@ -12,16 +12,18 @@ measured run's CPU ranks (`routepack.measure`: H = I = 256, 16 experts top-2) th
 0.7 ms (four all-to-all latencies of the links sweep, 0.16 ms each), and 7.8-9.5 µs per token
 where it priced 3.9.
 
-Each rank holds ``num_experts / ranks`` experts (rounded up) in a static placement (expert e in slot e),
-routes ``tokens`` tokens of its own (``top_k`` distinct experts each, uniformly at random) and
-runs ``x + layer(x)`` forward and backward, timed on ``clock``; the expert kernel is timed
+Each rank holds ``num_experts / ranks`` experts (rounded up) in a static placement (expert e
+in slot e), routes ``tokens`` tokens of its own to ``top_k`` distinct experts each, three
+ways (`ROUTINGS`: all to its own experts, uniformly at random, all to the other ranks'), so
+that the bytes that leave a rank vary apart from the tokens, and runs ``x + layer(x)``
+forward and backward, timed on ``clock``; the expert kernel is timed
 inside the same call through `EPMoE.expert_kernel` (its forward directly, its backward from
 the gradient reaching its output to the one leaving its input) and taken out. A point's
 figure is each rank's least over the timed rounds of the time outside the kernel, the
 slowest rank's kept (`routepack.calibrate.timing.AGGREGATE`'s reasoning: interference only
 adds time). The points are visited round-robin, every rank in the same order (a collective
-must be entered by all). ``routepack.calibrate.fit.fit_exchange`` fits what the links and
-the origin work leave unexplained.
+must be entered by all). ``routepack.calibrate.fit.fit_exchange`` fits the layer's
+all-to-all (its fixed cost and its bytes) and the per-token work the origin sweep misses.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ from routepack.calibrate.links import spawn
 from routepack.calibrate.sweeps import Sweeps
 from routepack.calibrate.timing import require_torch, synchronizer
 from routepack.model import ModelShape
+
+
+#: How the exchange sweep routes each rank's tokens, per token count, in sweep order: every
+#: copy to this rank's own experts, at random over all experts, to the other ranks' experts.
+ROUTINGS = ("local", "uniform", "remote")
 
 
 def _timed_kernel(torch: Any, kernel: Callable[..., Any], sync: Callable[[], None], now: Callable[[], float],
@@ -98,14 +105,21 @@ def _rank_main(rank: int, world: int, device: Any, shape: Dict[str, int], tokens
         layer.w2.copy_(torch.randn(layer.w2.shape, generator=gen) * I ** -0.5)
     spent = [0.0]
     layer.expert_kernel = _timed_kernel(torch, grouped_swiglu, sync, now, spent)
-    points = []
+    own = torch.zeros(E)
+    own[phy2log[rank * spr:(rank + 1) * spr][phy2log[rank * spr:(rank + 1) * spr] >= 0]] = 1.0
+    points, sweep = [], []
     for t in tokens:
-        ids = torch.rand(t, E, generator=gen).topk(K, dim=1).indices  # K distinct experts per token
-        points.append((torch.randn(t, H, generator=gen).to(device, tdtype), ids.to(device),
-                       torch.softmax(torch.randn(t, K, generator=gen), dim=-1).to(device, tdtype),
-                       torch.randn(t, H, generator=gen).to(device, tdtype)))
-    best = np.full((len(tokens), 3), np.inf)  # per point: outside the kernel, the layer, the kernel
-    remote = np.zeros(len(tokens), dtype=np.int64)
+        for routing in ROUTINGS:
+            # K distinct experts per token at random, this rank's own first ("local"), the
+            # other ranks' first ("remote") or none first ("uniform")
+            first = {"local": own, "remote": 1.0 - own, "uniform": torch.zeros(E)}[routing]
+            ids = (torch.rand(t, E, generator=gen) + 2.0 * first).topk(K, dim=1).indices
+            points.append((torch.randn(t, H, generator=gen).to(device, tdtype), ids.to(device),
+                           torch.softmax(torch.randn(t, K, generator=gen), dim=-1).to(device, tdtype),
+                           torch.randn(t, H, generator=gen).to(device, tdtype)))
+            sweep.append({"tokens": int(t), "routing": routing, "routed": int(t) * K})
+    best = np.full((len(points), 3), np.inf)  # per point: outside the kernel, the layer, the kernel
+    remote = np.zeros(len(points), dtype=np.int64)
     for r in range(warmup + repeats):
         for i, (x, ids, gates, cot) in enumerate(points):
             x = x.detach().requires_grad_()
@@ -130,8 +144,8 @@ def _rank_main(rank: int, world: int, device: Any, shape: Dict[str, int], tokens
     got = slowest.cpu().numpy()
     figures, rows = got[:best.size].reshape(best.shape), got[best.size:]
     token_bytes = H * torch.empty(0, dtype=tdtype).element_size()
-    sweep = [{"tokens": int(t), "routed": int(t) * K, "remote_rows": int(n), "remote_bytes": int(n) * token_bytes}
-             for t, n in zip(tokens, rows)]
+    for point, n in zip(sweep, rows):
+        point.update(remote_rows=int(n), remote_bytes=int(n) * token_bytes)
     return {"sweep": sweep, "measured_s": figures[:, 0].tolist(), "layer_s": figures[:, 1].tolist(),
             "kernel_s": figures[:, 2].tolist()}
 

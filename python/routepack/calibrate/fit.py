@@ -437,14 +437,17 @@ def fit_attention(measurement: Mapping[str, Any], holdout_every: int, model: Mod
                                                         if k in measurement}})
 
 
-LINK_OPS = ("p2p", "all_to_all")
+LINK_OPS = ("p2p", "all_to_all", "all_reduce")
 
 
 def fit_links(measurement: Mapping[str, Any], holdout_every: int, model: ModelShape) -> KernelFit:
     """One-way time of a message of ``bytes`` per rank, per op (``p2p``: half a ping-pong
-    between two ranks; ``all_to_all``: every rank sends ``bytes`` to the others in all):
-    latency + bytes / bandwidth, fitted per op. ``bw_intra`` is the all-to-all's bandwidth and
-    ``a2a_latency`` its latency, since the cost model prices exchanges (all-to-alls) with them."""
+    between two ranks; ``all_to_all``: every rank sends ``bytes`` to the others in all;
+    ``all_reduce``: every rank sums ``bytes`` over the ranks): latency + bytes / bandwidth,
+    fitted per op. ``bw_intra`` is the all-to-all's bandwidth and ``a2a_latency`` its latency,
+    since the cost model prices exchanges (all-to-alls) with them; ``bw_reduce`` is the
+    all-reduce's, in the bytes a ring sends from each rank (``2·(ranks−1)/ranks`` of the
+    buffer), where it was measured (reports before it have no ``all_reduce`` points)."""
     sweep, measured = _points(measurement, "links")
     ops = np.array([p["op"] for p in sweep])
     nbytes = np.array([p["bytes"] for p in sweep], dtype=np.float64)
@@ -465,12 +468,17 @@ def fit_links(measurement: Mapping[str, Any], holdout_every: int, model: ModelSh
         pred[idx], held[idx] = p, h
     if "bw_all_to_all" not in coef:
         raise RoutepackError("links: no all_to_all points measured; cannot fit bw_intra")
+    fields = {"bw_intra": coef["bw_all_to_all"], "a2a_latency": coef["latency_all_to_all_s"]}
     notes = [f"bw_intra = the all-to-all's bandwidth between {measurement.get('ranks', '?')} local processes "
              f"({measurement.get('backend', '?')}); a2a_latency = its latency "
              f"({coef['latency_all_to_all_s']:.3g} s per all-to-all); the p2p figures are reported only"]
+    if "bw_all_reduce" in coef:
+        ranks = int(measurement.get("ranks", 2))
+        fields["bw_reduce"] = 2.0 * (ranks - 1) / ranks * coef["bw_all_reduce"]
+        notes.append(f"bw_reduce = the all-reduce's bandwidth in a ring's bytes sent per rank "
+                     f"(2·({ranks}−1)/{ranks} of the buffer): {fields['bw_reduce']:.3g} B/s")
     return KernelFit("links", "latency_<op> + bytes / bw_<op>", sweep, measured.tolist(), pred.tolist(),
-                     held.tolist(), coef, {"bw_intra": coef["bw_all_to_all"], "a2a_latency": coef["latency_all_to_all_s"]},
-                     notes,
+                     held.tolist(), coef, fields, notes,
                      extra={k: measurement[k] for k in ("ranks", "backend", "clock") if k in measurement})
 
 
@@ -481,34 +489,45 @@ LAYER_ALL_TO_ALLS = 4.0
 def fit_exchange(measurement: Mapping[str, Any], holdout_every: int, model: ModelShape,
                  priced: CostModel) -> KernelFit:
     """One MoE layer's forward + backward on a rank outside its expert kernel, at ``tokens``
-    per rank (`routepack.calibrate.exchange`), against what ``priced`` (the cost model the
-    other kernels fitted) charges for it: four all-to-alls of the slowest rank's remote bytes
-    at ``bw_intra`` and the origin work ``3·a_lin·tokens``. What that leaves is fitted as
-    ``4·a2a_latency + 3·a_lin_extra·tokens`` (non-negative): the layer's fixed cost per
-    all-to-all (routing, split sizes, launches) and its per-token work beyond the origin
-    kernel's timing (sorting the received rows, the exchanges' own copies). Sets
-    ``a2a_latency`` (in place of the links' bare all-to-all latency) and
-    ``a_lin = priced.a_lin + a_lin_extra``."""
+    per rank routed three ways (`routepack.calibrate.exchange`), as
+    ``4·(a2a_latency + remote_bytes / bw_intra) + 3·(a_lin + a_lin_extra)·tokens``: its four
+    all-to-alls (dispatch and combine, forward and backward) with their fixed cost (routing,
+    split sizes, launches) and the slowest rank's bytes that leave or reach it, and the
+    per-token work beyond the origin work ``priced.a_lin`` (measured by the attention kind, or
+    the preset's): sorting the received rows, the exchanges' own copies. (a2a_latency,
+    1/bw_intra, a_lin_extra) ≥ 0 by least squares; sets them in place of the links'. Where the
+    bytes fit no cost of their own (1/bw 0: the tokens' work explains them), the links'
+    ``priced.bw_intra`` prices them and only the other two are fitted."""
     sweep, measured = _points(measurement, "exchange")
     tokens = np.array([p["tokens"] for p in sweep], dtype=np.float64)
     nbytes = np.array([p["remote_bytes"] for p in sweep], dtype=np.float64)
-    known = LAYER_ALL_TO_ALLS * nbytes / priced.bw_intra + COMPUTE_PASSES * priced.a_lin * tokens
-    coef, pred, held = _linear_fit("exchange", measurement, holdout_every, ("a2a_latency", "a_lin_extra"),
-                                   np.stack([np.full(tokens.size, LAYER_ALL_TO_ALLS), COMPUTE_PASSES * tokens], axis=1),
-                                   offset=known)
-    # what the other kernels' model charged, their all-to-all latency included
-    charged = known + LAYER_ALL_TO_ALLS * priced.a2a_latency
+    origin = COMPUTE_PASSES * priced.a_lin * tokens
+    calls = np.full(tokens.size, LAYER_ALL_TO_ALLS)
+    formula = "4·(a2a_latency + remote_bytes / bw_intra) + 3·(a_lin + a_lin_extra)·tokens"
+    coef, pred, held = _linear_fit("exchange", measurement, holdout_every, ("a2a_latency", "s_per_byte", "a_lin_extra"),
+                                   np.stack([calls, LAYER_ALL_TO_ALLS * nbytes, COMPUTE_PASSES * tokens], axis=1),
+                                   offset=origin)
+    # a share of every point's time below a millionth is the solver's rounding, not a cost
+    if np.any(LAYER_ALL_TO_ALLS * nbytes * coef["s_per_byte"] > 1e-6 * measured):
+        bw, how = 1.0 / coef["s_per_byte"], "fitted"
+    else:
+        bw, how = priced.bw_intra, "the links' (the bytes fitted no cost of their own)"
+        coef, pred, held = _linear_fit("exchange", measurement, holdout_every, ("a2a_latency", "a_lin_extra"),
+                                       np.stack([calls, COMPUTE_PASSES * tokens], axis=1),
+                                       offset=origin + LAYER_ALL_TO_ALLS * nbytes / bw)
+    coef = {"a2a_latency": coef["a2a_latency"], "bw_intra": bw, "a_lin_extra": coef["a_lin_extra"]}
+    # what the other kinds' model charged the layer: the links' latency and bandwidth, the origin work
+    charged = origin + LAYER_ALL_TO_ALLS * (priced.a2a_latency + nbytes / priced.bw_intra)
     before = float(np.max(np.abs(charged / measured - 1.0)))
-    notes = [f"fitted beyond what the other kernels price (bw_intra {priced.bw_intra:.3g} B/s, a_lin "
-             f"{priced.a_lin:.3g} s); their model, a2a_latency {priced.a2a_latency:.3g} s included, missed by "
-             f"up to {before:.0%}; a_lin = {priced.a_lin:.3g} + {coef['a_lin_extra']:.3g}"]
-    return KernelFit("exchange", "4·(a2a_latency + remote_bytes / bw_intra) + 3·(a_lin + a_lin_extra)·tokens", sweep,
-                     measured.tolist(), pred.tolist(), held.tolist(),
-                     {**coef, "a_lin": priced.a_lin, "bw_intra": priced.bw_intra},
-                     {"a2a_latency": coef["a2a_latency"], "a_lin": priced.a_lin + coef["a_lin_extra"]}, notes,
-                     extra={"priced_before_s": charged.tolist(), "max_rel_error_before": before,
-                            **{k: measurement[k] for k in ("layer_s", "kernel_s", "ranks", "backend", "clock", "dtype")
-                               if k in measurement}})
+    notes = [f"bw_intra {how}: {bw:.3g} B/s (the links': {priced.bw_intra:.3g}); a2a_latency {coef['a2a_latency']:.3g} s "
+             f"(the links': {priced.a2a_latency:.3g}); a_lin = {priced.a_lin:.3g} (origin) + {coef['a_lin_extra']:.3g}; "
+             f"the links' and origin's model alone missed the layer by up to {before:.0%}"]
+    return KernelFit("exchange", formula, sweep, measured.tolist(), pred.tolist(), held.tolist(),
+                     {**coef, "a_lin": priced.a_lin},
+                     {"a2a_latency": coef["a2a_latency"], "bw_intra": bw, "a_lin": priced.a_lin + coef["a_lin_extra"]},
+                     notes, extra={"priced_before_s": charged.tolist(), "max_rel_error_before": before,
+                                   **{k: measurement[k] for k in ("layer_s", "kernel_s", "ranks", "backend", "clock",
+                                                                  "dtype") if k in measurement}})
 
 
 #: Per-point and per-sweep timer figures a fit passes through to the report unchanged.

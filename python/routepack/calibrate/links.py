@@ -11,6 +11,9 @@ the intra-node link (``bw_intra``); ``bw_inter`` cannot be measured here.
 * ``all_to_all``: every rank sends ``bytes`` in all, split evenly over the other ranks
   (``all_to_all_single`` with equal splits; the rank's own chunk stays), as an exchange's
   dispatch does; the cost model prices this as ``max(sent, received) / bw_intra``.
+* ``all_reduce``: every rank sums a buffer of ``bytes`` over the ranks (``all_reduce``), as
+  the glue sums redundant experts' gradients once a step; the cost model prices it as a
+  ring's ``2·(ranks−1)/ranks·bytes / bw_reduce``.
 
 Every rank runs the same number of timed calls (a collective must be entered by all), each
 between a barrier and a device synchronisation, on the wall clock (waiting for the other
@@ -78,6 +81,10 @@ def _rank_main(rank: int, world: int, device: Any, sizes: Sequence[int], warmup:
         sweep.append({"op": "all_to_all", "bytes": chunk * 4 * (world - 1)})
         measured.append(_timed(lambda: dist.all_to_all_single(recv, send), sync, dist, torch, device,
                                warmup, repeats, now))
+    for nbytes in sizes:
+        buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
+        sweep.append({"op": "all_reduce", "bytes": buf.numel() * 4})
+        measured.append(_timed(lambda: dist.all_reduce(buf), sync, dist, torch, device, warmup, repeats, now))
     return {"sweep": sweep, "measured_s": measured}
 
 

@@ -80,11 +80,14 @@ def _x(kind: str, sweep: Any) -> np.ndarray:
 
 
 def _series(kind: str, sweep: Any) -> Dict[str, np.ndarray]:
-    """Point indices of each curve drawn: per active-expert count, per link op, or one."""
+    """Point indices of each curve drawn: per active-expert count, per link op, per routing of
+    the exchange, or one."""
     if kind == "expert_gemm":
         labels = [f"{p['active_experts']} active" for p in sweep]
     elif kind == "links":
         labels = [p["op"] for p in sweep]
+    elif kind == "exchange":
+        labels = [p.get("routing", kind) for p in sweep]
     else:
         labels = [kind] * len(sweep)
     return {lab: np.array([i for i, l2 in enumerate(labels) if l2 == lab]) for lab in dict.fromkeys(labels)}

@@ -28,6 +28,7 @@ pub fn flash_cost(layers: usize) -> CostModel {
         c_gemm: 0.0,
         c_call: 0.0,
         a2a_latency: 0.0,
+        bw_reduce: 0.0,
         overlap: routepack_core::cost::Overlap::None,
         passes: routepack_core::cost::DEFAULT_PASSES.to_vec(),
     }

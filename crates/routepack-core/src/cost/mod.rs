@@ -72,6 +72,14 @@ pub struct CostModel {
     /// it measures the `exchange` (the layer's routing, split sizes and launches too: about
     /// 1 ms an all-to-all on the measured run's CPU ranks).
     pub a2a_latency: f64,
+    /// Bytes/s at which an all-reduce inside a node moves a rank's bytes (a ring all-reduce
+    /// of `n` bytes sends `2·(ep−1)/ep·n` from every rank): what the once-per-step sum of
+    /// redundant experts' gradients costs ([`CostModel::redundant_grad_time`]). 0, the
+    /// default, prices it at `bw_intra` (as an all-to-all's bytes); `routepack calibrate`
+    /// measures it with the links where it times the `exchange` in the layer, whose bytes
+    /// then set `bw_intra` (a gloo all-reduce between local CPU processes moves 1–2 GB/s where
+    /// the layer's all-to-all moves 3–13).
+    pub bw_reduce: f64,
     /// Whether a layer's all-to-all overlaps its computation ([`Overlap::None`] by default).
     pub overlap: Overlap,
     /// The passes of one step ([`DEFAULT_PASSES`] by default; RL adds the recompute's
@@ -102,6 +110,7 @@ impl CostModel {
             ("cost.c_gemm", self.c_gemm),
             ("cost.c_call", self.c_call),
             ("cost.a2a_latency", self.a2a_latency),
+            ("cost.bw_reduce", self.bw_reduce),
         ];
         for (name, v) in scalars {
             if !v.is_finite() || v < 0.0 {
@@ -165,6 +174,7 @@ impl CostModel {
             c_gemm: 0.0,
             c_call: 0.0,
             a2a_latency: 0.0,
+            bw_reduce: 0.0,
             overlap: Overlap::None,
             passes: DEFAULT_PASSES.to_vec(),
         }

@@ -142,7 +142,8 @@ impl CostModel {
     /// the step's last microbatch for every expert a placement holds in more than one slot
     /// (one all-reduce a layer, summed here over layers). Priced as a ring all-reduce: every
     /// rank sends and receives `2·(ep−1)/ep` of the bytes, over the inter-node link where the
-    /// group spans nodes (the ring's slowest hop), else inside the node; exposed (it sits at
+    /// group spans nodes (the ring's slowest hop), else inside the node (at `bw_reduce` where
+    /// it is set, else `bw_intra`); exposed (it sits at
     /// the end of the backward, where nothing of the step is left to hide it behind).
     #[inline]
     pub fn redundant_grad_time(&self, redundant: f64, topo: &Topology) -> f64 {
@@ -151,6 +152,11 @@ impl CostModel {
             return 0.0;
         }
         let bytes = 2.0 * (ep - 1.0) / ep * redundant * self.expert_grad_bytes;
-        self.link_time(bytes, topo.nodes_per_group() < 2)
+        let same_node = topo.nodes_per_group() < 2;
+        if same_node && self.bw_reduce > 0.0 {
+            bytes / self.bw_reduce
+        } else {
+            self.link_time(bytes, same_node)
+        }
     }
 }
