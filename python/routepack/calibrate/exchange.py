@@ -36,7 +36,7 @@ import numpy as np
 from routepack.calibrate.links import spawn
 from routepack.calibrate.sweeps import Sweeps
 from routepack.calibrate.timing import require_torch, synchronizer
-from routepack.model import ModelShape
+from routepack.model import ModelShape, Topology
 
 
 #: How the exchange sweep routes each rank's tokens, per token count, in sweep order: every
@@ -88,7 +88,6 @@ def _rank_main(rank: int, world: int, device: Any, shape: Dict[str, int], tokens
     torch = require_torch()
     import torch.distributed as dist
 
-    from routepack import Topology
     from routepack.torch.moe import EPMoE, grouped_swiglu
 
     E, K, H, I = shape["num_experts"], shape["top_k"], shape["hidden"], shape["expert_ffn"]
