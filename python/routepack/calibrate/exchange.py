@@ -104,8 +104,9 @@ def _rank_main(rank: int, world: int, device: Any, shape: Dict[str, int], tokens
         layer.w2.copy_(torch.randn(layer.w2.shape, generator=gen) * I ** -0.5)
     spent = [0.0]
     layer.expert_kernel = _timed_kernel(torch, grouped_swiglu, sync, now, spent)
-    own = torch.zeros(E)
-    own[phy2log[rank * spr:(rank + 1) * spr][phy2log[rank * spr:(rank + 1) * spr] >= 0]] = 1.0
+    mine = phy2log[rank * spr:(rank + 1) * spr]
+    own = torch.zeros(E)  # 1 for the experts this rank holds
+    own[torch.from_numpy(mine[mine >= 0])] = 1.0
     points, sweep = [], []
     for t in tokens:
         for routing in ROUTINGS:
