@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{expert_times_from_flows, expert_work_only, random_case, topologies, Mix};
+use common::{check_expert_term, close, random_case, topologies, Mix};
 use proptest::prelude::*;
 use routepack_core::cost::{CostModel, Overlap};
 use routepack_core::plan::Plan;
@@ -17,9 +17,6 @@ use routepack_core::simulate::simulate;
 use routepack_core::topology::Topology;
 use std::collections::BTreeSet;
 
-fn close(a: f64, b: f64) -> bool {
-    (a - b).abs() <= 1e-9 * a.abs().max(b.abs())
-}
 
 /// `[G]` the exchanges (step, layer) of each EP group in which some sample routes a token:
 /// the ones where a rank computes tokens, so pays `c_call`.
@@ -57,12 +54,7 @@ proptest! {
         cost.c_call = cost.c_exp * [0.1, 1.0, 30.0][mix.below(3)];
         cost.c_gemm = cost.c_tok * [0.0, 5.0][mix.below(2)];
         cost.c_weights = cost.c_tok * [0.0, 3.0][mix.below(2)];
-        expert_work_only(&mut cost);
-        let rep = simulate(&plan, &w.view(), &topo, &cost, None).unwrap();
-        let want = expert_times_from_flows(&plan, &w, &topo, &cost);
-        for (g, (&got, &want)) in rep.group_times.iter().zip(&want).enumerate() {
-            prop_assert!(close(got, want), "group {}: simulate {} vs direct sum {}", g, got, want);
-        }
+        check_expert_term(&plan, &w, &topo, &cost)?;
     }
 
     /// Without overlap, each group's time rises by P·c_call for every exchange in which it

@@ -9,14 +9,11 @@
 
 mod common;
 
-use common::{expert_times_from_flows, expert_work_only, random_case, topologies, Mix};
+use common::{check_expert_term, close, random_case, topologies, Mix};
 use proptest::prelude::*;
 use routepack_core::cost::{CostModel, Overlap, Pass};
 use routepack_core::simulate::simulate;
 
-fn close(a: f64, b: f64) -> bool {
-    (a - b).abs() <= 1e-9 * a.abs().max(b.abs())
-}
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() })]
@@ -29,15 +26,10 @@ proptest! {
         let (w, plan) = random_case(&mut mix, &topo, micro, extra, 40);
         let layers = w.layers;
         let mut cost = CostModel::for_tests(layers);
-        expert_work_only(&mut cost);
         cost.c_weights = cost.c_tok * [0.5, 3.0, 20.0, 1e3][mix.below(4)];
         let mut plan = plan;
         plan.migration.clear();
-        let rep = simulate(&plan, &w.view(), &topo, &cost, None).unwrap();
-        let want = expert_times_from_flows(&plan, &w, &topo, &cost);
-        for (g, (&got, &want)) in rep.group_times.iter().zip(&want).enumerate() {
-            prop_assert!(close(got, want), "group {}: simulate {} vs flow tables {}", g, got, want);
-        }
+        check_expert_term(&plan, &w, &topo, &cost)?;
     }
 
     /// A floor no higher than one token's work (every active expert has a token) changes no

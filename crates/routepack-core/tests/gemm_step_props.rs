@@ -8,14 +8,11 @@
 
 mod common;
 
-use common::{expert_times_from_flows, expert_work_only, random_case, random_plan, topologies, window, Mix};
+use common::{check_expert_term, random_case, random_plan, topologies, window, Mix};
 use proptest::prelude::*;
 use routepack_core::cost::CostModel;
 use routepack_core::simulate::simulate;
 
-fn close(a: f64, b: f64) -> bool {
-    (a - b).abs() <= 1e-9 * a.abs().max(b.abs())
-}
 
 /// A test cost model with a GEMM step of `gemm` c_tok's and a floor of `floor` c_tok's.
 fn stepped(layers: usize, gemm: f64, floor: f64) -> CostModel {
@@ -42,17 +39,12 @@ proptest! {
         plan.migration.clear();
         let gemm = [0.5, 3.0, 50.0, 1e3][mix.below(4)];
         let floor = [0.0, 0.0, 3.0, 20.0][mix.below(4)];
-        let mut cost = stepped(layers, gemm, floor);
+        let cost = stepped(layers, gemm, floor);
         let full = simulate(&plan, &w.view(), &topo, &cost, None).unwrap();
         let without = simulate(&plan, &w.view(), &topo, &CostModel { c_gemm: 0.0, ..cost.clone() }, None).unwrap();
         prop_assert!(full.expert >= without.expert && full.step_time >= without.step_time);
         prop_assert!(full.lower_bound_time <= full.step_time * (1.0 + 1e-12));
-        expert_work_only(&mut cost);
-        let rep = simulate(&plan, &w.view(), &topo, &cost, None).unwrap();
-        let want = expert_times_from_flows(&plan, &w, &topo, &cost);
-        for (g, (&got, &want)) in rep.group_times.iter().zip(&want).enumerate() {
-            prop_assert!(close(got, want), "group {}: simulate {} vs direct sum {}", g, got, want);
-        }
+        check_expert_term(&plan, &w, &topo, &cost)?;
     }
 
     /// `c_gemm = 0` prices every plan bit for bit as the model without the field did (the

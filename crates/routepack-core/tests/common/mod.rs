@@ -268,6 +268,26 @@ pub fn expert_work_only(cost: &mut CostModel) {
     cost.expert_grad_bytes = 0.0;
 }
 
+/// Equal to within 1e-9 of the larger (floats summed in another order).
+pub fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs())
+}
+
+/// With only expert work priced (`expert_work_only` on a copy of `cost`), every group's time
+/// from `simulate` is the direct sum over the flow tables (`expert_times_from_flows`).
+pub fn check_expert_term(plan: &Plan, w: &OwnedWindow, topo: &Topology, cost: &CostModel) -> Result<(), TestCaseError> {
+    use routepack_core::simulate::simulate;
+
+    let mut cost = cost.clone();
+    expert_work_only(&mut cost);
+    let rep = simulate(plan, &w.view(), topo, &cost, None).unwrap();
+    let want = expert_times_from_flows(plan, w, topo, &cost);
+    for (g, (&got, &want)) in rep.group_times.iter().zip(&want).enumerate() {
+        prop_assert!(close(got, want), "group {}: simulate {} vs direct sum {}", g, got, want);
+    }
+    Ok(())
+}
+
 /// Every replication planner's plans, under the cost model `make_cost(mix, layers)` draws (cheap
 /// copies half the time), validate, stay above the lower bound, and routepack's never make a
 /// group slower than the same plan without replicas; 150 cases of random topologies, windows of
