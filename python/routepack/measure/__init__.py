@@ -72,13 +72,13 @@ class Measurement:
 
 def _calibrated(work: Workload, ranks: int, quick: bool, progress: bool,
                 device: str = "cpu") -> Tuple[CostModel, Dict[str, Any]]:
-    from routepack.calibrate import calibrate
+    from routepack.calibrate import ALL_KERNELS, calibrate
 
     window, _, _ = work.window()
     most = int(window.counts.sum(axis=0, dtype=np.int64).max())  # the most tokens one expert gets in a layer
     # the longest sample a rank's microbatch holds bounds the origin sweep
     longest = max(work.token_cap(window), 128)
-    cal = calibrate(model=work.model(), kernels=("expert_gemm", "attention", "links", "exchange"), ranks=ranks,
+    cal = calibrate(model=work.model(), kernels=ALL_KERNELS, ranks=ranks,
                     quick=quick,
                     max_tokens_per_expert=max(8, most), expert_stack=work.slots_per_rank, progress=progress,
                     threads=1 if device == "cpu" else None, device=device, dtype="float32",
