@@ -184,8 +184,9 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
     load_start = load_averages()
     measurements: Dict[str, Dict[str, Any]] = {}
     skipped: Dict[str, str] = {}
-    total = sweeps.repeats * ((len(sweeps.expert_grid()) if "expert_gemm" in kinds else 0) +
-                              (len(sweeps.lengths) if "attention" in kinds else 0)) + \
+    # at most: the short points' extra rounds are counted as if every point were short
+    total = (sweeps.repeats + sweeps.short_repeats) * (
+        (len(sweeps.expert_grid()) if "expert_gemm" in kinds else 0) + (len(sweeps.lengths) if "attention" in kinds else 0)) + \
         (len(LINK_OPS) * len(sweeps.message_bytes) if "links" in kinds else 0) + \
         (len(sweeps.exchange_tokens) * len(exchange.ROUTINGS) if "exchange" in kinds else 0)
     bar = _bar(total, progress)

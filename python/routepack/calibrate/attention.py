@@ -111,7 +111,7 @@ def measure(model: ModelShape, sweeps: Sweeps, device: Any, dtype: Any,
         return step
 
     got = run_rounds([point(n) for n in sweeps.lengths], sweeps.warmup, sweeps.repeats, tick, seed=1,
-                     visit_s=sweeps.visit_s, visit_calls=sweeps.visit_calls)
+                     visit_s=sweeps.visit_s, visit_calls=sweeps.visit_calls, short_repeats=sweeps.short_repeats)
     parts = (["projections", "attention"] + (["shared_experts"] if model.shared_experts else []) if dense else []) \
         + ["moe_origin"]
     return {"sweep": [{"length": n} for n in sweeps.lengths], **timed(got), "heads": h // d, "head_dim": d,

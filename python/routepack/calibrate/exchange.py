@@ -20,8 +20,12 @@ forward and backward, timed on ``clock``; the expert kernel is timed
 inside the same call through `EPMoE.expert_kernel` (its forward directly, its backward from
 the gradient reaching its output to the one leaving its input) and taken out. A point's
 figure is each rank's least over the timed rounds of the time outside the kernel, the
-slowest rank's kept (`routepack.calibrate.timing.AGGREGATE`'s reasoning: interference only
-adds time). The points are visited round-robin, every rank in the same order (a collective
+slowest rank's kept. Not the drift-corrected median of the expert and attention sweeps
+(`routepack.calibrate.timing.polish`): a visit here is one call of a layer whose two ranks
+wait for each other, so interference on either rank only adds time to both, and the figure
+is a difference of two times; at `routepack.measure`'s shapes, in three back-to-back pairs
+of runs (2026-12-03), the polished medians missed held-out points by 28-39%, the least by
+15-31%. The points are visited round-robin, every rank in the same order (a collective
 must be entered by all). ``routepack.calibrate.fit.fit_exchange`` fits the layer's
 all-to-all (its fixed cost and its bytes) and the per-token work the origin sweep misses.
 """

@@ -90,6 +90,6 @@ def measure(model: ModelShape, sweeps: Sweeps, device: Any, dtype: Any,
                for a in sorted({a for a, _ in grid})}
     steps = [_step(x, grad_out, *weights[a], a, t, rng, device, sync, now) for a, t in grid]
     got = run_rounds(steps, sweeps.warmup, sweeps.repeats, tick, seed=0, visit_s=sweeps.visit_s,
-                     visit_calls=sweeps.visit_calls)
+                     visit_calls=sweeps.visit_calls, short_repeats=sweeps.short_repeats)
     return {"sweep": [{"active_experts": a, "tokens_per_expert": t, "tokens": a * t} for a, t in grid],
             **timed(got)}

@@ -531,7 +531,7 @@ def fit_exchange(measurement: Mapping[str, Any], holdout_every: int, model: Mode
 
 
 #: Per-point and per-sweep timer figures a fit passes through to the report unchanged.
-TIMER_KEYS = ("spread", "calls_per_visit", "loadavg")
+TIMER_KEYS = ("spread", "calls_per_visit", "loadavg", "drift")
 
 
 def _forward(measurement: Mapping[str, Any]) -> Dict[str, Any]:

@@ -56,17 +56,19 @@ class _Preset(NamedTuple):
     visit_s: float  # a visit calls a point as often as fills this many seconds ...
     visit_calls: int  # ... at most this often
     exchange_tokens: Tuple[int, int, float]  # tokens per rank of the exchange sweep: from, to, per octave
+    short_repeats: int  # timed rounds more for the short points (called more than once a visit)
 
 
 _PRESETS = {
     # quick: messages up to 8 MiB, so the fitted bandwidth is not lost in a loaded machine's noise
-    "quick": _Preset(256, 0.5, (1, 4), 1024, 64, 512, 1.0, (4096, 8 << 20, 0.5), 1, 3, 0.0, 1, (4, 256, 0.5)),
+    "quick": _Preset(256, 0.5, (1, 4), 1024, 64, 512, 1.0, (4096, 8 << 20, 0.5), 1, 3, 0.0, 1, (4, 256, 0.5), 0),
     # cpu: the small expert points (5-50 ms) are the noisy ones on a shared machine and cost
-    # little, so a visit repeats them; the large ones (0.1-1.3 s) are called once a visit
+    # little, so a visit repeats them and 16 more rounds visit them (23 visits in all, about a
+    # minute more at tiny's shapes); the large ones (0.1-1.3 s) are called once a visit
     "cpu": _Preset(4096, 2.0, (1, 2, 4, 8), 4096, 128, 2048, 2.0, (4096, 64 << 20, 2.0), 1, 7, 0.1, 5,
-                   (4, 1024, 1.0)),
+                   (4, 1024, 1.0), 16),
     "cuda": _Preset(8192, 2.0, (1, 2, 4, 8, 16, 32), 1 << 17, 128, 32768, 2.0, (4096, 256 << 20, 2.0), 2, 7,
-                    0.01, 10, (16, 16384, 1.0)),
+                    0.01, 10, (16, 16384, 1.0), 0),
 }
 
 
@@ -82,8 +84,11 @@ class Sweeps:
       sweep (`routepack.calibrate.exchange`; default: the CPU preset's).
     * ``warmup`` untimed and ``repeats`` timed rounds over each sweep, every point visited
       once a round and called ``visit_calls`` times at most in a visit, as many as fill
-      ``visit_s`` seconds (`routepack.calibrate.timing.run_rounds`: the least visit median
-      is kept).
+      ``visit_s`` seconds (`routepack.calibrate.timing.run_rounds`: the median visit, each
+      round's drift divided out, is kept).
+    * ``short_repeats`` more timed rounds visit only the short points, those called more than
+      once a visit (a call shorter than ``visit_s``): on a shared CPU they are the noisy ones,
+      and they cost little.
     * ``holdout_every``: every k-th point of each sweep is held out of the fit and only
       predicted (`routepack.calibrate.fit.holdout_mask`).
     """
@@ -99,6 +104,7 @@ class Sweeps:
     visit_s: float = 0.0
     visit_calls: int = 1
     exchange_tokens: Tuple[int, ...] = field(default_factory=lambda: log_points(*_PRESETS["cpu"].exchange_tokens))
+    short_repeats: int = 0
 
     def __post_init__(self) -> None:
         for name in ("tokens_per_expert", "active_experts", "lengths", "message_bytes", "exchange_tokens"):
@@ -109,6 +115,7 @@ class Sweeps:
         positive_int(self.holdout_every, "sweeps.holdout_every", minimum=2)
         object.__setattr__(self, "visit_s", finite_float(self.visit_s, "sweeps.visit_s", minimum=0.0))
         positive_int(self.visit_calls, "sweeps.visit_calls")
+        positive_int(self.short_repeats, "sweeps.short_repeats", minimum=0)
         if not self.expert_grid():
             raise RoutepackError(f"sweeps.max_tokens: {self.max_tokens} leaves no expert-GEMM point "
                                  f"(smallest is {self.tokens_per_expert[0] * self.active_experts[0]} tokens)")
@@ -139,7 +146,7 @@ class Sweeps:
                    max_tokens=max(pre.max_tokens, tpe), lengths=log_points(lo_len, length, pre.per_octave_length),
                    message_bytes=log_points(*pre.messages), warmup=pre.warmup, repeats=pre.repeats,
                    visit_s=pre.visit_s, visit_calls=pre.visit_calls,
-                   exchange_tokens=log_points(*pre.exchange_tokens))
+                   exchange_tokens=log_points(*pre.exchange_tokens), short_repeats=pre.short_repeats)
 
     def with_timer(self, warmup: Optional[int] = None, repeats: Optional[int] = None,
                    holdout_every: Optional[int] = None) -> "Sweeps":

@@ -108,8 +108,9 @@ def measure(work: Optional[Workload] = None, *, cost: Optional[CostModel] = None
             reference).
         overlap: the predictions' `CostModel.overlap` (the run itself overlaps nothing:
             "none" is the model of what runs).
-        warmup, repeats: untimed and timed steps per plan (each microbatch's least CPU time is
-            kept, as the calibration keeps its least visit).
+        warmup, repeats: untimed and timed steps per plan (each microbatch's median CPU time
+            is kept, each step's drift divided out, as the calibration keeps its points':
+            `routepack.calibrate.timing.polish`).
         device: "cpu" (gloo, one core per rank) or "cuda" (NCCL, one GPU per rank: needs
             ``work.ranks`` GPUs); the run is float32 either way.
 
@@ -168,6 +169,8 @@ def measure(work: Optional[Workload] = None, *, cost: Optional[CostModel] = None
                      "predicted_micro_s": pred, "step_s": float(micro.sum() + finish),
                      "predicted_step_s": step_pred, "replicas": int(plan.replicas.size),
                      "wall_micro_s": wall.tolist(), "per_rank_micro_s": [rank["micro_s"] for rank in ranks],
+                     "per_rank_steps_s": [rank["steps_s"] for rank in ranks],
+                     "per_rank_drift": [rank["drift"] for rank in ranks],
                      "pinned_cores": [got[r]["pinned"] for r in range(work.ranks)],
                      "micro_rel_error": [(p - s) / s for p, s in zip(pred, shared)]}
     base = out["static"]

@@ -65,7 +65,8 @@ def add_parser(sub: Any, count: Any) -> None:
     p.add_argument("--quick", action="store_true", help="calibrate with the smoke sweeps")
     p.add_argument("--warmup", type=count(0), default=1, help="untimed steps per plan (default %(default)s)")
     p.add_argument("--repeats", type=count(1), default=5,
-                   help="timed steps per plan (the least CPU time is kept; default %(default)s)")
+                   help="timed steps per plan (the median CPU time is kept, the drift divided out; "
+                        "default %(default)s)")
     p.add_argument("--json", default=None, help="also write the figures as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=run)

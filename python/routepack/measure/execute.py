@@ -53,18 +53,21 @@ def _pin(rank: int, world: int) -> Any:
 
 def run_plan(rank: int, world: int, device: Any, work: Any, plans: Dict[str, Any], window: Any,
              routed: np.ndarray, cu: np.ndarray, warmup: int, repeats: int) -> Dict[str, Any]:
-    """``{"policies": …, "pinned": …}``. ``policies``: policy → {"micro_s": the least CPU seconds
+    """``{"policies": …, "pinned": …}``. ``policies``: policy → {"micro_s": the median CPU seconds
     over the timed steps of each microbatch on this rank (forward + backward of every MoE
     layer, replica weights posted at its start), "wall_s": the median by the wall clock,
-    "finish_s": the least CPU seconds of ``finish_step`` (replica gradients back to their
-    owners)}. The least, as the calibration keeps its least visit
-    (`routepack.calibrate.timing.AGGREGATE`): the prediction is made from quiet-machine kernel
-    times, so it is compared with the quietest step. ``pinned``: the core this rank was pinned
-    to (`_pin`), or None."""
+    "finish_s": the median CPU seconds of ``finish_step`` (replica gradients back to their
+    owners), "drift": each timed round's factor, "steps_s": every timed step's CPU seconds per
+    microbatch, ``[repeats][M]``, as measured}. A round runs one step of every plan; its
+    factor (the machine's drift, common to all their microbatches) is divided out before the
+    median, as the calibration divides it out of its rounds
+    (`routepack.calibrate.timing.AGGREGATE`), so the prediction and the run are figures of
+    the same, median, machine. ``pinned``: the core this rank was pinned to (`_pin`), or
+    None."""
     import torch
     import torch.distributed as dist
 
-    from routepack.calibrate.timing import steady_heap
+    from routepack.calibrate.timing import polish, steady_heap
     from routepack.torch.replay import rank_microbatches
     from routepack.torch.runner import PlanRunner
 
@@ -129,10 +132,15 @@ def run_plan(rank: int, world: int, device: Any, work: Any, plans: Dict[str, Any
                 res = step(name)
                 if rep >= warmup:
                     got[name].append(res)
+    # each step pair's common factor (the machine's drift, every plan's microbatches alike) is
+    # divided out, as the calibration does (`calibrate.timing.polish`)
+    cpu = {name: np.array([[t for t, _ in times] for times, _ in runs]) for name, runs in got.items()}  # [repeats, M]
+    drift = polish(np.concatenate(list(cpu.values()), axis=1)[:, :, None]).drift
     out: Dict[str, Any] = {}
     for name, runs in got.items():
-        both = np.array([t for t, _ in runs])  # [repeats, M, 2]: CPU, wall
-        out[name] = {"micro_s": both[:, :, 0].min(axis=0).tolist(),
-                     "wall_s": np.median(both[:, :, 1], axis=0).tolist(),
-                     "finish_s": float(np.min([f for _, f in runs]))}
+        wall = np.array([[w for _, w in times] for times, _ in runs])
+        out[name] = {"micro_s": np.median(cpu[name] / drift[:, None], axis=0).tolist(),
+                     "wall_s": np.median(wall, axis=0).tolist(),
+                     "finish_s": float(np.median(np.array([f for _, f in runs]) / drift)),
+                     "drift": drift.tolist(), "steps_s": cpu[name].tolist()}
     return {"policies": out, "pinned": pinned}
