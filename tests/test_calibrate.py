@@ -352,6 +352,11 @@ def test_polish_of_one_round_or_one_point_and_bad_tables():
     gaps = polish(np.array([[1.0, 2.0, 4.0, 8.0], [2.0, 4.0, 8.0, nan], [nan, 2.0, nan, nan]])[:, :, None])
     assert np.allclose(gaps.drift, [2 ** -0.5, 2 ** 0.5, 1.0])
     assert np.allclose(gaps.figures[:, 0], 2 ** 0.5 * np.array([1.0, 2.0, 4.0, 8.0]))
+    # a lone full round and extra rounds of the short points only: the full round's drift is
+    # read against the short points it shares with them, not from the long points' times
+    mixed = np.array([[0.001] * 3 + [0.05] * 4] + [[0.001] * 3 + [nan] * 4] * 2)[:, :, None]
+    assert np.allclose(polish(mixed).figures[:, 0], [0.001] * 3 + [0.05] * 4)
+    assert np.allclose(polish(mixed).drift, 1.0)
     for bad in (np.zeros((0, 2, 1)), np.zeros((2, 0, 1)), np.zeros((2, 2)), np.ones((2, 2, 0)),
                 np.array([[[1.0], [np.nan]], [[1.0], [np.nan]]]), np.array([[[1.0], [1.0]], [[np.nan], [np.nan]]])):
         with pytest.raises(rp.RoutepackError, match="times"):

@@ -132,8 +132,8 @@ DRIFT_POINTS = 3
 def polish(times: Any, sweeps: int = 50) -> Polished:
     """Tukey's median polish of ``log(times[:, :, 0])`` (rounds × points; positive seconds,
     the first figure ranks; NaN where a round did not visit a point): log t[r, p] = overall +
-    round[r] + point[p] + residual, row and column medians swept out in turn until they stop
-    moving (at most ``sweeps`` times); the round effects are centred on their median. Every
+    round[r] + point[p] + residual, column (point) and row (round) medians swept out in turn,
+    points first, until they stop moving (at most ``sweeps`` times); the round effects are centred on their median. Every
     figure of a visit is divided by its round's factor ``exp(round[r])``. A round that visits
     fewer than `DRIFT_POINTS` points shows no drift apart from its points' own noise, so its
     factor is 1 (as is a lone round's); then a point's figure is the plain median of its
@@ -153,12 +153,15 @@ def polish(times: Any, sweeps: int = 50) -> Polished:
     if rounds > 1 and est.any() and bool(np.all(first > 0)) and bool(np.all(np.isfinite(first))):
         resid = np.log(np.where(seen, t[:, :, 0], 1.0))
         resid[~seen] = np.nan
+        # points first: they differ by orders of magnitude, the rounds by tens of percent, and
+        # a round that visits only some points (the short points' extra rounds) would otherwise
+        # take their median for its drift
         for _ in range(sweeps):
+            c = np.nanmedian(resid, axis=0)
+            resid = resid - c[None, :]
             r = np.where(est, np.nanmedian(resid, axis=1), 0.0)
             resid = resid - r[:, None]
             rows += r
-            c = np.nanmedian(resid, axis=0)
-            resid = resid - c[None, :]
             if max(np.abs(r).max(), np.abs(c).max()) < 1e-12:
                 break
         rows[est] -= np.median(rows[est])
