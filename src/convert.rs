@@ -125,6 +125,7 @@ pub fn cost(obj: &Bound<'_, PyAny>) -> PyResult<CostModel> {
         expert_state_bytes: attr(obj, "expert_state_bytes")?,
         c_weights: attr(obj, "c_weights")?,
         c_gemm: attr(obj, "c_gemm")?,
+        expert_table: attr(obj, "expert_table")?,
         c_call: attr(obj, "c_call")?,
         a2a_latency: attr(obj, "a2a_latency")?,
         bw_reduce: attr(obj, "bw_reduce")?,

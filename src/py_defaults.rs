@@ -47,13 +47,14 @@ pub fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     Ok(out)
 }
 
-/// `{field: default}` of the cost model's options (`c_weights`, `c_gemm`, `c_call`,
+/// `{field: default}` of the cost model's options (`c_weights`, `c_gemm`, `expert_table`, `c_call`,
 /// `a2a_latency`, `bw_reduce`, `overlap`, `passes`): the values that price every plan as before the options existed.
 #[pyfunction]
 pub fn cost_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let cost = PyDict::new(py);
     cost.set_item("c_weights", 0.0)?;
     cost.set_item("c_gemm", 0.0)?;
+    cost.set_item("expert_table", Vec::<(f64, f64)>::new())?;
     cost.set_item("c_call", 0.0)?;
     cost.set_item("a2a_latency", 0.0)?;
     cost.set_item("bw_reduce", 0.0)?;

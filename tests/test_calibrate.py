@@ -76,9 +76,10 @@ def test_the_expert_fit_recovers_its_coefficients(c_tok, c_exp, every):
     assert fit.coefficients["c_tok"] == pytest.approx(c_tok, rel=1e-6)
     assert fit.coefficients["c_exp"] == pytest.approx(c_exp, rel=1e-6, abs=1e-9 * c_tok)
     assert fit.max_rel_error < 1e-6 and fit.max_rel_error_fit < 1e-6
-    # linear timings: no floor, no GEMM step (the step buys nothing: the roofline is committed)
-    # and no call cost
-    assert set(fit.cost_fields) == {"c_tok", "c_exp", "c_weights", "c_gemm", "c_call"}
+    # linear timings: no floor, no GEMM step (the step buys nothing: the roofline is committed),
+    # no table and no call cost
+    assert set(fit.cost_fields) == {"c_tok", "c_exp", "c_weights", "c_gemm", "c_call", "expert_table"}
+    assert fit.cost_fields["expert_table"] == []
     assert fit.cost_fields["c_call"] == pytest.approx(0.0, abs=1e-6 * (c_exp + c_tok))
     assert fit.cost_fields["c_tok"] == fit.coefficients["c_tok"] and fit.cost_fields["c_weights"] == 0.0
     assert fit.formula == ROOFLINE_FORMULA and fit.cost_fields["c_gemm"] == 0.0
@@ -242,8 +243,10 @@ def test_run_rounds_visits_every_point_each_round_and_polishes_the_visit_medians
     warm = log[:warmup * n]
     assert all(sorted(i for i, _ in warm[r * n:(r + 1) * n]) == list(range(n)) for r in range(warmup))
     last = {i: v for i, v in warm}  # each point's last warm-up time sets its calls per visit
-    calls = [1 if i not in last else max(1, min(visit_calls, int(np.ceil(visit_s / last[i])))) for i in range(n)]
-    assert got.calls == calls
+
+    def calls_for(v: float) -> int:
+        return max(1, min(visit_calls, int(np.ceil(visit_s / v))))
+    calls = [1 if i not in last else calls_for(last[i]) for i in range(n)]
     table = np.zeros((repeats, n, 2))
     pos = warmup * n
     for r in range(repeats):
@@ -254,8 +257,11 @@ def test_run_rounds_visits_every_point_each_round_and_polishes_the_visit_medians
             assert all(j == i for j, _ in log[pos:pos + calls[i]])  # a visit's calls are back to back
             table[r, i] = (np.median(vals), 2 * np.median(vals))
             seen.append(i)
-            pos += calls[i]
+            pos += len(vals)
+            if len(vals) == 1:  # a point called once: its timed visit decides from then on
+                calls[i] = calls_for(float(np.median(vals)))
         assert sorted(seen) == list(range(n))  # every point once a round
+    assert got.calls == calls
     assert pos == len(log) and len(ticks) == n * repeats
     want = polish(table)
     assert np.allclose(got.figures, want.figures, rtol=1e-12)
@@ -294,6 +300,39 @@ def test_run_rounds_gives_the_short_points_more_rounds(times, repeats, short, se
     assert len(got.drift) == repeats + extra
     assert np.allclose([f[0] for f in got.figures], times, rtol=1e-9)  # constant times: no drift
     assert np.allclose([f[1] for f in got.figures], np.array(times) / 3, rtol=1e-9)
+
+
+@settings(max_examples=30, deadline=None)
+@given(times=st.lists(st.sampled_from([0.001, 0.004, 0.05]), min_size=3, max_size=6), slow=st.data(),
+       repeats=st.integers(1, 3), short=st.integers(1, 4), seed=st.integers(0, 99))
+def test_a_slow_first_call_does_not_keep_a_short_point_out_of_the_short_rounds(times, slow, repeats, short, seed):
+    """A step whose first call pays a one-off set-up (above ``visit_s``: the warm-up would call
+    it once a visit) is called as its timed visits say from its second visit on, and the short
+    rounds visit it when those are short."""
+    from routepack.calibrate.timing import run_rounds
+
+    first = slow.draw(st.integers(0, len(times) - 1))
+    visits = [0] * len(times)
+
+    def step(i):
+        def f():
+            visits[i] += 1
+            t = 0.5 if (i == first and visits[i] == 1) else times[i]
+            return t, t / 3
+        return f
+
+    got = run_rounds([step(i) for i in range(len(times))], 1, repeats, seed=seed, visit_s=0.01, visit_calls=5,
+                     short_repeats=short)
+    want = [min(5, int(np.ceil(0.01 / t))) for t in times]
+    assert got.calls == want
+    is_short = [c > 1 for c in want]
+    extra = short if any(is_short) else 0
+    # the slow step: its warm-up call, one call at its first timed visit, then `want` a visit
+    rounds = [repeats + (extra if s else 0) for s in is_short]
+    expect = [1 + c * r for c, r in zip(want, rounds)]
+    expect[first] = 1 + 1 + want[first] * (rounds[first] - 1)
+    assert visits == expect
+    assert np.allclose([f[0] for f in got.figures], times, rtol=1e-9)
 
 
 @settings(max_examples=80, deadline=None)

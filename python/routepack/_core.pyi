@@ -48,7 +48,8 @@ def defaults() -> Dict[str, Dict[str, Any]]:
     """Every stage option's default, by stage (read from the Rust core's defaults)."""
 
 def cost_defaults() -> Dict[str, Any]:
-    """The cost model options' defaults: c_weights, c_gemm, c_call, a2a_latency, bw_reduce, overlap, passes (the core's)."""
+    """The cost model options' defaults: c_weights, c_gemm, expert_table, c_call, a2a_latency,
+    bw_reduce, overlap, passes (the core's)."""
 
 # ---- placement tables and plans (src/py_plan.rs)
 def static_placement(num_layers: int, num_experts: int, topo: Any) -> _I32:

@@ -264,6 +264,10 @@ def _run_calibrate(args: argparse.Namespace) -> int:
         mre = "n/a" if k["max_rel_error"] is None else f"{100 * k['max_rel_error']:.1f}%"
         coef = ", ".join(f"{n}={v:.3g}" for n, v in k["coefficients"].items())
         print(f"{kind:<12} {len(k['sweep']):>6} {k['held_out_points']:>8} {mre:>26}  {coef}")
+    for kind, k in rep["kernels"].items():
+        if k["cost_fields"].get("expert_table"):
+            print(f"{kind:<12} expert_table (s per expert and pass beyond the line): " +
+                  ", ".join(f"{t:g} tokens {v:.3g}" for t, v in k["cost_fields"]["expert_table"]))
     for kind, why in rep["skipped"].items():
         print(f"{kind:<12} skipped: {why}")
     for kind, k in rep["kernels"].items():

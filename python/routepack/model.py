@@ -178,7 +178,23 @@ _WORK_COEFFICIENTS = ("a_lin", "c_tok", "c_exp", "token_bytes", "expert_weight_b
 
 #: CostModel fields a JSON file may lack (written before they existed): their defaults apply.
 _OPTIONAL_JSON_KEYS = frozenset({"expert_groups", "num_experts", "c_weights", "overlap", "passes", "c_gemm",
-                                 "c_call", "a2a_latency", "bw_reduce"})
+                                 "c_call", "a2a_latency", "bw_reduce", "expert_table"})
+
+
+def _expert_table(value: object) -> Tuple[Tuple[float, float], ...]:
+    """``cost.expert_table`` as a tuple of (tokens, seconds) float pairs: tokens finite, >= 1 and
+    increasing, seconds finite and >= 0 (what the core's check asks, named here per knot)."""
+    knots: List[Tuple[float, float]] = []
+    for i, knot in enumerate(sequence(value, "cost.expert_table", "(tokens, seconds) knots")):
+        pair = sequence(knot, f"cost.expert_table[{i}]", "numbers (tokens, seconds)")
+        if len(pair) != 2:
+            raise RoutepackError(f"cost.expert_table[{i}]: expected (tokens, seconds), got {knot!r}")
+        tokens = finite_float(pair[0], f"cost.expert_table[{i}].tokens", minimum=1.0)
+        if knots and tokens <= knots[-1][0]:
+            raise RoutepackError(f"cost.expert_table[{i}].tokens: must increase from knot to knot, got {tokens} "
+                                 f"after {knots[-1][0]}")
+        knots.append((tokens, finite_float(pair[1], f"cost.expert_table[{i}].seconds")))
+    return tuple(knots)
 
 
 @dataclass(frozen=True)
@@ -211,6 +227,14 @@ class CostModel:
       c_weights) + c_gemm * (t >= 2)``: splitting an expert's tokens over replicas pays it once
       per copy. 0 (the default) prices no step; `routepack calibrate` fits it (about 0 on a
       GPU, where ``c_weights`` is the floor of a small grouped GEMM).
+    * ``expert_table``: seconds one active expert costs per pass beyond the roofline and
+      the GEMM step, as knots ``((tokens per expert, seconds), ...)``, tokens >= 1 and
+      increasing, seconds >= 0: linear between knots, the end knots' seconds outside them.
+      The expert then costs ``c_exp + max(c_tok * t, c_weights) + c_gemm * (t >= 2) +
+      table(t)``. It prices what no closed form follows (a CPU BLAS switching kernels at a few
+      rows, a per-token cost that rises once a tile leaves the cache, a GPU's tile
+      quantization). Empty (the default) prices none; `routepack calibrate` fits it where it
+      earns its knots.
     * ``c_call``: seconds of one EP rank's grouped expert kernel call per pass, whatever its
       experts and tokens (the kernel's launch and set-up, the framework's per-operator work
       around it, an idle stack slot's zero gradient): charged once per rank and exchange where
@@ -237,10 +261,9 @@ class CostModel:
       ``("forward", "backward")`` is compute ×3, communication ×2; RL's recompute of old
       log-probs adds a forward: ``("forward", "forward", "backward")``.
 
-    The options' defaults (``c_weights``, ``c_gemm``, ``c_call``, ``a2a_latency``, ``bw_reduce``, ``overlap``,
-    ``passes``) come
-    from the core (``_core.cost_defaults()``); a JSON file
-    written before they existed loads with them, and prices every plan as it did.
+    The options' defaults (``c_weights``, ``c_gemm``, ``expert_table``, ``c_call``, ``a2a_latency``,
+    ``bw_reduce``, ``overlap``, ``passes``) come from the core (``_core.cost_defaults()``); a JSON
+    file written before they existed loads with them, and prices every plan as it did.
     """
 
     a_lin: float
@@ -262,6 +285,7 @@ class CostModel:
     c_call: float = _COST_DEFAULTS["c_call"]
     a2a_latency: float = _COST_DEFAULTS["a2a_latency"]
     bw_reduce: float = _COST_DEFAULTS["bw_reduce"]
+    expert_table: Tuple[Tuple[float, float], ...] = tuple(map(tuple, _COST_DEFAULTS["expert_table"]))
 
     def __post_init__(self) -> None:
         if self.num_experts is not None:
@@ -283,16 +307,18 @@ class CostModel:
             object.__setattr__(self, name, finite_float(getattr(self, name), f"cost.{name}"))
         for name in ("bw_intra", "bw_inter"):
             object.__setattr__(self, name, finite_float(getattr(self, name), f"cost.{name}", strict=True))
+        object.__setattr__(self, "expert_table", _expert_table(self.expert_table))
         aq = [finite_float(v, f"cost.a_quad[{i}]") for i, v in enumerate(sequence(self.a_quad, "cost.a_quad"))]
         if not aq:
             raise RoutepackError("cost.a_quad: needs one entry per MoE layer, got none")
         object.__setattr__(self, "a_quad", aq)
-        if not any(aq) and not any(getattr(self, n) for n in _WORK_COEFFICIENTS):
+        if not any(aq) and not any(getattr(self, n) for n in _WORK_COEFFICIENTS) and not any(
+                v for _, v in self.expert_table):
             # every plan would cost 0 s: nothing to rank plans by, and no throughput to report
             raise RoutepackError(
                 "cost: every coefficient that prices work is 0 (cost.a_lin, cost.a_quad, cost.c_tok, cost.c_exp, "
                 "cost.token_bytes, cost.expert_weight_bytes, cost.expert_grad_bytes, cost.expert_state_bytes, "
-                "cost.c_weights, cost.c_gemm, cost.c_call, cost.a2a_latency), so "
+                "cost.c_weights, cost.c_gemm, cost.expert_table, cost.c_call, cost.a2a_latency), so "
                 "every plan would take 0 s and none could be told from another; set at least one"
             )
 

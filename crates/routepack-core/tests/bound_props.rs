@@ -60,6 +60,19 @@ fn random_cost(mix: &mut Mix, layers: usize) -> CostModel {
     let a2a_latency = if mix.unit() < 0.4 { token_bytes / bw_intra * 1e4f64.powf(mix.unit()) } else { 0.0 };
     // an all-reduce inside the node from 10x slower to 10x faster than the all-to-all's bytes
     let bw_reduce = if mix.unit() < 0.4 { bw_intra * 10f64.powf(2.0 * mix.unit() - 1.0) } else { 0.0 };
+    // a table of 1-5 knots (tokens 1, then up to ×8 apart), each from 0 to 10⁴ tokens' worth
+    let expert_table = if mix.unit() < 0.4 {
+        let mut tokens = 1.0;
+        (0..1 + mix.below(5))
+            .map(|_| {
+                let knot = (tokens, if mix.unit() < 0.2 { 0.0 } else { c_tok * 1e4f64.powf(mix.unit()) });
+                tokens *= 1.0 + 7.0 * mix.unit().max(0.01);
+                knot
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     CostModel {
         a_lin,
         a_quad,
@@ -73,6 +86,7 @@ fn random_cost(mix: &mut Mix, layers: usize) -> CostModel {
         expert_state_bytes,
         c_weights,
         c_gemm,
+        expert_table,
         c_call,
         a2a_latency,
         bw_reduce,

@@ -5,7 +5,7 @@
 
 * ``expert_gemm`` (`routepack.calibrate.expert_gemm`): the routed experts of one EP rank in
   `routepack.torch.EPMoE`'s layout, forward + backward, over tokens per expert × active
-  experts → ``c_tok``, ``c_exp``, ``c_weights``, ``c_gemm``, ``c_call``;
+  experts → ``c_tok``, ``c_exp``, ``c_weights``, ``c_gemm``, ``c_call``, ``expert_table``;
 * ``attention`` (`routepack.calibrate.attention`): one full-attention layer (projections,
   causal SDPA, shared experts) and the MoE layer's work at the origin rank (gather, combine,
   residual) over sample lengths → ``a_lin``, ``a_quad``;

@@ -15,19 +15,20 @@ ignore the small points). Every ``holdout_every``-th point is left out of the fi
 measures how well the model interpolates, not how well it memorises.
 
 Compute times are measured as training runs them, forward and backward; the cost model
-prices a pass as ``expert_time`` (+ the roofline floor and the GEMM step) / ``attention_of_sums`` and counts
+prices a pass as ``expert_time`` (+ the roofline floor, the GEMM step and the table) / ``attention_of_sums`` and counts
 ``COMPUTE_PASSES`` = 3 of them for the default ``passes`` (forward + backward; docs/design.md,
 "Passes"), so the predicted time of a point is 3 × the per-pass formula.
 """
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from routepack.calibrate.curve_bounds import call_curve_bound, convex_bound, curve_bound, monotone_bound
+from routepack.calibrate.expert_table import table_columns, table_knots
 from routepack.errors import RoutepackError
 from routepack.model import CostModel, Hardware, ModelShape
 
@@ -50,34 +51,41 @@ def nnls_relative(features: np.ndarray, measured: np.ndarray, offset: Optional[n
     """Non-negative ``c`` minimising Σ ((features·c + offset − measured) / measured)²
     (``offset``: a known part of each point's time, default 0).
 
-    Exact for the handful of coefficients a kernel has: the optimum is the unconstrained
-    least-squares solution on some subset of the columns whose coefficients are all >= 0,
-    so every subset is tried (2^p − 1 small solves) and the best feasible one kept, unless
-    the solution on all columns is feasible already."""
+    The unconstrained least squares where all its coefficients are >= 0; otherwise Lawson and
+    Hanson's active-set algorithm (`scipy.optimize.nnls`), then the least squares on the columns
+    it kept positive (the optimum is that solution: the solver itself stops at a tolerance). The
+    columns are scaled to unit length for the solver (the coefficients span ten orders of magnitude, a
+    per-token second against a per-call millisecond), which moves no optimum: a positive scale
+    of a column is a positive scale of its coefficient."""
     x = np.asarray(features, dtype=np.float64)
     y = np.asarray(measured, dtype=np.float64)
     if x.ndim != 2 or y.shape != (x.shape[0],):
         raise RoutepackError(f"fit: features {x.shape} and measured {y.shape} do not match")
     if not np.all(np.isfinite(y)) or np.any(y <= 0):
         raise RoutepackError("fit: measured times must be finite and > 0")
+    if not np.all(np.isfinite(x)):
+        raise RoutepackError("fit: features must be finite")
+    try:
+        from scipy.optimize import nnls  # type: ignore[import-untyped]
+    except ImportError as e:
+        raise ImportError("routepack.calibrate's fit needs SciPy: pip install 'routepack[torch]'") from e
     a = x / y[:, None]
     ones = np.ones_like(y) if offset is None else 1.0 - np.asarray(offset, dtype=np.float64) / y
     whole, *_ = np.linalg.lstsq(a, ones, rcond=None)
-    if np.all(whole >= 0):  # the unconstrained optimum is feasible, so no subset does better
+    if np.all(whole >= 0):  # the unconstrained optimum is feasible: nothing to constrain
         return whole
-    best, best_err = np.zeros(x.shape[1]), float(np.sum(ones ** 2))
-    for r in range(1, x.shape[1] + 1):
-        for cols in itertools.combinations(range(x.shape[1]), r):
-            sub = a[:, cols]
-            coef, *_ = np.linalg.lstsq(sub, ones, rcond=None)
-            if np.any(coef < 0):
-                continue
-            err = float(np.sum((sub @ coef - ones) ** 2))
-            if err < best_err:
-                best_err = err
-                best = np.zeros(x.shape[1])
-                best[list(cols)] = coef
-    return best
+    norms = np.linalg.norm(a, axis=0)
+    scale = np.where(norms > 0, norms, 1.0)
+    coef, _ = nnls(a / scale, ones, maxiter=50 * max(1, x.shape[1]))
+    coef = coef / scale
+    # the least squares on the columns kept positive, to rounding (the solver stops at a tolerance)
+    keep = coef > 0
+    if keep.any():
+        sub, *_ = np.linalg.lstsq(a[:, keep], ones, rcond=None)
+        if np.all(sub >= 0):
+            coef = np.zeros_like(coef)
+            coef[keep] = sub
+    return coef
 
 
 @dataclass
@@ -170,6 +178,47 @@ ROOFLINE_FORMULA = "3·(c_call + active_experts·(c_exp + max(c_tok·tokens_per_
 STEP_MIN_GAIN = 0.75
 
 
+#: The expert curve with a tabulated part (`CostModel.expert_table`): a line (no floor: the table
+#: takes it) plus a non-negative table of knots in tokens per expert, 0 at the last.
+TABLE_FORMULA = ("3·(c_call + active_experts·(c_exp + max(c_tok·tokens_per_expert, c_weights) "
+                 "+ table(tokens_per_expert)))")
+#: The table is committed only where it cuts the fitted points' squared relative error to below
+#: this share of the closed form's (the roofline or the GEMM step, whichever was committed):
+#: its knots are parameters too. On timings of the closed forms with 0.1–10% noise (240 draws
+#: at the CPU sweep's points) its 7 free knots buy a ratio of 0.70–1.06, median 0.91 (4 draws
+#: under ¾); on this CPU's sweeps, whose curve climbs from 2 to 4 tokens per expert and bends
+#: up past 128, 0.24–0.43 at tiny's shapes and 0.53 at the measured run's.
+TABLE_MIN_GAIN = 0.75
+def _table(measurement: Mapping[str, Any], holdout_every: int, per: np.ndarray, active: np.ndarray,
+           knots: np.ndarray, call: bool) -> Tuple[float, Dict[str, float], np.ndarray, np.ndarray, List[float]]:
+    """The table form: (squared relative error on the fitted points, coefficients, predictions,
+    held-out mask, the knots' seconds). No floor (the table takes it, knot by knot). The last
+    knot's hat is left out: the table is 0 there, so ``c_tok`` is the slope at the sweep's top.
+
+    The line and the table are told apart only up to one direction: on the knots' span a line
+    ``λ·(1 − t/top)`` is a table too (0 at the last knot, linear between the others), so
+    ``c_exp + λ``, ``c_tok − λ/top``, ``table − λ·(1 − t/top)`` price every swept point the
+    same. Of those, the one with the largest ``c_exp`` whose table stays >= 0 and ``c_tok`` >= 0
+    is kept (its table is 0 at some knot before the last, or ``c_tok`` is 0): the per-expert cost the planner's proxies see
+    (``c_exp``; they leave the table out) is as much of it as the timings allow."""
+    _, measured = _points(measurement, "expert_gemm")
+    hats = table_columns(per, knots)[:, :-1]
+    names = ("c_tok", "c_exp") + tuple(f"table_{k:g}" for k in knots[:-1]) + (("c_call",) if call else ())
+    cols = [active * per, active] + [active * hats[:, k] for k in range(hats.shape[1])] + (
+        [np.ones_like(active)] if call else [])
+    coef, pred, held = _linear_fit("expert_gemm", measurement, holdout_every, names,
+                                   COMPUTE_PASSES * np.stack(cols, axis=1))
+    err = float(np.sum(((pred - measured) / measured)[~held] ** 2))
+    top = float(knots[-1])
+    seconds = np.array([coef.pop(f"table_{k:g}") for k in knots[:-1]])
+    lam = max(0.0, float(np.min(seconds / (1.0 - knots[:-1] / top))))
+    lam = min(lam, coef["c_tok"] * top)  # (c_tok stays >= 0)
+    coef["c_exp"] += lam
+    coef["c_tok"] -= lam / top
+    seconds = np.maximum(seconds - lam * (1.0 - knots[:-1] / top), 0.0)
+    return err, coef, pred, held, [*map(float, seconds), 0.0]
+
+
 def _roofline(measurement: Mapping[str, Any], holdout_every: int, per: np.ndarray, active: np.ndarray,
               step: bool, call: bool) -> Tuple[float, float, Dict[str, float], np.ndarray, np.ndarray]:
     """The best knee on the `_knees` grid: (squared relative error on the fitted points, knee,
@@ -190,117 +239,6 @@ def _roofline(measurement: Mapping[str, Any], holdout_every: int, per: np.ndarra
             best = (err, float(knee), coef, pred, held)
     assert best is not None
     return best
-
-
-def convex_bound(x: np.ndarray, measured: np.ndarray) -> float:
-    """The least max |relative error| over all points that any curve convex in ``x`` can
-    reach: float ``x`` ``[n]`` (distinct), ``measured`` ``[n]`` (> 0). A convex g keeps every
-    middle point under the chord of two outer ones, g(x_j) <= λ g(x_i) + (1 − λ) g(x_k), so
-    with each g within e of its measurement, m_j (1 − e) <= L (1 + e), L = λ m_i + (1 − λ) m_k:
-    e >= (m_j − L) / (m_j + L); the largest over all triples bounds every convex fit from below
-    (a lower bound: it is exact for three points, not always for more)."""
-    x = np.asarray(x, dtype=np.float64)
-    m = np.asarray(measured, dtype=np.float64)
-    o = np.argsort(x)
-    x, m = x[o], m[o]
-    best = 0.0
-    for j in range(1, len(x) - 1):
-        xi, mi = x[:j, None], m[:j, None]
-        xk, mk = x[None, j + 1:], m[None, j + 1:]
-        lam = (xk - x[j]) / (xk - xi)
-        chord = lam * mi + (1 - lam) * mk
-        best = max(best, float(np.max((m[j] - chord) / (m[j] + chord))))
-    return best
-
-
-def monotone_bound(x: np.ndarray, measured: np.ndarray) -> float:
-    """The least max |relative error| over all points that any curve non-decreasing in ``x``
-    can reach: float ``x`` ``[n]``, ``measured`` ``[n]`` (> 0). Where a point measures more
-    than one at a larger ``x`` (m_i > m_j, x_i < x_j), a non-decreasing g with g(x_i) <= g(x_j)
-    and each within e of its measurement needs m_i (1 − e) <= m_j (1 + e): e >= (m_i − m_j) /
-    (m_i + m_j); the largest over all such pairs (exact: a curve that meets it exists). Every
-    cost-model expert curve is non-decreasing in tokens, so this is what the machine's
-    non-monotone timings cost any of them."""
-    x = np.asarray(x, dtype=np.float64)
-    m = np.asarray(measured, dtype=np.float64)
-    o = np.argsort(x, kind="stable")
-    x, m = x[o], m[o]
-    best = 0.0
-    for i in range(len(x) - 1):
-        later = m[i + 1:][x[i + 1:] > x[i]]
-        if later.size:
-            best = max(best, float((m[i] - later.min()) / (m[i] + later.min())))
-    return best
-
-
-def curve_bound(tokens: np.ndarray, active: np.ndarray, measured: np.ndarray) -> float:
-    """The least max |relative error| over all points that any expert curve of the cost model
-    without a call's cost (``c_call = 0``) can reach: float ``tokens`` ``[n]`` (tokens per
-    expert t), ``active`` ``[n]`` (active experts a), ``measured`` ``[n]`` (> 0). Every such
-    curve prices a point as a·f(t) with f non-decreasing in t (`GEMM_STEP_FORMULA` and
-    `ROOFLINE_FORMULA` with ``c_call = 0`` both are; `call_curve_bound` adds the call), so with each
-    point within e, every pair with t_i <= t_j (equal t included: two active counts of one t
-    share f(t)) needs p_i (1 − e) <= p_j (1 + e) for the per-expert times p = m / (3a):
-    e >= (p_i − p_j) / (p_i + p_j); the largest over all pairs. Exact: f(t) = the largest
-    p_i (1 − e) over t_i <= t meets it. Unlike `monotone_bound` it also counts the spread
-    between active counts, so it bounds what any form without the call, tabulated or not, can
-    reach."""
-    t = np.asarray(tokens, dtype=np.float64)
-    p = np.asarray(measured, dtype=np.float64) / (COMPUTE_PASSES * np.asarray(active, dtype=np.float64))
-    o = np.argsort(t, kind="stable")
-    t, p = t[o], p[o]
-    best = 0.0
-    for i in range(len(t)):
-        later = p[t >= t[i]]  # t sorted: every j with t_j >= t_i, i itself included (gives 0)
-        best = max(best, float((p[i] - later.min()) / (p[i] + later.min())))
-    return best
-
-
-def call_curve_feasible(tokens: np.ndarray, active: np.ndarray, measured: np.ndarray,
-                        error: float) -> Optional[float]:
-    """The least call time c >= 0 for which some curve 3·(c + a·f(t)), f >= 0 non-decreasing in
-    t, is within ``error`` (relative) of every point, or None where none is: float ``tokens``
-    ``[n]``, ``active`` ``[n]`` (> 0), ``measured`` ``[n]`` (> 0). With each point within e,
-    f(t_i) lies in [(L_i − c)/a_i, (U_i − c)/a_i], L, U = m·(1 ∓ e)/3, and f(t_i) >= 0 needs
-    c <= U_i; a non-decreasing f through those intervals exists exactly when every pair with
-    t_i <= t_j has (L_i − c)/a_i <= (U_j − c)/a_j (then f(t) = the largest lower end at or
-    below t meets them), a condition linear in c: c·(1/a_j − 1/a_i) <= U_j/a_j − L_i/a_i. So
-    the feasible c form an interval, and its lower end is returned."""
-    t = np.asarray(tokens, dtype=np.float64)
-    a = np.asarray(active, dtype=np.float64)
-    m = np.asarray(measured, dtype=np.float64)
-    lo, hi = m * (1.0 - error) / COMPUTE_PASSES, m * (1.0 + error) / COMPUTE_PASSES
-    pair = t[:, None] <= t[None, :]  # [i, j]: t_i <= t_j
-    coef = (1.0 / a)[None, :] - (1.0 / a)[:, None]
-    rhs = (hi / a)[None, :] - (lo / a)[:, None]
-    tol = 1e-12 * float(np.abs(rhs).max(initial=0.0))
-    if np.any(pair & (coef == 0) & (rhs < -tol)):
-        return None
-    up = pair & (coef > 0)
-    down = pair & (coef < 0)
-    c_hi = min(float(hi.min()), float(np.min(rhs[up] / coef[up], initial=np.inf)))
-    c_lo = max(0.0, float(np.max(rhs[down] / coef[down], initial=-np.inf)))
-    return c_lo if c_lo <= c_hi + tol else None
-
-
-def call_curve_bound(tokens: np.ndarray, active: np.ndarray, measured: np.ndarray) -> float:
-    """The least max |relative error| over all points that any expert curve of the cost model
-    with a kernel call's cost can reach: float ``tokens`` ``[n]``, ``active`` ``[n]``,
-    ``measured`` ``[n]`` (> 0). Every such curve prices a point as 3·(c + a·f(t)), c = c_call
-    >= 0 and f >= 0 non-decreasing in t (`GEMM_STEP_FORMULA`, `ROOFLINE_FORMULA`); whether
-    some (c, f) is within e of every point is decided exactly by `call_curve_feasible`, and
-    feasibility only grows with e, so the least e is found by bisection (to 1e-7). With c = 0
-    the curves are `curve_bound`'s, so this is never above it."""
-    if call_curve_feasible(tokens, active, measured, 0.0) is not None:
-        return 0.0
-    lo, hi = 0.0, 1.0  # e = 1 admits every point: c = 0, f = 0 (each within 100%)
-    while hi - lo > 1e-7:
-        mid = 0.5 * (lo + hi)
-        if call_curve_feasible(tokens, active, measured, mid) is None:
-            lo = mid
-        else:
-            hi = mid
-    return hi
 
 
 def _max_abs(rel: np.ndarray, mask: np.ndarray) -> Optional[float]:
@@ -334,7 +272,16 @@ def fit_expert_gemm(measurement: Mapping[str, Any], holdout_every: int, model: M
     step together and price the held-out points worse than the roofline does; the committed
     form is then `ROOFLINE_FORMULA` with ``c_gemm = 0``. The form not committed is reported in
     ``alternative_forms`` (``"roofline"`` or ``"gemm_step"``), held out the same way, so the
-    report says what the step buys or would have bought."""
+    report says what the step buys or would have bought.
+
+    Then the table form (`TABLE_FORMULA`, `_table`): a line plus a non-negative table of
+    seconds per expert at knots in tokens per expert (`table_knots`), linear between them
+    (`CostModel.expert_table`), for what no closed form follows (on this CPU the time climbs
+    from 2 to 4 tokens per expert, levels off to 16 and bends up past 128). It is committed
+    where its squared relative error on the fitted points is below `TABLE_MIN_GAIN` times the
+    closed form's (the one committed above, named in ``closed_form``; ``table_sq_error_ratio``
+    the ratio), with ``c_gemm = 0`` and no floor (its knots carry both); otherwise it is
+    reported in ``alternative_forms["table"]``."""
     sweep, measured = _points(measurement, "expert_gemm")
     if all("tokens_per_expert" in p for p in sweep):
         per = np.array([p["tokens_per_expert"] for p in sweep], dtype=np.float64)
@@ -352,30 +299,52 @@ def fit_expert_gemm(measurement: Mapping[str, Any], holdout_every: int, model: M
                 "c_weights": coef["c_tok"] * knee if knee > per.min() else 0.0, "knee_tokens_per_expert": knee}
         return sq, coef, pred, held
 
-    roof_sq, coef, pred, held = form(False)
-    stepped, other, ratio = False, None, None
+    # name -> (squared relative error on the fitted points, coefficients, predictions, held out, table)
+    forms: Dict[str, Tuple[float, Dict[str, float], np.ndarray, np.ndarray, List[List[float]]]] = {
+        "roofline": (*form(False), [])}
+    ratio = None
+    committed = "roofline"
     if eligible:
-        step_fit = form(True)
-        ratio = step_fit[0] / roof_sq if roof_sq > 0 else None
+        forms["gemm_step"] = (*form(True), [])
+        roof_sq, step_sq = forms["roofline"][0], forms["gemm_step"][0]
+        ratio = step_sq / roof_sq if roof_sq > 0 else None
         # (and by more than rounding, so timings the roofline fits exactly keep the roofline)
-        stepped = step_fit[0] < STEP_MIN_GAIN * roof_sq and roof_sq - step_fit[0] > 1e-18
-        other = ("roofline", ROOFLINE_FORMULA, (roof_sq, coef, pred, held))
-        if stepped:
-            (_, coef, pred, held) = step_fit
-        else:
-            other = ("gemm_step", GEMM_STEP_FORMULA, step_fit)
-    knee, c_weights = coef["knee_tokens_per_expert"], coef["c_weights"]
+        if step_sq < STEP_MIN_GAIN * roof_sq and roof_sq - step_sq > 1e-18:
+            committed = "gemm_step"
+    closed = committed
+    knots = table_knots(per, fitted)
+    table_ratio = None
+    if knots.size >= 3:  # two knots past the first at least (one would be the GEMM step again)
+        t_sq, t_coef, t_pred, t_held, seconds = _table(measurement, holdout_every, per, active, knots, call)
+        t_coef = {**t_coef, "c_gemm": 0.0, "c_call": t_coef.get("c_call", 0.0), "c_weights": 0.0,
+                  "knee_tokens_per_expert": float(per.min())}
+        forms["table"] = (t_sq, t_coef, t_pred, t_held, [[float(k), float(v)] for k, v in zip(knots, seconds)])
+        closed_sq = forms[closed][0]
+        table_ratio = t_sq / closed_sq if closed_sq > 0 else None
+        if t_sq < TABLE_MIN_GAIN * closed_sq and closed_sq - t_sq > 1e-18:
+            committed = "table"
+    _, coef, pred, held, table = forms[committed]
+    knee = coef["knee_tokens_per_expert"]
+    c_weights = coef["c_weights"]
     notes = [f"roofline knee at {knee:.3g} tokens per expert (c_weights = c_tok * knee; "
              f"{'no floor inside the sweep' if c_weights == 0 else 'weights-bound below it'})"]
-    if stepped:
+    if committed == "gemm_step":
         notes.append(f"GEMM step c_gemm = {coef['c_gemm']:.3g} s per expert with >= 2 tokens (1 token runs as a "
                      f"matrix-vector product)")
-    elif eligible:
+    elif eligible and closed == "roofline":
         notes.append(f"no GEMM step committed (c_gemm = 0): with it the fitted points' squared relative error "
                      f"would not fall below {STEP_MIN_GAIN:.0%} of the roofline's (alternative_forms.gemm_step)")
-    else:
+    elif not eligible:
         notes.append("no GEMM step fitted: the fitted points do not have experts on both sides of 2 tokens "
                      "(c_gemm = 0)")
+    if committed == "table":
+        notes.append("expert table committed (its knots carry the GEMM step, c_gemm = 0): "
+                     + ", ".join(f"{k:g} tokens {v:.3g} s" for k, v in table)
+                     + f" per expert and pass beyond the roofline; it cut the fitted points' squared relative "
+                       f"error to {table_ratio:.2f} of the {closed} form's")
+    elif "table" in forms:
+        notes.append(f"no expert table committed: with it the fitted points' squared relative error would not fall "
+                     f"below {TABLE_MIN_GAIN:.0%} of the {closed} form's (alternative_forms.table)")
     if call:
         notes.append(f"kernel call c_call = {coef['c_call']:.3g} s per call and pass, whatever its experts")
     else:
@@ -399,22 +368,38 @@ def fit_expert_gemm(measurement: Mapping[str, Any], holdout_every: int, model: M
     if extra["call_curve_bound"] > 0.05:
         notes.append(f"no expert curve of the cost model (a call plus active experts × a non-decreasing curve in "
                      f"tokens per expert, tabulated or not) fits every point within {extra['call_curve_bound']:.1%}")
-    if other is not None:
-        name, formula, (_, o_coef, o_pred, _) = other
-        rel = (o_pred - measured) / measured
-        alt = {"formula": formula, "coefficients": o_coef, "predicted_s": o_pred.tolist(),
-               "max_rel_error": _max_abs(rel, held), "max_rel_error_fit": _max_abs(rel, ~held), "priced": False}
-        extra["alternative_forms"] = {name: alt}
-        extra["step_sq_error_ratio"] = ratio
+    extra["closed_form"] = closed
+    if len(forms) > 1:
         own = _max_abs((pred - measured) / measured, held)
-        if alt["max_rel_error"] is not None and own is not None:
-            what = "without the GEMM step (c_gemm = 0, a convex curve)" if stepped else "with the GEMM step"
-            notes.append(f"{what} the held-out max rel. error would be {alt['max_rel_error']:.1%} instead of "
-                         f"{own:.1%} (alternative_forms.{name})")
+        alternatives = {}
+        for name, (_, o_coef, o_pred, _, o_table) in forms.items():
+            if name == committed:
+                continue
+            rel = (o_pred - measured) / measured
+            alternatives[name] = {"formula": _FORMULAS[name], "coefficients": o_coef, "expert_table": o_table,
+                                  "predicted_s": o_pred.tolist(),
+                                  "max_rel_error": _max_abs(rel, held), "max_rel_error_fit": _max_abs(rel, ~held),
+                                  "priced": False}
+            if alternatives[name]["max_rel_error"] is not None and own is not None:
+                notes.append(f"{_AS_ALTERNATIVE[name]} the held-out max rel. error would be "
+                             f"{alternatives[name]['max_rel_error']:.1%} instead of {own:.1%} "
+                             f"(alternative_forms.{name})")
+        extra["alternative_forms"] = alternatives
+        if ratio is not None or "gemm_step" in forms:
+            extra["step_sq_error_ratio"] = ratio
+        if "table" in forms:
+            extra["table_sq_error_ratio"] = table_ratio
     fields = {"c_tok": coef["c_tok"], "c_exp": coef["c_exp"], "c_weights": c_weights, "c_gemm": coef["c_gemm"],
-              "c_call": coef["c_call"]}
-    return KernelFit("expert_gemm", GEMM_STEP_FORMULA if stepped else ROOFLINE_FORMULA, sweep,
+              "c_call": coef["c_call"], "expert_table": table}
+    return KernelFit("expert_gemm", _FORMULAS[committed], sweep,
                      measured.tolist(), pred.tolist(), held.tolist(), coef, fields, notes, extra=extra)
+
+
+#: The expert fit's forms by name (`fit_expert_gemm`'s ``alternative_forms`` keys).
+_FORMULAS = {"roofline": ROOFLINE_FORMULA, "gemm_step": GEMM_STEP_FORMULA, "table": TABLE_FORMULA}
+#: How a note names a form not committed.
+_AS_ALTERNATIVE = {"roofline": "without the GEMM step (c_gemm = 0, a convex curve)", "gemm_step": "with the GEMM step",
+                   "table": "with the expert table"}
 
 
 def fit_attention(measurement: Mapping[str, Any], holdout_every: int, model: ModelShape) -> KernelFit:

@@ -133,11 +133,11 @@ def polish(times: Any, sweeps: int = 50) -> Polished:
     """Tukey's median polish of ``log(times[:, :, 0])`` (rounds × points; positive seconds,
     the first figure ranks; NaN where a round did not visit a point): log t[r, p] = overall +
     round[r] + point[p] + residual, column (point) and row (round) medians swept out in turn,
-    points first, until they stop moving (at most ``sweeps`` times); the round effects are centred on their median. Every
-    figure of a visit is divided by its round's factor ``exp(round[r])``. A round that visits
-    fewer than `DRIFT_POINTS` points shows no drift apart from its points' own noise, so its
-    factor is 1 (as is a lone round's); then a point's figure is the plain median of its
-    visits."""
+    points first, until they stop moving (at most ``sweeps`` times); the round effects are
+    centred on their median. Every figure of a visit is divided by its round's factor
+    ``exp(round[r])``. A round that visits fewer than `DRIFT_POINTS` points shows no drift
+    apart from its points' own noise, so its factor is 1 (as is a lone round's); then a
+    point's figure is the plain median of its visits."""
     t = np.asarray(times, dtype=np.float64)
     if t.ndim != 3 or t.shape[0] < 1 or t.shape[1] < 1 or t.shape[2] < 1:
         raise RoutepackError(f"times: expected [rounds, points, figures] with none empty, got shape {t.shape}")
@@ -218,9 +218,11 @@ def run_rounds(steps: Sequence[Callable[[], Tuple[float, ...]]], warmup: int, re
     figures, and a step's the median over the rounds once each round's drift is divided out
     (`polish`). ``visit_s`` / ``visit_calls``: a visit calls a step as many times as fill
     ``visit_s`` seconds at the step's last warm-up time, at most ``visit_calls`` (once without
-    a warm-up). ``short_repeats`` more timed rounds then visit only the short steps, those
-    called more than once a visit: they are the noisy ones and cost little, so they get more
-    visits for their median. ``tick`` is called after every timed visit (the progress bar)."""
+    a warm-up; a step called once whose timed visit comes in under ``visit_s`` is called more
+    from its next visit on: the warm-up's call paid a one-off set-up). ``short_repeats`` more
+    timed rounds then visit only the short steps, those called more than once a visit: they
+    are the noisy ones and cost little, so they get more visits for their median. ``tick`` is
+    called after every timed visit (the progress bar)."""
     rng = random.Random(seed)
     calls = [1] * len(steps)
     table: List[List[Tuple[float, ...]]] = []
@@ -239,6 +241,11 @@ def run_rounds(steps: Sequence[Callable[[], Tuple[float, ...]]], warmup: int, re
             got = [tuple(steps[i]()) for _ in range(calls[i])]
             row[i] = tuple(statistics.median(col) for col in zip(*got))
             width = len(row[i])
+            if calls[i] == 1:
+                # a point's first call pays one-off set-up (a BLAS kernel's first use: tiny's 1 × 2
+                # tokens took over 0.1 s in the warm-up, 10 ms after), which would leave a short
+                # point at one call a visit and out of the short rounds: its timed visits decide
+                calls[i] = _calls(float(row[i][0]), visit_s, visit_calls)
             tick()
         if r >= warmup:
             table.append(row)

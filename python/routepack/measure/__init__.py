@@ -85,8 +85,10 @@ def _calibrated(work: Workload, ranks: int, quick: bool, progress: bool,
                     max_length=longest, attention_dense=False, links_clock="cpu" if device == "cpu" else "wall")
     # the form committed and what bounds it (the expert fit's `call_curve_bound`), beside the error
     summary = {kind: {"max_rel_error": fit.max_rel_error, "coefficients": fit.coefficients, "formula": fit.formula,
-                      **{k: fit.extra[k] for k in ("curve_bound", "call_curve_bound", "step_sq_error_ratio")
-                         if k in fit.extra}}
+                      **{k: fit.extra[k] for k in ("curve_bound", "call_curve_bound", "step_sq_error_ratio",
+                                                   "table_sq_error_ratio") if k in fit.extra},
+                      **({"expert_table": fit.cost_fields["expert_table"]}
+                         if fit.cost_fields.get("expert_table") else {})}
                for kind, fit in cal.fits.items()}
     return cal.cost, summary
 

@@ -26,6 +26,7 @@ pub fn flash_cost(layers: usize) -> CostModel {
         expert_state_bytes: expert * 14.0,
         c_weights: 0.0,
         c_gemm: 0.0,
+        expert_table: Vec::new(),
         c_call: 0.0,
         a2a_latency: 0.0,
         bw_reduce: 0.0,

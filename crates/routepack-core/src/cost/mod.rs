@@ -55,6 +55,16 @@ pub struct CostModel {
     /// GPU, where a grouped GEMM of one token is as dear as one of a few, calibration fits it
     /// at about 0 (`c_weights` is its floor there).
     pub c_gemm: f64,
+    /// Seconds one active expert costs beyond the roofline and the GEMM step, one pass, as a
+    /// table of knots `(tokens per expert, seconds)`: tokens strictly increasing and >= 1,
+    /// seconds >= 0; linearly interpolated between knots and constant beyond the first and the
+    /// last ([`CostModel::table_extra`]). What a kernel does that no closed form follows: a CPU
+    /// BLAS that switches kernels at a few rows (on this project's CPU the time climbs from 2
+    /// to 4 tokens per expert and then levels off), a per-token cost that rises once a tile
+    /// leaves the cache, a GPU's tile quantization. Non-negative, so the lower bound's argument
+    /// (a rank's extra is >= 0) holds; not monotone in tokens. Empty, the default, prices none;
+    /// `routepack calibrate` fits it where it earns its knots.
+    pub expert_table: Vec<(f64, f64)>,
     /// Seconds of one EP rank's grouped expert kernel call in one pass, whatever its experts
     /// and tokens: the kernel's launch and set-up, the framework's per-operator work around
     /// it (sorting tokens by expert, the activation, the backward's bookkeeping), the zero
@@ -122,11 +132,32 @@ impl CostModel {
                 return Err(invalid(name, format!("must be finite and > 0, got {v}")));
             }
         }
+        self.check_expert_table()?;
         if self.passes.is_empty() {
             return Err(invalid("cost.passes", "must name at least one pass, got none"));
         }
         if let Some((l, v)) = self.a_quad.iter().enumerate().find(|(_, v)| !v.is_finite() || **v < 0.0) {
             return Err(invalid("cost.a_quad", format!("layer {l} has {v}; must be finite and >= 0")));
+        }
+        Ok(())
+    }
+
+    /// `expert_table`'s knots: tokens finite, >= 1 and strictly increasing; seconds finite and
+    /// >= 0. Errors name the knot (`cost.expert_table[i]`) and its values.
+    fn check_expert_table(&self) -> Result<()> {
+        let mut last = f64::NEG_INFINITY;
+        for (i, &(tokens, seconds)) in self.expert_table.iter().enumerate() {
+            let name = format!("cost.expert_table[{i}]");
+            if !tokens.is_finite() || tokens < 1.0 {
+                return Err(invalid(name, format!("tokens must be finite and >= 1, got {tokens}")));
+            }
+            if tokens <= last {
+                return Err(invalid(name, format!("tokens must increase from knot to knot, got {tokens} after {last}")));
+            }
+            if !seconds.is_finite() || seconds < 0.0 {
+                return Err(invalid(name, format!("seconds must be finite and >= 0, got {seconds}")));
+            }
+            last = tokens;
         }
         Ok(())
     }
@@ -172,6 +203,7 @@ impl CostModel {
             expert_state_bytes: 42e6,
             c_weights: 0.0,
             c_gemm: 0.0,
+            expert_table: Vec::new(),
             c_call: 0.0,
             a2a_latency: 0.0,
             bw_reduce: 0.0,

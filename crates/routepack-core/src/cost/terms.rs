@@ -18,28 +18,51 @@ impl CostModel {
     }
 
     /// Whether the expert-time curve has a per-expert part beyond the linear term (a
-    /// weights-bound floor, `c_weights > 0`, or a GEMM step, `c_gemm > 0`); without one,
+    /// weights-bound floor, `c_weights > 0`, a GEMM step, `c_gemm > 0`, or a table,
+    /// `expert_table` not empty); without one,
     /// [`CostModel::expert_time`] is the whole expert term (and the linear model's bits stay
     /// as they were: callers add the extra only when this is true).
     #[inline]
     pub fn roofline(&self) -> bool {
-        self.c_weights > 0.0 || self.c_gemm > 0.0
+        self.c_weights > 0.0 || self.c_gemm > 0.0 || !self.expert_table.is_empty()
     }
 
     /// What one active expert with `tokens` (> 0) tokens on a rank costs beyond the linear
-    /// term, one pass: `(c_weights − c_tok · tokens)⁺ + c_gemm · [tokens ≥ 2]`, so that the
-    /// expert's time is `c_exp + max(c_tok · tokens, c_weights) + c_gemm · [tokens ≥ 2]`:
-    /// weights-bound below the knee `c_weights / c_tok`, FLOP-bound above it, and a
-    /// matrix-matrix kernel's fixed cost from 2 tokens on. Never negative, so every bound on
-    /// the linear term bounds this one; but with `c_gemm > 0` it is not monotone in tokens
-    /// (it steps up at 2), so a bound may not assume fewer tokens cost no less.
+    /// term, one pass: `(c_weights − c_tok · tokens)⁺ + c_gemm · [tokens ≥ 2] + table(tokens)`,
+    /// so that the expert's time is `c_exp + max(c_tok · tokens, c_weights) + c_gemm ·
+    /// [tokens ≥ 2] + table(tokens)`: weights-bound below the knee `c_weights / c_tok`,
+    /// FLOP-bound above it, a matrix-matrix kernel's fixed cost from 2 tokens on, and what the
+    /// tabulated part adds ([`CostModel::table_extra`]). Never negative, so every bound on the
+    /// linear term bounds this one; but with `c_gemm > 0` or a table it is not monotone in
+    /// tokens (it steps up at 2), so a bound may not assume fewer tokens cost no less.
     #[inline]
     pub fn weights_bound_extra(&self, tokens: f64) -> f64 {
         let floor = (self.c_weights - self.c_tok * tokens).max(0.0);
-        if tokens >= 2.0 {
-            floor + self.c_gemm
+        let stepped = if tokens >= 2.0 { floor + self.c_gemm } else { floor };
+        // (added only where there is a table, so a model without one keeps its bits)
+        if self.expert_table.is_empty() {
+            stepped
         } else {
-            floor
+            stepped + self.table_extra(tokens)
+        }
+    }
+
+    /// `expert_table` at `tokens` tokens per expert: the knots' seconds linearly interpolated
+    /// between the two knots around it, the first knot's below the first and the last's above
+    /// the last (0 without knots).
+    #[inline]
+    pub fn table_extra(&self, tokens: f64) -> f64 {
+        let knots = &self.expert_table;
+        // the first knot at or above `tokens` (knots' tokens increase: `check`)
+        let k = knots.partition_point(|&(t, _)| t < tokens);
+        match (k, knots.get(k)) {
+            (_, None) => knots.last().map_or(0.0, |&(_, s)| s),
+            (0, Some(&(_, s))) => s,
+            (_, Some(&(t1, s1))) if t1 == tokens => s1,
+            (_, Some(&(t1, s1))) => {
+                let (t0, s0) = knots[k - 1];
+                s0 + (s1 - s0) * (tokens - t0) / (t1 - t0)
+            }
         }
     }
 

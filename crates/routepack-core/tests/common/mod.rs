@@ -228,7 +228,7 @@ pub fn random_case(mix: &mut Mix, topo: &Topology, micro: usize, extra: usize, m
 }
 
 /// `[G]` Σ_m Σ_l 3 · max_p (c_call·[p has tokens] + Σ_{e active on p} (c_exp + max(c_tok·t,
-/// c_weights) + c_gemm·[t ≥ 2])):
+/// c_weights) + c_gemm·[t ≥ 2] + table(t))):
 /// the expert term of every group written out from the formula over the flow tables
 /// ([`for_each_exchange_flows`], the routing rule), not through the simulator or `CostModel`'s
 /// methods.
@@ -247,7 +247,7 @@ pub fn expert_times_from_flows(plan: &Plan, w: &OwnedWindow, topo: &Topology, co
                     .filter(|&n| n > 0)
                     .map(|n| {
                         let step = if n >= 2 { cost.c_gemm } else { 0.0 };
-                        cost.c_exp + (cost.c_tok * n as f64).max(cost.c_weights) + step
+                        cost.c_exp + (cost.c_tok * n as f64).max(cost.c_weights) + step + table_at(cost, n as f64)
                     })
                     .sum::<f64>();
                 let has_tokens = (0..e_n).any(|e| t[p * e_n + e] > 0);
@@ -257,6 +257,23 @@ pub fn expert_times_from_flows(plan: &Plan, w: &OwnedWindow, topo: &Topology, co
         out[g] += 3.0 * x_max;
     });
     out
+}
+
+/// `cost.expert_table` at `t` tokens per expert, written out from its definition (linear
+/// between the two knots around t, the end knots' seconds outside them) by a linear scan, not
+/// through `CostModel::table_extra`.
+pub fn table_at(cost: &CostModel, t: f64) -> f64 {
+    let knots = &cost.expert_table;
+    match (knots.first(), knots.last()) {
+        (None, _) | (_, None) => 0.0,
+        (Some(&(t0, s0)), _) if t <= t0 => s0,
+        (_, Some(&(t1, s1))) if t >= t1 => s1,
+        _ => {
+            let i = (1..knots.len()).find(|&i| knots[i].0 >= t).unwrap();
+            let ((a, sa), (b, sb)) = (knots[i - 1], knots[i]);
+            sa + (sb - sa) * (t - a) / (b - a)
+        }
+    }
 }
 
 /// `cost` with only expert work priced: no attention, no token, weight or gradient bytes.
