@@ -214,6 +214,21 @@ def _rewrite(path, replace=None, drop=()):
 
 
 @pytest.mark.parametrize("kind", ["plan", "window"])
+def test_an_entry_flagged_encrypted_is_a_file_error(tmp_path, kind):
+    """A bit flip that sets an entry's encrypted flag in the zip's central directory (zipfile
+    then asks for a password with a bare RuntimeError; found by the test below) is a damaged
+    file, named."""
+    path, load = _saved(tmp_path, kind)
+    raw = bytearray(path.read_bytes())
+    at = raw.index(b"PK\x01\x02")  # the first central-directory entry; its flag bits at +8
+    raw[at + 8] |= 0x1
+    path.write_bytes(bytes(raw))
+    with pytest.raises(rp.RoutepackFileError, match="encrypted") as e:
+        load(path)
+    assert str(path) in str(e.value)
+
+
+@pytest.mark.parametrize("kind", ["plan", "window"])
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
 def test_truncated_or_flipped_file_is_a_file_error(tmp_path_factory, kind, data):

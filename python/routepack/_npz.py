@@ -83,7 +83,14 @@ def _check_member(info: zipfile.ZipInfo, f: Any) -> None:
 _NARROW_CHUNK = 1 << 22
 
 
+#: The zip flag bit of an encrypted entry: numpy never writes one, so it is a damaged flag
+#: (zipfile would raise a bare RuntimeError asking for a password).
+_ENCRYPTED = 0x1
+
+
 def _member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, narrow: bool = False) -> np.ndarray:
+    if info.flag_bits & _ENCRYPTED:
+        raise _Damaged("is marked encrypted (numpy writes no such entry: a damaged flag)")
     if info.file_size > max(info.compress_size, 1) * _MAX_DEFLATE_RATIO + 4096:
         raise _Damaged(f"zip entry claims {info.file_size} bytes from {info.compress_size} compressed")
     with zf.open(info) as f:
