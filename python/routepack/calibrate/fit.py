@@ -54,9 +54,9 @@ def nnls_relative(features: np.ndarray, measured: np.ndarray, offset: Optional[n
     The unconstrained least squares where all its coefficients are >= 0; otherwise Lawson and
     Hanson's active-set algorithm (`scipy.optimize.nnls`), then the least squares on the columns
     it kept positive (the optimum is that solution: the solver itself stops at a tolerance). The
-    columns are scaled to unit length for the solver (the coefficients span ten orders of magnitude, a
-    per-token second against a per-call millisecond), which moves no optimum: a positive scale
-    of a column is a positive scale of its coefficient."""
+    columns are scaled to unit length for the solver (the coefficients span ten orders of
+    magnitude, a per-token second against a per-call millisecond), which moves no optimum: a
+    positive scale of a column is a positive scale of its coefficient."""
     x = np.asarray(features, dtype=np.float64)
     y = np.asarray(measured, dtype=np.float64)
     if x.ndim != 2 or y.shape != (x.shape[0],):
@@ -199,8 +199,9 @@ def _table(measurement: Mapping[str, Any], holdout_every: int, per: np.ndarray, 
     ``λ·(1 − t/top)`` is a table too (0 at the last knot, linear between the others), so
     ``c_exp + λ``, ``c_tok − λ/top``, ``table − λ·(1 − t/top)`` price every swept point the
     same. Of those, the one with the largest ``c_exp`` whose table stays >= 0 and ``c_tok`` >= 0
-    is kept (its table is 0 at some knot before the last, or ``c_tok`` is 0): the per-expert cost the planner's proxies see
-    (``c_exp``; they leave the table out) is as much of it as the timings allow."""
+    is kept (its table is 0 at some knot before the last, or ``c_tok`` is 0): the per-expert
+    cost the planner's proxies see (``c_exp``; they leave the table out) is as much of it as
+    the timings allow."""
     _, measured = _points(measurement, "expert_gemm")
     hats = table_columns(per, knots)[:, :-1]
     names = ("c_tok", "c_exp") + tuple(f"table_{k:g}" for k in knots[:-1]) + (("c_call",) if call else ())
@@ -239,6 +240,13 @@ def _roofline(measurement: Mapping[str, Any], holdout_every: int, per: np.ndarra
             best = (err, float(knee), coef, pred, held)
     assert best is not None
     return best
+
+
+def _earns(richer_sq: float, simpler_sq: float, gain: float) -> bool:
+    """Whether a richer form earns its parameters: its squared relative error on the fitted
+    points below ``gain`` times the simpler form's, and by more than rounding (so timings the
+    simpler form fits exactly keep it)."""
+    return richer_sq < gain * simpler_sq and simpler_sq - richer_sq > 1e-18
 
 
 def _max_abs(rel: np.ndarray, mask: np.ndarray) -> Optional[float]:
@@ -308,8 +316,7 @@ def fit_expert_gemm(measurement: Mapping[str, Any], holdout_every: int, model: M
         forms["gemm_step"] = (*form(True), [])
         roof_sq, step_sq = forms["roofline"][0], forms["gemm_step"][0]
         ratio = step_sq / roof_sq if roof_sq > 0 else None
-        # (and by more than rounding, so timings the roofline fits exactly keep the roofline)
-        if step_sq < STEP_MIN_GAIN * roof_sq and roof_sq - step_sq > 1e-18:
+        if _earns(step_sq, roof_sq, STEP_MIN_GAIN):
             committed = "gemm_step"
     closed = committed
     knots = table_knots(per, fitted)
@@ -321,7 +328,7 @@ def fit_expert_gemm(measurement: Mapping[str, Any], holdout_every: int, model: M
         forms["table"] = (t_sq, t_coef, t_pred, t_held, [[float(k), float(v)] for k, v in zip(knots, seconds)])
         closed_sq = forms[closed][0]
         table_ratio = t_sq / closed_sq if closed_sq > 0 else None
-        if t_sq < TABLE_MIN_GAIN * closed_sq and closed_sq - t_sq > 1e-18:
+        if _earns(t_sq, closed_sq, TABLE_MIN_GAIN):
             committed = "table"
     _, coef, pred, held, table = forms[committed]
     knee = coef["knee_tokens_per_expert"]
