@@ -64,7 +64,9 @@ def main() -> None:
         t_rp = best_of(lambda: rp.Window.from_routed_experts(routed, cu, a.experts), a.repeat)
         t_np = best_of(lambda: numpy_reference(routed, cu, a.experts), max(1, a.repeat // 2))
         gb = routed.nbytes / 1e9
-        print(f"{np.dtype(dtype).name:>6} {routed.nbytes / 1e6:>8.1f} {gb / t_rp:>15.2f} {gb / t_np:>11.3f} {t_np / t_rp:>8.1f}x")
+        print(
+            f"{np.dtype(dtype).name:>6} {routed.nbytes / 1e6:>8.1f} {gb / t_rp:>15.2f} {gb / t_np:>11.3f} {t_np / t_rp:>8.1f}x"
+        )
 
 
 if __name__ == "__main__":

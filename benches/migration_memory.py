@@ -30,18 +30,24 @@ def main() -> None:
     prof = rp.traces.profile("tiny")
     topo, cost = prof.topology(), prof.cost()
     w0, w1 = list(rp.traces.synthetic("tiny", 2, args.seed))
-    p0 = rp.plan_window(w0, topo, cost, prof.token_cap, previous=rp.Placement.static(prof.num_layers, prof.num_experts, topo))
+    p0 = rp.plan_window(
+        w0, topo, cost, prof.token_cap, previous=rp.Placement.static(prof.num_layers, prof.num_experts, topo)
+    )
     p1 = rp.plan_window(w1, topo, cost, prof.token_cap, previous=p0.placement, previous_window=w0)
     rows = p1.migration
     slot = 14 * 3 * prof.hidden * prof.expert_ffn
     sizes = [slot] * prof.num_layers
     per = rank_bytes(rows, sizes, topo.ep)
     into = np.bincount(rows["dst_rank"], minlength=topo.ep)
-    print(f"tiny: {rows.size} migration rows ({int((rows['src_rank'] != rows['dst_rank']).sum())} cross-rank), "
-          f"most into one rank {int(into.max())}; slot {slot / 2**20:.1f} MiB at 14 B/param")
+    print(
+        f"tiny: {rows.size} migration rows ({int((rows['src_rank'] != rows['dst_rank']).sum())} cross-rank), "
+        f"most into one rank {int(into.max())}; slot {slot / 2**20:.1f} MiB at 14 B/param"
+    )
     _, peak = plan_stages(rows, sizes, topo.ep, None)
-    print(f"one stage (max_bytes_in_flight=None): peak extra {peak / GIB:.2f} GiB on one rank; "
-          f"largest single layer {int(per.max()) / GIB:.2f} GiB")
+    print(
+        f"one stage (max_bytes_in_flight=None): peak extra {peak / GIB:.2f} GiB on one rank; "
+        f"largest single layer {int(per.max()) / GIB:.2f} GiB"
+    )
     for c in args.ceiling_gib:
         try:
             stages, peak = plan_stages(rows, sizes, topo.ep, int(c * GIB))

@@ -77,17 +77,34 @@ def rows_table(profile: str, n: int, seed: int, cache: Path) -> Dict:
     for i, lens in enumerate(lengths(profile, n, seed, cache)):
         r = _core.pack_rows(lens, cap, dp)
         b = _core.pack_rows(lens, cap, 1)
-        out.append({"window": i, "rows": r["rows"], "bound": r["lower_bound"], "certified": r["certified"],
-                    "gap": r["gap"], "L1": r["l1"], "L2": r["l2"], "bins": b["rows"], "bins_bound": b["lower_bound"],
-                    "bins_certified": b["certified"], "bins_method": b["method"], "nodes": b["nodes"]})
+        out.append(
+            {
+                "window": i,
+                "rows": r["rows"],
+                "bound": r["lower_bound"],
+                "certified": r["certified"],
+                "gap": r["gap"],
+                "L1": r["l1"],
+                "L2": r["l2"],
+                "bins": b["rows"],
+                "bins_bound": b["lower_bound"],
+                "bins_certified": b["certified"],
+                "bins_method": b["method"],
+                "nodes": b["nodes"],
+            }
+        )
     cert = sum(x["certified"] for x in out)
     bins_cert = sum(x["bins_certified"] for x in out)
-    print(f"\n[rows] {profile}: plan rows (multiple of dp={dp}) certified on {cert}/{n} windows; "
-          f"plain bins certified on {bins_cert}/{n}")
+    print(
+        f"\n[rows] {profile}: plan rows (multiple of dp={dp}) certified on {cert}/{n} windows; "
+        f"plain bins certified on {bins_cert}/{n}"
+    )
     print("  window  rows  bound  gap |  L1   L2  bins  bins_bound  method  nodes")
     for x in out:
-        print(f"  {x['window']:>6} {x['rows']:>5} {x['bound']:>6} {x['gap']:>4} | {x['L1']:>4} {x['L2']:>4} {x['bins']:>5}"
-              f" {x['bins_bound']:>11}  {x['bins_method']:>6} {x['nodes']:>6}")
+        print(
+            f"  {x['window']:>6} {x['rows']:>5} {x['bound']:>6} {x['gap']:>4} | {x['L1']:>4} {x['L2']:>4} {x['bins']:>5}"
+            f" {x['bins_bound']:>11}  {x['bins_method']:>6} {x['nodes']:>6}"
+        )
     return {"profile": profile, "certified": cert, "bins_certified": bins_cert, "windows": out}
 
 
@@ -106,18 +123,27 @@ def ratios(profile: str, n: int, seed: int, cache: Path) -> Dict:
         t["vs_kk"] = t["routepack"] / t["kk"]
         t["vs_sequential"] = t["routepack"] / t["sequential"]
         rows.append(t)
-        print(f"  {profile} window {i}: step time (s) sequential {t['sequential']:.4f} (M={t['sequential_micro']}), "
-              f"kk {t['kk']:.4f} (M={t['kk_micro']}), routepack {t['routepack']:.4f} (M={t['routepack_micro']}); "
-              f"cross-node kB/token sequential {t['sequential_xnode']:.2f}, kk {t['kk_xnode']:.2f}, "
-              f"routepack {t['routepack_xnode']:.2f}; "
-              f"routepack/kk {t['vs_kk']:.4f}, routepack/sequential {t['vs_sequential']:.4f}", flush=True)
+        print(
+            f"  {profile} window {i}: step time (s) sequential {t['sequential']:.4f} (M={t['sequential_micro']}), "
+            f"kk {t['kk']:.4f} (M={t['kk_micro']}), routepack {t['routepack']:.4f} (M={t['routepack_micro']}); "
+            f"cross-node kB/token sequential {t['sequential_xnode']:.2f}, kk {t['kk_xnode']:.2f}, "
+            f"routepack {t['routepack_xnode']:.2f}; "
+            f"routepack/kk {t['vs_kk']:.4f}, routepack/sequential {t['vs_sequential']:.4f}",
+            flush=True,
+        )
     kk = [r["vs_kk"] for r in rows]
     sq = [r["vs_sequential"] for r in rows]
-    print(f"[ratio] {profile}: median routepack/kk {statistics.median(kk):.4f} (min {min(kk):.4f}, max {max(kk):.4f}); "
-          f"median routepack/sequential {statistics.median(sq):.4f} (min {min(sq):.4f}, max {max(sq):.4f}) "
-          f"over {n} windows, static placement, anneal_moves={DEFAULT_ANNEAL_MOVES}")
-    return {"profile": profile, "median_vs_kk": statistics.median(kk), "median_vs_sequential": statistics.median(sq),
-            "windows": rows}
+    print(
+        f"[ratio] {profile}: median routepack/kk {statistics.median(kk):.4f} (min {min(kk):.4f}, max {max(kk):.4f}); "
+        f"median routepack/sequential {statistics.median(sq):.4f} (min {min(sq):.4f}, max {max(sq):.4f}) "
+        f"over {n} windows, static placement, anneal_moves={DEFAULT_ANNEAL_MOVES}"
+    )
+    return {
+        "profile": profile,
+        "median_vs_kk": statistics.median(kk),
+        "median_vs_sequential": statistics.median(sq),
+        "windows": rows,
+    }
 
 
 def budgets(profile: str, n: int, seed: int, cache: Path) -> Dict:
@@ -129,23 +155,28 @@ def budgets(profile: str, n: int, seed: int, cache: Path) -> Dict:
     p = rp.plan_window(ws[0], topo, cost, token_cap=cap, policy=policy("routepack"))
     r = p.report["packing"]
     rate = r["moves"] / r["seconds"]["anneal"]
-    print(f"\n[budget] {profile}: measured {rate:,.0f} moves per wall second of annealing "
-          f"({os.environ.get('RAYON_NUM_THREADS', 'all')} threads, load average {os.getloadavg()[0]:.1f})")
+    print(
+        f"\n[budget] {profile}: measured {rate:,.0f} moves per wall second of annealing "
+        f"({os.environ.get('RAYON_NUM_THREADS', 'all')} threads, load average {os.getloadavg()[0]:.1f})"
+    )
     out = {"profile": profile, "moves_per_s": rate, "budgets": []}
     for secs in (0.0, 0.1, 0.3, 1.0, 3.0):
         moves = int(rate * secs)
         costs, sims, walls = [], [], []
         for w in ws:
-            t = time.perf_counter()
             p = rp.plan_window(w, topo, cost, token_cap=cap, policy=policy("routepack"), anneal_moves=moves)
             walls.append(p.report["packing"]["seconds"]["anneal"])
             rr = p.report["packing"]
             costs.append(rr["annealed_cost"] / rr["initial_cost"])
             sims.append(p.report["predicted"]["step_time"])
-        print(f"  ~{secs:>4} s = {moves:>9,} moves: annealed/initial cost {np.mean(costs):.5f} "
-              f"(windows {', '.join(f'{c:.5f}' for c in costs)}), mean step time {np.mean(sims):.4f} s, "
-              f"anneal wall {np.mean(walls):.2f} s")
-        out["budgets"].append({"seconds": secs, "moves": moves, "cost_ratio": costs, "step_time": sims, "anneal_wall": walls})
+        print(
+            f"  ~{secs:>4} s = {moves:>9,} moves: annealed/initial cost {np.mean(costs):.5f} "
+            f"(windows {', '.join(f'{c:.5f}' for c in costs)}), mean step time {np.mean(sims):.4f} s, "
+            f"anneal wall {np.mean(walls):.2f} s"
+        )
+        out["budgets"].append(
+            {"seconds": secs, "moves": moves, "cost_ratio": costs, "step_time": sims, "anneal_wall": walls}
+        )
     h = p.report["packing"]["anneal_history"]
     print("  best cost per temperature step (last run):", ", ".join(f"{x:.4f}" for x in h["best_cost"]))
     return out
@@ -173,14 +204,28 @@ def proxy_check(profile: str, seed: int, cache: Path) -> Dict:
     topo, cost, cap = prof.topology(), prof.cost(), prof.token_cap
     w = next(windows(profile, 1, seed, cache))
     out = {}
-    for name, pl in (("static", rp.Placement.static(w.num_layers, w.num_experts, topo)),
-                     ("replicated", replicated_placement(w, topo))):
+    for name, pl in (
+        ("static", rp.Placement.static(w.num_layers, w.num_experts, topo)),
+        ("replicated", replicated_placement(w, topo)),
+    ):
         proxy, sim = [], []
-        for packing, moves in (("sequential", None), ("kk", None), ("routepack", 0), ("routepack", 100_000),
-                               ("routepack", None)):
+        for packing, moves in (
+            ("sequential", None),
+            ("kk", None),
+            ("routepack", 0),
+            ("routepack", 100_000),
+            ("routepack", None),
+        ):
             if packing == "routepack":
-                rank, micro, m, _ = _core.pack_routepack(w.seq_lens, w.counts, topo, cost, pl.phy2log, cap,
-                                                         anneal_moves=DEFAULT_ANNEAL_MOVES if moves is None else moves)
+                rank, micro, m, _ = _core.pack_routepack(
+                    w.seq_lens,
+                    w.counts,
+                    topo,
+                    cost,
+                    pl.phy2log,
+                    cap,
+                    anneal_moves=DEFAULT_ANNEAL_MOVES if moves is None else moves,
+                )
             elif packing == "kk":
                 rank, micro, m, _ = _core.pack_kk(w.seq_lens, cap, topo.dp)
             else:
@@ -191,8 +236,10 @@ def proxy_check(profile: str, seed: int, cache: Path) -> Dict:
             proxy.append(_core.layout_proxy_cost(w.seq_lens, w.counts, topo, cost, pl.phy2log, rank, micro, m))
         rel = max(abs(a - b) / b for a, b in zip(proxy, sim))
         r = float(np.corrcoef(proxy, sim)[0, 1])
-        print(f"[proxy] {profile}, {name} placement: proxy vs simulate over {len(sim)} layouts: Pearson r {r:.6f}, "
-              f"max relative difference {rel:.2e}; simulate {', '.join(f'{x:.4f}' for x in sim)}")
+        print(
+            f"[proxy] {profile}, {name} placement: proxy vs simulate over {len(sim)} layouts: Pearson r {r:.6f}, "
+            f"max relative difference {rel:.2e}; simulate {', '.join(f'{x:.4f}' for x in sim)}"
+        )
         out[name] = {"pearson": r, "max_rel_diff": rel, "proxy": proxy, "simulate": sim}
     return out
 
@@ -205,13 +252,21 @@ def planning_time(seed: int, cache: Path) -> Dict:
     for _ in range(3):
         wall, cpu = time.perf_counter(), time.process_time()
         p = rp.plan_window(w, topo, cost, token_cap=cap, policy=policy("routepack"))
-        out.append({"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu,
-                    "stages": p.report["stage_seconds"], "packing": p.report["packing"]["seconds"]})
+        out.append(
+            {
+                "wall": time.perf_counter() - wall,
+                "cpu": time.process_time() - cpu,
+                "stages": p.report["stage_seconds"],
+                "packing": p.report["packing"]["seconds"],
+            }
+        )
     best = min(out, key=lambda x: x["wall"])
-    print(f"\n[time] flash plan_window, static + routepack packing, default anneal_moves={DEFAULT_ANNEAL_MOVES}: "
-          f"wall {best['wall']:.2f} s (process CPU {best['cpu']:.2f} s; best of 3; load average "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs); packing parts "
-          + ", ".join(f"{k} {v:.3f} s" for k, v in best["packing"].items()))
+    print(
+        f"\n[time] flash plan_window, static + routepack packing, default anneal_moves={DEFAULT_ANNEAL_MOVES}: "
+        f"wall {best['wall']:.2f} s (process CPU {best['cpu']:.2f} s; best of 3; load average "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs); packing parts "
+        + ", ".join(f"{k} {v:.3f} s" for k, v in best["packing"].items())
+    )
     return {"runs": out}
 
 

@@ -62,13 +62,20 @@ def moves_per_layer(migration: np.ndarray, layers: int) -> np.ndarray:
 
 def with_migration(plan: rp.Plan, previous: rp.Placement, topo, cost) -> rp.Plan:
     """`plan` with the moves from `previous` (slot by slot, as plan_window would list them)."""
-    cols = rp._core.migration_diff(previous.phy2log, plan.placement.phy2log, plan.placement.num_experts,
-                                   topo.slots_per_rank, cost.expert_state_bytes, min(topo.gpus_per_node, topo.ep))
+    cols = rp._core.migration_diff(
+        previous.phy2log,
+        plan.placement.phy2log,
+        plan.placement.num_experts,
+        topo.slots_per_rank,
+        cost.expert_state_bytes,
+        min(topo.gpus_per_node, topo.ep),
+    )
     mig = np.zeros(len(cols[0]), dtype=rp.MIGRATION_DTYPE)
     for name, col in zip(rp.MIGRATION_DTYPE.names, cols):
         mig[name] = col
-    return rp.Plan(plan.placement, plan.sample_rank, plan.sample_micro, plan.num_micro, migration=mig,
-                   report=plan.report)
+    return rp.Plan(
+        plan.placement, plan.sample_rank, plan.sample_micro, plan.num_micro, migration=mig, report=plan.report
+    )
 
 
 def run(name: str, seed: int, cache: Path) -> None:
@@ -86,8 +93,10 @@ def run(name: str, seed: int, cache: Path) -> None:
         p.report["wall_s"] = time.perf_counter() - t
         return p
 
-    print(f"\n=== {name}: L={L} E={w1.num_experts} slots={topo.num_slots} over ep={topo.ep} ranks, "
-          f"{topo.nodes_per_group} node(s) per EP group; scored on window 1 (seed {seed}) ===")
+    print(
+        f"\n=== {name}: L={L} E={w1.num_experts} slots={topo.num_slots} over ep={topo.ep} ranks, "
+        f"{topo.nodes_per_group} node(s) per EP group; scored on window 1 (seed {seed}) ==="
+    )
     rows = {
         "EPLB hierarchical, oracle loads": plan(policy("eplb_hierarchical")),
         "EPLB global, oracle loads": plan(policy("eplb"), eplb_num_groups=1),
@@ -100,15 +109,19 @@ def run(name: str, seed: int, cache: Path) -> None:
     ours = aggregate_imbalance(rows["routepack, oracle loads"].placement, loads)
 
     print("\n1. aggregate imbalance over the window (max/mean rank load), per layer")
-    print(f"{'placement':36s} {'mean':>8s} {'max':>8s} {'mean/LB':>8s} {'layers routepack(oracle) worse':>31s}"
-          f" {'(dup)':>6s}")
+    print(
+        f"{'placement':36s} {'mean':>8s} {'max':>8s} {'mean/LB':>8s} {'layers routepack(oracle) worse':>31s}"
+        f" {'(dup)':>6s}"
+    )
     print(f"{'lower bound (optimal replication)':36s} {lb.mean():8.4f} {lb.max():8.4f} {1.0:8.4f}")
     for label, p in rows.items():
         agg = aggregate_imbalance(p.placement, loads)
         worse = ours > agg + 1e-12
         dup = shares_a_rank(p.placement, topo) & worse
-        print(f"{label:36s} {agg.mean():8.4f} {agg.max():8.4f} {np.mean(agg / lb):8.4f} {int(worse.sum()):>24d} of {L}"
-              f" {int(dup.sum()):6d}")
+        print(
+            f"{label:36s} {agg.mean():8.4f} {agg.max():8.4f} {np.mean(agg / lb):8.4f} {int(worse.sum()):>24d} of {L}"
+            f" {int(dup.sum()):6d}"
+        )
 
     perm = np.random.default_rng(seed + 1).permutation(w1.num_samples)
     ws = rp.Window(w1.seq_lens[perm], w1.counts[perm])
@@ -119,30 +132,40 @@ def run(name: str, seed: int, cache: Path) -> None:
         return rp.simulate(q, ws, topo, cost, cap)
 
     print("\n2. simulate, static packing, no replication (per-microbatch imbalance = mean over group, micro, layer)")
-    print(f"{'placement':36s} {'micro imb':>9s} {'step s':>9s} {'shuffled imb':>12s} {'shuffled step':>13s} {'place s':>8s}"
-          f" {'xnode kB/tok':>12s}")
+    print(
+        f"{'placement':36s} {'micro imb':>9s} {'step s':>9s} {'shuffled imb':>12s} {'shuffled step':>13s} {'place s':>8s}"
+        f" {'xnode kB/tok':>12s}"
+    )
     for label, p in [("static (Megatron)", static)] + list(rows.items()):
         pr = p.report["predicted"]
         s = shuffled(p)
-        print(f"{label:36s} {pr['mean_imbalance']:9.4f} {pr['step_time']:9.3f} {s.mean_imbalance:12.4f} "
-              f"{s.step_time:13.3f} {p.report['stage_seconds']['placement']:8.3f} "
-              f"{pr['cross_node_bytes_per_token'] / 1e3:12.2f}")
+        print(
+            f"{label:36s} {pr['mean_imbalance']:9.4f} {pr['step_time']:9.3f} {s.mean_imbalance:12.4f} "
+            f"{s.step_time:13.3f} {p.report['stage_seconds']['placement']:8.3f} "
+            f"{pr['cross_node_bytes_per_token'] / 1e3:12.2f}"
+        )
 
     print("\n3. migration from the placement planned on window 0 (network moves per layer)")
-    print(f"{'':36s} {'moves mean':>10s} {'max':>5s} {'migration s':>11s} {'step s':>9s} {'micro imb':>9s}"
-          f" {'xnode kB/tok':>12s}")
+    print(
+        f"{'':36s} {'moves mean':>10s} {'max':>5s} {'migration s':>11s} {'step s':>9s} {'micro imb':>9s}"
+        f" {'xnode kB/tok':>12s}"
+    )
     first = plan(policy("routepack"), window=w0)
     same = plan(policy("routepack"), window=w0, previous=first.placement)
     mv = moves_per_layer(same.migration, L)
-    print(f"{'routepack, unchanged loads (W0->W0)':36s} {mv.mean():10.1f} {mv.max():5d} "
-          f"{same.report['predicted']['migration']:11.4f}")
+    print(
+        f"{'routepack, unchanged loads (W0->W0)':36s} {mv.mean():10.1f} {mv.max():5d} "
+        f"{same.report['predicted']['migration']:11.4f}"
+    )
     fresh = rows["routepack, oracle loads"]
     naive = with_migration(fresh, first.placement, topo, cost)
     keep = rp.Plan(first.placement, static.sample_rank, static.sample_micro, static.num_micro)
     cases = [
         ("routepack, migration-aware", plan(policy("routepack"), previous=first.placement)),
-        ("routepack, relabelling only", plan(policy("routepack"), previous=first.placement,
-                                             placement_migration_aware=False)),
+        (
+            "routepack, relabelling only",
+            plan(policy("routepack"), previous=first.placement, placement_migration_aware=False),
+        ),
         ("naive re-placement (no relabel)", naive),
     ]
     for g_label, choice in (("hierarchical", "eplb_hierarchical"), ("global", "eplb")):
@@ -151,11 +174,15 @@ def run(name: str, seed: int, cache: Path) -> None:
     for label, p in cases:
         res = rp.simulate(p, w1, topo, cost, cap)
         mv = moves_per_layer(p.migration, L)
-        print(f"{label:36s} {mv.mean():10.1f} {mv.max():5d} {res.migration:11.4f} {res.step_time:9.3f} "
-              f"{res.mean_imbalance:9.4f} {res.cross_node_bytes_per_token / 1e3:12.2f}")
+        print(
+            f"{label:36s} {mv.mean():10.1f} {mv.max():5d} {res.migration:11.4f} {res.step_time:9.3f} "
+            f"{res.mean_imbalance:9.4f} {res.cross_node_bytes_per_token / 1e3:12.2f}"
+        )
     res = rp.simulate(keep, w1, topo, cost, cap)
-    print(f"{'keep window 0 routepack placement':36s} {0.0:10.1f} {0:5d} {0.0:11.4f} {res.step_time:9.3f} "
-          f"{res.mean_imbalance:9.4f} {res.cross_node_bytes_per_token / 1e3:12.2f}")
+    print(
+        f"{'keep window 0 routepack placement':36s} {0.0:10.1f} {0:5d} {0.0:11.4f} {res.step_time:9.3f} "
+        f"{res.mean_imbalance:9.4f} {res.cross_node_bytes_per_token / 1e3:12.2f}"
+    )
     aware = cases[0][1].report["stage_reports"]["placement"]
     print("   routepack choices per layer:", {c: aware["choice"].count(c) for c in sorted(set(aware["choice"]))})
 

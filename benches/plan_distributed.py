@@ -63,10 +63,18 @@ def bench_rank(rank: int, world: int, device: Any, profile: str, path: str, repe
     t = time.perf_counter()
     got = gather_window(local)
     gather_s = time.perf_counter() - t
-    return {"wall": best, "digest": plan.digest(), "stages": plan.report["stage_seconds"],
-            "agree": plan.report["distributed"]["agree_seconds"], "gather_s": gather_s,
-            "same_window": got.window == w, "encoding": got.encodings[rank],
-            "payload": int(got.payload_bytes[rank]), "raw": int(got.raw_id_bytes[rank]), "sent": got.sent_bytes}
+    return {
+        "wall": best,
+        "digest": plan.digest(),
+        "stages": plan.report["stage_seconds"],
+        "agree": plan.report["distributed"]["agree_seconds"],
+        "gather_s": gather_s,
+        "same_window": got.window == w,
+        "encoding": got.encodings[rank],
+        "payload": int(got.payload_bytes[rank]),
+        "raw": int(got.raw_id_bytes[rank]),
+        "sent": got.sent_bytes,
+    }
 
 
 def main() -> None:
@@ -88,12 +96,16 @@ def main() -> None:
     assert ref is not None
     ref.validate(w, prof.topology(), prof.token_cap)
     st = ref.report["stage_seconds"]
-    print(f"{args.profile}: {w}, {os.cpu_count()} cores; plan_window (routepack, one process): {best:.2f} s "
-          f"(placement {st['placement']:.2f}, packing {st['packing']:.2f}, replication {st['replication']:.2f}), "
-          f"{len(ref.replicas)} replicas, digest {ref.digest()[:16]}")
-    print(f"{'ranks':>5} {'wall s':>7} {'vs 1-proc':>9} {'identical':>9} {'repl s':>7} {'place+pack s':>12} "
-          f"{'agree s':>7} | {'gather s':>8} {'wire B/rank (mean)':>18} {'raw ids B/rank':>15} {'ratio':>6} "
-          f"{'encodings'}")
+    print(
+        f"{args.profile}: {w}, {os.cpu_count()} cores; plan_window (routepack, one process): {best:.2f} s "
+        f"(placement {st['placement']:.2f}, packing {st['packing']:.2f}, replication {st['replication']:.2f}), "
+        f"{len(ref.replicas)} replicas, digest {ref.digest()[:16]}"
+    )
+    print(
+        f"{'ranks':>5} {'wall s':>7} {'vs 1-proc':>9} {'identical':>9} {'repl s':>7} {'place+pack s':>12} "
+        f"{'agree s':>7} | {'gather s':>8} {'wire B/rank (mean)':>18} {'raw ids B/rank':>15} {'ratio':>6} "
+        f"{'encodings'}"
+    )
     for n in args.ranks:
         out = run_ranks(bench_rank, n, args.profile, path, args.repeats, join_timeout_s=1800, pg_timeout_s=900)
         rows = [out[r] for r in range(n)]
@@ -104,9 +116,12 @@ def main() -> None:
         wire = np.mean([r["payload"] for r in rows])
         raw = np.mean([r["raw"] for r in rows])
         enc = ",".join(sorted({r["encoding"] for r in rows}))
-        print(f"{n:5d} {wall:7.2f} {wall / best:8.2f}x {str(same):>9} {repl:7.2f} {pp:12.2f} "
-              f"{max(r['agree'] for r in rows):7.2f} | {max(r['gather_s'] for r in rows):8.2f} {wire:18,.0f} "
-              f"{raw:15,.0f} {raw / wire:5.0f}x {enc}", flush=True)
+        print(
+            f"{n:5d} {wall:7.2f} {wall / best:8.2f}x {str(same):>9} {repl:7.2f} {pp:12.2f} "
+            f"{max(r['agree'] for r in rows):7.2f} | {max(r['gather_s'] for r in rows):8.2f} {wire:18,.0f} "
+            f"{raw:15,.0f} {raw / wire:5.0f}x {enc}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ def _timed(stage):
             return stage(*args, **kwargs)
         finally:
             _cpu["s"] = time.process_time() - c0
+
     return run
 
 
@@ -75,19 +76,21 @@ def run_profile(name: str, windows: int, seed: int, options: dict) -> list:
             previous[label] = p.placement
             s = p.report["predicted"]
             cells = topo.num_groups * p.num_micro * window.num_layers
-            results[label].append({
-                "throughput": s["throughput"],
-                "fraction_of_ideal": s["fraction_of_ideal"],
-                "imbalance": s["mean_imbalance"],
-                "rows_per_cell": len(p.replicas) / cells,
-                "replication_s": p.report["stage_seconds"]["replication"],
-                "replication_cpu": _cpu["s"],
-                "all_to_all": s["all_to_all"],
-                "expert": s["expert"],
-                "replication": s["replication"],
-                "migration": s["migration"],
-                "cross_node_kb": s["cross_node_bytes_per_token"] / 1e3,
-            })
+            results[label].append(
+                {
+                    "throughput": s["throughput"],
+                    "fraction_of_ideal": s["fraction_of_ideal"],
+                    "imbalance": s["mean_imbalance"],
+                    "rows_per_cell": len(p.replicas) / cells,
+                    "replication_s": p.report["stage_seconds"]["replication"],
+                    "replication_cpu": _cpu["s"],
+                    "all_to_all": s["all_to_all"],
+                    "expert": s["expert"],
+                    "replication": s["replication"],
+                    "migration": s["migration"],
+                    "cross_node_kb": s["cross_node_bytes_per_token"] / 1e3,
+                }
+            )
         print(f"  {name} window {wi}: {time.perf_counter() - t0:.1f} s", flush=True)
     base = [r["throughput"] for r in results["static + none"]]
     rows = []
@@ -95,9 +98,24 @@ def run_profile(name: str, windows: int, seed: int, options: dict) -> list:
         rs = results[label]
         rel = [r["throughput"] / b for r, b in zip(rs, base)]
         med = lambda k: statistics.median(r[k] for r in rs)  # noqa: E731
-        rows.append((label, statistics.median(rel), min(rel), max(rel), med("fraction_of_ideal"),
-                     med("imbalance"), med("rows_per_cell"), med("replication_s"), med("replication_cpu"), med("all_to_all"),
-                     med("expert"), med("replication"), med("migration"), med("cross_node_kb")))
+        rows.append(
+            (
+                label,
+                statistics.median(rel),
+                min(rel),
+                max(rel),
+                med("fraction_of_ideal"),
+                med("imbalance"),
+                med("rows_per_cell"),
+                med("replication_s"),
+                med("replication_cpu"),
+                med("all_to_all"),
+                med("expert"),
+                med("replication"),
+                med("migration"),
+                med("cross_node_kb"),
+            )
+        )
     return rows
 
 
@@ -106,25 +124,45 @@ def main() -> None:
     ap.add_argument("--profiles", nargs="+", default=["tiny", "flash"])
     ap.add_argument("--windows", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--replication-slots", "--replica-slots", dest="replication_slots", type=int, default=None,
-                    help="relibra/routepack copies per rank (default: the core's, 2)")
-    ap.add_argument("--replication-hot-experts", "--hot-experts", dest="replication_hot_experts", type=int,
-                    default=None, help="hot_n's N (default: the core's, 3)")
+    ap.add_argument(
+        "--replication-slots",
+        "--replica-slots",
+        dest="replication_slots",
+        type=int,
+        default=None,
+        help="relibra/routepack copies per rank (default: the core's, 2)",
+    )
+    ap.add_argument(
+        "--replication-hot-experts",
+        "--hot-experts",
+        dest="replication_hot_experts",
+        type=int,
+        default=None,
+        help="hot_n's N (default: the core's, 3)",
+    )
     args = ap.parse_args()
     options = {}
     for name in ("replication_slots", "replication_hot_experts"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
-    print(f"routepack {rp.__version__}, {os.cpu_count()} CPUs, RAYON_NUM_THREADS={os.environ.get('RAYON_NUM_THREADS', 'default')}, "
-          f"options {options or 'defaults'}")
+    print(
+        f"routepack {rp.__version__}, {os.cpu_count()} CPUs, RAYON_NUM_THREADS={os.environ.get('RAYON_NUM_THREADS', 'default')}, "
+        f"options {options or 'defaults'}"
+    )
     for name in args.profiles:
         rows = run_profile(name, args.windows, args.seed, options)
-        print(f"\n{name}: {args.windows} windows, seed {args.seed}; throughput relative to static + none, median [min, max]")
-        print(f"{'policy':27s} {'throughput':>22s} {'of ideal':>8s} {'imbal':>6s} {'rows/cell':>9s} {'repl s':>7s} {'cpu s':>6s} "
-              f"{'a2a s':>7s} {'expert s':>8s} {'repl exp s':>10s} {'migr s':>7s} {'xnode kB/tok':>12s}")
-        for (label, rel, lo, hi, ideal, imb, rpc, rs, cpu, a2a, ex, rep, mig, xnode) in rows:
-            print(f"{label:27s} {rel:8.4f} [{lo:.4f}, {hi:.4f}] {ideal:8.3f} {imb:6.3f} {rpc:9.2f} {rs:7.3f} {cpu:6.3f} "
-                  f"{a2a:7.2f} {ex:8.2f} {rep:10.4f} {mig:7.3f} {xnode:12.2f}")
+        print(
+            f"\n{name}: {args.windows} windows, seed {args.seed}; throughput relative to static + none, median [min, max]"
+        )
+        print(
+            f"{'policy':27s} {'throughput':>22s} {'of ideal':>8s} {'imbal':>6s} {'rows/cell':>9s} {'repl s':>7s} {'cpu s':>6s} "
+            f"{'a2a s':>7s} {'expert s':>8s} {'repl exp s':>10s} {'migr s':>7s} {'xnode kB/tok':>12s}"
+        )
+        for label, rel, lo, hi, ideal, imb, rpc, rs, cpu, a2a, ex, rep, mig, xnode in rows:
+            print(
+                f"{label:27s} {rel:8.4f} [{lo:.4f}, {hi:.4f}] {ideal:8.3f} {imb:6.3f} {rpc:9.2f} {rs:7.3f} {cpu:6.3f} "
+                f"{a2a:7.2f} {ex:8.2f} {rep:10.4f} {mig:7.3f} {xnode:12.2f}"
+            )
 
 
 if __name__ == "__main__":

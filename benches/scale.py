@@ -38,9 +38,23 @@ from routepack.traces import PROFILES, Profile
 
 _FLASH = PROFILES["flash"]
 _DSV3 = Profile(
-    name="dsv3", num_layers=58, num_experts=256, top_k=8, hidden=7168, expert_ffn=2048,
-    attention=("full",) * 58, dp=256, ep=64, gpus_per_node=8, slots_per_rank=5, token_cap=65536,
-    samples=8192, group_size=16, prompt_median=800.0, response_median=4000.0, max_response=32768,
+    name="dsv3",
+    num_layers=58,
+    num_experts=256,
+    top_k=8,
+    hidden=7168,
+    expert_ffn=2048,
+    attention=("full",) * 58,
+    dp=256,
+    ep=64,
+    gpus_per_node=8,
+    slots_per_rank=5,
+    token_cap=65536,
+    samples=8192,
+    group_size=16,
+    prompt_median=800.0,
+    response_median=4000.0,
+    max_response=32768,
 )
 
 #: name -> the profile of that size (flash's statistics; the models' public shapes).
@@ -51,8 +65,16 @@ SIZES: Dict[str, Profile] = {
     "flash_x4": dataclasses.replace(_FLASH, name="flash_x4", samples=16384, dp=256),
     "dsv3": _DSV3,
     "kimi": dataclasses.replace(
-        _DSV3, name="kimi", num_layers=61, num_experts=384, attention=("full",) * 61, dp=512, ep=64,
-        slots_per_rank=7, samples=32768),
+        _DSV3,
+        name="kimi",
+        num_layers=61,
+        num_experts=384,
+        attention=("full",) * 61,
+        dp=512,
+        ep=64,
+        slots_per_rank=7,
+        samples=32768,
+    ),
 }
 DEFAULT_SIZES = ["flash", "flash_x2", "flash_x4", "dsv3"]
 
@@ -69,12 +91,14 @@ def _cpu() -> float:
 
 def _cpu_timed(fn: Any, stage: str, out: Dict[str, float]) -> Any:
     """`fn`, adding the process CPU seconds (all threads) of each call to ``out[stage]``."""
+
     def run(*a: Any, **k: Any) -> Any:
         c = _cpu()
         try:
             return fn(*a, **k)
         finally:
             out[stage] = out.get(stage, 0.0) + _cpu() - c
+
     return run
 
 
@@ -105,8 +129,11 @@ def measure(prof: Profile, baseline: bool, cache: str | None) -> Dict[str, Any]:
 
     planner.simulate = timed_simulate
     saved = {}
-    for stage, table, choice in (("placement", registry.PLACEMENTS, "routepack"), ("packing", registry.PACKINGS, "routepack"),
-                                 ("replication", registry.REPLICATIONS, "routepack")):
+    for stage, table, choice in (
+        ("placement", registry.PLACEMENTS, "routepack"),
+        ("packing", registry.PACKINGS, "routepack"),
+        ("replication", registry.REPLICATIONS, "routepack"),
+    ):
         saved[stage] = (table, choice, table[choice])
         table[choice] = table[choice]._replace(run=_cpu_timed(table[choice].run, stage, stage_cpu))
     c0, t0 = _cpu(), time.perf_counter()
@@ -118,13 +145,25 @@ def measure(prof: Profile, baseline: bool, cache: str | None) -> Dict[str, Any]:
     st = plan.report["stage_seconds"]
     ps = plan.report["packing"]["seconds"]
     row = {
-        "size": prof.name, "S": window.num_samples, "L": window.num_layers, "E": window.num_experts,
-        "dp": prof.dp, "ep": prof.ep, "wall": wall, "cpu": cpu, "placement": st["placement"],
-        "rows": ps["rows"] + ps["proxy"], "layout": ps["init"] + ps["anneal"],
-        "replication": st["replication"], "simulate": sim_s[0], "cpu_stages": stage_cpu,
+        "size": prof.name,
+        "S": window.num_samples,
+        "L": window.num_layers,
+        "E": window.num_experts,
+        "dp": prof.dp,
+        "ep": prof.ep,
+        "wall": wall,
+        "cpu": cpu,
+        "placement": st["placement"],
+        "rows": ps["rows"] + ps["proxy"],
+        "layout": ps["init"] + ps["anneal"],
+        "replication": st["replication"],
+        "simulate": sim_s[0],
+        "cpu_stages": stage_cpu,
         "rest": st["total"] - st["placement"] - st["packing"] - st["replication"] - sim_s[0],
-        "step_time": plan.report["predicted"]["step_time"], "replicas": len(plan.replicas),
-        "digest": plan_digest(plan)[:12], "gen": gen,
+        "step_time": plan.report["predicted"]["step_time"],
+        "replicas": len(plan.replicas),
+        "digest": plan_digest(plan)[:12],
+        "gen": gen,
     }
     del plan
     if baseline:
@@ -139,8 +178,9 @@ def measure(prof: Profile, baseline: bool, cache: str | None) -> Dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", nargs="+", default=DEFAULT_SIZES, choices=sorted(SIZES))
-    ap.add_argument("--samples", nargs="+", type=int, default=None,
-                    help="override S (DP scales with it) for each size chosen")
+    ap.add_argument(
+        "--samples", nargs="+", type=int, default=None, help="override S (DP scales with it) for each size chosen"
+    )
     ap.add_argument("--no-baseline", action="store_true", help="skip the eplb_oracle plan")
     ap.add_argument("--json", action="store_true", help="print one JSON object per row as well")
     ap.add_argument("--cache", help="folder to keep generated windows in and load them from (generation is slow)")
@@ -156,31 +196,40 @@ def main() -> None:
         prof = SIZES[name]
         for s in args.samples or [prof.samples]:
             dp = max(1, prof.dp * s // prof.samples)
-            jobs.append(dataclasses.replace(prof, name=name if s == prof.samples else f"{name}@{s}",
-                                            samples=s, dp=dp))
-    hdr = (f"{'size':12} {'S':>6} {'LxE':>8} {'dp/ep':>7} {'wall s':>7} {'cpu s':>6}  {'place':>6} {'rows':>6} "
-           f"{'layout':>6} {'repl':>6} {'sim':>6} {'rest':>6}  {'step s':>8} {'eplb_o s':>8} {'gen s':>6} "
-           f"{'RSS GB':>6} digest")
+            jobs.append(dataclasses.replace(prof, name=name if s == prof.samples else f"{name}@{s}", samples=s, dp=dp))
+    hdr = (
+        f"{'size':12} {'S':>6} {'LxE':>8} {'dp/ep':>7} {'wall s':>7} {'cpu s':>6}  {'place':>6} {'rows':>6} "
+        f"{'layout':>6} {'repl':>6} {'sim':>6} {'rest':>6}  {'step s':>8} {'eplb_o s':>8} {'gen s':>6} "
+        f"{'RSS GB':>6} digest"
+    )
     print(hdr)
     for prof in jobs:
         fields = {f.name: getattr(prof, f.name) for f in dataclasses.fields(prof)}
         fields["attention"] = list(fields["attention"])
         fields["layer_skew"] = list(fields["layer_skew"])
-        cmd = [sys.executable, __file__, "--_one", json.dumps(fields)] + (["--no-baseline"] if args.no_baseline else []) \
+        cmd = (
+            [sys.executable, __file__, "--_one", json.dumps(fields)]
+            + (["--no-baseline"] if args.no_baseline else [])
             + (["--cache", args.cache] if args.cache else [])
+        )
         out = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
         if out.returncode != 0:
             print(f"{prof.name:12} failed (rc {out.returncode}): {out.stderr.strip().splitlines()[-1:]}")
             continue
         r = json.loads(out.stdout.strip().splitlines()[-1])
         eo = f"{r['eplb_oracle']:8.2f}" if "eplb_oracle" in r else f"{'-':>8}"
-        print(f"{r['size']:12} {r['S']:6d} {r['L']:>3}x{r['E']:<4} {r['dp']:>3}/{r['ep']:<3} {r['wall']:7.2f} "
-              f"{r['cpu']:6.2f}  {r['placement']:6.2f} {r['rows']:6.2f} {r['layout']:6.2f} {r['replication']:6.2f} "
-              f"{r['simulate']:6.2f} {r['rest']:6.2f}  {r['step_time']:8.4f} {eo} {r['gen']:6.1f} {r['rss_gb']:6.2f} {r['digest']}",
-              flush=True)
+        print(
+            f"{r['size']:12} {r['S']:6d} {r['L']:>3}x{r['E']:<4} {r['dp']:>3}/{r['ep']:<3} {r['wall']:7.2f} "
+            f"{r['cpu']:6.2f}  {r['placement']:6.2f} {r['rows']:6.2f} {r['layout']:6.2f} {r['replication']:6.2f} "
+            f"{r['simulate']:6.2f} {r['rest']:6.2f}  {r['step_time']:8.4f} {eo} {r['gen']:6.1f} {r['rss_gb']:6.2f} {r['digest']}",
+            flush=True,
+        )
         c = r["cpu_stages"]
-        print(f"{'  (cpu s)':12} {'':6} {'':8} {'':7} {'':7} {'':6}  {c.get('placement', 0):6.2f} "
-              f"{c.get('packing', 0):13.2f} {c.get('replication', 0):6.2f} {c.get('simulate', 0):6.2f}", flush=True)
+        print(
+            f"{'  (cpu s)':12} {'':6} {'':8} {'':7} {'':7} {'':6}  {c.get('placement', 0):6.2f} "
+            f"{c.get('packing', 0):13.2f} {c.get('replication', 0):6.2f} {c.get('simulate', 0):6.2f}",
+            flush=True,
+        )
         if args.json:
             print(json.dumps(r), flush=True)
 

@@ -26,8 +26,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--policy", default="routepack")
     args = ap.parse_args()
-    print(f"{'profile':8} {'budget s':>8} {'wall s':>7} {'wall/b':>6} {'step_time s':>11} {'valid':>5}  "
-          f"{'placement':>9} {'packing':>7} {'replic.':>7} {'end':>6} {'xnode kB/tok':>12}  replicas")
+    print(
+        f"{'profile':8} {'budget s':>8} {'wall s':>7} {'wall/b':>6} {'step_time s':>11} {'valid':>5}  "
+        f"{'placement':>9} {'packing':>7} {'replic.':>7} {'end':>6} {'xnode kB/tok':>12}  replicas"
+    )
     for name in args.profiles:
         prof = rp.traces.profile(name)
         window = next(rp.traces.synthetic(name, 1, seed=0))
@@ -51,9 +53,11 @@ def main() -> None:
             ratio = f"{wall / budget:6.2f}" if budget else f"{'-':>6}"
             step = plan.report["predicted"]["step_time"]
             label = f"{budget:8g}" if budget else f"{'none':>8}"
-            print(f"{name:8} {label} {wall:7.3f} {ratio} {step:11.4f} {valid:>5}  {med['placement']:9.3f} "
-                  f"{med['packing']:7.3f} {med['replication']:7.3f} {end:6.3f} "
-                  f"{plan.report['predicted']['cross_node_bytes_per_token'] / 1e3:12.2f}  {len(plan.replicas)}")
+            print(
+                f"{name:8} {label} {wall:7.3f} {ratio} {step:11.4f} {valid:>5}  {med['placement']:9.3f} "
+                f"{med['packing']:7.3f} {med['replication']:7.3f} {end:6.3f} "
+                f"{plan.report['predicted']['cross_node_bytes_per_token'] / 1e3:12.2f}  {len(plan.replicas)}"
+            )
 
 
 if __name__ == "__main__":

@@ -59,18 +59,32 @@ def main() -> None:
             cell_route(_route(h, origin, row, topo, empty_replicas(), 0), k, topo.slots_per_rank, "cpu")
 
         def at_begin_window():
-            cell_route(_route(ids.numpy().astype(np.int64), origin, row, topo, empty_replicas(), 0), k,
-                       topo.slots_per_rank, "cpu", ids.clone())
-        cell = cell_route(_route(ids.numpy().astype(np.int64), origin, row, topo, empty_replicas(), 0), k,
-                          topo.slots_per_rank, "cpu", ids.clone())
+            cell_route(
+                _route(ids.numpy().astype(np.int64), origin, row, topo, empty_replicas(), 0),
+                k,
+                topo.slots_per_rank,
+                "cpu",
+                ids.clone(),
+            )
+
+        cell = cell_route(
+            _route(ids.numpy().astype(np.int64), origin, row, topo, empty_replicas(), 0),
+            k,
+            topo.slots_per_rank,
+            "cpu",
+            ids.clone(),
+        )
         flag = [None]
 
         def precomputed():
             d = (ids != cell.ids).any()
             flag[0] = d if flag[0] is None else flag[0] | d
-        print(f"routing  T={t:5d} k={k}: in forward {median_ms(in_forward, args.repeats):7.2f} ms per layer, "
-              f"precomputed {median_ms(precomputed, args.repeats):6.3f} ms per layer "
-              f"(+ {median_ms(at_begin_window, args.repeats):6.2f} ms per cell at begin_window)")
+
+        print(
+            f"routing  T={t:5d} k={k}: in forward {median_ms(in_forward, args.repeats):7.2f} ms per layer, "
+            f"precomputed {median_ms(precomputed, args.repeats):6.3f} ms per layer "
+            f"(+ {median_ms(at_begin_window, args.repeats):6.2f} ms per cell at begin_window)"
+        )
 
     h_dim, ffn, slots = 256, 128, prof.slots_per_rank
     for n in (2048, 8192):
@@ -85,9 +99,12 @@ def main() -> None:
 
         def grouped():
             grouped_swiglu(x, counts, w1, w2).sum().backward()
-        print(f"experts  N={n:5d} H={h_dim} I={ffn} slots={slots}: loop {median_ms(loop, args.repeats):7.2f} ms, "
-              f"grouped {median_ms(grouped, args.repeats):7.2f} ms (fwd+bwd, fp32 CPU, "
-              f"torch._grouped_mm {'present' if hasattr(torch, '_grouped_mm') else 'absent'})")
+
+        print(
+            f"experts  N={n:5d} H={h_dim} I={ffn} slots={slots}: loop {median_ms(loop, args.repeats):7.2f} ms, "
+            f"grouped {median_ms(grouped, args.repeats):7.2f} ms (fwd+bwd, fp32 CPU, "
+            f"torch._grouped_mm {'present' if hasattr(torch, '_grouped_mm') else 'absent'})"
+        )
 
 
 if __name__ == "__main__":

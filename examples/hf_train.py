@@ -42,27 +42,55 @@ RANKS = 4
 VOCAB = 64
 #: 4 ranks (dp = ep = 4), 2 per node, slots per rank: every expert once, a few spare slots
 #: that the planner fills with copies of hot experts
-TOPO = {"Qwen3-MoE": rp.Topology(dp=4, ep=4, gpus_per_node=2, slots_per_rank=3),      # 8 experts, 12 slots
-        "DeepSeek-V3": rp.Topology(dp=4, ep=4, gpus_per_node=2, slots_per_rank=5)}    # 16 experts, 20 slots
+TOPO = {
+    "Qwen3-MoE": rp.Topology(dp=4, ep=4, gpus_per_node=2, slots_per_rank=3),  # 8 experts, 12 slots
+    "DeepSeek-V3": rp.Topology(dp=4, ep=4, gpus_per_node=2, slots_per_rank=5),
+}  # 16 experts, 20 slots
 
 
 def build_model(family: str, seed: int = 0):
     """A tiny random model (stands for loading the same checkpoint on every rank)."""
-    common: dict = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=24,
-                  max_position_embeddings=64, pad_token_id=0, attention_dropout=0.0)
+    common: dict = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=24,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        attention_dropout=0.0,
+    )
     cls: Any
     config: Any
     if family == "Qwen3-MoE":  # softmax router; layer 1 is dense
         cls = transformers.Qwen3MoeForCausalLM
-        config = transformers.Qwen3MoeConfig(**common, num_key_value_heads=2, head_dim=8, num_experts=8,
-                                             num_experts_per_tok=2, moe_intermediate_size=16, mlp_only_layers=[1])
+        config = transformers.Qwen3MoeConfig(
+            **common,
+            num_key_value_heads=2,
+            head_dim=8,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            mlp_only_layers=[1],
+        )
     else:  # DeepSeek-V3: sigmoid router over 4 groups of 4 experts, a shared expert, a first dense layer
         cls = transformers.DeepseekV3ForCausalLM
-        config = transformers.DeepseekV3Config(**common, num_key_value_heads=4, n_routed_experts=16,
-                                               num_experts_per_tok=4, moe_intermediate_size=16, n_group=4,
-                                               topk_group=2, first_k_dense_replace=1, n_shared_experts=1,
-                                               q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8,
-                                               qk_nope_head_dim=8, v_head_dim=8)
+        config = transformers.DeepseekV3Config(
+            **common,
+            num_key_value_heads=4,
+            n_routed_experts=16,
+            num_experts_per_tok=4,
+            moe_intermediate_size=16,
+            n_group=4,
+            topk_group=2,
+            first_k_dense_replace=1,
+            n_shared_experts=1,
+            q_lora_rank=16,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=8,
+        )
     torch.manual_seed(seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -96,9 +124,13 @@ def plan_all(model, batches, topo, token_cap: int):
     x1e-3: at its real size a tiny model has nothing worth balancing, and no plan would move
     or copy an expert. Each plan is validated against its window."""
     base = rp.CostModel.from_model(hf.model_shape(model), rp.Hardware.h200())
-    cost = dataclasses.replace(base, c_tok=base.c_tok * 3e5, expert_weight_bytes=base.expert_weight_bytes * 1e-3,
-                               expert_grad_bytes=base.expert_grad_bytes * 1e-3,
-                               expert_state_bytes=base.expert_state_bytes * 1e-3)
+    cost = dataclasses.replace(
+        base,
+        c_tok=base.c_tok * 3e5,
+        expert_weight_bytes=base.expert_weight_bytes * 1e-3,
+        expert_grad_bytes=base.expert_grad_bytes * 1e-3,
+        expert_state_bytes=base.expert_state_bytes * 1e-3,
+    )
     plans, previous = [], None
     for w, (_, _, routed) in enumerate(batches):
         window = rp.Window.from_routed_experts(*routed)
@@ -112,8 +144,9 @@ def plan_all(model, batches, topo, token_cap: int):
 def loss_sum(logits, ids, mask):
     """Next-token cross-entropy summed over the real tokens."""
     labels = ids.masked_fill(mask == 0, -100)[:, 1:]
-    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100,
-                           reduction="sum")
+    return F.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum"
+    )
 
 
 def n_labels(mask) -> int:
@@ -128,8 +161,9 @@ def adam(model):
 def train_rank(rank: int, family: str, batches, plans, store: str, result: str) -> None:
     """One of the 4 processes: the model sharded over the ranks, one optimizer step per window."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=RANKS,
-                            timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=RANKS, timeout=datetime.timedelta(seconds=120)
+    )
     topo = TOPO[family]
     model = build_model(family)
     sharded = hf.shard(model, plans[0][0], topo=topo)  # this rank's slots of the first placement
@@ -159,8 +193,14 @@ def train_rank(rank: int, family: str, batches, plans, store: str, result: str) 
         opt.zero_grad(set_to_none=True)
         total = torch.tensor([local], dtype=torch.float64)
         dist.all_reduce(total)
-        rows.append({"loss": float(total), "moved": int(plan.migration.size), "replicas": int(plan.replicas.size),
-                     "bytes": 0 if report is None else report.sent_bytes + report.received_bytes})
+        rows.append(
+            {
+                "loss": float(total),
+                "moved": int(plan.migration.size),
+                "replicas": int(plan.replicas.size),
+                "bytes": 0 if report is None else report.sent_bytes + report.received_bytes,
+            }
+        )
     if rank == 0:
         with open(result, "w") as f:
             json.dump(rows, f)
@@ -206,7 +246,9 @@ def main() -> None:
     print(f"{args.family}: {RANKS} gloo ranks, expert-parallel under routepack plans vs one process")
     print(f"{'step':>4}  {'micro':>5}  {'moved':>5}  {'replicas':>8}  {'loss (4 ranks)':>14}  {'loss (1 process)':>16}")
     for w, (row, ref, (plan, _)) in enumerate(zip(rows, single, plans)):
-        print(f"{w:>4}  {plan.num_micro:>5}  {row['moved']:>5}  {row['replicas']:>8}  {row['loss']:>14.7f}  {ref:>16.7f}")
+        print(
+            f"{w:>4}  {plan.num_micro:>5}  {row['moved']:>5}  {row['replicas']:>8}  {row['loss']:>14.7f}  {ref:>16.7f}"
+        )
     worst = max(abs(r["loss"] - s) / abs(s) for r, s in zip(rows, single))
     print(f"max relative loss difference: {worst:.2e}")
 

@@ -24,18 +24,32 @@ def main():
     topo = rp.Topology(dp=2, ep=2, gpus_per_node=2, slots_per_rank=4)  # 8 slots for 6 experts
     lens = rng.integers(8, 32, size=8)
     hot = np.array([8, 1, 1, 1, 1, 4], dtype=float)  # expert 0 hot: worth a second copy
-    counts = np.stack([rng.multinomial(n * K, hot / hot.sum(), size=LAYERS) for n in lens]).clip(max=lens[:, None, None])
+    counts = np.stack([rng.multinomial(n * K, hot / hot.sum(), size=LAYERS) for n in lens]).clip(
+        max=lens[:, None, None]
+    )
     window = rp.Window(lens, counts.astype(np.int32))
-    model = rp.ModelShape(num_layers=LAYERS, num_experts=EXPERTS, top_k=K, hidden=256, expert_ffn=128,
-                          attention=["full"] * LAYERS, expert_groups=1)
+    model = rp.ModelShape(
+        num_layers=LAYERS,
+        num_experts=EXPERTS,
+        top_k=K,
+        hidden=256,
+        expert_ffn=128,
+        attention=["full"] * LAYERS,
+        expert_groups=1,
+    )
     cost = rp.CostModel.from_model(model, rp.Hardware.h200())
     plan = rp.plan_window(window, topo, cost, token_cap=64, policy="routepack_no_replication", anneal_moves=2000)
 
     print(f"num_moe_experts = {rm.num_moe_experts(plan)} (physical slots), num_local_experts = {topo.slots_per_rank}")
     local = rm.local_experts(plan)  # [L, ep, n_local]: logical expert in weight{i} of EP rank r
     for l in range(LAYERS):
-        print(f"  layer {l}: " + "; ".join(f"EP rank {r}: " + ", ".join(f"weight{i}=expert {e}" for i, e in enumerate(local[l, r]))
-                                          for r in range(topo.ep)))
+        print(
+            f"  layer {l}: "
+            + "; ".join(
+                f"EP rank {r}: " + ", ".join(f"weight{i}=expert {e}" for i, e in enumerate(local[l, r]))
+                for r in range(topo.ep)
+            )
+        )
 
     layer = 0
     logical_ckpt = rng.standard_normal((EXPERTS, HIDDEN, HIDDEN))  # W[e]: expert e's weights
@@ -45,7 +59,9 @@ def main():
     assert np.array_equal(physical[rm.checkpoint_to_logical(plan, layer)], logical_ckpt)  # export in logical ids
 
     # replayed logical top-k of each EP rank's tokens (what RouterReplay feeds), all-gathered counts
-    ids = [np.stack([rng.choice(EXPERTS, K, replace=False, p=hot / hot.sum()) for _ in range(5)]) for _ in range(topo.ep)]
+    ids = [
+        np.stack([rng.choice(EXPERTS, K, replace=False, p=hot / hot.sum()) for _ in range(5)]) for _ in range(topo.ep)
+    ]
     origin = np.stack([np.bincount(i.reshape(-1), minlength=EXPERTS) for i in ids])
     for r in range(topo.ep):
         slots = rm.slot_topk(ids[r], origin, plan.placement.phy2log[layer], topo, r)

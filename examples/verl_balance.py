@@ -27,11 +27,11 @@ def synthetic_batch(rng, batch=16):
     response_mask = np.zeros((batch, RESPONSE), dtype=np.int64)
     for b in range(batch):
         p, r = int(rng.integers(4, PROMPT + 1)), int(rng.integers(1, RESPONSE + 1))
-        mask[b, PROMPT - p:PROMPT + r] = 1
+        mask[b, PROMPT - p : PROMPT + r] = 1
         response_mask[b, :r] = 1
         recorded = p + r - 1  # the rollout engine does not route the last generated token
         keys = rng.random((recorded, LAYERS, EXPERTS)) ** np.linspace(3, 0.3, EXPERTS)  # some experts hot
-        routed[b, PROMPT - p:PROMPT - p + recorded] = np.argsort(-keys, axis=2)[:, :, :K]
+        routed[b, PROMPT - p : PROMPT - p + recorded] = np.argsort(-keys, axis=2)[:, :, :K]
     return {"routed_experts": routed, "attention_mask": mask, "response_mask": response_mask}
 
 
@@ -42,8 +42,15 @@ def main():
     rng = np.random.default_rng(0)
     fields = synthetic_batch(rng)
     topo = rp.Topology(dp=DP, ep=2, gpus_per_node=2, slots_per_rank=5)
-    model = rp.ModelShape(num_layers=LAYERS, num_experts=EXPERTS, top_k=K, hidden=256, expert_ffn=128,
-                          attention=["full"] * LAYERS, expert_groups=1)
+    model = rp.ModelShape(
+        num_layers=LAYERS,
+        num_experts=EXPERTS,
+        top_k=K,
+        hidden=256,
+        expert_ffn=128,
+        attention=["full"] * LAYERS,
+        expert_groups=1,
+    )
     cost = rp.CostModel.from_model(model, rp.Hardware.h200())
     max_token_len = 96
 

@@ -98,13 +98,7 @@ where
 
 /// A `routepack.Topology` → the core's (checked) `Topology`.
 pub fn topology(obj: &Bound<'_, PyAny>) -> PyResult<Topology> {
-    Topology::new(
-        attr(obj, "dp")?,
-        attr(obj, "ep")?,
-        attr(obj, "gpus_per_node")?,
-        attr(obj, "slots_per_rank")?,
-    )
-    .map_err(to_py)
+    Topology::new(attr(obj, "dp")?, attr(obj, "ep")?, attr(obj, "gpus_per_node")?, attr(obj, "slots_per_rank")?).map_err(to_py)
 }
 
 /// A `routepack.CostModel` → the core's `CostModel`.
@@ -162,15 +156,7 @@ pub fn plan(obj: &Bound<'_, PyAny>) -> PyResult<Plan> {
     let rshare: PyReadonlyArray1<f32> = rep.get_item(6)?.extract()?;
     let rshare = slice(&rshare, "replicas.share")?;
     let replicas = (0..rm.len())
-        .map(|i| Replica {
-            micro: rm[i],
-            group: rg[i],
-            layer: rl[i],
-            expert: re[i],
-            src_rank: rs[i],
-            dst_rank: rd[i],
-            share: rshare[i],
-        })
+        .map(|i| Replica { micro: rm[i], group: rg[i], layer: rl[i], expert: re[i], src_rank: rs[i], dst_rank: rd[i], share: rshare[i] })
         .collect();
     let (ml, me, ms, md, mss, mds) = (col(&mig, 0)?, col(&mig, 1)?, col(&mig, 2)?, col(&mig, 3)?, col(&mig, 4)?, col(&mig, 5)?);
     let mbytes: PyReadonlyArray1<f64> = mig.get_item(6)?.extract()?;

@@ -78,7 +78,11 @@ fn install_quiet_hook() {
             if !here && ACTIVE_RUNS.load(Ordering::SeqCst) == 0 {
                 return default(info);
             }
-            let text = format!("{} at {}", payload_text(info.payload()), info.location().map_or_else(|| "an unknown location".into(), |l| l.to_string()));
+            let text = format!(
+                "{} at {}",
+                payload_text(info.payload()),
+                info.location().map_or_else(|| "an unknown location".into(), |l| l.to_string())
+            );
             if here {
                 LAST_PANIC.with(|p| *p.borrow_mut() = Some(text));
             } else if let Ok(mut slot) = WORKER_PANIC.lock() {
@@ -123,9 +127,7 @@ pub fn run<T: Send>(py: Python<'_>, f: impl FnOnce() -> routepack_core::Result<T
     let out = py.detach(|| {
         let _in_run = InRun::enter();
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|payload| {
-            let located = LAST_PANIC
-                .with(|p| p.borrow_mut().take())
-                .or_else(|| WORKER_PANIC.lock().ok().and_then(|mut slot| slot.take()));
+            let located = LAST_PANIC.with(|p| p.borrow_mut().take()).or_else(|| WORKER_PANIC.lock().ok().and_then(|mut slot| slot.take()));
             located.unwrap_or_else(|| payload_text(payload.as_ref()))
         })
     });

@@ -47,10 +47,7 @@ pub fn route_cell<'py>(
     let e_n = sh[1];
     let row = slice(&phy2log, "phy2log")?;
     if row.len() != t.num_slots() {
-        return Err(to_py(invalid(
-            "phy2log",
-            format!("has {} slots, expected ep*slots_per_rank = {}", row.len(), t.num_slots()),
-        )));
+        return Err(to_py(invalid("phy2log", format!("has {} slots, expected ep*slots_per_rank = {}", row.len(), t.num_slots()))));
     }
     let (re, rd, rs) = (slice(&rep_expert, "rep_expert")?, slice(&rep_dst, "rep_dst")?, slice(&rep_share, "rep_share")?);
     if rd.len() != re.len() || rs.len() != re.len() {

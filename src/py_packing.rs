@@ -5,9 +5,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use routepack_core::budget;
 use routepack_core::layout::chain::MoveMix;
+use routepack_core::packing::kk::verl_kk;
 use routepack_core::packing::routepack::{default_moves, proxy_step_time, routepack_packing, Options as PackingOptions};
 use routepack_core::packing::rows::certified::certified_rows;
-use routepack_core::packing::kk::verl_kk;
 use routepack_core::packing::sequential::sequential_report;
 use routepack_core::packing::Packing;
 
@@ -20,7 +20,12 @@ type CellsReport<'py> = (Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i32>>, u
 /// report `{rows, fallback}` (fallback: first fit could not fill the cells, so the certified
 /// rows were laid out).
 #[pyfunction]
-pub fn pack_sequential<'py>(py: Python<'py>, seq_lens: PyReadonlyArray1<'py, i64>, token_cap: i64, dp: usize) -> PyResult<CellsReport<'py>> {
+pub fn pack_sequential<'py>(
+    py: Python<'py>,
+    seq_lens: PyReadonlyArray1<'py, i64>,
+    token_cap: i64,
+    dp: usize,
+) -> PyResult<CellsReport<'py>> {
     let lens = slice(&seq_lens, "seq_lens")?;
     let (p, r) = run(py, || sequential_report(lens, token_cap, dp))?;
     let d = PyDict::new(py);
@@ -49,7 +54,13 @@ pub fn pack_kk<'py>(py: Python<'py>, seq_lens: PyReadonlyArray1<'py, i64>, token
 /// exact search (None: the packing stage's `exact_nodes` default).
 #[pyfunction]
 #[pyo3(signature = (seq_lens, token_cap, step, node_limit=None))]
-pub fn pack_rows<'py>(py: Python<'py>, seq_lens: PyReadonlyArray1<'py, i64>, token_cap: i64, step: usize, node_limit: Option<u64>) -> PyResult<Bound<'py, PyDict>> {
+pub fn pack_rows<'py>(
+    py: Python<'py>,
+    seq_lens: PyReadonlyArray1<'py, i64>,
+    token_cap: i64,
+    step: usize,
+    node_limit: Option<u64>,
+) -> PyResult<Bound<'py, PyDict>> {
     let lens = slice(&seq_lens, "seq_lens")?;
     let node_limit = node_limit.unwrap_or_else(|| PackingOptions::default().exact_nodes);
     let c = run(py, || certified_rows(lens, token_cap, step, node_limit, None))?;

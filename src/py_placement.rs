@@ -38,7 +38,12 @@ pub fn rebalance_experts<'py>(
 
 /// EPLB as a routepack placement: phy2log `[L, ep*slots_per_rank]` int32.
 #[pyfunction]
-pub fn eplb_placement<'py>(py: Python<'py>, loads: PyReadonlyArray2<'py, f64>, topo: &Bound<'py, PyAny>, num_groups: usize) -> PyResult<Bound<'py, PyArray2<i32>>> {
+pub fn eplb_placement<'py>(
+    py: Python<'py>,
+    loads: PyReadonlyArray2<'py, f64>,
+    topo: &Bound<'py, PyAny>,
+    num_groups: usize,
+) -> PyResult<Bound<'py, PyArray2<i32>>> {
     let (l, e) = (loads.shape()[0], loads.shape()[1]);
     let w = convert::slice(&loads, "loads")?;
     let t = convert::topology(topo)?;
@@ -152,7 +157,12 @@ pub fn aggregate_imbalance<'py>(
 
 /// `[L]` lowest aggregate imbalance any placement can reach (optimal replication bound).
 #[pyfunction]
-pub fn imbalance_lower_bound<'py>(py: Python<'py>, loads: PyReadonlyArray2<'py, f64>, num_slots: usize, ranks: usize) -> PyResult<Bound<'py, PyArray1<f64>>> {
+pub fn imbalance_lower_bound<'py>(
+    py: Python<'py>,
+    loads: PyReadonlyArray2<'py, f64>,
+    num_slots: usize,
+    ranks: usize,
+) -> PyResult<Bound<'py, PyArray1<f64>>> {
     let (l, e) = (loads.shape()[0], loads.shape()[1]);
     let w = convert::slice(&loads, "loads")?;
     let v = run(py, || quality::imbalance_lower_bound(w, l, e, num_slots, ranks))?;

@@ -2,8 +2,8 @@
 
 use numpy::{IntoPyArray, PyArray2, PyArray3, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods};
 use pyo3::prelude::*;
-use routepack_core::placement::static_placement as core_static;
 use routepack_core::error::bad_plan;
+use routepack_core::placement::static_placement as core_static;
 use routepack_core::validate::{validate_placement_tables, validate_plan as core_validate};
 
 use crate::columns::{self, MigrationColumns};
@@ -12,7 +12,12 @@ use crate::errors::{run, to_py};
 
 /// Megatron's default placement `[L, ep*slots_per_rank]` int32.
 #[pyfunction]
-pub fn static_placement<'py>(py: Python<'py>, num_layers: usize, num_experts: usize, topo: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyArray2<i32>>> {
+pub fn static_placement<'py>(
+    py: Python<'py>,
+    num_layers: usize,
+    num_experts: usize,
+    topo: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyArray2<i32>>> {
     let t = convert::topology(topo)?;
     let p = run(py, || core_static(num_layers, num_experts, &t))?;
     Ok(numpy::ndarray::Array2::from_shape_vec((p.num_layers, p.num_slots), p.phy2log).expect("shape").into_pyarray(py))

@@ -27,8 +27,7 @@ def balanced_packing(weight: np.ndarray, num_packs: int):
         pack_weights = [0.0] * num_packs
         pack_items = [0] * num_packs
         for group in indices[i]:
-            pack = min((p for p in range(num_packs) if pack_items[p] < groups_per_pack),
-                       key=pack_weights.__getitem__)
+            pack = min((p for p in range(num_packs) if pack_items[p] < groups_per_pack), key=pack_weights.__getitem__)
             pack_index[i, group] = pack
             rank_in_pack[i, group] = pack_items[pack]
             pack_weights[pack] += weight[i, group]
@@ -66,8 +65,9 @@ def rebalance_experts_hierarchical(weight, num_physical_experts, num_groups, num
 
     tokens_per_group = weight.reshape(num_layers, num_groups, group_size).sum(-1)
     group_pack_index, group_rank_in_pack = balanced_packing(tokens_per_group, num_nodes)
-    log2mlog = (((group_pack_index * groups_per_node + group_rank_in_pack) * group_size)[:, :, None]
-                + np.arange(group_size)).reshape(num_layers, -1)
+    log2mlog = (
+        ((group_pack_index * groups_per_node + group_rank_in_pack) * group_size)[:, :, None] + np.arange(group_size)
+    ).reshape(num_layers, -1)
     mlog2log = _inverse(log2mlog)
 
     tokens_per_mlog = np.take_along_axis(weight, mlog2log, -1).reshape(-1, num_logical_experts // num_nodes)
@@ -79,9 +79,10 @@ def rebalance_experts_hierarchical(weight, num_physical_experts, num_groups, num
     pphy2phy = _inverse(phy2pphy)
 
     pphy2mlog = np.take_along_axis(phy2mlog, pphy2phy, -1)
-    pphy2mlog = (pphy2mlog.reshape(num_layers, num_nodes, -1)
-                 + np.arange(0, num_logical_experts, num_logical_experts // num_nodes).reshape(1, -1, 1)
-                 ).reshape(num_layers, -1)
+    pphy2mlog = (
+        pphy2mlog.reshape(num_layers, num_nodes, -1)
+        + np.arange(0, num_logical_experts, num_logical_experts // num_nodes).reshape(1, -1, 1)
+    ).reshape(num_layers, -1)
     pphy2log = np.take_along_axis(mlog2log, pphy2mlog, -1)
     pphyrank = np.take_along_axis(phyrank, pphy2phy, -1).reshape(num_layers, -1)
     logcnt = np.take_along_axis(mlogcnt.reshape(num_layers, -1), log2mlog, -1)
@@ -97,6 +98,10 @@ def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus):
         phy2log, phyrank, logcnt = rebalance_experts_hierarchical(weight, num_replicas, 1, 1, num_gpus)
     maxlogcnt = int(logcnt.max())
     log2phy = np.full((num_layers, num_logical_experts * maxlogcnt), -1, dtype=np.int64)
-    np.put_along_axis(log2phy, phy2log * maxlogcnt + phyrank,
-                      np.broadcast_to(np.arange(num_replicas), (num_layers, num_replicas)), axis=-1)
+    np.put_along_axis(
+        log2phy,
+        phy2log * maxlogcnt + phyrank,
+        np.broadcast_to(np.arange(num_replicas), (num_layers, num_replicas)),
+        axis=-1,
+    )
     return phy2log, log2phy.reshape(num_layers, num_logical_experts, maxlogcnt), logcnt

@@ -29,10 +29,13 @@ from hypothesis import strategies as st
 
 #: ROUTEPACK_FUZZ_EXAMPLES=2000 ROUTEPACK_FUZZ_RANDOM=1 for a longer, randomized hunt; the
 #: default run is short and reproducible.
-FUZZ = settings(max_examples=int(os.environ.get("ROUTEPACK_FUZZ_EXAMPLES", "100")), deadline=None,
-                derandomize=not os.environ.get("ROUTEPACK_FUZZ_RANDOM"), database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                       HealthCheck.filter_too_much])
+FUZZ = settings(
+    max_examples=int(os.environ.get("ROUTEPACK_FUZZ_EXAMPLES", "100")),
+    deadline=None,
+    derandomize=not os.environ.get("ROUTEPACK_FUZZ_RANDOM"),
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
 #: Every input error is a RoutepackError (a ValueError; RoutepackTypeError is also a TypeError).
 CLEAN = (rp.RoutepackError,)
 
@@ -67,8 +70,7 @@ def int_array_ok(a: np.ndarray, ndim: int, dtype) -> bool:
 
 #: a scalar argument: small ints, boundaries, huge ints, and other types
 def scalars(lo: int = -2, hi: int = 12, huge: bool = True):
-    options = [st.integers(lo, hi), st.floats(allow_nan=True), st.booleans(), st.none(),
-               st.text(max_size=2)]
+    options = [st.integers(lo, hi), st.floats(allow_nan=True), st.booleans(), st.none(), st.text(max_size=2)]
     if huge:
         options.append(st.sampled_from([2**31, 2**63 - 1, 2**63, 2**64, 10**30]))
     return st.one_of(*options)
@@ -81,7 +83,9 @@ def numbers():
         st.floats(allow_nan=True, allow_infinity=True),
         st.integers(-3, 10**6),
         st.sampled_from([0, 0.0, -1.0, 10**400, float("nan"), float("inf")]),
-        st.booleans(), st.none(), st.text(max_size=3),
+        st.booleans(),
+        st.none(),
+        st.text(max_size=3),
     )
 
 
@@ -124,8 +128,13 @@ else:
 def run_in_own_interpreter(call: str) -> subprocess.CompletedProcess:
     """Runs `PRELUDE` with `call` in a fresh interpreter (an allocation failure aborts it)."""
     code = textwrap.dedent(PRELUDE).format(call=call)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "RUST_BACKTRACE": "0"})
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "RUST_BACKTRACE": "0"},
+    )
 
 
 def assert_wrong_type_is_clean(call) -> None:
@@ -144,4 +153,5 @@ def assert_absurd_size_fails_cleanly(call: str) -> None:
     allocated (an allocation failure aborts the interpreter, so each runs in its own)."""
     proc = run_in_own_interpreter(call)
     assert proc.returncode == 0 and proc.stdout.startswith("CLEAN"), (
-        f"rc={proc.returncode} stdout={proc.stdout[-300:]!r} stderr={proc.stderr[-300:]!r}")
+        f"rc={proc.returncode} stdout={proc.stdout[-300:]!r} stderr={proc.stderr[-300:]!r}"
+    )

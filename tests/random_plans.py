@@ -38,8 +38,9 @@ def local_node(rank: int, topo: rp.Topology) -> int:
     return rank // min(topo.gpus_per_node, topo.ep)
 
 
-def random_window(rng: np.random.Generator, num_samples: int, num_layers: int, num_experts: int,
-                  max_len: int = 40) -> rp.Window:
+def random_window(
+    rng: np.random.Generator, num_samples: int, num_layers: int, num_experts: int, max_len: int = 40
+) -> rp.Window:
     """seq_lens int64 [S] in [1, max_len]; expert_tokens int32 [S, L, E] in [0, n_s] with
     about a third of the entries zero (so some experts have no tokens in a cell)."""
     seq_lens = rng.integers(1, max_len + 1, size=num_samples)
@@ -48,8 +49,9 @@ def random_window(rng: np.random.Generator, num_samples: int, num_layers: int, n
     return rp.Window(seq_lens, counts.astype(np.int32))
 
 
-def random_phy2log(rng: np.random.Generator, num_layers: int, num_experts: int, topo: rp.Topology,
-                   same_rank_pair: bool = False) -> np.ndarray:
+def random_phy2log(
+    rng: np.random.Generator, num_layers: int, num_experts: int, topo: rp.Topology, same_rank_pair: bool = False
+) -> np.ndarray:
     """int32 [L, ep*slots]: every expert at least once, surplus slots either empty (-1) or a
     redundant copy of a random expert. With `same_rank_pair`, each layer puts two copies of
     one expert on one rank (needs slots_per_rank >= 2)."""
@@ -103,8 +105,14 @@ def random_shares(rng: np.random.Generator, n: int) -> np.ndarray:
     return shares.astype(np.float32)
 
 
-def random_replicas(rng: np.random.Generator, phy2log: np.ndarray, topo: rp.Topology,
-                    num_micro: int, num_experts: int, rows_per_cell: float = 2.0) -> np.ndarray:
+def random_replicas(
+    rng: np.random.Generator,
+    phy2log: np.ndarray,
+    topo: rp.Topology,
+    num_micro: int,
+    num_experts: int,
+    rows_per_cell: float = 2.0,
+) -> np.ndarray:
     """REPLICA_DTYPE rows: for random (micro, group, layer) cells, random experts copied from a
     rank that hosts them to 1..3 other ranks (sometimes the same dst twice, sometimes two
     sources of one expert), with shares of `random_shares`. Rows are shuffled so table order
@@ -133,8 +141,9 @@ def random_replicas(rng: np.random.Generator, phy2log: np.ndarray, topo: rp.Topo
     return table[rng.permutation(len(table))]
 
 
-def migration_rows(previous: np.ndarray, nxt: np.ndarray, num_experts: int, slots_per_rank: int,
-                   bytes_per_expert: float) -> np.ndarray:
+def migration_rows(
+    previous: np.ndarray, nxt: np.ndarray, num_experts: int, slots_per_rank: int, bytes_per_expert: float
+) -> np.ndarray:
     """MIGRATION_DTYPE rows of `_core.migration_diff(previous → nxt)`."""
     cols = _core.migration_diff(previous, nxt, num_experts, slots_per_rank, float(bytes_per_expert))
     table = np.zeros(len(cols[0]), dtype=MIGRATION_DTYPE)

@@ -12,16 +12,36 @@ import routepack as rp
 from routepack.integrations import slime as rs
 from verl_batches import distinct_topk
 
-COST = dict(a_lin=1e-6, c_tok=1e-6, c_exp=1e-5, token_bytes=1e3, bw_intra=1e11, bw_inter=1e10,
-            expert_weight_bytes=1e6, expert_grad_bytes=1e6, expert_state_bytes=1e7)
+COST = dict(
+    a_lin=1e-6,
+    c_tok=1e-6,
+    c_exp=1e-5,
+    token_bytes=1e3,
+    bw_intra=1e11,
+    bw_inter=1e10,
+    expert_weight_bytes=1e6,
+    expert_grad_bytes=1e6,
+    expert_state_bytes=1e7,
+)
 
 
 def slime_args(cap: int, balance_by_flops: bool = False, balance_data: bool = False) -> SimpleNamespace:
     """slime's args namespace as its own tests build it (tests/test_dp_schedule.py)."""
-    return SimpleNamespace(micro_batch_size=1, use_dynamic_batch_size=True, max_tokens_per_gpu=cap,
-                           balance_data=balance_data, balance_by_flops=balance_by_flops, hidden_size=16,
-                           num_attention_heads=2, num_query_groups=2, vocab_size=32, ffn_hidden_size=64,
-                           num_experts=None, num_layers=2, kv_channels=8)
+    return SimpleNamespace(
+        micro_batch_size=1,
+        use_dynamic_batch_size=True,
+        max_tokens_per_gpu=cap,
+        balance_data=balance_data,
+        balance_by_flops=balance_by_flops,
+        hidden_size=16,
+        num_attention_heads=2,
+        num_query_groups=2,
+        vocab_size=32,
+        ffn_hidden_size=64,
+        num_experts=None,
+        num_layers=2,
+        kv_channels=8,
+    )
 
 
 def parallel_config(dp: int, cp: int = 1, vpp: int = 1, group: int = 1) -> dict:

@@ -28,7 +28,8 @@ def test_pack_rows_node_limit(setup):
     window, *_ = setup
     d = _core.defaults()["packing"]
     assert _core.pack_rows(window.seq_lens, PROFILE.token_cap, 1) == _core.pack_rows(
-        window.seq_lens, PROFILE.token_cap, 1, node_limit=d["packing_exact_nodes"])
+        window.seq_lens, PROFILE.token_cap, 1, node_limit=d["packing_exact_nodes"]
+    )
 
 
 def test_pack_routepack_options(setup):
@@ -37,9 +38,17 @@ def test_pack_routepack_options(setup):
     args = (window.seq_lens, window.expert_tokens, topo, cost, static.phy2log, PROFILE.token_cap)
     implicit = _core.pack_routepack(*args)
     explicit = _core.pack_routepack(
-        *args, seed=0, anneal_moves=d["anneal_moves"], chains=d["anneal_chains"], steps=d["anneal_steps"],
-        exact_nodes=d["packing_exact_nodes"], lambda_=d["anneal_lambda"], start_accept=d["anneal_start_accept"],
-        cooling=d["anneal_cooling"], mix=d["anneal_mix"])
+        *args,
+        seed=0,
+        anneal_moves=d["anneal_moves"],
+        chains=d["anneal_chains"],
+        steps=d["anneal_steps"],
+        exact_nodes=d["packing_exact_nodes"],
+        lambda_=d["anneal_lambda"],
+        start_accept=d["anneal_start_accept"],
+        cooling=d["anneal_cooling"],
+        mix=d["anneal_mix"],
+    )
     for a, b in zip(implicit[:2], explicit[:2]):
         np.testing.assert_array_equal(a, b)
     assert implicit[2] == explicit[2]
@@ -47,8 +56,9 @@ def test_pack_routepack_options(setup):
     assert implicit[3]["annealed_cost"] == explicit[3]["annealed_cost"]
 
 
-@pytest.mark.parametrize("gpus_per_node, key", [(8, "anneal_moves"), (4, "anneal_moves_across_nodes"),
-                                                 (1, "anneal_moves_across_nodes")])
+@pytest.mark.parametrize(
+    "gpus_per_node, key", [(8, "anneal_moves"), (4, "anneal_moves_across_nodes"), (1, "anneal_moves_across_nodes")]
+)
 def test_pack_routepack_default_moves_follow_the_topology(setup, gpus_per_node, key):
     """No anneal_moves: the core's budget for the topology (ep 8: one node per EP group with 8
     GPUs per node, two or eight nodes with fewer), the number `_core.defaults()` reports."""
@@ -71,9 +81,17 @@ def test_routepack_placement_options(setup):
     chunks = _core.chunk_demand(window.seq_lens, window.expert_tokens, d["placement_chunks"])
     implicit = _core.routepack_placement(loads, chunks, topo, cost, static.phy2log)
     explicit = _core.routepack_placement(
-        loads, chunks, topo, cost, static.phy2log, cells=0, slack=d["placement_slack"],
-        explore=d["placement_explore"], fluct_evals=d["placement_fluct_evals"],
-        migration_aware=d["placement_migration_aware"])
+        loads,
+        chunks,
+        topo,
+        cost,
+        static.phy2log,
+        cells=0,
+        slack=d["placement_slack"],
+        explore=d["placement_explore"],
+        fluct_evals=d["placement_fluct_evals"],
+        migration_aware=d["placement_migration_aware"],
+    )
     np.testing.assert_array_equal(implicit[0], explicit[0])
     assert list(implicit[1]["choice"]) == list(explicit[1]["choice"])
 
@@ -85,8 +103,12 @@ def test_replication_options(setup):
     pairs = [
         (_core.replicate_hot_n(*args), _core.replicate_hot_n(*args, d["replication_hot_experts"])),
         (_core.replicate_relibra(*args), _core.replicate_relibra(*args, d["replication_slots"])),
-        (_core.replicate_routepack(*args), _core.replicate_routepack(
-            *args, d["replication_slots"], d["replication_candidates"], d["replication_candidates"])),
+        (
+            _core.replicate_routepack(*args),
+            _core.replicate_routepack(
+                *args, d["replication_slots"], d["replication_candidates"], d["replication_candidates"]
+            ),
+        ),
     ]
     for implicit, explicit in pairs:
         for a, b in zip(implicit, explicit):

@@ -20,8 +20,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import routepack as rp
-from routepack.calibrate.fit import (COMPUTE_PASSES, FITS, ROOFLINE_FORMULA, fit_attention, fit_expert_gemm, fit_links,
-                                     holdout_mask, nnls_relative, to_cost_model)
+from routepack.calibrate.fit import (
+    COMPUTE_PASSES,
+    FITS,
+    ROOFLINE_FORMULA,
+    fit_attention,
+    fit_expert_gemm,
+    fit_links,
+    holdout_mask,
+    nnls_relative,
+    to_cost_model,
+)
 from routepack.calibrate.report import build, write_json
 from routepack.calibrate.sweeps import Sweeps, log_points
 
@@ -44,8 +53,9 @@ def expert_measurement(c_tok: float, c_exp: float, noise: float = 0.0, seed: int
 def attention_measurement(a_lin: float, a_quad: float, noise: float = 0.0, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     sweep = [{"length": n} for n in SWEEPS.lengths]
-    measured = [COMPUTE_PASSES * (a_lin * n + a_quad * n * n) * (1 + noise * rng.uniform(-1, 1))
-                for n in SWEEPS.lengths]
+    measured = [
+        COMPUTE_PASSES * (a_lin * n + a_quad * n * n) * (1 + noise * rng.uniform(-1, 1)) for n in SWEEPS.lengths
+    ]
     return {"sweep": sweep, "measured_s": measured, "forward_s": measured, "heads": 16, "head_dim": 128}
 
 
@@ -61,9 +71,11 @@ def links_measurement(lat: float, bw_p2p: float, bw_a2a: float, bw_ar: float = 0
 
 
 def synthetic_fits() -> dict:
-    return {"expert_gemm": fit_expert_gemm(expert_measurement(1e-6, 2e-4), 3, MODEL),
-            "attention": fit_attention(attention_measurement(5e-5, 1e-9), 3, MODEL),
-            "links": fit_links(links_measurement(1e-4, 2e9, 1e9, 5e8), 3, MODEL)}
+    return {
+        "expert_gemm": fit_expert_gemm(expert_measurement(1e-6, 2e-4), 3, MODEL),
+        "attention": fit_attention(attention_measurement(5e-5, 1e-9), 3, MODEL),
+        "links": fit_links(links_measurement(1e-4, 2e9, 1e9, 5e8), 3, MODEL),
+    }
 
 
 positive = st.floats(1e-10, 1e-2, allow_nan=False, allow_infinity=False)
@@ -109,9 +121,11 @@ def test_the_links_fit_recovers_bandwidth_and_latency_per_op(lat, bw_p2p, bw_a2a
     assert fit.coefficients["bw_all_reduce"] == pytest.approx(bw_a2a / 3, rel=1e-5)
     assert fit.coefficients["latency_all_to_all_s"] == pytest.approx(lat, rel=1e-4, abs=1e-12)
     # two ranks: a ring sends 2·(2−1)/2 = all of the buffer from each rank
-    assert fit.cost_fields == {"bw_intra": fit.coefficients["bw_all_to_all"],
-                               "a2a_latency": fit.coefficients["latency_all_to_all_s"],
-                               "bw_reduce": fit.coefficients["bw_all_reduce"]}
+    assert fit.cost_fields == {
+        "bw_intra": fit.coefficients["bw_all_to_all"],
+        "a2a_latency": fit.coefficients["latency_all_to_all_s"],
+        "bw_reduce": fit.coefficients["bw_all_reduce"],
+    }
     before = fit_links(links_measurement(lat, bw_p2p, bw_a2a), 3, MODEL)  # a report without the all-reduce
     assert "bw_reduce" not in before.cost_fields and "bw_all_reduce" not in before.coefficients
     for op in ("p2p", "all_to_all", "all_reduce"):  # each op has held-out points of its own
@@ -166,8 +180,14 @@ def test_to_cost_model_sets_the_fitted_fields_and_keeps_the_rest_from_the_preset
     assert cost.bw_intra == fits["links"].coefficients["bw_all_to_all"]
     assert cost.bw_reduce == fits["links"].coefficients["bw_all_reduce"] and sources["bw_reduce"] == "measured: links"
     assert cost.a_quad == fits["attention"].cost_fields["a_quad"]
-    for name in ("token_bytes", "expert_weight_bytes", "expert_grad_bytes", "expert_state_bytes", "bw_inter",
-                 "expert_groups"):
+    for name in (
+        "token_bytes",
+        "expert_weight_bytes",
+        "expert_grad_bytes",
+        "expert_state_bytes",
+        "bw_inter",
+        "expert_groups",
+    ):
         assert getattr(cost, name) == getattr(preset, name)
     assert sources["c_tok"] == "measured: expert_gemm" and sources["bw_inter"] == "preset h200"
     assert sources["token_bytes"] == "model shape"
@@ -181,10 +201,20 @@ def test_to_cost_model_sets_the_fitted_fields_and_keeps_the_rest_from_the_preset
 
 def _report(fits: dict) -> dict:
     cost, sources = to_cost_model(MODEL, fits)
-    return build(fits=fits, cost=cost, preset=rp.CostModel.from_model(MODEL, rp.Hardware.h200()),
-                 hardware=rp.Hardware.h200(), sources=sources, device={"device": "cpu", "threads": 1},
-                 settings={}, model={"hidden": MODEL.hidden, "expert_ffn": MODEL.expert_ffn}, profile="tiny",
-                 skipped={}, elapsed_s=1.0, version=rp.__version__)
+    return build(
+        fits=fits,
+        cost=cost,
+        preset=rp.CostModel.from_model(MODEL, rp.Hardware.h200()),
+        hardware=rp.Hardware.h200(),
+        sources=sources,
+        device={"device": "cpu", "threads": 1},
+        settings={},
+        model={"hidden": MODEL.hidden, "expert_ffn": MODEL.expert_ffn},
+        profile="tiny",
+        skipped={},
+        elapsed_s=1.0,
+        version=rp.__version__,
+    )
 
 
 def check_report(rep: dict, kinds=("expert_gemm", "attention", "links")) -> None:
@@ -221,10 +251,17 @@ def test_the_figure_is_a_png(tmp_path):
 
 
 @settings(max_examples=60, deadline=None)
-@given(n=st.integers(1, 10), warmup=st.integers(0, 3), repeats=st.integers(1, 6), seed=st.integers(0, 99),
-       visit_s=st.sampled_from([0.0, 0.004, 0.02, 0.1]), visit_calls=st.integers(1, 5))
+@given(
+    n=st.integers(1, 10),
+    warmup=st.integers(0, 3),
+    repeats=st.integers(1, 6),
+    seed=st.integers(0, 99),
+    visit_s=st.sampled_from([0.0, 0.004, 0.02, 0.1]),
+    visit_calls=st.integers(1, 5),
+)
 def test_run_rounds_visits_every_point_each_round_and_polishes_the_visit_medians(
-        n, warmup, repeats, seed, visit_s, visit_calls):
+    n, warmup, repeats, seed, visit_s, visit_calls
+):
     from routepack.calibrate.timing import polish, run_rounds
 
     rng = np.random.default_rng(seed)
@@ -235,17 +272,26 @@ def test_run_rounds_visits_every_point_each_round_and_polishes_the_visit_medians
             v = float(rng.uniform(0.001, 0.03))
             log.append((i, v))
             return v, 2 * v
+
         return f
 
-    got = run_rounds([step(i) for i in range(n)], warmup, repeats, lambda: ticks.append(1), seed,
-                     visit_s=visit_s, visit_calls=visit_calls)
+    got = run_rounds(
+        [step(i) for i in range(n)],
+        warmup,
+        repeats,
+        lambda: ticks.append(1),
+        seed,
+        visit_s=visit_s,
+        visit_calls=visit_calls,
+    )
     # the warm-up rounds: one call per point each, every point once a round
-    warm = log[:warmup * n]
-    assert all(sorted(i for i, _ in warm[r * n:(r + 1) * n]) == list(range(n)) for r in range(warmup))
+    warm = log[: warmup * n]
+    assert all(sorted(i for i, _ in warm[r * n : (r + 1) * n]) == list(range(n)) for r in range(warmup))
     last = {i: v for i, v in warm}  # each point's last warm-up time sets its calls per visit
 
     def calls_for(v: float) -> int:
         return max(1, min(visit_calls, int(np.ceil(visit_s / v))))
+
     calls = [1 if i not in last else calls_for(last[i]) for i in range(n)]
     table = np.zeros((repeats, n, 2))
     pos = warmup * n
@@ -253,8 +299,8 @@ def test_run_rounds_visits_every_point_each_round_and_polishes_the_visit_medians
         seen = []
         for _ in range(n):
             i = log[pos][0]
-            vals = [v for j, v in log[pos:pos + calls[i]]]
-            assert all(j == i for j, _ in log[pos:pos + calls[i]])  # a visit's calls are back to back
+            vals = [v for j, v in log[pos : pos + calls[i]]]
+            assert all(j == i for j, _ in log[pos : pos + calls[i]])  # a visit's calls are back to back
             table[r, i] = (np.median(vals), 2 * np.median(vals))
             seen.append(i)
             pos += len(vals)
@@ -274,8 +320,12 @@ def test_run_rounds_visits_every_point_each_round_and_polishes_the_visit_medians
 
 
 @settings(max_examples=40, deadline=None)
-@given(times=st.lists(st.sampled_from([0.001, 0.004, 0.05, 0.2]), min_size=1, max_size=8),
-       repeats=st.integers(1, 4), short=st.integers(0, 5), seed=st.integers(0, 99))
+@given(
+    times=st.lists(st.sampled_from([0.001, 0.004, 0.05, 0.2]), min_size=1, max_size=8),
+    repeats=st.integers(1, 4),
+    short=st.integers(0, 5),
+    seed=st.integers(0, 99),
+)
 def test_run_rounds_gives_the_short_points_more_rounds(times, repeats, short, seed):
     """``short_repeats`` more rounds visit exactly the steps called more than once a visit."""
     from routepack.calibrate.timing import run_rounds
@@ -287,10 +337,19 @@ def test_run_rounds_gives_the_short_points_more_rounds(times, repeats, short, se
         def f():
             visits[i] += 1
             return times[i], times[i] / 3
+
         return f
 
-    got = run_rounds([step(i) for i in range(len(times))], 1, repeats, lambda: ticks.append(1), seed,
-                     visit_s=0.01, visit_calls=5, short_repeats=short)
+    got = run_rounds(
+        [step(i) for i in range(len(times))],
+        1,
+        repeats,
+        lambda: ticks.append(1),
+        seed,
+        visit_s=0.01,
+        visit_calls=5,
+        short_repeats=short,
+    )
     want_calls = [min(5, int(np.ceil(0.01 / t))) for t in times]
     assert got.calls == want_calls
     is_short = [c > 1 for c in want_calls]
@@ -303,8 +362,13 @@ def test_run_rounds_gives_the_short_points_more_rounds(times, repeats, short, se
 
 
 @settings(max_examples=30, deadline=None)
-@given(times=st.lists(st.sampled_from([0.001, 0.004, 0.05]), min_size=3, max_size=6), slow=st.data(),
-       repeats=st.integers(1, 3), short=st.integers(1, 4), seed=st.integers(0, 99))
+@given(
+    times=st.lists(st.sampled_from([0.001, 0.004, 0.05]), min_size=3, max_size=6),
+    slow=st.data(),
+    repeats=st.integers(1, 3),
+    short=st.integers(1, 4),
+    seed=st.integers(0, 99),
+)
 def test_a_slow_first_call_does_not_keep_a_short_point_out_of_the_short_rounds(times, slow, repeats, short, seed):
     """A step whose first call pays a one-off set-up (above ``visit_s``: the warm-up would call
     it once a visit) is called as its timed visits say from its second visit on, and the short
@@ -319,10 +383,12 @@ def test_a_slow_first_call_does_not_keep_a_short_point_out_of_the_short_rounds(t
             visits[i] += 1
             t = 0.5 if (i == first and visits[i] == 1) else times[i]
             return t, t / 3
+
         return f
 
-    got = run_rounds([step(i) for i in range(len(times))], 1, repeats, seed=seed, visit_s=0.01, visit_calls=5,
-                     short_repeats=short)
+    got = run_rounds(
+        [step(i) for i in range(len(times))], 1, repeats, seed=seed, visit_s=0.01, visit_calls=5, short_repeats=short
+    )
     want = [min(5, int(np.ceil(0.01 / t))) for t in times]
     assert got.calls == want
     is_short = [c > 1 for c in want]
@@ -336,8 +402,10 @@ def test_a_slow_first_call_does_not_keep_a_short_point_out_of_the_short_rounds(t
 
 
 @settings(max_examples=80, deadline=None)
-@given(true=st.lists(st.floats(1e-4, 1.0), min_size=3, max_size=10),
-       drift=st.lists(st.floats(0.5, 2.0), min_size=2, max_size=9))
+@given(
+    true=st.lists(st.floats(1e-4, 1.0), min_size=3, max_size=10),
+    drift=st.lists(st.floats(0.5, 2.0), min_size=2, max_size=9),
+)
 def test_polish_divides_out_a_factor_common_to_every_point_of_a_round(true, drift):
     """A machine that runs a whole round slower (or faster) moves no figure: every figure is
     its true time at the median round's speed, and the round factors are the drift."""
@@ -353,8 +421,9 @@ def test_polish_divides_out_a_factor_common_to_every_point_of_a_round(true, drif
 
 
 @settings(max_examples=60, deadline=None)
-@given(true=st.lists(st.floats(1e-3, 1.0), min_size=6, max_size=12), rounds=st.integers(5, 9),
-       seed=st.integers(0, 2**31))
+@given(
+    true=st.lists(st.floats(1e-3, 1.0), min_size=6, max_size=12), rounds=st.integers(5, 9), seed=st.integers(0, 2**31)
+)
 def test_polish_keeps_the_median_of_noisy_rounds(true, rounds, seed):
     """With no drift in the table, a slow visit of every point (a spell of interference, 3×)
     moves no figure off its true time by more than the visits' noise allows, and every figure
@@ -389,15 +458,21 @@ def test_polish_of_one_round_or_one_point_and_bad_tables():
     # speed, the third visits one point and reads no drift; the centre is the median of the two
     nan = np.nan
     gaps = polish(np.array([[1.0, 2.0, 4.0, 8.0], [2.0, 4.0, 8.0, nan], [nan, 2.0, nan, nan]])[:, :, None])
-    assert np.allclose(gaps.drift, [2 ** -0.5, 2 ** 0.5, 1.0])
-    assert np.allclose(gaps.figures[:, 0], 2 ** 0.5 * np.array([1.0, 2.0, 4.0, 8.0]))
+    assert np.allclose(gaps.drift, [2**-0.5, 2**0.5, 1.0])
+    assert np.allclose(gaps.figures[:, 0], 2**0.5 * np.array([1.0, 2.0, 4.0, 8.0]))
     # a lone full round and extra rounds of the short points only: the full round's drift is
     # read against the short points it shares with them, not from the long points' times
     mixed = np.array([[0.001] * 3 + [0.05] * 4] + [[0.001] * 3 + [nan] * 4] * 2)[:, :, None]
     assert np.allclose(polish(mixed).figures[:, 0], [0.001] * 3 + [0.05] * 4)
     assert np.allclose(polish(mixed).drift, 1.0)
-    for bad in (np.zeros((0, 2, 1)), np.zeros((2, 0, 1)), np.zeros((2, 2)), np.ones((2, 2, 0)),
-                np.array([[[1.0], [np.nan]], [[1.0], [np.nan]]]), np.array([[[1.0], [1.0]], [[np.nan], [np.nan]]])):
+    for bad in (
+        np.zeros((0, 2, 1)),
+        np.zeros((2, 0, 1)),
+        np.zeros((2, 2)),
+        np.ones((2, 2, 0)),
+        np.array([[[1.0], [np.nan]], [[1.0], [np.nan]]]),
+        np.array([[[1.0], [1.0]], [[np.nan], [np.nan]]]),
+    ):
         with pytest.raises(rp.RoutepackError, match="times"):
             polish(bad)
 
@@ -419,33 +494,39 @@ def test_default_sweeps_cap_the_expert_grid(device, quick):
     assert s.points == len(s.expert_grid()) + len(s.lengths)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(lengths=()), "sweeps.lengths: needs at least one point"),
-    (dict(lengths=(64, 32)), "sweeps.lengths: must be increasing"),
-    (dict(holdout_every=1), "sweeps.holdout_every: must be >= 2"),
-    (dict(max_tokens=0), "sweeps.max_tokens: must be >= 1"),
-    (dict(repeats=0), "sweeps.repeats: must be >= 1"),
-    (dict(visit_s=-0.1), "sweeps.visit_s: must be finite and >= 0"),
-    (dict(visit_s=float("nan")), "sweeps.visit_s: must be finite"),
-    (dict(visit_calls=0), "sweeps.visit_calls: must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(lengths=()), "sweeps.lengths: needs at least one point"),
+        (dict(lengths=(64, 32)), "sweeps.lengths: must be increasing"),
+        (dict(holdout_every=1), "sweeps.holdout_every: must be >= 2"),
+        (dict(max_tokens=0), "sweeps.max_tokens: must be >= 1"),
+        (dict(repeats=0), "sweeps.repeats: must be >= 1"),
+        (dict(visit_s=-0.1), "sweeps.visit_s: must be finite and >= 0"),
+        (dict(visit_s=float("nan")), "sweeps.visit_s: must be finite"),
+        (dict(visit_calls=0), "sweeps.visit_calls: must be >= 1"),
+    ],
+)
 def test_bad_sweeps_name_the_argument(kwargs, match):
     base = dict(tokens_per_expert=(1, 2), active_experts=(1,), max_tokens=8, lengths=(8, 16), message_bytes=(4,))
     with pytest.raises(rp.RoutepackError, match=match):
         Sweeps(**{**base, **kwargs})
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(device="tpu"), "device: expected 'cpu' or 'cuda', got 'tpu'"),
-    (dict(kernels=["softmax"]), "kernels: 'softmax' is not one of"),
-    (dict(kernels=[]), "kernels: needs at least one"),
-    (dict(hidden=0), "hidden: must be >= 1"),
-    (dict(ranks=1), "ranks: must be >= 2"),
-    (dict(bw_inter=-1.0), "bw_inter"),
-    (dict(dtype="int8"), "dtype: expected one of"),
-    (dict(links_clock="tsc"), "links_clock: expected 'wall'"),
-    (dict(links_clock="cpu", device="cuda"), "links_clock: .* got 'cpu' on cuda"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(device="tpu"), "device: expected 'cpu' or 'cuda', got 'tpu'"),
+        (dict(kernels=["softmax"]), "kernels: 'softmax' is not one of"),
+        (dict(kernels=[]), "kernels: needs at least one"),
+        (dict(hidden=0), "hidden: must be >= 1"),
+        (dict(ranks=1), "ranks: must be >= 2"),
+        (dict(bw_inter=-1.0), "bw_inter"),
+        (dict(dtype="int8"), "dtype: expected one of"),
+        (dict(links_clock="tsc"), "links_clock: expected 'wall'"),
+        (dict(links_clock="cpu", device="cuda"), "links_clock: .* got 'cpu' on cuda"),
+    ],
+)
 def test_bad_arguments_are_routepack_errors(kwargs, match):
     if kwargs.get("dtype") and not HAS_TORCH:
         pytest.skip("dtype is checked once torch is imported")
@@ -457,26 +538,38 @@ def test_bad_arguments_are_routepack_errors(kwargs, match):
 
 def test_exported_and_torch_free_until_called():
     assert "calibrate" in rp.__all__ and "Calibration" in rp.__all__
-    code = ("import sys; sys.modules['torch'] = None; import routepack as rp\n"
-            "try:\n rp.calibrate('tiny', quick=True)\nexcept ImportError as e:\n print(e)")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env=dict(os.environ, PYTHONPATH=PYTHON_DIR))
+    code = (
+        "import sys; sys.modules['torch'] = None; import routepack as rp\n"
+        "try:\n rp.calibrate('tiny', quick=True)\nexcept ImportError as e:\n print(e)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=PYTHON_DIR),
+    )
     assert "routepack.calibrate needs PyTorch >= 2.1: pip install 'routepack[torch]'" in r.stdout, r.stderr
 
 
 def _cli(args, cwd: Path, hide_torch: bool = False) -> subprocess.CompletedProcess:
-    code = ("import sys\n" + ("sys.modules['torch'] = None\n" if hide_torch else "") +
-            "from routepack.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+    code = (
+        "import sys\n"
+        + ("sys.modules['torch'] = None\n" if hide_torch else "")
+        + "from routepack.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    )
     env = dict(os.environ, PYTHONPATH=PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_cli_without_torch_is_one_line(tmp_path):
     proc = _cli(["calibrate", "--quick"], tmp_path, hide_torch=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        "routepack calibrate: error: routepack.calibrate needs PyTorch >= 2.1: pip install 'routepack[torch]'"]
+        "routepack calibrate: error: routepack.calibrate needs PyTorch >= 2.1: pip install 'routepack[torch]'"
+    ]
 
 
 def test_cli_refuses_an_unwritable_out_before_measuring(tmp_path):
@@ -488,9 +581,28 @@ def test_cli_refuses_an_unwritable_out_before_measuring(tmp_path):
 @pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
 def test_quick_cpu_run_writes_a_loadable_cost_model(tmp_path):
     """``routepack calibrate --quick`` with tiny shapes, as a user runs it (about 15 s here)."""
-    proc = _cli(["calibrate", "--profile", "tiny", "--quick", "--hidden", "128", "--expert-ffn", "64",
-                 "--threads", "1", "--out", "cost.json", "--report", "report.json", "--plot", "fit.png",
-                 "--quiet"], tmp_path)
+    proc = _cli(
+        [
+            "calibrate",
+            "--profile",
+            "tiny",
+            "--quick",
+            "--hidden",
+            "128",
+            "--expert-ffn",
+            "64",
+            "--threads",
+            "1",
+            "--out",
+            "cost.json",
+            "--report",
+            "report.json",
+            "--plot",
+            "fit.png",
+            "--quiet",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     for text in ("expert_gemm", "attention", "links", "max rel. error (held out)", "bw_inter: preset h200"):
@@ -510,8 +622,15 @@ def test_quick_cpu_run_writes_a_loadable_cost_model(tmp_path):
 
 @pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
 def test_api_run_of_one_kernel_keeps_the_rest_from_the_preset():
-    sweeps = Sweeps(tokens_per_expert=(1, 4, 16, 64), active_experts=(1, 2), max_tokens=128, lengths=(8, 16),
-                    message_bytes=(4096,), warmup=0, repeats=1)
+    sweeps = Sweeps(
+        tokens_per_expert=(1, 4, 16, 64),
+        active_experts=(1, 2),
+        max_tokens=128,
+        lengths=(8, 16),
+        message_bytes=(4096,),
+        warmup=0,
+        repeats=1,
+    )
     cal = rp.calibrate("tiny", hidden=64, expert_ffn=32, sweeps=sweeps, kernels=["expert_gemm"], progress=False)
     preset = rp.CostModel.from_model(replace(MODEL, hidden=64, expert_ffn=32), rp.Hardware.h200())
     assert set(cal.report["kernels"]) == {"expert_gemm"}

@@ -14,8 +14,14 @@ from hypothesis import strategies as st
 
 import routepack as rp
 from routepack.calibrate import ALL_KERNELS, KERNELS, refit
-from routepack.calibrate.fit import (COMPUTE_PASSES, LAYER_ALL_TO_ALLS, fit_all, fit_exchange, nnls_relative,
-                                     to_cost_model)
+from routepack.calibrate.fit import (
+    COMPUTE_PASSES,
+    LAYER_ALL_TO_ALLS,
+    fit_all,
+    fit_exchange,
+    nnls_relative,
+    to_cost_model,
+)
 from routepack.calibrate.report import build
 from routepack.calibrate.exchange import ROUTINGS
 from routepack.calibrate.sweeps import Sweeps
@@ -29,8 +35,9 @@ def priced_model(bw: float = 1e9, a_lin: float = 1e-6, latency: float = 1e-4) ->
     return replace(rp.CostModel.from_model(MODEL, rp.Hardware.h200()), bw_intra=bw, a_lin=a_lin, a2a_latency=latency)
 
 
-def exchange_measurement(priced: rp.CostModel, lat: float, extra: float, bw: float = 4e9, noise: float = 0.0,
-                         seed: int = 0) -> dict:
+def exchange_measurement(
+    priced: rp.CostModel, lat: float, extra: float, bw: float = 4e9, noise: float = 0.0, seed: int = 0
+) -> dict:
     """What the layer would measure if the cost model's exchange were exact (top-2 on two
     ranks: 0, t or 2t rows leave a rank of t tokens, by routing); ``bw`` 0 for bytes that
     cost nothing of their own."""
@@ -39,12 +46,22 @@ def exchange_measurement(priced: rp.CostModel, lat: float, extra: float, bw: flo
     for t in SWEEPS.exchange_tokens:
         for rows, routing in zip((0, t, 2 * t), ("local", "uniform", "remote")):
             remote = rows * priced.token_bytes
-            sweep.append({"tokens": t, "routing": routing, "routed": 2 * t, "remote_rows": rows,
-                          "remote_bytes": remote})
-            true = LAYER_ALL_TO_ALLS * (lat + (remote / bw if bw else 0.0)) + COMPUTE_PASSES * (priced.a_lin + extra) * t
+            sweep.append(
+                {"tokens": t, "routing": routing, "routed": 2 * t, "remote_rows": rows, "remote_bytes": remote}
+            )
+            true = (
+                LAYER_ALL_TO_ALLS * (lat + (remote / bw if bw else 0.0)) + COMPUTE_PASSES * (priced.a_lin + extra) * t
+            )
             measured.append(true * (1 + noise * rng.uniform(-1, 1)))
-    return {"sweep": sweep, "measured_s": measured, "layer_s": [2 * m for m in measured], "kernel_s": measured,
-            "ranks": 2, "backend": "gloo", "clock": "cpu"}
+    return {
+        "sweep": sweep,
+        "measured_s": measured,
+        "layer_s": [2 * m for m in measured],
+        "kernel_s": measured,
+        "ranks": 2,
+        "backend": "gloo",
+        "clock": "cpu",
+    }
 
 
 @settings(max_examples=60, deadline=None)
@@ -55,15 +72,19 @@ def test_the_exchange_fit_recovers_the_latency_the_bandwidth_and_the_extra_token
     assert fit.coefficients["a2a_latency"] == pytest.approx(lat, rel=1e-5)
     assert fit.coefficients["bw_intra"] == pytest.approx(bw, rel=1e-4)
     assert fit.coefficients["a_lin_extra"] == pytest.approx(extra, rel=1e-4, abs=1e-12)
-    assert fit.cost_fields == {"a2a_latency": fit.coefficients["a2a_latency"], "bw_intra": fit.coefficients["bw_intra"],
-                               "a_lin": priced.a_lin + fit.coefficients["a_lin_extra"]}
+    assert fit.cost_fields == {
+        "a2a_latency": fit.coefficients["a2a_latency"],
+        "bw_intra": fit.coefficients["bw_intra"],
+        "a_lin": priced.a_lin + fit.coefficients["a_lin_extra"],
+    }
     assert fit.max_rel_error == pytest.approx(0.0, abs=1e-6)
     # the held-out points are the uniformly routed ones: interpolated between the extremes
     assert {p["routing"] for p, h in zip(fit.sweep, fit.held_out) if h} == {"uniform"}
     # what the other kinds priced (the links' latency and bandwidth) is reported beside the fit
     charged = np.array(fit.extra["priced_before_s"])
     assert fit.extra["max_rel_error_before"] == pytest.approx(
-        float(np.max(np.abs(charged / np.array(fit.measured_s) - 1))))
+        float(np.max(np.abs(charged / np.array(fit.measured_s) - 1)))
+    )
 
 
 def test_bytes_that_cost_nothing_of_their_own_keep_the_links_bandwidth():
@@ -112,10 +133,20 @@ def test_fit_all_puts_the_exchange_in_place_of_the_links_latency_and_refits_the_
     assert sources["a_lin"] == "measured: exchange (on measured: attention)"
     # without it, the links' model is what `to_cost_model` gives
     assert first == to_cost_model(MODEL, {k: f for k, f in fits.items() if k != "exchange"})[0]
-    rep = build(fits=fits, cost=cost, preset=rp.CostModel.from_model(MODEL, rp.Hardware.h200()),
-                hardware=rp.Hardware.h200(), sources=sources, device={"device": "cpu", "threads": 1},
-                settings={"holdout_every": 3}, model={f: getattr(MODEL, f) for f in MODEL.__dataclass_fields__},
-                profile="tiny", skipped={}, elapsed_s=1.0, version=rp.__version__)
+    rep = build(
+        fits=fits,
+        cost=cost,
+        preset=rp.CostModel.from_model(MODEL, rp.Hardware.h200()),
+        hardware=rp.Hardware.h200(),
+        sources=sources,
+        device={"device": "cpu", "threads": 1},
+        settings={"holdout_every": 3},
+        model={f: getattr(MODEL, f) for f in MODEL.__dataclass_fields__},
+        profile="tiny",
+        skipped={},
+        elapsed_s=1.0,
+        version=rp.__version__,
+    )
     check_report(rep, kinds=("attention", "links", "exchange"))
     again = refit(rep)
     assert again.cost == cost and again.report["sources"]["a2a_latency"] == "measured: exchange"
@@ -124,8 +155,14 @@ def test_fit_all_puts_the_exchange_in_place_of_the_links_latency_and_refits_the_
 def test_the_exchange_is_measured_on_request_only():
     assert "exchange" not in KERNELS and ALL_KERNELS == KERNELS + ("exchange",)
     with pytest.raises(RoutepackError, match=r"sweeps\.exchange_tokens"):
-        Sweeps(tokens_per_expert=(1,), active_experts=(1,), max_tokens=4, lengths=(8,), message_bytes=(64,),
-               exchange_tokens=(16, 4))
+        Sweeps(
+            tokens_per_expert=(1,),
+            active_experts=(1,),
+            max_tokens=4,
+            lengths=(8,),
+            message_bytes=(64,),
+            exchange_tokens=(16, 4),
+        )
     assert Sweeps.default("cpu", quick=True).exchange_tokens == (4, 16, 64, 256)
     with pytest.raises(RoutepackError, match="kernels: 'exchanges'"):
         rp.calibrate("tiny", kernels=["exchanges"], progress=False)
@@ -136,8 +173,9 @@ def test_the_exchange_times_an_epmoe_layer_on_two_ranks():
     """Five experts on two ranks (three slots each, the last one empty), top-2: the layer runs
     forward and backward on both ranks at every point, its kernel timed apart."""
     shape = rp.ModelShape(2, 5, 2, 32, 16, attention=("linear", "linear"), shared_experts=0)
-    cal = rp.calibrate(model=shape, kernels=["links", "exchange"], quick=True, threads=1, links_clock="cpu",
-                       progress=False)
+    cal = rp.calibrate(
+        model=shape, kernels=["links", "exchange"], quick=True, threads=1, links_clock="cpu", progress=False
+    )
     k = cal.report["kernels"]["exchange"]
     tokens = Sweeps.default("cpu", quick=True).exchange_tokens
     assert [(p["tokens"], p["routing"]) for p in k["sweep"]] == [(t, r) for t in tokens for r in ROUTINGS]

@@ -23,11 +23,24 @@ from hypothesis import strategies as st
 
 import routepack as rp
 from routepack.calibrate import refit
-from routepack.calibrate.curve_bounds import (call_curve_bound, call_curve_feasible, convex_bound, curve_bound,
-                                             monotone_bound)
+from routepack.calibrate.curve_bounds import (
+    call_curve_bound,
+    call_curve_feasible,
+    convex_bound,
+    curve_bound,
+    monotone_bound,
+)
 from routepack.calibrate.expert_table import table_columns, table_knots
-from routepack.calibrate.fit import (COMPUTE_PASSES, GEMM_STEP_FORMULA, ROOFLINE_FORMULA, STEP_MIN_GAIN,
-                                    TABLE_FORMULA, _knees, fit_expert_gemm, holdout_mask)
+from routepack.calibrate.fit import (
+    COMPUTE_PASSES,
+    GEMM_STEP_FORMULA,
+    ROOFLINE_FORMULA,
+    STEP_MIN_GAIN,
+    TABLE_FORMULA,
+    _knees,
+    fit_expert_gemm,
+    holdout_mask,
+)
 from routepack.calibrate.sweeps import Sweeps, log_points
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,8 +57,7 @@ def roofline_measurement(c_tok: float, c_exp: float, knee: float) -> dict:
 
 
 @settings(max_examples=40, deadline=None)
-@given(c_tok=st.floats(1e-9, 1e-3), c_exp=st.one_of(st.just(0.0), st.floats(1e-8, 1e-2)),
-       i=st.integers(8, 80))
+@given(c_tok=st.floats(1e-9, 1e-3), c_exp=st.one_of(st.just(0.0), st.floats(1e-8, 1e-2)), i=st.integers(8, 80))
 def test_the_fit_recovers_a_knee_on_its_grid(c_tok, c_exp, i):
     knee = float(_knees(np.array([4096.0]))[i])
     # the floor must show in the timings: below the knee it is c_tok·knee of c_exp + c_tok·knee
@@ -68,25 +80,35 @@ def step_measurement(c_tok: float, c_exp: float, knee: float, c_gemm: float, c_c
     """Timings of `GEMM_STEP_FORMULA`: the roofline plus c_gemm per expert with >= 2 tokens, plus
     c_call per point (one kernel call)."""
     m = roofline_measurement(c_tok, c_exp, knee)
-    step = [COMPUTE_PASSES * (p["active_experts"] * c_gemm * (p["tokens_per_expert"] >= 2) + c_call)
-            for p in m["sweep"]]
+    step = [
+        COMPUTE_PASSES * (p["active_experts"] * c_gemm * (p["tokens_per_expert"] >= 2) + c_call) for p in m["sweep"]
+    ]
     m["measured_s"] = [v + s for v, s in zip(m["measured_s"], step)]
     return m
 
 
 def predicted(fields: dict, sweep: list) -> list:
     """`GEMM_STEP_FORMULA` from a fit's cost fields, written out here."""
-    return [COMPUTE_PASSES * (fields.get("c_call", 0.0)
-                              + p["active_experts"] * (fields["c_exp"] + max(fields["c_tok"] * p["tokens_per_expert"],
-                                                                             fields["c_weights"])
-                                                       + fields.get("c_gemm", 0.0) * (p["tokens_per_expert"] >= 2)))
-            for p in sweep]
+    return [
+        COMPUTE_PASSES
+        * (
+            fields.get("c_call", 0.0)
+            + p["active_experts"]
+            * (
+                fields["c_exp"]
+                + max(fields["c_tok"] * p["tokens_per_expert"], fields["c_weights"])
+                + fields.get("c_gemm", 0.0) * (p["tokens_per_expert"] >= 2)
+            )
+        )
+        for p in sweep
+    ]
 
 
 @settings(max_examples=25, deadline=None)
 @given(c_tok=st.floats(1e-9, 1e-3), c_exp=st.floats(1e-8, 1e-2), i=st.integers(0, 80), ratio=st.floats(0.05, 3.0))
 def test_the_committed_step_form_recovers_its_coefficients_and_the_roofline_is_reported_beside_it(
-        c_tok, c_exp, i, ratio):
+    c_tok, c_exp, i, ratio
+):
     knee = float(_knees(np.array([4096.0]))[i])
     # a knee in (1, 2] is the step and c_exp over again: its floor lifts only the 1-token point,
     # as c_exp + c_tok with c_gemm − c_tok does exactly (knee 2, c_tok 1e-3: found by hypothesis)
@@ -182,13 +204,16 @@ def test_held_out_points_stay_out_of_the_fit(every, seed, scale):
     assert again.formula == fit.formula
     assert set(again.extra["alternative_forms"]) == set(fit.extra["alternative_forms"])
     for name, alt in fit.extra["alternative_forms"].items():
-        assert again.extra["alternative_forms"][name]["coefficients"] == pytest.approx(alt["coefficients"], rel=1e-9,
-                                                                                       abs=1e-15)
+        assert again.extra["alternative_forms"][name]["coefficients"] == pytest.approx(
+            alt["coefficients"], rel=1e-9, abs=1e-15
+        )
 
 
 @settings(max_examples=40, deadline=None)
-@given(pieces=st.lists(st.tuples(st.floats(0.0, 1e-3), st.floats(1.0, 4096.0)), min_size=1, max_size=4),
-       c=st.floats(1e-6, 1e-1))
+@given(
+    pieces=st.lists(st.tuples(st.floats(0.0, 1e-3), st.floats(1.0, 4096.0)), min_size=1, max_size=4),
+    c=st.floats(1e-6, 1e-1),
+)
 def test_convex_timings_have_no_convexity_bound(pieces, c):
     t = np.array(SWEEPS.tokens_per_expert, dtype=np.float64)
     m = c + sum(s * np.maximum(t - k, 0.0) for s, k in pieces)  # convex in t
@@ -204,8 +229,10 @@ def test_no_fit_of_the_convex_form_beats_the_convexity_bound(seed, dip):
     worse in least squares."""
     rng = np.random.default_rng(seed)
     m = step_measurement(2e-6, 1e-4, 8.0, 2e-4)
-    m["measured_s"] = [v * (dip if p["tokens_per_expert"] == 1 else 1.0) * (1 + 0.05 * rng.uniform(-1, 1))
-                       for v, p in zip(m["measured_s"], m["sweep"])]
+    m["measured_s"] = [
+        v * (dip if p["tokens_per_expert"] == 1 else 1.0) * (1 + 0.05 * rng.uniform(-1, 1))
+        for v, p in zip(m["measured_s"], m["sweep"])
+    ]
     fit = fit_expert_gemm(m, 3, MODEL)
     roof = fit.extra["alternative_forms"]["roofline"]
     assert max(roof["max_rel_error"], roof["max_rel_error_fit"]) >= fit.extra["convex_bound"] - 1e-9
@@ -243,8 +270,14 @@ def test_the_monotone_bound_is_exact(m, seed):
 
 
 @settings(max_examples=40, deadline=None)
-@given(points=st.lists(st.tuples(st.sampled_from([1, 2, 3, 8, 64]), st.sampled_from([1, 2, 4, 8]),
-                                 st.floats(1e-6, 1.0)), min_size=1, max_size=30), seed=st.integers(0, 2**31))
+@given(
+    points=st.lists(
+        st.tuples(st.sampled_from([1, 2, 3, 8, 64]), st.sampled_from([1, 2, 4, 8]), st.floats(1e-6, 1.0)),
+        min_size=1,
+        max_size=30,
+    ),
+    seed=st.integers(0, 2**31),
+)
 @example(points=[(2, 1, 1.0000000000000002e-06), (2, 1, 1e-06)], seed=0)
 def test_the_curve_bound_is_exact_and_bounds_every_fit(points, seed):
     """`curve_bound` is met by a curve a·f(t), f non-decreasing (the running max of the
@@ -258,6 +291,7 @@ def test_the_curve_bound_is_exact_and_bounds_every_fit(points, seed):
         ts = np.unique(t)
         f = np.maximum.accumulate([float((p[t == v] * (1 - err)).max()) for v in ts])
         return all(np.all(f[k] <= p[t == v] * (1 + err) * (1 + slack)) for k, v in enumerate(ts))
+
     assert feasible(e, 1e-9)
     if e > 1e-6:  # no smaller error works (above rounding: see test_the_monotone_bound_is_exact)
         assert not feasible(e * (1 - 1e-3), 0.0)
@@ -306,8 +340,13 @@ def test_one_active_count_fits_no_call():
 
 
 @settings(max_examples=40, deadline=None)
-@given(points=st.lists(st.tuples(st.sampled_from([1, 2, 3, 8, 64]), st.sampled_from([1, 2, 4, 8]),
-                                 st.floats(1e-6, 1.0)), min_size=1, max_size=30))
+@given(
+    points=st.lists(
+        st.tuples(st.sampled_from([1, 2, 3, 8, 64]), st.sampled_from([1, 2, 4, 8]), st.floats(1e-6, 1.0)),
+        min_size=1,
+        max_size=30,
+    )
+)
 @example(points=[(2, 1, 1.0000000000000002e-06), (2, 1, 1e-06)])
 def test_the_call_curve_bound_is_exact(points):
     """`call_curve_bound` e is met by a curve c + a·f(t), c >= 0 and f >= 0 non-decreasing
@@ -334,9 +373,21 @@ def test_the_fitted_floor_and_step_are_what_simulate_charges():
     f = fit.cost_fields
     assert f["c_gemm"] > 0 and f["c_weights"] > 0 and f["c_call"] == pytest.approx(5e-4, rel=1e-6)
     topo = rp.Topology(1, 1, 1, 1)
-    cost = rp.CostModel(a_lin=0.0, a_quad=[0.0], c_tok=f["c_tok"], c_exp=f["c_exp"],
-                        token_bytes=0.0, bw_intra=1.0, bw_inter=1.0, expert_weight_bytes=0.0, expert_grad_bytes=0.0,
-                        expert_state_bytes=0.0, c_weights=f["c_weights"], c_gemm=f["c_gemm"], c_call=f["c_call"])
+    cost = rp.CostModel(
+        a_lin=0.0,
+        a_quad=[0.0],
+        c_tok=f["c_tok"],
+        c_exp=f["c_exp"],
+        token_bytes=0.0,
+        bw_intra=1.0,
+        bw_inter=1.0,
+        expert_weight_bytes=0.0,
+        expert_grad_bytes=0.0,
+        expert_state_bytes=0.0,
+        c_weights=f["c_weights"],
+        c_gemm=f["c_gemm"],
+        c_call=f["c_call"],
+    )
     for t in (1, 2, 10, 64, 100, 1000):
         w = rp.Window(np.array([t]), np.array([[[t]]], dtype=np.int32))
         plan = rp.plan_window(w, topo, cost, token_cap=t, policy="static")
@@ -352,14 +403,20 @@ def table_measurement(c_tok: float, c_exp: float, c_call: float, seconds: list) 
     per = np.array([p["tokens_per_expert"] for p in m["sweep"]], dtype=np.float64)
     knots = table_knots(per, ~holdout_mask(len(per), 3))
     extra = np.interp(per, knots, seconds)
-    m["measured_s"] = [v + COMPUTE_PASSES * (p["active_experts"] * e + c_call)
-                       for v, e, p in zip(m["measured_s"], extra, m["sweep"])]
+    m["measured_s"] = [
+        v + COMPUTE_PASSES * (p["active_experts"] * e + c_call) for v, e, p in zip(m["measured_s"], extra, m["sweep"])
+    ]
     return m
 
 
 @settings(max_examples=25, deadline=None)
-@given(c_tok=st.floats(1e-7, 1e-4), c_exp=st.floats(1e-6, 1e-3), call=st.floats(0.0, 3.0),
-       shape=st.lists(st.floats(0.0, 1.0), min_size=7, max_size=7), size=st.floats(0.3, 3.0))
+@given(
+    c_tok=st.floats(1e-7, 1e-4),
+    c_exp=st.floats(1e-6, 1e-3),
+    call=st.floats(0.0, 3.0),
+    shape=st.lists(st.floats(0.0, 1.0), min_size=7, max_size=7),
+    size=st.floats(0.3, 3.0),
+)
 def test_the_table_is_committed_where_the_curve_steps_and_bends(c_tok, c_exp, call, shape, size):
     """Timings with a table (knots 1, 2, 4, 16, ... 4096; the last 0, so c_tok is the slope at
     the sweep's top) that the closed forms cannot follow: the table is committed, its knots and
@@ -402,10 +459,22 @@ def test_the_fitted_table_is_what_simulate_charges(shape, call):
     fit = fit_expert_gemm(table_measurement(c_tok, c_exp, call * c_exp, seconds), 3, MODEL)
     assert fit.formula == TABLE_FORMULA
     f = fit.cost_fields
-    cost = rp.CostModel(a_lin=0.0, a_quad=[0.0], c_tok=f["c_tok"], c_exp=f["c_exp"], token_bytes=0.0, bw_intra=1.0,
-                        bw_inter=1.0, expert_weight_bytes=0.0, expert_grad_bytes=0.0, expert_state_bytes=0.0,
-                        c_weights=f["c_weights"], c_gemm=f["c_gemm"], c_call=f["c_call"],
-                        expert_table=f["expert_table"])
+    cost = rp.CostModel(
+        a_lin=0.0,
+        a_quad=[0.0],
+        c_tok=f["c_tok"],
+        c_exp=f["c_exp"],
+        token_bytes=0.0,
+        bw_intra=1.0,
+        bw_inter=1.0,
+        expert_weight_bytes=0.0,
+        expert_grad_bytes=0.0,
+        expert_state_bytes=0.0,
+        c_weights=f["c_weights"],
+        c_gemm=f["c_gemm"],
+        c_call=f["c_call"],
+        expert_table=f["expert_table"],
+    )
     knots, values = zip(*f["expert_table"])
     topo = rp.Topology(1, 1, 1, 1)
     for t in (1, 2, 3, 4, 10, 16, 100, 1000, 4096, 10000):
@@ -453,9 +522,29 @@ def test_refit_reproduces_the_committed_report():
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
 def test_gpu_check_dry_run_on_cpu(tmp_path):
     env = {**os.environ, "PYTHONPATH": PYTHON_DIR}
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_check.py"), "--cost-only", "--device", "cpu",
-                        "--quick", "--profile", "tiny", "--hidden", "32", "--expert-ffn", "16", "--no-measure",
-                        "--out", str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "gpu_check.py"),
+            "--cost-only",
+            "--device",
+            "cpu",
+            "--quick",
+            "--profile",
+            "tiny",
+            "--hidden",
+            "32",
+            "--expert-ffn",
+            "16",
+            "--no-measure",
+            "--out",
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "expert_gemm: held-out max_rel_error" in r.stdout and "PASS" in r.stdout
     cost = rp.CostModel.load(tmp_path / "cost.json")

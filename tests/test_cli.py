@@ -50,8 +50,9 @@ sys.exit(cli.main(sys.argv[1:]))
 FAST = ["--policy", "static", "--policy", "eplb", "--policy", "routepack", "--anneal-moves", "2000"]
 
 
-def run(args: List[str], cwd: Path, hide_matplotlib: bool = False, small: bool = True,
-        timeout: float = 300) -> subprocess.CompletedProcess:
+def run(
+    args: List[str], cwd: Path, hide_matplotlib: bool = False, small: bool = True, timeout: float = 300
+) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if small:
         cmd = [sys.executable, "-c", CHILD.format(hide_matplotlib=hide_matplotlib), *args]
@@ -77,8 +78,16 @@ def test_bench_tiny_two_windows(tmp_path):
     proc = run(["bench", "--profile", "tiny", "--windows", "2", "--json", "b.json"], tmp_path, small=False)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    for text in ("of balanced", "thr/best", "best baseline", "balanced (reference)", "columns (medians over windows):",
-                 "repl s", "routepack's throughput over each policy", "eplb_hierarchical"):
+    for text in (
+        "of balanced",
+        "thr/best",
+        "best baseline",
+        "balanced (reference)",
+        "columns (medians over windows):",
+        "repl s",
+        "routepack's throughput over each policy",
+        "eplb_hierarchical",
+    ):
         assert text in out, text
     assert "of ideal" not in out
     assert "generating 3 synthetic tiny windows" in proc.stderr
@@ -108,8 +117,23 @@ def test_bench_without_matplotlib_prints_the_table_and_says_how_to_get_the_figur
 
 
 def test_demo_and_the_baseline_column_without_static(tmp_path):
-    proc = run(["demo", "--profile", "small-test", "--windows", "1", "--policy", "eplb", "--policy", "routepack",
-                "--anneal-moves", "2000", "--quiet"], tmp_path)
+    proc = run(
+        [
+            "demo",
+            "--profile",
+            "small-test",
+            "--windows",
+            "1",
+            "--policy",
+            "eplb",
+            "--policy",
+            "routepack",
+            "--anneal-moves",
+            "2000",
+            "--quiet",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""  # --quiet: no progress
     assert "thr/eplb" in proc.stdout and "thr/static" not in proc.stdout
@@ -121,19 +145,22 @@ def test_version():
     assert proc.returncode == 0 and proc.stdout.strip() == f"routepack {rp.__version__}"
 
 
-@pytest.mark.parametrize("args,fragments", [
-    (["bench", "--policy", "nope"], ["--policy", "'nope'", "static", "routepack", "eplb_oracle"]),
-    (["bench", "--profile", "huge"], ["--profile", "'huge'", "tiny", "flash"]),
-    (["bench", "--seed", "-1"], ["--seed", ">= 0"]),
-    (["bench", "--windows", "0"], ["--windows", ">= 1"]),
-    (["bench", "--anneal-moves", "-5"], ["--anneal-moves", ">= 0"]),
-    (["bench", "--anneal-moves", "many"], ["--anneal-moves", "integer"]),
-    (["bench", "--npz", "only_one.npz"], ["--npz", "at least 2"]),
-    (["bench", "--json", "no/such/dir/out.json"], ["--json", "does not exist"]),
-    (["bench", "--figure", "."], ["--figure", "directory"]),
-    (["frobnicate"], ["frobnicate"]),
-    ([], ["command"]),
-])
+@pytest.mark.parametrize(
+    "args,fragments",
+    [
+        (["bench", "--policy", "nope"], ["--policy", "'nope'", "static", "routepack", "eplb_oracle"]),
+        (["bench", "--profile", "huge"], ["--profile", "'huge'", "tiny", "flash"]),
+        (["bench", "--seed", "-1"], ["--seed", ">= 0"]),
+        (["bench", "--windows", "0"], ["--windows", ">= 1"]),
+        (["bench", "--anneal-moves", "-5"], ["--anneal-moves", ">= 0"]),
+        (["bench", "--anneal-moves", "many"], ["--anneal-moves", "integer"]),
+        (["bench", "--npz", "only_one.npz"], ["--npz", "at least 2"]),
+        (["bench", "--json", "no/such/dir/out.json"], ["--json", "does not exist"]),
+        (["bench", "--figure", "."], ["--figure", "directory"]),
+        (["frobnicate"], ["frobnicate"]),
+        ([], ["command"]),
+    ],
+)
 def test_user_errors_are_one_line_and_exit_2(tmp_path, args, fragments):
     proc = run(args, tmp_path)
     one_line_error(proc, *fragments)
@@ -167,20 +194,41 @@ def test_an_input_the_planner_refuses_is_a_one_line_error(tmp_path):
 
 
 def _row(policy: str, window: int, step: float, bound: float = float("nan")) -> rp_compare.Row:
-    return rp_compare.Row(policy=policy, window=window, step_time=step, throughput=1000.0 / step,
-                          fraction_of_balanced=1.0 / step, attention=0.1, expert=0.2, all_to_all=0.3,
-                          replication=0.0, migration=0.0, imbalance=1.1, num_micro=3, micro_lower_bound=3,
-                          plan_seconds=0.01, ideal_time=1.0, fraction_of_bound=bound / step,
-                          lower_bound_time=bound)
+    return rp_compare.Row(
+        policy=policy,
+        window=window,
+        step_time=step,
+        throughput=1000.0 / step,
+        fraction_of_balanced=1.0 / step,
+        attention=0.1,
+        expert=0.2,
+        all_to_all=0.3,
+        replication=0.0,
+        migration=0.0,
+        imbalance=1.1,
+        num_micro=3,
+        micro_lower_bound=3,
+        plan_seconds=0.01,
+        ideal_time=1.0,
+        fraction_of_bound=bound / step,
+        lower_bound_time=bound,
+    )
 
 
 def test_the_bound_column_appears_exactly_when_simulate_reports_it():
     """`of bound` and the `lower bound` row come from SimResult's fraction_of_bound /
     lower_bound_time; without them (NaN) neither is shown."""
+
     def rows(bound: float):
-        return [_row("static", w, 4.0, bound) for w in (1, 2)] + [_row("eplb", 1, 2.0, bound), _row("eplb", 2, 2.5, bound),
-                                                                 _row("relibra", 1, 2.2, bound), _row("relibra", 2, 2.0, bound),
-                                                                 _row("routepack", 1, 1.6, bound), _row("routepack", 2, 1.8, bound)]
+        return [_row("static", w, 4.0, bound) for w in (1, 2)] + [
+            _row("eplb", 1, 2.0, bound),
+            _row("eplb", 2, 2.5, bound),
+            _row("relibra", 1, 2.2, bound),
+            _row("relibra", 2, 2.0, bound),
+            _row("routepack", 1, 1.6, bound),
+            _row("routepack", 2, 1.8, bound),
+        ]
+
     without = rp_compare.summarise(rows(float("nan")))
     text = rp_compare.format_table(without)
     assert "of bound" not in text and "lower bound" not in [s["policy"] for s in without]

@@ -22,8 +22,10 @@ PROFILE = rp.traces.profile("tiny")
 def case():
     w0, w1 = list(rp.traces.synthetic(PROFILE, 2, seed=3))
     topo, cost = PROFILE.topology(), PROFILE.cost()
-    plans = {p: rp.plan_window(w1, topo, cost, PROFILE.token_cap, policy=p, previous_window=w0)
-             for p in ("static", "routepack")}
+    plans = {
+        p: rp.plan_window(w1, topo, cost, PROFILE.token_cap, policy=p, previous_window=w0)
+        for p in ("static", "routepack")
+    }
     for plan in plans.values():
         plan.validate(w1, topo, PROFILE.token_cap)
     return w1, topo, cost, plans
@@ -33,7 +35,14 @@ def test_defaults_are_the_cores():
     d = _core.cost_defaults()
     c = PROFILE.cost()
     assert (c.c_weights, c.c_gemm, c.c_call, c.a2a_latency, c.bw_reduce, c.overlap, list(c.passes)) == (
-        d["c_weights"], d["c_gemm"], d["c_call"], d["a2a_latency"], d["bw_reduce"], d["overlap"], list(d["passes"]))
+        d["c_weights"],
+        d["c_gemm"],
+        d["c_call"],
+        d["a2a_latency"],
+        d["bw_reduce"],
+        d["overlap"],
+        list(d["passes"]),
+    )
     assert c.passes == ("forward", "backward") and c.overlap == "none"
     assert c.c_weights == c.c_gemm == c.c_call == c.a2a_latency == c.bw_reduce == 0.0
 
@@ -51,36 +60,52 @@ def test_old_json_loads_with_the_defaults_and_prices_the_same(case):
 
 
 @settings(max_examples=60, deadline=None)
-@given(c_weights=st.floats(0, 1e-3, allow_nan=False), overlap=st.sampled_from(rp.model.OVERLAPS),
-       passes=st.lists(st.sampled_from(rp.model.PASS_KINDS), min_size=1, max_size=4),
-       c_gemm=st.floats(0, 1e-2, allow_nan=False), c_call=st.floats(0, 1e-2, allow_nan=False),
-       a2a_latency=st.floats(0, 1e-2, allow_nan=False), bw_reduce=st.floats(0, 1e12, allow_nan=False))
+@given(
+    c_weights=st.floats(0, 1e-3, allow_nan=False),
+    overlap=st.sampled_from(rp.model.OVERLAPS),
+    passes=st.lists(st.sampled_from(rp.model.PASS_KINDS), min_size=1, max_size=4),
+    c_gemm=st.floats(0, 1e-2, allow_nan=False),
+    c_call=st.floats(0, 1e-2, allow_nan=False),
+    a2a_latency=st.floats(0, 1e-2, allow_nan=False),
+    bw_reduce=st.floats(0, 1e12, allow_nan=False),
+)
 def test_json_round_trip_is_exact(c_weights, overlap, passes, c_gemm, c_call, a2a_latency, bw_reduce):
-    c = replace(PROFILE.cost(), c_weights=c_weights, overlap=overlap, passes=passes, c_gemm=c_gemm, c_call=c_call,
-                a2a_latency=a2a_latency, bw_reduce=bw_reduce)
+    c = replace(
+        PROFILE.cost(),
+        c_weights=c_weights,
+        overlap=overlap,
+        passes=passes,
+        c_gemm=c_gemm,
+        c_call=c_call,
+        a2a_latency=a2a_latency,
+        bw_reduce=bw_reduce,
+    )
     again = rp.CostModel.from_json(c.to_json())
     assert again == c and again.to_json() == c.to_json()
     assert asdict(again)["passes"] == tuple(passes)
 
 
-@pytest.mark.parametrize("field, value, needle", [
-    ("overlap", "always", "cost.overlap"),
-    ("overlap", 1, "cost.overlap"),
-    ("passes", [], "cost.passes"),
-    ("passes", ["forward", "recompute"], "cost.passes[1]"),
-    ("c_weights", -1.0, "cost.c_weights"),
-    ("c_weights", float("nan"), "cost.c_weights"),
-    ("c_gemm", -1e-9, "cost.c_gemm"),
-    ("c_gemm", float("inf"), "cost.c_gemm"),
-    ("c_gemm", "1e-3", "cost.c_gemm"),
-    ("c_call", -1e-9, "cost.c_call"),
-    ("c_call", float("nan"), "cost.c_call"),
-    ("c_call", None, "cost.c_call"),
-    ("a2a_latency", -1e-9, "cost.a2a_latency"),
-    ("a2a_latency", float("inf"), "cost.a2a_latency"),
-    ("bw_reduce", -1.0, "cost.bw_reduce"),
-    ("bw_reduce", float("nan"), "cost.bw_reduce"),
-])
+@pytest.mark.parametrize(
+    "field, value, needle",
+    [
+        ("overlap", "always", "cost.overlap"),
+        ("overlap", 1, "cost.overlap"),
+        ("passes", [], "cost.passes"),
+        ("passes", ["forward", "recompute"], "cost.passes[1]"),
+        ("c_weights", -1.0, "cost.c_weights"),
+        ("c_weights", float("nan"), "cost.c_weights"),
+        ("c_gemm", -1e-9, "cost.c_gemm"),
+        ("c_gemm", float("inf"), "cost.c_gemm"),
+        ("c_gemm", "1e-3", "cost.c_gemm"),
+        ("c_call", -1e-9, "cost.c_call"),
+        ("c_call", float("nan"), "cost.c_call"),
+        ("c_call", None, "cost.c_call"),
+        ("a2a_latency", -1e-9, "cost.a2a_latency"),
+        ("a2a_latency", float("inf"), "cost.a2a_latency"),
+        ("bw_reduce", -1.0, "cost.bw_reduce"),
+        ("bw_reduce", float("nan"), "cost.bw_reduce"),
+    ],
+)
 def test_bad_options_name_the_field(field, value, needle):
     with pytest.raises(rp.RoutepackError, match=needle.replace("[", r"\[").replace("]", r"\]")):
         replace(PROFILE.cost(), **{field: value})
@@ -92,8 +117,15 @@ def test_each_option_moves_the_step_as_documented(case):
         base = rp.simulate(plan, w, topo, cost)
         over = rp.simulate(plan, w, topo, replace(cost, overlap="dispatch_combine"))
         assert 0 < over.hidden <= over.all_to_all and over.step_time < base.step_time
-        parts = (over.attention + over.expert + over.all_to_all + over.replication + over.migration
-                 + over.redundant_grads - over.hidden)
+        parts = (
+            over.attention
+            + over.expert
+            + over.all_to_all
+            + over.replication
+            + over.migration
+            + over.redundant_grads
+            - over.hidden
+        )
         assert parts == pytest.approx(over.step_time, rel=1e-9)
         assert over.lower_bound_time <= over.step_time
         rl = rp.simulate(plan, w, topo, replace(cost, passes=("forward", "forward", "backward")))
@@ -118,8 +150,14 @@ def test_each_option_moves_the_step_as_documented(case):
 
 def test_planning_under_the_options_gives_valid_plans(case):
     w, topo, cost, _ = case
-    for opt in ({"overlap": "dispatch_combine"}, {"c_weights": cost.c_tok * 32}, {"passes": ("forward",)},
-                {"c_gemm": cost.c_tok * 64}, {"c_call": cost.c_exp * 50}, {"a2a_latency": cost.c_exp * 20}):
+    for opt in (
+        {"overlap": "dispatch_combine"},
+        {"c_weights": cost.c_tok * 32},
+        {"passes": ("forward",)},
+        {"c_gemm": cost.c_tok * 64},
+        {"c_call": cost.c_exp * 50},
+        {"a2a_latency": cost.c_exp * 20},
+    ):
         c = replace(cost, **opt)
         plan = rp.plan_window(w, topo, c, PROFILE.token_cap, policy="routepack", anneal_moves=20000)
         plan.validate(w, topo, PROFILE.token_cap)

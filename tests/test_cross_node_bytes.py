@@ -17,9 +17,18 @@ TOKEN_BYTES = 1000.0
 
 
 def _cost() -> rp.CostModel:
-    return rp.CostModel(a_lin=1e-6, a_quad=[0.0], c_tok=1e-6, c_exp=1e-5, token_bytes=TOKEN_BYTES,
-                        bw_intra=4e11, bw_inter=5e10, expert_weight_bytes=1e3, expert_grad_bytes=2e3,
-                        expert_state_bytes=1e4)
+    return rp.CostModel(
+        a_lin=1e-6,
+        a_quad=[0.0],
+        c_tok=1e-6,
+        c_exp=1e-5,
+        token_bytes=TOKEN_BYTES,
+        bw_intra=4e11,
+        bw_inter=5e10,
+        expert_weight_bytes=1e3,
+        expert_grad_bytes=2e3,
+        expert_state_bytes=1e4,
+    )
 
 
 def _two_nodes():
@@ -27,11 +36,15 @@ def _two_nodes():
     one step, one layer."""
     topo = rp.Topology(4, 4, 2, 1)
     #                  expert:  0  1  2  3
-    tokens = np.array([[[1, 2, 3, 0]],    # rank 0: 2 → rank 1 (same node), 3 → rank 2 (other)
-                       [[0, 0, 0, 4]],    # rank 1: 4 → rank 3 (other node)
-                       [[5, 0, 0, 1]],    # rank 2: 5 → rank 0 (other node), 1 → rank 3 (same)
-                       [[0, 0, 0, 2]]],   # rank 3: stays
-                      dtype=np.int32)
+    tokens = np.array(
+        [
+            [[1, 2, 3, 0]],  # rank 0: 2 → rank 1 (same node), 3 → rank 2 (other)
+            [[0, 0, 0, 4]],  # rank 1: 4 → rank 3 (other node)
+            [[5, 0, 0, 1]],  # rank 2: 5 → rank 0 (other node), 1 → rank 3 (same)
+            [[0, 0, 0, 2]],
+        ],  # rank 3: stays
+        dtype=np.int32,
+    )
     window = rp.Window(np.array([6, 4, 6, 2]), tokens)
     placement = rp.Placement(np.array([[0, 1, 2, 3]], dtype=np.int32), 4, 1)
     return topo, window, placement

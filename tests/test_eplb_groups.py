@@ -16,8 +16,9 @@ import routepack as rp
 from routepack.placement import rebalance_experts
 
 #: the golden digest test's flash-shaped profile: flash's 512 experts, ep 32 over 4 nodes
-FLASH_SMALL = replace(rp.traces.profile("flash"), name="flash_small", num_layers=6,
-                      attention=("linear",) * 5 + ("full",), samples=1024)
+FLASH_SMALL = replace(
+    rp.traces.profile("flash"), name="flash_small", num_layers=6, attention=("linear",) * 5 + ("full",), samples=1024
+)
 PROFILES = {"tiny": rp.traces.profile("tiny"), "flash_small": FLASH_SMALL}
 
 
@@ -29,8 +30,9 @@ def _window(name: str) -> rp.Window:
 def _phy2log(name: str, policy: str, **options) -> np.ndarray:
     prof = PROFILES[name]
     w = _window(name)
-    plan = rp.plan_window(w, prof.topology(), prof.cost(), token_cap=prof.token_cap, policy=policy,
-                          previous_window=w, **options)
+    plan = rp.plan_window(
+        w, prof.topology(), prof.cost(), token_cap=prof.token_cap, policy=policy, previous_window=w, **options
+    )
     return plan.placement.phy2log
 
 

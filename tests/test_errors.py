@@ -32,16 +32,23 @@ CASES = {
     "float lengths": (lambda: rp.Window(np.array([3.0]), np.ones((1, 1, 2), np.int32)), rp.RoutepackTypeError),
     "negative demand": (lambda: rp.Window(np.array([3]), -np.ones((1, 1, 2), np.int32)), rp.RoutepackError),
     "no samples": (lambda: rp.Window(np.zeros(0, np.int64), np.zeros((0, 1, 2), np.int32)), rp.RoutepackError),
-    "routed dtype": (lambda: rp.Window.from_routed_experts(np.zeros((2, 1, 1), np.float32), [0, 2], 4),
-                     rp.RoutepackTypeError),
-    "routed shape": (lambda: rp.Window.from_routed_experts(np.zeros((2, 1), np.int32), [0, 2], 4),
-                     rp.RoutepackError),
-    "expert id out of range": (lambda: rp.Window.from_routed_experts(np.full((2, 1, 1), 9, np.int32), [0, 2], 4),
-                               rp.RoutepackError),
-    "verl mask shape": (lambda: replay.from_verl(np.zeros((2, 3, 1, 1), np.int32), np.ones((2, 2)), 4),
-                        rp.RoutepackError),
-    "verl mask values": (lambda: rp.Window.from_verl(np.zeros((1, 2, 1, 1), np.int32), np.array([[1, 2]]), 4),
-                         rp.RoutepackError),
+    "routed dtype": (
+        lambda: rp.Window.from_routed_experts(np.zeros((2, 1, 1), np.float32), [0, 2], 4),
+        rp.RoutepackTypeError,
+    ),
+    "routed shape": (lambda: rp.Window.from_routed_experts(np.zeros((2, 1), np.int32), [0, 2], 4), rp.RoutepackError),
+    "expert id out of range": (
+        lambda: rp.Window.from_routed_experts(np.full((2, 1, 1), 9, np.int32), [0, 2], 4),
+        rp.RoutepackError,
+    ),
+    "verl mask shape": (
+        lambda: replay.from_verl(np.zeros((2, 3, 1, 1), np.int32), np.ones((2, 2)), 4),
+        rp.RoutepackError,
+    ),
+    "verl mask values": (
+        lambda: rp.Window.from_verl(np.zeros((1, 2, 1, 1), np.int32), np.array([[1, 2]]), 4),
+        rp.RoutepackError,
+    ),
     "slime empty": (lambda: replay.from_slime([], 4), rp.RoutepackError),
     "slime num_experts": (lambda: rp.Window.from_slime([np.zeros((2, 1, 1), np.int32)], 0), rp.RoutepackError),
     # the cluster, the model, the cost
@@ -51,15 +58,21 @@ CASES = {
     "attention kind": (lambda: rp.ModelShape(1, 4, 2, 16, 8, attention=["sparse"]), rp.RoutepackError),
     "efficiency": (lambda: rp.Hardware(**{**rp.Hardware.h200().__dict__, "flops_efficiency": 2.0}), rp.RoutepackError),
     "cost JSON": (lambda: rp.CostModel.from_json('{"x": 1}'), rp.RoutepackError),
-    "too few slots": (lambda: rp.plan_window(rp.Window(np.array([3]), np.ones((1, 2, 9), np.int32)), TOPO, COST, 8),
-                      rp.RoutepackError),
+    "too few slots": (
+        lambda: rp.plan_window(rp.Window(np.array([3]), np.ones((1, 2, 9), np.int32)), TOPO, COST, 8),
+        rp.RoutepackError,
+    ),
     # plans and placements
     "placement dtype": (lambda: rp.Placement(np.zeros((1, 4)), 4, 2), rp.RoutepackTypeError),
     "placement expert": (lambda: rp.Placement(np.full((1, 4), 7, np.int32), 4, 2), rp.RoutepackError),
-    "replicas dtype": (lambda: rp.Plan(rp.Placement.static(2, 4, TOPO), [0, 0, 1, 1], [0, 0, 0, 0], 1,
-                                       replicas=np.zeros(1)), rp.RoutepackTypeError),
-    "invalid plan": (lambda: rp.Plan(rp.Placement.static(2, 4, TOPO), [0, 0, 0, 0], [0, 0, 0, 0], 1)
-                     .validate(W, TOPO, 100), rp.InvalidPlanError),
+    "replicas dtype": (
+        lambda: rp.Plan(rp.Placement.static(2, 4, TOPO), [0, 0, 1, 1], [0, 0, 0, 0], 1, replicas=np.zeros(1)),
+        rp.RoutepackTypeError,
+    ),
+    "invalid plan": (
+        lambda: rp.Plan(rp.Placement.static(2, 4, TOPO), [0, 0, 0, 0], [0, 0, 0, 0], 1).validate(W, TOPO, 100),
+        rp.InvalidPlanError,
+    ),
     "simulate type": (lambda: rp.simulate("plan", W, TOPO, COST), rp.RoutepackTypeError),
     # plan_window
     "window type": (lambda: rp.plan_window("w", TOPO, COST), rp.RoutepackTypeError),
@@ -71,11 +84,12 @@ CASES = {
     "unknown stage": (lambda: rp.plan_window(W, TOPO, COST, 8, policy=rp.Policy(packing="nope")), rp.RoutepackError),
     "unknown option": (lambda: rp.plan_window(W, TOPO, COST, 8, nope=1), rp.RoutepackError),
     "option value": (lambda: rp.plan_window(W, TOPO, COST, 8, placement_chunks=-1), rp.RoutepackError),
-    "option type": (lambda: rp.plan_window(W, TOPO, COST, 8, placement_migration_aware="yes"),
-                    rp.RoutepackTypeError),
+    "option type": (lambda: rp.plan_window(W, TOPO, COST, 8, placement_migration_aware="yes"), rp.RoutepackTypeError),
     "previous_window missing": (lambda: rp.plan_window(W, TOPO, COST, 8, policy="eplb"), rp.RoutepackError),
-    "cost layers": (lambda: rp.plan_window(rp.Window(np.array([3]), np.ones((1, 3, 4), np.int32)), TOPO, COST, 8),
-                    rp.RoutepackError),
+    "cost layers": (
+        lambda: rp.plan_window(rp.Window(np.array([3]), np.ones((1, 3, 4), np.int32)), TOPO, COST, 8),
+        rp.RoutepackError,
+    ),
     "time budget": (lambda: rp.plan_window(W, TOPO, COST, 8, time_budget_s=-1.0), rp.RoutepackError),
     # placement analysis, presets, stages, traces, comparison
     "eplb weight": (lambda: placement.rebalance_experts(np.ones((2, 4), bool), 4, 1, 1, 2), rp.RoutepackTypeError),

@@ -22,8 +22,14 @@ ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+\.\d+)\s+(\d+\.\d+)\s
 
 def test_the_example_trains_like_one_process(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "hf_train.py"), "--windows", "3", "--samples", "12"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "hf_train.py"), "--windows", "3", "--samples", "12"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [m.groups() for m in map(ROW.match, proc.stdout.splitlines()) if m]
     assert [int(r[0]) for r in rows] == [0, 1, 2], proc.stdout

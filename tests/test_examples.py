@@ -33,15 +33,17 @@ def test_every_example_is_listed():
         assert (ROOT / test).is_file(), test
 
 
-@pytest.mark.parametrize("path", [p for p in EXAMPLES if p.name not in OWN_TEST],
-                         ids=[p.name for p in EXAMPLES if p.name not in OWN_TEST])
+@pytest.mark.parametrize(
+    "path", [p for p in EXAMPLES if p.name not in OWN_TEST], ids=[p.name for p in EXAMPLES if p.name not in OWN_TEST]
+)
 def test_example_runs(path: Path, tmp_path: Path):
     expected, needs = EXPECT[path.name]
     for module in needs:
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"{path.name} needs {module}")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([PYTHON_DIR, os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert expected in proc.stdout, proc.stdout[-2000:]

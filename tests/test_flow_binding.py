@@ -34,16 +34,19 @@ def test_route_cell_follows_route_expert():
     assert np.array_equal(got, origin)
 
 
-@pytest.mark.parametrize("args, match", [
-    (dict(origin=np.ones((3, 2), np.int64)), "origin"),
-    (dict(origin=-np.ones((4, 2), np.int64)), "negative count"),
-    (dict(row=np.array([0, 0, -1, -1, 0, 0, -1, 0], np.int32)), "logical expert 1"),
-    (dict(row=np.zeros(6, np.int32)), "phy2log"),
-    (dict(cell=_cell([0], [4], [0.5])), "dst_rank"),
-    (dict(cell=_cell([0], [2], [1.5])), "share 1.5"),
-    (dict(cell=_cell([2], [2], [0.5])), "expert 2"),
-    (dict(cell=_cell([0, 1], [2], [0.5])), "differ in length"),
-])
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (dict(origin=np.ones((3, 2), np.int64)), "origin"),
+        (dict(origin=-np.ones((4, 2), np.int64)), "negative count"),
+        (dict(row=np.array([0, 0, -1, -1, 0, 0, -1, 0], np.int32)), "logical expert 1"),
+        (dict(row=np.zeros(6, np.int32)), "phy2log"),
+        (dict(cell=_cell([0], [4], [0.5])), "dst_rank"),
+        (dict(cell=_cell([0], [2], [1.5])), "share 1.5"),
+        (dict(cell=_cell([2], [2], [0.5])), "expert 2"),
+        (dict(cell=_cell([0, 1], [2], [0.5])), "differ in length"),
+    ],
+)
 def test_route_cell_refuses_bad_input(args, match):
     topo = rp.Topology(4, 4, 2, 2)
     origin = args.get("origin", np.ones((4, 2), np.int64))

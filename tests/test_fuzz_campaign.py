@@ -20,10 +20,19 @@ OUTCOMES = ("valid", "clean_named", "clean_unnamed", "other")
 
 def run(tmp_path: Path, *args: str, name: str = "out.json") -> dict:
     out = tmp_path / name
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__import__("routepack").__file__).parents[1]),
-                                                         os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(TOOL), "--seed", "3", "--json", str(out), "--no-torch", *args],
-                          capture_output=True, text=True, timeout=300, env=env)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(__import__("routepack").__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
+    proc = subprocess.run(
+        [sys.executable, str(TOOL), "--seed", "3", "--json", str(out), "--no-torch", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "function" in proc.stdout and "clean(named)" in proc.stdout and "total" in proc.stdout
     return json.loads(out.read_text())
@@ -37,8 +46,13 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def test_json_holds_the_table_per_function(report: dict) -> None:
     assert report["seed"] == 3 and report["cases"] == 25 and not report["harness_errors"]
-    assert set(report["targets"]) == {"ModelShape", "Window.load", "Plan.validate", "CostModel.from_json",
-                                      "placement.rebalance_experts"}
+    assert set(report["targets"]) == {
+        "ModelShape",
+        "Window.load",
+        "Plan.validate",
+        "CostModel.from_json",
+        "placement.rebalance_experts",
+    }
     for name, row in report["targets"].items():
         assert row["cases"] == sum(row[o] for o in OUTCOMES) > 0, name
         assert sum(sum(v.values()) for v in row["by_kind"].values()) == row["cases"]
@@ -55,8 +69,26 @@ def test_buckets_keep_at_most_five_reproducers(report: dict) -> None:
 
 
 def test_same_seed_same_cases(tmp_path: Path) -> None:
-    a = run(tmp_path, "--only", "ModelShape,Placement.static,Topology.check", "--stop", "16", "--minutes", "2", name="a.json")
-    b = run(tmp_path, "--only", "ModelShape,Placement.static,Topology.check", "--stop", "16", "--minutes", "2", name="b.json")
+    a = run(
+        tmp_path,
+        "--only",
+        "ModelShape,Placement.static,Topology.check",
+        "--stop",
+        "16",
+        "--minutes",
+        "2",
+        name="a.json",
+    )
+    b = run(
+        tmp_path,
+        "--only",
+        "ModelShape,Placement.static,Topology.check",
+        "--stop",
+        "16",
+        "--minutes",
+        "2",
+        name="b.json",
+    )
     strip = lambda r: {k: {o: v[o] for o in OUTCOMES} for k, v in r["targets"].items()}  # noqa: E731
     assert strip(a) == strip(b)
     assert {k: sorted(v) for k, v in a["other"].items()} == {k: sorted(v) for k, v in b["other"].items()}
@@ -77,7 +109,12 @@ def test_aborts_hangs_and_stderr_are_other_and_the_campaign_goes_on(tmp_path: Pa
 
 def test_replay_runs_one_case(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__import__("routepack").__file__).parents[1])}
-    proc = subprocess.run([sys.executable, str(TOOL), "--replay", "Topology:5", "--seed", "3", "--no-torch"],
-                          capture_output=True, text=True, timeout=120, env=env)
+    proc = subprocess.run(
+        [sys.executable, str(TOOL), "--replay", "Topology:5", "--seed", "3", "--no-torch"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-1000:]
     assert "Topology(" in proc.stdout and '"outcome"' in proc.stdout

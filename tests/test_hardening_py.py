@@ -5,7 +5,6 @@ property over the class."""
 from __future__ import annotations
 
 import copy
-import os
 import zipfile
 
 import numpy as np
@@ -19,8 +18,17 @@ from routepack.errors import RoutepackError, RoutepackTypeError
 from routepack.model import CostModel, Hardware, ModelShape, Topology
 from routepack.stages.packing import RoutepackPackingOptions
 
-COST = dict(a_lin=1.0, c_tok=1.0, c_exp=1.0, token_bytes=1.0, bw_intra=1.0, bw_inter=1.0,
-            expert_weight_bytes=1.0, expert_grad_bytes=1.0, expert_state_bytes=1.0)
+COST = dict(
+    a_lin=1.0,
+    c_tok=1.0,
+    c_exp=1.0,
+    token_bytes=1.0,
+    bw_intra=1.0,
+    bw_inter=1.0,
+    expert_weight_bytes=1.0,
+    expert_grad_bytes=1.0,
+    expert_state_bytes=1.0,
+)
 
 #: Containers whose iteration would silently give keys or an arbitrary order, and scalars.
 NOT_SEQUENCES = st.one_of(
@@ -28,7 +36,8 @@ NOT_SEQUENCES = st.one_of(
     st.sets(st.floats(0, 1), min_size=1, max_size=4).map(frozenset),
     st.sets(st.integers(0, 3), min_size=1, max_size=4),
     st.text(min_size=1, max_size=4),
-    st.integers(), st.floats(allow_nan=False),
+    st.integers(),
+    st.floats(allow_nan=False),
 )
 
 
@@ -109,8 +118,16 @@ def test_a_quad_scalar_names_argument():
         CostModel(a_quad=5, **COST)
 
 
-@pytest.mark.parametrize("value,exc", [(-1, RoutepackError), (2**64, RoutepackError), (1.5, RoutepackTypeError),
-                                       ("2", RoutepackTypeError), (True, RoutepackTypeError)])
+@pytest.mark.parametrize(
+    "value,exc",
+    [
+        (-1, RoutepackError),
+        (2**64, RoutepackError),
+        (1.5, RoutepackTypeError),
+        ("2", RoutepackTypeError),
+        (True, RoutepackTypeError),
+    ],
+)
 def test_option_ints_checked_naming_option(value, exc):
     with pytest.raises(exc, match="anneal_chains"):
         RoutepackPackingOptions(anneal_chains=value)
@@ -125,8 +142,10 @@ def test_anneal_mix_length_names_option():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.sampled_from(["i2", "i4", "i8"]),
-       st.lists(st.lists(st.integers(0, 7), min_size=2, max_size=2, unique=True), min_size=1, max_size=12))
+@given(
+    st.sampled_from(["i2", "i4", "i8"]),
+    st.lists(st.lists(st.integers(0, 7), min_size=2, max_size=2, unique=True), min_size=1, max_size=12),
+)
 def test_big_endian_routed_counts_as_native(code, tokens):
     routed = np.array(tokens).reshape(len(tokens), 1, 2)
     cu = np.array([0, len(tokens)])
@@ -145,8 +164,16 @@ def _small_plan():
     return rp.plan_window(window, topo, cost, token_cap=100), window, topo, cost
 
 
-_FIELD_BREAKS = {"replicas": None, "migration": None, "report": None, "placement": None, "num_micro": None,
-                 "sample_rank": None, "sample_micro": None, "policy": None}
+_FIELD_BREAKS = {
+    "replicas": None,
+    "migration": None,
+    "report": None,
+    "placement": None,
+    "num_micro": None,
+    "sample_rank": None,
+    "sample_micro": None,
+    "policy": None,
+}
 
 
 @settings(max_examples=30, deadline=None)
@@ -206,6 +233,7 @@ def _rewrite(path, replace=None, drop=()):
                 value = replace[key]
                 if not isinstance(value, bytes):
                     import io
+
                     buf = io.BytesIO()
                     np.lib.format.write_array(buf, np.asanyarray(value), allow_pickle=True)
                     value = buf.getvalue()
@@ -235,10 +263,10 @@ def test_truncated_or_flipped_file_is_a_file_error(tmp_path_factory, kind, data)
     path, load = _saved(tmp_path_factory.mktemp("f"), kind)
     raw = path.read_bytes()
     if data.draw(st.booleans(), label="truncate"):
-        damaged = raw[:data.draw(st.integers(0, len(raw) - 1), label="cut")]
+        damaged = raw[: data.draw(st.integers(0, len(raw) - 1), label="cut")]
     else:
         i = data.draw(st.integers(0, len(raw) - 1), label="at")
-        damaged = raw[:i] + bytes([raw[i] ^ data.draw(st.integers(1, 255), label="xor")]) + raw[i + 1:]
+        damaged = raw[:i] + bytes([raw[i] ^ data.draw(st.integers(1, 255), label="xor")]) + raw[i + 1 :]
     path.write_bytes(damaged)
     try:
         load(path)  # a flip in slack bytes may leave a valid file
@@ -249,6 +277,7 @@ def test_truncated_or_flipped_file_is_a_file_error(tmp_path_factory, kind, data)
 def _forged_header(shape):
     """A .npy header claiming an array of ``shape`` (40 TiB) with only 16 bytes of data."""
     import io
+
     buf = io.BytesIO()
     np.lib.format.write_array_header_1_0(buf, {"descr": "<i8", "fortran_order": False, "shape": shape})
     return buf.getvalue() + b"\0" * 16
@@ -283,13 +312,16 @@ def test_listed_damage_is_a_file_error(tmp_path, kind):
         assert str(path) in str(info.value)
 
 
-@pytest.mark.parametrize("replace,match", [
-    ({"num_micro": np.float64(2.7)}, "num_micro: expected an integer"),
-    ({"num_micro": np.array([1, 2])}, "num_micro: expected an integer"),
-    ({"report": np.array("[1, 2]")}, "report: expected a JSON object, got list"),
-    ({"report": np.array("{not json")}, "report: not valid JSON"),
-    ({"policy": np.array(3)}, "policy: expected a string"),
-])
+@pytest.mark.parametrize(
+    "replace,match",
+    [
+        ({"num_micro": np.float64(2.7)}, "num_micro: expected an integer"),
+        ({"num_micro": np.array([1, 2])}, "num_micro: expected an integer"),
+        ({"report": np.array("[1, 2]")}, "report: expected a JSON object, got list"),
+        ({"report": np.array("{not json")}, "report: not valid JSON"),
+        ({"policy": np.array(3)}, "policy: expected a string"),
+    ],
+)
 def test_plan_file_scalars_are_strict(tmp_path, replace, match):
     path, load = _saved(tmp_path, "plan")
     _rewrite(path, replace)
@@ -306,6 +338,7 @@ def test_missing_file_is_still_os_error(tmp_path):
 def _option_fields():
     from dataclasses import fields
     from routepack.stages.registry import PACKINGS, PLACEMENTS, REPLICATIONS
+
     classes = {s.options for reg in (PLACEMENTS, PACKINGS, REPLICATIONS) for s in reg.values()}
     out = []
     for cls in sorted(classes, key=lambda c: c.__name__):
@@ -316,8 +349,12 @@ def _option_fields():
 
 
 OPTION_FIELDS = _option_fields()
-NON_NUMBERS = st.one_of(st.text(max_size=3), st.booleans(), st.lists(st.integers(), max_size=2),
-                        st.dictionaries(st.integers(), st.integers(), max_size=2))
+NON_NUMBERS = st.one_of(
+    st.text(max_size=3),
+    st.booleans(),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.integers(), st.integers(), max_size=2),
+)
 
 
 @settings(max_examples=80, deadline=None)
@@ -329,11 +366,11 @@ def test_every_option_is_strict_and_named(entry, data):
     elif isinstance(default, bool):
         value = data.draw(st.one_of(st.integers(), st.text(max_size=2), st.floats()), label="value")
     elif isinstance(default, int) or default is None:
-        value = data.draw(st.one_of(NON_NUMBERS, st.floats(), st.integers(max_value=-1),
-                                    st.integers(min_value=2**64)), label="value")
+        value = data.draw(
+            st.one_of(NON_NUMBERS, st.floats(), st.integers(max_value=-1), st.integers(min_value=2**64)), label="value"
+        )
     else:  # a float option
-        value = data.draw(st.one_of(NON_NUMBERS, st.sampled_from([float("nan"), float("inf"), -1.0])),
-                          label="value")
+        value = data.draw(st.one_of(NON_NUMBERS, st.sampled_from([float("nan"), float("inf"), -1.0])), label="value")
     try:
         cls(**{name: value})
     except RoutepackError as e:  # RoutepackTypeError included
@@ -344,6 +381,7 @@ def test_every_option_is_strict_and_named(entry, data):
 
 def test_open_files_round_trip_and_damage_is_named():
     import io
+
     plan = _small_plan_cached()[0]
     buf = io.BytesIO()
     plan.save(buf)

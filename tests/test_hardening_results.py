@@ -40,6 +40,7 @@ def possible_windows(draw, max_s=5, max_l=3, max_e=6):
 
 # ---------------------------------------------------- counts impossible for their lengths
 
+
 @SETTINGS
 @given(possible_windows(), st.data())
 def test_possible_counts_are_accepted_and_top_k_kept(case, data):
@@ -81,14 +82,18 @@ def test_a_layer_over_seq_len_times_top_k_names_sample_and_layer(case, data):
     bad = counts.copy()
     bad[s, l, room[0]] += 1
     rp.Window(lens, bad)  # without top_k nothing says how many experts a token picks
-    with pytest.raises(rp.RoutepackError, match=rf"sample {s}, layer {l} has {int(bad[s, l].sum())} tokens over "
-                                                rf"its experts, more than seq_len \* top_k = {lens[s]} \* {k}"):
+    with pytest.raises(
+        rp.RoutepackError,
+        match=rf"sample {s}, layer {l} has {int(bad[s, l].sum())} tokens over "
+        rf"its experts, more than seq_len \* top_k = {lens[s]} \* {k}",
+    ):
         rp.Window(lens, bad, top_k=k)
 
 
 def test_the_issue_examples():
-    with pytest.raises(rp.RoutepackError, match="sample 0, layer 0, expert 0 has 1000000 tokens but the sample's "
-                                                "length is 5"):
+    with pytest.raises(
+        rp.RoutepackError, match="sample 0, layer 0, expert 0 has 1000000 tokens but the sample's length is 5"
+    ):
         rp.Window([5], np.full((1, 1, 2), [10**6, 0], dtype=np.int32))
     with pytest.raises(rp.RoutepackError, match="sample 1, layer 0 has 5 tokens over its experts"):
         rp.Window([3, 2], np.array([[[2, 2, 2]], [[2, 2, 1]]], dtype=np.int32), top_k=2)
@@ -121,14 +126,23 @@ def test_old_window_files_load_without_top_k(tmp_path):
 
 @pytest.mark.parametrize("name", ["tiny", "flash_small"])
 def test_synthetic_traces_satisfy_the_checks_with_their_top_k(name):
-    prof = (rp.traces.profile("tiny") if name == "tiny" else
-            replace(rp.traces.profile("flash"), name="flash_small", num_layers=4,
-                    attention=("linear",) * 3 + ("full",), samples=512))
+    prof = (
+        rp.traces.profile("tiny")
+        if name == "tiny"
+        else replace(
+            rp.traces.profile("flash"),
+            name="flash_small",
+            num_layers=4,
+            attention=("linear",) * 3 + ("full",),
+            samples=512,
+        )
+    )
     for w in rp.traces.synthetic(prof, windows=2):
         rp.Window(w.seq_lens, w.expert_tokens, top_k=prof.top_k)
 
 
 # --------------------------------------------------------------- routing replay sets top_k
+
 
 @SETTINGS
 @given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 5), st.integers(0, 2**32 - 1), st.booleans())
@@ -146,16 +160,23 @@ def test_replay_layouts_set_top_k_and_refuse_repeats(B, L, k, seed, repeat):
         routed[b, t, L - 1, 1] = routed[b, t, L - 1, 0]
         per_sample[b][0, L - 1, 1] = per_sample[b][0, L - 1, 0]
         for make in (lambda: rp.Window.from_verl(routed, mask, E), lambda: rp.Window.from_slime(per_sample, E)):
-            with pytest.raises(rp.RoutepackError, match=rf"\(sample {b}\), layer {L - 1} lists expert "
-                                                        rf"{routed[b, t, L - 1, 0]} twice"):
+            with pytest.raises(
+                rp.RoutepackError,
+                match=rf"\(sample {b}\), layer {L - 1} lists expert "
+                rf"{routed[b, t, L - 1, 0]} twice",
+            ):
                 make()
         return
-    for w in (rp.Window.from_verl(routed, mask, E), rp.Window.from_slime(per_sample, E),
-              rp.Window.from_slime(per_sample, E, add_last_token=False)):
+    for w in (
+        rp.Window.from_verl(routed, mask, E),
+        rp.Window.from_slime(per_sample, E),
+        rp.Window.from_slime(per_sample, E, add_last_token=False),
+    ):
         assert w.top_k == k
 
 
 # ------------------------------------------------------------ totals that overflow int64
+
 
 @SETTINGS
 @given(st.lists(st.one_of(st.integers(1, 100), st.integers(2**60, 2**63 - 1)), min_size=1, max_size=6))
@@ -186,8 +207,14 @@ def test_plan_arrays_are_read_only_and_not_aliased(seed):
             arr[...] = arr
     # the caller's arrays are copied, so editing them later changes nothing in the plan
     rank, phy2log = plan.sample_rank.copy(), p.phy2log.copy()
-    mine = rp.Plan(rp.Placement(phy2log, p.num_experts, p.slots_per_rank), rank, plan.sample_micro, plan.num_micro,
-                   plan.replicas, plan.migration)
+    mine = rp.Plan(
+        rp.Placement(phy2log, p.num_experts, p.slots_per_rank),
+        rank,
+        plan.sample_micro,
+        plan.num_micro,
+        plan.replicas,
+        plan.migration,
+    )
     rank[:] = -1
     phy2log[:] = -1
     assert mine.same_as(plan)
@@ -218,8 +245,12 @@ def test_stale_derived_tables_are_refused(seed, data):
     with pytest.raises(rp.InvalidPlanError, match=r"placement.log2phy\["):
         rp.simulate(plan, case.window, case.topo, case.cost)
     # rebuilt from the edited table, the same placement is fine
-    fixed = rp.Plan(rp.Placement(placement.phy2log, p.num_experts, p.slots_per_rank), plan.sample_rank,
-                    plan.sample_micro, plan.num_micro)
+    fixed = rp.Plan(
+        rp.Placement(placement.phy2log, p.num_experts, p.slots_per_rank),
+        plan.sample_rank,
+        plan.sample_micro,
+        plan.num_micro,
+    )
     fixed.validate(case.window, case.topo, 10**9)
 
 

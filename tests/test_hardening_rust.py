@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import routepack as rp
 
 from fuzzing import assert_absurd_size_fails_cleanly, run_in_own_interpreter
@@ -83,8 +85,6 @@ def test_absurd_sizes_are_refused_naming_the_argument(arg):
 #   falling back to the certified rows (report: packing.fallback);
 # * class 6: the core's option errors name the public option.
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 CAP = 2**63 - 1
 BASELINES_AND_OURS = ("static", "eplb_oracle", "routepack_packing", "routepack")
@@ -144,7 +144,9 @@ def _migrating_plan():
     window = _skewed_window(32, 2, 16, 0)
     topo = rp.Topology(8, 4, 2, 5)
     previous = rp.Placement.static(2, 16, topo)
-    plan = rp.plan_window(window, topo, _cost(2), token_cap=800, policy="routepack", previous=previous, anneal_moves=2000)
+    plan = rp.plan_window(
+        window, topo, _cost(2), token_cap=800, policy="routepack", previous=previous, anneal_moves=2000
+    )
     assert len(plan.migration) > 0
     return window, topo, plan
 
@@ -161,7 +163,9 @@ def test_validate_refuses_repeated_migration_rows(how):
         twin = mig[:1].copy()
         twin["bytes"] += 1.0
         plan.migration = np.concatenate([twin, mig])
-    with pytest.raises(rp.InvalidPlanError, match=r"migration row \d+ moves an expert into slot \d+ of layer \d+ again"):
+    with pytest.raises(
+        rp.InvalidPlanError, match=r"migration row \d+ moves an expert into slot \d+ of layer \d+ again"
+    ):
         plan.validate(window, topo, 800)
     with pytest.raises(rp.InvalidPlanError):
         rp.simulate(plan, window, topo, _cost(2), 800)  # it would have charged the moves twice
@@ -213,15 +217,19 @@ def test_baselines_plan_every_window_that_fits(dp, micro, cap, rnd):
         assert max(_cell_tokens(plan, lens).values()) <= cap
 
 
-@pytest.mark.parametrize("option, value, public", [
-    ("cooling", 2.0, "anneal_cooling"),
-    ("start_accept", 1.5, "anneal_start_accept"),
-    ("lambda_", float("inf"), "anneal_lambda"),
-])
+@pytest.mark.parametrize(
+    "option, value, public",
+    [
+        ("cooling", 2.0, "anneal_cooling"),
+        ("start_accept", 1.5, "anneal_start_accept"),
+        ("lambda_", float("inf"), "anneal_lambda"),
+    ],
+)
 def test_core_option_errors_name_the_public_option(option, value, public):
     window = _skewed_window(16, 2, 8, 1)
     topo = rp.Topology(4, 2, 2, 4)
     static = rp.Placement.static(2, 8, topo)
     with pytest.raises(rp.RoutepackError, match=public):
-        rp._core.pack_routepack(window.seq_lens, window.expert_tokens, topo, _cost(2), static.phy2log, 800,
-                                **{option: value})
+        rp._core.pack_routepack(
+            window.seq_lens, window.expert_tokens, topo, _cost(2), static.phy2log, 800, **{option: value}
+        )

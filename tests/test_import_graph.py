@@ -28,8 +28,9 @@ def graph() -> Dict[str, Set[str]]:
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
-                           for a in node.names]
+                targets = [
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module for a in node.names
+                ]
             edges[name].update(t for t in targets if t in mods and t != name)
     return edges
 
@@ -42,7 +43,7 @@ def cycles(edges: Dict[str, Set[str]]) -> List[List[str]]:
         stack.append(m)
         for n in sorted(edges[m]):
             if state.get(n) == 1:
-                found.append(stack[stack.index(n):] + [n])
+                found.append(stack[stack.index(n) :] + [n])
             elif n not in state:
                 visit(n)
         stack.pop()

@@ -149,8 +149,9 @@ def test_empty_axes(shape):
         rp.Window.from_routed_experts(np.zeros(shape, dtype=np.int32), [0, 4], 4)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.bool_, np.int8, np.uint16, np.uint32,
-                                   np.uint64, np.complex64, object])
+@pytest.mark.parametrize(
+    "dtype", [np.float32, np.float64, np.bool_, np.int8, np.uint16, np.uint32, np.uint64, np.complex64, object]
+)
 def test_other_dtypes_are_type_errors(dtype):
     with pytest.raises(TypeError, match="routed"):
         rp.Window.from_routed_experts(np.zeros((2, 1, 1), dtype=dtype), [0, 2], 4)

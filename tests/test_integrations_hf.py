@@ -36,27 +36,76 @@ import routepack as rp  # noqa: E402
 from routepack.errors import RoutepackError, RoutepackTypeError  # noqa: E402
 from routepack.integrations import _hf_families, hf  # noqa: E402
 
-COMMON = dict(vocab_size=64, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-              intermediate_size=24, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-GROUPED = dict(n_routed_experts=16, num_experts_per_tok=4, moe_intermediate_size=16, n_group=4, topk_group=2,
-               first_k_dense_replace=1, n_shared_experts=1, routed_scaling_factor=2.5, norm_topk_prob=True)
+COMMON = dict(
+    vocab_size=64,
+    hidden_size=32,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=24,
+    max_position_embeddings=64,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+GROUPED = dict(
+    n_routed_experts=16,
+    num_experts_per_tok=4,
+    moe_intermediate_size=16,
+    n_group=4,
+    topk_group=2,
+    first_k_dense_replace=1,
+    n_shared_experts=1,
+    routed_scaling_factor=2.5,
+    norm_topk_prob=True,
+)
 #: family -> (config class, model class, config fields). Each exercises its quirks: dense
 #: layers among MoE ones, shared experts, group-limited routing, a router bias.
 FAMILIES: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
-    "Qwen3-MoE": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
-                  dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True,
-                       head_dim=8, mlp_only_layers=[1])),
-    "Qwen2-MoE": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
-                  dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
-                       shared_expert_intermediate_size=24, norm_topk_prob=False)),
+    "Qwen3-MoE": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            norm_topk_prob=True,
+            head_dim=8,
+            mlp_only_layers=[1],
+        ),
+    ),
+    "Qwen2-MoE": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        dict(
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=24,
+            norm_topk_prob=False,
+        ),
+    ),
     "OLMoE": ("OlmoeConfig", "OlmoeForCausalLM", dict(num_experts=8, num_experts_per_tok=2)),
     "Mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=8, num_experts_per_tok=2, head_dim=8)),
-    "DeepSeek-V3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
-                    dict(GROUPED, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8,
-                         qk_nope_head_dim=8, v_head_dim=8)),
+    "DeepSeek-V3": (
+        "DeepseekV3Config",
+        "DeepseekV3ForCausalLM",
+        dict(
+            GROUPED,
+            num_key_value_heads=4,
+            q_lora_rank=16,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=8,
+        ),
+    ),
     "GLM-4.5": ("Glm4MoeConfig", "Glm4MoeForCausalLM", dict(GROUPED, head_dim=8)),
-    "GPT-OSS": ("GptOssConfig", "GptOssForCausalLM",
-                dict(num_local_experts=8, num_experts_per_tok=2, head_dim=8, sliding_window=8)),
+    "GPT-OSS": (
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        dict(num_local_experts=8, num_experts_per_tok=2, head_dim=8, sliding_window=8),
+    ),
 }
 NAMES = list(FAMILIES)
 PROPS = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -102,7 +151,7 @@ def batches(draw, max_rows=4, max_len=10):
     for row in range(b):
         n = draw(st.integers(1, s))
         if draw(st.booleans()):
-            mask[row, s - n:] = 1
+            mask[row, s - n :] = 1
         else:
             mask[row, :n] = 1
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
@@ -111,6 +160,7 @@ def batches(draw, max_rows=4, max_len=10):
 
 
 # ------------------------------------------------------------- hook-free reference
+
 
 def reference_topk(router: Any, logits: torch.Tensor) -> torch.Tensor:
     """[N, k] expert ids chosen from the model's own router logits by the family's rule, as
@@ -156,16 +206,18 @@ def test_capture_equals_the_models_own_router_outputs(name, batch):
     assert rec.routed.dtype == np.int16 and rec.num_experts == hf.moe_routers(m)[0].module.num_experts
     got = np.sort(rec.routed, axis=-1)
     for b, w in enumerate(want):
-        np.testing.assert_array_equal(got[rec.cu_seqlens[b]:rec.cu_seqlens[b + 1]], w)
+        np.testing.assert_array_equal(got[rec.cu_seqlens[b] : rec.cu_seqlens[b + 1]], w)
     window = hf.capture(m, ids, mask)
     e = rec.num_experts
-    counts = np.stack([np.stack([np.bincount(w[:, layer].ravel(), minlength=e) for layer in range(w.shape[1])])
-                       for w in want])
+    counts = np.stack(
+        [np.stack([np.bincount(w[:, layer].ravel(), minlength=e) for layer in range(w.shape[1])]) for w in want]
+    )
     np.testing.assert_array_equal(window.seq_lens, lens)
     np.testing.assert_array_equal(window.expert_tokens, counts)
 
 
 # ---------------------------------------------------------------------- replay
+
 
 def forward(m: Any, ids: torch.Tensor, mask: torch.Tensor) -> Tuple[torch.Tensor, List[torch.Tensor]]:
     """Logits and every router's weight gradient of a loss on every real token's logits
@@ -239,7 +291,9 @@ class forced_topk:  # noqa: N801 - a context manager
             return x.gather(1, idx), idx
 
         for layer, r in enumerate(self.routers):
-            self.handles.append(r.module.register_forward_pre_hook(lambda *a, layer=layer: setattr(self, "layer", layer)))
+            self.handles.append(
+                r.module.register_forward_pre_hook(lambda *a, layer=layer: setattr(self, "layer", layer))
+            )
             self.handles.append(r.module.register_forward_hook(lambda *a: setattr(self, "layer", None)))
         torch.topk = topk
         return self
@@ -256,9 +310,16 @@ def experts_inputs(m: Any) -> Tuple[List[torch.Tensor], List[Any]]:
     handles = []
     for r in hf.moe_routers(m):
         block = m.get_submodule(r.name.rsplit(".", 1)[0])
-        handles.append(block.experts.register_forward_pre_hook(
-            lambda mod, args, kwargs: seen.append((args[1] if len(args) > 1 else next(
-                v for key, v in kwargs.items() if "ind" in key)).detach().clone()), with_kwargs=True))
+        handles.append(
+            block.experts.register_forward_pre_hook(
+                lambda mod, args, kwargs: seen.append(
+                    (args[1] if len(args) > 1 else next(v for key, v in kwargs.items() if "ind" in key))
+                    .detach()
+                    .clone()
+                ),
+                with_kwargs=True,
+            )
+        )
     return seen, handles
 
 
@@ -297,6 +358,7 @@ def test_replay_routes_the_recording_after_the_routers_change(name, batch, relay
 
 # ----------------------------------------------------------------- planning
 
+
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("policy", ["static", "eplb_oracle", "routepack"])
 def test_a_captured_window_plans_and_validates(name, policy):
@@ -324,6 +386,7 @@ def test_model_shape_reads_each_familys_config():
 
 
 # -------------------------------------------------------------------- errors
+
 
 def tiny_dense() -> Any:
     with warnings.catch_warnings():
@@ -369,8 +432,9 @@ def test_bad_inputs_name_the_argument():
     with pytest.raises(RoutepackError, match="attention_mask: has 9 real tokens, routed has T=10"):
         hf.replay_routing(m, rec, attention_mask=torch.tensor([[1, 1, 1, 1, 0], [1] * 5]))
     with pytest.raises(RoutepackError, match="cu_seqlens: sample lengths"):
-        hf.replay_routing(m, rec.routed, attention_mask=torch.tensor([[1] * 7, [1, 1, 1, 0, 0, 0, 0]]),
-                          cu_seqlens=rec.cu_seqlens)
+        hf.replay_routing(
+            m, rec.routed, attention_mask=torch.tensor([[1] * 7, [1, 1, 1, 0, 0, 0, 0]]), cu_seqlens=rec.cu_seqlens
+        )
     with pytest.raises(RoutepackError, match="sees 12 tokens, the replay expects 10"):
         with hf.replay_routing(m, rec), torch.no_grad():
             m(input_ids=torch.randint(3, 60, (2, 6)))
@@ -402,8 +466,10 @@ def test_a_drifted_weight_formula_fails_loudly(monkeypatch):
 
 
 def test_routepack_imports_without_transformers_and_hf_names_the_extra():
-    code = ("import sys; sys.modules['transformers'] = None; import routepack, routepack.integrations\n"
-            "assert 'routepack.integrations.hf' not in sys.modules\n"
-            "try:\n import routepack.integrations.hf\nexcept ImportError as e:\n print(e)")
+    code = (
+        "import sys; sys.modules['transformers'] = None; import routepack, routepack.integrations\n"
+        "assert 'routepack.integrations.hf' not in sys.modules\n"
+        "try:\n import routepack.integrations.hf\nexcept ImportError as e:\n print(e)"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "pip install 'routepack[hf]'" in r.stdout, r.stdout + r.stderr

@@ -53,13 +53,23 @@ def single_rank():
 
 
 def logical_router(experts, k):
-    cfg = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=2, num_moe_experts=experts,
-                            moe_router_topk=k, use_cpu_initialization=True, moe_enable_routing_replay=True,
-                            moe_router_load_balancing_type="none", moe_router_pre_softmax=k == 1)
+    cfg = TransformerConfig(
+        num_layers=1,
+        hidden_size=8,
+        num_attention_heads=2,
+        num_moe_experts=experts,
+        moe_router_topk=k,
+        use_cpu_initialization=True,
+        moe_enable_routing_replay=True,
+        moe_router_load_balancing_type="none",
+        moe_router_pre_softmax=k == 1,
+    )
     return TopKRouter(config=cfg, pg_collection=ProcessGroupCollection.use_mpu_process_groups())
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(seed=st.integers(0, 2**32 - 1), spr=st.integers(2, 5))
 def test_replayed_logical_topk_lands_on_the_plans_slots(single_rank, seed, spr):
     rng = np.random.default_rng(seed)
@@ -70,8 +80,14 @@ def test_replayed_logical_topk_lands_on_the_plans_slots(single_rank, seed, spr):
     RouterReplay.clear_global_router_replay_instances()
     router = logical_router(experts, k)
     # the stock layer's config under the plan: one expert per physical slot
-    TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=2, num_moe_experts=rm.num_moe_experts(placement),
-                      moe_router_topk=k, moe_router_pre_softmax=k == 1)
+    TransformerConfig(
+        num_layers=1,
+        hidden_size=8,
+        num_attention_heads=2,
+        num_moe_experts=rm.num_moe_experts(placement),
+        moe_router_topk=k,
+        moe_router_pre_softmax=k == 1,
+    )
     tokens = int(rng.integers(1, 12))
     replay = torch.from_numpy(distinct_topk(rng, tokens, 1, k, experts)[:, 0, :])
     RouterReplay.set_replay_data([replay])

@@ -32,8 +32,12 @@ def reference(routed, experts, last_token):
 
 
 @SETTINGS
-@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 6), last=st.sampled_from(["pad", "skip"]),
-       dtype=st.sampled_from([np.int32, np.int16, np.uint8]))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(1, 6),
+    last=st.sampled_from(["pad", "skip"]),
+    dtype=st.sampled_from([np.int32, np.int16, np.uint8]),
+)
 def test_window_counts_as_slime_replays(seed, n, last, dtype):
     rng = np.random.default_rng(seed)
     routed, lens, _ = rollout(rng, n, 12)
@@ -84,7 +88,7 @@ def check_schedule(out, lens, ids, gbs, dp, cap, plans):
         assert all(mb for mb in micro[r])  # no empty microbatch (#1838, #1860)
         start = 0
         for s, m in enumerate(num_mb):  # per step: no more microbatches than samples (#2065)
-            mbs = micro[r][start:start + m]
+            mbs = micro[r][start : start + m]
             assert m <= sum(len(mb) for mb in mbs)
             assert {partitions[r][i] for mb in mbs for i in mb} <= set(steps[s])  # a step stays a step
             start += m
@@ -93,8 +97,14 @@ def check_schedule(out, lens, ids, gbs, dp, cap, plans):
 
 
 @SETTINGS
-@given(seed=st.integers(0, 2**32 - 1), dp=st.sampled_from([1, 2, 4]), gbs=st.integers(1, 4),
-       extra=st.integers(0, 3), cap=st.integers(4, 40), policy=st.sampled_from(["routepack", "static", "eplb_oracle"]))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    dp=st.sampled_from([1, 2, 4]),
+    gbs=st.integers(1, 4),
+    extra=st.integers(0, 3),
+    cap=st.integers(4, 40),
+    policy=st.sampled_from(["routepack", "static", "eplb_oracle"]),
+)
 def test_schedule_meets_build_dp_schedule_invariants(seed, dp, gbs, extra, cap, policy):
     rng = np.random.default_rng(seed)
     gbs = max(gbs, dp)  # each step needs a sample per rank
@@ -103,8 +113,9 @@ def test_schedule_meets_build_dp_schedule_invariants(seed, dp, gbs, extra, cap, 
     plans = plans_for_steps(routed, lens, ids, gbs, topo, cap, policy, seed % 100)
     if plans is None:  # a step too small to give every rank a microbatch: refused by the planner
         return
-    out = rs.build_dp_schedule(slime_args(cap), parallel_config(dp), lens, global_batch_size=gbs,
-                               rollout_indices=ids, plans=plans)
+    out = rs.build_dp_schedule(
+        slime_args(cap), parallel_config(dp), lens, global_batch_size=gbs, rollout_indices=ids, plans=plans
+    )
     check_schedule(out, lens, ids, gbs, dp, cap, plans)
 
 

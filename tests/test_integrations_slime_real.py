@@ -25,15 +25,32 @@ from test_integrations_slime import check_schedule  # noqa: E402
 def structure(out):
     """The types of a schedule, level by level."""
     partitions, micro, num_mb, gbs = out
-    return (type(out), len(out), type(partitions), {type(p) for p in partitions}, {type(i) for p in partitions for i in p},
-            type(micro), {type(m) for m in micro}, {type(mb) for m in micro for mb in m},
-            {type(i) for m in micro for mb in m for i in mb}, type(num_mb), {type(n) for n in num_mb}, type(gbs),
-            {type(g) for g in gbs})
+    return (
+        type(out),
+        len(out),
+        type(partitions),
+        {type(p) for p in partitions},
+        {type(i) for p in partitions for i in p},
+        type(micro),
+        {type(m) for m in micro},
+        {type(mb) for m in micro for mb in m},
+        {type(i) for m in micro for mb in m for i in mb},
+        type(num_mb),
+        {type(n) for n in num_mb},
+        type(gbs),
+        {type(g) for g in gbs},
+    )
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2**32 - 1), dp=st.sampled_from([1, 2, 4]), gbs=st.integers(1, 4), extra=st.integers(0, 3),
-       cap=st.integers(8, 40), balance_data=st.booleans())
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    dp=st.sampled_from([1, 2, 4]),
+    gbs=st.integers(1, 4),
+    extra=st.integers(0, 3),
+    cap=st.integers(8, 40),
+    balance_data=st.booleans(),
+)
 def test_same_structure_and_steps_as_slime(seed, dp, gbs, extra, cap, balance_data):
     rng = np.random.default_rng(seed)
     gbs = max(gbs, dp)
@@ -47,7 +64,9 @@ def test_same_structure_and_steps_as_slime(seed, dp, gbs, extra, cap, balance_da
     plans = plans_for_steps(routed, lens, ids, gbs, topo, cap, "routepack", seed % 100)
     if plans is None:
         return
-    ours = rs.build_dp_schedule(args, parallel_config(dp), lens, global_batch_size=gbs, rollout_indices=ids, plans=plans)
+    ours = rs.build_dp_schedule(
+        args, parallel_config(dp), lens, global_batch_size=gbs, rollout_indices=ids, plans=plans
+    )
     check_schedule(ours, lens, ids, gbs, dp, cap, plans)
     if theirs is None:
         return
@@ -60,7 +79,7 @@ def test_same_structure_and_steps_as_slime(seed, dp, gbs, extra, cap, balance_da
         got = []
         for s, m in enumerate(num_mb):
             start = sum(num_mb[:s])
-            got.append(sorted(partitions[r][i] for r in range(dp) for mb in micro[r][start:start + m] for i in mb))
+            got.append(sorted(partitions[r][i] for r in range(dp) for mb in micro[r][start : start + m] for i in mb))
         assert got == [sorted(x) for x in rs.step_samples(ids, gbs)]
 
 
@@ -73,15 +92,17 @@ def test_slime_balance_by_flops_exceeds_the_cap_ours_does_not():
         routed, lens, ids = rollout(rng, 4, 30)
         args = slime_args(30, balance_by_flops=True)
         try:
-            parts, micro, _, _ = slime_dp.build_dp_schedule(args, parallel_config(2), lens, global_batch_size=4,
-                                                            rollout_indices=ids)
+            parts, micro, _, _ = slime_dp.build_dp_schedule(
+                args, parallel_config(2), lens, global_batch_size=4, rollout_indices=ids
+            )
         except AssertionError:
             continue
         exceeded += any(sum(lens[parts[r][i]] for i in mb) > 30 for r in range(2) for mb in micro[r])
         topo = rp.Topology(dp=2, ep=2, gpus_per_node=2, slots_per_rank=3)
         plans = plans_for_steps(routed, lens, ids, 4, topo, 30)
         if plans is not None:
-            ours = rs.build_dp_schedule(args, parallel_config(2), lens, global_batch_size=4, rollout_indices=ids,
-                                        plans=plans)
+            ours = rs.build_dp_schedule(
+                args, parallel_config(2), lens, global_batch_size=4, rollout_indices=ids, plans=plans
+            )
             check_schedule(ours, lens, ids, 4, 2, 30, plans)
     assert exceeded > 0

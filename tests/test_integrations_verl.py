@@ -19,21 +19,37 @@ SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[Healt
 
 
 @SETTINGS
-@given(seed=st.integers(0, 2**32 - 1), batch=st.integers(1, 6), prompt=st.integers(1, 6),
-       response=st.integers(0, 6), layers=st.integers(1, 3), k=st.integers(1, 4),
-       dtype=st.sampled_from([np.int16, np.uint8]), truncate=st.booleans())
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    batch=st.integers(1, 6),
+    prompt=st.integers(1, 6),
+    response=st.integers(0, 6),
+    layers=st.integers(1, 3),
+    k=st.integers(1, 4),
+    dtype=st.sampled_from([np.int16, np.uint8]),
+    truncate=st.booleans(),
+)
 def test_window_counts_every_recorded_row(seed, batch, prompt, response, layers, k, dtype, truncate):
     rng = np.random.default_rng(seed)
-    vb = verl_batch(rng, batch, prompt, response, layers, k, num_experts=k + 3, dtype=dtype, truncate=truncate and k >= 2)
-    w = rv.window_from_verl(routed_experts=vb.routed_experts, attention_mask=vb.attention_mask,
-                            response_mask=vb.response_mask, num_experts=vb.num_experts)
+    vb = verl_batch(
+        rng, batch, prompt, response, layers, k, num_experts=k + 3, dtype=dtype, truncate=truncate and k >= 2
+    )
+    w = rv.window_from_verl(
+        routed_experts=vb.routed_experts,
+        attention_mask=vb.attention_mask,
+        response_mask=vb.response_mask,
+        num_experts=vb.num_experts,
+    )
     assert w.seq_lens.tolist() == vb.lens.tolist()
     assert w.top_k == k
     np.testing.assert_array_equal(w.expert_tokens, reference_counts(vb))
     # the same from a batch mapping (verl's TensorDict / DataProto.batch), and from torch tensors
     torch = pytest.importorskip("torch")
-    fields = {"routed_experts": torch.from_numpy(vb.routed_experts), "attention_mask": torch.from_numpy(vb.attention_mask),
-              "response_mask": torch.from_numpy(vb.response_mask)}
+    fields = {
+        "routed_experts": torch.from_numpy(vb.routed_experts),
+        "attention_mask": torch.from_numpy(vb.attention_mask),
+        "response_mask": torch.from_numpy(vb.response_mask),
+    }
     assert rv.window_from_verl(fields, num_experts=vb.num_experts) == w
 
 
@@ -44,11 +60,14 @@ def test_r2_counts_every_real_row(seed, batch, k):
     rng = np.random.default_rng(seed)
     vb = verl_batch(rng, batch, 4, 4, 2, k, num_experts=6)
     from verl_batches import distinct_topk
+
     for b in range(batch):
         pos = np.flatnonzero(vb.attention_mask[b])
         vb.routed_experts[b, pos] = distinct_topk(rng, len(pos), 2, k, 6)
         vb.recorded[b] = len(pos)
-    w = rv.window_from_verl(routed_experts=vb.routed_experts, attention_mask=vb.attention_mask, num_experts=6, mode="R2")
+    w = rv.window_from_verl(
+        routed_experts=vb.routed_experts, attention_mask=vb.attention_mask, num_experts=6, mode="R2"
+    )
     np.testing.assert_array_equal(w.expert_tokens, reference_counts(vb))
     np.testing.assert_array_equal(w.expert_tokens.sum(axis=2), np.repeat(vb.lens[:, None], 2, axis=1) * k)
 
@@ -122,8 +141,13 @@ def check_verl_contracts(plans, windows, cap):
 
 
 @SETTINGS
-@given(seed=st.integers(0, 2**32 - 1), topo_i=st.integers(0, len(TOPOS) - 1), per_rank=st.integers(1, 6),
-       cap=st.integers(8, 64), policy=st.sampled_from(["routepack", "eplb_oracle", "static"]))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    topo_i=st.integers(0, len(TOPOS) - 1),
+    per_rank=st.integers(1, 6),
+    cap=st.integers(8, 64),
+    policy=st.sampled_from(["routepack", "eplb_oracle", "static"]),
+)
 def test_plans_meet_verl_contracts(seed, topo_i, per_rank, cap, policy):
     rng = np.random.default_rng(seed)
     dp, ep, gpn, spr = TOPOS[topo_i]
@@ -150,8 +174,18 @@ def test_equal_count_plan_moves_samples_and_keeps_the_plan_valid():
     moved = 0
     for seed in range(20):
         w = window_of(rng, random_lens(rng, 16, 40))
-        cost = rp.CostModel(a_lin=1e-6, a_quad=[1e-9] * 2, c_tok=1e-6, c_exp=1e-5, token_bytes=1e3, bw_intra=1e11,
-                            bw_inter=1e10, expert_weight_bytes=1e6, expert_grad_bytes=1e6, expert_state_bytes=1e7)
+        cost = rp.CostModel(
+            a_lin=1e-6,
+            a_quad=[1e-9] * 2,
+            c_tok=1e-6,
+            c_exp=1e-5,
+            token_bytes=1e3,
+            bw_intra=1e11,
+            bw_inter=1e10,
+            expert_weight_bytes=1e6,
+            expert_grad_bytes=1e6,
+            expert_state_bytes=1e7,
+        )
         plan = rp.plan_window(w, topo, cost, token_cap=60, seed=seed, anneal_moves=500).validate(w, topo, 60)
         out = rv.equal_count_plan(plan, w, topo, 60, cost)
         out.validate(w, topo, 60)

@@ -46,8 +46,13 @@ def data_proto(vb):
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2**32 - 1), topo_i=st.integers(0, len(TOPOS) - 1), per_rank=st.integers(1, 5),
-       dtype=st.sampled_from([np.int16, np.uint8]), policy=st.sampled_from(["routepack", "eplb_oracle"]))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    topo_i=st.integers(0, len(TOPOS) - 1),
+    per_rank=st.integers(1, 5),
+    dtype=st.sampled_from([np.int16, np.uint8]),
+    policy=st.sampled_from(["routepack", "eplb_oracle"]),
+)
 def test_balance_and_microbatches_match_verl(seed, topo_i, per_rank, dtype, policy):
     rng = np.random.default_rng(seed)
     dp, ep, gpn, spr = TOPOS[topo_i]

@@ -33,16 +33,16 @@ def test_no_preset_plan_beats_the_bound(seed, topo_index, cap_extra):
     topo = rp.Topology(*TOPOLOGIES[topo_index])
     layers = int(rng.integers(1, 3))
     experts = int(rng.integers(max(1, topo.num_slots // 2), topo.num_slots + 1))
-    window = random_window(rng, topo.dp * int(rng.integers(1, 4)) + int(rng.integers(0, topo.dp + 1)),
-                           layers, experts)
+    window = random_window(rng, topo.dp * int(rng.integers(1, 4)) + int(rng.integers(0, topo.dp + 1)), layers, experts)
     before = random_window(rng, window.num_samples, layers, experts)  # for the history-based presets
     cost = random_cost(rng, layers)
     cap = int(window.seq_lens.max()) + cap_extra
     bound = None
     for name in sorted(rp.PRESETS):
         try:
-            plan = rp.plan_window(window, topo, cost, token_cap=cap, policy=name, seed=seed, anneal_moves=300,
-                                  previous_window=before)
+            plan = rp.plan_window(
+                window, topo, cost, token_cap=cap, policy=name, seed=seed, anneal_moves=300, previous_window=before
+            )
         except rp.InfeasibleError:  # a packing that cannot keep every rank busy under this cap
             continue
         res = rp.simulate(plan, window, topo, cost, token_cap=cap)

@@ -10,7 +10,6 @@ import math
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 import routepack as rp
@@ -18,15 +17,23 @@ from routepack.measure import Workload, format_table, micro_plan
 from routepack.measure.workload import make_plans
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
-SMALL = Workload(layers=1, experts=8, top_k=2, hidden=32, ffn=32, slots_per_rank=5, samples=12, max_len=40,
-                 micro=2)
+SMALL = Workload(layers=1, experts=8, top_k=2, hidden=32, ffn=32, slots_per_rank=5, samples=12, max_len=40, micro=2)
 
 
 def cost_for(work: Workload) -> rp.CostModel:
     p = 3.0 * work.hidden * work.ffn
-    return rp.CostModel(a_lin=0.0, a_quad=[0.0] * work.layers, c_tok=1e-6, c_exp=1e-4, token_bytes=4.0 * work.hidden,
-                        bw_intra=5e8, bw_inter=5e8, expert_weight_bytes=4 * p, expert_grad_bytes=4 * p,
-                        expert_state_bytes=16 * p)
+    return rp.CostModel(
+        a_lin=0.0,
+        a_quad=[0.0] * work.layers,
+        c_tok=1e-6,
+        c_exp=1e-4,
+        token_bytes=4.0 * work.hidden,
+        bw_intra=5e8,
+        bw_inter=5e8,
+        expert_weight_bytes=4 * p,
+        expert_grad_bytes=4 * p,
+        expert_state_bytes=16 * p,
+    )
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -51,9 +58,15 @@ def test_micro_plans_add_up_to_the_plan(seed, overlap):
         assert total + whole.redundant_grads == pytest.approx(whole.step_time, rel=1e-9), name
 
 
-@pytest.mark.parametrize("kwargs, needle", [({"ranks": 0}, "workload.ranks"), ({"popularity": -1.0}, "workload.popularity"),
-                                            ({"min_len": 50, "max_len": 10}, "workload.min_len"),
-                                            ({"experts": 40}, "topo")])
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        ({"ranks": 0}, "workload.ranks"),
+        ({"popularity": -1.0}, "workload.popularity"),
+        ({"min_len": 50, "max_len": 10}, "workload.min_len"),
+        ({"experts": 40}, "topo"),
+    ],
+)
 def test_bad_workloads_name_the_field(kwargs, needle):
     with pytest.raises(rp.RoutepackError, match=needle):
         Workload(**kwargs)
@@ -81,7 +94,14 @@ def test_a_small_measured_run_reports_every_figure():
 
 
 def test_the_cli_lists_measure():
-    r = subprocess.run([sys.executable, "-m", "routepack", "measure", "--help"], capture_output=True, text=True,
-                       timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(__import__("pathlib").Path(
-                           rp.__file__).resolve().parent.parent)})
+    r = subprocess.run(
+        [sys.executable, "-m", "routepack", "measure", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            **__import__("os").environ,
+            "PYTHONPATH": str(__import__("pathlib").Path(rp.__file__).resolve().parent.parent),
+        },
+    )
     assert r.returncode == 0 and "--overlap" in r.stdout and "--cost" in r.stdout

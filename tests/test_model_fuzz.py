@@ -14,20 +14,31 @@ from hypothesis import strategies as st
 
 import routepack as rp
 from fuzzing import (
-    assert_absurd_size_fails_cleanly, assert_wrong_type_is_clean, FUZZ, outcome, is_int, scalars, numbers, finite_number_ok,
+    assert_absurd_size_fails_cleanly,
+    assert_wrong_type_is_clean,
+    FUZZ,
+    outcome,
+    is_int,
+    scalars,
+    numbers,
+    finite_number_ok,
 )
 
 
 # ---------------------------------------------------------------------- Topology
+
 
 @st.composite
 def topology_args(draw):
     """(dp, ep, gpus_per_node, slots_per_rank): a valid topology with 0-2 fields replaced by
     arbitrary scalars."""
     ep = draw(st.sampled_from([1, 2, 3, 4, 8]))
-    args = [ep * draw(st.integers(1, 4)), ep, draw(st.sampled_from([g for g in (1, 2, 4, 8, 16, 3, 6)
-                                                                    if g % ep == 0 or ep % g == 0])),
-            draw(st.integers(1, 20))]
+    args = [
+        ep * draw(st.integers(1, 4)),
+        ep,
+        draw(st.sampled_from([g for g in (1, 2, 4, 8, 16, 3, 6) if g % ep == 0 or ep % g == 0])),
+        draw(st.integers(1, 20)),
+    ]
     for i, v in draw(st.dictionaries(st.integers(0, 3), scalars(), max_size=2)).items():
         args[i] = v
     return args
@@ -58,11 +69,16 @@ def test_topology(args):
 
 # -------------------------------------------------------------- ModelShape, Hardware
 
+
 @FUZZ
 @given(
     fields=st.tuples(*[scalars(-2, 40, huge=False) for _ in range(5)]),
-    attention=st.one_of(st.none(), st.just("linear"), st.integers(), st.lists(
-        st.sampled_from(["linear", "full", "Full", "", None, 3]), max_size=6)),
+    attention=st.one_of(
+        st.none(),
+        st.just("linear"),
+        st.integers(),
+        st.lists(st.sampled_from(["linear", "full", "Full", "", None, 3]), max_size=6),
+    ),
     shared=scalars(-1, 3),
 )
 def test_model_shape_and_cost_from_model(fields, attention, shared):
@@ -83,8 +99,14 @@ HW_FIELDS = ["flops", "flops_efficiency", "bw_intra", "bw_inter", "comm_efficien
 
 @FUZZ
 @given(
-    base=st.tuples(st.floats(1e9, 1e16), st.floats(0.01, 1.0), st.floats(1e8, 1e12), st.floats(1e8, 1e12),
-                   st.floats(0.01, 1.0), st.floats(0, 1e-3)),
+    base=st.tuples(
+        st.floats(1e9, 1e16),
+        st.floats(0.01, 1.0),
+        st.floats(1e8, 1e12),
+        st.floats(1e8, 1e12),
+        st.floats(0.01, 1.0),
+        st.floats(0, 1e-3),
+    ),
     bad=st.dictionaries(st.integers(0, 5), numbers(), max_size=2),
 )
 def test_hardware(base, bad):
@@ -104,16 +126,31 @@ def test_hardware(base, bad):
 
 # -------------------------------------------------------------------- CostModel
 
-COST_FIELDS = ["a_lin", "a_quad", "c_tok", "c_exp", "token_bytes", "bw_intra", "bw_inter",
-               "expert_weight_bytes", "expert_grad_bytes", "expert_state_bytes"]
+COST_FIELDS = [
+    "a_lin",
+    "a_quad",
+    "c_tok",
+    "c_exp",
+    "token_bytes",
+    "bw_intra",
+    "bw_inter",
+    "expert_weight_bytes",
+    "expert_grad_bytes",
+    "expert_state_bytes",
+]
 
 
 @FUZZ
 @given(
     base=st.lists(st.floats(1e-12, 1e12), min_size=9, max_size=9),
     bad=st.dictionaries(st.integers(0, 8), numbers(), max_size=2),
-    a_quad=st.one_of(st.lists(st.floats(0, 1e-6), min_size=1, max_size=4), st.lists(numbers(), max_size=4),
-                     st.none(), st.text(max_size=3), numbers()),
+    a_quad=st.one_of(
+        st.lists(st.floats(0, 1e-6), min_size=1, max_size=4),
+        st.lists(numbers(), max_size=4),
+        st.none(),
+        st.text(max_size=3),
+        numbers(),
+    ),
 )
 def test_cost_model(base, bad, a_quad):
     scalars_ = [bad.get(i, v) for i, v in enumerate(base)]
@@ -121,7 +158,9 @@ def test_cost_model(base, bad, a_quad):
     cost, err = outcome(rp.CostModel, **kwargs)
     valid = (
         all(finite_number_ok(kwargs[k], strict=k.startswith("bw_")) for k in kwargs if k != "a_quad")
-        and isinstance(a_quad, list) and len(a_quad) >= 1 and all(finite_number_ok(v) for v in a_quad)
+        and isinstance(a_quad, list)
+        and len(a_quad) >= 1
+        and all(finite_number_ok(v) for v in a_quad)
     )
     assert (err is None) == valid, (err, kwargs)
     if cost is not None:
@@ -129,8 +168,14 @@ def test_cost_model(base, bad, a_quad):
 
 
 JSON_VALUES = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(-10, 10), st.sampled_from([10**400, -(10**400)]),
-              st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=4)),
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-10, 10),
+        st.sampled_from([10**400, -(10**400)]),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.text(max_size=4),
+    ),
     lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=3), inner, max_size=3)),
     max_leaves=6,
 )
@@ -165,7 +210,8 @@ WRONG_TYPES = {
     "CostModel.from_model(model=str)": lambda t, w, c, p: rp.CostModel.from_model("model", rp.Hardware.h200()),
     "CostModel(a_lin=10**400)": lambda t, w, c, p: rp.CostModel(10**400, [0.0], 1, 1, 1, 1, 1, 1, 1, 1),
     "CostModel.from_model(hidden=10**200)": lambda t, w, c, p: rp.CostModel.from_model(
-        rp.ModelShape(1, 2, 1, 10**200, 1), rp.Hardware.h200()),
+        rp.ModelShape(1, 2, 1, 10**200, 1), rp.Hardware.h200()
+    ),
 }
 
 
@@ -193,8 +239,13 @@ NUMPY_FLOATS = st.sampled_from([float, np.float32, np.float64, np.longdouble])
 
 
 @FUZZ
-@given(ep=st.sampled_from([1, 2, 4]), groups=st.integers(1, 3), gpn=st.sampled_from([1, 2, 4, 8]),
-       spr=st.integers(1, 9), types=st.lists(NUMPY_INTS, min_size=4, max_size=4))
+@given(
+    ep=st.sampled_from([1, 2, 4]),
+    groups=st.integers(1, 3),
+    gpn=st.sampled_from([1, 2, 4, 8]),
+    spr=st.integers(1, 9),
+    types=st.lists(NUMPY_INTS, min_size=4, max_size=4),
+)
 def test_topology_fields_are_python_ints(ep, groups, gpn, spr, types):
     args = [t(v) for t, v in zip(types, (ep * groups, ep, gpn, spr))]
     topo, err = outcome(rp.Topology, *args)
@@ -210,16 +261,30 @@ def test_topology_fields_are_python_ints(ep, groups, gpn, spr, types):
 @FUZZ
 @given(types=st.lists(NUMPY_INTS, min_size=7, max_size=7), ftypes=st.lists(NUMPY_FLOATS, min_size=17, max_size=17))
 def test_model_hardware_and_cost_fields_are_python_numbers(types, ftypes):
-    model = rp.ModelShape(*[t(v) for t, v in zip(types, (2, 8, 2, 64, 32))], attention=("full", "linear"),
-                          shared_experts=types[5](1), expert_groups=types[6](2))
+    model = rp.ModelShape(
+        *[t(v) for t, v in zip(types, (2, 8, 2, 64, 32))],
+        attention=("full", "linear"),
+        shared_experts=types[5](1),
+        expert_groups=types[6](2),
+    )
     assert all(type(getattr(model, f.name)) is int for f in dataclasses.fields(model) if f.name != "attention")
     f = iter(ftypes)
-    hw = rp.Hardware("h", next(f)(1e15), next(f)(0.5), next(f)(1e11), next(f)(1e10), next(f)(0.5),
-                     next(f)(2e-6))
+    hw = rp.Hardware("h", next(f)(1e15), next(f)(0.5), next(f)(1e11), next(f)(1e10), next(f)(0.5), next(f)(2e-6))
     assert all(type(getattr(hw, k)) is float for k in HW_FIELDS)
-    cost = rp.CostModel(next(f)(1e-7), [next(f)(0.0), next(f)(1e-9)], next(f)(1e-7), next(f)(1e-6), next(f)(1e3),
-                        next(f)(1e10), next(f)(1e9), next(f)(1e6), next(f)(1e6), next(f)(1e6),
-                        expert_groups=types[0](2), num_experts=types[1](8))
+    cost = rp.CostModel(
+        next(f)(1e-7),
+        [next(f)(0.0), next(f)(1e-9)],
+        next(f)(1e-7),
+        next(f)(1e-6),
+        next(f)(1e3),
+        next(f)(1e10),
+        next(f)(1e9),
+        next(f)(1e6),
+        next(f)(1e6),
+        next(f)(1e6),
+        expert_groups=types[0](2),
+        num_experts=types[1](8),
+    )
     assert all(type(v) is float for v in dataclasses.astuple(cost)[:10] if not isinstance(v, list))
     assert all(type(v) is float for v in cost.a_quad)
     assert type(cost.expert_groups) is int and type(cost.num_experts) is int
@@ -241,8 +306,7 @@ WORK = ["a_lin", "c_tok", "c_exp", "token_bytes", "expert_weight_bytes", "expert
 
 
 @FUZZ
-@given(priced=st.sets(st.sampled_from(WORK + ["a_quad"])), layers=st.integers(1, 4),
-       value=st.floats(1e-12, 1e6))
+@given(priced=st.sets(st.sampled_from(WORK + ["a_quad"])), layers=st.integers(1, 4), value=st.floats(1e-12, 1e6))
 def test_cost_model_pricing_nothing_is_refused(priced, layers, value):
     kw = {k: (value if k in priced else 0.0) for k in WORK}
     a_quad = [0.0] * layers
@@ -255,11 +319,16 @@ def test_cost_model_pricing_nothing_is_refused(priced, layers, value):
 
 
 @FUZZ
-@given(raw=st.one_of(st.binary(max_size=40),
-                     st.sampled_from(["utf-16", "latin-1", "utf-32"]).map(
-                         lambda enc: rp.traces.profile("tiny").cost().to_json().replace("a_lin", "ä_lin").encode(enc)),
-                     st.just(rp.traces.profile("tiny").cost().to_json().encode("utf-8"))),
-       as_bytes=st.sampled_from([bytes, bytearray]))
+@given(
+    raw=st.one_of(
+        st.binary(max_size=40),
+        st.sampled_from(["utf-16", "latin-1", "utf-32"]).map(
+            lambda enc: rp.traces.profile("tiny").cost().to_json().replace("a_lin", "ä_lin").encode(enc)
+        ),
+        st.just(rp.traces.profile("tiny").cost().to_json().encode("utf-8")),
+    ),
+    as_bytes=st.sampled_from([bytes, bytearray]),
+)
 def test_cost_json_from_bytes_and_files(raw, as_bytes, tmp_path_factory):
     cost, err = outcome(rp.CostModel.from_json, as_bytes(raw))
     assert err is None or "cost JSON" in str(err), err

@@ -5,7 +5,6 @@ with lengths near the cap."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -40,8 +39,9 @@ def random_window(rng: np.random.Generator, S: int, L: int, E: int, cap: int, ne
 
 def small_setup(L: int = 3, E: int = 6):
     topo = rp.Topology(dp=4, ep=2, gpus_per_node=2, slots_per_rank=4)
-    model = rp.ModelShape(num_layers=L, num_experts=E, top_k=2, hidden=64, expert_ffn=32,
-                          attention=["linear", "linear", "full"][:L])
+    model = rp.ModelShape(
+        num_layers=L, num_experts=E, top_k=2, hidden=64, expert_ffn=32, attention=["linear", "linear", "full"][:L]
+    )
     return topo, rp.CostModel.from_model(model, rp.Hardware.h200())
 
 
@@ -85,8 +85,10 @@ def test_routepack_report_has_certificate_and_history(tiny_window):
 
 def test_routepack_beats_sequential_and_kk_on_tiny(tiny_window):
     topo, cost, cap = TINY.topology(), TINY.cost(), TINY.token_cap
-    t = {k: plan(tiny_window, topo, cost, cap, k, anneal_moves=100_000).report["predicted"]["step_time"]
-         for k in ("sequential", "kk", "routepack")}
+    t = {
+        k: plan(tiny_window, topo, cost, cap, k, anneal_moves=100_000).report["predicted"]["step_time"]
+        for k in ("sequential", "kk", "routepack")
+    }
     assert t["routepack"] < t["kk"] and t["routepack"] < t["sequential"], t
 
 
@@ -106,8 +108,16 @@ def test_layout_proxy_tracks_simulate_across_layouts(tiny_window):
     topo, cost, cap = TINY.topology(), TINY.cost(), TINY.token_cap
     for packing in ("sequential", "kk", "routepack"):
         p = plan(tiny_window, topo, cost, cap, packing, anneal_moves=10_000)
-        proxy = _core.layout_proxy_cost(tiny_window.seq_lens, tiny_window.expert_tokens, topo, cost,
-                                        p.placement.phy2log, p.sample_rank, p.sample_micro, p.num_micro)
+        proxy = _core.layout_proxy_cost(
+            tiny_window.seq_lens,
+            tiny_window.expert_tokens,
+            topo,
+            cost,
+            p.placement.phy2log,
+            p.sample_rank,
+            p.sample_micro,
+            p.num_micro,
+        )
         sim = p.report["predicted"]["step_time"]
         assert abs(proxy - sim) <= 1e-3 * sim, (packing, proxy, sim)
 
@@ -140,7 +150,9 @@ DETERMINISM = textwrap.dedent("""
 
 def run_threads(threads: int, seed: int) -> str:
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
-    out = subprocess.run([sys.executable, "-c", DETERMINISM, str(seed)], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", DETERMINISM, str(seed)], env=env, capture_output=True, text=True, check=True
+    )
     return out.stdout.strip()
 
 
@@ -177,8 +189,9 @@ def test_bad_options_are_named():
     with pytest.raises(rp.RoutepackError, match="anneal_chains"):
         plan(w, topo, cost, 100, "routepack", anneal_chains=0)
     with pytest.raises(rp.RoutepackError, match="time_budget_s"):
-        _core.pack_routepack(w.seq_lens, w.expert_tokens, topo, cost,
-                             rp.Placement.static(3, 6, topo).phy2log, 100, time_budget_s=-1.0)
+        _core.pack_routepack(
+            w.seq_lens, w.expert_tokens, topo, cost, rp.Placement.static(3, 6, topo).phy2log, 100, time_budget_s=-1.0
+        )
 
 
 @settings(max_examples=40, deadline=None)

@@ -26,8 +26,9 @@ def small_setup(seed: int = 0):
     rng = np.random.default_rng(seed)
     topo = rp.Topology(dp=4, ep=2, gpus_per_node=2, slots_per_rank=3)
     window = random_window(rng, 23, 3, 5, max_len=60)
-    model = rp.ModelShape(num_layers=3, num_experts=5, top_k=2, hidden=64, expert_ffn=32,
-                          attention=["linear", "linear", "full"])
+    model = rp.ModelShape(
+        num_layers=3, num_experts=5, top_k=2, hidden=64, expert_ffn=32, attention=["linear", "linear", "full"]
+    )
     cost = rp.CostModel.from_model(model, rp.Hardware.h200())
     return window, topo, cost
 
@@ -89,21 +90,36 @@ def test_same_as_sees_every_decision():
 def test_digest_follows_the_decisions():
     window, topo, cost = small_setup()
     plan = rp.plan_window(window, topo, cost, token_cap=90, policy="routepack").validate(window, topo, 90)
-    copy = rp.Plan(plan.placement, plan.sample_rank.copy(), plan.sample_micro.copy(), plan.num_micro,
-                   plan.replicas.copy(), plan.migration.copy())
+    copy = rp.Plan(
+        plan.placement,
+        plan.sample_rank.copy(),
+        plan.sample_micro.copy(),
+        plan.num_micro,
+        plan.replicas.copy(),
+        plan.migration.copy(),
+    )
     assert copy.digest() == plan.digest() and len(plan.digest()) == 64
     assert plan.num_micro > 1
     for i in range(plan.num_samples):  # a sample moved to another step: another digest
         micro = plan.sample_micro.copy()
         micro[i] = (micro[i] + 1) % plan.num_micro
-        assert rp.Plan(plan.placement, plan.sample_rank, micro, plan.num_micro,
-                       plan.replicas, plan.migration).digest() != plan.digest()
+        assert (
+            rp.Plan(plan.placement, plan.sample_rank, micro, plan.num_micro, plan.replicas, plan.migration).digest()
+            != plan.digest()
+        )
 
 
 def decisions(plan: rp.Plan) -> bytes:
-    return b"".join([plan.placement.phy2log.tobytes(), plan.sample_rank.tobytes(),
-                     plan.sample_micro.tobytes(), np.int64(plan.num_micro).tobytes(),
-                     plan.replicas.tobytes(), plan.migration.tobytes()])
+    return b"".join(
+        [
+            plan.placement.phy2log.tobytes(),
+            plan.sample_rank.tobytes(),
+            plan.sample_micro.tobytes(),
+            np.int64(plan.num_micro).tobytes(),
+            plan.replicas.tobytes(),
+            plan.migration.tobytes(),
+        ]
+    )
 
 
 def test_plans_are_deterministic(tiny_window):
@@ -126,9 +142,18 @@ def test_cost_model_json_round_trip(tmp_path):
     assert back == cost
     cost.save(tmp_path / "cost.json")
     assert rp.CostModel.load(tmp_path / "cost.json") == cost
-    explicit = rp.CostModel(a_lin=1e-9, a_quad=[0.0, 2.5e-13], c_tok=3e-9, c_exp=1e-6, token_bytes=4096,
-                            bw_intra=3.6e11, bw_inter=4e10, expert_weight_bytes=6e6,
-                            expert_grad_bytes=1.2e7, expert_state_bytes=4.2e7)
+    explicit = rp.CostModel(
+        a_lin=1e-9,
+        a_quad=[0.0, 2.5e-13],
+        c_tok=3e-9,
+        c_exp=1e-6,
+        token_bytes=4096,
+        bw_intra=3.6e11,
+        bw_inter=4e10,
+        expert_weight_bytes=6e6,
+        expert_grad_bytes=1.2e7,
+        expert_state_bytes=4.2e7,
+    )
     assert rp.CostModel.from_json(explicit.to_json()) == explicit
 
 
@@ -190,14 +215,14 @@ def test_sample_longer_than_cap_is_named():
 def test_plan_validate_against_a_smaller_cap_fails():
     window, topo, cost = small_setup()
     plan = rp.plan_window(window, topo, cost, token_cap=200, policy="static")
-    biggest = max(window.seq_lens[plan.cell_samples(d, m)].sum()
-                  for d in range(topo.dp) for m in range(plan.num_micro))
+    biggest = max(window.seq_lens[plan.cell_samples(d, m)].sum() for d in range(topo.dp) for m in range(plan.num_micro))
     plan.validate(window, topo, int(biggest))
     with pytest.raises(rp.InvalidPlanError, match=f"holds {biggest} tokens, over the cap {biggest - 1}"):
         plan.validate(window, topo, int(biggest) - 1)
 
 
 # ------------------------------------------------------------------ synthetic traces
+
 
 def test_synthetic_is_deterministic_for_a_seed():
     a = list(rp.traces.synthetic("tiny", 2, seed=5))

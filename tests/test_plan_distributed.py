@@ -33,12 +33,12 @@ import torch.distributed as dist  # noqa: E402
 from routepack.torch import window_gather as wg  # noqa: E402
 from routepack.torch.selfcheck.spawn import run_ranks  # noqa: E402
 
-FLASH_SMALL = replace(rp.traces.profile("flash"), name="flash_small", num_layers=6,
-                      attention=("linear",) * 5 + ("full",), samples=1024)
+FLASH_SMALL = replace(
+    rp.traces.profile("flash"), name="flash_small", num_layers=6, attention=("linear",) * 5 + ("full",), samples=1024
+)
 #: (profile, policies): routepack and baselines whose replication is spread (hot_n, relibra),
 #: plus one whose replication is not (routepack_no_replication: runs whole on every rank)
-CASES = (("tiny", ("routepack", "relibra", "routepack_no_replication")),
-         ("flash_small", ("routepack", "hot_n")))
+CASES = (("tiny", ("routepack", "relibra", "routepack_no_replication")), ("flash_small", ("routepack", "hot_n")))
 #: keyword arguments passed through (a stage option and a smaller layout search than the
 #: default, to keep the test short: the plans are byte-identical for any move budget)
 OPTIONS = {"replication_slots": 3, "anneal_moves": 4000}
@@ -81,8 +81,9 @@ def _battery(group, windows, ids, cu):
     for name, policies in CASES:
         prof, w = _profile(name), windows[name]
         for pol in policies:
-            plan = plan_window_distributed(w, prof.topology(), prof.cost(), token_cap=prof.token_cap, policy=pol,
-                                           group=group, **OPTIONS)
+            plan = plan_window_distributed(
+                w, prof.topology(), prof.cost(), token_cap=prof.token_cap, policy=pol, group=group, **OPTIONS
+            )
             plan.validate(w, prof.topology(), prof.token_cap)
             out["digests"][name, pol] = plan.digest()
             out["reports"][name, pol] = plan.report["distributed"]
@@ -92,7 +93,7 @@ def _battery(group, windows, ids, cu):
     # routed ids: rank r of the group gets an uneven slice of the samples (rank 0 the fewest)
     cuts = np.array([0] + [int((len(cu) - 1) * ((i + 1) / world) ** 1.5) for i in range(world - 1)] + [len(cu) - 1])
     lo, hi = cuts[rank], cuts[rank + 1]
-    mine, my_cu = ids[cu[lo]:cu[hi]], cu[lo:hi + 1] - cu[lo]
+    mine, my_cu = ids[cu[lo] : cu[hi]], cu[lo : hi + 1] - cu[lo]
     got = window_from_ranks(torch.from_numpy(mine), my_cu, 64, group=group)
     out["window"] = (got.window.seq_lens, got.window.expert_tokens, got.window.top_k)
     out["wire"] = (got.encodings, got.payload_bytes.tolist(), got.raw_id_bytes.tolist(), got.samples.tolist())
@@ -105,12 +106,14 @@ def _battery(group, windows, ids, cu):
     err, g = {}, {"group": group}
     err["other_window"] = _raises(lambda: plan_window_distributed(other if rank == world - 1 else tiny, *args, **g))
     err["other_seed"] = _raises(lambda: plan_window_distributed(tiny, *args, seed=rank % 2, **g))
-    err["budget_one"] = _raises(lambda: plan_window_distributed(tiny, *args, time_budget_s=5.0 if rank == 0 else None,
-                                                                **g))
+    err["budget_one"] = _raises(
+        lambda: plan_window_distributed(tiny, *args, time_budget_s=5.0 if rank == 0 else None, **g)
+    )
     err["budget_all"] = _raises(lambda: plan_window_distributed(tiny, *args, time_budget_s=5.0, **g))
     err["group_not_a_group"] = _raises(lambda: plan_window_distributed(tiny, *args, group="world"))
-    err["bad_option_one"] = _raises(lambda: plan_window_distributed(
-        tiny, *args, **({"replication_slots": -1} if rank == 1 else {}), **g))
+    err["bad_option_one"] = _raises(
+        lambda: plan_window_distributed(tiny, *args, **({"replication_slots": -1} if rank == 1 else {}), **g)
+    )
     bad_ids = mine.copy()
     if rank == 0:
         bad_ids[0, 0, 0] = 64  # out of range on rank 0 only
@@ -122,8 +125,9 @@ def _battery(group, windows, ids, cu):
     old_name = {"replica_slots": 3} if rank == 0 else {"replication_slots": 3}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        out["old_name"] = plan_window_distributed(tiny, *args, token_cap=prof.token_cap, policy="relibra",
-                                                  anneal_moves=4000, group=group, **old_name).digest()
+        out["old_name"] = plan_window_distributed(
+            tiny, *args, token_cap=prof.token_cap, policy="relibra", anneal_moves=4000, group=group, **old_name
+        ).digest()
     return out
 
 
@@ -139,11 +143,13 @@ def _rank(rank, world, device, windows, ids, cu):
 
     prof = rp.traces.profile("tiny")
     if rank < 3:
-        out["trio"] = plan_window_distributed(windows["tiny"], prof.topology(), prof.cost(), group=trio,
-                                              anneal_moves=4000).digest()
+        out["trio"] = plan_window_distributed(
+            windows["tiny"], prof.topology(), prof.cost(), group=trio, anneal_moves=4000
+        ).digest()
     else:
-        out["trio"] = _raises(lambda: plan_window_distributed(windows["tiny"], prof.topology(), prof.cost(),
-                                                              group=trio))
+        out["trio"] = _raises(
+            lambda: plan_window_distributed(windows["tiny"], prof.topology(), prof.cost(), group=trio)
+        )
     return out
 
 
@@ -226,11 +232,15 @@ def test_window_from_ranks_is_the_window_of_all_ids(ranks, reference):
         assert all(p > 0 for p in payload) and sum(payload) < sum(raw)
 
 
-@pytest.mark.parametrize("case, message", [
-    ("other_window", "window: differs between the ranks"), ("other_seed", "seed: differs between the ranks"),
-    ("budget_all", "time_budget_s: plan_window_distributed plans without a wall-clock cap"),
-    ("group_not_a_group", "group: expected a torch.distributed process group"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("other_window", "window: differs between the ranks"),
+        ("other_seed", "seed: differs between the ranks"),
+        ("budget_all", "time_budget_s: plan_window_distributed plans without a wall-clock cap"),
+        ("group_not_a_group", "group: expected a torch.distributed process group"),
+    ],
+)
 def test_bad_arguments_raise_on_every_rank(ranks, case, message):
     world, groups = ranks
     for r, out in _each(groups):
@@ -238,12 +248,15 @@ def test_bad_arguments_raise_on_every_rank(ranks, case, message):
         assert got is not None and message in got[1], (r, got)
 
 
-@pytest.mark.parametrize("case, culprit, own, peers", [
-    ("budget_one", 0, "time_budget_s: plan_window_distributed", "rank(s) [0] of the group passed invalid"),
-    ("bad_option_one", 1, "replication_slots", "rank(s) [1] of the group passed invalid"),
-    ("bad_ids_one", 0, "routed", "local: rank(s) [0] of the group failed"),
-    ("gather_not_a_window", 1, "local: expected routepack.Window", "local: rank(s) [1] of the group failed"),
-])
+@pytest.mark.parametrize(
+    "case, culprit, own, peers",
+    [
+        ("budget_one", 0, "time_budget_s: plan_window_distributed", "rank(s) [0] of the group passed invalid"),
+        ("bad_option_one", 1, "replication_slots", "rank(s) [1] of the group passed invalid"),
+        ("bad_ids_one", 0, "routed", "local: rank(s) [0] of the group failed"),
+        ("gather_not_a_window", 1, "local: expected routepack.Window", "local: rank(s) [1] of the group failed"),
+    ],
+)
 def test_a_bad_argument_on_one_rank_raises_on_every_rank(ranks, case, culprit, own, peers):
     world, groups = ranks
     for r, out in _each(groups):
@@ -271,8 +284,14 @@ def test_a_group_of_three_plans_alone_and_the_outsider_refuses(spawned, referenc
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(1, 6), st.integers(1, 3), st.integers(1, 40), st.sampled_from([3, 300, 70_000]),
-       st.floats(0.0, 1.0), st.integers(0, 2**32 - 1))
+@given(
+    st.integers(1, 6),
+    st.integers(1, 3),
+    st.integers(1, 40),
+    st.sampled_from([3, 300, 70_000]),
+    st.floats(0.0, 1.0),
+    st.integers(0, 2**32 - 1),
+)
 def test_the_wire_format_round_trips_and_is_the_smallest(samples, layers, experts, max_len, density, seed):
     rng = np.random.default_rng(seed)
     lens = rng.integers(1, max_len + 1, size=samples)

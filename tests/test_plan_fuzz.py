@@ -13,13 +13,22 @@ from hypothesis.extra import numpy as hnp
 
 import routepack as rp
 from fuzzing import (
-    assert_absurd_size_fails_cleanly, assert_wrong_type_is_clean, FUZZ, INT_DTYPES, OTHER_DTYPES, outcome, is_int, int_array_ok, scalars,
+    assert_absurd_size_fails_cleanly,
+    assert_wrong_type_is_clean,
+    FUZZ,
+    INT_DTYPES,
+    OTHER_DTYPES,
+    outcome,
+    is_int,
+    int_array_ok,
+    scalars,
 )
 from random_plans import TOPOLOGIES, assert_plan_invariants, migration_rows, random_case, random_phy2log
 from routepack.plan import REPLICA_DTYPE
 
 
 # --------------------------------------------------------------------- Placement
+
 
 @st.composite
 def placement_inputs(draw):
@@ -50,8 +59,12 @@ def test_placement(args):
     phy2log, E, spr = args
     p, err = outcome(rp.Placement, phy2log, E, spr)
     valid = (
-        is_int(E) and E >= 1 and is_int(spr) and spr >= 1
-        and int_array_ok(phy2log, 2, np.int32) and phy2log.shape[0] >= 1
+        is_int(E)
+        and E >= 1
+        and is_int(spr)
+        and spr >= 1
+        and int_array_ok(phy2log, 2, np.int32)
+        and phy2log.shape[0] >= 1
         and phy2log.shape[1] % spr == 0
         and ((phy2log >= -1) & (phy2log < E)).all()
         and all(set(range(E)) <= set(row.tolist()) for row in phy2log)
@@ -62,17 +75,34 @@ def test_placement(args):
             np.testing.assert_array_equal(p.logcnt[l], np.bincount(phy2log[l][phy2log[l] >= 0], minlength=E))
             for e in range(E):
                 slots = np.flatnonzero(phy2log[l] == e)
-                np.testing.assert_array_equal(p.log2phy[l, e, :len(slots)], slots)
-                assert (p.log2phy[l, e, len(slots):] == -1).all()
+                np.testing.assert_array_equal(p.log2phy[l, e, : len(slots)], slots)
+                assert (p.log2phy[l, e, len(slots) :] == -1).all()
 
 
 # ------------------------------------------------------- Plan and Plan.validate
 
 CORRUPTIONS = [
-    "rank_high", "rank_neg", "micro_high", "micro_neg", "empty_cell", "extra_micro", "short_samples",
-    "over_cap", "share_range", "share_sum", "src_not_host", "src_is_dst", "replica_range",
-    "migration_expert", "migration_rank", "migration_bytes", "placement_missing_expert",
-    "placement_topology", "window_shape", "stale_logcnt", "stale_log2phy",
+    "rank_high",
+    "rank_neg",
+    "micro_high",
+    "micro_neg",
+    "empty_cell",
+    "extra_micro",
+    "short_samples",
+    "over_cap",
+    "share_range",
+    "share_sum",
+    "src_not_host",
+    "src_is_dst",
+    "replica_range",
+    "migration_expert",
+    "migration_rank",
+    "migration_bytes",
+    "placement_missing_expert",
+    "placement_topology",
+    "window_shape",
+    "stale_logcnt",
+    "stale_log2phy",
 ]
 
 
@@ -90,13 +120,17 @@ def corrupt(kind: str, case, draw):
     s = draw(st.integers(0, S - 1))
     words = ""
     if kind == "rank_high":
-        rank[s] = draw(st.integers(topo.dp, topo.dp + 100)); words = "outside"
+        rank[s] = draw(st.integers(topo.dp, topo.dp + 100))
+        words = "outside"
     elif kind == "rank_neg":
-        rank[s] = draw(st.integers(-100, -1)); words = "outside"
+        rank[s] = draw(st.integers(-100, -1))
+        words = "outside"
     elif kind == "micro_high":
-        micro[s] = draw(st.integers(M, M + 5)); words = "outside"
+        micro[s] = draw(st.integers(M, M + 5))
+        words = "outside"
     elif kind == "micro_neg":
-        micro[s] = -1; words = "outside"
+        micro[s] = -1
+        words = "outside"
     elif kind == "empty_cell":
         d, m = draw(st.integers(0, topo.dp - 1)), draw(st.integers(0, M - 1))
         inside = (rank == d) & (micro == m)
@@ -104,12 +138,15 @@ def corrupt(kind: str, case, draw):
         assume(topo.dp * M > 1)
         words = "empty"
     elif kind == "extra_micro":
-        num_micro = M + 1; words = "empty"
+        num_micro = M + 1
+        words = "empty"
     elif kind == "short_samples":
-        rank, micro = rank[:-1], micro[:-1]; words = "exactly once"
+        rank, micro = rank[:-1], micro[:-1]
+        words = "exactly once"
     elif kind == "over_cap":
         per_cell = np.bincount(rank.astype(np.int64) * M + micro, weights=window.seq_lens)
-        cap = int(per_cell.max()) - 1; words = "over the cap"
+        cap = int(per_cell.max()) - 1
+        words = "over the cap"
     elif kind in ("share_range", "share_sum", "src_not_host", "src_is_dst", "replica_range"):
         assume(len(reps) > 0)
         i = draw(st.integers(0, len(reps) - 1))
@@ -118,25 +155,40 @@ def corrupt(kind: str, case, draw):
             reps["share"][i] = draw(st.sampled_from([-0.1, 1.5, float("nan"), float("inf"), -float("inf")]))
             words = "share"
         elif kind == "share_sum":
-            extra = reps[i:i + 1].copy()
+            extra = reps[i : i + 1].copy()
             others = [r for r in range(ep) if r != extra["src_rank"][0]]
             extra["dst_rank"] = draw(st.sampled_from(others))
             extra["share"] = 1.0
             reps["share"][i] = 0.5
-            reps = np.concatenate([reps, extra]); words = "sum to"
+            reps = np.concatenate([reps, extra])
+            words = "sum to"
         elif kind == "src_not_host":
             r = reps[i]
             hosts = set((np.flatnonzero(p2l[r["layer"]] == r["expert"]) // spr).tolist())
             free = [q for q in range(ep) if q not in hosts and q != r["dst_rank"]]
             assume(free)
-            reps["src_rank"][i] = draw(st.sampled_from(free)); words = "does not host"
+            reps["src_rank"][i] = draw(st.sampled_from(free))
+            words = "does not host"
         elif kind == "src_is_dst":
-            reps["dst_rank"][i] = reps["src_rank"][i]; words = "own source rank"
+            reps["dst_rank"][i] = reps["src_rank"][i]
+            words = "own source rank"
         else:
-            field, bad = draw(st.sampled_from([("micro", M), ("group", topo.num_groups), ("layer", L),
-                                               ("expert", E), ("src_rank", ep), ("dst_rank", ep),
-                                               ("micro", -1), ("dst_rank", -1)]))
-            reps[field][i] = bad; words = "out of range"
+            field, bad = draw(
+                st.sampled_from(
+                    [
+                        ("micro", M),
+                        ("group", topo.num_groups),
+                        ("layer", L),
+                        ("expert", E),
+                        ("src_rank", ep),
+                        ("dst_rank", ep),
+                        ("micro", -1),
+                        ("dst_rank", -1),
+                    ]
+                )
+            )
+            reps[field][i] = bad
+            words = "out of range"
     elif kind in ("migration_expert", "migration_rank", "migration_bytes"):
         if len(mig) == 0:
             prev = random_phy2log(np.random.default_rng(draw(st.integers(0, 99))), L, E, topo)
@@ -145,12 +197,15 @@ def corrupt(kind: str, case, draw):
         i = draw(st.integers(0, len(mig) - 1))
         if kind == "migration_expert":
             assume(E > 1)
-            mig["expert"][i] = (mig["expert"][i] + draw(st.integers(1, E - 1))) % E; words = "holds"
+            mig["expert"][i] = (mig["expert"][i] + draw(st.integers(1, E - 1))) % E
+            words = "holds"
         elif kind == "migration_rank":
             assume(ep > 1)
-            mig["dst_rank"][i] = (mig["dst_rank"][i] + 1) % ep; words = "disagree"
+            mig["dst_rank"][i] = (mig["dst_rank"][i] + 1) % ep
+            words = "disagree"
         else:
-            mig["bytes"][i] = draw(st.sampled_from([-1.0, float("nan"), float("inf")])); words = "out of range"
+            mig["bytes"][i] = draw(st.sampled_from([-1.0, float("nan"), float("inf")]))
+            words = "out of range"
     elif kind == "placement_missing_expert":
         l, e = draw(st.integers(0, L - 1)), draw(st.integers(0, E - 1))
         placement = rp.Placement(p2l, E, topo.slots_per_rank)
@@ -223,8 +278,13 @@ def test_plan_constructor_and_validate(rank, micro, num_micro, replicas):
     topo = rp.Topology(2, 2, 2, 2)
     window = rp.Window(np.array([3, 4, 5]), np.ones((3, 1, 3), dtype=np.int32))
     placement = rp.Placement.static(1, 3, topo)
-    table = {"ok": np.zeros(0, REPLICA_DTYPE), "float": np.zeros(3), "2d": np.zeros((1, 1), REPLICA_DTYPE),
-             "list": [], "other_dtype": np.zeros(2, dtype=[("micro", "<i8")])}[replicas]
+    table = {
+        "ok": np.zeros(0, REPLICA_DTYPE),
+        "float": np.zeros(3),
+        "2d": np.zeros((1, 1), REPLICA_DTYPE),
+        "list": [],
+        "other_dtype": np.zeros(2, dtype=[("micro", "<i8")]),
+    }[replicas]
     plan, err = outcome(rp.Plan, placement, rank, micro, num_micro, replicas=table)
     if plan is None:
         return
@@ -260,13 +320,11 @@ ABSURD = {
     # 64 GiB of phy2log from a valid topology (it aborted the interpreter on allocation)
     "Placement.static(64 GiB)": "rp.Placement.static(16, 2, rp.Topology(2, 2, 2, 2**29))",
     # a 512 kB phy2log whose log2phy [L, E, max_replicas] would take 16 GiB
-    "Placement(log2phy of 16 GiB)":
-        "rp.Placement(np.concatenate([np.arange(65536), np.zeros(65537)]).astype(np.int32)[None], 65536, 1)",
+    "Placement(log2phy of 16 GiB)": "rp.Placement(np.concatenate([np.arange(65536), np.zeros(65537)]).astype(np.int32)[None], 65536, 1)",
     "Placement.static(num_layers=2**40)": "rp.Placement.static(2**40, 4, rp.Topology(2, 2, 2, 2))",
     "Placement.static(slots_per_rank=2**40)": "rp.Placement.static(1, 2, rp.Topology(1, 1, 1, 2**40))",
     "validate(dp=2**40)": "plan.validate(window, rp.Topology(2**40, 1, 1, 1), 10)",
-    "validate(num_micro=2**40)":
-        "rp.Plan(plan.placement, plan.sample_rank, plan.sample_micro, 2**40).validate(window, topo, 10)",
+    "validate(num_micro=2**40)": "rp.Plan(plan.placement, plan.sample_rank, plan.sample_micro, 2**40).validate(window, topo, 10)",
 }
 
 
@@ -277,9 +335,15 @@ def test_absurd_sizes_fail_cleanly(name):
 
 # ---------------------------------- Plan and Placement methods: their arguments checked
 
-INDEX_VALUES = st.one_of(st.integers(-3, 10), st.sampled_from([2**63, -(2**63) - 1, 2**64]), st.none(),
-                         st.floats(allow_nan=True), st.text(max_size=2), st.booleans(),
-                         st.sampled_from([np.int64(1), np.uint8(0), [0], (0,)]))
+INDEX_VALUES = st.one_of(
+    st.integers(-3, 10),
+    st.sampled_from([2**63, -(2**63) - 1, 2**64]),
+    st.none(),
+    st.floats(allow_nan=True),
+    st.text(max_size=2),
+    st.booleans(),
+    st.sampled_from([np.int64(1), np.uint8(0), [0], (0,)]),
+)
 
 
 @FUZZ
@@ -291,7 +355,7 @@ def test_rank_experts_takes_indices_in_range(seed, layer, rank):
     assert (err is None) == valid, err
     if valid:
         lo = int(rank) * p.slots_per_rank
-        assert np.array_equal(got, p.phy2log[int(layer), lo:lo + p.slots_per_rank])
+        assert np.array_equal(got, p.phy2log[int(layer), lo : lo + p.slots_per_rank])
     else:
         assert "layer" in str(err) or "rank" in str(err), err
 
@@ -320,21 +384,36 @@ def test_same_as_takes_only_a_plan(seed, other):
 
 #: JSON-able report values, and ones that are not (each with the Python type json rejects)
 REPORT_OK = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(-10**20, 10**20), st.floats(allow_nan=False), st.text(max_size=3),
-              st.sampled_from([np.int64(3), np.float32(0.5), np.bool_(True), np.arange(3)])),
-    lambda inner: st.one_of(st.lists(inner, max_size=3), st.tuples(inner, inner),
-                            st.dictionaries(st.one_of(st.text(max_size=3), st.integers(-5, 5)), inner, max_size=3)),
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(10**20), 10**20),
+        st.floats(allow_nan=False),
+        st.text(max_size=3),
+        st.sampled_from([np.int64(3), np.float32(0.5), np.bool_(True), np.arange(3)]),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.tuples(inner, inner),
+        st.dictionaries(st.one_of(st.text(max_size=3), st.integers(-5, 5)), inner, max_size=3),
+    ),
     max_leaves=8,
 )
 REPORT_BAD = st.sampled_from([{1, 2}, object(), frozenset(), b"x", 1j, np.datetime64("2020-01-01")])
 
 
 @FUZZ
-@given(seed=st.integers(0, 10**6), report=st.dictionaries(st.text(max_size=3), REPORT_OK, max_size=3),
-       bad=st.one_of(st.none(), REPORT_BAD), key=st.sampled_from(["a", 3, ("t",)]), data=st.data())
+@given(
+    seed=st.integers(0, 10**6),
+    report=st.dictionaries(st.text(max_size=3), REPORT_OK, max_size=3),
+    bad=st.one_of(st.none(), REPORT_BAD),
+    key=st.sampled_from(["a", 3, ("t",)]),
+    data=st.data(),
+)
 def test_plan_save_names_the_report_entry_it_cannot_write(seed, report, bad, key, data):
     import io
     import json
+
     plan = random_case(seed).plan
     plan.report = dict(report)
     if bad is not None or key == ("t",):
@@ -371,7 +450,7 @@ def test_save_and_load_refuse_what_is_no_path_naming_it(bad, which, load, tmp_pa
     for p in (path, str(path)):
         obj.save(p)
         back = type(obj).load(p)
-        assert (back.same_as(obj) if which == "Plan" else back == obj)
+        assert back.same_as(obj) if which == "Plan" else back == obj
 
 
 _SMALL = None
@@ -379,4 +458,5 @@ _SMALL = None
 
 def setup_module(module):
     from fuzzing import small_plan
+
     module._SMALL = small_plan()

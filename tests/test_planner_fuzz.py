@@ -19,6 +19,7 @@ from routepack.simulate import lower_bound_micro
 
 # ---------------------------------------------------------------- plan_window
 
+
 @st.composite
 def small_windows(draw):
     S, L, E = draw(st.integers(1, 14)), draw(st.integers(1, 3)), draw(st.integers(1, 6))
@@ -39,9 +40,16 @@ def topologies(draw):
 
 @FUZZ
 @given(
-    window=small_windows(), topo=topologies(),
-    cap=st.one_of(st.integers(1, 300), st.integers(-2, 0), st.sampled_from([2**62, 2**63 - 1, 2**63, 2**70]),
-                  st.floats(1, 100), st.none(), st.booleans()),
+    window=small_windows(),
+    topo=topologies(),
+    cap=st.one_of(
+        st.integers(1, 300),
+        st.integers(-2, 0),
+        st.sampled_from([2**62, 2**63 - 1, 2**63, 2**70]),
+        st.floats(1, 100),
+        st.none(),
+        st.booleans(),
+    ),
     seed=st.one_of(st.integers(0, 2**64 - 1), st.integers(-3, -1), st.floats(0, 5), st.text(max_size=2)),
     policy=st.sampled_from(["static", "P()", "P(previous)", "nope", 3, "P(bad)"]),
     previous=st.sampled_from([None, "static", "random", "wrong_shape", "junk"]),
@@ -51,10 +59,12 @@ def topologies(draw):
 )
 def test_plan_window(window, topo, cap, seed, policy, previous, previous_window, cost_layers, data):
     S, L, E = window.expert_tokens.shape
-    cost = rp.CostModel(1e-6, [1e-9] * (L if cost_layers == "match" else L + 1), 1e-6, 1e-5, 1e3,
-                        1e10, 1e9, 1e6, 2e6, 5e6)
-    pol = {"P()": rp.Policy(), "P(previous)": rp.Policy(loads="previous"),
-           "P(bad)": rp.Policy(packing="nope")}.get(policy, policy)
+    cost = rp.CostModel(
+        1e-6, [1e-9] * (L if cost_layers == "match" else L + 1), 1e-6, 1e-5, 1e3, 1e10, 1e9, 1e6, 2e6, 5e6
+    )
+    pol = {"P()": rp.Policy(), "P(previous)": rp.Policy(loads="previous"), "P(bad)": rp.Policy(packing="nope")}.get(
+        policy, policy
+    )
     prev = None
     if previous == "static" and E <= topo.num_slots:
         prev = rp.Placement.static(L, E, topo)
@@ -65,15 +75,26 @@ def test_plan_window(window, topo, cap, seed, policy, previous, previous_window,
         prev = rp.Placement(np.arange(E, dtype=np.int32)[None, :].repeat(L + 1, axis=0), E, 1)
     elif previous == "junk":
         prev = "junk"
-    prev_w = {None: None, "same": window, "junk": "junk",
-              "other_shape": rp.Window(window.seq_lens, np.zeros((S, L, E + 1), np.int32))}[previous_window]
+    prev_w = {
+        None: None,
+        "same": window,
+        "junk": "junk",
+        "other_shape": rp.Window(window.seq_lens, np.zeros((S, L, E + 1), np.int32)),
+    }[previous_window]
 
-    plan, err = outcome(rp.plan_window, window, topo, cost, token_cap=cap, policy=pol, previous=prev,
-                        previous_window=prev_w, seed=seed)
+    plan, err = outcome(
+        rp.plan_window, window, topo, cost, token_cap=cap, policy=pol, previous=prev, previous_window=prev_w, seed=seed
+    )
     should_plan = (
-        is_int(cap) and int(window.seq_lens.max()) <= cap < 2**63 and is_int(seed) and 0 <= seed
-        and policy in ("static", "P()", "P(previous)") and E <= topo.num_slots and cost_layers == "match"
-        and previous in (None, "static", "random") and previous_window in (None, "same")
+        is_int(cap)
+        and int(window.seq_lens.max()) <= cap < 2**63
+        and is_int(seed)
+        and 0 <= seed
+        and policy in ("static", "P()", "P(previous)")
+        and E <= topo.num_slots
+        and cost_layers == "match"
+        and previous in (None, "static", "random")
+        and previous_window in (None, "same")
         # every cell runs a sample: dp ranks times the steps the cap needs at least
         and S >= topo.dp * lower_bound_micro(window, topo, cap)
     )
@@ -88,7 +109,8 @@ def test_plan_window(window, topo, cap, seed, policy, previous, previous_window,
                 assert f"sample {too_long[0]} has {window.seq_lens[too_long[0]]} tokens" in str(err)
             elif S < topo.dp * lower_bound_micro(window, topo, cap):
                 assert str(err).startswith(f"window: its {S} samples cannot fill") and f"topo.dp = {topo.dp}" in str(
-                    err), err
+                    err
+                ), err
             else:
                 # the core's stronger row bounds (or its certified rows) prove more rows than samples
                 assert "cannot fill" in str(err), err

@@ -9,9 +9,20 @@ import pytest
 import routepack as rp
 from routepack.compare import available_presets, compare, format_table, summarise
 
-SMALL = replace(rp.traces.profile("tiny"), num_layers=4, attention=("linear",) * 3 + ("full",),
-                num_experts=32, dp=8, ep=4, gpus_per_node=2, slots_per_rank=9, samples=96,
-                group_size=4, token_cap=16384, max_response=8192)
+SMALL = replace(
+    rp.traces.profile("tiny"),
+    num_layers=4,
+    attention=("linear",) * 3 + ("full",),
+    num_experts=32,
+    dp=8,
+    ep=4,
+    gpus_per_node=2,
+    slots_per_rank=9,
+    samples=96,
+    group_size=4,
+    token_cap=16384,
+    max_response=8192,
+)
 
 
 @pytest.fixture(scope="module")
@@ -21,19 +32,35 @@ def setup():
 
 
 def test_every_design_preset_exists():
-    for name in ("static", "eplb", "eplb_oracle", "hot_n", "relibra", "routepack",
-                 "routepack_placement", "routepack_packing", "routepack_no_replication"):
+    for name in (
+        "static",
+        "eplb",
+        "eplb_oracle",
+        "hot_n",
+        "relibra",
+        "routepack",
+        "routepack_placement",
+        "routepack_packing",
+        "routepack_no_replication",
+    ):
         assert name in available_presets()
 
 
 @pytest.mark.parametrize("name", sorted(rp.PRESETS))
 def test_preset_plans_validate(setup, name):
     windows, topo, cost = setup
-    first = rp.plan_window(windows[0], topo, cost, token_cap=SMALL.token_cap, policy=name,
-                           previous_window=windows[0])
+    first = rp.plan_window(windows[0], topo, cost, token_cap=SMALL.token_cap, policy=name, previous_window=windows[0])
     first.validate(windows[0], topo, SMALL.token_cap)
-    plan = rp.plan_window(windows[1], topo, cost, token_cap=SMALL.token_cap, policy=name,
-                          previous=first.placement, previous_window=windows[0], seed=3)
+    plan = rp.plan_window(
+        windows[1],
+        topo,
+        cost,
+        token_cap=SMALL.token_cap,
+        policy=name,
+        previous=first.placement,
+        previous_window=windows[0],
+        seed=3,
+    )
     plan.validate(windows[1], topo, SMALL.token_cap)
     assert plan.report["policy"] == name
     assert set(plan.report["stage_seconds"]) == {"placement", "packing", "replication", "total"}
@@ -44,12 +71,30 @@ def test_preset_plans_validate(setup, name):
 def test_options_reach_their_stage_and_unknown_are_refused(setup):
     windows, topo, cost = setup
     w = windows[1]
-    none = rp.plan_window(w, topo, cost, token_cap=SMALL.token_cap, policy="routepack", replication_slots=0,
-                          anneal_moves=2000, placement_chunks=4, anneal_chains=1)
+    none = rp.plan_window(
+        w,
+        topo,
+        cost,
+        token_cap=SMALL.token_cap,
+        policy="routepack",
+        replication_slots=0,
+        anneal_moves=2000,
+        placement_chunks=4,
+        anneal_chains=1,
+    )
     none.validate(w, topo, SMALL.token_cap)
     assert len(none.replicas) == 0
-    some = rp.plan_window(w, topo, cost, token_cap=SMALL.token_cap, policy="routepack", replication_slots=2,
-                          anneal_moves=2000, placement_chunks=4, anneal_chains=1)
+    some = rp.plan_window(
+        w,
+        topo,
+        cost,
+        token_cap=SMALL.token_cap,
+        policy="routepack",
+        replication_slots=2,
+        anneal_moves=2000,
+        placement_chunks=4,
+        anneal_chains=1,
+    )
     some.validate(w, topo, SMALL.token_cap)
     assert some.report["predicted"]["step_time"] <= none.report["predicted"]["step_time"]
     with pytest.raises(rp.RoutepackError, match="unknown option.*replication_slots"):
@@ -101,9 +146,26 @@ def test_cli_bench_on_saved_windows(setup, tmp_path, capsys, monkeypatch):
         w.save(files[-1])
     monkeypatch.setitem(traces.PROFILES, "small-test", SMALL)
     out_json = tmp_path / "bench.json"
-    rc = cli.main(["bench", "--profile", "small-test", "--npz", *files, "--quiet", "--policy", "static",
-                   "--policy", "routepack", "--anneal-moves", "2000", "--figure", str(tmp_path / "b.png"),
-                   "--json", str(out_json)])
+    rc = cli.main(
+        [
+            "bench",
+            "--profile",
+            "small-test",
+            "--npz",
+            *files,
+            "--quiet",
+            "--policy",
+            "static",
+            "--policy",
+            "routepack",
+            "--anneal-moves",
+            "2000",
+            "--figure",
+            str(tmp_path / "b.png"),
+            "--json",
+            str(out_json),
+        ]
+    )
     assert rc == 0
     text = capsys.readouterr().out
     assert "routepack" in text and "balanced (reference)" in text

@@ -62,7 +62,9 @@ def test_the_readme_has_blocks_that_run():
 
 
 def test_the_block_parser():
-    text = "x\n```python\nprint(1)\n```\n```\nnot run\n```\n```bash\n# readme-test: skip (installs)\npip install .\n```\n"
+    text = (
+        "x\n```python\nprint(1)\n```\n```\nnot run\n```\n```bash\n# readme-test: skip (installs)\npip install .\n```\n"
+    )
     got = blocks(text)
     assert [(b.lang, b.line, b.skip_reason) for b in got] == [("python", 2, ""), ("bash", 8, "installs")]
 
@@ -74,8 +76,11 @@ def _shim(tmp: Path) -> dict:
     exe = bin_dir / "routepack"
     exe.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m routepack "$@"\n')
     exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
-    return dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-                PYTHONPATH=PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return dict(
+        os.environ,
+        PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        PYTHONPATH=PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[f"{b.lang}@L{b.line}" for b in BLOCKS])
@@ -89,6 +94,12 @@ def test_readme_block_runs(block: Block, tmp_path: Path, monkeypatch: pytest.Mon
         code = compile(block.body, f"README.md:{block.line}", "exec")
         exec(code, {"__name__": "__readme__"})
     else:
-        proc = subprocess.run(["bash", "-euo", "pipefail", "-c", block.body], cwd=work, env=_shim(tmp_path),
-                              capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", block.body],
+            cwd=work,
+            env=_shim(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 0, f"README.md line {block.line}:\n{proc.stdout}\n{proc.stderr}"

@@ -86,8 +86,12 @@ def test_registered():
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10_000), shape=st.integers(0, len(SHAPES) - 1),
-       replication=st.sampled_from(REPLICATION_NAMES), placement=st.sampled_from(["static", "relibra"]))
+@given(
+    seed=st.integers(0, 10_000),
+    shape=st.integers(0, len(SHAPES) - 1),
+    replication=st.sampled_from(REPLICATION_NAMES),
+    placement=st.sampled_from(["static", "relibra"]),
+)
 def test_every_plan_is_valid(seed, shape, replication, placement):
     window, topo, cost, cap = make_case(seed, shape)
     p = plan(window, topo, cost, cap, replication, placement)
@@ -105,8 +109,7 @@ def test_every_plan_is_valid(seed, shape, replication, placement):
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10_000), shape=st.integers(0, len(SHAPES) - 1), slots=st.integers(1, 3),
-       cheap=st.booleans())
+@given(seed=st.integers(0, 10_000), shape=st.integers(0, len(SHAPES) - 1), slots=st.integers(1, 3), cheap=st.booleans())
 def test_routepack_never_slower_than_none(seed, shape, slots, cheap):
     window, topo, _, cap = make_case(seed, shape)
     cost = cost_for(window.num_layers, cheap_copies=cheap)
@@ -226,8 +229,10 @@ def test_relibra_placement_balances_nodes():
         out = []
         for l in range(window.num_layers):
             phy = pl.phy2log[l]
-            node_load = [loads[l, phy[n * per_node:(n + 1) * per_node][phy[n * per_node:(n + 1) * per_node] >= 0]].sum()
-                         for n in range(topo.ep // rpn)]
+            node_load = [
+                loads[l, phy[n * per_node : (n + 1) * per_node][phy[n * per_node : (n + 1) * per_node] >= 0]].sum()
+                for n in range(topo.ep // rpn)
+            ]
             out.append(max(node_load) - min(node_load))
         return np.array(out)
 
@@ -237,8 +242,7 @@ def test_relibra_placement_balances_nodes():
     assert (p.placement.logcnt == 1).all()
     assert (np.sort(p.placement.phy2log, axis=1) == np.sort(static.phy2log, axis=1)).all()
     # from a previous placement, migration is planned and the result is the same placement
-    q = rp.plan_window(window, topo, cost, cap, policy=Policy("relibra", "sequential", "relibra"),
-                       previous=static)
+    q = rp.plan_window(window, topo, cost, cap, policy=Policy("relibra", "sequential", "relibra"), previous=static)
     q.validate(window, topo, cap)
     assert len(q.migration) > 0
     assert q.placement == p.placement
@@ -257,8 +261,17 @@ def test_bad_inputs_name_the_argument():
     p = plan(window, topo, cost, cap, "none")
     bad_rank = np.full_like(p.sample_rank, 99)
     with pytest.raises(rp.InvalidPlanError, match="DP rank 99"):
-        _core.replicate_routepack(window.seq_lens, window.expert_tokens, p.placement.phy2log, bad_rank,
-                                  p.sample_micro, p.num_micro, topo, cost, 2)
+        _core.replicate_routepack(
+            window.seq_lens,
+            window.expert_tokens,
+            p.placement.phy2log,
+            bad_rank,
+            p.sample_micro,
+            p.num_micro,
+            topo,
+            cost,
+            2,
+        )
     with pytest.raises(rp.RoutepackError, match="loads"):
         _core.relibra_placement(np.full((window.num_layers, window.num_experts), -1.0), topo)
 

@@ -14,8 +14,13 @@ BENCH = Path(__file__).resolve().parents[1] / "benches" / "scale.py"
 
 def rows(threads: int) -> list:
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
-    out = subprocess.run([sys.executable, str(BENCH), "--sizes", "tiny", "--no-baseline", "--json"], env=env,
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, str(BENCH), "--sizes", "tiny", "--no-baseline", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
@@ -23,8 +28,7 @@ def test_rows_hold_every_stage_and_the_same_plan_on_one_and_two_threads():
     one, two = rows(1), rows(2)
     assert len(one) == len(two) == 1
     r = one[0]
-    for key in ("wall", "cpu", "placement", "rows", "layout", "replication", "simulate", "rest", "rss_gb",
-                "step_time"):
+    for key in ("wall", "cpu", "placement", "rows", "layout", "replication", "simulate", "rest", "rss_gb", "step_time"):
         assert r[key] >= 0, key
     assert set(r["cpu_stages"]) == {"placement", "packing", "replication", "simulate"}
     assert r["replicas"] > 0  # replication ran and planned copies

@@ -52,8 +52,7 @@ def round_half_away(x: float) -> int:
 
 def link_time(send_intra, recv_intra, send_inter, recv_inter, cost) -> float:
     """Slowest rank: per link max(sent, received) over the link's bandwidth, links added."""
-    per_rank = (np.maximum(send_intra, recv_intra) / cost.bw_intra
-                + np.maximum(send_inter, recv_inter) / cost.bw_inter)
+    per_rank = np.maximum(send_intra, recv_intra) / cost.bw_intra + np.maximum(send_inter, recv_inter) / cost.bw_inter
     return float(max(0.0, per_rank.max()))
 
 
@@ -80,8 +79,11 @@ def route(origin: np.ndarray, slots: List[int], reps: List[Tuple[int, float]], t
         need = min(max(round_half_away(float(np.float32(share)) * total), 0), left)
         left -= need
         node = local_node(dst, topo)
-        order = [dst] + [r for r in range(ep) if r != dst and local_node(r, topo) == node] \
+        order = (
+            [dst]
+            + [r for r in range(ep) if r != dst and local_node(r, topo) == node]
             + [r for r in range(ep) if local_node(r, topo) != node]
+        )
         for r in order:
             take = min(int(rem[r]), need)
             rem[r] -= take
@@ -146,8 +148,7 @@ def shares(need: int, weights: List[int]) -> List[int]:
     return out
 
 
-def reference(plan: rp.Plan, window: rp.Window, topo: rp.Topology, cost: rp.CostModel,
-              token_cap) -> Dict[str, object]:
+def reference(plan: rp.Plan, window: rp.Window, topo: rp.Topology, cost: rp.CostModel, token_cap) -> Dict[str, object]:
     """Every field of SimResult, from the equations."""
     n = window.seq_lens.astype(np.float64)
     x = window.expert_tokens.astype(np.int64)
@@ -165,8 +166,7 @@ def reference(plan: rp.Plan, window: rp.Window, topo: rp.Topology, cost: rp.Cost
     node_bytes = {"intra": 0.0, "cross": 0.0}
     for g in range(G):
         for m in range(M):
-            members = [np.flatnonzero((plan.sample_rank == g * ep + r) & (plan.sample_micro == m))
-                       for r in range(ep)]
+            members = [np.flatnonzero((plan.sample_rank == g * ep + r) & (plan.sample_micro == m)) for r in range(ep)]
             lin = np.array([n[s].sum() for s in members])
             quad = np.array([(n[s] ** 2).sum() for s in members])
             for l in range(L):
@@ -178,8 +178,9 @@ def reference(plan: rp.Plan, window: rp.Window, topo: rp.Topology, cost: rp.Cost
                 moved = np.zeros((ep, ep), dtype=np.int64)
                 for e in range(E):
                     rows = cell[cell["expert"] == e]
-                    flow = route(origin[:, e], slots[l][e],
-                                 [(int(r["dst_rank"]), float(r["share"])) for r in rows], topo)
+                    flow = route(
+                        origin[:, e], slots[l][e], [(int(r["dst_rank"]), float(r["share"])) for r in rows], topo
+                    )
                     assert flow.sum() == origin[:, e].sum()
                     received = flow.sum(axis=0)
                     tokens += received
@@ -191,14 +192,14 @@ def reference(plan: rp.Plan, window: rp.Window, topo: rp.Topology, cost: rp.Cost
                 pairs = [(o, p, moved[o, p] * cost.token_bytes) for o in range(ep) for p in range(ep)]
                 for o, p, b in pairs:
                     if o != p:
-                        node_bytes["intra" if local_node(o, topo) == local_node(p, topo) else "cross"] += \
+                        node_bytes["intra" if local_node(o, topo) == local_node(p, topo) else "cross"] += (
                             2 * COMM_PASSES * b
+                        )
                 a2a[g, m, l] = 2 * COMM_PASSES * (link_time(*link_bytes(pairs, topo), cost) + cost.a2a_latency)
                 if len(cell):
                     fwd, bwd = [], []
                     for e, src in sorted({(int(r["expert"]), int(r["src_rank"])) for r in cell}):
-                        dsts = {int(r["dst_rank"]) for r in cell
-                                if r["expert"] == e and r["src_rank"] == src}
+                        dsts = {int(r["dst_rank"]) for r in cell if r["expert"] == e and r["src_rank"] == src}
                         node = local_node(src, topo)
                         prev = src
                         for d in sorted(dsts, key=lambda d: (local_node(d, topo) != node, d)):
@@ -235,7 +236,7 @@ def reference(plan: rp.Plan, window: rp.Window, topo: rp.Topology, cost: rp.Cost
     ideal = 0.0
     for l in range(L):
         tt = float(x[:, l, :].sum())
-        ideal += COMPUTE_PASSES * (cost.a_lin * n.sum() + cost.a_quad[l] * (n ** 2).sum()) / topo.dp
+        ideal += COMPUTE_PASSES * (cost.a_lin * n.sum() + cost.a_quad[l] * (n**2).sum()) / topo.dp
         ideal += COMPUTE_PASSES * (cost.c_tok * tt / topo.dp + cost.c_exp * ideal_micro * E / ep)
         per_rank = tt / topo.dp * cost.token_bytes
         ideal += 2 * COMM_PASSES * per_rank * ((rpn - 1) / ep / cost.bw_intra + (ep - rpn) / ep / cost.bw_inter)
@@ -260,9 +261,22 @@ def reference(plan: rp.Plan, window: rp.Window, topo: rp.Topology, cost: rp.Cost
     }
 
 
-FLOAT_FIELDS = ["step_time", "ideal_time", "throughput", "ideal_throughput", "attention", "expert",
-                "all_to_all", "replication", "migration", "redundant_grads", "mean_imbalance", "intra_node_bytes",
-                "cross_node_bytes", "cross_node_bytes_per_token"]
+FLOAT_FIELDS = [
+    "step_time",
+    "ideal_time",
+    "throughput",
+    "ideal_throughput",
+    "attention",
+    "expert",
+    "all_to_all",
+    "replication",
+    "migration",
+    "redundant_grads",
+    "mean_imbalance",
+    "intra_node_bytes",
+    "cross_node_bytes",
+    "cross_node_bytes_per_token",
+]
 
 
 def assert_matches(res: rp.SimResult, ref: Dict[str, object]) -> None:
@@ -329,8 +343,20 @@ def test_generator_covers_the_rules():
             seen.add("inside_node")
         if (c.plan.replicas["share"] == 0.5).any():
             seen.add("half_share")
-    assert seen >= {"same_rank_pair", "redundant", "replicas", "exposed", "hidden", "migration_remote",
-                    "migration_local", "cap", "groups", "spans_nodes", "inside_node", "half_share"}, seen
+    assert seen >= {
+        "same_rank_pair",
+        "redundant",
+        "replicas",
+        "exposed",
+        "hidden",
+        "migration_remote",
+        "migration_local",
+        "cap",
+        "groups",
+        "spans_nodes",
+        "inside_node",
+        "half_share",
+    }, seen
 
 
 def test_reference_route_rules_by_hand():
@@ -351,7 +377,12 @@ def test_reference_route_rules_by_hand():
     # its 4, node 0's surplus of 6 crosses from ranks 0 and 1 as 6·10/16 and 6·6/16 (3.75,
     # 2.25 → 4, 2); rank 0 keeps 6 and takes rank 1's other 4
     topo3 = rp.Topology(4, 4, 2, 1)
-    assert route(np.array([10, 6, 0, 4]), [0, 2], [], topo3).tolist() == [[6, 0, 4, 0], [4, 0, 2, 0], [0, 0, 0, 0], [0, 0, 4, 0]]
+    assert route(np.array([10, 6, 0, 4]), [0, 2], [], topo3).tolist() == [
+        [6, 0, 4, 0],
+        [4, 0, 2, 0],
+        [0, 0, 0, 0],
+        [0, 0, 4, 0],
+    ]
     assert round_half_away(2.5) == 3 and round_half_away(0.49999999999999994) == 0
 
 
@@ -359,9 +390,18 @@ def test_simulate_single_cell_by_hand():
     """One group, one micro, one layer, worked out by hand: ep=2 on one node, E=2, static
     placement, two samples (one per rank)."""
     topo = rp.Topology(2, 2, 2, 1)
-    cost = rp.CostModel(a_lin=1.0, a_quad=[0.5], c_tok=10.0, c_exp=100.0, token_bytes=2.0,
-                        bw_intra=4.0, bw_inter=1.0, expert_weight_bytes=1.0, expert_grad_bytes=1.0,
-                        expert_state_bytes=1.0)
+    cost = rp.CostModel(
+        a_lin=1.0,
+        a_quad=[0.5],
+        c_tok=10.0,
+        c_exp=100.0,
+        token_bytes=2.0,
+        bw_intra=4.0,
+        bw_inter=1.0,
+        expert_weight_bytes=1.0,
+        expert_grad_bytes=1.0,
+        expert_state_bytes=1.0,
+    )
     window = rp.Window(np.array([3, 6]), np.array([[[3, 1]], [[0, 6]]], dtype=np.int32))
     placement = rp.Placement(np.array([[0, 1]], dtype=np.int32), 2, 1)
     plan = rp.Plan(placement, np.array([0, 1]), np.array([0, 0]), 1)

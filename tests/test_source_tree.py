@@ -50,7 +50,7 @@ def strip_test_modules(code: str) -> Tuple[str, Set[str]]:
             return code, files
         if m.group(2) == ";":
             files.add(m.group(1))
-            code = code[: m.start()] + code[m.end():]
+            code = code[: m.start()] + code[m.end() :]
             continue
         depth, i = 1, m.end()
         while depth and i < len(code):
@@ -100,8 +100,9 @@ def uses_in(text: str) -> Tuple[List[str], Dict[str, str]]:
     return used, exports
 
 
-def resolve(path: str, here: Module, modules: Set[Module],
-            exports: Dict[Module, Dict[str, str]] | None = None, depth: int = 0) -> Module | None:
+def resolve(
+    path: str, here: Module, modules: Set[Module], exports: Dict[Module, Dict[str, str]] | None = None, depth: int = 0
+) -> Module | None:
     """The module whose item ``path`` (used in module ``here``) names, following re-exports."""
     segs = [s for s in path.split("::") if s]
     if not segs:
@@ -122,7 +123,7 @@ def resolve(path: str, here: Module, modules: Set[Module],
         if cur + (s,) in modules:
             cur = cur + (s,)
         elif exports and s in exports.get(cur, {}) and depth < 8:
-            rest = "::".join(segs[i + 1:])
+            rest = "::".join(segs[i + 1 :])
             origin = exports[cur][s] + ("::" + rest if rest else "")
             return resolve(origin, cur, modules, exports, depth + 1)
         else:
@@ -148,7 +149,9 @@ def rust_graph(src: Path) -> Dict[str, Set[str]]:
 
 def test_the_parser_sees_uses_and_paths():
     assert expand_use_tree("crate::a::{b, c::{d, e as f}}") == ["crate::a::b", "crate::a::c::d", "crate::a::c::e as f"]
-    used, exports = uses_in("use crate::a::{b, c::d as e};\npub use super::x::Y as Z;\n#[cfg(test)]\nmod tests { use crate::q; }")
+    used, exports = uses_in(
+        "use crate::a::{b, c::d as e};\npub use super::x::Y as Z;\n#[cfg(test)]\nmod tests { use crate::q; }"
+    )
     assert used == ["crate::a::b", "crate::a::c::d"] and exports == {"Z": "super::x::Y"}
     mods = {(), ("a",), ("a", "b"), ("c",)}
     assert resolve("super::b::X", ("a", "c"), mods | {("a", "c")}) == ("a", "b")
@@ -169,12 +172,17 @@ def test_no_rust_module_circle():
 
 
 def is_test_file(path: Path) -> bool:
-    return path.name in ("tests.rs", "test_windows.rs") or "tests" in path.parts[len(ROOT.parts):]
+    return path.name in ("tests.rs", "test_windows.rs") or "tests" in path.parts[len(ROOT.parts) :]
 
 
 def test_no_source_file_over_the_limit():
     sources = [p for src in CRATES.values() for p in src.rglob("*.rs")]
     sources += list((ROOT / "python").rglob("*.py"))
-    over = {str(p.relative_to(ROOT)): n for p in sources if not is_test_file(p)
-            for n in [len(p.read_text().splitlines())] if n > MAX_LINES}
+    over = {
+        str(p.relative_to(ROOT)): n
+        for p in sources
+        if not is_test_file(p)
+        for n in [len(p.read_text().splitlines())]
+        if n > MAX_LINES
+    }
     assert over == {}

@@ -14,16 +14,40 @@ import routepack as rp
 import routepack.packing
 import routepack.replication
 from routepack import _core, stages
-from routepack.stages import (DEPRECATED_OPTIONS, KNOWN_OPTIONS, PACKINGS, PLACEMENTS, REPLICATIONS, STAGES,
-                              EplbOptions, HotNOptions, NoOptions, RelibraReplicationOptions,
-                              RoutepackPackingOptions, RoutepackPlacementOptions, RoutepackReplicationOptions,
-                              StageOptions)
+from routepack.stages import (
+    DEPRECATED_OPTIONS,
+    KNOWN_OPTIONS,
+    PACKINGS,
+    PLACEMENTS,
+    REPLICATIONS,
+    STAGES,
+    EplbOptions,
+    HotNOptions,
+    NoOptions,
+    RelibraReplicationOptions,
+    RoutepackPackingOptions,
+    RoutepackPlacementOptions,
+    RoutepackReplicationOptions,
+    StageOptions,
+)
 
 PACKAGE = Path(rp.__file__).parent
 
-SMALL = dataclasses.replace(rp.traces.profile("tiny"), num_layers=2, attention=("linear", "full"), num_experts=16, top_k=2,
-                            dp=4, ep=2, gpus_per_node=2, slots_per_rank=10, samples=32, group_size=4,
-                            token_cap=8192, max_response=4096)
+SMALL = dataclasses.replace(
+    rp.traces.profile("tiny"),
+    num_layers=2,
+    attention=("linear", "full"),
+    num_experts=16,
+    top_k=2,
+    dp=4,
+    ep=2,
+    gpus_per_node=2,
+    slots_per_rank=10,
+    samples=32,
+    group_size=4,
+    token_cap=8192,
+    max_response=4096,
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +62,12 @@ def plan(case, policy="routepack", **options):
 
 
 def same(a: rp.Plan, b: rp.Plan) -> bool:
-    return (np.array_equal(a.sample_rank, b.sample_rank) and np.array_equal(a.sample_micro, b.sample_micro)
-            and a.placement == b.placement and np.array_equal(a.replicas, b.replicas))
+    return (
+        np.array_equal(a.sample_rank, b.sample_rank)
+        and np.array_equal(a.sample_micro, b.sample_micro)
+        and a.placement == b.placement
+        and np.array_equal(a.replicas, b.replicas)
+    )
 
 
 # ------------------------------------------------------------------ registry
@@ -79,8 +107,11 @@ def test_defaults_are_the_cores():
                 seen[f.name] = f.default
     flat = {k: v for group in core.values() for k, v in group.items()}
     assert flat.pop("anneal_moves") == rp.packing.DEFAULT_ANNEAL_MOVES == stages.DEFAULT_ANNEAL_MOVES
-    assert flat.pop("anneal_moves_across_nodes") == rp.packing.DEFAULT_ANNEAL_MOVES_ACROSS_NODES \
+    assert (
+        flat.pop("anneal_moves_across_nodes")
+        == rp.packing.DEFAULT_ANNEAL_MOVES_ACROSS_NODES
         == stages.DEFAULT_ANNEAL_MOVES_ACROSS_NODES
+    )
     for name, default in seen.items():
         if default is None:  # computed by the stage from the window and topology
             assert name in ("placement_cells", "placement_explore", "eplb_num_groups"), name
@@ -108,9 +139,13 @@ def test_no_module_writes_a_default_or_fills_a_registry():
                 base = t.value if isinstance(t, ast.Subscript) else t
                 if isinstance(base, ast.Name) and base.id in tables and path.name != "registry.py":
                     raise AssertionError(f"{path}: assigns {base.id}")
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr in ("update", "add", "setdefault", "pop", "clear", "__setitem__")
-                    and isinstance(node.func.value, ast.Name) and node.func.value.id in tables):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("update", "add", "setdefault", "pop", "clear", "__setitem__")
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id in tables
+            ):
                 raise AssertionError(f"{path}:{node.lineno}: mutates {node.func.value.id}")
     for path in (PACKAGE / "stages").glob("*.py"):
         tree = ast.parse(path.read_text())
@@ -122,30 +157,33 @@ def test_no_module_writes_a_default_or_fills_a_registry():
 
 
 # ------------------------------------------------------------------ values
-@pytest.mark.parametrize("cls,name,value,error", [
-    (RoutepackPlacementOptions, "placement_chunks", -1, rp.RoutepackError),
-    (RoutepackPlacementOptions, "placement_chunks", 2.0, rp.RoutepackTypeError),
-    (RoutepackPlacementOptions, "placement_cells", 0, rp.RoutepackError),
-    (RoutepackPlacementOptions, "placement_slack", 1.5, rp.RoutepackError),
-    (RoutepackPlacementOptions, "placement_slack", float("nan"), rp.RoutepackError),
-    (RoutepackPlacementOptions, "placement_explore", 2.0, rp.RoutepackError),
-    (RoutepackPlacementOptions, "placement_explore", 1e-6, rp.RoutepackError),  # below the slack
-    (RoutepackPlacementOptions, "placement_fluct_evals", 1.5, rp.RoutepackTypeError),
-    (RoutepackPlacementOptions, "placement_migration_aware", 1, rp.RoutepackTypeError),
-    (EplbOptions, "eplb_num_groups", 0, rp.RoutepackError),
-    (RoutepackPackingOptions, "anneal_chains", 0, rp.RoutepackError),
-    (RoutepackPackingOptions, "anneal_steps", True, rp.RoutepackTypeError),
-    (RoutepackPackingOptions, "anneal_lambda", -0.5, rp.RoutepackError),
-    (RoutepackPackingOptions, "anneal_start_accept", 1.0, rp.RoutepackError),
-    (RoutepackPackingOptions, "anneal_cooling", 0.0, rp.RoutepackError),
-    (RoutepackPackingOptions, "anneal_mix", (1.0, 0.0), rp.RoutepackError),
-    (RoutepackPackingOptions, "anneal_mix", (0.0, 0.0, 0.0, 0.0), rp.RoutepackError),
-    (RoutepackPackingOptions, "anneal_mix", "abcd", rp.RoutepackTypeError),
-    (RoutepackPackingOptions, "packing_exact_nodes", -1, rp.RoutepackError),
-    (HotNOptions, "replication_hot_experts", 0, rp.RoutepackError),
-    (RelibraReplicationOptions, "replication_slots", -1, rp.RoutepackError),
-    (RoutepackReplicationOptions, "replication_candidates", 0, rp.RoutepackError),
-])
+@pytest.mark.parametrize(
+    "cls,name,value,error",
+    [
+        (RoutepackPlacementOptions, "placement_chunks", -1, rp.RoutepackError),
+        (RoutepackPlacementOptions, "placement_chunks", 2.0, rp.RoutepackTypeError),
+        (RoutepackPlacementOptions, "placement_cells", 0, rp.RoutepackError),
+        (RoutepackPlacementOptions, "placement_slack", 1.5, rp.RoutepackError),
+        (RoutepackPlacementOptions, "placement_slack", float("nan"), rp.RoutepackError),
+        (RoutepackPlacementOptions, "placement_explore", 2.0, rp.RoutepackError),
+        (RoutepackPlacementOptions, "placement_explore", 1e-6, rp.RoutepackError),  # below the slack
+        (RoutepackPlacementOptions, "placement_fluct_evals", 1.5, rp.RoutepackTypeError),
+        (RoutepackPlacementOptions, "placement_migration_aware", 1, rp.RoutepackTypeError),
+        (EplbOptions, "eplb_num_groups", 0, rp.RoutepackError),
+        (RoutepackPackingOptions, "anneal_chains", 0, rp.RoutepackError),
+        (RoutepackPackingOptions, "anneal_steps", True, rp.RoutepackTypeError),
+        (RoutepackPackingOptions, "anneal_lambda", -0.5, rp.RoutepackError),
+        (RoutepackPackingOptions, "anneal_start_accept", 1.0, rp.RoutepackError),
+        (RoutepackPackingOptions, "anneal_cooling", 0.0, rp.RoutepackError),
+        (RoutepackPackingOptions, "anneal_mix", (1.0, 0.0), rp.RoutepackError),
+        (RoutepackPackingOptions, "anneal_mix", (0.0, 0.0, 0.0, 0.0), rp.RoutepackError),
+        (RoutepackPackingOptions, "anneal_mix", "abcd", rp.RoutepackTypeError),
+        (RoutepackPackingOptions, "packing_exact_nodes", -1, rp.RoutepackError),
+        (HotNOptions, "replication_hot_experts", 0, rp.RoutepackError),
+        (RelibraReplicationOptions, "replication_slots", -1, rp.RoutepackError),
+        (RoutepackReplicationOptions, "replication_candidates", 0, rp.RoutepackError),
+    ],
+)
 def test_values_are_checked_by_the_dataclass(cls, name, value, error):
     with pytest.raises(error, match=name):
         cls(**{name: value})
@@ -172,11 +210,14 @@ def test_unknown_names_list_the_valid_ones(case):
         plan(case, "static", replica_slotz=2)
 
 
-@pytest.mark.parametrize("old,new,value,policy", [
-    ("replica_slots", "replication_slots", 1, "routepack"),
-    ("hot_experts", "replication_hot_experts", 1, "hot_n"),
-    ("exact_nodes", "packing_exact_nodes", 10, "routepack_packing"),
-])
+@pytest.mark.parametrize(
+    "old,new,value,policy",
+    [
+        ("replica_slots", "replication_slots", 1, "routepack"),
+        ("hot_experts", "replication_hot_experts", 1, "hot_n"),
+        ("exact_nodes", "packing_exact_nodes", 10, "routepack_packing"),
+    ],
+)
 def test_old_names_still_work_with_a_deprecation_warning(case, old, new, value, policy):
     with pytest.warns(DeprecationWarning, match=f"'{old}' is deprecated; use '{new}'") as rec:
         a = plan(case, policy, **{old: value})
@@ -234,31 +275,56 @@ from hypothesis import strategies as st  # noqa: E402
 from fuzzing import FUZZ, outcome  # noqa: E402
 
 TOPO = rp.Topology(4, 2, 2, 3)
-WINDOW = rp.Window(np.array([5, 3, 7, 2, 6, 4, 1, 8]), np.minimum(np.arange(8 * 2 * 4).reshape(8, 2, 4) % 5,
-                                                               np.array([5, 3, 7, 2, 6, 4, 1, 8])[:, None, None]
-                                                               ).astype(np.int32))
+WINDOW = rp.Window(
+    np.array([5, 3, 7, 2, 6, 4, 1, 8]),
+    np.minimum(np.arange(8 * 2 * 4).reshape(8, 2, 4) % 5, np.array([5, 3, 7, 2, 6, 4, 1, 8])[:, None, None]).astype(
+        np.int32
+    ),
+)
 COST = rp.CostModel(1e-6, [0.0, 1e-9], 1e-6, 1e-5, 1e3, 1e10, 1e9, 1e6, 1e6, 1e6)
 STATIC = rp.Placement.static(2, 4, TOPO)
 #: (stage function, its options class, the arguments after ctx and options)
 STAGE_FUNCTIONS = (
-    [(stages.static_placement, NoOptions, ()), (stages.eplb_placement, EplbOptions, ()),
-     (stages.placement.eplb_hierarchical_placement, EplbOptions, ()), (stages.relibra_placement, NoOptions, ()),
-     (stages.routepack_placement, RoutepackPlacementOptions, ())]
-    + [(f, o, (STATIC,)) for f, o in ((stages.sequential_packing, NoOptions), (stages.kk_packing, NoOptions),
-                                      (stages.routepack_packing, RoutepackPackingOptions))]
-    + [(f, o, "layout") for f, o in ((stages.no_replication, NoOptions), (stages.hot_n_replication, HotNOptions),
-                                     (stages.relibra_replication, RelibraReplicationOptions),
-                                     (stages.routepack_replication, RoutepackReplicationOptions))]
+    [
+        (stages.static_placement, NoOptions, ()),
+        (stages.eplb_placement, EplbOptions, ()),
+        (stages.placement.eplb_hierarchical_placement, EplbOptions, ()),
+        (stages.relibra_placement, NoOptions, ()),
+        (stages.routepack_placement, RoutepackPlacementOptions, ()),
+    ]
+    + [
+        (f, o, (STATIC,))
+        for f, o in (
+            (stages.sequential_packing, NoOptions),
+            (stages.kk_packing, NoOptions),
+            (stages.routepack_packing, RoutepackPackingOptions),
+        )
+    ]
+    + [
+        (f, o, "layout")
+        for f, o in (
+            (stages.no_replication, NoOptions),
+            (stages.hot_n_replication, HotNOptions),
+            (stages.relibra_replication, RelibraReplicationOptions),
+            (stages.routepack_replication, RoutepackReplicationOptions),
+        )
+    ]
 )
 #: values no field takes, and per field a few it must refuse beside them
 JUNK = [None, "x", 1.5, -1, [], {}, object()]
 BAD_FIELDS = {
-    "window": JUNK, "topo": JUNK + [rp.Topology(4, 2, 2, 1)], "cost": JUNK + [dataclasses.replace(COST, a_quad=[0.0])],
-    "token_cap": JUNK + [0, 2**64, True, np.float64(8)], "seed": JUNK + [2**64, "0"],
-    "anneal_moves": ["x", 1.5, -1, 2**64, [], True], "time_budget_s": ["x", -1.0, float("nan"), float("inf"), []],
+    "window": JUNK,
+    "topo": JUNK + [rp.Topology(4, 2, 2, 1)],
+    "cost": JUNK + [dataclasses.replace(COST, a_quad=[0.0])],
+    "token_cap": JUNK + [0, 2**64, True, np.float64(8)],
+    "seed": JUNK + [2**64, "0"],
+    "anneal_moves": ["x", 1.5, -1, 2**64, [], True],
+    "time_budget_s": ["x", -1.0, float("nan"), float("inf"), []],
     "previous": JUNK + [rp.Placement.static(1, 4, TOPO)],
     "previous_window": JUNK + [rp.Window(np.array([3]), np.zeros((1, 2, 5), np.int32))],
-    "options": JUNK[:3] + [[("a", 1)]], "policy": JUNK[:3] + ["static"], "reports": JUNK[:3] + [[]],
+    "options": JUNK[:3] + [[("a", 1)]],
+    "policy": JUNK[:3] + ["static"],
+    "reports": JUNK[:3] + [[]],
 }
 
 
@@ -287,13 +353,22 @@ def test_stage_functions_refuse_a_bad_context_naming_the_field(stage, field, dat
     assert err is not None and any(n in str(err) for n in named), (field, bad, err)
 
 
-OPTION_CLASSES = [NoOptions, EplbOptions, RoutepackPlacementOptions, RoutepackPackingOptions, HotNOptions,
-                  RelibraReplicationOptions, RoutepackReplicationOptions]
+OPTION_CLASSES = [
+    NoOptions,
+    EplbOptions,
+    RoutepackPlacementOptions,
+    RoutepackPackingOptions,
+    HotNOptions,
+    RelibraReplicationOptions,
+    RoutepackReplicationOptions,
+]
 
 
 @FUZZ
-@given(stage=st.sampled_from(STAGE_FUNCTIONS), options=st.one_of(st.sampled_from(OPTION_CLASSES).map(lambda c: c()),
-                                                                  st.sampled_from(JUNK)))
+@given(
+    stage=st.sampled_from(STAGE_FUNCTIONS),
+    options=st.one_of(st.sampled_from(OPTION_CLASSES).map(lambda c: c()), st.sampled_from(JUNK)),
+)
 def test_stage_functions_take_only_their_own_options(stage, options):
     fn, options_class, rest = stage
     got, err = outcome(call, fn, options, rest, context())
@@ -303,10 +378,14 @@ def test_stage_functions_take_only_their_own_options(stage, options):
 
 
 @FUZZ
-@given(stage=st.sampled_from([s for s in STAGE_FUNCTIONS if s[2] != ()]),
-       what=st.sampled_from(["placement", "sample_rank", "sample_micro", "num_micro"]),
-       bad=st.sampled_from(JUNK + [rp.Placement.static(1, 1, rp.Topology(1, 1, 1, 1)), np.zeros(3, np.int32),
-                                   np.zeros(8, np.float64), 2**40, 0]))
+@given(
+    stage=st.sampled_from([s for s in STAGE_FUNCTIONS if s[2] != ()]),
+    what=st.sampled_from(["placement", "sample_rank", "sample_micro", "num_micro"]),
+    bad=st.sampled_from(
+        JUNK
+        + [rp.Placement.static(1, 1, rp.Topology(1, 1, 1, 1)), np.zeros(3, np.int32), np.zeros(8, np.float64), 2**40, 0]
+    ),
+)
 def test_packing_and_replication_check_the_placement_and_layout(stage, what, bad):
     fn, options_class, rest = stage
     if rest != "layout" and what != "placement":
@@ -322,9 +401,10 @@ def test_packing_and_replication_check_the_placement_and_layout(stage, what, bad
 def test_too_few_samples_for_the_cells_is_infeasible_naming_why():
     for n, cap, steps in ((3, 100, "one step"), (5, 6, "the 2 steps token_cap = 6 needs")):
         w = rp.Window(np.full(n, 5), np.ones((n, 2, 4), np.int32))
-        for run in (lambda: rp.plan_window(w, TOPO, COST, cap, policy="static"),
-                    lambda: stages.kk_packing(context(window=w, previous_window=None, token_cap=cap), NoOptions(),
-                                              STATIC)):
+        for run in (
+            lambda: rp.plan_window(w, TOPO, COST, cap, policy="static"),
+            lambda: stages.kk_packing(context(window=w, previous_window=None, token_cap=cap), NoOptions(), STATIC),
+        ):
             with pytest.raises(rp.InfeasibleError, match=rf"window: its {n} samples cannot fill {steps}.*topo.dp = 4"):
                 run()
 
@@ -332,10 +412,24 @@ def test_too_few_samples_for_the_cells_is_infeasible_naming_why():
 # ------------------------------------------- the registry's and presets' arguments
 
 COLUMN = st.one_of(
-    st.integers(0, 6).flatmap(lambda n: st.sampled_from([np.int32, np.int64, np.uint8, np.float32, np.bool_]).map(
-        lambda d: np.arange(n).astype(d))),
-    st.sampled_from([None, "x", 3, [1.5], [0, 1], np.full(2, 2**40), np.zeros((2, 2), np.int32),
-                     np.array([np.nan, 0.5]), np.array(["a", "b"])]),
+    st.integers(0, 6).flatmap(
+        lambda n: st.sampled_from([np.int32, np.int64, np.uint8, np.float32, np.bool_]).map(
+            lambda d: np.arange(n).astype(d)
+        )
+    ),
+    st.sampled_from(
+        [
+            None,
+            "x",
+            3,
+            [1.5],
+            [0, 1],
+            np.full(2, 2**40),
+            np.zeros((2, 2), np.int32),
+            np.array([np.nan, 0.5]),
+            np.array(["a", "b"]),
+        ]
+    ),
 )
 
 
@@ -344,11 +438,17 @@ COLUMN = st.one_of(
 def test_replica_table_checks_its_columns(cols):
     t, err = outcome(stages.replica_table, tuple(cols))
     arrs = [np.asarray(c) for c in cols]
-    ids_ok = all(a.ndim == 1 and a.dtype.kind in "iu" and (a.size == 0 or (a.min() >= -2**31 and a.max() < 2**31))
-                 for a in arrs[:6])
+    ids_ok = all(
+        a.ndim == 1 and a.dtype.kind in "iu" and (a.size == 0 or (a.min() >= -(2**31) and a.max() < 2**31))
+        for a in arrs[:6]
+    )
     share = arrs[6] if len(arrs) == 7 else None
-    share_ok = share is not None and share.ndim == 1 and share.dtype.kind in "iuf" and bool(
-        np.isfinite(share.astype(np.float32)).all())
+    share_ok = (
+        share is not None
+        and share.ndim == 1
+        and share.dtype.kind in "iuf"
+        and bool(np.isfinite(share.astype(np.float32)).all())
+    )
     valid = len(arrs) == 7 and ids_ok and share_ok and len({len(a) for a in arrs}) == 1
     assert (err is None) == valid, (err, cols)
     if valid:
@@ -359,18 +459,33 @@ def test_replica_table_checks_its_columns(cols):
 
 
 @FUZZ
-@given(options=st.one_of(st.sampled_from([j for j in JUNK if j != {}] + [[("anneal_chains", 2)], "anneal_chains"]),
-                         st.dictionaries(st.one_of(st.integers(), st.none(), st.tuples(st.text(max_size=2))),
-                                         st.integers(), min_size=1, max_size=2)),
-       policy=st.one_of(st.sampled_from(JUNK + ["static", {"dp": 2}]),
-                        st.builds(rp.Policy, st.one_of(st.sampled_from(sorted(PLACEMENTS) + ["nope"]), st.sampled_from(
-                            JUNK)), st.just("kk"), st.one_of(st.just("none"), st.sampled_from(JUNK)))))
+@given(
+    options=st.one_of(
+        st.sampled_from([j for j in JUNK if j != {}] + [[("anneal_chains", 2)], "anneal_chains"]),
+        st.dictionaries(
+            st.one_of(st.integers(), st.none(), st.tuples(st.text(max_size=2))), st.integers(), min_size=1, max_size=2
+        ),
+    ),
+    policy=st.one_of(
+        st.sampled_from(JUNK + ["static", {"dp": 2}]),
+        st.builds(
+            rp.Policy,
+            st.one_of(st.sampled_from(sorted(PLACEMENTS) + ["nope"]), st.sampled_from(JUNK)),
+            st.just("kk"),
+            st.one_of(st.just("none"), st.sampled_from(JUNK)),
+        ),
+    ),
+)
 def test_registry_functions_check_their_arguments(options, policy):
     _, err = outcome(stages.canonical_options, options)
     assert err is not None and str(err).startswith("options:"), err
     _, err = outcome(stages.stage_options, policy, {})
-    valid = (isinstance(policy, rp.Policy) and isinstance(policy.placement, str) and policy.placement in PLACEMENTS
-             and policy.replication == "none")
+    valid = (
+        isinstance(policy, rp.Policy)
+        and isinstance(policy.placement, str)
+        and policy.placement in PLACEMENTS
+        and policy.replication == "none"
+    )
     assert (err is None) == valid, (policy, err)
     if err is not None and not isinstance(policy, str):  # resolve takes a preset's name too
         assert str(err).startswith("policy"), err
@@ -379,8 +494,10 @@ def test_registry_functions_check_their_arguments(options, policy):
 
 
 @FUZZ
-@given(name=st.one_of(st.text(max_size=4), st.sampled_from(JUNK + [b"x", 3])), policy=st.sampled_from(
-    [rp.Policy("routepack", "kk", "hot_n"), "static", None]))
+@given(
+    name=st.one_of(st.text(max_size=4), st.sampled_from(JUNK + [b"x", 3])),
+    policy=st.sampled_from([rp.Policy("routepack", "kk", "hot_n"), "static", None]),
+)
 def test_register_preset_takes_a_name_and_a_policy(name, policy):
     before = dict(rp.PRESETS)
     try:

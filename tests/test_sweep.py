@@ -19,8 +19,24 @@ from routepack.sweep import PRESET, combinations, format_sweep, sweep_policies
 @lru_cache(maxsize=None)
 def _cli_run(tmp: str) -> dict:
     path = f"{tmp}/sweep.json"
-    rc = main(["bench", "--sweep", "--windows", "1", "--quiet", "--placements", "static", "eplb",
-               "--packings", "kk", "--replications", "none", "--json", path])
+    rc = main(
+        [
+            "bench",
+            "--sweep",
+            "--windows",
+            "1",
+            "--quiet",
+            "--placements",
+            "static",
+            "eplb",
+            "--packings",
+            "kk",
+            "--replications",
+            "none",
+            "--json",
+            path,
+        ]
+    )
     assert rc == 0
     with open(path) as f:
         return json.load(f)
@@ -45,7 +61,9 @@ def test_a_preset_that_is_a_combination_plans_the_same_bytes():
     prof = rp.traces.profile("tiny")
     w = next(rp.traces.synthetic(prof, 1, 0))
     a = rp.plan_window(w, prof.topology(), prof.cost(), token_cap=prof.token_cap, policy="eplb_oracle")
-    b = rp.plan_window(w, prof.topology(), prof.cost(), token_cap=prof.token_cap, policy=rp.Policy("eplb", "kk", "none"))
+    b = rp.plan_window(
+        w, prof.topology(), prof.cost(), token_cap=prof.token_cap, policy=rp.Policy("eplb", "kk", "none")
+    )
     assert a.same_as(b)
     assert a.report["predicted"]["step_time"] == b.report["predicted"]["step_time"]
 

@@ -24,8 +24,17 @@ def setup():
 
 
 def plan_bytes(p: rp.Plan) -> list:
-    return [a.tobytes() for a in (p.sample_rank, p.sample_micro, np.asarray([p.num_micro]), p.placement.phy2log,
-                                  p.replicas, p.migration)]
+    return [
+        a.tobytes()
+        for a in (
+            p.sample_rank,
+            p.sample_micro,
+            np.asarray([p.num_micro]),
+            p.placement.phy2log,
+            p.replicas,
+            p.migration,
+        )
+    ]
 
 
 @pytest.mark.parametrize("budget", [1e-9, 0.01, 0.5])
@@ -63,12 +72,21 @@ def core_calls(window, topo, cost, cap):
     loads = window.layer_expert_load()
     chunks = _core.chunk_demand(window.seq_lens, window.expert_tokens, 2)
     return {
-        "pack_routepack": lambda b: _core.pack_routepack(window.seq_lens, window.expert_tokens, topo, cost,
-                                                         place.phy2log, cap, time_budget_s=b),
+        "pack_routepack": lambda b: _core.pack_routepack(
+            window.seq_lens, window.expert_tokens, topo, cost, place.phy2log, cap, time_budget_s=b
+        ),
         "routepack_placement": lambda b: _core.routepack_placement(loads, chunks, topo, cost, time_budget_s=b),
         "replicate_routepack": lambda b: _core.replicate_routepack(
-            window.seq_lens, window.expert_tokens, place.phy2log, packed.sample_rank, packed.sample_micro,
-            packed.num_micro, topo, cost, time_budget_s=b),
+            window.seq_lens,
+            window.expert_tokens,
+            place.phy2log,
+            packed.sample_rank,
+            packed.sample_micro,
+            packed.num_micro,
+            topo,
+            cost,
+            time_budget_s=b,
+        ),
     }
 
 

@@ -29,8 +29,11 @@ def _window_arrays(seed: int, top: int, s_n: int = 6, layers: int = 2, experts: 
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), top=st.sampled_from([0, 1, 255, 256, 65535, 65536, 10**6]),
-       dtype=st.sampled_from(INPUT_DTYPES))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    top=st.sampled_from([0, 1, 255, 256, 65535, 65536, 10**6]),
+    dtype=st.sampled_from(INPUT_DTYPES),
+)
 def test_counts_are_stored_narrowest_whatever_the_input_dtype(seed: int, top: int, dtype: type) -> None:
     lens, counts = _window_arrays(seed, max(top, 1))
     if top == 0:
@@ -78,8 +81,9 @@ def test_bindings_take_every_count_dtype_with_the_same_results() -> None:
         _core.validate_plan(plan, w.seq_lens, c, topo, prof.token_cap)
         sims.append(repr(sorted(_core.simulate(plan, w.seq_lens, c, topo, cost).items())))
         tops.append(_core.check_expert_tokens(w.seq_lens, c, None))
-        assert np.array_equal(_core.rank_tokens(plan, w.seq_lens, c, topo),
-                              _core.rank_tokens(plan, w.seq_lens, w.expert_tokens, topo))
+        assert np.array_equal(
+            _core.rank_tokens(plan, w.seq_lens, c, topo), _core.rank_tokens(plan, w.seq_lens, w.expert_tokens, topo)
+        )
         assert np.array_equal(_core.chunk_demand(w.seq_lens, c, 3), _core.chunk_demand(w.seq_lens, w.counts, 3))
     assert len(sims) >= 2 and len(set(sims)) == 1 and len(set(tops)) == 1
     for bad in (w.counts.astype(np.int64), w.counts.astype(np.float32), w.counts.astype(np.int16)):
@@ -99,6 +103,7 @@ def test_ingestion_and_synthetic_windows_are_narrow() -> None:
         prof = rp.traces.profile(name)
         if name == "flash":
             from dataclasses import replace
+
             prof = replace(prof, num_layers=2, attention=("full",) * 2, samples=256)
         w = next(rp.traces.synthetic(prof, 1, seed=0))
         assert w.counts.dtype == count_dtype(int(w.counts.max()))

@@ -11,11 +11,19 @@ from hypothesis.extra import numpy as hnp
 
 import routepack as rp
 from fuzzing import (
-    assert_absurd_size_fails_cleanly, FUZZ, INT_DTYPES, OTHER_DTYPES, ROUTED_DTYPES, outcome, is_int, int_array_ok,
+    assert_absurd_size_fails_cleanly,
+    FUZZ,
+    INT_DTYPES,
+    OTHER_DTYPES,
+    ROUTED_DTYPES,
+    outcome,
+    is_int,
+    int_array_ok,
 )
 
 
 # ------------------------------------------------------------------------- Window
+
 
 @st.composite
 def window_inputs(draw):
@@ -25,6 +33,7 @@ def window_inputs(draw):
     dtypes = st.sampled_from(INT_DTYPES + OTHER_DTYPES)
     if draw(st.booleans()):
         S, L, E = draw(st.integers(0, 5)), draw(st.integers(0, 3)), draw(st.integers(0, 4))
+
         def values(shape, hi=50):
             dtype = np.dtype(draw(dtypes))
             vals = draw(hnp.arrays(np.int64, shape, elements=st.integers(-1, hi)))
@@ -62,9 +71,14 @@ def test_window(args):
     seq, tokens, top_k = args
     w, err = outcome(rp.Window, seq, tokens, top_k)
     valid = (
-        int_array_ok(seq, 1, np.int64) and int_array_ok(tokens, 3, np.int32)
-        and seq.shape[0] >= 1 and tokens.shape[0] == seq.shape[0] and tokens.shape[1] >= 1
-        and tokens.shape[2] >= 1 and (seq >= 1).all() and (tokens >= 0).all()
+        int_array_ok(seq, 1, np.int64)
+        and int_array_ok(tokens, 3, np.int32)
+        and seq.shape[0] >= 1
+        and tokens.shape[0] == seq.shape[0]
+        and tokens.shape[1] >= 1
+        and tokens.shape[2] >= 1
+        and (seq >= 1).all()
+        and (tokens >= 0).all()
         and (top_k is None or (is_int(top_k) and 1 <= top_k <= tokens.shape[2]))
         and sum(int(n) for n in seq) <= 2**63 - 1
         and counts_possible(seq, tokens, top_k)
@@ -79,18 +93,23 @@ def test_window(args):
 
 # --------------------------------------------------------------- from_routed_experts
 
+
 @st.composite
 def routed_inputs(draw):
     dtype = draw(st.sampled_from(ROUTED_DTYPES + [np.int8, np.uint16, np.float32, np.bool_]))
-    shape = draw(st.one_of(st.tuples(st.integers(0, 12), st.integers(0, 3), st.integers(0, 3)),
-                           hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=4)))
+    shape = draw(
+        st.one_of(
+            st.tuples(st.integers(0, 12), st.integers(0, 3), st.integers(0, 3)),
+            hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=4),
+        )
+    )
     E = draw(st.one_of(st.integers(1, 20), st.sampled_from([0, -1, 1.5, None, True])))
     top = 22 if not isinstance(E, int) or isinstance(E, bool) else E + 2
     lo = 0 if np.dtype(dtype).kind in "ub" else -2
     if len(shape) == 3 and is_int(E) and 1 <= shape[2] <= E and draw(st.booleans()):
         # a router's output: k distinct ids per (token, layer), now and then one repeated
         keys = draw(hnp.arrays(np.float64, shape[:2] + (E,), elements=st.floats(0, 1)))
-        ids = np.argsort(keys, axis=2, kind="stable")[..., :shape[2]]
+        ids = np.argsort(keys, axis=2, kind="stable")[..., : shape[2]]
         if ids.size and shape[2] >= 2 and draw(st.booleans()):
             t, l = draw(st.integers(0, shape[0] - 1)), draw(st.integers(0, shape[1] - 1))
             ids[t, l, -1] = ids[t, l, 0]
@@ -124,11 +143,18 @@ def test_from_routed_experts(args):
     w, err = outcome(rp.Window.from_routed_experts, routed, cu, E)
     T = routed.shape[0] if routed.ndim >= 1 else 0
     well_formed = (
-        is_int(E) and E >= 1
-        and routed.dtype.type in ROUTED_DTYPES and routed.ndim == 3
-        and routed.shape[1] >= 1 and routed.shape[2] >= 1
-        and cu.dtype.kind in "iu" and cu.ndim == 1 and len(cu) >= 2
-        and cu[0] == 0 and (np.diff(cu.astype(np.int64)) > 0).all() and cu[-1] == T
+        is_int(E)
+        and E >= 1
+        and routed.dtype.type in ROUTED_DTYPES
+        and routed.ndim == 3
+        and routed.shape[1] >= 1
+        and routed.shape[2] >= 1
+        and cu.dtype.kind in "iu"
+        and cu.ndim == 1
+        and len(cu) >= 2
+        and cu[0] == 0
+        and (np.diff(cu.astype(np.int64)) > 0).all()
+        and cu[-1] == T
         and ((routed.astype(np.int64) >= 0) & (routed.astype(np.int64) < E)).all()
     )
     repeat = first_repeat(routed) if well_formed else None
@@ -141,11 +167,12 @@ def test_from_routed_experts(args):
         cu64 = cu.astype(np.int64)
         for s in range(len(cu) - 1):
             for l in range(routed.shape[1]):
-                ref = np.bincount(routed[cu64[s]:cu64[s + 1], l].astype(np.int64).ravel(), minlength=E)
+                ref = np.bincount(routed[cu64[s] : cu64[s + 1], l].astype(np.int64).ravel(), minlength=E)
                 np.testing.assert_array_equal(w.expert_tokens[s, l], ref)
 
 
 # ------------------------------------------- the replay layouts: from_verl / from_slime
+
 
 @st.composite
 def layout_inputs(draw):
@@ -175,9 +202,10 @@ def test_replay_layout_errors_name_the_argument_and_position(args, data):
         routed[b, pos, l, k - 1] = E if fault == "outside" else routed[b, pos, l, 0]
         per_sample[b][t, l, k - 1] = routed[b, pos, l, k - 1]
         what = "is outside" if fault == "outside" else "lists expert"
-        for make, name, token in ((lambda: rp.Window.from_verl(routed, mask, E), f"routed_experts[{b}, {pos}]",
-                                   f"position {pos}"),
-                                  (lambda: rp.Window.from_slime(per_sample, E), f"per_sample[{b}]", f"token {t}")):
+        for make, name, token in (
+            (lambda: rp.Window.from_verl(routed, mask, E), f"routed_experts[{b}, {pos}]", f"position {pos}"),
+            (lambda: rp.Window.from_slime(per_sample, E), f"per_sample[{b}]", f"token {t}"),
+        ):
             _, err = outcome(make)
             assert err is not None and str(err).startswith(name + ":"), err
             assert f"{token} (sample {b}), layer {l}" in str(err) and what in str(err), err
@@ -189,10 +217,26 @@ def test_replay_layout_errors_name_the_argument_and_position(args, data):
 
 
 @FUZZ
-@given(per_sample=st.one_of(st.none(), st.integers(), st.text(max_size=3), st.just({}), st.just([]),
-                            st.just({0: np.zeros((1, 1, 1), np.int32)}), st.just(np.zeros((2, 1, 1), np.int32))),
-       add=st.one_of(st.booleans(), st.none(), st.integers(-1, 2), st.text(max_size=3), st.floats(), st.just([True]),
-                     st.sampled_from([np.bool_(True), np.bool_(False)])))
+@given(
+    per_sample=st.one_of(
+        st.none(),
+        st.integers(),
+        st.text(max_size=3),
+        st.just({}),
+        st.just([]),
+        st.just({0: np.zeros((1, 1, 1), np.int32)}),
+        st.just(np.zeros((2, 1, 1), np.int32)),
+    ),
+    add=st.one_of(
+        st.booleans(),
+        st.none(),
+        st.integers(-1, 2),
+        st.text(max_size=3),
+        st.floats(),
+        st.just([True]),
+        st.sampled_from([np.bool_(True), np.bool_(False)]),
+    ),
+)
 def test_from_slime_checks_its_arguments(per_sample, add):
     good = [np.zeros((2, 1, 1), np.int32), np.ones((3, 1, 1), np.int32)]
     w, err = outcome(rp.Window.from_slime, good, 2, add_last_token=add)
@@ -208,8 +252,7 @@ def test_from_slime_checks_its_arguments(per_sample, add):
 # ---------------------------------- absurd sizes, each in its own interpreter
 
 ABSURD = {
-    "from_routed_experts(num_experts=2**40)":
-        "rp.Window.from_routed_experts(np.zeros((2, 1, 1), np.int32), [0, 2], 2**40)",
+    "from_routed_experts(num_experts=2**40)": "rp.Window.from_routed_experts(np.zeros((2, 1, 1), np.int32), [0, 2], 2**40)",
 }
 
 

@@ -17,10 +17,10 @@ import routepack as rp
 class VerlBatch:
     routed_experts: np.ndarray  # [B, P+R, L, k] int16 or uint8
     attention_mask: np.ndarray  # [B, P+R] int64
-    response_mask: np.ndarray   # [B, R] int64
+    response_mask: np.ndarray  # [B, R] int64
     num_experts: int
-    lens: np.ndarray            # [B] real tokens
-    recorded: np.ndarray        # [B] rows the rollout recorded
+    lens: np.ndarray  # [B] real tokens
+    recorded: np.ndarray  # [B] rows the rollout recorded
 
 
 def distinct_topk(rng: np.random.Generator, n: int, layers: int, k: int, num_experts: int) -> np.ndarray:
@@ -29,8 +29,17 @@ def distinct_topk(rng: np.random.Generator, n: int, layers: int, k: int, num_exp
     return np.argsort(keys, axis=2)[:, :, :k]
 
 
-def verl_batch(rng: np.random.Generator, batch: int, prompt: int, response: int, layers: int, k: int,
-               num_experts: int, dtype=np.int16, truncate: bool = False) -> VerlBatch:
+def verl_batch(
+    rng: np.random.Generator,
+    batch: int,
+    prompt: int,
+    response: int,
+    layers: int,
+    k: int,
+    num_experts: int,
+    dtype=np.int16,
+    truncate: bool = False,
+) -> VerlBatch:
     """``truncate``: some samples' recordings stop early (multi-turn: the rollout stops
     recording at the last generation), leaving trailing zero rows."""
     routed = np.zeros((batch, prompt + response, layers, k), dtype=dtype)
@@ -40,13 +49,13 @@ def verl_batch(rng: np.random.Generator, batch: int, prompt: int, response: int,
     for b in range(batch):
         p = int(rng.integers(1, prompt + 1))
         r = int(rng.integers(0, response + 1))
-        mask[b, prompt - p:prompt + r] = 1
+        mask[b, prompt - p : prompt + r] = 1
         rmask[b, :r] = 1
         n = p + r
         rec = n - 1 if r > 0 else n  # no route for the final generated token
         if truncate and rec > 1 and rng.random() < 0.5:
             rec = int(rng.integers(1, rec))
-        routed[b, prompt - p:prompt - p + rec] = distinct_topk(rng, rec, layers, k, num_experts)
+        routed[b, prompt - p : prompt - p + rec] = distinct_topk(rng, rec, layers, k, num_experts)
         lens[b], recorded[b] = n, rec
     return VerlBatch(routed, mask, rmask, num_experts, lens, recorded)
 
@@ -68,9 +77,18 @@ def plan_for(window: rp.Window, topo: rp.Topology, cap: int, policy: str, seed: 
     """`plan_batch`'s plan (equal sample counts per rank), validated again here."""
     from routepack.integrations.verl import plan_batch
 
-    cost = rp.CostModel(a_lin=1e-6, a_quad=[1e-9] * window.num_layers, c_tok=1e-6, c_exp=1e-5, token_bytes=1e3,
-                        bw_intra=1e11, bw_inter=1e10, expert_weight_bytes=1e6, expert_grad_bytes=1e6,
-                        expert_state_bytes=1e7)
+    cost = rp.CostModel(
+        a_lin=1e-6,
+        a_quad=[1e-9] * window.num_layers,
+        c_tok=1e-6,
+        c_exp=1e-5,
+        token_bytes=1e3,
+        bw_intra=1e11,
+        bw_inter=1e10,
+        expert_weight_bytes=1e6,
+        expert_grad_bytes=1e6,
+        expert_state_bytes=1e7,
+    )
     plan = plan_batch(window, topo, cost, cap, policy=policy, seed=seed, anneal_moves=500)
     plan.validate(window, topo, cap)
     return plan

@@ -53,10 +53,13 @@ KEEP = 5
 def load_targets(only: Optional[str] = None, torch: bool = True) -> List[Any]:
     """Every target, in table order (``only``: comma-separated name prefixes)."""
     from fuzzlib import t_analysis, t_model, t_plan, t_planner, t_stages, t_window
-    targets = (t_model.TARGETS + t_window.TARGETS + t_plan.TARGETS + t_planner.TARGETS + t_stages.TARGETS
-               + t_analysis.TARGETS)
+
+    targets = (
+        t_model.TARGETS + t_window.TARGETS + t_plan.TARGETS + t_planner.TARGETS + t_stages.TARGETS + t_analysis.TARGETS
+    )
     if torch:
         from fuzzlib import t_torch
+
         targets += t_torch.targets()
     if os.environ.get("ROUTEPACK_FUZZ_SELFTEST"):
         targets.append(selftest_target())
@@ -84,6 +87,7 @@ def selftest_target() -> Any:
 
     def gen(seed: int, n: int) -> List[Any]:
         return [Case("valid", behave, (w,)) for w in ("return", "abort", "hang", "stderr")] * (n // 4)
+
     return Target("selftest", behave, gen, weight=1, batch=4)
 
 
@@ -103,14 +107,16 @@ def worker(args: argparse.Namespace) -> None:
     sys.stdout = open(1, "w", buffering=1, closefd=False, errors="replace")
     sys.stderr = open(2, "w", buffering=1, closefd=False, errors="replace")
     import faulthandler
+
     faulthandler.enable(file=sys.stderr)
 
     def send(rec: Dict[str, Any]) -> None:
         data = (json.dumps(rec) + "\n").encode()
         while data:
-            data = data[os.write(proto, data):]
+            data = data[os.write(proto, data) :]
 
     from fuzzlib.engine import Schedule, Streams, capture_offset, describe, run_case
+
     targets = load_targets(args.only, torch=not args.no_torch)
     schedule, streams = Schedule(targets), Streams(args.seed)
     pos = args.start
@@ -120,12 +126,29 @@ def worker(args: argparse.Namespace) -> None:
             case = streams.case(target, k)
         except Exception as e:  # noqa: BLE001 (a generator bug: reported, the case skipped)
             import traceback
-            send({"pos": pos, "t": target.name, "k": k, "harness": f"{type(e).__name__}: {e}",
-                  "detail": traceback.format_exc()[-2000:]})
+
+            send(
+                {
+                    "pos": pos,
+                    "t": target.name,
+                    "k": k,
+                    "harness": f"{type(e).__name__}: {e}",
+                    "detail": traceback.format_exc()[-2000:],
+                }
+            )
             pos += 1
             continue
-        send({"pos": pos, "t": target.name, "k": k, "start": True, "kind": case.kind,
-              "repro": describe(case), "offset": capture_offset()})
+        send(
+            {
+                "pos": pos,
+                "t": target.name,
+                "k": k,
+                "start": True,
+                "kind": case.kind,
+                "repro": describe(case),
+                "offset": capture_offset(),
+            }
+        )
         rec = run_case(target, case)
         rec.update(pos=pos, t=target.name, k=k, kind=case.kind)
         send(rec)
@@ -139,13 +162,14 @@ class Stats:
         self.counts: Dict[str, Dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.kinds: Dict[str, Dict[str, Dict[str, int]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(int)))
         self.buckets: Dict[str, Dict[str, Dict[str, Dict[str, Any]]]] = {
-            "other": defaultdict(dict), "clean_unnamed": defaultdict(dict)}
+            "other": defaultdict(dict),
+            "clean_unnamed": defaultdict(dict),
+        }
         self.slowest: Dict[str, List[Any]] = defaultdict(list)
         self.harness: List[Dict[str, Any]] = []
         self.cases = 0
 
-    def add(self, t: str, k: int, kind: str, outcome: str, bucket: str, repro: str, detail: str,
-            secs: float) -> None:
+    def add(self, t: str, k: int, kind: str, outcome: str, bucket: str, repro: str, detail: str, secs: float) -> None:
         self.cases += 1
         self.counts[t][outcome] += 1
         self.kinds[t][kind][outcome] += 1
@@ -162,16 +186,34 @@ class Stats:
 
 def start_worker(args: argparse.Namespace, start: int, capture: str):
     r, w = os.pipe()
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--proto", str(w), "--start", str(start),
-           "--capture", capture, "--seed", str(args.seed), "--mem-gb", str(args.mem_gb)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--proto",
+        str(w),
+        "--start",
+        str(start),
+        "--capture",
+        capture,
+        "--seed",
+        str(args.seed),
+        "--mem-gb",
+        str(args.mem_gb),
+    ]
     if args.stop is not None:
         cmd += ["--stop", str(args.stop)]
     if args.only:
         cmd += ["--only", args.only]
     if args.no_torch:
         cmd.append("--no-torch")
-    env = {**os.environ, "RAYON_NUM_THREADS": str(args.threads), "PYTHONHASHSEED": "0",
-           "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env = {
+        **os.environ,
+        "RAYON_NUM_THREADS": str(args.threads),
+        "PYTHONHASHSEED": "0",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+    }
     proc = subprocess.Popen(cmd, pass_fds=(w,), stdin=subprocess.DEVNULL, env=env, start_new_session=True)
     os.close(w)
     return proc, r
@@ -198,12 +240,18 @@ def tail(path: str, since: int) -> str:
 def campaign(args: argparse.Namespace) -> Stats:
     from fuzzlib.engine import normalise
     from tqdm import tqdm
+
     stats = Stats()
     t_end = time.monotonic() + args.minutes * 60
     pos = 0
     total = args.stop if args.stop is not None else int(args.minutes * 60)
-    bar = tqdm(total=total, unit="case" if args.stop is not None else "s", file=sys.stderr, dynamic_ncols=True,
-               mininterval=0.5 if sys.stderr.isatty() else 15)
+    bar = tqdm(
+        total=total,
+        unit="case" if args.stop is not None else "s",
+        file=sys.stderr,
+        dynamic_ncols=True,
+        mininterval=0.5 if sys.stderr.isatty() else 15,
+    )
     t0 = time.monotonic()
     workdir = tempfile.mkdtemp(prefix="rp_fuzz_worker_")
     finished = False
@@ -222,9 +270,16 @@ def campaign(args: argparse.Namespace) -> Stats:
             wait = min(t_end - now, since + limit - now)
             if wait <= 0:
                 if pending:
-                    stats.add(pending["t"], pending["k"], pending["kind"], "other",
-                              f"hang: no return within {args.call_timeout:g} s", pending["repro"],
-                              tail(capture, pending["offset"]), args.call_timeout)
+                    stats.add(
+                        pending["t"],
+                        pending["k"],
+                        pending["kind"],
+                        "other",
+                        f"hang: no return within {args.call_timeout:g} s",
+                        pending["repro"],
+                        tail(capture, pending["offset"]),
+                        args.call_timeout,
+                    )
                     pos = pending["pos"] + 1
                 else:
                     stats.harness.append({"pos": pos, "error": "worker silent (generation or start-up hang)"})
@@ -243,12 +298,21 @@ def campaign(args: argparse.Namespace) -> Stats:
                     # the first line the call printed: "memory allocation of N bytes failed",
                     # "thread panicked at ...", or faulthandler's "Fatal Python error: ..."
                     last = next((ln for ln in out.splitlines() if ln.strip()), "")
-                    stats.add(pending["t"], pending["k"], pending["kind"], "other",
-                              f"abort: {why}: {normalise(last, 80)}", pending["repro"], out[-1500:], 0.0)
+                    stats.add(
+                        pending["t"],
+                        pending["k"],
+                        pending["kind"],
+                        "other",
+                        f"abort: {why}: {normalise(last, 80)}",
+                        pending["repro"],
+                        out[-1500:],
+                        0.0,
+                    )
                     pos = pending["pos"] + 1
                 else:
-                    stats.harness.append({"pos": pos, "error": f"worker died outside a case ({why})",
-                                          "detail": tail(capture, 0)[-2000:]})
+                    stats.harness.append(
+                        {"pos": pos, "error": f"worker died outside a case ({why})", "detail": tail(capture, 0)[-2000:]}
+                    )
                     pos += 1
                 break
             buf += chunk
@@ -264,8 +328,16 @@ def campaign(args: argparse.Namespace) -> Stats:
                 elif rec.get("start"):
                     pending = {**rec, "at": time.monotonic()}
                 else:
-                    stats.add(rec["t"], rec["k"], rec["kind"], rec["outcome"], rec["bucket"],
-                              pending["repro"] if pending else "", rec.get("detail", ""), rec["secs"])
+                    stats.add(
+                        rec["t"],
+                        rec["k"],
+                        rec["kind"],
+                        rec["outcome"],
+                        rec["bucket"],
+                        pending["repro"] if pending else "",
+                        rec.get("detail", ""),
+                        rec["secs"],
+                    )
                     pos = rec["pos"] + 1
                     pending = None
                     if args.stop is not None:
@@ -305,29 +377,45 @@ def table(targets: List[Any], stats: Stats) -> str:
 def report(args: argparse.Namespace, targets: List[Any], stats: Stats) -> Dict[str, Any]:
     import numpy as np
     import routepack as rp
+
     per = {}
     for t in targets:
         c = stats.counts.get(t.name, {})
-        per[t.name] = {"cases": sum(c.values()), "valid": c.get("valid", 0), "clean_named": c.get("clean_named", 0),
-                       "clean_unnamed": c.get("clean_unnamed", 0), "other": c.get("other", 0),
-                       "by_kind": {k: dict(v) for k, v in stats.kinds.get(t.name, {}).items()},
-                       "slowest_s": stats.slowest.get(t.name, [])}
+        per[t.name] = {
+            "cases": sum(c.values()),
+            "valid": c.get("valid", 0),
+            "clean_named": c.get("clean_named", 0),
+            "clean_unnamed": c.get("clean_unnamed", 0),
+            "other": c.get("other", 0),
+            "by_kind": {k: dict(v) for k, v in stats.kinds.get(t.name, {}).items()},
+            "slowest_s": stats.slowest.get(t.name, []),
+        }
     try:
         import torch
+
         torch_version = torch.__version__
     except ImportError:
         torch_version = None
     return {
-        "seed": args.seed, "minutes": args.minutes, "elapsed_s": round(getattr(stats, "elapsed", 0.0), 1),
-        "call_timeout_s": args.call_timeout, "mem_gb": args.mem_gb, "cases": stats.cases,
+        "seed": args.seed,
+        "minutes": args.minutes,
+        "elapsed_s": round(getattr(stats, "elapsed", 0.0), 1),
+        "call_timeout_s": args.call_timeout,
+        "mem_gb": args.mem_gb,
+        "cases": stats.cases,
         "positions": getattr(stats, "positions", 0),
         "targets": per,
         "other": {t: b for t, b in stats.buckets["other"].items()},
         "clean_unnamed": {t: b for t, b in stats.buckets["clean_unnamed"].items()},
         "harness_errors": stats.harness,
-        "environment": {"python": platform.python_version(), "numpy": np.__version__, "routepack": rp.__version__,
-                        "routepack_path": str(Path(rp.__file__).parent), "torch": torch_version,
-                        "rayon_threads": args.threads},
+        "environment": {
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "routepack": rp.__version__,
+            "routepack_path": str(Path(rp.__file__).parent),
+            "torch": torch_version,
+            "rayon_threads": args.threads,
+        },
     }
 
 
@@ -336,6 +424,7 @@ def replay(args: argparse.Namespace) -> int:
     import traceback
 
     from fuzzlib.engine import Schedule, Streams, describe, run_case
+
     name, _, k = args.replay.rpartition(":")
     targets = {t.name: t for t in load_targets(None, torch=not args.no_torch)}
     if name not in targets:

@@ -61,8 +61,17 @@ def case_for(world: int) -> sc.Case:
 def judge_windows(out: dict) -> list:
     bad = []
     for r, f in out.items():
-        for key in ("out", "x_grad", "expert_grad", "router_grad", "static_out", "static_expert_grad",
-                    "trained_vs_static", "trained_vs_dense", "router_vs_dense"):
+        for key in (
+            "out",
+            "x_grad",
+            "expert_grad",
+            "router_grad",
+            "static_out",
+            "static_expert_grad",
+            "trained_vs_static",
+            "trained_vs_dense",
+            "router_vs_dense",
+        ):
             if not f[key] <= TOL:
                 bad.append(f"rank {r}: {key} = {f[key]:.3g} > {TOL}")
         for key in ("migration_identical", "copies_identical", "loads_equal", "imbalance_equal"):
@@ -112,21 +121,35 @@ def cost_check(args: argparse.Namespace) -> list:
     failures = []
     gpus = torch.cuda.device_count() if args.device == "cuda" else 0
     # the exchange (an EPMoE layer on every rank) where two GPUs can run it; the CPU dry run skips it
-    kernels = ["expert_gemm", "attention"] + (["links"] if args.device == "cpu" or gpus >= 2 else []) + \
-        (["exchange"] if gpus >= 2 else [])
+    kernels = (
+        ["expert_gemm", "attention"]
+        + (["links"] if args.device == "cpu" or gpus >= 2 else [])
+        + (["exchange"] if gpus >= 2 else [])
+    )
     t0 = time.time()
     try:
-        cal = calibrate(args.profile, hidden=args.hidden, expert_ffn=args.expert_ffn, device=args.device,
-                        quick=args.quick, kernels=kernels, progress=False)
+        cal = calibrate(
+            args.profile,
+            hidden=args.hidden,
+            expert_ffn=args.expert_ffn,
+            device=args.device,
+            quick=args.quick,
+            kernels=kernels,
+            progress=False,
+        )
     except Exception as e:  # noqa: BLE001 (reported)
         return [f"calibrate: {type(e).__name__}: {e}"]
     rep = cal.report
-    print(f"calibrate {args.profile} on {rep['device'].get('gpu') or rep['device'].get('cpu')} "
-          f"({args.device}) in {time.time() - t0:.0f} s")
+    print(
+        f"calibrate {args.profile} on {rep['device'].get('gpu') or rep['device'].get('cpu')} "
+        f"({args.device}) in {time.time() - t0:.0f} s"
+    )
     for kind, k in rep["kernels"].items():
         err = k["max_rel_error"]
-        print(f"  {kind}: held-out max_rel_error {'n/a' if err is None else f'{100 * err:.1f}%'}; " +
-              ", ".join(f"{n}={v:.3g}" for n, v in k["coefficients"].items()))
+        print(
+            f"  {kind}: held-out max_rel_error {'n/a' if err is None else f'{100 * err:.1f}%'}; "
+            + ", ".join(f"{n}={v:.3g}" for n, v in k["coefficients"].items())
+        )
     print("  vs the h200 preset: " + ", ".join(f"{n} x{v:.3g}" for n, v in rep["preset"]["ratio"].items() if v))
     written = cal.save(out / "cost.json", out / "calibration.json")
     try:
@@ -180,8 +203,10 @@ def main() -> int:
         return 2
     world = args.world or min(4, max(1, torch.cuda.device_count()))
     case = case_for(world)
-    print(f"torch {torch.__version__}, cuda {torch.version.cuda}, devices {torch.cuda.device_count()}, "
-          f"backend {args.backend}, world {world}, case {case}")
+    print(
+        f"torch {torch.__version__}, cuda {torch.version.cuda}, devices {torch.cuda.device_count()}, "
+        f"backend {args.backend}, world {world}, case {case}"
+    )
     failures = device_checksum_matches_host()
     t0 = time.time()
     out = sc.run_ranks(sc.check_windows, world, case, backend=args.backend, join_timeout_s=420)
@@ -193,8 +218,9 @@ def main() -> int:
         print("faults", r, json.dumps(f))
     failures += judge_faults(out)
     if world >= 2:
-        out = sc.run_ranks(sc.check_peer_death, world, case, backend=args.backend, join_timeout_s=300,
-                           may_die=[world - 1])
+        out = sc.run_ranks(
+            sc.check_peer_death, world, case, backend=args.backend, join_timeout_s=300, may_die=[world - 1]
+        )
         for r, f in sorted(out.items()):
             print("peer_death", r, json.dumps(f))
             if f["raised"] != "MigrationError" or not f["intact"]:

@@ -49,11 +49,11 @@ class Case:
 
     topo: rp.Topology
     plan: rp.Plan
-    fc1: np.ndarray            # float32 [E, FFN, HIDDEN]: logical experts' linear_fc1.weight
-    fc2: np.ndarray            # float32 [E, HIDDEN, FFN]: linear_fc2.weight
-    gate: np.ndarray           # float32 [E, HIDDEN]: the logical router's weight
-    x: List[np.ndarray]        # per rank float32 [TOKENS, HIDDEN]
-    topk: List[np.ndarray]     # per rank int64 [TOKENS, k]: replayed logical ids
+    fc1: np.ndarray  # float32 [E, FFN, HIDDEN]: logical experts' linear_fc1.weight
+    fc2: np.ndarray  # float32 [E, HIDDEN, FFN]: linear_fc2.weight
+    gate: np.ndarray  # float32 [E, HIDDEN]: the logical router's weight
+    x: List[np.ndarray]  # per rank float32 [TOKENS, HIDDEN]
+    topk: List[np.ndarray]  # per rank int64 [TOKENS, k]: replayed logical ids
 
     @property
     def origin(self) -> np.ndarray:
@@ -68,20 +68,36 @@ def build_case(world: int, seed: int = 0) -> Case:
     topo = rp.Topology(dp=world, ep=world, gpus_per_node=world, slots_per_rank=spr)
     popularity = np.array([6.0] + [1.0] * (EXPERTS - 1))
     popularity /= popularity.sum()
-    topk = [np.stack([rng.choice(EXPERTS, TOP_K, replace=False, p=popularity) for _ in range(TOKENS)]).astype(np.int64)
-            for _ in range(world)]
+    topk = [
+        np.stack([rng.choice(EXPERTS, TOP_K, replace=False, p=popularity) for _ in range(TOKENS)]).astype(np.int64)
+        for _ in range(world)
+    ]
     # the window: each rank's tokens as two samples (routing replay of the batch the layer runs)
     routed = np.concatenate(topk)[:, None, :]
     cu = np.arange(0, world * TOKENS + 1, TOKENS // 2)
     window = rp.Window.from_routed_experts(routed, cu, EXPERTS)
-    model = rp.ModelShape(num_layers=1, num_experts=EXPERTS, top_k=TOP_K, hidden=HIDDEN, expert_ffn=FFN,
-                          attention=["full"], expert_groups=1)
+    model = rp.ModelShape(
+        num_layers=1,
+        num_experts=EXPERTS,
+        top_k=TOP_K,
+        hidden=HIDDEN,
+        expert_ffn=FFN,
+        attention=["full"],
+        expert_groups=1,
+    )
     cost = rp.CostModel.from_model(model, rp.Hardware.h200())
     plan = rp.plan_window(window, topo, cost, token_cap=TOKENS, policy="routepack_no_replication", seed=seed)
     plan.validate(window, topo, TOKENS)
     scale = lambda *shape: (rng.standard_normal(shape) / math.sqrt(shape[-1])).astype(np.float32)  # noqa: E731
-    return Case(topo, plan, scale(EXPERTS, FFN, HIDDEN), scale(EXPERTS, HIDDEN, FFN), scale(EXPERTS, HIDDEN),
-                [scale(TOKENS, HIDDEN) for _ in range(world)], topk)
+    return Case(
+        topo,
+        plan,
+        scale(EXPERTS, FFN, HIDDEN),
+        scale(EXPERTS, HIDDEN, FFN),
+        scale(EXPERTS, HIDDEN),
+        [scale(TOKENS, HIDDEN) for _ in range(world)],
+        topk,
+    )
 
 
 def slot_weights(case: Case, rank: int) -> List[tuple]:
@@ -98,6 +114,7 @@ def slot_weights(case: Case, rank: int) -> List[tuple]:
 
 def gelu(v: np.ndarray) -> np.ndarray:
     from math import erf
+
     return v * 0.5 * (1.0 + np.vectorize(erf)(v / math.sqrt(2.0)))
 
 
@@ -155,15 +172,28 @@ def gpu_main(seed: int) -> int:  # pragma: no cover - needs >= 2 GPUs and Megatr
     pgs = ProcessGroupCollection.use_mpu_process_groups()
     case = build_case(world, seed)
     dev = torch.device("cuda")
-    common = dict(num_layers=1, hidden_size=HIDDEN, num_attention_heads=2, ffn_hidden_size=FFN,
-                  moe_ffn_hidden_size=FFN, moe_router_topk=TOP_K, add_bias_linear=False, bf16=False,
-                  params_dtype=torch.float32, moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0,
-                  expert_model_parallel_size=world, use_cpu_initialization=True)
-    phys_cfg = TransformerConfig(num_moe_experts=rm.num_moe_experts(case.plan), moe_token_dispatcher_type="alltoall",
-                                 **common)
+    common = dict(
+        num_layers=1,
+        hidden_size=HIDDEN,
+        num_attention_heads=2,
+        ffn_hidden_size=FFN,
+        moe_ffn_hidden_size=FFN,
+        moe_router_topk=TOP_K,
+        add_bias_linear=False,
+        bf16=False,
+        params_dtype=torch.float32,
+        moe_router_load_balancing_type="none",
+        moe_aux_loss_coeff=0.0,
+        expert_model_parallel_size=world,
+        use_cpu_initialization=True,
+    )
+    phys_cfg = TransformerConfig(
+        num_moe_experts=rm.num_moe_experts(case.plan), moe_token_dispatcher_type="alltoall", **common
+    )
     logical_cfg = TransformerConfig(num_moe_experts=EXPERTS, moe_enable_routing_replay=True, **common)
-    layer = MoELayer(phys_cfg, get_moe_module_spec(use_te=False, num_experts=phys_cfg.num_moe_experts).submodules,
-                     pg_collection=pgs).to(dev)
+    layer = MoELayer(
+        phys_cfg, get_moe_module_spec(use_te=False, num_experts=phys_cfg.num_moe_experts).submodules, pg_collection=pgs
+    ).to(dev)
     logical = TopKRouter(config=logical_cfg, pg_collection=pgs).to(dev)
     with torch.no_grad():
         logical.weight.copy_(torch.from_numpy(case.gate))
@@ -185,8 +215,12 @@ def gpu_main(seed: int) -> int:  # pragma: no cover - needs >= 2 GPUs and Megatr
     want = dense_reference(case.x[rank], case.topk[rank], probs, case.fc1, case.fc2)
     err = float(np.abs(out.detach().view(TOKENS, HIDDEN).cpu().numpy() - want).max())
 
-    routes = [route_tokens(case.topk[r], case.origin, case.plan.placement.phy2log[0], case.topo,
-                           np.zeros(0, dtype=REPLICA_DTYPE), r) for r in range(world)]
+    routes = [
+        route_tokens(
+            case.topk[r], case.origin, case.plan.placement.phy2log[0], case.topo, np.zeros(0, dtype=REPLICA_DTYPE), r
+        )
+        for r in range(world)
+    ]
     received = int(routes[0].received[rank])
 
     # gradients: the logical experts' (sum over their copies) against the reference's
@@ -210,8 +244,10 @@ def gpu_main(seed: int) -> int:  # pragma: no cover - needs >= 2 GPUs and Megatr
     dist.all_reduce(ref_g1)
     gerr = float((g1 - ref_g1).abs().max())
     ok = err < TOL and rows == [received] and gerr < TOL * 10
-    print(f"rank {rank}: output max error {err:.2e}, rows {rows} predicted {received}, fc1 grad max error {gerr:.2e}, "
-          f"slots {spr} per rank, {'ok' if ok else 'FAILED'}")
+    print(
+        f"rank {rank}: output max error {err:.2e}, rows {rows} predicted {received}, fc1 grad max error {gerr:.2e}, "
+        f"slots {spr} per rank, {'ok' if ok else 'FAILED'}"
+    )
     flag = torch.tensor([int(ok)], device=dev)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     dist.destroy_process_group()

@@ -10,8 +10,14 @@ coefficients on this machine (imports torch only when called).
 """
 
 from routepack._core import __version__
-from routepack.errors import (InfeasibleError, InvalidPlanError, RoutepackError, RoutepackFileError,
-                              RoutepackInternalError, RoutepackTypeError)
+from routepack.errors import (
+    InfeasibleError,
+    InvalidPlanError,
+    RoutepackError,
+    RoutepackFileError,
+    RoutepackInternalError,
+    RoutepackTypeError,
+)
 from routepack.model import CostModel, Hardware, ModelShape, Topology
 from routepack.plan import MIGRATION_DTYPE, REPLICA_DTYPE, Placement, Plan
 from routepack.planner import plan_window

@@ -67,7 +67,9 @@ def file_path(path: Any, name: str = "path", open_file: Optional[str] = None) ->
         if isinstance(path, io.TextIOBase):
             raise RoutepackTypeError(f"{name}: expected a binary file, got the text file {path!r}")
         return path
-    what = "a str or os.PathLike path" + (f", or a binary file open for {open_file.rstrip('e')}ing" if open_file else "")
+    what = "a str or os.PathLike path" + (
+        f", or a binary file open for {open_file.rstrip('e')}ing" if open_file else ""
+    )
     text = os.fspath(path) if isinstance(path, os.PathLike) else path
     if not isinstance(text, str):
         raise RoutepackTypeError(f"{name}: expected {what}, got {type(path).__name__} {path!r}")

@@ -11,13 +11,39 @@ import numpy.typing as npt
 
 # what the module exports (PyO3 fills the runtime `__all__` as each file registers)
 __all__ = [
-    "__version__", "RoutepackError", "RoutepackTypeError", "InvalidPlanError", "InfeasibleError",
-    "RoutepackInternalError", "defaults", "cost_defaults", "static_placement", "placement_tables", "validate_plan",
-    "migration_diff", "pack_sequential", "pack_kk", "pack_rows", "pack_routepack",
-    "layout_proxy_cost", "simulate", "expert_tokens_from_routed", "check_expert_tokens", "route_cell", "rank_tokens",
-    "replicate_hot_n", "replicate_relibra", "replicate_routepack", "relibra_placement",
-    "rebalance_experts", "eplb_placement", "eplb_node_groups", "chunk_demand",
-    "routepack_placement", "aggregate_imbalance", "imbalance_lower_bound",
+    "__version__",
+    "RoutepackError",
+    "RoutepackTypeError",
+    "InvalidPlanError",
+    "InfeasibleError",
+    "RoutepackInternalError",
+    "defaults",
+    "cost_defaults",
+    "static_placement",
+    "placement_tables",
+    "validate_plan",
+    "migration_diff",
+    "pack_sequential",
+    "pack_kk",
+    "pack_rows",
+    "pack_routepack",
+    "layout_proxy_cost",
+    "simulate",
+    "expert_tokens_from_routed",
+    "check_expert_tokens",
+    "route_cell",
+    "rank_tokens",
+    "replicate_hot_n",
+    "replicate_relibra",
+    "replicate_routepack",
+    "relibra_placement",
+    "rebalance_experts",
+    "eplb_placement",
+    "eplb_node_groups",
+    "chunk_demand",
+    "routepack_placement",
+    "aggregate_imbalance",
+    "imbalance_lower_bound",
 ]
 
 __version__: str
@@ -62,8 +88,14 @@ def validate_plan(plan: Any, seq_lens: _I64, expert_tokens: _Counts, topo: Any, 
     """Raises InvalidPlanError with the first broken invariant (placement.logcnt / log2phy,
     where present, included)."""
 
-def migration_diff(previous: _I32, next: _I32, num_experts: int, slots_per_rank: int,
-                   bytes_per_expert: float, ranks_per_node: Optional[int] = None) -> _MigrationColumns:
+def migration_diff(
+    previous: _I32,
+    next: _I32,
+    num_experts: int,
+    slots_per_rank: int,
+    bytes_per_expert: float,
+    ranks_per_node: Optional[int] = None,
+) -> _MigrationColumns:
     """Moves turning `previous` into `next` (sources on the destination's node preferred;
     None: every rank its own node)."""
 
@@ -78,23 +110,49 @@ def pack_rows(seq_lens: _I64, token_cap: int, step: int, node_limit: Optional[in
     """Fewest rows in multiples of `step` with their certificate: rows, bins, l1, l2,
     lower_bound, certified, gap, method, nodes."""
 
-def pack_routepack(seq_lens: _I64, expert_tokens: _Counts, topo: Any, cost: Any, phy2log: _I32, token_cap: int,
-                   seed: Optional[int] = None, anneal_moves: Optional[int] = None,
-                   time_budget_s: Optional[float] = None, chains: Optional[int] = None,
-                   steps: Optional[int] = None, exact_nodes: Optional[int] = None,
-                   lambda_: Optional[float] = None, start_accept: Optional[float] = None,
-                   cooling: Optional[float] = None,
-                   mix: Optional[Tuple[float, float, float, float]] = None) -> _CellsReport:
+def pack_routepack(
+    seq_lens: _I64,
+    expert_tokens: _Counts,
+    topo: Any,
+    cost: Any,
+    phy2log: _I32,
+    token_cap: int,
+    seed: Optional[int] = None,
+    anneal_moves: Optional[int] = None,
+    time_budget_s: Optional[float] = None,
+    chains: Optional[int] = None,
+    steps: Optional[int] = None,
+    exact_nodes: Optional[int] = None,
+    lambda_: Optional[float] = None,
+    start_accept: Optional[float] = None,
+    cooling: Optional[float] = None,
+    mix: Optional[Tuple[float, float, float, float]] = None,
+) -> _CellsReport:
     """Certified rows + annealed layout: (sample_rank [S], sample_micro [S], num_micro, report)."""
 
-def layout_proxy_cost(seq_lens: _I64, expert_tokens: _Counts, topo: Any, cost: Any, phy2log: _I32,
-                      sample_rank: _I32, sample_micro: _I32, num_micro: int) -> float:
+def layout_proxy_cost(
+    seq_lens: _I64,
+    expert_tokens: _Counts,
+    topo: Any,
+    cost: Any,
+    phy2log: _I32,
+    sample_rank: _I32,
+    sample_micro: _I32,
+    num_micro: int,
+) -> float:
     """The layout proxy's step time (max over EP groups of accumulated cost) of a layout."""
 
 # ---- simulator (src/py_simulate.rs)
-def simulate(plan: Any, seq_lens: _I64, expert_tokens: _Counts, topo: Any, cost: Any,
-             ideal_micro: Optional[int] = None, token_cap: Optional[int] = None,
-             plan_cap: Optional[int] = None) -> Dict[str, Any]:
+def simulate(
+    plan: Any,
+    seq_lens: _I64,
+    expert_tokens: _Counts,
+    topo: Any,
+    cost: Any,
+    ideal_micro: Optional[int] = None,
+    token_cap: Optional[int] = None,
+    plan_cap: Optional[int] = None,
+) -> Dict[str, Any]:
     """DESIGN.md's cost model; keys are the fields of routepack.SimResult. `ideal_micro`: the
     steps the ideal time assumes (None: the plan's own); `token_cap`: the cap the lower bound
     assumes (None: no cap); `plan_cap`: first validate the plan against this cap as
@@ -110,8 +168,9 @@ def check_expert_tokens(seq_lens: _I64, expert_tokens: _Counts, top_k: Optional[
     returns the largest count."""
 
 # ---- token routing (src/py_flow.rs)
-def route_cell(origin: _I64, phy2log: _I32, topo: Any, rep_expert: _I32, rep_dst: _I32,
-               rep_share: _F32) -> Tuple[_I32, _I32, _I32, _I32, _I32, _I64]:
+def route_cell(
+    origin: _I64, phy2log: _I32, topo: Any, rep_expert: _I32, rep_dst: _I32, rep_share: _F32
+) -> Tuple[_I32, _I32, _I32, _I32, _I32, _I64]:
     """Flow table of one exchange (EP group, step, layer) (flow::route_exchange):
     (origin_rank, dst_rank, dst_slot or -1, replica or -1, expert, count)."""
 
@@ -119,27 +178,53 @@ def rank_tokens(plan: Any, seq_lens: _I64, expert_tokens: _Counts, topo: Any) ->
     """int64 [G, M, L, ep]: tokens each EP rank receives under the plan (the simulator's tokens(p))."""
 
 # ---- replication (src/py_replication.rs)
-def replicate_hot_n(seq_lens: _I64, expert_tokens: _Counts, phy2log: _I32, sample_rank: _I32, sample_micro: _I32,
-                    num_micro: int, topo: Any, cost: Any, hot_experts: Optional[int] = None,
-                    block: Optional[Tuple[int, int]] = None) -> _ReplicaColumns:
+def replicate_hot_n(
+    seq_lens: _I64,
+    expert_tokens: _Counts,
+    phy2log: _I32,
+    sample_rank: _I32,
+    sample_micro: _I32,
+    num_micro: int,
+    topo: Any,
+    cost: Any,
+    hot_experts: Optional[int] = None,
+    block: Optional[Tuple[int, int]] = None,
+) -> _ReplicaColumns:
     """MindSpeed's hot-expert broadcast: N hot experts per exchange (EP group, step, layer),
     copies on every other EP rank computing their own tokens. ``block`` ``(index, count)``:
     only that contiguous block of the flattened exchange index ``(g·M + m)·L + l``, the rows
     the full run gives it, in order (None: every exchange; blocks 0..count tile the run)."""
 
-def replicate_relibra(seq_lens: _I64, expert_tokens: _Counts, phy2log: _I32, sample_rank: _I32,
-                      sample_micro: _I32, num_micro: int, topo: Any, cost: Any,
-                      replica_slots: Optional[int] = None,
-                      block: Optional[Tuple[int, int]] = None) -> _ReplicaColumns:
+def replicate_relibra(
+    seq_lens: _I64,
+    expert_tokens: _Counts,
+    phy2log: _I32,
+    sample_rank: _I32,
+    sample_micro: _I32,
+    num_micro: int,
+    topo: Any,
+    cost: Any,
+    replica_slots: Optional[int] = None,
+    block: Optional[Tuple[int, int]] = None,
+) -> _ReplicaColumns:
     """ReLibra's intra-node replication, at most `replica_slots` copies per rank per exchange.
     ``block``: as in `replicate_hot_n`."""
 
-def replicate_routepack(seq_lens: _I64, expert_tokens: _Counts, phy2log: _I32, sample_rank: _I32,
-                        sample_micro: _I32, num_micro: int, topo: Any, cost: Any,
-                        replica_slots: Optional[int] = None, candidate_experts: Optional[int] = None,
-                        candidate_dsts: Optional[int] = None,
-                        time_budget_s: Optional[float] = None,
-                        block: Optional[Tuple[int, int]] = None) -> _ReplicaColumns:
+def replicate_routepack(
+    seq_lens: _I64,
+    expert_tokens: _Counts,
+    phy2log: _I32,
+    sample_rank: _I32,
+    sample_micro: _I32,
+    num_micro: int,
+    topo: Any,
+    cost: Any,
+    replica_slots: Optional[int] = None,
+    candidate_experts: Optional[int] = None,
+    candidate_dsts: Optional[int] = None,
+    time_budget_s: Optional[float] = None,
+    block: Optional[Tuple[int, int]] = None,
+) -> _ReplicaColumns:
     """routepack's replication: per exchange, rows minimising the simulated layer time.
     ``block``: as in `replicate_hot_n`."""
 
@@ -147,8 +232,9 @@ def relibra_placement(loads: _F64, topo: Any, previous: Optional[_I32] = None) -
     """ReLibra's node-level expert reordering: phy2log [L, ep*slots_per_rank] from loads [L, E]."""
 
 # ---- placement (src/py_placement.rs)
-def rebalance_experts(weight: _F64, num_replicas: int, num_groups: int, num_nodes: int,
-                      num_gpus: int) -> Tuple[_I64, _I64, _I64]:
+def rebalance_experts(
+    weight: _F64, num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int
+) -> Tuple[_I64, _I64, _I64]:
     """DeepSeek EPLB: (phy2log [L, R], log2phy [L, E, X], logcnt [L, E]) from weight [L, E] float64."""
 
 def eplb_placement(loads: _F64, topo: Any, num_groups: int) -> _I32:
@@ -161,11 +247,19 @@ def eplb_node_groups(num_experts: int, topo: Any) -> int:
 def chunk_demand(seq_lens: _I64, expert_tokens: _Counts, num_chunks: int) -> _F64:
     """[L, E, B] tokens per expert in each of B consecutive-sample chunks."""
 
-def routepack_placement(loads: _F64, chunks: _F64, topo: Any, cost: Any, previous: Optional[_I32] = None,
-                        cells: Optional[int] = None, slack: Optional[float] = None,
-                        explore: Optional[float] = None, fluct_evals: Optional[int] = None,
-                        migration_aware: Optional[bool] = None,
-                        time_budget_s: Optional[float] = None) -> Tuple[_I32, Dict[str, Any]]:
+def routepack_placement(
+    loads: _F64,
+    chunks: _F64,
+    topo: Any,
+    cost: Any,
+    previous: Optional[_I32] = None,
+    cells: Optional[int] = None,
+    slack: Optional[float] = None,
+    explore: Optional[float] = None,
+    fluct_evals: Optional[int] = None,
+    migration_aware: Optional[bool] = None,
+    time_budget_s: Optional[float] = None,
+) -> Tuple[_I32, Dict[str, Any]]:
     """(phy2log [L, ep*slots_per_rank], report: choice, swaps, moves, predicted_s, predicted_keep_s,
     predicted_fresh_s [L] each, migration_s)."""
 

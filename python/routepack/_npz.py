@@ -31,8 +31,21 @@ _MAX_DEFLATE_RATIO = 1100
 
 #: What reading a damaged member can raise (zip, zlib, numpy's header parser — which tokenizes
 #: the header, so an unbalanced bracket is a tokenize.TokenError —, allocation).
-_DAMAGE = (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OSError, SyntaxError, struct.error,
-           MemoryError, TypeError, OverflowError, NotImplementedError, KeyError, tokenize.TokenError)
+_DAMAGE = (
+    zipfile.BadZipFile,
+    zlib.error,
+    EOFError,
+    ValueError,
+    OSError,
+    SyntaxError,
+    struct.error,
+    MemoryError,
+    TypeError,
+    OverflowError,
+    NotImplementedError,
+    KeyError,
+    tokenize.TokenError,
+)
 
 
 #: A path, or an open binary file (``routepack.torch`` broadcasts plans through a BytesIO).
@@ -75,8 +88,9 @@ def _check_member(info: zipfile.ZipInfo, f: Any) -> None:
         raise _Damaged("holds pickled Python objects, which routepack never loads")
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes > info.file_size:
-        raise _Damaged(f"header claims shape {shape} of {dtype} ({nbytes} bytes) but the entry holds "
-                       f"{info.file_size} bytes")
+        raise _Damaged(
+            f"header claims shape {shape} of {dtype} ({nbytes} bytes) but the entry holds {info.file_size} bytes"
+        )
 
 
 #: Entries read per chunk when a member is narrowed while it is read (`_member_narrow`).
@@ -124,12 +138,13 @@ def _member_narrow(f: Any) -> Any:
         chunk = np.frombuffer(raw, dtype)
         if chunk.min() < 0 or chunk.max() > 65535:
             return None
-        flat[lo:lo + n] = chunk
+        flat[lo : lo + n] = chunk
     return out
 
 
-def read(path: Target, keys: Sequence[str], what: str, optional: Sequence[str] = (),
-         narrow: Sequence[str] = ()) -> Dict[str, np.ndarray]:
+def read(
+    path: Target, keys: Sequence[str], what: str, optional: Sequence[str] = (), narrow: Sequence[str] = ()
+) -> Dict[str, np.ndarray]:
     """The arrays ``keys`` of the ``.npz`` at ``path``, and those of ``optional`` it holds
     (arrays added after files were first written); `RoutepackFileError` if it is damaged.
     Integer arrays named in ``narrow`` whose values all fit uint16 are read as uint16, chunk
@@ -137,7 +152,7 @@ def read(path: Target, keys: Sequence[str], what: str, optional: Sequence[str] =
     A missing or unreadable path raises the usual `OSError`; a ``path`` that is no path nor
     binary file (`_checks.file_path`) raises naming ``path``."""
     source = file_path(path, "path", open_file="read")
-    with (contextlib.nullcontext(source) if not isinstance(source, str) else open(source, "rb")) as fh:
+    with contextlib.nullcontext(source) if not isinstance(source, str) else open(source, "rb") as fh:
         try:
             zf = zipfile.ZipFile(fh)
         except _DAMAGE as e:

@@ -117,15 +117,17 @@ def renamed(error: RoutepackError, name: str, locate: Locate) -> RoutepackError:
     m = _TOKEN.search(rest)
     if m:
         name, token = locate(int(m.group(1)), int(m.group(2)))
-        rest = rest[:m.start()] + token + rest[m.end():]
+        rest = rest[: m.start()] + token + rest[m.end() :]
     return type(error)(f"{name}: {rest}")
 
 
 def verl_location(attention_mask: Any, cu: np.ndarray) -> Locate:
     """Token t (of sample s) of `flatten_verl`'s output as its position in ``routed_experts``."""
+
     def locate(t: int, s: int) -> Tuple[str, str]:
         pos = int(np.flatnonzero(np.asarray(attention_mask)[s])[t - int(cu[s])])
         return f"routed_experts[{s}, {pos}]", f"position {pos} (sample {s})"
+
     return locate
 
 
@@ -134,5 +136,13 @@ def slime_location(cu: np.ndarray) -> Locate:
     return lambda t, s: (f"per_sample[{s}]", f"token {t - int(cu[s])} (sample {s})")
 
 
-__all__ = ["ROUTED_DTYPES", "check_ids", "flatten_slime", "flatten_verl", "native_order", "renamed", "slime_location",
-           "verl_location"]
+__all__ = [
+    "ROUTED_DTYPES",
+    "check_ids",
+    "flatten_slime",
+    "flatten_verl",
+    "native_order",
+    "renamed",
+    "slime_location",
+    "verl_location",
+]

@@ -36,9 +36,11 @@ NAN = float("nan")
 BASELINES = ("static", "hot_n", "eplb", "eplb_oracle", "eplb_hierarchical", "eplb_hierarchical_oracle", "relibra")
 
 #: What the cross-node column of every bench table means (`SimResult.cross_node_bytes_per_token`).
-CROSS_NODE_LEGEND = ("all-to-all bytes between nodes per window token, kB (10^3 B): routed tokens sent to a rank "
-                     "on another node, dispatch + combine, forward + backward, over the window's tokens; 0 when "
-                     "an EP group fits in one node")
+CROSS_NODE_LEGEND = (
+    "all-to-all bytes between nodes per window token, kB (10^3 B): routed tokens sent to a rank "
+    "on another node, dispatch + combine, forward + backward, over the window's tokens; 0 when "
+    "an EP group fits in one node"
+)
 
 #: Names of the summary rows that are not presets.
 BEST = "best baseline"
@@ -139,8 +141,10 @@ def compare(
     if len(windows) < 2:
         raise RoutepackError(f"windows: need at least 2 (the first only feeds history), got {len(windows)}")
     if policies is not None and (isinstance(policies, (str, bytes, Mapping)) or not isinstance(policies, Iterable)):
-        raise RoutepackTypeError(f"policies: expected a sequence of preset names or Policy objects, got "
-                                 f"{type(policies).__name__} {policies!r}")
+        raise RoutepackTypeError(
+            f"policies: expected a sequence of preset names or Policy objects, got "
+            f"{type(policies).__name__} {policies!r}"
+        )
     chosen = list(policies) if policies is not None else available_presets()
     names = [resolve(p)[0] for p in chosen]
     twice = sorted({n for n in names if names.count(n) > 1})
@@ -153,25 +157,46 @@ def compare(
         w, prev_w = windows[i], windows[i - 1]
         for name, pol in zip(names, chosen):
             t0 = time.perf_counter()
-            plan = plan_window(w, topo, cost, token_cap=token_cap, policy=pol,
-                               previous=previous.get(name), previous_window=prev_w, seed=seed + i,
-                               **options)
+            plan = plan_window(
+                w,
+                topo,
+                cost,
+                token_cap=token_cap,
+                policy=pol,
+                previous=previous.get(name),
+                previous_window=prev_w,
+                seed=seed + i,
+                **options,
+            )
             seconds = time.perf_counter() - t0
             plan.validate(w, topo, token_cap)
             previous[name] = plan.placement
             sim = simulate(plan, w, topo, cost, token_cap)
             summary = sim.summary()  # the bound's keys only where simulate reports them
-            rows.append(Row(
-                policy=name, window=i, step_time=sim.step_time, throughput=sim.throughput,
-                fraction_of_balanced=sim.fraction_of_balanced, attention=sim.attention, expert=sim.expert,
-                all_to_all=sim.all_to_all, replication=sim.replication, migration=sim.migration,
-                imbalance=sim.mean_imbalance, num_micro=plan.num_micro,
-                micro_lower_bound=lower_bound_micro(w, topo, token_cap), plan_seconds=seconds,
-                ideal_time=sim.ideal_time, fraction_of_bound=float(summary.get("fraction_of_bound", NAN)),
-                lower_bound_time=float(summary.get("lower_bound_time", NAN)),
-                cross_node_bytes_per_token=sim.cross_node_bytes_per_token, imbalance_map=sim.imbalance,
-                redundant_grads=sim.redundant_grads,
-            ))
+            rows.append(
+                Row(
+                    policy=name,
+                    window=i,
+                    step_time=sim.step_time,
+                    throughput=sim.throughput,
+                    fraction_of_balanced=sim.fraction_of_balanced,
+                    attention=sim.attention,
+                    expert=sim.expert,
+                    all_to_all=sim.all_to_all,
+                    replication=sim.replication,
+                    migration=sim.migration,
+                    imbalance=sim.mean_imbalance,
+                    num_micro=plan.num_micro,
+                    micro_lower_bound=lower_bound_micro(w, topo, token_cap),
+                    plan_seconds=seconds,
+                    ideal_time=sim.ideal_time,
+                    fraction_of_bound=float(summary.get("fraction_of_bound", NAN)),
+                    lower_bound_time=float(summary.get("lower_bound_time", NAN)),
+                    cross_node_bytes_per_token=sim.cross_node_bytes_per_token,
+                    imbalance_map=sim.imbalance,
+                    redundant_grads=sim.redundant_grads,
+                )
+            )
             if progress is not None:
                 progress(name, i)
     return rows
@@ -260,15 +285,25 @@ def summarise(rows: Sequence[Row], baseline: str = "static") -> List[Dict[str, A
         def reference(name: str, times: Dict[int, float]) -> Dict[str, Any]:
             thr = {w: ref[w].throughput * ref[w].step_time / times[w] for w in windows}
             return {
-                "policy": name, "windows": len(windows),
+                "policy": name,
+                "windows": len(windows),
                 "vs_" + baseline: float(np.median([ref[w].step_time / times[w] for w in windows])),
-                "vs_best": (float(np.median([thr[w] / best[w].throughput for w in windows if w in best]))
-                            if best else NAN),
+                "vs_best": (
+                    float(np.median([thr[w] / best[w].throughput for w in windows if w in best])) if best else NAN
+                ),
                 "of_balanced": float(np.median([ref[w].ideal_time / times[w] for w in windows])),
                 "of_bound": float(np.median([ref[w].lower_bound_time / times[w] for w in windows])),
                 "step_s": float(np.median([times[w] for w in windows])),
-                "attention": NAN, "expert": NAN, "all_to_all": NAN, "replication": NAN, "migration": NAN,
-                "redundant_grads": NAN, "imbalance": 1.0, "micro": m_lb, "micro_lb": m_lb, "cross_node_bytes_per_token": NAN,
+                "attention": NAN,
+                "expert": NAN,
+                "all_to_all": NAN,
+                "replication": NAN,
+                "migration": NAN,
+                "redundant_grads": NAN,
+                "imbalance": 1.0,
+                "micro": m_lb,
+                "micro_lb": m_lb,
+                "cross_node_bytes_per_token": NAN,
                 "plan_s": NAN,
             }
 
@@ -291,8 +326,16 @@ def ratios(rows: Sequence[Row], target: str = "routepack") -> List[Dict[str, Any
     for name, per_window in ([(BEST, best)] if best else []) + [(n, p) for n, p in by.items() if n != target]:
         rel = _ratios(by[target], per_window)
         if rel:
-            out.append({"policy": target, "against": name, "windows": len(rel), "median": float(np.median(rel)),
-                        "min": float(min(rel)), "max": float(max(rel))})
+            out.append(
+                {
+                    "policy": target,
+                    "against": name,
+                    "windows": len(rel),
+                    "median": float(np.median(rel)),
+                    "min": float(min(rel)),
+                    "max": float(max(rel)),
+                }
+            )
     return out
 
 
@@ -359,15 +402,21 @@ def table_legend(baseline: str = "static", bound: bool = True) -> str:
     items = [
         ("thr/" + baseline[:8], f"throughput over {baseline}'s: median over windows of the per-window ratio"),
         ("thr/best", "throughput over the best baseline's, the same way"),
-        ("of balanced", "balanced step time / this step time; balanced (docs/design.md's `ideal`) replaces every "
-                        "max over ranks by the mean at uniform all-to-all traffic: a reference, not a bound "
-                        "(a plan that keeps tokens in their node can pass 100%)"),
+        (
+            "of balanced",
+            "balanced step time / this step time; balanced (docs/design.md's `ideal`) replaces every "
+            "max over ranks by the mean at uniform all-to-all traffic: a reference, not a bound "
+            "(a plan that keeps tokens in their node can pass 100%)",
+        ),
     ]
     if bound:
         items.append(("of bound", "lower bound / this step time: no valid plan is faster than the bound (<= 100%)"))
     items += [
-        ("step s", "predicted step time (seconds) of the slowest EP group; in each plan the six parts after "
-                   "it add up to it (less what overlap hides)"),
+        (
+            "step s",
+            "predicted step time (seconds) of the slowest EP group; in each plan the six parts after "
+            "it add up to it (less what overlap hides)",
+        ),
         ("attn s", "attention and dense work (projections, shared experts), forward + backward"),
         ("expert s", "routed-expert compute on the most loaded EP rank of each exchange"),
         ("a2a s", "dispatch + combine all-to-all, forward + backward"),
@@ -380,8 +429,10 @@ def table_legend(baseline: str = "static", bound: bool = True) -> str:
         ("xnode kB/tok", CROSS_NODE_LEGEND),
         ("plan s", "planner wall time on this machine"),
     ]
-    rows = [("best baseline", "per window the fastest baseline preset that ran (" + ", ".join(BASELINES) + ")"),
-            ("balanced", "the balanced reference's time (above); 'lower bound' the bound's")]
+    rows = [
+        ("best baseline", "per window the fastest baseline preset that ran (" + ", ".join(BASELINES) + ")"),
+        ("balanced", "the balanced reference's time (above); 'lower bound' the bound's"),
+    ]
     width = max(len(k) for k, _ in items + rows)
 
     def entry(key: str, text: str) -> str:
@@ -409,10 +460,28 @@ def format_ratios(ratio_rows: Sequence[Dict[str, Any]], winners: Optional[Dict[i
             counts: Dict[str, int] = {}
             for p in winners.values():
                 counts[p] = counts.get(p, 0) + 1
-            line += "  best per window: " + ", ".join(f"{p} x{c}" for p, c in sorted(counts.items(), key=lambda x: -x[1]))
+            line += "  best per window: " + ", ".join(
+                f"{p} x{c}" for p, c in sorted(counts.items(), key=lambda x: -x[1])
+            )
         lines.append(line)
     return "\n".join(lines)
 
 
-__all__ = ["BALANCED", "BASELINES", "BEST", "BOUND", "CROSS_NODE_LEGEND", "Row", "available_presets", "best_baseline",
-           "best_of", "check_rows", "compare", "format_ratios", "format_table", "ratios", "summarise", "table_legend"]
+__all__ = [
+    "BALANCED",
+    "BASELINES",
+    "BEST",
+    "BOUND",
+    "CROSS_NODE_LEGEND",
+    "Row",
+    "available_presets",
+    "best_baseline",
+    "best_of",
+    "check_rows",
+    "compare",
+    "format_ratios",
+    "format_table",
+    "ratios",
+    "summarise",
+    "table_legend",
+]

@@ -23,5 +23,11 @@ class RoutepackFileError(RoutepackError):
     Python, on top of the core's `RoutepackError`, since only the Python side reads files."""
 
 
-__all__ = ["RoutepackError", "InvalidPlanError", "InfeasibleError", "RoutepackFileError",
-           "RoutepackInternalError", "RoutepackTypeError"]
+__all__ = [
+    "RoutepackError",
+    "InvalidPlanError",
+    "InfeasibleError",
+    "RoutepackFileError",
+    "RoutepackInternalError",
+    "RoutepackTypeError",
+]

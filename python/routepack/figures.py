@@ -12,9 +12,15 @@ from routepack.compare import BALANCED, BEST, BOUND, check_rows
 from routepack.errors import RoutepackTypeError
 
 
-def bench_figure(rows: Sequence[Any], summary: Sequence[Dict[str, Any]], path: str | Path,
-                 before: str = "static", after: str = "routepack", baseline: str = "static",
-                 title: str = "") -> Path:
+def bench_figure(
+    rows: Sequence[Any],
+    summary: Sequence[Dict[str, Any]],
+    path: str | Path,
+    before: str = "static",
+    after: str = "routepack",
+    baseline: str = "static",
+    title: str = "",
+) -> Path:
     """Writes a PNG with three panels: per-(layer, microbatch) max/mean expert load of the
     slowest EP group under `before` and `after` on the last window, and throughput relative
     to `baseline` per preset (median over windows)."""
@@ -53,12 +59,21 @@ def bench_figure(rows: Sequence[Any], summary: Sequence[Dict[str, Any]], path: s
     rel = [s["vs_" + baseline] for s in summary]
     balanced = [s["of_balanced"] for s in summary]
     y = np.arange(len(names))
-    colors = ["#888" if n in (baseline, BEST) else "#ddd" if n in (BALANCED, BOUND) else
-              "#d9822b" if n == after else "#2a7ab9" for n in names]
+    colors = [
+        "#888"
+        if n in (baseline, BEST)
+        else "#ddd"
+        if n in (BALANCED, BOUND)
+        else "#d9822b"
+        if n == after
+        else "#2a7ab9"
+        for n in names
+    ]
     bars = ax.barh(y, rel, color=colors, edgecolor="#555", linewidth=0.5)
     for b, r, f in zip(bars, rel, balanced):
-        ax.text(b.get_width(), b.get_y() + b.get_height() / 2, f" {r:.3f}x ({f:.0%} of balanced)",
-                va="center", fontsize=8)
+        ax.text(
+            b.get_width(), b.get_y() + b.get_height() / 2, f" {r:.3f}x ({f:.0%} of balanced)", va="center", fontsize=8
+        )
     ax.set_yticks(y, names)
     ax.invert_yaxis()
     ax.set_xlabel(f"throughput relative to {baseline} (median over windows)")

@@ -60,9 +60,7 @@ class Topology:
         if self.dp % self.ep:
             raise RoutepackError(f"topo: dp={self.dp} is not a multiple of ep={self.ep}")
         if self.ep % self.gpus_per_node and self.gpus_per_node % self.ep:
-            raise RoutepackError(
-                f"topo: ep={self.ep} and gpus_per_node={self.gpus_per_node} must divide one another"
-            )
+            raise RoutepackError(f"topo: ep={self.ep} and gpus_per_node={self.gpus_per_node} must divide one another")
         if self.ep * self.slots_per_rank > 2**31 - 1:
             raise RoutepackError(
                 f"topo: ep*slots_per_rank = {self.ep}*{self.slots_per_rank} does not fit the int32 slot ids of a plan"
@@ -120,8 +118,7 @@ class ModelShape:
         _set(self, "expert_groups", _check_groups(self.expert_groups, self.num_experts, "model.expert_groups"))
         if self.top_k > self.num_experts:
             raise RoutepackError(f"model.top_k: {self.top_k} > num_experts {self.num_experts}")
-        att = tuple(sequence(() if self.attention is None else self.attention, "model.attention",
-                                "attention kinds"))
+        att = tuple(sequence(() if self.attention is None else self.attention, "model.attention", "attention kinds"))
         att = att or ("full",) * self.num_layers
         if len(att) != self.num_layers:
             raise RoutepackError(f"model.attention: has {len(att)} entries, expected num_layers={self.num_layers}")
@@ -173,12 +170,35 @@ class Hardware:
 
 #: The coefficients besides ``a_quad`` that price a token's or an expert's work (time or bytes);
 #: a cost model needs at least one of them, or an ``a_quad`` entry, above 0.
-_WORK_COEFFICIENTS = ("a_lin", "c_tok", "c_exp", "token_bytes", "expert_weight_bytes", "expert_grad_bytes",
-                      "expert_state_bytes", "c_weights", "c_gemm", "c_call", "a2a_latency")
+_WORK_COEFFICIENTS = (
+    "a_lin",
+    "c_tok",
+    "c_exp",
+    "token_bytes",
+    "expert_weight_bytes",
+    "expert_grad_bytes",
+    "expert_state_bytes",
+    "c_weights",
+    "c_gemm",
+    "c_call",
+    "a2a_latency",
+)
 
 #: CostModel fields a JSON file may lack (written before they existed): their defaults apply.
-_OPTIONAL_JSON_KEYS = frozenset({"expert_groups", "num_experts", "c_weights", "overlap", "passes", "c_gemm",
-                                 "c_call", "a2a_latency", "bw_reduce", "expert_table"})
+_OPTIONAL_JSON_KEYS = frozenset(
+    {
+        "expert_groups",
+        "num_experts",
+        "c_weights",
+        "overlap",
+        "passes",
+        "c_gemm",
+        "c_call",
+        "a2a_latency",
+        "bw_reduce",
+        "expert_table",
+    }
+)
 
 
 def _expert_table(value: object) -> Tuple[Tuple[float, float], ...]:
@@ -191,8 +211,9 @@ def _expert_table(value: object) -> Tuple[Tuple[float, float], ...]:
             raise RoutepackError(f"cost.expert_table[{i}]: expected (tokens, seconds), got {knot!r}")
         tokens = finite_float(pair[0], f"cost.expert_table[{i}].tokens", minimum=1.0)
         if knots and tokens <= knots[-1][0]:
-            raise RoutepackError(f"cost.expert_table[{i}].tokens: must increase from knot to knot, got {tokens} "
-                                 f"after {knots[-1][0]}")
+            raise RoutepackError(
+                f"cost.expert_table[{i}].tokens: must increase from knot to knot, got {tokens} after {knots[-1][0]}"
+            )
         knots.append((tokens, finite_float(pair[1], f"cost.expert_table[{i}].seconds")))
     return tuple(knots)
 
@@ -290,8 +311,9 @@ class CostModel:
     def __post_init__(self) -> None:
         if self.num_experts is not None:
             object.__setattr__(self, "num_experts", positive_int(self.num_experts, "cost.num_experts"))
-        object.__setattr__(self, "expert_groups",
-                           _check_groups(self.expert_groups, self.num_experts, "cost.expert_groups"))
+        object.__setattr__(
+            self, "expert_groups", _check_groups(self.expert_groups, self.num_experts, "cost.expert_groups")
+        )
         if not isinstance(self.overlap, str) or self.overlap not in OVERLAPS:
             raise RoutepackError(f"cost.overlap: {self.overlap!r} is not one of {OVERLAPS}")
         passes = tuple(sequence(self.passes, "cost.passes", "pass kinds"))
@@ -301,9 +323,20 @@ class CostModel:
             if not isinstance(kind, str) or kind not in PASS_KINDS:
                 raise RoutepackError(f"cost.passes[{i}]: {kind!r} is not one of {PASS_KINDS}")
         object.__setattr__(self, "passes", passes)
-        for name in ("a_lin", "c_tok", "c_exp", "token_bytes", "expert_weight_bytes",
-                     "expert_grad_bytes", "expert_state_bytes", "c_weights", "c_gemm", "c_call", "a2a_latency",
-                     "bw_reduce"):
+        for name in (
+            "a_lin",
+            "c_tok",
+            "c_exp",
+            "token_bytes",
+            "expert_weight_bytes",
+            "expert_grad_bytes",
+            "expert_state_bytes",
+            "c_weights",
+            "c_gemm",
+            "c_call",
+            "a2a_latency",
+            "bw_reduce",
+        ):
             object.__setattr__(self, name, finite_float(getattr(self, name), f"cost.{name}"))
         for name in ("bw_intra", "bw_inter"):
             object.__setattr__(self, name, finite_float(getattr(self, name), f"cost.{name}", strict=True))
@@ -312,8 +345,11 @@ class CostModel:
         if not aq:
             raise RoutepackError("cost.a_quad: needs one entry per MoE layer, got none")
         object.__setattr__(self, "a_quad", aq)
-        if not any(aq) and not any(getattr(self, n) for n in _WORK_COEFFICIENTS) and not any(
-                v for _, v in self.expert_table):
+        if (
+            not any(aq)
+            and not any(getattr(self, n) for n in _WORK_COEFFICIENTS)
+            and not any(v for _, v in self.expert_table)
+        ):
             # every plan would cost 0 s: nothing to rank plans by, and no throughput to report
             raise RoutepackError(
                 "cost: every coefficient that prices work is 0 (cost.a_lin, cost.a_quad, cost.c_tok, cost.c_exp, "

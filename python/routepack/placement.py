@@ -14,12 +14,19 @@ from routepack import _core
 from routepack._checks import instance_of, loads_array, positive_int
 from routepack.model import Topology
 from routepack.plan import Placement
-from routepack.stages.placement import (EplbOptions, RoutepackPlacementOptions, eplb_placement, relibra_placement,
-                                        routepack_placement, static_placement)
+from routepack.stages.placement import (
+    EplbOptions,
+    RoutepackPlacementOptions,
+    eplb_placement,
+    relibra_placement,
+    routepack_placement,
+    static_placement,
+)
 
 
-def rebalance_experts(weight: Any, num_replicas: int, num_groups: int, num_nodes: int,
-                      num_gpus: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+def rebalance_experts(
+    weight: Any, num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """DeepSeek EPLB's entry point, same arguments and results (computed in Rust).
 
     Args:
@@ -34,17 +41,22 @@ def rebalance_experts(weight: Any, num_replicas: int, num_groups: int, num_nodes
         ``[L, E]``.
     """
     w = loads_array(weight, "weight")
-    return _core.rebalance_experts(w, positive_int(num_replicas, "num_replicas"),
-                                   positive_int(num_groups, "num_groups"),
-                                   positive_int(num_nodes, "num_nodes"), positive_int(num_gpus, "num_gpus"))
+    return _core.rebalance_experts(
+        w,
+        positive_int(num_replicas, "num_replicas"),
+        positive_int(num_groups, "num_groups"),
+        positive_int(num_nodes, "num_nodes"),
+        positive_int(num_gpus, "num_gpus"),
+    )
 
 
 def aggregate_imbalance(placement: Placement, loads: Any) -> np.ndarray:
     """float64 ``[L]``: max / mean over EP ranks of window load per rank (each expert's
     ``loads [L, E]`` split evenly over its replicas)."""
     instance_of(placement, Placement, "placement")
-    return _core.aggregate_imbalance(placement.phy2log, placement.num_experts, placement.slots_per_rank,
-                                     loads_array(loads, "loads"))
+    return _core.aggregate_imbalance(
+        placement.phy2log, placement.num_experts, placement.slots_per_rank, loads_array(loads, "loads")
+    )
 
 
 def imbalance_lower_bound(loads: Any, topo: Any) -> np.ndarray:
@@ -54,6 +66,14 @@ def imbalance_lower_bound(loads: Any, topo: Any) -> np.ndarray:
     return _core.imbalance_lower_bound(loads_array(loads, "loads"), topo.num_slots, topo.ep)
 
 
-__all__ = ["EplbOptions", "RoutepackPlacementOptions", "aggregate_imbalance", "eplb_placement",
-           "imbalance_lower_bound", "rebalance_experts", "relibra_placement", "routepack_placement",
-           "static_placement"]
+__all__ = [
+    "EplbOptions",
+    "RoutepackPlacementOptions",
+    "aggregate_imbalance",
+    "eplb_placement",
+    "imbalance_lower_bound",
+    "rebalance_experts",
+    "relibra_placement",
+    "routepack_placement",
+    "static_placement",
+]

@@ -20,13 +20,27 @@ from routepack.window import Window
 #: weights of logical `expert` go from EP-local rank `src_rank` (which hosts it) to `dst_rank`,
 #: which computes `share` of that expert's tokens in that cell (`routepack-core/src/flow/`).
 REPLICA_DTYPE = np.dtype(
-    [("micro", "<i4"), ("group", "<i4"), ("layer", "<i4"), ("expert", "<i4"),
-     ("src_rank", "<i4"), ("dst_rank", "<i4"), ("share", "<f4")]
+    [
+        ("micro", "<i4"),
+        ("group", "<i4"),
+        ("layer", "<i4"),
+        ("expert", "<i4"),
+        ("src_rank", "<i4"),
+        ("dst_rank", "<i4"),
+        ("share", "<f4"),
+    ]
 )
 #: One expert moved between windows, with its weights and optimizer state (`bytes` in all).
 MIGRATION_DTYPE = np.dtype(
-    [("layer", "<i4"), ("expert", "<i4"), ("src_rank", "<i4"), ("dst_rank", "<i4"),
-     ("src_slot", "<i4"), ("dst_slot", "<i4"), ("bytes", "<f8")]
+    [
+        ("layer", "<i4"),
+        ("expert", "<i4"),
+        ("src_rank", "<i4"),
+        ("dst_rank", "<i4"),
+        ("src_slot", "<i4"),
+        ("dst_slot", "<i4"),
+        ("bytes", "<f8"),
+    ]
 )
 
 
@@ -99,7 +113,7 @@ class Placement:
         layer = index(layer, "layer", self.num_layers, "MoE layers")
         rank = index(rank, "rank", self.num_ranks, "EP ranks")
         lo = rank * self.slots_per_rank
-        return self.phy2log[layer, lo:lo + self.slots_per_rank]
+        return self.phy2log[layer, lo : lo + self.slots_per_rank]
 
     def __eq__(self, other: object) -> bool:
         return (
@@ -175,8 +189,14 @@ class Plan:
         self._check_fields()
         p = self.placement
         return (
-            as_int_array(p.phy2log, "placement.phy2log", 2, np.int32), p.num_experts, p.slots_per_rank, self.sample_rank, self.sample_micro,
-            self.num_micro, _columns(self.replicas), _columns(self.migration),
+            as_int_array(p.phy2log, "placement.phy2log", 2, np.int32),
+            p.num_experts,
+            p.slots_per_rank,
+            self.sample_rank,
+            self.sample_micro,
+            self.num_micro,
+            _columns(self.replicas),
+            _columns(self.migration),
         )
 
     def validate(self, window: Any, topo: Any, token_cap: int) -> "Plan":
@@ -222,8 +242,11 @@ class Plan:
             _npz.fail(path, "plan", f"report: expected a JSON object, got {type(report).__name__}")
         try:
             return cls(
-                placement=Placement(z["phy2log"], _npz.scalar_int(z, "num_experts", path, "plan"),
-                                    _npz.scalar_int(z, "slots_per_rank", path, "plan")),
+                placement=Placement(
+                    z["phy2log"],
+                    _npz.scalar_int(z, "num_experts", path, "plan"),
+                    _npz.scalar_int(z, "slots_per_rank", path, "plan"),
+                ),
                 sample_rank=z["sample_rank"],
                 sample_micro=z["sample_micro"],
                 num_micro=_npz.scalar_int(z, "num_micro", path, "plan"),
@@ -244,8 +267,14 @@ class Plan:
         what the golden-digest test pins and ``benches/scale.py`` prints."""
         self._check_fields()
         h = hashlib.sha256()
-        for arr in (self.sample_rank, self.sample_micro, np.asarray([self.num_micro], dtype=np.int64),
-                    self.placement.phy2log, self.replicas, self.migration):
+        for arr in (
+            self.sample_rank,
+            self.sample_micro,
+            np.asarray([self.num_micro], dtype=np.int64),
+            self.placement.phy2log,
+            self.replicas,
+            self.migration,
+        ):
             a = np.ascontiguousarray(arr)
             h.update(str(a.dtype).encode())
             h.update(str(a.shape).encode())
@@ -272,8 +301,18 @@ class Plan:
 
 
 #: The arrays a plan file holds (`Plan.save`).
-_PLAN_KEYS = ("phy2log", "num_experts", "slots_per_rank", "sample_rank", "sample_micro", "num_micro",
-              "replicas", "migration", "report", "policy")
+_PLAN_KEYS = (
+    "phy2log",
+    "num_experts",
+    "slots_per_rank",
+    "sample_rank",
+    "sample_micro",
+    "num_micro",
+    "replicas",
+    "migration",
+    "report",
+    "policy",
+)
 
 
 #: What JSON holds as it is (besides dicts and lists, which `_json_ready` walks).

@@ -13,8 +13,7 @@ from routepack.plan import MIGRATION_DTYPE, Placement, Plan, empty_migration
 from routepack.policies import resolve
 from routepack.simulate import simulate
 from routepack.stages.context import PlanContext, check_fills_cells
-from routepack.stages.registry import (PACKINGS, PLACEMENTS, REPLICATIONS, Stage, canonical_options,
-                                       stage_options)
+from routepack.stages.registry import PACKINGS, PLACEMENTS, REPLICATIONS, Stage, canonical_options, stage_options
 from routepack.window import Window
 
 #: How ``time_budget_s`` is spent: the one table of shares (docs/design.md points here).
@@ -53,7 +52,7 @@ def _stage_share(deadline: float, reserve: float, stage: str, pol: Any) -> float
     weight = BUDGET_WEIGHTS.get((stage, getattr(pol, stage)))
     if weight is None:
         return left
-    rest = sum(BUDGET_WEIGHTS.get((s, getattr(pol, s)), 0.0) for s in order[order.index(stage):])
+    rest = sum(BUDGET_WEIGHTS.get((s, getattr(pol, s)), 0.0) for s in order[order.index(stage) :])
     return left * weight / rest
 
 
@@ -115,8 +114,21 @@ def plan_window(
         and its parts (`simulate`), bounds, certificates and each stage's wall time (and
         with a budget, ``budget``: the reserve and each stage's share, in seconds).
     """
-    return plan_stages(window, topo, cost, token_cap, policy, previous, previous_window, seed, anneal_moves,
-                       time_budget_s, options, run_replication, stacklevel=3)
+    return plan_stages(
+        window,
+        topo,
+        cost,
+        token_cap,
+        policy,
+        previous,
+        previous_window,
+        seed,
+        anneal_moves,
+        time_budget_s,
+        options,
+        run_replication,
+        stacklevel=3,
+    )
 
 
 #: How a plan's replication stage is run: ``f(stage, ctx, options, placement, sample_rank,
@@ -126,23 +138,43 @@ def plan_window(
 ReplicationRunner = Callable[..., np.ndarray]
 
 
-def run_replication(stage: Stage, ctx: PlanContext, options: Any, placement: Placement, sample_rank: np.ndarray,
-                    sample_micro: np.ndarray, num_micro: int) -> np.ndarray:
+def run_replication(
+    stage: Stage,
+    ctx: PlanContext,
+    options: Any,
+    placement: Placement,
+    sample_rank: np.ndarray,
+    sample_micro: np.ndarray,
+    num_micro: int,
+) -> np.ndarray:
     """`plan_window`'s `ReplicationRunner`: the stage, whole, in this process."""
     return stage.run(ctx, options, placement, sample_rank, sample_micro, num_micro)
 
 
-def plan_stages(window: Any, topo: Any, cost: Any, token_cap: Any, policy: Any, previous: Optional[Placement],
-                previous_window: Any, seed: Any, anneal_moves: Any, time_budget_s: Any, options: Dict[str, Any],
-                replicate: ReplicationRunner, stacklevel: int) -> Plan:
+def plan_stages(
+    window: Any,
+    topo: Any,
+    cost: Any,
+    token_cap: Any,
+    policy: Any,
+    previous: Optional[Placement],
+    previous_window: Any,
+    seed: Any,
+    anneal_moves: Any,
+    time_budget_s: Any,
+    options: Dict[str, Any],
+    replicate: ReplicationRunner,
+    stacklevel: int,
+) -> Plan:
     """`plan_window`'s body (same arguments, ``options`` as a dict), with its replication stage
     run by ``replicate``; ``stacklevel`` counts the deprecation warnings' frames from this
     function (`plan_window` passes 3: its caller)."""
     if time_budget_s is not None:
         time_budget_s = finite_float(time_budget_s, "time_budget_s", strict=True)
     # every argument checked in one place, the one each stage function runs too
-    ctx = PlanContext(window, topo, cost, token_cap, previous, previous_window, seed, anneal_moves,
-                      time_budget_s).check()
+    ctx = PlanContext(
+        window, topo, cost, token_cap, previous, previous_window, seed, anneal_moves, time_budget_s
+    ).check()
     token_cap, seed, anneal_moves = ctx.token_cap, ctx.seed, ctx.anneal_moves
 
     options = canonical_options(options, stacklevel=stacklevel)
@@ -181,9 +213,14 @@ def plan_stages(window: Any, topo: Any, cost: Any, token_cap: Any, policy: Any, 
 
     migration = empty_migration()
     if previous is not None:
-        cols = _core.migration_diff(previous.phy2log, placement.phy2log, placement.num_experts,
-                                    placement.slots_per_rank, cost.expert_state_bytes,
-                                    min(topo.gpus_per_node, topo.ep))
+        cols = _core.migration_diff(
+            previous.phy2log,
+            placement.phy2log,
+            placement.num_experts,
+            placement.slots_per_rank,
+            cost.expert_state_bytes,
+            min(topo.gpus_per_node, topo.ep),
+        )
         migration = np.zeros(len(cols[0]), dtype=MIGRATION_DTYPE)
         for name_, col in zip(MIGRATION_DTYPE.names, cols):
             migration[name_] = col
@@ -195,8 +232,12 @@ def plan_stages(window: Any, topo: Any, cost: Any, token_cap: Any, policy: Any, 
     plan.report = {
         "policy": name,
         "token_cap": token_cap,
-        "stages": {"placement": pol.placement, "packing": pol.packing, "replication": pol.replication,
-                   "loads": pol.loads},
+        "stages": {
+            "placement": pol.placement,
+            "packing": pol.packing,
+            "replication": pol.replication,
+            "loads": pol.loads,
+        },
         "predicted": sim.summary(),
         "packing": pack_report,
         "stage_seconds": seconds,

@@ -68,5 +68,16 @@ def resolve(policy: Any) -> Tuple[str, Policy]:
     return name, pol
 
 
-__all__ = ["KNOWN_OPTIONS", "PACKINGS", "PLACEMENTS", "PRESETS", "PackingResult", "PlanContext", "Policy",
-           "REPLICATIONS", "known_options", "register_preset", "resolve"]
+__all__ = [
+    "KNOWN_OPTIONS",
+    "PACKINGS",
+    "PLACEMENTS",
+    "PRESETS",
+    "PackingResult",
+    "PlanContext",
+    "Policy",
+    "REPLICATIONS",
+    "known_options",
+    "register_preset",
+    "resolve",
+]

@@ -8,9 +8,16 @@ placement from `routepack.stages.placement`.
 
 from routepack.stages.options import DEFAULTS
 from routepack.stages.placement import relibra_placement
-from routepack.stages.replication import (HotNOptions, RelibraReplicationOptions, RoutepackReplicationOptions,
-                                          hot_n_replication, no_replication, relibra_replication, replica_table,
-                                          routepack_replication)
+from routepack.stages.replication import (
+    HotNOptions,
+    RelibraReplicationOptions,
+    RoutepackReplicationOptions,
+    hot_n_replication,
+    no_replication,
+    relibra_replication,
+    replica_table,
+    routepack_replication,
+)
 
 DEFAULT_HOT_EXPERTS: int = DEFAULTS["replication"]["replication_hot_experts"]
 DEFAULT_REPLICA_SLOTS: int = DEFAULTS["replication"]["replication_slots"]

@@ -110,11 +110,28 @@ class SimResult:
 
     def summary(self) -> Dict[str, Any]:
         """Scalars only (what plan reports and JSON hold)."""
-        out = {k: getattr(self, k) for k in (
-            "step_time", "ideal_time", "lower_bound_time", "throughput", "ideal_throughput",
-            "attention", "expert", "all_to_all", "replication", "migration", "critical_group",
-            "mean_imbalance", "intra_node_bytes", "cross_node_bytes", "cross_node_bytes_per_token", "hidden",
-            "redundant_grads")}
+        out = {
+            k: getattr(self, k)
+            for k in (
+                "step_time",
+                "ideal_time",
+                "lower_bound_time",
+                "throughput",
+                "ideal_throughput",
+                "attention",
+                "expert",
+                "all_to_all",
+                "replication",
+                "migration",
+                "critical_group",
+                "mean_imbalance",
+                "intra_node_bytes",
+                "cross_node_bytes",
+                "cross_node_bytes_per_token",
+                "hidden",
+                "redundant_grads",
+            )
+        }
         out["fraction_of_ideal"] = self.fraction_of_ideal
         out["fraction_of_balanced"] = self.fraction_of_balanced
         out["fraction_of_bound"] = self.fraction_of_bound
@@ -127,8 +144,9 @@ def lower_bound_micro(window: Any, topo: Any, token_cap: int) -> int:
     return max(1, -(-rows // topo.dp))
 
 
-def simulate(plan: Any, window: Any, topo: Any, cost: Any, token_cap: Optional[int] = None,
-             validate: bool = False) -> SimResult:
+def simulate(
+    plan: Any, window: Any, topo: Any, cost: Any, token_cap: Optional[int] = None, validate: bool = False
+) -> SimResult:
     """Scores `plan` on `window` under `topo` and `cost` (see docs/design.md, "Cost model").
 
     ``token_cap`` sets the microbatch count of the balanced reference ``ideal_time`` (the
@@ -154,6 +172,14 @@ def simulate(plan: Any, window: Any, topo: Any, cost: Any, token_cap: Optional[i
         raise RoutepackError("token_cap: validate=True checks the plan against a cap; pass token_cap=")
     cap = token_cap if token_cap is not None else plan.report.get("token_cap")
     ideal_micro = lower_bound_micro(window, topo, cap) if cap else None
-    out = _core.simulate(plan, window.seq_lens, window.counts, topo, cost, ideal_micro,
-                         int(cap) if cap else None, token_cap if validate else None)
+    out = _core.simulate(
+        plan,
+        window.seq_lens,
+        window.counts,
+        topo,
+        cost,
+        ideal_micro,
+        int(cap) if cap else None,
+        token_cap if validate else None,
+    )
     return SimResult(**out)

@@ -49,16 +49,22 @@ def _choices(values: Optional[Sequence[str]], table: Dict[str, Any], name: str) 
     return list(dict.fromkeys(values))
 
 
-def combinations(placements: Optional[Sequence[str]] = None, packings: Optional[Sequence[str]] = None,
-                 replications: Optional[Sequence[str]] = None, loads: str = "window") -> List[Policy]:
+def combinations(
+    placements: Optional[Sequence[str]] = None,
+    packings: Optional[Sequence[str]] = None,
+    replications: Optional[Sequence[str]] = None,
+    loads: str = "window",
+) -> List[Policy]:
     """Every (placement, packing, replication) of the registered choices (None: all of a stage),
     in registry order, each planning from ``loads``."""
     if loads not in ("window", "previous"):
         raise RoutepackError(f"loads: expected 'window' or 'previous', got {loads!r}")
-    return [Policy(a, b, c, loads=loads)
-            for a in _choices(placements, PLACEMENTS, "placements")
-            for b in _choices(packings, PACKINGS, "packings")
-            for c in _choices(replications, REPLICATIONS, "replications")]
+    return [
+        Policy(a, b, c, loads=loads)
+        for a in _choices(placements, PLACEMENTS, "placements")
+        for b in _choices(packings, PACKINGS, "packings")
+        for c in _choices(replications, REPLICATIONS, "replications")
+    ]
 
 
 def sweep_policies(combos: Sequence[Policy]) -> List[Union[str, Policy]]:
@@ -84,8 +90,7 @@ def sweep(
     """Plans windows[1:] with every combination (and the preset and baselines, see the module
     docs) and returns `summarise_sweep` of the rows, with the rows under ``"rows"``."""
     combos = combinations(placements, packings, replications, loads)
-    rows = compare(windows, topo, cost, token_cap, sweep_policies(combos), seed=seed, progress=progress,
-                   **options)
+    rows = compare(windows, topo, cost, token_cap, sweep_policies(combos), seed=seed, progress=progress, **options)
     out = summarise_sweep(rows, combos)
     out["loads"] = loads
     out["rows"] = rows
@@ -145,8 +150,13 @@ def summarise_sweep(rows: Sequence[Row], combos: Sequence[Policy]) -> Dict[str, 
     for pol in shown:
         name = _label(pol) if pol in combos else PRESET
         e = _entry(name, by[name], preset, best)
-        e.update(placement=pol.placement, packing=pol.packing, replication=pol.replication,
-                 loads=pol.loads, preset=(name == preset_name))
+        e.update(
+            placement=pol.placement,
+            packing=pol.packing,
+            replication=pol.replication,
+            loads=pol.loads,
+            preset=(name == preset_name),
+        )
         entries.append(e)
     entries.sort(key=lambda e: (e["step_s"], e["policy"]))
     best_entry = None
@@ -172,17 +182,21 @@ def summarise_sweep(rows: Sequence[Row], combos: Sequence[Policy]) -> Dict[str, 
 def format_sweep(summary: Dict[str, Any], legend: bool = True) -> str:
     """Fixed-width table of `summarise_sweep` output (the preset's row marked ``*``), the best
     baseline under it, the verdict and a legend."""
-    head = (f"{'':1} {'placement':<17} {'packing':<10} {'replication':<11} {'step s':>9} {'min s':>9} "
-            f"{'max s':>9} {'thr/preset':>10} {'thr/best':>8} {'xnode kB/tok':>12} {'plan s':>7}")
+    head = (
+        f"{'':1} {'placement':<17} {'packing':<10} {'replication':<11} {'step s':>9} {'min s':>9} "
+        f"{'max s':>9} {'thr/preset':>10} {'thr/best':>8} {'xnode kB/tok':>12} {'plan s':>7}"
+    )
     lines = [head, "-" * len(head)]
 
     def num(v: float, fmt: str) -> str:
         return format(v, fmt) if math.isfinite(v) else "-".rjust(int(fmt.split(".")[0].lstrip(">")))
 
     def line(mark: str, a: str, b: str, c: str, e: Dict[str, Any]) -> str:
-        return (f"{mark:1} {a:<17} {b:<10} {c:<11} {num(e['step_s'], '>9.4f')} {num(e['step_min'], '>9.4f')} "
-                f"{num(e['step_max'], '>9.4f')} {num(e['vs_preset'], '>10.4f')} {num(e['vs_best'], '>8.4f')} "
-                f"{num(e['cross_node_bytes_per_token'] / 1e3, '>12.2f')} {num(e['plan_s'], '>7.3f')}")
+        return (
+            f"{mark:1} {a:<17} {b:<10} {c:<11} {num(e['step_s'], '>9.4f')} {num(e['step_min'], '>9.4f')} "
+            f"{num(e['step_max'], '>9.4f')} {num(e['vs_preset'], '>10.4f')} {num(e['vs_best'], '>8.4f')} "
+            f"{num(e['cross_node_bytes_per_token'] / 1e3, '>12.2f')} {num(e['plan_s'], '>7.3f')}"
+        )
 
     for e in summary["entries"]:
         lines.append(line("*" if e["preset"] else "", e["placement"], e["packing"], e["replication"], e))
@@ -193,16 +207,20 @@ def format_sweep(summary: Dict[str, Any], legend: bool = True) -> str:
             counts[p] = counts.get(p, 0) + 1
         lines.append("-" * len(head))
         lines.append(line("", BEST, "", "", b))
-        lines.append("  best baseline per window: " + ", ".join(f"{p} x{c}" for p, c in
-                                                              sorted(counts.items(), key=lambda x: -x[1])))
+        lines.append(
+            "  best baseline per window: "
+            + ", ".join(f"{p} x{c}" for p, c in sorted(counts.items(), key=lambda x: -x[1]))
+        )
     v = summary["verdict"]
     lines.append("")
     if v["is_fastest"]:
         lines.append(f"* the {v['preset']} preset is the fastest of the {v['of']} entries")
     else:
         where = "within" if v["within_tolerance"] else "NOT within"
-        lines.append(f"* the {v['preset']} preset ranks {v['rank']} of {v['of']}: its median step is "
-                     f"{v['gap']:.2%} above the fastest ({v['fastest']}), {where} {v['tolerance']:.1%}")
+        lines.append(
+            f"* the {v['preset']} preset ranks {v['rank']} of {v['of']}: its median step is "
+            f"{v['gap']:.2%} above the fastest ({v['fastest']}), {where} {v['tolerance']:.1%}"
+        )
     if legend:
         lines += ["", sweep_legend()]
     return "\n".join(lines)
@@ -213,10 +231,17 @@ def sweep_legend() -> str:
     items: List[Tuple[str, str]] = [
         ("step s", "median over windows of the predicted step time (seconds, routepack.simulate)"),
         ("min/max s", "the fastest and slowest window's step time"),
-        ("thr/preset", f"throughput over the {PRESET} preset's: median over windows of the per-window ratio "
-                       "(above 1: faster than the preset)"),
-        ("thr/best", "the same over the best baseline's (per window the fastest of " + ", ".join(BASELINES) +
-                     ", each in its own configuration)"),
+        (
+            "thr/preset",
+            f"throughput over the {PRESET} preset's: median over windows of the per-window ratio "
+            "(above 1: faster than the preset)",
+        ),
+        (
+            "thr/best",
+            "the same over the best baseline's (per window the fastest of "
+            + ", ".join(BASELINES)
+            + ", each in its own configuration)",
+        ),
         ("xnode kB/tok", CROSS_NODE_LEGEND),
         ("plan s", "median planner wall time on this machine"),
     ]
@@ -227,5 +252,13 @@ def sweep_legend() -> str:
     return "\n".join(out)
 
 
-__all__ = ["PRESET", "TOLERANCE", "combinations", "format_sweep", "summarise_sweep", "sweep", "sweep_legend",
-           "sweep_policies"]
+__all__ = [
+    "PRESET",
+    "TOLERANCE",
+    "combinations",
+    "format_sweep",
+    "summarise_sweep",
+    "sweep",
+    "sweep_legend",
+    "sweep_policies",
+]

@@ -66,9 +66,22 @@ class Profile:
     expert_groups: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("num_layers", "num_experts", "top_k", "hidden", "expert_ffn", "dp", "ep",
-                     "gpus_per_node", "slots_per_rank", "token_cap", "samples", "group_size",
-                     "max_response", "num_topics"):
+        for name in (
+            "num_layers",
+            "num_experts",
+            "top_k",
+            "hidden",
+            "expert_ffn",
+            "dp",
+            "ep",
+            "gpus_per_node",
+            "slots_per_rank",
+            "token_cap",
+            "samples",
+            "group_size",
+            "max_response",
+            "num_topics",
+        ):
             positive_int(getattr(self, name), f"profile.{name}")
         if self.num_experts <= self.top_k:
             # a token's k experts are distinct and each takes at most 0.95/k of its mass
@@ -77,8 +90,7 @@ class Profile:
             raise RoutepackError(f"profile.samples={self.samples} is not a multiple of group_size={self.group_size}")
         for name in ("prompt_median", "response_median"):
             finite_float(getattr(self, name), f"profile.{name}", strict=True)
-        for name in ("response_sigma", "difficulty_sigma", "topic_strength", "sample_noise", "drift",
-                     "topic_drift"):
+        for name in ("response_sigma", "difficulty_sigma", "topic_strength", "sample_noise", "drift", "topic_drift"):
             finite_float(getattr(self, name), f"profile.{name}")
         if not 0 < finite_float(self.topic_experts, "profile.topic_experts") <= 1:
             raise RoutepackError(f"profile.topic_experts: must be in (0, 1], got {self.topic_experts}")
@@ -95,8 +107,15 @@ class Profile:
         # ModelShape checks the kinds; a sequence is all it needs (a mapping or a scalar is refused)
         attention = tuple(sequence(self.attention, "profile.attention", "attention kinds"))
         with _as_profile_fields("model"):
-            return ModelShape(self.num_layers, self.num_experts, self.top_k, self.hidden, self.expert_ffn,
-                              attention, expert_groups=self.expert_groups)
+            return ModelShape(
+                self.num_layers,
+                self.num_experts,
+                self.top_k,
+                self.hidden,
+                self.expert_ffn,
+                attention,
+                expert_groups=self.expert_groups,
+            )
 
     def topology(self) -> Topology:
         with _as_profile_fields("topo"):
@@ -119,7 +138,7 @@ def _as_profile_fields(prefix: str) -> Iterator[None]:
         if head == prefix:
             raise type(e)(f"profile{sep}{rest}") from None
         if head.startswith(prefix + "."):
-            raise type(e)(f"profile.{head[len(prefix) + 1:]}{sep}{rest}") from None
+            raise type(e)(f"profile.{head[len(prefix) + 1 :]}{sep}{rest}") from None
         raise
 
 
@@ -132,17 +151,45 @@ PROFILES = {
     # Ling-3.0-tiny-like: 128 experts top-8, 3 linear : 1 full attention; the synthetic
     # traces route without expert groups (expert_groups=1), so EPLB runs its global policy
     "tiny": Profile(
-        name="tiny", num_layers=20, num_experts=128, top_k=8, hidden=2048, expert_ffn=512,
-        attention=tuple(_pattern(3, 1, 20)), dp=16, ep=8, gpus_per_node=8, slots_per_rank=17,
-        token_cap=32768, samples=1024, group_size=8, prompt_median=600.0,
-        response_median=2500.0, max_response=16384, expert_groups=1,
+        name="tiny",
+        num_layers=20,
+        num_experts=128,
+        top_k=8,
+        hidden=2048,
+        expert_ffn=512,
+        attention=tuple(_pattern(3, 1, 20)),
+        dp=16,
+        ep=8,
+        gpus_per_node=8,
+        slots_per_rank=17,
+        token_cap=32768,
+        samples=1024,
+        group_size=8,
+        prompt_median=600.0,
+        response_median=2500.0,
+        max_response=16384,
+        expert_groups=1,
     ),
     # Ling-3.0-flash-like: 512 experts top-8, 5 linear : 1 full attention
     "flash": Profile(
-        name="flash", num_layers=32, num_experts=512, top_k=8, hidden=4096, expert_ffn=1024,
-        attention=tuple(_pattern(5, 1, 32)), dp=64, ep=32, gpus_per_node=8, slots_per_rank=17,
-        token_cap=65536, samples=4096, group_size=16, prompt_median=800.0,
-        response_median=4000.0, max_response=32768, expert_groups=1,
+        name="flash",
+        num_layers=32,
+        num_experts=512,
+        top_k=8,
+        hidden=4096,
+        expert_ffn=1024,
+        attention=tuple(_pattern(5, 1, 32)),
+        dp=64,
+        ep=32,
+        gpus_per_node=8,
+        slots_per_rank=17,
+        token_cap=65536,
+        samples=4096,
+        group_size=16,
+        prompt_median=800.0,
+        response_median=4000.0,
+        max_response=32768,
+        expert_groups=1,
     ),
 }
 
@@ -172,7 +219,7 @@ def _cap_probs(p: np.ndarray, limit: float) -> np.ndarray:
     jmax = min(p.shape[-1] - 1, int(np.floor(1.0 / limit)))
     part = -np.partition(-p, jmax, axis=-1)
     top = -np.sort(-part[..., : jmax + 1], axis=-1)  # the jmax+1 largest, descending
-    rest = part[..., jmax + 1:].sum(axis=-1, keepdims=True)  # everything below them
+    rest = part[..., jmax + 1 :].sum(axis=-1, keepdims=True)  # everything below them
     below = rest + np.cumsum(top[..., ::-1], axis=-1)[..., ::-1]  # mass from entry j down
     factor = (1.0 - np.arange(jmax + 1) * limit) / below
     j = np.argmax(top * factor <= limit, axis=-1)[..., None]

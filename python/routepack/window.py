@@ -9,8 +9,15 @@ import numpy as np
 
 from routepack import _core, _npz
 from routepack._checks import as_int_array, boolean, positive_int
-from routepack._routed import (ROUTED_DTYPES, flatten_slime, flatten_verl, native_order, renamed, slime_location,
-                               verl_location)
+from routepack._routed import (
+    ROUTED_DTYPES,
+    flatten_slime,
+    flatten_verl,
+    native_order,
+    renamed,
+    slime_location,
+    verl_location,
+)
 from routepack.errors import RoutepackError, RoutepackTypeError
 
 
@@ -125,10 +132,7 @@ class Window:
 
     def __repr__(self) -> str:
         k = "" if self.top_k is None else f", top_k={self.top_k}"
-        return (
-            f"Window(S={self.num_samples}, L={self.num_layers}, E={self.num_experts}{k}, "
-            f"tokens={self.total_tokens})"
-        )
+        return f"Window(S={self.num_samples}, L={self.num_layers}, E={self.num_experts}{k}, tokens={self.total_tokens})"
 
     def __eq__(self, other: object) -> bool:
         return (

@@ -112,6 +112,7 @@ def test_a_bad_token_mask_on_one_rank_makes_every_rank_raise(ranks):
 
 # ------------------------------------------------------------- refusals (no process group)
 
+
 @functools.lru_cache(maxsize=None)
 def small(family: str):
     return chk.build_model(chk.Case(family=family))
@@ -131,20 +132,26 @@ def test_gpt_oss_is_refused_naming_the_module():
     import transformers as tf
 
     torch.manual_seed(0)
-    m = tf.GptOssForCausalLM(tf.GptOssConfig(**{**chk.COMMON, "num_local_experts": 8, "num_experts_per_tok": 2,
-                                                "head_dim": 8, "sliding_window": 8}))
+    m = tf.GptOssForCausalLM(
+        tf.GptOssConfig(
+            **{**chk.COMMON, "num_local_experts": 8, "num_experts_per_tok": 2, "head_dim": 8, "sliding_window": 8}
+        )
+    )
     placement, topo = a_placement(m)
     with pytest.raises(RoutepackError, match=r"model\.layers\.0\.mlp \(GptOssMLP\): GPT-OSS experts .*not supported"):
         hf.shard(m, placement, topo=topo)
 
 
-@pytest.mark.parametrize("break_it,pattern", [
-    ("act", r"act_fn GELU.* is not SiLU"),
-    ("bias", r"biased"),
-    ("transposed", r"transposed"),
-    ("shape", r"expected gate_up_proj \[E=8, 2I, H\]"),
-    ("class", r"expected the Qwen3-MoE experts class"),
-])
+@pytest.mark.parametrize(
+    "break_it,pattern",
+    [
+        ("act", r"act_fn GELU.* is not SiLU"),
+        ("bias", r"biased"),
+        ("transposed", r"transposed"),
+        ("shape", r"expected gate_up_proj \[E=8, 2I, H\]"),
+        ("class", r"expected the Qwen3-MoE experts class"),
+    ],
+)
 def test_expert_layouts_shard_cannot_carry_are_refused(break_it, pattern):
     m = copy.deepcopy(small("Qwen3-MoE"))
     experts = m.model.layers[2].mlp.experts

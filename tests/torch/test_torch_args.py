@@ -17,14 +17,45 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 
 import routepack as rp  # noqa: E402
 from routepack.plan import REPLICA_DTYPE, Placement, Plan  # noqa: E402
-from routepack.torch import (EPMoE, agree_on_plan, broadcast_plan, checksum, dense_moe, expert_counts,  # noqa: E402
-                             flow_table, gather_ints, plan_digest, rank_microbatches, route_tokens)
+from routepack.torch import (  # noqa: E402
+    EPMoE,
+    agree_on_plan,
+    broadcast_plan,
+    checksum,
+    dense_moe,
+    expert_counts,
+    flow_table,
+    gather_ints,
+    plan_digest,
+    rank_microbatches,
+    route_tokens,
+)
 
 SETTINGS = settings(max_examples=40, deadline=None)
 
 #: values that are not an int (or not one a count can take)
-NOT_INTS = st.sampled_from([None, "2", "", 1.5, 2.0, float("nan"), float("inf"), True, {}, {0: 1}, [1], (2,),
-                            b"3", 1j, np.float64(2.0), np.bool_(True), np.array([2]), object()])
+NOT_INTS = st.sampled_from(
+    [
+        None,
+        "2",
+        "",
+        1.5,
+        2.0,
+        float("nan"),
+        float("inf"),
+        True,
+        {},
+        {0: 1},
+        [1],
+        (2,),
+        b"3",
+        1j,
+        np.float64(2.0),
+        np.bool_(True),
+        np.array([2]),
+        object(),
+    ]
+)
 NOT_PLANS = st.sampled_from([None, "x", 0, 1.5, {}, [], (), object(), np.zeros(2), b""])
 #: dtypes that are not integer ids
 NOT_INT_DTYPES = st.sampled_from([np.float64, np.float32, np.bool_, np.complex64, "U3", object])
@@ -36,8 +67,9 @@ def group():
     made = not dist.is_initialized()
     if made:
         store = os.path.join(tempfile.mkdtemp(prefix="rp_args_"), "store")
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1,
-                                timeout=datetime.timedelta(seconds=30))
+        dist.init_process_group(
+            "gloo", init_method=f"file://{store}", rank=0, world_size=1, timeout=datetime.timedelta(seconds=30)
+        )
     yield
     if made:
         dist.destroy_process_group()
@@ -51,8 +83,12 @@ def names(err, *args):
 
 def small_plan(experts=4, samples=3, ranks=1):
     topo = rp.Topology(ranks, ranks, 1, experts)
-    return Plan(Placement.static(2, experts, topo), np.arange(samples, dtype=np.int32) % ranks,
-                np.zeros(samples, dtype=np.int32), 1)
+    return Plan(
+        Placement.static(2, experts, topo),
+        np.arange(samples, dtype=np.int32) % ranks,
+        np.zeros(samples, dtype=np.int32),
+        1,
+    )
 
 
 # ------------------------------------------------------------------ wrong types, out of range
@@ -62,8 +98,14 @@ def test_epmoe_sizes_must_be_ints(bad, where):
     args = {"layer": 0, "num_experts": 3, "hidden": 4, "ffn": 2}
     args[where] = bad
     with pytest.raises(rp.RoutepackError) as e:
-        EPMoE(args["layer"], args["num_experts"], args["hidden"], args["ffn"], rp.Topology(1, 1, 1, 3),
-              np.arange(3, dtype=np.int32))
+        EPMoE(
+            args["layer"],
+            args["num_experts"],
+            args["hidden"],
+            args["ffn"],
+            rp.Topology(1, 1, 1, 3),
+            np.arange(3, dtype=np.int32),
+        )
     names(e, where)
 
 
@@ -85,11 +127,13 @@ def test_epmoe_topo_must_be_a_topology(bad):
 
 
 @SETTINGS
-@given(row=st.lists(st.integers(-3, 2**33), min_size=0, max_size=5) | st.sampled_from(
-    [np.array([0.0, 1.0, 2.0]), np.array([True, False, True]), np.array(["0", "1", "2"]), [0, 1]]))
+@given(
+    row=st.lists(st.integers(-3, 2**33), min_size=0, max_size=5)
+    | st.sampled_from([np.array([0.0, 1.0, 2.0]), np.array([True, False, True]), np.array(["0", "1", "2"]), [0, 1]])
+)
 def test_epmoe_placement_row_is_checked(row):
     arr = np.asarray(row)
-    ok = (arr.dtype.kind in "iu" and arr.shape == (3,) and set(arr.tolist()) >= {0, 1, 2})
+    ok = arr.dtype.kind in "iu" and arr.shape == (3,) and set(arr.tolist()) >= {0, 1, 2}
     if ok:
         EPMoE(0, 3, 4, 2, rp.Topology(1, 1, 1, 3), row)
         return
@@ -146,8 +190,14 @@ def test_expert_ids_must_be_integers(dtype, shape):
         expert_counts(ids, 4)
     names(e, "topk_ids")
     with pytest.raises(rp.RoutepackError) as e:
-        route_tokens(ids.reshape(-1, 1), np.zeros((1, 4), np.int64), np.arange(4, dtype=np.int32),
-                     rp.Topology(1, 1, 1, 4), np.zeros(0, REPLICA_DTYPE), 0)
+        route_tokens(
+            ids.reshape(-1, 1),
+            np.zeros((1, 4), np.int64),
+            np.arange(4, dtype=np.int32),
+            rp.Topology(1, 1, 1, 4),
+            np.zeros(0, REPLICA_DTYPE),
+            0,
+        )
     names(e, "topk_ids")
     plan = small_plan()
     with pytest.raises(rp.RoutepackError) as e:
@@ -168,14 +218,22 @@ def test_expert_counts_num_experts_must_be_positive(num_experts):
 def test_route_tokens_ep_rank_must_be_a_rank(ep_rank):
     topo = rp.Topology(2, 2, 2, 1)
     with pytest.raises(rp.RoutepackError) as e:
-        route_tokens(np.array([[0]]), np.array([[1, 0], [0, 0]]), np.array([0, 1], np.int32), topo,
-                     np.zeros(0, REPLICA_DTYPE), ep_rank)
+        route_tokens(
+            np.array([[0]]),
+            np.array([[1, 0], [0, 0]]),
+            np.array([0, 1], np.int32),
+            topo,
+            np.zeros(0, REPLICA_DTYPE),
+            ep_rank,
+        )
     names(e, "ep_rank")
 
 
 @SETTINGS
-@given(field=st.sampled_from(["expert", "src_rank", "dst_rank", "share"]),
-       value=st.sampled_from([-1, 7, 2**20]) | st.floats(allow_nan=True, allow_infinity=True))
+@given(
+    field=st.sampled_from(["expert", "src_rank", "dst_rank", "share"]),
+    value=st.sampled_from([-1, 7, 2**20]) | st.floats(allow_nan=True, allow_infinity=True),
+)
 def test_replica_rows_out_of_range_are_named(field, value):
     topo = rp.Topology(2, 2, 2, 1)
     rows = np.array([(0, 0, 0, 0, 0, 1, 0.5)], dtype=REPLICA_DTYPE)
@@ -183,8 +241,12 @@ def test_replica_rows_out_of_range_are_named(field, value):
         rows[field][0] = value
     except (OverflowError, ValueError):
         return
-    good = {"expert": 0 <= rows["expert"][0] < 2, "src_rank": 0 <= rows["src_rank"][0] < 2,
-            "dst_rank": 0 <= rows["dst_rank"][0] < 2, "share": 0 <= rows["share"][0] <= 1}[field]
+    good = {
+        "expert": 0 <= rows["expert"][0] < 2,
+        "src_rank": 0 <= rows["src_rank"][0] < 2,
+        "dst_rank": 0 <= rows["dst_rank"][0] < 2,
+        "share": 0 <= rows["share"][0] <= 1,
+    }[field]
     args = (np.array([[1, 0], [0, 0]]), np.array([0, 1], np.int32), topo, rows)
     if good:
         flow_table(*args)
@@ -211,8 +273,10 @@ def test_rank_microbatches_rank_is_checked(rank):
 
 
 @SETTINGS
-@given(dtype=st.sampled_from([torch.float32, torch.float64, torch.int32, torch.int8, torch.bool, torch.int64]),
-       shape=st.sampled_from([(0,), (5,), (2, 3), ()]))
+@given(
+    dtype=st.sampled_from([torch.float32, torch.float64, torch.int32, torch.int8, torch.bool, torch.int64]),
+    shape=st.sampled_from([(0,), (5,), (2, 3), ()]),
+)
 def test_checksum_takes_only_1d_byte_buffers(dtype, shape):
     buf = torch.zeros(shape, dtype=dtype)
     with pytest.raises(rp.RoutepackError) as e:
@@ -224,11 +288,27 @@ def test_checksum_takes_only_1d_byte_buffers(dtype, shape):
 @given(t=st.integers(0, 6), h=st.integers(1, 5), i=st.integers(1, 4), e_n=st.integers(1, 4), data=st.data())
 def test_dense_moe_refuses_inconsistent_shapes(t, h, i, e_n, data):
     k = data.draw(st.integers(1, e_n))
-    good = {"x": torch.zeros(t, h), "topk_ids": torch.zeros(t, k, dtype=torch.int64),
-            "topk_weights": torch.zeros(t, k), "w1": torch.zeros(e_n, h, 2 * i), "w2": torch.zeros(e_n, i, h)}
+    good = {
+        "x": torch.zeros(t, h),
+        "topk_ids": torch.zeros(t, k, dtype=torch.int64),
+        "topk_weights": torch.zeros(t, k),
+        "w1": torch.zeros(e_n, h, 2 * i),
+        "w2": torch.zeros(e_n, i, h),
+    }
     which = data.draw(st.sampled_from(sorted(good)))
-    bad = data.draw(st.sampled_from([None, "x", torch.zeros(1), torch.zeros(t + 1, 99), torch.zeros(2, 2, 2, 2),
-                                     good[which].double(), good[which].to(torch.int32)]))
+    bad = data.draw(
+        st.sampled_from(
+            [
+                None,
+                "x",
+                torch.zeros(1),
+                torch.zeros(t + 1, 99),
+                torch.zeros(2, 2, 2, 2),
+                good[which].double(),
+                good[which].to(torch.int32),
+            ]
+        )
+    )
     args = dict(good, **{which: bad})
     try:  # a replacement that happens to be consistent (same shape, accepted dtype) is fine
         dense_moe(**args)
@@ -251,8 +331,15 @@ def test_zero_tokens_give_an_empty_output_in_the_graph(h, i, e_n, data):
     assert x.grad.shape == (0, h) and not w1.grad.any() and not w2.grad.any()
 
     spr = e_n + data.draw(st.integers(0, 2))
-    layer = EPMoE(0, e_n, h, i, rp.Topology(1, 1, 1, spr),
-                  np.concatenate([np.arange(e_n), np.zeros(spr - e_n, np.int64)]), dtype=torch.float64)
+    layer = EPMoE(
+        0,
+        e_n,
+        h,
+        i,
+        rp.Topology(1, 1, 1, spr),
+        np.concatenate([np.arange(e_n), np.zeros(spr - e_n, np.int64)]),
+        dtype=torch.float64,
+    )
     z = layer(x, ids, gw)
     assert z.shape == (0, h) and layer.last_route.send_order.size == 0
     z.sum().backward()

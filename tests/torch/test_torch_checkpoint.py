@@ -36,8 +36,13 @@ def save_ranks(rank, world, device, folder):
     start = Placement.static(L, E, topo)
     layers = torch.nn.ModuleList([EPMoE(l, E, H, I, topo, start.phy2log[l]) for l in range(L)])
     import_logical(layers, list(zip(w1, w2)))
-    plan = Plan(nxt, np.arange(world, dtype=np.int32), np.zeros(world, dtype=np.int32), 1,
-                migration=sc.migration_rows(start, nxt))
+    plan = Plan(
+        nxt,
+        np.arange(world, dtype=np.int32),
+        np.zeros(world, dtype=np.int32),
+        1,
+        migration=sc.migration_rows(start, nxt),
+    )
     migrate(list(layers), plan)
     torch.save(layers.state_dict(), os.path.join(folder, f"rank{rank}.pt"))
     return {"phy2log": [m.phy2log.tolist() for m in layers]}
@@ -57,8 +62,12 @@ def load_ranks(rank, world, device, folder):
     out["placement_kept"] = all(np.array_equal(m.phy2log, nxt.phy2log[l]) for l, m in enumerate(layers))
     exported = export_logical(layers)
     out["export_equal"] = all(torch.equal(a, w1[l]) and torch.equal(b, w2[l]) for l, (a, b) in enumerate(exported))
-    out["slots_equal"] = all(torch.equal(m.w1[s], w1[l, e]) and torch.equal(m.w2[s], w2[l, e])
-                             for l, m in enumerate(layers) for s, e in enumerate(m.local_experts().tolist()) if e >= 0)
+    out["slots_equal"] = all(
+        torch.equal(m.w1[s], w1[l, e]) and torch.equal(m.w2[s], w2[l, e])
+        for l, m in enumerate(layers)
+        for s, e in enumerate(m.local_experts().tolist())
+        if e >= 0
+    )
     out["redundant"] = int(sum(np.bincount(nxt.phy2log[l]).max() > 1 for l in range(L)))
     return out
 

@@ -61,8 +61,17 @@ def test_received_load_is_the_plans_prediction(windows):
         assert f["imbalance_equal"]
 
 
-@pytest.mark.parametrize("name", ["other_topology", "missing_slot", "share_above_one", "share_negative",
-                                  "migration_from_other_placement", "different_plan_on_rank0"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "other_topology",
+        "missing_slot",
+        "share_above_one",
+        "share_negative",
+        "migration_from_other_placement",
+        "different_plan_on_rank0",
+    ],
+)
 def test_bad_plans_are_refused_before_any_transfer(faults, name):
     for rank, f in faults.items():
         r = f["bad_plans"][name]

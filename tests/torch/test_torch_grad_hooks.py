@@ -58,8 +58,9 @@ def check_hooks(rank, world, device):
     for d in range(topo.dp):
         for mb in batches[d]:
             x, r = sc.model.inputs(case, 0, d, mb.micro, mb.routed.shape[0], device)
-            y = sc.forward(x, mb.routed, list(weights.router),
-                           lambda l, a, i, g: dense_moe(a, i, g, ref_w1[l], ref_w2[l]))
+            y = sc.forward(
+                x, mb.routed, list(weights.router), lambda l, a, i, g: dense_moe(a, i, g, ref_w1[l], ref_w2[l])
+            )
             loss = loss + (y * r).sum()
     loss.backward()
 
@@ -73,6 +74,7 @@ def check_hooks(rank, world, device):
             def hook(param):
                 param.main_grad += param.grad.float()
                 param.grad = None
+
             p.register_post_accumulate_grad_hook(hook)
     # DDP over the expert-data-parallel group: buckets reduced inside backward
     dp_model = sc.EPModel(case, weights, device, groups)

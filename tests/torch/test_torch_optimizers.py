@@ -77,8 +77,13 @@ def _raised(fn):
 def check_optimizers(rank, world, device):
     topo = rp.Topology(world, world, world, SPR)
     start, nxt = _placements(topo)
-    plan = Plan(nxt, np.arange(world, dtype=np.int32), np.zeros(world, dtype=np.int32), 1,
-                migration=sc.migration_rows(start, nxt))
+    plan = Plan(
+        nxt,
+        np.arange(world, dtype=np.int32),
+        np.zeros(world, dtype=np.int32),
+        1,
+        migration=sc.migration_rows(start, nxt),
+    )
     g = torch.Generator().manual_seed(0)
     w1, w2 = torch.randn(L, E, H, 2 * I, generator=g), torch.randn(L, E, I, H, generator=g)
     grads = [(torch.randn(L, E, H, 2 * I, generator=g), torch.randn(L, E, I, H, generator=g)) for _ in range(2)]
@@ -92,8 +97,11 @@ def check_optimizers(rank, world, device):
                 before = sc.fingerprints(a, oa)
                 migrate(a, plan, oa)
                 after = sc.fingerprints(a, oa)
-                out["moved_state"][name] = (set(after) == set(before) and len(oa.state[a[0].w1]) > 0
-                                            and all(len(before[k]) == 1 and after[k] == before[k] for k in before))
+                out["moved_state"][name] = (
+                    set(after) == set(before)
+                    and len(oa.state[a[0].w1]) > 0
+                    and all(len(before[k]) == 1 and after[k] == before[k] for k in before)
+                )
             for layers, opt in ((a, oa), (b, ob)):
                 _set_grads(layers, g1, g2)
                 opt.step()
@@ -128,4 +136,6 @@ def test_any_torch_optimizer_state_moves_with_its_experts():
             assert "layers[1].w2" in errs["odd_key"] and "'flat_shard'" in errs["odd_key"], errs
         else:
             assert errs["odd_key"].startswith("RoutepackError") and "EP rank(s) [1]" in errs["odd_key"], errs
-        assert errs["not_an_optimizer"].startswith("RoutepackTypeError") and "optimizer" in errs["not_an_optimizer"], errs
+        assert errs["not_an_optimizer"].startswith("RoutepackTypeError") and "optimizer" in errs["not_an_optimizer"], (
+            errs
+        )

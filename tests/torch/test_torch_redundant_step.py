@@ -36,7 +36,9 @@ def _reference(case, weights, batches, device):
     for d, mbs in batches.items():
         for mb in mbs:
             x, r = sc.model.inputs(case, 0, d, mb.micro, mb.routed.shape[0], device)
-            y = sc.forward(x, mb.routed, list(weights.router), lambda l, a, i, g: dense_moe(a, i, g, ref_w1[l], ref_w2[l]))
+            y = sc.forward(
+                x, mb.routed, list(weights.router), lambda l, a, i, g: dense_moe(a, i, g, ref_w1[l], ref_w2[l])
+            )
             loss = loss + (y * r).sum()
     loss.backward()
     return ref_w1.grad, ref_w2.grad
@@ -65,7 +67,9 @@ def check_once_per_step(rank, world, device):
     plan, _static, window, routed, cu = sc.make_plans(case, 0, Placement.static(case.layers, case.experts, topo))
     batches = {d: rank_microbatches(plan, routed, d, cu) for d in range(topo.dp)}
     want1, want2 = _reference(case, weights, batches, device)
-    redundant = [int(slot_link.redundant_experts(plan.placement.phy2log[l], case.experts).size) for l in range(case.layers)]
+    redundant = [
+        int(slot_link.redundant_experts(plan.placement.phy2log[l], case.experts).size) for l in range(case.layers)
+    ]
     out = {"redundant": redundant, "replicas": int(plan.replicas.size), "micro": plan.num_micro}
 
     calls = []

@@ -20,8 +20,9 @@ def cells(draw):
     e_n = draw(st.integers(1, ep * spr))
     k = draw(st.integers(1, min(3, e_n)))
     topo = rp.Topology(ep, ep, gpn, spr)
-    row = np.concatenate([np.arange(e_n), draw(st.lists(st.integers(-1, e_n - 1), min_size=ep * spr - e_n,
-                                                         max_size=ep * spr - e_n))]).astype(np.int32)
+    row = np.concatenate(
+        [np.arange(e_n), draw(st.lists(st.integers(-1, e_n - 1), min_size=ep * spr - e_n, max_size=ep * spr - e_n))]
+    ).astype(np.int32)
     row = row[np.asarray(draw(st.permutations(range(ep * spr))))]
     ids = []
     for _ in range(ep):
@@ -57,12 +58,16 @@ def test_every_pair_reaches_a_copy_of_its_expert(case):
         flat = ids[o].reshape(-1)
         for d in range(ep):
             recv_off = np.concatenate([[0], np.cumsum(routes[d].recv_splits)])
-            sent = flat[routes[o].send_order[send_off[d]:send_off[d + 1]]]
-            units = routes[d].recv_unit[recv_off[o]:recv_off[o + 1]]
+            sent = flat[routes[o].send_order[send_off[d] : send_off[d + 1]]]
+            units = routes[d].recv_unit[recv_off[o] : recv_off[o + 1]]
             # the expert each received row is computed with, row for row
-            got = np.where(units < spr, row[d * spr + np.minimum(units, spr - 1)],
-                           reps["expert"][routes[d].replica_rows[np.maximum(units - spr, 0)]]
-                           if routes[d].replica_rows.size else -1)
+            got = np.where(
+                units < spr,
+                row[d * spr + np.minimum(units, spr - 1)],
+                reps["expert"][routes[d].replica_rows[np.maximum(units - spr, 0)]]
+                if routes[d].replica_rows.size
+                else -1,
+            )
             assert np.array_equal(sent, got)
 
 

@@ -28,8 +28,17 @@ def _plans(world, seed=5):
     rows = [rng.permutation(np.concatenate([np.arange(E), rng.choice(E, topo.num_slots - E)])) for _ in range(L)]
     start = Placement.static(L, E, topo)
     nxt = Placement(np.stack(rows).astype(np.int32), E, SPR)
-    return topo, start, Plan(nxt, np.arange(world, dtype=np.int32), np.zeros(world, dtype=np.int32), 1,
-                             migration=sc.migration_rows(start, nxt))
+    return (
+        topo,
+        start,
+        Plan(
+            nxt,
+            np.arange(world, dtype=np.int32),
+            np.zeros(world, dtype=np.int32),
+            1,
+            migration=sc.migration_rows(start, nxt),
+        ),
+    )
 
 
 @settings(max_examples=40, deadline=None)

@@ -87,6 +87,7 @@ class Target:
         public = self.public
         if isinstance(public, str):  # "module:attribute", imported on first use
             import importlib
+
             module, _, attr = public.partition(":")
             public = getattr(importlib.import_module(module), attr)
         self.__dict__["_identifiers"] = tuple(dict.fromkeys(signature_names(public) + tuple(self.names)))
@@ -99,8 +100,11 @@ def signature_names(fn: Any) -> Tuple[str, ...]:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return ()
-    return tuple(p.name for p in sig.parameters.values()
-                 if p.name not in ("self", "cls") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+    return tuple(
+        p.name
+        for p in sig.parameters.values()
+        if p.name not in ("self", "cls") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    )
 
 
 # ------------------------------------------------------------------ naming an argument
@@ -258,7 +262,9 @@ def run_case(target: Target, case: Case, capture: bool = True) -> Dict[str, Any]
                     raise
                 except BaseException as e:  # noqa: BLE001
                     outcome = "other"
-                    bucket = f"checking the result raised {type(e).__name__}: {normalise(str(e))} @ {where(e.__traceback__)}"
+                    bucket = (
+                        f"checking the result raised {type(e).__name__}: {normalise(str(e))} @ {where(e.__traceback__)}"
+                    )
                     detail = "".join(traceback.format_exception(type(e), e, e.__traceback__))[-1500:]
     secs = time.perf_counter() - t0
     out = _captured(since) if capture and not target.stderr_ok else ""
@@ -315,17 +321,21 @@ class Streams:
 
 def rng_gen(make: Callable[[np.random.Generator], Case]) -> Generator:
     """A generator from ``make(rng) -> Case`` (numpy's generator, seeded per batch)."""
+
     def gen(seed: int, n: int) -> List[Case]:
         rng = np.random.default_rng(seed)
         return [make(rng) for _ in range(n)]
+
     return gen
 
 
 def hyp_gen(strategy: Any, to_case: Callable[[Any], Case]) -> Generator:
     """A generator from a hypothesis strategy (the tests' strategies), drawn deterministically:
     ``@seed`` per batch, no database, generation only."""
+
     def gen(seed: int, n: int) -> List[Case]:
         return [to_case(x) for x in draw_examples(strategy, seed, n)]
+
     return gen
 
 
@@ -336,8 +346,15 @@ def draw_examples(strategy: Any, seed: int, n: int) -> List[Any]:
     out: List[Any] = []
 
     @hseed(seed)
-    @settings(max_examples=n, database=None, phases=[Phase.generate], deadline=None,
-              suppress_health_check=list(HealthCheck), derandomize=False, report_multiple_bugs=False)
+    @settings(
+        max_examples=n,
+        database=None,
+        phases=[Phase.generate],
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        derandomize=False,
+        report_multiple_bugs=False,
+    )
     @given(strategy)
     def collect(x: Any) -> None:
         out.append(x)
@@ -354,14 +371,17 @@ def mixed(*parts: Tuple[float, Callable[[np.random.Generator], Case]]) -> Genera
     def gen(seed: int, n: int) -> List[Case]:
         rng = np.random.default_rng(seed)
         return [parts[int(rng.choice(len(parts), p=weights))][1](rng) for _ in range(n)]
+
     return gen
 
 
 def both(first: Generator, second: Generator, share: float = 0.5) -> Generator:
     """A batch drawn partly from ``first`` (a ``share`` of it), the rest from ``second``."""
+
     def gen(seed: int, n: int) -> List[Case]:
         k = max(1, int(round(n * share)))
         cases = first(seed, k) + second(seed ^ 0x5DEECE66D, max(1, n - k))
         order = np.random.default_rng(seed).permutation(len(cases))
         return [cases[i] for i in order]
+
     return gen

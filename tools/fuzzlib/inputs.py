@@ -22,14 +22,59 @@ from numpy.lib import format as npy_format
 # ------------------------------------------------------------------ scalars and objects
 #: where an int is expected: wrong types, boundaries, huge ints up to and past 2**64
 BAD_INTS: List[Any] = [
-    None, "2", "", 1.5, 2.0, float("nan"), float("inf"), -1, 0, True, False, -(2**63), 2**31, 2**32,
-    2**63 - 1, 2**63, 2**64 - 1, 2**64, 10**30, {}, {0: 1}, [1], (2,), b"3", 1j, np.float64(2.0),
-    np.bool_(True), np.array([2]), np.uint64(2**64 - 1), fractions.Fraction(3, 2), object(),
+    None,
+    "2",
+    "",
+    1.5,
+    2.0,
+    float("nan"),
+    float("inf"),
+    -1,
+    0,
+    True,
+    False,
+    -(2**63),
+    2**31,
+    2**32,
+    2**63 - 1,
+    2**63,
+    2**64 - 1,
+    2**64,
+    10**30,
+    {},
+    {0: 1},
+    [1],
+    (2,),
+    b"3",
+    1j,
+    np.float64(2.0),
+    np.bool_(True),
+    np.array([2]),
+    np.uint64(2**64 - 1),
+    fractions.Fraction(3, 2),
+    object(),
 ]
 #: where a non-negative finite float is expected
 BAD_FLOATS: List[Any] = [
-    None, "1.0", "", float("nan"), float("inf"), -float("inf"), -1.0, -1e-300, True, 10**400, {}, [1.0],
-    (0.5,), 1j, np.float32("nan"), np.array([1.0]), b"1", object(), {"x": 1.0},
+    None,
+    "1.0",
+    "",
+    float("nan"),
+    float("inf"),
+    -float("inf"),
+    -1.0,
+    -1e-300,
+    True,
+    10**400,
+    {},
+    [1.0],
+    (0.5,),
+    1j,
+    np.float32("nan"),
+    np.array([1.0]),
+    b"1",
+    object(),
+    {"x": 1.0},
 ]
 #: where an object of a routepack class is expected
 BAD_OBJECTS: List[Any] = [None, "x", 0, 1.5, {}, [], (), object(), np.zeros(2), b"", {"dp": 2}]
@@ -74,8 +119,21 @@ def bad_for(rng: np.random.Generator, value: Any) -> Any:
     if isinstance(value, str):
         return pick(rng, ["", "nope", "Static", " static", None, 3, b"static", ["static"]])
     if isinstance(value, (list, tuple)):
-        return pick(rng, [None, "x", {0: 1.0}, {1.0}, 3, [], list(value)[:-1] or [None], [None] * len(value),
-                          [float("nan")] * len(value), [-1.0] * len(value)])
+        return pick(
+            rng,
+            [
+                None,
+                "x",
+                {0: 1.0},
+                {1.0},
+                3,
+                [],
+                list(value)[:-1] or [None],
+                [None] * len(value),
+                [float("nan")] * len(value),
+                [-1.0] * len(value),
+            ],
+        )
     return pick(rng, BAD_OBJECTS)
 
 
@@ -88,10 +146,30 @@ def mutate_array(rng: np.random.Generator, a: np.ndarray, only_same: bool = Fals
     """``(label, mutated)``: ``a`` with a wrong dtype, shape or values, or with the same values
     in another byte order or memory layout (labels in `SAME_VALUES`)."""
     a = np.asarray(a)
-    kinds = list(SAME_VALUES) if only_same else list(SAME_VALUES) + [
-        "float", "float_nan", "bool", "object", "str", "0d", "extra_dim", "drop_dim", "empty", "negative",
-        "huge", "uint64_max", "int8_wrap", "longer", "none_entry", "complex", "inf",
-    ]
+    kinds = (
+        list(SAME_VALUES)
+        if only_same
+        else list(SAME_VALUES)
+        + [
+            "float",
+            "float_nan",
+            "bool",
+            "object",
+            "str",
+            "0d",
+            "extra_dim",
+            "drop_dim",
+            "empty",
+            "negative",
+            "huge",
+            "uint64_max",
+            "int8_wrap",
+            "longer",
+            "none_entry",
+            "complex",
+            "inf",
+        ]
+    )
     kind = kinds[int(rng.integers(len(kinds)))]
     return kind, _mutate(kind, rng, a)
 
@@ -199,9 +277,28 @@ def build_zip(members: List[Tuple[str, bytes]], compression: int = zipfile.ZIP_D
 
 
 #: the ways `damage` breaks a file (``forge_*`` rebuild the zip with one member forged)
-DAMAGES = ("truncate", "bitflip", "bitflips", "zero_tail", "random", "empty", "npy_only", "drop_member",
-           "extra_member", "forge_huge_shape", "forge_pickle", "forge_dtype", "forge_ndim", "forge_short",
-           "forge_fortran", "forge_version", "forge_string", "stored_crc", "claimed_size", "swap_members")
+DAMAGES = (
+    "truncate",
+    "bitflip",
+    "bitflips",
+    "zero_tail",
+    "random",
+    "empty",
+    "npy_only",
+    "drop_member",
+    "extra_member",
+    "forge_huge_shape",
+    "forge_pickle",
+    "forge_dtype",
+    "forge_ndim",
+    "forge_short",
+    "forge_fortran",
+    "forge_version",
+    "forge_string",
+    "stored_crc",
+    "claimed_size",
+    "swap_members",
+)
 
 
 def damage(rng: np.random.Generator, raw: bytes) -> Tuple[str, bytes, bool]:
@@ -212,7 +309,7 @@ def damage(rng: np.random.Generator, raw: bytes) -> Tuple[str, bytes, bool]:
     kind = DAMAGES[int(rng.integers(len(DAMAGES)))]
     n = len(raw)
     if kind == "truncate":
-        return kind, raw[:int(rng.integers(0, n))], False
+        return kind, raw[: int(rng.integers(0, n))], False
     if kind in ("bitflip", "bitflips"):
         b = bytearray(raw)
         for _ in range(1 if kind == "bitflip" else int(rng.integers(2, 40))):
@@ -221,7 +318,7 @@ def damage(rng: np.random.Generator, raw: bytes) -> Tuple[str, bytes, bool]:
         return kind, bytes(b), False
     if kind == "zero_tail":
         k = int(rng.integers(1, max(2, n // 2)))
-        return kind, raw[:n - k] + b"\0" * k, False
+        return kind, raw[: n - k] + b"\0" * k, False
     if kind == "random":
         return kind, rng.integers(0, 256, size=int(rng.integers(1, 2000)), dtype=np.uint8).tobytes(), False
     if kind == "empty":
@@ -232,7 +329,7 @@ def damage(rng: np.random.Generator, raw: bytes) -> Tuple[str, bytes, bool]:
     i = int(rng.integers(len(members)))
     name, data = members[i]
     if kind == "drop_member":
-        return kind + f"({name})", build_zip(members[:i] + members[i + 1:]), False
+        return kind + f"({name})", build_zip(members[:i] + members[i + 1 :]), False
     if kind == "extra_member":
         return kind, build_zip(members + [("junk.npy", npy_bytes(np.arange(3)))]), False
     if kind == "swap_members" and len(members) > 1:
@@ -250,7 +347,7 @@ def damage(rng: np.random.Generator, raw: bytes) -> Tuple[str, bytes, bool]:
         b = bytearray(build_zip(members))
         cd = b.rfind(b"PK\x01\x02")
         if cd >= 0:
-            b[cd + 24:cd + 28] = struct.pack("<I", 0xFFFFFFF0)  # uncompressed size in the directory
+            b[cd + 24 : cd + 28] = struct.pack("<I", 0xFFFFFFF0)  # uncompressed size in the directory
         return kind, bytes(b), False
     forged = {
         "forge_huge_shape": lambda: forged_npy((2**40,), "<i8", data[-64:]),
@@ -261,9 +358,22 @@ def damage(rng: np.random.Generator, raw: bytes) -> Tuple[str, bytes, bool]:
         "forge_fortran": lambda: forged_npy((2, 3), "<i4", b"\0" * 24, fortran=True),
         "forge_version": lambda: b"\x93NUMPY\x09\x00" + data[8:],
         "forge_string": lambda: npy_bytes(np.array("not an array of ints")),
-    }[kind if kind in ("forge_huge_shape", "forge_pickle", "forge_dtype", "forge_ndim", "forge_short",
-                       "forge_fortran", "forge_version", "forge_string") else "forge_dtype"]
-    return kind + f"({name})", build_zip(members[:i] + [(name, forged())] + members[i + 1:]), True
+    }[
+        kind
+        if kind
+        in (
+            "forge_huge_shape",
+            "forge_pickle",
+            "forge_dtype",
+            "forge_ndim",
+            "forge_short",
+            "forge_fortran",
+            "forge_version",
+            "forge_string",
+        )
+        else "forge_dtype"
+    ]
+    return kind + f"({name})", build_zip(members[:i] + [(name, forged())] + members[i + 1 :]), True
 
 
 def damage_text(rng: np.random.Generator, text: str) -> Tuple[str, bytes]:
@@ -273,7 +383,7 @@ def damage_text(rng: np.random.Generator, text: str) -> Tuple[str, bytes]:
     kinds = ["truncate", "bitflip", "latin1", "bom", "list", "nan", "huge", "null", "dup_key", "utf16", "nested"]
     kind = kinds[int(rng.integers(len(kinds)))]
     if kind == "truncate":
-        return kind, raw[:int(rng.integers(0, len(raw)))]
+        return kind, raw[: int(rng.integers(0, len(raw)))]
     if kind == "bitflip":
         b = bytearray(raw)
         i = int(rng.integers(len(b)))

@@ -80,11 +80,13 @@ def rebalance_case(rng: np.random.Generator) -> Case:
             ref = eplb_reference.rebalance_experts(w, Rr, groups, nodes, gpus)
             for a, b in zip(out, ref):
                 assert np.array_equal(a, b), "differs from DeepSeek's eplb.py (tests/eplb_reference.py)"
+
     return Case(kind, placement.rebalance_experts, tuple(args), check=check, expect=expect, note=note)
 
 
 def loads_and_placement(rng: np.random.Generator):
     from random_plans import random_phy2log
+
     topo = rp.Topology(*TOPOS[int(rng.integers(len(TOPOS)))])
     L, E = int(rng.integers(1, 4)), int(rng.integers(1, topo.num_slots + 1))
     loads = rng.random((L, E)) * 100
@@ -132,6 +134,7 @@ def aggregate_case(rng: np.random.Generator) -> Case:
             want.append(per.max() / per.mean() if per.mean() > 0 else 1.0)
         assert out.shape == (p.num_layers,) and np.isfinite(out).all()
         assert np.allclose(out, want, rtol=1e-9), f"aggregate_imbalance {out} != {want}"
+
     return Case(kind, placement.aggregate_imbalance, tuple(args), check=check, expect=expect)
 
 
@@ -148,6 +151,7 @@ def lower_bound_case(rng: np.random.Generator) -> Case:
             static = rp.Placement.static(x.shape[0], x.shape[1], topo)
             got = placement.aggregate_imbalance(static, x)
             assert (out <= got + 1e-9).all(), "the lower bound exceeds the static placement's imbalance"
+
     return Case(kind, placement.imbalance_lower_bound, tuple(args), check=check, expect=expect)
 
 
@@ -155,25 +159,38 @@ def lower_bound_case(rng: np.random.Generator) -> Case:
 def profile_case(rng: np.random.Generator) -> Case:
     name = pick(rng, ["tiny", "flash", "tiny", "", "TINY", None, 3, SMALL_PROFILE, b"tiny", ["tiny"]])
     ok = name in ("tiny", "flash") or isinstance(name, traces.Profile)
-    return Case("valid" if ok else "malformed", traces.profile, (name,),
-                check=lambda p: None if isinstance(p, traces.Profile) else (_ for _ in ()).throw(AssertionError()),
-                expect="ok" if ok else "error", names=("profile",))
+    return Case(
+        "valid" if ok else "malformed",
+        traces.profile,
+        (name,),
+        check=lambda p: None if isinstance(p, traces.Profile) else (_ for _ in ()).throw(AssertionError()),
+        expect="ok" if ok else "error",
+        names=("profile",),
+    )
 
 
 def profile_ctor_case(rng: np.random.Generator) -> Case:
     tweaks = {}
     for f in rng.choice(PROFILE_FIELDS, size=int(rng.integers(0, 3)), replace=False):
-        tweaks[str(f)] = pick(rng, [int(rng.integers(-2, 40)), float(rng.uniform(-2, 40)), float("nan"), None, "3",
-                                    2**64, 0, True])
+        tweaks[str(f)] = pick(
+            rng, [int(rng.integers(-2, 40)), float(rng.uniform(-2, 40)), float("nan"), None, "3", 2**64, 0, True]
+        )
     if rng.random() < 0.2:
         tweaks["attention"] = pick(rng, [("linear",), "full", None, ("full", "nope"), {"full": 1}])
 
     def make() -> Any:
         return dataclasses.replace(SMALL_PROFILE, **tweaks)
+
     make.__qualname__ = "Profile"
-    return Case("malformed" if tweaks else "valid", make, (), note=repr(tweaks), expect=None if tweaks else "ok",
-                names=tuple(f"profile.{f}" for f in PROFILE_FIELDS) + ("profile.attention", "model.attention",
-                                                                       "profile", "model", "topo"))
+    return Case(
+        "malformed" if tweaks else "valid",
+        make,
+        (),
+        note=repr(tweaks),
+        expect=None if tweaks else "ok",
+        names=tuple(f"profile.{f}" for f in PROFILE_FIELDS)
+        + ("profile.attention", "model.attention", "profile", "model", "topo"),
+    )
 
 
 def synthetic_case(rng: np.random.Generator) -> Case:
@@ -189,6 +206,7 @@ def synthetic_case(rng: np.random.Generator) -> Case:
         if isinstance(prof, dict):
             prof = dataclasses.replace(SMALL_PROFILE, **prof)
         return prof, list(itertools.islice(traces.synthetic(prof, n, s), 2))  # n may be 2**32
+
     run.__qualname__ = "traces.synthetic"
 
     def check(out: Any) -> None:
@@ -198,8 +216,15 @@ def synthetic_case(rng: np.random.Generator) -> Case:
             assert w.expert_tokens.shape[1:] == (prof.num_layers, prof.num_experts)
             assert (w.expert_tokens.sum(axis=2) == prof.top_k * w.seq_lens[:, None]).all(), "sum != top_k * length"
             assert (w.expert_tokens <= w.seq_lens[:, None, None]).all(), "a count above its length"
-    return Case(kind, run, (tweaks, windows, seed), check=check, note=repr(tweaks),
-                names=("windows", "seed", "profile") + tuple(f"profile.{f}" for f in PROFILE_FIELDS))
+
+    return Case(
+        kind,
+        run,
+        (tweaks, windows, seed),
+        check=check,
+        note=repr(tweaks),
+        names=("windows", "seed", "profile") + tuple(f"profile.{f}" for f in PROFILE_FIELDS),
+    )
 
 
 # ------------------------------------------------------------------ compare and its tables
@@ -211,14 +236,28 @@ def random_rows(rng: np.random.Generator) -> List[compare.Row]:
             step = float(10 ** rng.uniform(-3, 1))
             parts = rng.dirichlet(np.ones(5)) * step
             G, M, L = int(rng.integers(1, 3)), int(rng.integers(1, 4)), int(rng.integers(1, 4))
-            rows.append(compare.Row(
-                policy=str(n), window=wi, step_time=step, throughput=1000 / step,
-                fraction_of_balanced=float(rng.uniform(0.2, 1.2)), attention=parts[0], expert=parts[1],
-                all_to_all=parts[2], replication=parts[3], migration=parts[4], imbalance=float(rng.uniform(1, 3)),
-                num_micro=M, micro_lower_bound=max(1, M - 1), plan_seconds=float(rng.random()),
-                ideal_time=step * 0.8, fraction_of_bound=float(rng.choice([np.nan, 0.7])),
-                lower_bound_time=float(rng.choice([np.nan, step * 0.7])),
-                imbalance_map=1 + rng.random((G, M, L))))
+            rows.append(
+                compare.Row(
+                    policy=str(n),
+                    window=wi,
+                    step_time=step,
+                    throughput=1000 / step,
+                    fraction_of_balanced=float(rng.uniform(0.2, 1.2)),
+                    attention=parts[0],
+                    expert=parts[1],
+                    all_to_all=parts[2],
+                    replication=parts[3],
+                    migration=parts[4],
+                    imbalance=float(rng.uniform(1, 3)),
+                    num_micro=M,
+                    micro_lower_bound=max(1, M - 1),
+                    plan_seconds=float(rng.random()),
+                    ideal_time=step * 0.8,
+                    fraction_of_bound=float(rng.choice([np.nan, 0.7])),
+                    lower_bound_time=float(rng.choice([np.nan, step * 0.7])),
+                    imbalance_map=1 + rng.random((G, M, L)),
+                )
+            )
     return rows
 
 
@@ -229,8 +268,11 @@ def tables_case(fn: Any, which: str):
         if rng.random() < 0.15:
             rows, kind = [], "edge"
         summary = compare.summarise(rows) if rows else []
-        arg: Any = {"rows": rows, "summary": summary, "ratios": compare.ratios(rows, str(rows[0].policy)) if rows
-                    else []}[which]
+        arg: Any = {
+            "rows": rows,
+            "summary": summary,
+            "ratios": compare.ratios(rows, str(rows[0].policy)) if rows else [],
+        }[which]
         extra: tuple = ()
         if rng.random() < 0.2:
             kind = "malformed"
@@ -242,20 +284,45 @@ def tables_case(fn: Any, which: str):
             elif isinstance(out, list) and out and isinstance(out[0], dict):
                 for d in out:
                     for k, v in d.items():
-                        assert not isinstance(v, float) or math.isfinite(v) or k in (
-                            "of_bound", "vs_static", "vs_best", "attention", "expert", "all_to_all", "replication",
-                            "migration", "plan_s", "cross_node_bytes_per_token"), f"{k} = {v}"
-        return Case(kind, fn, (arg, *extra), check=check, expect="ok" if kind != "malformed" else None,
-                    names=("rows", "summary", "ratio_rows"))
+                        assert (
+                            not isinstance(v, float)
+                            or math.isfinite(v)
+                            or k
+                            in (
+                                "of_bound",
+                                "vs_static",
+                                "vs_best",
+                                "attention",
+                                "expert",
+                                "all_to_all",
+                                "replication",
+                                "migration",
+                                "plan_s",
+                                "cross_node_bytes_per_token",
+                            )
+                        ), f"{k} = {v}"
+
+        return Case(
+            kind,
+            fn,
+            (arg, *extra),
+            check=check,
+            expect="ok" if kind != "malformed" else None,
+            names=("rows", "summary", "ratio_rows"),
+        )
+
     return make
 
 
 def compare_case(rng: np.random.Generator) -> Case:
     from fuzzlib.t_planner import random_inputs
+
     inp = random_inputs(rng, "static")
     L, E = inp.window.num_layers, inp.window.num_experts
-    windows: Any = [inp.window] + [random_window(rng, inp.window.num_samples, L, E, max_len=int(inp.window.seq_lens.max()))
-                                   for _ in range(int(rng.integers(1, 3)))]
+    windows: Any = [inp.window] + [
+        random_window(rng, inp.window.num_samples, L, E, max_len=int(inp.window.seq_lens.max()))
+        for _ in range(int(rng.integers(1, 3)))
+    ]
     cap = max(inp.cap, max(int(w.seq_lens.max()) for w in windows))
     pols = list(rng.choice(sorted(rp.PRESETS), size=int(rng.integers(1, 4)), replace=False))
     kind, expect = "valid", "ok"
@@ -278,9 +345,16 @@ def compare_case(rng: np.random.Generator) -> Case:
         for r in rows:
             assert math.isfinite(r.step_time) and r.step_time > 0 and r.num_micro >= r.micro_lower_bound
         compare.format_table(compare.summarise(rows, pols[0]), pols[0])
-    return Case(kind, compare.compare, tuple(args), {"policies": pols, "seed": int(rng.integers(100)),
-                                                     "anneal_moves": 500},
-                check=check, expect=expect, names=("windows", "topo", "cost", "token_cap", "policies", "policy"))
+
+    return Case(
+        kind,
+        compare.compare,
+        tuple(args),
+        {"policies": pols, "seed": int(rng.integers(100)), "anneal_moves": 500},
+        check=check,
+        expect=expect,
+        names=("windows", "topo", "cost", "token_cap", "policies", "policy"),
+    )
 
 
 def figure_case(rng: np.random.Generator) -> Case:
@@ -294,21 +368,38 @@ def figure_case(rng: np.random.Generator) -> Case:
     def check(out: Any) -> None:
         assert Path(out).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
         os.unlink(out)
-    return Case(kind, figures.bench_figure, (rows, summary, path), {"baseline": rows[0].policy}, check=check,
-                expect="ok" if kind == "valid" else None)
+
+    return Case(
+        kind,
+        figures.bench_figure,
+        (rows, summary, path),
+        {"baseline": rows[0].policy},
+        check=check,
+        expect="ok" if kind == "valid" else None,
+    )
 
 
 def legend_case(rng: np.random.Generator) -> Case:
     call: List[Any] = [str(rng.choice(sorted(rp.PRESETS))), bool(rng.random() < 0.5)]
-    kind = "valid" if spoil_one(rng, call, {0: [None, 3, b"static", ["x"]], 1: ["yes", None, 2]}, 0.3) is None \
+    kind = (
+        "valid"
+        if spoil_one(rng, call, {0: [None, 3, b"static", ["x"]], 1: ["yes", None, 2]}, 0.3) is None
         else "malformed"
-    return Case(kind, compare.table_legend, tuple(call), check=lambda out: _is_text(out),
-                expect="ok" if kind == "valid" else None, names=("baseline", "bound"))
+    )
+    return Case(
+        kind,
+        compare.table_legend,
+        tuple(call),
+        check=lambda out: _is_text(out),
+        expect="ok" if kind == "valid" else None,
+        names=("baseline", "bound"),
+    )
 
 
 def presets_case(rng: np.random.Generator) -> Case:
     def check(out: Any) -> None:
         assert out == [n for n in rp.PRESETS], "available_presets() != the presets in order"
+
     return Case("valid", compare.available_presets, (), check=check, expect="ok")
 
 
@@ -320,8 +411,10 @@ def profile_cost_case(rng: np.random.Generator) -> Case:
 
     def check(cost: Any) -> None:
         assert isinstance(cost, rp.CostModel) and cost.num_layers == SMALL_PROFILE.num_layers
-    return Case(kind, SMALL_PROFILE.cost, (hw,), check=check, expect="ok" if kind == "valid" else "error",
-                names=("hardware",))
+
+    return Case(
+        kind, SMALL_PROFILE.cost, (hw,), check=check, expect="ok" if kind == "valid" else "error", names=("hardware",)
+    )
 
 
 def _is_text(out: Any) -> None:
@@ -355,46 +448,78 @@ def cli_case(rng: np.random.Generator) -> Case:
     w0.save(paths[0])
     w1.save(paths[1])
     quick = ["--quiet", "--anneal-moves", "0", "--policy", "static"]
-    good = [["bench", "--npz", *paths, "--figure", "", *quick], ["--version"], ["demo", "--help"],
-            ["bench", "--npz", *paths, "--figure", "", "--json", tmp_path("clij"), *quick]]
-    bad = [["nope"], [], ["demo", "--windows", "0"], ["demo", "--windows", "x"], ["demo", "--seed", "-1"],
-           ["demo", "--policy", "nope"], ["bench", "--npz", paths[0]], ["bench", "--npz", paths[0], "/nonexistent/x"],
-           ["demo", "--profile", "nope"], ["demo", "--anneal-moves", "-5"], ["bench", "--json", "/nonexistent/d/x.json"],
-           ["bench", "--figure", "/nonexistent/d/x.png", "--npz", *paths], ["demo", "--windows", "2**64"],
-           ["bench", "--npz", *paths, "--figure", "", "--quiet", "--policy", "static", "--anneal-moves", str(2**64)]]
+    good = [
+        ["bench", "--npz", *paths, "--figure", "", *quick],
+        ["--version"],
+        ["demo", "--help"],
+        ["bench", "--npz", *paths, "--figure", "", "--json", tmp_path("clij"), *quick],
+    ]
+    bad = [
+        ["nope"],
+        [],
+        ["demo", "--windows", "0"],
+        ["demo", "--windows", "x"],
+        ["demo", "--seed", "-1"],
+        ["demo", "--policy", "nope"],
+        ["bench", "--npz", paths[0]],
+        ["bench", "--npz", paths[0], "/nonexistent/x"],
+        ["demo", "--profile", "nope"],
+        ["demo", "--anneal-moves", "-5"],
+        ["bench", "--json", "/nonexistent/d/x.json"],
+        ["bench", "--figure", "/nonexistent/d/x.png", "--npz", *paths],
+        ["demo", "--windows", "2**64"],
+        ["bench", "--npz", *paths, "--figure", "", "--quiet", "--policy", "static", "--anneal-moves", str(2**64)],
+    ]
     kind = "valid" if rng.random() < 0.3 else "malformed"
     argv = list((good if kind == "valid" else bad)[int(rng.integers(len(good if kind == "valid" else bad)))])
     if kind == "malformed" and rng.random() < 0.3:  # a damaged window file
         label, raw, _ = damage(rng, Path(paths[1]).read_bytes())
         Path(paths[1]).write_bytes(raw)
         argv = ["bench", "--npz", *paths, "--figure", "", *quick]
-    flags = (tuple(a for a in argv if a.startswith("--")) + tuple(paths) + ("--npz", "--windows", "--seed", "command",
-             "arguments are required: command", "anneal_moves", "token_cap", "windows", "seed"))
+    flags = (
+        tuple(a for a in argv if a.startswith("--"))
+        + tuple(paths)
+        + (
+            "--npz",
+            "--windows",
+            "--seed",
+            "command",
+            "arguments are required: command",
+            "anneal_moves",
+            "token_cap",
+            "windows",
+            "seed",
+        )
+    )
     return Case(kind, run_cli, (argv,), expect="ok" if kind == "valid" else None, names=flags)
 
 
 TARGETS = [
     Target("placement.rebalance_experts", placement.rebalance_experts, mixed((1, rebalance_case)), weight=3),
     Target("placement.aggregate_imbalance", placement.aggregate_imbalance, mixed((1, aggregate_case)), weight=2),
-    Target("placement.imbalance_lower_bound", placement.imbalance_lower_bound, mixed((1, lower_bound_case)),
-           weight=2),
+    Target("placement.imbalance_lower_bound", placement.imbalance_lower_bound, mixed((1, lower_bound_case)), weight=2),
     Target("traces.profile", traces.profile, mixed((1, profile_case)), weight=1),
     Target("traces.Profile", traces.Profile, mixed((1, profile_ctor_case)), weight=1),
     Target("traces.synthetic", traces.synthetic, mixed((1, synthetic_case)), weight=1, batch=8),
     Target("compare.compare", compare.compare, mixed((1, compare_case)), weight=1, batch=8),
     Target("compare.summarise", compare.summarise, mixed((1, tables_case(compare.summarise, "rows"))), weight=1),
     Target("compare.ratios", compare.ratios, mixed((1, tables_case(compare.ratios, "rows"))), weight=1),
-    Target("compare.best_baseline", compare.best_baseline, mixed((1, tables_case(compare.best_baseline, "rows"))),
-           weight=1),
+    Target(
+        "compare.best_baseline", compare.best_baseline, mixed((1, tables_case(compare.best_baseline, "rows"))), weight=1
+    ),
     Target("compare.best_of", compare.best_of, mixed((1, tables_case(compare.best_of, "rows"))), weight=1),
-    Target("compare.format_table", compare.format_table, mixed((1, tables_case(compare.format_table, "summary"))),
-           weight=1),
-    Target("compare.format_ratios", compare.format_ratios, mixed((1, tables_case(compare.format_ratios, "ratios"))),
-           weight=1),
+    Target(
+        "compare.format_table", compare.format_table, mixed((1, tables_case(compare.format_table, "summary"))), weight=1
+    ),
+    Target(
+        "compare.format_ratios",
+        compare.format_ratios,
+        mixed((1, tables_case(compare.format_ratios, "ratios"))),
+        weight=1,
+    ),
     Target("compare.table_legend", compare.table_legend, mixed((1, legend_case)), weight=1),
     Target("compare.available_presets", compare.available_presets, mixed((1, presets_case)), weight=1),
     Target("traces.Profile.cost", traces.Profile.cost, mixed((1, profile_cost_case)), weight=1),
-    Target("figures.bench_figure", figures.bench_figure, mixed((1, figure_case)), weight=1, batch=4,
-           names=("path",)),
+    Target("figures.bench_figure", figures.bench_figure, mixed((1, figure_case)), weight=1, batch=4, names=("path",)),
     Target("cli.main", cli.main, mixed((1, cli_case)), weight=1, batch=8, names=("argv",)),
 ]

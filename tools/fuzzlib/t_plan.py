@@ -23,10 +23,37 @@ from fuzzlib.inputs import is_huge, BAD_INTS, BAD_OBJECTS, SAME_VALUES, bad_for,
 from fuzzlib.t_model import tmp_path
 
 #: what a plan error may name: the plan's fields and the entries validate describes
-PLAN_NAMES = ("plan", "placement", "phy2log", "placement.phy2log", "sample_rank", "sample_micro", "num_micro",
-              "replicas", "migration", "report", "policy", "sample", "replica", "migration row", "layer", "slot",
-              "expert", "cell", "microbatch", "logcnt", "log2phy", "window", "topo", "token_cap", "seq_lens",
-              "expert_tokens", "num_experts", "slots_per_rank", "other")
+PLAN_NAMES = (
+    "plan",
+    "placement",
+    "phy2log",
+    "placement.phy2log",
+    "sample_rank",
+    "sample_micro",
+    "num_micro",
+    "replicas",
+    "migration",
+    "report",
+    "policy",
+    "sample",
+    "replica",
+    "migration row",
+    "layer",
+    "slot",
+    "expert",
+    "cell",
+    "microbatch",
+    "logcnt",
+    "log2phy",
+    "window",
+    "topo",
+    "token_cap",
+    "seq_lens",
+    "expert_tokens",
+    "num_experts",
+    "slots_per_rank",
+    "other",
+)
 
 
 # ------------------------------------------------------------------ independent checks
@@ -55,8 +82,9 @@ def check_placement(p: Any, phy2log: Any = None, num_experts: Any = None) -> Non
     for l in range(p.num_layers):
         for e in range(E):
             got = p.log2phy[l, e]
-            assert got[:len(slots[l][e])].tolist() == slots[l][e] and (got[len(slots[l][e]):] == -1).all(), \
+            assert got[: len(slots[l][e])].tolist() == slots[l][e] and (got[len(slots[l][e]) :] == -1).all(), (
                 f"log2phy disagrees with phy2log (layer {l}, expert {e})"
+            )
 
 
 def check_plan(plan: Any, window: Any, topo: Any, cap: int) -> None:
@@ -77,7 +105,7 @@ def check_plan(plan: Any, window: Any, topo: Any, cap: int) -> None:
         m, g, l, e, src, dst, share = r
         assert 0 <= m < M and 0 <= g < topo.num_groups and 0 <= l < window.num_layers and 0 <= e < window.num_experts
         assert src != dst and 0 <= dst < topo.ep
-        assert e in plan.placement.phy2log[l, src * spr:(src + 1) * spr].tolist(), "replica source does not host it"
+        assert e in plan.placement.phy2log[l, src * spr : (src + 1) * spr].tolist(), "replica source does not host it"
     mig = plan.migration
     if len(mig):
         keys = set(zip(mig["layer"].tolist(), mig["dst_slot"].tolist()))
@@ -90,32 +118,50 @@ def check_plan(plan: Any, window: Any, topo: Any, cap: int) -> None:
 
 def check_sim(res: Any, plan: Any, window: Any, topo: Any) -> None:
     assert isinstance(res, rp.SimResult)
-    vals = [res.step_time, res.ideal_time, res.lower_bound_time, res.attention, res.expert, res.all_to_all,
-            res.replication, res.migration, res.mean_imbalance]
+    vals = [
+        res.step_time,
+        res.ideal_time,
+        res.lower_bound_time,
+        res.attention,
+        res.expert,
+        res.all_to_all,
+        res.replication,
+        res.migration,
+        res.mean_imbalance,
+    ]
     # a step of 0 s (a window with none of the work the cost model prices) has throughput inf
     # and fractions 1 (SimResult's contract); every other figure is finite
     assert math.isfinite(res.step_time) and res.step_time >= 0, f"step {res.step_time}"
-    assert res.throughput > 0 and (math.isfinite(res.throughput) or res.step_time == 0), \
+    assert res.throughput > 0 and (math.isfinite(res.throughput) or res.step_time == 0), (
         f"step {res.step_time}, throughput {res.throughput}"
-    assert math.isfinite(res.ideal_time) and res.ideal_time >= 0 and res.ideal_throughput > 0 and (
-        math.isfinite(res.ideal_throughput) or res.ideal_time == 0), f"ideal {res.ideal_time}, {res.ideal_throughput}"
+    )
+    assert (
+        math.isfinite(res.ideal_time)
+        and res.ideal_time >= 0
+        and res.ideal_throughput > 0
+        and (math.isfinite(res.ideal_throughput) or res.ideal_time == 0)
+    ), f"ideal {res.ideal_time}, {res.ideal_throughput}"
     assert all(math.isfinite(v) for v in vals), f"a non-finite time {vals}"
     parts = res.attention + res.expert + res.all_to_all + res.replication + res.migration
     assert abs(parts - res.step_time) <= 1e-9 * res.step_time + 1e-300, "the parts do not add up to step_time"
     assert res.lower_bound_time <= res.step_time * (1 + 1e-9), "lower bound above the step time"
     exact = sum(int(x) for x in window.seq_lens.tolist())
-    assert (res.throughput == math.inf if res.step_time == 0 else
-            math.isclose(res.throughput, exact / res.step_time, rel_tol=1e-9)), "throughput != tokens / step"
+    assert (
+        res.throughput == math.inf
+        if res.step_time == 0
+        else math.isclose(res.throughput, exact / res.step_time, rel_tol=1e-9)
+    ), "throughput != tokens / step"
     assert res.group_times.shape == (topo.num_groups,), "group_times shape"
     # step_time: the slowest group plus the exposed migration (which no group hides)
-    assert math.isclose(res.group_times.max() + res.migration, res.step_time, rel_tol=1e-9), \
+    assert math.isclose(res.group_times.max() + res.migration, res.step_time, rel_tol=1e-9), (
         "step_time != slowest group + migration"
+    )
     assert 0 <= res.critical_group < topo.num_groups and res.group_times[res.critical_group] == res.group_times.max()
     assert res.imbalance.shape == (topo.num_groups, plan.num_micro, window.num_layers)
     assert (res.imbalance >= 1 - 1e-9).all() and (res.imbalance <= topo.ep + 1e-9).all(), "imbalance out of [1, ep]"
     assert 0 <= res.fraction_of_bound <= 1 and res.summary() and res.breakdown()
     # 0 only where the bound is 0 and the plan is not; 1 for a step of 0 s
-    assert (res.fraction_of_bound > 0 or (res.lower_bound_time == 0 and res.step_time > 0)), "fraction_of_bound 0"
+    assert res.fraction_of_bound > 0 or (res.lower_bound_time == 0 and res.step_time > 0), "fraction_of_bound 0"
     assert res.step_time > 0 or (res.fraction_of_bound == 1 and res.fraction_of_balanced == 1)
 
 
@@ -189,16 +235,30 @@ def _edit_tables(plan: rp.Plan, rng: np.random.Generator, pc: PlanCase) -> Optio
 
 
 def _field_none(plan: rp.Plan, rng: np.random.Generator, pc: PlanCase) -> Optional[str]:
-    name = str(rng.choice(["placement", "sample_rank", "sample_micro", "num_micro", "replicas", "migration",
-                           "report", "policy"]))
+    name = str(
+        rng.choice(
+            ["placement", "sample_rank", "sample_micro", "num_micro", "replicas", "migration", "report", "policy"]
+        )
+    )
     wrong = {"report": [None, 2.5, [], "x", object()], "policy": [None, 2.5, [], {}, object()]}
     setattr(plan, name, pick(rng, wrong.get(name, [None, "x", 2.5, [], {}, object()])))
     return f"plan.{name} replaced by a wrong type"
 
 
 def _num_micro(plan: rp.Plan, rng: np.random.Generator, pc: PlanCase) -> Optional[str]:
-    plan.num_micro = pick(rng, [plan.num_micro + 0.7, float(plan.num_micro), str(plan.num_micro), True,
-                                np.float64(plan.num_micro), 2**64, -1, 0])
+    plan.num_micro = pick(
+        rng,
+        [
+            plan.num_micro + 0.7,
+            float(plan.num_micro),
+            str(plan.num_micro),
+            True,
+            np.float64(plan.num_micro),
+            2**64,
+            -1,
+            0,
+        ],
+    )
     return f"plan.num_micro = {plan.num_micro!r}"
 
 
@@ -220,7 +280,7 @@ def _dup_replica(plan: rp.Plan, rng: np.random.Generator, pc: PlanCase) -> Optio
     if not len(plan.replicas):
         return None
     i = int(rng.integers(len(plan.replicas)))
-    plan.replicas = np.concatenate([plan.replicas, plan.replicas[i:i + 1]])
+    plan.replicas = np.concatenate([plan.replicas, plan.replicas[i : i + 1]])
     return "a replica row duplicated"
 
 
@@ -237,11 +297,18 @@ def _migration_bytes(plan: rp.Plan, rng: np.random.Generator, pc: PlanCase) -> O
 
 
 #: (name, tamper, must the plan be refused)
-TAMPERS = [("dup_migration", _dup_migration, True), ("edit_phy2log", _edit_phy2log, True),
-           ("edit_tables", _edit_tables, True), ("field_none", _field_none, True), ("num_micro", _num_micro, None),
-           ("layout_array", _float_layout, None), ("nan_share", _nan_share, None),
-           ("dup_replica", _dup_replica, None), ("report", _report_list, True),
-           ("migration_bytes", _migration_bytes, True)]
+TAMPERS = [
+    ("dup_migration", _dup_migration, True),
+    ("edit_phy2log", _edit_phy2log, True),
+    ("edit_tables", _edit_tables, True),
+    ("field_none", _field_none, True),
+    ("num_micro", _num_micro, None),
+    ("layout_array", _float_layout, None),
+    ("nan_share", _nan_share, None),
+    ("dup_replica", _dup_replica, None),
+    ("report", _report_list, True),
+    ("migration_bytes", _migration_bytes, True),
+]
 
 
 def tampered(rng: np.random.Generator, make_call: Callable[[rp.Plan, PlanCase], Any], check_of: Callable) -> Case:
@@ -251,9 +318,11 @@ def tampered(rng: np.random.Generator, make_call: Callable[[rp.Plan, PlanCase], 
     if not len(pc.plan.migration) and rng.random() < 0.7:
         # give it migration rows to tamper with (from a random previous placement)
         from random_plans import migration_rows
+
         prev = random_phy2log(rng, pc.window.num_layers, pc.window.num_experts, pc.topo)
-        pc.plan.migration = migration_rows(prev, pc.plan.placement.phy2log, pc.window.num_experts,
-                                           pc.topo.slots_per_rank, pc.cost.expert_state_bytes)
+        pc.plan.migration = migration_rows(
+            prev, pc.plan.placement.phy2log, pc.window.num_experts, pc.topo.slots_per_rank, pc.cost.expert_state_bytes
+        )
     name, tamper, refuse = TAMPERS[int(rng.integers(len(TAMPERS)))]
     plan = fresh(pc.plan)
     fn, args = make_call(plan, pc)
@@ -269,6 +338,7 @@ def tampered(rng: np.random.Generator, make_call: Callable[[rp.Plan, PlanCase], 
         if refuse and state["note"] != "(untampered)":
             raise AssertionError(f"accepted a tampered plan: {state['note']}")
         check_of(result, plan, pc)
+
     return Case("tampered", fn, args, setup=setup, check=check, note=name, names=PLAN_NAMES)
 
 
@@ -277,11 +347,19 @@ def validate_case(rng: np.random.Generator) -> Case:
     r = rng.random()
     if r < 0.35:
         pc = valid_plan(rng)
-        return Case("valid", pc.plan.validate, (pc.window, pc.topo, pc.cap), expect="ok",
-                    check=lambda p: check_plan(p, pc.window, pc.topo, pc.cap))
+        return Case(
+            "valid",
+            pc.plan.validate,
+            (pc.window, pc.topo, pc.cap),
+            expect="ok",
+            check=lambda p: check_plan(p, pc.window, pc.topo, pc.cap),
+        )
     if r < 0.75:
-        return tampered(rng, lambda plan, pc: (plan.validate, (pc.window, pc.topo, pc.cap)),
-                        lambda res, plan, pc: check_plan(res, pc.window, pc.topo, pc.cap))
+        return tampered(
+            rng,
+            lambda plan, pc: (plan.validate, (pc.window, pc.topo, pc.cap)),
+            lambda res, plan, pc: check_plan(res, pc.window, pc.topo, pc.cap),
+        )
     pc = valid_plan(rng)
     args = [pc.window, pc.topo, pc.cap]
     i = int(rng.integers(3))
@@ -294,8 +372,9 @@ def validate_case(rng: np.random.Generator) -> Case:
 
 def corrupted_case(x: Any) -> Case:
     plan, window, topo, cap, words = x
-    return Case("tampered", plan.validate, (window, topo, cap), expect="error", note=f"corrupt: {words}",
-                names=PLAN_NAMES)
+    return Case(
+        "tampered", plan.validate, (window, topo, cap), expect="error", note=f"corrupt: {words}", names=PLAN_NAMES
+    )
 
 
 @st.composite
@@ -309,11 +388,19 @@ def simulate_case(rng: np.random.Generator) -> Case:
     if r < 0.45:
         pc = valid_plan(rng)
         cap = pick(rng, [None, pc.cap, 10**9, 2**62, max(1, pc.cap // 2)])
-        return Case("valid", rp.simulate, (pc.plan, pc.window, pc.topo, pc.cost, cap), expect="ok",
-                    check=lambda res: check_sim(res, pc.plan, pc.window, pc.topo))
+        return Case(
+            "valid",
+            rp.simulate,
+            (pc.plan, pc.window, pc.topo, pc.cost, cap),
+            expect="ok",
+            check=lambda res: check_sim(res, pc.plan, pc.window, pc.topo),
+        )
     if r < 0.75:
-        return tampered(rng, lambda plan, pc: (rp.simulate, (plan, pc.window, pc.topo, pc.cost)),
-                        lambda res, plan, pc: check_sim(res, plan, pc.window, pc.topo))
+        return tampered(
+            rng,
+            lambda plan, pc: (rp.simulate, (plan, pc.window, pc.topo, pc.cost)),
+            lambda res, plan, pc: check_sim(res, plan, pc.window, pc.topo),
+        )
     pc = valid_plan(rng)
     args = [pc.plan, pc.window, pc.topo, pc.cost, None]
     i = int(rng.integers(5))
@@ -323,8 +410,13 @@ def simulate_case(rng: np.random.Generator) -> Case:
         args[4] = pick(rng, BAD_INTS)
     else:
         args[i] = pick(rng, BAD_OBJECTS)
-    return Case("malformed", rp.simulate, tuple(args), names=PLAN_NAMES,
-                check=lambda res: check_sim(res, pc.plan, pc.window, pc.topo))
+    return Case(
+        "malformed",
+        rp.simulate,
+        tuple(args),
+        names=PLAN_NAMES,
+        check=lambda res: check_sim(res, pc.plan, pc.window, pc.topo),
+    )
 
 
 def placement_hyp_case(x: Any) -> Case:
@@ -358,8 +450,9 @@ def placement_rng_case(rng: np.random.Generator) -> Case:
         p2l[0][p2l[0] == 0] = -1
         args[0] = p2l
         note = "expert 0 has no slot"
-    return Case(kind, rp.Placement, tuple(args), check=lambda p: check_placement(p, args[0], args[1]),
-                expect=expect, note=note)
+    return Case(
+        kind, rp.Placement, tuple(args), check=lambda p: check_placement(p, args[0], args[1]), expect=expect, note=note
+    )
 
 
 def static_case(rng: np.random.Generator) -> Case:
@@ -390,8 +483,10 @@ def static_case(rng: np.random.Generator) -> Case:
         per = -(-E // t.ep)
         assert p.phy2log.shape == (L, t.num_slots)
         for e in range(E):
-            assert e in p.phy2log[0, (e // per) * t.slots_per_rank:(e // per + 1) * t.slots_per_rank], \
+            assert e in p.phy2log[0, (e // per) * t.slots_per_rank : (e // per + 1) * t.slots_per_rank], (
                 f"expert {e} not on rank {e // per}"
+            )
+
     return Case(kind, rp.Placement.static, tuple(args), check=check, expect=expect, note=note)
 
 
@@ -412,15 +507,24 @@ def rank_experts_case(rng: np.random.Generator) -> Case:
 
     def check(got: Any) -> None:
         lo = rank * p.slots_per_rank
-        assert np.array_equal(got, p.phy2log[layer, lo:lo + p.slots_per_rank]) and len(got) == p.slots_per_rank
+        assert np.array_equal(got, p.phy2log[layer, lo : lo + p.slots_per_rank]) and len(got) == p.slots_per_rank
+
     return Case(kind, p.rank_experts, (layer, rank), check=check, expect=expect, note=note)
 
 
 def plan_ctor_case(rng: np.random.Generator) -> Case:
     pc = valid_plan(rng)
     p = pc.plan
-    fields = dict(placement=p.placement, sample_rank=p.sample_rank, sample_micro=p.sample_micro,
-                  num_micro=p.num_micro, replicas=p.replicas, migration=p.migration, report={}, policy="x")
+    fields = dict(
+        placement=p.placement,
+        sample_rank=p.sample_rank,
+        sample_micro=p.sample_micro,
+        num_micro=p.num_micro,
+        replicas=p.replicas,
+        migration=p.migration,
+        report={},
+        policy="x",
+    )
     kind, expect, note = "valid", "ok", ""
     if rng.random() < 0.7:
         name = str(rng.choice(list(fields)))
@@ -432,8 +536,17 @@ def plan_ctor_case(rng: np.random.Generator) -> Case:
             if label in SAME_VALUES and label != "list":
                 kind, expect = "edge", "ok"
         elif isinstance(v, np.ndarray):
-            fields[name] = pick(rng, [None, [], np.zeros(3), v[["micro"]] if "micro" in v.dtype.names else v[:0],
-                                      v.astype([(n, "<f8") for n in v.dtype.names]), v.tolist()])
+            fields[name] = pick(
+                rng,
+                [
+                    None,
+                    [],
+                    np.zeros(3),
+                    v[["micro"]] if "micro" in v.dtype.names else v[:0],
+                    v.astype([(n, "<f8") for n in v.dtype.names]),
+                    v.tolist(),
+                ],
+            )
         elif name == "policy":
             fields[name] = pick(rng, [None, 3, b"x", ["x"], {}])
             expect = "error"
@@ -451,6 +564,7 @@ def plan_ctor_case(rng: np.random.Generator) -> Case:
         assert plan.replicas.dtype == rp.REPLICA_DTYPE and plan.migration.dtype == rp.MIGRATION_DTYPE
         assert isinstance(plan.report, dict) and isinstance(plan.policy, str)
         assert np.array_equal(plan.sample_rank.astype(np.int64), np.asarray(fields["sample_rank"]).astype(np.int64))
+
     return Case(kind, rp.Plan, (), fields, check=check, expect=expect, note=note)
 
 
@@ -465,8 +579,14 @@ def same_as_case(rng: np.random.Generator) -> Case:
         want, note = other.num_micro == 1, "a layout differing in a step"
     elif r < 0.6:
         other, want, kind, note = pick(rng, BAD_OBJECTS), None, "malformed", "not a plan"
-    return Case(kind, pc.plan.same_as, (other,), check=lambda got: _is(got, want), note=note,
-                expect="error" if want is None else "ok")
+    return Case(
+        kind,
+        pc.plan.same_as,
+        (other,),
+        check=lambda got: _is(got, want),
+        note=note,
+        expect="error" if want is None else "ok",
+    )
 
 
 def _is(got: Any, want: Any) -> None:
@@ -490,6 +610,7 @@ def cell_samples_case(rng: np.random.Generator) -> Case:
     def check(got: Any) -> None:
         want = np.flatnonzero((pc.plan.sample_rank == rank) & (pc.plan.sample_micro == micro))
         assert np.array_equal(got, want)
+
     return Case(kind, pc.plan.cell_samples, (rank, micro), check=check, expect=expect)
 
 
@@ -509,6 +630,7 @@ def plan_save_case(rng: np.random.Generator) -> Case:
                 target.seek(0)
             back = rp.Plan.load(target)
             assert back.same_as(plan) and back.report == plan.report and back.policy == plan.policy, "round trip"
+
         return Case("valid", plan.save, (target,), check=check, expect="ok")
     if rng.random() < 0.5:
         plan.report = {"a": object()} if rng.random() < 0.5 else {"a": float("nan"), 3: {1, 2}}
@@ -523,18 +645,28 @@ def plan_load_gen() -> Any:
         pc = valid_plan(rng)
         pc.plan.report = {"token_cap": pc.cap, "nested": {"a": [1, 2]}}
         return pc.plan
+
     return mixed((9, file_load_case(rp.Plan, make, "plan")), (1, _load_other_type))
 
 
 TARGETS = [
-    Target("Placement", rp.Placement, both(hyp_gen(placement_inputs(), placement_hyp_case),
-                                           mixed((1, placement_rng_case)), 0.4), weight=3,
-           names=("placement", "placement.phy2log")),
+    Target(
+        "Placement",
+        rp.Placement,
+        both(hyp_gen(placement_inputs(), placement_hyp_case), mixed((1, placement_rng_case)), 0.4),
+        weight=3,
+        names=("placement", "placement.phy2log"),
+    ),
     Target("Placement.static", rp.Placement.static, mixed((1, static_case)), weight=2),
     Target("Placement.rank_experts", rp.Placement.rank_experts, mixed((1, rank_experts_case)), weight=1),
     Target("Plan", rp.Plan, mixed((1, plan_ctor_case)), weight=2, names=PLAN_NAMES),
-    Target("Plan.validate", rp.Plan.validate, both(hyp_gen(corruptions(), corrupted_case), mixed((1, validate_case)),
-                                                   0.3), weight=5, names=PLAN_NAMES),
+    Target(
+        "Plan.validate",
+        rp.Plan.validate,
+        both(hyp_gen(corruptions(), corrupted_case), mixed((1, validate_case)), 0.3),
+        weight=5,
+        names=PLAN_NAMES,
+    ),
     Target("Plan.same_as", rp.Plan.same_as, mixed((1, same_as_case)), weight=1),
     Target("Plan.cell_samples", rp.Plan.cell_samples, mixed((1, cell_samples_case)), weight=1),
     Target("Plan.save", rp.Plan.save, mixed((1, plan_save_case)), weight=1, names=("report", "path")),

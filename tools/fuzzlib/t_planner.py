@@ -22,13 +22,23 @@ OPTION_NAMES = tuple(sorted(known_options()))
 MAX = 2**63 - 1
 #: each option's documented domain: (kind, low, high) — independent of the dataclasses' checks
 DOMAIN: Dict[str, Tuple[str, float, float]] = {
-    "placement_chunks": ("int", 0, MAX), "placement_cells": ("int?", 1, MAX), "placement_slack": ("float", 0, 1),
-    "placement_explore": ("float?", 0, 1), "placement_fluct_evals": ("int", 0, MAX),
-    "placement_migration_aware": ("bool", 0, 1), "eplb_num_groups": ("int?", 1, MAX),
-    "anneal_chains": ("int", 1, MAX), "anneal_steps": ("int", 1, MAX), "anneal_lambda": ("float", 0, math.inf),
-    "anneal_start_accept": ("open", 0, 1), "anneal_cooling": ("lopen", 0, 1), "anneal_mix": ("mix", 0, 0),
-    "packing_exact_nodes": ("int", 0, 2**64 - 1), "replication_hot_experts": ("int", 1, MAX),
-    "replication_slots": ("int", 0, MAX), "replication_candidates": ("int", 1, MAX),
+    "placement_chunks": ("int", 0, MAX),
+    "placement_cells": ("int?", 1, MAX),
+    "placement_slack": ("float", 0, 1),
+    "placement_explore": ("float?", 0, 1),
+    "placement_fluct_evals": ("int", 0, MAX),
+    "placement_migration_aware": ("bool", 0, 1),
+    "eplb_num_groups": ("int?", 1, MAX),
+    "anneal_chains": ("int", 1, MAX),
+    "anneal_steps": ("int", 1, MAX),
+    "anneal_lambda": ("float", 0, math.inf),
+    "anneal_start_accept": ("open", 0, 1),
+    "anneal_cooling": ("lopen", 0, 1),
+    "anneal_mix": ("mix", 0, 0),
+    "packing_exact_nodes": ("int", 0, 2**64 - 1),
+    "replication_hot_experts": ("int", 1, MAX),
+    "replication_slots": ("int", 0, MAX),
+    "replication_candidates": ("int", 1, MAX),
 }
 
 
@@ -54,8 +64,12 @@ def in_domain(name: str, v: Any) -> bool:
             items = list(v) if isinstance(v, (list, tuple, np.ndarray)) else None
         except TypeError:
             return False
-        return (items is not None and len(items) == 4 and all(_is_num(x) and math.isfinite(float(x)) and x >= 0
-                                                              for x in items) and any(float(x) for x in items))
+        return (
+            items is not None
+            and len(items) == 4
+            and all(_is_num(x) and math.isfinite(float(x)) and x >= 0 for x in items)
+            and any(float(x) for x in items)
+        )
     if not _is_num(v):
         return False
     try:
@@ -70,15 +84,47 @@ def in_domain(name: str, v: Any) -> bool:
         return lo < f <= hi
     return lo <= f <= hi
 
-PLANNER_NAMES = ("window", "topo", "cost", "token_cap", "policy", "previous", "previous_window", "seed",
-                 "anneal_moves", "time_budget_s", "options", "cost.a_quad", "seq_lens", "expert_tokens",
-                 "num_experts", "topo.ep", "topo.dp", "sample", "exact_nodes", "replica_slots",
-                 "hot_experts") + OPTION_NAMES
+
+PLANNER_NAMES = (
+    "window",
+    "topo",
+    "cost",
+    "token_cap",
+    "policy",
+    "previous",
+    "previous_window",
+    "seed",
+    "anneal_moves",
+    "time_budget_s",
+    "options",
+    "cost.a_quad",
+    "seq_lens",
+    "expert_tokens",
+    "num_experts",
+    "topo.ep",
+    "topo.dp",
+    "sample",
+    "exact_nodes",
+    "replica_slots",
+    "hot_experts",
+) + OPTION_NAMES
 
 #: small topologies (dp, ep, gpus_per_node, slots_per_rank): one rank, one group, several
 #: groups, groups over nodes, several groups a node
-TOPOS = [(1, 1, 1, 1), (1, 1, 1, 3), (2, 1, 1, 2), (2, 2, 1, 2), (2, 2, 2, 3), (4, 2, 2, 2), (4, 4, 2, 2),
-         (4, 2, 1, 3), (6, 3, 3, 2), (8, 4, 2, 2), (8, 8, 4, 1), (6, 6, 3, 1)]
+TOPOS = [
+    (1, 1, 1, 1),
+    (1, 1, 1, 3),
+    (2, 1, 1, 2),
+    (2, 2, 1, 2),
+    (2, 2, 2, 3),
+    (4, 2, 2, 2),
+    (4, 4, 2, 2),
+    (4, 2, 1, 3),
+    (6, 3, 3, 2),
+    (8, 4, 2, 2),
+    (8, 8, 4, 1),
+    (6, 6, 3, 1),
+]
 
 
 @dataclass
@@ -94,16 +140,22 @@ def random_options(rng: np.random.Generator, E: int) -> Dict[str, Any]:
     """A few options with valid random values."""
     slack = float(rng.uniform(0, 0.2))
     pool: Dict[str, Any] = {
-        "placement_chunks": int(rng.integers(0, 40)), "placement_cells": int(rng.integers(1, 20)),
-        "placement_slack": slack, "placement_explore": float(rng.uniform(slack, 1.0)),
-        "placement_fluct_evals": int(rng.integers(0, 2000)), "placement_migration_aware": bool(rng.random() < 0.5),
+        "placement_chunks": int(rng.integers(0, 40)),
+        "placement_cells": int(rng.integers(1, 20)),
+        "placement_slack": slack,
+        "placement_explore": float(rng.uniform(slack, 1.0)),
+        "placement_fluct_evals": int(rng.integers(0, 2000)),
+        "placement_migration_aware": bool(rng.random() < 0.5),
         "eplb_num_groups": int(rng.choice([g for g in range(1, E + 1) if E % g == 0])),
-        "anneal_chains": int(rng.integers(1, 4)), "anneal_steps": int(rng.integers(1, 40)),
-        "anneal_lambda": float(rng.uniform(0, 2)), "anneal_start_accept": float(rng.uniform(0.01, 0.99)),
+        "anneal_chains": int(rng.integers(1, 4)),
+        "anneal_steps": int(rng.integers(1, 40)),
+        "anneal_lambda": float(rng.uniform(0, 2)),
+        "anneal_start_accept": float(rng.uniform(0.01, 0.99)),
         "anneal_cooling": float(rng.uniform(1e-4, 1.0)),
         "anneal_mix": tuple(float(x) for x in rng.random(4) * (rng.random(4) < 0.7)) or (1.0, 0, 0, 0),
         "packing_exact_nodes": int(rng.choice([0, 10, 1000, 200000])),
-        "replication_hot_experts": int(rng.integers(1, 5)), "replication_slots": int(rng.integers(0, 4)),
+        "replication_hot_experts": int(rng.integers(1, 5)),
+        "replication_slots": int(rng.integers(0, 4)),
         "replication_candidates": int(rng.integers(1, 3)),
     }
     if not any(pool["anneal_mix"]):
@@ -125,11 +177,17 @@ def random_inputs(rng: np.random.Generator, policy: Any, edge: Optional[str] = N
     cells = np.bincount(rank.astype(np.int64) * M + micro, weights=window.seq_lens.astype(np.float64))
     cap = int(cells.max()) + int(rng.choice([0, 0, 3, 100, 10**6]))
     cost = random_cost(rng, L)
-    kw: Dict[str, Any] = {"policy": policy, "seed": pick(rng, [0, 1, 12345, 2**64 - 1]),
-                          "anneal_moves": int(rng.choice([0, 200, 2000, 20000])) if rng.random() > 0.04 else None}
+    kw: Dict[str, Any] = {
+        "policy": policy,
+        "seed": pick(rng, [0, 1, 12345, 2**64 - 1]),
+        "anneal_moves": int(rng.choice([0, 200, 2000, 20000])) if rng.random() > 0.04 else None,
+    }
     if rng.random() < 0.4:
-        kw["previous"] = (rp.Placement.static(L, E, topo) if rng.random() < 0.5 else
-                          rp.Placement(random_phy2log(rng, L, E, topo), E, topo.slots_per_rank))
+        kw["previous"] = (
+            rp.Placement.static(L, E, topo)
+            if rng.random() < 0.5
+            else rp.Placement(random_phy2log(rng, L, E, topo), E, topo.slots_per_rank)
+        )
     if rng.random() < 0.6 or _needs_previous_window(policy):
         kw["previous_window"] = random_window(rng, int(rng.integers(1, S + 3)), L, E)
     if rng.random() < 0.15:
@@ -146,8 +204,21 @@ def _needs_previous_window(policy: Any) -> bool:
     return isinstance(pol, rp.Policy) and pol.loads == "previous"
 
 
-EDGES = ("zero_weight", "zero_cost", "one_sample", "dp1_many", "huge_cap", "near_2_61", "tight_cap",
-         "no_spare_slots", "one_expert", "tiny_budget", "huge_budget", "max_seed", "zero_tokens_some")
+EDGES = (
+    "zero_weight",
+    "zero_cost",
+    "one_sample",
+    "dp1_many",
+    "huge_cap",
+    "near_2_61",
+    "tight_cap",
+    "no_spare_slots",
+    "one_expert",
+    "tiny_budget",
+    "huge_budget",
+    "max_seed",
+    "zero_tokens_some",
+)
 
 
 def apply_edge(rng: np.random.Generator, inp: Inputs, edge: str) -> None:
@@ -197,8 +268,9 @@ def apply_edge(rng: np.random.Generator, inp: Inputs, edge: str) -> None:
         inp.kwargs.pop("previous", None)
         inp.kwargs.pop("eplb_num_groups", None)
         if "previous_window" in inp.kwargs:
-            inp.kwargs["previous_window"] = rp.Window(inp.kwargs["previous_window"].seq_lens,
-                                                      inp.kwargs["previous_window"].expert_tokens[:, :, :1].copy())
+            inp.kwargs["previous_window"] = rp.Window(
+                inp.kwargs["previous_window"].seq_lens, inp.kwargs["previous_window"].expert_tokens[:, :, :1].copy()
+            )
     elif edge == "tiny_budget":
         inp.kwargs["time_budget_s"] = float(rng.choice([1e-9, 1e-4]))
     elif edge == "huge_budget":
@@ -238,6 +310,7 @@ def plan_check(args: Any, kwargs: Dict[str, Any]):
         check_sim(res, plan, window, topo)
         pred = plan.report["predicted"]["step_time"]
         assert math.isclose(pred, res.step_time, rel_tol=1e-9), "report's predicted step time != simulate"
+
     return check
 
 
@@ -249,9 +322,17 @@ def preset_case(policy: Any):
             edge = EDGES[int(rng.integers(len(EDGES)))]
         inp = random_inputs(rng, policy, edge)
         expect = None if edge == "near_2_61" else "ok"
-        return Case("edge" if edge else "valid", rp.plan_window, (inp.window, inp.topo, inp.cost, inp.cap),
-                    dict(inp.kwargs), check=plan_check((inp.window, inp.topo, inp.cost, inp.cap), inp.kwargs), expect=expect, note=edge or "",
-                    names=PLANNER_NAMES)
+        return Case(
+            "edge" if edge else "valid",
+            rp.plan_window,
+            (inp.window, inp.topo, inp.cost, inp.cap),
+            dict(inp.kwargs),
+            check=plan_check((inp.window, inp.topo, inp.cost, inp.cap), inp.kwargs),
+            expect=expect,
+            note=edge or "",
+            names=PLANNER_NAMES,
+        )
+
     return make
 
 
@@ -274,13 +355,25 @@ def first_fit_case(rng: np.random.Generator) -> Case:
     cost = random_cost(rng, 1)
     policy = str(rng.choice(["static", "hot_n", "relibra", "routepack_placement", "eplb_oracle"]))
     inp = Inputs(window, topo, cost, cap, {"policy": policy, "anneal_moves": 500})
-    return Case("edge", rp.plan_window, (window, topo, cost, cap), dict(inp.kwargs), check=plan_check((inp.window, inp.topo, inp.cost, inp.cap), inp.kwargs),
-                expect="ok", note="a feasible window first fit cannot split over dp", names=PLANNER_NAMES)
+    return Case(
+        "edge",
+        rp.plan_window,
+        (window, topo, cost, cap),
+        dict(inp.kwargs),
+        check=plan_check((inp.window, inp.topo, inp.cost, inp.cap), inp.kwargs),
+        expect="ok",
+        note="a feasible window first fit cannot split over dp",
+        names=PLANNER_NAMES,
+    )
 
 
 def policy_combo_case(rng: np.random.Generator) -> Case:
-    pol = rp.Policy(str(rng.choice(sorted(PLACEMENTS))), str(rng.choice(sorted(PACKINGS))),
-                    str(rng.choice(sorted(REPLICATIONS))), str(rng.choice(["window", "previous"])))
+    pol = rp.Policy(
+        str(rng.choice(sorted(PLACEMENTS))),
+        str(rng.choice(sorted(PACKINGS))),
+        str(rng.choice(sorted(REPLICATIONS))),
+        str(rng.choice(["window", "previous"])),
+    )
     return preset_case(pol)(rng)
 
 
@@ -288,17 +381,45 @@ def args_case(rng: np.random.Generator) -> Case:
     inp = random_inputs(rng, str(rng.choice(sorted(rp.PRESETS))))
     args: List[Any] = [inp.window, inp.topo, inp.cost, inp.cap]
     kw = dict(inp.kwargs)
-    which = str(rng.choice(["window", "topo", "cost", "token_cap", "policy", "previous", "previous_window", "seed",
-                            "anneal_moves", "time_budget_s", "mismatch"]))
+    which = str(
+        rng.choice(
+            [
+                "window",
+                "topo",
+                "cost",
+                "token_cap",
+                "policy",
+                "previous",
+                "previous_window",
+                "seed",
+                "anneal_moves",
+                "time_budget_s",
+                "mismatch",
+            ]
+        )
+    )
     note = which
     if which in ("window", "topo", "cost"):
         args[["window", "topo", "cost"].index(which)] = pick(rng, BAD_OBJECTS)
     elif which == "token_cap":
         args[3] = pick(rng, BAD_INTS + [int(inp.window.seq_lens.max()) - 1])
     elif which == "policy":
-        kw["policy"] = pick(rng, ["", "nope", "Static", None, 3, b"static", ["static"],
-                                  rp.Policy("nope"), rp.Policy(loads="both"), rp.Policy(packing=None),
-                                  rp.Policy(replication=3)])
+        kw["policy"] = pick(
+            rng,
+            [
+                "",
+                "nope",
+                "Static",
+                None,
+                3,
+                b"static",
+                ["static"],
+                rp.Policy("nope"),
+                rp.Policy(loads="both"),
+                rp.Policy(packing=None),
+                rp.Policy(replication=3),
+            ],
+        )
     elif which in ("previous", "previous_window"):
         kw[which] = pick(rng, BAD_OBJECTS + [rp.Placement.static(1, 1, rp.Topology(1, 1, 1, 1))])
     elif which in ("seed", "anneal_moves"):
@@ -313,29 +434,42 @@ def args_case(rng: np.random.Generator) -> Case:
         L, E = inp.window.num_layers, inp.window.num_experts
         m = int(rng.integers(4))
         if m == 0:
-            args[2] = dataclasses.replace(inp.cost, a_quad=inp.cost.a_quad + [0.0]); note = "cost has another layer count"
+            args[2] = dataclasses.replace(inp.cost, a_quad=inp.cost.a_quad + [0.0])
+            note = "cost has another layer count"
         elif m == 1:
             args[1] = rp.Topology(inp.topo.dp, inp.topo.ep, inp.topo.gpus_per_node, 1)
             note = "fewer slots than experts" if E > inp.topo.ep else "one slot a rank"
         elif m == 2:
-            kw["previous_window"] = rp.Window(np.array([3]), np.zeros((1, L, E + 1), np.int32)); note = "previous_window E+1"
+            kw["previous_window"] = rp.Window(np.array([3]), np.zeros((1, L, E + 1), np.int32))
+            note = "previous_window E+1"
         else:
-            args[0] = rp.Window(inp.window.seq_lens[:max(1, inp.topo.dp - 1)],
-                                inp.window.expert_tokens[:max(1, inp.topo.dp - 1)])
+            args[0] = rp.Window(
+                inp.window.seq_lens[: max(1, inp.topo.dp - 1)], inp.window.expert_tokens[: max(1, inp.topo.dp - 1)]
+            )
             note = "fewer samples than DP ranks"
-    return Case("malformed", rp.plan_window, tuple(args), kw, check=plan_check(args, kw), note=note,
-                names=PLANNER_NAMES)
+    return Case(
+        "malformed", rp.plan_window, tuple(args), kw, check=plan_check(args, kw), note=note, names=PLANNER_NAMES
+    )
 
 
 #: absurd option values: each must be refused before anything is allocated, or plan quickly
 ABSURD = [
-    {"anneal_chains": 10**8, "anneal_moves": 10**12}, {"anneal_steps": 10**9, "anneal_moves": 10**12},
-    {"anneal_steps": 2**62, "anneal_moves": 2**63 - 1}, {"anneal_chains": 2**62}, {"anneal_moves": 2**63 - 1,
-                                                                                    "time_budget_s": 0.5},
-    {"packing_exact_nodes": 2**64 - 1}, {"placement_chunks": 10**12}, {"placement_cells": 2**62},
-    {"placement_fluct_evals": 2**62}, {"replication_slots": 2**62}, {"replication_candidates": 2**40},
-    {"replication_hot_experts": 2**62}, {"eplb_num_groups": 2**62}, {"time_budget_s": 1e20},
-    {"time_budget_s": 3e19}, {"seed": 2**64 - 1, "anneal_chains": 64, "anneal_moves": 10**5},
+    {"anneal_chains": 10**8, "anneal_moves": 10**12},
+    {"anneal_steps": 10**9, "anneal_moves": 10**12},
+    {"anneal_steps": 2**62, "anneal_moves": 2**63 - 1},
+    {"anneal_chains": 2**62},
+    {"anneal_moves": 2**63 - 1, "time_budget_s": 0.5},
+    {"packing_exact_nodes": 2**64 - 1},
+    {"placement_chunks": 10**12},
+    {"placement_cells": 2**62},
+    {"placement_fluct_evals": 2**62},
+    {"replication_slots": 2**62},
+    {"replication_candidates": 2**40},
+    {"replication_hot_experts": 2**62},
+    {"eplb_num_groups": 2**62},
+    {"time_budget_s": 1e20},
+    {"time_budget_s": 3e19},
+    {"seed": 2**64 - 1, "anneal_chains": 64, "anneal_moves": 10**5},
 ]
 
 
@@ -348,8 +482,9 @@ def options_case(rng: np.random.Generator) -> Case:
     if r < 0.3:
         kind = "absurd"
         kw.update(ABSURD[int(rng.integers(len(ABSURD)))])
-        note = "absurd " + ", ".join(f"{k}={v}" for k, v in kw.items() if k not in ("policy", "previous",
-                                                                                   "previous_window"))
+        note = "absurd " + ", ".join(
+            f"{k}={v}" for k, v in kw.items() if k not in ("policy", "previous", "previous_window")
+        )
     elif r < 0.45:
         kw[str(rng.choice(["nope", "anneal_chain", "Placement_chunks", "seed_", "exact"]))] = 1
         note, expect = "unknown option", "error"
@@ -363,8 +498,20 @@ def options_case(rng: np.random.Generator) -> Case:
         good = random_options(np.random.default_rng(int(rng.integers(2**32))), inp.window.num_experts)
         base = good.get(name, 1)
         if name == "anneal_mix":
-            kw[name] = pick(rng, [(1.0,), (0, 0, 0, 0), {0: 1.0}, "0.25", (1, 2, 3, float("nan")), None,
-                                  (-1, 1, 1, 1), [1, 1, 1, 1, 1], frozenset({1.0})])
+            kw[name] = pick(
+                rng,
+                [
+                    (1.0,),
+                    (0, 0, 0, 0),
+                    {0: 1.0},
+                    "0.25",
+                    (1, 2, 3, float("nan")),
+                    None,
+                    (-1, 1, 1, 1),
+                    [1, 1, 1, 1, 1],
+                    frozenset({1.0}),
+                ],
+            )
         elif name == "placement_migration_aware":
             kw[name] = pick(rng, ["yes", 1, 0, None, 2.0])
         else:
@@ -375,8 +522,9 @@ def options_case(rng: np.random.Generator) -> Case:
         if name == "placement_explore" and expect is None and float(kw[name]) < 5e-5:
             expect = "error"  # below the default slack
     args = (inp.window, inp.topo, inp.cost, inp.cap)
-    return Case(kind, rp.plan_window, args, kw, check=plan_check(args, kw),
-                expect=expect, note=note, names=PLANNER_NAMES)
+    return Case(
+        kind, rp.plan_window, args, kw, check=plan_check(args, kw), expect=expect, note=note, names=PLANNER_NAMES
+    )
 
 
 def determinism_case(rng: np.random.Generator) -> Case:
@@ -393,21 +541,40 @@ def determinism_case(rng: np.random.Generator) -> Case:
         second = rp.plan_window(*a, **k)
         assert first.same_as(second), "plan_window is not deterministic for fixed inputs"
         return first
+
     twice.__qualname__ = "plan_window (twice)"
-    return Case("valid", twice, (inp.window, inp.topo, inp.cost, inp.cap), dict(inp.kwargs), check=check,
-                expect="ok", names=PLANNER_NAMES)
+    return Case(
+        "valid",
+        twice,
+        (inp.window, inp.topo, inp.cost, inp.cap),
+        dict(inp.kwargs),
+        check=check,
+        expect="ok",
+        names=PLANNER_NAMES,
+    )
 
 
-TARGETS = [Target(f"plan_window[{name}]", rp.plan_window, mixed((1, preset_case(name))), weight=2,
-                  names=PLANNER_NAMES, batch=16) for name in sorted(rp.PRESETS)]
+TARGETS = [
+    Target(
+        f"plan_window[{name}]", rp.plan_window, mixed((1, preset_case(name))), weight=2, names=PLANNER_NAMES, batch=16
+    )
+    for name in sorted(rp.PRESETS)
+]
 TARGETS += [
-    Target("plan_window[Policy]", rp.plan_window, mixed((1, policy_combo_case)), weight=2, names=PLANNER_NAMES,
-           batch=16),
-    Target("plan_window[first fit]", rp.plan_window, mixed((1, first_fit_case)), weight=1, names=PLANNER_NAMES,
-           batch=16),
+    Target(
+        "plan_window[Policy]", rp.plan_window, mixed((1, policy_combo_case)), weight=2, names=PLANNER_NAMES, batch=16
+    ),
+    Target(
+        "plan_window[first fit]", rp.plan_window, mixed((1, first_fit_case)), weight=1, names=PLANNER_NAMES, batch=16
+    ),
     Target("plan_window[args]", rp.plan_window, mixed((1, args_case)), weight=3, names=PLANNER_NAMES, batch=16),
-    Target("plan_window[options]", rp.plan_window, mixed((1, options_case)), weight=3, names=PLANNER_NAMES,
-           batch=16),
-    Target("plan_window[determinism]", rp.plan_window, mixed((1, determinism_case)), weight=1, names=PLANNER_NAMES,
-           batch=16),
+    Target("plan_window[options]", rp.plan_window, mixed((1, options_case)), weight=3, names=PLANNER_NAMES, batch=16),
+    Target(
+        "plan_window[determinism]",
+        rp.plan_window,
+        mixed((1, determinism_case)),
+        weight=1,
+        names=PLANNER_NAMES,
+        batch=16,
+    ),
 ]

@@ -12,8 +12,16 @@ from typing import Any, Callable, Tuple
 import numpy as np
 import routepack as rp
 from routepack import policies, stages
-from routepack.stages import (EplbOptions, HotNOptions, NoOptions, PlanContext, RelibraReplicationOptions,
-                              RoutepackPackingOptions, RoutepackPlacementOptions, RoutepackReplicationOptions)
+from routepack.stages import (
+    EplbOptions,
+    HotNOptions,
+    NoOptions,
+    PlanContext,
+    RelibraReplicationOptions,
+    RoutepackPackingOptions,
+    RoutepackPlacementOptions,
+    RoutepackReplicationOptions,
+)
 
 from random_plans import random_phy2log
 from fuzzlib.engine import Case, Target, mixed
@@ -21,8 +29,14 @@ from fuzzlib.inputs import BAD_INTS, BAD_OBJECTS, bad_for, is_huge, pick
 from fuzzlib.t_plan import PLAN_NAMES, check_placement, check_plan
 from fuzzlib.t_planner import DOMAIN, OPTION_NAMES, in_domain, random_inputs, random_options
 
-OPTION_CLASSES = [EplbOptions, RoutepackPlacementOptions, RoutepackPackingOptions, HotNOptions,
-                  RelibraReplicationOptions, RoutepackReplicationOptions]
+OPTION_CLASSES = [
+    EplbOptions,
+    RoutepackPlacementOptions,
+    RoutepackPackingOptions,
+    HotNOptions,
+    RelibraReplicationOptions,
+    RoutepackReplicationOptions,
+]
 
 
 def options_case(cls: type):
@@ -35,8 +49,11 @@ def options_case(cls: type):
         for n in names:
             if rng.random() < 0.25:
                 kind = "malformed"
-                kw[n] = bad_for(rng, good.get(n, 1)) if rng.random() < 0.7 else pick(
-                    rng, BAD_INTS + [(1.0,), {0: 1.0}, "0.25", (0, 0, 0, 0), 0.0, 1.0, np.float32(0.5)])
+                kw[n] = (
+                    bad_for(rng, good.get(n, 1))
+                    if rng.random() < 0.7
+                    else pick(rng, BAD_INTS + [(1.0,), {0: 1.0}, "0.25", (0, 0, 0, 0), 0.0, 1.0, np.float32(0.5)])
+                )
         valid = all(in_domain(n, v) for n, v in kw.items())
         if cls is RoutepackPlacementOptions and valid:
             slack = kw.get("placement_slack", stages.DEFAULTS["placement"]["placement_slack"])
@@ -53,7 +70,9 @@ def options_case(cls: type):
                     assert type(v) is want, f"{f.name} stored as {type(v).__name__}"
             if isinstance(o, RoutepackPlacementOptions):
                 assert 0 <= o.explore() <= 1
+
         return Case(kind, cls, (), kw, check=check, expect="ok" if valid else "error")
+
     return make
 
 
@@ -62,8 +81,19 @@ def context(rng: np.random.Generator) -> Tuple[PlanContext, Any]:
     policy = rp.Policy(loads=str(rng.choice(["window", "previous"])))
     inp = random_inputs(rng, policy)
     kw = inp.kwargs
-    ctx = PlanContext(inp.window, inp.topo, inp.cost, inp.cap, kw.get("previous"), kw.get("previous_window"),
-                      kw["seed"], kw["anneal_moves"], None, {}, policy)
+    ctx = PlanContext(
+        inp.window,
+        inp.topo,
+        inp.cost,
+        inp.cap,
+        kw.get("previous"),
+        kw.get("previous_window"),
+        kw["seed"],
+        kw["anneal_moves"],
+        None,
+        {},
+        policy,
+    )
     return ctx, inp
 
 
@@ -88,8 +118,16 @@ def _placement_fn(fn: Callable, opts: Callable[[np.random.Generator, int], Any])
             check_placement(p)
             assert p.phy2log.shape == (inp.window.num_layers, inp.topo.num_slots)
             assert p.num_experts == inp.window.num_experts and p.slots_per_rank == inp.topo.slots_per_rank
-        return Case(kind, fn, (ctx, o), check=check, expect=expect, names=("ctx", "options") + OPTION_NAMES +
-                    ("previous_window", "previous", "loads", "token_cap", "seed"))
+
+        return Case(
+            kind,
+            fn,
+            (ctx, o),
+            check=check,
+            expect=expect,
+            names=("ctx", "options") + OPTION_NAMES + ("previous_window", "previous", "loads", "token_cap", "seed"),
+        )
+
     return make
 
 
@@ -119,19 +157,32 @@ def _packing_fn(fn: Callable, opts: Callable[[np.random.Generator], Any]):
             assert isinstance(report, dict)
             plan = rp.Plan(static, rank, micro, m)
             check_plan(plan, inp.window, inp.topo, inp.cap)
-        return Case(kind, fn, (ctx, o, placement), check=check, expect=expect,
-                    names=("ctx", "options", "placement", "token_cap", "seed", "anneal_moves", "sample", "num_experts",
-                           "topo") + OPTION_NAMES)
+
+        return Case(
+            kind,
+            fn,
+            (ctx, o, placement),
+            check=check,
+            expect=expect,
+            names=("ctx", "options", "placement", "token_cap", "seed", "anneal_moves", "sample", "num_experts", "topo")
+            + OPTION_NAMES,
+        )
+
     return make
 
 
 def _replication_fn(fn: Callable, opts: Callable[[np.random.Generator], Any]):
     def make(rng: np.random.Generator) -> Case:
         ctx, inp = context(rng)
-        placement = (rp.Placement.static(inp.window.num_layers, inp.window.num_experts, inp.topo)
-                     if rng.random() < 0.5 else rp.Placement(
-                         random_phy2log(rng, inp.window.num_layers, inp.window.num_experts, inp.topo),
-                         inp.window.num_experts, inp.topo.slots_per_rank))
+        placement = (
+            rp.Placement.static(inp.window.num_layers, inp.window.num_experts, inp.topo)
+            if rng.random() < 0.5
+            else rp.Placement(
+                random_phy2log(rng, inp.window.num_layers, inp.window.num_experts, inp.topo),
+                inp.window.num_experts,
+                inp.topo.slots_per_rank,
+            )
+        )
         rank, micro, m = rp.stages.sequential_packing(ctx, NoOptions(), placement)[:3]
         o = opts(rng)
         args = [ctx, o, placement, rank, micro, m]
@@ -152,9 +203,18 @@ def _replication_fn(fn: Callable, opts: Callable[[np.random.Generator], Any]):
             assert reps.dtype == rp.REPLICA_DTYPE
             plan = rp.Plan(placement, rank, micro, m, replicas=reps)
             check_plan(plan, inp.window, inp.topo, inp.cap)
-        return Case(kind, fn, tuple(args), check=check, expect=expect,
-                    names=("ctx", "options", "placement", "sample_rank", "sample_micro", "num_micro") + OPTION_NAMES
-                    + PLAN_NAMES)
+
+        return Case(
+            kind,
+            fn,
+            tuple(args),
+            check=check,
+            expect=expect,
+            names=("ctx", "options", "placement", "sample_rank", "sample_micro", "num_micro")
+            + OPTION_NAMES
+            + PLAN_NAMES,
+        )
+
     return make
 
 
@@ -163,6 +223,7 @@ def _opts(cls: type):
         good = random_options(np.random.default_rng(int(rng.integers(2**32))), e)
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in good.items() if k in names})
+
     return make
 
 
@@ -179,6 +240,7 @@ def replica_table_case(rng: np.random.Generator) -> Case:
         assert t.dtype == rp.REPLICA_DTYPE and len(t) == n
         for name, c in zip(rp.REPLICA_DTYPE.names, cols):
             assert np.array_equal(t[name], np.asarray(c).astype(t.dtype[name])), f"column {name} changed"
+
     return Case(kind, stages.replica_table, (tuple(cols),), check=check, expect=expect)
 
 
@@ -198,14 +260,23 @@ def canonical_case(rng: np.random.Generator) -> Case:
             kind = "malformed"
     elif r < 0.6:
         opts, kind = pick(rng, [None, [("anneal_chains", 2)], "anneal_chains", 3]), "malformed"
-    valid = isinstance(opts, dict) and all(isinstance(k, str) and (k in stages.known_options() or k in
-                                                                    stages.DEPRECATED_OPTIONS) for k in opts) \
+    valid = (
+        isinstance(opts, dict)
+        and all(isinstance(k, str) and (k in stages.known_options() or k in stages.DEPRECATED_OPTIONS) for k in opts)
         and not ("exact_nodes" in opts and "packing_exact_nodes" in opts)
+    )
 
     def check(out: Any) -> None:
         assert set(out) <= stages.known_options()
-    return Case(kind, stages.canonical_options, (opts,), check=check, expect="ok" if valid else "error",
-                names=("options",) + OPTION_NAMES)
+
+    return Case(
+        kind,
+        stages.canonical_options,
+        (opts,),
+        check=check,
+        expect="ok" if valid else "error",
+        names=("options",) + OPTION_NAMES,
+    )
 
 
 def stage_options_case(rng: np.random.Generator) -> Case:
@@ -221,13 +292,21 @@ def stage_options_case(rng: np.random.Generator) -> Case:
 
     def check(out: Any) -> None:
         assert len(out) == 3 and all(isinstance(o, stages.StageOptions) for o in out)
-    return Case(kind, stages.stage_options, (pol, opts), check=check, expect="ok" if kind == "valid" else None,
-                names=("policy", "options") + OPTION_NAMES)
+
+    return Case(
+        kind,
+        stages.stage_options,
+        (pol, opts),
+        check=check,
+        expect="ok" if kind == "valid" else None,
+        names=("policy", "options") + OPTION_NAMES,
+    )
 
 
 def known_options_case(rng: np.random.Generator) -> Case:
     def check(out: Any) -> None:
         assert isinstance(out, frozenset) and set(OPTION_NAMES) <= out
+
     return Case("valid", stages.known_options, (), check=check, expect="ok")
 
 
@@ -257,9 +336,16 @@ def register_case(which: str):
             finally:  # undo: later cases must not see it
                 table.clear()
                 table.update(before)
+
         call.__qualname__ = f"register_{which}"
-        return Case(kind, call, (name, fn, options), expect="ok" if kind == "valid" else "error",
-                    names=("name", "fn", "options"))
+        return Case(
+            kind,
+            call,
+            (name, fn, options),
+            expect="ok" if kind == "valid" else "error",
+            names=("name", "fn", "options"),
+        )
+
     return make
 
 
@@ -268,15 +354,24 @@ def resolve_case(rng: np.random.Generator) -> Case:
         pol: Any = str(rng.choice(sorted(rp.PRESETS)))
         kind = "valid"
     else:
-        pol = pick(rng, ["nope", "", None, 3, rp.Policy("nope"), rp.Policy(loads="x"), rp.Policy(packing=3),
-                         ["static"], b"static"])
+        pol = pick(
+            rng,
+            ["nope", "", None, 3, rp.Policy("nope"), rp.Policy(loads="x"), rp.Policy(packing=3), ["static"], b"static"],
+        )
         kind = "malformed"
 
     def check(out: Any) -> None:
         name, p = out
         assert isinstance(name, str) and isinstance(p, rp.Policy)
-    return Case(kind, policies.resolve, (pol,), check=check, expect="ok" if kind == "valid" else "error",
-                names=("policy", "policy.placement", "policy.packing", "policy.replication", "policy.loads"))
+
+    return Case(
+        kind,
+        policies.resolve,
+        (pol,),
+        check=check,
+        expect="ok" if kind == "valid" else "error",
+        names=("policy", "policy.placement", "policy.packing", "policy.replication", "policy.loads"),
+    )
 
 
 def register_preset_case(rng: np.random.Generator) -> Case:
@@ -299,6 +394,7 @@ def register_preset_case(rng: np.random.Generator) -> Case:
         finally:
             rp.PRESETS.clear()
             rp.PRESETS.update(before)
+
     call.__qualname__ = "register_preset"
     return Case(kind, call, (name, pol), expect="ok" if kind == "valid" else "error", names=("name", "policy"))
 
@@ -316,42 +412,76 @@ def placement_loads_case(rng: np.random.Generator) -> Case:
     def check(loads: Any) -> None:
         src = ctx.previous_window if ctx.policy.loads == "previous" else ctx.window
         assert np.array_equal(loads, src.expert_tokens.sum(axis=0, dtype=np.float64))
+
     return Case(kind, ctx.placement_loads, (), check=check, expect=expect, names=("previous_window",))
 
 
-TARGETS = [Target(f"stages.{cls.__name__}", cls, mixed((1, options_case(cls))), weight=2, names=OPTION_NAMES)
-           for cls in OPTION_CLASSES]
+TARGETS = [
+    Target(f"stages.{cls.__name__}", cls, mixed((1, options_case(cls))), weight=2, names=OPTION_NAMES)
+    for cls in OPTION_CLASSES
+]
 TARGETS += [
-    Target("stages.static_placement", stages.static_placement, mixed((1, _placement_fn(stages.static_placement,
-                                                                                        lambda r, e: NoOptions())))),
-    Target("stages.eplb_placement", stages.eplb_placement, mixed((1, _placement_fn(stages.eplb_placement,
-                                                                                    _opts(EplbOptions))))),
-    Target("stages.relibra_placement", stages.relibra_placement,
-           mixed((1, _placement_fn(stages.relibra_placement, lambda r, e: NoOptions())))),
-    Target("stages.routepack_placement", stages.routepack_placement,
-           mixed((1, _placement_fn(stages.routepack_placement, _opts(RoutepackPlacementOptions))))),
-    Target("stages.sequential_packing", stages.sequential_packing,
-           mixed((1, _packing_fn(stages.sequential_packing, lambda r: NoOptions())))),
+    Target(
+        "stages.static_placement",
+        stages.static_placement,
+        mixed((1, _placement_fn(stages.static_placement, lambda r, e: NoOptions()))),
+    ),
+    Target(
+        "stages.eplb_placement",
+        stages.eplb_placement,
+        mixed((1, _placement_fn(stages.eplb_placement, _opts(EplbOptions)))),
+    ),
+    Target(
+        "stages.relibra_placement",
+        stages.relibra_placement,
+        mixed((1, _placement_fn(stages.relibra_placement, lambda r, e: NoOptions()))),
+    ),
+    Target(
+        "stages.routepack_placement",
+        stages.routepack_placement,
+        mixed((1, _placement_fn(stages.routepack_placement, _opts(RoutepackPlacementOptions)))),
+    ),
+    Target(
+        "stages.sequential_packing",
+        stages.sequential_packing,
+        mixed((1, _packing_fn(stages.sequential_packing, lambda r: NoOptions()))),
+    ),
     Target("stages.kk_packing", stages.kk_packing, mixed((1, _packing_fn(stages.kk_packing, lambda r: NoOptions())))),
-    Target("stages.routepack_packing", stages.routepack_packing,
-           mixed((1, _packing_fn(stages.routepack_packing, _opts(RoutepackPackingOptions))))),
-    Target("stages.no_replication", stages.no_replication,
-           mixed((1, _replication_fn(stages.no_replication, lambda r: NoOptions()))), weight=1),
-    Target("stages.hot_n_replication", stages.hot_n_replication,
-           mixed((1, _replication_fn(stages.hot_n_replication, _opts(HotNOptions))))),
-    Target("stages.relibra_replication", stages.relibra_replication,
-           mixed((1, _replication_fn(stages.relibra_replication, _opts(RelibraReplicationOptions))))),
-    Target("stages.routepack_replication", stages.routepack_replication,
-           mixed((1, _replication_fn(stages.routepack_replication, _opts(RoutepackReplicationOptions))))),
-    Target("stages.replica_table", stages.replica_table, mixed((1, replica_table_case)), weight=1,
-           names=("columns",)),
+    Target(
+        "stages.routepack_packing",
+        stages.routepack_packing,
+        mixed((1, _packing_fn(stages.routepack_packing, _opts(RoutepackPackingOptions)))),
+    ),
+    Target(
+        "stages.no_replication",
+        stages.no_replication,
+        mixed((1, _replication_fn(stages.no_replication, lambda r: NoOptions()))),
+        weight=1,
+    ),
+    Target(
+        "stages.hot_n_replication",
+        stages.hot_n_replication,
+        mixed((1, _replication_fn(stages.hot_n_replication, _opts(HotNOptions)))),
+    ),
+    Target(
+        "stages.relibra_replication",
+        stages.relibra_replication,
+        mixed((1, _replication_fn(stages.relibra_replication, _opts(RelibraReplicationOptions)))),
+    ),
+    Target(
+        "stages.routepack_replication",
+        stages.routepack_replication,
+        mixed((1, _replication_fn(stages.routepack_replication, _opts(RoutepackReplicationOptions)))),
+    ),
+    Target("stages.replica_table", stages.replica_table, mixed((1, replica_table_case)), weight=1, names=("columns",)),
     Target("stages.canonical_options", stages.canonical_options, mixed((1, canonical_case)), weight=1),
     Target("stages.stage_options", stages.stage_options, mixed((1, stage_options_case)), weight=1),
     Target("stages.known_options", stages.known_options, mixed((1, known_options_case)), weight=1),
     Target("stages.register_placement", stages.register_placement, mixed((1, register_case("placement"))), weight=1),
     Target("stages.register_packing", stages.register_packing, mixed((1, register_case("packing"))), weight=1),
-    Target("stages.register_replication", stages.register_replication, mixed((1, register_case("replication"))),
-           weight=1),
+    Target(
+        "stages.register_replication", stages.register_replication, mixed((1, register_case("replication"))), weight=1
+    ),
     Target("policies.resolve", policies.resolve, mixed((1, resolve_case)), weight=1),
     Target("policies.register_preset", policies.register_preset, mixed((1, register_preset_case)), weight=1),
     Target("PlanContext.placement_loads", PlanContext.placement_loads, mixed((1, placement_loads_case)), weight=1),

@@ -32,8 +32,11 @@ def check_window(w: Any, seq: Any, tokens: Any) -> None:
     if tokens is not None:
         assert np.array_equal(np.asarray(tokens, dtype=object), w.expert_tokens.astype(object)), "expert_tokens changed"
     over = np.argwhere(w.expert_tokens.astype(np.int64) > w.seq_lens[:, None, None])
-    assert over.size == 0, (f"accepted a window whose expert count exceeds its sample's length "
-                            f"(sample {over[0][0]}, layer {over[0][1]})" if over.size else "")
+    assert over.size == 0, (
+        f"accepted a window whose expert count exceeds its sample's length (sample {over[0][0]}, layer {over[0][1]})"
+        if over.size
+        else ""
+    )
     exact = sum(int(x) for x in w.seq_lens.tolist())
     assert w.total_tokens == exact, f"total_tokens = {w.total_tokens}, the lengths sum to {exact}"
     load = w.layer_expert_load()
@@ -62,16 +65,22 @@ def window_rng_case(rng: np.random.Generator) -> Case:
         kind = "edge"
         choice = int(rng.integers(5))
         if choice == 0:  # no expert tokens at all
-            tokens[:] = 0; note = "all counts zero"
+            tokens[:] = 0
+            note = "all counts zero"
         elif choice == 1:  # one sample, one layer, one expert
-            seq, tokens = seq[:1], tokens[:1, :1, :1]; note = "S = L = E = 1"
+            seq, tokens = seq[:1], tokens[:1, :1, :1]
+            note = "S = L = E = 1"
         elif choice == 2:  # long samples: counts up to int32's max
-            seq = np.full_like(seq, 2**31 - 1); tokens = np.minimum(tokens.astype(np.int64) * 2**24, 2**31 - 1).astype(np.int32)
+            seq = np.full_like(seq, 2**31 - 1)
+            tokens = np.minimum(tokens.astype(np.int64) * 2**24, 2**31 - 1).astype(np.int32)
             note = "lengths 2**31 - 1"
         elif choice == 3:  # lengths whose sum overflows int64
-            seq = np.full_like(seq, 2**61); note = "lengths 2**61 (their sum passes 2**63)"; expect = None
+            seq = np.full_like(seq, 2**61)
+            note = "lengths 2**61 (their sum passes 2**63)"
+            expect = None
         else:
-            seq = seq.astype(np.uint16) if seq.max() < 2**16 else seq; tokens = tokens.astype(np.uint8) if tokens.max() < 256 else tokens
+            seq = seq.astype(np.uint16) if seq.max() < 2**16 else seq
+            tokens = tokens.astype(np.uint8) if tokens.max() < 256 else tokens
             note = "small unsigned dtypes"
     elif r < 0.45:
         label, mutated = mutate_array(rng, tokens, only_same=True)
@@ -110,13 +119,14 @@ def check_routed(routed: Any, cu: Any, E: Any, plus: int = 0):
         check_window(w, np.diff(c) + plus, None)
         assert w.expert_tokens.shape == (len(c) - 1, r.shape[1], int(E)), "shape"
         for s in range(len(c) - 1):
-            part = r[c[s]:c[s + 1]]
+            part = r[c[s] : c[s + 1]]
             for l in range(r.shape[1]):
                 ref = np.bincount(part[:, l].ravel(), minlength=int(E))
                 assert np.array_equal(w.expert_tokens[s, l], ref), f"counts of sample {s}, layer {l} differ"
             srt = np.sort(part, axis=2)
             dup = (srt[..., 1:] == srt[..., :-1]).any() if part.shape[2] > 1 else False
             assert not dup, f"accepted a token routed twice to one expert (sample {s})"
+
     return check
 
 
@@ -165,8 +175,14 @@ def routed_rng_case(rng: np.random.Generator) -> Case:
         note = "cu_seqlens not matching routed"
         if cu[0] == 0 and cu[-1] == routed.shape[0] and (np.diff(cu) > 0).all():
             expect = None
-    return Case(kind, rp.Window.from_routed_experts, (routed, cu, E), check=check_routed(routed, cu, E),
-                expect=expect, note=note)
+    return Case(
+        kind,
+        rp.Window.from_routed_experts,
+        (routed, cu, E),
+        check=check_routed(routed, cu, E),
+        expect=expect,
+        note=note,
+    )
 
 
 def routed_hyp_case(x: Any) -> Case:
@@ -190,7 +206,7 @@ def verl_case(fn: Any):
             kind, note = "edge", "left padding"
             m = np.zeros((B, T), dtype=np.int64)
             for b in range(B):
-                m[b, int(rng.integers(T)):] = 1
+                m[b, int(rng.integers(T)) :] = 1
             args[1] = m
         elif r < 0.6:
             kind, expect = "malformed", None
@@ -207,11 +223,14 @@ def verl_case(fn: Any):
             m = mask.astype(np.int64)
             choice = int(rng.integers(3))
             if choice == 0:
-                m[0] = 0; note = "a row with no real tokens"
+                m[0] = 0
+                note = "a row with no real tokens"
             elif choice == 1:
-                m[0, 0] = 2; note = "a mask entry of 2"
+                m[0, 0] = 2
+                note = "a mask entry of 2"
             else:
-                m = m[:, :-1] if T > 1 else m[:0]; note = "mask shape differs"
+                m = m[:, :-1] if T > 1 else m[:0]
+                note = "mask shape differs"
             args[1] = m
         else:
             kind, note, expect = "malformed", "a token with a duplicated top-k id", "error" if k >= 2 else "ok"
@@ -227,7 +246,9 @@ def verl_case(fn: Any):
             flat = rr[mm]
             cu = np.concatenate([[0], np.cumsum(mm.sum(axis=1))])
             check_routed(flat, cu, args[2])(w)
+
         return Case(kind, fn, tuple(args), check=check, expect=expect, note=note)
+
     return make
 
 
@@ -267,7 +288,9 @@ def slime_case(fn: Any):
             arrs = [np.asarray(a) for a in items]
             cu = np.concatenate([[0], np.cumsum([a.shape[0] for a in arrs])])
             check_routed(np.concatenate(arrs), cu, E, plus=int(bool(add)))(w)
+
         return Case(kind, fn, (call_seq, E), {"add_last_token": add}, check=check, expect=expect, note=note)
+
     return make
 
 
@@ -286,6 +309,7 @@ def window_save_case(rng: np.random.Generator) -> Case:
                 src.seek(0)
             back = rp.Window.load(src)
             assert back == w, "Window.load(Window.save(w)) != w"
+
         return Case("valid", w.save, (target,), check=check, expect="ok")
     bad = pick(rng, [None, 3.5, {}, [], 2**40, -1, "", object(), b"\0"])
     return Case("malformed", w.save, (bad,), note="path of a wrong type")
@@ -314,7 +338,9 @@ def file_load_case(cls: Any, make: Any, what: str):
             if isinstance(back, rp.Window):
                 check_window(back, None, None)
             assert forged or _equal(back, obj), f"damaged file ({label}) loaded as different data"
+
         return Case("damaged", cls.load, (path,), check=check, note=label, names=(path, repr(path)), setup=setup)
+
     return gen
 
 
@@ -331,6 +357,7 @@ def _same_obj(a: Any, b: Any) -> None:
 def _load_other_type(rng: np.random.Generator) -> Case:
     """A plan file given to Window.load, or a window file to Plan.load."""
     from fuzzlib.t_plan import valid_plan
+
     path = tmp_path("swap")
     plan_case = valid_plan(rng)
     w = consistent_window(rng)
@@ -346,10 +373,19 @@ def window_load_gen() -> Any:
 
 
 TARGETS = [
-    Target("Window", rp.Window, both(hyp_gen(window_inputs(), window_hyp_case), mixed((1, window_rng_case)), 0.4),
-           weight=4, names=("window",)),
-    Target("Window.from_routed_experts", rp.Window.from_routed_experts,
-           both(hyp_gen(routed_inputs(), routed_hyp_case), mixed((1, routed_rng_case)), 0.4), weight=4),
+    Target(
+        "Window",
+        rp.Window,
+        both(hyp_gen(window_inputs(), window_hyp_case), mixed((1, window_rng_case)), 0.4),
+        weight=4,
+        names=("window",),
+    ),
+    Target(
+        "Window.from_routed_experts",
+        rp.Window.from_routed_experts,
+        both(hyp_gen(routed_inputs(), routed_hyp_case), mixed((1, routed_rng_case)), 0.4),
+        weight=4,
+    ),
     Target("Window.from_verl", rp.Window.from_verl, mixed((1, verl_case(rp.Window.from_verl))), weight=2),
     Target("replay.from_verl", replay.from_verl, mixed((1, verl_case(replay.from_verl))), weight=1),
     Target("Window.from_slime", rp.Window.from_slime, mixed((1, slime_case(rp.Window.from_slime))), weight=2),

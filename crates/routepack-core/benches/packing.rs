@@ -46,9 +46,7 @@ fn benches(c: &mut Criterion) {
     let hard: Vec<i64> = (0..60).map(|i| if i % 3 == 0 { 4000 } else { 3000 }).collect();
     c.bench_function("exact_rows_60_items", |b| b.iter(|| pack_into(black_box(&hard), 10_000, 20, 1_000_000, None).0));
 
-    c.bench_function("proxy_build_flash", |b| {
-        b.iter(|| Proxy::new(&w, &topo, &cost, &pl, CAP, 8, 0.1).unwrap().num_samples)
-    });
+    c.bench_function("proxy_build_flash", |b| b.iter(|| Proxy::new(&w, &topo, &cost, &pl, CAP, 8, 0.1).unwrap().num_samples));
 }
 
 /// Annealing on the flash window: one chain at a fixed temperature, `MOVES` proposals per

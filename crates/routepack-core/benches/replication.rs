@@ -42,7 +42,6 @@ fn window(s_n: usize, e_n: usize) -> (Vec<i64>, Vec<i32>) {
     (lens, tokens)
 }
 
-
 fn replication(c: &mut Criterion) {
     let topo = Topology::new(64, 32, 8, 17).unwrap();
     let (lens, tokens) = window(4096, 512);

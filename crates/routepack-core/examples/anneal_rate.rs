@@ -38,7 +38,11 @@ fn main() {
     let micro = rows.rows.len() / topo.dp;
     let t = Instant::now();
     let px = Proxy::new(&w, &topo, &cost, &pl, FLASH_CAP, micro, 0.1).unwrap();
-    println!("proxy: {:.3} s wall, micro {micro}, sample demand {:.1} MiB", t.elapsed().as_secs_f64(), px.demand.bytes() as f64 / (1 << 20) as f64);
+    println!(
+        "proxy: {:.3} s wall, micro {micro}, sample demand {:.1} MiB",
+        t.elapsed().as_secs_f64(),
+        px.demand.bytes() as f64 / (1 << 20) as f64
+    );
     let start = init::worst_fit(&px).unwrap_or_else(|| init::from_rows(&px, &rows.rows));
     let mut ch = Chain::new(&px, &start, Xoshiro256PlusPlus::seed_from_u64(0), Options::default().anneal.mix);
     let moves_fixed = if std::env::var_os("SCHEDULE_ONLY").is_some() { 0 } else { moves };

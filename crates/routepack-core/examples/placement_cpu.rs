@@ -42,7 +42,9 @@ fn main() {
     for _ in 0..calls {
         match what {
             "eplb" => {
-                std::hint::black_box(rebalance_experts(loads, layers, experts, topo.num_slots(), groups, topo.nodes_per_group(), topo.ep).unwrap());
+                std::hint::black_box(
+                    rebalance_experts(loads, layers, experts, topo.num_slots(), groups, topo.nodes_per_group(), topo.ep).unwrap(),
+                );
             }
             "migration" => {
                 std::hint::black_box(routepack_placement(&d, &topo, &cost, Some(&prev), &opts).unwrap());

@@ -217,8 +217,7 @@ fn layer_pass(w: &WindowView, topo: &Topology, cost: &CostModel, l: usize) -> (L
         .map(|s| {
             let n = w.seq_lens[s] as f64;
             let t = w.tokens(s, l);
-            let (tok, experts) =
-                crate::with_counts!(t, t => row_sums(t, w.seq_lens[s], &mut expert_tokens, &mut sums.expert_share));
+            let (tok, experts) = crate::with_counts!(t, t => row_sums(t, w.seq_lens[s], &mut expert_tokens, &mut sums.expert_share));
             let tokens = tok as f64;
             // the larger top first: the smaller one is then inside its prefix; a sample on
             // at most k experts keeps all its tokens
@@ -276,12 +275,7 @@ pub fn lower_bound_time(w: &WindowView, topo: &Topology, cost: &CostModel, token
 /// [`lower_bound_time`] and, from the same pass over the demand, each layer's routed tokens
 /// `[L]` (Σ_s Σ_e, exact: what [`crate::simulate::ideal_time`] needs, so `simulate` reads the
 /// demand once for both).
-pub fn lower_bound_and_layer_tokens(
-    w: &WindowView,
-    topo: &Topology,
-    cost: &CostModel,
-    token_cap: Option<i64>,
-) -> Result<(f64, Vec<f64>)> {
+pub fn lower_bound_and_layer_tokens(w: &WindowView, topo: &Topology, cost: &CostModel, token_cap: Option<i64>) -> Result<(f64, Vec<f64>)> {
     check_bound_inputs(w, topo, cost, token_cap)?;
     lower_bound_of_sums(w, topo, cost, token_cap, &DemandSums::of_window(w))
 }
@@ -464,9 +458,7 @@ fn single_sample(
     let rates: Vec<f64> = sums
         .iter()
         .map(|s| {
-            let u = (0..s.expert_tokens.len())
-                .map(|e| (s.expert_share[e] * cap).min(s.expert_tokens[e]))
-                .fold(0.0, f64::max);
+            let u = (0..s.expert_tokens.len()).map(|e| (s.expert_share[e] * cap).min(s.expert_tokens[e])).fold(0.0, f64::max);
             rate(prices.rank, replica, u)
         })
         .collect();
@@ -509,7 +501,14 @@ mod tests {
             let cap = *seq.iter().max().unwrap() + next(40) as i64;
             let got = lower_bound_time(&w, &topo, &cost, Some(cap)).unwrap();
             let c = cap.min(w.total_tokens()) as f64;
-            let bound = Bound { w: &w, topo: &topo, cost: &cost, prices: Prices::new(&topo, &cost), micro: lower_bound_micro(&w, &topo, c as i64) as f64, cap: c };
+            let bound = Bound {
+                w: &w,
+                topo: &topo,
+                cost: &cost,
+                prices: Prices::new(&topo, &cost),
+                micro: lower_bound_micro(&w, &topo, c as i64) as f64,
+                cap: c,
+            };
             let (sums, per) = bound.layers_with_tops();
             let full = bound.best(&sums, &per, false);
             assert_eq!(got, full, "case {case}");

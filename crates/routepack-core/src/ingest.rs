@@ -49,12 +49,7 @@ pub fn check_cu_seqlens(cu_seqlens: &[i64], num_tokens: usize) -> Result<()> {
     if let Some(i) = cu_seqlens.windows(2).position(|w| w[1] <= w[0]) {
         return Err(invalid(
             "cu_seqlens",
-            format!(
-                "sample {i} is empty or negative: cu_seqlens[{i}] = {}, cu_seqlens[{}] = {}",
-                cu_seqlens[i],
-                i + 1,
-                cu_seqlens[i + 1]
-            ),
+            format!("sample {i} is empty or negative: cu_seqlens[{i}] = {}, cu_seqlens[{}] = {}", cu_seqlens[i], i + 1, cu_seqlens[i + 1]),
         ));
     }
     // strictly increasing from 0, so every difference is positive and cannot overflow
@@ -69,10 +64,7 @@ pub fn check_cu_seqlens(cu_seqlens: &[i64], num_tokens: usize) -> Result<()> {
     }
     let last = *cu_seqlens.last().unwrap();
     if last != num_tokens as i64 {
-        return Err(invalid(
-            "cu_seqlens",
-            format!("ends at {last} but routed has T = {num_tokens} tokens"),
-        ));
+        return Err(invalid("cu_seqlens", format!("ends at {last} but routed has T = {num_tokens} tokens")));
     }
     Ok(())
 }
@@ -140,9 +132,7 @@ fn count_tokens<T: ExpertId>(ids: &[T], base: &[usize], e_max: u64, counters: &m
 /// repeat an id; the slow, exact locator behind a duplicate [`count_tokens`] found.
 fn locate_duplicate<T: ExpertId>(tok: &[T], top_k: usize) -> Option<(usize, usize, usize, i64)> {
     tok.chunks_exact(top_k).enumerate().find_map(|(l, sel)| {
-        (1..sel.len()).find_map(|j| {
-            sel[..j].iter().position(|y| y.index() == sel[j].index()).map(|i| (l, i, j, sel[j].value()))
-        })
+        (1..sel.len()).find_map(|j| sel[..j].iter().position(|y| y.index() == sel[j].index()).map(|i| (l, i, j, sel[j].value())))
     })
 }
 
@@ -169,17 +159,14 @@ pub fn expert_tokens_from_routed<T: ExpertId>(
     if num_experts == 0 || num_experts > i32::MAX as usize {
         return Err(invalid("num_experts", format!("must be in [1, 2^31), got {num_experts}")));
     }
-    let per_token = num_layers
-        .checked_mul(top_k)
-        .ok_or_else(|| invalid("routed", format!("L*k = {num_layers}*{top_k} overflows")))?;
+    let per_token = num_layers.checked_mul(top_k).ok_or_else(|| invalid("routed", format!("L*k = {num_layers}*{top_k} overflows")))?;
     if !routed.len().is_multiple_of(per_token) {
         return Err(invalid("routed", format!("{} ids is not a multiple of L*k = {per_token}", routed.len())));
     }
     let t_n = routed.len() / per_token;
     check_cu_seqlens(cu_seqlens, t_n)?;
-    let block = num_layers
-        .checked_mul(num_experts)
-        .ok_or_else(|| invalid("num_experts", format!("L*E = {num_layers}*{num_experts} overflows")))?;
+    let block =
+        num_layers.checked_mul(num_experts).ok_or_else(|| invalid("num_experts", format!("L*E = {num_layers}*{num_experts} overflows")))?;
     let longest = cu_seqlens.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
     let args = Args { routed, per_token, top_k, cu_seqlens, num_experts, block };
     let counts = if longest <= u8::MAX as i64 {
@@ -212,9 +199,7 @@ fn count_into<T: ExpertId, C: Count>(a: &Args<'_, T>) -> Result<Vec<C>> {
         .checked_mul(s_n)
         .and_then(|n| counts.try_reserve_exact(n).ok().map(|_| n))
         .map(|n| counts.resize(n, C::default()))
-        .ok_or_else(|| {
-            invalid("num_experts", format!("S*L*E = {s_n}*{num_layers}*{num_experts} counts cannot be allocated"))
-        })?;
+        .ok_or_else(|| invalid("num_experts", format!("S*L*E = {s_n}*{num_layers}*{num_experts} counts cannot be allocated")))?;
     // each sample fills its own [L, E] block; errors are reported for the lowest sample
     let first_error = counts
         .par_chunks_mut(block)
@@ -258,10 +243,7 @@ fn count_into<T: ExpertId, C: Count>(a: &Args<'_, T>) -> Result<Vec<C>> {
                 Some((l, i, j, id)) => format!("layer {l} lists expert {id} twice (positions {i} and {j} of its top-{top_k})"),
                 None => "repeats an expert in one layer".to_string(),
             };
-            Err(invalid(
-                "routed",
-                format!("token {} (sample {s}), {what}; a token picks {top_k} distinct experts", first + t),
-            ))
+            Err(invalid("routed", format!("token {} (sample {s}), {what}; a token picks {top_k} distinct experts", first + t)))
         }
         None => Ok(counts),
     }
@@ -286,11 +268,7 @@ pub fn check_expert_tokens<'a>(
     let Some(block) = block.filter(|b| b.checked_mul(seq_lens.len()) == Some(expert_tokens.len())) else {
         return Err(invalid(
             "expert_tokens",
-            format!(
-                "has {} entries, expected S*L*E = {}*{num_layers}*{num_experts} with L, E >= 1",
-                expert_tokens.len(),
-                seq_lens.len()
-            ),
+            format!("has {} entries, expected S*L*E = {}*{num_layers}*{num_experts} with L, E >= 1", expert_tokens.len(), seq_lens.len()),
         ));
     };
     if let Some(k) = top_k.filter(|&k| k == 0 || k > num_experts) {
@@ -314,42 +292,47 @@ fn check_rows<C: Count>(
     num_experts: usize,
     top_k: Option<usize>,
 ) -> Vec<std::result::Result<i64, String>> {
-    counts.par_chunks(block).zip(seq_lens.par_iter()).enumerate().map(|(s, (counts, &n))| {
-        let mut top = 0i64;
-        let bad = counts.chunks_exact(num_experts).enumerate().find_map(|(l, row)| {
-            // one vectorisable sweep per row; the expert is located only on a violation
-            // (min and max in the stored type: the sweep vectorises as it did for int32 alone)
-            let (mut lo, mut hi, mut sum) = (C::HIGHEST, C::LOWEST, 0i64);
-            for &c in row {
-                lo = lo.min(c);
-                hi = hi.max(c);
-                sum += c.wide();
-            }
-            let (lo, hi) = (lo.wide(), hi.wide());
-            top = top.max(hi);
-            let at = |v: i64| row.iter().position(|&c| c.wide() == v).unwrap_or(0);
-            if lo < 0 {
-                return Some(format!("negative count {lo} at sample {s}, layer {l}, expert {}", at(lo)));
-            }
-            if hi > n {
-                return Some(format!(
-                    "sample {s}, layer {l}, expert {} has {hi} tokens but the sample's length is {n}; a token \
+    counts
+        .par_chunks(block)
+        .zip(seq_lens.par_iter())
+        .enumerate()
+        .map(|(s, (counts, &n))| {
+            let mut top = 0i64;
+            let bad = counts.chunks_exact(num_experts).enumerate().find_map(|(l, row)| {
+                // one vectorisable sweep per row; the expert is located only on a violation
+                // (min and max in the stored type: the sweep vectorises as it did for int32 alone)
+                let (mut lo, mut hi, mut sum) = (C::HIGHEST, C::LOWEST, 0i64);
+                for &c in row {
+                    lo = lo.min(c);
+                    hi = hi.max(c);
+                    sum += c.wide();
+                }
+                let (lo, hi) = (lo.wide(), hi.wide());
+                top = top.max(hi);
+                let at = |v: i64| row.iter().position(|&c| c.wide() == v).unwrap_or(0);
+                if lo < 0 {
+                    return Some(format!("negative count {lo} at sample {s}, layer {l}, expert {}", at(lo)));
+                }
+                if hi > n {
+                    return Some(format!(
+                        "sample {s}, layer {l}, expert {} has {hi} tokens but the sample's length is {n}; a token \
                      picks an expert at most once",
-                    at(hi)
-                ));
-            }
-            // sum <= E * i32::MAX < 2^62; sum > n·k  <=>  ceil(sum / k) > n, which cannot overflow
-            // without top_k nothing bounds the sum: no violation in this row
-            let k = top_k? as i64; // in [1, E], checked above
-            ((sum + k - 1) / k > n).then(|| {
-                format!(
-                    "sample {s}, layer {l} has {sum} tokens over its experts, more than seq_len * top_k = {n} * {k}; \
+                        at(hi)
+                    ));
+                }
+                // sum <= E * i32::MAX < 2^62; sum > n·k  <=>  ceil(sum / k) > n, which cannot overflow
+                // without top_k nothing bounds the sum: no violation in this row
+                let k = top_k? as i64; // in [1, E], checked above
+                ((sum + k - 1) / k > n).then(|| {
+                    format!(
+                        "sample {s}, layer {l} has {sum} tokens over its experts, more than seq_len * top_k = {n} * {k}; \
                      each token picks top_k experts"
-                )
-            })
-        });
-        bad.map_or(Ok(top), Err)
-    }).collect()
+                    )
+                })
+            });
+            bad.map_or(Ok(top), Err)
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -364,7 +347,7 @@ mod tests {
         let mut routed: Vec<i32> = (0..t).flat_map(|i| [3, (i % 3) as i32]).collect();
         let (lens, c) = expert_tokens_from_routed(&routed, 1, 2, &[0, t as i64], 4).unwrap();
         let third = (t / 3) as i32; // t = 3 * 46 666 + 2: experts 0 and 1 get one more
-        // the longest count is 140 000: int32, the only type that holds it
+                                    // the longest count is 140 000: int32, the only type that holds it
         assert_eq!((lens, c), (vec![t as i64], OwnedCounts::I32(vec![third + 1, third + 1, third, t as i32])));
         // a bad id after the first flush is still located exactly
         routed[70_000 * 2 + 1] = 7;

@@ -33,12 +33,12 @@
 
 use rayon::prelude::*;
 
+use crate::bound::{check_bound_inputs, lower_bound_of_sums, DemandSums};
+use crate::cell_grid::CellGrid;
 use crate::cost::links::LinkBytes;
 use crate::cost::CostModel;
 use crate::error::Result;
 use crate::flow::{route_expert, Dest};
-use crate::bound::{check_bound_inputs, lower_bound_of_sums, DemandSums};
-use crate::cell_grid::CellGrid;
 use crate::plan::{bucket_replicas, Plan, Replica};
 use crate::topology::Topology;
 use crate::validate::validate_plan;
@@ -155,12 +155,12 @@ impl LayerCost {
 
 /// Scratch buffers for one worker, reused across exchanges.
 struct Scratch {
-    column: Vec<i64>,   // [ep]
-    rem: Vec<i64>,      // [ep]
-    tokens: Vec<i64>,   // [ep] tokens per destination rank
-    active: Vec<u32>,   // [ep]
-    extra: Vec<f64>,    // [ep] roofline extra of the rank's active experts
-    etok: Vec<i64>,     // [ep] tokens of the expert being routed, per rank
+    column: Vec<i64>,    // [ep]
+    rem: Vec<i64>,       // [ep]
+    tokens: Vec<i64>,    // [ep] tokens per destination rank
+    active: Vec<u32>,    // [ep]
+    extra: Vec<f64>,     // [ep] roofline extra of the rank's active experts
+    etok: Vec<i64>,      // [ep] tokens of the expert being routed, per rank
     touched: Vec<usize>, // ranks with tokens of the expert being routed
     a2a: Vec<LinkBytes>,
     repl_fwd: Vec<LinkBytes>,
@@ -326,11 +326,7 @@ fn price_exchange(
     let x_of = |p: usize| cost.rank_expert_time(sc.tokens[p] as f64, sc.active[p] as f64, sc.extra[p]);
     let x_max = (0..ep).map(x_of).fold(0.0, f64::max);
     let total: i64 = sc.tokens.iter().sum();
-    let imbalance = if total > 0 {
-        *sc.tokens.iter().max().unwrap() as f64 * ep as f64 / total as f64
-    } else {
-        1.0
-    };
+    let imbalance = if total > 0 { *sc.tokens.iter().max().unwrap() as f64 * ep as f64 / total as f64 } else { 1.0 };
     let a2a = cost.all_to_all_time(&sc.a2a);
 
     let mut replication = 0.0;
@@ -344,11 +340,8 @@ fn price_exchange(
         for (e, src) in keys {
             let src = src as usize;
             let node = topo.local_node_of(src);
-            let mut dsts: Vec<usize> = reps
-                .iter()
-                .filter(|r| r.expert == e && r.src_rank as usize == src)
-                .map(|r| r.dst_rank as usize)
-                .collect();
+            let mut dsts: Vec<usize> =
+                reps.iter().filter(|r| r.expert == e && r.src_rank as usize == src).map(|r| r.dst_rank as usize).collect();
             dsts.sort_unstable_by_key(|&d| (topo.local_node_of(d) != node, d));
             dsts.dedup();
             let mut prev = src;
@@ -390,10 +383,8 @@ pub fn redundant_grad_time(plan: &Plan, topo: &Topology, cost: &CostModel) -> f6
 /// DESIGN.md's `ideal` at `ideal_micro` microbatches per rank.
 pub fn ideal_time(w: &WindowView, topo: &Topology, cost: &CostModel, ideal_micro: usize) -> f64 {
     // layers in parallel (a pass over the whole demand); integer sums are exact
-    let layer_tokens: Vec<f64> = (0..w.num_layers)
-        .into_par_iter()
-        .map(|l| (0..w.num_samples).map(|s| w.tokens(s, l).sum()).sum::<i64>() as f64)
-        .collect();
+    let layer_tokens: Vec<f64> =
+        (0..w.num_layers).into_par_iter().map(|l| (0..w.num_samples).map(|s| w.tokens(s, l).sum()).sum::<i64>() as f64).collect();
     ideal_time_of(&layer_tokens, w, topo, cost, ideal_micro)
 }
 
@@ -419,13 +410,7 @@ pub use crate::bound::lower_bound_micro;
 /// Scores `plan` on `w`. `ideal_micro`: the microbatch count of the balanced reference (see
 /// [`lower_bound_micro`]); None uses the plan's own count. The lower bound is the one without
 /// a cap (see [`simulate_with_cap`]).
-pub fn simulate(
-    plan: &Plan,
-    w: &WindowView,
-    topo: &Topology,
-    cost: &CostModel,
-    ideal_micro: Option<usize>,
-) -> Result<SimReport> {
+pub fn simulate(plan: &Plan, w: &WindowView, topo: &Topology, cost: &CostModel, ideal_micro: Option<usize>) -> Result<SimReport> {
     simulate_with_cap(plan, w, topo, cost, ideal_micro, None)
 }
 

@@ -35,8 +35,7 @@ pub fn with_capacity<T>(arg: &str, what: &str, n: usize) -> Result<Vec<T>> {
     let bytes = table_bytes(&[n], std::mem::size_of::<T>());
     check_bytes(arg, what, bytes)?;
     let mut v = Vec::new();
-    v.try_reserve_exact(n)
-        .map_err(|_| invalid(arg, format!("{what} would take {bytes} bytes, which cannot be allocated")))?;
+    v.try_reserve_exact(n).map_err(|_| invalid(arg, format!("{what} would take {bytes} bytes, which cannot be allocated")))?;
     Ok(v)
 }
 

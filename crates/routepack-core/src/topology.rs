@@ -62,10 +62,7 @@ impl Topology {
         if self.ep.checked_mul(self.slots_per_rank).is_none_or(|n| n > i32::MAX as usize) {
             return Err(invalid(
                 "topo",
-                format!(
-                    "ep*slots_per_rank = {}*{} does not fit the int32 slot ids of a plan",
-                    self.ep, self.slots_per_rank
-                ),
+                format!("ep*slots_per_rank = {}*{} does not fit the int32 slot ids of a plan", self.ep, self.slots_per_rank),
             ));
         }
         Ok(())
@@ -77,13 +74,7 @@ impl Topology {
         if self.num_slots() < num_experts {
             return Err(invalid(
                 "topo",
-                format!(
-                    "ep*slots_per_rank = {}*{} = {} < num_experts = {}",
-                    self.ep,
-                    self.slots_per_rank,
-                    self.num_slots(),
-                    num_experts
-                ),
+                format!("ep*slots_per_rank = {}*{} = {} < num_experts = {}", self.ep, self.slots_per_rank, self.num_slots(), num_experts),
             ));
         }
         Ok(())

@@ -64,15 +64,11 @@ pub fn validate_plan(plan: &Plan, w: &WindowView, topo: &Topology, token_cap: i6
         for m in 0..m_n {
             let c = d * m_n + m;
             if off[c] == off[c + 1] {
-                return Err(bad_plan(format!(
-                    "cell (rank {d}, micro {m}) is empty; every DP rank must run {m_n} non-empty microbatches"
-                )));
+                return Err(bad_plan(format!("cell (rank {d}, micro {m}) is empty; every DP rank must run {m_n} non-empty microbatches")));
             }
             let tokens: i128 = members[off[c]..off[c + 1]].iter().map(|&s| w.seq_lens[s] as i128).sum();
             if tokens > token_cap as i128 {
-                return Err(bad_plan(format!(
-                    "cell (rank {d}, micro {m}) holds {tokens} tokens, over the cap {token_cap}"
-                )));
+                return Err(bad_plan(format!("cell (rank {d}, micro {m}) holds {tokens} tokens, over the cap {token_cap}")));
             }
         }
     }
@@ -98,17 +94,12 @@ pub fn validate_plan(plan: &Plan, w: &WindowView, topo: &Topology, token_cap: i6
         let layer = p.layer(r.layer as usize);
         let lo = r.src_rank as usize * topo.slots_per_rank;
         if !layer[lo..lo + topo.slots_per_rank].contains(&r.expert) {
-            return Err(bad_plan(format!(
-                "replica {i}: src_rank {} does not host expert {} in layer {}",
-                r.src_rank, r.expert, r.layer
-            )));
+            return Err(bad_plan(format!("replica {i}: src_rank {} does not host expert {} in layer {}", r.src_rank, r.expert, r.layer)));
         }
         *share_sum.entry((r.micro, r.group, r.layer, r.expert)).or_default() += r.share as f64;
     }
     if let Some((k, v)) = share_sum.iter().find(|(_, v)| **v > 1.0 + 1e-5) {
-        return Err(bad_plan(format!(
-            "replica shares of (micro, group, layer, expert) = {k:?} sum to {v} > 1"
-        )));
+        return Err(bad_plan(format!("replica shares of (micro, group, layer, expert) = {k:?} sum to {v} > 1")));
     }
 
     for (i, mv) in plan.migration.iter().enumerate() {

@@ -36,33 +36,19 @@ pub struct WindowView<'a> {
 impl<'a> WindowView<'a> {
     /// Checks shapes and values; O(S·L·E) once, so later stages can index without checks
     /// (the negativity scan runs only for int32 counts: the unsigned types cannot hold one).
-    pub fn new(
-        seq_lens: &'a [i64],
-        expert_tokens: impl Into<Counts<'a>>,
-        num_layers: usize,
-        num_experts: usize,
-    ) -> Result<Self> {
+    pub fn new(seq_lens: &'a [i64], expert_tokens: impl Into<Counts<'a>>, num_layers: usize, num_experts: usize) -> Result<Self> {
         let expert_tokens = expert_tokens.into();
         let s = seq_lens.len();
         if s == 0 {
             return Err(invalid("seq_lens", "a window needs at least one sample (got 0)"));
         }
         if num_layers == 0 || num_experts == 0 {
-            return Err(invalid(
-                "expert_tokens",
-                format!("needs L >= 1 and E >= 1, got L={num_layers}, E={num_experts}"),
-            ));
+            return Err(invalid("expert_tokens", format!("needs L >= 1 and E >= 1, got L={num_layers}, E={num_experts}")));
         }
         if s.checked_mul(num_layers).and_then(|x| x.checked_mul(num_experts)) != Some(expert_tokens.len()) {
             return Err(invalid(
                 "expert_tokens",
-                format!(
-                    "has {} entries, expected S*L*E = {}*{}*{}",
-                    expert_tokens.len(),
-                    s,
-                    num_layers,
-                    num_experts
-                ),
+                format!("has {} entries, expected S*L*E = {}*{}*{}", expert_tokens.len(), s, num_layers, num_experts),
             ));
         }
         if let Some((i, &n)) = seq_lens.iter().enumerate().find(|(_, &n)| n < 1) {
@@ -82,12 +68,7 @@ impl<'a> WindowView<'a> {
             let (si, rest) = (i / (num_layers * num_experts), i % (num_layers * num_experts));
             return Err(invalid(
                 "expert_tokens",
-                format!(
-                    "negative count {} at sample {si}, layer {}, expert {}",
-                    signed[i],
-                    rest / num_experts,
-                    rest % num_experts
-                ),
+                format!("negative count {} at sample {si}, layer {}, expert {}", signed[i], rest / num_experts, rest % num_experts),
             ));
         }
         Ok(Self { seq_lens, expert_tokens, num_samples: s, num_layers, num_experts })

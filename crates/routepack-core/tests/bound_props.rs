@@ -142,7 +142,15 @@ fn replicate_everywhere(w: &OwnedWindow, topo: &Topology, placement: &Placement,
                     let Some(src) = (0..ep).find(|&r| host(r)) else { continue };
                     for r in (0..ep).filter(|&r| !host(r) && origin[r * e_n + e] > 0) {
                         let share = (origin[r * e_n + e] as f64 / total as f64) as f32 * 0.99999;
-                        rows.push(Replica { micro: m as i32, group: g as i32, layer: l as i32, expert: e as i32, src_rank: src as i32, dst_rank: r as i32, share });
+                        rows.push(Replica {
+                            micro: m as i32,
+                            group: g as i32,
+                            layer: l as i32,
+                            expert: e as i32,
+                            src_rank: src as i32,
+                            dst_rank: r as i32,
+                            share,
+                        });
                     }
                 }
             }
@@ -177,7 +185,8 @@ fn plans(mix: &mut Mix, w: &OwnedWindow, topo: &Topology, cost: &CostModel, cap:
         opts.anneal.chains = 1;
         opts.anneal.steps = 4;
         opts.anneal.seed = mix.next();
-        packings.extend(routepack_packing(&view, topo, cost, placement, cap, &opts).map(|(p, _)| (p.sample_rank, p.sample_micro, p.num_micro)));
+        packings
+            .extend(routepack_packing(&view, topo, cost, placement, cap, &opts).map(|(p, _)| (p.sample_rank, p.sample_micro, p.num_micro)));
         // random layouts at any step count a cell-per-sample allows (these may break the cap)
         let most = w.seq_lens.len() / topo.dp;
         let m = 1 + mix.below(most);
@@ -198,7 +207,14 @@ fn plans(mix: &mut Mix, w: &OwnedWindow, topo: &Topology, cost: &CostModel, cap:
                 } else {
                     vec![]
                 };
-                out.push(Plan { placement: placement.clone(), sample_rank: rank.clone(), sample_micro: micro.clone(), num_micro: m_n, replicas, migration });
+                out.push(Plan {
+                    placement: placement.clone(),
+                    sample_rank: rank.clone(),
+                    sample_micro: micro.clone(),
+                    num_micro: m_n,
+                    replicas,
+                    migration,
+                });
             }
         }
     }
@@ -236,7 +252,10 @@ fn no_plan_beats_the_lower_bound() {
                 prop_assert!(
                     rep.step_time >= rep.lower_bound_time * (1.0 - 1e-9),
                     "step {} < bound {} (cap {cap}, M {}, {} replicas, topo {topo:?}, cost {cost:?})",
-                    rep.step_time, rep.lower_bound_time, plan.num_micro, plan.replicas.len()
+                    rep.step_time,
+                    rep.lower_bound_time,
+                    plan.num_micro,
+                    plan.replicas.len()
                 );
                 if within_cap {
                     prop_assert!(plan.num_micro >= lower_bound_micro(&view, &topo, cap));

@@ -17,7 +17,6 @@ use routepack_core::simulate::simulate;
 use routepack_core::topology::Topology;
 use std::collections::BTreeSet;
 
-
 /// `[G]` the exchanges (step, layer) of each EP group in which some sample routes a token:
 /// the ones where a rank computes tokens, so pays `c_call`.
 fn busy_exchanges(plan: &Plan, w: &common::OwnedWindow, topo: &Topology) -> Vec<usize> {

@@ -14,7 +14,6 @@ use proptest::prelude::*;
 use routepack_core::cost::{CostModel, Overlap, Pass};
 use routepack_core::simulate::simulate;
 
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() })]
 

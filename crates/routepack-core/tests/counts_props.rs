@@ -27,7 +27,11 @@ fn stages(w: &WindowView, topo: &Topology, pl: &Placement, cap: i64, seed: u64) 
     let mut opts = Options::default();
     (opts.anneal.moves, opts.anneal.chains, opts.anneal.steps, opts.anneal.seed) = (2_000, 2, 3, seed);
     let mut out = format!("{:?}\n{:?}\n", window_loads(w), chunk_demand(w, 2));
-    out += &format!("{:?}\n{:?}\n", check_expert_tokens(w.seq_lens, w.expert_tokens, w.num_layers, w.num_experts, None), w.layer_expert_load());
+    out += &format!(
+        "{:?}\n{:?}\n",
+        check_expert_tokens(w.seq_lens, w.expert_tokens, w.num_layers, w.num_experts, None),
+        w.layer_expert_load()
+    );
     // S >= 2·dp samples of at most cap / 2 tokens: always feasible
     let (packing, _) = routepack_packing(w, topo, &cost, pl, cap, &opts).unwrap();
     let packed = Packed { sample_rank: &packing.sample_rank, sample_micro: &packing.sample_micro, num_micro: packing.num_micro };

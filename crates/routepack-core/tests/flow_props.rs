@@ -224,8 +224,10 @@ fn random_case(seed: u64) -> (Topology, Vec<i64>, Vec<i32>, usize, usize, Plan) 
         phy.extend(layer);
     }
     let placement = Placement::new(phy, l_n, e_n, topo.slots_per_rank).unwrap();
-    let sample_rank: Vec<i32> = (0..s_n).map(|s| if s < topo.dp * m_n { (s % topo.dp) as i32 } else { rng.random_range(0..topo.dp as i32) }).collect();
-    let sample_micro: Vec<i32> = (0..s_n).map(|s| if s < topo.dp * m_n { (s / topo.dp) as i32 } else { rng.random_range(0..m_n as i32) }).collect();
+    let sample_rank: Vec<i32> =
+        (0..s_n).map(|s| if s < topo.dp * m_n { (s % topo.dp) as i32 } else { rng.random_range(0..topo.dp as i32) }).collect();
+    let sample_micro: Vec<i32> =
+        (0..s_n).map(|s| if s < topo.dp * m_n { (s / topo.dp) as i32 } else { rng.random_range(0..m_n as i32) }).collect();
     let mut replicas = Vec::new();
     for g in 0..topo.num_groups() {
         for m in 0..m_n {

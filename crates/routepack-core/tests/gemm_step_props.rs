@@ -13,7 +13,6 @@ use proptest::prelude::*;
 use routepack_core::cost::CostModel;
 use routepack_core::simulate::simulate;
 
-
 /// A test cost model with a GEMM step of `gemm` c_tok's and a floor of `floor` c_tok's.
 fn stepped(layers: usize, gemm: f64, floor: f64) -> CostModel {
     let mut cost = CostModel::for_tests(layers);
@@ -71,9 +70,7 @@ proptest! {
 fn replication_plans_under_a_gemm_step() {
     // a step from a fraction of a token's work to a thousand tokens' (splitting an expert then
     // costs its copy c_gemm more)
-    common::check_replication_planners(|mix, layers| {
-        stepped(layers, [0.3, 5.0, 100.0, 1e3][mix.below(4)], [0.0, 0.0, 4.0][mix.below(3)])
-    });
+    common::check_replication_planners(|mix, layers| stepped(layers, [0.3, 5.0, 100.0, 1e3][mix.below(4)], [0.0, 0.0, 4.0][mix.below(3)]));
 }
 
 /// `check` names `cost.c_gemm` for a negative, NaN or infinite step.

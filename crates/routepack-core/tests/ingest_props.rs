@@ -37,7 +37,13 @@ fn naive_count<T: ExpertId>(routed: &[T], layers: usize, k: usize, cu: &[i64], e
 
 /// Ingests and checks the counts against `naive_count`, and what every valid window must
 /// satisfy: a count is at most its sample's length, a layer's counts add up to length · k.
-fn check_ingest<T: ExpertId + std::fmt::Debug>(ids: &[T], layers: usize, k: usize, cu: &[i64], experts: usize) -> Result<(), TestCaseError> {
+fn check_ingest<T: ExpertId + std::fmt::Debug>(
+    ids: &[T],
+    layers: usize,
+    k: usize,
+    cu: &[i64],
+    experts: usize,
+) -> Result<(), TestCaseError> {
     let (lens, owned) = expert_tokens_from_routed(ids, layers, k, cu, experts).map_err(|e| TestCaseError::fail(e.to_string()))?;
     prop_assert!(is_narrowest(&owned));
     let counts = owned.to_i32_vec();

@@ -186,7 +186,14 @@ fn the_issue_window_is_planned_by_every_packer() {
     ];
     for p in packings {
         assert_eq!(p.num_micro, 1);
-        let plan = Plan { placement: pl.clone(), sample_rank: p.sample_rank, sample_micro: p.sample_micro, num_micro: 1, replicas: vec![], migration: vec![] };
+        let plan = Plan {
+            placement: pl.clone(),
+            sample_rank: p.sample_rank,
+            sample_micro: p.sample_micro,
+            num_micro: 1,
+            replicas: vec![],
+            migration: vec![],
+        };
         validate_plan(&plan, &w, &topo, 1867).unwrap();
     }
 }

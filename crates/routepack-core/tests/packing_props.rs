@@ -4,10 +4,10 @@
 
 use proptest::prelude::*;
 use routepack_core::error::Error;
+use routepack_core::packing::kk::verl_kk;
 use routepack_core::packing::routepack::{routepack_packing, Options};
 use routepack_core::packing::rows::certified::certified_rows;
 use routepack_core::packing::rows::heuristics::row_tokens;
-use routepack_core::packing::kk::verl_kk;
 use routepack_core::packing::sequential::sequential;
 use routepack_core::packing::Packing;
 use routepack_core::placement::static_placement;
@@ -36,10 +36,7 @@ fn case() -> impl Strategy<Value = Case> {
         let (dp, ep, gpn, slots) = TOPOS[t];
         let n = dp * per_rank + (seed % dp as u64) as usize;
         prop::collection::vec((any::<bool>(), 0u32..10_000), n).prop_map(move |raw| {
-            let lens: Vec<i64> = raw
-                .iter()
-                .map(|&(near, x)| if near { cap - (x % 4) as i64 } else { 1 + (x as i64 % cap) })
-                .collect();
+            let lens: Vec<i64> = raw.iter().map(|&(near, x)| if near { cap - (x % 4) as i64 } else { 1 + (x as i64 % cap) }).collect();
             let mut tok = vec![0i32; lens.len() * L * E];
             for (s, &n) in lens.iter().enumerate() {
                 for l in 0..L {

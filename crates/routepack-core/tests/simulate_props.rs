@@ -6,10 +6,10 @@ mod common;
 
 use common::{for_each_exchange_flows, random_phy2log, random_plan, topologies, window, Mix};
 use proptest::prelude::*;
+use routepack_core::bound::lower_bound_time;
 use routepack_core::cost::CostModel;
 use routepack_core::placement::Placement;
 use routepack_core::plan::{ExpertMove, Plan, Replica};
-use routepack_core::bound::lower_bound_time;
 use routepack_core::simulate::{ideal_time, simulate, simulate_with_cap};
 use routepack_core::topology::Topology;
 use routepack_core::validate::validate_plan;

@@ -55,8 +55,12 @@ class Calibration:
     report: Dict[str, Any]
     fits: Dict[str, KernelFit]
 
-    def save(self, out: Optional[str | Path] = None, report: Optional[str | Path] = None,
-             plot_path: Optional[str | Path] = None) -> List[Path]:
+    def save(
+        self,
+        out: Optional[str | Path] = None,
+        report: Optional[str | Path] = None,
+        plot_path: Optional[str | Path] = None,
+    ) -> List[Path]:
         """Writes the cost model (``CostModel.save``), the report JSON and the figure (needs
         matplotlib) to whichever paths are given; returns the paths written."""
         written = []
@@ -107,19 +111,37 @@ def _bar(total: int, show: bool) -> Any:
     from tqdm import tqdm
     import sys
 
-    return tqdm(total=total, unit="point", file=sys.stderr, leave=False, disable=None if show else True,
-                desc="calibrate")
+    return tqdm(
+        total=total, unit="point", file=sys.stderr, leave=False, disable=None if show else True, desc="calibrate"
+    )
 
 
-def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidden: Optional[int] = None,
-              expert_ffn: Optional[int] = None, device: str = "cpu", dtype: Optional[str] = None,
-              quick: bool = False, sweeps: Optional[Sweeps] = None, kernels: Sequence[str] = KERNELS,
-              hardware: Optional[Hardware] = None, bw_inter: Optional[float] = None, ranks: int = 2,
-              threads: Optional[int] = None, warmup: Optional[int] = None, repeats: Optional[int] = None,
-              holdout_every: Optional[int] = None, max_tokens_per_expert: Optional[int] = None,
-              max_length: Optional[int] = None, progress: bool = True,
-              links_timeout_s: float = 600.0, expert_stack: Optional[int] = None,
-              attention_dense: bool = True, links_clock: str = "wall") -> Calibration:
+def calibrate(
+    profile: str = "tiny",
+    *,
+    model: Optional[ModelShape] = None,
+    hidden: Optional[int] = None,
+    expert_ffn: Optional[int] = None,
+    device: str = "cpu",
+    dtype: Optional[str] = None,
+    quick: bool = False,
+    sweeps: Optional[Sweeps] = None,
+    kernels: Sequence[str] = KERNELS,
+    hardware: Optional[Hardware] = None,
+    bw_inter: Optional[float] = None,
+    ranks: int = 2,
+    threads: Optional[int] = None,
+    warmup: Optional[int] = None,
+    repeats: Optional[int] = None,
+    holdout_every: Optional[int] = None,
+    max_tokens_per_expert: Optional[int] = None,
+    max_length: Optional[int] = None,
+    progress: bool = True,
+    links_timeout_s: float = 600.0,
+    expert_stack: Optional[int] = None,
+    attention_dense: bool = True,
+    links_clock: str = "wall",
+) -> Calibration:
     """Measures and fits the cost model on this machine; returns a `Calibration`.
 
     Args:
@@ -185,10 +207,15 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
     measurements: Dict[str, Dict[str, Any]] = {}
     skipped: Dict[str, str] = {}
     # at most: the short points' extra rounds are counted as if every point were short
-    total = (sweeps.repeats + sweeps.short_repeats) * (
-        (len(sweeps.expert_grid()) if "expert_gemm" in kinds else 0) + (len(sweeps.lengths) if "attention" in kinds else 0)) + \
-        (len(LINK_OPS) * len(sweeps.message_bytes) if "links" in kinds else 0) + \
-        (len(sweeps.exchange_tokens) * len(exchange.ROUTINGS) if "exchange" in kinds else 0)
+    total = (
+        (sweeps.repeats + sweeps.short_repeats)
+        * (
+            (len(sweeps.expert_grid()) if "expert_gemm" in kinds else 0)
+            + (len(sweeps.lengths) if "attention" in kinds else 0)
+        )
+        + (len(LINK_OPS) * len(sweeps.message_bytes) if "links" in kinds else 0)
+        + (len(sweeps.exchange_tokens) * len(exchange.ROUTINGS) if "exchange" in kinds else 0)
+    )
     bar = _bar(total, progress)
     tick: Callable[[], None] = lambda: bar.update(1)  # noqa: E731
     try:
@@ -201,8 +228,9 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
                 measurements["expert_gemm"] = expert_gemm.measure(shape, sweeps, device, tdtype, tick, stack)
             if "attention" in kinds:
                 bar.set_postfix_str("attention")
-                measurements["attention"] = attention.measure(shape, sweeps, device, tdtype, tick,
-                                                              dense=bool(attention_dense))
+                measurements["attention"] = attention.measure(
+                    shape, sweeps, device, tdtype, tick, dense=bool(attention_dense)
+                )
         if "links" in kinds:
             bar.set_postfix_str(f"links: {ranks} ranks")
             got = links.measure(sweeps, device, ranks, links_timeout_s, clock=links_clock)
@@ -226,14 +254,33 @@ def calibrate(profile: str = "tiny", *, model: Optional[ModelShape] = None, hidd
     if "links" not in fits:
         skipped.setdefault("links", "not requested")
     preset = CostModel.from_model(shape, hardware)
-    settings = {**asdict(sweeps), "aggregate": AGGREGATE, "threads": info["threads"],
-                "loadavg": {"start": load_start, "end": load_averages()},
-                "quick": quick, "kernels": kinds, "ranks": ranks, "expert_stack": expert_stack,
-                "attention_dense": bool(attention_dense), "links_clock": links_clock,
-                "bw_inter": "given" if bw_inter is not None else f"preset {hardware.name} (local processes are one node)"}
-    report = build(fits=fits, cost=cost, preset=preset, hardware=hardware, sources=sources, device=info,
-                   settings=settings, model=asdict(shape), profile=profile if model is None else "custom",
-                   skipped=skipped, elapsed_s=time.perf_counter() - t0, version=__version__)
+    settings = {
+        **asdict(sweeps),
+        "aggregate": AGGREGATE,
+        "threads": info["threads"],
+        "loadavg": {"start": load_start, "end": load_averages()},
+        "quick": quick,
+        "kernels": kinds,
+        "ranks": ranks,
+        "expert_stack": expert_stack,
+        "attention_dense": bool(attention_dense),
+        "links_clock": links_clock,
+        "bw_inter": "given" if bw_inter is not None else f"preset {hardware.name} (local processes are one node)",
+    }
+    report = build(
+        fits=fits,
+        cost=cost,
+        preset=preset,
+        hardware=hardware,
+        sources=sources,
+        device=info,
+        settings=settings,
+        model=asdict(shape),
+        profile=profile if model is None else "custom",
+        skipped=skipped,
+        elapsed_s=time.perf_counter() - t0,
+        version=__version__,
+    )
     return Calibration(cost, report, fits)
 
 
@@ -252,10 +299,20 @@ def refit(report: Dict[str, Any], hardware: Optional[Hardware] = None) -> Calibr
     bw_inter = report.get("cost_model", {}).get("bw_inter")
     fits, cost, sources = fit_all(report["kernels"], every, shape, hardware, bw_inter)
     preset = CostModel.from_model(shape, hardware)
-    out = build(fits=fits, cost=cost, preset=preset, hardware=hardware, sources=sources,
-                device=report.get("device", {}), settings={**report.get("settings", {}), "refit": True},
-                model=asdict(shape), profile=report.get("profile", "custom"), skipped=report.get("skipped", {}),
-                elapsed_s=float(report.get("elapsed_s", 0.0)), version=__version__)
+    out = build(
+        fits=fits,
+        cost=cost,
+        preset=preset,
+        hardware=hardware,
+        sources=sources,
+        device=report.get("device", {}),
+        settings={**report.get("settings", {}), "refit": True},
+        model=asdict(shape),
+        profile=report.get("profile", "custom"),
+        skipped=report.get("skipped", {}),
+        elapsed_s=float(report.get("elapsed_s", 0.0)),
+        version=__version__,
+    )
     return Calibration(cost, out, fits)
 
 

@@ -41,8 +41,9 @@ def _layer(x: Any, wqkv: Any, wo: Any, shared: List[Tuple[Any, Any]], heads: int
 
     n, h = x.shape
     q, k, v = (x @ wqkv).view(n, 3, heads, h // heads).permute(1, 0, 2, 3).unbind(0)  # [n, heads, d] each
-    att = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
-                                         v.transpose(0, 1).unsqueeze(0), is_causal=True)  # [1, heads, n, d]
+    att = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0), is_causal=True
+    )  # [1, heads, n, d]
     out = att.squeeze(0).transpose(0, 1).reshape(n, h) @ wo
     for w1, w2 in shared:
         out = out + swiglu(x, w1, w2)
@@ -61,8 +62,14 @@ def moe_origin(x: Any, src: Any, back: Any, gates: Any) -> Any:
     return x + (pairs.view(n, gates.shape[1], h) * gates.unsqueeze(-1)).sum(1)
 
 
-def measure(model: ModelShape, sweeps: Sweeps, device: Any, dtype: Any,
-            tick: Callable[[], None] = lambda: None, dense: bool = True) -> Dict[str, Any]:
+def measure(
+    model: ModelShape,
+    sweeps: Sweeps,
+    device: Any,
+    dtype: Any,
+    tick: Callable[[], None] = lambda: None,
+    dense: bool = True,
+) -> Dict[str, Any]:
     """Forward + backward (and forward-only) seconds at every sample length, measured in
     interleaved rounds (`timed`): the dense layer (``dense``: projections, attention, shared
     experts) and the MoE layer's origin work (`moe_origin`, the model's top-k)."""
@@ -108,11 +115,27 @@ def measure(model: ModelShape, sweeps: Sweeps, device: Any, dtype: Any,
             for w in params:
                 w.grad = None
             return t2 - t0, t1 - t0
+
         return step
 
-    got = run_rounds([point(n) for n in sweeps.lengths], sweeps.warmup, sweeps.repeats, tick, seed=1,
-                     visit_s=sweeps.visit_s, visit_calls=sweeps.visit_calls, short_repeats=sweeps.short_repeats)
-    parts = (["projections", "attention"] + (["shared_experts"] if model.shared_experts else []) if dense else []) \
-        + ["moe_origin"]
-    return {"sweep": [{"length": n} for n in sweeps.lengths], **timed(got), "heads": h // d, "head_dim": d,
-            "top_k": k, "parts": parts}
+    got = run_rounds(
+        [point(n) for n in sweeps.lengths],
+        sweeps.warmup,
+        sweeps.repeats,
+        tick,
+        seed=1,
+        visit_s=sweeps.visit_s,
+        visit_calls=sweeps.visit_calls,
+        short_repeats=sweeps.short_repeats,
+    )
+    parts = (["projections", "attention"] + (["shared_experts"] if model.shared_experts else []) if dense else []) + [
+        "moe_origin"
+    ]
+    return {
+        "sweep": [{"length": n} for n in sweeps.lengths],
+        **timed(got),
+        "heads": h // d,
+        "head_dim": d,
+        "top_k": k,
+        "parts": parts,
+    }

@@ -31,7 +31,7 @@ def convex_bound(x: np.ndarray, measured: np.ndarray) -> float:
     best = 0.0
     for j in range(1, len(x) - 1):
         xi, mi = x[:j, None], m[:j, None]
-        xk, mk = x[None, j + 1:], m[None, j + 1:]
+        xk, mk = x[None, j + 1 :], m[None, j + 1 :]
         lam = (xk - x[j]) / (xk - xi)
         chord = lam * mi + (1 - lam) * mk
         best = max(best, float(np.max((m[j] - chord) / (m[j] + chord))))
@@ -52,7 +52,7 @@ def monotone_bound(x: np.ndarray, measured: np.ndarray) -> float:
     x, m = x[o], m[o]
     best = 0.0
     for i in range(len(x) - 1):
-        later = m[i + 1:][x[i + 1:] > x[i]]
+        later = m[i + 1 :][x[i + 1 :] > x[i]]
         if later.size:
             best = max(best, float((m[i] - later.min()) / (m[i] + later.min())))
     return best
@@ -81,8 +81,7 @@ def curve_bound(tokens: np.ndarray, active: np.ndarray, measured: np.ndarray) ->
     return best
 
 
-def call_curve_feasible(tokens: np.ndarray, active: np.ndarray, measured: np.ndarray,
-                        error: float) -> Optional[float]:
+def call_curve_feasible(tokens: np.ndarray, active: np.ndarray, measured: np.ndarray, error: float) -> Optional[float]:
     """The least call time c >= 0 (in ``measured``'s units: all passes) for which some curve
     c + a·f(t), f >= 0 non-decreasing in t, is within ``error`` (relative) of every point, or
     None where none is: float ``tokens``

@@ -48,8 +48,9 @@ from routepack.model import ModelShape, Topology
 ROUTINGS = ("local", "uniform", "remote")
 
 
-def _timed_kernel(torch: Any, kernel: Callable[..., Any], sync: Callable[[], None], now: Callable[[], float],
-                  spent: List[float]) -> Callable[..., Any]:
+def _timed_kernel(
+    torch: Any, kernel: Callable[..., Any], sync: Callable[[], None], now: Callable[[], float], spent: List[float]
+) -> Callable[..., Any]:
     """``kernel`` with its forward and backward seconds added to ``spent[0]``."""
     start: List[float] = [0.0]
 
@@ -86,8 +87,17 @@ def _timed_kernel(torch: Any, kernel: Callable[..., Any], sync: Callable[[], Non
     return timed
 
 
-def _rank_main(rank: int, world: int, device: Any, shape: Dict[str, int], tokens: Sequence[int], warmup: int,
-               repeats: int, dtype: str, clock: str) -> Dict[str, Any]:
+def _rank_main(
+    rank: int,
+    world: int,
+    device: Any,
+    shape: Dict[str, int],
+    tokens: Sequence[int],
+    warmup: int,
+    repeats: int,
+    dtype: str,
+    clock: str,
+) -> Dict[str, Any]:
     """Runs on every spawned rank; returns the sweep and the figures (the same on every rank)."""
     torch = require_torch()
     import torch.distributed as dist
@@ -104,11 +114,11 @@ def _rank_main(rank: int, world: int, device: Any, shape: Dict[str, int], tokens
     layer = EPMoE(0, E, H, I, Topology(world, world, world, spr), phy2log, dtype=tdtype, device=device)
     gen = torch.Generator().manual_seed(1234 + rank)
     with torch.no_grad():
-        layer.w1.copy_(torch.randn(layer.w1.shape, generator=gen) * H ** -0.5)
-        layer.w2.copy_(torch.randn(layer.w2.shape, generator=gen) * I ** -0.5)
+        layer.w1.copy_(torch.randn(layer.w1.shape, generator=gen) * H**-0.5)
+        layer.w2.copy_(torch.randn(layer.w2.shape, generator=gen) * I**-0.5)
     spent = [0.0]
     layer.expert_kernel = _timed_kernel(torch, grouped_swiglu, sync, now, spent)
-    mine = phy2log[rank * spr:(rank + 1) * spr]
+    mine = phy2log[rank * spr : (rank + 1) * spr]
     own = torch.zeros(E)  # 1 for the experts this rank holds
     own[torch.from_numpy(mine[mine >= 0])] = 1.0
     points, sweep = [], []
@@ -118,9 +128,14 @@ def _rank_main(rank: int, world: int, device: Any, shape: Dict[str, int], tokens
             # other ranks' first ("remote") or none first ("uniform")
             first = {"local": own, "remote": 1.0 - own, "uniform": torch.zeros(E)}[routing]
             ids = (torch.rand(t, E, generator=gen) + 2.0 * first).topk(K, dim=1).indices
-            points.append((torch.randn(t, H, generator=gen).to(device, tdtype), ids.to(device),
-                           torch.softmax(torch.randn(t, K, generator=gen), dim=-1).to(device, tdtype),
-                           torch.randn(t, H, generator=gen).to(device, tdtype)))
+            points.append(
+                (
+                    torch.randn(t, H, generator=gen).to(device, tdtype),
+                    ids.to(device),
+                    torch.softmax(torch.randn(t, K, generator=gen), dim=-1).to(device, tdtype),
+                    torch.randn(t, H, generator=gen).to(device, tdtype),
+                )
+            )
             sweep.append({"tokens": int(t), "routing": routing, "routed": int(t) * K})
     best = np.full((len(points), 3), np.inf)  # per point: outside the kernel, the layer, the kernel
     remote = np.zeros(len(points), dtype=np.int64)
@@ -138,29 +153,52 @@ def _rank_main(rank: int, world: int, device: Any, shape: Dict[str, int], tokens
             if r < warmup:
                 route = layer.last_route  # this forward's: rows sent to and received from each rank
                 if route is not None:
-                    remote[i] = max(sum(n for d, n in enumerate(route.send_splits) if d != rank),
-                                    sum(n for s, n in enumerate(route.recv_splits) if s != rank))
+                    remote[i] = max(
+                        sum(n for d, n in enumerate(route.send_splits) if d != rank),
+                        sum(n for s, n in enumerate(route.recv_splits) if s != rank),
+                    )
                 continue
             if whole - spent[0] < best[i, 0]:
                 best[i] = (whole - spent[0], whole, spent[0])
     slowest = torch.from_numpy(np.concatenate([best.reshape(-1), remote.astype(np.float64)])).to(device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     got = slowest.cpu().numpy()
-    figures, rows = got[:best.size].reshape(best.shape), got[best.size:]
+    figures, rows = got[: best.size].reshape(best.shape), got[best.size :]
     token_bytes = H * torch.empty(0, dtype=tdtype).element_size()
     for point, n in zip(sweep, rows):
         point.update(remote_rows=int(n), remote_bytes=int(n) * token_bytes)
-    return {"sweep": sweep, "measured_s": figures[:, 0].tolist(), "layer_s": figures[:, 1].tolist(),
-            "kernel_s": figures[:, 2].tolist()}
+    return {
+        "sweep": sweep,
+        "measured_s": figures[:, 0].tolist(),
+        "layer_s": figures[:, 1].tolist(),
+        "kernel_s": figures[:, 2].tolist(),
+    }
 
 
-def measure(model: ModelShape, sweeps: Sweeps, device: str, dtype: Any, ranks: int = 2, timeout_s: float = 600,
-            clock: str = "wall") -> Dict[str, Any]:
+def measure(
+    model: ModelShape,
+    sweeps: Sweeps,
+    device: str,
+    dtype: Any,
+    ranks: int = 2,
+    timeout_s: float = 600,
+    clock: str = "wall",
+) -> Dict[str, Any]:
     """Spawns ``ranks`` local processes and times one MoE layer at every
     ``sweeps.exchange_tokens`` (see the module's docstring) on ``clock``. Returns
     ``{"skipped": why}`` where it cannot run (CUDA with fewer GPUs than ranks)."""
     shape = {k: int(getattr(model, k)) for k in ("num_experts", "top_k", "hidden", "expert_ffn")}
     name = str(dtype).replace("torch.", "")
-    got = spawn(_rank_main, device, ranks, clock, timeout_s, shape, list(sweeps.exchange_tokens), sweeps.warmup + 1,
-                2 * sweeps.repeats, name)
+    got = spawn(
+        _rank_main,
+        device,
+        ranks,
+        clock,
+        timeout_s,
+        shape,
+        list(sweeps.exchange_tokens),
+        sweeps.warmup + 1,
+        2 * sweeps.repeats,
+        name,
+    )
     return got if "skipped" in got else {**got, "dtype": name}

@@ -39,8 +39,18 @@ def _experts(recv: Any, perm: Any, inverse: Any, counts: np.ndarray, w1: Any, w2
     return grouped_swiglu(recv.index_select(0, perm), counts, w1, w2).index_select(0, inverse)
 
 
-def _step(x: Any, grad_out: Any, w1: Any, w2: Any, active: int, per_expert: int, rng: Any, device: Any,
-          sync: Callable[[], None], now: Callable[[], float]) -> Callable[[], Tuple[float, float]]:
+def _step(
+    x: Any,
+    grad_out: Any,
+    w1: Any,
+    w2: Any,
+    active: int,
+    per_expert: int,
+    rng: Any,
+    device: Any,
+    sync: Callable[[], None],
+    now: Callable[[], float],
+) -> Callable[[], Tuple[float, float]]:
     """One point's timed call: ``active`` experts, ``per_expert`` tokens each, arriving
     shuffled. Inputs are views of the shared buffers, fresh leaves on every call."""
     torch = require_torch()
@@ -68,8 +78,14 @@ def _step(x: Any, grad_out: Any, w1: Any, w2: Any, active: int, per_expert: int,
     return step
 
 
-def measure(model: ModelShape, sweeps: Sweeps, device: Any, dtype: Any,
-            tick: Callable[[], None] = lambda: None, stack: Optional[int] = None) -> Dict[str, Any]:
+def measure(
+    model: ModelShape,
+    sweeps: Sweeps,
+    device: Any,
+    dtype: Any,
+    tick: Callable[[], None] = lambda: None,
+    stack: Optional[int] = None,
+) -> Dict[str, Any]:
     """Forward + backward (and forward-only) seconds at every (active experts, tokens per
     expert) point of ``sweeps.expert_grid()``, measured in interleaved rounds (`timed`). ``stack``:
     a stack of ``max(stack, active)`` slots, ``active`` of them fed (None: the active experts
@@ -85,11 +101,22 @@ def measure(model: ModelShape, sweeps: Sweeps, device: Any, dtype: Any,
     x = torch.randn(most, h, generator=gen).to(device, dtype)
     grad_out = torch.randn(most, h, generator=gen).to(device, dtype)
     size = {a: a if stack is None else max(stack, a) for a, _ in grid}
-    weights = {a: ((torch.randn(size[a], h, 2 * i, generator=gen) * h ** -0.5).to(device, dtype).requires_grad_(),
-                   (torch.randn(size[a], i, h, generator=gen) * i ** -0.5).to(device, dtype).requires_grad_())
-               for a in sorted({a for a, _ in grid})}
+    weights = {
+        a: (
+            (torch.randn(size[a], h, 2 * i, generator=gen) * h**-0.5).to(device, dtype).requires_grad_(),
+            (torch.randn(size[a], i, h, generator=gen) * i**-0.5).to(device, dtype).requires_grad_(),
+        )
+        for a in sorted({a for a, _ in grid})
+    }
     steps = [_step(x, grad_out, *weights[a], a, t, rng, device, sync, now) for a, t in grid]
-    got = run_rounds(steps, sweeps.warmup, sweeps.repeats, tick, seed=0, visit_s=sweeps.visit_s,
-                     visit_calls=sweeps.visit_calls, short_repeats=sweeps.short_repeats)
-    return {"sweep": [{"active_experts": a, "tokens_per_expert": t, "tokens": a * t} for a, t in grid],
-            **timed(got)}
+    got = run_rounds(
+        steps,
+        sweeps.warmup,
+        sweeps.repeats,
+        tick,
+        seed=0,
+        visit_s=sweeps.visit_s,
+        visit_calls=sweeps.visit_calls,
+        short_repeats=sweeps.short_repeats,
+    )
+    return {"sweep": [{"active_experts": a, "tokens_per_expert": t, "tokens": a * t} for a, t in grid], **timed(got)}

@@ -21,7 +21,7 @@ def table_knots(per: np.ndarray, fitted: np.ndarray) -> np.ndarray:
     ``per`` ``[n]`` that a fitted point (``fitted`` bool ``[n]``) measures, increasing."""
     top = float(per.max()) if per.size else 1.0
     powers = 1 + int(np.log(max(top, 1.0)) / np.log(TABLE_RATIO))
-    grid = {1.0, 2.0, top} | {float(TABLE_RATIO ** j) for j in range(powers)}
+    grid = {1.0, 2.0, top} | {float(TABLE_RATIO**j) for j in range(powers)}
     have = set(per[fitted].tolist())
     return np.array(sorted(k for k in grid if k in have and k <= top))
 

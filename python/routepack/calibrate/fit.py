@@ -41,7 +41,7 @@ def holdout_mask(n: int, every: int) -> np.ndarray:
     the last point are always fitted, so a held-out point is interpolated, never extrapolated."""
     mask = np.zeros(n, dtype=bool)
     if every >= 2:
-        mask[every // 2::every] = True
+        mask[every // 2 :: every] = True
     if n:
         mask[0] = mask[-1] = False
     return mask
@@ -123,33 +123,52 @@ class KernelFit:
         return self._max_abs(False)
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"kind": self.kind, "formula": self.formula, "sweep": self.sweep,
-                "measured_s": self.measured_s, "predicted_s": self.predicted_s, "held_out": self.held_out,
-                "rel_error": self.rel_error, "max_rel_error": self.max_rel_error,
-                "max_rel_error_fit": self.max_rel_error_fit, "held_out_points": int(sum(self.held_out)),
-                "coefficients": self.coefficients, "cost_fields": self.cost_fields, "notes": self.notes,
-                **self.extra}
+        return {
+            "kind": self.kind,
+            "formula": self.formula,
+            "sweep": self.sweep,
+            "measured_s": self.measured_s,
+            "predicted_s": self.predicted_s,
+            "held_out": self.held_out,
+            "rel_error": self.rel_error,
+            "max_rel_error": self.max_rel_error,
+            "max_rel_error_fit": self.max_rel_error_fit,
+            "held_out_points": int(sum(self.held_out)),
+            "coefficients": self.coefficients,
+            "cost_fields": self.cost_fields,
+            "notes": self.notes,
+            **self.extra,
+        }
 
 
 def _points(measurement: Mapping[str, Any], kind: str) -> Tuple[List[Dict[str, Any]], np.ndarray]:
     sweep = list(measurement.get("sweep", ()))
     measured = np.asarray(measurement.get("measured_s", ()), dtype=np.float64)
     if not sweep or measured.shape != (len(sweep),):
-        raise RoutepackError(f"{kind}: needs one measured time per sweep point, got {measured.shape[0]} "
-                             f"for {len(sweep)} points")
+        raise RoutepackError(
+            f"{kind}: needs one measured time per sweep point, got {measured.shape[0]} for {len(sweep)} points"
+        )
     return sweep, measured
 
 
-def _linear_fit(kind: str, measurement: Mapping[str, Any], holdout_every: int, names: Sequence[str],
-                features: np.ndarray, mask: Optional[np.ndarray] = None,
-                offset: Optional[np.ndarray] = None) -> Tuple[Dict[str, float], np.ndarray, np.ndarray]:
+def _linear_fit(
+    kind: str,
+    measurement: Mapping[str, Any],
+    holdout_every: int,
+    names: Sequence[str],
+    features: np.ndarray,
+    mask: Optional[np.ndarray] = None,
+    offset: Optional[np.ndarray] = None,
+) -> Tuple[Dict[str, float], np.ndarray, np.ndarray]:
     """Coefficients fitted on the points not held out, predictions at every point, the mask.
     ``offset``: a known part of every point's time, added to the fitted part."""
     _, measured = _points(measurement, kind)
     held = holdout_mask(len(measured), holdout_every) if mask is None else mask
     if int((~held).sum()) < len(names):
-        raise RoutepackError(f"{kind}: {int((~held).sum())} fitted points cannot determine "
-                             f"{len(names)} coefficients {list(names)}; measure more points")
+        raise RoutepackError(
+            f"{kind}: {int((~held).sum())} fitted points cannot determine "
+            f"{len(names)} coefficients {list(names)}; measure more points"
+        )
     known = np.zeros(len(measured)) if offset is None else np.asarray(offset, dtype=np.float64)
     coef = nnls_relative(features[~held], measured[~held], known[~held])
     return dict(zip(names, map(float, coef))), features @ coef + known, held
@@ -165,8 +184,9 @@ def _knees(tokens: np.ndarray) -> np.ndarray:
 #: The expert curve the calibration commits (`fit_expert_gemm`): one kernel call (`CostModel.c_call`)
 #: plus, per active expert, the roofline and ``c_gemm`` where it has >= 2 tokens
 #: (`CostModel.c_gemm`), three passes.
-GEMM_STEP_FORMULA = ("3·(c_call + active_experts·(c_exp + max(c_tok·tokens_per_expert, c_weights) "
-                     "+ c_gemm·[tokens_per_expert ≥ 2]))")
+GEMM_STEP_FORMULA = (
+    "3·(c_call + active_experts·(c_exp + max(c_tok·tokens_per_expert, c_weights) + c_gemm·[tokens_per_expert ≥ 2]))"
+)
 #: The expert curve without the GEMM step (convex in tokens per expert), reported alongside.
 ROOFLINE_FORMULA = "3·(c_call + active_experts·(c_exp + max(c_tok·tokens_per_expert, c_weights)))"
 #: The GEMM step is committed only where it cuts the fitted points' squared relative error to
@@ -180,8 +200,9 @@ STEP_MIN_GAIN = 0.75
 
 #: The expert curve with a tabulated part (`CostModel.expert_table`): a line (no floor: the table
 #: takes it) plus a non-negative table of knots in tokens per expert, 0 at the last.
-TABLE_FORMULA = ("3·(c_call + active_experts·(c_exp + max(c_tok·tokens_per_expert, c_weights) "
-                 "+ table(tokens_per_expert)))")
+TABLE_FORMULA = (
+    "3·(c_call + active_experts·(c_exp + max(c_tok·tokens_per_expert, c_weights) + table(tokens_per_expert)))"
+)
 #: The table is committed only where it cuts the fitted points' squared relative error to below
 #: this share of the closed form's (the roofline or the GEMM step, whichever was committed):
 #: its knots are parameters too. On timings of the closed forms with 0.1–10% noise (240 draws
@@ -189,8 +210,16 @@ TABLE_FORMULA = ("3·(c_call + active_experts·(c_exp + max(c_tok·tokens_per_ex
 #: under ¾); on this CPU's sweeps, whose curve climbs from 2 to 4 tokens per expert and bends
 #: up past 128, 0.24–0.43 at tiny's shapes and 0.53 at the measured run's.
 TABLE_MIN_GAIN = 0.75
-def _table(measurement: Mapping[str, Any], holdout_every: int, per: np.ndarray, active: np.ndarray,
-           knots: np.ndarray, call: bool) -> Tuple[float, Dict[str, float], np.ndarray, np.ndarray, List[float]]:
+
+
+def _table(
+    measurement: Mapping[str, Any],
+    holdout_every: int,
+    per: np.ndarray,
+    active: np.ndarray,
+    knots: np.ndarray,
+    call: bool,
+) -> Tuple[float, Dict[str, float], np.ndarray, np.ndarray, List[float]]:
     """The table form: (squared relative error on the fitted points, coefficients, predictions,
     held-out mask, the knots' seconds). No floor (the table takes it, knot by knot). The last
     knot's hat is left out: the table is 0 there, so ``c_tok`` is the slope at the sweep's top.
@@ -205,10 +234,14 @@ def _table(measurement: Mapping[str, Any], holdout_every: int, per: np.ndarray, 
     _, measured = _points(measurement, "expert_gemm")
     hats = table_columns(per, knots)[:, :-1]
     names = ("c_tok", "c_exp") + tuple(f"table_{k:g}" for k in knots[:-1]) + (("c_call",) if call else ())
-    cols = [active * per, active] + [active * hats[:, k] for k in range(hats.shape[1])] + (
-        [np.ones_like(active)] if call else [])
-    coef, pred, held = _linear_fit("expert_gemm", measurement, holdout_every, names,
-                                   COMPUTE_PASSES * np.stack(cols, axis=1))
+    cols = (
+        [active * per, active]
+        + [active * hats[:, k] for k in range(hats.shape[1])]
+        + ([np.ones_like(active)] if call else [])
+    )
+    coef, pred, held = _linear_fit(
+        "expert_gemm", measurement, holdout_every, names, COMPUTE_PASSES * np.stack(cols, axis=1)
+    )
     err = float(np.sum(((pred - measured) / measured)[~held] ** 2))
     top = float(knots[-1])
     seconds = np.array([coef.pop(f"table_{k:g}") for k in knots[:-1]])
@@ -220,8 +253,9 @@ def _table(measurement: Mapping[str, Any], holdout_every: int, per: np.ndarray, 
     return err, coef, pred, held, [*map(float, seconds), 0.0]
 
 
-def _roofline(measurement: Mapping[str, Any], holdout_every: int, per: np.ndarray, active: np.ndarray,
-              step: bool, call: bool) -> Tuple[float, float, Dict[str, float], np.ndarray, np.ndarray]:
+def _roofline(
+    measurement: Mapping[str, Any], holdout_every: int, per: np.ndarray, active: np.ndarray, step: bool, call: bool
+) -> Tuple[float, float, Dict[str, float], np.ndarray, np.ndarray]:
     """The best knee on the `_knees` grid: (squared relative error on the fitted points, knee,
     coefficients, predictions, held-out mask); ``step`` adds the ``c_gemm`` column, ``call``
     the ``c_call`` column (one per point: a kernel call whatever its experts)."""
@@ -231,10 +265,14 @@ def _roofline(measurement: Mapping[str, Any], holdout_every: int, per: np.ndarra
     for knee in _knees(per):
         # (with the step, a knee in (1, 2] lifts only the 1-token points, which c_exp + c_gemm
         # can too: ties go to the lower knee, so such a knee wins only where it fits better)
-        cols = ([active * np.maximum(per, knee), active] + ([active * (per >= 2)] if step else [])
-                + ([np.ones_like(active)] if call else []))
-        coef, pred, held = _linear_fit("expert_gemm", measurement, holdout_every, names,
-                                       COMPUTE_PASSES * np.stack(cols, axis=1))
+        cols = (
+            [active * np.maximum(per, knee), active]
+            + ([active * (per >= 2)] if step else [])
+            + ([np.ones_like(active)] if call else [])
+        )
+        coef, pred, held = _linear_fit(
+            "expert_gemm", measurement, holdout_every, names, COMPUTE_PASSES * np.stack(cols, axis=1)
+        )
         err = float(np.sum(((pred - measured) / measured)[~held] ** 2))
         if best is None or err < best[0] - 1e-12:
             best = (err, float(knee), coef, pred, held)
@@ -303,13 +341,19 @@ def fit_expert_gemm(measurement: Mapping[str, Any], holdout_every: int, model: M
 
     def form(step: bool) -> Tuple[float, Dict[str, float], np.ndarray, np.ndarray]:
         sq, knee, coef, pred, held = _roofline(measurement, holdout_every, per, active, step=step, call=call)
-        coef = {**coef, "c_gemm": coef.get("c_gemm", 0.0), "c_call": coef.get("c_call", 0.0),
-                "c_weights": coef["c_tok"] * knee if knee > per.min() else 0.0, "knee_tokens_per_expert": knee}
+        coef = {
+            **coef,
+            "c_gemm": coef.get("c_gemm", 0.0),
+            "c_call": coef.get("c_call", 0.0),
+            "c_weights": coef["c_tok"] * knee if knee > per.min() else 0.0,
+            "knee_tokens_per_expert": knee,
+        }
         return sq, coef, pred, held
 
     # name -> (squared relative error on the fitted points, coefficients, predictions, held out, table)
     forms: Dict[str, Tuple[float, Dict[str, float], np.ndarray, np.ndarray, List[List[float]]]] = {
-        "roofline": (*form(False), [])}
+        "roofline": (*form(False), [])
+    }
     ratio = None
     committed = "roofline"
     if eligible:
@@ -323,8 +367,13 @@ def fit_expert_gemm(measurement: Mapping[str, Any], holdout_every: int, model: M
     table_ratio = None
     if knots.size >= 3:  # two knots past the first at least (one would be the GEMM step again)
         t_sq, t_coef, t_pred, t_held, seconds = _table(measurement, holdout_every, per, active, knots, call)
-        t_coef = {**t_coef, "c_gemm": 0.0, "c_call": t_coef.get("c_call", 0.0), "c_weights": 0.0,
-                  "knee_tokens_per_expert": float(per.min())}
+        t_coef = {
+            **t_coef,
+            "c_gemm": 0.0,
+            "c_call": t_coef.get("c_call", 0.0),
+            "c_weights": 0.0,
+            "knee_tokens_per_expert": float(per.min()),
+        }
         forms["table"] = (t_sq, t_coef, t_pred, t_held, [[float(k), float(v)] for k, v in zip(knots, seconds)])
         closed_sq = forms[closed][0]
         table_ratio = t_sq / closed_sq if closed_sq > 0 else None
@@ -333,48 +382,67 @@ def fit_expert_gemm(measurement: Mapping[str, Any], holdout_every: int, model: M
     _, coef, pred, held, table = forms[committed]
     knee = coef["knee_tokens_per_expert"]
     c_weights = coef["c_weights"]
-    notes = [f"roofline knee at {knee:.3g} tokens per expert (c_weights = c_tok * knee; "
-             f"{'no floor inside the sweep' if c_weights == 0 else 'weights-bound below it'})"]
+    notes = [
+        f"roofline knee at {knee:.3g} tokens per expert (c_weights = c_tok * knee; "
+        f"{'no floor inside the sweep' if c_weights == 0 else 'weights-bound below it'})"
+    ]
     if committed == "gemm_step":
-        notes.append(f"GEMM step c_gemm = {coef['c_gemm']:.3g} s per expert with >= 2 tokens (1 token runs as a "
-                     f"matrix-vector product)")
+        notes.append(
+            f"GEMM step c_gemm = {coef['c_gemm']:.3g} s per expert with >= 2 tokens (1 token runs as a "
+            f"matrix-vector product)"
+        )
     elif eligible and closed == "roofline":
-        notes.append(f"no GEMM step committed (c_gemm = 0): with it the fitted points' squared relative error "
-                     f"would not fall below {STEP_MIN_GAIN:.0%} of the roofline's (alternative_forms.gemm_step)")
+        notes.append(
+            f"no GEMM step committed (c_gemm = 0): with it the fitted points' squared relative error "
+            f"would not fall below {STEP_MIN_GAIN:.0%} of the roofline's (alternative_forms.gemm_step)"
+        )
     elif not eligible:
-        notes.append("no GEMM step fitted: the fitted points do not have experts on both sides of 2 tokens "
-                     "(c_gemm = 0)")
+        notes.append(
+            "no GEMM step fitted: the fitted points do not have experts on both sides of 2 tokens (c_gemm = 0)"
+        )
     if committed == "table":
-        notes.append("expert table committed (its knots carry the GEMM step, c_gemm = 0): "
-                     + ", ".join(f"{k:g} tokens {v:.3g} s" for k, v in table)
-                     + f" per expert and pass beyond the roofline; it cut the fitted points' squared relative "
-                       f"error to {table_ratio:.2f} of the {closed} form's")
+        notes.append(
+            "expert table committed (its knots carry the GEMM step, c_gemm = 0): "
+            + ", ".join(f"{k:g} tokens {v:.3g} s" for k, v in table)
+            + f" per expert and pass beyond the roofline; it cut the fitted points' squared relative "
+            f"error to {table_ratio:.2f} of the {closed} form's"
+        )
     elif "table" in forms:
-        notes.append(f"no expert table committed: with it the fitted points' squared relative error would not fall "
-                     f"below {TABLE_MIN_GAIN:.0%} of the {closed} form's (alternative_forms.table)")
+        notes.append(
+            f"no expert table committed: with it the fitted points' squared relative error would not fall "
+            f"below {TABLE_MIN_GAIN:.0%} of the {closed} form's (alternative_forms.table)"
+        )
     if call:
         notes.append(f"kernel call c_call = {coef['c_call']:.3g} s per call and pass, whatever its experts")
     else:
-        notes.append("no call cost fitted: the fitted points have one active count, where c_call and c_exp are "
-                     "one column (c_call = 0)")
+        notes.append(
+            "no call cost fitted: the fitted points have one active count, where c_call and c_exp are "
+            "one column (c_call = 0)"
+        )
     extra = _forward(measurement)
     # the curve without the step is convex in tokens per expert: no fit of it beats this on all points
     extra["convex_bound"] = max(convex_bound(per[active == a], measured[active == a]) for a in np.unique(active))
     if extra["convex_bound"] > 0.05:
-        notes.append(f"measured times are not convex in tokens per expert: every convex curve (the roofline "
-                     f"without c_gemm) misses some point of one active count by >= {extra['convex_bound']:.1%}")
+        notes.append(
+            f"measured times are not convex in tokens per expert: every convex curve (the roofline "
+            f"without c_gemm) misses some point of one active count by >= {extra['convex_bound']:.1%}"
+        )
     # and every curve of the cost model is non-decreasing in tokens per expert
     extra["monotone_bound"] = max(monotone_bound(per[active == a], measured[active == a]) for a in np.unique(active))
     if extra["monotone_bound"] > 0.05:
-        notes.append(f"measured times are not non-decreasing in tokens per expert: every curve of the cost model "
-                     f"(non-decreasing) misses some point of one active count by >= {extra['monotone_bound']:.1%}")
+        notes.append(
+            f"measured times are not non-decreasing in tokens per expert: every curve of the cost model "
+            f"(non-decreasing) misses some point of one active count by >= {extra['monotone_bound']:.1%}"
+        )
     # without a call's cost every curve prices a·f(t): the spread between active counts at one t
     # counts too; with it, c + a·f(t)
     extra["curve_bound"] = curve_bound(per, active, measured)
     extra["call_curve_bound"] = call_curve_bound(per, active, measured)
     if extra["call_curve_bound"] > 0.05:
-        notes.append(f"no expert curve of the cost model (a call plus active experts × a non-decreasing curve in "
-                     f"tokens per expert, tabulated or not) fits every point within {extra['call_curve_bound']:.1%}")
+        notes.append(
+            f"no expert curve of the cost model (a call plus active experts × a non-decreasing curve in "
+            f"tokens per expert, tabulated or not) fits every point within {extra['call_curve_bound']:.1%}"
+        )
     extra["closed_form"] = closed
     if len(forms) > 1:
         own = _max_abs((pred - measured) / measured, held)
@@ -383,30 +451,56 @@ def fit_expert_gemm(measurement: Mapping[str, Any], holdout_every: int, model: M
             if name == committed:
                 continue
             rel = (o_pred - measured) / measured
-            alternatives[name] = {"formula": _FORMULAS[name], "coefficients": o_coef, "expert_table": o_table,
-                                  "predicted_s": o_pred.tolist(),
-                                  "max_rel_error": _max_abs(rel, held), "max_rel_error_fit": _max_abs(rel, ~held),
-                                  "priced": False}
+            alternatives[name] = {
+                "formula": _FORMULAS[name],
+                "coefficients": o_coef,
+                "expert_table": o_table,
+                "predicted_s": o_pred.tolist(),
+                "max_rel_error": _max_abs(rel, held),
+                "max_rel_error_fit": _max_abs(rel, ~held),
+                "priced": False,
+            }
             if alternatives[name]["max_rel_error"] is not None and own is not None:
-                notes.append(f"{_AS_ALTERNATIVE[name]} the held-out max rel. error would be "
-                             f"{alternatives[name]['max_rel_error']:.1%} instead of {own:.1%} "
-                             f"(alternative_forms.{name})")
+                notes.append(
+                    f"{_AS_ALTERNATIVE[name]} the held-out max rel. error would be "
+                    f"{alternatives[name]['max_rel_error']:.1%} instead of {own:.1%} "
+                    f"(alternative_forms.{name})"
+                )
         extra["alternative_forms"] = alternatives
         if ratio is not None or "gemm_step" in forms:
             extra["step_sq_error_ratio"] = ratio
         if "table" in forms:
             extra["table_sq_error_ratio"] = table_ratio
-    fields = {"c_tok": coef["c_tok"], "c_exp": coef["c_exp"], "c_weights": c_weights, "c_gemm": coef["c_gemm"],
-              "c_call": coef["c_call"], "expert_table": table}
-    return KernelFit("expert_gemm", _FORMULAS[committed], sweep,
-                     measured.tolist(), pred.tolist(), held.tolist(), coef, fields, notes, extra=extra)
+    fields = {
+        "c_tok": coef["c_tok"],
+        "c_exp": coef["c_exp"],
+        "c_weights": c_weights,
+        "c_gemm": coef["c_gemm"],
+        "c_call": coef["c_call"],
+        "expert_table": table,
+    }
+    return KernelFit(
+        "expert_gemm",
+        _FORMULAS[committed],
+        sweep,
+        measured.tolist(),
+        pred.tolist(),
+        held.tolist(),
+        coef,
+        fields,
+        notes,
+        extra=extra,
+    )
 
 
 #: The expert fit's forms by name (`fit_expert_gemm`'s ``alternative_forms`` keys).
 _FORMULAS = {"roofline": ROOFLINE_FORMULA, "gemm_step": GEMM_STEP_FORMULA, "table": TABLE_FORMULA}
 #: How a note names a form not committed.
-_AS_ALTERNATIVE = {"roofline": "without the GEMM step (c_gemm = 0, a convex curve)", "gemm_step": "with the GEMM step",
-                   "table": "with the expert table"}
+_AS_ALTERNATIVE = {
+    "roofline": "without the GEMM step (c_gemm = 0, a convex curve)",
+    "gemm_step": "with the GEMM step",
+    "table": "with the expert table",
+}
 
 
 def fit_attention(measurement: Mapping[str, Any], holdout_every: int, model: ModelShape) -> KernelFit:
@@ -415,18 +509,34 @@ def fit_attention(measurement: Mapping[str, Any], holdout_every: int, model: Mod
     linear-attention layers get 0, as `CostModel.from_model` gives them."""
     sweep, measured = _points(measurement, "attention")
     n = np.array([p["length"] for p in sweep], dtype=np.float64)
-    coef, pred, held = _linear_fit("attention", measurement, holdout_every, ("a_lin", "a_quad"),
-                                   COMPUTE_PASSES * np.stack([n, n * n], axis=1))
+    coef, pred, held = _linear_fit(
+        "attention", measurement, holdout_every, ("a_lin", "a_quad"), COMPUTE_PASSES * np.stack([n, n * n], axis=1)
+    )
     a_quad = [coef["a_quad"] if kind == "full" else 0.0 for kind in model.attention]
-    notes = ["a_lin is fitted on full-attention layers and applies to every layer (the cost model "
-             "has one a_lin); linear-attention layers get a_quad = 0"]
+    notes = [
+        "a_lin is fitted on full-attention layers and applies to every layer (the cost model "
+        "has one a_lin); linear-attention layers get a_quad = 0"
+    ]
     if "parts" in measurement:
-        notes.append(f"timed per token: {', '.join(measurement['parts'])} (moe_origin: the MoE layer's gather, "
-                     f"gate-weighted combine and residual at the origin rank)")
-    return KernelFit("attention", "3·(a_lin·length + a_quad·length²)", sweep, measured.tolist(), pred.tolist(),
-                     held.tolist(), coef, {"a_lin": coef["a_lin"], "a_quad": a_quad}, notes,
-                     extra={**_forward(measurement), **{k: measurement[k] for k in ("heads", "head_dim", "top_k", "parts")
-                                                        if k in measurement}})
+        notes.append(
+            f"timed per token: {', '.join(measurement['parts'])} (moe_origin: the MoE layer's gather, "
+            f"gate-weighted combine and residual at the origin rank)"
+        )
+    return KernelFit(
+        "attention",
+        "3·(a_lin·length + a_quad·length²)",
+        sweep,
+        measured.tolist(),
+        pred.tolist(),
+        held.tolist(),
+        coef,
+        {"a_lin": coef["a_lin"], "a_quad": a_quad},
+        notes,
+        extra={
+            **_forward(measurement),
+            **{k: measurement[k] for k in ("heads", "head_dim", "top_k", "parts") if k in measurement},
+        },
+    )
 
 
 LINK_OPS = ("p2p", "all_to_all", "all_reduce")
@@ -451,8 +561,13 @@ def fit_links(measurement: Mapping[str, Any], holdout_every: int, model: ModelSh
         if idx.size == 0:
             continue
         sub = {"sweep": [sweep[i] for i in idx], "measured_s": measured[idx]}
-        c, p, h = _linear_fit(f"links.{op}", sub, holdout_every, ("latency_s", "s_per_byte"),
-                              np.stack([np.ones(idx.size), nbytes[idx]], axis=1))
+        c, p, h = _linear_fit(
+            f"links.{op}",
+            sub,
+            holdout_every,
+            ("latency_s", "s_per_byte"),
+            np.stack([np.ones(idx.size), nbytes[idx]], axis=1),
+        )
         if c["s_per_byte"] <= 0:
             raise RoutepackError(f"links.{op}: time does not grow with message size; cannot fit a bandwidth")
         coef[f"latency_{op}_s"] = c["latency_s"]
@@ -461,25 +576,37 @@ def fit_links(measurement: Mapping[str, Any], holdout_every: int, model: ModelSh
     if "bw_all_to_all" not in coef:
         raise RoutepackError("links: no all_to_all points measured; cannot fit bw_intra")
     fields = {"bw_intra": coef["bw_all_to_all"], "a2a_latency": coef["latency_all_to_all_s"]}
-    notes = [f"bw_intra = the all-to-all's bandwidth between {measurement.get('ranks', '?')} local processes "
-             f"({measurement.get('backend', '?')}); a2a_latency = its latency "
-             f"({coef['latency_all_to_all_s']:.3g} s per all-to-all); the p2p figures are reported only"]
+    notes = [
+        f"bw_intra = the all-to-all's bandwidth between {measurement.get('ranks', '?')} local processes "
+        f"({measurement.get('backend', '?')}); a2a_latency = its latency "
+        f"({coef['latency_all_to_all_s']:.3g} s per all-to-all); the p2p figures are reported only"
+    ]
     if "bw_all_reduce" in coef:
         ranks = int(measurement.get("ranks", 2))
         fields["bw_reduce"] = 2.0 * (ranks - 1) / ranks * coef["bw_all_reduce"]
-        notes.append(f"bw_reduce = the all-reduce's bandwidth in a ring's bytes sent per rank "
-                     f"(2·({ranks}−1)/{ranks} of the buffer): {fields['bw_reduce']:.3g} B/s")
-    return KernelFit("links", "latency_<op> + bytes / bw_<op>", sweep, measured.tolist(), pred.tolist(),
-                     held.tolist(), coef, fields, notes,
-                     extra={k: measurement[k] for k in ("ranks", "backend", "clock") if k in measurement})
+        notes.append(
+            f"bw_reduce = the all-reduce's bandwidth in a ring's bytes sent per rank "
+            f"(2·({ranks}−1)/{ranks} of the buffer): {fields['bw_reduce']:.3g} B/s"
+        )
+    return KernelFit(
+        "links",
+        "latency_<op> + bytes / bw_<op>",
+        sweep,
+        measured.tolist(),
+        pred.tolist(),
+        held.tolist(),
+        coef,
+        fields,
+        notes,
+        extra={k: measurement[k] for k in ("ranks", "backend", "clock") if k in measurement},
+    )
 
 
 #: All-to-alls of one MoE layer's forward and backward: dispatch and combine, each pass.
 LAYER_ALL_TO_ALLS = 4.0
 
 
-def fit_exchange(measurement: Mapping[str, Any], holdout_every: int, model: ModelShape,
-                 priced: CostModel) -> KernelFit:
+def fit_exchange(measurement: Mapping[str, Any], holdout_every: int, model: ModelShape, priced: CostModel) -> KernelFit:
     """One MoE layer's forward + backward on a rank outside its expert kernel, at ``tokens``
     per rank routed three ways (`routepack.calibrate.exchange`), as
     ``4·(a2a_latency + remote_bytes / bw_intra) + 3·(a_lin + a_lin_extra)·tokens``: its four
@@ -496,30 +623,56 @@ def fit_exchange(measurement: Mapping[str, Any], holdout_every: int, model: Mode
     origin = COMPUTE_PASSES * priced.a_lin * tokens
     calls = np.full(tokens.size, LAYER_ALL_TO_ALLS)
     formula = "4·(a2a_latency + remote_bytes / bw_intra) + 3·(a_lin + a_lin_extra)·tokens"
-    coef, pred, held = _linear_fit("exchange", measurement, holdout_every, ("a2a_latency", "s_per_byte", "a_lin_extra"),
-                                   np.stack([calls, LAYER_ALL_TO_ALLS * nbytes, COMPUTE_PASSES * tokens], axis=1),
-                                   offset=origin)
+    coef, pred, held = _linear_fit(
+        "exchange",
+        measurement,
+        holdout_every,
+        ("a2a_latency", "s_per_byte", "a_lin_extra"),
+        np.stack([calls, LAYER_ALL_TO_ALLS * nbytes, COMPUTE_PASSES * tokens], axis=1),
+        offset=origin,
+    )
     # a share of every point's time below a millionth is the solver's rounding, not a cost
     if np.any(LAYER_ALL_TO_ALLS * nbytes * coef["s_per_byte"] > 1e-6 * measured):
         bw, how = 1.0 / coef["s_per_byte"], "fitted"
     else:
         bw, how = priced.bw_intra, "the links' (the bytes fitted no cost of their own)"
-        coef, pred, held = _linear_fit("exchange", measurement, holdout_every, ("a2a_latency", "a_lin_extra"),
-                                       np.stack([calls, COMPUTE_PASSES * tokens], axis=1),
-                                       offset=origin + LAYER_ALL_TO_ALLS * nbytes / bw)
+        coef, pred, held = _linear_fit(
+            "exchange",
+            measurement,
+            holdout_every,
+            ("a2a_latency", "a_lin_extra"),
+            np.stack([calls, COMPUTE_PASSES * tokens], axis=1),
+            offset=origin + LAYER_ALL_TO_ALLS * nbytes / bw,
+        )
     coef = {"a2a_latency": coef["a2a_latency"], "bw_intra": bw, "a_lin_extra": coef["a_lin_extra"]}
     # what the other kinds' model charged the layer: the links' latency and bandwidth, the origin work
     charged = origin + LAYER_ALL_TO_ALLS * (priced.a2a_latency + nbytes / priced.bw_intra)
     before = float(np.max(np.abs(charged / measured - 1.0)))
-    notes = [f"bw_intra {how}: {bw:.3g} B/s (the links': {priced.bw_intra:.3g}); a2a_latency {coef['a2a_latency']:.3g} s "
-             f"(the links': {priced.a2a_latency:.3g}); a_lin = {priced.a_lin:.3g} (origin) + {coef['a_lin_extra']:.3g}; "
-             f"the links' and origin's model alone missed the layer by up to {before:.0%}"]
-    return KernelFit("exchange", formula, sweep, measured.tolist(), pred.tolist(), held.tolist(),
-                     {**coef, "a_lin": priced.a_lin},
-                     {"a2a_latency": coef["a2a_latency"], "bw_intra": bw, "a_lin": priced.a_lin + coef["a_lin_extra"]},
-                     notes, extra={"priced_before_s": charged.tolist(), "max_rel_error_before": before,
-                                   **{k: measurement[k] for k in ("layer_s", "kernel_s", "ranks", "backend", "clock",
-                                                                  "dtype") if k in measurement}})
+    notes = [
+        f"bw_intra {how}: {bw:.3g} B/s (the links': {priced.bw_intra:.3g}); a2a_latency {coef['a2a_latency']:.3g} s "
+        f"(the links': {priced.a2a_latency:.3g}); a_lin = {priced.a_lin:.3g} (origin) + {coef['a_lin_extra']:.3g}; "
+        f"the links' and origin's model alone missed the layer by up to {before:.0%}"
+    ]
+    return KernelFit(
+        "exchange",
+        formula,
+        sweep,
+        measured.tolist(),
+        pred.tolist(),
+        held.tolist(),
+        {**coef, "a_lin": priced.a_lin},
+        {"a2a_latency": coef["a2a_latency"], "bw_intra": bw, "a_lin": priced.a_lin + coef["a_lin_extra"]},
+        notes,
+        extra={
+            "priced_before_s": charged.tolist(),
+            "max_rel_error_before": before,
+            **{
+                k: measurement[k]
+                for k in ("layer_s", "kernel_s", "ranks", "backend", "clock", "dtype")
+                if k in measurement
+            },
+        },
+    )
 
 
 #: Per-point and per-sweep timer figures a fit passes through to the report unchanged.
@@ -546,9 +699,13 @@ FITS: Dict[str, Callable[[Mapping[str, Any], int, ModelShape], KernelFit]] = {
 }
 
 
-def fit_all(measurements: Mapping[str, Mapping[str, Any]], holdout_every: int, model: ModelShape,
-            hardware: Optional[Hardware] = None,
-            bw_inter: Optional[float] = None) -> Tuple[Dict[str, KernelFit], CostModel, Dict[str, str]]:
+def fit_all(
+    measurements: Mapping[str, Mapping[str, Any]],
+    holdout_every: int,
+    model: ModelShape,
+    hardware: Optional[Hardware] = None,
+    bw_inter: Optional[float] = None,
+) -> Tuple[Dict[str, KernelFit], CostModel, Dict[str, str]]:
     """Every measured kind fitted (`FITS`), the cost model they give (`to_cost_model`) and
     where each field came from; then the ``exchange`` (where measured) against that model
     (`fit_exchange`), its fields in place."""
@@ -562,16 +719,27 @@ def fit_all(measurements: Mapping[str, Mapping[str, Any]], holdout_every: int, m
     return fits, cost, sources
 
 
-def to_cost_model(model: ModelShape, fits: Mapping[str, KernelFit], hardware: Optional[Hardware] = None,
-                  bw_inter: Optional[float] = None, weight_bytes: float = 2) -> Tuple[CostModel, Dict[str, str]]:
+def to_cost_model(
+    model: ModelShape,
+    fits: Mapping[str, KernelFit],
+    hardware: Optional[Hardware] = None,
+    bw_inter: Optional[float] = None,
+    weight_bytes: float = 2,
+) -> Tuple[CostModel, Dict[str, str]]:
     """`CostModel.from_model` (byte counts and whatever was not measured, from ``hardware``,
     default `Hardware.h200`) with the fitted fields in place, and where each field came
     from: ``measured: <kind>``, ``given`` (``bw_inter``) or ``preset <name>``."""
     hardware = hardware or Hardware.h200()
     base = CostModel.from_model(model, hardware, weight_bytes)
     sources = {name: f"preset {hardware.name}" for name in base.__dataclass_fields__}
-    for name in ("token_bytes", "expert_weight_bytes", "expert_grad_bytes", "expert_state_bytes", "expert_groups",
-                 "num_experts"):
+    for name in (
+        "token_bytes",
+        "expert_weight_bytes",
+        "expert_grad_bytes",
+        "expert_state_bytes",
+        "expert_groups",
+        "num_experts",
+    ):
         if name in sources:
             sources[name] = "model shape"
     fields: Dict[str, Any] = {}

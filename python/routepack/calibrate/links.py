@@ -35,8 +35,9 @@ from routepack.errors import RoutepackError
 from routepack.calibrate.timing import require_torch, synchronizer
 
 
-def _timed(fn: Any, sync: Any, dist: Any, torch: Any, device: Any, warmup: int, repeats: int,
-           now: Any = time.perf_counter) -> float:
+def _timed(
+    fn: Any, sync: Any, dist: Any, torch: Any, device: Any, warmup: int, repeats: int, now: Any = time.perf_counter
+) -> float:
     times: List[float] = []
     for k in range(warmup + repeats):
         dist.barrier()
@@ -51,8 +52,9 @@ def _timed(fn: Any, sync: Any, dist: Any, torch: Any, device: Any, warmup: int, 
     return float(statistics.median(slowest.cpu().tolist()))
 
 
-def _rank_main(rank: int, world: int, device: Any, sizes: Sequence[int], warmup: int,
-               repeats: int, clock: str = "wall") -> Dict[str, Any]:
+def _rank_main(
+    rank: int, world: int, device: Any, sizes: Sequence[int], warmup: int, repeats: int, clock: str = "wall"
+) -> Dict[str, Any]:
     """Runs on every spawned rank; returns the sweep and the times (the same on every rank)."""
     torch = require_torch()
     import torch.distributed as dist
@@ -79,8 +81,9 @@ def _rank_main(rank: int, world: int, device: Any, sizes: Sequence[int], warmup:
         send = torch.zeros(chunk * world, dtype=torch.float32, device=device)
         recv = torch.empty_like(send)
         sweep.append({"op": "all_to_all", "bytes": chunk * 4 * (world - 1)})
-        measured.append(_timed(lambda: dist.all_to_all_single(recv, send), sync, dist, torch, device,
-                               warmup, repeats, now))
+        measured.append(
+            _timed(lambda: dist.all_to_all_single(recv, send), sync, dist, torch, device, warmup, repeats, now)
+        )
     for nbytes in sizes:
         buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
         sweep.append({"op": "all_reduce", "bytes": buf.numel() * 4})
@@ -105,23 +108,25 @@ def spawn(fn: Any, device: str, ranks: int, clock: str, timeout_s: float, *args:
     clock = check_clock(clock, device)
     if device == "cuda":
         if torch.cuda.device_count() < ranks:
-            return {"skipped": f"NCCL needs one GPU per rank: {ranks} ranks, "
-                               f"{torch.cuda.device_count()} GPU(s) visible"}
+            return {
+                "skipped": f"NCCL needs one GPU per rank: {ranks} ranks, {torch.cuda.device_count()} GPU(s) visible"
+            }
         backend = "nccl"
     else:
         backend = "gloo"
     from routepack.torch.selfcheck.spawn import run_ranks
 
-    out = run_ranks(fn, ranks, *args, clock, backend=backend, join_timeout_s=timeout_s,
-                    pg_timeout_s=min(timeout_s, 300))
+    out = run_ranks(
+        fn, ranks, *args, clock, backend=backend, join_timeout_s=timeout_s, pg_timeout_s=min(timeout_s, 300)
+    )
     return {**out[0], "ranks": ranks, "backend": backend, "clock": clock}
 
 
-def measure(sweeps: Sweeps, device: str, ranks: int = 2, timeout_s: float = 600,
-            clock: str = "wall") -> Dict[str, Any]:
+def measure(sweeps: Sweeps, device: str, ranks: int = 2, timeout_s: float = 600, clock: str = "wall") -> Dict[str, Any]:
     """Spawns ``ranks`` local processes and times both ops at every ``sweeps.message_bytes``
     on ``clock`` ("wall", or "cpu": the process's CPU time, CPU devices only). Returns
     ``{"skipped": why}`` where it cannot run (CUDA with fewer GPUs than ranks)."""
     # more calls than a compute point: small messages are cheap and their times scatter most
-    return spawn(_rank_main, device, ranks, clock, timeout_s, list(sweeps.message_bytes), sweeps.warmup,
-                 3 * sweeps.repeats)
+    return spawn(
+        _rank_main, device, ranks, clock, timeout_s, list(sweeps.message_bytes), sweeps.warmup, 3 * sweeps.repeats
+    )

@@ -47,23 +47,37 @@ def ratios(cost: CostModel, preset: CostModel) -> Dict[str, Optional[float]]:
     return out
 
 
-def build(*, fits: Mapping[str, Any], cost: CostModel, preset: CostModel, hardware: Any, sources: Dict[str, str],
-          device: Dict[str, Any], settings: Dict[str, Any], model: Dict[str, Any], profile: str,
-          skipped: Dict[str, str], elapsed_s: float, version: str) -> Dict[str, Any]:
+def build(
+    *,
+    fits: Mapping[str, Any],
+    cost: CostModel,
+    preset: CostModel,
+    hardware: Any,
+    sources: Dict[str, str],
+    device: Dict[str, Any],
+    settings: Dict[str, Any],
+    model: Dict[str, Any],
+    profile: str,
+    skipped: Dict[str, str],
+    elapsed_s: float,
+    version: str,
+) -> Dict[str, Any]:
     """The report document (JSON-able)."""
-    return _safe({
-        "routepack": version,
-        "profile": profile,
-        "model": model,
-        "device": device,
-        "settings": settings,
-        "kernels": {kind: fit.to_dict() for kind, fit in fits.items()},
-        "skipped": skipped,
-        "cost_model": asdict(cost),
-        "sources": sources,
-        "preset": {"hardware": asdict(hardware), "cost_model": asdict(preset), "ratio": ratios(cost, preset)},
-        "elapsed_s": elapsed_s,
-    })
+    return _safe(
+        {
+            "routepack": version,
+            "profile": profile,
+            "model": model,
+            "device": device,
+            "settings": settings,
+            "kernels": {kind: fit.to_dict() for kind, fit in fits.items()},
+            "skipped": skipped,
+            "cost_model": asdict(cost),
+            "sources": sources,
+            "preset": {"hardware": asdict(hardware), "cost_model": asdict(preset), "ratio": ratios(cost, preset)},
+            "elapsed_s": elapsed_s,
+        }
+    )
 
 
 def write_json(report: Mapping[str, Any], path: str | Path) -> Path:
@@ -103,11 +117,21 @@ def plot(report: Mapping[str, Any], path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     kernels = report["kernels"]
-    fig, axes = plt.subplots(2, max(1, len(kernels)), figsize=(5.2 * max(1, len(kernels)), 7.5),
-                             squeeze=False, sharex="col", gridspec_kw={"height_ratios": [3, 1.4]},
-                             constrained_layout=True)
-    xlabel = {"expert_gemm": "routed tokens (all active experts)", "attention": "sample length (tokens)",
-              "links": "bytes per rank", "exchange": "tokens per rank"}
+    fig, axes = plt.subplots(
+        2,
+        max(1, len(kernels)),
+        figsize=(5.2 * max(1, len(kernels)), 7.5),
+        squeeze=False,
+        sharex="col",
+        gridspec_kw={"height_ratios": [3, 1.4]},
+        constrained_layout=True,
+    )
+    xlabel = {
+        "expert_gemm": "routed tokens (all active experts)",
+        "attention": "sample length (tokens)",
+        "links": "bytes per rank",
+        "exchange": "tokens per rank",
+    }
     for col, (kind, k) in enumerate(kernels.items()):
         top, bottom = axes[0, col], axes[1, col]
         x = _x(kind, k["sweep"])
@@ -125,25 +149,34 @@ def plot(report: Mapping[str, Any], path: str | Path) -> Path:
         for j, (name, form) in enumerate(k.get("alternative_forms", {}).items()):
             alt = 100 * (np.array(form["predicted_s"]) / meas - 1)
             amre = form.get("max_rel_error")
-            bottom.plot(x, alt, "x", color=f"{0.35 + 0.2 * j:.2f}", ms=3,
-                        label=f"{name}, not committed: held-out max {'n/a' if amre is None else f'{100 * amre:.1f}%'}")
+            bottom.plot(
+                x,
+                alt,
+                "x",
+                color=f"{0.35 + 0.2 * j:.2f}",
+                ms=3,
+                label=f"{name}, not committed: held-out max {'n/a' if amre is None else f'{100 * amre:.1f}%'}",
+            )
             bottom.legend(fontsize=6)
         top.set_xscale("log")
         top.set_yscale("log")
         mre = k.get("max_rel_error")
         # long formulas (the expert curve's) wrapped to the panel's width
         formula = "\n".join(textwrap.wrap(f"{kind}: {k['formula']}", 58))
-        top.set_title(f"{formula}\nheld-out max |rel. error| "
-                      f"{'n/a' if mre is None else f'{100 * mre:.1f}%'} (ringed)", fontsize=9)
+        top.set_title(
+            f"{formula}\nheld-out max |rel. error| {'n/a' if mre is None else f'{100 * mre:.1f}%'} (ringed)", fontsize=9
+        )
         top.set_ylabel("seconds (dots measured, lines predicted)")
         top.legend(fontsize=7)
         bottom.axhline(0, color="k", lw=0.6)
         bottom.set_ylabel("predicted / measured − 1 (%)")
         bottom.set_xlabel(xlabel.get(kind, kind))
     dev = report.get("device", {})
-    fig.suptitle(f"routepack calibrate: {report.get('profile')} shapes on {dev.get('gpu') or dev.get('cpu')} "
-                 f"({dev.get('device')}, {dev.get('dtype')}, {dev.get('threads')} thread(s), torch {dev.get('torch')})",
-                 fontsize=10)
+    fig.suptitle(
+        f"routepack calibrate: {report.get('profile')} shapes on {dev.get('gpu') or dev.get('cpu')} "
+        f"({dev.get('device')}, {dev.get('dtype')}, {dev.get('threads')} thread(s), torch {dev.get('torch')})",
+        fontsize=10,
+    )
     path = Path(path)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -67,10 +67,25 @@ _PRESETS = {
     # minute and a half more at tiny's shapes); the large ones (0.1-1.3 s) are called once a
     # visit, 9 rounds (with 7 rounds and 16 more, the held-out expert points missed by up to
     # 16-19% at tiny's shapes, a noisy point of either kind the worst)
-    "cpu": _Preset(4096, 2.0, (1, 2, 4, 8), 4096, 128, 2048, 2.0, (4096, 64 << 20, 2.0), 1, 9, 0.1, 5,
-                   (4, 1024, 1.0), 24),
-    "cuda": _Preset(8192, 2.0, (1, 2, 4, 8, 16, 32), 1 << 17, 128, 32768, 2.0, (4096, 256 << 20, 2.0), 2, 7,
-                    0.01, 10, (16, 16384, 1.0), 0),
+    "cpu": _Preset(
+        4096, 2.0, (1, 2, 4, 8), 4096, 128, 2048, 2.0, (4096, 64 << 20, 2.0), 1, 9, 0.1, 5, (4, 1024, 1.0), 24
+    ),
+    "cuda": _Preset(
+        8192,
+        2.0,
+        (1, 2, 4, 8, 16, 32),
+        1 << 17,
+        128,
+        32768,
+        2.0,
+        (4096, 256 << 20, 2.0),
+        2,
+        7,
+        0.01,
+        10,
+        (16, 16384, 1.0),
+        0,
+    ),
 }
 
 
@@ -119,13 +134,14 @@ class Sweeps:
         positive_int(self.visit_calls, "sweeps.visit_calls")
         positive_int(self.short_repeats, "sweeps.short_repeats", minimum=0)
         if not self.expert_grid():
-            raise RoutepackError(f"sweeps.max_tokens: {self.max_tokens} leaves no expert-GEMM point "
-                                 f"(smallest is {self.tokens_per_expert[0] * self.active_experts[0]} tokens)")
+            raise RoutepackError(
+                f"sweeps.max_tokens: {self.max_tokens} leaves no expert-GEMM point "
+                f"(smallest is {self.tokens_per_expert[0] * self.active_experts[0]} tokens)"
+            )
 
     def expert_grid(self) -> Tuple[Tuple[int, int], ...]:
         """(active experts, tokens per expert) points, grouped by active experts."""
-        return tuple((a, t) for a in self.active_experts for t in self.tokens_per_expert
-                     if a * t <= self.max_tokens)
+        return tuple((a, t) for a in self.active_experts for t in self.tokens_per_expert if a * t <= self.max_tokens)
 
     @property
     def points(self) -> int:
@@ -133,8 +149,13 @@ class Sweeps:
         return len(self.expert_grid()) + len(self.lengths)
 
     @classmethod
-    def default(cls, device: str = "cpu", quick: bool = False, max_tokens_per_expert: Optional[int] = None,
-                max_length: Optional[int] = None) -> "Sweeps":
+    def default(
+        cls,
+        device: str = "cpu",
+        quick: bool = False,
+        max_tokens_per_expert: Optional[int] = None,
+        max_length: Optional[int] = None,
+    ) -> "Sweeps":
         """The sweeps for ``device`` ("cpu" or "cuda"); ``max_tokens_per_expert`` and
         ``max_length`` shorten (or lengthen) the expert-GEMM and attention ranges."""
         if device not in ("cpu", "cuda"):
@@ -144,15 +165,27 @@ class Sweeps:
         tpe = positive_int(max_tokens_per_expert, "max_tokens_per_expert") if max_tokens_per_expert else tpe
         length = positive_int(max_length, "max_length") if max_length else length
         lo_len = min(lo_len, length)
-        return cls(tokens_per_expert=log_points(1, tpe, pre.per_octave), active_experts=pre.active,
-                   max_tokens=max(pre.max_tokens, tpe), lengths=log_points(lo_len, length, pre.per_octave_length),
-                   message_bytes=log_points(*pre.messages), warmup=pre.warmup, repeats=pre.repeats,
-                   visit_s=pre.visit_s, visit_calls=pre.visit_calls,
-                   exchange_tokens=log_points(*pre.exchange_tokens), short_repeats=pre.short_repeats)
+        return cls(
+            tokens_per_expert=log_points(1, tpe, pre.per_octave),
+            active_experts=pre.active,
+            max_tokens=max(pre.max_tokens, tpe),
+            lengths=log_points(lo_len, length, pre.per_octave_length),
+            message_bytes=log_points(*pre.messages),
+            warmup=pre.warmup,
+            repeats=pre.repeats,
+            visit_s=pre.visit_s,
+            visit_calls=pre.visit_calls,
+            exchange_tokens=log_points(*pre.exchange_tokens),
+            short_repeats=pre.short_repeats,
+        )
 
-    def with_timer(self, warmup: Optional[int] = None, repeats: Optional[int] = None,
-                   holdout_every: Optional[int] = None) -> "Sweeps":
+    def with_timer(
+        self, warmup: Optional[int] = None, repeats: Optional[int] = None, holdout_every: Optional[int] = None
+    ) -> "Sweeps":
         """These sweeps with some timer settings replaced (None keeps one)."""
-        return replace(self, warmup=self.warmup if warmup is None else warmup,
-                       repeats=self.repeats if repeats is None else repeats,
-                       holdout_every=self.holdout_every if holdout_every is None else holdout_every)
+        return replace(
+            self,
+            warmup=self.warmup if warmup is None else warmup,
+            repeats=self.repeats if repeats is None else repeats,
+            holdout_every=self.holdout_every if holdout_every is None else holdout_every,
+        )

@@ -107,8 +107,10 @@ def steady_heap(device: Any) -> Iterator[bool]:
 
 
 #: How `run_rounds` turns a point's timed calls into its figure (the report's ``settings``).
-AGGREGATE = ("median over the timed rounds of each visit's median call, with the round's drift "
-             "(median polish of log times, rounds x points) divided out")
+AGGREGATE = (
+    "median over the timed rounds of each visit's median call, with the round's drift "
+    "(median polish of log times, rounds x points) divided out"
+)
 
 
 @dataclass
@@ -143,9 +145,11 @@ def polish(times: Any, sweeps: int = 50) -> Polished:
         raise RoutepackError(f"times: expected [rounds, points, figures] with none empty, got shape {t.shape}")
     seen = ~np.isnan(t[:, :, 0])
     if not (seen.any(axis=0).all() and seen.any(axis=1).all()):
-        raise RoutepackError("times: every round must visit a point and every point be visited "
-                             f"(rounds without one: {np.flatnonzero(~seen.any(axis=1)).tolist()}, "
-                             f"points without one: {np.flatnonzero(~seen.any(axis=0)).tolist()})")
+        raise RoutepackError(
+            "times: every round must visit a point and every point be visited "
+            f"(rounds without one: {np.flatnonzero(~seen.any(axis=1)).tolist()}, "
+            f"points without one: {np.flatnonzero(~seen.any(axis=0)).tolist()})"
+        )
     rounds, points = t.shape[:2]
     first = t[:, :, 0][seen]
     rows = np.zeros(rounds)
@@ -208,9 +212,16 @@ def _calls(seconds: float, visit_s: float, visit_calls: int) -> int:
     return max(1, min(visit_calls, math.ceil(visit_s / seconds)))
 
 
-def run_rounds(steps: Sequence[Callable[[], Tuple[float, ...]]], warmup: int, repeats: int,
-               tick: Callable[[], None] = lambda: None, seed: int = 0, visit_s: float = 0.0,
-               visit_calls: int = 1, short_repeats: int = 0) -> Rounds:
+def run_rounds(
+    steps: Sequence[Callable[[], Tuple[float, ...]]],
+    warmup: int,
+    repeats: int,
+    tick: Callable[[], None] = lambda: None,
+    seed: int = 0,
+    visit_s: float = 0.0,
+    visit_calls: int = 1,
+    short_repeats: int = 0,
+) -> Rounds:
     """Times every step in ``warmup`` untimed and ``repeats`` timed rounds, each visiting the
     steps in a fresh random order (see the module's docstring). A step times itself and
     returns its figures, the first being the one the round's drift is read from (e.g.
@@ -255,8 +266,13 @@ def run_rounds(steps: Sequence[Callable[[], Tuple[float, ...]]], warmup: int, re
     if not steps:
         return Rounds([], [], [], (min(loads), max(loads)) if loads else None, [1.0] * len(table))
     done = polish([[v if v else (math.nan,) * width for v in row] for row in table])
-    return Rounds([tuple(float(v) for v in f) for f in done.figures], [float(v) for v in done.spread], calls,
-                  (min(loads), max(loads)) if loads else None, [float(v) for v in done.drift])
+    return Rounds(
+        [tuple(float(v) for v in f) for f in done.figures],
+        [float(v) for v in done.spread],
+        calls,
+        (min(loads), max(loads)) if loads else None,
+        [float(v) for v in done.drift],
+    )
 
 
 def timed(rounds: Rounds) -> Dict[str, Any]:
@@ -265,10 +281,14 @@ def timed(rounds: Rounds) -> Dict[str, Any]:
     ``spread`` (float ``[points]``), ``calls_per_visit`` (int ``[points]``), ``drift`` (float
     ``[rounds]``: each timed round's factor) and ``loadavg``
     ([least, largest] 1-minute load average, or None)."""
-    return {"measured_s": [float(f[0]) for f in rounds.figures], "forward_s": [float(f[1]) for f in rounds.figures],
-            "spread": list(map(float, rounds.spread)), "calls_per_visit": list(rounds.calls),
-            "drift": list(map(float, rounds.drift)),
-            "loadavg": None if rounds.loadavg is None else list(rounds.loadavg)}
+    return {
+        "measured_s": [float(f[0]) for f in rounds.figures],
+        "forward_s": [float(f[1]) for f in rounds.figures],
+        "spread": list(map(float, rounds.spread)),
+        "calls_per_visit": list(rounds.calls),
+        "drift": list(map(float, rounds.drift)),
+        "loadavg": None if rounds.loadavg is None else list(rounds.loadavg),
+    }
 
 
 def _cpu_name() -> str:
@@ -298,6 +318,10 @@ def device_info(device: Any, dtype: Any) -> Dict[str, Any]:
     }
     if dev.type == "cuda":
         idx = dev.index if dev.index is not None else torch.cuda.current_device()
-        info.update(gpu=torch.cuda.get_device_name(idx), gpu_count=torch.cuda.device_count(),
-                    cuda=torch.version.cuda, capability=".".join(map(str, torch.cuda.get_device_capability(idx))))
+        info.update(
+            gpu=torch.cuda.get_device_name(idx),
+            gpu_count=torch.cuda.device_count(),
+            cuda=torch.version.cuda,
+            capability=".".join(map(str, torch.cuda.get_device_capability(idx))),
+        )
     return info

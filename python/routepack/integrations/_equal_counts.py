@@ -84,16 +84,32 @@ def equal_count_plan(plan: Any, window: Any, topo: Any, token_cap: int, cost: Op
         return plan
     report = {k: copy.deepcopy(v) for k, v in plan.report.items() if k != "predicted"}
     report["equal_counts"] = {"moved": moved}
-    out = Plan(plan.placement, rank.astype(np.int32), micro.astype(np.int32), steps, plan.replicas, plan.migration,
-               report=report, policy=plan.policy)
+    out = Plan(
+        plan.placement,
+        rank.astype(np.int32),
+        micro.astype(np.int32),
+        steps,
+        plan.replicas,
+        plan.migration,
+        report=report,
+        policy=plan.policy,
+    )
     out.validate(window, topo, token_cap)
     if cost is not None:
         out.report["predicted"] = simulate(out, window, topo, cost, token_cap).summary()
     return out
 
 
-def _next_move(rank: np.ndarray, micro: np.ndarray, lens: np.ndarray, tokens: np.ndarray, members: np.ndarray,
-               counts: np.ndarray, target: int, token_cap: int) -> tuple:
+def _next_move(
+    rank: np.ndarray,
+    micro: np.ndarray,
+    lens: np.ndarray,
+    tokens: np.ndarray,
+    members: np.ndarray,
+    counts: np.ndarray,
+    target: int,
+    token_cap: int,
+) -> tuple:
     """(source rank, sample, destination rank, destination step) of the next move: ranks
     above ``target`` fullest first, each offering its shortest sample whose step keeps
     another (if that one fits nowhere, no longer one of the rank does); ranks below

@@ -101,20 +101,55 @@ def _n_group(config: Any) -> int:
 _M = "transformers.models."
 
 FAMILIES = (  # the table in `routepack.integrations.hf`'s docstring describes each
-    Family("Qwen3-MoE", _M + "qwen3_moe.modeling_qwen3_moe", "Qwen3MoeTopKRouter", softmax_then_topk,
-           "moe_intermediate_size", _none, _one),
-    Family("Qwen2-MoE", _M + "qwen2_moe.modeling_qwen2_moe", "Qwen2MoeTopKRouter", softmax_then_topk,
-           "moe_intermediate_size", _qwen2_shared, _one),
-    Family("OLMoE", _M + "olmoe.modeling_olmoe", "OlmoeTopKRouter", softmax_then_topk,
-           "intermediate_size", _none, _one),
-    Family("Mixtral", _M + "mixtral.modeling_mixtral", "MixtralTopKRouter", mixtral,
-           "intermediate_size", _none, _one),
-    Family("DeepSeek-V3", _M + "deepseek_v3.modeling_deepseek_v3", "DeepseekV3TopkRouter", sigmoid_grouped,
-           "moe_intermediate_size", _n_shared, _n_group),
-    Family("GLM-4.5", _M + "glm4_moe.modeling_glm4_moe", "Glm4MoeTopkRouter", sigmoid_grouped,
-           "moe_intermediate_size", _n_shared, _n_group),
-    Family("GPT-OSS", _M + "gpt_oss.modeling_gpt_oss", "GptOssTopKRouter", topk_then_softmax,
-           "intermediate_size", _none, _one),
+    Family(
+        "Qwen3-MoE",
+        _M + "qwen3_moe.modeling_qwen3_moe",
+        "Qwen3MoeTopKRouter",
+        softmax_then_topk,
+        "moe_intermediate_size",
+        _none,
+        _one,
+    ),
+    Family(
+        "Qwen2-MoE",
+        _M + "qwen2_moe.modeling_qwen2_moe",
+        "Qwen2MoeTopKRouter",
+        softmax_then_topk,
+        "moe_intermediate_size",
+        _qwen2_shared,
+        _one,
+    ),
+    Family(
+        "OLMoE", _M + "olmoe.modeling_olmoe", "OlmoeTopKRouter", softmax_then_topk, "intermediate_size", _none, _one
+    ),
+    Family("Mixtral", _M + "mixtral.modeling_mixtral", "MixtralTopKRouter", mixtral, "intermediate_size", _none, _one),
+    Family(
+        "DeepSeek-V3",
+        _M + "deepseek_v3.modeling_deepseek_v3",
+        "DeepseekV3TopkRouter",
+        sigmoid_grouped,
+        "moe_intermediate_size",
+        _n_shared,
+        _n_group,
+    ),
+    Family(
+        "GLM-4.5",
+        _M + "glm4_moe.modeling_glm4_moe",
+        "Glm4MoeTopkRouter",
+        sigmoid_grouped,
+        "moe_intermediate_size",
+        _n_shared,
+        _n_group,
+    ),
+    Family(
+        "GPT-OSS",
+        _M + "gpt_oss.modeling_gpt_oss",
+        "GptOssTopKRouter",
+        topk_then_softmax,
+        "intermediate_size",
+        _none,
+        _one,
+    ),
 )
 
 #: (router module, router class name) -> its family.

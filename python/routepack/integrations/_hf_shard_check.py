@@ -35,29 +35,87 @@ import routepack as rp
 from routepack.integrations import hf
 from routepack.torch import rank_microbatches
 
-COMMON: Dict[str, Any] = dict(vocab_size=64, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-              intermediate_size=24, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-              attention_dropout=0.0)
+COMMON: Dict[str, Any] = dict(
+    vocab_size=64,
+    hidden_size=32,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=24,
+    max_position_embeddings=64,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    attention_dropout=0.0,
+)
 #: family -> (config class, model class, fields, slots per rank for 4 ranks)
 FAMILIES: Dict[str, Tuple[str, str, Dict[str, Any], int]] = {
-    "Qwen3-MoE": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
-                  dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True,
-                       head_dim=8, mlp_only_layers=[1]), 3),
-    "Qwen2-MoE": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
-                  dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
-                       shared_expert_intermediate_size=24, norm_topk_prob=False), 3),
+    "Qwen3-MoE": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            norm_topk_prob=True,
+            head_dim=8,
+            mlp_only_layers=[1],
+        ),
+        3,
+    ),
+    "Qwen2-MoE": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        dict(
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=24,
+            norm_topk_prob=False,
+        ),
+        3,
+    ),
     "OLMoE": ("OlmoeConfig", "OlmoeForCausalLM", dict(num_experts=8, num_experts_per_tok=2), 3),
-    "Mixtral": ("MixtralConfig", "MixtralForCausalLM",
-                dict(num_local_experts=8, num_experts_per_tok=2, head_dim=8), 3),
-    "DeepSeek-V3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
-                    dict(n_routed_experts=16, num_experts_per_tok=4, moe_intermediate_size=16, n_group=4,
-                         topk_group=2, first_k_dense_replace=1, n_shared_experts=1, routed_scaling_factor=2.5,
-                         norm_topk_prob=True, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
-                         qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8), 5),
-    "GLM-4.5": ("Glm4MoeConfig", "Glm4MoeForCausalLM",
-                dict(n_routed_experts=16, num_experts_per_tok=4, moe_intermediate_size=16, n_group=4, topk_group=2,
-                     first_k_dense_replace=1, n_shared_experts=1, routed_scaling_factor=2.5, norm_topk_prob=True,
-                     head_dim=8), 5),
+    "Mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=8, num_experts_per_tok=2, head_dim=8), 3),
+    "DeepSeek-V3": (
+        "DeepseekV3Config",
+        "DeepseekV3ForCausalLM",
+        dict(
+            n_routed_experts=16,
+            num_experts_per_tok=4,
+            moe_intermediate_size=16,
+            n_group=4,
+            topk_group=2,
+            first_k_dense_replace=1,
+            n_shared_experts=1,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            num_key_value_heads=4,
+            q_lora_rank=16,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=8,
+        ),
+        5,
+    ),
+    "GLM-4.5": (
+        "Glm4MoeConfig",
+        "Glm4MoeForCausalLM",
+        dict(
+            n_routed_experts=16,
+            num_experts_per_tok=4,
+            moe_intermediate_size=16,
+            n_group=4,
+            topk_group=2,
+            first_k_dense_replace=1,
+            n_shared_experts=1,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            head_dim=8,
+        ),
+        5,
+    ),
 }
 
 
@@ -127,9 +185,13 @@ def capture_windows(model: Any, case: Case) -> List[Batch]:
 def planning_cost(model: Any) -> rp.CostModel:
     """The model's cost model, expert work per token x3e5, expert bytes x1e-3 (module doc)."""
     base = rp.CostModel.from_model(hf.model_shape(model), rp.Hardware.h200())
-    return dataclasses.replace(base, c_tok=base.c_tok * 3e5, expert_weight_bytes=base.expert_weight_bytes * 1e-3,
-                               expert_grad_bytes=base.expert_grad_bytes * 1e-3,
-                               expert_state_bytes=base.expert_state_bytes * 1e-3)
+    return dataclasses.replace(
+        base,
+        c_tok=base.c_tok * 3e5,
+        expert_weight_bytes=base.expert_weight_bytes * 1e-3,
+        expert_grad_bytes=base.expert_grad_bytes * 1e-3,
+        expert_state_bytes=base.expert_state_bytes * 1e-3,
+    )
 
 
 def plan_windows(model: Any, batches: List[Batch], case: Case) -> List[rp.Plan]:
@@ -138,8 +200,15 @@ def plan_windows(model: Any, batches: List[Batch], case: Case) -> List[rp.Plan]:
     plans: List[rp.Plan] = []
     for w, b in enumerate(batches):
         prev = plans[-1].placement if plans else None
-        plan = rp.plan_window(b.window, topo, cost, token_cap=case.token_cap, previous=prev,
-                              previous_window=batches[w - 1].window if w else None, seed=case.seed + w)
+        plan = rp.plan_window(
+            b.window,
+            topo,
+            cost,
+            token_cap=case.token_cap,
+            previous=prev,
+            previous_window=batches[w - 1].window if w else None,
+            seed=case.seed + w,
+        )
         plan.validate(b.window, topo, token_cap=case.token_cap)
         plans.append(plan)
     return plans
@@ -157,8 +226,9 @@ def adam(model: Any, case: Case) -> torch.optim.Adam:
 def loss_sum(logits: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Summed next-token cross-entropy over the real tokens (fp32 scalar)."""
     labels = input_ids.masked_fill(mask == 0, -100)[:, 1:]
-    return F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
-                           ignore_index=-100, reduction="sum")
+    return F.cross_entropy(
+        logits[:, :-1].float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum"
+    )
 
 
 def label_count(mask: torch.Tensor) -> int:
@@ -187,8 +257,11 @@ def train_single(case: Case) -> Dict[str, Any]:
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))
-    return {"losses": losses, "experts": [(a.numpy(), b.numpy()) for a, b in experts_of(model)],
-            "dense": {n: p.detach().numpy().copy() for n, p in model.named_parameters()}}
+    return {
+        "losses": losses,
+        "experts": [(a.numpy(), b.numpy()) for a, b in experts_of(model)],
+        "dense": {n: p.detach().numpy().copy() for n, p in model.named_parameters()},
+    }
 
 
 def _micro_inputs(b: Batch, samples: np.ndarray) -> Tuple[torch.Tensor, torch.Tensor, bool]:
@@ -225,8 +298,13 @@ def _train_case(rank: int, case: Case) -> Dict[str, Any]:
         # the tensors the experts compute with are the optimizer's parameters themselves
         "experts_owned": all(any(t is p and t.data_ptr() == p.data_ptr() for p in owned) for t in used),
         "no_full_experts": not any(n.endswith(("gate_up_proj", "down_proj")) for n, _ in model.named_parameters()),
-        "losses": [], "routing_equal": True, "moved_rows": 0, "replica_rows": 0, "replica_tokens": 0,
-        "migrated_bytes": 0}
+        "losses": [],
+        "routing_equal": True,
+        "moved_rows": 0,
+        "replica_rows": 0,
+        "replica_tokens": 0,
+        "migrated_bytes": 0,
+    }
     for w, (b, plan) in enumerate(zip(batches, plans)):
         report = sh.begin_window(plan, b.window, opt)
         figs["moved_rows"] += int(plan.migration.size)
@@ -259,8 +337,9 @@ def _train_case(rank: int, case: Case) -> Dict[str, Any]:
         figs["losses"].append(float(total))
     sh.recording = False
     figs["experts"] = [(a.numpy(), b.numpy()) for a, b in sh.gather_experts()]
-    figs["dense"] = {n: p.detach().numpy().copy() for n, p in model.named_parameters()
-                     if not n.endswith((".ep.w1", ".ep.w2"))}
+    figs["dense"] = {
+        n: p.detach().numpy().copy() for n, p in model.named_parameters() if not n.endswith((".ep.w1", ".ep.w2"))
+    }
     figs["phy2log"] = [mod.phy2log.tolist() for mod in sh.layers]
     figs["bad_mask"] = _bad_mask_on_one_rank(sh, model, rank)
     return figs
@@ -286,4 +365,3 @@ def _bad_mask_on_one_rank(sh: Any, model: Any, rank: int) -> str:
     except rp.RoutepackError as e:
         return str(e)
     return "nothing raised"
-

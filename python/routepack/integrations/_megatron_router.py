@@ -32,8 +32,14 @@ class PlanRouter(torch.nn.Module):
     layer's index in it; ``topo``: the plan's `Topology` (``topo.ep`` EP ranks, the size of
     ``ep_group``; None: a single EP rank, this process)."""
 
-    def __init__(self, logical_router: torch.nn.Module, placement: Placement, layer: int, topo: Topology,
-                 ep_group: Optional[Any] = None) -> None:
+    def __init__(
+        self,
+        logical_router: torch.nn.Module,
+        placement: Placement,
+        layer: int,
+        topo: Topology,
+        ep_group: Optional[Any] = None,
+    ) -> None:
         super().__init__()
         instance_of(placement, Placement, "placement")
         instance_of(topo, Topology, "topo")
@@ -56,7 +62,9 @@ class PlanRouter(torch.nn.Module):
         except AttributeError:
             return getattr(super().__getattr__("logical"), name)
 
-    def forward(self, input: torch.Tensor, padding_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, input: torch.Tensor, padding_mask: Optional[torch.Tensor] = None
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         if padding_mask is None:
             probs, routing_map = self.logical(input)
         else:

@@ -12,8 +12,9 @@ from routepack.errors import RoutepackError
 from routepack.integrations._common import as_numpy
 
 
-def slot_topk(topk_ids: Any, origin: Any, phy2log_row: Any, topo: Any, ep_rank: int,
-              cell_rows: Optional[np.ndarray] = None) -> np.ndarray:
+def slot_topk(
+    topk_ids: Any, origin: Any, phy2log_row: Any, topo: Any, ep_rank: int, cell_rows: Optional[np.ndarray] = None
+) -> np.ndarray:
     """Physical slot ids of this EP rank's replayed logical top-k, one MoE layer.
 
     Args:

@@ -96,14 +96,14 @@ def moe_routers(model: Any) -> List[Router]:
     found = [Router(n, m, f) for n, m in model.named_modules() for f in [family_of(m)] if f is not None]
     if not found:
         names = ", ".join(f"{f.name} ({f.router})" for f in FAMILIES)
-        raise RoutepackError(f"model: {type(model).__name__} has no MoE router routepack supports "
-                             f"(supported: {names})")
+        raise RoutepackError(f"model: {type(model).__name__} has no MoE router routepack supports (supported: {names})")
     first = found[0]
     for r in found[1:]:
         if (r.module.num_experts, r.module.top_k) != (first.module.num_experts, first.module.top_k):
             raise RoutepackError(
                 f"model: router {r.name} has E={r.module.num_experts}, k={r.module.top_k} but {first.name} has "
-                f"E={first.module.num_experts}, k={first.module.top_k}")
+                f"E={first.module.num_experts}, k={first.module.top_k}"
+            )
     return found
 
 
@@ -114,20 +114,31 @@ def model_shape(model: Any) -> ModelShape:
     MoE layer's attention is counted as "full" (these families have no linear attention)."""
     routers = moe_routers(model)
     fam, router, config = routers[0].family, routers[0].module, model.config
-    return ModelShape(num_layers=len(routers), num_experts=int(router.num_experts), top_k=int(router.top_k),
-                      hidden=int(config.hidden_size), expert_ffn=int(getattr(config, fam.expert_ffn)),
-                      attention=("full",) * len(routers), shared_experts=fam.shared(config),
-                      expert_groups=fam.groups(config))
+    return ModelShape(
+        num_layers=len(routers),
+        num_experts=int(router.num_experts),
+        top_k=int(router.top_k),
+        hidden=int(config.hidden_size),
+        expert_ffn=int(getattr(config, fam.expert_ffn)),
+        attention=("full",) * len(routers),
+        shared_experts=fam.shared(config),
+        expert_groups=fam.groups(config),
+    )
 
 
 def _router_output(r: Router, output: Any) -> Tuple[Any, Any, Any]:
     """(logits [N, E], weights [N, k], ids [N, k]) of one router call; raises if the
     router's ``forward`` does not return that (a transformers release that changed it)."""
-    if not (isinstance(output, tuple) and len(output) == 3 and all(isinstance(t, torch.Tensor) for t in output)
-            and output[2].dim() == 2):
+    if not (
+        isinstance(output, tuple)
+        and len(output) == 3
+        and all(isinstance(t, torch.Tensor) for t in output)
+        and output[2].dim() == 2
+    ):
         raise RoutepackError(
             f"model: router {r.name} ({r.family.router}) did not return (router_logits, weights, ids) "
-            f"under transformers {transformers.__version__}; routepack supports this family from 5.17")
+            f"under transformers {transformers.__version__}; routepack supports this family from 5.17"
+        )
     return output[0], output[1], output[2]
 
 
@@ -179,6 +190,7 @@ class RoutingRecorder:
     def _hook(r: Router, calls: List[Any]) -> Any:
         def hook(module: Any, args: Any, output: Any) -> None:
             calls.append(_router_output(r, output)[2].detach())
+
         return hook
 
     def routed(self, attention_mask: Any) -> Routed:
@@ -188,11 +200,14 @@ class RoutingRecorder:
         n = keep.size
         for r, calls in zip(self.routers, self._calls):
             if len(calls) != 1:
-                raise RoutepackError(f"model: router {r.name} ran {len(calls)} times while recording; "
-                                     "record exactly one forward pass")
+                raise RoutepackError(
+                    f"model: router {r.name} ran {len(calls)} times while recording; record exactly one forward pass"
+                )
             if calls[0].shape[0] != n:
-                raise RoutepackError(f"attention_mask: is {keep.shape[0]}x{keep.shape[1]} = {n} tokens but router "
-                                     f"{r.name} routed {calls[0].shape[0]}")
+                raise RoutepackError(
+                    f"attention_mask: is {keep.shape[0]}x{keep.shape[1]} = {n} tokens but router "
+                    f"{r.name} routed {calls[0].shape[0]}"
+                )
         ids = torch.stack([c[0] for c in self._calls], dim=1)  # [N, L, k], rows b*S + s
         e = int(self.routers[0].module.num_experts)
         real = torch.from_numpy(np.flatnonzero(keep.reshape(-1))).to(ids.device)
@@ -204,9 +219,9 @@ class RoutingRecorder:
 def record_routing(model: Any) -> RoutingRecorder:
     """Records the routing of one forward pass you run yourself::
 
-        with record_routing(model) as rec:
-            out = model(input_ids=ids, attention_mask=mask)
-        routed, cu_seqlens, num_experts = rec.routed(mask)
+    with record_routing(model) as rec:
+        out = model(input_ids=ids, attention_mask=mask)
+    routed, cu_seqlens, num_experts = rec.routed(mask)
     """
     return RoutingRecorder(model)
 
@@ -220,8 +235,9 @@ def _input_mask(input_ids: Any, attention_mask: Any) -> Any:
     if not isinstance(attention_mask, torch.Tensor):
         attention_mask = torch.as_tensor(np.asarray(attention_mask), device=input_ids.device)
     if attention_mask.shape != input_ids.shape:
-        raise RoutepackError(f"attention_mask: shape {tuple(attention_mask.shape)} differs from input_ids' "
-                             f"{tuple(input_ids.shape)}")
+        raise RoutepackError(
+            f"attention_mask: shape {tuple(attention_mask.shape)} differs from input_ids' {tuple(input_ids.shape)}"
+        )
     return attention_mask
 
 
@@ -287,7 +303,9 @@ class replay_routing:  # noqa: N801 - a context manager used like a function
         try:
             arr = np.asarray(routed)
         except ValueError as err:  # ragged nesting
-            raise RoutepackTypeError(f"routed: expected a [T, L, k] integer array, got {type(routed).__name__}") from err
+            raise RoutepackTypeError(
+                f"routed: expected a [T, L, k] integer array, got {type(routed).__name__}"
+            ) from err
         if arr.dtype.kind not in "iu":
             raise RoutepackTypeError(f"routed: expected integer expert ids, got dtype {arr.dtype}")
         layers = len(self.routers)
@@ -314,8 +332,10 @@ class replay_routing:  # noqa: N801 - a context manager used like a function
             if cu.ndim != 1 or cu.size < 2 or cu[0] != 0 or cu[-1] != t or np.any(np.diff(cu) < 1):
                 raise RoutepackError(f"cu_seqlens: expected strictly increasing [S+1] from 0 to T={t}, got {cu[:8]}")
             if lens is not None and (cu.size - 1 != lens.size or np.any(np.diff(cu) != lens)):
-                raise RoutepackError(f"cu_seqlens: sample lengths {np.diff(cu)[:8]} differ from attention_mask's "
-                                     f"real tokens per row {lens[:8]}")
+                raise RoutepackError(
+                    f"cu_seqlens: sample lengths {np.diff(cu)[:8]} differ from attention_mask's "
+                    f"real tokens per row {lens[:8]}"
+                )
         self._on: Dict[Any, Tuple[torch.Tensor, Optional[torch.Tensor]]] = {}
         self._handles: List[Any] = []
 
@@ -330,16 +350,22 @@ class replay_routing:  # noqa: N801 - a context manager used like a function
             logits, live_w, live_ids = _router_output(r, output)
             with torch.no_grad():
                 own = r.family.weights(module, logits, live_ids)
-            same = own.dtype == live_w.dtype and own.shape == live_w.shape and bool(
-                ((own == live_w) | (own.isnan() & live_w.isnan())).all())
+            same = (
+                own.dtype == live_w.dtype
+                and own.shape == live_w.shape
+                and bool(((own == live_w) | (own.isnan() & live_w.isnan())).all())
+            )
             if not same:
                 raise RoutepackError(
                     f"model: router {r.name} ({r.family.router}) computes its weights differently from "
                     f"routepack's {r.family.name} formula under transformers {transformers.__version__}; "
-                    "replay would train a different function")
+                    "replay would train a different function"
+                )
             if live_ids.shape[0] != self._tokens:
-                raise RoutepackError(f"model: router {r.name} sees {live_ids.shape[0]} tokens, the replay expects "
-                                     f"{self._tokens} (the attention_mask / routed it was given)")
+                raise RoutepackError(
+                    f"model: router {r.name} sees {live_ids.shape[0]} tokens, the replay expects "
+                    f"{self._tokens} (the attention_mask / routed it was given)"
+                )
             all_ids, pos = self._on_device(live_ids.device)
             if pos is None:
                 ids = all_ids[layer]
@@ -347,6 +373,7 @@ class replay_routing:  # noqa: N801 - a context manager used like a function
                 ids = live_ids.clone()
                 ids[pos] = all_ids[layer]
             return logits, r.family.weights(module, logits, ids), ids
+
         return hook
 
     def __enter__(self) -> "replay_routing":
@@ -363,5 +390,17 @@ class replay_routing:  # noqa: N801 - a context manager used like a function
 # expert-parallel training under a plan (its own module: `routepack.integrations.hf_shard`)
 from routepack.integrations.hf_shard import EPExperts, ShardedMoE, shard  # noqa: E402
 
-__all__ = ["EPExperts", "Routed", "Router", "RoutingRecorder", "ShardedMoE", "capture", "capture_routed", "model_shape",
-           "moe_routers", "record_routing", "replay_routing", "shard"]
+__all__ = [
+    "EPExperts",
+    "Routed",
+    "Router",
+    "RoutingRecorder",
+    "ShardedMoE",
+    "capture",
+    "capture_routed",
+    "model_shape",
+    "moe_routers",
+    "record_routing",
+    "replay_routing",
+    "shard",
+]

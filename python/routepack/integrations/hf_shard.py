@@ -80,25 +80,42 @@ def _check_experts(name: str, experts: Any, router: Any, fam: Any) -> None:
     cls = type(experts)
     where = f"model: {name} ({cls.__module__}.{cls.__qualname__})"
     if cls.__module__ != fam.module or not cls.__qualname__.endswith("Experts"):
-        raise RoutepackError(f"{where}: expected the {fam.name} experts class of {fam.module} (a subclass or "
-                             "another module may compute something else)")
+        raise RoutepackError(
+            f"{where}: expected the {fam.name} experts class of {fam.module} (a subclass or "
+            "another module may compute something else)"
+        )
     gu, dn = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
     e = int(router.num_experts)
-    if not (isinstance(gu, torch.nn.Parameter) and isinstance(dn, torch.nn.Parameter) and gu.dim() == 3
-            and dn.dim() == 3 and gu.shape[0] == e and gu.shape[1] % 2 == 0
-            and tuple(dn.shape) == (e, gu.shape[2], gu.shape[1] // 2)):
+    if not (
+        isinstance(gu, torch.nn.Parameter)
+        and isinstance(dn, torch.nn.Parameter)
+        and gu.dim() == 3
+        and dn.dim() == 3
+        and gu.shape[0] == e
+        and gu.shape[1] % 2 == 0
+        and tuple(dn.shape) == (e, gu.shape[2], gu.shape[1] // 2)
+    ):
         got = [tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in (gu, dn)]
-        raise RoutepackError(f"{where}: expected gate_up_proj [E={e}, 2I, H] and down_proj [E, H, I] parameters, "
-                             f"got {got[0]} and {got[1]}")
-    if (getattr(experts, "is_transposed", False) or not getattr(experts, "is_concatenated", True)
-            or not getattr(experts, "has_gate", True) or getattr(experts, "has_bias", False)
-            or getattr(experts, "has_post_expert_norm", False)
-            or any(getattr(experts, b, None) is not None for b in ("gate_up_proj_bias", "down_proj_bias"))):
-        raise RoutepackError(f"{where}: transposed, interleaved, biased or post-normed expert weights are not "
-                             "supported by shard")
+        raise RoutepackError(
+            f"{where}: expected gate_up_proj [E={e}, 2I, H] and down_proj [E, H, I] parameters, "
+            f"got {got[0]} and {got[1]}"
+        )
+    if (
+        getattr(experts, "is_transposed", False)
+        or not getattr(experts, "is_concatenated", True)
+        or not getattr(experts, "has_gate", True)
+        or getattr(experts, "has_bias", False)
+        or getattr(experts, "has_post_expert_norm", False)
+        or any(getattr(experts, b, None) is not None for b in ("gate_up_proj_bias", "down_proj_bias"))
+    ):
+        raise RoutepackError(
+            f"{where}: transposed, interleaved, biased or post-normed expert weights are not supported by shard"
+        )
     if not _is_silu(getattr(experts, "act_fn", None)):
-        raise RoutepackError(f"{where}: act_fn {type(getattr(experts, 'act_fn', None)).__name__} is not SiLU "
-                             "(routepack's experts are SwiGLU)")
+        raise RoutepackError(
+            f"{where}: act_fn {type(getattr(experts, 'act_fn', None)).__name__} is not SiLU "
+            "(routepack's experts are SwiGLU)"
+        )
     if not gu.dtype.is_floating_point or dn.dtype != gu.dtype:
         raise RoutepackError(f"{where}: gate_up_proj {gu.dtype} / down_proj {dn.dtype}: expected one floating dtype")
 
@@ -117,27 +134,35 @@ def moe_blocks(model: Any) -> List[MoEBlock]:
         parent = name.rpartition(".")[0]
         block = model.get_submodule(parent) if parent else model
         if fam.name not in SHARDABLE:
-            raise RoutepackError(f"model: {parent} ({type(block).__name__}): {fam.name} experts (transposed, with "
-                                 "biases and a clamped activation) are not supported by shard; supported: "
-                                 f"{', '.join(SHARDABLE)}")
+            raise RoutepackError(
+                f"model: {parent} ({type(block).__name__}): {fam.name} experts (transposed, with "
+                "biases and a clamped activation) are not supported by shard; supported: "
+                f"{', '.join(SHARDABLE)}"
+            )
         if getattr(block, "gate", None) is not mod or not hasattr(block, "experts"):
-            raise RoutepackError(f"model: router {name} is not the 'gate' of a block with an 'experts' module "
-                                 f"({type(block).__name__}); shard cannot find its experts")
+            raise RoutepackError(
+                f"model: router {name} is not the 'gate' of a block with an 'experts' module "
+                f"({type(block).__name__}); shard cannot find its experts"
+            )
         if isinstance(block.experts, EPExperts):
             raise RoutepackError(f"model: {parent}.experts is already sharded")
         _check_experts(f"{parent}.experts", block.experts, mod, fam)
         if float(getattr(block, "jitter_noise", 0.0) or 0.0) > 0.0:
-            raise RoutepackError(f"model: {parent} has router_jitter_noise={block.jitter_noise}: every rank would "
-                                 "scale its hidden states by its own noise; set it to 0 to shard")
+            raise RoutepackError(
+                f"model: {parent} has router_jitter_noise={block.jitter_noise}: every rank would "
+                "scale its hidden states by its own noise; set it to 0 to shard"
+            )
         out.append(MoEBlock(f"{parent}.experts", block, mod, block.experts, fam.name))
     if not out:
-        raise RoutepackError(f"model: {type(model).__name__} has no MoE block routepack can shard "
-                             f"(supported: {', '.join(SHARDABLE)})")
+        raise RoutepackError(
+            f"model: {type(model).__name__} has no MoE block routepack can shard (supported: {', '.join(SHARDABLE)})"
+        )
     e, k = out[0].router.num_experts, out[0].router.top_k
     for b in out[1:]:
         if (b.router.num_experts, b.router.top_k) != (e, k):
-            raise RoutepackError(f"model: {b.name} has E={b.router.num_experts}, k={b.router.top_k}; "
-                                 f"{out[0].name} has E={e}, k={k}")
+            raise RoutepackError(
+                f"model: {b.name} has E={b.router.num_experts}, k={b.router.top_k}; {out[0].name} has E={e}, k={k}"
+            )
     return out
 
 
@@ -154,8 +179,9 @@ class EPExperts(torch.nn.Module):
         self.ep = ep
         self._owner = [owner]  # in a list: not a submodule, and no reference cycle through _modules
 
-    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                top_k_weights: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
         owner = self._owner[0]
         keep = owner._keep
         x, ids, w = hidden_states, top_k_index, top_k_weights
@@ -166,8 +192,10 @@ class EPExperts(torch.nn.Module):
                 try:
                     self.ep(x, ids[:0], w)
                 except RoutepackError as e:
-                    raise RoutepackError(f"tokens: the mask given to start_micro has {owner._mask_size} entries but "
-                                         f"MoE layer {self.ep.layer} sees {hidden_states.shape[0]} tokens") from e
+                    raise RoutepackError(
+                        f"tokens: the mask given to start_micro has {owner._mask_size} entries but "
+                        f"MoE layer {self.ep.layer} sees {hidden_states.shape[0]} tokens"
+                    ) from e
             keep = keep.to(hidden_states.device)
             x, ids, w = x.index_select(0, keep), ids.index_select(0, keep), w.index_select(0, keep)
         if owner.recording:
@@ -193,8 +221,16 @@ class ShardedMoE:
     per MoE layer); ``runner`` (`routepack.torch.PlanRunner`); ``topo``; ``group``;
     ``recording`` (when True, every forward's dispatched ids are kept for `take_routed`)."""
 
-    def __init__(self, model: Any, blocks: List[MoEBlock], layers: List[EPMoE], runner: PlanRunner,
-                 topo: Topology, group: Any, dense_group: Any) -> None:
+    def __init__(
+        self,
+        model: Any,
+        blocks: List[MoEBlock],
+        layers: List[EPMoE],
+        runner: PlanRunner,
+        topo: Topology,
+        group: Any,
+        dense_group: Any,
+    ) -> None:
         self.model, self.blocks, self.layers, self.runner = model, blocks, layers, runner
         self.topo, self.group, self.dense_group = topo, group, dense_group
         self.recording = False
@@ -213,9 +249,14 @@ class ShardedMoE:
         return [p for p in self.model.parameters() if id(p) not in ids]
 
     # --------------------------------------------------------------- windows
-    def begin_window(self, plan: Plan, window: Any, optimizer: Optional[torch.optim.Optimizer] = None,
-                     token_cap: Optional[int] = None,
-                     extra_state: Optional[dict] = None) -> Optional[MigrationReport]:
+    def begin_window(
+        self,
+        plan: Plan,
+        window: Any,
+        optimizer: Optional[torch.optim.Optimizer] = None,
+        token_cap: Optional[int] = None,
+        extra_state: Optional[dict] = None,
+    ) -> Optional[MigrationReport]:
         """Applies the next window's ``plan`` (collective over the EP group): checks it
         against ``window`` and this job on every rank, migrates the experts it moves with
         ``optimizer``'s state for them (and ``extra_state[layer]`` tensors, leading dimension
@@ -256,7 +297,7 @@ class ShardedMoE:
                 off = 0
                 for p, g in zip(params, grads):
                     n = g.numel()
-                    p.grad = flat[off:off + n].view_as(g).to(g.dtype)
+                    p.grad = flat[off : off + n].view_as(g).to(g.dtype)
                     off += n
         self._keep = None
 
@@ -265,8 +306,11 @@ class ShardedMoE:
         """int64 ``[T, L, k]``: the ids every MoE layer dispatched since the last call (while
         ``recording``), forward passes concatenated in order; clears the record."""
         if not any(self._seen) or any(len(s) != len(self._seen[0]) for s in self._seen):
-            raise RoutepackError("take_routed: nothing recorded (set recording = True before the forward passes)"
-                                 if not any(self._seen) else "take_routed: MoE layers ran unequal times")
+            raise RoutepackError(
+                "take_routed: nothing recorded (set recording = True before the forward passes)"
+                if not any(self._seen)
+                else "take_routed: MoE layers ran unequal times"
+            )
         per_layer = [torch.cat(s) for s in self._seen]
         self._seen = [[] for _ in self.layers]
         return torch.stack(per_layer, dim=1).numpy().astype(np.int64)
@@ -298,14 +342,24 @@ def _same_model_everywhere(model: Any, group: Any, device: Any) -> None:
         h = (h * 1000003 + checksum(p.detach().contiguous().reshape(-1).view(torch.uint8))) & ((1 << 63) - 1)
     got = gather_ints([h], group, device)
     if np.unique(got[:, 0]).size != 1:
-        raise RoutepackError("model: the ranks of the group hold different weights (load the same checkpoint or "
-                             "seed on every rank before shard)")
+        raise RoutepackError(
+            "model: the ranks of the group hold different weights (load the same checkpoint or "
+            "seed on every rank before shard)"
+        )
 
 
-def shard(model: Any, plan: Any, group: Optional[Any] = None, *, topo: Topology,
-          dense_group: Optional[Any] = None, edp_group: Optional[Any] = None, dp_rank: Optional[int] = None,
-          check_same: bool = True,
-          timeout: datetime.timedelta = datetime.timedelta(seconds=120)) -> ShardedMoE:
+def shard(
+    model: Any,
+    plan: Any,
+    group: Optional[Any] = None,
+    *,
+    topo: Topology,
+    dense_group: Optional[Any] = None,
+    edp_group: Optional[Any] = None,
+    dp_rank: Optional[int] = None,
+    check_same: bool = True,
+    timeout: datetime.timedelta = datetime.timedelta(seconds=120),
+) -> ShardedMoE:
     """Makes ``model``'s MoE blocks run expert-parallel on this rank (collective over ``group``).
 
     Args:
@@ -332,19 +386,32 @@ def shard(model: Any, plan: Any, group: Optional[Any] = None, *, topo: Topology,
     blocks = moe_blocks(model)
     e = int(blocks[0].router.num_experts)
     if placement.num_layers != len(blocks) or placement.num_experts != e:
-        raise RoutepackError(f"plan: placement has L={placement.num_layers}, E={placement.num_experts}; the model "
-                             f"has {len(blocks)} MoE layers of E={e}")
+        raise RoutepackError(
+            f"plan: placement has L={placement.num_layers}, E={placement.num_experts}; the model "
+            f"has {len(blocks)} MoE layers of E={e}"
+        )
     if placement.slots_per_rank != topo.slots_per_rank or placement.num_slots != topo.num_slots:
-        raise RoutepackError(f"plan: placement has {placement.num_slots} slots ({placement.slots_per_rank} per rank), "
-                             f"topo {topo.num_slots} ({topo.slots_per_rank} per rank)")
+        raise RoutepackError(
+            f"plan: placement has {placement.num_slots} slots ({placement.slots_per_rank} per rank), "
+            f"topo {topo.num_slots} ({topo.slots_per_rank} per rank)"
+        )
     device = blocks[0].experts.gate_up_proj.device
     if check_same:
         _same_model_everywhere(model, group, device)
     layers: List[EPMoE] = []
     for l, b in enumerate(blocks):
         gu, dn = b.experts.gate_up_proj, b.experts.down_proj
-        mod = EPMoE(l, e, int(gu.shape[2]), int(gu.shape[1]) // 2, topo, placement.phy2log[l], group,
-                    dtype=gu.dtype, device=device)
+        mod = EPMoE(
+            l,
+            e,
+            int(gu.shape[2]),
+            int(gu.shape[1]) // 2,
+            topo,
+            placement.phy2log[l],
+            group,
+            dtype=gu.dtype,
+            device=device,
+        )
         # routepack's layout: x @ w1 with w1 [H, 2I], i.e. transformers' F.linear(x, gate_up) transposed
         mod.load_logical(gu.detach().transpose(1, 2), dn.detach().transpose(1, 2))
         layers.append(mod)

@@ -90,5 +90,11 @@ def plan_router(logical_router: Any, placement: Any, layer: int, topo: Any, ep_g
     return PlanRouter(logical_router, _placement(placement), layer, topo, ep_group)
 
 
-__all__ = ["checkpoint_to_logical", "local_experts", "logical_to_checkpoint", "num_moe_experts", "plan_router",
-           "slot_topk"]
+__all__ = [
+    "checkpoint_to_logical",
+    "local_experts",
+    "logical_to_checkpoint",
+    "num_moe_experts",
+    "plan_router",
+    "slot_topk",
+]

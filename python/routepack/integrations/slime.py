@@ -49,8 +49,9 @@ def slime_pad_row(num_layers: int, top_k: int, num_experts: int, dtype: Any = np
     return (np.arange(num_layers * top_k, dtype=np.int64).reshape(1, num_layers, top_k) % num_experts).astype(dtype)
 
 
-def window_from_slime(rollout_routed_experts: Any, num_experts: int, total_lengths: Any = None,
-                      last_token: str = "pad") -> Window:
+def window_from_slime(
+    rollout_routed_experts: Any, num_experts: int, total_lengths: Any = None, last_token: str = "pad"
+) -> Window:
     """A `Window` from slime's ``rollout_routed_experts``.
 
     Args:
@@ -76,8 +77,10 @@ def window_from_slime(rollout_routed_experts: Any, num_experts: int, total_lengt
     items = sequence(rollout_routed_experts, "rollout_routed_experts", "[T_i, L, k] arrays")
     if not items:
         raise RoutepackError("rollout_routed_experts: expected at least one sample, got none")
-    arrays = [check_ids(as_numpy(a, f"rollout_routed_experts[{i}]"), f"rollout_routed_experts[{i}]", 3)
-              for i, a in enumerate(items)]
+    arrays = [
+        check_ids(as_numpy(a, f"rollout_routed_experts[{i}]"), f"rollout_routed_experts[{i}]", 3)
+        for i, a in enumerate(items)
+    ]
     check_same_layout(arrays, "rollout_routed_experts")
     first = arrays[0]
     layers, k = int(first.shape[1]), int(first.shape[2])
@@ -115,14 +118,16 @@ def _count(arrays: List[np.ndarray], counted: np.ndarray, lens: np.ndarray, num_
     shape = (len(arrays), arrays[0].shape[1], num_experts)
     expert_tokens = np.zeros(shape, dtype=np.uint8)
     if some.size:
-        flat = np.ascontiguousarray(np.concatenate([arrays[i][:counted[i]] for i in some]))
+        flat = np.ascontiguousarray(np.concatenate([arrays[i][: counted[i]] for i in some]))
         cu = np.concatenate([[0], np.cumsum(counted[some])]).astype(np.int64)
         try:
             sub = Window.from_routed_experts(flat, cu, num_experts).counts
         except RoutepackError as e:
+
             def locate(t: int, s: int) -> Tuple[str, str]:
                 i = int(some[s])
                 return f"rollout_routed_experts[{i}]", f"token {t - int(cu[s])} (sample {i})"
+
             raise renamed(e, "rollout_routed_experts", locate) from None
         # the counted samples' narrow dtype holds the whole window's (the rest count nothing)
         expert_tokens = np.zeros(shape, dtype=sub.dtype)
@@ -148,13 +153,21 @@ def step_samples(rollout_indices: Any, global_batch_size: int) -> List[List[int]
         raise RoutepackError(
             f"global_batch_size: {global_batch_size} rollouts per step, but rollout_indices holds {len(rollouts)}"
         )
-    return [[pos for rid in rollouts[s * global_batch_size:(s + 1) * global_batch_size] for pos in groups[rid]]
-            for s in range(steps)]
+    return [
+        [pos for rid in rollouts[s * global_batch_size : (s + 1) * global_batch_size] for pos in groups[rid]]
+        for s in range(steps)
+    ]
 
 
-def build_dp_schedule(args: Any, train_parallel_config: Dict[str, int], total_lengths: Sequence[int], *,
-                      global_batch_size: int, rollout_indices: Sequence[Any], plans: Any
-                      ) -> Tuple[List[List[int]], List[List[List[int]]], List[int], List[int]]:
+def build_dp_schedule(
+    args: Any,
+    train_parallel_config: Dict[str, int],
+    total_lengths: Sequence[int],
+    *,
+    global_batch_size: int,
+    rollout_indices: Sequence[Any],
+    plans: Any,
+) -> Tuple[List[List[int]], List[List[List[int]]], List[int], List[int]]:
     """In place of slime's ``build_dp_schedule`` (same arguments, plus ``plans``): the same
     4-tuple, decided by the plans.
 

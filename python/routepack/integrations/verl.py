@@ -36,8 +36,7 @@ from routepack import _core
 from routepack._checks import instance_of, positive_int
 from routepack._routed import check_ids, native_order, renamed
 from routepack.errors import InfeasibleError, RoutepackError, RoutepackTypeError
-from routepack.integrations._common import (as_numpy, local_micro_indices, num_ranks, plans_list, rank_order,
-                                            require)
+from routepack.integrations._common import as_numpy, local_micro_indices, num_ranks, plans_list, rank_order, require
 from routepack.integrations._equal_counts import equal_count_plan
 from routepack.plan import Plan
 from routepack.window import Window
@@ -46,8 +45,15 @@ from routepack.window import Window
 MODES = ("R3", "R2")
 
 
-def window_from_verl(batch: Any = None, *, num_experts: int, routed_experts: Any = None, attention_mask: Any = None,
-                     response_mask: Any = None, mode: str = "R3") -> Window:
+def window_from_verl(
+    batch: Any = None,
+    *,
+    num_experts: int,
+    routed_experts: Any = None,
+    attention_mask: Any = None,
+    response_mask: Any = None,
+    mode: str = "R3",
+) -> Window:
     """A `Window` from verl's routing replay.
 
     Args:
@@ -143,9 +149,11 @@ def _window(routed: np.ndarray, counted: np.ndarray, lens: np.ndarray, num_exper
         try:
             _, sub = _core.expert_tokens_from_routed(flat, cu, num_experts)
         except RoutepackError as e:
+
             def locate(t: int, s: int) -> Tuple[str, str]:
                 b, pos = int(b_idx[t]), int(t_idx[t])
                 return f"routed_experts[{b}, {pos}]", f"position {pos} (sample {b})"
+
             raise renamed(e, "routed_experts", locate) from None
         # the counted samples' narrow dtype holds the whole window's (the rest count nothing)
         counts = np.zeros(shape, dtype=sub.dtype)
@@ -226,7 +234,7 @@ def balance_stats(seqlen_list: Any, partitions: List[List[int]], prefix: str = "
     the partitions) and ``/mean``."""
     lens = [int(x) for x in as_numpy(seqlen_list, "seqlen_list").reshape(-1)]
     size = len(lens) // len(partitions)
-    sums = [sum(lens[o:o + size]) for o in range(0, len(lens), size)]
+    sums = [sum(lens[o : o + size]) for o in range(0, len(lens), size)]
     balanced = [sum(lens[i] for i in p) for p in partitions]
     return {
         f"{prefix}/min": min(sums),
@@ -238,8 +246,9 @@ def balance_stats(seqlen_list: Any, partitions: List[List[int]], prefix: str = "
     }
 
 
-def balance_batch(batch: Any, plans: Any, metrics: Optional[Dict[str, Any]] = None,
-                  logging_prefix: str = "global_seqlen") -> None:
+def balance_batch(
+    batch: Any, plans: Any, metrics: Optional[Dict[str, Any]] = None, logging_prefix: str = "global_seqlen"
+) -> None:
     """In place of ``self._balance_batch(batch, metrics=metrics)``: reorders the verl
     ``DataProto`` ``batch`` (in place, with ``batch.reorder``) so that its ``dp`` equal
     chunks are the plans' DP ranks (`balance_partitions`), and adds verl's balance metrics to
@@ -266,7 +275,9 @@ def micro_batch_indices(plan: Any, dp_rank: int) -> List[List[int]]:
     return local_micro_indices(plan, dp_rank)
 
 
-def rearrange_micro_batches(batch: Any, max_token_len: int, plan: Any, dp_rank: int) -> Tuple[List[Any], List[List[int]]]:
+def rearrange_micro_batches(
+    batch: Any, max_token_len: int, plan: Any, dp_rank: int
+) -> Tuple[List[Any], List[List[int]]]:
     """In place of ``rearrange_micro_batches(batch, max_token_len, ...)`` on DP rank
     ``dp_rank``: ``(micro_batches, micro_bsz_idx)`` as verl returns them, a list of
     ``TensorDict`` (``tu.index_select_tensor_dict(batch, idx)``) and their index lists
@@ -309,5 +320,16 @@ def prepare_dynamic_batch(data: Any, max_token_len: int, plan: Any, dp_rank: int
     return out, idx
 
 
-__all__ = ["MODES", "balance_batch", "balance_order", "balance_partitions", "balance_stats", "equal_count_plan",
-           "micro_batch_indices", "plan_batch", "prepare_dynamic_batch", "rearrange_micro_batches", "window_from_verl"]
+__all__ = [
+    "MODES",
+    "balance_batch",
+    "balance_order",
+    "balance_partitions",
+    "balance_stats",
+    "equal_count_plan",
+    "micro_batch_indices",
+    "plan_batch",
+    "prepare_dynamic_batch",
+    "rearrange_micro_batches",
+    "window_from_verl",
+]

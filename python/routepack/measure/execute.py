@@ -28,8 +28,10 @@ def _layers(work: Any, plan: Any, weights: Any, device: Any) -> List[Any]:
     from routepack.torch.moe import EPMoE
 
     topo = work.topology()
-    layers = [EPMoE(l, work.experts, work.hidden, work.ffn, topo, plan.placement.phy2log[l], device=device)
-              for l in range(work.layers)]
+    layers = [
+        EPMoE(l, work.experts, work.hidden, work.ffn, topo, plan.placement.phy2log[l], device=device)
+        for l in range(work.layers)
+    ]
     for l, mod in enumerate(layers):
         mod.load_logical(weights[0][l], weights[1][l])
     return layers
@@ -51,8 +53,18 @@ def _pin(rank: int, world: int) -> Any:
     return cores[rank]
 
 
-def run_plan(rank: int, world: int, device: Any, work: Any, plans: Dict[str, Any], window: Any,
-             routed: np.ndarray, cu: np.ndarray, warmup: int, repeats: int) -> Dict[str, Any]:
+def run_plan(
+    rank: int,
+    world: int,
+    device: Any,
+    work: Any,
+    plans: Dict[str, Any],
+    window: Any,
+    routed: np.ndarray,
+    cu: np.ndarray,
+    warmup: int,
+    repeats: int,
+) -> Dict[str, Any]:
     """``{"policies": …, "pinned": …}``. ``policies``: policy → {"micro_s": the median CPU seconds
     over the timed steps of each microbatch on this rank (forward + backward of every MoE
     layer, replica weights posted at its start), "wall_s": the median by the wall clock,
@@ -78,7 +90,7 @@ def run_plan(rank: int, world: int, device: Any, work: Any, plans: Dict[str, Any
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     g = torch.Generator().manual_seed(work.seed)
     L, E, H, I = work.layers, work.experts, work.hidden, work.ffn
-    weights = ((torch.randn(L, E, H, 2 * I, generator=g) / H ** 0.5), (torch.randn(L, E, I, H, generator=g) / I ** 0.5))
+    weights = ((torch.randn(L, E, H, 2 * I, generator=g) / H**0.5), (torch.randn(L, E, I, H, generator=g) / I**0.5))
     setups = {}
     for name, plan in plans.items():
         layers = _layers(work, plan, weights, device)
@@ -87,9 +99,14 @@ def run_plan(rank: int, world: int, device: Any, work: Any, plans: Dict[str, Any
         data = []
         for mb in rank_microbatches(plan, routed, rank, cu, dp=work.ranks):
             t = int(mb.routed.shape[0])
-            data.append((torch.randn(t, H, generator=gm).to(device), torch.randn(t, H, generator=gm).to(device),
-                         torch.softmax(torch.randn(t, L, work.top_k, generator=gm), dim=-1).to(device),
-                         mb.routed.long().to(device)))
+            data.append(
+                (
+                    torch.randn(t, H, generator=gm).to(device),
+                    torch.randn(t, H, generator=gm).to(device),
+                    torch.softmax(torch.randn(t, L, work.top_k, generator=gm), dim=-1).to(device),
+                    mb.routed.long().to(device),
+                )
+            )
         setups[name] = (plan, layers, runner, data)
 
     def step(name: str) -> Any:
@@ -128,7 +145,7 @@ def run_plan(rank: int, world: int, device: Any, work: Any, plans: Dict[str, Any
     # measured the kernels (`calibrate.timing.steady_heap`): no page faults on fresh gradients
     with steady_heap(device):
         for rep in range(warmup + repeats):
-            for name in (names if rep % 2 == 0 else names[::-1]):
+            for name in names if rep % 2 == 0 else names[::-1]:
                 res = step(name)
                 if rep >= warmup:
                     got[name].append(res)
@@ -139,8 +156,11 @@ def run_plan(rank: int, world: int, device: Any, work: Any, plans: Dict[str, Any
     out: Dict[str, Any] = {}
     for name, runs in got.items():
         wall = np.array([[w for _, w in times] for times, _ in runs])
-        out[name] = {"micro_s": np.median(cpu[name] / drift[:, None], axis=0).tolist(),
-                     "wall_s": np.median(wall, axis=0).tolist(),
-                     "finish_s": float(np.median(np.array([f for _, f in runs]) / drift)),
-                     "drift": drift.tolist(), "steps_s": cpu[name].tolist()}
+        out[name] = {
+            "micro_s": np.median(cpu[name] / drift[:, None], axis=0).tolist(),
+            "wall_s": np.median(wall, axis=0).tolist(),
+            "finish_s": float(np.median(np.array([f for _, f in runs]) / drift)),
+            "drift": drift.tolist(),
+            "steps_s": cpu[name].tolist(),
+        }
     return {"policies": out, "pinned": pinned}

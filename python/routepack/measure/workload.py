@@ -59,8 +59,15 @@ class Workload:
         return Topology(self.ranks, self.ranks, self.ranks, self.slots_per_rank)
 
     def model(self) -> ModelShape:
-        return ModelShape(self.layers, self.experts, self.top_k, self.hidden, self.ffn,
-                             attention=("linear",) * self.layers, shared_experts=0)
+        return ModelShape(
+            self.layers,
+            self.experts,
+            self.top_k,
+            self.hidden,
+            self.ffn,
+            attention=("linear",) * self.layers,
+            shared_experts=0,
+        )
 
     def window(self) -> Tuple[Window, np.ndarray, np.ndarray]:
         """(Window, routed int32 ``[T, L, k]`` distinct ids per token, cu_seqlens int64 ``[S+1]``)."""

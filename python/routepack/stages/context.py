@@ -111,10 +111,16 @@ def check_placement_fits(placement: Any, name: str, window: Any, topo: Any) -> P
     """``placement`` as a `Placement` for the window's layers and experts on ``topo``'s slots,
     else an error naming ``name``."""
     instance_of(placement, Placement, name)
-    if (placement.num_layers != window.num_layers or placement.num_experts != window.num_experts
-            or placement.num_slots != topo.num_slots or placement.slots_per_rank != topo.slots_per_rank):
-        raise RoutepackError(f"{name}: {placement!r} does not fit the window (L={window.num_layers}, "
-                             f"E={window.num_experts}) and topology {topo}")
+    if (
+        placement.num_layers != window.num_layers
+        or placement.num_experts != window.num_experts
+        or placement.num_slots != topo.num_slots
+        or placement.slots_per_rank != topo.slots_per_rank
+    ):
+        raise RoutepackError(
+            f"{name}: {placement!r} does not fit the window (L={window.num_layers}, "
+            f"E={window.num_experts}) and topology {topo}"
+        )
     return placement
 
 
@@ -127,12 +133,16 @@ def check_fills_cells(ctx: PlanContext) -> None:
     if int(w.seq_lens.max()) > cap:
         # the first cause of all: no row can hold this sample (the packings' own wording)
         s = int(np.flatnonzero(w.seq_lens > cap)[0])
-        raise InfeasibleError(f"sample {s} has {w.seq_lens[s]} tokens, more than token_cap = {cap}; "
-                              "raise the cap or split the sample")
+        raise InfeasibleError(
+            f"sample {s} has {w.seq_lens[s]} tokens, more than token_cap = {cap}; raise the cap or split the sample"
+        )
     micro = lower_bound_micro(w, ctx.topo, cap)
     if w.num_samples < micro * dp:
-        need = (f"the {micro} steps token_cap = {ctx.token_cap} needs for its {w.total_tokens} tokens"
-                if micro > 1 else "one step")
+        need = (
+            f"the {micro} steps token_cap = {ctx.token_cap} needs for its {w.total_tokens} tokens"
+            if micro > 1
+            else "one step"
+        )
         raise InfeasibleError(
             f"window: its {w.num_samples} samples cannot fill {need} on each of topo.dp = {dp} DP ranks "
             f"({micro * dp} cells, each running at least one sample)"

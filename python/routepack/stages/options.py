@@ -48,6 +48,7 @@ def optional(check: Check) -> Check:
 
 def weights(n: int) -> Check:
     """``n`` finite weights >= 0, not all 0, as a tuple of floats."""
+
     def check(v: Any, name: str) -> tuple:
         items = sequence(v, name, f"{n} weights")
         if len(items) != n:
@@ -56,6 +57,7 @@ def weights(n: int) -> Check:
         if not any(out):
             raise RoutepackError(f"{name}: weights must not all be 0, got {v!r}")
         return out
+
     return check
 
 
@@ -85,5 +87,15 @@ class NoOptions(StageOptions):
     """The options of a stage choice that takes none (the baselines)."""
 
 
-__all__ = ["DEFAULTS", "NoOptions", "StageOptions", "computed", "count", "flag", "number", "option",
-           "optional", "weights"]
+__all__ = [
+    "DEFAULTS",
+    "NoOptions",
+    "StageOptions",
+    "computed",
+    "count",
+    "flag",
+    "number",
+    "option",
+    "optional",
+    "weights",
+]

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Tuple
 
 from routepack import _core
-from routepack.stages.context import (PackingResult, PlanContext, check_fills_cells, check_placement_fits,
-                                      stage_context)
+from routepack.stages.context import PackingResult, PlanContext, check_fills_cells, check_placement_fits, stage_context
 from routepack.stages.options import DEFAULTS, NoOptions, StageOptions, count, number, option, weights
 
 #: Default search budget of routepack's layout where an EP group fits in one node, in proposed
@@ -100,10 +99,21 @@ def routepack_packing(ctx: PlanContext, options: RoutepackPackingOptions, placem
     o = options
     # None: the core's default for the topology (`DEFAULT_ANNEAL_MOVES[_ACROSS_NODES]`)
     rank, micro, m, report = _core.pack_routepack(
-        ctx.window.seq_lens, ctx.window.counts, ctx.topo, ctx.cost, placement.phy2log,
-        ctx.token_cap, seed=ctx.seed, anneal_moves=ctx.anneal_moves, time_budget_s=ctx.time_budget_s,
-        chains=o.anneal_chains, steps=o.anneal_steps, exact_nodes=o.packing_exact_nodes,
-        lambda_=o.anneal_lambda, start_accept=o.anneal_start_accept, cooling=o.anneal_cooling,
+        ctx.window.seq_lens,
+        ctx.window.counts,
+        ctx.topo,
+        ctx.cost,
+        placement.phy2log,
+        ctx.token_cap,
+        seed=ctx.seed,
+        anneal_moves=ctx.anneal_moves,
+        time_budget_s=ctx.time_budget_s,
+        chains=o.anneal_chains,
+        steps=o.anneal_steps,
+        exact_nodes=o.packing_exact_nodes,
+        lambda_=o.anneal_lambda,
+        start_accept=o.anneal_start_accept,
+        cooling=o.anneal_cooling,
         mix=o.anneal_mix,
     )
     report = dict(report)
@@ -113,5 +123,11 @@ def routepack_packing(ctx: PlanContext, options: RoutepackPackingOptions, placem
     return rank, micro, m, report
 
 
-__all__ = ["DEFAULT_ANNEAL_MOVES", "DEFAULT_ANNEAL_MOVES_ACROSS_NODES", "RoutepackPackingOptions", "kk_packing",
-           "routepack_packing", "sequential_packing"]
+__all__ = [
+    "DEFAULT_ANNEAL_MOVES",
+    "DEFAULT_ANNEAL_MOVES_ACROSS_NODES",
+    "RoutepackPackingOptions",
+    "kk_packing",
+    "routepack_packing",
+    "sequential_packing",
+]

@@ -81,8 +81,9 @@ class RoutepackPlacementOptions(StageOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.placement_explore is not None and self.placement_explore < self.placement_slack:
-            raise RoutepackError(f"placement_explore: must be in [slack={self.placement_slack}, 1], "
-                                 f"got {self.placement_explore}")
+            raise RoutepackError(
+                f"placement_explore: must be in [slack={self.placement_slack}, 1], got {self.placement_explore}"
+            )
 
     def explore(self) -> float:
         """``placement_explore``, or its default: the core's or the slack, whichever is larger."""
@@ -163,15 +164,31 @@ def routepack_placement(ctx: PlanContext, options: RoutepackPlacementOptions) ->
     if ctx.time_budget_s is not None:
         # the chunk demand above was part of the share
         budget = max(0.0, ctx.time_budget_s - (time.perf_counter() - start))
-    phy2log, report = _core.routepack_placement(loads, demand, ctx.topo, ctx.cost, previous, cells,
-                                                options.placement_slack, options.explore(),
-                                                options.placement_fluct_evals, options.placement_migration_aware,
-                                                time_budget_s=budget)
+    phy2log, report = _core.routepack_placement(
+        loads,
+        demand,
+        ctx.topo,
+        ctx.cost,
+        previous,
+        cells,
+        options.placement_slack,
+        options.explore(),
+        options.placement_fluct_evals,
+        options.placement_migration_aware,
+        time_budget_s=budget,
+    )
     report["chunks"] = chunks
     report["cells"] = cells
     ctx.reports["placement"] = report
     return Placement(phy2log, ctx.window.num_experts, ctx.topo.slots_per_rank)
 
 
-__all__ = ["EplbOptions", "RoutepackPlacementOptions", "eplb_hierarchical_placement", "eplb_placement",
-           "relibra_placement", "routepack_placement", "static_placement"]
+__all__ = [
+    "EplbOptions",
+    "RoutepackPlacementOptions",
+    "eplb_hierarchical_placement",
+    "eplb_placement",
+    "relibra_placement",
+    "routepack_placement",
+    "static_placement",
+]

@@ -23,12 +23,25 @@ from typing import Any, Callable, Dict, FrozenSet, Mapping, NamedTuple, Tuple, T
 from routepack.errors import RoutepackError, RoutepackTypeError
 from routepack.stages.options import NoOptions, StageOptions
 from routepack.stages.packing import RoutepackPackingOptions, kk_packing, routepack_packing, sequential_packing
-from routepack.stages.placement import (EplbOptions, RoutepackPlacementOptions, eplb_hierarchical_placement,
-                                        eplb_placement, relibra_placement, routepack_placement, static_placement)
+from routepack.stages.placement import (
+    EplbOptions,
+    RoutepackPlacementOptions,
+    eplb_hierarchical_placement,
+    eplb_placement,
+    relibra_placement,
+    routepack_placement,
+    static_placement,
+)
 from routepack.stages.policy import Policy
-from routepack.stages.replication import (HotNOptions, RelibraReplicationOptions, RoutepackReplicationOptions,
-                                          hot_n_replication, no_replication, relibra_replication,
-                                          routepack_replication)
+from routepack.stages.replication import (
+    HotNOptions,
+    RelibraReplicationOptions,
+    RoutepackReplicationOptions,
+    hot_n_replication,
+    no_replication,
+    relibra_replication,
+    routepack_replication,
+)
 
 
 class Stage(NamedTuple):
@@ -145,15 +158,19 @@ def stage_options(policy: Policy, options: Mapping[str, Any]) -> Tuple[StageOpti
             if cls not in built:
                 names = {f.name for f in fields(cls)}
                 built[cls] = cls(**{k: v for k, v in options.items() if k in names})
-    return (built[PLACEMENTS[policy.placement].options], built[PACKINGS[policy.packing].options],
-            built[REPLICATIONS[policy.replication].options])
+    return (
+        built[PLACEMENTS[policy.placement].options],
+        built[PACKINGS[policy.packing].options],
+        built[REPLICATIONS[policy.replication].options],
+    )
 
 
 def _options_mapping(options: Any) -> Mapping[str, Any]:
     """``options`` if it is a mapping with str keys, else an error naming ``options``."""
     if not isinstance(options, abc.Mapping):
-        raise RoutepackTypeError(f"options: expected a mapping of option names to values, got "
-                                 f"{type(options).__name__} {options!r:.80}")
+        raise RoutepackTypeError(
+            f"options: expected a mapping of option names to values, got {type(options).__name__} {options!r:.80}"
+        )
     bad = [k for k in options if not isinstance(k, str)]
     if bad:
         raise RoutepackTypeError(f"options: option names are str, got {bad[0]!r} ({type(bad[0]).__name__})")
@@ -168,8 +185,10 @@ def check_policy(policy: Any) -> Policy:
     for stage, table in STAGES.items():
         choice = getattr(policy, stage)
         if not isinstance(choice, str):
-            raise RoutepackTypeError(f"policy.{stage}: expected a str naming a {stage} choice, got "
-                                     f"{type(choice).__name__} {choice!r:.80}; known: {sorted(table)}")
+            raise RoutepackTypeError(
+                f"policy.{stage}: expected a str naming a {stage} choice, got "
+                f"{type(choice).__name__} {choice!r:.80}; known: {sorted(table)}"
+            )
         if choice not in table:
             raise RoutepackError(f"policy.{stage}: unknown choice {choice!r}; known: {sorted(table)}")
     if not isinstance(policy.loads, str) or policy.loads not in ("window", "previous"):
@@ -177,6 +196,19 @@ def check_policy(policy: Any) -> Policy:
     return policy
 
 
-__all__ = ["DEPRECATED_OPTIONS", "KNOWN_OPTIONS", "PACKINGS", "PLACEMENTS", "REPLICATIONS", "STAGES", "Stage",
-           "canonical_options", "check_policy", "known_options", "register_packing", "register_placement", "register_replication",
-           "stage_options"]
+__all__ = [
+    "DEPRECATED_OPTIONS",
+    "KNOWN_OPTIONS",
+    "PACKINGS",
+    "PLACEMENTS",
+    "REPLICATIONS",
+    "STAGES",
+    "Stage",
+    "canonical_options",
+    "check_policy",
+    "known_options",
+    "register_packing",
+    "register_placement",
+    "register_replication",
+    "stage_options",
+]

@@ -69,15 +69,22 @@ def replica_table(columns: tuple) -> np.ndarray:
     anything else raises naming the column (``columns[i]`` / its name)."""
     cols = sequence(columns, "columns", "7 replica columns")
     if len(cols) != len(REPLICA_DTYPE.names):
-        raise RoutepackError(f"columns: expected {len(REPLICA_DTYPE.names)} columns {REPLICA_DTYPE.names}, "
-                             f"got {len(cols)}")
-    checked = [as_int_array(c, f"columns[{i}] ({name})", 1, np.int32)
-               for i, (name, c) in enumerate(zip(REPLICA_DTYPE.names[:-1], cols))]
+        raise RoutepackError(
+            f"columns: expected {len(REPLICA_DTYPE.names)} columns {REPLICA_DTYPE.names}, got {len(cols)}"
+        )
+    checked = [
+        as_int_array(c, f"columns[{i}] ({name})", 1, np.int32)
+        for i, (name, c) in enumerate(zip(REPLICA_DTYPE.names[:-1], cols))
+    ]
     share = np.asarray(cols[-1])
-    if share.ndim != 1 or share.dtype == np.bool_ or not (np.issubdtype(share.dtype, np.floating)
-                                                          or np.issubdtype(share.dtype, np.integer)):
-        raise RoutepackError(f"columns[6] (share): expected a 1-D numeric array, got dtype {share.dtype} "
-                             f"shape {share.shape}")
+    if (
+        share.ndim != 1
+        or share.dtype == np.bool_
+        or not (np.issubdtype(share.dtype, np.floating) or np.issubdtype(share.dtype, np.integer))
+    ):
+        raise RoutepackError(
+            f"columns[6] (share): expected a 1-D numeric array, got dtype {share.dtype} shape {share.shape}"
+        )
     share32 = share.astype(np.float32)
     if not np.isfinite(share32).all():
         bad = int(np.flatnonzero(~np.isfinite(share32))[0])
@@ -112,8 +119,9 @@ def _block(block: Any) -> Block:
     return index, count
 
 
-def _common(ctx: Any, options: Any, options_class: type, placement: Any, sample_rank: Any, sample_micro: Any,
-            num_micro: Any) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, Any, Any]:
+def _common(
+    ctx: Any, options: Any, options_class: type, placement: Any, sample_rank: Any, sample_micro: Any, num_micro: Any
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, Any, Any]:
     """What every replication checks first (`stage_context`, the placement, the layout's
     arrays and count) → the core's leading arguments. Values in the layout are checked by
     the core against the window and topology, naming the sample."""
@@ -129,43 +137,87 @@ def _common(ctx: Any, options: Any, options_class: type, placement: Any, sample_
     return (w.seq_lens, w.counts, placement.phy2log, rank, micro, m, ctx.topo, ctx.cost)
 
 
-def no_replication(ctx: PlanContext, options: NoOptions, placement: Placement, sample_rank: np.ndarray,
-                   sample_micro: np.ndarray, num_micro: int) -> np.ndarray:
+def no_replication(
+    ctx: PlanContext,
+    options: NoOptions,
+    placement: Placement,
+    sample_rank: np.ndarray,
+    sample_micro: np.ndarray,
+    num_micro: int,
+) -> np.ndarray:
     """No copies."""
     _common(ctx, options, NoOptions, placement, sample_rank, sample_micro, num_micro)
     return empty_replicas()
 
 
-def hot_n_replication(ctx: PlanContext, options: HotNOptions, placement: Placement, sample_rank: np.ndarray,
-                      sample_micro: np.ndarray, num_micro: int, block: Block = None) -> np.ndarray:
+def hot_n_replication(
+    ctx: PlanContext,
+    options: HotNOptions,
+    placement: Placement,
+    sample_rank: np.ndarray,
+    sample_micro: np.ndarray,
+    num_micro: int,
+    block: Block = None,
+) -> np.ndarray:
     """MindSpeed's hot-expert broadcast (``block``: see `Block`)."""
-    cols = _core.replicate_hot_n(*_common(ctx, options, HotNOptions, placement, sample_rank, sample_micro, num_micro),
-                                 options.replication_hot_experts, block=_block(block))
+    cols = _core.replicate_hot_n(
+        *_common(ctx, options, HotNOptions, placement, sample_rank, sample_micro, num_micro),
+        options.replication_hot_experts,
+        block=_block(block),
+    )
     return replica_table(cols)
 
 
-def relibra_replication(ctx: PlanContext, options: RelibraReplicationOptions, placement: Placement,
-                        sample_rank: np.ndarray, sample_micro: np.ndarray, num_micro: int,
-                        block: Block = None) -> np.ndarray:
+def relibra_replication(
+    ctx: PlanContext,
+    options: RelibraReplicationOptions,
+    placement: Placement,
+    sample_rank: np.ndarray,
+    sample_micro: np.ndarray,
+    num_micro: int,
+    block: Block = None,
+) -> np.ndarray:
     """ReLibra's intra-node replication (``block``: see `Block`)."""
-    cols = _core.replicate_relibra(*_common(ctx, options, RelibraReplicationOptions, placement, sample_rank,
-                                            sample_micro, num_micro),
-                                   options.replication_slots, block=_block(block))
+    cols = _core.replicate_relibra(
+        *_common(ctx, options, RelibraReplicationOptions, placement, sample_rank, sample_micro, num_micro),
+        options.replication_slots,
+        block=_block(block),
+    )
     return replica_table(cols)
 
 
-def routepack_replication(ctx: PlanContext, options: RoutepackReplicationOptions, placement: Placement,
-                          sample_rank: np.ndarray, sample_micro: np.ndarray, num_micro: int,
-                          block: Block = None) -> np.ndarray:
+def routepack_replication(
+    ctx: PlanContext,
+    options: RoutepackReplicationOptions,
+    placement: Placement,
+    sample_rank: np.ndarray,
+    sample_micro: np.ndarray,
+    num_micro: int,
+    block: Block = None,
+) -> np.ndarray:
     """routepack's replication. Exchanges not begun when ``ctx.time_budget_s`` (seconds from
     the call, None: no cap) is spent get no replicas. ``block``: see `Block`."""
     args = _common(ctx, options, RoutepackReplicationOptions, placement, sample_rank, sample_micro, num_micro)
     k = options.replication_candidates
-    cols = _core.replicate_routepack(*args,
-                                     replica_slots=options.replication_slots, candidate_experts=k,
-                                     candidate_dsts=k, time_budget_s=ctx.time_budget_s, block=_block(block))
+    cols = _core.replicate_routepack(
+        *args,
+        replica_slots=options.replication_slots,
+        candidate_experts=k,
+        candidate_dsts=k,
+        time_budget_s=ctx.time_budget_s,
+        block=_block(block),
+    )
     return replica_table(cols)
 
 
-__all__ = ["Block", "HotNOptions", "RelibraReplicationOptions", "RoutepackReplicationOptions", "hot_n_replication",
-           "no_replication", "relibra_replication", "replica_table", "routepack_replication"]
+__all__ = [
+    "Block",
+    "HotNOptions",
+    "RelibraReplicationOptions",
+    "RoutepackReplicationOptions",
+    "hot_n_replication",
+    "no_replication",
+    "relibra_replication",
+    "replica_table",
+    "routepack_replication",
+]

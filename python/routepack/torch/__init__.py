@@ -44,8 +44,15 @@ from routepack.torch.broadcast import agree_on_plan, broadcast_plan, gather_ints
 from routepack.torch.distributed_plan import plan_window_distributed
 from routepack.torch.grads import sync_redundant_grads
 from routepack.torch.logical import export_logical, import_logical
-from routepack.torch.migrate import (FAULT_POINTS, MigrationError, MigrationReport, check_migration,
-                                     checksum, expert_state, migrate)
+from routepack.torch.migrate import (
+    FAULT_POINTS,
+    MigrationError,
+    MigrationReport,
+    check_migration,
+    checksum,
+    expert_state,
+    migrate,
+)
 from routepack.torch.moe import EPMoE, dense_moe, swiglu
 from routepack.torch.remap import FLOW_DTYPE, TokenRoute, expert_counts, flow_table, route_tokens
 from routepack.torch.replay import Microbatch, rank_microbatches

@@ -128,8 +128,9 @@ def counts_table(value: Any, name: str, ep: int) -> np.ndarray:
 def group(value: Any, name: str = "group") -> Any:
     """None (the default group) or a torch.distributed process group."""
     if value is not None and not isinstance(value, dist.ProcessGroup):
-        raise RoutepackTypeError(f"{name}: expected a torch.distributed process group or None, "
-                                 f"got {type(value).__name__} {short(value)}")
+        raise RoutepackTypeError(
+            f"{name}: expected a torch.distributed process group or None, got {type(value).__name__} {short(value)}"
+        )
     return value
 
 
@@ -157,7 +158,9 @@ def fits_memory(nbytes: int, name: str, device: Any) -> None:
     except (RuntimeError, TypeError) as e:
         raise RoutepackError(f"device: {short(device)} is not a torch device ({e})") from None
     if dev.type == "cuda" and torch.cuda.is_available():
-        total = torch.cuda.get_device_properties(dev.index if dev.index is not None else torch.cuda.current_device()).total_memory
+        total = torch.cuda.get_device_properties(
+            dev.index if dev.index is not None else torch.cuda.current_device()
+        ).total_memory
     elif dev.type == "cpu" and hasattr(os, "sysconf"):
         try:
             total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -165,6 +168,7 @@ def fits_memory(nbytes: int, name: str, device: Any) -> None:
             return
         try:  # an address-space limit on this process (ulimit -v) bounds it further
             import resource
+
             soft = resource.getrlimit(resource.RLIMIT_AS)[0]
             if soft != resource.RLIM_INFINITY and soft > 0:
                 total = min(total, soft)

@@ -34,9 +34,17 @@ def plan_digest(plan: Plan) -> bytes:
     plan._check_fields()
     h = hashlib.sha256()
     p = plan.placement
-    for part in (np.int64(p.num_experts), np.int64(p.slots_per_rank), np.asarray(p.phy2log.shape, np.int64),
-                 p.phy2log, plan.sample_rank, plan.sample_micro, np.int64(plan.num_micro),
-                 plan.replicas, plan.migration):
+    for part in (
+        np.int64(p.num_experts),
+        np.int64(p.slots_per_rank),
+        np.asarray(p.phy2log.shape, np.int64),
+        p.phy2log,
+        plan.sample_rank,
+        plan.sample_micro,
+        np.int64(plan.num_micro),
+        plan.replicas,
+        plan.migration,
+    ):
         h.update(np.ascontiguousarray(part).tobytes())
     return h.digest()
 
@@ -53,8 +61,9 @@ def default_device(group: Optional[Any] = None) -> torch.device:
     return torch.device("cpu")
 
 
-def raise_shared_failure(err: Optional[BaseException], ok: np.ndarray, message: Callable[[list], str],
-                         error: type = RoutepackError) -> None:
+def raise_shared_failure(
+    err: Optional[BaseException], ok: np.ndarray, message: Callable[[list], str], error: type = RoutepackError
+) -> None:
     """After a collective that carried every rank's ok flag (``ok``: int ``[ranks]``, 0 where
     that rank failed): re-raises this rank's own ``err``, else raises ``error(message(bad))``
     where ``bad`` lists the ranks that failed, so every rank leaves the collective and raises."""
@@ -65,8 +74,9 @@ def raise_shared_failure(err: Optional[BaseException], ok: np.ndarray, message: 
         raise error(message(bad))
 
 
-def gather_ints(values: Sequence[int], group: Optional[Any] = None, device: Any = None,
-                timeout: Optional[datetime.timedelta] = None) -> np.ndarray:
+def gather_ints(
+    values: Sequence[int], group: Optional[Any] = None, device: Any = None, timeout: Optional[datetime.timedelta] = None
+) -> np.ndarray:
     """All-gathers a few int64 values from every rank of ``group``: int64 ``[ranks, n]``.
     ``timeout`` bounds the wait (the call raises instead of hanging).
 
@@ -85,15 +95,21 @@ def gather_ints(values: Sequence[int], group: Optional[Any] = None, device: Any 
         err = e
     device = device if device is not None else default_device(group)
     head = _all_gather(torch.tensor([int(err is None), len(mine)], dtype=torch.int64, device=device), group, timeout)
-    raise_shared_failure(err, head[:, 0], lambda bad: f"values: rank(s) {bad} of the group passed invalid values "
-                         "(each raised its own error)")
+    raise_shared_failure(
+        err,
+        head[:, 0],
+        lambda bad: f"values: rank(s) {bad} of the group passed invalid values (each raised its own error)",
+    )
     if np.unique(head[:, 1]).size != 1:
-        raise RoutepackError(f"values: ranks passed different counts {head[:, 1].tolist()}; every rank must pass as many")
+        raise RoutepackError(
+            f"values: ranks passed different counts {head[:, 1].tolist()}; every rank must pass as many"
+        )
     return _all_gather(torch.tensor(mine, dtype=torch.int64, device=device), group, timeout)
 
 
-def all_gather_tensors(mine: torch.Tensor, group: Optional[Any],
-                       timeout: Optional[datetime.timedelta]) -> "list[torch.Tensor]":
+def all_gather_tensors(
+    mine: torch.Tensor, group: Optional[Any], timeout: Optional[datetime.timedelta]
+) -> "list[torch.Tensor]":
     """Collective: every rank's ``mine`` (same shape and dtype on every rank), in group-rank
     order; ``timeout`` bounds the wait (None: the group's own)."""
     bufs = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
@@ -118,8 +134,10 @@ def broadcast_plan(plan: Optional[Plan], src: int, group: Optional[Any] = None, 
     peers = group_peers(group)
     src = positive_int(src, "src", minimum=0)
     if src not in peers:
-        raise RoutepackError(f"src: {src} is not a rank of the group (global ranks {_ranks_text(peers)}, "
-                             f"world size {dist.get_world_size()})")
+        raise RoutepackError(
+            f"src: {src} is not a rank of the group (global ranks {_ranks_text(peers)}, "
+            f"world size {dist.get_world_size()})"
+        )
     device = device if device is not None else default_device(group)
     me = dist.get_rank()
     data = torch.empty(0, dtype=torch.uint8, device=device)
@@ -135,8 +153,9 @@ def broadcast_plan(plan: Optional[Plan], src: int, group: Optional[Any] = None, 
     dist.broadcast(size, src, group=group)
     n = int(size.item())
     if n < 0:
-        raise RoutepackTypeError(f"plan: rank {src} must pass a routepack.Plan, got "
-                                 f"{type(plan).__name__ if me == src else 'something else'}")
+        raise RoutepackTypeError(
+            f"plan: rank {src} must pass a routepack.Plan, got {type(plan).__name__ if me == src else 'something else'}"
+        )
     if me != src:
         data = torch.empty(n, dtype=torch.uint8, device=device)
     dist.broadcast(data, src, group=group)
@@ -159,8 +178,9 @@ def _ranks_text(ranks: Sequence[int]) -> str:
     return str(list(ranks))
 
 
-def agree_on_plan(plan: Plan, group: Optional[Any] = None, device: Any = None,
-                  timeout: Optional[datetime.timedelta] = None) -> None:
+def agree_on_plan(
+    plan: Plan, group: Optional[Any] = None, device: Any = None, timeout: Optional[datetime.timedelta] = None
+) -> None:
     """Raises `InvalidPlanError` on every rank unless all ranks of ``group`` hold the same plan.
     A rank passing something that is not a `Plan` raises `RoutepackTypeError`, and its peers
     `InvalidPlanError` (it still takes part in the exchange, so nobody waits for it)."""
@@ -170,7 +190,8 @@ def agree_on_plan(plan: Plan, group: Optional[Any] = None, device: Any = None,
     except RoutepackError as e:
         err, digest = e, 0
     got = gather_ints([int(err is None), digest], group, device, timeout)
-    raise_shared_failure(err, got[:, 0], lambda bad: f"plan: rank(s) {bad} of the group passed no valid routepack.Plan",
-                         InvalidPlanError)
+    raise_shared_failure(
+        err, got[:, 0], lambda bad: f"plan: rank(s) {bad} of the group passed no valid routepack.Plan", InvalidPlanError
+    )
     if np.unique(got[:, 1]).size != 1:
         raise InvalidPlanError(f"ranks hold different plans (digests {[hex(int(x)) for x in got[:, 1]]})")

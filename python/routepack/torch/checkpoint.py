@@ -29,9 +29,15 @@ _VERSION = 1
 
 def extra_state(mod: Any) -> Dict[str, Any]:
     """What `EPMoE.get_extra_state` saves: the placement row and the layer's identity."""
-    return {"version": _VERSION, "phy2log": torch.from_numpy(mod.phy2log.astype(np.int32, copy=True)),
-            "layer": mod.layer, "num_experts": mod.num_experts, "ep_rank": mod.ep_rank,
-            "ep": mod.topo.ep, "slots_per_rank": mod.slots_per_rank}
+    return {
+        "version": _VERSION,
+        "phy2log": torch.from_numpy(mod.phy2log.astype(np.int32, copy=True)),
+        "layer": mod.layer,
+        "num_experts": mod.num_experts,
+        "ep_rank": mod.ep_rank,
+        "ep": mod.topo.ep,
+        "slots_per_rank": mod.slots_per_rank,
+    }
 
 
 def set_extra_state(mod: Any, state: Any) -> None:
@@ -44,14 +50,23 @@ def check_extra_state(mod: Any, state: Any) -> np.ndarray:
     saved by this EP rank of a layer of the same shape; raises `RoutepackError` naming the
     field otherwise."""
     if not isinstance(state, dict) or "phy2log" not in state:
-        raise RoutepackTypeError(f"state_dict['_extra_state'] of MoE layer {mod.layer}: expected routepack's "
-                                 f"placement record, got {_args.short(state)}")
-    want = {"layer": mod.layer, "num_experts": mod.num_experts, "ep_rank": mod.ep_rank, "ep": mod.topo.ep,
-            "slots_per_rank": mod.slots_per_rank}
+        raise RoutepackTypeError(
+            f"state_dict['_extra_state'] of MoE layer {mod.layer}: expected routepack's "
+            f"placement record, got {_args.short(state)}"
+        )
+    want = {
+        "layer": mod.layer,
+        "num_experts": mod.num_experts,
+        "ep_rank": mod.ep_rank,
+        "ep": mod.topo.ep,
+        "slots_per_rank": mod.slots_per_rank,
+    }
     for key, value in want.items():
         if state.get(key) != value:
-            raise RoutepackError(f"state_dict['_extra_state'][{key!r}] of MoE layer {mod.layer}: the checkpoint has "
-                                 f"{state.get(key)!r}, this module {value!r} (a checkpoint of another rank or model)")
+            raise RoutepackError(
+                f"state_dict['_extra_state'][{key!r}] of MoE layer {mod.layer}: the checkpoint has "
+                f"{state.get(key)!r}, this module {value!r} (a checkpoint of another rank or model)"
+            )
     row = state["phy2log"]
     row = row.cpu().numpy() if isinstance(row, torch.Tensor) else row
     return _args.placement_row(row, "state_dict['_extra_state']['phy2log']", mod.topo.num_slots, mod.num_experts)
@@ -78,8 +93,10 @@ def export_layer(mod: Any) -> Tuple[torch.Tensor, torch.Tensor]:
     slots = torch.cat(bufs)
     pick = torch.from_numpy(first_slots(mod.phy2log, mod.num_experts)).to(slots.device)
     flat = slots.index_select(0, pick)
-    return (flat[:, :n1].reshape(mod.num_experts, *mod.w1.shape[1:]).clone(),
-            flat[:, n1:].reshape(mod.num_experts, *mod.w2.shape[1:]).clone())
+    return (
+        flat[:, :n1].reshape(mod.num_experts, *mod.w1.shape[1:]).clone(),
+        flat[:, n1:].reshape(mod.num_experts, *mod.w2.shape[1:]).clone(),
+    )
 
 
 def check_logical(mod: Any, w1: Any, w2: Any) -> None:

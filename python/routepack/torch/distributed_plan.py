@@ -42,18 +42,38 @@ from routepack.window import Window
 PER_EXCHANGE: frozenset = frozenset({hot_n_replication, relibra_replication, routepack_replication})
 
 #: The arguments every rank must pass alike, in the order their fingerprints travel.
-_AGREED = ("window", "topo", "cost", "token_cap", "policy", "previous", "previous_window", "seed", "anneal_moves",
-           "options")
+_AGREED = (
+    "window",
+    "topo",
+    "cost",
+    "token_cap",
+    "policy",
+    "previous",
+    "previous_window",
+    "seed",
+    "anneal_moves",
+    "options",
+)
 
 #: Bytes per hashed chunk: chunks are hashed in parallel threads (hashlib releases the GIL).
 _CHUNK = 1 << 24
 
 
-def plan_window_distributed(window: Any, topo: Any, cost: Any, token_cap: int = 65536, policy: Any = "routepack",
-                            group: Optional[Any] = None, previous: Optional[Placement] = None,
-                            previous_window: Any = None, seed: int = 0, anneal_moves: Optional[int] = None,
-                            time_budget_s: Optional[float] = None, timeout: Optional[datetime.timedelta] = None,
-                            **options: Any) -> Plan:
+def plan_window_distributed(
+    window: Any,
+    topo: Any,
+    cost: Any,
+    token_cap: int = 65536,
+    policy: Any = "routepack",
+    group: Optional[Any] = None,
+    previous: Optional[Placement] = None,
+    previous_window: Any = None,
+    seed: int = 0,
+    anneal_moves: Optional[int] = None,
+    time_budget_s: Optional[float] = None,
+    timeout: Optional[datetime.timedelta] = None,
+    **options: Any,
+) -> Plan:
     """`routepack.plan_window` planned by every rank of ``group`` together (collective): each
     rank returns the plan ``plan_window`` returns for the same arguments, byte for byte
     (`Plan.digest`, `Plan.same_as`).
@@ -102,37 +122,86 @@ def plan_window_distributed(window: Any, topo: Any, cost: Any, token_cap: int = 
             raise RoutepackError(
                 f"time_budget_s: plan_window_distributed plans without a wall-clock cap (got {time_budget_s!r}): a "
                 "deadline makes the plan depend on each rank's clock, so ranks could disagree; plan on one rank "
-                "with time_budget_s and routepack.torch.broadcast_plan it")
-        canonical = _check_locally(window, topo, cost, token_cap, policy, previous, previous_window, seed,
-                                   anneal_moves, options)
-        prints = _fingerprints(dict(window=window, topo=topo, cost=cost, token_cap=token_cap, policy=policy,
-                                    previous=previous, previous_window=previous_window, seed=seed,
-                                    anneal_moves=anneal_moves, options=canonical))
+                "with time_budget_s and routepack.torch.broadcast_plan it"
+            )
+        canonical = _check_locally(
+            window, topo, cost, token_cap, policy, previous, previous_window, seed, anneal_moves, options
+        )
+        prints = _fingerprints(
+            dict(
+                window=window,
+                topo=topo,
+                cost=cost,
+                token_cap=token_cap,
+                policy=policy,
+                previous=previous,
+                previous_window=previous_window,
+                seed=seed,
+                anneal_moves=anneal_moves,
+                options=canonical,
+            )
+        )
     except Exception as e:  # noqa: BLE001 (shared with the peers, then re-raised)
         err = e
     got = gather_ints([int(err is None)] + prints, group, timeout=timeout)
-    raise_shared_failure(err, got[:, 0], lambda bad: f"plan_window_distributed: rank(s) {bad} of the group passed "
-                         "invalid arguments (each raised its own error)")
+    raise_shared_failure(
+        err,
+        got[:, 0],
+        lambda bad: (
+            f"plan_window_distributed: rank(s) {bad} of the group passed invalid arguments (each raised its own error)"
+        ),
+    )
     for i, name in enumerate(_AGREED):
         col = got[:, 1 + i]
         if np.unique(col).size != 1:
             odd = np.flatnonzero(col != col[0]).tolist()
-            raise RoutepackError(f"{name}: differs between the ranks of the group (rank(s) {odd} passed another "
-                                 f"{name} than rank 0); every rank must pass the same arguments")
-    report: Dict[str, Any] = {"ranks": n, "rank": me, "spread": False, "exchanges": None,
-                              "replica_rows": None, "gathered_bytes": 0, "agree_seconds": time.perf_counter() - t0}
+            raise RoutepackError(
+                f"{name}: differs between the ranks of the group (rank(s) {odd} passed another "
+                f"{name} than rank 0); every rank must pass the same arguments"
+            )
+    report: Dict[str, Any] = {
+        "ranks": n,
+        "rank": me,
+        "spread": False,
+        "exchanges": None,
+        "replica_rows": None,
+        "gathered_bytes": 0,
+        "agree_seconds": time.perf_counter() - t0,
+    }
     replicate = _spread(me, n, group, timeout, report)
-    plan = plan_stages(window, topo, cost, token_cap, policy, previous, previous_window, seed, anneal_moves, None,
-                       options, replicate, stacklevel=3)
+    plan = plan_stages(
+        window,
+        topo,
+        cost,
+        token_cap,
+        policy,
+        previous,
+        previous_window,
+        seed,
+        anneal_moves,
+        None,
+        options,
+        replicate,
+        stacklevel=3,
+    )
     plan.report["distributed"] = report
     return plan
 
 
-def _spread(me: int, n: int, group: Optional[Any], timeout: Optional[datetime.timedelta],
-            report: Dict[str, Any]) -> Callable[..., np.ndarray]:
+def _spread(
+    me: int, n: int, group: Optional[Any], timeout: Optional[datetime.timedelta], report: Dict[str, Any]
+) -> Callable[..., np.ndarray]:
     """The `planner.ReplicationRunner` of rank ``me`` of ``n``: its block, then every block."""
-    def run(stage: Stage, ctx: PlanContext, options: Any, placement: Placement, sample_rank: np.ndarray,
-            sample_micro: np.ndarray, num_micro: int) -> np.ndarray:
+
+    def run(
+        stage: Stage,
+        ctx: PlanContext,
+        options: Any,
+        placement: Placement,
+        sample_rank: np.ndarray,
+        sample_micro: np.ndarray,
+        num_micro: int,
+    ) -> np.ndarray:
         if stage.run not in PER_EXCHANGE or n == 1:
             return stage.run(ctx, options, placement, sample_rank, sample_micro, num_micro)
         err: Optional[BaseException] = None
@@ -141,17 +210,31 @@ def _spread(me: int, n: int, group: Optional[Any], timeout: Optional[datetime.ti
             mine = stage.run(ctx, options, placement, sample_rank, sample_micro, num_micro, block=(me, n))
         except Exception as e:  # noqa: BLE001 (shared with the peers, then re-raised)
             err = e
-        rows, parts = gather_payloads([len(mine)], mine.view(np.uint8), err, "replication", group,
-                                      timeout=timeout)
+        rows, parts = gather_payloads([len(mine)], mine.view(np.uint8), err, "replication", group, timeout=timeout)
         total = ctx.topo.num_groups * num_micro * ctx.window.num_layers
-        report.update(spread=True, exchanges=[total * me // n, total * (me + 1) // n],
-                      replica_rows=rows[:, 0].tolist(), gathered_bytes=int(mine.nbytes))
+        report.update(
+            spread=True,
+            exchanges=[total * me // n, total * (me + 1) // n],
+            replica_rows=rows[:, 0].tolist(),
+            gathered_bytes=int(mine.nbytes),
+        )
         return np.concatenate([p.view(REPLICA_DTYPE) for p in parts])
+
     return run
 
 
-def _check_locally(window: Any, topo: Any, cost: Any, token_cap: Any, policy: Any, previous: Any,
-                   previous_window: Any, seed: Any, anneal_moves: Any, options: Dict[str, Any]) -> Dict[str, Any]:
+def _check_locally(
+    window: Any,
+    topo: Any,
+    cost: Any,
+    token_cap: Any,
+    policy: Any,
+    previous: Any,
+    previous_window: Any,
+    seed: Any,
+    anneal_moves: Any,
+    options: Dict[str, Any],
+) -> Dict[str, Any]:
     """`plan_window`'s argument checks, run before the ranks agree, so that a rank's bad
     argument raises its own error there (its peers: that it failed), not a disagreement.
     Returns the options under their current names (what the ranks compare). Deprecation
@@ -207,7 +290,7 @@ def _text(v: Any) -> str:
 def _array_digest(arr: np.ndarray) -> bytes:
     """SHA-256 of an array's dtype, shape and bytes, its chunks hashed in parallel threads."""
     flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-    chunks = [flat[i:i + _CHUNK] for i in range(0, flat.size, _CHUNK)] or [flat]
+    chunks = [flat[i : i + _CHUNK] for i in range(0, flat.size, _CHUNK)] or [flat]
     with ThreadPoolExecutor(max_workers=min(len(chunks), os.cpu_count() or 1)) as pool:
         digests = list(pool.map(lambda c: hashlib.sha256(memoryview(c)).digest(), chunks))
     h = hashlib.sha256(f"{arr.dtype.str}{arr.shape}".encode())

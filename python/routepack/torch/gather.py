@@ -13,9 +13,15 @@ import torch
 from routepack.torch.broadcast import all_gather_tensors, default_device, gather_ints, raise_shared_failure
 
 
-def gather_payloads(header: Sequence[int], payload: Optional[np.ndarray], error: Optional[BaseException],
-                    what: str, group: Optional[Any] = None, device: Any = None,
-                    timeout: Optional[datetime.timedelta] = None) -> Tuple[np.ndarray, List[np.ndarray]]:
+def gather_payloads(
+    header: Sequence[int],
+    payload: Optional[np.ndarray],
+    error: Optional[BaseException],
+    what: str,
+    group: Optional[Any] = None,
+    device: Any = None,
+    timeout: Optional[datetime.timedelta] = None,
+) -> Tuple[np.ndarray, List[np.ndarray]]:
     """Collective over ``group``: returns (int64 ``[ranks, len(header)]``, one uint8 ``[n_r]``
     array per rank in group-rank order), the headers and payloads every rank passed.
 
@@ -29,8 +35,9 @@ def gather_payloads(header: Sequence[int], payload: Optional[np.ndarray], error:
     mine = np.ascontiguousarray(payload if ok and payload is not None else np.empty(0, np.uint8)).view(np.uint8).ravel()
     ints = [int(v) for v in header] if ok else [0] * len(header)
     got = gather_ints([int(ok), mine.size] + ints, group, device, timeout)
-    raise_shared_failure(error, got[:, 0],
-                         lambda bad: f"{what}: rank(s) {bad} of the group failed (each raised its own error)")
+    raise_shared_failure(
+        error, got[:, 0], lambda bad: f"{what}: rank(s) {bad} of the group failed (each raised its own error)"
+    )
     sizes = got[:, 1]
     longest = int(sizes.max())
     device = device if device is not None else default_device(group)
@@ -39,9 +46,9 @@ def gather_payloads(header: Sequence[int], payload: Optional[np.ndarray], error:
     padded = mine
     if mine.size < longest or not mine.flags.writeable:
         padded = np.zeros(longest, np.uint8)
-        padded[:mine.size] = mine
+        padded[: mine.size] = mine
     bufs = all_gather_tensors(torch.from_numpy(padded).to(device), group, timeout)
-    return got[:, 2:], [b.cpu().numpy()[:int(n)] for b, n in zip(bufs, sizes)]
+    return got[:, 2:], [b.cpu().numpy()[: int(n)] for b, n in zip(bufs, sizes)]
 
 
 __all__ = ["gather_payloads"]

@@ -27,8 +27,7 @@ from routepack.torch.slot_link import redundant_experts
 
 
 @torch.no_grad()
-def sync_redundant_grads(layers: Sequence[Any], group: Optional[Any] = None,
-                         edp_group: Optional[Any] = None) -> None:
+def sync_redundant_grads(layers: Sequence[Any], group: Optional[Any] = None, edp_group: Optional[Any] = None) -> None:
     """Sums every logical expert's gradient over all its slots; each slot gets the sum.
 
     ``layers``: `EPMoE` layers of this rank; ``group``: the EP group; ``edp_group``: ranks that

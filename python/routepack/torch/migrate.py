@@ -66,8 +66,9 @@ class MigrationReport:
     peak_bytes: int = 0
 
 
-def expert_state(layer: Any, optimizer: Optional[torch.optim.Optimizer] = None,
-                 extra: Sequence[torch.Tensor] = ()) -> List[torch.Tensor]:
+def expert_state(
+    layer: Any, optimizer: Optional[torch.optim.Optimizer] = None, extra: Sequence[torch.Tensor] = ()
+) -> List[torch.Tensor]:
     """Tensors with one entry per physical slot of ``layer`` that travel with an expert:
     ``w1``, ``w2``, every optimizer state tensor of theirs with one row per slot (sorted by
     key), and ``extra`` (each with leading dimension ``slots_per_rank``).
@@ -84,8 +85,10 @@ def expert_state(layer: Any, optimizer: Optional[torch.optim.Optimizer] = None,
         out.extend(optimizer_rows(layer, optimizer))
     for i, t in enumerate(extra):
         if t.dim() == 0 or t.shape[0] != layer.slots_per_rank:
-            raise RoutepackError(f"extra_state[{layer.layer}][{i}]: leading dimension must be "
-                                 f"slots_per_rank={layer.slots_per_rank}, got shape {tuple(t.shape)}")
+            raise RoutepackError(
+                f"extra_state[{layer.layer}][{i}]: leading dimension must be "
+                f"slots_per_rank={layer.slots_per_rank}, got shape {tuple(t.shape)}"
+            )
         out.append(t)
     return out
 
@@ -95,9 +98,11 @@ def optimizer_rows(layer: Any, optimizer: Any) -> List[torch.Tensor]:
     `expert_state`), after checking that the optimizer owns both and that every state entry
     is either per-slot or a per-parameter scalar."""
     if not hasattr(optimizer, "param_groups") or not hasattr(optimizer, "state"):
-        raise RoutepackTypeError(f"optimizer: expected a torch.optim.Optimizer keyed by parameter, got "
-                                 f"{type(optimizer).__name__} (pass its inner torch optimizer, or move its state "
-                                 "with extra_state)")
+        raise RoutepackTypeError(
+            f"optimizer: expected a torch.optim.Optimizer keyed by parameter, got "
+            f"{type(optimizer).__name__} (pass its inner torch optimizer, or move its state "
+            "with extra_state)"
+        )
     owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
     out: List[torch.Tensor] = []
     spr = layer.slots_per_rank
@@ -108,7 +113,8 @@ def optimizer_rows(layer: Any, optimizer: Any) -> List[torch.Tensor]:
                 f"optimizer: does not hold {name} (shape {tuple(p.shape)}) among its parameters, so its state "
                 f"cannot be moved with the expert rows ({type(optimizer).__name__}: a flat or sharded state such as "
                 "Megatron's DistributedOptimizer keeps fp32 master copies that would undo the migration); pass an "
-                "optimizer keyed by the layer's parameters, or the per-slot tensors as extra_state")
+                "optimizer keyed by the layer's parameters, or the per-slot tensors as extra_state"
+            )
         st = optimizer.state.get(p, {})
         for k in sorted(st, key=str):
             v = st[k]
@@ -119,10 +125,13 @@ def optimizer_rows(layer: Any, optimizer: Any) -> List[torch.Tensor]:
             if v.shape[0] != spr:
                 raise RoutepackError(
                     f"optimizer.state[{name}][{k!r}]: shape {tuple(v.shape)} has no row per slot "
-                    f"(leading dimension {spr}) and is no scalar; routepack cannot move it with the expert rows")
+                    f"(leading dimension {spr}) and is no scalar; routepack cannot move it with the expert rows"
+                )
             if v.device != p.device:
-                raise RoutepackError(f"optimizer.state[{name}][{k!r}]: on {v.device}, the parameter on {p.device} "
-                                     "(an offloaded state is not moved; pass it as extra_state)")
+                raise RoutepackError(
+                    f"optimizer.state[{name}][{k!r}]: on {v.device}, the parameter on {p.device} "
+                    "(an offloaded state is not moved; pass it as extra_state)"
+                )
             out.append(v)
     return out
 
@@ -137,7 +146,7 @@ def unpack_slot(tensors: Sequence[torch.Tensor], slot: int, buf: torch.Tensor) -
     off = 0
     for t in tensors:
         dst = t.detach()[slot].reshape(-1).view(torch.uint8)
-        dst.copy_(buf[off:off + dst.numel()])
+        dst.copy_(buf[off : off + dst.numel()])
         off += dst.numel()
 
 
@@ -155,8 +164,10 @@ def checksum(buf: torch.Tensor) -> int:
     if not isinstance(buf, torch.Tensor):
         raise RoutepackTypeError(f"buf: expected a 1-D torch.uint8 tensor, got {type(buf).__name__}")
     if buf.dtype != torch.uint8:
-        raise RoutepackTypeError(f"buf: expected a byte buffer (dtype torch.uint8), got dtype {buf.dtype}; "
-                                 "pass t.reshape(-1).view(torch.uint8) to checksum a tensor's bytes")
+        raise RoutepackTypeError(
+            f"buf: expected a byte buffer (dtype torch.uint8), got dtype {buf.dtype}; "
+            "pass t.reshape(-1).view(torch.uint8) to checksum a tensor's bytes"
+        )
     if buf.dim() != 1:
         raise RoutepackError(f"buf: expected a 1-D byte buffer, got shape {tuple(buf.shape)}")
     if buf.numel() == 0:
@@ -167,7 +178,7 @@ def checksum(buf: torch.Tensor) -> int:
     weight = torch.arange(1, chunk + 1, dtype=torch.int64, device=buf.device)
     plain, weighted = [], []
     for i in range(0, words.shape[0], 64):
-        w = words[i:i + 64].to(torch.int64)
+        w = words[i : i + 64].to(torch.int64)
         plain.append(w.sum(1))
         weighted.append((w * weight).sum(1))
     p = torch.cat(plain).cpu().numpy().astype(np.uint64)
@@ -187,10 +198,15 @@ def check_migration(layers: Sequence[Any], plan: Any) -> None:
     if p.num_layers != len(layers):
         raise InvalidPlanError(f"plan has {p.num_layers} MoE layers; the model has {len(layers)}")
     mod0 = layers[0]
-    if p.num_slots != mod0.topo.num_slots or p.slots_per_rank != mod0.slots_per_rank or p.num_experts != mod0.num_experts:
+    if (
+        p.num_slots != mod0.topo.num_slots
+        or p.slots_per_rank != mod0.slots_per_rank
+        or p.num_experts != mod0.num_experts
+    ):
         raise InvalidPlanError(
             f"plan placement has {p.num_slots} slots ({p.slots_per_rank} per rank) for E={p.num_experts}; "
-            f"the model has {mod0.topo.num_slots} ({mod0.slots_per_rank} per rank) for E={mod0.num_experts}")
+            f"the model has {mod0.topo.num_slots} ({mod0.slots_per_rank} per rank) for E={mod0.num_experts}"
+        )
     spr = mod0.slots_per_rank
     filled: Dict[tuple, int] = {}
     for i, r in enumerate(plan.migration):
@@ -200,11 +216,15 @@ def check_migration(layers: Sequence[Any], plan: Any) -> None:
         if int(r["src_rank"]) != ss // spr or int(r["dst_rank"]) != ds // spr:
             raise InvalidPlanError(f"migration row {i}: slot and rank disagree: {r}")
         if layers[l].phy2log[ss] != e:
-            raise InvalidPlanError(f"migration row {i} moves expert {e} from slot {ss} of layer {l}, "
-                                   f"which holds {layers[l].phy2log[ss]} now")
+            raise InvalidPlanError(
+                f"migration row {i} moves expert {e} from slot {ss} of layer {l}, "
+                f"which holds {layers[l].phy2log[ss]} now"
+            )
         if p.phy2log[l, ds] != e:
-            raise InvalidPlanError(f"migration row {i} moves expert {e} into slot {ds} of layer {l}, "
-                                   f"but the plan puts {p.phy2log[l, ds]} there")
+            raise InvalidPlanError(
+                f"migration row {i} moves expert {e} into slot {ds} of layer {l}, "
+                f"but the plan puts {p.phy2log[l, ds]} there"
+            )
         if (l, ds) in filled:
             raise InvalidPlanError(f"migration rows {filled[(l, ds)]} and {i} both fill slot {ds} of layer {l}")
         filled[(l, ds)] = i
@@ -213,7 +233,8 @@ def check_migration(layers: Sequence[Any], plan: Any) -> None:
             if (l, s) not in filled:
                 raise InvalidPlanError(
                     f"plan puts expert {p.phy2log[l, s]} in slot {s} of layer {l}, which holds "
-                    f"{mod.phy2log[s]} now, and no migration row fills it")
+                    f"{mod.phy2log[s]} now, and no migration row fills it"
+                )
 
 
 def _hook(fault: Optional[Callable[[str], None]], point: str) -> None:
@@ -221,11 +242,17 @@ def _hook(fault: Optional[Callable[[str], None]], point: str) -> None:
         fault(point)
 
 
-def migrate(layers: Sequence[Any], plan: Any, optimizer: Optional[torch.optim.Optimizer] = None, *,
-            group: Optional[Any] = None, timeout: datetime.timedelta = datetime.timedelta(seconds=120),
-            extra_state: Optional[Dict[int, Sequence[torch.Tensor]]] = None,
-            fault: Optional[Callable[[str], None]] = None,
-            max_bytes_in_flight: Optional[int] = None) -> MigrationReport:
+def migrate(
+    layers: Sequence[Any],
+    plan: Any,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    *,
+    group: Optional[Any] = None,
+    timeout: datetime.timedelta = datetime.timedelta(seconds=120),
+    extra_state: Optional[Dict[int, Sequence[torch.Tensor]]] = None,
+    fault: Optional[Callable[[str], None]] = None,
+    max_bytes_in_flight: Optional[int] = None,
+) -> MigrationReport:
     """Applies ``plan.migration`` to ``layers`` (this rank's `EPMoE` layers, index = MoE layer)
     together with ``optimizer``'s state and ``extra_state[layer]``. Collective over the EP
     ``group``. Raises `InvalidPlanError` before anything moves when the plan does not fit,
@@ -275,8 +302,9 @@ def migrate(layers: Sequence[Any], plan: Any, optimizer: Optional[torch.optim.Op
         err = e
     # status: 1 ok, 0 the plan was refused, 3 an argument (optimizer, extra_state) cannot be
     # mapped, 2 anything else went wrong here
-    status = 1 if err is None else (0 if isinstance(err, InvalidPlanError) else
-                                    3 if isinstance(err, RoutepackError) else 2)
+    status = (
+        1 if err is None else (0 if isinstance(err, InvalidPlanError) else 3 if isinstance(err, RoutepackError) else 2)
+    )
     ceiling = -1 if max_bytes_in_flight is None else int(max_bytes_in_flight)
     got = gather_ints([status, digest, digest_of_sizes(sizes), ceiling], group, device, timeout)
     if err is not None:
@@ -286,8 +314,10 @@ def migrate(layers: Sequence[Any], plan: Any, optimizer: Optional[torch.optim.Op
     if (got[:, 0] == 0).any():
         raise InvalidPlanError(f"EP rank(s) {np.flatnonzero(got[:, 0] == 0).tolist()} refused the plan; nothing moved")
     if (got[:, 0] == 3).any():
-        raise RoutepackError(f"EP rank(s) {np.flatnonzero(got[:, 0] == 3).tolist()} cannot map their optimizer or "
-                             "extra state (each raised its own error); nothing moved")
+        raise RoutepackError(
+            f"EP rank(s) {np.flatnonzero(got[:, 0] == 3).tolist()} cannot map their optimizer or "
+            "extra state (each raised its own error); nothing moved"
+        )
     if (got[:, 0] == 2).any():
         raise MigrationError(f"EP rank(s) {np.flatnonzero(got[:, 0] == 2).tolist()} failed to prepare; nothing moved")
     if np.unique(got[:, 1]).size != 1:
@@ -295,8 +325,9 @@ def migrate(layers: Sequence[Any], plan: Any, optimizer: Optional[torch.optim.Op
     if np.unique(got[:, 2]).size != 1:
         raise MigrationError("expert state (weights + optimizer state) differs in size between EP ranks; nothing moved")
     if np.unique(got[:, 3]).size != 1:
-        raise RoutepackError(f"max_bytes_in_flight: EP ranks passed different values {got[:, 3].tolist()} "
-                             "(-1: None); nothing moved")
+        raise RoutepackError(
+            f"max_bytes_in_flight: EP ranks passed different values {got[:, 3].tolist()} (-1: None); nothing moved"
+        )
 
     # 2-4 per stage (a few layers whose extra memory fits max_bytes_in_flight; one stage
     # holding every layer without a ceiling): stage, verify, commit
@@ -305,26 +336,44 @@ def migrate(layers: Sequence[Any], plan: Any, optimizer: Optional[torch.optim.Op
     for k, (stage_layers, idx) in enumerate(stages):
         last = k == len(stages) - 1
         # the last stage also installs the placement of layers without rows (slots emptied)
-        install = sorted(set(stage_layers) | ({l for l in range(len(layers))} - set(stage_of)) if last
-                         else stage_layers)
+        install = sorted(
+            set(stage_layers) | ({l for l in range(len(layers))} - set(stage_of)) if last else stage_layers
+        )
         try:
             sent_b, recv_b, local_n = _stage(layers, plan, rows, idx, install, states, sizes, group, timeout, fault)
         except MigrationError as e:
             if done:
-                raise MigrationError(f"{e} (stage {k + 1} of {len(stages)}; layers {done} were moved by earlier "
-                                     "stages and keep the plan's placement, the others their previous one)") from e
+                raise MigrationError(
+                    f"{e} (stage {k + 1} of {len(stages)}; layers {done} were moved by earlier "
+                    "stages and keep the plan's placement, the others their previous one)"
+                ) from e
             raise
         for j, v in enumerate((sent_b, recv_b, local_n)):
             totals[j] += v
         done.extend(install)
-    return MigrationReport(rows=len(rows), sent_bytes=totals[0], received_bytes=totals[1],
-                           local_copies=totals[2], seconds=time.perf_counter() - t0, stages=len(stages),
-                           peak_bytes=peak)
+    return MigrationReport(
+        rows=len(rows),
+        sent_bytes=totals[0],
+        received_bytes=totals[1],
+        local_copies=totals[2],
+        seconds=time.perf_counter() - t0,
+        stages=len(stages),
+        peak_bytes=peak,
+    )
 
 
-def _stage(layers: List[Any], plan: Plan, rows: np.ndarray, idx: Sequence[int], install: Sequence[int],
-           states: List[List[torch.Tensor]], sizes: List[int], group: Any, timeout: datetime.timedelta,
-           fault: Optional[Callable[[str], None]]) -> tuple:
+def _stage(
+    layers: List[Any],
+    plan: Plan,
+    rows: np.ndarray,
+    idx: Sequence[int],
+    install: Sequence[int],
+    states: List[List[torch.Tensor]],
+    sizes: List[int],
+    group: Any,
+    timeout: datetime.timedelta,
+    fault: Optional[Callable[[str], None]],
+) -> tuple:
     """Stages, verifies and commits migration rows ``idx`` (global row indices), then sets the
     placement of layers ``install``; all or nothing on every rank. Returns (bytes sent, bytes
     received, local copies)."""
@@ -369,7 +418,7 @@ def _stage(layers: List[Any], plan: Plan, rows: np.ndarray, idx: Sequence[int], 
                     staged[i] = torch.empty(sizes[l], dtype=torch.uint8, device=device)
                 ops.append(dist.P2POp(dist.irecv, staged[i], peers[s_rank], group, _TAG_BASE + i))
                 recv_bytes += staged[i].numel()
-        for w in (dist.batch_isend_irecv(ops) if ops else []):
+        for w in dist.batch_isend_irecv(ops) if ops else []:
             w.wait(timeout)
         _hook(fault, "staged")
     except Exception as e:  # noqa: BLE001
@@ -392,8 +441,11 @@ def _stage(layers: List[Any], plan: Plan, rows: np.ndarray, idx: Sequence[int], 
         raise MigrationError(f"EP rank {me}: verification exchange failed ({e!r}); nothing moved") from e
     failed = np.flatnonzero(got[:, 0] == 0).tolist()
     if failed:
-        raise MigrationError(f"EP rank(s) {failed} failed to stage"
-                             + (f" (here: {err!r})" if err is not None else "") + "; nothing moved") from err
+        raise MigrationError(
+            f"EP rank(s) {failed} failed to stage"
+            + (f" (here: {err!r})" if err is not None else "")
+            + "; nothing moved"
+        ) from err
     both = got[:, 1:].reshape(got.shape[0], len(idx), 2).sum(axis=0)
     bad = [int(idx[n]) for n in np.flatnonzero(both[:, 0] != both[:, 1]).tolist()]
     if bad:

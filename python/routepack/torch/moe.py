@@ -38,8 +38,9 @@ def swiglu(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
     return (F.silu(gate) * up) @ w2
 
 
-def dense_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-              w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+def dense_moe(
+    x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
+) -> torch.Tensor:
     """Single-process reference: ``y[t] = Σ_j topk_weights[t, j] · expert_{topk_ids[t, j]}(x[t])``.
 
     ``x`` ``[T, H]``, ``topk_ids`` int ``[T, k]``, ``topk_weights`` ``[T, k]``, logical weights
@@ -81,7 +82,9 @@ def check_moe_inputs(x: Any, topk_ids: Any, topk_weights: Any, w1: Any, w2: Any)
     if topk_ids.shape[0] != t or topk_ids.shape[1] == 0:
         raise RoutepackError(f"topk_ids: expected [T={t}, k >= 1], got {tuple(topk_ids.shape)}")
     if topk_weights.shape != topk_ids.shape:
-        raise RoutepackError(f"topk_weights: expected {tuple(topk_ids.shape)} like topk_ids, got {tuple(topk_weights.shape)}")
+        raise RoutepackError(
+            f"topk_weights: expected {tuple(topk_ids.shape)} like topk_ids, got {tuple(topk_weights.shape)}"
+        )
     for name, v in (("w1", w1), ("w2", w2)):
         if v.dtype != x.dtype:
             raise RoutepackTypeError(f"{name}: dtype {v.dtype} differs from x's {x.dtype}")
@@ -146,9 +149,18 @@ class EPMoE(torch.nn.Module):
     #: kernel's time from the rest of the layer's
     expert_kernel: Optional[Callable[..., torch.Tensor]] = None
 
-    def __init__(self, layer: int, num_experts: int, hidden: int, ffn: int, topo: Any,
-                 phy2log_row: np.ndarray, group: Optional[Any] = None,
-                 dtype: torch.dtype = torch.float32, device: Any = None) -> None:
+    def __init__(
+        self,
+        layer: int,
+        num_experts: int,
+        hidden: int,
+        ffn: int,
+        topo: Any,
+        phy2log_row: np.ndarray,
+        group: Optional[Any] = None,
+        dtype: torch.dtype = torch.float32,
+        device: Any = None,
+    ) -> None:
         super().__init__()
         layer = positive_int(layer, "layer", minimum=0, maximum=2**31 - 1)
         num_experts = positive_int(num_experts, "num_experts", maximum=2**31 - 1)  # int32 ids in plans
@@ -173,8 +185,10 @@ class EPMoE(torch.nn.Module):
             self.w1 = torch.nn.Parameter(torch.zeros(spr, hidden, 2 * ffn, dtype=dtype, device=device))
             self.w2 = torch.nn.Parameter(torch.zeros(spr, ffn, hidden, dtype=dtype, device=device))
         except RuntimeError as e:  # under the device's total, but not free now (torch's OOM is a RuntimeError)
-            raise RoutepackError(f"hidden={hidden}, ffn={ffn}: w1 and w2 of {spr} slots ({nbytes} bytes) "
-                                 f"could not be allocated: {str(e).splitlines()[0][:200]}") from None
+            raise RoutepackError(
+                f"hidden={hidden}, ffn={ffn}: w1 and w2 of {spr} slots ({nbytes} bytes) "
+                f"could not be allocated: {str(e).splitlines()[0][:200]}"
+            ) from None
         self.runner: Any = None
         #: the last forward's `TokenRoute` (for inspection and tests)
         self.last_route: Optional[TokenRoute] = None
@@ -187,7 +201,7 @@ class EPMoE(torch.nn.Module):
     def local_experts(self) -> np.ndarray:
         """int32 ``[slots_per_rank]``: logical expert in each local slot (-1 empty)."""
         lo = self.ep_rank * self.slots_per_rank
-        return self.phy2log[lo:lo + self.slots_per_rank]
+        return self.phy2log[lo : lo + self.slots_per_rank]
 
     def local_slot_of(self, expert: int) -> int:
         """The lowest local slot holding ``expert``; raises if this rank holds none."""
@@ -258,8 +272,9 @@ class EPMoE(torch.nn.Module):
         if topk_ids.shape[0] != x.shape[0] or topk_ids.shape[1] == 0:
             raise RoutepackError(f"topk_ids: expected [T={x.shape[0]}, k >= 1], got {tuple(topk_ids.shape)}")
         if topk_weights.shape != topk_ids.shape:
-            raise RoutepackError(f"topk_weights: expected {tuple(topk_ids.shape)} like topk_ids, "
-                                 f"got {tuple(topk_weights.shape)}")
+            raise RoutepackError(
+                f"topk_weights: expected {tuple(topk_ids.shape)} like topk_ids, got {tuple(topk_weights.shape)}"
+            )
         return topk_ids.detach().cpu().numpy().astype(np.int64, copy=False)
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
@@ -285,8 +300,9 @@ class EPMoE(torch.nn.Module):
         if runner is not None:
             runner.record_received(self.layer, sum(route.recv_splits))
         # every gradient of the slots is completed inside this node's backward (slot_link.py)
-        recv, w1v, w2v, w1r, w2r = SlotLink.apply(recv, self.w1, self.w2, self,
-                                                  runner.exchange if runner is not None else None)
+        recv, w1v, w2v, w1r, w2r = SlotLink.apply(
+            recv, self.w1, self.w2, self, runner.exchange if runner is not None else None
+        )
         out = self._experts(recv, cell, w1v, w2v, w1r, w2r)
         back = _AllToAll.apply(out, route.recv_splits, route.send_splits, self.group)
         pairs = back.index_select(0, cell.back)
@@ -303,8 +319,14 @@ class EPMoE(torch.nn.Module):
         except Exception as e:  # noqa: BLE001 (shared with every rank, then re-raised)
             err, counts = e, np.zeros(self.num_experts, dtype=np.int64)
         got = self._origin_counts(counts, err is None, self.w1.device)
-        raise_shared_failure(err, got[:, 0], lambda bad: f"x: EP rank(s) {bad} passed invalid inputs to MoE layer "
-                             f"{self.layer} (each raised its own error); nothing was dispatched")
+        raise_shared_failure(
+            err,
+            got[:, 0],
+            lambda bad: (
+                f"x: EP rank(s) {bad} passed invalid inputs to MoE layer "
+                f"{self.layer} (each raised its own error); nothing was dispatched"
+            ),
+        )
         origin = np.ascontiguousarray(got[:, 1:])
         rows = self.runner.cell_rows(self.layer) if self.runner is not None else empty_replicas()
         route = _route(ids, origin, self.phy2log, self.topo, rows, self.ep_rank)
@@ -319,17 +341,31 @@ class EPMoE(torch.nn.Module):
         _args.tensor(topk_ids, "topk_ids", 2, "int")
         _args.tensor(topk_weights, "topk_weights", 2, "float")
         want = tuple(cell.ids.shape)
-        if tuple(topk_ids.shape) != want or tuple(x.shape) != (want[0], self.hidden) \
-                or tuple(topk_weights.shape) != want:
-            raise RoutepackError(f"topk_ids: MoE layer {self.layer} expected this micro's replayed ids {want} "
-                                 f"(x [{want[0]}, {self.hidden}]), got ids {tuple(topk_ids.shape)}, "
-                                 f"x {tuple(x.shape)}, weights {tuple(topk_weights.shape)}")
+        if (
+            tuple(topk_ids.shape) != want
+            or tuple(x.shape) != (want[0], self.hidden)
+            or tuple(topk_weights.shape) != want
+        ):
+            raise RoutepackError(
+                f"topk_ids: MoE layer {self.layer} expected this micro's replayed ids {want} "
+                f"(x [{want[0]}, {self.hidden}]), got ids {tuple(topk_ids.shape)}, "
+                f"x {tuple(x.shape)}, weights {tuple(topk_weights.shape)}"
+            )
         if x.dtype != self.w1.dtype or x.device != self.w1.device or topk_ids.device != self.w1.device:
-            raise RoutepackError(f"x: {x.dtype} on {x.device} (ids on {topk_ids.device}), the layer's weights "
-                                 f"{self.w1.dtype} on {self.w1.device}")
+            raise RoutepackError(
+                f"x: {x.dtype} on {x.device} (ids on {topk_ids.device}), the layer's weights "
+                f"{self.w1.dtype} on {self.w1.device}"
+            )
 
-    def _experts(self, recv: torch.Tensor, cell: CellRoute, w1: torch.Tensor, w2: torch.Tensor,
-                 w1r: torch.Tensor, w2r: torch.Tensor) -> torch.Tensor:
+    def _experts(
+        self,
+        recv: torch.Tensor,
+        cell: CellRoute,
+        w1: torch.Tensor,
+        w2: torch.Tensor,
+        w1r: torch.Tensor,
+        w2r: torch.Tensor,
+    ) -> torch.Tensor:
         """Grouped GEMM over compute units: local slots ``w1`` ``[spr, H, 2I]`` / ``w2``, then
         replica copies ``w1r`` ``[R, H, 2I]`` / ``w2r``. Rows are sorted by unit (stable, the
         cell's precomputed permutation), computed by `grouped_swiglu` and put back in arrival

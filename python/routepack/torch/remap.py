@@ -27,8 +27,14 @@ from routepack.torch import _args
 
 #: One row of a cell's flow table (see `flow_table`).
 FLOW_DTYPE = np.dtype(
-    [("origin", "<i4"), ("dst_rank", "<i4"), ("dst_slot", "<i4"), ("replica", "<i4"),
-     ("expert", "<i4"), ("count", "<i8")]
+    [
+        ("origin", "<i4"),
+        ("dst_rank", "<i4"),
+        ("dst_slot", "<i4"),
+        ("replica", "<i4"),
+        ("expert", "<i4"),
+        ("count", "<i8"),
+    ]
 )
 
 
@@ -110,8 +116,7 @@ def expert_counts(topk_ids: Any, num_experts: int) -> np.ndarray:
     return np.bincount(flat, minlength=num_experts).astype(np.int64)
 
 
-def route_tokens(topk_ids: Any, origin: Any, phy2log_row: Any, topo: Any,
-                 cell_rows: Any, ep_rank: int) -> TokenRoute:
+def route_tokens(topk_ids: Any, origin: Any, phy2log_row: Any, topo: Any, cell_rows: Any, ep_rank: int) -> TokenRoute:
     """Assigns this rank's (token, k) pairs to destinations and names what it receives.
 
     Args:
@@ -131,8 +136,9 @@ def route_tokens(topk_ids: Any, origin: Any, phy2log_row: Any, topo: Any,
     return _route(ids, origin, row, topo, rows, ep_rank)
 
 
-def _route(ids: np.ndarray, origin: np.ndarray, phy2log_row: np.ndarray, topo: Any,
-           cell_rows: np.ndarray, ep_rank: int) -> TokenRoute:
+def _route(
+    ids: np.ndarray, origin: np.ndarray, phy2log_row: np.ndarray, topo: Any, cell_rows: np.ndarray, ep_rank: int
+) -> TokenRoute:
     """`route_tokens` on checked arguments (`EPMoE` calls it directly: its placement was
     checked when set, ``origin`` is the all-gather of checked counts, the plan's rows passed
     `Plan.validate`)."""
@@ -154,8 +160,7 @@ def _route(ids: np.ndarray, origin: np.ndarray, phy2log_row: np.ndarray, topo: A
     replica_rows = np.flatnonzero(cell_rows["dst_rank"] == ep_rank).astype(np.int64)
     unit_of_row = np.full(len(cell_rows) + 1, -1, dtype=np.int64)  # last entry: slot flows
     unit_of_row[replica_rows] = spr + np.arange(len(replica_rows))
-    unit = np.where(inc["dst_slot"] >= 0, inc["dst_slot"].astype(np.int64) - ep_rank * spr,
-                    unit_of_row[inc["replica"]])
+    unit = np.where(inc["dst_slot"] >= 0, inc["dst_slot"].astype(np.int64) - ep_rank * spr, unit_of_row[inc["replica"]])
     recv_unit = np.repeat(unit, inc["count"])
     recv_splits = np.bincount(inc["origin"].astype(np.int64), weights=inc["count"], minlength=ep).astype(np.int64)
     received = np.bincount(flows["dst_rank"].astype(np.int64), weights=flows["count"], minlength=ep).astype(np.int64)

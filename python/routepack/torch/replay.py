@@ -35,8 +35,14 @@ class Microbatch:
     routed: torch.Tensor
 
 
-def rank_microbatches(plan: Any, routed: Union[np.ndarray, torch.Tensor, Sequence[Any]], rank: int,
-                      cu_seqlens: Any = None, *, dp: Optional[int] = None) -> List[Microbatch]:
+def rank_microbatches(
+    plan: Any,
+    routed: Union[np.ndarray, torch.Tensor, Sequence[Any]],
+    rank: int,
+    cu_seqlens: Any = None,
+    *,
+    dp: Optional[int] = None,
+) -> List[Microbatch]:
     """The routed-expert tensors of DP rank ``rank``'s microbatches, in execution order.
 
     Args:
@@ -60,12 +66,16 @@ def rank_microbatches(plan: Any, routed: Union[np.ndarray, torch.Tensor, Sequenc
     if dp is not None:
         dp = positive_int(dp, "dp")
         if rank >= dp or (s_n and int(plan.sample_rank.max()) >= dp):
-            raise RoutepackError(f"rank: {rank} outside [0, dp={dp})" if rank >= dp else
-                                 f"dp: {dp}, but the plan puts samples on rank {int(plan.sample_rank.max())}")
+            raise RoutepackError(
+                f"rank: {rank} outside [0, dp={dp})"
+                if rank >= dp
+                else f"dp: {dp}, but the plan puts samples on rank {int(plan.sample_rank.max())}"
+            )
     elif not s_n or rank > int(plan.sample_rank.max()):
         top = int(plan.sample_rank.max()) if s_n else -1
-        raise RoutepackError(f"rank: {rank} runs no samples in this plan (ranks 0..{top}; pass dp= for a rank "
-                             "without samples)")
+        raise RoutepackError(
+            f"rank: {rank} runs no samples in this plan (ranks 0..{top}; pass dp= for a rank without samples)"
+        )
     num_layers, num_experts = plan.placement.num_layers, plan.placement.num_experts
     if cu_seqlens is None:
         if isinstance(routed, (np.ndarray, torch.Tensor)):
@@ -76,11 +86,14 @@ def rank_microbatches(plan: Any, routed: Union[np.ndarray, torch.Tensor, Sequenc
         per_sample = [_ids(r, f"routed[{s}]", num_layers) for s, r in enumerate(items)]
         for s, r in enumerate(per_sample[1:], 1):
             if r.shape[1:] != per_sample[0].shape[1:] or r.dtype != per_sample[0].dtype:
-                raise RoutepackError(f"routed[{s}]: shape {tuple(r.shape)} {r.dtype}, but routed[0] is "
-                                     f"{tuple(per_sample[0].shape)} {per_sample[0].dtype} (same L, k, dtype)")
+                raise RoutepackError(
+                    f"routed[{s}]: shape {tuple(r.shape)} {r.dtype}, but routed[0] is "
+                    f"{tuple(per_sample[0].shape)} {per_sample[0].dtype} (same L, k, dtype)"
+                )
         if not per_sample:
-            raise RoutepackError("routed: an empty per-sample list has no [L, k] shape; pass one [0, L, k] array "
-                                 "with cu_seqlens=[0]")
+            raise RoutepackError(
+                "routed: an empty per-sample list has no [L, k] shape; pass one [0, L, k] array with cu_seqlens=[0]"
+            )
         empty = per_sample[0][:0]
     else:
         cu = as_int_array(cu_seqlens, "cu_seqlens", 1)
@@ -88,8 +101,10 @@ def rank_microbatches(plan: Any, routed: Union[np.ndarray, torch.Tensor, Sequenc
             raise RoutepackError(f"cu_seqlens: expected non-decreasing [S+1={s_n + 1}] from 0, got {_head(cu)}")
         all_ids = _ids(routed, "routed", num_layers)
         if all_ids.shape[0] != cu[-1]:
-            raise RoutepackError(f"routed: expected [T={cu[-1]}, L, k] (cu_seqlens[-1] tokens), got {tuple(all_ids.shape)}")
-        per_sample = [all_ids[cu[s]:cu[s + 1]] for s in range(s_n)]
+            raise RoutepackError(
+                f"routed: expected [T={cu[-1]}, L, k] (cu_seqlens[-1] tokens), got {tuple(all_ids.shape)}"
+            )
+        per_sample = [all_ids[cu[s] : cu[s + 1]] for s in range(s_n)]
         empty = all_ids[:0]
     out = []
     for m in range(plan.num_micro):
@@ -100,8 +115,9 @@ def rank_microbatches(plan: Any, routed: Union[np.ndarray, torch.Tensor, Sequenc
         if ids.numel():
             lo, hi = int(ids.min()), int(ids.max())
             if lo < 0 or hi >= num_experts:
-                raise RoutepackError(f"routed: expert id {lo if lo < 0 else hi} outside [0, {num_experts}) "
-                                     f"(in step {m} of rank {rank})")
+                raise RoutepackError(
+                    f"routed: expert id {lo if lo < 0 else hi} outside [0, {num_experts}) (in step {m} of rank {rank})"
+                )
         out.append(Microbatch(m, samples, cu_m, ids))
     return out
 
@@ -115,7 +131,9 @@ def _ids(value: Any, name: str, num_layers: int) -> torch.Tensor:
         try:
             arr = np.asarray(value)
         except (ValueError, TypeError) as e:
-            raise RoutepackTypeError(f"{name}: expected a [T, L, k] integer array, got {type(value).__name__} ({e})") from None
+            raise RoutepackTypeError(
+                f"{name}: expected a [T, L, k] integer array, got {type(value).__name__} ({e})"
+            ) from None
         if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
             raise RoutepackTypeError(f"{name}: expected integer expert ids, got dtype {arr.dtype}")
         if np.issubdtype(arr.dtype, np.unsignedinteger) and arr.dtype != np.uint8:

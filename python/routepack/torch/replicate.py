@@ -79,8 +79,15 @@ def chains(idx: np.ndarray, table: Any, topo: Any, me: int) -> List[Chain]:
     for key in sorted(groups):
         src = key[1]
         hops = sorted(groups[key], key=lambda d: (node(d) != node(src), d))
-        out.append(Chain(expert=key[0], src=src, hops=tuple(hops), tags=tuple(first_tag[key + (d,)] for d in hops),
-                         mine=tuple(mine.get(key, ()))))
+        out.append(
+            Chain(
+                expert=key[0],
+                src=src,
+                hops=tuple(hops),
+                tags=tuple(first_tag[key + (d,)] for d in hops),
+                mine=tuple(mine.get(key, ())),
+            )
+        )
     return out
 
 
@@ -94,8 +101,12 @@ class ReplicaExchange:
         timeout:  bound on every wait.
     """
 
-    def __init__(self, layers: Sequence[Any], rows: Dict[Tuple[int, int], Tuple[np.ndarray, np.ndarray]],
-                 timeout: datetime.timedelta) -> None:
+    def __init__(
+        self,
+        layers: Sequence[Any],
+        rows: Dict[Tuple[int, int], Tuple[np.ndarray, np.ndarray]],
+        timeout: datetime.timedelta,
+    ) -> None:
         self.layers = list(layers)
         self.rows = rows
         self.timeout = timeout
@@ -134,8 +145,9 @@ class ReplicaExchange:
             if ch.src == me:
                 s = mod.local_slot_of(ch.expert)
                 buf = torch.cat([mod.w1[s].detach().reshape(-1), mod.w2[s].detach().reshape(-1)])
-                ops.append(dist.P2POp(dist.isend, buf, mod.peers[ch.hops[0]], mod.group,
-                                      _tag(ch.tags[0], _TAG_WEIGHTS)))
+                ops.append(
+                    dist.P2POp(dist.isend, buf, mod.peers[ch.hops[0]], mod.group, _tag(ch.tags[0], _TAG_WEIGHTS))
+                )
                 held[-1 - c] = buf
                 self.sent_bytes += buf.numel() * buf.element_size()
             elif ch.hops[0] == me:
@@ -169,12 +181,15 @@ class ReplicaExchange:
                 if len(ch.hops) <= hop:
                     continue
                 if ch.hops[hop - 1] == me:
-                    ops.append(dist.P2POp(dist.isend, held[c], mod.peers[ch.hops[hop]], mod.group,
-                                          _tag(ch.tags[hop], _TAG_WEIGHTS)))
+                    ops.append(
+                        dist.P2POp(
+                            dist.isend, held[c], mod.peers[ch.hops[hop]], mod.group, _tag(ch.tags[hop], _TAG_WEIGHTS)
+                        )
+                    )
                     self.sent_bytes += held[c].numel() * held[c].element_size()
                 elif ch.hops[hop] == me:
                     held[c] = self._recv_weights(mod, ops, ch, hop)
-            for w in (dist.batch_isend_irecv(ops) if ops else []):
+            for w in dist.batch_isend_irecv(ops) if ops else []:
                 w.wait(self.timeout)
         h, i2 = mod.w1.shape[1], mod.w1.shape[2]
         n1 = h * i2
@@ -185,8 +200,9 @@ class ReplicaExchange:
         return w1r, w2r
 
     # ----------------------------------------------------------- backward
-    def exchange_grads(self, micro: int, layer: int, g1r: torch.Tensor,
-                       g2r: torch.Tensor) -> List[Tuple[int, torch.Tensor]]:
+    def exchange_grads(
+        self, micro: int, layer: int, g1r: torch.Tensor, g2r: torch.Tensor
+    ) -> List[Tuple[int, torch.Tensor]]:
         """Reduces this rank's copy gradients of (``micro``, ``layer``) (``g1r`` ``[R, H, 2I]``,
         ``g2r`` ``[R, I, H]``, cell order) back along each chain in fp32: the last rank sends
         its gradient to the one before it, which adds its own and sends the sum on, down to
@@ -210,15 +226,18 @@ class ReplicaExchange:
                     continue
                 prev = ch.src if hop == 0 else ch.hops[hop - 1]
                 if ch.hops[hop] == me:
-                    ops.append(dist.P2POp(dist.isend, acc[c], mod.peers[prev], mod.group, _tag(ch.tags[hop], _TAG_GRADS)))
+                    ops.append(
+                        dist.P2POp(dist.isend, acc[c], mod.peers[prev], mod.group, _tag(ch.tags[hop], _TAG_GRADS))
+                    )
                     self.sent_bytes += numel * 4
                 elif prev == me:
                     buf = torch.empty(numel, dtype=torch.float32, device=mod.w1.device)
-                    ops.append(dist.P2POp(dist.irecv, buf, mod.peers[ch.hops[hop]], mod.group,
-                                          _tag(ch.tags[hop], _TAG_GRADS)))
+                    ops.append(
+                        dist.P2POp(dist.irecv, buf, mod.peers[ch.hops[hop]], mod.group, _tag(ch.tags[hop], _TAG_GRADS))
+                    )
                     recvs.append((c, buf))
                     self.received_bytes += numel * 4
-            for w in (dist.batch_isend_irecv(ops) if ops else []):
+            for w in dist.batch_isend_irecv(ops) if ops else []:
                 w.wait(self.timeout)
             for c, buf in recvs:
                 if hop == 0:

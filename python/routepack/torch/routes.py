@@ -48,9 +48,16 @@ def cell_route(route: TokenRoute, k: int, units: int, device: Any, ids: Any = No
     """`CellRoute` of ``route`` (``units``: local slots + replica copies on this rank)."""
     perm = np.argsort(route.recv_unit, kind="stable")
     dev = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)  # noqa: E731
-    return CellRoute(route=route, k=k, src_rows=dev(route.send_order // k), back=dev(np.argsort(route.send_order)),
-                     unit_perm=dev(perm), unit_inv=dev(np.argsort(perm)),
-                     unit_counts=np.bincount(route.recv_unit, minlength=units).astype(np.int64), ids=ids)
+    return CellRoute(
+        route=route,
+        k=k,
+        src_rows=dev(route.send_order // k),
+        back=dev(np.argsort(route.send_order)),
+        unit_perm=dev(perm),
+        unit_inv=dev(np.argsort(perm)),
+        unit_counts=np.bincount(route.recv_unit, minlength=units).astype(np.int64),
+        ids=ids,
+    )
 
 
 def cell_origins(plan: Any, window: Any, group_index: int, ep: int) -> np.ndarray:
@@ -70,26 +77,34 @@ def window_routes(runner: Any, plan: Any, window: Any, microbatches: Sequence[An
     `RoutepackError` when they do not fit the plan or their ids disagree with the window."""
     mbs = list(microbatches)
     if [getattr(mb, "micro", None) for mb in mbs] != list(range(plan.num_micro)):
-        raise RoutepackError(f"microbatches: expected this rank's {plan.num_micro} Microbatch objects in execution "
-                             f"order (rank_microbatches), got {len(mbs)} with micro "
-                             f"{[getattr(mb, 'micro', None) for mb in mbs][:8]}")
+        raise RoutepackError(
+            f"microbatches: expected this rank's {plan.num_micro} Microbatch objects in execution "
+            f"order (rank_microbatches), got {len(mbs)} with micro "
+            f"{[getattr(mb, 'micro', None) for mb in mbs][:8]}"
+        )
     topo, layers = runner.topo, runner.layers
     origins = cell_origins(plan, window, runner.ep_group_index, topo.ep)
     me = layers[0].ep_rank
     out: Dict[Tuple[int, int], CellRoute] = {}
     for mb in mbs:
-        routed = mb.routed.detach().cpu().numpy().astype(np.int64) if isinstance(mb.routed, torch.Tensor) \
+        routed = (
+            mb.routed.detach().cpu().numpy().astype(np.int64)
+            if isinstance(mb.routed, torch.Tensor)
             else np.asarray(mb.routed, dtype=np.int64)
+        )
         if routed.ndim != 3 or routed.shape[1] != len(layers):
-            raise RoutepackError(f"microbatches[{mb.micro}].routed: expected [T, L={len(layers)}, k], "
-                                 f"got {routed.shape}")
+            raise RoutepackError(
+                f"microbatches[{mb.micro}].routed: expected [T, L={len(layers)}, k], got {routed.shape}"
+            )
         for l, mod in enumerate(layers):
             ids = routed[:, l]
             origin = origins[mb.micro, :, l]
             mine = np.bincount(ids.reshape(-1), minlength=mod.num_experts) if ids.size else np.zeros(mod.num_experts)
             if mine.size != mod.num_experts or not np.array_equal(mine, origin[me]):
-                raise RoutepackError(f"microbatches[{mb.micro}].routed[:, {l}]: counts differ from the window's "
-                                     f"expert_tokens for this rank's samples (not this plan's replay)")
+                raise RoutepackError(
+                    f"microbatches[{mb.micro}].routed[:, {l}]: counts differ from the window's "
+                    f"expert_tokens for this rank's samples (not this plan's replay)"
+                )
             rows = runner.cell_rows_of(mb.micro, l)
             route = _route(ids, np.ascontiguousarray(origin), mod.phy2log, topo, rows, me)
             units = mod.slots_per_rank + int(route.replica_rows.size)

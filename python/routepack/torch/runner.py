@@ -54,9 +54,15 @@ class PlanRunner:
         timeout:   bound on every wait of migration and replication.
     """
 
-    def __init__(self, layers: Sequence[Any], topo: Any, group: Optional[Any] = None,
-                 edp_group: Optional[Any] = None, dp_rank: Optional[int] = None,
-                 timeout: datetime.timedelta = datetime.timedelta(seconds=120)) -> None:
+    def __init__(
+        self,
+        layers: Sequence[Any],
+        topo: Any,
+        group: Optional[Any] = None,
+        edp_group: Optional[Any] = None,
+        dp_rank: Optional[int] = None,
+        timeout: datetime.timedelta = datetime.timedelta(seconds=120),
+    ) -> None:
         self.layers = check_layers(layers)
         _args.topology(topo)
         _args.group(group)
@@ -74,8 +80,9 @@ class PlanRunner:
         self.topo, self.group, self.edp_group, self.timeout = topo, group, edp_group, timeout
         self.dp_rank = dist.get_rank() if dp_rank is None else positive_int(dp_rank, "dp_rank", minimum=0)
         if not 0 <= self.dp_rank < topo.dp or self.dp_rank % topo.ep != dist.get_rank(group):
-            raise RoutepackError(f"dp_rank: {self.dp_rank} does not match EP-local rank {dist.get_rank(group)} "
-                                 f"under {topo}")
+            raise RoutepackError(
+                f"dp_rank: {self.dp_rank} does not match EP-local rank {dist.get_rank(group)} under {topo}"
+            )
         self.ep_group_index = self.dp_rank // topo.ep
         self.plan: Optional[Plan] = None
         self.micro = 0
@@ -106,23 +113,33 @@ class PlanRunner:
             positive_int(token_cap, "token_cap")
         mod0 = self.layers[0]
         if window.num_layers != len(self.layers) or window.num_experts != mod0.num_experts:
-            raise InvalidPlanError(f"window has L={window.num_layers}, E={window.num_experts}; the model has "
-                                   f"L={len(self.layers)}, E={mod0.num_experts}")
+            raise InvalidPlanError(
+                f"window has L={window.num_layers}, E={window.num_experts}; the model has "
+                f"L={len(self.layers)}, E={mod0.num_experts}"
+            )
         plan.validate(window, self.topo, NO_CAP if token_cap is None else token_cap)
         if plan.migration.size == 0:
             for l, mod in enumerate(self.layers):
                 diff = np.flatnonzero((plan.placement.phy2log[l] >= 0) & (plan.placement.phy2log[l] != mod.phy2log))
                 if diff.size:
                     s = int(diff[0])
-                    raise InvalidPlanError(f"plan puts expert {plan.placement.phy2log[l, s]} in slot {s} of layer {l}, "
-                                           f"which holds {mod.phy2log[s]} now, and has no migration")
+                    raise InvalidPlanError(
+                        f"plan puts expert {plan.placement.phy2log[l, s]} in slot {s} of layer {l}, "
+                        f"which holds {mod.phy2log[s]} now, and has no migration"
+                    )
 
     # ----------------------------------------------------------- window
-    def begin_window(self, plan: Plan, window: Any, optimizer: Optional[torch.optim.Optimizer] = None,
-                     token_cap: Optional[int] = None,
-                     extra_state: Optional[Dict[int, Sequence[torch.Tensor]]] = None,
-                     fault: Any = None, max_bytes_in_flight: Optional[int] = None,
-                     microbatches: Optional[Sequence[Any]] = None) -> Optional[MigrationReport]:
+    def begin_window(
+        self,
+        plan: Plan,
+        window: Any,
+        optimizer: Optional[torch.optim.Optimizer] = None,
+        token_cap: Optional[int] = None,
+        extra_state: Optional[Dict[int, Sequence[torch.Tensor]]] = None,
+        fault: Any = None,
+        max_bytes_in_flight: Optional[int] = None,
+        microbatches: Optional[Sequence[Any]] = None,
+    ) -> Optional[MigrationReport]:
         """Checks ``plan`` against ``window`` and this job, agrees on it with every EP rank, then
         migrates (with ``optimizer`` state and ``extra_state``, staged under
         ``max_bytes_in_flight``, see `migrate`) if it has migration rows. Collective over the
@@ -143,14 +160,23 @@ class PlanRunner:
             err, digest = e, 0
         device = self.layers[0].w1.device
         got = gather_ints([int(err is None), digest], self.group, device, self.timeout)
-        raise_shared_failure(err, got[:, 0], lambda bad: f"EP rank(s) {bad} refused the plan; nothing moved",
-                             InvalidPlanError)
+        raise_shared_failure(
+            err, got[:, 0], lambda bad: f"EP rank(s) {bad} refused the plan; nothing moved", InvalidPlanError
+        )
         if np.unique(got[:, 1]).size != 1:
             raise InvalidPlanError("EP ranks hold different plans; nothing moved (use broadcast_plan)")
         report = None
         if plan.migration.size:
-            report = migrate(self.layers, plan, optimizer, group=self.group, timeout=self.timeout,
-                             extra_state=extra_state, fault=fault, max_bytes_in_flight=max_bytes_in_flight)
+            report = migrate(
+                self.layers,
+                plan,
+                optimizer,
+                group=self.group,
+                timeout=self.timeout,
+                extra_state=extra_state,
+                fault=fault,
+                max_bytes_in_flight=max_bytes_in_flight,
+            )
         self.last_migration = report
         self.plan = plan
         self._cells = self._bucket(plan)
@@ -207,7 +233,8 @@ class PlanRunner:
             raise RoutepackError(
                 f"{where}: the step is part-way: layer(s) {list(left)} ran backward for {sorted(set(left.values()))} "
                 f"of the plan's {m} microbatches; their redundant experts' gradients are summed in the backward "
-                f"of the step's last microbatch, which has not run (call runner.discard_step() to abandon the step)")
+                f"of the step's last microbatch, which has not run (call runner.discard_step() to abandon the step)"
+            )
 
     def discard_step(self) -> None:
         """Forgets the redundant slots' gradients of a step abandoned part-way (the backward of
@@ -232,8 +259,10 @@ class PlanRunner:
             elsewhere = bool(gather_ints([int(bool(ranks))], self.edp_group, device, self.timeout)[:, 0].any())
         if ranks or elsewhere:
             who = f"EP rank(s) {ranks}" if ranks else "a rank of another EP group"
-            raise RoutepackError(f"topk_ids: {who} fed MoE layers ids other than the replayed microbatches "
-                                 "given to begin_window; this step's gradients are wrong: do not step")
+            raise RoutepackError(
+                f"topk_ids: {who} fed MoE layers ids other than the replayed microbatches "
+                "given to begin_window; this step's gradients are wrong: do not step"
+            )
 
     # ------------------------------------------------- hooks for EPMoE
     def cell_rows(self, layer: int) -> np.ndarray:

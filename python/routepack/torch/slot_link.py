@@ -121,8 +121,9 @@ def redundant_experts(phy2log: np.ndarray, num_experts: int) -> np.ndarray:
 
 
 @torch.no_grad()
-def complete_slot_grads(mod: Any, g1: torch.Tensor, g2: torch.Tensor, extra: Dict[int, torch.Tensor],
-                        sums: Optional[StepSums] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+def complete_slot_grads(
+    mod: Any, g1: torch.Tensor, g2: torch.Tensor, extra: Dict[int, torch.Tensor], sums: Optional[StepSums] = None
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(g1, g2)`` (``[spr, H, 2I]`` / ``[spr, I, H]``, the parameter's dtype) with each local
     slot's replica gradients ``extra[slot]`` (fp32, flat ``[H*2I + I*H]``) added and every
     redundant expert summed over the EP group, in fp32, rounded once.

@@ -37,8 +37,9 @@ def rank_bytes(rows: np.ndarray, slot_bytes: Sequence[int], ep: int) -> np.ndarr
     return out
 
 
-def plan_stages(rows: np.ndarray, slot_bytes: Sequence[int], ep: int,
-                max_bytes_in_flight: Optional[int]) -> Tuple[List[Tuple[List[int], List[int]]], int]:
+def plan_stages(
+    rows: np.ndarray, slot_bytes: Sequence[int], ep: int, max_bytes_in_flight: Optional[int]
+) -> Tuple[List[Tuple[List[int], List[int]]], int]:
     """``([(layers, row indices)] per stage, peak bytes)``: consecutive layers with rows,
     grouped greedily so every rank's extra memory in a stage stays within
     ``max_bytes_in_flight`` (None: one stage). The peak is the largest per-rank figure of
@@ -58,8 +59,10 @@ def plan_stages(rows: np.ndarray, slot_bytes: Sequence[int], ep: int,
             need = per_layer[l]
             if int(need.max()) > ceiling:
                 p = int(need.argmax())
-                raise RoutepackError(f"max_bytes_in_flight: {ceiling} bytes, but moving MoE layer {l} alone holds "
-                                     f"{int(need.max())} bytes on EP rank {p}; raise the ceiling to at least that")
+                raise RoutepackError(
+                    f"max_bytes_in_flight: {ceiling} bytes, but moving MoE layer {l} alone holds "
+                    f"{int(need.max())} bytes on EP rank {p}; raise the ceiling to at least that"
+                )
             if current and int((held + need).max()) > ceiling:
                 groups.append(current)
                 current, held = [], np.zeros(ep, dtype=np.int64)

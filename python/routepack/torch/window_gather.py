@@ -86,8 +86,15 @@ def encode(window: Window) -> Tuple[int, np.ndarray]:
     return _COUNT_DTYPES.index(cdt), np.concatenate([lens, counts.astype(cdt, copy=False).reshape(-1).view(np.uint8)])
 
 
-def decode(code: int, payload: np.ndarray, samples: int, layers: int, experts: int, max_len: int,
-           out: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
+def decode(
+    code: int,
+    payload: np.ndarray,
+    samples: int,
+    layers: int,
+    experts: int,
+    max_len: int,
+    out: Optional[np.ndarray] = None,
+) -> Tuple[np.ndarray, np.ndarray]:
     """(seq_lens int64 ``[S]``, expert_tokens int32 ``[S, L, E]``) from `encode`'s output;
     ``max_len`` picks the lengths' dtype as `encode` did. ``out``: a C-contiguous ``[S, L, E]``
     array to decode the counts into instead (saves a copy when assembling many ranks), of the
@@ -108,12 +115,16 @@ def decode(code: int, payload: np.ndarray, samples: int, layers: int, experts: i
         # nnz indices, then nnz counts
         nnz = body.size // (idt.itemsize + cdt.itemsize)
         flat[:] = 0
-        flat[body[:nnz * idt.itemsize].view(idt)] = body[nnz * idt.itemsize:].view(cdt)
+        flat[body[: nnz * idt.itemsize].view(idt)] = body[nnz * idt.itemsize :].view(cdt)
     return lens, counts
 
 
-def gather_window(local: Window, group: Optional[Any] = None, raw_bytes: Optional[int] = None,
-                  timeout: Optional[datetime.timedelta] = None) -> GatheredWindow:
+def gather_window(
+    local: Window,
+    group: Optional[Any] = None,
+    raw_bytes: Optional[int] = None,
+    timeout: Optional[datetime.timedelta] = None,
+) -> GatheredWindow:
     """Collective: every rank of ``group`` passes the `Window` of its own samples (any number
     >= 1, the same L, E and ``top_k`` on every rank) and gets back the whole window (samples
     by group rank, then local order) with the wire figures (`GatheredWindow`).
@@ -130,36 +141,59 @@ def gather_window(local: Window, group: Optional[Any] = None, raw_bytes: Optiona
     try:
         instance_of(local, Window, "local")
         w = local
-        raw = -1 if w.top_k is None else raw_id_bytes(w.total_tokens, w.num_samples, w.num_layers, w.top_k,
-                                                      w.num_experts)
+        raw = (
+            -1 if w.top_k is None else raw_id_bytes(w.total_tokens, w.num_samples, w.num_layers, w.top_k, w.num_experts)
+        )
         if raw_bytes is not None:
             raw = positive_int(raw_bytes, "raw_bytes", minimum=0)
         code, payload = encode(w)
-        header = [w.num_samples, w.num_layers, w.num_experts, -1 if w.top_k is None else w.top_k, code,
-                  int(w.seq_lens.max()), raw]
+        header = [
+            w.num_samples,
+            w.num_layers,
+            w.num_experts,
+            -1 if w.top_k is None else w.top_k,
+            code,
+            int(w.seq_lens.max()),
+            raw,
+        ]
     except Exception as e:  # noqa: BLE001 (shared with the peers, then re-raised)
         err = e
     heads, parts = gather_payloads(header, payload, err, "local", group, timeout=timeout)
     for col, name in ((1, "L (layers)"), (2, "E (experts)"), (3, "top_k")):
         if np.unique(heads[:, col]).size != 1:
-            raise RoutepackError(f"local: the ranks' windows differ in {name}: {heads[:, col].tolist()} "
-                                 "(in group-rank order; -1: top_k unknown)")
+            raise RoutepackError(
+                f"local: the ranks' windows differ in {name}: {heads[:, col].tolist()} "
+                "(in group-rank order; -1: top_k unknown)"
+            )
     layers, experts, top_k = (int(heads[0, c]) for c in (1, 2, 3))
     starts = np.concatenate([[0], np.cumsum(heads[:, 0])])
     # the widest dtype any rank sent holds every count: the window is assembled in it, and
     # `Window` narrows it no further than its largest count allows (never through int32)
     cdt = _COUNT_DTYPES[max(int(h[4]) % 3 for h in heads)]
     counts = np.empty((int(starts[-1]), layers, experts), cdt)
-    lens = [decode(int(h[4]), p, int(h[0]), layers, experts, int(h[5]), out=counts[a:b])[0]
-            for h, p, a, b in zip(heads, parts, starts[:-1], starts[1:])]
+    lens = [
+        decode(int(h[4]), p, int(h[0]), layers, experts, int(h[5]), out=counts[a:b])[0]
+        for h, p, a, b in zip(heads, parts, starts[:-1], starts[1:])
+    ]
     window = Window(np.concatenate(lens), counts, None if top_k < 0 else top_k)
     sizes = np.array([p.size for p in parts], np.int64)
-    return GatheredWindow(window, heads[:, 0].copy(), tuple(ENCODINGS[int(c)] for c in heads[:, 4]), sizes,
-                          int(sizes.max()), heads[:, 6].copy())
+    return GatheredWindow(
+        window,
+        heads[:, 0].copy(),
+        tuple(ENCODINGS[int(c)] for c in heads[:, 4]),
+        sizes,
+        int(sizes.max()),
+        heads[:, 6].copy(),
+    )
 
 
-def window_from_ranks(routed: Any, cu_seqlens: Any, num_experts: int, group: Optional[Any] = None,
-                      timeout: Optional[datetime.timedelta] = None) -> GatheredWindow:
+def window_from_ranks(
+    routed: Any,
+    cu_seqlens: Any,
+    num_experts: int,
+    group: Optional[Any] = None,
+    timeout: Optional[datetime.timedelta] = None,
+) -> GatheredWindow:
     """Collective: the window of every rank's routed expert ids, each rank passing only its
     own samples' (`routepack.Window.from_routed_experts`'s layout).
 

@@ -107,9 +107,7 @@ pub fn synthetic(layers: usize, experts: usize, chunks: usize, seed: u64) -> (Ve
             .collect();
         for b in 0..chunks {
             let mix: Vec<usize> = (0..4).map(|_| rng.random_range(0..topics)).collect();
-            let mut p: Vec<f64> = (0..experts)
-                .map(|e| mix.iter().map(|&t| (base[e] + boost[t][e]).exp()).sum::<f64>())
-                .collect();
+            let mut p: Vec<f64> = (0..experts).map(|e| mix.iter().map(|&t| (base[e] + boost[t][e]).exp()).sum::<f64>()).collect();
             let z: f64 = p.iter().sum();
             p.iter_mut().for_each(|x| *x *= 1.0e6 / z);
             for e in 0..experts {

@@ -50,7 +50,9 @@ impl DemandSums {
             .map(|l| {
                 let mut totals = vec![0i64; e_n];
                 let mut share = vec![0.0f64; e_n];
-                let rows = (0..s_n).map(|s| crate::with_counts!(w.tokens(s, l), t => row_sums(t, w.seq_lens[s], &mut totals, &mut share))).collect();
+                let rows = (0..s_n)
+                    .map(|s| crate::with_counts!(w.tokens(s, l), t => row_sums(t, w.seq_lens[s], &mut totals, &mut share)))
+                    .collect();
                 (rows, totals, share)
             })
             .collect();

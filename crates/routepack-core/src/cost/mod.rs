@@ -103,10 +103,7 @@ impl CostModel {
     /// the field (`cost.<name>`) and its value.
     pub fn check(&self, num_layers: usize) -> Result<()> {
         if self.a_quad.len() != num_layers {
-            return Err(invalid(
-                "cost.a_quad",
-                format!("has {} entries, expected one per MoE layer ({num_layers})", self.a_quad.len()),
-            ));
+            return Err(invalid("cost.a_quad", format!("has {} entries, expected one per MoE layer ({num_layers})", self.a_quad.len())));
         }
         let scalars = [
             ("cost.a_lin", self.a_lin),

@@ -48,11 +48,11 @@ use rayon::prelude::*;
 mod feed;
 
 use crate::error::{bad_plan, invalid, Result};
-use feed::feed_slots;
 use crate::plan::{bucket_replicas, cell_members, Plan};
 use crate::topology::Topology;
 use crate::validate::validate_plan;
 use crate::window::WindowView;
+use feed::feed_slots;
 
 /// Destination of a batch of tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,9 +100,7 @@ pub fn route_expert(
             let rpn = topo.ranks_per_group_node();
             let lo = topo.local_node_of(dst) * rpn;
             let hi = (lo + rpn).min(ep);
-            let order = std::iter::once(dst)
-                .chain((lo..hi).filter(|&r| r != dst))
-                .chain((0..lo).chain(hi..ep));
+            let order = std::iter::once(dst).chain((lo..hi).filter(|&r| r != dst)).chain((0..lo).chain(hi..ep));
             for r in order {
                 if need == 0 {
                     break;
@@ -151,24 +149,12 @@ pub type ExchangeReplica = (usize, usize, f32);
 
 /// Checks the inputs of [`route_exchange`] coming from outside a validated plan: `origin` `[ep*E]`
 /// non-negative, the layer's CSR non-empty for every expert, replicas in range.
-pub fn check_exchange(
-    origin: &[i64],
-    num_experts: usize,
-    slot_off: &[usize],
-    reps: &[ExchangeReplica],
-    topo: &Topology,
-) -> Result<()> {
+pub fn check_exchange(origin: &[i64], num_experts: usize, slot_off: &[usize], reps: &[ExchangeReplica], topo: &Topology) -> Result<()> {
     if origin.len() != topo.ep * num_experts {
-        return Err(invalid(
-            "origin",
-            format!("has {} entries, expected ep*E = {}*{num_experts}", origin.len(), topo.ep),
-        ));
+        return Err(invalid("origin", format!("has {} entries, expected ep*E = {}*{num_experts}", origin.len(), topo.ep)));
     }
     if let Some(i) = origin.iter().position(|&x| x < 0) {
-        return Err(invalid(
-            "origin",
-            format!("negative count {} at rank {}, expert {}", origin[i], i / num_experts, i % num_experts),
-        ));
+        return Err(invalid("origin", format!("negative count {} at rank {}, expert {}", origin[i], i / num_experts, i % num_experts)));
     }
     if slot_off.len() != num_experts + 1 {
         return Err(invalid("placement", format!("slot table has {} offsets, expected E+1", slot_off.len())));
@@ -263,10 +249,8 @@ pub fn rank_tokens(plan: &Plan, w: &WindowView, topo: &Topology) -> Result<Vec<i
                         w.tokens(s, l).add_to(&mut origin[r * e_n..(r + 1) * e_n]);
                     }
                 }
-                let exchange: Vec<ExchangeReplica> = reps[gm * l_n + l]
-                    .iter()
-                    .map(|x| (x.expert as usize, x.dst_rank as usize, x.share))
-                    .collect();
+                let exchange: Vec<ExchangeReplica> =
+                    reps[gm * l_n + l].iter().map(|x| (x.expert as usize, x.dst_rank as usize, x.share)).collect();
                 flows.clear();
                 let (so, sl) = &layer_slots[l];
                 route_exchange(&origin, e_n, so, sl, &exchange, topo, &mut flows);
@@ -326,11 +310,23 @@ mod tests {
         // node 1 keeps its 4 tokens; node 0's surplus of 6 has to cross (the least possible),
         // from its ranks in proportion to their tokens (3.75 : 2.25, rounded to 4 : 2)
         assert_eq!(cross, 6);
-        let want = [(0, 2, Dest::Slot(2), 4), (1, 2, Dest::Slot(2), 2), (0, 0, Dest::Slot(0), 6), (1, 0, Dest::Slot(0), 4), (3, 2, Dest::Slot(2), 4)];
+        let want = [
+            (0, 2, Dest::Slot(2), 4),
+            (1, 2, Dest::Slot(2), 2),
+            (0, 0, Dest::Slot(0), 6),
+            (1, 0, Dest::Slot(0), 4),
+            (3, 2, Dest::Slot(2), 4),
+        ];
         assert_eq!(flows, want);
         // quotas 12 and 12: node 0's surplus of 8 leaves as 4 + 4 (3.2 : 4.8 rounded)
         let flows = collect(&[8, 12, 0, 4], &[0, 2], &[], &topo);
-        let want = [(0, 2, Dest::Slot(2), 4), (1, 2, Dest::Slot(2), 4), (0, 0, Dest::Slot(0), 4), (1, 0, Dest::Slot(0), 8), (3, 2, Dest::Slot(2), 4)];
+        let want = [
+            (0, 2, Dest::Slot(2), 4),
+            (1, 2, Dest::Slot(2), 4),
+            (0, 0, Dest::Slot(0), 4),
+            (1, 0, Dest::Slot(0), 8),
+            (3, 2, Dest::Slot(2), 4),
+        ];
         assert_eq!(flows, want);
         // slots on ranks 1 and 3, quotas 12 and 12: 12 of node 0's 24 cross, 8 from rank 0 and
         // 4 from rank 1 (the copy's own rank sends its share too, so no rank sends more than
@@ -355,7 +351,8 @@ mod tests {
         // each copy takes half of node 1's tokens (10), and rank 1 gives rank 0 the 4 it lacks
         let topo = Topology::new(4, 4, 2, 1).unwrap();
         let flows = collect(&[2, 10, 12, 8], &[0, 1], &[], &topo);
-        let inter = |p: usize| flows.iter().filter(|f| f.1 == p && topo.local_node_of(f.0) != topo.local_node_of(p)).map(|f| f.3).sum::<i64>();
+        let inter =
+            |p: usize| flows.iter().filter(|f| f.1 == p && topo.local_node_of(f.0) != topo.local_node_of(p)).map(|f| f.3).sum::<i64>();
         assert_eq!((inter(0), inter(1)), (10, 10));
         assert!(flows.contains(&(0, 0, Dest::Slot(0), 2)) && flows.contains(&(1, 0, Dest::Slot(0), 4)));
     }

@@ -21,8 +21,8 @@ use rand_xoshiro::Xoshiro256PlusPlus;
 use rayon::prelude::*;
 
 use super::chain::{Chain, MoveMix};
-use super::proxy::Proxy;
 use super::detmath::{exp, ln};
+use super::proxy::Proxy;
 use crate::error::{invalid, Result};
 
 /// Search settings (the defaults are in `packing::routepack::Options::default`).

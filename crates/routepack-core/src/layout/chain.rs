@@ -19,8 +19,8 @@
 use rand::Rng;
 use rand_xoshiro::Xoshiro256PlusPlus;
 
-use super::proxy::{Delta, Proxy, Shards, Src};
 use super::detmath;
+use super::proxy::{Delta, Proxy, Shards, Src};
 
 /// A near-length partner is at most this many places away in length order.
 const NEAR: usize = 16;
@@ -412,4 +412,3 @@ mod tests {
         }
     }
 }
-

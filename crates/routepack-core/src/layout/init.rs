@@ -85,9 +85,7 @@ fn worst_fit_scan(px: &Proxy, w: &[f64], order: &[usize]) -> Option<Vec<u32>> {
             // sample (no attention cost, no expert tokens) must still open a cell, or the
             // annealer is handed an empty cell. Where every weight is positive, used cells
             // weigh more than 0 and this orders cells exactly as the loads alone did.
-            let lighter = pick == usize::MAX
-                || (!used[c] && used[pick])
-                || (used[c] == used[pick] && load[c] < load[pick]);
+            let lighter = pick == usize::MAX || (!used[c] && used[pick]) || (used[c] == used[pick] && load[c] < load[pick]);
             if tokens[c] as i128 + n as i128 <= px.token_cap as i128 && lighter {
                 pick = c;
             }
@@ -205,7 +203,8 @@ mod tests {
             let lens: Vec<i64> = (0..s_n).map(|_| 50 + next(850) as i64).collect();
             let tok: Vec<i32> = (0..s_n * l_n * e_n).map(|_| next(40) as i32).collect();
             let w = WindowView::new(&lens, &tok, l_n, e_n).unwrap();
-            let topo = [Topology::new(4, 2, 2, 4), Topology::new(2, 1, 1, 8), Topology::new(8, 4, 2, 2)][seed as usize % 3].clone().unwrap();
+            let topo =
+                [Topology::new(4, 2, 2, 4), Topology::new(2, 1, 1, 8), Topology::new(8, 4, 2, 2)][seed as usize % 3].clone().unwrap();
             let cost = CostModel::for_tests(l_n);
             let pl = static_placement(l_n, e_n, &topo).unwrap();
             let total: i64 = lens.iter().sum();

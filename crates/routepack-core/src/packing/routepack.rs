@@ -170,13 +170,7 @@ pub fn to_packing(cell_of: &[u32], micro: usize) -> Packing {
 
 /// The layout proxy's step time (max_g C_g, see `layout::proxy`) of any packing: to check
 /// that the proxy tracks `simulate`. The packing's ranks and steps must be in range.
-pub fn proxy_step_time(
-    w: &WindowView,
-    topo: &Topology,
-    cost: &CostModel,
-    placement: &Placement,
-    packing: &Packing,
-) -> Result<f64> {
+pub fn proxy_step_time(w: &WindowView, topo: &Topology, cost: &CostModel, placement: &Placement, packing: &Packing) -> Result<f64> {
     let m_n = packing.num_micro;
     if packing.sample_rank.len() != w.num_samples || packing.sample_micro.len() != w.num_samples {
         return Err(bad_plan(format!(

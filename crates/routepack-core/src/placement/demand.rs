@@ -39,10 +39,7 @@ impl<'a> Demand<'a> {
     /// Checks the shapes (and that every entry is finite and >= 0) and wraps the tables.
     pub fn new(loads: &'a [f64], chunks: &'a [f64], num_layers: usize, num_experts: usize, num_chunks: usize) -> Result<Self> {
         if num_layers == 0 || num_experts == 0 || loads.len() != num_layers * num_experts {
-            return Err(invalid(
-                "loads",
-                format!("has {} entries; expected L*E = {num_layers}*{num_experts} with L, E >= 1", loads.len()),
-            ));
+            return Err(invalid("loads", format!("has {} entries; expected L*E = {num_layers}*{num_experts} with L, E >= 1", loads.len())));
         }
         if chunks.len() != num_layers * num_experts * num_chunks {
             return Err(invalid(
@@ -90,7 +87,10 @@ pub fn chunk_demand(w: &WindowView, num_chunks: usize) -> Result<Vec<f64>> {
         return Ok(Vec::new());
     }
     if num_chunks > w.num_samples {
-        return Err(invalid("placement_chunks", format!("{num_chunks} chunks for {} samples; use at most one chunk per sample", w.num_samples)));
+        return Err(invalid(
+            "placement_chunks",
+            format!("{num_chunks} chunks for {} samples; use at most one chunk per sample", w.num_samples),
+        ));
     }
     let chunk = chunk_of_samples(w.seq_lens, num_chunks);
     let (e_n, b_n) = (w.num_experts, num_chunks);

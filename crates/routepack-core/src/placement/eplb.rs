@@ -196,7 +196,10 @@ fn check_args(
     num_gpus: usize,
 ) -> Result<()> {
     if num_layers == 0 || num_experts == 0 || weight.len() != num_layers * num_experts {
-        return Err(invalid("weight", format!("has {} entries; expected L*E with L, E >= 1 (L={num_layers}, E={num_experts})", weight.len())));
+        return Err(invalid(
+            "weight",
+            format!("has {} entries; expected L*E with L, E >= 1 (L={num_layers}, E={num_experts})", weight.len()),
+        ));
     }
     super::replica_counts::check_loads(weight, "weight")?;
     for (name, v) in [("num_groups", num_groups), ("num_nodes", num_nodes), ("num_gpus", num_gpus)] {
@@ -221,7 +224,10 @@ fn check_args(
             return Err(invalid("num_groups", format!("num_experts = {num_experts} is not a multiple of num_groups = {num_groups}")));
         }
         if !num_experts.is_multiple_of(num_nodes) || !num_replicas.is_multiple_of(num_nodes) {
-            return Err(invalid("num_nodes", format!("{num_nodes} does not divide num_experts = {num_experts} and num_replicas = {num_replicas}")));
+            return Err(invalid(
+                "num_nodes",
+                format!("{num_nodes} does not divide num_experts = {num_experts} and num_replicas = {num_replicas}"),
+            ));
         }
     }
     Ok(())

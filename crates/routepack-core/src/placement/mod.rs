@@ -36,17 +36,9 @@ pub struct Placement {
 
 impl Placement {
     /// Wraps and checks a phy2log table `[L, num_slots]`.
-    pub fn new(
-        phy2log: Vec<i32>,
-        num_layers: usize,
-        num_experts: usize,
-        slots_per_rank: usize,
-    ) -> Result<Self> {
+    pub fn new(phy2log: Vec<i32>, num_layers: usize, num_experts: usize, slots_per_rank: usize) -> Result<Self> {
         if num_layers == 0 || slots_per_rank == 0 || !phy2log.len().is_multiple_of(num_layers) {
-            return Err(invalid(
-                "placement.phy2log",
-                format!("has {} entries, not a multiple of L={num_layers}", phy2log.len()),
-            ));
+            return Err(invalid("placement.phy2log", format!("has {} entries, not a multiple of L={num_layers}", phy2log.len())));
         }
         let num_slots = phy2log.len() / num_layers;
         if num_experts == 0 || num_experts > num_slots {
@@ -56,10 +48,7 @@ impl Placement {
             ));
         }
         if num_layers > i32::MAX as usize || num_slots > i32::MAX as usize {
-            return Err(invalid(
-                "placement.phy2log",
-                format!("shape [{num_layers}, {num_slots}] does not fit the int32 ids of a plan"),
-            ));
+            return Err(invalid("placement.phy2log", format!("shape [{num_layers}, {num_slots}] does not fit the int32 ids of a plan")));
         }
         if !num_slots.is_multiple_of(slots_per_rank) {
             return Err(invalid(
@@ -79,10 +68,7 @@ impl Placement {
             seen.iter_mut().for_each(|x| *x = false);
             for (p, &e) in self.layer(l).iter().enumerate() {
                 if e < -1 || e >= self.num_experts as i32 {
-                    return Err(bad_plan(format!(
-                        "placement.phy2log[{l}, {p}] = {e} is outside [-1, {})",
-                        self.num_experts
-                    )));
+                    return Err(bad_plan(format!("placement.phy2log[{l}, {p}] = {e} is outside [-1, {})", self.num_experts)));
                 }
                 if e >= 0 {
                     seen[e as usize] = true;
@@ -192,10 +178,7 @@ pub fn static_placement(num_layers: usize, num_experts: usize, topo: &Topology) 
     if per_rank > topo.slots_per_rank {
         return Err(invalid(
             "topo.slots_per_rank",
-            format!(
-                "static placement puts ceil(E/ep) = {per_rank} experts on a rank but slots_per_rank = {}",
-                topo.slots_per_rank
-            ),
+            format!("static placement puts ceil(E/ep) = {per_rank} experts on a rank but slots_per_rank = {}", topo.slots_per_rank),
         ));
     }
     if num_layers == 0 || num_layers > i32::MAX as usize {

@@ -37,10 +37,7 @@ pub fn relibra_placement(
 ) -> Result<Placement> {
     topo.check_experts(num_experts)?;
     if loads.len() != num_layers * num_experts {
-        return Err(invalid(
-            "loads",
-            format!("has {} entries, expected L*E = {num_layers}*{num_experts}", loads.len()),
-        ));
+        return Err(invalid("loads", format!("has {} entries, expected L*E = {num_layers}*{num_experts}", loads.len())));
     }
     if let Some(i) = loads.iter().position(|x| !x.is_finite() || *x < 0.0) {
         return Err(invalid(

@@ -122,7 +122,10 @@ impl Block {
     /// Block `index` of `count`; `count >= 1` and `index < count`, else an error naming `block`.
     pub fn new(index: usize, count: usize) -> Result<Block> {
         if count == 0 || index >= count {
-            return Err(invalid("block", format!("expected (index, count) with count >= 1 and 0 <= index < count, got ({index}, {count})")));
+            return Err(invalid(
+                "block",
+                format!("expected (index, count) with count >= 1 and 0 <= index < count, got ({index}, {count})"),
+            ));
         }
         Ok(Block { index, count })
     }

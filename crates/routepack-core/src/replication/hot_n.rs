@@ -42,10 +42,7 @@ pub fn plan_exchange(c: &Exchange, state: &mut ExchangeState, hot_experts: usize
         }
         let Some((e, _)) = pick else { break };
         hot[e] = true;
-        let reps = (0..ep)
-            .filter(|&r| !c.hosts(e, r))
-            .map(|r| state.make_replica(e, c.source_for(e, r), r, state.origin(e)[r]))
-            .collect();
+        let reps = (0..ep).filter(|&r| !c.hosts(e, r)).map(|r| state.make_replica(e, c.source_for(e, r), r, state.origin(e)[r])).collect();
         state.set_replicas(c, e, reps);
     }
     state.table(c)

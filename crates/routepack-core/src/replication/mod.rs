@@ -26,8 +26,8 @@ use crate::plan::Replica;
 use crate::topology::Topology;
 use crate::window::WindowView;
 
-pub use exchange::Block;
 use exchange::plan_exchange_block;
+pub use exchange::Block;
 use state::ExchangeState;
 
 /// The packing replication plans for: `sample_rank`, `sample_micro` `[S]`, `num_micro` M.

@@ -172,9 +172,7 @@ pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Repli
             wk.sent_top[pa] = top;
         }
         keyed.clear();
-        keyed.extend(
-            wk.sent_top[pa].iter().filter(|&&e| e != usize::MAX).map(|&e| (st.origin(e)[pa] - st.expert_tokens(e, pa), e)),
-        );
+        keyed.extend(wk.sent_top[pa].iter().filter(|&&e| e != usize::MAX).map(|&e| (st.origin(e)[pa] - st.expert_tokens(e, pa), e)));
         take_top(keyed, opts.experts, cands);
 
         // 1. candidate moves, in scan order, each with a cheap lower bound on its price
@@ -207,9 +205,7 @@ pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Repli
             keyed.clear();
             // least loaded: key = -(expert time) in ns, positive offset keeps take_top's key > 0
             let x_max = st.expert_time(px);
-            keyed.extend(
-                (0..ep).filter(|&r| eligible(r)).map(|r| ((((x_max - st.expert_time(r)) * 1e9) as i64).saturating_add(1), r)),
-            );
+            keyed.extend((0..ep).filter(|&r| eligible(r)).map(|r| ((((x_max - st.expert_time(r)) * 1e9) as i64).saturating_add(1), r)));
             take_top(keyed, opts.dsts, dsts);
             if ci >= sent_from && eligible(pa) && !dsts.contains(&pa) {
                 dsts.push(pa);
@@ -235,10 +231,14 @@ pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Repli
                 let node_tokens = wk.node_tokens[r / rpn];
                 // with c_tok = 0 (or a huge gap) the share is "all of it": the float→int cast
                 // saturates, and the sum must too (it overflowed i64 before)
-                let level = mine
-                    .saturating_add(((host_x - st.expert_time(r)) / (2.0 * c.cost.c_tok.max(f64::MIN_POSITIVE))) as i64);
+                let level = mine.saturating_add(((host_x - st.expert_time(r)) / (2.0 * c.cost.c_tok.max(f64::MIN_POSITIVE))) as i64);
                 let mut options = [node_tokens.clamp(1, avail), 0];
-                let n_options = if level >= 1 && level < node_tokens { options[1] = level.min(avail); 2 } else { 1 };
+                let n_options = if level >= 1 && level < node_tokens {
+                    options[1] = level.min(avail);
+                    2
+                } else {
+                    1
+                };
                 // ranks a move of e onto r can change: expert time on r, e's hosts and e's
                 // other copies; all-to-all also on the ranks tokens are drawn from, which is
                 // r's node when e has no other copy, the copy's old and new n stay within

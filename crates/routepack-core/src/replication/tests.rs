@@ -120,7 +120,15 @@ fn hot_n_keeps_hot_tokens_local_and_shrinks_the_all_to_all() {
     assert!(!rows.is_empty());
     let (g_n, m_n, l_n) = (case.topo.num_groups(), base.num_micro, case.layers);
     let buckets = bucket_replicas(&rows, g_n, m_n, l_n);
-    plan_exchanges(&w, &case.topo, &cost, &case.placement, &base.sample_rank, &base.sample_micro, base.num_micro, None,
+    plan_exchanges(
+        &w,
+        &case.topo,
+        &cost,
+        &case.placement,
+        &base.sample_rank,
+        &base.sample_micro,
+        base.num_micro,
+        None,
         || ExchangePricer::new(case.topo.ep, case.experts),
         |c: &Exchange, pricer| {
             let reps = &buckets[(c.group * m_n + c.micro) * l_n + c.layer];
@@ -132,7 +140,8 @@ fn hot_n_keeps_hot_tokens_local_and_shrinks_the_all_to_all() {
                 // a copy on every other rank, each computing exactly its own tokens
                 assert_eq!(reps.iter().filter(|r| r.expert as usize == e).count(), c.ep() - 1);
                 let col: Vec<i64> = (0..c.ep()).map(|r| c.origin_of(r, e)).collect();
-                let args: Vec<(usize, f32)> = reps.iter().filter(|r| r.expert as usize == e).map(|r| (r.dst_rank as usize, r.share)).collect();
+                let args: Vec<(usize, f32)> =
+                    reps.iter().filter(|r| r.expert as usize == e).map(|r| (r.dst_rank as usize, r.share)).collect();
                 let mut scratch = Vec::new();
                 route_expert(&col, c.expert_slots(e), &args, c.topo, &mut scratch, |o, p, _, n| {
                     assert_eq!(o, p, "expert {e}: {n} tokens of rank {o} computed on {p}");
@@ -142,7 +151,9 @@ fn hot_n_keeps_hot_tokens_local_and_shrinks_the_all_to_all() {
             let none = pricer.price(c.topo, c.cost, c.origin, c.attn_max, c.slot_off, c.slots, &[]);
             assert!(with.all_to_all <= none.all_to_all, "{} > {}", with.all_to_all, none.all_to_all);
             Vec::new()
-        }).unwrap();
+        },
+    )
+    .unwrap();
 }
 
 #[test]
@@ -159,7 +170,17 @@ fn hot_n_follows_mindspeeds_counting_rule() {
     ];
     let slot_off = vec![0, 1, 2, 3, 4];
     let slots = vec![0, 1, 2, 3];
-    let c = Exchange { group: 0, micro: 0, layer: 0, topo: &topo, cost: &cost, origin: &origin, attn_max: 1.0, slot_off: &slot_off, slots: &slots };
+    let c = Exchange {
+        group: 0,
+        micro: 0,
+        layer: 0,
+        topo: &topo,
+        cost: &cost,
+        origin: &origin,
+        attn_max: 1.0,
+        slot_off: &slot_off,
+        slots: &slots,
+    };
     let mut st = ExchangeState::new();
     let rows = super::hot_n::plan_exchange(&c, &mut st, 2);
     // loads [40, 35, 4, 18] → rank 0's expert 0 is hot; each rank computes its own tokens
@@ -182,16 +203,29 @@ fn relibra_stays_inside_nodes_and_levels_them() {
         }
         let (g_n, m_n, l_n) = (case.topo.num_groups(), base.num_micro, case.layers);
         let buckets = bucket_replicas(&rows, g_n, m_n, l_n);
-        plan_exchanges(&w, &case.topo, &cost, &case.placement, &base.sample_rank, &base.sample_micro, base.num_micro, None,
+        plan_exchanges(
+            &w,
+            &case.topo,
+            &cost,
+            &case.placement,
+            &base.sample_rank,
+            &base.sample_micro,
+            base.num_micro,
+            None,
             ExchangeState::new,
             |c: &Exchange, st| {
                 st.reset(c);
                 let before = st.tok.clone();
                 let reps = &buckets[(c.group * m_n + c.micro) * l_n + c.layer];
                 for e in 0..c.num_experts() {
-                    let rs: Vec<_> = reps.iter().filter(|r| r.expert as usize == e)
-                        .map(|r| super::state::ReplicaShare { dst: r.dst_rank as usize, src: r.src_rank as usize, n: 0, share: r.share }).collect();
-                    if !rs.is_empty() { st.set_replicas(c, e, rs); }
+                    let rs: Vec<_> = reps
+                        .iter()
+                        .filter(|r| r.expert as usize == e)
+                        .map(|r| super::state::ReplicaShare { dst: r.dst_rank as usize, src: r.src_rank as usize, n: 0, share: r.share })
+                        .collect();
+                    if !rs.is_empty() {
+                        st.set_replicas(c, e, rs);
+                    }
                 }
                 let rpn = c.topo.ranks_per_group_node();
                 for n in 0..c.ep() / rpn {
@@ -199,7 +233,9 @@ fn relibra_stays_inside_nodes_and_levels_them() {
                     assert!(mx(&st.tok) <= mx(&before), "node {n}: {:?} -> {:?}", before, st.tok);
                 }
                 Vec::new()
-            }).unwrap();
+            },
+        )
+        .unwrap();
     }
 }
 

@@ -36,8 +36,7 @@ fn reference_price(
     let mut rem = Vec::new();
     for e in 0..e_n {
         let column: Vec<i64> = (0..ep).map(|r| origin[r * e_n + e]).collect();
-        let args: Vec<(usize, f32)> =
-            reps.iter().filter(|x| x.expert as usize == e).map(|x| (x.dst_rank as usize, x.share)).collect();
+        let args: Vec<(usize, f32)> = reps.iter().filter(|x| x.expert as usize == e).map(|x| (x.dst_rank as usize, x.share)).collect();
         if column.iter().all(|&x| x == 0) {
             continue;
         }
@@ -91,16 +90,14 @@ fn the_one_slot_shortcut_prices_exchanges_bit_for_bit() {
         let topo = Topology::new(dp, ep, gpn, spr).unwrap();
         let e_n = 1 + mix.below(topo.num_slots());
         // each expert once, the spare slots on random experts (some replicated), shuffled
-        let mut phy2log: Vec<i32> =
-            (0..topo.num_slots()).map(|p| if p < e_n { p as i32 } else { mix.below(e_n) as i32 }).collect();
+        let mut phy2log: Vec<i32> = (0..topo.num_slots()).map(|p| if p < e_n { p as i32 } else { mix.below(e_n) as i32 }).collect();
         for i in (1..phy2log.len()).rev() {
             phy2log.swap(i, mix.below(i + 1));
         }
         let placement = Placement::new(phy2log, 1, e_n, spr).unwrap();
         let (so, sl) = placement.replicas_of_layer(0);
         let zero_odds = 1 + mix.below(4);
-        let origin: Vec<i64> =
-            (0..ep * e_n).map(|_| if mix.below(zero_odds) == 0 { 0 } else { mix.below(60) as i64 }).collect();
+        let origin: Vec<i64> = (0..ep * e_n).map(|_| if mix.below(zero_odds) == 0 { 0 } else { mix.below(60) as i64 }).collect();
         let reps: Vec<Replica> = (0..mix.below(6))
             .map(|_| Replica {
                 micro: 0,

@@ -115,13 +115,8 @@ pub fn random_replicas(mix: &mut Mix, placement: &Placement, topo: &Topology, mi
                     if mix.unit() > 0.3 {
                         continue;
                     }
-                    let hosts: Vec<usize> = placement
-                        .layer(l)
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, &x)| x == e as i32)
-                        .map(|(p, _)| p / spr)
-                        .collect();
+                    let hosts: Vec<usize> =
+                        placement.layer(l).iter().enumerate().filter(|(_, &x)| x == e as i32).map(|(p, _)| p / spr).collect();
                     let src = hosts[mix.below(hosts.len())];
                     let n = 1 + mix.below(3);
                     let mut left = 1.0f64;
@@ -181,12 +176,7 @@ pub fn usizes() -> impl Strategy<Value = usize> {
 /// with the exchange's flow table from `flow::route_exchange` (the routing rule), built from the
 /// window and the plan directly, not through the simulator: a reference the simulator's
 /// prices and byte counts are checked against.
-pub fn for_each_exchange_flows(
-    plan: &Plan,
-    w: &OwnedWindow,
-    topo: &Topology,
-    mut f: impl FnMut(usize, usize, &[Flow]),
-) {
+pub fn for_each_exchange_flows(plan: &Plan, w: &OwnedWindow, topo: &Topology, mut f: impl FnMut(usize, usize, &[Flow])) {
     let (e_n, ep) = (w.experts, topo.ep);
     let mut flows = Vec::new();
     for g in 0..topo.num_groups() {
@@ -329,8 +319,7 @@ pub fn check_replication_planners(make_cost: impl Fn(&mut Mix, usize) -> CostMod
             let max_len = [8, 60][mix.below(2)];
             let w = window(&mut mix, samples, layers, experts, max_len);
             let view = w.view();
-            let placement =
-                Placement::new(random_phy2log(&mut mix, layers, experts, &topo), layers, experts, topo.slots_per_rank).unwrap();
+            let placement = Placement::new(random_phy2log(&mut mix, layers, experts, &topo), layers, experts, topo.slots_per_rank).unwrap();
             let (rank, step) = random_layout(&mut mix, samples, topo.dp, micro);
             let packed = Packed { sample_rank: &rank, sample_micro: &step, num_micro: micro };
             let mut cost = make_cost(&mut mix, layers);

@@ -24,16 +24,51 @@ figures compared across ranks), `windows` (`check_windows`), `faults` (`check_fa
 `check_peer_death`), `zero` (`check_zero_tokens`), `spawn` (`run_ranks`).
 """
 
-from routepack.torch.selfcheck.case import (Case, cell_origin, make_layout, make_placement, make_plans,
-                                            make_replicas, make_window, migration_rows)
+from routepack.torch.selfcheck.case import (
+    Case,
+    cell_origin,
+    make_layout,
+    make_placement,
+    make_plans,
+    make_replicas,
+    make_window,
+    migration_rows,
+)
 from routepack.torch.selfcheck.faults import check_faults, check_peer_death, count_transfers
-from routepack.torch.selfcheck.model import (EPModel, Weights, fingerprints, forward, logical_weights,
-                                             make_groups, rel_err)
+from routepack.torch.selfcheck.model import (
+    EPModel,
+    Weights,
+    fingerprints,
+    forward,
+    logical_weights,
+    make_groups,
+    rel_err,
+)
 from routepack.torch.selfcheck.spawn import run_ranks
 from routepack.torch.selfcheck.windows import check_windows
 from routepack.torch.selfcheck.zero import check_zero_tokens, expected_messages
 
-__all__ = ["Case", "EPModel", "Weights", "cell_origin", "check_faults", "check_peer_death", "check_windows",
-           "check_zero_tokens", "count_transfers", "expected_messages", "fingerprints", "forward", "logical_weights",
-           "make_groups", "make_layout", "make_placement", "make_plans", "make_replicas", "make_window",
-           "migration_rows", "rel_err", "run_ranks"]
+__all__ = [
+    "Case",
+    "EPModel",
+    "Weights",
+    "cell_origin",
+    "check_faults",
+    "check_peer_death",
+    "check_windows",
+    "check_zero_tokens",
+    "count_transfers",
+    "expected_messages",
+    "fingerprints",
+    "forward",
+    "logical_weights",
+    "make_groups",
+    "make_layout",
+    "make_placement",
+    "make_plans",
+    "make_replicas",
+    "make_window",
+    "migration_rows",
+    "rel_err",
+    "run_ranks",
+]

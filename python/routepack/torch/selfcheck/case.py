@@ -80,7 +80,9 @@ def make_placement(case: Case, w: int) -> Placement:
     return Placement(np.stack(rows), case.experts, case.slots_per_rank)
 
 
-def cell_origin(case: Case, window: rp.Window, rank: np.ndarray, micro: np.ndarray, g: int, m: int, l: int) -> np.ndarray:
+def cell_origin(
+    case: Case, window: rp.Window, rank: np.ndarray, micro: np.ndarray, g: int, m: int, l: int
+) -> np.ndarray:
     """int64 ``[ep, E]``: tokens of each expert from each EP rank of group g at (m, l)."""
     out = np.zeros((case.ep, case.experts), dtype=np.int64)
     for r in range(case.ep):
@@ -89,8 +91,9 @@ def cell_origin(case: Case, window: rp.Window, rank: np.ndarray, micro: np.ndarr
     return out
 
 
-def make_replicas(case: Case, window: rp.Window, placement: Placement, rank: np.ndarray,
-                  micro: np.ndarray, w: int) -> np.ndarray:
+def make_replicas(
+    case: Case, window: rp.Window, placement: Placement, rank: np.ndarray, micro: np.ndarray, w: int
+) -> np.ndarray:
     """Hot-expert rows per (group, micro, layer): MindSpeed-style in even cells (the hottest
     expert copied to every other EP rank, each computing its own tokens), ReLibra-style in odd
     cells (the two hottest copied to a node mate with a fixed share)."""
@@ -139,9 +142,15 @@ def make_plans(case: Case, w: int, previous: Placement) -> Tuple[Plan, Plan, rp.
     window, routed, cu = make_window(case, w)
     rank, micro = make_layout(case, w)
     placement = make_placement(case, w)
-    plan = Plan(placement, rank, micro, case.micro,
-                make_replicas(case, window, placement, rank, micro, w),
-                migration_rows(previous, placement), policy="selfcheck")
+    plan = Plan(
+        placement,
+        rank,
+        micro,
+        case.micro,
+        make_replicas(case, window, placement, rank, micro, w),
+        migration_rows(previous, placement),
+        policy="selfcheck",
+    )
     static = Plan(Placement.static(case.layers, case.experts, topo), rank, micro, case.micro, policy="static")
     cap = 1 << 20
     return plan.validate(window, topo, cap), static.validate(window, topo, cap), window, routed, cu

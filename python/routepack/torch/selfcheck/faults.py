@@ -43,8 +43,11 @@ def count_transfers():
 
 
 def _snapshot(model: EPModel) -> List[bytes]:
-    return [pack_slot(expert_state(mod, model.opt), s).cpu().numpy().tobytes()
-            for mod in model.layers for s in range(mod.slots_per_rank)] + [mod.phy2log.tobytes() for mod in model.layers]
+    return [
+        pack_slot(expert_state(mod, model.opt), s).cpu().numpy().tobytes()
+        for mod in model.layers
+        for s in range(mod.slots_per_rank)
+    ] + [mod.phy2log.tobytes() for mod in model.layers]
 
 
 def _trained_model(case: Case, device: Any) -> Tuple[EPModel, Plan, rp.Window]:
@@ -84,23 +87,41 @@ def check_faults(rank: int, world: int, device: Any, case: Case = Case()) -> Dic
                 raised = None
             except Exception as e:  # noqa: BLE001 (the figure is the type)
                 raised = type(e).__name__
-        return {"raised": raised, "intact": _snapshot(model) == snap, "transfers": seen[1],
-                "seconds": time.perf_counter() - t0}
+        return {
+            "raised": raised,
+            "intact": _snapshot(model) == snap,
+            "transfers": seen[1],
+            "seconds": time.perf_counter() - t0,
+        }
 
     # bad plans: each must be refused on every rank before any transfer
     # same slot count, another split over ranks (or one slot more per rank when ep is odd)
-    other = (replace(case, ep=case.ep // 2, slots_per_rank=case.slots_per_rank * 2,
-                     gpus_per_node=min(case.gpus_per_node, case.ep // 2))
-             if case.ep % 2 == 0 else replace(case, slots_per_rank=case.slots_per_rank + 1))
-    figs["bad_plans"]["other_topology"] = attempt(*make_plans(other, 1, Placement.static(
-        case.layers, case.experts, other.topology()))[0:3:2])
+    other = (
+        replace(
+            case,
+            ep=case.ep // 2,
+            slots_per_rank=case.slots_per_rank * 2,
+            gpus_per_node=min(case.gpus_per_node, case.ep // 2),
+        )
+        if case.ep % 2 == 0
+        else replace(case, slots_per_rank=case.slots_per_rank + 1)
+    )
+    figs["bad_plans"]["other_topology"] = attempt(
+        *make_plans(other, 1, Placement.static(case.layers, case.experts, other.topology()))[0:3:2]
+    )
     # no constructor accepts a placement without a slot for some expert (and plan arrays are
     # read-only): build the bad table anew and put it in a fresh placement's place
     holes = plan1.placement.phy2log.copy()
     only = [s for s in range(topo.num_slots) if (holes[0] == holes[0, s]).sum() == 1]
     holes[0, only[0]] = -1
-    missing = Plan(Placement(plan1.placement.phy2log, case.experts, case.slots_per_rank),
-                   plan1.sample_rank, plan1.sample_micro, plan1.num_micro, plan1.replicas, plan1.migration)
+    missing = Plan(
+        Placement(plan1.placement.phy2log, case.experts, case.slots_per_rank),
+        plan1.sample_rank,
+        plan1.sample_micro,
+        plan1.num_micro,
+        plan1.replicas,
+        plan1.migration,
+    )
     missing.placement.phy2log = holes
     figs["bad_plans"]["missing_slot"] = attempt(missing, window1)
     rows = plan1.replicas
@@ -110,16 +131,34 @@ def check_faults(rank: int, world: int, device: Any, case: Case = Case()) -> Dic
     for name, share in (("share_above_one", 1.5), ("share_negative", -0.25)):
         bad_rows = rows.copy()
         bad_rows["share"][0] = share
-        bad = Plan(plan1.placement, plan1.sample_rank, plan1.sample_micro, plan1.num_micro, bad_rows,
-                   plan1.migration)
+        bad = Plan(plan1.placement, plan1.sample_rank, plan1.sample_micro, plan1.num_micro, bad_rows, plan1.migration)
         figs["bad_plans"][name] = attempt(bad, window1)
-    stale = Plan(plan1.placement, plan1.sample_rank, plan1.sample_micro, plan1.num_micro, plan1.replicas,
-                 migration_rows(Placement.static(case.layers, case.experts, topo), plan1.placement))
+    stale = Plan(
+        plan1.placement,
+        plan1.sample_rank,
+        plan1.sample_micro,
+        plan1.num_micro,
+        plan1.replicas,
+        migration_rows(Placement.static(case.layers, case.experts, topo), plan1.placement),
+    )
     figs["bad_plans"]["migration_from_other_placement"] = attempt(stale, window1)
     if world > 1:  # a lone rank has nobody to disagree with
         diverged = make_plans(replace(case, seed=case.seed + 7), 1, Placement.static(case.layers, case.experts, topo))
-        mine = (Plan(plan1.placement, diverged[0].sample_rank, diverged[0].sample_micro, plan1.num_micro,
-                     np.zeros(0, REPLICA_DTYPE), plan1.migration), diverged[2]) if rank == 0 else (plan1, window1)
+        mine = (
+            (
+                Plan(
+                    plan1.placement,
+                    diverged[0].sample_rank,
+                    diverged[0].sample_micro,
+                    plan1.num_micro,
+                    np.zeros(0, REPLICA_DTYPE),
+                    plan1.migration,
+                ),
+                diverged[2],
+            )
+            if rank == 0
+            else (plan1, window1)
+        )
         figs["bad_plans"]["different_plan_on_rank0"] = attempt(*mine)
 
     # a fault on one rank at each point of the protocol
@@ -128,26 +167,41 @@ def check_faults(rank: int, world: int, device: Any, case: Case = Case()) -> Dic
     dst_rows = np.bincount(plan1.migration["dst_rank"], minlength=case.ep)
     commit_rank = int(np.argmax(dst_rows))
     figs["commit_fault_rank_rows"] = int(dst_rows[commit_rank])
-    for point, bad_rank in (("checked", 0), ("packed", 1 % world), ("staged", 2 % world), ("verified", 3 % world),
-                            ("commit", commit_rank)):
+    for point, bad_rank in (
+        ("checked", 0),
+        ("packed", 1 % world),
+        ("staged", 2 % world),
+        ("verified", 3 % world),
+        ("commit", commit_rank),
+    ):
+
         def fault(p: str, point: str = point, bad_rank: int = bad_rank) -> None:
             if p == point and rank == bad_rank:
                 raise RuntimeError(f"injected fault at {p}")
+
         figs["faults"][point] = attempt(plan1, window1, fault)
 
     # then the same migration succeeds, moving bytes unchanged
     # ... with an extra per-slot tensor (as fp32 master weights would be) holding its expert's id
-    tags = [torch.tensor(mod.local_experts(), dtype=torch.float32, device=device)[:, None].repeat(1, 3)
-            for mod in model.layers]
+    tags = [
+        torch.tensor(mod.local_experts(), dtype=torch.float32, device=device)[:, None].repeat(1, 3)
+        for mod in model.layers
+    ]
     before = fingerprints(model.layers, model.opt)
     ok = attempt(plan1, window1, extra={l: [t] for l, t in enumerate(tags)})
     after = fingerprints(model.layers, model.opt)
     ok["extra_state_moved"] = all(
-        bool((tags[l][s] == e).all()) for l, mod in enumerate(model.layers)
-        for s, e in enumerate(mod.local_experts().tolist()) if e >= 0)
-    ok["bit_identical"] = set(before) == set(after) and all(after[k] == before[k] and len(before[k]) == 1 for k in before)
-    ok["placement_is_plan"] = all(np.array_equal(mod.phy2log, plan1.placement.phy2log[l])
-                                  for l, mod in enumerate(model.layers))
+        bool((tags[l][s] == e).all())
+        for l, mod in enumerate(model.layers)
+        for s, e in enumerate(mod.local_experts().tolist())
+        if e >= 0
+    )
+    ok["bit_identical"] = set(before) == set(after) and all(
+        after[k] == before[k] and len(before[k]) == 1 for k in before
+    )
+    ok["placement_is_plan"] = all(
+        np.array_equal(mod.phy2log, plan1.placement.phy2log[l]) for l, mod in enumerate(model.layers)
+    )
     ok["moved_rows"] = int(plan1.migration.size)
     figs["clean"] = ok
 

@@ -27,13 +27,17 @@ class Weights:
     def __init__(self, case: Case, device: Any) -> None:
         g = torch.Generator().manual_seed(case.seed)
         L, E, H, I = case.layers, case.experts, case.hidden, case.ffn
-        self.w1 = (torch.randn(L, E, H, 2 * I, generator=g) / H ** 0.5).to(device)
-        self.w2 = (torch.randn(L, E, I, H, generator=g) / I ** 0.5).to(device)
-        self.router = (torch.randn(L, H, E, generator=g) / H ** 0.5).to(device)
+        self.w1 = (torch.randn(L, E, H, 2 * I, generator=g) / H**0.5).to(device)
+        self.w2 = (torch.randn(L, E, I, H, generator=g) / I**0.5).to(device)
+        self.router = (torch.randn(L, H, E, generator=g) / H**0.5).to(device)
 
 
-def forward(x: torch.Tensor, ids: torch.Tensor, routers: Sequence[torch.Tensor],
-            moe: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+def forward(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    routers: Sequence[torch.Tensor],
+    moe: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
     """The test model: ``h += moe_l(tanh(h), ids[:, l], softmax(tanh(h) @ router_l)[ids])`` per
     layer. Routing is replayed (``ids`` ``[T, L, k]``); gate weights come from the router."""
     h = x
@@ -71,8 +75,10 @@ class EPModel:
         topo = case.topology()
         static = Placement.static(case.layers, case.experts, topo)
         group, edp_group = groups
-        self.layers = [EPMoE(l, case.experts, case.hidden, case.ffn, topo, static.phy2log[l], group,
-                             device=device) for l in range(case.layers)]
+        self.layers = [
+            EPMoE(l, case.experts, case.hidden, case.ffn, topo, static.phy2log[l], group, device=device)
+            for l in range(case.layers)
+        ]
         for l, mod in enumerate(self.layers):
             mod.load_logical(weights.w1[l], weights.w2[l])
         self.routers = [torch.nn.Parameter(weights.router[l].clone()) for l in range(case.layers)]
@@ -132,5 +138,7 @@ def logical_weights(layers: Sequence[EPMoE]) -> Dict[Tuple[int, int], np.ndarray
 def inputs(case: Case, w: int, rank: int, m: int, tokens: int, device: Any) -> Tuple[torch.Tensor, torch.Tensor]:
     """(x, cotangent) of rank ``rank``'s microbatch ``m`` in window ``w``: ``[T, H]`` each."""
     g = torch.Generator().manual_seed(int(np.random.SeedSequence([case.seed, 5, w, rank, m]).generate_state(1)[0]))
-    return (torch.randn(tokens, case.hidden, generator=g).to(device),
-            torch.randn(tokens, case.hidden, generator=g).to(device))
+    return (
+        torch.randn(tokens, case.hidden, generator=g).to(device),
+        torch.randn(tokens, case.hidden, generator=g).to(device),
+    )

@@ -15,8 +15,9 @@ import torch
 import torch.distributed as dist
 
 
-def _entry(fn: Callable, rank: int, world: int, backend: str, store: str, pg_timeout_s: float,
-           results: Any, args: tuple) -> None:
+def _entry(
+    fn: Callable, rank: int, world: int, backend: str, store: str, pg_timeout_s: float, results: Any, args: tuple
+) -> None:
     torch.set_num_threads(1)
     try:
         if backend in ("nccl", "nccl_shared"):
@@ -26,15 +27,27 @@ def _entry(fn: Callable, rank: int, world: int, backend: str, store: str, pg_tim
             backend = "nccl"
         else:
             device = torch.device("cpu")
-        dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=pg_timeout_s))
+        dist.init_process_group(
+            backend,
+            init_method=f"file://{store}",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=pg_timeout_s),
+        )
         results.put((rank, "ok", fn(rank, world, device, *args)))
     except BaseException:  # noqa: BLE001 (reported to the parent)
         results.put((rank, "error", traceback.format_exc()))
 
 
-def run_ranks(fn: Callable, world: int = 4, *args: Any, backend: str = "gloo", join_timeout_s: float = 300,
-              pg_timeout_s: float = 60, may_die: Sequence[int] = ()) -> Dict[int, Any]:
+def run_ranks(
+    fn: Callable,
+    world: int = 4,
+    *args: Any,
+    backend: str = "gloo",
+    join_timeout_s: float = 300,
+    pg_timeout_s: float = 60,
+    may_die: Sequence[int] = (),
+) -> Dict[int, Any]:
     """Runs ``fn(rank, world, device, *args)`` in ``world`` spawned processes (``spawn`` start
     method, file store). Returns rank → result; raises with the tracebacks if a rank failed or
     did not report within ``join_timeout_s`` (stragglers are killed, so nothing hangs).
@@ -42,8 +55,10 @@ def run_ranks(fn: Callable, world: int = 4, *args: Any, backend: str = "gloo", j
     ctx = torch.multiprocessing.get_context("spawn")
     results = ctx.Queue()
     store = os.path.join(tempfile.mkdtemp(prefix="routepack-"), "store")
-    procs = [ctx.Process(target=_entry, args=(fn, r, world, backend, store, pg_timeout_s, results, args), daemon=True)
-             for r in range(world)]
+    procs = [
+        ctx.Process(target=_entry, args=(fn, r, world, backend, store, pg_timeout_s, results, args), daemon=True)
+        for r in range(world)
+    ]
     for p in procs:
         p.start()
     out: Dict[int, Any] = {}

@@ -15,7 +15,16 @@ from routepack.plan import Placement
 from routepack.torch.moe import dense_moe
 from routepack.torch.replay import rank_microbatches
 from routepack.torch.selfcheck.case import Case, make_plans
-from routepack.torch.selfcheck.model import EPModel, Weights, fingerprints, forward, inputs, logical_weights, make_groups, rel_err
+from routepack.torch.selfcheck.model import (
+    EPModel,
+    Weights,
+    fingerprints,
+    forward,
+    inputs,
+    logical_weights,
+    make_groups,
+    rel_err,
+)
 
 
 def check_windows(rank: int, world: int, device: Any, case: Case = Case()) -> Dict[str, Any]:
@@ -32,10 +41,23 @@ def check_windows(rank: int, world: int, device: Any, case: Case = Case()) -> Di
     ref_router = torch.nn.Parameter(weights.router.clone())
     ref_opt = torch.optim.Adam([ref_w1, ref_w2, ref_router], lr=case.lr)
 
-    figs: Dict[str, Any] = {"out": 0.0, "x_grad": 0.0, "expert_grad": 0.0, "router_grad": 0.0,
-                            "static_out": 0.0, "static_expert_grad": 0.0, "moved_rows": 0,
-                            "replica_rows": 0, "replica_tokens": 0, "migration_identical": True, "copies_identical": True,
-                            "loads_equal": True, "imbalance_equal": True, "received": [], "predicted": []}
+    figs: Dict[str, Any] = {
+        "out": 0.0,
+        "x_grad": 0.0,
+        "expert_grad": 0.0,
+        "router_grad": 0.0,
+        "static_out": 0.0,
+        "static_expert_grad": 0.0,
+        "moved_rows": 0,
+        "replica_rows": 0,
+        "replica_tokens": 0,
+        "migration_identical": True,
+        "copies_identical": True,
+        "loads_equal": True,
+        "imbalance_equal": True,
+        "received": [],
+        "predicted": [],
+    }
     previous = Placement.static(case.layers, case.experts, topo)
     for w in range(case.windows):
         plan, static, window, routed, cu = make_plans(case, w, previous)
@@ -60,8 +82,12 @@ def check_windows(rank: int, world: int, device: Any, case: Case = Case()) -> Di
             for mb in batches[d]:
                 x, r = inputs(case, w, d, mb.micro, mb.routed.shape[0], device)
                 x.requires_grad_(True)
-                y = forward(x, mb.routed.to(device), list(ref_router),
-                            lambda l, a, i, g: dense_moe(a, i, g, ref_w1[l], ref_w2[l]))
+                y = forward(
+                    x,
+                    mb.routed.to(device),
+                    list(ref_router),
+                    lambda l, a, i, g: dense_moe(a, i, g, ref_w1[l], ref_w2[l]),
+                )
                 loss = loss + (y * r).sum()
                 ref_out[(d, mb.micro)], ref_xg[(d, mb.micro)] = y.detach(), x
         loss.backward()
@@ -73,8 +99,9 @@ def check_windows(rank: int, world: int, device: Any, case: Case = Case()) -> Di
                 x.requires_grad_(True)
                 y = model(x, mb.routed.to(device))
                 if not name:  # (token, expert) rows this rank computed on replica copies
-                    figs["replica_tokens"] += sum(int((mod.last_route.recv_unit >= mod.slots_per_rank).sum())
-                                                  for mod in model.layers)
+                    figs["replica_tokens"] += sum(
+                        int((mod.last_route.recv_unit >= mod.slots_per_rank).sum()) for mod in model.layers
+                    )
                 (y * r).sum().backward()
                 figs[name + "out"] = max(figs[name + "out"], rel_err(y.detach(), ref_out[(rank, mb.micro)]))
                 if not name:
@@ -101,8 +128,14 @@ def check_windows(rank: int, world: int, device: Any, case: Case = Case()) -> Di
         dist.all_gather_object(all_got, got)
         # [dp, M, L] → [G, M, L, ep]; the simulator's imbalance from what was really received
         per_rank = np.stack(all_got).reshape(topo.num_groups, topo.ep, case.micro, case.layers).transpose(0, 2, 3, 1)
-        sim = rp.simulate(plan, window, topo, rp.CostModel.from_model(
-            rp.ModelShape(case.layers, case.experts, case.top_k, case.hidden, case.ffn), rp.Hardware.h200()))
+        sim = rp.simulate(
+            plan,
+            window,
+            topo,
+            rp.CostModel.from_model(
+                rp.ModelShape(case.layers, case.experts, case.top_k, case.hidden, case.ffn), rp.Hardware.h200()
+            ),
+        )
         tot = per_rank.sum(-1)
         imb = np.where(tot > 0, per_rank.max(-1) * float(topo.ep) / np.maximum(tot, 1), 1.0)
         figs["imbalance_equal"] &= bool(np.array_equal(imb, sim.imbalance))
@@ -116,13 +149,21 @@ def check_windows(rank: int, world: int, device: Any, case: Case = Case()) -> Di
     figs["mismatch"] = _replay_mismatch(case, weights, device, groups, make_plans(case, 0, previous), rank)
     a, b = logical_weights(reb.layers), logical_weights(sta.layers)
     figs["trained_vs_static"] = max(float(np.abs(a[k] - b[k]).max() / np.abs(b[k]).max()) for k in b)
-    ref = {(l, e): torch.cat([ref_w1[l, e].reshape(-1), ref_w2[l, e].reshape(-1)]).detach().double().cpu().numpy()
-           for l in range(case.layers) for e in range(case.experts)}
+    ref = {
+        (l, e): torch.cat([ref_w1[l, e].reshape(-1), ref_w2[l, e].reshape(-1)]).detach().double().cpu().numpy()
+        for l in range(case.layers)
+        for e in range(case.experts)
+    }
     figs["trained_vs_dense"] = max(float(np.abs(a[k] - ref[k]).max() / np.abs(ref[k]).max()) for k in ref)
     figs["router_vs_dense"] = max(rel_err(p.detach(), ref_router[l].detach()) for l, p in enumerate(reb.routers))
-    figs["weights_changed"] = max(float(np.abs(a[k] - b0).max()) for k, b0 in (
-        ((l, e), torch.cat([weights.w1[l, e].reshape(-1), weights.w2[l, e].reshape(-1)]).double().cpu().numpy())
-        for l in range(case.layers) for e in range(case.experts)))
+    figs["weights_changed"] = max(
+        float(np.abs(a[k] - b0).max())
+        for k, b0 in (
+            ((l, e), torch.cat([weights.w1[l, e].reshape(-1), weights.w2[l, e].reshape(-1)]).double().cpu().numpy())
+            for l in range(case.layers)
+            for e in range(case.experts)
+        )
+    )
     return figs
 
 

@@ -39,8 +39,11 @@ def _data(seed: int, step: int, rank: int, tokens: int, experts: int) -> Tuple[t
     """(x, ids, gates, cotangent) of one rank's step, the same on every process."""
     g = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, step, rank]).generate_state(1)[0]))
     x = torch.randn(tokens, H, generator=g, dtype=torch.float64)
-    ids = torch.stack([torch.randperm(experts, generator=g)[:K] for _ in range(tokens)]) if tokens \
+    ids = (
+        torch.stack([torch.randperm(experts, generator=g)[:K] for _ in range(tokens)])
+        if tokens
         else torch.zeros(0, K, dtype=torch.int64)
+    )
     gates = torch.rand(tokens, K, generator=g, dtype=torch.float64)
     cot = torch.randn(tokens, H, generator=g, dtype=torch.float64)
     return x, ids, gates, cot
@@ -54,8 +57,8 @@ def check_zero_tokens(rank: int, world: int, device: Any, empty: int = 0, seed: 
     topo = rp.Topology(world, world, min(world, 2), 2)
     row = np.random.default_rng(seed).permutation(np.concatenate([np.arange(experts), [0]])).astype(np.int32)
     g = torch.Generator().manual_seed(seed)
-    w1 = torch.randn(experts, H, 2 * I, generator=g, dtype=torch.float64) / H ** 0.5
-    w2 = torch.randn(experts, I, H, generator=g, dtype=torch.float64) / I ** 0.5
+    w1 = torch.randn(experts, H, 2 * I, generator=g, dtype=torch.float64) / H**0.5
+    w2 = torch.randn(experts, I, H, generator=g, dtype=torch.float64) / I**0.5
     layer = EPMoE(0, experts, H, I, topo, row, dtype=torch.float64, device=device)
     layer.load_logical(w1.to(device), w2.to(device))
     ref1, ref2 = w1.clone().requires_grad_(True), w2.clone().requires_grad_(True)
@@ -103,8 +106,9 @@ def _raised(fn: Any) -> str:
     return "nothing"
 
 
-def _bad_argument_rounds(rank: int, world: int, layer: EPMoE, experts: int, device: Any,
-                         culprit: int) -> Dict[str, str]:
+def _bad_argument_rounds(
+    rank: int, world: int, layer: EPMoE, experts: int, device: Any, culprit: int
+) -> Dict[str, str]:
     """Each round: rank ``culprit`` passes a bad argument, the others good ones."""
     out: Dict[str, str] = {}
     me_bad = rank == culprit
@@ -113,8 +117,12 @@ def _bad_argument_rounds(rank: int, world: int, layer: EPMoE, experts: int, devi
     out["EPMoE"] = _raised(lambda: layer(x, ids, torch.ones(1, K, dtype=torch.float64, device=device)))
     out["gather_ints"] = _raised(lambda: gather_ints(["x"] if me_bad else [1], device=device))
     out["gather_ints_count"] = _raised(lambda: gather_ints([1, 2] if me_bad else [1], device=device))
-    plan = Plan(Placement.static(1, experts, rp.Topology(world, world, min(world, 2), 2)),
-                np.arange(world, dtype=np.int32), np.zeros(world, dtype=np.int32), 1)
+    plan = Plan(
+        Placement.static(1, experts, rp.Topology(world, world, min(world, 2), 2)),
+        np.arange(world, dtype=np.int32),
+        np.zeros(world, dtype=np.int32),
+        1,
+    )
     out["agree_on_plan"] = _raised(lambda: agree_on_plan(None if me_bad else plan, device=device))
     out["broadcast_plan"] = _raised(lambda: broadcast_plan(None, src=culprit, device=device))
     return out
@@ -123,8 +131,10 @@ def _bad_argument_rounds(rank: int, world: int, layer: EPMoE, experts: int, devi
 def expected_messages(rank: int, culprit: int) -> Dict[str, Sequence[str]]:
     """Substrings each round's error must contain on ``rank`` (the argument it names)."""
     mine = rank == culprit
-    return {"EPMoE": ["topk_ids: expert id"] if mine else ["x: EP rank(s)"],
-            "gather_ints": ["values[0]"] if mine else ["values: rank(s)"],
-            "gather_ints_count": ["values: ranks passed different counts"],
-            "agree_on_plan": ["plan: expected routepack.Plan"] if mine else ["plan: rank(s)"],
-            "broadcast_plan": ["plan: rank"]}
+    return {
+        "EPMoE": ["topk_ids: expert id"] if mine else ["x: EP rank(s)"],
+        "gather_ints": ["values[0]"] if mine else ["values: rank(s)"],
+        "gather_ints_count": ["values: ranks passed different counts"],
+        "agree_on_plan": ["plan: expected routepack.Plan"] if mine else ["plan: rank(s)"],
+        "broadcast_plan": ["plan: rank"],
+    }

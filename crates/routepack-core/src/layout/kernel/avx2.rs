@@ -7,9 +7,9 @@
 
 use std::arch::x86_64::*;
 
+use super::inputs::{Coeffs, Hosted, Shape, StepDelta, LANES};
 use super::lanes::Lanes;
 use super::pass::choose;
-use super::inputs::{Coeffs, Hosted, Shape, StepDelta, LANES};
 use crate::cpu::Avx2;
 
 /// The pass on AVX2 vectors.

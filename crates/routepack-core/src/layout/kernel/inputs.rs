@@ -17,7 +17,6 @@ pub const S_EX: usize = 4;
 /// Layers per vector (and per layer block).
 pub const LANES: usize = 8;
 
-
 /// Cost coefficients per token (all passes included).
 #[derive(Clone, Copy, Debug)]
 pub struct Coeffs {

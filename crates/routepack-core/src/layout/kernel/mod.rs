@@ -69,7 +69,6 @@ mod pass;
 #[cfg(test)]
 mod tests;
 
-
 /// Σ_l cost of layer l of the state `state` after `d`; `state` is not changed. `avx2`: the
 /// AVX2 build runs when given (same bits).
 pub fn gm_cost(state: &[f32], h: &Hosted, d: &StepDelta, c: Coeffs, s: Shape, avx2: Option<Avx2>) -> f64 {
@@ -83,7 +82,16 @@ pub fn gm_cost(state: &[f32], h: &Hosted, d: &StepDelta, c: Coeffs, s: Shape, av
 /// `gm_cost` of two (group, step)s that see the same demand vectors (a move between steps),
 /// in one pass that reads the demand once.
 #[allow(clippy::too_many_arguments)]
-pub fn gm_cost_pair(state_a: &[f32], state_b: &[f32], h: &Hosted, da: &StepDelta, db: &StepDelta, c: Coeffs, s: Shape, avx2: Option<Avx2>) -> (f64, f64) {
+pub fn gm_cost_pair(
+    state_a: &[f32],
+    state_b: &[f32],
+    h: &Hosted,
+    da: &StepDelta,
+    db: &StepDelta,
+    c: Coeffs,
+    s: Shape,
+    avx2: Option<Avx2>,
+) -> (f64, f64) {
     da.check(state_a.len(), h, s);
     db.check(state_b.len(), h, s);
     assert!(same_sources(da, db));
@@ -115,7 +123,16 @@ pub fn gm_apply(state: &mut [f32], h: &Hosted, d: &StepDelta, c: Coeffs, s: Shap
 
 /// `gm_apply` to two (group, step)s that see the same demand vectors, in one pass.
 #[allow(clippy::too_many_arguments)]
-pub fn gm_apply_pair(state_a: &mut [f32], state_b: &mut [f32], h: &Hosted, da: &StepDelta, db: &StepDelta, c: Coeffs, s: Shape, avx2: Option<Avx2>) {
+pub fn gm_apply_pair(
+    state_a: &mut [f32],
+    state_b: &mut [f32],
+    h: &Hosted,
+    da: &StepDelta,
+    db: &StepDelta,
+    c: Coeffs,
+    s: Shape,
+    avx2: Option<Avx2>,
+) {
     da.check(state_a.len(), h, s);
     db.check(state_b.len(), h, s);
     assert!(same_sources(da, db));
@@ -130,7 +147,14 @@ pub fn gm_apply_pair(state_a: &mut [f32], state_b: &mut [f32], h: &Hosted, da: &
 /// Every element the pass reads (the `VALUES · LANES` values per rank and layer block of each
 /// state, the demand vectors of `d[0]`, `h`) must be in bounds, as `StepDelta::check` asserts;
 /// with WRITE the states must be writable and not aliased.
-unsafe fn dispatch<const WRITE: bool, const N: usize>(state: [*mut f32; N], h: &Hosted, d: [&StepDelta; N], c: Coeffs, s: Shape, avx2: Option<Avx2>) -> [f64; N] {
+unsafe fn dispatch<const WRITE: bool, const N: usize>(
+    state: [*mut f32; N],
+    h: &Hosted,
+    d: [&StepDelta; N],
+    c: Coeffs,
+    s: Shape,
+    avx2: Option<Avx2>,
+) -> [f64; N] {
     #[cfg(target_arch = "x86_64")]
     if let Some(token) = avx2 {
         // SAFETY: the caller's bounds contract is forwarded; the token proves AVX2.

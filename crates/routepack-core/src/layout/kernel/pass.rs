@@ -9,8 +9,8 @@
 //! values, `blocks × ep × LANES` hexp values) is in bounds, and that with WRITE the states are
 //! writable and not aliased. V's build must also be enabled (`super::avx2`).
 
-use super::lanes::{Elem, Lanes};
 use super::inputs::{Coeffs, Demand, Hosted, Shape, StepDelta, LANES, R_IN, S_EX, S_IN, TOK, VALUES, X_IN};
+use super::lanes::{Elem, Lanes};
 
 /// The pass built for the demand vectors the move reads (which, and their kind) and for
 /// uniform hexp (only a cost needs it).
@@ -18,7 +18,13 @@ use super::inputs::{Coeffs, Demand, Hosted, Shape, StepDelta, LANES, R_IN, S_EX,
 /// # Safety
 /// The module's contract.
 #[inline(always)]
-pub(super) unsafe fn choose<V: Lanes, const WRITE: bool, const N: usize>(state: [*mut f32; N], h: &Hosted, d: [&StepDelta; N], c: Coeffs, s: Shape) -> [f64; N] {
+pub(super) unsafe fn choose<V: Lanes, const WRITE: bool, const N: usize>(
+    state: [*mut f32; N],
+    h: &Hosted,
+    d: [&StepDelta; N],
+    c: Coeffs,
+    s: Shape,
+) -> [f64; N] {
     // SAFETY: the caller's contract is forwarded; the element type follows the demand's kind.
     unsafe {
         if d[0].compact() {
@@ -230,7 +236,8 @@ unsafe fn pass<V: Lanes, const WRITE: bool, const UNIFORM: bool, const R: u8, co
         }
     }
     stops[..n_stops].sort_unstable();
-    let end_nodes: [[usize; 2]; N] = std::array::from_fn(|t| std::array::from_fn(|i| if i < d[t].n_ends { d[t].ends[i].0 / rpn } else { usize::MAX }));
+    let end_nodes: [[usize; 2]; N] =
+        std::array::from_fn(|t| std::array::from_fn(|i| if i < d[t].n_ends { d[t].ends[i].0 / rpn } else { usize::MAX }));
     let zero = V::splat(0.0);
     let mut cost = [0.0f64; N];
     // SAFETY: every pointer offset below is one of `Shape`'s indices of the layer block `blk`
@@ -289,7 +296,9 @@ unsafe fn pass<V: Lanes, const WRITE: bool, const UNIFORM: bool, const R: u8, co
                                 e.oton = sv.mul(ot.sub(on));
                                 rank::<V, WRITE, true, UNIFORM>(state[t].add(i * VALUES), hexp.add(i), r, &e, k, &mut ve[t], &mut va[t]);
                             }
-                            None => rank::<V, WRITE, false, UNIFORM>(state[t].add(i * VALUES), hexp.add(i), r, &m[t], k, &mut ve[t], &mut va[t]),
+                            None => {
+                                rank::<V, WRITE, false, UNIFORM>(state[t].add(i * VALUES), hexp.add(i), r, &m[t], k, &mut ve[t], &mut va[t])
+                            }
                         }
                     }
                     p += 1;

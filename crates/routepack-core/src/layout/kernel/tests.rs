@@ -126,8 +126,20 @@ fn kernel_matches_the_formula_on_both_builds() {
             StepDelta { add: Some(Demand::F32(&ra)), sub: Some(Demand::F32(&rs)), ts: 1.0, ends: [(ep / 2, 1.0), (0, 0.0)], n_ends: 1 },
             StepDelta { add: Some(Demand::F32(&ra)), sub: None, ts: -1.0, ends: [(ep - 1, -1.0), (0, 0.0)], n_ends: 1 },
             StepDelta { add: None, sub: Some(Demand::F32(&rs)), ts: 1.0, ends: [(0, 1.0), (0, 0.0)], n_ends: 1 },
-            StepDelta { add: Some(Demand::F32(&ra)), sub: Some(Demand::F32(&rs)), ts: 0.0, ends: [(ep - 1, 1.0), (0, -1.0)], n_ends: if two { 2 } else { 0 } },
-            StepDelta { add: Some(Demand::F32(&ra)), sub: Some(Demand::F32(&rs)), ts: 0.0, ends: [(0, 1.0), (ep - 1, -1.0)], n_ends: if two { 2 } else { 0 } },
+            StepDelta {
+                add: Some(Demand::F32(&ra)),
+                sub: Some(Demand::F32(&rs)),
+                ts: 0.0,
+                ends: [(ep - 1, 1.0), (0, -1.0)],
+                n_ends: if two { 2 } else { 0 },
+            },
+            StepDelta {
+                add: Some(Demand::F32(&ra)),
+                sub: Some(Demand::F32(&rs)),
+                ts: 0.0,
+                ends: [(0, 1.0), (ep - 1, -1.0)],
+                n_ends: if two { 2 } else { 0 },
+            },
             StepDelta { add: None, sub: None, ts: 0.0, ends: [(0, 0.0); 2], n_ends: 0 },
         ];
         for uniform in [false, true] {
@@ -152,7 +164,9 @@ fn kernel_matches_the_formula_on_both_builds() {
             let ((pa, ta), (ps, tsl)) = (compact(&ra), compact(&rs));
             let (ca, cs) = (Demand::U16 { proj: &pa, tail: &ta }, Demand::U16 { proj: &ps, tail: &tsl });
             let (fa, fs) = (Demand::F32(&ra), Demand::F32(&rs));
-            for (add, sub) in [(Some(fa), Some(fs)), (None, Some(fs)), (Some(fa), None), (Some(ca), Some(cs)), (None, Some(cs)), (Some(ca), None)] {
+            for (add, sub) in
+                [(Some(fa), Some(fs)), (None, Some(fs)), (Some(fa), None), (Some(ca), Some(cs)), (None, Some(cs)), (Some(ca), None)]
+            {
                 let da = StepDelta { add, sub, ts: 1.0, ends: [(ep / 3, 1.0), (0, 0.0)], n_ends: 1 };
                 let db = StepDelta { add, sub, ts: -1.0, ends: [(ep - 1 - ep / 3, -1.0), (0, 0.0)], n_ends: 1 };
                 let (want_a, _) = formula(&raw, &per_rank, &da, c, s);

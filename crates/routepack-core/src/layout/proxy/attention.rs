@@ -6,7 +6,6 @@
 use super::state::TOP;
 use super::{Delta, Proxy, Shards};
 
-
 impl Proxy {
     /// Cell of EP rank p in (group, step) gm.
     #[inline]
@@ -99,5 +98,4 @@ impl Proxy {
         }
         cost
     }
-
 }

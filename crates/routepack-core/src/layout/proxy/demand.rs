@@ -3,8 +3,8 @@
 
 use rayon::prelude::*;
 
-use crate::layout::kernel::{Demand, Shape};
 use super::{Proxy, Src};
+use crate::layout::kernel::{Demand, Shape};
 use crate::placement::Placement;
 use crate::topology::Topology;
 use crate::window::WindowView;
@@ -193,7 +193,9 @@ impl SampleDemand {
         let (len, pl) = (shape.demand_len(), shape.proj_len());
         match self {
             SampleDemand::F32(x) => Demand::F32(&x[s * len..(s + 1) * len]),
-            SampleDemand::U16 { proj, tail } => Demand::U16 { proj: &proj[s * pl..(s + 1) * pl], tail: &tail[s * (len - pl)..(s + 1) * (len - pl)] },
+            SampleDemand::U16 { proj, tail } => {
+                Demand::U16 { proj: &proj[s * pl..(s + 1) * pl], tail: &tail[s * (len - pl)..(s + 1) * (len - pl)] }
+            }
         }
     }
 }

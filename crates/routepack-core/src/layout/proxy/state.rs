@@ -170,7 +170,6 @@ impl Proxy {
         self.resum_from(sh, gm);
     }
 
-
     /// State of a layout from scratch. `cell_of[s]` = d·M + m.
     pub fn build(&self, cell_of: &[u32]) -> Shards {
         let m_n = self.micro;
@@ -202,5 +201,4 @@ impl Proxy {
         }
         sh
     }
-
 }

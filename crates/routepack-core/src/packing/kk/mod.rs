@@ -78,21 +78,12 @@ pub fn verl_kk(seq_lens: &[i64], token_cap: i64, dp: usize) -> Result<(Packing, 
     let wl: Vec<u128> = seq_lens.iter().map(|&n| workload(n)).collect();
     let ranks = karmarkar_karp(&wl, dp, true);
     let fewest = ranks.iter().map(|r| r.len()).min().expect("dp >= 1 ranks");
-    let first = ranks
-        .iter()
-        .map(|r| (tokens(seq_lens, r) + cap - 1) / cap)
-        .max()
-        .expect("dp >= 1 ranks")
-        .min(fewest as i128)
-        .max(1) as usize;
+    let first =
+        ranks.iter().map(|r| (tokens(seq_lens, r) + cap - 1) / cap).max().expect("dp >= 1 ranks").min(fewest as i128).max(1) as usize;
     // No k below a rank's bin-packing bound (Martello–Toth L2 of its lengths) can fit it, so
     // verl's retries up to there are skipped: the same k, without a partition per retry (all
     // lengths just over half the cap took S/2 partitions of S samples each).
-    let hopeless = ranks
-        .iter()
-        .map(|r| l2(&r.iter().map(|&s| seq_lens[s]).collect::<Vec<_>>(), token_cap))
-        .max()
-        .expect("dp >= 1 ranks");
+    let hopeless = ranks.iter().map(|r| l2(&r.iter().map(|&s| seq_lens[s]).collect::<Vec<_>>(), token_cap)).max().expect("dp >= 1 ranks");
     let mut k = first.max(hopeless);
     let micro_parts = loop {
         if k > fewest {

@@ -125,23 +125,14 @@ pub fn verl_kk_full(seq_lens: &[i64], token_cap: i64, dp: usize) -> Result<(Pack
     let ranks = karmarkar_karp_full(&wl, dp, true);
     let tokens = |items: &[usize]| items.iter().map(|&s| seq_lens[s]).sum::<i64>();
     let fewest = ranks.iter().map(|r| r.len()).min().unwrap();
-    let first = ranks
-        .iter()
-        .map(|r| (tokens(r) as u64).div_ceil(token_cap as u64) as usize)
-        .max()
-        .unwrap()
-        .min(fewest)
-        .max(1);
+    let first = ranks.iter().map(|r| (tokens(r) as u64).div_ceil(token_cap as u64) as usize).max().unwrap().min(fewest).max(1);
     let mut k = first;
     let micro_parts = loop {
         let parts: Vec<Vec<Vec<usize>>> = ranks
             .iter()
             .map(|r| {
                 let w: Vec<i128> = r.iter().map(|&s| wl[s]).collect();
-                karmarkar_karp_full(&w, k, false)
-                    .into_iter()
-                    .map(|p| p.into_iter().map(|i| r[i]).collect::<Vec<usize>>())
-                    .collect()
+                karmarkar_karp_full(&w, k, false).into_iter().map(|p| p.into_iter().map(|i| r[i]).collect::<Vec<usize>>()).collect()
             })
             .collect();
         let fits = parts.iter().flatten().all(|p| !p.is_empty() && tokens(p) <= token_cap);
@@ -176,4 +167,3 @@ pub fn verl_kk_full(seq_lens: &[i64], token_cap: i64, dp: usize) -> Result<(Pack
     }
     Ok((Packing { sample_rank, sample_micro, num_micro: k }, [first, k, k - first], max_row))
 }
-

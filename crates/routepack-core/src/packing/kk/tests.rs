@@ -70,8 +70,7 @@ fn verl_kk_plans_as_before() {
         let s_n = dp + rng.random_range(0..40usize);
         let cap = rng.random_range(20..400i64);
         let near = rng.random_range(0..3u32) == 0;
-        let lens: Vec<i64> =
-            (0..s_n).map(|_| if near { cap - rng.random_range(0..4i64) } else { rng.random_range(1..=cap) }).collect();
+        let lens: Vec<i64> = (0..s_n).map(|_| if near { cap - rng.random_range(0..4i64) } else { rng.random_range(1..=cap) }).collect();
         match (verl_kk(&lens, cap, dp), verl_kk_full(&lens, cap, dp)) {
             (Ok((p, r)), Ok((q, [first, micro, retries], max_row))) => {
                 planned += 1;

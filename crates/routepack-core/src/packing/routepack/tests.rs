@@ -46,7 +46,14 @@ fn chain_state_stays_exact_and_feasible() {
         c.run(&px, 2000, if round < 4 { 1e-4 } else { 0.0 }, None);
         assert!(c.consistent(&px), "incremental state drifted from a rebuild");
         let p = to_packing(&c.cell_of, m_n);
-        let plan = Plan { placement: pl.clone(), sample_rank: p.sample_rank, sample_micro: p.sample_micro, num_micro: m_n, replicas: vec![], migration: vec![] };
+        let plan = Plan {
+            placement: pl.clone(),
+            sample_rank: p.sample_rank,
+            sample_micro: p.sample_micro,
+            num_micro: m_n,
+            replicas: vec![],
+            migration: vec![],
+        };
         validate_plan(&plan, &w, &topo, 3000).unwrap();
     }
     assert!(c.accepted > 0 && c.evaluated > c.accepted);
@@ -62,7 +69,14 @@ fn annealing_improves_and_the_proxy_tracks_simulate() {
     let (p, rep) = routepack_packing(&w, &topo, &cost, &pl, 4096, &opts).unwrap();
     assert!(rep.anneal.best_cost < rep.anneal.initial_cost);
     assert_eq!(rep.anneal.history.len(), rep.anneal.steps);
-    let plan = Plan { placement: pl.clone(), sample_rank: p.sample_rank.clone(), sample_micro: p.sample_micro.clone(), num_micro: p.num_micro, replicas: vec![], migration: vec![] };
+    let plan = Plan {
+        placement: pl.clone(),
+        sample_rank: p.sample_rank.clone(),
+        sample_micro: p.sample_micro.clone(),
+        num_micro: p.num_micro,
+        replicas: vec![],
+        migration: vec![],
+    };
     validate_plan(&plan, &w, &topo, 4096).unwrap();
     let sim = simulate(&plan, &w, &topo, &cost, None).unwrap();
     let proxy = proxy_step_time(&w, &topo, &cost, &pl, &p).unwrap();
@@ -114,7 +128,14 @@ fn zero_weight_samples_are_placed() {
         let mut opts = Options::default();
         opts.anneal.moves = 5_000;
         let (p, _) = routepack_packing(&w, &topo, &cost, &pl, 600, &opts).unwrap();
-        let plan = Plan { placement: pl.clone(), sample_rank: p.sample_rank, sample_micro: p.sample_micro, num_micro: p.num_micro, replicas: vec![], migration: vec![] };
+        let plan = Plan {
+            placement: pl.clone(),
+            sample_rank: p.sample_rank,
+            sample_micro: p.sample_micro,
+            num_micro: p.num_micro,
+            replicas: vec![],
+            migration: vec![],
+        };
         validate_plan(&plan, &w, &topo, 600).unwrap();
     }
 }

@@ -11,9 +11,9 @@
 use std::time::Instant;
 
 use super::bounds::{l1, l2};
+use super::check_cap;
 use super::exact::{pack_into, Outcome};
 use super::heuristics::{bfd, ffd};
-use super::check_cap;
 use crate::error::{invalid, Error, Result};
 
 /// How far a row count is from optimal: the lower bounds, whether the count is certified
@@ -58,13 +58,7 @@ pub fn split_to(rows: &mut Vec<Vec<usize>>, seq_lens: &[i64], count: usize) {
 
 /// The fewest rows in multiples of `step` (see the module comment). `node_limit` bounds the
 /// exact search per target; `deadline` optionally caps its wall time.
-pub fn certified_rows(
-    seq_lens: &[i64],
-    token_cap: i64,
-    step: usize,
-    node_limit: u64,
-    deadline: Option<Instant>,
-) -> Result<CertifiedRows> {
+pub fn certified_rows(seq_lens: &[i64], token_cap: i64, step: usize, node_limit: u64, deadline: Option<Instant>) -> Result<CertifiedRows> {
     check_cap(seq_lens, token_cap)?;
     if step == 0 {
         return Err(invalid("step", "must be >= 1, got 0"));
@@ -118,7 +112,8 @@ pub fn certified_rows(
         return Err(Error::Infeasible(format!("{s_n} samples cannot fill {count} non-empty rows: {why}")));
     }
     split_to(&mut best, seq_lens, count);
-    let certificate = RowCertificate { l1: a, l2: b, lower_bound, certified: count == lower_bound, gap: count - lower_bound, method, bins, nodes };
+    let certificate =
+        RowCertificate { l1: a, l2: b, lower_bound, certified: count == lower_bound, gap: count - lower_bound, method, bins, nodes };
     Ok(CertifiedRows { rows: best, certificate })
 }
 

@@ -57,7 +57,11 @@ impl Rows {
 
     fn usable_room(&self, load: i64) -> i128 {
         let room = self.cap - load;
-        if room >= self.smallest { room as i128 } else { 0 }
+        if room >= self.smallest {
+            room as i128
+        } else {
+            0
+        }
     }
 
     fn add(&mut self, b: usize, n: i64) {

@@ -44,10 +44,7 @@ pub fn equalise_rows(rows: &mut Vec<Vec<usize>>, seq_lens: &[i64], dp: usize) ->
         return Err(crate::error::invalid("dp", "must be >= 1, got 0"));
     }
     if seq_lens.len() < dp {
-        return Err(Error::Infeasible(format!(
-            "{} samples cannot fill {dp} DP ranks with non-empty microbatches",
-            seq_lens.len()
-        )));
+        return Err(Error::Infeasible(format!("{} samples cannot fill {dp} DP ranks with non-empty microbatches", seq_lens.len())));
     }
     // the first count that is a multiple of dp and at least dp
     let count = rows.len().div_ceil(dp).max(1) * dp;
@@ -125,8 +122,12 @@ mod tests {
     /// One split as the scan for the heaviest row made it (the reference of the heap).
     fn split_by_scan(rows: &mut Vec<Vec<usize>>, seq_lens: &[i64]) -> bool {
         let load = |r: &Vec<usize>| r.iter().map(|&s| seq_lens[s]).sum::<i64>();
-        let Some(pick) =
-            rows.iter().enumerate().filter(|(_, r)| r.len() >= 2).max_by(|a, b| load(a.1).cmp(&load(b.1)).then(b.0.cmp(&a.0))).map(|(i, _)| i)
+        let Some(pick) = rows
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.len() >= 2)
+            .max_by(|a, b| load(a.1).cmp(&load(b.1)).then(b.0.cmp(&a.0)))
+            .map(|(i, _)| i)
         else {
             return false;
         };

@@ -134,7 +134,10 @@ mod tests {
                 let total = (per_rank * ep as i64) as f64;
                 let (fi, fe) = received_fractions(c, nodes, rpn);
                 let (mi, me) = (intra as f64 / total / c as f64, inter as f64 / total / c as f64);
-                assert!((fi - mi).abs() < 1.0 / ep as f64 && (fe - me).abs() < 1e-5, "ep={ep} gpn={gpn} c={c}: model ({fi}, {fe}), router ({mi}, {me})");
+                assert!(
+                    (fi - mi).abs() < 1.0 / ep as f64 && (fe - me).abs() < 1e-5,
+                    "ep={ep} gpn={gpn} c={c}: model ({fi}, {fe}), router ({mi}, {me})"
+                );
             }
         }
     }

@@ -5,10 +5,10 @@
 
 use std::time::Instant;
 
-use super::items::Items;
-use super::spread::spread_copies;
 use super::binpack::{with_capacities, Pack, Problem};
+use super::items::Items;
 use super::options::Options;
+use super::spread::spread_copies;
 use crate::budget::passed;
 use crate::topology::Topology;
 
@@ -39,12 +39,19 @@ pub(crate) fn settle(s: &mut Pack, balanced: f64, opts: &Options, budget: usize)
 /// Fresh node-then-rank packing of one layer's replicas. Returns `[ep]` item lists and the
 /// largest rank load. `deadline` (the stage's, None without a budget): once passed, the
 /// min-max searches, fluctuation phases and the flat alternative not yet begun are skipped.
-pub(crate) fn fresh_bins(items: &Items, num_experts: usize, topo: &Topology, opts: &Options, deadline: Option<Instant>) -> (Vec<Vec<usize>>, f64) {
+pub(crate) fn fresh_bins(
+    items: &Items,
+    num_experts: usize,
+    topo: &Topology,
+    opts: &Options,
+    deadline: Option<Instant>,
+) -> (Vec<Vec<usize>>, f64) {
     let (nodes, rpn, spr) = (topo.nodes_per_group(), topo.ranks_per_group_node(), topo.slots_per_rank);
     let n = items.weight.len();
     // an eighth of the budget for nodes: measured on `flash`, rank-level swaps lower the
     // per-microbatch peaks more per priced candidate (node-level swaps still help a little)
-    let (node_budget, rank_budget) = if nodes > 1 { (opts.fluct_evals / 8, opts.fluct_evals - opts.fluct_evals / 8) } else { (0, opts.fluct_evals) };
+    let (node_budget, rank_budget) =
+        if nodes > 1 { (opts.fluct_evals / 8, opts.fluct_evals - opts.fluct_evals / 8) } else { (0, opts.fluct_evals) };
     // the node level explores the same absolute band of load as the rank level (`explore`
     // of a rank's load, a node holding `rpn` ranks): a node's many replicas leave room enough,
     // and a wider band makes tightening back fall to the min-max search far more often

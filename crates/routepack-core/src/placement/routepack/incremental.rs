@@ -2,8 +2,8 @@
 //! replica counts, then improved by the same local search, snapshotted as it goes so that the
 //! choice can weigh each step's saving against its moves.
 
-use super::items::Items;
 use super::binpack::{with_capacities, Pack, SETTLING_SPREADS};
+use super::items::Items;
 use super::options::Options;
 use crate::topology::Topology;
 
@@ -56,12 +56,10 @@ pub(crate) fn inherit(items: &Items, num_experts: usize, old: &[i32], topo: &Top
         let e = items.expert[i] as usize;
         let limit = counts[e].div_ceil(ep).max(1) as u16;
         let pick = |strict: bool| {
-            (0..ep)
-                .filter(|&r| fill[r] < spr && (!strict || mult[r * num_experts + e] < limit))
-                .fold(None, |b: Option<usize>, r| match b {
-                    Some(x) if load[x] <= load[r] => Some(x),
-                    _ => Some(r),
-                })
+            (0..ep).filter(|&r| fill[r] < spr && (!strict || mult[r * num_experts + e] < limit)).fold(None, |b: Option<usize>, r| match b {
+                Some(x) if load[x] <= load[r] => Some(x),
+                _ => Some(r),
+            })
         };
         let r = pick(true).or_else(|| pick(false)).expect("as many slots as replicas");
         bin_of[i] = r;
@@ -76,7 +74,14 @@ pub(crate) fn inherit(items: &Items, num_experts: usize, old: &[i32], topo: &Top
 /// from the inherited assignment, aiming at the fresh placement's largest rank load `target`:
 /// min-max search down to `target`, the fluctuation pass with `explore` room, tightening
 /// back to `target` (the phases of a fresh packing, over all ranks at once).
-pub(crate) fn incremental_bins(items: &Items, num_experts: usize, old: &[i32], topo: &Topology, target: f64, opts: &Options) -> Vec<(usize, Vec<Vec<usize>>)> {
+pub(crate) fn incremental_bins(
+    items: &Items,
+    num_experts: usize,
+    old: &[i32],
+    topo: &Topology,
+    target: f64,
+    opts: &Options,
+) -> Vec<(usize, Vec<Vec<usize>>)> {
     let start = inherit(items, num_experts, old, topo);
     let p = items.problem(num_experts, topo.ep, topo.slots_per_rank);
     let mut s = Pack::from_assignment(&p, &start);

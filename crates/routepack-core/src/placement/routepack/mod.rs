@@ -104,7 +104,15 @@ pub struct Outcome {
 /// Layer l's candidates: the fresh placement (relabelled against the one in force), and with
 /// a placement in force and `migration_aware`, keeping it and the incremental candidates
 /// (these only while `deadline` has not passed).
-fn plan_layer(l: usize, demand: &Demand, topo: &Topology, cost: &CostModel, previous: Option<&Placement>, opts: &Options, deadline: Option<Instant>) -> Result<LayerPlan> {
+fn plan_layer(
+    l: usize,
+    demand: &Demand,
+    topo: &Topology,
+    cost: &CostModel,
+    previous: Option<&Placement>,
+    opts: &Options,
+    deadline: Option<Instant>,
+) -> Result<LayerPlan> {
     let (e_n, dim) = (demand.num_experts, demand.num_chunks);
     let loads = demand.layer_loads(l);
     let chunks = demand.layer_chunks(l);
@@ -130,9 +138,8 @@ fn plan_layer(l: usize, demand: &Demand, topo: &Topology, cost: &CostModel, prev
         for (swaps, mut b) in incremental {
             spread_copies(&items, e_n, &mut b, topo);
             let ex = as_experts(&items, &b);
-            let layer: Vec<i32> = (0..topo.ep)
-                .flat_map(|r| fill_slots(&ex[r], &old[r * topo.slots_per_rank..(r + 1) * topo.slots_per_rank]))
-                .collect();
+            let layer: Vec<i32> =
+                (0..topo.ep).flat_map(|r| fill_slots(&ex[r], &old[r * topo.slots_per_rank..(r + 1) * topo.slots_per_rank])).collect();
             let moves = moves_of(&layer);
             candidates.push(Candidate { time: predictor.time(&layer), moves, layer, choice: Choice::Incremental, swaps });
         }
@@ -146,7 +153,13 @@ fn plan_layer(l: usize, demand: &Demand, topo: &Topology, cost: &CostModel, prev
 /// routepack's placement of every layer (see the module docs). `previous`: the placement in
 /// force, or None for a first placement. With `opts.time_budget`, layers stop improving once
 /// it has passed (see [`Options::time_budget`]); the placement is valid either way.
-pub fn routepack_placement(demand: &Demand, topo: &Topology, cost: &CostModel, previous: Option<&Placement>, opts: &Options) -> Result<Outcome> {
+pub fn routepack_placement(
+    demand: &Demand,
+    topo: &Topology,
+    cost: &CostModel,
+    previous: Option<&Placement>,
+    opts: &Options,
+) -> Result<Outcome> {
     let deadline = budget::deadline(Instant::now(), opts.time_budget);
     opts.check()?;
     topo.check_experts(demand.num_experts)?;
@@ -156,7 +169,10 @@ pub fn routepack_placement(demand: &Demand, topo: &Topology, cost: &CostModel, p
         if p.num_layers != demand.num_layers || p.num_experts != demand.num_experts {
             return Err(invalid(
                 "previous",
-                format!("placement has L={}, E={} but the loads have L={}, E={}", p.num_layers, p.num_experts, demand.num_layers, demand.num_experts),
+                format!(
+                    "placement has L={}, E={} but the loads have L={}, E={}",
+                    p.num_layers, p.num_experts, demand.num_layers, demand.num_experts
+                ),
             ));
         }
     }

@@ -150,9 +150,8 @@ mod tests {
             let (predicted, simulated): (Vec<f64>, Vec<f64>) = [balanced, skewed]
                 .into_iter()
                 .map(|p: Placement| {
-                    let pred: f64 = (0..l_n)
-                        .map(|l| Predictor::new(&loads[l * e_n..(l + 1) * e_n], &[], 0, 0, &cost, &topo).time(p.layer(l)))
-                        .sum();
+                    let pred: f64 =
+                        (0..l_n).map(|l| Predictor::new(&loads[l * e_n..(l + 1) * e_n], &[], 0, 0, &cost, &topo).time(p.layer(l))).sum();
                     let plan = Plan {
                         placement: p,
                         sample_rank: packed.sample_rank.clone(),
@@ -165,7 +164,11 @@ mod tests {
                     (pred, r.expert + r.all_to_all)
                 })
                 .unzip();
-            assert_eq!(predicted[0] < predicted[1], simulated[0] < simulated[1], "seed {seed}: the proxy ranks the placements as simulate does");
+            assert_eq!(
+                predicted[0] < predicted[1],
+                simulated[0] < simulated[1],
+                "seed {seed}: the proxy ranks the placements as simulate does"
+            );
             for (p, s) in predicted.iter().zip(&simulated) {
                 assert!(*p <= 1.5 * s && *s <= 1.5 * p, "seed {seed}: predicted {p} and simulated {s} differ by more than 1.5x");
             }

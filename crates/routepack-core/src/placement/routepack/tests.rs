@@ -194,13 +194,26 @@ fn a_spent_budget_still_places_every_expert() {
     for prev in [None, Some(&none.placement)] {
         let out = routepack_placement(&d, &topo, &cost, prev, &spent).unwrap();
         let pk = sequential(w.seq_lens, 1000, topo.dp).unwrap();
-        let plan = Plan { placement: out.placement.clone(), sample_rank: pk.sample_rank, sample_micro: pk.sample_micro, num_micro: pk.num_micro, replicas: vec![], migration: vec![] };
+        let plan = Plan {
+            placement: out.placement.clone(),
+            sample_rank: pk.sample_rank,
+            sample_micro: pk.sample_micro,
+            num_micro: pk.num_micro,
+            replicas: vec![],
+            migration: vec![],
+        };
         validate_plan(&plan, &w, &topo, 1000).unwrap();
         assert!(out.placement.logcnt().iter().all(|&c| c >= 1));
         assert!(out.placement.phy2log.iter().all(|&e| e >= 0));
         assert!(out.layers.iter().all(|r| r.choice != Choice::Incremental), "no incremental search past the deadline");
-        let (a, b) = (routepack_placement(&d, &topo, &cost, prev, &long).unwrap(), routepack_placement(&d, &topo, &cost, prev, &Options::default()).unwrap());
+        let (a, b) = (
+            routepack_placement(&d, &topo, &cost, prev, &long).unwrap(),
+            routepack_placement(&d, &topo, &cost, prev, &Options::default()).unwrap(),
+        );
         assert_eq!(a.placement, b.placement);
-        assert_eq!(a.layers.iter().map(|r| (r.choice, r.swaps)).collect::<Vec<_>>(), b.layers.iter().map(|r| (r.choice, r.swaps)).collect::<Vec<_>>());
+        assert_eq!(
+            a.layers.iter().map(|r| (r.choice, r.swaps)).collect::<Vec<_>>(),
+            b.layers.iter().map(|r| (r.choice, r.swaps)).collect::<Vec<_>>()
+        );
     }
 }

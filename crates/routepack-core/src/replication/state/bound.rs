@@ -110,7 +110,17 @@ impl ExchangeState {
     ///
     /// `hosted` `[ep]` as given to `prepare_bound`, `rpn` ranks per node.
     #[allow(clippy::too_many_arguments)]
-    pub fn bound(&self, c: &Exchange, dst: usize, src: usize, n: i64, new_copy: bool, local: Option<usize>, hosted: &[bool], rpn: usize) -> f64 {
+    pub fn bound(
+        &self,
+        c: &Exchange,
+        dst: usize,
+        src: usize,
+        n: i64,
+        new_copy: bool,
+        local: Option<usize>,
+        hosted: &[bool],
+        rpn: usize,
+    ) -> f64 {
         let e = self.b_expert;
         let (ep, base, kt) = (self.ep, e * self.ep, self.k_tok);
         let first = |order: &[usize], v: &[f64], skip: &dyn Fn(usize) -> bool| order.iter().find(|&&p| !skip(p)).map_or(0.0, |&p| v[p]);

@@ -307,7 +307,9 @@ impl ExchangeState {
         for p in 0..self.ep {
             let extra = self.extra(c, p, usize::MAX, 0); // no expert replaced
             let fresh = self.values(c, self.tok[p], self.active[p], extra, &self.links[p], &self.hops[p]);
-            for (k, (new, old)) in [fresh.0, fresh.1, fresh.2].into_iter().zip([&mut self.xv[p], &mut self.av[p], &mut self.hv[p]]).enumerate() {
+            for (k, (new, old)) in
+                [fresh.0, fresh.1, fresh.2].into_iter().zip([&mut self.xv[p], &mut self.av[p], &mut self.hv[p]]).enumerate()
+            {
                 if new.to_bits() != old.to_bits() {
                     *old = new;
                     moved[k].push(p);
@@ -566,11 +568,7 @@ impl ExchangeState {
     /// The replicas as the plan table's replicas of this exchange: experts ascending, each
     /// expert's replicas in order.
     pub fn table(&self, c: &Exchange) -> Vec<Replica> {
-        self.replicas
-            .iter()
-            .enumerate()
-            .flat_map(|(e, reps)| reps.iter().map(move |r| c.replica(e, r.src, r.dst, r.share)))
-            .collect()
+        self.replicas.iter().enumerate().flat_map(|(e, reps)| reps.iter().map(move |r| c.replica(e, r.src, r.dst, r.share))).collect()
     }
 }
 

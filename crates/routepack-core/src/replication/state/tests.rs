@@ -12,17 +12,31 @@ use crate::replication::exchange::{plan_exchanges, Exchange};
 use crate::replication::test_case::Case;
 
 /// Runs `check(exchange, state, twin, rng)` on every exchange of `case`'s sequential packing.
-fn each_exchange(case: &Case, seed: u64, check: impl Fn(&Exchange, &mut ExchangeState, &mut ExchangeState, &mut Xoshiro256PlusPlus) + Sync) {
+fn each_exchange(
+    case: &Case,
+    seed: u64,
+    check: impl Fn(&Exchange, &mut ExchangeState, &mut ExchangeState, &mut Xoshiro256PlusPlus) + Sync,
+) {
     let base = case.plan(Vec::new());
     let w = case.window();
     let cost = CostModel::for_tests(case.layers);
-    plan_exchanges(&w, &case.topo, &cost, &case.placement, &base.sample_rank, &base.sample_micro, base.num_micro, None,
+    plan_exchanges(
+        &w,
+        &case.topo,
+        &cost,
+        &case.placement,
+        &base.sample_rank,
+        &base.sample_micro,
+        base.num_micro,
+        None,
         || (ExchangeState::new(), ExchangeState::new()),
         |c: &Exchange, (st, twin)| {
             let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed ^ ((c.group * 1000 + c.micro) * 1000 + c.layer) as u64);
             check(c, st, twin, &mut rng);
             Vec::new()
-        }).unwrap();
+        },
+    )
+    .unwrap();
 }
 
 proptest! {

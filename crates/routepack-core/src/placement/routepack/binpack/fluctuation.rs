@@ -39,7 +39,14 @@ impl<'a> Pack<'a> {
     /// The search, pricing swaps with `pricing` (the [`Avx2`] token only inside
     /// [`Pack::improve_fluct_avx2`], whose AVX2 build it is inlined into).
     #[inline(always)]
-    pub(super) fn improve_fluct_body<P: Pricing>(&mut self, pricing: P, cap_load: f64, max_swaps: usize, evals: &mut usize, max_evals: usize) -> bool {
+    pub(super) fn improve_fluct_body<P: Pricing>(
+        &mut self,
+        pricing: P,
+        cap_load: f64,
+        max_swaps: usize,
+        evals: &mut usize,
+        max_evals: usize,
+    ) -> bool {
         let p = self.p;
         let dim = p.dim;
         if dim == 0 || p.bins < 2 {

@@ -101,7 +101,9 @@ impl<'a> Pack<'a> {
     pub fn repair(&mut self) {
         self.fresh_members();
         let (p, e_n) = (self.p, self.p.num_experts);
-        let clean = (0..p.len()).all(|i| self.bin_of[i] == usize::MAX || self.mult[self.bin_of[i] * e_n + p.expert[i] as usize] <= self.limit[p.expert[i] as usize]);
+        let clean = (0..p.len()).all(|i| {
+            self.bin_of[i] == usize::MAX || self.mult[self.bin_of[i] * e_n + p.expert[i] as usize] <= self.limit[p.expert[i] as usize]
+        });
         if clean {
             return;
         }

@@ -38,8 +38,8 @@ mod weight_search;
 
 pub use bin_lists::BinLists;
 pub use minmax::SETTLING_SPREADS;
-pub(crate) use pack::{total_key, with_capacities};
 pub use pack::Pack;
+pub(crate) use pack::{total_key, with_capacities};
 pub use problem::{order_and_norm, Problem};
 
 #[cfg(test)]

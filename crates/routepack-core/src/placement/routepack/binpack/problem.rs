@@ -32,9 +32,7 @@ pub struct Problem<'a> {
 pub fn order_and_norm(weight: &[f64], vecs: &[f32], dim: usize) -> (Vec<u32>, Vec<f64>) {
     let mut order: Vec<u32> = (0..weight.len() as u32).collect();
     order.sort_unstable_by(|&x, &y| weight[y as usize].total_cmp(&weight[x as usize]).then(x.cmp(&y)));
-    let norm = (0..weight.len())
-        .map(|i| vecs[i * dim..(i + 1) * dim].iter().map(|&x| x as f64 * x as f64).sum())
-        .collect();
+    let norm = (0..weight.len()).map(|i| vecs[i * dim..(i + 1) * dim].iter().map(|&x| x as f64 * x as f64).sum()).collect();
     (order, norm)
 }
 

@@ -40,7 +40,14 @@ impl<'a> Pack<'a> {
     /// The search, pricing swaps with `pricing` (the [`Avx2`] token only inside
     /// [`Pack::tighten_avx2`], whose AVX2 build it is inlined into).
     #[inline(always)]
-    pub(super) fn tighten_body<P: Pricing>(&mut self, pricing: P, target: f64, max_swaps: usize, evals: &mut usize, max_evals: usize) -> bool {
+    pub(super) fn tighten_body<P: Pricing>(
+        &mut self,
+        pricing: P,
+        target: f64,
+        max_swaps: usize,
+        evals: &mut usize,
+        max_evals: usize,
+    ) -> bool {
         self.fresh_members();
         let p = self.p;
         let (w, dim) = (p.weight, p.dim);
