@@ -9,7 +9,7 @@ import numpy as np
 
 from routepack import _core
 from routepack._checks import finite_float
-from routepack.plan import MIGRATION_DTYPE, Placement, Plan, empty_migration
+from routepack.plan import MIGRATION_DTYPE, MIGRATION_FIELDS, Placement, Plan, empty_migration
 from routepack.policies import resolve
 from routepack.simulate import simulate
 from routepack.stages.context import PlanContext, check_fills_cells
@@ -222,7 +222,7 @@ def plan_stages(
             min(topo.gpus_per_node, topo.ep),
         )
         migration = np.zeros(len(cols[0]), dtype=MIGRATION_DTYPE)
-        for name_, col in zip(MIGRATION_DTYPE.names, cols):
+        for name_, col in zip(MIGRATION_FIELDS, cols):
             migration[name_] = col
 
     plan = Plan(placement, sample_rank, sample_micro, num_micro, replicas, migration, policy=name)
