@@ -25,6 +25,7 @@ import numpy as np
 from routepack._checks import boolean
 from routepack.errors import RoutepackError, RoutepackTypeError
 from routepack.planner import plan_window
+from routepack.stages.context import DEFAULT_SEED
 from routepack.policies import PRESETS, Policy, resolve
 from routepack.simulate import lower_bound_micro, simulate
 from routepack.window import Window
@@ -44,6 +45,8 @@ CROSS_NODE_LEGEND = (
 
 #: Names of the summary rows that are not presets.
 BEST = "best baseline"
+#: The preset the tables and figures give each policy's speed-up over (``vs_<baseline>``) by default.
+DEFAULT_BASELINE = "static"
 BALANCED = "balanced (reference)"
 BOUND = "lower bound"
 
@@ -129,7 +132,7 @@ def compare(
     cost: Any,
     token_cap: int,
     policies: Optional[Iterable[Union[str, Policy]]] = None,
-    seed: int = 0,
+    seed: int = DEFAULT_SEED,
     progress: Optional[Callable[[str, int], None]] = None,
     **options: Any,
 ) -> List[Row]:
@@ -236,7 +239,7 @@ def _ratios(num: Dict[int, Row], den: Dict[int, Row]) -> List[float]:
     return [num[w].throughput / den[w].throughput for w in sorted(num) if w in den]
 
 
-def summarise(rows: Sequence[Row], baseline: str = "static") -> List[Dict[str, Any]]:
+def summarise(rows: Sequence[Row], baseline: str = DEFAULT_BASELINE) -> List[Dict[str, Any]]:
     """Median over windows per policy, then the ``best baseline`` row and the references
     (``balanced``; ``lower bound`` where `simulate` reports it). ``vs_<baseline>`` and
     ``vs_best`` are medians of per-window throughput ratios."""
@@ -343,7 +346,7 @@ def _has_bound(summary: Sequence[Dict[str, Any]]) -> bool:
     return any(math.isfinite(s.get("of_bound", NAN)) for s in summary)
 
 
-def format_table(summary: Sequence[Dict[str, Any]], baseline: str = "static", legend: bool = True) -> str:
+def format_table(summary: Sequence[Dict[str, Any]], baseline: str = DEFAULT_BASELINE, legend: bool = True) -> str:
     """Fixed-width table of `summarise` output, with a legend of its columns under it. The
     ``of bound`` column appears when `simulate` reports the lower bound."""
     baseline = _name(baseline, "baseline")
@@ -395,7 +398,7 @@ def _plain(fmt: str) -> str:
     return fmt.replace(".3f", "").replace(".2f", "").replace(".1%", "").replace(".0f", "")
 
 
-def table_legend(baseline: str = "static", bound: bool = True) -> str:
+def table_legend(baseline: str = DEFAULT_BASELINE, bound: bool = True) -> str:
     """What every column and reference row of `format_table` means."""
     baseline = _name(baseline, "baseline")
     bound = boolean(bound, "bound")
