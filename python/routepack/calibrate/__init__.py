@@ -108,12 +108,9 @@ def _kernels(kernels: Sequence[str]) -> List[str]:
 
 
 def _bar(total: int, show: bool) -> Any:
-    from tqdm import tqdm
-    import sys
+    from routepack.progress import bar
 
-    return tqdm(
-        total=total, unit="point", file=sys.stderr, leave=False, disable=None if show else True, desc="calibrate"
-    )
+    return bar(total, "point", "calibrate", show)
 
 
 def calibrate(
@@ -161,7 +158,7 @@ def calibrate(
         ranks: processes of the links and exchange measurements; ``threads``: torch CPU threads while
             measuring (restored afterwards; the spawned ranks use one each; the report's
             ``settings.threads``).
-        progress: a tqdm bar on stderr (shown on a terminal).
+        progress: progress on stderr (a bar on a terminal, plain lines elsewhere).
         expert_stack: time the expert GEMMs in a stack of this many slots, ``active`` of them
             fed, as a rank of `routepack.torch.EPMoE` with that many slots runs them
             (`routepack.measure` does, to predict EPMoE runs); None (default): a stack of the

@@ -12,8 +12,8 @@ from routepack.errors import RoutepackError
 
 def run(args: argparse.Namespace) -> int:
     """Calibrates (or loads ``--cost``), plans, executes and prints measured vs predicted."""
+    from routepack._cliargs import load_cost
     from routepack.measure import Workload, format_table, measure
-    from routepack.model import CostModel
 
     work = Workload(
         ranks=args.ranks,
@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         popularity=args.popularity,
     )
-    cost = CostModel.load(args.cost) if args.cost else None
+    cost = load_cost(args.cost) if args.cost else None
     try:
         result = measure(
             work,
