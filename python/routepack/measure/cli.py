@@ -12,7 +12,8 @@ from routepack.errors import RoutepackError
 
 def run(args: argparse.Namespace) -> int:
     """Calibrates (or loads ``--cost``), plans, executes and prints measured vs predicted."""
-    from routepack.measure import Workload, format_table, measure
+    from routepack.measure.run import format_table, measure
+    from routepack.measure.workload import Workload
     from routepack.model import CostModel
 
     work = Workload(

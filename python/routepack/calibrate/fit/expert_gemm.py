@@ -1,0 +1,340 @@
+"""The expert kernel's fit (`fit_expert_gemm`): the roofline, the GEMM step and the expert
+table, each fitted and held out alike; one form committed, the others reported."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+
+from routepack.calibrate.curve_bounds import call_curve_bound, convex_bound, curve_bound, monotone_bound
+from routepack.calibrate.expert_table import table_columns, table_knots
+from routepack.calibrate.fit.common import (
+    COMPUTE_PASSES,
+    KernelFit,
+    earns,
+    forward_figures,
+    holdout_mask,
+    linear_fit,
+    max_abs,
+    points,
+)
+from routepack.model import ModelShape
+
+
+def _knees(tokens: np.ndarray) -> np.ndarray:
+    """Candidate roofline knees (tokens per expert): 1 (no floor inside the sweep) and a
+    geometric grid of 8 points per doubling up to the largest swept count."""
+    hi = float(tokens.max()) if tokens.size else 1.0
+    return np.unique(np.concatenate([[1.0], np.geomspace(1.0, max(hi, 1.0), 1 + int(8 * np.log2(max(hi, 2.0))))]))
+
+
+#: The expert curve the calibration commits (`fit_expert_gemm`): one kernel call (`CostModel.c_call`)
+#: plus, per active expert, the roofline and ``c_gemm`` where it has >= 2 tokens
+#: (`CostModel.c_gemm`), three passes.
+GEMM_STEP_FORMULA = (
+    "3·(c_call + active_experts·(c_exp + max(c_tok·tokens_per_expert, c_weights) + c_gemm·[tokens_per_expert ≥ 2]))"
+)
+#: The expert curve without the GEMM step (convex in tokens per expert), reported alongside.
+ROOFLINE_FORMULA = "3·(c_call + active_experts·(c_exp + max(c_tok·tokens_per_expert, c_weights)))"
+#: The GEMM step is committed only where it cuts the fitted points' squared relative error to
+#: below this share of the roofline's. Measured: on timings of the roofline with 0.1–5% noise
+#: the step's extra parameter buys a ratio of 0.83–1.0 (400 draws; 0.88–1.0 in 150 with the
+#: call's column); on this CPU's sweeps 0.02–0.12 at the tiny profile's shapes and 0.33–0.44
+#: at the measured run's (H = I = 256, a stack of 10), where ½ had refused the step in some
+#: runs and committed a roofline 21–54% off at held-out points.
+STEP_MIN_GAIN = 0.75
+
+
+#: The expert curve with a tabulated part (`CostModel.expert_table`): a line (no floor: the table
+#: takes it) plus a non-negative table of knots in tokens per expert, 0 at the last.
+TABLE_FORMULA = (
+    "3·(c_call + active_experts·(c_exp + max(c_tok·tokens_per_expert, c_weights) + table(tokens_per_expert)))"
+)
+#: The table is committed only where it cuts the fitted points' squared relative error to below
+#: this share of the closed form's (the roofline or the GEMM step, whichever was committed):
+#: its knots are parameters too. On timings of the closed forms with 0.1–10% noise (240 draws
+#: at the CPU sweep's points) its 7 free knots buy a ratio of 0.70–1.06, median 0.91 (4 draws
+#: under ¾); on this CPU's sweeps, whose curve climbs from 2 to 4 tokens per expert and bends
+#: up past 128, 0.24–0.43 at tiny's shapes and 0.53 at the measured run's.
+TABLE_MIN_GAIN = 0.75
+
+
+def _table(
+    measurement: Mapping[str, Any],
+    holdout_every: int,
+    per: np.ndarray,
+    active: np.ndarray,
+    knots: np.ndarray,
+    call: bool,
+) -> Tuple[float, Dict[str, float], np.ndarray, np.ndarray, List[float]]:
+    """The table form: (squared relative error on the fitted points, coefficients, predictions,
+    held-out mask, the knots' seconds). No floor (the table takes it, knot by knot). The last
+    knot's hat is left out: the table is 0 there, so ``c_tok`` is the slope at the sweep's top.
+
+    The line and the table are told apart only up to one direction: on the knots' span a line
+    ``λ·(1 − t/top)`` is a table too (0 at the last knot, linear between the others), so
+    ``c_exp + λ``, ``c_tok − λ/top``, ``table − λ·(1 − t/top)`` price every swept point the
+    same. Of those, the one with the largest ``c_exp`` whose table stays >= 0 and ``c_tok`` >= 0
+    is kept (its table is 0 at some knot before the last, or ``c_tok`` is 0): the per-expert
+    cost the planner's proxies see (``c_exp``; they leave the table out) is as much of it as
+    the timings allow."""
+    _, measured = points(measurement, "expert_gemm")
+    hats = table_columns(per, knots)[:, :-1]
+    names = ("c_tok", "c_exp") + tuple(f"table_{k:g}" for k in knots[:-1]) + (("c_call",) if call else ())
+    cols = (
+        [active * per, active]
+        + [active * hats[:, k] for k in range(hats.shape[1])]
+        + ([np.ones_like(active)] if call else [])
+    )
+    coef, pred, held = linear_fit(
+        "expert_gemm", measurement, holdout_every, names, COMPUTE_PASSES * np.stack(cols, axis=1)
+    )
+    err = float(np.sum(((pred - measured) / measured)[~held] ** 2))
+    top = float(knots[-1])
+    seconds = np.array([coef.pop(f"table_{k:g}") for k in knots[:-1]])
+    lam = max(0.0, float(np.min(seconds / (1.0 - knots[:-1] / top))))
+    lam = min(lam, coef["c_tok"] * top)  # (c_tok stays >= 0)
+    coef["c_exp"] += lam
+    coef["c_tok"] -= lam / top
+    seconds = np.maximum(seconds - lam * (1.0 - knots[:-1] / top), 0.0)
+    return err, coef, pred, held, [*map(float, seconds), 0.0]
+
+
+def _roofline(
+    measurement: Mapping[str, Any], holdout_every: int, per: np.ndarray, active: np.ndarray, step: bool, call: bool
+) -> Tuple[float, float, Dict[str, float], np.ndarray, np.ndarray]:
+    """The best knee on the `_knees` grid: (squared relative error on the fitted points, knee,
+    coefficients, predictions, held-out mask); ``step`` adds the ``c_gemm`` column, ``call``
+    the ``c_call`` column (one per point: a kernel call whatever its experts)."""
+    _, measured = points(measurement, "expert_gemm")
+    names = ("c_tok", "c_exp") + (("c_gemm",) if step else ()) + (("c_call",) if call else ())
+    best: Optional[Tuple[float, float, Dict[str, float], np.ndarray, np.ndarray]] = None
+    for knee in _knees(per):
+        # (with the step, a knee in (1, 2] lifts only the 1-token points, which c_exp + c_gemm
+        # can too: ties go to the lower knee, so such a knee wins only where it fits better)
+        cols = (
+            [active * np.maximum(per, knee), active]
+            + ([active * (per >= 2)] if step else [])
+            + ([np.ones_like(active)] if call else [])
+        )
+        coef, pred, held = linear_fit(
+            "expert_gemm", measurement, holdout_every, names, COMPUTE_PASSES * np.stack(cols, axis=1)
+        )
+        err = float(np.sum(((pred - measured) / measured)[~held] ** 2))
+        if best is None or err < best[0] - 1e-12:
+            best = (err, float(knee), coef, pred, held)
+    assert best is not None
+    return best
+
+
+def fit_expert_gemm(measurement: Mapping[str, Any], holdout_every: int, model: ModelShape) -> KernelFit:
+    """Forward + backward of ``active`` experts with ``tokens_per_expert`` t tokens each in one
+    kernel call: 3·(c_call + active·(c_exp + max(c_tok·t, c_weights) + c_gemm·[t ≥ 2]))
+    (`GEMM_STEP_FORMULA`), the cost model's expert term of one rank over three passes. The knee
+    ``c_weights / c_tok`` is searched on a grid (`_knees`); for each knee the rest is linear in
+    (c_tok, c_exp, c_gemm, c_call) and fitted by `nnls_relative`; the knee with the least
+    squared relative error on the fitted points wins (knee 1: no floor).
+
+    ``c_call`` is what a call costs whatever its experts (the kernel's set-up, the framework's
+    per-operator work around it, an idle stack slot's zero gradient): it is what makes one
+    expert's call dearer per expert than a share of eight experts' at the same tokens per
+    expert, which no curve active·f(t) can follow (``curve_bound``). It can be told from
+    ``c_exp`` only where the fitted points have two active counts or more (otherwise it is 0);
+    ``call_curve_bound`` is the least max error any curve of the cost model, call included,
+    can reach on these timings.
+
+    ``c_gemm`` is the fixed cost of a GEMM beyond a matrix-vector product: on CPU one token per
+    expert runs as a matrix-vector product (and its weight gradient as an outer product),
+    which skips it, so the measured curve steps up from 1 to 2 tokens and is concave there,
+    which no convex curve follows (``convex_bound``). It can be fitted only where the fitted
+    points have experts on both sides of the step (some with 1 token, some with >= 2;
+    otherwise it is ``c_exp`` over again), and it is committed only where it earns its
+    parameter: its squared relative error on the fitted points is at most `STEP_MIN_GAIN`
+    times the roofline's. Otherwise the few 1-token points' noise would set ``c_exp`` and the
+    step together and price the held-out points worse than the roofline does; the committed
+    form is then `ROOFLINE_FORMULA` with ``c_gemm = 0``. The form not committed is reported in
+    ``alternative_forms`` (``"roofline"`` or ``"gemm_step"``), held out the same way, so the
+    report says what the step buys or would have bought.
+
+    Then the table form (`TABLE_FORMULA`, `_table`): a line plus a non-negative table of
+    seconds per expert at knots in tokens per expert (`table_knots`), linear between them
+    (`CostModel.expert_table`), for what no closed form follows (on this CPU the time climbs
+    from 2 to 4 tokens per expert, levels off to 16 and bends up past 128). It is committed
+    where its squared relative error on the fitted points is below `TABLE_MIN_GAIN` times the
+    closed form's (the one committed above, named in ``closed_form``; ``table_sq_error_ratio``
+    the ratio), with ``c_gemm = 0`` and no floor (its knots carry both); otherwise it is
+    reported in ``alternative_forms["table"]``."""
+    sweep, measured = points(measurement, "expert_gemm")
+    if all("tokens_per_expert" in p for p in sweep):
+        per = np.array([p["tokens_per_expert"] for p in sweep], dtype=np.float64)
+    else:  # an older measurement: tokens / active
+        per = np.array([p["tokens"] / p["active_experts"] for p in sweep], dtype=np.float64)
+    active = np.array([p["active_experts"] for p in sweep], dtype=np.float64)
+    fitted = ~holdout_mask(len(sweep), holdout_every)
+    eligible = bool(fitted.sum() >= 3 and (per[fitted] < 2).any() and (per[fitted] >= 2).any())
+    # a call's cost and c_exp are one column over a single active count
+    call = bool(np.unique(active[fitted]).size >= 2)
+
+    def form(step: bool) -> Tuple[float, Dict[str, float], np.ndarray, np.ndarray]:
+        sq, knee, coef, pred, held = _roofline(measurement, holdout_every, per, active, step=step, call=call)
+        coef = {
+            **coef,
+            "c_gemm": coef.get("c_gemm", 0.0),
+            "c_call": coef.get("c_call", 0.0),
+            "c_weights": coef["c_tok"] * knee if knee > per.min() else 0.0,
+            "knee_tokens_per_expert": knee,
+        }
+        return sq, coef, pred, held
+
+    # name -> (squared relative error on the fitted points, coefficients, predictions, held out, table)
+    forms: Dict[str, Tuple[float, Dict[str, float], np.ndarray, np.ndarray, List[List[float]]]] = {
+        "roofline": (*form(False), [])
+    }
+    ratio = None
+    committed = "roofline"
+    if eligible:
+        forms["gemm_step"] = (*form(True), [])
+        roof_sq, step_sq = forms["roofline"][0], forms["gemm_step"][0]
+        ratio = step_sq / roof_sq if roof_sq > 0 else None
+        if earns(step_sq, roof_sq, STEP_MIN_GAIN):
+            committed = "gemm_step"
+    closed = committed
+    knots = table_knots(per, fitted)
+    table_ratio = None
+    if knots.size >= 3:  # two knots past the first at least (one would be the GEMM step again)
+        t_sq, t_coef, t_pred, t_held, seconds = _table(measurement, holdout_every, per, active, knots, call)
+        t_coef = {
+            **t_coef,
+            "c_gemm": 0.0,
+            "c_call": t_coef.get("c_call", 0.0),
+            "c_weights": 0.0,
+            "knee_tokens_per_expert": float(per.min()),
+        }
+        forms["table"] = (t_sq, t_coef, t_pred, t_held, [[float(k), float(v)] for k, v in zip(knots, seconds)])
+        closed_sq = forms[closed][0]
+        table_ratio = t_sq / closed_sq if closed_sq > 0 else None
+        if earns(t_sq, closed_sq, TABLE_MIN_GAIN):
+            committed = "table"
+    _, coef, pred, held, table = forms[committed]
+    knee = coef["knee_tokens_per_expert"]
+    c_weights = coef["c_weights"]
+    notes = [
+        f"roofline knee at {knee:.3g} tokens per expert (c_weights = c_tok * knee; "
+        f"{'no floor inside the sweep' if c_weights == 0 else 'weights-bound below it'})"
+    ]
+    if committed == "gemm_step":
+        notes.append(
+            f"GEMM step c_gemm = {coef['c_gemm']:.3g} s per expert with >= 2 tokens (1 token runs as a "
+            f"matrix-vector product)"
+        )
+    elif eligible and closed == "roofline":
+        notes.append(
+            f"no GEMM step committed (c_gemm = 0): with it the fitted points' squared relative error "
+            f"would not fall below {STEP_MIN_GAIN:.0%} of the roofline's (alternative_forms.gemm_step)"
+        )
+    elif not eligible:
+        notes.append(
+            "no GEMM step fitted: the fitted points do not have experts on both sides of 2 tokens (c_gemm = 0)"
+        )
+    if committed == "table":
+        notes.append(
+            "expert table committed (its knots carry the GEMM step, c_gemm = 0): "
+            + ", ".join(f"{k:g} tokens {v:.3g} s" for k, v in table)
+            + f" per expert and pass beyond the roofline; it cut the fitted points' squared relative "
+            f"error to {table_ratio:.2f} of the {closed} form's"
+        )
+    elif "table" in forms:
+        notes.append(
+            f"no expert table committed: with it the fitted points' squared relative error would not fall "
+            f"below {TABLE_MIN_GAIN:.0%} of the {closed} form's (alternative_forms.table)"
+        )
+    if call:
+        notes.append(f"kernel call c_call = {coef['c_call']:.3g} s per call and pass, whatever its experts")
+    else:
+        notes.append(
+            "no call cost fitted: the fitted points have one active count, where c_call and c_exp are "
+            "one column (c_call = 0)"
+        )
+    extra = forward_figures(measurement)
+    # the curve without the step is convex in tokens per expert: no fit of it beats this on all points
+    extra["convex_bound"] = max(convex_bound(per[active == a], measured[active == a]) for a in np.unique(active))
+    if extra["convex_bound"] > 0.05:
+        notes.append(
+            f"measured times are not convex in tokens per expert: every convex curve (the roofline "
+            f"without c_gemm) misses some point of one active count by >= {extra['convex_bound']:.1%}"
+        )
+    # and every curve of the cost model is non-decreasing in tokens per expert
+    extra["monotone_bound"] = max(monotone_bound(per[active == a], measured[active == a]) for a in np.unique(active))
+    if extra["monotone_bound"] > 0.05:
+        notes.append(
+            f"measured times are not non-decreasing in tokens per expert: every curve of the cost model "
+            f"(non-decreasing) misses some point of one active count by >= {extra['monotone_bound']:.1%}"
+        )
+    # without a call's cost every curve prices a·f(t): the spread between active counts at one t
+    # counts too; with it, c + a·f(t)
+    extra["curve_bound"] = curve_bound(per, active, measured)
+    extra["call_curve_bound"] = call_curve_bound(per, active, measured)
+    if extra["call_curve_bound"] > 0.05:
+        notes.append(
+            f"no expert curve of the cost model (a call plus active experts × a non-decreasing curve in "
+            f"tokens per expert, tabulated or not) fits every point within {extra['call_curve_bound']:.1%}"
+        )
+    extra["closed_form"] = closed
+    if len(forms) > 1:
+        own = max_abs((pred - measured) / measured, held)
+        alternatives = {}
+        for name, (_, o_coef, o_pred, _, o_table) in forms.items():
+            if name == committed:
+                continue
+            rel = (o_pred - measured) / measured
+            alternatives[name] = {
+                "formula": _FORMULAS[name],
+                "coefficients": o_coef,
+                "expert_table": o_table,
+                "predicted_s": o_pred.tolist(),
+                "max_rel_error": max_abs(rel, held),
+                "max_rel_error_fit": max_abs(rel, ~held),
+                "priced": False,
+            }
+            if alternatives[name]["max_rel_error"] is not None and own is not None:
+                notes.append(
+                    f"{_AS_ALTERNATIVE[name]} the held-out max rel. error would be "
+                    f"{alternatives[name]['max_rel_error']:.1%} instead of {own:.1%} "
+                    f"(alternative_forms.{name})"
+                )
+        extra["alternative_forms"] = alternatives
+        if ratio is not None or "gemm_step" in forms:
+            extra["step_sq_error_ratio"] = ratio
+        if "table" in forms:
+            extra["table_sq_error_ratio"] = table_ratio
+    fields = {
+        "c_tok": coef["c_tok"],
+        "c_exp": coef["c_exp"],
+        "c_weights": c_weights,
+        "c_gemm": coef["c_gemm"],
+        "c_call": coef["c_call"],
+        "expert_table": table,
+    }
+    return KernelFit(
+        "expert_gemm",
+        _FORMULAS[committed],
+        sweep,
+        measured.tolist(),
+        pred.tolist(),
+        held.tolist(),
+        coef,
+        fields,
+        notes,
+        extra=extra,
+    )
+
+
+#: The expert fit's forms by name (`fit_expert_gemm`'s ``alternative_forms`` keys).
+_FORMULAS = {"roofline": ROOFLINE_FORMULA, "gemm_step": GEMM_STEP_FORMULA, "table": TABLE_FORMULA}
+#: How a note names a form not committed.
+_AS_ALTERNATIVE = {
+    "roofline": "without the GEMM step (c_gemm = 0, a convex curve)",
+    "gemm_step": "with the GEMM step",
+    "table": "with the expert table",
+}
