@@ -79,11 +79,7 @@ def _calibrated(
             "max_rel_error": fit.max_rel_error,
             "coefficients": fit.coefficients,
             "formula": fit.formula,
-            **{
-                k: fit.extra[k]
-                for k in ("curve_bound", "call_curve_bound", "step_sq_error_ratio", "table_sq_error_ratio")
-                if k in fit.extra
-            },
+            **{k: fit.extra[k] for k in ("curve_bound", "call_curve_bound", "cross_validation") if k in fit.extra},
             **({"expert_table": fit.cost_fields["expert_table"]} if fit.cost_fields.get("expert_table") else {}),
         }
         for kind, fit in cal.fits.items()

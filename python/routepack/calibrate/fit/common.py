@@ -169,13 +169,6 @@ def max_abs(rel: np.ndarray, mask: np.ndarray) -> Optional[float]:
     return float(np.abs(rel[mask]).max()) if mask.any() else None
 
 
-def earns(richer_sq: float, simpler_sq: float, gain: float) -> bool:
-    """Whether a richer form earns its parameters: its squared relative error on the fitted
-    points below ``gain`` times the simpler form's, and by more than rounding (so timings the
-    simpler form fits exactly keep it)."""
-    return richer_sq < gain * simpler_sq and simpler_sq - richer_sq > 1e-18
-
-
 #: Per-point and per-sweep timer figures a fit passes through to the report unchanged.
 TIMER_KEYS = ("spread", "calls_per_visit", "loadavg", "drift")
 

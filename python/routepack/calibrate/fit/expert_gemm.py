@@ -12,7 +12,6 @@ from routepack.calibrate.expert_table import table_columns, table_knots
 from routepack.calibrate.fit.common import (
     COMPUTE_PASSES,
     KernelFit,
-    earns,
     forward_figures,
     holdout_mask,
     linear_fit,
@@ -37,13 +36,13 @@ GEMM_STEP_FORMULA = (
 )
 #: The expert curve without the GEMM step (convex in tokens per expert), reported alongside.
 ROOFLINE_FORMULA = "3·(c_call + active_experts·(c_exp + max(c_tok·tokens_per_expert, c_weights)))"
-#: The GEMM step is committed only where it cuts the fitted points' squared relative error to
-#: below this share of the roofline's. Measured: on timings of the roofline with 0.1–5% noise
-#: the step's extra parameter buys a ratio of 0.83–1.0 (400 draws; 0.88–1.0 in 150 with the
-#: call's column); on this CPU's sweeps 0.02–0.12 at the tiny profile's shapes and 0.33–0.44
-#: at the measured run's (H = I = 256, a stack of 10), where ½ had refused the step in some
-#: runs and committed a roofline 21–54% off at held-out points.
-STEP_MIN_GAIN = 0.75
+#: Folds of the cross-validation that chooses the committed form (`fit_expert_gemm`): the
+#: fitted points are left out in turn, a fifth at a time, each fold's points predicted by the
+#: form fitted on the others.
+CV_FOLDS = 5
+#: A richer form's cross-validated error must be below the simpler one's by this share (and by
+#: 1e-6, rounding) to be committed: ties go to the simpler form.
+TIE = 1e-3
 
 
 #: The expert curve with a tabulated part (`CostModel.expert_table`): a line (no floor: the table
@@ -51,25 +50,18 @@ STEP_MIN_GAIN = 0.75
 TABLE_FORMULA = (
     "3·(c_call + active_experts·(c_exp + max(c_tok·tokens_per_expert, c_weights) + table(tokens_per_expert)))"
 )
-#: The table is committed only where it cuts the fitted points' squared relative error to below
-#: this share of the closed form's (the roofline or the GEMM step, whichever was committed):
-#: its knots are parameters too. On timings of the closed forms with 0.1–10% noise (240 draws
-#: at the CPU sweep's points) its 7 free knots buy a ratio of 0.70–1.06, median 0.91 (4 draws
-#: under ¾); on this CPU's sweeps, whose curve climbs from 2 to 4 tokens per expert and bends
-#: up past 128, 0.24–0.43 at tiny's shapes and 0.53 at the measured run's.
-TABLE_MIN_GAIN = 0.75
 
 
 def _table(
     measurement: Mapping[str, Any],
-    holdout_every: int,
+    held: np.ndarray,
     per: np.ndarray,
     active: np.ndarray,
     knots: np.ndarray,
     call: bool,
-) -> Tuple[float, Dict[str, float], np.ndarray, np.ndarray, List[float]]:
-    """The table form: (squared relative error on the fitted points, coefficients, predictions,
-    held-out mask, the knots' seconds). No floor (the table takes it, knot by knot). The last
+) -> Tuple[float, Dict[str, float], np.ndarray, List[float]]:
+    """The table form fitted on the points not in ``held``: (squared relative error on the fitted
+    points, coefficients, predictions, the knots' seconds). No floor (the table takes it, knot by knot). The last
     knot's hat is left out: the table is 0 there, so ``c_tok`` is the slope at the sweep's top.
 
     The line and the table are told apart only up to one direction: on the knots' span a line
@@ -87,9 +79,7 @@ def _table(
         + [active * hats[:, k] for k in range(hats.shape[1])]
         + ([np.ones_like(active)] if call else [])
     )
-    coef, pred, held = linear_fit(
-        "expert_gemm", measurement, holdout_every, names, COMPUTE_PASSES * np.stack(cols, axis=1)
-    )
+    coef, pred, _ = linear_fit("expert_gemm", measurement, 0, names, COMPUTE_PASSES * np.stack(cols, axis=1), mask=held)
     err = float(np.sum(((pred - measured) / measured)[~held] ** 2))
     top = float(knots[-1])
     seconds = np.array([coef.pop(f"table_{k:g}") for k in knots[:-1]])
@@ -98,18 +88,18 @@ def _table(
     coef["c_exp"] += lam
     coef["c_tok"] -= lam / top
     seconds = np.maximum(seconds - lam * (1.0 - knots[:-1] / top), 0.0)
-    return err, coef, pred, held, [*map(float, seconds), 0.0]
+    return err, coef, pred, [*map(float, seconds), 0.0]
 
 
 def _roofline(
-    measurement: Mapping[str, Any], holdout_every: int, per: np.ndarray, active: np.ndarray, step: bool, call: bool
-) -> Tuple[float, float, Dict[str, float], np.ndarray, np.ndarray]:
-    """The best knee on the `_knees` grid: (squared relative error on the fitted points, knee,
-    coefficients, predictions, held-out mask); ``step`` adds the ``c_gemm`` column, ``call``
+    measurement: Mapping[str, Any], held: np.ndarray, per: np.ndarray, active: np.ndarray, step: bool, call: bool
+) -> Tuple[float, float, Dict[str, float], np.ndarray]:
+    """The best knee on the `_knees` grid, fitted on the points not in ``held``: (squared
+    relative error on the fitted points, knee, coefficients, predictions); ``step`` adds the ``c_gemm`` column, ``call``
     the ``c_call`` column (one per point: a kernel call whatever its experts)."""
     _, measured = points(measurement, "expert_gemm")
     names = ("c_tok", "c_exp") + (("c_gemm",) if step else ()) + (("c_call",) if call else ())
-    best: Optional[Tuple[float, float, Dict[str, float], np.ndarray, np.ndarray]] = None
+    best: Optional[Tuple[float, float, Dict[str, float], np.ndarray]] = None
     for knee in _knees(per):
         # (with the step, a knee in (1, 2] lifts only the 1-token points, which c_exp + c_gemm
         # can too: ties go to the lower knee, so such a knee wins only where it fits better)
@@ -118,14 +108,35 @@ def _roofline(
             + ([active * (per >= 2)] if step else [])
             + ([np.ones_like(active)] if call else [])
         )
-        coef, pred, held = linear_fit(
-            "expert_gemm", measurement, holdout_every, names, COMPUTE_PASSES * np.stack(cols, axis=1)
+        coef, pred, _ = linear_fit(
+            "expert_gemm", measurement, 0, names, COMPUTE_PASSES * np.stack(cols, axis=1), mask=held
         )
         err = float(np.sum(((pred - measured) / measured)[~held] ** 2))
         if best is None or err < best[0] - 1e-12:
-            best = (err, float(knee), coef, pred, held)
+            best = (err, float(knee), coef, pred)
     assert best is not None
     return best
+
+
+def cv_folds(fitted: np.ndarray, per: np.ndarray, active: np.ndarray, folds: int = CV_FOLDS) -> List[np.ndarray]:
+    """bool ``[n]`` masks, one per fold, of the fitted points (``fitted`` bool ``[n]``) it leaves
+    out: the fitted points in sweep order, each ``folds``-th one to a fold, except each active
+    count's fewest and most tokens per expert, which every fold fits (so a left-out point is
+    interpolated, never extrapolated, as the held-out points are). Fewer folds where fewer
+    points can be left out; none where none can."""
+    idx = np.flatnonzero(fitted)
+    ends = set()
+    for a in np.unique(active[idx]):
+        sel = idx[active[idx] == a]
+        ends |= {int(sel[np.argmin(per[sel])]), int(sel[np.argmax(per[sel])])}
+    inner = np.array([i for i in idx.tolist() if i not in ends], dtype=np.int64)
+    k = min(folds, inner.size)
+    out = []
+    for f in range(k):
+        m = np.zeros(fitted.shape, dtype=bool)
+        m[inner[f::k]] = True
+        out.append(m)
+    return out
 
 
 def fit_expert_gemm(measurement: Mapping[str, Any], holdout_every: int, model: ModelShape) -> KernelFit:
@@ -149,35 +160,51 @@ def fit_expert_gemm(measurement: Mapping[str, Any], holdout_every: int, model: M
     which skips it, so the measured curve steps up from 1 to 2 tokens and is concave there,
     which no convex curve follows (``convex_bound``). It can be fitted only where the fitted
     points have experts on both sides of the step (some with 1 token, some with >= 2;
-    otherwise it is ``c_exp`` over again), and it is committed only where it earns its
-    parameter: its squared relative error on the fitted points is at most `STEP_MIN_GAIN`
-    times the roofline's. Otherwise the few 1-token points' noise would set ``c_exp`` and the
-    step together and price the held-out points worse than the roofline does; the committed
-    form is then `ROOFLINE_FORMULA` with ``c_gemm = 0``. The form not committed is reported in
-    ``alternative_forms`` (``"roofline"`` or ``"gemm_step"``), held out the same way, so the
-    report says what the step buys or would have bought.
+    otherwise it is ``c_exp`` over again).
 
-    Then the table form (`TABLE_FORMULA`, `_table`): a line plus a non-negative table of
-    seconds per expert at knots in tokens per expert (`table_knots`), linear between them
-    (`CostModel.expert_table`), for what no closed form follows (on this CPU the time climbs
-    from 2 to 4 tokens per expert, levels off to 16 and bends up past 128). It is committed
-    where its squared relative error on the fitted points is below `TABLE_MIN_GAIN` times the
-    closed form's (the one committed above, named in ``closed_form``; ``table_sq_error_ratio``
-    the ratio), with ``c_gemm = 0`` and no floor (its knots carry both); otherwise it is
-    reported in ``alternative_forms["table"]``."""
+    And the table form (`TABLE_FORMULA`, `_table`): a line plus a non-negative table of seconds
+    per expert at knots in tokens per expert (`table_knots`), linear between them
+    (`CostModel.expert_table`), with ``c_gemm = 0`` and no floor (its knots carry both), for
+    what no closed form follows (on this CPU the time climbs from 2 to 4 tokens per expert,
+    levels off to 16 and bends up past 128).
+
+    **The committed form is the one that predicts best**: each form (the roofline, the GEMM
+    step where it can be fitted, the table where its knots can) is cross-validated on the fitted
+    points (`cv_folds`: `CV_FOLDS` folds, each predicted by the form fitted on the rest, every
+    active count's end points always fitted, so a fold is interpolated) and the least root mean
+    square of those relative errors wins, ties to the simpler form. A form with more parameters
+    than some fold's fit has points is not tried. The error on the fitted points would always
+    prefer the form with the most parameters: the table's knots fit the noise of the points they
+    sit on, and missed held-out points by 9–21% where a closed form missed them by 2–5%. The
+    report's held-out points stay out of the choice too (they judge it: ``max_rel_error``). The
+    forms not committed are reported in ``alternative_forms`` (fitted on all the fitted points,
+    held out the same way), every form's cross-validated errors in ``cross_validation``."""
     sweep, measured = points(measurement, "expert_gemm")
     if all("tokens_per_expert" in p for p in sweep):
         per = np.array([p["tokens_per_expert"] for p in sweep], dtype=np.float64)
     else:  # an older measurement: tokens / active
         per = np.array([p["tokens"] / p["active_experts"] for p in sweep], dtype=np.float64)
     active = np.array([p["active_experts"] for p in sweep], dtype=np.float64)
-    fitted = ~holdout_mask(len(sweep), holdout_every)
+    held = holdout_mask(len(sweep), holdout_every)
+    fitted = ~held
     eligible = bool(fitted.sum() >= 3 and (per[fitted] < 2).any() and (per[fitted] >= 2).any())
     # a call's cost and c_exp are one column over a single active count
     call = bool(np.unique(active[fitted]).size >= 2)
+    knots = table_knots(per, fitted)
 
-    def form(step: bool) -> Tuple[float, Dict[str, float], np.ndarray, np.ndarray]:
-        sq, knee, coef, pred, held = _roofline(measurement, holdout_every, per, active, step=step, call=call)
+    def fit_form(name: str, out: np.ndarray) -> Tuple[Dict[str, float], np.ndarray, List[List[float]]]:
+        """Form ``name`` fitted on the points not in ``out``: (coefficients, predictions, table)."""
+        if name == "table":
+            _, coef, pred, seconds = _table(measurement, out, per, active, knots, call)
+            coef = {
+                **coef,
+                "c_gemm": 0.0,
+                "c_call": coef.get("c_call", 0.0),
+                "c_weights": 0.0,
+                "knee_tokens_per_expert": float(per.min()),
+            }
+            return coef, pred, [[float(k), float(v)] for k, v in zip(knots, seconds)]
+        _, knee, coef, pred = _roofline(measurement, out, per, active, step=name == "gemm_step", call=call)
         coef = {
             **coef,
             "c_gemm": coef.get("c_gemm", 0.0),
@@ -185,38 +212,34 @@ def fit_expert_gemm(measurement: Mapping[str, Any], holdout_every: int, model: M
             "c_weights": coef["c_tok"] * knee if knee > per.min() else 0.0,
             "knee_tokens_per_expert": knee,
         }
-        return sq, coef, pred, held
+        return coef, pred, []
 
-    # name -> (squared relative error on the fitted points, coefficients, predictions, held out, table)
-    forms: Dict[str, Tuple[float, Dict[str, float], np.ndarray, np.ndarray, List[List[float]]]] = {
-        "roofline": (*form(False), [])
-    }
-    ratio = None
-    committed = "roofline"
-    if eligible:
-        forms["gemm_step"] = (*form(True), [])
-        roof_sq, step_sq = forms["roofline"][0], forms["gemm_step"][0]
-        ratio = step_sq / roof_sq if roof_sq > 0 else None
-        if earns(step_sq, roof_sq, STEP_MIN_GAIN):
-            committed = "gemm_step"
-    closed = committed
-    knots = table_knots(per, fitted)
-    table_ratio = None
-    if knots.size >= 3:  # two knots past the first at least (one would be the GEMM step again)
-        t_sq, t_coef, t_pred, t_held, seconds = _table(measurement, holdout_every, per, active, knots, call)
-        t_coef = {
-            **t_coef,
-            "c_gemm": 0.0,
-            "c_call": t_coef.get("c_call", 0.0),
-            "c_weights": 0.0,
-            "knee_tokens_per_expert": float(per.min()),
+    folds = cv_folds(fitted, per, active)
+    # the columns each form fits; a form is tried where every fold's fit has as many points
+    columns = {"roofline": 2 + call, "gemm_step": 3 + call, "table": 1 + knots.size + call}
+    least = int(fitted.sum()) - max((int(f.sum()) for f in folds), default=0)
+    tried = [
+        name
+        for name in ("roofline", "gemm_step", "table")
+        if (name != "gemm_step" or eligible) and (name != "table" or knots.size >= 3) and columns[name] <= least
+    ]
+    if "roofline" not in tried:  # too few points to cross-validate even the roofline: fit it alone
+        tried, folds = ["roofline"], []
+    # name -> (coefficients, predictions, table), fitted on every fitted point
+    forms = {name: fit_form(name, held) for name in tried}
+    cv: Dict[str, Dict[str, Optional[float]]] = {}
+    for name in tried:
+        rel = np.concatenate([((fit_form(name, held | f)[1] - measured) / measured)[f] for f in folds] or [[]])
+        cv[name] = {
+            "rms_rel_error": float(np.sqrt(np.mean(rel**2))) if rel.size else None,
+            "max_rel_error": float(np.abs(rel).max()) if rel.size else None,
         }
-        forms["table"] = (t_sq, t_coef, t_pred, t_held, [[float(k), float(v)] for k, v in zip(knots, seconds)])
-        closed_sq = forms[closed][0]
-        table_ratio = t_sq / closed_sq if closed_sq > 0 else None
-        if earns(t_sq, closed_sq, TABLE_MIN_GAIN):
-            committed = "table"
-    _, coef, pred, held, table = forms[committed]
+    committed = "roofline"
+    for name in tried[1:]:  # a richer form only where it predicts better (ties: the simpler)
+        score, best = cv[name]["rms_rel_error"], cv[committed]["rms_rel_error"]
+        if score is not None and best is not None and score < best * (1 - TIE) - 1e-6:
+            committed = name
+    coef, pred, table = forms[committed]
     knee = coef["knee_tokens_per_expert"]
     c_weights = coef["c_weights"]
     notes = [
@@ -228,11 +251,6 @@ def fit_expert_gemm(measurement: Mapping[str, Any], holdout_every: int, model: M
             f"GEMM step c_gemm = {coef['c_gemm']:.3g} s per expert with >= 2 tokens (1 token runs as a "
             f"matrix-vector product)"
         )
-    elif eligible and closed == "roofline":
-        notes.append(
-            f"no GEMM step committed (c_gemm = 0): with it the fitted points' squared relative error "
-            f"would not fall below {STEP_MIN_GAIN:.0%} of the roofline's (alternative_forms.gemm_step)"
-        )
     elif not eligible:
         notes.append(
             "no GEMM step fitted: the fitted points do not have experts on both sides of 2 tokens (c_gemm = 0)"
@@ -241,13 +259,20 @@ def fit_expert_gemm(measurement: Mapping[str, Any], holdout_every: int, model: M
         notes.append(
             "expert table committed (its knots carry the GEMM step, c_gemm = 0): "
             + ", ".join(f"{k:g} tokens {v:.3g} s" for k, v in table)
-            + f" per expert and pass beyond the roofline; it cut the fitted points' squared relative "
-            f"error to {table_ratio:.2f} of the {closed} form's"
+            + " per expert and pass beyond the roofline"
         )
-    elif "table" in forms:
+    if folds:
         notes.append(
-            f"no expert table committed: with it the fitted points' squared relative error would not fall "
-            f"below {TABLE_MIN_GAIN:.0%} of the {closed} form's (alternative_forms.table)"
+            f"committed: the {committed} form, the least cross-validated error ({len(folds)} folds of the fitted "
+            "points; RMS relative error "
+            + ", ".join(f"{n} {c['rms_rel_error']:.1%}" for n, c in cv.items() if c["rms_rel_error"] is not None)
+            + ")"
+        )
+    untried = [n for n in ("gemm_step", "table") if n not in tried and (n != "gemm_step" or eligible)]
+    if untried:
+        notes.append(
+            f"not tried: {', '.join(untried)} (more parameters than a cross-validation fold's fit has points: "
+            "measure more points)"
         )
     if call:
         notes.append(f"kernel call c_call = {coef['c_call']:.3g} s per call and pass, whatever its experts")
@@ -280,11 +305,11 @@ def fit_expert_gemm(measurement: Mapping[str, Any], holdout_every: int, model: M
             f"no expert curve of the cost model (a call plus active experts × a non-decreasing curve in "
             f"tokens per expert, tabulated or not) fits every point within {extra['call_curve_bound']:.1%}"
         )
-    extra["closed_form"] = closed
+    extra["cross_validation"] = {"folds": len(folds), "chosen": committed, "forms": cv}
     if len(forms) > 1:
         own = max_abs((pred - measured) / measured, held)
         alternatives = {}
-        for name, (_, o_coef, o_pred, _, o_table) in forms.items():
+        for name, (o_coef, o_pred, o_table) in forms.items():
             if name == committed:
                 continue
             rel = (o_pred - measured) / measured
@@ -295,6 +320,7 @@ def fit_expert_gemm(measurement: Mapping[str, Any], holdout_every: int, model: M
                 "predicted_s": o_pred.tolist(),
                 "max_rel_error": max_abs(rel, held),
                 "max_rel_error_fit": max_abs(rel, ~held),
+                "cv_rms_rel_error": cv[name]["rms_rel_error"],
                 "priced": False,
             }
             if alternatives[name]["max_rel_error"] is not None and own is not None:
@@ -304,10 +330,6 @@ def fit_expert_gemm(measurement: Mapping[str, Any], holdout_every: int, model: M
                     f"(alternative_forms.{name})"
                 )
         extra["alternative_forms"] = alternatives
-        if ratio is not None or "gemm_step" in forms:
-            extra["step_sq_error_ratio"] = ratio
-        if "table" in forms:
-            extra["table_sq_error_ratio"] = table_ratio
     fields = {
         "c_tok": coef["c_tok"],
         "c_exp": coef["c_exp"],
