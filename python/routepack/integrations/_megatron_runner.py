@@ -143,11 +143,16 @@ class MegatronRunner:
         self.group_index = self.dp_rank // topo.ep
         self.ddp_configs = [getattr(c, "ddp_config", None) for c in chunks]
         self.plan: Optional[Plan] = None
+        self._window: Optional[Window] = None
         self.micro: Optional[int] = None
         self.exchange: Optional[_Exchange] = None
         self.last_migration: Optional[MigrationReport] = None
         self._backwards = [0] * len(mods)
         self._filled: set = set()
+        #: with ``recording``, ``received[(micro, moe layer)]`` holds the tokens each local
+        #: Megatron expert received in the last forward of that cell (a host copy per layer: tests)
+        self.recording = False
+        self.received: Dict[Tuple[int, int], List[int]] = {}
         for m in mods:
             m.runner = self
 
@@ -269,7 +274,8 @@ class MegatronRunner:
             l = m.moe_index
             cells = layer_tables(plan, window, self.topo, l, self.ep_rank, self.group_index, m.replica_slots)
             m.set_placement(local.placement.phy2log[i], origins.sum(axis=0)[:, l], cells)
-        self.plan = plan
+        self.plan, self._window = plan, window
+        self.received = {}
         self.exchange = self._make_exchange(plan) if plan.replicas.size else None
         self._mark_copies(optimizer)
         self._backwards = [0] * len(self.layers)
@@ -332,6 +338,21 @@ class MegatronRunner:
             m.slot_map.micro = None
 
     # ------------------------------------------------------------------ hooks of the layer
+    def note_received(self, layer: PlanMoELayer, tokens_per_expert: Any) -> None:
+        """With ``recording``: the tokens each local expert of ``layer`` received this forward."""
+        if self.micro is not None:
+            self.received[(self.micro, layer.moe_index)] = [int(x) for x in tokens_per_expert.tolist()]
+
+    def predicted_received(self) -> np.ndarray:
+        """int64 ``[M, L]``: the tokens the plan says this rank receives per (micro, MoE layer)
+        (`routepack._core.rank_tokens`, what `simulate` prices)."""
+        from routepack import _core
+
+        if self.plan is None or self._window is None:
+            raise RoutepackError("predicted_received: call begin_window first")
+        got = _core.rank_tokens(self.plan, self._window.seq_lens, self._window.counts, self.topo)
+        return got[self.group_index, :, :, self.ep_rank]
+
     def fill_replicas(self, layer: PlanMoELayer, micro: int) -> None:
         """Forward of ``layer`` in ``micro``: its replica buffers receive the cell's copies
         (once per microbatch: a recomputed forward finds them there)."""
