@@ -22,6 +22,7 @@ EXPECT = {
     "verl_balance.py": ("microbatches per DP rank", ()),
     "slime_schedule.py": ("microbatches per rank per step", ()),
     "megatron_router.py": ("physical layout computes the logical MoE: ok", ("torch",)),
+    "megatron_train.py": ("the plan's model trains like the stock one: ok", ("torch", "megatron.core")),
 }
 #: Examples with a test of their own (they spawn processes; run there at smaller sizes).
 OWN_TEST = {"hf_train.py": "tests/test_example_hf_train.py"}

@@ -100,6 +100,24 @@ def _num_moe_layers(config: Any) -> int:
     return sum(1 for i in range(config.num_layers) if i % freq == 0) if isinstance(freq, int) else int(sum(freq))
 
 
+def _check_groups(chunks: List[Any]) -> None:
+    """Megatron's ``TransformerLayer`` hands its ``pg_collection`` only to ``MoELayer`` itself,
+    so a `PlanMoELayer` takes the default groups: refuse a layer whose own groups differ."""
+    for c in chunks:
+        named = dict(c.named_modules())
+        for name, m in named.items():
+            if not isinstance(m, PlanMoELayer):
+                continue
+            parent = named.get(name.rpartition(".")[0])
+            pg = getattr(parent, "pg_collection", None)
+            ep = getattr(pg, "ep", None)
+            if ep is not None and dist.get_process_group_ranks(ep) != dist.get_process_group_ranks(m.ep_group):
+                raise RoutepackError(
+                    f"model: {name} uses the default expert-parallel group, its TransformerLayer a custom "
+                    "pg_collection; build the model with the default process groups"
+                )
+
+
 class MegatronRunner:
     """Ties plans to the `PlanMoELayer` layers of ``model`` (a module, a DDP-wrapped module,
     or the list of virtual-pipeline chunks). ``topo``: the plan's `routepack.Topology` (``ep``
@@ -114,6 +132,7 @@ class MegatronRunner:
         mods = [m for c in chunks for m in c.modules() if isinstance(m, PlanMoELayer)]
         if not mods:
             raise RoutepackError("model: has no PlanMoELayer (build it with routepack's plan_layer_spec)")
+        _check_groups(chunks)
         for m in mods:
             if m.topo != topo:
                 raise RoutepackError(f"model: a PlanMoELayer was built for {m.topo}, the runner for {topo}")
