@@ -53,7 +53,8 @@
 //!    `CostModel::comm_passes` = K) stand for 3 and 2 above; a (μ, ν) whose attention
 //!    coefficient P − μ − 2ν is negative is skipped. The roofline floor and the GEMM step
 //!    add `(c_weights − c_tok·t)⁺ + c_gemm·[t ≥ 2] ≥ 0` per active expert to X_p, so every
-//!    bound on the linear X_p bounds it (the bound drops that extra). Under `Overlap::DispatchCombine` an exchange costs
+//!    bound on the linear X_p bounds it (the bound drops that extra, and the kernel call: it
+//!    prices X_p with `CostModel::expert_time`, the linear part, `cost::rank`'s lower-bound view). Under `Overlap::DispatchCombine` an exchange costs
 //!    `max(C, A) + (F − α)⁺ + (B − 2α)⁺` (C = P·α + P·max_p X_p, A the all-to-all), and
 //!    `max(C, A) ≥ λ·C + (1 − λ)·A` for λ ∈ [0, 1]: the derivation above goes through with the
 //!    compute terms scaled by λ and the traffic prices by 1 − λ, the attention coefficient
@@ -360,7 +361,7 @@ impl Bound<'_> {
             .iter()
             .map(|s| {
                 let active = (micro * s.min_experts as f64).max(s.used_experts as f64 / groups);
-                passes * (cost.c_tok * s.tokens / dp + cost.c_exp * active / ep)
+                passes * cost.expert_time(s.tokens / dp, active / ep)
             })
             .sum();
         // (λ on compute, 1 − λ on traffic) under overlap (part 7); both 1 without
@@ -418,7 +419,8 @@ struct SampleTables {
     attention: Vec<f64>,
     /// Tokens the sample's rank cannot host: `(tokens − top_rank)⁺`.
     unhosted: Vec<f64>,
-    /// One pass of expert work at the mean: `c_tok·tokens + c_exp·active`.
+    /// One pass of expert work at the mean: `c_tok·tokens + c_exp·active`, the linear part of
+    /// the expert term (`CostModel::expert_time`, the cost helper's lower-bound view).
     work: Vec<f64>,
 }
 
@@ -433,7 +435,7 @@ impl SampleTables {
                 let active = p.experts as f64 + (micro - 1.0) * sum.min_experts as f64;
                 t.attention[s * l_n + l] = cost.attention(l, n);
                 t.unhosted[s * l_n + l] = (p.tokens - p.top_rank).max(0.0);
-                t.work[s * l_n + l] = cost.c_tok * p.tokens + cost.c_exp * active;
+                t.work[s * l_n + l] = cost.expert_time(p.tokens, active);
             }
         }
         t

@@ -20,7 +20,9 @@
 //! * [`replication`] stage 4, intra-batch replicas per exchange: `hot_n` (MindSpeed), `relibra`,
 //!   `routepack`
 //! * [`migration`]   expert moves (weights + optimizer state) from the placement in force
-//! * [`cost`]        the cost model: coefficients and the shared terms every proxy calls
+//! * [`cost`]        the cost model: coefficients, the shared terms every proxy calls, and
+//!   one EP rank's time and an exchange's ([`cost::LayerCost`]) in one place, exact, as a
+//!   lower bound or linearised ([`cost::ExpertLine`]) for the proxies
 //! * [`bound`]       the lower bound on every valid plan's step time (`SimReport::lower_bound_time`)
 //! * [`simulate`]    the simulator that scores every plan by composing [`cost`]'s terms per
 //!   exchange ([`cell_grid`]: which samples run in each cell)

@@ -104,54 +104,9 @@ pub struct SimReport {
     pub cross_node_bytes_per_token: f64,
 }
 
-/// Cost of one (group, micro, layer), split into its parts (all passes included).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct LayerCost {
-    /// Seconds: 3 × the slowest rank's one-pass attention (`COMPUTE_PASSES · attn_max`).
-    pub attention: f64,
-    /// Seconds of dispatch + combine, forward and backward: their link time
-    /// (`CostModel::all_to_all_time`) plus their latencies (`CostModel::all_to_all_latency`).
-    pub all_to_all: f64,
-    /// Seconds: 3 × the busiest EP rank's expert time (`COMPUTE_PASSES · max_p X`).
-    pub expert: f64,
-    /// Seconds of replica broadcast and gradient reduction not hidden behind attention
-    /// (`CostModel::exposed_replication`); 0 without replicas.
-    pub replication: f64,
-    /// Seconds of the all-to-all hidden behind attention and expert work
-    /// (`CostModel::hidden_communication`); 0 without overlap.
-    pub hidden: f64,
-    /// Max / mean over EP ranks of the expert tokens they compute (1.0 when there are none);
-    /// a figure of balance, not a time, so not part of [`LayerCost::total`].
-    pub imbalance: f64,
-}
-
-impl LayerCost {
-    /// The exchange's cost from its one-pass maxima: the slowest rank's attention
-    /// `attn_max` and expert time `x_max`, the all-to-all's link time `all_to_all` (all
-    /// passes; its latencies, `CostModel::all_to_all_latency`, are added here) and the
-    /// exposed `replication`. The one place the parts are put together (the simulator and
-    /// replication's incremental state both call it).
-    pub fn new(cost: &CostModel, attn_max: f64, x_max: f64, all_to_all: f64, replication: f64, imbalance: f64) -> Self {
-        // every exchange runs its all-to-alls, whatever they move (+ 0.0 keeps the bits)
-        let all_to_all = all_to_all + cost.all_to_all_latency();
-        let passes = cost.compute_passes();
-        let (attention, expert) = (passes * attn_max, passes * x_max);
-        let hidden = cost.hidden_communication(attention + expert, all_to_all);
-        LayerCost { attention, all_to_all, expert, replication, hidden, imbalance }
-    }
-
-    /// Seconds of the exchange, T: attention + all-to-all + expert + replication − hidden.
-    /// With something hidden that is `max(attention + expert, all_to_all) + replication`,
-    /// computed as the max so that T never falls when a part grows (rounding included: the
-    /// planners' bounds on T rely on it); without, the plain sum, bit for bit as before overlap.
-    pub fn total(&self) -> f64 {
-        if self.hidden > 0.0 {
-            (self.attention + self.expert).max(self.all_to_all) + self.replication
-        } else {
-            self.attention + self.all_to_all + self.expert + self.replication
-        }
-    }
-}
+/// An exchange's cost split into its parts: moved to [`crate::cost`], the one place the cost
+/// terms are combined; kept here under its old path.
+pub use crate::cost::LayerCost;
 
 /// Scratch buffers for one worker, reused across exchanges.
 struct Scratch {
@@ -397,7 +352,7 @@ fn ideal_time_of(layer_tokens: &[f64], w: &WindowView, topo: &Topology, cost: &C
     // added in layer order: the same value for any thread count
     layer_tokens.iter().enumerate().fold(0.0, |total, (l, &tt)| {
         let attn = passes * cost.attention_of_sums(l, lin, quad) / dp;
-        let expert = passes * (cost.c_tok * tt / dp + cost.c_exp * ideal_micro as f64 * w.num_experts as f64 / ep);
+        let expert = passes * cost.expert_time(tt / dp, ideal_micro as f64 * w.num_experts as f64 / ep);
         let per_rank_bytes = tt / dp * cost.token_bytes;
         let a2a = 2.0 * cost.comm_passes() * per_rank_bytes * cost.uniform_seconds_per_byte(topo);
         total + (attn + expert + a2a - cost.hidden_communication(attn + expert, a2a))

@@ -6,10 +6,12 @@
 //! * attention: Σ_l 3 · max_{ranks p of g} (a_lin·lin(p,m) + a_quad_l·quad(p,m)), with lin and
 //!   quad the Σ n and Σ n² of the samples of rank p at step m (layers grouped by their a_quad,
 //!   so this is O(kinds · ep));
-//! * per layer l: expert work 3 · max_p (c_tok·tok(p) + c_exp·hosted(p)) plus all-to-all
-//!   2·2·token_bytes · max_p (max(sent, received) intra-node / bw_intra + max(sent, received)
-//!   inter-node / bw_inter), as `simulate` prices it. The per-token coefficients come from
-//!   the cost model's shared terms (`CostModel::expert_time`, `CostModel::all_to_all_time`).
+//! * per layer l: expert work 3 · max_p (per_token·tok(p) + per_expert·hosted(p)) plus
+//!   all-to-all 2·2·token_bytes · max_p (max(sent, received) intra-node / bw_intra +
+//!   max(sent, received) inter-node / bw_inter), as `simulate` prices it. The coefficients
+//!   come from the cost model's shared terms: the expert curve's line
+//!   (`CostModel::expert_line`: `(c_tok, c_exp)` for the linear model) and
+//!   `CostModel::all_to_all_time`.
 //!
 //! Routing is approximated through the placement: each sample's tokens for expert e are split
 //! evenly over e's replicas, giving proj[s, l, p], the tokens sample s sends to EP rank p in
@@ -51,6 +53,15 @@
 //! * **Hosted experts count as active**: `c_exp` is charged for every expert a rank hosts;
 //!   `simulate` charges the experts that receive tokens (the same with thousands of tokens
 //!   per microbatch).
+//! * **The expert curve linearised**: a rank's expert work is `CostModel::expert_line`'s
+//!   line at the window's mean tokens of one expert copy in one exchange (`tokens_per_copy`),
+//!   per token and per hosted expert, where `simulate` prices each active expert on its own
+//!   curve (roofline floor `c_weights`, GEMM step `c_gemm`, `expert_table`). Exact for the
+//!   linear model; under a calibrated model the line follows the curve near the mean (below a
+//!   roofline's knee the slope is 0: tokens cost nothing more, experts do), so the layout
+//!   balances what the step pays (`tests::proxy_ranks_layouts_as_simulate_under_a_calibrated_model`).
+//!   The rank's kernel call and the exchange's all-to-all latency are left out: every layout
+//!   pays them alike.
 //! * **f32 state**: the token counts are whole numbers, exact in f32 (no drift over millions
 //!   of moves), but the kernel multiplies them by f32 coefficients and takes the max over
 //!   ranks in f32; `simulate` works in f64. Layer costs are summed in f64.
@@ -178,13 +189,15 @@ impl Proxy {
         let nodes = ep / rpn;
         let shape = Shape::new(l_n, ep, nodes);
         let demand = demand::project_compact(w, topo, placement, shape);
-        // The expert-work term `CostModel::expert_time`, split into its per-token part (`ct`,
-        // multiplied in the kernel in f32) and its per-expert part (`hexp`). expert_time(0, 1)
-        // is c_exp and expert_time(1, 0) is c_tok exactly, so these are the bits of
-        // 3·c_exp·hosted and 3·c_tok.
+        // The expert-work term, linearised (`CostModel::expert_line`) at the window's mean
+        // tokens of one expert copy in one exchange, split into its per-token part (`ct`,
+        // multiplied in the kernel in f32) and its per-expert part (`hexp`). For the linear
+        // model the line is (c_tok, c_exp) exactly, so these are the bits of 3·c_exp·hosted
+        // and 3·c_tok (and the window is not read for the operating point).
         let passes = cost.compute_passes();
-        let per_expert = passes * cost.expert_time(0.0, 1.0);
-        let per_token = passes * cost.expert_time(1.0, 0.0);
+        let line = cost.expert_line(if cost.roofline() { tokens_per_copy(w, topo, placement, micro) } else { 0.0 });
+        let per_expert = passes * line.per_expert;
+        let per_token = passes * line.per_token;
         let mut hexp = vec![0f32; shape.hexp_len()];
         for l in 0..l_n {
             let layer = placement.layer(l);
@@ -287,4 +300,14 @@ impl Proxy {
         let mean = group_cost.iter().sum::<f64>() / group_cost.len() as f64;
         max + self.lambda * mean
     }
+}
+
+/// The linearised expert curve's operating point (`CostModel::expert_line`): the window's
+/// routed tokens over its exchanges' expert copies, G·M exchanges per layer, each with the
+/// layer's placement copies (slots holding an expert). Read only for a model with a roofline
+/// floor, GEMM step or table (one pass over the demand).
+fn tokens_per_copy(w: &WindowView, topo: &Topology, placement: &Placement, micro: usize) -> f64 {
+    let tokens: i64 = (0..w.num_samples).map(|s| (0..w.num_layers).map(|l| w.tokens(s, l).sum()).sum::<i64>()).sum();
+    let copies: usize = (0..w.num_layers).map(|l| placement.layer(l).iter().filter(|&&e| e >= 0).count()).sum();
+    tokens as f64 / (topo.num_groups() as f64 * micro as f64 * copies.max(1) as f64)
 }

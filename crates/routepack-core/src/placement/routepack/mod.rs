@@ -117,9 +117,9 @@ fn plan_layer(
     let loads = demand.layer_loads(l);
     let chunks = demand.layer_chunks(l);
     let counts = count_replicas(loads, topo.num_slots())?;
-    let shares = copy_shares(counts.iter().copied().max().unwrap_or(0) as usize, topo, cost);
-    let items = Items::weighted(loads, chunks, dim, &counts, &shares);
     let predictor = Predictor::new(loads, chunks, dim, opts.exchanges, cost, topo);
+    let shares = copy_shares(counts.iter().copied().max().unwrap_or(0) as usize, topo, cost, predictor.line());
+    let items = Items::weighted(loads, chunks, dim, &counts, &shares);
     let (bins, top) = fresh_bins(&items, e_n, topo, opts, deadline);
     let rpn = topo.ranks_per_group_node();
     let old = previous.map(|p| p.layer(l));

@@ -39,8 +39,8 @@
 //! noise, so a planned exchange is never slower on the simulator's scale
 //! (`replication::tests::routepack_never_slower_than_none`).
 
+use crate::cost::LayerCost;
 use crate::plan::Replica;
-use crate::simulate::LayerCost;
 
 use super::exchange::{share_for, Exchange};
 
