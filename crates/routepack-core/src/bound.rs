@@ -6,7 +6,7 @@
 //! planner of the core and random valid plans.
 //!
 //! # Derivation
-//! `simulate` prices each exchange (group g, step m, layer l) as
+//! `simulate` prices each exchange (group g, microbatch m, layer l) as
 //! `T = 3·α + 4·max_r lt(r) + (F − α)⁺ + (B − 2α)⁺ + 3·max_p X_p`, with α the slowest rank's
 //! attention, lt(r) rank r's dispatch link time, F and B the forward/backward replication link
 //! times and X_p = c_tok·tokens(p) + c_exp·active(p). Step time = max_g Σ_m Σ_l T + migration;
@@ -38,14 +38,14 @@
 //!    the node-entry price of 3 at node level, each expert's tokens of a
 //!    cell either pay the traffic price or one replica: `min(q·t, c) ≥ t·min(q, c/U)` for
 //!    `t ≤ U`, where U bounds the tokens of e in one cell (≤ ρ_e·cap, ρ_e the largest
-//!    share of a sample's tokens e takes, and ≤ the window's tokens of e) or one node-step
+//!    share of a sample's tokens e takes, and ≤ the window's tokens of e) or one node-microbatch
 //!    (≤ rpn·ρ_e·cap). Then `Σ_{e ∉ H} t_e ≥ Σ t − top_k(t)` and `Σ t − top_k(t)` is
 //!    superadditive, so a cell's bound is at least the sum of its samples' bounds.
 //! 5. **Mean over ranks and groups.** After 2–4 every term is a sum over samples of the
 //!    group divided by ep (plus the c_exp term); the maximum over groups is at least the mean,
 //!    so the bound is the window's sums divided by dp. The expert count uses
 //!    mean_g Σ_m U_gm(l) ≥ max(M_lb·u_min(l), U(l)/G).
-//! 6. **One sample.** The group holding sample s pays, at s's step, α ≥ a_l(n_s) and the
+//! 6. **One sample.** The group holding sample s pays, at s's microbatch, α ≥ a_l(n_s) and the
 //!    traffic of s's rank (rank level only, θ = 1, the fastest link), plus the expert term of
 //!    2 with Σ_m U ≥ u(s, l) + (M_lb − 1)·u_min(l).
 //!
@@ -334,7 +334,7 @@ struct Bound<'a> {
     topo: &'a Topology,
     cost: &'a CostModel,
     prices: Prices,
-    /// M*, the fewest steps a valid plan has.
+    /// M*, the fewest microbatches a valid plan has.
     micro: f64,
     cap: f64,
 }

@@ -1,6 +1,6 @@
 //! The simulator: DESIGN.md's cost model, the one scale every plan and baseline is scored on.
 //!
-//! For each exchange (EP group g, microbatch step m, MoE layer l):
+//! For each exchange (EP group g, microbatch m, MoE layer l):
 //! * attention of DP rank d: `A = Σ_{s∈cell(d,m)} a_lin·n_s + a_quad_l·n_s²`;
 //! * tokens of logical expert e from EP-local rank r, routed by [`crate::flow::route_expert`]
 //!   to replica copies, then to placement slots (each slot's load that of an even split, fed
@@ -91,7 +91,7 @@ pub struct SimReport {
     /// Mean of `imbalance` over every exchange (1.0: perfectly balanced).
     pub mean_imbalance: f64,
     /// Routed-token bytes the all-to-all moves between EP ranks of the same node, over the whole
-    /// window (every EP group, step and MoE layer), counted as the cost model counts them: a
+    /// window (every EP group, microbatch and MoE layer), counted as the cost model counts them: a
     /// token computed on a rank other than its origin moves `token_bytes` in dispatch and again
     /// in combine, in the forward and in the backward pass (4 × its dispatch bytes,
     /// [`CostModel::all_to_all_bytes`]); a token computed on its origin rank moves nothing.
@@ -145,7 +145,7 @@ impl Scratch {
     }
 }
 
-/// Prices single exchanges (EP group, step, layer) exactly as [`simulate`] does; what
+/// Prices single exchanges (EP group, microbatch, layer) exactly as [`simulate`] does; what
 /// per-exchange planners (replication) use to compare their choices on the simulator's own scale.
 /// Holds scratch buffers: make one per worker thread and reuse it.
 pub struct ExchangePricer {
@@ -495,11 +495,11 @@ pub fn simulate_validated(
     })
 }
 
-/// What one (group, step) task of [`simulate_validated`] returns: each layer's exchange cost
+/// What one (group, microbatch) task of [`simulate_validated`] returns: each layer's exchange cost
 /// and one-way dispatch bytes (inside nodes, between nodes), and its part of the demand sums.
 type GmResult = (Vec<(LayerCost, (f64, f64))>, GmSums);
 
-/// What one (group, step) task of [`simulate_validated`] gathers for the lower bound
+/// What one (group, microbatch) task of [`simulate_validated`] gathers for the lower bound
 /// ([`DemandSums`]): its rows `(sample, layer, Σ_e tokens, distinct experts)` and, per
 /// layer, its experts' totals and largest shares (`[L * E]` each).
 struct GmSums {

@@ -23,7 +23,7 @@ impl CostModel {
         }
     }
 
-    /// All-to-all time of one exchange (EP group, step, layer), given the dispatch bytes each
+    /// All-to-all time of one exchange (EP group, microbatch, layer), given the dispatch bytes each
     /// rank sends and receives: the slowest rank's link time, twice (dispatch and combine) per
     /// communication pass (forward and backward).
     #[inline]

@@ -2,9 +2,9 @@
 //! evaluation. It re-derives `simulate`'s cost model for a packing without replicas, in a
 //! form that a move updates in O(L·ep).
 //!
-//! Cost of EP group g (an EDP shard) = Σ over its steps m of
+//! Cost of EP group g (an EDP shard) = Σ over its microbatches m of
 //! * attention: Σ_l 3 · max_{ranks p of g} (a_lin·lin(p,m) + a_quad_l·quad(p,m)), with lin and
-//!   quad the Σ n and Σ n² of the samples of rank p at step m (layers grouped by their a_quad,
+//!   quad the Σ n and Σ n² of the samples of rank p at microbatch m (layers grouped by their a_quad,
 //!   so this is O(kinds · ep));
 //! * per layer l: expert work 3 · max_p (per_token·tok(p) + per_expert·hosted(p)) plus
 //!   all-to-all 2·2·token_bytes · max_p (max(sent, received) intra-node / bw_intra +
@@ -17,11 +17,11 @@
 //! evenly over e's replicas, giving proj[s, l, p], the tokens sample s sends to EP rank p in
 //! layer l (`demand::project`). A sample's demand vector holds proj, its sum over ranks (otot)
 //! and its sums over each node's ranks (onode), blocked by eight layers as `kernel::Shape`
-//! lays them out; a cell's demand vector is the sum of its samples'. For each (group, step,
+//! lays them out; a cell's demand vector is the sum of its samples'. For each (group, microbatch,
 //! layer) the state keeps, per EP rank p, tokens received, and tokens received and sent within
 //! p's node and across nodes (`kernel` has these values and their updates). Moving a sample
-//! touches two (group, step)s: O(L·ep), one pass each. Attention keeps the three largest rank
-//! values per (group, step) and kind (`attention`), so a move prices it in O(kinds) (only its
+//! touches two (group, microbatch)s: O(L·ep), one pass each. Attention keeps the three largest rank
+//! values per (group, microbatch) and kind (`attention`), so a move prices it in O(kinds) (only its
 //! end ranks change).
 //!
 //! The energy the annealer minimises is max_g C_g + λ · mean_g C_g: the slowest shard's
@@ -76,7 +76,7 @@
 //! annealed layout's `proxy_step_time` within 1e-3 of `simulate`'s step time).
 //!
 //! Files: `demand` (samples' demand vectors and the projection), `delta` (a move as each
-//! (group, step) sees it), `state` (`Shards`: the incremental state, built, evaluated and
+//! (group, microbatch) sees it), `state` (`Shards`: the incremental state, built, evaluated and
 //! updated through `kernel`), `attention` (the attention ranking).
 
 use crate::cost::links::LinkBytes;
@@ -101,7 +101,7 @@ pub use demand::SampleDemand;
 pub use state::Shards;
 
 /// Per-sample demand projected onto EP ranks, and the cost coefficients. Built once per
-/// window, placement and step count; shared read-only by every chain.
+/// window, placement and microbatch count; shared read-only by every chain.
 pub struct Proxy {
     /// Samples (S).
     pub num_samples: usize,
@@ -113,7 +113,7 @@ pub struct Proxy {
     pub dp: usize,
     /// EP groups (dp / ep).
     pub groups: usize,
-    /// Steps per DP rank (M).
+    /// Microbatches per DP rank (M).
     pub micro: usize,
     /// EP ranks per node inside a group.
     pub rpn: usize,
@@ -125,7 +125,7 @@ pub struct Proxy {
     pub lens: Vec<i64>,
     /// `[S]` n² (i128: it overflows i64 above 3·10⁹ tokens).
     pub sq: Vec<i128>,
-    /// `[dp·M]` (group, step) and EP rank of each cell.
+    /// `[dp·M]` (group, microbatch) and EP rank of each cell.
     cell_gm: Vec<u32>,
     cell_rank: Vec<u32>,
     /// `[S]` samples in increasing length (ties by index).
@@ -277,7 +277,7 @@ impl Proxy {
     pub fn cells(&self) -> usize {
         self.dp * self.micro
     }
-    /// (group, step) index of cell c = d·M + m.
+    /// (group, microbatch) index of cell c = d·M + m.
     #[inline]
     pub fn gm_of(&self, cell: usize) -> usize {
         self.cell_gm[cell] as usize

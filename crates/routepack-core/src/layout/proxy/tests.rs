@@ -110,7 +110,7 @@ fn incremental_evaluation_equals_rebuild() {
     let px = Proxy::new(&w, &topo, &cost, &pl, 100_000, 2, 0.1).unwrap();
     let mut cell_of: Vec<u32> = (0..s_n as u32).map(|s| s % 8).collect();
     let sh = px.build(&cell_of);
-    // move sample 0 from cell 0 (rank 0, step 0) to cell 7 (rank 3, step 1): another group
+    // move sample 0 from cell 0 (rank 0, microbatch 0) to cell 7 (rank 3, microbatch 1): another group
     let (ga, gb) = (px.gm_of(0), px.gm_of(7));
     let da = Delta::one(Src::Sample(0), Src::Zero, 0, -1.0, -1.0);
     let db = Delta::one(Src::Sample(0), Src::Zero, 1, 1.0, 1.0);

@@ -80,7 +80,7 @@ pub struct LayerReport {
     pub choice: Choice,
     /// Local-search swaps of an incremental choice (0 otherwise).
     pub swaps: usize,
-    /// Experts copied over the network for this layer (migration rows with bytes > 0).
+    /// Experts copied over the network for this layer (migration moves with bytes > 0).
     pub moves: usize,
     /// Predicted expert + all-to-all seconds of the chosen placement over the window.
     pub predicted: f64,

@@ -5,7 +5,7 @@
 //! A proxy of the cost model (`simulate`'s expert and all-to-all terms), not the model
 //! itself. Its approximations:
 //! * **exchanges from chunks**: the window's exchanges of this layer are stood in for by
-//!   `exchanges` consecutive runs of chunks (the packing that makes the real (group, step)
+//!   `exchanges` consecutive runs of chunks (the packing that makes the real (group, microbatch)
 //!   exchanges is not known yet), and each group is taken to run 1/G of them (the mean over
 //!   groups, not the slowest group);
 //! * **per-exchange peak**: for the linear model, in each exchange the heaviest rank's
@@ -206,7 +206,7 @@ mod tests {
     use crate::window::WindowView;
 
     /// The approximations of the module docs, checked against `simulate` where they are the
-    /// only difference: one EP group, one step (so one exchange per layer, the predictor's
+    /// only difference: one EP group, one microbatch (so one exchange per layer, the predictor's
     /// single run of the aggregate loads), one slot per expert (no placement copies), no
     /// replicas, `c_exp = 0`. Then the predictor's expert term is exact and only its
     /// all-to-all differs: it must rank routepack's balanced placement and a skewed one (the
@@ -269,7 +269,7 @@ mod tests {
     /// time does: rank correlation at least 0.85 over 40 placements of each of three windows,
     /// with the roofline's knee below and at the mean tokens of a copy, on the exchanges the
     /// predictor assumes (one EP group in one node, no all-to-all bytes: the expert curve
-    /// alone; step m runs the m-th run of consecutive samples, the chunk the predictor is
+    /// alone; microbatch m runs the m-th run of consecutive samples, the chunk the predictor is
     /// given). Before the predictor took the expert curve it priced tokens at `c_tok` and
     /// nothing per copy: that is the predictor of the same model without its curve, whose
     /// correlation is lower by at least 0.1 on average (measured: 0.70–0.89, against
@@ -289,7 +289,7 @@ mod tests {
                 let (lens, x) = window_data(s_n, l_n, e_n, 20 + seed);
                 let w = WindowView::new(&lens, &x, l_n, e_n).unwrap();
                 let loads = window_loads(&w);
-                // step m: samples m·S/M.. on ranks in turn; its demand is chunk m's
+                // microbatch m: samples m·S/M.. on ranks in turn; its demand is chunk m's
                 let micro: Vec<i32> = (0..s_n).map(|s| (s * m_n / s_n) as i32).collect();
                 let rank: Vec<i32> = (0..s_n).map(|s| (s % topo.dp) as i32).collect();
                 let mut chunks = vec![0.0; l_n * e_n * m_n];

@@ -1,4 +1,4 @@
-//! `ExchangeState`: the simulator's cost of one exchange (EP group, step, layer), kept up to
+//! `ExchangeState`: the simulator's cost of one exchange (EP group, microbatch, layer), kept up to
 //! date as the replicas of one expert at a time change, so a planner can price a candidate
 //! in O(ep) instead of re-pricing the whole exchange in O(ep · E).
 //!
