@@ -81,6 +81,19 @@ class Placement:
         self.slots_per_rank = positive_int(slots_per_rank, "slots_per_rank")
         self.logcnt, self.log2phy = self._derived_tables()
 
+    @classmethod
+    def _of_core(cls, phy2log: np.ndarray, num_experts: int, slots_per_rank: int) -> "Placement":
+        """A placement around a phy2log the core has just returned (int32, C-contiguous, held
+        by nobody else): made read-only where it is, not copied. A copy would double the
+        largest table of the call, which the core's memory estimate counts once
+        (``Placement::tables_bytes``)."""
+        self = cls.__new__(cls)
+        self.phy2log = frozen(as_int_array(phy2log, "placement.phy2log", 2, np.int32), fresh=True)
+        self.num_experts = positive_int(num_experts, "num_experts")
+        self.slots_per_rank = positive_int(slots_per_rank, "slots_per_rank")
+        self.logcnt, self.log2phy = self._derived_tables()
+        return self
+
     def _derived_tables(self) -> tuple:
         """(logcnt, log2phy) of ``phy2log``, read-only."""
         phy2log = as_int_array(self.phy2log, "placement.phy2log", 2, np.int32)
@@ -93,7 +106,7 @@ class Placement:
         num_layers = positive_int(num_layers, "num_layers")
         num_experts = positive_int(num_experts, "num_experts")
         instance_of(topo, Topology, "topo")
-        return cls(_core.static_placement(num_layers, num_experts, topo), num_experts, topo.slots_per_rank)
+        return cls._of_core(_core.static_placement(num_layers, num_experts, topo), num_experts, topo.slots_per_rank)
 
     @property
     def num_layers(self) -> int:

@@ -403,7 +403,7 @@ pub fn simulate_validated(
     let (g_n, m_n, l_n, ep, e_n) = (topo.num_groups(), plan.num_micro, w.num_layers, topo.ep, w.num_experts);
     let grid = CellGrid::new(&plan.sample_rank, &plan.sample_micro, m_n, w.seq_lens, topo);
     let reps = bucket_replicas(&plan.replicas, g_n, m_n, l_n);
-    let layer_slots: Vec<(Vec<usize>, Vec<usize>)> = (0..l_n).map(|l| plan.placement.replicas_of_layer(l)).collect();
+    let layer_slots = plan.placement.slot_tables()?;
 
     // every (g, m) independently; results kept in index order so the sum is deterministic:
     // each exchange's cost and its one-way dispatch bytes (inside nodes, between nodes), and
