@@ -410,9 +410,7 @@ def format_table(summary: Sequence[Dict[str, Any]], baseline: str = DEFAULT_BASE
     return text
 
 
-def legend_entries(
-    baseline: str = DEFAULT_BASELINE, bound: bool = True
-) -> Tuple[List[Tuple[str, str]], List[Tuple[str, str]]]:
+def legend_entries(baseline: str, bound: bool) -> Tuple[List[Tuple[str, str]], List[Tuple[str, str]]]:
     """``(columns, rows)``: what every column and every reference row of `format_table` means,
     as (name, text) pairs."""
     baseline = _name(baseline, "baseline")
