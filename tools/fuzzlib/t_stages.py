@@ -69,7 +69,8 @@ def options_case(cls: type):
                     want = {"int": int, "bool": bool, "mix": tuple}.get(kindf, float)
                     assert type(v) is want, f"{f.name} stored as {type(v).__name__}"
             if isinstance(o, RoutepackPlacementOptions):
-                assert 0 <= o.explore() <= 1
+                e = o.placement_explore
+                assert e is None or o.placement_slack <= e <= 1
 
         return Case(kind, cls, (), kw, check=check, expect="ok" if valid else "error")
 

@@ -28,7 +28,7 @@ import numpy as np
 from routepack import _core
 from routepack._checks import as_int_array, positive_int, sequence
 from routepack.errors import RoutepackError
-from routepack.plan import REPLICA_DTYPE, REPLICA_FIELDS, Placement, empty_replicas
+from routepack.plan import REPLICA_DTYPE, REPLICA_FIELDS, Placement, Plan, empty_replicas
 from routepack.stages.context import PlanContext, check_placement_fits, stage_context
 from routepack.stages.options import NoOptions, StageOptions, count, option
 
@@ -119,10 +119,11 @@ def _block(block: Any) -> Block:
 
 def _common(
     ctx: Any, options: Any, options_class: type, placement: Any, sample_rank: Any, sample_micro: Any, num_micro: Any
-) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, Any, Any]:
+) -> Tuple[Plan, np.ndarray, np.ndarray, Any, Any]:
     """What every replication checks first (`stage_context`, the placement, the layout's
-    arrays and count) → the core's leading arguments. Values in the layout are checked by
-    the core against the window and topology, naming the sample."""
+    arrays and count) → the core's leading arguments ``(plan, seq_lens, counts, topo, cost)``,
+    the plan without replicas or migration. Values in the layout are checked by the core
+    against the window and topology, naming the sample."""
     ctx = stage_context(ctx, options, options_class)
     w = ctx.window
     placement = check_placement_fits(placement, "placement", w, ctx.topo)
@@ -132,7 +133,7 @@ def _common(
         if arr.shape[0] != w.num_samples:
             raise RoutepackError(f"{name}: has {arr.shape[0]} entries but the window has {w.num_samples} samples")
     m = positive_int(num_micro, "num_micro", maximum=w.num_samples)
-    return (w.seq_lens, w.counts, placement.phy2log, rank, micro, m, ctx.topo, ctx.cost)
+    return (Plan(placement, rank, micro, m), w.seq_lens, w.counts, ctx.topo, ctx.cost)
 
 
 def no_replication(
