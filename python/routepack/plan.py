@@ -165,7 +165,7 @@ class Plan:
     """A plan for one window (see docs/design.md's table).
 
     * ``placement``: `Placement`.
-    * ``sample_rank``, ``sample_micro``: int32 ``[S]``, DP rank and microbatch step of sample s.
+    * ``sample_rank``, ``sample_micro``: int32 ``[S]``, DP rank and microbatch of sample s.
     * ``num_micro``: M, the same on every DP rank.
     * ``replicas``: structured array of `REPLICA_DTYPE` rows (intra-batch replication).
     * ``migration``: structured array of `MIGRATION_DTYPE` rows (moves from ``previous``).
@@ -215,8 +215,8 @@ class Plan:
         return int(self.sample_rank.shape[0])
 
     def cell_samples(self, rank: int, micro: int) -> np.ndarray:
-        """Indices of the samples that DP rank `rank` runs at microbatch step `micro` (ints
-        >= 0; a rank or step the plan does not have runs none, so the result is empty)."""
+        """Indices of the samples that DP rank `rank` runs in microbatch `micro` (ints >= 0; a
+        rank or microbatch the plan does not have runs none, so the result is empty)."""
         rank = positive_int(rank, "rank", minimum=0)
         micro = positive_int(micro, "micro", minimum=0)
         return np.flatnonzero((self.sample_rank == rank) & (self.sample_micro == micro))

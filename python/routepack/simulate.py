@@ -51,7 +51,7 @@ class SimResult:
       tokens per (group, micro, layer); ``mean_imbalance`` its average.
     * ``intra_node_bytes`` / ``cross_node_bytes``: the routed-token bytes the all-to-all moves
       between EP ranks of the same node / of different nodes, over the whole window (every EP
-      group, step and MoE layer), counted as the cost model counts them: a token computed on a
+      group, microbatch and MoE layer), counted as the cost model counts them: a token computed on a
       rank other than the one holding its sample moves ``cost.token_bytes`` in dispatch and
       again in combine, in the forward and in the backward pass (4 × its dispatch bytes); a
       token computed on its own rank moves nothing. Replica weights, gradients and migration

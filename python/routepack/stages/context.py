@@ -139,9 +139,9 @@ def check_placement_fits(placement: Any, name: str, window: Any, topo: Any) -> P
 
 def check_fills_cells(ctx: PlanContext) -> None:
     """Raises `InfeasibleError` when no plan can exist for the window, ``topo.dp`` and
-    ``token_cap``, naming them: a sample longer than the cap (the first such), or too few samples, since every cell (DP rank, step) runs at least one
-    sample and the cap needs at least `lower_bound_micro` steps on each of the ``topo.dp``
-    ranks."""
+    ``token_cap``, naming them: a sample longer than the cap (the first such), or too few
+    samples, since every cell (DP rank, microbatch) runs at least one sample and the cap needs
+    at least `lower_bound_micro` microbatches on each of the ``topo.dp`` ranks."""
     w, dp, cap = ctx.window, ctx.topo.dp, ctx.token_cap
     if int(w.seq_lens.max()) > cap:
         # the first cause of all: no row can hold this sample (the packings' own wording)
@@ -152,9 +152,9 @@ def check_fills_cells(ctx: PlanContext) -> None:
     micro = lower_bound_micro(w, ctx.topo, cap)
     if w.num_samples < micro * dp:
         need = (
-            f"the {micro} steps token_cap = {ctx.token_cap} needs for its {w.total_tokens} tokens"
+            f"the {micro} microbatches token_cap = {ctx.token_cap} needs for its {w.total_tokens} tokens"
             if micro > 1
-            else "one step"
+            else "one microbatch"
         )
         raise InfeasibleError(
             f"window: its {w.num_samples} samples cannot fill {need} on each of topo.dp = {dp} DP ranks "

@@ -57,8 +57,8 @@ class RoutepackPlacementOptions(StageOptions):
     #: expert's per-chunk demand is balanced too, so per-microbatch peaks fall (0 disables
     #: microbatch awareness; more than the window's samples means one chunk per sample).
     placement_chunks: int = option("placement", "placement_chunks", count(0))
-    #: Exchanges (EP groups × steps) the predicted-time proxy merges the chunks into, >= 1.
-    #: None: EP groups × the lower-bound step count.
+    #: Exchanges (EP groups × microbatches) the predicted-time proxy merges the chunks into, >= 1.
+    #: None: EP groups × the lower-bound microbatch count.
     placement_cells: Optional[int] = computed(count(1))
     #: How far above its balanced maximum (a fraction, in [0, 1]) the final placement may
     #: leave a rank's window load.
