@@ -27,6 +27,8 @@ import numpy as np
 from routepack.compare import BASELINES, BEST, CROSS_NODE_LEGEND, Row, compare
 from routepack.errors import RoutepackError, RoutepackTypeError
 from routepack.policies import PRESETS, Policy, resolve
+from routepack.stages.context import DEFAULT_SEED
+from routepack.stages.policy import DEFAULT_LOADS
 from routepack.stages.registry import PACKINGS, PLACEMENTS, REPLICATIONS
 from routepack.tables import WIDTH, fill, text_tables
 
@@ -54,7 +56,7 @@ def combinations(
     placements: Optional[Sequence[str]] = None,
     packings: Optional[Sequence[str]] = None,
     replications: Optional[Sequence[str]] = None,
-    loads: str = "window",
+    loads: str = DEFAULT_LOADS,
 ) -> List[Policy]:
     """Every (placement, packing, replication) of the registered choices (None: all of a stage),
     in registry order, each planning from ``loads``."""
@@ -83,8 +85,8 @@ def sweep(
     placements: Optional[Sequence[str]] = None,
     packings: Optional[Sequence[str]] = None,
     replications: Optional[Sequence[str]] = None,
-    loads: str = "window",
-    seed: int = 0,
+    loads: str = DEFAULT_LOADS,
+    seed: int = DEFAULT_SEED,
     progress: Optional[Callable[[str, int], None]] = None,
     **options: Any,
 ) -> Dict[str, Any]:
