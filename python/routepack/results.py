@@ -11,7 +11,8 @@ too long to repeat in step with this renderer:
 Kinds: ``bench`` (one ``routepack bench --json`` file), ``sweep`` (``routepack bench --sweep
 --json``), ``overlap`` (``routepack bench --json`` files of one profile without and with
 ``--overlap dispatch_combine``, in that order, one pair per profile), ``calibrate`` (a
-``routepack calibrate --report`` file) and ``measure`` (a ``routepack measure --json`` file).
+``routepack calibrate --report`` file), ``measure`` (a ``routepack measure --json`` file) and
+``scale`` (a ``benches/scale.py --out`` file).
 A page's second line is the command that renders it again (``tests/test_docs.py`` runs it
 for every page under docs/results and compares).
 """
@@ -342,6 +343,38 @@ def measure_page(data: Dict[str, Any], page: Optional[Path] = None, json_path: O
     return "\n".join(out) + "\n"
 
 
+def scale_page(data: Dict[str, Any], page: Optional[Path] = None, json_path: Optional[str] = None) -> str:
+    """The page of one ``benches/scale.py --out`` run: plan time and memory as the window grows."""
+    out = ["# Plan time and memory as the window grows (`benches/scale.py`)", ""]
+    out.append(
+        "Each size is one synthetic window (seed 0) planned once with the `routepack` preset (default "
+        "budget) in a process of its own: wall and process-CPU seconds of the call, its stages (wall), "
+        "the predicted step time (a prediction of the cost model), the `eplb_oracle` plan's wall time "
+        "and the process's peak RSS. Wall times include waiting for a core on a loaded machine."
+    )
+    out.append("")
+    out.append(_command_line(data, "python benches/scale.py"))
+    load = data.get("loadavg")
+    if load:
+        out.append(f"- Load average (1 min): {load[0][0]:.2f} at the start, {load[1][0]:.2f} at the end")
+    if data.get("routepack"):
+        out.append(f"- Recorded with routepack {data['routepack']}")
+    if json_path:
+        out.append(f"- Data: [{Path(json_path).name}]({_rel(json_path, page)})")
+    out += _stated(data)
+    titles = ["size", "S", "L × E", "dp / ep", "wall (CPU) s", "placement", "rows", "layout", "replication"]
+    titles += ["simulate", "rest", "step s", "eplb_oracle s", "peak RSS GB", "digest"]
+    rows = [
+        [f"`{r['size']}`", f"{r['S']:,}", f"{r['L']} × {r['E']}", f"{r['dp']} / {r['ep']}"]
+        + [f"{r['wall']:.2f} ({r['cpu']:.2f})"]
+        + [_num(r[k], ".2f") for k in ("placement", "rows", "layout", "replication", "simulate", "rest")]
+        + [_num(r["step_time"], ".2f"), _num(r.get("eplb_oracle"), ".2f"), _num(r["rss_gb"], ".2f"), r["digest"]]
+        for r in data["rows"]
+    ]
+    out += ["", markdown_table(titles, rows, align="lrrr" + "r" * 10 + "l")]
+    return "\n".join(out) + "\n"
+
+
 def _load(path: str) -> Dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
@@ -366,7 +399,7 @@ def render(
         run["stated_notes"] = list(notes)
         if command and not run.get("command"):
             run["stated_command"] = command
-    kinds = ("bench", "sweep", "overlap", "calibrate", "measure")
+    kinds = ("bench", "sweep", "overlap", "calibrate", "measure", "scale")
     if kind not in kinds:
         raise RoutepackError(f"kind: expected one of {list(kinds)}, got {kind!r}")
     if kind != "overlap" and len(runs) != 1:
@@ -379,6 +412,8 @@ def render(
         text = calibrate_page(runs[0], out, paths[0], figure)
     elif kind == "sweep":
         text = sweep_page(runs[0], out, paths[0])
+    elif kind == "scale":
+        text = scale_page(runs[0], out, paths[0])
     else:
         text = measure_page(runs[0], out, paths[0])
     cmd = ["python", "-m", "routepack.results", kind, *paths] + (["--figure", figure] if figure else [])
@@ -395,7 +430,7 @@ def header(command: str) -> str:
 def parser() -> argparse.ArgumentParser:
     """The arguments of ``python -m routepack.results`` (a page's header holds them)."""
     ap = argparse.ArgumentParser(prog="python -m routepack.results", description=__doc__.splitlines()[0])
-    ap.add_argument("kind", choices=("bench", "sweep", "overlap", "calibrate", "measure"))
+    ap.add_argument("kind", choices=("bench", "sweep", "overlap", "calibrate", "measure", "scale"))
     ap.add_argument("json", nargs="+", help="the run's JSON file(s)")
     ap.add_argument("--figure", default=None, help="bench, calibrate: the run's figure, shown on the page")
     ap.add_argument("--command", default=None, help="the run's command, for a file that predates recorded commands")
@@ -416,7 +451,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 0
 
 
-__all__ = ["bench_page", "calibrate_page", "header", "measure_page", "overlap_page", "parser", "render", "sweep_page"]
+__all__ = [
+    "bench_page",
+    "calibrate_page",
+    "header",
+    "measure_page",
+    "overlap_page",
+    "parser",
+    "render",
+    "scale_page",
+    "sweep_page",
+]
 
 if __name__ == "__main__":
     sys.exit(main())
