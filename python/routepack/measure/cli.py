@@ -13,7 +13,8 @@ from routepack.errors import RoutepackError
 def run(args: argparse.Namespace) -> int:
     """Calibrates (or loads ``--cost``), plans, executes and prints measured vs predicted."""
     from routepack._cliargs import load_cost
-    from routepack.measure import Workload, format_table, measure
+    from routepack.measure.run import format_table, measure
+    from routepack.measure.workload import Workload
 
     work = Workload(
         ranks=args.ranks,
