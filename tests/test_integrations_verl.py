@@ -279,9 +279,18 @@ def test_every_error_names_an_argument_the_caller_passed():
     cases = [
         (dict(**empty, num_experts=5), {"routed_experts"}),
         (dict(routed_experts=vb.routed_experts, attention_mask=vb.attention_mask, num_experts=2), {"num_experts"}),
-        (dict(routed_experts=vb.routed_experts, attention_mask=vb.attention_mask[:, :2], num_experts=5), {"attention_mask"}),
-        (dict(routed_experts=vb.routed_experts[..., 0], attention_mask=vb.attention_mask, num_experts=5), {"routed_experts"}),
-        (dict(routed_experts=vb.routed_experts, attention_mask=vb.attention_mask * 2, num_experts=5), {"attention_mask"}),
+        (
+            dict(routed_experts=vb.routed_experts, attention_mask=vb.attention_mask[:, :2], num_experts=5),
+            {"attention_mask"},
+        ),
+        (
+            dict(routed_experts=vb.routed_experts[..., 0], attention_mask=vb.attention_mask, num_experts=5),
+            {"routed_experts"},
+        ),
+        (
+            dict(routed_experts=vb.routed_experts, attention_mask=vb.attention_mask * 2, num_experts=5),
+            {"attention_mask"},
+        ),
     ]
     for kwargs, names in cases:
         with pytest.raises(rp.RoutepackError) as e:
@@ -292,6 +301,8 @@ def test_every_error_names_an_argument_the_caller_passed():
         assert _head(e.value) in names, e.value
         assert "S+1" not in str(e.value) and "top_k" not in str(e.value)
     with pytest.raises(rp.RoutepackError, match="^batch: holds no samples"):
-        rv.window_from_verl({"routed_experts": empty["routed_experts"], "attention_mask": empty["attention_mask"]}, num_experts=5)
+        rv.window_from_verl(
+            {"routed_experts": empty["routed_experts"], "attention_mask": empty["attention_mask"]}, num_experts=5
+        )
     with pytest.raises(rp.RoutepackError, match="^num_experts: 2 is fewer than the 3 experts"):
         rp.Window.from_routed_experts(np.zeros((4, 1, 3), np.int16), np.array([0, 4]), 2)

@@ -64,16 +64,25 @@ def relayout(
 
 
 def align_steps(
-    plan: Plan, window: Window, topo: Any, token_cap: int, multiple: int, option: str, cost: Optional[Any] = None
+    plan: Plan,
+    window: Window,
+    topo: Any,
+    token_cap: int,
+    multiple: int,
+    option: str,
+    cost: Optional[Any] = None,
+    across_ranks: bool = False,
 ) -> Plan:
     """``plan`` with a microbatch count per DP rank that is a multiple of ``multiple``.
 
-    Each split takes the step whose fullest cell holds the most tokens among the steps where
-    every DP rank runs at least two samples, and moves part of each rank's cell (greedy by
-    tokens: longest first, into the lighter half) into a new last step. Samples stay on their
-    DP rank, so equal sample counts stay equal, and no cell grows, so the cap holds. Returns
-    ``plan`` itself when its count is a multiple already; raises `InfeasibleError` naming
-    ``option`` (the trainer's setting that asks for the multiple) when no step can be split.
+    Each added step takes, on every DP rank, part of that rank's cell with the most tokens
+    among its cells of two or more samples (greedy by tokens: longest first, into the lighter
+    half). With ``across_ranks`` (a trainer whose ranks need not hold as many samples, like
+    slime), a rank without such a cell takes the shortest sample of the fullest splittable
+    cell of any rank instead; without it (verl's equal counts) samples stay on their rank. No
+    cell grows, so the cap holds. Returns ``plan`` itself when its count is a multiple
+    already; raises `InfeasibleError` naming ``option`` (the trainer's setting that asks for
+    the multiple) when a step cannot be filled.
     """
     multiple = positive_int(multiple, option)
     if plan.num_micro % multiple == 0:
@@ -83,26 +92,32 @@ def align_steps(
     micro = plan.sample_micro.astype(np.int64)
     steps, splits = plan.num_micro, 0
     while steps % multiple:
-        members = np.zeros((dp, steps), dtype=np.int64)
-        tokens = np.zeros((dp, steps), dtype=np.int64)
-        np.add.at(members, (rank, micro), 1)
-        np.add.at(tokens, (rank, micro), lens)
-        ok = np.flatnonzero((members >= 2).all(axis=0))
-        if ok.size == 0:
-            raise InfeasibleError(
-                f"{option}: {steps} microbatches per DP rank is not a multiple of {multiple}, and no step holds two "
-                f"samples on every DP rank to split into two (more samples per rank, or a smaller {option})"
-            )
-        step = int(ok[np.argmax(tokens.max(axis=0)[ok])])
         for r in range(dp):
-            cell = np.flatnonzero((rank == r) & (micro == step))
-            order = cell[np.lexsort((cell, -lens[cell]))]
-            load = [0, 0]
-            for s in order:
-                half = 0 if load[0] <= load[1] else 1
-                load[half] += int(lens[s])
-                if half:
-                    micro[s] = steps
+            members = np.zeros((dp, steps + 1), dtype=np.int64)  # the last column: the step being added
+            tokens = np.zeros((dp, steps + 1), dtype=np.int64)
+            np.add.at(members, (rank, micro), 1)
+            np.add.at(tokens, (rank, micro), lens)
+            members[:, steps] = 0  # its cells are not split again
+            if (members[r] >= 2).any():
+                step = int(np.argmax(np.where(members[r] >= 2, tokens[r], -1)))
+                cell = np.flatnonzero((rank == r) & (micro == step))
+                order = cell[np.lexsort((cell, -lens[cell]))]
+                load = [0, 0]
+                for s in order:
+                    half = 0 if load[0] <= load[1] else 1
+                    load[half] += int(lens[s])
+                    if half:
+                        micro[s] = steps
+            elif across_ranks and (members >= 2).any():
+                src, step = np.unravel_index(int(np.argmax(np.where(members >= 2, tokens, -1))), members.shape)
+                cell = np.flatnonzero((rank == src) & (micro == step))
+                s = int(cell[np.lexsort((cell, lens[cell]))[0]])
+                rank[s], micro[s] = r, steps
+            else:
+                raise InfeasibleError(
+                    f"{option}: {steps} microbatches per DP rank is not a multiple of {multiple}, and DP rank {r} has no "
+                    f"microbatch of two samples to split for another step (more samples per rank, or a smaller {option})"
+                )
         steps += 1
         splits += 1
     return relayout(plan, window, topo, token_cap, rank, micro, steps, cost, {"aligned_steps": {"splits": splits}})

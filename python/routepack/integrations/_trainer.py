@@ -180,6 +180,7 @@ class TrainerPlanner:
         self.seed, self.anneal_moves, self.time_budget_s, self.options = seed, anneal_moves, time_budget_s, options
         self.placement: Optional[Placement] = None
         self.last_window: Optional[Window] = None
+        self.last_plans: List[Plan] = []  # what an adapter planned last (slime: one per training step)
 
     def topology(self, dp: int) -> Topology:
         """The `Topology` of ``dp`` DP ranks."""
@@ -229,7 +230,7 @@ class TrainerPlanner:
                 from routepack.planner import plan_window
 
                 plan = plan_window(planned, topo, self.cost, token_cap=token_cap, policy=self.policy, **kwargs)
-            plan = align_steps(plan, planned, topo, token_cap, multiple, multiple_option, None)
+            plan = align_steps(plan, planned, topo, token_cap, multiple, multiple_option, None, not equal_counts)
             if over.size:
                 _check_alone(plan, window, topo, token_cap, over)
                 extra["oversize"] = {
