@@ -202,7 +202,9 @@ class TrainerPlanner:
     ) -> Plan:
         """One step's plan, validated and priced on ``window``.
 
-        ``equal_counts``: as many samples on every DP rank (verl's equal chunks); ``multiple``:
+        ``equal_counts``: as many samples on every DP rank (verl's equal chunks; the plan is also
+        made with verl's Karmarkar–Karp packing and the faster of the two, as predicted, kept:
+        ``report["trainer"]["kk_step_time"]``, ``["kept"] = "kk"``); ``multiple``:
         microbatches per rank a multiple of it (VPP; ``multiple_option`` names the setting in
         errors); ``oversize``: a sample over ``token_cap`` runs alone in a microbatch (slime),
         see `clamp_oversize`; ``micro_batch_size``: the trainer's static batch mode, at most
@@ -226,6 +228,12 @@ class TrainerPlanner:
             planned, over = clamp_oversize(window, token_cap) if oversize else (window, np.zeros(0, np.int64))
             if equal_counts:
                 plan = plan_equal_counts(planned, topo, self.cost, token_cap, self.policy, **kwargs)
+                if self.policy.packing != "kk":  # never slower than verl's own balancing, as predicted
+                    kk = Policy(self.policy.placement, "kk", self.policy.replication, loads=self.policy.loads)
+                    other = plan_equal_counts(planned, topo, self.cost, token_cap, kk, **kwargs)
+                    extra["kk_step_time"] = other.report["predicted"]["step_time"]
+                    if extra["kk_step_time"] < plan.report["predicted"]["step_time"]:
+                        plan, extra["kept"] = other, "kk"
             else:
                 from routepack.planner import plan_window
 
