@@ -367,3 +367,31 @@ def test_dp_group_ranks_agree_before_taking_a_plan(tmp_path):
     results = [json.loads(o[0].strip().splitlines()[-1]) for o in outs]
     assert results[0]["fallbacks"] == {"disagree": 1} and results[1]["fallbacks"] == {"stale": 1}
     assert results[0]["micro"] == results[1]["micro"]  # verl's path, its count agreed over the group
+
+
+def test_rays_setup_hook_hooks_an_actor_process():
+    """Ray itself (a local one-CPU cluster): the job's ``worker_process_setup_hook`` given as
+    the string docs/trainers.md puts in verl's config hooks verl in an actor's process."""
+    pytest.importorskip("ray")
+    out = run_script(
+        f"""
+        import ray
+        ray.init(num_cpus=1, object_store_memory=80 * 2**20, include_dashboard=False,
+                 runtime_env={{"worker_process_setup_hook": "routepack.integrations.verl.setup_process",
+                              "env_vars": {{"PYTHONPATH": "{ROOT.parent / "python"}"}}}})
+
+        @ray.remote
+        class Probe:
+            def check(self):
+                from verl.workers.engine.fsdp import transformer_impl
+                from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+                from routepack.integrations import _verl_hooks as h
+                return (transformer_impl.prepare_micro_batches is h._prepare_micro_batches,
+                        RayPPOTrainer._balance_batch is h._balance_batch, h._LAZY)
+
+        print("hooked", ray.get(Probe.remote().check.remote()))
+        ray.shutdown()
+        """,
+        timeout=600,
+    )
+    assert "hooked (True, True, True)" in out

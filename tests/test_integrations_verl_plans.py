@@ -56,6 +56,8 @@ def test_step_plans_give_each_worker_minibatch_its_plan(seed, dp, minibatches, p
     for j, (plan, sub) in enumerate(zip(sp.plans, sp.windows)):
         plan.validate(sub, sp.topo, cap)
         assert plan.num_micro % multiple == 0
+        if multiple == 1 and group == 1:  # never predicted slower than verl's Karmarkar-Karp balancing
+            assert plan.report["predicted"]["step_time"] <= plan.report["trainer"]["kk_step_time"]
         payload = sp.payload[f"routepack_plan_step7_minibatch{j}"]
         for r in range(dp):
             rows = np.arange(r * chunk + j * share, r * chunk + (j + 1) * share)  # the worker's mini-batch j

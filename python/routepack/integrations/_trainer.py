@@ -16,6 +16,7 @@ step's plans into the figures a trainer's logger takes.
 from __future__ import annotations
 
 import importlib
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
@@ -131,7 +132,8 @@ class TrainerPlanner:
     """Plans a trainer's steps with the policy its backend runs (`backend_policy`).
 
     Args:
-        cost:           the `CostModel` (one ``a_quad`` per MoE layer).
+        cost:           the `CostModel` (one ``a_quad`` per MoE layer), or the path of one
+                        saved as JSON (`CostModel.load`, what ``routepack calibrate`` writes).
         backend:        one of `BACKENDS`.
         num_experts:    E; default ``cost.num_experts`` (one of them is needed).
         ep:             expert-parallel ranks (1 for FSDP without EP).
@@ -160,6 +162,8 @@ class TrainerPlanner:
         time_budget_s: Optional[float] = None,
         **options: Any,
     ) -> None:
+        if isinstance(cost, (str, os.PathLike)):
+            cost = CostModel.load(cost)
         self.cost = instance_of(cost, CostModel, "cost")
         self.policy_name, self.policy, self.runs = backend_policy(backend, policy)
         if num_experts is None:

@@ -401,7 +401,7 @@ def install(
     Args:
         config:  verl's trainer config (``RayPPOTrainer.config``: OmegaConf or nested dicts);
                  read by `settings_from_config`, which refuses settings routepack cannot follow.
-        cost:    the `routepack.CostModel` (``CostModel.load(path)`` of a calibration).
+        cost:    the `routepack.CostModel`, or the path of one saved as JSON (a calibration).
         num_experts: E (default ``cost.num_experts``).
         policy:  ``"auto"`` (what the backend runs: the schedule alone on FSDP) or a policy the
                  backend runs (`backend_policy` refuses the others, naming them).
@@ -431,8 +431,6 @@ def install_from_config(config: Any) -> VerlInstall:
     """`install` with its arguments from the config's ``routepack`` section: ``cost`` (path of
     a `routepack.CostModel` JSON, required), and optionally ``num_experts``, ``policy``,
     ``slots_per_rank``, ``seed``, ``anneal_moves``, ``time_budget_s``."""
-    from routepack.model import CostModel
-
     section = _get(config, "routepack")
     if section is None or _get(section, "cost") is None:
         raise RoutepackError("routepack.cost: the trainer config has no routepack section with a cost model path")
@@ -441,7 +439,7 @@ def install_from_config(config: Any) -> VerlInstall:
         for k in ("num_experts", "slots_per_rank", "seed", "anneal_moves", "time_budget_s")
         if _get(section, k) is not None
     }
-    return install(config, CostModel.load(str(_get(section, "cost"))), policy=_get(section, "policy", "auto"), **kwargs)
+    return install(config, str(_get(section, "cost")), policy=_get(section, "policy", "auto"), **kwargs)
 
 
 _LAZY = False
