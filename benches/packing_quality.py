@@ -233,7 +233,7 @@ def proxy_check(profile: str, seed: int, cache: Path) -> Dict:
             plan = rp.Plan(pl, rank, micro, m)
             plan.validate(w, topo, cap)
             sim.append(rp.simulate(plan, w, topo, cost, cap).step_time)
-            proxy.append(_core.layout_proxy_cost(w.seq_lens, w.counts, topo, cost, pl.phy2log, rank, micro, m))
+            proxy.append(_core.layout_proxy_cost(plan, w.seq_lens, w.counts, topo, cost))
         rel = max(abs(a - b) / b for a, b in zip(proxy, sim))
         r = float(np.corrcoef(proxy, sim)[0, 1])
         print(

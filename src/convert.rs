@@ -5,8 +5,7 @@
 use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use routepack_core::cost::{Overlap, Pass};
-use routepack_core::{CostModel, Counts, ExpertMove, Placement, Plan, Replica, Topology, WindowView};
+use routepack_core::{Counts, ExpertMove, Placement, Plan, Replica, Topology, WindowView};
 
 use crate::errors::{to_py, type_error};
 
@@ -85,7 +84,7 @@ pub fn window<'a>(seq_lens: &'a PyReadonlyArray1<'_, i64>, expert_tokens: &'a Co
 }
 
 /// Attribute `name` of a Python object, extracted; the error names the attribute.
-fn attr<'py, T>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<T>
+pub fn attr<'py, T>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<T>
 where
     T: for<'a> FromPyObject<'a, 'py>,
     for<'a> <T as FromPyObject<'a, 'py>>::Error: Into<PyErr>,
@@ -101,40 +100,15 @@ pub fn topology(obj: &Bound<'_, PyAny>) -> PyResult<Topology> {
     Topology::new(attr(obj, "dp")?, attr(obj, "ep")?, attr(obj, "gpus_per_node")?, attr(obj, "slots_per_rank")?).map_err(to_py)
 }
 
-/// A `routepack.CostModel` → the core's `CostModel`.
-pub fn cost(obj: &Bound<'_, PyAny>) -> PyResult<CostModel> {
-    let overlap = Overlap::parse(&attr::<String>(obj, "overlap")?).map_err(to_py)?;
-    let names: Vec<String> = attr(obj, "passes")?;
-    let passes = names.iter().enumerate().map(|(i, n)| Pass::parse(i, n)).collect::<Result<Vec<_>, _>>().map_err(to_py)?;
-    Ok(CostModel {
-        a_lin: attr(obj, "a_lin")?,
-        a_quad: attr(obj, "a_quad")?,
-        c_tok: attr(obj, "c_tok")?,
-        c_exp: attr(obj, "c_exp")?,
-        token_bytes: attr(obj, "token_bytes")?,
-        bw_intra: attr(obj, "bw_intra")?,
-        bw_inter: attr(obj, "bw_inter")?,
-        expert_weight_bytes: attr(obj, "expert_weight_bytes")?,
-        expert_grad_bytes: attr(obj, "expert_grad_bytes")?,
-        expert_state_bytes: attr(obj, "expert_state_bytes")?,
-        c_weights: attr(obj, "c_weights")?,
-        c_gemm: attr(obj, "c_gemm")?,
-        expert_table: attr(obj, "expert_table")?,
-        c_call: attr(obj, "c_call")?,
-        a2a_latency: attr(obj, "a2a_latency")?,
-        bw_reduce: attr(obj, "bw_reduce")?,
-        overlap,
-        passes,
-    })
-}
-
 /// A phy2log table `[L, P]` → a checked core `Placement`.
 pub fn placement(phy2log: &PyReadonlyArray2<'_, i32>, num_experts: usize, slots_per_rank: usize) -> PyResult<Placement> {
     let l = phy2log.shape()[0];
     Placement::new(slice(phy2log, "placement.phy2log")?.to_vec(), l, num_experts, slots_per_rank).map_err(to_py)
 }
 
-/// The tuple `Plan._to_core()` builds on the Python side:
+/// A `routepack.Plan` → the core's `Plan`: the one extractor of a plan's arrays, for every
+/// binding that reads a plan (`simulate`, `validate_plan`, `rank_tokens`, the replication
+/// planners, `layout_proxy_cost`). It reads the tuple `Plan._to_core()` builds on the Python side:
 /// `(phy2log [L, P] i32, num_experts, slots_per_rank, sample_rank [S] i32, sample_micro [S] i32,
 ///   num_micro, replica columns (micro, group, layer, expert, src_rank, dst_rank: i32, share: f32),
 ///   migration columns (layer, expert, src_rank, dst_rank, src_slot, dst_slot: i32, bytes: f64))`.

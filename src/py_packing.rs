@@ -3,16 +3,15 @@
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use routepack_core::budget;
-use routepack_core::layout::chain::MoveMix;
 use routepack_core::packing::kk::verl_kk;
-use routepack_core::packing::routepack::{default_moves, proxy_step_time, routepack_packing, Options as PackingOptions};
+use routepack_core::packing::routepack::{proxy_step_time, routepack_packing};
 use routepack_core::packing::rows::certified::certified_rows;
 use routepack_core::packing::sequential::sequential_report;
 use routepack_core::packing::Packing;
 
 use crate::convert::{self, slice};
-use crate::errors::{run, to_py};
+use crate::errors::run;
+use crate::py_options::{self, AnnealArgs};
 
 type CellsReport<'py> = (Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i32>>, usize, Bound<'py, PyDict>);
 
@@ -62,7 +61,7 @@ pub fn pack_rows<'py>(
     node_limit: Option<u64>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let lens = slice(&seq_lens, "seq_lens")?;
-    let node_limit = node_limit.unwrap_or_else(|| PackingOptions::default().exact_nodes);
+    let node_limit = py_options::exact_nodes(node_limit);
     let c = run(py, || certified_rows(lens, token_cap, step, node_limit, None))?;
     let d = PyDict::new(py);
     d.set_item("rows", c.rows.len())?;
@@ -79,7 +78,8 @@ pub fn pack_rows<'py>(
 
 /// routepack's packing: certified rows, then the layout by population annealing.
 /// Returns `(sample_rank [S], sample_micro [S], num_micro, report)`. Every option left None
-/// takes the core's default (`PackingOptions::default()`); `time_budget_s`: a wall-clock cap
+/// takes the core's default (`packing::routepack::Options::default()`, parsed by
+/// `py_options::packing`); `time_budget_s`: a wall-clock cap
 /// of the stage in seconds (None or above `budget::UNLIMITED_S`: none; 0: the least search;
 /// negative or not finite: an error).
 #[pyfunction]
@@ -108,23 +108,10 @@ pub fn pack_routepack<'py>(
 ) -> PyResult<CellsReport<'py>> {
     let w = convert::window(&seq_lens, &expert_tokens)?;
     let t = convert::topology(topo)?;
-    let c = convert::cost(cost)?;
+    let c = py_options::cost(cost)?;
     let pl = convert::placement(&phy2log, w.num_experts, t.slots_per_rank)?;
-    let time_budget = budget::from_secs("time_budget_s", time_budget_s).map_err(to_py)?;
-    let mut opts = PackingOptions::default();
-    opts.exact_nodes = exact_nodes.unwrap_or(opts.exact_nodes);
-    opts.lambda = lambda_.unwrap_or(opts.lambda);
-    let a = &mut opts.anneal;
-    a.seed = seed.unwrap_or(a.seed);
-    a.moves = anneal_moves.unwrap_or_else(|| default_moves(&t));
-    a.chains = chains.unwrap_or(a.chains);
-    a.steps = steps.unwrap_or(a.steps);
-    a.start_accept = start_accept.unwrap_or(a.start_accept);
-    a.cooling = cooling.unwrap_or(a.cooling);
-    a.time_budget = time_budget;
-    if let Some((shift, swap, near, cells)) = mix {
-        a.mix = MoveMix { shift, swap, near, cells };
-    }
+    let anneal = AnnealArgs { seed, moves: anneal_moves, chains, steps, start_accept, cooling, mix };
+    let opts = py_options::packing(&t, anneal, exact_nodes, lambda_, time_budget_s)?;
     let (p, r) = run(py, || routepack_packing(&w, &t, &c, &pl, token_cap, &opts))?;
     let d = PyDict::new(py);
     let rows = &r.rows;
@@ -169,31 +156,23 @@ pub fn pack_routepack<'py>(
     Ok((p.sample_rank.into_pyarray(py), p.sample_micro.into_pyarray(py), p.num_micro, d))
 }
 
-/// The layout proxy's step time (max over EP groups of the accumulated cost) of any layout,
-/// to compare with `simulate`.
+/// The layout proxy's step time (max over EP groups of the accumulated cost) of a plan's
+/// placement and layout (its replicas and migration are not read), to compare with `simulate`.
 #[pyfunction]
-#[allow(clippy::too_many_arguments)]
 pub fn layout_proxy_cost<'py>(
     py: Python<'py>,
+    plan: &Bound<'py, PyAny>,
     seq_lens: PyReadonlyArray1<'py, i64>,
     expert_tokens: convert::CountsArray<'py>,
     topo: &Bound<'py, PyAny>,
     cost: &Bound<'py, PyAny>,
-    phy2log: PyReadonlyArray2<'py, i32>,
-    sample_rank: PyReadonlyArray1<'py, i32>,
-    sample_micro: PyReadonlyArray1<'py, i32>,
-    num_micro: usize,
 ) -> PyResult<f64> {
+    let plan = convert::plan(plan)?;
     let w = convert::window(&seq_lens, &expert_tokens)?;
     let t = convert::topology(topo)?;
-    let c = convert::cost(cost)?;
-    let pl = convert::placement(&phy2log, w.num_experts, t.slots_per_rank)?;
-    let p = Packing {
-        sample_rank: slice(&sample_rank, "sample_rank")?.to_vec(),
-        sample_micro: slice(&sample_micro, "sample_micro")?.to_vec(),
-        num_micro,
-    };
-    run(py, || proxy_step_time(&w, &t, &c, &pl, &p))
+    let c = py_options::cost(cost)?;
+    let p = Packing { sample_rank: plan.sample_rank, sample_micro: plan.sample_micro, num_micro: plan.num_micro };
+    run(py, || proxy_step_time(&w, &t, &c, &plan.placement, &p))
 }
 
 /// Adds this file's functions to `routepack._core`.

@@ -5,13 +5,13 @@ use numpy::ndarray::{Array1, Array2, Array3};
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyArray3, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use routepack_core::budget;
 use routepack_core::placement::demand::{chunk_demand as core_chunks, Demand};
-use routepack_core::placement::routepack::{routepack_placement as core_routepack, Choice, Options};
+use routepack_core::placement::routepack::{routepack_placement as core_routepack, Choice};
 use routepack_core::placement::{eplb, quality};
 
 use crate::convert;
-use crate::errors::{run, to_py};
+use crate::errors::run;
+use crate::py_options;
 
 type I64_2<'py> = Bound<'py, PyArray2<i64>>;
 
@@ -74,7 +74,9 @@ pub fn chunk_demand<'py>(
 
 /// routepack's placement → `(phy2log [L, ep*slots_per_rank] int32, report dict)`.
 /// `loads [L, E]`, `chunks [L, E, B]` float64; `previous` the phy2log in force or None.
-/// Options left None take the core's defaults (`placement::routepack::Options::default()`).
+/// Options left None take the core's defaults (`placement::routepack::Options::default()`,
+/// parsed by `py_options::placement`; `explore` None: the larger of the core's default room
+/// and `slack`, `Options::explore`).
 /// `time_budget_s`: a wall-clock cap of the search in seconds (None or above
 /// `budget::UNLIMITED_S`: none; 0: greedy packing only; negative or not finite: an error).
 #[pyfunction]
@@ -97,21 +99,13 @@ pub fn routepack_placement<'py>(
     let (l, e) = (loads.shape()[0], loads.shape()[1]);
     let b = chunks.shape()[2];
     let t = convert::topology(topo)?;
-    let c = convert::cost(cost)?;
+    let c = py_options::cost(cost)?;
     let prev = match &previous {
         Some(p) => Some(convert::placement(p, e, t.slots_per_rank)?),
         None => None,
     };
     let (lw, cw) = (convert::slice(&loads, "loads")?, convert::slice(&chunks, "chunks")?);
-    let d = Options::default();
-    let opts = Options {
-        exchanges: cells.unwrap_or(d.exchanges),
-        slack: slack.unwrap_or(d.slack),
-        explore: explore.unwrap_or(d.explore),
-        fluct_evals: fluct_evals.unwrap_or(d.fluct_evals),
-        migration_aware: migration_aware.unwrap_or(d.migration_aware),
-        time_budget: budget::from_secs("time_budget_s", time_budget_s).map_err(to_py)?,
-    };
+    let opts = py_options::placement(cells, slack, explore, fluct_evals, migration_aware, time_budget_s)?;
     let out = run(py, || {
         let d = Demand::new(lw, cw, l, e, b)?;
         core_routepack(&d, &t, &c, prev.as_ref(), &opts)

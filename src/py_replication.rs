@@ -3,99 +3,94 @@
 
 use numpy::{IntoPyArray, PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
-use routepack_core::budget;
 use routepack_core::placement::relibra::relibra_placement as core_relibra_placement;
-use routepack_core::replication::{self, routepack::Options, Block, Packed, Planner};
+use routepack_core::replication::{self, Block, Packed, Planner};
+use routepack_core::Replica;
 
 use crate::columns::{self, ReplicaColumns};
 use crate::convert::{self, slice};
 use crate::errors::{run, to_py};
+use crate::py_options;
 
-/// Shared arguments of the three planners: window, placement, packing, topology, cost.
-macro_rules! planner_args {
-    ($seq_lens:ident, $expert_tokens:ident, $phy2log:ident, $sample_rank:ident, $sample_micro:ident, $topo:ident, $cost:ident) => {{
-        let w = convert::window(&$seq_lens, &$expert_tokens)?;
-        let t = convert::topology($topo)?;
-        let c = convert::cost($cost)?;
-        let p = convert::placement(&$phy2log, w.num_experts, t.slots_per_rank)?;
-        let sr = slice(&$sample_rank, "sample_rank")?;
-        let sm = slice(&$sample_micro, "sample_micro")?;
-        (w, t, c, p, sr, sm)
-    }};
+/// What the three planners share: the plan's placement and layout (its replicas and migration
+/// are not read: the planners replace them), its window, topology and cost, each read by the
+/// one extractor of its kind; then `planner` runs on `block` with the GIL released.
+#[allow(clippy::too_many_arguments)]
+fn replicate<'py>(
+    py: Python<'py>,
+    plan: &Bound<'py, PyAny>,
+    seq_lens: PyReadonlyArray1<'py, i64>,
+    expert_tokens: convert::CountsArray<'py>,
+    topo: &Bound<'py, PyAny>,
+    cost: &Bound<'py, PyAny>,
+    planner: Planner,
+    block: Option<(usize, usize)>,
+) -> PyResult<ReplicaColumns<'py>> {
+    let plan = convert::plan(plan)?;
+    let w = convert::window(&seq_lens, &expert_tokens)?;
+    let t = convert::topology(topo)?;
+    let c = py_options::cost(cost)?;
+    let block = block_of(block)?;
+    let packed = Packed { sample_rank: &plan.sample_rank, sample_micro: &plan.sample_micro, num_micro: plan.num_micro };
+    let rows: Vec<Replica> = run(py, || replication::plan_block(&w, &t, &c, &plan.placement, packed, &planner, block))?;
+    Ok(columns::replica_columns(py, &rows))
 }
 
-/// MindSpeed's hot-expert broadcast: replica columns
+/// MindSpeed's hot-expert broadcast for a plan's placement and layout: replica columns
 /// `(micro, group, layer, expert, src_rank, dst_rank, share)`. `hot_experts` None: the
 /// core's `hot_n::DEFAULT_HOT_EXPERTS`. `block` `(index, count)`: plan only that block of
 /// the exchanges (`replication::Block`; None: all).
 #[pyfunction]
-#[pyo3(signature = (seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, num_micro, topo, cost, hot_experts=None, block=None))]
+#[pyo3(signature = (plan, seq_lens, expert_tokens, topo, cost, hot_experts=None, block=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn replicate_hot_n<'py>(
     py: Python<'py>,
+    plan: &Bound<'py, PyAny>,
     seq_lens: PyReadonlyArray1<'py, i64>,
     expert_tokens: convert::CountsArray<'py>,
-    phy2log: PyReadonlyArray2<'py, i32>,
-    sample_rank: PyReadonlyArray1<'py, i32>,
-    sample_micro: PyReadonlyArray1<'py, i32>,
-    num_micro: usize,
     topo: &Bound<'py, PyAny>,
     cost: &Bound<'py, PyAny>,
     hot_experts: Option<usize>,
     block: Option<(usize, usize)>,
 ) -> PyResult<ReplicaColumns<'py>> {
-    let (w, t, c, p, sr, sm) = planner_args!(seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, topo, cost);
-    let packed = Packed { sample_rank: sr, sample_micro: sm, num_micro };
-    let hot_experts = hot_experts.unwrap_or(replication::hot_n::DEFAULT_HOT_EXPERTS);
-    let (planner, block) = (Planner::HotN(hot_experts), block_of(block)?);
-    let rows = run(py, || replication::plan_block(&w, &t, &c, &p, packed, &planner, block))?;
-    Ok(columns::replica_columns(py, &rows))
+    let planner = Planner::HotN(py_options::hot_experts(hot_experts));
+    replicate(py, plan, seq_lens, expert_tokens, topo, cost, planner, block)
 }
 
-/// ReLibra's intra-node replication: replica columns. `replica_slots` None: the budget
-/// routepack's replication gets by default (`replication::routepack::Options::default()`).
-/// `block`: as in `replicate_hot_n`.
+/// ReLibra's intra-node replication for a plan's placement and layout: replica columns.
+/// `replica_slots` None: the budget routepack's replication gets by default
+/// (`replication::routepack::Options::default()`). `block`: as in `replicate_hot_n`.
 #[pyfunction]
-#[pyo3(signature = (seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, num_micro, topo, cost, replica_slots=None, block=None))]
+#[pyo3(signature = (plan, seq_lens, expert_tokens, topo, cost, replica_slots=None, block=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn replicate_relibra<'py>(
     py: Python<'py>,
+    plan: &Bound<'py, PyAny>,
     seq_lens: PyReadonlyArray1<'py, i64>,
     expert_tokens: convert::CountsArray<'py>,
-    phy2log: PyReadonlyArray2<'py, i32>,
-    sample_rank: PyReadonlyArray1<'py, i32>,
-    sample_micro: PyReadonlyArray1<'py, i32>,
-    num_micro: usize,
     topo: &Bound<'py, PyAny>,
     cost: &Bound<'py, PyAny>,
     replica_slots: Option<usize>,
     block: Option<(usize, usize)>,
 ) -> PyResult<ReplicaColumns<'py>> {
-    let (w, t, c, p, sr, sm) = planner_args!(seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, topo, cost);
-    let packed = Packed { sample_rank: sr, sample_micro: sm, num_micro };
-    let replica_slots = replica_slots.unwrap_or(Options::default().replica_slots);
-    let (planner, block) = (Planner::Relibra(replica_slots), block_of(block)?);
-    let rows = run(py, || replication::plan_block(&w, &t, &c, &p, packed, &planner, block))?;
-    Ok(columns::replica_columns(py, &rows))
+    let planner = Planner::Relibra(py_options::relibra_slots(replica_slots));
+    replicate(py, plan, seq_lens, expert_tokens, topo, cost, planner, block)
 }
 
-/// routepack's replication (per-exchange simulated time, `replica_slots` copies per rank):
-/// replica columns. Options left None take the core's defaults
-/// (`replication::routepack::Options::default()`). `time_budget_s`: a wall-clock cap in
-/// seconds, exchanges not begun by then get no replicas (None or above
-/// `budget::UNLIMITED_S`: none; 0: no exchange planned; negative or not finite: an error).
-/// `block`: as in `replicate_hot_n`.
+/// routepack's replication (per-exchange simulated time, `replica_slots` copies per rank)
+/// for a plan's placement and layout: replica columns. Options left None take the core's
+/// defaults (`replication::routepack::Options::default()`, parsed by
+/// `py_options::replication`). `time_budget_s`: a wall-clock cap in seconds, exchanges not
+/// begun by then get no replicas (None or above `budget::UNLIMITED_S`: none; 0: no exchange
+/// planned; negative or not finite: an error). `block`: as in `replicate_hot_n`.
 #[pyfunction]
-#[pyo3(signature = (seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, num_micro, topo, cost, replica_slots=None, candidate_experts=None, candidate_dsts=None, time_budget_s=None, block=None))]
+#[pyo3(signature = (plan, seq_lens, expert_tokens, topo, cost, replica_slots=None, candidate_experts=None, candidate_dsts=None, time_budget_s=None, block=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn replicate_routepack<'py>(
     py: Python<'py>,
+    plan: &Bound<'py, PyAny>,
     seq_lens: PyReadonlyArray1<'py, i64>,
     expert_tokens: convert::CountsArray<'py>,
-    phy2log: PyReadonlyArray2<'py, i32>,
-    sample_rank: PyReadonlyArray1<'py, i32>,
-    sample_micro: PyReadonlyArray1<'py, i32>,
-    num_micro: usize,
     topo: &Bound<'py, PyAny>,
     cost: &Bound<'py, PyAny>,
     replica_slots: Option<usize>,
@@ -104,18 +99,8 @@ pub fn replicate_routepack<'py>(
     time_budget_s: Option<f64>,
     block: Option<(usize, usize)>,
 ) -> PyResult<ReplicaColumns<'py>> {
-    let (w, t, c, p, sr, sm) = planner_args!(seq_lens, expert_tokens, phy2log, sample_rank, sample_micro, topo, cost);
-    let packed = Packed { sample_rank: sr, sample_micro: sm, num_micro };
-    let d = Options::default();
-    let opts = Options {
-        replica_slots: replica_slots.unwrap_or(d.replica_slots),
-        experts: candidate_experts.unwrap_or(d.experts),
-        dsts: candidate_dsts.unwrap_or(d.dsts),
-        time_budget: budget::from_secs("time_budget_s", time_budget_s).map_err(to_py)?,
-    };
-    let (planner, block) = (Planner::Routepack(opts), block_of(block)?);
-    let rows = run(py, || replication::plan_block(&w, &t, &c, &p, packed, &planner, block))?;
-    Ok(columns::replica_columns(py, &rows))
+    let opts = py_options::replication(replica_slots, candidate_experts, candidate_dsts, time_budget_s)?;
+    replicate(py, plan, seq_lens, expert_tokens, topo, cost, Planner::Routepack(opts), block)
 }
 
 /// ReLibra's per-window node-level expert reordering: phy2log `[L, ep*slots_per_rank]`.

@@ -30,7 +30,7 @@ pub fn simulate<'py>(
     let plan = convert::plan(plan)?;
     let w = convert::window(&seq_lens, &expert_tokens)?;
     let t = convert::topology(topo)?;
-    let c = convert::cost(cost)?;
+    let c = crate::py_options::cost(cost)?;
     let r = run(py, || {
         // simulate validates the plan first, so its own faults are named before the tables'
         let r = simulate_validated(&plan, &w, &t, &c, ideal_micro, token_cap, plan_cap.unwrap_or(i64::MAX))?;

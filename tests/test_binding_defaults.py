@@ -4,6 +4,7 @@ that number plans."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 
 import numpy as np
@@ -96,10 +97,28 @@ def test_routepack_placement_options(setup):
     assert list(implicit[1]["choice"]) == list(explicit[1]["choice"])
 
 
+def test_routepack_placement_explore_follows_the_slack(setup):
+    """No explore: the core's rule (`placement::routepack::Options::explore`), the larger of
+    the default room (`defaults()["placement"]["placement_explore"]`) and the slack; Python
+    passes None and writes no rule of its own."""
+    window, topo, cost, static, _ = setup
+    room = _core.defaults()["placement"]["placement_explore"]
+    loads = window.expert_tokens.sum(axis=0).astype(np.float64)
+    chunks = _core.chunk_demand(window.seq_lens, window.expert_tokens, 4)
+    for slack in (room / 2, 0.5):
+        implicit = _core.routepack_placement(loads, chunks, topo, cost, slack=slack)
+        explicit = _core.routepack_placement(loads, chunks, topo, cost, slack=slack, explore=max(room, slack))
+        np.testing.assert_array_equal(implicit[0], explicit[0])
+    with pytest.raises(rp.RoutepackError, match="placement_explore"):
+        _core.routepack_placement(loads, chunks, topo, cost, slack=0.5, explore=0.25)
+    opts = rp.stages.placement.RoutepackPlacementOptions(placement_slack=0.5)
+    assert opts.placement_explore is None and not hasattr(opts, "explore")
+
+
 def test_replication_options(setup):
     window, topo, cost, static, (rank, micro, m) = setup
     d = _core.defaults()["replication"]
-    args = (window.seq_lens, window.expert_tokens, static.phy2log, rank, micro, m, topo, cost)
+    args = (rp.Plan(static, rank, micro, m), window.seq_lens, window.expert_tokens, topo, cost)
     pairs = [
         (_core.replicate_hot_n(*args), _core.replicate_hot_n(*args, d["replication_hot_experts"])),
         (_core.replicate_relibra(*args), _core.replicate_relibra(*args, d["replication_slots"])),
@@ -124,3 +143,44 @@ def test_migration_diff_ranks_per_node(setup):
     args = (static.phy2log, nxt, window.num_experts, topo.slots_per_rank, 1.0)
     for a, b in zip(_core.migration_diff(*args), _core.migration_diff(*args, 1)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_cost_options_are_the_cores():
+    """Every cost model option has one default, the core's `CostModel::default()`: the
+    bindings report exactly the Python class's optional coefficients (its two planner-only
+    fields aside) and Python's defaults are those values."""
+    d = _core.cost_defaults()
+    optional = {
+        f.name: f.default
+        for f in dataclasses.fields(rp.CostModel)
+        if f.default is not dataclasses.MISSING and f.name not in ("expert_groups", "num_experts")
+    }
+    assert set(optional) == set(d)
+    for name, default in optional.items():
+        want = d[name]
+        if isinstance(want, list):
+            want = tuple(tuple(x) if isinstance(x, (list, tuple)) else x for x in want)
+        assert default == want, name
+    required = [f.name for f in dataclasses.fields(rp.CostModel) if f.default is dataclasses.MISSING]
+    assert required and not set(required) & set(d)
+
+
+@pytest.mark.parametrize("slack", [None, 0.0, 0.004, 0.05, 0.3])
+def test_placement_explore_defaults_to_the_larger_of_the_core_default_and_the_slack(slack):
+    """No ``placement_explore``: the band the first microbatch pass explores is the core's
+    default or ``placement_slack``, whichever is larger (a band below the slack would be no
+    band). A plan without it equals one passing that number, wherever the rule lives."""
+    window = next(iter(rp.traces.synthetic(PROFILE, 1, 3)))
+    topo, cost = PROFILE.topology(), PROFILE.cost()
+    d = _core.defaults()["placement"]
+    opts = {} if slack is None else {"placement_slack": slack}
+    want = max(d["placement_explore"], d["placement_slack"] if slack is None else slack)
+    implicit = rp.plan_window(window, topo, cost, PROFILE.token_cap, policy="routepack_placement", **opts)
+    explicit = rp.plan_window(
+        window, topo, cost, PROFILE.token_cap, policy="routepack_placement", placement_explore=want, **opts
+    )
+    assert implicit.digest() == explicit.digest()
+    assert (
+        implicit.report["stage_reports"]["placement"]["choice"]
+        == explicit.report["stage_reports"]["placement"]["choice"]
+    )

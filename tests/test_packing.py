@@ -108,16 +108,7 @@ def test_layout_proxy_tracks_simulate_across_layouts(tiny_window):
     topo, cost, cap = TINY.topology(), TINY.cost(), TINY.token_cap
     for packing in ("sequential", "kk", "routepack"):
         p = plan(tiny_window, topo, cost, cap, packing, anneal_moves=10_000)
-        proxy = _core.layout_proxy_cost(
-            tiny_window.seq_lens,
-            tiny_window.expert_tokens,
-            topo,
-            cost,
-            p.placement.phy2log,
-            p.sample_rank,
-            p.sample_micro,
-            p.num_micro,
-        )
+        proxy = _core.layout_proxy_cost(p, tiny_window.seq_lens, tiny_window.expert_tokens, topo, cost)
         sim = p.report["predicted"]["step_time"]
         assert abs(proxy - sim) <= 1e-3 * sim, (packing, proxy, sim)
 

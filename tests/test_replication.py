@@ -262,12 +262,9 @@ def test_bad_inputs_name_the_argument():
     bad_rank = np.full_like(p.sample_rank, 99)
     with pytest.raises(rp.InvalidPlanError, match="DP rank 99"):
         _core.replicate_routepack(
+            rp.Plan(p.placement, bad_rank, p.sample_micro, p.num_micro),
             window.seq_lens,
             window.expert_tokens,
-            p.placement.phy2log,
-            bad_rank,
-            p.sample_micro,
-            p.num_micro,
             topo,
             cost,
             2,

@@ -171,6 +171,30 @@ def test_no_rust_module_circle():
         assert cycles(rust_graph(src)) == [], f"import circle in {crate}"
 
 
+#: The core's stage folders: algorithms only. The types they build and others read (the
+#: plan's data model: `Plan`, `Placement`, `Replica`, `ExpertMove`) live outside them, in `plan`.
+STAGES = ("placement", "packing", "layout", "replication")
+#: Arrows from one stage into another's folder that call an algorithm (not a shared type):
+#: routepack's packing runs the layout search on its certified rows.
+STAGE_CALLS = {("packing::routepack", "layout")}
+
+
+def test_no_module_reaches_into_a_stage_folder():
+    """Only a stage's own modules use what is inside its folder: nothing outside the stage
+    folders uses a stage's item, and a stage uses another's only where it calls its algorithm
+    (`STAGE_CALLS`), never for a type."""
+    graph = rust_graph(CRATES["routepack-core"])
+    reaching = {
+        (mod, target)
+        for mod, targets in graph.items()
+        for target in targets
+        if target.split("::")[0] in STAGES and mod.split("::")[0] != target.split("::")[0]
+    }
+    allowed = {(m, t) for m, t in reaching if any(m == a and t.split("::")[0] == b for a, b in STAGE_CALLS)}
+    assert reaching - allowed == set()
+    assert allowed, "STAGE_CALLS names an arrow the tree no longer has"
+
+
 def is_test_file(path: Path) -> bool:
     return path.name in ("tests.rs", "test_windows.rs") or "tests" in path.parts[len(ROOT.parts) :]
 

@@ -77,12 +77,9 @@ def core_calls(window, topo, cost, cap):
         ),
         "routepack_placement": lambda b: _core.routepack_placement(loads, chunks, topo, cost, time_budget_s=b),
         "replicate_routepack": lambda b: _core.replicate_routepack(
+            rp.Plan(place, packed.sample_rank, packed.sample_micro, packed.num_micro),
             window.seq_lens,
             window.expert_tokens,
-            place.phy2log,
-            packed.sample_rank,
-            packed.sample_micro,
-            packed.num_micro,
             topo,
             cost,
             time_budget_s=b,

@@ -69,7 +69,7 @@ class InvalidPlanError(RoutepackError): ...
 class InfeasibleError(RoutepackError): ...
 class RoutepackInternalError(RuntimeError): ...
 
-# ---- defaults (src/py_defaults.rs)
+# ---- options and their defaults (src/py_options.rs)
 def defaults() -> Dict[str, Dict[str, Any]]:
     """Every stage option's default, by stage (read from the Rust core's defaults)."""
 
@@ -130,17 +130,9 @@ def pack_routepack(
 ) -> _CellsReport:
     """Certified rows + annealed layout: (sample_rank [S], sample_micro [S], num_micro, report)."""
 
-def layout_proxy_cost(
-    seq_lens: _I64,
-    expert_tokens: _Counts,
-    topo: Any,
-    cost: Any,
-    phy2log: _I32,
-    sample_rank: _I32,
-    sample_micro: _I32,
-    num_micro: int,
-) -> float:
-    """The layout proxy's step time (max over EP groups of accumulated cost) of a layout."""
+def layout_proxy_cost(plan: Any, seq_lens: _I64, expert_tokens: _Counts, topo: Any, cost: Any) -> float:
+    """The layout proxy's step time (max over EP groups of accumulated cost) of a plan's
+    placement and layout (its replicas and migration are not read)."""
 
 # ---- simulator (src/py_simulate.rs)
 def simulate(
@@ -179,44 +171,36 @@ def rank_tokens(plan: Any, seq_lens: _I64, expert_tokens: _Counts, topo: Any) ->
 
 # ---- replication (src/py_replication.rs)
 def replicate_hot_n(
+    plan: Any,
     seq_lens: _I64,
     expert_tokens: _Counts,
-    phy2log: _I32,
-    sample_rank: _I32,
-    sample_micro: _I32,
-    num_micro: int,
     topo: Any,
     cost: Any,
     hot_experts: Optional[int] = None,
     block: Optional[Tuple[int, int]] = None,
 ) -> _ReplicaColumns:
-    """MindSpeed's hot-expert broadcast: N hot experts per exchange (EP group, step, layer),
+    """MindSpeed's hot-expert broadcast for a plan's placement and layout (its replicas and
+    migration are not read): N hot experts per exchange (EP group, microbatch, layer),
     copies on every other EP rank computing their own tokens. ``block`` ``(index, count)``:
     only that contiguous block of the flattened exchange index ``(g·M + m)·L + l``, the rows
     the full run gives it, in order (None: every exchange; blocks 0..count tile the run)."""
 
 def replicate_relibra(
+    plan: Any,
     seq_lens: _I64,
     expert_tokens: _Counts,
-    phy2log: _I32,
-    sample_rank: _I32,
-    sample_micro: _I32,
-    num_micro: int,
     topo: Any,
     cost: Any,
     replica_slots: Optional[int] = None,
     block: Optional[Tuple[int, int]] = None,
 ) -> _ReplicaColumns:
-    """ReLibra's intra-node replication, at most `replica_slots` copies per rank per exchange.
+    """ReLibra's intra-node replication for a plan's placement and layout, at most `replica_slots` copies per rank per exchange.
     ``block``: as in `replicate_hot_n`."""
 
 def replicate_routepack(
+    plan: Any,
     seq_lens: _I64,
     expert_tokens: _Counts,
-    phy2log: _I32,
-    sample_rank: _I32,
-    sample_micro: _I32,
-    num_micro: int,
     topo: Any,
     cost: Any,
     replica_slots: Optional[int] = None,
@@ -225,7 +209,8 @@ def replicate_routepack(
     time_budget_s: Optional[float] = None,
     block: Optional[Tuple[int, int]] = None,
 ) -> _ReplicaColumns:
-    """routepack's replication: per exchange, rows minimising the simulated layer time.
+    """routepack's replication for a plan's placement and layout: per exchange, rows
+    minimising the simulated layer time.
     ``block``: as in `replicate_hot_n`."""
 
 def relibra_placement(loads: _F64, topo: Any, previous: Optional[_I32] = None) -> _I32:
@@ -261,7 +246,8 @@ def routepack_placement(
     time_budget_s: Optional[float] = None,
 ) -> Tuple[_I32, Dict[str, Any]]:
     """(phy2log [L, ep*slots_per_rank], report: choice, swaps, moves, predicted_s, predicted_keep_s,
-    predicted_fresh_s [L] each, migration_s)."""
+    predicted_fresh_s [L] each, migration_s). `explore` None: the larger of the core's default
+    room and `slack`."""
 
 def aggregate_imbalance(phy2log: _I32, num_experts: int, slots_per_rank: int, loads: _F64) -> _F64:
     """[L] max / mean rank load over the window."""

@@ -20,6 +20,8 @@ PASS_KINDS = ("forward", "backward")
 #: The cost model options' defaults, from the Rust core: the values that price every plan as
 #: before the options existed.
 _COST_DEFAULTS = _core.cost_defaults()
+#: `ModelShape.expert_groups` (and `CostModel`'s) of a model that routes without groups, the default.
+UNGROUPED = 1
 
 
 def _set(obj: object, name: str, value: object) -> None:
@@ -109,7 +111,7 @@ class ModelShape:
     expert_ffn: int
     attention: Sequence[str] = field(default_factory=tuple)
     shared_experts: int = 1
-    expert_groups: int = 1
+    expert_groups: int = UNGROUPED
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_experts", "top_k", "hidden", "expert_ffn"):
@@ -297,7 +299,7 @@ class CostModel:
     expert_weight_bytes: float
     expert_grad_bytes: float
     expert_state_bytes: float
-    expert_groups: int = 1
+    expert_groups: int = UNGROUPED
     num_experts: Optional[int] = None
     c_weights: float = _COST_DEFAULTS["c_weights"]
     overlap: str = _COST_DEFAULTS["overlap"]

@@ -5,8 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
 import numpy as np
 
@@ -15,6 +14,15 @@ from routepack._checks import as_int_array, frozen, index, instance_of, positive
 from routepack.errors import RoutepackError, RoutepackFileError, RoutepackTypeError
 from routepack.model import Topology
 from routepack.window import Window
+
+
+def field_names(dtype: np.dtype) -> Tuple[str, ...]:
+    """The field names of a structured dtype (`REPLICA_DTYPE`, `MIGRATION_DTYPE`), in order."""
+    names = dtype.names
+    if names is None:
+        raise RoutepackTypeError(f"expected a structured dtype, got {dtype}")
+    return names
+
 
 #: One intra-batch replica: in microbatch `micro` of EP group `group`, layer `layer`, the
 #: weights of logical `expert` go from EP-local rank `src_rank` (which hosts it) to `dst_rank`,
@@ -30,6 +38,7 @@ REPLICA_DTYPE = np.dtype(
         ("share", "<f4"),
     ]
 )
+REPLICA_FIELDS = field_names(REPLICA_DTYPE)
 #: One expert moved between windows, with its weights and optimizer state (`bytes` in all).
 MIGRATION_DTYPE = np.dtype(
     [
@@ -42,6 +51,7 @@ MIGRATION_DTYPE = np.dtype(
         ("bytes", "<f8"),
     ]
 )
+MIGRATION_FIELDS = field_names(MIGRATION_DTYPE)
 
 
 def empty_replicas() -> np.ndarray:
@@ -53,7 +63,7 @@ def empty_migration() -> np.ndarray:
 
 
 def _columns(table: np.ndarray) -> tuple:
-    return tuple(np.ascontiguousarray(table[name]) for name in table.dtype.names)
+    return tuple(np.ascontiguousarray(table[name]) for name in field_names(table.dtype))
 
 
 class Placement:
@@ -212,9 +222,9 @@ class Plan:
         return self
 
     # ------------------------------------------------------------ persistence
-    def save(self, path: str | Path) -> None:
-        """Writes an ``.npz`` to exactly ``path`` (no suffix added) that `Plan.load` reads back
-        identically."""
+    def save(self, path: _npz.Target) -> None:
+        """Writes an ``.npz`` to exactly ``path`` (a str or `os.PathLike`, no suffix added, or a
+        binary file open for writing) that `Plan.load` reads back identically."""
         report = np.array(json.dumps(_json_ready(self.report, "report")))
         _npz.write(
             path,
@@ -231,8 +241,9 @@ class Plan:
         )
 
     @classmethod
-    def load(cls, path: str | Path) -> "Plan":
-        """Reads what `save` wrote; a damaged file raises `RoutepackFileError` naming it."""
+    def load(cls, path: _npz.Target) -> "Plan":
+        """Reads what `save` wrote (from a path or a binary file open for reading); a damaged
+        file raises `RoutepackFileError` naming it."""
         z = _npz.read(path, _PLAN_KEYS, "plan")
         try:
             report = json.loads(_npz.scalar_str(z, "report", path, "plan"))

@@ -9,10 +9,10 @@ import numpy as np
 
 from routepack import _core
 from routepack._checks import finite_float
-from routepack.plan import MIGRATION_DTYPE, Placement, Plan, empty_migration
+from routepack.plan import MIGRATION_DTYPE, MIGRATION_FIELDS, Placement, Plan, empty_migration
 from routepack.policies import resolve
 from routepack.simulate import simulate
-from routepack.stages.context import PlanContext, check_fills_cells
+from routepack.stages.context import DEFAULT_POLICY, DEFAULT_SEED, DEFAULT_TOKEN_CAP, PlanContext, check_fills_cells
 from routepack.stages.registry import PACKINGS, PLACEMENTS, REPLICATIONS, Stage, canonical_options, stage_options
 from routepack.window import Window
 
@@ -60,11 +60,11 @@ def plan_window(
     window: Any,
     topo: Any,
     cost: Any,
-    token_cap: int = 65536,
-    policy: Any = "routepack",
+    token_cap: int = DEFAULT_TOKEN_CAP,
+    policy: Any = DEFAULT_POLICY,
     previous: Optional[Placement] = None,
     previous_window: Any = None,
-    seed: int = 0,
+    seed: int = DEFAULT_SEED,
     anneal_moves: Optional[int] = None,
     time_budget_s: Optional[float] = None,
     **options: Any,
@@ -222,7 +222,7 @@ def plan_stages(
             min(topo.gpus_per_node, topo.ep),
         )
         migration = np.zeros(len(cols[0]), dtype=MIGRATION_DTYPE)
-        for name_, col in zip(MIGRATION_DTYPE.names, cols):
+        for name_, col in zip(MIGRATION_FIELDS, cols):
             migration[name_] = col
 
     plan = Plan(placement, sample_rank, sample_micro, num_micro, replicas, migration, policy=name)

@@ -27,7 +27,7 @@ import numpy as np
 
 from routepack._checks import finite_float, positive_int, sequence
 from routepack.errors import RoutepackError, RoutepackTypeError
-from routepack.model import CostModel, Hardware, ModelShape, Topology
+from routepack.model import UNGROUPED, CostModel, Hardware, ModelShape, Topology
 from routepack.window import Window, count_dtype
 
 
@@ -63,7 +63,7 @@ class Profile:
     topic_drift: float = 0.3  # per-window log-std drift of the topic mix
     #: the model's routing groups (`ModelShape.expert_groups`): 1, the trace draws every
     #: token's experts from all of them (no group-limited routing)
-    expert_groups: int = 1
+    expert_groups: int = UNGROUPED
 
     def __post_init__(self) -> None:
         for name in (

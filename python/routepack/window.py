@@ -28,6 +28,8 @@ MAX_TOTAL_TOKENS = 2**63 - 1
 #: The dtypes `Window.counts` is stored in, narrowest first: a window keeps the first that
 #: holds its largest count (what the core and every binding taking counts read, zero-copy).
 COUNT_DTYPES = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.int32))
+#: `Window.from_slime`'s default: a sample runs one token more than slime records.
+SLIME_ADD_LAST_TOKEN = True
 
 
 def count_dtype(top: int) -> np.dtype:
@@ -207,7 +209,9 @@ class Window:
             raise renamed(e, "routed_experts", verl_location(attention_mask, cu)) from None
 
     @classmethod
-    def from_slime(cls, per_sample: Iterable[np.ndarray], num_experts: int, add_last_token: bool = True) -> "Window":
+    def from_slime(
+        cls, per_sample: Iterable[np.ndarray], num_experts: int, add_last_token: bool = SLIME_ADD_LAST_TOKEN
+    ) -> "Window":
         """slime's layout: a list (or any iterable) of ``[T_i, L, k]`` arrays, one per sample
         (same L, k and dtype). slime records ``tokens - 1`` positions; with ``add_last_token``
         (default True; a bool) each sample's length is ``T_i + 1`` (the trainer runs every

@@ -26,7 +26,7 @@ from routepack.stages import (
 from random_plans import random_phy2log
 from fuzzlib.engine import Case, Target, mixed
 from fuzzlib.inputs import BAD_INTS, BAD_OBJECTS, bad_for, is_huge, pick
-from fuzzlib.t_plan import PLAN_NAMES, check_placement, check_plan
+from fuzzlib.checks import PLAN_NAMES, check_placement, check_plan
 from fuzzlib.t_planner import DOMAIN, OPTION_NAMES, in_domain, random_inputs, random_options
 
 OPTION_CLASSES = [
@@ -69,7 +69,8 @@ def options_case(cls: type):
                     want = {"int": int, "bool": bool, "mix": tuple}.get(kindf, float)
                     assert type(v) is want, f"{f.name} stored as {type(v).__name__}"
             if isinstance(o, RoutepackPlacementOptions):
-                assert 0 <= o.explore() <= 1
+                e = o.placement_explore
+                assert e is None or o.placement_slack <= e <= 1
 
         return Case(kind, cls, (), kw, check=check, expect="ok" if valid else "error")
 

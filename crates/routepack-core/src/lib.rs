@@ -3,6 +3,9 @@
 //! the repository's `docs/design.md`.
 //!
 //! # Where things are
+//! * [`plan`]        the data model every stage builds and every checker reads: [`Plan`],
+//!   [`Placement`], [`Replica`], [`ExpertMove`] (with [`topology`], [`window`] and [`cost`]'s
+//!   [`CostModel`], the inputs); no stage folder owns a type another module uses
 //! * [`ingest`]      routing replay → per-sample, per-layer expert demand
 //! * [`counts`]      that demand borrowed in its stored type (int32, uint16, uint8)
 //! * [`placement`]   stage 1, expert placement: `static`, the baselines ([`placement::eplb`],
@@ -75,7 +78,7 @@ pub mod window;
 pub use cost::CostModel;
 pub use counts::{Counts, OwnedCounts};
 pub use error::{Error, Result};
-pub use placement::Placement;
+pub use plan::Placement;
 pub use plan::{ExpertMove, Plan, Replica};
 pub use topology::Topology;
 pub use window::WindowView;

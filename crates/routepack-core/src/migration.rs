@@ -3,8 +3,8 @@
 //! will hold it.
 
 use crate::error::Result;
-use crate::placement::Placement;
 use crate::plan::ExpertMove;
+use crate::plan::Placement;
 
 /// Moves from `previous` to `next`, layer by layer, slot by slot (see [`diff_layer`]).
 /// `bytes_per_expert` is weights + optimizer state. Without a topology every rank counts as

@@ -8,7 +8,7 @@
 //! from it).
 
 use crate::error::{bad_plan, Result};
-use crate::placement::Placement;
+use crate::plan::Placement;
 use crate::plan::{cell_members, Plan};
 use crate::topology::Topology;
 use crate::window::WindowView;

@@ -211,7 +211,7 @@ class RoutingRecorder:
         ids = torch.stack([c[0] for c in self._calls], dim=1)  # [N, L, k], rows b*S + s
         e = int(self.routers[0].module.num_experts)
         real = torch.from_numpy(np.flatnonzero(keep.reshape(-1))).to(ids.device)
-        routed = ids.index_select(0, real).cpu().numpy().astype(_ids_dtype(e))
+        routed: np.ndarray = ids.index_select(0, real).cpu().numpy().astype(_ids_dtype(e))
         cu = np.concatenate([[0], np.cumsum(keep.sum(axis=1))]).astype(np.int64)
         return Routed(routed, cu, e)
 

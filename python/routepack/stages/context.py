@@ -18,6 +18,14 @@ from routepack.simulate import lower_bound_micro
 from routepack.stages.policy import Policy
 from routepack.window import Window
 
+#: `plan_window`'s defaults, defined here once: every entry point that plans a window
+#: (`PlanContext`, `routepack.plan_window`, `routepack.torch.plan_window_distributed`,
+#: `routepack.compare.compare`, ...) names these rather than writing the numbers again.
+#: The stage options' defaults are the Rust core's (`routepack.stages.options.DEFAULTS`).
+DEFAULT_TOKEN_CAP = 65536
+DEFAULT_POLICY = "routepack"
+DEFAULT_SEED = 0
+
 #: Packing returns (sample_rank [S], sample_micro [S], num_micro, report dict).
 PackingResult = Tuple[np.ndarray, np.ndarray, int, Dict[str, Any]]
 
@@ -39,7 +47,7 @@ class PlanContext:
     token_cap: int
     previous: Any = None
     previous_window: Any = None
-    seed: int = 0
+    seed: int = DEFAULT_SEED
     anneal_moves: Optional[int] = None
     time_budget_s: Optional[float] = None
     options: Dict[str, Any] = field(default_factory=dict)

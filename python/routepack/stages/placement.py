@@ -33,7 +33,7 @@ from routepack.errors import RoutepackError
 from routepack.plan import Placement
 from routepack.simulate import lower_bound_micro
 from routepack.stages.context import PlanContext, stage_context
-from routepack.stages.options import DEFAULTS, NoOptions, StageOptions, computed, count, flag, number, option
+from routepack.stages.options import NoOptions, StageOptions, computed, count, flag, number, option
 
 
 @dataclass(frozen=True)
@@ -65,8 +65,9 @@ class RoutepackPlacementOptions(StageOptions):
     placement_slack: float = option("placement", "placement_slack", number(0.0, 1.0))
     #: How far above it the first microbatch pass may go before a tightening pass brings the
     #: maximum back within the slack (a fraction of a rank's load in [slack, 1]; the node
-    #: level explores the same absolute band). None: the core's default or
-    #: ``placement_slack``, whichever is larger (see `explore`).
+    #: level explores the same absolute band). None: the core's default room
+    #: (``DEFAULTS["placement"]["placement_explore"]``) or ``placement_slack``, whichever is
+    #: larger (the core's rule, routepack-core's ``placement::routepack::Options::explore``).
     placement_explore: Optional[float] = computed(number(0.0, 1.0))
     #: Swap candidates the microbatch phase prices per layer (its budget, counted, so plans
     #: stay deterministic). The default keeps placement within 5 ms at DeepSeek-V3's size
@@ -84,12 +85,6 @@ class RoutepackPlacementOptions(StageOptions):
             raise RoutepackError(
                 f"placement_explore: must be in [slack={self.placement_slack}, 1], got {self.placement_explore}"
             )
-
-    def explore(self) -> float:
-        """``placement_explore``, or its default: the core's or the slack, whichever is larger."""
-        if self.placement_explore is not None:
-            return self.placement_explore
-        return max(float(DEFAULTS["placement"]["placement_explore"]), self.placement_slack)
 
 
 def static_placement(ctx: PlanContext, options: NoOptions) -> Placement:
@@ -172,7 +167,7 @@ def routepack_placement(ctx: PlanContext, options: RoutepackPlacementOptions) ->
         previous,
         cells,
         options.placement_slack,
-        options.explore(),
+        options.placement_explore,
         options.placement_fluct_evals,
         options.placement_migration_aware,
         time_budget_s=budget,

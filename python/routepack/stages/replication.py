@@ -28,7 +28,7 @@ import numpy as np
 from routepack import _core
 from routepack._checks import as_int_array, positive_int, sequence
 from routepack.errors import RoutepackError
-from routepack.plan import REPLICA_DTYPE, Placement, empty_replicas
+from routepack.plan import REPLICA_DTYPE, REPLICA_FIELDS, Placement, Plan, empty_replicas
 from routepack.stages.context import PlanContext, check_placement_fits, stage_context
 from routepack.stages.options import NoOptions, StageOptions, count, option
 
@@ -68,13 +68,11 @@ def replica_table(columns: tuple) -> np.ndarray:
     that fit int32 and ``share`` finite numbers (as float32), all seven of one length N;
     anything else raises naming the column (``columns[i]`` / its name)."""
     cols = sequence(columns, "columns", "7 replica columns")
-    if len(cols) != len(REPLICA_DTYPE.names):
-        raise RoutepackError(
-            f"columns: expected {len(REPLICA_DTYPE.names)} columns {REPLICA_DTYPE.names}, got {len(cols)}"
-        )
+    if len(cols) != len(REPLICA_FIELDS):
+        raise RoutepackError(f"columns: expected {len(REPLICA_FIELDS)} columns {REPLICA_FIELDS}, got {len(cols)}")
     checked = [
         as_int_array(c, f"columns[{i}] ({name})", 1, np.int32)
-        for i, (name, c) in enumerate(zip(REPLICA_DTYPE.names[:-1], cols))
+        for i, (name, c) in enumerate(zip(REPLICA_FIELDS[:-1], cols))
     ]
     share = np.asarray(cols[-1])
     if (
@@ -91,11 +89,11 @@ def replica_table(columns: tuple) -> np.ndarray:
         raise RoutepackError(f"columns[6] (share): entry {bad} is {share[bad]}, not a finite float32")
     checked.append(share32)
     n = len(checked[0])
-    for i, (name, c) in enumerate(zip(REPLICA_DTYPE.names, checked)):
+    for i, (name, c) in enumerate(zip(REPLICA_FIELDS, checked)):
         if len(c) != n:
             raise RoutepackError(f"columns[{i}] ({name}): has {len(c)} entries, columns[0] (micro) has {n}")
     table = np.zeros(n, dtype=REPLICA_DTYPE)
-    for name, col in zip(REPLICA_DTYPE.names, checked):
+    for name, col in zip(REPLICA_FIELDS, checked):
         table[name] = col
     return table
 
@@ -121,10 +119,11 @@ def _block(block: Any) -> Block:
 
 def _common(
     ctx: Any, options: Any, options_class: type, placement: Any, sample_rank: Any, sample_micro: Any, num_micro: Any
-) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, Any, Any]:
+) -> Tuple[Plan, np.ndarray, np.ndarray, Any, Any]:
     """What every replication checks first (`stage_context`, the placement, the layout's
-    arrays and count) → the core's leading arguments. Values in the layout are checked by
-    the core against the window and topology, naming the sample."""
+    arrays and count) → the core's leading arguments ``(plan, seq_lens, counts, topo, cost)``,
+    the plan without replicas or migration. Values in the layout are checked by the core
+    against the window and topology, naming the sample."""
     ctx = stage_context(ctx, options, options_class)
     w = ctx.window
     placement = check_placement_fits(placement, "placement", w, ctx.topo)
@@ -134,7 +133,7 @@ def _common(
         if arr.shape[0] != w.num_samples:
             raise RoutepackError(f"{name}: has {arr.shape[0]} entries but the window has {w.num_samples} samples")
     m = positive_int(num_micro, "num_micro", maximum=w.num_samples)
-    return (w.seq_lens, w.counts, placement.phy2log, rank, micro, m, ctx.topo, ctx.cost)
+    return (Plan(placement, rank, micro, m), w.seq_lens, w.counts, ctx.topo, ctx.cost)
 
 
 def no_replication(

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -116,8 +116,8 @@ class ReplicaExchange:
         self.sent_bytes = 0
         self.received_bytes = 0
 
-    def _cell(self, micro: int, layer: int) -> Tuple[np.ndarray, np.ndarray]:
-        empty = (np.zeros(0, dtype=np.int64), None)
+    def _cell(self, micro: int, layer: int) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+        empty: Tuple[np.ndarray, Optional[np.ndarray]] = (np.zeros(0, dtype=np.int64), None)
         return self.rows.get((micro, layer), empty)
 
     def _chains(self, micro: int, layer: int) -> List["Chain"]:

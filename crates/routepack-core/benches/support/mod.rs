@@ -24,14 +24,7 @@ pub fn flash_cost(layers: usize) -> CostModel {
         expert_weight_bytes: expert * 2.0,
         expert_grad_bytes: expert * 4.0,
         expert_state_bytes: expert * 14.0,
-        c_weights: 0.0,
-        c_gemm: 0.0,
-        expert_table: Vec::new(),
-        c_call: 0.0,
-        a2a_latency: 0.0,
-        bw_reduce: 0.0,
-        overlap: routepack_core::cost::Overlap::None,
-        passes: routepack_core::cost::DEFAULT_PASSES.to_vec(),
+        ..CostModel::default()
     }
 }
 

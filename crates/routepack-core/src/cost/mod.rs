@@ -185,7 +185,7 @@ impl CostModel {
         bytes / if same_node { self.bw_intra } else { self.bw_inter }
     }
 
-    /// A model with unit-ish coefficients for tests.
+    /// A model with unit-ish coefficients for tests (every option at its default).
     pub fn for_tests(num_layers: usize) -> Self {
         Self {
             a_lin: 1e-9,
@@ -198,13 +198,38 @@ impl CostModel {
             expert_weight_bytes: 6e6,
             expert_grad_bytes: 12e6,
             expert_state_bytes: 42e6,
+            ..Self::default()
+        }
+    }
+}
+
+impl Default for CostModel {
+    /// Every option at its default, the one place they are written (the bindings report them
+    /// to Python from here): no roofline floor (`c_weights`), GEMM step (`c_gemm`), expert
+    /// table, kernel call (`c_call`) or all-to-all latency, the all-reduce at `bw_intra`
+    /// (`bw_reduce` 0), no overlap and the default passes (forward + backward): what prices
+    /// every plan as before the options existed. The coefficients a model must set are those
+    /// of a free model: 0 seconds and 0 bytes, both bandwidths 1 byte/s, no MoE layer
+    /// (`a_quad` empty); set them with `CostModel { a_lin: …, ..CostModel::default() }`.
+    fn default() -> Self {
+        Self {
+            a_lin: 0.0,
+            a_quad: Vec::new(),
+            c_tok: 0.0,
+            c_exp: 0.0,
+            token_bytes: 0.0,
+            bw_intra: 1.0,
+            bw_inter: 1.0,
+            expert_weight_bytes: 0.0,
+            expert_grad_bytes: 0.0,
+            expert_state_bytes: 0.0,
             c_weights: 0.0,
             c_gemm: 0.0,
             expert_table: Vec::new(),
             c_call: 0.0,
             a2a_latency: 0.0,
             bw_reduce: 0.0,
-            overlap: Overlap::None,
+            overlap: Overlap::default(),
             passes: DEFAULT_PASSES.to_vec(),
         }
     }

@@ -16,7 +16,7 @@ use crate::cost::CostModel;
 use crate::error::{bad_plan, invalid, Result};
 use crate::layout::chain::MoveMix;
 use crate::layout::{anneal, init, AnnealParams, AnnealResult, Proxy};
-use crate::placement::Placement;
+use crate::plan::Placement;
 use crate::topology::Topology;
 use crate::window::WindowView;
 

@@ -11,7 +11,7 @@ use crate::budget;
 use crate::cell_grid::CellGrid;
 use crate::cost::CostModel;
 use crate::error::{invalid, Result};
-use crate::placement::Placement;
+use crate::plan::Placement;
 use crate::plan::{Plan, Replica};
 use crate::topology::Topology;
 use crate::validate::validate_plan;

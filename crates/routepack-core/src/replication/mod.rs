@@ -21,7 +21,7 @@ pub mod state;
 
 use crate::cost::CostModel;
 use crate::error::{invalid, Result};
-use crate::placement::Placement;
+use crate::plan::Placement;
 use crate::plan::Replica;
 use crate::topology::Topology;
 use crate::window::WindowView;

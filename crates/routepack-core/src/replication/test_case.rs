@@ -6,7 +6,8 @@ use rand::{RngExt, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 
 use crate::packing::sequential::sequential;
-use crate::placement::{static_placement, Placement};
+use crate::placement::static_placement;
+use crate::plan::Placement;
 use crate::plan::{Plan, Replica};
 use crate::topology::Topology;
 use crate::window::WindowView;

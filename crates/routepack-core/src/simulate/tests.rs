@@ -5,7 +5,7 @@
 use super::*;
 use crate::bound::DemandSums;
 use crate::cost::Overlap;
-use crate::placement::Placement;
+use crate::plan::Placement;
 
 struct Mix(u64);
 

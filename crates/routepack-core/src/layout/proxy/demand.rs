@@ -5,7 +5,7 @@ use rayon::prelude::*;
 
 use super::{Proxy, Src};
 use crate::layout::kernel::{Demand, Shape};
-use crate::placement::Placement;
+use crate::plan::Placement;
 use crate::topology::Topology;
 use crate::window::WindowView;
 

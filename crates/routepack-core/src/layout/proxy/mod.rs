@@ -72,7 +72,7 @@ use crate::cost::links::LinkBytes;
 use crate::cost::CostModel;
 use crate::cpu::Avx2;
 use crate::error::{bad_plan, invalid, Result};
-use crate::placement::Placement;
+use crate::plan::Placement;
 use crate::topology::Topology;
 use crate::window::WindowView;
 

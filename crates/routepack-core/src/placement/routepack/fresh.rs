@@ -28,7 +28,7 @@ pub(crate) fn settle(s: &mut Pack, balanced: f64, opts: &Options, budget: usize)
     // the budget is shared: exploring up to half, tightening up to three quarters, and a
     // fallback gets what is left (at least a quarter)
     let mut evals = 0;
-    s.improve_fluct(balanced * (1.0 + opts.explore), usize::MAX, &mut evals, budget / 2);
+    s.improve_fluct(balanced * (1.0 + opts.explore()), usize::MAX, &mut evals, budget / 2);
     s.tighten(target, usize::MAX, &mut evals, budget - budget / 4);
     if s.max_load() > target {
         *s = start;
@@ -55,7 +55,7 @@ pub(crate) fn fresh_bins(
     // the node level explores the same absolute band of load as the rank level (`explore`
     // of a rank's load, a node holding `rpn` ranks): a node's many replicas leave room enough,
     // and a wider band makes tightening back fall to the min-max search far more often
-    let node_opts = Options { explore: (opts.explore / rpn as f64).max(opts.slack), ..opts.clone() };
+    let node_opts = Options { explore: Some((opts.explore() / rpn as f64).max(opts.slack)), ..opts.clone() };
     let node_of: Vec<usize> = if nodes > 1 {
         let p = items.problem(num_experts, nodes, rpn * spr);
         let mut s = Pack::lpt(&p);

@@ -101,7 +101,7 @@ pub(crate) fn incremental_bins(
         let left = |s: &Pack| limit - (s.swaps - base);
         let finished = match phase {
             0 => s.improve_max(target, left(&s), SETTLING_SPREADS),
-            1 => s.improve_fluct(target * (1.0 + opts.explore), left(&s), &mut evals, budget / 2) || evals >= budget / 2,
+            1 => s.improve_fluct(target * (1.0 + opts.explore()), left(&s), &mut evals, budget / 2) || evals >= budget / 2,
             _ => s.tighten(target, left(&s), &mut evals, budget - budget / 4),
         };
         if finished {

@@ -22,8 +22,8 @@ pub const DEFAULT_EXCHANGES: usize = 0;
 /// balanced maximum.
 pub const DEFAULT_SLACK: f64 = 5e-5;
 
-/// Default [`Options::explore`]: the first fluctuation pass may go 1% above the balanced
-/// maximum.
+/// Default room of [`Options::explore`]: the first fluctuation pass may go 1% above the
+/// balanced maximum (or as far as the slack, where that is more: [`Options::explore`]).
 pub const DEFAULT_EXPLORE: f64 = 0.01;
 
 /// Default [`Options::migration_aware`]: weigh keeping and incremental candidates.
@@ -43,7 +43,9 @@ pub struct Options {
     /// How far above it the first fluctuation pass may go before the tightening pass brings
     /// the maximum back to `slack` (a fraction, >= slack): room to reorganise. A fraction of a
     /// rank's load: the node level explores the same absolute band (`explore` / ranks per node).
-    pub explore: f64,
+    /// None, the default: [`DEFAULT_EXPLORE`] or `slack`, whichever is larger
+    /// ([`Options::explore`], the one home of that rule).
+    pub explore: Option<f64>,
     /// Candidate swaps the fluctuation phase prices per layer (its time budget, counted).
     pub fluct_evals: usize,
     /// With `previous`: weigh keeping and incremental candidates against migration time.
@@ -63,7 +65,7 @@ impl Default for Options {
         Self {
             exchanges: DEFAULT_EXCHANGES,
             slack: DEFAULT_SLACK,
-            explore: DEFAULT_EXPLORE,
+            explore: None,
             fluct_evals: DEFAULT_FLUCT_EVALS,
             migration_aware: DEFAULT_MIGRATION_AWARE,
             time_budget: None,
@@ -72,15 +74,39 @@ impl Default for Options {
 }
 
 impl Options {
+    /// The room the first fluctuation pass explores: `explore` where set, else the larger of
+    /// [`DEFAULT_EXPLORE`] and `slack` (so a slack above the default room never makes the
+    /// default invalid).
+    pub fn explore(&self) -> f64 {
+        self.explore.unwrap_or_else(|| DEFAULT_EXPLORE.max(self.slack))
+    }
+
     /// Refuses a `slack` outside [0, 1] or an `explore` outside [slack, 1] (named by their
     /// Python option names).
     pub fn check(&self) -> Result<()> {
         if !(self.slack.is_finite() && (0.0..=1.0).contains(&self.slack)) {
             return Err(invalid("placement_slack", format!("must be in [0, 1], got {}", self.slack)));
         }
-        if !(self.explore.is_finite() && (self.slack..=1.0).contains(&self.explore)) {
-            return Err(invalid("placement_explore", format!("must be in [slack={}, 1], got {}", self.slack, self.explore)));
+        let explore = self.explore();
+        if !(explore.is_finite() && (self.slack..=1.0).contains(&explore)) {
+            return Err(invalid("placement_explore", format!("must be in [slack={}, 1], got {explore}", self.slack)));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn explore_defaults_to_the_default_room_or_the_slack() {
+        assert_eq!(Options::default().explore(), DEFAULT_EXPLORE);
+        let wide = Options { slack: 0.5, ..Options::default() };
+        assert_eq!(wide.explore(), 0.5);
+        assert!(wide.check().is_ok());
+        assert_eq!(Options { explore: Some(0.75), ..wide.clone() }.explore(), 0.75);
+        let e = Options { explore: Some(0.25), ..wide }.check().unwrap_err();
+        assert!(e.to_string().contains("placement_explore"), "{e}");
     }
 }

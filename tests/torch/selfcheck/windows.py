@@ -1,5 +1,5 @@
 """`check_windows`: a rebalanced EP model, a static twin and a single-process dense
-reference trained side by side over several windows (see `routepack.torch.selfcheck`)."""
+reference trained side by side over several windows (see `selfcheck`)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from routepack.errors import RoutepackError
 from routepack.plan import Placement
 from routepack.torch.moe import dense_moe
 from routepack.torch.replay import rank_microbatches
-from routepack.torch.selfcheck.case import Case, make_plans
-from routepack.torch.selfcheck.model import (
+from selfcheck.case import Case, make_plans
+from selfcheck.model import (
     EPModel,
     Weights,
     fingerprints,

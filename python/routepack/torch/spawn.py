@@ -1,5 +1,8 @@
-"""`run_ranks`: runs a self-check on every rank of a fresh process group in spawned
-processes, collecting results and tracebacks, never hanging."""
+"""`run_ranks`: runs a function on every rank of a fresh process group of local, spawned
+processes (gloo on CPU, NCCL on GPUs), collecting results and tracebacks, never hanging.
+
+`routepack calibrate` (its links and exchange kernels) and `routepack measure` start their
+ranks with it; the self-checks of tests/torch and tools/gpu_check.py do too."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from routepack.plan import Placement
 from routepack.torch.migrate import expert_state, pack_slot
 from routepack.torch.moe import EPMoE
 from routepack.torch.runner import PlanRunner
-from routepack.torch.selfcheck.case import Case
+from selfcheck.case import Case
 
 
 class Weights:

@@ -1,6 +1,6 @@
 """`check_faults` and `check_peer_death`: bad plans refused before any transfer, a fault at
 every protocol point and a rank dying mid-migration all leave every rank's state intact
-(see `routepack.torch.selfcheck`)."""
+(see `selfcheck`)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from routepack.plan import REPLICA_DTYPE, Placement, Plan
 from routepack.torch.broadcast import broadcast_plan, plan_digest
 from routepack.torch.migrate import expert_state, pack_slot
 from routepack.torch.replay import rank_microbatches
-from routepack.torch.selfcheck.case import Case, make_plans, migration_rows
-from routepack.torch.selfcheck.model import EPModel, Weights, fingerprints, inputs, make_groups
+from selfcheck.case import Case, make_plans, migration_rows
+from selfcheck.model import EPModel, Weights, fingerprints, inputs, make_groups
 
 
 @contextlib.contextmanager

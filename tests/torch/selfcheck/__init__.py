@@ -1,5 +1,7 @@
 """Self-checks of `routepack.torch`, shared by ``tests/torch`` (gloo, 4 CPU processes) and
-``tools/gpu_check.py`` (NCCL on GPUs).
+``tools/gpu_check.py`` (NCCL on GPUs). A test harness, not part of the package: imported as
+``selfcheck`` with ``tests/torch`` on ``sys.path`` (pytest puts it there for the tests in that
+folder; ``tools/gpu_check.py`` adds it).
 
 Each ``check_*`` function runs on every rank of an initialised process group and returns a
 dict of measured figures (errors, equalities, counts); the callers assert on them. Everything
@@ -21,10 +23,11 @@ plan passes `Plan.validate` before use.
 
 The parts: `case` (sizes, data and plans from the seed), `model` (the test model and the
 figures compared across ranks), `windows` (`check_windows`), `faults` (`check_faults`,
-`check_peer_death`), `zero` (`check_zero_tokens`), `spawn` (`run_ranks`).
+`check_peer_death`), `zero` (`check_zero_tokens`); `run_ranks` is `routepack.torch.spawn`'s.
 """
 
-from routepack.torch.selfcheck.case import (
+from routepack.torch.spawn import run_ranks
+from selfcheck.case import (
     Case,
     cell_origin,
     make_layout,
@@ -34,8 +37,8 @@ from routepack.torch.selfcheck.case import (
     make_window,
     migration_rows,
 )
-from routepack.torch.selfcheck.faults import check_faults, check_peer_death, count_transfers
-from routepack.torch.selfcheck.model import (
+from selfcheck.faults import check_faults, check_peer_death, count_transfers
+from selfcheck.model import (
     EPModel,
     Weights,
     fingerprints,
@@ -44,9 +47,8 @@ from routepack.torch.selfcheck.model import (
     make_groups,
     rel_err,
 )
-from routepack.torch.selfcheck.spawn import run_ranks
-from routepack.torch.selfcheck.windows import check_windows
-from routepack.torch.selfcheck.zero import check_zero_tokens, expected_messages
+from selfcheck.windows import check_windows
+from selfcheck.zero import check_zero_tokens, expected_messages
 
 __all__ = [
     "Case",

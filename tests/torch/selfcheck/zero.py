@@ -1,5 +1,5 @@
 """`check_zero_tokens`: ranks without tokens, and a bad argument on one rank, never leave a
-peer waiting (see `routepack.torch.selfcheck`).
+peer waiting (see `selfcheck`).
 
 An `EPMoE` layer with a redundant slot runs a few steps in which some ranks have no tokens
 (one step: every rank has none); each rank's output, input gradient and (after
@@ -21,7 +21,7 @@ from routepack.plan import Placement, Plan
 from routepack.torch.broadcast import agree_on_plan, broadcast_plan, gather_ints
 from routepack.torch.grads import sync_redundant_grads
 from routepack.torch.moe import EPMoE, dense_moe
-from routepack.torch.selfcheck.model import rel_err
+from selfcheck.model import rel_err
 
 H, I, K = 6, 4, 2
 

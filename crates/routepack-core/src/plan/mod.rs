@@ -1,7 +1,12 @@
-//! The plan for one window: placement, the (DP rank, microbatch step) of every sample,
-//! intra-batch replicas and migration moves. Field meanings follow DESIGN.md's table.
+//! The plan for one window, routepack's data model: placement ([`Placement`], in
+//! `placement`), the (DP rank, microbatch) of every sample, intra-batch replicas and
+//! migration moves. Field meanings follow DESIGN.md's table. The stages (`crate::placement`,
+//! `crate::packing`, `crate::layout`, `crate::replication`) build these types; the
+//! simulator, validation, flow and migration read them; none of them owns one.
 
-use crate::placement::Placement;
+mod placement;
+
+pub use placement::Placement;
 
 /// One intra-batch replica: in microbatch `micro` of EP group `group`, layer `layer`, the
 /// weights of logical `expert` go from EP-local rank `src_rank` (which hosts it) to `dst_rank`,
