@@ -248,6 +248,10 @@ class Window:
             raise RoutepackTypeError(f"routed: dtype {routed.dtype} is not one of uint8, int16, int32, int64")
         if routed.ndim != 3:
             raise RoutepackError(f"routed: expected [T, L, k], got shape {routed.shape}")
+        if routed.shape[2] > num_experts:
+            raise RoutepackError(
+                f"num_experts: {num_experts} is fewer than the {routed.shape[2]} experts each token picks (k)"
+            )
         routed = np.ascontiguousarray(native_order(routed))
         cu = as_int_array(cu_seqlens, "cu_seqlens", 1, np.int64)
         seq_lens, counts = _core.expert_tokens_from_routed(routed, cu, num_experts)
