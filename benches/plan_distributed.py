@@ -84,7 +84,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="plans per measurement (the best is printed)")
     ap.add_argument("--cache", default="/tmp", help="folder of the cached window")
     args = ap.parse_args()
-    from routepack.torch.selfcheck.spawn import run_ranks
+    from routepack.torch.spawn import run_ranks
 
     path = window_path(args.profile, args.cache)
     prof, w = rp.traces.profile(args.profile), rp.Window.load(path)

@@ -10,6 +10,8 @@ final response row included: R3), ``attention_mask`` and ``response_mask``. With
 """
 
 import argparse
+import importlib.util
+import sys
 
 import numpy as np
 
@@ -39,6 +41,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--verl", action="store_true", help="also run the swapped calls on a real verl DataProto")
     args = ap.parse_args()
+    if args.verl and importlib.util.find_spec("verl") is None:
+        # before any work: say what to install instead of a traceback at the import below
+        sys.exit(
+            "verl_balance.py: error: --verl needs verl and torch: pip install 'verl>=0.9' torch "
+            '(from a clone of routepack: pip install ".[verl]"); without --verl it runs on numpy alone'
+        )
     rng = np.random.default_rng(0)
     fields = synthetic_batch(rng)
     topo = rp.Topology(dp=DP, ep=2, gpus_per_node=2, slots_per_rank=5)

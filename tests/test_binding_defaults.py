@@ -163,3 +163,24 @@ def test_cost_options_are_the_cores():
         assert default == want, name
     required = [f.name for f in dataclasses.fields(rp.CostModel) if f.default is dataclasses.MISSING]
     assert required and not set(required) & set(d)
+
+
+@pytest.mark.parametrize("slack", [None, 0.0, 0.004, 0.05, 0.3])
+def test_placement_explore_defaults_to_the_larger_of_the_core_default_and_the_slack(slack):
+    """No ``placement_explore``: the band the first microbatch pass explores is the core's
+    default or ``placement_slack``, whichever is larger (a band below the slack would be no
+    band). A plan without it equals one passing that number, wherever the rule lives."""
+    window = next(iter(rp.traces.synthetic(PROFILE, 1, 3)))
+    topo, cost = PROFILE.topology(), PROFILE.cost()
+    d = _core.defaults()["placement"]
+    opts = {} if slack is None else {"placement_slack": slack}
+    want = max(d["placement_explore"], d["placement_slack"] if slack is None else slack)
+    implicit = rp.plan_window(window, topo, cost, PROFILE.token_cap, policy="routepack_placement", **opts)
+    explicit = rp.plan_window(
+        window, topo, cost, PROFILE.token_cap, policy="routepack_placement", placement_explore=want, **opts
+    )
+    assert implicit.digest() == explicit.digest()
+    assert (
+        implicit.report["stage_reports"]["placement"]["choice"]
+        == explicit.report["stage_reports"]["placement"]["choice"]
+    )

@@ -75,7 +75,9 @@ def one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> str:
 def test_bench_tiny_two_windows(tmp_path):
     """The acceptance command: every preset, the table with its legend, the ratios against
     the best baseline, JSON and figure."""
-    proc = run(["bench", "--profile", "tiny", "--windows", "2", "--json", "b.json"], tmp_path, small=False)
+    proc = run(
+        ["bench", "--profile", "tiny", "--windows", "2", "--json", "b.json", "--figure", "b.png"], tmp_path, small=False
+    )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     for text in (
@@ -90,14 +92,23 @@ def test_bench_tiny_two_windows(tmp_path):
     ):
         assert text in out, text
     assert "of ideal" not in out
+    # the tables fit 100 columns (they were 167 wide)
+    assert max(len(line) for line in out.splitlines()) <= 100, max(out.splitlines(), key=len)
+    # tiny's EP group is one node: EPLB's hierarchical configuration is its global one, and says so
+    assert "the eplb_hierarchical rows equal the eplb rows" in out
+    hier = {r["policy"]: r["step_time"] for r in json.loads((tmp_path / "b.json").read_text())["rows"]}
+    assert hier["eplb_hierarchical"] == hier["eplb"]
     assert "generating 3 synthetic tiny windows" in proc.stderr
+    # stderr is a pipe, not a terminal: plain progress lines, first and last
+    assert "bench: 0/22 plans" in proc.stderr and "bench: 22/22 plans" in proc.stderr
     data = json.loads((tmp_path / "b.json").read_text())
     assert {r["policy"] for r in data["rows"]} == set(available_presets())
     best = next(r for r in data["ratios"] if r["against"] == "best baseline")
     assert best["windows"] == 2 and best["min"] <= best["median"] <= best["max"]
     assert set(data["best_of"]) == {"1", "2"}
     if _has_matplotlib():
-        assert (tmp_path / "routepack_bench.png").read_bytes()[:4] == b"\x89PNG"
+        assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["b.json", "b.png"] if _has_matplotlib() else ["b.json"])
 
 
 def _has_matplotlib() -> bool:
@@ -109,11 +120,12 @@ def _has_matplotlib() -> bool:
 
 
 def test_bench_without_matplotlib_prints_the_table_and_says_how_to_get_the_figure(tmp_path):
-    proc = run(["bench", "--profile", "small-test", "--windows", "1", *FAST], tmp_path, hide_matplotlib=True)
+    args = ["bench", "--profile", "small-test", "--windows", "1", *FAST, "--figure", "f.png"]
+    proc = run(args, tmp_path, hide_matplotlib=True)
     assert proc.returncode == 0, proc.stderr
     assert "best baseline" in proc.stdout
-    assert 'pip install "routepack[bench]"' in proc.stdout
-    assert not (tmp_path / "routepack_bench.png").exists()
+    assert 'pip install ".[bench]"' in proc.stdout
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_demo_and_the_baseline_column_without_static(tmp_path):
@@ -138,6 +150,89 @@ def test_demo_and_the_baseline_column_without_static(tmp_path):
     assert proc.stderr == ""  # --quiet: no progress
     assert "thr/eplb" in proc.stdout and "thr/static" not in proc.stdout
     assert " nan" not in proc.stdout
+
+
+def test_bench_writes_no_file_unless_asked(tmp_path):
+    proc = run(["bench", "--profile", "small-test", "--windows", "1", *FAST, "--quiet"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert list(tmp_path.iterdir()) == []  # it wrote routepack_bench.png here by default
+
+
+def test_help_promises_what_it_does():
+    top = run(["--help"], Path.cwd())
+    bench = run(["bench", "--help"], Path.cwd())
+    assert top.returncode == bench.returncode == 0
+    assert "JSON dump" not in top.stdout + bench.stdout
+    assert "--json FILE" in top.stdout and "No file is written unless" in " ".join(top.stdout.split())
+    flat = " ".join(bench.stdout.split())
+    for flag in (
+        "--json JSON also write the results as JSON to this file (default: none)",
+        "--figure FIGURE also draw",
+    ):
+        assert flag in flat, flag
+    assert "--results RESULTS also write a Markdown results page" in flat
+
+
+def test_a_lone_policy_names_its_column_in_full(tmp_path):
+    """``--policy routepack`` alone: the baseline column is routepack's own (it was cut to
+    ``thr/routepac``)."""
+    proc = run(["demo", "--profile", "small-test", "--windows", "1", "--policy", "routepack", "--quiet"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "thr/routepack " in proc.stdout and "thr/routepac " not in proc.stdout
+
+
+def test_no_note_where_hierarchical_eplb_differs(tmp_path):
+    """small-test's EP group spans 2 nodes: one group per node is 2 groups, the model has 1."""
+    args = ["demo", "--profile", "small-test", "--windows", "1", "--quiet", "--policy", "eplb"]
+    proc = run(args + ["--policy", "eplb_hierarchical"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "note:" not in proc.stdout
+
+
+def test_the_sweep_fits_100_columns(tmp_path):
+    proc = run(["bench", "--sweep", "--profile", "small-test", "--windows", "1", "--quiet"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 100, max(lines, key=len)
+    assert sum(line.startswith("* routepack ") for line in lines) == 2  # marked in both tables
+
+
+def test_progress_off_a_terminal_is_plain_lines():
+    import io
+
+    from routepack import progress
+
+    out = io.StringIO()
+    bar = progress.bar(5, "plan", "bench", file=out)
+    for _ in range(5):
+        bar.update(1)
+    bar.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("bench: 0/5 plans") and lines[-1].startswith("bench: 5/5 plans")
+    assert "\r" not in out.getvalue() and len(lines) == 2  # the interval (10 s) holds the middle back
+    assert isinstance(progress.bar(3, "plan", "x", show=False, file=out), progress._Off)
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    from tqdm import tqdm
+
+    assert isinstance(progress.bar(3, "plan", "x", file=Terminal()), tqdm)
+
+
+def test_verl_example_without_verl_says_what_to_install(tmp_path):
+    example = Path(__file__).resolve().parent.parent / "examples" / "verl_balance.py"
+    child = (
+        "import runpy, sys\n"
+        "sys.modules['verl'] = None  # as if verl were not installed\n"
+        f"sys.argv = [{str(example)!r}, '--verl']\n"
+        f"runpy.run_path({str(example)!r}, run_name='__main__')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", child], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "pip install" in proc.stderr and "verl" in proc.stderr and proc.stdout == ""
 
 
 def test_version():

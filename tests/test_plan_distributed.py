@@ -1,5 +1,5 @@
 """`routepack.torch.plan_window_distributed` and `window_from_ranks` across 2 and 4 gloo
-processes (spawned by `routepack.torch.selfcheck.spawn.run_ranks`, every wait bounded).
+processes (spawned by `routepack.torch.spawn.run_ranks`, every wait bounded).
 
 On `tiny` (synthetic window, seed 0) and a small `flash`-shaped window (flash's 512 experts
 top-8 over ep 32 and two EP groups, 6 layers, 1,024 samples), each rank plans with several
@@ -31,7 +31,7 @@ if not torch.distributed.is_available() or not torch.distributed.is_gloo_availab
 import torch.distributed as dist  # noqa: E402
 
 from routepack.torch import window_gather as wg  # noqa: E402
-from routepack.torch.selfcheck.spawn import run_ranks  # noqa: E402
+from routepack.torch.spawn import run_ranks  # noqa: E402
 
 FLASH_SMALL = replace(
     rp.traces.profile("flash"), name="flash_small", num_layers=6, attention=("linear",) * 5 + ("full",), samples=1024

@@ -41,11 +41,15 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-from routepack.torch import selfcheck as sc
-from routepack.torch.migrate import checksum
+# the self-checks are the tests' harness (tests/torch/selfcheck), not part of the package
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "torch"))
+
+import selfcheck as sc  # noqa: E402
+from routepack.torch.migrate import checksum  # noqa: E402
 
 TOL = 1e-5
 

@@ -4,20 +4,25 @@
   would fare (step time from `simulate`, throughput relative to ``static`` and to the best
   baseline).
 * ``routepack bench``: the same over more windows (a built-in profile or your own windows
-  saved as ``.npz``), with progress on stderr, a JSON dump and a figure (the figure needs
-  matplotlib: ``pip install "routepack[bench]"``; without it the table is still printed).
+  saved as ``.npz``). It prints the tables; ``--json FILE`` also writes the results as JSON,
+  ``--figure FILE`` a PNG (needs matplotlib: ``pip install ".[bench]"`` from a clone) and
+  ``--results FILE`` a Markdown results page (`routepack.results`). No file is written unless
+  asked for.
 * ``routepack bench --sweep``: every registered placement × packing × replication instead of
   the presets (`routepack.sweep`), sorted by step time, the ``routepack`` preset marked
   (``--placements``/``--packings``/``--replications`` narrow it; no figure).
 * ``routepack calibrate``: measures the cost model's coefficients on this machine with torch
   (`routepack.calibrate`) and writes the calibrated ``CostModel`` JSON, a report JSON and a
-  figure of measured vs predicted times (``pip install "routepack[torch]"``).
+  figure of measured vs predicted times (``pip install ".[torch]"``).
 * ``routepack measure``: executes the MoE layers of ``static`` and ``routepack`` plans for real
   (`routepack.measure`, local gloo processes) and prints measured vs predicted times and speed-ups.
-* ``--overlap dispatch_combine`` / ``--cost FILE`` (demo, bench): score with that cost model.
+* ``--overlap dispatch_combine`` / ``--cost FILE`` (demo, bench, bench --sweep, measure): score
+  with that cost model.
 
-A user error (a bad argument, an unreadable ``--npz``, an input the planner refuses) prints
-one line on stderr and exits with status 2; no traceback.
+Progress goes to stderr: a bar on a terminal, plain lines otherwise (`routepack.progress`).
+A user error (a bad argument, an unreadable ``--npz`` or ``--cost``, an option that does not
+apply in the mode chosen, an input the planner refuses) prints one line on stderr and exits
+with status 2; no traceback.
 """
 
 from __future__ import annotations
@@ -25,26 +30,35 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
+import shlex
 import sys
 import time
 import zipfile
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, List, NoReturn, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, NoReturn, Optional
 
-from routepack import __version__, traces
-from routepack.compare import available_presets, best_of, compare, format_ratios, format_table, ratios, summarise
+from routepack import __version__, progress, traces
+from routepack._cliargs import UsageError, count, load_cost, writable
+from routepack.compare import (
+    available_presets,
+    baseline_notes,
+    best_of,
+    compare,
+    format_ratios,
+    format_table,
+    ratios,
+    summarise,
+)
 from routepack.errors import RoutepackError
 from routepack.stages.registry import PACKINGS, PLACEMENTS, REPLICATIONS
 from routepack.sweep import combinations, format_sweep, sweep, sweep_policies
+from routepack.tables import fill
 from routepack.window import Window
 
-FIGURE_HINT = 'pip install "routepack[bench]"'
-
-
-class UsageError(Exception):
-    """A user error the CLI reports in one line (exit 2)."""
+FIGURE_HINT = 'pip install ".[bench]" from a clone, or pip install "routepack[bench]"'
+#: Windows scored when ``--windows`` is not given.
+DEFAULT_WINDOWS = {"demo": 2, "bench": 8}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -54,89 +68,45 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _count(minimum: int) -> Callable[[str], int]:
-    """argparse type: an int >= ``minimum``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
-
-    return parse
-
-
-def _writable(path: str, flag: str) -> Path:
-    """``path`` if a file can be written there (checked before the benchmark runs)."""
-    p = Path(path)
-    if p.is_dir():
-        raise UsageError(f"{flag} {path}: is a directory")
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise UsageError(f"{flag} {path}: directory {str(parent)!r} does not exist")
-    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise UsageError(f"{flag} {path}: not writable")
-    return p
-
-
-def _bar(iterable: Iterable[Any], total: int, unit: str, quiet: bool) -> Iterator[Any]:
-    """``iterable`` with a tqdm bar on stderr (shown on a terminal, unless ``quiet``)."""
-    if quiet:
-        return iter(iterable)
-    from tqdm import tqdm
-
-    return iter(tqdm(iterable, total=total, unit=unit, file=sys.stderr, leave=False, disable=None))
-
-
 def _load_windows(args: argparse.Namespace, prof: traces.Profile) -> List[Window]:
     t0 = time.perf_counter()
     windows: List[Window] = []
     if args.npz:
-        if not args.quiet:
-            print(f"loading {len(args.npz)} windows from .npz ...", file=sys.stderr, flush=True)
-        for path in _bar(args.npz, len(args.npz), "window", args.quiet):
-            try:
-                windows.append(Window.load(path))
-            except RoutepackError as e:
-                raise UsageError(f"--npz {path}: {e}") from None
-            except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as e:
-                why = f"missing array {e}" if isinstance(e, KeyError) else (str(e) or type(e).__name__)
-                raise UsageError(f"--npz {path}: not a routepack Window file ({why})") from None
+        bar = progress.bar(len(args.npz), "window", "loading .npz windows", not args.quiet)
+        try:
+            for path in args.npz:
+                try:
+                    windows.append(Window.load(path))
+                except RoutepackError as e:
+                    raise UsageError(f"--npz {path}: {e}") from None
+                except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as e:
+                    why = f"missing array {e}" if isinstance(e, KeyError) else (str(e) or type(e).__name__)
+                    raise UsageError(f"--npz {path}: not a routepack Window file ({why})") from None
+                bar.update(1)
+        finally:
+            bar.close()
         src = f"{len(windows)} windows from .npz"
     else:
         n = args.windows + 1
-        if not args.quiet:
-            print(
-                f"generating {n} synthetic {prof.name} windows ({prof.samples} samples each) ...",
-                file=sys.stderr,
-                flush=True,
-            )
-        windows = list(_bar(traces.synthetic(prof, n, args.seed), n, "window", args.quiet))
+        desc = f"generating {n} synthetic {prof.name} windows ({prof.samples} samples each)"
+        bar = progress.bar(n, "window", desc, not args.quiet)
+        try:
+            for w in traces.synthetic(prof, n, args.seed):
+                windows.append(w)
+                bar.update(1)
+        finally:
+            bar.close()
         src = f"{len(windows)} synthetic windows"
     print(
-        f"profile {prof.name}: L={prof.num_layers}, E={prof.num_experts}, top-{prof.top_k}, "
-        f"dp={prof.dp} ep={prof.ep} gpus/node={prof.gpus_per_node} slots/rank={prof.slots_per_rank}, "
-        f"cap={prof.token_cap}; {src} ({windows[0].num_samples} samples) in {time.perf_counter() - t0:.1f} s",
+        fill(
+            f"profile {prof.name}: L={prof.num_layers}, E={prof.num_experts}, top-{prof.top_k}, "
+            f"dp={prof.dp} ep={prof.ep} gpus/node={prof.gpus_per_node} slots/rank={prof.slots_per_rank}, "
+            f"cap={prof.token_cap}; {src} ({windows[0].num_samples} samples) in {time.perf_counter() - t0:.1f} s",
+            indent="  ",
+        ),
         flush=True,
     )
     return windows
-
-
-def _progress(total: int, quiet: bool) -> Tuple[Optional[Callable[[str, int], None]], Callable[[], None]]:
-    if quiet:
-        return None, lambda: None
-    from tqdm import tqdm
-
-    bar = tqdm(total=total, unit="plan", file=sys.stderr, leave=False, disable=None)  # off when not a TTY
-
-    def step(name: str, i: int) -> None:
-        bar.set_postfix_str(f"window {i} {name}")
-        bar.update(1)
-
-    return step, bar.close
 
 
 def _json_safe(value: Any) -> Any:
@@ -155,76 +125,128 @@ def _rows_json(rows: Iterable[Any]) -> List[Any]:
 
 
 def _bench_cost(args: argparse.Namespace, prof: Any) -> Any:
-    """The cost model demo/bench score with: ``--cost`` or the profile's preset, ``--overlap`` applied."""
-    from dataclasses import replace
-
-    from routepack.model import CostModel
-
-    cost = CostModel.load(args.cost) if getattr(args, "cost", None) else prof.cost()
-    return replace(cost, overlap=args.overlap) if getattr(args, "overlap", None) else cost
+    """The cost model demo/bench (presets and sweep) score with: ``--cost`` or the profile's
+    preset, ``--overlap`` applied."""
+    cost = load_cost(args.cost) if args.cost else prof.cost()
+    return replace(cost, overlap=args.overlap) if args.overlap else cost
 
 
 def _cost_name(args: argparse.Namespace) -> str:
-    base = f"{args.cost}" if getattr(args, "cost", None) else "H200 datasheet-level, see routepack.Hardware.h200"
-    return base + (f", overlap {args.overlap}" if getattr(args, "overlap", None) else "")
+    base = f"{args.cost}" if args.cost else "H200 datasheet-level, see routepack.Hardware.h200"
+    return base + (f", overlap {args.overlap}" if args.overlap else "")
+
+
+def _record(args: argparse.Namespace, prof: Any, windows: List[Window], cost: Any) -> Dict[str, Any]:
+    """What every JSON and results page of a run says about the run itself."""
+    return {
+        "profile": prof.name,
+        "command": "routepack " + " ".join(shlex.quote(a) for a in args.argv),
+        "routepack": __version__,
+        "seed": args.seed,
+        "windows": len(windows) - 1,
+        "cost_model_name": _cost_name(args),
+        "cost_model": asdict(cost),
+    }
+
+
+def _write_outputs(args: argparse.Namespace, data: Dict[str, Any], paths: Dict[str, Optional[Path]], kind: str) -> None:
+    """``--json`` and ``--results`` of a bench run (the figure is drawn by the caller)."""
+    from routepack import results
+
+    if paths["json"] is not None:
+        paths["json"].write_text(json.dumps(_json_safe(data), indent=2))
+        print(f"wrote {paths['json']}")
+    if paths["results"] is not None:
+        page = paths["results"]
+        src = str(paths["json"]) if paths["json"] is not None else None
+        clean = json.loads(json.dumps(_json_safe(data)))  # the page reads what the JSON holds
+        if src is not None:
+            fig = str(paths["figure"]) if kind == "bench" and paths.get("figure") is not None else None
+            text = results.render(kind, [src], page, fig)
+        else:
+            body = results.bench_page(clean, page) if kind == "bench" else results.sweep_page(clean, page)
+            text = results.header(data["command"]) + body
+        page.write_text(text, encoding="utf-8")
+        print(f"wrote {page}")
+
+
+def _ticker(bar: Any) -> Callable[[str, int], None]:
+    """`compare`'s progress callback: one plan done."""
+
+    def tick(name: str, i: int) -> None:
+        bar.set_postfix_str(f"window {i} {name}")
+        bar.update(1)
+
+    return tick
+
+
+def _paths(args: argparse.Namespace) -> Dict[str, Optional[Path]]:
+    """The files a bench run writes, checked before it plans anything."""
+    return {
+        "json": writable(args.json, "--json") if getattr(args, "json", None) else None,
+        "results": writable(args.results, "--results") if getattr(args, "results", None) else None,
+        "figure": writable(args.figure, "--figure") if getattr(args, "figure", None) else None,
+    }
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
     """``routepack bench --sweep`` (and ``benches/sweep.py``)."""
     prof = traces.profile(args.profile)
-    json_path = _writable(args.json, "--json") if args.json else None
+    paths = _paths(args)
     try:
         combos = combinations(args.placements, args.packings, args.replications, args.loads)
     except RoutepackError as e:
         raise UsageError(str(e)) from None
+    cost = _bench_cost(args, prof)
     windows = _load_windows(args, prof)
     policies = sweep_policies(combos)
-    step, close = _progress((len(windows) - 1) * len(policies), args.quiet)
+    bar = progress.bar((len(windows) - 1) * len(policies), "plan", "sweep", not args.quiet)
     options = {} if args.anneal_moves is None else {"anneal_moves": args.anneal_moves}
     try:
         result = sweep(
             windows,
             prof.topology(),
-            prof.cost(),
+            cost,
             prof.token_cap,
             args.placements,
             args.packings,
             args.replications,
             loads=args.loads,
             seed=args.seed,
-            progress=step,
+            progress=_ticker(bar),
             **options,
         )
     finally:
-        close()
+        bar.close()
+    print()
     print(
-        f"\nsweep: {len(combos)} stage combinations (loads: {args.loads}) + the routepack preset and the "
-        f"baselines where not among them; median over {len(windows) - 1} window(s), scored by routepack.simulate\n"
+        fill(
+            f"sweep: {len(combos)} stage combinations (loads: {args.loads}) + the routepack preset and the "
+            f"baselines where not among them; median over {len(windows) - 1} window(s), scored by "
+            f"routepack.simulate (cost model: {_cost_name(args)})"
+        )
     )
+    print()
     print(format_sweep(result))
-    if json_path is not None:
-        out = {
-            "profile": prof.name,
-            "seed": args.seed,
-            "windows": len(windows) - 1,
-            **{k: v for k, v in result.items() if k != "rows"},
-            "rows": _rows_json(result["rows"]),
-        }
-        json_path.write_text(json.dumps(_json_safe(out), indent=2))
-        print(f"wrote {json_path}")
+    data = {
+        **_record(args, prof, windows, cost),
+        **{k: v for k, v in result.items() if k != "rows"},
+        "rows": _rows_json(result["rows"]),
+    }
+    _write_outputs(args, data, paths, "sweep")
     return 0
 
 
-def _run(args: argparse.Namespace, figure: bool) -> int:
+def _run(args: argparse.Namespace) -> int:
     if getattr(args, "sweep", False):
         return _run_sweep(args)
     prof = traces.profile(args.profile)
-    json_path = _writable(args.json, "--json") if getattr(args, "json", None) else None
-    fig_path = _writable(args.figure, "--figure") if figure and getattr(args, "figure", None) else None
+    paths = _paths(args)
+    cost = _bench_cost(args, prof)
     windows = _load_windows(args, prof)
     policies = args.policy or available_presets()
     baseline = "static" if "static" in policies else policies[0]
-    step, close = _progress((len(windows) - 1) * len(policies), args.quiet)
+    bar = progress.bar((len(windows) - 1) * len(policies), "plan", args.command, not args.quiet)
     options = {}
     if args.anneal_moves is not None:
         options["anneal_moves"] = args.anneal_moves
@@ -232,333 +254,205 @@ def _run(args: argparse.Namespace, figure: bool) -> int:
         rows = compare(
             windows,
             prof.topology(),
-            _bench_cost(args, prof),
+            cost,
             prof.token_cap,
             policies,
             seed=args.seed,
-            progress=step,
+            progress=_ticker(bar),
             **options,
         )
     finally:
-        close()
+        bar.close()
     summary = summarise(rows, baseline)
     vs = ratios(rows)
     winners = best_of(rows)
+    notes = baseline_notes(prof.topology(), windows[0].num_experts, cost.expert_groups, policies)
+    print()
     print(
-        f"\nmedian over {len(windows) - 1} window(s), scored by routepack.simulate (cost model: {_cost_name(args)}):\n"
+        fill(
+            f"median over {len(windows) - 1} window(s), scored by routepack.simulate (cost model: {_cost_name(args)}):"
+        )
     )
+    print()
     print(format_table(summary, baseline))
+    for note in notes:
+        print()
+        print(fill(note, indent="  "))
     if vs:
         print()
         print(format_ratios(vs, winners))
-    if json_path is not None:
-        json_path.write_text(
-            json.dumps(
-                _json_safe(
-                    {
-                        "profile": prof.name,
-                        "baseline": baseline,
-                        "summary": summary,
-                        "ratios": vs,
-                        "best_of": {str(w): p for w, p in winners.items()},
-                        "rows": _rows_json(rows),
-                    }
-                ),
-                indent=2,
-            )
-        )
-        print(f"wrote {json_path}")
-    if fig_path is not None:
+    data = {
+        **_record(args, prof, windows, cost),
+        "baseline": baseline,
+        "summary": summary,
+        "ratios": vs,
+        "best_of": {str(w): p for w, p in winners.items()},
+        "notes": notes,
+        "figure": str(paths["figure"]) if paths["figure"] is not None else None,
+        "rows": _rows_json(rows),
+    }
+    if paths["figure"] is not None:
         try:
             import matplotlib  # noqa: F401  (only to know whether the figure can be drawn)
         except ImportError:
             print(f"no figure: matplotlib is not installed ({FIGURE_HINT} for it)")
-            return 0
-        from routepack.figures import bench_figure
+            data["figure"] = None
+            paths["figure"] = None
+        else:
+            from routepack.figures import bench_figure
 
-        path = bench_figure(
-            rows,
-            summary,
-            fig_path,
-            baseline=baseline,
-            title=f"routepack bench: {prof.name}, {len(windows) - 1} windows",
-        )
-        print(f"wrote {path}")
+            path = bench_figure(
+                rows,
+                summary,
+                paths["figure"],
+                baseline=baseline,
+                title=f"routepack bench: {prof.name}, {len(windows) - 1} windows",
+            )
+            print(f"wrote {path}")
+    _write_outputs(args, data, paths, "bench")
     return 0
 
 
-def _run_calibrate(args: argparse.Namespace) -> int:
-    """``routepack calibrate``: measure, fit, write the cost model, the report and the figure."""
-    out = _writable(args.out, "--out")
-    report = _writable(args.report, "--report") if args.report else None
-    fig = _writable(args.plot, "--plot") if args.plot else None
-    try:
-        from routepack.calibrate import calibrate
-        from routepack.calibrate.report import PLOT_HINT
-
-        cal = calibrate(
-            args.profile,
-            hidden=args.hidden,
-            expert_ffn=args.expert_ffn,
-            device=args.device,
-            dtype=args.dtype,
-            quick=args.quick,
-            kernels=args.kernels,
-            bw_inter=args.bw_inter,
-            ranks=args.ranks,
-            threads=args.threads,
-            warmup=args.warmup,
-            repeats=args.repeats,
-            holdout_every=args.holdout_every,
-            max_tokens_per_expert=args.max_tokens_per_expert,
-            max_length=args.max_length,
-            progress=not args.quiet,
-        )
-    except ImportError as e:
-        raise UsageError(str(e)) from None
-    rep = cal.report
-    dev = rep["device"]
-    print(
-        f"calibrated {rep['profile']} shapes (H={rep['model']['hidden']}, I={rep['model']['expert_ffn']}) on "
-        f"{dev.get('gpu') or dev.get('cpu')} ({dev['device']}, {dev['dtype']}, {dev['threads']} thread(s), "
-        f"torch {dev['torch']}) in {rep['elapsed_s']:.0f} s\n"
-    )
-    print(f"{'kernel':<12} {'points':>6} {'held out':>8} {'max rel. error (held out)':>26}  coefficients")
-    for kind, k in rep["kernels"].items():
-        mre = "n/a" if k["max_rel_error"] is None else f"{100 * k['max_rel_error']:.1f}%"
-        coef = ", ".join(f"{n}={v:.3g}" for n, v in k["coefficients"].items())
-        print(f"{kind:<12} {len(k['sweep']):>6} {k['held_out_points']:>8} {mre:>26}  {coef}")
-    for kind, k in rep["kernels"].items():
-        if k["cost_fields"].get("expert_table"):
-            print(
-                f"{kind:<12} expert_table (s per expert and pass beyond the line): "
-                + ", ".join(f"{t:g} tokens {v:.3g}" for t, v in k["cost_fields"]["expert_table"])
-            )
-    for kind, why in rep["skipped"].items():
-        print(f"{kind:<12} skipped: {why}")
-    for kind, k in rep["kernels"].items():
-        if k.get("call_curve_bound") is not None:
-            print(
-                f"{kind:<12} bound: no curve of the cost model fits every point within "
-                f"{100 * k['call_curve_bound']:.1f}% (call_curve_bound; without the call: "
-                f"{100 * k['curve_bound']:.1f}%)"
-            )
-        for name, form in k.get("alternative_forms", {}).items():
-            if form.get("max_rel_error") is not None:
-                print(
-                    f"{kind:<12} not committed: the {name} form would give {100 * form['max_rel_error']:.1f}% "
-                    f"held out ({form['formula']})"
-                )
-    load = rep["settings"].get("loadavg") or {}
-    if load.get("start") and load.get("end"):
-        print(
-            f"load average (1 min) {load['start'][0]:.2f} at the start, {load['end'][0]:.2f} at the end; "
-            f"each point: {rep['settings'].get('aggregate')}"
-        )
-    ratio = rep["preset"]["ratio"]
-    print(
-        f"\nvs the {rep['preset']['hardware']['name']} preset: "
-        + ", ".join(f"{n} x{v:.3g}" for n, v in ratio.items() if v is not None)
-    )
-    print(f"bw_inter: {rep['sources']['bw_inter']} ({cal.cost.bw_inter:.3g} B/s)")
-    cal.cost.save(out)
-    print(f"wrote {out}")
-    if report is not None:
-        from routepack.calibrate.report import write_json
-
-        print(f"wrote {write_json(rep, report)}")
-    if fig is not None:
-        try:
-            print(f"wrote {cal.plot(fig)}")
-        except ImportError:
-            print(f"no figure: matplotlib is not installed ({PLOT_HINT} for it)")
-    return 0
-
-
-def _calibrate_parser(sub: Any) -> None:
-    from routepack.calibrate import ALL_KERNELS, KERNELS
-
-    helptext = "measure the cost model's coefficients on this machine (needs torch) and write a CostModel JSON"
-    p = sub.add_parser("calibrate", help=helptext, description=helptext)
+def _bench_parser(sub: Any, name: str, helptext: str) -> argparse.ArgumentParser:
+    presets = available_presets()
+    p = sub.add_parser(name, help=helptext, description=helptext)
     p.add_argument(
         "--profile",
         default="tiny",
         choices=sorted(traces.PROFILES),
-        help="built-in profile whose model shape is measured; choices: %(choices)s",
+        help="built-in profile: model, topology, cap (and the synthetic trace); choices: %(choices)s",
     )
-    p.add_argument("--hidden", type=_count(1), default=None, help="override the profile's hidden size")
     p.add_argument(
-        "--expert-ffn",
-        type=_count(1),
+        "--windows",
+        type=count(1),
         default=None,
-        dest="expert_ffn",
-        help="override the profile's per-expert FFN size",
+        help=f"windows to score (one more is generated first, for history; default {DEFAULT_WINDOWS[name]}); "
+        "not with --npz",
     )
-    p.add_argument("--out", default="routepack_cost.json", help="the calibrated CostModel (JSON)")
-    p.add_argument("--report", default="routepack_calibration.json", help="the report JSON ('' for none)")
+    p.add_argument("--seed", type=count(0), default=0, help="trace and planner seed, >= 0 (default %(default)s)")
     p.add_argument(
-        "--plot",
-        default="routepack_calibration.png",
-        help=f"measured vs predicted PNG ('' for none; needs matplotlib: {FIGURE_HINT})",
+        "--policy",
+        action="append",
+        choices=presets,
+        metavar="PRESET",
+        help="preset to include (repeatable; default: all; not with --sweep): " + ", ".join(presets),
     )
-    p.add_argument("--quick", action="store_true", help="a smoke run: small sweeps, few repeats")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to measure (default %(default)s)")
-    p.add_argument(
-        "--dtype",
-        choices=("float32", "bfloat16", "float16"),
-        default=None,
-        help="default: float32 on cpu, bfloat16 on cuda",
-    )
-    p.add_argument(
-        "--kernels",
-        nargs="+",
-        choices=ALL_KERNELS,
-        default=list(KERNELS),
-        metavar="KIND",
-        help=f"kernel kinds to measure (default: {' '.join(KERNELS)}; of {', '.join(ALL_KERNELS)})",
-    )
-    p.add_argument(
-        "--bw-inter",
-        type=float,
-        default=None,
-        dest="bw_inter",
-        help="inter-node bytes/s for the cost model (default: the H200 preset's; not measurable here)",
-    )
-    p.add_argument(
-        "--ranks",
-        type=_count(2),
-        default=2,
-        help="local processes for the links and the exchange (default %(default)s)",
-    )
-    p.add_argument("--threads", type=_count(1), default=None, help="torch CPU threads while measuring")
-    p.add_argument("--warmup", type=_count(0), default=None, help="untimed rounds over each sweep")
-    p.add_argument(
-        "--repeats",
-        type=_count(1),
-        default=None,
-        help="timed rounds over each sweep (a point's figure: its least visit median)",
-    )
-    p.add_argument(
-        "--holdout-every",
-        type=_count(2),
-        default=None,
-        dest="holdout_every",
-        help="hold every k-th sweep point out of the fit (default 3)",
-    )
-    p.add_argument(
-        "--max-tokens-per-expert",
-        type=_count(1),
-        default=None,
-        dest="max_tokens_per_expert",
-        help="top of the expert-GEMM sweep",
-    )
-    p.add_argument(
-        "--max-length",
-        type=_count(1),
-        default=None,
-        dest="max_length",
-        help="top of the attention sweep (sample length)",
-    )
+    p.add_argument("--npz", nargs="+", help="your own windows (Window.save files), in order; at least 2")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    p.set_defaults(func=_run_calibrate)
+    p.add_argument(
+        "--anneal-moves",
+        type=count(0),
+        default=None,
+        dest="anneal_moves",
+        help="layout search budget in proposed moves (default: the core's)",
+    )
+    p.add_argument(
+        "--overlap",
+        choices=("none", "dispatch_combine"),
+        default=None,
+        help="the cost model's overlap (default: the cost model's own, none for the preset)",
+    )
+    p.add_argument("--cost", default=None, help="a CostModel JSON (default: the profile's H200 preset)")
+    if name == "demo":
+        return p
+    p.add_argument(
+        "--figure",
+        default=None,
+        help=f"also draw a PNG figure to this file (default: none; not with --sweep; needs matplotlib: {FIGURE_HINT})",
+    )
+    p.add_argument("--json", default=None, help="also write the results as JSON to this file (default: none)")
+    p.add_argument(
+        "--results",
+        default=None,
+        help="also write a Markdown results page to this file (routepack.results; default: none)",
+    )
+    p.add_argument(
+        "--sweep",
+        action="store_true",
+        help="every placement x packing x replication instead of the presets (no figure)",
+    )
+    for flag, table in (("--placements", PLACEMENTS), ("--packings", PACKINGS), ("--replications", REPLICATIONS)):
+        p.add_argument(
+            flag,
+            nargs="+",
+            choices=list(table),
+            default=None,
+            metavar="NAME",
+            help=f"with --sweep: only these {flag[2:]} (default: all): " + ", ".join(table),
+        )
+    p.add_argument(
+        "--loads",
+        choices=("window", "previous"),
+        default=None,
+        help="with --sweep: the loads every combination plans from (default: window, as the routepack preset does)",
+    )
+    return p
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="routepack", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"routepack {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    presets = available_presets()
-    for name, windows, helptext in (
-        ("demo", 2, "plan a couple of synthetic windows with every policy and print a comparison"),
-        ("bench", 8, "benchmark every preset over successive windows: table, JSON and figure"),
+    for name, helptext in (
+        ("demo", "plan a couple of synthetic windows with every policy and print a comparison"),
+        (
+            "bench",
+            "benchmark every preset over successive windows and print the tables (--json, --figure, --results: "
+            "also write them to files)",
+        ),
     ):
-        p = sub.add_parser(name, help=helptext, description=helptext)
-        p.add_argument(
-            "--profile",
-            default="tiny",
-            choices=sorted(traces.PROFILES),
-            help="built-in profile: model, topology, cap (and the synthetic trace); choices: %(choices)s",
-        )
-        p.add_argument(
-            "--windows",
-            type=_count(1),
-            default=windows,
-            help="windows to score (one more is generated first, for history); default %(default)s",
-        )
-        p.add_argument("--seed", type=_count(0), default=0, help="trace and planner seed, >= 0")
-        p.add_argument(
-            "--policy",
-            action="append",
-            choices=presets,
-            metavar="PRESET",
-            help="preset to include (repeatable; default: all): " + ", ".join(presets),
-        )
-        p.add_argument("--npz", nargs="+", help="your own windows (Window.save files), in order")
-        p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-        p.add_argument(
-            "--anneal-moves",
-            type=_count(0),
-            default=None,
-            dest="anneal_moves",
-            help="layout search budget in proposed moves (default: the core's)",
-        )
-        p.add_argument(
-            "--overlap",
-            choices=("none", "dispatch_combine"),
-            default=None,
-            help="the cost model's overlap (default: the cost model's own, none for the preset)",
-        )
-        p.add_argument("--cost", default=None, help="a CostModel JSON (default: the profile's H200 preset)")
-        if name == "bench":
-            p.add_argument(
-                "--figure",
-                default="routepack_bench.png",
-                help=f"PNG to write ('' for none; needs matplotlib: {FIGURE_HINT})",
-            )
-            p.add_argument("--json", default=None, help="also write the results as JSON")
-            p.add_argument(
-                "--sweep",
-                action="store_true",
-                help="every placement x packing x replication instead of the presets (no figure)",
-            )
-            for flag, table in (
-                ("--placements", PLACEMENTS),
-                ("--packings", PACKINGS),
-                ("--replications", REPLICATIONS),
-            ):
-                p.add_argument(
-                    flag,
-                    nargs="+",
-                    choices=list(table),
-                    default=None,
-                    metavar="NAME",
-                    help=f"with --sweep: only these {flag[2:]} (default: all): " + ", ".join(table),
-                )
-            p.add_argument(
-                "--loads",
-                choices=("window", "previous"),
-                default="window",
-                help="with --sweep: the loads every combination plans from (default: %(default)s, "
-                "as the routepack preset does)",
-            )
-        p.set_defaults(func=lambda a, fig=(name == "bench"): _run(a, fig))
+        _bench_parser(sub, name, helptext).set_defaults(func=_run)
+    from routepack.cli_calibrate import add_parser as _calibrate_parser
+
     _calibrate_parser(sub)
     from routepack.measure.cli import add_parser as _measure_parser
 
-    _measure_parser(sub, _count)
+    _measure_parser(sub, count)
     return parser
+
+
+def _check(args: argparse.Namespace) -> Optional[str]:
+    """Why the options given do not go together (an option the mode chosen would not read), or None."""
+    if args.command in ("demo", "bench"):
+        if args.npz and len(args.npz) < 2:
+            return "--npz needs at least 2 windows (the first only feeds history)"
+        if args.npz and args.windows is not None:
+            return "--windows does not apply with --npz (the files are the windows)"
+        args.windows = DEFAULT_WINDOWS[args.command] if args.windows is None else args.windows
+    if args.command == "bench":
+        sweep_only = [f for f in ("placements", "packings", "replications", "loads") if getattr(args, f) is not None]
+        if not args.sweep and sweep_only:
+            return f"--{sweep_only[0]} needs --sweep"
+        if args.sweep:
+            for flag, why in (("policy", "it plans every combination"), ("figure", "it draws no figure")):
+                if getattr(args, flag):
+                    return f"--{flag} does not apply with --sweep ({why})"
+        args.loads = args.loads or "window"
+    if args.command == "calibrate":
+        from routepack.cli_calibrate import check
+
+        return check(args)
+    if args.command == "measure":
+        presets = available_presets()
+        unknown = [p for p in args.policy or () if p not in presets]
+        if unknown:
+            return f"--policy: invalid choice {unknown[0]!r} (choose from {', '.join(presets)})"
+        if args.cost and args.quick:
+            return "--quick does not apply with --cost (it shortens the calibration, which --cost replaces)"
+    return None
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
-    if getattr(args, "npz", None) and len(args.npz) < 2:
-        parser.error("--npz needs at least 2 windows (the first only feeds history)")
-    if args.command == "bench" and not args.sweep:
-        given = [f for f in ("placements", "packings", "replications") if getattr(args, f) is not None]
-        if given or args.loads != "window":
-            parser.error(f"--{(given or ['loads'])[0]} needs --sweep")
+    args.argv = argv
+    why = _check(args)
+    if why is not None:  # as argparse reports its own errors: one line, SystemExit(2)
+        _Parser(prog=f"routepack {args.command}").error(why)
     try:
+        if args.command == "measure" and args.json:
+            writable(args.json, "--json")
         return int(args.func(args))
     except (UsageError, RoutepackError) as e:
         print(f"routepack {args.command}: error: {e}", file=sys.stderr)

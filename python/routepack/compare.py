@@ -18,15 +18,17 @@ import textwrap
 import time
 from dataclasses import dataclass, replace
 from collections.abc import Mapping
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from routepack._checks import boolean
+from routepack._checks import boolean, positive_int, restated
 from routepack.errors import RoutepackError, RoutepackTypeError
 from routepack.planner import plan_window
+from routepack.stages.context import DEFAULT_SEED
 from routepack.policies import PRESETS, Policy, resolve
 from routepack.simulate import lower_bound_micro, simulate
+from routepack.tables import WIDTH, fill, text_tables
 from routepack.window import Window
 
 NAN = float("nan")
@@ -44,6 +46,8 @@ CROSS_NODE_LEGEND = (
 
 #: Names of the summary rows that are not presets.
 BEST = "best baseline"
+#: The preset the tables and figures give each policy's speed-up over (``vs_<baseline>``) by default.
+DEFAULT_BASELINE = "static"
 BALANCED = "balanced (reference)"
 BOUND = "lower bound"
 
@@ -129,7 +133,7 @@ def compare(
     cost: Any,
     token_cap: int,
     policies: Optional[Iterable[Union[str, Policy]]] = None,
-    seed: int = 0,
+    seed: int = DEFAULT_SEED,
     progress: Optional[Callable[[str, int], None]] = None,
     **options: Any,
 ) -> List[Row]:
@@ -145,8 +149,16 @@ def compare(
             f"policies: expected a sequence of preset names or Policy objects, got "
             f"{type(policies).__name__} {policies!r}"
         )
+    seed = positive_int(seed, "seed", minimum=0, maximum=2**64 - 1 - len(windows))  # each window plans with seed + i
+    if progress is not None and not callable(progress):
+        raise RoutepackTypeError(f"progress: expected None or a callable(label, n), got {type(progress).__name__}")
     chosen = list(policies) if policies is not None else available_presets()
-    names = [resolve(p)[0] for p in chosen]
+    names = []
+    for i, pol in enumerate(chosen):
+        try:
+            names.append(resolve(pol)[0])
+        except RoutepackError as e:
+            raise restated(e, {"policy": f"policies[{i}]"}) from None
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         # rows, and the placement carried to the next window, are keyed by name
@@ -236,7 +248,7 @@ def _ratios(num: Dict[int, Row], den: Dict[int, Row]) -> List[float]:
     return [num[w].throughput / den[w].throughput for w in sorted(num) if w in den]
 
 
-def summarise(rows: Sequence[Row], baseline: str = "static") -> List[Dict[str, Any]]:
+def summarise(rows: Sequence[Row], baseline: str = DEFAULT_BASELINE) -> List[Dict[str, Any]]:
     """Median over windows per policy, then the ``best baseline`` row and the references
     (``balanced``; ``lower bound`` where `simulate` reports it). ``vs_<baseline>`` and
     ``vs_best`` are medians of per-window throughput ratios."""
@@ -343,64 +355,76 @@ def _has_bound(summary: Sequence[Dict[str, Any]]) -> bool:
     return any(math.isfinite(s.get("of_bound", NAN)) for s in summary)
 
 
-def format_table(summary: Sequence[Dict[str, Any]], baseline: str = "static", legend: bool = True) -> str:
-    """Fixed-width table of `summarise` output, with a legend of its columns under it. The
-    ``of bound`` column appears when `simulate` reports the lower bound."""
+def table_columns(baseline: str = DEFAULT_BASELINE, bound: bool = True) -> List[Tuple[str, str, str, int]]:
+    """``(key, title, format, group)`` of every column of `format_table` (group 0: how fast each
+    plan is; group 1: where its step time goes). ``of bound`` only with ``bound``."""
+    baseline = _name(baseline, "baseline")
+    cols = [
+        ("vs_" + baseline, "thr/" + baseline, ".3f", 0),
+        ("vs_best", "thr/best", ".3f", 0),
+        ("of_balanced", "of balanced", ".1%", 0),
+    ]
+    if bound:
+        cols.append(("of_bound", "of bound", ".1%", 0))
+    cols += [
+        ("step_s", "step s", ".3f", 0),
+        ("cross_node_kb", "xnode kB/tok", ".2f", 0),
+        ("plan_s", "plan s", ".3f", 0),
+        ("attention", "attn s", ".3f", 1),
+        ("expert", "expert s", ".3f", 1),
+        ("all_to_all", "a2a s", ".3f", 1),
+        ("replication", "repl s", ".3f", 1),
+        ("migration", "migr s", ".3f", 1),
+        ("redundant_grads", "rgrad s", ".3f", 1),
+        ("imbalance", "imbal", ".3f", 1),
+        ("micro", "M", ".0f", 1),
+        ("micro_lb", "M lb", ".0f", 1),
+    ]
+    return cols
+
+
+def table_cells(
+    summary: Sequence[Dict[str, Any]], baseline: str = DEFAULT_BASELINE
+) -> Tuple[List[str], List[Tuple[str, List[str], int]]]:
+    """The policy names of `summarise` output and, per column of `table_columns`, its title,
+    its formatted cells (``-`` where a row has no value) and its group."""
     baseline = _name(baseline, "baseline")
     summary = _check_entries(summary, "summary", ("policy",))
-    legend = boolean(legend, "legend")
-    cols = [
-        ("policy", "policy", "{:<26}"),
-        ("vs_" + baseline, "thr/" + baseline[:8], "{:>13.3f}"),
-        ("vs_best", "thr/best", "{:>8.3f}"),
-        ("of_balanced", "of balanced", "{:>11.1%}"),
-    ]
-    if _has_bound(summary):
-        cols.append(("of_bound", "of bound", "{:>8.1%}"))
-    cols += [
-        ("step_s", "step s", "{:>8.3f}"),
-        ("attention", "attn s", "{:>7.3f}"),
-        ("expert", "expert s", "{:>8.3f}"),
-        ("all_to_all", "a2a s", "{:>7.3f}"),
-        ("replication", "repl s", "{:>7.3f}"),
-        ("migration", "migr s", "{:>7.3f}"),
-        ("redundant_grads", "rgrad s", "{:>7.3f}"),
-        ("imbalance", "imbal", "{:>6.3f}"),
-        ("micro", "M", "{:>4.0f}"),
-        ("micro_lb", "M lb", "{:>5.0f}"),
-        ("cross_node_kb", "xnode kB/tok", "{:>12.2f}"),
-        ("plan_s", "plan s", "{:>7.3f}"),
-    ]
-
+    cols = table_columns(baseline, _has_bound(summary))
     # cross_node_kb is derived below from cross_node_bytes_per_token (NaN where a row lacks it)
-    _check_entries(summary, "summary", [key for key, _, _ in cols if key != "cross_node_kb"])
+    _check_entries(summary, "summary", [key for key, _, _, _ in cols if key != "cross_node_kb"])
+    rows = [{**r, "cross_node_kb": r.get("cross_node_bytes_per_token", NAN) / 1e3} for r in summary]
 
     def cell(fmt: str, value: Any) -> str:
         if isinstance(value, float) and not math.isfinite(value):
-            return _plain(fmt).format("-")
-        return fmt.format(value)
+            return "-"
+        return format(value, fmt)
 
-    head = " ".join(_plain(fmt).format(title) for _, title, fmt in cols)
-    lines = [head, "-" * len(head)]
-    for row in summary:
-        row = {**row, "cross_node_kb": row.get("cross_node_bytes_per_token", NAN) / 1e3}
-        lines.append(" ".join(cell(fmt, row[key]) for key, _, fmt in cols))
+    names = [str(r["policy"]) for r in rows]
+    return names, [(title, [cell(fmt, r[key]) for r in rows], group) for key, title, fmt, group in cols]
+
+
+def format_table(summary: Sequence[Dict[str, Any]], baseline: str = DEFAULT_BASELINE, legend: bool = True) -> str:
+    """Fixed-width tables of `summarise` output, at most `routepack.tables.WIDTH` (100)
+    columns wide: how fast each plan is, then where its step time goes; with a legend of the
+    columns under them. The ``of bound`` column appears when `simulate` reports the lower
+    bound."""
+    baseline = _name(baseline, "baseline")
+    legend = boolean(legend, "legend")
+    names, columns = table_cells(summary, baseline)
+    text = text_tables([("policy", names)], columns)
     if legend:
-        lines += ["", table_legend(baseline, _has_bound(summary))]
-    return "\n".join(lines)
+        text += "\n\n" + table_legend(baseline, _has_bound(summary))
+    return text
 
 
-def _plain(fmt: str) -> str:
-    """A number's format as a string's of the same width and alignment."""
-    return fmt.replace(".3f", "").replace(".2f", "").replace(".1%", "").replace(".0f", "")
-
-
-def table_legend(baseline: str = "static", bound: bool = True) -> str:
-    """What every column and reference row of `format_table` means."""
+def legend_entries(baseline: str, bound: bool) -> Tuple[List[Tuple[str, str]], List[Tuple[str, str]]]:
+    """``(columns, rows)``: what every column and every reference row of `format_table` means,
+    as (name, text) pairs."""
     baseline = _name(baseline, "baseline")
     bound = boolean(bound, "bound")
     items = [
-        ("thr/" + baseline[:8], f"throughput over {baseline}'s: median over windows of the per-window ratio"),
+        ("thr/" + baseline, f"throughput over {baseline}'s: median over windows of the per-window ratio"),
         ("thr/best", "throughput over the best baseline's, the same way"),
         (
             "of balanced",
@@ -414,8 +438,8 @@ def table_legend(baseline: str = "static", bound: bool = True) -> str:
     items += [
         (
             "step s",
-            "predicted step time (seconds) of the slowest EP group; in each plan the six parts after "
-            "it add up to it (less what overlap hides)",
+            "predicted step time (seconds) of the slowest EP group; in each plan the six parts "
+            "attn s ... rgrad s add up to it (less what overlap hides)",
         ),
         ("attn s", "attention and dense work (projections, shared experts), forward + backward"),
         ("expert s", "routed-expert compute on the most loaded EP rank of each exchange"),
@@ -433,14 +457,52 @@ def table_legend(baseline: str = "static", bound: bool = True) -> str:
         ("best baseline", "per window the fastest baseline preset that ran (" + ", ".join(BASELINES) + ")"),
         ("balanced", "the balanced reference's time (above); 'lower bound' the bound's"),
     ]
+    return items, rows
+
+
+def table_legend(baseline: str = DEFAULT_BASELINE, bound: bool = True) -> str:
+    """What every column and reference row of `format_table` means."""
+    items, rows = legend_entries(baseline, bound)
     width = max(len(k) for k, _ in items + rows)
 
     def entry(key: str, text: str) -> str:
-        return textwrap.fill(text, 100, initial_indent=f"  {key:<{width}}  ", subsequent_indent=" " * (width + 4))
+        return textwrap.fill(
+            text,
+            WIDTH,
+            initial_indent=f"  {key:<{width}}  ",
+            subsequent_indent=" " * (width + 4),
+            break_on_hyphens=False,
+        )
 
     out = ["columns (medians over windows):"] + [entry(k, v) for k, v in items]
     out += ["rows:"] + [entry(k, v) for k, v in rows]
     return "\n".join(out)
+
+
+def baseline_notes(topo: Any, num_experts: int, expert_groups: int, policies: Iterable[str]) -> List[str]:
+    """Why two baselines' rows are equal, where they are by construction: EPLB's hierarchical
+    configuration (one expert group per node of an EP group, `eplb_hierarchical`) is the
+    ``eplb`` preset itself when that gives the model's own expert-group count, e.g. where an
+    EP group lies in one node and the model routes without groups (``tiny``)."""
+    names = set(policies)
+    if not names & {"eplb_hierarchical", "eplb_hierarchical_oracle"}:
+        return []
+    nodes = max(1, int(topo.ep) // int(topo.gpus_per_node))
+    per_node = nodes if nodes > 1 and int(num_experts) % nodes == 0 else 1
+    groups = int(expert_groups)
+    if per_node != groups:
+        return []
+    if nodes == 1:
+        why = (
+            "an EP group of this topology lies in one node, so one expert group per node is a single group, "
+            f"as many as the model has ({groups}), and EPLB runs its global policy for both"
+        )
+    else:
+        why = (
+            f"one expert group per node gives {per_node} groups here, as many as the model has, so EPLB runs "
+            "the same hierarchical policy for both"
+        )
+    return [f"note: the eplb_hierarchical rows equal the eplb rows (and _oracle eplb_oracle's) by construction: {why}"]
 
 
 def format_ratios(ratio_rows: Sequence[Dict[str, Any]], winners: Optional[Dict[int, str]] = None) -> str:
@@ -452,7 +514,7 @@ def format_ratios(ratio_rows: Sequence[Dict[str, Any]], winners: Optional[Dict[i
         return ""
     target = ratio_rows[0]["policy"]
     n = ratio_rows[0]["windows"]
-    lines = [f"{target}'s throughput over each policy, per window (median, range over {n} window(s)):"]
+    lines = [fill(f"{target}'s throughput over each policy, per window (median, range over {n} window(s)):")]
     width = max(len(r["against"]) for r in ratio_rows)
     for r in ratio_rows:
         line = f"  {r['against']:<{width}}  {r['median']:.3f}x  ({r['min']:.3f}-{r['max']:.3f})"
@@ -463,7 +525,7 @@ def format_ratios(ratio_rows: Sequence[Dict[str, Any]], winners: Optional[Dict[i
             line += "  best per window: " + ", ".join(
                 f"{p} x{c}" for p, c in sorted(counts.items(), key=lambda x: -x[1])
             )
-        lines.append(line)
+        lines.append(fill(line, indent=" " * (width + 4)))
     return "\n".join(lines)
 
 
@@ -475,13 +537,17 @@ __all__ = [
     "CROSS_NODE_LEGEND",
     "Row",
     "available_presets",
+    "baseline_notes",
     "best_baseline",
     "best_of",
     "check_rows",
     "compare",
     "format_ratios",
     "format_table",
+    "legend_entries",
     "ratios",
     "summarise",
+    "table_cells",
+    "table_columns",
     "table_legend",
 ]

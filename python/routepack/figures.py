@@ -1,5 +1,5 @@
 """The benchmark figure: expert-load heat maps before/after and throughput bars per preset.
-Needs matplotlib (``pip install routepack[bench]``)."""
+Needs matplotlib (``pip install ".[bench]"`` from a clone, ``"routepack[bench]"`` from an index)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any, Dict, Sequence
 
 import numpy as np
 
-from routepack.compare import BALANCED, BEST, BOUND, check_rows
+from routepack.compare import BALANCED, BEST, BOUND, DEFAULT_BASELINE, check_rows
 from routepack.errors import RoutepackTypeError
 
 
@@ -18,7 +18,7 @@ def bench_figure(
     path: str | Path,
     before: str = "static",
     after: str = "routepack",
-    baseline: str = "static",
+    baseline: str = DEFAULT_BASELINE,
     title: str = "",
 ) -> Path:
     """Writes a PNG with three panels: per-(layer, microbatch) max/mean expert load of the

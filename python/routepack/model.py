@@ -7,8 +7,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from routepack import _core
-from routepack._checks import file_path, finite_float, instance_of, positive_int, sequence
+from routepack._checks import file_path, finite_float, instance_of, json_value, positive_int, sequence
 from routepack.errors import RoutepackError, RoutepackFileError, RoutepackTypeError
 
 ATTENTION_KINDS = ("linear", "full")
@@ -20,6 +22,8 @@ PASS_KINDS = ("forward", "backward")
 #: The cost model options' defaults, from the Rust core: the values that price every plan as
 #: before the options existed.
 _COST_DEFAULTS = _core.cost_defaults()
+#: `ModelShape.expert_groups` (and `CostModel`'s) of a model that routes without groups, the default.
+UNGROUPED = 1
 
 
 def _set(obj: object, name: str, value: object) -> None:
@@ -109,7 +113,7 @@ class ModelShape:
     expert_ffn: int
     attention: Sequence[str] = field(default_factory=tuple)
     shared_experts: int = 1
-    expert_groups: int = 1
+    expert_groups: int = UNGROUPED
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_experts", "top_k", "hidden", "expert_ffn"):
@@ -202,9 +206,15 @@ _OPTIONAL_JSON_KEYS = frozenset(
 
 
 def _expert_table(value: object) -> Tuple[Tuple[float, float], ...]:
-    """``cost.expert_table`` as a tuple of (tokens, seconds) float pairs: tokens finite, >= 1 and
-    increasing, seconds finite and >= 0 (what the core's check asks, named here per knot)."""
+    """``cost.expert_table`` (a sequence of (tokens, seconds) pairs, or an array of shape
+    ``[knots, 2]``) as a tuple of float pairs: tokens finite, >= 1 and increasing, seconds
+    finite and >= 0 (what the core's check asks, named here per knot)."""
     knots: List[Tuple[float, float]] = []
+    if isinstance(value, np.ndarray) and value.ndim == 2:
+        # an array of knots, one (tokens, seconds) row each, as `a_quad` takes an array
+        if value.shape[1] != 2:
+            raise RoutepackError(f"cost.expert_table: expected an array of shape [knots, 2], got {value.shape}")
+        value = list(value)
     for i, knot in enumerate(sequence(value, "cost.expert_table", "(tokens, seconds) knots")):
         pair = sequence(knot, f"cost.expert_table[{i}]", "numbers (tokens, seconds)")
         if len(pair) != 2:
@@ -297,7 +307,7 @@ class CostModel:
     expert_weight_bytes: float
     expert_grad_bytes: float
     expert_state_bytes: float
-    expert_groups: int = 1
+    expert_groups: int = UNGROUPED
     num_experts: Optional[int] = None
     c_weights: float = _COST_DEFAULTS["c_weights"]
     overlap: str = _COST_DEFAULTS["overlap"]
@@ -419,10 +429,7 @@ class CostModel:
                 text = bytes(text).decode("utf-8")
             except UnicodeDecodeError as e:
                 raise RoutepackError(f"cost JSON: not UTF-8 text ({e})") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise RoutepackError(f"cost JSON: not valid JSON ({e})") from None
+        data = json_value(text, "cost JSON")
         if not isinstance(data, dict):
             raise RoutepackError(f"cost JSON: expected an object, got {type(data).__name__}")
         fields = set(cls.__dataclass_fields__)

@@ -8,11 +8,11 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import numpy as np
 
 from routepack import _core
-from routepack._checks import finite_float
-from routepack.plan import MIGRATION_DTYPE, Placement, Plan, empty_migration
+from routepack._checks import WINDOW_WORDS, callers_words, finite_float
+from routepack.plan import MIGRATION_DTYPE, MIGRATION_FIELDS, Placement, Plan, empty_migration
 from routepack.policies import resolve
 from routepack.simulate import simulate
-from routepack.stages.context import PlanContext, check_fills_cells
+from routepack.stages.context import DEFAULT_POLICY, DEFAULT_SEED, DEFAULT_TOKEN_CAP, PlanContext, check_fills_cells
 from routepack.stages.registry import PACKINGS, PLACEMENTS, REPLICATIONS, Stage, canonical_options, stage_options
 from routepack.window import Window
 
@@ -60,11 +60,11 @@ def plan_window(
     window: Any,
     topo: Any,
     cost: Any,
-    token_cap: int = 65536,
-    policy: Any = "routepack",
+    token_cap: int = DEFAULT_TOKEN_CAP,
+    policy: Any = DEFAULT_POLICY,
     previous: Optional[Placement] = None,
     previous_window: Any = None,
-    seed: int = 0,
+    seed: int = DEFAULT_SEED,
     anneal_moves: Optional[int] = None,
     time_budget_s: Optional[float] = None,
     **options: Any,
@@ -197,17 +197,23 @@ def plan_stages(
         return budget[stage]
 
     ctx.time_budget_s = share("placement")
-    placement = PLACEMENTS[pol.placement].run(ctx, place_opts)
+    # the core names the window's arrays (expert_tokens); the caller passed `window`
+    with callers_words(WINDOW_WORDS):
+        placement = PLACEMENTS[pol.placement].run(ctx, place_opts)
     seconds["placement"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     ctx.time_budget_s = share("packing")
-    sample_rank, sample_micro, num_micro, pack_report = PACKINGS[pol.packing].run(ctx, pack_opts, placement)
+    with callers_words(WINDOW_WORDS):
+        sample_rank, sample_micro, num_micro, pack_report = PACKINGS[pol.packing].run(ctx, pack_opts, placement)
     seconds["packing"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     ctx.time_budget_s = share("replication")
-    replicas = replicate(REPLICATIONS[pol.replication], ctx, repl_opts, placement, sample_rank, sample_micro, num_micro)
+    with callers_words(WINDOW_WORDS):
+        replicas = replicate(
+            REPLICATIONS[pol.replication], ctx, repl_opts, placement, sample_rank, sample_micro, num_micro
+        )
     seconds["replication"] = time.perf_counter() - t0
     ctx.time_budget_s = time_budget_s
 
@@ -222,7 +228,7 @@ def plan_stages(
             min(topo.gpus_per_node, topo.ep),
         )
         migration = np.zeros(len(cols[0]), dtype=MIGRATION_DTYPE)
-        for name_, col in zip(MIGRATION_DTYPE.names, cols):
+        for name_, col in zip(MIGRATION_FIELDS, cols):
             migration[name_] = col
 
     plan = Plan(placement, sample_rank, sample_micro, num_micro, replicas, migration, policy=name)

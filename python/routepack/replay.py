@@ -16,7 +16,7 @@ from typing import Iterable
 
 import numpy as np
 
-from routepack.window import Window
+from routepack.window import SLIME_ADD_LAST_TOKEN, Window
 
 
 def from_verl(routed_experts: np.ndarray, attention_mask: np.ndarray, num_experts: int) -> Window:
@@ -32,7 +32,9 @@ def from_verl(routed_experts: np.ndarray, attention_mask: np.ndarray, num_expert
     return Window.from_verl(routed_experts, attention_mask, num_experts)
 
 
-def from_slime(per_sample: Iterable[np.ndarray], num_experts: int, add_last_token: bool = True) -> Window:
+def from_slime(
+    per_sample: Iterable[np.ndarray], num_experts: int, add_last_token: bool = SLIME_ADD_LAST_TOKEN
+) -> Window:
     """slime's per-sample recordings → `Window`.
 
     Args:

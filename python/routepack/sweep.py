@@ -27,7 +27,10 @@ import numpy as np
 from routepack.compare import BASELINES, BEST, CROSS_NODE_LEGEND, Row, compare
 from routepack.errors import RoutepackError, RoutepackTypeError
 from routepack.policies import PRESETS, Policy, resolve
+from routepack.stages.context import DEFAULT_SEED
+from routepack.stages.policy import DEFAULT_LOADS
 from routepack.stages.registry import PACKINGS, PLACEMENTS, REPLICATIONS
+from routepack.tables import WIDTH, fill, text_tables
 
 #: The preset the sweep is about.
 PRESET = "routepack"
@@ -53,7 +56,7 @@ def combinations(
     placements: Optional[Sequence[str]] = None,
     packings: Optional[Sequence[str]] = None,
     replications: Optional[Sequence[str]] = None,
-    loads: str = "window",
+    loads: str = DEFAULT_LOADS,
 ) -> List[Policy]:
     """Every (placement, packing, replication) of the registered choices (None: all of a stage),
     in registry order, each planning from ``loads``."""
@@ -82,8 +85,8 @@ def sweep(
     placements: Optional[Sequence[str]] = None,
     packings: Optional[Sequence[str]] = None,
     replications: Optional[Sequence[str]] = None,
-    loads: str = "window",
-    seed: int = 0,
+    loads: str = DEFAULT_LOADS,
+    seed: int = DEFAULT_SEED,
     progress: Optional[Callable[[str, int], None]] = None,
     **options: Any,
 ) -> Dict[str, Any]:
@@ -180,57 +183,67 @@ def summarise_sweep(rows: Sequence[Row], combos: Sequence[Policy]) -> Dict[str, 
 
 
 def format_sweep(summary: Dict[str, Any], legend: bool = True) -> str:
-    """Fixed-width table of `summarise_sweep` output (the preset's row marked ``*``), the best
-    baseline under it, the verdict and a legend."""
-    head = (
-        f"{'':1} {'placement':<17} {'packing':<10} {'replication':<11} {'step s':>9} {'min s':>9} "
-        f"{'max s':>9} {'thr/preset':>10} {'thr/best':>8} {'xnode kB/tok':>12} {'plan s':>7}"
-    )
-    lines = [head, "-" * len(head)]
-
-    def num(v: float, fmt: str) -> str:
-        return format(v, fmt) if math.isfinite(v) else "-".rjust(int(fmt.split(".")[0].lstrip(">")))
-
-    def line(mark: str, a: str, b: str, c: str, e: Dict[str, Any]) -> str:
-        return (
-            f"{mark:1} {a:<17} {b:<10} {c:<11} {num(e['step_s'], '>9.4f')} {num(e['step_min'], '>9.4f')} "
-            f"{num(e['step_max'], '>9.4f')} {num(e['vs_preset'], '>10.4f')} {num(e['vs_best'], '>8.4f')} "
-            f"{num(e['cross_node_bytes_per_token'] / 1e3, '>12.2f')} {num(e['plan_s'], '>7.3f')}"
-        )
-
-    for e in summary["entries"]:
-        lines.append(line("*" if e["preset"] else "", e["placement"], e["packing"], e["replication"], e))
+    """Fixed-width tables of `summarise_sweep` output, at most `routepack.tables.WIDTH` (100)
+    columns wide (the preset's row marked ``*``; the step time's range over windows and the
+    plan time in the second table), the best baseline as the last row, the verdict and a
+    legend."""
+    entries = list(summary["entries"])
     b = summary.get("best_baseline")
+    shown = entries + ([b] if b is not None else [])
+
+    def num(key: str, fmt: str, scale: float = 1.0) -> List[str]:
+        return [format(e[key] / scale, fmt) if math.isfinite(e[key]) else "-" for e in shown]
+
+    labels = [
+        ("", ["*" if e["preset"] else "" for e in entries] + ([""] if b is not None else [])),
+        ("placement", [e["placement"] for e in entries] + ([BEST] if b is not None else [])),
+        ("packing", [e["packing"] for e in entries] + ([""] if b is not None else [])),
+        ("replication", [e["replication"] for e in entries] + ([""] if b is not None else [])),
+    ]
+    columns = [
+        ("step s", num("step_s", ".4f"), 0),
+        ("thr/preset", num("vs_preset", ".4f"), 0),
+        ("thr/best", num("vs_best", ".4f"), 0),
+        ("xnode kB/tok", num("cross_node_bytes_per_token", ".2f", 1e3), 0),
+        ("min s", num("step_min", ".4f"), 1),
+        ("max s", num("step_max", ".4f"), 1),
+        ("plan s", num("plan_s", ".3f"), 1),
+    ]
+    lines = [text_tables(labels, columns)]
     if b is not None:
         counts: Dict[str, int] = {}
         for p in b["best_of"].values():
             counts[p] = counts.get(p, 0) + 1
-        lines.append("-" * len(head))
-        lines.append(line("", BEST, "", "", b))
         lines.append(
-            "  best baseline per window: "
-            + ", ".join(f"{p} x{c}" for p, c in sorted(counts.items(), key=lambda x: -x[1]))
+            fill(
+                "best baseline per window: "
+                + ", ".join(f"{p} x{c}" for p, c in sorted(counts.items(), key=lambda x: -x[1])),
+                indent="  ",
+            )
         )
-    v = summary["verdict"]
-    lines.append("")
-    if v["is_fastest"]:
-        lines.append(f"* the {v['preset']} preset is the fastest of the {v['of']} entries")
-    else:
-        where = "within" if v["within_tolerance"] else "NOT within"
-        lines.append(
-            f"* the {v['preset']} preset ranks {v['rank']} of {v['of']}: its median step is "
-            f"{v['gap']:.2%} above the fastest ({v['fastest']}), {where} {v['tolerance']:.1%}"
-        )
+    lines += ["", verdict_text(summary["verdict"])]
     if legend:
         lines += ["", sweep_legend()]
     return "\n".join(lines)
+
+
+def verdict_text(v: Dict[str, Any]) -> str:
+    """The sweep's verdict (`summarise_sweep`'s ``verdict``) as a sentence."""
+    if v["is_fastest"]:
+        return f"* the {v['preset']} preset is the fastest of the {v['of']} entries"
+    where = "within" if v["within_tolerance"] else "NOT within"
+    return fill(
+        f"* the {v['preset']} preset ranks {v['rank']} of {v['of']}: its median step is "
+        f"{v['gap']:.2%} above the fastest ({v['fastest']}), {where} {v['tolerance']:.1%}",
+        indent="  ",
+    )
 
 
 def sweep_legend() -> str:
     """What every column of `format_sweep` means."""
     items: List[Tuple[str, str]] = [
         ("step s", "median over windows of the predicted step time (seconds, routepack.simulate)"),
-        ("min/max s", "the fastest and slowest window's step time"),
+        ("min/max s", "the fastest and slowest window's step time (second table)"),
         (
             "thr/preset",
             f"throughput over the {PRESET} preset's: median over windows of the per-window ratio "
@@ -243,12 +256,12 @@ def sweep_legend() -> str:
             + ", each in its own configuration)",
         ),
         ("xnode kB/tok", CROSS_NODE_LEGEND),
-        ("plan s", "median planner wall time on this machine"),
+        ("plan s", "median planner wall time on this machine (second table)"),
     ]
     width = max(len(k) for k, _ in items)
-    out = ["columns (every combination plans from its loads setting; the first column marks the preset):"]
+    out = [fill("columns (every combination plans from its loads setting; the first column marks the preset):")]
     for k, text in items:
-        out.append(textwrap.fill(text, 100, initial_indent=f"  {k:<{width}}  ", subsequent_indent=" " * (width + 4)))
+        out.append(textwrap.fill(text, WIDTH, initial_indent=f"  {k:<{width}}  ", subsequent_indent=" " * (width + 4)))
     return "\n".join(out)
 
 
@@ -261,4 +274,5 @@ __all__ = [
     "sweep",
     "sweep_legend",
     "sweep_policies",
+    "verdict_text",
 ]

@@ -27,7 +27,7 @@ import routepack as rp  # noqa: E402
 from routepack.errors import RoutepackError, RoutepackTypeError  # noqa: E402
 from routepack.integrations import _hf_shard_check as chk  # noqa: E402
 from routepack.integrations import hf, hf_shard  # noqa: E402
-from routepack.torch.selfcheck import run_ranks  # noqa: E402
+from routepack.torch.spawn import run_ranks  # noqa: E402
 
 WORLD = 4
 TOL = 1e-5

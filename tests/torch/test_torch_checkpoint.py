@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 import routepack as rp  # noqa: E402
 from routepack.plan import Placement, Plan  # noqa: E402
 from routepack.torch import EPMoE, export_logical, import_logical, migrate  # noqa: E402
-from routepack.torch import selfcheck as sc  # noqa: E402
+import selfcheck as sc  # noqa: E402
 
 L, E, H, I, SPR = 2, 5, 4, 3, 4
 

@@ -1,7 +1,7 @@
 """routepack.torch across 4 processes (gloo, spawn): 2 nodes × 2 ranks, Topology(dp=4, ep=4,
 gpus_per_node=2, slots_per_rank=3), 8 experts (4 redundant slots), 2 MoE layers, 2
-microbatches per rank. The checks themselves live in `routepack.torch.selfcheck` (the GPU
-script runs the same ones); here they are run and their figures asserted. Every run is
+microbatches per rank. The checks themselves live in tests/torch/selfcheck (the GPU script
+runs the same ones); here they are run and their figures asserted. Every run is
 bounded: process-group timeout 60 s, join timeout, stragglers killed."""
 
 import pytest
@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
     pytest.skip("torch.distributed with gloo is required", allow_module_level=True)
 
-from routepack.torch import selfcheck as sc  # noqa: E402
+import selfcheck as sc  # noqa: E402
 
 WORLD = 4
 TOL = 1e-5

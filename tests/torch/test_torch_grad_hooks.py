@@ -22,7 +22,7 @@ if not torch.distributed.is_available() or not torch.distributed.is_gloo_availab
 import torch.distributed as dist  # noqa: E402
 
 from routepack.plan import Placement  # noqa: E402
-from routepack.torch import selfcheck as sc  # noqa: E402
+import selfcheck as sc  # noqa: E402
 from routepack.torch.moe import dense_moe  # noqa: E402
 from routepack.torch.replay import rank_microbatches  # noqa: E402
 

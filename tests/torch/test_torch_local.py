@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 import routepack as rp  # noqa: E402
 from routepack.plan import Placement, Plan  # noqa: E402
 from routepack.torch import checksum, dense_moe, plan_digest, rank_microbatches, swiglu  # noqa: E402
-from routepack.torch import selfcheck as sc  # noqa: E402
+import selfcheck as sc  # noqa: E402
 
 
 def test_dense_moe_is_the_gate_weighted_sum_of_experts():

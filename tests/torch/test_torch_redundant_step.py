@@ -20,7 +20,7 @@ import torch.distributed as dist  # noqa: E402
 
 from routepack.errors import RoutepackError  # noqa: E402
 from routepack.plan import Placement, Plan  # noqa: E402
-from routepack.torch import selfcheck as sc  # noqa: E402
+import selfcheck as sc  # noqa: E402
 from routepack.torch import slot_link  # noqa: E402
 from routepack.torch.moe import dense_moe  # noqa: E402
 from routepack.torch.replay import rank_microbatches  # noqa: E402

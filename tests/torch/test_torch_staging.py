@@ -16,7 +16,7 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 import routepack as rp  # noqa: E402
 from routepack.plan import Placement, Plan  # noqa: E402
 from routepack.torch import EPMoE, migrate  # noqa: E402
-from routepack.torch import selfcheck as sc  # noqa: E402
+import selfcheck as sc  # noqa: E402
 from routepack.torch.staging import plan_stages, rank_bytes  # noqa: E402
 
 L, E, H, I, SPR = 4, 4, 4, 2, 3

@@ -1,7 +1,7 @@
 """Ranks without tokens (issue 16, finding 6) on 2 and 4 gloo processes: forward and backward
 equal the dense reference over every rank's tokens, a zero-token rank returns ``[0, H]``, and
 a bad argument on one rank makes every rank raise instead of leaving its peers waiting. The
-checks live in `routepack.torch.selfcheck.zero`; each run is bounded (`run_ranks`)."""
+checks live in `selfcheck.zero` (tests/torch/selfcheck); each run is bounded (`run_ranks`)."""
 
 import pytest
 
@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
     pytest.skip("torch.distributed with gloo is required", allow_module_level=True)
 
-from routepack.torch import selfcheck as sc  # noqa: E402
+import selfcheck as sc  # noqa: E402
 
 #: float64 throughout, except `sync_redundant_grads`, which sums a redundant expert's slots in fp32
 TOL = {"out": 1e-10, "x_grad": 1e-10, "expert_grad": 1e-6}

@@ -299,6 +299,7 @@ def tables_case(fn: Any, which: str):
                                 "migration",
                                 "plan_s",
                                 "cross_node_bytes_per_token",
+                                "redundant_grads",
                             )
                         ), f"{k} = {v}"
 

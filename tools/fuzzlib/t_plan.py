@@ -5,191 +5,22 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import io
-import math
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import routepack as rp
 from hypothesis import strategies as st
 
-from random_plans import TOPOLOGIES, assert_plan_invariants, random_case, random_phy2log
+from random_plans import TOPOLOGIES, random_case, random_phy2log
 from test_plan_fuzz import CORRUPTIONS, corrupt, placement_inputs
 from fuzzlib.engine import Case, Refused, Target, both, hyp_gen, mixed
 from fuzzlib.inputs import is_huge, BAD_INTS, BAD_OBJECTS, SAME_VALUES, bad_for, mutate_array, pick
+from fuzzlib.checks import PLAN_NAMES, check_placement, check_plan, check_sim
+from fuzzlib.files import file_load_case, other_type_case
 from fuzzlib.t_model import tmp_path
-
-#: what a plan error may name: the plan's fields and the entries validate describes
-PLAN_NAMES = (
-    "plan",
-    "placement",
-    "phy2log",
-    "placement.phy2log",
-    "sample_rank",
-    "sample_micro",
-    "num_micro",
-    "replicas",
-    "migration",
-    "report",
-    "policy",
-    "sample",
-    "replica",
-    "migration row",
-    "layer",
-    "slot",
-    "expert",
-    "cell",
-    "microbatch",
-    "logcnt",
-    "log2phy",
-    "window",
-    "topo",
-    "token_cap",
-    "seq_lens",
-    "expert_tokens",
-    "num_experts",
-    "slots_per_rank",
-    "other",
-)
-
-
-# ------------------------------------------------------------------ independent checks
-def derived_tables(phy2log: np.ndarray, num_experts: int):
-    L = phy2log.shape[0]
-    logcnt = np.zeros((L, num_experts), dtype=np.int64)
-    slots = [[[] for _ in range(num_experts)] for _ in range(L)]
-    for l in range(L):
-        for p, e in enumerate(phy2log[l].tolist()):
-            if e >= 0:
-                logcnt[l, e] += 1
-                slots[l][e].append(p)
-    return logcnt, slots
-
-
-def check_placement(p: Any, phy2log: Any = None, num_experts: Any = None) -> None:
-    assert isinstance(p, rp.Placement), f"returned {type(p).__name__}"
-    E = p.num_experts
-    if phy2log is not None:
-        assert np.array_equal(p.phy2log, np.asarray(phy2log).astype(np.int64)), "phy2log changed"
-    assert p.phy2log.dtype == np.int32 and p.phy2log.ndim == 2 and p.num_slots % p.slots_per_rank == 0
-    assert ((p.phy2log >= -1) & (p.phy2log < E)).all(), "phy2log entry out of range"
-    logcnt, slots = derived_tables(p.phy2log, E)
-    assert (logcnt >= 1).all(), "an expert without a slot"
-    assert np.array_equal(p.logcnt, logcnt), "logcnt disagrees with phy2log"
-    for l in range(p.num_layers):
-        for e in range(E):
-            got = p.log2phy[l, e]
-            assert got[: len(slots[l][e])].tolist() == slots[l][e] and (got[len(slots[l][e]) :] == -1).all(), (
-                f"log2phy disagrees with phy2log (layer {l}, expert {e})"
-            )
-
-
-def check_plan(plan: Any, window: Any, topo: Any, cap: int) -> None:
-    """docs/design.md's invariants, independently of `Plan.validate`: `assert_plan_invariants`
-    (tests/random_plans.py), cell tokens in exact integers, derived placement tables,
-    replica sources that host their expert, migration rows without duplicates."""
-    assert isinstance(plan, rp.Plan), f"returned {type(plan).__name__}"
-    assert_plan_invariants(plan, window, topo, cap)
-    M = plan.num_micro
-    cells: dict = {}
-    for s, (d, m) in enumerate(zip(plan.sample_rank.tolist(), plan.sample_micro.tolist())):
-        cells[(d, m)] = cells.get((d, m), 0) + int(window.seq_lens[s])
-    assert max(cells.values()) <= cap, f"a row of {max(cells.values())} tokens over the cap {cap}"
-    assert len(cells) == topo.dp * M
-    check_placement(plan.placement)
-    spr = topo.slots_per_rank
-    for r in plan.replicas.tolist():
-        m, g, l, e, src, dst, share = r
-        assert 0 <= m < M and 0 <= g < topo.num_groups and 0 <= l < window.num_layers and 0 <= e < window.num_experts
-        assert src != dst and 0 <= dst < topo.ep
-        assert e in plan.placement.phy2log[l, src * spr : (src + 1) * spr].tolist(), "replica source does not host it"
-    mig = plan.migration
-    if len(mig):
-        keys = set(zip(mig["layer"].tolist(), mig["dst_slot"].tolist()))
-        assert len(keys) == len(mig), "two migration rows fill one slot (a duplicated row)"
-        for row in mig.tolist():
-            l, e, sr, dr, ss, ds, b = row
-            assert plan.placement.phy2log[l, ds] == e and sr == ss // spr and dr == ds // spr
-            assert math.isfinite(b) and b >= 0
-
-
-def check_sim(res: Any, plan: Any, window: Any, topo: Any) -> None:
-    assert isinstance(res, rp.SimResult)
-    vals = [
-        res.step_time,
-        res.ideal_time,
-        res.lower_bound_time,
-        res.attention,
-        res.expert,
-        res.all_to_all,
-        res.replication,
-        res.migration,
-        res.mean_imbalance,
-    ]
-    # a step of 0 s (a window with none of the work the cost model prices) has throughput inf
-    # and fractions 1 (SimResult's contract); every other figure is finite
-    assert math.isfinite(res.step_time) and res.step_time >= 0, f"step {res.step_time}"
-    assert res.throughput > 0 and (math.isfinite(res.throughput) or res.step_time == 0), (
-        f"step {res.step_time}, throughput {res.throughput}"
-    )
-    assert (
-        math.isfinite(res.ideal_time)
-        and res.ideal_time >= 0
-        and res.ideal_throughput > 0
-        and (math.isfinite(res.ideal_throughput) or res.ideal_time == 0)
-    ), f"ideal {res.ideal_time}, {res.ideal_throughput}"
-    assert all(math.isfinite(v) for v in vals), f"a non-finite time {vals}"
-    parts = res.attention + res.expert + res.all_to_all + res.replication + res.migration
-    assert abs(parts - res.step_time) <= 1e-9 * res.step_time + 1e-300, "the parts do not add up to step_time"
-    assert res.lower_bound_time <= res.step_time * (1 + 1e-9), "lower bound above the step time"
-    exact = sum(int(x) for x in window.seq_lens.tolist())
-    assert (
-        res.throughput == math.inf
-        if res.step_time == 0
-        else math.isclose(res.throughput, exact / res.step_time, rel_tol=1e-9)
-    ), "throughput != tokens / step"
-    assert res.group_times.shape == (topo.num_groups,), "group_times shape"
-    # step_time: the slowest group plus the exposed migration (which no group hides)
-    assert math.isclose(res.group_times.max() + res.migration, res.step_time, rel_tol=1e-9), (
-        "step_time != slowest group + migration"
-    )
-    assert 0 <= res.critical_group < topo.num_groups and res.group_times[res.critical_group] == res.group_times.max()
-    assert res.imbalance.shape == (topo.num_groups, plan.num_micro, window.num_layers)
-    assert (res.imbalance >= 1 - 1e-9).all() and (res.imbalance <= topo.ep + 1e-9).all(), "imbalance out of [1, ep]"
-    assert 0 <= res.fraction_of_bound <= 1 and res.summary() and res.breakdown()
-    # 0 only where the bound is 0 and the plan is not; 1 for a step of 0 s
-    assert res.fraction_of_bound > 0 or (res.lower_bound_time == 0 and res.step_time > 0), "fraction_of_bound 0"
-    assert res.step_time > 0 or (res.fraction_of_bound == 1 and res.fraction_of_balanced == 1)
-
-
-# ------------------------------------------------------------------ valid plans
-@dataclass
-class PlanCase:
-    plan: rp.Plan
-    window: rp.Window
-    topo: rp.Topology
-    cost: rp.CostModel
-    cap: int
-
-
-def max_cell(plan: rp.Plan, window: rp.Window) -> int:
-    cell = plan.sample_rank.astype(np.int64) * plan.num_micro + plan.sample_micro
-    return int(np.bincount(cell, weights=window.seq_lens.astype(np.float64)).max())
-
-
-def valid_plan(rng: np.random.Generator, ep2: bool = False) -> PlanCase:
-    seed = int(rng.integers(2**31))
-    c = random_case(seed, TOPOLOGIES[seed % 4] if ep2 else None)
-    cap = max_cell(c.plan, c.window) + int(rng.choice([0, 0, 1, 50, 10**6]))
-    return PlanCase(c.plan, c.window, c.topo, c.cost, cap)
-
-
-def fresh(plan: rp.Plan) -> rp.Plan:
-    """A deep copy (a case tampers with its own plan only)."""
-    return copy.deepcopy(plan)
+from fuzzlib.valid import PlanCase, fresh, valid_plan
 
 
 # ------------------------------------------------------------------ tampering
@@ -639,14 +470,12 @@ def plan_save_case(rng: np.random.Generator) -> Case:
 
 
 def plan_load_gen() -> Any:
-    from fuzzlib.t_window import _load_other_type, file_load_case
-
     def make(rng: np.random.Generator) -> rp.Plan:
         pc = valid_plan(rng)
         pc.plan.report = {"token_cap": pc.cap, "nested": {"a": [1, 2]}}
         return pc.plan
 
-    return mixed((9, file_load_case(rp.Plan, make, "plan")), (1, _load_other_type))
+    return mixed((9, file_load_case(rp.Plan, make, "plan")), (1, other_type_case))
 
 
 TARGETS = [

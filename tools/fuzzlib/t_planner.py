@@ -16,7 +16,7 @@ from routepack.stages import PACKINGS, PLACEMENTS, REPLICATIONS, known_options
 from random_plans import random_cost, random_layout, random_phy2log, random_window
 from fuzzlib.engine import Case, Target, mixed
 from fuzzlib.inputs import BAD_FLOATS, BAD_INTS, BAD_OBJECTS, bad_for, is_huge, pick
-from fuzzlib.t_plan import check_plan, check_sim
+from fuzzlib.checks import check_plan, check_sim
 
 OPTION_NAMES = tuple(sorted(known_options()))
 MAX = 2**63 - 1

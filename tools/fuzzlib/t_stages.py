@@ -26,7 +26,7 @@ from routepack.stages import (
 from random_plans import random_phy2log
 from fuzzlib.engine import Case, Target, mixed
 from fuzzlib.inputs import BAD_INTS, BAD_OBJECTS, bad_for, is_huge, pick
-from fuzzlib.t_plan import PLAN_NAMES, check_placement, check_plan
+from fuzzlib.checks import PLAN_NAMES, check_placement, check_plan
 from fuzzlib.t_planner import DOMAIN, OPTION_NAMES, in_domain, random_inputs, random_options
 
 OPTION_CLASSES = [

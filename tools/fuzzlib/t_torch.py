@@ -18,7 +18,7 @@ import routepack as rp
 
 from fuzzlib.engine import Case, Target, hyp_gen, mixed
 from fuzzlib.inputs import BAD_INTS, BAD_OBJECTS, mutate_array, pick, spoil_one
-from fuzzlib.t_plan import valid_plan
+from fuzzlib.valid import valid_plan
 
 _PG: List[bool] = []
 

@@ -11,43 +11,13 @@ import numpy as np
 import routepack as rp
 from routepack import replay
 
-from random_plans import random_window
 from test_window_fuzz import routed_inputs, window_inputs
 from fuzzlib.engine import Case, Target, both, hyp_gen, mixed
-from fuzzlib.inputs import SAME_VALUES, bad_for, damage, mutate_array, pick
+from fuzzlib.inputs import SAME_VALUES, bad_for, mutate_array, pick
+from fuzzlib.checks import check_window
+from fuzzlib.files import file_load_case, other_type_case
 from fuzzlib.t_model import tmp_path
-
-
-# ------------------------------------------------------------------ checks
-def check_window(w: Any, seq: Any, tokens: Any) -> None:
-    """A returned window: dtypes, shapes, values as given, and docs/design.md's invariants,
-    checked in numpy and exact Python ints."""
-    assert isinstance(w, rp.Window), f"returned {type(w).__name__}"
-    assert w.seq_lens.dtype == np.int64 and w.expert_tokens.dtype == np.int32, "dtypes"
-    S = w.seq_lens.shape[0]
-    assert w.seq_lens.ndim == 1 and w.expert_tokens.ndim == 3 and w.expert_tokens.shape[0] == S >= 1, "shapes"
-    assert (w.seq_lens >= 1).all() and (w.expert_tokens >= 0).all(), "a length < 1 or a negative count"
-    if seq is not None:
-        assert [int(x) for x in np.asarray(seq, dtype=object).ravel()] == w.seq_lens.tolist(), "seq_lens changed"
-    if tokens is not None:
-        assert np.array_equal(np.asarray(tokens, dtype=object), w.expert_tokens.astype(object)), "expert_tokens changed"
-    over = np.argwhere(w.expert_tokens.astype(np.int64) > w.seq_lens[:, None, None])
-    assert over.size == 0, (
-        f"accepted a window whose expert count exceeds its sample's length (sample {over[0][0]}, layer {over[0][1]})"
-        if over.size
-        else ""
-    )
-    exact = sum(int(x) for x in w.seq_lens.tolist())
-    assert w.total_tokens == exact, f"total_tokens = {w.total_tokens}, the lengths sum to {exact}"
-    load = w.layer_expert_load()
-    assert load.shape == w.expert_tokens.shape[1:] and np.isfinite(load).all()
-    assert np.array_equal(load, w.expert_tokens.sum(axis=0, dtype=np.float64))
-    assert w == w and repr(w)
-
-
-def consistent_window(rng: np.random.Generator) -> rp.Window:
-    S, L, E = int(rng.integers(1, 24)), int(rng.integers(1, 5)), int(rng.integers(1, 17))
-    return random_window(rng, S, L, E, max_len=int(rng.choice([5, 40, 300])))
+from fuzzlib.valid import consistent_window
 
 
 # ------------------------------------------------------------------ Window
@@ -315,61 +285,8 @@ def window_save_case(rng: np.random.Generator) -> Case:
     return Case("malformed", w.save, (bad,), note="path of a wrong type")
 
 
-def file_load_case(cls: Any, make: Any, what: str):
-    def gen(rng: np.random.Generator) -> Case:
-        obj = make(rng)
-        buf = io.BytesIO()
-        obj.save(buf)
-        raw = buf.getvalue()
-        path = tmp_path(what)
-        if rng.random() < 0.2:
-            Path(path).write_bytes(raw)
-            return Case("valid", cls.load, (path,), check=lambda back: _same_obj(back, obj), expect="ok")
-        label, bad, forged = damage(rng, raw)
-
-        def setup() -> Any:
-            Path(path).write_bytes(bad)
-            return (path,), {}
-
-        def check(back: Any) -> None:
-            # a harmless flip (a timestamp) may load; it must then give the saved data; a
-            # member forged with well-formed contents may be valid data of its own
-            assert isinstance(back, cls), f"returned {type(back).__name__}"
-            if isinstance(back, rp.Window):
-                check_window(back, None, None)
-            assert forged or _equal(back, obj), f"damaged file ({label}) loaded as different data"
-
-        return Case("damaged", cls.load, (path,), check=check, note=label, names=(path, repr(path)), setup=setup)
-
-    return gen
-
-
-def _equal(a: Any, b: Any) -> bool:
-    if isinstance(b, rp.Plan):
-        return isinstance(a, rp.Plan) and a.same_as(b) and a.report == b.report and a.policy == b.policy
-    return a == b
-
-
-def _same_obj(a: Any, b: Any) -> None:
-    assert _equal(a, b), "load(save(x)) differs from x"
-
-
-def _load_other_type(rng: np.random.Generator) -> Case:
-    """A plan file given to Window.load, or a window file to Plan.load."""
-    from fuzzlib.t_plan import valid_plan
-
-    path = tmp_path("swap")
-    plan_case = valid_plan(rng)
-    w = consistent_window(rng)
-    if rng.random() < 0.5:
-        plan_case.plan.save(path)
-        return Case("damaged", rp.Window.load, (path,), note="a Plan file", names=(path,), expect="error")
-    w.save(path)
-    return Case("damaged", rp.Plan.load, (path,), note="a Window file", names=(path,), expect="error")
-
-
 def window_load_gen() -> Any:
-    return mixed((9, file_load_case(rp.Window, consistent_window, "win")), (1, _load_other_type))
+    return mixed((9, file_load_case(rp.Window, consistent_window, "win")), (1, other_type_case))
 
 
 TARGETS = [

@@ -2,7 +2,7 @@
 CUDA), over a sweep of message sizes.
 
 The ranks are spawned the way the project's self-checks spawn them
-(`routepack.torch.selfcheck.spawn.run_ranks`: ``spawn`` start method, a file store, one
+(`routepack.torch.spawn.run_ranks`: ``spawn`` start method, a file store, one
 thread per rank, stragglers killed). Local processes share one node, so what is measured is
 the intra-node link (``bw_intra``); ``bw_inter`` cannot be measured here.
 
@@ -114,7 +114,7 @@ def spawn(fn: Any, device: str, ranks: int, clock: str, timeout_s: float, *args:
         backend = "nccl"
     else:
         backend = "gloo"
-    from routepack.torch.selfcheck.spawn import run_ranks
+    from routepack.torch.spawn import run_ranks
 
     out = run_ranks(
         fn, ranks, *args, clock, backend=backend, join_timeout_s=timeout_s, pg_timeout_s=min(timeout_s, 300)

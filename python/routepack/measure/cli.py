@@ -12,8 +12,9 @@ from routepack.errors import RoutepackError
 
 def run(args: argparse.Namespace) -> int:
     """Calibrates (or loads ``--cost``), plans, executes and prints measured vs predicted."""
-    from routepack.measure import Workload, format_table, measure
-    from routepack.model import CostModel
+    from routepack._cliargs import load_cost
+    from routepack.measure.run import format_table, measure
+    from routepack.measure.workload import Workload
 
     work = Workload(
         ranks=args.ranks,
@@ -28,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         popularity=args.popularity,
     )
-    cost = CostModel.load(args.cost) if args.cost else None
+    cost = load_cost(args.cost) if args.cost else None
     try:
         result = measure(
             work,

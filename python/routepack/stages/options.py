@@ -29,11 +29,12 @@ def count(minimum: int = 0, maximum: int = MAX_INT) -> Check:
     return lambda v, name: positive_int(v, name, minimum=minimum, maximum=maximum)
 
 
-def number(lo: float = 0.0, hi: float = float("inf"), lo_open: bool = False, hi_open: bool = False) -> Check:
-    """A finite float in the interval ``lo..hi``."""
-    if hi == float("inf") and not lo_open:
+def number(lo: float = 0.0, hi: float = float("inf"), **open_ends: bool) -> Check:
+    """A finite float in the interval ``lo..hi`` (closed, or open at an end `bounded_float`'s
+    ``lo_open`` / ``hi_open`` name)."""
+    if hi == float("inf") and not open_ends.get("lo_open"):
         return lambda v, name: finite_float(v, name, minimum=lo)
-    return lambda v, name: bounded_float(v, name, lo, hi, lo_open, hi_open)
+    return lambda v, name: bounded_float(v, name, lo, hi, **open_ends)
 
 
 def flag() -> Check:

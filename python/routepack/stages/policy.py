@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+#: Where placement loads come from by default: this window's (see `Policy.loads`).
+DEFAULT_LOADS = "window"
+
+
 @dataclass(frozen=True)
 class Policy:
     """placement: static | eplb | eplb_hierarchical | relibra | routepack; packing: sequential | kk | routepack;
@@ -16,7 +20,7 @@ class Policy:
     replication: str = "none"
     #: Where placement loads come from: "window" (this window, an oracle), or "previous"
     #: (``previous_window=``, what history-based balancers do in practice).
-    loads: str = "window"
+    loads: str = DEFAULT_LOADS
 
 
-__all__ = ["Policy"]
+__all__ = ["DEFAULT_LOADS", "Policy"]

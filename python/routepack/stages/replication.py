@@ -1,7 +1,7 @@
 """Replication stage (docs/design.md stage 4): intra-batch copies of hot experts per exchange.
 
 Every choice has the signature ``f(ctx, options, placement, sample_rank, sample_micro,
-num_micro) -> replicas`` and returns a structured array of `REPLICA_DTYPE` entries: in step
+num_micro) -> replicas`` and returns a structured array of `REPLICA_DTYPE` entries: in microbatch
 ``micro`` of EP group ``group``, layer ``layer``, the weights of ``expert`` go from EP-local
 rank ``src_rank`` (which hosts it) to ``dst_rank``, which computes ``share`` of that expert's
 tokens in that exchange (routing rule: routepack-core's flow module).
@@ -28,7 +28,7 @@ import numpy as np
 from routepack import _core
 from routepack._checks import as_int_array, positive_int, sequence
 from routepack.errors import RoutepackError
-from routepack.plan import REPLICA_DTYPE, Placement, Plan, empty_replicas
+from routepack.plan import REPLICA_DTYPE, REPLICA_FIELDS, Placement, Plan, empty_replicas
 from routepack.stages.context import PlanContext, check_placement_fits, stage_context
 from routepack.stages.options import NoOptions, StageOptions, count, option
 
@@ -46,7 +46,7 @@ class HotNOptions(StageOptions):
 class RelibraReplicationOptions(StageOptions):
     """Options of the ``relibra`` replication."""
 
-    #: Copies a rank may hold per (step, layer), >= 0.
+    #: Copies a rank may hold per (microbatch, layer), >= 0.
     replication_slots: int = option("replication", "replication_slots", count(0))
 
 
@@ -54,9 +54,9 @@ class RelibraReplicationOptions(StageOptions):
 class RoutepackReplicationOptions(StageOptions):
     """Options of the ``routepack`` replication (defaults: the Rust core's)."""
 
-    #: Copies a rank may hold per (step, layer), >= 0.
+    #: Copies a rank may hold per (microbatch, layer), >= 0.
     replication_slots: int = option("replication", "replication_slots", count(0))
-    #: Experts and destinations tried per bottleneck list and step, >= 1 (quality vs time:
+    #: Experts and destinations tried per bottleneck list and microbatch, >= 1 (quality vs time:
     #: the default keeps a `flash` plan near 1 s; 2 finds a little more on static placements
     #: at about twice the time).
     replication_candidates: int = option("replication", "replication_candidates", count(1))
@@ -68,13 +68,11 @@ def replica_table(columns: tuple) -> np.ndarray:
     that fit int32 and ``share`` finite numbers (as float32), all seven of one length N;
     anything else raises naming the column (``columns[i]`` / its name)."""
     cols = sequence(columns, "columns", "7 replica columns")
-    if len(cols) != len(REPLICA_DTYPE.names):
-        raise RoutepackError(
-            f"columns: expected {len(REPLICA_DTYPE.names)} columns {REPLICA_DTYPE.names}, got {len(cols)}"
-        )
+    if len(cols) != len(REPLICA_FIELDS):
+        raise RoutepackError(f"columns: expected {len(REPLICA_FIELDS)} columns {REPLICA_FIELDS}, got {len(cols)}")
     checked = [
         as_int_array(c, f"columns[{i}] ({name})", 1, np.int32)
-        for i, (name, c) in enumerate(zip(REPLICA_DTYPE.names[:-1], cols))
+        for i, (name, c) in enumerate(zip(REPLICA_FIELDS[:-1], cols))
     ]
     share = np.asarray(cols[-1])
     if (
@@ -91,11 +89,11 @@ def replica_table(columns: tuple) -> np.ndarray:
         raise RoutepackError(f"columns[6] (share): entry {bad} is {share[bad]}, not a finite float32")
     checked.append(share32)
     n = len(checked[0])
-    for i, (name, c) in enumerate(zip(REPLICA_DTYPE.names, checked)):
+    for i, (name, c) in enumerate(zip(REPLICA_FIELDS, checked)):
         if len(c) != n:
             raise RoutepackError(f"columns[{i}] ({name}): has {len(c)} entries, columns[0] (micro) has {n}")
     table = np.zeros(n, dtype=REPLICA_DTYPE)
-    for name, col in zip(REPLICA_DTYPE.names, checked):
+    for name, col in zip(REPLICA_FIELDS, checked):
         table[name] = col
     return table
 

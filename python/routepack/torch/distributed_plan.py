@@ -29,7 +29,7 @@ from routepack.model import CostModel, Topology
 from routepack.plan import REPLICA_DTYPE, Placement, Plan
 from routepack.planner import plan_stages
 from routepack.policies import resolve
-from routepack.stages.context import PlanContext, check_fills_cells
+from routepack.stages.context import DEFAULT_POLICY, DEFAULT_SEED, DEFAULT_TOKEN_CAP, PlanContext, check_fills_cells
 from routepack.stages.registry import Stage, canonical_options, stage_options
 from routepack.stages.replication import hot_n_replication, relibra_replication, routepack_replication
 from routepack.torch import _args
@@ -63,12 +63,12 @@ def plan_window_distributed(
     window: Any,
     topo: Any,
     cost: Any,
-    token_cap: int = 65536,
-    policy: Any = "routepack",
+    token_cap: int = DEFAULT_TOKEN_CAP,
+    policy: Any = DEFAULT_POLICY,
     group: Optional[Any] = None,
     previous: Optional[Placement] = None,
     previous_window: Any = None,
-    seed: int = 0,
+    seed: int = DEFAULT_SEED,
     anneal_moves: Optional[int] = None,
     time_budget_s: Optional[float] = None,
     timeout: Optional[datetime.timedelta] = None,

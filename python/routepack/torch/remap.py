@@ -77,7 +77,7 @@ def _flow_table(origin: np.ndarray, phy2log_row: np.ndarray, topo: Any, cell_row
         np.ascontiguousarray(cell_rows["share"], dtype=np.float32),
     )
     out = np.zeros(len(cols[0]), dtype=FLOW_DTYPE)
-    for name, col in zip(FLOW_DTYPE.names, cols):
+    for name, col in zip(FLOW_DTYPE.names or (), cols):
         out[name] = col
     return out
 

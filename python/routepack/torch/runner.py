@@ -17,7 +17,7 @@ rank before any tensor moves.
 from __future__ import annotations
 
 import datetime
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -194,11 +194,11 @@ class PlanRunner:
         """This EP group's replicas per (micro, layer), table order, with their row indices."""
         rows = plan.replicas
         idx = np.flatnonzero(rows["group"] == self.ep_group_index)
-        cells: Dict[Tuple[int, int], Tuple[np.ndarray, np.ndarray]] = {}
+        cells: Dict[Tuple[int, int], List[int]] = {}
         for i in idx.tolist():
             key = (int(rows[i]["micro"]), int(rows[i]["layer"]))
-            cells.setdefault(key, ([], None))[0].append(i)
-        return {k: (np.asarray(v[0], dtype=np.int64), rows[np.asarray(v[0])]) for k, v in cells.items()}
+            cells.setdefault(key, []).append(i)
+        return {k: (np.asarray(v, dtype=np.int64), rows[np.asarray(v)]) for k, v in cells.items()}
 
     def start_micro(self, micro: int, prefetch: bool = True) -> None:
         """Makes ``micro`` current; with ``prefetch`` posts its replica weight transfers now so
@@ -227,9 +227,10 @@ class PlanRunner:
         microbatches only: its redundant experts' gradients are summed in the backward of the
         step's last microbatch (`routepack.torch.slot_link`), so an optimizer step now would
         miss them. `discard_step` drops them (a step abandoned on purpose)."""
-        left = self.step_sums.unfinished() if self.step_sums is not None else {}
-        if left:
-            m = self.step_sums.num_micro
+        sums = self.step_sums
+        left = sums.unfinished() if sums is not None else {}
+        if sums is not None and left:
+            m = sums.num_micro
             raise RoutepackError(
                 f"{where}: the step is part-way: layer(s) {list(left)} ran backward for {sorted(set(left.values()))} "
                 f"of the plan's {m} microbatches; their redundant experts' gradients are summed in the backward "

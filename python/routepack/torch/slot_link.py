@@ -22,8 +22,8 @@ backward of the step's last microbatch (the ``num_micro``-th backward of the lay
 window began, in whatever order the microbatches run): that one all-reduces the step's sums
 and returns them, rounded once, so every copy of an expert gets the same bits (handing the
 local parts on and returning the sum minus them would leave the copies' gradients apart by
-rounding, and their optimizer states with them: `selfcheck.windows` checks they stay
-identical). Each microbatch's part is added into its slot's running fp32 sum in place, and the
+rounding, and their optimizer states with them: tests/torch/selfcheck/windows.py checks they
+stay identical). Each microbatch's part is added into its slot's running fp32 sum in place, and the
 zeros, the sums and the replica gradients are written into the incoming gradient of the stack
 where it is the layer's own (`_own`), so no microbatch copies the stack (the measured run's
 profile: copying it took about 4 ms a layer in the last microbatch). Summing per microbatch cost one all-reduce of every redundant
