@@ -164,6 +164,9 @@ class PlanMoELayer(MoELayer):
         self.moe_index: Optional[int] = None
         self.runner: Any = None
         self.set_placement(Placement.static(1, experts, topo).phy2log[0])
+        from routepack.integrations._megatron_ckpt import sync_local_copies
+
+        self.register_load_state_dict_post_hook(lambda module, keys: sync_local_copies(module))
 
     # ------------------------------------------------------------------ placement
     @property
@@ -209,6 +212,8 @@ class PlanMoELayer(MoELayer):
         dispatched_input, tokens_per_expert, permuted_probs = self.token_dispatcher.dispatch_postprocess(
             hidden_states, probs
         )
+        if self.runner is not None and self.runner.recording:
+            self.runner.note_received(self, tokens_per_expert)
         dispatched_input = _SlotLink.apply(dispatched_input, self)
         expert_output, mlp_bias = self.experts(dispatched_input, tokens_per_expert, permuted_probs)
         assert mlp_bias is None, f"mlp_bias is not supported for {type(self.token_dispatcher)}"
