@@ -118,7 +118,7 @@ def test_over_cap_sample_runs_alone_priced_and_counted():
     topo = manager.routepack.topology(dp)
     sim = rp.simulate(plan, w, topo, cost_model(2, E), cap)  # priced on the real lengths
     assert plan.report["predicted"]["step_time"] == pytest.approx(sim.step_time)
-    assert sim.lower_bound_time <= sim.step_time
+    assert sim.lower_bound_time <= sim.step_time * (1 + 1e-12)  # a few ulp over: issue 33 class 3, the core's
     cut = rp.simulate(plan, rp.Window(np.minimum(w.seq_lens, cap), w.counts * 0, top_k=2), topo, cost_model(2, E), cap)
     assert sim.step_time > cut.step_time  # its 60 tokens are priced, not the cut 24
     rows = plan.report["packing"]["rows_lower_bound"]["rows"]

@@ -163,7 +163,7 @@ class TrainerPlanner:
         **options: Any,
     ) -> None:
         if isinstance(cost, (str, os.PathLike)):
-            cost = CostModel.load(cost)
+            cost = CostModel.load(os.fspath(cost))
         self.cost = instance_of(cost, CostModel, "cost")
         self.policy_name, self.policy, self.runs = backend_policy(backend, policy)
         if num_experts is None:
