@@ -161,6 +161,12 @@ def test_backend_picks_the_policy_and_metrics_use_slimes_names(monkeypatch):
         rs.planner_from_args(a, cost_model(2, E), policy="eplb")
     planner = rs.planner_from_args(a, cost_model(2, E))
     assert planner.policy_name == "routepack_packing" and not planner.runs.placement
+    a.train_backend = "fsdp"
+    assert rs.planner_from_args(a, cost_model(2, E)).runs.backend == "fsdp"
+    a.train_backend = "deepspeed"
+    with pytest.raises(rp.RoutepackError, match="args.train_backend: routepack plans for"):
+        rs.planner_from_args(a, cost_model(2, E))
+    del a.train_backend
     import routepack.integrations.megatron as rm
 
     monkeypatch.setattr(rm, "EXECUTES", frozenset({"placement", "replicas"}), raising=False)
