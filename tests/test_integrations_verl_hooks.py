@@ -282,13 +282,13 @@ def test_uninstall_restores_verl():
 
 
 ROOT = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(rp.__file__).resolve().parent.parent  # where the routepack under test lives
 
 
 def run_script(code, timeout=300):
-    env = {"PYTHONPATH": f"{ROOT.parent / 'python'}:{ROOT}", "PATH": "/usr/bin:/bin"}
     import os
 
-    env = {**os.environ, **env}
+    env = {**os.environ, "PYTHONPATH": f"{PACKAGE_DIR}:{ROOT}"}
     r = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout, env=env
     )
@@ -364,7 +364,7 @@ def test_dp_group_ranks_agree_before_taking_a_plan(tmp_path):
     path.write_text(textwrap.dedent(script))
     import os
 
-    env = {**os.environ, "PYTHONPATH": f"{ROOT.parent / 'python'}:{ROOT}"}
+    env = {**os.environ, "PYTHONPATH": f"{PACKAGE_DIR}:{ROOT}"}
     procs = [
         subprocess.Popen(
             [sys.executable, str(path), str(r)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
@@ -389,7 +389,7 @@ def test_rays_setup_hook_hooks_an_actor_process():
         import ray
         ray.init(num_cpus=1, object_store_memory=80 * 2**20, include_dashboard=False,
                  runtime_env={{"worker_process_setup_hook": "routepack.integrations.verl.setup_process",
-                              "env_vars": {{"PYTHONPATH": "{ROOT.parent / "python"}"}}}})
+                              "env_vars": {{"PYTHONPATH": "{PACKAGE_DIR}"}}}})
 
         @ray.remote
         class Probe:
