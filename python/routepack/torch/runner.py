@@ -28,7 +28,7 @@ from routepack._checks import positive_int
 from routepack.errors import InvalidPlanError, RoutepackError, RoutepackTypeError
 from routepack.plan import Plan, empty_replicas
 from routepack.window import Window
-from routepack.torch import _args
+from routepack.torch import _args, profile
 from routepack.torch.broadcast import digest_int, gather_ints, raise_shared_failure
 from routepack.torch.grads import sync_redundant_grads
 from routepack.torch.migrate import MigrationReport, migrate
@@ -208,7 +208,8 @@ class PlanRunner:
         self.micro = _args.rank(micro, "micro", self.plan.num_micro)
         self.exchange.micro = self.micro
         if prefetch:
-            self.exchange.prefetch(self.micro)
+            with profile.region("replica_fill"):
+                self.exchange.prefetch(self.micro)
 
     def finish_step(self, reduce_edp: bool = True) -> None:
         """Before the optimizer step: every slot without a gradient gets zeros and, with
