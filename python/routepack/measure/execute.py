@@ -84,6 +84,8 @@ def run_plan(
     (forward + backward of every MoE layer, replica weights posted at its start), "wall_s":
     the median by the wall clock, "finish_s": the median CPU seconds of ``finish_step``,
     "migration_s": the CPU seconds of the window's ``begin_window`` (its migration, once),
+    "routes_s": of computing the window's routes from the replayed microbatches
+    (`PlanRunner.set_microbatches`, once: the layers' forward then routes nothing),
     "drift": each timed round's factor, "steps_s": every timed step's CPU seconds per
     microbatch ``[repeats][M]`` as measured, "micro_spread": each microbatch's `spread`, and
     with ``profile`` "parts": per microbatch, part → median seconds, and "parts_spread"}. A
@@ -116,11 +118,10 @@ def run_plan(
         runner = PlanRunner(layers, work.topology(), timeout=datetime.timedelta(seconds=300))
         setups[name] = (layers, opt, runner)
 
-    def inputs(w: int, plan: Any) -> List[Any]:
-        window, routed, cu = windows[w]
+    def inputs(w: int, mbs: List[Any]) -> List[Any]:
         gm = torch.Generator().manual_seed(work.seed * 1000 + 100 * w + rank)
         data = []
-        for mb in rank_microbatches(plan, routed, rank, cu, dp=work.ranks):
+        for mb in mbs:
             t = int(mb.routed.shape[0])
             data.append(
                 (
@@ -168,18 +169,24 @@ def run_plan(
     # measured the kernels (`calibrate.timing.steady_heap`): no page faults on fresh gradients
     with steady_heap(device):
         for w in range(len(windows)):
-            data, migration = {}, {}
+            data, migration, routes = {}, {}, {}
             for name in names:
                 plan = plans[name][w]
                 layers, opt, runner = setups[name]
+                window, routed, cu = windows[w]
+                mbs = rank_microbatches(plan, routed, rank, cu, dp=work.ranks)
                 sync()
                 dist.barrier()
                 c0 = now()
-                runner.begin_window(plan, windows[w][0], opt)
+                runner.begin_window(plan, window, opt)
                 sync()
                 migration[name] = now() - c0
                 dist.barrier()
-                data[name] = inputs(w, plan)
+                # the replayed ids known for the window: every route computed once, here
+                c0 = now()
+                runner.set_microbatches(mbs)
+                routes[name] = now() - c0
+                data[name] = inputs(w, mbs)
             # the plans take turns, step by step, in alternating order: a change in the machine's
             # load (other processes come and go) then falls on every plan alike
             got: Dict[str, List[Any]] = {name: [] for name in names}
@@ -200,6 +207,7 @@ def run_plan(
                     "wall_s": np.median(wall, axis=0).tolist(),
                     "finish_s": float(np.median(np.array([r[2] for r in runs]) / drift)),
                     "migration_s": float(migration[name]),
+                    "routes_s": float(routes[name]),
                     "drift": drift.tolist(),
                     "steps_s": cpu[name].tolist(),
                 }

@@ -221,6 +221,7 @@ def _policy_record(
         micro = np.max([np.array(r["micro_s"]) for r in per], axis=0)
         finish = max(float(r["finish_s"]) for r in per)
         migration = max(float(r["migration_s"]) for r in per)
+        routes = max(float(r.get("routes_s", 0.0)) for r in per)
         pred = predict(plan, window, topo, cost)
         shared = micro + finish / plan.num_micro
         rec: Dict[str, Any] = {
@@ -233,6 +234,7 @@ def _policy_record(
             "micro_s": micro.tolist(),
             "finish_s": finish,
             "migration_s": migration,
+            "routes_s": routes,
             "predicted_migration_s": pred["migration_s"],
             "predicted_micro_s": pred["micro_s"],
             "predicted_terms": pred["terms"],

@@ -40,8 +40,10 @@ _TAG_WEIGHTS = 0
 _TAG_GRADS = 1
 
 
-def _tag(row_index: int, phase: int) -> int:
-    return 2 * int(row_index) + phase
+def _tag(row_index: int, phase: int, part: int = 0) -> int:
+    """The tag of a plan row's message: its weights (``phase`` 0: ``part`` 0 the ``w1``, 1 the
+    ``w2``) or its gradient (``phase`` 1)."""
+    return 4 * int(row_index) + 2 * phase + part
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,7 @@ class ReplicaExchange:
         self.rows = rows
         self.timeout = timeout
         self.micro = 0
-        self._weights: Dict[int, Tuple[list, dict]] = {}
+        self._weights: Dict[int, Tuple[list, Tuple[torch.Tensor, torch.Tensor]]] = {}
         self._chain_cache: Dict[Tuple[int, int], List[Chain]] = {}
         self.sent_bytes = 0
         self.received_bytes = 0
@@ -137,31 +139,42 @@ class ReplicaExchange:
             self._post_weights(micro, layer)
 
     def _post_weights(self, micro: int, layer: int) -> None:
+        """Posts the first hop of ``layer``'s chains: the owner sends its slot's ``w1`` and
+        ``w2`` as they are (no packing copy), the first destination receives them straight into
+        its stacks of copies (`weights` returns those stacks: no unpacking copy)."""
         mod = self.layers[layer]
-        # held[c]: the copy of chain c this rank received; held[-1 - c]: the owner's send buffer
-        me, ops = mod.ep_rank, []
-        held: Dict[int, torch.Tensor] = {}
-        for c, ch in enumerate(self._chains(micro, layer)):
+        cs = self._chains(micro, layer)
+        h, i2 = mod.w1.shape[1], mod.w1.shape[2]
+        copies = sum(len(ch.mine) for ch in cs)
+        w1r = mod.w1.new_empty(copies, h, i2)
+        w2r = mod.w2.new_empty(copies, i2 // 2, h)
+        me = mod.ep_rank
+        ops: list = []
+        for ch in cs:
             if ch.src == me:
                 s = mod.local_slot_of(ch.expert)
-                buf = torch.cat([mod.w1[s].detach().reshape(-1), mod.w2[s].detach().reshape(-1)])
-                ops.append(
-                    dist.P2POp(dist.isend, buf, mod.peers[ch.hops[0]], mod.group, _tag(ch.tags[0], _TAG_WEIGHTS))
-                )
-                held[-1 - c] = buf
-                self.sent_bytes += buf.numel() * buf.element_size()
+                self._send_copy(mod, ops, ch, 0, mod.w1[s].detach(), mod.w2[s].detach())
             elif ch.hops[0] == me:
-                held[c] = self._recv_weights(mod, ops, ch, 0)
+                self._recv_copy(mod, ops, ch, 0, w1r, w2r)
         works = dist.batch_isend_irecv(ops) if ops else []
-        self._weights[layer] = (works, held)
+        self._weights[layer] = (works, (w1r, w2r))
 
-    def _recv_weights(self, mod: Any, ops: list, ch: "Chain", hop: int) -> torch.Tensor:
-        numel = mod.w1[0].numel() + mod.w2[0].numel()
-        buf = torch.empty(numel, dtype=mod.w1.dtype, device=mod.w1.device)
+    def _send_copy(self, mod: Any, ops: list, ch: "Chain", hop: int, w1: torch.Tensor, w2: torch.Tensor) -> None:
+        """Appends the sends of one copy (``w1``, ``w2``) on hop ``hop`` of chain ``ch``."""
+        for part, w in enumerate((w1, w2)):
+            ops.append(
+                dist.P2POp(dist.isend, w, mod.peers[ch.hops[hop]], mod.group, _tag(ch.tags[hop], _TAG_WEIGHTS, part))
+            )
+            self.sent_bytes += w.numel() * w.element_size()
+
+    def _recv_copy(self, mod: Any, ops: list, ch: "Chain", hop: int, w1r: torch.Tensor, w2r: torch.Tensor) -> None:
+        """Appends the receives of chain ``ch``'s copy on hop ``hop``, into this rank's first
+        copy of it in the stacks ``w1r`` / ``w2r``."""
         prev = ch.src if hop == 0 else ch.hops[hop - 1]
-        ops.append(dist.P2POp(dist.irecv, buf, mod.peers[prev], mod.group, _tag(ch.tags[hop], _TAG_WEIGHTS)))
-        self.received_bytes += buf.numel() * buf.element_size()
-        return buf
+        j = ch.mine[0]
+        for part, w in enumerate((w1r[j], w2r[j])):
+            ops.append(dist.P2POp(dist.irecv, w, mod.peers[prev], mod.group, _tag(ch.tags[hop], _TAG_WEIGHTS, part)))
+            self.received_bytes += w.numel() * w.element_size()
 
     def weights(self, layer: int) -> Tuple[torch.Tensor, torch.Tensor]:
         """Waits for ``layer``'s transfers of the current microbatch, relaying along each chain
@@ -169,34 +182,28 @@ class ReplicaExchange:
         rank's copies ``[R, H, 2I]`` and ``[R, I, H]`` in cell order (R may be 0)."""
         if layer not in self._weights:
             self._post_weights(self.micro, layer)
-        works, held = self._weights.pop(layer)
+        works, (w1r, w2r) = self._weights.pop(layer)
         for w in works:
             w.wait(self.timeout)
         mod = self.layers[layer]
         me = mod.ep_rank
         cs = self._chains(self.micro, layer)
         for hop in range(1, max((len(ch.hops) for ch in cs), default=0)):
-            ops = []
-            for c, ch in enumerate(cs):
+            ops: list = []
+            for ch in cs:
                 if len(ch.hops) <= hop:
                     continue
                 if ch.hops[hop - 1] == me:
-                    ops.append(
-                        dist.P2POp(
-                            dist.isend, held[c], mod.peers[ch.hops[hop]], mod.group, _tag(ch.tags[hop], _TAG_WEIGHTS)
-                        )
-                    )
-                    self.sent_bytes += held[c].numel() * held[c].element_size()
+                    j = ch.mine[0]
+                    self._send_copy(mod, ops, ch, hop, w1r[j], w2r[j])
                 elif ch.hops[hop] == me:
-                    held[c] = self._recv_weights(mod, ops, ch, hop)
+                    self._recv_copy(mod, ops, ch, hop, w1r, w2r)
             for w in dist.batch_isend_irecv(ops) if ops else []:
                 w.wait(self.timeout)
-        h, i2 = mod.w1.shape[1], mod.w1.shape[2]
-        n1 = h * i2
-        by_copy = {j: held[c] for c, ch in enumerate(cs) for j in ch.mine}  # copy index, cell order
-        copies = [by_copy[j] for j in range(len(by_copy))]
-        w1r = torch.stack([b[:n1].view(h, i2) for b in copies]) if copies else mod.w1.new_empty(0, h, i2)
-        w2r = torch.stack([b[n1:].view(i2 // 2, h) for b in copies]) if copies else mod.w2.new_empty(0, i2 // 2, h)
+        for ch in cs:  # a rank holding two copies of one chain received the first only
+            for j in ch.mine[1:]:
+                w1r[j].copy_(w1r[ch.mine[0]])
+                w2r[j].copy_(w2r[ch.mine[0]])
         return w1r, w2r
 
     # ----------------------------------------------------------- backward

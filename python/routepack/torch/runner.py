@@ -96,6 +96,7 @@ class PlanRunner:
         self.predicted = np.zeros((0, 0, 0, 0), dtype=np.int64)
         self.last_migration: Optional[MigrationReport] = None
         self._routes: Dict[Tuple[int, int], Any] = {}
+        self._window: Optional[Window] = None
         #: device bool, True once a layer was fed ids other than the precomputed ones
         self._mismatch: Optional[torch.Tensor] = None
         for mod in self.layers:
@@ -186,9 +187,22 @@ class PlanRunner:
         self.predicted = _core.rank_tokens(plan, window.seq_lens, window.counts, self.topo)
         self._routes = {}
         self._mismatch = None
+        self._window = window
         if microbatches is not None:
-            self._routes = window_routes(self, plan, window, microbatches)
+            self.set_microbatches(microbatches)
         return report
+
+    def set_microbatches(self, microbatches: Sequence[Any]) -> None:
+        """Computes every (micro, layer) route of the current window from this rank's replayed
+        ``microbatches`` (`rank_microbatches`, execution order), as ``begin_window(...,
+        microbatches=...)`` does: the layers' forward then does no host copy and no
+        all-gather, and `finish_step` checks, once per step, that every rank fed exactly
+        these ids. Local (no collective); call it after `begin_window`."""
+        if self.plan is None or self._window is None:
+            raise RuntimeError("set_microbatches: call begin_window first")
+        self._routes = {}
+        self._mismatch = None
+        self._routes = window_routes(self, self.plan, self._window, microbatches)
 
     def _bucket(self, plan: Plan) -> Dict[Tuple[int, int], Tuple[np.ndarray, np.ndarray]]:
         """This EP group's replicas per (micro, layer), table order, with their row indices."""
