@@ -182,7 +182,7 @@ def replicate_hot_n(
     """MindSpeed's hot-expert broadcast for a plan's placement and layout (its replicas and
     migration are not read): N hot experts per exchange (EP group, microbatch, layer),
     copies on every other EP rank computing their own tokens. ``block`` ``(index, count)``:
-    only that contiguous block of the flattened exchange index ``(g·M + m)·L + l``, the rows
+    only that contiguous block of the flattened exchange index ``(g·M + m)·L + l``, the replicas
     the full run gives it, in order (None: every exchange; blocks 0..count tile the run)."""
 
 def replicate_relibra(
@@ -209,7 +209,7 @@ def replicate_routepack(
     time_budget_s: Optional[float] = None,
     block: Optional[Tuple[int, int]] = None,
 ) -> _ReplicaColumns:
-    """routepack's replication for a plan's placement and layout: per exchange, rows
+    """routepack's replication for a plan's placement and layout: per exchange, the replicas
     minimising the simulated layer time.
     ``block``: as in `replicate_hot_n`."""
 

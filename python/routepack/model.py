@@ -7,8 +7,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from routepack import _core
-from routepack._checks import file_path, finite_float, instance_of, positive_int, sequence
+from routepack._checks import file_path, finite_float, instance_of, json_value, positive_int, sequence
 from routepack.errors import RoutepackError, RoutepackFileError, RoutepackTypeError
 
 ATTENTION_KINDS = ("linear", "full")
@@ -204,9 +206,15 @@ _OPTIONAL_JSON_KEYS = frozenset(
 
 
 def _expert_table(value: object) -> Tuple[Tuple[float, float], ...]:
-    """``cost.expert_table`` as a tuple of (tokens, seconds) float pairs: tokens finite, >= 1 and
-    increasing, seconds finite and >= 0 (what the core's check asks, named here per knot)."""
+    """``cost.expert_table`` (a sequence of (tokens, seconds) pairs, or an array of shape
+    ``[knots, 2]``) as a tuple of float pairs: tokens finite, >= 1 and increasing, seconds
+    finite and >= 0 (what the core's check asks, named here per knot)."""
     knots: List[Tuple[float, float]] = []
+    if isinstance(value, np.ndarray) and value.ndim == 2:
+        # an array of knots, one (tokens, seconds) row each, as `a_quad` takes an array
+        if value.shape[1] != 2:
+            raise RoutepackError(f"cost.expert_table: expected an array of shape [knots, 2], got {value.shape}")
+        value = list(value)
     for i, knot in enumerate(sequence(value, "cost.expert_table", "(tokens, seconds) knots")):
         pair = sequence(knot, f"cost.expert_table[{i}]", "numbers (tokens, seconds)")
         if len(pair) != 2:
@@ -421,10 +429,7 @@ class CostModel:
                 text = bytes(text).decode("utf-8")
             except UnicodeDecodeError as e:
                 raise RoutepackError(f"cost JSON: not UTF-8 text ({e})") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise RoutepackError(f"cost JSON: not valid JSON ({e})") from None
+        data = json_value(text, "cost JSON")
         if not isinstance(data, dict):
             raise RoutepackError(f"cost JSON: expected an object, got {type(data).__name__}")
         fields = set(cls.__dataclass_fields__)

@@ -6,7 +6,7 @@
 //! planner of the core and random valid plans.
 //!
 //! # Derivation
-//! `simulate` prices each exchange (group g, step m, layer l) as
+//! `simulate` prices each exchange (group g, microbatch m, layer l) as
 //! `T = 3·α + 4·max_r lt(r) + (F − α)⁺ + (B − 2α)⁺ + 3·max_p X_p`, with α the slowest rank's
 //! attention, lt(r) rank r's dispatch link time, F and B the forward/backward replication link
 //! times and X_p = c_tok·tokens(p) + c_exp·active(p). Step time = max_g Σ_m Σ_l T + migration;
@@ -38,14 +38,14 @@
 //!    the node-entry price of 3 at node level, each expert's tokens of a
 //!    cell either pay the traffic price or one replica: `min(q·t, c) ≥ t·min(q, c/U)` for
 //!    `t ≤ U`, where U bounds the tokens of e in one cell (≤ ρ_e·cap, ρ_e the largest
-//!    share of a sample's tokens e takes, and ≤ the window's tokens of e) or one node-step
+//!    share of a sample's tokens e takes, and ≤ the window's tokens of e) or one node-microbatch
 //!    (≤ rpn·ρ_e·cap). Then `Σ_{e ∉ H} t_e ≥ Σ t − top_k(t)` and `Σ t − top_k(t)` is
 //!    superadditive, so a cell's bound is at least the sum of its samples' bounds.
 //! 5. **Mean over ranks and groups.** After 2–4 every term is a sum over samples of the
 //!    group divided by ep (plus the c_exp term); the maximum over groups is at least the mean,
 //!    so the bound is the window's sums divided by dp. The expert count uses
 //!    mean_g Σ_m U_gm(l) ≥ max(M_lb·u_min(l), U(l)/G).
-//! 6. **One sample.** The group holding sample s pays, at s's step, α ≥ a_l(n_s) and the
+//! 6. **One sample.** The group holding sample s pays, at s's microbatch, α ≥ a_l(n_s) and the
 //!    traffic of s's rank (rank level only, θ = 1, the fastest link), plus the expert term of
 //!    2 with Σ_m U ≥ u(s, l) + (M_lb − 1)·u_min(l).
 //!
@@ -53,7 +53,8 @@
 //!    `CostModel::comm_passes` = K) stand for 3 and 2 above; a (μ, ν) whose attention
 //!    coefficient P − μ − 2ν is negative is skipped. The roofline floor and the GEMM step
 //!    add `(c_weights − c_tok·t)⁺ + c_gemm·[t ≥ 2] ≥ 0` per active expert to X_p, so every
-//!    bound on the linear X_p bounds it (the bound drops that extra). Under `Overlap::DispatchCombine` an exchange costs
+//!    bound on the linear X_p bounds it (the bound drops that extra, and the kernel call: it
+//!    prices X_p with `CostModel::expert_time`, the linear part, `cost::rank`'s lower-bound view). Under `Overlap::DispatchCombine` an exchange costs
 //!    `max(C, A) + (F − α)⁺ + (B − 2α)⁺` (C = P·α + P·max_p X_p, A the all-to-all), and
 //!    `max(C, A) ≥ λ·C + (1 − λ)·A` for λ ∈ [0, 1]: the derivation above goes through with the
 //!    compute terms scaled by λ and the traffic prices by 1 − λ, the attention coefficient
@@ -333,7 +334,7 @@ struct Bound<'a> {
     topo: &'a Topology,
     cost: &'a CostModel,
     prices: Prices,
-    /// M*, the fewest steps a valid plan has.
+    /// M*, the fewest microbatches a valid plan has.
     micro: f64,
     cap: f64,
 }
@@ -360,7 +361,7 @@ impl Bound<'_> {
             .iter()
             .map(|s| {
                 let active = (micro * s.min_experts as f64).max(s.used_experts as f64 / groups);
-                passes * (cost.c_tok * s.tokens / dp + cost.c_exp * active / ep)
+                passes * cost.expert_time(s.tokens / dp, active / ep)
             })
             .sum();
         // (λ on compute, 1 − λ on traffic) under overlap (part 7); both 1 without
@@ -418,7 +419,8 @@ struct SampleTables {
     attention: Vec<f64>,
     /// Tokens the sample's rank cannot host: `(tokens − top_rank)⁺`.
     unhosted: Vec<f64>,
-    /// One pass of expert work at the mean: `c_tok·tokens + c_exp·active`.
+    /// One pass of expert work at the mean: `c_tok·tokens + c_exp·active`, the linear part of
+    /// the expert term (`CostModel::expert_time`, the cost helper's lower-bound view).
     work: Vec<f64>,
 }
 
@@ -433,7 +435,7 @@ impl SampleTables {
                 let active = p.experts as f64 + (micro - 1.0) * sum.min_experts as f64;
                 t.attention[s * l_n + l] = cost.attention(l, n);
                 t.unhosted[s * l_n + l] = (p.tokens - p.top_rank).max(0.0);
-                t.work[s * l_n + l] = cost.c_tok * p.tokens + cost.c_exp * active;
+                t.work[s * l_n + l] = cost.expert_time(p.tokens, active);
             }
         }
         t

@@ -40,10 +40,8 @@ _TAG_WEIGHTS = 0
 _TAG_GRADS = 1
 
 
-def _tag(row_index: int, phase: int, part: int = 0) -> int:
-    """The tag of a plan row's message: its weights (``phase`` 0: ``part`` 0 the ``w1``, 1 the
-    ``w2``) or its gradient (``phase`` 1)."""
-    return 4 * int(row_index) + 2 * phase + part
+def _tag(row_index: int, phase: int) -> int:
+    return 2 * int(row_index) + phase
 
 
 @dataclass(frozen=True)
@@ -113,7 +111,7 @@ class ReplicaExchange:
         self.rows = rows
         self.timeout = timeout
         self.micro = 0
-        self._weights: Dict[int, Tuple[list, Tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._weights: Dict[int, Tuple[list, dict]] = {}
         self._chain_cache: Dict[Tuple[int, int], List[Chain]] = {}
         self.sent_bytes = 0
         self.received_bytes = 0
@@ -139,42 +137,56 @@ class ReplicaExchange:
             self._post_weights(micro, layer)
 
     def _post_weights(self, micro: int, layer: int) -> None:
-        """Posts the first hop of ``layer``'s chains: the owner sends its slot's ``w1`` and
-        ``w2`` as they are (no packing copy), the first destination receives them straight into
-        its stacks of copies (`weights` returns those stacks: no unpacking copy)."""
         mod = self.layers[layer]
-        cs = self._chains(micro, layer)
-        h, i2 = mod.w1.shape[1], mod.w1.shape[2]
-        copies = sum(len(ch.mine) for ch in cs)
-        w1r = mod.w1.new_empty(copies, h, i2)
-        w2r = mod.w2.new_empty(copies, i2 // 2, h)
-        me = mod.ep_rank
-        ops: list = []
-        for ch in cs:
+        # held[c]: the copy of chain c this rank received; held[-1 - c]: the owner's send buffer
+        me, ops = mod.ep_rank, []
+        held: Dict[int, torch.Tensor] = {}
+        for c, ch in enumerate(self._chains(micro, layer)):
             if ch.src == me:
-                s = mod.local_slot_of(ch.expert)
-                self._send_copy(mod, ops, ch, 0, mod.w1[s].detach(), mod.w2[s].detach())
+                buf = self.slot_flat(mod, mod.local_slot_of(ch.expert))
+                ops.append(
+                    dist.P2POp(dist.isend, buf, mod.peers[ch.hops[0]], mod.group, _tag(ch.tags[0], _TAG_WEIGHTS))
+                )
+                held[-1 - c] = buf
+                self.sent_bytes += buf.numel() * buf.element_size()
             elif ch.hops[0] == me:
-                self._recv_copy(mod, ops, ch, 0, w1r, w2r)
+                held[c] = self._recv_weights(mod, ops, ch, 0)
         works = dist.batch_isend_irecv(ops) if ops else []
-        self._weights[layer] = (works, (w1r, w2r))
+        self._weights[layer] = (works, held)
 
-    def _send_copy(self, mod: Any, ops: list, ch: "Chain", hop: int, w1: torch.Tensor, w2: torch.Tensor) -> None:
-        """Appends the sends of one copy (``w1``, ``w2``) on hop ``hop`` of chain ``ch``."""
-        for part, w in enumerate((w1, w2)):
-            ops.append(
-                dist.P2POp(dist.isend, w, mod.peers[ch.hops[hop]], mod.group, _tag(ch.tags[hop], _TAG_WEIGHTS, part))
-            )
-            self.sent_bytes += w.numel() * w.element_size()
+    # ------------------------------------------------ the layer's slot layout
+    # `EPMoE`'s stacked ``w1``/``w2``; `routepack.integrations.megatron` overrides these four
+    # for Megatron's expert modules (one flat buffer per expert either way)
+    def slot_flat(self, mod: Any, slot: int) -> torch.Tensor:
+        """A 1-D copy of local slot ``slot``'s weights (what a copy receives)."""
+        return torch.cat([mod.w1[slot].detach().reshape(-1), mod.w2[slot].detach().reshape(-1)])
 
-    def _recv_copy(self, mod: Any, ops: list, ch: "Chain", hop: int, w1r: torch.Tensor, w2r: torch.Tensor) -> None:
-        """Appends the receives of chain ``ch``'s copy on hop ``hop``, into this rank's first
-        copy of it in the stacks ``w1r`` / ``w2r``."""
+    def flat_spec(self, mod: Any) -> Tuple[int, torch.dtype, torch.device]:
+        """(elements, dtype, device) of one expert's flat weights."""
+        return mod.w1[0].numel() + mod.w2[0].numel(), mod.w1.dtype, mod.w1.device
+
+    def unflatten(self, mod: Any, copies: List[torch.Tensor]) -> Any:
+        """This rank's copies (flat, cell order) as the layer consumes them: `EPMoE`'s
+        ``(w1r [R, H, 2I], w2r [R, I, H])``."""
+        h, i2 = mod.w1.shape[1], mod.w1.shape[2]
+        n1 = h * i2
+        w1r = torch.stack([b[:n1].view(h, i2) for b in copies]) if copies else mod.w1.new_empty(0, h, i2)
+        w2r = torch.stack([b[n1:].view(i2 // 2, h) for b in copies]) if copies else mod.w2.new_empty(0, i2 // 2, h)
+        return w1r, w2r
+
+    def copy_grad(self, grads: Any, copy: int) -> torch.Tensor:
+        """Copy ``copy``'s gradient (cell order) as flat fp32, from what the layer's backward
+        holds (`EPMoE`: ``(g1r, g2r)``)."""
+        g1r, g2r = grads
+        return torch.cat([g1r[copy].reshape(-1), g2r[copy].reshape(-1)]).to(torch.float32)
+
+    def _recv_weights(self, mod: Any, ops: list, ch: "Chain", hop: int) -> torch.Tensor:
+        numel, dtype, device = self.flat_spec(mod)
+        buf = torch.empty(numel, dtype=dtype, device=device)
         prev = ch.src if hop == 0 else ch.hops[hop - 1]
-        j = ch.mine[0]
-        for part, w in enumerate((w1r[j], w2r[j])):
-            ops.append(dist.P2POp(dist.irecv, w, mod.peers[prev], mod.group, _tag(ch.tags[hop], _TAG_WEIGHTS, part)))
-            self.received_bytes += w.numel() * w.element_size()
+        ops.append(dist.P2POp(dist.irecv, buf, mod.peers[prev], mod.group, _tag(ch.tags[hop], _TAG_WEIGHTS)))
+        self.received_bytes += buf.numel() * buf.element_size()
+        return buf
 
     def weights(self, layer: int) -> Tuple[torch.Tensor, torch.Tensor]:
         """Waits for ``layer``'s transfers of the current microbatch, relaying along each chain
@@ -182,29 +194,30 @@ class ReplicaExchange:
         rank's copies ``[R, H, 2I]`` and ``[R, I, H]`` in cell order (R may be 0)."""
         if layer not in self._weights:
             self._post_weights(self.micro, layer)
-        works, (w1r, w2r) = self._weights.pop(layer)
+        works, held = self._weights.pop(layer)
         for w in works:
             w.wait(self.timeout)
         mod = self.layers[layer]
         me = mod.ep_rank
         cs = self._chains(self.micro, layer)
         for hop in range(1, max((len(ch.hops) for ch in cs), default=0)):
-            ops: list = []
-            for ch in cs:
+            ops = []
+            for c, ch in enumerate(cs):
                 if len(ch.hops) <= hop:
                     continue
                 if ch.hops[hop - 1] == me:
-                    j = ch.mine[0]
-                    self._send_copy(mod, ops, ch, hop, w1r[j], w2r[j])
+                    ops.append(
+                        dist.P2POp(
+                            dist.isend, held[c], mod.peers[ch.hops[hop]], mod.group, _tag(ch.tags[hop], _TAG_WEIGHTS)
+                        )
+                    )
+                    self.sent_bytes += held[c].numel() * held[c].element_size()
                 elif ch.hops[hop] == me:
-                    self._recv_copy(mod, ops, ch, hop, w1r, w2r)
+                    held[c] = self._recv_weights(mod, ops, ch, hop)
             for w in dist.batch_isend_irecv(ops) if ops else []:
                 w.wait(self.timeout)
-        for ch in cs:  # a rank holding two copies of one chain received the first only
-            for j in ch.mine[1:]:
-                w1r[j].copy_(w1r[ch.mine[0]])
-                w2r[j].copy_(w2r[ch.mine[0]])
-        return w1r, w2r
+        by_copy = {j: held[c] for c, ch in enumerate(cs) for j in ch.mine}  # copy index, cell order
+        return self.unflatten(mod, [by_copy[j] for j in range(len(by_copy))])
 
     # ----------------------------------------------------------- backward
     def exchange_grads(
@@ -216,14 +229,18 @@ class ReplicaExchange:
         the owner. Returns ``(local slot, fp32 [H*2I + I*H])`` per chain this rank owns.
         Called from `SlotLink`'s backward on every rank of the group alike; the buffers live
         only until the caller has added them."""
+        return self.exchange_copy_grads(micro, layer, (g1r, g2r))
+
+    def exchange_copy_grads(self, micro: int, layer: int, grads: Any) -> List[Tuple[int, torch.Tensor]]:
+        """`exchange_grads` for any slot layout: ``grads`` is what `copy_grad` reads."""
         mod = self.layers[layer]
         me = mod.ep_rank
         cs = self._chains(micro, layer)
-        numel = mod.w1[0].numel() + mod.w2[0].numel()
+        numel, _, device = self.flat_spec(mod)
         acc: Dict[int, torch.Tensor] = {}
         for c, ch in enumerate(cs):
             for j in ch.mine:
-                g = torch.cat([g1r[j].reshape(-1), g2r[j].reshape(-1)]).to(torch.float32)
+                g = self.copy_grad(grads, j)
                 acc[c] = g if c not in acc else acc[c] + g
         got: List[Tuple[int, torch.Tensor]] = []
         for hop in range(max((len(ch.hops) for ch in cs), default=0) - 1, -1, -1):
@@ -238,7 +255,7 @@ class ReplicaExchange:
                     )
                     self.sent_bytes += numel * 4
                 elif prev == me:
-                    buf = torch.empty(numel, dtype=torch.float32, device=mod.w1.device)
+                    buf = torch.empty(numel, dtype=torch.float32, device=device)
                     ops.append(
                         dist.P2POp(dist.irecv, buf, mod.peers[ch.hops[hop]], mod.group, _tag(ch.tags[hop], _TAG_GRADS))
                     )

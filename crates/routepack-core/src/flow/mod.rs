@@ -1,4 +1,4 @@
-//! Where the tokens of one logical expert go in one exchange (EP group, microbatch step, MoE
+//! Where the tokens of one logical expert go in one exchange (EP group, microbatch, MoE
 //! layer: one dispatch/combine all-to-all).
 //!
 //! This is the single definition of token routing under a plan: the simulator prices it and
@@ -176,7 +176,7 @@ pub fn check_exchange(origin: &[i64], num_experts: usize, slot_off: &[usize], re
     Ok(())
 }
 
-/// The flow table of one exchange (group, step, layer): every expert in ascending order, each
+/// The flow table of one exchange (group, microbatch, layer): every expert in ascending order, each
 /// routed by [`route_expert`] (so in its emission order), exactly as the simulator routes it.
 ///
 /// * `origin`  `[ep * E]` rank-major: tokens of expert e from EP-local rank r at `r*E + e`.
