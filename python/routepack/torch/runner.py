@@ -29,7 +29,7 @@ from routepack.errors import InvalidPlanError, RoutepackError, RoutepackTypeErro
 from routepack.plan import Plan, empty_replicas
 from routepack.window import Window
 from routepack.torch import _args, profile
-from routepack.torch.broadcast import digest_int, gather_ints, raise_shared_failure
+from routepack.torch.broadcast import check_same_plan, digest_int, gather_ints, raise_shared_failure
 from routepack.torch.grads import sync_redundant_grads
 from routepack.torch.migrate import MigrationReport, migrate
 from routepack.torch.moe import check_layers
@@ -164,8 +164,7 @@ class PlanRunner:
         raise_shared_failure(
             err, got[:, 0], lambda bad: f"EP rank(s) {bad} refused the plan; nothing moved", InvalidPlanError
         )
-        if np.unique(got[:, 1]).size != 1:
-            raise InvalidPlanError("EP ranks hold different plans; nothing moved (use broadcast_plan)")
+        check_same_plan(got[:, 1], "EP ranks")
         report = None
         if plan.migration.size:
             report = migrate(
