@@ -95,9 +95,12 @@ where
     })
 }
 
-/// A `routepack.Topology` → the core's (checked) `Topology`.
+/// A `routepack.Topology` → the core's (checked) `Topology`: the one place its fields are read.
 pub fn topology(obj: &Bound<'_, PyAny>) -> PyResult<Topology> {
-    Topology::new(attr(obj, "dp")?, attr(obj, "ep")?, attr(obj, "gpus_per_node")?, attr(obj, "slots_per_rank")?).map_err(to_py)
+    let replica_slots: usize = attr(obj, "replica_slots")?;
+    Topology::new(attr(obj, "dp")?, attr(obj, "ep")?, attr(obj, "gpus_per_node")?, attr(obj, "slots_per_rank")?)
+        .and_then(|t| t.with_replica_slots(replica_slots))
+        .map_err(to_py)
 }
 
 /// A phy2log table `[L, P]` → a checked core `Placement`.

@@ -19,6 +19,7 @@ __all__ = [
     "RoutepackInternalError",
     "defaults",
     "cost_defaults",
+    "topology_defaults",
     "static_placement",
     "placement_tables",
     "validate_plan",
@@ -76,6 +77,9 @@ def defaults() -> Dict[str, Dict[str, Any]]:
 def cost_defaults() -> Dict[str, Any]:
     """The cost model options' defaults: c_weights, c_gemm, expert_table, c_call, a2a_latency,
     bw_reduce, overlap, passes (the core's)."""
+
+def topology_defaults() -> Dict[str, Any]:
+    """The topology's optional fields' defaults: replica_slots (the core's)."""
 
 # ---- placement tables and plans (src/py_plan.rs)
 def static_placement(num_layers: int, num_experts: int, topo: Any) -> _I32:

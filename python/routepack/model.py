@@ -22,6 +22,8 @@ PASS_KINDS = ("forward", "backward")
 #: The cost model options' defaults, from the Rust core: the values that price every plan as
 #: before the options existed.
 _COST_DEFAULTS = _core.cost_defaults()
+#: The topology's optional fields' defaults, from the Rust core (``replica_slots``).
+_TOPOLOGY_DEFAULTS = _core.topology_defaults()
 #: `ModelShape.expert_groups` (and `CostModel`'s) of a model that routes without groups, the default.
 UNGROUPED = 1
 
@@ -50,17 +52,28 @@ class Topology:
     * each EP rank has ``slots_per_rank`` physical expert slots per MoE layer; physical slot p
       lives on EP-local rank ``p // slots_per_rank``; ``ep * slots_per_rank - E`` of them are
       redundant (for replicas of hot experts).
+    * each EP rank has ``replica_slots`` spare expert buffers per MoE layer for the intra-batch
+      copies of one microbatch: in one exchange (EP group, microbatch, layer) a rank receives
+      copies of at most that many distinct experts. `Plan.validate` refuses a plan over it, the
+      replication stages plan within it (their own ``replication_slots`` /
+      ``replication_hot_experts`` are capped by it) and the lower bound relies on it. The
+      default, 3, is what the built-in policies use at most with their defaults (``hot_n``
+      broadcasts its 3 hot experts to every rank); 0 allows no copies.
     """
 
     dp: int
     ep: int
     gpus_per_node: int
     slots_per_rank: int
+    replica_slots: int = _TOPOLOGY_DEFAULTS["replica_slots"]
 
     def __post_init__(self) -> None:
         for name in ("dp", "ep", "gpus_per_node", "slots_per_rank"):
             # stored as Python ints (a numpy uint64 would turn later arithmetic into uint64)
             _set(self, name, positive_int(getattr(self, name), f"topo.{name}", maximum=2**31 - 1))  # int32 ids
+        _set(
+            self, "replica_slots", positive_int(self.replica_slots, "topo.replica_slots", minimum=0, maximum=2**31 - 1)
+        )
         if self.dp % self.ep:
             raise RoutepackError(f"topo: dp={self.dp} is not a multiple of ep={self.ep}")
         if self.ep % self.gpus_per_node and self.gpus_per_node % self.ep:
