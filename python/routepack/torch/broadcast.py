@@ -149,7 +149,7 @@ def _agreed(mine: torch.Tensor, group: Optional[Any], timeout: Optional[datetime
     the backend's error, the ``__cause__``)."""
     try:
         return _all_gather(mine, group, timeout)
-    except torch.OutOfMemoryError:
+    except torch.cuda.OutOfMemoryError:  # a RuntimeError, not a failed exchange (torch.cuda.: torch 2.1 too)
         raise
     except RuntimeError as e:
         raise _no_answer(group, timeout) from e
@@ -300,7 +300,7 @@ def _bounded(start: Callable[[], Any], group: Optional[Any], timeout: Optional[d
     try:
         work = start()
         work.wait() if timeout is None else work.wait(timeout)
-    except torch.OutOfMemoryError:
+    except torch.cuda.OutOfMemoryError:  # a RuntimeError, not a failed exchange (torch.cuda.: torch 2.1 too)
         raise
     except RuntimeError as e:
         raise _no_answer(group, timeout) from e
