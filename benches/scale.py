@@ -25,6 +25,7 @@ import dataclasses
 import json
 import os
 import resource
+import shlex
 import subprocess
 import sys
 import time
@@ -183,6 +184,11 @@ def main() -> None:
     )
     ap.add_argument("--no-baseline", action="store_true", help="skip the eplb_oracle plan")
     ap.add_argument("--json", action="store_true", help="print one JSON object per row as well")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="also write the run (command, rows) as JSON to this file; python -m routepack.results scale renders it",
+    )
     ap.add_argument("--cache", help="folder to keep generated windows in and load them from (generation is slow)")
     ap.add_argument("--_one", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -203,6 +209,7 @@ def main() -> None:
         f"{'RSS GB':>6} digest"
     )
     print(hdr)
+    rows, load_start = [], os.getloadavg()
     for prof in jobs:
         fields = {f.name: getattr(prof, f.name) for f in dataclasses.fields(prof)}
         fields["attention"] = list(fields["attention"])
@@ -217,6 +224,7 @@ def main() -> None:
             print(f"{prof.name:12} failed (rc {out.returncode}): {out.stderr.strip().splitlines()[-1:]}")
             continue
         r = json.loads(out.stdout.strip().splitlines()[-1])
+        rows.append(r)
         eo = f"{r['eplb_oracle']:8.2f}" if "eplb_oracle" in r else f"{'-':>8}"
         print(
             f"{r['size']:12} {r['S']:6d} {r['L']:>3}x{r['E']:<4} {r['dp']:>3}/{r['ep']:<3} {r['wall']:7.2f} "
@@ -232,6 +240,12 @@ def main() -> None:
         )
         if args.json:
             print(json.dumps(r), flush=True)
+    if args.out:
+        command = "python benches/scale.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        run = {"command": command, "routepack": rp.__version__, "loadavg": [load_start, os.getloadavg()], "rows": rows}
+        with open(args.out, "w") as f:
+            json.dump(run, f, indent=2)
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

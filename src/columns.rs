@@ -29,8 +29,8 @@ pub type ReplicaColumns<'py> = (
 );
 
 /// Expert moves → [`MigrationColumns`].
-pub fn migration_columns<'py>(py: Python<'py>, rows: &[ExpertMove]) -> MigrationColumns<'py> {
-    let col = |f: fn(&ExpertMove) -> i32| rows.iter().map(f).collect::<Vec<i32>>().into_pyarray(py);
+pub fn migration_columns<'py>(py: Python<'py>, moves: &[ExpertMove]) -> MigrationColumns<'py> {
+    let col = |f: fn(&ExpertMove) -> i32| moves.iter().map(f).collect::<Vec<i32>>().into_pyarray(py);
     (
         col(|r| r.layer),
         col(|r| r.expert),
@@ -38,13 +38,13 @@ pub fn migration_columns<'py>(py: Python<'py>, rows: &[ExpertMove]) -> Migration
         col(|r| r.dst_rank),
         col(|r| r.src_slot),
         col(|r| r.dst_slot),
-        rows.iter().map(|r| r.bytes).collect::<Vec<f64>>().into_pyarray(py),
+        moves.iter().map(|r| r.bytes).collect::<Vec<f64>>().into_pyarray(py),
     )
 }
 
 /// Replicas → [`ReplicaColumns`].
-pub fn replica_columns<'py>(py: Python<'py>, rows: &[Replica]) -> ReplicaColumns<'py> {
-    let col = |f: fn(&Replica) -> i32| rows.iter().map(f).collect::<Vec<i32>>().into_pyarray(py);
+pub fn replica_columns<'py>(py: Python<'py>, replicas: &[Replica]) -> ReplicaColumns<'py> {
+    let col = |f: fn(&Replica) -> i32| replicas.iter().map(f).collect::<Vec<i32>>().into_pyarray(py);
     (
         col(|r| r.micro),
         col(|r| r.group),
@@ -52,6 +52,6 @@ pub fn replica_columns<'py>(py: Python<'py>, rows: &[Replica]) -> ReplicaColumns
         col(|r| r.expert),
         col(|r| r.src_rank),
         col(|r| r.dst_rank),
-        rows.iter().map(|r| r.share).collect::<Vec<f32>>().into_pyarray(py),
+        replicas.iter().map(|r| r.share).collect::<Vec<f32>>().into_pyarray(py),
     )
 }

@@ -1,5 +1,5 @@
 //! Bindings for token routing under a plan (`routepack-core/src/flow/`): the flow table of
-//! one exchange (EP group, step, layer), and the per-rank loads of a whole plan. The torch remapper builds its dispatch
+//! one exchange (EP group, microbatch, layer), and the per-rank loads of a whole plan. The torch remapper builds its dispatch
 //! from the first and is checked against the second.
 
 use numpy::{IntoPyArray, PyArray1, PyArray4, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
@@ -21,7 +21,7 @@ pub type FlowColumns<'py> = (
     Bound<'py, PyArray1<i64>>,
 );
 
-/// Flow table of one exchange (EP group, step, layer) as columns
+/// Flow table of one exchange (EP group, microbatch, layer) as columns
 /// `(origin_rank, dst_rank, dst_slot or -1, replica or -1, expert, count)`.
 ///
 /// * `origin` int64 `[ep, E]`: tokens of expert e from EP-local rank r.

@@ -17,6 +17,7 @@ use routepack_core::placement::demand::DEFAULT_CHUNKS;
 use routepack_core::placement::routepack::{Options as PlacementOptions, DEFAULT_EXPLORE};
 use routepack_core::replication::hot_n::DEFAULT_HOT_EXPERTS;
 use routepack_core::replication::routepack::Options as ReplicationOptions;
+use routepack_core::topology::DEFAULT_REPLICA_SLOTS;
 use routepack_core::{CostModel, Topology};
 
 use crate::convert::attr;
@@ -251,9 +252,19 @@ pub fn cost_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     cost_option_defaults(py)
 }
 
+/// `{field: default}` of the topology's optional fields (`replica_slots`: the core's
+/// `DEFAULT_REPLICA_SLOTS`).
+#[pyfunction]
+pub fn topology_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let out = PyDict::new(py);
+    out.set_item("replica_slots", DEFAULT_REPLICA_SLOTS)?;
+    Ok(out)
+}
+
 /// Adds this file's functions to `routepack._core`.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(defaults, m)?)?;
     m.add_function(wrap_pyfunction!(cost_defaults, m)?)?;
+    m.add_function(wrap_pyfunction!(topology_defaults, m)?)?;
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! Bindings for packing: samples → (rank, step) cells.
+//! Bindings for packing: samples → (rank, microbatch) cells.
 
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;

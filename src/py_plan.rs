@@ -115,11 +115,11 @@ pub fn migration_diff<'py>(
 ) -> PyResult<MigrationColumns<'py>> {
     let a = convert::placement(&previous, num_experts, slots_per_rank)?;
     let b = convert::placement(&next, num_experts, slots_per_rank)?;
-    let rows = run(py, || match ranks_per_node {
+    let moves = run(py, || match ranks_per_node {
         Some(n) => routepack_core::migration::diff_nodes(&a, &b, n, bytes_per_expert),
         None => routepack_core::migration::diff(&a, &b, bytes_per_expert),
     })?;
-    Ok(columns::migration_columns(py, &rows))
+    Ok(columns::migration_columns(py, &moves))
 }
 
 /// Adds this file's functions to `routepack._core`.

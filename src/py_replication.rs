@@ -32,8 +32,8 @@ fn replicate<'py>(
     let c = py_options::cost(cost)?;
     let block = block_of(block)?;
     let packed = Packed { sample_rank: &plan.sample_rank, sample_micro: &plan.sample_micro, num_micro: plan.num_micro };
-    let rows: Vec<Replica> = run(py, || replication::plan_block(&w, &t, &c, &plan.placement, packed, &planner, block))?;
-    Ok(columns::replica_columns(py, &rows))
+    let replicas: Vec<Replica> = run(py, || replication::plan_block(&w, &t, &c, &plan.placement, packed, &planner, block))?;
+    Ok(columns::replica_columns(py, &replicas))
 }
 
 /// MindSpeed's hot-expert broadcast for a plan's placement and layout: replica columns

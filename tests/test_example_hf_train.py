@@ -16,12 +16,17 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+import routepack as rp  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
+#: The folder the routepack under test was imported from (the installed package's, or python/
+#: of this tree under PYTHONPATH): the example's process imports the same one.
+PACKAGE_PARENT = str(Path(rp.__file__).resolve().parent.parent)
 ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+\.\d+)\s+(\d+\.\d+)\s*$")
 
 
 def test_the_example_trains_like_one_process(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=PACKAGE_PARENT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "hf_train.py"), "--windows", "3", "--samples", "12"],
         cwd=tmp_path,

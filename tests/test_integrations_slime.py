@@ -130,8 +130,8 @@ def test_cp_scales_the_cap_and_refusals_name_the_argument():
     too_small = min(sum(lens[out[0][0][i]] for i in mb) for mb in out[1][0]) - 1
     with pytest.raises(rp.RoutepackError, match=r"plans\[0\]: microbatch"):
         rs.build_dp_schedule(slime_args(too_small), parallel_config(2), lens, **kw)
-    with pytest.raises(rp.RoutepackError, match="use_dynamic_batch_size"):
-        a = slime_args(40)
+    with pytest.raises(rp.RoutepackError, match="micro_batch_size = 1 \\(static batch mode\\)"):
+        a = slime_args(40)  # static mode: micro_batch_size = 1, the dynamic plans hold more
         a.use_dynamic_batch_size = False
         rs.build_dp_schedule(a, parallel_config(2), lens, **kw)
     with pytest.raises(rp.RoutepackError, match="plans: 2 plans for 1"):

@@ -262,3 +262,47 @@ assert not any(m.split(".")[0] in ("torch", "verl", "megatron") for m in sys.mod
     assert r.returncode == 0, r.stderr
     assert "[[0, 2], [1, 3]] [[0, 1]] [[[0, 1], [2, 3]]]" in r.stdout
     assert "rearrange_micro_batches needs verl: pip install 'routepack[verl]'" in r.stdout
+
+
+def _head(error):
+    """The argument an error message names first (``name: ...`` or ``name[i, j]: ...``)."""
+    return str(error).split(":")[0].split("[")[0]
+
+
+def test_every_error_names_an_argument_the_caller_passed():
+    """Issue 33's verl cases and their class: an empty batch, k > E, and the other refusals
+    of `window_from_verl` and `Window.from_verl` blame an argument of the call (a field of
+    ``batch`` counts as ``batch``'s)."""
+    rng = np.random.default_rng(2)
+    vb = verl_batch(rng, 3, 4, 4, 2, 3, num_experts=5)
+    empty = dict(routed_experts=vb.routed_experts[:0], attention_mask=vb.attention_mask[:0])
+    cases = [
+        (dict(**empty, num_experts=5), {"routed_experts"}),
+        (dict(routed_experts=vb.routed_experts, attention_mask=vb.attention_mask, num_experts=2), {"num_experts"}),
+        (
+            dict(routed_experts=vb.routed_experts, attention_mask=vb.attention_mask[:, :2], num_experts=5),
+            {"attention_mask"},
+        ),
+        (
+            dict(routed_experts=vb.routed_experts[..., 0], attention_mask=vb.attention_mask, num_experts=5),
+            {"routed_experts"},
+        ),
+        (
+            dict(routed_experts=vb.routed_experts, attention_mask=vb.attention_mask * 2, num_experts=5),
+            {"attention_mask"},
+        ),
+    ]
+    for kwargs, names in cases:
+        with pytest.raises(rp.RoutepackError) as e:
+            rv.window_from_verl(**kwargs)
+        assert _head(e.value) in names, (kwargs.keys(), e.value)
+        with pytest.raises(rp.RoutepackError) as e:
+            rp.Window.from_verl(kwargs["routed_experts"], kwargs["attention_mask"], kwargs["num_experts"])
+        assert _head(e.value) in names, e.value
+        assert "S+1" not in str(e.value) and "top_k" not in str(e.value)
+    with pytest.raises(rp.RoutepackError, match="^batch: holds no samples"):
+        rv.window_from_verl(
+            {"routed_experts": empty["routed_experts"], "attention_mask": empty["attention_mask"]}, num_experts=5
+        )
+    with pytest.raises(rp.RoutepackError, match="^num_experts: 2 is fewer than the 3 experts"):
+        rp.Window.from_routed_experts(np.zeros((4, 1, 3), np.int16), np.array([0, 4]), 2)

@@ -210,3 +210,22 @@ def test_no_source_file_over_the_limit():
         if n > MAX_LINES
     }
     assert over == {}
+
+
+#: What puts a folder on the import path of a test or of the process it starts.
+IMPORT_PATH = re.compile(r"PYTHONPATH|sys\.path")
+
+
+def test_tests_import_the_package_under_test():
+    """Tests import the routepack that is installed (``pip install .``, or python/ on
+    PYTHONPATH): none puts this tree's python/ folder on an import path itself, which would
+    test the sources without their built extension under a non-editable install. A process a
+    test starts gets the folder the package under test came from (``Path(rp.__file__)``)."""
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        if "slime_reference" in path.parts:
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if IMPORT_PATH.search(line) and re.search(r"""["']python["']""", line):
+                found.append(f"{path.relative_to(ROOT)}:{n}")
+    assert found == []

@@ -399,7 +399,7 @@ def test_packing_and_replication_check_the_placement_and_layout(stage, what, bad
 
 
 def test_too_few_samples_for_the_cells_is_infeasible_naming_why():
-    for n, cap, steps in ((3, 100, "one step"), (5, 6, "the 2 steps token_cap = 6 needs")):
+    for n, cap, steps in ((3, 100, "one microbatch"), (5, 6, "the 2 microbatches token_cap = 6 needs")):
         w = rp.Window(np.full(n, 5), np.ones((n, 2, 4), np.int32))
         for run in (
             lambda: rp.plan_window(w, TOPO, COST, cap, policy="static"),

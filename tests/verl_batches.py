@@ -73,13 +73,11 @@ def reference_counts(vb: VerlBatch) -> np.ndarray:
     return out
 
 
-def plan_for(window: rp.Window, topo: rp.Topology, cap: int, policy: str, seed: int) -> rp.Plan:
-    """`plan_batch`'s plan (equal sample counts per rank), validated again here."""
-    from routepack.integrations.verl import plan_batch
-
-    cost = rp.CostModel(
+def cost_model(layers: int, num_experts=None) -> rp.CostModel:
+    """A small cost model the adapters' tests plan with."""
+    return rp.CostModel(
         a_lin=1e-6,
-        a_quad=[1e-9] * window.num_layers,
+        a_quad=[1e-9] * layers,
         c_tok=1e-6,
         c_exp=1e-5,
         token_bytes=1e3,
@@ -88,7 +86,15 @@ def plan_for(window: rp.Window, topo: rp.Topology, cap: int, policy: str, seed: 
         expert_weight_bytes=1e6,
         expert_grad_bytes=1e6,
         expert_state_bytes=1e7,
+        num_experts=num_experts,
     )
+
+
+def plan_for(window: rp.Window, topo: rp.Topology, cap: int, policy: str, seed: int) -> rp.Plan:
+    """`plan_batch`'s plan (equal sample counts per rank), validated again here."""
+    from routepack.integrations.verl import plan_batch
+
+    cost = cost_model(window.num_layers)
     plan = plan_batch(window, topo, cost, cap, policy=policy, seed=seed, anneal_moves=500)
     plan.validate(window, topo, cap)
     return plan

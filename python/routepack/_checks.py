@@ -4,12 +4,14 @@ TypeError), so ``except routepack.RoutepackError`` catches every input error."""
 
 from __future__ import annotations
 
+import contextlib
 import io
+import json
 import math
 import os
 import weakref
 from collections.abc import Mapping, Set
-from typing import Any, List, Optional
+from typing import Any, Iterator, List, Optional
 
 import numpy as np
 
@@ -149,6 +151,47 @@ def loads_array(weight: Any, name: str) -> np.ndarray:
         l, e = np.unravel_index(int(bad[0]), out.shape)
         raise RoutepackError(f"{name}: entry [{l}, {e}] is {out[l, e]}; loads must be finite and >= 0")
     return out
+
+
+def json_value(text: str, name: str) -> Any:
+    """``text`` parsed as JSON, or `RoutepackError` naming ``name``: text that is not JSON,
+    nesting deeper than the parser's recursion allows (a bare `RecursionError` otherwise),
+    or an integer too long to convert (Python's digit limit)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RoutepackError(f"{name}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise RoutepackError(f"{name}: nested too deeply to read (arrays or objects inside one another)") from None
+    except ValueError as e:  # an integer beyond sys.get_int_max_str_digits()
+        raise RoutepackError(f"{name}: not readable JSON ({e})") from None
+
+
+def restated(error: Exception, names: Mapping[str, str]) -> Exception:
+    """``error`` (a `RoutepackError` of the core, ``"<argument>: message"``) with its argument
+    restated in the caller's words: ``names`` maps the core's name (``num_groups``) to the
+    argument the caller passed (``cost.expert_groups``). Another head comes back unchanged."""
+    head, sep, rest = str(error).partition(": ")
+    if not sep or head not in names:
+        return error
+    return type(error)(f"{names[head]}: {rest}")
+
+
+@contextlib.contextmanager
+def callers_words(names: Mapping[str, str]) -> Iterator[None]:
+    """Inside it, a `RoutepackError` whose argument ``names`` maps is `restated` (the core's
+    ``expert_tokens`` as the caller's ``window.expert_tokens``); any other passes unchanged."""
+    try:
+        yield
+    except RoutepackError as e:
+        new = restated(e, names)
+        if new is e:
+            raise
+        raise new from None
+
+
+#: How the core names a window's arrays, and how a caller who passed ``window`` knows them.
+WINDOW_WORDS = {"expert_tokens": "window.expert_tokens", "seq_lens": "window.seq_lens"}
 
 
 #: The read-only arrays `frozen` made, by id: an array here has no writable alias anywhere

@@ -19,6 +19,7 @@ __all__ = [
     "RoutepackInternalError",
     "defaults",
     "cost_defaults",
+    "topology_defaults",
     "static_placement",
     "placement_tables",
     "validate_plan",
@@ -76,6 +77,9 @@ def defaults() -> Dict[str, Dict[str, Any]]:
 def cost_defaults() -> Dict[str, Any]:
     """The cost model options' defaults: c_weights, c_gemm, expert_table, c_call, a2a_latency,
     bw_reduce, overlap, passes (the core's)."""
+
+def topology_defaults() -> Dict[str, Any]:
+    """The topology's optional fields' defaults: replica_slots (the core's)."""
 
 # ---- placement tables and plans (src/py_plan.rs)
 def static_placement(num_layers: int, num_experts: int, topo: Any) -> _I32:
@@ -182,7 +186,7 @@ def replicate_hot_n(
     """MindSpeed's hot-expert broadcast for a plan's placement and layout (its replicas and
     migration are not read): N hot experts per exchange (EP group, microbatch, layer),
     copies on every other EP rank computing their own tokens. ``block`` ``(index, count)``:
-    only that contiguous block of the flattened exchange index ``(g·M + m)·L + l``, the rows
+    only that contiguous block of the flattened exchange index ``(g·M + m)·L + l``, the replicas
     the full run gives it, in order (None: every exchange; blocks 0..count tile the run)."""
 
 def replicate_relibra(
@@ -209,7 +213,7 @@ def replicate_routepack(
     time_budget_s: Optional[float] = None,
     block: Optional[Tuple[int, int]] = None,
 ) -> _ReplicaColumns:
-    """routepack's replication for a plan's placement and layout: per exchange, rows
+    """routepack's replication for a plan's placement and layout: per exchange, the replicas
     minimising the simulated layer time.
     ``block``: as in `replicate_hot_n`."""
 

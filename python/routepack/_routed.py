@@ -58,6 +58,8 @@ def flatten_verl(routed_experts: np.ndarray, attention_mask: np.ndarray) -> Tupl
     """verl's padded ``[B, T, L, k]`` + ``[B, T]`` mask → (real tokens ``[N, L, k]`` in
     order, cu_seqlens int64 ``[B+1]``)."""
     routed = check_ids(routed_experts, "routed_experts", 4)
+    if routed.shape[0] == 0:
+        raise RoutepackError(f"routed_experts: holds no samples (shape {routed.shape}); a window needs one")
     mask = np.asarray(attention_mask)
     if mask.ndim != 2 or mask.shape != routed.shape[:2]:
         raise RoutepackError(

@@ -128,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
     if page is not None and report is not None:
         from routepack.results import render
 
-        page.write_text(render("calibrate", [str(report)], page), encoding="utf-8")
+        shown = str(fig) if fig is not None and fig.exists() else None
+        page.write_text(render("calibrate", [str(report)], page, shown), encoding="utf-8")
         print(f"wrote {page}")
     return 0
 

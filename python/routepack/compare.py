@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 import numpy as np
 
-from routepack._checks import boolean
+from routepack._checks import boolean, positive_int, restated
 from routepack.errors import RoutepackError, RoutepackTypeError
 from routepack.planner import plan_window
 from routepack.stages.context import DEFAULT_SEED
@@ -149,8 +149,16 @@ def compare(
             f"policies: expected a sequence of preset names or Policy objects, got "
             f"{type(policies).__name__} {policies!r}"
         )
+    seed = positive_int(seed, "seed", minimum=0, maximum=2**64 - 1 - len(windows))  # each window plans with seed + i
+    if progress is not None and not callable(progress):
+        raise RoutepackTypeError(f"progress: expected None or a callable(label, n), got {type(progress).__name__}")
     chosen = list(policies) if policies is not None else available_presets()
-    names = [resolve(p)[0] for p in chosen]
+    names = []
+    for i, pol in enumerate(chosen):
+        try:
+            names.append(resolve(pol)[0])
+        except RoutepackError as e:
+            raise restated(e, {"policy": f"policies[{i}]"}) from None
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         # rows, and the placement carried to the next window, are keyed by name

@@ -1,5 +1,5 @@
 """The benchmark figure: expert-load heat maps before/after and throughput bars per preset.
-Needs matplotlib (``pip install routepack[bench]``)."""
+Needs matplotlib (``pip install ".[bench]"`` from a clone, ``"routepack[bench]"`` from an index)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from routepack import _core
-from routepack._checks import file_path, finite_float, instance_of, positive_int, sequence
+from routepack._checks import file_path, finite_float, instance_of, json_value, positive_int, sequence
 from routepack.errors import RoutepackError, RoutepackFileError, RoutepackTypeError
 
 ATTENTION_KINDS = ("linear", "full")
@@ -20,6 +22,8 @@ PASS_KINDS = ("forward", "backward")
 #: The cost model options' defaults, from the Rust core: the values that price every plan as
 #: before the options existed.
 _COST_DEFAULTS = _core.cost_defaults()
+#: The topology's optional fields' defaults, from the Rust core (``replica_slots``).
+_TOPOLOGY_DEFAULTS = _core.topology_defaults()
 #: `ModelShape.expert_groups` (and `CostModel`'s) of a model that routes without groups, the default.
 UNGROUPED = 1
 
@@ -48,17 +52,28 @@ class Topology:
     * each EP rank has ``slots_per_rank`` physical expert slots per MoE layer; physical slot p
       lives on EP-local rank ``p // slots_per_rank``; ``ep * slots_per_rank - E`` of them are
       redundant (for replicas of hot experts).
+    * each EP rank has ``replica_slots`` spare expert buffers per MoE layer for the intra-batch
+      copies of one microbatch: in one exchange (EP group, microbatch, layer) a rank receives
+      copies of at most that many distinct experts. `Plan.validate` refuses a plan over it, the
+      replication stages plan within it (their own ``replication_slots`` /
+      ``replication_hot_experts`` are capped by it) and the lower bound relies on it. The
+      default, 3, is what the built-in policies use at most with their defaults (``hot_n``
+      broadcasts its 3 hot experts to every rank); 0 allows no copies.
     """
 
     dp: int
     ep: int
     gpus_per_node: int
     slots_per_rank: int
+    replica_slots: int = _TOPOLOGY_DEFAULTS["replica_slots"]
 
     def __post_init__(self) -> None:
         for name in ("dp", "ep", "gpus_per_node", "slots_per_rank"):
             # stored as Python ints (a numpy uint64 would turn later arithmetic into uint64)
             _set(self, name, positive_int(getattr(self, name), f"topo.{name}", maximum=2**31 - 1))  # int32 ids
+        _set(
+            self, "replica_slots", positive_int(self.replica_slots, "topo.replica_slots", minimum=0, maximum=2**31 - 1)
+        )
         if self.dp % self.ep:
             raise RoutepackError(f"topo: dp={self.dp} is not a multiple of ep={self.ep}")
         if self.ep % self.gpus_per_node and self.gpus_per_node % self.ep:
@@ -204,9 +219,15 @@ _OPTIONAL_JSON_KEYS = frozenset(
 
 
 def _expert_table(value: object) -> Tuple[Tuple[float, float], ...]:
-    """``cost.expert_table`` as a tuple of (tokens, seconds) float pairs: tokens finite, >= 1 and
-    increasing, seconds finite and >= 0 (what the core's check asks, named here per knot)."""
+    """``cost.expert_table`` (a sequence of (tokens, seconds) pairs, or an array of shape
+    ``[knots, 2]``) as a tuple of float pairs: tokens finite, >= 1 and increasing, seconds
+    finite and >= 0 (what the core's check asks, named here per knot)."""
     knots: List[Tuple[float, float]] = []
+    if isinstance(value, np.ndarray) and value.ndim == 2:
+        # an array of knots, one (tokens, seconds) row each, as `a_quad` takes an array
+        if value.shape[1] != 2:
+            raise RoutepackError(f"cost.expert_table: expected an array of shape [knots, 2], got {value.shape}")
+        value = list(value)
     for i, knot in enumerate(sequence(value, "cost.expert_table", "(tokens, seconds) knots")):
         pair = sequence(knot, f"cost.expert_table[{i}]", "numbers (tokens, seconds)")
         if len(pair) != 2:
@@ -421,10 +442,7 @@ class CostModel:
                 text = bytes(text).decode("utf-8")
             except UnicodeDecodeError as e:
                 raise RoutepackError(f"cost JSON: not UTF-8 text ({e})") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise RoutepackError(f"cost JSON: not valid JSON ({e})") from None
+        data = json_value(text, "cost JSON")
         if not isinstance(data, dict):
             raise RoutepackError(f"cost JSON: expected an object, got {type(data).__name__}")
         fields = set(cls.__dataclass_fields__)

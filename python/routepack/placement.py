@@ -53,7 +53,7 @@ def rebalance_experts(
 def aggregate_imbalance(placement: Placement, loads: Any) -> np.ndarray:
     """float64 ``[L]``: max / mean over EP ranks of window load per rank (each expert's
     ``loads [L, E]`` split evenly over its replicas)."""
-    instance_of(placement, Placement, "placement")
+    instance_of(placement, Placement, "placement")._check_fields("placement")
     return _core.aggregate_imbalance(
         placement.phy2log, placement.num_experts, placement.slots_per_rank, loads_array(loads, "loads")
     )

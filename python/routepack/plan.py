@@ -10,7 +10,16 @@ from typing import Any, Dict, Tuple
 import numpy as np
 
 from routepack import _core, _npz
-from routepack._checks import as_int_array, frozen, index, instance_of, positive_int
+from routepack._checks import (
+    WINDOW_WORDS,
+    as_int_array,
+    callers_words,
+    frozen,
+    index,
+    instance_of,
+    json_value,
+    positive_int,
+)
 from routepack.errors import RoutepackError, RoutepackFileError, RoutepackTypeError
 from routepack.model import Topology
 from routepack.window import Window
@@ -91,6 +100,33 @@ class Placement:
         self.slots_per_rank = positive_int(slots_per_rank, "slots_per_rank")
         self.logcnt, self.log2phy = self._derived_tables()
 
+    @classmethod
+    def _of_core(cls, phy2log: np.ndarray, num_experts: int, slots_per_rank: int) -> "Placement":
+        """A placement around a phy2log the core has just returned (int32, C-contiguous, held
+        by nobody else): made read-only where it is, not copied. A copy would double the
+        largest table of the call, which the core's memory estimate counts once
+        (``Placement::tables_bytes``)."""
+        self = cls.__new__(cls)
+        self.phy2log = frozen(as_int_array(phy2log, "placement.phy2log", 2, np.int32), fresh=True)
+        self.num_experts = positive_int(num_experts, "num_experts")
+        self.slots_per_rank = positive_int(slots_per_rank, "slots_per_rank")
+        self.logcnt, self.log2phy = self._derived_tables()
+        return self
+
+    def _check_fields(self, name: str = "placement") -> "Placement":
+        """Checks the fields again, naming them as ``name.field``: they are plain attributes,
+        so one reassigned after construction (``slots_per_rank = 0``, ``num_experts = -1``)
+        fails here, in the caller's words, not inside the core. Returns self."""
+        self.num_experts = positive_int(self.num_experts, f"{name}.num_experts")
+        self.slots_per_rank = positive_int(self.slots_per_rank, f"{name}.slots_per_rank")
+        phy2log = as_int_array(self.phy2log, f"{name}.phy2log", 2, np.int32)
+        if phy2log.shape[1] % self.slots_per_rank:
+            raise RoutepackError(
+                f"{name}.slots_per_rank: {self.slots_per_rank} does not divide the {phy2log.shape[1]} slots of a layer "
+                f"({name}.phy2log has shape {phy2log.shape})"
+            )
+        return self
+
     def _derived_tables(self) -> tuple:
         """(logcnt, log2phy) of ``phy2log``, read-only."""
         phy2log = as_int_array(self.phy2log, "placement.phy2log", 2, np.int32)
@@ -103,7 +139,7 @@ class Placement:
         num_layers = positive_int(num_layers, "num_layers")
         num_experts = positive_int(num_experts, "num_experts")
         instance_of(topo, Topology, "topo")
-        return cls(_core.static_placement(num_layers, num_experts, topo), num_experts, topo.slots_per_rank)
+        return cls._of_core(_core.static_placement(num_layers, num_experts, topo), num_experts, topo.slots_per_rank)
 
     @property
     def num_layers(self) -> int:
@@ -142,7 +178,7 @@ class Plan:
     """A plan for one window (see docs/design.md's table).
 
     * ``placement``: `Placement`.
-    * ``sample_rank``, ``sample_micro``: int32 ``[S]``, DP rank and microbatch step of sample s.
+    * ``sample_rank``, ``sample_micro``: int32 ``[S]``, DP rank and microbatch of sample s.
     * ``num_micro``: M, the same on every DP rank.
     * ``replicas``: structured array of `REPLICA_DTYPE` rows (intra-batch replication).
     * ``migration``: structured array of `MIGRATION_DTYPE` rows (moves from ``previous``).
@@ -165,31 +201,35 @@ class Plan:
     def __post_init__(self) -> None:
         self._check_fields()
 
-    def _check_fields(self) -> None:
+    def _check_fields(self, prefix: str = "") -> None:
         """Checks (and normalises) every field. A dataclass's fields can be reassigned after
         construction, so `validate`, `simulate` and the core's conversion run this again:
-        a field set to ``None`` or a wrong type fails naming the field, not deep inside."""
-        instance_of(self.placement, Placement, "placement")
-        self.sample_rank = frozen(as_int_array(self.sample_rank, "sample_rank", 1, np.int32))
-        self.sample_micro = frozen(as_int_array(self.sample_micro, "sample_micro", 1, np.int32))
-        self.num_micro = positive_int(self.num_micro, "num_micro")
+        a field set to ``None`` or a wrong type fails naming the field, not deep inside.
+        ``prefix`` is how the caller knows the plan (``"plan."`` where it was an argument
+        named ``plan``; '' for the plan's own methods and constructor)."""
+        instance_of(self.placement, Placement, f"{prefix}placement")._check_fields(f"{prefix}placement")
+        self.sample_rank = frozen(as_int_array(self.sample_rank, f"{prefix}sample_rank", 1, np.int32))
+        self.sample_micro = frozen(as_int_array(self.sample_micro, f"{prefix}sample_micro", 1, np.int32))
+        self.num_micro = positive_int(self.num_micro, f"{prefix}num_micro")
         for name, dtype in (("replicas", REPLICA_DTYPE), ("migration", MIGRATION_DTYPE)):
             table = np.asarray(getattr(self, name))
             if table.dtype != dtype or table.ndim != 1:
-                raise RoutepackTypeError(f"{name}: expected a 1-D structured array of dtype {dtype}, got {table.dtype}")
+                raise RoutepackTypeError(
+                    f"{prefix}{name}: expected a 1-D structured array of dtype {dtype}, got {table.dtype}"
+                )
             setattr(self, name, frozen(table))
         if not isinstance(self.report, dict):
-            raise RoutepackTypeError(f"report: expected a dict, got {type(self.report).__name__}")
+            raise RoutepackTypeError(f"{prefix}report: expected a dict, got {type(self.report).__name__}")
         if not isinstance(self.policy, str):
-            raise RoutepackTypeError(f"policy: expected a str, got {type(self.policy).__name__}")
+            raise RoutepackTypeError(f"{prefix}policy: expected a str, got {type(self.policy).__name__}")
 
     @property
     def num_samples(self) -> int:
         return int(self.sample_rank.shape[0])
 
     def cell_samples(self, rank: int, micro: int) -> np.ndarray:
-        """Indices of the samples that DP rank `rank` runs at microbatch step `micro` (ints
-        >= 0; a rank or step the plan does not have runs none, so the result is empty)."""
+        """Indices of the samples that DP rank `rank` runs in microbatch `micro` (ints >= 0; a
+        rank or microbatch the plan does not have runs none, so the result is empty)."""
         rank = positive_int(rank, "rank", minimum=0)
         micro = positive_int(micro, "micro", minimum=0)
         return np.flatnonzero((self.sample_rank == rank) & (self.sample_micro == micro))
@@ -215,17 +255,23 @@ class Plan:
         empty cell, valid placement, replica shares in [0, 1] summing to at most 1, migration
         consistent with the placement, ``logcnt`` and ``log2phy`` what ``phy2log`` gives).
         Returns self."""
-        instance_of(window, Window, "window")
+        instance_of(window, Window, "window")._check_fields("window")
         instance_of(topo, Topology, "topo")
         token_cap = positive_int(token_cap, "token_cap")
-        _core.validate_plan(self, window.seq_lens, window.counts, topo, token_cap)
+        with callers_words(WINDOW_WORDS):
+            _core.validate_plan(self, window.seq_lens, window.counts, topo, token_cap)
         return self
 
     # ------------------------------------------------------------ persistence
     def save(self, path: _npz.Target) -> None:
         """Writes an ``.npz`` to exactly ``path`` (a str or `os.PathLike`, no suffix added, or a
-        binary file open for writing) that `Plan.load` reads back identically."""
-        report = np.array(json.dumps(_json_ready(self.report, "report")))
+        binary file open for writing) that `Plan.load` reads back identically (its fields are
+        checked first: a plan is saved only as one `Plan.load` reads)."""
+        self._check_fields()
+        try:
+            report = np.array(json.dumps(_json_ready(self.report, "report")))
+        except RecursionError:
+            raise RoutepackTypeError("report: nested too deeply to save as JSON") from None
         _npz.write(
             path,
             phy2log=self.placement.phy2log,
@@ -246,9 +292,9 @@ class Plan:
         file raises `RoutepackFileError` naming it."""
         z = _npz.read(path, _PLAN_KEYS, "plan")
         try:
-            report = json.loads(_npz.scalar_str(z, "report", path, "plan"))
-        except json.JSONDecodeError as e:
-            _npz.fail(path, "plan", f"report: not valid JSON ({e})")
+            report = json_value(_npz.scalar_str(z, "report", path, "plan"), "report")
+        except RoutepackError as e:
+            _npz.fail(path, "plan", str(e))
         if not isinstance(report, dict):
             _npz.fail(path, "plan", f"report: expected a JSON object, got {type(report).__name__}")
         try:

@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import numpy as np
 
 from routepack import _core
-from routepack._checks import finite_float
+from routepack._checks import WINDOW_WORDS, callers_words, finite_float
 from routepack.plan import MIGRATION_DTYPE, MIGRATION_FIELDS, Placement, Plan, empty_migration
 from routepack.policies import resolve
 from routepack.simulate import simulate
@@ -197,17 +197,23 @@ def plan_stages(
         return budget[stage]
 
     ctx.time_budget_s = share("placement")
-    placement = PLACEMENTS[pol.placement].run(ctx, place_opts)
+    # the core names the window's arrays (expert_tokens); the caller passed `window`
+    with callers_words(WINDOW_WORDS):
+        placement = PLACEMENTS[pol.placement].run(ctx, place_opts)
     seconds["placement"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     ctx.time_budget_s = share("packing")
-    sample_rank, sample_micro, num_micro, pack_report = PACKINGS[pol.packing].run(ctx, pack_opts, placement)
+    with callers_words(WINDOW_WORDS):
+        sample_rank, sample_micro, num_micro, pack_report = PACKINGS[pol.packing].run(ctx, pack_opts, placement)
     seconds["packing"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     ctx.time_budget_s = share("replication")
-    replicas = replicate(REPLICATIONS[pol.replication], ctx, repl_opts, placement, sample_rank, sample_micro, num_micro)
+    with callers_words(WINDOW_WORDS):
+        replicas = replicate(
+            REPLICATIONS[pol.replication], ctx, repl_opts, placement, sample_rank, sample_micro, num_micro
+        )
     seconds["replication"] = time.perf_counter() - t0
     ctx.time_budget_s = time_budget_s
 

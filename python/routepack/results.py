@@ -11,8 +11,9 @@ too long to repeat in step with this renderer:
 Kinds: ``bench`` (one ``routepack bench --json`` file), ``sweep`` (``routepack bench --sweep
 --json``), ``overlap`` (``routepack bench --json`` files of one profile without and with
 ``--overlap dispatch_combine``, in that order, one pair per profile), ``calibrate`` (a
-``routepack calibrate --report`` file) and ``measure`` (a ``routepack measure --json`` file).
-A page's first line is the command that renders it again (``tests/test_docs.py`` runs it
+``routepack calibrate --report`` file), ``measure`` (a ``routepack measure --json`` file) and
+``scale`` (a ``benches/scale.py --out`` file).
+A page's second line is the command that renders it again (``tests/test_docs.py`` runs it
 for every page under docs/results and compares).
 """
 
@@ -63,21 +64,30 @@ def _windows(data: Dict[str, Any]) -> int:
     return int(data.get("windows") or len({r["window"] for r in data["rows"]}))
 
 
-def _meta(data: Dict[str, Any], default_command: str, json_path: Optional[str], page: Optional[Path]) -> List[str]:
+def _command_line(data: Dict[str, Any], default: str) -> str:
     if data.get("command"):
-        out = [f"- Command: `{data['command']}`"]
-    else:
-        out = [
-            f"- Command: `{default_command}` (reconstructed: the file predates recorded commands; "
-            "seed 0, the profile's cost model)"
-        ]
+        return f"- Command: `{data['command']}`"
+    if data.get("stated_command"):
+        return f"- Command: `{data['stated_command']}` (stated when the page was rendered: the file predates recorded commands)"
+    return (
+        f"- Command: `{default}` (reconstructed: the file predates recorded commands; seed 0, the profile's cost model)"
+    )
+
+
+def _stated(data: Dict[str, Any]) -> List[str]:
+    """The notes given when the page was rendered (``--note``), as bullets."""
+    return [f"- {n}" for n in data.get("stated_notes", [])]
+
+
+def _meta(data: Dict[str, Any], default_command: str, json_path: Optional[str], page: Optional[Path]) -> List[str]:
+    out = [_command_line(data, default_command)]
     cost = data.get("cost_model_name") or "the profile's H200 datasheet-level preset (`routepack.Hardware.h200`)"
     out.append(f"- Cost model: {cost}")
     if data.get("routepack"):
         out.append(f"- Recorded with routepack {data['routepack']}")
     if json_path:
         out.append(f"- Data: [{Path(json_path).name}]({_rel(json_path, page)})")
-    return out
+    return out + _stated(data)
 
 
 def _notes(data: Dict[str, Any]) -> List[str]:
@@ -164,7 +174,8 @@ def sweep_page(data: Dict[str, Any], page: Optional[Path] = None, json_path: Opt
     out.append(markdown_table(titles, rows, align="llll" + "r" * 7))
     if b is not None:
         out += ["", f"The best baseline per window: {_counts(b['best_of'])} of {n}."]
-    out += ["", " ".join(verdict_text(data["verdict"]).split()).lstrip("* ") + "."]
+    verdict = " ".join(verdict_text(data["verdict"]).split()).lstrip("* ")
+    out += ["", verdict[0].upper() + verdict[1:] + "."]
     out += ["", "## Legend", "", "```text", sweep_legend(), "```"]
     return "\n".join(out) + "\n"
 
@@ -184,9 +195,12 @@ def overlap_page(runs: Sequence[Dict[str, Any]], paths: Sequence[str] = (), page
         plain, over = runs[k], runs[k + 1]
         name = plain["profile"]
         out += ["", f"## `{name}`, medians over {_windows(plain)} window(s)", ""]
-        for data, path in zip((plain, over), paths[k : k + 2] if paths else ("", "")):
-            default = f"routepack bench --profile {name} --windows {_windows(data)}"
-            out += _meta(data, default, path or None, page)
+        for data, path, overlap in zip((plain, over), paths[k : k + 2] or ("", ""), ("none", "dispatch_combine")):
+            default = f"routepack bench --profile {name} --windows {_windows(data)} --overlap {overlap}"
+            out.append(_command_line(data, default))
+            if path:
+                out.append(f"- Data: [{Path(path).name}]({_rel(path, page)})")
+        out += _stated(plain)
         a = {s["policy"]: s for s in plain["summary"]}
         b = {s["policy"]: s for s in over["summary"]}
         rows = []
@@ -216,7 +230,9 @@ def overlap_page(runs: Sequence[Dict[str, Any]], paths: Sequence[str] = (), page
     return "\n".join(out) + "\n"
 
 
-def calibrate_page(report: Dict[str, Any], page: Optional[Path] = None, json_path: Optional[str] = None) -> str:
+def calibrate_page(
+    report: Dict[str, Any], page: Optional[Path] = None, json_path: Optional[str] = None, figure: Optional[str] = None
+) -> str:
     """The page of one ``routepack calibrate`` run, from its report (``--report``)."""
     dev = report["device"]
     model = report["model"]
@@ -226,8 +242,8 @@ def calibrate_page(report: Dict[str, Any], page: Optional[Path] = None, json_pat
         "held-out error is over sweep points left out of the fit and only predicted."
     )
     out.append("")
-    if report.get("command"):
-        out.append(f"- Command: `{report['command']}`")
+    if report.get("command") or report.get("stated_command"):
+        out.append(_command_line(report, ""))
     out.append(
         f"- Shapes H = {model['hidden']}, I = {model['expert_ffn']}; {dev['device']}, {dev['dtype']}, "
         f"{dev['threads']} torch thread(s), clock {dev.get('clock', '-')}, torch {dev['torch']}; "
@@ -240,6 +256,9 @@ def calibrate_page(report: Dict[str, Any], page: Optional[Path] = None, json_pat
         out.append(f"- Recorded with routepack {report['routepack']}")
     if json_path:
         out.append(f"- Report: [{Path(json_path).name}]({_rel(json_path, page)})")
+    out += _stated(report)
+    if figure:
+        out += ["", f"![measured and predicted times, {report['profile']}]({_rel(figure, page)})"]
     rows = []
     for kind, k in report["kernels"].items():
         coef = ", ".join(f"{n} {v:.3g}" for n, v in k["coefficients"].items())
@@ -247,7 +266,8 @@ def calibrate_page(report: Dict[str, Any], page: Optional[Path] = None, json_pat
             [f"`{kind}`", str(len(k["sweep"])), str(k["held_out_points"]), _num(k["max_rel_error"], ".1%"), coef]
         )
     out += ["", "## Fitted kernels", ""]
-    out.append(markdown_table(["kernel", "points", "held out", "max rel. error (held out)", "coefficients"], rows))
+    titles = ["kernel", "points", "held out", "max rel. error (held out)", "coefficients"]
+    out.append(markdown_table(titles, rows, align="lrrrl"))
     extra = []
     for kind, k in report["kernels"].items():
         table = k.get("cost_fields", {}).get("expert_table")
@@ -292,10 +312,11 @@ def measure_page(data: Dict[str, Any], page: Optional[Path] = None, json_path: O
         "Predictions are `routepack.simulate` under the cost model calibrated in the same run."
     )
     out.append("")
-    if data.get("command"):
-        out.append(f"- Command: `{data['command']}`")
+    if data.get("command") or data.get("stated_command"):
+        out.append(_command_line(data, ""))
     if json_path:
         out.append(f"- Data: [{Path(json_path).name}]({_rel(json_path, page)})")
+    out += _stated(data)
     rows = []
     for name, rec in data["policies"].items():
         for m, (s, p, e) in enumerate(zip(rec["micro_s"], rec["predicted_micro_s"], rec["micro_rel_error"])):
@@ -322,6 +343,38 @@ def measure_page(data: Dict[str, Any], page: Optional[Path] = None, json_path: O
     return "\n".join(out) + "\n"
 
 
+def scale_page(data: Dict[str, Any], page: Optional[Path] = None, json_path: Optional[str] = None) -> str:
+    """The page of one ``benches/scale.py --out`` run: plan time and memory as the window grows."""
+    out = ["# Plan time and memory as the window grows (`benches/scale.py`)", ""]
+    out.append(
+        "Each size is one synthetic window (seed 0) planned once with the `routepack` preset (default "
+        "budget) in a process of its own: wall and process-CPU seconds of the call, its stages (wall), "
+        "the predicted step time (a prediction of the cost model), the `eplb_oracle` plan's wall time "
+        "and the process's peak RSS. Wall times include waiting for a core on a loaded machine."
+    )
+    out.append("")
+    out.append(_command_line(data, "python benches/scale.py"))
+    load = data.get("loadavg")
+    if load:
+        out.append(f"- Load average (1 min): {load[0][0]:.2f} at the start, {load[1][0]:.2f} at the end")
+    if data.get("routepack"):
+        out.append(f"- Recorded with routepack {data['routepack']}")
+    if json_path:
+        out.append(f"- Data: [{Path(json_path).name}]({_rel(json_path, page)})")
+    out += _stated(data)
+    titles = ["size", "S", "L × E", "dp / ep", "wall (CPU) s", "placement", "rows", "layout", "replication"]
+    titles += ["simulate", "rest", "step s", "eplb_oracle s", "peak RSS GB", "digest"]
+    rows = [
+        [f"`{r['size']}`", f"{r['S']:,}", f"{r['L']} × {r['E']}", f"{r['dp']} / {r['ep']}"]
+        + [f"{r['wall']:.2f} ({r['cpu']:.2f})"]
+        + [_num(r[k], ".2f") for k in ("placement", "rows", "layout", "replication", "simulate", "rest")]
+        + [_num(r["step_time"], ".2f"), _num(r.get("eplb_oracle"), ".2f"), _num(r["rss_gb"], ".2f"), r["digest"]]
+        for r in data["rows"]
+    ]
+    out += ["", markdown_table(titles, rows, align="lrrr" + "r" * 10 + "l")]
+    return "\n".join(out) + "\n"
+
+
 def _load(path: str) -> Dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
@@ -330,36 +383,66 @@ def _load(path: str) -> Dict[str, Any]:
         raise RoutepackError(f"{path}: not a readable results JSON ({e})") from None
 
 
-def render(kind: str, paths: Sequence[str], out: Path, figure: Optional[str] = None) -> str:
+def render(
+    kind: str,
+    paths: Sequence[str],
+    out: Path,
+    figure: Optional[str] = None,
+    notes: Sequence[str] = (),
+    command: Optional[str] = None,
+) -> str:
     """The page of ``kind`` from the JSON files ``paths``, for the page file ``out``; its
-    first line is the command that renders it again."""
+    header holds the command that renders it again. ``notes`` go on the page as given;
+    ``command`` states the command of a file that predates recorded commands."""
     runs = [_load(p) for p in paths]
-    single = {"bench": bench_page, "sweep": sweep_page, "calibrate": calibrate_page, "measure": measure_page}
+    for run in runs[:1]:
+        run["stated_notes"] = list(notes)
+        if command and not run.get("command"):
+            run["stated_command"] = command
+    kinds = ("bench", "sweep", "overlap", "calibrate", "measure", "scale")
+    if kind not in kinds:
+        raise RoutepackError(f"kind: expected one of {list(kinds)}, got {kind!r}")
+    if kind != "overlap" and len(runs) != 1:
+        raise RoutepackError(f"{kind}: expected one JSON file, got {len(runs)}")
     if kind == "overlap":
         text = overlap_page(runs, paths, out)
-    elif kind in single:
-        if len(runs) != 1:
-            raise RoutepackError(f"{kind}: expected one JSON file, got {len(runs)}")
-        if kind == "bench":
-            text = bench_page(runs[0], out, paths[0], figure)
-        else:
-            text = single[kind](runs[0], out, paths[0])
+    elif kind == "bench":
+        text = bench_page(runs[0], out, paths[0], figure)
+    elif kind == "calibrate":
+        text = calibrate_page(runs[0], out, paths[0], figure)
+    elif kind == "sweep":
+        text = sweep_page(runs[0], out, paths[0])
+    elif kind == "scale":
+        text = scale_page(runs[0], out, paths[0])
     else:
-        raise RoutepackError(f"kind: expected one of {sorted([*single, 'overlap'])}, got {kind!r}")
+        text = measure_page(runs[0], out, paths[0])
     cmd = ["python", "-m", "routepack.results", kind, *paths] + (["--figure", figure] if figure else [])
+    cmd += (["--command", command] if command else []) + [a for n in notes for a in ("--note", n)]
     cmd += ["--out", str(out)]
-    return f"<!-- generated by `{' '.join(shlex.quote(c) for c in cmd)}`; do not edit by hand -->\n" + text
+    return header(" ".join(shlex.quote(c) for c in cmd)) + text
+
+
+def header(command: str) -> str:
+    """A page's first lines: written by code (``command`` renders it again), not by hand."""
+    return f"<!-- generated: do not edit by hand; this command writes it again:\n{command}\n-->\n"
+
+
+def parser() -> argparse.ArgumentParser:
+    """The arguments of ``python -m routepack.results`` (a page's header holds them)."""
+    ap = argparse.ArgumentParser(prog="python -m routepack.results", description=__doc__.splitlines()[0])
+    ap.add_argument("kind", choices=("bench", "sweep", "overlap", "calibrate", "measure", "scale"))
+    ap.add_argument("json", nargs="+", help="the run's JSON file(s)")
+    ap.add_argument("--figure", default=None, help="bench, calibrate: the run's figure, shown on the page")
+    ap.add_argument("--command", default=None, help="the run's command, for a file that predates recorded commands")
+    ap.add_argument("--note", action="append", default=[], help="a note to put on the page (repeatable)")
+    ap.add_argument("--out", required=True, help="the page to write (Markdown)")
+    return ap
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m routepack.results", description=__doc__.splitlines()[0])
-    ap.add_argument("kind", choices=("bench", "sweep", "overlap", "calibrate", "measure"))
-    ap.add_argument("json", nargs="+", help="the run's JSON file(s)")
-    ap.add_argument("--figure", default=None, help="bench: the run's figure, linked from the page")
-    ap.add_argument("--out", required=True, help="the page to write (Markdown)")
-    args = ap.parse_args(argv)
+    args = parser().parse_args(argv)
     try:
-        text = render(args.kind, args.json, Path(args.out), args.figure)
+        text = render(args.kind, args.json, Path(args.out), args.figure, args.note, args.command)
     except (RoutepackError, KeyError, TypeError) as e:
         print(f"routepack.results: error: {e}", file=sys.stderr)
         return 2
@@ -368,7 +451,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 0
 
 
-__all__ = ["bench_page", "calibrate_page", "measure_page", "overlap_page", "render", "sweep_page"]
+__all__ = [
+    "bench_page",
+    "calibrate_page",
+    "header",
+    "measure_page",
+    "overlap_page",
+    "parser",
+    "render",
+    "scale_page",
+    "sweep_page",
+]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -8,7 +8,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 
 from routepack import _core
-from routepack._checks import boolean, instance_of, positive_int
+from routepack._checks import WINDOW_WORDS, boolean, callers_words, instance_of, positive_int
 from routepack.errors import RoutepackError
 from routepack.model import CostModel, Topology
 from routepack.plan import Plan
@@ -51,7 +51,7 @@ class SimResult:
       tokens per (group, micro, layer); ``mean_imbalance`` its average.
     * ``intra_node_bytes`` / ``cross_node_bytes``: the routed-token bytes the all-to-all moves
       between EP ranks of the same node / of different nodes, over the whole window (every EP
-      group, step and MoE layer), counted as the cost model counts them: a token computed on a
+      group, microbatch and MoE layer), counted as the cost model counts them: a token computed on a
       rank other than the one holding its sample moves ``cost.token_bytes`` in dispatch and
       again in combine, in the forward and in the backward pass (4 × its dispatch bytes); a
       token computed on its own rank moves nothing. Replica weights, gradients and migration
@@ -94,9 +94,10 @@ class SimResult:
     @property
     def fraction_of_bound(self) -> float:
         """``lower_bound_time / step_time`` in [0, 1]: 1 means no valid plan could be faster
-        (1.0 for a step of 0 s). Rounding alone can put the ratio a hair above 1 for a plan at
-        the bound; it is reported as 1."""
-        return min(1.0, self.lower_bound_time / self.step_time) if self.step_time > 0 else 1.0
+        (1.0 for a step of 0 s). Not clamped: the core's bound is a bound as computed (it
+        subtracts a relative margin that covers rounding), so a ratio above 1 would be a fault
+        and shows."""
+        return self.lower_bound_time / self.step_time if self.step_time > 0 else 1.0
 
     def breakdown(self) -> Dict[str, float]:
         return {
@@ -160,26 +161,30 @@ def simulate(
     `plan_window` runs on the plan it assembles).
     """
     instance_of(plan, Plan, "plan")
-    instance_of(window, Window, "window")
+    instance_of(window, Window, "window")._check_fields("window")
     instance_of(topo, Topology, "topo")
     instance_of(cost, CostModel, "cost")
     cost.check_window_shape(window.num_layers, window.num_experts)
-    plan._check_fields()  # before reading plan.report: a field set to None must be named
+    plan._check_fields("plan.")  # before reading plan.report: a field set to None must be named
     validate = boolean(validate, "validate")
     if token_cap is not None:
         token_cap = positive_int(token_cap, "token_cap")
     elif validate:
         raise RoutepackError("token_cap: validate=True checks the plan against a cap; pass token_cap=")
-    cap = token_cap if token_cap is not None else plan.report.get("token_cap")
+    cap = token_cap
+    if cap is None and plan.report.get("token_cap") is not None:
+        # the cap plan_window recorded (a report is a plain dict: an edited one is checked)
+        cap = positive_int(plan.report["token_cap"], "plan.report['token_cap']")
     ideal_micro = lower_bound_micro(window, topo, cap) if cap else None
-    out = _core.simulate(
-        plan,
-        window.seq_lens,
-        window.counts,
-        topo,
-        cost,
-        ideal_micro,
-        int(cap) if cap else None,
-        token_cap if validate else None,
-    )
+    with callers_words(WINDOW_WORDS):
+        out = _core.simulate(
+            plan,
+            window.seq_lens,
+            window.counts,
+            topo,
+            cost,
+            ideal_micro,
+            cap,
+            token_cap if validate else None,
+        )
     return SimResult(**out)

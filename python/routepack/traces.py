@@ -195,14 +195,21 @@ PROFILES = {
 
 
 def profile(name: str | Profile) -> Profile:
-    """The built-in profile called `name` ("tiny" or "flash")."""
-    if isinstance(name, Profile):
-        return name
-    if not isinstance(name, str):
-        raise RoutepackTypeError(f"profile: expected a profile name or a Profile, got {type(name).__name__} {name!r}")
-    if name not in PROFILES:
-        raise RoutepackError(f"profile: unknown profile {name!r}; known: {sorted(PROFILES)}")
-    return PROFILES[name]
+    """The built-in profile called `name` ("tiny" or "flash"); another raises naming the
+    profile asked for (``profile: unknown profile 'huge'``, as `routepack.calibrate` and the
+    CLI, whose argument is the profile, report it too)."""
+    return _profile(name, "profile")
+
+
+def _profile(value: str | Profile, arg: str) -> Profile:
+    """`profile` of ``value``, its errors naming the caller's argument ``arg``."""
+    if isinstance(value, Profile):
+        return value
+    if not isinstance(value, str):
+        raise RoutepackTypeError(f"{arg}: expected a profile name or a Profile, got {type(value).__name__} {value!r}")
+    if value not in PROFILES:
+        raise RoutepackError(f"{arg}: unknown profile {value!r}; known: {sorted(PROFILES)}")
+    return PROFILES[value]
 
 
 def _cap_probs(p: np.ndarray, limit: float) -> np.ndarray:
@@ -256,7 +263,7 @@ def _route_counts(rng: np.random.Generator, n: np.ndarray, k: int, probs: np.nda
 
 def synthetic(profile_name: str | Profile, windows: int = 1, seed: int = 0) -> Iterator[Window]:
     """Yields `windows` successive windows of the profile, deterministically for `seed`."""
-    prof = profile(profile_name)
+    prof = _profile(profile_name, "profile_name")
     windows = positive_int(windows, "windows")
     seed = positive_int(seed, "seed", minimum=0)
     rng = np.random.default_rng(seed)

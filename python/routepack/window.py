@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
 import numpy as np
 
 from routepack import _core, _npz
-from routepack._checks import as_int_array, boolean, positive_int
+from routepack._checks import as_int_array, boolean, positive_int, restated
 from routepack._routed import (
     ROUTED_DTYPES,
     flatten_slime,
@@ -71,7 +72,7 @@ class Window:
     there is no escape hatch: a window that violates them is a recording or conversion bug.
     """
 
-    __slots__ = ("seq_lens", "counts", "top_k")
+    __slots__ = ("seq_lens", "counts", "top_k", "_checked", "__weakref__")
 
     def __init__(self, seq_lens: np.ndarray, expert_tokens: np.ndarray, top_k: Optional[int] = None) -> None:
         seq_lens = as_int_array(seq_lens, "seq_lens", 1, np.int64)
@@ -100,6 +101,67 @@ class Window:
         self.seq_lens = seq_lens
         self.counts = expert_tokens
         self.top_k = top_k
+        self._checked = self._fields_key()
+
+    def _fields_key(self) -> Optional[tuple]:
+        """What the counts' values were last checked with: the arrays (by weak reference, so a
+        replaced array is not kept alive) and ``top_k``."""
+        return (weakref.ref(self.seq_lens), weakref.ref(self.counts), self.top_k)
+
+    def __getstate__(self) -> dict:
+        # pickled (torch.distributed's object collectives): the fields, not the weak references
+        return {"seq_lens": self.seq_lens, "counts": self.counts, "top_k": self.top_k}
+
+    def __setstate__(self, state: dict) -> None:
+        self.seq_lens, self.counts, self.top_k = state["seq_lens"], state["counts"], state["top_k"]
+        self._checked = None  # checked again where it is first read (`_check_fields`)
+
+    def _fields_unchanged(self) -> bool:
+        if self._checked is None:
+            return False
+        seq_ref, counts_ref, top_k = self._checked
+        seq, counts = seq_ref(), counts_ref()  # None once the checked array is gone
+        return (
+            seq is not None
+            and seq is self.seq_lens
+            and counts is not None
+            and counts is self.counts
+            and (type(top_k) is type(self.top_k) and top_k == self.top_k)
+        )
+
+    def _check_fields(self, name: str = "window") -> "Window":
+        """Checks the fields again, naming them as ``name.field``: they are plain attributes,
+        so one reassigned after construction (float ``seq_lens``, counts of another shape or
+        above their lengths, a ``top_k`` of 0) fails here, in the caller's words, at every
+        public call that reads the window (`plan_window`, `simulate`, `Plan.validate`). Types
+        and shapes are checked every time; the counts' values, as the constructor checks them,
+        whenever an array or ``top_k`` was replaced since they last were (an array edited in
+        place is not seen: the core still refuses a negative count as it reads it).
+        Returns self."""
+        if self._fields_unchanged():
+            return self
+        seq_lens = as_int_array(self.seq_lens, f"{name}.seq_lens", 1, np.int64)
+        counts = _as_counts(self.counts, f"{name}.counts")
+        if seq_lens.shape[0] == 0:
+            raise RoutepackError(f"{name}.seq_lens: a window needs at least one sample (got 0)")
+        if counts.shape[0] != seq_lens.shape[0] or counts.shape[1] == 0 or counts.shape[2] == 0:
+            raise RoutepackError(
+                f"{name}.counts: expected [S={seq_lens.shape[0]}, L >= 1, E >= 1], got shape {counts.shape}"
+            )
+        bad = np.flatnonzero(seq_lens < 1)
+        if bad.size:
+            raise RoutepackError(
+                f"{name}.seq_lens: sample {bad[0]} has length {seq_lens[bad[0]]}; every length must be >= 1"
+            )
+        _check_total(seq_lens, f"{name}.seq_lens")
+        top_k = None if self.top_k is None else positive_int(self.top_k, f"{name}.top_k", maximum=counts.shape[2])
+        try:
+            _core.check_expert_tokens(seq_lens, counts, top_k)
+        except RoutepackError as e:
+            raise restated(e, {"expert_tokens": f"{name}.expert_tokens", "seq_lens": f"{name}.seq_lens"}) from None
+        self.seq_lens, self.counts, self.top_k = seq_lens, counts, top_k
+        self._checked = self._fields_key()
+        return self
 
     @property
     def expert_tokens(self) -> np.ndarray:
@@ -186,6 +248,10 @@ class Window:
             raise RoutepackTypeError(f"routed: dtype {routed.dtype} is not one of uint8, int16, int32, int64")
         if routed.ndim != 3:
             raise RoutepackError(f"routed: expected [T, L, k], got shape {routed.shape}")
+        if routed.shape[2] > num_experts:
+            raise RoutepackError(
+                f"num_experts: {num_experts} is fewer than the {routed.shape[2]} experts each token picks (k)"
+            )
         routed = np.ascontiguousarray(native_order(routed))
         cu = as_int_array(cu_seqlens, "cu_seqlens", 1, np.int64)
         seq_lens, counts = _core.expert_tokens_from_routed(routed, cu, num_experts)
@@ -225,7 +291,7 @@ class Window:
         return w
 
 
-def _as_counts(value: Any) -> np.ndarray:
+def _as_counts(value: Any, name: str = "expert_tokens") -> np.ndarray:
     """``expert_tokens`` as a C-contiguous ``[S, L, E]`` array of `COUNT_DTYPES`: kept as given
     when it is one (native byte order), converted straight to the narrowest when its values
     fit uint16, else to int32 as `as_int_array` does (which also names every type or shape
@@ -233,16 +299,16 @@ def _as_counts(value: Any) -> np.ndarray:
     arr = np.asarray(value)
     if arr.dtype in COUNT_DTYPES and arr.dtype.isnative:
         if arr.ndim != 3:
-            raise RoutepackError(f"expert_tokens: expected 3 dimensions, got shape {arr.shape}")
+            raise RoutepackError(f"{name}: expected 3 dimensions, got shape {arr.shape}")
         return np.ascontiguousarray(arr)
     if arr.dtype != np.bool_ and np.issubdtype(arr.dtype, np.integer) and arr.ndim == 3 and arr.size:
         lo, hi = int(arr.min()), int(arr.max())
         if lo >= 0 and hi <= np.iinfo(np.uint16).max:
             return np.ascontiguousarray(arr, dtype=count_dtype(hi))
-    return as_int_array(arr, "expert_tokens", 3, np.int32)
+    return as_int_array(arr, name, 3, np.int32)
 
 
-def _check_total(seq_lens: np.ndarray) -> None:
+def _check_total(seq_lens: np.ndarray, name: str = "seq_lens") -> None:
     """Refuses lengths (each >= 1) whose total would overflow int64. Summed exactly in Python
     ints, but only where numpy's int64 sum could wrap (the largest length times S exceeds
     the limit), so the common case costs one max."""
@@ -251,6 +317,6 @@ def _check_total(seq_lens: np.ndarray) -> None:
     total = sum(int(n) for n in seq_lens)
     if total > MAX_TOTAL_TOKENS:
         raise RoutepackError(
-            f"seq_lens: the {seq_lens.shape[0]} lengths add up to {total} tokens, more than int64 holds "
+            f"{name}: the {seq_lens.shape[0]} lengths add up to {total} tokens, more than int64 holds "
             f"({MAX_TOTAL_TOKENS}); the largest is {int(seq_lens.max())}"
         )

@@ -1,6 +1,6 @@
-//! The cells (DP rank, step) of a packed window: which samples every rank runs at each
-//! microbatch step and their attention work, and from them what the simulator and the
-//! per-exchange planners (replication) read for one exchange (EP group, step, layer): the
+//! The cells (DP rank, microbatch) of a packed window: which samples every rank runs at each
+//! microbatch and their attention work, and from them what the simulator and the
+//! per-exchange planners (replication) read for one exchange (EP group, microbatch, layer): the
 //! slowest rank's attention and the tokens each EP rank sends to each logical expert.
 
 use crate::bound::row_sums;
@@ -10,15 +10,15 @@ use crate::plan::cell_members;
 use crate::topology::Topology;
 use crate::window::WindowView;
 
-/// Samples per (DP rank, step) and their Σ n, Σ n² (what attention costs).
-/// Built from a packing that `validate_plan` accepted (ranks and steps in range).
+/// Samples per (DP rank, microbatch) and their Σ n, Σ n² (what attention costs).
+/// Built from a packing that `validate_plan` accepted (ranks and microbatches in range).
 #[derive(Clone, Debug)]
 pub struct CellGrid {
     /// EP ranks per group (`Topology::ep`): DP rank d is EP-local rank d mod ep of group d / ep.
     pub ep: usize,
     /// EP groups G (`Topology::num_groups`).
     pub num_groups: usize,
-    /// Microbatch steps M per DP rank.
+    /// Microbatches M per DP rank.
     pub num_micro: usize,
     off: Vec<usize>,
     members: Vec<usize>,
@@ -47,14 +47,14 @@ impl CellGrid {
         Self { ep: topo.ep, num_groups: topo.num_groups(), num_micro, off, members, lin, quad }
     }
 
-    /// Samples of global DP rank `d` at step `m`, ascending.
+    /// Samples of global DP rank `d` at microbatch `m`, ascending.
     #[inline]
     pub fn members(&self, d: usize, m: usize) -> &[usize] {
         let c = d * self.num_micro + m;
         &self.members[self.off[c]..self.off[c + 1]]
     }
 
-    /// The slowest rank's one-pass attention time in exchange (group g, step m, layer l).
+    /// The slowest rank's one-pass attention time in exchange (group g, microbatch m, layer l).
     pub fn attention_max(&self, cost: &CostModel, g: usize, m: usize, l: usize) -> f64 {
         (0..self.ep)
             .map(|r| {
@@ -65,7 +65,7 @@ impl CellGrid {
     }
 
     /// Fills `origin` `[ep * E]` (rank-major): tokens for logical expert e that EP-local rank
-    /// r's samples send in exchange (group g, step m, layer l).
+    /// r's samples send in exchange (group g, microbatch m, layer l).
     /// Compiled for AVX2 where the CPU has it (integer sums: the same values either way).
     pub fn origin(&self, w: &WindowView, g: usize, m: usize, l: usize, origin: &mut [i64]) {
         #[cfg(target_arch = "x86_64")]

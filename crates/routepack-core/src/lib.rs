@@ -15,12 +15,14 @@
 //! * [`packing`]     stage 2, every packing of samples: [`packing::sequential`] (Megatron),
 //!   [`packing::kk`] (verl), [`packing::routepack`] (certified rows, then the layout search);
 //!   [`packing::rows`] finds the fewest rows with a certificate
-//! * [`layout`]      stage 3, the layout search: rows onto (DP rank, step) cells by population
+//! * [`layout`]      stage 3, the layout search: rows onto (DP rank, microbatch) cells by population
 //!   annealing, against a proxy of the cost model (`layout::proxy`, its hot loop `layout::kernel`)
 //! * [`replication`] stage 4, intra-batch replicas per exchange: `hot_n` (MindSpeed), `relibra`,
 //!   `routepack`
 //! * [`migration`]   expert moves (weights + optimizer state) from the placement in force
-//! * [`cost`]        the cost model: coefficients and the shared terms every proxy calls
+//! * [`cost`]        the cost model: coefficients, the shared terms every proxy calls, and
+//!   one EP rank's time and an exchange's ([`cost::LayerCost`]) in one place, exact, as a
+//!   lower bound or linearised ([`cost::ExpertLine`]) for the proxies
 //! * [`bound`]       the lower bound on every valid plan's step time (`SimReport::lower_bound_time`)
 //! * [`simulate`]    the simulator that scores every plan by composing [`cost`]'s terms per
 //!   exchange ([`cell_grid`]: which samples run in each cell)
@@ -35,10 +37,14 @@
 //! * **sample**: one sequence of the window.
 //! * **row**: a set of samples of at most `token_cap` tokens that runs as one microbatch on one
 //!   DP rank (packing's unit).
-//! * **step**: a microbatch step m in 0..M−1, the execution order on every DP rank (the
-//!   annealer's schedule has *temperature* steps).
-//! * **cell**: (DP rank, step), where one row runs; no cell is empty.
-//! * **exchange**: (EP group, step, layer), one dispatch/combine all-to-all: the unit the
+//! * **microbatch** (`micro`, index m in 0..M−1): a row's place in the execution order,
+//!   the same M on every DP rank (`Plan::sample_micro`, `Plan::num_micro`).
+//! * **step**: one training step, what `step_time` prices: every microbatch of the window,
+//!   its passes (forward, backward), plus migration and the once-per-step gradient sum of
+//!   redundant experts. Other steps are named with their kind: the annealer's *temperature*
+//!   steps, replication's *greedy* steps, the expert curve's *GEMM step*.
+//! * **cell**: (DP rank, microbatch), where one row runs; no cell is empty.
+//! * **exchange**: (EP group, microbatch, layer), one dispatch/combine all-to-all: the unit the
 //!   simulator prices, tokens are routed in and replication plans for.
 //! * **chunk**: a run of consecutive samples that placement balances per-microbatch demand over
 //!   (`placement_chunks`); the layout kernel groups layers in *layer blocks*.

@@ -40,14 +40,14 @@ pub fn diff_nodes(previous: &Placement, next: &Placement, ranks_per_node: usize,
         return Err(crate::error::invalid("ranks_per_node", "must be >= 1, got 0"));
     }
     let rpn = ranks_per_node;
-    let mut rows = Vec::new();
+    let mut moves = Vec::new();
     for l in 0..next.num_layers {
-        diff_layer(l, previous.layer(l), next.layer(l), next.slots_per_rank, rpn, bytes_per_expert, &mut rows);
+        diff_layer(l, previous.layer(l), next.layer(l), next.slots_per_rank, rpn, bytes_per_expert, &mut moves);
     }
-    Ok(rows)
+    Ok(moves)
 }
 
-/// Moves of one layer (`old`, `new`: that layer's phy2log), appended to `rows`.
+/// Moves of one layer (`old`, `new`: that layer's phy2log), appended to `moves`.
 ///
 /// A slot whose expert is unchanged costs nothing. Otherwise the source is a previous slot of
 /// that expert, chosen in this order: on the destination rank (a local copy, 0 network
@@ -61,7 +61,7 @@ pub fn diff_layer(
     slots_per_rank: usize,
     ranks_per_node: usize,
     bytes_per_expert: f64,
-    rows: &mut Vec<ExpertMove>,
+    moves: &mut Vec<ExpertMove>,
 ) {
     let spr = slots_per_rank;
     let rpn = ranks_per_node.max(1);
@@ -110,7 +110,7 @@ pub fn diff_layer(
         let src_rank = src / spr;
         let bytes = if src_rank == dst_rank { 0.0 } else { bytes_per_expert };
         sent[src_rank] += bytes;
-        rows.push(ExpertMove {
+        moves.push(ExpertMove {
             layer: layer as i32,
             expert: e,
             src_rank: src_rank as i32,
@@ -131,23 +131,23 @@ mod tests {
         let a = Placement::new(vec![0, 1, 2, 3], 1, 4, 2).unwrap();
         assert!(diff(&a, &a, 1.0).unwrap().is_empty());
         let b = Placement::new(vec![0, 2, 1, 3], 1, 4, 2).unwrap();
-        let rows = diff(&a, &b, 7.0).unwrap();
-        assert_eq!(rows.len(), 2);
-        assert_eq!((rows[0].expert, rows[0].src_slot, rows[0].dst_slot, rows[0].bytes), (2, 2, 1, 7.0));
+        let moves = diff(&a, &b, 7.0).unwrap();
+        assert_eq!(moves.len(), 2);
+        assert_eq!((moves[0].expert, moves[0].src_slot, moves[0].dst_slot, moves[0].bytes), (2, 2, 1, 7.0));
     }
 
     #[test]
     fn sources_prefer_local_then_node_then_least_loaded() {
         // 4 ranks × 1 slot, 2 ranks per node; expert 0 on ranks 0 and 2
         let old = [0, 1, 0, 2];
-        let mut rows = Vec::new();
+        let mut moves = Vec::new();
         // rank 3 wants expert 0: rank 2 is on its node
-        diff_layer(0, &old, &[0, 1, 0, 0], 1, 2, 5.0, &mut rows);
-        assert_eq!((rows[0].src_rank, rows[0].dst_rank), (2, 3));
+        diff_layer(0, &old, &[0, 1, 0, 0], 1, 2, 5.0, &mut moves);
+        assert_eq!((moves[0].src_rank, moves[0].dst_rank), (2, 3));
         // ranks 1 and 3 both want expert 0 with one rank per node: the second send goes to the
         // rank that has not sent yet
-        rows.clear();
-        diff_layer(0, &old, &[0, 0, 0, 0], 1, 1, 5.0, &mut rows);
-        assert_eq!(rows.iter().map(|r| r.src_rank).collect::<Vec<_>>(), vec![0, 2]);
+        moves.clear();
+        diff_layer(0, &old, &[0, 0, 0, 0], 1, 1, 5.0, &mut moves);
+        assert_eq!(moves.iter().map(|r| r.src_rank).collect::<Vec<_>>(), vec![0, 2]);
     }
 }

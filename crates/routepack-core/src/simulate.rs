@@ -1,6 +1,6 @@
 //! The simulator: DESIGN.md's cost model, the one scale every plan and baseline is scored on.
 //!
-//! For each exchange (EP group g, microbatch step m, MoE layer l):
+//! For each exchange (EP group g, microbatch m, MoE layer l):
 //! * attention of DP rank d: `A = Σ_{s∈cell(d,m)} a_lin·n_s + a_quad_l·n_s²`;
 //! * tokens of logical expert e from EP-local rank r, routed by [`crate::flow::route_expert`]
 //!   to replica copies, then to placement slots (each slot's load that of an even split, fed
@@ -91,7 +91,7 @@ pub struct SimReport {
     /// Mean of `imbalance` over every exchange (1.0: perfectly balanced).
     pub mean_imbalance: f64,
     /// Routed-token bytes the all-to-all moves between EP ranks of the same node, over the whole
-    /// window (every EP group, step and MoE layer), counted as the cost model counts them: a
+    /// window (every EP group, microbatch and MoE layer), counted as the cost model counts them: a
     /// token computed on a rank other than its origin moves `token_bytes` in dispatch and again
     /// in combine, in the forward and in the backward pass (4 × its dispatch bytes,
     /// [`CostModel::all_to_all_bytes`]); a token computed on its origin rank moves nothing.
@@ -104,54 +104,9 @@ pub struct SimReport {
     pub cross_node_bytes_per_token: f64,
 }
 
-/// Cost of one (group, micro, layer), split into its parts (all passes included).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct LayerCost {
-    /// Seconds: 3 × the slowest rank's one-pass attention (`COMPUTE_PASSES · attn_max`).
-    pub attention: f64,
-    /// Seconds of dispatch + combine, forward and backward: their link time
-    /// (`CostModel::all_to_all_time`) plus their latencies (`CostModel::all_to_all_latency`).
-    pub all_to_all: f64,
-    /// Seconds: 3 × the busiest EP rank's expert time (`COMPUTE_PASSES · max_p X`).
-    pub expert: f64,
-    /// Seconds of replica broadcast and gradient reduction not hidden behind attention
-    /// (`CostModel::exposed_replication`); 0 without replicas.
-    pub replication: f64,
-    /// Seconds of the all-to-all hidden behind attention and expert work
-    /// (`CostModel::hidden_communication`); 0 without overlap.
-    pub hidden: f64,
-    /// Max / mean over EP ranks of the expert tokens they compute (1.0 when there are none);
-    /// a figure of balance, not a time, so not part of [`LayerCost::total`].
-    pub imbalance: f64,
-}
-
-impl LayerCost {
-    /// The exchange's cost from its one-pass maxima: the slowest rank's attention
-    /// `attn_max` and expert time `x_max`, the all-to-all's link time `all_to_all` (all
-    /// passes; its latencies, `CostModel::all_to_all_latency`, are added here) and the
-    /// exposed `replication`. The one place the parts are put together (the simulator and
-    /// replication's incremental state both call it).
-    pub fn new(cost: &CostModel, attn_max: f64, x_max: f64, all_to_all: f64, replication: f64, imbalance: f64) -> Self {
-        // every exchange runs its all-to-alls, whatever they move (+ 0.0 keeps the bits)
-        let all_to_all = all_to_all + cost.all_to_all_latency();
-        let passes = cost.compute_passes();
-        let (attention, expert) = (passes * attn_max, passes * x_max);
-        let hidden = cost.hidden_communication(attention + expert, all_to_all);
-        LayerCost { attention, all_to_all, expert, replication, hidden, imbalance }
-    }
-
-    /// Seconds of the exchange, T: attention + all-to-all + expert + replication − hidden.
-    /// With something hidden that is `max(attention + expert, all_to_all) + replication`,
-    /// computed as the max so that T never falls when a part grows (rounding included: the
-    /// planners' bounds on T rely on it); without, the plain sum, bit for bit as before overlap.
-    pub fn total(&self) -> f64 {
-        if self.hidden > 0.0 {
-            (self.attention + self.expert).max(self.all_to_all) + self.replication
-        } else {
-            self.attention + self.all_to_all + self.expert + self.replication
-        }
-    }
-}
+/// An exchange's cost split into its parts: moved to [`crate::cost`], the one place the cost
+/// terms are combined; kept here under its old path.
+pub use crate::cost::LayerCost;
 
 /// Scratch buffers for one worker, reused across exchanges.
 struct Scratch {
@@ -190,7 +145,7 @@ impl Scratch {
     }
 }
 
-/// Prices single exchanges (EP group, step, layer) exactly as [`simulate`] does; what
+/// Prices single exchanges (EP group, microbatch, layer) exactly as [`simulate`] does; what
 /// per-exchange planners (replication) use to compare their choices on the simulator's own scale.
 /// Holds scratch buffers: make one per worker thread and reuse it.
 pub struct ExchangePricer {
@@ -397,7 +352,7 @@ fn ideal_time_of(layer_tokens: &[f64], w: &WindowView, topo: &Topology, cost: &C
     // added in layer order: the same value for any thread count
     layer_tokens.iter().enumerate().fold(0.0, |total, (l, &tt)| {
         let attn = passes * cost.attention_of_sums(l, lin, quad) / dp;
-        let expert = passes * (cost.c_tok * tt / dp + cost.c_exp * ideal_micro as f64 * w.num_experts as f64 / ep);
+        let expert = passes * cost.expert_time(tt / dp, ideal_micro as f64 * w.num_experts as f64 / ep);
         let per_rank_bytes = tt / dp * cost.token_bytes;
         let a2a = 2.0 * cost.comm_passes() * per_rank_bytes * cost.uniform_seconds_per_byte(topo);
         total + (attn + expert + a2a - cost.hidden_communication(attn + expert, a2a))
@@ -448,7 +403,7 @@ pub fn simulate_validated(
     let (g_n, m_n, l_n, ep, e_n) = (topo.num_groups(), plan.num_micro, w.num_layers, topo.ep, w.num_experts);
     let grid = CellGrid::new(&plan.sample_rank, &plan.sample_micro, m_n, w.seq_lens, topo);
     let reps = bucket_replicas(&plan.replicas, g_n, m_n, l_n);
-    let layer_slots: Vec<(Vec<usize>, Vec<usize>)> = (0..l_n).map(|l| plan.placement.replicas_of_layer(l)).collect();
+    let layer_slots = plan.placement.slot_tables()?;
 
     // every (g, m) independently; results kept in index order so the sum is deterministic:
     // each exchange's cost and its one-way dispatch bytes (inside nodes, between nodes), and
@@ -540,11 +495,11 @@ pub fn simulate_validated(
     })
 }
 
-/// What one (group, step) task of [`simulate_validated`] returns: each layer's exchange cost
+/// What one (group, microbatch) task of [`simulate_validated`] returns: each layer's exchange cost
 /// and one-way dispatch bytes (inside nodes, between nodes), and its part of the demand sums.
 type GmResult = (Vec<(LayerCost, (f64, f64))>, GmSums);
 
-/// What one (group, step) task of [`simulate_validated`] gathers for the lower bound
+/// What one (group, microbatch) task of [`simulate_validated`] gathers for the lower bound
 /// ([`DemandSums`]): its rows `(sample, layer, Σ_e tokens, distinct experts)` and, per
 /// layer, its experts' totals and largest shares (`[L * E]` each).
 struct GmSums {

@@ -1,4 +1,5 @@
-//! The cluster's shape: data-parallel ranks, expert-parallel groups, nodes, expert slots.
+//! The cluster's shape: data-parallel ranks, expert-parallel groups, nodes, expert slots and
+//! the replica buffers a rank holds for intra-batch copies.
 
 use crate::error::{invalid, Result};
 
@@ -9,6 +10,10 @@ use crate::error::{invalid, Result};
 /// * nodes are consecutive blocks of `gpus_per_node` global ranks.
 /// * each EP rank has `slots_per_rank` physical expert slots per MoE layer; physical slot p
 ///   lives on EP-local rank p / slots_per_rank (DeepSeek EPLB convention).
+/// * each EP rank holds `replica_slots` spare expert buffers per MoE layer for the intra-batch
+///   copies of one microbatch: in one exchange (EP group, microbatch, layer) a rank receives
+///   copies of at most that many distinct experts (`validate` refuses a plan over it; the
+///   replication planners plan within it; the lower bound relies on it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Topology {
     /// Data-parallel ranks (global GPUs), a multiple of `ep`.
@@ -19,17 +24,37 @@ pub struct Topology {
     pub gpus_per_node: usize,
     /// Physical expert slots per EP rank per MoE layer (the placement's memory budget).
     pub slots_per_rank: usize,
+    /// Spare expert buffers per EP rank per MoE layer for intra-batch copies: the most
+    /// distinct experts one rank receives copies of in one exchange (the replication's memory
+    /// budget). [`DEFAULT_REPLICA_SLOTS`] unless set ([`Topology::with_replica_slots`]).
+    pub replica_slots: usize,
 }
 
+/// Replica buffers per rank and layer unless a topology says otherwise: 3, the most copies any
+/// built-in replication puts on one rank in one exchange with its defaults (MindSpeed's rule
+/// broadcasts its N = 3 hot experts to every rank, `replication::hot_n::DEFAULT_HOT_EXPERTS`;
+/// ReLibra's and routepack's replication use 2, `replication::routepack::DEFAULT_REPLICA_SLOTS`),
+/// so that no plan of a built-in policy with default options changes.
+pub const DEFAULT_REPLICA_SLOTS: usize = 3;
+
 impl Topology {
-    /// A checked topology (see [`Topology::check`]); errors name the field and its value.
+    /// A checked topology (see [`Topology::check`]) with [`DEFAULT_REPLICA_SLOTS`] replica
+    /// buffers a rank; errors name the field and its value.
     pub fn new(dp: usize, ep: usize, gpus_per_node: usize, slots_per_rank: usize) -> Result<Self> {
-        let t = Self { dp, ep, gpus_per_node, slots_per_rank };
+        let t = Self { dp, ep, gpus_per_node, slots_per_rank, replica_slots: DEFAULT_REPLICA_SLOTS };
         t.check()?;
         Ok(t)
     }
 
-    /// Consistency of the four numbers on their own (not against a model).
+    /// This topology with `replica_slots` replica buffers a rank (0: no intra-batch copies),
+    /// checked.
+    pub fn with_replica_slots(self, replica_slots: usize) -> Result<Self> {
+        let t = Self { replica_slots, ..self };
+        t.check()?;
+        Ok(t)
+    }
+
+    /// Consistency of the numbers on their own (not against a model).
     pub fn check(&self) -> Result<()> {
         if self.dp == 0 {
             return Err(invalid("topo.dp", "must be >= 1, got 0"));
@@ -64,6 +89,10 @@ impl Topology {
                 "topo",
                 format!("ep*slots_per_rank = {}*{} does not fit the int32 slot ids of a plan", self.ep, self.slots_per_rank),
             ));
+        }
+        // a rank's experts in one exchange, slots_per_rank + replica_slots, count in usize
+        if self.replica_slots > i32::MAX as usize {
+            return Err(invalid("topo.replica_slots", format!("{} is more buffers than a plan's int32 ids can name", self.replica_slots)));
         }
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! violation, in words that name the sample, cell, layer or row.
 //!
 //! A cell's tokens are summed in i128: lengths are i64, and a cell of a few samples near 2^62
-//! tokens wraps an i64 sum below the cap. Migration rows are one per destination slot (a slot
+//! tokens wraps an i64 sum below the cap. Migration moves are one per destination slot (a slot
 //! filled twice would be charged twice by `simulate`), and [`validate_placement_tables`]
 //! checks tables derived from `phy2log` that travel with a plan (they can be edited apart
 //! from it).
@@ -141,8 +141,8 @@ pub fn validate_plan(plan: &Plan, w: &WindowView, topo: &Topology, token_cap: i6
 
 /// The earliest migration row whose (layer, destination slot) an earlier row has, with that
 /// earlier row: a slot is filled once (exact duplicates included).
-fn repeated_destination(rows: &[crate::plan::ExpertMove]) -> Option<(usize, usize)> {
-    let mut keys: Vec<(i32, i32, usize)> = rows.iter().enumerate().map(|(i, m)| (m.layer, m.dst_slot, i)).collect();
+fn repeated_destination(moves: &[crate::plan::ExpertMove]) -> Option<(usize, usize)> {
+    let mut keys: Vec<(i32, i32, usize)> = moves.iter().enumerate().map(|(i, m)| (m.layer, m.dst_slot, i)).collect();
     keys.sort_unstable();
     keys.windows(2).filter(|p| (p[0].0, p[0].1) == (p[1].0, p[1].1)).map(|p| (p[0].2, p[1].2)).min_by_key(|&(_, again)| again)
 }

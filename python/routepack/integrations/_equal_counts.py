@@ -100,6 +100,32 @@ def equal_count_plan(plan: Any, window: Any, topo: Any, token_cap: int, cost: Op
     return out
 
 
+def plan_equal_counts(
+    window: Any, topo: Any, cost: Any, token_cap: int, policy: Any = "routepack", **kwargs: Any
+) -> Plan:
+    """`routepack.plan_window` with equal sample counts per DP rank (`equal_count_plan`).
+    Where the counts cannot be equalised under the cap, the window is planned again with the
+    same placement and replication choices and verl's Karmarkar–Karp packing (equal counts by
+    construction); ``report["equal_counts"]`` then says ``{"fallback": "kk"}``. Arguments as
+    `routepack.plan_window` (``kwargs``: its keyword arguments and stage options). Returns a
+    `Plan` that passed `Plan.validate`."""
+    from routepack.planner import plan_window
+    from routepack.policies import resolve
+    from routepack.stages.policy import Policy
+
+    plan = plan_window(window, topo, cost, token_cap=token_cap, policy=policy, **kwargs)
+    try:
+        return equal_count_plan(plan, window, topo, token_cap, cost)
+    except InfeasibleError:
+        name, pol = resolve(policy)
+        if pol.packing == "kk":
+            raise
+    kk = Policy(pol.placement, "kk", pol.replication, loads=pol.loads)
+    plan = plan_window(window, topo, cost, token_cap=token_cap, policy=kk, **kwargs)
+    plan.report["equal_counts"] = {"fallback": "kk", "policy": name}
+    return equal_count_plan(plan, window, topo, token_cap, cost)
+
+
 def _next_move(
     rank: np.ndarray,
     micro: np.ndarray,
@@ -134,4 +160,4 @@ def _next_move(
     )
 
 
-__all__ = ["equal_count_plan"]
+__all__ = ["equal_count_plan", "plan_equal_counts"]

@@ -226,10 +226,41 @@ def record_routing(model: Any) -> RoutingRecorder:
     return RoutingRecorder(model)
 
 
-def _input_mask(input_ids: Any, attention_mask: Any) -> Any:
+def _vocabulary(model: Any) -> Optional[int]:
+    """The number of token ids the model embeds (its input embedding's rows, else
+    ``config.vocab_size``), or None where it does not say."""
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if isinstance(emb, torch.nn.Embedding):
+        return int(emb.num_embeddings)
+    size = getattr(getattr(model, "config", None), "vocab_size", None)
+    return int(size) if isinstance(size, int) else None
+
+
+def _check_input_ids(model: Any, input_ids: Any) -> None:
+    """``input_ids`` as the forward pass needs them, else an error naming ``input_ids``: a
+    2-D integer tensor with at least one row (sample) and one column, every id (padding
+    included: the embedding looks every one up) inside the model's vocabulary."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
         raise RoutepackError(f"input_ids: expected a [B, S] torch tensor (one row per sample), got {shape}")
+    if input_ids.dtype == torch.bool or input_ids.dtype.is_floating_point or input_ids.dtype.is_complex:
+        raise RoutepackTypeError(f"input_ids: expected integer token ids, got dtype {input_ids.dtype}")
+    if input_ids.shape[0] == 0:
+        raise RoutepackError(f"input_ids: has no samples (shape {tuple(input_ids.shape)}); one row per sample")
+    if input_ids.shape[1] == 0:
+        raise RoutepackError(f"input_ids: its rows have no tokens (shape {tuple(input_ids.shape)})")
+    vocab = _vocabulary(model)
+    if vocab is not None:
+        bad = ((input_ids < 0) | (input_ids >= vocab)).nonzero()
+        if bad.shape[0]:
+            b, t = (int(i) for i in bad[0])
+            raise RoutepackError(
+                f"input_ids: token id {int(input_ids[b, t])} at [{b}, {t}] is outside the model's vocabulary "
+                f"[0, {vocab})"
+            )
+
+
+def _input_mask(input_ids: Any, attention_mask: Any) -> Any:
     if attention_mask is None:
         return torch.ones_like(input_ids)
     if not isinstance(attention_mask, torch.Tensor):
@@ -248,6 +279,8 @@ def capture_routed(model: Any, input_ids: Any, attention_mask: Any = None, **for
     ``[B, S]`` (1 real, 0 padding; left or right padding alike), default all real.
     ``forward_kwargs`` go to the forward call (``use_cache`` defaults to False). The model's
     train/eval mode is left as it is (``model.eval()`` for a dropout-free pass)."""
+    moe_routers(model)  # a model routepack cannot record is named before its inputs
+    _check_input_ids(model, input_ids)
     mask = _input_mask(input_ids, attention_mask)
     _real_tokens(mask)  # refuse a bad mask before running the model
     forward_kwargs.setdefault("use_cache", False)

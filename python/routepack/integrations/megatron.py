@@ -1,30 +1,41 @@
-"""routepack inside Megatron-Core: a plan's expert placement carried out by Megatron's own
-MoE layer, unchanged.
+"""routepack inside Megatron-Core: the whole plan (placement, migration, redundant experts,
+intra-batch replicas) carried out by Megatron's own MoE layer, dispatcher and expert MLPs.
 
 Megatron pins expert p to EP rank ``p // num_local_experts`` (``MoELayer.local_expert_indices
 = ep_rank * n_local + i``, contiguous, asserted by the all-to-all dispatcher), holds its
-weights as ``weight{i}`` of ``SequentialMLP`` / ``TEGroupedMLP`` on that rank, and names it
-``ep_rank * n_local + i`` in checkpoints. A plan's placement has the same shape: physical
-slot p of layer l lives on EP rank ``p // slots_per_rank`` and holds logical expert
-``phy2log[l, p]``. So with ``num_moe_experts = ep * slots_per_rank`` (the physical slots)
-and a router that turns the replayed logical top-k into slot ids, the stock dispatcher and
-grouped MLP run as they are:
+weights as ``local_experts[i]`` (``SequentialMLP``) or ``weight{i}`` (``TEGroupedMLP``) on that
+rank. A plan's placement has the same shape: physical slot p of layer l lives on EP rank
+``p // slots_per_rank`` and holds logical expert ``phy2log[l, p]``. So a layer with
+``ep * (slots_per_rank + replica_slots)`` physical experts whose router maps the logical top-k
+to physical experts lets the stock dispatcher and expert MLPs run as they are. The training
+loop changes by a few lines (docs/megatron.md)::
 
-* `slot_topk`: logical ids → physical slots, by routepack's routing rule (the flow table of
-  ``flow::route_exchange``, the one `routepack.torch.route_tokens` and the simulator use),
-  so every EP rank receives exactly the tokens the plan predicts;
-* `PlanRouter` (`routepack.integrations._megatron_router`, torch): wraps a logical router
-  (Megatron's ``TopKRouter`` with ``num_moe_experts = E``, ``RouterReplay`` included) and
-  returns Megatron's ``(probs, routing_map)`` over the physical slots;
-* `local_experts`: which logical expert ``weight{i}`` on EP rank r holds (-1: an empty slot);
-* `checkpoint_to_logical` / `logical_to_checkpoint`: the logical-id export of a checkpoint
-  written in physical slots, and the physical checkpoint loaded from a logical one.
+    spec = rm.plan_layer_spec(get_gpt_layer_local_spec(num_experts=E), topo, replica_slots=2)
+    model = GPTModel(config, spec, ...)                 # config.num_moe_experts stays E
+    runner = rm.MegatronRunner(ddp_model, topo)
+    for plan, window in windows:
+        runner.begin_window(plan, window, optimizer)    # migrate weights + main_grad + optimizer state
+        forward_backward_func(..., data_iterator=runner.microbatches(data_iterator))
+        runner.finish_step(); optimizer.step()
 
-Intra-batch replicas (``plan.replicas``) are copies no Megatron slot holds: `slot_topk`
-refuses a cell that has them (plan with ``replication="none"``, e.g. the
-``routepack_no_replication`` preset). Megatron's all-to-all dispatcher needs CUDA (it creates a
-CUDA stream at construction); tools/gpu_megatron.py runs the whole layer on >= 2 GPUs.
-This module needs numpy only; `slot_topk` imports torch (via `routepack.torch`).
+* `plan_layer_spec` / `PlanMoELayer` (`routepack.integrations._megatron_layer`): the stock
+  ``MoELayer`` over physical slots; its router is the stock router class over the E logical
+  experts (one ``RouterReplay`` entry per layer, ``layer_number`` set, stock checkpoint key)
+  whose output is mapped to physical experts on the device, from tables uploaded once per
+  window (`routepack.integrations._megatron_tables`): no host sync, no extra collective.
+* `MegatronRunner` (`routepack.integrations._megatron_runner`): ``begin_window`` migrates
+  what the plan moves, with ``main_grad`` and the optimizer's state (``torch.optim``,
+  Megatron's FP32 / Float16 / Distributed optimizers: `routepack.integrations._megatron_state`);
+  replicas are filled per microbatch and their gradients sent home in backward; redundant
+  experts' gradients are summed once per step.
+* `export_weights` / checkpoints (`routepack.integrations._megatron_ckpt`): logical experts at
+  every boundary: ``sharded_state_dict`` keeps stock keys (any checkpoint loads into any
+  placement), the export names experts as the stock model without EP does.
+
+The numpy-only helpers below (`num_moe_experts`, `local_experts`, `checkpoint_to_logical`,
+`logical_to_checkpoint`, `slot_topk`) and the older `plan_router` (a wrapper that routes on
+the host: one copy of the ids and an all-gather per forward; no replicas) are kept. This
+module imports Megatron and torch only when a name that needs them is used.
 """
 
 from __future__ import annotations
@@ -90,11 +101,34 @@ def plan_router(logical_router: Any, placement: Any, layer: int, topo: Any, ep_g
     return PlanRouter(logical_router, _placement(placement), layer, topo, ep_group)
 
 
+#: names served lazily from the torch/Megatron modules (importing this module needs numpy only)
+_LAZY = {
+    "PlanMoELayer": "routepack.integrations._megatron_layer",
+    "plan_layer_spec": "routepack.integrations._megatron_layer",
+    "MegatronRunner": "routepack.integrations._megatron_runner",
+    "export_weights": "routepack.integrations._megatron_ckpt",
+    "slot_experts": "routepack.integrations._megatron_ckpt",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
+    "MegatronRunner",  # noqa: F822 (lazy: _LAZY)
+    "PlanMoELayer",  # noqa: F822 (lazy: _LAZY)
     "checkpoint_to_logical",
+    "export_weights",  # noqa: F822 (lazy: _LAZY)
     "local_experts",
     "logical_to_checkpoint",
     "num_moe_experts",
+    "plan_layer_spec",  # noqa: F822 (lazy: _LAZY)
     "plan_router",
+    "slot_experts",  # noqa: F822 (lazy: _LAZY)
     "slot_topk",
 ]

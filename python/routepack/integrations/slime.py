@@ -17,11 +17,20 @@ num_microbatches, global_batch_sizes)``: per DP rank its global sample indices, 
 microbatches as index lists into its partition (tiling it in order, steps one after the
 other), per step the microbatches each rank runs, per step the rollouts in it. Samples are
 grouped into steps of ``global_batch_size`` rollouts (first-occurrence order; all samples of
-a rollout in one step; trailing rollouts that do not fill a step dropped). Here one plan per
-step decides the rest, and what slime's open bugs break holds by construction and is
-checked: every microbatch within ``max_tokens_per_gpu * cp_size`` (#2017:
-``--balance-by-flops`` ignores it), no empty microbatch (#1838, #1860), no more microbatches
-than samples on a rank (#2065), the same count on every DP rank.
+a rollout in one step; trailing rollouts that do not fill a step dropped).
+
+`plan_dp_schedule` is the drop-in for that call in ``RolloutManager._split_train_data_by_dp``
+(``slime/ray/rollout.py``): it plans each step from the rollouts' routes with a
+`TrainerPlanner` (the policy the backend runs: the schedule on the static placement until
+routepack's Megatron execution carries out the rest) and returns the same 4-tuple
+(`build_dp_schedule` with the plans). Both of slime's batch modes: dynamic
+(``use_dynamic_batch_size``: microbatches within ``max_tokens_per_gpu * cp_size``; a sample
+longer than that runs alone in a microbatch of its own, as slime runs it, priced by
+`routepack.simulate` and counted in the plan's certificate) and static (``micro_batch_size``
+samples a microbatch). What slime's open bugs break holds by construction and is checked:
+every microbatch within the cap but a lone over-cap sample (#2017: ``--balance-by-flops``
+ignores it), no empty microbatch (#1838, #1860), no more microbatches than samples on a rank
+(#2065), the same count on every DP rank, VPP's multiple.
 
 Needs numpy only (torch tensors are read without importing torch); ``pip install
 'routepack[slime]'`` adds nothing beyond routepack.
@@ -29,7 +38,7 @@ Needs numpy only (torch tensors are read without importing torch); ``pip install
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -37,6 +46,7 @@ from routepack._checks import boolean, positive_int, sequence
 from routepack._routed import check_ids, check_same_layout, native_order, renamed
 from routepack.errors import RoutepackError, RoutepackTypeError
 from routepack.integrations._common import as_numpy, num_ranks, plans_list, rank_cells
+from routepack.integrations._trainer import BACKENDS, TrainerPlanner, backend_policy, plan_seconds, step_metrics
 from routepack.window import Window
 
 #: What slime's last-token row is counted as (``last_token``).
@@ -172,8 +182,8 @@ def build_dp_schedule(
     4-tuple, decided by the plans.
 
     Args:
-        args: slime's namespace; reads ``use_dynamic_batch_size`` (must be true: plans are
-              token-capped) and ``max_tokens_per_gpu``.
+        args: slime's namespace; reads ``use_dynamic_batch_size`` and, with it,
+              ``max_tokens_per_gpu``, without it ``micro_batch_size``.
         train_parallel_config: ``{"dp_size", "cp_size", "vpp_size",
               "microbatch_group_size_per_vp_stage"}``.
         total_lengths: ints ``[S]``, tokens per sample (global indices).
@@ -188,14 +198,17 @@ def build_dp_schedule(
         into ``partitions[r]``, execution order; ``list[steps][int]`` the plan's step count
         (the same on every rank); ``list[steps][int]`` = ``global_batch_size``.
 
-    Refused (`RoutepackError` naming the argument): a plan whose microbatch exceeds
-    ``max_tokens_per_gpu * cp_size`` on these lengths, a plan of the wrong size or DP width,
+    Refused (`RoutepackError` naming the argument): a microbatch over ``max_tokens_per_gpu *
+    cp_size`` that holds more than one sample (a lone sample may exceed it, as in slime), or
+    over ``micro_batch_size`` samples in static mode; a plan of the wrong size or DP width;
     a step count that is not a multiple of ``microbatch_group_size_per_vp_stage`` under VPP.
     """
-    if not boolean(getattr(args, "use_dynamic_batch_size", False), "args.use_dynamic_batch_size"):
-        raise RoutepackError("args.use_dynamic_batch_size: routepack plans are token-capped; set it to True")
+    dynamic = boolean(getattr(args, "use_dynamic_batch_size", False), "args.use_dynamic_batch_size")
     cfg = _parallel_config(train_parallel_config)
-    cap = positive_int(getattr(args, "max_tokens_per_gpu", None), "args.max_tokens_per_gpu") * cfg["cp_size"]
+    if dynamic:
+        cap = positive_int(getattr(args, "max_tokens_per_gpu", None), "args.max_tokens_per_gpu") * cfg["cp_size"]
+    else:
+        size = positive_int(getattr(args, "micro_batch_size", None), "args.micro_batch_size")
     steps = step_samples(rollout_indices, global_batch_size)
     lens = _lengths(total_lengths, len(sequence(rollout_indices, "rollout_indices", "rollout ids")))
     plans = plans_list(plans)
@@ -212,16 +225,108 @@ def build_dp_schedule(
             for m, cell in enumerate(rank_cells(plan, r, name)):
                 glob = [samples[int(i)] for i in cell]
                 tokens = int(lens[glob].sum())
-                if tokens > cap:
+                if dynamic and tokens > cap and len(glob) > 1:
                     raise RoutepackError(
-                        f"{name}: microbatch {m} of DP rank {r} holds {tokens} tokens, more than max_tokens_per_gpu * "
-                        f"cp_size = {cap} (plan with token_cap <= {cap} on these lengths)"
+                        f"{name}: microbatch {m} of DP rank {r} holds {tokens} tokens in {len(glob)} samples, more than "
+                        f"max_tokens_per_gpu * cp_size = {cap} (only a lone sample may exceed it; plan with "
+                        f"token_cap <= {cap} on these lengths)"
+                    )
+                if not dynamic and len(glob) > size:
+                    raise RoutepackError(
+                        f"{name}: microbatch {m} of DP rank {r} holds {len(glob)} samples, more than micro_batch_size = "
+                        f"{size} (static batch mode)"
                     )
                 start = len(partitions[r])
                 partitions[r].extend(glob)
                 micro[r].append(list(range(start, start + len(glob))))
         num_microbatches.append(int(plan.num_micro))
     return partitions, micro, num_microbatches, [int(global_batch_size)] * len(steps)
+
+
+def planner_from_args(args: Any, cost: Any, backend: Optional[str] = None, **options: Any) -> TrainerPlanner:
+    """A `TrainerPlanner` for a slime run from its arguments: ``num_experts``,
+    ``expert_model_parallel_size`` (ep, default 1), ``num_gpus_per_node`` (default 8) and
+    ``train_backend`` (``"megatron"``, slime's default, or ``"fsdp"``; ``backend`` overrides
+    it). ``cost``: a `routepack.CostModel` or the path of one saved as JSON. ``options``:
+    the planner's (``policy``, ``num_experts``, ``slots_per_rank``, ``seed``,
+    ``anneal_moves``, ``time_budget_s``, stage options). What the backend carries out, and so
+    the policy, is `backend_policy`'s."""
+    if backend is None:
+        backend = getattr(args, "train_backend", None) or "megatron"
+        if backend not in BACKENDS:
+            raise RoutepackError(f"args.train_backend: routepack plans for {BACKENDS}, got {backend!r}")
+    num_experts = options.pop("num_experts", None) or getattr(args, "num_experts", None)
+    return TrainerPlanner(
+        cost,
+        backend,
+        num_experts=num_experts,
+        ep=int(getattr(args, "expert_model_parallel_size", 1) or 1),
+        gpus_per_node=int(getattr(args, "num_gpus_per_node", 8) or 8),
+        **options,
+    )
+
+
+def plan_dp_schedule(
+    args: Any,
+    train_parallel_config: Dict[str, int],
+    total_lengths: Sequence[int],
+    *,
+    global_batch_size: int,
+    rollout_indices: Sequence[Any],
+    rollout_routed_experts: Any,
+    planner: TrainerPlanner,
+    metrics: Optional[Dict[str, Any]] = None,
+) -> Tuple[List[List[int]], List[List[List[int]]], List[int], List[int]]:
+    """In place of ``build_dp_schedule(args, train_parallel_config, total_lengths, *,
+    global_batch_size, rollout_indices)`` in ``_split_train_data_by_dp``: the same 4-tuple,
+    each step planned by ``planner`` from ``rollout_routed_experts`` (slime's per-sample
+    ``[len(tokens) - 1, L, k]`` arrays, ``data["rollout_routed_experts"]``).
+
+    Dynamic mode (``args.use_dynamic_batch_size``): token cap ``max_tokens_per_gpu *
+    cp_size``; a longer sample runs alone (`routepack.integrations._layout.clamp_oversize`;
+    ``plan.report["oversize"]``). Static mode: ``args.micro_batch_size`` samples a
+    microbatch, ``ceil(S / micro_batch_size)`` microbatches a step as slime makes them (a
+    count that is not a multiple of ``dp_size`` times VPP's group is refused, naming
+    ``micro_batch_size``, as slime refuses it). Under VPP (``vpp_size > 1``) each rank's count
+    is a multiple of ``microbatch_group_size_per_vp_stage``.
+
+    ``metrics`` (optional dict) gets the step's figures under slime's names: ``routepack/…``
+    (`step_metrics`, summed over the training steps of this rollout) and
+    ``perf/routepack_plan_time`` (seconds). ``planner.last_plans`` keeps the plans.
+    """
+    cfg = _parallel_config(train_parallel_config)
+    dynamic = boolean(getattr(args, "use_dynamic_batch_size", False), "args.use_dynamic_batch_size")
+    group = cfg["microbatch_group_size_per_vp_stage"] if cfg["vpp_size"] > 1 else 1
+    routed = sequence(rollout_routed_experts, "rollout_routed_experts", "[T_i, L, k] arrays")
+    plans = []
+    for samples in step_samples(rollout_indices, global_batch_size):
+        window = window_from_slime(
+            [routed[i] for i in samples], planner.num_experts, total_lengths=[total_lengths[i] for i in samples]
+        )
+        if dynamic:
+            cap = positive_int(getattr(args, "max_tokens_per_gpu", None), "args.max_tokens_per_gpu") * cfg["cp_size"]
+            plan = planner.plan(window, cfg["dp_size"], cap, multiple=group, oversize=True)
+        else:
+            size = positive_int(getattr(args, "micro_batch_size", None), "args.micro_batch_size")
+            plan = planner.plan(window, cfg["dp_size"], 1, multiple=group, micro_batch_size=size)
+        plan.validate(
+            window,
+            planner.topology(cfg["dp_size"]),
+            max(plan.report["trainer"]["token_cap"], int(window.seq_lens.max())),
+        )
+        plans.append(plan)
+    planner.last_plans = plans
+    if metrics is not None:
+        metrics.update(step_metrics(plans))
+        metrics["perf/routepack_plan_time"] = plan_seconds(plans)
+    return build_dp_schedule(
+        args,
+        train_parallel_config,
+        total_lengths,
+        global_batch_size=global_batch_size,
+        rollout_indices=rollout_indices,
+        plans=plans,
+    )
 
 
 def _parallel_config(cfg: Any) -> Dict[str, int]:
@@ -248,4 +353,16 @@ def _check_step_plan(plan: Any, name: str, samples: List[int], dp: int, cfg: Dic
         )
 
 
-__all__ = ["LAST_TOKEN", "build_dp_schedule", "slime_pad_row", "step_samples", "window_from_slime"]
+__all__ = [
+    "BACKENDS",
+    "LAST_TOKEN",
+    "TrainerPlanner",
+    "backend_policy",
+    "build_dp_schedule",
+    "plan_dp_schedule",
+    "planner_from_args",
+    "slime_pad_row",
+    "step_metrics",
+    "step_samples",
+    "window_from_slime",
+]

@@ -60,7 +60,7 @@ class PlanContext:
         ``previous_window`` fit the window and topology), normalising the numbers to Python
         ints and floats; raises `RoutepackError` / `RoutepackTypeError` naming the field.
         Returns self."""
-        window = instance_of(self.window, Window, "window")
+        window = instance_of(self.window, Window, "window")._check_fields("window")
         topo = instance_of(self.topo, Topology, "topo")
         cost = instance_of(self.cost, CostModel, "cost")
         self.token_cap = positive_int(self.token_cap, "token_cap")
@@ -73,7 +73,7 @@ class PlanContext:
         cost.check_window_shape(window.num_layers, window.num_experts)
         prev_window = self.previous_window
         if prev_window is not None:
-            instance_of(prev_window, Window, "previous_window")
+            instance_of(prev_window, Window, "previous_window")._check_fields("previous_window")
             if prev_window.num_layers != window.num_layers or prev_window.num_experts != window.num_experts:
                 raise RoutepackError(
                     f"previous_window: has L={prev_window.num_layers}, E={prev_window.num_experts}; "
@@ -98,6 +98,11 @@ class PlanContext:
             return self.previous_window.layer_expert_load()
         return self.window.layer_expert_load()
 
+    def loads_name(self) -> str:
+        """What `placement_loads` are the loads of, in the caller's words (for its errors)."""
+        which = "previous_window" if self.policy.loads == "previous" else "window"
+        return f"{which}.expert_tokens (its loads)"
+
     def demand_window(self) -> Any:
         """The window whose samples gave `placement_loads` (None when it is missing)."""
         return self.previous_window if self.policy.loads == "previous" else self.window
@@ -118,7 +123,7 @@ def stage_context(ctx: Any, options: Any, options_class: type) -> PlanContext:
 def check_placement_fits(placement: Any, name: str, window: Any, topo: Any) -> Placement:
     """``placement`` as a `Placement` for the window's layers and experts on ``topo``'s slots,
     else an error naming ``name``."""
-    instance_of(placement, Placement, name)
+    instance_of(placement, Placement, name)._check_fields(name)
     if (
         placement.num_layers != window.num_layers
         or placement.num_experts != window.num_experts
@@ -134,9 +139,9 @@ def check_placement_fits(placement: Any, name: str, window: Any, topo: Any) -> P
 
 def check_fills_cells(ctx: PlanContext) -> None:
     """Raises `InfeasibleError` when no plan can exist for the window, ``topo.dp`` and
-    ``token_cap``, naming them: a sample longer than the cap (the first such), or too few samples, since every cell (DP rank, step) runs at least one
-    sample and the cap needs at least `lower_bound_micro` steps on each of the ``topo.dp``
-    ranks."""
+    ``token_cap``, naming them: a sample longer than the cap (the first such), or too few
+    samples, since every cell (DP rank, microbatch) runs at least one sample and the cap needs
+    at least `lower_bound_micro` microbatches on each of the ``topo.dp`` ranks."""
     w, dp, cap = ctx.window, ctx.topo.dp, ctx.token_cap
     if int(w.seq_lens.max()) > cap:
         # the first cause of all: no row can hold this sample (the packings' own wording)
@@ -147,9 +152,9 @@ def check_fills_cells(ctx: PlanContext) -> None:
     micro = lower_bound_micro(w, ctx.topo, cap)
     if w.num_samples < micro * dp:
         need = (
-            f"the {micro} steps token_cap = {ctx.token_cap} needs for its {w.total_tokens} tokens"
+            f"the {micro} microbatches token_cap = {ctx.token_cap} needs for its {w.total_tokens} tokens"
             if micro > 1
-            else "one step"
+            else "one microbatch"
         )
         raise InfeasibleError(
             f"window: its {w.num_samples} samples cannot fill {need} on each of topo.dp = {dp} DP ranks "

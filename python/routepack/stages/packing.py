@@ -1,5 +1,5 @@
 """Packing stage (docs/design.md stages 2-3): samples into token-capped rows, and rows onto
-cells (DP rank, step).
+cells (DP rank, microbatch).
 
 Every choice has the signature ``f(ctx, options, placement) -> (sample_rank [S] int32,
 sample_micro [S] int32, num_micro, report dict)``.
@@ -85,7 +85,7 @@ def kk_packing(ctx: PlanContext, options: NoOptions, placement: Any) -> PackingR
 
 
 def routepack_packing(ctx: PlanContext, options: RoutepackPackingOptions, placement: Any) -> PackingResult:
-    """routepack: the fewest token-capped rows with a certificate, then the (DP rank, step)
+    """routepack: the fewest token-capped rows with a certificate, then the (DP rank, microbatch)
     layout that minimises the slowest EDP shard's accumulated attention + expert + all-to-all
     cost under `placement`, by parallel population annealing.
 

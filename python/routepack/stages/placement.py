@@ -57,8 +57,8 @@ class RoutepackPlacementOptions(StageOptions):
     #: expert's per-chunk demand is balanced too, so per-microbatch peaks fall (0 disables
     #: microbatch awareness; more than the window's samples means one chunk per sample).
     placement_chunks: int = option("placement", "placement_chunks", count(0))
-    #: Exchanges (EP groups × steps) the predicted-time proxy merges the chunks into, >= 1.
-    #: None: EP groups × the lower-bound step count.
+    #: Exchanges (EP groups × microbatches) the predicted-time proxy merges the chunks into, >= 1.
+    #: None: EP groups × the lower-bound microbatch count.
     placement_cells: Optional[int] = computed(count(1))
     #: How far above its balanced maximum (a fraction, in [0, 1]) the final placement may
     #: leave a rank's window load.
@@ -94,11 +94,20 @@ def static_placement(ctx: PlanContext, options: NoOptions) -> Placement:
     return Placement.static(w.num_layers, w.num_experts, ctx.topo)
 
 
-def _eplb(ctx: PlanContext, groups: int) -> Placement:
-    loads = loads_array(ctx.placement_loads(), "loads")
+def _eplb(ctx: PlanContext, groups: int, source: str) -> Placement:
+    """EPLB with ``groups`` expert groups; ``source`` is the argument they came from (named
+    by the error when they cannot serve: EPLB's hierarchical policy, which it takes when the
+    nodes of an EP group divide the groups, needs the groups to divide the experts)."""
+    num_experts, nodes = ctx.window.num_experts, ctx.topo.nodes_per_group
+    if groups % nodes == 0 and num_experts % groups:
+        raise RoutepackError(
+            f"{source}: {groups} expert groups do not divide the window's {num_experts} experts, as EPLB's "
+            f"hierarchical policy (taken since the {nodes} node(s) of an EP group divide the groups) needs"
+        )
+    loads = loads_array(ctx.placement_loads(), ctx.loads_name())
     phy2log = _core.eplb_placement(loads, ctx.topo, groups)
     ctx.reports["placement"] = {"eplb_num_groups": groups}
-    return Placement(phy2log, ctx.window.num_experts, ctx.topo.slots_per_rank)
+    return Placement._of_core(phy2log, ctx.window.num_experts, ctx.topo.slots_per_rank)
 
 
 def eplb_placement(ctx: PlanContext, options: EplbOptions) -> Placement:
@@ -106,10 +115,9 @@ def eplb_placement(ctx: PlanContext, options: EplbOptions) -> Placement:
     it: ``num_groups`` is the model's expert groups (``ctx.cost.expert_groups``) unless
     ``eplb_num_groups`` says otherwise."""
     ctx = stage_context(ctx, options, EplbOptions)
-    groups = options.eplb_num_groups
-    if groups is None:
-        groups = ctx.cost.expert_groups
-    return _eplb(ctx, groups)
+    if options.eplb_num_groups is None:
+        return _eplb(ctx, ctx.cost.expert_groups, "cost.expert_groups")
+    return _eplb(ctx, options.eplb_num_groups, "eplb_num_groups")
 
 
 def eplb_hierarchical_placement(ctx: PlanContext, options: EplbOptions) -> Placement:
@@ -117,22 +125,21 @@ def eplb_hierarchical_placement(ctx: PlanContext, options: EplbOptions) -> Place
     of consecutive expert ids the model does not have) unless ``eplb_num_groups`` says
     otherwise; on one node, or when the nodes do not divide the experts, its global policy."""
     ctx = stage_context(ctx, options, EplbOptions)
-    groups = options.eplb_num_groups
-    if groups is None:
-        groups = int(_core.eplb_node_groups(ctx.window.num_experts, ctx.topo))
-    return _eplb(ctx, groups)
+    if options.eplb_num_groups is None:
+        return _eplb(ctx, int(_core.eplb_node_groups(ctx.window.num_experts, ctx.topo)), "eplb_num_groups")
+    return _eplb(ctx, options.eplb_num_groups, "eplb_num_groups")
 
 
 def relibra_placement(ctx: PlanContext, options: NoOptions) -> Placement:
     """ReLibra's per-window expert reordering from ``ctx.placement_loads()`` ([L, E]),
     starting from ``ctx.previous`` (or the static placement)."""
     ctx = stage_context(ctx, options, NoOptions)
-    loads = np.ascontiguousarray(ctx.placement_loads(), dtype=np.float64)
+    loads = loads_array(ctx.placement_loads(), ctx.loads_name())
     prev: Any = None
     if ctx.previous is not None:
         prev = ctx.previous.phy2log
     phy2log = _core.relibra_placement(loads, ctx.topo, prev)
-    return Placement(phy2log, ctx.window.num_experts, ctx.topo.slots_per_rank)
+    return Placement._of_core(phy2log, ctx.window.num_experts, ctx.topo.slots_per_rank)
 
 
 def routepack_placement(ctx: PlanContext, options: RoutepackPlacementOptions) -> Placement:
@@ -153,7 +160,7 @@ def routepack_placement(ctx: PlanContext, options: RoutepackPlacementOptions) ->
         # the window total is the sum of its chunks: skip a second pass over [S, L, E]
         loads = np.ascontiguousarray(demand.sum(axis=2))
     else:
-        loads = loads_array(ctx.placement_loads(), "loads")
+        loads = loads_array(ctx.placement_loads(), ctx.loads_name())
     previous = ctx.previous.phy2log if ctx.previous is not None else None
     budget = None
     if ctx.time_budget_s is not None:
@@ -175,7 +182,7 @@ def routepack_placement(ctx: PlanContext, options: RoutepackPlacementOptions) ->
     report["chunks"] = chunks
     report["cells"] = cells
     ctx.reports["placement"] = report
-    return Placement(phy2log, ctx.window.num_experts, ctx.topo.slots_per_rank)
+    return Placement._of_core(phy2log, ctx.window.num_experts, ctx.topo.slots_per_rank)
 
 
 __all__ = [

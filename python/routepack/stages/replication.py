@@ -1,7 +1,7 @@
 """Replication stage (docs/design.md stage 4): intra-batch copies of hot experts per exchange.
 
 Every choice has the signature ``f(ctx, options, placement, sample_rank, sample_micro,
-num_micro) -> replicas`` and returns a structured array of `REPLICA_DTYPE` entries: in step
+num_micro) -> replicas`` and returns a structured array of `REPLICA_DTYPE` entries: in microbatch
 ``micro`` of EP group ``group``, layer ``layer``, the weights of ``expert`` go from EP-local
 rank ``src_rank`` (which hosts it) to ``dst_rank``, which computes ``share`` of that expert's
 tokens in that exchange (routing rule: routepack-core's flow module).
@@ -46,7 +46,7 @@ class HotNOptions(StageOptions):
 class RelibraReplicationOptions(StageOptions):
     """Options of the ``relibra`` replication."""
 
-    #: Copies a rank may hold per (step, layer), >= 0.
+    #: Copies a rank may hold per (microbatch, layer), >= 0.
     replication_slots: int = option("replication", "replication_slots", count(0))
 
 
@@ -54,9 +54,9 @@ class RelibraReplicationOptions(StageOptions):
 class RoutepackReplicationOptions(StageOptions):
     """Options of the ``routepack`` replication (defaults: the Rust core's)."""
 
-    #: Copies a rank may hold per (step, layer), >= 0.
+    #: Copies a rank may hold per (microbatch, layer), >= 0.
     replication_slots: int = option("replication", "replication_slots", count(0))
-    #: Experts and destinations tried per bottleneck list and step, >= 1 (quality vs time:
+    #: Experts and destinations tried per bottleneck list and microbatch, >= 1 (quality vs time:
     #: the default keeps a `flash` plan near 1 s; 2 finds a little more on static placements
     #: at about twice the time).
     replication_candidates: int = option("replication", "replication_candidates", count(1))

@@ -39,6 +39,14 @@ from routepack.plan import MIGRATION_DTYPE, Plan
 from routepack.torch import _args
 from routepack.torch.broadcast import AgreementError, check_same_plan, digest_int, gather_ints
 from routepack.torch.moe import check_layers
+from routepack.torch.slot_state import (  # pack_slot, slot_bytes, unpack_slot: re-exported (their old home)
+    SlotState,
+    StackedState,
+    pack_slot,  # noqa: F401
+    slot_bytes,  # noqa: F401
+    stateful_owner,
+    unpack_slot,  # noqa: F401
+)
 from routepack.torch.staging import plan_stages
 
 #: Where a test's fault hook is called, in protocol order.
@@ -134,24 +142,6 @@ def optimizer_rows(layer: Any, optimizer: Any) -> List[torch.Tensor]:
                 )
             out.append(v)
     return out
-
-
-def pack_slot(tensors: Sequence[torch.Tensor], slot: int) -> torch.Tensor:
-    """Raw bytes of slot ``slot`` of every tensor, concatenated (uint8 ``[slot_bytes]``)."""
-    return torch.cat([t.detach()[slot].reshape(-1).view(torch.uint8) for t in tensors])
-
-
-@torch.no_grad()
-def unpack_slot(tensors: Sequence[torch.Tensor], slot: int, buf: torch.Tensor) -> None:
-    off = 0
-    for t in tensors:
-        dst = t.detach()[slot].reshape(-1).view(torch.uint8)
-        dst.copy_(buf[off : off + dst.numel()])
-        off += dst.numel()
-
-
-def slot_bytes(tensors: Sequence[torch.Tensor]) -> int:
-    return int(sum(t[0].numel() * t.element_size() for t in tensors))
 
 
 def checksum(buf: torch.Tensor) -> int:
@@ -259,6 +249,10 @@ def migrate(
     `MigrationError` when the move was aborted (state intact on every rank). ``fault`` is a
     test hook called with each of `FAULT_POINTS`.
 
+    ``optimizer=None`` with migration rows is refused (`RoutepackError`, nothing moves) when
+    an optimizer that has stepped keeps state for the layers' ``w1``/``w2``: its rows would
+    stay with the old slots (`routepack.torch.slot_state.stateful_owner`).
+
     ``max_bytes_in_flight``: the ceiling on the extra memory any EP rank holds at once (its
     staged receives, the backups of the slots it overwrites and its packed sends;
     `routepack.torch.staging`). Layers are then moved a few at a time, each stage staged,
@@ -267,22 +261,63 @@ def migrate(
     rest on their previous one. None (default): one stage, atomic over all layers. Every
     rank passes the same value; a single layer above the ceiling is refused before anything
     moves (`RoutepackError` naming the layer, the rank and the bytes)."""
-    t0 = time.perf_counter()
     # arguments every rank passes alike (the layers, the group, the timeout): a bad one fails
     # on every rank at once, before any exchange
     layers = check_layers(layers)
-    _args.group(group)
-    _args.timeout(timeout, optional=False)
     if extra_state is not None and not isinstance(extra_state, dict):
         raise RoutepackTypeError(f"extra_state: expected a dict layer -> tensors, got {type(extra_state).__name__}")
-    extra_state = extra_state or {}
+    extra = extra_state or {}
+
+    def states() -> List[SlotState]:
+        if optimizer is None and isinstance(plan, Plan) and plan.migration.size:
+            owner = stateful_owner([p for mod in layers for p in (mod.w1, mod.w2)])
+            if owner is not None:
+                raise RoutepackError(
+                    f"optimizer: None, but {owner} keeps state for the layers' w1/w2; the plan moves "
+                    f"{plan.migration.size} experts and that state would stay with the old slots: pass the optimizer"
+                )
+        return [StackedState(expert_state(mod, optimizer, extra.get(l, ()))) for l, mod in enumerate(layers)]
+
+    return migrate_slots(
+        layers,
+        plan,
+        states,
+        group=group,
+        timeout=timeout,
+        fault=fault,
+        max_bytes_in_flight=max_bytes_in_flight,
+        device=layers[0].w1.device,
+    )
+
+
+def migrate_slots(
+    layers: Sequence[Any],
+    plan: Any,
+    states: Callable[[], List[SlotState]],
+    *,
+    group: Optional[Any] = None,
+    timeout: datetime.timedelta = datetime.timedelta(seconds=120),
+    fault: Optional[Callable[[str], None]] = None,
+    max_bytes_in_flight: Optional[int] = None,
+    device: Any = None,
+) -> MigrationReport:
+    """`migrate`'s protocol for any slot layout. ``layers``: one object per MoE layer of the
+    plan with the attributes `check_migration` reads (``phy2log``, settable; ``topo``,
+    ``slots_per_rank``, ``num_experts``) and ``ep_rank`` / ``peers`` (the EP group's global
+    ranks); ``states()`` builds each layer's `SlotState` (called in the check phase: an error
+    there refuses the plan on every rank, a `RoutepackError` as "cannot map"); ``device``:
+    where the protocol's small exchanges live. See `migrate` for the rest."""
+    t0 = time.perf_counter()
+    _args.group(group)
+    _args.timeout(timeout, optional=False)
+    layers = list(layers)
     mod0 = layers[0]
-    me, device = mod0.ep_rank, mod0.w1.device
+    me = mod0.ep_rank
     rows = plan.migration if isinstance(plan, Plan) else np.zeros(0, dtype=MIGRATION_DTYPE)
 
     # 1. check, then agree before anything moves
     err: Optional[BaseException] = None
-    states: List[List[torch.Tensor]] = []
+    st: List[SlotState] = []
     sizes: List[int] = []
     stages: List[tuple] = []
     stage_of: set = set()
@@ -293,8 +328,8 @@ def migrate(
             raise InvalidPlanError(f"plan: expected routepack.Plan, got {type(plan).__name__}")
         digest = digest_int(plan)
         check_migration(layers, plan)
-        states = [expert_state(mod, optimizer, extra_state.get(l, ())) for l, mod in enumerate(layers)]
-        sizes = [slot_bytes(st) for st in states]
+        st = states()
+        sizes = [s.nbytes for s in st]
         stages, peak = plan_stages(rows, sizes, mod0.topo.ep, max_bytes_in_flight)
         stage_of = {l for ls, _ in stages for l in ls}
         _hook(fault, "checked")
@@ -342,7 +377,7 @@ def migrate(
             set(stage_layers) | ({l for l in range(len(layers))} - set(stage_of)) if last else stage_layers
         )
         try:
-            sent_b, recv_b, local_n = _stage(layers, plan, rows, idx, install, states, sizes, group, timeout, fault)
+            sent_b, recv_b, local_n = _stage(layers, plan, rows, idx, install, st, group, timeout, fault, device)
         except MigrationError as e:
             if done:
                 raise MigrationError(
@@ -364,23 +399,37 @@ def migrate(
     )
 
 
+def _prepare(layers: List[Any], rows: np.ndarray, idx: Sequence[int], st: List[SlotState]) -> None:
+    """Each layer's `SlotState.prepare` with the local slots this rank packs in this stage
+    (every layer of the stage, in order, on every rank)."""
+    me, spr = layers[0].ep_rank, layers[0].slots_per_rank
+    by_layer: Dict[int, List[int]] = {}
+    for i in idx:
+        r = rows[i]
+        by_layer.setdefault(int(r["layer"]), [])
+        if int(r["src_rank"]) == me:
+            by_layer[int(r["layer"])].append(int(r["src_slot"]) - me * spr)
+    for l in sorted(by_layer):
+        st[l].prepare(by_layer[l])
+
+
 def _stage(
     layers: List[Any],
     plan: Plan,
     rows: np.ndarray,
     idx: Sequence[int],
     install: Sequence[int],
-    states: List[List[torch.Tensor]],
-    sizes: List[int],
+    st: List[SlotState],
     group: Any,
     timeout: datetime.timedelta,
     fault: Optional[Callable[[str], None]],
+    device: Any,
 ) -> tuple:
     """Stages, verifies and commits migration rows ``idx`` (global row indices), then sets the
     placement of layers ``install``; all or nothing on every rank. Returns (bytes sent, bytes
     received, local copies)."""
     mod0 = layers[0]
-    me, spr, peers, device = mod0.ep_rank, mod0.slots_per_rank, mod0.peers, mod0.w1.device
+    me, spr, peers = mod0.ep_rank, mod0.slots_per_rank, mod0.peers
     err: Optional[BaseException] = None
     # 2. stage: pack, exchange; never touch live tensors
     staged: Dict[int, torch.Tensor] = {}
@@ -388,17 +437,18 @@ def _stage(
     ops = []
     sent_bytes = recv_bytes = local = 0
     try:
+        _prepare(layers, rows, idx, st)
         for i in idx:
             r = rows[i]
             l, s_rank, d_rank = int(r["layer"]), int(r["src_rank"]), int(r["dst_rank"])
             if s_rank == me and d_rank == me:
-                staged[i] = pack_slot(states[l], int(r["src_slot"]) - me * spr).clone()
+                staged[i] = st[l].pack(int(r["src_slot"]) - me * spr).clone()
                 sent[i] = staged[i]
                 local += 1
             elif s_rank == me:
-                sent[i] = pack_slot(states[l], int(r["src_slot"]) - me * spr)
+                sent[i] = st[l].pack(int(r["src_slot"]) - me * spr)
             elif d_rank == me:
-                staged[i] = torch.empty(sizes[l], dtype=torch.uint8, device=device)
+                staged[i] = torch.empty(st[l].nbytes, dtype=torch.uint8, device=device)
         _hook(fault, "packed")
     except Exception as e:  # noqa: BLE001
         err = e
@@ -411,13 +461,13 @@ def _stage(
             if s_rank == me:
                 # after a local failure, still send (placeholder bytes) so the peer is not left waiting
                 buf = sent.get(i)
-                if buf is None or buf.numel() != sizes[l]:
-                    buf = sent[i] = torch.zeros(sizes[l], dtype=torch.uint8, device=device)
+                if buf is None or buf.numel() != st[l].nbytes:
+                    buf = sent[i] = torch.zeros(st[l].nbytes, dtype=torch.uint8, device=device)
                 ops.append(dist.P2POp(dist.isend, buf, peers[d_rank], group, _TAG_BASE + i))
                 sent_bytes += buf.numel()
             elif d_rank == me:
                 if i not in staged:
-                    staged[i] = torch.empty(sizes[l], dtype=torch.uint8, device=device)
+                    staged[i] = torch.empty(st[l].nbytes, dtype=torch.uint8, device=device)
                 ops.append(dist.P2POp(dist.irecv, staged[i], peers[s_rank], group, _TAG_BASE + i))
                 recv_bytes += staged[i].numel()
         for w in dist.batch_isend_irecv(ops) if ops else []:
@@ -462,10 +512,10 @@ def _stage(
         mine = [i for i in idx if int(rows[i]["dst_rank"]) == me]
         for i in mine:
             l, slot = int(rows[i]["layer"]), int(rows[i]["dst_slot"]) - me * spr
-            backups.append((l, slot, pack_slot(states[l], slot).clone()))
+            backups.append((l, slot, st[l].backup(slot)))
         for n, i in enumerate(mine):
             l, slot = int(rows[i]["layer"]), int(rows[i]["dst_slot"]) - me * spr
-            unpack_slot(states[l], slot, staged.pop(i))
+            st[l].unpack(slot, staged.pop(i))
             if n == 0:
                 _hook(fault, "commit")
         for l in install:
@@ -479,8 +529,8 @@ def _stage(
     except Exception as e:  # noqa: BLE001
         failed, err = [-1], err or e
     if failed:
-        for l, slot, buf in reversed(backups):
-            unpack_slot(states[l], slot, buf)
+        for l, slot, saved in reversed(backups):
+            st[l].restore(slot, saved)
         for l, row in old_rows.items():
             layers[l].phy2log = row
         who = "a peer is unreachable" if failed == [-1] else f"EP rank(s) {failed} failed to commit"

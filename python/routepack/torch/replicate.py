@@ -143,8 +143,7 @@ class ReplicaExchange:
         held: Dict[int, torch.Tensor] = {}
         for c, ch in enumerate(self._chains(micro, layer)):
             if ch.src == me:
-                s = mod.local_slot_of(ch.expert)
-                buf = torch.cat([mod.w1[s].detach().reshape(-1), mod.w2[s].detach().reshape(-1)])
+                buf = self.slot_flat(mod, mod.local_slot_of(ch.expert))
                 ops.append(
                     dist.P2POp(dist.isend, buf, mod.peers[ch.hops[0]], mod.group, _tag(ch.tags[0], _TAG_WEIGHTS))
                 )
@@ -155,9 +154,35 @@ class ReplicaExchange:
         works = dist.batch_isend_irecv(ops) if ops else []
         self._weights[layer] = (works, held)
 
+    # ------------------------------------------------ the layer's slot layout
+    # `EPMoE`'s stacked ``w1``/``w2``; `routepack.integrations.megatron` overrides these four
+    # for Megatron's expert modules (one flat buffer per expert either way)
+    def slot_flat(self, mod: Any, slot: int) -> torch.Tensor:
+        """A 1-D copy of local slot ``slot``'s weights (what a copy receives)."""
+        return torch.cat([mod.w1[slot].detach().reshape(-1), mod.w2[slot].detach().reshape(-1)])
+
+    def flat_spec(self, mod: Any) -> Tuple[int, torch.dtype, torch.device]:
+        """(elements, dtype, device) of one expert's flat weights."""
+        return mod.w1[0].numel() + mod.w2[0].numel(), mod.w1.dtype, mod.w1.device
+
+    def unflatten(self, mod: Any, copies: List[torch.Tensor]) -> Any:
+        """This rank's copies (flat, cell order) as the layer consumes them: `EPMoE`'s
+        ``(w1r [R, H, 2I], w2r [R, I, H])``."""
+        h, i2 = mod.w1.shape[1], mod.w1.shape[2]
+        n1 = h * i2
+        w1r = torch.stack([b[:n1].view(h, i2) for b in copies]) if copies else mod.w1.new_empty(0, h, i2)
+        w2r = torch.stack([b[n1:].view(i2 // 2, h) for b in copies]) if copies else mod.w2.new_empty(0, i2 // 2, h)
+        return w1r, w2r
+
+    def copy_grad(self, grads: Any, copy: int) -> torch.Tensor:
+        """Copy ``copy``'s gradient (cell order) as flat fp32, from what the layer's backward
+        holds (`EPMoE`: ``(g1r, g2r)``)."""
+        g1r, g2r = grads
+        return torch.cat([g1r[copy].reshape(-1), g2r[copy].reshape(-1)]).to(torch.float32)
+
     def _recv_weights(self, mod: Any, ops: list, ch: "Chain", hop: int) -> torch.Tensor:
-        numel = mod.w1[0].numel() + mod.w2[0].numel()
-        buf = torch.empty(numel, dtype=mod.w1.dtype, device=mod.w1.device)
+        numel, dtype, device = self.flat_spec(mod)
+        buf = torch.empty(numel, dtype=dtype, device=device)
         prev = ch.src if hop == 0 else ch.hops[hop - 1]
         ops.append(dist.P2POp(dist.irecv, buf, mod.peers[prev], mod.group, _tag(ch.tags[hop], _TAG_WEIGHTS)))
         self.received_bytes += buf.numel() * buf.element_size()
@@ -191,13 +216,8 @@ class ReplicaExchange:
                     held[c] = self._recv_weights(mod, ops, ch, hop)
             for w in dist.batch_isend_irecv(ops) if ops else []:
                 w.wait(self.timeout)
-        h, i2 = mod.w1.shape[1], mod.w1.shape[2]
-        n1 = h * i2
         by_copy = {j: held[c] for c, ch in enumerate(cs) for j in ch.mine}  # copy index, cell order
-        copies = [by_copy[j] for j in range(len(by_copy))]
-        w1r = torch.stack([b[:n1].view(h, i2) for b in copies]) if copies else mod.w1.new_empty(0, h, i2)
-        w2r = torch.stack([b[n1:].view(i2 // 2, h) for b in copies]) if copies else mod.w2.new_empty(0, i2 // 2, h)
-        return w1r, w2r
+        return self.unflatten(mod, [by_copy[j] for j in range(len(by_copy))])
 
     # ----------------------------------------------------------- backward
     def exchange_grads(
@@ -209,14 +229,18 @@ class ReplicaExchange:
         the owner. Returns ``(local slot, fp32 [H*2I + I*H])`` per chain this rank owns.
         Called from `SlotLink`'s backward on every rank of the group alike; the buffers live
         only until the caller has added them."""
+        return self.exchange_copy_grads(micro, layer, (g1r, g2r))
+
+    def exchange_copy_grads(self, micro: int, layer: int, grads: Any) -> List[Tuple[int, torch.Tensor]]:
+        """`exchange_grads` for any slot layout: ``grads`` is what `copy_grad` reads."""
         mod = self.layers[layer]
         me = mod.ep_rank
         cs = self._chains(micro, layer)
-        numel = mod.w1[0].numel() + mod.w2[0].numel()
+        numel, _, device = self.flat_spec(mod)
         acc: Dict[int, torch.Tensor] = {}
         for c, ch in enumerate(cs):
             for j in ch.mine:
-                g = torch.cat([g1r[j].reshape(-1), g2r[j].reshape(-1)]).to(torch.float32)
+                g = self.copy_grad(grads, j)
                 acc[c] = g if c not in acc else acc[c] + g
         got: List[Tuple[int, torch.Tensor]] = []
         for hop in range(max((len(ch.hops) for ch in cs), default=0) - 1, -1, -1):
@@ -231,7 +255,7 @@ class ReplicaExchange:
                     )
                     self.sent_bytes += numel * 4
                 elif prev == me:
-                    buf = torch.empty(numel, dtype=torch.float32, device=mod.w1.device)
+                    buf = torch.empty(numel, dtype=torch.float32, device=device)
                     ops.append(
                         dist.P2POp(dist.irecv, buf, mod.peers[ch.hops[hop]], mod.group, _tag(ch.tags[hop], _TAG_GRADS))
                     )

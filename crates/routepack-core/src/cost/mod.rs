@@ -4,9 +4,11 @@
 use crate::error::{invalid, Result};
 
 pub(crate) mod links;
+pub(crate) mod rank;
 mod step;
 mod terms;
 
+pub use rank::{ExpertLine, LayerCost};
 pub use step::{Overlap, Pass, DEFAULT_PASSES};
 
 /// Compute multiplier of the default step ([`DEFAULT_PASSES`]: forward + backward, the

@@ -1,96 +1,16 @@
-//! The terms of DESIGN.md's cost model, written once. `simulate` composes them exactly; every
-//! planner proxy (layout, replication, placement prediction, the `ideal` reference) calls the
-//! same methods, so a change to a term changes every user of it. Where a proxy approximates
-//! (for instance placement's uniform all-to-all), the approximation is named in that proxy's
-//! docs together with the test that ties it to `simulate`.
+//! The terms of DESIGN.md's cost model, written once: attention, links, all-to-all, overlap,
+//! replication and the redundant experts' gradient sum (a rank's expert work and how an
+//! exchange's parts combine are `rank`). `simulate` composes them exactly; every planner proxy
+//! (layout, replication, placement prediction, the `ideal` reference) calls the same methods,
+//! so a change to a term changes every user of it. Where a proxy approximates (for instance
+//! placement's uniform all-to-all), the approximation is named in that proxy's docs together
+//! with the test that ties it to `simulate`.
 
 use super::links::LinkBytes;
 use super::{CostModel, Overlap};
 use crate::topology::Topology;
 
 impl CostModel {
-    /// Expert work of one EP rank in one pass, its linear part: `c_tok · tokens + c_exp ·
-    /// active experts`. With `c_weights > 0` or `c_gemm > 0` each active expert adds
-    /// [`CostModel::weights_bound_extra`] of its own tokens.
-    #[inline]
-    pub fn expert_time(&self, tokens: f64, active_experts: f64) -> f64 {
-        self.c_tok * tokens + self.c_exp * active_experts
-    }
-
-    /// Whether the expert-time curve has a per-expert part beyond the linear term (a
-    /// weights-bound floor, `c_weights > 0`, a GEMM step, `c_gemm > 0`, or a table,
-    /// `expert_table` not empty); without one,
-    /// [`CostModel::expert_time`] is the whole expert term (and the linear model's bits stay
-    /// as they were: callers add the extra only when this is true).
-    #[inline]
-    pub fn roofline(&self) -> bool {
-        self.c_weights > 0.0 || self.c_gemm > 0.0 || !self.expert_table.is_empty()
-    }
-
-    /// What one active expert with `tokens` (> 0) tokens on a rank costs beyond the linear
-    /// term, one pass: `(c_weights − c_tok · tokens)⁺ + c_gemm · [tokens ≥ 2] + table(tokens)`,
-    /// so that the expert's time is `c_exp + max(c_tok · tokens, c_weights) + c_gemm ·
-    /// [tokens ≥ 2] + table(tokens)`: weights-bound below the knee `c_weights / c_tok`,
-    /// FLOP-bound above it, a matrix-matrix kernel's fixed cost from 2 tokens on, and what the
-    /// tabulated part adds ([`CostModel::table_extra`]). Never negative, so every bound on the
-    /// linear term bounds this one; but with `c_gemm > 0` or a table it is not monotone in
-    /// tokens (it steps up at 2), so a bound may not assume fewer tokens cost no less.
-    #[inline]
-    pub fn weights_bound_extra(&self, tokens: f64) -> f64 {
-        let floor = (self.c_weights - self.c_tok * tokens).max(0.0);
-        let stepped = if tokens >= 2.0 { floor + self.c_gemm } else { floor };
-        // (added only where there is a table, so a model without one keeps its bits)
-        if self.expert_table.is_empty() {
-            stepped
-        } else {
-            stepped + self.table_extra(tokens)
-        }
-    }
-
-    /// `expert_table` at `tokens` tokens per expert: the knots' seconds linearly interpolated
-    /// between the two knots around it, the first knot's below the first and the last's above
-    /// the last (0 without knots).
-    #[inline]
-    pub fn table_extra(&self, tokens: f64) -> f64 {
-        let knots = &self.expert_table;
-        // the first knot at or above `tokens` (knots' tokens increase: `check`)
-        let k = knots.partition_point(|&(t, _)| t < tokens);
-        match (k, knots.get(k)) {
-            (_, None) => knots.last().map_or(0.0, |&(_, s)| s),
-            (0, Some(&(_, s))) => s,
-            (_, Some(&(t1, s1))) if t1 == tokens => s1,
-            (_, Some(&(t1, s1))) => {
-                let (t0, s0) = knots[k - 1];
-                s0 + (s1 - s0) * (tokens - t0) / (t1 - t0)
-            }
-        }
-    }
-
-    /// Seconds of a rank's grouped expert kernel call in one pass: `c_call` where the rank
-    /// computes `tokens` > 0, else 0 (a rank without tokens calls no kernel).
-    #[inline]
-    pub fn call_time(&self, tokens: f64) -> f64 {
-        if tokens > 0.0 {
-            self.c_call
-        } else {
-            0.0
-        }
-    }
-
-    /// One EP rank's whole expert time in one pass, X of DESIGN.md: the linear term
-    /// ([`CostModel::expert_time`]), plus `extra`, the sum of its active experts'
-    /// [`CostModel::weights_bound_extra`], where the model has one ([`CostModel::roofline`]),
-    /// plus its kernel call ([`CostModel::call_time`]). The simulator and replication's exact
-    /// state both price a rank with it, so their values are the same bits; with the options
-    /// at 0 it is `expert_time` exactly (the extra is not added, and adding a zero call keeps
-    /// a non-negative sum's bits).
-    #[inline]
-    pub fn rank_expert_time(&self, tokens: f64, active_experts: f64, extra: f64) -> f64 {
-        let x = self.expert_time(tokens, active_experts);
-        let x = if self.roofline() { x + extra } else { x };
-        x + self.call_time(tokens)
-    }
-
     /// Seconds of an exchange's communication that its computation hides, given its
     /// compute (attention + expert work, all passes) and its all-to-all (all passes):
     /// 0 without overlap; `min(compute, all_to_all)` under [`Overlap::DispatchCombine`],
@@ -103,7 +23,7 @@ impl CostModel {
         }
     }
 
-    /// All-to-all time of one exchange (EP group, step, layer), given the dispatch bytes each
+    /// All-to-all time of one exchange (EP group, microbatch, layer), given the dispatch bytes each
     /// rank sends and receives: the slowest rank's link time, twice (dispatch and combine) per
     /// communication pass (forward and backward).
     #[inline]
@@ -113,7 +33,7 @@ impl CostModel {
 
     /// Seconds of an exchange's all-to-all latencies: `a2a_latency` for each of its
     /// all-to-alls (dispatch and combine, once per communication pass), whatever they move.
-    /// [`crate::simulate::LayerCost::new`] adds it to the link time of every exchange.
+    /// [`crate::cost::LayerCost::new`] adds it to the link time of every exchange.
     #[inline]
     pub fn all_to_all_latency(&self) -> f64 {
         2.0 * self.comm_passes() * self.a2a_latency

@@ -1,4 +1,4 @@
-//! Where the tokens of one logical expert go in one exchange (EP group, microbatch step, MoE
+//! Where the tokens of one logical expert go in one exchange (EP group, microbatch, MoE
 //! layer: one dispatch/combine all-to-all).
 //!
 //! This is the single definition of token routing under a plan: the simulator prices it and
@@ -176,7 +176,7 @@ pub fn check_exchange(origin: &[i64], num_experts: usize, slot_off: &[usize], re
     Ok(())
 }
 
-/// The flow table of one exchange (group, step, layer): every expert in ascending order, each
+/// The flow table of one exchange (group, microbatch, layer): every expert in ascending order, each
 /// routed by [`route_expert`] (so in its emission order), exactly as the simulator routes it.
 ///
 /// * `origin`  `[ep * E]` rank-major: tokens of expert e from EP-local rank r at `r*E + e`.
@@ -233,7 +233,7 @@ pub fn rank_tokens(plan: &Plan, w: &WindowView, topo: &Topology) -> Result<Vec<i
     let (g_n, m_n, l_n, ep, e_n) = (topo.num_groups(), plan.num_micro, w.num_layers, topo.ep, w.num_experts);
     let (off, members) = cell_members(&plan.sample_rank, &plan.sample_micro, topo.dp, m_n);
     let reps = bucket_replicas(&plan.replicas, g_n, m_n, l_n);
-    let layer_slots: Vec<(Vec<usize>, Vec<usize>)> = (0..l_n).map(|l| plan.placement.replicas_of_layer(l)).collect();
+    let layer_slots = plan.placement.slot_tables()?;
     let per_gm: Vec<Vec<i64>> = (0..g_n * m_n)
         .into_par_iter()
         .map(|gm| {

@@ -1,6 +1,6 @@
 //! One Metropolis chain over layouts, with the moves that keep every invariant.
 //!
-//! Moves (a cell is a (DP rank, step) pair; a layout puts every sample in one cell):
+//! Moves (a cell is a (DP rank, microbatch) pair; a layout puts every sample in one cell):
 //! * move a sample to another cell (only if its cell keeps another sample and the target
 //!   stays within the cap);
 //! * swap two samples of different cells (only if both cells stay within the cap), either
@@ -13,7 +13,7 @@
 //! hold after every accepted move. Half of the moves take their first cell from the currently
 //! slowest EP group, where an improvement lowers the step time.
 //!
-//! Reordering steps is not a move: the cost sums over steps, so a group's step order does not
+//! Reordering microbatches is not a move: the cost sums over them, so a group's microbatch order does not
 //! change it.
 
 use rand::Rng;
@@ -68,7 +68,7 @@ pub struct Chain {
     /// `[S]` position of each sample in its cell's member list.
     pos: Vec<u32>,
     members: Vec<Vec<u32>>,
-    /// The proxy's per-cell and per-(group, step) cost state of the current layout, kept
+    /// The proxy's per-cell and per-(group, microbatch) cost state of the current layout, kept
     /// up to date by every accepted move.
     pub sh: Shards,
     /// The annealer's energy of the current layout, in proxy seconds:
@@ -277,8 +277,8 @@ impl Chain {
         } else {
             px.eval_pair(&self.sh, gm_a, &self.d_a, gm_b, &self.d_b, &self.cagg)
         };
-        // group totals with the new (group, step) costs, summed in step order (from the partial
-        // sum before the first changed step; once when both steps are in one group)
+        // group totals with the new (group, microbatch) costs, summed in microbatch order (from the partial
+        // sum before the first changed microbatch; once when both microbatches are in one group)
         let m_n = px.micro;
         let (g_a, g_b) = (gm_a / m_n, gm_b / m_n);
         let changed = [(gm_a, cost_a), (gm_b, cost_b)];
@@ -345,7 +345,7 @@ impl Chain {
                 self.sh.quad.swap(a, b);
             }
         }
-        // the (group, step) state first: a cell swap reads the cells' demand as it was before
+        // the (group, microbatch) state first: a cell swap reads the cells' demand as it was before
         // the move
         if p.gm_b == p.gm_a {
             px.apply_gm(&mut self.sh, p.gm_a, &self.d_a, &self.cagg, p.cost_a);

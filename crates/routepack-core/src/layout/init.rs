@@ -6,7 +6,7 @@
 //! first dp·M samples open every cell and no cell stays empty. This spreads attention and
 //! tokens evenly, which is most of the objective. It can fail when rows are nearly full
 //! (a sample finds no cell with room); then the certified rows are laid out instead: heaviest
-//! row first onto the lightest (group, step) with a free rank.
+//! row first onto the lightest (group, microbatch) with a free rank.
 
 use super::proxy::Proxy;
 
@@ -108,8 +108,8 @@ fn total_key(x: f64) -> i64 {
 }
 
 /// Lays `rows` (exactly dp·M, each within the cap) onto cells: heaviest row first onto the
-/// (group, step) with the least weight that still has a free rank (the lowest index among
-/// equal weights), kept in an ordered set rather than found by a scan over every step.
+/// (group, microbatch) with the least weight that still has a free rank (the lowest index among
+/// equal weights), kept in an ordered set rather than found by a scan over every microbatch.
 pub fn from_rows(px: &Proxy, rows: &[Vec<usize>]) -> Vec<u32> {
     use std::collections::BTreeSet;
     debug_assert_eq!(rows.len(), px.cells());
@@ -167,7 +167,7 @@ mod tests {
         assert!(count.iter().all(|&n| n >= 1), "an empty cell: {count:?}");
     }
 
-    /// The scan over every (group, step) that `from_rows` replaced.
+    /// The scan over every (group, microbatch) that `from_rows` replaced.
     fn from_rows_scan(px: &Proxy, rows: &[Vec<usize>]) -> Vec<u32> {
         let (ep, m_n) = (px.ep, px.micro);
         let gms = px.groups * m_n;
@@ -187,7 +187,7 @@ mod tests {
     }
 
     /// The ordered cells choose what the scans chose: worst fit (tight caps, where it fails
-    /// too) and the rows' layout, on several topologies and step counts.
+    /// too) and the rows' layout, on several topologies and microbatch counts.
     #[test]
     fn ordered_cells_choose_as_the_scans_did() {
         let (l_n, e_n) = (2, 8);

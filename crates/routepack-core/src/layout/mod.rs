@@ -1,6 +1,6 @@
-//! The layout search (DESIGN.md stage 3): token-capped rows → (DP rank, step) cells.
+//! The layout search (DESIGN.md stage 3): token-capped rows → (DP rank, microbatch) cells.
 //!
-//! Given the number of steps M (fixed by the certified rows, see `crate::packing::routepack`,
+//! Given the number of microbatches M (fixed by the certified rows, see `crate::packing::routepack`,
 //! which drives this search), a layout puts every sample in one cell of the dp × M grid. The
 //! search minimises the slowest EP group's accumulated cost under the layout proxy (`proxy`,
 //! a re-derivation of the cost model that can be updated in O(L·ep) per move), by parallel

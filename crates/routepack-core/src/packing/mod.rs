@@ -1,5 +1,5 @@
 //! Packing (DESIGN.md stages 2 and 3): samples into token-capped rows, and rows onto
-//! (DP rank, step) cells with equal counts per rank and no empty cell. Every packer is here:
+//! (DP rank, microbatch) cells with equal counts per rank and no empty cell. Every packer is here:
 //!
 //! * [`routepack`]   routepack's packing: certified rows, then the layout search (`crate::layout`)
 //! * [`sequential`]  arrival order, first fit (the Megatron/`static` baseline)
@@ -13,13 +13,13 @@ pub mod rows;
 pub mod sequential;
 
 /// A packed window: where each sample runs. `sample_rank[s]` is sample s's DP rank and
-/// `sample_micro[s]` its step, in `0..num_micro`.
+/// `sample_micro[s]` its microbatch, in `0..num_micro`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Packing {
     /// `[S]` DP rank of each sample.
     pub sample_rank: Vec<i32>,
-    /// `[S]` step (microbatch index on its rank) of each sample.
+    /// `[S]` microbatch (its index on its rank) of each sample.
     pub sample_micro: Vec<i32>,
-    /// Steps per DP rank (M).
+    /// Microbatches per DP rank (M).
     pub num_micro: usize,
 }

@@ -1,5 +1,5 @@
 //! routepack's packing: the fewest token-capped rows with a certificate (`super::rows`), which
-//! fixes M = rows / dp steps per DP rank; then the layout search (`crate::layout`) places the
+//! fixes M = rows / dp microbatches per DP rank; then the layout search (`crate::layout`) places the
 //! samples on the dp × M grid of cells, minimising the slowest EP group's accumulated cost
 //! under the layout proxy. The annealer moves samples between rows too, so the certified rows
 //! fix the count, not the membership.
@@ -85,7 +85,7 @@ impl Default for Options {
 pub struct RowsReport {
     /// How many rows (dp · M).
     pub num_rows: usize,
-    /// Steps per DP rank (M).
+    /// Microbatches per DP rank (M).
     pub micro: usize,
     /// How far `num_rows` is from optimal.
     pub certificate: RowCertificate,
@@ -169,7 +169,7 @@ pub fn to_packing(cell_of: &[u32], micro: usize) -> Packing {
 }
 
 /// The layout proxy's step time (max_g C_g, see `layout::proxy`) of any packing: to check
-/// that the proxy tracks `simulate`. The packing's ranks and steps must be in range.
+/// that the proxy tracks `simulate`. The packing's ranks and microbatches must be in range.
 pub fn proxy_step_time(w: &WindowView, topo: &Topology, cost: &CostModel, placement: &Placement, packing: &Packing) -> Result<f64> {
     let m_n = packing.num_micro;
     if packing.sample_rank.len() != w.num_samples || packing.sample_micro.len() != w.num_samples {

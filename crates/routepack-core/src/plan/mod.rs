@@ -6,14 +6,14 @@
 
 mod placement;
 
-pub use placement::Placement;
+pub use placement::{max_replicas_of, Placement};
 
 /// One intra-batch replica: in microbatch `micro` of EP group `group`, layer `layer`, the
 /// weights of logical `expert` go from EP-local rank `src_rank` (which hosts it) to `dst_rank`,
 /// which computes `share` of that expert's tokens in that exchange (see `flow`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Replica {
-    /// Microbatch step m in `0..num_micro` of the exchange.
+    /// Microbatch m in `0..num_micro` of the exchange.
     pub micro: i32,
     /// EP group g in `0..dp / ep` of the exchange.
     pub group: i32,
@@ -63,21 +63,21 @@ pub struct Plan {
     pub placement: Placement,
     /// `[S]` DP rank that runs sample s.
     pub sample_rank: Vec<i32>,
-    /// `[S]` microbatch step (execution order) of sample s on its rank.
+    /// `[S]` microbatch (execution order) of sample s on its rank.
     pub sample_micro: Vec<i32>,
     /// M, the same on every DP rank.
     pub num_micro: usize,
     /// Stage 4: intra-batch replicas. Table order matters inside one (exchange, expert):
     /// `flow::route_expert` serves the copies in that order. The planners emit them grouped
-    /// by exchange in exchange order (group, step, layer); empty when nothing is replicated.
+    /// by exchange in exchange order (group, microbatch, layer); empty when nothing is replicated.
     pub replicas: Vec<Replica>,
     /// Expert moves that turn the placement in force into `placement`, applied in every EP
     /// group before the window runs; empty on the first window or when nothing moves.
     pub migration: Vec<ExpertMove>,
 }
 
-/// Samples of every cell (DP rank d, step m), cell index d·M + m, as CSR (offsets, samples),
-/// samples in ascending index inside a cell. Assumes ranks and steps are in range
+/// Samples of every cell (DP rank d, microbatch m), cell index d·M + m, as CSR (offsets, samples),
+/// samples in ascending index inside a cell. Assumes ranks and microbatches are in range
 /// (`validate` checks that first).
 pub fn cell_members(sample_rank: &[i32], sample_micro: &[i32], dp: usize, num_micro: usize) -> (Vec<usize>, Vec<usize>) {
     let cells = dp * num_micro;
@@ -98,12 +98,12 @@ pub fn cell_members(sample_rank: &[i32], sample_micro: &[i32], dp: usize, num_mi
     (off, members)
 }
 
-/// Replicas bucketed by exchange (EP group g, step m, layer l), bucket index
+/// Replicas bucketed by exchange (EP group g, microbatch m, layer l), bucket index
 /// `(g·M + m)·L + l`, table order kept inside a bucket: what the simulator prices and the
 /// router routes one exchange at a time.
-pub fn bucket_replicas(rows: &[Replica], groups: usize, micro: usize, layers: usize) -> Vec<Vec<Replica>> {
+pub fn bucket_replicas(replicas: &[Replica], groups: usize, micro: usize, layers: usize) -> Vec<Vec<Replica>> {
     let mut b = vec![Vec::new(); groups * micro * layers];
-    for r in rows {
+    for r in replicas {
         b[(r.group as usize * micro + r.micro as usize) * layers + r.layer as usize].push(*r);
     }
     b

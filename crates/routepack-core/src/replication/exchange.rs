@@ -1,4 +1,4 @@
-//! One exchange (EP group, step, layer: one dispatch/combine all-to-all) as the replication
+//! One exchange (EP group, microbatch, layer: one dispatch/combine all-to-all) as the replication
 //! planners see it, and the driver that runs a planner over every exchange of a packed window
 //! (or over one [`Block`] of them: distributed planning) in parallel.
 
@@ -17,11 +17,11 @@ use crate::topology::Topology;
 use crate::validate::validate_plan;
 use crate::window::WindowView;
 
-/// Inputs of one exchange: EP group `group`, microbatch step `micro`, MoE layer `layer`.
+/// Inputs of one exchange: EP group `group`, microbatch `micro`, MoE layer `layer`.
 pub struct Exchange<'a> {
     /// EP group g in `0..G`.
     pub group: usize,
-    /// Microbatch step m in `0..M`.
+    /// Microbatch m in `0..M`.
     pub micro: usize,
     /// MoE layer l in `0..L`.
     pub layer: usize,
@@ -104,7 +104,7 @@ pub fn share_for(n: i64, total: i64) -> f32 {
 }
 
 /// Block `index` of `count` contiguous, near-equal blocks of the flattened exchange index
-/// `c = (g · M + m) · L + l` (group, step, layer): what one of `count` planners (the ranks of
+/// `c = (g · M + m) · L + l` (group, microbatch, layer): what one of `count` planners (the ranks of
 /// `routepack.torch.plan_window_distributed`) plans. Blocks `0..count` in order tile
 /// `0..total` exactly, so their replicas, concatenated in block order, are the full run's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -138,8 +138,8 @@ impl Block {
     }
 }
 
-/// Runs `plan_exchange` on every exchange (group, step, layer) of the packed window, in
-/// parallel, and concatenates the replicas in exchange order (group, step, layer), each
+/// Runs `plan_exchange` on every exchange (group, microbatch, layer) of the packed window, in
+/// parallel, and concatenates the replicas in exchange order (group, microbatch, layer), each
 /// exchange's rows in the order the planner gave (which `flow::route_expert` honours). Checks placement and packing first.
 ///
 /// * `sample_rank`, `sample_micro` `[S]`, `num_micro` M: the packing.
@@ -204,7 +204,7 @@ where
     validate_plan(&unreplicated, w, topo, i64::MAX)?;
     let (g_n, m_n, l_n, ep, e_n) = (topo.num_groups(), num_micro, w.num_layers, topo.ep, w.num_experts);
     let grid = CellGrid::new(sample_rank, sample_micro, num_micro, w.seq_lens, topo);
-    let layer_slots: Vec<(Vec<usize>, Vec<usize>)> = (0..l_n).map(|l| placement.replicas_of_layer(l)).collect();
+    let layer_slots = placement.slot_tables()?;
     let per_exchange: Vec<Vec<Replica>> = block
         .range(g_n * m_n * l_n)
         .into_par_iter()

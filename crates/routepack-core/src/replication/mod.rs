@@ -1,4 +1,4 @@
-//! Intra-batch replication (DESIGN.md stage 4): per exchange (EP group, step, layer), copies of hot
+//! Intra-batch replication (DESIGN.md stage 4): per exchange (EP group, microbatch, layer), copies of hot
 //! experts on other EP ranks, each computing a planned share of that expert's tokens
 //! (`plan::Replica`; routed by `flow::route_expert`).
 //!
@@ -35,9 +35,9 @@ use state::ExchangeState;
 pub struct Packed<'a> {
     /// `[S]` DP rank in `0..dp` that runs sample s (`Plan::sample_rank`).
     pub sample_rank: &'a [i32],
-    /// `[S]` microbatch step in `0..num_micro` of sample s on its rank (`Plan::sample_micro`).
+    /// `[S]` microbatch in `0..num_micro` of sample s on its rank (`Plan::sample_micro`).
     pub sample_micro: &'a [i32],
-    /// M, the microbatch steps of every DP rank.
+    /// M, the microbatches of every DP rank.
     pub num_micro: usize,
 }
 

@@ -1,4 +1,4 @@
-//! `routepack` replication: per exchange (EP group, step, layer), the replicas and token
+//! `routepack` replication: per exchange (EP group, microbatch, layer), the replicas and token
 //! shares that minimise that exchange's time as the simulator prices it (expert max, all-to-all,
 //! replication traffic and the part of it that that layer's attention cannot hide), with at
 //! most `replica_slots` copies on any rank.

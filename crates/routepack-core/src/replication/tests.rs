@@ -21,19 +21,19 @@ fn run(case: &Case, which: &str, slots: usize) -> (Plan, Vec<Replica>) {
     let packed = Packed { sample_rank: &base.sample_rank, sample_micro: &base.sample_micro, num_micro: base.num_micro };
     let w = case.window();
     let cost = CostModel::for_tests(case.layers);
-    let rows = match which {
+    let replicas = match which {
         "hot_n" => hot_n(&w, &case.topo, &cost, &case.placement, packed, hot_n::DEFAULT_HOT_EXPERTS),
         "relibra" => relibra(&w, &case.topo, &cost, &case.placement, packed, slots),
         _ => routepack(&w, &case.topo, &cost, &case.placement, packed, &routepack::Options { replica_slots: slots, ..Default::default() }),
     }
     .unwrap();
-    (base, rows)
+    (base, replicas)
 }
 
 /// Copies per (group, micro, layer, dst rank).
-fn copies_per_rank(rows: &[Replica]) -> std::collections::HashMap<(i32, i32, i32, i32), usize> {
+fn copies_per_rank(replicas: &[Replica]) -> std::collections::HashMap<(i32, i32, i32, i32), usize> {
     let mut m = std::collections::HashMap::new();
-    for r in rows {
+    for r in replicas {
         *m.entry((r.group, r.micro, r.layer, r.dst_rank)).or_default() += 1;
     }
     m
@@ -47,8 +47,8 @@ proptest! {
         let case = Case::new(seed, shape);
         let w = case.window();
         for which in ["hot_n", "relibra", "routepack"] {
-            let (mut plan, rows) = run(&case, which, slots);
-            for r in &rows {
+            let (mut plan, replicas) = run(&case, which, slots);
+            for r in &replicas {
                 prop_assert!((0.0..=1.0).contains(&r.share), "{which}: {r:?}");
                 prop_assert!(r.src_rank != r.dst_rank, "{which}: {r:?}");
                 prop_assert!(case.placement.layer(r.layer as usize)
@@ -56,9 +56,9 @@ proptest! {
                     .contains(&r.expert), "{which}: src does not host: {r:?}");
             }
             if which != "hot_n" {
-                prop_assert!(copies_per_rank(&rows).values().all(|&n| n <= slots), "{which}: over the slot budget");
+                prop_assert!(copies_per_rank(&replicas).values().all(|&n| n <= slots), "{which}: over the slot budget");
             }
-            plan.replicas = rows;
+            plan.replicas = replicas;
             validate_plan(&plan, &w, &case.topo, case.cap).map_err(|e| TestCaseError::fail(format!("{which}: {e}")))?;
         }
     }
@@ -68,9 +68,9 @@ proptest! {
         let case = Case::new(seed, shape);
         let w = case.window();
         let cost = CostModel::for_tests(case.layers);
-        let (mut plan, rows) = run(&case, "routepack", slots);
+        let (mut plan, replicas) = run(&case, "routepack", slots);
         let none = simulate(&plan, &w, &case.topo, &cost, None).unwrap();
-        plan.replicas = rows;
+        plan.replicas = replicas;
         let with = simulate(&plan, &w, &case.topo, &cost, None).unwrap();
         prop_assert!(with.step_time <= none.step_time, "{} > {}", with.step_time, none.step_time);
         for (g, (a, b)) in with.group_times.iter().zip(&none.group_times).enumerate() {
@@ -86,9 +86,9 @@ proptest! {
         // half the cases with a kernel call's fixed cost per rank with tokens (c_call)
         let cost = CostModel { c_call: [0.0, 3e-6][(seed % 2) as usize], ..CostModel::for_tests(case.layers) };
         for which in ["hot_n", "relibra", "routepack"] {
-            let (base, rows) = run(&case, which, 2);
+            let (base, replicas) = run(&case, which, 2);
             let (g_n, m_n, l_n) = (case.topo.num_groups(), base.num_micro, case.layers);
-            let buckets = bucket_replicas(&rows, g_n, m_n, l_n);
+            let buckets = bucket_replicas(&replicas, g_n, m_n, l_n);
             let bad = plan_exchanges(&w, &case.topo, &cost, &case.placement, &base.sample_rank, &base.sample_micro, base.num_micro, None,
                 || (ExchangeState::new(), ExchangePricer::new(case.topo.ep, case.experts)),
                 |c: &Exchange, (st, pricer)| {
@@ -99,8 +99,8 @@ proptest! {
                     for r in reps {
                         by_e[r.expert as usize].push(super::state::ReplicaShare { dst: r.dst_rank as usize, src: r.src_rank as usize, n: 0, share: r.share });
                     }
-                    for (e, rows) in by_e.into_iter().enumerate() {
-                        if !rows.is_empty() { st.set_replicas(c, e, rows); }
+                    for (e, replicas) in by_e.into_iter().enumerate() {
+                        if !replicas.is_empty() { st.set_replicas(c, e, replicas); }
                     }
                     let inc = st.time(c);
                     if (inc - exact).abs() > 1e-12 * exact.max(1e-30) { vec![c.replica(0, 0, 0, inc as f32)] } else { Vec::new() }
@@ -116,10 +116,10 @@ fn hot_n_keeps_hot_tokens_local_and_shrinks_the_all_to_all() {
     let case = Case { placement: static_placement(case.layers, case.experts, &case.topo).unwrap(), ..case };
     let w = case.window();
     let cost = CostModel::for_tests(case.layers);
-    let (base, rows) = run(&case, "hot_n", 2);
-    assert!(!rows.is_empty());
+    let (base, replicas) = run(&case, "hot_n", 2);
+    assert!(!replicas.is_empty());
     let (g_n, m_n, l_n) = (case.topo.num_groups(), base.num_micro, case.layers);
-    let buckets = bucket_replicas(&rows, g_n, m_n, l_n);
+    let buckets = bucket_replicas(&replicas, g_n, m_n, l_n);
     plan_exchanges(
         &w,
         &case.topo,
@@ -182,13 +182,13 @@ fn hot_n_follows_mindspeeds_counting_rule() {
         slots: &slots,
     };
     let mut st = ExchangeState::new();
-    let rows = super::hot_n::plan_exchange(&c, &mut st, 2);
+    let replicas = super::hot_n::plan_exchange(&c, &mut st, 2);
     // loads [40, 35, 4, 18] → rank 0's expert 0 is hot; each rank computes its own tokens
     // of it: [10, 45, 14, 28] → rank 1's expert 1 is hot: [15, 20, 24, 38]
-    let hot: Vec<i32> = rows.iter().map(|r| r.expert).collect();
+    let hot: Vec<i32> = replicas.iter().map(|r| r.expert).collect();
     assert_eq!(hot, vec![0, 0, 0, 1, 1, 1]);
     assert_eq!(st.tok, vec![15, 20, 24, 38]);
-    assert_eq!(rows.iter().map(|r| r.dst_rank).collect::<Vec<_>>(), vec![1, 2, 3, 0, 2, 3]);
+    assert_eq!(replicas.iter().map(|r| r.dst_rank).collect::<Vec<_>>(), vec![1, 2, 3, 0, 2, 3]);
 }
 
 #[test]
@@ -197,12 +197,12 @@ fn relibra_stays_inside_nodes_and_levels_them() {
         let case = Case::new(seed, 1); // ep 8 over nodes of 4
         let w = case.window();
         let cost = CostModel::for_tests(case.layers);
-        let (base, rows) = run(&case, "relibra", 2);
-        for r in &rows {
+        let (base, replicas) = run(&case, "relibra", 2);
+        for r in &replicas {
             assert_eq!(case.topo.local_node_of(r.src_rank as usize), case.topo.local_node_of(r.dst_rank as usize), "{r:?}");
         }
         let (g_n, m_n, l_n) = (case.topo.num_groups(), base.num_micro, case.layers);
-        let buckets = bucket_replicas(&rows, g_n, m_n, l_n);
+        let buckets = bucket_replicas(&replicas, g_n, m_n, l_n);
         plan_exchanges(
             &w,
             &case.topo,
@@ -260,10 +260,10 @@ fn routepack_uses_replication_when_it_pays() {
         let cost = CostModel { expert_weight_bytes: 1e4, expert_grad_bytes: 2e4, ..CostModel::for_tests(case.layers) };
         let base = case.plan(Vec::new());
         let packed = Packed { sample_rank: &base.sample_rank, sample_micro: &base.sample_micro, num_micro: base.num_micro };
-        let rows = routepack(&w, &case.topo, &cost, &case.placement, packed, &routepack::Options::default()).unwrap();
+        let replicas = routepack(&w, &case.topo, &cost, &case.placement, packed, &routepack::Options::default()).unwrap();
         let mut plan = base.clone();
         let none = simulate(&plan, &w, &case.topo, &cost, None).unwrap().step_time;
-        plan.replicas = rows;
+        plan.replicas = replicas;
         let with = simulate(&plan, &w, &case.topo, &cost, None).unwrap().step_time;
         gains += usize::from(with < none * 0.999);
     }
@@ -299,9 +299,9 @@ fn a_spent_budget_plans_no_exchange() {
         let spent = routepack::Options { time_budget: Some(Duration::ZERO), ..Default::default() };
         assert!(routepack(&w, &case.topo, &cost, &case.placement, packed, &spent).unwrap().is_empty());
         let long = routepack::Options { time_budget: Some(Duration::from_secs(1_000_000_000)), ..Default::default() };
-        let rows = routepack(&w, &case.topo, &cost, &case.placement, packed, &long).unwrap();
-        assert_eq!(rows, routepack(&w, &case.topo, &cost, &case.placement, packed, &Default::default()).unwrap());
-        validate_plan(&case.plan(rows), &w, &case.topo, case.cap).unwrap();
+        let replicas = routepack(&w, &case.topo, &cost, &case.placement, packed, &long).unwrap();
+        assert_eq!(replicas, routepack(&w, &case.topo, &cost, &case.placement, packed, &Default::default()).unwrap());
+        validate_plan(&case.plan(replicas), &w, &case.topo, case.cap).unwrap();
     }
 }
 
@@ -319,8 +319,8 @@ fn routepack_with_zero_token_cost() {
         let mut plan = case.plan(Vec::new());
         let packed = Packed { sample_rank: &plan.sample_rank, sample_micro: &plan.sample_micro, num_micro: plan.num_micro };
         let opts = routepack::Options { replica_slots: 1 + seed as usize % 3, ..Default::default() };
-        let rows = routepack(&w, &case.topo, &cost, &case.placement, packed, &opts).unwrap();
-        plan.replicas = rows;
+        let replicas = routepack(&w, &case.topo, &cost, &case.placement, packed, &opts).unwrap();
+        plan.replicas = replicas;
         validate_plan(&plan, &w, &case.topo, case.cap).unwrap();
     }
 }

@@ -2,7 +2,7 @@
 //! coefficients, the demand vectors and the step deltas. A leaf module: the loop (`pass`), the
 //! vector builds and the entry points all read these, and they read nothing of the kernel.
 
-/// Values kept per (group, step, layer, EP rank), at these offsets.
+/// Values kept per (group, microbatch, layer, EP rank), at these offsets.
 pub const VALUES: usize = 5;
 /// Tokens the rank receives.
 pub const TOK: usize = 0;
@@ -51,7 +51,7 @@ impl Shape {
     pub fn demand_len(&self) -> usize {
         self.blocks * LANES * (self.ep + 1 + self.nodes)
     }
-    /// Length of one (group, step)'s state.
+    /// Length of one (group, microbatch)'s state.
     #[inline]
     pub fn state_len(&self) -> usize {
         self.blocks * self.ep * VALUES * LANES
@@ -126,7 +126,7 @@ impl Demand<'_> {
     }
 }
 
-/// One (group, step)'s view of a move: the demand vectors `add` and `sub` (None: zeros; both
+/// One (group, microbatch)'s view of a move: the demand vectors `add` and `sub` (None: zeros; both
 /// of one kind), the change of its received tokens `ts` (±1 or 0), and the end ranks
 /// `ends[..n_ends]` (distinct) with signs.
 #[derive(Clone, Copy)]

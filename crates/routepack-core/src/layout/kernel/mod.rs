@@ -1,4 +1,4 @@
-//! The hot loop of the layout search: all layers of one (group, step) after a move, evaluated
+//! The hot loop of the layout search: all layers of one (group, microbatch) after a move, evaluated
 //! (or, when the move is accepted, stored) in one pass over EP ranks with eight layers per
 //! SIMD vector.
 //!
@@ -10,7 +10,7 @@
 //!   max_p (ct·tok + hexp) + max_p (ki·max(s_in, r_in) + ke·max(s_ex, x_in)),
 //! which is `simulate`'s expert work plus all-to-all (see `proxy` for what it approximates).
 //!
-//! Every move changes a (group, step) by one source vector r = add − sub (the projected
+//! Every move changes a (group, microbatch) by one source vector r = add − sub (the projected
 //! demand of a sample, of the difference of two samples, or of two whole cells) entering or
 //! leaving at most two EP ranks (the "ends", with signs σ). With ts ∈ {−1, 0, 1} the change of
 //! the step's received tokens (0 when the samples stay in the step) and cm = Σ_ends σ·[p on the
@@ -36,14 +36,14 @@
 //!
 //! What makes it fast (each change measured with `cargo bench --bench packing` and kept only
 //! when it gave the same plans bit for bit):
-//! * a move between two steps prices (and applies) both in one pass (`gm_cost_pair`), so the
+//! * a move between two microbatches prices (and applies) both in one pass (`gm_cost_pair`), so the
 //!   demand vectors are read once; a missing one (a move of one sample) is not read at all;
 //! * samples' demand vectors are usually u16 (`Demand::U16`): half the bytes of a random
 //!   sample's demand from L3;
-//! * coefficients are exact products, not branches in the loop, and on a move between steps a
+//! * coefficients are exact products, not branches in the loop, and on a move between microbatches a
 //!   rank that is not an end takes two adds (`rank_shift`).
 //!
-//! The loop is then bound by streaming the two steps' state (20 KiB each at the flash size)
+//! The loop is then bound by streaming the two microbatches' state (20 KiB each at the flash size)
 //! from L2.
 //!
 //! The body is written once over `Lanes` and built twice: scalar (`[f32; 8]`, `lanes`) and
@@ -79,7 +79,7 @@ pub fn gm_cost(state: &[f32], h: &Hosted, d: &StepDelta, c: Coeffs, s: Shape, av
     unsafe { dispatch::<false, 1>([state.as_ptr() as *mut f32], h, [d], c, s, avx2)[0] }
 }
 
-/// `gm_cost` of two (group, step)s that see the same demand vectors (a move between steps),
+/// `gm_cost` of two (group, microbatch)s that see the same demand vectors (a move between microbatches),
 /// in one pass that reads the demand once.
 #[allow(clippy::too_many_arguments)]
 pub fn gm_cost_pair(
@@ -121,7 +121,7 @@ pub fn gm_apply(state: &mut [f32], h: &Hosted, d: &StepDelta, c: Coeffs, s: Shap
     unsafe { dispatch::<true, 1>([state.as_mut_ptr()], h, [d], c, s, avx2) };
 }
 
-/// `gm_apply` to two (group, step)s that see the same demand vectors, in one pass.
+/// `gm_apply` to two (group, microbatch)s that see the same demand vectors, in one pass.
 #[allow(clippy::too_many_arguments)]
 pub fn gm_apply_pair(
     state_a: &mut [f32],

@@ -1,4 +1,4 @@
-//! The pass: every rank of every layer block of one or two (group, step)s after a move, built
+//! The pass: every rank of every layer block of one or two (group, microbatch)s after a move, built
 //! (by monomorphisation) for the demand vectors the move reads, their element type, and
 //! whether hexp is uniform. The module docs of `super` give the formulas.
 //!
@@ -156,7 +156,7 @@ unsafe fn fold<V: Lanes, const UNIFORM: bool>(t: V, ri: V, xi: V, si: V, se: V, 
     *va = va.max(ki.mul(si.max(ri)).add(ke.mul(se.max(xi))));
 }
 
-/// `rank` for a move whose step tokens change by u = ts·r with ts = ±1 on a rank that is not
+/// `rank` for a move whose microbatch's tokens change by u = ts·r with ts = ±1 on a rank that is not
 /// an end: on the end's node (END_NODE) the received-within-node value takes u, elsewhere the
 /// received-across-nodes value does; the other is unchanged. Two adds instead of three
 /// multiply-adds, the same bits (every coefficient product is exact).
@@ -204,7 +204,7 @@ fn node_patch<V: Lanes>(d: &StepDelta, end_nodes: &[usize; 2], node: usize) -> P
     Patch { ts: V::splat(d.ts), dr: V::splat(cm), dx: V::splat(d.ts - cm), nsign: zero, on: zero, oton: zero }
 }
 
-/// Every rank of every layer block of N (group, step)s that see the same demand vectors:
+/// Every rank of every layer block of N (group, microbatch)s that see the same demand vectors:
 /// their costs after the move, or (WRITE) their new states. R: which demand vectors exist.
 ///
 /// # Safety
@@ -252,7 +252,7 @@ unsafe fn pass<V: Lanes, const WRITE: bool, const UNIFORM: bool, const R: u8, co
             let mut next = 0;
             for node in 0..nodes {
                 let m: [Patch<V>; N] = std::array::from_fn(|i| node_patch(d[i], &end_nodes[i], node));
-                // a move between steps (ts = ±1, one end): `rank_shift` applies on this node
+                // a move between microbatches (ts = ±1, one end): `rank_shift` applies on this node
                 let shift: [Option<bool>; N] = std::array::from_fn(|i| {
                     (d[i].ts != 0.0 && d[i].n_ends == 1 && d[i].ends[0].1 == d[i].ts).then_some(end_nodes[i][0] == node)
                 });

@@ -158,7 +158,7 @@ fn kernel_matches_the_formula_on_both_builds() {
                 }
                 assert_eq!(got[0], got[1]);
             }
-            // a move between two steps, priced and applied in one pass
+            // a move between two microbatches, priced and applied in one pass
             let state_b = state(&raw.iter().rev().copied().collect::<Vec<_>>(), s);
             let compact = |r: &[f32]| (r[..s.proj_len()].iter().map(|&v| v as u16).collect::<Vec<u16>>(), r[s.proj_len()..].to_vec());
             let ((pa, ta), (ps, tsl)) = (compact(&ra), compact(&rs));

@@ -1,27 +1,27 @@
-//! The attention part of a (group, step)'s cost: Σ over attention kinds of the layer count
+//! The attention part of a (group, microbatch)'s cost: Σ over attention kinds of the layer count
 //! times the largest rank value a_lin·Σn + a_quad·Σn², kept as the three largest rank values
-//! per (group, step) and kind so that a move (which changes at most two ranks) prices it in
+//! per (group, microbatch) and kind so that a move (which changes at most two ranks) prices it in
 //! O(kinds).
 
 use super::state::TOP;
 use super::{Delta, Proxy, Shards};
 
 impl Proxy {
-    /// Cell of EP rank p in (group, step) gm.
+    /// Cell of EP rank p in (group, microbatch) gm.
     #[inline]
     fn cell_at(&self, gm: usize, p: usize) -> usize {
         let (g, m) = (gm / self.micro, gm % self.micro);
         (g * self.ep + p) * self.micro + m
     }
 
-    /// Recomputes the three largest attention values per kind of (group, step) gm.
+    /// Recomputes the three largest attention values per kind of (group, microbatch) gm.
     pub(super) fn rank_attention(&self, sh: &mut Shards, gm: usize) {
         for k in 0..self.kinds.len() {
             self.rank_kind(sh, gm, k);
         }
     }
 
-    /// The attention value of EP rank p of (group, step) gm for kind k.
+    /// The attention value of EP rank p of (group, microbatch) gm for kind k.
     #[inline]
     fn att_value(&self, sh: &Shards, gm: usize, k: usize, p: usize) -> f64 {
         let c = self.cell_at(gm, p);
@@ -76,7 +76,7 @@ impl Proxy {
         }
     }
 
-    /// Attention part of a (group, step)'s cost after `d`: Σ_kinds count · max_p. Only the
+    /// Attention part of a (group, microbatch)'s cost after `d`: Σ_kinds count · max_p. Only the
     /// end ranks change, so the peak is the largest value of a rank that is not an end
     /// (from the ranking) or an end's new value.
     pub(super) fn attention(&self, sh: &Shards, gm: usize, d: &Delta) -> f64 {

@@ -1,4 +1,4 @@
-//! A move as each (group, step) it touches sees it: which demand enters and leaves, at which
+//! A move as each (group, microbatch) it touches sees it: which demand enters and leaves, at which
 //! EP ranks (`Delta`), with its sources named (`Src`).
 
 /// Where a source vector comes from: nothing, one sample, or all samples of a cell (its
@@ -14,7 +14,7 @@ pub enum Src {
     Cell(usize),
 }
 
-/// A move as one (group, step) sees it: the demand of `add` minus that of `sub` enters EP
+/// A move as one (group, microbatch) sees it: the demand of `add` minus that of `sub` enters EP
 /// rank `ends[i].0` with sign `ends[i].1` (at most two ends), and the step's received tokens
 /// change by `tok` (±1) times it, or not at all (0) when the samples stay in the step.
 #[derive(Clone, Copy, Debug)]

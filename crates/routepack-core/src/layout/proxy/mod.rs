@@ -2,24 +2,26 @@
 //! evaluation. It re-derives `simulate`'s cost model for a packing without replicas, in a
 //! form that a move updates in O(L·ep).
 //!
-//! Cost of EP group g (an EDP shard) = Σ over its steps m of
+//! Cost of EP group g (an EDP shard) = Σ over its microbatches m of
 //! * attention: Σ_l 3 · max_{ranks p of g} (a_lin·lin(p,m) + a_quad_l·quad(p,m)), with lin and
-//!   quad the Σ n and Σ n² of the samples of rank p at step m (layers grouped by their a_quad,
+//!   quad the Σ n and Σ n² of the samples of rank p at microbatch m (layers grouped by their a_quad,
 //!   so this is O(kinds · ep));
-//! * per layer l: expert work 3 · max_p (c_tok·tok(p) + c_exp·hosted(p)) plus all-to-all
-//!   2·2·token_bytes · max_p (max(sent, received) intra-node / bw_intra + max(sent, received)
-//!   inter-node / bw_inter), as `simulate` prices it. The per-token coefficients come from
-//!   the cost model's shared terms (`CostModel::expert_time`, `CostModel::all_to_all_time`).
+//! * per layer l: expert work 3 · max_p (per_token·tok(p) + per_expert·hosted(p)) plus
+//!   all-to-all 2·2·token_bytes · max_p (max(sent, received) intra-node / bw_intra +
+//!   max(sent, received) inter-node / bw_inter), as `simulate` prices it. The coefficients
+//!   come from the cost model's shared terms: the expert curve's line
+//!   (`CostModel::expert_line`: `(c_tok, c_exp)` for the linear model) and
+//!   `CostModel::all_to_all_time`.
 //!
 //! Routing is approximated through the placement: each sample's tokens for expert e are split
 //! evenly over e's replicas, giving proj[s, l, p], the tokens sample s sends to EP rank p in
 //! layer l (`demand::project`). A sample's demand vector holds proj, its sum over ranks (otot)
 //! and its sums over each node's ranks (onode), blocked by eight layers as `kernel::Shape`
-//! lays them out; a cell's demand vector is the sum of its samples'. For each (group, step,
+//! lays them out; a cell's demand vector is the sum of its samples'. For each (group, microbatch,
 //! layer) the state keeps, per EP rank p, tokens received, and tokens received and sent within
 //! p's node and across nodes (`kernel` has these values and their updates). Moving a sample
-//! touches two (group, step)s: O(L·ep), one pass each. Attention keeps the three largest rank
-//! values per (group, step) and kind (`attention`), so a move prices it in O(kinds) (only its
+//! touches two (group, microbatch)s: O(L·ep), one pass each. Attention keeps the three largest rank
+//! values per (group, microbatch) and kind (`attention`), so a move prices it in O(kinds) (only its
 //! end ranks change).
 //!
 //! The energy the annealer minimises is max_g C_g + λ · mean_g C_g: the slowest shard's
@@ -51,6 +53,15 @@
 //! * **Hosted experts count as active**: `c_exp` is charged for every expert a rank hosts;
 //!   `simulate` charges the experts that receive tokens (the same with thousands of tokens
 //!   per microbatch).
+//! * **The expert curve linearised**: a rank's expert work is `CostModel::expert_line`'s
+//!   line at the window's mean tokens of one expert copy in one exchange (`tokens_per_copy`),
+//!   per token and per hosted expert, where `simulate` prices each active expert on its own
+//!   curve (roofline floor `c_weights`, GEMM step `c_gemm`, `expert_table`). Exact for the
+//!   linear model; under a calibrated model the line follows the curve near the mean (below a
+//!   roofline's knee the slope is 0: tokens cost nothing more, experts do), so the layout
+//!   balances what the step pays (`tests::proxy_ranks_layouts_as_simulate_under_a_calibrated_model`).
+//!   The rank's kernel call and the exchange's all-to-all latency are left out: every layout
+//!   pays them alike.
 //! * **f32 state**: the token counts are whole numbers, exact in f32 (no drift over millions
 //!   of moves), but the kernel multiplies them by f32 coefficients and takes the max over
 //!   ranks in f32; `simulate` works in f64. Layer costs are summed in f64.
@@ -65,7 +76,7 @@
 //! annealed layout's `proxy_step_time` within 1e-3 of `simulate`'s step time).
 //!
 //! Files: `demand` (samples' demand vectors and the projection), `delta` (a move as each
-//! (group, step) sees it), `state` (`Shards`: the incremental state, built, evaluated and
+//! (group, microbatch) sees it), `state` (`Shards`: the incremental state, built, evaluated and
 //! updated through `kernel`), `attention` (the attention ranking).
 
 use crate::cost::links::LinkBytes;
@@ -73,6 +84,7 @@ use crate::cost::CostModel;
 use crate::cpu::Avx2;
 use crate::error::{bad_plan, invalid, Result};
 use crate::plan::Placement;
+use crate::sizes;
 use crate::topology::Topology;
 use crate::window::WindowView;
 
@@ -90,7 +102,7 @@ pub use demand::SampleDemand;
 pub use state::Shards;
 
 /// Per-sample demand projected onto EP ranks, and the cost coefficients. Built once per
-/// window, placement and step count; shared read-only by every chain.
+/// window, placement and microbatch count; shared read-only by every chain.
 pub struct Proxy {
     /// Samples (S).
     pub num_samples: usize,
@@ -102,7 +114,7 @@ pub struct Proxy {
     pub dp: usize,
     /// EP groups (dp / ep).
     pub groups: usize,
-    /// Steps per DP rank (M).
+    /// Microbatches per DP rank (M).
     pub micro: usize,
     /// EP ranks per node inside a group.
     pub rpn: usize,
@@ -114,7 +126,7 @@ pub struct Proxy {
     pub lens: Vec<i64>,
     /// `[S]` n² (i128: it overflows i64 above 3·10⁹ tokens).
     pub sq: Vec<i128>,
-    /// `[dp·M]` (group, step) and EP rank of each cell.
+    /// `[dp·M]` (group, microbatch) and EP rank of each cell.
     cell_gm: Vec<u32>,
     cell_rank: Vec<u32>,
     /// `[S]` samples in increasing length (ties by index).
@@ -177,14 +189,25 @@ impl Proxy {
         let rpn = topo.ranks_per_group_node();
         let nodes = ep / rpn;
         let shape = Shape::new(l_n, ep, nodes);
+        // every sample's demand vector (EP ranks and nodes of every layer, at most 4 bytes a
+        // value) and the per-rank tables: sized by the EP group, reserved first
+        let per_sample = sizes::table_bytes(&[shape.demand_len()], 4).saturating_add(32);
+        let what = format!("the layout proxy's demand vectors, {s_n} samples x {} values,", shape.demand_len());
+        sizes::check_call(
+            "topo.ep",
+            &what,
+            per_sample.saturating_mul(s_n as u128).saturating_add(sizes::table_bytes(&[shape.hexp_len()], 8)),
+        )?;
         let demand = demand::project_compact(w, topo, placement, shape);
-        // The expert-work term `CostModel::expert_time`, split into its per-token part (`ct`,
-        // multiplied in the kernel in f32) and its per-expert part (`hexp`). expert_time(0, 1)
-        // is c_exp and expert_time(1, 0) is c_tok exactly, so these are the bits of
-        // 3·c_exp·hosted and 3·c_tok.
+        // The expert-work term, linearised (`CostModel::expert_line`) at the window's mean
+        // tokens of one expert copy in one exchange, split into its per-token part (`ct`,
+        // multiplied in the kernel in f32) and its per-expert part (`hexp`). For the linear
+        // model the line is (c_tok, c_exp) exactly, so these are the bits of 3·c_exp·hosted
+        // and 3·c_tok (and the window is not read for the operating point).
         let passes = cost.compute_passes();
-        let per_expert = passes * cost.expert_time(0.0, 1.0);
-        let per_token = passes * cost.expert_time(1.0, 0.0);
+        let line = cost.expert_line(if cost.roofline() { tokens_per_copy(w, topo, placement, micro) } else { 0.0 });
+        let per_expert = passes * line.per_expert;
+        let per_token = passes * line.per_token;
         let mut hexp = vec![0f32; shape.hexp_len()];
         for l in 0..l_n {
             let layer = placement.layer(l);
@@ -264,7 +287,7 @@ impl Proxy {
     pub fn cells(&self) -> usize {
         self.dp * self.micro
     }
-    /// (group, step) index of cell c = d·M + m.
+    /// (group, microbatch) index of cell c = d·M + m.
     #[inline]
     pub fn gm_of(&self, cell: usize) -> usize {
         self.cell_gm[cell] as usize
@@ -287,4 +310,14 @@ impl Proxy {
         let mean = group_cost.iter().sum::<f64>() / group_cost.len() as f64;
         max + self.lambda * mean
     }
+}
+
+/// The linearised expert curve's operating point (`CostModel::expert_line`): the window's
+/// routed tokens over its exchanges' expert copies, G·M exchanges per layer, each with the
+/// layer's placement copies (slots holding an expert). Read only for a model with a roofline
+/// floor, GEMM step or table (one pass over the demand).
+fn tokens_per_copy(w: &WindowView, topo: &Topology, placement: &Placement, micro: usize) -> f64 {
+    let tokens: i64 = (0..w.num_samples).map(|s| (0..w.num_layers).map(|l| w.tokens(s, l).sum()).sum::<i64>()).sum();
+    let copies: usize = (0..w.num_layers).map(|l| placement.layer(l).iter().filter(|&&e| e >= 0).count()).sum();
+    tokens as f64 / (topo.num_groups() as f64 * micro as f64 * copies.max(1) as f64)
 }

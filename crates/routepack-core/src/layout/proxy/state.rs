@@ -5,16 +5,16 @@
 use super::{Delta, Proxy, Src};
 use crate::layout::kernel::{gm_apply, gm_apply_pair, gm_cost, gm_cost_pair, Coeffs, Hosted, StepDelta};
 
-/// Rank values kept per (group, step, attention kind): the largest three.
+/// Rank values kept per (group, microbatch, attention kind): the largest three.
 pub(super) const TOP: usize = 3;
 
-/// Incremental state of one layout: per (group, step) the kernel's values, per cell (DP rank
-/// d, step m; index d·M + m) Σ n and Σ n², and the costs.
+/// Incremental state of one layout: per (group, microbatch) the kernel's values, per cell (DP rank
+/// d, microbatch m; index d·M + m) Σ n and Σ n², and the costs.
 ///
-/// A group's cost is the sum of its steps' costs in step order (`f64` addition, so the order
+/// A group's cost is the sum of its microbatches' costs in microbatch order (`f64` addition, so the order
 /// is part of the result). `group_prefix` keeps that sum's partial sums, so a move that
-/// changes step m re-adds only steps m.. (with thousands of steps on one DP rank, re-adding
-/// every step for every proposal was most of the search); the sums are the same bits.
+/// changes microbatch m re-adds only microbatches m.. (with thousands of microbatches on one DP rank, re-adding
+/// every microbatch for every proposal was most of the search); the sums are the same bits.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Shards {
     /// `[G·M, state_len]` (`kernel::Shape::state_at`)
@@ -26,12 +26,12 @@ pub struct Shards {
     /// `[G·M, kinds, 3]` the three largest attention values of the step's ranks (value,
     /// rank), largest first; missing entries are (0, u32::MAX).
     pub att_top: Vec<[(f64, u32); TOP]>,
-    /// `[G·M]` cost of each (group, step).
+    /// `[G·M]` cost of each (group, microbatch).
     pub gm_cost: Vec<f64>,
     /// `[G]` Σ_m gm_cost.
     pub group_cost: Vec<f64>,
-    /// `[G, M + 1]` partial sums: entry (g, m) is the sum of group g's first m step costs in
-    /// step order, from −0.0 as `Iterator::sum` starts (entry (g, M) is `group_cost[g]`).
+    /// `[G, M + 1]` partial sums: entry (g, m) is the sum of group g's first m microbatch costs in
+    /// microbatch order, from −0.0 as `Iterator::sum` starts (entry (g, M) is `group_cost[g]`).
     pub group_prefix: Vec<f64>,
 }
 
@@ -61,7 +61,7 @@ impl Proxy {
         StepDelta { add: self.source(d.add, cells), sub: self.source(d.sub, cells), ts: d.tok, ends: d.ends, n_ends: d.n_ends }
     }
 
-    /// Cost of (group, step) `gm` after `d` (`cells`: the per-cell table, read by cell
+    /// Cost of (group, microbatch) `gm` after `d` (`cells`: the per-cell table, read by cell
     /// sources). The state is not changed.
     pub fn eval_gm(&self, sh: &Shards, gm: usize, d: &Delta, cells: &[f32]) -> f64 {
         let len = self.shape.state_len();
@@ -69,7 +69,7 @@ impl Proxy {
         att + gm_cost(&sh.gm[gm * len..(gm + 1) * len], &self.hosted(), &self.step_delta(d, cells), self.coeffs(), self.shape, self.avx2)
     }
 
-    /// `eval_gm` of a move between two different (group, step)s, `da` on `gm_a` and `db` on
+    /// `eval_gm` of a move between two different (group, microbatch)s, `da` on `gm_a` and `db` on
     /// `gm_b` (the same sources), in one pass over the sources.
     #[allow(clippy::too_many_arguments)]
     pub fn eval_pair(&self, sh: &Shards, gm_a: usize, da: &Delta, gm_b: usize, db: &Delta, cells: &[f32]) -> (f64, f64) {
@@ -88,7 +88,7 @@ impl Proxy {
         (self.attention(sh, gm_a, da) + x, self.attention(sh, gm_b, db) + y)
     }
 
-    /// `apply_gm` of a move between two different (group, step)s (see `eval_pair`).
+    /// `apply_gm` of a move between two different (group, microbatch)s (see `eval_pair`).
     #[allow(clippy::too_many_arguments)]
     pub fn apply_pair(&self, sh: &mut Shards, gm_a: usize, da: &Delta, gm_b: usize, db: &Delta, cells: &[f32], costs: (f64, f64)) {
         debug_assert!(gm_a != gm_b && da.add == db.add && da.sub == db.sub);
@@ -103,7 +103,7 @@ impl Proxy {
         self.record_cost(sh, gm_b, db, costs.1);
         let m_n = self.micro;
         if gm_a / m_n == gm_b / m_n {
-            // one pass over the group from the earlier step
+            // one pass over the group from the earlier microbatch
             self.resum_from(sh, gm_a.min(gm_b));
         } else {
             self.resum_from(sh, gm_a);
@@ -118,9 +118,9 @@ impl Proxy {
         sh.gm_cost[gm] = cost;
     }
 
-    /// Group g's partial sums from step m on, and its total, after step (g, m)'s cost changed
-    /// (gm = g·M + m): the steps before m keep their partial sums, so the total is the sum
-    /// over every step in step order, as `Iterator::sum` gives it.
+    /// Group g's partial sums from microbatch m on, and its total, after microbatch (g, m)'s cost changed
+    /// (gm = g·M + m): the microbatches before m keep their partial sums, so the total is the sum
+    /// over every microbatch in microbatch order, as `Iterator::sum` gives it.
     pub(super) fn resum_from(&self, sh: &mut Shards, gm: usize) {
         let m_n = self.micro;
         let (g, m) = (gm / m_n, gm % m_n);
@@ -135,9 +135,9 @@ impl Proxy {
         sh.group_cost[g] = acc;
     }
 
-    /// Group g's total if steps `changed` (gm indices; those outside g are ignored) had the
-    /// costs given, the others theirs: the partial sum before the first changed step, then the
-    /// rest in step order. The same bits as summing every step (see `Shards`).
+    /// Group g's total if microbatches `changed` (gm indices; those outside g are ignored) had the
+    /// costs given, the others theirs: the partial sum before the first changed microbatch, then the
+    /// rest in microbatch order. The same bits as summing every microbatch (see `Shards`).
     pub fn group_total_with(&self, sh: &Shards, g: usize, changed: [(usize, f64); 2]) -> f64 {
         let m_n = self.micro;
         let base = g * m_n;

@@ -11,7 +11,7 @@ use super::round_robin;
 use crate::error::Result;
 use crate::packing::Packing;
 
-/// The certified rows in multiples of `dp` on (rank i % dp, step i / dp), and the tokens of
+/// The certified rows in multiples of `dp` on (rank i % dp, microbatch i / dp), and the tokens of
 /// the fullest row.
 pub fn fallback_rows(seq_lens: &[i64], token_cap: i64, dp: usize) -> Result<(Packing, i64)> {
     let rows = certified_rows(seq_lens, token_cap, dp, DEFAULT_NODE_LIMIT, None)?.rows;

@@ -8,7 +8,7 @@
 //!   procedure finds no rows that fit the cells
 //!
 //! The helpers below: cap checks, making the row count a multiple of dp, and laying rows out
-//! onto (DP rank, step) cells in order.
+//! onto (DP rank, microbatch) cells in order.
 
 pub mod bounds;
 pub mod certified;
@@ -100,7 +100,7 @@ pub fn split_heaviest_until(rows: &mut Vec<Vec<usize>>, seq_lens: &[i64], count:
     true
 }
 
-/// Lays rows out in order: row i runs on rank i % dp at step i / dp. Requires
+/// Lays rows out in order: row i runs on rank i % dp at microbatch i / dp. Requires
 /// rows.len() to be a positive multiple of dp.
 pub fn round_robin(rows: &[Vec<usize>], num_samples: usize, dp: usize) -> Packing {
     debug_assert!(!rows.is_empty() && rows.len().is_multiple_of(dp));

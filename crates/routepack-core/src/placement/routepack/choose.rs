@@ -19,7 +19,7 @@ pub enum Choice {
     Incremental,
 }
 
-/// One candidate placement of a layer: phy2log, predicted time, moves (migration rows),
+/// One candidate placement of a layer: phy2log, predicted time, moves (migration),
 /// kind, swaps.
 pub(crate) struct Candidate {
     pub(crate) layer: Vec<i32>,
@@ -36,10 +36,10 @@ pub(crate) struct LayerPlan {
     pub(crate) fresh: usize,
 }
 
-/// Adds the bytes of migration rows `rows` to the per-rank links they cross (rows within a
+/// Adds the bytes of migration moves `moves` to the per-rank links they cross (moves within a
 /// rank cross none).
-pub(crate) fn accumulate(links: &mut [LinkBytes], rows: &[ExpertMove], topo: &Topology) {
-    for mv in rows {
+pub(crate) fn accumulate(links: &mut [LinkBytes], moves: &[ExpertMove], topo: &Topology) {
+    for mv in moves {
         let (s, d) = (mv.src_rank as usize, mv.dst_rank as usize);
         if s != d {
             LinkBytes::add(links, s, d, mv.bytes, topo.local_node_of(s) == topo.local_node_of(d));

@@ -11,7 +11,8 @@
 //! it is 1.059, the tokens 1.089.
 //!
 //! So a copy weighs, per token of its expert's load (`copy_shares`):
-//! compute `3·c_tok / c` (an even split over the c copies, `CostModel::expert_time`; weighed
+//! compute `3·per_token / c` (an even split over the c copies, at the expert curve's slope,
+//! `CostModel::expert_line`: `c_tok` for the linear model; weighed
 //! `COMPUTE_WEIGHT` times) plus
 //! the receiving all-to-all of its tokens from other ranks of its node and from other nodes,
 //! each over its link (`CostModel::link_time`, dispatch and combine, forward and backward:
@@ -26,7 +27,7 @@
 //! group inside one node has one link for every byte; there the weight stays the even split
 //! `1/c` (the old packing, its plans unchanged).
 
-use crate::cost::CostModel;
+use crate::cost::{CostModel, ExpertLine};
 use crate::topology::Topology;
 
 /// How much more a copy's expert compute weighs than the cost model's seconds say, next to
@@ -62,15 +63,17 @@ fn received_fractions(c: usize, nodes: usize, rpn: usize) -> (f64, f64) {
 }
 
 /// Per-copy weight multipliers `[max_count + 1]`: entry c is one copy's cost per token of its
-/// expert's load when the expert has c copies, over a lone copy's (entry 0 unused, 0.0). With
-/// one node per group, or a cost model without per-token terms, the even split 1/c.
-pub(crate) fn copy_shares(max_count: usize, topo: &Topology, cost: &CostModel) -> Vec<f64> {
+/// expert's load when the expert has c copies, over a lone copy's (entry 0 unused, 0.0); a
+/// copy's compute per token is `line.per_token` (the layer's expert curve,
+/// `predict::Predictor::line`). With one node per group, or a cost model without per-token
+/// terms, the even split 1/c.
+pub(crate) fn copy_shares(max_count: usize, topo: &Topology, cost: &CostModel, line: &ExpertLine) -> Vec<f64> {
     let (nodes, rpn) = (topo.nodes_per_group(), topo.ranks_per_group_node());
     let even: Vec<f64> = (0..=max_count).map(|c| if c == 0 { 0.0 } else { 1.0 / c as f64 }).collect();
     if nodes < 2 {
         return even;
     }
-    let compute = cost.compute_passes() * cost.expert_time(1.0, 0.0);
+    let compute = cost.compute_passes() * line.per_token;
     let per_intra = cost.all_to_all_of_link_time(cost.link_time(cost.token_bytes, true));
     let per_inter = cost.all_to_all_of_link_time(cost.link_time(cost.token_bytes, false));
     let time = |c: usize| {
@@ -82,6 +85,25 @@ pub(crate) fn copy_shares(max_count: usize, topo: &Topology, cost: &CostModel) -
         return even;
     }
     (0..=max_count).map(|c| if c == 0 { 0.0 } else { time(c) / lone }).collect()
+}
+
+/// All-to-all seconds one copy receives per token of its expert's load, `[max_count + 1]` by
+/// copy count (entry 0 unused, 0.0): its share from the other ranks of its node over the
+/// intra-node link and from other nodes over the inter-node link, under the assumptions
+/// above (what the weights of [`copy_shares`] hold besides compute, unnormalised).
+pub(crate) fn receive_seconds(max_count: usize, topo: &Topology, cost: &CostModel) -> Vec<f64> {
+    let (nodes, rpn) = (topo.nodes_per_group(), topo.ranks_per_group_node());
+    let per_intra = cost.all_to_all_of_link_time(cost.link_time(cost.token_bytes, true));
+    let per_inter = cost.all_to_all_of_link_time(cost.link_time(cost.token_bytes, false));
+    (0..=max_count)
+        .map(|c| {
+            if c == 0 {
+                return 0.0;
+            }
+            let (intra, inter) = received_fractions(c, nodes, rpn);
+            per_intra * intra + per_inter * inter
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -158,12 +180,12 @@ mod tests {
     fn shares_fall_with_copies() {
         let cost = CostModel::for_tests(1);
         let topo = Topology::new(64, 32, 8, 17).unwrap();
-        let s = copy_shares(8, &topo, &cost);
+        let s = copy_shares(8, &topo, &cost, &cost.expert_line(0.0));
         assert_eq!(s[1], 1.0);
         assert!((1..=8).all(|c| c as f64 * s[c] <= 1.0 + 1e-12), "{s:?}");
         // a replica of an expert with a copy on every node costs less than its even split
         assert!(s[4] < 0.25, "{s:?}");
         let one_node = Topology::new(16, 8, 8, 17).unwrap();
-        assert_eq!(copy_shares(3, &one_node, &cost), vec![0.0, 1.0, 0.5, 1.0 / 3.0]);
+        assert_eq!(copy_shares(3, &one_node, &cost, &cost.expert_line(0.0)), vec![0.0, 1.0, 0.5, 1.0 / 3.0]);
     }
 }

@@ -80,7 +80,7 @@ pub struct LayerReport {
     pub choice: Choice,
     /// Local-search swaps of an incremental choice (0 otherwise).
     pub swaps: usize,
-    /// Experts copied over the network for this layer (migration rows with bytes > 0).
+    /// Experts copied over the network for this layer (migration moves with bytes > 0).
     pub moves: usize,
     /// Predicted expert + all-to-all seconds of the chosen placement over the window.
     pub predicted: f64,
@@ -117,9 +117,9 @@ fn plan_layer(
     let loads = demand.layer_loads(l);
     let chunks = demand.layer_chunks(l);
     let counts = count_replicas(loads, topo.num_slots())?;
-    let shares = copy_shares(counts.iter().copied().max().unwrap_or(0) as usize, topo, cost);
-    let items = Items::weighted(loads, chunks, dim, &counts, &shares);
     let predictor = Predictor::new(loads, chunks, dim, opts.exchanges, cost, topo);
+    let shares = copy_shares(counts.iter().copied().max().unwrap_or(0) as usize, topo, cost, predictor.line());
+    let items = Items::weighted(loads, chunks, dim, &counts, &shares);
     let (bins, top) = fresh_bins(&items, e_n, topo, opts, deadline);
     let rpn = topo.ranks_per_group_node();
     let old = previous.map(|p| p.layer(l));
@@ -164,6 +164,10 @@ pub fn routepack_placement(
     opts.check()?;
     topo.check_experts(demand.num_experts)?;
     cost.check(demand.num_layers)?;
+    // every layer's candidates are kept until the migration choice: about four layers of
+    // slots each, with their moves (40 bytes a slot), the packer's items and bins; then the
+    // placement's tables
+    Placement::check_policy_call("routepack's placement", demand.num_layers, topo.num_slots(), demand.num_experts, 4 * (4 + 40) + 64)?;
     if let Some(p) = previous {
         p.check_topology(topo)?;
         if p.num_layers != demand.num_layers || p.num_experts != demand.num_experts {

@@ -33,7 +33,7 @@ pub const DEFAULT_MIGRATION_AWARE: bool = true;
 #[derive(Clone, Debug, PartialEq)]
 pub struct Options {
     /// Exchanges of one layer the window will run as (EP groups × steps: one dispatch/combine
-    /// per (group, step) pair), the granularity of the predicted-time proxy: the chunks are
+    /// per (group, microbatch) pair), the granularity of the predicted-time proxy: the chunks are
     /// merged into this many consecutive runs, each priced as one exchange. 0 = one exchange
     /// per chunk. (Python: `placement_cells`, its historical name.)
     pub exchanges: usize,

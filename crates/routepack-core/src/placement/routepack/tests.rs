@@ -94,7 +94,10 @@ proptest! {
             // across nodes: within 1% of EPLB in what it balances there (a heuristic both; no
             // case of 100,000 was further off, 0.3% the worst seen)
             if topo.nodes_per_group() > 1 && !avoidable_duplicate(&base, l) {
-                let shares = super::copy_cost::copy_shares(topo.num_slots(), &topo, &CostModel::for_tests(2));
+                let shares = {
+                    let cost = CostModel::for_tests(2);
+                    super::copy_cost::copy_shares(topo.num_slots(), &topo, &cost, &cost.expert_line(0.0))
+                };
                 let (o, t) = (weighted_peak(&p, &loads, l, &shares), weighted_peak(&base, &loads, l, &shares));
                 prop_assert!(o <= t * 1.01, "layer {l}: weighted peak {} > 1.01 × eplb {}", o, t);
             }

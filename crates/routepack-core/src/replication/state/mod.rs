@@ -1,4 +1,4 @@
-//! `ExchangeState`: the simulator's cost of one exchange (EP group, step, layer), kept up to
+//! `ExchangeState`: the simulator's cost of one exchange (EP group, microbatch, layer), kept up to
 //! date as the replicas of one expert at a time change, so a planner can price a candidate
 //! in O(ep) instead of re-pricing the whole exchange in O(ep · E).
 //!
@@ -39,8 +39,8 @@
 //! noise, so a planned exchange is never slower on the simulator's scale
 //! (`replication::tests::routepack_never_slower_than_none`).
 
+use crate::cost::LayerCost;
 use crate::plan::Replica;
-use crate::simulate::LayerCost;
 
 use super::exchange::{share_for, Exchange};
 

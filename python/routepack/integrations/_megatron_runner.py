@@ -1,0 +1,437 @@
+"""`MegatronRunner`: carries one plan per window out in a Megatron-Core model built with
+`plan_layer_spec` (torch, Megatron).
+
+Per window::
+
+    runner.begin_window(plan, window, optimizer)   # check + agree, migrate, upload tables
+    it = runner.microbatches(data_iterator)        # start_micro(m) at each next()
+    forward_backward_func(..., data_iterator=it)   # stock Megatron schedule
+    runner.finish_step()                           # every layer's step complete
+    optimizer.step()
+
+What the runner does at each point, and what it moves, is in `begin_window`, `fill_replicas`
+and `after_backward`; nothing runs per forward but the device-side slot map and, for cells
+with replicas, the copies' point-to-point transfers.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from routepack._checks import positive_int
+from routepack.errors import InvalidPlanError, RoutepackError, RoutepackTypeError
+from routepack.integrations._megatron_layer import PlanMoELayer
+from routepack.integrations._megatron_state import MegatronSlotState, optimizer_tensors
+from routepack.integrations._megatron_tables import buffer_of, cell_rows, layer_tables
+from routepack.model import Topology
+from routepack.plan import Placement, Plan
+from routepack.torch import _args
+from routepack.torch.broadcast import digest_int, gather_ints, group_peers, raise_shared_failure
+from routepack.torch.migrate import MigrationReport, migrate_slots
+from routepack.torch.replicate import ReplicaExchange
+from routepack.torch.routes import cell_origins
+from routepack.torch.slot_link import redundant_experts
+from routepack.torch.slot_state import stateful_owner
+from routepack.window import Window
+
+#: token cap for `Plan.validate` when the caller gives none (every check but the cap)
+_NO_CAP = 1 << 62
+
+
+class LayerView:
+    """One `PlanMoELayer` as the migration protocol and `ReplicaExchange` read a layer:
+    ``layer`` (index among this rank's MoE layers), ``phy2log`` (the placement row), ``topo``,
+    ``slots_per_rank``, ``num_experts``, ``ep_rank``, ``peers``, ``group``."""
+
+    def __init__(self, mod: PlanMoELayer, index: int, peers: List[int], group: Any) -> None:
+        self.mod, self.layer, self.peers, self.group = mod, index, peers, group
+        self.topo, self.ep_rank = mod.topo, mod.ep_rank
+        self.slots_per_rank, self.num_experts = mod.slots_per_rank, mod.num_logical
+
+    @property
+    def phy2log(self) -> np.ndarray:
+        return self.mod.phy2log
+
+    @phy2log.setter
+    def phy2log(self, row: np.ndarray) -> None:
+        self.mod.phy2log = np.ascontiguousarray(row, dtype=np.int32)
+
+    def local_slot_of(self, expert: int) -> int:
+        hit = np.flatnonzero(self.mod.local_experts() == expert)
+        if hit.size == 0:
+            raise RoutepackError(f"expert {expert} is not on EP rank {self.ep_rank} in MoE layer {self.mod.moe_index}")
+        return int(hit[0])
+
+
+class _Exchange(ReplicaExchange):
+    """`ReplicaExchange` over Megatron's expert modules: one flat buffer per expert
+    (`SlotPieces`); copies land in the layer's replica buffers."""
+
+    def slot_flat(self, mod: Any, slot: int) -> torch.Tensor:
+        return mod.mod.pieces.weights(slot)
+
+    def flat_spec(self, mod: Any) -> Tuple[int, torch.dtype, torch.device]:
+        p = mod.mod.pieces
+        return p.numel, p.dtype, p.device
+
+    def unflatten(self, mod: Any, copies: List[torch.Tensor]) -> Any:
+        return copies
+
+    def copy_grad(self, grads: Any, copy: int) -> torch.Tensor:
+        return grads.mod.pieces.grad(grads.slots_per_rank + copy)
+
+
+def _moe_layer_index(config: Any, layer_number: int) -> int:
+    """The plan's MoE layer index of Megatron layer ``layer_number`` (1-based, global)."""
+    freq = getattr(config, "moe_layer_freq", 1)
+    idx = layer_number - 1
+    if isinstance(freq, int):
+        return sum(1 for i in range(idx) if i % freq == 0)
+    return int(sum(freq[:idx]))
+
+
+def _num_moe_layers(config: Any) -> int:
+    freq = getattr(config, "moe_layer_freq", 1)
+    return sum(1 for i in range(config.num_layers) if i % freq == 0) if isinstance(freq, int) else int(sum(freq))
+
+
+def _check_groups(chunks: List[Any]) -> None:
+    """Megatron's ``TransformerLayer`` hands its ``pg_collection`` only to ``MoELayer`` itself,
+    so a `PlanMoELayer` takes the default groups: refuse a layer whose own groups differ."""
+    for c in chunks:
+        named = dict(c.named_modules())
+        for name, m in named.items():
+            if not isinstance(m, PlanMoELayer):
+                continue
+            parent = named.get(name.rpartition(".")[0])
+            pg = getattr(parent, "pg_collection", None)
+            ep = getattr(pg, "ep", None)
+            if ep is not None and dist.get_process_group_ranks(ep) != dist.get_process_group_ranks(m.ep_group):
+                raise RoutepackError(
+                    f"model: {name} uses the default expert-parallel group, its TransformerLayer a custom "
+                    "pg_collection; build the model with the default process groups"
+                )
+
+
+class MegatronRunner:
+    """Ties plans to the `PlanMoELayer` layers of ``model`` (a module, a DDP-wrapped module,
+    or the list of virtual-pipeline chunks). ``topo``: the plan's `routepack.Topology` (``ep``
+    = the expert-parallel size, ``dp`` = the data-parallel size). ``timeout`` bounds every wait
+    of migration and replication."""
+
+    def __init__(self, model: Any, topo: Any, timeout: datetime.timedelta = datetime.timedelta(seconds=120)) -> None:
+        if not isinstance(topo, Topology):
+            raise RoutepackTypeError(f"topo: expected routepack.Topology, got {type(topo).__name__}")
+        _args.timeout(timeout, optional=False)
+        chunks = list(model) if isinstance(model, (list, tuple)) else [model]
+        mods = [m for c in chunks for m in c.modules() if isinstance(m, PlanMoELayer)]
+        if not mods:
+            raise RoutepackError("model: has no PlanMoELayer (build it with routepack's plan_layer_spec)")
+        _check_groups(chunks)
+        for m in mods:
+            if m.topo != topo:
+                raise RoutepackError(f"model: a PlanMoELayer was built for {m.topo}, the runner for {topo}")
+            if m.layer_number is None:
+                raise RoutepackError("model: a PlanMoELayer has no layer_number (build it inside a TransformerLayer)")
+            m.moe_index = _moe_layer_index(m.logical_config, m.layer_number)
+        mods.sort(key=lambda m: m.moe_index)
+        self.layers = mods
+        self.topo, self.timeout = topo, timeout
+        self.config = mods[0].logical_config
+        self.num_moe_layers = _num_moe_layers(self.config)
+        self.group = mods[0].ep_group
+        if dist.get_world_size(self.group) != topo.ep:
+            raise RoutepackError(f"topo: ep={topo.ep}, the expert-parallel group has {dist.get_world_size(self.group)}")
+        self.ep_rank = dist.get_rank(self.group)
+        peers = group_peers(self.group)
+        self.views = [LayerView(m, i, peers, self.group) for i, m in enumerate(mods)]
+        from megatron.core import parallel_state
+
+        self.dp_rank = parallel_state.get_data_parallel_rank()
+        dp = parallel_state.get_data_parallel_world_size()
+        if dp != topo.dp or self.dp_rank % topo.ep != self.ep_rank:
+            raise RoutepackError(
+                f"topo: dp={topo.dp}, ep={topo.ep}; Megatron has DP size {dp}, this rank DP {self.dp_rank}, "
+                f"EP {self.ep_rank} (routepack's EP groups are consecutive blocks of ep DP ranks)"
+            )
+        self.group_index = self.dp_rank // topo.ep
+        self.ddp_configs = [getattr(c, "ddp_config", None) for c in chunks]
+        self.plan: Optional[Plan] = None
+        self._window: Optional[Window] = None
+        self.micro: Optional[int] = None
+        self.exchange: Optional[_Exchange] = None
+        self.last_migration: Optional[MigrationReport] = None
+        self._backwards = [0] * len(mods)
+        self._filled: set = set()
+        #: with ``recording``, ``received[(micro, moe layer)]`` holds the tokens each local
+        #: Megatron expert received in the last forward of that cell (a host copy per layer: tests)
+        self.recording = False
+        self.received: Dict[Tuple[int, int], List[int]] = {}
+        for m in mods:
+            m.runner = self
+
+    # ------------------------------------------------------------------ checks
+    def _local_plan(self, plan: Plan) -> Plan:
+        """The plan restricted to this rank's MoE layers (a pipeline stage holds a part)."""
+        idx = [m.moe_index for m in self.layers]
+        if idx == list(range(plan.placement.num_layers)):
+            return plan
+        pos = {l: i for i, l in enumerate(idx)}
+        mig = plan.migration[np.isin(plan.migration["layer"], idx)].copy()
+        mig["layer"] = [pos[int(x)] for x in mig["layer"]]
+        rep = plan.replicas[np.isin(plan.replicas["layer"], idx)].copy()
+        rep["layer"] = [pos[int(x)] for x in rep["layer"]]
+        p = plan.placement
+        placement = Placement(p.phy2log[idx], p.num_experts, p.slots_per_rank)
+        return Plan(placement, plan.sample_rank, plan.sample_micro, plan.num_micro, replicas=rep, migration=mig)
+
+    def check_plan(self, plan: Any, window: Any, optimizer: Any, token_cap: Optional[int]) -> None:
+        """Local refusal, before anything moves, of a plan this job cannot carry out."""
+        if not isinstance(plan, Plan):
+            raise RoutepackTypeError(f"plan: expected routepack.Plan, got {type(plan).__name__}")
+        if not isinstance(window, Window):
+            raise RoutepackTypeError(f"window: expected routepack.Window, got {type(window).__name__}")
+        E = self.layers[0].num_logical
+        if window.num_layers != self.num_moe_layers or window.num_experts != E:
+            raise InvalidPlanError(
+                f"window has L={window.num_layers}, E={window.num_experts}; the model has "
+                f"{self.num_moe_layers} MoE layers of {E} experts"
+            )
+        plan.validate(window, self.topo, _NO_CAP if token_cap is None else positive_int(token_cap, "token_cap"))
+        if plan.replicas.size and len(self.layers) != self.num_moe_layers:
+            raise InvalidPlanError(
+                "plan.replicas: intra-batch replicas with pipeline parallelism are not supported (a stage keeps "
+                "several microbatches in flight, the replica buffers hold one); plan with replication='none'"
+            )
+        local = self._local_plan(plan)
+        for i, m in enumerate(self.layers):
+            for micro in range(plan.num_micro):
+                where = f"(group {self.group_index}, micro {micro}, layer {m.moe_index})"
+                buffer_of(cell_rows(plan, self.group_index, micro, m.moe_index), m.replica_slots, where)
+            if not local.migration.size:
+                row = local.placement.phy2log[i]
+                diff = np.flatnonzero((row >= 0) & (row != m.phy2log))
+                if diff.size:
+                    s = int(diff[0])
+                    raise InvalidPlanError(
+                        f"plan puts expert {row[s]} in slot {s} of MoE layer {m.moe_index}, which holds "
+                        f"{m.phy2log[s]} now, and has no migration"
+                    )
+        redundant = any(redundant_experts(row, E).size for row in plan.placement.phy2log)
+        if (redundant or plan.replicas.size) and any(
+            getattr(c, "overlap_grad_reduce", False) for c in self.ddp_configs
+        ):
+            raise RoutepackError(
+                "DistributedDataParallelConfig.overlap_grad_reduce: the plan has redundant experts or replicas, "
+                "whose gradients are completed in the last microbatch's backward after DDP would have started "
+                "reducing them; set overlap_grad_reduce=False"
+            )
+        if redundant and self.layers[0].pieces.kind == "GroupedMLP":
+            clip = getattr(getattr(optimizer, "config", None), "clip_grad", 0.0) or 0.0
+            if clip > 0:
+                raise RoutepackError(
+                    "optimizer.config.clip_grad: GroupedMLP holds every slot in one parameter, so redundant copies "
+                    "would count twice in the grad norm; use SequentialMLP/TEGroupedMLP or clip_grad=0"
+                )
+        if optimizer is None and local.migration.size:
+            owner = stateful_owner([p for m in self.layers for p in m.pieces.params()])
+            if owner is not None or any(hasattr(p, "main_param") for m in self.layers for p in m.pieces.params()):
+                raise RoutepackError(
+                    f"optimizer: None, but {owner or 'a Megatron optimizer'} keeps state for the expert parameters; "
+                    f"the plan moves {local.migration.size} experts and that state would stay with the old slots"
+                )
+
+    # ------------------------------------------------------------------ window
+    def begin_window(
+        self,
+        plan: Plan,
+        window: Window,
+        optimizer: Any = None,
+        token_cap: Optional[int] = None,
+        max_bytes_in_flight: Optional[int] = None,
+    ) -> Optional[MigrationReport]:
+        """Checks ``plan`` on every EP rank (nothing moves unless all accept), migrates the
+        experts it moves (weights, ``main_grad`` and ``optimizer``'s state together), uploads
+        the window's routing tables, and marks the copies the grad norm must not count twice.
+        Collective over the EP group. Returns the migration report (None without moves)."""
+        self.check_step_finished("begin_window")
+        err: Optional[BaseException] = None
+        digest = 0
+        try:
+            self.check_plan(plan, window, optimizer, token_cap)
+            digest = digest_int(plan)
+        except Exception as e:  # noqa: BLE001 (shared with every EP rank, then re-raised)
+            err = e
+        device = self.layers[0].pieces.device
+        got = gather_ints([int(err is None), digest], self.group, device, self.timeout)
+        raise_shared_failure(
+            err, got[:, 0], lambda bad: f"EP rank(s) {bad} refused the plan; nothing moved", InvalidPlanError
+        )
+        if np.unique(got[:, 1]).size != 1:
+            raise InvalidPlanError("EP ranks hold different plans; nothing moved (use broadcast_plan)")
+        local = self._local_plan(plan)
+        report = None
+        if local.migration.size:
+            spr = self.topo.slots_per_rank
+            report = migrate_slots(
+                self.views,
+                local,
+                lambda: [MegatronSlotState(m, optimizer, spr) for m in self.layers],
+                group=self.group,
+                timeout=self.timeout,
+                max_bytes_in_flight=max_bytes_in_flight,
+                device=device,
+            )
+        self.last_migration = report
+        origins = cell_origins(plan, window, self.group_index, self.topo.ep)  # [M, ep, L, E]
+        for i, m in enumerate(self.layers):
+            l = m.moe_index
+            cells = layer_tables(plan, window, self.topo, l, self.ep_rank, self.group_index, m.replica_slots)
+            m.set_placement(local.placement.phy2log[i], origins.sum(axis=0)[:, l], cells)
+        self.plan, self._window = plan, window
+        self.received = {}
+        self.exchange = self._make_exchange(plan) if plan.replicas.size else None
+        self._mark_copies(optimizer)
+        self._backwards = [0] * len(self.layers)
+        self.micro = None
+        return report
+
+    def _make_exchange(self, plan: Plan) -> _Exchange:
+        rows: Dict[Tuple[int, int], Tuple[np.ndarray, np.ndarray]] = {}
+        r = plan.replicas
+        for i in np.flatnonzero(r["group"] == self.group_index).tolist():
+            key = (int(r[i]["micro"]), int(r[i]["layer"]))
+            rows.setdefault(key, ([], None))[0].append(i)
+        cells = {k: (np.asarray(v[0], dtype=np.int64), r[np.asarray(v[0])]) for k, v in rows.items()}
+        return _Exchange(self.views, cells, self.timeout)
+
+    def _mark_copies(self, optimizer: Any) -> None:
+        """Every slot but each logical expert's first copy (redundant copies, empty slots,
+        replica buffers) gets ``shared = True`` on its parameters and their optimizer tensors,
+        so Megatron's grad norm (``param_is_not_shared``) counts each expert once."""
+        for m in self.layers:
+            if m.pieces.kind == "GroupedMLP":
+                continue  # one parameter holds every slot (refused with clip_grad > 0 and redundancy)
+            first = np.full(m.num_logical, -1, dtype=np.int64)
+            for p in range(m.phy2log.size - 1, -1, -1):
+                if m.phy2log[p] >= 0:
+                    first[m.phy2log[p]] = p
+            local = m.slot_experts()
+            for s in range(m.pieces.num_slots):
+                e = int(local[s])
+                primary = s < m.slots_per_rank and e >= 0 and first[e] == self.ep_rank * m.slots_per_rank + s
+                for piece in m.pieces.slots[s]:
+                    for t in [piece.param] + optimizer_tensors(optimizer, piece.param):
+                        t.shared = not primary
+
+    # ------------------------------------------------------------------ microbatches
+    def start_micro(self, micro: int) -> None:
+        """Makes ``micro`` (this step's microbatch index, execution order) current on every
+        layer and posts its replica weight transfers (asynchronous)."""
+        if self.plan is None:
+            raise RoutepackError("start_micro: call begin_window first")
+        self.micro = _args.rank(micro, "micro", self.plan.num_micro)
+        for m in self.layers:
+            m.slot_map.micro = self.micro
+        self._filled = set()
+        if self.exchange is not None:
+            self.exchange.prefetch(self.micro)
+
+    def microbatches(self, iterable: Iterable[Any]) -> Iterator[Any]:
+        """``iterable`` with `start_micro` called before each item is handed on (microbatch
+        ``k % num_micro`` for the k-th): pass it as Megatron's ``data_iterator``."""
+        for k, item in enumerate(iterable):
+            self.start_micro(k % self.plan.num_micro if self.plan is not None else 0)
+            yield item
+
+    def end_micro(self) -> None:
+        """Leaves planned microbatches: later forwards (evaluation, log-probs) route by the
+        window's default table."""
+        self.micro = None
+        for m in self.layers:
+            m.slot_map.micro = None
+
+    # ------------------------------------------------------------------ hooks of the layer
+    def note_received(self, layer: PlanMoELayer, tokens_per_expert: Any) -> None:
+        """With ``recording``: the tokens each local expert of ``layer`` received this forward."""
+        if self.micro is not None:
+            self.received[(self.micro, layer.moe_index)] = [int(x) for x in tokens_per_expert.tolist()]
+
+    def predicted_received(self) -> np.ndarray:
+        """int64 ``[M, L]``: the tokens the plan says this rank receives per (micro, MoE layer)
+        (`routepack._core.rank_tokens`, what `simulate` prices)."""
+        from routepack import _core
+
+        if self.plan is None or self._window is None:
+            raise RoutepackError("predicted_received: call begin_window first")
+        got = _core.rank_tokens(self.plan, self._window.seq_lens, self._window.counts, self.topo)
+        return got[self.group_index, :, :, self.ep_rank]
+
+    def fill_replicas(self, layer: PlanMoELayer, micro: int) -> None:
+        """Forward of ``layer`` in ``micro``: its replica buffers receive the cell's copies
+        (once per microbatch: a recomputed forward finds them there)."""
+        if self.exchange is None or (micro, layer.moe_index) in self._filled:
+            return
+        self._filled.add((micro, layer.moe_index))
+        i = self.layers.index(layer)
+        for j, buf in enumerate(self.exchange.weights(i)):
+            layer.pieces.set_weights(layer.slots_per_rank + j, buf)
+
+    def after_backward(self, layer: PlanMoELayer, micro: int) -> None:
+        """Backward of ``layer`` in ``micro``, after its experts' weight gradients accumulated:
+        the copies' gradients go home (fp32, along the chains, added into the owner's slot)
+        and the buffers are zeroed; in the step's last microbatch every redundant expert's
+        gradient is summed over the EP group (one all-reduce of those experts only)."""
+        i = self.layers.index(layer)
+        spr = layer.slots_per_rank
+        if self.exchange is not None:
+            view = self.views[i]
+            got = self.exchange.exchange_copy_grads(micro, i, view)
+            held = sum(len(ch.mine) for ch in self.exchange._chains(micro, i))
+            for j in range(held):
+                layer.pieces.set_grad(spr + j, None)
+            for slot, buf in got:
+                layer.pieces.set_grad(slot, buf, add=True)
+        n = self._backwards[i] + 1
+        self._backwards[i] = 0 if n == self.plan.num_micro else n
+        if n == self.plan.num_micro:
+            self._sum_redundant(layer)
+
+    @torch.no_grad()
+    def _sum_redundant(self, layer: PlanMoELayer) -> None:
+        redundant = redundant_experts(layer.phy2log, layer.num_logical)
+        if redundant.size == 0:
+            return
+        index = {int(e): k for k, e in enumerate(redundant.tolist())}
+        mine = [(s, index[int(e)]) for s, e in enumerate(layer.local_experts().tolist()) if int(e) in index]
+        buf = torch.zeros(redundant.size, layer.pieces.numel, dtype=torch.float32, device=layer.pieces.device)
+        for s, k in mine:
+            buf[k] += layer.pieces.grad(s)
+        dist.all_reduce(buf, group=self.group)
+        for s, k in mine:
+            layer.pieces.set_grad(s, buf[k])
+
+    def check_step_finished(self, where: str) -> None:
+        """Raises when some layer's backward ran for part of the step's microbatches only (its
+        redundant experts are summed in the step's last microbatch, which has not run)."""
+        left = {m.moe_index: n for m, n in zip(self.layers, self._backwards) if n}
+        if left:
+            raise RoutepackError(
+                f"{where}: the step is part-way: MoE layer(s) {list(left)} ran backward for "
+                f"{sorted(set(left.values()))} of the plan's {self.plan.num_micro if self.plan else '?'} microbatches"
+            )
+
+    def finish_step(self) -> None:
+        """Before ``optimizer.step()``: checks every layer completed the step's microbatches
+        (replica and redundant gradients are already in ``main_grad``), and leaves planned
+        microbatches."""
+        self.check_step_finished("finish_step")
+        self.end_micro()
+
+
+__all__ = ["LayerView", "MegatronRunner"]

@@ -1,0 +1,216 @@
+"""Megatron-Core 0.16.1 on CPU with gloo: the ONLY place routepack's tests stand in for
+Megatron's CUDA-only calls. Everything else Megatron runs is its own code.
+
+`install()` replaces, in the calling process, exactly these (each with its reason):
+
+1. ``torch.cuda.current_device`` answers ``"cpu"``: Megatron allocates buffers (the
+   dispatcher's all-to-all outputs, DDP's grad buffers, the router's expert-bias buffers, ...)
+   with ``device=torch.cuda.current_device()``; on a machine without CUDA that call raises.
+2. The CUDA RNG tracker's ``fork`` is a no-op context: attention dropout and expert
+   initialisation fork a CUDA generator (``tensor_parallel.random``) that does not exist on CPU.
+3. The all-to-all dispatcher's CUDA streams and events are no-op objects
+   (``torch.cuda.Stream`` / ``current_stream`` / ``stream(...)`` / ``record_event`` /
+   ``synchronize``): it copies split sizes device-to-host on a side stream; on CPU the copy is
+   synchronous already.
+4. ``moe_utils.te_general_gemm`` is ``None``: without Transformer Engine the name is undefined
+   in 0.16.1 (its import fails and nothing sets it), and the router's gating reads it.
+5. The split sizes reach gloo's ``all_to_all_single`` as Python lists: the dispatcher hands
+   numpy arrays (NCCL's binding accepts them, gloo's does not).
+
+Megatron's optimizers (``FP32Optimizer``, ``Float16OptimizerWithFloat16Params``,
+``DistributedOptimizer``), its grad clipping, its pipeline schedules and its checkpoint writer
+are CUDA-only beyond those five; the tests that train and checkpoint with them call
+``install(optimizers=True)``, which adds:
+
+6. ``device='cuda'`` literals in ``megatron.core.optimizer`` (the loss-scale, found-inf and
+   overflow tensors, the grad-norm buffers), ``megatron.core.utils`` (the l2 norm without
+   Apex) and ``megatron.core.pipeline_parallel.schedules`` (the token counter of
+   ``forward_backward_no_pipelining``) allocate on the CPU: those modules see a
+   ``torch`` whose ``tensor`` / ``zeros`` / ``empty`` map ``device='cuda'`` to ``'cpu'``;
+7. ``Tensor.type()`` without arguments names a CPU tensor as its CUDA type
+   (``'torch.cuda.FloatTensor'``): the optimizers accept only parameters whose type string
+   says CUDA (``distrib_optimizer.py`` / ``optimizer.py``: a ``TypeError`` otherwise);
+8. ``torch.cuda.synchronize`` is a no-op: ``dist_checkpointing``'s torch_dist writer
+   synchronizes the device before copying tensors to the host (``filesystem_async.py``).
+
+`standins()` lists them (the report in docs/megatron.md names which Megatron paths ran stock).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import List
+
+_INSTALLED = False
+_OPTIMIZERS = False
+
+
+class _NoStream:
+    """A CUDA stream / event that does nothing (stand-in 3)."""
+
+    def wait_stream(self, *_a, **_k):
+        return None
+
+    def record_event(self, *_a, **_k):
+        return self
+
+    def synchronize(self):
+        return None
+
+    def wait(self, *_a, **_k):
+        return None
+
+    def __eq__(self, other):
+        return isinstance(other, _NoStream)
+
+    def __hash__(self):
+        return 0
+
+
+def standins(optimizers: bool = False) -> List[str]:
+    """The stand-ins `install` applies, one line each."""
+    out = [
+        "torch.cuda.current_device -> 'cpu'",
+        "tensor_parallel CUDA RNG tracker fork -> no-op context",
+        "dispatcher CUDA streams/events -> no-op objects",
+        "moe_utils.te_general_gemm -> None (no Transformer Engine)",
+        "all_to_all_single split sizes -> lists (gloo)",
+    ]
+    if optimizers:
+        out += [
+            "device='cuda' literals of megatron.core.optimizer, utils, pipeline_parallel.schedules -> 'cpu'",
+            "Tensor.type() of a CPU tensor -> its CUDA type string",
+            "torch.cuda.synchronize -> no-op (checkpoint writer)",
+        ]
+    return out
+
+
+class _CpuTorch:
+    """``torch`` as megatron.core.optimizer's modules see it under stand-in 6."""
+
+    def __init__(self, torch):
+        self._torch = torch
+
+    def __getattr__(self, name):
+        attr = getattr(self._torch, name)
+        if name in ("tensor", "zeros", "empty", "ones", "full"):
+
+            def on_cpu(*a, **k):
+                if str(k.get("device", "")).startswith("cuda"):
+                    k["device"] = "cpu"
+                return attr(*a, **k)
+
+            return on_cpu
+        return attr
+
+
+#: (object, attribute, original) of every stand-in in force, in the order applied
+_PATCHES: List[tuple] = []
+_MISSING = object()
+
+
+def _patch(obj, name, value) -> None:
+    _PATCHES.append((obj, name, obj.__dict__.get(name, _MISSING) if isinstance(obj, type) else getattr(obj, name)))
+    setattr(obj, name, value)
+
+
+def install(optimizers: bool = False) -> None:
+    """Applies the five stand-ins in this process (idempotent), and 6-8 with ``optimizers``.
+    Call it in every rank before building a Megatron model (spawned ranks keep them; in the
+    pytest process use `applied`, which takes them off again)."""
+    global _INSTALLED, _OPTIMIZERS
+    if not _INSTALLED:
+        _install_basic()
+        _INSTALLED = True
+    if optimizers and not _OPTIMIZERS:
+        _install_optimizers()
+        _OPTIMIZERS = True
+
+
+@contextlib.contextmanager
+def applied(optimizers: bool = False):
+    """`install` for the duration of a ``with`` block (restores every original after)."""
+    global _INSTALLED, _OPTIMIZERS
+    if _INSTALLED:  # already in force for the whole process
+        yield
+        return
+    mark = len(_PATCHES)
+    try:
+        install(optimizers)
+        yield
+    finally:
+        while len(_PATCHES) > mark:
+            obj, name, old = _PATCHES.pop()
+            if old is _MISSING:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, old)
+        _INSTALLED = _OPTIMIZERS = False
+
+
+def _install_basic() -> None:
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    # 1. device of Megatron's buffers
+    _patch(torch.cuda, "current_device", lambda: "cpu")
+
+    # 2. CUDA RNG tracker
+    from megatron.core.tensor_parallel import random as tp_random
+
+    _patch(tp_random.CudaRNGStatesTracker, "fork", lambda self, name=None: contextlib.nullcontext())
+
+    # 3. dispatcher streams and events
+    _patch(torch.cuda, "Stream", _NoStream)
+    _patch(torch.cuda, "current_stream", lambda *a, **k: _NoStream())
+    _patch(torch.cuda, "stream", lambda *a, **k: contextlib.nullcontext())
+
+    # 4. te_general_gemm without Transformer Engine
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        _PATCHES.append((moe_utils, "te_general_gemm", _MISSING))
+        moe_utils.te_general_gemm = None
+
+    # 5. split sizes as lists for gloo
+    original = dist.all_to_all_single
+
+    def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, *a, **k):
+        def as_list(s):
+            if s is None or isinstance(s, list):
+                return s
+            if isinstance(s, torch.Tensor):
+                return [int(x) for x in s.tolist()]
+            return [int(x) for x in np.asarray(s).reshape(-1).tolist()]
+
+        return original(output, input, as_list(output_split_sizes), as_list(input_split_sizes), *a, **k)
+
+    _patch(dist, "all_to_all_single", all_to_all_single)
+
+
+def _install_optimizers() -> None:
+    import torch
+    from megatron.core import utils as core_utils
+    from megatron.core.optimizer import clip_grads, distrib_optimizer
+    from megatron.core.optimizer import optimizer as optimizer_mod
+    from megatron.core.pipeline_parallel import schedules
+
+    # 6. device='cuda' literals of the optimizers, grad clipping (and the local multi-tensor
+    # l2 norm in megatron.core.utils it calls without Apex) and the schedules
+    for mod in (optimizer_mod, distrib_optimizer, clip_grads, core_utils, schedules):
+        _patch(mod, "torch", _CpuTorch(torch))
+
+    # 7. the optimizers' CUDA type-string checks
+    original = torch.Tensor.type
+
+    def type_(self, dtype=None, non_blocking=False, **kwargs):
+        if dtype is None and not kwargs:
+            name = original(self)
+            return name.replace("torch.", "torch.cuda.", 1) if self.device.type == "cpu" else name
+        return original(self, dtype, non_blocking, **kwargs)
+
+    _patch(torch.Tensor, "type", type_)
+
+    # 8. the checkpoint writer's device synchronisation
+    _patch(torch.cuda, "synchronize", lambda *a, **k: None)
