@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -194,8 +195,20 @@ def run(
     say: Callable[[str], None] = print,
 ) -> List[str]:
     """The whole fault check (module docstring); returns the failures (empty: passed)."""
+    old = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS in the children
     root = tempfile.mkdtemp(prefix="routepack-faults-")
+    try:
+        return _run(backend, world, case, points, root, say)
+    finally:  # the caller's later runs (tools/gpu_check.py's timings) keep their own setting
+        if old is None:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _run(
+    backend: str, world: int, case: sc.Case, points: Sequence[str], root: str, say: Callable[[str], None]
+) -> List[str]:
     failures: List[str] = []
     runs: Dict[str, Dict[str, Any]] = {}
     if world >= 2:
@@ -207,9 +220,8 @@ def run(
     failures += judge(runs, restart, world)
     say("fault table:\n" + table(runs, restart))
     for rank, f in sorted(restart.items()):
-        say(
-            f"rank {rank}: restart from the reference's step 1 differs in {_differing(f['reference_restarted'], f['reference_step2'])}; mixed checkpoint: {f.get('mixed')}"
-        )
+        diff = _differing(f["reference_restarted"], f["reference_step2"])
+        say(f"rank {rank}: restart from the reference's step 1 differs in {diff}; mixed checkpoint: {f.get('mixed')}")
     if world >= 2:
         out = sc.run_ranks(
             sc.check_agreement, world, case, root, backend=backend, join_timeout_s=300, pg_timeout_s=PG_TIMEOUT_S
