@@ -81,7 +81,10 @@ def dying_rank(point: str, case: Case = Case()) -> int:
 
 # ------------------------------------------------------------------ training
 def fresh_model(case: Case, device: Any, timeout_s: float = 60) -> EPModel:
-    """The self-checks' model at step 0 (static placement, weights from the seed)."""
+    """The self-checks' model at step 0 (static placement, weights from the seed). On CUDA,
+    torch's deterministic kernels are switched on, so a rerun gives the same bytes."""
+    if torch.device(device).type == "cuda":
+        torch.use_deterministic_algorithms(True, warn_only=True)
     model = EPModel(case, Weights(case, device), device, make_groups(case.topology()))
     model.runner.timeout = datetime.timedelta(seconds=timeout_s)
     return model
@@ -269,10 +272,12 @@ def check_kill(rank: int, world: int, device: Any, case: Case, root: str, point:
 
 def check_restart(rank: int, world: int, device: Any, case: Case, root: str, folders: List[str]) -> Dict[str, Any]:
     """The fault-free reference (``root/reference``: windows 0 and 1, checkpoints at steps 1
-    and 2), then for each folder of ``folders`` (a `check_kill` run's) a restart: a fresh
-    model, the newest complete checkpoint, window 1, a checkpoint. Returns `state_figures`
-    of the reference after steps 1 and 2 and of each restart after loading and after its
-    step, and the step each restart loaded."""
+    and 2), a restart from its step 1, a mixed checkpoint (rank 0 at step 2, the others at
+    step 1: ``mixed``, what it raised), then for each folder of ``folders`` (a `check_kill`
+    run's) a restart: a fresh model, the newest complete checkpoint, window 1, a checkpoint.
+    Returns `state_figures` of the reference after steps 1 and 2, of the restarted
+    reference, and of each restart after loading and after its step, with the step it
+    loaded."""
     out: Dict[str, Any] = {}
     ref = os.path.join(root, "reference")
     model = fresh_model(case, device)
@@ -282,6 +287,23 @@ def check_restart(rank: int, world: int, device: Any, case: Case, root: str, fol
     train_window(model, case, 1, device)
     save_checkpoint(model, 2, ref)
     out["reference_step2"] = state_figures(model, 2)
+    # the same restart from the reference's own step 1 (what a world of one rank can check too)
+    model = fresh_model(case, device)
+    load_checkpoint(model, ref, step=1)
+    train_window(model, case, 1, device)
+    out["reference_restarted"] = state_figures(model, 2)
+    if world > 1:
+        # rank 0 on step 2, the others on step 1: what loading each rank's newest file would give
+        # after a kill mid-checkpoint; window 1's plan then differs on rank 0 (no rows to move)
+        # and begin_window refuses it on every rank before anything moves
+        model = fresh_model(case, device)
+        load_checkpoint(model, ref, step=2 if rank == 0 else 1)
+        snap = snapshot(model)
+        try:
+            train_window(model, case, 1, device)
+            out["mixed"] = {"raised": None}
+        except Exception as e:  # noqa: BLE001 (the figures are the type and the message)
+            out["mixed"] = {"raised": type(e).__name__, "message": str(e), "intact": snapshot(model) == snap}
     out["restarts"] = {}
     for folder in folders:
         model = fresh_model(case, device)
