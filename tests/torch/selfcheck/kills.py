@@ -40,12 +40,14 @@ from selfcheck.model import EPModel, Weights, fingerprints, inputs, make_groups
 
 #: the module (``routepack.torch.migrate`` the attribute is the function of that name)
 migrate_mod = importlib.import_module("routepack.torch.migrate")
+#: where `EPMoE`'s slots are packed and written (`StackedState`)
+slot_state = importlib.import_module("routepack.torch.slot_state")
 
 #: Where `check_kill` kills its rank, in the order a window reaches them. The migration's
 #: protocol points (`routepack.torch.FAULT_POINTS`) are the `migrate` test hook's; the others
 #: are set around it here. A slot's weights and its optimizer state travel as one byte string
-#: (`migrate.pack_slot`), so they are in flight together; "optimizer" kills a rank inside the
-#: commit's copy, between a slot's weights and its optimizer state.
+#: (`slot_state.StackedState.pack`), so they are in flight together; "optimizer" kills a rank
+#: inside the commit's copy, between a slot's weights and its optimizer state.
 KILL_POINTS: Dict[str, str] = {
     "before": "before the window: the others wait in begin_window's plan agreement",
     "checked": "in migrate: plan checked locally, before the agreement that precedes any move",
@@ -200,7 +202,7 @@ def state_figures(model: EPModel, step: int) -> Dict[str, Any]:
 
 
 def snapshot(model: EPModel) -> List[bytes]:
-    """This rank's state, slot by slot (weights + Adam moments, `migrate.pack_slot`), and
+    """This rank's state, slot by slot (weights + Adam moments, `slot_state.pack_slot`), and
     its placement rows, as bytes."""
     out = []
     for mod in model.layers:
@@ -236,15 +238,15 @@ def check_kill(rank: int, world: int, device: Any, case: Case, root: str, point:
         dist.batch_isend_irecv = posted_then_die
         restore.append(lambda: setattr(dist, "batch_isend_irecv", orig_batch))
     elif me and point == "optimizer":
-        orig_unpack = migrate_mod.unpack_slot
+        orig_unpack = slot_state.StackedState.unpack
 
-        def weights_then_die(tensors: Any, slot: int, buf: torch.Tensor) -> None:
-            n = migrate_mod.slot_bytes(tensors[:2])  # w1, w2 come first; the Adam moments follow
-            orig_unpack(tensors[:2], slot, buf[:n])
+        def weights_then_die(self: Any, slot: int, buf: torch.Tensor) -> None:
+            n = slot_state.slot_bytes(self.tensors[:2])  # w1, w2 come first; the Adam moments follow
+            slot_state.unpack_slot(self.tensors[:2], slot, buf[:n])
             die()
 
-        migrate_mod.unpack_slot = weights_then_die
-        restore.append(lambda: setattr(migrate_mod, "unpack_slot", orig_unpack))
+        slot_state.StackedState.unpack = weights_then_die  # type: ignore[method-assign]
+        restore.append(lambda: setattr(slot_state.StackedState, "unpack", orig_unpack))
     elif me and point == "after":
         before_forward = die
     elif me and point == "checkpoint":
