@@ -13,6 +13,10 @@ and allocates fallibly.
   bytes, never an abort or a bare MemoryError.
 * The estimates cover what the calls allocate: a call's estimate (read from its refusal under
   a tight limit) against its measured peak (``ru_maxrss``) when it runs without one.
+* What the Python side allocates on the caller's behalf (a contiguous copy of the caller's
+  array, a list of its items, a window a profile sizes) is refused the same way
+  (``_checks.allocating``): ``HELD`` gives each public function an input the caller holds for
+  free (a broadcast view: no memory behind it) whose copy the limit cannot hold.
 """
 
 from __future__ import annotations
@@ -22,7 +26,10 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
+import routepack as rp
+from routepack._checks import allocating
 
 from fuzzing import MEMORY_LIMIT, assert_absurd_size_fails_cleanly
 
@@ -85,6 +92,79 @@ def test_sizes_over_the_limit_are_refused_naming_the_argument_and_the_bytes(name
     call, arg = CASES[name]
     out = assert_absurd_size_fails_cleanly(f"from routepack import _core; {call}", MEMORY_LIMIT, (arg,))
     assert re.search(r"\d{9,} bytes", out), f"no byte count in {out!r}"
+
+
+#: name -> (call, the argument its refusal must name): each input a view of 12-24 GiB that
+#: costs the caller nothing (``view(shape, dtype)``: np.broadcast_to), so the package's copy
+#: of it, or its list of the items, is what the limit refuses.
+VIEW = "view = lambda shape, dtype=np.int32, v=0: np.broadcast_to(np.array(v, dtype=dtype), shape); "
+HELD = {
+    "Window(expert_tokens)": ("rp.Window(view((3 << 20,), np.int64, 1), view((3 << 20, 32, 32)))", "expert_tokens"),
+    "Window(seq_lens)": ("rp.Window(view((3 << 30,), np.int64, 1), view((3 << 30, 1, 1)))", "seq_lens"),
+    "Window(expert_tokens, narrowed)": (
+        "rp.Window(view((3 << 20,), np.int64, 9), view((3 << 20, 64, 64), np.int64, 1))",
+        "expert_tokens",
+    ),
+    "Placement(phy2log)": ("rp.Placement(view((2**31, 2), np.int64), 1, 2)", "phy2log"),
+    "Plan(sample_rank)": (
+        "rp.Plan(plan.placement, view((2**31,), np.int64), view((2**31,), np.int64), 1)",
+        "sample_rank",
+    ),
+    "Window.from_routed_experts(routed)": (
+        "rp.Window.from_routed_experts(view((2**31, 2, 1)), [0, 2**31], 4)",
+        "routed",
+    ),
+    "Window.from_slime(per_sample)": ("rp.Window.from_slime([view((2**31, 2, 1))], 4)", "per_sample"),
+    "Window.from_verl(routed_experts)": (
+        "rp.Window.from_verl(view((2**16, 2**15, 2, 1), np.int16), view((2**16, 2**15), np.int64, 1), 4)",
+        "routed_experts",
+    ),
+    "Window.from_verl(attention_mask)": (
+        "rp.Window.from_verl(view((2**16, 2**17, 1, 1), np.int16), view((2**16, 2**17), np.int64, 1), 4)",
+        "attention_mask",
+    ),
+    "rebalance_experts(weight)": (
+        "__import__('routepack.placement').placement.rebalance_experts(view((2**20, 2**11), np.float64, 1.0), 2**11, 1, 1, 1)",
+        "weight",
+    ),
+    "imbalance_lower_bound(loads)": (
+        "__import__('routepack.placement').placement.imbalance_lower_bound(view((2**20, 2**11), np.float64, 1.0), topo)",
+        "loads",
+    ),
+    "CostModel(a_quad)": (
+        "rp.CostModel(1e-9, view((2**31,), np.float64, 0.0), 1e-9, 1e-6, 10.0, 1e9, 1e8, 1e3, 1e3, 1e3)",
+        "cost.a_quad",
+    ),
+    "traces.synthetic(profile_name.samples)": (
+        "import dataclasses; next(rp.traces.synthetic(dataclasses.replace(rp.traces.profile('tiny'), samples=2**34)))",
+        "profile_name",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(HELD))
+def test_copies_of_what_the_caller_holds_are_refused_naming_the_argument_and_the_bytes(name):
+    call, arg = HELD[name]
+    out = assert_absurd_size_fails_cleanly(VIEW + call, MEMORY_LIMIT, (arg,))
+    assert re.search(r"\d{9,} bytes", out), f"no byte count in {out!r}"
+    assert "MemoryError" not in out
+
+
+def test_allocating_turns_a_memory_error_into_one_naming_the_argument():
+    with pytest.raises(rp.RoutepackError, match=r"^weight: a copy would take 24 bytes, which this process cannot"):
+        with allocating("weight", "a copy", 24):
+            raise MemoryError()
+
+    # numpy's own error says what it asked for (its shape and dtype), which wins over the estimate
+    class ArrayMemoryError(MemoryError):
+        shape, dtype = (2,), np.dtype(np.int64)
+
+    with pytest.raises(rp.RoutepackError, match=r"^x: a copy would take 16 bytes"):
+        with allocating("x", "a copy", 3):
+            raise ArrayMemoryError()
+    with pytest.raises(rp.RoutepackError, match=r"^x: a copy would take more memory than this process can allocate"):
+        with allocating("x", "a copy"):
+            raise MemoryError()
 
 
 #: What measures a call: RSS before, the peak after (ru_maxrss, KiB on Linux), in bytes.
