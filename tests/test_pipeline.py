@@ -191,6 +191,9 @@ def test_simulate_under_a_pipeline_matches_the_event_loop(seed):
     flat = rp.simulate(plan, window, base, cost)
     assert flat.pipeline_bubble == 0.0
     assert (res.group_times >= flat.group_times / topo.pp * (1 - 1e-12)).all()
+    # and so the lower bound, divided by pp, stays a bound (docs/design.md, "Lower bound", part 8)
+    assert res.lower_bound_time <= res.step_time
+    np.testing.assert_allclose(res.lower_bound_time, flat.lower_bound_time / topo.pp, rtol=1e-15)
 
 
 def test_topology_pipeline_fields():
