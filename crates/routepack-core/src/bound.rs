@@ -60,6 +60,11 @@
 //!    compute terms scaled by λ and the traffic prices by 1 − λ, the attention coefficient
 //!    becoming λ·P − μ − 2ν. Without overlap λ·C + A (λ = 1, traffic ×1) is the exact sum.
 //!    `tests/bound_props.rs` draws all three options.
+//! 8. **The pipeline** (`Topology::pp` > 1, `crate::simulate::pipeline`). A group's pipeline
+//!    time is at least its busiest stage's work, which is at least the mean over its pp
+//!    stages; the stages' work adds up to the group's Σ_m Σ_l T (each exchange's time split by
+//!    pass, the parts adding up to T), and migration and the gradient sum are ≥ 0. So the
+//!    bound of 1–7 divided by pp bounds the pipelined step (the sends and the bubble only add).
 //!
 //! The bound is the largest of these over a grid of μ, ν, θ ∈ {0, ¼, ½, ¾, 1} (and λ in the
 //! same grid under overlap). μ = ν = 0 is
@@ -346,7 +351,8 @@ pub fn lower_bound_of_sums(
     // traffic (μ = ν = 0), which are exact. When no estimate beats those, they are the bound.
     let (sums, per) = bound.layers_of(d);
     let layer_tokens = sums.iter().map(|s| s.tokens).collect();
-    let scale = 1.0 - rounding_margin(w.num_samples, w.num_layers, w.num_experts, topo.ep);
+    // part 8: a pipeline's stages share the work (÷ 1 keeps the bits without one)
+    let scale = (1.0 - rounding_margin(w.num_samples, w.num_layers, w.num_experts, topo.ep)) / topo.pp as f64;
     let free = bound.best(&sums, &per, true);
     if bound.best(&sums, &per, false) <= free {
         return Ok((free * scale, layer_tokens));
