@@ -234,6 +234,11 @@ def test_the_backend_picks_the_policy():
     assert "placement: does not run" in inst.describe() and "vanilla_mbridge" in inst.describe()
     mb = "actor_rollout_ref.actor.megatron"
     layout = {f"{mb}.vanilla_mbridge": True, f"{mb}.override_mcore_model_config": {"routepack": {"slots_per_rank": 5}}}
+    inst = rv.install(
+        config("megatron", **layout), cost_model(L, E)
+    )  # ppo_epochs=2: mini-batches rerun in another order
+    assert inst.planner.policy_name == "routepack_packing" and "ppo_epochs=2" in inst.planner.runs.why
+    layout["actor_rollout_ref.actor.ppo_epochs"] = 1
     inst = rv.install(config("megatron", **layout), cost_model(L, E))  # no replica buffers: placement alone
     assert inst.planner.policy_name == "routepack_no_replication" and inst.planner.slots_per_rank == 5
     assert inst.report()["runs"] == {
