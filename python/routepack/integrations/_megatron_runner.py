@@ -416,6 +416,15 @@ class MegatronRunner:
         for s, k in mine:
             layer.pieces.set_grad(s, buf[k])
 
+    def sum_redundant(self) -> None:
+        """Sums every redundant expert's gradient over the EP group, layer by layer (what the
+        step's last planned microbatch does): for a step whose microbatches ran outside
+        `start_micro` (a trainer's own microbatches), before ``optimizer.step()``. Collective."""
+        self.check_step_finished("sum_redundant")
+        for m in self.layers:
+            self._sum_redundant(m)
+        self.end_micro()
+
     def check_step_finished(self, where: str) -> None:
         """Raises when some layer's backward ran for part of the step's microbatches only (its
         redundant experts are summed in the step's last microbatch, which has not run)."""
