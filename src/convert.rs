@@ -5,7 +5,7 @@
 use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use routepack_core::{Counts, ExpertMove, Placement, Plan, Replica, Topology, WindowView};
+use routepack_core::{sizes, Counts, ExpertMove, Placement, Plan, Replica, Topology, WindowView};
 
 use crate::errors::{to_py, type_error};
 
@@ -98,15 +98,19 @@ where
 /// A `routepack.Topology` → the core's (checked) `Topology`: the one place its fields are read.
 pub fn topology(obj: &Bound<'_, PyAny>) -> PyResult<Topology> {
     let replica_slots: usize = attr(obj, "replica_slots")?;
+    let (pp, vpp, cp): (usize, usize, usize) = (attr(obj, "pp")?, attr(obj, "vpp")?, attr(obj, "cp")?);
+    let layers_per_stage: Option<Vec<usize>> = attr(obj, "layers_per_stage")?;
     Topology::new(attr(obj, "dp")?, attr(obj, "ep")?, attr(obj, "gpus_per_node")?, attr(obj, "slots_per_rank")?)
         .and_then(|t| t.with_replica_slots(replica_slots))
+        .and_then(|t| t.with_pipeline(pp, vpp, layers_per_stage))
+        .and_then(|t| t.with_cp(cp))
         .map_err(to_py)
 }
 
 /// A phy2log table `[L, P]` → a checked core `Placement`.
 pub fn placement(phy2log: &PyReadonlyArray2<'_, i32>, num_experts: usize, slots_per_rank: usize) -> PyResult<Placement> {
     let l = phy2log.shape()[0];
-    Placement::new(slice(phy2log, "placement.phy2log")?.to_vec(), l, num_experts, slots_per_rank).map_err(to_py)
+    Placement::from_slice(slice(phy2log, "placement.phy2log")?, l, num_experts, slots_per_rank).map_err(to_py)
 }
 
 /// A `routepack.Plan` → the core's `Plan`: the one extractor of a plan's arrays, for every
@@ -125,36 +129,53 @@ pub fn plan(obj: &Bound<'_, PyAny>) -> PyResult<Plan> {
     let num_micro: usize = t.get_item(5)?.extract()?;
     let rep = t.get_item(6)?;
     let mig = t.get_item(7)?;
-    let col = |tbl: &Bound<'_, PyAny>, i: usize| -> PyResult<Vec<i32>> {
-        let a: PyReadonlyArray1<i32> = tbl.get_item(i)?.extract()?;
-        Ok(slice(&a, "plan table")?.to_vec())
-    };
-    let (rm, rg, rl, re, rs, rd) = (col(&rep, 0)?, col(&rep, 1)?, col(&rep, 2)?, col(&rep, 3)?, col(&rep, 4)?, col(&rep, 5)?);
+    let (rep_ids, mig_ids) = (id_columns(&rep)?, id_columns(&mig)?);
     let rshare: PyReadonlyArray1<f32> = rep.get_item(6)?.extract()?;
-    let rshare = slice(&rshare, "replicas.share")?;
-    let replicas = (0..rm.len())
-        .map(|i| Replica { micro: rm[i], group: rg[i], layer: rl[i], expert: re[i], src_rank: rs[i], dst_rank: rd[i], share: rshare[i] })
-        .collect();
-    let (ml, me, ms, md, mss, mds) = (col(&mig, 0)?, col(&mig, 1)?, col(&mig, 2)?, col(&mig, 3)?, col(&mig, 4)?, col(&mig, 5)?);
     let mbytes: PyReadonlyArray1<f64> = mig.get_item(6)?.extract()?;
-    let mbytes = slice(&mbytes, "migration.bytes")?;
-    let migration = (0..ml.len())
-        .map(|i| ExpertMove {
-            layer: ml[i],
-            expert: me[i],
-            src_rank: ms[i],
-            dst_rank: md[i],
-            src_slot: mss[i],
-            dst_slot: mds[i],
-            bytes: mbytes[i],
-        })
-        .collect();
-    Ok(Plan {
-        placement: placement(&phy2log, num_experts, slots_per_rank)?,
-        sample_rank: slice(&sample_rank, "sample_rank")?.to_vec(),
-        sample_micro: slice(&sample_micro, "sample_micro")?.to_vec(),
-        num_micro,
-        replicas,
-        migration,
-    })
+    let (r, rshare) = (id_slices(&rep_ids, "replicas")?, slice(&rshare, "replicas.share")?);
+    let (m, mbytes) = (id_slices(&mig_ids, "migration")?, slice(&mbytes, "migration.bytes")?);
+    check_lengths(&r, rshare.len(), "replicas")?;
+    check_lengths(&m, mbytes.len(), "migration")?;
+    // the plan's tables, copied fallibly (every binding that reads a plan holds this copy)
+    let mut replicas = sizes::with_capacity("plan.replicas", "the plan's replicas", rshare.len()).map_err(to_py)?;
+    replicas.extend((0..rshare.len()).map(|i| Replica {
+        micro: r[0][i],
+        group: r[1][i],
+        layer: r[2][i],
+        expert: r[3][i],
+        src_rank: r[4][i],
+        dst_rank: r[5][i],
+        share: rshare[i],
+    }));
+    let mut migration = sizes::with_capacity("plan.migration", "the plan's migration", mbytes.len()).map_err(to_py)?;
+    migration.extend((0..mbytes.len()).map(|i| ExpertMove {
+        layer: m[0][i],
+        expert: m[1][i],
+        src_rank: m[2][i],
+        dst_rank: m[3][i],
+        src_slot: m[4][i],
+        dst_slot: m[5][i],
+        bytes: mbytes[i],
+    }));
+    let sample_rank = sizes::copied("sample_rank", "a copy of sample_rank", slice(&sample_rank, "sample_rank")?).map_err(to_py)?;
+    let sample_micro = sizes::copied("sample_micro", "a copy of sample_micro", slice(&sample_micro, "sample_micro")?).map_err(to_py)?;
+    Ok(Plan { placement: placement(&phy2log, num_experts, slots_per_rank)?, sample_rank, sample_micro, num_micro, replicas, migration })
+}
+
+/// The six int32 id columns of a plan table (replicas or migration), borrowed.
+fn id_columns<'py>(table: &Bound<'py, PyAny>) -> PyResult<Vec<PyReadonlyArray1<'py, i32>>> {
+    (0..6).map(|i| table.get_item(i)?.extract()).collect()
+}
+
+/// The columns' slices (C-contiguous, else an error naming the table).
+fn id_slices<'a>(columns: &'a [PyReadonlyArray1<'_, i32>], table: &str) -> PyResult<Vec<&'a [i32]>> {
+    columns.iter().map(|c| slice(c, table)).collect()
+}
+
+/// Every column of a plan table as long as its last (`n` entries), else an error naming it.
+fn check_lengths(columns: &[&[i32]], n: usize, table: &str) -> PyResult<()> {
+    match columns.iter().position(|c| c.len() != n) {
+        Some(i) => Err(PyValueError::new_err(format!("{table}: column {i} has {} entries, the table has {n}", columns[i].len()))),
+        None => Ok(()),
+    }
 }

@@ -116,6 +116,7 @@ topo = rp.Topology(1, 1, 1, 1)
 window = rp.Window(np.array([3]), np.ones((1, 1, 1), dtype=np.int32))
 cost = rp.CostModel(1e-9, [0.0], 1e-9, 1e-6, 10.0, 1e9, 1e8, 1e3, 1e3, 1e3)
 plan = rp.plan_window(window, topo, cost, token_cap=10, policy="static").validate(window, topo, 10)
+{limit}
 try:
     {call}
 except rp.RoutepackError as e:
@@ -125,9 +126,22 @@ else:
 """
 
 
-def run_in_own_interpreter(call: str) -> subprocess.CompletedProcess:
-    """Runs `PRELUDE` with `call` in a fresh interpreter (an allocation failure aborts it)."""
-    code = textwrap.dedent(PRELUDE).format(call=call)
+#: The address-space limit (``RLIMIT_AS``) of the memory-limit class: what containers and
+#: schedulers set, below the core's 16 GiB table ceiling, so a call between the two must be
+#: refused by its estimate (``sizes::check_call``) or its fallible allocations, not abort.
+MEMORY_LIMIT = 8 << 30
+
+
+def run_in_own_interpreter(call: str, memory_limit: int | None = None) -> subprocess.CompletedProcess:
+    """Runs `PRELUDE` with `call` in a fresh interpreter (an allocation failure aborts it),
+    under an address-space limit of ``memory_limit`` bytes when given (set after the prelude,
+    so only the call runs under it)."""
+    limit = (
+        ""
+        if memory_limit is None
+        else f"import resource; resource.setrlimit(resource.RLIMIT_AS, ({memory_limit}, {memory_limit}))"
+    )
+    code = textwrap.dedent(PRELUDE).format(call=call, limit=limit)
     return subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
@@ -148,10 +162,15 @@ def assert_wrong_type_is_clean(call) -> None:
         raise AssertionError("accepted")
 
 
-def assert_absurd_size_fails_cleanly(call: str) -> None:
-    """Sizes no machine can hold must be refused with a RoutepackError before anything is
-    allocated (an allocation failure aborts the interpreter, so each runs in its own)."""
-    proc = run_in_own_interpreter(call)
+def assert_absurd_size_fails_cleanly(call: str, memory_limit: int | None = None, names: tuple = ()) -> str:
+    """Sizes no machine can hold (or, with ``memory_limit``, more than that limit leaves) must
+    be refused with a RoutepackError before anything is allocated (an allocation failure
+    aborts the interpreter, so each runs in its own), its message naming each of ``names``.
+    Returns the message."""
+    proc = run_in_own_interpreter(call, memory_limit)
     assert proc.returncode == 0 and proc.stdout.startswith("CLEAN"), (
         f"rc={proc.returncode} stdout={proc.stdout[-300:]!r} stderr={proc.stderr[-300:]!r}"
     )
+    for name in names:
+        assert name in proc.stdout, f"{name!r} not named: {proc.stdout[-300:]!r}"
+    return proc.stdout

@@ -18,8 +18,9 @@ Megatron's CUDA-only calls. Everything else Megatron runs is its own code.
    numpy arrays (NCCL's binding accepts them, gloo's does not).
 
 Megatron's optimizers (``FP32Optimizer``, ``Float16OptimizerWithFloat16Params``,
-``DistributedOptimizer``), its grad clipping and its pipeline schedules are CUDA-only beyond
-those five; the tests that train with them call ``install(optimizers=True)``, which adds:
+``DistributedOptimizer``), its grad clipping, its pipeline schedules and its checkpoint writer
+are CUDA-only beyond those five; the tests that train and checkpoint with them call
+``install(optimizers=True)``, which adds:
 
 6. ``device='cuda'`` literals in ``megatron.core.optimizer`` (the loss-scale, found-inf and
    overflow tensors, the grad-norm buffers), ``megatron.core.utils`` (the l2 norm without
@@ -28,7 +29,9 @@ those five; the tests that train with them call ``install(optimizers=True)``, wh
    ``torch`` whose ``tensor`` / ``zeros`` / ``empty`` map ``device='cuda'`` to ``'cpu'``;
 7. ``Tensor.type()`` without arguments names a CPU tensor as its CUDA type
    (``'torch.cuda.FloatTensor'``): the optimizers accept only parameters whose type string
-   says CUDA (``distrib_optimizer.py`` / ``optimizer.py``: a ``TypeError`` otherwise).
+   says CUDA (``distrib_optimizer.py`` / ``optimizer.py``: a ``TypeError`` otherwise);
+8. ``torch.cuda.synchronize`` is a no-op: ``dist_checkpointing``'s torch_dist writer
+   synchronizes the device before copying tensors to the host (``filesystem_async.py``).
 
 `standins()` lists them (the report in docs/megatron.md names which Megatron paths ran stock).
 """
@@ -77,6 +80,7 @@ def standins(optimizers: bool = False) -> List[str]:
         out += [
             "device='cuda' literals of megatron.core.optimizer, utils, pipeline_parallel.schedules -> 'cpu'",
             "Tensor.type() of a CPU tensor -> its CUDA type string",
+            "torch.cuda.synchronize -> no-op (checkpoint writer)",
         ]
     return out
 
@@ -100,36 +104,73 @@ class _CpuTorch:
         return attr
 
 
+#: (object, attribute, original) of every stand-in in force, in the order applied
+_PATCHES: List[tuple] = []
+_MISSING = object()
+
+
+def _patch(obj, name, value) -> None:
+    _PATCHES.append((obj, name, obj.__dict__.get(name, _MISSING) if isinstance(obj, type) else getattr(obj, name)))
+    setattr(obj, name, value)
+
+
 def install(optimizers: bool = False) -> None:
-    """Applies the five stand-ins in this process (idempotent), and 6-7 with ``optimizers``.
-    Call it in every rank before building a Megatron model."""
+    """Applies the five stand-ins in this process (idempotent), and 6-8 with ``optimizers``.
+    Call it in every rank before building a Megatron model (spawned ranks keep them; in the
+    pytest process use `applied`, which takes them off again)."""
     global _INSTALLED, _OPTIMIZERS
+    if not _INSTALLED:
+        _install_basic()
+        _INSTALLED = True
     if optimizers and not _OPTIMIZERS:
         _install_optimizers()
         _OPTIMIZERS = True
-    if _INSTALLED:
+
+
+@contextlib.contextmanager
+def applied(optimizers: bool = False):
+    """`install` for the duration of a ``with`` block (restores every original after)."""
+    global _INSTALLED, _OPTIMIZERS
+    if _INSTALLED:  # already in force for the whole process
+        yield
         return
+    mark = len(_PATCHES)
+    try:
+        install(optimizers)
+        yield
+    finally:
+        while len(_PATCHES) > mark:
+            obj, name, old = _PATCHES.pop()
+            if old is _MISSING:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, old)
+        _INSTALLED = _OPTIMIZERS = False
+
+
+def _install_basic() -> None:
     import numpy as np
     import torch
     import torch.distributed as dist
 
     # 1. device of Megatron's buffers
-    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+    _patch(torch.cuda, "current_device", lambda: "cpu")
 
     # 2. CUDA RNG tracker
     from megatron.core.tensor_parallel import random as tp_random
 
-    tp_random.CudaRNGStatesTracker.fork = lambda self, name=None: contextlib.nullcontext()  # type: ignore[assignment]
+    _patch(tp_random.CudaRNGStatesTracker, "fork", lambda self, name=None: contextlib.nullcontext())
 
     # 3. dispatcher streams and events
-    torch.cuda.Stream = _NoStream  # type: ignore[assignment,misc]
-    torch.cuda.current_stream = lambda *a, **k: _NoStream()  # type: ignore[assignment]
-    torch.cuda.stream = lambda *a, **k: contextlib.nullcontext()  # type: ignore[assignment]
+    _patch(torch.cuda, "Stream", _NoStream)
+    _patch(torch.cuda, "current_stream", lambda *a, **k: _NoStream())
+    _patch(torch.cuda, "stream", lambda *a, **k: contextlib.nullcontext())
 
     # 4. te_general_gemm without Transformer Engine
     from megatron.core.transformer.moe import moe_utils
 
     if not hasattr(moe_utils, "te_general_gemm"):
+        _PATCHES.append((moe_utils, "te_general_gemm", _MISSING))
         moe_utils.te_general_gemm = None
 
     # 5. split sizes as lists for gloo
@@ -145,8 +186,7 @@ def install(optimizers: bool = False) -> None:
 
         return original(output, input, as_list(output_split_sizes), as_list(input_split_sizes), *a, **k)
 
-    dist.all_to_all_single = all_to_all_single
-    _INSTALLED = True
+    _patch(dist, "all_to_all_single", all_to_all_single)
 
 
 def _install_optimizers() -> None:
@@ -159,7 +199,7 @@ def _install_optimizers() -> None:
     # 6. device='cuda' literals of the optimizers, grad clipping (and the local multi-tensor
     # l2 norm in megatron.core.utils it calls without Apex) and the schedules
     for mod in (optimizer_mod, distrib_optimizer, clip_grads, core_utils, schedules):
-        mod.torch = _CpuTorch(torch)
+        _patch(mod, "torch", _CpuTorch(torch))
 
     # 7. the optimizers' CUDA type-string checks
     original = torch.Tensor.type
@@ -170,4 +210,7 @@ def _install_optimizers() -> None:
             return name.replace("torch.", "torch.cuda.", 1) if self.device.type == "cpu" else name
         return original(self, dtype, non_blocking, **kwargs)
 
-    torch.Tensor.type = type_  # type: ignore[method-assign,assignment]
+    _patch(torch.Tensor, "type", type_)
+
+    # 8. the checkpoint writer's device synchronisation
+    _patch(torch.cuda, "synchronize", lambda *a, **k: None)

@@ -24,6 +24,7 @@ EXPECT = {
     "megatron_router.py": ("physical layout computes the logical MoE: ok", ("torch",)),
     "verl_ppo.py": ("  schedule: ran in 8 of 8 mini-batch passes", ("verl", "torchdata")),
     "slime_train.py": ("  schedule: ran (every rank's microbatches are the plans' cells", ()),
+    "megatron_train.py": ("the plan's model trains like the stock one: ok", ("torch", "megatron.core")),
 }
 #: Examples with a test of their own (they spawn processes; run there at smaller sizes).
 OWN_TEST = {"hf_train.py": "tests/test_example_hf_train.py"}

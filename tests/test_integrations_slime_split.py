@@ -118,7 +118,7 @@ def test_over_cap_sample_runs_alone_priced_and_counted():
     topo = manager.routepack.topology(dp)
     sim = rp.simulate(plan, w, topo, cost_model(2, E), cap)  # priced on the real lengths
     assert plan.report["predicted"]["step_time"] == pytest.approx(sim.step_time)
-    assert sim.lower_bound_time <= sim.step_time
+    assert sim.lower_bound_time <= sim.step_time * (1 + 1e-12)  # a few ulp over: issue 33 class 3, the core's
     cut = rp.simulate(plan, rp.Window(np.minimum(w.seq_lens, cap), w.counts * 0, top_k=2), topo, cost_model(2, E), cap)
     assert sim.step_time > cut.step_time  # its 60 tokens are priced, not the cut 24
     rows = plan.report["packing"]["rows_lower_bound"]["rows"]
@@ -161,6 +161,12 @@ def test_backend_picks_the_policy_and_metrics_use_slimes_names(monkeypatch):
         rs.planner_from_args(a, cost_model(2, E), policy="eplb")
     planner = rs.planner_from_args(a, cost_model(2, E))
     assert planner.policy_name == "routepack_packing" and not planner.runs.placement
+    a.train_backend = "fsdp"
+    assert rs.planner_from_args(a, cost_model(2, E)).runs.backend == "fsdp"
+    a.train_backend = "deepspeed"
+    with pytest.raises(rp.RoutepackError, match="args.train_backend: routepack plans for"):
+        rs.planner_from_args(a, cost_model(2, E))
+    del a.train_backend
     import routepack.integrations.megatron as rm
 
     monkeypatch.setattr(rm, "EXECUTES", frozenset({"placement", "replicas"}), raising=False)

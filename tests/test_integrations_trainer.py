@@ -102,7 +102,8 @@ def test_over_cap_samples_run_alone_priced_on_their_length(seed, dp, n, cap):
             else:
                 assert w.seq_lens[cell].sum() <= cap
     sim = rp.simulate(plan, w, topo, cost_model(2, 4), cap)
-    assert plan.report["predicted"]["step_time"] == sim.step_time and sim.lower_bound_time <= sim.step_time
+    assert plan.report["predicted"]["step_time"] == sim.step_time
+    assert sim.lower_bound_time <= sim.step_time * (1 + 1e-12)  # a few ulp over: issue 33 class 3, the core's
     if over.size:
         assert plan.report["trainer"]["oversize"]["samples"] == over.tolist()
         rows = plan.report["packing"]["rows_lower_bound"]["rows"]
@@ -139,6 +140,7 @@ def test_align_steps_makes_the_multiple(seed, dp, multiple, across):
     w = window(rng, 12 * dp, 1, 20)
     topo = rp.Topology(dp, 1, 8, 4)
     plan = rp.plan_window(w, topo, cost_model(2), token_cap=40, policy="routepack_packing", anneal_moves=100)
+    plan.validate(w, topo, 40)
     try:
         out = align_steps(plan, w, topo, 40, multiple, "microbatch_group_size_per_vp_stage", cost_model(2), across)
     except rp.InfeasibleError as e:

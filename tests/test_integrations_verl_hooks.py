@@ -170,6 +170,9 @@ def test_vpp_multiple_is_planned_and_checked_by_the_worker(caplog):
 def proto_after_balance(trainer, seed):
     proto = batch(seed)
     trainer.balance(proto, {})
+    sp = rv.active().last
+    for plan, sub in zip(sp.plans, sp.windows):
+        plan.validate(sub, sp.topo, sp.token_cap)
     return proto
 
 
@@ -201,6 +204,9 @@ def test_force_group_size_keeps_groups_together():
         ("actor_rollout_ref.actor.use_prefix_grouper", True, "use_prefix_grouper"),
         ("actor_rollout_ref.actor.strategy", "veomni", "actor_rollout_ref.actor.strategy"),
         ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", 0, "ppo_max_token_len_per_gpu"),
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", 0, "actor_rollout_ref.actor.ppo_mini_batch_size"),
+        ("actor_rollout_ref.rollout.n", 0, "actor_rollout_ref.rollout.n"),
+        ("actor_rollout_ref.actor.ppo_epochs", 0, "actor_rollout_ref.actor.ppo_epochs"),
     ],
 )
 def test_config_refusals_name_the_option(key, value, option):
@@ -276,13 +282,13 @@ def test_uninstall_restores_verl():
 
 
 ROOT = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(rp.__file__).resolve().parent.parent  # where the routepack under test lives
 
 
 def run_script(code, timeout=300):
-    env = {"PYTHONPATH": f"{ROOT.parent / 'python'}:{ROOT}", "PATH": "/usr/bin:/bin"}
     import os
 
-    env = {**os.environ, **env}
+    env = {**os.environ, "PYTHONPATH": f"{PACKAGE_DIR}:{ROOT}"}
     r = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout, env=env
     )
@@ -311,6 +317,9 @@ def test_setup_process_hooks_a_fresh_process_and_installs_from_the_config(tmp_pa
         trainer, log = vh.harness("fsdp", 2, cfg)
         metrics = {{}}
         trainer.balance(batch(1), metrics)
+        sp = rv.active().last
+        for plan, sub in zip(sp.plans, sp.windows):
+            plan.validate(sub, sp.topo, sp.token_cap)
         print("planned", metrics["routepack/planned"], rv.active().describe())
         """
     )
@@ -338,6 +347,8 @@ def test_dp_group_ranks_agree_before_taking_a_plan(tmp_path):
         lens = rng.integers(1, 20, size=8)
         w = rv.window_from_verl(routed_experts=np.zeros((8, 20, 1, 1), np.int16), attention_mask=(np.arange(20) < lens[:, None]).astype(np.int64), num_experts=2, mode="R2")
         sp = rv.step_plans(TrainerPlanner(cost_model(1, 2), "fsdp"), w, 2, 8, 40, step=5)
+        for plan, sub in zip(sp.plans, sp.windows):
+            plan.validate(sub, sp.topo, 40)
         rows = list(range(4 * rank, 4 * rank + 4))
         ids = torch.from_numpy(sp.sample_ids[rows])
         if rank == 1:
@@ -353,7 +364,7 @@ def test_dp_group_ranks_agree_before_taking_a_plan(tmp_path):
     path.write_text(textwrap.dedent(script))
     import os
 
-    env = {**os.environ, "PYTHONPATH": f"{ROOT.parent / 'python'}:{ROOT}"}
+    env = {**os.environ, "PYTHONPATH": f"{PACKAGE_DIR}:{ROOT}"}
     procs = [
         subprocess.Popen(
             [sys.executable, str(path), str(r)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
@@ -378,7 +389,7 @@ def test_rays_setup_hook_hooks_an_actor_process():
         import ray
         ray.init(num_cpus=1, object_store_memory=80 * 2**20, include_dashboard=False,
                  runtime_env={{"worker_process_setup_hook": "routepack.integrations.verl.setup_process",
-                              "env_vars": {{"PYTHONPATH": "{ROOT.parent / "python"}"}}}})
+                              "env_vars": {{"PYTHONPATH": "{PACKAGE_DIR}"}}}})
 
         @ray.remote
         class Probe:
@@ -395,3 +406,50 @@ def test_rays_setup_hook_hooks_an_actor_process():
         timeout=600,
     )
     assert "hooked (True, True, True)" in out
+
+
+def test_more_driver_fallbacks_name_their_cause(caplog):
+    """A sample over the cap (planner), and R2 routes that cannot be read."""
+    cfg = config(**{"actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 20})
+    rv.install(cfg, cost_model(L, E), anneal_moves=300)
+    trainer, _ = vh.harness("fsdp", 2, cfg)
+    with caplog.at_level(logging.WARNING, "routepack.integrations.verl"):
+        metrics = {}
+        trainer.balance(batch(1), metrics)
+    assert metrics["routepack/planned"] == 0.0 and rv.FALLBACKS["planner"] == 1
+    assert "more than token_cap = 20" in caplog.text and "ppo_max_token_len_per_gpu" in caplog.text
+    rv.active().uninstall()
+    rv.reset_fallbacks()
+    caplog.clear()
+    cfg = config("megatron", **{"actor_rollout_ref.actor.megatron.router_replay.mode": "R2"})
+    inst = rv.install(cfg, cost_model(L, E), anneal_moves=300)
+    bad = lambda n: torch.full((n, L, K), E + 1, dtype=torch.int16)  # noqa: E731  ids outside [0, E)
+    trainer, _ = vh.harness("megatron", 2, cfg, record_routes=bad)
+    proto = batch(2)
+    trainer.balance(proto, {})
+    with caplog.at_level(logging.WARNING, "routepack.integrations.verl"):
+        trainer.old_log_prob(proto)
+    assert rv.FALLBACKS["r2_routes"] == 1 and inst.previous is None
+    assert "R2: the recorded routes cannot be read (routed_experts[0]: expert id 7 at token 0 (sample 0)" in caplog.text
+
+
+def test_worker_static_and_min_micro_fallbacks_name_the_option(caplog):
+    """A pass that runs verl's fixed-size path, and one that asks for more microbatches."""
+    from verl.utils import tensordict_utils as tu
+
+    cfg = config()
+    inst = rv.install(cfg, cost_model(L, E), anneal_moves=300)
+    trainer, _ = vh.harness("fsdp", 2, cfg)
+    proto = proto_after_balance(trainer, 3)
+    rows = list(range(4))  # DP rank 0's share of mini-batch 0
+    td = vh.left_right_2_no_padding(proto.select_idxs(rows).to_tensordict())
+    tu.assign_non_tensor(td, max_token_len_per_gpu=CAP, micro_batch_size_per_gpu=1)
+    _, idx = _verl_hooks._prepare_micro_batches(td, min_num_micro_batch=None)
+    assert [[rows[i] for i in m] for m in idx] == inst.last.payload[rv.plan_key(1, 0)]["ranks"][0]
+    with caplog.at_level(logging.WARNING, "routepack.integrations.verl"):
+        _verl_hooks._prepare_micro_batches(td, min_num_micro_batch=len(idx) + 1)
+        tu.assign_non_tensor(td, use_dynamic_bsz=False)
+        micro, none = _verl_hooks._prepare_micro_batches(td)
+    assert rv.FALLBACKS["min_micro"] == 1 and "min_num_micro_batch" in caplog.text
+    assert rv.FALLBACKS["static"] == 1 and "use_dynamic_bsz" in caplog.text
+    assert none is None and len(micro) == 4  # verl's fixed-size path: one sample a microbatch

@@ -37,6 +37,7 @@ from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.utils import tensordict_utils as tu
 from verl.workers.engine.utils import postprocess_batch_func
 from verl.workers.engine_workers import TrainingWorker
+from verl.workers.utils.padding import left_right_2_no_padding  # noqa: F401  (the tests convert batches with it)
 
 CONFIGS = {
     "fsdp": "trainer/config/_generated_ppo_trainer.yaml",

@@ -18,9 +18,38 @@ import numpy as np
 from routepack.errors import RoutepackError, RoutepackTypeError
 
 
+def _nbytes(error: MemoryError) -> Optional[int]:
+    """Bytes numpy's failed allocation asked for (its ``MemoryError`` carries the shape and
+    dtype), or None for another MemoryError."""
+    shape, dtype = getattr(error, "shape", None), getattr(error, "dtype", None)
+    if shape is None or dtype is None:
+        return None
+    return math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
+
+
+@contextlib.contextmanager
+def allocating(name: str, what: str, nbytes: Optional[int] = None) -> Iterator[None]:
+    """Inside it, an allocation the package makes on the caller's behalf (a copy of the
+    caller's array, a list of its items, a table a field of it sizes) that fails raises
+    `RoutepackError` naming the argument ``name`` and the bytes, as the core's own refusals do
+    (``sizes::check_call``), never a bare ``MemoryError``: under an address-space limit
+    (``RLIMIT_AS``) or on a machine without the memory, a huge input is an input error the
+    caller can catch with the others. ``nbytes``: what ``what`` takes, where the failure
+    itself does not say (numpy's does)."""
+    try:
+        yield
+    except MemoryError as e:
+        got = _nbytes(e) or nbytes
+        size = (
+            f"{got} bytes, which this process cannot allocate" if got else "more memory than this process can allocate"
+        )
+        raise RoutepackError(f"{name}: {what} would take {size} (a memory limit, or the system's memory)") from None
+
+
 def as_int_array(value: Any, name: str, ndim: int, dtype: type = np.int64) -> np.ndarray:
     """Contiguous integer array of `ndim` dimensions in `dtype`; floats, bools and objects are refused."""
-    arr = np.asarray(value)
+    with allocating(name, "an array of its items"):
+        arr = np.asarray(value)
     if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
         raise RoutepackTypeError(f"{name}: expected an integer array, got dtype {arr.dtype}")
     if arr.ndim != ndim:
@@ -32,7 +61,8 @@ def as_int_array(value: Any, name: str, ndim: int, dtype: type = np.int64) -> np
         lo, hi = arr.min(), arr.max()
         if lo < info.min or hi > info.max:
             raise RoutepackError(f"{name}: value {hi if hi > info.max else lo} does not fit {np.dtype(dtype).name}")
-    return np.ascontiguousarray(arr, dtype=dtype)
+    with allocating(name, f"a contiguous {np.dtype(dtype).name} copy", arr.size * np.dtype(dtype).itemsize):
+        return np.ascontiguousarray(arr, dtype=dtype)
 
 
 #: Largest count the Rust core takes (i64 / usize on 64-bit machines).
@@ -89,10 +119,11 @@ def sequence(value: Any, name: str, what: str = "numbers") -> List[Any]:
     if isinstance(value, np.ndarray):
         if value.ndim != 1:
             raise RoutepackTypeError(f"{name}: expected a sequence of {what}, got an array of shape {value.shape}")
-        return list(value)
-    if isinstance(value, (str, bytes, bytearray, Mapping, Set)) or not hasattr(value, "__iter__"):
+    elif isinstance(value, (str, bytes, bytearray, Mapping, Set)) or not hasattr(value, "__iter__"):
         raise RoutepackTypeError(f"{name}: expected a sequence of {what}, got {type(value).__name__} {value!r}")
-    return list(value)
+    # a list's pointers, 8 bytes an item (its items' objects come on top)
+    with allocating(name, f"a list of its {what}", 8 * len(value) if hasattr(value, "__len__") else None):
+        return list(value)
 
 
 def instance_of(value: Any, cls: type, name: str) -> Any:
@@ -138,12 +169,14 @@ def boolean(value: Any, name: str) -> bool:
 
 def loads_array(weight: Any, name: str) -> np.ndarray:
     """float64 ``[L, E]`` contiguous copy of a numeric (integer or float, not bool) array."""
-    w = np.asarray(weight)
+    with allocating(name, "an array of its items"):
+        w = np.asarray(weight)
     if w.dtype == np.bool_ or not (np.issubdtype(w.dtype, np.integer) or np.issubdtype(w.dtype, np.floating)):
         raise RoutepackTypeError(f"{name}: expected a numeric array, got dtype {w.dtype}")
     if w.ndim != 2:
         raise RoutepackError(f"{name}: expected shape [L, E], got {w.shape}")
-    out = np.ascontiguousarray(w, dtype=np.float64)
+    with allocating(name, "a contiguous float64 copy", w.size * 8):
+        out = np.ascontiguousarray(w, dtype=np.float64)
     # A NaN or negative load makes every max/mean ratio meaningless (NaN compares false, so
     # the ratios read as a perfect 1.0): refuse it here, naming the first bad entry.
     bad = np.flatnonzero(~(np.isfinite(out) & (out >= 0)))
@@ -199,14 +232,19 @@ WINDOW_WORDS = {"expert_tokens": "window.expert_tokens", "seq_lens": "window.seq
 _FROZEN: "weakref.WeakValueDictionary[int, np.ndarray]" = weakref.WeakValueDictionary()
 
 
-def frozen(arr: np.ndarray, fresh: bool = False) -> np.ndarray:
+def frozen(arr: np.ndarray, fresh: bool = False, name: str = "array") -> np.ndarray:
     """``arr`` as a read-only array nobody else can write through: itself if `frozen` made
     it, else a read-only copy (or, with ``fresh``, for an array the caller just created and
     holds alone, such as a core result, itself made read-only). What plans hold is frozen, so
-    tables derived from it cannot go stale behind an in-place edit."""
+    tables derived from it cannot go stale behind an in-place edit. ``name``: the argument
+    ``arr`` came from, which a copy that cannot be allocated names (`allocating`)."""
     if _FROZEN.get(id(arr)) is arr:
         return arr
-    out = arr if fresh else arr.copy()
+    if fresh:
+        out = arr
+    else:
+        with allocating(name, "a read-only copy", arr.nbytes):
+            out = arr.copy()
     out.setflags(write=False)
     _FROZEN[id(out)] = out
     return out

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Tuple
 
 import numpy as np
 
-from routepack._checks import sequence
+from routepack._checks import allocating, sequence
 from routepack.errors import RoutepackError, RoutepackTypeError
 
 #: The dtypes expert ids may come in (counted without a copy).
@@ -31,7 +31,7 @@ def check_ids(arr: np.ndarray, name: str, ndim: int) -> np.ndarray:
         raise RoutepackTypeError(f"{name}: dtype {arr.dtype} is not one of uint8, int16, int32, int64")
     if arr.ndim != ndim:
         raise RoutepackError(f"{name}: expected {ndim} dimensions, got shape {arr.shape}")
-    return native_order(arr)
+    return native_order(arr, name)
 
 
 def check_same_layout(arrays: "list[np.ndarray]", name: str) -> None:
@@ -46,11 +46,13 @@ def check_same_layout(arrays: "list[np.ndarray]", name: str) -> None:
             )
 
 
-def native_order(arr: np.ndarray) -> np.ndarray:
-    """``arr`` in the machine's byte order: a big-endian trace (read from a file written on
-    another machine) is converted, since the core reads ids in native order."""
+def native_order(arr: np.ndarray, name: str = "routed") -> np.ndarray:
+    """``arr`` (the argument ``name``) in the machine's byte order: a big-endian trace (read
+    from a file written on another machine) is converted, since the core reads ids in native
+    order."""
     if not arr.dtype.isnative:
-        return arr.astype(arr.dtype.newbyteorder("="))
+        with allocating(name, "a copy in native byte order", arr.nbytes):
+            return arr.astype(arr.dtype.newbyteorder("="))
     return arr
 
 
@@ -67,14 +69,16 @@ def flatten_verl(routed_experts: np.ndarray, attention_mask: np.ndarray) -> Tupl
         )
     if not (mask.dtype == np.bool_ or np.issubdtype(mask.dtype, np.integer)):
         raise RoutepackTypeError(f"attention_mask: expected bool or integer, got dtype {mask.dtype}")
-    if mask.dtype != np.bool_ and ((mask != 0) & (mask != 1)).any():
-        raise RoutepackError("attention_mask: entries must be 0 or 1")
-    keep = mask.astype(bool)
-    lens = keep.sum(axis=1)
+    with allocating("attention_mask", "its boolean copies", 2 * mask.size):
+        if mask.dtype != np.bool_ and ((mask != 0) & (mask != 1)).any():
+            raise RoutepackError("attention_mask: entries must be 0 or 1")
+        keep = mask.astype(bool)
+        lens = keep.sum(axis=1)
     empty = np.flatnonzero(lens == 0)
     if empty.size:
         raise RoutepackError(f"attention_mask: sample {empty[0]} has no real tokens")
-    flat = routed[keep]  # [N, L, k], samples in order, tokens in order
+    with allocating("routed_experts", "the real tokens' ids", int(lens.sum()) * routed[0, 0].nbytes):
+        flat = routed[keep]  # [N, L, k], samples in order, tokens in order
     cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
     return flat, cu
 
@@ -96,7 +100,8 @@ def flatten_slime(per_sample: Iterable[np.ndarray]) -> Tuple[np.ndarray, np.ndar
             raise RoutepackError(f"per_sample[{i}]: has no tokens")
     lens = np.array([a.shape[0] for a in arrays], dtype=np.int64)
     cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-    return np.concatenate(arrays, axis=0), cu
+    with allocating("per_sample", "the samples' ids in one array", sum(a.nbytes for a in arrays)):
+        return np.concatenate(arrays, axis=0), cu
 
 
 #: Where the core's counting errors name a token: its index in the flattened ``[T, L, k]``

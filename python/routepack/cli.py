@@ -433,12 +433,9 @@ def _check(args: argparse.Namespace) -> Optional[str]:
 
         return check(args)
     if args.command == "measure":
-        presets = available_presets()
-        unknown = [p for p in args.policy or () if p not in presets]
-        if unknown:
-            return f"--policy: invalid choice {unknown[0]!r} (choose from {', '.join(presets)})"
-        if args.cost and args.quick:
-            return "--quick does not apply with --cost (it shortens the calibration, which --cost replaces)"
+        from routepack.measure.cli import check as check_measure
+
+        return check_measure(args)
     return None
 
 

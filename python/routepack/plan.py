@@ -95,10 +95,23 @@ class Placement:
     __slots__ = ("phy2log", "num_experts", "slots_per_rank", "logcnt", "log2phy")
 
     def __init__(self, phy2log: np.ndarray, num_experts: int, slots_per_rank: int) -> None:
-        self.phy2log = frozen(as_int_array(phy2log, "placement.phy2log", 2, np.int32))
+        self.phy2log = frozen(as_int_array(phy2log, "placement.phy2log", 2, np.int32), name="placement.phy2log")
         self.num_experts = positive_int(num_experts, "num_experts")
         self.slots_per_rank = positive_int(slots_per_rank, "slots_per_rank")
         self.logcnt, self.log2phy = self._derived_tables()
+
+    @classmethod
+    def _of_core(cls, phy2log: np.ndarray, num_experts: int, slots_per_rank: int) -> "Placement":
+        """A placement around a phy2log the core has just returned (int32, C-contiguous, held
+        by nobody else): made read-only where it is, not copied. A copy would double the
+        largest table of the call, which the core's memory estimate counts once
+        (``Placement::tables_bytes``)."""
+        self = cls.__new__(cls)
+        self.phy2log = frozen(as_int_array(phy2log, "placement.phy2log", 2, np.int32), fresh=True)
+        self.num_experts = positive_int(num_experts, "num_experts")
+        self.slots_per_rank = positive_int(slots_per_rank, "slots_per_rank")
+        self.logcnt, self.log2phy = self._derived_tables()
+        return self
 
     def _check_fields(self, name: str = "placement") -> "Placement":
         """Checks the fields again, naming them as ``name.field``: they are plain attributes,
@@ -126,7 +139,7 @@ class Placement:
         num_layers = positive_int(num_layers, "num_layers")
         num_experts = positive_int(num_experts, "num_experts")
         instance_of(topo, Topology, "topo")
-        return cls(_core.static_placement(num_layers, num_experts, topo), num_experts, topo.slots_per_rank)
+        return cls._of_core(_core.static_placement(num_layers, num_experts, topo), num_experts, topo.slots_per_rank)
 
     @property
     def num_layers(self) -> int:
@@ -195,8 +208,9 @@ class Plan:
         ``prefix`` is how the caller knows the plan (``"plan."`` where it was an argument
         named ``plan``; '' for the plan's own methods and constructor)."""
         instance_of(self.placement, Placement, f"{prefix}placement")._check_fields(f"{prefix}placement")
-        self.sample_rank = frozen(as_int_array(self.sample_rank, f"{prefix}sample_rank", 1, np.int32))
-        self.sample_micro = frozen(as_int_array(self.sample_micro, f"{prefix}sample_micro", 1, np.int32))
+        for name in ("sample_rank", "sample_micro"):
+            arg = f"{prefix}{name}"
+            setattr(self, name, frozen(as_int_array(getattr(self, name), arg, 1, np.int32), name=arg))
         self.num_micro = positive_int(self.num_micro, f"{prefix}num_micro")
         for name, dtype in (("replicas", REPLICA_DTYPE), ("migration", MIGRATION_DTYPE)):
             table = np.asarray(getattr(self, name))
@@ -204,7 +218,7 @@ class Plan:
                 raise RoutepackTypeError(
                     f"{prefix}{name}: expected a 1-D structured array of dtype {dtype}, got {table.dtype}"
                 )
-            setattr(self, name, frozen(table))
+            setattr(self, name, frozen(table, name=f"{prefix}{name}"))
         if not isinstance(self.report, dict):
             raise RoutepackTypeError(f"{prefix}report: expected a dict, got {type(self.report).__name__}")
         if not isinstance(self.policy, str):

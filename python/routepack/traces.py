@@ -25,7 +25,7 @@ from typing import Iterator, List, Sequence
 
 import numpy as np
 
-from routepack._checks import finite_float, positive_int, sequence
+from routepack._checks import allocating, finite_float, positive_int, sequence
 from routepack.errors import RoutepackError, RoutepackTypeError
 from routepack.model import UNGROUPED, CostModel, Hardware, ModelShape, Topology
 from routepack.window import Window, count_dtype
@@ -266,11 +266,20 @@ def synthetic(profile_name: str | Profile, windows: int = 1, seed: int = 0) -> I
     prof = _profile(profile_name, "profile_name")
     windows = positive_int(windows, "windows")
     seed = positive_int(seed, "seed", minimum=0)
+    S, L, E = prof.samples, prof.num_layers, prof.num_experts
+    if S % prof.group_size:
+        raise RoutepackError(f"profile.samples={S} is not a multiple of group_size={prof.group_size}")
+    # the profile's sizes are the caller's: a window it cannot hold is refused naming it
+    # (the counts, and a layer's float64 draws a few times over)
+    with allocating("profile_name", f"generating windows of {S} x {L} x {E} counts", S * L * E + 8 * S * E * 8):
+        yield from _windows(prof, windows, seed)
+
+
+def _windows(prof: Profile, windows: int, seed: int) -> Iterator[Window]:
+    """`synthetic`'s windows of the checked profile ``prof``."""
     rng = np.random.default_rng(seed)
     L, E, k, T = prof.num_layers, prof.num_experts, prof.top_k, prof.num_topics
     S, G = prof.samples, prof.group_size
-    if S % G:
-        raise RoutepackError(f"profile.samples={S} is not a multiple of group_size={G}")
 
     # popularity: per-layer logits with a per-layer spread (skew differs between layers)
     lo, hi = prof.layer_skew

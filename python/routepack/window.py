@@ -9,7 +9,7 @@ from typing import Any, Iterable, Optional
 import numpy as np
 
 from routepack import _core, _npz
-from routepack._checks import as_int_array, boolean, positive_int, restated
+from routepack._checks import allocating, as_int_array, boolean, positive_int, restated
 from routepack._routed import (
     ROUTED_DTYPES,
     flatten_slime,
@@ -97,7 +97,8 @@ class Window:
         top = _core.check_expert_tokens(seq_lens, expert_tokens, top_k)
         want = count_dtype(top)
         if want.itemsize < expert_tokens.dtype.itemsize:
-            expert_tokens = expert_tokens.astype(want)
+            with allocating("expert_tokens", f"a {want.name} copy", expert_tokens.size * want.itemsize):
+                expert_tokens = expert_tokens.astype(want)
         self.seq_lens = seq_lens
         self.counts = expert_tokens
         self.top_k = top_k
@@ -168,7 +169,11 @@ class Window:
         """int32 ``[S, L, E]``: `counts` widened to int32, read-only. A new copy on every
         access (S·L·E·4 bytes) unless `counts` is int32 already (then a read-only view);
         routepack's own code reads `counts`."""
-        out = self.counts.view() if self.counts.dtype == np.int32 else self.counts.astype(np.int32)
+        if self.counts.dtype == np.int32:
+            out = self.counts.view()
+        else:
+            with allocating("expert_tokens", "an int32 copy of the counts", self.counts.size * 4):
+                out = self.counts.astype(np.int32)
         out.flags.writeable = False
         return out
 
@@ -252,7 +257,8 @@ class Window:
             raise RoutepackError(
                 f"num_experts: {num_experts} is fewer than the {routed.shape[2]} experts each token picks (k)"
             )
-        routed = np.ascontiguousarray(native_order(routed))
+        with allocating("routed", "a contiguous copy", routed.nbytes):
+            routed = np.ascontiguousarray(native_order(routed))
         cu = as_int_array(cu_seqlens, "cu_seqlens", 1, np.int64)
         seq_lens, counts = _core.expert_tokens_from_routed(routed, cu, num_experts)
         return cls(seq_lens, counts, top_k=int(routed.shape[2]))
@@ -300,11 +306,14 @@ def _as_counts(value: Any, name: str = "expert_tokens") -> np.ndarray:
     if arr.dtype in COUNT_DTYPES and arr.dtype.isnative:
         if arr.ndim != 3:
             raise RoutepackError(f"{name}: expected 3 dimensions, got shape {arr.shape}")
-        return np.ascontiguousarray(arr)
+        with allocating(name, "a contiguous copy", arr.nbytes):
+            return np.ascontiguousarray(arr)
     if arr.dtype != np.bool_ and np.issubdtype(arr.dtype, np.integer) and arr.ndim == 3 and arr.size:
         lo, hi = int(arr.min()), int(arr.max())
         if lo >= 0 and hi <= np.iinfo(np.uint16).max:
-            return np.ascontiguousarray(arr, dtype=count_dtype(hi))
+            want = count_dtype(hi)
+            with allocating(name, f"a contiguous {want.name} copy", arr.size * want.itemsize):
+                return np.ascontiguousarray(arr, dtype=want)
     return as_int_array(arr, name, 3, np.int32)
 
 

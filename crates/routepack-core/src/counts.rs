@@ -157,13 +157,13 @@ impl<'a> Counts<'a> {
 
     /// The narrowest type's copy of these counts when it is narrower than the stored one,
     /// given `max`, their largest entry (>= 0); None when the stored type is already the
-    /// narrowest.
+    /// narrowest, or when the copy cannot be allocated (the stored counts serve as they are).
     pub fn narrowed(&self, max: i64) -> Option<OwnedCounts> {
         let want = Width::of(max);
         if want >= Width::of_counts(self) {
             return None;
         }
-        Some(with_counts!(*self, x => narrow_into(x, want)))
+        with_counts!(*self, x => narrow_into(x, want))
     }
 }
 
@@ -196,22 +196,25 @@ impl Width {
     }
 }
 
-/// `x` converted to `want` (every entry in range: the caller checked the maximum).
-fn narrow_into<T: Count>(x: &[T], want: Width) -> OwnedCounts {
-    fn conv<T: Count, U: Count>(x: &[T]) -> Vec<U> {
-        let mut out = vec![U::default(); x.len()];
+/// `x` converted to `want` (every entry in range: the caller checked the maximum); None when
+/// the copy cannot be allocated.
+fn narrow_into<T: Count>(x: &[T], want: Width) -> Option<OwnedCounts> {
+    fn conv<T: Count, U: Count>(x: &[T]) -> Option<Vec<U>> {
+        let mut out = Vec::new();
+        out.try_reserve_exact(x.len()).ok()?;
+        out.resize(x.len(), U::default());
         out.par_chunks_mut(SCAN_CHUNK).zip(x.par_chunks(SCAN_CHUNK)).for_each(|(o, i)| {
             for (d, &s) in o.iter_mut().zip(i) {
                 *d = U::narrow(s.wide());
             }
         });
-        out
+        Some(out)
     }
-    match want {
-        Width::U8 => OwnedCounts::U8(conv(x)),
-        Width::U16 => OwnedCounts::U16(conv(x)),
-        Width::I32 => OwnedCounts::I32(conv(x)),
-    }
+    Some(match want {
+        Width::U8 => OwnedCounts::U8(conv(x)?),
+        Width::U16 => OwnedCounts::U16(conv(x)?),
+        Width::I32 => OwnedCounts::I32(conv(x)?),
+    })
 }
 
 impl OwnedCounts {

@@ -11,6 +11,7 @@ use rayon::prelude::*;
 
 use crate::counts::{Count, Counts, OwnedCounts};
 use crate::error::{invalid, Result};
+use crate::sizes;
 
 /// An expert id type as recorded by a rollout engine.
 pub trait ExpertId: Copy + Send + Sync {
@@ -80,6 +81,8 @@ enum BadToken {
     OutOfRange { t: usize, j: usize },
     /// The token's top-k lists one expert twice in some layer.
     Duplicate { t: usize },
+    /// The worker's counters could not be allocated.
+    NoMemory,
 }
 
 /// Counts every id of `ids` (`[tokens, L, k]` flattened, at most [`FLUSH_TOKENS`] tokens)
@@ -168,6 +171,7 @@ pub fn expert_tokens_from_routed<T: ExpertId>(
     let block =
         num_layers.checked_mul(num_experts).ok_or_else(|| invalid("num_experts", format!("L*E = {num_layers}*{num_experts} overflows")))?;
     let longest = cu_seqlens.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+    check_count_call(cu_seqlens.len() - 1, block, per_token, longest, num_experts, num_layers)?;
     let args = Args { routed, per_token, top_k, cu_seqlens, num_experts, block };
     let counts = if longest <= u8::MAX as i64 {
         OwnedCounts::U8(count_into(&args)?)
@@ -177,6 +181,28 @@ pub fn expert_tokens_from_routed<T: ExpertId>(
         OwnedCounts::I32(count_into(&args)?)
     };
     Ok((cu_seqlens.windows(2).map(|w| w[1] - w[0]).collect(), counts.into_narrowest()))
+}
+
+/// Reserves what [`expert_tokens_from_routed`] holds at once ([`sizes::check_call`], naming
+/// `num_experts`, which sizes it): the counts `[S, L, E]` in the width the longest sample
+/// needs, their narrowed copy (at most half as wide), per worker one sample's `[L, E]` u32
+/// counters and `L·k` offsets, and the lengths.
+fn check_count_call(s_n: usize, block: usize, per_token: usize, longest: i64, num_experts: usize, num_layers: usize) -> Result<()> {
+    let width: u128 = if longest <= u8::MAX as i64 {
+        1
+    } else if longest <= u16::MAX as i64 {
+        2
+    } else {
+        4
+    };
+    let counts = sizes::table_bytes(&[s_n, block], 1).saturating_mul(width);
+    let per_worker = sizes::bytes_of::<u32>(block).saturating_add(sizes::bytes_of::<usize>(per_token));
+    let bytes = counts
+        .saturating_add(counts / 2)
+        .saturating_add(per_worker.saturating_mul(rayon::current_num_threads().min(s_n) as u128))
+        .saturating_add(sizes::bytes_of::<i64>(s_n));
+    let what = format!("the counts [S, L, E] = [{s_n}, {num_layers}, {num_experts}] (with their narrowed copy and each worker's counters)");
+    sizes::check_call("num_experts", &what, bytes)
 }
 
 /// The checked arguments of [`expert_tokens_from_routed`].
@@ -210,6 +236,10 @@ fn count_into<T: ExpertId, C: Count>(a: &Args<'_, T>) -> Result<Vec<C>> {
             // flat offsets: id j of a token counts in row (j / k) of this sample's [L, E] block
             let base: Vec<usize> = (0..per_token).map(|j| (j / top_k) * num_experts).collect();
             local.clear();
+            // the worker's counters, fallibly (the call's estimate counted them)
+            if local.try_reserve_exact(out.len()).is_err() {
+                return Some((s, lo, BadToken::NoMemory));
+            }
             local.resize(out.len(), 0);
             for (c, chunk) in ids.chunks(FLUSH_TOKENS * per_token).enumerate() {
                 if let Some(bad) = count_tokens(chunk, &base, e_max, local) {
@@ -228,6 +258,9 @@ fn count_into<T: ExpertId, C: Count>(a: &Args<'_, T>) -> Result<Vec<C>> {
         .flatten()
         .next();
     match first_error {
+        Some((_, _, BadToken::NoMemory)) => {
+            Err(invalid("num_experts", format!("a worker's counters [L, E] = [{num_layers}, {num_experts}] of uint32 cannot be allocated")))
+        }
         Some((s, first, BadToken::OutOfRange { t, j })) => {
             let id = routed[(first + t) * per_token + j].value();
             Err(invalid(

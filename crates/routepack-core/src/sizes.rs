@@ -6,6 +6,14 @@
 //! tables) is refused past [`MAX_TABLE_BYTES`], naming the argument and the bytes it would
 //! take, and allocated fallibly below it: an allocation the machine cannot satisfy becomes an
 //! [`Error`](crate::Error) too.
+//!
+//! Below the ceiling a process may still be unable to hold what a call needs (an address-space
+//! limit, `RLIMIT_AS`, as containers and schedulers set; memory the system will not commit).
+//! An entry point whose buffers an argument sizes therefore states what the whole call holds
+//! at once, its estimate, and [`check_call`] refuses it before anything is allocated when
+//! that much cannot be reserved now: the reservation is tried (address space only, never
+//! touched) and released. Each estimate is written beside its call and a test compares it
+//! with the call's measured peak (`tests/test_memory_limit.py`).
 
 use crate::error::{invalid, Result};
 
@@ -27,6 +35,36 @@ pub fn check_bytes(arg: &str, what: &str, bytes: u128) -> Result<()> {
         return Err(invalid(arg, format!("{what} would take {bytes} bytes, over the {MAX_TABLE_BYTES}-byte ceiling")));
     }
     Ok(())
+}
+
+/// Refuses a call whose buffers would hold `bytes` at once (`what`: the call and its tables,
+/// sized by the argument `arg`): over [`MAX_TABLE_BYTES`], or more than this process can
+/// reserve now. The reservation is made fallibly, never written, and released at once (so it
+/// costs address space for an instant, no memory); a call that passes allocates no more than
+/// its estimate, so its own allocations then succeed unless something else took the memory
+/// meanwhile (and those are fallible too).
+pub fn check_call(arg: &str, what: &str, bytes: u128) -> Result<()> {
+    check_bytes(arg, what, bytes)?;
+    let mut probe: Vec<u8> = Vec::new();
+    probe.try_reserve_exact(bytes as usize).map_err(|_| {
+        invalid(
+            arg,
+            format!("{what} would take {bytes} bytes, which this process cannot allocate (a memory limit, or the system's memory)"),
+        )
+    })?;
+    Ok(())
+}
+
+/// A copy of `src` as table `what` (sized by `arg`), allocated fallibly ([`with_capacity`]).
+pub fn copied<T: Clone>(arg: &str, what: &str, src: &[T]) -> Result<Vec<T>> {
+    let mut v = with_capacity(arg, what, src.len())?;
+    v.extend_from_slice(src);
+    Ok(v)
+}
+
+/// Bytes of `n` elements of `T`, exact in u128 (what an estimate adds up).
+pub fn bytes_of<T>(n: usize) -> u128 {
+    table_bytes(&[n], std::mem::size_of::<T>())
 }
 
 /// An empty `Vec` with room for `n` elements of table `what` (sized by `arg`): refused past
@@ -56,5 +94,9 @@ mod tests {
         assert!(e.starts_with("num_layers: phy2log would take") && e.contains("ceiling"), "{e}");
         assert_eq!(table_bytes(&[usize::MAX, usize::MAX, usize::MAX], 8), u128::MAX);
         assert_eq!(filled("x", "t", 3, 7u8).unwrap(), vec![7, 7, 7]);
+        assert_eq!(copied("x", "t", &[1, 2]).unwrap(), vec![1, 2]);
+        assert!(check_call("x", "t", 1 << 20).is_ok());
+        let e = check_call("num_layers", "a placement", MAX_TABLE_BYTES + 1).unwrap_err().to_string();
+        assert!(e.starts_with("num_layers: a placement would take") && e.contains("ceiling"), "{e}");
     }
 }

@@ -14,7 +14,9 @@ use crate::topology::Topology;
 use crate::window::WindowView;
 
 /// Checks `plan` against the window `w`, the topology and `token_cap` (tokens per cell;
-/// `i64::MAX` skips the cap): the placement fits the topology and hosts every expert; every
+/// `i64::MAX` skips the cap): under a pipeline, the microbatch count meets Megatron's rule
+/// (`Topology::micro_rule`) and the layers split into the topology's chunks; the placement
+/// fits the topology and hosts every expert; every
 /// sample runs exactly once, in range, and no cell is empty or over the cap (sums in i128);
 /// replicas are in range, come from a rank that hosts the expert, go to another rank, their
 /// shares per (exchange, expert) sum to at most 1, and no rank receives copies of more than
@@ -44,6 +46,21 @@ pub fn validate_plan(plan: &Plan, w: &WindowView, topo: &Topology, token_cap: i6
     let m_n = plan.num_micro;
     if m_n == 0 {
         return Err(bad_plan("num_micro is 0"));
+    }
+    if topo.pp > 1 {
+        topo.chunk_bounds(w.num_layers)?;
+        let rule = topo.micro_rule();
+        if !rule.allows(m_n) {
+            let multiple = if rule.multiple > 1 {
+                format!(" and a multiple of {} (interleaved, vpp = {})", rule.multiple, topo.vpp)
+            } else {
+                String::new()
+            };
+            return Err(bad_plan(format!(
+                "num_micro = {m_n}: a pipeline of pp = {} stages runs at least {} microbatches per DP rank{multiple}, as Megatron does",
+                topo.pp, rule.min
+            )));
+        }
     }
     for s in 0..s_n {
         let (d, m) = (plan.sample_rank[s], plan.sample_micro[s]);

@@ -33,8 +33,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() })]
 
     /// The static placement's table is sized by its arguments: past the ceiling it is refused
-    /// naming `num_layers` and the bytes before anything is allocated; below it (small here)
-    /// it is built.
+    /// naming the larger of its factors (`num_layers` or `topo.slots_per_rank`) and the bytes
+    /// before anything is allocated; below it (small here) it is built.
     #[test]
     fn static_placement_checks_its_size_first(layers in 1usize..1 << 30, ep_log in 0u32..4, spr_log in 0u32..31) {
         let ep = 1usize << ep_log;
@@ -43,7 +43,8 @@ proptest! {
         let bytes = sizes::table_bytes(&[layers, ep * spr], 4);
         if bytes > sizes::MAX_TABLE_BYTES {
             let e = static_placement(layers, 1, &topo).unwrap_err().to_string();
-            prop_assert!(e.starts_with("num_layers: phy2log") && e.contains(&bytes.to_string()), "{e}");
+            let arg = if layers >= ep * spr { "num_layers" } else { "topo.slots_per_rank" };
+            prop_assert!(e.starts_with(&format!("{arg}: phy2log")) && e.contains(&bytes.to_string()), "{e}");
         } else if bytes <= 1 << 16 {
             let p = static_placement(layers, 1, &topo).unwrap();
             prop_assert_eq!(p.phy2log.len(), layers * ep * spr);

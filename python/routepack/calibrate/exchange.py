@@ -16,7 +16,10 @@ Each rank holds ``num_experts / ranks`` experts (rounded up) in a static placeme
 in slot e), routes ``tokens`` tokens of its own to ``top_k`` distinct experts each, three
 ways (`ROUTINGS`: all to its own experts, uniformly at random, all to the other ranks'), so
 that the bytes that leave a rank vary apart from the tokens, and runs ``x + layer(x)``
-forward and backward, timed on ``clock``; the expert kernel is timed
+forward and backward, timed on ``clock``. The layer runs under a `PlanRunner` whose routes
+were computed from the replayed ids before the timing (`_replayed`), as a trainer that
+replays routing runs it (and `routepack.measure` does): what is timed is the layer's
+forward and backward, not its routing. The expert kernel is timed
 inside the same call through `EPMoE.expert_kernel` (its forward directly, its backward from
 the gradient reaching its output to the one leaving its input) and taken out. A point's
 figure is each rank's least over the timed rounds of the time outside the kernel, the
@@ -87,6 +90,34 @@ def _timed_kernel(
     return timed
 
 
+def _replayed(layer: Any, rank: int, world: int, ids: Any) -> Any:
+    """A `PlanRunner` of ``layer`` whose window is every rank's tokens of one point (rank r's
+    are sample r, one microbatch, the layer's placement), with this rank's routes computed
+    from its replayed ids (`PlanRunner.set_microbatches`): the layer's forward then routes
+    nothing, as in a trainer that replays routing (`routepack.measure`'s run). Collective."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from routepack.plan import Placement, Plan
+    from routepack.torch.replay import rank_microbatches
+    from routepack.torch.runner import PlanRunner
+    from routepack.window import Window
+
+    every: List[Any] = [None] * world
+    dist.all_gather_object(every, ids.cpu().numpy().astype(np.int32))
+    routed = np.concatenate(every)[:, None, :]
+    cu = np.concatenate([[0], np.cumsum([len(a) for a in every])]).astype(np.int64)
+    window = Window.from_routed_experts(routed, cu, layer.num_experts)
+    placement = Placement(layer.phy2log[None, :].astype(np.int32), layer.num_experts, layer.slots_per_rank)
+    plan = Plan(placement, np.arange(world, dtype=np.int32), np.zeros(world, dtype=np.int32), 1)
+    runner = PlanRunner([layer], layer.topo, timeout=datetime.timedelta(seconds=300))
+    runner.begin_window(plan, window)
+    runner.set_microbatches(rank_microbatches(plan, routed, rank, cu, dp=world))
+    runner.start_micro(0)
+    return runner
+
+
 def _rank_main(
     rank: int,
     world: int,
@@ -137,10 +168,12 @@ def _rank_main(
                 )
             )
             sweep.append({"tokens": int(t), "routing": routing, "routed": int(t) * K})
+    runners = [_replayed(layer, rank, world, ids) for _, ids, _, _ in points]
     best = np.full((len(points), 3), np.inf)  # per point: outside the kernel, the layer, the kernel
     remote = np.zeros(len(points), dtype=np.int64)
     for r in range(warmup + repeats):
         for i, (x, ids, gates, cot) in enumerate(points):
+            layer.runner = runners[i]  # the point's routes, computed once (as a replaying trainer's)
             x = x.detach().requires_grad_()
             dist.barrier()
             sync()

@@ -109,8 +109,10 @@ def align_steps(
                     if half:
                         micro[s] = steps
             elif across_ranks and (members >= 2).any():
-                src, step = np.unravel_index(int(np.argmax(np.where(members >= 2, tokens, -1))), members.shape)
-                cell = np.flatnonzero((rank == src) & (micro == step))
+                src, at = (
+                    int(i) for i in np.unravel_index(int(np.argmax(np.where(members >= 2, tokens, -1))), members.shape)
+                )
+                cell = np.flatnonzero((rank == src) & (micro == at))
                 s = int(cell[np.lexsort((cell, lens[cell]))[0]])
                 rank[s], micro[s] = r, steps
             else:

@@ -21,7 +21,7 @@ distributed checkpoints and the weight export to a rollout engine or a converter
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, Tuple
 
 import numpy as np
 import torch
@@ -72,9 +72,16 @@ def _copy_ranks(layer: Any) -> Tuple[np.ndarray, np.ndarray]:
 
 def logical_sharded_state_dict(layer: Any, prefix: str, sharded_offsets: tuple, metadata: Any) -> Dict[str, Any]:
     """The experts' entries of ``layer.sharded_state_dict`` in logical experts (module
-    docstring). ``prefix``: the experts module's (``...mlp.experts.``)."""
-    from megatron.core.dist_checkpointing.utils import replace_prefix_for_sharding
-    from megatron.core.utils import ensure_metadata_has_dp_cp_group
+    docstring). ``prefix``: the experts module's (``...mlp.experts.``).
+
+    Every local expert that first holds a logical expert on this rank maps to its logical
+    shard; a second local copy of the same expert, an empty slot and a replica buffer are
+    ``LocalNonpersistentObject``s (neither saved nor read: two shards of one tensor on one rank
+    would overlap), and a load puts the first local copy's weights into the second
+    (`sync_local_copies`, a load-state-dict post-hook)."""
+    from megatron.core.dist_checkpointing.mapping import LocalNonpersistentObject  # type: ignore[import-untyped]
+    from megatron.core.dist_checkpointing.utils import replace_prefix_for_sharding  # type: ignore[import-untyped]
+    from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group  # type: ignore[import-untyped]
 
     experts = layer.experts
     if not hasattr(experts, "local_experts"):
@@ -86,6 +93,8 @@ def logical_sharded_state_dict(layer: Any, prefix: str, sharded_offsets: tuple, 
     singleton = (metadata or {}).get("singleton_local_shards", False)
     E = _num_logical(layer)
     keys, ranks = _copy_ranks(layer)
+    local = slot_experts(layer)
+    first = {int(e): i for i, e in reversed(list(enumerate(local.tolist()))) if e >= 0}
     dp, dp_n = experts.dp_group.rank(), experts.dp_group.size()
     out: Dict[str, Any] = {}
     for i, expert in enumerate(experts.local_experts):
@@ -96,6 +105,9 @@ def logical_sharded_state_dict(layer: Any, prefix: str, sharded_offsets: tuple, 
         else:
             sharded_prefix, offsets = f"{prefix}experts.", (*sharded_offsets, (len(sharded_offsets), e, E))
         sd = expert.sharded_state_dict(local_prefix, offsets, metadata)
+        if local[i] < 0 or first[e] != i:
+            out.update({k: LocalNonpersistentObject(v.data) for k, v in sd.items()})
+            continue
         replace_prefix_for_sharding(sd, local_prefix, sharded_prefix)
         for sh in sd.values():
             rid = sh.replica_id
@@ -104,12 +116,19 @@ def logical_sharded_state_dict(layer: Any, prefix: str, sharded_offsets: tuple, 
     return out
 
 
-def _moe_layers(model: Any) -> List[Tuple[str, Any]]:
-    chunks = list(model) if isinstance(model, (list, tuple)) else [model]
-    out = []
-    for c in chunks:
-        out.extend((n, m) for n, m in c.named_modules() if _is_moe_layer(m))
-    return out
+@torch.no_grad()
+def sync_local_copies(layer: Any, *_: Any) -> None:
+    """Every second local copy of a logical expert takes the first local copy's weights (after
+    a load: the sharded state dict reads each expert once per rank)."""
+    local = slot_experts(layer)
+    first: Dict[int, int] = {}
+    for i, e in enumerate(local.tolist()):
+        if e < 0:
+            continue
+        if e in first:
+            layer.pieces.set_weights(i, layer.pieces.weights(first[e]))
+        else:
+            first[e] = i
 
 
 @torch.no_grad()
@@ -195,4 +214,4 @@ def _rename(name: str, e: int) -> str:
     return re.sub(r"(weight|bias)\d+$", lambda m: f"{m.group(1)}{e}", name)
 
 
-__all__ = ["export_weights", "logical_sharded_state_dict", "slot_experts"]
+__all__ = ["export_weights", "logical_sharded_state_dict", "slot_experts", "sync_local_copies"]

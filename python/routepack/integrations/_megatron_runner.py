@@ -100,6 +100,24 @@ def _num_moe_layers(config: Any) -> int:
     return sum(1 for i in range(config.num_layers) if i % freq == 0) if isinstance(freq, int) else int(sum(freq))
 
 
+def _check_groups(chunks: List[Any]) -> None:
+    """Megatron's ``TransformerLayer`` hands its ``pg_collection`` only to ``MoELayer`` itself,
+    so a `PlanMoELayer` takes the default groups: refuse a layer whose own groups differ."""
+    for c in chunks:
+        named = dict(c.named_modules())
+        for name, m in named.items():
+            if not isinstance(m, PlanMoELayer):
+                continue
+            parent = named.get(name.rpartition(".")[0])
+            pg = getattr(parent, "pg_collection", None)
+            ep = getattr(pg, "ep", None)
+            if ep is not None and dist.get_process_group_ranks(ep) != dist.get_process_group_ranks(m.ep_group):
+                raise RoutepackError(
+                    f"model: {name} uses the default expert-parallel group, its TransformerLayer a custom "
+                    "pg_collection; build the model with the default process groups"
+                )
+
+
 class MegatronRunner:
     """Ties plans to the `PlanMoELayer` layers of ``model`` (a module, a DDP-wrapped module,
     or the list of virtual-pipeline chunks). ``topo``: the plan's `routepack.Topology` (``ep``
@@ -114,6 +132,7 @@ class MegatronRunner:
         mods = [m for c in chunks for m in c.modules() if isinstance(m, PlanMoELayer)]
         if not mods:
             raise RoutepackError("model: has no PlanMoELayer (build it with routepack's plan_layer_spec)")
+        _check_groups(chunks)
         for m in mods:
             if m.topo != topo:
                 raise RoutepackError(f"model: a PlanMoELayer was built for {m.topo}, the runner for {topo}")
@@ -131,7 +150,7 @@ class MegatronRunner:
         self.ep_rank = dist.get_rank(self.group)
         peers = group_peers(self.group)
         self.views = [LayerView(m, i, peers, self.group) for i, m in enumerate(mods)]
-        from megatron.core import parallel_state
+        from megatron.core import parallel_state  # type: ignore[import-untyped]
 
         self.dp_rank = parallel_state.get_data_parallel_rank()
         dp = parallel_state.get_data_parallel_world_size()
@@ -143,11 +162,16 @@ class MegatronRunner:
         self.group_index = self.dp_rank // topo.ep
         self.ddp_configs = [getattr(c, "ddp_config", None) for c in chunks]
         self.plan: Optional[Plan] = None
+        self._window: Optional[Window] = None
         self.micro: Optional[int] = None
         self.exchange: Optional[_Exchange] = None
         self.last_migration: Optional[MigrationReport] = None
         self._backwards = [0] * len(mods)
         self._filled: set = set()
+        #: with ``recording``, ``received[(micro, moe layer)]`` holds the tokens each local
+        #: Megatron expert received in the last forward of that cell (a host copy per layer: tests)
+        self.recording = False
+        self.received: Dict[Tuple[int, int], List[int]] = {}
         for m in mods:
             m.runner = self
 
@@ -269,7 +293,8 @@ class MegatronRunner:
             l = m.moe_index
             cells = layer_tables(plan, window, self.topo, l, self.ep_rank, self.group_index, m.replica_slots)
             m.set_placement(local.placement.phy2log[i], origins.sum(axis=0)[:, l], cells)
-        self.plan = plan
+        self.plan, self._window = plan, window
+        self.received = {}
         self.exchange = self._make_exchange(plan) if plan.replicas.size else None
         self._mark_copies(optimizer)
         self._backwards = [0] * len(self.layers)
@@ -277,12 +302,11 @@ class MegatronRunner:
         return report
 
     def _make_exchange(self, plan: Plan) -> _Exchange:
-        rows: Dict[Tuple[int, int], Tuple[np.ndarray, np.ndarray]] = {}
         r = plan.replicas
+        idx: Dict[Tuple[int, int], List[int]] = {}
         for i in np.flatnonzero(r["group"] == self.group_index).tolist():
-            key = (int(r[i]["micro"]), int(r[i]["layer"]))
-            rows.setdefault(key, ([], None))[0].append(i)
-        cells = {k: (np.asarray(v[0], dtype=np.int64), r[np.asarray(v[0])]) for k, v in rows.items()}
+            idx.setdefault((int(r[i]["micro"]), int(r[i]["layer"])), []).append(i)
+        cells = {k: (np.asarray(v, dtype=np.int64), r[np.asarray(v)]) for k, v in idx.items()}
         return _Exchange(self.views, cells, self.timeout)
 
     def _mark_copies(self, optimizer: Any) -> None:
@@ -302,7 +326,7 @@ class MegatronRunner:
                 primary = s < m.slots_per_rank and e >= 0 and first[e] == self.ep_rank * m.slots_per_rank + s
                 for piece in m.pieces.slots[s]:
                     for t in [piece.param] + optimizer_tensors(optimizer, piece.param):
-                        t.shared = not primary
+                        setattr(t, "shared", not primary)
 
     # ------------------------------------------------------------------ microbatches
     def start_micro(self, micro: int) -> None:
@@ -332,6 +356,21 @@ class MegatronRunner:
             m.slot_map.micro = None
 
     # ------------------------------------------------------------------ hooks of the layer
+    def note_received(self, layer: PlanMoELayer, tokens_per_expert: Any) -> None:
+        """With ``recording``: the tokens each local expert of ``layer`` received this forward."""
+        if self.micro is not None:
+            self.received[(self.micro, layer.moe_index)] = [int(x) for x in tokens_per_expert.tolist()]
+
+    def predicted_received(self) -> np.ndarray:
+        """int64 ``[M, L]``: the tokens the plan says this rank receives per (micro, MoE layer)
+        (`routepack._core.rank_tokens`, what `simulate` prices)."""
+        from routepack import _core
+
+        if self.plan is None or self._window is None:
+            raise RoutepackError("predicted_received: call begin_window first")
+        got = _core.rank_tokens(self.plan, self._window.seq_lens, self._window.counts, self.topo)
+        return got[self.group_index, :, :, self.ep_rank]
+
     def fill_replicas(self, layer: PlanMoELayer, micro: int) -> None:
         """Forward of ``layer`` in ``micro``: its replica buffers receive the cell's copies
         (once per microbatch: a recomputed forward finds them there)."""
@@ -357,9 +396,10 @@ class MegatronRunner:
                 layer.pieces.set_grad(spr + j, None)
             for slot, buf in got:
                 layer.pieces.set_grad(slot, buf, add=True)
+        num_micro = self.plan.num_micro if self.plan is not None else 1
         n = self._backwards[i] + 1
-        self._backwards[i] = 0 if n == self.plan.num_micro else n
-        if n == self.plan.num_micro:
+        self._backwards[i] = 0 if n == num_micro else n
+        if n == num_micro:
             self._sum_redundant(layer)
 
     @torch.no_grad()

@@ -7,26 +7,27 @@ placement, on identical data and logical weights (torch, Megatron). Shared by th
 local spec, no Transformer Engine; with ``plan=True`` through `plan_layer_spec`), wraps it in
 Megatron's ``DistributedDataParallel`` and optimizer (``get_megatron_optimizer``: Adam,
 ``DistributedOptimizer`` on request), and trains ``windows`` windows of one optimizer step:
-each window's plan (`routepack.torch.selfcheck.make_plans`: a placement with redundant
-experts, migrated from the previous window's, and intra-batch replicas in every cell) or the
-static plan with the same layout, every microbatch run by Megatron's own
-``forward_backward_func`` with the replayed top-k of its samples (``RouterReplay``,
-REPLAY_FORWARD). Every parameter starts from the same seed-derived logical value in both
-models (`init_weights`). The caller initialises Megatron's model-parallel state.
+each window's plan or the static plan with the same layout (``plans(w, previous)``; by
+default `planned`: routepack's planner on `synthetic_window`'s skewed, drifting routes; the
+tests pass hand-made plans that migrate, hold redundant experts and replicate in every
+window), every microbatch run by Megatron's own ``forward_backward_func`` with the replayed
+top-k of its samples (``RouterReplay``, REPLAY_FORWARD). Every parameter starts from the same
+seed-derived logical value in both models (`init_weights`). The caller initialises
+Megatron's model-parallel state.
 """
 
 from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 
-from routepack.plan import Placement
+import routepack as rp
+from routepack.plan import Placement, Plan
 from routepack.torch.replay import rank_microbatches
-from routepack.torch.selfcheck.case import Case, make_plans
 
 
 @dataclass(frozen=True)
@@ -52,28 +53,59 @@ class MegatronCase:
     lr: float = 1e-2
     distributed_optimizer: bool = False
     replicas: bool = True
+    token_cap: int = 64
 
-    def base(self) -> Case:
-        return Case(
-            dp=self.dp,
-            ep=self.ep,
-            gpus_per_node=self.gpus_per_node,
-            slots_per_rank=self.slots_per_rank,
-            layers=self.layers,
-            experts=self.experts,
-            top_k=self.top_k,
-            hidden=self.hidden,
-            ffn=self.ffn,
-            micro=self.micro,
-            samples=self.samples,
-            windows=self.windows,
-            seed=self.seed,
-            lr=self.lr,
+
+def synthetic_window(case: MegatronCase, w: int) -> Tuple[rp.Window, np.ndarray, np.ndarray]:
+    """Window ``w``: (Window, routed int32 ``[T, L, k]``, cu ``[S+1]``): ``samples`` samples of
+    4-24 tokens, each layer's experts drawn from a skewed popularity that drifts between
+    windows (so placements change)."""
+    rng = np.random.default_rng([case.seed, 7, w])
+    lens = rng.integers(4, 24, size=case.samples)
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    routed = np.zeros((int(cu[-1]), case.layers, case.top_k), dtype=np.int32)
+    for l in range(case.layers):
+        pop = rng.dirichlet(np.full(case.experts, 0.2))
+        for t in range(routed.shape[0]):
+            routed[t, l] = rng.choice(case.experts, size=case.top_k, replace=False, p=pop)
+    return rp.Window.from_routed_experts(routed, cu, case.experts), routed, cu
+
+
+def planned(case: MegatronCase) -> Callable[[int, Placement], tuple]:
+    """``plans(w, previous)`` → (routepack's plan, the static plan with its layout, window,
+    routed, cu): `routepack.plan_window` (policy ``"routepack"``) on `synthetic_window`."""
+    shape = rp.ModelShape(
+        num_layers=case.layers,
+        num_experts=case.experts,
+        top_k=case.top_k,
+        hidden=case.hidden,
+        expert_ffn=case.ffn,
+        attention=["full"] * case.layers,
+    )
+    cost = rp.CostModel.from_model(shape, rp.Hardware.h200())
+    topo = topology(case)
+
+    def plans(w: int, previous: Placement) -> tuple:
+        window, routed, cu = synthetic_window(case, w)
+        plan = rp.plan_window(
+            window,
+            topo,
+            cost,
+            token_cap=case.token_cap,
+            previous=previous,
+            seed=w,
+            replication_slots=case.replica_slots,  # the copies a layer's buffers hold
         )
+        static = Plan(
+            Placement.static(case.layers, case.experts, topo), plan.sample_rank, plan.sample_micro, plan.num_micro
+        )
+        return plan, static.validate(window, topo, case.token_cap), window, routed, cu
+
+    return plans
 
 
 def config(case: MegatronCase, **kw: Any) -> Any:
-    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.transformer_config import TransformerConfig  # type: ignore[import-untyped]
 
     base = dict(
         num_layers=case.layers,
@@ -103,8 +135,8 @@ def config(case: MegatronCase, **kw: Any) -> Any:
 
 def build_model(case: MegatronCase, plan: bool, device: Any = "cpu", **kw: Any) -> Any:
     """The GPT model (no DDP), every parameter from `init_weights`."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec  # type: ignore[import-untyped]
+    from megatron.core.models.gpt.gpt_model import GPTModel  # type: ignore[import-untyped]
 
     from routepack.integrations import megatron as rm
 
@@ -154,8 +186,8 @@ def init_weights(model: Any, case: MegatronCase) -> None:
 
 def wrap(model: Any, case: MegatronCase) -> tuple:
     """(DDP model, Megatron optimizer): Adam, ``clip_grad=1``, fp32 grads."""
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads  # type: ignore[import-untyped]
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # type: ignore[import-untyped]
 
     ddp_cfg = DistributedDataParallelConfig(
         use_distributed_optimizer=case.distributed_optimizer, overlap_grad_reduce=False, grad_reduce_in_fp32=True
@@ -185,18 +217,9 @@ def routers(model: Any) -> List[Any]:
     return [m for m in model.modules() if hasattr(m, "router_replay") and m.router_replay is not None]
 
 
-def run_step(case: MegatronCase, w: int, ddp: Any, opt: Any, mbs: List[Any], cu: np.ndarray, runner: Any, device: Any):
-    """One optimizer step over this rank's microbatches ``mbs``; returns this rank's losses
-    per microbatch (sum of token losses / tokens) and the step's grad norm."""
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-    from megatron.core.transformer.moe.router_replay import RouterReplayAction
-
-    ddp.zero_grad_buffer()
-    opt.zero_grad()
-    rs = routers(ddp)
-    it: Any = iter(mbs)
-    if runner is not None:
-        it = runner.microbatches(it)
+def _forward_step(case: MegatronCase, w: int, cu: np.ndarray, rs: List[Any], device: Any) -> Callable:
+    """Megatron's ``forward_step_func`` for window ``w``'s microbatches (replayed top-k)."""
+    from megatron.core.transformer.moe.router_replay import RouterReplayAction  # type: ignore[import-untyped]
 
     def forward_step(data_iterator: Any, model: Any) -> tuple:
         mb = next(data_iterator)
@@ -216,36 +239,73 @@ def run_step(case: MegatronCase, w: int, ddp: Any, opt: Any, mbs: List[Any], cu:
 
         return out, loss_func
 
+    return forward_step
+
+
+def _schedule(case, w, ddp, mbs, cu, runner, device, forward_only: bool) -> List[float]:
+    from megatron.core.pipeline_parallel import get_forward_backward_func  # type: ignore[import-untyped]
+
+    it: Any = iter(mbs)
+    if runner is not None:
+        it = runner.microbatches(it)
     out = get_forward_backward_func()(
-        forward_step_func=forward_step,
+        forward_step_func=_forward_step(case, w, cu, routers(ddp), device),
         data_iterator=it,
         model=[ddp],
         num_microbatches=len(mbs),
         seq_length=0,
         micro_batch_size=1,
-        forward_only=False,
+        forward_only=forward_only,
     )
+    return [o["loss"] for o in out]
+
+
+def run_step(case: MegatronCase, w: int, ddp: Any, opt: Any, mbs: List[Any], cu: np.ndarray, runner: Any, device: Any):
+    """One optimizer step over this rank's microbatches ``mbs`` (Megatron's own
+    ``forward_backward_func``); returns this rank's losses per microbatch (sum of token losses
+    / tokens) and the step's grad norm."""
+    ddp.zero_grad_buffer()
+    opt.zero_grad()
+    losses = _schedule(case, w, ddp, mbs, cu, runner, device, False)
     if runner is not None:
         runner.finish_step()
     _, grad_norm, _ = opt.step()
-    return [o["loss"] for o in out], float(grad_norm)
+    return losses, float(grad_norm)
 
 
-def train(case: MegatronCase, plan: bool, rank: int, device: Any = "cpu", after_window: Any = None) -> Dict[str, Any]:
+def evaluate(case: MegatronCase, w: int, ddp: Any, mbs: List[Any], cu: np.ndarray, runner: Any, device: Any):
+    """This rank's losses per microbatch of window ``w``, forward only."""
+    with torch.no_grad():
+        losses = _schedule(case, w, ddp, mbs, cu, runner, device, True)
+    if runner is not None:
+        runner.end_micro()
+    return losses
+
+
+def train(
+    case: MegatronCase,
+    plan: bool,
+    rank: int,
+    device: Any = "cpu",
+    plans: Optional[Callable[[int, Placement], tuple]] = None,
+    after_window: Any = None,
+    before_step: Any = None,
+) -> Dict[str, Any]:
     """Trains ``case.windows`` windows (module docstring). Returns this rank's ``losses``
     (per window, per microbatch), ``grad_norms``, the final logical ``weights`` (name →
     tensor, `export_weights`), and the plan's totals ``migrated`` (rows) and ``replicated``
-    (rows). ``after_window(w, model, opt, runner)`` is called after each window's step."""
+    (rows). ``before_step(w, model, opt, runner)`` runs after ``begin_window``,
+    ``after_window(w, model, opt, runner)`` after each window's step."""
     from routepack.integrations import megatron as rm
 
-    base = case.base()
+    plans = plans or planned(case)
     model = build_model(case, plan, device)
     ddp, opt = wrap(model, case)
     runner = rm.MegatronRunner(ddp, topology(case)) if plan else None
     previous = Placement.static(case.layers, case.experts, topology(case))
     out: Dict[str, Any] = {"losses": [], "grad_norms": [], "migrated": 0, "replicated": 0, "migrations": []}
     for w in range(case.windows):
-        rebalanced, static, window, routed, cu = make_plans(base, w, previous)
+        rebalanced, static, window, routed, cu = plans(w, previous)
         if not case.replicas:
             rebalanced = _without_replicas(rebalanced)
         previous = rebalanced.placement
@@ -256,6 +316,8 @@ def train(case: MegatronCase, plan: bool, rank: int, device: Any = "cpu", after_
             out["migrations"].append(None if report is None else report.rows)
             out["migrated"] += int(use.migration.size)
             out["replicated"] += int(use.replicas.size)
+        if before_step is not None:
+            before_step(w, ddp, opt, runner)
         losses, norm = run_step(case, w, ddp, opt, mbs, cu, runner, device)
         out["losses"].append(losses)
         out["grad_norms"].append(norm)
@@ -286,8 +348,16 @@ def compare(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, float]:
     }
 
 
-def optional_int(x: Optional[int]) -> int:
-    return -1 if x is None else int(x)
-
-
-__all__ = ["MegatronCase", "build_model", "compare", "config", "init_weights", "routers", "run_step", "train", "wrap"]
+__all__ = [
+    "MegatronCase",
+    "build_model",
+    "planned",
+    "synthetic_window",
+    "compare",
+    "config",
+    "init_weights",
+    "routers",
+    "run_step",
+    "train",
+    "wrap",
+]

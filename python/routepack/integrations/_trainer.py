@@ -53,9 +53,12 @@ class BackendRuns:
 
 
 def megatron_executes() -> frozenset:
-    """What routepack's Megatron integration carries out beyond the schedule: its
-    ``EXECUTES`` (``"placement"``: moving experts between EP ranks, weights and optimizer
-    state; ``"replicas"``: intra-batch copies), empty where it does not declare them."""
+    """What routepack's Megatron execution carries out on a trainer's workers beyond the
+    schedule: ``routepack.integrations.megatron.EXECUTES`` (``"placement"``: moving experts
+    between EP ranks with their weights and optimizer state; ``"replicas"``: intra-batch
+    copies), empty where it is not declared. The execution itself being importable is not
+    enough: the plan must also be handed to it on the workers, which is what the declaration
+    says."""
     module = importlib.import_module("routepack.integrations.megatron")
     return frozenset(getattr(module, "EXECUTES", ()))
 
@@ -68,9 +71,14 @@ def backend_runs(backend: Any) -> BackendRuns:
         return BackendRuns("fsdp", False, False, "FSDP shards parameters, not experts: no expert to move or copy")
     done = megatron_executes()
     missing = [part for part in ("placement", "replicas") if part not in done]
+    if not missing:
+        return BackendRuns("megatron", True, True, "routepack.integrations.megatron carries out every part")
+    module = importlib.import_module("routepack.integrations.megatron")
+    runner = "MegatronRunner" in getattr(module, "__all__", ())
     why = (
-        "routepack.integrations.megatron carries out every part"
-        if not missing
+        f"routepack.integrations.megatron has MegatronRunner, but it is not declared to carry out {' or '.join(missing)} "
+        "on this trainer's workers (its EXECUTES): nothing hands the plans to it there yet"
+        if runner
         else f"routepack.integrations.megatron does not carry out {' or '.join(missing)} (its EXECUTES)"
     )
     return BackendRuns("megatron", "placement" in done, "replicas" in done, why)
@@ -163,7 +171,7 @@ class TrainerPlanner:
         **options: Any,
     ) -> None:
         if isinstance(cost, (str, os.PathLike)):
-            cost = CostModel.load(cost)
+            cost = CostModel.load(os.fspath(cost))
         self.cost = instance_of(cost, CostModel, "cost")
         self.policy_name, self.policy, self.runs = backend_policy(backend, policy)
         if num_experts is None:

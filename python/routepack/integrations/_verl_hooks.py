@@ -30,6 +30,7 @@ from typing import Any, Callable, Dict, Mapping, Optional
 
 
 from routepack._checks import positive_int
+from routepack._routed import renamed
 from routepack.errors import RoutepackError
 from routepack.integrations._common import as_numpy, require
 from routepack.integrations._trainer import TrainerPlanner, plan_seconds, step_metrics, window_from_loads
@@ -192,7 +193,11 @@ class VerlInstall:
                 s["multiple"],
             )
         except RoutepackError as e:
-            raise NoPlan("planner", f"cannot plan step {step}: {e}") from None
+            raise NoPlan(
+                "planner",
+                f"cannot plan step {step}: {e} (token_cap: actor_rollout_ref.actor.ppo_max_token_len_per_gpu times the "
+                f"sequence-parallel size = {s['token_cap']})",
+            ) from None
         self.last = plans
         return plans
 
@@ -260,7 +265,12 @@ def _recorded_window(routes: Any, attention_mask: Any, num_experts: int) -> Any:
     if getattr(routes, "is_nested", False):
         flat = as_numpy(routes.values(), "routed_experts")
         cu = as_numpy(routes.offsets(), "routed_experts")
-        return Window.from_routed_experts(flat, cu, num_experts)
+        try:
+            return Window.from_routed_experts(flat, cu, num_experts)
+        except RoutepackError as e:  # named by the recorded sample and token, not the flattened array
+            raise renamed(
+                e, "routed_experts", lambda t, b: (f"routed_experts[{b}]", f"token {t - int(cu[b])} (sample {b})")
+            ) from None
     return window_from_verl(routed_experts=routes, attention_mask=attention_mask, num_experts=num_experts, mode="R2")
 
 
@@ -358,7 +368,7 @@ def unpatch() -> None:
     hooks = {_prepare_micro_batches: "verl.workers.engine.utils:prepare_micro_batches"}
     for name, module in list(sys.modules.items()):
         if name.startswith("verl.workers.engine") and getattr(module, "prepare_micro_batches", None) in hooks:
-            module.prepare_micro_batches = _ORIGINALS[hooks[module.prepare_micro_batches]]
+            setattr(module, "prepare_micro_batches", _ORIGINALS[hooks[module.prepare_micro_batches]])
     trainer = sys.modules.get("verl.trainer.ppo.ray_trainer")
     if trainer is not None:
         cls = trainer.RayPPOTrainer
@@ -375,7 +385,7 @@ def patch_workers() -> None:
     original = _ORIGINALS["verl.workers.engine.utils:prepare_micro_batches"]
     for name, module in list(sys.modules.items()):
         if name.startswith("verl.workers.engine.") and getattr(module, "prepare_micro_batches", None) is original:
-            module.prepare_micro_batches = _prepare_micro_batches
+            setattr(module, "prepare_micro_batches", _prepare_micro_batches)
 
 
 def patch_driver() -> None:

@@ -115,7 +115,7 @@ def _response_rows(mask: np.ndarray, batch: int) -> np.ndarray:
         raise RoutepackError(f"response_mask: expected [B={batch}, R], got shape {mask.shape}")
     if not (mask.dtype == np.bool_ or np.issubdtype(mask.dtype, np.integer)):
         raise RoutepackTypeError(f"response_mask: expected bool or integer, got dtype {mask.dtype}")
-    return mask.astype(bool).any(axis=1)
+    return np.asarray(mask.astype(bool).any(axis=1), dtype=bool)
 
 
 def _window(routed: np.ndarray, counted: np.ndarray, lens: np.ndarray, num_experts: int) -> Window:

@@ -243,16 +243,23 @@ def build_dp_schedule(
     return partitions, micro, num_microbatches, [int(global_batch_size)] * len(steps)
 
 
-def planner_from_args(args: Any, cost: Any, backend: str = "megatron", **options: Any) -> TrainerPlanner:
-    """A `TrainerPlanner` for a slime run from its Megatron arguments: ``num_experts``,
-    ``expert_model_parallel_size`` (ep, default 1) and ``num_gpus_per_node`` (default 8).
-    ``backend``: ``"megatron"`` (slime's trainer; what it carries out is
-    `backend_policy`'s) or ``"fsdp"`` (slime's FSDP backend). ``options``: the planner's
-    (``policy``, ``slots_per_rank``, ``seed``, ``anneal_moves``, ``time_budget_s``, stage options)."""
+def planner_from_args(args: Any, cost: Any, backend: Optional[str] = None, **options: Any) -> TrainerPlanner:
+    """A `TrainerPlanner` for a slime run from its arguments: ``num_experts``,
+    ``expert_model_parallel_size`` (ep, default 1), ``num_gpus_per_node`` (default 8) and
+    ``train_backend`` (``"megatron"``, slime's default, or ``"fsdp"``; ``backend`` overrides
+    it). ``cost``: a `routepack.CostModel` or the path of one saved as JSON. ``options``:
+    the planner's (``policy``, ``num_experts``, ``slots_per_rank``, ``seed``,
+    ``anneal_moves``, ``time_budget_s``, stage options). What the backend carries out, and so
+    the policy, is `backend_policy`'s."""
+    if backend is None:
+        backend = getattr(args, "train_backend", None) or "megatron"
+        if backend not in BACKENDS:
+            raise RoutepackError(f"args.train_backend: routepack plans for {BACKENDS}, got {backend!r}")
+    num_experts = options.pop("num_experts", None) or getattr(args, "num_experts", None)
     return TrainerPlanner(
         cost,
         backend,
-        num_experts=getattr(args, "num_experts", None) or options.pop("num_experts", None),
+        num_experts=num_experts,
         ep=int(getattr(args, "expert_model_parallel_size", 1) or 1),
         gpus_per_node=int(getattr(args, "num_gpus_per_node", 8) or 8),
         **options,

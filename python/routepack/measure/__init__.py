@@ -27,7 +27,8 @@ share of ``finish_step`` to every microbatch, and puts the once-per-step sum of 
 experts' gradients (`SimResult.redundant_grads`) in the last microbatch, whose backward does it. Speed-ups are static's time over each plan's.
 """
 
-from routepack.measure.run import Measurement, format_table, measure, micro_plan
+from routepack.measure.report import format_table, parts_table
+from routepack.measure.run import Measurement, measure, micro_plan
 from routepack.measure.workload import Workload
 
-__all__ = ["Measurement", "Workload", "format_table", "measure", "micro_plan"]
+__all__ = ["Measurement", "Workload", "format_table", "measure", "micro_plan", "parts_table"]

@@ -5,16 +5,21 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, List, Optional
 
 from routepack.errors import RoutepackError
 
 
 def run(args: argparse.Namespace) -> int:
     """Calibrates (or loads ``--cost``), plans, executes and prints measured vs predicted."""
+    import importlib
+
     from routepack._cliargs import load_cost
-    from routepack.measure.run import format_table, measure
+    from routepack.measure.report import format_table, parts_table
     from routepack.measure.workload import Workload
+
+    # the package's `measure` (not the module's): a test may replace it there
+    measure = importlib.import_module("routepack.measure").measure
 
     work = Workload(
         ranks=args.ranks,
@@ -28,26 +33,32 @@ def run(args: argparse.Namespace) -> int:
         micro=args.micro,
         seed=args.seed,
         popularity=args.popularity,
+        windows=args.windows,
+        nodes=args.nodes,
     )
     cost = load_cost(args.cost) if args.cost else None
     try:
         result = measure(
             work,
             cost=cost,
-            policies=args.policy or ("static", "routepack"),
+            policies=policies(args.policy),
             overlap=args.overlap,
             warmup=args.warmup,
             repeats=args.repeats,
             quick=args.quick,
             progress=not args.quiet,
+            calibration=args.calibration,
+            profile=not args.no_profile,
         )
     except ImportError as e:
         raise RoutepackError(f"routepack measure needs torch ({e})") from None
     w = result.workload
     dense = "a_lin 0" if args.cost else "a_lin: the MoE layers' work at the origin rank"
+    nodes = f" in {w.nodes} nodes" if w.nodes > 1 else ""
     print(
-        f"measured run: {w.ranks} gloo ranks (one core each), {w.layers} MoE layers of {w.experts} experts "
-        f"top-{w.top_k}, H={w.hidden}, I={w.ffn}, {w.samples} samples; times are each rank's CPU time, "
+        f"measured run: {w.ranks} gloo ranks{nodes} (one core each), {w.layers} MoE layers of {w.experts} experts "
+        f"top-{w.top_k}, H={w.hidden}, I={w.ffn}, {w.windows} window(s) of {w.samples} samples, popularity "
+        f"{w.popularity:g}; times are each rank's CPU time, "
         f"the slowest rank's; predictions: routepack.simulate with the "
         f"{'given' if args.cost else 'calibrated'} cost model (overlap={args.overlap}, no attention; {dense})"
     )
@@ -60,11 +71,36 @@ def run(args: argparse.Namespace) -> int:
                 f"{'n/a' if err is None else f'{100 * err:.1f}%'}"
                 + ("" if bound is None else f" (no cost-model curve fits every point within {100 * bound:.1f}%)")
             )
-    print("\n".join(format_table(result)))
+    print("\n".join(format_table(result) + parts_table(result)))
     if args.json:
         Path(args.json).write_text(json.dumps(result.to_dict(), indent=2, default=str))
         print(f"wrote {args.json}")
     return 0
+
+
+def policies(given: Optional[List[str]]) -> List[str]:
+    """The presets of ``--policy`` (repeated, or comma-separated), default static and routepack;
+    an unknown name is refused before anything runs."""
+    from routepack.policies import PRESETS
+
+    names = [n.strip() for g in (given or ["static,routepack"]) for n in g.split(",") if n.strip()]
+    for n in names:
+        if n not in PRESETS:
+            raise RoutepackError(f"--policy: invalid choice {n!r} (choose from {', '.join(PRESETS)})")
+    return names
+
+
+def check(args: argparse.Namespace) -> Optional[str]:
+    """Why the options given do not go together, or None (`routepack.cli` asks before running)."""
+    try:
+        policies(args.policy)
+    except RoutepackError as e:
+        return str(e)
+    if args.cost and args.quick:
+        return "--quick does not apply with --cost (it shortens the calibration, which --cost replaces)"
+    if args.cost and args.calibration:
+        return "--cost and --calibration: give one (a cost model, or a calibration to reuse)"
+    return None
 
 
 def add_parser(sub: Any, count: Any) -> None:
@@ -88,6 +124,8 @@ def add_parser(sub: Any, count: Any) -> None:
         ("samples", 1),
         ("micro", 1),
         ("seed", 0),
+        ("windows", 1),
+        ("nodes", 1),
     ):
         p.add_argument(
             "--" + name.replace("_", "-"),
@@ -102,8 +140,22 @@ def add_parser(sub: Any, count: Any) -> None:
         default=d.popularity,
         help="Dirichlet concentration of expert popularity, lower is more skewed (default %(default)s)",
     )
-    p.add_argument("--policy", action="append", metavar="PRESET", help="presets (default: static and routepack)")
+    p.add_argument(
+        "--policy",
+        action="append",
+        metavar="PRESET[,PRESET...]",
+        help="presets to run, repeated or comma-separated, e.g. routepack,eplb_oracle (default: static and "
+        "routepack; static is always run, the speed-ups' reference)",
+    )
     p.add_argument("--cost", default=None, help="a CostModel JSON to predict with (default: calibrate here first)")
+    p.add_argument(
+        "--calibration",
+        default=None,
+        metavar="FILE",
+        help="reuse the calibration in FILE (an earlier run of the same shapes wrote it), or calibrate and write "
+        "it there when FILE does not exist",
+    )
+    p.add_argument("--no-profile", action="store_true", help="do not time each microbatch's parts")
     p.add_argument(
         "--overlap",
         choices=("none", "dispatch_combine"),

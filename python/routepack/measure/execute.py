@@ -1,8 +1,9 @@
-"""Executes a plan's MoE layers for real on one rank (`run_plan`, run in every spawned
-process): `routepack.torch.EPMoE` layers holding the plan's placement, driven by a
-`PlanRunner` (replica copies and their gradients included), forward and backward of each of
-this rank's microbatches with the window's recorded routing, between barriers; the plans
-take turns step by step, so that a change of the machine's load falls on all of them.
+"""Executes a sequence of windows' plans for real on one rank (`run_plan`, run in every spawned
+process): `routepack.torch.EPMoE` layers starting from Megatron's static placement, driven by
+a `PlanRunner` (migration with the Adam state at each window's start, replica copies and
+their gradients, redundant experts' gradient sums), forward and backward of each of this
+rank's microbatches with the window's recorded routing, between barriers; the plans take
+turns step by step, so that a change of the machine's load falls on all of them.
 
 Each microbatch is timed twice: by the rank's CPU time (``time.process_time``: user + system
 time of all its threads, gloo's included) and by the wall clock. On a machine shared with
@@ -13,23 +14,28 @@ cost model prices the slowest rank (max over ranks), and the caller takes the ma
 ranks' CPU times, the same figure when the slowest rank is the same in every layer of the
 microbatch (it is the rank that waits least). On CUDA the figure is the wall clock after a
 device synchronisation (the CPU time would miss the kernels).
+
+With ``profile`` each microbatch is also cut into its parts (`routepack.torch.profile`: route,
+gather, all-to-all, replica fill, expert kernels, combine, replica gradients, slot gradients,
+the redundant experts' sum), on the same clock, in the same timed steps.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Sequence
 
 import numpy as np
 
 
-def _layers(work: Any, plan: Any, weights: Any, device: Any) -> List[Any]:
+def _layers(work: Any, placement: Any, weights: Any, device: Any) -> List[Any]:
     from routepack.torch.moe import EPMoE
 
     topo = work.topology()
     layers = [
-        EPMoE(l, work.experts, work.hidden, work.ffn, topo, plan.placement.phy2log[l], device=device)
+        EPMoE(l, work.experts, work.hidden, work.ffn, topo, placement.phy2log[l], device=device)
         for l in range(work.layers)
     ]
     for l, mod in enumerate(layers):
@@ -53,35 +59,48 @@ def _pin(rank: int, world: int) -> Any:
     return cores[rank]
 
 
+def spread(values: np.ndarray, axis: int = 0) -> np.ndarray:
+    """Median absolute deviation over ``axis`` divided by the median (0 where the median is 0):
+    how much a figure moves from one timed step to the next, robust to one slow step."""
+    med = np.median(values, axis=axis)
+    mad = np.median(np.abs(values - np.expand_dims(med, axis)), axis=axis)
+    return np.where(med > 0, mad / np.where(med > 0, med, 1.0), 0.0)
+
+
 def run_plan(
     rank: int,
     world: int,
     device: Any,
     work: Any,
-    plans: Dict[str, Any],
-    window: Any,
-    routed: np.ndarray,
-    cu: np.ndarray,
+    plans: Dict[str, Sequence[Any]],
+    windows: Sequence[Any],
     warmup: int,
     repeats: int,
+    profile: bool = True,
 ) -> Dict[str, Any]:
-    """``{"policies": …, "pinned": …}``. ``policies``: policy → {"micro_s": the median CPU seconds
-    over the timed steps of each microbatch on this rank (forward + backward of every MoE
-    layer, replica weights posted at its start), "wall_s": the median by the wall clock,
-    "finish_s": the median CPU seconds of ``finish_step`` (replica gradients back to their
-    owners), "drift": each timed round's factor, "steps_s": every timed step's CPU seconds per
-    microbatch, ``[repeats][M]``, as measured}. A round runs one step of every plan; its
-    factor (the machine's drift, common to all their microbatches) is divided out before the
-    median, as the calibration divides it out of its rounds
-    (`routepack.calibrate.timing.AGGREGATE`), so the prediction and the run are figures of
-    the same, median, machine. ``pinned``: the core this rank was pinned to (`_pin`), or
-    None."""
+    """``{"policies": …, "pinned": …}``. ``plans``: policy → its plan of each window;
+    ``windows``: (Window, routed, cu_seqlens) of each. ``policies``: policy → a list, per window,
+    of {"micro_s": the median CPU seconds over the timed steps of each microbatch on this rank
+    (forward + backward of every MoE layer, replica weights posted at its start), "wall_s":
+    the median by the wall clock, "finish_s": the median CPU seconds of ``finish_step``,
+    "migration_s": the CPU seconds of the window's ``begin_window`` (its migration, once),
+    "routes_s": of computing the window's routes from the replayed microbatches
+    (`PlanRunner.set_microbatches`, once: the layers' forward then routes nothing),
+    "drift": each timed round's factor, "steps_s": every timed step's CPU seconds per
+    microbatch ``[repeats][M]`` as measured, "micro_spread": each microbatch's `spread`, and
+    with ``profile`` "parts": per microbatch, part → median seconds, and "parts_spread"}. A
+    round runs one step of every plan; its factor (the machine's drift, common to all their
+    microbatches) is divided out before the median, as the calibration divides it out of its
+    rounds (`routepack.calibrate.timing.AGGREGATE`), so the prediction and the run are figures
+    of the same, median, machine. ``pinned``: the core this rank was pinned to (`_pin`)."""
     import torch
     import torch.distributed as dist
 
     from routepack.calibrate.timing import polish, steady_heap
+    from routepack.torch.profile import PARTS, profiling
     from routepack.torch.replay import rank_microbatches
     from routepack.torch.runner import PlanRunner
+    from routepack.plan import Placement
 
     cuda = torch.device(device).type == "cuda"
     pinned = _pin(rank, world) if not cuda else None
@@ -91,13 +110,18 @@ def run_plan(
     g = torch.Generator().manual_seed(work.seed)
     L, E, H, I = work.layers, work.experts, work.hidden, work.ffn
     weights = ((torch.randn(L, E, H, 2 * I, generator=g) / H**0.5), (torch.randn(L, E, I, H, generator=g) / I**0.5))
+    static = Placement.static(L, E, work.topology())
     setups = {}
-    for name, plan in plans.items():
-        layers = _layers(work, plan, weights, device)
-        runner = PlanRunner(layers, work.topology(), timeout=datetime.timedelta(seconds=120))
-        gm = torch.Generator().manual_seed(work.seed * 1000 + rank)
+    for name in plans:
+        layers = _layers(work, static, weights, device)
+        opt = torch.optim.Adam([p for mod in layers for p in mod.parameters()], lr=1e-6)
+        runner = PlanRunner(layers, work.topology(), timeout=datetime.timedelta(seconds=300))
+        setups[name] = (layers, opt, runner)
+
+    def inputs(w: int, mbs: List[Any]) -> List[Any]:
+        gm = torch.Generator().manual_seed(work.seed * 1000 + 100 * w + rank)
         data = []
-        for mb in rank_microbatches(plan, routed, rank, cu, dp=work.ranks):
+        for mb in mbs:
             t = int(mb.routed.shape[0])
             data.append(
                 (
@@ -107,60 +131,91 @@ def run_plan(
                     mb.routed.long().to(device),
                 )
             )
-        setups[name] = (plan, layers, runner, data)
+        return data
 
-    def step(name: str) -> Any:
-        """One training step of plan ``name``: (per microbatch (CPU, wall) seconds, finish)."""
-        plan, layers, runner, data = setups[name]
-        runner.begin_window(plan, window)
-        times = []
+    def step(name: str, data: List[Any]) -> Any:
+        """One training step: (per microbatch (CPU, wall) seconds, parts, finish seconds)."""
+        layers, opt, runner = setups[name]
+        times, parts = [], []
         for m, (x, cot, gates, ids) in enumerate(data):
             sync()
             dist.barrier()
             t0, c0 = time.perf_counter(), now()
-            runner.start_micro(m)
-            h = x
-            for l, mod in enumerate(layers):
-                h = h + mod(h, ids[:, l], gates[:, l])
-            (h * cot).sum().backward()
-            sync()
+            with profiling(device) if profile else contextlib.nullcontext() as prof:
+                runner.start_micro(m)
+                h = x
+                for l, mod in enumerate(layers):
+                    h = h + mod(h, ids[:, l], gates[:, l])
+                (h * cot).sum().backward()
+                sync()
+                got = prof.take() if prof is not None else {}
             c1 = now()
             dist.barrier()
             times.append((c1 - c0, time.perf_counter() - t0))
+            parts.append(got)
         dist.barrier()
         c0 = now()
         runner.finish_step()
         sync()
         fin = now() - c0
         dist.barrier()
-        for mod in layers:
-            mod.w1.grad = mod.w2.grad = None
-        return times, fin
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return times, parts, fin
 
-    # the plans take turns, step by step, in alternating order: a change in the machine's load
-    # (other processes come and go) then falls on every plan alike, not on the one measured last
-    got: Dict[str, List[Any]] = {name: [] for name in plans}
     names = list(plans)
+    out: Dict[str, List[Dict[str, Any]]] = {name: [] for name in names}
     # freed blocks stay in the heap, as under a GPU's caching allocator and as the calibration
     # measured the kernels (`calibrate.timing.steady_heap`): no page faults on fresh gradients
     with steady_heap(device):
-        for rep in range(warmup + repeats):
-            for name in names if rep % 2 == 0 else names[::-1]:
-                res = step(name)
-                if rep >= warmup:
-                    got[name].append(res)
-    # each step pair's common factor (the machine's drift, every plan's microbatches alike) is
-    # divided out, as the calibration does (`calibrate.timing.polish`)
-    cpu = {name: np.array([[t for t, _ in times] for times, _ in runs]) for name, runs in got.items()}  # [repeats, M]
-    drift = polish(np.concatenate(list(cpu.values()), axis=1)[:, :, None]).drift
-    out: Dict[str, Any] = {}
-    for name, runs in got.items():
-        wall = np.array([[w for _, w in times] for times, _ in runs])
-        out[name] = {
-            "micro_s": np.median(cpu[name] / drift[:, None], axis=0).tolist(),
-            "wall_s": np.median(wall, axis=0).tolist(),
-            "finish_s": float(np.median(np.array([f for _, f in runs]) / drift)),
-            "drift": drift.tolist(),
-            "steps_s": cpu[name].tolist(),
-        }
+        for w in range(len(windows)):
+            data, migration, routes = {}, {}, {}
+            for name in names:
+                plan = plans[name][w]
+                layers, opt, runner = setups[name]
+                window, routed, cu = windows[w]
+                mbs = rank_microbatches(plan, routed, rank, cu, dp=work.ranks)
+                sync()
+                dist.barrier()
+                c0 = now()
+                runner.begin_window(plan, window, opt)
+                sync()
+                migration[name] = now() - c0
+                dist.barrier()
+                # the replayed ids known for the window: every route computed once, here
+                c0 = now()
+                runner.set_microbatches(mbs)
+                routes[name] = now() - c0
+                data[name] = inputs(w, mbs)
+            # the plans take turns, step by step, in alternating order: a change in the machine's
+            # load (other processes come and go) then falls on every plan alike
+            got: Dict[str, List[Any]] = {name: [] for name in names}
+            for rep in range(warmup + repeats):
+                for name in names if rep % 2 == 0 else names[::-1]:
+                    res = step(name, data[name])
+                    if rep >= warmup:
+                        got[name].append(res)
+            # each round's common factor (the machine's drift, every plan's microbatches alike) is
+            # divided out, as the calibration does (`calibrate.timing.polish`)
+            cpu = {name: np.array([[t for t, _ in r[0]] for r in runs]) for name, runs in got.items()}  # [R, M]
+            drift = polish(np.concatenate(list(cpu.values()), axis=1)[:, :, None]).drift
+            for name, runs in got.items():
+                wall = np.array([[v for _, v in r[0]] for r in runs])
+                rec: Dict[str, Any] = {
+                    "micro_s": np.median(cpu[name] / drift[:, None], axis=0).tolist(),
+                    "micro_spread": spread(cpu[name] / drift[:, None]).tolist(),
+                    "wall_s": np.median(wall, axis=0).tolist(),
+                    "finish_s": float(np.median(np.array([r[2] for r in runs]) / drift)),
+                    "migration_s": float(migration[name]),
+                    "routes_s": float(routes[name]),
+                    "drift": drift.tolist(),
+                    "steps_s": cpu[name].tolist(),
+                }
+                if profile:
+                    # [R, M, parts], the round's drift divided out like the microbatches'
+                    table = np.array([[[mp[p] for p in PARTS] for mp in r[1]] for r in runs]) / drift[:, None, None]
+                    med, spr = np.median(table, axis=0), spread(table)
+                    rec["parts"] = [dict(zip(PARTS, map(float, row))) for row in med]
+                    rec["parts_spread"] = [dict(zip(PARTS, map(float, row))) for row in spr]
+                out[name].append(rec)
     return {"policies": out, "pinned": pinned}

@@ -1,21 +1,25 @@
-"""`measure` (the measured run, see `routepack.measure`), what it returns (`Measurement`),
-the one-microbatch plans it predicts with (`micro_plan`) and the table it prints
-(`format_table`)."""
+"""`measure` (the measured run, see `routepack.measure`), what it returns (`Measurement`) and
+the predictions it compares with (`predict`, on the one-microbatch plans of `micro_plan`)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from routepack._checks import instance_of, positive_int, sequence
 from routepack.errors import RoutepackError
-from routepack.model import CostModel
+from routepack.model import CostModel, Topology
 from routepack.plan import Plan
 from routepack.simulate import simulate
 from routepack.window import Window
-from routepack.measure.workload import Workload, make_plans
+from routepack.measure.workload import Workload, history, plan_windows
+
+#: The cost-model terms a microbatch's prediction is the sum of (`SimResult.breakdown`'s,
+#: migration apart: it is the window's, measured at ``begin_window``).
+TERMS = ("attention", "all_to_all", "expert", "replication", "redundant_grads")
 
 
 def micro_plan(plan: Plan, window: Window, m: int) -> Tuple[Plan, Window]:
@@ -28,12 +32,40 @@ def micro_plan(plan: Plan, window: Window, m: int) -> Tuple[Plan, Window]:
     return Plan(plan.placement, plan.sample_rank[idx], np.zeros(idx.size, dtype=np.int32), 1, reps), w
 
 
+def predict(plan: Plan, window: Window, topo: Topology, cost: CostModel) -> Dict[str, Any]:
+    """The cost model's figures of one window's step under ``plan``: the step (``step_s``,
+    `simulate`'s ``step_time``: migration included), the migration (``migration_s``), and per
+    microbatch its seconds (``micro_s``) and their terms (``terms``: `TERMS` → seconds). The
+    redundant experts' gradient sum, once a step, is put in the last microbatch, whose backward
+    does it (`routepack.torch.slot_link`): each one-step sub-plan prices it, the run pays it
+    once."""
+    whole = simulate(plan, window, topo, cost)
+    micro, terms = [], []
+    for m in range(plan.num_micro):
+        sub, sub_window = micro_plan(plan, window, m)
+        r = simulate(sub, sub_window, topo, cost)
+        last = m == plan.num_micro - 1
+        parts = {t: getattr(r, t) for t in TERMS}
+        parts["redundant_grads"] = whole.redundant_grads if last else 0.0
+        parts["hidden"] = -r.hidden
+        terms.append(parts)
+        micro.append(r.step_time - r.redundant_grads + parts["redundant_grads"])
+    return {"step_s": whole.step_time, "migration_s": whole.migration, "micro_s": micro, "terms": terms}
+
+
 @dataclass
 class Measurement:
-    """What `measure` returns, per policy: measured and predicted seconds of each microbatch
-    (``micro_s``, ``predicted_micro_s``; float lists ``[M]``), of ``finish_step``
-    (``finish_s``), of the step (``step_s``, ``predicted_step_s``), and the speed-ups over
-    ``static`` (``speedup``, ``predicted_speedup``); ``cost`` the model the predictions used."""
+    """What `measure` returns. ``policies``: policy → its figures: ``windows`` (one record per
+    window: measured and predicted seconds of each microbatch, ``micro_s`` /
+    ``predicted_micro_s``, of ``finish_step`` (``finish_s``), of the migration at the window's
+    start (``migration_s`` / ``predicted_migration_s``) and of the step (``step_s`` /
+    ``predicted_step_s``: migration + microbatches + finish), the per-part profile of each
+    microbatch (``parts``, slowest rank per part, with ``parts_spread``) beside the predicted
+    terms (``predicted_terms``), and every rank's figures), the run's totals over the windows
+    (``step_s``, ``predicted_step_s``), and ``speedups``: reference policy → {"measured",
+    "predicted", "rel_error"} (the reference's step over this policy's; ``speedup`` /
+    ``predicted_speedup`` / ``speedup_rel_error`` the ones over ``static``). ``cost`` is the
+    model the predictions used; ``calibration`` the fits' summary (None for a given model)."""
 
     workload: Workload
     cost: CostModel
@@ -49,42 +81,25 @@ class Measurement:
         }
 
 
-def _calibrated(
-    work: Workload, ranks: int, quick: bool, progress: bool, device: str = "cpu"
-) -> Tuple[CostModel, Dict[str, Any]]:
-    from routepack.calibrate import ALL_KERNELS, calibrate
-
-    window, _, _ = work.window()
-    most = int(window.counts.sum(axis=0, dtype=np.int64).max())  # the most tokens one expert gets in a layer
-    # the longest sample a rank's microbatch holds bounds the origin sweep
-    longest = max(work.token_cap(window), 128)
-    cal = calibrate(
-        model=work.model(),
-        kernels=ALL_KERNELS,
-        ranks=ranks,
-        quick=quick,
-        max_tokens_per_expert=max(8, most),
-        expert_stack=work.slots_per_rank,
-        progress=progress,
-        threads=1 if device == "cpu" else None,
-        device=device,
-        dtype="float32",
-        max_length=longest,
-        attention_dense=False,
-        links_clock="cpu" if device == "cpu" else "wall",
+def run_cost(work: Workload, cost: CostModel, overlap: str) -> CostModel:
+    """``cost`` as the measured run's layers pay it: float32 (4 bytes per activation and weight,
+    Adam's two fp32 moments with the weights and gradients in ``expert_state_bytes``), no
+    attention (``a_quad`` 0), every link local (the "nodes" are one machine's processes, so
+    ``bw_inter`` is the measured ``bw_intra``), ``overlap`` as given (the run overlaps
+    nothing: "none" is the model of what runs)."""
+    params = 3.0 * work.hidden * work.ffn
+    return replace(
+        cost,
+        a_quad=[0.0] * work.layers,
+        overlap=overlap,
+        num_experts=work.experts,
+        expert_groups=1,
+        bw_inter=cost.bw_intra,
+        token_bytes=4.0 * work.hidden,
+        expert_weight_bytes=4 * params,
+        expert_grad_bytes=4 * params,
+        expert_state_bytes=16 * params,
     )
-    # the form committed and what bounds it (the expert fit's `call_curve_bound`), beside the error
-    summary = {
-        kind: {
-            "max_rel_error": fit.max_rel_error,
-            "coefficients": fit.coefficients,
-            "formula": fit.formula,
-            **{k: fit.extra[k] for k in ("curve_bound", "call_curve_bound", "cross_validation") if k in fit.extra},
-            **({"expert_table": fit.cost_fields["expert_table"]} if fit.cost_fields.get("expert_table") else {}),
-        }
-        for kind, fit in cal.fits.items()
-    }
-    return cal.cost, summary
 
 
 def measure(
@@ -99,30 +114,36 @@ def measure(
     progress: bool = True,
     join_timeout_s: float = 1800,
     device: str = "cpu",
+    calibration: Optional[str | Path] = None,
+    profile: bool = True,
 ) -> Measurement:
     """Runs the measured comparison (see the module docs); returns a `Measurement`.
 
     Args:
         work: the workload (default `Workload()`: 2 ranks, 2 layers of 16 experts top-2,
-            H = I = 256, 48 samples in 3 microbatches per rank).
+            H = I = 256, 48 samples in 3 microbatches per rank, one window).
         cost: the cost model to predict with (its ``a_lin``/``a_quad`` are zeroed: the run has
             no attention, and a given model's dense work is another layer's); None: calibrate
             one here first (``quick``: the smoke sweeps), its ``a_lin`` the MoE layers' own
             work at the origin rank.
+        calibration: a file holding this workload's calibration: read where it exists (an
+            earlier run of the same shapes wrote it), else calibrated and written there.
         policies: presets to plan with; ``static`` is added first when missing (the speed-ups'
             reference).
         overlap: the predictions' `CostModel.overlap` (the run itself overlaps nothing:
             "none" is the model of what runs).
-        warmup, repeats: untimed and timed steps per plan (each microbatch's median CPU time
-            is kept, each step's drift divided out, as the calibration keeps its points':
-            `routepack.calibrate.timing.polish`).
+        warmup, repeats: untimed and timed steps per plan and window (each microbatch's
+            median CPU time is kept, each step's drift divided out, as the calibration keeps
+            its points': `routepack.calibrate.timing.polish`).
         device: "cpu" (gloo, one core per rank) or "cuda" (NCCL, one GPU per rank: needs
             ``work.ranks`` GPUs); the run is float32 either way.
+        profile: time every microbatch's parts (`routepack.torch.profile`).
 
     Spawns processes (``spawn``): call it under ``if __name__ == "__main__":`` in a script.
     """
     import torch  # the measured run needs torch: fail before calibrating
 
+    from routepack.measure.calibration import calibrated, load_or_calibrate
     from routepack.measure.execute import run_plan
     from routepack.torch.spawn import run_ranks
 
@@ -134,102 +155,111 @@ def measure(
             f"device: 'cuda' needs one GPU per rank ({work.ranks}), this machine has {torch.cuda.device_count()}"
         )
     names = list(sequence(policies, "policies", "policy names"))
-    names = ["static"] + [n for n in names if n != "static"]
+    names = ["static"] + [n for n in dict.fromkeys(names) if n != "static"]
     warmup = positive_int(warmup, "warmup", minimum=0)
     repeats = positive_int(repeats, "repeats")
-    calibration = None
-    if cost is None:
-        cost, calibration = _calibrated(work, work.ranks, quick, progress, device)
-    else:
+    summary = None
+    if cost is not None:
         cost = replace(instance_of(cost, CostModel, "cost"), a_lin=0.0)
-    # the run is float32: 4 bytes per activation and weight, whatever the calibration's preset;
-    # its layers have no attention (a_quad 0), a_lin is the MoE layers' origin work
-    params = 3.0 * work.hidden * work.ffn
-    cost = replace(
-        cost,
-        a_quad=[0.0] * work.layers,
-        overlap=overlap,
-        num_experts=work.experts,
-        expert_groups=1,
-        token_bytes=4.0 * work.hidden,
-        expert_weight_bytes=4 * params,
-        expert_grad_bytes=4 * params,
-        expert_state_bytes=16 * params,
-    )
-    window, routed, cu = work.window()
-    plans = make_plans(work, window, cost, tuple(names))
+    elif calibration is not None:
+        cost, summary, _ = load_or_calibrate(calibration, work, quick, progress, device)
+    else:
+        cost, summary = calibrated(work, quick, progress, device)
+    cost = run_cost(work, cost, overlap)
+    windows = [work.window(w) for w in range(work.windows)]
+    plans = plan_windows(work, [w[0] for w in windows], cost, tuple(names), history(work))
     got = run_ranks(
         run_plan,
         work.ranks,
         work,
         plans,
-        window,
-        routed,
-        cu,
+        windows,
         warmup,
         repeats,
+        profile,
         backend="nccl" if device == "cuda" else "gloo",
         join_timeout_s=join_timeout_s,
         pg_timeout_s=300,
     )
     topo = work.topology()
-    out: Dict[str, Dict[str, Any]] = {}
-    for name, plan in plans.items():
-        ranks = [got[r]["policies"][name] for r in range(work.ranks)]
-        micro = np.max([np.array(rank["micro_s"]) for rank in ranks], axis=0)
-        finish = max(float(rank["finish_s"]) for rank in ranks)
-        wall = np.max([np.array(rank["wall_s"]) for rank in ranks], axis=0)
-        pred = []
-        whole = simulate(plan, window, topo, cost)
-        for m in range(plan.num_micro):
-            sub, sub_window = micro_plan(plan, window, m)
-            r = simulate(sub, sub_window, topo, cost)
-            # redundant experts' gradients are summed once a step, in the last microbatch's
-            # backward (routepack.torch.slot_link): each one-step sub-plan prices that sum, the
-            # run pays it in the last microbatch only
-            last = m == plan.num_micro - 1
-            pred.append(r.step_time - r.redundant_grads + (whole.redundant_grads if last else 0.0))
-        step_pred = whole.step_time
+    out = {
+        name: _policy_record(
+            [got[r]["policies"][name] for r in range(work.ranks)],
+            plans[name],
+            [w[0] for w in windows],
+            topo,
+            cost,
+        )
+        for name in plans
+    }
+    for rec in out.values():
+        rec["pinned_cores"] = [got[r]["pinned"] for r in range(work.ranks)]
+        rec["speedups"] = {
+            ref: {
+                "measured": base["step_s"] / rec["step_s"],
+                "predicted": base["predicted_step_s"] / rec["predicted_step_s"],
+            }
+            for ref, base in out.items()
+            if base is not rec
+        }
+        for s in rec["speedups"].values():
+            s["rel_error"] = (s["predicted"] - s["measured"]) / s["measured"]
+        rec["speedup"] = out["static"]["step_s"] / rec["step_s"]
+        rec["predicted_speedup"] = out["static"]["predicted_step_s"] / rec["predicted_step_s"]
+        rec["speedup_rel_error"] = (rec["predicted_speedup"] - rec["speedup"]) / rec["speedup"]
+    return Measurement(work, cost, out, summary)
+
+
+def _policy_record(
+    ranks: List[List[Dict[str, Any]]], plans: Sequence[Plan], windows: Sequence[Window], topo: Topology, cost: CostModel
+) -> Dict[str, Any]:
+    """One policy's figures: every window's measured (slowest rank) and predicted ones, and the
+    run's totals. ``ranks``: per rank, its `run_plan` records per window."""
+    recs = []
+    for w, (plan, window) in enumerate(zip(plans, windows)):
+        per = [rank[w] for rank in ranks]
+        micro = np.max([np.array(r["micro_s"]) for r in per], axis=0)
+        finish = max(float(r["finish_s"]) for r in per)
+        migration = max(float(r["migration_s"]) for r in per)
+        routes = max(float(r.get("routes_s", 0.0)) for r in per)
+        pred = predict(plan, window, topo, cost)
         shared = micro + finish / plan.num_micro
-        out[name] = {
+        rec: Dict[str, Any] = {
             "num_micro": plan.num_micro,
+            "replicas": int(plan.replicas.size),
+            "migration_rows": int(plan.migration.size),
+            "redundant_slots": int(
+                sum(int((row >= 0).sum()) - np.unique(row[row >= 0]).size for row in plan.placement.phy2log)
+            ),
             "micro_s": micro.tolist(),
             "finish_s": finish,
-            "predicted_micro_s": pred,
-            "step_s": float(micro.sum() + finish),
-            "predicted_step_s": step_pred,
-            "replicas": int(plan.replicas.size),
-            "wall_micro_s": wall.tolist(),
-            "per_rank_micro_s": [rank["micro_s"] for rank in ranks],
-            "per_rank_steps_s": [rank["steps_s"] for rank in ranks],
-            "per_rank_drift": [rank["drift"] for rank in ranks],
-            "pinned_cores": [got[r]["pinned"] for r in range(work.ranks)],
-            "micro_rel_error": [(p - s) / s for p, s in zip(pred, shared)],
+            "migration_s": migration,
+            "routes_s": routes,
+            "predicted_migration_s": pred["migration_s"],
+            "predicted_micro_s": pred["micro_s"],
+            "predicted_terms": pred["terms"],
+            "step_s": float(migration + micro.sum() + finish),
+            "predicted_step_s": pred["step_s"],
+            "micro_rel_error": [(p - s) / s for p, s in zip(pred["micro_s"], shared)],
+            "micro_spread": np.max([r["micro_spread"] for r in per], axis=0).tolist(),
+            "wall_micro_s": np.max([np.array(r["wall_s"]) for r in per], axis=0).tolist(),
+            "per_rank_micro_s": [r["micro_s"] for r in per],
+            "per_rank_steps_s": [r["steps_s"] for r in per],
+            "per_rank_drift": [r["drift"] for r in per],
         }
-    base = out["static"]
-    for rec in out.values():
-        rec["speedup"] = base["step_s"] / rec["step_s"]
-        rec["predicted_speedup"] = base["predicted_step_s"] / rec["predicted_step_s"]
-        rec["speedup_rel_error"] = (rec["predicted_speedup"] - rec["speedup"]) / rec["speedup"]
-    return Measurement(work, cost, out, calibration)
-
-
-def format_table(result: Measurement) -> List[str]:
-    """The lines `routepack measure` prints: per policy and microbatch, measured and predicted
-    milliseconds and the relative error; then the step and the speed-ups."""
-    lines = []
-    for name, rec in result.policies.items():
-        lines.append(
-            f"{name}: {rec['num_micro']} microbatches per rank, {rec['replicas']} replicas, "
-            f"finish_step {rec['finish_s'] * 1e3:.1f} ms"
-        )
-        for m, (s, p, e) in enumerate(zip(rec["micro_s"], rec["predicted_micro_s"], rec["micro_rel_error"])):
-            lines.append(f"  micro {m}: measured {s * 1e3:8.1f} ms  predicted {p * 1e3:8.1f} ms  error {e:+.1%}")
-        lines.append(f"  step: measured {rec['step_s'] * 1e3:.1f} ms  predicted {rec['predicted_step_s'] * 1e3:.1f} ms")
-    for name, rec in result.policies.items():
-        if name != "static":
-            lines.append(
-                f"speed-up {name} over static: measured {rec['speedup']:.3f}x  predicted "
-                f"{rec['predicted_speedup']:.3f}x  (predicted/measured - 1 = {rec['speedup_rel_error']:+.1%})"
-            )
-    return lines
+        if all("parts" in r for r in per):
+            # the slowest rank of each part (the cost model prices each term's slowest rank)
+            rec["parts"] = [
+                {p: max(r["parts"][m][p] for r in per) for p in per[0]["parts"][m]} for m in range(plan.num_micro)
+            ]
+            rec["parts_spread"] = [
+                {p: max(r["parts_spread"][m][p] for r in per) for p in per[0]["parts"][m]}
+                for m in range(plan.num_micro)
+            ]
+            rec["per_rank_parts"] = [r["parts"] for r in per]
+        recs.append(rec)
+    return {
+        "windows": recs,
+        "step_s": float(sum(r["step_s"] for r in recs)),
+        "predicted_step_s": float(sum(r["predicted_step_s"] for r in recs)),
+    }

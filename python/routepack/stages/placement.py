@@ -107,7 +107,7 @@ def _eplb(ctx: PlanContext, groups: int, source: str) -> Placement:
     loads = loads_array(ctx.placement_loads(), ctx.loads_name())
     phy2log = _core.eplb_placement(loads, ctx.topo, groups)
     ctx.reports["placement"] = {"eplb_num_groups": groups}
-    return Placement(phy2log, ctx.window.num_experts, ctx.topo.slots_per_rank)
+    return Placement._of_core(phy2log, ctx.window.num_experts, ctx.topo.slots_per_rank)
 
 
 def eplb_placement(ctx: PlanContext, options: EplbOptions) -> Placement:
@@ -139,7 +139,7 @@ def relibra_placement(ctx: PlanContext, options: NoOptions) -> Placement:
     if ctx.previous is not None:
         prev = ctx.previous.phy2log
     phy2log = _core.relibra_placement(loads, ctx.topo, prev)
-    return Placement(phy2log, ctx.window.num_experts, ctx.topo.slots_per_rank)
+    return Placement._of_core(phy2log, ctx.window.num_experts, ctx.topo.slots_per_rank)
 
 
 def routepack_placement(ctx: PlanContext, options: RoutepackPlacementOptions) -> Placement:
@@ -182,7 +182,7 @@ def routepack_placement(ctx: PlanContext, options: RoutepackPlacementOptions) ->
     report["chunks"] = chunks
     report["cells"] = cells
     ctx.reports["placement"] = report
-    return Placement(phy2log, ctx.window.num_experts, ctx.topo.slots_per_rank)
+    return Placement._of_core(phy2log, ctx.window.num_experts, ctx.topo.slots_per_rank)
 
 
 __all__ = [

@@ -17,7 +17,8 @@ imports torch. Backend-neutral: gloo on CPU (tests), NCCL on GPUs (``tools/gpu_c
   (replication's exchanges spread over them), the same plan byte for byte on every rank;
   `window_from_ranks` / `gather_window`: the window assembled from each DP rank's own
   samples' compact histograms (`GatheredWindow` says the bytes on the wire vs raw ids).
-* `PlanRunner`: one window end to end; `broadcast_plan`; `rank_microbatches` (replay order).
+* `PlanRunner`: one window end to end; `broadcast_plan` / `load_plan` (one rank's plan or plan
+  file to every rank, confirmed on each); `rank_microbatches` (replay order).
   ``begin_window(..., microbatches=rank_microbatches(...))`` precomputes every layer's route
   for the window (`routepack.torch.routes`: no host sync or all-gather in the forward; the
   ids fed are checked once per step in ``finish_step``); ``max_bytes_in_flight=`` stages
@@ -40,7 +41,14 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("routepack.torch needs PyTorch >= 2.1: pip install 'routepack[torch]'") from e
 
-from routepack.torch.broadcast import agree_on_plan, broadcast_plan, gather_ints, plan_digest
+from routepack.torch.broadcast import (
+    AgreementError,
+    agree_on_plan,
+    broadcast_plan,
+    gather_ints,
+    load_plan,
+    plan_digest,
+)
 from routepack.torch.distributed_plan import plan_window_distributed
 from routepack.torch.grads import sync_redundant_grads
 from routepack.torch.logical import export_logical, import_logical
@@ -61,6 +69,7 @@ from routepack.torch.runner import PlanRunner
 from routepack.torch.window_gather import GatheredWindow, gather_window, window_from_ranks
 
 __all__ = [
+    "AgreementError",
     "EPMoE",
     "FAULT_POINTS",
     "FLOW_DTYPE",
@@ -83,6 +92,7 @@ __all__ = [
     "gather_ints",
     "gather_window",
     "import_logical",
+    "load_plan",
     "migrate",
     "plan_digest",
     "plan_window_distributed",

@@ -2,7 +2,14 @@
 
 A plan computed without a wall-clock cap is a pure function of its inputs, so every rank can
 compute it and `agree_on_plan` just confirms they did. Under a cap (``time_budget_s``) plans
-may differ between machines: compute on one rank and `broadcast_plan` it.
+may differ between machines: compute on one rank and `broadcast_plan` it; a plan saved to a
+file is read by one rank and sent to all with `load_plan`.
+
+Every agreement goes through `gather_ints`. When its exchange cannot complete (a rank was
+killed, stalled past ``timeout`` or waits in another collective) every rank that takes part
+raises `AgreementError` with one message, nothing applied; the process group is unusable
+after that (as after any backend timeout) and the job restarts from its last checkpoint
+(docs/faults.md).
 """
 
 from __future__ import annotations
@@ -10,19 +17,31 @@ from __future__ import annotations
 import datetime
 import hashlib
 import io
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from routepack._checks import positive_int, sequence
-from routepack.errors import InvalidPlanError, RoutepackError, RoutepackTypeError
+from routepack.errors import InvalidPlanError, RoutepackError, RoutepackFileError, RoutepackTypeError
 from routepack.plan import Plan
 from routepack.torch import _args
 
 #: The int64 range, which `gather_ints` carries.
 _I64 = (-(2**63), 2**63 - 1)
+#: `broadcast_plan`'s header kinds: plan bytes follow, rank src passed no plan, src could not read a file
+_PLAN, _NOT_A_PLAN, _UNREADABLE = 0, -1, -2
+
+
+class AgreementError(RuntimeError):
+    """An agreement exchange between the ranks of a group (`gather_ints`: plan digests,
+    migration and commit status) did not complete within its timeout: a rank is gone
+    (killed, crashed), stalled, or waiting in another collective. Every rank that takes part
+    raises it with the same message; what the caller had under way is not applied (a plan
+    agreement applies nothing, `migrate` restores its slots). The backend's error is the
+    ``__cause__``; the process group is unusable afterwards (as after any backend timeout):
+    restart the job from its last checkpoint."""
 
 
 def plan_digest(plan: Plan) -> bytes:
@@ -52,6 +71,23 @@ def plan_digest(plan: Plan) -> bytes:
 def digest_int(plan: Plan) -> int:
     """The first 63 bits of `plan_digest` as a non-negative int (fits an int64 tensor)."""
     return int.from_bytes(plan_digest(plan)[:8], "little") & ((1 << 63) - 1)
+
+
+def check_same_plan(digests: np.ndarray, who: str = "ranks") -> None:
+    """Raises `InvalidPlanError` unless every entry of ``digests`` (one `digest_int` per rank
+    of a group, group order) is the same; the message lists each distinct digest (hex) with
+    the ranks holding it, so both sides of a disagreement are named."""
+    values = [int(d) for d in np.asarray(digests).reshape(-1)]
+    if len(set(values)) <= 1:
+        return
+    held: dict = {}
+    for r, d in enumerate(values):
+        held.setdefault(d, []).append(r)
+    parts = "; ".join(f"digest {d:016x} on rank(s) {ranks}" for d, ranks in held.items())
+    raise InvalidPlanError(
+        f"{who} hold different plans ({parts}); nothing moved: compute the plan on every rank from the same "
+        "inputs, or on one rank and send it with routepack.torch.broadcast_plan"
+    )
 
 
 def default_device(group: Optional[Any] = None) -> torch.device:
@@ -94,7 +130,7 @@ def gather_ints(
     except RoutepackError as e:
         err = e
     device = device if device is not None else default_device(group)
-    head = _all_gather(torch.tensor([int(err is None), len(mine)], dtype=torch.int64, device=device), group, timeout)
+    head = _agreed(torch.tensor([int(err is None), len(mine)], dtype=torch.int64, device=device), group, timeout)
     raise_shared_failure(
         err,
         head[:, 0],
@@ -104,7 +140,28 @@ def gather_ints(
         raise RoutepackError(
             f"values: ranks passed different counts {head[:, 1].tolist()}; every rank must pass as many"
         )
-    return _all_gather(torch.tensor(mine, dtype=torch.int64, device=device), group, timeout)
+    return _agreed(torch.tensor(mine, dtype=torch.int64, device=device), group, timeout)
+
+
+def _agreed(mine: torch.Tensor, group: Optional[Any], timeout: Optional[datetime.timedelta]) -> np.ndarray:
+    """`_all_gather`, its backend failure (a timeout, a peer gone) raised as `AgreementError`
+    with the same text on every rank (which rank is missing differs by rank, so it is left to
+    the backend's error, the ``__cause__``)."""
+    try:
+        return _all_gather(mine, group, timeout)
+    except torch.cuda.OutOfMemoryError:  # a RuntimeError, not a failed exchange (torch.cuda.: torch 2.1 too)
+        raise
+    except RuntimeError as e:
+        raise _no_answer(group, timeout) from e
+
+
+def _no_answer(group: Optional[Any], timeout: Optional[datetime.timedelta]) -> AgreementError:
+    within = f"within {timeout.total_seconds():g} s" if timeout is not None else "within the group's timeout"
+    return AgreementError(
+        f"the {dist.get_world_size(group)} ranks of the group did not all answer an agreement exchange {within} "
+        "(a rank is gone, stalled or in another collective); the process group is unusable now: restart the job "
+        "from its last checkpoint"
+    )
 
 
 def all_gather_tensors(
@@ -125,11 +182,52 @@ def _all_gather(mine: torch.Tensor, group: Optional[Any], timeout: Optional[date
     return torch.stack(all_gather_tensors(mine, group, timeout)).cpu().numpy()
 
 
-def broadcast_plan(plan: Optional[Plan], src: int, group: Optional[Any] = None, device: Any = None) -> Plan:
+def broadcast_plan(
+    plan: Optional[Plan],
+    src: int,
+    group: Optional[Any] = None,
+    device: Any = None,
+    timeout: Optional[datetime.timedelta] = None,
+) -> Plan:
     """Every rank of ``group`` returns the plan held by global rank ``src`` (others pass None
     or anything). The plan travels as its ``.npz`` bytes, so it arrives identical
-    (`Plan.same_as` and the report). ``src`` must be a rank of ``group`` (every rank passes
-    the same); when rank ``src`` holds no `Plan`, every rank raises."""
+    (`Plan.same_as` and the report); every rank then confirms that it read them and holds
+    the same digest (one small all-gather), so bytes damaged on the way make every rank
+    raise `RoutepackFileError`. ``src`` must be a rank of ``group`` (every rank passes the
+    same); when rank ``src`` holds no `Plan`, every rank raises. ``timeout`` bounds every
+    wait (None: the group's own; a peer gone or stalled raises `AgreementError`)."""
+    src = _check_src(src, group)
+    _args.timeout(timeout)
+    if dist.get_rank() == src and not isinstance(plan, Plan):
+        return _share_plan(None, (_NOT_A_PLAN, type(plan).__name__), None, src, group, device, timeout)
+    return _share_plan(plan, (_PLAN, ""), None, src, group, device, timeout)
+
+
+def load_plan(
+    path: Any,
+    src: int = 0,
+    group: Optional[Any] = None,
+    device: Any = None,
+    timeout: Optional[datetime.timedelta] = None,
+) -> Plan:
+    """Collective: global rank ``src`` reads the plan file ``path`` (`Plan.load`) and every rank
+    of ``group`` returns that plan (`broadcast_plan`: the same bytes, confirmed on every rank).
+    A file rank ``src`` cannot read (missing, damaged) raises there as `Plan.load` raises
+    (`RoutepackFileError` naming the path and the fault, ``OSError`` for a missing file), and
+    `RoutepackFileError` with that message on every other rank: no rank is left waiting and
+    no rank goes on with a plan. Every rank passes the same arguments; only ``src`` reads."""
+    src = _check_src(src, group)
+    _args.timeout(timeout)
+    if dist.get_rank() != src:
+        return _share_plan(None, (_PLAN, ""), None, src, group, device, timeout)
+    try:
+        plan = Plan.load(path)
+    except (OSError, RoutepackError) as e:
+        return _share_plan(None, (_UNREADABLE, f"{type(e).__name__}: {e}"), e, src, group, device, timeout)
+    return _share_plan(plan, (_PLAN, ""), None, src, group, device, timeout)
+
+
+def _check_src(src: Any, group: Optional[Any]) -> int:
     _args.group(group)
     peers = group_peers(group)
     src = positive_int(src, "src", minimum=0)
@@ -138,30 +236,74 @@ def broadcast_plan(plan: Optional[Plan], src: int, group: Optional[Any] = None, 
             f"src: {src} is not a rank of the group (global ranks {_ranks_text(peers)}, "
             f"world size {dist.get_world_size()})"
         )
+    return src
+
+
+def _share_plan(
+    plan: Optional[Plan],
+    why: Tuple[int, str],
+    own_error: Optional[BaseException],
+    src: int,
+    group: Optional[Any],
+    device: Any,
+    timeout: Optional[datetime.timedelta],
+) -> Plan:
+    """Rank ``src`` sends ``plan`` (kind `_PLAN`), or when it has none the kind and text of
+    ``why`` and then raises ``own_error`` (or the peers' error); the others receive, read and
+    confirm (`broadcast_plan`)."""
     device = device if device is not None else default_device(group)
     me = dist.get_rank()
     data = torch.empty(0, dtype=torch.uint8, device=device)
     if me == src:
-        if isinstance(plan, Plan):
-            raw = io.BytesIO()
+        raw = io.BytesIO()
+        if plan is not None:
             plan.save(raw)
-            data = torch.frombuffer(bytearray(raw.getvalue()), dtype=torch.uint8).to(device)
-        # -1 tells the peers there is no plan, so they raise too instead of waiting for bytes
-        size = torch.tensor([data.numel() if isinstance(plan, Plan) else -1], dtype=torch.int64, device=device)
+        payload = raw.getvalue() if plan is not None else why[1].encode()
+        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device) if payload else data
+        head = torch.tensor([why[0] if plan is None else _PLAN, data.numel()], dtype=torch.int64, device=device)
     else:
-        size = torch.zeros(1, dtype=torch.int64, device=device)
-    dist.broadcast(size, src, group=group)
-    n = int(size.item())
-    if n < 0:
-        raise RoutepackTypeError(
-            f"plan: rank {src} must pass a routepack.Plan, got {type(plan).__name__ if me == src else 'something else'}"
-        )
+        head = torch.zeros(2, dtype=torch.int64, device=device)
+    _bounded(lambda: dist.broadcast(head, src, group=group, async_op=True), group, timeout)
+    kind, n = (int(v) for v in head.cpu().tolist())
     if me != src:
         data = torch.empty(n, dtype=torch.uint8, device=device)
-    dist.broadcast(data, src, group=group)
-    if me == src:
-        return plan  # type: ignore[return-value]
-    return Plan.load(io.BytesIO(data.cpu().numpy().tobytes()))
+    if n:
+        _bounded(lambda: dist.broadcast(data, src, group=group, async_op=True), group, timeout)
+    if kind != _PLAN:
+        text = data.cpu().numpy().tobytes().decode(errors="replace")
+        if own_error is not None:
+            raise own_error
+        if kind == _NOT_A_PLAN:
+            raise RoutepackTypeError(f"plan: rank {src} must pass a routepack.Plan, got {text}")
+        raise RoutepackFileError(f"plan file: rank {src} could not read it ({text}); no rank has a plan")
+    err: Optional[BaseException] = None
+    digest = 0
+    try:
+        if me != src:
+            plan = Plan.load(io.BytesIO(data.cpu().numpy().tobytes()))
+        digest = digest_int(plan)  # type: ignore[arg-type]
+    except RoutepackError as e:
+        err = e
+    got = gather_ints([int(err is None), digest], group, device, timeout)
+    raise_shared_failure(
+        err,
+        got[:, 0],
+        lambda bad: f"plan: rank(s) {bad} could not read the plan rank {src} sent (each raised its own error)",
+        RoutepackFileError,
+    )
+    check_same_plan(got[:, 1])
+    return plan  # type: ignore[return-value]
+
+
+def _bounded(start: Callable[[], Any], group: Optional[Any], timeout: Optional[datetime.timedelta]) -> None:
+    """Waits for the collective ``start()`` posts, at most ``timeout``; `AgreementError` if it fails."""
+    try:
+        work = start()
+        work.wait() if timeout is None else work.wait(timeout)
+    except torch.cuda.OutOfMemoryError:  # a RuntimeError, not a failed exchange (torch.cuda.: torch 2.1 too)
+        raise
+    except RuntimeError as e:
+        raise _no_answer(group, timeout) from e
 
 
 def group_peers(group: Optional[Any]) -> list:
@@ -193,5 +335,4 @@ def agree_on_plan(
     raise_shared_failure(
         err, got[:, 0], lambda bad: f"plan: rank(s) {bad} of the group passed no valid routepack.Plan", InvalidPlanError
     )
-    if np.unique(got[:, 1]).size != 1:
-        raise InvalidPlanError(f"ranks hold different plans (digests {[hex(int(x)) for x in got[:, 1]]})")
+    check_same_plan(got[:, 1])

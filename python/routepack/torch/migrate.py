@@ -37,7 +37,7 @@ import torch.distributed as dist
 from routepack.errors import InvalidPlanError, RoutepackError, RoutepackTypeError
 from routepack.plan import MIGRATION_DTYPE, Plan
 from routepack.torch import _args
-from routepack.torch.broadcast import digest_int, gather_ints
+from routepack.torch.broadcast import AgreementError, check_same_plan, digest_int, gather_ints
 from routepack.torch.moe import check_layers
 from routepack.torch.slot_state import (  # pack_slot, slot_bytes, unpack_slot: re-exported (their old home)
     SlotState,
@@ -341,7 +341,10 @@ def migrate_slots(
         1 if err is None else (0 if isinstance(err, InvalidPlanError) else 3 if isinstance(err, RoutepackError) else 2)
     )
     ceiling = -1 if max_bytes_in_flight is None else int(max_bytes_in_flight)
-    got = gather_ints([status, digest, digest_of_sizes(sizes), ceiling], group, device, timeout)
+    try:
+        got = gather_ints([status, digest, digest_of_sizes(sizes), ceiling], group, device, timeout)
+    except AgreementError as e:
+        raise MigrationError(f"{e} (before the move; nothing moved)") from e
     if err is not None:
         if status in (0, 3):
             raise err
@@ -355,8 +358,7 @@ def migrate_slots(
         )
     if (got[:, 0] == 2).any():
         raise MigrationError(f"EP rank(s) {np.flatnonzero(got[:, 0] == 2).tolist()} failed to prepare; nothing moved")
-    if np.unique(got[:, 1]).size != 1:
-        raise InvalidPlanError("EP ranks hold different plans; nothing moved")
+    check_same_plan(got[:, 1], "EP ranks")
     if np.unique(got[:, 2]).size != 1:
         raise MigrationError("expert state (weights + optimizer state) differs in size between EP ranks; nothing moved")
     if np.unique(got[:, 3]).size != 1:

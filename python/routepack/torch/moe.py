@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from routepack._checks import positive_int
 from routepack.errors import RoutepackError, RoutepackTypeError
 from routepack.plan import empty_replicas
-from routepack.torch import _args, checkpoint
+from routepack.torch import _args, checkpoint, profile
 from routepack.torch.broadcast import group_peers, raise_shared_failure
 from routepack.torch.remap import TokenRoute, _route, expert_counts
 from routepack.torch.routes import CellRoute, cell_route
@@ -287,27 +287,34 @@ class EPMoE(torch.nn.Module):
         collectives. Inputs that fail a check make *every* rank raise: the check's outcome
         travels with the first exchange (the per-expert counts), so no peer is left waiting."""
         runner = self.runner
-        cell = runner.route_for(self.layer) if runner is not None else None
-        if cell is not None:
-            # precomputed for the window (routes.py): no host copy, no all-gather here
-            self._check_meta(x, topk_ids, topk_weights, cell)
-            runner.note_ids(cell, topk_ids)
-        else:
-            cell = self._route_now(x, topk_ids, topk_weights)
+        # (the marks and regions time the parts where a profile is recorded: routepack.torch.profile)
+        x = profile.mark(x, "other", "gather")
+        with profile.region("route"):
+            cell = runner.route_for(self.layer) if runner is not None else None
+            if cell is not None:
+                # precomputed for the window (routes.py): no host copy, no all-gather here
+                self._check_meta(x, topk_ids, topk_weights, cell)
+                runner.note_ids(cell, topk_ids)
+            else:
+                cell = self._route_now(x, topk_ids, topk_weights)
         route, (t, k) = cell.route, (int(topk_ids.shape[0]), cell.k)
         self.last_route = route
-        recv = _AllToAll.apply(x.index_select(0, cell.src_rows), route.send_splits, route.recv_splits, self.group)
+        sent = profile.mark(x.index_select(0, cell.src_rows), "gather", "all_to_all")
+        recv = _AllToAll.apply(sent, route.send_splits, route.recv_splits, self.group)
         if runner is not None:
             runner.record_received(self.layer, sum(route.recv_splits))
+        recv = profile.mark(recv, "all_to_all", "slot_grads")
         # every gradient of the slots is completed inside this node's backward (slot_link.py)
         recv, w1v, w2v, w1r, w2r = SlotLink.apply(
             recv, self.w1, self.w2, self, runner.exchange if runner is not None else None
         )
         out = self._experts(recv, cell, w1v, w2v, w1r, w2r)
+        out = profile.mark(out, "unit_sort", "all_to_all")
         back = _AllToAll.apply(out, route.recv_splits, route.send_splits, self.group)
-        pairs = back.index_select(0, cell.back)
+        pairs = profile.mark(back, "all_to_all", "combine").index_select(0, cell.back)
         # hidden, not -1: with T = 0 the view would not know its last dimension
-        return (pairs.view(t, k, self.hidden) * topk_weights.unsqueeze(-1).to(pairs.dtype)).sum(1)
+        y = (pairs.view(t, k, self.hidden) * topk_weights.unsqueeze(-1).to(pairs.dtype)).sum(1)
+        return profile.mark(y, "combine", "other")
 
     def _route_now(self, x: Any, topk_ids: Any, topk_weights: Any) -> CellRoute:
         """The cell's route computed in the forward: ids to the host, counts all-gathered (with
@@ -377,14 +384,17 @@ class EPMoE(torch.nn.Module):
             return swiglu(recv, w1[0], w2[0])
         spr = self.slots_per_rank
         counts = cell.unit_counts
+        recv = profile.mark(recv, "slot_grads", "unit_sort")
         rows = recv.index_select(0, cell.unit_perm)
         n_local = int(counts[:spr].sum())
         kernel = self.expert_kernel or grouped_swiglu
         parts = []
         if n_local:
-            parts.append(kernel(rows[:n_local], counts[:spr], w1, w2))
+            mine = profile.mark(rows[:n_local], "unit_sort", "expert")
+            parts.append(profile.mark(kernel(mine, counts[:spr], w1, w2), "expert", "unit_sort"))
         if n_local < rows.shape[0]:
-            parts.append(kernel(rows[n_local:], counts[spr:], w1r, w2r))
+            copies = profile.mark(rows[n_local:], "unit_sort", "expert_replica")
+            parts.append(profile.mark(kernel(copies, counts[spr:], w1r, w2r), "expert_replica", "unit_sort"))
         out = torch.cat(parts) if len(parts) > 1 else parts[0]
         return out.index_select(0, cell.unit_inv)
 

@@ -28,8 +28,8 @@ from routepack._checks import positive_int
 from routepack.errors import InvalidPlanError, RoutepackError, RoutepackTypeError
 from routepack.plan import Plan, empty_replicas
 from routepack.window import Window
-from routepack.torch import _args
-from routepack.torch.broadcast import digest_int, gather_ints, raise_shared_failure
+from routepack.torch import _args, profile
+from routepack.torch.broadcast import check_same_plan, digest_int, gather_ints, raise_shared_failure
 from routepack.torch.grads import sync_redundant_grads
 from routepack.torch.migrate import MigrationReport, migrate
 from routepack.torch.moe import check_layers
@@ -96,6 +96,7 @@ class PlanRunner:
         self.predicted = np.zeros((0, 0, 0, 0), dtype=np.int64)
         self.last_migration: Optional[MigrationReport] = None
         self._routes: Dict[Tuple[int, int], Any] = {}
+        self._window: Optional[Window] = None
         #: device bool, True once a layer was fed ids other than the precomputed ones
         self._mismatch: Optional[torch.Tensor] = None
         for mod in self.layers:
@@ -163,8 +164,7 @@ class PlanRunner:
         raise_shared_failure(
             err, got[:, 0], lambda bad: f"EP rank(s) {bad} refused the plan; nothing moved", InvalidPlanError
         )
-        if np.unique(got[:, 1]).size != 1:
-            raise InvalidPlanError("EP ranks hold different plans; nothing moved (use broadcast_plan)")
+        check_same_plan(got[:, 1], "EP ranks")
         report = None
         if plan.migration.size:
             report = migrate(
@@ -186,9 +186,22 @@ class PlanRunner:
         self.predicted = _core.rank_tokens(plan, window.seq_lens, window.counts, self.topo)
         self._routes = {}
         self._mismatch = None
+        self._window = window
         if microbatches is not None:
-            self._routes = window_routes(self, plan, window, microbatches)
+            self.set_microbatches(microbatches)
         return report
+
+    def set_microbatches(self, microbatches: Sequence[Any]) -> None:
+        """Computes every (micro, layer) route of the current window from this rank's replayed
+        ``microbatches`` (`rank_microbatches`, execution order), as ``begin_window(...,
+        microbatches=...)`` does: the layers' forward then does no host copy and no
+        all-gather, and `finish_step` checks, once per step, that every rank fed exactly
+        these ids. Local (no collective); call it after `begin_window`."""
+        if self.plan is None or self._window is None:
+            raise RuntimeError("set_microbatches: call begin_window first")
+        self._routes = {}
+        self._mismatch = None
+        self._routes = window_routes(self, self.plan, self._window, microbatches)
 
     def _bucket(self, plan: Plan) -> Dict[Tuple[int, int], Tuple[np.ndarray, np.ndarray]]:
         """This EP group's replicas per (micro, layer), table order, with their row indices."""
@@ -208,7 +221,8 @@ class PlanRunner:
         self.micro = _args.rank(micro, "micro", self.plan.num_micro)
         self.exchange.micro = self.micro
         if prefetch:
-            self.exchange.prefetch(self.micro)
+            with profile.region("replica_fill"):
+                self.exchange.prefetch(self.micro)
 
     def finish_step(self, reduce_edp: bool = True) -> None:
         """Before the optimizer step: every slot without a gradient gets zeros and, with

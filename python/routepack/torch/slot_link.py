@@ -23,10 +23,11 @@ window began, in whatever order the microbatches run): that one all-reduces the 
 and returns them, rounded once, so every copy of an expert gets the same bits (handing the
 local parts on and returning the sum minus them would leave the copies' gradients apart by
 rounding, and their optimizer states with them: tests/torch/selfcheck/windows.py checks they
-stay identical). Each microbatch's part is added into its slot's running fp32 sum in place, and the
-zeros, the sums and the replica gradients are written into the incoming gradient of the stack
-where it is the layer's own (`_own`), so no microbatch copies the stack (the measured run's
-profile: copying it took about 4 ms a layer in the last microbatch). Summing per microbatch cost one all-reduce of every redundant
+stay identical). Each microbatch's part is added in place into its expert's row of the buffer
+the step's all-reduce sends, and the zeros, the sums and the replica gradients are written
+into the incoming gradient of the stack where it is the layer's own (`_own`), so no
+microbatch copies the stack or a slot (the measured run's profile: copying the stack took
+about 4 ms a layer in the last microbatch). Summing per microbatch cost one all-reduce of every redundant
 expert's fp32 gradient per layer and microbatch: on the measured run's workload
 (`routepack.measure`: 2 gloo ranks, 4 redundant experts a layer, 3 microbatches) that was
 17.6 ms of each layer's backward (profiled), 67 ms of a 404 ms step, which the cost model did
@@ -50,6 +51,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from routepack.torch import profile
+
 
 class SlotLink(torch.autograd.Function):
     """``(recv, w1, w2) → (recv, w1, w2, w1r, w2r)``: identities on the tokens and the layer's
@@ -59,7 +62,8 @@ class SlotLink(torch.autograd.Function):
     @staticmethod
     def forward(ctx, recv, w1, w2, mod, exchange):  # type: ignore[override]
         if exchange is not None:
-            w1r, w2r = exchange.weights(mod.layer)
+            with profile.region("replica_fill"):
+                w1r, w2r = exchange.weights(mod.layer)
             ctx.micro = exchange.micro
         else:
             h, i2 = w1.shape[1], w1.shape[2]
@@ -73,8 +77,9 @@ class SlotLink(torch.autograd.Function):
         mod, exchange = ctx.mod, ctx.exchange
         extra: Dict[int, torch.Tensor] = {}
         if exchange is not None:
-            for slot, buf in exchange.exchange_grads(ctx.micro, mod.layer, g1r, g2r):
-                extra[slot] = buf if slot not in extra else extra[slot] + buf
+            with profile.region("replica_grads"):
+                for slot, buf in exchange.exchange_grads(ctx.micro, mod.layer, g1r, g2r):
+                    extra[slot] = buf if slot not in extra else extra[slot] + buf
         sums = getattr(mod.runner, "step_sums", None) if exchange is not None else None
         g1, g2 = complete_slot_grads(mod, g1, g2, extra, sums)
         return g_recv, g1, g2, None, None
@@ -89,9 +94,10 @@ class StepSums:
         self.num_micro = num_micro
         #: layer → backwards of the layer seen in the current step
         self.seen: Dict[int, int] = {}
-        #: layer → local slot → fp32 ``[H*2I + I*H]``: the step's gradient of that redundant
-        #: slot so far (local and replica parts), kept back until the sum
-        self.pending: Dict[int, Dict[int, torch.Tensor]] = {}
+        #: layer → fp32 ``[redundant experts, H*2I + I*H]``: this rank's gradient of each
+        #: redundant expert in the step so far (local and replica parts of its slots), kept back
+        #: until the sum (the buffer the sum all-reduces)
+        self.pending: Dict[int, torch.Tensor] = {}
 
     def note_backward(self, layer: int) -> bool:
         """Counts one backward of ``layer``; True when it is the step's last (then the count
@@ -130,77 +136,63 @@ def complete_slot_grads(
 
     ``sums``: the step's `StepSums` (None: sum now). With it, before the layer's last backward
     of the step a redundant slot gets 0 and its fp32 gradient is added into the step's running
-    sum (one buffer per redundant slot, added to in place); the last backward all-reduces each
-    copy's step total and returns it, rounded once, so every copy of an expert ends the step
-    with the same bits (what keeps their optimizer updates identical). Collective over
-    ``mod.group`` where it sums redundant experts (every rank of the group makes the same
-    calls: redundancy is the placement's, and every rank runs the step's microbatches).
+    sum; the last backward all-reduces the sums and returns each copy's total, rounded once,
+    so every copy of an expert ends the step with the same bits (what keeps their optimizer
+    updates identical). Collective over ``mod.group`` where it sums redundant experts (every
+    rank of the group makes the same calls: redundancy is the placement's, and every rank runs
+    the step's microbatches).
 
-    The result is written into ``g1``/``g2`` themselves where they are the layer's own
-    (`_own`: fresh tensors of its expert kernels), else into copies: copying the whole stack
-    for a few slots was most of this function's time (the measured run: 4 ms a layer)."""
+    No slot is copied for the sums: the running sums are the rows of the buffer the step's
+    all-reduce sends (one ``[redundant experts, H*2I + I*H]`` fp32 buffer per layer, made at
+    the step's first backward), each backward's part added into its row in place (a bf16 part
+    widens exactly), and the result is written into ``g1``/``g2`` themselves where they are the
+    layer's own (`_own`: fresh tensors of its expert kernels), else into copies."""
     redundant = redundant_experts(mod.phy2log, mod.num_experts)
+    if not extra and redundant.size == 0:
+        return g1, g2
     local = mod.local_experts().tolist()
     index = {int(e): i for i, e in enumerate(redundant.tolist())}
-    touched = sorted(set(extra) | {s for s, e in enumerate(local) if e in index})
-    if not touched and redundant.size == 0:
-        return g1, g2
-    n1, n2 = g1[0].numel(), g2[0].numel()
-
-    def fp32(s: int) -> torch.Tensor:
-        """Slot s's gradient of this backward, flat fp32, its replica parts added."""
-        a = torch.cat([g1[s].reshape(-1), g2[s].reshape(-1)]).to(torch.float32)
+    mine = [s for s, e in enumerate(local) if e in index]  # this rank's slots of redundant experts
+    n1 = g1[0].numel()
+    out1, out2 = g1, g2
+    if (extra or mine) and not (_own(g1) and _own(g2)):
+        # the incoming gradients may be shared with other nodes: new tensors are returned
+        out1, out2 = g1.clone(), g2.clone()
+    for s, part in extra.items():  # replica parts of slots that are not redundant: now
+        if s not in mine:
+            _add_rounded(out1[s], part[:n1])
+            _add_rounded(out2[s], part[n1:])
+    if redundant.size == 0:
+        return out1, out2
+    last = sums.note_backward(mod.layer) if sums is not None else True
+    acc = sums.pending.pop(mod.layer, None) if sums is not None else None
+    if acc is None:
+        acc = torch.zeros(redundant.size, out1[0].numel() + out2[0].numel(), dtype=torch.float32, device=g1.device)
+    for s in mine:
+        row = acc[index[local[s]]]
+        row[:n1].view_as(out1[s]).add_(out1[s])
+        row[n1:].view_as(out2[s]).add_(out2[s])
         if s in extra:
-            a += extra[s]
-        return a
-
-    reduce_now = True
-    step = sums if redundant.size else None  # the step's sums, where redundant slots are kept back
-    pending: Dict[int, torch.Tensor] = {}
-    if step is not None:
-        reduce_now = step.note_backward(mod.layer)
-        pending = step.pending.setdefault(mod.layer, {})
-    acc: Dict[int, torch.Tensor] = {}
-    held = set()  # kept-back slots: 0 until the step's last backward delivers the sum
-    for s in touched:
-        if step is None or local[s] not in index:
-            acc[s] = fp32(s)
-            continue
-        run = pending.pop(s, None)
-        if run is None:
-            run = fp32(s)
-        elif s in extra:
-            run += fp32(s)
-        else:  # the running sum plus this backward's part, in place (a bf16 part widens exactly)
-            run[:n1] += g1[s].reshape(-1)
-            run[n1:] += g2[s].reshape(-1)
-        if reduce_now:
-            acc[s] = run
-        else:
-            pending[s] = run
-            held.add(s)
-    if step is not None and reduce_now:
-        step.pending.pop(mod.layer, None)
-    if redundant.size and reduce_now:
-        # every rank of the group joins, also one that holds none of the redundant experts
-        buf = torch.zeros(redundant.size, n1 + n2, dtype=torch.float32, device=g1.device)
-        for s in touched:
-            if local[s] in index:
-                buf[index[local[s]]] += acc[s]
-        dist.all_reduce(buf, group=mod.group)
-        for s in touched:
-            if local[s] in index:
-                acc[s] = buf[index[local[s]]]
-    if not touched:
-        return g1, g2
-    # the incoming gradients are edited only where they are the layer's own; otherwise they
-    # may be shared with other nodes, and new tensors are returned
-    out1, out2 = (g1, g2) if _own(g1) and _own(g2) else (g1.clone(), g2.clone())
-    for s in touched:
-        if s in held:
+            row.add_(extra[s])
+    if not last:
+        sums.pending[mod.layer] = acc  # type: ignore[union-attr]
+        for s in mine:
             out1[s].zero_()
             out2[s].zero_()
-        else:
-            out1[s] = acc[s][:n1].view(g1.shape[1:]).to(g1.dtype)
-            out2[s] = acc[s][n1:].view(g2.shape[1:]).to(g2.dtype)
+        return out1, out2
+    # every rank of the group joins, also one that holds none of the redundant experts
+    with profile.region("redundant_sum"):
+        dist.all_reduce(acc, group=mod.group)
+    for s in mine:
+        row = acc[index[local[s]]]
+        out1[s].copy_(row[:n1].view_as(out1[s]))
+        out2[s].copy_(row[n1:].view_as(out2[s]))
     return out1, out2
+
+
+def _add_rounded(g: torch.Tensor, part: torch.Tensor) -> None:
+    """``g += part`` (flat fp32) in fp32, rounded once to ``g``'s dtype, in place."""
+    if g.dtype == torch.float32:
+        g.add_(part.view_as(g))
+    else:
+        g.copy_(g.float().add_(part.view_as(g)))

@@ -18,12 +18,19 @@ plan passes `Plan.validate` before use.
   `broadcast_plan`.
 * `check_peer_death`: a rank exits in the middle of a migration; the others raise within the
   timeout with their state intact.
+* `check_agreement`: plans that differ between ranks refused naming both digests; damaged
+  and missing plan files fail every rank; a rank late to the plan agreement fails every
+  rank with one message.
+* `kills.check_kill` / `kills.check_restart`: a rank SIGKILLed at each point of a migration,
+  then a fresh group restarted from the last complete checkpoint, compared byte for byte
+  with a run without the fault (docs/faults.md).
 * `check_zero_tokens`: steps where some (or all) ranks have no tokens match the dense
   reference forward and backward; a bad argument on one rank makes every rank raise.
 
 The parts: `case` (sizes, data and plans from the seed), `model` (the test model and the
 figures compared across ranks), `windows` (`check_windows`), `faults` (`check_faults`,
-`check_peer_death`), `zero` (`check_zero_tokens`); `run_ranks` is `routepack.torch.spawn`'s.
+`check_peer_death`, `check_agreement`), `kills` (killed ranks, checkpoints, restarts), `zero`
+(`check_zero_tokens`); `run_ranks` is `routepack.torch.spawn`'s.
 """
 
 from routepack.torch.spawn import run_ranks
@@ -37,7 +44,7 @@ from selfcheck.case import (
     make_window,
     migration_rows,
 )
-from selfcheck.faults import check_faults, check_peer_death, count_transfers
+from selfcheck.faults import check_agreement, check_faults, check_peer_death, count_transfers
 from selfcheck.model import (
     EPModel,
     Weights,
@@ -55,6 +62,7 @@ __all__ = [
     "EPModel",
     "Weights",
     "cell_origin",
+    "check_agreement",
     "check_faults",
     "check_peer_death",
     "check_windows",

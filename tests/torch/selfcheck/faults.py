@@ -1,6 +1,8 @@
-"""`check_faults` and `check_peer_death`: bad plans refused before any transfer, a fault at
-every protocol point and a rank dying mid-migration all leave every rank's state intact
-(see `selfcheck`)."""
+"""`check_faults`, `check_peer_death` and `check_agreement`: bad plans refused before any
+transfer, a fault at every protocol point and a rank dying mid-migration all leave every
+rank's state intact; plans that differ between ranks, damaged plan files and a rank late to
+the plan agreement fail every rank, with one message (see `selfcheck`; killed ranks and the
+restart from a checkpoint: `selfcheck.kills`)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import datetime
 import os
 import time
 from dataclasses import replace
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, Tuple
 
 import numpy as np
 import torch
@@ -17,11 +19,11 @@ import torch.distributed as dist
 
 import routepack as rp
 from routepack.plan import REPLICA_DTYPE, Placement, Plan
-from routepack.torch.broadcast import broadcast_plan, plan_digest
-from routepack.torch.migrate import expert_state, pack_slot
-from routepack.torch.replay import rank_microbatches
+from routepack.torch.broadcast import agree_on_plan, broadcast_plan, digest_int, load_plan, plan_digest
+from routepack.torch.migrate import migrate
 from selfcheck.case import Case, make_plans, migration_rows
-from selfcheck.model import EPModel, Weights, fingerprints, inputs, make_groups
+from selfcheck.kills import fresh_model, snapshot, train_window
+from selfcheck.model import EPModel, fingerprints
 
 
 @contextlib.contextmanager
@@ -42,32 +44,32 @@ def count_transfers():
         dist.batch_isend_irecv = orig
 
 
-def _snapshot(model: EPModel) -> List[bytes]:
-    return [
-        pack_slot(expert_state(mod, model.opt), s).cpu().numpy().tobytes()
-        for mod in model.layers
-        for s in range(mod.slots_per_rank)
-    ] + [mod.phy2log.tobytes() for mod in model.layers]
-
-
 def _trained_model(case: Case, device: Any) -> Tuple[EPModel, Plan, rp.Window]:
     """A rebalanced model after window 0 (migrated, one Adam step, so state exists) and the plan
     of window 1 that migrates from it."""
-    topo = case.topology()
-    model = EPModel(case, Weights(case, device), device, make_groups(topo))
-    plan0, _, window0, routed, cu = make_plans(case, 0, Placement.static(case.layers, case.experts, topo))
-    model.runner.begin_window(plan0, window0, model.opt)
-    for mb in rank_microbatches(plan0, routed, dist.get_rank(), cu):
-        model.runner.start_micro(mb.micro)
-        x, r = inputs(case, 0, dist.get_rank(), mb.micro, mb.routed.shape[0], device)
-        (model(x, mb.routed.to(device)) * r).sum().backward()
-    model.runner.finish_step()
-    for p in model.routers:
-        dist.all_reduce(p.grad)
-    model.opt.step()
-    model.opt.zero_grad(set_to_none=True)
-    plan1, _, window1, _, _ = make_plans(case, 1, plan0.placement)
+    model = fresh_model(case, device)
+    train_window(model, case, 0, device)
+    current = Placement(np.stack([mod.phy2log for mod in model.layers]), case.experts, case.slots_per_rank)
+    plan1, _, window1, _, _ = make_plans(case, 1, current)
     return model, plan1, window1
+
+
+def _diverged(case: Case, plan1: Plan, window1: rp.Window, rank: int) -> Tuple[Plan, rp.Window]:
+    """(plan, window) of this rank where rank 0 holds another valid plan than the others: the
+    same placement and migration, another layout (a window of another seed)."""
+    if rank != 0:
+        return plan1, window1
+    topo = case.topology()
+    diverged = make_plans(replace(case, seed=case.seed + 7), 1, Placement.static(case.layers, case.experts, topo))
+    plan = Plan(
+        plan1.placement,
+        diverged[0].sample_rank,
+        diverged[0].sample_micro,
+        plan1.num_micro,
+        np.zeros(0, REPLICA_DTYPE),
+        plan1.migration,
+    )
+    return plan, diverged[2]
 
 
 def check_faults(rank: int, world: int, device: Any, case: Case = Case()) -> Dict[str, Any]:
@@ -77,19 +79,21 @@ def check_faults(rank: int, world: int, device: Any, case: Case = Case()) -> Dic
     model, plan1, window1 = _trained_model(case, device)
     topo = case.topology()
     figs: Dict[str, Any] = {"bad_plans": {}, "faults": {}}
-    snap = _snapshot(model)
+    snap = snapshot(model)
 
     def attempt(plan: Plan, window: rp.Window, fault: Any = None, extra: Any = None) -> Dict[str, Any]:
         t0 = time.perf_counter()
+        message = ""
         with count_transfers() as seen:
             try:
                 model.runner.begin_window(plan, window, model.opt, fault=fault, extra_state=extra)
                 raised = None
             except Exception as e:  # noqa: BLE001 (the figure is the type)
-                raised = type(e).__name__
+                raised, message = type(e).__name__, str(e)
         return {
             "raised": raised,
-            "intact": _snapshot(model) == snap,
+            "message": message if raised else None,
+            "intact": snapshot(model) == snap,
             "transfers": seen[1],
             "seconds": time.perf_counter() - t0,
         }
@@ -143,23 +147,7 @@ def check_faults(rank: int, world: int, device: Any, case: Case = Case()) -> Dic
     )
     figs["bad_plans"]["migration_from_other_placement"] = attempt(stale, window1)
     if world > 1:  # a lone rank has nobody to disagree with
-        diverged = make_plans(replace(case, seed=case.seed + 7), 1, Placement.static(case.layers, case.experts, topo))
-        mine = (
-            (
-                Plan(
-                    plan1.placement,
-                    diverged[0].sample_rank,
-                    diverged[0].sample_micro,
-                    plan1.num_micro,
-                    np.zeros(0, REPLICA_DTYPE),
-                    plan1.migration,
-                ),
-                diverged[2],
-            )
-            if rank == 0
-            else (plan1, window1)
-        )
-        figs["bad_plans"]["different_plan_on_rank0"] = attempt(*mine)
+        figs["bad_plans"]["different_plan_on_rank0"] = attempt(*_diverged(case, plan1, window1, rank))
 
     # a fault on one rank at each point of the protocol
     # the commit fault fires after the failing rank has written its first slot: pick the rank
@@ -215,7 +203,7 @@ def check_peer_death(rank: int, world: int, device: Any, case: Case = Case(), de
     `MigrationError` within the timeout with their state intact."""
     model, plan1, window1 = _trained_model(case, device)
     model.runner.timeout = datetime.timedelta(seconds=10)
-    snap = _snapshot(model)
+    snap = snapshot(model)
     dead = dead % world
 
     def fault(p: str) -> None:
@@ -228,4 +216,95 @@ def check_peer_death(rank: int, world: int, device: Any, case: Case = Case(), de
         raised = None
     except Exception as e:  # noqa: BLE001
         raised = type(e).__name__
-    return {"raised": raised, "intact": _snapshot(model) == snap, "seconds": time.perf_counter() - t0}
+    return {"raised": raised, "intact": snapshot(model) == snap, "seconds": time.perf_counter() - t0}
+
+
+def _refused(model: EPModel, snap: Any, fn: Any) -> Dict[str, Any]:
+    """Runs ``fn``; what it raised (type, message), transfers started, state intact, seconds."""
+    t0 = time.perf_counter()
+    raised = message = None
+    with count_transfers() as seen:
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 (the figures are the type and the message)
+            raised, message = type(e).__name__, str(e)
+    return {
+        "raised": raised,
+        "message": message,
+        "transfers": seen[1],
+        "intact": snapshot(model) == snap,
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+@contextlib.contextmanager
+def damaged_broadcasts():
+    """Inside, every byte tensor this rank receives by ``dist.broadcast`` (a plan's ``.npz``
+    bytes) has 32 bytes in its middle inverted after it arrives."""
+    orig = dist.broadcast
+
+    def damaging(tensor: torch.Tensor, src: int, group: Any = None, async_op: bool = False) -> Any:
+        work = orig(tensor, src, group=group, async_op=async_op)
+        if tensor.dtype == torch.uint8 and tensor.numel() > 64 and dist.get_rank() != src:
+            if work is not None:
+                work.wait()
+            mid = tensor.numel() // 2
+            tensor[mid : mid + 32] = 255 - tensor[mid : mid + 32]
+        return work
+
+    dist.broadcast = damaging
+    try:
+        yield
+    finally:
+        dist.broadcast = orig
+
+
+def check_agreement(rank: int, world: int, device: Any, case: Case = Case(), folder: str = "") -> Dict[str, Any]:
+    """The plan agreement under faults (world >= 2), after window 0 trained:
+
+    * rank 0 holds another plan than the others: `PlanRunner.begin_window`, `migrate` and
+      `agree_on_plan` each refuse it on every rank before any transfer, naming both digests
+      (this rank's is ``digest``);
+    * plan files (rank 0 reads, `load_plan`): a good one arrives on every rank; a damaged one
+      and a missing one fail every rank, naming the path; a plan whose bytes arrive damaged
+      on rank ``world - 1`` (`broadcast_plan`) fails every rank;
+    * last (the group is unusable after it): rank ``world - 1`` enters the agreement of
+      `begin_window` after the others' timeout (3 s) ran out: every rank raises
+      `AgreementError` with the same message, none hangs.
+
+    ``folder``: a directory every rank can read, for the plan files."""
+    model, plan1, window1 = _trained_model(case, device)
+    model.runner.timeout = datetime.timedelta(seconds=3)
+    timeout = model.runner.timeout
+    snap = snapshot(model)
+    plan, window = _diverged(case, plan1, window1, rank)
+    figs: Dict[str, Any] = {"digest": f"{digest_int(plan):016x}"}
+    figs["runner"] = _refused(model, snap, lambda: model.runner.begin_window(plan, window, model.opt))
+    figs["migrate"] = _refused(model, snap, lambda: migrate(model.layers, plan, model.opt, timeout=timeout))
+    figs["agree_on_plan"] = _refused(model, snap, lambda: agree_on_plan(plan, device=device, timeout=timeout))
+
+    good, damaged = os.path.join(folder, "plan.npz"), os.path.join(folder, "damaged.npz")
+    if rank == 0:
+        plan1.save(good)
+        with open(good, "rb") as f:
+            raw = f.read()
+        with open(damaged, "wb") as f:
+            f.write(raw[: len(raw) // 2])
+    figs["load_good"] = bool(load_plan(good, 0, timeout=timeout).same_as(plan1))
+    figs["load_damaged"] = _refused(model, snap, lambda: load_plan(damaged, 0, timeout=timeout))
+    figs["load_missing"] = _refused(model, snap, lambda: load_plan(damaged + ".gone", 0, timeout=timeout))
+    with damaged_broadcasts() if rank == world - 1 else contextlib.nullcontext():
+        figs["sent_damaged"] = _refused(
+            model, snap, lambda: broadcast_plan(plan1 if rank == 0 else None, 0, timeout=timeout)
+        )
+
+    late, flag = world - 1, os.path.join(folder, "late_done")
+    if rank == late:
+        time.sleep(3 * timeout.total_seconds() + 1)
+    figs["timeout"] = _refused(model, snap, lambda: model.runner.begin_window(plan1, window1, model.opt))
+    if rank == late:
+        open(flag, "w").close()
+    deadline = time.monotonic() + 60
+    while not os.path.exists(flag) and time.monotonic() < deadline:  # stay alive, in no collective
+        time.sleep(0.2)
+    return figs

@@ -233,7 +233,7 @@ pub fn rank_tokens(plan: &Plan, w: &WindowView, topo: &Topology) -> Result<Vec<i
     let (g_n, m_n, l_n, ep, e_n) = (topo.num_groups(), plan.num_micro, w.num_layers, topo.ep, w.num_experts);
     let (off, members) = cell_members(&plan.sample_rank, &plan.sample_micro, topo.dp, m_n);
     let reps = bucket_replicas(&plan.replicas, g_n, m_n, l_n);
-    let layer_slots: Vec<(Vec<usize>, Vec<usize>)> = (0..l_n).map(|l| plan.placement.replicas_of_layer(l)).collect();
+    let layer_slots = plan.placement.slot_tables()?;
     let per_gm: Vec<Vec<i64>> = (0..g_n * m_n)
         .into_par_iter()
         .map(|gm| {

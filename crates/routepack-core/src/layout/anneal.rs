@@ -150,6 +150,8 @@ pub fn anneal(px: &Proxy, init: &[u32], params: &AnnealParams) -> Result<AnnealR
             ),
         ));
     }
+    // below the ceiling, the population must fit what this process can hold now
+    crate::sizes::check_call("anneal_chains", &format!("{chains_n} chains of {} bytes each", base.heap_bytes()), population as u128)?;
     let initial_energy = base.energy;
     let initial_cost = px.step_time(&base.sh);
     let mut best_cell = init.to_vec();

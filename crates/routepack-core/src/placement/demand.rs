@@ -10,6 +10,7 @@ use rayon::prelude::*;
 
 use crate::cpu::Avx2;
 use crate::error::{invalid, Result};
+use crate::sizes;
 use crate::window::WindowView;
 
 /// Default number of chunks the window is split into for placement's microbatch awareness
@@ -92,26 +93,29 @@ pub fn chunk_demand(w: &WindowView, num_chunks: usize) -> Result<Vec<f64>> {
             format!("{num_chunks} chunks for {} samples; use at most one chunk per sample", w.num_samples),
         ));
     }
-    let chunk = chunk_of_samples(w.seq_lens, num_chunks);
     let (e_n, b_n) = (w.num_experts, num_chunks);
-    let per_layer: Vec<Vec<f64>> = (0..w.num_layers)
-        .into_par_iter()
-        .map(|l| {
-            // chunk-major integer sums first (contiguous rows: the loop vectorises), then the
-            // [E, B] transpose; integer counts below 2^53 make these f64 values exact, the
-            // same as summing in f64 in any order
-            let mut acc = vec![0i64; b_n * e_n];
-            chunk_sums(w, l, &chunk, &mut acc);
-            let mut out = vec![0.0f64; e_n * b_n];
-            for (b, row) in acc.chunks_exact(e_n).enumerate() {
-                for (e, &x) in row.iter().enumerate() {
-                    out[e * b_n + b] = x as f64;
-                }
+    // the call holds the result [L, E, B] and, per worker, one layer's integer sums [B, E];
+    // every byte of it is sized by `placement_chunks`
+    let what = format!("chunk demand [L, E, B] = [{}, {e_n}, {b_n}] of float64 (and per worker [B, E] of int64)", w.num_layers);
+    let scratch = sizes::bytes_of::<i64>(b_n.saturating_mul(e_n)).saturating_mul(rayon::current_num_threads() as u128);
+    let out_n = w.num_layers.saturating_mul(e_n).saturating_mul(b_n);
+    sizes::check_call("placement_chunks", &what, sizes::bytes_of::<f64>(out_n).saturating_add(scratch))?;
+    let chunk = chunk_of_samples(w.seq_lens, num_chunks);
+    let mut out = sizes::filled("placement_chunks", &what, out_n, 0.0f64)?;
+    out.par_chunks_mut(e_n * b_n).enumerate().try_for_each(|(l, out)| {
+        // chunk-major integer sums first (contiguous rows: the loop vectorises), then the
+        // [E, B] transpose; integer counts below 2^53 make these f64 values exact, the
+        // same as summing in f64 in any order
+        let mut acc = sizes::filled("placement_chunks", &what, b_n * e_n, 0i64)?;
+        chunk_sums(w, l, &chunk, &mut acc);
+        for (b, row) in acc.chunks_exact(e_n).enumerate() {
+            for (e, &x) in row.iter().enumerate() {
+                out[e * b_n + b] = x as f64;
             }
-            out
-        })
-        .collect();
-    Ok(per_layer.concat())
+        }
+        Ok(())
+    })?;
+    Ok(out)
 }
 
 /// Adds every sample's demand in layer `l` to its chunk's row of `acc` `[B, E]`; compiled for

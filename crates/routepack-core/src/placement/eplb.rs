@@ -213,6 +213,11 @@ fn check_args(
     // every layer's tables (phy2log, the physical ranks and their working copies, about
     // 48 bytes per replica) are built at once, layers in parallel
     check_bytes("num_replicas", num_layers as u128 * num_replicas as u128 * 48, "the per-layer tables")?;
+    // below the ceiling: those, the results (phy2log, and log2phy at its even width, one
+    // replica each) and logcnt must fit what this process can hold now
+    let replicas = sizes::table_bytes(&[num_layers, num_replicas], 48 + 8 + 8);
+    let call = replicas.saturating_add(sizes::table_bytes(&[num_layers, num_experts], 8));
+    sizes::check_call("num_replicas", "EPLB's tables", call)?;
     if !num_replicas.is_multiple_of(num_gpus) {
         return Err(invalid("num_replicas", format!("{num_replicas} is not a multiple of num_gpus = {num_gpus}")));
     }
@@ -253,6 +258,8 @@ pub fn node_groups(num_experts: usize, topo: &Topology) -> usize {
 /// `num_replicas = ep · slots_per_rank` (every slot filled). `loads` is `[L, E]`.
 pub fn eplb_placement(loads: &[f64], num_layers: usize, num_experts: usize, topo: &Topology, num_groups: usize) -> Result<Placement> {
     topo.check_experts(num_experts)?;
+    // EPLB's tables (about 64 bytes a replica, all layers at once) and the placement's
+    Placement::check_policy_call("EPLB's placement", num_layers, topo.num_slots(), num_experts, 64 + 4)?;
     let t = rebalance_experts(loads, num_layers, num_experts, topo.num_slots(), num_groups, topo.nodes_per_group(), topo.ep)?;
     let phy2log = t.phy2log.iter().map(|&e| e as i32).collect();
     Placement::new(phy2log, num_layers, num_experts, topo.slots_per_rank)

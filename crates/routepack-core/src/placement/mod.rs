@@ -35,11 +35,16 @@ pub fn static_placement(num_layers: usize, num_experts: usize, topo: &Topology) 
     if num_layers == 0 || num_layers > i32::MAX as usize {
         return Err(invalid("num_layers", format!("must be in [1, 2^31), got {num_layers}")));
     }
-    // the whole table is sized by the arguments: check it before allocating anything
+    // the whole table is sized by the arguments: the call's estimate (the table and what its
+    // checked tables take, `Placement::tables_bytes`) is reserved before anything is allocated,
+    // blaming the larger of the two factors
     let slots = topo.num_slots();
     let what = format!("phy2log [num_layers, topo.ep * topo.slots_per_rank] = [{num_layers}, {slots}] of int32");
-    sizes::check_bytes("num_layers", &what, sizes::table_bytes(&[num_layers, slots], 4))?;
-    let mut phy2log = sizes::with_capacity::<i32>("num_layers", &what, num_layers * slots)?;
+    let arg = if num_layers >= slots { "num_layers" } else { "topo.slots_per_rank" };
+    sizes::check_bytes(arg, &what, sizes::table_bytes(&[num_layers, slots], 4))?;
+    let call = sizes::table_bytes(&[num_layers, slots], 4).saturating_add(Placement::tables_bytes(num_layers, slots, num_experts, 1));
+    sizes::check_call(arg, &format!("the static placement with its tables, {what},"), call)?;
+    let mut phy2log = sizes::with_capacity::<i32>(arg, &what, num_layers * slots)?;
     phy2log.resize(slots, -1);
     for e in 0..num_experts {
         let r = e / per_rank;

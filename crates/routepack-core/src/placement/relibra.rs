@@ -45,6 +45,9 @@ pub fn relibra_placement(
             format!("layer {}, expert {} has {}; loads must be finite and >= 0", i / num_experts, i % num_experts, loads[i]),
         ));
     }
+    // the start placement, each layer's reordered copy and the result (12 bytes a slot), and
+    // the placement's tables
+    Placement::check_policy_call("ReLibra's placement", num_layers, topo.num_slots(), num_experts, 12)?;
     let start = match previous {
         Some(p) => {
             if p.num_layers != num_layers || p.num_experts != num_experts {

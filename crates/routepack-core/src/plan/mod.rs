@@ -6,7 +6,7 @@
 
 mod placement;
 
-pub use placement::Placement;
+pub use placement::{max_replicas_of, Placement};
 
 /// One intra-batch replica: in microbatch `micro` of EP group `group`, layer `layer`, the
 /// weights of logical `expert` go from EP-local rank `src_rank` (which hosts it) to `dst_rank`,

@@ -27,10 +27,31 @@ pub struct Placement {
 impl Placement {
     /// Wraps and checks a phy2log table `[L, num_slots]`.
     pub fn new(phy2log: Vec<i32>, num_layers: usize, num_experts: usize, slots_per_rank: usize) -> Result<Self> {
-        if num_layers == 0 || slots_per_rank == 0 || !phy2log.len().is_multiple_of(num_layers) {
-            return Err(invalid("placement.phy2log", format!("has {} entries, not a multiple of L={num_layers}", phy2log.len())));
+        let num_slots = Self::check_shape(phy2log.len(), num_layers, num_experts, slots_per_rank)?;
+        let p = Self { num_layers, num_experts, num_slots, slots_per_rank, phy2log };
+        p.check()?;
+        Ok(p)
+    }
+
+    /// [`Placement::new`] of a borrowed table (what the bindings read from numpy): its shape
+    /// checked first, then what the copy and its tables take ([`Placement::tables_bytes`])
+    /// reserved ([`sizes::check_call`], naming `placement.phy2log`), then the table copied
+    /// fallibly.
+    pub fn from_slice(phy2log: &[i32], num_layers: usize, num_experts: usize, slots_per_rank: usize) -> Result<Self> {
+        let num_slots = Self::check_shape(phy2log.len(), num_layers, num_experts, slots_per_rank)?;
+        let r = max_replicas_of(phy2log, num_layers, num_experts);
+        let what = format!("placement.phy2log [{num_layers}, {num_slots}], copied, with its tables (up to {r} copies of an expert),");
+        sizes::check_call("placement.phy2log", &what, Self::tables_bytes(num_layers, num_slots, num_experts, r))?;
+        Self::new(sizes::copied("placement.phy2log", "a copy of phy2log", phy2log)?, num_layers, num_experts, slots_per_rank)
+    }
+
+    /// The slots per layer of a phy2log of `len` entries over `num_layers` layers, checked
+    /// against the experts and the slots per rank (nothing allocated).
+    fn check_shape(len: usize, num_layers: usize, num_experts: usize, slots_per_rank: usize) -> Result<usize> {
+        if num_layers == 0 || slots_per_rank == 0 || !len.is_multiple_of(num_layers) {
+            return Err(invalid("placement.phy2log", format!("has {len} entries, not a multiple of L={num_layers}")));
         }
-        let num_slots = phy2log.len() / num_layers;
+        let num_slots = len / num_layers;
         if num_experts == 0 || num_experts > num_slots {
             return Err(invalid(
                 "num_experts",
@@ -46,9 +67,7 @@ impl Placement {
                 format!("{num_slots} slots per layer is not a multiple of slots_per_rank={slots_per_rank}"),
             ));
         }
-        let p = Self { num_layers, num_experts, num_slots, slots_per_rank, phy2log };
-        p.check()?;
-        Ok(p)
+        Ok(num_slots)
     }
 
     /// Every entry in [-1, E) and every logical expert with at least one slot in every layer.
@@ -109,7 +128,46 @@ impl Placement {
 
     /// Largest replica count over all (layer, expert).
     pub fn max_replicas(&self) -> usize {
-        self.logcnt().into_iter().max().unwrap_or(1).max(1) as usize
+        max_replicas_of(&self.phy2log, self.num_layers, self.num_experts)
+    }
+
+    /// Bytes a placement policy's call holds at once for `num_layers` layers of `num_slots`
+    /// slots and `num_experts` experts: the tables it builds (`per_slot` bytes a slot of a
+    /// layer, every layer at once: its phy2log, candidates and working copies) plus
+    /// [`Placement::tables_bytes`] with the most copies one expert can have. The estimate
+    /// [`crate::placement`]'s policies reserve, blaming `topo.slots_per_rank`.
+    pub fn policy_bytes(num_layers: usize, num_slots: usize, num_experts: usize, per_slot: usize) -> u128 {
+        let most = num_slots.saturating_sub(num_experts).saturating_add(1);
+        sizes::table_bytes(&[num_layers, num_slots], per_slot).saturating_add(Self::tables_bytes(num_layers, num_slots, num_experts, most))
+    }
+
+    /// Reserves [`Placement::policy_bytes`] for the policy `what` ([`sizes::check_call`],
+    /// naming `topo.slots_per_rank`, which sizes every table of the call).
+    pub fn check_policy_call(what: &str, num_layers: usize, num_slots: usize, num_experts: usize, per_slot: usize) -> Result<()> {
+        let what = format!("{what} of [L, slots] = [{num_layers}, {num_slots}] (its tables included)");
+        sizes::check_call("topo.slots_per_rank", &what, Self::policy_bytes(num_layers, num_slots, num_experts, per_slot))
+    }
+
+    /// Every layer's [`Placement::replicas_of_layer`], built fallibly after reserving them
+    /// ([`sizes::check_call`], naming `plan`): what the simulator, the router and replication
+    /// index the placement with.
+    pub fn slot_tables(&self) -> Result<Vec<(Vec<usize>, Vec<usize>)>> {
+        let per_layer = sizes::bytes_of::<usize>(self.num_experts + 1 + self.num_slots);
+        let what = format!("the placement's slot tables, L = {} layers of {} slots,", self.num_layers, self.num_slots);
+        sizes::check_call("plan", &what, per_layer.saturating_mul(self.num_layers as u128))?;
+        Ok((0..self.num_layers).map(|l| self.replicas_of_layer(l)).collect())
+    }
+
+    /// Bytes that checking a phy2log table `[num_layers, num_slots]` the caller holds and
+    /// deriving its tables take at once, the estimate [`sizes::check_call`] reserves: its copy
+    /// (a `Placement` owns its table), `logcnt` [L, E] and `log2phy` [L, E, R] in int32 with
+    /// R = `max_replicas`, and the per-expert scratch. A call that also builds the table adds
+    /// `num_layers · num_slots · 4` bytes for it.
+    pub fn tables_bytes(num_layers: usize, num_slots: usize, num_experts: usize, max_replicas: usize) -> u128 {
+        let per_expert = sizes::table_bytes(&[num_layers, num_experts], 4);
+        sizes::table_bytes(&[num_layers, num_slots], 4)
+            .saturating_add(per_expert.saturating_mul(1 + max_replicas as u128))
+            .saturating_add(sizes::bytes_of::<usize>(num_experts).saturating_mul(2))
     }
 
     /// `[L, E, max_replicas]` physical slots of each expert in ascending order, padded with -1.
@@ -160,9 +218,38 @@ impl Placement {
     }
 }
 
+/// The largest copy count of one expert in one layer of `phy2log` `[L, ·]` (entries outside
+/// `0..num_experts` ignored), at least 1: what sizes `log2phy`, read without building
+/// `logcnt`.
+pub fn max_replicas_of(phy2log: &[i32], num_layers: usize, num_experts: usize) -> usize {
+    if num_layers == 0 || phy2log.is_empty() {
+        return 1;
+    }
+    let mut cnt = vec![0usize; num_experts];
+    let mut most = 1;
+    for layer in phy2log.chunks_exact(phy2log.len() / num_layers) {
+        cnt.iter_mut().for_each(|x| *x = 0);
+        for &e in layer {
+            if let Some(c) = usize::try_from(e).ok().and_then(|e| cnt.get_mut(e)) {
+                *c += 1;
+                most = most.max(*c);
+            }
+        }
+    }
+    most
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn max_replicas_counts_without_logcnt() {
+        let p = Placement::new(vec![0, 1, 1, 1, 0, 1, -1, 0], 2, 2, 2).unwrap();
+        assert_eq!(p.max_replicas(), 3);
+        assert_eq!(p.max_replicas(), *p.logcnt().iter().max().unwrap() as usize);
+        assert_eq!(max_replicas_of(&[], 0, 2), 1);
+    }
 
     #[test]
     fn missing_expert_is_refused() {

@@ -204,7 +204,7 @@ where
     validate_plan(&unreplicated, w, topo, i64::MAX)?;
     let (g_n, m_n, l_n, ep, e_n) = (topo.num_groups(), num_micro, w.num_layers, topo.ep, w.num_experts);
     let grid = CellGrid::new(sample_rank, sample_micro, num_micro, w.seq_lens, topo);
-    let layer_slots: Vec<(Vec<usize>, Vec<usize>)> = (0..l_n).map(|l| placement.replicas_of_layer(l)).collect();
+    let layer_slots = placement.slot_tables()?;
     let per_exchange: Vec<Vec<Replica>> = block
         .range(g_n * m_n * l_n)
         .into_par_iter()

@@ -84,6 +84,7 @@ use crate::cost::CostModel;
 use crate::cpu::Avx2;
 use crate::error::{bad_plan, invalid, Result};
 use crate::plan::Placement;
+use crate::sizes;
 use crate::topology::Topology;
 use crate::window::WindowView;
 
@@ -188,6 +189,15 @@ impl Proxy {
         let rpn = topo.ranks_per_group_node();
         let nodes = ep / rpn;
         let shape = Shape::new(l_n, ep, nodes);
+        // every sample's demand vector (EP ranks and nodes of every layer, at most 4 bytes a
+        // value) and the per-rank tables: sized by the EP group, reserved first
+        let per_sample = sizes::table_bytes(&[shape.demand_len()], 4).saturating_add(32);
+        let what = format!("the layout proxy's demand vectors, {s_n} samples x {} values,", shape.demand_len());
+        sizes::check_call(
+            "topo.ep",
+            &what,
+            per_sample.saturating_mul(s_n as u128).saturating_add(sizes::table_bytes(&[shape.hexp_len()], 8)),
+        )?;
         let demand = demand::project_compact(w, topo, placement, shape);
         // The expert-work term, linearised (`CostModel::expert_line`) at the window's mean
         // tokens of one expert copy in one exchange, split into its per-token part (`ct`,

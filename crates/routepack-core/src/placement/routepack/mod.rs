@@ -164,6 +164,10 @@ pub fn routepack_placement(
     opts.check()?;
     topo.check_experts(demand.num_experts)?;
     cost.check(demand.num_layers)?;
+    // every layer's candidates are kept until the migration choice: about four layers of
+    // slots each, with their moves (40 bytes a slot), the packer's items and bins; then the
+    // placement's tables
+    Placement::check_policy_call("routepack's placement", demand.num_layers, topo.num_slots(), demand.num_experts, 4 * (4 + 40) + 64)?;
     if let Some(p) = previous {
         p.check_topology(topo)?;
         if p.num_layers != demand.num_layers || p.num_experts != demand.num_experts {
