@@ -66,9 +66,7 @@ def bound_check(window: Any, topo: Any, cost: Any, cap: int):
         plan, res = out
         check_plan(plan, window, topo, cap)
         check_sim(res, plan, window, topo)
-        assert res.step_time >= res.lower_bound_time, (
-            f"step {res.step_time} below the bound {res.lower_bound_time}"
-        )
+        assert res.step_time >= res.lower_bound_time, f"step {res.step_time} below the bound {res.lower_bound_time}"
         # the bound depends on the window, topology, cost and cap only
         alone = rp.simulate(rp.plan_window(window, topo, cost, cap, policy="static"), window, topo, cost, cap)
         assert math.isclose(alone.lower_bound_time, res.lower_bound_time, rel_tol=1e-12), "bound depends on the plan"
