@@ -192,11 +192,12 @@ class Case:
     previous: Optional[np.ndarray]
 
 
-def random_case(seed: int, topology: Optional[tuple] = None) -> Case:
-    """A random (window, topology, cost, plan) with replicas and, half of the time, migration."""
+def random_case(seed: int, topology: Optional[tuple] = None, replica_slots: Optional[int] = None) -> Case:
+    """A random (window, topology, cost, plan) with replicas and, half of the time, migration
+    (``replica_slots``: the topology's replica buffers; None: its default)."""
     rng = np.random.default_rng(seed)
     dp, ep, gpn, spr = topology or TOPOLOGIES[int(rng.integers(len(TOPOLOGIES)))]
-    topo = rp.Topology(dp, ep, gpn, spr)
+    topo = rp.Topology(dp, ep, gpn, spr) if replica_slots is None else rp.Topology(dp, ep, gpn, spr, replica_slots)
     num_layers = int(rng.integers(1, 4))
     num_experts = int(rng.integers(max(1, topo.num_slots // 2), topo.num_slots + 1))
     num_micro = int(rng.integers(1, 4))

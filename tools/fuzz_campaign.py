@@ -52,10 +52,16 @@ KEEP = 5
 
 def load_targets(only: Optional[str] = None, torch: bool = True) -> List[Any]:
     """Every target, in table order (``only``: comma-separated name prefixes)."""
-    from fuzzlib import t_analysis, t_model, t_plan, t_planner, t_stages, t_window
+    from fuzzlib import t_analysis, t_bound, t_model, t_plan, t_planner, t_stages, t_window
 
     targets = (
-        t_model.TARGETS + t_window.TARGETS + t_plan.TARGETS + t_planner.TARGETS + t_stages.TARGETS + t_analysis.TARGETS
+        t_model.TARGETS
+        + t_window.TARGETS
+        + t_plan.TARGETS
+        + t_planner.TARGETS
+        + t_stages.TARGETS
+        + t_analysis.TARGETS
+        + t_bound.TARGETS
     )
     if torch:
         from fuzzlib import t_torch

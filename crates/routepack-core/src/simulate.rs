@@ -33,7 +33,7 @@
 
 use rayon::prelude::*;
 
-use crate::bound::{check_bound_inputs, lower_bound_of_sums, DemandSums};
+use crate::bound::{check_bound_inputs, lower_bound_of_sums, BoundTops, DemandSums};
 use crate::cell_grid::CellGrid;
 use crate::cost::links::LinkBytes;
 use crate::cost::CostModel;
@@ -427,7 +427,9 @@ pub fn simulate_validated(
 
     // every (g, m) independently; results kept in index order so the sum is deterministic:
     // each exchange's cost and its one-way dispatch bytes (inside nodes, between nodes), and
-    // what the lower bound reads of the demand, gathered on the same pass over it
+    // what the lower bound reads of the demand (its top-k sums too), gathered on the same
+    // pass over it
+    let tops = BoundTops::new(w, topo);
     let per_gm: Vec<GmResult> = (0..g_n * m_n)
         .into_par_iter()
         .map_init(
@@ -438,7 +440,11 @@ pub fn simulate_validated(
                 let costs = (0..l_n)
                     .map(|l| {
                         let share = &mut part.share[l * e_n..(l + 1) * e_n];
-                        grid.origin_and_sums(w, g, m, l, origin, share, |s, t, x| part.rows.push((s, l, t, x)));
+                        grid.origin_and_sums(w, g, m, l, origin, share, |s, t, x| {
+                            // the row was just read: its top-k sums while it is in cache
+                            let top = tops.as_ref().map_or([0.0; 4], |b| b.row(l, w.tokens(s, l), w.seq_lens[s], t as f64, x));
+                            part.rows.push((s, l, t, x, top))
+                        });
                         let totals = &mut part.totals[l * e_n..(l + 1) * e_n];
                         for o in origin.chunks_exact(e_n) {
                             totals.iter_mut().zip(o).for_each(|(t, &x)| *t += x);
@@ -453,10 +459,13 @@ pub fn simulate_validated(
             },
         )
         .collect();
-    let mut demand = DemandSums::new(w.num_samples, l_n, e_n);
+    let mut demand = DemandSums::with_tops(w.num_samples, l_n, e_n, tops.as_ref());
     for (_, part) in &per_gm {
-        for &(s, l, t, x) in &part.rows {
+        for &(s, l, t, x, top) in &part.rows {
             demand.set_row(s, l, t, x);
+            if tops.is_some() {
+                demand.set_row_tops(s, l, top);
+            }
         }
         for l in 0..l_n {
             demand.add_layer_part(l, &part.totals[l * e_n..(l + 1) * e_n], &part.share[l * e_n..(l + 1) * e_n]);
@@ -535,10 +544,10 @@ pub fn simulate_validated(
 type GmResult = (Vec<(LayerCost, (f64, f64), (f64, f64))>, GmSums);
 
 /// What one (group, microbatch) task of [`simulate_validated`] gathers for the lower bound
-/// ([`DemandSums`]): its rows `(sample, layer, Σ_e tokens, distinct experts)` and, per
-/// layer, its experts' totals and largest shares (`[L * E]` each).
+/// ([`DemandSums`]): its rows `(sample, layer, Σ_e tokens, distinct experts, top-k sums)` and,
+/// per layer, its experts' totals and largest shares (`[L * E]` each).
 struct GmSums {
-    rows: Vec<(usize, usize, i64, usize)>,
+    rows: Vec<(usize, usize, i64, usize, [f64; 4])>,
     totals: Vec<i64>,
     share: Vec<f64>,
 }
