@@ -30,6 +30,7 @@ import pytest
 
 import routepack as rp
 from routepack import compare, placement, policies, replay
+from routepack.integrations import megatron, verl
 from routepack.errors import RoutepackError, RoutepackFileError
 from routepack.stages.registry import STAGES
 
@@ -148,6 +149,8 @@ def a_plan(**kw: Any) -> rp.Plan:
 
 
 PLAN = a_plan()
+#: the plan with equal sample counts per DP rank, as verl's split needs
+EQUAL_PLAN = verl.equal_count_plan(PLAN, W, TOPO, CAP)
 ROWS = compare.compare([W, W], TOPO, COST, CAP, policies=["static", "eplb_oracle"])
 
 
@@ -228,6 +231,17 @@ def valid_calls(tmp: Path) -> Dict[str, Tuple[Callable, tuple, dict]]:
         ),
         "compare.summarise": (compare.summarise, (ROWS,), {"baseline": "static"}),
         "compare.format_table": (compare.format_table, (compare.summarise(ROWS),), {"baseline": "static"}),
+        # the trainer integrations' numpy-only functions
+        "verl.plan_batch": (verl.plan_batch, (W, TOPO, COST, CAP), {"policy": "static"}),
+        "verl.equal_count_plan": (verl.equal_count_plan, (PLAN, W, TOPO, CAP), {"cost": COST}),
+        "verl.balance_partitions": (verl.balance_partitions, ([EQUAL_PLAN, EQUAL_PLAN],), {}),
+        "verl.balance_order": (verl.balance_order, (EQUAL_PLAN,), {}),
+        "verl.balance_stats": (verl.balance_stats, (W.seq_lens, [[0, 1, 2], [3, 4, 5]]), {"prefix": "x"}),
+        "verl.micro_batch_indices": (verl.micro_batch_indices, (EQUAL_PLAN, 1), {}),
+        "megatron.num_moe_experts": (megatron.num_moe_experts, (PLAN,), {}),
+        "megatron.local_experts": (megatron.local_experts, (PLAN.placement,), {}),
+        "megatron.checkpoint_to_logical": (megatron.checkpoint_to_logical, (PLAN, 1), {}),
+        "megatron.logical_to_checkpoint": (megatron.logical_to_checkpoint, (PLAN.placement, 0), {}),
     }
 
 
@@ -289,6 +303,16 @@ CALL_NAMES = [
     "compare.compare",
     "compare.summarise",
     "compare.format_table",
+    "verl.plan_batch",
+    "verl.equal_count_plan",
+    "verl.balance_partitions",
+    "verl.balance_order",
+    "verl.balance_stats",
+    "verl.micro_batch_indices",
+    "megatron.num_moe_experts",
+    "megatron.local_experts",
+    "megatron.checkpoint_to_logical",
+    "megatron.logical_to_checkpoint",
     *OPTION_CALLS,
 ]
 
@@ -468,6 +492,13 @@ def test_eplb_groups_that_do_not_divide_the_experts_name_their_source(policy, op
     message = check_names_what_was_passed(rp.plan_window, (W, TOPO, cost, CAP), kwargs)
     assert message is not None and subject(message) == ("eplb_num_groups" if option else "cost.expert_groups")
     assert "num_groups" not in message.replace("eplb_num_groups", "")
+
+
+def test_a_verl_batch_that_does_not_split_over_the_ranks_names_the_window():
+    # the plan_batch caller passed a window, not a plan: the message is about the window
+    five = rp.Window(W.seq_lens[:5], W.counts[:5], top_k=2)
+    message = check_names_what_was_passed(verl.plan_batch, (five, TOPO, COST, CAP), {"policy": "static"})
+    assert message is not None and subject(message) == "window" and "topo.dp=2" in message
 
 
 def test_an_expert_table_array_is_taken_as_its_knots():

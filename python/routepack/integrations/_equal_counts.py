@@ -113,6 +113,13 @@ def plan_equal_counts(
     from routepack.policies import resolve
     from routepack.stages.policy import Policy
 
+    # the caller's window, not the plan made of it, is what cannot be split (before planning)
+    S = instance_of(window, Window, "window")._check_fields("window").num_samples
+    if S % instance_of(topo, Topology, "topo").dp:
+        raise RoutepackError(
+            f"window: its {S} samples do not split into topo.dp={topo.dp} equal DP shares (verl's DataProto.chunk "
+            "needs len(batch) % dp == 0)"
+        )
     plan = plan_window(window, topo, cost, token_cap=token_cap, policy=policy, **kwargs)
     try:
         return equal_count_plan(plan, window, topo, token_cap, cost)

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from routepack._checks import instance_of, positive_int
+from routepack._checks import as_int_array, index, instance_of, positive_int, sequence
 from routepack.errors import RoutepackError
 from routepack.integrations._common import as_numpy, local_micro_indices, num_ranks, plans_list, rank_order, require
 from routepack.integrations._equal_counts import plan_equal_counts
@@ -73,17 +73,26 @@ def balance_stats(seqlen_list: Any, partitions: List[List[int]], prefix: str = "
     ``[B]``, the batch's lengths before the reorder): keys ``{prefix}/min``, ``/max``,
     ``/minmax_diff`` (of equal consecutive slices), ``/balanced_min``, ``/balanced_max`` (of
     the partitions) and ``/mean``."""
-    lens = [int(x) for x in as_numpy(seqlen_list, "seqlen_list").reshape(-1)]
-    size = len(lens) // len(partitions)
+    lens = as_int_array(as_numpy(seqlen_list, "seqlen_list").reshape(-1), "seqlen_list", 1).tolist()
+    parts = [
+        [
+            index(i, f"partitions[{r}][{j}]", len(lens), "samples in seqlen_list")
+            for j, i in enumerate(sequence(p, f"partitions[{r}]", "sample indices"))
+        ]
+        for r, p in enumerate(sequence(partitions, "partitions", "lists of sample indices"))
+    ]
+    if not 1 <= len(parts) <= len(lens):
+        raise RoutepackError(f"partitions: {len(parts)} partitions of {len(lens)} samples; expected 1 to {len(lens)}")
+    size = len(lens) // len(parts)
     sums = [sum(lens[o : o + size]) for o in range(0, len(lens), size)]
-    balanced = [sum(lens[i] for i in p) for p in partitions]
+    balanced = [sum(lens[i] for i in p) for p in parts]
     return {
         f"{prefix}/min": min(sums),
         f"{prefix}/max": max(sums),
         f"{prefix}/minmax_diff": max(sums) - min(sums),
         f"{prefix}/balanced_min": min(balanced),
         f"{prefix}/balanced_max": max(balanced),
-        f"{prefix}/mean": sum(sums) / len(partitions),
+        f"{prefix}/mean": sum(sums) / len(parts),
     }
 
 

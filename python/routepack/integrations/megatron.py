@@ -47,12 +47,21 @@ import numpy as np
 from routepack._checks import index, instance_of
 from routepack.integrations._megatron_slots import slot_topk
 from routepack.plan import Placement, Plan
+from routepack.errors import RoutepackTypeError
 
 
 def _placement(plan_or_placement: Any) -> Placement:
+    """The placement of a `Plan`, or a `Placement` itself, its fields checked; anything else
+    is refused naming the argument the caller passed, ``plan_or_placement``."""
     if isinstance(plan_or_placement, Plan):
-        return plan_or_placement.placement
-    return instance_of(plan_or_placement, Placement, "placement")
+        return instance_of(plan_or_placement.placement, Placement, "plan_or_placement.placement")._check_fields(
+            "plan_or_placement.placement"
+        )
+    if not isinstance(plan_or_placement, Placement):
+        raise RoutepackTypeError(
+            f"plan_or_placement: expected a routepack.Plan or routepack.Placement, got {type(plan_or_placement).__name__}"
+        )
+    return plan_or_placement._check_fields("plan_or_placement")
 
 
 def num_moe_experts(plan_or_placement: Any) -> int:
