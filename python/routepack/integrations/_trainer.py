@@ -209,7 +209,7 @@ class TrainerPlanner:
 
     def topology(self, dp: int) -> Topology:
         """The `Topology` of ``dp`` DP ranks."""
-        extra = {} if self.replica_slots is None else {"replica_slots": self.replica_slots}
+        extra: Dict[str, Any] = {} if self.replica_slots is None else {"replica_slots": self.replica_slots}
         return Topology(
             dp=positive_int(dp, "dp"),
             ep=self.ep,
