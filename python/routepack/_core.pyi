@@ -75,7 +75,8 @@ def defaults() -> Dict[str, Dict[str, Any]]:
 
 def cost_defaults() -> Dict[str, Any]:
     """The cost model options' defaults: c_weights, c_gemm, expert_table, c_call, a2a_latency,
-    bw_reduce, overlap, passes (the core's)."""
+    bw_reduce, reduce_latency, replica_prefetch, c_migrate, migration_latency, overlap, passes
+    (the core's)."""
 
 # ---- placement tables and plans (src/py_plan.rs)
 def static_placement(num_layers: int, num_experts: int, topo: Any) -> _I32:

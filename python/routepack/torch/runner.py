@@ -168,16 +168,17 @@ class PlanRunner:
             raise InvalidPlanError("EP ranks hold different plans; nothing moved (use broadcast_plan)")
         report = None
         if plan.migration.size:
-            report = migrate(
-                self.layers,
-                plan,
-                optimizer,
-                group=self.group,
-                timeout=self.timeout,
-                extra_state=extra_state,
-                fault=fault,
-                max_bytes_in_flight=max_bytes_in_flight,
-            )
+            with profile.region("migration"):
+                report = migrate(
+                    self.layers,
+                    plan,
+                    optimizer,
+                    group=self.group,
+                    timeout=self.timeout,
+                    extra_state=extra_state,
+                    fault=fault,
+                    max_bytes_in_flight=max_bytes_in_flight,
+                )
         self.last_migration = report
         self.plan = plan
         self._cells = self._bucket(plan)
