@@ -41,6 +41,15 @@ impl CostField for f64 {
     }
 }
 
+impl CostField for bool {
+    fn read(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Self> {
+        attr(obj, name)
+    }
+    fn report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        Ok(self.into_pyobject(py)?.to_owned().into_any())
+    }
+}
+
 impl CostField for Vec<f64> {
     fn read(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Self> {
         attr(obj, name)
@@ -105,7 +114,8 @@ macro_rules! cost_fields {
 cost_fields! {
     required: a_lin, a_quad, c_tok, c_exp, token_bytes, bw_intra, bw_inter, expert_weight_bytes, expert_grad_bytes,
         expert_state_bytes;
-    options: c_weights, c_gemm, expert_table, c_call, a2a_latency, bw_reduce, overlap, passes,
+    options: c_weights, c_gemm, expert_table, c_call, a2a_latency, bw_reduce, reduce_latency, replica_prefetch, c_migrate,
+        migration_latency, overlap, passes,
 }
 
 /// routepack's placement options from `routepack_placement`'s arguments (None: the core's
@@ -245,8 +255,9 @@ pub fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 }
 
 /// `{field: default}` of the cost model's options (`c_weights`, `c_gemm`, `expert_table`,
-/// `c_call`, `a2a_latency`, `bw_reduce`, `overlap`, `passes`): `CostModel::default()`'s, the
-/// values that price every plan as before the options existed.
+/// `c_call`, `a2a_latency`, `bw_reduce`, `reduce_latency`, `replica_prefetch`, `c_migrate`,
+/// `migration_latency`, `overlap`, `passes`): `CostModel::default()`'s, the values that price
+/// every plan as before the options existed.
 #[pyfunction]
 pub fn cost_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     cost_option_defaults(py)

@@ -12,8 +12,13 @@ The cost part (`cost_check`) calibrates the ``--profile`` shapes (default ``flas
 user with an H200 would see) on the device, prints every kernel's held-out
 ``max_rel_error``, the fitted coefficients and their ratio to the H200 preset, and writes
 the cost model, the report and the figure to ``--out``; with two GPUs or more it then runs
-`routepack.measure` on NCCL (one GPU per rank) and prints measured vs predicted
-microbatches and speed-ups. Its figures are printed, not judged (no pass/fail threshold).
+the measured run of `routepack measure` on NCCL (one GPU per rank, up to 4 as 2 "nodes" of
+2; ``--windows`` windows whose plans migrate experts, hold redundant ones and fill replicas;
+static, routepack and eplb_oracle) and prints measured vs predicted steps, the speed-ups and
+the per-part profile beside the cost-model terms. On one GPU the measured run is skipped
+(NCCL refuses two ranks on one device), as are the links, exchange and migration sweeps.
+Its figures are printed, not judged (no pass/fail threshold). Without CUDA the script exits
+2 at once (``--backend gloo`` / ``--device cpu`` run its dry forms).
 
 What runs, by world size W (processes, one GPU each):
 
@@ -118,7 +123,7 @@ def cost_check(args: argparse.Namespace) -> list:
     from pathlib import Path
 
     from routepack.calibrate import calibrate
-    from routepack.measure import Workload, format_table, measure
+    from routepack.measure import Workload, format_table, measure, parts_table
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -128,7 +133,7 @@ def cost_check(args: argparse.Namespace) -> list:
     kernels = (
         ["expert_gemm", "attention"]
         + (["links"] if args.device == "cpu" or gpus >= 2 else [])
-        + (["exchange"] if gpus >= 2 else [])
+        + (["exchange", "migration"] if gpus >= 2 else [])
     )
     t0 = time.time()
     try:
@@ -164,12 +169,30 @@ def cost_check(args: argparse.Namespace) -> list:
     if args.no_measure:
         print("measure: skipped (--no-measure)")
     elif args.device == "cpu" or gpus >= 2:
-        work = Workload(hidden=args.hidden or 256, ffn=args.expert_ffn or 256, samples=args.samples)
+        # the measured run of `routepack measure` (README): windows whose plans migrate experts,
+        # hold redundant ones and fill replicas, against static and eplb_oracle
+        ranks = 2 if args.device == "cpu" else min(gpus, 4)
+        work = Workload(
+            ranks=ranks,
+            nodes=2 if ranks == 4 else 1,
+            slots_per_rank=10 if ranks == 2 else 5,
+            hidden=args.hidden or 256,
+            ffn=args.expert_ffn or 256,
+            samples=args.samples,
+            windows=args.windows,
+        )
         try:
-            res = measure(work, quick=args.quick, repeats=args.repeats, progress=False, device=args.device)
+            res = measure(
+                work,
+                policies=("static", "routepack", "eplb_oracle"),
+                quick=args.quick,
+                repeats=args.repeats,
+                progress=False,
+                device=args.device,
+            )
         except Exception as e:  # noqa: BLE001 (reported)
             return failures + [f"measure: {type(e).__name__}: {e}"]
-        print("\n".join(format_table(res)))
+        print("\n".join(format_table(res) + parts_table(res)))
         (out / "measure.json").write_text(json.dumps(res.to_dict(), indent=2, default=str))
     else:
         print(f"measure: skipped ({gpus} GPU; the measured run needs one GPU per rank, 2 ranks)")
@@ -188,7 +211,8 @@ def main() -> int:
     ap.add_argument("--hidden", type=int, default=None, help="override the profile's hidden size")
     ap.add_argument("--expert-ffn", type=int, default=None, dest="expert_ffn", help="override its expert FFN")
     ap.add_argument("--quick", action="store_true", help="the smoke sweeps (a dry run)")
-    ap.add_argument("--samples", type=int, default=48, help="samples of the measured run's window")
+    ap.add_argument("--samples", type=int, default=48, help="samples of each window of the measured run")
+    ap.add_argument("--windows", type=int, default=3, help="windows of the measured run (default 3)")
     ap.add_argument("--repeats", type=int, default=5, help="timed steps per plan in the measured run")
     ap.add_argument("--out", default="gpu_check_out", help="folder for the cost model, report, figure")
     ap.add_argument("--no-measure", action="store_true", help="calibrate only, no measured run")

@@ -139,7 +139,7 @@ def check(args: argparse.Namespace) -> Optional[str]:
     fills the defaults that depend on it."""
     kinds = set(args.kernels)
     for flag, dest, needs in (
-        ("--ranks", "ranks", {"links", "exchange"}),
+        ("--ranks", "ranks", {"links", "exchange", "migration"}),
         ("--max-tokens-per-expert", "max_tokens_per_expert", {"expert_gemm"}),
         ("--max-length", "max_length", {"attention"}),
     ):

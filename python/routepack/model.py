@@ -10,7 +10,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from routepack import _core
-from routepack._checks import file_path, finite_float, instance_of, json_value, positive_int, sequence
+from routepack._checks import boolean, file_path, finite_float, instance_of, json_value, positive_int, sequence
 from routepack.errors import RoutepackError, RoutepackFileError, RoutepackTypeError
 
 ATTENTION_KINDS = ("linear", "full")
@@ -272,6 +272,9 @@ _WORK_COEFFICIENTS = (
     "c_gemm",
     "c_call",
     "a2a_latency",
+    "reduce_latency",
+    "c_migrate",
+    "migration_latency",
 )
 
 #: CostModel fields a JSON file may lack (written before they existed): their defaults apply.
@@ -287,6 +290,10 @@ _OPTIONAL_JSON_KEYS = frozenset(
         "a2a_latency",
         "bw_reduce",
         "expert_table",
+        "reduce_latency",
+        "replica_prefetch",
+        "c_migrate",
+        "migration_latency",
     }
 )
 
@@ -369,6 +376,21 @@ class CostModel:
       once-per-step sum of redundant experts' gradients costs (`SimResult.redundant_grads`).
       0 (the default) prices it at ``bw_intra``; `routepack calibrate` measures it with the
       links where it also times the ``exchange``, whose bytes then set ``bw_intra``.
+    * ``reduce_latency``: seconds of one all-reduce beyond its bytes' time; the once-per-step
+      sum of redundant experts' gradients pays it once per layer holding a redundant expert.
+      0 (the default) prices none; `routepack calibrate` fits it with the links.
+    * ``replica_prefetch``: whether replica weights are fetched, and their gradients returned,
+      while the layer's attention runs (True, the default: replication is exposed only beyond
+      the attention, as `routepack.torch` overlaps it on a GPU). False exposes it in full, as
+      on a clock that counts the transfers' work whenever it runs (a CPU rank's CPU time:
+      `routepack measure`).
+    * ``c_migrate``: seconds per byte of expert state an EP rank migrates, sent or received,
+      beyond the link's time (packing, checksums, backups, unpacking in
+      `routepack.torch.migrate`); ``migration_latency``: seconds of a window's migration where
+      it moves anything, whatever it moves (the ranks' agreement and verification rounds).
+      0 (the defaults) price the link alone; `routepack calibrate` fits both where it times
+      the ``migration``. A window's migration then costs ``migration_latency`` + the slowest
+      rank's link time + ``c_migrate`` × the bytes it sends and receives.
     * ``overlap``: ``"none"`` (the default: a layer's time is attention + experts +
       all-to-all) or ``"dispatch_combine"``: the all-to-all of one microbatch runs behind the
       attention and expert compute of another (DualPipe, DeepEP, Megatron ``moe_fb_overlap``),
@@ -379,7 +401,8 @@ class CostModel:
       log-probs adds a forward: ``("forward", "forward", "backward")``.
 
     The options' defaults (``c_weights``, ``c_gemm``, ``expert_table``, ``c_call``, ``a2a_latency``,
-    ``bw_reduce``, ``overlap``, ``passes``) come from the core (``_core.cost_defaults()``); a JSON
+    ``bw_reduce``, ``reduce_latency``, ``replica_prefetch``, ``c_migrate``, ``migration_latency``,
+    ``overlap``, ``passes``) come from the core (``_core.cost_defaults()``); a JSON
     file written before they existed loads with them, and prices every plan as it did.
     """
 
@@ -403,6 +426,10 @@ class CostModel:
     a2a_latency: float = _COST_DEFAULTS["a2a_latency"]
     bw_reduce: float = _COST_DEFAULTS["bw_reduce"]
     expert_table: Tuple[Tuple[float, float], ...] = tuple(map(tuple, _COST_DEFAULTS["expert_table"]))
+    reduce_latency: float = _COST_DEFAULTS["reduce_latency"]
+    replica_prefetch: bool = _COST_DEFAULTS["replica_prefetch"]
+    c_migrate: float = _COST_DEFAULTS["c_migrate"]
+    migration_latency: float = _COST_DEFAULTS["migration_latency"]
 
     def __post_init__(self) -> None:
         if self.num_experts is not None:
@@ -432,8 +459,12 @@ class CostModel:
             "c_call",
             "a2a_latency",
             "bw_reduce",
+            "reduce_latency",
+            "c_migrate",
+            "migration_latency",
         ):
             object.__setattr__(self, name, finite_float(getattr(self, name), f"cost.{name}"))
+        object.__setattr__(self, "replica_prefetch", boolean(self.replica_prefetch, "cost.replica_prefetch"))
         for name in ("bw_intra", "bw_inter"):
             object.__setattr__(self, name, finite_float(getattr(self, name), f"cost.{name}", strict=True))
         object.__setattr__(self, "expert_table", _expert_table(self.expert_table))

@@ -23,8 +23,11 @@ def test_the_links_fit_recovers_bandwidth_and_latency_per_op(lat, bw_p2p, bw_a2a
         "bw_intra": fit.coefficients["bw_all_to_all"],
         "a2a_latency": fit.coefficients["latency_all_to_all_s"],
         "bw_reduce": fit.coefficients["bw_all_reduce"],
+        "reduce_latency": fit.coefficients["latency_all_reduce_s"],
     }
+    assert fit.cost_fields["reduce_latency"] == pytest.approx(lat, rel=1e-4, abs=1e-12)
     before = fit_links(links_measurement(lat, bw_p2p, bw_a2a), 3, MODEL)  # a report without the all-reduce
     assert "bw_reduce" not in before.cost_fields and "bw_all_reduce" not in before.coefficients
+    assert "reduce_latency" not in before.cost_fields
     for op in ("p2p", "all_to_all", "all_reduce"):  # each op has held-out points of its own
         assert any(h for h, p in zip(fit.held_out, fit.sweep) if p["op"] == op)

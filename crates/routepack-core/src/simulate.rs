@@ -334,7 +334,9 @@ fn price_exchange(
     LayerCost::new(cost, attn_max, x_max, a2a, replication, imbalance)
 }
 
-/// Seconds of exposed migration: per EP rank, max(sent, received) bytes over each link.
+/// Seconds of exposed migration ([`CostModel`]'s migration term of the bytes each EP rank
+/// sends and receives: per link max(sent, received) over its bandwidth, plus staging and the
+/// window's fixed cost where they are priced).
 pub fn migration_time(plan: &Plan, topo: &Topology, cost: &CostModel) -> f64 {
     let mut links = vec![LinkBytes::default(); topo.ep];
     for mv in &plan.migration {
@@ -344,15 +346,18 @@ pub fn migration_time(plan: &Plan, topo: &Topology, cost: &CostModel) -> f64 {
             LinkBytes::add(&mut links, s, d, mv.bytes, same);
         }
     }
-    LinkBytes::time(&links, cost)
+    cost.migration_time(&links)
 }
 
 /// Seconds of summing the gradients of every expert the placement holds in more than one
 /// slot of a layer, over the EP group, once per step ([`CostModel::redundant_grad_time`] of
 /// their count over all layers).
 pub fn redundant_grad_time(plan: &Plan, topo: &Topology, cost: &CostModel) -> f64 {
-    let redundant = plan.placement.logcnt().iter().filter(|&&c| c > 1).count();
-    cost.redundant_grad_time(redundant as f64, topo)
+    let counts = plan.placement.logcnt();
+    let e_n = plan.placement.num_experts.max(1);
+    let redundant = counts.iter().filter(|&&c| c > 1).count();
+    let layers = counts.chunks(e_n).filter(|layer| layer.iter().any(|&c| c > 1)).count();
+    cost.redundant_grad_time(redundant as f64, layers as f64, topo)
 }
 
 /// DESIGN.md's `ideal` at `ideal_micro` microbatches per rank.

@@ -60,6 +60,12 @@ fn random_cost(mix: &mut Mix, layers: usize) -> CostModel {
     let a2a_latency = if mix.unit() < 0.4 { token_bytes / bw_intra * 1e4f64.powf(mix.unit()) } else { 0.0 };
     // an all-reduce inside the node from 10x slower to 10x faster than the all-to-all's bytes
     let bw_reduce = if mix.unit() < 0.4 { bw_intra * 10f64.powf(2.0 * mix.unit() - 1.0) } else { 0.0 };
+    // an all-reduce latency, replication exposed in full, and a migration's staging and fixed
+    // cost (the execution terms) from nothing to far above a token's work
+    let reduce_latency = if mix.unit() < 0.4 { token_bytes / bw_intra * 1e4f64.powf(mix.unit()) } else { 0.0 };
+    let replica_prefetch = mix.unit() < 0.6;
+    let c_migrate = if mix.unit() < 0.4 { 1e-3f64.powf(1.0 + 2.0 * mix.unit()) / bw_intra } else { 0.0 };
+    let migration_latency = if mix.unit() < 0.4 { c_tok * 1e5f64.powf(mix.unit()) } else { 0.0 };
     // a table of 1-5 knots (tokens 1, then up to ×8 apart), each from 0 to 10⁴ tokens' worth
     let expert_table = if mix.unit() < 0.4 {
         let mut tokens = 1.0;
@@ -90,6 +96,10 @@ fn random_cost(mix: &mut Mix, layers: usize) -> CostModel {
         c_call,
         a2a_latency,
         bw_reduce,
+        reduce_latency,
+        replica_prefetch,
+        c_migrate,
+        migration_latency,
         overlap,
         passes,
     }

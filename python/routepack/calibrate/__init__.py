@@ -15,7 +15,11 @@
 * ``exchange`` (`routepack.calibrate.exchange`, on request: `routepack.measure` asks for it):
   one MoE layer of `routepack.torch.EPMoE` between local processes, its time outside the
   expert kernel over tokens per rank and the share of them sent away → ``a2a_latency`` and
-  ``bw_intra`` as the layer pays them (in place of the links') and what it adds to ``a_lin``.
+  ``bw_intra`` as the layer pays them (in place of the links') and what it adds to ``a_lin``;
+* ``migration`` (`routepack.calibrate.migration`, on request: `routepack.measure` asks for it):
+  experts with their Adam state swapped between two ranks by `routepack.torch.migrate`, over
+  the experts moved → ``migration_latency`` and ``c_migrate`` (what a migration costs a rank
+  beyond its bytes' link time).
 
 `routepack.calibrate.fit` fits each kind with its own module (every k-th point held out
 and only predicted; the exchange last, against what the others priced) and builds a

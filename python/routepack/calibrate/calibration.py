@@ -20,8 +20,9 @@ from routepack.model import CostModel, Hardware, ModelShape
 #: The kernel kinds `calibrate` measures by default, in the order it measures them.
 KERNELS = ("expert_gemm", "attention", "links")
 #: Every kind it can measure: the defaults, then the ``exchange`` (a whole MoE layer on every
-#: rank: minutes at a large profile's shapes on a CPU).
-ALL_KERNELS = KERNELS + ("exchange",)
+#: rank: minutes at a large profile's shapes on a CPU) and the ``migration`` (experts moved with
+#: their Adam state between ranks).
+ALL_KERNELS = KERNELS + ("exchange", "migration")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -154,7 +155,7 @@ def calibrate(
     calling script: call `calibrate` from a script under ``if __name__ == "__main__":``.
     """
     from routepack._core import __version__
-    from routepack.calibrate import attention, exchange, expert_gemm, links
+    from routepack.calibrate import attention, exchange, expert_gemm, links, migration
     from routepack.calibrate.timing import AGGREGATE, clock, device_info, load_averages, require_torch, steady_heap
 
     if device not in ("cpu", "cuda"):
@@ -191,6 +192,7 @@ def calibrate(
         )
         + (len(LINK_OPS) * len(sweeps.message_bytes) if "links" in kinds else 0)
         + (len(sweeps.exchange_tokens) * len(exchange.ROUTINGS) if "exchange" in kinds else 0)
+        + (len(sweeps.migration_moves) if "migration" in kinds else 0)
     )
     bar = _bar(total, progress)
     tick: Callable[[], None] = lambda: bar.update(1)  # noqa: E731
@@ -223,6 +225,14 @@ def calibrate(
                 skipped["exchange"] = got["skipped"]
             else:
                 measurements["exchange"] = got
+        if "migration" in kinds:
+            bar.set_postfix_str(f"migration: {ranks} ranks")
+            got = migration.measure(shape, sweeps, device, tdtype, ranks, links_timeout_s, clock=links_clock)
+            bar.update(len(sweeps.migration_moves))
+            if "skipped" in got:
+                skipped["migration"] = got["skipped"]
+            else:
+                measurements["migration"] = got
     finally:
         bar.close()
         torch.set_num_threads(saved_threads)

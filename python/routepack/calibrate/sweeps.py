@@ -57,18 +57,35 @@ class _Preset(NamedTuple):
     visit_calls: int  # ... at most this often
     exchange_tokens: Tuple[int, int, float]  # tokens per rank of the exchange sweep: from, to, per octave
     short_repeats: int  # timed rounds more for the short points (called more than once a visit)
+    migration_moves: Tuple[int, ...]  # experts two ranks swap at each point of the migration sweep
 
 
 _PRESETS = {
     # quick: messages up to 8 MiB, so the fitted bandwidth is not lost in a loaded machine's noise
-    "quick": _Preset(256, 0.5, (1, 4), 1024, 64, 512, 1.0, (4096, 8 << 20, 0.5), 1, 3, 0.0, 1, (4, 256, 0.5), 0),
+    "quick": _Preset(
+        256, 0.5, (1, 4), 1024, 64, 512, 1.0, (4096, 8 << 20, 0.5), 1, 3, 0.0, 1, (4, 256, 0.5), 0, (1, 2, 4, 8)
+    ),
     # cpu: the small expert points (5-50 ms) are the noisy ones on a shared machine and cost
     # little, so a visit repeats them and 24 more rounds visit them (33 visits in all, about a
     # minute and a half more at tiny's shapes); the large ones (0.1-1.3 s) are called once a
     # visit, 9 rounds (with 7 rounds and 16 more, the held-out expert points missed by up to
     # 16-19% at tiny's shapes, a noisy point of either kind the worst)
     "cpu": _Preset(
-        4096, 2.0, (1, 2, 4, 8), 4096, 128, 2048, 2.0, (4096, 64 << 20, 2.0), 1, 9, 0.1, 5, (4, 1024, 1.0), 24
+        4096,
+        2.0,
+        (1, 2, 4, 8),
+        4096,
+        128,
+        2048,
+        2.0,
+        (4096, 64 << 20, 2.0),
+        1,
+        9,
+        0.1,
+        5,
+        (4, 1024, 1.0),
+        24,
+        (1, 2, 3, 4, 6, 8),
     ),
     "cuda": _Preset(
         8192,
@@ -85,6 +102,7 @@ _PRESETS = {
         10,
         (16, 16384, 1.0),
         0,
+        (1, 2, 4, 8, 12, 16),
     ),
 }
 
@@ -99,6 +117,8 @@ class Sweeps:
     * ``message_bytes``: bytes each rank sends in a point-to-point or all-to-all.
     * ``exchange_tokens``: tokens each rank routes through the MoE layer of the ``exchange``
       sweep (`routepack.calibrate.exchange`; default: the CPU preset's).
+    * ``migration_moves``: experts two ranks swap at each point of the ``migration`` sweep
+      (`routepack.calibrate.migration`; default: the CPU preset's).
     * ``warmup`` untimed and ``repeats`` timed rounds over each sweep, every point visited
       once a round and called ``visit_calls`` times at most in a visit, as many as fill
       ``visit_s`` seconds (`routepack.calibrate.timing.run_rounds`: the median visit, each
@@ -122,9 +142,17 @@ class Sweeps:
     visit_calls: int = 1
     exchange_tokens: Tuple[int, ...] = field(default_factory=lambda: log_points(*_PRESETS["cpu"].exchange_tokens))
     short_repeats: int = 0
+    migration_moves: Tuple[int, ...] = _PRESETS["cpu"].migration_moves
 
     def __post_init__(self) -> None:
-        for name in ("tokens_per_expert", "active_experts", "lengths", "message_bytes", "exchange_tokens"):
+        for name in (
+            "tokens_per_expert",
+            "active_experts",
+            "lengths",
+            "message_bytes",
+            "exchange_tokens",
+            "migration_moves",
+        ):
             object.__setattr__(self, name, _ints(getattr(self, name), f"sweeps.{name}"))
         positive_int(self.max_tokens, "sweeps.max_tokens")
         positive_int(self.warmup, "sweeps.warmup", minimum=0)
@@ -177,6 +205,7 @@ class Sweeps:
             visit_calls=pre.visit_calls,
             exchange_tokens=log_points(*pre.exchange_tokens),
             short_repeats=pre.short_repeats,
+            migration_moves=pre.migration_moves,
         )
 
     def with_timer(

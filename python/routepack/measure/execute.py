@@ -83,7 +83,9 @@ def run_plan(
     of {"micro_s": the median CPU seconds over the timed steps of each microbatch on this rank
     (forward + backward of every MoE layer, replica weights posted at its start), "wall_s":
     the median by the wall clock, "finish_s": the median CPU seconds of ``finish_step``,
-    "migration_s": the CPU seconds of the window's ``begin_window`` (its migration, once),
+    "migration_s": the CPU seconds of the window's migration (`routepack.torch.migrate`, once,
+    in ``begin_window``), "opening_s": of the rest of ``begin_window`` (the plan's checks and
+    the ranks' agreement),
     "routes_s": of computing the window's routes from the replayed microbatches
     (`PlanRunner.set_microbatches`, once: the layers' forward then routes nothing),
     "drift": each timed round's factor, "steps_s": every timed step's CPU seconds per
@@ -169,7 +171,7 @@ def run_plan(
     # measured the kernels (`calibrate.timing.steady_heap`): no page faults on fresh gradients
     with steady_heap(device):
         for w in range(len(windows)):
-            data, migration, routes = {}, {}, {}
+            data, migration, opening, routes = {}, {}, {}, {}
             for name in names:
                 plan = plans[name][w]
                 layers, opt, runner = setups[name]
@@ -177,10 +179,14 @@ def run_plan(
                 mbs = rank_microbatches(plan, routed, rank, cu, dp=work.ranks)
                 sync()
                 dist.barrier()
-                c0 = now()
-                runner.begin_window(plan, window, opt)
-                sync()
-                migration[name] = now() - c0
+                # the migration itself (`routepack.torch.migrate`, the region the runner marks)
+                # apart from the window's checks and agreement
+                with profiling(device) as prof:
+                    runner.begin_window(plan, window, opt)
+                    sync()
+                    start = prof.take()
+                migration[name] = start.get("migration", 0.0)
+                opening[name] = sum(start.values()) - migration[name]
                 dist.barrier()
                 # the replayed ids known for the window: every route computed once, here
                 c0 = now()
@@ -207,6 +213,7 @@ def run_plan(
                     "wall_s": np.median(wall, axis=0).tolist(),
                     "finish_s": float(np.median(np.array([r[2] for r in runs]) / drift)),
                     "migration_s": float(migration[name]),
+                    "opening_s": float(opening[name]),
                     "routes_s": float(routes[name]),
                     "drift": drift.tolist(),
                     "steps_s": cpu[name].tolist(),

@@ -37,6 +37,15 @@ def format_table(result: Any) -> List[str]:
                 f"{rec['predicted_migration_s'] * 1e3:.1f} ms, finish {rec['finish_s'] * 1e3:.1f} ms); "
                 f"micro errors {errs}"
             )
+        first = result.policies[names[0]]["windows"][w]
+        if "opening_s" in first:
+            lines.append(
+                "  (not in the steps: the window's checks and agreement "
+                + ", ".join(f"{n} {result.policies[n]['windows'][w]['opening_s'] * 1e3:.1f}" for n in names)
+                + " ms; its routes from the replayed ids "
+                + ", ".join(f"{n} {result.policies[n]['windows'][w]['routes_s'] * 1e3:.1f}" for n in names)
+                + " ms)"
+            )
     lines.append(f"run ({wins} window{'s' if wins > 1 else ''}):")
     for name in names:
         rec = result.policies[name]

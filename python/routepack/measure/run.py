@@ -81,12 +81,14 @@ class Measurement:
         }
 
 
-def run_cost(work: Workload, cost: CostModel, overlap: str) -> CostModel:
-    """``cost`` as the measured run's layers pay it: float32 (4 bytes per activation and weight,
-    Adam's two fp32 moments with the weights and gradients in ``expert_state_bytes``), no
-    attention (``a_quad`` 0), every link local (the "nodes" are one machine's processes, so
-    ``bw_inter`` is the measured ``bw_intra``), ``overlap`` as given (the run overlaps
-    nothing: "none" is the model of what runs)."""
+def run_cost(work: Workload, cost: CostModel, overlap: str, device: str = "cpu") -> CostModel:
+    """``cost`` as the measured run's layers pay it: float32 (4 bytes per activation and weight;
+    a migration moves the weights with Adam's two fp32 moments, ``expert_state_bytes`` 12 a
+    parameter), no attention (``a_quad`` 0), every link local (the "nodes" are one machine's
+    processes, so ``bw_inter`` is the measured ``bw_intra``), ``overlap`` as given (the run
+    overlaps nothing: "none" is the model of what runs), and on CPU replication exposed in full
+    (``replica_prefetch`` False: the run is judged by each rank's CPU time, which counts the
+    transfers' work whenever it runs)."""
     params = 3.0 * work.hidden * work.ffn
     return replace(
         cost,
@@ -98,7 +100,8 @@ def run_cost(work: Workload, cost: CostModel, overlap: str) -> CostModel:
         token_bytes=4.0 * work.hidden,
         expert_weight_bytes=4 * params,
         expert_grad_bytes=4 * params,
-        expert_state_bytes=16 * params,
+        expert_state_bytes=12 * params,
+        replica_prefetch=device != "cpu",
     )
 
 
@@ -165,7 +168,7 @@ def measure(
         cost, summary, _ = load_or_calibrate(calibration, work, quick, progress, device)
     else:
         cost, summary = calibrated(work, quick, progress, device)
-    cost = run_cost(work, cost, overlap)
+    cost = run_cost(work, cost, overlap, device)
     windows = [work.window(w) for w in range(work.windows)]
     plans = plan_windows(work, [w[0] for w in windows], cost, tuple(names), history(work))
     got = run_ranks(
@@ -222,6 +225,7 @@ def _policy_record(
         finish = max(float(r["finish_s"]) for r in per)
         migration = max(float(r["migration_s"]) for r in per)
         routes = max(float(r.get("routes_s", 0.0)) for r in per)
+        opening = max(float(r.get("opening_s", 0.0)) for r in per)
         pred = predict(plan, window, topo, cost)
         shared = micro + finish / plan.num_micro
         rec: Dict[str, Any] = {
@@ -235,6 +239,7 @@ def _policy_record(
             "finish_s": finish,
             "migration_s": migration,
             "routes_s": routes,
+            "opening_s": opening,
             "predicted_migration_s": pred["migration_s"],
             "predicted_micro_s": pred["micro_s"],
             "predicted_terms": pred["terms"],

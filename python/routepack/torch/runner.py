@@ -167,16 +167,17 @@ class PlanRunner:
         check_same_plan(got[:, 1], "EP ranks")
         report = None
         if plan.migration.size:
-            report = migrate(
-                self.layers,
-                plan,
-                optimizer,
-                group=self.group,
-                timeout=self.timeout,
-                extra_state=extra_state,
-                fault=fault,
-                max_bytes_in_flight=max_bytes_in_flight,
-            )
+            with profile.region("migration"):
+                report = migrate(
+                    self.layers,
+                    plan,
+                    optimizer,
+                    group=self.group,
+                    timeout=self.timeout,
+                    extra_state=extra_state,
+                    fault=fault,
+                    max_bytes_in_flight=max_bytes_in_flight,
+                )
         self.last_migration = report
         self.plan = plan
         self._cells = self._bucket(plan)

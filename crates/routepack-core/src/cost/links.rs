@@ -41,8 +41,18 @@ impl LinkBytes {
 
     /// The slowest rank's time: per link max(sent, received) over that link's bandwidth.
     pub(crate) fn time(v: &[LinkBytes], cost: &CostModel) -> f64 {
-        v.iter()
-            .map(|b| b.send_intra.max(b.recv_intra) / cost.bw_intra + b.send_inter.max(b.recv_inter) / cost.bw_inter)
-            .fold(0.0, f64::max)
+        v.iter().map(|b| b.rank_time(cost)).fold(0.0, f64::max)
+    }
+
+    /// This rank's time: per link max(sent, received) over that link's bandwidth.
+    #[inline]
+    pub(crate) fn rank_time(&self, cost: &CostModel) -> f64 {
+        self.send_intra.max(self.recv_intra) / cost.bw_intra + self.send_inter.max(self.recv_inter) / cost.bw_inter
+    }
+
+    /// Bytes this rank sends and receives, both links.
+    #[inline]
+    pub(crate) fn total(&self) -> f64 {
+        self.send_intra + self.recv_intra + self.send_inter + self.recv_inter
     }
 }

@@ -92,6 +92,28 @@ pub struct CostModel {
     /// then set `bw_intra` (a gloo all-reduce between local CPU processes moves 1–2 GB/s where
     /// the layer's all-to-all moves 3–13).
     pub bw_reduce: f64,
+    /// Seconds of one all-reduce beyond its bytes' time: its start-up and synchronisation. The
+    /// once-per-step sum of redundant experts' gradients pays it once per layer that holds a
+    /// redundant expert ([`CostModel::redundant_grad_time`]). 0, the default, prices none;
+    /// `routepack calibrate` fits it with the links (the all-reduce's latency).
+    pub reduce_latency: f64,
+    /// Whether replica weights are fetched, and their gradients returned, while the layer's
+    /// attention runs (`routepack.torch` posts them asynchronously: on a GPU they overlap it):
+    /// replication is then exposed only beyond the attention
+    /// ([`CostModel::exposed_replication`]). `false` exposes it in full, as on a clock that
+    /// counts the transfers' work whenever it runs (a CPU rank's CPU time, gloo's threads
+    /// included: `routepack measure`). `true`, the default, prices every plan as before.
+    pub replica_prefetch: bool,
+    /// Seconds per byte of expert state an EP rank migrates, sent or received, beyond the
+    /// link's time: packing the slot and its optimizer state, checksumming it on both sides,
+    /// backing up the slot it overwrites and unpacking it (`routepack.torch.migrate`). 0, the
+    /// default, prices the link alone; `routepack calibrate` fits it where it times the
+    /// `migration` (about a nanosecond a byte on a CPU rank).
+    pub c_migrate: f64,
+    /// Seconds of a window's migration whatever it moves, where it moves anything: the
+    /// agreement and verification rounds between the EP ranks (`routepack.torch.migrate`).
+    /// 0, the default, prices none; `routepack calibrate` fits it with `c_migrate`.
+    pub migration_latency: f64,
     /// Whether a layer's all-to-all overlaps its computation ([`Overlap::None`] by default).
     pub overlap: Overlap,
     /// The passes of one step ([`DEFAULT_PASSES`] by default; RL adds the recompute's
@@ -120,6 +142,9 @@ impl CostModel {
             ("cost.c_call", self.c_call),
             ("cost.a2a_latency", self.a2a_latency),
             ("cost.bw_reduce", self.bw_reduce),
+            ("cost.reduce_latency", self.reduce_latency),
+            ("cost.c_migrate", self.c_migrate),
+            ("cost.migration_latency", self.migration_latency),
         ];
         for (name, v) in scalars {
             if !v.is_finite() || v < 0.0 {
@@ -209,8 +234,10 @@ impl Default for CostModel {
     /// Every option at its default, the one place they are written (the bindings report them
     /// to Python from here): no roofline floor (`c_weights`), GEMM step (`c_gemm`), expert
     /// table, kernel call (`c_call`) or all-to-all latency, the all-reduce at `bw_intra`
-    /// (`bw_reduce` 0), no overlap and the default passes (forward + backward): what prices
-    /// every plan as before the options existed. The coefficients a model must set are those
+    /// (`bw_reduce` 0) without latency, replication hidden behind attention
+    /// (`replica_prefetch`), migration priced by its links alone (`c_migrate`,
+    /// `migration_latency` 0), no overlap and the default passes (forward + backward): what
+    /// prices every plan as before the options existed. The coefficients a model must set are those
     /// of a free model: 0 seconds and 0 bytes, both bandwidths 1 byte/s, no MoE layer
     /// (`a_quad` empty); set them with `CostModel { a_lin: …, ..CostModel::default() }`.
     fn default() -> Self {
@@ -231,6 +258,10 @@ impl Default for CostModel {
             c_call: 0.0,
             a2a_latency: 0.0,
             bw_reduce: 0.0,
+            reduce_latency: 0.0,
+            replica_prefetch: true,
+            c_migrate: 0.0,
+            migration_latency: 0.0,
             overlap: Overlap::default(),
             passes: DEFAULT_PASSES.to_vec(),
         }

@@ -72,34 +72,65 @@ impl CostModel {
         (rpn - 1.0) / ep / self.bw_intra + (ep - rpn) / ep / self.bw_inter
     }
 
-    /// Replication traffic not hidden by the layer's attention: the forward weight copies
-    /// (`fwd` seconds) overlap one attention pass, the backward gradient reduction (`bwd`)
-    /// overlaps the two backward attention passes.
+    /// Replication traffic not hidden by the layer's attention: with
+    /// [`CostModel::replica_prefetch`] the forward weight copies (`fwd` seconds) overlap one
+    /// attention pass and the backward gradient reduction (`bwd`) the two backward attention
+    /// passes; without it both are exposed in full.
     #[inline]
     pub fn exposed_replication(&self, fwd: f64, bwd: f64, attention_max: f64) -> f64 {
-        (fwd - attention_max).max(0.0) + (bwd - 2.0 * attention_max).max(0.0)
+        if self.replica_prefetch {
+            (fwd - attention_max).max(0.0) + (bwd - 2.0 * attention_max).max(0.0)
+        } else {
+            fwd + bwd
+        }
+    }
+
+    /// Seconds of a window's migration from the bytes each EP rank sends and receives
+    /// (`links`): where anything moves, [`CostModel::migration_latency`] plus the slowest
+    /// rank's link time (per link max(sent, received) over its bandwidth) and staging
+    /// ([`CostModel::c_migrate`] per byte it sends or receives); 0 where nothing moves.
+    /// Exposed: the simulator adds it to the step, and placement weighs its moves with it.
+    pub(crate) fn migration_time(&self, links: &[LinkBytes]) -> f64 {
+        let staged = |b: &LinkBytes| {
+            let t = b.rank_time(self);
+            // (added only where set, so a model without it keeps its bits)
+            if self.c_migrate > 0.0 {
+                t + self.c_migrate * b.total()
+            } else {
+                t
+            }
+        };
+        let slowest = links.iter().map(staged).fold(0.0, f64::max);
+        if self.migration_latency > 0.0 && links.iter().any(|b| b.total() > 0.0) {
+            self.migration_latency + slowest
+        } else {
+            slowest
+        }
     }
 
     /// Seconds of summing `redundant` experts' fp32 gradients (`expert_grad_bytes` each) over
     /// the EP group, once per step: what `routepack.torch.slot_link` does in the backward of
     /// the step's last microbatch for every expert a placement holds in more than one slot
-    /// (one all-reduce a layer, summed here over layers). Priced as a ring all-reduce: every
-    /// rank sends and receives `2·(ep−1)/ep` of the bytes, over the inter-node link where the
-    /// group spans nodes (the ring's slowest hop), else inside the node (at `bw_reduce` where
-    /// it is set, else `bw_intra`); exposed (it sits at
-    /// the end of the backward, where nothing of the step is left to hide it behind).
+    /// (one all-reduce a layer, in the `layers` layers that hold one, summed here over
+    /// layers). Priced as a ring all-reduce: every rank sends and receives `2·(ep−1)/ep` of
+    /// the bytes, over the inter-node link where the group spans nodes (the ring's slowest
+    /// hop), else inside the node (at `bw_reduce` where it is set, else `bw_intra`), plus
+    /// [`CostModel::reduce_latency`] per all-reduce; exposed (it sits at the end of the
+    /// backward, where nothing of the step is left to hide it behind).
     #[inline]
-    pub fn redundant_grad_time(&self, redundant: f64, topo: &Topology) -> f64 {
+    pub fn redundant_grad_time(&self, redundant: f64, layers: f64, topo: &Topology) -> f64 {
         let ep = topo.ep as f64;
         if topo.ep < 2 || redundant <= 0.0 {
             return 0.0;
         }
         let bytes = 2.0 * (ep - 1.0) / ep * redundant * self.expert_grad_bytes;
         let same_node = topo.nodes_per_group() < 2;
-        if same_node && self.bw_reduce > 0.0 {
-            bytes / self.bw_reduce
+        let t = if same_node && self.bw_reduce > 0.0 { bytes / self.bw_reduce } else { self.link_time(bytes, same_node) };
+        // (added only where set, so a model without it keeps its bits)
+        if self.reduce_latency > 0.0 {
+            t + layers * self.reduce_latency
         } else {
-            self.link_time(bytes, same_node)
+            t
         }
     }
 }

@@ -8,9 +8,11 @@ times the fitted model predicts at every point, which points were held out, and 
 * `routepack.calibrate.fit.expert_gemm`: ``c_tok``, ``c_exp``, ``c_weights``, ``c_gemm``,
   ``c_call``, ``expert_table`` (the roofline, the GEMM step or the table);
 * `routepack.calibrate.fit.attention`: ``a_lin``, ``a_quad``;
-* `routepack.calibrate.fit.links`: ``bw_intra``, ``a2a_latency``, ``bw_reduce``;
+* `routepack.calibrate.fit.links`: ``bw_intra``, ``a2a_latency``, ``bw_reduce``, ``reduce_latency``;
 * `routepack.calibrate.fit.exchange`: the layer's ``a2a_latency``, ``bw_intra`` and ``a_lin``,
   against what the others priced;
+* `routepack.calibrate.fit.migration`: ``migration_latency`` and ``c_migrate``, against the
+  link bandwidth the others priced;
 * `routepack.calibrate.fit.common`: what they share (held-out points, the non-negative least
   squares on relative residuals, `KernelFit`).
 
@@ -29,6 +31,7 @@ from routepack.calibrate.fit.common import COMPUTE_PASSES, KernelFit, holdout_ma
 from routepack.calibrate.fit.exchange import fit_exchange
 from routepack.calibrate.fit.expert_gemm import fit_expert_gemm
 from routepack.calibrate.fit.links import LINK_OPS, fit_links
+from routepack.calibrate.fit.migration import fit_migration
 from routepack.errors import RoutepackError
 from routepack.model import CostModel, Hardware, ModelShape
 
@@ -49,7 +52,8 @@ def fit_all(
 ) -> Tuple[Dict[str, KernelFit], CostModel, Dict[str, str]]:
     """Every measured kind fitted (`FITS`), the cost model they give (`to_cost_model`) and
     where each field came from; then the ``exchange`` (where measured) against that model
-    (`fit_exchange`), its fields in place."""
+    (`fit_exchange`), its fields in place, and the ``migration`` (where measured) against the
+    link bandwidth so priced (`fit_migration`)."""
     fits = {kind: FITS[kind](m, holdout_every, model) for kind, m in measurements.items() if kind in FITS}
     cost, sources = to_cost_model(model, fits, hardware, bw_inter)
     if "exchange" in measurements:
@@ -57,6 +61,11 @@ def fit_all(
         cost = replace(cost, **fits["exchange"].cost_fields)
         for name in fits["exchange"].cost_fields:
             sources[name] = "measured: exchange" + (f" (on {sources[name]})" if name == "a_lin" else "")
+    if "migration" in measurements:
+        fits["migration"] = fit_migration(measurements["migration"], holdout_every, model, cost)
+        cost = replace(cost, **fits["migration"].cost_fields)
+        for name in fits["migration"].cost_fields:
+            sources[name] = "measured: migration"
     return fits, cost, sources
 
 
@@ -106,6 +115,7 @@ __all__ = [
     "fit_exchange",
     "fit_expert_gemm",
     "fit_links",
+    "fit_migration",
     "holdout_mask",
     "to_cost_model",
 ]

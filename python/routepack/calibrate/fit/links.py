@@ -20,7 +20,8 @@ def fit_links(measurement: Mapping[str, Any], holdout_every: int, model: ModelSh
     fitted per op. ``bw_intra`` is the all-to-all's bandwidth and ``a2a_latency`` its latency,
     since the cost model prices exchanges (all-to-alls) with them; ``bw_reduce`` is the
     all-reduce's, in the bytes a ring sends from each rank (``2·(ranks−1)/ranks`` of the
-    buffer), where it was measured (reports before it have no ``all_reduce`` points)."""
+    buffer), and ``reduce_latency`` its latency, where it was measured (reports before it have no
+    ``all_reduce`` points)."""
     sweep, measured = points(measurement, "links")
     ops = np.array([p["op"] for p in sweep])
     nbytes = np.array([p["bytes"] for p in sweep], dtype=np.float64)
@@ -55,9 +56,11 @@ def fit_links(measurement: Mapping[str, Any], holdout_every: int, model: ModelSh
     if "bw_all_reduce" in coef:
         ranks = int(measurement.get("ranks", 2))
         fields["bw_reduce"] = 2.0 * (ranks - 1) / ranks * coef["bw_all_reduce"]
+        fields["reduce_latency"] = coef["latency_all_reduce_s"]
         notes.append(
             f"bw_reduce = the all-reduce's bandwidth in a ring's bytes sent per rank "
-            f"(2·({ranks}−1)/{ranks} of the buffer): {fields['bw_reduce']:.3g} B/s"
+            f"(2·({ranks}−1)/{ranks} of the buffer): {fields['bw_reduce']:.3g} B/s; reduce_latency = its "
+            f"latency ({fields['reduce_latency']:.3g} s per all-reduce)"
         )
     return KernelFit(
         "links",

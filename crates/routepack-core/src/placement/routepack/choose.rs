@@ -1,6 +1,6 @@
 //! Which candidate each layer takes when a placement is in force: keep it, move part of the
 //! way, or re-place, by predicted saving net of the exposed migration time of all layers'
-//! moves together (priced by `LinkBytes::time`, as `simulate::migration_time` does). Holds
+//! moves together (priced by `CostModel::migration_time`, as `simulate::migration_time` does). Holds
 //! [`Choice`], the kind of candidate a layer took, which the stage's report carries.
 
 use crate::cost::links::LinkBytes;
@@ -90,7 +90,7 @@ pub(crate) fn choose(plans: &[LayerPlan], topo: &Topology, cost: &CostModel) -> 
         links
     };
     let mut links = links_of(&pick);
-    let mut now = LinkBytes::time(&links, cost);
+    let mut now = cost.migration_time(&links);
     let mut with = vec![LinkBytes::default(); ep];
     for _ in 0..plans.iter().map(|p| p.candidates.len()).sum::<usize>() {
         let mut best: Option<(f64, usize, usize)> = None;
@@ -106,7 +106,7 @@ pub(crate) fn choose(plans: &[LayerPlan], topo: &Topology, cost: &CostModel) -> 
                     with[r].merge(&own[l][pick[l]][r], -1.0);
                     with[r].merge(&own[l][c][r], 1.0);
                 }
-                let net = gain - (LinkBytes::time(&with, cost) - now);
+                let net = gain - (cost.migration_time(&with) - now);
                 if net > 0.0 && best.is_none_or(|b| net > b.0) {
                     best = Some((net, l, c));
                 }
@@ -115,7 +115,7 @@ pub(crate) fn choose(plans: &[LayerPlan], topo: &Topology, cost: &CostModel) -> 
         let Some((_, l, c)) = best else { break };
         pick[l] = c;
         links = links_of(&pick);
-        now = LinkBytes::time(&links, cost);
+        now = cost.migration_time(&links);
     }
     (pick, now)
 }

@@ -192,7 +192,7 @@ pub fn routepack_placement(
             for (lp, &c) in plans.iter().zip(&pick) {
                 accumulate(&mut links, &lp.candidates[c].moves, topo);
             }
-            let t = LinkBytes::time(&links, cost);
+            let t = cost.migration_time(&links);
             (pick, t)
         }
         None => (plans.iter().map(|p| p.fresh).collect(), 0.0),
