@@ -3,41 +3,72 @@
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use routepack_core::packing::kk::verl_kk;
-use routepack_core::packing::routepack::{proxy_step_time, routepack_packing};
+use routepack_core::error::invalid;
+use routepack_core::packing::cells::{Cells, Oversize};
+use routepack_core::packing::kk::verl_kk_in;
+use routepack_core::packing::routepack::{proxy_step_time, routepack_packing_in};
 use routepack_core::packing::rows::certified::certified_rows;
-use routepack_core::packing::sequential::sequential_report;
+use routepack_core::packing::sequential::sequential_in;
 use routepack_core::packing::Packing;
+use routepack_core::topology::MicroRule;
 
 use crate::convert::{self, slice};
-use crate::errors::run;
+use crate::errors::{run, to_py};
 use crate::py_options::{self, AnnealArgs};
 
 type CellsReport<'py> = (Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i32>>, usize, Bound<'py, PyDict>);
 
+/// The cells a baseline packing fills: `dp` ranks, microbatch counts of at least `min_micro`
+/// and in multiples of `micro_multiple` (a pipeline's rule; None: 1), `oversize` ("refuse",
+/// None, or "alone").
+fn cells(dp: usize, min_micro: Option<usize>, micro_multiple: Option<usize>, oversize: Option<&str>) -> PyResult<Cells> {
+    let rule = MicroRule { min: min_micro.unwrap_or(1), multiple: micro_multiple.unwrap_or(1) };
+    if rule.min == 0 || rule.multiple == 0 {
+        return Err(to_py(invalid("min_micro", format!("min_micro = {} and micro_multiple = {} must be >= 1", rule.min, rule.multiple))));
+    }
+    Ok(Cells { dp, rule, oversize: oversize.map(Oversize::parse).transpose().map_err(to_py)?.unwrap_or_default() })
+}
+
 /// Arrival-order first fit: `(sample_rank [S], sample_micro [S], num_micro, report)`, the
 /// report `{rows, fallback}` (fallback: first fit could not fill the cells, so the certified
-/// rows were laid out).
+/// rows were laid out). `min_micro`, `micro_multiple`: a pipeline's microbatch rule;
+/// `oversize`: "alone" runs a sample over the cap in a row of its own (default: refused).
 #[pyfunction]
+#[pyo3(signature = (seq_lens, token_cap, dp, min_micro=None, micro_multiple=None, oversize=None))]
 pub fn pack_sequential<'py>(
     py: Python<'py>,
     seq_lens: PyReadonlyArray1<'py, i64>,
     token_cap: i64,
     dp: usize,
+    min_micro: Option<usize>,
+    micro_multiple: Option<usize>,
+    oversize: Option<&str>,
 ) -> PyResult<CellsReport<'py>> {
     let lens = slice(&seq_lens, "seq_lens")?;
-    let (p, r) = run(py, || sequential_report(lens, token_cap, dp))?;
+    let c = cells(dp, min_micro, micro_multiple, oversize)?;
+    let (p, r) = run(py, || sequential_in(lens, token_cap, &c))?;
     let d = PyDict::new(py);
     d.set_item("rows", r.rows)?;
     d.set_item("fallback", r.fallback)?;
     Ok((p.sample_rank.into_pyarray(py), p.sample_micro.into_pyarray(py), p.num_micro, d))
 }
 
-/// verl's Karmarkar–Karp balancing: `(sample_rank [S], sample_micro [S], num_micro, report)`.
+/// verl's Karmarkar–Karp balancing: `(sample_rank [S], sample_micro [S], num_micro, report)`;
+/// `min_micro`, `micro_multiple`, `oversize` as `pack_sequential`'s.
 #[pyfunction]
-pub fn pack_kk<'py>(py: Python<'py>, seq_lens: PyReadonlyArray1<'py, i64>, token_cap: i64, dp: usize) -> PyResult<CellsReport<'py>> {
+#[pyo3(signature = (seq_lens, token_cap, dp, min_micro=None, micro_multiple=None, oversize=None))]
+pub fn pack_kk<'py>(
+    py: Python<'py>,
+    seq_lens: PyReadonlyArray1<'py, i64>,
+    token_cap: i64,
+    dp: usize,
+    min_micro: Option<usize>,
+    micro_multiple: Option<usize>,
+    oversize: Option<&str>,
+) -> PyResult<CellsReport<'py>> {
     let lens = slice(&seq_lens, "seq_lens")?;
-    let (p, r) = run(py, || verl_kk(lens, token_cap, dp))?;
+    let c = cells(dp, min_micro, micro_multiple, oversize)?;
+    let (p, r) = run(py, || verl_kk_in(lens, token_cap, &c))?;
     let d = PyDict::new(py);
     d.set_item("rows", p.num_micro * dp)?;
     d.set_item("micro", r.micro)?;
@@ -77,7 +108,8 @@ pub fn pack_rows<'py>(
 }
 
 /// routepack's packing: certified rows, then the layout by population annealing.
-/// Returns `(sample_rank [S], sample_micro [S], num_micro, report)`. Every option left None
+/// Returns `(sample_rank [S], sample_micro [S], num_micro, report)`. The microbatch count meets
+/// `topo`'s pipeline rule; `oversize` as `pack_sequential`'s. Every option left None
 /// takes the core's default (`packing::routepack::Options::default()`, parsed by
 /// `py_options::packing`); `time_budget_s`: a wall-clock cap
 /// of the stage in seconds (None or above `budget::UNLIMITED_S`: none; 0: the least search;
@@ -85,7 +117,7 @@ pub fn pack_rows<'py>(
 #[pyfunction]
 #[pyo3(signature = (seq_lens, expert_tokens, topo, cost, phy2log, token_cap, seed=None, anneal_moves=None,
     time_budget_s=None, chains=None, steps=None, exact_nodes=None, lambda_=None, start_accept=None, cooling=None,
-    mix=None))]
+    mix=None, oversize=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn pack_routepack<'py>(
     py: Python<'py>,
@@ -105,14 +137,16 @@ pub fn pack_routepack<'py>(
     start_accept: Option<f64>,
     cooling: Option<f64>,
     mix: Option<(f64, f64, f64, f64)>,
+    oversize: Option<&str>,
 ) -> PyResult<CellsReport<'py>> {
+    let oversize = oversize.map(Oversize::parse).transpose().map_err(to_py)?.unwrap_or_default();
     let w = convert::window(&seq_lens, &expert_tokens)?;
     let t = convert::topology(topo)?;
     let c = py_options::cost(cost)?;
     let pl = convert::placement(&phy2log, w.num_experts, t.slots_per_rank)?;
     let anneal = AnnealArgs { seed, moves: anneal_moves, chains, steps, start_accept, cooling, mix };
     let opts = py_options::packing(&t, anneal, exact_nodes, lambda_, time_budget_s)?;
-    let (p, r) = run(py, || routepack_packing(&w, &t, &c, &pl, token_cap, &opts))?;
+    let (p, r) = run(py, || routepack_packing_in(&w, &t, &c, &pl, token_cap, &opts, oversize))?;
     let d = PyDict::new(py);
     let rows = &r.rows;
     d.set_item("rows", rows.num_rows)?;

@@ -3,8 +3,9 @@
 use numpy::{IntoPyArray, PyArray2, PyArray3, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use routepack_core::error::bad_plan;
+use routepack_core::packing::cells::Oversize;
 use routepack_core::placement::static_placement as core_static;
-use routepack_core::validate::{validate_placement_tables, validate_plan as core_validate};
+use routepack_core::validate::{validate_placement_tables, validate_plan_in as core_validate};
 
 use crate::columns::{self, MigrationColumns};
 use crate::convert;
@@ -45,8 +46,10 @@ pub fn placement_tables<'py>(
 
 /// Raises `InvalidPlanError` with the first broken invariant. Where the plan's placement
 /// carries `logcnt` / `log2phy` (tables derived from `phy2log`, which can be edited apart from
-/// it), they must be what `phy2log` gives.
+/// it), they must be what `phy2log` gives. `oversize` "alone": a cell over the cap may hold
+/// one sample (default "refuse": none may).
 #[pyfunction]
+#[pyo3(signature = (plan, seq_lens, expert_tokens, topo, token_cap, oversize=None))]
 pub fn validate_plan<'py>(
     py: Python<'py>,
     plan: &Bound<'py, PyAny>,
@@ -54,13 +57,15 @@ pub fn validate_plan<'py>(
     expert_tokens: convert::CountsArray<'py>,
     topo: &Bound<'py, PyAny>,
     token_cap: i64,
+    oversize: Option<&str>,
 ) -> PyResult<()> {
+    let oversize = oversize.map(Oversize::parse).transpose().map_err(to_py)?.unwrap_or_default();
     let tables = derived_tables(&plan.getattr("placement")?)?;
     let plan = convert::plan(plan)?;
     let w = convert::window(&seq_lens, &expert_tokens)?;
     let t = convert::topology(topo)?;
     run(py, || {
-        core_validate(&plan, &w, &t, token_cap)?;
+        core_validate(&plan, &w, &t, token_cap, oversize)?;
         check_tables(&plan, &tables)
     })
 }

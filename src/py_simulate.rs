@@ -4,8 +4,9 @@ use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyUntyped
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use routepack_core::error::invalid;
+use routepack_core::packing::cells::Oversize;
 use routepack_core::simulate::pipeline::{run_makespan, OpTimes, RunKind};
-use routepack_core::simulate::simulate_validated;
+use routepack_core::simulate::simulate_validated_in;
 
 use crate::convert::{self, slice};
 use crate::errors::{run, to_py};
@@ -13,9 +14,10 @@ use crate::py_plan::{check_tables, plan_tables};
 
 /// DESIGN.md's cost model → dict with the fields of `routepack.SimResult`. `token_cap`: the
 /// cap the lower bound assumes (None: no cap). `plan_cap`: first validate the plan against
-/// this cap as `validate_plan` does (None: well-formedness only, no cap).
+/// this cap as `validate_plan` does (None: well-formedness only, no cap), with `oversize` as
+/// `validate_plan`'s.
 #[pyfunction]
-#[pyo3(signature = (plan, seq_lens, expert_tokens, topo, cost, ideal_micro=None, token_cap=None, plan_cap=None))]
+#[pyo3(signature = (plan, seq_lens, expert_tokens, topo, cost, ideal_micro=None, token_cap=None, plan_cap=None, oversize=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn simulate<'py>(
     py: Python<'py>,
@@ -27,7 +29,9 @@ pub fn simulate<'py>(
     ideal_micro: Option<usize>,
     token_cap: Option<i64>,
     plan_cap: Option<i64>,
+    oversize: Option<&str>,
 ) -> PyResult<Bound<'py, PyDict>> {
+    let oversize = oversize.map(Oversize::parse).transpose().map_err(to_py)?.unwrap_or_default();
     let tables = plan_tables(plan)?;
     let plan = convert::plan(plan)?;
     let w = convert::window(&seq_lens, &expert_tokens)?;
@@ -35,7 +39,7 @@ pub fn simulate<'py>(
     let c = crate::py_options::cost(cost)?;
     let r = run(py, || {
         // simulate validates the plan first, so its own faults are named before the tables'
-        let r = simulate_validated(&plan, &w, &t, &c, ideal_micro, token_cap, plan_cap.unwrap_or(i64::MAX))?;
+        let r = simulate_validated_in(&plan, &w, &t, &c, ideal_micro, token_cap, plan_cap.unwrap_or(i64::MAX), oversize)?;
         check_tables(&plan, &tables)?;
         Ok(r)
     })?;

@@ -91,9 +91,11 @@ def static_placement(num_layers: int, num_experts: int, topo: Any) -> _I32:
 def placement_tables(phy2log: _I32, num_experts: int, slots_per_rank: int) -> Tuple[_I32, _I32]:
     """(logcnt [L, E], log2phy [L, E, max_replicas]) of a checked phy2log."""
 
-def validate_plan(plan: Any, seq_lens: _I64, expert_tokens: _Counts, topo: Any, token_cap: int) -> None:
+def validate_plan(
+    plan: Any, seq_lens: _I64, expert_tokens: _Counts, topo: Any, token_cap: int, oversize: Optional[str] = None
+) -> None:
     """Raises InvalidPlanError with the first broken invariant (placement.logcnt / log2phy,
-    where present, included)."""
+    where present, included). `oversize` "alone": a cell over the cap may hold one sample."""
 
 def migration_diff(
     previous: _I32,
@@ -107,10 +109,26 @@ def migration_diff(
     None: every rank its own node)."""
 
 # ---- packing (src/py_packing.rs)
-def pack_sequential(seq_lens: _I64, token_cap: int, dp: int) -> _CellsReport:
-    """Arrival-order first fit: (sample_rank [S], sample_micro [S], num_micro, report {rows, fallback})."""
+def pack_sequential(
+    seq_lens: _I64,
+    token_cap: int,
+    dp: int,
+    min_micro: Optional[int] = None,
+    micro_multiple: Optional[int] = None,
+    oversize: Optional[str] = None,
+) -> _CellsReport:
+    """Arrival-order first fit: (sample_rank [S], sample_micro [S], num_micro, report {rows, fallback}).
+    `min_micro`, `micro_multiple`: a pipeline's microbatch rule; `oversize` "alone": a sample over
+    the cap in a row of its own."""
 
-def pack_kk(seq_lens: _I64, token_cap: int, dp: int) -> _CellsReport:
+def pack_kk(
+    seq_lens: _I64,
+    token_cap: int,
+    dp: int,
+    min_micro: Optional[int] = None,
+    micro_multiple: Optional[int] = None,
+    oversize: Optional[str] = None,
+) -> _CellsReport:
     """verl's Karmarkar–Karp balancing: (sample_rank [S], sample_micro [S], num_micro, report)."""
 
 def pack_rows(seq_lens: _I64, token_cap: int, step: int, node_limit: Optional[int] = None) -> Dict[str, Any]:
@@ -134,8 +152,10 @@ def pack_routepack(
     start_accept: Optional[float] = None,
     cooling: Optional[float] = None,
     mix: Optional[Tuple[float, float, float, float]] = None,
+    oversize: Optional[str] = None,
 ) -> _CellsReport:
-    """Certified rows + annealed layout: (sample_rank [S], sample_micro [S], num_micro, report)."""
+    """Certified rows + annealed layout: (sample_rank [S], sample_micro [S], num_micro, report);
+    the count meets `topo`'s pipeline rule."""
 
 def layout_proxy_cost(plan: Any, seq_lens: _I64, expert_tokens: _Counts, topo: Any, cost: Any) -> float:
     """The layout proxy's step time (max over EP groups of accumulated cost) of a plan's
@@ -151,6 +171,7 @@ def simulate(
     ideal_micro: Optional[int] = None,
     token_cap: Optional[int] = None,
     plan_cap: Optional[int] = None,
+    oversize: Optional[str] = None,
 ) -> Dict[str, Any]:
     """DESIGN.md's cost model; keys are the fields of routepack.SimResult. `ideal_micro`: the
     steps the ideal time assumes (None: the plan's own); `token_cap`: the cap the lower bound

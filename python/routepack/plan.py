@@ -250,17 +250,23 @@ class Plan:
             _columns(self.migration),
         )
 
-    def validate(self, window: Any, topo: Any, token_cap: int) -> "Plan":
+    def validate(self, window: Any, topo: Any, token_cap: int, oversize: Any = None) -> "Plan":
         """Checks every invariant of docs/design.md; raises `InvalidPlanError` with the first
-        violation (each sample exactly once, no row over the cap, equal microbatch counts, no
-        empty cell, valid placement, replica shares in [0, 1] summing to at most 1, migration
-        consistent with the placement, ``logcnt`` and ``log2phy`` what ``phy2log`` gives).
+        violation (each sample exactly once, no row over the cap, equal microbatch counts
+        meeting a pipeline's rule, no empty cell, valid placement, replica shares in [0, 1]
+        summing to at most 1, migration consistent with the placement, ``logcnt`` and
+        ``log2phy`` what ``phy2log`` gives). ``oversize`` (None: what ``report["oversize"]``
+        records, else "refuse"): with "alone" a row over the cap may hold one sample.
         Returns self."""
+        from routepack.oversize import plan_mode
+
         instance_of(window, Window, "window")._check_fields("window")
         instance_of(topo, Topology, "topo")
         token_cap = positive_int(token_cap, "token_cap")
+        self._check_fields()  # before reading report: a field set to None must be named
+        mode = plan_mode(self, oversize)
         with callers_words(WINDOW_WORDS):
-            _core.validate_plan(self, window.seq_lens, window.counts, topo, token_cap)
+            _core.validate_plan(self, window.seq_lens, window.counts, topo, token_cap, mode)
         return self
 
     def memory(self, topo: Any, cost: Any) -> Dict[str, Any]:

@@ -10,6 +10,7 @@ import numpy as np
 from routepack import _core
 from routepack._checks import WINDOW_WORDS, callers_words, finite_float
 from routepack.plan import MIGRATION_DTYPE, MIGRATION_FIELDS, Placement, Plan, empty_migration
+from routepack.oversize import report as oversize_report
 from routepack.policies import resolve
 from routepack.simulate import simulate
 from routepack.stages.context import DEFAULT_POLICY, DEFAULT_SEED, DEFAULT_TOKEN_CAP, PlanContext, check_fills_cells
@@ -67,6 +68,7 @@ def plan_window(
     seed: int = DEFAULT_SEED,
     anneal_moves: Optional[int] = None,
     time_budget_s: Optional[float] = None,
+    oversize: Optional[str] = None,
     **options: Any,
 ) -> Plan:
     """Plans one window.
@@ -75,7 +77,8 @@ def plan_window(
         window: `Window` (seq_lens [S], expert_tokens [S, L, E]).
         topo: `Topology`; cost: `CostModel` with one ``a_quad`` per layer (and, where it
             knows ``num_experts``, the window's expert count).
-        token_cap: hard cap on tokens per microbatch; a longer sample raises `InfeasibleError`.
+        token_cap: hard cap on tokens per microbatch; a longer sample raises `InfeasibleError`
+            unless ``oversize`` says otherwise.
         policy: a preset name (``routepack.PRESETS``) or a `Policy`.
         previous: the `Placement` in force now; migration is planned from it.
         previous_window: plan placement from these loads (history-based balancers, e.g. EPLB).
@@ -101,6 +104,9 @@ def plan_window(
             itself takes longer. None (the default): no clock is read, and the plan is
             deterministic. Values above 1e9 s mean no deadline (byte-identical to None);
             negative or non-finite ones raise `RoutepackError`.
+        oversize: a sample longer than ``token_cap``: None / "refuse" raises `InfeasibleError`
+            naming it; "alone" runs it in a microbatch of its own, priced at its length
+            (`routepack.oversize`; docs/design.md, "Samples over the cap").
         options: stage options by name, filling the options dataclass of each stage choice
             (`routepack.stages`: e.g. ``placement_chunks``, ``anneal_chains``,
             ``packing_exact_nodes``, ``replication_slots``; ``routepack.stages.known_options()``
@@ -128,6 +134,7 @@ def plan_window(
         options,
         run_replication,
         stacklevel=3,
+        oversize=oversize,
     )
 
 
@@ -165,6 +172,7 @@ def plan_stages(
     options: Dict[str, Any],
     replicate: ReplicationRunner,
     stacklevel: int,
+    oversize: Optional[str] = None,
 ) -> Plan:
     """`plan_window`'s body (same arguments, ``options`` as a dict), with its replication stage
     run by ``replicate``; ``stacklevel`` counts the deprecation warnings' frames from this
@@ -173,7 +181,7 @@ def plan_stages(
         time_budget_s = finite_float(time_budget_s, "time_budget_s", strict=True)
     # every argument checked in one place, the one each stage function runs too
     ctx = PlanContext(
-        window, topo, cost, token_cap, previous, previous_window, seed, anneal_moves, time_budget_s
+        window, topo, cost, token_cap, previous, previous_window, seed, anneal_moves, time_budget_s, oversize=oversize
     ).check()
     token_cap, seed, anneal_moves = ctx.token_cap, ctx.seed, ctx.anneal_moves
 
@@ -233,7 +241,7 @@ def plan_stages(
 
     plan = Plan(placement, sample_rank, sample_micro, num_micro, replicas, migration, policy=name)
     # `Plan.validate` and the final simulate in one call: one view of the window for both
-    sim = simulate(plan, window, topo, cost, token_cap, validate=True)
+    sim = simulate(plan, window, topo, cost, token_cap, validate=True, oversize=ctx.oversize)
     seconds["total"] = time.perf_counter() - start
     plan.report = {
         "policy": name,
@@ -255,4 +263,6 @@ def plan_stages(
     }
     if time_budget_s is not None:
         plan.report["budget"] = budget
+    if ctx.oversize != "refuse":
+        plan.report["oversize"] = oversize_report(ctx.oversize, window.seq_lens, token_cap)
     return plan

@@ -147,13 +147,23 @@ class SimResult:
 
 
 def lower_bound_micro(window: Any, topo: Any, token_cap: int) -> int:
-    """ceil(ceil(Σ n_s / cap) / dp): the fewest microbatches per DP rank any plan can use."""
+    """ceil(ceil(Σ n_s / cap) / dp), raised to a pipeline's microbatch rule (at least
+    ``topo.min_micro``, a multiple of ``topo.micro_multiple``): the fewest microbatches per DP
+    rank any plan can use."""
     rows = -(-window.total_tokens // int(token_cap))
-    return max(1, -(-rows // topo.dp))
+    micro = max(1, -(-rows // topo.dp), getattr(topo, "min_micro", 1))
+    multiple = getattr(topo, "micro_multiple", 1)
+    return -(-micro // multiple) * multiple
 
 
 def simulate(
-    plan: Any, window: Any, topo: Any, cost: Any, token_cap: Optional[int] = None, validate: bool = False
+    plan: Any,
+    window: Any,
+    topo: Any,
+    cost: Any,
+    token_cap: Optional[int] = None,
+    validate: bool = False,
+    oversize: Any = None,
 ) -> SimResult:
     """Scores `plan` on `window` under `topo` and `cost` (see docs/design.md, "Cost model").
 
@@ -165,8 +175,11 @@ def simulate(
     row's size, so it still bounds this plan). With ``validate`` (a bool) the plan is first
     checked as ``plan.validate(window, topo, token_cap)`` checks it (``token_cap`` then
     required), raising the same `InvalidPlanError`, in the same call over the window (what
-    `plan_window` runs on the plan it assembles).
+    `plan_window` runs on the plan it assembles); ``oversize`` as `Plan.validate` takes it
+    (None: the mode ``plan.report`` records).
     """
+    from routepack.oversize import plan_mode
+
     instance_of(plan, Plan, "plan")
     instance_of(window, Window, "window")._check_fields("window")
     instance_of(topo, Topology, "topo")
@@ -182,6 +195,7 @@ def simulate(
     if cap is None and plan.report.get("token_cap") is not None:
         # the cap plan_window recorded (a report is a plain dict: an edited one is checked)
         cap = positive_int(plan.report["token_cap"], "plan.report['token_cap']")
+    mode = plan_mode(plan, oversize)
     ideal_micro = lower_bound_micro(window, topo, cap) if cap else None
     with callers_words(WINDOW_WORDS):
         out = _core.simulate(
@@ -193,5 +207,6 @@ def simulate(
             ideal_micro,
             cap,
             token_cap if validate else None,
+            mode,
         )
     return SimResult(**out)

@@ -39,9 +39,10 @@ use crate::cost::links::LinkBytes;
 use crate::cost::CostModel;
 use crate::error::Result;
 use crate::flow::{route_expert, Dest};
+use crate::packing::cells::Oversize;
 use crate::plan::{bucket_replicas, Plan, Replica};
 use crate::topology::Topology;
-use crate::validate::validate_plan;
+use crate::validate::validate_plan_in;
 use crate::window::WindowView;
 
 pub mod pipeline;
@@ -421,8 +422,24 @@ pub fn simulate_validated(
     token_cap: Option<i64>,
     plan_cap: i64,
 ) -> Result<SimReport> {
+    simulate_validated_in(plan, w, topo, cost, ideal_micro, token_cap, plan_cap, Oversize::Refuse)
+}
+
+/// [`simulate_validated`], validating with `oversize` ([`validate_plan_in`]: with
+/// `Oversize::Alone` a cell over `plan_cap` may hold one sample).
+#[allow(clippy::too_many_arguments)]
+pub fn simulate_validated_in(
+    plan: &Plan,
+    w: &WindowView,
+    topo: &Topology,
+    cost: &CostModel,
+    ideal_micro: Option<usize>,
+    token_cap: Option<i64>,
+    plan_cap: i64,
+    oversize: Oversize,
+) -> Result<SimReport> {
     cost.check(w.num_layers)?;
-    validate_plan(plan, w, topo, plan_cap)?;
+    validate_plan_in(plan, w, topo, plan_cap, oversize)?;
     let bound_cap = token_cap.map(|cap| cap.max(largest_row(plan, w, topo)));
     check_bound_inputs(w, topo, cost, bound_cap)?;
     let (g_n, m_n, l_n, ep, e_n) = (topo.num_groups(), plan.num_micro, w.num_layers, topo.ep, w.num_experts);

@@ -8,6 +8,7 @@
 //! from it).
 
 use crate::error::{bad_plan, Result};
+use crate::packing::cells::Oversize;
 use crate::plan::Placement;
 use crate::plan::{cell_members, Plan};
 use crate::topology::Topology;
@@ -24,6 +25,12 @@ use crate::window::WindowView;
 /// in the slot the placement gives the expert, no (layer, slot) is moved into twice, and
 /// their ranks match their slots. The error names the first violation (`Error::InvalidPlan`).
 pub fn validate_plan(plan: &Plan, w: &WindowView, topo: &Topology, token_cap: i64) -> Result<()> {
+    validate_plan_in(plan, w, topo, token_cap, Oversize::Refuse)
+}
+
+/// [`validate_plan`], where with [`Oversize::Alone`] a cell over the cap is valid when it holds
+/// one sample (a sample over the cap running alone, docs/design.md "Samples over the cap").
+pub fn validate_plan_in(plan: &Plan, w: &WindowView, topo: &Topology, token_cap: i64, oversize: Oversize) -> Result<()> {
     topo.check_experts(w.num_experts)?;
     let p = &plan.placement;
     if p.num_layers != w.num_layers || p.num_experts != w.num_experts {
@@ -85,7 +92,8 @@ pub fn validate_plan(plan: &Plan, w: &WindowView, topo: &Topology, token_cap: i6
                 return Err(bad_plan(format!("cell (rank {d}, micro {m}) is empty; every DP rank must run {m_n} non-empty microbatches")));
             }
             let tokens: i128 = members[off[c]..off[c + 1]].iter().map(|&s| w.seq_lens[s] as i128).sum();
-            if tokens > token_cap as i128 {
+            let alone = oversize == Oversize::Alone && off[c + 1] - off[c] == 1;
+            if tokens > token_cap as i128 && !alone {
                 return Err(bad_plan(format!("cell (rank {d}, micro {m}) holds {tokens} tokens, over the cap {token_cap}")));
             }
         }

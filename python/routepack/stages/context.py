@@ -13,6 +13,7 @@ import numpy as np
 from routepack._checks import finite_float, instance_of, positive_int
 from routepack.errors import InfeasibleError, RoutepackError, RoutepackTypeError
 from routepack.model import CostModel, Topology
+from routepack.oversize import oversize_mode
 from routepack.plan import Placement
 from routepack.simulate import lower_bound_micro
 from routepack.stages.policy import Policy
@@ -54,6 +55,8 @@ class PlanContext:
     policy: Policy = field(default_factory=Policy)
     #: What stages report about their decisions, by stage name (lands in plan.report).
     reports: Dict[str, Any] = field(default_factory=dict)
+    #: Samples over the cap: "refuse" (None), "alone" (`routepack.oversize`).
+    oversize: Optional[str] = None
 
     def check(self) -> "PlanContext":
         """Checks every field (types, ranges, and that the cost model, ``previous`` and
@@ -69,6 +72,7 @@ class PlanContext:
             self.anneal_moves = positive_int(self.anneal_moves, "anneal_moves", minimum=0)
         if self.time_budget_s is not None:
             self.time_budget_s = finite_float(self.time_budget_s, "time_budget_s")
+        self.oversize = oversize_mode(self.oversize)
         topo.check_experts(window.num_experts)
         cost.check_window_shape(window.num_layers, window.num_experts)
         prev_window = self.previous_window
@@ -143,13 +147,17 @@ def check_fills_cells(ctx: PlanContext) -> None:
     samples, since every cell (DP rank, microbatch) runs at least one sample and the cap needs
     at least `lower_bound_micro` microbatches on each of the ``topo.dp`` ranks."""
     w, dp, cap = ctx.window, ctx.topo.dp, ctx.token_cap
-    if int(w.seq_lens.max()) > cap:
+    mode = oversize_mode(ctx.oversize)
+    if int(w.seq_lens.max()) > cap and mode == "refuse":
         # the first cause of all: no row can hold this sample (the packings' own wording)
         s = int(np.flatnonzero(w.seq_lens > cap)[0])
         raise InfeasibleError(
-            f"sample {s} has {w.seq_lens[s]} tokens, more than token_cap = {cap}; raise the cap or split the sample"
+            f"sample {s} has {w.seq_lens[s]} tokens, more than token_cap = {cap}; raise the cap, or plan with "
+            'oversize="alone" (it runs in a microbatch of its own) or oversize="split" with Topology(cp=...) '
+            "(it is split over a context-parallel group)"
         )
-    micro = lower_bound_micro(w, ctx.topo, cap)
+    # a sample over the cap fills a row of its own
+    micro = lower_bound_micro(_clamped(w, cap) if mode == "alone" else w, ctx.topo, cap)
     if w.num_samples < micro * dp:
         need = (
             f"the {micro} microbatches token_cap = {ctx.token_cap} needs for its {w.total_tokens} tokens"
@@ -160,6 +168,18 @@ def check_fills_cells(ctx: PlanContext) -> None:
             f"window: its {w.num_samples} samples cannot fill {need} on each of topo.dp = {dp} DP ranks "
             f"({micro * dp} cells, each running at least one sample)"
         )
+
+
+class _Tokens:
+    """What `lower_bound_micro` reads of a window: its tokens."""
+
+    def __init__(self, total_tokens: int) -> None:
+        self.total_tokens = total_tokens
+
+
+def _clamped(window: Window, token_cap: int) -> _Tokens:
+    """The window's tokens with every sample over the cap counted as the cap."""
+    return _Tokens(int(np.minimum(window.seq_lens, token_cap).sum()))
 
 
 __all__ = ["PackingResult", "PlanContext", "check_fills_cells", "check_placement_fits", "stage_context"]

@@ -9,6 +9,10 @@ sample_micro [S] int32, num_micro, report dict)``.
 * ``routepack`` (`routepack_packing`, `RoutepackPackingOptions`): the fewest certified rows,
   then the layout by population annealing.
 
+Every choice meets a pipeline's microbatch rule (at least ``topo.pp`` microbatches per DP rank,
+a multiple of ``pp`` under ``vpp`` > 1) and runs a sample over the cap alone where
+``ctx.oversize`` is "alone" (docs/design.md, "Samples over the cap").
+
 The annealing budget ``anneal_moves`` is an argument of ``plan_window`` itself (default: the
 core's, by topology: `DEFAULT_ANNEAL_MOVES` where an EP group fits in one node,
 `DEFAULT_ANNEAL_MOVES_ACROSS_NODES` where it spans nodes), not one of these options; under ``time_budget_s`` the stage's
@@ -64,12 +68,23 @@ def _packing_context(ctx: Any, options: Any, options_class: type, placement: Any
     return ctx
 
 
+def _cells(ctx: PlanContext) -> dict:
+    """What every packing is told of the cells beyond the DP ranks: the pipeline's microbatch
+    rule (`Topology.min_micro`, `Topology.micro_multiple`) and whether a sample over the cap runs
+    alone (``ctx.oversize``, `routepack.oversize`)."""
+    return {
+        "min_micro": ctx.topo.min_micro,
+        "micro_multiple": ctx.topo.micro_multiple,
+        "oversize": "alone" if ctx.oversize == "alone" else None,
+    }
+
+
 def sequential_packing(ctx: PlanContext, options: NoOptions, placement: Any) -> PackingResult:
     """Arrival-order first fit. Report: rows, fallback (first fit opened more rows than the
     cells take, so the certified rows were laid out: a baseline never refuses a window that
     fits)."""
     ctx = _packing_context(ctx, options, NoOptions, placement)
-    rank, micro, m, report = _core.pack_sequential(ctx.window.seq_lens, int(ctx.token_cap), ctx.topo.dp)
+    rank, micro, m, report = _core.pack_sequential(ctx.window.seq_lens, int(ctx.token_cap), ctx.topo.dp, **_cells(ctx))
     return rank, micro, m, dict(report)
 
 
@@ -80,7 +95,7 @@ def kk_packing(ctx: PlanContext, options: NoOptions, placement: Any) -> PackingR
     max_row_tokens, fallback (verl's retries ran out on a window that fits, so the certified
     rows were laid out)."""
     ctx = _packing_context(ctx, options, NoOptions, placement)
-    rank, micro, m, report = _core.pack_kk(ctx.window.seq_lens, int(ctx.token_cap), ctx.topo.dp)
+    rank, micro, m, report = _core.pack_kk(ctx.window.seq_lens, int(ctx.token_cap), ctx.topo.dp, **_cells(ctx))
     return rank, micro, m, dict(report)
 
 
@@ -115,6 +130,7 @@ def routepack_packing(ctx: PlanContext, options: RoutepackPackingOptions, placem
         start_accept=o.anneal_start_accept,
         cooling=o.anneal_cooling,
         mix=o.anneal_mix,
+        oversize=_cells(ctx)["oversize"],
     )
     report = dict(report)
     report["anneal_history"] = dict(report["anneal_history"])

@@ -54,7 +54,8 @@ fn worst_fit_ordered(px: &Proxy, w: &[f64], order: &[usize]) -> Option<Vec<u32>>
     let mut fresh = 0usize;
     for &s in order {
         let n = px.lens[s];
-        let pick = if fresh < cells && n as i128 <= cap {
+        // (an empty cell takes any sample: one over the cap then runs alone there)
+        let pick = if fresh < cells {
             fresh += 1;
             fresh - 1
         } else {
@@ -86,7 +87,7 @@ fn worst_fit_scan(px: &Proxy, w: &[f64], order: &[usize]) -> Option<Vec<u32>> {
             // annealer is handed an empty cell. Where every weight is positive, used cells
             // weigh more than 0 and this orders cells exactly as the loads alone did.
             let lighter = pick == usize::MAX || (!used[c] && used[pick]) || (used[c] == used[pick] && load[c] < load[pick]);
-            if tokens[c] as i128 + n as i128 <= px.token_cap as i128 && lighter {
+            if (tokens[c] as i128 + n as i128 <= px.token_cap as i128 || !used[c]) && lighter {
                 pick = c;
             }
         }

@@ -6,7 +6,10 @@
 //! * [`kk`]          verl's Karmarkar–Karp balancing (the `eplb` preset's packing)
 //! * [`rows`]        the fewest rows with a certificate (bounds, heuristics, exact search) and
 //!   the row helpers every packer shares (cap checks, equalising counts)
+//! * [`cells`]       what a packing fills: DP ranks, Megatron's microbatch rule under a
+//!   pipeline, samples over the cap (`Oversize`)
 
+pub mod cells;
 pub mod kk;
 pub mod routepack;
 pub mod rows;

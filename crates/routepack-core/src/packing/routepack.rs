@@ -9,7 +9,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::rows::certified::{certified_rows, RowCertificate};
+use super::cells::{Cells, Oversize};
+use super::rows::certified::{certified_rows_from, RowCertificate};
 use super::rows::exact::DEFAULT_NODE_LIMIT;
 use super::Packing;
 use crate::cost::CostModel;
@@ -114,6 +115,23 @@ pub fn routepack_packing(
     token_cap: i64,
     opts: &Options,
 ) -> Result<(Packing, Report)> {
+    routepack_packing_in(w, topo, cost, placement, token_cap, opts, Oversize::Refuse)
+}
+
+/// [`routepack_packing`] with `oversize` for samples over the cap: with `Oversize::Alone` the
+/// rows are certified on lengths where such a sample counts as the cap (`Cells::row_lens`),
+/// and the layout places every sample at its real length (the annealer's moves keep a cell
+/// over the cap to its one sample). The row count meets the topology's pipeline rule
+/// (`Topology::micro_rule`).
+pub fn routepack_packing_in(
+    w: &WindowView,
+    topo: &Topology,
+    cost: &CostModel,
+    placement: &Placement,
+    token_cap: i64,
+    opts: &Options,
+    oversize: Oversize,
+) -> Result<(Packing, Report)> {
     let a = &opts.anneal;
     if a.chains == 0 {
         return Err(invalid("anneal_chains", "must be >= 1, got 0"));
@@ -135,7 +153,9 @@ pub fn routepack_packing(
     let start = Instant::now();
     // the exact search may use a quarter of a wall-clock budget
     let exact_deadline = crate::budget::deadline(start, a.time_budget.map(|b| b / 4));
-    let rows = certified_rows(w.seq_lens, token_cap, topo.dp, opts.exact_nodes, exact_deadline)?;
+    let cells = Cells::of(topo, oversize);
+    let row_lens = cells.row_lens(w.seq_lens, token_cap)?;
+    let rows = certified_rows_from(&row_lens, token_cap, cells.step(), cells.min_rows(), opts.exact_nodes, exact_deadline)?;
     let t_rows = start.elapsed().as_secs_f64();
     let micro = rows.rows.len() / topo.dp;
     let px = Proxy::new(w, topo, cost, placement, token_cap, micro, opts.lambda)?;

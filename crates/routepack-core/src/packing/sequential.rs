@@ -7,9 +7,10 @@
 //! than the cells can take (more than dp·⌊S/dp⌋, so some cell would be empty), the window may
 //! still fit: the certified rows are laid out instead (`rows::fallback`), and the report says so.
 
-use super::rows::fallback::fallback_rows;
+use super::cells::Cells;
+use super::rows::fallback::fallback_rows_in;
 use super::rows::heuristics::RoomTree;
-use super::rows::{check_cap, equalise_rows, round_robin};
+use super::rows::{equalise_rows_in, round_robin};
 use super::Packing;
 use crate::error::{invalid, Result};
 
@@ -47,18 +48,26 @@ pub struct SequentialReport {
 /// opens more rows than the cells can take, the certified rows instead (`fallback`). Errors
 /// name a sample longer than the cap, or say that there are fewer samples than dp.
 pub fn sequential_report(seq_lens: &[i64], token_cap: i64, dp: usize) -> Result<(Packing, SequentialReport)> {
-    check_cap(seq_lens, token_cap)?;
+    sequential_in(seq_lens, token_cap, &Cells::plain(dp))
+}
+
+/// [`sequential_report`] into `cells`: the rows grown to a count its pipeline rule allows
+/// (`Cells::rows_for`), a sample over the cap alone in its row where `cells.oversize` says so
+/// (its length counted as the cap, `Cells::row_lens`).
+pub fn sequential_in(seq_lens: &[i64], token_cap: i64, cells: &Cells) -> Result<(Packing, SequentialReport)> {
+    let seq_lens = &*cells.row_lens(seq_lens, token_cap)?;
+    let dp = cells.dp;
     if dp == 0 {
         return Err(invalid("dp", "must be >= 1, got 0"));
     }
     let mut rows = first_fit_rows(seq_lens, token_cap);
     let s_n = seq_lens.len();
     if s_n >= dp && rows.len() > s_n / dp * dp {
-        let (p, _) = fallback_rows(seq_lens, token_cap, dp)?;
+        let (p, _) = fallback_rows_in(seq_lens, token_cap, cells)?;
         let report = SequentialReport { rows: p.num_micro * dp, fallback: true };
         return Ok((p, report));
     }
-    equalise_rows(&mut rows, seq_lens, dp)?;
+    equalise_rows_in(&mut rows, seq_lens, cells)?;
     let report = SequentialReport { rows: rows.len(), fallback: false };
     Ok((round_robin(&rows, s_n, dp), report))
 }

@@ -18,9 +18,9 @@ mod partition;
 
 pub use partition::karmarkar_karp;
 
+use super::cells::Cells;
 use super::rows::bounds::l2;
-use super::rows::check_cap;
-use super::rows::fallback::fallback_rows;
+use super::rows::fallback::fallback_rows_in;
 use super::Packing;
 use crate::error::{Error, Result};
 use partition::Load;
@@ -66,7 +66,16 @@ fn split_rank(rank: &[usize], wl: &[u128], k: usize) -> Vec<Vec<usize>> {
 /// a window that fits (every sample within the cap, rows for every cell), the certified rows
 /// are laid out instead and the report says `fallback`.
 pub fn verl_kk(seq_lens: &[i64], token_cap: i64, dp: usize) -> Result<(Packing, KkReport)> {
-    check_cap(seq_lens, token_cap)?;
+    verl_kk_in(seq_lens, token_cap, &Cells::plain(dp))
+}
+
+/// [`verl_kk`] into `cells`: every microbatch count it tries meets the pipeline's rule
+/// (`MicroRule::fit`, as verl rounds its count up to Megatron's virtual-pipeline group), and a
+/// sample over the cap runs alone where `cells.oversize` says so (its length counted as the
+/// cap, `Cells::row_lens`).
+pub fn verl_kk_in(seq_lens: &[i64], token_cap: i64, cells: &Cells) -> Result<(Packing, KkReport)> {
+    let seq_lens = &*cells.row_lens(seq_lens, token_cap)?;
+    let (dp, rule) = (cells.dp, cells.rule);
     let s_n = seq_lens.len();
     if dp == 0 {
         return Err(crate::error::invalid("dp", "must be >= 1, got 0"));
@@ -84,19 +93,19 @@ pub fn verl_kk(seq_lens: &[i64], token_cap: i64, dp: usize) -> Result<(Packing, 
     // verl's retries up to there are skipped: the same k, without a partition per retry (all
     // lengths just over half the cap took S/2 partitions of S samples each).
     let hopeless = ranks.iter().map(|r| l2(&r.iter().map(|&s| seq_lens[s]).collect::<Vec<_>>(), token_cap)).max().expect("dp >= 1 ranks");
-    let mut k = first.max(hopeless);
+    let mut k = rule.fit(first.max(hopeless));
     let micro_parts = loop {
         if k > fewest {
             // one sample per microbatch on the smallest rank still overflows elsewhere: verl
             // gives up here, although the window may fit
-            return fallback(seq_lens, token_cap, dp, first, fewest);
+            return fallback(seq_lens, token_cap, cells, first, fewest);
         }
         let parts: Vec<Vec<Vec<usize>>> = ranks.iter().map(|r| split_rank(r, &wl, k)).collect();
         let fits = parts.iter().flatten().all(|p| !p.is_empty() && tokens(seq_lens, p) <= cap);
         if fits {
             break parts;
         }
-        k += 1;
+        k = rule.fit(k + 1);
     };
     let mut sample_rank = vec![0i32; s_n];
     let mut sample_micro = vec![0i32; s_n];
@@ -127,8 +136,8 @@ pub fn verl_kk(seq_lens: &[i64], token_cap: i64, dp: usize) -> Result<(Packing, 
 }
 
 /// The certified rows on the ranks in order, where verl's procedure gave up.
-fn fallback(seq_lens: &[i64], token_cap: i64, dp: usize, first: usize, fewest: usize) -> Result<(Packing, KkReport)> {
-    let (packing, max_row_tokens) = fallback_rows(seq_lens, token_cap, dp)?;
+fn fallback(seq_lens: &[i64], token_cap: i64, cells: &Cells, first: usize, fewest: usize) -> Result<(Packing, KkReport)> {
+    let (packing, max_row_tokens) = fallback_rows_in(seq_lens, token_cap, cells)?;
     let micro = packing.num_micro;
     let report = KkReport { first_micro: first, micro, retries: fewest.saturating_sub(first), max_row_tokens, fallback: true };
     Ok((packing, report))

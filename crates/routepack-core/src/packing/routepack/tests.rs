@@ -4,6 +4,7 @@ use rand::SeedableRng;
 
 use super::*;
 use crate::layout::chain::Chain;
+use crate::packing::rows::certified::certified_rows;
 use crate::placement::static_placement;
 use crate::plan::Plan;
 use crate::simulate::simulate;

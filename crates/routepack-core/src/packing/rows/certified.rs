@@ -59,13 +59,27 @@ pub fn split_to(rows: &mut Vec<Vec<usize>>, seq_lens: &[i64], count: usize) {
 /// The fewest rows in multiples of `step` (see the module comment). `node_limit` bounds the
 /// exact search per target; `deadline` optionally caps its wall time.
 pub fn certified_rows(seq_lens: &[i64], token_cap: i64, step: usize, node_limit: u64, deadline: Option<Instant>) -> Result<CertifiedRows> {
+    certified_rows_from(seq_lens, token_cap, step, step, node_limit, deadline)
+}
+
+/// [`certified_rows`] with at least `min_rows` rows (a pipeline's microbatch minimum: dp · pp);
+/// the bound and the certificate are those of counts that are multiples of `step` and at
+/// least `min_rows`.
+pub fn certified_rows_from(
+    seq_lens: &[i64],
+    token_cap: i64,
+    step: usize,
+    min_rows: usize,
+    node_limit: u64,
+    deadline: Option<Instant>,
+) -> Result<CertifiedRows> {
     check_cap(seq_lens, token_cap)?;
     if step == 0 {
         return Err(invalid("step", "must be >= 1, got 0"));
     }
     let s_n = seq_lens.len();
     let (a, b) = (l1(seq_lens, token_cap), l2(seq_lens, token_cap));
-    let round = |x: usize| x.div_ceil(step).max(1) * step;
+    let round = |x: usize| x.max(min_rows).div_ceil(step).max(1) * step;
     let mut lower_bound = round(a.max(b));
     let (f, g) = (ffd(seq_lens, token_cap), bfd(seq_lens, token_cap));
     let (mut best, mut method) = if g.len() < f.len() { (g, "bfd") } else { (f, "ffd") };

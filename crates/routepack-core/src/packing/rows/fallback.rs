@@ -5,16 +5,23 @@
 //! baseline refuses a window only when this does too, which is when the exact search proved
 //! it needs more rows than samples or could not find a count within its node limit.
 
-use super::certified::certified_rows;
+use super::certified::certified_rows_from;
 use super::exact::DEFAULT_NODE_LIMIT;
 use super::round_robin;
 use crate::error::Result;
+use crate::packing::cells::Cells;
 use crate::packing::Packing;
 
 /// The certified rows in multiples of `dp` on (rank i % dp, microbatch i / dp), and the tokens of
 /// the fullest row.
 pub fn fallback_rows(seq_lens: &[i64], token_cap: i64, dp: usize) -> Result<(Packing, i64)> {
-    let rows = certified_rows(seq_lens, token_cap, dp, DEFAULT_NODE_LIMIT, None)?.rows;
+    fallback_rows_in(seq_lens, token_cap, &Cells::plain(dp))
+}
+
+/// [`fallback_rows`] in the counts `cells` allows (`seq_lens` the row lengths, `Cells::row_lens`).
+pub fn fallback_rows_in(seq_lens: &[i64], token_cap: i64, cells: &Cells) -> Result<(Packing, i64)> {
+    let dp = cells.dp;
+    let rows = certified_rows_from(seq_lens, token_cap, cells.step(), cells.min_rows(), DEFAULT_NODE_LIMIT, None)?.rows;
     let fullest = rows.iter().map(|r| r.iter().map(|&s| seq_lens[s] as i128).sum::<i128>()).max().unwrap_or(0);
     // every certified row is within the cap, so this fits i64
     Ok((round_robin(&rows, seq_lens.len(), dp), fullest as i64))

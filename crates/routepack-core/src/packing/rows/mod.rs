@@ -16,6 +16,7 @@ pub mod exact;
 pub mod fallback;
 pub mod heuristics;
 
+use super::cells::Cells;
 use super::Packing;
 use crate::error::{Error, Result};
 
@@ -29,7 +30,9 @@ pub fn check_cap(seq_lens: &[i64], token_cap: i64) -> Result<()> {
     }
     if let Some((s, &n)) = seq_lens.iter().enumerate().find(|(_, &n)| n > token_cap) {
         return Err(Error::Infeasible(format!(
-            "sample {s} has {n} tokens, more than token_cap = {token_cap}; raise the cap or split the sample"
+            "sample {s} has {n} tokens, more than token_cap = {token_cap}; raise the cap, or plan with \
+             oversize=\"alone\" (it runs in a microbatch of its own) or oversize=\"split\" with Topology(cp=...) \
+             (it is split over a context-parallel group)"
         )));
     }
     Ok(())
@@ -40,18 +43,31 @@ pub fn check_cap(seq_lens: &[i64], token_cap: i64) -> Result<()> {
 /// rows, which stay under the cap because the original was. Errors when there are fewer
 /// samples than dp.
 pub fn equalise_rows(rows: &mut Vec<Vec<usize>>, seq_lens: &[i64], dp: usize) -> Result<()> {
+    equalise_rows_in(rows, seq_lens, &Cells::plain(dp))
+}
+
+/// [`equalise_rows`] to the count `cells` allows: a multiple of dp that also meets the
+/// pipeline's microbatch rule (`Cells::rows_for`).
+pub fn equalise_rows_in(rows: &mut Vec<Vec<usize>>, seq_lens: &[i64], cells: &Cells) -> Result<()> {
+    let dp = cells.dp;
     if dp == 0 {
         return Err(crate::error::invalid("dp", "must be >= 1, got 0"));
     }
     if seq_lens.len() < dp {
         return Err(Error::Infeasible(format!("{} samples cannot fill {dp} DP ranks with non-empty microbatches", seq_lens.len())));
     }
-    // the first count that is a multiple of dp and at least dp
-    let count = rows.len().div_ceil(dp).max(1) * dp;
+    // the first count that is a multiple of dp, at least dp, and meets the rule
+    let count = cells.rows_for(rows.len());
     if !split_heaviest_until(rows, seq_lens, count) {
         return Err(Error::Infeasible(format!(
-            "{} single-sample rows cannot be split further into a multiple of dp = {dp} rows",
-            rows.len()
+            "{} single-sample rows cannot be split further into {count} rows ({} microbatches on each of dp = {dp} ranks{})",
+            rows.len(),
+            count / dp,
+            if cells.rule.min > 1 {
+                format!(", at least {} and a multiple of {} for the pipeline", cells.rule.min, cells.rule.multiple)
+            } else {
+                String::new()
+            }
         )));
     }
     Ok(())

@@ -1,0 +1,124 @@
+//! What a packing must fill beyond the window: the DP ranks, Megatron's rule for the microbatch
+//! count under a pipeline, and what to do with a sample longer than the token cap.
+//!
+//! **Samples over the cap** (docs/design.md, "Samples over the cap"). By default such a sample
+//! makes the window infeasible (`rows::check_cap` names it). With [`Oversize::Alone`] it runs in
+//! a microbatch of its own, as slime does: every packer builds its rows from [`Cells::row_lens`],
+//! where such a sample counts as exactly the cap. Every other sample has at least one token, so
+//! no row can hold anything beside it, and the rows, their count and its certificate are those
+//! of the problem in which the sample must run alone: the row lower bounds (L1, L2) count it as
+//! one full row, which it is in every valid plan. The layout then places the samples at their
+//! real lengths (a cell over the cap holds one sample, and no move adds to it or moves it into
+//! an occupied cell), and `validate` accepts a cell over the cap only when it holds one sample.
+//! Splitting a sample over a context-parallel group (`oversize="split"`) is done in Python
+//! (`routepack.oversize`): its chunks, each within the cap, are packed as samples that fill a
+//! row, so the core sees no sample over the cap there.
+
+use std::borrow::Cow;
+
+use super::rows::check_cap;
+use crate::error::{invalid, Result};
+use crate::topology::{MicroRule, Topology};
+
+/// What a packer does with a sample longer than the token cap.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Oversize {
+    /// Refuse the window (`Error::Infeasible` naming the sample): the default.
+    #[default]
+    Refuse,
+    /// Run it alone in a microbatch of its own (priced at its real length).
+    Alone,
+}
+
+impl Oversize {
+    /// "refuse" or "alone" (what Python passes); an error names `oversize` and the value.
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "refuse" => Ok(Oversize::Refuse),
+            "alone" => Ok(Oversize::Alone),
+            _ => Err(invalid("oversize", format!("{name:?} is not one of \"refuse\", \"alone\""))),
+        }
+    }
+}
+
+/// The cells a packing fills: `dp` ranks running a microbatch count that meets `rule`, and
+/// the treatment of samples over the cap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cells {
+    /// DP ranks.
+    pub dp: usize,
+    /// Megatron's rule for the microbatch count ([`MicroRule::NONE`] without a pipeline).
+    pub rule: MicroRule,
+    /// Samples over the cap.
+    pub oversize: Oversize,
+}
+
+impl Cells {
+    /// `dp` ranks, any microbatch count, samples over the cap refused: what the packers did
+    /// before pipelines and `oversize`.
+    pub fn plain(dp: usize) -> Self {
+        Self { dp, rule: MicroRule::NONE, oversize: Oversize::Refuse }
+    }
+
+    /// The cells of `topo` (its DP ranks and pipeline rule) with `oversize`.
+    pub fn of(topo: &Topology, oversize: Oversize) -> Self {
+        Self { dp: topo.dp, rule: topo.micro_rule(), oversize }
+    }
+
+    /// Rows come in multiples of this: dp × the rule's multiple.
+    #[inline]
+    pub fn step(&self) -> usize {
+        self.dp * self.rule.multiple
+    }
+
+    /// The fewest rows: dp × the rule's minimum.
+    #[inline]
+    pub fn min_rows(&self) -> usize {
+        self.dp * self.rule.min
+    }
+
+    /// The smallest row count >= `rows` the cells allow: dp × [`MicroRule::fit`] of the
+    /// microbatches those rows need.
+    #[inline]
+    pub fn rows_for(&self, rows: usize) -> usize {
+        self.dp * self.rule.fit(rows.div_ceil(self.dp.max(1)))
+    }
+
+    /// The lengths rows are built from: `seq_lens` itself, or with [`Oversize::Alone`] every
+    /// sample over the cap counted as the cap (see the module docs). Checks the cap and the
+    /// lengths (`rows::check_cap`: a sample over the cap otherwise is `Infeasible`, named).
+    pub fn row_lens<'a>(&self, seq_lens: &'a [i64], token_cap: i64) -> Result<Cow<'a, [i64]>> {
+        let lens = if self.oversize == Oversize::Alone && token_cap >= 1 && seq_lens.iter().any(|&n| n > token_cap) {
+            Cow::Owned(seq_lens.iter().map(|&n| n.min(token_cap)).collect())
+        } else {
+            Cow::Borrowed(seq_lens)
+        };
+        check_cap(&lens, token_cap)?;
+        Ok(lens)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_meet_the_rule() {
+        let topo = Topology::new(4, 2, 2, 2).unwrap();
+        let plain = Cells::of(&topo, Oversize::Refuse);
+        assert_eq!((plain.rows_for(1), plain.rows_for(5), plain.step()), (4, 8, 4));
+        let pp = Cells::of(&topo.clone().with_pipeline(3, 1, None).unwrap(), Oversize::Refuse);
+        assert_eq!((pp.rows_for(1), pp.rows_for(13), pp.rows_for(16), pp.step(), pp.min_rows()), (12, 16, 16, 4, 12));
+        let vpp = Cells::of(&topo.with_pipeline(2, 2, None).unwrap(), Oversize::Refuse);
+        assert_eq!((vpp.rows_for(1), vpp.rows_for(9), vpp.step()), (8, 16, 8));
+    }
+
+    #[test]
+    fn alone_counts_an_over_cap_sample_as_the_cap() {
+        let alone = Cells { oversize: Oversize::Alone, ..Cells::plain(2) };
+        assert_eq!(&*alone.row_lens(&[3, 25, 7], 10).unwrap(), &[3, 10, 7]);
+        assert!(matches!(alone.row_lens(&[3, 7], 10).unwrap(), Cow::Borrowed(_)));
+        let e = Cells::plain(2).row_lens(&[3, 25, 7], 10).unwrap_err().to_string();
+        assert!(e.contains("sample 1 has 25 tokens") && e.contains("oversize=\"alone\"") && e.contains("oversize=\"split\""), "{e}");
+    }
+}
