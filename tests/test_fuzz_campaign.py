@@ -94,17 +94,49 @@ def test_same_seed_same_cases(tmp_path: Path) -> None:
     assert {k: sorted(v) for k, v in a["other"].items()} == {k: sorted(v) for k, v in b["other"].items()}
 
 
-def test_aborts_hangs_and_stderr_are_other_and_the_campaign_goes_on(tmp_path: Path, monkeypatch) -> None:
-    """The self-test target returns, aborts, hangs and prints to stderr, in turn: each of the
-    last three is one `other` case, and the worker restarted after each goes on."""
+def test_aborts_kills_hangs_memory_errors_and_stderr_are_other_and_the_campaign_goes_on(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The self-test target returns, aborts, hangs, prints to stderr, is killed and raises a
+    bare MemoryError, in turn: each of the last five is one `other` case, and the worker
+    restarted after each goes on."""
     monkeypatch.setenv("ROUTEPACK_FUZZ_SELFTEST", "1")
-    r = run(tmp_path, "--only", "selftest", "--stop", "4", "--minutes", "2", "--call-timeout", "3")
+    r = run(tmp_path, "--only", "selftest", "--stop", "6", "--minutes", "2", "--call-timeout", "3")
     row = r["targets"]["selftest"]
-    assert (row["cases"], row["valid"], row["other"]) == (4, 1, 3) and not r["harness_errors"]
+    assert (row["cases"], row["valid"], row["other"]) == (6, 1, 5) and not r["harness_errors"]
     buckets = r["other"]["selftest"]
     assert any(b.startswith("abort: signal SIGABRT") for b in buckets), buckets
+    assert any(b.startswith("abort: signal SIGKILL") for b in buckets), buckets
     assert any(b.startswith("hang: no return within 3 s") for b in buckets), buckets
     assert any(b.startswith("output on stderr/stdout: thread 'main' panicked") for b in buckets), buckets
+    assert any(b.startswith("MemoryError: Unable to allocate") for b in buckets), buckets
+
+
+def test_the_memory_limit_mode(tmp_path: Path) -> None:
+    """Every case runs under ``--memory-limit-gib`` (8 GiB by default), and the memory-limit
+    family sized from it runs: calls that would allocate more than the limit, each refused
+    naming the argument that sized it and the bytes (issue 33's acceptance: no abort, no
+    other, nothing unnamed); without a limit the family is left out."""
+    r = run(tmp_path, "--only", "memory.", "--stop", "14", "--minutes", "5")
+    assert r["memory_limit_gib"] == 8.0 and not r["harness_errors"]
+    assert {n for n, row in r["targets"].items() if row["cases"]} >= {
+        "memory.Placement.static",
+        "memory.Window.from_routed_experts",
+        "memory.placement.rebalance_experts",
+        "memory.plan_window",
+        "memory.held",
+    }
+    for name, row in r["targets"].items():
+        assert row["clean_named"] == row["cases"], (name, r["other"].get(name), r["clean_unnamed"].get(name))
+    env = {**os.environ, "PYTHONPATH": str(Path(__import__("routepack").__file__).parents[1])}
+    listed = subprocess.run(
+        [sys.executable, str(TOOL), "--list", "--no-torch", "--memory-limit-gib", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert listed.returncode == 0 and "memory." not in listed.stdout and "plan_window" in listed.stdout
 
 
 def test_replay_runs_one_case(tmp_path: Path) -> None:

@@ -87,6 +87,25 @@ for _policy, _slots in (
     )
 
 
+#: A window the caller holds (zero pages: no memory behind its counts until written) of
+#: ``S`` samples x ``L`` layers x ``E`` experts, on 2 DP x 2 EP ranks, a static plan of 2
+#: samples a microbatch, and a cost model: what `simulate` is given (its buffers grow with
+#: the window's L x E once per exchange, not with any single argument).
+HELD_WINDOW = (
+    "S, L, E = {S}, {L}, {E}; w = rp.Window(np.full(S, 4), np.zeros((S, L, E), np.uint8)); "
+    "t = rp.Topology(2, 2, 2, E // 2); c = rp.CostModel(1e-9, [0.0] * L, 1e-9, 1e-6, 10.0, 1e9, 1e8, 1e3, 1e3, 1e3); "
+    "p = rp.Plan(rp.Placement.static(L, E, t), np.arange(S) % 2, np.arange(S) // 4, S // 4)"
+)
+CASES["simulate(window held by the caller)"] = (
+    HELD_WINDOW.format(S=128, L=256, E=65536) + "; rp.simulate(p, w, t, c)",
+    "window",
+)
+CASES["plan_window(static, window held by the caller)"] = (
+    HELD_WINDOW.format(S=128, L=256, E=65536) + "; rp.plan_window(w, t, c, token_cap=8, policy='static')",
+    "window",
+)
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_sizes_over_the_limit_are_refused_naming_the_argument_and_the_bytes(name):
     call, arg = CASES[name]
@@ -180,6 +199,7 @@ def vm():
         if line.startswith("VmSize:"):
             return int(line.split()[1]) * 1024
 rp.Placement.static(2, 8, rp.Topology(4, 2, 2, 5))  # start the worker threads
+{setup}
 {before}
 try:
     {call}
@@ -189,13 +209,15 @@ else:
     print("PEAK", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - start)
 """
 
-#: Calls of a few hundred MB, each with its estimate's argument.
+#: Calls of a few hundred MB, each with its estimate's argument (and what they are given).
 MEASURED = {
-    "Placement.static": ("rp.Placement.static(2_000_000, 8, rp.Topology(4, 2, 2, 5))", "num_layers"),
+    "Placement.static": ("rp.Placement.static(2_000_000, 8, rp.Topology(4, 2, 2, 5))", "num_layers", ""),
     "Window.from_routed_experts": (
         "rp.Window.from_routed_experts(np.zeros((3, 1, 1), np.int32), [0, 2, 3], 2**24)",
         "num_experts",
+        "",
     ),
+    "simulate": ("rp.simulate(p, w, t, c)", "window", HELD_WINDOW.format(S=32, L=64, E=16384)),
 }
 
 
@@ -207,15 +229,15 @@ def _run(code: str) -> str:
 
 @pytest.mark.parametrize("name", list(MEASURED))
 def test_the_estimate_covers_the_measured_peak(name):
-    call, arg = MEASURED[name]
+    call, arg, setup = MEASURED[name]
     # under a limit 64 MiB above what the process holds, the call's own estimate refuses it
     tight = "start = rss(); lim = vm() + (64 << 20); resource.setrlimit(resource.RLIMIT_AS, (lim, lim))"
-    out = _run(MEASURE.format(before=tight, call=call))
+    out = _run(MEASURE.format(setup=setup, before=tight, call=call))
     m = re.search(r"REFUSED (\S+): .* would take (\d+) bytes, which this process cannot allocate", out)
     assert m and m.group(1) == arg, out
     estimate = int(m.group(2))
     # without a limit: the peak the call adds to what the process held
-    out = _run(MEASURE.format(before="start = rss()", call=call))
+    out = _run(MEASURE.format(setup=setup, before="start = rss()", call=call))
     peak = int(re.search(r"PEAK (-?\d+)", out).group(1))
     assert peak > (64 << 20), f"{name}: the call should allocate more than the headroom, peak {peak}"
     assert peak <= estimate, f"{name}: measured peak {peak} bytes above the estimate {estimate}"

@@ -13,10 +13,13 @@ cases, malformed arguments, tampered plans and damaged files. Each call ends in 
 ``valid``, ``clean(named)`` / ``clean(unnamed)`` (a RoutepackError whose message does / does
 not name an argument) or ``other`` (see `fuzzlib.engine` and tools/README.md).
 
-The cases run in a worker process, under a memory limit, with its stdout/stderr captured: an
-interpreter abort (an allocation failure, a segfault) or a call over ``--call-timeout``
-counts as ``other`` for that case, and a fresh worker resumes at the next case. The cases and
-their order are a function of ``--seed`` alone.
+The cases run in a worker process, under an address-space limit (``--memory-limit-gib``,
+``RLIMIT_AS``, 8 GiB by default, as containers set it), with its stdout/stderr captured: an
+interpreter abort (an allocation failure, a segfault), a kill or a call over
+``--call-timeout`` counts as ``other`` for that case, and a fresh worker resumes at the next
+case. Under a limit the memory-limit family (``memory.*``, `fuzzlib.t_memory`) runs too:
+calls that would allocate more than the limit, which must be refused naming the argument and
+the bytes. The cases and their order are a function of ``--seed`` (and the limit) alone.
 
 Prints a table (function, cases, valid, clean(named), clean(unnamed), other) and writes the
 same numbers to ``--json``, with up to 5 reproducers per ``other`` and ``clean(unnamed)``
@@ -50,9 +53,12 @@ for p in (HERE, ROOT / "tests"):
 KEEP = 5
 
 
-def load_targets(only: Optional[str] = None, torch: bool = True) -> List[Any]:
-    """Every target, in table order (``only``: comma-separated name prefixes)."""
-    from fuzzlib import t_analysis, t_bound, t_model, t_plan, t_planner, t_stages, t_window
+def load_targets(only: Optional[str] = None, torch: bool = True, memory_limit: int = 0) -> List[Any]:
+    """Every target, in table order (``only``: comma-separated name prefixes). With a
+    ``memory_limit`` (bytes of address space the worker may hold), the memory-limit family
+    sized from it (`fuzzlib.t_memory`); without one it is left out, since its cases would then
+    allocate for real."""
+    from fuzzlib import t_analysis, t_bound, t_integrations, t_model, t_plan, t_planner, t_stages, t_window
 
     targets = (
         t_model.TARGETS
@@ -62,7 +68,12 @@ def load_targets(only: Optional[str] = None, torch: bool = True) -> List[Any]:
         + t_stages.TARGETS
         + t_analysis.TARGETS
         + t_bound.TARGETS
+        + t_integrations.TARGETS
     )
+    if memory_limit > 0:
+        from fuzzlib import t_memory
+
+        targets += t_memory.targets(memory_limit)
     if torch:
         from fuzzlib import t_torch
 
@@ -77,9 +88,15 @@ def load_targets(only: Optional[str] = None, torch: bool = True) -> List[Any]:
     return targets
 
 
+#: what the self-test target's cases do, in turn
+SELFTEST = ("return", "abort", "hang", "stderr", "kill", "memory")
+
+
 def selftest_target() -> Any:
     """The campaign's own test (tests/test_fuzz_campaign.py): a case that returns, one that
-    aborts the interpreter, one that hangs, one that prints to stderr, in turn."""
+    aborts the interpreter (as a failed Rust allocation does), one that hangs, one that prints
+    to stderr, one killed (as the kernel kills a process over its memory), one that raises a
+    bare MemoryError, in turn."""
     from fuzzlib.engine import Case, Target
 
     def behave(what: str) -> str:
@@ -89,22 +106,37 @@ def selftest_target() -> Any:
             time.sleep(3600)
         elif what == "stderr":
             os.write(2, b"thread 'main' panicked at src/x.rs:1:1\n")
+        elif what == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif what == "memory":
+            raise MemoryError("Unable to allocate 12.0 GiB")
         return what
 
     def gen(seed: int, n: int) -> List[Any]:
-        return [Case("valid", behave, (w,)) for w in ("return", "abort", "hang", "stderr")] * (n // 4)
+        return [Case("valid", behave, (w,)) for w in SELFTEST] * max(1, n // len(SELFTEST))
 
-    return Target("selftest", behave, gen, weight=1, batch=4)
+    return Target("selftest", behave, gen, weight=1, batch=len(SELFTEST))
 
 
 # ------------------------------------------------------------------ the worker
+def memory_limit(args: argparse.Namespace) -> int:
+    """The worker's address-space limit in bytes (0: none)."""
+    return int(args.memory_limit_gib * 2**30) if args.memory_limit_gib > 0 else 0
+
+
+def apply_memory_limit(args: argparse.Namespace) -> None:
+    """Sets ``RLIMIT_AS`` to ``--memory-limit-gib`` for this process (the worker, or a replay):
+    every case runs under it, as a container or scheduler would run the caller."""
+    limit = memory_limit(args)
+    if limit:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
 def worker(args: argparse.Namespace) -> None:
     """Runs cases from position ``--start`` on, reporting on fd ``--proto`` (JSON lines)."""
     proto = os.dup2(args.proto, 255)
     os.close(args.proto)
-    if args.mem_gb > 0:
-        limit = int(args.mem_gb * 2**30)
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    apply_memory_limit(args)
     # fds 1 and 2 go to one capture file: whatever a call prints there is seen (engine)
     cap = os.open(args.capture, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
     os.dup2(cap, 1)
@@ -123,7 +155,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from fuzzlib.engine import Schedule, Streams, capture_offset, describe, run_case
 
-    targets = load_targets(args.only, torch=not args.no_torch)
+    targets = load_targets(args.only, torch=not args.no_torch, memory_limit=memory_limit(args))
     schedule, streams = Schedule(targets), Streams(args.seed)
     pos = args.start
     while args.stop is None or pos < args.stop:
@@ -204,8 +236,8 @@ def start_worker(args: argparse.Namespace, start: int, capture: str):
         capture,
         "--seed",
         str(args.seed),
-        "--mem-gb",
-        str(args.mem_gb),
+        "--memory-limit-gib",
+        str(args.memory_limit_gib),
     ]
     if args.stop is not None:
         cmd += ["--stop", str(args.stop)]
@@ -407,7 +439,7 @@ def report(args: argparse.Namespace, targets: List[Any], stats: Stats) -> Dict[s
         "minutes": args.minutes,
         "elapsed_s": round(getattr(stats, "elapsed", 0.0), 1),
         "call_timeout_s": args.call_timeout,
-        "mem_gb": args.mem_gb,
+        "memory_limit_gib": args.memory_limit_gib,
         "cases": stats.cases,
         "positions": getattr(stats, "positions", 0),
         "targets": per,
@@ -432,7 +464,10 @@ def replay(args: argparse.Namespace) -> int:
     from fuzzlib.engine import Schedule, Streams, describe, run_case
 
     name, _, k = args.replay.rpartition(":")
-    targets = {t.name: t for t in load_targets(None, torch=not args.no_torch)}
+    targets = {t.name: t for t in load_targets(None, torch=not args.no_torch, memory_limit=memory_limit(args))}
+    # the case runs under the limit it ran under in the campaign (the memory-limit family is
+    # sized from it; without it those cases would allocate for real)
+    apply_memory_limit(args)
     if name not in targets:
         print(f"unknown target {name!r}; --list shows them", file=sys.stderr)
         return 2
@@ -460,7 +495,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--only", help="comma-separated target name prefixes")
     ap.add_argument("--stop", type=int, default=None, help="stop after this many cases (positions)")
     ap.add_argument("--call-timeout", type=float, default=60.0, help="seconds one call may take (default %(default)s)")
-    ap.add_argument("--mem-gb", type=float, default=4.0, help="address-space limit of the worker, GiB (0: none)")
+    ap.add_argument(
+        "--memory-limit-gib",
+        "--mem-gb",
+        dest="memory_limit_gib",
+        type=float,
+        default=8.0,
+        help="address-space limit (RLIMIT_AS) of every case, GiB, as containers set; the memory-limit family "
+        "(memory.*) is sized from it (default %(default)s; 0: none, and no memory.* targets)",
+    )
     ap.add_argument("--threads", type=int, default=2, help="RAYON_NUM_THREADS of the worker")
     ap.add_argument("--no-torch", action="store_true", help="leave out routepack.torch")
     ap.add_argument("--list", action="store_true", help="list the targets and exit")
@@ -475,7 +518,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     if args.replay:
         return replay(args)
-    targets = load_targets(args.only, torch=not args.no_torch)
+    targets = load_targets(args.only, torch=not args.no_torch, memory_limit=memory_limit(args))
     if args.list:
         for t in targets:
             print(f"{t.name:<40} weight {t.weight}")

@@ -61,6 +61,11 @@ class Case:
     note: str = ""
     names: Tuple[str, ...] = ()
     setup: Optional[Callable[[], Tuple[tuple, Dict[str, Any]]]] = None
+    #: a refusal counts as named only when it names one of these (not any identifier of the
+    #: target) and matches ``pattern``: what the memory-limit cases ask of a refusal (the
+    #: argument that sized the allocation, and the bytes)
+    require: Tuple[str, ...] = ()
+    pattern: Optional[str] = None
 
 
 Generator = Callable[[int, int], List[Case]]
@@ -219,7 +224,7 @@ def capture_offset() -> int:
 def run_case(target: Target, case: Case, capture: bool = True) -> Dict[str, Any]:
     """Runs ``case`` and classifies it: ``{outcome, bucket, secs, detail}``."""
     since = capture_offset() if capture else 0
-    idents = target.identifiers() + tuple(case.names)
+    idents = case.require or (target.identifiers() + tuple(case.names))
     outcome, bucket, detail = "valid", "", ""
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True):
@@ -237,8 +242,11 @@ def run_case(target: Target, case: Case, capture: bool = True) -> Dict[str, Any]
                 outcome, bucket = "other", f"refused a valid input: {type(e).__name__}: {normalise(msg)}"
             elif not msg:
                 outcome, bucket = "other", f"{type(e).__name__} without a message"
-            elif names_argument(msg, idents):
+            elif names_argument(msg, idents) and (case.pattern is None or re.search(case.pattern, msg)):
                 outcome, bucket = "clean_named", f"{type(e).__name__}: {normalise(msg, 70)}"
+            elif case.require:
+                want = "/".join(case.require) + (f" and /{case.pattern}/" if case.pattern else "")
+                outcome, bucket = "clean_unnamed", f"{type(e).__name__} without {want}: {normalise(msg)}"
             else:
                 outcome, bucket = "clean_unnamed", f"{type(e).__name__}: {normalise(msg)}"
             detail = msg[:800]

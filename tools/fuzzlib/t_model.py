@@ -9,7 +9,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import routepack as rp
@@ -43,19 +43,37 @@ def topology_valid(args: List[Any]) -> bool:
     return ints and dp % ep == 0 and (ep % gpn == 0 or gpn % ep == 0) and ep * spr <= 2**31 - 1
 
 
-def check_topology(args: List[Any]):
+def check_topology(args: List[Any], kw: Dict[str, Any]):
     def check(t: rp.Topology) -> None:
         assert (t.dp, t.ep, t.gpus_per_node, t.slots_per_rank) == tuple(int(a) for a in args), "fields differ"
         assert t.num_groups * t.ep == t.dp and t.num_slots == t.ep * t.slots_per_rank
         assert t.nodes_per_group >= 1
+        want = int(kw["replica_slots"]) if "replica_slots" in kw else DEFAULT_REPLICA_SLOTS
+        assert t.replica_slots == want and type(t.replica_slots) is int, f"replica_slots {t.replica_slots!r}"
 
     return check
 
 
-def topology_case(args: List[Any], kind: str) -> Case:
-    args = list(args)
+#: the core's default spare buffers a rank (`Topology.replica_slots`)
+DEFAULT_REPLICA_SLOTS = rp.Topology(1, 1, 1, 1).replica_slots
+
+
+def topology_case(args: List[Any], kind: str, kw: Optional[Dict[str, Any]] = None) -> Case:
+    args, kw = list(args), dict(kw or {})
     valid = topology_valid(args)
-    return Case(kind, rp.Topology, tuple(args), check=check_topology(args), expect="ok" if valid else "error")
+    if "replica_slots" in kw:
+        v = kw["replica_slots"]
+        valid = valid and is_int(v) and 0 <= v <= 2**31 - 1
+    return Case(kind, rp.Topology, tuple(args), kw, check=check_topology(args, kw), expect="ok" if valid else "error")
+
+
+def replica_slots_case(rng: np.random.Generator) -> Case:
+    """``replica_slots``: spare expert buffers a rank (0 .. 2**31 - 1, numpy ints too), or wrong."""
+    args = valid_topology_args(rng)
+    if rng.random() < 0.5:
+        v = pick(rng, [0, 1, 2, 3, 8, 2**31 - 1, np.int32(2), np.uint64(5), np.int64(0)])
+        return topology_case(args, "edge", {"replica_slots": v})
+    return topology_case(args, "malformed", {"replica_slots": pick(rng, BAD_INTS + [2**31, -1])})
 
 
 def topology_from_rng(rng: np.random.Generator) -> Case:
@@ -371,9 +389,12 @@ TARGETS = [
     Target(
         "Topology",
         rp.Topology,
-        both(hyp_gen(topology_args(), lambda a: topology_case(a, "malformed")), mixed((1, topology_from_rng))),
+        both(
+            hyp_gen(topology_args(), lambda a: topology_case(a, "malformed")),
+            mixed((3, topology_from_rng), (1, replica_slots_case)),
+        ),
         weight=3,
-        names=("topo", "topo.dp", "topo.ep", "topo.gpus_per_node", "topo.slots_per_rank"),
+        names=("topo", "topo.dp", "topo.ep", "topo.gpus_per_node", "topo.slots_per_rank", "topo.replica_slots"),
     ),
     Target(
         "Topology.check_experts", rp.Topology.check_experts, mixed((1, check_experts_case)), weight=2, names=("topo",)

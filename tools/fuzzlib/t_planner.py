@@ -167,7 +167,9 @@ def random_options(rng: np.random.Generator, E: int) -> Dict[str, Any]:
 def random_inputs(rng: np.random.Generator, policy: Any, edge: Optional[str] = None) -> Inputs:
     """Feasible inputs by construction: the cap is at least the largest cell of a random
     layout of the window (so a plan exists); ``previous_window`` for policies that need it."""
-    topo = rp.Topology(*TOPOS[int(rng.integers(len(TOPOS)))])
+    # spare buffers a rank (Topology.replica_slots): the default, none, a few, the most
+    spare = {} if rng.random() < 0.6 else {"replica_slots": int(rng.choice([0, 1, 2, 8, 2**31 - 1]))}
+    topo = rp.Topology(*TOPOS[int(rng.integers(len(TOPOS)))], **spare)
     L = int(rng.integers(1, 4))
     E = int(rng.integers(1, topo.num_slots + 1))
     M = int(rng.integers(1, 4))

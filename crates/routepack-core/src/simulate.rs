@@ -443,6 +443,8 @@ pub fn simulate_validated_in(
     let bound_cap = token_cap.map(|cap| cap.max(largest_row(plan, w, topo)));
     check_bound_inputs(w, topo, cost, bound_cap)?;
     let (g_n, m_n, l_n, ep, e_n) = (topo.num_groups(), plan.num_micro, w.num_layers, topo.ep, w.num_experts);
+    let what = format!("simulating {g_n} x {m_n} exchanges (groups x microbatches) of [L, E] = [{l_n}, {e_n}]");
+    crate::sizes::check_call("window", &what, simulate_bytes(w.num_samples, topo, m_n, l_n, e_n))?;
     let grid = CellGrid::new(&plan.sample_rank, &plan.sample_micro, m_n, w.seq_lens, topo);
     let reps = bucket_replicas(&plan.replicas, g_n, m_n, l_n);
     let layer_slots = plan.placement.slot_tables()?;
@@ -558,6 +560,34 @@ pub fn simulate_validated_in(
         cross_node_bytes: cost.all_to_all_bytes(cross),
         cross_node_bytes_per_token: cost.all_to_all_bytes(cross) / tokens,
     })
+}
+
+/// Bytes [`simulate_validated`] holds at once for a window of `s_n` samples × `l_n` layers ×
+/// `e_n` experts under a plan of `m_n` microbatches (the estimate it reserves, naming
+/// `window`, whose layers and experts size the largest part): every exchange's part of the
+/// demand sums (`[L * E]` totals and shares, [`GmSums`]) and its layers' costs, each sample's
+/// rows, each worker's origin `[ep * E]` and scratch, the gathered [`DemandSums`], the
+/// bound's own per-sample and per-expert tables, the replica buckets, the imbalance, the
+/// placement's slot tables ([`crate::plan::Placement::slot_tables`], which also reserves them
+/// on its own) and the plan's placement as the binding copied it, with the tables its checks
+/// derive. Rows are pushed into growing vectors: twice their size.
+fn simulate_bytes(s_n: usize, topo: &Topology, m_n: usize, l_n: usize, e_n: usize) -> u128 {
+    use crate::plan::Placement;
+    use crate::sizes::table_bytes;
+    let exchanges = table_bytes(&[topo.num_groups(), m_n, l_n], 1);
+    let per_exchange = table_bytes(&[e_n], 16).saturating_add(64 + 16 + 16 + 24 + 8);
+    // map_init makes a worker's scratch once per split of the (group, microbatch) tasks: at
+    // most once a task
+    let workers = table_bytes(&[topo.num_groups(), m_n], 1);
+    let per_worker = table_bytes(&[topo.ep, e_n], 8).saturating_add(table_bytes(&[topo.ep], 160)).saturating_add(table_bytes(&[e_n], 24));
+    exchanges
+        .saturating_mul(per_exchange)
+        .saturating_add(workers.saturating_mul(per_worker))
+        .saturating_add(table_bytes(&[s_n, l_n], 2 * 64 + 16 + 24))
+        .saturating_add(table_bytes(&[l_n, e_n], 16 + 16))
+        .saturating_add(table_bytes(&[l_n, e_n.saturating_add(1).saturating_add(topo.num_slots())], 8))
+        .saturating_add(Placement::tables_bytes(l_n, topo.num_slots(), e_n, 1))
+        .saturating_add(table_bytes(&[topo.dp, m_n], 24))
 }
 
 /// What one (group, microbatch) task of [`simulate_validated`] returns: each layer's exchange cost,

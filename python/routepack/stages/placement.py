@@ -28,7 +28,7 @@ from typing import Any, Optional
 import numpy as np
 
 from routepack import _core
-from routepack._checks import loads_array
+from routepack._checks import allocating, loads_array
 from routepack.errors import RoutepackError
 from routepack.plan import Placement
 from routepack.simulate import lower_bound_micro
@@ -158,7 +158,8 @@ def routepack_placement(ctx: PlanContext, options: RoutepackPlacementOptions) ->
     demand = _core.chunk_demand(win.seq_lens, win.counts, chunks)
     if chunks > 0 and win is ctx.window and ctx.policy.loads == "window":
         # the window total is the sum of its chunks: skip a second pass over [S, L, E]
-        loads = np.ascontiguousarray(demand.sum(axis=2))
+        with allocating("window", "its loads [L, E] in float64", demand.shape[0] * demand.shape[1] * 8):
+            loads = np.ascontiguousarray(demand.sum(axis=2))
     else:
         loads = loads_array(ctx.placement_loads(), ctx.loads_name())
     previous = ctx.previous.phy2log if ctx.previous is not None else None
