@@ -335,20 +335,22 @@ impl Pipeline {
                 LinkBytes::add(&mut links[self.stage_of_layer(mv.layer as usize)], s, d, mv.bytes, same);
             }
         }
-        links.iter().map(|l| LinkBytes::time(l, cost)).fold(0.0, f64::max)
+        links.iter().map(|l| cost.migration_time(l)).fold(0.0, f64::max)
     }
 
     /// Seconds of the redundant experts' gradient sum ([`super::redundant_grad_time`]), each
     /// stage summing its own layers' at the same time: the slowest stage's.
     pub fn redundant_grad_time(&self, plan: &Plan, topo: &Topology, cost: &CostModel) -> f64 {
-        let e_n = plan.placement.num_experts;
-        let mut per_stage = vec![0usize; self.pp];
-        for (i, &c) in plan.placement.logcnt().iter().enumerate() {
-            if c > 1 {
-                per_stage[self.stage_of_layer(i / e_n)] += 1;
-            }
+        let e_n = plan.placement.num_experts.max(1);
+        // per stage: redundant experts, and layers holding one (one all-reduce each)
+        let mut per_stage = vec![(0usize, 0usize); self.pp];
+        for (l, layer) in plan.placement.logcnt().chunks(e_n).enumerate() {
+            let n = layer.iter().filter(|&&c| c > 1).count();
+            let st = &mut per_stage[self.stage_of_layer(l)];
+            st.0 += n;
+            st.1 += usize::from(n > 0);
         }
-        per_stage.iter().map(|&n| cost.redundant_grad_time(n as f64, topo)).fold(0.0, f64::max)
+        per_stage.iter().map(|&(n, layers)| cost.redundant_grad_time(n as f64, layers as f64, topo)).fold(0.0, f64::max)
     }
 }
 
