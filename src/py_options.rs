@@ -17,7 +17,7 @@ use routepack_core::placement::demand::DEFAULT_CHUNKS;
 use routepack_core::placement::routepack::{Options as PlacementOptions, DEFAULT_EXPLORE};
 use routepack_core::replication::hot_n::DEFAULT_HOT_EXPERTS;
 use routepack_core::replication::routepack::Options as ReplicationOptions;
-use routepack_core::topology::DEFAULT_REPLICA_SLOTS;
+use routepack_core::topology::{DEFAULT_CP, DEFAULT_PP, DEFAULT_REPLICA_SLOTS, DEFAULT_VPP};
 use routepack_core::{CostModel, Topology};
 
 use crate::convert::attr;
@@ -252,12 +252,17 @@ pub fn cost_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     cost_option_defaults(py)
 }
 
-/// `{field: default}` of the topology's optional fields (`replica_slots`: the core's
-/// `DEFAULT_REPLICA_SLOTS`).
+/// `{field: default}` of the topology's optional fields (`replica_slots`, `pp`, `vpp`, `cp`:
+/// the core's `DEFAULT_REPLICA_SLOTS`, `DEFAULT_PP`, `DEFAULT_VPP`, `DEFAULT_CP`;
+/// `layers_per_stage`: None, the even split).
 #[pyfunction]
 pub fn topology_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let out = PyDict::new(py);
     out.set_item("replica_slots", DEFAULT_REPLICA_SLOTS)?;
+    out.set_item("pp", DEFAULT_PP)?;
+    out.set_item("vpp", DEFAULT_VPP)?;
+    out.set_item("cp", DEFAULT_CP)?;
+    out.set_item("layers_per_stage", py.None())?;
     Ok(out)
 }
 

@@ -1,12 +1,14 @@
 //! Binding for the simulator.
 
-use numpy::{IntoPyArray, PyReadonlyArray1};
+use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use routepack_core::error::invalid;
+use routepack_core::simulate::pipeline::{run_makespan, OpTimes, RunKind};
 use routepack_core::simulate::simulate_validated;
 
-use crate::convert;
-use crate::errors::run;
+use crate::convert::{self, slice};
+use crate::errors::{run, to_py};
 use crate::py_plan::{check_tables, plan_tables};
 
 /// DESIGN.md's cost model → dict with the fields of `routepack.SimResult`. `token_cap`: the
@@ -50,6 +52,7 @@ pub fn simulate<'py>(
     d.set_item("replication", r.replication)?;
     d.set_item("migration", r.migration)?;
     d.set_item("redundant_grads", r.redundant_grads)?;
+    d.set_item("pipeline_bubble", r.pipeline_bubble)?;
     d.set_item("critical_group", r.critical_group)?;
     d.set_item("group_times", r.group_times.into_pyarray(py))?;
     let shape = (t.num_groups(), plan.num_micro, w.num_layers);
@@ -62,8 +65,52 @@ pub fn simulate<'py>(
     Ok(d)
 }
 
+/// One run of the pipeline schedule the simulator prices (`simulate::pipeline`), on given
+/// operation times: `(makespan, busy [pp])`. `kind`: "1f1b", "forward" or "backward"; `fwd`,
+/// `bwd` `[M, pp·vpp]` seconds of each (microbatch, model chunk); `p2p` `[M, pp·vpp − 1]` of
+/// one send across the boundary after each chunk. What the independent pipeline simulator of
+/// the tests is checked against.
+#[pyfunction]
+pub fn pipeline_makespan<'py>(
+    py: Python<'py>,
+    pp: usize,
+    vpp: usize,
+    kind: &str,
+    fwd: PyReadonlyArray2<'py, f64>,
+    bwd: PyReadonlyArray2<'py, f64>,
+    p2p: PyReadonlyArray2<'py, f64>,
+) -> PyResult<(f64, Bound<'py, PyArray1<f64>>)> {
+    let kind = match kind {
+        "1f1b" => RunKind::OneFOneB,
+        "forward" => RunKind::Forward,
+        "backward" => RunKind::Backward,
+        _ => return Err(to_py(invalid("kind", format!("{kind:?} is not one of \"1f1b\", \"forward\", \"backward\"")))),
+    };
+    if pp == 0 || vpp == 0 || (vpp > 1 && pp < 2) {
+        return Err(to_py(invalid("pp", format!("pp = {pp}, vpp = {vpp}: need pp >= 1, vpp >= 1 and pp >= 2 where vpp > 1"))));
+    }
+    let (m, c) = (fwd.shape()[0], fwd.shape()[1]);
+    if c != pp * vpp || bwd.shape() != fwd.shape() || p2p.shape() != [m, c - 1] {
+        return Err(to_py(invalid(
+            "fwd",
+            format!(
+                "fwd {:?}, bwd {:?}, p2p {:?}: expected [M, pp*vpp = {}] twice and [M, pp*vpp - 1]",
+                fwd.shape(),
+                bwd.shape(),
+                p2p.shape(),
+                pp * vpp
+            ),
+        )));
+    }
+    let (f, b, s) = (slice(&fwd, "fwd")?, slice(&bwd, "bwd")?, slice(&p2p, "p2p")?);
+    let mut busy = vec![0.0; pp];
+    let t = run(py, || run_makespan(pp, vpp, m, kind, &OpTimes { fwd: f, bwd: b, p2p: s }, &mut busy))?;
+    Ok((t, busy.into_pyarray(py)))
+}
+
 /// Adds this file's functions to `routepack._core`.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(simulate, m)?)?;
+    m.add_function(wrap_pyfunction!(pipeline_makespan, m)?)?;
     Ok(())
 }

@@ -115,8 +115,9 @@ def random_replicas(
 ) -> np.ndarray:
     """REPLICA_DTYPE rows: for random (micro, group, layer) cells, random experts copied from a
     rank that hosts them to 1..3 other ranks (sometimes the same dst twice, sometimes two
-    sources of one expert), with shares of `random_shares`. Rows are shuffled so table order
-    is not sorted."""
+    sources of one expert), with shares of `random_shares`; a copy that would give a rank more
+    than ``topo.replica_slots`` experts in the cell is left out. Rows are shuffled so table
+    order is not sorted."""
     if topo.ep < 2:
         return np.zeros(0, dtype=REPLICA_DTYPE)
     spr = topo.slots_per_rank
@@ -124,6 +125,7 @@ def random_replicas(
     for m in range(num_micro):
         for g in range(topo.num_groups):
             for l in range(phy2log.shape[0]):
+                held: dict = {}  # rank -> the experts it holds copies of in this cell
                 n_exp = min(num_experts, int(rng.poisson(rows_per_cell)))
                 for e in rng.choice(num_experts, size=n_exp, replace=False):
                     e = int(e)
@@ -135,6 +137,14 @@ def random_replicas(
                         others = [r for r in range(topo.ep) if r != src]
                         for _ in range(1 + int(rng.integers(3))):
                             picks.append((int(src), int(rng.choice(others))))
+                    for src, dst in list(picks):
+                        mine = held.setdefault(dst, set())
+                        if e not in mine and len(mine) >= topo.replica_slots:
+                            picks.remove((src, dst))
+                        else:
+                            mine.add(e)
+                    if not picks:
+                        continue
                     shares = random_shares(rng, len(picks))
                     rows += [(m, g, l, e, s, d, float(sh)) for (s, d), sh in zip(picks, shares)]
     table = np.array(rows, dtype=REPLICA_DTYPE) if rows else np.zeros(0, dtype=REPLICA_DTYPE)
@@ -182,11 +192,12 @@ class Case:
     previous: Optional[np.ndarray]
 
 
-def random_case(seed: int, topology: Optional[tuple] = None) -> Case:
-    """A random (window, topology, cost, plan) with replicas and, half of the time, migration."""
+def random_case(seed: int, topology: Optional[tuple] = None, replica_slots: Optional[int] = None) -> Case:
+    """A random (window, topology, cost, plan) with replicas and, half of the time, migration
+    (``replica_slots``: the topology's replica buffers; None: its default)."""
     rng = np.random.default_rng(seed)
     dp, ep, gpn, spr = topology or TOPOLOGIES[int(rng.integers(len(TOPOLOGIES)))]
-    topo = rp.Topology(dp, ep, gpn, spr)
+    topo = rp.Topology(dp, ep, gpn, spr) if replica_slots is None else rp.Topology(dp, ep, gpn, spr, replica_slots)
     num_layers = int(rng.integers(1, 4))
     num_experts = int(rng.integers(max(1, topo.num_slots // 2), topo.num_slots + 1))
     num_micro = int(rng.integers(1, 4))

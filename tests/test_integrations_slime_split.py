@@ -170,7 +170,8 @@ def test_backend_picks_the_policy_and_metrics_use_slimes_names(monkeypatch):
     import routepack.integrations.megatron as rm
 
     monkeypatch.setattr(rm, "EXECUTES", frozenset({"placement", "replicas"}), raising=False)
-    assert rs.planner_from_args(a, cost_model(2, E)).policy_name == "routepack"
+    planner = rs.planner_from_args(a, cost_model(2, E))  # declared, but slime's actor has no hand-off yet
+    assert planner.policy_name == "routepack_packing" and "MegatronRunner" in planner.runs.why
     monkeypatch.undo()
     rng = np.random.default_rng(0)
     routed, lens, ids = rollout(rng, 4, 30, experts=E)

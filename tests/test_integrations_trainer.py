@@ -43,6 +43,16 @@ def test_backends_and_policies(monkeypatch):
         rp.RoutepackError, match=r"policy: 'routepack_placement' plans expert placement \('routepack'\).*backend='fsdp'"
     ):
         backend_policy("fsdp", "routepack_placement")
+    assert backend_policy("megatron")[0] == "routepack"  # routepack's Megatron execution declares both parts
+    blocked = {"placement": "actor.megatron.tensor_model_parallel_size=2 (why)"}
+    name, _, runs = backend_policy("megatron", blocked=blocked)
+    assert name == "routepack_packing" and not runs.placement and not runs.replicas and "tensor_model" in runs.why
+    with pytest.raises(rp.RoutepackError, match=r"policy: 'relibra'.*backend='megatron'.*tensor_model_parallel_size"):
+        backend_policy("megatron", "relibra", blocked=blocked)
+    assert backend_policy("megatron", blocked={"replicas": "no buffers"})[0] == "routepack_no_replication"
+    with pytest.raises(rp.RoutepackError, match="blocked: expected"):
+        backend_runs("megatron", {"schedule": "x"})
+    monkeypatch.setattr(rm, "EXECUTES", frozenset(), raising=False)
     with pytest.raises(rp.RoutepackError, match=r"policy: 'relibra'.*backend='megatron'.*EXECUTES"):
         backend_policy("megatron", "relibra")
     assert backend_policy("megatron", "static")[0] == "static"  # a schedule-only baseline runs anywhere

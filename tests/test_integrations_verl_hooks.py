@@ -221,26 +221,50 @@ def test_dynamic_context_parallel_is_refused():
         rv.install(cfg, cost_model(L, E))
 
 
-def test_the_backend_picks_the_policy(monkeypatch):
+def test_the_backend_picks_the_policy():
     with pytest.raises(rp.RoutepackError, match="policy: 'routepack' plans expert placement.*backend='fsdp'"):
         rv.install(config(), cost_model(L, E), policy="routepack")
     with pytest.raises(rp.RoutepackError, match="policy: 'hot_n' plans intra-batch replicas.*backend='megatron'"):
         rv.install(config("megatron"), cost_model(L, E), policy="hot_n")
     with pytest.raises(rp.RoutepackError, match="slots_per_rank"):
         rv.install(config("megatron"), cost_model(L, E), slots_per_rank=E + 2)
-    import routepack.integrations.megatron as rm
-
-    monkeypatch.setattr(rm, "EXECUTES", frozenset({"placement"}), raising=False)
+    # verl's default Megatron engine (Megatron-Bridge) runs the schedule alone, named
     inst = rv.install(config("megatron"), cost_model(L, E))
-    assert inst.planner.policy_name == "routepack_no_replication"
+    assert inst.planner.policy_name == "routepack_packing" and "vanilla_mbridge" in inst.planner.runs.why
+    assert "placement: does not run" in inst.describe() and "vanilla_mbridge" in inst.describe()
+    mb = "actor_rollout_ref.actor.megatron"
+    layout = {f"{mb}.vanilla_mbridge": True, f"{mb}.override_mcore_model_config": {"routepack": {"slots_per_rank": 5}}}
+    inst = rv.install(
+        config("megatron", **layout), cost_model(L, E)
+    )  # ppo_epochs=2: mini-batches rerun in another order
+    assert inst.planner.policy_name == "routepack_packing" and "ppo_epochs=2" in inst.planner.runs.why
+    layout["actor_rollout_ref.actor.ppo_epochs"] = 1
+    inst = rv.install(config("megatron", **layout), cost_model(L, E))  # no replica buffers: placement alone
+    assert inst.planner.policy_name == "routepack_no_replication" and inst.planner.slots_per_rank == 5
     assert inst.report()["runs"] == {
         "schedule": True,
         "placement": True,
         "replicas": False,
         "why": inst.planner.runs.why,
     }
-    monkeypatch.setattr(rm, "EXECUTES", frozenset({"placement", "replicas"}), raising=False)
-    assert rv.backend_policy("megatron")[0] == "routepack"
+    assert "replica_slots is 0" in inst.planner.runs.why
+    layout[f"{mb}.override_mcore_model_config"] = {"routepack": {"slots_per_rank": 5, "replica_slots": 2}}
+    inst = rv.install(config("megatron", **layout), cost_model(L, E))
+    assert inst.planner.policy_name == "routepack" and inst.planner.topology(2).replica_slots == 2
+    for key, value in (("tensor_model_parallel_size", 2), ("pipeline_model_parallel_size", 2)):
+        inst = rv.install(config("megatron", **layout, **{f"{mb}.{key}": value}), cost_model(L, E))
+        assert inst.planner.policy_name == "routepack_packing" and key in inst.planner.runs.why
+    with pytest.raises(rp.RoutepackError, match="slots_per_rank: 6, but the workers build 5"):
+        rv.install(config("megatron", **layout), cost_model(L, E), slots_per_rank=6)
+    ckpt = {"trainer.save_freq": 5, "actor_rollout_ref.actor.checkpoint.save_contents": ["model", "optimizer"]}
+    with pytest.raises(
+        rp.RoutepackError, match=r"checkpoint.save_contents holds 'optimizer'.*save \['model', 'extra'\]"
+    ):
+        rv.install(config("megatron", **layout, **ckpt), cost_model(L, E))
+    with pytest.raises(rp.RoutepackError, match="override_mcore_model_config.routepack: unknown key"):
+        rv.install(
+            config("megatron", **{f"{mb}.override_mcore_model_config": {"routepack": {"slot": 1}}}), cost_model(L, E)
+        )
     assert rv.backend_policy("fsdp")[0] == "routepack_packing"
 
 

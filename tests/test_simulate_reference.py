@@ -161,6 +161,7 @@ def reference(plan: rp.Plan, window: rp.Window, topo: rp.Topology, cost: rp.Cost
     a2a = np.zeros((G, M, L))
     expert = np.zeros((G, M, L))
     replication = np.zeros((G, M, L))
+    rep_parts = np.zeros((G, M, L, 2))  # (forward copies, backward reduction) exposed
     imbalance = np.zeros((G, M, L))
     reps = plan.replicas
     node_bytes = {"intra": 0.0, "cross": 0.0}
@@ -208,7 +209,8 @@ def reference(plan: rp.Plan, window: rp.Window, topo: rp.Topology, cost: rp.Cost
                             prev = d
                     t_fwd = link_time(*link_bytes(fwd, topo), cost)
                     t_bwd = link_time(*link_bytes(bwd, topo), cost)
-                    replication[g, m, l] = max(t_fwd - attn_max, 0.0) + max(t_bwd - 2 * attn_max, 0.0)
+                    rep_parts[g, m, l] = max(t_fwd - attn_max, 0.0), max(t_bwd - 2 * attn_max, 0.0)
+                    replication[g, m, l] = rep_parts[g, m, l].sum()
                 attention[g, m, l] = COMPUTE_PASSES * attn_max
                 expert[g, m, l] = COMPUTE_PASSES * x_max
     layer_time = attention + a2a + expert + replication
@@ -258,6 +260,8 @@ def reference(plan: rp.Plan, window: rp.Window, topo: rp.Topology, cost: rp.Cost
         "intra_node_bytes": node_bytes["intra"],
         "cross_node_bytes": node_bytes["cross"],
         "cross_node_bytes_per_token": node_bytes["cross"] / tokens_total,
+        # per exchange [G, M, L], all passes (what tests/test_pipeline.py schedules)
+        "exchanges": {"attention": attention, "all_to_all": a2a, "expert": expert, "replication": rep_parts},
     }
 
 

@@ -1,271 +1,250 @@
 #!/usr/bin/env python
-"""GPU check of routepack.integrations.megatron: Megatron-Core's own MoE layer (all-to-all
-dispatcher, SequentialMLP experts) under a routepack plan computes the logical model.
+"""GPU check of routepack.integrations.megatron on ONE GPU: Megatron-Core's stock CUDA path
+(``GPTModel``, ``MoELayer``, the all-to-all dispatcher, ``SequentialMLP``, DDP, optimizers,
+``forward_backward_func``; no stand-ins) under routepack plans.
 
-    torchrun --nproc_per_node=2 tools/gpu_megatron.py      # >= 2 GPUs, NCCL, one rank per GPU
-    python tools/gpu_megatron.py --dry-run --world 2        # the CPU part only (no Megatron, no GPU)
+    python tools/gpu_megatron.py                  # one CUDA GPU, about a minute
+    python tools/gpu_megatron.py --cpu-standins   # a rehearsal on CPU with tests/megatron_cpu.py
 
-What runs (W ranks, every one an EP rank, ``Topology(dp=W, ep=W, gpus_per_node=W,
-slots_per_rank=ceil(E/W) + 1)``, so the plan has redundant copies):
+Without CUDA (and without ``--cpu-standins``) it exits at once with status 2, saying so.
 
-1. Every rank builds the same case (seeded): E logical experts' weights, each rank's tokens
-   and their replayed logical top-k, the window of those routes and its plan
-   (``routepack_no_replication``: placement and packing, no intra-batch replicas).
-2. A Megatron ``MoELayer`` with ``num_moe_experts = W * slots_per_rank`` (the plan's slots)
-   and the alltoall dispatcher; ``weight{i}`` of rank r's ``local_experts[i]`` loaded from
-   logical expert ``local_experts(plan)[0, r, i]``; ``layer.router`` = `PlanRouter` around a
-   logical ``TopKRouter`` (E experts) replaying the recorded top-k via ``RouterReplay``.
-3. Checks, per rank: the layer's output equals the dense logical reference (same gate
-   probabilities, expert e's weights) within ``TOL``; the rows this rank's experts compute
-   equal routepack's prediction (``route_tokens(...).received``); the logical experts'
-   weight gradients (the sum over their copies, all-reduced) equal the reference's.
+EP 1 on one GPU: ``Topology(dp=1, ep=1, gpus_per_node=1, slots_per_rank=12)`` for 8 logical
+experts (4 redundant copies of the window's hottest experts, re-placed and migrated every
+window) and 2 replica buffers a rank, so the slot map splits hot experts' tokens between copies
+and the layer holds 14 physical experts. (Intra-batch replica rows need 2 EP ranks; the CPU
+tests run them.) Checks, one line each:
 
-``--dry-run`` runs step 1 and the slot routing of step 3 on CPU with numpy in place of the
-layer (what the tests import: `build_case`, `slot_weights`, `dense_reference`,
-`dry_run`). Exit status 0 iff every check passed; one line per figure.
+1. fp32, Megatron's FP32 optimizer: 3 windows against the same model under static placement on
+   the same data: losses, grad norms and exported logical weights within ``TOL`` (TF32 off);
+   every physical expert received exactly the tokens the plan's flow table gives it.
+2. The same with ``DistributedOptimizer`` (its flat buffers and shards on the GPU; migration
+   moves its master and Adam moments).
+3. Timing: the stock ``MoELayer`` against `PlanMoELayer` forward + backward (CUDA events,
+   T=16384 tokens, H=1024, I=2048), same placement and with redundant copies.
+
+Exit status 0 iff every check passed.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
-from dataclasses import dataclass
-from typing import List
+import time
+from pathlib import Path
 
 import numpy as np
 
-import routepack as rp
-from routepack.integrations import megatron as rm
-
 TOL = 1e-4
-EXPERTS, TOP_K, HIDDEN, FFN, TOKENS = 8, 2, 16, 32, 24
+E, SPR, REPLICA_SLOTS, WINDOWS, MICRO = 8, 12, 2, 3, 2
 
 
-@dataclass
-class Case:
-    """One check's inputs, identical on every rank (built from ``seed``)."""
+def hand_plans(case, micro=MICRO):
+    """``plans(w, previous)`` for one DP rank: the window's hottest experts copied into the
+    spare slots (each expert at least once), shuffled, migrated from ``previous``; samples
+    round-robin over ``micro`` microbatches."""
+    from routepack import _core
+    from routepack.integrations._megatron_selfcheck import synthetic_window, topology
+    from routepack.plan import MIGRATION_DTYPE, Placement, Plan
 
-    topo: rp.Topology
-    plan: rp.Plan
-    fc1: np.ndarray  # float32 [E, FFN, HIDDEN]: logical experts' linear_fc1.weight
-    fc2: np.ndarray  # float32 [E, HIDDEN, FFN]: linear_fc2.weight
-    gate: np.ndarray  # float32 [E, HIDDEN]: the logical router's weight
-    x: List[np.ndarray]  # per rank float32 [TOKENS, HIDDEN]
-    topk: List[np.ndarray]  # per rank int64 [TOKENS, k]: replayed logical ids
+    topo = topology(case)
 
-    @property
-    def origin(self) -> np.ndarray:
-        """int64 [W, E]: every rank's (token, k) counts per logical expert."""
-        return np.stack([np.bincount(t.reshape(-1), minlength=EXPERTS) for t in self.topk]).astype(np.int64)
+    def plans(w, previous):
+        window, routed, cu = synthetic_window(case, w)
+        rng = np.random.default_rng([case.seed, 11, w])
+        rows = []
+        for l in range(case.layers):
+            hot = np.argsort(-window.counts[:, l].sum(axis=0), kind="stable")
+            row = np.concatenate([np.arange(case.experts), hot[: topo.num_slots - case.experts]])
+            rows.append(rng.permutation(row))
+        placement = Placement(np.stack(rows).astype(np.int32), case.experts, topo.slots_per_rank)
+        cols = _core.migration_diff(previous.phy2log, placement.phy2log, case.experts, topo.slots_per_rank, 1.0)
+        mig = np.zeros(len(cols[0]), dtype=MIGRATION_DTYPE)
+        for name, col in zip(MIGRATION_DTYPE.names, cols):
+            mig[name] = col
+        s = window.num_samples
+        rank, mic = np.zeros(s, dtype=np.int32), (np.arange(s) % micro).astype(np.int32)
+        plan = Plan(placement, rank, mic, micro, migration=mig).validate(window, topo, 1 << 30)
+        static = Plan(Placement.static(case.layers, case.experts, topo), rank, mic, micro)
+        return plan, static.validate(window, topo, 1 << 30), window, routed, cu
+
+    return plans
 
 
-def build_case(world: int, seed: int = 0) -> Case:
-    """The case for ``world`` EP ranks; a hot expert makes the plan copy it."""
-    rng = np.random.default_rng(seed)
-    spr = math.ceil(EXPERTS / world) + 1
-    topo = rp.Topology(dp=world, ep=world, gpus_per_node=world, slots_per_rank=spr)
-    popularity = np.array([6.0] + [1.0] * (EXPERTS - 1))
-    popularity /= popularity.sum()
-    topk = [
-        np.stack([rng.choice(EXPERTS, TOP_K, replace=False, p=popularity) for _ in range(TOKENS)]).astype(np.int64)
-        for _ in range(world)
-    ]
-    # the window: each rank's tokens as two samples (routing replay of the batch the layer runs)
-    routed = np.concatenate(topk)[:, None, :]
-    cu = np.arange(0, world * TOKENS + 1, TOKENS // 2)
-    window = rp.Window.from_routed_experts(routed, cu, EXPERTS)
-    model = rp.ModelShape(
-        num_layers=1,
-        num_experts=EXPERTS,
-        top_k=TOP_K,
-        hidden=HIDDEN,
-        expert_ffn=FFN,
-        attention=["full"],
-        expert_groups=1,
+def check_training(case, device, say):
+    """Checks 1-2 for ``case``; returns whether they passed."""
+    from routepack.integrations import _megatron_selfcheck as ms
+    from routepack.torch import flow_table
+    from routepack.torch.routes import cell_origins
+
+    plans = hand_plans(case)
+    per_slot = {"ok": True, "cells": 0}
+
+    def record(w, model, opt, runner):
+        runner.recording = True
+
+    def check(w, model, opt, runner):
+        plan, window = runner.plan, runner._window
+        origins = cell_origins(plan, window, 0, 1)
+        for (m, l), counts in runner.received.items():
+            flows = flow_table(
+                np.ascontiguousarray(origins[m, :, l]), plan.placement.phy2log[l], ms.topology(case), plan.replicas[:0]
+            )
+            want = np.bincount(flows["dst_slot"], weights=flows["count"], minlength=case.slots_per_rank)
+            per_slot["cells"] += 1
+            per_slot["ok"] &= np.array_equal(np.asarray(counts[: case.slots_per_rank]), want.astype(np.int64))
+
+    t0 = time.perf_counter()
+    static = ms.train(case, False, 0, device, plans=plans)
+    planned = ms.train(case, True, 0, device, plans=plans, before_step=record, after_window=check)
+    c = ms.compare(static, planned)
+    name = "DistributedOptimizer" if case.distributed_optimizer else "FP32Optimizer"
+    ok = c["missing"] == 0 and max(c["loss"], c["weights"], c["grad_norm"]) <= TOL
+    say(
+        f"{name}: {case.windows} windows, {planned['migrated']} migration rows: loss diff {c['loss']:.2e}, "
+        f"weights diff {c['weights']:.2e}, grad norm diff {c['grad_norm']:.2e} ({time.perf_counter() - t0:.1f} s)",
+        ok,
     )
-    cost = rp.CostModel.from_model(model, rp.Hardware.h200())
-    plan = rp.plan_window(window, topo, cost, token_cap=TOKENS, policy="routepack_no_replication", seed=seed)
-    plan.validate(window, topo, TOKENS)
-    scale = lambda *shape: (rng.standard_normal(shape) / math.sqrt(shape[-1])).astype(np.float32)  # noqa: E731
-    return Case(
-        topo,
-        plan,
-        scale(EXPERTS, FFN, HIDDEN),
-        scale(EXPERTS, HIDDEN, FFN),
-        scale(EXPERTS, HIDDEN),
-        [scale(TOKENS, HIDDEN) for _ in range(world)],
-        topk,
-    )
+    say(f"{name}: tokens per physical expert = the plan's flow table in {per_slot['cells']} cells", per_slot["ok"])
+    return ok and per_slot["ok"] and per_slot["cells"] > 0
 
 
-def slot_weights(case: Case, rank: int) -> List[tuple]:
-    """(fc1, fc2) of each local expert ``weight{i}`` of EP rank ``rank``: its logical
-    expert's (zeros for an empty slot, which receives no token)."""
-    out = []
-    for e in rm.local_experts(case.plan)[0, rank]:
-        if e < 0:
-            out.append((np.zeros_like(case.fc1[0]), np.zeros_like(case.fc2[0])))
-        else:
-            out.append((case.fc1[e], case.fc2[e]))
-    return out
-
-
-def gelu(v: np.ndarray) -> np.ndarray:
-    from math import erf
-
-    return v * 0.5 * (1.0 + np.vectorize(erf)(v / math.sqrt(2.0)))
-
-
-def dense_reference(x: np.ndarray, topk: np.ndarray, probs: np.ndarray, fc1: np.ndarray, fc2: np.ndarray) -> np.ndarray:
-    """float64 [T, HIDDEN]: sum_j probs[t, j] * fc2[e] @ gelu(fc1[e] @ x[t]), e = topk[t, j]
-    (Megatron's MLP with gelu and no bias)."""
-    out = np.zeros((x.shape[0], fc2.shape[1]))
-    for t in range(x.shape[0]):
-        for j, e in enumerate(topk[t]):
-            out[t] += probs[t, j] * (fc2[e].astype(np.float64) @ gelu(fc1[e].astype(np.float64) @ x[t]))
-    return out
-
-
-def dry_run(world: int, seed: int = 0) -> float:
-    """The CPU part: every rank's pairs routed to slots (`slot_topk`), each computed with its
-    slot's weights, against the dense logical reference. Returns the largest error."""
-    case = build_case(world, seed)
-    worst = 0.0
-    for r in range(world):
-        slots = rm.slot_topk(case.topk[r], case.origin, case.plan.placement.phy2log[0], case.topo, r)
-        probs = np.full(case.topk[r].shape, 1.0 / TOP_K)
-        want = dense_reference(case.x[r], case.topk[r], probs, case.fc1, case.fc2)
-        spr = case.topo.slots_per_rank
-        weights = [slot_weights(case, q) for q in range(world)]
-        got = np.zeros_like(want)
-        for t in range(TOKENS):
-            for j, p in enumerate(slots[t]):
-                w1, w2 = weights[p // spr][p % spr]
-                got[t] += probs[t, j] * (w2.astype(np.float64) @ gelu(w1.astype(np.float64) @ case.x[r][t]))
-        worst = max(worst, float(np.abs(got - want).max()))
-    return worst
-
-
-def gpu_main(seed: int) -> int:  # pragma: no cover - needs >= 2 GPUs and Megatron-Core
+def timing(device, say, tokens=16384, hidden=1024, ffn=2048, iters=20, warmup=5):
+    """Check 3: stock MoELayer vs PlanMoELayer forward + backward on the GPU."""
     import torch
-    import torch.distributed as dist
-    from megatron.core import parallel_state
     from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec
-    from megatron.core.process_groups_config import ProcessGroupCollection
-    from megatron.core.transformer.moe.moe_layer import MoELayer
-    from megatron.core.transformer.moe.router import TopKRouter
-    from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
+    from megatron.core.transformer.moe.router_replay import RouterReplayAction
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from routepack.torch import route_tokens
-    from routepack.plan import REPLICA_DTYPE
+    import routepack as rp
+    from routepack.integrations import megatron as rm
+    from routepack.plan import Placement, Plan
 
-    dist.init_process_group("nccl")
-    world, rank = dist.get_world_size(), dist.get_rank()
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
-    if world < 2:
-        print("gpu_megatron: needs >= 2 ranks (torchrun --nproc_per_node=2)")
-        return 2
-    parallel_state.initialize_model_parallel(expert_model_parallel_size=world)
-    pgs = ProcessGroupCollection.use_mpu_process_groups()
-    case = build_case(world, seed)
-    dev = torch.device("cuda")
-    common = dict(
-        num_layers=1,
-        hidden_size=HIDDEN,
-        num_attention_heads=2,
-        ffn_hidden_size=FFN,
-        moe_ffn_hidden_size=FFN,
-        moe_router_topk=TOP_K,
-        add_bias_linear=False,
-        bf16=False,
-        params_dtype=torch.float32,
-        moe_router_load_balancing_type="none",
-        moe_aux_loss_coeff=0.0,
-        expert_model_parallel_size=world,
-        use_cpu_initialization=True,
-    )
-    phys_cfg = TransformerConfig(
-        num_moe_experts=rm.num_moe_experts(case.plan), moe_token_dispatcher_type="alltoall", **common
-    )
-    logical_cfg = TransformerConfig(num_moe_experts=EXPERTS, moe_enable_routing_replay=True, **common)
-    layer = MoELayer(
-        phys_cfg, get_moe_module_spec(use_te=False, num_experts=phys_cfg.num_moe_experts).submodules, pg_collection=pgs
-    ).to(dev)
-    logical = TopKRouter(config=logical_cfg, pg_collection=pgs).to(dev)
-    with torch.no_grad():
-        logical.weight.copy_(torch.from_numpy(case.gate))
-        for expert, (w1, w2) in zip(layer.experts.local_experts, slot_weights(case, rank)):
-            expert.linear_fc1.weight.copy_(torch.from_numpy(w1))
-            expert.linear_fc2.weight.copy_(torch.from_numpy(w2))
-    layer.router = rm.plan_router(logical, case.plan, 0, case.topo, pgs.ep)
-    rows = []
-    layer.experts.register_forward_pre_hook(lambda mod, args: rows.append(int(args[1].sum())))
+    cfg = TransformerConfig(
+        num_layers=1, hidden_size=hidden, num_attention_heads=8, num_moe_experts=E, moe_router_topk=2,
+        moe_ffn_hidden_size=ffn, moe_token_dispatcher_type="alltoall", moe_enable_routing_replay=True,
+        moe_router_load_balancing_type="none", use_cpu_initialization=True, gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu, add_bias_linear=False, params_dtype=torch.float32,
+    )  # fmt: skip
+    spec = get_moe_module_spec(use_te=False, num_experts=E)
+    stock = spec.module(cfg, spec.submodules, layer_number=1).to(device)
+    rng = np.random.default_rng(0)
+    pop = np.array([6, 3, 2, 1, 1, 1, 1, 1], dtype=float)
+    ids = np.stack([rng.choice(E, 2, replace=False, p=pop / pop.sum()) for _ in range(tokens)])
+    window = rp.Window.from_routed_experts(ids[:, None, :].astype(np.int32), np.array([0, tokens]), E)
+    routed = torch.from_numpy(ids).to(device)
+    x0 = torch.randn(tokens, 1, hidden, device=device)
+    ok = True
+    for name, spr in (("same placement", E), ("2 redundant copies", E + 2)):
+        topo = rp.Topology(1, 1, 1, spr)
+        ps = rm.plan_layer_spec(spec, topo, replica_slots=0)
+        layer = ps.module(cfg, ps.submodules, layer_number=1, **ps.params).to(device)
+        runner = rm.MegatronRunner(layer, topo)
+        row = Placement.static(1, E, topo).phy2log.copy()
+        row[0, E:] = [0, 1][: spr - E]  # the two hottest experts twice
+        plan = Plan(Placement(row, E, spr), np.zeros(1, dtype=np.int32), np.zeros(1, dtype=np.int32), 1)
+        if spr > E:
+            from routepack import _core
+            from routepack.plan import MIGRATION_DTYPE
 
-    replay = torch.from_numpy(case.topk[rank]).to(dev)
-    RouterReplay.set_replay_data([replay])
-    RouterReplay.set_global_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
-    x = torch.from_numpy(case.x[rank]).to(dev).view(TOKENS, 1, HIDDEN).requires_grad_()
-    out, _ = layer(x)
-    probs_logical, map_logical = logical.routing(x.detach().view(TOKENS, 1, HIDDEN) @ logical.weight.detach().T)
-    RouterReplay.clear_global_router_replay_action()
-    probs = probs_logical.view(TOKENS, EXPERTS).gather(1, replay).detach().cpu().numpy()
-    want = dense_reference(case.x[rank], case.topk[rank], probs, case.fc1, case.fc2)
-    err = float(np.abs(out.detach().view(TOKENS, HIDDEN).cpu().numpy() - want).max())
-
-    routes = [
-        route_tokens(
-            case.topk[r], case.origin, case.plan.placement.phy2log[0], case.topo, np.zeros(0, dtype=REPLICA_DTYPE), r
-        )
-        for r in range(world)
-    ]
-    received = int(routes[0].received[rank])
-
-    # gradients: the logical experts' (sum over their copies) against the reference's
-    out.sum().backward()
-    spr = case.topo.slots_per_rank
-    g1 = torch.zeros((EXPERTS, FFN, HIDDEN), device=dev, dtype=torch.float64)
-    for i, expert in enumerate(layer.experts.local_experts):
-        e = int(rm.local_experts(case.plan)[0, rank, i])
-        if e >= 0 and expert.linear_fc1.weight.grad is not None:
-            g1[e] += expert.linear_fc1.weight.grad.double()
-    dist.all_reduce(g1)
-    ref_w1 = torch.from_numpy(case.fc1).double().requires_grad_()
-    ref_w2 = torch.from_numpy(case.fc2).double()
-    xs = torch.from_numpy(case.x[rank]).double()
-    pr = torch.from_numpy(probs).double()
-    ids = torch.from_numpy(case.topk[rank])
-    h = torch.nn.functional.gelu(torch.einsum("tkfh,th->tkf", ref_w1[ids], xs))
-    ref = torch.einsum("tk,tkhf,tkf->th", pr, ref_w2[ids], h)
-    ref.sum().backward()
-    ref_g1 = ref_w1.grad.to(dev)
-    dist.all_reduce(ref_g1)
-    gerr = float((g1 - ref_g1).abs().max())
-    ok = err < TOL and rows == [received] and gerr < TOL * 10
-    print(
-        f"rank {rank}: output max error {err:.2e}, rows {rows} predicted {received}, fc1 grad max error {gerr:.2e}, "
-        f"slots {spr} per rank, {'ok' if ok else 'FAILED'}"
-    )
-    flag = torch.tensor([int(ok)], device=dev)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    dist.destroy_process_group()
-    return 0 if int(flag.item()) else 1
+            cols = _core.migration_diff(Placement.static(1, E, topo).phy2log, row, E, spr, 1.0)
+            mig = np.zeros(len(cols[0]), dtype=MIGRATION_DTYPE)
+            for n, c in zip(MIGRATION_DTYPE.names, cols):
+                mig[n] = c
+            plan = Plan(plan.placement, plan.sample_rank, plan.sample_micro, 1, migration=mig)
+        runner.begin_window(plan, window)
+        times = {"stock": [], "plan": []}
+        for it in range(warmup + iters):
+            for which, mod in (("stock", stock), ("plan", layer)):
+                mod.router.router_replay.clear_indices()
+                mod.router.router_replay.set_target_indices(routed)
+                mod.router.router_replay.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
+                if which == "plan":
+                    runner.start_micro(0)
+                x = x0.clone().requires_grad_()
+                if device == "cuda":
+                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    a.record()
+                t0 = time.perf_counter()
+                y, _ = mod(x)
+                y.sum().backward()
+                if device == "cuda":
+                    b.record()
+                    torch.cuda.synchronize()
+                ms = a.elapsed_time(b) if device == "cuda" else 1e3 * (time.perf_counter() - t0)
+                if which == "plan":
+                    runner.finish_step()
+                if it >= warmup:
+                    times[which].append(ms)
+        s, p = float(np.median(times["stock"])), float(np.median(times["plan"]))
+        say(f"timing, {name}: stock {s:.3f} ms, plan {p:.3f} ms forward+backward ({100 * (p / s - 1):+.1f}%)", True)
+    return ok
 
 
-def main() -> int:
+def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dry-run", action="store_true", help="CPU only: the plan's slot routing against the reference")
-    ap.add_argument("--world", type=int, default=2, help="EP ranks of --dry-run")
-    ap.add_argument("--seed", type=int, default=0)
-    a = ap.parse_args()
-    if a.dry_run:
-        err = dry_run(a.world, a.seed)
-        print(f"dry run, {a.world} EP ranks: max error {err:.2e} ({'ok' if err < TOL else 'FAILED'})")
-        return 0 if err < TOL else 1
-    return gpu_main(a.seed)
+    ap.add_argument("--cpu-standins", action="store_true", help="rehearse on CPU with tests/megatron_cpu.py")
+    ap.add_argument("--windows", type=int, default=WINDOWS)
+    ap.add_argument("--no-timing", action="store_true")
+    args = ap.parse_args()
+    import torch
+
+    if not torch.cuda.is_available() and not args.cpu_standins:
+        print("tools/gpu_megatron.py needs a CUDA GPU (torch.cuda.is_available() is False); nothing was run")
+        sys.exit(2)
+    try:
+        import megatron.core  # noqa: F401
+    except ImportError:
+        print("tools/gpu_megatron.py needs megatron-core (pip install --no-deps megatron-core); nothing was run")
+        sys.exit(2)
+    import torch.distributed as dist
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        # megatron-core 0.16.1 without Transformer Engine leaves the name undefined (its TE import
+        # fails first) while the router's gating reads it; None is the value its code checks for
+        moe_utils.te_general_gemm = None
+    device = "cpu" if args.cpu_standins else "cuda"
+    if args.cpu_standins:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+        import megatron_cpu
+
+        megatron_cpu.install(optimizers=True)
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.cuda.set_device(0)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    dist.init_process_group("gloo" if args.cpu_standins else "nccl", rank=0, world_size=1)
+    from megatron.core import parallel_state
+
+    from routepack.integrations._megatron_selfcheck import MegatronCase
+
+    parallel_state.initialize_model_parallel()
+    failed = []
+
+    def say(line, ok):
+        print(("ok   " if ok else "FAIL ") + line, flush=True)
+        if not ok:
+            failed.append(line)
+
+    say(f"device {torch.cuda.get_device_name(0) if device == 'cuda' else 'cpu'}, torch {torch.__version__}", True)
+    for distributed in (False, True):
+        case = MegatronCase(
+            dp=1, ep=1, gpus_per_node=1, slots_per_rank=SPR, replica_slots=REPLICA_SLOTS, samples=12,
+            windows=args.windows, micro=MICRO, distributed_optimizer=distributed,
+        )  # fmt: skip
+        check_training(case, device, say)
+    if not args.no_timing:
+        if device == "cuda":
+            timing(device, say)
+        else:  # the rehearsal: the same code at CPU sizes
+            timing(device, say, tokens=1024, hidden=64, ffn=128, iters=3, warmup=1)
+    dist.destroy_process_group()
+    print("ALL CHECKS PASSED" if not failed else f"{len(failed)} CHECK(S) FAILED")
+    sys.exit(0 if not failed else 1)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -30,6 +30,7 @@ __all__ = [
     "pack_routepack",
     "layout_proxy_cost",
     "simulate",
+    "pipeline_makespan",
     "expert_tokens_from_routed",
     "check_expert_tokens",
     "route_cell",
@@ -79,7 +80,8 @@ def cost_defaults() -> Dict[str, Any]:
     bw_reduce, overlap, passes (the core's)."""
 
 def topology_defaults() -> Dict[str, Any]:
-    """The topology's optional fields' defaults: replica_slots (the core's)."""
+    """The topology's optional fields' defaults: replica_slots, pp, vpp, cp (the core's) and
+    layers_per_stage (None: the even split)."""
 
 # ---- placement tables and plans (src/py_plan.rs)
 def static_placement(num_layers: int, num_experts: int, topo: Any) -> _I32:
@@ -153,6 +155,17 @@ def simulate(
     steps the ideal time assumes (None: the plan's own); `token_cap`: the cap the lower bound
     assumes (None: no cap); `plan_cap`: first validate the plan against this cap as
     `validate_plan` does (None: well-formedness only)."""
+
+def pipeline_makespan(
+    pp: int,
+    vpp: int,
+    kind: str,
+    fwd: npt.NDArray[np.float64],
+    bwd: npt.NDArray[np.float64],
+    p2p: npt.NDArray[np.float64],
+) -> Tuple[float, npt.NDArray[np.float64]]:
+    """(makespan, busy [pp]) of one run of the simulator's pipeline schedule ("1f1b", "forward"
+    or "backward") on operation times fwd, bwd [M, pp*vpp] and sends p2p [M, pp*vpp - 1]."""
 
 # ---- ingestion (src/py_ingest.rs)
 def expert_tokens_from_routed(routed: np.ndarray, cu_seqlens: _I64, num_experts: int) -> Tuple[_I64, _Counts]:

@@ -59,6 +59,17 @@ class Topology:
       ``replication_hot_experts`` are capped by it) and the lower bound relies on it. The
       default, 3, is what the built-in policies use at most with their defaults (``hot_n``
       broadcasts its 3 hot experts to every rank); 0 allows no copies.
+    * ``pp`` pipeline stages of ``vpp`` model chunks each (interleaved 1F1B where ``vpp`` > 1,
+      Megatron's virtual pipeline; it needs ``pp`` >= 2). Every stage has its own ``dp`` ranks
+      (DP rank d of stage s is global rank ``s * dp + d``), EP groups and nodes, and holds the
+      MoE layers of its chunks: chunk ``v * pp + s`` (virtual stage v of stage s) takes
+      ``layers_per_stage[v * pp + s]`` consecutive layers, or, where ``layers_per_stage`` is
+      None, an even split (Megatron's default). `simulate` prices the 1F1B schedule
+      (docs/design.md, "Pipeline parallelism"); plans run at least ``pp`` microbatches per DP
+      rank, a multiple of ``pp`` under ``vpp`` > 1 (`min_micro`, `micro_multiple`).
+    * ``cp`` consecutive DP ranks (a divisor of ``ep``: inside one EP group) form a
+      context-parallel group, over which ``plan_window(..., oversize="split")`` splits a sample
+      longer than the token cap (docs/design.md, "Samples over the cap"); 1: none.
     """
 
     dp: int
@@ -66,6 +77,10 @@ class Topology:
     gpus_per_node: int
     slots_per_rank: int
     replica_slots: int = _TOPOLOGY_DEFAULTS["replica_slots"]
+    pp: int = _TOPOLOGY_DEFAULTS["pp"]
+    vpp: int = _TOPOLOGY_DEFAULTS["vpp"]
+    cp: int = _TOPOLOGY_DEFAULTS["cp"]
+    layers_per_stage: Optional[Tuple[int, ...]] = _TOPOLOGY_DEFAULTS["layers_per_stage"]
 
     def __post_init__(self) -> None:
         for name in ("dp", "ep", "gpus_per_node", "slots_per_rank"):
@@ -82,6 +97,25 @@ class Topology:
             raise RoutepackError(
                 f"topo: ep*slots_per_rank = {self.ep}*{self.slots_per_rank} does not fit the int32 slot ids of a plan"
             )
+        for name in ("pp", "vpp", "cp"):
+            _set(self, name, positive_int(getattr(self, name), f"topo.{name}", maximum=2**31 - 1))
+        if self.vpp > 1 and self.pp < 2:
+            raise RoutepackError(
+                f"topo.vpp: {self.vpp} model chunks per stage need a pipeline (pp >= 2), got pp = {self.pp}"
+            )
+        if self.ep % self.cp:
+            raise RoutepackError(
+                f"topo.cp: {self.cp} must divide ep = {self.ep} (a context-parallel group lies inside one EP group)"
+            )
+        if self.layers_per_stage is not None:
+            chunks = tuple(sequence(self.layers_per_stage, "topo.layers_per_stage", "layer counts"))
+            chunks = tuple(positive_int(n, f"topo.layers_per_stage[{i}]") for i, n in enumerate(chunks))
+            if len(chunks) != self.pp * self.vpp:
+                raise RoutepackError(
+                    f"topo.layers_per_stage: has {len(chunks)} entries, expected one per model chunk, "
+                    f"pp*vpp = {self.pp * self.vpp}"
+                )
+            _set(self, "layers_per_stage", chunks)
 
     @property
     def num_groups(self) -> int:
@@ -96,6 +130,45 @@ class Topology:
     @property
     def nodes_per_group(self) -> int:
         return max(1, -(-self.ep // self.gpus_per_node))
+
+    @property
+    def min_micro(self) -> int:
+        """The fewest microbatches per DP rank a plan may run: ``pp`` under a pipeline, else 1."""
+        return self.pp if self.pp > 1 else 1
+
+    @property
+    def micro_multiple(self) -> int:
+        """Microbatches per DP rank come in multiples of this: ``pp`` under the interleaved
+        schedule (``vpp`` > 1: Megatron's ``microbatch_group_size_per_vp_stage``, default pp),
+        else 1."""
+        return self.pp if self.vpp > 1 else 1
+
+    def chunk_bounds(self, num_layers: int) -> List[int]:
+        """``[pp * vpp + 1]``: model chunk c holds MoE layers ``bounds[c]:bounds[c + 1]`` (chunk
+        ``v * pp + s`` is virtual stage v of stage s); ``layers_per_stage`` or the even split."""
+        num_layers = positive_int(num_layers, "num_layers")
+        chunks = self.pp * self.vpp
+        if self.layers_per_stage is not None:
+            sizes = list(self.layers_per_stage)
+            if sum(sizes) != num_layers:
+                raise RoutepackError(
+                    f"topo.layers_per_stage: {sizes} holds {sum(sizes)} MoE layers, but the model has {num_layers}"
+                )
+        elif num_layers % chunks == 0:
+            sizes = [num_layers // chunks] * chunks
+        else:
+            raise RoutepackError(
+                f"topo.layers_per_stage: not given, and {num_layers} MoE layers do not split evenly over "
+                f"pp*vpp = {self.pp}*{self.vpp} = {chunks} model chunks; give each chunk's layers"
+            )
+        return [int(x) for x in np.concatenate([[0], np.cumsum(sizes)])]
+
+    def stage_layers(self, stage: int, num_layers: int) -> List[int]:
+        """The MoE layers pipeline stage ``stage`` holds, ascending (its chunks' layers): what
+        the glue of one stage migrates, replicates and routes."""
+        stage = positive_int(stage, "stage", minimum=0, maximum=self.pp - 1)
+        b = self.chunk_bounds(num_layers)
+        return [l for v in range(self.vpp) for l in range(b[v * self.pp + stage], b[v * self.pp + stage + 1])]
 
     def check_experts(self, num_experts: int) -> None:
         """Raises unless ``num_experts`` is a count >= 1 and the slots can hold every logical

@@ -21,7 +21,7 @@ from routepack._checks import (
     positive_int,
 )
 from routepack.errors import RoutepackError, RoutepackFileError, RoutepackTypeError
-from routepack.model import Topology
+from routepack.model import CostModel, Topology
 from routepack.window import Window
 
 
@@ -262,6 +262,55 @@ class Plan:
         with callers_words(WINDOW_WORDS):
             _core.validate_plan(self, window.seq_lens, window.counts, topo, token_cap)
         return self
+
+    def memory(self, topo: Any, cost: Any) -> Dict[str, Any]:
+        """The expert memory the plan needs on each DP rank, in bytes (what
+        ``plan.report["memory"]`` holds): every MoE layer's ``slots_per_rank`` resident slots,
+        each with its weights and optimizer state (``cost.expert_state_bytes``) and its fp32
+        gradient (``cost.expert_grad_bytes``); plus the replica buffers, each holding a copy's
+        weights in the forward pass (``cost.expert_weight_bytes``) and its fp32 gradient in the
+        backward until it is sent home (``cost.expert_grad_bytes``). A layer's buffers on a
+        rank are the most distinct experts it receives copies of in one microbatch of that
+        layer (a copy lives from the layer's forward to its backward, so the buffers of every
+        layer are held at once).
+
+        Keys: ``resident_bytes`` (the same on every rank), ``replica_bytes`` ``[dp]`` (the
+        buffers this plan uses), ``rank_bytes`` ``[dp]`` (their sum), ``max_rank_bytes``,
+        ``replica_buffers`` (the most copies of one rank in one exchange) and
+        ``topology_buffer_bytes``: what ``topo.replica_slots`` buffers a layer take on every
+        rank (the allocation a runner that sizes them by the topology makes)."""
+        instance_of(topo, Topology, "topo")
+        instance_of(cost, CostModel, "cost")
+        self._check_fields()
+        layers = self.placement.num_layers
+        resident = layers * topo.slots_per_rank * (cost.expert_state_bytes + cost.expert_grad_bytes)
+        copy = cost.expert_weight_bytes + cost.expert_grad_bytes
+        used = np.zeros(topo.dp, dtype=np.int64)
+        most = 0
+        r = self.replicas
+        if len(r):
+            # one int64 key per (group, micro, layer, dst, expert): distinct copies, then copies per
+            # (group, micro, layer, dst), then the most over microbatches per (group, layer, dst)
+            e_n, m_n = self.placement.num_experts, self.num_micro
+            g, m, l, d = (r[f].astype(np.int64) for f in ("group", "micro", "layer", "dst_rank"))
+            exchange = ((g * m_n + m) * layers + l) * topo.ep + d
+            key = np.unique(exchange * e_n + r["expert"].astype(np.int64))
+            exchange, copies = np.unique(key // e_n, return_counts=True)
+            most = int(copies.max())
+            per = np.zeros((topo.num_groups, layers, topo.ep), dtype=np.int64)
+            grp, lay, dst = exchange // (m_n * layers * topo.ep), exchange // topo.ep % layers, exchange % topo.ep
+            np.maximum.at(per, (grp, lay, dst), copies)
+            used = per.sum(axis=1).reshape(-1)  # DP rank = group * ep + EP-local rank
+        replica = used * copy
+        rank = resident + replica
+        return {
+            "resident_bytes": float(resident),
+            "replica_bytes": replica.astype(np.float64).tolist(),
+            "rank_bytes": rank.astype(np.float64).tolist(),
+            "max_rank_bytes": float(rank.max()),
+            "replica_buffers": most,
+            "topology_buffer_bytes": float(layers * topo.replica_slots * copy),
+        }
 
     # ------------------------------------------------------------ persistence
     def save(self, path: _npz.Target) -> None:

@@ -245,6 +245,7 @@ def plan_stages(
             "loads": pol.loads,
         },
         "predicted": sim.summary(),
+        "memory": plan.memory(topo, cost),
         "packing": pack_report,
         "stage_seconds": seconds,
         "stage_reports": ctx.reports,

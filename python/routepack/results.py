@@ -302,14 +302,16 @@ def calibrate_page(
 
 
 def measure_page(data: Dict[str, Any], page: Optional[Path] = None, json_path: Optional[str] = None) -> str:
-    """The page of one ``routepack measure`` run, from its JSON (``--json``)."""
+    """The page of one ``routepack measure`` run, from its JSON (``--json``): per window and
+    plan the measured and predicted step and microbatches, the run's totals and speed-ups."""
     w = data["workload"]
     out = ["# routepack measure: measured against predicted", ""]
     out.append(
         f"The MoE layers of each plan executed for real with `routepack.torch` on {w['ranks']} local gloo "
         f"processes ({w['layers']} layers of {w['experts']} experts top-{w['top_k']}, H = {w['hidden']}, "
-        f"I = {w['ffn']}, {w['samples']} samples, seed {w['seed']}); times are the slowest rank's CPU time. "
-        "Predictions are `routepack.simulate` under the cost model calibrated in the same run."
+        f"I = {w['ffn']}, {w['samples']} samples a window, {w.get('windows', 1)} window(s), seed {w['seed']}); "
+        "times are the slowest rank's CPU time. Predictions are `routepack.simulate` under the cost model "
+        "calibrated for the run."
     )
     out.append("")
     if data.get("command") or data.get("stated_command"):
@@ -319,25 +321,45 @@ def measure_page(data: Dict[str, Any], page: Optional[Path] = None, json_path: O
     out += _stated(data)
     rows = []
     for name, rec in data["policies"].items():
-        for m, (s, p, e) in enumerate(zip(rec["micro_s"], rec["predicted_micro_s"], rec["micro_rel_error"])):
-            rows.append([f"`{name}`", f"micro {m}", _num(s, ".1f", 1e3), _num(p, ".1f", 1e3), _num(e, "+.1%")])
-        err = rec["predicted_step_s"] / rec["step_s"] - 1.0
-        rows.append([f"`{name}`", "step", _num(rec["step_s"], ".1f", 1e3), _num(rec["predicted_step_s"], ".1f", 1e3)])
-        rows[-1].append(_num(err, "+.1%"))
+        for k, win in enumerate(rec.get("windows", [rec])):  # one window: the format before windows
+            where = f"window {k}, " if "windows" in rec else ""
+            for m, (t, p, e) in enumerate(zip(win["micro_s"], win["predicted_micro_s"], win["micro_rel_error"])):
+                rows.append(
+                    [f"`{name}`", f"{where}micro {m}", _num(t, ".1f", 1e3), _num(p, ".1f", 1e3), _num(e, "+.1%")]
+                )
+            err = win["predicted_step_s"] / win["step_s"] - 1.0
+            step = [_num(win["step_s"], ".1f", 1e3), _num(win["predicted_step_s"], ".1f", 1e3), _num(err, "+.1%")]
+            rows.append([f"`{name}`", f"{where}step", *step])
+        if "windows" in rec:
+            err = rec["predicted_step_s"] / rec["step_s"] - 1.0
+            run = [_num(rec["step_s"], ".1f", 1e3), _num(rec["predicted_step_s"], ".1f", 1e3), _num(err, "+.1%")]
+            rows.append([f"`{name}`", "the run", *run])
     out += ["", "## Times (ms)", "", markdown_table(["plan", "part", "measured", "predicted", "error"], rows)]
-    speed = [
-        [f"`{name}`", _num(rec["speedup"], ".3f"), _num(rec["predicted_speedup"], ".3f")]
-        + [_num(rec["speedup_rel_error"], "+.1%")]
-        for name, rec in data["policies"].items()
-        if name != "static"
-    ]
-    out += ["", "## Speed-up over `static`", ""]
+    speed = []
+    for name, rec in data["policies"].items():
+        pairs = rec.get("speedups") or (
+            {
+                "static": {
+                    "measured": rec["speedup"],
+                    "predicted": rec["predicted_speedup"],
+                    "rel_error": rec["speedup_rel_error"],
+                }
+            }
+            if name != "static"
+            else {}
+        )
+        for ref, sp in pairs.items():
+            if ref != name:
+                speed.append([f"`{name}` over `{ref}`", _num(sp["measured"], ".3f"), _num(sp["predicted"], ".3f")])
+                speed[-1].append(_num(sp["rel_error"], "+.1%"))
+    out += ["", "## Speed-ups", ""]
     out.append(markdown_table(["plan", "measured", "predicted", "predicted / measured - 1"], speed))
     if data.get("calibration"):
         out += ["", "## The run's calibration", ""]
         cal = [
             [f"`{kind}`", _num(fit.get("max_rel_error"), ".1%"), _num(fit.get("call_curve_bound"), ".1%")]
             for kind, fit in data["calibration"].items()
+            if isinstance(fit, dict)
         ]
         out.append(markdown_table(["kernel", "held-out max rel. error", "call_curve_bound"], cal))
     return "\n".join(out) + "\n"

@@ -20,7 +20,12 @@ class SimResult:
     """What a plan costs on a window.
 
     * ``step_time``: seconds; max over EP groups of Σ_micro Σ_layer T_l, plus exposed migration,
-      plus ``redundant_grads``.
+      plus ``redundant_grads``. Under a pipeline (``topo.pp`` > 1) the slowest group's 1F1B
+      schedule instead (docs/design.md, "Pipeline parallelism"), migration and the gradient sum
+      per stage (the slowest stage's).
+    * ``pipeline_bubble``: seconds of that group's pipeline time in which its busiest stage
+      waits (warm-up, cool-down, sends between stages); 0 without a pipeline. The parts are then
+      the busiest stage's, and parts + ``pipeline_bubble`` − ``hidden`` = ``step_time``.
     * ``ideal_time``: the *balanced* reference: every max replaced by the mean, uniform
       all-to-all (docs/design.md's ``ideal``). Not a bound: a plan that keeps tokens inside
       their node can beat it.
@@ -78,6 +83,7 @@ class SimResult:
     cross_node_bytes: float = 0.0
     cross_node_bytes_per_token: float = 0.0
     redundant_grads: float = 0.0
+    pipeline_bubble: float = 0.0
 
     @property
     def fraction_of_balanced(self) -> float:
@@ -131,6 +137,7 @@ class SimResult:
                 "cross_node_bytes_per_token",
                 "hidden",
                 "redundant_grads",
+                "pipeline_bubble",
             )
         }
         out["fraction_of_ideal"] = self.fraction_of_ideal

@@ -16,6 +16,9 @@ during the optimizer state's copy, after the migration); ``ROUTEPACK_FAULTS_ALL=
 every point of `kills.KILL_POINTS` (one 4-process job each, about 20 s of CPU apiece)."""
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -94,6 +97,21 @@ def test_restart_from_checkpoint_equals_the_run_without_the_fault(killed, restar
             assert r["final"][key] == want, (rank, "final", key)
 
 
+def test_restart_from_the_reference_checkpoint_equals_the_reference(restarted):
+    for rank, f in restarted.items():
+        for key, want in f["reference_step2"].items():
+            assert f["reference_restarted"][key] == want, (rank, key)
+
+
+def test_a_checkpoint_mixing_two_steps_is_refused_before_anything_moves(restarted):
+    """Rank 0 on step 2's checkpoint, the others on step 1's (a step only some ranks saved,
+    loaded without the COMPLETE mark): window 1's plan differs on rank 0, refused on every rank."""
+    for rank, f in restarted.items():
+        m = f["mixed"]
+        assert m["raised"] == "InvalidPlanError" and m["intact"], (rank, m)
+        assert "different plans" in m["message"], (rank, m)
+
+
 def test_the_reference_run_changes_every_part_of_the_state(restarted):
     """Window 1 changes the placement, the slots, the weights, the moments and the step, so the
     restart's equality with the reference is not equality with the checkpoint it loaded."""
@@ -125,7 +143,10 @@ def test_plan_files_damaged_or_missing_fail_every_rank(agreement):
             assert r["transfers"] == 0 and r["intact"], (rank, case, r)
         r = f["sent_damaged"]
         assert r["raised"] == "RoutepackFileError", (rank, r)
-        assert ("<BytesIO>" if rank == 2 else "rank(s) [2] could not read") in r["message"], (rank, r)
+        assert ("<BytesIO>" if rank == WORLD - 1 else f"rank(s) [{WORLD - 1}] could not read") in r["message"], (
+            rank,
+            r,
+        )
 
 
 def test_a_rank_late_to_the_agreement_fails_every_rank_with_one_message(agreement):
@@ -134,3 +155,21 @@ def test_a_rank_late_to_the_agreement_fails_every_rank_with_one_message(agreemen
     assert raised == {"AgreementError"}, raised
     assert len(messages) == 1, messages
     assert all(f["timeout"]["intact"] and f["timeout"]["transfers"] == 0 for f in agreement.values())
+
+
+def test_gpu_faults_runs_from_a_clone_on_one_cpu_rank():
+    """tools/gpu_faults.py's one-rank path (what a one-GPU machine runs): the reference, a
+    restart from its step 1, the same bytes."""
+    import routepack as rp
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(Path(rp.__file__).resolve().parent.parent)}
+    r = subprocess.run(
+        [sys.executable, str(root / "tools" / "gpu_faults.py"), "--backend", "gloo", "--world", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "restart from the reference's step 1 differs in []" in r.stdout and "PASS" in r.stdout

@@ -41,6 +41,17 @@
 //!    share of a sample's tokens e takes, and ≤ the window's tokens of e) or one node-microbatch
 //!    (≤ rpn·ρ_e·cap). Then `Σ_{e ∉ H} t_e ≥ Σ t − top_k(t)` and `Σ t − top_k(t)` is
 //!    superadditive, so a cell's bound is at least the sum of its samples' bounds.
+//!    **The replica buffers.** A rank receives copies of at most R = `Topology::replica_slots`
+//!    distinct experts in one exchange (`validate` refuses more), so a cell's tokens outside
+//!    its spr + R most used experts leave the rank whatever the replicas, and a node-cell's
+//!    outside its rpn·(spr + R) leave the node: with H the hosted and Q the copied experts
+//!    (|Q| ≤ R), a cell pays `Σ_{e ∉ H∪Q} q·t_e + Σ_{e ∈ Q} κ_e·t_e ≥ [Σ_e κ_e·t_e −
+//!    κ_max·top_spr(t)] + (q − κ_max)·(Σ t − top_{spr+R}(t))` (κ_e = min(q, c/U_e) ≤ q),
+//!    and both brackets are superadditive over the cell's samples. These tokens pay even at
+//!    μ = ν = 0, where a copy costs nothing: the buffers, not the copies' link time, are
+//!    what keeps a plan from copying every expert it needs. The top-k sums are bounded from
+//!    above, never computed short: `top_k(t) ≤ k·τ + Σ_e (t_e − τ)⁺` for every τ ≥ 0
+//!    ([`tops`]).
 //! 5. **Mean over ranks and groups.** After 2–4 every term is a sum over samples of the
 //!    group divided by ep (plus the c_exp term); the maximum over groups is at least the mean,
 //!    so the bound is the window's sums divided by dp. The expert count uses
@@ -60,12 +71,28 @@
 //!    compute terms scaled by λ and the traffic prices by 1 − λ, the attention coefficient
 //!    becoming λ·P − μ − 2ν. Without overlap λ·C + A (λ = 1, traffic ×1) is the exact sum.
 //!    `tests/bound_props.rs` draws all three options.
+//! 8. **The pipeline** (`Topology::pp` > 1, `crate::simulate::pipeline`). A group's pipeline
+//!    time is at least its busiest stage's work, which is at least the mean over its pp
+//!    stages; the stages' work adds up to the group's Σ_m Σ_l T (each exchange's time split by
+//!    pass, the parts adding up to T), and migration and the gradient sum are ≥ 0. So the
+//!    bound of 1–7 divided by pp bounds the pipelined step (the sends and the bubble only add).
 //!
 //! The bound is the largest of these over a grid of μ, ν, θ ∈ {0, ¼, ½, ¾, 1} (and λ in the
-//! same grid under overlap). μ = ν = 0 is
-//! "attention + expert work at the mean, no traffic" (replicas hidden behind attention could
-//! in principle remove every all-to-all); μ = ν = 1 charges every replica its full link time
-//! and drops attention. Without a cap the weakest one is used (cap = Σ n: M_lb = 1).
+//! same grid under overlap). μ = ν = 0 is "attention + expert work at the mean, and the
+//! tokens no slot or buffer can hold" (copies hidden behind attention serve the rest);
+//! μ = ν = 1 charges every replica its full link time and drops attention. Without a cap the
+//! weakest one is used (cap = Σ n: M_lb = 1).
+//!
+//! 9. **What it cannot see.** Each sample is granted its own best spr + R experts at its rank
+//!    and rpn·(spr + R) at its node; a plan's samples on one rank or node share one set for
+//!    the whole window (the placement is per layer, not per sample), and every expert needs
+//!    a slot somewhere. The bound that knows this (a configuration LP whose dual is
+//!    `Σ_s top_{k+R}(t_s + (n_s/C)·π) + (N − Σn/C)·top_k(π) − Σ_e π_e`, π ≥ 0, C a node's
+//!    capacity) depends on C, i.e. on M, and more microbatches cost a plan almost nothing in
+//!    the cost model (`c_exp` per active expert), so it must hold for every M, where its gain
+//!    vanishes (measured on `flash` layer 0: the node-level charge 23.7% of the routed tokens
+//!    per sample, 31.4% at M_lb, 27.5% at M_lb + 2); it is not used. docs/design.md ("Lower
+//!    bound") measures what separates the bound from the plans.
 //!
 //! # In floating point
 //! The derivation holds for exact sums; the bound and the simulator each round theirs, in
@@ -84,8 +111,11 @@
 use rayon::prelude::*;
 
 mod sums;
+mod tops;
 
 pub use sums::{row_sums, DemandSums};
+pub use tops::BoundTops;
+use tops::Holds;
 
 use crate::cost::{CostModel, Overlap};
 use crate::error::{invalid, Result};
@@ -122,6 +152,8 @@ struct SampleLayer {
     experts: usize,
     /// Tokens on the sample's spr most used experts (what its rank may host).
     top_rank: f64,
+    /// Tokens on its spr + R most used experts (what its rank may host or hold copies of).
+    top_rank_plus: f64,
 }
 
 /// Window sums per layer.
@@ -129,8 +161,12 @@ struct LayerSums {
     /// Σ_s attention (one pass).
     attention: f64,
     tokens: f64,
+    /// Σ_s tokens on s's k most used experts, for k = spr (`top_rank`), spr + R
+    /// (`top_rank_plus`), rpn·spr (`top_node`) and rpn·(spr + R) (`top_node_plus`).
     top_rank: f64,
+    top_rank_plus: f64,
     top_node: f64,
+    top_node_plus: f64,
     /// Fewest distinct experts of one sample.
     min_experts: usize,
     /// Distinct experts the window uses.
@@ -149,7 +185,9 @@ impl LayerSums {
             attention: 0.0,
             tokens: 0.0,
             top_rank: 0.0,
+            top_rank_plus: 0.0,
             top_node: 0.0,
+            top_node_plus: 0.0,
             min_experts: usize::MAX,
             used_experts: 0,
             expert_tokens,
@@ -197,26 +235,15 @@ fn rate(q: f64, c: f64, u: f64) -> f64 {
     }
 }
 
-/// Sum of the `k` largest of `v` (all of them when k ≥ len); reorders `v`.
-fn top_sum(v: &mut [i32], k: usize) -> f64 {
-    if k >= v.len() {
-        return v.iter().map(|&x| x as f64).sum();
-    }
-    if k == 0 {
-        return 0.0;
-    }
-    v.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
-    v[..k].iter().map(|&x| x as f64).sum()
-}
-
-/// One layer's sums and its samples' parts without the top-k sums (0), from `d`.
+/// One layer's sums and its samples' parts without the top-k sums (0; the `_plus` ones every
+/// token), from `d`.
 fn layer_of_sums(w: &WindowView, cost: &CostModel, d: &DemandSums, l: usize) -> (LayerSums, Vec<SampleLayer>) {
     let (s_n, e_n) = (w.num_samples, w.num_experts);
     let mut sums = LayerSums::empty(
         d.expert_tokens[l * e_n..(l + 1) * e_n].iter().map(|&x| x as f64).collect(),
         d.expert_share[l * e_n..(l + 1) * e_n].to_vec(),
     );
-    // sample order, as `layer_pass` adds them
+    // sample order
     let per = (0..s_n)
         .map(|s| {
             let tokens = d.row_tokens[l * s_n + s] as f64;
@@ -224,62 +251,49 @@ fn layer_of_sums(w: &WindowView, cost: &CostModel, d: &DemandSums, l: usize) -> 
             sums.attention += cost.attention(l, w.seq_lens[s] as f64);
             sums.tokens += tokens;
             sums.min_experts = sums.min_experts.min(experts);
-            SampleLayer { tokens, experts, top_rank: 0.0 }
+            SampleLayer { tokens, experts, top_rank: 0.0, top_rank_plus: tokens }
         })
         .collect();
+    // the `_plus` sums as every token: exact where a rank's slots and buffers hold every
+    // expert (`Holds::unlimited`), the only case that reads them
+    sums.top_rank_plus = sums.tokens;
+    sums.top_node_plus = sums.tokens;
     sums.used_experts = sums.expert_tokens.iter().filter(|&&x| x > 0.0).count();
     (sums, per)
 }
 
-/// One layer's sums and its samples' parts with the top-k sums, in one pass over the layer
-/// (layers in parallel).
-fn layer_pass(w: &WindowView, topo: &Topology, cost: &CostModel, l: usize) -> (LayerSums, Vec<SampleLayer>) {
-    let e_n = w.num_experts;
-    let k_rank = topo.slots_per_rank;
-    let k_node = topo.slots_per_rank * topo.ranks_per_group_node();
-    let mut sums = LayerSums::empty(vec![0.0; e_n], vec![0.0; e_n]);
-    let mut buf = vec![0i32; e_n];
-    let mut expert_tokens = vec![0i64; e_n];
-    let per = (0..w.num_samples)
-        .map(|s| {
-            let n = w.seq_lens[s] as f64;
-            let t = w.tokens(s, l);
-            let (tok, experts) = crate::with_counts!(t, t => row_sums(t, w.seq_lens[s], &mut expert_tokens, &mut sums.expert_share));
-            let tokens = tok as f64;
-            // the larger top first: the smaller one is then inside its prefix; a sample on
-            // at most k experts keeps all its tokens
-            let (top_rank, top_node) = if experts <= k_rank {
-                (tokens, tokens)
-            } else {
-                t.copy_to_i32(&mut buf);
-                let top_node = top_sum(&mut buf, k_node);
-                (top_sum(&mut buf[..k_node.min(e_n)], k_rank), top_node)
-            };
-            sums.attention += cost.attention(l, n);
-            sums.tokens += tokens;
-            sums.top_rank += top_rank;
-            sums.top_node += top_node;
-            sums.min_experts = sums.min_experts.min(experts);
-            SampleLayer { tokens, experts, top_rank }
-        })
-        .collect();
-    for (et, &x) in sums.expert_tokens.iter_mut().zip(&expert_tokens) {
-        *et = x as f64;
+/// One layer's sums and its samples' parts with the top-k sums (upper bounds on them, see
+/// [`tops`]), all from `d` (which holds them).
+fn layer_with_tops(w: &WindowView, cost: &CostModel, d: &DemandSums, l: usize) -> (LayerSums, Vec<SampleLayer>) {
+    let (mut sums, mut per) = layer_of_sums(w, cost, d, l);
+    let s_n = w.num_samples;
+    let [mut rank, mut rank_plus, mut node, mut node_plus] = [0.0; 4];
+    // sample order: the sums are the same on every run
+    for (p, t) in per.iter_mut().zip(&d.row_tops[l * s_n..(l + 1) * s_n]) {
+        (p.top_rank, p.top_rank_plus) = (t[0], t[1]);
+        rank += t[0];
+        rank_plus += t[1];
+        node += t[2];
+        node_plus += t[3];
     }
-    sums.used_experts = sums.expert_tokens.iter().filter(|&&x| x > 0.0).count();
+    (sums.top_rank, sums.top_rank_plus, sums.top_node, sums.top_node_plus) = (rank, rank_plus, node, node_plus);
     (sums, per)
 }
 
-/// Lower bound of Σ_{cells} min over hosting of the traffic + replica price of one layer:
-/// the larger of the uniform-rate form (the layer's largest cell bound U) and the
-/// per-expert-rate form `Σ_e κ_e·T_e − κ_max·top` (both valid, see the module docs).
-fn traffic(q: f64, c: f64, per_cell: f64, sums: &LayerSums, top: f64) -> f64 {
+/// Lower bound of Σ_{cells} of one layer's traffic + replica price at one level (rank or
+/// node): the larger of the uniform-rate form (the layer's largest cell bound U) and the
+/// per-expert-rate form `Σ_e κ_e·T_e − κ_max·top` (both valid, see the module docs), each
+/// plus `(q − κ)·(tokens − top_plus)`: the tokens outside what the level can hold at all
+/// (slots and replica buffers), which no replica can serve and which pay the full price.
+fn traffic(q: f64, c: f64, per_cell: f64, sums: &LayerSums, top: f64, top_plus: f64) -> f64 {
     if q <= 0.0 {
         return 0.0;
     }
     let bound_of = |e: usize| (sums.expert_share[e] * per_cell).min(sums.expert_tokens[e]);
     let u_max = (0..sums.expert_tokens.len()).map(bound_of).fold(0.0, f64::max);
-    let uniform = rate(q, c, u_max) * (sums.tokens - top).max(0.0);
+    let beyond = (sums.tokens - top_plus).max(0.0);
+    let k_u = rate(q, c, u_max);
+    let uniform = k_u * (sums.tokens - top).max(0.0) + (q - k_u) * beyond;
     let mut linear = 0.0;
     let mut k_max: f64 = 0.0;
     for (e, &t) in sums.expert_tokens.iter().enumerate() {
@@ -289,7 +303,7 @@ fn traffic(q: f64, c: f64, per_cell: f64, sums: &LayerSums, top: f64) -> f64 {
             k_max = k_max.max(k);
         }
     }
-    uniform.max(linear - k_max * top)
+    uniform.max(linear - k_max * top + (q - k_max) * beyond)
 }
 
 /// The lower bound, in seconds, on `simulate`'s step time of every plan that is valid for `w`
@@ -304,7 +318,8 @@ pub fn lower_bound_time(w: &WindowView, topo: &Topology, cost: &CostModel, token
 /// demand once for both).
 pub fn lower_bound_and_layer_tokens(w: &WindowView, topo: &Topology, cost: &CostModel, token_cap: Option<i64>) -> Result<(f64, Vec<f64>)> {
     check_bound_inputs(w, topo, cost, token_cap)?;
-    lower_bound_of_sums(w, topo, cost, token_cap, &DemandSums::of_window(w))
+    let tops = BoundTops::new(w, topo);
+    lower_bound_of_sums(w, topo, cost, token_cap, &DemandSums::of_window(w, tops.as_ref()))
 }
 
 /// The errors of [`lower_bound_time`]'s inputs: a cost model for another layer count, too few
@@ -319,9 +334,11 @@ pub fn check_bound_inputs(w: &WindowView, topo: &Topology, cost: &CostModel, tok
 }
 
 /// [`lower_bound_and_layer_tokens`] given the window's [`DemandSums`] `d` (gathered by the
-/// caller, e.g. `simulate` on its own pass over the demand): the same result, bit for bit.
-/// The demand is read again only for the top-k sums, and only when a candidate that
-/// charges traffic could beat the ones that do not.
+/// caller, e.g. `simulate` on its own pass over the demand, with the top-k sums of
+/// [`BoundTops::new`] for `w` and `topo` where that is Some): the same result, bit for bit.
+/// Where `d` lacks the top-k sums the bound needs, the demand is read again for them (only
+/// when a candidate that charges traffic could beat the ones that do not, where a rank's slots
+/// and buffers hold every expert).
 pub fn lower_bound_of_sums(
     w: &WindowView,
     topo: &Topology,
@@ -341,17 +358,28 @@ pub fn lower_bound_of_sums(
     } as f64;
     let micro = lower_bound_micro(w, topo, cap as i64) as f64;
     let bound = Bound { w, topo, cost, prices: Prices::new(topo, cost), micro, cap };
-    // First without the top-k sums (the costly part): every candidate is then over-estimated
-    // (its traffic only falls as the hostable tokens rise) except the ones that charge no
-    // traffic (μ = ν = 0), which are exact. When no estimate beats those, they are the bound.
+    // Where a rank's slots and replica buffers hold every expert, first without the top-k sums
+    // (the costly part): every candidate is then over-estimated (its traffic only falls as
+    // the hostable tokens rise) except the ones that charge no traffic (μ = ν = 0), which are
+    // exact. When no estimate beats those, they are the bound. With a replica limit that
+    // binds, every candidate charges traffic and the top-k sums are always needed.
     let (sums, per) = bound.layers_of(d);
     let layer_tokens = sums.iter().map(|s| s.tokens).collect();
-    let scale = 1.0 - rounding_margin(w.num_samples, w.num_layers, w.num_experts, topo.ep);
-    let free = bound.best(&sums, &per, true);
-    if bound.best(&sums, &per, false) <= free {
-        return Ok((free * scale, layer_tokens));
+    // part 8: a pipeline's stages share the work (÷ 1 keeps the bits without one)
+    let scale = (1.0 - rounding_margin(w.num_samples, w.num_layers, w.num_experts, topo.ep)) / topo.pp as f64;
+    let holds = Holds::new(topo, w.num_experts);
+    if holds.unlimited(w.num_experts) {
+        let free = bound.best(&sums, &per, true);
+        if bound.best(&sums, &per, false) <= free {
+            return Ok((free * scale, layer_tokens));
+        }
     }
-    let (sums, per) = bound.layers_with_tops();
+    let (sums, per) = if !d.row_tops.is_empty() && d.tops_k == holds.k {
+        bound.layers_with_tops(d)
+    } else {
+        // the top-k sums, read now (the thresholds are the same whoever computes them)
+        bound.layers_with_tops(&DemandSums::of_window(w, Some(&BoundTops::with_holds(w, holds))))
+    };
     Ok((bound.best(&sums, &per, false) * scale, layer_tokens))
 }
 
@@ -372,9 +400,10 @@ impl Bound<'_> {
         (0..self.w.num_layers).into_par_iter().map(|l| layer_of_sums(self.w, self.cost, d, l)).unzip()
     }
 
-    /// Every layer's sums and its samples' parts with the top-k sums (a pass over the demand).
-    fn layers_with_tops(&self) -> (Vec<LayerSums>, Vec<Vec<SampleLayer>>) {
-        (0..self.w.num_layers).into_par_iter().map(|l| layer_pass(self.w, self.topo, self.cost, l)).unzip()
+    /// Every layer's sums and its samples' parts with the top-k sums (`d`'s sums and a pass
+    /// over the demand).
+    fn layers_with_tops(&self, d: &DemandSums) -> (Vec<LayerSums>, Vec<Vec<SampleLayer>>) {
+        (0..self.w.num_layers).into_par_iter().map(|l| layer_with_tops(self.w, self.cost, d, l)).unzip()
     }
 
     /// The largest candidate over the grid (`free_only`: only μ = ν = 0).
@@ -418,8 +447,8 @@ impl Bound<'_> {
                         let comm: f64 = sums
                             .iter()
                             .map(|s| {
-                                traffic(p.rank, theta * replica, cap, s, s.top_rank)
-                                    + traffic(p.node, node_replica, rpn * cap, s, s.top_node)
+                                traffic(p.rank, theta * replica, cap, s, s.top_rank, s.top_rank_plus)
+                                    + traffic(p.node, node_replica, rpn * cap, s, s.top_node, s.top_node_plus)
                             })
                             .sum::<f64>()
                             / dp;
@@ -446,6 +475,8 @@ struct SampleTables {
     attention: Vec<f64>,
     /// Tokens the sample's rank cannot host: `(tokens − top_rank)⁺`.
     unhosted: Vec<f64>,
+    /// Tokens its rank can neither host nor hold copies of: `(tokens − top_rank_plus)⁺`.
+    unheld: Vec<f64>,
     /// One pass of expert work at the mean: `c_tok·tokens + c_exp·active`, the linear part of
     /// the expert term (`CostModel::expert_time`, the cost helper's lower-bound view).
     work: Vec<f64>,
@@ -454,7 +485,12 @@ struct SampleTables {
 impl SampleTables {
     fn new(w: &WindowView, cost: &CostModel, per: &[Vec<SampleLayer>], sums: &[LayerSums], micro: f64) -> Self {
         let (s_n, l_n) = (w.num_samples, w.num_layers);
-        let mut t = SampleTables { attention: vec![0.0; s_n * l_n], unhosted: vec![0.0; s_n * l_n], work: vec![0.0; s_n * l_n] };
+        let mut t = SampleTables {
+            attention: vec![0.0; s_n * l_n],
+            unhosted: vec![0.0; s_n * l_n],
+            unheld: vec![0.0; s_n * l_n],
+            work: vec![0.0; s_n * l_n],
+        };
         for (s, &len) in w.seq_lens.iter().enumerate() {
             let n = len as f64;
             for (l, (layer, sum)) in per.iter().zip(sums).enumerate() {
@@ -462,6 +498,7 @@ impl SampleTables {
                 let active = p.experts as f64 + (micro - 1.0) * sum.min_experts as f64;
                 t.attention[s * l_n + l] = cost.attention(l, n);
                 t.unhosted[s * l_n + l] = (p.tokens - p.top_rank).max(0.0);
+                t.unheld[s * l_n + l] = (p.tokens - p.top_rank_plus).max(0.0);
                 t.work[s * l_n + l] = cost.expert_time(p.tokens, active);
             }
         }
@@ -484,11 +521,14 @@ fn single_sample(
 ) -> f64 {
     let l_n = w.num_layers;
     let prices = &mix.prices;
-    let rates: Vec<f64> = sums
+    // per layer (κ, q − κ): the price of tokens a copy could serve, and the rest of the full
+    // price for tokens beyond the rank's slots and buffers
+    let rates: Vec<(f64, f64)> = sums
         .iter()
         .map(|s| {
             let u = (0..s.expert_tokens.len()).map(|e| (s.expert_share[e] * cap).min(s.expert_tokens[e])).fold(0.0, f64::max);
-            rate(prices.rank, replica, u)
+            let k = rate(prices.rank, replica, u);
+            (k, prices.rank - k)
         })
         .collect();
     // each sample's layers added in layer order; the max over samples is the same in any order
@@ -497,53 +537,11 @@ fn single_sample(
         .with_min_len(1024)
         .map(|s| {
             let row = s * l_n..(s + 1) * l_n;
-            let (a, x, e) = (&tables.attention[row.clone()], &tables.unhosted[row.clone()], &expert[row]);
-            (0..l_n).map(|l| attn_coef * a[l] + rates[l] * x[l] + e[l]).sum::<f64>()
+            let (a, x, y, e) = (&tables.attention[row.clone()], &tables.unhosted[row.clone()], &tables.unheld[row.clone()], &expert[row]);
+            (0..l_n).map(|l| attn_coef * a[l] + rates[l].0 * x[l] + rates[l].1 * y[l] + e[l]).sum::<f64>()
         })
         .reduce(|| 0.0, f64::max)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The shortcut (no top-k sums when no traffic-charging candidate can win) returns what
-    /// the full evaluation does.
-    #[test]
-    fn the_shortcut_changes_nothing() {
-        let mut state = 7u64;
-        let mut next = |n: u64| {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            (state >> 33) % n
-        };
-        let mut shortcuts = 0;
-        for case in 0..200 {
-            let (dp, ep, gpn, spr) = [(4, 2, 2, 2), (8, 4, 2, 3), (4, 4, 4, 2), (2, 2, 1, 4)][case % 4];
-            let topo = Topology::new(dp, ep, gpn, spr).unwrap();
-            let (s_n, l_n, e_n) = (4 + next(12) as usize, 1 + next(3) as usize, 1 + next(topo.num_slots() as u64) as usize);
-            let seq: Vec<i64> = (0..s_n).map(|_| 1 + next(50) as i64).collect();
-            let tok: Vec<i32> = (0..s_n * l_n * e_n).map(|i| next(seq[i / (l_n * e_n)] as u64 + 1) as i32).collect();
-            let w = WindowView::new(&seq, &tok, l_n, e_n).unwrap();
-            let mut cost = CostModel::for_tests(l_n);
-            cost.token_bytes = [1.0, 4096.0, 1e6][case % 3];
-            cost.expert_weight_bytes = [1e3, 6e6, 1e9][(case / 3) % 3];
-            let cap = *seq.iter().max().unwrap() + next(40) as i64;
-            let got = lower_bound_time(&w, &topo, &cost, Some(cap)).unwrap();
-            let c = cap.min(w.total_tokens()) as f64;
-            let bound = Bound {
-                w: &w,
-                topo: &topo,
-                cost: &cost,
-                prices: Prices::new(&topo, &cost),
-                micro: lower_bound_micro(&w, &topo, c as i64) as f64,
-                cap: c,
-            };
-            let (sums, per) = bound.layers_with_tops();
-            let full = bound.best(&sums, &per, false);
-            assert_eq!(got, full * (1.0 - rounding_margin(s_n, l_n, e_n, topo.ep)), "case {case}");
-            let (sums0, per0) = bound.layers_of(&DemandSums::of_window(&w));
-            shortcuts += usize::from(bound.best(&sums0, &per0, false) <= bound.best(&sums0, &per0, true));
-        }
-        assert!(shortcuts > 0 && shortcuts < 200, "both paths taken ({shortcuts} shortcuts of 200)");
-    }
-}
+mod tests;

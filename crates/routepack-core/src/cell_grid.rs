@@ -54,6 +54,12 @@ impl CellGrid {
         &self.members[self.off[c]..self.off[c + 1]]
     }
 
+    /// Tokens (Σ n_s) of global DP rank `d`'s microbatch `m`.
+    #[inline]
+    pub fn tokens(&self, d: usize, m: usize) -> f64 {
+        self.lin[d * self.num_micro + m]
+    }
+
     /// The slowest rank's one-pass attention time in exchange (group g, microbatch m, layer l).
     pub fn attention_max(&self, cost: &CostModel, g: usize, m: usize, l: usize) -> f64 {
         (0..self.ep)

@@ -33,7 +33,7 @@
 
 use rayon::prelude::*;
 
-use crate::bound::{check_bound_inputs, lower_bound_of_sums, DemandSums};
+use crate::bound::{check_bound_inputs, lower_bound_of_sums, BoundTops, DemandSums};
 use crate::cell_grid::CellGrid;
 use crate::cost::links::LinkBytes;
 use crate::cost::CostModel;
@@ -43,6 +43,8 @@ use crate::plan::{bucket_replicas, Plan, Replica};
 use crate::topology::Topology;
 use crate::validate::validate_plan;
 use crate::window::WindowView;
+
+pub mod pipeline;
 
 /// What a plan costs on a window. Times in seconds.
 #[derive(Clone, Debug, PartialEq)]
@@ -81,6 +83,12 @@ pub struct SimReport {
     /// Seconds of the once-per-step sum of redundant experts' gradients over the EP group
     /// ([`redundant_grad_time`]); every group sums its own at the same time, so it is added once.
     pub redundant_grads: f64,
+    /// Seconds of the slowest group's pipeline time in which its busiest stage waits (warm-up
+    /// and cool-down, sends between stages, stages waiting on each other): 0 without a pipeline
+    /// (`Topology::pp` = 1). With one, `step_time` is the busiest stage's parts (`attention` …
+    /// `replication`, less `hidden`) plus this, `migration` and `redundant_grads`
+    /// ([`pipeline`]).
+    pub pipeline_bubble: f64,
     /// Index in `0..G` of the slowest EP group (the first one on ties): the group whose time
     /// is `step_time`.
     pub critical_group: usize,
@@ -123,6 +131,7 @@ struct Scratch {
     rep_args: Vec<(usize, f32)>,
     rep_order: Vec<usize>, // the exchange's replicas, stably sorted by expert
     node: Vec<usize>,      // [ep] node of each EP-local rank
+    rep_parts: (f64, f64), // the last exchange's exposed replication: (forward copies, gradient reduction)
 }
 
 impl Scratch {
@@ -141,6 +150,7 @@ impl Scratch {
             rep_args: Vec::new(),
             rep_order: Vec::new(),
             node: Vec::with_capacity(ep),
+            rep_parts: (0.0, 0.0),
         }
     }
 }
@@ -187,6 +197,14 @@ impl ExchangePricer {
     /// between nodes)`, one way (see [`CostModel::all_to_all_bytes`] for the whole count).
     pub fn dispatch_bytes(&self) -> (f64, f64) {
         LinkBytes::sent_totals(&self.sc.a2a)
+    }
+
+    /// The exposed replication of the exchange priced last, split: (forward weight copies not
+    /// hidden by one attention pass, backward gradient reduction not hidden by two); their sum
+    /// is its `LayerCost::replication` but for rounding. The pipeline charges them to the
+    /// update's forward and backward.
+    pub fn replication_parts(&self) -> (f64, f64) {
+        self.sc.rep_parts
     }
 }
 
@@ -285,6 +303,7 @@ fn price_exchange(
     let a2a = cost.all_to_all_time(&sc.a2a);
 
     let mut replication = 0.0;
+    sc.rep_parts = (0.0, 0.0);
     if !reps.is_empty() {
         sc.repl_fwd.iter_mut().for_each(|x| *x = LinkBytes::default());
         sc.repl_bwd.iter_mut().for_each(|x| *x = LinkBytes::default());
@@ -310,6 +329,7 @@ fn price_exchange(
         let fwd = LinkBytes::time(&sc.repl_fwd, cost);
         let bwd = LinkBytes::time(&sc.repl_bwd, cost);
         replication = cost.exposed_replication(fwd, bwd, attn_max);
+        sc.rep_parts = ((fwd - attn_max).max(0.0), (bwd - 2.0 * attn_max).max(0.0));
     }
     LayerCost::new(cost, attn_max, x_max, a2a, replication, imbalance)
 }
@@ -409,7 +429,9 @@ pub fn simulate_validated(
 
     // every (g, m) independently; results kept in index order so the sum is deterministic:
     // each exchange's cost and its one-way dispatch bytes (inside nodes, between nodes), and
-    // what the lower bound reads of the demand, gathered on the same pass over it
+    // what the lower bound reads of the demand (its top-k sums too), gathered on the same
+    // pass over it
+    let tops = BoundTops::new(w, topo);
     let per_gm: Vec<GmResult> = (0..g_n * m_n)
         .into_par_iter()
         .map_init(
@@ -420,7 +442,11 @@ pub fn simulate_validated(
                 let costs = (0..l_n)
                     .map(|l| {
                         let share = &mut part.share[l * e_n..(l + 1) * e_n];
-                        grid.origin_and_sums(w, g, m, l, origin, share, |s, t, x| part.rows.push((s, l, t, x)));
+                        grid.origin_and_sums(w, g, m, l, origin, share, |s, t, x| {
+                            // the row was just read: its top-k sums while it is in cache
+                            let top = tops.as_ref().map_or([0.0; 4], |b| b.row(l, w.tokens(s, l), w.seq_lens[s], t as f64, x));
+                            part.rows.push((s, l, t, x, top))
+                        });
                         let totals = &mut part.totals[l * e_n..(l + 1) * e_n];
                         for o in origin.chunks_exact(e_n) {
                             totals.iter_mut().zip(o).for_each(|(t, &x)| *t += x);
@@ -428,17 +454,20 @@ pub fn simulate_validated(
                         let attn_max = grid.attention_max(cost, g, m, l);
                         let (so, sl) = &layer_slots[l];
                         let lc = pricer.price(topo, cost, origin, attn_max, so, sl, &reps[gm * l_n + l]);
-                        (lc, pricer.dispatch_bytes())
+                        (lc, pricer.dispatch_bytes(), pricer.replication_parts())
                     })
                     .collect();
                 (costs, part)
             },
         )
         .collect();
-    let mut demand = DemandSums::new(w.num_samples, l_n, e_n);
+    let mut demand = DemandSums::with_tops(w.num_samples, l_n, e_n, tops.as_ref());
     for (_, part) in &per_gm {
-        for &(s, l, t, x) in &part.rows {
+        for &(s, l, t, x, top) in &part.rows {
             demand.set_row(s, l, t, x);
+            if tops.is_some() {
+                demand.set_row_tops(s, l, top);
+            }
         }
         for l in 0..l_n {
             demand.add_layer_part(l, &part.totals[l * e_n..(l + 1) * e_n], &part.share[l * e_n..(l + 1) * e_n]);
@@ -446,32 +475,45 @@ pub fn simulate_validated(
     }
     let (lower_bound, layer_tokens) = lower_bound_of_sums(w, topo, cost, bound_cap, &demand)?;
 
-    let mut group_times = vec![0.0; g_n];
     let mut imbalance = Vec::with_capacity(g_n * m_n * l_n);
     let (mut intra, mut cross) = (0.0, 0.0);
-    for (gm, (layers, _)) in per_gm.iter().enumerate() {
-        for (lc, (i, c)) in layers {
-            group_times[gm / m_n] += lc.total();
+    for (layers, _) in &per_gm {
+        for (lc, (i, c), _) in layers {
             imbalance.push(lc.imbalance);
             intra += i;
             cross += c;
         }
     }
-    let critical = (0..g_n).fold(0, |b, g| if group_times[g] > group_times[b] { g } else { b });
-    let mut parts = LayerCost::default();
-    for (layers, _) in &per_gm[critical * m_n..(critical + 1) * m_n] {
-        for (lc, _) in layers {
-            parts.attention += lc.attention;
-            parts.all_to_all += lc.all_to_all;
-            parts.expert += lc.expert;
-            parts.replication += lc.replication;
-            parts.hidden += lc.hidden;
+    let (group_times, critical, parts, pipeline_bubble, migration, redundant_grads) = if topo.pp > 1 {
+        let exchange = |g: usize, m: usize, l: usize| {
+            let (lc, _, rep) = per_gm[g * m_n + m].0[l];
+            (lc, rep)
+        };
+        let p = pipeline::score(plan, &grid, topo, cost, l_n, exchange)?;
+        (p.group_times, p.critical, p.parts, p.bubble, p.migration, p.redundant_grads)
+    } else {
+        let mut group_times = vec![0.0; g_n];
+        for (gm, (layers, _)) in per_gm.iter().enumerate() {
+            for (lc, _, _) in layers {
+                group_times[gm / m_n] += lc.total();
+            }
         }
-    }
-    let migration = migration_time(plan, topo, cost);
-    let redundant_grads = redundant_grad_time(plan, topo, cost);
+        let critical = (0..g_n).fold(0, |b, g| if group_times[g] > group_times[b] { g } else { b });
+        let mut parts = LayerCost::default();
+        for (layers, _) in &per_gm[critical * m_n..(critical + 1) * m_n] {
+            for (lc, _, _) in layers {
+                parts.attention += lc.attention;
+                parts.all_to_all += lc.all_to_all;
+                parts.expert += lc.expert;
+                parts.replication += lc.replication;
+                parts.hidden += lc.hidden;
+            }
+        }
+        (group_times, critical, parts, 0.0, migration_time(plan, topo, cost), redundant_grad_time(plan, topo, cost))
+    };
     let step_time = group_times[critical] + migration + redundant_grads;
-    let ideal = ideal_time_of(&layer_tokens, w, topo, cost, ideal_micro.unwrap_or(m_n));
+    // a balanced pipeline without a bubble: each stage a pp-th of the work
+    let ideal = ideal_time_of(&layer_tokens, w, topo, cost, ideal_micro.unwrap_or(m_n)) / topo.pp as f64;
     let tokens = w.total_tokens() as f64;
     let mean_imbalance = imbalance.iter().sum::<f64>() / imbalance.len() as f64;
     Ok(SimReport {
@@ -487,6 +529,7 @@ pub fn simulate_validated(
         replication: parts.replication,
         migration,
         redundant_grads,
+        pipeline_bubble,
         critical_group: critical,
         group_times,
         imbalance,
@@ -510,30 +553,38 @@ fn simulate_bytes(s_n: usize, topo: &Topology, m_n: usize, l_n: usize, e_n: usiz
     use crate::plan::Placement;
     use crate::sizes::table_bytes;
     let exchanges = table_bytes(&[topo.num_groups(), m_n, l_n], 1);
-    let per_exchange = table_bytes(&[e_n], 16).saturating_add(64 + 16 + 24 + 8);
+    // its [E] totals and shares, its cost (LayerCost, dispatch bytes, replication parts), its
+    // replica bucket and imbalance
+    let per_exchange = table_bytes(&[e_n], 16).saturating_add(64 + 16 + 16 + 24 + 8);
     // map_init makes a worker's scratch once per split of the (group, microbatch) tasks: at
     // most once a task
     let workers = table_bytes(&[topo.num_groups(), m_n], 1);
-    let per_worker = table_bytes(&[topo.ep, e_n], 8).saturating_add(table_bytes(&[topo.ep], 160)).saturating_add(table_bytes(&[e_n], 24));
+    let per_worker = table_bytes(&[topo.ep, e_n], 8).saturating_add(table_bytes(&[topo.ep], 160)).saturating_add(table_bytes(&[e_n], 28));
     exchanges
         .saturating_mul(per_exchange)
         .saturating_add(workers.saturating_mul(per_worker))
-        .saturating_add(table_bytes(&[s_n, l_n], 2 * 32 + 16 + 24))
-        .saturating_add(table_bytes(&[l_n, e_n], 16 + 16))
+        // a row (sample, layer, tokens, experts, its top-k sums) pushed, then kept in DemandSums
+        // with its top-k sums, and the bound's per-sample part
+        .saturating_add(table_bytes(&[s_n, l_n], 2 * 64 + 16 + 32 + 24))
+        // the gathered DemandSums, the bound's layer sums twice (without and with the top-k
+        // sums, both alive in lower_bound_of_sums) and the window's sums read again where the
+        // gathered top-k sums are not the ones the bound needs (DemandSums::of_window)
+        .saturating_add(table_bytes(&[l_n, e_n], 16 + 2 * 16 + 2 * 16))
         .saturating_add(table_bytes(&[l_n, e_n.saturating_add(1).saturating_add(topo.num_slots())], 8))
         .saturating_add(Placement::tables_bytes(l_n, topo.num_slots(), e_n, 1))
         .saturating_add(table_bytes(&[topo.dp, m_n], 24))
 }
 
-/// What one (group, microbatch) task of [`simulate_validated`] returns: each layer's exchange cost
-/// and one-way dispatch bytes (inside nodes, between nodes), and its part of the demand sums.
-type GmResult = (Vec<(LayerCost, (f64, f64))>, GmSums);
+/// What one (group, microbatch) task of [`simulate_validated`] returns: each layer's exchange cost,
+/// one-way dispatch bytes (inside nodes, between nodes) and exposed replication split into its
+/// forward and backward parts, and its part of the demand sums.
+type GmResult = (Vec<(LayerCost, (f64, f64), (f64, f64))>, GmSums);
 
 /// What one (group, microbatch) task of [`simulate_validated`] gathers for the lower bound
-/// ([`DemandSums`]): its rows `(sample, layer, Σ_e tokens, distinct experts)` and, per
-/// layer, its experts' totals and largest shares (`[L * E]` each).
+/// ([`DemandSums`]): its rows `(sample, layer, Σ_e tokens, distinct experts, top-k sums)` and,
+/// per layer, its experts' totals and largest shares (`[L * E]` each).
 struct GmSums {
-    rows: Vec<(usize, usize, i64, usize)>,
+    rows: Vec<(usize, usize, i64, usize, [f64; 4])>,
     totals: Vec<i64>,
     share: Vec<f64>,
 }

@@ -1,5 +1,6 @@
-//! The cluster's shape: data-parallel ranks, expert-parallel groups, nodes, expert slots and
-//! the replica buffers a rank holds for intra-batch copies.
+//! The cluster's shape: data-parallel ranks, expert-parallel groups, nodes, expert slots, the
+//! replica buffers a rank holds for intra-batch copies, and the pipeline (stages, model chunks)
+//! and context-parallel groups a trainer runs.
 
 use crate::error::{invalid, Result};
 
@@ -14,7 +15,13 @@ use crate::error::{invalid, Result};
 ///   copies of one microbatch: in one exchange (EP group, microbatch, layer) a rank receives
 ///   copies of at most that many distinct experts (`validate` refuses a plan over it; the
 ///   replication planners plan within it; the lower bound relies on it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// * `pp` pipeline stages hold consecutive MoE layers (`vpp` model chunks each under
+///   interleaved 1F1B, Megatron's virtual pipeline); every stage has its own `dp` ranks, EP
+///   groups and nodes: DP rank d of stage s is global rank `s·dp + d` (pipeline outermost, as in
+///   Megatron's default order). A microbatch flows through the stages of its DP rank.
+/// * `cp` consecutive DP ranks (inside one EP group) form a context-parallel group, over which
+///   a sample longer than the token cap may be split (`oversize="split"`).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Topology {
     /// Data-parallel ranks (global GPUs), a multiple of `ep`.
     pub dp: usize,
@@ -28,6 +35,54 @@ pub struct Topology {
     /// distinct experts one rank receives copies of in one exchange (the replication's memory
     /// budget). [`DEFAULT_REPLICA_SLOTS`] unless set ([`Topology::with_replica_slots`]).
     pub replica_slots: usize,
+    /// Pipeline stages ([`DEFAULT_PP`]: no pipeline).
+    pub pp: usize,
+    /// Model chunks (virtual stages) per pipeline stage: interleaved 1F1B where > 1
+    /// ([`DEFAULT_VPP`]: plain 1F1B). Needs `pp` > 1.
+    pub vpp: usize,
+    /// DP ranks of one context-parallel group, the ranks an over-cap sample is split over
+    /// ([`DEFAULT_CP`]: none); divides `ep`.
+    pub cp: usize,
+    /// MoE layers of each model chunk in chunk order (chunk `v·pp + s` is virtual stage v of
+    /// stage s), `pp·vpp` entries >= 1 summing to the model's MoE layers; None: Megatron's even
+    /// split of consecutive layers ([`Topology::chunk_bounds`]).
+    pub layers_per_stage: Option<Vec<usize>>,
+}
+
+/// Pipeline stages unless a topology says otherwise: 1, no pipeline (every figure as before).
+pub const DEFAULT_PP: usize = 1;
+/// Model chunks per stage unless a topology says otherwise: 1, plain 1F1B.
+pub const DEFAULT_VPP: usize = 1;
+/// Context-parallel ranks unless a topology says otherwise: 1, no context parallelism.
+pub const DEFAULT_CP: usize = 1;
+
+/// Megatron's rule for the microbatch count M of a pipeline (`Topology::micro_rule`): at least
+/// `min` (pp: every stage busy in the steady state) and a multiple of `multiple` (pp under the
+/// interleaved schedule, whose `microbatch_group_size_per_vp_stage` defaults to pp and whose
+/// last group may not be shorter than pp).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MicroRule {
+    /// The fewest microbatches per DP rank.
+    pub min: usize,
+    /// Microbatches per DP rank come in multiples of this.
+    pub multiple: usize,
+}
+
+impl MicroRule {
+    /// No rule: any M >= 1 (no pipeline).
+    pub const NONE: MicroRule = MicroRule { min: 1, multiple: 1 };
+
+    /// The smallest count >= `micro` (and >= 1) the rule allows.
+    #[inline]
+    pub fn fit(&self, micro: usize) -> usize {
+        micro.max(self.min).max(1).div_ceil(self.multiple) * self.multiple
+    }
+
+    /// Whether `micro` meets the rule.
+    #[inline]
+    pub fn allows(&self, micro: usize) -> bool {
+        micro >= self.min && micro.is_multiple_of(self.multiple)
+    }
 }
 
 /// Replica buffers per rank and layer unless a topology says otherwise: 3, the most copies any
@@ -41,7 +96,17 @@ impl Topology {
     /// A checked topology (see [`Topology::check`]) with [`DEFAULT_REPLICA_SLOTS`] replica
     /// buffers a rank; errors name the field and its value.
     pub fn new(dp: usize, ep: usize, gpus_per_node: usize, slots_per_rank: usize) -> Result<Self> {
-        let t = Self { dp, ep, gpus_per_node, slots_per_rank, replica_slots: DEFAULT_REPLICA_SLOTS };
+        let t = Self {
+            dp,
+            ep,
+            gpus_per_node,
+            slots_per_rank,
+            replica_slots: DEFAULT_REPLICA_SLOTS,
+            pp: DEFAULT_PP,
+            vpp: DEFAULT_VPP,
+            cp: DEFAULT_CP,
+            layers_per_stage: None,
+        };
         t.check()?;
         Ok(t)
     }
@@ -52,6 +117,74 @@ impl Topology {
         let t = Self { replica_slots, ..self };
         t.check()?;
         Ok(t)
+    }
+
+    /// This topology with `pp` pipeline stages of `vpp` model chunks each and the chunks' MoE
+    /// layers (None: the even split), checked.
+    pub fn with_pipeline(self, pp: usize, vpp: usize, layers_per_stage: Option<Vec<usize>>) -> Result<Self> {
+        let t = Self { pp, vpp, layers_per_stage, ..self };
+        t.check()?;
+        Ok(t)
+    }
+
+    /// This topology with context-parallel groups of `cp` DP ranks, checked.
+    pub fn with_cp(self, cp: usize) -> Result<Self> {
+        let t = Self { cp, ..self };
+        t.check()?;
+        Ok(t)
+    }
+
+    /// Megatron's rule for the microbatch count under this pipeline ([`MicroRule`]):
+    /// [`MicroRule::NONE`] without one.
+    pub fn micro_rule(&self) -> MicroRule {
+        if self.pp < 2 {
+            return MicroRule::NONE;
+        }
+        MicroRule { min: self.pp, multiple: if self.vpp > 1 { self.pp } else { 1 } }
+    }
+
+    /// Model chunks: pp · vpp.
+    #[inline]
+    pub fn num_chunks(&self) -> usize {
+        self.pp * self.vpp
+    }
+
+    /// The first MoE layer of every model chunk and the end, `[pp·vpp + 1]`: chunk c holds
+    /// layers `bounds[c]..bounds[c + 1]`, chunk `v·pp + s` being virtual stage v of stage s.
+    /// `layers_per_stage` where given (its sum must be `num_layers`), else Megatron's even split
+    /// of consecutive layers (`num_layers` a multiple of pp·vpp). Errors name
+    /// `topo.layers_per_stage`.
+    pub fn chunk_bounds(&self, num_layers: usize) -> Result<Vec<usize>> {
+        let chunks = self.num_chunks();
+        let sizes = match &self.layers_per_stage {
+            Some(v) => {
+                let total: usize = v.iter().sum();
+                if total != num_layers {
+                    return Err(invalid(
+                        "topo.layers_per_stage",
+                        format!("{v:?} holds {total} MoE layers, but the model has {num_layers}"),
+                    ));
+                }
+                v.clone()
+            }
+            None if num_layers.is_multiple_of(chunks) && num_layers >= chunks => vec![num_layers / chunks; chunks],
+            None => {
+                return Err(invalid(
+                    "topo.layers_per_stage",
+                    format!(
+                        "not given, and {num_layers} MoE layers do not split evenly over pp*vpp = {}*{} = {chunks} model chunks; \
+                         give each chunk's layers",
+                        self.pp, self.vpp
+                    ),
+                ))
+            }
+        };
+        let mut bounds = Vec::with_capacity(chunks + 1);
+        bounds.push(0);
+        for n in sizes {
+            bounds.push(bounds.last().copied().unwrap_or(0) + n);
+        }
+        Ok(bounds)
     }
 
     /// Consistency of the numbers on their own (not against a model).
@@ -90,9 +223,50 @@ impl Topology {
                 format!("ep*slots_per_rank = {}*{} does not fit the int32 slot ids of a plan", self.ep, self.slots_per_rank),
             ));
         }
+        self.check_pipeline()?;
         // a rank's experts in one exchange, slots_per_rank + replica_slots, count in usize
         if self.replica_slots > i32::MAX as usize {
             return Err(invalid("topo.replica_slots", format!("{} is more buffers than a plan's int32 ids can name", self.replica_slots)));
+        }
+        Ok(())
+    }
+
+    /// `pp`, `vpp`, `cp` and `layers_per_stage` on their own.
+    fn check_pipeline(&self) -> Result<()> {
+        if self.pp == 0 {
+            return Err(invalid("topo.pp", "must be >= 1, got 0"));
+        }
+        if self.vpp == 0 {
+            return Err(invalid("topo.vpp", "must be >= 1, got 0"));
+        }
+        if self.vpp > 1 && self.pp < 2 {
+            return Err(invalid(
+                "topo.vpp",
+                format!("{} model chunks per stage need a pipeline (pp >= 2), got pp = {}", self.vpp, self.pp),
+            ));
+        }
+        if self.pp.checked_mul(self.vpp).is_none_or(|c| c > i32::MAX as usize) {
+            return Err(invalid("topo", format!("pp*vpp = {}*{} model chunks is too many", self.pp, self.vpp)));
+        }
+        if self.cp == 0 {
+            return Err(invalid("topo.cp", "must be >= 1, got 0"));
+        }
+        if !self.ep.is_multiple_of(self.cp) {
+            return Err(invalid(
+                "topo.cp",
+                format!("{} must divide ep = {} (a context-parallel group lies inside one EP group)", self.cp, self.ep),
+            ));
+        }
+        if let Some(v) = &self.layers_per_stage {
+            if v.len() != self.num_chunks() {
+                return Err(invalid(
+                    "topo.layers_per_stage",
+                    format!("has {} entries, expected one per model chunk, pp*vpp = {}", v.len(), self.num_chunks()),
+                ));
+            }
+            if let Some(c) = v.iter().position(|&n| n == 0) {
+                return Err(invalid("topo.layers_per_stage", format!("model chunk {c} holds no MoE layer; every chunk needs one")));
+            }
         }
         Ok(())
     }

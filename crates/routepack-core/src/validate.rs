@@ -14,10 +14,13 @@ use crate::topology::Topology;
 use crate::window::WindowView;
 
 /// Checks `plan` against the window `w`, the topology and `token_cap` (tokens per cell;
-/// `i64::MAX` skips the cap): the placement fits the topology and hosts every expert; every
+/// `i64::MAX` skips the cap): under a pipeline, the microbatch count meets Megatron's rule
+/// (`Topology::micro_rule`) and the layers split into the topology's chunks; the placement
+/// fits the topology and hosts every expert; every
 /// sample runs exactly once, in range, and no cell is empty or over the cap (sums in i128);
-/// replicas are in range, come from a rank that hosts the expert, go to another rank, and
-/// their shares per (exchange, expert) sum to at most 1; migration moves are in range, land
+/// replicas are in range, come from a rank that hosts the expert, go to another rank, their
+/// shares per (exchange, expert) sum to at most 1, and no rank receives copies of more than
+/// `topo.replica_slots` distinct experts in one exchange; migration moves are in range, land
 /// in the slot the placement gives the expert, no (layer, slot) is moved into twice, and
 /// their ranks match their slots. The error names the first violation (`Error::InvalidPlan`).
 pub fn validate_plan(plan: &Plan, w: &WindowView, topo: &Topology, token_cap: i64) -> Result<()> {
@@ -43,6 +46,21 @@ pub fn validate_plan(plan: &Plan, w: &WindowView, topo: &Topology, token_cap: i6
     let m_n = plan.num_micro;
     if m_n == 0 {
         return Err(bad_plan("num_micro is 0"));
+    }
+    if topo.pp > 1 {
+        topo.chunk_bounds(w.num_layers)?;
+        let rule = topo.micro_rule();
+        if !rule.allows(m_n) {
+            let multiple = if rule.multiple > 1 {
+                format!(" and a multiple of {} (interleaved, vpp = {})", rule.multiple, topo.vpp)
+            } else {
+                String::new()
+            };
+            return Err(bad_plan(format!(
+                "num_micro = {m_n}: a pipeline of pp = {} stages runs at least {} microbatches per DP rank{multiple}, as Megatron does",
+                topo.pp, rule.min
+            )));
+        }
     }
     for s in 0..s_n {
         let (d, m) = (plan.sample_rank[s], plan.sample_micro[s]);
@@ -101,6 +119,7 @@ pub fn validate_plan(plan: &Plan, w: &WindowView, topo: &Topology, token_cap: i6
     if let Some((k, v)) = share_sum.iter().find(|(_, v)| **v > 1.0 + 1e-5) {
         return Err(bad_plan(format!("replica shares of (micro, group, layer, expert) = {k:?} sum to {v} > 1")));
     }
+    check_replica_buffers(&plan.replicas, topo)?;
 
     for (i, mv) in plan.migration.iter().enumerate() {
         let ok = (0..w.num_layers as i32).contains(&mv.layer)
@@ -135,6 +154,32 @@ pub fn validate_plan(plan: &Plan, w: &WindowView, topo: &Topology, token_cap: i6
             "migration row {again} moves an expert into slot {} of layer {} again (row {first} already does): {mv:?}",
             mv.dst_slot, mv.layer
         )));
+    }
+    Ok(())
+}
+
+/// Every rank receives copies of at most `topo.replica_slots` distinct experts per exchange
+/// (group, microbatch, layer): its replica buffers. Rows are in range (checked first). The
+/// error names the first (group, microbatch, layer, rank) in that order.
+fn check_replica_buffers(replicas: &[crate::plan::Replica], topo: &Topology) -> Result<()> {
+    if replicas.is_empty() {
+        return Ok(());
+    }
+    let mut keys: Vec<(i32, i32, i32, i32, i32)> = replicas.iter().map(|r| (r.group, r.micro, r.layer, r.dst_rank, r.expert)).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let mut i = 0;
+    while i < keys.len() {
+        let (g, m, l, d, _) = keys[i];
+        let j = i + keys[i..].iter().take_while(|k| (k.0, k.1, k.2, k.3) == (g, m, l, d)).count();
+        if j - i > topo.replica_slots {
+            return Err(bad_plan(format!(
+                "rank {d} of EP group {g} receives copies of {} experts in microbatch {m}, layer {l}: more than its topo.replica_slots = {} replica buffers",
+                j - i,
+                topo.replica_slots
+            )));
+        }
+        i = j;
     }
     Ok(())
 }

@@ -118,8 +118,10 @@ fn random_window(mix: &mut Mix, topo: &Topology) -> OwnedWindow {
     w
 }
 
-/// Every intra-batch copy a plan could want: each exchange, each expert, a replica on every
-/// other rank sending it tokens, sized to exactly its own tokens (all-to-all falls to ~0).
+/// The most intra-batch copies the replica buffers allow where they help most: each exchange,
+/// each rank copies the `topo.replica_slots` experts it sends the most tokens to (it does not
+/// host them), each copy sized to exactly its own tokens of the expert (with buffers for
+/// every expert, the all-to-all falls to ~0).
 fn replicate_everywhere(w: &OwnedWindow, topo: &Topology, placement: &Placement, rank: &[i32], micro: &[i32], m_n: usize) -> Vec<Replica> {
     let (l_n, e_n, ep) = (w.layers, w.experts, topo.ep);
     let mut rows = Vec::new();
@@ -135,12 +137,15 @@ fn replicate_everywhere(w: &OwnedWindow, topo: &Topology, placement: &Placement,
                         }
                     }
                 }
-                for e in 0..e_n {
-                    let total: i64 = (0..ep).map(|r| origin[r * e_n + e]).sum();
-                    let layer = placement.layer(l);
-                    let host = |r: usize| layer[r * topo.slots_per_rank..(r + 1) * topo.slots_per_rank].contains(&(e as i32));
-                    let Some(src) = (0..ep).find(|&r| host(r)) else { continue };
-                    for r in (0..ep).filter(|&r| !host(r) && origin[r * e_n + e] > 0) {
+                let layer = placement.layer(l);
+                let host = |r: usize, e: usize| layer[r * topo.slots_per_rank..(r + 1) * topo.slots_per_rank].contains(&(e as i32));
+                for r in 0..ep {
+                    // r's R most sent experts it does not host (ties: lower id)
+                    let mut want: Vec<usize> = (0..e_n).filter(|&e| !host(r, e) && origin[r * e_n + e] > 0).collect();
+                    want.sort_by_key(|&e| (std::cmp::Reverse(origin[r * e_n + e]), e));
+                    for &e in want.iter().take(topo.replica_slots) {
+                        let total: i64 = (0..ep).map(|q| origin[q * e_n + e]).sum();
+                        let Some(src) = (0..ep).find(|&q| host(q, e)) else { continue };
                         let share = (origin[r * e_n + e] as f64 / total as f64) as f32 * 0.99999;
                         rows.push(Replica {
                             micro: m as i32,

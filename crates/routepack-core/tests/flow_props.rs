@@ -200,8 +200,9 @@ fn apportioned(need: i64, weights: &[i64]) -> Vec<i64> {
 /// non-empty, replicas from a hosting rank with shares summing to at most 1.
 fn random_case(seed: u64) -> (Topology, Vec<i64>, Vec<i32>, usize, usize, Plan) {
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
-    let topo = Topology::new(8, 4, 2, 3).unwrap();
     let (l_n, e_n, m_n) = (2usize, 9usize, 2usize);
+    // a buffer for every expert: the replicas below copy any of them to any rank
+    let topo = Topology::new(8, 4, 2, 3).unwrap().with_replica_slots(e_n).unwrap();
     let s_n = topo.dp * m_n + rng.random_range(0..6usize);
     let lens: Vec<i64> = (0..s_n).map(|_| rng.random_range(1..20i64)).collect();
     let mut et = vec![0i32; s_n * l_n * e_n];

@@ -109,7 +109,7 @@ proptest! {
         // the same plan with the whole EP group on one node: nothing crosses (replicas and a
         // replicated expert's slots draw their tokens node-first, so which tokens move can
         // change with the node layout)
-        let one_node = Topology::new(topo.dp, topo.ep, topo.ep.max(topo.gpus_per_node), topo.slots_per_rank).unwrap();
+        let one_node = Topology::new(topo.dp, topo.ep, topo.ep.max(topo.gpus_per_node), topo.slots_per_rank).unwrap().with_replica_slots(topo.replica_slots).unwrap();
         let rep1 = simulate(&plan, &w.view(), &one_node, &cost, None).unwrap();
         let (intra1, cross1) = routed_bytes(&plan, &w, &one_node, cost.token_bytes);
         prop_assert_eq!(cross1, 0.0);

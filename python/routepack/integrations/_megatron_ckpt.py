@@ -21,7 +21,7 @@ distributed checkpoints and the weight export to a rollout engine or a converter
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, Tuple
 
 import numpy as np
 import torch
@@ -79,9 +79,9 @@ def logical_sharded_state_dict(layer: Any, prefix: str, sharded_offsets: tuple, 
     ``LocalNonpersistentObject``s (neither saved nor read: two shards of one tensor on one rank
     would overlap), and a load puts the first local copy's weights into the second
     (`sync_local_copies`, a load-state-dict post-hook)."""
-    from megatron.core.dist_checkpointing.mapping import LocalNonpersistentObject
-    from megatron.core.dist_checkpointing.utils import replace_prefix_for_sharding
-    from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
+    from megatron.core.dist_checkpointing.mapping import LocalNonpersistentObject  # type: ignore[import-untyped]
+    from megatron.core.dist_checkpointing.utils import replace_prefix_for_sharding  # type: ignore[import-untyped]
+    from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group  # type: ignore[import-untyped]
 
     experts = layer.experts
     if not hasattr(experts, "local_experts"):
@@ -129,14 +129,6 @@ def sync_local_copies(layer: Any, *_: Any) -> None:
             layer.pieces.set_weights(i, layer.pieces.weights(first[e]))
         else:
             first[e] = i
-
-
-def _moe_layers(model: Any) -> List[Tuple[str, Any]]:
-    chunks = list(model) if isinstance(model, (list, tuple)) else [model]
-    out = []
-    for c in chunks:
-        out.extend((n, m) for n, m in c.named_modules() if _is_moe_layer(m))
-    return out
 
 
 @torch.no_grad()

@@ -32,10 +32,10 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import torch
-from megatron.core.transformer.moe.moe_layer import MoELayer, MoESubmodules
-from megatron.core.transformer.moe.moe_utils import get_default_pg_collection
-from megatron.core.transformer.moe.router import TopKRouter
-from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.moe.moe_layer import MoELayer, MoESubmodules  # type: ignore[import-untyped]
+from megatron.core.transformer.moe.moe_utils import get_default_pg_collection  # type: ignore[import-untyped]
+from megatron.core.transformer.moe.router import TopKRouter  # type: ignore[import-untyped]
+from megatron.core.transformer.spec_utils import ModuleSpec  # type: ignore[import-untyped]
 
 from routepack.errors import RoutepackError, RoutepackTypeError
 from routepack.integrations._megatron_experts import SlotPieces
@@ -160,8 +160,8 @@ class PlanMoELayer(MoELayer):
         self.pieces = SlotPieces(self.experts)
         self.slot_map = SlotMap(experts, ep * per_rank)
         self.router.slot_map = self.slot_map
-        #: the plan's MoE layer index (set by the runner); the runner itself, when attached
-        self.moe_index: Optional[int] = None
+        #: the plan's MoE layer index (set by the runner; -1 before); the runner, when attached
+        self.moe_index: int = -1
         self.runner: Any = None
         self.set_placement(Placement.static(1, experts, topo).phy2log[0])
         from routepack.integrations._megatron_ckpt import sync_local_copies

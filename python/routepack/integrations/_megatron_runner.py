@@ -150,7 +150,7 @@ class MegatronRunner:
         self.ep_rank = dist.get_rank(self.group)
         peers = group_peers(self.group)
         self.views = [LayerView(m, i, peers, self.group) for i, m in enumerate(mods)]
-        from megatron.core import parallel_state
+        from megatron.core import parallel_state  # type: ignore[import-untyped]
 
         self.dp_rank = parallel_state.get_data_parallel_rank()
         dp = parallel_state.get_data_parallel_world_size()
@@ -302,12 +302,11 @@ class MegatronRunner:
         return report
 
     def _make_exchange(self, plan: Plan) -> _Exchange:
-        rows: Dict[Tuple[int, int], Tuple[np.ndarray, np.ndarray]] = {}
         r = plan.replicas
+        idx: Dict[Tuple[int, int], List[int]] = {}
         for i in np.flatnonzero(r["group"] == self.group_index).tolist():
-            key = (int(r[i]["micro"]), int(r[i]["layer"]))
-            rows.setdefault(key, ([], None))[0].append(i)
-        cells = {k: (np.asarray(v[0], dtype=np.int64), r[np.asarray(v[0])]) for k, v in rows.items()}
+            idx.setdefault((int(r[i]["micro"]), int(r[i]["layer"])), []).append(i)
+        cells = {k: (np.asarray(v, dtype=np.int64), r[np.asarray(v)]) for k, v in idx.items()}
         return _Exchange(self.views, cells, self.timeout)
 
     def _mark_copies(self, optimizer: Any) -> None:
@@ -327,7 +326,7 @@ class MegatronRunner:
                 primary = s < m.slots_per_rank and e >= 0 and first[e] == self.ep_rank * m.slots_per_rank + s
                 for piece in m.pieces.slots[s]:
                     for t in [piece.param] + optimizer_tensors(optimizer, piece.param):
-                        t.shared = not primary
+                        setattr(t, "shared", not primary)
 
     # ------------------------------------------------------------------ microbatches
     def start_micro(self, micro: int) -> None:
@@ -397,9 +396,10 @@ class MegatronRunner:
                 layer.pieces.set_grad(spr + j, None)
             for slot, buf in got:
                 layer.pieces.set_grad(slot, buf, add=True)
+        num_micro = self.plan.num_micro if self.plan is not None else 1
         n = self._backwards[i] + 1
-        self._backwards[i] = 0 if n == self.plan.num_micro else n
-        if n == self.plan.num_micro:
+        self._backwards[i] = 0 if n == num_micro else n
+        if n == num_micro:
             self._sum_redundant(layer)
 
     @torch.no_grad()
@@ -415,6 +415,15 @@ class MegatronRunner:
         dist.all_reduce(buf, group=self.group)
         for s, k in mine:
             layer.pieces.set_grad(s, buf[k])
+
+    def sum_redundant(self) -> None:
+        """Sums every redundant expert's gradient over the EP group, layer by layer (what the
+        step's last planned microbatch does): for a step whose microbatches ran outside
+        `start_micro` (a trainer's own microbatches), before ``optimizer.step()``. Collective."""
+        self.check_step_finished("sum_redundant")
+        for m in self.layers:
+            self._sum_redundant(m)
+        self.end_micro()
 
     def check_step_finished(self, where: str) -> None:
         """Raises when some layer's backward ran for part of the step's microbatches only (its

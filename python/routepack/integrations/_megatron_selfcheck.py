@@ -87,7 +87,15 @@ def planned(case: MegatronCase) -> Callable[[int, Placement], tuple]:
 
     def plans(w: int, previous: Placement) -> tuple:
         window, routed, cu = synthetic_window(case, w)
-        plan = rp.plan_window(window, topo, cost, token_cap=case.token_cap, previous=previous, seed=w)
+        plan = rp.plan_window(
+            window,
+            topo,
+            cost,
+            token_cap=case.token_cap,
+            previous=previous,
+            seed=w,
+            replication_slots=case.replica_slots,  # the copies a layer's buffers hold
+        )
         static = Plan(
             Placement.static(case.layers, case.experts, topo), plan.sample_rank, plan.sample_micro, plan.num_micro
         )
@@ -97,7 +105,7 @@ def planned(case: MegatronCase) -> Callable[[int, Placement], tuple]:
 
 
 def config(case: MegatronCase, **kw: Any) -> Any:
-    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.transformer_config import TransformerConfig  # type: ignore[import-untyped]
 
     base = dict(
         num_layers=case.layers,
@@ -127,8 +135,8 @@ def config(case: MegatronCase, **kw: Any) -> Any:
 
 def build_model(case: MegatronCase, plan: bool, device: Any = "cpu", **kw: Any) -> Any:
     """The GPT model (no DDP), every parameter from `init_weights`."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec  # type: ignore[import-untyped]
+    from megatron.core.models.gpt.gpt_model import GPTModel  # type: ignore[import-untyped]
 
     from routepack.integrations import megatron as rm
 
@@ -178,8 +186,8 @@ def init_weights(model: Any, case: MegatronCase) -> None:
 
 def wrap(model: Any, case: MegatronCase) -> tuple:
     """(DDP model, Megatron optimizer): Adam, ``clip_grad=1``, fp32 grads."""
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads  # type: ignore[import-untyped]
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # type: ignore[import-untyped]
 
     ddp_cfg = DistributedDataParallelConfig(
         use_distributed_optimizer=case.distributed_optimizer, overlap_grad_reduce=False, grad_reduce_in_fp32=True
@@ -211,7 +219,7 @@ def routers(model: Any) -> List[Any]:
 
 def _forward_step(case: MegatronCase, w: int, cu: np.ndarray, rs: List[Any], device: Any) -> Callable:
     """Megatron's ``forward_step_func`` for window ``w``'s microbatches (replayed top-k)."""
-    from megatron.core.transformer.moe.router_replay import RouterReplayAction
+    from megatron.core.transformer.moe.router_replay import RouterReplayAction  # type: ignore[import-untyped]
 
     def forward_step(data_iterator: Any, model: Any) -> tuple:
         mb = next(data_iterator)
@@ -235,7 +243,7 @@ def _forward_step(case: MegatronCase, w: int, cu: np.ndarray, rs: List[Any], dev
 
 
 def _schedule(case, w, ddp, mbs, cu, runner, device, forward_only: bool) -> List[float]:
-    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.pipeline_parallel import get_forward_backward_func  # type: ignore[import-untyped]
 
     it: Any = iter(mbs)
     if runner is not None:

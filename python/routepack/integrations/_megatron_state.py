@@ -99,7 +99,8 @@ class MegatronSlotState(SlotState):
         self.sharded: List[List[_Sharded]] = []
         self.group: Any = None
         for s in range(num_slots):
-            loc, sh = [], []
+            loc: List[torch.Tensor] = []
+            sh: List[_Sharded] = []
             for p in self.pieces.slots[s]:
                 self._components(p, opts, loc, sh)
             self.local.append(loc)
@@ -122,7 +123,7 @@ class MegatronSlotState(SlotState):
         if g is not None:
             loc.append(flat(g)[a : a + n])
         kind, opt, key = _owner_of(opts, p.param) if opts else ("none", None, None)
-        if kind == "keyed":
+        if kind == "keyed" and key is not None and opt is not None:
             if key is not p.param:  # an fp32 master of a low-precision parameter
                 loc.append(flat(key.data)[a : a + n])
             for k in sorted(opt.state.get(key, {}), key=str):

@@ -29,7 +29,7 @@ from typing import Any, Optional, Tuple
 import numpy as np
 import torch
 
-from routepack.errors import InvalidPlanError
+from routepack.errors import InvalidPlanError, RoutepackError
 from routepack.plan import empty_replicas
 from routepack.torch.remap import flow_table
 from routepack.torch.routes import cell_origins
@@ -130,7 +130,8 @@ def layer_tables(
         rows = cell_rows(plan, group, m, layer)
         bufs = buffer_of(rows, replica_slots, f"(group {group}, micro {m}, layer {layer})")
         flows = flow_table(np.ascontiguousarray(origins[m, :, layer]), row, topo, rows)
-        tabs.append(_pack(*_flows_to_table(flows, rows, bufs, topo, per_rank, ep_rank, E), first, True))
+        ids, counts = _flows_to_table(flows, rows, bufs, topo, per_rank, ep_rank, E)
+        tabs.append(_pack(ids, counts, first, True))
     C = max(b.shape[1] for b, _ in tabs)
     bounds = np.full((len(tabs), E, C), _NO_BOUND, dtype=np.int64)
     slots = np.zeros((len(tabs), E, C), dtype=np.int64)
@@ -194,12 +195,14 @@ class SlotMap:
         if self.fractions is not None and self.fractions.device != rmap.device:
             self._move(rmap.device)
         rank = torch.cumsum(rmap, dim=0, dtype=torch.int64) - 1  # pair index of (t, e) among e's pairs
-        if self.micro is not None and self.bounds is not None:
+        if self.micro is not None and self.bounds is not None and self.slots is not None:
             bounds, slots = self.bounds[self.micro], self.slots[self.micro]
-        else:
-            n = rank[-1:].clamp(min=-1) + 1 if rank.shape[0] else torch.zeros(1, self.num_experts, dtype=torch.int64)
+        elif self.fractions is not None and self.default_slots is not None:
+            n = rank[-1:] + 1 if rank.shape[0] else rank.new_zeros((1, self.num_experts))  # pairs per expert
             bounds = torch.floor(self.fractions * n.reshape(-1, 1).to(torch.float64) + 0.5).to(torch.int64)
             slots = self.default_slots
+        else:
+            raise RoutepackError("SlotMap: no tables uploaded (PlanMoELayer.set_placement installs them)")
         copy = (rank.unsqueeze(-1) >= bounds.unsqueeze(0)).sum(-1).clamp_(max=bounds.shape[1] - 1)
         phys = slots.gather(1, copy.t().contiguous()).t()  # [T, E]: the physical expert of each pair
         t = rmap.shape[0]

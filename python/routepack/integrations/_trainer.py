@@ -19,7 +19,7 @@ import importlib
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -63,34 +63,41 @@ def megatron_executes() -> frozenset:
     return frozenset(getattr(module, "EXECUTES", ()))
 
 
-def backend_runs(backend: Any) -> BackendRuns:
-    """`BackendRuns` of ``backend`` (one of `BACKENDS`)."""
+def backend_runs(backend: Any, blocked: Optional[Mapping[str, str]] = None) -> BackendRuns:
+    """`BackendRuns` of ``backend`` (one of `BACKENDS`). ``blocked``: parts (``"placement"``,
+    ``"replicas"``) the adapter's hand-off to the backend cannot carry out in this trainer's
+    configuration, each with the reason (naming the option); ``"placement"`` blocks replicas too."""
     if backend not in BACKENDS:
         raise RoutepackError(f"backend: expected one of {BACKENDS}, got {backend!r}")
     if backend == "fsdp":
         return BackendRuns("fsdp", False, False, "FSDP shards parameters, not experts: no expert to move or copy")
     done = megatron_executes()
-    missing = [part for part in ("placement", "replicas") if part not in done]
-    if not missing:
-        return BackendRuns("megatron", True, True, "routepack.integrations.megatron carries out every part")
-    module = importlib.import_module("routepack.integrations.megatron")
-    runner = "MegatronRunner" in getattr(module, "__all__", ())
-    why = (
-        f"routepack.integrations.megatron has MegatronRunner, but it is not declared to carry out {' or '.join(missing)} "
-        "on this trainer's workers (its EXECUTES): nothing hands the plans to it there yet"
-        if runner
-        else f"routepack.integrations.megatron does not carry out {' or '.join(missing)} (its EXECUTES)"
-    )
-    return BackendRuns("megatron", "placement" in done, "replicas" in done, why)
+    blocked = dict(blocked or {})
+    if "placement" in blocked:
+        blocked.setdefault("replicas", blocked["placement"])
+    why = {
+        p: f"routepack.integrations.megatron does not carry out {p} (its EXECUTES)"
+        for p in ("placement", "replicas")
+        if p not in done
+    }
+    for part, reason in blocked.items():
+        if part not in ("placement", "replicas"):
+            raise RoutepackError(f"blocked: expected 'placement' or 'replicas', got {part!r}")
+        why.setdefault(part, reason)
+    runs = {p: p not in why for p in ("placement", "replicas")}
+    text = "; ".join(dict.fromkeys(why.values())) or "routepack.integrations.megatron carries out every part"
+    return BackendRuns("megatron", runs["placement"], runs["replicas"], text)
 
 
-def backend_policy(backend: Any, policy: Any = "auto") -> Tuple[str, Policy, BackendRuns]:
+def backend_policy(
+    backend: Any, policy: Any = "auto", blocked: Optional[Mapping[str, str]] = None
+) -> Tuple[str, Policy, BackendRuns]:
     """(name, `Policy`, `BackendRuns`): ``policy="auto"`` is the richest preset ``backend``
     runs (``routepack`` with placement and replicas, ``routepack_no_replication`` with
     placement alone, else ``routepack_packing``: the schedule on the static placement); any
     other preset or `Policy` is refused, naming ``policy`` and ``backend``, when it plans a
-    part the backend cannot run."""
-    runs = backend_runs(backend)
+    part the backend cannot run. ``blocked``: as `backend_runs`."""
+    runs = backend_runs(backend, blocked)
     if isinstance(policy, str) and policy == "auto":
         name = (
             "routepack"
@@ -148,6 +155,9 @@ class TrainerPlanner:
         gpus_per_node:  GPUs per node (default 8).
         slots_per_rank: expert slots per EP rank; default ``ceil(E / ep)``. Where the backend
                         cannot move experts it must be ``E / ep`` (the static layout).
+        replica_slots:  replica buffers per EP rank and layer (`Topology.replica_slots`; default
+                        the topology's): the model's, where it holds them (Megatron).
+        blocked:        parts the adapter's hand-off cannot carry out here (`backend_runs`).
         policy:         ``"auto"`` (default), a preset name or a `Policy`.
         seed, anneal_moves, time_budget_s, options: as `routepack.plan_window`.
 
@@ -164,6 +174,8 @@ class TrainerPlanner:
         ep: int = 1,
         gpus_per_node: int = 8,
         slots_per_rank: Optional[int] = None,
+        replica_slots: Optional[int] = None,
+        blocked: Optional[Mapping[str, str]] = None,
         policy: Any = "auto",
         seed: int = 0,
         anneal_moves: Optional[int] = None,
@@ -173,7 +185,8 @@ class TrainerPlanner:
         if isinstance(cost, (str, os.PathLike)):
             cost = CostModel.load(os.fspath(cost))
         self.cost = instance_of(cost, CostModel, "cost")
-        self.policy_name, self.policy, self.runs = backend_policy(backend, policy)
+        self.policy_name, self.policy, self.runs = backend_policy(backend, policy, blocked)
+        self.replica_slots = replica_slots
         if num_experts is None:
             num_experts = cost.num_experts
         if num_experts is None:
@@ -196,8 +209,13 @@ class TrainerPlanner:
 
     def topology(self, dp: int) -> Topology:
         """The `Topology` of ``dp`` DP ranks."""
+        extra = {} if self.replica_slots is None else {"replica_slots": self.replica_slots}
         return Topology(
-            dp=positive_int(dp, "dp"), ep=self.ep, gpus_per_node=self.gpus_per_node, slots_per_rank=self.slots_per_rank
+            dp=positive_int(dp, "dp"),
+            ep=self.ep,
+            gpus_per_node=self.gpus_per_node,
+            slots_per_rank=self.slots_per_rank,
+            **extra,
         )
 
     def plan(
@@ -228,8 +246,11 @@ class TrainerPlanner:
         topo = self.topology(dp)
         token_cap = positive_int(token_cap, "token_cap")
         kwargs = dict(seed=self.seed, anneal_moves=self.anneal_moves, time_budget_s=self.time_budget_s, **self.options)
-        if self.runs.placement and self.placement is not None:
-            kwargs["previous"] = self.placement
+        if self.runs.placement:  # the first plan moves experts from the model's static layout
+            previous = self.placement
+            if previous is None or previous.num_layers != window.num_layers:
+                previous = Placement.static(window.num_layers, self.num_experts, topo)
+            kwargs["previous"] = previous
         if self.policy.loads == "previous":
             kwargs["previous_window"] = self.last_window if self.last_window is not None else window
         extra: Dict[str, Any] = {}

@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, Mapping, Optional
 from routepack._checks import positive_int
 from routepack._routed import renamed
 from routepack.errors import RoutepackError
+from routepack.integrations import _verl_megatron as vm
 from routepack.integrations._common import as_numpy, require
 from routepack.integrations._trainer import TrainerPlanner, plan_seconds, step_metrics, window_from_loads
 from routepack.integrations._verl_plans import PLAN_PREFIX, SAMPLE_KEY, NoPlan, StepPlans, micro_indices, step_plans
@@ -121,6 +122,31 @@ def settings_from_config(config: Any) -> Dict[str, Any]:
         group = _get(config, f"{actor}.megatron.override_transformer_config.microbatch_group_size_per_vp_stage")
         multiple = int(group or _get(config, f"{actor}.megatron.pipeline_model_parallel_size", 1))
     mode = _get(config, f"{actor}.megatron.router_replay.mode", "disabled") if megatron else "disabled"
+    blocked: Dict[str, str] = {}
+    layout_ = {"slots_per_rank": None, "replica_slots": 0}
+    if megatron:
+        layout_ = vm.layout(_get(config, f"{actor}.megatron.override_mcore_model_config"))
+        values = {k: _get(config, f"{actor}.megatron.{k}") for k in vm.LIMIT_KEYS}
+        limit = vm.limits(values)
+        if limit is not None:
+            blocked["placement"] = limit
+        elif not layout_["replica_slots"]:
+            blocked["replicas"] = (
+                f"{actor}.megatron.override_mcore_model_config.{vm.LAYOUT_KEY}.replica_slots is 0: the MoE layers "
+                "hold no replica buffers"
+            )
+        epochs = int(_get(config, f"{actor}.ppo_epochs", 1) or 1)
+        if limit is None and epochs > 1:
+            blocked["placement"] = (
+                f"{actor}.ppo_epochs={epochs}: each mini-batch's plan moves experts from the previous mini-batch's "
+                "placement, and later epochs run the mini-batches again in another order"
+            )
+        contents = list(_get(config, f"{actor}.checkpoint.save_contents", []) or [])
+        if limit is None and int(_get(config, "trainer.save_freq", -1) or -1) > 0 and "optimizer" in contents:
+            blocked["optimizer_ckpt"] = (
+                f"{actor}.checkpoint.save_contents holds 'optimizer' and trainer.save_freq > 0: optimizer state of "
+                "a model with redundant slots or replica buffers is not placement-independent yet"
+            )
     if mode not in ("R2", "R3"):
         mode = "R3"  # routes recorded by the rollout (enable_rollout_routing_replay), or none: then refused per step
     return {
@@ -134,6 +160,8 @@ def settings_from_config(config: Any) -> Dict[str, Any]:
         "ep": int(_get(config, f"{actor}.megatron.expert_model_parallel_size", 1) or 1) if megatron else 1,
         "gpus_per_node": int(_get(config, "trainer.n_gpus_per_node", 8) or 8),
         "mode": mode,
+        "layout": layout_,
+        "blocked": blocked,
     }
 
 
@@ -191,6 +219,7 @@ class VerlInstall:
                 step,
                 self.force_group_size,
                 s["multiple"],
+                pack=self.planner.runs.backend == "megatron",
             )
         except RoutepackError as e:
             raise NoPlan(
@@ -295,6 +324,7 @@ def _prepare_micro_batches(
         reason = None
     if dp_group is not None and same_micro_num_in_dp:
         reason = _agree(idx, reason, dp_group)
+    vm.LAST_PLANNED.update(data=id(data), idx=idx if reason is None else None)
     if reason is not None:
         log_fallback(reason, "worker")
         original = _ORIGINALS["verl.workers.engine.utils:prepare_micro_batches"]
@@ -365,6 +395,7 @@ def _patch(owner: Any, name: str, new: Callable) -> None:
 
 def unpatch() -> None:
     """Puts verl's functions back wherever a hook of this module sits."""
+    vm.unpatch_engine()
     hooks = {_prepare_micro_batches: "verl.workers.engine.utils:prepare_micro_batches"}
     for name, module in list(sys.modules.items()):
         if name.startswith("verl.workers.engine") and getattr(module, "prepare_micro_batches", None) in hooks:
@@ -382,6 +413,7 @@ def patch_workers() -> None:
     engine module that imported it (engines imported later take the hooked one)."""
     utils = require("verl.workers.engine.utils", "routepack.integrations.verl.install", "verl")
     _patch(utils, "prepare_micro_batches", _prepare_micro_batches)
+    vm.patch_engine()
     original = _ORIGINALS["verl.workers.engine.utils:prepare_micro_batches"]
     for name, module in list(sys.modules.items()):
         if name.startswith("verl.workers.engine.") and getattr(module, "prepare_micro_batches", None) is original:
@@ -426,7 +458,26 @@ def install(
     global _ACTIVE
     settings = settings_from_config(config)
     opts = {"ep": settings["ep"], "gpus_per_node": settings["gpus_per_node"], **planner_options}
-    planner = TrainerPlanner(cost, settings["backend"], num_experts=num_experts, policy=policy, **opts)
+    blocked = dict(settings["blocked"])
+    if settings["backend"] == "megatron":
+        lay = settings["layout"]
+        if "placement" not in blocked:  # the workers build the layout: plan for exactly it
+            if opts.get("slots_per_rank") is None and lay["slots_per_rank"] is not None:
+                opts["slots_per_rank"] = lay["slots_per_rank"]
+            opts["replica_slots"] = lay["replica_slots"]
+    ckpt = blocked.pop("optimizer_ckpt", None)
+    planner = TrainerPlanner(cost, settings["backend"], num_experts=num_experts, policy=policy, blocked=blocked, **opts)
+    if settings["backend"] == "megatron" and planner.runs.placement:
+        built = settings["layout"]["slots_per_rank"] or -(-planner.num_experts // planner.ep)
+        if planner.slots_per_rank != built:
+            raise RoutepackError(
+                f"slots_per_rank: {planner.slots_per_rank}, but the workers build {built} slots per EP rank "
+                f"(actor_rollout_ref.actor.megatron.override_mcore_model_config.{vm.LAYOUT_KEY}.slots_per_rank); "
+                "set it there"
+            )
+    extra_slots = planner.slots_per_rank * planner.ep > planner.num_experts or bool(planner.replica_slots)
+    if ckpt is not None and planner.runs.placement and extra_slots:
+        raise RoutepackError(ckpt + "; save ['model', 'extra'] or use slots_per_rank = E / ep and replica_slots = 0")
     inst = VerlInstall(planner, settings, force_group_size)
     if driver:
         patch_driver()

@@ -27,6 +27,7 @@ import numpy as np
 
 from routepack.integrations._common import rank_cells
 from routepack.integrations._layout import relayout
+from routepack.integrations._megatron_handoff import pack_plan
 from routepack.integrations._verl_split import balance_partitions
 from routepack.plan import Plan
 from routepack.window import Window
@@ -89,6 +90,7 @@ def step_plans(
     step: int,
     group: int = 1,
     multiple: int = 1,
+    pack: bool = False,
 ) -> StepPlans:
     """Plans step ``step`` of a batch whose samples ``window`` describes (in batch order).
 
@@ -140,6 +142,8 @@ def step_plans(
             "force_group_size": int(group),
             "digest": plan.digest(),
         }
+        if pack:
+            payload[plan_key(step, j)]["megatron"] = pack_plan(plan, windows[j], planner.topology(dp))
     ids = np.stack([np.full(b, step, dtype=np.int64), np.arange(b, dtype=np.int64)], axis=1)
     return StepPlans(int(step), plans, windows, planner.topology(dp), int(token_cap), order, ids, payload, partitions)
 

@@ -110,6 +110,13 @@ def plan_router(logical_router: Any, placement: Any, layer: int, topo: Any, ep_g
     return PlanRouter(logical_router, _placement(placement), layer, topo, ep_group)
 
 
+#: What this execution carries out on a trainer's workers beyond the schedule, where an
+#: adapter hands it the plans (`routepack.integrations._trainer.backend_runs`): verl's Megatron
+#: engine through `routepack.integrations.verl`'s hooks, slime's actor through the calls of
+#: `routepack.integrations.slime` (docs/trainers.md); each adapter blocks what its trainer's
+#: configuration does not let it map.
+EXECUTES = frozenset({"placement", "replicas"})
+
 #: names served lazily from the torch/Megatron modules (importing this module needs numpy only)
 _LAZY = {
     "PlanMoELayer": "routepack.integrations._megatron_layer",
@@ -129,6 +136,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "EXECUTES",
     "MegatronRunner",  # noqa: F822 (lazy: _LAZY)
     "PlanMoELayer",  # noqa: F822 (lazy: _LAZY)
     "checkpoint_to_logical",

@@ -38,7 +38,8 @@ class AgreementError(RuntimeError):
     """An agreement exchange between the ranks of a group (`gather_ints`: plan digests,
     migration and commit status) did not complete within its timeout: a rank is gone
     (killed, crashed), stalled, or waiting in another collective. Every rank that takes part
-    raises it with the same message and applies nothing. The backend's error is the
+    raises it with the same message; what the caller had under way is not applied (a plan
+    agreement applies nothing, `migrate` restores its slots). The backend's error is the
     ``__cause__``; the process group is unusable afterwards (as after any backend timeout):
     restart the job from its last checkpoint."""
 
@@ -148,7 +149,7 @@ def _agreed(mine: torch.Tensor, group: Optional[Any], timeout: Optional[datetime
     the backend's error, the ``__cause__``)."""
     try:
         return _all_gather(mine, group, timeout)
-    except torch.OutOfMemoryError:
+    except torch.cuda.OutOfMemoryError:  # a RuntimeError, not a failed exchange (torch.cuda.: torch 2.1 too)
         raise
     except RuntimeError as e:
         raise _no_answer(group, timeout) from e
@@ -158,8 +159,8 @@ def _no_answer(group: Optional[Any], timeout: Optional[datetime.timedelta]) -> A
     within = f"within {timeout.total_seconds():g} s" if timeout is not None else "within the group's timeout"
     return AgreementError(
         f"the {dist.get_world_size(group)} ranks of the group did not all answer an agreement exchange {within} "
-        "(a rank is gone, stalled or in another collective); nothing was applied; the process group is unusable "
-        "now: restart the job from its last checkpoint"
+        "(a rank is gone, stalled or in another collective); the process group is unusable now: restart the job "
+        "from its last checkpoint"
     )
 
 
@@ -299,7 +300,7 @@ def _bounded(start: Callable[[], Any], group: Optional[Any], timeout: Optional[d
     try:
         work = start()
         work.wait() if timeout is None else work.wait(timeout)
-    except torch.OutOfMemoryError:
+    except torch.cuda.OutOfMemoryError:  # a RuntimeError, not a failed exchange (torch.cuda.: torch 2.1 too)
         raise
     except RuntimeError as e:
         raise _no_answer(group, timeout) from e

@@ -260,14 +260,14 @@ def damaged_broadcasts():
 
 
 def check_agreement(rank: int, world: int, device: Any, case: Case = Case(), folder: str = "") -> Dict[str, Any]:
-    """The plan agreement under faults (world >= 3), after window 0 trained:
+    """The plan agreement under faults (world >= 2), after window 0 trained:
 
     * rank 0 holds another plan than the others: `PlanRunner.begin_window`, `migrate` and
       `agree_on_plan` each refuse it on every rank before any transfer, naming both digests
       (this rank's is ``digest``);
     * plan files (rank 0 reads, `load_plan`): a good one arrives on every rank; a damaged one
       and a missing one fail every rank, naming the path; a plan whose bytes arrive damaged
-      on rank 2 (`broadcast_plan`) fails every rank;
+      on rank ``world - 1`` (`broadcast_plan`) fails every rank;
     * last (the group is unusable after it): rank ``world - 1`` enters the agreement of
       `begin_window` after the others' timeout (3 s) ran out: every rank raises
       `AgreementError` with the same message, none hangs.
@@ -293,7 +293,7 @@ def check_agreement(rank: int, world: int, device: Any, case: Case = Case(), fol
     figs["load_good"] = bool(load_plan(good, 0, timeout=timeout).same_as(plan1))
     figs["load_damaged"] = _refused(model, snap, lambda: load_plan(damaged, 0, timeout=timeout))
     figs["load_missing"] = _refused(model, snap, lambda: load_plan(damaged + ".gone", 0, timeout=timeout))
-    with damaged_broadcasts() if rank == 2 else contextlib.nullcontext():
+    with damaged_broadcasts() if rank == world - 1 else contextlib.nullcontext():
         figs["sent_damaged"] = _refused(
             model, snap, lambda: broadcast_plan(plan1 if rank == 0 else None, 0, timeout=timeout)
         )

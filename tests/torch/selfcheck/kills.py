@@ -40,12 +40,14 @@ from selfcheck.model import EPModel, Weights, fingerprints, inputs, make_groups
 
 #: the module (``routepack.torch.migrate`` the attribute is the function of that name)
 migrate_mod = importlib.import_module("routepack.torch.migrate")
+#: where `EPMoE`'s slots are packed and written (`StackedState`)
+slot_state = importlib.import_module("routepack.torch.slot_state")
 
 #: Where `check_kill` kills its rank, in the order a window reaches them. The migration's
 #: protocol points (`routepack.torch.FAULT_POINTS`) are the `migrate` test hook's; the others
 #: are set around it here. A slot's weights and its optimizer state travel as one byte string
-#: (`migrate.pack_slot`), so they are in flight together; "optimizer" kills a rank inside the
-#: commit's copy, between a slot's weights and its optimizer state.
+#: (`slot_state.StackedState.pack`), so they are in flight together; "optimizer" kills a rank
+#: inside the commit's copy, between a slot's weights and its optimizer state.
 KILL_POINTS: Dict[str, str] = {
     "before": "before the window: the others wait in begin_window's plan agreement",
     "checked": "in migrate: plan checked locally, before the agreement that precedes any move",
@@ -81,7 +83,10 @@ def dying_rank(point: str, case: Case = Case()) -> int:
 
 # ------------------------------------------------------------------ training
 def fresh_model(case: Case, device: Any, timeout_s: float = 60) -> EPModel:
-    """The self-checks' model at step 0 (static placement, weights from the seed)."""
+    """The self-checks' model at step 0 (static placement, weights from the seed). On CUDA,
+    torch's deterministic kernels are switched on, so a rerun gives the same bytes."""
+    if torch.device(device).type == "cuda":
+        torch.use_deterministic_algorithms(True, warn_only=True)
     model = EPModel(case, Weights(case, device), device, make_groups(case.topology()))
     model.runner.timeout = datetime.timedelta(seconds=timeout_s)
     return model
@@ -197,7 +202,7 @@ def state_figures(model: EPModel, step: int) -> Dict[str, Any]:
 
 
 def snapshot(model: EPModel) -> List[bytes]:
-    """This rank's state, slot by slot (weights + Adam moments, `migrate.pack_slot`), and
+    """This rank's state, slot by slot (weights + Adam moments, `slot_state.pack_slot`), and
     its placement rows, as bytes."""
     out = []
     for mod in model.layers:
@@ -233,15 +238,15 @@ def check_kill(rank: int, world: int, device: Any, case: Case, root: str, point:
         dist.batch_isend_irecv = posted_then_die
         restore.append(lambda: setattr(dist, "batch_isend_irecv", orig_batch))
     elif me and point == "optimizer":
-        orig_unpack = migrate_mod.unpack_slot
+        orig_unpack = slot_state.StackedState.unpack
 
-        def weights_then_die(tensors: Any, slot: int, buf: torch.Tensor) -> None:
-            n = migrate_mod.slot_bytes(tensors[:2])  # w1, w2 come first; the Adam moments follow
-            orig_unpack(tensors[:2], slot, buf[:n])
+        def weights_then_die(self: Any, slot: int, buf: torch.Tensor) -> None:
+            n = slot_state.slot_bytes(self.tensors[:2])  # w1, w2 come first; the Adam moments follow
+            slot_state.unpack_slot(self.tensors[:2], slot, buf[:n])
             die()
 
-        migrate_mod.unpack_slot = weights_then_die
-        restore.append(lambda: setattr(migrate_mod, "unpack_slot", orig_unpack))
+        slot_state.StackedState.unpack = weights_then_die  # type: ignore[method-assign]
+        restore.append(lambda: setattr(slot_state.StackedState, "unpack", orig_unpack))
     elif me and point == "after":
         before_forward = die
     elif me and point == "checkpoint":
@@ -269,10 +274,12 @@ def check_kill(rank: int, world: int, device: Any, case: Case, root: str, point:
 
 def check_restart(rank: int, world: int, device: Any, case: Case, root: str, folders: List[str]) -> Dict[str, Any]:
     """The fault-free reference (``root/reference``: windows 0 and 1, checkpoints at steps 1
-    and 2), then for each folder of ``folders`` (a `check_kill` run's) a restart: a fresh
-    model, the newest complete checkpoint, window 1, a checkpoint. Returns `state_figures`
-    of the reference after steps 1 and 2 and of each restart after loading and after its
-    step, and the step each restart loaded."""
+    and 2), a restart from its step 1, a mixed checkpoint (rank 0 at step 2, the others at
+    step 1: ``mixed``, what it raised), then for each folder of ``folders`` (a `check_kill`
+    run's) a restart: a fresh model, the newest complete checkpoint, window 1, a checkpoint.
+    Returns `state_figures` of the reference after steps 1 and 2, of the restarted
+    reference, and of each restart after loading and after its step, with the step it
+    loaded."""
     out: Dict[str, Any] = {}
     ref = os.path.join(root, "reference")
     model = fresh_model(case, device)
@@ -282,6 +289,23 @@ def check_restart(rank: int, world: int, device: Any, case: Case, root: str, fol
     train_window(model, case, 1, device)
     save_checkpoint(model, 2, ref)
     out["reference_step2"] = state_figures(model, 2)
+    # the same restart from the reference's own step 1 (what a world of one rank can check too)
+    model = fresh_model(case, device)
+    load_checkpoint(model, ref, step=1)
+    train_window(model, case, 1, device)
+    out["reference_restarted"] = state_figures(model, 2)
+    if world > 1:
+        # rank 0 on step 2, the others on step 1: what loading each rank's newest file would give
+        # after a kill mid-checkpoint; window 1's plan then differs on rank 0 (no rows to move)
+        # and begin_window refuses it on every rank before anything moves
+        model = fresh_model(case, device)
+        load_checkpoint(model, ref, step=2 if rank == 0 else 1)
+        snap = snapshot(model)
+        try:
+            train_window(model, case, 1, device)
+            out["mixed"] = {"raised": None}
+        except Exception as e:  # noqa: BLE001 (the figures are the type and the message)
+            out["mixed"] = {"raised": type(e).__name__, "message": str(e), "intact": snapshot(model) == snap}
     out["restarts"] = {}
     for folder in folders:
         model = fresh_model(case, device)

@@ -41,7 +41,10 @@ pub struct Packed<'a> {
     pub num_micro: usize,
 }
 
-/// A replication planner with its options: what [`plan_block`] runs.
+/// A replication planner with its options: what [`plan_block`] runs. Every budget is capped
+/// by the topology's replica buffers: no rank receives copies of more than
+/// `Topology::replica_slots` experts in one exchange (`hot_n` broadcasts at most that many hot
+/// experts, `relibra` and `routepack` use at most that many copies a rank).
 #[derive(Clone, Debug)]
 pub enum Planner {
     /// MindSpeed's rule ([`hot_n`](fn@hot_n)) with this many hot experts per exchange.
@@ -66,18 +69,21 @@ pub fn plan_block(
     block: Block,
 ) -> Result<Vec<Replica>> {
     let Packed { sample_rank, sample_micro, num_micro } = packed;
+    // every planner's own budget is capped by the ranks' replica buffers (`topo.replica_slots`)
+    let buffers = topo.replica_slots;
     match planner {
         Planner::HotN(hot_experts) => {
-            let n = *hot_experts;
-            if n == 0 {
+            if *hot_experts == 0 {
                 return Err(invalid("replication_hot_experts", "must be >= 1 (MindSpeed's --balanced-moe-hot-expert-num), got 0"));
             }
+            // each hot expert goes to every rank: N copies on a rank
+            let n = (*hot_experts).min(buffers);
             plan_exchange_block(w, topo, cost, placement, sample_rank, sample_micro, num_micro, None, block, ExchangeState::new, |c, st| {
                 hot_n::plan_exchange(c, st, n)
             })
         }
         Planner::Relibra(replica_slots) => {
-            let k = *replica_slots;
+            let k = (*replica_slots).min(buffers);
             plan_exchange_block(w, topo, cost, placement, sample_rank, sample_micro, num_micro, None, block, ExchangeState::new, |c, st| {
                 relibra::plan_exchange(c, st, k)
             })
@@ -90,6 +96,7 @@ pub fn plan_block(
                 ));
             }
             let deadline = crate::budget::deadline(std::time::Instant::now(), opts.time_budget);
+            let opts = &routepack::Options { replica_slots: opts.replica_slots.min(buffers), ..*opts };
             plan_exchange_block(
                 w,
                 topo,

@@ -144,13 +144,20 @@ fn the_exchanges_pass_gathers_the_bounds_demand_sums() {
         let rank: Vec<i32> = cells.iter().map(|&c| (c / m_n) as i32).collect();
         let micro: Vec<i32> = cells.iter().map(|&c| (c % m_n) as i32).collect();
         let grid = CellGrid::new(&rank, &micro, m_n, &seq, &topo);
-        let mut got = DemandSums::new(s_n, l_n, e_n);
+        let topo = topo.with_replica_slots(mix.below(3)).unwrap();
+        let tops = crate::bound::BoundTops::new(&w, &topo);
+        let mut got = DemandSums::with_tops(s_n, l_n, e_n, tops.as_ref());
         let mut origin = vec![0i64; ep * e_n];
         for gm in 0..topo.num_groups() * m_n {
             for l in 0..l_n {
                 let mut share = vec![0.0; e_n];
                 let mut rows = Vec::new();
                 grid.origin_and_sums(&w, gm / m_n, gm % m_n, l, &mut origin, &mut share, |s, t, x| rows.push((s, t, x)));
+                if let Some(b) = &tops {
+                    for &(s, t, x) in &rows {
+                        got.set_row_tops(s, l, b.row(l, w.tokens(s, l), seq[s], t as f64, x));
+                    }
+                }
                 let mut totals = vec![0i64; e_n];
                 for o in origin.chunks_exact(e_n) {
                     totals.iter_mut().zip(o).for_each(|(t, &x)| *t += x);
@@ -164,6 +171,6 @@ fn the_exchanges_pass_gathers_the_bounds_demand_sums() {
                 got.add_layer_part(l, &totals, &share);
             }
         }
-        assert_eq!(got, DemandSums::of_window(&w), "case {case}");
+        assert_eq!(got, DemandSums::of_window(&w, tops.as_ref()), "case {case}");
     }
 }

@@ -41,11 +41,14 @@ impl Mix {
     }
 }
 
-/// (dp, ep, gpus_per_node, slots_per_rank): groups inside a node, spanning nodes, ep = 1.
+/// (dp, ep, gpus_per_node, slots_per_rank, replica_slots): groups inside a node, spanning
+/// nodes, ep = 1; replica buffers from none to more than any exchange can use (mostly the
+/// default).
 pub fn topologies() -> impl Strategy<Value = Topology> {
-    (prop::sample::select(vec![1usize, 2, 4, 8]), 1usize..=3, 0usize..4, 1usize..=4).prop_map(|(ep, mult, g, spr)| {
+    let buffers = prop::sample::select(vec![0usize, 1, 2, 3, 3, 3, 5, 64]);
+    (prop::sample::select(vec![1usize, 2, 4, 8]), 1usize..=3, 0usize..4, 1usize..=4, buffers).prop_map(|(ep, mult, g, spr, r)| {
         let gpn = [1usize, 2, 4, 8, 16].iter().copied().filter(|x| x % ep == 0 || ep % x == 0).nth(g % 3).unwrap_or(ep);
-        Topology::new(ep * mult, ep, gpn, spr).unwrap()
+        Topology::new(ep * mult, ep, gpn, spr).unwrap().with_replica_slots(r).unwrap()
     })
 }
 
@@ -101,7 +104,8 @@ pub fn random_layout(mix: &mut Mix, samples: usize, dp: usize, micro: usize) -> 
 }
 
 /// Replicas that `validate_plan` accepts: hosting src, dst != src, shares summing <= 1
-/// per (micro, group, layer, expert).
+/// per (micro, group, layer, expert), copies of at most `topo.replica_slots` experts on a rank
+/// per exchange.
 pub fn random_replicas(mix: &mut Mix, placement: &Placement, topo: &Topology, micro: usize) -> Vec<Replica> {
     let mut rows = Vec::new();
     if topo.ep < 2 {
@@ -111,6 +115,8 @@ pub fn random_replicas(mix: &mut Mix, placement: &Placement, topo: &Topology, mi
     for m in 0..micro {
         for g in 0..topo.num_groups() {
             for l in 0..placement.num_layers {
+                // the experts each rank holds copies of in this exchange
+                let mut held: Vec<Vec<i32>> = vec![Vec::new(); topo.ep];
                 for e in 0..placement.num_experts {
                     if mix.unit() > 0.3 {
                         continue;
@@ -126,6 +132,12 @@ pub fn random_replicas(mix: &mut Mix, placement: &Placement, topo: &Topology, mi
                             dst += 1;
                         }
                         let share = [0.0, 0.25, 0.5, left, left * mix.unit()][mix.below(5)].min(left) as f32;
+                        if !held[dst].contains(&(e as i32)) {
+                            if held[dst].len() >= topo.replica_slots {
+                                continue;
+                            }
+                            held[dst].push(e as i32);
+                        }
                         left = (left - share as f64).max(0.0); // f32 rounding may take a hair more
                         rows.push(Replica {
                             micro: m as i32,
