@@ -123,6 +123,12 @@ def test_a_small_measured_run_reports_every_figure():
     assert res.policies["eplb_oracle"]["windows"][0]["migration_rows"] > 0
     assert res.cost.a_lin == 0.0 and res.cost.token_bytes == 4.0 * work.hidden
     assert res.cost.bw_inter == res.cost.bw_intra
+    # the microbatches' times line the ranks up at every collective (each its slowest rank's
+    # segment), never less than the busiest rank's own total
+    for rec in res.policies.values():
+        for w in rec["windows"]:
+            assert w["micro_clock"] == "lockstep"
+            assert all(a >= b * (1 - 1e-9) for a, b in zip(w["micro_s"], w["busiest_rank_micro_s"]))
     lines = format_table(res)
     assert any(line.startswith("speed-up routepack over static") for line in lines)
     assert any(line.startswith("speed-up routepack over eplb_oracle") for line in lines)
@@ -270,3 +276,20 @@ def test_every_mode_of_the_command_runs(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "given cost model" in r.stdout and "in 2 nodes" in r.stdout
     assert json.loads((tmp_path / "given.json").read_text())["calibration"] is None
+
+
+def test_the_run_is_priced_as_it_runs():
+    """float32 bytes, Adam's state with the weights (12 bytes a parameter), no attention, the
+    "nodes" one machine's links, replication exposed in full on CPU (its CPU time counts the
+    transfers) and hidden behind attention on CUDA (prefetched on its own stream)."""
+    from routepack.measure.run import run_cost
+
+    work = replace(SMALL, ranks=4, nodes=2)
+    base = replace(cost_for(work), bw_inter=4e10, a_quad=[1e-9] * work.layers)
+    got = run_cost(work, base, "none")
+    params = 3 * work.hidden * work.ffn
+    assert got.expert_state_bytes == 12 * params and got.expert_weight_bytes == 4 * params
+    assert got.token_bytes == 4 * work.hidden and got.a_quad == [0.0] * work.layers
+    assert got.bw_inter == got.bw_intra == base.bw_intra and got.num_experts == work.experts
+    assert got.replica_prefetch is False and run_cost(work, base, "none", "cuda").replica_prefetch is True
+    assert work.topology().gpus_per_node == 2

@@ -1,7 +1,7 @@
 """`routepack.torch.profile`: marks charge forward work where it runs and backward work to the
 part that ran between two marks, in the engine's order; regions are exclusive; an `EPMoE`
-layer's microbatch is cut into its parts (`routepack.parts.PARTS`), which add up to it; no
-profile, no marks."""
+layer's microbatch is cut into its parts (`routepack.parts.PARTS`), which add up to it, and
+into segments between the group's collectives; no profile, no marks."""
 
 import datetime
 import os
@@ -106,11 +106,16 @@ def test_a_layer_is_cut_into_its_parts(group):
         h.sum().backward()
         got = prof.take()
         total = prof.last - t0
+        segments = prof.segments()
     assert set(got) == set(PARTS)  # every part listed, and no other
     for part in ("route", "gather", "all_to_all", "unit_sort", "expert", "combine", "slot_grads", "redundant_sum"):
         assert got[part] > 0, part
     assert got["expert_replica"] == got["replica_fill"] == got["replica_grads"] == 0.0
     assert sum(got.values()) == pytest.approx(total, rel=1e-6, abs=1e-9)
+    # a segment per collective returned (4 all-to-alls and the redundant expert's all-reduce a
+    # layer), and the rest: together the microbatch
+    assert len(segments) == 2 * 5 + 1 and all(v >= 0 for v in segments)
+    assert sum(segments) == pytest.approx(total, rel=1e-3, abs=1e-4)
     assert profile.active() is None
     y = layers[0](x, ids, gates)
     assert y.grad_fn is not None and "Mark" not in type(y.grad_fn).__name__

@@ -151,10 +151,13 @@ def run_plan(
                 (h * cot).sum().backward()
                 sync()
                 got = prof.take() if prof is not None else {}
+                segs = prof.segments() if prof is not None else []
             c1 = now()
             dist.barrier()
             times.append((c1 - c0, time.perf_counter() - t0))
-            parts.append(got)
+            if segs:  # the profile's own entry and exit in the last segment: they add to c1 - c0
+                segs[-1] += (c1 - c0) - sum(segs)
+            parts.append((got, segs))
         dist.barrier()
         c0 = now()
         runner.finish_step()
@@ -220,7 +223,9 @@ def run_plan(
                 }
                 if profile:
                     # [R, M, parts], the round's drift divided out like the microbatches'
-                    table = np.array([[[mp[p] for p in PARTS] for mp in r[1]] for r in runs]) / drift[:, None, None]
+                    table = np.array([[[mp[p] for p in PARTS] for mp, _ in r[1]] for r in runs]) / drift[:, None, None]
+                    # [R][M][segments between the group's collectives], drift divided out too
+                    rec["segments"] = [[(np.array(seg) / d).tolist() for _, seg in r[1]] for r, d in zip(runs, drift)]
                     med, spr = np.median(table, axis=0), spread(table)
                     rec["parts"] = [dict(zip(PARTS, map(float, row))) for row in med]
                     rec["parts_spread"] = [dict(zip(PARTS, map(float, row))) for row in spr]

@@ -213,6 +213,27 @@ def measure(
     return Measurement(work, cost, out, summary)
 
 
+def _lockstep(per: List[Dict[str, Any]], num_micro: int) -> Optional[np.ndarray]:
+    """float ``[M]``: each microbatch's median over the timed steps of Σ over the segments
+    between the group's collectives of the slowest rank's seconds (``segments`` of every rank's
+    `run_plan` record): the time of ranks that meet at every all-to-all and all-reduce, each
+    on a core of its own. The busiest rank's own total (``micro_s``' max over ranks) is less
+    wherever the slowest rank changes from one segment to the next (a plan whose hot rank
+    differs by layer); it misses the waits. None where a rank has no segments or the ranks'
+    collectives do not line up."""
+    if not all("segments" in r for r in per):
+        return None
+    steps = len(per[0]["segments"])
+    out = np.zeros((steps, num_micro))
+    for i in range(steps):
+        for m in range(num_micro):
+            segs = [np.asarray(r["segments"][i][m]) for r in per]
+            if len({s.size for s in segs}) != 1 or segs[0].size == 0:
+                return None
+            out[i, m] = float(np.max(np.stack(segs), axis=0).sum())
+    return np.median(out, axis=0)
+
+
 def _policy_record(
     ranks: List[List[Dict[str, Any]]], plans: Sequence[Plan], windows: Sequence[Window], topo: Topology, cost: CostModel
 ) -> Dict[str, Any]:
@@ -221,7 +242,9 @@ def _policy_record(
     recs = []
     for w, (plan, window) in enumerate(zip(plans, windows)):
         per = [rank[w] for rank in ranks]
-        micro = np.max([np.array(r["micro_s"]) for r in per], axis=0)
+        busiest = np.max([np.array(r["micro_s"]) for r in per], axis=0)
+        lockstep = _lockstep(per, plan.num_micro)
+        micro = busiest if lockstep is None else lockstep
         finish = max(float(r["finish_s"]) for r in per)
         migration = max(float(r["migration_s"]) for r in per)
         routes = max(float(r.get("routes_s", 0.0)) for r in per)
@@ -236,6 +259,8 @@ def _policy_record(
                 sum(int((row >= 0).sum()) - np.unique(row[row >= 0]).size for row in plan.placement.phy2log)
             ),
             "micro_s": micro.tolist(),
+            "micro_clock": "busiest rank" if lockstep is None else "lockstep",
+            "busiest_rank_micro_s": busiest.tolist(),
             "finish_s": finish,
             "migration_s": migration,
             "routes_s": routes,

@@ -107,6 +107,7 @@ class _AllToAll(torch.autograd.Function):
         ctx.splits, ctx.group = (send_splits, recv_splits), group
         out = x.new_empty((sum(recv_splits),) + tuple(x.shape[1:]))
         dist.all_to_all_single(out, x.contiguous(), recv_splits, send_splits, group=group)
+        profile.sync()
         return out
 
     @staticmethod
@@ -114,6 +115,7 @@ class _AllToAll(torch.autograd.Function):
         send_splits, recv_splits = ctx.splits
         out = grad.new_empty((sum(send_splits),) + tuple(grad.shape[1:]))
         dist.all_to_all_single(out, grad.contiguous(), send_splits, recv_splits, group=ctx.group)
+        profile.sync()
         return out, None, None, None
 
 

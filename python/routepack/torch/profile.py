@@ -10,6 +10,11 @@ engine's own order attributes it. Work of the layers' autograd nodes (`SlotLink`
 exchange, the redundant experts' sum) is timed as regions (`region`), exclusive: a region's
 seconds are taken out of the part around it.
 
+Each collective over the group (the all-to-alls, the redundant experts' all-reduce) notes the
+clock as it returns (`sync`); every rank calls them in the same order, so the segments between
+them line up across ranks (`PartProfile.segments`), and the step of ranks that meet at every
+collective is the sum over segments of the slowest rank's, on the profile's clock.
+
 The clock is the process's CPU time on CPU (what `routepack.measure` judges a run by: gloo's
 threads included, a wait for a peer not) and the wall clock after a device synchronisation on
 CUDA (so the profile serialises the GPU: use it to find where time goes, not to time a run).
@@ -22,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import defaultdict
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 
@@ -37,6 +42,25 @@ class PartProfile:
         self.seconds: Dict[str, float] = defaultdict(float)
         self.last = clock()
         self.pending = 0.0  # seconds of the segment in progress taken before a region began
+        self.start = self.last
+        #: the clock as each collective over the EP group returned (`sync`), in call order
+        self.syncs: List[float] = []
+
+    def sync(self) -> None:
+        """Notes the clock as a collective of the whole group returns (an all-to-all, an
+        all-reduce): every rank calls the same collectives in the same order, so the i-th note
+        of every rank closes the same segment of the step (`segments`)."""
+        self.syncs.append(self.clock())
+
+    def segments(self) -> List[float]:
+        """Seconds between consecutive collectives since the profile began or was last taken:
+        from the start to the first collective's return, ..., from the last one's to now. On
+        each rank its own work only (a wait for a peer is no CPU time); the step of ranks that
+        meet at every collective takes the sum over segments of the slowest rank's."""
+        now = self.clock()
+        marks = [self.start, *self.syncs, now]
+        self.start, self.syncs = now, []
+        return [b - a for a, b in zip(marks, marks[1:])]
 
     def charge(self, part: str) -> None:
         """Charges the segment since the last mark (regions taken out) to ``part``."""
@@ -92,6 +116,12 @@ def profiling(device: Any = "cpu") -> Iterator[PartProfile]:
         yield _active
     finally:
         _active = prev
+
+
+def sync() -> None:
+    """`PartProfile.sync` where a profile is recorded (else nothing)."""
+    if _active is not None:
+        _active.sync()
 
 
 def region(part: str) -> Any:

@@ -183,6 +183,7 @@ def complete_slot_grads(
     # every rank of the group joins, also one that holds none of the redundant experts
     with profile.region("redundant_sum"):
         dist.all_reduce(acc, group=mod.group)
+    profile.sync()
     for s in mine:
         row = acc[index[local[s]]]
         out1[s].copy_(row[:n1].view_as(out1[s]))
