@@ -4,6 +4,7 @@ use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use routepack_core::error::invalid;
+use routepack_core::layout::order as layout_order;
 use routepack_core::packing::cells::{Cells, Oversize};
 use routepack_core::packing::kk::verl_kk_in;
 use routepack_core::packing::routepack::{proxy_step_time, routepack_packing_in};
@@ -190,6 +191,47 @@ pub fn pack_routepack<'py>(
     Ok((p.sample_rank.into_pyarray(py), p.sample_micro.into_pyarray(py), p.num_micro, d))
 }
 
+/// Each EP group's steps reordered to shorten its pipeline under `topo`
+/// (`layout::order::order_steps`): `(sample_micro [S], report {before, after, evaluations,
+/// groups_reordered})`; the layout itself without a pipeline. `evaluations`: the search's
+/// budget per group (None: the core's default).
+#[pyfunction]
+#[pyo3(signature = (seq_lens, expert_tokens, topo, cost, phy2log, sample_rank, sample_micro, num_micro, evaluations=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn order_steps<'py>(
+    py: Python<'py>,
+    seq_lens: PyReadonlyArray1<'py, i64>,
+    expert_tokens: convert::CountsArray<'py>,
+    topo: &Bound<'py, PyAny>,
+    cost: &Bound<'py, PyAny>,
+    phy2log: PyReadonlyArray2<'py, i32>,
+    sample_rank: PyReadonlyArray1<'py, i32>,
+    sample_micro: PyReadonlyArray1<'py, i32>,
+    num_micro: usize,
+    evaluations: Option<usize>,
+) -> PyResult<(Bound<'py, PyArray1<i32>>, Bound<'py, PyDict>)> {
+    let w = convert::window(&seq_lens, &expert_tokens)?;
+    let t = convert::topology(topo)?;
+    let c = py_options::cost(cost)?;
+    let pl = convert::placement(&phy2log, w.num_experts, t.slots_per_rank)?;
+    let p = Packing {
+        sample_rank: slice(&sample_rank, "sample_rank")?.to_vec(),
+        sample_micro: slice(&sample_micro, "sample_micro")?.to_vec(),
+        num_micro,
+    };
+    let budget = evaluations.unwrap_or(layout_order::DEFAULT_EVALUATIONS);
+    let (out, r) = run(py, || {
+        proxy_step_time(&w, &t, &c, &pl, &p)?; // the layout checked against the window and topology
+        layout_order::order_steps(&w, &t, &c, &pl, &p.sample_rank, &p.sample_micro, num_micro, budget)
+    })?;
+    let d = PyDict::new(py);
+    d.set_item("before", r.before)?;
+    d.set_item("after", r.after)?;
+    d.set_item("evaluations", r.evaluations)?;
+    d.set_item("groups_reordered", r.groups_reordered)?;
+    Ok((out.into_pyarray(py), d))
+}
+
 /// The layout proxy's step time (max over EP groups of the accumulated cost) of a plan's
 /// placement and layout (its replicas and migration are not read), to compare with `simulate`.
 #[pyfunction]
@@ -216,5 +258,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pack_rows, m)?)?;
     m.add_function(wrap_pyfunction!(pack_routepack, m)?)?;
     m.add_function(wrap_pyfunction!(layout_proxy_cost, m)?)?;
+    m.add_function(wrap_pyfunction!(order_steps, m)?)?;
     Ok(())
 }

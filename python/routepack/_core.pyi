@@ -29,6 +29,7 @@ __all__ = [
     "pack_rows",
     "pack_routepack",
     "layout_proxy_cost",
+    "order_steps",
     "simulate",
     "pipeline_makespan",
     "expert_tokens_from_routed",
@@ -156,6 +157,20 @@ def pack_routepack(
 ) -> _CellsReport:
     """Certified rows + annealed layout: (sample_rank [S], sample_micro [S], num_micro, report);
     the count meets `topo`'s pipeline rule."""
+
+def order_steps(
+    seq_lens: _I64,
+    expert_tokens: _Counts,
+    topo: Any,
+    cost: Any,
+    phy2log: _I32,
+    sample_rank: _I32,
+    sample_micro: _I32,
+    num_micro: int,
+    evaluations: Optional[int] = None,
+) -> Tuple[_I32, Dict[str, Any]]:
+    """Each EP group's steps reordered to shorten its pipeline: (sample_micro [S], report
+    {before, after, evaluations, groups_reordered})."""
 
 def layout_proxy_cost(plan: Any, seq_lens: _I64, expert_tokens: _Counts, topo: Any, cost: Any) -> float:
     """The layout proxy's step time (max over EP groups of accumulated cost) of a plan's

@@ -16,16 +16,19 @@
 //!   [`packing::kk`] (verl), [`packing::routepack`] (certified rows, then the layout search);
 //!   [`packing::rows`] finds the fewest rows with a certificate
 //! * [`layout`]      stage 3, the layout search: rows onto (DP rank, microbatch) cells by population
-//!   annealing, against a proxy of the cost model (`layout::proxy`, its hot loop `layout::kernel`)
+//!   annealing, against a proxy of the cost model (`layout::proxy`, its hot loop `layout::kernel`);
+//!   under a pipeline, each EP group's order of steps ([`layout::order`])
 //! * [`replication`] stage 4, intra-batch replicas per exchange: `hot_n` (MindSpeed), `relibra`,
 //!   `routepack`
 //! * [`migration`]   expert moves (weights + optimizer state) from the placement in force
+//! * [`oversize`]    samples longer than the token cap: refused, or run alone
 //! * [`cost`]        the cost model: coefficients, the shared terms every proxy calls, and
 //!   one EP rank's time and an exchange's ([`cost::LayerCost`]) in one place, exact, as a
 //!   lower bound or linearised ([`cost::ExpertLine`]) for the proxies
 //! * [`bound`]       the lower bound on every valid plan's step time (`SimReport::lower_bound_time`)
 //! * [`simulate`]    the simulator that scores every plan by composing [`cost`]'s terms per
-//!   exchange ([`cell_grid`]: which samples run in each cell)
+//!   exchange ([`cell_grid`]: which samples run in each cell), under a pipeline by Megatron's
+//!   1F1B schedule ([`simulate::pipeline`])
 //! * [`flow`]        where each expert's tokens go under a plan (simulator and torch remap)
 //! * [`validate`]    the invariants every plan must satisfy
 //! * [`cpu`]         CPU capability tokens for the SIMD kernels, detected once
@@ -71,6 +74,7 @@ pub mod flow;
 pub mod ingest;
 pub mod layout;
 pub mod migration;
+pub mod oversize;
 pub mod packing;
 pub mod placement;
 pub mod plan;

@@ -39,7 +39,7 @@ use crate::cost::links::LinkBytes;
 use crate::cost::CostModel;
 use crate::error::Result;
 use crate::flow::{route_expert, Dest};
-use crate::packing::cells::Oversize;
+use crate::oversize::Oversize;
 use crate::plan::{bucket_replicas, Plan, Replica};
 use crate::topology::Topology;
 use crate::validate::validate_plan_in;

@@ -8,7 +8,7 @@
 //! from it).
 
 use crate::error::{bad_plan, Result};
-use crate::packing::cells::Oversize;
+use crate::oversize::Oversize;
 use crate::plan::Placement;
 use crate::plan::{cell_members, Plan};
 use crate::topology::Topology;

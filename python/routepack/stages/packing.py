@@ -104,6 +104,11 @@ def routepack_packing(ctx: PlanContext, options: RoutepackPackingOptions, placem
     layout that minimises the slowest EDP shard's accumulated attention + expert + all-to-all
     cost under `placement`, by parallel population annealing.
 
+    Under a pipeline (``topo.pp`` > 1) each EP group's steps are then put in the order that
+    shortens its 1F1B schedule (`routepack._core.order_steps`; docs/design.md, "Pipeline
+    parallelism"): report key ``order`` {before, after (the slowest group's pipeline seconds
+    without replicas), evaluations, groups_reordered}.
+
     Report keys: rows, micro, rows_lower_bound {L1, L2, rows}, certified, gap, rows_method,
     bins, exact_nodes, layout_init, initial_cost / annealed_cost (proxy step time, s),
     moves (proposed), moves_evaluated, moves_accepted, chains, steps, stopped_by_time,
@@ -133,6 +138,11 @@ def routepack_packing(ctx: PlanContext, options: RoutepackPackingOptions, placem
         oversize=_cells(ctx)["oversize"],
     )
     report = dict(report)
+    if ctx.topo.pp > 1:
+        # under a pipeline, each EP group's steps in the order that shortens its 1F1B schedule
+        args = (ctx.window.seq_lens, ctx.window.counts, ctx.topo, ctx.cost, placement.phy2log)
+        micro, order = _core.order_steps(*args, rank, micro, m)
+        report["order"] = dict(order)
     report["anneal_history"] = dict(report["anneal_history"])
     report["rows_lower_bound"] = dict(report["rows_lower_bound"])
     report["seconds"] = dict(report["seconds"])

@@ -14,12 +14,14 @@
 //! * [`init`]    the starting layout
 //! * [`chain`]   one Metropolis chain and its invariant-keeping moves
 //! * [`anneal`]  the population, temperature schedule and resampling
+//! * [`order`]   under a pipeline, which step each EP group runs first
 
 pub mod anneal;
 pub mod chain;
 pub mod detmath;
 pub mod init;
 pub(crate) mod kernel;
+pub mod order;
 pub mod proxy;
 
 pub use anneal::{AnnealParams, AnnealResult, TemperatureStep};

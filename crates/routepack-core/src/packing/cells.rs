@@ -16,30 +16,8 @@
 
 use std::borrow::Cow;
 
-use super::rows::check_cap;
-use crate::error::{invalid, Result};
+pub use crate::oversize::Oversize;
 use crate::topology::{MicroRule, Topology};
-
-/// What a packer does with a sample longer than the token cap.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Oversize {
-    /// Refuse the window (`Error::Infeasible` naming the sample): the default.
-    #[default]
-    Refuse,
-    /// Run it alone in a microbatch of its own (priced at its real length).
-    Alone,
-}
-
-impl Oversize {
-    /// "refuse" or "alone" (what Python passes); an error names `oversize` and the value.
-    pub fn parse(name: &str) -> Result<Self> {
-        match name {
-            "refuse" => Ok(Oversize::Refuse),
-            "alone" => Ok(Oversize::Alone),
-            _ => Err(invalid("oversize", format!("{name:?} is not one of \"refuse\", \"alone\""))),
-        }
-    }
-}
 
 /// The cells a packing fills: `dp` ranks running a microbatch count that meets `rule`, and
 /// the treatment of samples over the cap.
@@ -85,16 +63,14 @@ impl Cells {
     }
 
     /// The lengths rows are built from: `seq_lens` itself, or with [`Oversize::Alone`] every
-    /// sample over the cap counted as the cap (see the module docs). Checks the cap and the
-    /// lengths (`rows::check_cap`: a sample over the cap otherwise is `Infeasible`, named).
-    pub fn row_lens<'a>(&self, seq_lens: &'a [i64], token_cap: i64) -> Result<Cow<'a, [i64]>> {
-        let lens = if self.oversize == Oversize::Alone && token_cap >= 1 && seq_lens.iter().any(|&n| n > token_cap) {
+    /// sample over the cap counted as the cap (see the module docs). Not checked: the packers
+    /// run `rows::check_cap` on them (a sample over the cap otherwise is `Infeasible`, named).
+    pub fn row_lens<'a>(&self, seq_lens: &'a [i64], token_cap: i64) -> Cow<'a, [i64]> {
+        if self.oversize == Oversize::Alone && token_cap >= 1 && seq_lens.iter().any(|&n| n > token_cap) {
             Cow::Owned(seq_lens.iter().map(|&n| n.min(token_cap)).collect())
         } else {
             Cow::Borrowed(seq_lens)
-        };
-        check_cap(&lens, token_cap)?;
-        Ok(lens)
+        }
     }
 }
 
@@ -116,9 +92,10 @@ mod tests {
     #[test]
     fn alone_counts_an_over_cap_sample_as_the_cap() {
         let alone = Cells { oversize: Oversize::Alone, ..Cells::plain(2) };
-        assert_eq!(&*alone.row_lens(&[3, 25, 7], 10).unwrap(), &[3, 10, 7]);
-        assert!(matches!(alone.row_lens(&[3, 7], 10).unwrap(), Cow::Borrowed(_)));
-        let e = Cells::plain(2).row_lens(&[3, 25, 7], 10).unwrap_err().to_string();
+        assert_eq!(&*alone.row_lens(&[3, 25, 7], 10), &[3, 10, 7]);
+        assert!(matches!(alone.row_lens(&[3, 7], 10), Cow::Borrowed(_)));
+        let plain = Cells::plain(2);
+        let e = crate::packing::rows::check_cap(&plain.row_lens(&[3, 25, 7], 10), 10).unwrap_err().to_string();
         assert!(e.contains("sample 1 has 25 tokens") && e.contains("oversize=\"alone\"") && e.contains("oversize=\"split\""), "{e}");
     }
 }

@@ -154,7 +154,7 @@ pub fn routepack_packing_in(
     // the exact search may use a quarter of a wall-clock budget
     let exact_deadline = crate::budget::deadline(start, a.time_budget.map(|b| b / 4));
     let cells = Cells::of(topo, oversize);
-    let row_lens = cells.row_lens(w.seq_lens, token_cap)?;
+    let row_lens = cells.row_lens(w.seq_lens, token_cap);
     let rows = certified_rows_from(&row_lens, token_cap, cells.step(), cells.min_rows(), opts.exact_nodes, exact_deadline)?;
     let t_rows = start.elapsed().as_secs_f64();
     let micro = rows.rows.len() / topo.dp;

@@ -10,7 +10,7 @@
 use super::cells::Cells;
 use super::rows::fallback::fallback_rows_in;
 use super::rows::heuristics::RoomTree;
-use super::rows::{equalise_rows_in, round_robin};
+use super::rows::{check_cap, equalise_rows_in, round_robin};
 use super::Packing;
 use crate::error::{invalid, Result};
 
@@ -55,7 +55,8 @@ pub fn sequential_report(seq_lens: &[i64], token_cap: i64, dp: usize) -> Result<
 /// (`Cells::rows_for`), a sample over the cap alone in its row where `cells.oversize` says so
 /// (its length counted as the cap, `Cells::row_lens`).
 pub fn sequential_in(seq_lens: &[i64], token_cap: i64, cells: &Cells) -> Result<(Packing, SequentialReport)> {
-    let seq_lens = &*cells.row_lens(seq_lens, token_cap)?;
+    let seq_lens = &*cells.row_lens(seq_lens, token_cap);
+    check_cap(seq_lens, token_cap)?;
     let dp = cells.dp;
     if dp == 0 {
         return Err(invalid("dp", "must be >= 1, got 0"));

@@ -20,6 +20,7 @@ pub use partition::karmarkar_karp;
 
 use super::cells::Cells;
 use super::rows::bounds::l2;
+use super::rows::check_cap;
 use super::rows::fallback::fallback_rows_in;
 use super::Packing;
 use crate::error::{Error, Result};
@@ -74,7 +75,8 @@ pub fn verl_kk(seq_lens: &[i64], token_cap: i64, dp: usize) -> Result<(Packing, 
 /// sample over the cap runs alone where `cells.oversize` says so (its length counted as the
 /// cap, `Cells::row_lens`).
 pub fn verl_kk_in(seq_lens: &[i64], token_cap: i64, cells: &Cells) -> Result<(Packing, KkReport)> {
-    let seq_lens = &*cells.row_lens(seq_lens, token_cap)?;
+    let seq_lens = &*cells.row_lens(seq_lens, token_cap);
+    check_cap(seq_lens, token_cap)?;
     let (dp, rule) = (cells.dp, cells.rule);
     let s_n = seq_lens.len();
     if dp == 0 {
