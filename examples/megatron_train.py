@@ -15,8 +15,9 @@ losses and the final logical weights must agree. The change to the training loop
     forward_backward_func(..., data_iterator=runner.microbatches(data_iterator))
     runner.finish_step(); optimizer.step()
 
-Without a GPU, Megatron's CUDA-only calls are stood in for by tests/megatron_cpu.py (each
-with its reason; docs/megatron.md lists them).
+The model, its data and the comparison are the tests' (tests/megatron_selfcheck.py, run from
+a clone). Without a GPU, Megatron's CUDA-only calls are stood in for by tests/megatron_cpu.py
+(each with its reason; docs/megatron.md lists them).
 
     python examples/megatron_train.py
 """
@@ -32,14 +33,14 @@ RANKS, EP, WINDOWS = 2, 2, 3
 def rank_main(rank, world, device):
     import torch
 
+    # the training case is the tests' harness (tests/megatron_selfcheck.py), not part of the package
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     if not torch.cuda.is_available():
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
         import megatron_cpu
 
         megatron_cpu.install(optimizers=True)
+    import megatron_selfcheck as ms
     from megatron.core import parallel_state
-
-    from routepack.integrations import _megatron_selfcheck as ms
 
     parallel_state.initialize_model_parallel(expert_model_parallel_size=EP)
     case = ms.MegatronCase(dp=world, ep=EP, samples=16, windows=WINDOWS)

@@ -11,7 +11,8 @@ are, and the schedule's ``global_batch_sizes``, ``num_microbatches`` and its
 ``micro_batch_indices``. Left out: ``_tensorize_rollout_data_for_training`` and the Ray
 ``Box(ray.put(...))`` around each dict. `RoutepackRolloutManager` is the same method with
 the user change of docs/trainers.md: the ``build_dp_schedule`` call replaced by
-``routepack.integrations.slime.plan_dp_schedule``.
+``routepack.integrations.slime.plan_dp_schedule``, and each rank's dict given the step plans
+(``rs.step_plans``) for the Megatron actor.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ PER_SAMPLE = (
 GLOBAL = ("raw_reward", "total_lengths")
 
 
-def package(data: Dict[str, Any], schedule: tuple, dp_size: int) -> List[Dict[str, Any]]:
+def package(data: Dict[str, Any], schedule: tuple, dp_size: int, plans: Any = None) -> List[Dict[str, Any]]:
     partitions, micro, num_mb, gbs = schedule
     out = []
     for r in range(dp_size):
@@ -53,6 +54,8 @@ def package(data: Dict[str, Any], schedule: tuple, dp_size: int) -> List[Dict[st
             if key in data:
                 rank[key] = data[key]
         rank.update(global_batch_sizes=gbs, num_microbatches=num_mb, micro_batch_indices=micro[r])
+        if plans is not None:
+            rank[rs.PLANS_KEY] = plans
         out.append(rank)
     return out
 
@@ -99,7 +102,8 @@ class RoutepackRolloutManager(RolloutManager):
             planner=self.routepack,  # + (user change)
             metrics=self.routepack_metrics,  # + (user change)
         )
-        return package(data, schedule, dp_size)
+        # in the per-rank loop: rollout_data["routepack_plans"] = rs.step_plans(self.routepack)  (user change)
+        return package(data, schedule, dp_size, rs.step_plans(self.routepack))
 
 
 def actor_steps(rank: Dict[str, Any]) -> List[List[List[int]]]:

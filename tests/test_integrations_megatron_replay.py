@@ -31,7 +31,7 @@ def check_replay(rank, world, device, flavour):
         from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
 
         registry = RouterReplay.global_router_replay_instances
-    from routepack.integrations import _megatron_selfcheck as ms
+    import megatron_selfcheck as ms
     from routepack.integrations import megatron as rm
 
     parallel_state.initialize_model_parallel()

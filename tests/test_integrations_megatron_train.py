@@ -87,7 +87,7 @@ def check_training(rank, world, device, ep, distopt, ckpt_root, refusals):
     # ranks as daemons, which multiprocessing forbids to have children
     multiprocessing.current_process()._config["daemon"] = False
     from megatron.core import dist_checkpointing, parallel_state
-    from routepack.integrations import _megatron_selfcheck as ms
+    import megatron_selfcheck as ms
     from routepack.integrations import megatron as rm
 
     parallel_state.initialize_model_parallel(expert_model_parallel_size=ep)
@@ -151,7 +151,7 @@ def check_training(rank, world, device, ep, distopt, ckpt_root, refusals):
 def check_refusals(case, rank, plans):
     """Plans this job cannot carry out are refused on every rank before anything moves."""
     from megatron.core.distributed import DistributedDataParallelConfig
-    from routepack.integrations import _megatron_selfcheck as ms
+    import megatron_selfcheck as ms
     from routepack.integrations import megatron as rm
 
     topo = ms.topology(case)

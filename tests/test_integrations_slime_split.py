@@ -87,7 +87,7 @@ def test_every_rank_gets_its_planned_samples_dynamic(seed, dp, gbs, vpp):
         return
     assert slime_ranks[0]["global_batch_sizes"] == ranks[0]["global_batch_sizes"]
     assert sorted(j for r in slime_ranks for j in r["partition"]) == sorted(j for r in ranks for j in r["partition"])
-    assert set(slime_ranks[0]) == set(ranks[0])  # the same fields reach the actor
+    assert set(slime_ranks[0]) | {rs.PLANS_KEY} == set(ranks[0])  # the same fields reach the actor, and the plans
 
 
 def test_over_cap_sample_runs_alone_priced_and_counted():
@@ -170,8 +170,12 @@ def test_backend_picks_the_policy_and_metrics_use_slimes_names(monkeypatch):
     import routepack.integrations.megatron as rm
 
     monkeypatch.setattr(rm, "EXECUTES", frozenset({"placement", "replicas"}), raising=False)
-    planner = rs.planner_from_args(a, cost_model(2, E))  # declared, but slime's actor has no hand-off yet
-    assert planner.policy_name == "routepack_packing" and "MegatronRunner" in planner.runs.why
+    planner = rs.planner_from_args(a, cost_model(2, E))  # declared, but the actor's MoE layers are Megatron's
+    assert planner.policy_name == "routepack_packing" and "--spec" in planner.runs.why
+    a.spec = ["routepack.integrations.slime", "layer_spec"]  # the actor builds routepack's layers: all of it runs
+    whole = rs.planner_from_args(a, cost_model(2, E))
+    assert whole.runs.placement and whole.policy_name.startswith("routepack"), whole.runs
+    del a.spec
     monkeypatch.undo()
     rng = np.random.default_rng(0)
     routed, lens, ids = rollout(rng, 4, 30, experts=E)

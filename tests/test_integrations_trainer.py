@@ -96,7 +96,7 @@ def test_over_cap_samples_run_alone_priced_on_their_length(seed, dp, n, cap):
     w = window(rng, n, 1, 2 * cap)
     planner = TrainerPlanner(cost_model(2, 4), "fsdp", anneal_moves=200)
     try:
-        plan = planner.plan(w, dp, cap, oversize=True)
+        plan = planner.plan(w, dp, cap, oversize_alone=True)
     except rp.InfeasibleError as e:
         assert "cannot fill" in str(e), e
         return

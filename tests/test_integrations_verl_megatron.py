@@ -61,7 +61,7 @@ def train_rank(rank, world, device, plan_model):
     import routepack as rp
     import verl_harness as vh
     import verl_megatron_harness as vmh
-    from routepack.integrations import _megatron_selfcheck as ms
+    import megatron_selfcheck as ms
     from routepack.integrations import _verl_megatron as vm
     from routepack.integrations import megatron as rm
     from routepack.integrations import verl as rv

@@ -259,3 +259,24 @@ def test_routepack_orders_each_groups_steps_to_shrink_the_bubble():
             p = rp.Plan(plan.placement, plan.sample_rank, micro, M)
             best = min(best, rp.simulate(p, window, topo, cost).group_times[g])
         assert res.group_times[g] <= best * (1 + 1e-9), (g, res.group_times[g], best)
+
+
+def test_bench_tables_show_the_bubble_under_a_pipeline():
+    from routepack.compare import compare, format_table, summarise
+    from routepack.sweep import format_sweep, summarise_sweep, sweep_policies
+    from test_oversize import CAP, cost_for, window_with_long_samples
+
+    windows = [window_with_long_samples(seed=s, share=0.0, samples=48)[0] for s in range(3)]
+    topo = rp.Topology(4, 2, 2, 4, pp=2, vpp=2)
+    rows = compare(windows, topo, cost_for(4), CAP, ["static", "eplb_oracle", "routepack"])
+    summary = summarise(rows)
+    table = format_table(summary)
+    assert "bubble" in table and "pipeline bubble / step time" in table
+    by = {s["policy"]: s for s in summary}
+    assert 0 < by["routepack"]["bubble"] < 1 and 0 < by["best baseline"]["bubble"] < 1
+    flat = summarise(compare(windows, replace(topo, pp=1, vpp=1), cost_for(4), CAP, ["static", "routepack"]))
+    assert "bubble" not in format_table(flat)
+    assert rp.traces.profile("flash_pp").topology().pp == 4 and rp.traces.profile("flash_pp").topology().vpp == 2
+    combos = [rp.Policy("static", "sequential", "none"), rp.Policy("routepack", "routepack", "routepack")]
+    srows = compare(windows, topo, cost_for(4), CAP, sweep_policies(combos))
+    assert "bubble" in format_sweep(summarise_sweep(srows, combos))

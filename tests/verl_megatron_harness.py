@@ -41,7 +41,7 @@ from typing import Any, Dict, List
 import numpy as np
 import torch
 
-from routepack.integrations import _megatron_selfcheck as ms
+import megatron_selfcheck as ms
 
 
 def local_attention_mask(module: Any, args: tuple, kwargs: Dict[str, Any]) -> tuple:
@@ -99,7 +99,7 @@ class StandInBridge:
     @torch.no_grad()
     def load_weights(self, models: List[Any], path: Any) -> None:
         """Each parameter from its global name (mbridge reads that name's HF tensors): the
-        value `routepack.integrations._megatron_selfcheck` derives from a name and a seed."""
+        value `megatron_selfcheck` (tests/megatron_selfcheck.py) derives from a name and a seed."""
         for model in models:
             names = self._weight_name_mapping_mcore_local_to_global(model)
             state = model.module.state_dict()

@@ -32,6 +32,9 @@ What runs, by world size W (processes, one GPU each):
   it checks the device path: the layer, autograd, Adam state moving with its expert,
   checksums computed on the GPU, bounded waits.
 
+Then the fault sweep of tools/gpu_faults.py (a rank killed at each point of the glue,
+restarts from checkpoints, plan agreement; docs/faults.md); ``--no-faults`` skips it.
+
 NCCL does not accept two ranks of one communicator on the same GPU ("Duplicate GPU
 detected"); ``--shared-gpu`` tries it anyway and reports the outcome without failing.
 The distributed logic (p2p ordering, agreement, rollback between ranks) is covered on any
@@ -206,6 +209,7 @@ def main() -> int:
     ap.add_argument("--shared-gpu", action="store_true", help="also try 4 NCCL ranks on one GPU")
     ap.add_argument("--cost-only", action="store_true", help="only the cost-model part (calibrate, measure)")
     ap.add_argument("--no-cost", action="store_true", help="skip the cost-model part")
+    ap.add_argument("--no-faults", action="store_true", help="skip the fault sweep (tools/gpu_faults.py)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="the cost part's device")
     ap.add_argument("--profile", default="flash", help="profile whose shapes calibrate measures")
     ap.add_argument("--hidden", type=int, default=None, help="override the profile's hidden size")
@@ -253,6 +257,12 @@ def main() -> int:
             print("peer_death", r, json.dumps(f))
             if f["raised"] != "MigrationError" or not f["intact"]:
                 failures.append(f"rank {r}: peer death: {f}")
+    # a rank killed at each point of the glue, restarts from checkpoints, plan agreement
+    # (tools/gpu_faults.py, docs/faults.md); --no-faults skips it
+    if not args.no_faults:
+        import gpu_faults
+
+        failures += gpu_faults.run(args.backend, world, case)
     if args.shared_gpu and args.backend == "nccl":
         try:
             sc.run_ranks(sc.check_windows, 4, sc.Case(), backend="nccl_shared", join_timeout_s=300)

@@ -35,6 +35,10 @@ from pathlib import Path
 
 import numpy as np
 
+# the Megatron training case and Megatron's CPU stand-ins are the tests' harness
+# (tests/megatron_selfcheck.py, tests/megatron_cpu.py), not part of the package
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
 TOL = 1e-4
 E, SPR, REPLICA_SLOTS, WINDOWS, MICRO = 8, 12, 2, 3, 2
 
@@ -44,7 +48,7 @@ def hand_plans(case, micro=MICRO):
     spare slots (each expert at least once), shuffled, migrated from ``previous``; samples
     round-robin over ``micro`` microbatches."""
     from routepack import _core
-    from routepack.integrations._megatron_selfcheck import synthetic_window, topology
+    from megatron_selfcheck import synthetic_window, topology
     from routepack.plan import MIGRATION_DTYPE, Placement, Plan
 
     topo = topology(case)
@@ -73,7 +77,7 @@ def hand_plans(case, micro=MICRO):
 
 def check_training(case, device, say):
     """Checks 1-2 for ``case``; returns whether they passed."""
-    from routepack.integrations import _megatron_selfcheck as ms
+    import megatron_selfcheck as ms
     from routepack.torch import flow_table
     from routepack.torch.routes import cell_origins
 
@@ -206,7 +210,6 @@ def main():
         moe_utils.te_general_gemm = None
     device = "cpu" if args.cpu_standins else "cuda"
     if args.cpu_standins:
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
         import megatron_cpu
 
         megatron_cpu.install(optimizers=True)
@@ -219,7 +222,7 @@ def main():
     dist.init_process_group("gloo" if args.cpu_standins else "nccl", rank=0, world_size=1)
     from megatron.core import parallel_state
 
-    from routepack.integrations._megatron_selfcheck import MegatronCase
+    from megatron_selfcheck import MegatronCase
 
     parallel_state.initialize_model_parallel()
     failed = []

@@ -80,6 +80,8 @@ class Row:
     imbalance_map: Any = None  # float64 [G, M, L] for figures
     #: `SimResult.redundant_grads`: the once-per-step sum of redundant experts' gradients
     redundant_grads: float = 0.0
+    #: `SimResult.pipeline_bubble`: seconds the busiest pipeline stage waits (0 without a pipeline)
+    pipeline_bubble: float = 0.0
 
 
 def _items(value: Any, name: str, cls: type, what: str) -> List[Any]:
@@ -207,6 +209,7 @@ def compare(
                     cross_node_bytes_per_token=sim.cross_node_bytes_per_token,
                     imbalance_map=sim.imbalance,
                     redundant_grads=sim.redundant_grads,
+                    pipeline_bubble=sim.pipeline_bubble,
                 )
             )
             if progress is not None:
@@ -279,6 +282,7 @@ def summarise(rows: Sequence[Row], baseline: str = DEFAULT_BASELINE) -> List[Dic
             "replication": med(lambda r: r.replication),
             "migration": med(lambda r: r.migration),
             "redundant_grads": med(lambda r: r.redundant_grads),
+            "bubble": med(lambda r: r.pipeline_bubble / r.step_time if r.step_time > 0 else 0.0),
             "imbalance": med(lambda r: r.imbalance),
             "micro": med(lambda r: r.num_micro),
             "micro_lb": med(lambda r: r.micro_lower_bound),
@@ -312,6 +316,7 @@ def summarise(rows: Sequence[Row], baseline: str = DEFAULT_BASELINE) -> List[Dic
                 "replication": NAN,
                 "migration": NAN,
                 "redundant_grads": NAN,
+                "bubble": NAN,
                 "imbalance": 1.0,
                 "micro": m_lb,
                 "micro_lb": m_lb,
@@ -355,9 +360,17 @@ def _has_bound(summary: Sequence[Dict[str, Any]]) -> bool:
     return any(math.isfinite(s.get("of_bound", NAN)) for s in summary)
 
 
-def table_columns(baseline: str = DEFAULT_BASELINE, bound: bool = True) -> List[Tuple[str, str, str, int]]:
+def _has_bubble(summary: Sequence[Dict[str, Any]]) -> bool:
+    """Whether a plan of the summary ran a pipeline (a bubble > 0)."""
+    return any(math.isfinite(b) and b > 0 for b in (s.get("bubble", NAN) for s in summary))
+
+
+def table_columns(
+    baseline: str = DEFAULT_BASELINE, bound: bool = True, bubble: bool = False
+) -> List[Tuple[str, str, str, int]]:
     """``(key, title, format, group)`` of every column of `format_table` (group 0: how fast each
-    plan is; group 1: where its step time goes). ``of bound`` only with ``bound``."""
+    plan is; group 1: where its step time goes). ``of bound`` only with ``bound``; ``bubble``
+    (the pipeline bubble's share of the step) only with ``bubble``."""
     baseline = _name(baseline, "baseline")
     cols = [
         ("vs_" + baseline, "thr/" + baseline, ".3f", 0),
@@ -376,6 +389,10 @@ def table_columns(baseline: str = DEFAULT_BASELINE, bound: bool = True) -> List[
         ("replication", "repl s", ".3f", 1),
         ("migration", "migr s", ".3f", 1),
         ("redundant_grads", "rgrad s", ".3f", 1),
+    ]
+    if bubble:
+        cols.append(("bubble", "bubble", ".1%", 1))
+    cols += [
         ("imbalance", "imbal", ".3f", 1),
         ("micro", "M", ".0f", 1),
         ("micro_lb", "M lb", ".0f", 1),
@@ -390,7 +407,7 @@ def table_cells(
     its formatted cells (``-`` where a row has no value) and its group."""
     baseline = _name(baseline, "baseline")
     summary = _check_entries(summary, "summary", ("policy",))
-    cols = table_columns(baseline, _has_bound(summary))
+    cols = table_columns(baseline, _has_bound(summary), _has_bubble(summary))
     # cross_node_kb is derived below from cross_node_bytes_per_token (NaN where a row lacks it)
     _check_entries(summary, "summary", [key for key, _, _, _ in cols if key != "cross_node_kb"])
     rows = [{**r, "cross_node_kb": r.get("cross_node_bytes_per_token", NAN) / 1e3} for r in summary]
@@ -414,15 +431,16 @@ def format_table(summary: Sequence[Dict[str, Any]], baseline: str = DEFAULT_BASE
     names, columns = table_cells(summary, baseline)
     text = text_tables([("policy", names)], columns)
     if legend:
-        text += "\n\n" + table_legend(baseline, _has_bound(summary))
+        text += "\n\n" + table_legend(baseline, _has_bound(summary), _has_bubble(summary))
     return text
 
 
-def legend_entries(baseline: str, bound: bool) -> Tuple[List[Tuple[str, str]], List[Tuple[str, str]]]:
+def legend_entries(baseline: str, bound: bool, bubble: bool) -> Tuple[List[Tuple[str, str]], List[Tuple[str, str]]]:
     """``(columns, rows)``: what every column and every reference row of `format_table` means,
     as (name, text) pairs."""
     baseline = _name(baseline, "baseline")
     bound = boolean(bound, "bound")
+    bubble = boolean(bubble, "bubble")
     items = [
         ("thr/" + baseline, f"throughput over {baseline}'s: median over windows of the per-window ratio"),
         ("thr/best", "throughput over the best baseline's, the same way"),
@@ -447,6 +465,17 @@ def legend_entries(baseline: str, bound: bool) -> Tuple[List[Tuple[str, str]], L
         ("repl s", "hot-expert copies and their gradients not hidden behind attention (0: all hidden, or none)"),
         ("migr s", "moving experts with their optimizer state since the previous window (never hidden)"),
         ("rgrad s", "summing redundant experts' gradients over the EP group, once per step (never hidden)"),
+    ]
+    if bubble:
+        items += [
+            (
+                "bubble",
+                "pipeline bubble / step time: the slowest EP group's 1F1B schedule (warm-up, cool-down, "
+                "sends between stages, stages waiting on each other) less its busiest stage's work; "
+                "under a pipeline the parts attn s ... repl s are that stage's and the bubble adds to them",
+            )
+        ]
+    items += [
         ("imbal", "expert tokens max / mean over EP ranks, averaged over exchanges (1 = even)"),
         ("M", "microbatch steps per DP rank"),
         ("M lb", "the fewest any plan can use: ceil(ceil(total tokens / cap) / dp)"),
@@ -460,9 +489,9 @@ def legend_entries(baseline: str, bound: bool) -> Tuple[List[Tuple[str, str]], L
     return items, rows
 
 
-def table_legend(baseline: str = DEFAULT_BASELINE, bound: bool = True) -> str:
+def table_legend(baseline: str = DEFAULT_BASELINE, bound: bool = True, bubble: bool = False) -> str:
     """What every column and reference row of `format_table` means."""
-    items, rows = legend_entries(baseline, bound)
+    items, rows = legend_entries(baseline, bound, bubble)
     width = max(len(k) for k, _ in items + rows)
 
     def entry(key: str, text: str) -> str:

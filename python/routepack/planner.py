@@ -10,6 +10,7 @@ import numpy as np
 from routepack import _core
 from routepack._checks import WINDOW_WORDS, callers_words, finite_float
 from routepack.plan import MIGRATION_DTYPE, MIGRATION_FIELDS, Placement, Plan, empty_migration
+from routepack.oversize import oversize_mode
 from routepack.oversize import report as oversize_report
 from routepack.policies import resolve
 from routepack.simulate import simulate
@@ -263,6 +264,7 @@ def plan_stages(
     }
     if time_budget_s is not None:
         plan.report["budget"] = budget
-    if ctx.oversize != "refuse":
-        plan.report["oversize"] = oversize_report(ctx.oversize, window.seq_lens, token_cap)
+    mode = oversize_mode(ctx.oversize)
+    if mode != "refuse":
+        plan.report["oversize"] = oversize_report(mode, window.seq_lens, token_cap)
     return plan

@@ -136,7 +136,7 @@ def bench_page(
     notes = _notes(data)
     if notes:
         out += [""] + [f"- {note}" for note in notes]
-    items, refs = legend_entries(baseline, "of bound" in titles)
+    items, refs = legend_entries(baseline, "of bound" in titles, "bubble" in titles)
     out += ["", "## Legend", ""]
     out += [f"- **{k}**: {v}" for k, v in items]
     out += [f"- row **{k}**: {v}" for k, v in refs]

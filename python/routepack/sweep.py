@@ -120,6 +120,9 @@ def _entry(name: str, rows: Dict[int, Row], preset: Dict[int, Row], best: Dict[i
         "vs_preset": ratio(preset),
         "vs_best": ratio(best),
         "cross_node_bytes_per_token": float(np.median([r.cross_node_bytes_per_token for r in rows.values()])),
+        "bubble": float(
+            np.median([r.pipeline_bubble / r.step_time if r.step_time > 0 else 0.0 for r in rows.values()])
+        ),
         "plan_s": float(np.median([r.plan_seconds for r in rows.values()])),
     }
 
@@ -205,6 +208,11 @@ def format_sweep(summary: Dict[str, Any], legend: bool = True) -> str:
         ("thr/preset", num("vs_preset", ".4f"), 0),
         ("thr/best", num("vs_best", ".4f"), 0),
         ("xnode kB/tok", num("cross_node_bytes_per_token", ".2f", 1e3), 0),
+    ]
+    pipelined = any(e.get("bubble", 0.0) > 0 for e in shown)
+    if pipelined:
+        columns.append(("bubble", num("bubble", ".1%"), 1))
+    columns += [
         ("min s", num("step_min", ".4f"), 1),
         ("max s", num("step_max", ".4f"), 1),
         ("plan s", num("plan_s", ".3f"), 1),
@@ -223,7 +231,7 @@ def format_sweep(summary: Dict[str, Any], legend: bool = True) -> str:
         )
     lines += ["", verdict_text(summary["verdict"])]
     if legend:
-        lines += ["", sweep_legend()]
+        lines += ["", sweep_legend(pipelined)]
     return "\n".join(lines)
 
 
@@ -239,8 +247,8 @@ def verdict_text(v: Dict[str, Any]) -> str:
     )
 
 
-def sweep_legend() -> str:
-    """What every column of `format_sweep` means."""
+def sweep_legend(bubble: bool = False) -> str:
+    """What every column of `format_sweep` means (``bubble``: with the pipeline bubble's)."""
     items: List[Tuple[str, str]] = [
         ("step s", "median over windows of the predicted step time (seconds, routepack.simulate)"),
         ("min/max s", "the fastest and slowest window's step time (second table)"),
@@ -258,6 +266,8 @@ def sweep_legend() -> str:
         ("xnode kB/tok", CROSS_NODE_LEGEND),
         ("plan s", "median planner wall time on this machine (second table)"),
     ]
+    if bubble:
+        items.append(("bubble", "median over windows of the pipeline bubble's share of the step (second table)"))
     width = max(len(k) for k, _ in items)
     out = [fill("columns (every combination plans from its loads setting; the first column marks the preset):")]
     for k, text in items:

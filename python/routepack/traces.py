@@ -20,6 +20,7 @@ the attention ratio follow the public model cards of Ling-3.0-tiny / -flash).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from typing import Iterator, List, Sequence
 
@@ -64,6 +65,10 @@ class Profile:
     #: the model's routing groups (`ModelShape.expert_groups`): 1, the trace draws every
     #: token's experts from all of them (no group-limited routing)
     expert_groups: int = UNGROUPED
+    #: pipeline stages and model chunks per stage (`Topology.pp`, `Topology.vpp`): 1, 1 is
+    #: no pipeline; the trace does not depend on them
+    pp: int = 1
+    vpp: int = 1
 
     def __post_init__(self) -> None:
         for name in (
@@ -81,6 +86,8 @@ class Profile:
             "group_size",
             "max_response",
             "num_topics",
+            "pp",
+            "vpp",
         ):
             positive_int(getattr(self, name), f"profile.{name}")
         if self.num_experts <= self.top_k:
@@ -119,7 +126,7 @@ class Profile:
 
     def topology(self) -> Topology:
         with _as_profile_fields("topo"):
-            return Topology(self.dp, self.ep, self.gpus_per_node, self.slots_per_rank)
+            return Topology(self.dp, self.ep, self.gpus_per_node, self.slots_per_rank, pp=self.pp, vpp=self.vpp)
 
     def cost(self, hardware: Hardware | None = None) -> CostModel:
         # None, not any falsy value, means the default (an empty dict is not a Hardware)
@@ -192,6 +199,9 @@ PROFILES = {
         expert_groups=1,
     ),
 }
+# Ling-3.0-flash-like under a pipeline: flash's model, trace and EP groups, each DP rank a
+# pipeline of 4 stages with 2 model chunks each (interleaved 1F1B, 4 MoE layers a chunk; 256 GPUs)
+PROFILES["flash_pp"] = dataclasses.replace(PROFILES["flash"], name="flash_pp", pp=4, vpp=2)
 
 
 def profile(name: str | Profile) -> Profile:

@@ -5,7 +5,7 @@ trained in one process: losses, final expert and dense weights equal to 1e-5 rel
 (fp32), and every MoE layer dispatched exactly the captured routing. Families: Qwen3-MoE
 (softmax router, a dense layer among the MoE ones) and DeepSeek-V3 (sigmoid group-limited
 router with a score bias, scaled weights, shared experts, a first dense layer). The run
-itself is `routepack.integrations._hf_shard_check`; one spawn serves both families (four
+itself is `hf_shard_check` (tests/torch/hf_shard_check.py); one spawn serves both families (four
 processes importing torch and transformers cost more than the training). Layouts shard
 cannot carry are refused, naming the module."""
 
@@ -23,9 +23,9 @@ pytest.importorskip("transformers")
 if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
     pytest.skip("torch.distributed with gloo is required", allow_module_level=True)
 
+import hf_shard_check as chk  # noqa: E402
 import routepack as rp  # noqa: E402
 from routepack.errors import RoutepackError, RoutepackTypeError  # noqa: E402
-from routepack.integrations import _hf_shard_check as chk  # noqa: E402
 from routepack.integrations import hf, hf_shard  # noqa: E402
 from routepack.torch.spawn import run_ranks  # noqa: E402
 

@@ -2,7 +2,8 @@
 window and its topology packed into bytes a trainer ships with its batches
 (`pack_plan` / `unpack_plan`: numpy only), and `Handoff`, which ties one worker's
 `routepack.integrations.megatron.MegatronRunner` to the trainer's step: a planned
-mini-batch (``begin``), its microbatches (``iterate``), the step's end before the optimizer
+mini-batch (``begin``), its microbatches (``iterate``, or ``step_function`` around Megatron's
+``forward_step_func``), the step's end before the optimizer
 steps (``before_optimizer_step``), and steps that run without a plan (``unplanned``).
 
 Shared by the verl hand-off (`routepack.integrations._verl_megatron`) and the slime one
@@ -112,6 +113,24 @@ class Handoff:
             if ids is not None:
                 self.runner.start_micro(ids[k % len(ids)])
             yield item
+
+    def step_function(self, fn: Any) -> Any:
+        """``fn`` (Megatron's ``forward_step_func``) with the plan's next microbatch made current
+        before each call (`begin`'s ``micro_ids``, in order); ``fn`` itself without a planned step."""
+        import functools
+
+        ids = self.micro_ids
+        if ids is None:
+            return fn
+        calls = [0]
+
+        @functools.wraps(fn)
+        def planned(*args: Any, **kwargs: Any) -> Any:
+            self.runner.start_micro(ids[calls[0] % len(ids)])
+            calls[0] += 1
+            return fn(*args, **kwargs)
+
+        return planned
 
     def before_optimizer_step(self) -> None:
         """Before ``optimizer.step()``: a planned step's `MegatronRunner.finish_step`; after an

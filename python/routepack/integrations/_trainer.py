@@ -206,6 +206,7 @@ class TrainerPlanner:
         self.placement: Optional[Placement] = None
         self.last_window: Optional[Window] = None
         self.last_plans: List[Plan] = []  # what an adapter planned last (slime: one per training step)
+        self.last_windows: List[Window] = []  # the windows of ``last_plans`` (slime ships them with the plans)
 
     def topology(self, dp: int) -> Topology:
         """The `Topology` of ``dp`` DP ranks."""
@@ -227,7 +228,7 @@ class TrainerPlanner:
         equal_counts: bool = False,
         multiple: int = 1,
         multiple_option: str = "microbatch_group_size_per_vp_stage",
-        oversize: bool = False,
+        oversize_alone: bool = False,
         micro_batch_size: Optional[int] = None,
     ) -> Plan:
         """One step's plan, validated and priced on ``window``.
@@ -236,7 +237,7 @@ class TrainerPlanner:
         made with verl's Karmarkar–Karp packing and the faster of the two, as predicted, kept:
         ``report["trainer"]["kk_step_time"]``, ``["kept"] = "kk"``); ``multiple``:
         microbatches per rank a multiple of it (VPP; ``multiple_option`` names the setting in
-        errors); ``oversize``: a sample over ``token_cap`` runs alone in a microbatch (slime),
+        errors); ``oversize_alone``: a sample over ``token_cap`` runs alone in a microbatch (slime),
         see `clamp_oversize`; ``micro_batch_size``: the trainer's static batch mode, at most
         that many samples per microbatch, no token cap (`fixed_size_layout`). The report gains
         ``trainer``: backend, the parts that run, the policy, wall seconds, per-layer imbalance.
@@ -258,7 +259,7 @@ class TrainerPlanner:
             plan, token_cap = self._static_plan(window, topo, micro_batch_size, multiple, kwargs)
             extra["static_batch"] = {"micro_batch_size": micro_batch_size}
         else:
-            planned, over = clamp_oversize(window, token_cap) if oversize else (window, np.zeros(0, np.int64))
+            planned, over = clamp_oversize(window, token_cap) if oversize_alone else (window, np.zeros(0, np.int64))
             if equal_counts:
                 plan = plan_equal_counts(planned, topo, self.cost, token_cap, self.policy, **kwargs)
                 if self.policy.packing != "kk":  # never slower than verl's own balancing, as predicted

@@ -21,8 +21,7 @@ a rollout in one step; trailing rollouts that do not fill a step dropped).
 
 `plan_dp_schedule` is the drop-in for that call in ``RolloutManager._split_train_data_by_dp``
 (``slime/ray/rollout.py``): it plans each step from the rollouts' routes with a
-`TrainerPlanner` (the policy the backend runs: the schedule on the static placement until
-routepack's Megatron execution carries out the rest) and returns the same 4-tuple
+`TrainerPlanner` (the policy the backend runs) and returns the same 4-tuple
 (`build_dp_schedule` with the plans). Both of slime's batch modes: dynamic
 (``use_dynamic_batch_size``: microbatches within ``max_tokens_per_gpu * cp_size``; a sample
 longer than that runs alone in a microbatch of its own, as slime runs it, priced by
@@ -32,8 +31,14 @@ every microbatch within the cap but a lone over-cap sample (#2017: ``--balance-b
 ignores it), no empty microbatch (#1838, #1860), no more microbatches than samples on a rank
 (#2065), the same count on every DP rank, VPP's multiple.
 
-Needs numpy only (torch tensors are read without importing torch); ``pip install
-'routepack[slime]'`` adds nothing beyond routepack.
+On slime's Megatron backend the rest of the plan (expert placement, migration, redundant
+experts, intra-batch replicas) runs in the train actor: `step_plans` ships each step's plan
+with the step's data, and the actor's `layer_spec` / `begin_step` / `finish_step` /
+`stock_layout` carry it out (`routepack.integrations._slime_megatron`; docs/trainers.md has
+the user change, `limits` what blocks it).
+
+The driver's side needs numpy only (torch tensors are read without importing torch); the
+actor's functions import torch and Megatron-Core when they run.
 """
 
 from __future__ import annotations
@@ -46,6 +51,18 @@ from routepack._checks import boolean, positive_int, sequence
 from routepack._routed import check_ids, check_same_layout, native_order, renamed
 from routepack.errors import RoutepackError, RoutepackTypeError
 from routepack.integrations._common import as_numpy, num_ranks, plans_list, rank_cells
+from routepack.integrations._slime_megatron import (
+    LAYOUT_ARGS,
+    PLANS_KEY,
+    begin_step,
+    finish_step,
+    layer_spec,
+    layout,
+    limits,
+    plan_spec,
+    stock_layout,
+    step_plans,
+)
 from routepack.integrations._trainer import BACKENDS, TrainerPlanner, backend_policy, plan_seconds, step_metrics
 from routepack.window import Window
 
@@ -243,37 +260,71 @@ def build_dp_schedule(
     return partitions, micro, num_microbatches, [int(global_batch_size)] * len(steps)
 
 
-#: Why slime's Megatron backend runs the schedule alone: no hand-off of the plans to the actor yet.
-SLIME_HANDOFF = (
-    "slime's Megatron actor (slime/backends/megatron_utils) does not hand the plans to routepack's MegatronRunner "
-    "yet: its model is built without routepack's MoE layers and its steps call no begin_window"
-)
-
-
 def planner_from_args(args: Any, cost: Any, backend: Optional[str] = None, **options: Any) -> TrainerPlanner:
     """A `TrainerPlanner` for a slime run from its arguments: ``num_experts``,
     ``expert_model_parallel_size`` (ep, default 1), ``num_gpus_per_node`` (default 8) and
     ``train_backend`` (``"megatron"``, slime's default, or ``"fsdp"``; ``backend`` overrides
     it). ``cost``: a `routepack.CostModel` or the path of one saved as JSON. ``options``:
-    the planner's (``policy``, ``num_experts``, ``slots_per_rank``, ``seed``,
-    ``anneal_moves``, ``time_budget_s``, stage options). What the backend carries out, and so
-    the policy, is `backend_policy`'s; on slime's Megatron backend the schedule alone
-    (`SLIME_HANDOFF`: slime's actor does not hand the plans to routepack's ``MegatronRunner``)."""
+    the planner's (``policy``, ``num_experts``, ``seed``, ``anneal_moves``,
+    ``time_budget_s``, stage options). What the backend carries out, and so the policy, is
+    `backend_policy`'s.
+
+    On slime's Megatron backend the actor carries the whole plan out (`_slime_megatron`: the
+    model built with ``--spec routepack.integrations.slime layer_spec``, the plans shipped by
+    `step_plans`), unless `limits` names an option that blocks placement (the schedule alone
+    then). The MoE layers' layout is the actor's: ``args.routepack_slots_per_rank`` (default
+    ``ceil(E / ep)``) and ``args.routepack_replica_slots`` (default 0: no replicas), which
+    ``options`` may not contradict. Refused, naming the option: redundant slots or replica
+    buffers with ``--overlap-grad-reduce``, or with optimizer state in checkpoints (``--save``
+    without ``--no-save-optim``)."""
     if backend is None:
         backend = getattr(args, "train_backend", None) or "megatron"
         if backend not in BACKENDS:
             raise RoutepackError(f"args.train_backend: routepack plans for {BACKENDS}, got {backend!r}")
     num_experts = options.pop("num_experts", None) or getattr(args, "num_experts", None)
-    blocked = {"placement": SLIME_HANDOFF} if backend == "megatron" else None
-    return TrainerPlanner(
+    blocked: Dict[str, str] = {}
+    if backend == "megatron":
+        why = limits(args)
+        if why is not None:
+            blocked["placement"] = why
+        else:
+            lay = layout(args)
+            for key, value in lay.items():
+                if options.get(key) is not None and options[key] != value:
+                    raise RoutepackError(
+                        f"{key}: {options[key]} given, but slime's actor builds its MoE layers with "
+                        f"args.{LAYOUT_ARGS[key]} = {value}; set it there (slime's --custom-config-path YAML)"
+                    )
+                options[key] = value
+            if not lay["replica_slots"]:
+                blocked["replicas"] = (
+                    f"args.{LAYOUT_ARGS['replica_slots']} is 0: the MoE layers hold no replica buffers"
+                )
+    planner = TrainerPlanner(
         cost,
         backend,
         num_experts=num_experts,
-        blocked=blocked,
+        blocked=blocked or None,
         ep=int(getattr(args, "expert_model_parallel_size", 1) or 1),
         gpus_per_node=int(getattr(args, "num_gpus_per_node", 8) or 8),
         **options,
     )
+    extra = planner.slots_per_rank * planner.ep > planner.num_experts or bool(planner.replica_slots)
+    if backend == "megatron" and planner.runs.placement and extra:
+        layout_ = f"{planner.slots_per_rank} slots a rank for {planner.num_experts} experts, {planner.replica_slots} replica buffers"
+        if getattr(args, "overlap_grad_reduce", False):
+            raise RoutepackError(
+                f"--overlap-grad-reduce: the layout ({layout_}) has redundant slots or replica buffers, whose gradients "
+                "complete in the last microbatch's backward, after DDP would start reducing them; drop the flag or "
+                "use slots_per_rank = E / ep and replica_slots = 0"
+            )
+        if getattr(args, "save", None) and not getattr(args, "no_save_optim", False):
+            raise RoutepackError(
+                f"--no-save-optim: optimizer state of a model with redundant slots or replica buffers ({layout_}) is not "
+                "placement-independent in checkpoints yet; pass --no-save-optim or use slots_per_rank = E / ep and "
+                "replica_slots = 0"
+            )
+    return planner
 
 
 def plan_dp_schedule(
@@ -308,14 +359,14 @@ def plan_dp_schedule(
     dynamic = boolean(getattr(args, "use_dynamic_batch_size", False), "args.use_dynamic_batch_size")
     group = cfg["microbatch_group_size_per_vp_stage"] if cfg["vpp_size"] > 1 else 1
     routed = sequence(rollout_routed_experts, "rollout_routed_experts", "[T_i, L, k] arrays")
-    plans = []
+    plans, windows = [], []
     for samples in step_samples(rollout_indices, global_batch_size):
         window = window_from_slime(
             [routed[i] for i in samples], planner.num_experts, total_lengths=[total_lengths[i] for i in samples]
         )
         if dynamic:
             cap = positive_int(getattr(args, "max_tokens_per_gpu", None), "args.max_tokens_per_gpu") * cfg["cp_size"]
-            plan = planner.plan(window, cfg["dp_size"], cap, multiple=group, oversize=True)
+            plan = planner.plan(window, cfg["dp_size"], cap, multiple=group, oversize_alone=True)
         else:
             size = positive_int(getattr(args, "micro_batch_size", None), "args.micro_batch_size")
             plan = planner.plan(window, cfg["dp_size"], 1, multiple=group, micro_batch_size=size)
@@ -325,7 +376,8 @@ def plan_dp_schedule(
             max(plan.report["trainer"]["token_cap"], int(window.seq_lens.max())),
         )
         plans.append(plan)
-    planner.last_plans = plans
+        windows.append(window)
+    planner.last_plans, planner.last_windows = plans, windows
     if metrics is not None:
         metrics.update(step_metrics(plans))
         metrics["perf/routepack_plan_time"] = plan_seconds(plans)
@@ -366,13 +418,23 @@ def _check_step_plan(plan: Any, name: str, samples: List[int], dp: int, cfg: Dic
 __all__ = [
     "BACKENDS",
     "LAST_TOKEN",
+    "LAYOUT_ARGS",
+    "PLANS_KEY",
     "TrainerPlanner",
     "backend_policy",
+    "begin_step",
     "build_dp_schedule",
+    "finish_step",
+    "layer_spec",
+    "layout",
+    "limits",
     "plan_dp_schedule",
+    "plan_spec",
     "planner_from_args",
     "slime_pad_row",
     "step_metrics",
+    "step_plans",
     "step_samples",
+    "stock_layout",
     "window_from_slime",
 ]

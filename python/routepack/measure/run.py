@@ -214,24 +214,29 @@ def measure(
 
 
 def _lockstep(per: List[Dict[str, Any]], num_micro: int) -> Optional[np.ndarray]:
-    """float ``[M]``: each microbatch's median over the timed steps of Σ over the segments
-    between the group's collectives of the slowest rank's seconds (``segments`` of every rank's
-    `run_plan` record): the time of ranks that meet at every all-to-all and all-reduce, each
-    on a core of its own. The busiest rank's own total (``micro_s``' max over ranks) is less
-    wherever the slowest rank changes from one segment to the next (a plan whose hot rank
-    differs by layer); it misses the waits. None where a rank has no segments or the ranks'
-    collectives do not line up."""
+    """float ``[M]``: each microbatch's Σ over the segments between the group's collectives of
+    the slowest rank's seconds (``segments`` of every rank's `run_plan` record, each segment's
+    median over the timed steps first): the time of ranks that meet at every all-to-all and
+    all-reduce, each on a core of its own. The busiest rank's own total (``micro_s``' max over
+    ranks) is less wherever the slowest rank changes from one segment to the next (a plan
+    whose hot rank differs by layer): it misses the waits. The medians come before the max,
+    so a step's noise on one rank's segment does not add up over the segments (the max of two
+    noisy figures is biased up). None where a rank has no segments or the collectives do not
+    line up (between ranks or steps)."""
     if not all("segments" in r for r in per):
         return None
-    steps = len(per[0]["segments"])
-    out = np.zeros((steps, num_micro))
-    for i in range(steps):
-        for m in range(num_micro):
-            segs = [np.asarray(r["segments"][i][m]) for r in per]
-            if len({s.size for s in segs}) != 1 or segs[0].size == 0:
+    out = np.zeros(num_micro)
+    for m in range(num_micro):
+        medians = []
+        for r in per:
+            steps = [np.asarray(step[m]) for step in r["segments"]]
+            if not steps or len({s.size for s in steps}) != 1 or steps[0].size == 0:
                 return None
-            out[i, m] = float(np.max(np.stack(segs), axis=0).sum())
-    return np.median(out, axis=0)
+            medians.append(np.median(np.stack(steps), axis=0))
+        if len({a.size for a in medians}) != 1:
+            return None
+        out[m] = float(np.max(np.stack(medians), axis=0).sum())
+    return out
 
 
 def _policy_record(

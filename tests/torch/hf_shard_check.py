@@ -1,7 +1,7 @@
-"""The acceptance check of `routepack.integrations.hf_shard` (tests/torch/test_hf_shard.py):
-a tiny random transformers MoE model trained for a few windows on gloo ranks, expert-parallel
-under `routepack.plan_window` plans with migration and replication, against the same model
-trained in one process. Everything comes from `Case` and its seed, so every rank builds the
+"""The acceptance check of `routepack.integrations.hf_shard` (tests/torch/test_hf_shard.py; the
+tests' harness, not part of the package): a tiny random transformers MoE model trained for a
+few windows on gloo ranks, expert-parallel under `routepack.plan_window` plans with migration
+and replication, against the same model trained in one process. Everything comes from `Case` and its seed, so every rank builds the
 same model, prompts, routing and plans (`PlanRunner.begin_window` checks they agree).
 
 * `build_model`: the family's tiny model (fp32, train mode, no dropout), routers drawn at

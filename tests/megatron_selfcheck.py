@@ -1,7 +1,7 @@
 """A small Megatron-Core GPT model trained under routepack plans and under Megatron's static
-placement, on identical data and logical weights (torch, Megatron). Shared by the tests
-(CPU, gloo), ``examples/megatron_train.py``, ``benches/megatron_overhead.py`` and
-``tools/gpu_megatron.py`` (CUDA).
+placement, on identical data and logical weights (torch, Megatron). The tests' harness, not
+part of the package: shared by the tests (CPU, gloo), ``examples/megatron_train.py`` and
+``tools/gpu_megatron.py`` (CUDA), which put ``tests/`` on their path to import it.
 
 `MegatronCase` holds the sizes. `train` builds the model (``get_gpt_layer_local_spec``:
 local spec, no Transformer Engine; with ``plan=True`` through `plan_layer_spec`), wraps it in
