@@ -225,6 +225,10 @@ def main():
     from megatron_selfcheck import MegatronCase
 
     parallel_state.initialize_model_parallel()
+    if device == "cuda":  # the CUDA RNG tracker's model-parallel state, which Megatron's attention forks
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.model_parallel_cuda_manual_seed(0)
     failed = []
 
     def say(line, ok):

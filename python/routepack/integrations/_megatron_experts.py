@@ -60,9 +60,13 @@ class SlotPieces:
             raise RoutepackError(f"experts: slots of {self.kind} differ in size: {sorted(sizes)}")
         self.numel = sizes.pop()
         self.dtype = self.slots[0][0].param.dtype
-        self.device = self.slots[0][0].param.device
         if any(p.param.dtype != self.dtype for s in self.slots for p in s):
             raise RoutepackError(f"experts: {self.kind} mixes parameter dtypes; routepack moves one dtype per slot")
+
+    @property
+    def device(self) -> torch.device:
+        """Where the experts are now (read each time: a model built on the CPU is moved after)."""
+        return self.slots[0][0].param.device
 
     def _pieces(self, named: dict, i: int) -> List[Piece]:
         if hasattr(self.experts, "local_experts"):  # SequentialMLP

@@ -31,7 +31,7 @@ from routepack.integrations._megatron_tables import buffer_of, cell_rows, layer_
 from routepack.model import Topology
 from routepack.plan import Placement, Plan
 from routepack.torch import _args
-from routepack.torch.broadcast import digest_int, gather_ints, group_peers, raise_shared_failure
+from routepack.torch.broadcast import default_device, digest_int, gather_ints, group_peers, raise_shared_failure
 from routepack.torch.migrate import MigrationReport, migrate_slots
 from routepack.torch.replicate import ReplicaExchange
 from routepack.torch.routes import cell_origins
@@ -267,7 +267,7 @@ class MegatronRunner:
             digest = digest_int(plan)
         except Exception as e:  # noqa: BLE001 (shared with every EP rank, then re-raised)
             err = e
-        device = self.layers[0].pieces.device
+        device = default_device(self.group)  # where the group's collectives take tensors (NCCL: CUDA)
         got = gather_ints([int(err is None), digest], self.group, device, self.timeout)
         raise_shared_failure(
             err, got[:, 0], lambda bad: f"EP rank(s) {bad} refused the plan; nothing moved", InvalidPlanError
