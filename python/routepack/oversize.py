@@ -3,7 +3,7 @@
 ``plan_window(..., oversize=...)``:
 
 * ``"refuse"`` (the default, also None): such a sample makes the window infeasible; the
-  `InfeasibleError` names it and suggests the two modes below.
+  `InfeasibleError` names it and suggests "alone".
 * ``"alone"``: it runs in a microbatch of its own (as slime does). Every packing builds its rows
   with its length counted as the cap, so nothing else fits beside it, and the row count's lower
   bound and certificate are those of a problem in which it must run alone; it is priced at its

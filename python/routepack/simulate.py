@@ -165,7 +165,7 @@ def simulate(
     validate: bool = False,
     oversize: Any = None,
 ) -> SimResult:
-    """Scores `plan` on `window` under `topo` and `cost` (see docs/design.md, "Cost model").
+    """Scores `plan` on `window` under `topo` and `cost` (docs/design.md, "The cost model").
 
     ``token_cap`` sets the microbatch count of the balanced reference ``ideal_time`` (the
     lower bound ``ceil(ceil(Σ n / cap) / dp)``) and the cap ``lower_bound_time`` assumes; by

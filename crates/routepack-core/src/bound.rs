@@ -1,7 +1,7 @@
 //! A true lower bound on the step time of every valid plan for a window: whatever the
 //! placement, the packing into rows, the layout of rows onto cells, the replicas and the
 //! migration, `simulate` cannot score a plan below [`lower_bound_time`] (for the same window,
-//! topology, cost model and token cap). docs/design.md ("Cost model", "Lower bound") carries
+//! topology, cost model and token cap). docs/design.md ("The cost model", "Lower bound") carries
 //! the same derivation; `tests/bound_props.rs` checks it on more than 10⁴ plans from every
 //! planner of the core and random valid plans.
 //!

@@ -1,7 +1,7 @@
 //! How a plan treats a sample longer than the token cap (docs/design.md, "Samples over the
 //! cap"): refused, or run alone in a microbatch of its own. The packers (`packing::cells`),
 //! `validate` and the simulator read it. (Splitting such a sample over a context-parallel
-//! group is done in Python, `routepack.oversize_split`.)
+//! group is not built.)
 
 use crate::error::{invalid, Result};
 

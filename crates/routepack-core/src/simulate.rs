@@ -329,7 +329,7 @@ fn price_exchange(
         }
         let fwd = LinkBytes::time(&sc.repl_fwd, cost);
         let bwd = LinkBytes::time(&sc.repl_bwd, cost);
-        replication = cost.replication_time(fwd, bwd, attn_max);
+        replication = cost.exposed_replication(fwd, bwd, attn_max);
         sc.rep_parts = ((fwd - attn_max).max(0.0), (bwd - 2.0 * attn_max).max(0.0));
     }
     LayerCost::new(cost, attn_max, x_max, a2a, replication, imbalance)

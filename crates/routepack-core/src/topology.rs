@@ -19,8 +19,8 @@ use crate::error::{invalid, Result};
 ///   interleaved 1F1B, Megatron's virtual pipeline); every stage has its own `dp` ranks, EP
 ///   groups and nodes: DP rank d of stage s is global rank `s·dp + d` (pipeline outermost, as in
 ///   Megatron's default order). A microbatch flows through the stages of its DP rank.
-/// * `cp` consecutive DP ranks (inside one EP group) form a context-parallel group, over which
-///   a sample longer than the token cap may be split (`oversize="split"`).
+/// * `cp` consecutive DP ranks (inside one EP group) form a context-parallel group: checked and
+///   carried; no stage splits a sample over it yet (a long sample runs alone, `oversize="alone"`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Topology {
     /// Data-parallel ranks (global GPUs), a multiple of `ep`.
@@ -40,8 +40,8 @@ pub struct Topology {
     /// Model chunks (virtual stages) per pipeline stage: interleaved 1F1B where > 1
     /// ([`DEFAULT_VPP`]: plain 1F1B). Needs `pp` > 1.
     pub vpp: usize,
-    /// DP ranks of one context-parallel group, the ranks an over-cap sample is split over
-    /// ([`DEFAULT_CP`]: none); divides `ep`.
+    /// DP ranks of one context-parallel group ([`DEFAULT_CP`]: none); divides `ep`. Checked
+    /// and carried: no stage splits a sample over it yet.
     pub cp: usize,
     /// MoE layers of each model chunk in chunk order (chunk `v·pp + s` is virtual stage v of
     /// stage s), `pp·vpp` entries >= 1 summing to the model's MoE layers; None: Megatron's even

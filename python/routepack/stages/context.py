@@ -153,8 +153,7 @@ def check_fills_cells(ctx: PlanContext) -> None:
         s = int(np.flatnonzero(w.seq_lens > cap)[0])
         raise InfeasibleError(
             f"sample {s} has {w.seq_lens[s]} tokens, more than token_cap = {cap}; raise the cap, or plan with "
-            'oversize="alone" (it runs in a microbatch of its own) or oversize="split" with Topology(cp=...) '
-            "(it is split over a context-parallel group)"
+            'oversize="alone" (it runs in a microbatch of its own)'
         )
     # a sample over the cap fills a row of its own
     micro = lower_bound_micro(_clamped(w, cap) if mode == "alone" else w, ctx.topo, cap)

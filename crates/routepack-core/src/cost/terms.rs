@@ -85,25 +85,6 @@ impl CostModel {
         }
     }
 
-    /// Seconds of an exchange's replication, given its replicas' forward copies (`fwd`
-    /// seconds) and backward gradient reduction (`bwd`) and the attention they may hide
-    /// behind: what [`CostModel::exposed_replication`] leaves exposed, plus one grouped
-    /// kernel call per compute pass ([`CostModel::c_call`]): the ranks that compute copies run
-    /// their copies' kernel beside their slots' (`routepack.torch.EPMoE`: the copies' weights
-    /// are not in the slots' stack). Charged to the exchange rather than to a rank: replicas go
-    /// to the ranks they relieve, which end close to the slowest. The simulator and
-    /// replication's exact state both price replicas with it; with `c_call` 0 it is
-    /// `exposed_replication` bit for bit.
-    #[inline]
-    pub fn replication_time(&self, fwd: f64, bwd: f64, attention_max: f64) -> f64 {
-        let exposed = self.exposed_replication(fwd, bwd, attention_max);
-        if self.c_call > 0.0 {
-            exposed + self.compute_passes() * self.c_call
-        } else {
-            exposed
-        }
-    }
-
     /// Seconds of a window's migration from the bytes each EP rank sends and receives
     /// (`links`): where anything moves, [`CostModel::migration_latency`] plus the slowest
     /// rank's link time (per link max(sent, received) over its bandwidth) and staging

@@ -10,9 +10,8 @@
 //! one full row, which it is in every valid plan. The layout then places the samples at their
 //! real lengths (a cell over the cap holds one sample, and no move adds to it or moves it into
 //! an occupied cell), and `validate` accepts a cell over the cap only when it holds one sample.
-//! Splitting a sample over a context-parallel group (`oversize="split"`) is done in Python
-//! (`routepack.oversize`): its chunks, each within the cap, are packed as samples that fill a
-//! row, so the core sees no sample over the cap there.
+//! Splitting a sample over a context-parallel group is not built (`Topology::cp` is checked
+//! and carried, no packing reads it).
 
 use std::borrow::Cow;
 
@@ -96,6 +95,6 @@ mod tests {
         assert!(matches!(alone.row_lens(&[3, 7], 10), Cow::Borrowed(_)));
         let plain = Cells::plain(2);
         let e = crate::packing::rows::check_cap(&plain.row_lens(&[3, 25, 7], 10), 10).unwrap_err().to_string();
-        assert!(e.contains("sample 1 has 25 tokens") && e.contains("oversize=\"alone\"") && e.contains("oversize=\"split\""), "{e}");
+        assert!(e.contains("sample 1 has 25 tokens") && e.contains("oversize=\"alone\"") && !e.contains("split"), "{e}");
     }
 }

@@ -22,7 +22,7 @@
 //!   [`crate::cost::CostModel::weights_bound_extra`] of each active expert, summed in expert
 //!   order as the simulator sums it), the all-to-all passes
 //!   ([`crate::cost::CostModel::all_to_all_of_link_time`]), the exposed replication
-//!   ([`crate::cost::CostModel::replication_time`]), the attention it hides behind (the exchange's
+//!   ([`crate::cost::CostModel::exposed_replication`]), the attention it hides behind (the exchange's
 //!   `attn_max`, from `CellGrid::attention_max` like the simulator's) and the sum of the
 //!   parts (`LayerCost::new`, `LayerCost::total`, overlap included).
 //! * Approximated by rounding order only: link times. The simulator adds each flow's bytes
@@ -442,7 +442,7 @@ impl ExchangeState {
         let replication = if h_max > 0.0 {
             let fwd = h_max * cost.expert_weight_bytes;
             let bwd = h_max * cost.expert_grad_bytes;
-            cost.replication_time(fwd, bwd, c.attn_max)
+            cost.exposed_replication(fwd, bwd, c.attn_max)
         } else {
             0.0
         };
