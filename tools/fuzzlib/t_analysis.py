@@ -300,6 +300,7 @@ def tables_case(fn: Any, which: str):
                                 "plan_s",
                                 "cross_node_bytes_per_token",
                                 "redundant_grads",
+                                "bubble",
                             )
                         ), f"{k} = {v}"
 
@@ -338,7 +339,10 @@ def compare_case(rng: np.random.Generator) -> Case:
         else:
             args[i] = pick(rng, BAD_OBJECTS if i < 3 else BAD_INTS)
     for w in windows if isinstance(windows, list) else []:
-        if isinstance(w, rp.Window) and inp.topo.dp > w.num_samples:
+        # the later windows are drawn without a feasibility check: with under two samples a DP
+        # rank, a packing that needs more rows than the fewest (sequential's greedy rows) may
+        # find no plan where another does, and says so (InfeasibleError "cannot fill")
+        if isinstance(w, rp.Window) and 2 * inp.topo.dp > w.num_samples:
             expect = None
 
     def check(rows: Any) -> None:

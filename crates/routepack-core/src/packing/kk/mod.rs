@@ -83,7 +83,7 @@ pub fn verl_kk_in(seq_lens: &[i64], token_cap: i64, cells: &Cells) -> Result<(Pa
         return Err(crate::error::invalid("dp", "must be >= 1, got 0"));
     }
     if s_n < dp {
-        return Err(Error::Infeasible(format!("{s_n} samples cannot fill {dp} DP ranks with non-empty microbatches")));
+        return Err(Error::Infeasible(format!("window: {s_n} samples cannot fill topo.dp = {dp} DP ranks with non-empty microbatches")));
     }
     let cap = token_cap as i128;
     let wl: Vec<u128> = seq_lens.iter().map(|&n| workload(n)).collect();

@@ -119,7 +119,7 @@ pub fn verl_kk_full(seq_lens: &[i64], token_cap: i64, dp: usize) -> Result<(Pack
         return Err(crate::error::invalid("dp", "must be >= 1, got 0"));
     }
     if s_n < dp {
-        return Err(Error::Infeasible(format!("{s_n} samples cannot fill {dp} DP ranks with non-empty microbatches")));
+        return Err(Error::Infeasible(format!("window: {s_n} samples cannot fill topo.dp = {dp} DP ranks with non-empty microbatches")));
     }
     let wl: Vec<i128> = seq_lens.iter().map(|&n| workload_i128(n)).collect();
     let ranks = karmarkar_karp_full(&wl, dp, true);

@@ -77,7 +77,7 @@ pub fn row_bounds(seq_lens: &[i64], token_cap: i64, dp: usize) -> Result<RowBoun
     let rows = micro * dp;
     if rows > seq_lens.len() {
         return Err(Error::Infeasible(format!(
-            "{} samples cannot fill {rows} non-empty rows ({micro} microbatches on each of {dp} DP ranks, the fewest the token cap {token_cap} allows)",
+            "window: {} samples cannot fill {rows} non-empty rows ({micro} microbatches on each of {dp} DP ranks, the fewest token_cap = {token_cap} allows)",
             seq_lens.len()
         )));
     }

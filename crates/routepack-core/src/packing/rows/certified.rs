@@ -117,13 +117,13 @@ pub fn certified_rows_from(
     let count = round(bins);
     if count > s_n {
         let why = if lower_bound > s_n {
-            format!("every packing under token cap {token_cap} needs at least {lower_bound} rows (a multiple of {step})")
+            format!("every packing under token_cap = {token_cap} needs at least {lower_bound} rows (a multiple of {step})")
         } else {
             format!(
-                "the fewest rows found under token cap {token_cap} in multiples of {step} are {count}; the exact search stopped at its node limit ({node_limit}) or deadline before finding {loosest} or fewer"
+                "the fewest rows found under token_cap = {token_cap} in multiples of {step} are {count}; the exact search stopped at its node limit ({node_limit}) or deadline before finding {loosest} or fewer"
             )
         };
-        return Err(Error::Infeasible(format!("{s_n} samples cannot fill {count} non-empty rows: {why}")));
+        return Err(Error::Infeasible(format!("window: {s_n} samples cannot fill {count} non-empty rows: {why}")));
     }
     split_to(&mut best, seq_lens, count);
     let certificate =

@@ -53,7 +53,10 @@ pub fn equalise_rows_in(rows: &mut Vec<Vec<usize>>, seq_lens: &[i64], cells: &Ce
         return Err(crate::error::invalid("dp", "must be >= 1, got 0"));
     }
     if seq_lens.len() < dp {
-        return Err(Error::Infeasible(format!("{} samples cannot fill {dp} DP ranks with non-empty microbatches", seq_lens.len())));
+        return Err(Error::Infeasible(format!(
+            "window: {} samples cannot fill topo.dp = {dp} DP ranks with non-empty microbatches",
+            seq_lens.len()
+        )));
     }
     // the first count that is a multiple of dp, at least dp, and meets the rule
     let count = cells.rows_for(rows.len());
