@@ -186,13 +186,19 @@ def test_allocating_turns_a_memory_error_into_one_naming_the_argument():
             raise MemoryError()
 
 
-#: What measures a call: RSS before, the peak after (ru_maxrss, KiB on Linux), in bytes.
+#: What measures a call: RSS before, the peak after, in bytes. The peak is this process's
+#: own high-water mark (VmHWM), not ru_maxrss: Linux carries ru_maxrss across fork and exec,
+#: so a child of a large test process would report its parent's peak.
 MEASURE = """
 import resource, numpy as np, routepack as rp
 from routepack import _core
 def rss():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+def hwm():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
 def vm():
     for line in open("/proc/self/status"):
@@ -206,7 +212,7 @@ try:
 except rp.RoutepackError as e:
     print("REFUSED", e)
 else:
-    print("PEAK", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - start)
+    print("PEAK", hwm() - start)
 """
 
 #: Calls of a few hundred MB, each with its estimate's argument (and what they are given).

@@ -521,7 +521,7 @@ def options_case(rng: np.random.Generator) -> Case:
         note = f"{name}={kw[name]!r}"
         # outside the option's documented domain: refused; inside (a huge count): either
         expect = None if in_domain(name, kw[name]) else "error"
-        if name == "placement_explore" and expect is None and float(kw[name]) < 5e-5:
+        if name == "placement_explore" and expect is None and kw[name] is not None and float(kw[name]) < 5e-5:
             expect = "error"  # below the default slack
     args = (inp.window, inp.topo, inp.cost, inp.cap)
     return Case(
