@@ -385,13 +385,14 @@ class CostModel:
       the attention, as `routepack.torch` overlaps it on a GPU). False exposes it in full, as
       on a clock that counts the transfers' work whenever it runs (a CPU rank's CPU time:
       `routepack measure`).
-    * ``c_migrate``: seconds per byte of expert state an EP rank migrates, sent or received,
-      beyond the link's time (packing, checksums, backups, unpacking in
+    * ``c_migrate``: seconds per byte of expert state an EP rank migrates, sent or received
+      (twice a byte it copies between two of its own slots: packed, then unpacked, over no
+      link), beyond the link's time (packing, checksums, backups, unpacking in
       `routepack.torch.migrate`); ``migration_latency``: seconds of a window's migration where
       it moves anything, whatever it moves (the ranks' agreement and verification rounds).
       0 (the defaults) price the link alone; `routepack calibrate` fits both where it times
       the ``migration``. A window's migration then costs ``migration_latency`` + the slowest
-      rank's link time + ``c_migrate`` × the bytes it sends and receives.
+      rank's link time + ``c_migrate`` × the bytes it stages (sent, received, 2 × copied within it).
     * ``overlap``: ``"none"`` (the default: a layer's time is attention + experts +
       all-to-all) or ``"dispatch_combine"``: the all-to-all of one microbatch runs behind the
       attention and expert compute of another (DualPipe, DeepEP, Megatron ``moe_fb_overlap``),

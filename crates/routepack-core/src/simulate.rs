@@ -342,11 +342,7 @@ fn price_exchange(
 pub fn migration_time(plan: &Plan, topo: &Topology, cost: &CostModel) -> f64 {
     let mut links = vec![LinkBytes::default(); topo.ep];
     for mv in &plan.migration {
-        let (s, d) = (mv.src_rank as usize, mv.dst_rank as usize);
-        if s != d {
-            let same = topo.local_node_of(s) == topo.local_node_of(d);
-            LinkBytes::add(&mut links, s, d, mv.bytes, same);
-        }
+        LinkBytes::add_move(&mut links, mv, topo, cost);
     }
     cost.migration_time(&links)
 }

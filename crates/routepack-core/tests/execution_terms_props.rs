@@ -21,10 +21,12 @@ use support::PlacementDemand;
 /// Per EP rank of the plan's migration: (bytes sent + received, per-link max(sent, received)
 /// over the link's bandwidth), written out from the moves.
 fn migration_by_rank(plan: &routepack_core::Plan, topo: &Topology, cost: &CostModel) -> Vec<(f64, f64)> {
-    let mut io = vec![[0.0f64; 4]; topo.ep]; // send intra, recv intra, send inter, recv inter
+    let mut io = vec![[0.0f64; 5]; topo.ep]; // send intra, recv intra, send inter, recv inter, local x2
     for mv in &plan.migration {
         let (s, d) = (mv.src_rank as usize, mv.dst_rank as usize);
         if s == d {
+            // a copy between two slots of one rank: packed and unpacked there, over no link
+            io[s][4] += 2.0 * cost.expert_state_bytes; // the row carries 0 bytes: no link moves it
             continue;
         }
         let k = if topo.local_node_of(s) == topo.local_node_of(d) { 0 } else { 2 };
@@ -72,7 +74,8 @@ proptest! {
     }
 
     /// A window's migration is `migration_latency` (where anything moves) plus the slowest
-    /// rank's link time and staging (`c_migrate` per byte it sends or receives), and it adds
+    /// rank's link time and staging (`c_migrate` per byte it sends or receives, twice per byte
+    /// it copies between its own slots), and it adds
     /// to the step exactly that; 0 changes no bit.
     #[test]
     fn migration_prices_its_staging_and_latency(topo in topologies(), seed in any::<u64>(), micro in 1usize..3, extra in 0usize..8) {

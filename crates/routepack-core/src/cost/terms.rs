@@ -88,20 +88,21 @@ impl CostModel {
     /// Seconds of a window's migration from the bytes each EP rank sends and receives
     /// (`links`): where anything moves, [`CostModel::migration_latency`] plus the slowest
     /// rank's link time (per link max(sent, received) over its bandwidth) and staging
-    /// ([`CostModel::c_migrate`] per byte it sends or receives); 0 where nothing moves.
+    /// ([`CostModel::c_migrate`] per byte it sends or receives, and twice per byte it copies
+    /// between its own slots: `LinkBytes::staged`); 0 where nothing moves.
     /// Exposed: the simulator adds it to the step, and placement weighs its moves with it.
     pub(crate) fn migration_time(&self, links: &[LinkBytes]) -> f64 {
         let staged = |b: &LinkBytes| {
             let t = b.rank_time(self);
             // (added only where set, so a model without it keeps its bits)
             if self.c_migrate > 0.0 {
-                t + self.c_migrate * b.total()
+                t + self.c_migrate * b.staged()
             } else {
                 t
             }
         };
         let slowest = links.iter().map(staged).fold(0.0, f64::max);
-        if self.migration_latency > 0.0 && links.iter().any(|b| b.total() > 0.0) {
+        if self.migration_latency > 0.0 && links.iter().any(|b| b.staged() > 0.0) {
             self.migration_latency + slowest
         } else {
             slowest

@@ -329,11 +329,7 @@ impl Pipeline {
     pub fn migration_time(&self, plan: &Plan, topo: &Topology, cost: &CostModel) -> f64 {
         let mut links = vec![vec![LinkBytes::default(); topo.ep]; self.pp];
         for mv in &plan.migration {
-            let (s, d) = (mv.src_rank as usize, mv.dst_rank as usize);
-            if s != d {
-                let same = topo.local_node_of(s) == topo.local_node_of(d);
-                LinkBytes::add(&mut links[self.stage_of_layer(mv.layer as usize)], s, d, mv.bytes, same);
-            }
+            LinkBytes::add_move(&mut links[self.stage_of_layer(mv.layer as usize)], mv, topo, cost);
         }
         links.iter().map(|l| cost.migration_time(l)).fold(0.0, f64::max)
     }

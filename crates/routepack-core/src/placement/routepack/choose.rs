@@ -38,12 +38,9 @@ pub(crate) struct LayerPlan {
 
 /// Adds the bytes of migration moves `moves` to the per-rank links they cross (moves within a
 /// rank cross none).
-pub(crate) fn accumulate(links: &mut [LinkBytes], moves: &[ExpertMove], topo: &Topology) {
+pub(crate) fn accumulate(links: &mut [LinkBytes], moves: &[ExpertMove], topo: &Topology, cost: &CostModel) {
     for mv in moves {
-        let (s, d) = (mv.src_rank as usize, mv.dst_rank as usize);
-        if s != d {
-            LinkBytes::add(links, s, d, mv.bytes, topo.local_node_of(s) == topo.local_node_of(d));
-        }
+        LinkBytes::add_move(links, mv, topo, cost);
     }
 }
 
@@ -73,7 +70,7 @@ pub(crate) fn choose(plans: &[LayerPlan], topo: &Topology, cost: &CostModel) -> 
                 .iter()
                 .map(|c| {
                     let mut v = vec![LinkBytes::default(); ep];
-                    accumulate(&mut v, &c.moves, topo);
+                    accumulate(&mut v, &c.moves, topo, cost);
                     v
                 })
                 .collect()

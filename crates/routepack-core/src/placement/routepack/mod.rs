@@ -190,7 +190,7 @@ pub fn routepack_placement(
             let pick: Vec<usize> = plans.iter().map(|p| p.fresh).collect();
             let mut links = vec![LinkBytes::default(); topo.ep];
             for (lp, &c) in plans.iter().zip(&pick) {
-                accumulate(&mut links, &lp.candidates[c].moves, topo);
+                accumulate(&mut links, &lp.candidates[c].moves, topo, cost);
             }
             let t = cost.migration_time(&links);
             (pick, t)
