@@ -15,6 +15,7 @@ migration without ``optimizer=`` must not leave such state with the old slots.
 from __future__ import annotations
 
 import weakref
+from abc import ABC, abstractmethod
 from typing import Any, Iterable, List, Optional, Sequence
 
 import torch
@@ -83,9 +84,11 @@ def slot_bytes(tensors: Sequence[torch.Tensor]) -> int:
     return int(sum(t[0].numel() * t.element_size() for t in tensors))
 
 
-class SlotState:
-    """One layer's per-slot state on this rank (see the module docstring). Subclasses set
-    ``nbytes`` (bytes of one packed slot, the same on every rank of the group) and
+class SlotState(ABC):
+    """One layer's per-slot state on this rank (see the module docstring), an abstract base:
+    `StackedState` (routepack.torch's layers) and
+    `routepack.integrations._megatron_state.MegatronSlotState` implement `pack` and `unpack`
+    and set ``nbytes`` (bytes of one packed slot, the same on every rank of the group) and
     ``device``."""
 
     nbytes: int = 0
@@ -95,11 +98,13 @@ class SlotState:
         """Called before `pack` of ``slots`` (local slot indices, the rows this rank sends
         or copies locally, in row order) in every stage, on every rank alike."""
 
-    def pack(self, slot: int) -> torch.Tensor:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def pack(self, slot: int) -> torch.Tensor:
+        """Raw bytes of slot ``slot`` (uint8 ``[nbytes]``)."""
 
-    def unpack(self, slot: int, buf: torch.Tensor) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def unpack(self, slot: int, buf: torch.Tensor) -> None:
+        """Writes a packed slot (uint8 ``[nbytes]``) into slot ``slot``."""
 
     def backup(self, slot: int) -> Any:
         return self.pack(slot).clone()
