@@ -114,8 +114,8 @@ macro_rules! cost_fields {
 cost_fields! {
     required: a_lin, a_quad, c_tok, c_exp, token_bytes, bw_intra, bw_inter, expert_weight_bytes, expert_grad_bytes,
         expert_state_bytes;
-    options: c_weights, c_gemm, expert_table, c_call, a2a_latency, bw_reduce, reduce_latency, replica_prefetch, c_migrate,
-        migration_latency, overlap, passes,
+    options: c_weights, c_gemm, expert_table, c_call, a2a_latency, bw_reduce, reduce_latency, replica_prefetch, c_replica,
+        c_migrate, migration_latency, overlap, passes,
 }
 
 /// routepack's placement options from `routepack_placement`'s arguments (None: the core's
@@ -255,7 +255,7 @@ pub fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 }
 
 /// `{field: default}` of the cost model's options (`c_weights`, `c_gemm`, `expert_table`,
-/// `c_call`, `a2a_latency`, `bw_reduce`, `reduce_latency`, `replica_prefetch`, `c_migrate`,
+/// `c_call`, `a2a_latency`, `bw_reduce`, `reduce_latency`, `replica_prefetch`, `c_replica`, `c_migrate`,
 /// `migration_latency`, `overlap`, `passes`): `CostModel::default()`'s, the values that price
 /// every plan as before the options existed.
 #[pyfunction]

@@ -14,6 +14,7 @@ from hypothesis import given, settings, strategies as st
 
 import routepack as rp
 from routepack import _core
+from random_plans import random_case
 
 PROFILE = rp.traces.profile("tiny")
 
@@ -188,3 +189,20 @@ def test_an_old_file_without_c_call_loads_with_no_call_cost(tmp_path):
     path.write_text(json.dumps(old), encoding="utf-8")
     loaded = rp.CostModel.load(path)
     assert loaded.c_call == 0.0 and loaded == c
+
+
+def test_simulate_prices_the_copies_staging():
+    for seed in range(40):
+        case = random_case(seed)
+        if len(case.plan.replicas):
+            break
+    else:
+        pytest.skip("no case with replicas")
+    case.plan.validate(case.window, case.topo, 10**9)
+    exposed = replace(case.cost, replica_prefetch=False)
+    a = rp.simulate(case.plan, case.window, case.topo, exposed, case.token_cap)
+    b = rp.simulate(case.plan, case.window, case.topo, replace(exposed, c_replica=1e-9), case.token_cap)
+    assert b.replication > a.replication and b.step_time > a.step_time
+    # default 0: the same figures as before the term existed
+    c = rp.simulate(case.plan, case.window, case.topo, replace(exposed, c_replica=0.0), case.token_cap)
+    assert c.step_time == a.step_time

@@ -56,6 +56,16 @@ def link_time(send_intra, recv_intra, send_inter, recv_inter, cost) -> float:
     return float(max(0.0, per_rank.max()))
 
 
+def replica_time(hops: List[Tuple[int, int, float]], topo, cost) -> float:
+    """The slowest rank's replication time of ``hops`` (from, to, bytes): its link time plus
+    ``c_replica`` per byte it sends or receives."""
+    si, ri, se, re_ = link_bytes(hops, topo)
+    per_rank = np.maximum(si, ri) / cost.bw_intra + np.maximum(se, re_) / cost.bw_inter
+    if cost.c_replica > 0:
+        per_rank = per_rank + cost.c_replica * (si + ri + se + re_)
+    return float(max(0.0, per_rank.max()))
+
+
 def link_bytes(pairs: List[Tuple[int, int, float]], topo) -> Tuple[np.ndarray, ...]:
     """(send_intra, recv_intra, send_inter, recv_inter) [ep] from (src, dst, bytes) transfers."""
     out = [np.zeros(topo.ep) for _ in range(4)]
@@ -207,8 +217,8 @@ def reference(plan: rp.Plan, window: rp.Window, topo: rp.Topology, cost: rp.Cost
                             fwd.append((prev, d, cost.expert_weight_bytes))
                             bwd.append((d, prev, cost.expert_grad_bytes))
                             prev = d
-                    t_fwd = link_time(*link_bytes(fwd, topo), cost)
-                    t_bwd = link_time(*link_bytes(bwd, topo), cost)
+                    t_fwd = replica_time(fwd, topo, cost)
+                    t_bwd = replica_time(bwd, topo, cost)
                     rep_parts[g, m, l] = max(t_fwd - attn_max, 0.0), max(t_bwd - 2 * attn_max, 0.0)
                     replication[g, m, l] = rep_parts[g, m, l].sum()
                 attention[g, m, l] = COMPUTE_PASSES * attn_max
@@ -308,6 +318,9 @@ def test_simulate_matches_reference(seed):
     # and every fifth with an all-reduce bandwidth of its own (a tenth to twice the all-to-all's)
     if seed % 5 == 2:
         cost = replace(cost, bw_reduce=case.cost.bw_intra * [0.1, 2.0][seed // 5 % 2])
+    # and every fourth with the copies' staging per byte (a hundredth to ten times the link's)
+    if seed % 4 == 3:
+        cost = replace(cost, c_replica=[0.01, 10.0][seed // 4 % 2] / case.cost.bw_intra)
     res = rp.simulate(case.plan, case.window, case.topo, cost, case.token_cap)
     assert_matches(res, reference(case.plan, case.window, case.topo, cost, case.token_cap))
 

@@ -78,8 +78,8 @@ def defaults() -> Dict[str, Dict[str, Any]]:
 
 def cost_defaults() -> Dict[str, Any]:
     """The cost model options' defaults: c_weights, c_gemm, expert_table, c_call, a2a_latency,
-    bw_reduce, reduce_latency, replica_prefetch, c_migrate, migration_latency, overlap, passes
-    (the core's)."""
+    bw_reduce, reduce_latency, replica_prefetch, c_replica, c_migrate, migration_latency, overlap,
+    passes (the core's)."""
 
 def topology_defaults() -> Dict[str, Any]:
     """The topology's optional fields' defaults: replica_slots, pp, vpp, cp (the core's) and

@@ -274,6 +274,7 @@ _WORK_COEFFICIENTS = (
     "c_call",
     "a2a_latency",
     "reduce_latency",
+    "c_replica",
     "c_migrate",
     "migration_latency",
 )
@@ -293,6 +294,7 @@ _OPTIONAL_JSON_KEYS = frozenset(
         "expert_table",
         "reduce_latency",
         "replica_prefetch",
+        "c_replica",
         "c_migrate",
         "migration_latency",
     }
@@ -385,6 +387,12 @@ class CostModel:
       the attention, as `routepack.torch` overlaps it on a GPU). False exposes it in full, as
       on a clock that counts the transfers' work whenever it runs (a CPU rank's CPU time:
       `routepack measure`).
+    * ``c_replica``: seconds per byte of a replica's weights or gradient an EP rank sends or
+      receives, beyond the link's time (posting, relaying and receiving the copy's weights,
+      adding and forwarding its fp32 gradient in `routepack.torch`'s replica exchange); a
+      rank's replication then costs its link time + ``c_replica`` × the bytes of its hops.
+      0 (the default) prices the link alone; `routepack calibrate` fits it where it times the
+      ``replication``.
     * ``c_migrate``: seconds per byte of expert state an EP rank migrates, sent or received
       (twice a byte it copies between two of its own slots: packed, then unpacked, over no
       link), beyond the link's time (packing, checksums, backups, unpacking in
@@ -403,7 +411,7 @@ class CostModel:
       log-probs adds a forward: ``("forward", "forward", "backward")``.
 
     The options' defaults (``c_weights``, ``c_gemm``, ``expert_table``, ``c_call``, ``a2a_latency``,
-    ``bw_reduce``, ``reduce_latency``, ``replica_prefetch``, ``c_migrate``, ``migration_latency``,
+    ``bw_reduce``, ``reduce_latency``, ``replica_prefetch``, ``c_replica``, ``c_migrate``, ``migration_latency``,
     ``overlap``, ``passes``) come from the core (``_core.cost_defaults()``); a JSON
     file written before they existed loads with them, and prices every plan as it did.
     """
@@ -430,6 +438,7 @@ class CostModel:
     expert_table: Tuple[Tuple[float, float], ...] = tuple(map(tuple, _COST_DEFAULTS["expert_table"]))
     reduce_latency: float = _COST_DEFAULTS["reduce_latency"]
     replica_prefetch: bool = _COST_DEFAULTS["replica_prefetch"]
+    c_replica: float = _COST_DEFAULTS["c_replica"]
     c_migrate: float = _COST_DEFAULTS["c_migrate"]
     migration_latency: float = _COST_DEFAULTS["migration_latency"]
 
@@ -462,6 +471,7 @@ class CostModel:
             "a2a_latency",
             "bw_reduce",
             "reduce_latency",
+            "c_replica",
             "c_migrate",
             "migration_latency",
         ):

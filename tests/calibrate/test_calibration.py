@@ -133,7 +133,7 @@ def test_api_run_of_one_kernel_keeps_the_rest_from_the_preset():
 
 
 def test_the_exchange_is_measured_on_request_only():
-    assert "exchange" not in KERNELS and ALL_KERNELS == KERNELS + ("exchange", "migration")
+    assert "exchange" not in KERNELS and ALL_KERNELS == KERNELS + ("exchange", "migration", "replication")
     with pytest.raises(RoutepackError, match=r"sweeps\.exchange_tokens"):
         Sweeps(
             tokens_per_expert=(1,),

@@ -328,8 +328,8 @@ fn price_exchange(
                 prev = d;
             }
         }
-        let fwd = LinkBytes::time(&sc.repl_fwd, cost);
-        let bwd = LinkBytes::time(&sc.repl_bwd, cost);
+        let fwd = LinkBytes::replica_time(&sc.repl_fwd, cost);
+        let bwd = LinkBytes::replica_time(&sc.repl_bwd, cost);
         replication = cost.exposed_replication(fwd, bwd, attn_max);
         sc.rep_parts = ((fwd - attn_max).max(0.0), (bwd - 2.0 * attn_max).max(0.0));
     }

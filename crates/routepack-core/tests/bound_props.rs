@@ -65,6 +65,8 @@ fn random_cost(mix: &mut Mix, layers: usize) -> CostModel {
     let reduce_latency = if mix.unit() < 0.4 { token_bytes / bw_intra * 1e4f64.powf(mix.unit()) } else { 0.0 };
     let replica_prefetch = mix.unit() < 0.6;
     let c_migrate = if mix.unit() < 0.4 { 1e-3f64.powf(1.0 + 2.0 * mix.unit()) / bw_intra } else { 0.0 };
+    // the copies' staging: the bound prices their bytes at the link alone, which stays below
+    let c_replica = if mix.unit() < 0.4 { 10f64.powf(2.0 * mix.unit() - 1.0) / bw_intra } else { 0.0 };
     let migration_latency = if mix.unit() < 0.4 { c_tok * 1e5f64.powf(mix.unit()) } else { 0.0 };
     // a table of 1-5 knots (tokens 1, then up to ×8 apart), each from 0 to 10⁴ tokens' worth
     let expert_table = if mix.unit() < 0.4 {
@@ -98,6 +100,7 @@ fn random_cost(mix: &mut Mix, layers: usize) -> CostModel {
         bw_reduce,
         reduce_latency,
         replica_prefetch,
+        c_replica,
         c_migrate,
         migration_latency,
         overlap,

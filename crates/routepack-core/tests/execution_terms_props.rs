@@ -1,6 +1,6 @@
 //! Property tests of the cost model's execution terms: what a rank pays for replicas, migration
-//! and the redundant experts' sum beyond their links' time (`replica_prefetch`, `c_migrate`,
-//! `migration_latency`, `reduce_latency`). Each is written out here from the plan and compared
+//! and the redundant experts' sum beyond their links' time (`replica_prefetch`, `c_replica`,
+//! `c_migrate`, `migration_latency`, `reduce_latency`). Each is written out here from the plan and compared
 //! with `simulate`'s part; 0 / `true` (the defaults) change no bit; the lower bound stays below
 //! the step; and routepack's migration-aware placement moves nothing when a window's migration
 //! costs more than any saving.
@@ -71,6 +71,73 @@ proptest! {
         prop_assert!(close(c.step_time, d.step_time), "{} vs {}", c.step_time, d.step_time);
         prop_assert!(b.lower_bound_time <= b.step_time * (1.0 + 1e-12));
         prop_assert_eq!(&simulate(&plan, &w.view(), &topo, &CostModel { replica_prefetch: true, ..exposed }, None).unwrap(), &a);
+    }
+
+    /// With only replication priced (no compute, no all-to-all bytes, prefetch off, links
+    /// nearly free), each exchange's replication is `c_replica` times the bytes its busiest
+    /// rank stages: per chain (one per expert and source, the copies ordered same-node first,
+    /// then by rank) the source sends once, every copy receives once and all but the last
+    /// send once more, weights forward and gradients back; the step is the slowest group's
+    /// sum over its exchanges. 0 changes no bit, and more never prices a plan lower.
+    #[test]
+    fn replication_stages_every_hop_byte(topo in topologies(), seed in any::<u64>(), micro in 1usize..3, extra in 0usize..8) {
+        prop_assume!(topo.pp == 1);
+        let mut mix = Mix(seed);
+        let (w, mut plan) = random_case(&mut mix, &topo, micro, extra, 40);
+        plan.migration.clear();
+        let layers = w.layers;
+        let per_byte = [1e-9, 3e-6][mix.below(2)];
+        let bare = CostModel {
+            a_lin: 0.0,
+            a_quad: vec![0.0; layers],
+            c_tok: 0.0,
+            c_exp: 0.0,
+            token_bytes: 0.0,
+            bw_intra: 1e30,
+            bw_inter: 1e30,
+            replica_prefetch: false,
+            ..CostModel::for_tests(layers)
+        };
+        let priced = CostModel { c_replica: per_byte, ..bare.clone() };
+        let r = simulate(&plan, &w.view(), &topo, &priced, None).unwrap();
+        let groups = topo.dp / topo.ep;
+        let mut want = vec![0.0f64; groups];
+        for (g, slot) in want.iter_mut().enumerate() {
+            for m in 0..plan.num_micro {
+                for l in 0..layers {
+                    let cell: Vec<_> = plan.replicas.iter().filter(|x| x.group as usize == g && x.micro as usize == m && x.layer as usize == l).collect();
+                    let mut hops = vec![0.0f64; topo.ep];
+                    let mut chains: Vec<(i32, i32)> = cell.iter().map(|x| (x.expert, x.src_rank)).collect();
+                    chains.sort_unstable();
+                    chains.dedup();
+                    for (e, src) in chains {
+                        let node = topo.local_node_of(src as usize);
+                        let mut dsts: Vec<usize> = cell.iter().filter(|x| x.expert == e && x.src_rank == src).map(|x| x.dst_rank as usize).collect();
+                        dsts.sort_unstable_by_key(|&d| (topo.local_node_of(d) != node, d));
+                        dsts.dedup();
+                        hops[src as usize] += 1.0;
+                        for (i, &d) in dsts.iter().enumerate() {
+                            hops[d] += if i + 1 < dsts.len() { 2.0 } else { 1.0 };
+                        }
+                    }
+                    let most = hops.iter().cloned().fold(0.0, f64::max);
+                    *slot += per_byte * most * (bare.expert_weight_bytes + bare.expert_grad_bytes);
+                }
+            }
+        }
+        let step = want.iter().cloned().fold(0.0, f64::max);
+        prop_assert!((r.step_time - step).abs() <= 1e-9 * step.max(1e-300) + 1e-15, "{} vs {}", r.step_time, step);
+        // 0 is the default's bits; a dearer byte never prices the plan lower
+        let base = CostModel::for_tests(layers);
+        prop_assert_eq!(
+            &simulate(&plan, &w.view(), &topo, &CostModel { c_replica: 0.0, ..base.clone() }, None).unwrap(),
+            &simulate(&plan, &w.view(), &topo, &base, None).unwrap()
+        );
+        let full = CostModel { c_replica: per_byte, ..base.clone() };
+        let a = simulate(&plan, &w.view(), &topo, &base, None).unwrap();
+        let b = simulate(&plan, &w.view(), &topo, &full, None).unwrap();
+        prop_assert!(b.step_time >= a.step_time * (1.0 - 1e-12));
+        prop_assert!(b.lower_bound_time <= b.step_time * (1.0 + 1e-12));
     }
 
     /// A window's migration is `migration_latency` (where anything moves) plus the slowest

@@ -20,9 +20,10 @@ from routepack.model import CostModel, Hardware, ModelShape
 #: The kernel kinds `calibrate` measures by default, in the order it measures them.
 KERNELS = ("expert_gemm", "attention", "links")
 #: Every kind it can measure: the defaults, then the ``exchange`` (a whole MoE layer on every
-#: rank: minutes at a large profile's shapes on a CPU) and the ``migration`` (experts moved with
-#: their Adam state between ranks).
-ALL_KERNELS = KERNELS + ("exchange", "migration")
+#: rank: minutes at a large profile's shapes on a CPU), the ``migration`` (experts moved with
+#: their Adam state between ranks) and the ``replication`` (replica copies filled and their
+#: gradients returned between two ranks).
+ALL_KERNELS = KERNELS + ("exchange", "migration", "replication")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -155,7 +156,7 @@ def calibrate(
     calling script: call `calibrate` from a script under ``if __name__ == "__main__":``.
     """
     from routepack._core import __version__
-    from routepack.calibrate import attention, exchange, expert_gemm, links, migration
+    from routepack.calibrate import attention, exchange, expert_gemm, links, migration, replication
     from routepack.calibrate.timing import AGGREGATE, clock, device_info, load_averages, require_torch, steady_heap
 
     if device not in ("cpu", "cuda"):
@@ -193,6 +194,7 @@ def calibrate(
         + (len(LINK_OPS) * len(sweeps.message_bytes) if "links" in kinds else 0)
         + (len(sweeps.exchange_tokens) * len(exchange.ROUTINGS) if "exchange" in kinds else 0)
         + (len(sweeps.migration_moves) if "migration" in kinds else 0)
+        + (len(sweeps.replication_copies) if "replication" in kinds else 0)
     )
     bar = _bar(total, progress)
     tick: Callable[[], None] = lambda: bar.update(1)  # noqa: E731
@@ -233,6 +235,14 @@ def calibrate(
                 skipped["migration"] = got["skipped"]
             else:
                 measurements["migration"] = got
+        if "replication" in kinds:
+            bar.set_postfix_str("replication: 2 ranks")
+            got = replication.measure(shape, sweeps, device, tdtype, ranks, links_timeout_s, clock=links_clock)
+            bar.update(len(sweeps.replication_copies))
+            if "skipped" in got:
+                skipped["replication"] = got["skipped"]
+            else:
+                measurements["replication"] = got
     finally:
         bar.close()
         torch.set_num_threads(saved_threads)

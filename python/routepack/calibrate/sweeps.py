@@ -58,12 +58,28 @@ class _Preset(NamedTuple):
     exchange_tokens: Tuple[int, int, float]  # tokens per rank of the exchange sweep: from, to, per octave
     short_repeats: int  # timed rounds more for the short points (called more than once a visit)
     migration_moves: Tuple[int, ...]  # experts two ranks swap at each point of the migration sweep
+    replication_copies: Tuple[int, ...]  # copies each of two ranks sends at each point of the replication sweep
 
 
 _PRESETS = {
     # quick: messages up to 8 MiB, so the fitted bandwidth is not lost in a loaded machine's noise
     "quick": _Preset(
-        256, 0.5, (1, 4), 1024, 64, 512, 1.0, (4096, 8 << 20, 0.5), 1, 3, 0.0, 1, (4, 256, 0.5), 0, (1, 2, 4, 8)
+        256,
+        0.5,
+        (1, 4),
+        1024,
+        64,
+        512,
+        1.0,
+        (4096, 8 << 20, 0.5),
+        1,
+        3,
+        0.0,
+        1,
+        (4, 256, 0.5),
+        0,
+        (1, 2, 4, 8),
+        (1, 2, 4),
     ),
     # cpu: the small expert points (5-50 ms) are the noisy ones on a shared machine and cost
     # little, so a visit repeats them and 24 more rounds visit them (33 visits in all, about a
@@ -86,6 +102,7 @@ _PRESETS = {
         (4, 1024, 1.0),
         24,
         (1, 2, 4, 8, 16, 32),
+        (1, 2, 3, 4, 6, 8),
     ),
     "cuda": _Preset(
         8192,
@@ -103,6 +120,7 @@ _PRESETS = {
         (16, 16384, 1.0),
         0,
         (1, 2, 4, 8, 16, 32),
+        (1, 2, 3, 4, 6, 8),
     ),
 }
 
@@ -119,6 +137,9 @@ class Sweeps:
       sweep (`routepack.calibrate.exchange`; default: the CPU preset's).
     * ``migration_moves``: experts two ranks swap at each point of the ``migration`` sweep
       (`routepack.calibrate.migration`; default: the CPU preset's).
+    * ``replication_copies``: replica copies each of two ranks sends the other at each point
+      of the ``replication`` sweep (`routepack.calibrate.replication`; default: the CPU
+      preset's).
     * ``warmup`` untimed and ``repeats`` timed rounds over each sweep, every point visited
       once a round and called ``visit_calls`` times at most in a visit, as many as fill
       ``visit_s`` seconds (`routepack.calibrate.timing.run_rounds`: the median visit, each
@@ -143,6 +164,7 @@ class Sweeps:
     exchange_tokens: Tuple[int, ...] = field(default_factory=lambda: log_points(*_PRESETS["cpu"].exchange_tokens))
     short_repeats: int = 0
     migration_moves: Tuple[int, ...] = _PRESETS["cpu"].migration_moves
+    replication_copies: Tuple[int, ...] = _PRESETS["cpu"].replication_copies
 
     def __post_init__(self) -> None:
         for name in (
@@ -152,6 +174,7 @@ class Sweeps:
             "message_bytes",
             "exchange_tokens",
             "migration_moves",
+            "replication_copies",
         ):
             object.__setattr__(self, name, _ints(getattr(self, name), f"sweeps.{name}"))
         positive_int(self.max_tokens, "sweeps.max_tokens")
@@ -206,6 +229,7 @@ class Sweeps:
             exchange_tokens=log_points(*pre.exchange_tokens),
             short_repeats=pre.short_repeats,
             migration_moves=pre.migration_moves,
+            replication_copies=pre.replication_copies,
         )
 
     def with_timer(

@@ -104,6 +104,14 @@ pub struct CostModel {
     /// counts the transfers' work whenever it runs (a CPU rank's CPU time, gloo's threads
     /// included: `routepack measure`). `true`, the default, prices every plan as before.
     pub replica_prefetch: bool,
+    /// Seconds per byte of a replica's weights or gradient an EP rank sends or receives,
+    /// beyond the link's time: posting the copy's weights into its buffer, relaying them down
+    /// the chain, and receiving, adding and forwarding its gradient in fp32
+    /// (`routepack.torch`'s replica exchange). Charged per rank on the bytes of its hops
+    /// ([`LinkBytes::replica_time`](links::LinkBytes)), in the forward copies and the backward
+    /// return alike. 0, the default, prices the link alone; `routepack calibrate` fits it where
+    /// it times the `replication` (about a nanosecond a byte on a CPU rank under gloo).
+    pub c_replica: f64,
     /// Seconds per byte of expert state an EP rank migrates, sent or received, beyond the
     /// link's time: packing the slot and its optimizer state, checksumming it on both sides,
     /// backing up the slot it overwrites and unpacking it (`routepack.torch.migrate`). 0, the
@@ -143,6 +151,7 @@ impl CostModel {
             ("cost.a2a_latency", self.a2a_latency),
             ("cost.bw_reduce", self.bw_reduce),
             ("cost.reduce_latency", self.reduce_latency),
+            ("cost.c_replica", self.c_replica),
             ("cost.c_migrate", self.c_migrate),
             ("cost.migration_latency", self.migration_latency),
         ];
@@ -235,7 +244,7 @@ impl Default for CostModel {
     /// to Python from here): no roofline floor (`c_weights`), GEMM step (`c_gemm`), expert
     /// table, kernel call (`c_call`) or all-to-all latency, the all-reduce at `bw_intra`
     /// (`bw_reduce` 0) without latency, replication hidden behind attention
-    /// (`replica_prefetch`), migration priced by its links alone (`c_migrate`,
+    /// (`replica_prefetch`) and priced by its links alone (`c_replica` 0), migration priced by its links alone (`c_migrate`,
     /// `migration_latency` 0), no overlap and the default passes (forward + backward): what
     /// prices every plan as before the options existed. The coefficients a model must set are those
     /// of a free model: 0 seconds and 0 bytes, both bandwidths 1 byte/s, no MoE layer
@@ -260,6 +269,7 @@ impl Default for CostModel {
             bw_reduce: 0.0,
             reduce_latency: 0.0,
             replica_prefetch: true,
+            c_replica: 0.0,
             c_migrate: 0.0,
             migration_latency: 0.0,
             overlap: Overlap::default(),

@@ -83,8 +83,13 @@ proptest! {
         // price every exchange of every planner's plan both ways
         let case = Case::new(seed, shape);
         let w = case.window();
-        // half the cases with a kernel call's fixed cost per rank with tokens (c_call)
-        let cost = CostModel { c_call: [0.0, 3e-6][(seed % 2) as usize], ..CostModel::for_tests(case.layers) };
+        // half the cases with a kernel call's fixed cost per rank with tokens (c_call), and
+        // independently half with the copies' staging per byte (c_replica)
+        let cost = CostModel {
+            c_call: [0.0, 3e-6][(seed % 2) as usize],
+            c_replica: [0.0, 2e-12][((seed / 2) % 2) as usize],
+            ..CostModel::for_tests(case.layers)
+        };
         for which in ["hot_n", "relibra", "routepack"] {
             let (base, replicas) = run(&case, which, 2);
             let (g_n, m_n, l_n) = (case.topo.num_groups(), base.num_micro, case.layers);

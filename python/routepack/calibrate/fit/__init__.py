@@ -13,6 +13,8 @@ times the fitted model predicts at every point, which points were held out, and 
   against what the others priced;
 * `routepack.calibrate.fit.migration`: ``migration_latency`` and ``c_migrate``, against the
   link bandwidth the others priced;
+* `routepack.calibrate.fit.replication`: ``c_replica``, against the link bandwidth the others
+  priced;
 * `routepack.calibrate.fit.common`: what they share (held-out points, the non-negative least
   squares on relative residuals, `KernelFit`).
 
@@ -32,6 +34,7 @@ from routepack.calibrate.fit.exchange import fit_exchange
 from routepack.calibrate.fit.expert_gemm import fit_expert_gemm
 from routepack.calibrate.fit.links import LINK_OPS, fit_links
 from routepack.calibrate.fit.migration import fit_migration
+from routepack.calibrate.fit.replication import fit_replication
 from routepack.errors import RoutepackError
 from routepack.model import CostModel, Hardware, ModelShape
 
@@ -53,7 +56,8 @@ def fit_all(
     """Every measured kind fitted (`FITS`), the cost model they give (`to_cost_model`) and
     where each field came from; then the ``exchange`` (where measured) against that model
     (`fit_exchange`), its fields in place, and the ``migration`` (where measured) against the
-    link bandwidth so priced (`fit_migration`)."""
+    link bandwidth so priced (`fit_migration`), and the ``replication`` likewise
+    (`fit_replication`)."""
     fits = {kind: FITS[kind](m, holdout_every, model) for kind, m in measurements.items() if kind in FITS}
     cost, sources = to_cost_model(model, fits, hardware, bw_inter)
     if "exchange" in measurements:
@@ -66,6 +70,11 @@ def fit_all(
         cost = replace(cost, **fits["migration"].cost_fields)
         for name in fits["migration"].cost_fields:
             sources[name] = "measured: migration"
+    if "replication" in measurements:
+        fits["replication"] = fit_replication(measurements["replication"], holdout_every, model, cost)
+        cost = replace(cost, **fits["replication"].cost_fields)
+        for name in fits["replication"].cost_fields:
+            sources[name] = "measured: replication"
     return fits, cost, sources
 
 
@@ -116,6 +125,7 @@ __all__ = [
     "fit_expert_gemm",
     "fit_links",
     "fit_migration",
+    "fit_replication",
     "holdout_mask",
     "to_cost_model",
 ]
