@@ -1,0 +1,200 @@
+"""routepack's plans inside Megatron-Core under a pipeline, on CPU with gloo (issue 35's glue
+acceptance): 4 ranks as pp = 2 x ep = 2 (tp = 1, dp = 2 a stage), a small ``GPTModel`` of 4
+MoE layers (2 a stage; local spec, fp32, 8 experts top-2, the stock all-to-all dispatcher,
+Megatron's DDP and optimizer), every step run by Megatron's own 1F1B schedule
+(``get_forward_backward_func()`` = ``forward_backward_pipelining_without_interleaving``,
+microbatches of different lengths: ``variable_seq_lengths``) over >= 2 microbatches a DP rank.
+Three windows of plans by `routepack.plan_window` (EPLB placement with redundant experts,
+routepack's packing, no replicas: they are refused under a pipeline) migrate experts of every
+layer in every window; next to it, the stock model (Megatron's ``MoELayer``, static placement)
+on the same data:
+
+* every plan validates (the planner and the runner check), the digest of each window's plan is
+  the same on all 4 ranks (both stages), each stage's runner holds its own MoE layers and
+  applies exactly the plan's migration rows of those layers, and every rank's experts receive
+  the tokens the plan predicts in every (microbatch, layer) cell of its stage;
+* losses per microbatch (the last stage's), grad norms and the logical weights of each stage
+  equal the stock model's to 1e-5;
+* refused on every rank, nothing moved: a plan with replicas (the named error), stages holding
+  different plans (one digest per window), a plan one stage refuses.
+
+CUDA-only calls are stood in for by tests/megatron_cpu.py (the only place; each with its reason)."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("megatron.core", reason="megatron-core (pip install --no-deps megatron-core) not importable")
+if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is required", allow_module_level=True)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import megatron_cpu  # noqa: E402
+import routepack as rp  # noqa: E402
+from routepack.torch.replay import rank_microbatches  # noqa: E402
+from routepack.torch.spawn import run_ranks  # noqa: E402
+
+TOL = 1e-5
+#: EPLB's placement (redundant copies of the window's hot experts, moved every window),
+#: routepack's packing, no intra-batch replicas
+POLICY = rp.Policy(placement="eplb", packing="routepack", replication="none", loads="window")
+
+
+def _case():
+    import megatron_selfcheck as ms
+
+    # token_cap 24: 3-5 microbatches a DP rank (samples are 4-23 tokens)
+    return ms.MegatronCase(dp=2, ep=2, pp=2, layers=4, slots_per_rank=5, replica_slots=0, replicas=False, token_cap=24)
+
+
+def _raised(fn):
+    try:
+        fn()
+    except rp.RoutepackError as e:
+        return f"{type(e).__name__}: {e}"
+    except Exception as e:  # noqa: BLE001
+        return f"OTHER {type(e).__name__}: {e}"
+    return "nothing"
+
+
+def check_pipeline(rank, world, device):
+    megatron_cpu.install(optimizers=True)
+    from megatron.core import parallel_state
+
+    import megatron_selfcheck as ms
+    from routepack.torch.broadcast import digest_int
+
+    parallel_state.initialize_model_parallel(pipeline_model_parallel_size=2, expert_model_parallel_size=2)
+    case = _case()
+    dp_rank = parallel_state.get_data_parallel_rank()
+    plans = ms.planned(case, POLICY)
+    seen = {
+        "digests": [],
+        "rows": [],
+        "expected_rows": [],
+        "num_micro": [],
+        "redundant": [],
+        "layers": None,
+        "received_ok": [],
+    }
+
+    def record(w, ddp, opt, runner):
+        plan = runner.plan
+        mine = [m.moe_index for m in runner.layers]
+        seen["layers"] = mine
+        seen["digests"].append(digest_int(plan))
+        seen["num_micro"].append(plan.num_micro)
+        seen["rows"].append(0 if runner.last_migration is None else runner.last_migration.rows)
+        seen["expected_rows"].append(int(np.isin(plan.migration["layer"], mine).sum()))
+        seen["redundant"].append(int(sum(np.unique(r[r >= 0]).size < (r >= 0).sum() for r in plan.placement.phy2log)))
+        for i, m in enumerate(runner.layers):  # the stage's layers hold the plan's rows of its layers
+            assert np.array_equal(m.phy2log, plan.placement.phy2log[mine[i]])
+        runner.recording = True
+
+    def received(w, ddp, opt, runner):
+        # every local expert of the stage's layers received the tokens the plan predicts, every micro
+        pred = runner.predicted_received()[:, seen["layers"]]
+        got = np.zeros_like(pred)
+        for (m, l), counts in runner.received.items():
+            got[m, seen["layers"].index(l)] = sum(counts)
+        seen["received_ok"].append(bool(np.array_equal(got, pred)) and len(runner.received) == pred.size)
+
+    static = ms.train(case, False, dp_rank, plans=plans)
+    planned = ms.train(case, True, dp_rank, plans=plans, before_step=record, after_window=received)
+    out = {
+        "stage": parallel_state.get_pipeline_model_parallel_rank(),
+        "cmp": ms.compare(static, planned),
+        "losses": [len(w) for w in planned["losses"]],
+        "static_losses": [len(w) for w in static["losses"]],
+        "migrated": planned["migrated"],
+    }
+    out.update(seen)
+    out["errors"] = check_refusals(case, dp_rank, plans)
+    return out
+
+
+def check_refusals(case, dp_rank, plans):
+    """Plans a pipelined job cannot carry out, refused on every rank before anything moves."""
+    from megatron.core import parallel_state
+
+    import megatron_selfcheck as ms
+    from routepack.integrations import megatron as rm
+    from routepack.plan import Placement
+
+    stage = parallel_state.get_pipeline_model_parallel_rank()
+    topo = ms.topology(case)
+    static = Placement.static(case.layers, case.experts, topo)
+    model = ms.build_model(case, True)
+    ddp, opt = ms.wrap(model, case)
+    runner = rm.MegatronRunner(ddp, topo)
+    before = {k: v.clone() for k, v in rm.export_weights(ddp)}
+    rows = [m.phy2log.copy() for m in runner.layers]
+    plan0, _, window0, _, _ = plans(0, static)
+    plan1, _, window1, _, _ = plans(1, static)
+    errors = {}
+    # intra-batch replicas: routepack's full policy copies hot experts into every cell
+    replicated = ms.planned(case)(0, static)[0]
+    errors["replicas_size"] = int(replicated.replicas.size)
+    errors["replicas"] = _raised(lambda: runner.begin_window(replicated, window0, opt))
+    # stage 1 holds window 1's plan, stage 0 window 0's: each valid, each stage's EP group agrees
+    mine, window = (plan0, window0) if stage == 0 else (plan1, window1)
+    errors["stages_differ"] = _raised(lambda: runner.begin_window(mine, window, opt))
+    # stage 1 refuses (its token cap is below the plan's microbatches), stage 0 accepts
+    errors["stage_refuses"] = _raised(lambda: runner.begin_window(plan0, window0, opt, token_cap=1 if stage else None))
+    after = dict(rm.export_weights(ddp))
+    errors["intact"] = all(torch.equal(before[k], after[k]) for k in before) and all(
+        np.array_equal(a, m.phy2log) for a, m in zip(rows, runner.layers)
+    )
+    # a stage whose forwards bypass runner.microbatches is caught at finish_step
+    _, _, _, routed0, cu0 = plans(0, static)
+    runner.begin_window(plan0, window0, opt)
+    mbs = rank_microbatches(plan0, routed0, dp_rank, cu0, dp=case.dp)
+    errors["bypass"] = _raised(lambda: _bypass(case, ddp, opt, mbs, cu0, runner))
+    return errors
+
+
+def _bypass(case, ddp, opt, mbs, cu, runner):
+    import megatron_selfcheck as ms
+
+    ms.run_step(case, 0, ddp, opt, mbs, cu, None, "cpu")  # no runner.microbatches around the iterator
+    runner.finish_step()
+
+
+def test_pp2_ep2_plans_equal_stock_model():
+    out = run_ranks(check_pipeline, 4, join_timeout_s=600, pg_timeout_s=180)
+    digests = {tuple(f["digests"]) for f in out.values()}
+    assert len(digests) == 1 and len(next(iter(digests))) == 3, digests  # one digest per window, all ranks
+    assert len(set(next(iter(digests)))) == 3  # three different plans
+    for rank, f in sorted(out.items()):
+        c = f["cmp"]
+        assert c["missing"] == 0 and c["loss"] <= TOL and c["weights"] <= TOL and c["grad_norm"] <= TOL, (rank, c)
+        assert f["layers"] == [2 * f["stage"], 2 * f["stage"] + 1], (rank, f["layers"])
+        assert all(m >= 2 for m in f["num_micro"]), (rank, f["num_micro"])
+        if f["stage"] == 1:  # the last stage computes the losses: one per microbatch
+            assert f["losses"] == f["num_micro"] == f["static_losses"], (rank, f["losses"], f["num_micro"])
+        else:
+            assert f["losses"] == [0, 0, 0], (rank, f["losses"])
+        assert f["rows"] == f["expected_rows"] and all(r > 0 for r in f["rows"]), (rank, f["rows"])
+        assert all(r > 0 for r in f["redundant"]), (rank, f["redundant"])
+        assert f["received_ok"] == [True] * 3, (rank, f["received_ok"])
+        e = f["errors"]
+        assert e["replicas_size"] > 0
+        assert e["replicas"].startswith("InvalidPlanError") and "pipeline parallelism" in e["replicas"], e
+        assert (
+            e["stages_differ"].startswith("InvalidPlanError")
+            and "pipeline stages hold different plans" in (e["stages_differ"])
+        ), e
+        if f["stage"] == 0:
+            assert e["stage_refuses"] == "InvalidPlanError: pipeline stage(s) [1] refused the plan; nothing moved", e
+        else:
+            assert e["stage_refuses"].startswith("InvalidPlanError") and "over the cap 1" in e["stage_refuses"], e
+        assert e["intact"], e
+        assert e["bypass"].startswith("RoutepackError: finish_step") and "ran no planned microbatch" in e["bypass"], e
+    assert sum(f["migrated"] for f in out.values()) > 0
+    for r, f in sorted(out.items()):
+        print(f"rank {r} stage {f['stage']}: {f['cmp']}, micro {f['num_micro']}, migration rows {f['rows']}")
+        print("  " + "\n  ".join(f"{k}: {v}" for k, v in f["errors"].items()))
