@@ -15,12 +15,17 @@ on the same data:
   the tokens the plan predicts in every (microbatch, layer) cell of its stage;
 * losses per microbatch (the last stage's), grad norms and the logical weights of each stage
   equal the stock model's to 1e-5;
+* a checkpoint (Megatron's ``dist_checkpointing``) saved under one placement loads under
+  another, and into the stock model, with the same next losses;
 * refused on every rank, nothing moved: a plan with replicas (the named error), stages holding
   different plans (one digest per window), a plan one stage refuses.
 
 CUDA-only calls are stood in for by tests/megatron_cpu.py (the only place; each with its reason)."""
 
+import multiprocessing
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -61,9 +66,12 @@ def _raised(fn):
     return "nothing"
 
 
-def check_pipeline(rank, world, device):
+def check_pipeline(rank, world, device, ckpt_root):
     megatron_cpu.install(optimizers=True)
-    from megatron.core import parallel_state
+    # Megatron's torch_dist checkpoint writer forks writer processes; run_ranks starts its
+    # ranks as daemons, which multiprocessing forbids to have children
+    multiprocessing.current_process()._config["daemon"] = False
+    from megatron.core import dist_checkpointing, parallel_state
 
     import megatron_selfcheck as ms
     from routepack.torch.broadcast import digest_int
@@ -102,8 +110,14 @@ def check_pipeline(rank, world, device):
         for (m, l), counts in runner.received.items():
             got[m, seen["layers"].index(l)] = sum(counts)
         seen["received_ok"].append(bool(np.array_equal(got, pred)) and len(runner.received) == pred.size)
+        if w == 1:
+            dist_checkpointing.save(ddp.module.sharded_state_dict(), os.path.join(ckpt_root, "plan"))
 
-    static = ms.train(case, False, dp_rank, plans=plans)
+    def save_static(w, ddp, opt, runner):
+        if w == 1:
+            dist_checkpointing.save(ddp.module.sharded_state_dict(), os.path.join(ckpt_root, "static"))
+
+    static = ms.train(case, False, dp_rank, plans=plans, after_window=save_static)
     planned = ms.train(case, True, dp_rank, plans=plans, before_step=record, after_window=received)
     out = {
         "stage": parallel_state.get_pipeline_model_parallel_rank(),
@@ -113,7 +127,41 @@ def check_pipeline(rank, world, device):
         "migrated": planned["migrated"],
     }
     out.update(seen)
+    out["next_loss"] = planned["losses"][2]
+    out.update(check_checkpoints(case, dp_rank, plans, ckpt_root))
     out["errors"] = check_refusals(case, dp_rank, plans)
+    return out
+
+
+def check_checkpoints(case, dp_rank, plans, ckpt_root):
+    """Window 1's checkpoints (placement 1, static) load under window 2's placement (planned
+    from the static one) and into the stock model: window 2's losses, forward only, are the
+    trained model's before its step (`next_loss`); the last stage's (the first has none)."""
+    from megatron.core import dist_checkpointing
+
+    import megatron_selfcheck as ms
+    from routepack.integrations import megatron as rm
+    from routepack.plan import Placement
+
+    static = Placement.static(case.layers, case.experts, ms.topology(case))
+    fresh, _, window, routed, cu = plans(2, static)
+    out = {}
+    for name, is_plan, src in (
+        ("plan<-plan", True, "plan"),
+        ("plan<-static", True, "static"),
+        ("stock<-plan", False, "plan"),
+    ):
+        model = ms.build_model(case, is_plan)
+        ddp, _ = ms.wrap(model, case)
+        runner = None
+        if is_plan:
+            runner = rm.MegatronRunner(ddp, ms.topology(case))
+            runner.begin_window(fresh, window)  # placement 2 from the static one (no optimizer state yet)
+        model.load_state_dict(dist_checkpointing.load(model.sharded_state_dict(), os.path.join(ckpt_root, src)))
+        use = fresh if is_plan else plans(2, fresh.placement)[1]
+        out[name] = ms.evaluate(
+            case, 2, ddp, rank_microbatches(use, routed, dp_rank, cu, dp=case.dp), cu, runner, "cpu"
+        )
     return out
 
 
@@ -165,7 +213,10 @@ def _bypass(case, ddp, opt, mbs, cu, runner):
 
 
 def test_pp2_ep2_plans_equal_stock_model():
-    out = run_ranks(check_pipeline, 4, join_timeout_s=600, pg_timeout_s=180)
+    with tempfile.TemporaryDirectory() as root:
+        for d in ("plan", "static"):
+            os.makedirs(os.path.join(root, d))
+        out = run_ranks(check_pipeline, 4, root, join_timeout_s=600, pg_timeout_s=180)
     digests = {tuple(f["digests"]) for f in out.values()}
     assert len(digests) == 1 and len(next(iter(digests))) == 3, digests  # one digest per window, all ranks
     assert len(set(next(iter(digests)))) == 3  # three different plans
@@ -181,6 +232,9 @@ def test_pp2_ep2_plans_equal_stock_model():
         assert f["rows"] == f["expected_rows"] and all(r > 0 for r in f["rows"]), (rank, f["rows"])
         assert all(r > 0 for r in f["redundant"]), (rank, f["redundant"])
         assert f["received_ok"] == [True] * 3, (rank, f["received_ok"])
+        assert len(f["next_loss"]) == (f["num_micro"][2] if f["stage"] == 1 else 0), (rank, f["next_loss"])
+        for name in ("plan<-plan", "plan<-static", "stock<-plan"):
+            assert np.allclose(f[name], f["next_loss"], rtol=0, atol=TOL), (rank, name, f[name], f["next_loss"])
         e = f["errors"]
         assert e["replicas_size"] > 0
         assert e["replicas"].startswith("InvalidPlanError") and "pipeline parallelism" in e["replicas"], e
@@ -196,5 +250,13 @@ def test_pp2_ep2_plans_equal_stock_model():
         assert e["bypass"].startswith("RoutepackError: finish_step") and "ran no planned microbatch" in e["bypass"], e
     assert sum(f["migrated"] for f in out.values()) > 0
     for r, f in sorted(out.items()):
-        print(f"rank {r} stage {f['stage']}: {f['cmp']}, micro {f['num_micro']}, migration rows {f['rows']}")
+        ckpt = max(
+            (
+                float(np.abs(np.subtract(f[n], f["next_loss"])).max(initial=0.0))
+                for n in ("plan<-plan", "plan<-static", "stock<-plan")
+            )
+        )
+        print(
+            f"rank {r} stage {f['stage']}: {f['cmp']}, micro {f['num_micro']}, migration rows {f['rows']}, checkpoint next loss {ckpt:.2e}"
+        )
         print("  " + "\n  ".join(f"{k}: {v}" for k, v in f["errors"].items()))
