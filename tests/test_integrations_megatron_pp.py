@@ -22,6 +22,7 @@ on the same data:
 
 CUDA-only calls are stood in for by tests/megatron_cpu.py (the only place; each with its reason)."""
 
+import dataclasses
 import multiprocessing
 import os
 import sys
@@ -193,6 +194,11 @@ def check_refusals(case, dp_rank, plans):
     errors["stages_differ"] = _raised(lambda: runner.begin_window(mine, window, opt))
     # stage 1 refuses (its token cap is below the plan's microbatches), stage 0 accepts
     errors["stage_refuses"] = _raised(lambda: runner.begin_window(plan0, window0, opt, token_cap=1 if stage else None))
+    # global rank 3 (stage 1, EP rank 1) holds window 1's plan, every other rank window 0's
+    mine, window = (
+        (plan1, window1) if parallel_state.get_pipeline_model_parallel_rank() and dp_rank else (plan0, window0)
+    )
+    errors["ep_differs"] = _raised(lambda: runner.begin_window(mine, window, opt))
     after = dict(rm.export_weights(ddp))
     errors["intact"] = all(torch.equal(before[k], after[k]) for k in before) and all(
         np.array_equal(a, m.phy2log) for a, m in zip(rows, runner.layers)
@@ -202,6 +208,15 @@ def check_refusals(case, dp_rank, plans):
     runner.begin_window(plan0, window0, opt)
     mbs = rank_microbatches(plan0, routed0, dp_rank, cu0, dp=case.dp)
     errors["bypass"] = _raised(lambda: _bypass(case, ddp, opt, mbs, cu0, runner))
+    # a topo that does not describe Megatron's pipeline (the layers built for it): refused at once
+    layers = list(runner.layers)
+    for name, bad in (
+        ("no_pp", dataclasses.replace(topo, pp=1)),
+        ("split", dataclasses.replace(topo, layers_per_stage=(1, 3))),
+    ):
+        for m in layers:
+            m.topo = bad
+        errors[name] = _raised(lambda: rm.MegatronRunner(ddp, bad))
     return errors
 
 
@@ -247,6 +262,16 @@ def test_pp2_ep2_plans_equal_stock_model():
         else:
             assert e["stage_refuses"].startswith("InvalidPlanError") and "over the cap 1" in e["stage_refuses"], e
         assert e["intact"], e
+        if f["stage"] == 1:  # ranks 2 and 3 see it in their EP group
+            assert e["ep_differs"].startswith("InvalidPlanError: EP ranks hold different plans"), e
+        else:  # stage 0 learns it from the pipeline group
+            want = "InvalidPlanError: the EP ranks of pipeline stage(s) [1] hold different plans; nothing moved"
+            assert e["ep_differs"] == want, e
+        assert e["no_pp"].startswith(
+            "RoutepackError: topo: pp=1, vpp=1; Megatron runs pipeline_model_parallel_size=2"
+        ), e
+        want = f"topo: gives pipeline stage {f['stage']} MoE layers {[[0], [1, 2, 3]][f['stage']]}"
+        assert e["split"].startswith("RoutepackError") and want in e["split"] and "layers_per_stage" in e["split"], e
         assert e["bypass"].startswith("RoutepackError: finish_step") and "ran no planned microbatch" in e["bypass"], e
     assert sum(f["migrated"] for f in out.values()) > 0
     for r, f in sorted(out.items()):
