@@ -52,7 +52,8 @@ POLICY = rp.Policy(placement="eplb", packing="routepack", replication="none", lo
 
 def _case(pp, ep):
     """pp stages of 2 MoE layers (pp = 2: dp = ep = 2; pp = 3: dp = ep = 1, a middle stage),
-    2 redundant slots a layer; token_cap 24: >= pp microbatches a DP rank (samples: 4-23 tokens)."""
+    2 redundant slots a layer; token_cap 24 a DP rank of 2, 48 alone: >= pp microbatches
+    (samples of 4-23 tokens)."""
     import megatron_selfcheck as ms
 
     return ms.MegatronCase(
@@ -64,7 +65,7 @@ def _case(pp, ep):
         slots_per_rank=10 // ep,
         replica_slots=0,
         replicas=False,
-        token_cap=24,
+        token_cap=48 // ep,
     )
 
 
@@ -220,6 +221,10 @@ def check_refusals(case, dp_rank, plans):
     runner.begin_window(plan0, window0, opt)
     mbs = rank_microbatches(plan0, routed0, dp_rank, cu0, dp=case.dp)
     errors["bypass"] = _raised(lambda: _bypass(case, ddp, opt, mbs, cu0, runner))
+    # the interleaved schedule (Megatron's virtual pipeline size set): refused at once
+    parallel_state.set_virtual_pipeline_model_parallel_world_size(2)
+    errors["vpp"] = _raised(lambda: rm.MegatronRunner(ddp, topo))
+    parallel_state.set_virtual_pipeline_model_parallel_world_size(None)
     # a topo that does not describe Megatron's pipeline (the layers built for it): refused at once
     layers = list(runner.layers)
     for name, bad in (
@@ -290,6 +295,7 @@ def test_pp2_ep2_plans_equal_stock_model():
         else:  # stage 0 learns it from the pipeline group
             want = "InvalidPlanError: the EP ranks of pipeline stage(s) [1] hold different plans; nothing moved"
             assert e["ep_differs"] == want, e
+        assert e["vpp"].startswith("RoutepackError: virtual_pipeline_model_parallel_size=2: not supported"), e
         assert e["no_pp"].startswith(
             "RoutepackError: topo: pp=1, vpp=1; Megatron runs pipeline_model_parallel_size=2"
         ), e
