@@ -33,7 +33,8 @@ from routepack.torch.replay import rank_microbatches
 @dataclass(frozen=True)
 class MegatronCase:
     """Sizes: ``dp`` ranks, ``ep`` per EP group; ``slots_per_rank`` placement slots and
-    ``replica_slots`` replica buffers a rank; E experts, top-k; GPT sizes."""
+    ``replica_slots`` replica buffers a rank; E experts, top-k; GPT sizes; ``pp`` pipeline
+    stages (each holding ``layers // pp`` layers, all MoE; ``dp`` ranks a stage)."""
 
     dp: int = 2
     ep: int = 2
@@ -54,6 +55,7 @@ class MegatronCase:
     distributed_optimizer: bool = False
     replicas: bool = True
     token_cap: int = 64
+    pp: int = 1
 
 
 def synthetic_window(case: MegatronCase, w: int) -> Tuple[rp.Window, np.ndarray, np.ndarray]:
@@ -71,9 +73,9 @@ def synthetic_window(case: MegatronCase, w: int) -> Tuple[rp.Window, np.ndarray,
     return rp.Window.from_routed_experts(routed, cu, case.experts), routed, cu
 
 
-def planned(case: MegatronCase) -> Callable[[int, Placement], tuple]:
+def planned(case: MegatronCase, policy: Any = "routepack") -> Callable[[int, Placement], tuple]:
     """``plans(w, previous)`` → (routepack's plan, the static plan with its layout, window,
-    routed, cu): `routepack.plan_window` (policy ``"routepack"``) on `synthetic_window`."""
+    routed, cu): `routepack.plan_window` (``policy``) on `synthetic_window`; both validated."""
     shape = rp.ModelShape(
         num_layers=case.layers,
         num_experts=case.experts,
@@ -94,8 +96,10 @@ def planned(case: MegatronCase) -> Callable[[int, Placement], tuple]:
             token_cap=case.token_cap,
             previous=previous,
             seed=w,
-            replication_slots=case.replica_slots,  # the copies a layer's buffers hold
+            policy=policy,
+            **({"replication_slots": case.replica_slots} if case.replica_slots else {}),  # what the buffers hold
         )
+        plan.validate(window, topo, case.token_cap)
         static = Plan(
             Placement.static(case.layers, case.experts, topo), plan.sample_rank, plan.sample_micro, plan.num_micro
         )
@@ -129,6 +133,8 @@ def config(case: MegatronCase, **kw: Any) -> Any:
         gradient_accumulation_fusion=False,
         params_dtype=torch.float32,
     )
+    if case.pp > 1:  # microbatches of different lengths cross the stages: shapes are sent first
+        base.update(pipeline_model_parallel_size=case.pp, pipeline_dtype=torch.float32, variable_seq_lengths=True)
     base.update(kw)
     return TransformerConfig(**base)
 
@@ -144,7 +150,16 @@ def build_model(case: MegatronCase, plan: bool, device: Any = "cpu", **kw: Any) 
     if plan:
         spec = rm.plan_layer_spec(spec, topology(case), replica_slots=case.replica_slots)
     cfg = config(case, **kw)
-    model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=case.vocab, max_sequence_length=512)
+    stages: Dict[str, Any] = {}
+    if case.pp > 1:  # this rank's stage; untied output layer (tying under PP syncs on CUDA at build)
+        from megatron.core import parallel_state  # type: ignore[import-untyped]
+
+        stages = dict(
+            pre_process=parallel_state.is_pipeline_first_stage(),
+            post_process=parallel_state.is_pipeline_last_stage(),
+            share_embeddings_and_output_weights=False,
+        )
+    model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=case.vocab, max_sequence_length=512, **stages)
     init_weights(model, case)
     return model.to(device)
 
@@ -152,7 +167,7 @@ def build_model(case: MegatronCase, plan: bool, device: Any = "cpu", **kw: Any) 
 def topology(case: MegatronCase) -> Any:
     import routepack as rp
 
-    return rp.Topology(case.dp, case.ep, case.gpus_per_node, case.slots_per_rank)
+    return rp.Topology(case.dp, case.ep, case.gpus_per_node, case.slots_per_rank, pp=case.pp)
 
 
 def _value(name: str, shape: tuple, seed: int) -> torch.Tensor:
@@ -213,7 +228,7 @@ def _tokens(case: MegatronCase, w: int, sample: int, n: int) -> torch.Tensor:
 
 
 def routers(model: Any) -> List[Any]:
-    """The model's routers in layer order (the replay entries to feed)."""
+    """The model's routers in layer order (the replay entries to feed; a pipeline stage's own)."""
     return [m for m in model.modules() if hasattr(m, "router_replay") and m.router_replay is not None]
 
 
@@ -225,9 +240,9 @@ def _forward_step(case: MegatronCase, w: int, cu: np.ndarray, rs: List[Any], dev
         mb = next(data_iterator)
         ids = torch.cat([_tokens(case, w, int(s), int(cu[s + 1] - cu[s])) for s in mb.samples]).to(device)
         t = ids.numel()
-        for l, r in enumerate(rs):
+        for r in rs:  # every layer is an MoE layer: layer_number (global, 1-based) - 1 is its routed column
             r.router_replay.clear_indices()
-            r.router_replay.set_target_indices(mb.routed[:, l].to(torch.int64).to(device))
+            r.router_replay.set_target_indices(mb.routed[:, r.layer_number - 1].to(torch.int64).to(device))
             r.router_replay.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
         pos = torch.arange(t, device=device).unsqueeze(0)
         mask = torch.triu(torch.ones(t, t, device=device), diagonal=1).bool()[None, None]
@@ -341,7 +356,8 @@ def compare(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, float]:
     missing = sorted(keys - (set(a["weights"]) & set(b["weights"])))
     wd = max((float((a["weights"][k] - b["weights"][k]).abs().max()) for k in keys if k not in missing), default=0.0)
     return {
-        "loss": float(np.abs(la - lb).max()) if la.size == lb.size else float("inf"),
+        # a first pipeline stage has no losses (the last stage computes them)
+        "loss": float(np.abs(la - lb).max(initial=0.0)) if la.size == lb.size else float("inf"),
         "weights": wd if not missing else float("inf"),
         "missing": len(missing),
         "grad_norm": float(np.abs(np.asarray(a["grad_norms"]) - np.asarray(b["grad_norms"])).max()),

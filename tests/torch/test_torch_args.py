@@ -119,6 +119,22 @@ def test_epmoe_refuses_weights_larger_than_the_device_before_allocating(hidden, 
 
 
 @SETTINGS
+@given(pp=st.integers(2, 6), stage=st.data())
+def test_plan_runner_refuses_a_pipeline_stage(pp, stage):
+    """A pipeline stage's layers (a part of the plan's, from layer ``stage * 2``) under
+    ``topo.pp`` > 1: refused naming ``topo.pp`` and what runs under a pipeline."""
+    from routepack.torch import PlanRunner
+
+    topo = rp.Topology(1, 1, 1, 3, pp=pp)
+    first = 2 * stage.draw(st.integers(0, pp - 1))
+    layers = [EPMoE(first + i, 3, 4, 2, topo, np.arange(3, dtype=np.int32)) for i in range(2)]
+    with pytest.raises(rp.RoutepackError) as e:
+        PlanRunner(layers, topo)
+    names(e, "topo.pp")
+    assert "MegatronRunner" in str(e.value)
+
+
+@SETTINGS
 @given(bad=st.sampled_from([None, "x", 1.5, [], object(), (1, 1, 1, 1), {"dp": 1}]))
 def test_epmoe_topo_must_be_a_topology(bad):
     with pytest.raises(rp.RoutepackTypeError) as e:

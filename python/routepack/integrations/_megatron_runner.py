@@ -31,7 +31,14 @@ from routepack.integrations._megatron_tables import buffer_of, cell_rows, layer_
 from routepack.model import Topology
 from routepack.plan import Placement, Plan
 from routepack.torch import _args
-from routepack.torch.broadcast import default_device, digest_int, gather_ints, group_peers, raise_shared_failure
+from routepack.torch.broadcast import (
+    check_same_plan,
+    default_device,
+    digest_int,
+    gather_ints,
+    group_peers,
+    raise_shared_failure,
+)
 from routepack.torch.migrate import MigrationReport, migrate_slots
 from routepack.torch.replicate import ReplicaExchange
 from routepack.torch.routes import cell_origins
@@ -118,11 +125,49 @@ def _check_groups(chunks: List[Any]) -> None:
                 )
 
 
+def _pipeline(topo: Topology, num_moe_layers: int, held: List[int]) -> Tuple[int, Any]:
+    """(this rank's pipeline stage, Megatron's pipeline group or None at pp = 1), after checking
+    that ``topo`` describes Megatron's pipeline and that this stage holds the MoE layers
+    ``held`` that ``topo`` gives it (`Topology.stage_layers`)."""
+    from megatron.core import parallel_state  # type: ignore[import-untyped]
+
+    pp = parallel_state.get_pipeline_model_parallel_world_size()
+    vpp = parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1
+    if vpp > 1:
+        raise RoutepackError(
+            f"virtual_pipeline_model_parallel_size={vpp}: not supported (the interleaved schedule runs model "
+            "chunks that are neither first nor last, whose forward_step_func does not read the data iterator, "
+            "so the runner cannot tell their microbatch); use one model chunk per rank"
+        )
+    if topo.pp != pp or topo.vpp != 1:
+        raise RoutepackError(
+            f"topo: pp={topo.pp}, vpp={topo.vpp}; Megatron runs pipeline_model_parallel_size={pp} with one "
+            "model chunk per rank (plan with the job's pipeline: Topology(..., pp=...))"
+        )
+    if pp == 1:
+        return 0, None
+    stage = parallel_state.get_pipeline_model_parallel_rank()
+    want = topo.stage_layers(stage, num_moe_layers)
+    if held != want:
+        raise RoutepackError(
+            f"topo: gives pipeline stage {stage} MoE layers {want} (layers_per_stage={topo.layers_per_stage}), "
+            f"the model's stage holds {held}; plan with Topology(layers_per_stage=...) as Megatron splits them"
+        )
+    return stage, parallel_state.get_pipeline_model_parallel_group()
+
+
 class MegatronRunner:
     """Ties plans to the `PlanMoELayer` layers of ``model`` (a module, a DDP-wrapped module,
-    or the list of virtual-pipeline chunks). ``topo``: the plan's `routepack.Topology` (``ep``
-    = the expert-parallel size, ``dp`` = the data-parallel size). ``timeout`` bounds every wait
-    of migration and replication."""
+    or a one-chunk list). ``topo``: the plan's `routepack.Topology` (``ep`` = the
+    expert-parallel size, ``dp`` = the data-parallel size of a stage, ``pp`` = Megatron's
+    pipeline size; this stage must hold the MoE layers ``topo.stage_layers`` gives it).
+    ``timeout`` bounds every wait of migration and replication.
+
+    Under a pipeline (pp > 1) each stage carries out the plan's rows of its own layers; intra-
+    batch replicas are refused (a stage keeps several microbatches in flight, the replica
+    buffers hold one), and so is the interleaved schedule (virtual pipeline). Every stage's
+    ``forward_step_func`` must take its microbatch from the data iterator (``next()``), the
+    middle stages' too: `finish_step` raises when a stage ran no planned microbatch."""
 
     def __init__(self, model: Any, topo: Any, timeout: datetime.timedelta = datetime.timedelta(seconds=120)) -> None:
         if not isinstance(topo, Topology):
@@ -131,7 +176,10 @@ class MegatronRunner:
         chunks = list(model) if isinstance(model, (list, tuple)) else [model]
         mods = [m for c in chunks for m in c.modules() if isinstance(m, PlanMoELayer)]
         if not mods:
-            raise RoutepackError("model: has no PlanMoELayer (build it with routepack's plan_layer_spec)")
+            raise RoutepackError(
+                "model: has no PlanMoELayer (build it with routepack's plan_layer_spec; under a pipeline "
+                "every stage must hold at least one MoE layer)"
+            )
         _check_groups(chunks)
         for m in mods:
             if m.topo != topo:
@@ -152,6 +200,8 @@ class MegatronRunner:
         self.views = [LayerView(m, i, peers, self.group) for i, m in enumerate(mods)]
         from megatron.core import parallel_state  # type: ignore[import-untyped]
 
+        #: this rank's pipeline stage and the group of its peers in the other stages (None: pp = 1)
+        self.stage, self.pp_group = _pipeline(topo, self.num_moe_layers, [m.moe_index for m in mods])
         self.dp_rank = parallel_state.get_data_parallel_rank()
         dp = parallel_state.get_data_parallel_world_size()
         if dp != topo.dp or self.dp_rank % topo.ep != self.ep_rank:
@@ -167,6 +217,7 @@ class MegatronRunner:
         self.exchange: Optional[_Exchange] = None
         self.last_migration: Optional[MigrationReport] = None
         self._backwards = [0] * len(mods)
+        self._completed = [0] * len(mods)  # planned steps each layer completed since the last finish_step
         self._filled: set = set()
         #: with ``recording``, ``received[(micro, moe layer)]`` holds the tokens each local
         #: Megatron expert received in the last forward of that cell (a host copy per layer: tests)
@@ -203,7 +254,7 @@ class MegatronRunner:
                 f"{self.num_moe_layers} MoE layers of {E} experts"
             )
         plan.validate(window, self.topo, _NO_CAP if token_cap is None else positive_int(token_cap, "token_cap"))
-        if plan.replicas.size and len(self.layers) != self.num_moe_layers:
+        if plan.replicas.size and (self.pp_group is not None or len(self.layers) != self.num_moe_layers):
             raise InvalidPlanError(
                 "plan.replicas: intra-batch replicas with pipeline parallelism are not supported (a stage keeps "
                 "several microbatches in flight, the replica buffers hold one); plan with replication='none'"
@@ -258,7 +309,10 @@ class MegatronRunner:
         """Checks ``plan`` on every EP rank (nothing moves unless all accept), migrates the
         experts it moves (weights, ``main_grad`` and ``optimizer``'s state together), uploads
         the window's routing tables, and marks the copies the grad norm must not count twice.
-        Collective over the EP group. Returns the migration report (None without moves)."""
+        Collective over the EP group and, under a pipeline, the pipeline group: every stage
+        checks the whole plan, the digests of all stages must agree (one plan per window), and
+        each stage migrates its own MoE layers only. Returns the migration report (None without
+        moves)."""
         self.check_step_finished("begin_window")
         err: Optional[BaseException] = None
         digest = 0
@@ -267,13 +321,7 @@ class MegatronRunner:
             digest = digest_int(plan)
         except Exception as e:  # noqa: BLE001 (shared with every EP rank, then re-raised)
             err = e
-        device = default_device(self.group)  # where the group's collectives take tensors (NCCL: CUDA)
-        got = gather_ints([int(err is None), digest], self.group, device, self.timeout)
-        raise_shared_failure(
-            err, got[:, 0], lambda bad: f"EP rank(s) {bad} refused the plan; nothing moved", InvalidPlanError
-        )
-        if np.unique(got[:, 1]).size != 1:
-            raise InvalidPlanError("EP ranks hold different plans; nothing moved (use broadcast_plan)")
+        device = self._agree(err, digest)
         local = self._local_plan(plan)
         report = None
         if local.migration.size:
@@ -298,8 +346,38 @@ class MegatronRunner:
         self.exchange = self._make_exchange(plan) if plan.replicas.size else None
         self._mark_copies(optimizer)
         self._backwards = [0] * len(self.layers)
+        self._completed = [0] * len(self.layers)
         self.micro = None
         return report
+
+    def _agree(self, err: Optional[BaseException], digest: int) -> torch.device:
+        """Shares every rank's verdict on the plan and its digest over the EP group, then (pp > 1)
+        each stage's over the pipeline group, so the ranks of all stages holding this rank's
+        experts carry out one plan or all raise (every rank takes part in both exchanges before
+        any raises). Returns the device of the EP group's collectives."""
+        device = default_device(self.group)  # where the group's collectives take tensors (NCCL: CUDA)
+        got = gather_ints([int(err is None), digest], self.group, device, self.timeout)
+        same = np.unique(got[:, 1]).size == 1
+        if self.pp_group is not None:
+            mine = [int(bool(got[:, 0].all())), int(same), int(got[0, 1]) if same else -1]
+            stages = gather_ints(mine, self.pp_group, default_device(self.pp_group), self.timeout)
+        raise_shared_failure(
+            err, got[:, 0], lambda bad: f"EP rank(s) {bad} refused the plan; nothing moved", InvalidPlanError
+        )
+        if not same:
+            raise InvalidPlanError("EP ranks hold different plans; nothing moved (use broadcast_plan)")
+        if self.pp_group is not None:
+            raise_shared_failure(
+                None,
+                stages[:, 0],
+                lambda bad: f"pipeline stage(s) {bad} refused the plan; nothing moved",
+                InvalidPlanError,
+            )
+            bad = np.flatnonzero(stages[:, 1] == 0).tolist()
+            if bad:
+                raise InvalidPlanError(f"the EP ranks of pipeline stage(s) {bad} hold different plans; nothing moved")
+            check_same_plan(stages[:, 2], "pipeline stages")
+        return device
 
     def _make_exchange(self, plan: Plan) -> _Exchange:
         r = plan.replicas
@@ -400,6 +478,7 @@ class MegatronRunner:
         n = self._backwards[i] + 1
         self._backwards[i] = 0 if n == num_micro else n
         if n == num_micro:
+            self._completed[i] += 1
             self._sum_redundant(layer)
 
     @torch.no_grad()
@@ -438,8 +517,19 @@ class MegatronRunner:
     def finish_step(self) -> None:
         """Before ``optimizer.step()``: checks every layer completed the step's microbatches
         (replica and redundant gradients are already in ``main_grad``), and leaves planned
-        microbatches."""
+        microbatches. Under a pipeline it also raises when some layer ran no planned microbatch
+        this step (its stage's forwards did not take their microbatches through
+        `microbatches`, so they routed by the default table and skipped the redundant sum)."""
         self.check_step_finished("finish_step")
+        idle = [m.moe_index for m, n in zip(self.layers, self._completed) if n == 0]
+        self._completed = [0] * len(self.layers)
+        if self.pp_group is not None and idle:
+            self.end_micro()
+            raise RoutepackError(
+                f"finish_step: MoE layer(s) {idle} of pipeline stage {self.stage} ran no planned microbatch this "
+                "step: its forward_step_func must call next() on the data iterator given by runner.microbatches, "
+                "on every stage"
+            )
         self.end_micro()
 
 

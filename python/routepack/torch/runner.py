@@ -46,7 +46,8 @@ class PlanRunner:
 
     Args:
         layers:    this rank's `EPMoE` layers, index = MoE layer of the plan.
-        topo:      the `routepack.Topology` the job runs on.
+        topo:      the `routepack.Topology` the job runs on (``pp`` = 1: pipeline stages are
+                   refused, see `routepack.integrations.megatron.MegatronRunner`).
         group:     the EP process group (None: default group; its size must be ``topo.ep``).
         edp_group: ranks holding the same EP-local rank in every EP group (needed when
                    ``topo.dp > topo.ep``, for the expert-data-parallel gradient sum).
@@ -63,8 +64,15 @@ class PlanRunner:
         dp_rank: Optional[int] = None,
         timeout: datetime.timedelta = datetime.timedelta(seconds=120),
     ) -> None:
-        self.layers = check_layers(layers)
         _args.topology(topo)
+        if topo.pp > 1:
+            raise RoutepackError(
+                f"topo.pp: {topo.pp}; PlanRunner carries out a plan on ranks that hold every MoE layer (layers[i] "
+                "is the plan's layer i) and agrees on it within one EP group, while a pipeline stage holds a "
+                "part of the layers and must agree with the other stages: under pipeline parallelism use "
+                "routepack.integrations.megatron.MegatronRunner (each stage migrates its own layers)"
+            )
+        self.layers = check_layers(layers)
         _args.group(group)
         _args.group(edp_group, "edp_group")
         _args.timeout(timeout, optional=False)
