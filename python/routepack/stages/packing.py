@@ -71,11 +71,12 @@ def _packing_context(ctx: Any, options: Any, options_class: type, placement: Any
 def _cells(ctx: PlanContext) -> dict:
     """What every packing is told of the cells beyond the DP ranks: the pipeline's microbatch
     rule (`Topology.min_micro`, `Topology.micro_multiple`) and whether a sample over the cap runs
-    alone (``ctx.oversize``, `routepack.oversize`)."""
+    alone or is split over a CP group of ``topo.cp`` ranks (``ctx.oversize``, `routepack.oversize`)."""
     return {
         "min_micro": ctx.topo.min_micro,
         "micro_multiple": ctx.topo.micro_multiple,
-        "oversize": "alone" if ctx.oversize == "alone" else None,
+        "oversize": ctx.oversize if ctx.oversize in ("alone", "split") else None,
+        "cp": ctx.topo.cp,
     }
 
 
@@ -135,7 +136,7 @@ def routepack_packing(ctx: PlanContext, options: RoutepackPackingOptions, placem
         start_accept=o.anneal_start_accept,
         cooling=o.anneal_cooling,
         mix=o.anneal_mix,
-        oversize=_cells(ctx)["oversize"],
+        oversize=_cells(ctx)["oversize"],  # split over topo.cp
     )
     report = dict(report)
     if ctx.topo.pp > 1:
