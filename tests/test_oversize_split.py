@@ -8,6 +8,8 @@ input is refused by name."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -189,3 +191,36 @@ def test_bad_input_is_named():
     plan.sample_rank, plan.sample_micro = bad, micro
     with pytest.raises(rp.InvalidPlanError, match=rf"runs a piece of sample {s}"):
         plan.validate(window, topo, CAP)
+
+
+def test_the_glue_refuses_a_split_plan_by_name():
+    """No trainer glue runs context parallelism: a split plan is refused where plans enter it
+    (`routepack.torch`'s and the Megatron runner's `check_plan`; verl's and slime's batch
+    mapping through `plans_list` / `rank_cells`), naming oversize="split"; an "alone" plan
+    passes the same gate."""
+    torch = pytest.importorskip("torch")
+    from routepack.integrations._common import plans_list, rank_cells
+    from routepack.integrations._megatron_runner import MegatronRunner
+    from routepack.integrations._verl_split import balance_partitions, micro_batch_indices
+    from routepack.torch.runner import PlanRunner
+
+    window, over = window_over_cap()
+    topo = rp.Topology(8, 4, 4, 4, cp=2)
+    plan = rp.plan_window(window, topo, cost_for(4), token_cap=CAP, policy="static", oversize="split")
+    calls = [
+        lambda p: plans_list(p),
+        lambda p: plans_list([p]),
+        lambda p: rank_cells(p, 0),
+        lambda p: micro_batch_indices(p, 0),
+        lambda p: balance_partitions([p]),
+        # the checks run before the runners read anything of themselves
+        lambda p: PlanRunner.check_plan(object.__new__(PlanRunner), p, window),
+        lambda p: MegatronRunner.check_plan(object.__new__(MegatronRunner), p, window, None, CAP),
+    ]
+    for call in calls:
+        with pytest.raises(rp.RoutepackError, match=re.escape(f'oversize="split" (samples {over.tolist()}')) as e:
+            call(plan)
+        assert "context-parallel" in str(e.value)
+    alone = rp.plan_window(window, topo, cost_for(4), token_cap=CAP, policy="static", oversize="alone")
+    assert len(rank_cells(alone, 0)) == alone.num_micro and plans_list(alone) == [alone]
+    assert torch is not None
