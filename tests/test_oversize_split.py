@@ -12,6 +12,8 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import routepack as rp
 from routepack import _core
@@ -224,3 +226,41 @@ def test_the_glue_refuses_a_split_plan_by_name():
     alone = rp.plan_window(window, topo, cost_for(4), token_cap=CAP, policy="static", oversize="alone")
     assert len(rank_cells(alone, 0)) == alone.num_micro and plans_list(alone) == [alone]
     assert torch is not None
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**31),
+    shape=st.sampled_from([(4, 2, 2, 4, 2), (8, 4, 4, 2, 2), (8, 4, 2, 2, 4), (8, 8, 4, 1, 4)]),
+    policy=st.sampled_from(PRESETS),
+    pp=st.sampled_from([1, 2]),
+)
+def test_random_windows_split_validly(seed, shape, policy, pp):
+    """Random windows with 1-4 samples over the cap (up to cp x cap): the split plan validates,
+    its split samples sit alone at a CP group's first rank, and the step is at or above the
+    bound, which the plan does not move."""
+    dp, ep, gpn, spr, cp = shape
+    rng = np.random.default_rng(seed)
+    cap = int(rng.integers(40, 200))
+    k = int(rng.integers(1, 5))
+    n = 3 * dp * pp + k + int(rng.integers(0, 3 * dp))
+    lens = rng.integers(1, cap // 4 + 1, size=n)
+    over = np.sort(rng.choice(n, size=k, replace=False))
+    lens[over] = rng.integers(cap + 1, cp * cap + 1, size=k)
+    experts = ep * spr
+    counts = np.minimum(rng.integers(0, 2 * cap, size=(n, 2, experts)), lens[:, None, None]).astype(np.int32)
+    window = rp.Window(lens, counts)
+    topo = rp.Topology(dp, ep, gpn, spr, cp=cp, pp=pp)
+    cost = cost_for(2)
+    plan = rp.plan_window(window, topo, cost, token_cap=cap, policy=policy, oversize="split", previous_window=window)
+    plan.validate(window, topo, cap)
+    m_n = plan.num_micro
+    cell = plan.sample_rank.astype(np.int64) * m_n + plan.sample_micro
+    size = np.bincount(cell, minlength=dp * m_n)
+    for s in over:
+        assert plan.sample_rank[s] % cp == 0 and size[cell[s]] == 1
+        assert all(size[cell[s] + j * m_n] == 0 for j in range(1, cp))
+    res = rp.simulate(plan, window, topo, cost)
+    assert res.lower_bound_time <= res.step_time
+    static = rp.plan_window(window, topo, cost, token_cap=cap, policy="static", oversize="split")
+    assert rp.simulate(static, window, topo, cost).lower_bound_time == pytest.approx(res.lower_bound_time, rel=1e-12)
