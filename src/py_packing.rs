@@ -283,7 +283,7 @@ pub fn split_pieces<'py>(
     }
     let (p, counts, (r, m)) = run(py, || {
         let p = Pieces::new(w.seq_lens, token_cap, cp)?;
-        let counts = p.counts(&w);
+        let counts = p.counts(&w)?;
         let rm = p.expand(rank, micro);
         Ok((p, counts, rm))
     })?;

@@ -106,11 +106,13 @@ impl Pieces {
     }
 
     /// `[S', L, E]` routed tokens of each piece: a sample's own, split in proportion to its
-    /// pieces' tokens as the module docs say.
-    pub fn counts(&self, w: &WindowView) -> Vec<i32> {
+    /// pieces' tokens as the module docs say. A copy of the window's demand in int32: refused
+    /// by name (`window`) where it cannot be allocated (`crate::sizes`).
+    pub fn counts(&self, w: &WindowView) -> Result<Vec<i32>> {
         let (l_n, e_n) = (w.num_layers, w.num_experts);
         let row = l_n * e_n;
-        let mut out = vec![0i32; self.lens.len() * row];
+        let what = format!("the split pieces' routed tokens [S' = {}, L = {l_n}, E = {e_n}]", self.lens.len());
+        let mut out = crate::sizes::filled("window", &what, self.lens.len().saturating_mul(row), 0i32)?;
         for s in 0..self.num_samples() {
             let src = w.expert_tokens.slice(s * row, row);
             let k0 = self.first[s];
@@ -130,7 +132,7 @@ impl Pieces {
                 before = after;
             }
         }
-        out
+        Ok(out)
     }
 
     /// The plan's `(sample_rank, sample_micro)` of a packing of the pieces that [`align`] has

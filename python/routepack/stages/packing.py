@@ -24,7 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Tuple
 
+import numpy as np
+
 from routepack import _core
+from routepack.oversize import split_view
 from routepack.stages.context import PackingResult, PlanContext, check_fills_cells, check_placement_fits, stage_context
 from routepack.stages.options import DEFAULTS, NoOptions, StageOptions, count, number, option, weights
 
@@ -141,8 +144,17 @@ def routepack_packing(ctx: PlanContext, options: RoutepackPackingOptions, placem
     report = dict(report)
     if ctx.topo.pp > 1:
         # under a pipeline, each EP group's steps in the order that shortens its 1F1B schedule
-        args = (ctx.window.seq_lens, ctx.window.counts, ctx.topo, ctx.cost, placement.phy2log)
-        micro, order = _core.order_steps(*args, rank, micro, m)
+        # (under "split" timed on the pieces, each on its rank of its CP group: a whole EP
+        # group's steps move together, so a split sample's pieces stay at one step)
+        window, cell_rank, cell_micro = ctx.window, rank, micro
+        if ctx.oversize == "split":
+            window, cell_rank, cell_micro = split_view(ctx.window, ctx.token_cap, ctx.topo.cp, rank, micro)
+        args = (window.seq_lens, window.counts, ctx.topo, ctx.cost, placement.phy2log)
+        micro, order = _core.order_steps(*args, cell_rank, cell_micro, m)
+        if ctx.oversize == "split":
+            # each sample's step is its first piece's
+            pieces = np.where(ctx.window.seq_lens > ctx.token_cap, ctx.topo.cp, 1)
+            micro = micro[np.cumsum(pieces) - pieces]
         report["order"] = dict(order)
     report["anneal_history"] = dict(report["anneal_history"])
     report["rows_lower_bound"] = dict(report["rows_lower_bound"])

@@ -138,7 +138,7 @@ pub fn routepack_packing_in(
 ) -> Result<(Packing, Report)> {
     if oversize == Oversize::Split {
         let pieces = Pieces::new(w.seq_lens, token_cap, topo.cp)?;
-        let (lens, counts) = (pieces.row_lens(token_cap), pieces.counts(w));
+        let (lens, counts) = (pieces.row_lens(token_cap), pieces.counts(w)?);
         let wp = WindowView::new(&lens, &counts, w.num_layers, w.num_experts)?;
         let (mut p, report) = routepack_packing_in(&wp, topo, cost, placement, token_cap, opts, Oversize::Refuse)?;
         split::align(&mut p.sample_rank, &mut p.sample_micro, p.num_micro, &pieces, topo.dp);

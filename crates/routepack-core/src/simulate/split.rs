@@ -27,7 +27,7 @@ pub(super) fn simulate_pieces(
     pieces: &Pieces,
 ) -> Result<SimReport> {
     let (sample_rank, sample_micro) = pieces.expand(&plan.sample_rank, &plan.sample_micro);
-    let counts = pieces.counts(w);
+    let counts = pieces.counts(w)?;
     let wp = WindowView::new(&pieces.lens, &counts, w.num_layers, w.num_experts)?;
     let expanded = Plan { sample_rank, sample_micro, ..plan.clone() };
     let mut grid = CellGrid::new(&expanded.sample_rank, &expanded.sample_micro, plan.num_micro, &pieces.lens, topo);

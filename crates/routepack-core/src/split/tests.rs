@@ -11,7 +11,7 @@ fn pieces_split_tokens_and_counts_exactly() {
     // [S=3, L=1, E=2]; sample 1's 7 and 23 tokens split as ⌊c·T_{j+1}/n⌋ − ⌊c·T_j/n⌋
     let counts: Vec<i32> = vec![1, 2, 7, 23, 0, 4];
     let w = WindowView::new(&[5, 23, 10], &counts, 1, 2).unwrap();
-    let c = p.counts(&w);
+    let c = p.counts(&w).unwrap();
     assert_eq!(c, vec![1, 2, 2, 8, 2, 8, 3, 7, 0, 4]);
     assert_eq!(c[2] + c[4] + c[6], 7);
     let (r, m) = p.expand(&[1, 2, 0], &[0, 1, 1]);
