@@ -82,6 +82,7 @@ def test_bad_workloads_name_the_field(kwargs, needle):
 @pytest.mark.skipif(not HAS_TORCH, reason="needs torch")
 def test_a_small_measured_run_reports_every_figure():
     from routepack.measure import measure, parts_table
+    from routepack.measure.report import rank_mean_parts, rank_mean_table
     from routepack.parts import PARTS
 
     work = replace(SMALL, windows=2)
@@ -133,8 +134,23 @@ def test_a_small_measured_run_reports_every_figure():
     assert any(line.startswith("speed-up routepack over static") for line in lines)
     assert any(line.startswith("speed-up routepack over eplb_oracle") for line in lines)
     table = parts_table(res)
-    assert table and any(line.startswith("  expert_replica") for line in table)
+    assert table and any(line.startswith("  expert ") for line in table)
     assert any(line.startswith("redundant_grads") for line in table)
+    # the parts averaged over the ranks: each rank's own medians, every part listed
+    means = rank_mean_table(res)
+    assert means[0].startswith("per-part work") and len(means) == 2 + len(PARTS) + 1
+    rec = res.policies["routepack"]
+    got = rank_mean_parts(rec)["expert"]
+    want = sum(
+        sum(m["expert"] for m in parts) / len(w["per_rank_parts"])
+        for w in rec["windows"]
+        for parts in w["per_rank_parts"]
+    )
+    assert got == pytest.approx(want) and got > 0
+    # tokens per compute unit of every rank's cells: the plan's routed tokens, all of them
+    for w in rec["windows"]:
+        cells = w["per_rank_unit_tokens"]
+        assert len(cells) == res.workload.ranks and all(len(c) == w["num_micro"] for c in cells)
 
 
 def test_the_cli_lists_measure():

@@ -11,8 +11,8 @@ Parts (`PARTS`) and the cost-model term that prices each (`PRICED_BY`, docs/desi
 * ``all_to_all``: dispatch and combine, forward and backward: the all-to-all term;
 * ``unit_sort``: received rows sorted by compute unit and back: ``a_lin`` (the exchange's
   ``a_lin_extra``);
-* ``expert`` / ``expert_replica``: the grouped kernel over the local slots, and over the replica
-  copies: the expert term (``c_call`` per call, ``c_exp`` per active expert, ``c_tok`` per token);
+* ``expert``: the rank's one grouped kernel call over its local slots and its replica copies:
+  the expert term (``c_call`` per call, ``c_exp`` per active expert, ``c_tok`` per token);
 * ``replica_fill``: replica weights posted, relayed and received: the replication term (forward);
 * ``replica_grads``: replica gradients returned along their chains: the replication term
   (backward);
@@ -34,7 +34,6 @@ PARTS = (
     "replica_fill",
     "unit_sort",
     "expert",
-    "expert_replica",
     "combine",
     "replica_grads",
     "slot_grads",
@@ -49,7 +48,6 @@ PRICED_BY: Dict[str, Optional[str]] = {
     "replica_fill": "replication",
     "unit_sort": "attention",
     "expert": "expert",
-    "expert_replica": "expert",
     "combine": "attention",
     "replica_grads": "replication",
     "slot_grads": None,

@@ -110,7 +110,7 @@ def test_a_layer_is_cut_into_its_parts(group):
     assert set(got) == set(PARTS)  # every part listed, and no other
     for part in ("route", "gather", "all_to_all", "unit_sort", "expert", "combine", "slot_grads", "redundant_sum"):
         assert got[part] > 0, part
-    assert got["expert_replica"] == got["replica_fill"] == got["replica_grads"] == 0.0
+    assert got["replica_fill"] == got["replica_grads"] == 0.0
     assert sum(got.values()) == pytest.approx(total, rel=1e-6, abs=1e-9)
     # a segment per collective returned (4 all-to-alls and the redundant expert's all-reduce a
     # layer), and the rest: together the microbatch

@@ -15,7 +15,7 @@ def run(args: argparse.Namespace) -> int:
     import importlib
 
     from routepack._cliargs import load_cost
-    from routepack.measure.report import format_table, parts_table
+    from routepack.measure.report import format_table, parts_table, rank_mean_table
     from routepack.measure.workload import Workload
 
     # the package's `measure` (not the module's): a test may replace it there
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{'n/a' if err is None else f'{100 * err:.1f}%'}"
                 + ("" if bound is None else f" (no cost-model curve fits every point within {100 * bound:.1f}%)")
             )
-    print("\n".join(format_table(result) + parts_table(result)))
+    print("\n".join(format_table(result) + parts_table(result) + rank_mean_table(result)))
     if args.json:
         Path(args.json).write_text(json.dumps(result.to_dict(), indent=2, default=str))
         print(f"wrote {args.json}")

@@ -174,7 +174,7 @@ def run_plan(
     # measured the kernels (`calibrate.timing.steady_heap`): no page faults on fresh gradients
     with steady_heap(device):
         for w in range(len(windows)):
-            data, migration, opening, routes = {}, {}, {}, {}
+            data, migration, opening, routes, units = {}, {}, {}, {}, {}
             for name in names:
                 plan = plans[name][w]
                 layers, opt, runner = setups[name]
@@ -195,6 +195,10 @@ def run_plan(
                 c0 = now()
                 runner.set_microbatches(mbs)
                 routes[name] = now() - c0
+                # tokens per compute unit (slots, then replica copies) of every (micro, layer) cell
+                units[name] = [
+                    [runner._routes[(m, l)].unit_counts.tolist() for l in range(len(layers))] for m in range(len(mbs))
+                ]
                 data[name] = inputs(w, mbs)
             # the plans take turns, step by step, in alternating order: a change in the machine's
             # load (other processes come and go) then falls on every plan alike
@@ -220,6 +224,7 @@ def run_plan(
                     "routes_s": float(routes[name]),
                     "drift": drift.tolist(),
                     "steps_s": cpu[name].tolist(),
+                    "unit_tokens": units[name],
                 }
                 if profile:
                     # [R, M, parts], the round's drift divided out like the microbatches'

@@ -1,6 +1,7 @@
 """What `routepack measure` prints: per window and policy the measured and predicted step and
 microbatches (`format_table`), the speed-ups, and the per-part profile beside the cost-model
-terms that price each part (`parts_table`)."""
+terms that price each part (`parts_table`), and each part averaged over the ranks
+(`rank_mean_table`)."""
 
 from __future__ import annotations
 
@@ -173,4 +174,38 @@ def parts_table(result: Any) -> List[str]:
             [None] * len(names),
         )
     )
+    return lines
+
+
+def rank_mean_parts(rec: Dict[str, Any]) -> Dict[str, float]:
+    """One policy's run: seconds per part over all windows and microbatches, averaged over
+    the ranks (each rank's own median parts). Where the slowest-rank table shows which rank
+    waits, this shows the work a plan adds to every rank: on the CPU ranks of
+    docs/measure_series.md a replica's fill and gradient return cost every rank about 3×
+    their price, where the expert term is off by the same share for every policy."""
+    acc: Dict[str, float] = {}
+    for w in rec["windows"]:
+        ranks = w.get("per_rank_parts") or []
+        for parts in ranks:
+            for micro in parts:
+                for p, v in micro.items():
+                    acc[p] = acc.get(p, 0.0) + v / len(ranks)
+    return acc
+
+
+def rank_mean_table(result: Any) -> List[str]:
+    """`rank_mean_parts` of every policy, ms, one row a part and a total (empty without the
+    profile)."""
+    names = list(result.policies)
+    if not all(w.get("per_rank_parts") for n in names for w in result.policies[n]["windows"]):
+        return []
+    means = {n: rank_mean_parts(result.policies[n]) for n in names}
+    width = 22
+    lines = [
+        "per-part work, ms over the run, mean over the ranks:",
+        f"{'part (ms)':<{width}}" + "".join(f"{n[:20]:>21}" for n in names),
+    ]
+    for p in PARTS:
+        lines.append(f"{'  ' + p:<{width}}" + "".join(f"{means[n].get(p, 0.0) * 1e3:>21.1f}" for n in names))
+    lines.append(f"{'total':<{width}}" + "".join(f"{sum(means[n].values()) * 1e3:>21.1f}" for n in names))
     return lines

@@ -281,6 +281,7 @@ def _policy_record(
             "per_rank_micro_s": [r["micro_s"] for r in per],
             "per_rank_steps_s": [r["steps_s"] for r in per],
             "per_rank_drift": [r["drift"] for r in per],
+            "per_rank_unit_tokens": [r["unit_tokens"] for r in per],
         }
         if all("parts" in r for r in per):
             # the slowest rank of each part (the cost model prices each term's slowest rank)

@@ -375,29 +375,25 @@ class EPMoE(torch.nn.Module):
         w1r: torch.Tensor,
         w2r: torch.Tensor,
     ) -> torch.Tensor:
-        """Grouped GEMM over compute units: local slots ``w1`` ``[spr, H, 2I]`` / ``w2``, then
-        replica copies ``w1r`` ``[R, H, 2I]`` / ``w2r``. Rows are sorted by unit (stable, the
-        cell's precomputed permutation), computed by `grouped_swiglu` and put back in arrival
-        order."""
+        """One grouped GEMM over the rank's compute units: local slots ``w1`` ``[spr, H, 2I]`` /
+        ``w2``, then replica copies ``w1r`` ``[R, H, 2I]`` / ``w2r``. Rows are sorted by unit
+        (stable, the cell's precomputed permutation), computed by one kernel call and put back in
+        arrival order. One call, not one for the slots and one for the copies: the cost model
+        prices one call a rank (``c_call``)."""
         if recv.shape[0] == 0:
             # nothing to compute (recv has no rows): an empty result that keeps the received
             # tensor in the graph, so every rank runs the same backward collectives, and gives
             # w1/w2 a zero gradient like on a rank whose slots did compute (not None)
             return swiglu(recv, w1[0], w2[0])
-        spr = self.slots_per_rank
         counts = cell.unit_counts
         recv = profile.mark(recv, "slot_grads", "unit_sort")
-        rows = recv.index_select(0, cell.unit_perm)
-        n_local = int(counts[:spr].sum())
+        rows = profile.mark(recv.index_select(0, cell.unit_perm), "unit_sort", "expert")
         kernel = self.expert_kernel or grouped_swiglu
-        parts = []
-        if n_local:
-            mine = profile.mark(rows[:n_local], "unit_sort", "expert")
-            parts.append(profile.mark(kernel(mine, counts[:spr], w1, w2), "expert", "unit_sort"))
-        if n_local < rows.shape[0]:
-            copies = profile.mark(rows[n_local:], "unit_sort", "expert_replica")
-            parts.append(profile.mark(kernel(copies, counts[spr:], w1r, w2r), "expert_replica", "unit_sort"))
-        out = torch.cat(parts) if len(parts) > 1 else parts[0]
+        if counts.shape[0] > self.slots_per_rank:
+            out = kernel(rows, counts, (w1, w1r), (w2, w2r))
+        else:
+            out = kernel(rows, counts, w1, w2)
+        out = profile.mark(out, "expert", "unit_sort")
         return out.index_select(0, cell.unit_inv)
 
 
@@ -429,26 +425,34 @@ def _grouped_mm_usable(x: torch.Tensor, w1: torch.Tensor) -> bool:
     return all((d * size) % 16 == 0 for d in (w1.shape[1], w1.shape[2], w1.shape[2] // 2))
 
 
-def grouped_swiglu(rows: torch.Tensor, counts: np.ndarray, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+def grouped_swiglu(rows: torch.Tensor, counts: np.ndarray, w1: Any, w2: Any) -> torch.Tensor:
     """SwiGLU experts over consecutive groups of rows: ``rows`` ``[N, H]`` sorted by group,
     ``counts`` int64 ``[G]`` (sum N), ``w1`` ``[G, H, 2I]``, ``w2`` ``[G, I, H]`` → ``[N, H]``.
+    ``w1`` / ``w2`` may also be a tuple of stacks whose groups add up to G (a rank's slots, then
+    its replica copies), computed in the same call.
 
     One ``torch._grouped_mm`` per projection where this torch offers it for the operands
-    (`_grouped_mm_usable`), else a loop over the groups that have rows, on ``unbind`` views:
-    its backward stacks the groups' gradients into one ``[G, H, 2I]`` tensor (indexing
-    ``w1[g]`` would build a full zero gradient of ``w1`` for every group)."""
-    if _grouped_mm_usable(rows, w1):
+    (`_grouped_mm_usable`; a tuple of stacks is concatenated for it), else a loop over the
+    groups that have rows, on ``unbind`` views: its backward stacks the groups' gradients into
+    one ``[G, H, 2I]`` tensor (indexing ``w1[g]`` would build a full zero gradient of ``w1``
+    for every group)."""
+    w1s = w1 if isinstance(w1, tuple) else (w1,)
+    w2s = w2 if isinstance(w2, tuple) else (w2,)
+    if _grouped_mm_usable(rows, w1s[0]):
         offs = torch.from_numpy(np.cumsum(counts).astype(np.int32)).to(rows.device)
+        s1 = w1s[0] if len(w1s) == 1 else torch.cat(w1s)
+        s2 = w2s[0] if len(w2s) == 1 else torch.cat(w2s)
         try:
-            gate, up = _ContiguousGrad.apply(torch._grouped_mm(rows.contiguous(), w1, offs=offs)).chunk(2, dim=-1)
-            out = _ContiguousGrad.apply(torch._grouped_mm((F.silu(gate) * up).contiguous(), w2, offs=offs))
+            gate, up = _ContiguousGrad.apply(torch._grouped_mm(rows.contiguous(), s1, offs=offs)).chunk(2, dim=-1)
+            out = _ContiguousGrad.apply(torch._grouped_mm((F.silu(gate) * up).contiguous(), s2, offs=offs))
             _GROUPED_MM_OK[(rows.device.type, rows.dtype)] = True
             return out
         except RuntimeError:  # this build or device refuses it: the loop below computes the same
             _GROUPED_MM_OK[(rows.device.type, rows.dtype)] = False
-    w1s, w2s = w1.unbind(0), w2.unbind(0)
+    g1 = [w for stack in w1s for w in stack.unbind(0)]
+    g2 = [w for stack in w2s for w in stack.unbind(0)]
     chunks = torch.split(rows, counts.tolist())
-    parts = [swiglu(c, w1s[g], w2s[g]) for g, c in enumerate(chunks) if c.shape[0]]
+    parts = [swiglu(c, g1[g], g2[g]) for g, c in enumerate(chunks) if c.shape[0]]
     return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
