@@ -1,6 +1,6 @@
 //! Bindings for packing: samples → (rank, microbatch) cells.
 
-use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadonlyArray2};
+use numpy::{IntoPyArray, PyArray1, PyArray3, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use routepack_core::error::invalid;
@@ -11,7 +11,8 @@ use routepack_core::packing::routepack::{proxy_step_time, routepack_packing_in};
 use routepack_core::packing::rows::certified::certified_rows;
 use routepack_core::packing::sequential::sequential_in;
 use routepack_core::packing::Packing;
-use routepack_core::topology::MicroRule;
+use routepack_core::split::Pieces;
+use routepack_core::topology::{MicroRule, DEFAULT_CP};
 
 use crate::convert::{self, slice};
 use crate::errors::{run, to_py};
@@ -21,21 +22,24 @@ type CellsReport<'py> = (Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i32>>, u
 
 /// The cells a baseline packing fills: `dp` ranks, microbatch counts of at least `min_micro`
 /// and in multiples of `micro_multiple` (a pipeline's rule; None: 1), `oversize` ("refuse",
-/// None, or "alone").
-fn cells(dp: usize, min_micro: Option<usize>, micro_multiple: Option<usize>, oversize: Option<&str>) -> PyResult<Cells> {
+/// None, "alone" or "split") and CP groups of `cp` ranks (None: 1, what "split" splits over).
+fn cells(dp: usize, min_micro: Option<usize>, micro_multiple: Option<usize>, oversize: Option<&str>, cp: Option<usize>) -> PyResult<Cells> {
     let rule = MicroRule { min: min_micro.unwrap_or(1), multiple: micro_multiple.unwrap_or(1) };
     if rule.min == 0 || rule.multiple == 0 {
         return Err(to_py(invalid("min_micro", format!("min_micro = {} and micro_multiple = {} must be >= 1", rule.min, rule.multiple))));
     }
-    Ok(Cells { dp, rule, oversize: oversize.map(Oversize::parse).transpose().map_err(to_py)?.unwrap_or_default() })
+    let oversize = oversize.map(Oversize::parse).transpose().map_err(to_py)?.unwrap_or_default();
+    Ok(Cells { dp, rule, oversize, cp: cp.unwrap_or(DEFAULT_CP) })
 }
 
 /// Arrival-order first fit: `(sample_rank [S], sample_micro [S], num_micro, report)`, the
 /// report `{rows, fallback}` (fallback: first fit could not fill the cells, so the certified
 /// rows were laid out). `min_micro`, `micro_multiple`: a pipeline's microbatch rule;
-/// `oversize`: "alone" runs a sample over the cap in a row of its own (default: refused).
+/// `oversize`: "alone" runs a sample over the cap in a row of its own, "split" splits it over
+/// a context-parallel group of `cp` ranks (default: refused).
 #[pyfunction]
-#[pyo3(signature = (seq_lens, token_cap, dp, min_micro=None, micro_multiple=None, oversize=None))]
+#[pyo3(signature = (seq_lens, token_cap, dp, min_micro=None, micro_multiple=None, oversize=None, cp=None))]
+#[allow(clippy::too_many_arguments)]
 pub fn pack_sequential<'py>(
     py: Python<'py>,
     seq_lens: PyReadonlyArray1<'py, i64>,
@@ -44,9 +48,10 @@ pub fn pack_sequential<'py>(
     min_micro: Option<usize>,
     micro_multiple: Option<usize>,
     oversize: Option<&str>,
+    cp: Option<usize>,
 ) -> PyResult<CellsReport<'py>> {
     let lens = slice(&seq_lens, "seq_lens")?;
-    let c = cells(dp, min_micro, micro_multiple, oversize)?;
+    let c = cells(dp, min_micro, micro_multiple, oversize, cp)?;
     let (p, r) = run(py, || sequential_in(lens, token_cap, &c))?;
     let d = PyDict::new(py);
     d.set_item("rows", r.rows)?;
@@ -55,9 +60,10 @@ pub fn pack_sequential<'py>(
 }
 
 /// verl's Karmarkar–Karp balancing: `(sample_rank [S], sample_micro [S], num_micro, report)`;
-/// `min_micro`, `micro_multiple`, `oversize` as `pack_sequential`'s.
+/// `min_micro`, `micro_multiple`, `oversize`, `cp` as `pack_sequential`'s.
 #[pyfunction]
-#[pyo3(signature = (seq_lens, token_cap, dp, min_micro=None, micro_multiple=None, oversize=None))]
+#[pyo3(signature = (seq_lens, token_cap, dp, min_micro=None, micro_multiple=None, oversize=None, cp=None))]
+#[allow(clippy::too_many_arguments)]
 pub fn pack_kk<'py>(
     py: Python<'py>,
     seq_lens: PyReadonlyArray1<'py, i64>,
@@ -66,9 +72,10 @@ pub fn pack_kk<'py>(
     min_micro: Option<usize>,
     micro_multiple: Option<usize>,
     oversize: Option<&str>,
+    cp: Option<usize>,
 ) -> PyResult<CellsReport<'py>> {
     let lens = slice(&seq_lens, "seq_lens")?;
-    let c = cells(dp, min_micro, micro_multiple, oversize)?;
+    let c = cells(dp, min_micro, micro_multiple, oversize, cp)?;
     let (p, r) = run(py, || verl_kk_in(lens, token_cap, &c))?;
     let d = PyDict::new(py);
     d.set_item("rows", p.num_micro * dp)?;
@@ -110,7 +117,7 @@ pub fn pack_rows<'py>(
 
 /// routepack's packing: certified rows, then the layout by population annealing.
 /// Returns `(sample_rank [S], sample_micro [S], num_micro, report)`. The microbatch count meets
-/// `topo`'s pipeline rule; `oversize` as `pack_sequential`'s. Every option left None
+/// `topo`'s pipeline rule; `oversize` as `pack_sequential`'s (split over `topo.cp`). Every option left None
 /// takes the core's default (`packing::routepack::Options::default()`, parsed by
 /// `py_options::packing`); `time_budget_s`: a wall-clock cap
 /// of the stage in seconds (None or above `budget::UNLIMITED_S`: none; 0: the least search;
@@ -251,9 +258,44 @@ pub fn layout_proxy_cost<'py>(
     run(py, || proxy_step_time(&w, &t, &c, &plan.placement, &p))
 }
 
+/// The pieces of a window whose samples over `token_cap` are split over CP groups of `cp`
+/// ranks (`routepack_core::split`): `(seq_lens [S'], expert_tokens [S', L, E] int32,
+/// sample_rank [S'], sample_micro [S'])`, each piece where a plan's `sample_rank`,
+/// `sample_micro` `[S]` put it (piece j of a split sample on its rank + j).
+#[pyfunction]
+#[pyo3(signature = (seq_lens, expert_tokens, token_cap, cp, sample_rank, sample_micro))]
+#[allow(clippy::type_complexity)]
+pub fn split_pieces<'py>(
+    py: Python<'py>,
+    seq_lens: PyReadonlyArray1<'py, i64>,
+    expert_tokens: convert::CountsArray<'py>,
+    token_cap: i64,
+    cp: usize,
+    sample_rank: PyReadonlyArray1<'py, i32>,
+    sample_micro: PyReadonlyArray1<'py, i32>,
+) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray3<i32>>, Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i32>>)> {
+    let w = convert::window(&seq_lens, &expert_tokens)?;
+    let (rank, micro) = (slice(&sample_rank, "sample_rank")?, slice(&sample_micro, "sample_micro")?);
+    if rank.len() != w.num_samples || micro.len() != w.num_samples {
+        let msg =
+            format!("sample_rank has {} and sample_micro {} entries; the window has {} samples", rank.len(), micro.len(), w.num_samples);
+        return Err(to_py(invalid("sample_rank", msg)));
+    }
+    let (p, counts, (r, m)) = run(py, || {
+        let p = Pieces::new(w.seq_lens, token_cap, cp)?;
+        let counts = p.counts(&w)?;
+        let rm = p.expand(rank, micro);
+        Ok((p, counts, rm))
+    })?;
+    let shape = (p.lens.len(), w.num_layers, w.num_experts);
+    let counts = numpy::ndarray::Array3::from_shape_vec(shape, counts).expect("shape").into_pyarray(py);
+    Ok((p.lens.into_pyarray(py), counts, r.into_pyarray(py), m.into_pyarray(py)))
+}
+
 /// Adds this file's functions to `routepack._core`.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pack_sequential, m)?)?;
+    m.add_function(wrap_pyfunction!(split_pieces, m)?)?;
     m.add_function(wrap_pyfunction!(pack_kk, m)?)?;
     m.add_function(wrap_pyfunction!(pack_rows, m)?)?;
     m.add_function(wrap_pyfunction!(pack_routepack, m)?)?;

@@ -25,6 +25,7 @@ __all__ = [
     "validate_plan",
     "migration_diff",
     "pack_sequential",
+    "split_pieces",
     "pack_kk",
     "pack_rows",
     "pack_routepack",
@@ -96,7 +97,8 @@ def validate_plan(
     plan: Any, seq_lens: _I64, expert_tokens: _Counts, topo: Any, token_cap: int, oversize: Optional[str] = None
 ) -> None:
     """Raises InvalidPlanError with the first broken invariant (placement.logcnt / log2phy,
-    where present, included). `oversize` "alone": a cell over the cap may hold one sample."""
+    where present, included). `oversize` "alone": a cell over the cap may hold one sample;
+    "split": a sample over the cap split over a CP group of `topo.cp` ranks."""
 
 def migration_diff(
     previous: _I32,
@@ -117,10 +119,11 @@ def pack_sequential(
     min_micro: Optional[int] = None,
     micro_multiple: Optional[int] = None,
     oversize: Optional[str] = None,
+    cp: Optional[int] = None,
 ) -> _CellsReport:
     """Arrival-order first fit: (sample_rank [S], sample_micro [S], num_micro, report {rows, fallback}).
     `min_micro`, `micro_multiple`: a pipeline's microbatch rule; `oversize` "alone": a sample over
-    the cap in a row of its own."""
+    the cap in a row of its own, "split": split over a CP group of `cp` ranks."""
 
 def pack_kk(
     seq_lens: _I64,
@@ -129,8 +132,16 @@ def pack_kk(
     min_micro: Optional[int] = None,
     micro_multiple: Optional[int] = None,
     oversize: Optional[str] = None,
+    cp: Optional[int] = None,
 ) -> _CellsReport:
     """verl's Karmarkar–Karp balancing: (sample_rank [S], sample_micro [S], num_micro, report)."""
+
+def split_pieces(
+    seq_lens: _I64, expert_tokens: _Counts, token_cap: int, cp: int, sample_rank: _I32, sample_micro: _I32
+) -> Tuple[_I64, _I32, _I32, _I32]:
+    """The pieces of a window whose samples over `token_cap` are split over CP groups of `cp` ranks:
+    (seq_lens [S'], expert_tokens [S', L, E] int32, sample_rank [S'], sample_micro [S']), piece j
+    of a split sample on its rank + j."""
 
 def pack_rows(seq_lens: _I64, token_cap: int, step: int, node_limit: Optional[int] = None) -> Dict[str, Any]:
     """Fewest rows in multiples of `step` with their certificate: rows, bins, l1, l2,

@@ -68,9 +68,8 @@ class Topology:
       (docs/design.md, "Pipeline parallelism"); plans run at least ``pp`` microbatches per DP
       rank, a multiple of ``pp`` under ``vpp`` > 1 (`min_micro`, `micro_multiple`).
     * ``cp`` consecutive DP ranks (a divisor of ``ep``: inside one EP group) form a
-      context-parallel group: checked and carried, but no stage splits a sample over it yet
-      (a sample longer than the token cap runs alone: ``plan_window(..., oversize="alone")``,
-      docs/design.md, "Samples over the cap"); 1: none.
+      context-parallel group: ``plan_window(..., oversize="split")`` splits a sample longer
+      than the token cap over one (docs/design.md, "Samples over the cap"); 1: none.
     """
 
     dp: int

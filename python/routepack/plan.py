@@ -256,7 +256,10 @@ class Plan:
         meeting a pipeline's rule, no empty cell, valid placement, replica shares in [0, 1]
         summing to at most 1, migration consistent with the placement, ``logcnt`` and
         ``log2phy`` what ``phy2log`` gives). ``oversize`` (None: what ``report["oversize"]``
-        records, else "refuse"): with "alone" a row over the cap may hold one sample.
+        records, else "refuse"): with "alone" a row over the cap may hold one sample; with
+        "split" a sample over the cap is split over a CP group of ``topo.cp`` ranks (at the
+        group's first rank, alone in its cell, the group's other cells at its microbatch
+        empty).
         Returns self."""
         from routepack.oversize import plan_mode
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
@@ -12,6 +13,7 @@ from routepack._checks import WINDOW_WORDS, callers_words, finite_float
 from routepack.plan import MIGRATION_DTYPE, MIGRATION_FIELDS, Placement, Plan, empty_migration
 from routepack.oversize import oversize_mode
 from routepack.oversize import report as oversize_report
+from routepack.oversize import split_view
 from routepack.policies import resolve
 from routepack.simulate import simulate
 from routepack.stages.context import DEFAULT_POLICY, DEFAULT_SEED, DEFAULT_TOKEN_CAP, PlanContext, check_fills_cells
@@ -106,8 +108,9 @@ def plan_window(
             deterministic. Values above 1e9 s mean no deadline (byte-identical to None);
             negative or non-finite ones raise `RoutepackError`.
         oversize: a sample longer than ``token_cap``: None / "refuse" raises `InfeasibleError`
-            naming it; "alone" runs it in a microbatch of its own, priced at its length
-            (`routepack.oversize`; docs/design.md, "Samples over the cap").
+            naming it; "alone" runs it in a microbatch of its own, priced at its length; "split"
+            splits it over a context-parallel group of ``topo.cp`` ranks, priced as ring
+            attention (`routepack.oversize`; docs/design.md, "Samples over the cap").
         options: stage options by name, filling the options dataclass of each stage choice
             (`routepack.stages`: e.g. ``placement_chunks``, ``anneal_chains``,
             ``packing_exact_nodes``, ``replication_slots``; ``routepack.stages.known_options()``
@@ -219,9 +222,14 @@ def plan_stages(
 
     t0 = time.perf_counter()
     ctx.time_budget_s = share("replication")
+    cells_ctx, cell_rank, cell_micro = ctx, sample_rank, sample_micro
+    if ctx.oversize == "split":
+        # replication reads cells: it plans on the pieces, each on its rank of its CP group
+        pieces, cell_rank, cell_micro = split_view(window, token_cap, topo.cp, sample_rank, sample_micro)
+        cells_ctx = replace(ctx, window=pieces)
     with callers_words(WINDOW_WORDS):
         replicas = replicate(
-            REPLICATIONS[pol.replication], ctx, repl_opts, placement, sample_rank, sample_micro, num_micro
+            REPLICATIONS[pol.replication], cells_ctx, repl_opts, placement, cell_rank, cell_micro, num_micro
         )
     seconds["replication"] = time.perf_counter() - t0
     ctx.time_budget_s = time_budget_s
@@ -266,5 +274,6 @@ def plan_stages(
         plan.report["budget"] = budget
     mode = oversize_mode(ctx.oversize)
     if mode != "refuse":
-        plan.report["oversize"] = oversize_report(mode, window.seq_lens, token_cap)
+        extra = {"cp": topo.cp} if mode == "split" else {}
+        plan.report["oversize"] = oversize_report(mode, window.seq_lens, token_cap, **extra)
     return plan

@@ -4,6 +4,9 @@ random valid plan, replicas within the buffers) on a random topology, replica bu
 none to plenty, a random cost model (every option drawn) and a cap a plan fits, and checks
 that `simulate` scores it at or above the bound, that the bound depends on the inputs alone
 (the lone bound agrees with the plan's) and that a looser cap gives a lower one.
+``lower_bound[split]`` does the same for windows with samples over the cap planned with
+``oversize="split"`` over CP groups of 2 or ep ranks (each split sample alone at a CP group's
+first rank, the group's other cells at its microbatch empty).
 ``tools/fuzz_campaign.py --only lower_bound`` runs only these."""
 
 from __future__ import annotations
@@ -133,7 +136,73 @@ def random_plan_case(rng: np.random.Generator) -> Case:
     )
 
 
+def split_check(window: Any, topo: Any, cost: Any, cap: int, over: np.ndarray):
+    """The check of a split plan: valid under "split" (from its report), each over-cap sample
+    alone at the first rank of a CP group with the group's other cells at its microbatch empty,
+    the step at or above the bound, and the bound the inputs alone give."""
+
+    def check(out: Any) -> None:
+        plan, res = out
+        plan.validate(window, topo, cap)
+        M, cp = plan.num_micro, topo.cp
+        cell = plan.sample_rank.astype(np.int64) * M + plan.sample_micro
+        size = np.bincount(cell, minlength=topo.dp * M)
+        for s in over.tolist():
+            assert plan.sample_rank[s] % cp == 0 and size[cell[s]] == 1, (
+                f"split sample {s} not alone at a group's start"
+            )
+            assert all(size[cell[s] + j * M] == 0 for j in range(1, cp)), f"split sample {s} shares its group's cells"
+        assert res.step_time >= res.lower_bound_time, f"step {res.step_time} below the bound {res.lower_bound_time}"
+        kw = {"oversize": "split"}
+        other = rp.simulate(rp.plan_window(window, topo, cost, cap, policy="static", **kw), window, topo, cost, cap)
+        assert math.isclose(other.lower_bound_time, res.lower_bound_time, rel_tol=1e-12), "bound depends on the plan"
+
+    return check
+
+
+def split_case(rng: np.random.Generator) -> Case:
+    """A window with 1-3 samples over the cap (at most cp x cap) and enough short ones (at most
+    a quarter of the cap each) to fill the cells, planned with oversize="split"."""
+    dp, ep, gpn, spr = [t for t in TOPOLOGIES if t[1] >= 2][
+        int(rng.integers(len([t for t in TOPOLOGIES if t[1] >= 2])))
+    ]
+    cp = int(rng.choice([2, ep])) if ep % 2 == 0 else ep
+    topo = rp.Topology(dp, ep, gpn, spr, cp=cp, replica_slots=int(rng.choice(BUFFERS)))
+    layers = int(rng.integers(1, 4))
+    experts = int(rng.integers(max(1, topo.num_slots // 2), topo.num_slots + 1))
+    cap = int(rng.integers(40, 300))
+    k = int(rng.integers(1, 4))
+    short = 2 * dp + 3 + int(rng.integers(0, 2 * dp + 1))
+    w = skewed_window(rng, short + k, layers, experts)
+    lens = np.minimum(w.seq_lens, cap // 4)
+    over = np.sort(rng.choice(short + k, size=k, replace=False))
+    lens[over] = rng.integers(cap + 1, cp * cap + 1, size=k)
+    window = rp.Window(lens, np.minimum(w.expert_tokens, lens[:, None, None]).astype(np.int32))
+    policy = str(rng.choice(sorted(rp.PRESETS)))
+    kwargs: Dict[str, Any] = {"policy": policy, "seed": int(rng.integers(0, 2**32)), "anneal_moves": 300}
+    kwargs["previous_window"] = window
+    kwargs["oversize"] = "split"
+
+    def plan_and_score(w_: Any, t: Any, c: Any, cap_: int, **kw: Any) -> Any:
+        plan = rp.plan_window(w_, t, c, cap_, **kw)
+        return plan, rp.simulate(plan, w_, t, c, cap_)
+
+    plan_and_score.__qualname__ = "plan_window + simulate (split)"
+    cost = random_cost(rng, layers)
+    return Case(
+        "valid",
+        plan_and_score,
+        (window, topo, cost, cap),
+        kwargs,
+        check=split_check(window, topo, cost, cap, over),
+        expect="ok",
+        note=f"{policy}, cp={cp}, {k} split",
+        names=NAMES,
+    )
+
+
 TARGETS = [
     Target("lower_bound[preset]", rp.simulate, mixed((1, preset_case)), weight=2, names=NAMES, batch=16),
     Target("lower_bound[random plan]", rp.simulate, mixed((1, random_plan_case)), weight=1, names=NAMES, batch=16),
+    Target("lower_bound[split]", rp.simulate, mixed((1, split_case)), weight=1, names=NAMES, batch=16),
 ]

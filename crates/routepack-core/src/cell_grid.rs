@@ -26,6 +26,9 @@ pub struct CellGrid {
     lin: Vec<f64>,
     /// `[dp * M]` Σ n_s² of each cell.
     quad: Vec<f64>,
+    /// `[dp * M]` one-pass seconds of each cell's ring KV exchange ([`CellGrid::set_ring`]);
+    /// empty where no cell runs a piece of a split sample.
+    ring: Vec<f64>,
 }
 
 impl CellGrid {
@@ -44,7 +47,7 @@ impl CellGrid {
             lin[c] = a;
             quad[c] = b;
         }
-        Self { ep: topo.ep, num_groups: topo.num_groups(), num_micro, off, members, lin, quad }
+        Self { ep: topo.ep, num_groups: topo.num_groups(), num_micro, off, members, lin, quad, ring: Vec::new() }
     }
 
     /// Samples of global DP rank `d` at microbatch `m`, ascending.
@@ -65,9 +68,24 @@ impl CellGrid {
         (0..self.ep)
             .map(|r| {
                 let c = (g * self.ep + r) * self.num_micro + m;
-                cost.attention_of_sums(l, self.lin[c], self.quad[c])
+                match self.ring.get(c) {
+                    Some(&kv) => cost.ring_attention(l, self.lin[c], self.quad[c], kv),
+                    None => cost.attention_of_sums(l, self.lin[c], self.quad[c]),
+                }
             })
             .fold(0.0, f64::max)
+    }
+
+    /// Prices cell (global DP rank `d`, microbatch `m`), which runs one piece of a sample split
+    /// over a ring, as ring attention does: its quadratic term `quad` (`CostModel::ring_quad`)
+    /// and `kv` one-pass seconds of KV blocks (`CostModel::ring_kv_time`).
+    pub fn set_ring(&mut self, d: usize, m: usize, quad: f64, kv: f64) {
+        let c = d * self.num_micro + m;
+        if self.ring.is_empty() {
+            self.ring = vec![0.0; self.lin.len()];
+        }
+        self.quad[c] = quad;
+        self.ring[c] = kv;
     }
 
     /// Fills `origin` `[ep * E]` (rank-major): tokens for logical expert e that EP-local rank

@@ -21,7 +21,8 @@
 //! * [`replication`] stage 4, intra-batch replicas per exchange: `hot_n` (MindSpeed), `relibra`,
 //!   `routepack`
 //! * [`migration`]   expert moves (weights + optimizer state) from the placement in force
-//! * [`oversize`]    samples longer than the token cap: refused, or run alone
+//! * [`oversize`]    samples longer than the token cap: refused, run alone, or split over a
+//!   context-parallel group ([`split`]: the window's pieces, their alignment)
 //! * [`cost`]        the cost model: coefficients, the shared terms every proxy calls, and
 //!   one EP rank's time and an exchange's ([`cost::LayerCost`]) in one place, exact, as a
 //!   lower bound or linearised ([`cost::ExpertLine`]) for the proxies
@@ -81,6 +82,7 @@ pub mod plan;
 pub mod replication;
 pub mod simulate;
 pub mod sizes;
+pub mod split;
 pub mod topology;
 pub mod validate;
 pub mod window;

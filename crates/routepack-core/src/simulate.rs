@@ -37,16 +37,22 @@ use crate::bound::{check_bound_inputs, lower_bound_of_sums, BoundTops, DemandSum
 use crate::cell_grid::CellGrid;
 use crate::cost::links::LinkBytes;
 use crate::cost::CostModel;
-use crate::error::Result;
+use crate::error::{invalid, Result};
 use crate::flow::{route_expert, Dest};
 use crate::oversize::Oversize;
 use crate::plan::{bucket_replicas, Plan, Replica};
+use crate::split::Pieces;
 use crate::topology::Topology;
 use crate::validate::validate_plan_in;
 use crate::window::WindowView;
 
 mod bytes;
+mod ideal;
 pub mod pipeline;
+mod split;
+
+pub use ideal::ideal_time;
+use ideal::ideal_time_of;
 
 /// What a plan costs on a window. Times in seconds.
 #[derive(Clone, Debug, PartialEq)]
@@ -358,30 +364,6 @@ pub fn redundant_grad_time(plan: &Plan, topo: &Topology, cost: &CostModel) -> f6
     cost.redundant_grad_time(redundant as f64, layers as f64, topo)
 }
 
-/// DESIGN.md's `ideal` at `ideal_micro` microbatches per rank.
-pub fn ideal_time(w: &WindowView, topo: &Topology, cost: &CostModel, ideal_micro: usize) -> f64 {
-    // layers in parallel (a pass over the whole demand); integer sums are exact
-    let layer_tokens: Vec<f64> =
-        (0..w.num_layers).into_par_iter().map(|l| (0..w.num_samples).map(|s| w.tokens(s, l).sum()).sum::<i64>() as f64).collect();
-    ideal_time_of(&layer_tokens, w, topo, cost, ideal_micro)
-}
-
-/// [`ideal_time`] given each layer's routed tokens `layer_tokens` `[L]` (Σ_s Σ_e).
-fn ideal_time_of(layer_tokens: &[f64], w: &WindowView, topo: &Topology, cost: &CostModel, ideal_micro: usize) -> f64 {
-    let (dp, ep) = (topo.dp as f64, topo.ep as f64);
-    let lin: f64 = w.seq_lens.iter().map(|&n| n as f64).sum();
-    let quad: f64 = w.seq_lens.iter().map(|&n| (n as f64) * (n as f64)).sum();
-    let passes = cost.compute_passes();
-    // added in layer order: the same value for any thread count
-    layer_tokens.iter().enumerate().fold(0.0, |total, (l, &tt)| {
-        let attn = passes * cost.attention_of_sums(l, lin, quad) / dp;
-        let expert = passes * cost.expert_time(tt / dp, ideal_micro as f64 * w.num_experts as f64 / ep);
-        let per_rank_bytes = tt / dp * cost.token_bytes;
-        let a2a = 2.0 * cost.comm_passes() * per_rank_bytes * cost.uniform_seconds_per_byte(topo);
-        total + (attn + expert + a2a - cost.hidden_communication(attn + expert, a2a))
-    })
-}
-
 /// Moved to [`crate::bound`], which the bound needs it for; kept here under its old path.
 pub use crate::bound::lower_bound_micro;
 
@@ -423,7 +405,9 @@ pub fn simulate_validated(
 }
 
 /// [`simulate_validated`], validating with `oversize` ([`validate_plan_in`]: with
-/// `Oversize::Alone` a cell over `plan_cap` may hold one sample).
+/// `Oversize::Alone` a cell over `plan_cap` may hold one sample). With `Oversize::Split` the
+/// plan is checked against `plan_cap`, else `token_cap` (required: the cap says which samples
+/// are split), and priced on its pieces with ring attention (`simulate::split`).
 #[allow(clippy::too_many_arguments)]
 pub fn simulate_validated_in(
     plan: &Plan,
@@ -436,13 +420,40 @@ pub fn simulate_validated_in(
     oversize: Oversize,
 ) -> Result<SimReport> {
     cost.check(w.num_layers)?;
-    validate_plan_in(plan, w, topo, plan_cap, oversize)?;
+    if oversize == Oversize::Split {
+        // the cap that says which samples are split: what the plan was checked against
+        let split_cap = match (plan_cap, token_cap) {
+            (i64::MAX, Some(cap)) => cap,
+            (i64::MAX, None) => return Err(invalid("token_cap", "oversize=\"split\": pricing needs the cap the plan splits samples at")),
+            (cap, _) => cap,
+        };
+        validate_plan_in(plan, w, topo, split_cap, oversize)?;
+        let pieces = Pieces::new(w.seq_lens, split_cap, topo.cp)?;
+        if pieces.any_split() {
+            return split::simulate_pieces(plan, w, topo, cost, ideal_micro, token_cap, &pieces);
+        }
+    } else {
+        validate_plan_in(plan, w, topo, plan_cap, oversize)?;
+    }
+    let grid = CellGrid::new(&plan.sample_rank, &plan.sample_micro, plan.num_micro, w.seq_lens, topo);
+    score(plan, w, topo, cost, ideal_micro, token_cap, grid)
+}
+
+/// [`simulate_validated_in`] of a validated plan, whose cells `grid` holds.
+fn score(
+    plan: &Plan,
+    w: &WindowView,
+    topo: &Topology,
+    cost: &CostModel,
+    ideal_micro: Option<usize>,
+    token_cap: Option<i64>,
+    grid: CellGrid,
+) -> Result<SimReport> {
     let bound_cap = token_cap.map(|cap| cap.max(largest_row(plan, w, topo)));
     check_bound_inputs(w, topo, cost, bound_cap)?;
     let (g_n, m_n, l_n, ep, e_n) = (topo.num_groups(), plan.num_micro, w.num_layers, topo.ep, w.num_experts);
     let what = format!("simulating {g_n} x {m_n} exchanges (groups x microbatches) of [L, E] = [{l_n}, {e_n}]");
     crate::sizes::check_call("window", &what, bytes::simulate_bytes(w.num_samples, topo, m_n, l_n, e_n))?;
-    let grid = CellGrid::new(&plan.sample_rank, &plan.sample_micro, m_n, w.seq_lens, topo);
     let reps = bucket_replicas(&plan.replicas, g_n, m_n, l_n);
     let layer_slots = plan.placement.slot_tables()?;
 

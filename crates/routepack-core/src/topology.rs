@@ -19,8 +19,8 @@ use crate::error::{invalid, Result};
 ///   interleaved 1F1B, Megatron's virtual pipeline); every stage has its own `dp` ranks, EP
 ///   groups and nodes: DP rank d of stage s is global rank `s·dp + d` (pipeline outermost, as in
 ///   Megatron's default order). A microbatch flows through the stages of its DP rank.
-/// * `cp` consecutive DP ranks (inside one EP group) form a context-parallel group: checked and
-///   carried; no stage splits a sample over it yet (a long sample runs alone, `oversize="alone"`).
+/// * `cp` consecutive DP ranks (inside one EP group) form a context-parallel group: what
+///   `Oversize::Split` splits a sample over the cap over (`crate::split`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Topology {
     /// Data-parallel ranks (global GPUs), a multiple of `ep`.
@@ -40,8 +40,8 @@ pub struct Topology {
     /// Model chunks (virtual stages) per pipeline stage: interleaved 1F1B where > 1
     /// ([`DEFAULT_VPP`]: plain 1F1B). Needs `pp` > 1.
     pub vpp: usize,
-    /// DP ranks of one context-parallel group ([`DEFAULT_CP`]: none); divides `ep`. Checked
-    /// and carried: no stage splits a sample over it yet.
+    /// DP ranks of one context-parallel group ([`DEFAULT_CP`]: none); divides `ep`. A sample
+    /// over the cap is split over one under `Oversize::Split` (`crate::split`).
     pub cp: usize,
     /// MoE layers of each model chunk in chunk order (chunk `v·pp + s` is virtual stage v of
     /// stage s), `pp·vpp` entries >= 1 summing to the model's MoE layers; None: Megatron's even

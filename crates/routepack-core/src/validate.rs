@@ -7,10 +7,11 @@
 //! checks tables derived from `phy2log` that travel with a plan (they can be edited apart
 //! from it).
 
-use crate::error::{bad_plan, Result};
+use crate::error::{bad_plan, Error, Result};
 use crate::oversize::Oversize;
 use crate::plan::Placement;
 use crate::plan::{cell_members, Plan};
+use crate::split::Pieces;
 use crate::topology::Topology;
 use crate::window::WindowView;
 
@@ -29,7 +30,11 @@ pub fn validate_plan(plan: &Plan, w: &WindowView, topo: &Topology, token_cap: i6
 }
 
 /// [`validate_plan`], where with [`Oversize::Alone`] a cell over the cap is valid when it holds
-/// one sample (a sample over the cap running alone, docs/design.md "Samples over the cap").
+/// one sample (a sample over the cap running alone, docs/design.md "Samples over the cap"), and
+/// with [`Oversize::Split`] a sample over the cap is valid split over a context-parallel group
+/// (`crate::split`): at most `topo.cp` × `token_cap` tokens and at least cp, at a rank that
+/// starts a CP group (a multiple of cp), alone in its cell, and the cells of the group's other
+/// ranks at its microbatch hold no sample (they run its other pieces).
 pub fn validate_plan_in(plan: &Plan, w: &WindowView, topo: &Topology, token_cap: i64, oversize: Oversize) -> Result<()> {
     topo.check_experts(w.num_experts)?;
     let p = &plan.placement;
@@ -78,22 +83,50 @@ pub fn validate_plan_in(plan: &Plan, w: &WindowView, topo: &Topology, token_cap:
             return Err(bad_plan(format!("sample {s} is at microbatch {m}, outside [0, {m_n})")));
         }
     }
-    if topo.dp.checked_mul(m_n).is_none_or(|cells| cells > s_n) {
+    let pieces = match oversize {
+        Oversize::Split => Some(Pieces::new(w.seq_lens, token_cap, topo.cp).map_err(|e| match e {
+            Error::Infeasible(msg) => bad_plan(msg),
+            e => e,
+        })?),
+        _ => None,
+    };
+    // the cells the samples fill: a split sample fills cp
+    let filled = pieces.as_ref().map_or(s_n, |p| p.lens.len());
+    if topo.dp.checked_mul(m_n).is_none_or(|cells| cells > filled) {
         return Err(bad_plan(format!(
-            "{} DP ranks x {m_n} microbatches is more cells than the {s_n} samples: some cell is empty",
+            "{} DP ranks x {m_n} microbatches is more cells than the {filled} the samples fill: some cell is empty",
             topo.dp
         )));
     }
     let (off, members) = cell_members(&plan.sample_rank, &plan.sample_micro, topo.dp, m_n);
+    let owner = match &pieces {
+        Some(p) => split_cells(plan, p, topo)?,
+        None => Vec::new(),
+    };
     for d in 0..topo.dp {
         for m in 0..m_n {
             let c = d * m_n + m;
-            if off[c] == off[c + 1] {
+            let here = &members[off[c]..off[c + 1]];
+            if let Some(&Some(s)) = owner.get(c) {
+                if let Some(&t) = here.first() {
+                    return Err(bad_plan(format!(
+                        "cell (rank {d}, micro {m}) runs a piece of sample {s}, split over the CP group of rank {}, but holds sample {t} too",
+                        plan.sample_rank[s]
+                    )));
+                }
+                continue;
+            }
+            if here.is_empty() {
                 return Err(bad_plan(format!("cell (rank {d}, micro {m}) is empty; every DP rank must run {m_n} non-empty microbatches")));
             }
-            let tokens: i128 = members[off[c]..off[c + 1]].iter().map(|&s| w.seq_lens[s] as i128).sum();
-            let alone = oversize == Oversize::Alone && off[c + 1] - off[c] == 1;
+            let tokens: i128 = here.iter().map(|&s| w.seq_lens[s] as i128).sum();
+            let alone = matches!(oversize, Oversize::Alone | Oversize::Split) && here.len() == 1;
             if tokens > token_cap as i128 && !alone {
+                if let Some(&s) = here.iter().find(|&&s| pieces.as_ref().is_some_and(|p| p.is_split(s))) {
+                    return Err(bad_plan(format!(
+                        "cell (rank {d}, micro {m}) holds sample {s}, split over its CP group (oversize=\"split\"), and other samples"
+                    )));
+                }
                 return Err(bad_plan(format!("cell (rank {d}, micro {m}) holds {tokens} tokens, over the cap {token_cap}")));
             }
         }
@@ -164,6 +197,27 @@ pub fn validate_plan_in(plan: &Plan, w: &WindowView, topo: &Topology, token_cap:
         )));
     }
     Ok(())
+}
+
+/// `[dp · M]` the split sample whose piece each cell runs beyond its first (None elsewhere),
+/// checking that every split sample sits at a rank that starts a CP group (ranks and
+/// microbatches in range, checked first).
+fn split_cells(plan: &Plan, pieces: &Pieces, topo: &Topology) -> Result<Vec<Option<usize>>> {
+    let (m_n, cp) = (plan.num_micro, pieces.cp);
+    let mut owner = vec![None; topo.dp * m_n];
+    for s in (0..pieces.num_samples()).filter(|&s| pieces.is_split(s)) {
+        let (d, m) = (plan.sample_rank[s] as usize, plan.sample_micro[s] as usize);
+        if !d.is_multiple_of(cp) {
+            return Err(bad_plan(format!(
+                "sample {s} is over the cap and split over a CP group of topo.cp = {cp} ranks (oversize=\"split\"), so it \
+                 runs at a rank that starts one (a multiple of {cp}), not at rank {d}"
+            )));
+        }
+        for j in 1..cp {
+            owner[(d + j) * m_n + m] = Some(s);
+        }
+    }
+    Ok(owner)
 }
 
 /// Every rank receives copies of at most `topo.replica_slots` distinct experts per exchange

@@ -10,6 +10,7 @@ import numpy as np
 
 from routepack._checks import instance_of, positive_int
 from routepack.errors import RoutepackError, RoutepackTypeError
+from routepack.oversize import refuse_split
 from routepack.plan import Plan
 
 
@@ -39,8 +40,10 @@ def require(module: str, what: str, extra: str) -> Any:
 
 
 def plans_list(plans: Any, name: str = "plans") -> List[Plan]:
-    """One `Plan` or a non-empty sequence of them, as a list (each checked to be a Plan)."""
+    """One `Plan` or a non-empty sequence of them, as a list (each checked to be a Plan, and
+    refused where it splits samples over context-parallel groups: no trainer glue runs that)."""
     if isinstance(plans, Plan):
+        refuse_split(plans, name)
         return [plans]
     if isinstance(plans, (str, bytes)) or not isinstance(plans, Sequence):
         raise RoutepackTypeError(f"{name}: expected a Plan or a list of Plans, got {type(plans).__name__}")
@@ -48,6 +51,7 @@ def plans_list(plans: Any, name: str = "plans") -> List[Plan]:
         raise RoutepackError(f"{name}: expected at least one Plan, got none")
     for i, p in enumerate(plans):
         instance_of(p, Plan, f"{name}[{i}]")
+        refuse_split(p, f"{name}[{i}]")
     return list(plans)
 
 
@@ -62,7 +66,10 @@ def num_ranks(plan: Plan, name: str = "plan") -> int:
 def rank_cells(plan: Plan, rank: int, name: str = "plan") -> List[np.ndarray]:
     """The samples (global indices, ascending) of each microbatch step of DP rank ``rank``,
     steps in execution order 0..M-1. A step without samples (a plan that did not pass
-    `Plan.validate`) is refused: every trainer here runs a microbatch per step."""
+    `Plan.validate`) is refused: every trainer here runs a microbatch per step; so is a plan
+    made with ``oversize="split"`` (its samples span the ranks of a CP group, which no trainer
+    glue here runs)."""
+    refuse_split(plan, name)
     rank = positive_int(rank, "dp_rank", minimum=0)
     ranks = num_ranks(plan, name)
     if rank >= ranks:

@@ -29,6 +29,7 @@ from routepack.integrations._megatron_layer import PlanMoELayer
 from routepack.integrations._megatron_state import MegatronSlotState, optimizer_tensors
 from routepack.integrations._megatron_tables import buffer_of, cell_rows, layer_tables
 from routepack.model import Topology
+from routepack.oversize import refuse_split
 from routepack.plan import Placement, Plan
 from routepack.torch import _args
 from routepack.torch.broadcast import (
@@ -247,6 +248,7 @@ class MegatronRunner:
             raise RoutepackTypeError(f"plan: expected routepack.Plan, got {type(plan).__name__}")
         if not isinstance(window, Window):
             raise RoutepackTypeError(f"window: expected routepack.Window, got {type(window).__name__}")
+        refuse_split(plan, "the Megatron runner")
         E = self.layers[0].num_logical
         if window.num_layers != self.num_moe_layers or window.num_experts != E:
             raise InvalidPlanError(

@@ -13,7 +13,7 @@ import numpy as np
 from routepack._checks import finite_float, instance_of, positive_int
 from routepack.errors import InfeasibleError, RoutepackError, RoutepackTypeError
 from routepack.model import CostModel, Topology
-from routepack.oversize import oversize_mode
+from routepack.oversize import oversize_mode, refusal
 from routepack.plan import Placement
 from routepack.simulate import lower_bound_micro
 from routepack.stages.policy import Policy
@@ -55,7 +55,7 @@ class PlanContext:
     policy: Policy = field(default_factory=Policy)
     #: What stages report about their decisions, by stage name (lands in plan.report).
     reports: Dict[str, Any] = field(default_factory=dict)
-    #: Samples over the cap: "refuse" (None), "alone" (`routepack.oversize`).
+    #: Samples over the cap: "refuse" (None), "alone", "split" (`routepack.oversize`).
     oversize: Optional[str] = None
 
     def check(self) -> "PlanContext":
@@ -151,13 +151,15 @@ def check_fills_cells(ctx: PlanContext) -> None:
     if int(w.seq_lens.max()) > cap and mode == "refuse":
         # the first cause of all: no row can hold this sample (the packings' own wording)
         s = int(np.flatnonzero(w.seq_lens > cap)[0])
-        raise InfeasibleError(
-            f"sample {s} has {w.seq_lens[s]} tokens, more than token_cap = {cap}; raise the cap, or plan with "
-            'oversize="alone" (it runs in a microbatch of its own)'
-        )
-    # a sample over the cap fills a row of its own
-    micro = lower_bound_micro(_clamped(w, cap) if mode == "alone" else w, ctx.topo, cap)
-    if w.num_samples < micro * dp:
+        raise InfeasibleError(refusal(s, int(w.seq_lens[s]), cap))
+    cells = w.num_samples
+    if mode == "split":
+        cells += _check_split(w.seq_lens, cap, ctx.topo.cp)
+    # a sample over the cap fills a row of its own ("alone"), or cp rows ("split")
+    micro = lower_bound_micro(
+        _clamped(w, cap, ctx.topo.cp if mode == "split" else 1) if mode != "refuse" else w, ctx.topo, cap
+    )
+    if cells < micro * dp:
         need = (
             f"the {micro} microbatches token_cap = {ctx.token_cap} needs for its {w.total_tokens} tokens"
             if micro > 1
@@ -176,9 +178,30 @@ class _Tokens:
         self.total_tokens = total_tokens
 
 
-def _clamped(window: Window, token_cap: int) -> _Tokens:
-    """The window's tokens with every sample over the cap counted as the cap."""
-    return _Tokens(int(np.minimum(window.seq_lens, token_cap).sum()))
+def _clamped(window: Window, token_cap: int, rows: int = 1) -> _Tokens:
+    """The window's tokens with every sample over the cap counted as ``rows`` full rows."""
+    lens = window.seq_lens
+    return _Tokens(int(np.where(lens > token_cap, rows * token_cap, lens).sum()))
+
+
+def _check_split(seq_lens: np.ndarray, token_cap: int, cp: int) -> int:
+    """Checks that every sample over the cap can be split over a CP group of ``cp`` ranks
+    (`routepack.oversize`), naming ``topo.cp`` or the first sample that cannot; returns the
+    cells beyond one a sample the splits fill."""
+    if cp < 2:
+        raise RoutepackError(
+            f'topo.cp: oversize="split" splits a sample over a context-parallel group: needs cp >= 2, got {cp}'
+        )
+    over = np.flatnonzero(seq_lens > token_cap)
+    for s in over[(seq_lens[over] > cp * token_cap) | (seq_lens[over] < cp)][:1]:
+        n = int(seq_lens[s])
+        why = (
+            f"more than topo.cp x token_cap = {cp} x {token_cap}: no context-parallel group holds it; raise the cap or topo.cp"
+            if n > cp * token_cap
+            else f"fewer than topo.cp = {cp}: a split gives each rank of its group at least one"
+        )
+        raise InfeasibleError(f"sample {int(s)} has {n} tokens, {why}")
+    return len(over) * (cp - 1)
 
 
 __all__ = ["PackingResult", "PlanContext", "check_fills_cells", "check_placement_fits", "stage_context"]

@@ -24,7 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Tuple
 
+import numpy as np
+
 from routepack import _core
+from routepack.oversize import split_view
 from routepack.stages.context import PackingResult, PlanContext, check_fills_cells, check_placement_fits, stage_context
 from routepack.stages.options import DEFAULTS, NoOptions, StageOptions, count, number, option, weights
 
@@ -71,11 +74,12 @@ def _packing_context(ctx: Any, options: Any, options_class: type, placement: Any
 def _cells(ctx: PlanContext) -> dict:
     """What every packing is told of the cells beyond the DP ranks: the pipeline's microbatch
     rule (`Topology.min_micro`, `Topology.micro_multiple`) and whether a sample over the cap runs
-    alone (``ctx.oversize``, `routepack.oversize`)."""
+    alone or is split over a CP group of ``topo.cp`` ranks (``ctx.oversize``, `routepack.oversize`)."""
     return {
         "min_micro": ctx.topo.min_micro,
         "micro_multiple": ctx.topo.micro_multiple,
-        "oversize": "alone" if ctx.oversize == "alone" else None,
+        "oversize": ctx.oversize if ctx.oversize in ("alone", "split") else None,
+        "cp": ctx.topo.cp,
     }
 
 
@@ -135,13 +139,22 @@ def routepack_packing(ctx: PlanContext, options: RoutepackPackingOptions, placem
         start_accept=o.anneal_start_accept,
         cooling=o.anneal_cooling,
         mix=o.anneal_mix,
-        oversize=_cells(ctx)["oversize"],
+        oversize=_cells(ctx)["oversize"],  # split over topo.cp
     )
     report = dict(report)
     if ctx.topo.pp > 1:
         # under a pipeline, each EP group's steps in the order that shortens its 1F1B schedule
-        args = (ctx.window.seq_lens, ctx.window.counts, ctx.topo, ctx.cost, placement.phy2log)
-        micro, order = _core.order_steps(*args, rank, micro, m)
+        # (under "split" timed on the pieces, each on its rank of its CP group: a whole EP
+        # group's steps move together, so a split sample's pieces stay at one step)
+        window, cell_rank, cell_micro = ctx.window, rank, micro
+        if ctx.oversize == "split":
+            window, cell_rank, cell_micro = split_view(ctx.window, ctx.token_cap, ctx.topo.cp, rank, micro)
+        args = (window.seq_lens, window.counts, ctx.topo, ctx.cost, placement.phy2log)
+        micro, order = _core.order_steps(*args, cell_rank, cell_micro, m)
+        if ctx.oversize == "split":
+            # each sample's step is its first piece's
+            pieces = np.where(ctx.window.seq_lens > ctx.token_cap, ctx.topo.cp, 1)
+            micro = micro[np.cumsum(pieces) - pieces]
         report["order"] = dict(order)
     report["anneal_history"] = dict(report["anneal_history"])
     report["rows_lower_bound"] = dict(report["rows_lower_bound"])

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from routepack import _core
 from routepack._checks import positive_int
 from routepack.errors import InvalidPlanError, RoutepackError, RoutepackTypeError
+from routepack.oversize import refuse_split
 from routepack.plan import Plan, empty_replicas
 from routepack.window import Window
 from routepack.torch import _args, profile
@@ -118,6 +119,7 @@ class PlanRunner:
             raise RoutepackTypeError(f"plan: expected routepack.Plan, got {type(plan).__name__}")
         if not isinstance(window, Window):
             raise RoutepackTypeError(f"window: expected routepack.Window, got {type(window).__name__}")
+        refuse_split(plan, "routepack.torch")
         if token_cap is not None:
             positive_int(token_cap, "token_cap")
         mod0 = self.layers[0]

@@ -62,6 +62,39 @@ impl CostModel {
         self.a_lin * lin + self.a_quad[l] * quad
     }
 
+    /// One rank's quadratic attention term under ring attention ([`crate::split`]): a sample of
+    /// `n` tokens split over `cp` ranks by a load-balanced causal ring (each rank holding two
+    /// mirrored chunks of the sequence) costs every rank a cp-th of its n², n²/cp. (Each
+    /// rank's piece of ⌈n/cp⌉ or ⌊n/cp⌋ tokens would cost at most that alone, for n >= cp.)
+    #[inline]
+    pub fn ring_quad(n: f64, cp: usize) -> f64 {
+        n * n / cp as f64
+    }
+
+    /// Seconds one pass of ring attention spends passing KV blocks around a CP group of `cp`
+    /// ranks, one layer: cp − 1 steps, each every rank sending a block of ⌈n/cp⌉ tokens (the
+    /// largest piece) to the next, at `token_bytes` a token (K and V of a token priced as its
+    /// hidden state's bytes), over the group's links (`same_node`: all its ranks on one node),
+    /// not overlapped with the ring's compute.
+    #[inline]
+    pub fn ring_kv_time(&self, n: i64, cp: usize, same_node: bool) -> f64 {
+        let block = (n as f64 / cp as f64).ceil();
+        (cp.saturating_sub(1)) as f64 * self.link_time(block * self.token_bytes, same_node)
+    }
+
+    /// [`CostModel::attention_of_sums`] of one rank's cell plus `kv`, its ring's
+    /// [`CostModel::ring_kv_time`], on a layer with quadratic attention (`a_quad[l] > 0`; a
+    /// layer without one passes no KV blocks).
+    #[inline]
+    pub fn ring_attention(&self, l: usize, lin: f64, quad: f64, kv: f64) -> f64 {
+        let a = self.attention_of_sums(l, lin, quad);
+        if kv > 0.0 && self.a_quad[l] > 0.0 {
+            a + kv
+        } else {
+            a
+        }
+    }
+
     /// Seconds per byte a rank sends when its traffic is spread uniformly over the EP group:
     /// the share `(ranks per node − 1) / ep` goes over the intra-node link, the rest
     /// `(ep − ranks per node) / ep` between nodes. The uniform-traffic approximation of the

@@ -10,12 +10,17 @@
 //! one full row, which it is in every valid plan. The layout then places the samples at their
 //! real lengths (a cell over the cap holds one sample, and no move adds to it or moves it into
 //! an occupied cell), and `validate` accepts a cell over the cap only when it holds one sample.
-//! Splitting a sample over a context-parallel group is not built (`Topology::cp` is checked
-//! and carried, no packing reads it).
+//! With [`Oversize::Split`] it is split over a context-parallel group of [`Cells::cp`] ranks:
+//! every packer packs the window's pieces (`crate::split`), where such a sample is cp pieces
+//! each counted as the cap (cp full rows), then its pieces are aligned onto one CP group at one
+//! microbatch ([`pack_split`]).
 
 use std::borrow::Cow;
 
+use super::Packing;
+use crate::error::{invalid, Result};
 pub use crate::oversize::Oversize;
+use crate::split::{self, Pieces};
 use crate::topology::{MicroRule, Topology};
 
 /// The cells a packing fills: `dp` ranks running a microbatch count that meets `rule`, and
@@ -28,18 +33,21 @@ pub struct Cells {
     pub rule: MicroRule,
     /// Samples over the cap.
     pub oversize: Oversize,
+    /// Ranks of a context-parallel group (`Topology::cp`): what [`Oversize::Split`] splits a
+    /// sample over (1: none).
+    pub cp: usize,
 }
 
 impl Cells {
     /// `dp` ranks, any microbatch count, samples over the cap refused: what the packers did
     /// before pipelines and `oversize`.
     pub fn plain(dp: usize) -> Self {
-        Self { dp, rule: MicroRule::NONE, oversize: Oversize::Refuse }
+        Self { dp, rule: MicroRule::NONE, oversize: Oversize::Refuse, cp: 1 }
     }
 
-    /// The cells of `topo` (its DP ranks and pipeline rule) with `oversize`.
+    /// The cells of `topo` (its DP ranks, pipeline rule and CP groups) with `oversize`.
     pub fn of(topo: &Topology, oversize: Oversize) -> Self {
-        Self { dp: topo.dp, rule: topo.micro_rule(), oversize }
+        Self { dp: topo.dp, rule: topo.micro_rule(), oversize, cp: topo.cp }
     }
 
     /// Rows come in multiples of this: dp × the rule's multiple.
@@ -73,6 +81,27 @@ impl Cells {
     }
 }
 
+/// A packing of `seq_lens` into `cells` (whose `oversize` is `Split`) by `inner`, a packer of
+/// lengths within the cap: the pieces packed (`Pieces::row_lens`), aligned (`split::align`)
+/// and collapsed (`Pieces::collapse`).
+/// Errors: `cells.dp` not a multiple of `cells.cp`, and [`Pieces::new`]'s.
+pub fn pack_split<R>(
+    seq_lens: &[i64],
+    token_cap: i64,
+    cells: &Cells,
+    inner: impl FnOnce(&[i64], &Cells) -> Result<(Packing, R)>,
+) -> Result<(Packing, R)> {
+    let pieces = Pieces::new(seq_lens, token_cap, cells.cp)?;
+    if !cells.dp.is_multiple_of(cells.cp) {
+        return Err(invalid("cp", format!("{} must divide dp = {} (a CP group is cp consecutive DP ranks)", cells.cp, cells.dp)));
+    }
+    let plain = Cells { oversize: Oversize::Refuse, ..*cells };
+    let (mut p, r) = inner(&pieces.row_lens(token_cap), &plain)?;
+    split::align(&mut p.sample_rank, &mut p.sample_micro, p.num_micro, &pieces, cells.dp);
+    let (sample_rank, sample_micro) = pieces.collapse(&p.sample_rank, &p.sample_micro);
+    Ok((Packing { sample_rank, sample_micro, num_micro: p.num_micro }, r))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,6 +124,6 @@ mod tests {
         assert!(matches!(alone.row_lens(&[3, 7], 10), Cow::Borrowed(_)));
         let plain = Cells::plain(2);
         let e = crate::packing::rows::check_cap(&plain.row_lens(&[3, 25, 7], 10), 10).unwrap_err().to_string();
-        assert!(e.contains("sample 1 has 25 tokens") && e.contains("oversize=\"alone\"") && !e.contains("split"), "{e}");
+        assert!(e.contains("sample 1 has 25 tokens") && e.contains("oversize=\"alone\"") && e.contains("oversize=\"split\""), "{e}");
     }
 }

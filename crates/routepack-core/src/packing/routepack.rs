@@ -18,6 +18,7 @@ use crate::error::{bad_plan, invalid, Result};
 use crate::layout::chain::MoveMix;
 use crate::layout::{anneal, init, AnnealParams, AnnealResult, Proxy};
 use crate::plan::Placement;
+use crate::split::{self, Pieces};
 use crate::topology::Topology;
 use crate::window::WindowView;
 
@@ -121,8 +122,11 @@ pub fn routepack_packing(
 /// [`routepack_packing`] with `oversize` for samples over the cap: with `Oversize::Alone` the
 /// rows are certified on lengths where such a sample counts as the cap (`Cells::row_lens`),
 /// and the layout places every sample at its real length (the annealer's moves keep a cell
-/// over the cap to its one sample). The row count meets the topology's pipeline rule
-/// (`Topology::micro_rule`).
+/// over the cap to its one sample). With `Oversize::Split` the window's pieces (`crate::split`)
+/// are packed, each piece of a split sample counted as the cap and its routed tokens split in
+/// proportion (the layout's proxy prices such a piece as a full row; `simulate` prices the
+/// ring), then aligned onto a CP group (`split::align`). The row count meets the topology's
+/// pipeline rule (`Topology::micro_rule`).
 pub fn routepack_packing_in(
     w: &WindowView,
     topo: &Topology,
@@ -132,6 +136,15 @@ pub fn routepack_packing_in(
     opts: &Options,
     oversize: Oversize,
 ) -> Result<(Packing, Report)> {
+    if oversize == Oversize::Split {
+        let pieces = Pieces::new(w.seq_lens, token_cap, topo.cp)?;
+        let (lens, counts) = (pieces.row_lens(token_cap), pieces.counts(w)?);
+        let wp = WindowView::new(&lens, &counts, w.num_layers, w.num_experts)?;
+        let (mut p, report) = routepack_packing_in(&wp, topo, cost, placement, token_cap, opts, Oversize::Refuse)?;
+        split::align(&mut p.sample_rank, &mut p.sample_micro, p.num_micro, &pieces, topo.dp);
+        let (sample_rank, sample_micro) = pieces.collapse(&p.sample_rank, &p.sample_micro);
+        return Ok((Packing { sample_rank, sample_micro, num_micro: p.num_micro }, report));
+    }
     let a = &opts.anneal;
     if a.chains == 0 {
         return Err(invalid("anneal_chains", "must be >= 1, got 0"));

@@ -7,7 +7,7 @@
 //! than the cells can take (more than dp·⌊S/dp⌋, so some cell would be empty), the window may
 //! still fit: the certified rows are laid out instead (`rows::fallback`), and the report says so.
 
-use super::cells::Cells;
+use super::cells::{Cells, Oversize};
 use super::rows::fallback::fallback_rows_in;
 use super::rows::heuristics::RoomTree;
 use super::rows::{check_cap, equalise_rows_in, round_robin};
@@ -53,8 +53,12 @@ pub fn sequential_report(seq_lens: &[i64], token_cap: i64, dp: usize) -> Result<
 
 /// [`sequential_report`] into `cells`: the rows grown to a count its pipeline rule allows
 /// (`Cells::rows_for`), a sample over the cap alone in its row where `cells.oversize` says so
-/// (its length counted as the cap, `Cells::row_lens`).
+/// (its length counted as the cap, `Cells::row_lens`), or split over a CP group
+/// (`cells::pack_split`: its pieces packed in its place in arrival order).
 pub fn sequential_in(seq_lens: &[i64], token_cap: i64, cells: &Cells) -> Result<(Packing, SequentialReport)> {
+    if cells.oversize == Oversize::Split {
+        return super::cells::pack_split(seq_lens, token_cap, cells, |lens, plain| sequential_in(lens, token_cap, plain));
+    }
     let seq_lens = &*cells.row_lens(seq_lens, token_cap);
     check_cap(seq_lens, token_cap)?;
     let dp = cells.dp;

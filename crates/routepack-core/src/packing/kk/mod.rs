@@ -18,7 +18,7 @@ mod partition;
 
 pub use partition::karmarkar_karp;
 
-use super::cells::Cells;
+use super::cells::{Cells, Oversize};
 use super::rows::bounds::l2;
 use super::rows::check_cap;
 use super::rows::fallback::fallback_rows_in;
@@ -73,8 +73,11 @@ pub fn verl_kk(seq_lens: &[i64], token_cap: i64, dp: usize) -> Result<(Packing, 
 /// [`verl_kk`] into `cells`: every microbatch count it tries meets the pipeline's rule
 /// (`MicroRule::fit`, as verl rounds its count up to Megatron's virtual-pipeline group), and a
 /// sample over the cap runs alone where `cells.oversize` says so (its length counted as the
-/// cap, `Cells::row_lens`).
+/// cap, `Cells::row_lens`), or is split over a CP group (`cells::pack_split`).
 pub fn verl_kk_in(seq_lens: &[i64], token_cap: i64, cells: &Cells) -> Result<(Packing, KkReport)> {
+    if cells.oversize == Oversize::Split {
+        return super::cells::pack_split(seq_lens, token_cap, cells, |lens, plain| verl_kk_in(lens, token_cap, plain));
+    }
     let seq_lens = &*cells.row_lens(seq_lens, token_cap);
     check_cap(seq_lens, token_cap)?;
     let (dp, rule) = (cells.dp, cells.rule);

@@ -31,7 +31,8 @@ pub fn check_cap(seq_lens: &[i64], token_cap: i64) -> Result<()> {
     if let Some((s, &n)) = seq_lens.iter().enumerate().find(|(_, &n)| n > token_cap) {
         return Err(Error::Infeasible(format!(
             "sample {s} has {n} tokens, more than token_cap = {token_cap}; raise the cap, or plan with \
-             oversize=\"alone\" (it runs in a microbatch of its own)"
+             oversize=\"alone\" (it runs in a microbatch of its own) or oversize=\"split\" (split over a \
+             context-parallel group, topo.cp >= 2)"
         )));
     }
     Ok(())
