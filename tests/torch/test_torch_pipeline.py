@@ -14,8 +14,8 @@ the replayed microbatches, window 1 routed in the forward:
   (`EPMoE.export_logical`) and routers equal the unsharded model's (`dense_moe` in one process,
   the same weights, data and Adam) to 1e-5;
 * refused on every rank before anything moves: a plan with replicas (named), stages holding
-  different plans, a plan one stage refuses; a runner without ``pipeline_group`` or ``dp_rank``
-  (named)."""
+  different plans, a plan one stage refuses, a stage holding other layers than ``topo`` gives
+  it; a runner without ``pipeline_group`` or ``dp_rank`` (named)."""
 
 import datetime
 import sys
@@ -247,6 +247,9 @@ def check_refusals(runner, layers, opt, stage, d, group, pp_group, timeout):
         for m, b in zip(layers, before)
     )
     fresh = [EPMoE(m.layer, E, H, I, topo, m.phy2log, group) for m in layers]
+    # a stage holding one of the two layers topo gives it: refused by every rank's own check
+    part = PlanRunner(fresh[:1], topo, group, dp_rank=d, timeout=timeout, pipeline_group=pp_group)
+    errors["wrong_split"] = _raised(lambda: part.begin_window(base, window, None, token_cap=CAP))
     errors["no_pipeline_group"] = _raised(lambda: PlanRunner(fresh, topo, group, dp_rank=d, timeout=timeout))
     errors["no_dp_rank"] = _raised(lambda: PlanRunner(fresh, topo, group, timeout=timeout, pipeline_group=pp_group))
     return errors
@@ -305,6 +308,9 @@ def test_refusals_on_every_rank_nothing_moved(results):
         else:
             assert e["stage_refuses"].startswith("InvalidPlanError") and "token" in e["stage_refuses"], e
         assert not e["moved"], e
+        held = [0] if results[r]["stage"] == 0 else [2]
+        assert e["wrong_split"].startswith("InvalidPlanError: window has L=4 MoE layers, of which topo gives"), e
+        assert e["wrong_split"].endswith(f"this stage holds {held}"), e
         assert e["no_pipeline_group"].startswith("RoutepackError: pipeline_group: required when topo.pp = 2"), e
         assert e["no_dp_rank"].startswith("RoutepackError: dp_rank: required when topo.pp = 2"), e
 
