@@ -119,19 +119,24 @@ def test_epmoe_refuses_weights_larger_than_the_device_before_allocating(hidden, 
 
 
 @SETTINGS
-@given(pp=st.integers(2, 6), stage=st.data())
-def test_plan_runner_refuses_a_pipeline_stage(pp, stage):
+@given(pp=st.integers(2, 6), stage=st.data(), case=st.sampled_from(["no pipeline_group", "its size", "layer order"]))
+def test_plan_runner_under_a_pipeline_names_what_it_needs(pp, stage, case):
     """A pipeline stage's layers (a part of the plan's, from layer ``stage * 2``) under
-    ``topo.pp`` > 1: refused naming ``topo.pp`` and what runs under a pipeline."""
+    ``topo.pp`` > 1 without ``pipeline_group``, with one whose size is not ``pp`` (this
+    process's group of one), or out of layer order: refused naming the argument. (With them
+    right a stage trains like the unsharded model: tests/torch/test_torch_pipeline.py.)"""
     from routepack.torch import PlanRunner
 
     topo = rp.Topology(1, 1, 1, 3, pp=pp)
     first = 2 * stage.draw(st.integers(0, pp - 1))
-    layers = [EPMoE(first + i, 3, 4, 2, topo, np.arange(3, dtype=np.int32)) for i in range(2)]
+    order = [1, 0] if case == "layer order" else [0, 1]
+    layers = [EPMoE(first + i, 3, 4, 2, topo, np.arange(3, dtype=np.int32)) for i in order]
+    kwargs = {"dp_rank": 0} if case == "no pipeline_group" else {"dp_rank": 0, "pipeline_group": dist.group.WORLD}
     with pytest.raises(rp.RoutepackError) as e:
-        PlanRunner(layers, topo)
-    names(e, "topo.pp")
-    assert "MegatronRunner" in str(e.value)
+        PlanRunner(layers, topo, **kwargs)
+    names(e, "layers" if case == "layer order" else "pipeline_group")
+    if case != "layer order":
+        assert f"topo.pp = {pp}" in str(e.value)
 
 
 @SETTINGS

@@ -30,17 +30,11 @@ from routepack.integrations._megatron_state import MegatronSlotState, optimizer_
 from routepack.integrations._megatron_tables import buffer_of, cell_rows, layer_tables
 from routepack.model import Topology
 from routepack.oversize import refuse_split
-from routepack.plan import Placement, Plan
+from routepack.plan import Plan
 from routepack.torch import _args
-from routepack.torch.broadcast import (
-    check_same_plan,
-    default_device,
-    digest_int,
-    gather_ints,
-    group_peers,
-    raise_shared_failure,
-)
+from routepack.torch.broadcast import default_device, digest_int, group_peers
 from routepack.torch.migrate import MigrationReport, migrate_slots
+from routepack.torch.pipeline import agree_stages, refuse_replicas, stage_plan
 from routepack.torch.replicate import ReplicaExchange
 from routepack.torch.routes import cell_origins
 from routepack.torch.slot_link import redundant_experts
@@ -230,17 +224,7 @@ class MegatronRunner:
     # ------------------------------------------------------------------ checks
     def _local_plan(self, plan: Plan) -> Plan:
         """The plan restricted to this rank's MoE layers (a pipeline stage holds a part)."""
-        idx = [m.moe_index for m in self.layers]
-        if idx == list(range(plan.placement.num_layers)):
-            return plan
-        pos = {l: i for i, l in enumerate(idx)}
-        mig = plan.migration[np.isin(plan.migration["layer"], idx)].copy()
-        mig["layer"] = [pos[int(x)] for x in mig["layer"]]
-        rep = plan.replicas[np.isin(plan.replicas["layer"], idx)].copy()
-        rep["layer"] = [pos[int(x)] for x in rep["layer"]]
-        p = plan.placement
-        placement = Placement(p.phy2log[idx], p.num_experts, p.slots_per_rank)
-        return Plan(placement, plan.sample_rank, plan.sample_micro, plan.num_micro, replicas=rep, migration=mig)
+        return stage_plan(plan, [m.moe_index for m in self.layers])
 
     def check_plan(self, plan: Any, window: Any, optimizer: Any, token_cap: Optional[int]) -> None:
         """Local refusal, before anything moves, of a plan this job cannot carry out."""
@@ -256,11 +240,7 @@ class MegatronRunner:
                 f"{self.num_moe_layers} MoE layers of {E} experts"
             )
         plan.validate(window, self.topo, _NO_CAP if token_cap is None else positive_int(token_cap, "token_cap"))
-        if plan.replicas.size and (self.pp_group is not None or len(self.layers) != self.num_moe_layers):
-            raise InvalidPlanError(
-                "plan.replicas: intra-batch replicas with pipeline parallelism are not supported (a stage keeps "
-                "several microbatches in flight, the replica buffers hold one); plan with replication='none'"
-            )
+        refuse_replicas(plan, self.pp_group is not None or len(self.layers) != self.num_moe_layers)
         local = self._local_plan(plan)
         for i, m in enumerate(self.layers):
             for micro in range(plan.num_micro):
@@ -354,31 +334,10 @@ class MegatronRunner:
 
     def _agree(self, err: Optional[BaseException], digest: int) -> torch.device:
         """Shares every rank's verdict on the plan and its digest over the EP group, then (pp > 1)
-        each stage's over the pipeline group, so the ranks of all stages holding this rank's
-        experts carry out one plan or all raise (every rank takes part in both exchanges before
-        any raises). Returns the device of the EP group's collectives."""
+        each stage's over the pipeline group (`routepack.torch.pipeline.agree_stages`). Returns
+        the device of the EP group's collectives."""
         device = default_device(self.group)  # where the group's collectives take tensors (NCCL: CUDA)
-        got = gather_ints([int(err is None), digest], self.group, device, self.timeout)
-        same = np.unique(got[:, 1]).size == 1
-        if self.pp_group is not None:
-            mine = [int(bool(got[:, 0].all())), int(same), int(got[0, 1]) if same else -1]
-            stages = gather_ints(mine, self.pp_group, default_device(self.pp_group), self.timeout)
-        raise_shared_failure(
-            err, got[:, 0], lambda bad: f"EP rank(s) {bad} refused the plan; nothing moved", InvalidPlanError
-        )
-        if not same:
-            raise InvalidPlanError("EP ranks hold different plans; nothing moved (use broadcast_plan)")
-        if self.pp_group is not None:
-            raise_shared_failure(
-                None,
-                stages[:, 0],
-                lambda bad: f"pipeline stage(s) {bad} refused the plan; nothing moved",
-                InvalidPlanError,
-            )
-            bad = np.flatnonzero(stages[:, 1] == 0).tolist()
-            if bad:
-                raise InvalidPlanError(f"the EP ranks of pipeline stage(s) {bad} hold different plans; nothing moved")
-            check_same_plan(stages[:, 2], "pipeline stages")
+        agree_stages(err, digest, self.group, self.pp_group, device, self.timeout)
         return device
 
     def _make_exchange(self, plan: Plan) -> _Exchange:

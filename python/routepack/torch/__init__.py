@@ -22,7 +22,10 @@ imports torch. Backend-neutral: gloo on CPU (tests), NCCL on GPUs (``tools/gpu_c
   ``begin_window(..., microbatches=rank_microbatches(...))`` precomputes every layer's route
   for the window (`routepack.torch.routes`: no host sync or all-gather in the forward; the
   ids fed are checked once per step in ``finish_step``); ``max_bytes_in_flight=`` stages
-  the migration.
+  the migration. Under a pipeline (``topo.pp`` > 1) a rank passes its stage's layers and
+  ``pipeline_group``: the plan is agreed over every stage (one digest per window) and each
+  stage carries out its own layers' rows (`stage_plan`, shared with the Megatron runner);
+  intra-batch replicas are refused there.
 * `export_logical(layers)` → ``[(w1 [E, H, 2I], w2 [E, I, H])]`` per layer in logical order
   (collective); `import_logical(layers, weights)` its inverse; ``EPMoE.state_dict()`` keeps the
   placement (``_extra_state``), so a checkpoint round trip keeps placement and weights.
@@ -62,6 +65,7 @@ from routepack.torch.migrate import (
     migrate,
 )
 from routepack.torch.moe import EPMoE, dense_moe, swiglu
+from routepack.torch.pipeline import stage_plan
 from routepack.torch.remap import FLOW_DTYPE, TokenRoute, expert_counts, flow_table, route_tokens
 from routepack.torch.replay import Microbatch, rank_microbatches
 from routepack.torch.replicate import ReplicaExchange
@@ -98,6 +102,7 @@ __all__ = [
     "plan_window_distributed",
     "rank_microbatches",
     "route_tokens",
+    "stage_plan",
     "swiglu",
     "sync_redundant_grads",
     "window_from_ranks",

@@ -39,6 +39,7 @@ from routepack.plan import MIGRATION_DTYPE, Plan
 from routepack.torch import _args
 from routepack.torch.broadcast import AgreementError, check_same_plan, digest_int, gather_ints
 from routepack.torch.moe import check_layers
+from routepack.torch.pipeline import stage_plan
 from routepack.torch.slot_state import (  # pack_slot, slot_bytes, unpack_slot: re-exported (their old home)
     SlotState,
     StackedState,
@@ -245,7 +246,9 @@ def migrate(
 ) -> MigrationReport:
     """Applies ``plan.migration`` to ``layers`` (this rank's `EPMoE` layers, index = MoE layer)
     together with ``optimizer``'s state and ``extra_state[layer]``. Collective over the EP
-    ``group``. Raises `InvalidPlanError` before anything moves when the plan does not fit,
+    ``group``. Under a pipeline (``topo.pp`` > 1) ``layers`` are a stage's, ascending by
+    `EPMoE.layer`: the plan's rows and placement of those MoE layers are applied
+    (`routepack.torch.pipeline.stage_plan`), and ``extra_state`` is keyed by `EPMoE.layer`. Raises `InvalidPlanError` before anything moves when the plan does not fit,
     `MigrationError` when the move was aborted (state intact on every rank). ``fault`` is a
     test hook called with each of `FAULT_POINTS`.
 
@@ -267,6 +270,9 @@ def migrate(
     if extra_state is not None and not isinstance(extra_state, dict):
         raise RoutepackTypeError(f"extra_state: expected a dict layer -> tensors, got {type(extra_state).__name__}")
     extra = extra_state or {}
+    # a pipeline stage's layers carry out the plan's rows of their MoE layers (`EPMoE.layer`)
+    staged = layers[0].topo.pp > 1
+    ids = [mod.layer for mod in layers] if staged else None
 
     def states() -> List[SlotState]:
         if optimizer is None and isinstance(plan, Plan) and plan.migration.size:
@@ -276,7 +282,10 @@ def migrate(
                     f"optimizer: None, but {owner} keeps state for the layers' w1/w2; the plan moves "
                     f"{plan.migration.size} experts and that state would stay with the old slots: pass the optimizer"
                 )
-        return [StackedState(expert_state(mod, optimizer, extra.get(l, ()))) for l, mod in enumerate(layers)]
+        return [
+            StackedState(expert_state(mod, optimizer, extra.get(mod.layer if staged else l, ())))
+            for l, mod in enumerate(layers)
+        ]
 
     return migrate_slots(
         layers,
@@ -287,6 +296,7 @@ def migrate(
         fault=fault,
         max_bytes_in_flight=max_bytes_in_flight,
         device=layers[0].w1.device,
+        layer_ids=ids,
     )
 
 
@@ -300,20 +310,24 @@ def migrate_slots(
     fault: Optional[Callable[[str], None]] = None,
     max_bytes_in_flight: Optional[int] = None,
     device: Any = None,
+    layer_ids: Optional[Sequence[int]] = None,
 ) -> MigrationReport:
     """`migrate`'s protocol for any slot layout. ``layers``: one object per MoE layer of the
     plan with the attributes `check_migration` reads (``phy2log``, settable; ``topo``,
     ``slots_per_rank``, ``num_experts``) and ``ep_rank`` / ``peers`` (the EP group's global
     ranks); ``states()`` builds each layer's `SlotState` (called in the check phase: an error
     there refuses the plan on every rank, a `RoutepackError` as "cannot map"); ``device``:
-    where the protocol's small exchanges live. See `migrate` for the rest."""
+    where the protocol's small exchanges live. ``layer_ids``: the plan's MoE layer of each
+    entry of ``layers`` (ascending; a pipeline stage's), whose rows alone are carried out
+    (`routepack.torch.pipeline.stage_plan`); None: ``layers`` is every layer of the plan, in
+    order. See `migrate` for the rest."""
     t0 = time.perf_counter()
     _args.group(group)
     _args.timeout(timeout, optional=False)
     layers = list(layers)
     mod0 = layers[0]
     me = mod0.ep_rank
-    rows = plan.migration if isinstance(plan, Plan) else np.zeros(0, dtype=MIGRATION_DTYPE)
+    rows = np.zeros(0, dtype=MIGRATION_DTYPE)
 
     # 1. check, then agree before anything moves
     err: Optional[BaseException] = None
@@ -327,6 +341,9 @@ def migrate_slots(
         if not isinstance(plan, Plan):
             raise InvalidPlanError(f"plan: expected routepack.Plan, got {type(plan).__name__}")
         digest = digest_int(plan)
+        if layer_ids is not None:
+            plan = stage_plan(plan, layer_ids)
+        rows = plan.migration
         check_migration(layers, plan)
         st = states()
         sizes = [s.nbytes for s in st]

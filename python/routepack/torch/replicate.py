@@ -95,7 +95,8 @@ class ReplicaExchange:
     """The replica transfers of one EP rank for one window.
 
     Args:
-        layers:   the `EPMoE` layers, index = MoE layer.
+        layers:   the `EPMoE` layers; ``rows``' layer index is the position in this list (the
+                  MoE layer, or the position among a pipeline stage's layers: `index_of`).
         rows:     dict ``(micro, layer) → (indices, table)``: the plan's rows of this EP group for
                   that cell, table order (``indices`` int64 ``[n]`` into ``plan.replicas``).
         timeout:  bound on every wait.
@@ -108,6 +109,7 @@ class ReplicaExchange:
         timeout: datetime.timedelta,
     ) -> None:
         self.layers = list(layers)
+        self._index = {id(mod): i for i, mod in enumerate(self.layers)}
         self.rows = rows
         self.timeout = timeout
         self.micro = 0
@@ -115,6 +117,10 @@ class ReplicaExchange:
         self._chain_cache: Dict[Tuple[int, int], List[Chain]] = {}
         self.sent_bytes = 0
         self.received_bytes = 0
+
+    def index_of(self, mod: Any) -> int:
+        """The position of layer ``mod`` in ``layers`` (the index this exchange's methods take)."""
+        return self._index[id(mod)]
 
     def _cell(self, micro: int, layer: int) -> Tuple[np.ndarray, Optional[np.ndarray]]:
         empty: Tuple[np.ndarray, Optional[np.ndarray]] = (np.zeros(0, dtype=np.int64), None)

@@ -73,8 +73,10 @@ def window_routes(runner: Any, plan: Any, window: Any, microbatches: Sequence[An
     """Every (micro, layer) `CellRoute` of this rank for the window (host work, once).
 
     ``microbatches``: this rank's `routepack.torch.Microbatch` list in execution order
-    (`rank_microbatches(plan, routed, dp_rank, ...)`), one per micro of the plan. Raises
-    `RoutepackError` when they do not fit the plan or their ids disagree with the window."""
+    (`rank_microbatches(plan, routed, dp_rank, ...)`, ids of every MoE layer of the plan),
+    one per micro of the plan. Cells are keyed by (micro, `EPMoE.layer`): the runner's layers
+    only (a pipeline stage's). Raises `RoutepackError` when they do not fit the plan or their
+    ids disagree with the window."""
     mbs = list(microbatches)
     if [getattr(mb, "micro", None) for mb in mbs] != list(range(plan.num_micro)):
         raise RoutepackError(
@@ -92,11 +94,12 @@ def window_routes(runner: Any, plan: Any, window: Any, microbatches: Sequence[An
             if isinstance(mb.routed, torch.Tensor)
             else np.asarray(mb.routed, dtype=np.int64)
         )
-        if routed.ndim != 3 or routed.shape[1] != len(layers):
+        if routed.ndim != 3 or routed.shape[1] != window.num_layers:
             raise RoutepackError(
-                f"microbatches[{mb.micro}].routed: expected [T, L={len(layers)}, k], got {routed.shape}"
+                f"microbatches[{mb.micro}].routed: expected [T, L={window.num_layers}, k], got {routed.shape}"
             )
-        for l, mod in enumerate(layers):
+        for mod in layers:
+            l = mod.layer
             ids = routed[:, l]
             origin = origins[mb.micro, :, l]
             mine = np.bincount(ids.reshape(-1), minlength=mod.num_experts) if ids.size else np.zeros(mod.num_experts)

@@ -12,6 +12,12 @@ Per window::
 Bad plans (another topology, a placement missing an expert, shares out of range, a
 migration that does not fit the placement in force) are refused by `begin_window` on every
 rank before any tensor moves.
+
+Under pipeline parallelism (``topo.pp`` > 1) each rank passes its stage's layers and the
+``pipeline_group`` (this rank and the ranks holding the other stages of the same model
+replica, in stage order). Every stage checks the whole plan, every rank of every stage agrees
+on one digest per window, and each stage migrates and routes its own MoE layers only
+(`routepack.torch.pipeline`); intra-batch replicas are refused there.
 """
 
 from __future__ import annotations
@@ -30,10 +36,11 @@ from routepack.oversize import refuse_split
 from routepack.plan import Plan, empty_replicas
 from routepack.window import Window
 from routepack.torch import _args, profile
-from routepack.torch.broadcast import check_same_plan, digest_int, gather_ints, raise_shared_failure
+from routepack.torch.broadcast import digest_int, gather_ints
 from routepack.torch.grads import sync_redundant_grads
 from routepack.torch.migrate import MigrationReport, migrate
 from routepack.torch.moe import check_layers
+from routepack.torch.pipeline import agree_stages, refuse_replicas, stage_plan
 from routepack.torch.replicate import ReplicaExchange
 from routepack.torch.routes import window_routes
 from routepack.torch.slot_link import StepSums
@@ -46,14 +53,18 @@ class PlanRunner:
     """Ties a plan to this rank's MoE layers.
 
     Args:
-        layers:    this rank's `EPMoE` layers, index = MoE layer of the plan.
-        topo:      the `routepack.Topology` the job runs on (``pp`` = 1: pipeline stages are
-                   refused, see `routepack.integrations.megatron.MegatronRunner`).
+        layers:    this rank's `EPMoE` layers in MoE layer order: every MoE layer of the plan
+                   (``layers[i].layer == i``) or, with ``topo.pp`` > 1, its pipeline stage's
+                   (`Topology.stage_layers`, checked against each window).
+        topo:      the `routepack.Topology` the job runs on (``dp``, ``ep``: a stage's).
         group:     the EP process group (None: default group; its size must be ``topo.ep``).
         edp_group: ranks holding the same EP-local rank in every EP group (needed when
                    ``topo.dp > topo.ep``, for the expert-data-parallel gradient sum).
-        dp_rank:   this rank's DP rank (default: global rank).
+        dp_rank:   this rank's DP rank (default: global rank; required with ``topo.pp`` > 1).
         timeout:   bound on every wait of migration and replication.
+        pipeline_group: with ``topo.pp`` > 1 (required there): the ``pp`` ranks that hold
+                   the stages of this rank's model replica, one a stage, group rank = stage
+                   (Megatron's pipeline group); the plan is agreed over it too.
     """
 
     def __init__(
@@ -64,29 +75,56 @@ class PlanRunner:
         edp_group: Optional[Any] = None,
         dp_rank: Optional[int] = None,
         timeout: datetime.timedelta = datetime.timedelta(seconds=120),
+        pipeline_group: Optional[Any] = None,
     ) -> None:
         _args.topology(topo)
-        if topo.pp > 1:
-            raise RoutepackError(
-                f"topo.pp: {topo.pp}; PlanRunner carries out a plan on ranks that hold every MoE layer (layers[i] "
-                "is the plan's layer i) and agrees on it within one EP group, while a pipeline stage holds a "
-                "part of the layers and must agree with the other stages: under pipeline parallelism use "
-                "routepack.integrations.megatron.MegatronRunner (each stage migrates its own layers)"
-            )
         self.layers = check_layers(layers)
         _args.group(group)
         _args.group(edp_group, "edp_group")
+        _args.group(pipeline_group, "pipeline_group")
         _args.timeout(timeout, optional=False)
         for i, mod in enumerate(self.layers):
-            if mod.layer != i:
+            if topo.pp == 1 and mod.layer != i:
                 raise RoutepackError(f"layers[{i}] is MoE layer {mod.layer}; pass them in layer order")
+            if i and mod.layer <= self.layers[i - 1].layer:
+                raise RoutepackError(
+                    f"layers[{i}] is MoE layer {mod.layer} after MoE layer {self.layers[i - 1].layer}; pass "
+                    "the stage's layers once each, in layer order"
+                )
             if mod.topo != topo:
                 raise RoutepackError(f"layers[{i}] was built for {mod.topo}, runner for {topo}")
         if dist.get_world_size(group) != topo.ep:
             raise RoutepackError(f"group: has {dist.get_world_size(group)} ranks but topo.ep = {topo.ep}")
         if topo.num_groups > 1 and edp_group is None:
             raise RoutepackError(f"edp_group: required when dp={topo.dp} > ep={topo.ep}")
+        #: this rank's pipeline stage (0 without a pipeline)
+        self.stage = 0
+        if topo.pp > 1:
+            if pipeline_group is None:
+                raise RoutepackError(
+                    f"pipeline_group: required when topo.pp = {topo.pp} > 1: the ranks holding the other stages of "
+                    "this rank's model replica (group rank = stage), over which every stage agrees on the plan"
+                )
+            if dist.get_world_size(pipeline_group) != topo.pp:
+                raise RoutepackError(
+                    f"pipeline_group: has {dist.get_world_size(pipeline_group)} ranks but topo.pp = {topo.pp} "
+                    "(one rank a stage)"
+                )
+            if dp_rank is None:
+                raise RoutepackError(
+                    f"dp_rank: required when topo.pp = {topo.pp} > 1 (the global rank is not the DP rank of a stage)"
+                )
+            self.stage = dist.get_rank(pipeline_group)
+        elif pipeline_group is not None and dist.get_world_size(pipeline_group) != 1:
+            raise RoutepackError(
+                f"pipeline_group: has {dist.get_world_size(pipeline_group)} ranks but topo.pp = 1 (plan with "
+                "Topology(..., pp=...) for a pipeline)"
+            )
         self.topo, self.group, self.edp_group, self.timeout = topo, group, edp_group, timeout
+        self.pipeline_group = pipeline_group if topo.pp > 1 else None
+        #: the plan's MoE layer of each of ``layers``, and the position of each such layer among them
+        self.moe_layers = [int(mod.layer) for mod in self.layers]
+        self._pos = {l: i for i, l in enumerate(self.moe_layers)}
         self.dp_rank = dist.get_rank() if dp_rank is None else positive_int(dp_rank, "dp_rank", minimum=0)
         if not 0 <= self.dp_rank < topo.dp or self.dp_rank % topo.ep != dist.get_rank(group):
             raise RoutepackError(
@@ -99,7 +137,7 @@ class PlanRunner:
         self.exchange = ReplicaExchange(self.layers, self._cells, timeout)
         #: the redundant slots' gradients of the step so far (`slot_link.StepSums`); None before a window
         self.step_sums: Optional[StepSums] = None
-        #: int64 ``[M, L]``: rows this rank received per (micro, layer) in the current window
+        #: int64 ``[M, L]``: rows this rank received per (micro, layer of ``layers``) in the current window
         self.received = np.zeros((0, len(self.layers)), dtype=np.int64)
         #: int64 ``[G, M, L, ep]``: the plan's prediction of the same (`_core.rank_tokens`)
         self.predicted = np.zeros((0, 0, 0, 0), dtype=np.int64)
@@ -123,19 +161,30 @@ class PlanRunner:
         if token_cap is not None:
             positive_int(token_cap, "token_cap")
         mod0 = self.layers[0]
-        if window.num_layers != len(self.layers) or window.num_experts != mod0.num_experts:
+        total = window.num_layers  # the plan's MoE layers (validate checks the plan has as many)
+        if window.num_experts != mod0.num_experts or (self.topo.pp == 1 and total != len(self.layers)):
             raise InvalidPlanError(
                 f"window has L={window.num_layers}, E={window.num_experts}; the model has "
                 f"L={len(self.layers)}, E={mod0.num_experts}"
             )
+        if self.topo.pp > 1:
+            want = self.topo.stage_layers(self.stage, total)
+            if self.moe_layers != want:
+                raise InvalidPlanError(
+                    f"window has L={total} MoE layers, of which topo gives pipeline stage {self.stage} {want} "
+                    f"(layers_per_stage={self.topo.layers_per_stage}); this stage holds {self.moe_layers}"
+                )
         plan.validate(window, self.topo, NO_CAP if token_cap is None else token_cap)
-        if plan.migration.size == 0:
-            for l, mod in enumerate(self.layers):
-                diff = np.flatnonzero((plan.placement.phy2log[l] >= 0) & (plan.placement.phy2log[l] != mod.phy2log))
+        refuse_replicas(plan, self.topo.pp > 1)
+        local = stage_plan(plan, self.moe_layers)
+        if local.migration.size == 0:
+            for i, mod in enumerate(self.layers):
+                row = local.placement.phy2log[i]
+                diff = np.flatnonzero((row >= 0) & (row != mod.phy2log))
                 if diff.size:
                     s = int(diff[0])
                     raise InvalidPlanError(
-                        f"plan puts expert {plan.placement.phy2log[l, s]} in slot {s} of layer {l}, "
+                        f"plan puts expert {row[s]} in slot {s} of layer {mod.layer}, "
                         f"which holds {mod.phy2log[s]} now, and has no migration"
                     )
 
@@ -151,10 +200,12 @@ class PlanRunner:
         max_bytes_in_flight: Optional[int] = None,
         microbatches: Optional[Sequence[Any]] = None,
     ) -> Optional[MigrationReport]:
-        """Checks ``plan`` against ``window`` and this job, agrees on it with every EP rank, then
-        migrates (with ``optimizer`` state and ``extra_state``, staged under
-        ``max_bytes_in_flight``, see `migrate`) if it has migration rows. Collective over the
-        EP group. Returns the migration report (None without moves).
+        """Checks ``plan`` against ``window`` and this job, agrees on it with every EP rank (and,
+        under a pipeline, over ``pipeline_group`` with every stage: one digest per window),
+        then migrates (with ``optimizer`` state and ``extra_state``, MoE layer → tensors,
+        staged under ``max_bytes_in_flight``, see `migrate`) if it has migration rows of this
+        rank's layers. Collective over the EP group (and the pipeline group). Returns the
+        migration report (None without moves).
 
         ``microbatches``: this rank's replayed microbatches of the window
         (`rank_microbatches`, execution order). With them every (micro, layer) route is
@@ -169,14 +220,10 @@ class PlanRunner:
             digest = digest_int(plan)
         except Exception as e:  # noqa: BLE001 (shared with every EP rank, then re-raised)
             err, digest = e, 0
-        device = self.layers[0].w1.device
-        got = gather_ints([int(err is None), digest], self.group, device, self.timeout)
-        raise_shared_failure(
-            err, got[:, 0], lambda bad: f"EP rank(s) {bad} refused the plan; nothing moved", InvalidPlanError
-        )
-        check_same_plan(got[:, 1], "EP ranks")
+        agree_stages(err, digest, self.group, self.pipeline_group, self.layers[0].w1.device, self.timeout)
+        local = stage_plan(plan, self.moe_layers)
         report = None
-        if plan.migration.size:
+        if local.migration.size:
             with profile.region("migration"):
                 report = migrate(
                     self.layers,
@@ -190,7 +237,7 @@ class PlanRunner:
                 )
         self.last_migration = report
         self.plan = plan
-        self._cells = self._bucket(plan)
+        self._cells = self._bucket(local)
         self.exchange = ReplicaExchange(self.layers, self._cells, self.timeout)
         self.step_sums = StepSums(plan.num_micro)
         self.received = np.zeros((plan.num_micro, len(self.layers)), dtype=np.int64)
@@ -215,7 +262,8 @@ class PlanRunner:
         self._routes = window_routes(self, self.plan, self._window, microbatches)
 
     def _bucket(self, plan: Plan) -> Dict[Tuple[int, int], Tuple[np.ndarray, np.ndarray]]:
-        """This EP group's replicas per (micro, layer), table order, with their row indices."""
+        """This EP group's replicas per (micro, layer), table order, with their row indices
+        (``plan``: restricted to ``layers``, `stage_plan`: layer = position in ``layers``)."""
         rows = plan.replicas
         idx = np.flatnonzero(rows["group"] == self.ep_group_index)
         cells: Dict[Tuple[int, int], List[int]] = {}
@@ -291,13 +339,14 @@ class PlanRunner:
             )
 
     # ------------------------------------------------- hooks for EPMoE
+    # (``layer``: the plan's MoE layer, `EPMoE.layer`)
     def cell_rows(self, layer: int) -> np.ndarray:
         """Replicas (`REPLICA_DTYPE`) of (this group, current micro, ``layer``), table order."""
         return self.cell_rows_of(self.micro, layer)
 
     def cell_rows_of(self, micro: int, layer: int) -> np.ndarray:
         """Replicas (`REPLICA_DTYPE`) of (this group, ``micro``, ``layer``), table order."""
-        cell = self._cells.get((micro, layer))
+        cell = self._cells.get((micro, self._pos.get(layer, -1)))
         return cell[1] if cell is not None else empty_replicas()
 
     def route_for(self, layer: int) -> Any:
@@ -313,8 +362,9 @@ class PlanRunner:
 
     def record_received(self, layer: int, rows: int) -> None:
         if self.received.shape[0] > self.micro:
-            self.received[self.micro, layer] = rows
+            self.received[self.micro, self._pos[layer]] = rows
 
     def predicted_received(self) -> np.ndarray:
-        """int64 ``[M, L]``: rows the plan says this rank receives (its slice of ``predicted``)."""
-        return self.predicted[self.ep_group_index, :, :, self.dp_rank % self.topo.ep]
+        """int64 ``[M, L]``: rows the plan says this rank receives per (micro, layer of
+        ``layers``): its slice of ``predicted``."""
+        return self.predicted[self.ep_group_index, :, :, self.dp_rank % self.topo.ep][:, self.moe_layers]

@@ -63,7 +63,7 @@ class SlotLink(torch.autograd.Function):
     def forward(ctx, recv, w1, w2, mod, exchange):  # type: ignore[override]
         if exchange is not None:
             with profile.region("replica_fill"):
-                w1r, w2r = exchange.weights(mod.layer)
+                w1r, w2r = exchange.weights(exchange.index_of(mod))
             ctx.micro = exchange.micro
         else:
             h, i2 = w1.shape[1], w1.shape[2]
@@ -78,7 +78,7 @@ class SlotLink(torch.autograd.Function):
         extra: Dict[int, torch.Tensor] = {}
         if exchange is not None:
             with profile.region("replica_grads"):
-                for slot, buf in exchange.exchange_grads(ctx.micro, mod.layer, g1r, g2r):
+                for slot, buf in exchange.exchange_grads(ctx.micro, exchange.index_of(mod), g1r, g2r):
                     extra[slot] = buf if slot not in extra else extra[slot] + buf
         sums = getattr(mod.runner, "step_sums", None) if exchange is not None else None
         g1, g2 = complete_slot_grads(mod, g1, g2, extra, sums)
