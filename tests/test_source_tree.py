@@ -229,3 +229,16 @@ def test_tests_import_the_package_under_test():
             if IMPORT_PATH.search(line) and re.search(r"""["']python["']""", line):
                 found.append(f"{path.relative_to(ROOT)}:{n}")
     assert found == []
+
+
+def test_test_modules_have_one_name_each():
+    """pytest imports test modules by their base name (rootdir-relative "rootdir" import mode
+    without packages), so two ``test_x.py`` in different folders of tests/ collide at
+    collection: the second is refused as an "import file mismatch" (a new
+    ``tests/calibrate/test_replication.py`` beside ``tests/test_replication.py`` did once)."""
+    seen: Dict[str, List[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        if "slime_reference" in path.parts or path.name in ("__init__.py", "conftest.py"):
+            continue
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: where for name, where in seen.items() if len(where) > 1} == {}
