@@ -232,9 +232,9 @@ def test_tests_import_the_package_under_test():
 
 
 def test_test_modules_have_one_name_each():
-    """pytest imports test modules by their base name (rootdir-relative "rootdir" import mode
-    without packages), so two ``test_x.py`` in different folders of tests/ collide at
-    collection: the second is refused as an "import file mismatch" (a new
+    """pytest imports test modules by their base name (its default "prepend" import mode, the
+    folders of tests/ having no ``__init__.py``), so two ``test_x.py`` in different folders
+    collide at collection: the second is refused as an "import file mismatch" (a new
     ``tests/calibrate/test_replication.py`` beside ``tests/test_replication.py`` did once)."""
     seen: Dict[str, List[str]] = {}
     for path in sorted((ROOT / "tests").rglob("*.py")):
