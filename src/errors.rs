@@ -25,7 +25,7 @@ use pyo3::prelude::*;
 use routepack_core::Error;
 
 create_exception!(routepack, RoutepackError, PyValueError, "Base of routepack's errors (a ValueError).");
-create_exception!(routepack, InvalidPlanError, RoutepackError, "A plan breaks an invariant of DESIGN.md.");
+create_exception!(routepack, InvalidPlanError, RoutepackError, "A plan breaks an invariant of docs/design.md.");
 create_exception!(routepack, InfeasibleError, RoutepackError, "No plan can satisfy the inputs (e.g. a sample longer than the cap).");
 create_exception!(routepack, RoutepackInternalError, PyRuntimeError, "A bug in routepack (a Rust panic caught at the boundary).");
 

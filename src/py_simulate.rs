@@ -12,7 +12,7 @@ use crate::convert::{self, slice};
 use crate::errors::{run, to_py};
 use crate::py_plan::{check_tables, plan_tables};
 
-/// DESIGN.md's cost model → dict with the fields of `routepack.SimResult`. `token_cap`: the
+/// docs/design.md's cost model → dict with the fields of `routepack.SimResult`. `token_cap`: the
 /// cap the lower bound assumes (None: no cap). `plan_cap`: first validate the plan against
 /// this cap as `validate_plan` does (None: well-formedness only, no cap), with `oversize` as
 /// `validate_plan`'s.

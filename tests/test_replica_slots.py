@@ -2,7 +2,7 @@
 
 The replication stages plan within it (their own budgets capped by it), `Plan.validate` and
 `simulate` refuse a plan over it naming the rank, group, microbatch, layer and count, and
-``plan.report["memory"]`` gives each rank's expert memory (docs/design.md, "Topology").
+``plan.report["memory"]`` gives each rank's expert memory (docs/design.md, "Public contract (Python)").
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ pub enum Error {
         /// What is wrong with it, naming the offending value.
         msg: String,
     },
-    /// A plan breaks one of DESIGN.md's invariants.
+    /// A plan breaks one of docs/design.md's invariants.
     #[error("invalid plan: {0}")]
     InvalidPlan(String),
     /// The problem has no feasible answer (e.g. a sample longer than the token cap).

@@ -1,4 +1,4 @@
-//! The simulator: DESIGN.md's cost model, the one scale every plan and baseline is scored on.
+//! The simulator: docs/design.md's cost model, the one scale every plan and baseline is scored on.
 //!
 //! For each exchange (EP group g, microbatch m, MoE layer l):
 //! * attention of DP rank d: `A = Σ_{s∈cell(d,m)} a_lin·n_s + a_quad_l·n_s²`;

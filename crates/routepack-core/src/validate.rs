@@ -1,4 +1,4 @@
-//! `validate`: every invariant of DESIGN.md, checked on a finished plan. Raises with the first
+//! `validate`: every invariant of docs/design.md, checked on a finished plan. Raises with the first
 //! violation, in words that name the sample, cell, layer or row.
 //!
 //! A cell's tokens are summed in i128: lengths are i64, and a cell of a few samples near 2^62

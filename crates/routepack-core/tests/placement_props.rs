@@ -20,7 +20,7 @@ proptest! {
     }
 }
 
-/// A placement must give every logical expert a slot (DESIGN.md): with no experts or no
+/// A placement must give every logical expert a slot (docs/design.md): with no experts or no
 /// slots there is nothing to place, and `check` would otherwise walk every (possibly
 /// astronomically many) empty layer.
 #[test]

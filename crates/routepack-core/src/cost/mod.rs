@@ -1,4 +1,4 @@
-//! Coefficients of DESIGN.md's cost model. Python derives them from the model shape and the
+//! Coefficients of docs/design.md's cost model. Python derives them from the model shape and the
 //! hardware (`CostModel.from_model`) or loads calibrated ones; the core only consumes them.
 
 use crate::error::{invalid, Result};

@@ -112,7 +112,7 @@ impl CostModel {
         }
     }
 
-    /// One EP rank's whole expert time in one pass, X of DESIGN.md: the linear term
+    /// One EP rank's whole expert time in one pass, X of docs/design.md: the linear term
     /// ([`CostModel::expert_time`]), plus `extra`, the sum of its active experts'
     /// [`CostModel::weights_bound_extra`], where the model has one ([`CostModel::roofline`]),
     /// plus its kernel call ([`CostModel::call_time`]). The simulator and replication's exact

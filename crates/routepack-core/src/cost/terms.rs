@@ -1,4 +1,4 @@
-//! The terms of DESIGN.md's cost model, written once: attention, links, all-to-all, overlap,
+//! The terms of docs/design.md's cost model, written once: attention, links, all-to-all, overlap,
 //! replication and the redundant experts' gradient sum (a rank's expert work and how an
 //! exchange's parts combine are `rank`). `simulate` composes them exactly; every planner proxy
 //! (layout, replication, placement prediction, the `ideal` reference) calls the same methods,

@@ -1,4 +1,4 @@
-//! The layout search (DESIGN.md stage 3): token-capped rows → (DP rank, microbatch) cells.
+//! The layout search (docs/design.md stage 3): token-capped rows → (DP rank, microbatch) cells.
 //!
 //! Given the number of microbatches M (fixed by the certified rows, see `crate::packing::routepack`,
 //! which drives this search), a layout puts every sample in one cell of the dp × M grid. The

@@ -1,4 +1,4 @@
-//! Packing (DESIGN.md stages 2 and 3): samples into token-capped rows, and rows onto
+//! Packing (docs/design.md stages 2 and 3): samples into token-capped rows, and rows onto
 //! (DP rank, microbatch) cells with equal counts per rank and no empty cell. Every packer is here:
 //!
 //! * [`routepack`]   routepack's packing: certified rows, then the layout search (`crate::layout`)

@@ -1,5 +1,5 @@
 //! Expert placement: which physical slot of each EP rank holds which logical expert, per MoE
-//! layer (DESIGN.md stage 1): the policies that build a [`Placement`] (the type itself is
+//! layer (docs/design.md stage 1): the policies that build a [`Placement`] (the type itself is
 //! part of the plan's data model, `crate::plan`, and re-exported here). The `static` policy
 //! lives here; beside it: `demand` (the loads and chunk demand placement works from), `replica_counts` (how
 //! many slots each expert gets), `eplb` (the EPLB baseline), `relibra` (ReLibra's placement),

@@ -1,6 +1,6 @@
 //! The plan for one window, routepack's data model: placement ([`Placement`], in
 //! `placement`), the (DP rank, microbatch) of every sample, intra-batch replicas and
-//! migration moves. Field meanings follow DESIGN.md's table. The stages (`crate::placement`,
+//! migration moves. Field meanings follow docs/design.md's table. The stages (`crate::placement`,
 //! `crate::packing`, `crate::layout`, `crate::replication`) build these types; the
 //! simulator, validation, flow and migration read them; none of them owns one.
 

@@ -1,4 +1,4 @@
-//! Intra-batch replication (DESIGN.md stage 4): per exchange (EP group, microbatch, layer), copies of hot
+//! Intra-batch replication (docs/design.md stage 4): per exchange (EP group, microbatch, layer), copies of hot
 //! experts on other EP ranks, each computing a planned share of that expert's tokens
 //! (`plan::Replica`; routed by `flow::route_expert`).
 //!

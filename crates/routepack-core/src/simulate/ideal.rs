@@ -1,4 +1,4 @@
-//! DESIGN.md's `ideal`, the balanced reference of `SimReport::ideal_time` (not a bound).
+//! docs/design.md's `ideal`, the balanced reference of `SimReport::ideal_time` (not a bound).
 
 use rayon::prelude::*;
 
@@ -6,7 +6,7 @@ use crate::cost::CostModel;
 use crate::topology::Topology;
 use crate::window::WindowView;
 
-/// DESIGN.md's `ideal` at `ideal_micro` microbatches per rank.
+/// docs/design.md's `ideal` at `ideal_micro` microbatches per rank.
 pub fn ideal_time(w: &WindowView, topo: &Topology, cost: &CostModel, ideal_micro: usize) -> f64 {
     // layers in parallel (a pass over the whole demand); integer sums are exact
     let layer_tokens: Vec<f64> =
