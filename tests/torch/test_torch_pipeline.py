@@ -13,12 +13,16 @@ the replayed microbatches, window 1 routed in the forward:
 * each microbatch's loss (on the last stage), the final logical expert weights
   (`EPMoE.export_logical`) and routers equal the unsharded model's (`dense_moe` in one process,
   the same weights, data and Adam) to 1e-5;
-* refused on every rank before anything moves: a plan with replicas (named), stages holding
-  different plans, a plan one stage refuses, a stage holding other layers than ``topo`` gives
+* the same with intra-batch replicas on both stages in every window (hot_n under the GPipe
+  schedule, ReLibra under a 1F1B one: stage 0 runs the forward of micro i + 1 before the
+  backward of micro i), so a stage's backward runs while later microbatches' copies are held:
+  the copies moved on both stages, and losses and weights equal the unsharded model's;
+* refused on every rank before anything moves: stages holding different plans, a plan one stage refuses, a stage holding other layers than ``topo`` gives
   it; a runner without ``pipeline_group`` or ``dp_rank`` (named)."""
 
 import datetime
 import sys
+from itertools import accumulate
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +36,7 @@ if not torch.distributed.is_available() or not torch.distributed.is_gloo_availab
 import torch.distributed as dist  # noqa: E402
 
 import routepack as rp  # noqa: E402
-from routepack.plan import REPLICA_DTYPE, Placement, Plan  # noqa: E402
+from routepack.plan import Placement  # noqa: E402
 from routepack.torch import EPMoE, PlanRunner  # noqa: E402
 from routepack.torch.broadcast import digest_int  # noqa: E402
 from routepack.torch.moe import dense_moe  # noqa: E402
@@ -49,6 +53,14 @@ SAMPLES, CAP, WINDOWS, LR = 10, 24, 3, 1e-2
 TOL = 1e-5
 #: EPLB's placement (redundant copies of the window's hot experts), routepack's packing, no replicas
 POLICY = rp.Policy(placement="eplb", packing="routepack", replication="none", loads="window")
+#: the same with intra-batch replicas: on this workload hot_n (copies of the hottest experts on
+#: every rank) and relibra (a copy on an under-loaded rank) put replica rows on both stages in every
+#: window, on top of migration and redundant slots; routepack's replication leaves stage 1 without
+#: replicas in windows 1 and 2
+POLICIES = {
+    rep: rp.Policy(placement="eplb", packing="routepack", replication=rep, loads="window")
+    for rep in ("none", "hot_n", "relibra")
+}
 
 
 def topology():
@@ -71,20 +83,20 @@ def make_window(w):
     return rp.Window.from_routed_experts(routed, cu, E), routed, cu, x, r
 
 
-def plan_of(w, previous, token_cap=CAP):
+def plan_of(w, previous, token_cap=CAP, policy=POLICY):
     """(plan of window ``w`` from placement ``previous``, validated; the window's data)."""
     shape = rp.ModelShape(num_layers=L, num_experts=E, top_k=K, hidden=H, expert_ffn=I, attention=["full"] * L)
     cost = rp.CostModel.from_model(shape, rp.Hardware.h200())
     window, routed, cu, x, r = make_window(w)
-    plan = rp.plan_window(window, topology(), cost, token_cap=token_cap, previous=previous, seed=w, policy=POLICY)
+    plan = rp.plan_window(window, topology(), cost, token_cap=token_cap, previous=previous, seed=w, policy=policy)
     return plan.validate(window, topology(), token_cap), (window, routed, cu, x, r)
 
 
-def windows():
+def windows(policy=POLICY):
     """The 3 training windows, each planned from the placement the one before left."""
     out, prev = [], Placement.static(L, E, topology())
     for w in range(WINDOWS):
-        plan, data = plan_of(w, prev)
+        plan, data = plan_of(w, prev, policy=policy)
         out.append((plan,) + data)
         prev = plan.placement
     return out
@@ -145,7 +157,20 @@ def _raised(fn):
     return "nothing"
 
 
-def check_pipeline(rank, world, device):
+def schedule(stage, n, kind):
+    """This stage's order of ("F" | "B", index into its microbatches): ``gpipe`` every forward
+    then every backward, last first; ``1f1b`` ``pp - 1 - stage`` forwards, then one forward
+    and one backward alternating, then the remaining backwards, first first."""
+    if kind == "gpipe":
+        return [("F", i) for i in range(n)] + [("B", i) for i in reversed(range(n))]
+    warm = min(PP - 1 - stage, n)
+    out = [("F", i) for i in range(warm)]
+    for i in range(n - warm):
+        out += [("F", i + warm), ("B", i)]
+    return out + [("B", i) for i in range(n - warm, n)]
+
+
+def check_pipeline(rank, world, device, policy="none", kind="gpipe"):
     topo = topology()
     stage, d = divmod(rank, EP)
     ep_groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
@@ -153,7 +178,7 @@ def check_pipeline(rank, world, device):
     group, pp_group = ep_groups[stage], pp_groups[d]
     peer = (1 - stage) * EP + d  # this model replica's rank in the other stage
     mine = topo.stage_layers(stage, L)
-    data = windows()  # every rank plans alike
+    data = windows(POLICIES[policy])  # every rank plans alike
     w1, w2, router = initial()
     static = Placement.static(L, E, topo)
     layers = [EPMoE(l, E, H, I, topo, static.phy2log[l], group) for l in mine]
@@ -164,7 +189,8 @@ def check_pipeline(rank, world, device):
     runner = PlanRunner(layers, topo, group, dp_rank=d, timeout=timeout, pipeline_group=pp_group)
     opt = torch.optim.Adam([p for m in layers for p in (m.w1, m.w2)] + routers, lr=LR)
     out = {"stage": stage, "layers": mine, "digests": [], "rows": [], "expected_rows": [], "placed": []}
-    out.update({"received_ok": [], "losses": {}, "redundant": [], "num_micro": []})
+    out.update({"received_ok": [], "losses": {}, "redundant": [], "num_micro": [], "replica_rows": []})
+    out["order"], out["copy_bytes"] = [], []
     for w, (plan, window, routed, cu, x, r) in enumerate(data):
         mbs = rank_microbatches(plan, routed, d, cu, dp=EP)
         report = runner.begin_window(plan, window, opt, token_cap=CAP, microbatches=None if w == 1 else mbs)
@@ -176,8 +202,24 @@ def check_pipeline(rank, world, device):
             sum(int((m.phy2log >= 0).sum()) - np.unique(m.phy2log[m.phy2log >= 0]).size for m in layers)
         )
         out["num_micro"].append(plan.num_micro)
-        saved = []
-        for mb in mbs:  # every forward, in execution order
+        out["replica_rows"].append(int(np.isin(plan.replicas["layer"], mine).sum()))
+        saved, sends = {}, []
+        order = schedule(stage, len(mbs), kind)
+        out["order"].append(order)
+        for step, i in order:
+            mb = mbs[i]
+            if step == "B":
+                tok, h_in, end = saved.pop(i)
+                if stage == 1:
+                    end.backward()
+                    if tok.numel():
+                        sends.append(dist.isend(h_in.grad.contiguous(), dst=peer, group=pp_group, tag=1000 + mb.micro))
+                else:
+                    grad = torch.zeros(tok.numel(), H)
+                    if tok.numel():
+                        dist.recv(grad, src=peer, group=pp_group, tag=1000 + mb.micro)
+                    (end * grad).sum().backward()
+                continue
             runner.start_micro(mb.micro)
             tok, ids = tokens(mb, cu), mb.routed.long()
             if stage == 0:
@@ -191,33 +233,27 @@ def check_pipeline(rank, world, device):
             for mod, rt in zip(layers, routers):
                 h = block(h, ids[:, mod.layer], rt, mod)
             if stage == 0:
-                if tok.numel():
-                    dist.send(h.detach().contiguous(), dst=peer, group=pp_group, tag=mb.micro)
-                saved.append((tok, h_in, h))
+                if tok.numel():  # not waited here: under 1f1b the next stage sends a gradient first
+                    sends.append(dist.isend(h.detach().contiguous(), dst=peer, group=pp_group, tag=mb.micro))
+                saved[i] = (tok, h_in, h)
             else:
                 loss = (h * r[tok]).sum()
                 out["losses"][(w, d, mb.micro)] = float(loss.detach())
-                saved.append((tok, h_in, loss))
-        for mb, (tok, h_in, end) in reversed(list(zip(mbs, saved))):  # every backward, last first
-            if stage == 1:
-                end.backward()
-                if tok.numel():
-                    dist.send(h_in.grad.contiguous(), dst=peer, group=pp_group, tag=1000 + mb.micro)
-            else:
-                grad = torch.zeros(tok.numel(), H)
-                if tok.numel():
-                    dist.recv(grad, src=peer, group=pp_group, tag=1000 + mb.micro)
-                (end * grad).sum().backward()
+                saved[i] = (tok, h_in, loss)
+        for work in sends:
+            work.wait()
         for p in routers:  # the trainer's DP reduction of the dense parameters (the stage's DP group)
             dist.all_reduce(p.grad, group=group)
         runner.finish_step()
+        out["copy_bytes"].append(runner.exchange.received_bytes)  # copies and gradients received
         out["received_ok"].append(bool(np.array_equal(runner.received, runner.predicted_received())))
         opt.step()
         opt.zero_grad()
     out["w1"] = {m.layer: m.export_logical()[0].numpy() for m in layers}
     out["w2"] = {m.layer: m.export_logical()[1].numpy() for m in layers}
     out["routers"] = {l: rt.detach().numpy().copy() for l, rt in zip(mine, routers)}
-    out["errors"] = check_refusals(runner, layers, opt, stage, d, group, pp_group, timeout)
+    if policy == "none":
+        out["errors"] = check_refusals(runner, layers, opt, stage, d, group, pp_group, timeout)
     return out
 
 
@@ -229,15 +265,6 @@ def check_refusals(runner, layers, opt, stage, d, group, pp_group, timeout):
     other, (window_o, _, _, _, _) = plan_of(WINDOWS + 1, prev)
     before = [(m.phy2log.copy(), m.w1.detach().clone(), m.w2.detach().clone()) for m in layers]
     errors = {}
-    # a replica row in layer 0: an expert of EP rank 0 copied to rank 1
-    row0 = base.placement.phy2log[0]
-    e = next(int(x) for x in row0[:SLOTS] if x >= 0 and x not in row0[SLOTS:])
-    rep = np.array([(0, 0, 0, e, 0, 1, np.float32(0.5))], dtype=REPLICA_DTYPE)
-    with_rep = Plan(
-        base.placement, base.sample_rank, base.sample_micro, base.num_micro, replicas=rep, migration=base.migration
-    )
-    errors["replicas_valid"] = _raised(lambda: with_rep.validate(window, topo, CAP))
-    errors["replicas"] = _raised(lambda: runner.begin_window(with_rep, window, opt, token_cap=CAP))
     mine_plan, mine_window = (base, window) if stage == 0 else (other, window_o)
     errors["stages_differ"] = _raised(lambda: runner.begin_window(mine_plan, mine_window, opt, token_cap=CAP))
     cap = CAP if stage == 0 else 1  # stage 1 refuses: its samples do not fit a cap of 1
@@ -260,6 +287,13 @@ def results():
     return run_ranks(check_pipeline, 4, join_timeout_s=240, pg_timeout_s=60)
 
 
+@pytest.fixture(scope="module", params=[("hot_n", "gpipe"), ("relibra", "1f1b")], ids=lambda p: "-".join(p))
+def replicated(request):
+    """(replication, schedule, results) of a run whose plans carry intra-batch replicas."""
+    rep, kind = request.param
+    return rep, kind, run_ranks(check_pipeline, 4, rep, kind, join_timeout_s=240, pg_timeout_s=60)
+
+
 def _rel(a, b):
     return float(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)).max() / np.abs(b).max())
 
@@ -277,7 +311,10 @@ def test_stages_carry_out_one_plan_per_window(results):
 
 
 def test_pipeline_equals_the_unsharded_model(results):
-    data = windows()
+    check_equals_reference(results, windows(), "no replicas")
+
+
+def check_equals_reference(results, data, label):
     want, w1, w2, router = reference(data)
     got = {k: v for r in (2, 3) for k, v in results[r]["losses"].items()}
     assert set(got) == set(want)
@@ -289,7 +326,7 @@ def test_pipeline_equals_the_unsharded_model(results):
         for l in o["layers"]:
             weight_err = max(weight_err, _rel(o["w1"][l], w1[l]), _rel(o["w2"][l], w2[l]))
             weight_err = max(weight_err, _rel(o["routers"][l], router[l]))
-    print(f"pp=2 x ep=2, {len(keys)} microbatch losses: max rel diff {loss_err:.2e}; weights {weight_err:.2e}")
+    print(f"pp=2 x ep=2, {label}, {len(keys)} microbatch losses: max rel diff {loss_err:.2e}; weights {weight_err:.2e}")
     assert loss_err <= TOL and weight_err <= TOL
     # the weights moved: the comparison is not of the initial weights with themselves
     assert _rel(initial()[0], w1) > 1e-3
@@ -298,10 +335,6 @@ def test_pipeline_equals_the_unsharded_model(results):
 def test_refusals_on_every_rank_nothing_moved(results):
     for r in range(4):
         e = results[r]["errors"]
-        assert e["replicas_valid"] == "nothing", e
-        assert e["replicas"].startswith(
-            "InvalidPlanError: plan.replicas: intra-batch replicas with pipeline parallelism are not supported"
-        ), e
         assert e["stages_differ"].startswith("InvalidPlanError: pipeline stages hold different plans"), e
         if results[r]["stage"] == 0:
             assert e["stage_refuses"] == "InvalidPlanError: pipeline stage(s) [1] refused the plan; nothing moved", e
@@ -344,3 +377,27 @@ def test_stage_plan_keeps_the_rows_of_the_stage_layers(seed, pick):
     bad = pick.draw(st.sampled_from([idx[::-1] + [idx[0]], [total], [-1], []]))
     with pytest.raises(rp.RoutepackError, match="^layers: "):
         stage_plan(plan, bad)
+
+
+def test_replicas_under_the_pipeline_equal_the_unsharded_model(replicated):
+    """Plans with intra-batch replicas on both stages, run with several microbatches in flight
+    on each stage (GPipe: every forward before any backward; 1F1B: stage 0 runs the forward of
+    micro i + 1 before the backward of micro i): each backward returns its own microbatch's
+    copy gradients, so losses and weights equal the unsharded model's."""
+    rep, kind, results = replicated
+    data = windows(POLICIES[rep])
+    outs = [results[r] for r in range(4)]
+    for w in range(WINDOWS):
+        assert len({o["digests"][w] for o in outs}) == 1
+        for stage in range(PP):  # the copies moved: some rank of each stage received some
+            assert sum(o["copy_bytes"][w] for o in outs if o["stage"] == stage) > 0, (w, stage)
+    for o in outs:
+        assert all(n > 0 for n in o["replica_rows"]), o["replica_rows"]  # every window, both stages
+        assert o["rows"] == o["expected_rows"] and all(o["placed"]) and all(o["received_ok"]), o
+        assert all(n >= PP for n in o["num_micro"]), o
+        # several microbatches in flight (a forward before the backward of an earlier one): on
+        # both stages under GPipe, on stage 0 under 1F1B (the last stage runs F0 B0 F1 B1 ...)
+        in_flight = [max(accumulate(1 if step == "F" else -1 for step, _ in order)) for order in o["order"]]
+        if o["stage"] == 0 or kind == "gpipe":
+            assert min(in_flight) >= 2, in_flight
+    check_equals_reference(results, data, f"{rep} replicas, {kind}")

@@ -13,8 +13,10 @@ Under pipeline parallelism (``topo.pp > 1``) a rank holds the MoE layers of its 
 * carries out the rows of its own layers only (`stage_plan`): their placement rows and their
   migration and replica rows, renumbered in the stage's layer order.
 
-Intra-batch replicas are refused under a pipeline (`refuse_replicas`): a stage keeps several
-microbatches in flight, while the replica buffers hold one microbatch's copies.
+Intra-batch replicas run under a pipeline in `routepack.torch.PlanRunner`: a stage keeps
+several microbatches in flight, and its `ReplicaExchange` keys copies and chains by microbatch
+(`routepack.torch.replicate`). `MegatronRunner` still refuses them (`refuse_replicas`): its
+schedule's in-flight microbatches are not tested with replicas.
 """
 
 from __future__ import annotations
@@ -62,11 +64,13 @@ def stage_plan(plan: Plan, layers: Sequence[int]) -> Plan:
 
 def refuse_replicas(plan: Plan, staged: bool) -> None:
     """Raises `InvalidPlanError` naming ``plan.replicas`` when the plan has intra-batch replicas
-    and the rank holds a pipeline stage (``staged``)."""
+    and the rank holds a pipeline stage (``staged``): `MegatronRunner`'s check (`PlanRunner`
+    carries replicas under a pipeline)."""
     if staged and plan.replicas.size:
         raise InvalidPlanError(
-            "plan.replicas: intra-batch replicas with pipeline parallelism are not supported (a stage keeps "
-            "several microbatches in flight, the replica buffers hold one); plan with replication='none'"
+            "plan.replicas: intra-batch replicas with pipeline parallelism are not supported by MegatronRunner "
+            "(untested under its schedule's microbatches in flight; routepack.torch.PlanRunner carries them); "
+            "plan with replication='none'"
         )
 
 

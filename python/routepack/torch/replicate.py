@@ -19,6 +19,16 @@ rank's EP group:
 
 ReLibra-style rows (a copy on an under-loaded rank of the same node) and MindSpeed-style rows
 (a copy on every other EP rank, share = that rank's own token fraction) are both just rows.
+Under a pipeline schedule a stage keeps several microbatches in flight: the forward of micro
+m + 1 (after ``start_micro(m + 1)``) runs before the backward of micro m. Everything here is
+therefore keyed by microbatch: the posted first hops per (micro, layer), the chains per
+(micro, layer), and the backward takes the microbatch its forward ran (`SlotLink` keeps it in
+the autograd context), so micro m's gradients return along micro m's chains whatever micro is
+current. A microbatch's copies are held by autograd (saved for the experts' backward) from its
+forward until its backward, which returns their gradients before the node ends and frees them;
+so a rank holds the ``replica_slots``-bounded copies of each microbatch in flight: at most
+``pp`` of them under 1F1B (stage s holds ``pp - s``), every microbatch under GPipe.
+
 Each hop moves one expert's weights forward and one fp32 gradient backward: per rank the
 bytes the simulator's chain counts (a relay sends once and receives once per chain, the
 owner sends once, where a star would make it send once per destination).
@@ -113,7 +123,8 @@ class ReplicaExchange:
         self.rows = rows
         self.timeout = timeout
         self.micro = 0
-        self._weights: Dict[int, Tuple[list, dict]] = {}
+        #: (micro, layer) → the posted first hops (works, buffers), until the layer's forward takes them
+        self._weights: Dict[Tuple[int, int], Tuple[list, dict]] = {}
         self._chain_cache: Dict[Tuple[int, int], List[Chain]] = {}
         self.sent_bytes = 0
         self.received_bytes = 0
@@ -136,9 +147,10 @@ class ReplicaExchange:
 
     # ------------------------------------------------------------ forward
     def prefetch(self, micro: int) -> None:
-        """Posts the first hop of every layer's weight chains of ``micro`` (asynchronous)."""
+        """Makes ``micro`` current and posts the first hop of every layer's weight chains of
+        ``micro`` (asynchronous). Transfers posted for other microbatches stay until their
+        layers' forward takes them."""
         self.micro = micro
-        self._weights.clear()
         for layer in range(len(self.layers)):
             self._post_weights(micro, layer)
 
@@ -158,7 +170,7 @@ class ReplicaExchange:
             elif ch.hops[0] == me:
                 held[c] = self._recv_weights(mod, ops, ch, 0)
         works = dist.batch_isend_irecv(ops) if ops else []
-        self._weights[layer] = (works, held)
+        self._weights[(micro, layer)] = (works, held)
 
     # ------------------------------------------------ the layer's slot layout
     # `EPMoE`'s stacked ``w1``/``w2``; `routepack.integrations.megatron` overrides these four
@@ -198,9 +210,9 @@ class ReplicaExchange:
         """Waits for ``layer``'s transfers of the current microbatch, relaying along each chain
         (hop by hop: a rank forwards the copy it received to the next one); returns this
         rank's copies ``[R, H, 2I]`` and ``[R, I, H]`` in cell order (R may be 0)."""
-        if layer not in self._weights:
+        if (self.micro, layer) not in self._weights:
             self._post_weights(self.micro, layer)
-        works, held = self._weights.pop(layer)
+        works, held = self._weights.pop((self.micro, layer))
         for w in works:
             w.wait(self.timeout)
         mod = self.layers[layer]

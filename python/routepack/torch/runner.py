@@ -17,7 +17,9 @@ Under pipeline parallelism (``topo.pp`` > 1) each rank passes its stage's layers
 ``pipeline_group`` (this rank and the ranks holding the other stages of the same model
 replica, in stage order). Every stage checks the whole plan, every rank of every stage agrees
 on one digest per window, and each stage migrates and routes its own MoE layers only
-(`routepack.torch.pipeline`); intra-batch replicas are refused there.
+(`routepack.torch.pipeline`), replicas included: a stage may run the forward of later
+microbatches before the backward of earlier ones (GPipe, 1F1B), since each backward returns the
+copy gradients of the microbatch its forward ran (`routepack.torch.replicate`).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from routepack.torch.broadcast import digest_int, gather_ints
 from routepack.torch.grads import sync_redundant_grads
 from routepack.torch.migrate import MigrationReport, migrate
 from routepack.torch.moe import check_layers
-from routepack.torch.pipeline import agree_stages, refuse_replicas, stage_plan
+from routepack.torch.pipeline import agree_stages, stage_plan
 from routepack.torch.replicate import ReplicaExchange
 from routepack.torch.routes import window_routes
 from routepack.torch.slot_link import StepSums
@@ -175,7 +177,6 @@ class PlanRunner:
                     f"(layers_per_stage={self.topo.layers_per_stage}); this stage holds {self.moe_layers}"
                 )
         plan.validate(window, self.topo, NO_CAP if token_cap is None else token_cap)
-        refuse_replicas(plan, self.topo.pp > 1)
         local = stage_plan(plan, self.moe_layers)
         if local.migration.size == 0:
             for i, mod in enumerate(self.layers):
@@ -273,8 +274,10 @@ class PlanRunner:
         return {k: (np.asarray(v, dtype=np.int64), rows[np.asarray(v)]) for k, v in cells.items()}
 
     def start_micro(self, micro: int, prefetch: bool = True) -> None:
-        """Makes ``micro`` current; with ``prefetch`` posts its replica weight transfers now so
-        they overlap the attention before each MoE layer (every rank must choose alike)."""
+        """Makes ``micro`` current for the layers' forward; with ``prefetch`` posts its replica
+        weight transfers now so they overlap the attention before each MoE layer (every rank
+        must choose alike). The backward of an earlier microbatch may still follow (a pipeline
+        schedule): it uses the microbatch its forward ran, whatever is current."""
         if self.plan is None:
             raise RuntimeError("start_micro: call begin_window first")
         self.micro = _args.rank(micro, "micro", self.plan.num_micro)

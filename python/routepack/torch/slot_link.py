@@ -64,7 +64,7 @@ class SlotLink(torch.autograd.Function):
         if exchange is not None:
             with profile.region("replica_fill"):
                 w1r, w2r = exchange.weights(exchange.index_of(mod))
-            ctx.micro = exchange.micro
+            ctx.micro = exchange.micro  # the backward returns this micro's copies, whatever is current then
         else:
             h, i2 = w1.shape[1], w1.shape[2]
             w1r, w2r = w1.new_empty(0, h, i2), w2.new_empty(0, i2 // 2, h)
