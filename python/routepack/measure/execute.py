@@ -195,10 +195,7 @@ def run_plan(
                 c0 = now()
                 runner.set_microbatches(mbs)
                 routes[name] = now() - c0
-                # tokens per compute unit (slots, then replica copies) of every (micro, layer) cell
-                units[name] = [
-                    [runner._routes[(m, l)].unit_counts.tolist() for l in range(len(layers))] for m in range(len(mbs))
-                ]
+                units[name] = runner.unit_tokens()  # tokens per compute unit of every (micro, layer) cell
                 data[name] = inputs(w, mbs)
             # the plans take turns, step by step, in alternating order: a change in the machine's
             # load (other processes come and go) then falls on every plan alike

@@ -356,6 +356,13 @@ class PlanRunner:
         """The precomputed `routes.CellRoute` of (current micro, ``layer``), or None."""
         return self._routes.get((self.micro, layer))
 
+    def unit_tokens(self) -> List[List[List[int]]]:
+        """``[M][layers]``: per microbatch and MoE layer of ``layers``, the tokens this rank
+        computes per compute unit (its slots, then its replica copies), from the routes
+        `set_microbatches` computed (empty before it)."""
+        micros = sorted({m for m, _ in self._routes})
+        return [[self._routes[(m, l)].unit_counts.tolist() for l in self.moe_layers] for m in micros]
+
     def note_ids(self, cell: Any, topk_ids: torch.Tensor) -> None:
         """Records, on the device and without a sync, whether ``topk_ids`` differ from the ids
         ``cell`` was computed for (checked by `check_replayed_ids`)."""
