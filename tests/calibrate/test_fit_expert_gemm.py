@@ -64,6 +64,18 @@ def test_on_noisy_timings_the_held_out_error_stays_near_the_noise(noise, seed):
     assert fit.coefficients["c_tok"] == pytest.approx(1e-6, rel=4 * noise)
 
 
+def test_a_chance_gain_of_a_richer_form_does_not_commit_it():
+    """The draw CI found (noise 0.1%, seed 15838): the GEMM step's extra column fitted the
+    noise and cross-validated 0.5% better than the roofline, which the old tie rule (0.1%)
+    let through, and missed a held-out point by 2.7× the noise. Within one standard error the
+    roofline is kept, and the held-out error is within the noise's reach."""
+    fit = fit_expert_gemm(expert_measurement(1e-6, 1e-4, 0.001, 15838), 3, MODEL)
+    forms = fit.extra["cross_validation"]["forms"]
+    assert forms["gemm_step"]["rms_rel_error"] < forms["roofline"]["rms_rel_error"] * (1 - TIE)
+    assert fit.formula == ROOFLINE_FORMULA and fit.cost_fields["c_gemm"] == 0.0
+    assert fit.max_rel_error <= 2.2 * 0.001
+
+
 @settings(max_examples=40, deadline=None)
 @given(c_tok=st.floats(1e-9, 1e-3), c_exp=st.one_of(st.just(0.0), st.floats(1e-8, 1e-2)), i=st.integers(8, 80))
 def test_the_fit_recovers_a_knee_on_its_grid(c_tok, c_exp, i):
@@ -124,8 +136,9 @@ def test_the_committed_step_form_recovers_its_coefficients_and_the_roofline_is_r
 @settings(max_examples=40, deadline=None)
 @given(ratio=st.floats(0.0, 1.0), noise=st.floats(0.0, 0.1), seed=st.integers(0, 2**31))
 def test_the_committed_form_is_the_one_that_predicts_best(ratio, noise, seed):
-    """The committed form is the one of least cross-validated error (the fitted points left out
-    a fold at a time, each predicted by the form fitted on the rest; ties to the simpler one),
+    """The committed form is the simplest within one standard error of the least
+    cross-validated error (the fitted points left out a fold at a time, each predicted by the
+    form fitted on the rest),
     recomputed here from `cv_folds`; every form tried is reported, the others as alternatives;
     a step of >= 20% of the 1-token time stands out of 2% noise."""
     rng = np.random.default_rng(seed)
@@ -148,6 +161,7 @@ def test_the_committed_form_is_the_one_that_predicts_best(ratio, noise, seed):
     # timings moved far off change nothing a fold's fit sees)
     held = np.array(fit.held_out)
     knots = table_knots(per, fitted)
+    sq = {}
     for name, got in cv["forms"].items():
         rel = []
         for f in folds:
@@ -161,16 +175,22 @@ def test_the_committed_form_is_the_one_that_predicts_best(ratio, noise, seed):
         rel = np.concatenate(rel)
         assert got["rms_rel_error"] == pytest.approx(float(np.sqrt(np.mean(rel**2))), rel=1e-9)
         assert got["max_rel_error"] == pytest.approx(float(np.abs(rel).max()), rel=1e-9)
-    order = ["roofline", "gemm_step", "table"]
-    best = "roofline"
-    for name in order[1:]:
-        if cv["forms"][name]["rms_rel_error"] < cv["forms"][best]["rms_rel_error"] * (1 - TIE) - 1e-6:
-            best = name
-    assert committed == best
+        sq[name] = rel**2
+    # the one-standard-error rule: the simplest form whose mean squared error exceeds the
+    # least by no more than the standard error of the paired difference (or a tie)
+    best = min(sq, key=lambda name: sq[name].mean())
+    expected = None
+    for name in ["roofline", "gemm_step", "table"]:
+        d = sq[name] - sq[best]
+        if d.mean() <= max(d.std(ddof=1) / np.sqrt(d.size), 2 * TIE * sq[best].mean(), 1e-12):
+            expected = name
+            break
+    assert committed == expected
     if committed != "gemm_step":
         assert fit.cost_fields["c_gemm"] == 0.0
     if ratio >= 0.2 and noise <= 0.02:
         assert cv["forms"]["gemm_step"]["rms_rel_error"] < cv["forms"]["roofline"]["rms_rel_error"]
+        assert committed != "roofline"  # a real step stands out of the draw by many errors
 
 
 def test_a_form_with_more_parameters_than_a_fold_has_points_is_not_tried():
