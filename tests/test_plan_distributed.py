@@ -42,6 +42,10 @@ CASES = (("tiny", ("routepack", "relibra", "routepack_no_replication")), ("flash
 #: keyword arguments passed through (a stage option and a smaller layout search than the
 #: default, to keep the test short: the plans are byte-identical for any move budget)
 OPTIONS = {"replication_slots": 3, "anneal_moves": 4000}
+#: a token cap 5% of `tiny`'s samples (51 of 1024) are longer than (`oversize`)
+OVER_CAP = 12000
+#: `tiny`'s topology with context-parallel pairs to split them over
+SPLIT_TOPO = rp.Topology(16, 8, 8, 17, replica_slots=3, cp=2)
 
 
 def _profile(name):
@@ -119,6 +123,21 @@ def _battery(group, windows, ids, cu):
         bad_ids[0, 0, 0] = 64  # out of range on rank 0 only
     err["bad_ids_one"] = _raises(lambda: window_from_ranks(bad_ids, my_cu, 64, group=group))
     err["gather_not_a_window"] = _raises(lambda: gather_window("x" if rank == 1 else got.window, group=group))
+    # samples over the cap: each mode plans as plan_window does; None and "refuse" are one mode
+    over = {}
+    for mode in ("alone", "split"):
+        topo = SPLIT_TOPO if mode == "split" else args[0]
+        plan = plan_window_distributed(tiny, topo, args[1], token_cap=OVER_CAP, oversize=mode, anneal_moves=4000, **g)
+        plan.validate(tiny, topo, OVER_CAP)
+        over[mode] = plan.digest()
+    out["oversize"] = over
+    err["oversize_refused"] = _raises(
+        lambda: plan_window_distributed(tiny, *args, token_cap=OVER_CAP, oversize=None if rank else "refuse", **g)
+    )
+    # (under the default cap no sample is over it, so each mode alone would plan)
+    err["other_oversize"] = _raises(
+        lambda: plan_window_distributed(tiny, *args, oversize="alone" if rank else None, **g)
+    )
     out["errors"] = err
     out["alive"] = plan_window_distributed(tiny, *args, policy="hot_n", group=group).digest()
     # an option under its deprecated name on one rank is the same option
@@ -173,6 +192,12 @@ def reference(inputs):
     tiny, prof = windows["tiny"], rp.traces.profile("tiny")
     out["tiny_routepack"] = rp.plan_window(tiny, prof.topology(), prof.cost(), anneal_moves=4000).digest()
     out["tiny_hot_n"] = rp.plan_window(tiny, prof.topology(), prof.cost(), policy="hot_n").digest()
+    for mode in ("alone", "split"):
+        topo = SPLIT_TOPO if mode == "split" else prof.topology()
+        plan = rp.plan_window(tiny, topo, prof.cost(), token_cap=OVER_CAP, oversize=mode, anneal_moves=4000)
+        plan.validate(tiny, topo, OVER_CAP)
+        assert plan.report["oversize"]["samples"], mode  # the cap does leave samples over it
+        out["oversize", mode] = plan.digest()
     return out
 
 
@@ -237,6 +262,7 @@ def test_window_from_ranks_is_the_window_of_all_ids(ranks, reference):
     [
         ("other_window", "window: differs between the ranks"),
         ("other_seed", "seed: differs between the ranks"),
+        ("other_oversize", "oversize: differs between the ranks"),
         ("budget_all", "time_budget_s: plan_window_distributed plans without a wall-clock cap"),
         ("group_not_a_group", "group: expected a torch.distributed process group"),
     ],
@@ -263,6 +289,16 @@ def test_a_bad_argument_on_one_rank_raises_on_every_rank(ranks, case, culprit, o
         got = out["errors"][case]
         assert got is not None, (r, case)
         assert (own if r == culprit else peers) in got[1], (r, got)
+
+
+def test_samples_over_the_cap_plan_as_plan_window_plans_them(ranks, reference):
+    world, groups = ranks
+    for r, out in _each(groups):
+        for mode, digest in out["oversize"].items():
+            assert digest == reference["oversize", mode], (r, mode)
+        # None and "refuse" agree: every rank raises the same InfeasibleError naming both ways out
+        kind, msg = out["errors"]["oversize_refused"]
+        assert kind == "InfeasibleError" and 'oversize="alone"' in msg, (r, msg)
 
 
 def test_the_group_still_plans_after_every_error(ranks, reference):

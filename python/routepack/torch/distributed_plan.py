@@ -26,6 +26,7 @@ import torch.distributed as dist
 from routepack._checks import instance_of
 from routepack.errors import RoutepackError
 from routepack.model import CostModel, Topology
+from routepack.oversize import oversize_mode
 from routepack.plan import REPLICA_DTYPE, Placement, Plan
 from routepack.planner import plan_stages
 from routepack.policies import resolve
@@ -52,6 +53,7 @@ _AGREED = (
     "previous_window",
     "seed",
     "anneal_moves",
+    "oversize",
     "options",
 )
 
@@ -72,6 +74,7 @@ def plan_window_distributed(
     anneal_moves: Optional[int] = None,
     time_budget_s: Optional[float] = None,
     timeout: Optional[datetime.timedelta] = None,
+    oversize: Optional[str] = None,
     **options: Any,
 ) -> Plan:
     """`routepack.plan_window` planned by every rank of ``group`` together (collective): each
@@ -80,7 +83,7 @@ def plan_window_distributed(
 
     Args:
         window, topo, cost, token_cap, policy, previous, previous_window, seed, anneal_moves,
-            options: as `routepack.plan_window`, and the same on every rank (checked first by
+            oversize, options: as `routepack.plan_window`, and the same on every rank (checked first by
             a fingerprint of each; a rank that differs makes every rank raise
             `RoutepackError` naming the argument).
         group: the torch.distributed process group (None: the default group). Every rank of
@@ -125,7 +128,7 @@ def plan_window_distributed(
                 "with time_budget_s and routepack.torch.broadcast_plan it"
             )
         canonical = _check_locally(
-            window, topo, cost, token_cap, policy, previous, previous_window, seed, anneal_moves, options
+            window, topo, cost, token_cap, policy, previous, previous_window, seed, anneal_moves, oversize, options
         )
         prints = _fingerprints(
             dict(
@@ -138,6 +141,7 @@ def plan_window_distributed(
                 previous_window=previous_window,
                 seed=seed,
                 anneal_moves=anneal_moves,
+                oversize=oversize_mode(oversize),  # None and "refuse" agree
                 options=canonical,
             )
         )
@@ -183,6 +187,7 @@ def plan_window_distributed(
         options,
         replicate,
         stacklevel=3,
+        oversize=oversize,
     )
     plan.report["distributed"] = report
     return plan
@@ -233,13 +238,16 @@ def _check_locally(
     previous_window: Any,
     seed: Any,
     anneal_moves: Any,
+    oversize: Any,
     options: Dict[str, Any],
 ) -> Dict[str, Any]:
     """`plan_window`'s argument checks, run before the ranks agree, so that a rank's bad
     argument raises its own error there (its peers: that it failed), not a disagreement.
     Returns the options under their current names (what the ranks compare). Deprecation
     warnings are left to the planning itself, which warns once."""
-    ctx = PlanContext(window, topo, cost, token_cap, previous, previous_window, seed, anneal_moves, None).check()
+    ctx = PlanContext(
+        window, topo, cost, token_cap, previous, previous_window, seed, anneal_moves, None, oversize=oversize
+    ).check()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         canonical = canonical_options(options)
