@@ -20,7 +20,8 @@ Megatron's CUDA-only calls. Everything else Megatron runs is its own code.
 Megatron's optimizers (``FP32Optimizer``, ``Float16OptimizerWithFloat16Params``,
 ``DistributedOptimizer``), its grad clipping, its pipeline schedules and its checkpoint writer
 are CUDA-only beyond those five; the tests that train and checkpoint with them call
-``install(optimizers=True)``, which adds:
+``install(optimizers=True)``, which adds 6-8 (CUDA-only calls) and 9 (a load path that fails
+in Megatron itself where neither Apex nor Transformer Engine is installed):
 
 6. ``device='cuda'`` literals in ``megatron.core.optimizer`` (the loss-scale, found-inf and
    overflow tensors, the grad-norm buffers), ``megatron.core.utils`` (the l2 norm without
@@ -32,6 +33,13 @@ are CUDA-only beyond those five; the tests that train and checkpoint with them c
    says CUDA (``distrib_optimizer.py`` / ``optimizer.py``: a ``TypeError`` otherwise);
 8. ``torch.cuda.synchronize`` is a no-op: ``dist_checkpointing``'s torch_dist writer
    synchronizes the device before copying tensors to the host (``filesystem_async.py``).
+9. ``DistributedOptimizer``'s load of its state where neither Apex nor Transformer Engine is
+   installed (torch's Adam, which keeps a per-parameter ``step``), two faults of Megatron
+   0.16.1 that hit the stock model alike: ``load_state_dict`` gives every parameter's state
+   one shared ``step`` tensor (torch's Adam then adds 1 to it once per parameter per step:
+   wrong bias correction), and the ``fully_reshardable`` load copies the state key by key
+   from a loaded state that has no ``step`` (``KeyError: 'step'``). The stand-in keeps the
+   step the state holds and gives each parameter its own copy after the load.
 
 `standins()` lists them (the report in docs/megatron.md names which Megatron paths ran stock).
 """
@@ -81,6 +89,7 @@ def standins(optimizers: bool = False) -> List[str]:
             "device='cuda' literals of megatron.core.optimizer, utils, pipeline_parallel.schedules -> 'cpu'",
             "Tensor.type() of a CPU tensor -> its CUDA type string",
             "torch.cuda.synchronize -> no-op (checkpoint writer)",
+            "DistributedOptimizer state load: Adam's per-parameter step kept and unshared (no Apex/TE)",
         ]
     return out
 
@@ -115,7 +124,7 @@ def _patch(obj, name, value) -> None:
 
 
 def install(optimizers: bool = False) -> None:
-    """Applies the five stand-ins in this process (idempotent), and 6-8 with ``optimizers``.
+    """Applies the five stand-ins in this process (idempotent), and 6-9 with ``optimizers``.
     Call it in every rank before building a Megatron model (spawned ranks keep them; in the
     pytest process use `applied`, which takes them off again)."""
     global _INSTALLED, _OPTIMIZERS
@@ -214,3 +223,24 @@ def _install_optimizers() -> None:
 
     # 8. the checkpoint writer's device synchronisation
     _patch(torch.cuda, "synchronize", lambda *a, **k: None)
+
+    # 9. DistributedOptimizer's state load without Apex/TE: the step torch's Adam keeps per parameter
+    cls = distrib_optimizer.DistributedOptimizer
+    set_states, load = cls._set_main_param_and_optimizer_states, cls.load_state_dict
+
+    def keep_step(self, model_param, tensors):
+        if "step" not in tensors and not self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
+            group, order = self.model_param_group_index_map[model_param]
+            state = self.optimizer.state[self.optimizer.param_groups[group]["params"][order]]
+            if "step" in state:
+                tensors = {**tensors, "step": state["step"]}
+        return set_states(self, model_param, tensors)
+
+    def load_unshared(self, state_dict):
+        load(self, state_dict)
+        for st in self.optimizer.state.values():
+            if torch.is_tensor(st.get("step")):
+                st["step"] = st["step"].clone()
+
+    _patch(cls, "_set_main_param_and_optimizer_states", keep_step)
+    _patch(cls, "load_state_dict", load_unshared)

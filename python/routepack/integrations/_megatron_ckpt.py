@@ -5,11 +5,16 @@ distributed checkpoints and the weight export to a rollout engine or a converter
   ``SequentialMLP`` in logical experts. Each local expert's tensors keep Megatron's own
   ``ShardedTensor``s (its MLP builds them: GLU factories, TP axes) with the expert axis at the
   logical index ``e`` of ``num_moe_experts = E`` instead of the physical slot, so the keys and
-  shapes are the stock model's. The first copy of each expert is the main replica (saved);
-  redundant copies, empty slots and replica buffers are non-main replicas (loaded, never
-  saved; an empty slot or buffer loads expert 0, which it never computes). Megatron's
-  optimizer state follows the model's sharded tensors, so it is logical too: a checkpoint
-  written under one placement loads into any other (and into the stock model).
+  shapes are the stock model's. The first local copy of each expert on a rank is saved (the
+  first copy in the placement is the main replica); redundant copies, empty slots and replica
+  buffers are never saved. Every local expert's entry is a ``ShardedTensorFactory`` over its
+  parameter, so Megatron's optimizers (``optimizer.sharded_state_dict(model_sd)``: FP32,
+  mixed precision, and ``DistributedOptimizer`` in its ``fully_reshardable`` format) key their
+  state by the same logical shards: a checkpoint of model and optimizer written under one
+  placement loads into any other (and into the stock model). On load, a second local copy
+  takes the first local copy's loaded tensor (weights and every optimizer state), an empty
+  slot or replica buffer keeps its weights and gets zero optimizer state. Formats that store
+  optimizer state by buffer or flattened range are refused (`_refuse_format`).
 * `export_weights`: ``(name, tensor)`` of the whole model with every expert in logical order
   and named as in the stock model without expert parallelism (``local_experts.{e}`` for
   ``SequentialMLP``, ``weight{e}`` / ``bias{e}`` for ``TEGroupedMLP``, ``weight1`` / ``weight2``
@@ -21,7 +26,8 @@ distributed checkpoints and the weight export to a rollout engine or a converter
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Iterator, Tuple
+from dataclasses import dataclass, replace
+from typing import Any, Dict, Iterator, List, Tuple
 
 import numpy as np
 import torch
@@ -74,12 +80,16 @@ def logical_sharded_state_dict(layer: Any, prefix: str, sharded_offsets: tuple, 
     """The experts' entries of ``layer.sharded_state_dict`` in logical experts (module
     docstring). ``prefix``: the experts module's (``...mlp.experts.``).
 
-    Every local expert that first holds a logical expert on this rank maps to its logical
-    shard; a second local copy of the same expert, an empty slot and a replica buffer are
-    ``LocalNonpersistentObject``s (neither saved nor read: two shards of one tensor on one rank
-    would overlap), and a load puts the first local copy's weights into the second
-    (`sync_local_copies`, a load-state-dict post-hook)."""
-    from megatron.core.dist_checkpointing.mapping import LocalNonpersistentObject  # type: ignore[import-untyped]
+    Every local expert maps to its logical shard; only the first local copy of an expert
+    builds a ``ShardedTensor`` (two shards of one tensor on one rank would overlap). A second
+    local copy, an empty slot and a replica buffer build a ``LocalNonpersistentObject``
+    (neither saved nor read); its merge after a load fills it (`_LoadedCopies`). The weights
+    of second copies are also set by `sync_local_copies`, a load-state-dict post-hook."""
+    from megatron.core.dist_checkpointing.mapping import (  # type: ignore[import-untyped]
+        LocalNonpersistentObject,
+        ShardedTensor,
+        ShardedTensorFactory,
+    )
     from megatron.core.dist_checkpointing.utils import replace_prefix_for_sharding  # type: ignore[import-untyped]
     from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group  # type: ignore[import-untyped]
 
@@ -89,6 +99,7 @@ def logical_sharded_state_dict(layer: Any, prefix: str, sharded_offsets: tuple, 
             f"checkpoint: {type(experts).__name__} under a plan: logical sharded_state_dict supports SequentialMLP "
             "only (export_weights supports every expert module)"
         )
+    _refuse_format(metadata)
     metadata = ensure_metadata_has_dp_cp_group(metadata)
     singleton = (metadata or {}).get("singleton_local_shards", False)
     E = _num_logical(layer)
@@ -96,6 +107,7 @@ def logical_sharded_state_dict(layer: Any, prefix: str, sharded_offsets: tuple, 
     local = slot_experts(layer)
     first = {int(e): i for i, e in reversed(list(enumerate(local.tolist()))) if e >= 0}
     dp, dp_n = experts.dp_group.rank(), experts.dp_group.size()
+    copies = _LoadedCopies()
     out: Dict[str, Any] = {}
     for i, expert in enumerate(experts.local_experts):
         e = int(keys[i])
@@ -105,15 +117,109 @@ def logical_sharded_state_dict(layer: Any, prefix: str, sharded_offsets: tuple, 
         else:
             sharded_prefix, offsets = f"{prefix}experts.", (*sharded_offsets, (len(sharded_offsets), e, E))
         sd = expert.sharded_state_dict(local_prefix, offsets, metadata)
-        if local[i] < 0 or first[e] != i:
-            out.update({k: LocalNonpersistentObject(v.data) for k, v in sd.items()})
-            continue
         replace_prefix_for_sharding(sd, local_prefix, sharded_prefix)
-        for sh in sd.values():
-            rid = sh.replica_id
-            sh.replica_id = (*rid[:2], dp + dp_n * int(ranks[i]))
-        out.update(sd)
+        role = "empty" if local[i] < 0 else ("first" if first[e] == i else "copy")
+        for name, sh in sd.items():
+            if role == "first":
+                rid = sh.replica_id
+                sh.replica_id = (*rid[:2], dp + dp_n * int(ranks[i]))
+            if isinstance(sh, (ShardedTensor, ShardedTensorFactory)):
+                out[name] = _factory(sh, e, role, copies)
+            else:  # a ShardedObject (a linear's _extra_state): no optimizer state
+                out[name] = sh if role == "first" else LocalNonpersistentObject(sh.data)
     return out
+
+
+#: DistributedOptimizer formats that store state by buffer or by flattened range of a
+#: physical parameter (placement-dependent, or ``flattened_range`` that Megatron 0.16 refuses)
+_REFUSED_FORMATS = (
+    "dp_reshardable",
+    "dp_zero_gather_scatter",
+    "fully_sharded_bucket_space",
+    "fully_sharded_model_space",
+)
+
+
+def _refuse_format(metadata: Any) -> None:
+    fmt = (metadata or {}).get("distrib_optim_sharding_type")
+    if fmt in _REFUSED_FORMATS or fmt == "fsdp_dtensor":
+        raise RoutepackError(
+            f"checkpoint: distrib_optim_sharding_type={fmt!r}: a model under a plan saves optimizer state by "
+            "logical expert, which DistributedOptimizer does only in its 'fully_reshardable' format (this one "
+            "stores the state of physical slots by buffer or flattened range, so it would load into the wrong "
+            "experts under another placement); pass metadata={'distrib_optim_sharding_type': 'fully_reshardable'} "
+            "to the model's and the optimizer's sharded_state_dict"
+        )
+
+
+@dataclass
+class _Pending:
+    """What a not-saved local expert's entry builds: the tensor to fill after a load."""
+
+    key: str
+    data: torch.Tensor
+
+
+class _LoadedCopies:
+    """One layer's ``sharded_state_dict`` call: the loaded tensor of each first local copy by
+    (checkpoint key, logical expert), and the second copies' tensors it fills (factory merges
+    run in any order)."""
+
+    def __init__(self) -> None:
+        self.loaded: Dict[Tuple[str, int], torch.Tensor] = {}
+        self.waiting: Dict[Tuple[str, int], List[torch.Tensor]] = {}
+
+    @torch.no_grad()
+    def first(self, key: str, e: int, t: torch.Tensor) -> None:
+        self.loaded[(key, e)] = t
+        for d in self.waiting.get((key, e), []):
+            d.copy_(t.reshape(d.shape))
+
+    @torch.no_grad()
+    def copy(self, key: str, e: int, d: torch.Tensor) -> None:
+        self.waiting.setdefault((key, e), []).append(d)
+        if (key, e) in self.loaded:
+            d.copy_(self.loaded[(key, e)].reshape(d.shape))
+
+
+def _factory(sh: Any, e: int, role: str, copies: _LoadedCopies) -> Any:
+    """A ``ShardedTensorFactory`` over ``sh`` (the local expert's ``ShardedTensor`` or GLU
+    factory, keyed by logical expert ``e``) whose ``build`` Megatron's optimizers call with
+    their own key and state tensor (``make_sharded_optimizer_tensor`` replaces key and data)."""
+    from megatron.core.dist_checkpointing.mapping import LocalNonpersistentObject, ShardedTensorFactory  # type: ignore[import-untyped]
+
+    param = sh.data
+    inner_factory = isinstance(sh, ShardedTensorFactory)
+
+    def build(key: str, data: torch.Tensor, replica_id: Any, flattened_range: Any) -> Any:
+        if flattened_range is not None:
+            raise RoutepackError(
+                f"checkpoint: {key}: optimizer state with a flattened_range (DistributedOptimizer's default "
+                "'fully_sharded_model_space' format, which Megatron 0.16 refuses for the stock model too) cannot "
+                "be keyed by logical expert; pass metadata={'distrib_optim_sharding_type': 'fully_reshardable'}"
+            )
+        if role != "first":
+            return LocalNonpersistentObject(_Pending(key, data))
+        if inner_factory:
+            built = replace(sh, key=key, data=data, replica_id=replica_id).build()
+        else:
+            built = replace(sh, key=key, data=data, dtype=data.dtype, replica_id=replica_id)
+            built.validate_metadata_integrity()
+        return {"tensor": built, "key": LocalNonpersistentObject(key)}
+
+    @torch.no_grad()
+    def merge(loaded: Any) -> Any:
+        if role == "first":
+            t = sh.merge_fn(loaded["tensor"]) if inner_factory else loaded["tensor"]
+            copies.first(loaded["key"], e, t)
+            return t
+        if role == "copy":
+            copies.copy(loaded.key, e, loaded.data)
+        elif loaded.data is not param:  # optimizer state of a slot that holds no expert
+            loaded.data.zero_()
+        return loaded.data
+
+    return ShardedTensorFactory(sh.key, param, build, merge, sh.replica_id)
 
 
 @torch.no_grad()
