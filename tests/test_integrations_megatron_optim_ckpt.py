@@ -1,10 +1,11 @@
 """Optimizer state in Megatron distributed checkpoints of a model under a plan, keyed by
 logical expert (docs/megatron.md, "Checkpoints"): Megatron's own calls,
 ``optimizer.sharded_state_dict(model_sd)`` and ``dist_checkpointing.save/load`` (torch_dist),
-on CPU with gloo, 2 ranks at EP 2, 8 experts in 5 slots a rank (a redundant copy on each) and
-2 replica buffers a rank, Megatron's Adam (a ``ChainedOptimizer``): ``FP32Optimizer``, and
-``DistributedOptimizer`` in its ``fully_reshardable`` format (its default format fails for the
-stock model too in Megatron 0.16.1: ``flattened_range``).
+on CPU with gloo, EP 2, 8 experts in 5 slots a rank (redundant copies, an empty slot) and 2
+replica buffers a rank, Megatron's Adam (a ``ChainedOptimizer``): ``FP32Optimizer`` on 2 ranks,
+and ``DistributedOptimizer`` in its ``fully_reshardable`` format on 2 and 4 ranks (the
+experts' state sharded over 2 ranks; its default format fails for the stock model too in
+Megatron 0.16.1: ``flattened_range``).
 
 Run A trains windows 0 and 1 (placement 1), saves model + optimizer, and continues with
 window 2 (placement 2). Run B builds another model, trains a step of its own, moves to
@@ -42,12 +43,28 @@ KEYS = ("exp_avg", "exp_avg_sq")
 
 
 def _adam_state(opt, p):
-    """The Adam state of model parameter ``p``: Megatron's FP32 optimizer keys it by the
-    parameter, ``DistributedOptimizer`` by its fp32 main shard (this rank's range)."""
+    """The Adam state of model parameter ``p``, whole: Megatron's FP32 optimizer keys it by the
+    parameter; ``DistributedOptimizer`` by its fp32 main shard, this rank's range of ``p`` (the
+    ranges of its data-parallel group are summed into the whole)."""
+    import torch.distributed as dist
+
     for o in getattr(opt, "chained_optimizers", [opt]):
         if hasattr(o, "model_param_group_index_map"):
-            if p in o.model_param_group_index_map:
-                return o._get_main_param_and_optimizer_states(p)
+            if not any(p in b.param_index_map for b in o.buffers):  # not this optimizer's parameter
+                continue
+            mine = o._get_main_param_and_optimizer_states(p) if p in o.model_param_group_index_map else None
+            out = {}
+            for k in KEYS:
+                whole = torch.zeros(p.numel(), dtype=torch.float32)
+                if mine is not None:
+                    rng = o._get_model_param_range_map(p)["param"]
+                    whole[rng.start : rng.end] = mine[k].reshape(-1)
+                dist.all_reduce(whole, group=o.data_parallel_group)
+                out[k] = whole
+            step = torch.tensor([-1.0 if mine is None else float(mine.get("step", -1))])
+            dist.all_reduce(step, op=dist.ReduceOp.MAX, group=o.data_parallel_group)
+            out["step"] = step
+            return out
         elif p in o.optimizer.state:
             return o.optimizer.state[p]
     raise KeyError("no optimizer state for a parameter")
@@ -192,21 +209,24 @@ def check_optimizer_checkpoint(rank, world, device, root, distopt):
     return out
 
 
-@pytest.mark.parametrize("distopt", [False, True], ids=["fp32", "distributed"])
-def test_optimizer_checkpoint_loads_under_another_placement(distopt):
+@pytest.mark.parametrize(
+    "world, distopt", [(2, False), (2, True), (4, True)], ids=["fp32", "distributed", "distributed-4ranks"]
+)
+def test_optimizer_checkpoint_loads_under_another_placement(world, distopt):
     with tempfile.TemporaryDirectory() as root:
         for d in ("ckpt", "ckpt-default"):
             os.makedirs(os.path.join(root, d))
         out = run_ranks(
-            check_optimizer_checkpoint, 2, os.path.join(root, "ckpt"), distopt, join_timeout_s=600, pg_timeout_s=180
+            check_optimizer_checkpoint, world, os.path.join(root, "ckpt"), distopt, join_timeout_s=600, pg_timeout_s=180
         )
     for rank, f in sorted(out.items()):
         assert f["placements_differ"] and min(f["second_local"].values()) > 0, (rank, f["second_local"])
-        assert f["held"] < 2 * 2 * 5  # an empty slot, besides the replica buffers
+        assert f["held"] < 2 * 2 * 5  # an empty slot, besides the replica buffers (2 layers, EP 2)
         assert f["saved_copies"] <= TOL, (rank, f["saved_copies"])
         for name in ("plan", "stock"):
             copy, empty, n = f[f"{name}_states"]
-            assert n == (f["held"] if name == "plan" else 2 * 8), (rank, name, n)  # every copy, 2 layers
+            # every copy (2 layers), once per expert-data-parallel rank
+            assert n == (f["held"] if name == "plan" else 2 * 8) * (world // 2), (rank, name, n)
             assert copy <= TOL and empty == 0.0, (rank, name, copy, empty)
             assert f[f"{name}_loss"] <= TOL and f[f"{name}_weights"] <= TOL, (rank, name, f)
             assert not f[f"{name}_missing"], (rank, name, f[f"{name}_missing"])
