@@ -19,7 +19,9 @@ replayed microbatches, window 1 routed in the forward:
   the end of a step (``start_micro`` twice for one microbatch posts each cell once);
 * each microbatch's loss (on stage 1, which holds the last chunk), the final logical expert
   weights and routers equal the unsharded model's (`test_torch_pipeline.reference`) to 1e-5;
-* the same with intra-batch replicas on both stages in every window (hot_n, relibra);
+* the same with intra-batch replicas on both stages in every window (hot_n, relibra), and
+  with hot_n replicas on 6 MoE layers in chunks of 1, 2, 2, 1 (``layers_per_stage``: stage 0
+  holds {0, 3, 4}, stage 1 {1, 2, 5});
 * a stage holding its contiguous share of the layers ({0, 1} / {2, 3}: the split without
   interleaving) is refused on every rank, naming the layers ``topo`` gives it;
 * the hand-written order equals Megatron-Core's (``get_schedule_table`` and
@@ -59,20 +61,30 @@ POLICIES = {
 }
 
 
-def topology():
-    return rp.Topology(EP, EP, EP, SLOTS, pp=PP, vpp=VPP)
+#: layout → (MoE layers, `Topology.layers_per_stage`, each stage's layers, each stage's chunks):
+#: "even" one layer a chunk; "uneven" 6 layers in chunks of 1, 2, 2, 1 (chunk 2 = stage 0's
+#: second, two adjacent layers after a gap)
+LAYOUTS = {
+    "even": (L, None, [[0, 2], [1, 3]], [[[0], [2]], [[1], [3]]]),
+    "uneven": (6, (1, 2, 2, 1), [[0, 3, 4], [1, 2, 5]], [[[0], [3, 4]], [[1, 2], [5]]]),
+}
 
 
-def windows(policy):
-    """The 3 training windows under ``topology()``, each planned (and validated) from the
-    placement the one before left: (plan, window, routed, cu, x, r) each."""
-    shape = rp.ModelShape(num_layers=L, num_experts=E, top_k=K, hidden=H, expert_ffn=I, attention=["full"] * L)
+def topology(layout="even"):
+    return rp.Topology(EP, EP, EP, SLOTS, pp=PP, vpp=VPP, layers_per_stage=LAYOUTS[layout][1])
+
+
+def windows(policy, layout="even"):
+    """The 3 training windows under ``topology(layout)``, each planned (and validated) from
+    the placement the one before left: (plan, window, routed, cu, x, r) each."""
+    nl, topo = LAYOUTS[layout][0], topology(layout)
+    shape = rp.ModelShape(num_layers=nl, num_experts=E, top_k=K, hidden=H, expert_ffn=I, attention=["full"] * nl)
     cost = rp.CostModel.from_model(shape, rp.Hardware.h200())
-    out, prev = [], Placement.static(L, E, topology())
+    out, prev = [], Placement.static(nl, E, topo)
     for w in range(WINDOWS):
-        window, routed, cu, x, r = make_window(w)
-        plan = rp.plan_window(window, topology(), cost, token_cap=CAP, previous=prev, seed=w, policy=policy)
-        out.append((plan.validate(window, topology(), CAP), window, routed, cu, x, r))
+        window, routed, cu, x, r = make_window(w, nl)
+        plan = rp.plan_window(window, topo, cost, token_cap=CAP, previous=prev, seed=w, policy=policy)
+        out.append((plan.validate(window, topo, CAP), window, routed, cu, x, r))
         prev = plan.placement
     return out
 
@@ -102,8 +114,8 @@ def _tag(kind, chunk, micro):
     return (2 * chunk + (kind == "B")) * 1000 + micro
 
 
-def check_vpp(rank, world, device, policy="none"):
-    topo = topology()
+def check_vpp(rank, world, device, policy="none", layout="even"):
+    topo, L = topology(layout), LAYOUTS[layout][0]
     stage, d = divmod(rank, EP)
     ep_groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     pp_groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
@@ -111,8 +123,8 @@ def check_vpp(rank, world, device, policy="none"):
     rank_of = lambda s: s * EP + d  # noqa: E731 (this model replica's rank on stage s)
     bounds, chunks = topo.chunk_bounds(L), PP * VPP
     mine = topo.stage_layers(stage, L)
-    data = windows(POLICIES[policy])  # every rank plans alike
-    w1, w2, router = initial()
+    data = windows(POLICIES[policy], layout)  # every rank plans alike
+    w1, w2, router = initial(L)
     static = Placement.static(L, E, topo)
     layers = [EPMoE(l, E, H, I, topo, static.phy2log[l], group) for l in mine]
     for l, mod in zip(mine, layers):
@@ -196,7 +208,7 @@ def check_vpp(rank, world, device, policy="none"):
     out["w1"] = {m.layer: m.export_logical()[0].numpy() for m in layers}
     out["w2"] = {m.layer: m.export_logical()[1].numpy() for m in layers}
     out["routers"] = {l: rt.detach().numpy().copy() for l, rt in zip(mine, routers)}
-    if policy == "none":
+    if policy == "none" and layout == "even":
         # the split without interleaving (each stage a contiguous half): refused on every rank
         half = list(range(stage * L // PP, (stage + 1) * L // PP))
         fresh = [EPMoE(l, E, H, I, topo, runner.plan.placement.phy2log[l], group) for l in half]
@@ -210,22 +222,28 @@ def check_vpp(rank, world, device, policy="none"):
     return out
 
 
-@pytest.fixture(scope="module", params=["none", "hot_n", "relibra"])
+@pytest.fixture(
+    scope="module",
+    params=[("none", "even"), ("hot_n", "even"), ("relibra", "even"), ("hot_n", "uneven")],
+    ids=lambda p: "-".join(p),
+)
 def run(request):
-    """(replication, windows, results) of one 4-rank interleaved run."""
-    rep = request.param
-    return rep, windows(POLICIES[rep]), run_ranks(check_vpp, 4, rep, join_timeout_s=300, pg_timeout_s=90)
+    """(replication, layout, windows, results) of one 4-rank interleaved run."""
+    rep, layout = request.param
+    results = run_ranks(check_vpp, 4, rep, layout, join_timeout_s=300, pg_timeout_s=90)
+    return rep, layout, windows(POLICIES[rep], layout), results
 
 
 def test_interleaved_pipeline_equals_the_unsharded_model(run):
-    rep, data, results = run
+    rep, layout, data, results = run
+    _, _, stage_layers, stage_chunks = LAYOUTS[layout]
     outs = [results[r] for r in range(4)]
     for w in range(WINDOWS):
         assert len({o["digests"][w] for o in outs}) == 1  # one plan per window on all 4 ranks
     for o in outs:
         # non-adjacent layers: chunk v of stage s is global chunk v * pp + s
-        assert o["layers"] == ([0, 2] if o["stage"] == 0 else [1, 3]), o["layers"]
-        assert o["chunks"] == [[o["stage"]], [o["stage"] + PP]], o["chunks"]
+        assert o["layers"] == stage_layers[o["stage"]], o["layers"]
+        assert o["chunks"] == stage_chunks[o["stage"]], o["chunks"]
         assert all(n % PP == 0 and n >= PP for n in o["num_micro"]), o["num_micro"]  # Megatron's rule
         assert o["rows"] == o["expected_rows"], o  # exactly the plan's rows of the stage's layers
         assert all(n > 0 for n in o["expected_rows"]), o  # every window migrates on every stage
@@ -235,6 +253,7 @@ def test_interleaved_pipeline_equals_the_unsharded_model(run):
             assert max(accumulate(1 if step == "F" else -1 for step, _, _ in order)) >= 2, order
             assert {v for _, _, v in order} == set(range(VPP))
     if rep == "none":
+        assert layout == "even"
         for o in outs:
             held = [0, 2] if o["stage"] == 0 else [1, 3]
             flat = [0, 1] if o["stage"] == 0 else [2, 3]
@@ -260,11 +279,11 @@ def test_interleaved_pipeline_equals_the_unsharded_model(run):
             weight_err = max(weight_err, _rel(o["routers"][l], router[l]))
     copies = [sum(o["copy_bytes"]) for o in outs]
     print(
-        f"pp=2 x vpp=2 x ep=2, {rep}, {len(keys)} microbatch losses: max rel diff {loss_err:.2e}; "
+        f"pp=2 x vpp=2 x ep=2, {layout} chunks, {rep}, {len(keys)} microbatch losses: max rel diff {loss_err:.2e}; "
         f"weights {weight_err:.2e}; replica bytes received per rank {copies}"
     )
     assert loss_err <= TOL and weight_err <= TOL
-    assert _rel(initial()[0], w1) > 1e-3  # the weights moved
+    assert _rel(initial(len(w1))[0], w1) > 1e-3  # the weights moved
 
 
 @pytest.mark.parametrize("n", [2, 4, 6])
