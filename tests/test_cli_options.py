@@ -45,6 +45,8 @@ SMALL = replace(
 #: A second small profile (other shapes), to see --profile reach the run.
 OTHER = replace(SMALL, name="small-other", num_layers=2, attention=("linear", "full"), samples=64)
 POLICIES = ["--policy", "static", "--policy", "eplb", "--policy", "routepack"]
+#: a token cap some of SMALL's samples (up to 9.4k tokens at seed 0) are longer than
+OVER_CAP = 6000
 SWEEP = ["--placements", "static", "routepack", "--packings", "kk", "--replications", "none"]
 
 
@@ -156,6 +158,8 @@ def _changes(tmp_path: Path, mode: str) -> Dict[str, List[str]]:
         "--cost": [cost_file(tmp_path, c_tok=SMALL.cost().c_tok * 3)],
         "--npz": npz_files(tmp_path),
     }
+    if mode != "demo":
+        out["--token-cap"] = ["12000"]  # over SMALL's samples (at most 9.4k tokens at seed 0): more microbatches
     if mode in ("demo", "bench"):
         out["--policy"] = ["static", "--policy", "relibra"]
     else:
@@ -222,6 +226,10 @@ def test_file_options_write_their_file_and_only_then(capsys, tmp_path, monkeypat
         (["bench", "--loads", "window"], ["--loads needs --sweep"]),
         (["demo", "--npz", "a.npz", "b.npz", "--windows", "3"], ["--windows", "--npz"]),
         (["bench", "--sweep", "--npz", "a.npz", "b.npz", "--windows", "3"], ["--windows", "--npz"]),
+        (["bench", "--cp", "2"], ["--cp needs --oversize split"]),
+        (["bench", "--oversize", "alone", "--cp", "2"], ["--cp needs --oversize split"]),
+        (["bench", "--sweep", "--oversize", "split"], ["--oversize split needs --cp"]),
+        (["bench", "--profile", "small-test", "--oversize", "split", "--cp", "3"], ["--cp 3", "must divide ep = 4"]),
     ],
 )
 def test_options_the_mode_does_not_read_are_refused(capsys, argv, fragments):
@@ -415,3 +423,32 @@ def test_measure_refuses_before_measuring(capsys, tmp_path, fake_measure, args, 
     args = [cost_file(tmp_path) if a == "COST" else a for a in args]
     refused(capsys, ["measure", *args], *fragments)
     assert fake_measure == []
+
+
+@pytest.mark.parametrize("mode", ["bench", "sweep"])
+def test_samples_over_the_cap_are_refused_or_planned_as_oversize_says(capsys, mode):
+    """Under a cap some samples exceed, the run refuses naming both ways out; ``--oversize
+    alone`` and ``--oversize split --cp 2`` plan them (each reaching the plans: their tables
+    differ from each other), and the header and the JSON say so."""
+    base = _with(MODES[mode], "--token-cap", str(OVER_CAP))
+    got = run(capsys, base)
+    assert got["rc"] == 2 and 'oversize="alone"' in got["err"] and "Traceback" not in got["err"], got["err"]
+    outs = {}
+    for extra in (["--oversize", "alone"], ["--oversize", "split", "--cp", "2"]):
+        got = run(capsys, base + extra)
+        assert got["rc"] == 0, (extra, got["err"])
+        assert f"cap={OVER_CAP}, oversize={extra[1]}" in " ".join(got["out"].split()), got["out"]
+        outs[extra[1]] = tables(got["out"])
+    assert outs["alone"] != outs["split"]
+
+
+def test_the_json_records_the_cap_and_the_oversize_mode(capsys, tmp_path):
+    path = tmp_path / "r.json"
+    argv = MODES["bench"] + ["--token-cap", str(OVER_CAP), "--oversize", "split", "--cp", "2", "--json", str(path)]
+    got = run(capsys, argv)
+    assert got["rc"] == 0, got["err"]
+    data = json.loads(path.read_text())
+    assert (data["token_cap"], data["oversize"], data["cp"]) == (OVER_CAP, "split", 2)
+    base = tmp_path / "base.json"
+    assert run(capsys, MODES["bench"] + ["--json", str(base)])["rc"] == 0
+    assert not {"token_cap", "oversize", "cp"} & set(json.loads(base.read_text()))  # the profile's cap

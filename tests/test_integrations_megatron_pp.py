@@ -5,9 +5,9 @@ Megatron's DDP and optimizer), every step run by Megatron's own 1F1B schedule
 (``get_forward_backward_func()`` = ``forward_backward_pipelining_without_interleaving``,
 microbatches of different lengths: ``variable_seq_lengths``) over >= 2 microbatches a DP rank.
 Three windows of plans by `routepack.plan_window` (EPLB placement with redundant experts,
-routepack's packing, no replicas: they are refused under a pipeline) migrate experts of every
-layer in every window; next to it, the stock model (Megatron's ``MoELayer``, static placement)
-on the same data:
+routepack's packing; without replicas, and with ``hot_n`` replicas in every cell) migrate
+experts of every layer in every window; next to it, the stock model (Megatron's ``MoELayer``,
+static placement) on the same data:
 
 * every plan validates (the planner and the runner check), the digest of each window's plan is
   the same on all 4 ranks (both stages), each stage's runner holds its own MoE layers and
@@ -17,8 +17,13 @@ on the same data:
   equal the stock model's to 1e-5;
 * a checkpoint (Megatron's ``dist_checkpointing``) saved under one placement loads under
   another, and into the stock model, with the same next losses;
-* refused on every rank, nothing moved: a plan with replicas (the named error), stages holding
-  different plans (one digest per window), a plan one stage refuses.
+* with replicas (2 replica buffers a rank): losses, grad norms and weights equal the stock
+  model's to 1e-5 too, every (micro, layer) cell of both stages has copies that received
+  tokens, and the first stage, which runs the forward of micro m + 1 before the backward of
+  micro m, put micro m's copies back before its experts' backward; without that the weights
+  drift from the stock model's (checked: the test can fail);
+* refused on every rank, nothing moved: a plan with more copies than the layers' replica
+  buffers, stages holding different plans (one digest per window), a plan one stage refuses.
 
 CUDA-only calls are stood in for by tests/megatron_cpu.py (the only place; each with its reason)."""
 
@@ -48,12 +53,15 @@ TOL = 1e-5
 #: EPLB's placement (redundant copies of the window's hot experts, moved every window),
 #: routepack's packing, no intra-batch replicas
 POLICY = rp.Policy(placement="eplb", packing="routepack", replication="none", loads="window")
+#: the same with intra-batch replicas of the hot experts in every (micro, layer) cell
+REPLICA_POLICY = rp.Policy(placement="eplb", packing="routepack", replication="hot_n", loads="window")
 
 
-def _case(pp, ep):
+def _case(pp, ep, replica_slots=0):
     """pp stages of 2 MoE layers (pp = 2: dp = ep = 2; pp = 3: dp = ep = 1, a middle stage),
-    2 redundant slots a layer; token_cap 24 a DP rank of 2, 48 alone: >= pp microbatches
-    (samples of 4-23 tokens)."""
+    2 redundant slots a layer, ``replica_slots`` replica buffers a rank (0: plans without
+    replicas); token_cap 24 a DP rank of 2, 48 alone: >= pp microbatches (samples of 4-23
+    tokens)."""
     import megatron_selfcheck as ms
 
     return ms.MegatronCase(
@@ -63,8 +71,8 @@ def _case(pp, ep):
         pp=pp,
         layers=2 * pp,
         slots_per_rank=10 // ep,
-        replica_slots=0,
-        replicas=False,
+        replica_slots=replica_slots,
+        replicas=replica_slots > 0,
         token_cap=48 // ep,
     )
 
@@ -198,10 +206,14 @@ def check_refusals(case, dp_rank, plans):
     plan0, _, window0, _, _ = plans(0, static)
     plan1, _, window1, _, _ = plans(1, static)
     errors = {}
-    # intra-batch replicas: routepack's full policy copies hot experts into every cell
-    replicated = ms.planned(case)(0, static)[0]
+    # intra-batch replicas on layers built without replica buffers (replica_slots=0)
+    replicated = ms.planned(case, REPLICA_POLICY)(0, static)[0]
     errors["replicas_size"] = int(replicated.replicas.size)
     errors["replicas"] = _raised(lambda: runner.begin_window(replicated, window0, opt))
+    # ... and on any layers when Megatron reruns the MoE layers' forward in backward
+    runner.config.recompute_granularity = "full"
+    errors["recompute"] = _raised(lambda: runner.begin_window(replicated, window0, opt))
+    runner.config.recompute_granularity = None
     # stage 1 holds window 1's plan, stage 0 window 0's: each valid, each stage's EP group agrees
     mine, window = (plan0, window0) if stage == 0 else (plan1, window1)
     errors["stages_differ"] = _raised(lambda: runner.begin_window(mine, window, opt))
@@ -280,7 +292,8 @@ def test_pp2_ep2_plans_equal_stock_model():
             assert np.allclose(f[name], f["next_loss"], rtol=0, atol=TOL), (rank, name, f[name], f["next_loss"])
         e = f["errors"]
         assert e["replicas_size"] > 0
-        assert e["replicas"].startswith("InvalidPlanError") and "pipeline parallelism" in e["replicas"], e
+        assert e["replicas"].startswith("InvalidPlanError: plan.replicas") and "replica_slots=0" in e["replicas"], e
+        assert e["recompute"].startswith("RoutepackError: config.recompute_granularity='full'"), e
         assert (
             e["stages_differ"].startswith("InvalidPlanError")
             and "pipeline stages hold different plans" in (e["stages_differ"])
@@ -315,3 +328,90 @@ def test_pp3_middle_stage_plans_equal_stock_model():
     forward_step_func reads the data iterator like the others (the planned microbatch)."""
     out = run_ranks(check_pipeline, 3, None, 3, 1, join_timeout_s=600, pg_timeout_s=180)
     _assert_trained(out, 3)
+
+
+def check_replicas(rank, world, device, pp, ep, restore):
+    """Trains the stock model and the planned one with replicas (``REPLICA_POLICY``) under
+    Megatron's 1F1B; ``restore=False`` disables the backward's restore of the copies (what
+    the test shows is needed)."""
+    megatron_cpu.install(optimizers=True)
+    from megatron.core import parallel_state
+
+    import megatron_selfcheck as ms
+    from routepack.integrations import megatron as rm
+    from routepack.torch.broadcast import digest_int
+
+    if not restore:  # the forwards still fill the buffers; the backwards leave them as they are
+        rm.MegatronRunner.restore_replicas = lambda self, layer, micro: None
+    parallel_state.initialize_model_parallel(pipeline_model_parallel_size=pp, expert_model_parallel_size=ep)
+    case = _case(pp, ep, replica_slots=2)
+    dp_rank = parallel_state.get_data_parallel_rank()
+    plans = ms.planned(case, REPLICA_POLICY)  # each plan validated against its window
+    seen = {"digests": [], "num_micro": [], "cells": [], "copy_tokens": [], "received_ok": [], "bytes": []}
+
+    def record(w, ddp, opt, runner):
+        plan = runner.plan
+        mine = [m.moe_index for m in runner.layers]
+        seen["layers"] = mine
+        seen["digests"].append(digest_int(plan))
+        seen["num_micro"].append(plan.num_micro)
+        r = plan.replicas[np.isin(plan.replicas["layer"], mine)]
+        seen["cells"].append(sorted({(int(m), int(l)) for m, l in zip(r["micro"], r["layer"])}))
+        runner.recording = True
+        runner.restores = 0
+
+    def after(w, ddp, opt, runner):
+        pred = runner.predicted_received()[:, seen["layers"]]
+        got = np.zeros_like(pred)
+        spr = case.slots_per_rank
+        copies = {}  # (micro, layer) -> tokens this rank's replica buffers computed
+        for (m, l), counts in runner.received.items():
+            got[m, seen["layers"].index(l)] = sum(counts)
+            copies[(m, l)] = sum(counts[spr:])
+        seen["received_ok"].append(bool(np.array_equal(got, pred)) and len(runner.received) == pred.size)
+        seen["copy_tokens"].append(sorted(copies.items()))
+        ex = runner.exchange
+        seen["bytes"].append((ex.sent_bytes, ex.received_bytes, runner.restores))
+
+    static = ms.train(case, False, dp_rank, plans=plans)
+    planned = ms.train(case, True, dp_rank, plans=plans, before_step=record, after_window=after)
+    out = {"stage": parallel_state.get_pipeline_model_parallel_rank(), "cmp": ms.compare(static, planned)}
+    out.update(seen)
+    return out
+
+
+def test_pp2_ep2_replicas_equal_stock_model():
+    """pp = 2 x ep = 2 with ``hot_n`` replicas in every (micro, layer) cell, >= 3 microbatches
+    a step under 1F1B (the first stage holds 2 in flight): every stage's copies ran, the first
+    stage put back earlier microbatches' copies before their experts' backward, and the model
+    equals the stock one. With that restore disabled it does not (the check can fail)."""
+    out = run_ranks(check_replicas, 4, 2, 2, True, join_timeout_s=600, pg_timeout_s=180)
+    digests = {tuple(f["digests"]) for f in out.values()}
+    assert len(digests) == 1 and len(set(next(iter(digests)))) == 3, digests
+    for rank, f in sorted(out.items()):
+        c = f["cmp"]
+        assert c["missing"] == 0 and c["loss"] <= TOL and c["weights"] <= TOL and c["grad_norm"] <= TOL, (rank, c)
+        assert all(m >= 2 for m in f["num_micro"]), (rank, f["num_micro"])
+        assert f["received_ok"] == [True] * 3, (rank, f["received_ok"])
+        for w, cells in enumerate(f["cells"]):  # copies in both layers of the stage, in >= 2 microbatches
+            assert {l for _, l in cells} == set(f["layers"]) and len({m for m, _ in cells}) >= 2, (rank, w, cells)
+        sent, received, restores = zip(*f["bytes"])
+        assert all(b > 0 for b in sent + received), (rank, f["bytes"])
+        if f["stage"] == 0:  # 1F1B: forward of micro m + 1 before the backward of micro m, every step
+            assert all(n > 0 for n in restores), (rank, restores)
+        print(f"rank {rank} stage {f['stage']}: {c}, micro {f['num_micro']}, (sent, received, restores) {f['bytes']}")
+    for stage in (0, 1):  # every window, the copies of each layer of the stage computed tokens
+        ranks = [f for f in out.values() if f["stage"] == stage]
+        for w in range(3):
+            tokens = {l: 0 for l in ranks[0]["layers"]}
+            for f in ranks:
+                for (m, l), n in f["copy_tokens"][w]:
+                    tokens[l] += n
+            assert all(n > 0 for n in tokens.values()), (stage, w, tokens)
+    broken = run_ranks(check_replicas, 4, 2, 2, False, join_timeout_s=600, pg_timeout_s=180)
+    worst = max(f["cmp"]["weights"] for f in broken.values())
+    print(
+        f"without the backward's restore: weights differ by {worst:.2e}, losses by "
+        f"{max(f['cmp']['loss'] for f in broken.values()):.2e}"
+    )
+    assert worst > 100 * TOL, worst

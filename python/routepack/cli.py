@@ -36,7 +36,7 @@ import time
 import zipfile
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, NoReturn, Optional
+from typing import Any, Callable, Dict, Iterable, List, NoReturn, Optional, Tuple
 
 from routepack import __version__, progress, traces
 from routepack._cliargs import UsageError, count, load_cost, writable
@@ -51,6 +51,8 @@ from routepack.compare import (
     summarise,
 )
 from routepack.errors import RoutepackError
+from routepack.model import Topology
+from routepack.oversize import OVERSIZE_MODES
 from routepack.stages.registry import PACKINGS, PLACEMENTS, REPLICATIONS
 from routepack.sweep import combinations, format_sweep, sweep, sweep_policies
 from routepack.tables import fill
@@ -66,6 +68,14 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _oversize_note(args: argparse.Namespace) -> str:
+    """The header's words for ``--oversize`` / ``--cp`` ("" without them)."""
+    mode = getattr(args, "oversize", None)
+    if mode is None:
+        return ""
+    return f", oversize={mode}" + (f" over cp={args.cp}" if mode == "split" else "")
 
 
 def _load_windows(args: argparse.Namespace, prof: traces.Profile) -> List[Window]:
@@ -101,7 +111,8 @@ def _load_windows(args: argparse.Namespace, prof: traces.Profile) -> List[Window
         fill(
             f"profile {prof.name}: L={prof.num_layers}, E={prof.num_experts}, top-{prof.top_k}, "
             f"dp={prof.dp} ep={prof.ep} gpus/node={prof.gpus_per_node} slots/rank={prof.slots_per_rank}, "
-            f"cap={prof.token_cap}; {src} ({windows[0].num_samples} samples) in {time.perf_counter() - t0:.1f} s",
+            f"cap={getattr(args, 'token_cap', None) or prof.token_cap}{_oversize_note(args)}; {src} "
+            f"({windows[0].num_samples} samples) in {time.perf_counter() - t0:.1f} s",
             indent="  ",
         ),
         flush=True,
@@ -146,6 +157,8 @@ def _record(args: argparse.Namespace, prof: Any, windows: List[Window], cost: An
         "windows": len(windows) - 1,
         "cost_model_name": _cost_name(args),
         "cost_model": asdict(cost),
+        # the cap and the oversize mode where the options set them (the profile's cap otherwise)
+        **{k: getattr(args, k) for k in ("token_cap", "oversize", "cp") if getattr(args, k, None) is not None},
     }
 
 
@@ -189,6 +202,24 @@ def _paths(args: argparse.Namespace) -> Dict[str, Optional[Path]]:
     }
 
 
+def _plan_args(args: argparse.Namespace, prof: traces.Profile) -> Tuple[Topology, int, Dict[str, Any]]:
+    """(topology, token cap, plan_window options) of a bench run: the profile's, with the cap,
+    the oversize mode and the context-parallel size the options give."""
+    topo = prof.topology()
+    if getattr(args, "cp", None) is not None:
+        try:
+            topo = replace(topo, cp=args.cp)
+        except RoutepackError as e:
+            raise UsageError(f"--cp {args.cp}: {e}") from None
+    options: Dict[str, Any] = {}
+    if args.anneal_moves is not None:
+        options["anneal_moves"] = args.anneal_moves
+    if getattr(args, "oversize", None) is not None:
+        options["oversize"] = args.oversize
+    cap = getattr(args, "token_cap", None)
+    return topo, prof.token_cap if cap is None else cap, options
+
+
 def _run_sweep(args: argparse.Namespace) -> int:
     """``routepack bench --sweep`` (and ``benches/sweep.py``)."""
     prof = traces.profile(args.profile)
@@ -198,16 +229,16 @@ def _run_sweep(args: argparse.Namespace) -> int:
     except RoutepackError as e:
         raise UsageError(str(e)) from None
     cost = _bench_cost(args, prof)
+    topo, cap, options = _plan_args(args, prof)
     windows = _load_windows(args, prof)
     policies = sweep_policies(combos)
     bar = progress.bar((len(windows) - 1) * len(policies), "plan", "sweep", not args.quiet)
-    options = {} if args.anneal_moves is None else {"anneal_moves": args.anneal_moves}
     try:
         result = sweep(
             windows,
-            prof.topology(),
+            topo,
             cost,
-            prof.token_cap,
+            cap,
             args.placements,
             args.packings,
             args.replications,
@@ -243,19 +274,17 @@ def _run(args: argparse.Namespace) -> int:
     prof = traces.profile(args.profile)
     paths = _paths(args)
     cost = _bench_cost(args, prof)
+    topo, cap, options = _plan_args(args, prof)
     windows = _load_windows(args, prof)
     policies = args.policy or available_presets()
     baseline = "static" if "static" in policies else policies[0]
     bar = progress.bar((len(windows) - 1) * len(policies), "plan", args.command, not args.quiet)
-    options = {}
-    if args.anneal_moves is not None:
-        options["anneal_moves"] = args.anneal_moves
     try:
         rows = compare(
             windows,
-            prof.topology(),
+            topo,
             cost,
-            prof.token_cap,
+            cap,
             policies,
             seed=args.seed,
             progress=_ticker(bar),
@@ -266,7 +295,7 @@ def _run(args: argparse.Namespace) -> int:
     summary = summarise(rows, baseline)
     vs = ratios(rows)
     winners = best_of(rows)
-    notes = baseline_notes(prof.topology(), windows[0].num_experts, cost.expert_groups, policies)
+    notes = baseline_notes(topo, windows[0].num_experts, cost.expert_groups, policies)
     print()
     print(
         fill(
@@ -362,6 +391,26 @@ def _bench_parser(sub: Any, name: str, helptext: str) -> argparse.ArgumentParser
     )
     p.add_argument("--json", default=None, help="also write the results as JSON to this file (default: none)")
     p.add_argument(
+        "--token-cap",
+        type=count(1),
+        default=None,
+        dest="token_cap",
+        help="tokens a microbatch may hold (default: the profile's); set it to your trainer's cap with --npz",
+    )
+    p.add_argument(
+        "--oversize",
+        choices=OVERSIZE_MODES,
+        default=None,
+        help="a sample longer than the cap: refuse it (the default), run it alone in a microbatch, or split it "
+        "over a context-parallel group of --cp ranks",
+    )
+    p.add_argument(
+        "--cp",
+        type=count(2),
+        default=None,
+        help="with --oversize split: the context-parallel group size (a divisor of the profile's EP size)",
+    )
+    p.add_argument(
         "--results",
         default=None,
         help="also write a Markdown results page to this file (routepack.results; default: none)",
@@ -428,6 +477,10 @@ def _check(args: argparse.Namespace) -> Optional[str]:
                 if getattr(args, flag):
                     return f"--{flag} does not apply with --sweep ({why})"
         args.loads = args.loads or "window"
+        if args.cp is not None and args.oversize != "split":
+            return "--cp needs --oversize split (a context-parallel group serves only split samples)"
+        if args.oversize == "split" and args.cp is None:
+            return "--oversize split needs --cp (the context-parallel group size to split over)"
     if args.command == "calibrate":
         from routepack.cli_calibrate import check
 

@@ -67,14 +67,15 @@ def topology():
     return rp.Topology(EP, EP, EP, SLOTS, pp=PP)
 
 
-def make_window(w):
+def make_window(w, num_layers=L):
     """Window ``w``: (Window, routed ``[T, L, k]``, cu, inputs ``[T, H]``, cotangents ``[T, H]``);
-    each layer's experts drawn from a skewed popularity that changes between windows."""
+    each layer's experts drawn from a skewed popularity that changes between windows (L:
+    ``num_layers``)."""
     rng = np.random.default_rng([35, w])
     lens = rng.integers(4, 16, size=SAMPLES)
     cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-    routed = np.zeros((int(cu[-1]), L, K), dtype=np.int32)
-    for l in range(L):
+    routed = np.zeros((int(cu[-1]), num_layers, K), dtype=np.int32)
+    for l in range(num_layers):
         pop = rng.dirichlet(np.full(E, 0.3))
         for t in range(routed.shape[0]):
             routed[t, l] = rng.choice(E, size=K, replace=False, p=pop)
@@ -102,13 +103,14 @@ def windows(policy=POLICY):
     return out
 
 
-def initial():
-    """Logical weights ``w1 [L, E, H, 2I]``, ``w2 [L, E, I, H]``, routers ``[L, H, E]``."""
+def initial(num_layers=L):
+    """Logical weights ``w1 [L, E, H, 2I]``, ``w2 [L, E, I, H]``, routers ``[L, H, E]`` (L:
+    ``num_layers``)."""
     g = torch.Generator().manual_seed(7)
     return (
-        torch.randn(L, E, H, 2 * I, generator=g) / H**0.5,
-        torch.randn(L, E, I, H, generator=g) / I**0.5,
-        torch.randn(L, H, E, generator=g) / H**0.5,
+        torch.randn(num_layers, E, H, 2 * I, generator=g) / H**0.5,
+        torch.randn(num_layers, E, I, H, generator=g) / I**0.5,
+        torch.randn(num_layers, H, E, generator=g) / H**0.5,
     )
 
 
@@ -126,8 +128,10 @@ def tokens(mb, cu):
 
 def reference(data):
     """The unsharded model in this process: every DP rank's microbatches, one Adam step a
-    window. Returns (losses ``{(w, dp rank, micro): loss}``, w1, w2, routers)."""
-    w1, w2, router = (t.clone().requires_grad_(True) for t in initial())
+    window (as many MoE layers as the plans). Returns (losses ``{(w, dp rank, micro): loss}``,
+    w1, w2, routers)."""
+    num_layers = data[0][0].placement.num_layers
+    w1, w2, router = (t.clone().requires_grad_(True) for t in initial(num_layers))
     opt = torch.optim.Adam([w1, w2, router], lr=LR)
     losses = {}
     for w, (plan, window, routed, cu, x, r) in enumerate(data):
@@ -136,7 +140,7 @@ def reference(data):
             for mb in rank_microbatches(plan, routed, d, cu, dp=EP):
                 tok, ids = tokens(mb, cu), mb.routed.long()
                 h = x[tok]
-                for l in range(L):
+                for l in range(num_layers):
                     h = block(h, ids[:, l], router[l], lambda a, i, g: dense_moe(a, i, g, w1[l], w2[l]))
                 loss = (h * r[tok]).sum()
                 losses[(w, d, mb.micro)] = float(loss.detach())

@@ -5,7 +5,7 @@ replica_slots)``, so Megatron's own token dispatcher (all-to-all or all-gather) 
 module (``SequentialMLP``, ``GroupedMLP``, ``TEGroupedMLP``) run unchanged on the physical
 experts; local expert ``i < slots_per_rank`` of EP rank r is the plan's slot
 ``r * slots_per_rank + i``, the ``replica_slots`` after it are buffers for the microbatch's
-intra-batch replica copies. Two things differ from the stock layer:
+intra-batch replica copies. Three things differ from the stock layer:
 
 * its router is the stock router class (``TopKRouter``, RouterReplay and verl's patch
   included) built over the E logical experts (the model config's ``num_moe_experts``), so
@@ -18,7 +18,17 @@ intra-batch replica copies. Two things differ from the stock layer:
   chains, `routepack.torch.ReplicaExchange`), its backward, which runs after the experts'
   weight gradients have accumulated (``main_grad`` under Megatron's DDP), sends the copies'
   gradients home and, in the step's last microbatch, sums redundant experts over the EP group
-  (`routepack.integrations._megatron_grads`).
+  (`MegatronRunner.after_backward`);
+* under a pipeline schedule a stage runs the forward of later microbatches before the
+  backward of earlier ones (1F1B), and each forward fills the one set of replica buffers with
+  its own copies. The experts' backward reads the buffers' weights again (the input
+  gradient), and writes through ``.data`` leave autograd's version counters alone, so nothing
+  would catch it reading a later microbatch's copies. A second node (`_SlotRestore`) on the
+  experts' output therefore has, in its backward (which runs just before the experts', in the
+  same thread and stream), the runner put the microbatch's own copies back when another's are
+  there (`MegatronRunner.restore_replicas`; the runner keeps each microbatch's received copies
+  from its forward to its backward). The microbatch is the one the forward ran, kept in both
+  nodes' autograd context, whatever microbatch is current when the backward runs.
 
 Without a `routepack.integrations.megatron.MegatronRunner` the layer routes by its placement
 (initially the static one) and computes the logical model's function.
@@ -113,6 +123,21 @@ class _SlotLink(torch.autograd.Function):
         if ctx.runner is not None and ctx.micro is not None:
             ctx.runner.after_backward(ctx.layer, ctx.micro)
         return grad, None
+
+
+class _SlotRestore(torch.autograd.Function):
+    """Identity on the experts' output: its backward, which runs just before the experts'
+    backward, puts this microbatch's copies back into the replica buffers (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, out, layer, micro):  # type: ignore[override]
+        ctx.layer, ctx.micro = layer, micro
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        ctx.layer.runner.restore_replicas(ctx.layer, ctx.micro)
+        return grad, None, None
 
 
 class PlanMoELayer(MoELayer):
@@ -216,6 +241,9 @@ class PlanMoELayer(MoELayer):
             self.runner.note_received(self, tokens_per_expert)
         dispatched_input = _SlotLink.apply(dispatched_input, self)
         expert_output, mlp_bias = self.experts(dispatched_input, tokens_per_expert, permuted_probs)
+        micro = self.slot_map.micro
+        if self.runner is not None and self.runner.exchange is not None and micro is not None:
+            expert_output = _SlotRestore.apply(expert_output, self, micro)
         assert mlp_bias is None, f"mlp_bias is not supported for {type(self.token_dispatcher)}"
         return self.token_dispatcher.combine_preprocess(expert_output), mlp_bias
 

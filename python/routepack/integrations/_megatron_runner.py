@@ -34,7 +34,7 @@ from routepack.plan import Plan
 from routepack.torch import _args
 from routepack.torch.broadcast import default_device, digest_int, group_peers
 from routepack.torch.migrate import MigrationReport, migrate_slots
-from routepack.torch.pipeline import agree_stages, refuse_replicas, stage_plan
+from routepack.torch.pipeline import agree_stages, stage_plan
 from routepack.torch.replicate import ReplicaExchange
 from routepack.torch.routes import cell_origins
 from routepack.torch.slot_link import redundant_experts
@@ -102,6 +102,15 @@ def _num_moe_layers(config: Any) -> int:
     return sum(1 for i in range(config.num_layers) if i % freq == 0) if isinstance(freq, int) else int(sum(freq))
 
 
+def _recomputes_moe(config: Any) -> bool:
+    """Whether Megatron reruns the MoE layers' forward in backward (full recompute, or
+    selective recompute of ``"moe"``)."""
+    granularity = getattr(config, "recompute_granularity", None)
+    return granularity == "full" or (
+        granularity == "selective" and "moe" in (getattr(config, "recompute_modules", None) or [])
+    )
+
+
 def _check_groups(chunks: List[Any]) -> None:
     """Megatron's ``TransformerLayer`` hands its ``pg_collection`` only to ``MoELayer`` itself,
     so a `PlanMoELayer` takes the default groups: refuse a layer whose own groups differ."""
@@ -158,11 +167,13 @@ class MegatronRunner:
     pipeline size; this stage must hold the MoE layers ``topo.stage_layers`` gives it).
     ``timeout`` bounds every wait of migration and replication.
 
-    Under a pipeline (pp > 1) each stage carries out the plan's rows of its own layers; intra-
-    batch replicas are refused (a stage keeps several microbatches in flight, the replica
-    buffers hold one), and so is the interleaved schedule (virtual pipeline). Every stage's
-    ``forward_step_func`` must take its microbatch from the data iterator (``next()``), the
-    middle stages' too: `finish_step` raises when a stage ran no planned microbatch."""
+    Under a pipeline (pp > 1) each stage carries out the plan's rows of its own layers,
+    intra-batch replicas included: with several microbatches in flight (1F1B) the runner keeps
+    each one's copies from its forward to its backward and puts them back into the replica
+    buffers before its experts' backward (`restore_replicas`). The interleaved schedule
+    (virtual pipeline) is refused. Every stage's ``forward_step_func`` must take its
+    microbatch from the data iterator (``next()``), the middle stages' too: `finish_step`
+    raises when a stage ran no planned microbatch."""
 
     def __init__(self, model: Any, topo: Any, timeout: datetime.timedelta = datetime.timedelta(seconds=120)) -> None:
         if not isinstance(topo, Topology):
@@ -214,6 +225,12 @@ class MegatronRunner:
         self._backwards = [0] * len(mods)
         self._completed = [0] * len(mods)  # planned steps each layer completed since the last finish_step
         self._filled: set = set()
+        #: (micro, layer position) → the copies this rank received for that cell (flat, buffer
+        #: order), from the forward until the backward; the microbatch whose copies each layer's
+        #: buffers hold now; how often a backward put its copies back (tests)
+        self._copies: Dict[Tuple[int, int], List[torch.Tensor]] = {}
+        self._loaded: Dict[int, int] = {}
+        self.restores = 0
         #: with ``recording``, ``received[(micro, moe layer)]`` holds the tokens each local
         #: Megatron expert received in the last forward of that cell (a host copy per layer: tests)
         self.recording = False
@@ -240,8 +257,13 @@ class MegatronRunner:
                 f"{self.num_moe_layers} MoE layers of {E} experts"
             )
         plan.validate(window, self.topo, _NO_CAP if token_cap is None else positive_int(token_cap, "token_cap"))
-        refuse_replicas(plan, self.pp_group is not None or len(self.layers) != self.num_moe_layers)
         local = self._local_plan(plan)
+        if local.replicas.size and self.pp_group is not None and _recomputes_moe(self.config):
+            raise RoutepackError(
+                f"config.recompute_granularity={self.config.recompute_granularity!r}: recomputing the MoE layers "
+                "in backward under a pipeline reruns a microbatch's routing and replica copies while a later "
+                "microbatch is current; plan with replication='none' or recompute other modules"
+            )
         for i, m in enumerate(self.layers):
             for micro in range(plan.num_micro):
                 where = f"(group {self.group_index}, micro {micro}, layer {m.moe_index})"
@@ -325,7 +347,8 @@ class MegatronRunner:
             m.set_placement(local.placement.phy2log[i], origins.sum(axis=0)[:, l], cells)
         self.plan, self._window = plan, window
         self.received = {}
-        self.exchange = self._make_exchange(plan) if plan.replicas.size else None
+        self.exchange = self._make_exchange(local) if local.replicas.size else None
+        self._copies, self._loaded = {}, {}
         self._mark_copies(optimizer)
         self._backwards = [0] * len(self.layers)
         self._completed = [0] * len(self.layers)
@@ -340,8 +363,10 @@ class MegatronRunner:
         agree_stages(err, digest, self.group, self.pp_group, device, self.timeout)
         return device
 
-    def _make_exchange(self, plan: Plan) -> _Exchange:
-        r = plan.replicas
+    def _make_exchange(self, local: Plan) -> _Exchange:
+        """The exchange of this stage's rows (``local``: `_local_plan`, layer = position in
+        ``layers``, as `_Exchange` indexes them)."""
+        r = local.replicas
         idx: Dict[Tuple[int, int], List[int]] = {}
         for i in np.flatnonzero(r["group"] == self.group_index).tolist():
             idx.setdefault((int(r[i]["micro"]), int(r[i]["layer"])), []).append(i)
@@ -391,6 +416,7 @@ class MegatronRunner:
         """Leaves planned microbatches: later forwards (evaluation, log-probs) route by the
         window's default table."""
         self.micro = None
+        self._copies, self._loaded = {}, {}
         for m in self.layers:
             m.slot_map.micro = None
 
@@ -412,13 +438,35 @@ class MegatronRunner:
 
     def fill_replicas(self, layer: PlanMoELayer, micro: int) -> None:
         """Forward of ``layer`` in ``micro``: its replica buffers receive the cell's copies
-        (once per microbatch: a recomputed forward finds them there)."""
-        if self.exchange is None or (micro, layer.moe_index) in self._filled:
+        (received once per microbatch: a recomputed forward finds them kept), which are kept
+        until the microbatch's backward (`restore_replicas`, `after_backward`)."""
+        if self.exchange is None:
             return
-        self._filled.add((micro, layer.moe_index))
         i = self.layers.index(layer)
-        for j, buf in enumerate(self.exchange.weights(i)):
+        if (micro, layer.moe_index) not in self._filled:
+            self._filled.add((micro, layer.moe_index))
+            self._copies[(micro, i)] = list(self.exchange.weights(i))
+            self._loaded.pop(i, None)
+        self._load_copies(layer, i, micro)
+
+    def restore_replicas(self, layer: PlanMoELayer, micro: int) -> None:
+        """Backward of ``layer`` in ``micro``, just before its experts' backward (`_SlotRestore`):
+        puts ``micro``'s copies back into the replica buffers if a later microbatch's forward
+        has filled them since (pipeline schedules), so the experts' backward reads the weights
+        its forward computed with."""
+        self.restores += int(self._load_copies(layer, self.layers.index(layer), micro))
+
+    def _load_copies(self, layer: PlanMoELayer, i: int, micro: int) -> bool:
+        """Writes ``micro``'s kept copies into the buffers of ``layer`` (position ``i``) unless
+        they hold them now; True when it wrote. Through ``.data``, between autograd's uses of
+        the buffers (a forward, or the experts' backward, of one microbatch)."""
+        copies = self._copies.get((micro, i))
+        if copies is None or self._loaded.get(i) == micro:
+            return False
+        for j, buf in enumerate(copies):
             layer.pieces.set_weights(layer.slots_per_rank + j, buf)
+        self._loaded[i] = micro
+        return True
 
     def after_backward(self, layer: PlanMoELayer, micro: int) -> None:
         """Backward of ``layer`` in ``micro``, after its experts' weight gradients accumulated:
@@ -428,6 +476,7 @@ class MegatronRunner:
         i = self.layers.index(layer)
         spr = layer.slots_per_rank
         if self.exchange is not None:
+            self._copies.pop((micro, i), None)
             view = self.views[i]
             got = self.exchange.exchange_copy_grads(micro, i, view)
             held = sum(len(ch.mine) for ch in self.exchange._chains(micro, i))

@@ -13,10 +13,11 @@ Under pipeline parallelism (``topo.pp > 1``) a rank holds the MoE layers of its 
 * carries out the rows of its own layers only (`stage_plan`): their placement rows and their
   migration and replica rows, renumbered in the stage's layer order.
 
-Intra-batch replicas run under a pipeline in `routepack.torch.PlanRunner`: a stage keeps
-several microbatches in flight, and its `ReplicaExchange` keys copies and chains by microbatch
-(`routepack.torch.replicate`). `MegatronRunner` still refuses them (`refuse_replicas`): its
-schedule's in-flight microbatches are not tested with replicas.
+Intra-batch replicas run under a pipeline in both runners: a stage keeps several
+microbatches in flight, and its `ReplicaExchange` keys copies and chains by microbatch
+(`routepack.torch.replicate`); `MegatronRunner`, whose layers hold one set of replica
+buffers, also puts each microbatch's copies back into them before its experts' backward
+(`routepack.integrations._megatron_layer`).
 """
 
 from __future__ import annotations
@@ -60,18 +61,6 @@ def stage_plan(plan: Plan, layers: Sequence[int]) -> Plan:
         migration=mig,
         policy=plan.policy,
     )
-
-
-def refuse_replicas(plan: Plan, staged: bool) -> None:
-    """Raises `InvalidPlanError` naming ``plan.replicas`` when the plan has intra-batch replicas
-    and the rank holds a pipeline stage (``staged``): `MegatronRunner`'s check (`PlanRunner`
-    carries replicas under a pipeline)."""
-    if staged and plan.replicas.size:
-        raise InvalidPlanError(
-            "plan.replicas: intra-batch replicas with pipeline parallelism are not supported by MegatronRunner "
-            "(untested under its schedule's microbatches in flight; routepack.torch.PlanRunner carries them); "
-            "plan with replication='none'"
-        )
 
 
 def agree_stages(

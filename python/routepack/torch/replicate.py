@@ -125,9 +125,17 @@ class ReplicaExchange:
         self.micro = 0
         #: (micro, layer) → the posted first hops (works, buffers), until the layer's forward takes them
         self._weights: Dict[Tuple[int, int], Tuple[list, dict]] = {}
+        #: micro → layers whose forward took its copies in the current pass over the micro's layers
+        self._taken: Dict[int, set] = {}
         self._chain_cache: Dict[Tuple[int, int], List[Chain]] = {}
         self.sent_bytes = 0
         self.received_bytes = 0
+
+    @property
+    def posted(self) -> List[Tuple[int, int]]:
+        """(micro, layer) cells whose first hops are posted and not yet taken by the layer's
+        forward (none once every forward of the step has run)."""
+        return sorted(self._weights)
 
     def index_of(self, mod: Any) -> int:
         """The position of layer ``mod`` in ``layers`` (the index this exchange's methods take)."""
@@ -149,10 +157,21 @@ class ReplicaExchange:
     def prefetch(self, micro: int) -> None:
         """Makes ``micro`` current and posts the first hop of every layer's weight chains of
         ``micro`` (asynchronous). Transfers posted for other microbatches stay until their
-        layers' forward takes them."""
+        layers' forward takes them.
+
+        Each (micro, layer) cell is posted once per pass over the microbatch's layers: under
+        the interleaved schedule (``vpp`` > 1) a stage runs ``micro``'s forward chunk by chunk
+        and the trainer calls this before each chunk, so the cells already posted (a later
+        chunk's layers) or already taken (an earlier chunk's) are left alone. Once every
+        layer's forward of ``micro`` has taken its copies, the next call starts a new pass
+        (the next step of the window) and posts them all again."""
         self.micro = micro
+        taken = self._taken.setdefault(micro, set())
+        if len(taken) == len(self.layers):
+            taken.clear()
         for layer in range(len(self.layers)):
-            self._post_weights(micro, layer)
+            if layer not in taken and (micro, layer) not in self._weights:
+                self._post_weights(micro, layer)
 
     def _post_weights(self, micro: int, layer: int) -> None:
         mod = self.layers[layer]
@@ -213,6 +232,7 @@ class ReplicaExchange:
         if (self.micro, layer) not in self._weights:
             self._post_weights(self.micro, layer)
         works, held = self._weights.pop((self.micro, layer))
+        self._taken.setdefault(self.micro, set()).add(layer)
         for w in works:
             w.wait(self.timeout)
         mod = self.layers[layer]

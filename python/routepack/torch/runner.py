@@ -19,7 +19,9 @@ replica, in stage order). Every stage checks the whole plan, every rank of every
 on one digest per window, and each stage migrates and routes its own MoE layers only
 (`routepack.torch.pipeline`), replicas included: a stage may run the forward of later
 microbatches before the backward of earlier ones (GPipe, 1F1B), since each backward returns the
-copy gradients of the microbatch its forward ran (`routepack.torch.replicate`).
+copy gradients of the microbatch its forward ran (`routepack.torch.replicate`). Under the
+interleaved schedule (``topo.vpp`` > 1) the stage's layers are its model chunks' and the
+trainer calls ``start_micro(m)`` before each chunk's forward of microbatch m.
 """
 
 from __future__ import annotations
@@ -277,7 +279,10 @@ class PlanRunner:
         """Makes ``micro`` current for the layers' forward; with ``prefetch`` posts its replica
         weight transfers now so they overlap the attention before each MoE layer (every rank
         must choose alike). The backward of an earlier microbatch may still follow (a pipeline
-        schedule): it uses the microbatch its forward ran, whatever is current."""
+        schedule): it uses the microbatch its forward ran, whatever is current. Under the
+        interleaved schedule call it before each model chunk's forward: the layers route the
+        current microbatch, and the replica transfers of a cell are posted once per pass over
+        the microbatch's layers (`ReplicaExchange.prefetch`)."""
         if self.plan is None:
             raise RuntimeError("start_micro: call begin_window first")
         self.micro = _args.rank(micro, "micro", self.plan.num_micro)
