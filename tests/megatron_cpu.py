@@ -20,8 +20,9 @@ Megatron's CUDA-only calls. Everything else Megatron runs is its own code.
 Megatron's optimizers (``FP32Optimizer``, ``Float16OptimizerWithFloat16Params``,
 ``DistributedOptimizer``), its grad clipping, its pipeline schedules and its checkpoint writer
 are CUDA-only beyond those five; the tests that train and checkpoint with them call
-``install(optimizers=True)``, which adds 6-8 (CUDA-only calls) and 9 (a load path that fails
-in Megatron itself where neither Apex nor Transformer Engine is installed):
+``install(optimizers=True)``, which adds 6-8 (CUDA-only calls), 9 (a load path that fails
+in Megatron itself where neither Apex nor Transformer Engine is installed) and 10 (the
+interleaved schedule's point-to-point order at pp = 2, which gloo pairs by order):
 
 6. ``device='cuda'`` literals in ``megatron.core.optimizer`` (the loss-scale, found-inf and
    overflow tensors, the grad-norm buffers), ``megatron.core.utils`` (the l2 norm without
@@ -40,6 +41,15 @@ in Megatron itself where neither Apex nor Transformer Engine is installed):
    wrong bias correction), and the ``fully_reshardable`` load copies the state key by key
    from a loaded state that has no ``step`` (``KeyError: 'step'``). The stand-in keeps the
    step the state holds and gives each parameter its own copy after the load.
+10. The pipeline's point-to-point ops at pp = 2 under the interleaved schedule, where a
+    stage's previous and next stage are the same rank: ``_batched_p2p_ops`` and
+    ``_communicate_shapes`` (``variable_seq_lengths``) post [send_prev, recv_prev, send_next,
+    recv_next] on both ranks, and gloo pairs the messages between two ranks by posting order
+    (one tag), so the activation's shape and tensor land in the receive meant for the peer's
+    gradient and the other way round (a forward on a wrong microbatch's activations, or a size
+    mismatch). The stand-in posts the same ops with the sends next-first and the receives
+    prev-first, so each rank's k-th send meets the peer's k-th receive of the same kind;
+    where prev != next (every other case) it changes nothing that can be observed.
 
 `standins()` lists them (the report in docs/megatron.md names which Megatron paths ran stock).
 """
@@ -90,6 +100,7 @@ def standins(optimizers: bool = False) -> List[str]:
             "Tensor.type() of a CPU tensor -> its CUDA type string",
             "torch.cuda.synchronize -> no-op (checkpoint writer)",
             "DistributedOptimizer state load: Adam's per-parameter step kept and unshared (no Apex/TE)",
+            "pipeline p2p ops at pp = 2: sends next-first, receives prev-first (gloo pairs by order)",
         ]
     return out
 
@@ -244,3 +255,44 @@ def _install_optimizers() -> None:
 
     _patch(cls, "_set_main_param_and_optimizer_states", keep_step)
     _patch(cls, "load_state_dict", load_unshared)
+
+    # 10. pp = 2 (previous stage = next stage): post the sends next-first, the receives prev-first
+    _install_p2p_order(torch)
+
+
+def _install_p2p_order(torch) -> None:
+    from megatron.core.pipeline_parallel import p2p_communication as p2p
+
+    def ordered(*, tensor_send_prev, tensor_recv_prev, tensor_send_next, tensor_recv_next, group, **ranks):
+        prev, nxt = ranks["prev_pipeline_rank"], ranks["next_pipeline_rank"]
+        ops = [
+            torch.distributed.P2POp(op, t, peer, group)
+            for op, t, peer in (
+                (torch.distributed.isend, tensor_send_next, nxt),
+                (torch.distributed.irecv, tensor_recv_prev, prev),
+                (torch.distributed.isend, tensor_send_prev, prev),
+                (torch.distributed.irecv, tensor_recv_next, nxt),
+            )
+            if t is not None
+        ]
+        return torch.distributed.batch_isend_irecv(ops) if ops else []
+
+    def shapes(self, tensor_send_next, tensor_send_prev, recv_prev, recv_next):
+        def shape(t):
+            return None if t is None else torch.tensor(t.size(), dtype=torch.int64)
+
+        got = [torch.empty(3, dtype=torch.int64) if r else None for r in (recv_prev, recv_next)]
+        for req in ordered(
+            tensor_send_prev=shape(tensor_send_prev),
+            tensor_recv_prev=got[0],
+            tensor_send_next=shape(tensor_send_next),
+            tensor_recv_next=got[1],
+            group=self.pp_group,
+            prev_pipeline_rank=self.prev_rank,
+            next_pipeline_rank=self.next_rank,
+        ):
+            req.wait()
+        return tuple([0, 0, 0] if g is None else g.tolist() for g in got)
+
+    _patch(p2p, "_batched_p2p_ops", ordered)
+    _patch(p2p.P2PCommunicator, "_communicate_shapes", shapes)

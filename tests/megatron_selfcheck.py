@@ -34,7 +34,9 @@ from routepack.torch.replay import rank_microbatches
 class MegatronCase:
     """Sizes: ``dp`` ranks, ``ep`` per EP group; ``slots_per_rank`` placement slots and
     ``replica_slots`` replica buffers a rank; E experts, top-k; GPT sizes; ``pp`` pipeline
-    stages (each holding ``layers // pp`` layers, all MoE; ``dp`` ranks a stage)."""
+    stages (each holding ``layers // pp`` layers, all MoE; ``dp`` ranks a stage) of ``vpp``
+    model chunks each (vpp > 1: Megatron's interleaved schedule; chunk v of stage s holds
+    layers ``(v * pp + s) * n`` onwards, n = ``layers // (pp * vpp)``)."""
 
     dp: int = 2
     ep: int = 2
@@ -56,6 +58,7 @@ class MegatronCase:
     replicas: bool = True
     token_cap: int = 64
     pp: int = 1
+    vpp: int = 1
 
 
 def synthetic_window(case: MegatronCase, w: int) -> Tuple[rp.Window, np.ndarray, np.ndarray]:
@@ -135,12 +138,15 @@ def config(case: MegatronCase, **kw: Any) -> Any:
     )
     if case.pp > 1:  # microbatches of different lengths cross the stages: shapes are sent first
         base.update(pipeline_model_parallel_size=case.pp, pipeline_dtype=torch.float32, variable_seq_lengths=True)
+    if case.vpp > 1:
+        base.update(virtual_pipeline_model_parallel_size=case.vpp)
     base.update(kw)
     return TransformerConfig(**base)
 
 
 def build_model(case: MegatronCase, plan: bool, device: Any = "cpu", **kw: Any) -> Any:
-    """The GPT model (no DDP), every parameter from `init_weights`."""
+    """The GPT model (no DDP), every parameter from `init_weights`; under vpp > 1 the list of
+    this rank's model chunks."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec  # type: ignore[import-untyped]
     from megatron.core.models.gpt.gpt_model import GPTModel  # type: ignore[import-untyped]
 
@@ -150,24 +156,31 @@ def build_model(case: MegatronCase, plan: bool, device: Any = "cpu", **kw: Any) 
     if plan:
         spec = rm.plan_layer_spec(spec, topology(case), replica_slots=case.replica_slots)
     cfg = config(case, **kw)
-    stages: Dict[str, Any] = {}
-    if case.pp > 1:  # this rank's stage; untied output layer (tying under PP syncs on CUDA at build)
-        from megatron.core import parallel_state  # type: ignore[import-untyped]
+    chunks = []
+    for v in range(case.vpp):
+        stages: Dict[str, Any] = {}
+        if case.pp > 1:  # this rank's stage; untied output layer (tying under PP syncs on CUDA at build)
+            from megatron.core import parallel_state  # type: ignore[import-untyped]
 
-        stages = dict(
-            pre_process=parallel_state.is_pipeline_first_stage(),
-            post_process=parallel_state.is_pipeline_last_stage(),
-            share_embeddings_and_output_weights=False,
+            vp = dict(ignore_virtual=False, vp_stage=v) if case.vpp > 1 else {}
+            stages = dict(
+                pre_process=parallel_state.is_pipeline_first_stage(**vp),
+                post_process=parallel_state.is_pipeline_last_stage(**vp),
+                share_embeddings_and_output_weights=False,
+                **({"vp_stage": v} if case.vpp > 1 else {}),
+            )
+        model = GPTModel(
+            config=cfg, transformer_layer_spec=spec, vocab_size=case.vocab, max_sequence_length=512, **stages
         )
-    model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=case.vocab, max_sequence_length=512, **stages)
-    init_weights(model, case)
-    return model.to(device)
+        init_weights(model, case, f"chunk{v}." if case.vpp > 1 else "")
+        chunks.append(model.to(device))
+    return chunks if case.vpp > 1 else chunks[0]
 
 
 def topology(case: MegatronCase) -> Any:
     import routepack as rp
 
-    return rp.Topology(case.dp, case.ep, case.gpus_per_node, case.slots_per_rank, pp=case.pp)
+    return rp.Topology(case.dp, case.ep, case.gpus_per_node, case.slots_per_rank, pp=case.pp, vpp=case.vpp)
 
 
 def _value(name: str, shape: tuple, seed: int) -> torch.Tensor:
@@ -180,8 +193,8 @@ def _value(name: str, shape: tuple, seed: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def init_weights(model: Any, case: MegatronCase) -> None:
-    """Every parameter from the seed and its logical name: dense ones by their own name,
+def init_weights(model: Any, case: MegatronCase, prefix: str = "") -> None:
+    """Every parameter from the seed and ``prefix`` + its logical name: dense ones by their own name,
     experts by ``...experts.local_experts.{e}...`` with e the logical expert a slot holds
     (empty slots and replica buffers from expert 0)."""
     from routepack.integrations._megatron_ckpt import slot_experts
@@ -190,24 +203,26 @@ def init_weights(model: Any, case: MegatronCase) -> None:
     for name, p in model.named_parameters():
         owner = next((k for k in experts if name.startswith(k + ".experts.local_experts.")), None)
         if owner is None:
-            p.copy_(_value(name, tuple(p.shape), case.seed))
+            p.copy_(_value(prefix + name, tuple(p.shape), case.seed))
             continue
         rest = name[len(owner) + len(".experts.local_experts.") :]
         i, tail = rest.split(".", 1)
         e = max(int(slot_experts(experts[owner])[int(i)]), 0)
         logical = f"{owner}.experts.local_experts.{e}.{tail}"
-        p.copy_(_value(logical, tuple(p.shape), case.seed))
+        p.copy_(_value(prefix + logical, tuple(p.shape), case.seed))
 
 
 def wrap(model: Any, case: MegatronCase) -> tuple:
-    """(DDP model, Megatron optimizer): Adam, ``clip_grad=1``, fp32 grads."""
+    """(DDP model, Megatron optimizer): Adam, ``clip_grad=1``, fp32 grads; ``model`` a list of
+    chunks: (the list of DDP chunks, one optimizer over them)."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads  # type: ignore[import-untyped]
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # type: ignore[import-untyped]
 
     ddp_cfg = DistributedDataParallelConfig(
         use_distributed_optimizer=case.distributed_optimizer, overlap_grad_reduce=False, grad_reduce_in_fp32=True
     )
-    ddp = DistributedDataParallel(config=model.config, ddp_config=ddp_cfg, module=model)
+    chunks = model if isinstance(model, list) else [model]
+    ddps = [DistributedDataParallel(config=c.config, ddp_config=ddp_cfg, module=c) for c in chunks]
     opt_cfg = OptimizerConfig(
         optimizer="adam",
         lr=case.lr,
@@ -216,10 +231,11 @@ def wrap(model: Any, case: MegatronCase) -> tuple:
         use_distributed_optimizer=case.distributed_optimizer,
         params_dtype=torch.float32,
     )
-    opt = get_megatron_optimizer(opt_cfg, [ddp])
-    model.config.finalize_model_grads_func = finalize_model_grads
-    model.config.no_sync_func = ddp.no_sync
-    return ddp, opt
+    opt = get_megatron_optimizer(opt_cfg, ddps)
+    for c in chunks:
+        c.config.finalize_model_grads_func = finalize_model_grads
+        c.config.no_sync_func = [d.no_sync for d in ddps] if len(ddps) > 1 else ddps[0].no_sync
+    return (ddps if isinstance(model, list) else ddps[0]), opt
 
 
 def _tokens(case: MegatronCase, w: int, sample: int, n: int) -> torch.Tensor:
@@ -229,7 +245,8 @@ def _tokens(case: MegatronCase, w: int, sample: int, n: int) -> torch.Tensor:
 
 def routers(model: Any) -> List[Any]:
     """The model's routers in layer order (the replay entries to feed; a pipeline stage's own)."""
-    return [m for m in model.modules() if hasattr(m, "router_replay") and m.router_replay is not None]
+    chunks = model if isinstance(model, list) else [model]
+    return [m for c in chunks for m in c.modules() if hasattr(m, "router_replay") and m.router_replay is not None]
 
 
 def _forward_step(case: MegatronCase, w: int, cu: np.ndarray, rs: List[Any], device: Any) -> Callable:
@@ -261,12 +278,14 @@ def _schedule(case, w, ddp, mbs, cu, runner, device, forward_only: bool) -> List
     from megatron.core.pipeline_parallel import get_forward_backward_func  # type: ignore[import-untyped]
 
     it: Any = iter(mbs)
-    if runner is not None:
+    if isinstance(ddp, list):  # vpp > 1: one iterator a chunk, as given (the runner's hooks read the microbatch)
+        it = [iter(mbs) for _ in ddp]
+    elif runner is not None:
         it = runner.microbatches(it)
     out = get_forward_backward_func()(
         forward_step_func=_forward_step(case, w, cu, routers(ddp), device),
         data_iterator=it,
-        model=[ddp],
+        model=ddp if isinstance(ddp, list) else [ddp],
         num_microbatches=len(mbs),
         seq_length=0,
         micro_batch_size=1,
@@ -279,7 +298,8 @@ def run_step(case: MegatronCase, w: int, ddp: Any, opt: Any, mbs: List[Any], cu:
     """One optimizer step over this rank's microbatches ``mbs`` (Megatron's own
     ``forward_backward_func``); returns this rank's losses per microbatch (sum of token losses
     / tokens) and the step's grad norm."""
-    ddp.zero_grad_buffer()
+    for d in ddp if isinstance(ddp, list) else [ddp]:
+        d.zero_grad_buffer()
     opt.zero_grad()
     losses = _schedule(case, w, ddp, mbs, cu, runner, device, False)
     if runner is not None:
@@ -338,8 +358,17 @@ def train(
         out["grad_norms"].append(norm)
         if after_window is not None:
             after_window(w, ddp, opt, runner)
-    out["weights"] = {k: v.detach().cpu().clone() for k, v in rm.export_weights(ddp)}
+    out["weights"] = logical_weights(ddp)
     return out
+
+
+def logical_weights(ddp: Any) -> Dict[str, torch.Tensor]:
+    """`export_weights` as host copies; a list of chunks with ``chunk{v}.`` before each name."""
+    from routepack.integrations import megatron as rm
+
+    if not isinstance(ddp, list):
+        return {k: v.detach().cpu().clone() for k, v in rm.export_weights(ddp)}
+    return {f"chunk{i}.{k}": v.detach().cpu().clone() for i, c in enumerate(ddp) for k, v in rm.export_weights(c)}
 
 
 def _without_replicas(plan: Any) -> Any:
@@ -372,6 +401,7 @@ __all__ = [
     "compare",
     "config",
     "init_weights",
+    "logical_weights",
     "routers",
     "run_step",
     "train",

@@ -233,7 +233,7 @@ def check_refusals(case, dp_rank, plans):
     runner.begin_window(plan0, window0, opt)
     mbs = rank_microbatches(plan0, routed0, dp_rank, cu0, dp=case.dp)
     errors["bypass"] = _raised(lambda: _bypass(case, ddp, opt, mbs, cu0, runner))
-    # the interleaved schedule (Megatron's virtual pipeline size set): refused at once
+    # Megatron's virtual pipeline size set, the plan's topo without it: refused at once
     parallel_state.set_virtual_pipeline_model_parallel_world_size(2)
     errors["vpp"] = _raised(lambda: rm.MegatronRunner(ddp, topo))
     parallel_state.set_virtual_pipeline_model_parallel_world_size(None)
@@ -308,9 +308,11 @@ def test_pp2_ep2_plans_equal_stock_model():
         else:  # stage 0 learns it from the pipeline group
             want = "InvalidPlanError: the EP ranks of pipeline stage(s) [1] hold different plans; nothing moved"
             assert e["ep_differs"] == want, e
-        assert e["vpp"].startswith("RoutepackError: virtual_pipeline_model_parallel_size=2: not supported"), e
+        assert e["vpp"].startswith(
+            "RoutepackError: topo: pp=2, vpp=1; Megatron runs pipeline_model_parallel_size=2 with 2 model chunk(s)"
+        ), e
         assert e["no_pp"].startswith(
-            "RoutepackError: topo: pp=1, vpp=1; Megatron runs pipeline_model_parallel_size=2"
+            "RoutepackError: topo: pp=1, vpp=1; Megatron runs pipeline_model_parallel_size=2 with 1 model chunk(s)"
         ), e
         want = f"topo: gives pipeline stage {f['stage']} MoE layers {[[0], [1, 2, 3]][f['stage']]}"
         assert e["split"].startswith("RoutepackError") and want in e["split"] and "layers_per_stage" in e["split"], e

@@ -131,22 +131,17 @@ def _check_groups(chunks: List[Any]) -> None:
 
 def _pipeline(topo: Topology, num_moe_layers: int, held: List[int]) -> Tuple[int, Any]:
     """(this rank's pipeline stage, Megatron's pipeline group or None at pp = 1), after checking
-    that ``topo`` describes Megatron's pipeline and that this stage holds the MoE layers
-    ``held`` that ``topo`` gives it (`Topology.stage_layers`)."""
+    that ``topo`` describes Megatron's pipeline (``pp`` and, interleaved, ``vpp``) and that this
+    stage holds the MoE layers ``held`` that ``topo`` gives it (`Topology.stage_layers`: under
+    vpp > 1 the layers of all its chunks)."""
     from megatron.core import parallel_state  # type: ignore[import-untyped]
 
     pp = parallel_state.get_pipeline_model_parallel_world_size()
     vpp = parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1
-    if vpp > 1:
+    if topo.pp != pp or topo.vpp != vpp:
         raise RoutepackError(
-            f"virtual_pipeline_model_parallel_size={vpp}: not supported (the interleaved schedule runs model "
-            "chunks that are neither first nor last, whose forward_step_func does not read the data iterator, "
-            "so the runner cannot tell their microbatch); use one model chunk per rank"
-        )
-    if topo.pp != pp or topo.vpp != 1:
-        raise RoutepackError(
-            f"topo: pp={topo.pp}, vpp={topo.vpp}; Megatron runs pipeline_model_parallel_size={pp} with one "
-            "model chunk per rank (plan with the job's pipeline: Topology(..., pp=...))"
+            f"topo: pp={topo.pp}, vpp={topo.vpp}; Megatron runs pipeline_model_parallel_size={pp} with {vpp} "
+            "model chunk(s) per rank (plan with the job's pipeline: Topology(..., pp=..., vpp=...))"
         )
     if pp == 1:
         return 0, None
@@ -160,20 +155,32 @@ def _pipeline(topo: Topology, num_moe_layers: int, held: List[int]) -> Tuple[int
     return stage, parallel_state.get_pipeline_model_parallel_group()
 
 
+def _chunk_holders(chunk: Any) -> List[Any]:
+    """The modules of ``chunk`` that hold a `PlanMoELayer` (its ``TransformerLayer`` modules, where
+    Megatron's schedules set ``current_microbatch`` before each forward step)."""
+    named = dict(chunk.named_modules())
+    return [named[n.rpartition(".")[0]] for n, m in named.items() if isinstance(m, PlanMoELayer)]
+
+
 class MegatronRunner:
     """Ties plans to the `PlanMoELayer` layers of ``model`` (a module, a DDP-wrapped module,
-    or a one-chunk list). ``topo``: the plan's `routepack.Topology` (``ep`` = the
-    expert-parallel size, ``dp`` = the data-parallel size of a stage, ``pp`` = Megatron's
-    pipeline size; this stage must hold the MoE layers ``topo.stage_layers`` gives it).
-    ``timeout`` bounds every wait of migration and replication.
+    or the list of this rank's model chunks). ``topo``: the plan's `routepack.Topology` (``ep``
+    = the expert-parallel size, ``dp`` = the data-parallel size of a stage, ``pp`` and ``vpp``
+    = Megatron's pipeline and virtual pipeline sizes; this stage must hold the MoE layers
+    ``topo.stage_layers`` gives it). ``timeout`` bounds every wait of migration and replication.
 
     Under a pipeline (pp > 1) each stage carries out the plan's rows of its own layers,
-    intra-batch replicas included: with several microbatches in flight (1F1B) the runner keeps
-    each one's copies from its forward to its backward and puts them back into the replica
-    buffers before its experts' backward (`restore_replicas`). The interleaved schedule
-    (virtual pipeline) is refused. Every stage's ``forward_step_func`` must take its
-    microbatch from the data iterator (``next()``), the middle stages' too: `finish_step`
-    raises when a stage ran no planned microbatch."""
+    intra-batch replicas included: with several microbatches in flight the runner keeps each
+    one's copies from its forward to its backward and puts them back into the replica buffers
+    before its experts' backward (`restore_replicas`). Under 1F1B (vpp = 1) every stage's
+    ``forward_step_func`` must take its microbatch from the data iterator (``next()``), the
+    middle stages' too. Under the interleaved schedule (vpp > 1: ``model`` is the list of the
+    rank's vpp chunks) the microbatch of each chunk's forward is the one Megatron's schedule
+    sets on the chunk's ``TransformerLayer`` modules (``current_microbatch``, set by
+    ``forward_step`` before ``forward_step_func``): a forward pre-hook on each chunk reads it
+    (and removes it, so a forward outside the schedule finds none) and calls `start_micro`;
+    the data iterators need no wrapping. Either way `finish_step` raises when a stage ran no
+    planned microbatch."""
 
     def __init__(self, model: Any, topo: Any, timeout: datetime.timedelta = datetime.timedelta(seconds=120)) -> None:
         if not isinstance(topo, Topology):
@@ -208,6 +215,12 @@ class MegatronRunner:
 
         #: this rank's pipeline stage and the group of its peers in the other stages (None: pp = 1)
         self.stage, self.pp_group = _pipeline(topo, self.num_moe_layers, [m.moe_index for m in mods])
+        if topo.vpp > 1 and len(chunks) != topo.vpp:
+            raise RoutepackError(f"model: {len(chunks)} model chunk(s); topo.vpp={topo.vpp} needs the list of them")
+        self._hooks = [
+            c.register_forward_pre_hook(lambda mod, args, held=_chunk_holders(c): self._chunk_forward(held))
+            for c in (chunks if topo.vpp > 1 else [])
+        ]
         self.dp_rank = parallel_state.get_data_parallel_rank()
         dp = parallel_state.get_data_parallel_world_size()
         if dp != topo.dp or self.dp_rank % topo.ep != self.ep_rank:
@@ -405,6 +418,18 @@ class MegatronRunner:
         if self.exchange is not None:
             self.exchange.prefetch(self.micro)
 
+    def _chunk_forward(self, holders: List[Any]) -> None:
+        """Forward pre-hook of a model chunk (vpp > 1): makes the microbatch Megatron's schedule
+        set on the chunk's layers current (`start_micro`); none set: the default table."""
+        got = [h.__dict__.pop("current_microbatch", None) for h in holders]
+        micro = next((g for g in got if g is not None), None)
+        if self.plan is not None and micro is not None:
+            self.start_micro(int(micro))
+        elif self.plan is not None:
+            self.micro = None
+            for m in self.layers:
+                m.slot_map.micro = None
+
     def microbatches(self, iterable: Iterable[Any]) -> Iterator[Any]:
         """``iterable`` with `start_micro` called before each item is handed on (microbatch
         ``k % num_micro`` for the k-th): pass it as Megatron's ``data_iterator``."""
@@ -537,8 +562,12 @@ class MegatronRunner:
             self.end_micro()
             raise RoutepackError(
                 f"finish_step: MoE layer(s) {idle} of pipeline stage {self.stage} ran no planned microbatch this "
-                "step: its forward_step_func must call next() on the data iterator given by runner.microbatches, "
-                "on every stage"
+                + (
+                    "step: their model chunk's forwards ran outside Megatron's forward_step (no current_microbatch)"
+                    if self.topo.vpp > 1
+                    else "step: its forward_step_func must call next() on the data iterator given by "
+                    "runner.microbatches, on every stage"
+                )
             )
         self.end_micro()
 

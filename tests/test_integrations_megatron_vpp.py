@@ -1,0 +1,179 @@
+"""routepack's plans inside Megatron-Core under the interleaved pipeline schedule (virtual
+pipeline, vpp > 1), on CPU with gloo: 4 ranks as pp = 2 x vpp = 2 x ep = 2 (tp = 1, dp = 2 a
+stage), a small ``GPTModel`` of 4 MoE layers in 4 model chunks of one layer (chunk ``v * pp +
+s`` of stage s: stage 0 holds layers {0, 2}, stage 1 {1, 3}; local spec, fp32, 8 experts
+top-2, the stock all-to-all dispatcher, Megatron's DDP a chunk and one optimizer), every step
+run by Megatron's own ``get_forward_backward_func()`` =
+``forward_backward_pipelining_with_interleaving`` over a multiple of pp microbatches a DP
+rank (microbatches of different lengths: ``variable_seq_lengths``), each chunk's data
+iterator passed as it is: the runner takes each chunk's microbatch from the
+``current_microbatch`` Megatron's ``forward_step`` sets on the chunk's layers. Three windows of
+plans by `routepack.plan_window` (EPLB placement with redundant experts, routepack's packing;
+without replicas, and with ``hot_n`` replicas) migrate experts; next to it, the stock model
+(Megatron's ``MoELayer``, static placement, the same chunks) on the same data:
+
+* every plan validates (the planner and the runner check) and runs a multiple of pp
+  microbatches; one digest per window on all 4 ranks; each stage's runner holds its own
+  (non-adjacent) MoE layers and applies exactly the plan's migration rows of those layers;
+* every rank's experts receive the tokens the plan predicts in every (microbatch, layer) cell
+  of its stage (a chunk routed by another microbatch's table would not);
+* losses per microbatch (stage 1, which holds the last chunk), grad norms and the logical
+  weights of every chunk equal the stock model's to 1e-5;
+* with replicas: the same, the copies of every layer computed tokens, and the runner put
+  earlier microbatches' copies back before their experts' backward;
+* refused at once: both chunks given as one module where topo says vpp = 2, a topo with vpp = 1.
+
+CUDA-only calls are stood in for by tests/megatron_cpu.py (the only place; each with its reason)."""
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("megatron.core", reason="megatron-core (pip install --no-deps megatron-core) not importable")
+if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is required", allow_module_level=True)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import megatron_cpu  # noqa: E402
+import routepack as rp  # noqa: E402
+from routepack.torch.spawn import run_ranks  # noqa: E402
+
+TOL = 1e-5
+PP, VPP, EP = 2, 2, 2
+POLICIES = {
+    rep: rp.Policy(placement="eplb", packing="routepack", replication=rep, loads="window") for rep in ("none", "hot_n")
+}
+
+
+def _case(replica_slots):
+    import megatron_selfcheck as ms
+
+    return ms.MegatronCase(
+        dp=EP,
+        ep=EP,
+        gpus_per_node=EP,
+        pp=PP,
+        vpp=VPP,
+        layers=PP * VPP,
+        slots_per_rank=5,
+        replica_slots=replica_slots,
+        replicas=replica_slots > 0,
+        token_cap=24,
+    )
+
+
+def _raised(fn):
+    try:
+        fn()
+    except rp.RoutepackError as e:
+        return f"{type(e).__name__}: {e}"
+    except Exception as e:  # noqa: BLE001
+        return f"OTHER {type(e).__name__}: {e}"
+    return "nothing"
+
+
+def check_interleaved(rank, world, device, replication):
+    megatron_cpu.install(optimizers=True)
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.pipeline_parallel.schedules import forward_backward_pipelining_with_interleaving
+
+    import megatron_selfcheck as ms
+    from routepack.integrations import megatron as rm
+    from routepack.torch.broadcast import digest_int
+
+    parallel_state.initialize_model_parallel(
+        pipeline_model_parallel_size=PP, virtual_pipeline_model_parallel_size=VPP, expert_model_parallel_size=EP
+    )
+    case = _case(3 if replication != "none" else 0)
+    dp_rank = parallel_state.get_data_parallel_rank()
+    plans = ms.planned(case, POLICIES[replication])  # each plan validated against its window
+    seen = {k: [] for k in ("digests", "num_micro", "rows", "expected_rows", "received_ok", "copy_tokens", "bytes")}
+
+    def record(w, ddp, opt, runner):
+        plan = runner.plan
+        mine = [m.moe_index for m in runner.layers]
+        seen["layers"] = mine
+        seen["digests"].append(digest_int(plan))
+        seen["num_micro"].append(plan.num_micro)
+        seen["rows"].append(0 if runner.last_migration is None else runner.last_migration.rows)
+        seen["expected_rows"].append(int(np.isin(plan.migration["layer"], mine).sum()))
+        for i, m in enumerate(runner.layers):
+            assert np.array_equal(m.phy2log, plan.placement.phy2log[mine[i]])
+        runner.recording = True
+        runner.restores = 0
+
+    def after(w, ddp, opt, runner):
+        pred = runner.predicted_received()[:, seen["layers"]]
+        got = np.zeros_like(pred)
+        copies = {}
+        for (m, l), counts in runner.received.items():
+            got[m, seen["layers"].index(l)] = sum(counts)
+            copies[(m, l)] = sum(counts[case.slots_per_rank :])
+        seen["received_ok"].append(bool(np.array_equal(got, pred)) and len(runner.received) == pred.size)
+        seen["copy_tokens"].append(sorted(copies.items()))
+        ex = runner.exchange
+        seen["bytes"].append((0, 0, 0) if ex is None else (ex.sent_bytes, ex.received_bytes, runner.restores))
+
+    static = ms.train(case, False, dp_rank, plans=plans)
+    planned = ms.train(case, True, dp_rank, plans=plans, before_step=record, after_window=after)
+    out = {
+        "stage": parallel_state.get_pipeline_model_parallel_rank(),
+        "cmp": ms.compare(static, planned),
+        "losses": [len(w) for w in planned["losses"]],
+        "interleaved": get_forward_backward_func() is forward_backward_pipelining_with_interleaving,
+        "weights": len(planned["weights"]),
+    }
+    out.update(seen)
+    if replication == "none":  # refusals, at once
+        topo = ms.topology(case)
+        chunks = ms.build_model(case, True)
+        # both chunks in one module: the runner cannot tell which chunk's forward is running
+        out["one_chunk"] = _raised(lambda: rm.MegatronRunner(torch.nn.ModuleList(chunks), topo))
+        bad = dataclasses.replace(topo, vpp=1)  # layers built for it too: Megatron's vpp = 2 refuses it
+        for m in (m for c in chunks for m in c.modules() if isinstance(m, rm.PlanMoELayer)):
+            m.topo = bad
+        out["no_vpp"] = _raised(lambda: rm.MegatronRunner(chunks, bad))
+    return out
+
+
+@pytest.mark.parametrize("replication", ["none", "hot_n"])
+def test_pp2_vpp2_ep2_plans_equal_stock_model(replication):
+    out = run_ranks(check_interleaved, 4, replication, join_timeout_s=600, pg_timeout_s=180)
+    digests = {tuple(f["digests"]) for f in out.values()}
+    assert len(digests) == 1 and len(set(next(iter(digests)))) == 3, digests  # one plan a window, all ranks
+    assert sorted({f["stage"] for f in out.values()}) == [0, 1]
+    for rank, f in sorted(out.items()):
+        c = f["cmp"]
+        assert f["interleaved"], rank
+        assert c["missing"] == 0 and c["loss"] <= TOL and c["weights"] <= TOL and c["grad_norm"] <= TOL, (rank, c)
+        assert f["layers"] == [f["stage"], f["stage"] + PP], (rank, f["layers"])
+        assert all(m >= PP and m % PP == 0 for m in f["num_micro"]), (rank, f["num_micro"])
+        assert f["losses"] == (f["num_micro"] if f["stage"] == PP - 1 else [0, 0, 0]), (rank, f["losses"])
+        assert f["rows"] == f["expected_rows"] and sum(f["rows"]) > 0, (rank, f["rows"])
+        assert f["received_ok"] == [True] * 3, (rank, f["received_ok"])
+        print(f"rank {rank} stage {f['stage']}: {c}, micro {f['num_micro']}, rows {f['rows']}, bytes {f['bytes']}")
+    if replication == "none":
+        for f in out.values():
+            assert f["one_chunk"].startswith("RoutepackError: model: 1 model chunk(s); topo.vpp=2"), f["one_chunk"]
+            assert f["no_vpp"].startswith(
+                "RoutepackError: topo: pp=2, vpp=1; Megatron runs pipeline_model_parallel_size=2 with 2 model chunk"
+            ), f["no_vpp"]
+        return
+    for rank, f in sorted(out.items()):
+        sent, received, restores = zip(*f["bytes"])
+        assert all(b > 0 for b in sent + received), (rank, f["bytes"])
+    assert any(r > 0 for f in out.values() for _, _, r in f["bytes"]), "no copies put back"
+    for stage in (0, 1):  # every window, the copies of each layer of the stage computed tokens
+        ranks = [f for f in out.values() if f["stage"] == stage]
+        for w in range(3):
+            tokens = {l: 0 for l in ranks[0]["layers"]}
+            for f in ranks:
+                for (m, l), n in f["copy_tokens"][w]:
+                    tokens[l] += n
+            assert all(n > 0 for n in tokens.values()), (stage, w, tokens)
