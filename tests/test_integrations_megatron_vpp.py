@@ -21,7 +21,8 @@ without replicas, and with ``hot_n`` replicas) migrate experts; next to it, the 
   weights of every chunk equal the stock model's to 1e-5;
 * with replicas: the same, the copies of every layer computed tokens, and the runner put
   earlier microbatches' copies back before their experts' backward;
-* refused at once: both chunks given as one module where topo says vpp = 2, a topo with vpp = 1.
+* refused at once: both chunks given as one module where topo says vpp = 2, a topo with vpp = 1;
+  with the runner's hooks removed, `finish_step` raises (no chunk ran a planned microbatch).
 
 CUDA-only calls are stood in for by tests/megatron_cpu.py (the only place; each with its reason)."""
 
@@ -139,6 +140,19 @@ def check_interleaved(rank, world, device, replication):
         for m in (m for c in chunks for m in c.modules() if isinstance(m, rm.PlanMoELayer)):
             m.topo = bad
         out["no_vpp"] = _raised(lambda: rm.MegatronRunner(chunks, bad))
+        # without the runner's hooks the chunks' forwards run no planned microbatch: finish_step says so
+        from routepack.plan import Placement
+        from routepack.torch.replay import rank_microbatches
+
+        chunks = ms.build_model(case, True)
+        ddps, opt = ms.wrap(chunks, case)
+        runner = rm.MegatronRunner(ddps, topo)
+        plan, _, window, routed, cu = plans(0, Placement.static(case.layers, case.experts, topo))
+        runner.begin_window(plan, window, opt)
+        for h in runner._hooks:
+            h.remove()
+        mbs = rank_microbatches(plan, routed, dp_rank, cu, dp=case.dp)
+        out["unhooked"] = _raised(lambda: ms.run_step(case, 0, ddps, opt, mbs, cu, runner, "cpu"))
     return out
 
 
@@ -164,6 +178,8 @@ def test_pp2_vpp2_ep2_plans_equal_stock_model(replication):
             assert f["no_vpp"].startswith(
                 "RoutepackError: topo: pp=2, vpp=1; Megatron runs pipeline_model_parallel_size=2 with 2 model chunk"
             ), f["no_vpp"]
+            want = f"RoutepackError: finish_step: MoE layer(s) {f['layers']} of pipeline stage {f['stage']} ran no"
+            assert f["unhooked"].startswith(want) and "no current_microbatch" in f["unhooked"], f["unhooked"]
         return
     for rank, f in sorted(out.items()):
         sent, received, restores = zip(*f["bytes"])
