@@ -155,6 +155,10 @@ def _pipeline(topo: Topology, num_moe_layers: int, held: List[int]) -> Tuple[int
     return stage, parallel_state.get_pipeline_model_parallel_group()
 
 
+class _ReadMicro(int):
+    """A ``current_microbatch`` the runner has read (`MegatronRunner._chunk_forward`)."""
+
+
 def _chunk_holders(chunk: Any) -> List[Any]:
     """The modules of ``chunk`` that hold a `PlanMoELayer` (its ``TransformerLayer`` modules, where
     Megatron's schedules set ``current_microbatch`` before each forward step)."""
@@ -178,7 +182,7 @@ class MegatronRunner:
     rank's vpp chunks) the microbatch of each chunk's forward is the one Megatron's schedule
     sets on the chunk's ``TransformerLayer`` modules (``current_microbatch``, set by
     ``forward_step`` before ``forward_step_func``): a forward pre-hook on each chunk reads it
-    (and removes it, so a forward outside the schedule finds none) and calls `start_micro`;
+    (and marks it read, so a forward outside the schedule finds no new one) and calls `start_micro`;
     the data iterators need no wrapping. Either way `finish_step` raises when a stage ran no
     planned microbatch."""
 
@@ -420,9 +424,17 @@ class MegatronRunner:
 
     def _chunk_forward(self, holders: List[Any]) -> None:
         """Forward pre-hook of a model chunk (vpp > 1): makes the microbatch Megatron's schedule
-        set on the chunk's layers current (`start_micro`); none set: the default table."""
-        got = [h.__dict__.pop("current_microbatch", None) for h in holders]
-        micro = next((g for g in got if g is not None), None)
+        set on the chunk's layers current (`start_micro`); none set since the last forward: the
+        default table. The value read is left in place, marked as read (`_ReadMicro`, an int of
+        the same value, which Megatron's CUDA-graph code reads as before), so a forward outside
+        the schedule, which finds only read values, is told from one the schedule set up."""
+        got = []
+        for h in holders:
+            value = getattr(h, "current_microbatch", None)
+            if value is not None and not isinstance(value, _ReadMicro):
+                got.append(int(value))
+                h.current_microbatch = _ReadMicro(value)
+        micro = got[0] if got else None
         if self.plan is not None and micro is not None:
             self.start_micro(int(micro))
         elif self.plan is not None:
