@@ -197,7 +197,7 @@ def init_weights(model: Any, case: MegatronCase, prefix: str = "") -> None:
     """Every parameter from the seed and ``prefix`` + its logical name: dense ones by their own name,
     experts by ``...experts.local_experts.{e}...`` with e the logical expert a slot holds
     (empty slots and replica buffers from expert 0)."""
-    from routepack.integrations._megatron_ckpt import slot_experts
+    from routepack.integrations.megatron.checkpoint import slot_experts
 
     experts = {n: m for n, m in model.named_modules() if any(c.__name__ == "MoELayer" for c in type(m).__mro__)}
     for name, p in model.named_parameters():

@@ -12,7 +12,7 @@ from routepack import _core
 from routepack._checks import positive_int
 from routepack._routed import check_ids, native_order, renamed
 from routepack.errors import RoutepackError, RoutepackTypeError
-from routepack.integrations._common import as_numpy
+from routepack.integrations.shared.arrays import as_numpy
 from routepack.window import Window
 
 #: verl's replay modes (``actor_rollout_ref.actor.router_replay.mode``) this reads.

@@ -45,7 +45,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from routepack.errors import RoutepackError, RoutepackTypeError
-from routepack.integrations._hf_families import family_of
+from routepack.integrations.hf.families import family_of
 from routepack.model import Topology
 from routepack.plan import Placement, Plan
 from routepack.torch import EPMoE, MigrationReport, PlanRunner, checksum, gather_ints

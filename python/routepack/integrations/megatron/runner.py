@@ -25,9 +25,9 @@ import torch.distributed as dist
 
 from routepack._checks import positive_int
 from routepack.errors import InvalidPlanError, RoutepackError, RoutepackTypeError
-from routepack.integrations._megatron_layer import PlanMoELayer
-from routepack.integrations._megatron_state import MegatronSlotState, optimizer_tensors
-from routepack.integrations._megatron_tables import buffer_of, cell_rows, layer_tables
+from routepack.integrations.megatron.layer import PlanMoELayer
+from routepack.integrations.megatron.slot_state import MegatronSlotState, optimizer_tensors
+from routepack.integrations.megatron.tables import buffer_of, cell_rows, layer_tables
 from routepack.model import Topology
 from routepack.oversize import refuse_split
 from routepack.plan import Plan
