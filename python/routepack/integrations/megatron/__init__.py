@@ -23,7 +23,10 @@ loop changes by a few lines (docs/megatron.md)::
   experts (one ``RouterReplay`` entry per layer, ``layer_number`` set, stock checkpoint key)
   whose output is mapped to physical experts on the device, from tables uploaded once per
   window (`routepack.integrations.megatron.tables`): no host sync, no extra collective.
-* `MegatronRunner` (`routepack.integrations.megatron.runner`): ``begin_window`` migrates
+* `MegatronRunner` (`routepack.integrations.megatron.runner`), over the process groups it is
+  given (`MegatronGroups`: expert-parallel, pipeline, data-parallel rank and size) or, by
+  default, Megatron's ``parallel_state``'s (`groups_from_parallel_state`); its state within a
+  step is one `routepack.integrations.megatron.microbatch.MicrobatchState`. ``begin_window`` migrates
   what the plan moves, with ``main_grad`` and the optimizer's state (``torch.optim``,
   Megatron's FP32 / Float16 / Distributed optimizers: `routepack.integrations.megatron.slot_state`);
   replicas are filled per microbatch and their gradients sent home in backward; redundant
@@ -45,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from routepack._checks import index, instance_of
+from routepack.integrations.megatron.groups import MegatronGroups, groups_from_parallel_state
 from routepack.integrations.megatron.slots import slot_topk
 from routepack.plan import Placement, Plan
 from routepack.errors import RoutepackTypeError
@@ -137,10 +141,12 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "EXECUTES",
+    "MegatronGroups",
     "MegatronRunner",  # noqa: F822 (lazy: _LAZY)
     "PlanMoELayer",  # noqa: F822 (lazy: _LAZY)
     "checkpoint_to_logical",
     "export_weights",  # noqa: F822 (lazy: _LAZY)
+    "groups_from_parallel_state",
     "local_experts",
     "logical_to_checkpoint",
     "num_moe_experts",
