@@ -25,12 +25,13 @@ loop changes by a few lines (docs/megatron.md)::
   window (`routepack.integrations.megatron.tables`): no host sync, no extra collective.
 * `MegatronRunner` (`routepack.integrations.megatron.runner`), over the process groups it is
   given (`MegatronGroups`: expert-parallel, pipeline, data-parallel rank and size) or, by
-  default, Megatron's ``parallel_state``'s (`groups_from_parallel_state`); its state within a
-  step is one `routepack.integrations.megatron.microbatch.MicrobatchState`. ``begin_window`` migrates
+  default, its layers' EP group and Megatron's ``parallel_state`` for the rest
+  (`groups_from_parallel_state`); its state within a step is one
+  `routepack.integrations.megatron.microbatch.MicrobatchState`. ``begin_window`` migrates
   what the plan moves, with ``main_grad`` and the optimizer's state (``torch.optim``,
-  Megatron's FP32 / Float16 / Distributed optimizers: `routepack.integrations.megatron.slot_state`);
-  replicas are filled per microbatch and their gradients sent home in backward; redundant
-  experts' gradients are summed once per step.
+  Megatron's FP32 / Float16 / Distributed optimizers:
+  `routepack.integrations.megatron.slot_state`); replicas are filled per microbatch and their
+  gradients sent home in backward; redundant experts' gradients are summed once per step.
 * `export_weights` / checkpoints (`routepack.integrations.megatron.checkpoint`): logical experts at
   every boundary: ``sharded_state_dict`` keeps stock keys (any checkpoint loads into any
   placement), the export names experts as the stock model without EP does.

@@ -16,6 +16,7 @@ with replicas, the copies' point-to-point transfers.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
@@ -149,8 +150,8 @@ class MegatronRunner:
     = Megatron's pipeline and virtual pipeline sizes; this stage must hold the MoE layers
     ``topo.stage_layers`` gives it). ``timeout`` bounds every wait of migration and replication.
     ``groups``: the process groups and ranks it runs over (`MegatronGroups`: expert-parallel,
-    pipeline, data-parallel rank and size); None reads them from Megatron's ``parallel_state``
-    (`groups_from_parallel_state`), the groups the layers themselves take by default.
+    pipeline, data-parallel rank and size); None: the layers' own expert-parallel group and the
+    rest from Megatron's ``parallel_state`` (`groups_from_parallel_state`).
 
     Under a pipeline (pp > 1) each stage carries out the plan's rows of its own layers,
     intra-batch replicas included: with several microbatches in flight the runner keeps each
@@ -175,12 +176,8 @@ class MegatronRunner:
         if not isinstance(topo, Topology):
             raise RoutepackTypeError(f"topo: expected routepack.Topology, got {type(topo).__name__}")
         _args.timeout(timeout, optional=False)
-        if groups is None:
-            groups = groups_from_parallel_state()
-        elif not isinstance(groups, MegatronGroups):
+        if groups is not None and not isinstance(groups, MegatronGroups):
             raise RoutepackTypeError(f"groups: expected MegatronGroups, got {type(groups).__name__}")
-        #: the process groups and ranks this runner works over
-        self.groups = groups.check()
         chunks = list(model) if isinstance(model, (list, tuple)) else [model]
         mods = [m for c in chunks for m in c.modules() if isinstance(m, PlanMoELayer)]
         if not mods:
@@ -197,6 +194,10 @@ class MegatronRunner:
             m.moe_index = _moe_layer_index(m.logical_config, m.layer_number)
         mods.sort(key=lambda m: m.moe_index)
         self.layers = mods
+        if groups is None:  # the layers' own EP group object: no second communicator over the same ranks
+            groups = dataclasses.replace(groups_from_parallel_state(), ep=mods[0].ep_group)
+        #: the process groups and ranks this runner works over
+        self.groups = groups.check()
         self.topo, self.timeout = topo, timeout
         self.config = mods[0].logical_config
         self.num_moe_layers = _num_moe_layers(self.config)
