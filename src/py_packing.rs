@@ -198,14 +198,14 @@ pub fn pack_routepack<'py>(
     Ok((p.sample_rank.into_pyarray(py), p.sample_micro.into_pyarray(py), p.num_micro, d))
 }
 
-/// Each EP group's steps reordered to shorten its pipeline under `topo`
-/// (`layout::order::order_steps`): `(sample_micro [S], report {before, after, evaluations,
+/// Each EP group's microbatches reordered to shorten its pipeline under `topo`
+/// (`layout::order::order_microbatches`): `(sample_micro [S], report {before, after, evaluations,
 /// groups_reordered})`; the layout itself without a pipeline. `evaluations`: the search's
 /// budget per group (None: the core's default).
 #[pyfunction]
 #[pyo3(signature = (seq_lens, expert_tokens, topo, cost, phy2log, sample_rank, sample_micro, num_micro, evaluations=None))]
 #[allow(clippy::too_many_arguments)]
-pub fn order_steps<'py>(
+pub fn order_microbatches<'py>(
     py: Python<'py>,
     seq_lens: PyReadonlyArray1<'py, i64>,
     expert_tokens: convert::CountsArray<'py>,
@@ -229,7 +229,7 @@ pub fn order_steps<'py>(
     let budget = evaluations.unwrap_or(layout_order::DEFAULT_EVALUATIONS);
     let (out, r) = run(py, || {
         proxy_step_time(&w, &t, &c, &pl, &p)?; // the layout checked against the window and topology
-        layout_order::order_steps(&w, &t, &c, &pl, &p.sample_rank, &p.sample_micro, num_micro, budget)
+        layout_order::order_microbatches(&w, &t, &c, &pl, &p.sample_rank, &p.sample_micro, num_micro, budget)
     })?;
     let d = PyDict::new(py);
     d.set_item("before", r.before)?;
@@ -300,6 +300,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pack_rows, m)?)?;
     m.add_function(wrap_pyfunction!(pack_routepack, m)?)?;
     m.add_function(wrap_pyfunction!(layout_proxy_cost, m)?)?;
-    m.add_function(wrap_pyfunction!(order_steps, m)?)?;
+    m.add_function(wrap_pyfunction!(order_microbatches, m)?)?;
     Ok(())
 }

@@ -88,7 +88,7 @@ impl MicroRule {
 /// Replica buffers per rank and layer unless a topology says otherwise: 3, the most copies any
 /// built-in replication puts on one rank in one exchange with its defaults (MindSpeed's rule
 /// broadcasts its N = 3 hot experts to every rank, `replication::hot_n::DEFAULT_HOT_EXPERTS`;
-/// ReLibra's and routepack's replication use 2, `replication::routepack::DEFAULT_REPLICA_SLOTS`),
+/// ReLibra's and routepack's replication use 2, `replication::routepack::DEFAULT_REPLICATION_SLOTS`),
 /// so that no plan of a built-in policy with default options changes.
 pub const DEFAULT_REPLICA_SLOTS: usize = 3;
 
