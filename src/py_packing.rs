@@ -292,6 +292,35 @@ pub fn split_pieces<'py>(
     Ok((p.lens.into_pyarray(py), counts, r.into_pyarray(py), m.into_pyarray(py)))
 }
 
+/// Megatron's microbatch rule for `pp` pipeline stages of `vpp` model chunks each
+/// (`topology::MicroRule::of_pipeline`): `(min, multiple)`, the fewest microbatches per DP rank
+/// and the multiple they come in; `(1, 1)` without a pipeline.
+#[pyfunction]
+pub fn micro_rule(pp: usize, vpp: usize) -> PyResult<(usize, usize)> {
+    let r = pipeline_rule(pp, vpp)?;
+    Ok((r.min, r.multiple))
+}
+
+/// The fewest microbatches per DP rank any plan of `total_tokens` tokens in rows of at most
+/// `token_cap` tokens on `dp` ranks can run under the rule of `pp` stages of `vpp` chunks
+/// (`topology::MicroRule::fewest`): ⌈⌈total / cap⌉ / dp⌉, at least 1, raised to the rule.
+#[pyfunction]
+#[pyo3(signature = (total_tokens, token_cap, dp, pp=1, vpp=1))]
+pub fn lower_bound_micro(total_tokens: u64, token_cap: u64, dp: usize, pp: usize, vpp: usize) -> PyResult<usize> {
+    if token_cap == 0 || dp == 0 {
+        return Err(to_py(invalid("token_cap", format!("token_cap = {token_cap} and dp = {dp} must be >= 1"))));
+    }
+    Ok(pipeline_rule(pp, vpp)?.fewest(total_tokens, token_cap, dp))
+}
+
+/// `MicroRule::of_pipeline(pp, vpp)`, the counts checked (>= 1) first.
+fn pipeline_rule(pp: usize, vpp: usize) -> PyResult<MicroRule> {
+    if pp == 0 || vpp == 0 {
+        return Err(to_py(invalid("topo.pp", format!("pp = {pp} and vpp = {vpp} must be >= 1"))));
+    }
+    Ok(MicroRule::of_pipeline(pp, vpp))
+}
+
 /// Adds this file's functions to `routepack._core`.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pack_sequential, m)?)?;
@@ -301,5 +330,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pack_routepack, m)?)?;
     m.add_function(wrap_pyfunction!(layout_proxy_cost, m)?)?;
     m.add_function(wrap_pyfunction!(order_microbatches, m)?)?;
+    m.add_function(wrap_pyfunction!(micro_rule, m)?)?;
+    m.add_function(wrap_pyfunction!(lower_bound_micro, m)?)?;
     Ok(())
 }

@@ -31,6 +31,8 @@ __all__ = [
     "pack_routepack",
     "layout_proxy_cost",
     "order_microbatches",
+    "micro_rule",
+    "lower_bound_micro",
     "simulate",
     "pipeline_makespan",
     "expert_tokens_from_routed",
@@ -168,6 +170,12 @@ def pack_routepack(
 ) -> _CellsReport:
     """Certified rows + annealed layout: (sample_rank [S], sample_micro [S], num_micro, report);
     the count meets `topo`'s pipeline rule."""
+
+def micro_rule(pp: int, vpp: int) -> Tuple[int, int]:
+    """Megatron's microbatch rule for pp stages of vpp chunks: (fewest per DP rank, multiple)."""
+
+def lower_bound_micro(total_tokens: int, token_cap: int, dp: int, pp: int = 1, vpp: int = 1) -> int:
+    """The fewest microbatches per DP rank: ceil(ceil(total / cap) / dp), raised to the rule."""
 
 def order_microbatches(
     seq_lens: _I64,

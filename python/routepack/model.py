@@ -134,15 +134,16 @@ class Topology:
 
     @property
     def min_micro(self) -> int:
-        """The fewest microbatches per DP rank a plan may run: ``pp`` under a pipeline, else 1."""
-        return self.pp if self.pp > 1 else 1
+        """The fewest microbatches per DP rank a plan may run: ``pp`` under a pipeline, else 1
+        (the core's rule, ``MicroRule::of_pipeline``, through `_core.micro_rule`)."""
+        return int(_core.micro_rule(self.pp, self.vpp)[0])
 
     @property
     def micro_multiple(self) -> int:
         """Microbatches per DP rank come in multiples of this: ``pp`` under the interleaved
         schedule (``vpp`` > 1: Megatron's ``microbatch_group_size_per_vp_stage``, default pp),
-        else 1."""
-        return self.pp if self.vpp > 1 else 1
+        else 1 (the core's rule, through `_core.micro_rule`)."""
+        return int(_core.micro_rule(self.pp, self.vpp)[1])
 
     def chunk_bounds(self, num_layers: int) -> List[int]:
         """``[pp * vpp + 1]``: model chunk c holds MoE layers ``bounds[c]:bounds[c + 1]`` (chunk
