@@ -43,9 +43,10 @@ class PlanContext:
     ``plan_window`` was given, under its current (stage-prefixed) name.
 
     Its fields are plain attributes a caller may set; `check` (which every built-in stage
-    function runs first, through `stage_context`) checks and normalises them all, naming
-    the field: ``token_cap``, ``seed``, ``anneal_moves`` and ``time_budget_s`` as
-    `plan_window` takes them (a budget here may be 0: a stage's share of a spent budget)."""
+    function runs first, through `stage_context`, unless the context is `checked` and
+    unchanged since) checks and normalises them all, naming the field: ``token_cap``,
+    ``seed``, ``anneal_moves`` and ``time_budget_s`` as `plan_window` takes them (a budget here
+    may be 0: a stage's share of a spent budget)."""
 
     window: Any
     topo: Any
