@@ -30,7 +30,9 @@ __all__ = [
     "pack_rows",
     "pack_routepack",
     "layout_proxy_cost",
-    "order_steps",
+    "order_microbatches",
+    "micro_rule",
+    "lower_bound_micro",
     "simulate",
     "pipeline_makespan",
     "expert_tokens_from_routed",
@@ -169,7 +171,13 @@ def pack_routepack(
     """Certified rows + annealed layout: (sample_rank [S], sample_micro [S], num_micro, report);
     the count meets `topo`'s pipeline rule."""
 
-def order_steps(
+def micro_rule(pp: int, vpp: int) -> Tuple[int, int]:
+    """Megatron's microbatch rule for pp stages of vpp chunks: (fewest per DP rank, multiple)."""
+
+def lower_bound_micro(total_tokens: int, token_cap: int, dp: int, pp: int = 1, vpp: int = 1) -> int:
+    """The fewest microbatches per DP rank: ceil(ceil(total / cap) / dp), raised to the rule."""
+
+def order_microbatches(
     seq_lens: _I64,
     expert_tokens: _Counts,
     topo: Any,
@@ -180,7 +188,7 @@ def order_steps(
     num_micro: int,
     evaluations: Optional[int] = None,
 ) -> Tuple[_I32, Dict[str, Any]]:
-    """Each EP group's steps reordered to shorten its pipeline: (sample_micro [S], report
+    """Each EP group's microbatches reordered to shorten its pipeline: (sample_micro [S], report
     {before, after, evaluations, groups_reordered})."""
 
 def layout_proxy_cost(plan: Any, seq_lens: _I64, expert_tokens: _Counts, topo: Any, cost: Any) -> float:
@@ -256,10 +264,10 @@ def replicate_relibra(
     expert_tokens: _Counts,
     topo: Any,
     cost: Any,
-    replica_slots: Optional[int] = None,
+    replication_slots: Optional[int] = None,
     block: Optional[Tuple[int, int]] = None,
 ) -> _ReplicaColumns:
-    """ReLibra's intra-node replication for a plan's placement and layout, at most `replica_slots` copies per rank per exchange.
+    """ReLibra's intra-node replication for a plan's placement and layout, at most `replication_slots` copies per rank per exchange.
     ``block``: as in `replicate_hot_n`."""
 
 def replicate_routepack(
@@ -268,7 +276,7 @@ def replicate_routepack(
     expert_tokens: _Counts,
     topo: Any,
     cost: Any,
-    replica_slots: Optional[int] = None,
+    replication_slots: Optional[int] = None,
     candidate_experts: Optional[int] = None,
     candidate_dsts: Optional[int] = None,
     time_budget_s: Optional[float] = None,
