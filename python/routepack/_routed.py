@@ -34,6 +34,18 @@ def check_ids(arr: np.ndarray, name: str, ndim: int) -> np.ndarray:
     return native_order(arr, name)
 
 
+def host_array(value: Any, name: str) -> np.ndarray:
+    """numpy view of a numpy array (read-only ones too: slime's ``np.frombuffer``), a CPU torch
+    tensor (read without importing torch) or a nested list; a tensor on another device is
+    refused, naming ``name``."""
+    if hasattr(value, "detach") and hasattr(value, "numpy"):
+        if getattr(getattr(value, "device", None), "type", "cpu") != "cpu":
+            raise RoutepackError(f"{name}: a {value.device} tensor; pass it on the CPU (.cpu())")
+        return value.detach().numpy()
+    with allocating(name, "an array of its items"):
+        return np.asarray(value)
+
+
 def check_same_layout(arrays: "list[np.ndarray]", name: str) -> None:
     """Every per-sample array of ``arrays`` (``name[i]``, each ``[T_i, L, k]``) has the first
     one's ``[L, k]`` and dtype, else `RoutepackError` naming the first that differs."""
@@ -146,7 +158,9 @@ def slime_location(cu: np.ndarray) -> Locate:
 __all__ = [
     "ROUTED_DTYPES",
     "check_ids",
+    "check_same_layout",
     "flatten_slime",
+    "host_array",
     "flatten_verl",
     "native_order",
     "renamed",
