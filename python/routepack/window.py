@@ -20,7 +20,7 @@ from routepack._routed import (
     verl_location,
 )
 from routepack.errors import RoutepackError, RoutepackTypeError
-from routepack.routes.layers import check_moe_layers
+from routepack.routes.layers import check_moe_layers, dense_hint
 from routepack.routes.summary import RouteSummary
 
 
@@ -272,7 +272,10 @@ class Window:
         rows = check_moe_layers(moe_layers, int(routed.shape[1]))
         cu = as_int_array(cu_seqlens, "cu_seqlens", 1, np.int64)
         layers = None if rows is None else [int(r) for r in rows]
-        seq_lens, counts = _core.expert_tokens_from_routed(routed, cu, num_experts, layers)
+        try:
+            seq_lens, counts = _core.expert_tokens_from_routed(routed, cu, num_experts, layers)
+        except RoutepackError as e:
+            raise dense_hint(e, moe_layers) from None
         return cls(seq_lens, counts, top_k=int(routed.shape[2]))
 
     @classmethod

@@ -74,6 +74,18 @@ def check_moe_layers(moe_layers: Any, num_layers: int, name: str = "moe_layers")
     return rows
 
 
+def dense_hint(error: RoutepackError, moe_layers: Any) -> RoutepackError:
+    """A counting error naming a layer that lists expert 0 twice, restated with the likely
+    cause when no ``moe_layers`` was given: the zero filler engines record for a dense layer."""
+    text = str(error)
+    if moe_layers is not None or "lists expert 0 twice" not in text:
+        return error
+    return type(error)(
+        f"{text}; a row of zeros is the filler verl, vLLM, SGLang and slime record for a dense layer: pass "
+        "moe_layers (routepack.routes.MoELayers.from_config(model_config).moe_layers(L))"
+    )
+
+
 @dataclass(frozen=True)
 class MoELayers:
     """A model's MoE layers.
@@ -314,4 +326,4 @@ def _hf_flags(config: Any, n: int) -> Tuple[List[bool], str]:
     return [True] * n, "every layer"
 
 
-__all__ = ["MTP_KEYS", "MoELayers", "check_moe_layers", "moe_layer_numbers"]
+__all__ = ["MTP_KEYS", "MoELayers", "check_moe_layers", "dense_hint", "moe_layer_numbers"]

@@ -28,7 +28,7 @@ from routepack._checks import allocating, as_int_array, positive_int, sequence
 from routepack._routed import check_ids, check_same_layout, host_array, native_order, renamed
 from routepack.errors import RoutepackError, RoutepackTypeError
 from routepack._routed import Locate
-from routepack.routes.layers import check_moe_layers
+from routepack.routes.layers import check_moe_layers, dense_hint
 
 #: The count types of a summary, narrowest first (a window's `COUNT_DTYPES`).
 SUMMARY_DTYPES = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.int32))
@@ -184,7 +184,7 @@ def summarize_flat(
         try:
             _, sub = _core.expert_tokens_from_routed(ids, cu, num_experts, layers)
         except RoutepackError as e:
-            raise renamed(e, name, lambda t, s: locate(t, int(some[s]))) from None
+            raise dense_hint(renamed(e, name, lambda t, s: locate(t, int(some[s]))), moe_layers) from None
         if some.size == recorded.shape[0]:
             counts = sub
         else:  # the counted samples' narrow type holds everyone's
