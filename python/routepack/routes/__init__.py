@@ -10,10 +10,14 @@ importing torch):
   (``CompletionOutput.routed_experts``), `sglang` (``meta_info["routed_experts"]``), `slime`
   (``Sample.rollout_routed_experts``), `verl` (``batch["routed_experts"]``);
 * `summary`: compact per-sample expert counts (`summarize` on the rollout side, `merge` on
-  the driver, `routepack.Window.from_summary`).
+  the driver, `routepack.Window.from_summary`);
+* `ranks`: the routes each training rank replays, split over PP / VPP (`chunk_rows`,
+  `megatron_chunk`) and CP / TP (`verl_take`, `slime_take`, `gather`) as each trainer splits
+  them.
 """
 
 from routepack.routes.layers import MTP_KEYS, MoELayers, check_moe_layers, moe_layer_numbers
+from routepack.routes.ranks import chunk_rows, gather, megatron_chunk, replay_list, slime_take, verl_take
 from routepack.routes.sglang import WIRE_DTYPES, sglang_routes
 from routepack.routes.slime import LAST_TOKEN, slime_pad_row, slime_samples, slime_summary
 from routepack.routes.summary import SUMMARY_DTYPES, RouteSummary, merge, summarize
@@ -29,14 +33,20 @@ __all__ = [
     "MoELayers",
     "RouteSummary",
     "check_moe_layers",
+    "chunk_rows",
+    "gather",
+    "megatron_chunk",
     "merge",
     "moe_layer_numbers",
+    "replay_list",
     "sglang_routes",
     "slime_pad_row",
     "slime_samples",
     "slime_summary",
+    "slime_take",
     "summarize",
     "verl_summary",
+    "verl_take",
     "vllm_output_routes",
     "vllm_routes",
 ]
