@@ -62,7 +62,7 @@ def window_from_verl(
     if routed_experts is None or (attention_mask is None and not getattr(routed_experts, "is_nested", False)):
         raise RoutepackError("routed_experts: both routed_experts and attention_mask are needed")
     if batch is not None and not getattr(routed_experts, "is_nested", False):
-        shape = getattr(routed_experts, "shape", ())
+        shape: Any = getattr(routed_experts, "shape", ())
         if len(shape) and shape[0] == 0:
             raise RoutepackError(
                 f"batch: holds no samples (routed_experts has shape {tuple(shape)}); a window needs one"

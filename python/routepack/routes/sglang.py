@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any, Mapping
+from typing import Any, Dict, Mapping
 
 import numpy as np
 
@@ -33,7 +33,11 @@ from routepack._routed import ROUTED_DTYPES, check_ids, host_array
 from routepack.errors import RoutepackError, RoutepackTypeError
 
 #: The wire dtypes SGLang names in ``routed_experts_dtype`` (int32 when absent).
-WIRE_DTYPES = {"int32": np.dtype(np.int32), "uint16": np.dtype(np.uint16), "uint8": np.dtype(np.uint8)}
+WIRE_DTYPES: Dict[str, np.dtype] = {
+    "int32": np.dtype(np.int32),
+    "uint16": np.dtype(np.uint16),
+    "uint8": np.dtype(np.uint8),
+}
 
 
 def sglang_routes(

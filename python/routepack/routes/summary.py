@@ -177,6 +177,7 @@ def summarize_flat(
     shape = (int(recorded.shape[0]), counted, num_experts)
     some = np.flatnonzero(recorded)
     layers = None if moe_layers is None else [int(r) for r in moe_layers]
+    counts: np.ndarray
     if some.size == 0:
         counts = np.zeros(shape, dtype=np.uint8)
     else:
