@@ -7,7 +7,7 @@
 * vLLM / flat: ``[T, L, k]`` plus ``cu_seqlens`` → `Window.from_routed_experts` directly.
 
 The same adapters are `Window.from_verl` and `Window.from_slime`; the layouts are flattened
-in `routepack._routed`.
+in `routepack.routes.ids`.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import numpy as np
 
 from routepack import _core, _npz
 from routepack._checks import allocating, as_int_array, boolean, positive_int, restated
-from routepack._routed import (
+from routepack.routes.ids import (
     ROUTED_DTYPES,
     flatten_slime,
     flatten_verl,
@@ -288,32 +288,40 @@ class Window:
         return cls(summary.seq_lens, summary.counts, top_k=summary.top_k)
 
     @classmethod
-    def from_verl(cls, routed_experts: np.ndarray, attention_mask: np.ndarray, num_experts: int) -> "Window":
+    def from_verl(
+        cls, routed_experts: np.ndarray, attention_mask: np.ndarray, num_experts: int, moe_layers: Any = None
+    ) -> "Window":
         """verl's padded layout: ``routed_experts [B, T, L, k]`` top-k ids per position (padding
         ignored) and ``attention_mask [B, T]``, 1 (or True) for real tokens, 0 for padding; a
         sample's real tokens may sit anywhere in its row. Sample b's length is its number of
-        real tokens. Also `routepack.replay.from_verl`."""
+        real tokens; ``moe_layers`` as in `from_routed_experts`. Every real position is
+        counted (verl's R3 placeholder rows too: `routepack.routes.verl_summary` leaves them
+        out). Also `routepack.replay.from_verl`."""
         num_experts = positive_int(num_experts, "num_experts")
         routed, cu = flatten_verl(routed_experts, attention_mask)
         try:
-            return cls.from_routed_experts(routed, cu, num_experts)
+            return cls.from_routed_experts(routed, cu, num_experts, moe_layers)
         except RoutepackError as e:
             raise renamed(e, "routed_experts", verl_location(attention_mask, cu)) from None
 
     @classmethod
     def from_slime(
-        cls, per_sample: Iterable[np.ndarray], num_experts: int, add_last_token: bool = SLIME_ADD_LAST_TOKEN
+        cls,
+        per_sample: Iterable[np.ndarray],
+        num_experts: int,
+        add_last_token: bool = SLIME_ADD_LAST_TOKEN,
+        moe_layers: Any = None,
     ) -> "Window":
         """slime's layout: a list (or any iterable) of ``[T_i, L, k]`` arrays, one per sample
         (same L, k and dtype). slime records ``tokens - 1`` positions; with ``add_last_token``
         (default True; a bool) each sample's length is ``T_i + 1`` (the trainer runs every
-        token), while expert demand counts the recorded positions. Also
-        `routepack.replay.from_slime`."""
+        token), while expert demand counts the recorded positions; ``moe_layers`` as in
+        `from_routed_experts`. Also `routepack.replay.from_slime`."""
         num_experts = positive_int(num_experts, "num_experts")
         add_last_token = boolean(add_last_token, "add_last_token")
         routed, cu = flatten_slime(per_sample)
         try:
-            w = cls.from_routed_experts(routed, cu, num_experts)
+            w = cls.from_routed_experts(routed, cu, num_experts, moe_layers)
         except RoutepackError as e:
             raise renamed(e, "per_sample", slime_location(cu)) from None
         if add_last_token:

@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, Mapping, Optional
 
 
 from routepack._checks import positive_int
-from routepack._routed import renamed
+from routepack.routes.ids import renamed
 from routepack.errors import RoutepackError
 from routepack.integrations import _verl_megatron as vm
 from routepack.integrations._common import as_numpy, require

@@ -29,7 +29,7 @@ from typing import Any, Dict, Mapping
 import numpy as np
 
 from routepack._checks import allocating, positive_int
-from routepack._routed import ROUTED_DTYPES, check_ids, host_array
+from routepack.routes.ids import ROUTED_DTYPES, check_ids, host_array
 from routepack.errors import RoutepackError, RoutepackTypeError
 
 #: The wire dtypes SGLang names in ``routed_experts_dtype`` (int32 when absent).

@@ -23,7 +23,7 @@ from typing import Any, List, Tuple
 import numpy as np
 
 from routepack._checks import allocating, as_int_array, positive_int, sequence
-from routepack._routed import check_ids, check_same_layout, host_array
+from routepack.routes.ids import check_ids, check_same_layout, host_array
 from routepack.errors import RoutepackError, RoutepackTypeError
 from routepack.routes.summary import SUMMARY_DTYPES, RouteSummary, as_argument, summarize
 

@@ -25,9 +25,9 @@ import numpy as np
 
 from routepack import _core
 from routepack._checks import allocating, as_int_array, positive_int, sequence
-from routepack._routed import check_ids, check_same_layout, host_array, native_order, renamed
+from routepack.routes.ids import check_ids, check_same_layout, host_array, native_order, renamed
 from routepack.errors import RoutepackError, RoutepackTypeError
-from routepack._routed import Locate
+from routepack.routes.ids import Locate
 from routepack.routes.layers import check_moe_layers, dense_hint
 
 #: The count types of a summary, narrowest first (a window's `COUNT_DTYPES`).

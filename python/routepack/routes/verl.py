@@ -28,7 +28,7 @@ from typing import Any, Tuple
 import numpy as np
 
 from routepack._checks import allocating, positive_int
-from routepack._routed import check_ids, host_array, native_order
+from routepack.routes.ids import check_ids, host_array, native_order
 from routepack.errors import RoutepackError, RoutepackTypeError
 from routepack.routes.layers import check_moe_layers
 from routepack.routes.summary import RouteSummary, summarize_flat

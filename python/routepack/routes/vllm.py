@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from routepack._checks import positive_int
-from routepack._routed import check_ids, host_array
+from routepack.routes.ids import check_ids, host_array
 from routepack.errors import RoutepackError
 
 

@@ -1,8 +1,9 @@
-"""The routing-replay layouts trainers hold, flattened to ``(routed [T, L, k], cu_seqlens
-[S+1])``: what `Window.from_routed_experts` counts, and the way back from the flattened
-token a counting error names to the position in the trainer's layout. Builds on numpy,
-errors and `_checks` only, so `window` and `replay` both build on it without importing each
-other.
+"""Expert-id arrays as every route layout holds them: the id dtypes, their checks, the
+layouts flattened to ``(routed [T, L, k], cu_seqlens [S+1])`` (what
+`Window.from_routed_experts` counts), and the way back from the flattened token a counting
+error names to the position in the caller's layout. Builds on numpy, errors and `_checks`
+only (nothing in `routepack.routes` imports `window`), so `window` and the engine modules both
+build on it.
 
 * verl: ``batch["routed_experts"]`` ``[B, T, L, k]`` zero-padded, with ``attention_mask [B, T]``
   telling real tokens (uint8 ids when E <= 256).
