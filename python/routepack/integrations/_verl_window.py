@@ -8,7 +8,7 @@ from typing import Any
 
 from routepack.errors import RoutepackError
 from routepack.integrations._common import as_numpy
-from routepack.routes.verl import MODES, verl_summary
+from routepack.routes.verl import DEFAULT_MODE, MODES, verl_summary
 from routepack.window import Window
 
 
@@ -19,7 +19,7 @@ def window_from_verl(
     routed_experts: Any = None,
     attention_mask: Any = None,
     response_mask: Any = None,
-    mode: str = "R3",
+    mode: str = DEFAULT_MODE,
     moe_layers: Any = None,
 ) -> Window:
     """A `Window` from verl's routing replay.

@@ -66,7 +66,7 @@ from routepack.integrations._slime_megatron import (
 )
 from routepack.integrations._trainer import BACKENDS, TrainerPlanner, backend_policy, plan_seconds, step_metrics
 from routepack.routes.layers import MoELayers
-from routepack.routes.slime import LAST_TOKEN, slime_pad_row, slime_summary
+from routepack.routes.slime import DEFAULT_LAST_TOKEN, LAST_TOKEN, slime_pad_row, slime_summary
 from routepack.window import Window
 
 LOG = logging.getLogger("routepack.integrations.slime")
@@ -78,7 +78,7 @@ def window_from_slime(
     rollout_routed_experts: Any,
     num_experts: int,
     total_lengths: Any = None,
-    last_token: str = "pad",
+    last_token: str = DEFAULT_LAST_TOKEN,
     moe_layers: Any = None,
 ) -> Window:
     """A `Window` from slime's ``rollout_routed_experts``.

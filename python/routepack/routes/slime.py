@@ -29,6 +29,8 @@ from routepack.routes.summary import SUMMARY_DTYPES, RouteSummary, as_argument, 
 
 #: What a sample's last token is counted as: slime's replayed pad row, or not at all.
 LAST_TOKEN = ("pad", "skip")
+#: `slime_summary`'s default: the route slime's replay gives the last token.
+DEFAULT_LAST_TOKEN = "pad"
 
 
 def slime_pad_row(num_layers: int, top_k: int, num_experts: int, dtype: Any = np.int32) -> np.ndarray:
@@ -71,7 +73,7 @@ def slime_summary(
     rollout_routed_experts: Any,
     num_experts: int,
     total_lengths: Any = None,
-    last_token: str = "pad",
+    last_token: str = DEFAULT_LAST_TOKEN,
     moe_layers: Any = None,
 ) -> RouteSummary:
     """The `RouteSummary` of slime's routes (`slime_samples`): sample i of length ``T_i``,
@@ -105,4 +107,4 @@ def slime_summary(
     return RouteSummary(summary.seq_lens, counts, summary.top_k, summary.moe_layers, summary.num_rows)
 
 
-__all__ = ["LAST_TOKEN", "slime_pad_row", "slime_samples", "slime_summary"]
+__all__ = ["DEFAULT_LAST_TOKEN", "LAST_TOKEN", "slime_pad_row", "slime_samples", "slime_summary"]

@@ -35,6 +35,8 @@ from routepack.routes.summary import RouteSummary, summarize_flat
 
 #: verl's replay modes (``actor_rollout_ref.actor.router_replay.mode``) this reads.
 MODES = ("R3", "R2")
+#: `verl_summary`'s default: routes the rollout recorded (verl's R3).
+DEFAULT_MODE = "R3"
 
 
 def verl_summary(
@@ -42,7 +44,7 @@ def verl_summary(
     num_experts: int,
     attention_mask: Any = None,
     response_mask: Any = None,
-    mode: str = "R3",
+    mode: str = DEFAULT_MODE,
     moe_layers: Any = None,
 ) -> RouteSummary:
     """The `RouteSummary` of a verl batch.
@@ -156,4 +158,4 @@ def _response_rows(response_mask: Any, batch: int) -> np.ndarray:
     return np.asarray(mask.astype(bool).any(axis=1), dtype=bool)
 
 
-__all__ = ["MODES", "verl_summary"]
+__all__ = ["DEFAULT_MODE", "MODES", "verl_summary"]
