@@ -18,17 +18,21 @@ loop changes by a few lines (docs/megatron.md)::
         forward_backward_func(..., data_iterator=runner.microbatches(data_iterator))
         runner.finish_step(); optimizer.step()
 
-* `plan_layer_spec` / `PlanMoELayer` (`routepack.integrations._megatron_layer`): the stock
+* `plan_layer_spec` / `PlanMoELayer` (`routepack.integrations.megatron.layer`): the stock
   ``MoELayer`` over physical slots; its router is the stock router class over the E logical
   experts (one ``RouterReplay`` entry per layer, ``layer_number`` set, stock checkpoint key)
   whose output is mapped to physical experts on the device, from tables uploaded once per
-  window (`routepack.integrations._megatron_tables`): no host sync, no extra collective.
-* `MegatronRunner` (`routepack.integrations._megatron_runner`): ``begin_window`` migrates
+  window (`routepack.integrations.megatron.tables`): no host sync, no extra collective.
+* `MegatronRunner` (`routepack.integrations.megatron.runner`), over the process groups it is
+  given (`MegatronGroups`: expert-parallel, pipeline, data-parallel rank and size) or, by
+  default, its layers' EP group and Megatron's ``parallel_state`` for the rest
+  (`groups_from_parallel_state`); its state within a step is one
+  `routepack.integrations.megatron.microbatch.MicrobatchState`. ``begin_window`` migrates
   what the plan moves, with ``main_grad`` and the optimizer's state (``torch.optim``,
-  Megatron's FP32 / Float16 / Distributed optimizers: `routepack.integrations._megatron_state`);
-  replicas are filled per microbatch and their gradients sent home in backward; redundant
-  experts' gradients are summed once per step.
-* `export_weights` / checkpoints (`routepack.integrations._megatron_ckpt`): logical experts at
+  Megatron's FP32 / Float16 / Distributed optimizers:
+  `routepack.integrations.megatron.slot_state`); replicas are filled per microbatch and their
+  gradients sent home in backward; redundant experts' gradients are summed once per step.
+* `export_weights` / checkpoints (`routepack.integrations.megatron.checkpoint`): logical experts at
   every boundary: ``sharded_state_dict`` keeps stock keys (any checkpoint loads into any
   placement), the export names experts as the stock model without EP does.
 
@@ -45,7 +49,8 @@ from typing import Any
 import numpy as np
 
 from routepack._checks import index, instance_of
-from routepack.integrations._megatron_slots import slot_topk
+from routepack.integrations.megatron.groups import MegatronGroups, groups_from_parallel_state
+from routepack.integrations.megatron.slots import slot_topk
 from routepack.plan import Placement, Plan
 from routepack.errors import RoutepackTypeError
 
@@ -100,18 +105,18 @@ def logical_to_checkpoint(plan_or_placement: Any, layer: int) -> np.ndarray:
 
 
 def plan_router(logical_router: Any, placement: Any, layer: int, topo: Any, ep_group: Any = None) -> Any:
-    """A `routepack.integrations._megatron_router.PlanRouter` (a ``torch.nn.Module``) for
+    """A `routepack.integrations.megatron.router.PlanRouter` (a ``torch.nn.Module``) for
     MoE layer ``layer``: assign it as ``moe_layer.router``. ``logical_router``: Megatron's
     ``TopKRouter`` built with ``num_moe_experts = E`` (the logical experts), its
     ``RouterReplay`` fed logical top-k as verl/slime feed it; ``ep_group``: the
     expert-parallel process group (None: this process is the only EP rank)."""
-    from routepack.integrations._megatron_router import PlanRouter
+    from routepack.integrations.megatron.router import PlanRouter
 
     return PlanRouter(logical_router, _placement(placement), layer, topo, ep_group)
 
 
 #: What this execution carries out on a trainer's workers beyond the schedule, where an
-#: adapter hands it the plans (`routepack.integrations._trainer.backend_runs`): verl's Megatron
+#: adapter hands it the plans (`routepack.integrations.shared.trainer.backend_runs`): verl's Megatron
 #: engine through `routepack.integrations.verl`'s hooks, slime's actor through the calls of
 #: `routepack.integrations.slime` (docs/trainers.md); each adapter blocks what its trainer's
 #: configuration does not let it map.
@@ -119,11 +124,11 @@ EXECUTES = frozenset({"placement", "replicas"})
 
 #: names served lazily from the torch/Megatron modules (importing this module needs numpy only)
 _LAZY = {
-    "PlanMoELayer": "routepack.integrations._megatron_layer",
-    "plan_layer_spec": "routepack.integrations._megatron_layer",
-    "MegatronRunner": "routepack.integrations._megatron_runner",
-    "export_weights": "routepack.integrations._megatron_ckpt",
-    "slot_experts": "routepack.integrations._megatron_ckpt",
+    "PlanMoELayer": "routepack.integrations.megatron.layer",
+    "plan_layer_spec": "routepack.integrations.megatron.layer",
+    "MegatronRunner": "routepack.integrations.megatron.runner",
+    "export_weights": "routepack.integrations.megatron.checkpoint",
+    "slot_experts": "routepack.integrations.megatron.checkpoint",
 }
 
 
@@ -137,10 +142,12 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "EXECUTES",
+    "MegatronGroups",
     "MegatronRunner",  # noqa: F822 (lazy: _LAZY)
     "PlanMoELayer",  # noqa: F822 (lazy: _LAZY)
     "checkpoint_to_logical",
     "export_weights",  # noqa: F822 (lazy: _LAZY)
+    "groups_from_parallel_state",
     "local_experts",
     "logical_to_checkpoint",
     "num_moe_experts",

@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 
 from routepack.errors import RoutepackError
-from routepack.integrations._megatron_ckpt import _layer_logical
-from routepack.integrations._megatron_layer import PlanMoELayer
+from routepack.integrations.megatron.checkpoint import _layer_logical
+from routepack.integrations.megatron.layer import PlanMoELayer
 
 LOG = logging.getLogger("routepack.integrations.megatron")
 #: attributes of a physical parameter that describe it (copied onto the view's tensors)

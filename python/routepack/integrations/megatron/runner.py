@@ -16,6 +16,7 @@ with replicas, the copies' point-to-point transfers.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
@@ -25,9 +26,11 @@ import torch.distributed as dist
 
 from routepack._checks import positive_int
 from routepack.errors import InvalidPlanError, RoutepackError, RoutepackTypeError
-from routepack.integrations._megatron_layer import PlanMoELayer
-from routepack.integrations._megatron_state import MegatronSlotState, optimizer_tensors
-from routepack.integrations._megatron_tables import buffer_of, cell_rows, layer_tables
+from routepack.integrations.megatron.groups import MegatronGroups, groups_from_parallel_state
+from routepack.integrations.megatron.layer import PlanMoELayer
+from routepack.integrations.megatron.microbatch import MicrobatchState
+from routepack.integrations.megatron.slot_state import MegatronSlotState, optimizer_tensors
+from routepack.integrations.megatron.tables import buffer_of, cell_rows, layer_tables
 from routepack.model import Topology
 from routepack.oversize import refuse_split
 from routepack.plan import Plan
@@ -129,32 +132,6 @@ def _check_groups(chunks: List[Any]) -> None:
                 )
 
 
-def _pipeline(topo: Topology, num_moe_layers: int, held: List[int]) -> Tuple[int, Any]:
-    """(this rank's pipeline stage, Megatron's pipeline group or None at pp = 1), after checking
-    that ``topo`` describes Megatron's pipeline (``pp`` and, interleaved, ``vpp``) and that this
-    stage holds the MoE layers ``held`` that ``topo`` gives it (`Topology.stage_layers`: under
-    vpp > 1 the layers of all its chunks)."""
-    from megatron.core import parallel_state  # type: ignore[import-untyped]
-
-    pp = parallel_state.get_pipeline_model_parallel_world_size()
-    vpp = parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1
-    if topo.pp != pp or topo.vpp != vpp:
-        raise RoutepackError(
-            f"topo: pp={topo.pp}, vpp={topo.vpp}; Megatron runs pipeline_model_parallel_size={pp} with {vpp} "
-            "model chunk(s) per rank (plan with the job's pipeline: Topology(..., pp=..., vpp=...))"
-        )
-    if pp == 1:
-        return 0, None
-    stage = parallel_state.get_pipeline_model_parallel_rank()
-    want = topo.stage_layers(stage, num_moe_layers)
-    if held != want:
-        raise RoutepackError(
-            f"topo: gives pipeline stage {stage} MoE layers {want} (layers_per_stage={topo.layers_per_stage}), "
-            f"the model's stage holds {held}; plan with Topology(layers_per_stage=...) as Megatron splits them"
-        )
-    return stage, parallel_state.get_pipeline_model_parallel_group()
-
-
 class _ReadMicro(int):
     """A ``current_microbatch`` the runner has read (`MegatronRunner._chunk_forward`)."""
 
@@ -172,6 +149,9 @@ class MegatronRunner:
     = the expert-parallel size, ``dp`` = the data-parallel size of a stage, ``pp`` and ``vpp``
     = Megatron's pipeline and virtual pipeline sizes; this stage must hold the MoE layers
     ``topo.stage_layers`` gives it). ``timeout`` bounds every wait of migration and replication.
+    ``groups``: the process groups and ranks it runs over (`MegatronGroups`: expert-parallel,
+    pipeline, data-parallel rank and size); None: the layers' own expert-parallel group and the
+    rest from Megatron's ``parallel_state`` (`groups_from_parallel_state`).
 
     Under a pipeline (pp > 1) each stage carries out the plan's rows of its own layers,
     intra-batch replicas included: with several microbatches in flight the runner keeps each
@@ -186,10 +166,18 @@ class MegatronRunner:
     the data iterators need no wrapping. Either way `finish_step` raises when a stage ran no
     planned microbatch."""
 
-    def __init__(self, model: Any, topo: Any, timeout: datetime.timedelta = datetime.timedelta(seconds=120)) -> None:
+    def __init__(
+        self,
+        model: Any,
+        topo: Any,
+        timeout: datetime.timedelta = datetime.timedelta(seconds=120),
+        groups: Optional[MegatronGroups] = None,
+    ) -> None:
         if not isinstance(topo, Topology):
             raise RoutepackTypeError(f"topo: expected routepack.Topology, got {type(topo).__name__}")
         _args.timeout(timeout, optional=False)
+        if groups is not None and not isinstance(groups, MegatronGroups):
+            raise RoutepackTypeError(f"groups: expected MegatronGroups, got {type(groups).__name__}")
         chunks = list(model) if isinstance(model, (list, tuple)) else [model]
         mods = [m for c in chunks for m in c.modules() if isinstance(m, PlanMoELayer)]
         if not mods:
@@ -206,54 +194,73 @@ class MegatronRunner:
             m.moe_index = _moe_layer_index(m.logical_config, m.layer_number)
         mods.sort(key=lambda m: m.moe_index)
         self.layers = mods
+        if groups is None:  # the layers' own EP group object: no second communicator over the same ranks
+            groups = dataclasses.replace(groups_from_parallel_state(), ep=mods[0].ep_group)
+        #: the process groups and ranks this runner works over
+        self.groups = groups.check()
         self.topo, self.timeout = topo, timeout
         self.config = mods[0].logical_config
         self.num_moe_layers = _num_moe_layers(self.config)
-        self.group = mods[0].ep_group
+        self.group = groups.ep
         if dist.get_world_size(self.group) != topo.ep:
             raise RoutepackError(f"topo: ep={topo.ep}, the expert-parallel group has {dist.get_world_size(self.group)}")
+        ranks = dist.get_process_group_ranks(self.group)
+        if any(dist.get_process_group_ranks(m.ep_group) != ranks for m in mods):
+            raise RoutepackError(
+                f"groups.ep: ranks {ranks}, but the model's PlanMoELayer layers run over another expert-parallel "
+                "group (pass the group the model was built with)"
+            )
         self.ep_rank = dist.get_rank(self.group)
         peers = group_peers(self.group)
         self.views = [LayerView(m, i, peers, self.group) for i, m in enumerate(mods)]
-        from megatron.core import parallel_state  # type: ignore[import-untyped]
-
         #: this rank's pipeline stage and the group of its peers in the other stages (None: pp = 1)
-        self.stage, self.pp_group = _pipeline(topo, self.num_moe_layers, [m.moe_index for m in mods])
+        self.stage, self.pp_group = groups.pipeline_stage(topo, self.num_moe_layers, [m.moe_index for m in mods])
         if topo.vpp > 1 and len(chunks) != topo.vpp:
             raise RoutepackError(f"model: {len(chunks)} model chunk(s); topo.vpp={topo.vpp} needs the list of them")
         self._hooks = [
             c.register_forward_pre_hook(lambda mod, args, held=_chunk_holders(c): self._chunk_forward(held))
             for c in (chunks if topo.vpp > 1 else [])
         ]
-        self.dp_rank = parallel_state.get_data_parallel_rank()
-        dp = parallel_state.get_data_parallel_world_size()
-        if dp != topo.dp or self.dp_rank % topo.ep != self.ep_rank:
-            raise RoutepackError(
-                f"topo: dp={topo.dp}, ep={topo.ep}; Megatron has DP size {dp}, this rank DP {self.dp_rank}, "
-                f"EP {self.ep_rank} (routepack's EP groups are consecutive blocks of ep DP ranks)"
-            )
-        self.group_index = self.dp_rank // topo.ep
+        self.dp_rank = groups.dp_rank
+        #: this rank's EP group among the plan's (DP ranks ``ep * g ..``)
+        self.group_index = groups.ep_group_index(topo, self.ep_rank)
         self.ddp_configs = [getattr(c, "ddp_config", None) for c in chunks]
+        #: the window's plan and window (`begin_window`), its replica exchange (None: no
+        #: replicas on this stage), the last migration's report
         self.plan: Optional[Plan] = None
         self._window: Optional[Window] = None
-        self.micro: Optional[int] = None
         self.exchange: Optional[_Exchange] = None
         self.last_migration: Optional[MigrationReport] = None
-        self._backwards = [0] * len(mods)
-        self._completed = [0] * len(mods)  # planned steps each layer completed since the last finish_step
-        self._filled: set = set()
-        #: (micro, layer position) → the copies this rank received for that cell (flat, buffer
-        #: order), from the forward until the backward; the microbatch whose copies each layer's
-        #: buffers hold now; how often a backward put its copies back (tests)
-        self._copies: Dict[Tuple[int, int], List[torch.Tensor]] = {}
-        self._loaded: Dict[int, int] = {}
-        self.restores = 0
-        #: with ``recording``, ``received[(micro, moe layer)]`` holds the tokens each local
-        #: Megatron expert received in the last forward of that cell (a host copy per layer: tests)
+        #: the step's microbatches (`MicrobatchState`: current one, kept copies, backwards run)
+        self.state = MicrobatchState(len(mods))
+        #: with ``recording``, `received` holds the tokens each local expert received (tests)
         self.recording = False
-        self.received: Dict[Tuple[int, int], List[int]] = {}
         for m in mods:
             m.runner = self
+
+    @property
+    def micro(self) -> Optional[int]:
+        """This step's current microbatch (None: outside planned microbatches)."""
+        return self.state.micro
+
+    @property
+    def received(self) -> Dict[Tuple[int, int], List[int]]:
+        """With ``recording``: (micro, moe layer) → the tokens each local Megatron expert received
+        in the last forward of that cell (a host copy per layer: tests)."""
+        return self.state.received
+
+    @property
+    def restores(self) -> int:
+        """How often a backward put its microbatch's copies back into the replica buffers (tests)."""
+        return self.state.restores
+
+    @restores.setter
+    def restores(self, value: int) -> None:
+        self.state.restores = value
+
+    @property
+    def _moe_indices(self) -> List[int]:
+        return [m.moe_index for m in self.layers]
 
     # ------------------------------------------------------------------ checks
     def _local_plan(self, plan: Plan) -> Plan:
@@ -363,13 +370,9 @@ class MegatronRunner:
             cells = layer_tables(plan, window, self.topo, l, self.ep_rank, self.group_index, m.replica_slots)
             m.set_placement(local.placement.phy2log[i], origins.sum(axis=0)[:, l], cells)
         self.plan, self._window = plan, window
-        self.received = {}
         self.exchange = self._make_exchange(local) if local.replicas.size else None
-        self._copies, self._loaded = {}, {}
         self._mark_copies(optimizer)
-        self._backwards = [0] * len(self.layers)
-        self._completed = [0] * len(self.layers)
-        self.micro = None
+        self.state = MicrobatchState(len(self.layers), restores=self.state.restores)
         return report
 
     def _agree(self, err: Optional[BaseException], digest: int) -> torch.device:
@@ -415,12 +418,12 @@ class MegatronRunner:
         layer and posts its replica weight transfers (asynchronous)."""
         if self.plan is None:
             raise RoutepackError("start_micro: call begin_window first")
-        self.micro = _args.rank(micro, "micro", self.plan.num_micro)
+        current = _args.rank(micro, "micro", self.plan.num_micro)
+        self.state.start(current)
         for m in self.layers:
-            m.slot_map.micro = self.micro
-        self._filled = set()
+            m.slot_map.micro = current
         if self.exchange is not None:
-            self.exchange.prefetch(self.micro)
+            self.exchange.prefetch(current)
 
     def _chunk_forward(self, holders: List[Any]) -> None:
         """Forward pre-hook of a model chunk (vpp > 1): makes the microbatch Megatron's schedule
@@ -438,7 +441,7 @@ class MegatronRunner:
         if self.plan is not None and micro is not None:
             self.start_micro(int(micro))
         elif self.plan is not None:
-            self.micro = None
+            self.state.micro = None
             for m in self.layers:
                 m.slot_map.micro = None
 
@@ -452,16 +455,16 @@ class MegatronRunner:
     def end_micro(self) -> None:
         """Leaves planned microbatches: later forwards (evaluation, log-probs) route by the
         window's default table."""
-        self.micro = None
-        self._copies, self._loaded = {}, {}
+        self.state.leave()
         for m in self.layers:
             m.slot_map.micro = None
 
     # ------------------------------------------------------------------ hooks of the layer
     def note_received(self, layer: PlanMoELayer, tokens_per_expert: Any) -> None:
         """With ``recording``: the tokens each local expert of ``layer`` received this forward."""
-        if self.micro is not None:
-            self.received[(self.micro, layer.moe_index)] = [int(x) for x in tokens_per_expert.tolist()]
+        micro = self.state.micro
+        if micro is not None:
+            self.state.received[(micro, layer.moe_index)] = [int(x) for x in tokens_per_expert.tolist()]
 
     def predicted_received(self) -> np.ndarray:
         """int64 ``[M, L]``: the tokens the plan says this rank receives per (micro, MoE layer)
@@ -477,13 +480,11 @@ class MegatronRunner:
         """Forward of ``layer`` in ``micro``: its replica buffers receive the cell's copies
         (received once per microbatch: a recomputed forward finds them kept), which are kept
         until the microbatch's backward (`restore_replicas`, `after_backward`)."""
-        if self.exchange is None:
+        exchange = self.exchange
+        if exchange is None:
             return
         i = self.layers.index(layer)
-        if (micro, layer.moe_index) not in self._filled:
-            self._filled.add((micro, layer.moe_index))
-            self._copies[(micro, i)] = list(self.exchange.weights(i))
-            self._loaded.pop(i, None)
+        self.state.keep(micro, layer.moe_index, i, lambda: list(exchange.weights(i)))
         self._load_copies(layer, i, micro)
 
     def restore_replicas(self, layer: PlanMoELayer, micro: int) -> None:
@@ -491,19 +492,18 @@ class MegatronRunner:
         puts ``micro``'s copies back into the replica buffers if a later microbatch's forward
         has filled them since (pipeline schedules), so the experts' backward reads the weights
         its forward computed with."""
-        self.restores += int(self._load_copies(layer, self.layers.index(layer), micro))
+        self.state.restores += int(self._load_copies(layer, self.layers.index(layer), micro))
 
     def _load_copies(self, layer: PlanMoELayer, i: int, micro: int) -> bool:
         """Writes ``micro``'s kept copies into the buffers of ``layer`` (position ``i``) unless
         they hold them now; True when it wrote. Through ``.data``, between autograd's uses of
         the buffers (a forward, or the experts' backward, of one microbatch)."""
-        copies = self._copies.get((micro, i))
-        if copies is None or self._loaded.get(i) == micro:
-            return False
-        for j, buf in enumerate(copies):
-            layer.pieces.set_weights(layer.slots_per_rank + j, buf)
-        self._loaded[i] = micro
-        return True
+
+        def write(copies: List[torch.Tensor]) -> None:
+            for j, buf in enumerate(copies):
+                layer.pieces.set_weights(layer.slots_per_rank + j, buf)
+
+        return self.state.load(i, micro, write)
 
     def after_backward(self, layer: PlanMoELayer, micro: int) -> None:
         """Backward of ``layer`` in ``micro``, after its experts' weight gradients accumulated:
@@ -513,7 +513,7 @@ class MegatronRunner:
         i = self.layers.index(layer)
         spr = layer.slots_per_rank
         if self.exchange is not None:
-            self._copies.pop((micro, i), None)
+            self.state.drop(micro, i)
             view = self.views[i]
             got = self.exchange.exchange_copy_grads(micro, i, view)
             held = sum(len(ch.mine) for ch in self.exchange._chains(micro, i))
@@ -521,11 +521,7 @@ class MegatronRunner:
                 layer.pieces.set_grad(spr + j, None)
             for slot, buf in got:
                 layer.pieces.set_grad(slot, buf, add=True)
-        num_micro = self.plan.num_micro if self.plan is not None else 1
-        n = self._backwards[i] + 1
-        self._backwards[i] = 0 if n == num_micro else n
-        if n == num_micro:
-            self._completed[i] += 1
+        if self.state.count_backward(i, self.plan.num_micro if self.plan is not None else 1):
             self._sum_redundant(layer)
 
     @torch.no_grad()
@@ -554,7 +550,7 @@ class MegatronRunner:
     def check_step_finished(self, where: str) -> None:
         """Raises when some layer's backward ran for part of the step's microbatches only (its
         redundant experts are summed in the step's last microbatch, which has not run)."""
-        left = {m.moe_index: n for m, n in zip(self.layers, self._backwards) if n}
+        left = self.state.part_way(self._moe_indices)
         if left:
             raise RoutepackError(
                 f"{where}: the step is part-way: MoE layer(s) {list(left)} ran backward for "
@@ -568,8 +564,7 @@ class MegatronRunner:
         this step (its stage's forwards did not take their microbatches through
         `microbatches`, so they routed by the default table and skipped the redundant sum)."""
         self.check_step_finished("finish_step")
-        idle = [m.moe_index for m, n in zip(self.layers, self._completed) if n == 0]
-        self._completed = [0] * len(self.layers)
+        idle = self.state.take_idle(self._moe_indices)
         if self.pp_group is not None and idle:
             self.end_micro()
             raise RoutepackError(

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from routepack._checks import index, instance_of
 from routepack.errors import RoutepackError
-from routepack.integrations._megatron_slots import slot_topk
+from routepack.integrations.megatron.slots import slot_topk
 from routepack.model import Topology
 from routepack.plan import Placement
 

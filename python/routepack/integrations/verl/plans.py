@@ -25,10 +25,10 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
-from routepack.integrations._common import rank_cells
-from routepack.integrations._layout import relayout
-from routepack.integrations._megatron_handoff import pack_plan
-from routepack.integrations._verl_split import balance_partitions
+from routepack.integrations.shared.arrays import rank_cells
+from routepack.integrations.shared.layout import relayout
+from routepack.integrations.megatron.handoff import pack_plan
+from routepack.integrations.verl.split import balance_partitions
 from routepack.plan import Plan
 from routepack.window import Window
 
@@ -94,7 +94,7 @@ def step_plans(
 ) -> StepPlans:
     """Plans step ``step`` of a batch whose samples ``window`` describes (in batch order).
 
-    ``planner``: a `routepack.integrations._trainer.TrainerPlanner`; ``minibatch_size``: PPO
+    ``planner``: a `routepack.integrations.shared.trainer.TrainerPlanner`; ``minibatch_size``: PPO
     mini-batch samples (``ppo_mini_batch_size * rollout.n``); ``token_cap``: the worker's
     ``ppo_max_token_len_per_gpu`` times the sequence-parallel size; ``group``: verl's
     ``force_group_size``; ``multiple``: microbatches per rank a multiple of it (VPP's

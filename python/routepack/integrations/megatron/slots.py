@@ -9,7 +9,7 @@ from typing import Any, Optional
 import numpy as np
 
 from routepack.errors import RoutepackError
-from routepack.integrations._common import as_numpy
+from routepack.integrations.shared.arrays import as_numpy
 
 
 def slot_topk(

@@ -4,7 +4,7 @@
   its routes (R3: this step's ``routed_experts``; R2: the routes the trainer recorded in the
   previous step's log-prob pass, captured from ``_compute_old_log_prob``), orders the batch
   so that verl's equal DP chunks and the workers' mini-batches are the planned ones, and
-  ships the plans with the batch (`routepack.integrations._verl_plans`);
+  ships the plans with the batch (`routepack.integrations.verl.plans`);
 * the workers' ``verl.workers.engine.utils.prepare_micro_batches`` (and the name every
   loaded engine module bound it to): the planned microbatches of the mini-batch (or of the
   whole rank batch, in the log-prob passes), in every epoch.
@@ -33,12 +33,12 @@ from typing import Any, Callable, Dict, Mapping, Optional
 from routepack._checks import positive_int
 from routepack.routes.ids import renamed
 from routepack.errors import RoutepackError
-from routepack.integrations import _verl_megatron as vm
-from routepack.integrations._common import as_numpy, require
-from routepack.integrations._trainer import TrainerPlanner, plan_seconds, step_metrics, window_from_loads
-from routepack.integrations._verl_plans import PLAN_PREFIX, SAMPLE_KEY, NoPlan, StepPlans, micro_indices, step_plans
-from routepack.integrations._verl_split import balance_stats
-from routepack.integrations._verl_window import window_from_verl
+from routepack.integrations.shared.arrays import as_numpy, require
+from routepack.integrations.shared.trainer import TrainerPlanner, plan_seconds, step_metrics, window_from_loads
+from routepack.integrations.verl import megatron_engine as vm
+from routepack.integrations.verl.plans import PLAN_PREFIX, SAMPLE_KEY, NoPlan, StepPlans, micro_indices, step_plans
+from routepack.integrations.verl.split import balance_stats
+from routepack.integrations.verl.window import window_from_verl
 from routepack.routes.layers import MoELayers
 
 LOG = logging.getLogger("routepack.integrations.verl")

@@ -1,7 +1,7 @@
 """What moves with a Megatron expert slot: weights, ``main_grad`` and optimizer state (torch).
 
 `MegatronSlotState` is the `routepack.torch.slot_state.SlotState` of one `PlanMoELayer`: per
-placement slot, for every piece of its parameters (`_megatron_experts.SlotPieces`), in order:
+placement slot, for every piece of its parameters (`routepack.integrations.megatron.experts.SlotPieces`), in order:
 
 * the weights (the parameter's own elements, which under Megatron's DDP live in its param
   buffer) and ``main_grad`` where DDP gave the parameter one;
@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from routepack.errors import RoutepackError
-from routepack.integrations._megatron_experts import Piece, flat
+from routepack.integrations.megatron.experts import Piece, flat
 from routepack.torch.slot_state import SlotState
 
 

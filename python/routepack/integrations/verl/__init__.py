@@ -17,7 +17,7 @@ router_replay_utils.py``, verl 0.9):
 
 Two ways in:
 
-* `install` (`routepack.integrations._verl_hooks`): hooks ``RayPPOTrainer._balance_batch``
+* `install` (`routepack.integrations.verl.hooks`): hooks ``RayPPOTrainer._balance_batch``
   (the DP split, one plan per PPO mini-batch) and the workers' ``prepare_micro_batches`` (the
   planned microbatches in every mini-batch and epoch); plans travel with the batch. The
   backend decides what a plan may hold (FSDP: the schedule on the static placement).
@@ -32,9 +32,9 @@ hook verl; the index functions need numpy only. Install with ``pip install 'rout
 
 from __future__ import annotations
 
-from routepack.integrations._equal_counts import equal_count_plan
-from routepack.integrations._trainer import BACKENDS, TrainerPlanner, backend_policy, backend_runs, step_metrics
-from routepack.integrations._verl_hooks import (
+from routepack.integrations.shared.equal_counts import equal_count_plan
+from routepack.integrations.shared.trainer import BACKENDS, TrainerPlanner, backend_policy, backend_runs, step_metrics
+from routepack.integrations.verl.hooks import (
     FALLBACKS,
     VerlInstall,
     active,
@@ -44,8 +44,8 @@ from routepack.integrations._verl_hooks import (
     settings_from_config,
     setup_process,
 )
-from routepack.integrations._verl_plans import NoPlan, StepPlans, micro_indices, plan_key, step_plans
-from routepack.integrations._verl_split import (
+from routepack.integrations.verl.plans import NoPlan, StepPlans, micro_indices, plan_key, step_plans
+from routepack.integrations.verl.split import (
     balance_batch,
     balance_order,
     balance_partitions,
@@ -55,7 +55,7 @@ from routepack.integrations._verl_split import (
     prepare_dynamic_batch,
     rearrange_micro_batches,
 )
-from routepack.integrations._verl_window import MODES, window_from_verl
+from routepack.integrations.verl.window import MODES, window_from_verl
 
 __all__ = [
     "BACKENDS",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from routepack.errors import RoutepackError
-from routepack.integrations._common import as_numpy
+from routepack.integrations.shared.arrays import as_numpy
 from routepack.routes.verl import DEFAULT_MODE, MODES, verl_summary
 from routepack.window import Window
 

@@ -34,7 +34,7 @@ ignores it), no empty microbatch (#1838, #1860), no more microbatches than sampl
 On slime's Megatron backend the rest of the plan (expert placement, migration, redundant
 experts, intra-batch replicas) runs in the train actor: `step_plans` ships each step's plan
 with the step's data, and the actor's `layer_spec` / `begin_step` / `finish_step` /
-`stock_layout` carry it out (`routepack.integrations._slime_megatron`; docs/trainers.md has
+`stock_layout` carry it out (`routepack.integrations.slime.actor`; docs/trainers.md has
 the user change, `limits` what blocks it).
 
 The driver's side needs numpy only (torch tensors are read without importing torch); the
@@ -51,8 +51,8 @@ import numpy as np
 
 from routepack._checks import boolean, positive_int, sequence
 from routepack.errors import RoutepackError, RoutepackTypeError
-from routepack.integrations._common import as_numpy, num_ranks, plans_list, rank_cells
-from routepack.integrations._slime_megatron import (
+from routepack.integrations.shared.arrays import as_numpy, num_ranks, plans_list, rank_cells
+from routepack.integrations.slime.actor import (
     LAYOUT_ARGS,
     PLANS_KEY,
     begin_step,
@@ -64,7 +64,7 @@ from routepack.integrations._slime_megatron import (
     stock_layout,
     step_plans,
 )
-from routepack.integrations._trainer import BACKENDS, TrainerPlanner, backend_policy, plan_seconds, step_metrics
+from routepack.integrations.shared.trainer import BACKENDS, TrainerPlanner, backend_policy, plan_seconds, step_metrics
 from routepack.routes.layers import MoELayers
 from routepack.routes.slime import DEFAULT_LAST_TOKEN, LAST_TOKEN, slime_pad_row, slime_summary
 from routepack.window import Window
@@ -228,7 +228,7 @@ def planner_from_args(args: Any, cost: Any, backend: Optional[str] = None, **opt
     ``time_budget_s``, stage options). What the backend carries out, and so the policy, is
     `backend_policy`'s.
 
-    On slime's Megatron backend the actor carries the whole plan out (`_slime_megatron`: the
+    On slime's Megatron backend the actor carries the whole plan out (`routepack.integrations.slime.actor`: the
     model built with ``--spec routepack.integrations.slime layer_spec``, the plans shipped by
     `step_plans`), unless `limits` names an option that blocks placement (the schedule alone
     then). The MoE layers' layout is the actor's: ``args.routepack_slots_per_rank`` (default
@@ -305,7 +305,7 @@ def plan_dp_schedule(
     ``[len(tokens) - 1, L, k]`` arrays, ``data["rollout_routed_experts"]``).
 
     Dynamic mode (``args.use_dynamic_batch_size``): token cap ``max_tokens_per_gpu *
-    cp_size``; a longer sample runs alone (`routepack.integrations._layout.clamp_oversize`;
+    cp_size``; a longer sample runs alone (`routepack.integrations.shared.layout.clamp_oversize`;
     ``plan.report["oversize"]``). Static mode: ``args.micro_batch_size`` samples a
     microbatch, ``ceil(S / micro_batch_size)`` microbatches a step as slime makes them (a
     count that is not a multiple of ``dp_size`` times VPP's group is refused, naming

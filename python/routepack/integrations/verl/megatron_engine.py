@@ -8,7 +8,7 @@ workers), on ``MegatronEngine``:
 * ``_build_megatron_module``: the actor's model is built through the bridge with
   `routepack.integrations.megatron.plan_layer_spec` (physical slots and replica buffers; the
   layout from ``actor.megatron.override_mcore_model_config.routepack``: ``slots_per_rank``,
-  ``replica_slots``), and a `MegatronRunner` (`routepack.integrations._megatron_handoff.Handoff`)
+  ``replica_slots``), and a `MegatronRunner` (`routepack.integrations.megatron.handoff.Handoff`)
   is tied to the DDP-wrapped model. The bridge's HF name mapping (load) and export (weight sync
   to the rollout engine, HF checkpoints) see logical experts.
 * ``forward_backward_batch`` / verl's ``make_batch_generator``: a training pass over a planned
@@ -34,8 +34,8 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from routepack._checks import positive_int
 from routepack.errors import RoutepackError
-from routepack.integrations._megatron_handoff import Handoff, unpack_plan
-from routepack.integrations._verl_plans import PLAN_PREFIX, SAMPLE_KEY
+from routepack.integrations.megatron.handoff import Handoff, unpack_plan
+from routepack.integrations.verl.plans import PLAN_PREFIX, SAMPLE_KEY
 
 LOG = logging.getLogger("routepack.integrations.verl")
 #: The key of routepack's layout in ``actor.megatron.override_mcore_model_config``.
@@ -224,7 +224,7 @@ def logical_names(model: Any, names: Dict[str, str]) -> Dict[str, str]:
     """``names`` (local → global state-dict names) with each local expert of a routepack MoE
     layer named by the logical expert it holds (an empty slot or replica buffer: its layer's
     expert 0, which it never computes)."""
-    from routepack.integrations._megatron_layer import PlanMoELayer
+    from routepack.integrations.megatron.layer import PlanMoELayer
 
     inner = _unwrap(model)
     owners = {f"{n}.experts.": m for n, m in inner.named_modules() if isinstance(m, PlanMoELayer)}
@@ -249,7 +249,7 @@ def logical_export(bridge: Any, models: Any) -> Any:
     """mbridge's ``export_weights`` for a routepack model: `export_weights` (every expert in
     logical order, collective over the EP group) through the bridge's own
     ``_weight_to_hf_format``; buffers other than ``expert_bias`` left out, as mbridge does."""
-    from routepack.integrations._megatron_ckpt import export_weights
+    from routepack.integrations.megatron.checkpoint import export_weights
 
     chunks = list(models) if isinstance(models, (list, tuple)) else [models]
     skip = set()

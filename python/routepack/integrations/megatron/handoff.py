@@ -6,8 +6,8 @@ mini-batch (``begin``), its microbatches (``iterate``, or ``step_function`` arou
 ``forward_step_func``), the step's end before the optimizer
 steps (``before_optimizer_step``), and steps that run without a plan (``unplanned``).
 
-Shared by the verl hand-off (`routepack.integrations._verl_megatron`) and the slime one
-(`routepack.integrations._slime_megatron`). torch and Megatron are imported only by `Handoff`.
+Shared by the verl hand-off (`routepack.integrations.verl.megatron_engine`) and the slime one
+(`routepack.integrations.slime.actor`). torch and Megatron are imported only by `Handoff`.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class Handoff:
     state of the step in progress. ``name`` names the trainer in messages."""
 
     def __init__(self, model: Any, topo: Topology, name: str) -> None:
-        from routepack.integrations._megatron_runner import MegatronRunner
+        from routepack.integrations.megatron.runner import MegatronRunner
 
         chunks = list(model) if isinstance(model, (list, tuple)) else [model]
         if len(chunks) != 1:

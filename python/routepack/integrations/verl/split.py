@@ -11,8 +11,15 @@ import numpy as np
 
 from routepack._checks import as_int_array, index, instance_of, positive_int, sequence
 from routepack.errors import RoutepackError
-from routepack.integrations._common import as_numpy, local_micro_indices, num_ranks, plans_list, rank_order, require
-from routepack.integrations._equal_counts import plan_equal_counts
+from routepack.integrations.shared.arrays import (
+    as_numpy,
+    local_micro_indices,
+    num_ranks,
+    plans_list,
+    rank_order,
+    require,
+)
+from routepack.integrations.shared.equal_counts import plan_equal_counts
 from routepack.plan import Plan
 
 

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from routepack.errors import RoutepackError
-from routepack.integrations._megatron_experts import SlotPieces
+from routepack.integrations.megatron.experts import SlotPieces
 
 
 def _is_moe_layer(m: Any) -> bool:

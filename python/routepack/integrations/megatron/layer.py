@@ -12,7 +12,7 @@ intra-batch replica copies. Three things differ from the stock layer:
   its weights, checkpoint key (``router.weight``), aux losses and replay registry entry are
   the stock model's, one per layer, with ``layer_number`` set; its ``forward`` maps the
   logical ``(probs, routing_map)`` to the physical experts on the device
-  (`routepack.integrations._megatron_tables.SlotMap`);
+  (`routepack.integrations.megatron.tables.SlotMap`);
 * one autograd node (`_SlotLink`) sits on the dispatched tokens in front of the experts: its
   forward fills the replica buffers with the copies' weights (sent along the simulator's
   chains, `routepack.torch.ReplicaExchange`), its backward, which runs after the experts'
@@ -48,8 +48,8 @@ from megatron.core.transformer.moe.router import TopKRouter  # type: ignore[impo
 from megatron.core.transformer.spec_utils import ModuleSpec  # type: ignore[import-untyped]
 
 from routepack.errors import RoutepackError, RoutepackTypeError
-from routepack.integrations._megatron_experts import SlotPieces
-from routepack.integrations._megatron_tables import SlotMap, default_table
+from routepack.integrations.megatron.experts import SlotPieces
+from routepack.integrations.megatron.tables import SlotMap, default_table
 from routepack.model import Topology
 from routepack.plan import Placement
 
@@ -189,7 +189,7 @@ class PlanMoELayer(MoELayer):
         self.moe_index: int = -1
         self.runner: Any = None
         self.set_placement(Placement.static(1, experts, topo).phy2log[0])
-        from routepack.integrations._megatron_ckpt import sync_local_copies
+        from routepack.integrations.megatron.checkpoint import sync_local_copies
 
         self.register_load_state_dict_post_hook(lambda module, keys: sync_local_copies(module))
 
@@ -222,8 +222,8 @@ class PlanMoELayer(MoELayer):
     # ---------------------------------------------------------------- checkpoints
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: Any = None) -> dict:
         """Megatron's sharded state dict with the experts in logical ids (stock keys and shapes:
-        `routepack.integrations._megatron_ckpt.logical_sharded_state_dict`)."""
-        from routepack.integrations._megatron_ckpt import logical_sharded_state_dict
+        `routepack.integrations.megatron.checkpoint.logical_sharded_state_dict`)."""
+        from routepack.integrations.megatron.checkpoint import logical_sharded_state_dict
 
         out = super().sharded_state_dict(prefix, sharded_offsets, metadata)
         mine = f"{prefix}experts."

@@ -10,16 +10,16 @@ intra-batch replicas included. The call sites (docs/trainers.md has the user cha
   ``replica_slots`` from ``args.routepack_slots_per_rank`` / ``args.routepack_replica_slots``
   (slime's ``--custom-config-path`` YAML sets them), read alike by the driver's planner.
 * `step_plans` (driver, ``_split_train_data_by_dp``): each training step's plan with its
-  window and topology (`routepack.integrations._megatron_handoff.pack_plan`), shipped to every
+  window and topology (`routepack.integrations.megatron.handoff.pack_plan`), shipped to every
   DP rank in its ``rollout_data[PLANS_KEY]``.
 * `begin_step` (``train_one_step``, before Megatron's ``forward_backward_func``): the step's
-  plan goes to a `routepack.integrations._megatron_handoff.Handoff` tied to the model (made at
+  plan goes to a `routepack.integrations.megatron.handoff.Handoff` tied to the model (made at
   the first step): ``begin_window`` (migration of weights, ``main_grad`` and the optimizer's
   state), and Megatron's ``forward_step_func`` makes the plan's microbatches current in order.
 * `finish_step` (before ``optimizer.step()``): ``MegatronRunner.finish_step`` (after a step
   without plans, the redundant experts' gradients summed).
 * `stock_layout` (slime's ``named_params_and_buffers``): the model in Megatron's stock expert
-  layout (`routepack.integrations._megatron_stock`), for the weight update to SGLang, slime's
+  layout (`routepack.integrations.megatron.stock`), for the weight update to SGLang, slime's
   weight backups (reference / old actor models) and its HF checkpoint load and save.
 
 What slime's configuration does not let the hand-off map is in `limits` (shared with the
@@ -140,7 +140,7 @@ def plan_spec(args: Any, spec: Any) -> Any:
     if why is not None:
         say_once("schedule_only", f"slime's actor runs routepack's schedule only: {why}")
         return spec
-    from routepack.integrations._megatron_layer import plan_layer_spec
+    from routepack.integrations.megatron.layer import plan_layer_spec
 
     topo = actor_topology(args)
     return plan_layer_spec(spec, topo, topo.replica_slots)
@@ -174,8 +174,8 @@ def step_plans(planner: Any) -> Optional[List[Dict[str, Any]]]:
     with its window and topology as bytes (`pack_plan`), for ``rollout_data[PLANS_KEY]``; None
     when that rollout fell back to slime's own schedule (``planner.fell_back``): the actor's
     `begin_step` then runs the placement in force."""
-    from routepack.integrations._common import num_ranks
-    from routepack.integrations._megatron_handoff import pack_plan
+    from routepack.integrations.megatron.handoff import pack_plan
+    from routepack.integrations.shared.arrays import num_ranks
 
     if getattr(planner, "fell_back", None):
         return None
@@ -201,8 +201,8 @@ def handoff(model: Any) -> Any:
     hit = _HANDOFFS.get(id(chunks[0]))
     if hit is not None and hit[0] is chunks[0]:
         return hit[1]
-    from routepack.integrations._megatron_handoff import Handoff
-    from routepack.integrations._megatron_layer import PlanMoELayer
+    from routepack.integrations.megatron.handoff import Handoff
+    from routepack.integrations.megatron.layer import PlanMoELayer
 
     layers = [m for c in chunks for m in c.modules() if isinstance(m, PlanMoELayer)]
     out = Handoff(chunks, layers[0].topo, "slime's Megatron actor") if layers else None
@@ -244,7 +244,7 @@ def begin_step(model: Any, optimizer: Any, data_iterator: Any, step_id: int, for
         raise RoutepackError(f"{where}: the rollout ships {len(payloads)} step plans")
     if h is None:
         if payloads is not None:
-            from routepack.integrations._megatron_handoff import unpack_plan
+            from routepack.integrations.megatron.handoff import unpack_plan
 
             if _moves(unpack_plan(payloads[step_id], where)[0]):
                 raise RoutepackError(
@@ -260,7 +260,7 @@ def begin_step(model: Any, optimizer: Any, data_iterator: Any, step_id: int, for
         )
         h.unplanned()
         return forward_step
-    from routepack.integrations._megatron_handoff import unpack_plan
+    from routepack.integrations.megatron.handoff import unpack_plan
 
     plan, window, topo = unpack_plan(payloads[step_id], where)
     h.check_topology(topo, where)
@@ -305,9 +305,9 @@ def finish_step(model: Any) -> None:
 
 def stock_layout(model: Any) -> Any:
     """In slime's ``named_params_and_buffers``: ``model`` in Megatron's stock expert layout
-    (`routepack.integrations._megatron_stock.stock_view`; ``model`` itself without routepack's
+    (`routepack.integrations.megatron.stock.stock_view`; ``model`` itself without routepack's
     MoE layers). Reading and writing through it is collective over the EP group."""
-    from routepack.integrations._megatron_stock import stock_view
+    from routepack.integrations.megatron.stock import stock_view
 
     return stock_view(model)
 

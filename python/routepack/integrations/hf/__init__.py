@@ -57,7 +57,7 @@ if _v is None or (int(_v.group(1)), int(_v.group(2))) < (5, 17):  # pragma: no c
     raise ImportError(f"{_NEEDS} (found transformers {transformers.__version__})")
 
 from routepack.errors import RoutepackError, RoutepackTypeError  # noqa: E402
-from routepack.integrations._hf_families import FAMILIES, Family, family_of  # noqa: E402
+from routepack.integrations.hf.families import FAMILIES, Family, family_of  # noqa: E402
 from routepack.model import ModelShape  # noqa: E402
 from routepack.window import Window  # noqa: E402
 
@@ -420,8 +420,8 @@ class replay_routing:  # noqa: N801 - a context manager used like a function
         self._handles.clear()
 
 
-# expert-parallel training under a plan (its own module: `routepack.integrations.hf_shard`)
-from routepack.integrations.hf_shard import EPExperts, ShardedMoE, shard  # noqa: E402
+# expert-parallel training under a plan (its own module: `routepack.integrations.hf.sharding`)
+from routepack.integrations.hf.sharding import EPExperts, ShardedMoE, shard  # noqa: E402
 
 __all__ = [
     "EPExperts",

@@ -25,8 +25,8 @@ import numpy as np
 
 from routepack._checks import instance_of, positive_int
 from routepack.errors import RoutepackError
-from routepack.integrations._equal_counts import plan_equal_counts
-from routepack.integrations._layout import align_steps, clamp_oversize, fixed_size_layout
+from routepack.integrations.shared.equal_counts import plan_equal_counts
+from routepack.integrations.shared.layout import align_steps, clamp_oversize, fixed_size_layout
 from routepack.model import CostModel, Topology
 from routepack.plan import Placement, Plan
 from routepack.policies import PRESETS, resolve
