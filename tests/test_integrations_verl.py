@@ -313,7 +313,7 @@ def test_dense_layers_from_the_local_checkpoints_config(tmp_path):
     hook reads its transformers config, counts the MoE rows of verl's routes (L = 3 rows, row 0
     zero) and plans 2 layers; without it the dense row is refused, naming moe_layers."""
     transformers = pytest.importorskip("transformers")
-    from routepack.integrations import _verl_hooks as vh
+    from routepack.integrations.verl import hooks as vh
 
     cfg = transformers.DeepseekV3Config(
         num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=6, num_experts_per_tok=2, hidden_size=16
