@@ -4,7 +4,7 @@ section per binding file; `.ci/run` checks them against the built module with
 
 An option that defaults to None takes the Rust core's default (`defaults()` lists them)."""
 
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -224,8 +224,11 @@ def pipeline_makespan(
     or "backward") on operation times fwd, bwd [M, pp*vpp] and sends p2p [M, pp*vpp - 1]."""
 
 # ---- ingestion (src/py_ingest.rs)
-def expert_tokens_from_routed(routed: np.ndarray, cu_seqlens: _I64, num_experts: int) -> Tuple[_I64, _Counts]:
-    """(seq_lens [S], expert_tokens [S, L, E]) from top-k ids [T, L, k] (uint8/int16/int32/int64);
+def expert_tokens_from_routed(
+    routed: np.ndarray, cu_seqlens: _I64, num_experts: int, moe_layers: Optional[Sequence[int]] = None
+) -> Tuple[_I64, _Counts]:
+    """(seq_lens [S], expert_tokens [S, L', E]) from top-k ids [T, L, k] (uint8/int16/int32/int64),
+    counting the rows of the layer axis moe_layers lists (strictly increasing; None: all, L' = L);
     the counts in the narrowest of uint8, uint16, int32 that holds them."""
 
 def check_expert_tokens(seq_lens: _I64, expert_tokens: _Counts, top_k: Optional[int] = None) -> int:
