@@ -18,6 +18,7 @@ from routepack.policies import resolve
 from routepack.simulate import simulate
 from routepack.stages.context import DEFAULT_POLICY, DEFAULT_SEED, DEFAULT_TOKEN_CAP, PlanContext, check_fills_cells
 from routepack.stages.registry import PACKINGS, PLACEMENTS, REPLICATIONS, Stage, canonical_options, stage_options
+from routepack.stages.replication_live import REPLICA_TIMINGS
 from routepack.window import Window
 
 #: How ``time_budget_s`` is spent: the one table of shares (docs/design.md points here).
@@ -242,13 +243,16 @@ def plan_stages(
             placement.num_experts,
             placement.slots_per_rank,
             cost.expert_state_bytes,
-            min(topo.gpus_per_node, topo.ep),
+            min(topo.domain, topo.ep),
         )
         migration = np.zeros(len(cols[0]), dtype=MIGRATION_DTYPE)
         for name_, col in zip(MIGRATION_FIELDS, cols):
             migration[name_] = col
 
-    plan = Plan(placement, sample_rank, sample_micro, num_micro, replicas, migration, policy=name)
+    timing = REPLICA_TIMINGS.get(pol.replication, "prefetch")
+    plan = Plan(
+        placement, sample_rank, sample_micro, num_micro, replicas, migration, policy=name, replica_timing=timing
+    )
     # `Plan.validate` and the final simulate in one call: one view of the window for both
     sim = simulate(plan, window, topo, cost, token_cap, validate=True, oversize=ctx.oversize)
     seconds["total"] = time.perf_counter() - start

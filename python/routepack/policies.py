@@ -33,6 +33,12 @@ PRESETS: Dict[str, Policy] = {
     # ReLibra: node-level expert reordering per window + intra-node replication per microbatch;
     # both from routing replay, so from this window's loads (as its paper describes)
     "relibra": Policy("relibra", "sequential", "relibra", loads="window"),
+    # the per-microbatch exact balancers (docs/design.md, Baselines): MoonEP and UltraEP keep
+    # parameter and optimizer ownership where the model put it (Megatron's static placement),
+    # balance every exchange from the router's output inside each NVLink domain, and run under
+    # the trainer's packing (verl's Karmarkar-Karp, what RL users' dynamic batches get)
+    "moonep": Policy("static", "kk", "moonep", loads="window"),
+    "ultraep": Policy("static", "kk", "ultraep", loads="window"),
     # ablations of routepack, as in the papers: placement alone, packing alone, both
     "routepack_placement": Policy("routepack", "sequential", "none"),
     "routepack_packing": Policy("static", "routepack", "none"),

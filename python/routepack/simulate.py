@@ -176,7 +176,8 @@ def simulate(
     checked as ``plan.validate(window, topo, token_cap)`` checks it (``token_cap`` then
     required), raising the same `InvalidPlanError`, in the same call over the window (what
     `plan_window` runs on the plan it assembles); ``oversize`` as `Plan.validate` takes it
-    (None: the mode ``plan.report`` records).
+    (None: the mode ``plan.report`` records). The plan's copies are priced as
+    ``plan.replica_timing`` says they move.
     """
     from routepack.oversize import plan_mode
 
@@ -208,5 +209,6 @@ def simulate(
             cap,
             token_cap if validate else None,
             mode,
+            plan.replica_timing,
         )
     return SimResult(**out)

@@ -33,6 +33,7 @@ from routepack.stages.placement import (
     static_placement,
 )
 from routepack.stages.policy import Policy
+from routepack.stages.replication_live import MoonEpOptions, UltraEpOptions, moonep_replication, ultraep_replication
 from routepack.stages.replication import (
     HotNOptions,
     RelibraReplicationOptions,
@@ -70,6 +71,8 @@ REPLICATIONS: Dict[str, Stage] = {
     "hot_n": Stage(hot_n_replication, HotNOptions),
     "relibra": Stage(relibra_replication, RelibraReplicationOptions),
     "routepack": Stage(routepack_replication, RoutepackReplicationOptions),
+    "moonep": Stage(moonep_replication, MoonEpOptions),
+    "ultraep": Stage(ultraep_replication, UltraEpOptions),
 }
 
 #: The tables by stage name, in planning order.
