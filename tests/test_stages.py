@@ -118,7 +118,13 @@ def test_defaults_are_the_cores():
     )
     for name, default in seen.items():
         if default is None:  # computed by the stage from the window and topology
-            assert name in ("placement_cells", "placement_explore", "eplb_num_groups", "replication_buffers"), name
+            assert name in (
+                "placement_cells",
+                "placement_explore",
+                "eplb_num_groups",
+                "replication_buffers",
+                "replication_redundant",
+            ), name
         else:
             assert flat.pop(name) == default, name
     assert flat == {"placement_explore": core["placement"]["placement_explore"]}

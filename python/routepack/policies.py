@@ -43,8 +43,9 @@ PRESETS: Dict[str, Policy] = {
     "routepack_placement": Policy("routepack", "sequential", "none"),
     "routepack_packing": Policy("static", "routepack", "none"),
     "routepack_no_replication": Policy("routepack", "routepack", "none"),
-    # routepack: every stage, planned from this window's routing replay
-    "routepack": Policy("routepack", "routepack", "routepack"),
+    # routepack: every stage, planned from this window's routing replay; the planner keeps the
+    # fastest of its stages' candidates by simulate (routepack.choice)
+    "routepack": Policy("routepack", "routepack", "routepack", choose=True),
 }
 
 
@@ -64,7 +65,7 @@ def resolve(policy: Any) -> Tuple[str, Policy]:
     (`routepack.stages.registry.check_policy`)."""
     if isinstance(policy, Policy):
         pol = check_policy(policy)
-        name = f"{policy.placement}+{policy.packing}+{policy.replication}"
+        name = f"{policy.placement}+{policy.packing}+{policy.replication}" + ("+choose" if policy.choose else "")
     elif isinstance(policy, str):
         if policy not in PRESETS:
             raise RoutepackError(f"policy: unknown preset {policy!r}; known: {sorted(PRESETS)}")

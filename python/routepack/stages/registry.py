@@ -196,6 +196,8 @@ def check_policy(policy: Any) -> Policy:
             raise RoutepackError(f"policy.{stage}: unknown choice {choice!r}; known: {sorted(table)}")
     if not isinstance(policy.loads, str) or policy.loads not in ("window", "previous"):
         raise RoutepackError(f"policy.loads: expected 'window' or 'previous', got {policy.loads!r:.80}")
+    if not isinstance(policy.choose, bool):
+        raise RoutepackTypeError(f"policy.choose: expected a bool, got {type(policy.choose).__name__}")
     return policy
 
 

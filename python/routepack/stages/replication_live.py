@@ -11,7 +11,8 @@ weight copies (nothing is left to hide them behind: the layer's attention ran be
 * ``ultraep`` (`ultraep_replication`, `UltraEpOptions`): UltraEP (xtuner PR 2050, arXiv
   2606.04101). Per exchange and NVLink domain, the smallest load threshold an export plan meets
   (binary search), each overloaded rank exporting quotas of its hottest experts to the ranks with
-  the most slack, at most ``replication_redundant`` replicas a rank, each of at least
+  the most slack, at most ``replication_redundant`` replicas a rank (half its own experts by
+  default, as UltraEP's README configures it), each of at least
   ``replication_min_tokens`` tokens.
 
 The algorithms are in the Rust core (``replication/moonep.rs``, ``replication/ultraep.rs``).
@@ -50,9 +51,10 @@ class MoonEpOptions(StageOptions):
 class UltraEpOptions(StageOptions):
     """Options of the ``ultraep`` replication (defaults: UltraEP's, from the Rust core)."""
 
-    #: Spare slots a rank (UltraEP's ``num_local_redundant_experts``), >= 0; capped by
-    #: `Topology.replica_slots`.
-    replication_redundant: int = option("replication", "replication_redundant", count(0))
+    #: Spare slots a rank (UltraEP's ``num_local_redundant_experts``), >= 0; None, the default:
+    #: half a rank's own experts, ⌈⌈E / ep⌉ / 2⌉, the ratio of UltraEP's README example (4 master
+    #: and 2 redundant experts a rank). Capped by `Topology.replica_slots`.
+    replication_redundant: Optional[int] = computed(count(0))
     #: The least tokens a replica takes (``ULTRA_EP_QUOTA_MIN_TOKENS_PER_REPLICA``), >= 1.
     replication_min_tokens: int = option("replication", "replication_min_tokens", count(1))
 
@@ -90,9 +92,10 @@ def ultraep_replication(
 ) -> np.ndarray:
     """UltraEP's quota-driven exact-load balance (``block``: see `Block`)."""
     args = _common(ctx, options, UltraEpOptions, placement, sample_rank, sample_micro, num_micro)
-    cols = _core.replicate_ultraep(
-        *args, options.replication_redundant, options.replication_min_tokens, block=_block(block)
-    )
+    redundant = options.replication_redundant
+    if redundant is None:
+        redundant = -(-experts_per_rank(ctx.window.num_experts, ctx.topo.ep) // 2)
+    cols = _core.replicate_ultraep(*args, redundant, options.replication_min_tokens, block=_block(block))
     return replica_table(cols)
 
 

@@ -1,0 +1,158 @@
+"""The preset is the best of its own stages: `plan_window`'s choice among candidate stage outputs,
+scored by `simulate` (what a policy with ``Policy.choose`` runs; the ``routepack`` preset does).
+
+A stage's own search optimises a proxy of the cost model, and a proxy can misjudge: under a
+calibrated cost model, or on a workload where balancing buys nothing, a simpler choice of the
+same stage is faster. So after placement and packing the planner scores a few candidates with
+the simulator every comparison is judged by, and keeps the fastest:
+
+* **packing**: the policy's own rows and layout, and verl's Karmarkar-Karp packing (`kk`), each
+  under the chosen placement;
+* **placement** (where the policy's placement is ``routepack``): its placement, and the one in
+  force (``previous``; Megatron's static one on a first window), which moves nothing and holds
+  no redundant copies, so its step pays no migration and no once-per-step sum of redundant
+  experts' gradients. Probed only where those two parts of the first probe's step reach
+  `PROBE_PLACEMENT_AT` of it (elsewhere the placement in force cannot win by more).
+
+The probes run without replication (a candidate's copies are planned once it is chosen). Where
+the runner-up packing scores within `REPLICATE_BOTH_WITHIN` of the winner, both are replicated
+and scored again, since copies can close a gap of that size. Ties keep the policy's own choice.
+Every probe is one `simulate` call over the window: at ``flash`` 0.2-0.3 CPU-seconds each.
+``plan.report["choice"]`` records the candidates' step times and what was kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from routepack import _core
+from routepack.plan import MIGRATION_DTYPE, MIGRATION_FIELDS, Placement, Plan, empty_migration, empty_replicas
+from routepack.simulate import simulate
+
+#: A placement candidate other than the policy's own is probed only where the policy
+#: placement's migration and redundant-gradient sum reach this fraction of the probe's step.
+PROBE_PLACEMENT_AT = 0.0025
+#: Where the runner-up packing's probe is within this fraction of the winner's, both are
+#: replicated and scored again.
+REPLICATE_BOTH_WITHIN = 0.02
+
+#: A packing result: (sample_rank [S], sample_micro [S], num_micro, report).
+Packing = Tuple[np.ndarray, np.ndarray, int, Dict[str, Any]]
+
+
+def migration_rows(previous: Optional[Placement], placement: Placement, topo: Any, cost: Any) -> np.ndarray:
+    """The migration table from ``previous`` to ``placement`` (empty without one)."""
+    if previous is None:
+        return empty_migration()
+    cols = _core.migration_diff(
+        previous.phy2log,
+        placement.phy2log,
+        placement.num_experts,
+        placement.slots_per_rank,
+        cost.expert_state_bytes,
+        min(topo.domain, topo.ep),
+    )
+    rows = np.zeros(len(cols[0]), dtype=MIGRATION_DTYPE)
+    for name, col in zip(MIGRATION_FIELDS, cols):
+        rows[name] = col
+    return rows
+
+
+def _score(ctx: Any, placement: Placement, packing: Packing, replicas: np.ndarray, timing: str) -> Any:
+    rank, micro, m, _ = packing
+    mig = migration_rows(ctx.previous, placement, ctx.topo, ctx.cost)
+    plan = Plan(placement, rank, micro, m, replicas, mig, replica_timing=timing)
+    return simulate(plan, ctx.window, ctx.topo, ctx.cost, ctx.token_cap, oversize=ctx.oversize)
+
+
+def choose(
+    ctx: Any,
+    policy: Any,
+    placement: Placement,
+    packing: Packing,
+    others: Dict[str, Callable[[Placement], Packing]],
+    fallback: Callable[[], Placement],
+    replicate: Callable[[Placement, Packing], np.ndarray],
+    timing: str,
+) -> Tuple[Placement, Packing, Optional[np.ndarray], Dict[str, Any]]:
+    """The fastest (placement, packing) of the candidates, and its replicas where they were
+    planned here (else None: the caller replicates it).
+
+    ``packing`` is the policy's own packing under ``placement``; ``others`` makes each other
+    candidate packing under a placement; ``fallback`` gives the placement in force (or the
+    static one); ``replicate`` plans the policy's copies of a candidate."""
+    report: Dict[str, Any] = {"probes": {}}
+    none = empty_replicas()
+    made: Dict[Tuple[str, str], Packing] = {("own", "policy"): packing}
+    scores: Dict[Tuple[str, str], float] = {}
+
+    def probe(place_name: str, place: Placement, pack_name: str) -> float:
+        key = (pack_name, place_name)
+        if key not in made:
+            made[key] = others[pack_name](place) if pack_name in others else made[("own", "policy")]
+        if key not in scores:
+            sim = _score(ctx, place, made[key], none, timing)
+            scores[key] = sim.step_time
+            report["probes"][f"{place_name}+{pack_name}"] = sim.step_time
+            if place_name == "policy" and pack_name == "own":
+                report["overheads"] = (sim.migration + sim.redundant_grads) / max(sim.step_time, 1e-300)
+        return scores[key]
+
+    probe("policy", placement, "own")
+    chosen_place, place_name = placement, "policy"
+    if policy.placement == "routepack" and report["overheads"] >= PROBE_PLACEMENT_AT:
+        other = fallback()
+        if other != placement:
+            # the placement in force is probed with the policy's own rows (valid under any placement)
+            if probe("in_force", other, "own") < scores[("own", "policy")]:
+                chosen_place, place_name = other, "in_force"
+    names: List[str] = ["own", *others]
+    for n in names:
+        probe(place_name, chosen_place, n)
+    ranked = sorted(names, key=lambda n: (scores[(n, place_name)], names.index(n)))
+    best = ranked[0]
+    report.update(placement=place_name, packing=best)
+    replicas: Optional[np.ndarray] = None
+    runner = ranked[1] if len(ranked) > 1 else None
+    if runner is not None and scores[(runner, place_name)] <= scores[(best, place_name)] * (1 + REPLICATE_BOTH_WITHIN):
+        full: Dict[str, Tuple[float, np.ndarray]] = {}
+        for n in (best, runner):
+            reps = replicate(chosen_place, made[(n, place_name)])
+            full[n] = (_score(ctx, chosen_place, made[(n, place_name)], reps, timing).step_time, reps)
+            report["probes"][f"{place_name}+{n}+replicated"] = full[n][0]
+        best = min((best, runner), key=lambda n: (full[n][0], names.index(n)))
+        replicas = full[best][1]
+        report["packing"] = best
+    return chosen_place, made[(best, place_name)], replicas, report
+
+
+def choose_stages(
+    ctx: Any,
+    policy: Any,
+    placement: Placement,
+    packing: Packing,
+    replicate_on: Callable[[Placement, np.ndarray, np.ndarray, int], np.ndarray],
+    timing: str,
+) -> Tuple[Placement, Packing, Optional[np.ndarray], Dict[str, Any]]:
+    """`choose` with the registered stages: verl's ``kk`` the other packing (where the policy's
+    is not it), the placement in force or Megatron's ``static`` the other placement;
+    ``replicate_on(placement, sample_rank, sample_micro, num_micro)`` the policy's replication."""
+    from routepack.stages.options import NoOptions
+    from routepack.stages.registry import PACKINGS, PLACEMENTS
+
+    others: Dict[str, Callable[[Placement], Packing]] = {}
+    if policy.packing != "kk":
+        others["kk"] = lambda place: PACKINGS["kk"].run(ctx, NoOptions(), place)
+
+    def fallback() -> Placement:
+        return ctx.previous if ctx.previous is not None else PLACEMENTS["static"].run(ctx, NoOptions())
+
+    def replicate(place: Placement, p: Packing) -> np.ndarray:
+        return replicate_on(place, p[0], p[1], p[2])
+
+    return choose(ctx, policy, placement, packing, others, fallback, replicate, timing)
+
+
+__all__ = ["PROBE_PLACEMENT_AT", "REPLICATE_BOTH_WITHIN", "choose", "choose_stages", "migration_rows"]
