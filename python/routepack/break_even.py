@@ -33,7 +33,7 @@ from routepack.workloads import _generator
 POLICIES = ("moonep", "ultraep", "routepack")
 BASELINE = "static"
 #: The default grid: tokens a rank sends per exchange, and max_vio.
-TOKENS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
+TOKENS = (128, 256, 512, 1024, 4096, 16384, 65536)
 VIOS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
 
 
@@ -107,12 +107,15 @@ def run(
 
 
 def break_even_tokens(data: Dict[str, Any], policy: str, vio: float) -> Any:
-    """The fewest tokens per rank of the grid at which ``policy`` is at least as fast as no
-    balancing for ``vio`` (None where it never is)."""
-    for c in sorted((c for c in data["cells"] if c["vio"] == vio), key=lambda c: c["tokens"]):
-        if c["speedup"][policy] >= 1.0:
-            return c["tokens"]
-    return None
+    """The fewest tokens per rank of the grid from which on ``policy`` is faster than no
+    balancing for ``vio`` (None where it is not at the largest)."""
+    cells = sorted((c for c in data["cells"] if c["vio"] == vio), key=lambda c: c["tokens"])
+    found = None
+    for c in reversed(cells):
+        if c["speedup"][policy] <= 1.0:
+            break
+        found = c["tokens"]
+    return found
 
 
 def figure(data: Dict[str, Any], path: str, title: str) -> str:
@@ -132,7 +135,7 @@ def figure(data: Dict[str, Any], path: str, title: str) -> str:
         for i in range(len(vios)):
             for j in range(len(tokens)):
                 ax.text(j, i, f"{z[i, j]:.2f}", ha="center", va="center", fontsize=7)
-        ax.set_xticks(range(len(tokens)), [f"{t // 1024}K" for t in tokens])
+        ax.set_xticks(range(len(tokens)), [f"{t // 1024}K" if t >= 1024 else str(t) for t in tokens])
         ax.set_yticks(range(len(vios)), [f"{v:g}" for v in vios])
         ax.set_xlabel("tokens per rank per exchange (S)")
         ax.set_title(f"{pol} over no balancing")

@@ -12,7 +12,9 @@ the simulator every comparison is judged by, and keeps the fastest:
   force (``previous``; Megatron's static one on a first window), which moves nothing and holds
   no redundant copies, so its step pays no migration and no once-per-step sum of redundant
   experts' gradients. Probed only where those two parts of the first probe's step reach
-  `PROBE_PLACEMENT_AT` of it (elsewhere the placement in force cannot win by more).
+  `PROBE_PLACEMENT_AT` of it, and where the placement in force's imbalance over the whole
+  window (`window_imbalance`, a lower bound of what its microbatches see) costs the first
+  probe's expert and all-to-all time less than twice those parts (elsewhere it cannot win).
 
 The probes run without replication (a candidate's copies are planned once it is chosen). Where
 the runner-up packing scores within `REPLICATE_BOTH_WITHIN` of the winner, both are replicated
@@ -60,6 +62,19 @@ def migration_rows(previous: Optional[Placement], placement: Placement, topo: An
     return rows
 
 
+def window_imbalance(window: Any, placement: Placement, topo: Any) -> float:
+    """Max over EP ranks / mean of the window's expert tokens under ``placement`` (an expert's
+    load split evenly over its slots), averaged over layers: the imbalance of the window taken
+    as one exchange, at most what its microbatches see."""
+    loads = window.counts.sum(axis=0, dtype=np.int64).astype(np.float64)  # [L, E]
+    p2l = placement.phy2log  # [L, slots]
+    counts = placement.logcnt.astype(np.float64)
+    per_slot = np.where(p2l >= 0, np.take_along_axis(loads / np.maximum(counts, 1), np.maximum(p2l, 0), 1), 0.0)
+    ranks = per_slot.reshape(p2l.shape[0], topo.ep, -1).sum(-1)
+    mean = ranks.mean(-1)
+    return float(np.mean(np.where(mean > 0, ranks.max(-1) / np.maximum(mean, 1e-300), 1.0)))
+
+
 def _score(ctx: Any, placement: Placement, packing: Packing, replicas: np.ndarray, timing: str) -> Any:
     rank, micro, m, _ = packing
     mig = migration_rows(ctx.previous, placement, ctx.topo, ctx.cost)
@@ -98,13 +113,19 @@ def choose(
             report["probes"][f"{place_name}+{pack_name}"] = sim.step_time
             if place_name == "policy" and pack_name == "own":
                 report["overheads"] = (sim.migration + sim.redundant_grads) / max(sim.step_time, 1e-300)
+                first.update(overhead_s=sim.migration + sim.redundant_grads, balanced_s=sim.expert + sim.all_to_all)
         return scores[key]
 
+    first: Dict[str, float] = {}
     probe("policy", placement, "own")
     chosen_place, place_name = placement, "policy"
     if policy.placement == "routepack" and report["overheads"] >= PROBE_PLACEMENT_AT:
         other = fallback()
-        if other != placement:
+        # what the placement in force loses to imbalance, at the window's loads (a lower bound
+        # of what each microbatch sees): where it exceeds twice the overheads, it cannot win
+        excess = window_imbalance(ctx.window, other, ctx.topo) - 1.0
+        report["in_force_imbalance"] = 1.0 + excess
+        if other != placement and excess * first["balanced_s"] < 2.0 * first["overhead_s"]:
             # the placement in force is probed with the policy's own rows (valid under any placement)
             if probe("in_force", other, "own") < scores[("own", "policy")]:
                 chosen_place, place_name = other, "in_force"
@@ -155,4 +176,11 @@ def choose_stages(
     return choose(ctx, policy, placement, packing, others, fallback, replicate, timing)
 
 
-__all__ = ["PROBE_PLACEMENT_AT", "REPLICATE_BOTH_WITHIN", "choose", "choose_stages", "migration_rows"]
+__all__ = [
+    "PROBE_PLACEMENT_AT",
+    "REPLICATE_BOTH_WITHIN",
+    "choose",
+    "choose_stages",
+    "migration_rows",
+    "window_imbalance",
+]

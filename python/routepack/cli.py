@@ -161,7 +161,7 @@ def _record(args: argparse.Namespace, prof: Any, windows: List[Window], cost: An
         "command": "routepack " + " ".join(shlex.quote(a) for a in args.argv),
         "routepack": __version__,
         "seed": args.seed,
-        "windows": len(windows) - 1,
+        "windows": max(len(windows) - 1, 0),
         "cost_model_name": _cost_name(args, prof),
         "cost_model": asdict(cost),
         # the cap and the oversize mode where the options set them (the profile's cap otherwise)
@@ -181,10 +181,11 @@ def _write_outputs(args: argparse.Namespace, data: Dict[str, Any], paths: Dict[s
         src = str(paths["json"]) if paths["json"] is not None else None
         clean = json.loads(json.dumps(_json_safe(data)))  # the page reads what the JSON holds
         if src is not None:
-            fig = str(paths["figure"]) if kind == "bench" and paths.get("figure") is not None else None
+            fig = str(paths["figure"]) if kind in ("bench", "break_even") and paths.get("figure") is not None else None
             text = results.render(kind, [src], page, fig)
         else:
-            body = results.bench_page(clean, page) if kind == "bench" else results.sweep_page(clean, page)
+            pages = {"bench": results.bench_page, "sweep": results.sweep_page, "break_even": results.break_even_page}
+            body = pages[kind](clean, page)
             text = results.header(data["command"]) + body
         page.write_text(text, encoding="utf-8")
         print(f"wrote {page}")
@@ -276,9 +277,35 @@ def _run_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_break_even(args: argparse.Namespace) -> int:
+    """``routepack bench --break-even`` (`routepack.break_even`)."""
+    from routepack import break_even
+
+    prof = cli_setup.run_profile(args, traces.profile(args.profile))
+    paths = _paths(args)
+    cost = _bench_cost(args, prof)
+    topo = cli_setup.board_topology(args, prof.topology(), prof.num_experts, ("moonep", "ultraep"))
+    n = len(break_even.TOKENS) * len(break_even.VIOS)
+    bar = progress.bar(n, "cell", "break-even grid", not args.quiet)
+    try:
+        data = break_even.run(prof, topo, cost, seed=args.seed, progress=_ticker(bar))
+    finally:
+        bar.close()
+    for v in data["vios"]:
+        found = {p: break_even.break_even_tokens(data, p, v) for p in break_even.POLICIES}
+        print(f"max_vio {v:g}: break-even tokens per rank " + ", ".join(f"{p} {t}" for p, t in found.items()))
+    data = {**_record(args, prof, [], cost), **data}
+    if paths["figure"] is not None:
+        print(f"wrote {break_even.figure(data, str(paths['figure']), f'{prof.name}: per-microbatch copies')}")
+    _write_outputs(args, data, paths, "break_even")
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     if getattr(args, "sweep", False):
         return _run_sweep(args)
+    if getattr(args, "break_even", False):
+        return _run_break_even(args)
     prof = cli_setup.run_profile(args, traces.profile(args.profile))
     paths = _paths(args)
     cost = _bench_cost(args, prof)

@@ -50,6 +50,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--hardware", choices=HARDWARE, default=None, help="the Hardware preset (default: the profile's)")
     p.add_argument(
+        "--break-even",
+        action="store_true",
+        dest="break_even",
+        help="sweep max_vio x tokens per rank for moonep, ultraep and routepack over no balancing (break_even)",
+    )
+    p.add_argument(
         "--workload",
         choices=sorted(WORKLOADS),
         default=None,
@@ -157,6 +163,10 @@ def check(args: argparse.Namespace) -> Iterable[str]:
     """Why the flags of this module do not go with the others (messages), none if they do."""
     if getattr(args, "workload", None) and args.npz:
         yield "--workload does not apply with --npz (the files are the windows)"
+    if getattr(args, "break_even", False):
+        for flag in ("npz", "workload", "policy", "sweep"):
+            if getattr(args, flag, None):
+                yield f"--{flag} does not apply with --break-even (it makes its own windows and runs its own policies)"
     if getattr(args, "hardware", None) and args.cost:
         yield "--hardware does not apply with --cost (the cost model is given)"
 
