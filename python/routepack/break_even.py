@@ -18,7 +18,7 @@ under the profile's cost model: predictions of the cost model, not measurements.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -71,15 +71,17 @@ def run(
     prof: Profile,
     topo: Any,
     cost: Any,
-    tokens: Sequence[int] = TOKENS,
-    vios: Sequence[float] = VIOS,
+    tokens: Optional[Sequence[int]] = None,
+    vios: Optional[Sequence[float]] = None,
     micro: int = 2,
     seed: int = 0,
     progress: Any = None,
 ) -> Dict[str, Any]:
     """The grid: per cell, the step time of every policy and ``static`` and the speed-ups over
-    ``static`` (one scored window after one for history)."""
+    ``static`` (one scored window after one for history); the grid `TOKENS` × `VIOS` unless given."""
     micro = positive_int(micro, "micro")
+    tokens = TOKENS if tokens is None else tokens
+    vios = VIOS if vios is None else vios
     if not tokens or not vios:
         raise RoutepackError("tokens, vios: the grid needs at least one of each")
     cells: List[Dict[str, Any]] = []
