@@ -146,7 +146,17 @@ def choose(
         best = min((best, runner), key=lambda n: (full[n][0], names.index(n)))
         replicas = full[best][1]
         report["packing"] = best
-    return chosen_place, made[(best, place_name)], replicas, report
+    rank, micro, m, pack_report = made[(best, place_name)]
+    if best != "own":
+        # the chosen packing's report, with the row count's lower bound and certificate the
+        # policy's own packing computed (they bound every packing's rows)
+        own = made[("own", "policy")][3]
+        pack_report = {**pack_report, "chosen": best, "own": own}
+        bound = own.get("rows_lower_bound")
+        if isinstance(bound, dict) and "rows" in bound:
+            rows = ctx.topo.dp * m
+            pack_report.update(rows_lower_bound=bound, certified=rows == bound["rows"], gap=rows - bound["rows"])
+    return chosen_place, (rank, micro, m, pack_report), replicas, report
 
 
 def choose_stages(
