@@ -250,7 +250,6 @@ pub fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     replication.set_item("replication_hot_experts", DEFAULT_HOT_EXPERTS)?;
     replication.set_item("replication_slots", r.replica_slots)?;
     replication.set_item("replication_candidates", r.experts)?;
-    replication.set_item("replication_redundant", routepack_core::replication::ultraep::DEFAULT_REDUNDANT)?;
     replication.set_item("replication_min_tokens", routepack_core::replication::ultraep::DEFAULT_MIN_TOKENS)?;
     out.set_item("replication", replication)?;
     Ok(out)

@@ -63,9 +63,9 @@ impl Segments {
                     *q += base + i64::from((j + n - r % n) % n < extra);
                 }
             }
-            for j in 0..n {
+            for (j, &slot) in slots.iter().enumerate() {
                 let q = self.quota[j];
-                self.add(c.topo.rank_of_slot(slots[j]), e, q);
+                self.add(c.topo.rank_of_slot(slot), e, q);
             }
         }
     }
@@ -91,7 +91,7 @@ impl Segments {
 /// The replica rows of `copies` (expert, src, dst, tokens), merged per (expert, dst) (the
 /// first source kept) and sorted by expert then dst; copies onto a rank that holds a slot of
 /// the expert are dropped (those tokens stay with the placement).
-pub fn replica_rows(c: &Exchange, seg: &Segments, copies: &mut Vec<(usize, usize, usize, i64)>) -> Vec<Replica> {
+pub fn replica_rows(c: &Exchange, seg: &Segments, copies: &mut [(usize, usize, usize, i64)]) -> Vec<Replica> {
     copies.sort_by_key(|&(e, _, dst, _)| (e, dst));
     let mut rows: Vec<Replica> = Vec::with_capacity(copies.len());
     let mut i = 0;

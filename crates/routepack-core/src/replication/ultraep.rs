@@ -25,8 +25,6 @@ use crate::plan::Replica;
 use super::exchange::Exchange;
 use super::live::{replica_rows, Segments};
 
-/// UltraEP's default spare slots per rank and layer (its README's `num_local_redundant_experts`).
-pub const DEFAULT_REDUNDANT: usize = 2;
 /// UltraEP's default `ULTRA_EP_QUOTA_MIN_TOKENS_PER_REPLICA`.
 pub const DEFAULT_MIN_TOKENS: i64 = 1024;
 
