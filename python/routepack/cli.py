@@ -56,6 +56,7 @@ from routepack.oversize import OVERSIZE_MODES
 from routepack.stages.registry import PACKINGS, PLACEMENTS, REPLICATIONS
 from routepack.sweep import combinations, format_sweep, sweep, sweep_policies
 from routepack.tables import fill
+from routepack.timeline import trace_bench
 from routepack.window import Window
 from routepack.workloads import WORKLOADS
 
@@ -207,6 +208,7 @@ def _paths(args: argparse.Namespace) -> Dict[str, Optional[Path]]:
         "json": writable(args.json, "--json") if getattr(args, "json", None) else None,
         "results": writable(args.results, "--results") if getattr(args, "results", None) else None,
         "figure": writable(args.figure, "--figure") if getattr(args, "figure", None) else None,
+        "trace": writable(args.trace, "--trace") if getattr(args, "trace", None) else None,
     }
 
 
@@ -375,6 +377,8 @@ def _run(args: argparse.Namespace) -> int:
                 title=f"routepack bench: {prof.name}, {len(windows) - 1} windows",
             )
             print(f"wrote {path}")
+    if paths["trace"] is not None:
+        print(f"wrote {trace_bench(paths['trace'], windows, topo, cost, cap, policies, args.seed, options)}")
     _write_outputs(args, data, paths, "bench")
     return 0
 
@@ -426,6 +430,12 @@ def _bench_parser(sub: Any, name: str, helptext: str) -> argparse.ArgumentParser
         "--figure",
         default=None,
         help=f"also draw a PNG figure to this file (default: none; not with --sweep; needs matplotlib: {FIGURE_HINT})",
+    )
+    p.add_argument(
+        "--trace",
+        default=None,
+        help="also write the last window's simulated step per rank of routepack's plan (else the first policy's) "
+        "as a Chrome trace (JSON for Perfetto / chrome://tracing) to this file (default: none)",
     )
     p.add_argument("--json", default=None, help="also write the results as JSON to this file (default: none)")
     p.add_argument(
@@ -511,7 +521,11 @@ def _check(args: argparse.Namespace) -> Optional[str]:
         if not args.sweep and sweep_only:
             return f"--{sweep_only[0]} needs --sweep"
         if args.sweep:
-            for flag, why in (("policy", "it plans every combination"), ("figure", "it draws no figure")):
+            for flag, why in (
+                ("policy", "it plans every combination"),
+                ("figure", "it draws no figure"),
+                ("trace", "it traces no plan"),
+            ):
                 if getattr(args, flag):
                     return f"--{flag} does not apply with --sweep ({why})"
         args.loads = args.loads or "window"
