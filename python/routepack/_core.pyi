@@ -231,7 +231,6 @@ def simulate_terms(
     [G, M, L, ep]; attention, expert, all_to_all, hidden, replication, replica_forward,
     replica_backward [G, M, L]; int64 layer_stage [L]."""
 
-
 def pipeline_makespan(
     pp: int,
     vpp: int,
