@@ -72,3 +72,25 @@ def test_parts_add_up_per_rank_under_a_pipeline_with_replicas(pp):
     _, t = rp._core.simulate_terms(plan, windows[-1].seq_lens, windows[-1].counts, topo, cost)
     np.testing.assert_array_equal(t["attention_rank"].max(axis=3), t["attention"])
     np.testing.assert_array_equal(t["expert_rank"].max(axis=3), t["expert"])
+
+
+def test_bench_plan_figure(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from routepack.plan_figure import rank_load
+
+    png = tmp_path / "plan.png"
+    argv = ["bench", "--windows", "2", "--quiet", "--policy", "static", "--policy", "eplb", "--policy", "routepack"]
+    assert main([*argv, "--plan-figure", str(png)]) == 0
+    assert f"wrote {png}" in capsys.readouterr().out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the heat maps: tokens per (layer, rank) over the layer's mean
+    prof = rp.traces.profile("tiny")
+    windows = list(rp.traces.synthetic(prof, 3, 0))
+    topo, cost = prof.topology(), prof.cost()
+    plan = traced_plan(windows, topo, cost, prof.token_cap, "routepack", 0)
+    load = rank_load(plan, windows[-1], topo)
+    assert load.shape == (windows[-1].num_layers, topo.dp)
+    np.testing.assert_allclose(load.mean(axis=1), 1.0)
+    # it needs routepack and a baseline
+    assert main(["bench", "--windows", "2", "--quiet", "--policy", "routepack", "--plan-figure", str(png)]) == 2
+    assert "--plan-figure needs routepack and a baseline" in capsys.readouterr().err

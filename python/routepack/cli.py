@@ -209,6 +209,7 @@ def _paths(args: argparse.Namespace) -> Dict[str, Optional[Path]]:
         "results": writable(args.results, "--results") if getattr(args, "results", None) else None,
         "figure": writable(args.figure, "--figure") if getattr(args, "figure", None) else None,
         "trace": writable(args.trace, "--trace") if getattr(args, "trace", None) else None,
+        "plan_figure": writable(args.plan_figure, "--plan-figure") if getattr(args, "plan_figure", None) else None,
     }
 
 
@@ -379,6 +380,13 @@ def _run(args: argparse.Namespace) -> int:
             print(f"wrote {path}")
     if paths["trace"] is not None:
         print(f"wrote {trace_bench(paths['trace'], windows, topo, cost, cap, policies, args.seed, options)}")
+    if paths["plan_figure"] is not None:
+        from routepack.plan_figure import figure_bench
+
+        best, title = winners.get(len(windows) - 1), f"routepack bench: {prof.name}, window {len(windows) - 1}"
+        if best is None or "routepack" not in policies:
+            raise UsageError("--plan-figure needs routepack and a baseline among the policies")
+        print(f"wrote {figure_bench(paths['plan_figure'], windows, topo, cost, cap, best, args.seed, options, title)}")
     _write_outputs(args, data, paths, "bench")
     return 0
 
@@ -436,6 +444,12 @@ def _bench_parser(sub: Any, name: str, helptext: str) -> argparse.ArgumentParser
         default=None,
         help="also write the last window's simulated step per rank of routepack's plan (else the first policy's) "
         "as a Chrome trace (JSON for Perfetto / chrome://tracing) to this file (default: none)",
+    )
+    p.add_argument(
+        "--plan-figure",
+        default=None,
+        help="also draw the last window's plans of the best baseline and routepack to this PNG: tokens per "
+        f"(layer, rank) and the simulated step per rank (default: none; needs matplotlib: {FIGURE_HINT})",
     )
     p.add_argument("--json", default=None, help="also write the results as JSON to this file (default: none)")
     p.add_argument(
@@ -525,6 +539,7 @@ def _check(args: argparse.Namespace) -> Optional[str]:
                 ("policy", "it plans every combination"),
                 ("figure", "it draws no figure"),
                 ("trace", "it traces no plan"),
+                ("plan_figure", "it draws no figure"),
             ):
                 if getattr(args, flag):
                     return f"--{flag} does not apply with --sweep ({why})"
