@@ -34,6 +34,7 @@ __all__ = [
     "micro_rule",
     "lower_bound_micro",
     "simulate",
+    "simulate_terms",
     "pipeline_makespan",
     "expert_tokens_from_routed",
     "check_expert_tokens",

@@ -448,7 +448,7 @@ def _bench_parser(sub: Any, name: str, helptext: str) -> argparse.ArgumentParser
     p.add_argument(
         "--plan-figure",
         default=None,
-        help="also draw the last window's plans of the best baseline and routepack to this PNG: tokens per "
+        help="also draw the last window's plans of static, the best baseline and routepack to this PNG: tokens per "
         f"(layer, rank) and the simulated step per rank (default: none; needs matplotlib: {FIGURE_HINT})",
     )
     p.add_argument("--json", default=None, help="also write the results as JSON to this file (default: none)")

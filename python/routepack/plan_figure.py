@@ -35,8 +35,8 @@ def plan_figure(
     path: str | Path,
     title: str = "",
 ) -> Path:
-    """Writes a PNG: for each of ``plans`` (name → (plan, window), two of them: the best
-    baseline's, then routepack's) a heat map of `rank_load`, and one panel of each rank's
+    """Writes a PNG: for each of ``plans`` (name → (plan, window); Megatron's static one, the
+    best baseline's, then routepack's) a heat map of `rank_load`, and one panel of each rank's
     simulated step split into `PARTS`, the plans' bars side by side."""
     import matplotlib
 
@@ -47,19 +47,20 @@ def plan_figure(
     loads = {n: rank_load(p, w, topo) for n, (p, w) in plans.items()}
     parts = {n: step_parts(p, w, topo, cost, token_cap) for n, (p, w) in plans.items()}
     # a diverging scale centred on the balanced 1.0: hot ranks red, idle ones blue
-    vmax = max(float(v.max()) for v in loads.values())
+    # (at least +-10%, so that a spread of a percent does not look like a straggler)
+    vmax = max(1.1, max(float(v.max()) for v in loads.values()))
     vmin = max(0.0, 2.0 - vmax)
     fig, axes = plt.subplots(1, len(names) + 1, figsize=(5 * (len(names) + 1), 4.2))
     for ax, n in zip(axes, names):
         im = ax.imshow(loads[n], aspect="auto", cmap="coolwarm", vmin=vmin, vmax=vmax, interpolation="nearest")
-        ax.set_title(f"{n}: tokens per rank / layer mean")
+        ax.set_title(f"{n}: tokens / layer mean", fontsize=10)
         ax.set_xlabel("rank")
         ax.set_ylabel("MoE layer")
     fig.colorbar(im, ax=list(axes[: len(names)]), shrink=0.8)
     ax = axes[-1]
     ranks = len(next(iter(parts.values()))[1]["attention"])
     width = 0.8 / len(names)
-    colors = plt.get_cmap("tab20").colors
+    colors = [plt.get_cmap("tab20")(i) for i in range(20)]
     for k, n in enumerate(names):
         p = parts[n][1]
         x = np.arange(ranks) + (k - (len(names) - 1) / 2) * width
@@ -77,7 +78,7 @@ def plan_figure(
             )
             bottom += p[part]
     steps = ", ".join(f"{n} {parts[n][0].step_time:.3g} s" for n in names)
-    ax.set_title(f"simulated step per rank ({steps}; left bars: {names[0]})", fontsize=9)
+    ax.set_title(f"simulated step per rank ({steps}; bars in that order)", fontsize=9)
     ax.set_xlabel("rank")
     ax.set_ylabel("seconds (cost model)")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -100,11 +101,11 @@ def figure_bench(
     options: Dict[str, Any],
     title: str,
 ) -> Path:
-    """``routepack bench --plan-figure``: `plan_figure` of the last window's plans of
-    ``best_baseline`` (the fastest baseline there) and routepack, planned as the bench planned
-    them (`routepack.timeline.traced_plan`)."""
+    """``routepack bench --plan-figure``: `plan_figure` of the last window's plans of static
+    (the load before any balancing), ``best_baseline`` (the fastest baseline there) and
+    routepack, planned as the bench planned them (`routepack.timeline.traced_plan`)."""
     plans = {
         name: (traced_plan(windows, topo, cost, token_cap, name, seed, **options), windows[-1])
-        for name in (best_baseline, "routepack")
+        for name in dict.fromkeys(("static", best_baseline, "routepack"))
     }
     return plan_figure(plans, topo, cost, token_cap, path, title)
