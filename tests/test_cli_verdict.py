@@ -68,3 +68,14 @@ def test_absurd_window_counts_are_refused_naming_the_maximum(command, tmp_path):
     assert "MB a window of tiny" in proc.stderr and "ETA" not in proc.stderr
     ok = run([command, "--windows", str(MAX_WINDOWS), "--npz", "a.npz", "b.npz"], tmp_path, small=False)
     assert "at most" not in ok.stderr  # the maximum itself passes this check (--npz refuses it instead)
+
+
+def test_the_sweep_ends_with_the_verdict_too(tmp_path):
+    args = ["bench", "--sweep", "--profile", "small-test", "--windows", "1", "--quiet"]
+    proc = run(
+        args + ["--placements", "eplb", "routepack", "--packings", "routepack", "--replications", "none"], tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.rstrip("\n").splitlines()
+    assert lines[0] == "routepack bench --sweep: the last line is the verdict (routepack against the best baseline)"
+    assert lines[-1].startswith("verdict: routepack is ") and " the best baseline over this window (" in lines[-1]
