@@ -30,7 +30,6 @@ def verdict(ratio_rows: Sequence[Dict[str, Any]], ran: Iterable[str], name: str 
         return f"verdict: none ({name} did not run: add --policy {name})"
     if best is None:
         return f"verdict: none (no baseline ran to compare {name} with: add --policy static or another baseline)"
-    worth = best["median"] >= WORTH_IT and best["min"] >= 1.0
     where = "this window" if best["windows"] == 1 else f"{best['windows']} windows"
     worth = best["median"] >= WORTH_IT and best["min"] >= 1.0
     return (
