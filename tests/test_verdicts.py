@@ -1,5 +1,5 @@
 """`routepack calibrate` and `routepack measure` end with one verdict
-(`routepack.verdicts`, wrapped at 100 columns as the rest of their output): the fit against `FIT_THRESHOLD`, the plan's measured speed-up and how
+(`routepack.verdict`, wrapped at 100 columns as the rest of their output): the fit against `FIT_THRESHOLD`, the plan's measured speed-up and how
 well it was predicted against `PREDICTION_THRESHOLD`; either verdict exits 0. The commands run
 with their work function replaced by the committed reports (tests/test_cli_options.py's fakes)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from routepack.verdicts import FIT_THRESHOLD, PREDICTION_THRESHOLD, fit_verdict, measure_verdict
+from routepack.verdict import FIT_THRESHOLD, PREDICTION_THRESHOLD, fit_verdict, measure_verdict
 from test_cli_options import fake_calibrate, fake_measure, run  # noqa: F401 (fixtures)
 
 

@@ -6,14 +6,15 @@ Needs matplotlib (``pip install ".[bench]"`` from a clone, ``"routepack[bench]"`
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from routepack import _core
+from routepack.errors import RoutepackError
 from routepack.model import CostModel, Topology
 from routepack.plan import Plan
-from routepack.timeline import PARTS, step_parts, traced_plan
+from routepack.timeline import PARTS, step_parts, trace_bench, traced_plan
 from routepack.window import Window
 
 
@@ -109,3 +110,31 @@ def figure_bench(
         for name in dict.fromkeys(("static", best_baseline, "routepack"))
     }
     return plan_figure(plans, topo, cost, token_cap, path, title)
+
+
+def plan_pictures(
+    paths: Dict[str, Optional[Path]],
+    windows: Sequence[Window],
+    topo: Topology,
+    cost: CostModel,
+    token_cap: int,
+    policies: Sequence[str],
+    winners: Dict[int, str],
+    seed: int,
+    options: Dict[str, Any],
+    profile: str,
+) -> List[Path]:
+    """``routepack bench --trace`` and ``--plan-figure`` (``paths["trace"]``,
+    ``paths["plan_figure"]``; None: not asked): the files written. ``winners``: the best
+    baseline per window (`routepack.compare.best_of`)."""
+    out = []
+    trace, figure = paths.get("trace"), paths.get("plan_figure")
+    if trace is not None:
+        out.append(trace_bench(trace, windows, topo, cost, token_cap, policies, seed, options))
+    if figure is not None:
+        best = winners.get(len(windows) - 1)
+        if best is None or "routepack" not in policies:
+            raise RoutepackError("--plan-figure needs routepack and a baseline among the policies")
+        title = f"routepack bench: {profile}, window {len(windows) - 1}"
+        out.append(figure_bench(figure, windows, topo, cost, token_cap, best, seed, options, title))
+    return out

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(result.to_dict(), indent=2, default=str))
         print(f"wrote {args.json}")
-    from routepack.verdicts import measure_verdict
+    from routepack.verdict import measure_verdict
 
     print(fill(measure_verdict(result.policies, result.calibration), indent="  "))
     return 0
