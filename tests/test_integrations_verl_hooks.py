@@ -5,7 +5,7 @@ step's log-prob pass recorded), verl's dispatcher and worker (``train_mini_batch
 ``make_iterator``) cut the planned mini-batches in every epoch, and the engine's
 ``prepare_micro_batches`` returns the planned microbatches, whose outputs verl restores in
 order. Every refusal and fallback names its option. Skipped where verl's trainer does not
-import."""
+import, except in CI (tests/trainer_imports.py), where that fails."""
 
 import logging
 import subprocess
@@ -16,7 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("verl.trainer.ppo.ray_trainer", reason="verl's trainer (and its CPU dependencies) not importable")
+from trainer_imports import import_or_skip  # noqa: E402
+
+import_or_skip("verl.trainer.ppo.ray_trainer", "verl's trainer (and its CPU dependencies) not importable")
+import_or_skip("verl.trainer.ppo.v1.trainer_base", "verl's v1 trainer (transfer_queue) not importable")
 torch = pytest.importorskip("torch")
 
 import routepack as rp  # noqa: E402
