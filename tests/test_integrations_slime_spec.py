@@ -35,7 +35,11 @@ def plugin(monkeypatch):
     module = types.ModuleType("my_plugins_models_moe")
     module.get_my_spec = plugin_spec
     monkeypatch.setitem(sys.modules, "my_plugins_models_moe", module)
-    monkeypatch.setattr(actor, "actor_topology", lambda args: rp.Topology(dp=2, ep=2, slots_per_rank=5, replica_slots=2))
+    monkeypatch.setattr(
+        actor,
+        "actor_topology",
+        lambda args: rp.Topology(dp=2, ep=2, gpus_per_node=2, slots_per_rank=5, replica_slots=2),
+    )
     actor._SAID.clear()
     CALLS.clear()
 
@@ -69,7 +73,9 @@ def test_their_spec_is_wrapped(plugin):
         rs.layer_spec(args(routepack_spec="my_plugins_models_moe"), "config")
 
 
-@pytest.mark.parametrize("flag, value, named", [("moe_grouped_gemm", True, "--moe-grouped-gemm"), ("mtp_num_layers", 1, "--mtp-num-layers")])
+@pytest.mark.parametrize(
+    "flag, value, named", [("moe_grouped_gemm", True, "--moe-grouped-gemm"), ("mtp_num_layers", 1, "--mtp-num-layers")]
+)
 def test_grouped_and_mtp_keep_their_spec_and_say_so(plugin, flag, value, named, caplog):
     a = args(**{flag: value})
     spec = rs.layer_spec(a, "config")

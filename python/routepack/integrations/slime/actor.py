@@ -163,6 +163,18 @@ def their_spec(args: Any) -> Any:
     return import_module(tuple(parts))
 
 
+def _is_provider(result: Any) -> bool:
+    """slime's own test for a ``--spec`` function that returned a model provider."""
+    import inspect
+
+    if not callable(result) or isinstance(result, type):
+        return False
+    try:
+        return "pre_process" in inspect.signature(result).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def layer_spec(args: Any, config: Any, vp_stage: Optional[int] = None) -> Any:
     """For slime's ``--spec routepack.integrations.slime layer_spec``: the user's model-plugin
     spec (``args.routepack_spec``, called as slime calls a ``--spec`` function:
@@ -174,7 +186,7 @@ def layer_spec(args: Any, config: Any, vp_stage: Optional[int] = None) -> Any:
     theirs = their_spec(args)
     if theirs is not None:
         built = theirs(args, config, vp_stage) if callable(theirs) else theirs
-        if callable(built):  # a model provider of its own (slime delegates model building to it)
+        if _is_provider(built):  # a model provider of its own (slime delegates model building to it)
             raise RoutepackError(
                 f"args.{SPEC_ARG}: {getattr(args, SPEC_ARG)!r} returns a model provider, not a layer spec: "
                 "routepack cannot put its MoE layers into a model it does not build from a spec"

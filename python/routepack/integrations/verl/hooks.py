@@ -1,6 +1,8 @@
 """routepack in a running verl trainer: `install` hooks the two places verl balances.
 
-* the driver's ``RayPPOTrainer._balance_batch``: plans each PPO mini-batch of the step from
+* the driver's ``_balance_batch``, in verl's default v1 trainer (``PPOTrainer``, its batch in
+  TransferQueue: `routepack.integrations.verl.v1`) and in the legacy ``RayPPOTrainer``
+  (``trainer.use_v1=False``): plans each PPO mini-batch of the step from
   its routes (R3: this step's ``routed_experts``; R2: the routes the trainer recorded in the
   previous step's log-prob pass, captured from ``_compute_old_log_prob``), orders the batch
   so that verl's equal DP chunks and the workers' mini-batches are the planned ones, and
@@ -187,6 +189,48 @@ def _balance_batch(
     metrics["timing_s/routepack_plan"] = plan_seconds(plans.plans)
 
 
+def _balance_batch_v1(
+    self: Any, batch: Any, metrics: Dict[str, Any], logging_prefix: str = "global_seqlen", keep_minibatch: bool = False
+) -> Any:
+    """In place of the v1 ``PPOTrainer._balance_batch``: the planned order, sample ids and plans;
+    verl's own on `NoPlan`. Returns the (padded, reordered) ``KVBatchMeta``, as verl's does."""
+    original = _ORIGINALS["PPOTrainer:_balance_batch"]
+    inst = _ACTIVE if _ACTIVE is not None else _lazy_install(self)
+    if inst is None:
+        return original(self, batch, metrics, logging_prefix, keep_minibatch)
+    torch = require("torch", "routepack.integrations.verl", "verl")
+    base = sys.modules[v1.MODULE]  # verl's own names (tq, padding) as the trainer module bound them
+    worker_group = self.actor_rollout_wg
+    if "actor" not in worker_group._dispatch_info:  # verl's lines: the actor's DP size
+        worker_group._dispatch_info["actor"] = worker_group._query_dispatch_info("actor")
+    dp = max(worker_group._dispatch_info["actor"]) + 1
+    batch = base.upsample_batch_to_divisible_size(
+        batch, self._get_required_batch_multiple(dp), self.tokenizer.eos_token_id
+    )
+    step = int(getattr(self, "global_steps", 0))
+    try:
+        fields = v1.route_fields(base.tq, batch)
+        plans = inst.plan_step(v1.Fields(fields), dp, step)
+    except NoPlan as e:
+        log_fallback(e, "driver")
+        metrics["routepack/planned"] = 0.0
+        return original(self, batch, metrics, logging_prefix, keep_minibatch)
+    lens = [int(tag["seq_len"]) for tag in batch.tags]
+    batch.reorder([int(i) for i in plans.order])
+    ids = torch.from_numpy(plans.sample_ids)
+    base.tq.kv_batch_put(
+        keys=batch.keys, partition_id=batch.partition_id, fields=base.TensorDict({SAMPLE_KEY: ids}, batch_size=len(ids))
+    )
+    if batch.extra_info is None:
+        batch.extra_info = {}
+    batch.extra_info.update(plans.payload)
+    metrics.update(balance_stats(lens, plans.partitions, logging_prefix))
+    metrics.update(step_metrics(plans.plans, inst.settings["epochs"]))
+    metrics["routepack/planned"] = 1.0
+    metrics["timing_s/routepack_plan"] = plan_seconds(plans.plans)
+    return batch
+
+
 def _compute_old_log_prob(self: Any, batch: Any) -> Any:
     """``RayPPOTrainer._compute_old_log_prob``, then (R2) the routes it recorded kept for
     the next step's plan."""
@@ -320,7 +364,7 @@ def unpatch() -> None:
         if name.startswith("verl.workers.engine") and getattr(module, "prepare_micro_batches", None) in hooks:
             setattr(module, "prepare_micro_batches", _ORIGINALS[hooks[module.prepare_micro_batches]])
     base = sys.modules.get(v1.MODULE)
-    if base is not None and base.PPOTrainer.__dict__.get("_balance_batch") is v1.balance_batch:
+    if base is not None and base.PPOTrainer.__dict__.get("_balance_batch") is _balance_batch_v1:
         base.PPOTrainer._balance_batch = _ORIGINALS["PPOTrainer:_balance_batch"]
     trainer = sys.modules.get("verl.trainer.ppo.ray_trainer")
     if trainer is not None:
@@ -349,7 +393,7 @@ def patch_driver() -> Dict[str, str]:
     done: Dict[str, str] = {}
     for name, hook in (
         ("legacy", _patch_legacy),
-        ("v1", lambda: _patch(v1.trainer_class(), "_balance_batch", v1.balance_batch)),
+        ("v1", lambda: _patch(v1.trainer_class(), "_balance_batch", _balance_batch_v1)),
     ):
         try:
             hook()

@@ -22,9 +22,11 @@ log-prob pass writes its outputs to TransferQueue, where no hook reads them yet.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any
 
 from routepack.errors import RoutepackError
+from routepack.integrations.verl.plans import NoPlan
+from routepack.integrations.verl.settings import _get
 
 #: the module of verl's v1 trainer base class
 MODULE = "verl.trainer.ppo.v1.trainer_base"
@@ -41,8 +43,6 @@ def trainer_class() -> Any:
 
 def uses_v1(config: Any) -> bool:
     """Whether ``config`` starts verl's v1 trainer (``trainer.use_v1``, verl's default True)."""
-    from routepack.integrations.verl.hooks import _get
-
     return bool(_get(config, "trainer.use_v1", True))
 
 
@@ -56,67 +56,16 @@ def check_config(config: Any, mode: str) -> None:
         )
 
 
-class _Fields:
+class Fields:
     """The shape `VerlInstall.plan_step` reads a batch in: ``.batch`` a mapping of fields."""
 
     def __init__(self, batch: Any) -> None:
         self.batch = batch
 
 
-def balance_batch(
-    self: Any, batch: Any, metrics: Dict[str, Any], logging_prefix: str = "global_seqlen", keep_minibatch: bool = False
-) -> Any:
-    """In place of the v1 ``PPOTrainer._balance_batch``: the planned order, sample ids and plans;
-    verl's own on `NoPlan`. Returns the (padded, reordered) ``KVBatchMeta``, as verl's does."""
-    import sys
-
-    from routepack.integrations.shared.arrays import require
-    from routepack.integrations.shared.trainer import plan_seconds, step_metrics
-    from routepack.integrations.verl import hooks
-    from routepack.integrations.verl.plans import SAMPLE_KEY, NoPlan
-    from routepack.integrations.verl.split import balance_stats
-
-    original = hooks._ORIGINALS["PPOTrainer:_balance_batch"]
-    inst = hooks.active() if hooks.active() is not None else hooks._lazy_install(self)
-    if inst is None:
-        return original(self, batch, metrics, logging_prefix, keep_minibatch)
-    torch = require("torch", "routepack.integrations.verl", "verl")
-    base = sys.modules[MODULE]  # verl's own names (tq, padding) as the trainer module bound them
-    worker_group = self.actor_rollout_wg
-    if "actor" not in worker_group._dispatch_info:  # verl's lines: the actor's DP size
-        worker_group._dispatch_info["actor"] = worker_group._query_dispatch_info("actor")
-    dp = max(worker_group._dispatch_info["actor"]) + 1
-    batch = base.upsample_batch_to_divisible_size(
-        batch, self._get_required_batch_multiple(dp), self.tokenizer.eos_token_id
-    )
-    step = int(getattr(self, "global_steps", 0))
-    try:
-        fields = _route_fields(base.tq, batch, inst.settings["mode"])
-        plans = inst.plan_step(_Fields(fields), dp, step)
-    except NoPlan as e:
-        hooks.log_fallback(e, "driver")
-        metrics["routepack/planned"] = 0.0
-        return original(self, batch, metrics, logging_prefix, keep_minibatch)
-    lens = [int(tag["seq_len"]) for tag in batch.tags]
-    batch.reorder([int(i) for i in plans.order])
-    ids = torch.from_numpy(plans.sample_ids)
-    base.tq.kv_batch_put(
-        keys=batch.keys, partition_id=batch.partition_id, fields=base.TensorDict({SAMPLE_KEY: ids}, batch_size=len(ids))
-    )
-    if batch.extra_info is None:
-        batch.extra_info = {}
-    batch.extra_info.update(plans.payload)
-    metrics.update(balance_stats(lens, plans.partitions, logging_prefix))
-    metrics.update(step_metrics(plans.plans, inst.settings["epochs"]))
-    metrics["routepack/planned"] = 1.0
-    metrics["timing_s/routepack_plan"] = plan_seconds(plans.plans)
-    return batch
-
-
-def _route_fields(tq: Any, batch: Any, mode: str) -> Optional[Any]:
-    """The step's ``routed_experts`` and ``response_mask`` from TransferQueue, or `NoPlan`."""
-    from routepack.integrations.verl.plans import NoPlan
-
+def route_fields(tq: Any, batch: Any) -> Any:
+    """The step's ``routed_experts`` and ``response_mask`` from TransferQueue (``tq``, as the
+    trainer module bound it), or `NoPlan`."""
     present = set(batch.fields or ROUTE_FIELDS)
     if "routed_experts" not in present:
         raise NoPlan(
@@ -130,4 +79,4 @@ def _route_fields(tq: Any, batch: Any, mode: str) -> Optional[Any]:
         raise NoPlan("no_routes", f"R3: the step's routed_experts cannot be read from TransferQueue ({e})") from None
 
 
-__all__ = ["MODULE", "ROUTE_FIELDS", "balance_batch", "check_config", "trainer_class", "uses_v1"]
+__all__ = ["MODULE", "ROUTE_FIELDS", "Fields", "check_config", "route_fields", "trainer_class", "uses_v1"]
