@@ -81,8 +81,11 @@ def load_targets(only: Optional[str] = None, torch: bool = True, memory_limit: i
     if os.environ.get("ROUTEPACK_FUZZ_SELFTEST"):
         targets.append(selftest_target())
     if only:
+        # a name prefix, or with a trailing '$' a whole name (tools/fuzz_each.py runs one target so)
         prefixes = [s.strip() for s in only.split(",") if s.strip()]
-        targets = [t for t in targets if any(t.name.startswith(p) for p in prefixes)]
+        targets = [
+            t for t in targets if any(t.name == p[:-1] if p.endswith("$") else t.name.startswith(p) for p in prefixes)
+        ]
     names = [t.name for t in targets]
     assert len(set(names)) == len(names), "duplicate target names"
     return targets
@@ -492,7 +495,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--minutes", type=float, default=5.0, help="how long to run (default %(default)s)")
     ap.add_argument("--seed", type=int, default=0, help="campaign seed: the same seed runs the same cases")
     ap.add_argument("--json", help="write the numbers and reproducers here")
-    ap.add_argument("--only", help="comma-separated target name prefixes")
+    ap.add_argument("--only", help="comma-separated target name prefixes ('name$': that name alone)")
     ap.add_argument("--stop", type=int, default=None, help="stop after this many cases (positions)")
     ap.add_argument("--call-timeout", type=float, default=60.0, help="seconds one call may take (default %(default)s)")
     ap.add_argument(

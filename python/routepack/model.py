@@ -9,18 +9,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from routepack import _core
-from routepack._checks import (
-    allocating,
-    boolean,
-    file_path,
-    finite_float,
-    instance_of,
-    json_value,
-    positive_int,
-    reserve,
-    sequence,
-)
+from routepack import _core, chunks
+from routepack._checks import boolean, file_path, finite_float, instance_of, json_value, positive_int, sequence
 from routepack.errors import RoutepackError, RoutepackFileError, RoutepackTypeError
 
 ATTENTION_KINDS = ("linear", "full")
@@ -34,9 +24,6 @@ PASS_KINDS = ("forward", "backward")
 _COST_DEFAULTS = _core.cost_defaults()
 #: The topology's optional fields' defaults, from the Rust core (``replica_slots``).
 _TOPOLOGY_DEFAULTS = _core.topology_defaults()
-#: Bytes one int of a returned list holds: the list's pointer, the int object, and the int64
-#: it came from (`Topology.chunk_bounds`' estimate of what it builds).
-_LISTED_INT_BYTES = 8 + 32 + 8
 #: `ModelShape.expert_groups` (and `CostModel`'s) of a model that routes without groups, the default.
 UNGROUPED = 1
 
@@ -160,52 +147,14 @@ class Topology:
         """``[pp * vpp + 1]``: model chunk c holds MoE layers ``bounds[c]:bounds[c + 1]`` (chunk
         ``v * pp + s`` is virtual stage v of stage s); ``layers_per_stage`` or the even split.
         Bounds this process cannot hold (about 2^30 chunks) are refused naming ``num_layers``
-        and the bytes (`_checks.reserve`), never a bare ``MemoryError``."""
-        bounds = self._bounds(num_layers)
-        what = f"the layer bounds of pp*vpp = {self.pp * self.vpp} model chunks as a list"
-        reserve("num_layers", what, bounds.size * _LISTED_INT_BYTES)
-        with allocating("num_layers", what, bounds.size * _LISTED_INT_BYTES):
-            return bounds.tolist()
-
-    def _bounds(self, num_layers: int) -> np.ndarray:
-        """`chunk_bounds` as int64 ``[pp * vpp + 1]``."""
-        num_layers = positive_int(num_layers, "num_layers")
-        chunks = self.pp * self.vpp
-        if self.layers_per_stage is None and num_layers % chunks:
-            raise RoutepackError(
-                f"topo.layers_per_stage: not given, and {num_layers} MoE layers do not split evenly over "
-                f"pp*vpp = {self.pp}*{self.vpp} = {chunks} model chunks; give each chunk's layers"
-            )
-        what = f"the layer bounds of pp*vpp = {chunks} model chunks"
-        reserve("num_layers", what, 2 * (chunks + 1) * 8)
-        with allocating("num_layers", what, 2 * (chunks + 1) * 8):
-            if self.layers_per_stage is None:
-                sizes = np.full(chunks, num_layers // chunks, dtype=np.int64)
-            else:
-                sizes = np.asarray(self.layers_per_stage, dtype=np.int64)
-            bounds = np.zeros(chunks + 1, dtype=np.int64)
-            np.cumsum(sizes, out=bounds[1:])
-        if int(bounds[-1]) != num_layers:
-            raise RoutepackError(
-                f"topo.layers_per_stage: {list(self.layers_per_stage or ())} holds {int(bounds[-1])} MoE layers, "
-                f"but the model has {num_layers}"
-            )
-        return bounds
+        and the bytes, never a bare ``MemoryError`` (`routepack.chunks`)."""
+        return chunks.chunk_bounds(self, num_layers)
 
     def stage_layers(self, stage: int, num_layers: int) -> List[int]:
         """The MoE layers pipeline stage ``stage`` holds, ascending (its chunks' layers): what
         the glue of one stage migrates, replicates and routes. Refused like `chunk_bounds`
         where this process cannot hold them."""
-        stage = positive_int(stage, "stage", minimum=0, maximum=self.pp - 1)
-        bounds = self._bounds(num_layers)
-        what = f"the MoE layers of pipeline stage {stage} of {self.pp * self.vpp} model chunks"
-        # the stage of every layer (int64 [num_layers], twice), then the stage's as a list
-        nbytes = 2 * num_layers * 8 + (num_layers // self.pp + 1) * _LISTED_INT_BYTES
-        reserve("num_layers", what, nbytes)
-        with allocating("num_layers", what, nbytes):
-            chunk_stage = np.arange(bounds.size - 1, dtype=np.int64) % self.pp
-            of_layer = np.repeat(chunk_stage, np.diff(bounds))
-            return np.flatnonzero(of_layer == stage).tolist()
+        return chunks.stage_layers(self, stage, num_layers)
 
     def check_experts(self, num_experts: int) -> None:
         """Raises unless ``num_experts`` is a count >= 1 and the slots can hold every logical
