@@ -58,7 +58,7 @@ def load_targets(only: Optional[str] = None, torch: bool = True, memory_limit: i
     ``memory_limit`` (bytes of address space the worker may hold), the memory-limit family
     sized from it (`fuzzlib.t_memory`); without one it is left out, since its cases would then
     allocate for real."""
-    from fuzzlib import t_analysis, t_bound, t_integrations, t_model, t_plan, t_planner, t_stages, t_window
+    from fuzzlib import t_analysis, t_bound, t_cli, t_integrations, t_model, t_plan, t_planner, t_stages, t_window
 
     targets = (
         t_model.TARGETS
@@ -67,6 +67,7 @@ def load_targets(only: Optional[str] = None, torch: bool = True, memory_limit: i
         + t_planner.TARGETS
         + t_stages.TARGETS
         + t_analysis.TARGETS
+        + t_cli.TARGETS
         + t_bound.TARGETS
         + t_integrations.TARGETS
     )
