@@ -76,9 +76,9 @@ def load_targets(only: Optional[str] = None, torch: bool = True, memory_limit: i
 
         targets += t_memory.targets(memory_limit)
     if torch:
-        from fuzzlib import t_torch
+        from fuzzlib import t_hf, t_torch
 
-        targets += t_torch.targets()
+        targets += t_torch.targets() + t_hf.targets()
     if os.environ.get("ROUTEPACK_FUZZ_SELFTEST"):
         targets.append(selftest_target())
     if only:
