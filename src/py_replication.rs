@@ -58,10 +58,10 @@ pub fn replicate_hot_n<'py>(
 }
 
 /// ReLibra's intra-node replication for a plan's placement and layout: replica columns.
-/// `replica_slots` None: the budget routepack's replication gets by default
+/// `replication_slots` None: the budget routepack's replication gets by default
 /// (`replication::routepack::Options::default()`). `block`: as in `replicate_hot_n`.
 #[pyfunction]
-#[pyo3(signature = (plan, seq_lens, expert_tokens, topo, cost, replica_slots=None, block=None))]
+#[pyo3(signature = (plan, seq_lens, expert_tokens, topo, cost, replication_slots=None, block=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn replicate_relibra<'py>(
     py: Python<'py>,
@@ -70,21 +70,21 @@ pub fn replicate_relibra<'py>(
     expert_tokens: convert::CountsArray<'py>,
     topo: &Bound<'py, PyAny>,
     cost: &Bound<'py, PyAny>,
-    replica_slots: Option<usize>,
+    replication_slots: Option<usize>,
     block: Option<(usize, usize)>,
 ) -> PyResult<ReplicaColumns<'py>> {
-    let planner = Planner::Relibra(py_options::relibra_slots(replica_slots));
+    let planner = Planner::Relibra(py_options::relibra_slots(replication_slots));
     replicate(py, plan, seq_lens, expert_tokens, topo, cost, planner, block)
 }
 
-/// routepack's replication (per-exchange simulated time, `replica_slots` copies per rank)
+/// routepack's replication (per-exchange simulated time, `replication_slots` copies per rank)
 /// for a plan's placement and layout: replica columns. Options left None take the core's
 /// defaults (`replication::routepack::Options::default()`, parsed by
 /// `py_options::replication`). `time_budget_s`: a wall-clock cap in seconds, exchanges not
 /// begun by then get no replicas (None or above `budget::UNLIMITED_S`: none; 0: no exchange
 /// planned; negative or not finite: an error). `block`: as in `replicate_hot_n`.
 #[pyfunction]
-#[pyo3(signature = (plan, seq_lens, expert_tokens, topo, cost, replica_slots=None, candidate_experts=None, candidate_dsts=None, time_budget_s=None, block=None))]
+#[pyo3(signature = (plan, seq_lens, expert_tokens, topo, cost, replication_slots=None, candidate_experts=None, candidate_dsts=None, time_budget_s=None, block=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn replicate_routepack<'py>(
     py: Python<'py>,
@@ -93,13 +93,13 @@ pub fn replicate_routepack<'py>(
     expert_tokens: convert::CountsArray<'py>,
     topo: &Bound<'py, PyAny>,
     cost: &Bound<'py, PyAny>,
-    replica_slots: Option<usize>,
+    replication_slots: Option<usize>,
     candidate_experts: Option<usize>,
     candidate_dsts: Option<usize>,
     time_budget_s: Option<f64>,
     block: Option<(usize, usize)>,
 ) -> PyResult<ReplicaColumns<'py>> {
-    let opts = py_options::replication(replica_slots, candidate_experts, candidate_dsts, time_budget_s)?;
+    let opts = py_options::replication(replication_slots, candidate_experts, candidate_dsts, time_budget_s)?;
     replicate(py, plan, seq_lens, expert_tokens, topo, cost, Planner::Routepack(opts), block)
 }
 

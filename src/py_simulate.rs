@@ -6,7 +6,7 @@ use pyo3::types::PyDict;
 use routepack_core::error::invalid;
 use routepack_core::packing::cells::Oversize;
 use routepack_core::simulate::pipeline::{run_makespan, OpTimes, RunKind};
-use routepack_core::simulate::simulate_validated_in;
+use routepack_core::simulate::{simulate_in, Scoring};
 
 use crate::convert::{self, slice};
 use crate::errors::{run, to_py};
@@ -39,7 +39,7 @@ pub fn simulate<'py>(
     let c = crate::py_options::cost(cost)?;
     let r = run(py, || {
         // simulate validates the plan first, so its own faults are named before the tables'
-        let r = simulate_validated_in(&plan, &w, &t, &c, ideal_micro, token_cap, plan_cap.unwrap_or(i64::MAX), oversize)?;
+        let r = simulate_in(&plan, &w, &t, &c, &Scoring { ideal_micro, token_cap, plan_cap, oversize })?;
         check_tables(&plan, &tables)?;
         Ok(r)
     })?;

@@ -201,9 +201,9 @@ def test_the_glue_refuses_a_split_plan_by_name():
     mapping through `plans_list` / `rank_cells`), naming oversize="split"; an "alone" plan
     passes the same gate."""
     torch = pytest.importorskip("torch")
-    from routepack.integrations._common import plans_list, rank_cells
-    from routepack.integrations._megatron_runner import MegatronRunner
-    from routepack.integrations._verl_split import balance_partitions, micro_batch_indices
+    from routepack.integrations.shared.arrays import plans_list, rank_cells
+    from routepack.integrations.megatron.runner import MegatronRunner
+    from routepack.integrations.verl.split import balance_partitions, micro_batch_indices
     from routepack.torch.runner import PlanRunner
 
     window, over = window_over_cap()

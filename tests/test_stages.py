@@ -122,7 +122,7 @@ def test_defaults_are_the_cores():
     assert RoutepackPlacementOptions(placement_slack=0.5).placement_explore is None
     assert RoutepackPlacementOptions(placement_slack=0.5, placement_explore=0.75).placement_explore == 0.75
     assert rp.replication.DEFAULT_HOT_EXPERTS == core["replication"]["replication_hot_experts"]
-    assert rp.replication.DEFAULT_REPLICA_SLOTS == core["replication"]["replication_slots"]
+    assert rp.replication.DEFAULT_REPLICATION_SLOTS == core["replication"]["replication_slots"]
 
 
 def test_no_module_writes_a_default_or_fills_a_registry():
@@ -228,6 +228,19 @@ def test_old_names_still_work_with_a_deprecation_warning(case, old, new, value, 
     assert same(a, b)
     with pytest.warns(DeprecationWarning), pytest.raises(rp.RoutepackError, match="same option"):
         plan(case, policy, **{old: value, new: value})
+
+
+def test_the_old_name_of_the_replication_budget_default_still_works_with_a_warning():
+    """``DEFAULT_REPLICA_SLOTS`` was the replication budget's default; ``replica_slots`` now
+    names only the topology's replica buffers (`Topology.replica_slots`)."""
+    with pytest.warns(DeprecationWarning, match="DEFAULT_REPLICATION_SLOTS") as rec:
+        old = rp.replication.DEFAULT_REPLICA_SLOTS
+    assert rec[0].filename == __file__  # points at the caller
+    assert old == rp.replication.DEFAULT_REPLICATION_SLOTS
+    with pytest.warns(DeprecationWarning):
+        from routepack.replication import DEFAULT_REPLICA_SLOTS  # noqa: F401
+    with pytest.raises(AttributeError, match="DEFAULT_REPLICA_SLOTZ"):
+        rp.replication.DEFAULT_REPLICA_SLOTZ  # noqa: B018
 
 
 def test_options_change_the_plan_they_name(case):

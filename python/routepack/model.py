@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import dataclasses
+from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
@@ -133,15 +134,16 @@ class Topology:
 
     @property
     def min_micro(self) -> int:
-        """The fewest microbatches per DP rank a plan may run: ``pp`` under a pipeline, else 1."""
-        return self.pp if self.pp > 1 else 1
+        """The fewest microbatches per DP rank a plan may run: ``pp`` under a pipeline, else 1
+        (the core's rule, ``MicroRule::of_pipeline``, through `_core.micro_rule`)."""
+        return int(_core.micro_rule(self.pp, self.vpp)[0])
 
     @property
     def micro_multiple(self) -> int:
         """Microbatches per DP rank come in multiples of this: ``pp`` under the interleaved
         schedule (``vpp`` > 1: Megatron's ``microbatch_group_size_per_vp_stage``, default pp),
-        else 1."""
-        return self.pp if self.vpp > 1 else 1
+        else 1 (the core's rule, through `_core.micro_rule`)."""
+        return int(_core.micro_rule(self.pp, self.vpp)[1])
 
     def chunk_bounds(self, num_layers: int) -> List[int]:
         """``[pp * vpp + 1]``: model chunk c holds MoE layers ``bounds[c]:bounds[c + 1]`` (chunk
@@ -244,46 +246,15 @@ class Hardware:
         )
 
 
-#: The coefficients besides ``a_quad`` that price a token's or an expert's work (time or bytes);
-#: a cost model needs at least one of them, or an ``a_quad`` entry, above 0.
-_WORK_COEFFICIENTS = (
-    "a_lin",
-    "c_tok",
-    "c_exp",
-    "token_bytes",
-    "expert_weight_bytes",
-    "expert_grad_bytes",
-    "expert_state_bytes",
-    "c_weights",
-    "c_gemm",
-    "c_call",
-    "a2a_latency",
-    "reduce_latency",
-    "c_replica",
-    "c_migrate",
-    "migration_latency",
-)
-
-#: CostModel fields a JSON file may lack (written before they existed): their defaults apply.
-_OPTIONAL_JSON_KEYS = frozenset(
-    {
-        "expert_groups",
-        "num_experts",
-        "c_weights",
-        "overlap",
-        "passes",
-        "c_gemm",
-        "c_call",
-        "a2a_latency",
-        "bw_reduce",
-        "expert_table",
-        "reduce_latency",
-        "replica_prefetch",
-        "c_replica",
-        "c_migrate",
-        "migration_latency",
-    }
-)
+#: The kinds of `CostModel`'s number fields (besides ``a_quad`` [L]), declared on each field
+#: (``field(metadata=_WORK_FIELD)``), so that the dataclass's field list is the one table of
+#: their names: the checks, the refusal of a model that prices nothing and the JSON keys are
+#: built from it (`_numbers`, `_OPTIONAL_JSON_KEYS`). "work" prices a token's
+#: or an expert's work, in time or bytes (finite, >= 0; a cost model needs one of these, an
+#: ``a_quad`` entry or an ``expert_table`` knot above 0), "option" is finite and >= 0 but prices
+#: nothing alone (``bw_reduce``: 0 means ``bw_intra``), "rate" is a bandwidth (finite, > 0).
+NUMBER_KINDS = ("work", "option", "rate")
+_WORK_FIELD, _OPTION_FIELD, _RATE_FIELD = ({"kind": kind} for kind in NUMBER_KINDS)
 
 
 def _expert_table(value: object) -> Tuple[Tuple[float, float], ...]:
@@ -395,37 +366,36 @@ class CostModel:
       ``("forward", "backward")`` is compute ×3, communication ×2; RL's recompute of old
       log-probs adds a forward: ``("forward", "forward", "backward")``.
 
-    The options' defaults (``c_weights``, ``c_gemm``, ``expert_table``, ``c_call``, ``a2a_latency``,
-    ``bw_reduce``, ``reduce_latency``, ``replica_prefetch``, ``c_replica``, ``c_migrate``, ``migration_latency``,
-    ``overlap``, ``passes``) come from the core (``_core.cost_defaults()``); a JSON
-    file written before they existed loads with them, and prices every plan as it did.
+    The options' defaults (every field above with a default, ``c_weights`` on) come from the
+    core (``_core.cost_defaults()``); a JSON file written before they existed loads with them,
+    and prices every plan as it did.
     """
 
-    a_lin: float
+    a_lin: float = field(metadata=_WORK_FIELD)
     a_quad: List[float]
-    c_tok: float
-    c_exp: float
-    token_bytes: float
-    bw_intra: float
-    bw_inter: float
-    expert_weight_bytes: float
-    expert_grad_bytes: float
-    expert_state_bytes: float
+    c_tok: float = field(metadata=_WORK_FIELD)
+    c_exp: float = field(metadata=_WORK_FIELD)
+    token_bytes: float = field(metadata=_WORK_FIELD)
+    bw_intra: float = field(metadata=_RATE_FIELD)
+    bw_inter: float = field(metadata=_RATE_FIELD)
+    expert_weight_bytes: float = field(metadata=_WORK_FIELD)
+    expert_grad_bytes: float = field(metadata=_WORK_FIELD)
+    expert_state_bytes: float = field(metadata=_WORK_FIELD)
     expert_groups: int = UNGROUPED
     num_experts: Optional[int] = None
-    c_weights: float = _COST_DEFAULTS["c_weights"]
+    c_weights: float = field(default=_COST_DEFAULTS["c_weights"], metadata=_WORK_FIELD)
     overlap: str = _COST_DEFAULTS["overlap"]
     passes: Tuple[str, ...] = tuple(_COST_DEFAULTS["passes"])
-    c_gemm: float = _COST_DEFAULTS["c_gemm"]
-    c_call: float = _COST_DEFAULTS["c_call"]
-    a2a_latency: float = _COST_DEFAULTS["a2a_latency"]
-    bw_reduce: float = _COST_DEFAULTS["bw_reduce"]
+    c_gemm: float = field(default=_COST_DEFAULTS["c_gemm"], metadata=_WORK_FIELD)
+    c_call: float = field(default=_COST_DEFAULTS["c_call"], metadata=_WORK_FIELD)
+    a2a_latency: float = field(default=_COST_DEFAULTS["a2a_latency"], metadata=_WORK_FIELD)
+    bw_reduce: float = field(default=_COST_DEFAULTS["bw_reduce"], metadata=_OPTION_FIELD)
     expert_table: Tuple[Tuple[float, float], ...] = tuple(map(tuple, _COST_DEFAULTS["expert_table"]))
-    reduce_latency: float = _COST_DEFAULTS["reduce_latency"]
+    reduce_latency: float = field(default=_COST_DEFAULTS["reduce_latency"], metadata=_WORK_FIELD)
     replica_prefetch: bool = _COST_DEFAULTS["replica_prefetch"]
-    c_replica: float = _COST_DEFAULTS["c_replica"]
-    c_migrate: float = _COST_DEFAULTS["c_migrate"]
-    migration_latency: float = _COST_DEFAULTS["migration_latency"]
+    c_replica: float = field(default=_COST_DEFAULTS["c_replica"], metadata=_WORK_FIELD)
+    c_migrate: float = field(default=_COST_DEFAULTS["c_migrate"], metadata=_WORK_FIELD)
+    migration_latency: float = field(default=_COST_DEFAULTS["migration_latency"], metadata=_WORK_FIELD)
 
     def __post_init__(self) -> None:
         if self.num_experts is not None:
@@ -442,27 +412,10 @@ class CostModel:
             if not isinstance(kind, str) or kind not in PASS_KINDS:
                 raise RoutepackError(f"cost.passes[{i}]: {kind!r} is not one of {PASS_KINDS}")
         object.__setattr__(self, "passes", passes)
-        for name in (
-            "a_lin",
-            "c_tok",
-            "c_exp",
-            "token_bytes",
-            "expert_weight_bytes",
-            "expert_grad_bytes",
-            "expert_state_bytes",
-            "c_weights",
-            "c_gemm",
-            "c_call",
-            "a2a_latency",
-            "bw_reduce",
-            "reduce_latency",
-            "c_replica",
-            "c_migrate",
-            "migration_latency",
-        ):
+        for name in _NONNEGATIVE:  # in field order: the first bad one is named
             object.__setattr__(self, name, finite_float(getattr(self, name), f"cost.{name}"))
         object.__setattr__(self, "replica_prefetch", boolean(self.replica_prefetch, "cost.replica_prefetch"))
-        for name in ("bw_intra", "bw_inter"):
+        for name in _RATES:
             object.__setattr__(self, name, finite_float(getattr(self, name), f"cost.{name}", strict=True))
         object.__setattr__(self, "expert_table", _expert_table(self.expert_table))
         aq = [finite_float(v, f"cost.a_quad[{i}]") for i, v in enumerate(sequence(self.a_quad, "cost.a_quad"))]
@@ -472,17 +425,12 @@ class CostModel:
         # the core's own check last: a unit of work priced so high that a step's time could
         # not be finite (c_migrate = 1.7e308 s a byte), naming the coefficient
         _core.check_cost(self)
-        if (
-            not any(aq)
-            and not any(getattr(self, n) for n in _WORK_COEFFICIENTS)
-            and not any(v for _, v in self.expert_table)
-        ):
+        if not any(aq) and not any(getattr(self, n) for n in _PRICING) and not any(v for _, v in self.expert_table):
             # every plan would cost 0 s: nothing to rank plans by, and no throughput to report
+            priced = ", ".join(f"cost.{n}" for n in ("a_quad", *_PRICING, "expert_table"))
             raise RoutepackError(
-                "cost: every coefficient that prices work is 0 (cost.a_lin, cost.a_quad, cost.c_tok, cost.c_exp, "
-                "cost.token_bytes, cost.expert_weight_bytes, cost.expert_grad_bytes, cost.expert_state_bytes, "
-                "cost.c_weights, cost.c_gemm, cost.expert_table, cost.c_call, cost.a2a_latency), so "
-                "every plan would take 0 s and none could be told from another; set at least one"
+                f"cost: every coefficient that prices work is 0 ({priced}), so every plan would take 0 s and "
+                "none could be told from another; set at least one"
             )
 
     @property
@@ -569,3 +517,19 @@ class CostModel:
             return cls.from_json(raw)
         except RoutepackError as e:
             raise RoutepackFileError(f"cost file {str(path)!r}: {e}") from None
+
+
+#: CostModel fields a JSON file may lack (written before they existed): every field with a
+#: default, which then applies.
+_OPTIONAL_JSON_KEYS = frozenset(
+    f.name for f in dataclasses.fields(CostModel) if f.default is not MISSING or f.default_factory is not MISSING
+)
+
+
+def _numbers(*kinds: str) -> Tuple[str, ...]:
+    """`CostModel`'s number fields of ``kinds`` (`NUMBER_KINDS`), in field order."""
+    return tuple(f.name for f in dataclasses.fields(CostModel) if f.metadata.get("kind") in kinds)
+
+
+#: The fields that price work; those checked finite and >= 0; the bandwidths (finite, > 0).
+_PRICING, _NONNEGATIVE, _RATES = _numbers("work"), _numbers("work", "option"), _numbers("rate")

@@ -19,6 +19,7 @@ from routepack._checks import (
     instance_of,
     json_value,
     positive_int,
+    token_cap as check_token_cap,
 )
 from routepack.errors import RoutepackError, RoutepackFileError, RoutepackTypeError
 from routepack.model import CostModel, Topology
@@ -265,7 +266,7 @@ class Plan:
 
         instance_of(window, Window, "window")._check_fields("window")
         instance_of(topo, Topology, "topo")
-        token_cap = positive_int(token_cap, "token_cap")
+        token_cap = check_token_cap(token_cap)
         self._check_fields()  # before reading report: a field set to None must be named
         mode = plan_mode(self, oversize)
         with callers_words(WINDOW_WORDS):

@@ -103,9 +103,7 @@ def valid_case(rng: np.random.Generator) -> Case:
         again = hf.capture_routed(model, ids, mask)
         assert w == rp.Window.from_routed_experts(again.routed, again.cu_seqlens, again.num_experts)
 
-    return Case(
-        "valid", hf.capture, (model, ids, mask), check=check, expect="ok", note=f"{name} {tuple(ids.shape)}"
-    )
+    return Case("valid", hf.capture, (model, ids, mask), check=check, expect="ok", note=f"{name} {tuple(ids.shape)}")
 
 
 def torch_full(ids: Any) -> Any:

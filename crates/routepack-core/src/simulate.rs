@@ -65,7 +65,7 @@ pub struct SimReport {
     /// inside their node can beat it.
     pub ideal_time: f64,
     /// [`crate::bound::lower_bound_time`] for the window, topology, cost and the cap (see
-    /// [`simulate_with_cap`]): no valid plan's `step_time` is below it.
+    /// [`Scoring::token_cap`]): no valid plan's `step_time` is below it.
     pub lower_bound_time: f64,
     /// Tokens per second: Σ n_s of the window / `step_time`; `+inf` for a step of 0 s (a
     /// window with none of the work the cost model prices), never NaN (Σ n_s >= 1).
@@ -369,63 +369,42 @@ pub use crate::bound::lower_bound_micro;
 
 /// Scores `plan` on `w`. `ideal_micro`: the microbatch count of the balanced reference (see
 /// [`lower_bound_micro`]); None uses the plan's own count. The lower bound is the one without
-/// a cap (see [`simulate_with_cap`]).
+/// a cap, and the plan is checked for well-formedness only ([`simulate_in`] says more).
 pub fn simulate(plan: &Plan, w: &WindowView, topo: &Topology, cost: &CostModel, ideal_micro: Option<usize>) -> Result<SimReport> {
-    simulate_with_cap(plan, w, topo, cost, ideal_micro, None)
+    simulate_in(plan, w, topo, cost, &Scoring { ideal_micro, ..Scoring::default() })
 }
 
-/// [`simulate`], with `lower_bound_time` computed for plans of at most `token_cap` tokens per
-/// row. The plan itself is not checked against the cap: where one of its rows holds more, the
-/// bound is taken at that row's size instead, so it still bounds this plan (and every plan
-/// valid under the larger cap). None: no cap (Σ n, the weakest bound).
-pub fn simulate_with_cap(
-    plan: &Plan,
-    w: &WindowView,
-    topo: &Topology,
-    cost: &CostModel,
-    ideal_micro: Option<usize>,
-    token_cap: Option<i64>,
-) -> Result<SimReport> {
-    simulate_validated(plan, w, topo, cost, ideal_micro, token_cap, i64::MAX)
+/// What [`simulate_in`] is told besides the plan, the window, the topology and the cost model.
+/// `Scoring::default()`: the plan's own microbatch count, no cap, well-formedness only.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Scoring {
+    /// The microbatch count of the balanced reference ([`lower_bound_micro`]; None: the plan's).
+    pub ideal_micro: Option<usize>,
+    /// The cap the lower bound assumes: `lower_bound_time` is computed for plans of at most this
+    /// many tokens per row. The plan itself is not checked against it: where one of its rows
+    /// holds more, the bound is taken at that row's size instead, so it still bounds this plan
+    /// (and every plan valid under the larger cap). None: no cap (Σ n, the weakest bound).
+    pub token_cap: Option<i64>,
+    /// Validate the plan first as [`validate_plan_in`] does against this cap (tokens per cell;
+    /// None: well-formedness only, no cap): `Plan.validate` and the simulator in one call, the
+    /// window viewed once (what `plan_window` runs on the plan it assembles).
+    pub plan_cap: Option<i64>,
+    /// Samples over the cap ([`validate_plan_in`]: with `Oversize::Alone` a cell over the cap may
+    /// hold one sample). With `Oversize::Split` the plan is checked against `plan_cap`, else
+    /// `token_cap` (one of them required: the cap says which samples are split), and priced on
+    /// its pieces with ring attention (`simulate::split`).
+    pub oversize: Oversize,
 }
 
-/// [`simulate_with_cap`] after [`validate_plan`] with `plan_cap` (tokens per cell; `i64::MAX`
-/// checks no cap): `Plan.validate` and the simulator in one call, the window viewed once
-/// (what `plan_window` runs on the plan it assembles).
-pub fn simulate_validated(
-    plan: &Plan,
-    w: &WindowView,
-    topo: &Topology,
-    cost: &CostModel,
-    ideal_micro: Option<usize>,
-    token_cap: Option<i64>,
-    plan_cap: i64,
-) -> Result<SimReport> {
-    simulate_validated_in(plan, w, topo, cost, ideal_micro, token_cap, plan_cap, Oversize::Refuse)
-}
-
-/// [`simulate_validated`], validating with `oversize` ([`validate_plan_in`]: with
-/// `Oversize::Alone` a cell over `plan_cap` may hold one sample). With `Oversize::Split` the
-/// plan is checked against `plan_cap`, else `token_cap` (required: the cap says which samples
-/// are split), and priced on its pieces with ring attention (`simulate::split`).
-#[allow(clippy::too_many_arguments)]
-pub fn simulate_validated_in(
-    plan: &Plan,
-    w: &WindowView,
-    topo: &Topology,
-    cost: &CostModel,
-    ideal_micro: Option<usize>,
-    token_cap: Option<i64>,
-    plan_cap: i64,
-    oversize: Oversize,
-) -> Result<SimReport> {
+/// Scores `plan` on `w` as `scoring` says (see [`Scoring`]): the simulator's one entry with
+/// every option, which `simulate` and the Python binding call.
+pub fn simulate_in(plan: &Plan, w: &WindowView, topo: &Topology, cost: &CostModel, scoring: &Scoring) -> Result<SimReport> {
+    let Scoring { ideal_micro, token_cap, plan_cap, oversize } = *scoring;
     cost.check(w.num_layers)?;
     if oversize == Oversize::Split {
         // the cap that says which samples are split: what the plan was checked against
-        let split_cap = match (plan_cap, token_cap) {
-            (i64::MAX, Some(cap)) => cap,
-            (i64::MAX, None) => return Err(invalid("token_cap", "oversize=\"split\": pricing needs the cap the plan splits samples at")),
-            (cap, _) => cap,
+        let Some(split_cap) = plan_cap.or(token_cap) else {
+            return Err(invalid("token_cap", "oversize=\"split\": pricing needs the cap the plan splits samples at"));
         };
         validate_plan_in(plan, w, topo, split_cap, oversize)?;
         let pieces = Pieces::new(w.seq_lens, split_cap, topo.cp)?;
@@ -433,13 +412,13 @@ pub fn simulate_validated_in(
             return split::simulate_pieces(plan, w, topo, cost, ideal_micro, token_cap, &pieces);
         }
     } else {
-        validate_plan_in(plan, w, topo, plan_cap, oversize)?;
+        validate_plan_in(plan, w, topo, plan_cap.unwrap_or(i64::MAX), oversize)?;
     }
     let grid = CellGrid::new(&plan.sample_rank, &plan.sample_micro, plan.num_micro, w.seq_lens, topo);
     score(plan, w, topo, cost, ideal_micro, token_cap, grid)
 }
 
-/// [`simulate_validated_in`] of a validated plan, whose cells `grid` holds.
+/// [`simulate_in`] of a validated plan, whose cells `grid` holds.
 fn score(
     plan: &Plan,
     w: &WindowView,
@@ -570,12 +549,12 @@ fn score(
     })
 }
 
-/// What one (group, microbatch) task of [`simulate_validated`] returns: each layer's exchange cost,
+/// What one (group, microbatch) task of [`simulate_in`] returns: each layer's exchange cost,
 /// one-way dispatch bytes (inside nodes, between nodes) and exposed replication split into its
 /// forward and backward parts, and its part of the demand sums.
 type GmResult = (Vec<(LayerCost, (f64, f64), (f64, f64))>, GmSums);
 
-/// What one (group, microbatch) task of [`simulate_validated`] gathers for the lower bound
+/// What one (group, microbatch) task of [`simulate_in`] gathers for the lower bound
 /// ([`DemandSums`]): its rows `(sample, layer, Σ_e tokens, distinct experts, top-k sums)` and,
 /// per layer, its experts' totals and largest shares (`[L * E]` each).
 struct GmSums {

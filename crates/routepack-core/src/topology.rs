@@ -72,6 +72,28 @@ impl MicroRule {
     /// No rule: any M >= 1 (no pipeline).
     pub const NONE: MicroRule = MicroRule { min: 1, multiple: 1 };
 
+    /// Megatron's rule for `pp` pipeline stages of `vpp` model chunks each: at least pp, in
+    /// multiples of pp under the interleaved schedule (vpp > 1); [`MicroRule::NONE`] for pp < 2.
+    /// The one statement of the rule (Python's `Topology.min_micro` / `micro_multiple` read it
+    /// through `_core.micro_rule`).
+    pub fn of_pipeline(pp: usize, vpp: usize) -> MicroRule {
+        if pp < 2 {
+            return MicroRule::NONE;
+        }
+        MicroRule { min: pp, multiple: if vpp > 1 { pp } else { 1 } }
+    }
+
+    /// The fewest microbatches per DP rank any plan of `tokens` tokens in rows of at most `cap`
+    /// tokens on `dp` ranks can run under this rule: ⌈⌈tokens / cap⌉ / dp⌉, at least 1, raised to
+    /// the rule ([`Self::fit`]). `cap` and `dp` below 1 count as 1. The one statement of the
+    /// fewest-microbatches rule ([`crate::bound::lower_bound_micro`], Python's
+    /// `routepack.simulate.lower_bound_micro` through `_core.lower_bound_micro`).
+    pub fn fewest(&self, tokens: u64, cap: u64, dp: usize) -> usize {
+        let rows = tokens.div_ceil(cap.max(1));
+        let per_rank = usize::try_from(rows.div_ceil(dp.max(1) as u64)).unwrap_or(usize::MAX);
+        self.fit(per_rank)
+    }
+
     /// The smallest count >= `micro` (and >= 1) the rule allows.
     #[inline]
     pub fn fit(&self, micro: usize) -> usize {
@@ -88,7 +110,7 @@ impl MicroRule {
 /// Replica buffers per rank and layer unless a topology says otherwise: 3, the most copies any
 /// built-in replication puts on one rank in one exchange with its defaults (MindSpeed's rule
 /// broadcasts its N = 3 hot experts to every rank, `replication::hot_n::DEFAULT_HOT_EXPERTS`;
-/// ReLibra's and routepack's replication use 2, `replication::routepack::DEFAULT_REPLICA_SLOTS`),
+/// ReLibra's and routepack's replication use 2, `replication::routepack::DEFAULT_REPLICATION_SLOTS`),
 /// so that no plan of a built-in policy with default options changes.
 pub const DEFAULT_REPLICA_SLOTS: usize = 3;
 
@@ -137,10 +159,7 @@ impl Topology {
     /// Megatron's rule for the microbatch count under this pipeline ([`MicroRule`]):
     /// [`MicroRule::NONE`] without one.
     pub fn micro_rule(&self) -> MicroRule {
-        if self.pp < 2 {
-            return MicroRule::NONE;
-        }
-        MicroRule { min: self.pp, multiple: if self.vpp > 1 { self.pp } else { 1 } }
+        MicroRule::of_pipeline(self.pp, self.vpp)
     }
 
     /// Model chunks: pp · vpp.

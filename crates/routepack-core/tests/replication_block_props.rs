@@ -52,7 +52,7 @@ fn blocks_concatenate_to_the_full_run() {
             let planners = [
                 Planner::HotN(1 + mix.below(3)),
                 Planner::Relibra(1 + mix.below(2)),
-                Planner::Routepack(Options { replica_slots: 1 + mix.below(4), ..Options::default() }),
+                Planner::Routepack(Options { replication_slots: 1 + mix.below(4), ..Options::default() }),
             ];
             for planner in &planners {
                 let full = plan_block(&view, &topo, &cost, &placement, packed, planner, Block::ALL).unwrap();

@@ -118,6 +118,16 @@ impl CostModel {
         }
     }
 
+    /// Seconds one EP rank spends on the replica copies' bytes beyond its link time:
+    /// [`CostModel::c_replica`] per byte its hops send or receive (posting, relaying and
+    /// receiving a copy's weights, adding and forwarding its fp32 gradient), `bytes` their sum
+    /// over both links. The one statement of the term: the simulator
+    /// (`LinkBytes::replica_time`) and replication's priced state add it to a rank's hop time.
+    #[inline]
+    pub fn replica_overhead(&self, bytes: f64) -> f64 {
+        self.c_replica * bytes
+    }
+
     /// Seconds of a window's migration from the bytes each EP rank sends and receives
     /// (`links`): where anything moves, [`CostModel::migration_latency`] plus the slowest
     /// rank's link time (per link max(sent, received) over its bandwidth) and staging

@@ -82,8 +82,8 @@ pub fn plan_block(
                 hot_n::plan_exchange(c, st, n)
             })
         }
-        Planner::Relibra(replica_slots) => {
-            let k = (*replica_slots).min(buffers);
+        Planner::Relibra(replication_slots) => {
+            let k = (*replication_slots).min(buffers);
             plan_exchange_block(w, topo, cost, placement, sample_rank, sample_micro, num_micro, None, block, ExchangeState::new, |c, st| {
                 relibra::plan_exchange(c, st, k)
             })
@@ -96,7 +96,7 @@ pub fn plan_block(
                 ));
             }
             let deadline = crate::budget::deadline(std::time::Instant::now(), opts.time_budget);
-            let opts = &routepack::Options { replica_slots: opts.replica_slots.min(buffers), ..*opts };
+            let opts = &routepack::Options { replication_slots: opts.replication_slots.min(buffers), ..*opts };
             plan_exchange_block(
                 w,
                 topo,
@@ -127,17 +127,17 @@ pub fn hot_n(
     plan_block(w, topo, cost, placement, packed, &Planner::HotN(hot_experts), Block::ALL)
 }
 
-/// ReLibra's intra-node replication with at most `replica_slots` copies per rank per exchange:
-/// the same budget routepack gets ([`routepack::DEFAULT_REPLICA_SLOTS`] by default).
+/// ReLibra's intra-node replication with at most `replication_slots` copies per rank per exchange:
+/// the same budget routepack gets ([`routepack::DEFAULT_REPLICATION_SLOTS`] by default).
 pub fn relibra(
     w: &WindowView,
     topo: &Topology,
     cost: &CostModel,
     placement: &Placement,
     packed: Packed,
-    replica_slots: usize,
+    replication_slots: usize,
 ) -> Result<Vec<Replica>> {
-    plan_block(w, topo, cost, placement, packed, &Planner::Relibra(replica_slots), Block::ALL)
+    plan_block(w, topo, cost, placement, packed, &Planner::Relibra(replication_slots), Block::ALL)
 }
 
 /// routepack's replication (see [`routepack`](mod@routepack)); `opts.time_budget` caps its

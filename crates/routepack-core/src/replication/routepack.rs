@@ -1,7 +1,7 @@
 //! `routepack` replication: per exchange (EP group, microbatch, layer), the replicas and token
 //! shares that minimise that exchange's time as the simulator prices it (expert max, all-to-all,
 //! replication traffic and the part of it that that layer's attention cannot hide), with at
-//! most `replica_slots` copies on any rank.
+//! most `replication_slots` copies on any rank.
 //!
 //! Greedy with exact re-evaluation. Each greedy step scans candidate moves "a copy of expert e on
 //! rank r computes n of e's tokens in this exchange", for
@@ -28,14 +28,14 @@ use super::state::ExchangeState;
 
 /// Copies a rank may hold per exchange by default (also ReLibra's budget, `relibra`). MindSpeed's default
 /// (`hot_n` with N = 3) puts up to 3 copies on every rank; routepack gets fewer.
-pub const DEFAULT_REPLICA_SLOTS: usize = 2;
+pub const DEFAULT_REPLICATION_SLOTS: usize = 2;
 
 /// Options of routepack's replication planner; `Default` holds every default (the bindings
 /// fill unset arguments from it).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Options {
     /// Copies a rank may receive per exchange: the memory budget.
-    pub replica_slots: usize,
+    pub replication_slots: usize,
     /// Experts taken from each bottleneck list per greedy step.
     pub experts: usize,
     /// Destinations tried per expert from each destination list.
@@ -52,7 +52,7 @@ pub const DEFAULT_CANDIDATES: usize = 1;
 
 impl Default for Options {
     fn default() -> Self {
-        Self { replica_slots: DEFAULT_REPLICA_SLOTS, experts: DEFAULT_CANDIDATES, dsts: DEFAULT_CANDIDATES, time_budget: None }
+        Self { replication_slots: DEFAULT_REPLICATION_SLOTS, experts: DEFAULT_CANDIDATES, dsts: DEFAULT_CANDIDATES, time_budget: None }
     }
 }
 
@@ -122,7 +122,7 @@ fn take_top(keyed: &mut [(i64, usize)], k: usize, out: &mut Vec<usize>) {
 pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Replica> {
     let st = &mut wk.state;
     st.reset(c);
-    if opts.replica_slots == 0 {
+    if opts.replication_slots == 0 {
         return Vec::new();
     }
     let (ep, e_n) = (c.ep(), c.num_experts());
@@ -145,7 +145,7 @@ pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Repli
     }
     let none = st.time(c);
     let mut cur = none;
-    let max_steps = 4 * ep * opts.replica_slots + 16;
+    let max_steps = 4 * ep * opts.replication_slots + 16;
     for _ in 0..max_steps {
         let (px, pa) = st.bottlenecks();
         let cands = &mut wk.cands;
@@ -167,7 +167,7 @@ pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Repli
             keyed.clear();
             keyed.extend((0..e_n).filter(|&e| !hosted[e * ep + pa]).map(|e| (st.origin(e)[pa], e)));
             let mut top = Vec::new();
-            take_top(keyed, opts.experts + opts.replica_slots, &mut top);
+            take_top(keyed, opts.experts + opts.replication_slots, &mut top);
             top.push(usize::MAX); // marks "computed" even when empty
             wk.sent_top[pa] = top;
         }
@@ -197,7 +197,7 @@ pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Repli
             let dsts = &mut wk.dsts;
             dsts.clear();
             let hosted = &wk.hosted[e * ep..(e + 1) * ep];
-            let eligible = |r: usize| !hosted[r] && (st.has_copy(e, r) || st.used[r] < opts.replica_slots);
+            let eligible = |r: usize| !hosted[r] && (st.has_copy(e, r) || st.used[r] < opts.replication_slots);
             let keyed = &mut wk.keyed;
             keyed.clear();
             keyed.extend((0..ep).filter(|&r| eligible(r)).map(|r| (st.origin(e)[r], r)));
