@@ -6,17 +6,21 @@ load from other processes falls on both alike.
     PYTHONPATH=python python3 benches/audit_overhead.py [--steps 40] [--routes both]
 
 A step is what a trainer runs: ``start_micro`` + forward + backward for each of the rank's
-microbatches, ``finish_step`` and ``optimizer.step`` (Adam), timed on the wall clock between
-two barriers; each step's time is the slower rank's. The plan: EPLB placement with redundant
+microbatches, ``finish_step`` and ``optimizer.step`` (Adam), timed between two barriers on the
+process's CPU clock (``time.process_time``: this rank's work, gloo's threads included, not the
+time it waits for a core on a shared machine, which the wall clock adds; what `routepack
+measure` judges a run by) and on the wall clock; each step's time is the slower rank's. The plan: EPLB placement with redundant
 experts and hot_n replicas (``routepack.plan_window``), 4 MoE layers of 16 experts, dp = ep = 2,
 about 4 microbatches a rank (a 256-token cap). ``--routes precomputed`` runs the routes `begin_window(...,
 microbatches=)` computed from the replay (the forward compares ids on the device); ``live``
 routes in the forward (a host copy and an all-gather of counts per layer); ``both`` (default)
 runs each.
 
-Prints, per route mode: the median step with the audit on and off, the median of the per-pair
-ratios (on / off, each pair two adjacent steps) with its interquartile range, and the load
-average before and after (the machine is shared: a ratio measured under load spreads more).
+Prints, per route mode and clock: the median step with the audit on and off, the median of the
+per-pair ratios (on / off, each pair two adjacent steps) with its interquartile range, and the
+load average before and after (the machine is shared: a ratio measured under load spreads more,
+the wall clock's most), and the CPU time spent inside the audit's own calls in the "on" runner
+(each of its public methods timed: the overhead counted directly, free of the pairs' noise).
 Numbers, not assertions. On a GPU the audit adds per layer a host-side count (``EPMoE``'s unit
 counts are host arrays) and, with precomputed routes, one device compare (already there for
 the replay check); per step one device-to-host copy of the ``[2, M, L]`` cell flags and one
@@ -90,10 +94,10 @@ def _rank(rank: int, world: int, device: Any, steps: int, routes: str) -> Dict[s
         runner.begin_window(plan, window, opt, microbatches=mbs if routes == "precomputed" else None)
         return layers, rts, runner, opt
 
-    def step(m) -> float:
+    def step(m) -> tuple:
         layers, rts, runner, opt = m
         dist.barrier()
-        t0 = time.perf_counter()
+        t0, c0, a0 = time.perf_counter(), time.process_time(), spent[0]
         for mb, (x, r) in zip(mbs, data):
             runner.start_micro(mb.micro)
             h, ids = x, mb.routed.long()
@@ -105,15 +109,30 @@ def _rank(rank: int, world: int, device: Any, steps: int, routes: str) -> Dict[s
         runner.finish_step()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        took = torch.tensor([time.process_time() - c0, time.perf_counter() - t0, spent[0] - a0], dtype=torch.float64)
         dist.all_reduce(took, op=dist.ReduceOp.MAX)
-        return float(took.item())
+        return float(took[0]), float(took[1]), float(took[2])
 
     on, off = model("raise"), model("off")
+    spent = [0.0]  # CPU seconds inside the audit's calls on this rank (the "on" runner only)
+
+    def timed(fn: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            c = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[0] += time.process_time() - c
+
+        return call
+
+    audit = on[2].audit
+    for name in ("note_forward", "note_micro", "note_units", "note_ids", "note_backward", "finish", "holds"):
+        setattr(audit, name, timed(getattr(audit, name)))
     for _ in range(3):  # warm-up: allocator, gloo buffers, grouped kernels
         step(on)
         step(off)
-    times: Dict[str, List[float]] = {"on": [], "off": []}
+    times: Dict[str, List[tuple]] = {"on": [], "off": []}
     for i in range(steps):
         first, second = (("on", on), ("off", off)) if i % 2 == 0 else (("off", off), ("on", on))
         for name, m in (first, second):
@@ -139,15 +158,22 @@ def main() -> None:
         load0 = os.getloadavg()
         out = run_ranks(_rank, 2, args.steps, routes, join_timeout_s=3600, pg_timeout_s=600)[0]
         load1 = os.getloadavg()
-        on, off = np.asarray(out["times"]["on"]), np.asarray(out["times"]["off"])
-        ratios = on / off
-        q1, q3 = np.percentile(ratios, [25, 75])
+        for k, clock in enumerate(("CPU", "wall")):
+            on, off = np.asarray(out["times"]["on"])[:, k], np.asarray(out["times"]["off"])[:, k]
+            ratios = on / off
+            q1, q3 = np.percentile(ratios, [25, 75])
+            print(
+                f"  {routes:11s} {clock:4s}: step on {1e3 * np.median(on):7.2f} ms, off {1e3 * np.median(off):7.2f} ms;"
+                f" on/off median {np.median(ratios):.4f} (IQR {q1:.4f}-{q3:.4f}, {len(ratios)} pairs; ratio of "
+                f"medians {np.median(on) / np.median(off):.4f})"
+            )
+        inside = np.asarray(out["times"]["on"])[:, 2]
+        off_cpu = np.asarray(out["times"]["off"])[:, 0]
         print(
-            f"  {routes:11s}: step on {1e3 * np.median(on):7.2f} ms, off {1e3 * np.median(off):7.2f} ms; "
-            f"on/off median {np.median(ratios):.4f} (IQR {q1:.4f}-{q3:.4f}, {len(ratios)} pairs; "
-            f"ratio of medians {np.median(on) / np.median(off):.4f}); audit verdict {out['verdict']!r}; "
-            f"load average {load0[0]:.1f} -> {load1[0]:.1f}"
+            f"  {routes:11s} inside the audit's calls (CPU, the slower rank): median {1e3 * np.median(inside):.3f} ms "
+            f"a step (max {1e3 * inside.max():.3f}), {np.median(inside) / np.median(off_cpu):.2%} of the step off"
         )
+        print(f"  {routes:11s}: audit verdict {out['verdict']!r}; load average {load0[0]:.1f} -> {load1[0]:.1f}")
 
 
 if __name__ == "__main__":

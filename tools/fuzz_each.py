@@ -5,7 +5,8 @@ public function at least 10^4 cases, 0 bad outcomes, under an 8 GiB address-spac
     python tools/fuzz_each.py --cases 10000 --out fuzz40 'Window.from_routed_experts' 'cli[' ...
     python tools/fuzz_each.py --merge fuzz40                   # the table of what ran
 
-Each name selects the targets whose name starts with it (`fuzz_campaign.py --list`); each
+Each name selects the targets whose name starts with it (`fuzz_campaign.py --list`; ``glue.``:
+the torch glue in a gloo group of 2, `fuzzlib.t_glue`); each
 selected target runs as its own campaign (``fuzz_campaign.py --only NAME$ --stop N``: the
 cases are the same function of ``--seed`` as in a mixed campaign), ``--jobs`` at a time, its
 JSON written to ``OUT/NAME.json``; a target whose JSON already holds N cases is not run again.
@@ -42,7 +43,10 @@ def _done(path: Path, cases: int) -> bool:
 def run(names: List[str], args: argparse.Namespace) -> None:
     from fuzz_campaign import load_targets
 
-    chosen = [t.name for t in load_targets(",".join(names), torch=not args.no_torch, memory_limit=8 << 30)]
+    only = ",".join(names)
+    chosen = [t.name for t in load_targets(only, torch=not args.no_torch, memory_limit=8 << 30)]
+    if not args.no_torch and any(n.startswith("glue") or "glue.".startswith(n) for n in names):
+        chosen += [t.name for t in load_targets(only, world=2)]  # a gloo group of 2 (fuzzlib.t_glue)
     todo = [n for n in chosen if not _done(_file(args.out, n), args.cases)]
     print(f"{len(chosen)} target(s), {len(todo)} to run to {args.cases} cases each", flush=True)
     running: List[Any] = []
@@ -52,6 +56,8 @@ def run(names: List[str], args: argparse.Namespace) -> None:
             cmd = [sys.executable, str(HERE / "fuzz_campaign.py"), "--only", name + "$", "--stop", str(args.cases)]
             cmd += ["--seed", str(args.seed), "--minutes", str(args.minutes), "--json", str(_file(args.out, name))]
             cmd += ["--memory-limit-gib", str(args.memory_limit_gib)]
+            if name.startswith("glue."):
+                cmd += ["--world", "2"]
             log = open(_file(args.out, name).with_suffix(".log"), "w")
             running.append((name, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), time.monotonic()))
         for item in list(running):

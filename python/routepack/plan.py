@@ -344,13 +344,14 @@ class Plan:
             migration=self.migration,
             report=report,
             policy=np.array(self.policy),
+            digest=np.array(self.digest()),  # checked by load: arrays swapped or rewritten in the file
         )
 
     @classmethod
     def load(cls, path: _npz.Target) -> "Plan":
         """Reads what `save` wrote (from a path or a binary file open for reading); a damaged
         file raises `RoutepackFileError` naming it."""
-        z = _npz.read(path, _PLAN_KEYS, "plan")
+        z = _npz.read(path, _PLAN_KEYS, "plan", optional=("digest",))
         try:
             report = json_value(_npz.scalar_str(z, "report", path, "plan"), "report")
         except RoutepackError as e:
@@ -358,7 +359,7 @@ class Plan:
         if not isinstance(report, dict):
             _npz.fail(path, "plan", f"report: expected a JSON object, got {type(report).__name__}")
         try:
-            return cls(
+            plan = cls(
                 placement=Placement(
                     z["phy2log"],
                     _npz.scalar_int(z, "num_experts", path, "plan"),
@@ -376,6 +377,16 @@ class Plan:
             raise
         except RoutepackError as e:
             _npz.fail(path, "plan", str(e))
+        if "digest" in z:  # files written before the digest was saved have none
+            saved = _npz.scalar_str(z, "digest", path, "plan")
+            if saved != plan.digest():
+                _npz.fail(
+                    path,
+                    "plan",
+                    f"its arrays hash to {plan.digest()[:12]}, not to the digest {saved[:12]} it was saved with "
+                    "(arrays swapped or rewritten)",
+                )
+        return plan
 
     def digest(self) -> str:
         """SHA-256 (hex) of the plan's decisions: each of ``sample_rank``, ``sample_micro``,

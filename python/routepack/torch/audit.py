@@ -80,6 +80,7 @@ def plan_units(
     ep_rank: int,
     layers: Sequence[Tuple[int, np.ndarray]],
     cell_rows: Callable[[int, int], np.ndarray],
+    width: Optional[int] = None,
 ) -> Tuple[np.ndarray, np.ndarray]:
     """The plan's tokens per compute unit of this rank in every cell: ``(planned, units)``.
 
@@ -88,7 +89,9 @@ def plan_units(
     of the cell in table order; U the most units of any cell, zero-padded); ``units`` int64
     ``[M, len(layers)]``: the cell's unit count. ``layers``: (the plan's MoE layer, its
     placement row ``[ep * slots_per_rank]``) of each of the runner's layers; ``cell_rows(m,
-    l)``: the replica rows of this EP group's cell (`PlanRunner.cell_rows_of`)."""
+    l)``: the replica rows of this EP group's cell (`PlanRunner.cell_rows_of`). ``width``: the
+    units a layer reports in every cell (Megatron's local experts: its slots and all its
+    replica buffers, the j-th copy in buffer j), None: the cell's own count (`EPMoE`)."""
     spr = topo.slots_per_rank
     origins = cell_origins(plan, window, group_index, topo.ep)
     cells: Dict[Tuple[int, int], np.ndarray] = {}
@@ -97,8 +100,8 @@ def plan_units(
             rows = cell_rows(m, layer)
             flows = _flow_table(np.ascontiguousarray(origins[m, :, layer]), row, topo, rows)
             inc, unit, replicas = incoming(flows, rows, ep_rank, spr)
-            n = spr + int(replicas.size)
-            cells[(m, pos)] = np.bincount(unit, weights=inc["count"], minlength=n).astype(np.int64)
+            n = spr + int(replicas.size) if width is None else width
+            cells[(m, pos)] = np.bincount(unit, weights=inc["count"], minlength=n).astype(np.int64)[:n]
     width = max((c.size for c in cells.values()), default=spr)
     planned = np.zeros((plan.num_micro, len(layers), width), dtype=np.int64)
     units = np.zeros((plan.num_micro, len(layers)), dtype=np.int64)
@@ -123,6 +126,11 @@ class StepAudit:
         dp_rank, stage, slots: this rank's DP rank, pipeline stage and slots a layer.
         timeout:    bound on the exchange.
         never_ran:  what a missing microbatch's message asks the user (the runner's loop).
+        padded:     the layers' forwards may also compute padding tokens the plan does not
+                    count (Megatron's ``[S, B]`` microbatches of a padded batch, a sequence
+                    padded to the TP size): a unit computing more tokens than the plan's is
+                    accepted, fewer is a route difference (padding only adds tokens, while
+                    routes other than the plan's take some from a unit the plan fills).
     """
 
     def __init__(
@@ -137,12 +145,13 @@ class StepAudit:
         slots: int,
         timeout: datetime.timedelta,
         never_ran: str,
+        padded: bool = False,
     ) -> None:
         if not isinstance(mode, str) or mode not in MODES:
             raise RoutepackError(f"audit: {mode!r} is not one of {MODES}")
         self.mode, self.layers, self.device = mode, [int(l) for l in layers], device
         self.groups, self.dp_rank, self.stage, self.timeout = list(groups), dp_rank, stage, timeout
-        self.slots, self.never_ran = slots, never_ran
+        self.slots, self.never_ran, self.padded = slots, never_ran, bool(padded)
         #: called whenever a step closes (raised or not): the runner drops the step's state
         self.on_close: Optional[Callable[[], None]] = None
         self._pos = {l: i for i, l in enumerate(self.layers)}
@@ -232,19 +241,25 @@ class StepAudit:
             return
         n = min(counts.size, self.tokens.shape[2])
         self.tokens[micro, pos, :n] += counts[:n]
-        if counts.size != want.size or not np.array_equal(counts, want):
+        off = counts.size != want.size or (
+            bool((counts < want).any()) if self.padded else not np.array_equal(counts, want)
+        )
+        if off:
             self._route_n += 1
             if self._route is None:
                 diff = [u for u in range(max(counts.size, want.size)) if _at(counts, u) != _at(want, u)]
+                if self.padded and counts.size == want.size:
+                    diff = [u for u in diff if _at(counts, u) < _at(want, u)]
                 u = diff[0] if diff else 0
                 self._route = (micro, pos, u, _at(counts, u), _at(want, u))
 
     def _note_device_units(self, micro: int, pos: int, counts: torch.Tensor) -> None:
         m, l, u = self.planned.shape
-        if self._planned_dev is None:
-            self._planned_dev = torch.from_numpy(self.planned).to(self.device)
-        if self._tokens_dev is None:
-            self._tokens_dev = torch.zeros((m, l, u), dtype=torch.int64, device=self.device)
+        if self._planned_dev is None or self._planned_dev.device != counts.device:
+            # where the counts are (a dispatcher may keep them on the host): no copy per layer
+            self._planned_dev = torch.from_numpy(self.planned).to(counts.device)
+        if self._tokens_dev is None or self._tokens_dev.device != counts.device:
+            self._tokens_dev = torch.zeros((m, l, u), dtype=torch.int64, device=counts.device)
         n = int(self.units[micro, pos])
         got = counts.reshape(-1).to(torch.int64)
         if got.numel() != n:
@@ -253,7 +268,8 @@ class StepAudit:
                 self._route = (micro, pos, -1, int(got.numel()), n)  # unit count itself: known on the host
             return
         self._tokens_dev[micro, pos, :n] += got
-        self._flag(1, micro, pos, (got != self._planned_dev[micro, pos, :n]).any())
+        want = self._planned_dev[micro, pos, :n]
+        self._flag(1, micro, pos, ((got < want) if self.padded else (got != want)).any())
 
     def note_ids(self, micro: int, layer: int, differ: torch.Tensor) -> None:
         """``differ``: a device bool, whether this forward's ids differ from the replay."""
@@ -266,9 +282,15 @@ class StepAudit:
             self._flags = torch.zeros((2, m, l), dtype=torch.bool, device=value.device)
         self._flags[kind, micro, pos] |= value
 
-    def note_backward(self, micro: int, layer: int) -> None:
-        """A backward of (``micro``, ``layer``) ran (it opens the step)."""
-        if self.on and self.backwards.shape[0] > micro:
+    def note_backward(self, micro: Optional[int], layer: int) -> None:
+        """A backward of (``micro``, ``layer``) ran (it opens the step). ``micro`` None: a
+        backward outside planned microbatches (a Megatron forward whose data iterator was not
+        wrapped): it opens the step too, whose planned cells then never ran."""
+        if not self.on:
+            return
+        if micro is None:
+            _OPEN.add(self)
+        elif self.backwards.shape[0] > micro:
             self.backwards[micro, self._pos[layer]] += 1
             _OPEN.add(self)
 
@@ -372,7 +394,9 @@ class StepAudit:
         return [int(out[k]) for k in ROW], tokens
 
     def _exchange(self, row: List[int]) -> np.ndarray:
-        """Every rank's row: int64 ``[ranks, len(ROW)]`` (one all-gather per group)."""
+        """Every rank's row: int64 ``[ranks, len(ROW)]`` (one all-gather per group; where the
+        groups overlap, as an EP group inside a data-parallel one, a rank's row arrives more
+        than once and is kept once)."""
         t = torch.tensor([row], dtype=torch.int64, device=self.device)
         for group in self.groups:  # None: the default group
             try:
@@ -381,7 +405,9 @@ class StepAudit:
                 raise
             except RuntimeError as e:
                 raise _no_answer(group, self.timeout) from e
-        return t.cpu().numpy()
+        table = t.cpu().numpy()
+        who = table[:, [ROW.index("stage"), ROW.index("dp_rank")]]
+        return table[np.sort(np.unique(who, axis=0, return_index=True)[1])]
 
 
 def _at(a: np.ndarray, i: int) -> int:

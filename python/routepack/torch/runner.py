@@ -58,6 +58,7 @@ from routepack.torch.pipeline import agree_stages, stage_plan
 from routepack.torch.replicate import ReplicaExchange
 from routepack.torch.routes import window_routes
 from routepack.torch.slot_link import StepSums
+from routepack.torch.slot_state import optimizer_given
 
 #: token cap used when the caller gives none: validation then checks everything but the cap
 NO_CAP = 1 << 62
@@ -267,7 +268,7 @@ class PlanRunner:
             self.check_step_finished("begin_window")
         err: Optional[BaseException] = None
         try:
-            _optimizer_given(optimizer, optimizer_state)
+            optimizer_given(optimizer, optimizer_state)
             self.check_plan(plan, window, token_cap)
             digest = digest_int(plan)
         except Exception as e:  # noqa: BLE001 (shared with every EP rank, then re-raised)
@@ -445,18 +446,3 @@ class PlanRunner:
         """int64 ``[M, L]``: rows the plan says this rank receives per (micro, layer of
         ``layers``): its slice of ``predicted``."""
         return self.predicted[self.ep_group_index, :, :, self.dp_rank % self.topo.ep][:, self.moe_layers]
-
-
-def _optimizer_given(optimizer: Any, optimizer_state: Any) -> None:
-    """`PlanRunner.begin_window`'s rule: the optimizer, or ``optimizer_state="none"``."""
-    if optimizer_state is not None and optimizer_state != "none":
-        raise RoutepackError(f"optimizer_state: {optimizer_state!r} is not 'none' (the only value it takes)")
-    if optimizer is None and optimizer_state is None:
-        raise RoutepackError(
-            "optimizer: None; begin_window needs the optimizer that steps the layers' parameters, whose per-slot "
-            "state (Adam's moments) moves with the experts, or optimizer_state='none' to say this job has none"
-        )
-    if optimizer is not None and optimizer_state == "none":
-        raise RoutepackError(
-            f"optimizer_state: 'none', but optimizer is a {type(optimizer).__name__}; pass one or the other"
-        )

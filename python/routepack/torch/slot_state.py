@@ -21,6 +21,8 @@ from abc import ABC, abstractmethod
 from typing import Any, Iterable, List, Optional, Sequence
 
 import torch
+
+from routepack.errors import RoutepackError
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 #: optimizers seen stepping since routepack.torch was imported (a global post-step hook)
@@ -166,4 +168,20 @@ class StackedState(SlotState):
         unpack_slot(self.tensors, slot, buf)
 
 
-__all__ = ["SlotState", "StackedState", "pack_slot", "slot_bytes", "stateful_owner", "unpack_slot"]
+def optimizer_given(optimizer: Any, optimizer_state: Any) -> None:
+    """The runners' ``begin_window`` rule (`PlanRunner`, `MegatronRunner`): the optimizer that
+    steps the layers, or ``optimizer_state="none"`` from a job that has none; never both."""
+    if optimizer_state is not None and optimizer_state != "none":
+        raise RoutepackError(f"optimizer_state: {optimizer_state!r} is not 'none' (the only value it takes)")
+    if optimizer is None and optimizer_state is None:
+        raise RoutepackError(
+            "optimizer: None; begin_window needs the optimizer that steps the layers' parameters, whose per-slot "
+            "state (Adam's moments) moves with the experts, or optimizer_state='none' to say this job has none"
+        )
+    if optimizer is not None and optimizer_state == "none":
+        raise RoutepackError(
+            f"optimizer_state: 'none', but optimizer is a {type(optimizer).__name__}; pass one or the other"
+        )
+
+
+__all__ = ["SlotState", "StackedState", "optimizer_given", "pack_slot", "slot_bytes", "stateful_owner", "unpack_slot"]
