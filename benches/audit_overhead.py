@@ -20,7 +20,9 @@ Prints, per route mode and clock: the median step with the audit on and off, the
 per-pair ratios (on / off, each pair two adjacent steps) with its interquartile range, and the
 load average before and after (the machine is shared: a ratio measured under load spreads more,
 the wall clock's most), and the CPU time spent inside the audit's own calls in the "on" runner
-(each of its public methods timed: the overhead counted directly, free of the pairs' noise).
+(each of its public methods timed: the overhead counted directly, free of the pairs' noise),
+split into the per-layer counting and the step's exchange (``finish``, whose CPU time includes
+gloo's threads polling while the peer is on its way).
 Numbers, not assertions. On a GPU the audit adds per layer a host-side count (``EPMoE``'s unit
 counts are host arrays) and, with precomputed routes, one device compare (already there for
 the replay check); per step one device-to-host copy of the ``[2, M, L]`` cell flags and one
@@ -97,7 +99,7 @@ def _rank(rank: int, world: int, device: Any, steps: int, routes: str) -> Dict[s
     def step(m) -> tuple:
         layers, rts, runner, opt = m
         dist.barrier()
-        t0, c0, a0 = time.perf_counter(), time.process_time(), spent[0]
+        t0, c0, a0, f0 = time.perf_counter(), time.process_time(), spent[0], spent[1]
         for mb, (x, r) in zip(mbs, data):
             runner.start_micro(mb.micro)
             h, ids = x, mb.routed.long()
@@ -109,26 +111,30 @@ def _rank(rank: int, world: int, device: Any, steps: int, routes: str) -> Dict[s
         runner.finish_step()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        took = torch.tensor([time.process_time() - c0, time.perf_counter() - t0, spent[0] - a0], dtype=torch.float64)
-        dist.all_reduce(took, op=dist.ReduceOp.MAX)
-        return float(took[0]), float(took[1]), float(took[2])
+        took = [time.process_time() - c0, time.perf_counter() - t0, spent[0] - a0, spent[1] - f0]
+        got = torch.tensor(took, dtype=torch.float64)
+        dist.all_reduce(got, op=dist.ReduceOp.MAX)
+        return tuple(float(x) for x in got)
 
     on, off = model("raise"), model("off")
-    spent = [0.0]  # CPU seconds inside the audit's calls on this rank (the "on" runner only)
+    # CPU seconds inside the audit's calls on this rank (the "on" runner only): [0] the
+    # per-layer counting, [1] the step's exchange (`finish`: gloo's threads polling while the
+    # peer is on its way count here too)
+    spent = [0.0, 0.0]
 
-    def timed(fn: Any) -> Any:
+    def timed(fn: Any, k: int) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
             c = time.process_time()
             try:
                 return fn(*args, **kwargs)
             finally:
-                spent[0] += time.process_time() - c
+                spent[k] += time.process_time() - c
 
         return call
 
     audit = on[2].audit
     for name in ("note_forward", "note_micro", "note_units", "note_ids", "note_backward", "finish", "holds"):
-        setattr(audit, name, timed(getattr(audit, name)))
+        setattr(audit, name, timed(getattr(audit, name), int(name == "finish")))
     for _ in range(3):  # warm-up: allocator, gloo buffers, grouped kernels
         step(on)
         step(off)
@@ -167,12 +173,13 @@ def main() -> None:
                 f" on/off median {np.median(ratios):.4f} (IQR {q1:.4f}-{q3:.4f}, {len(ratios)} pairs; ratio of "
                 f"medians {np.median(on) / np.median(off):.4f})"
             )
-        inside = np.asarray(out["times"]["on"])[:, 2]
-        off_cpu = np.asarray(out["times"]["off"])[:, 0]
-        print(
-            f"  {routes:11s} inside the audit's calls (CPU, the slower rank): median {1e3 * np.median(inside):.3f} ms "
-            f"a step (max {1e3 * inside.max():.3f}), {np.median(inside) / np.median(off_cpu):.2%} of the step off"
-        )
+        off_cpu = np.median(np.asarray(out["times"]["off"])[:, 0])
+        for k, what in ((2, "counting (per layer)"), (3, "exchange (finish)")):
+            inside = np.asarray(out["times"]["on"])[:, k]
+            print(
+                f"  {routes:11s} audit {what:20s} CPU, the slower rank: median {1e3 * np.median(inside):.3f} ms a "
+                f"step (max {1e3 * inside.max():.3f}), {np.median(inside) / off_cpu:.2%} of the step off"
+            )
         print(f"  {routes:11s}: audit verdict {out['verdict']!r}; load average {load0[0]:.1f} -> {load1[0]:.1f}")
 
 
