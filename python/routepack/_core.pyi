@@ -44,6 +44,8 @@ __all__ = [
     "replicate_hot_n",
     "replicate_relibra",
     "replicate_routepack",
+    "replicate_moonep",
+    "replicate_ultraep",
     "relibra_placement",
     "rebalance_experts",
     "eplb_placement",
@@ -216,11 +218,13 @@ def simulate(
     token_cap: Optional[int] = None,
     plan_cap: Optional[int] = None,
     oversize: Optional[str] = None,
+    replica_timing: Optional[str] = None,
 ) -> Dict[str, Any]:
     """DESIGN.md's cost model; keys are the fields of routepack.SimResult. `ideal_micro`: the
     steps the ideal time assumes (None: the plan's own); `token_cap`: the cap the lower bound
     assumes (None: no cap); `plan_cap`: first validate the plan against this cap as
-    `validate_plan` does (None: well-formedness only)."""
+    `validate_plan` does (None: well-formedness only); `replica_timing`: the plan's
+    ("prefetch" or "after_router": forward copies exposed)."""
 
 def pipeline_makespan(
     pp: int,
@@ -298,6 +302,31 @@ def replicate_routepack(
     """routepack's replication for a plan's placement and layout: per exchange, the replicas
     minimising the simulated layer time.
     ``block``: as in `replicate_hot_n`."""
+
+def replicate_moonep(
+    plan: Any,
+    seq_lens: _I64,
+    expert_tokens: _Counts,
+    topo: Any,
+    cost: Any,
+    buffers: int,
+    block: Optional[Tuple[int, int]] = None,
+) -> _ReplicaColumns:
+    """MoonEP's exact per-microbatch balance inside each NVLink domain, at most `buffers`
+    distinct experts copied onto a rank. ``block``: as in `replicate_hot_n`."""
+
+def replicate_ultraep(
+    plan: Any,
+    seq_lens: _I64,
+    expert_tokens: _Counts,
+    topo: Any,
+    cost: Any,
+    redundant: int,
+    min_tokens: int,
+    block: Optional[Tuple[int, int]] = None,
+) -> _ReplicaColumns:
+    """UltraEP's quota-driven exact-load balance inside each NVLink domain: at most `redundant`
+    replicas a rank, each of at least `min_tokens` tokens. ``block``: as in `replicate_hot_n`."""
 
 def relibra_placement(loads: _F64, topo: Any, previous: Optional[_I32] = None) -> _I32:
     """ReLibra's node-level expert reordering: phy2log [L, ep*slots_per_rank] from loads [L, E]."""
