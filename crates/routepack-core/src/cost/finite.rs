@@ -53,17 +53,17 @@ pub(super) fn check_finite_step(c: &CostModel) -> Result<()> {
     let weights = if c.expert_weight_bytes >= c.expert_grad_bytes { "cost.expert_weight_bytes" } else { "cost.expert_grad_bytes" };
     let on_link = [(weights, "an expert's weights or gradient on the slowest link", expert_bytes * per_byte)];
     for (name, unit, v) in units.into_iter().chain(on_link) {
-        if !(v <= MAX_UNIT_SECONDS) {
+        if v.is_nan() || v > MAX_UNIT_SECONDS {
             return Err(invalid(name, too_dear(unit, v)));
         }
     }
     for (l, &v) in c.a_quad.iter().enumerate() {
-        if !(v <= MAX_UNIT_SECONDS) {
+        if v.is_nan() || v > MAX_UNIT_SECONDS {
             return Err(invalid(format!("cost.a_quad[{l}]"), too_dear("a token pair of quadratic attention", v)));
         }
     }
     for (i, &(_, v)) in c.expert_table.iter().enumerate() {
-        if !(v <= MAX_UNIT_SECONDS) {
+        if v.is_nan() || v > MAX_UNIT_SECONDS {
             return Err(invalid(format!("cost.expert_table[{i}]"), too_dear("an active expert", v)));
         }
     }
