@@ -279,8 +279,21 @@ pub fn topology_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     Ok(out)
 }
 
-/// Adds this file's functions to `routepack._core`.
+/// Checks a `routepack.CostModel` as every core entry point does (`CostModel::check`, for its
+/// own `a_quad` length): coefficients finite and >= 0, bandwidths > 0, and no unit of a step's
+/// work priced past `MAX_UNIT_SECONDS` (a step time that could not be finite). The error
+/// names the field.
+#[pyfunction]
+pub fn check_cost(cost: &Bound<'_, PyAny>) -> PyResult<()> {
+    let c = self::cost(cost)?;
+    c.check(c.a_quad.len()).map_err(to_py)
+}
+
+/// Adds this file's functions and the core's size ceiling (`MAX_TABLE_BYTES`, the most bytes
+/// one table an argument sizes may take) to `routepack._core`.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("MAX_TABLE_BYTES", routepack_core::sizes::MAX_TABLE_BYTES)?;
+    m.add_function(wrap_pyfunction!(check_cost, m)?)?;
     m.add_function(wrap_pyfunction!(defaults, m)?)?;
     m.add_function(wrap_pyfunction!(cost_defaults, m)?)?;
     m.add_function(wrap_pyfunction!(topology_defaults, m)?)?;

@@ -251,8 +251,12 @@ def routers(model: Any) -> List[Any]:
     return [m for c in chunks for m in c.modules() if hasattr(m, "router_replay") and m.router_replay is not None]
 
 
-def _forward_step(case: MegatronCase, w: int, cu: np.ndarray, rs: List[Any], device: Any) -> Callable:
-    """Megatron's ``forward_step_func`` for window ``w``'s microbatches (replayed top-k)."""
+def _forward_step(
+    case: MegatronCase, w: int, cu: np.ndarray, rs: List[Any], device: Any, replay: bool = True
+) -> Callable:
+    """Megatron's ``forward_step_func`` for window ``w``'s microbatches (replayed top-k; with
+    ``replay=False`` the routers route by their own top-k, as verl's ``router_replay.mode:
+    disabled`` leaves them)."""
     from megatron.core.transformer.moe.router_replay import RouterReplayAction  # type: ignore[import-untyped]
 
     def forward_step(data_iterator: Any, model: Any) -> tuple:
@@ -261,6 +265,9 @@ def _forward_step(case: MegatronCase, w: int, cu: np.ndarray, rs: List[Any], dev
         t = ids.numel()
         for r in rs:  # every layer is an MoE layer: layer_number (global, 1-based) - 1 is its routed column
             r.router_replay.clear_indices()
+            if not replay:
+                r.router_replay.clear_router_replay_action()
+                continue
             r.router_replay.set_target_indices(mb.routed[:, r.layer_number - 1].to(torch.int64).to(device))
             r.router_replay.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
         pos = torch.arange(t, device=device).unsqueeze(0)

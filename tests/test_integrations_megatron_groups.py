@@ -45,11 +45,14 @@ class FakeParallelState:
     def get_data_parallel_world_size(self):
         return self._log("dp_size", self.dp)
 
+    def get_data_parallel_group(self):
+        return self._log("dp_group", "DP")
+
 
 def test_groups_from_parallel_state_reads_megatrons_getters():
-    assert rm.groups_from_parallel_state(FakeParallelState()) == rm.MegatronGroups("EP", None, 0, 1, 1, 1, 4)
+    assert rm.groups_from_parallel_state(FakeParallelState()) == rm.MegatronGroups("EP", None, 0, 1, 1, 1, 4, "DP")
     ps = FakeParallelState(pp=2, vpp=3, pp_rank=1)
-    assert rm.groups_from_parallel_state(ps) == rm.MegatronGroups("EP", "PP", 1, 2, 3, 1, 4)
+    assert rm.groups_from_parallel_state(ps) == rm.MegatronGroups("EP", "PP", 1, 2, 3, 1, 4, "DP")
     assert {"ep", "pp", "pp_rank", "vpp", "dp_rank", "dp_size"} <= set(ps.calls)
 
 

@@ -185,7 +185,7 @@ def check_checkpoints(case, dp_rank, plans, ckpt_root):
         runner = None
         if is_plan:
             runner = rm.MegatronRunner(ddp, ms.topology(case))
-            runner.begin_window(fresh, window)  # placement 2 from the static one (no optimizer state yet)
+            runner.begin_window(fresh, window, optimizer_state="none")  # placement 2 from the static one
         model.load_state_dict(dist_checkpointing.load(model.sharded_state_dict(), os.path.join(ckpt_root, src)))
         use = fresh if is_plan else plans(2, fresh.placement)[1]
         out[name] = ms.evaluate(
@@ -265,7 +265,9 @@ def check_refusals(case, dp_rank, plans):
 def _bypass(case, ddp, opt, mbs, cu, runner):
     import megatron_selfcheck as ms
 
-    ms.run_step(case, 0, ddp, opt, mbs, cu, None, "cpu")  # no runner.microbatches around the iterator
+    ddp.zero_grad_buffer()
+    opt.zero_grad()
+    ms._schedule(case, 0, ddp, mbs, cu, None, "cpu", False)  # no runner.microbatches around the iterator
     runner.finish_step()
 
 
@@ -318,7 +320,7 @@ def test_pp2_ep2_plans_equal_stock_model():
             assert e["stage_refuses"].startswith("InvalidPlanError") and "over the cap 1" in e["stage_refuses"], e
         assert e["intact"], e
         if f["stage"] == 1:  # ranks 2 and 3 see it in their EP group
-            assert e["ep_differs"].startswith("InvalidPlanError: EP ranks hold different plans"), e
+            assert e["ep_differs"].startswith("InvalidPlanError: plan: EP ranks hold different plans"), e
         else:  # stage 0 learns it from the pipeline group
             want = "InvalidPlanError: the EP ranks of pipeline stage(s) [1] hold different plans; nothing moved"
             assert e["ep_differs"] == want, e
@@ -330,7 +332,9 @@ def test_pp2_ep2_plans_equal_stock_model():
         ), e
         want = f"topo: gives pipeline stage {f['stage']} MoE layers {[[0], [1, 2, 3]][f['stage']]}"
         assert e["split"].startswith("RoutepackError") and want in e["split"] and "layers_per_stage" in e["split"], e
-        assert e["bypass"].startswith("RoutepackError: finish_step") and "ran no planned microbatch" in e["bypass"], e
+        # the step's audit: no planned microbatch ran on either stage, every rank names every stage's ranks
+        assert e["bypass"].startswith("AuditError: finish_step: a planned microbatch never ran: microbatch 0 on DP"), e
+        assert "is the data iterator wrapped" in e["bypass"] and "pipeline stage 1" in e["bypass"], e
         assert (
             e["groups_ep"].startswith("RoutepackError: groups.ep: ranks")
             and "another expert-parallel" in (e["groups_ep"])

@@ -134,7 +134,7 @@ def check_training(rank, world, device, ep, distopt, ckpt_root, refusals):
         ddp, _ = ms.wrap(model, case)
         runner = rm.MegatronRunner(ddp, ms.topology(case)) if is_plan else None
         if runner is not None:
-            runner.begin_window(fresh_plan, window)  # placement 2 from the static one (no state yet)
+            runner.begin_window(fresh_plan, window, optimizer_state="none")  # placement 2 from the static one
             assert fresh_plan.migration.size and not np.array_equal(
                 fresh_plan.placement.phy2log,
                 plans(1, Placement.static(case.layers, case.experts, ms.topology(case)))[0].placement.phy2log,
@@ -166,6 +166,8 @@ def check_refusals(case, rank, plans):
     before = {k: v.clone() for k, v in rm.export_weights(ddp)}
     row_before = [m.phy2log.copy() for m in runner.layers]
     errors = {"optimizer_none": _raised(lambda: runner.begin_window(plan1, window1, None))}
+    # a job that says it has no optimizer state, while Megatron's optimizer holds some: refused
+    errors["state_none"] = _raised(lambda: runner.begin_window(plan1, window1, optimizer_state="none"))
     # more copies in one cell than replica buffers
     rows = plan1.replicas
     keep = rows[~((rows["micro"] == 0) & (rows["group"] == 0) & (rows["layer"] == 0))]
@@ -209,7 +211,8 @@ def test_two_ranks_ep2_plans_equal_static_placement():
     _assert_ok(out)
     for rank, f in out.items():
         e = f["errors"]
-        assert e["optimizer_none"].startswith("RoutepackError") and "keeps state" in e["optimizer_none"], e
+        assert e["optimizer_none"].startswith("RoutepackError: optimizer: None; begin_window needs the optimizer"), e
+        assert e["state_none"].startswith("RoutepackError") and "keeps state" in e["state_none"], e
         assert "InvalidPlanError" in e["buffers"] and "replica_slots=2" in e["buffers"], e
         assert "overlap_grad_reduce" in e["overlap"], e
         assert e["intact"], e

@@ -106,6 +106,7 @@ def rank_main(rank, world, device):
     out["restored_actor"] = sh.exported(plan)
     h = sm.handoff(plan)
     out.update(loaded=loaded, initial=initial, plans_run=h.plans_run, unplanned=h.unplanned_steps)
+    out["audit"] = (h.runner.audit.mode, h.audited_steps)
     out["runs"] = driver.routepack.runs.as_dict()
     return out
 
@@ -125,6 +126,7 @@ def test_slime_actor_runs_the_whole_plan():
         assert r["runs"]["placement"] and r["runs"]["replicas"], r["runs"]
         assert r["loaded"], "the plan model did not load the stock weights through the stock-layout view"
         assert r["plans_run"] == ROLLOUTS * SAMPLES // GBS and r["unplanned"] == 0, (r["plans_run"], r["unplanned"])
+        assert r["audit"] == ("raise", r["plans_run"]), r["audit"]  # on by default; every planned step audited ok
         assert r["migrated"] > 0 and r["replicas"] > 0 and r["redundant"] > 0, (r["migrated"], r["replicas"])
         for kind in ("train", "ref"):
             a, b = _flat(r[kind]["plan"]), _flat(r[kind]["stock"])

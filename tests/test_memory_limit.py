@@ -66,6 +66,24 @@ CASES = {
         "_core.chunk_demand(np.array([3]), np.zeros((1, 2**28, 4), np.uint8), 1)",
         "placement_chunks",
     ),
+    # issue 40, finding 5: about 2^30 pipeline chunks gave a bare MemoryError() naming nothing;
+    # 2^29 chunks (8 GiB of bounds) is under the ceiling and over the limit, 2^30 over both
+    "Topology.chunk_bounds(num_layers)": (
+        "rp.Topology(2, 2, 2, 2, pp=2, vpp=2**28).chunk_bounds(2**29)",
+        "num_layers",
+    ),
+    "Topology.chunk_bounds(num_layers, over the ceiling)": (
+        "rp.Topology(2, 2, 2, 2, pp=2, vpp=2**29).chunk_bounds(2**30)",
+        "num_layers",
+    ),
+    "Topology.stage_layers(num_layers)": (
+        "rp.Topology(2, 2, 2, 2, pp=2, vpp=2**28).stage_layers(1, 2**29)",
+        "num_layers",
+    ),
+    "Topology.stage_layers(num_layers, over the ceiling)": (
+        "rp.Topology(2, 2, 2, 2, pp=2, vpp=2**29).stage_layers(1, 2**30)",
+        "num_layers",
+    ),
 }
 # every placement policy on a topology of 2^30 slots a rank (a 4 GiB placement a layer; the
 # policies' working tables over the ceiling), and on one whose slots put each policy's call

@@ -53,12 +53,18 @@ for p in (HERE, ROOT / "tests"):
 KEEP = 5
 
 
-def load_targets(only: Optional[str] = None, torch: bool = True, memory_limit: int = 0) -> List[Any]:
+def load_targets(only: Optional[str] = None, torch: bool = True, memory_limit: int = 0, world: int = 1) -> List[Any]:
     """Every target, in table order (``only``: comma-separated name prefixes). With a
     ``memory_limit`` (bytes of address space the worker may hold), the memory-limit family
     sized from it (`fuzzlib.t_memory`); without one it is left out, since its cases would then
-    allocate for real."""
-    from fuzzlib import t_analysis, t_bound, t_integrations, t_model, t_plan, t_planner, t_stages, t_window
+    allocate for real. ``world=2``: the ``glue.*`` targets alone (`fuzzlib.t_glue`: a gloo
+    group of the worker and a peer process; the other torch targets hold a group of one)."""
+    from fuzzlib import t_analysis, t_bound, t_cli, t_integrations, t_model, t_plan, t_planner, t_stages, t_window
+
+    if world == 2:
+        from fuzzlib import t_glue
+
+        return _select(t_glue.targets(), only)
 
     targets = (
         t_model.TARGETS
@@ -67,6 +73,7 @@ def load_targets(only: Optional[str] = None, torch: bool = True, memory_limit: i
         + t_planner.TARGETS
         + t_stages.TARGETS
         + t_analysis.TARGETS
+        + t_cli.TARGETS
         + t_bound.TARGETS
         + t_integrations.TARGETS
     )
@@ -75,14 +82,22 @@ def load_targets(only: Optional[str] = None, torch: bool = True, memory_limit: i
 
         targets += t_memory.targets(memory_limit)
     if torch:
-        from fuzzlib import t_torch
+        from fuzzlib import t_hf, t_torch
 
-        targets += t_torch.targets()
+        targets += t_torch.targets() + t_hf.targets()
     if os.environ.get("ROUTEPACK_FUZZ_SELFTEST"):
         targets.append(selftest_target())
+    return _select(targets, only)
+
+
+def _select(targets: List[Any], only: Optional[str]) -> List[Any]:
+    """The targets ``only`` names (every one without it), checked for duplicate names."""
     if only:
+        # a name prefix, or with a trailing '$' a whole name (tools/fuzz_each.py runs one target so)
         prefixes = [s.strip() for s in only.split(",") if s.strip()]
-        targets = [t for t in targets if any(t.name.startswith(p) for p in prefixes)]
+        targets = [
+            t for t in targets if any(t.name == p[:-1] if p.endswith("$") else t.name.startswith(p) for p in prefixes)
+        ]
     names = [t.name for t in targets]
     assert len(set(names)) == len(names), "duplicate target names"
     return targets
@@ -155,7 +170,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from fuzzlib.engine import Schedule, Streams, capture_offset, describe, run_case
 
-    targets = load_targets(args.only, torch=not args.no_torch, memory_limit=memory_limit(args))
+    targets = load_targets(args.only, torch=not args.no_torch, memory_limit=memory_limit(args), world=args.world)
     schedule, streams = Schedule(targets), Streams(args.seed)
     pos = args.start
     while args.stop is None or pos < args.stop:
@@ -191,6 +206,9 @@ def worker(args: argparse.Namespace) -> None:
         rec.update(pos=pos, t=target.name, k=k, kind=case.kind)
         send(rec)
         pos += 1
+        if args.world == 2 and sys.modules["fuzzlib.t_glue"].BROKEN:
+            send({"restart": True})  # the pair's group may be unusable: the parent starts a fresh one
+            return
     send({"end": True})
 
 
@@ -241,6 +259,8 @@ def start_worker(args: argparse.Namespace, start: int, capture: str):
     ]
     if args.stop is not None:
         cmd += ["--stop", str(args.stop)]
+    if args.world != 1:
+        cmd += ["--world", str(args.world)]
     if args.only:
         cmd += ["--only", args.only]
     if args.no_torch:
@@ -356,9 +376,12 @@ def campaign(args: argparse.Namespace) -> Stats:
             buf += chunk
             heard = time.monotonic()
             *lines, buf = buf.split(b"\n")
+            restart = False
             for line in lines:
                 rec = json.loads(line)
-                if rec.get("end"):
+                if rec.get("restart"):
+                    restart = True
+                elif rec.get("end"):
                     finished = True
                 elif "harness" in rec:
                     stats.harness.append(rec)
@@ -384,7 +407,7 @@ def campaign(args: argparse.Namespace) -> Stats:
             bar.set_postfix_str(f"cases={stats.cases} other={other}", refresh=False)
             if args.stop is None:  # the bar counts seconds; update() redraws at mininterval
                 bar.update(max(0, min(total, int(time.monotonic() - t0)) - bar.n))
-            if finished:
+            if finished or restart:
                 break
         kill(proc)
         os.close(rfd)
@@ -464,7 +487,10 @@ def replay(args: argparse.Namespace) -> int:
     from fuzzlib.engine import Schedule, Streams, describe, run_case
 
     name, _, k = args.replay.rpartition(":")
-    targets = {t.name: t for t in load_targets(None, torch=not args.no_torch, memory_limit=memory_limit(args))}
+    targets = {
+        t.name: t
+        for t in load_targets(None, torch=not args.no_torch, memory_limit=memory_limit(args), world=args.world)
+    }
     # the case runs under the limit it ran under in the campaign (the memory-limit family is
     # sized from it; without it those cases would allocate for real)
     apply_memory_limit(args)
@@ -492,7 +518,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--minutes", type=float, default=5.0, help="how long to run (default %(default)s)")
     ap.add_argument("--seed", type=int, default=0, help="campaign seed: the same seed runs the same cases")
     ap.add_argument("--json", help="write the numbers and reproducers here")
-    ap.add_argument("--only", help="comma-separated target name prefixes")
+    ap.add_argument("--only", help="comma-separated target name prefixes ('name$': that name alone)")
     ap.add_argument("--stop", type=int, default=None, help="stop after this many cases (positions)")
     ap.add_argument("--call-timeout", type=float, default=60.0, help="seconds one call may take (default %(default)s)")
     ap.add_argument(
@@ -506,6 +532,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     ap.add_argument("--threads", type=int, default=2, help="RAYON_NUM_THREADS of the worker")
     ap.add_argument("--no-torch", action="store_true", help="leave out routepack.torch")
+    ap.add_argument(
+        "--world",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="2: the glue.* targets in a gloo group of 2 processes (fuzzlib.t_glue), nothing else (default %(default)s)",
+    )
+    ap.add_argument("--peer", help=argparse.SUPPRESS)
     ap.add_argument("--list", action="store_true", help="list the targets and exit")
     ap.add_argument("--replay", help="run case NAME:INDEX in this process and show its outcome")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -513,12 +547,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--capture", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.peer:
+        from fuzzlib import t_glue
+
+        t_glue.peer_main(args.peer)
+        return 0
     if args.worker:
         worker(args)
         return 0
     if args.replay:
         return replay(args)
-    targets = load_targets(args.only, torch=not args.no_torch, memory_limit=memory_limit(args))
+    targets = load_targets(args.only, torch=not args.no_torch, memory_limit=memory_limit(args), world=args.world)
     if args.list:
         for t in targets:
             print(f"{t.name:<40} weight {t.weight}")

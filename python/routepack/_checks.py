@@ -15,6 +15,7 @@ from typing import Any, Iterator, List, Optional
 
 import numpy as np
 
+from routepack import _core
 from routepack.errors import RoutepackError, RoutepackTypeError
 
 
@@ -44,6 +45,20 @@ def allocating(name: str, what: str, nbytes: Optional[int] = None) -> Iterator[N
             f"{got} bytes, which this process cannot allocate" if got else "more memory than this process can allocate"
         )
         raise RoutepackError(f"{name}: {what} would take {size} (a memory limit, or the system's memory)") from None
+
+
+def reserve(name: str, what: str, nbytes: int) -> None:
+    """Refuses, before anything is built, a result of ``nbytes`` (``what``, sized by the
+    argument ``name``) over the core's fixed ceiling (``_core.MAX_TABLE_BYTES``) or that this
+    process cannot hold now: the bytes are reserved with ``np.empty`` (address space only,
+    never touched) and released at once, as the core's ``sizes::check_call`` does. Python
+    objects made one by one (a list of ints) would otherwise grow until a bare
+    ``MemoryError`` half-way, or the kernel's OOM killer."""
+    if nbytes > _core.MAX_TABLE_BYTES:
+        raise RoutepackError(f"{name}: {what} would take {nbytes} bytes, over the {_core.MAX_TABLE_BYTES}-byte ceiling")
+    with allocating(name, what, nbytes):
+        probe = np.empty(max(0, int(nbytes)), dtype=np.uint8)
+    del probe
 
 
 def as_int_array(value: Any, name: str, ndim: int, dtype: type = np.int64) -> np.ndarray:

@@ -19,6 +19,8 @@ __all__ = [
     "RoutepackInternalError",
     "defaults",
     "cost_defaults",
+    "check_cost",
+    "MAX_TABLE_BYTES",
     "topology_defaults",
     "static_placement",
     "placement_tables",
@@ -86,6 +88,14 @@ def cost_defaults() -> Dict[str, Any]:
     """The cost model options' defaults: c_weights, c_gemm, expert_table, c_call, a2a_latency,
     bw_reduce, reduce_latency, replica_prefetch, c_replica, c_migrate, migration_latency, overlap,
     passes (the core's)."""
+
+def check_cost(cost: Any) -> None:
+    """Raises RoutepackError naming the field unless the cost model passes the core's check:
+    coefficients finite and >= 0, bandwidths > 0, no unit of a step's work priced past the
+    core's ceiling (a step time that could not be finite)."""
+
+#: the most bytes one table sized by an argument may take (the core's sizes::MAX_TABLE_BYTES)
+MAX_TABLE_BYTES: int
 
 def topology_defaults() -> Dict[str, Any]:
     """The topology's optional fields' defaults: replica_slots, pp, vpp, cp (the core's) and

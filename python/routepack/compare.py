@@ -180,22 +180,27 @@ def compare(
     for i in range(1, len(windows)):
         w, prev_w = windows[i], windows[i - 1]
         for name, pol in zip(names, chosen):
-            t0 = time.perf_counter()
-            plan = plan_window(
-                w,
-                topo,
-                cost,
-                token_cap=token_cap,
-                policy=pol,
-                previous=previous.get(name),
-                previous_window=prev_w,
-                seed=seed + i,
-                **options,
-            )
-            seconds = time.perf_counter() - t0
-            plan.validate(w, topo, token_cap)
-            previous[name] = plan.placement
-            sim = simulate(plan, w, topo, cost, token_cap)
+            # a window the planner refuses is named by its index, so a caller that read the
+            # windows from files (the CLI's --npz) can name the file
+            try:
+                t0 = time.perf_counter()
+                plan = plan_window(
+                    w,
+                    topo,
+                    cost,
+                    token_cap=token_cap,
+                    policy=pol,
+                    previous=previous.get(name),
+                    previous_window=prev_w,
+                    seed=seed + i,
+                    **options,
+                )
+                seconds = time.perf_counter() - t0
+                plan.validate(w, topo, token_cap)
+                previous[name] = plan.placement
+                sim = simulate(plan, w, topo, cost, token_cap)
+            except RoutepackError as e:
+                raise type(e)(f"windows[{i}]: {e}") from None
             summary = sim.summary()  # the bound's keys only where simulate reports them
             rows.append(
                 Row(

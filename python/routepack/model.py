@@ -10,7 +10,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from routepack import _core
+from routepack import _core, chunks
 from routepack._checks import boolean, file_path, finite_float, instance_of, json_value, positive_int, sequence
 from routepack.errors import RoutepackError, RoutepackFileError, RoutepackTypeError
 from routepack.hardware import Hardware
@@ -169,30 +169,16 @@ class Topology:
 
     def chunk_bounds(self, num_layers: int) -> List[int]:
         """``[pp * vpp + 1]``: model chunk c holds MoE layers ``bounds[c]:bounds[c + 1]`` (chunk
-        ``v * pp + s`` is virtual stage v of stage s); ``layers_per_stage`` or the even split."""
-        num_layers = positive_int(num_layers, "num_layers")
-        chunks = self.pp * self.vpp
-        if self.layers_per_stage is not None:
-            sizes = list(self.layers_per_stage)
-            if sum(sizes) != num_layers:
-                raise RoutepackError(
-                    f"topo.layers_per_stage: {sizes} holds {sum(sizes)} MoE layers, but the model has {num_layers}"
-                )
-        elif num_layers % chunks == 0:
-            sizes = [num_layers // chunks] * chunks
-        else:
-            raise RoutepackError(
-                f"topo.layers_per_stage: not given, and {num_layers} MoE layers do not split evenly over "
-                f"pp*vpp = {self.pp}*{self.vpp} = {chunks} model chunks; give each chunk's layers"
-            )
-        return [int(x) for x in np.concatenate([[0], np.cumsum(sizes)])]
+        ``v * pp + s`` is virtual stage v of stage s); ``layers_per_stage`` or the even split.
+        Bounds this process cannot hold (about 2^30 chunks) are refused naming ``num_layers``
+        and the bytes, never a bare ``MemoryError`` (`routepack.chunks`)."""
+        return chunks.chunk_bounds(self, num_layers)
 
     def stage_layers(self, stage: int, num_layers: int) -> List[int]:
         """The MoE layers pipeline stage ``stage`` holds, ascending (its chunks' layers): what
-        the glue of one stage migrates, replicates and routes."""
-        stage = positive_int(stage, "stage", minimum=0, maximum=self.pp - 1)
-        b = self.chunk_bounds(num_layers)
-        return [l for v in range(self.vpp) for l in range(b[v * self.pp + stage], b[v * self.pp + stage + 1])]
+        the glue of one stage migrates, replicates and routes. Refused like `chunk_bounds`
+        where this process cannot hold them."""
+        return chunks.stage_layers(self, stage, num_layers)
 
     def check_experts(self, num_experts: int) -> None:
         """Raises unless ``num_experts`` is a count >= 1 and the slots can hold every logical
@@ -418,6 +404,9 @@ class CostModel:
         if not aq:
             raise RoutepackError("cost.a_quad: needs one entry per MoE layer, got none")
         object.__setattr__(self, "a_quad", aq)
+        # the core's own check last: a unit of work priced so high that a step's time could
+        # not be finite (c_migrate = 1.7e308 s a byte), naming the coefficient
+        _core.check_cost(self)
         if not any(aq) and not any(getattr(self, n) for n in _PRICING) and not any(v for _, v in self.expert_table):
             # every plan would cost 0 s: nothing to rank plans by, and no throughput to report
             priced = ", ".join(f"cost.{n}" for n in ("a_quad", *_PRICING, "expert_table"))

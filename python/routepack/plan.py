@@ -352,13 +352,14 @@ class Plan:
             report=report,
             policy=np.array(self.policy),
             replica_timing=np.array(self.replica_timing),
+            digest=np.array(self.digest()),  # checked by load: arrays swapped or rewritten in the file
         )
 
     @classmethod
     def load(cls, path: _npz.Target) -> "Plan":
         """Reads what `save` wrote (from a path or a binary file open for reading); a damaged
         file raises `RoutepackFileError` naming it."""
-        z = _npz.read(path, _PLAN_KEYS, "plan", optional=("replica_timing",))
+        z = _npz.read(path, _PLAN_KEYS, "plan", optional=("replica_timing", "digest"))
         try:
             report = json_value(_npz.scalar_str(z, "report", path, "plan"), "report")
         except RoutepackError as e:
@@ -366,7 +367,7 @@ class Plan:
         if not isinstance(report, dict):
             _npz.fail(path, "plan", f"report: expected a JSON object, got {type(report).__name__}")
         try:
-            return cls(
+            plan = cls(
                 placement=Placement(
                     z["phy2log"],
                     _npz.scalar_int(z, "num_experts", path, "plan"),
@@ -387,6 +388,16 @@ class Plan:
             raise
         except RoutepackError as e:
             _npz.fail(path, "plan", str(e))
+        if "digest" in z:  # files written before the digest was saved have none
+            saved = _npz.scalar_str(z, "digest", path, "plan")
+            if saved != plan.digest():
+                _npz.fail(
+                    path,
+                    "plan",
+                    f"its arrays hash to {plan.digest()[:12]}, not to the digest {saved[:12]} it was saved with "
+                    "(arrays swapped or rewritten)",
+                )
+        return plan
 
     def digest(self) -> str:
         """SHA-256 (hex) of the plan's decisions: each of ``sample_rank``, ``sample_micro``,

@@ -18,7 +18,9 @@ the replayed microbatches, window 1 routed in the forward:
   backward of micro i), so a stage's backward runs while later microbatches' copies are held:
   the copies moved on both stages, and losses and weights equal the unsharded model's;
 * refused on every rank before anything moves: stages holding different plans, a plan one stage refuses, a stage holding other layers than ``topo`` gives
-  it; a runner without ``pipeline_group`` or ``dp_rank`` (named)."""
+  it; a runner without ``pipeline_group`` or ``dp_rank`` (named);
+* a step whose first microbatch never ran on any stage: `finish_step` raises on all 4 ranks
+  (the execution audit), naming each stage's DP ranks and the microbatch."""
 
 import datetime
 import sys
@@ -195,21 +197,11 @@ def check_pipeline(rank, world, device, policy="none", kind="gpipe"):
     out = {"stage": stage, "layers": mine, "digests": [], "rows": [], "expected_rows": [], "placed": []}
     out.update({"received_ok": [], "losses": {}, "redundant": [], "num_micro": [], "replica_rows": []})
     out["order"], out["copy_bytes"] = [], []
-    for w, (plan, window, routed, cu, x, r) in enumerate(data):
-        mbs = rank_microbatches(plan, routed, d, cu, dp=EP)
-        report = runner.begin_window(plan, window, opt, token_cap=CAP, microbatches=None if w == 1 else mbs)
-        out["digests"].append(digest_int(plan))
-        out["rows"].append(0 if report is None else report.rows)
-        out["expected_rows"].append(int(np.isin(plan.migration["layer"], mine).sum()))
-        out["placed"].append(all(np.array_equal(m.phy2log, plan.placement.phy2log[m.layer]) for m in layers))
-        out["redundant"].append(
-            sum(int((m.phy2log >= 0).sum()) - np.unique(m.phy2log[m.phy2log >= 0]).size for m in layers)
-        )
-        out["num_micro"].append(plan.num_micro)
-        out["replica_rows"].append(int(np.isin(plan.replicas["layer"], mine).sum()))
+
+    def run(order, mbs, w, cu, x, r):
+        """One step's forwards and backwards in ``order`` (`schedule`), activations and their
+        gradients sent between the stages; each loss of the last stage kept in ``out``."""
         saved, sends = {}, []
-        order = schedule(stage, len(mbs), kind)
-        out["order"].append(order)
         for step, i in order:
             mb = mbs[i]
             if step == "B":
@@ -246,6 +238,22 @@ def check_pipeline(rank, world, device, policy="none", kind="gpipe"):
                 saved[i] = (tok, h_in, loss)
         for work in sends:
             work.wait()
+
+    for w, (plan, window, routed, cu, x, r) in enumerate(data):
+        mbs = rank_microbatches(plan, routed, d, cu, dp=EP)
+        report = runner.begin_window(plan, window, opt, token_cap=CAP, microbatches=None if w == 1 else mbs)
+        out["digests"].append(digest_int(plan))
+        out["rows"].append(0 if report is None else report.rows)
+        out["expected_rows"].append(int(np.isin(plan.migration["layer"], mine).sum()))
+        out["placed"].append(all(np.array_equal(m.phy2log, plan.placement.phy2log[m.layer]) for m in layers))
+        out["redundant"].append(
+            sum(int((m.phy2log >= 0).sum()) - np.unique(m.phy2log[m.phy2log >= 0]).size for m in layers)
+        )
+        out["num_micro"].append(plan.num_micro)
+        out["replica_rows"].append(int(np.isin(plan.replicas["layer"], mine).sum()))
+        order = schedule(stage, len(mbs), kind)
+        out["order"].append(order)
+        run(order, mbs, w, cu, x, r)
         for p in routers:  # the trainer's DP reduction of the dense parameters (the stage's DP group)
             dist.all_reduce(p.grad, group=group)
         runner.finish_step()
@@ -257,6 +265,15 @@ def check_pipeline(rank, world, device, policy="none", kind="gpipe"):
     out["w2"] = {m.layer: m.export_logical()[1].numpy() for m in layers}
     out["routers"] = {l: rt.detach().numpy().copy() for l, rt in zip(mine, routers)}
     if policy == "none":
+        # a step whose first microbatch never runs (on any stage): refused at finish_step on
+        # every rank of both stages, naming the microbatch and where, nothing summed
+        plan, window, routed, cu, x, r = data[-1]
+        mbs = rank_microbatches(plan, routed, d, cu, dp=EP)
+        order = [(step, i) for step, i in schedule(stage, len(mbs), kind) if i != 0]
+        run(order, mbs, WINDOWS, cu, x, r)
+        out["losses"] = {k: v for k, v in out["losses"].items() if k[0] < WINDOWS}  # not a training step
+        out["skipped_micro"] = _raised(runner.finish_step)
+        opt.zero_grad()
         out["errors"] = check_refusals(runner, layers, opt, stage, d, group, pp_group, timeout)
     return out
 
@@ -280,7 +297,7 @@ def check_refusals(runner, layers, opt, stage, d, group, pp_group, timeout):
     fresh = [EPMoE(m.layer, E, H, I, topo, m.phy2log, group) for m in layers]
     # a stage holding one of the two layers topo gives it: refused by every rank's own check
     part = PlanRunner(fresh[:1], topo, group, dp_rank=d, timeout=timeout, pipeline_group=pp_group)
-    errors["wrong_split"] = _raised(lambda: part.begin_window(base, window, None, token_cap=CAP))
+    errors["wrong_split"] = _raised(lambda: part.begin_window(base, window, optimizer_state="none", token_cap=CAP))
     errors["no_pipeline_group"] = _raised(lambda: PlanRunner(fresh, topo, group, dp_rank=d, timeout=timeout))
     errors["no_dp_rank"] = _raised(lambda: PlanRunner(fresh, topo, group, timeout=timeout, pipeline_group=pp_group))
     return errors
@@ -334,6 +351,19 @@ def check_equals_reference(results, data, label):
     assert loss_err <= TOL and weight_err <= TOL
     # the weights moved: the comparison is not of the initial weights with themselves
     assert _rel(initial()[0], w1) > 1e-3
+
+
+def test_a_step_missing_a_microbatch_raises_on_every_rank_of_every_stage(results):
+    """Issue 40: a step whose planned microbatches did not all run raises at finish_step under
+    a pipeline too, on every rank of both stages, naming the microbatch, the DP rank and stage."""
+    for r in range(4):
+        msg = results[r]["skipped_micro"]
+        want = "AuditError: finish_step: a planned microbatch never ran: microbatch 0 on DP rank 0 of pipeline stage 0"
+        assert msg.startswith(want), msg
+        for d in range(EP):
+            for stage in range(PP):
+                assert f"microbatch 0 on DP rank {d} of pipeline stage {stage}" in msg, msg
+        assert "nothing was summed" in msg and "start_micro" in msg, msg
 
 
 def test_refusals_on_every_rank_nothing_moved(results):

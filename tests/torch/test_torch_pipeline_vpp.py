@@ -215,7 +215,7 @@ def check_vpp(rank, world, device, policy="none", layout="even"):
         flat = PlanRunner(fresh, topo, group, dp_rank=d, timeout=timeout, pipeline_group=pp_group)
         plan, window = data[-1][0], data[-1][1]
         try:
-            flat.begin_window(plan, window, None, token_cap=CAP)
+            flat.begin_window(plan, window, optimizer_state="none", token_cap=CAP)
             out["contiguous"] = "nothing"
         except rp.RoutepackError as e:
             out["contiguous"] = f"{type(e).__name__}: {e}"

@@ -6,8 +6,9 @@ the step's last microbatch (`routepack.torch.slot_link.StepSums`), not in every 
   slot's gradient still equals the dense single-process gradient of its logical expert;
 * it counts backwards, not microbatch indices: with every forward first and the backwards in
   reverse order (a GPipe-like schedule) the gradients are the same;
-* a step whose last backward never ran is refused by `finish_step` and `begin_window` on
-  every rank (an optimizer step would miss the redundant experts' gradients), and
+* a step whose last backward never ran is refused by `finish_step` on every rank, naming the
+  microbatch (the execution audit; an optimizer step would miss the redundant experts'
+  gradients); one left part-way on every rank is refused by the next `begin_window`, and
   `discard_step` abandons it."""
 
 import pytest
@@ -102,21 +103,31 @@ def check_once_per_step(rank, world, device):
         model.runner.finish_step()
         out["reversed"] = _worst(model, want1, want2)
 
-        # the last backward never runs: refused, then abandoned on purpose
+        # the last backward never runs: finish_step refuses the step on every rank (the audit)
         model = sc.EPModel(case, weights, device)
         model.runner.begin_window(plan, window, model.opt)
-        for mb in batches[rank][:-1]:
-            _loss(case, model, rank, mb, device).backward()
         errors = []
-        for call in (model.runner.finish_step, lambda: model.runner.begin_window(plan, window, model.opt)):
+
+        def attempt(call):
             try:
                 call()
                 errors.append("")
             except RoutepackError as e:
                 errors.append(str(e))
-        model.runner.discard_step()
-        # accepted again (the same plan without its migration, which has been carried out)
+
+        for mb in batches[rank][:-1]:
+            _loss(case, model, rank, mb, device).backward()
+        attempt(model.runner.finish_step)
+        # the same plan without its migration, which has been carried out
         again = Plan(plan.placement, plan.sample_rank, plan.sample_micro, plan.num_micro, plan.replicas)
+        # a step left part-way on every rank: the next begin_window refuses it on every rank
+        for mb in batches[rank][:-1]:
+            _loss(case, model, rank, mb, device).backward()
+        attempt(lambda: model.runner.begin_window(again, window, model.opt))
+        # ... and abandoned on purpose: accepted
+        for mb in batches[rank][:-1]:
+            _loss(case, model, rank, mb, device).backward()
+        model.runner.discard_step()
         model.runner.begin_window(again, window, model.opt)
         out["errors"] = errors
     finally:
@@ -134,6 +145,8 @@ def test_redundant_gradients_are_summed_once_per_step():
         assert f["calls_per_micro"] == [0, 0, with_copies], (rank, f)
         assert f["in_order"] <= TOL and f["reversed"] <= TOL, (rank, f)
         finish, begin = f["errors"]
-        assert "finish_step: the step is part-way" in finish and "2 of the plan's 3 microbatches" not in finish, f
-        assert "ran backward for [2] of the plan's 3 microbatches" in finish, finish
-        assert "begin_window: the step is part-way" in begin and "discard_step" in begin, begin
+        # both ranks are named, each for the microbatch whose backward never came
+        assert finish.startswith("finish_step: a planned microbatch never ran: microbatch 2 on DP rank 0"), finish
+        assert "microbatch 2 on DP rank 1" in finish, finish
+        assert "nothing was summed" in finish, finish
+        assert "begin_window: every rank left step" in begin and "discard_step" in begin, begin

@@ -1,12 +1,10 @@
 """Targets of `routepack.placement` (EPLB's entry point, imbalance), `routepack.traces`,
-`routepack.compare`, `routepack.figures` and the command line (`routepack.cli.main`)."""
+`routepack.compare` and `routepack.figures` (the command line: `fuzzlib.t_cli`)."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import dataclasses
-import io
 import math
 import os
 from pathlib import Path
@@ -14,13 +12,13 @@ from typing import Any, List, Tuple
 
 import numpy as np
 import routepack as rp
-from routepack import cli, compare, figures, placement, traces
+from routepack import compare, figures, placement, traces
 
 import eplb_reference
 from random_plans import random_window
 from test_traces_fuzz import PROFILE_FIELDS, SMALL_PROFILE
 from fuzzlib.engine import Case, Target, mixed
-from fuzzlib.inputs import BAD_INTS, BAD_OBJECTS, damage, is_huge, mutate_array, pick, spoil_one
+from fuzzlib.inputs import BAD_INTS, BAD_OBJECTS, is_huge, mutate_array, pick, spoil_one
 from fuzzlib.t_model import tmp_path
 from fuzzlib.t_planner import TOPOS
 
@@ -426,79 +424,6 @@ def _is_text(out: Any) -> None:
     assert isinstance(out, str) and out, "not a non-empty string"
 
 
-# ------------------------------------------------------------------ the command line
-class CliRefusal(rp.RoutepackError):
-    """The CLI refused its arguments the way it promises: status 2 and one line on stderr."""
-
-
-def run_cli(argv: List[str]) -> Any:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = cli.main(argv)
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
-    errors = [ln for ln in err.getvalue().splitlines() if "error:" in ln]
-    assert "Traceback" not in err.getvalue(), "a traceback on stderr: " + err.getvalue()[-300:]
-    if code == 0:
-        return out.getvalue()
-    assert code == 2 and len(errors) == 1, f"exit {code} with stderr {err.getvalue().splitlines()[-3:]!r}"
-    raise CliRefusal(errors[0])
-
-
-def cli_case(rng: np.random.Generator) -> Case:
-    tiny = traces.profile("tiny")
-    w0, w1 = (random_window(rng, 2 * tiny.dp, tiny.num_layers, tiny.num_experts, max_len=50) for _ in range(2))
-    paths = [tmp_path("cliw"), tmp_path("cliw")]
-    w0.save(paths[0])
-    w1.save(paths[1])
-    quick = ["--quiet", "--anneal-moves", "0", "--policy", "static"]
-    good = [
-        ["bench", "--npz", *paths, "--figure", "", *quick],
-        ["--version"],
-        ["demo", "--help"],
-        ["bench", "--npz", *paths, "--figure", "", "--json", tmp_path("clij"), *quick],
-    ]
-    bad = [
-        ["nope"],
-        [],
-        ["demo", "--windows", "0"],
-        ["demo", "--windows", "x"],
-        ["demo", "--seed", "-1"],
-        ["demo", "--policy", "nope"],
-        ["bench", "--npz", paths[0]],
-        ["bench", "--npz", paths[0], "/nonexistent/x"],
-        ["demo", "--profile", "nope"],
-        ["demo", "--anneal-moves", "-5"],
-        ["bench", "--json", "/nonexistent/d/x.json"],
-        ["bench", "--figure", "/nonexistent/d/x.png", "--npz", *paths],
-        ["demo", "--windows", "2**64"],
-        ["bench", "--npz", *paths, "--figure", "", "--quiet", "--policy", "static", "--anneal-moves", str(2**64)],
-    ]
-    kind = "valid" if rng.random() < 0.3 else "malformed"
-    argv = list((good if kind == "valid" else bad)[int(rng.integers(len(good if kind == "valid" else bad)))])
-    if kind == "malformed" and rng.random() < 0.3:  # a damaged window file
-        label, raw, _ = damage(rng, Path(paths[1]).read_bytes())
-        Path(paths[1]).write_bytes(raw)
-        argv = ["bench", "--npz", *paths, "--figure", "", *quick]
-    flags = (
-        tuple(a for a in argv if a.startswith("--"))
-        + tuple(paths)
-        + (
-            "--npz",
-            "--windows",
-            "--seed",
-            "command",
-            "arguments are required: command",
-            "anneal_moves",
-            "token_cap",
-            "windows",
-            "seed",
-        )
-    )
-    return Case(kind, run_cli, (argv,), expect="ok" if kind == "valid" else None, names=flags)
-
-
 TARGETS = [
     Target("placement.rebalance_experts", placement.rebalance_experts, mixed((1, rebalance_case)), weight=3),
     Target("placement.aggregate_imbalance", placement.aggregate_imbalance, mixed((1, aggregate_case)), weight=2),
@@ -526,5 +451,4 @@ TARGETS = [
     Target("compare.available_presets", compare.available_presets, mixed((1, presets_case)), weight=1),
     Target("traces.Profile.cost", traces.Profile.cost, mixed((1, profile_cost_case)), weight=1),
     Target("figures.bench_figure", figures.bench_figure, mixed((1, figure_case)), weight=1, batch=4, names=("path",)),
-    Target("cli.main", cli.main, mixed((1, cli_case)), weight=1, batch=8, names=("argv",)),
 ]

@@ -91,7 +91,7 @@ def _rank_main(
     runners = []
     for n in copies:
         runner = PlanRunner([layer], topo, timeout=timeout)
-        runner.begin_window(plan(n), window)
+        runner.begin_window(plan(n), window, optimizer_state="none")
         runner.set_microbatches(rank_microbatches(runner.plan, routed, rank, cu, dp=world))
         runners.append(runner)
     x0 = torch.randn(TOKENS, H, generator=gen).to(device, tdtype)

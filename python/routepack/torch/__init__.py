@@ -45,6 +45,7 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("routepack.torch needs PyTorch >= 2.1: pip install 'routepack[torch]'") from e
 
+from routepack.torch.audit_text import AuditError, AuditReport
 from routepack.torch.broadcast import (
     AgreementError,
     agree_on_plan,
@@ -75,6 +76,8 @@ from routepack.torch.window_gather import GatheredWindow, gather_window, window_
 
 __all__ = [
     "AgreementError",
+    "AuditError",
+    "AuditReport",
     "EPMoE",
     "FAULT_POINTS",
     "FLOW_DTYPE",

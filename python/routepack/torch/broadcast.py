@@ -291,7 +291,7 @@ def _share_plan(
         lambda bad: f"plan: rank(s) {bad} could not read the plan rank {src} sent (each raised its own error)",
         RoutepackFileError,
     )
-    check_same_plan(got[:, 1])
+    check_same_plan(got[:, 1], "plan: the ranks")
     return plan  # type: ignore[return-value]
 
 
@@ -335,4 +335,4 @@ def agree_on_plan(
     raise_shared_failure(
         err, got[:, 0], lambda bad: f"plan: rank(s) {bad} of the group passed no valid routepack.Plan", InvalidPlanError
     )
-    check_same_plan(got[:, 1])
+    check_same_plan(got[:, 1], "plan: the ranks")

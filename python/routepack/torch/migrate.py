@@ -384,7 +384,7 @@ def migrate_slots(
         )
     if (got[:, 0] == 2).any():
         raise MigrationError(f"EP rank(s) {np.flatnonzero(got[:, 0] == 2).tolist()} failed to prepare; nothing moved")
-    check_same_plan(got[:, 1], "EP ranks")
+    check_same_plan(got[:, 1], "plan: EP ranks")
     if np.unique(got[:, 2]).size != 1:
         raise MigrationError("expert state (weights + optimizer state) differs in size between EP ranks; nothing moved")
     if np.unique(got[:, 3]).size != 1:

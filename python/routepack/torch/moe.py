@@ -289,6 +289,8 @@ class EPMoE(torch.nn.Module):
         collectives. Inputs that fail a check make *every* rank raise: the check's outcome
         travels with the first exchange (the per-expert counts), so no peer is left waiting."""
         runner = self.runner
+        if runner is not None:
+            runner.begin_forward(self.layer)  # the audit: before any collective of this forward
         # (the marks and regions time the parts where a profile is recorded: routepack.torch.profile)
         x = profile.mark(x, "other", "gather")
         with profile.region("route"):
@@ -296,9 +298,11 @@ class EPMoE(torch.nn.Module):
             if cell is not None:
                 # precomputed for the window (routes.py): no host copy, no all-gather here
                 self._check_meta(x, topk_ids, topk_weights, cell)
-                runner.note_ids(cell, topk_ids)
+                runner.note_ids(cell, topk_ids, self.layer)
             else:
                 cell = self._route_now(x, topk_ids, topk_weights)
+            if runner is not None:
+                runner.note_units(self.layer, cell.unit_counts)  # what the kernel computes, per unit
         route, (t, k) = cell.route, (int(topk_ids.shape[0]), cell.k)
         self.last_route = route
         sent = profile.mark(x.index_select(0, cell.src_rows), "gather", "all_to_all")

@@ -87,7 +87,7 @@ def agree_stages(
     raise_shared_failure(
         err, got[:, 0], lambda bad: f"EP rank(s) {bad} refused the plan; nothing moved", InvalidPlanError
     )
-    check_same_plan(got[:, 1], "EP ranks")
+    check_same_plan(got[:, 1], "plan: EP ranks")
     if stages is None:
         return
     raise_shared_failure(

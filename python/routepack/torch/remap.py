@@ -82,6 +82,21 @@ def _flow_table(origin: np.ndarray, phy2log_row: np.ndarray, topo: Any, cell_row
     return out
 
 
+def incoming(flows: np.ndarray, cell_rows: np.ndarray, ep_rank: int, spr: int) -> tuple:
+    """The flows of a cell's flow table (`FLOW_DTYPE`) into EP rank ``ep_rank``, grouped by
+    origin (table order kept inside), with the compute unit of each (int64: ``0..spr-1`` a
+    local slot, ``spr + j`` the j-th of the rank's replica copies) and the indices of those
+    copies in ``cell_rows`` (int64 ``[R]``, cell order): ``(flows, unit, replica_rows)``. What
+    the rank computes, per unit, is ``bincount(unit, weights=flows["count"])``."""
+    inc = flows[flows["dst_rank"] == ep_rank]
+    inc = inc[np.argsort(inc["origin"], kind="stable")]
+    replica_rows = np.flatnonzero(cell_rows["dst_rank"] == ep_rank).astype(np.int64)
+    unit_of_row = np.full(len(cell_rows) + 1, -1, dtype=np.int64)  # last entry: slot flows
+    unit_of_row[replica_rows] = spr + np.arange(len(replica_rows))
+    unit = np.where(inc["dst_slot"] >= 0, inc["dst_slot"].astype(np.int64) - ep_rank * spr, unit_of_row[inc["replica"]])
+    return inc, unit, replica_rows
+
+
 @dataclass(frozen=True)
 class TokenRoute:
     """How one EP rank's (token, k) pairs of one (micro, layer) travel, and what it computes.
@@ -155,12 +170,7 @@ def _route(
     send_splits = np.bincount(dst_of_pair, minlength=ep)
 
     # receiving side: flows into this rank grouped by origin, table order kept inside
-    inc = flows[flows["dst_rank"] == ep_rank]
-    inc = inc[np.argsort(inc["origin"], kind="stable")]
-    replica_rows = np.flatnonzero(cell_rows["dst_rank"] == ep_rank).astype(np.int64)
-    unit_of_row = np.full(len(cell_rows) + 1, -1, dtype=np.int64)  # last entry: slot flows
-    unit_of_row[replica_rows] = spr + np.arange(len(replica_rows))
-    unit = np.where(inc["dst_slot"] >= 0, inc["dst_slot"].astype(np.int64) - ep_rank * spr, unit_of_row[inc["replica"]])
+    inc, unit, replica_rows = incoming(flows, cell_rows, ep_rank, spr)
     recv_unit = np.repeat(unit, inc["count"])
     recv_splits = np.bincount(inc["origin"].astype(np.int64), weights=inc["count"], minlength=ep).astype(np.int64)
     received = np.bincount(flows["dst_rank"].astype(np.int64), weights=flows["count"], minlength=ep).astype(np.int64)

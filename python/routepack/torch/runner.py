@@ -6,8 +6,16 @@ Per window::
     for m in range(plan.num_micro):                # this rank's microbatches, execution order
         runner.start_micro(m)                      # posts the replica weight transfers (async)
         loss = model(batch[m]); loss.backward()    # layers remap tokens, use replica copies
-    runner.finish_step()                           # sum over EP groups (replica/redundant grads: in backward)
+    runner.finish_step()                           # audit, then sum over EP groups (replica/redundant grads: in backward)
     optimizer.step(); optimizer.zero_grad()
+
+Every step is audited (`routepack.torch.audit`, on by default): the layers count what each
+(microbatch, layer) cell computed, and ``finish_step`` agrees on every rank's verdict in one
+small exchange before it sums anything, raising `AuditError` on every rank when a planned
+microbatch never ran, the routes differ from the plan's or a rank skipped ``finish_step``.
+``finish_step`` is therefore called once per step by every trainer (``reduce_edp=False``
+where the trainer's own reduction covers the experts); `last_audit` returns the step's
+counts.
 
 Bad plans (another topology, a placement missing an expert, shares out of range, a
 migration that does not fit the placement in force) are refused by `begin_window` on every
@@ -40,7 +48,9 @@ from routepack.oversize import refuse_split
 from routepack.plan import Plan, empty_replicas
 from routepack.window import Window
 from routepack.torch import _args, profile
-from routepack.torch.broadcast import digest_int, gather_ints
+from routepack.torch.audit import StepAudit, plan_units
+from routepack.torch.audit_text import AuditReport
+from routepack.torch.broadcast import digest_int
 from routepack.torch.grads import sync_redundant_grads
 from routepack.torch.migrate import MigrationReport, migrate
 from routepack.torch.moe import check_layers
@@ -49,9 +59,15 @@ from routepack.torch.replicate import ReplicaExchange
 from routepack.torch.routes import window_routes
 from routepack.torch.slot_link import StepSums
 from routepack.torch.step_metrics import StepTimer, runner_metrics
+from routepack.torch.slot_state import optimizer_given
 
 #: token cap used when the caller gives none: validation then checks everything but the cap
 NO_CAP = 1 << 62
+#: what the audit's "microbatch m never ran" asks a `PlanRunner` user
+NEVER_RAN = (
+    "call runner.start_micro(m) and run microbatch m's forward and backward in every step "
+    "(rank_microbatches lists this rank's)"
+)
 
 
 class PlanRunner:
@@ -70,6 +86,11 @@ class PlanRunner:
         pipeline_group: with ``topo.pp`` > 1 (required there): the ``pp`` ranks that hold
                    the stages of this rank's model replica, one a stage, group rank = stage
                    (Megatron's pipeline group); the plan is agreed over it too.
+        audit:     the execution audit (`routepack.torch.audit`): ``"raise"`` (default)
+                   raises `AuditError` on every rank at ``finish_step`` when the step did not
+                   run the plan; ``"warn"`` logs route differences (a model routing live on
+                   purpose) and raises on the rest; ``"off"`` counts and exchanges nothing.
+                   Every rank passes the same.
     """
 
     def __init__(
@@ -81,6 +102,7 @@ class PlanRunner:
         dp_rank: Optional[int] = None,
         timeout: datetime.timedelta = datetime.timedelta(seconds=120),
         pipeline_group: Optional[Any] = None,
+        audit: str = "raise",
     ) -> None:
         _args.topology(topo)
         self.layers = check_layers(layers)
@@ -151,8 +173,24 @@ class PlanRunner:
         self.timer = StepTimer(self.layers[0].w1.device)
         self._routes: Dict[Tuple[int, int], Any] = {}
         self._window: Optional[Window] = None
-        #: device bool, True once a layer was fed ids other than the precomputed ones
-        self._mismatch: Optional[torch.Tensor] = None
+        # the verdicts are gathered over the EP group, then across EP groups and stages
+        groups = [group] + [g for g in (edp_group, self.pipeline_group) if g is not None]
+        params = [p for mod in self.layers for p in (mod.w1, mod.w2)]
+        device = self.layers[0].w1.device
+        #: the execution audit (`routepack.torch.audit.StepAudit`)
+        self.audit = StepAudit(
+            audit,
+            self.moe_layers,
+            params,
+            device,
+            groups,
+            self.dp_rank,
+            self.stage,
+            topo.slots_per_rank,
+            timeout,
+            NEVER_RAN,
+        )
+        self.audit.on_close = self._step_closed
         for mod in self.layers:
             mod.runner = self
 
@@ -205,6 +243,7 @@ class PlanRunner:
         fault: Any = None,
         max_bytes_in_flight: Optional[int] = None,
         microbatches: Optional[Sequence[Any]] = None,
+        optimizer_state: Optional[str] = None,
     ) -> Optional[MigrationReport]:
         """Checks ``plan`` against ``window`` and this job, agrees on it with every EP rank (and,
         under a pipeline, over ``pipeline_group`` with every stage: one digest per window),
@@ -218,10 +257,21 @@ class PlanRunner:
         computed here, once (`routepack.torch.routes`), and the layers' forward does no host
         copy and no all-gather; `finish_step` then checks, once per step, that every rank fed
         exactly these ids. Without them each forward computes its route (one host copy and
-        one all-gather of counts per layer)."""
-        self.check_step_finished("begin_window")
+        one all-gather of counts per layer).
+
+        ``optimizer`` is required: the optimizer that steps the layers' parameters, whose
+        per-slot state moves with the experts; a job without one says so with
+        ``optimizer_state="none"`` (a migration is still refused while any optimizer holds
+        state for the layers: `migrate`). A step left open (its backward ran, no
+        ``finish_step``) raises here on every rank (`AuditError`)."""
+        if self.audit.on:
+            if self.audit.open:
+                self.audit.skipped("begin_window")
+        else:
+            self.check_step_finished("begin_window")
         err: Optional[BaseException] = None
         try:
+            optimizer_given(optimizer, optimizer_state)
             self.check_plan(plan, window, token_cap)
             digest = digest_int(plan)
         except Exception as e:  # noqa: BLE001 (shared with every EP rank, then re-raised)
@@ -249,8 +299,13 @@ class PlanRunner:
         self.received = np.zeros((plan.num_micro, len(self.layers)), dtype=np.int64)
         self.predicted = _core.rank_tokens(plan, window.seq_lens, window.counts, self.topo)
         self._routes = {}
-        self._mismatch = None
         self._window = window
+        if self.audit.on:
+            rows = [(mod.layer, mod.phy2log) for mod in self.layers]
+            planned, units = plan_units(
+                plan, window, self.topo, self.ep_group_index, self.layers[0].ep_rank, rows, self.cell_rows_of
+            )
+            self.audit.window(digest, planned, units)
         if microbatches is not None:
             self.set_microbatches(microbatches)
         return report
@@ -264,7 +319,6 @@ class PlanRunner:
         if self.plan is None or self._window is None:
             raise RuntimeError("set_microbatches: call begin_window first")
         self._routes = {}
-        self._mismatch = None
         self._routes = window_routes(self, self.plan, self._window, microbatches)
 
     def _bucket(self, plan: Plan) -> Dict[Tuple[int, int], Tuple[np.ndarray, np.ndarray]]:
@@ -290,23 +344,30 @@ class PlanRunner:
             raise RuntimeError("start_micro: call begin_window first")
         self.micro = _args.rank(micro, "micro", self.plan.num_micro)
         self.timer.start()
+        self.audit.note_micro(self.micro)
         self.exchange.micro = self.micro
         if prefetch:
             with profile.region("replica_fill"):
                 self.exchange.prefetch(self.micro)
 
     def finish_step(self, reduce_edp: bool = True) -> None:
-        """Before the optimizer step: every slot without a gradient gets zeros and, with
-        ``reduce_edp``, expert gradients are summed over EP groups (``edp_group``). Replica and
-        redundant-slot gradients need nothing here: the layers' backward delivered them
-        (`routepack.torch.slot_link`; redundant experts in the last microbatch's backward,
-        which must have run: otherwise this raises, see `check_step_finished`). A trainer whose own DP reduction covers the experts
-        (DDP over ``edp_group``, Megatron) passes ``reduce_edp=False`` or skips the call."""
-        self.check_step_finished("finish_step")
+        """Closes the step, before the optimizer step: the audit's exchange (every rank's
+        verdict on the step, one small all-gather per group; `AuditError` on every rank when
+        the step did not run the plan, and then nothing is summed), then every slot without a
+        gradient gets zeros and, with ``reduce_edp``, expert gradients are summed over EP
+        groups (``edp_group``). Replica and redundant-slot gradients need nothing here: the
+        layers' backward delivered them (`routepack.torch.slot_link`; redundant experts in the
+        last microbatch's backward, which must have run). Call it once per step on every rank;
+        a trainer whose own DP reduction covers the experts (DDP over ``edp_group``, Megatron)
+        passes ``reduce_edp=False``. `last_audit` then holds the step's counts."""
+        if not self.audit.on:
+            self.check_step_finished("finish_step")
         self.exchange.finish()
-        self.check_replayed_ids()
-        sync_redundant_grads(self.layers, self.group, self.edp_group if reduce_edp else None)
+        # the measured step ends with its microbatches' work, before the audit's exchange
+        # (which closes the step and would abandon the timer) and the redundant-gradient sum
         self.timer.stop()
+        self.audit.finish("finish_step")
+        sync_redundant_grads(self.layers, self.group, self.edp_group if reduce_edp else None)
 
     def metrics(self, cost: Any = None) -> Dict[str, float]:
         """The window's plan metrics and the last step's measured time, named as
@@ -314,6 +375,12 @@ class PlanRunner:
         ``cost`` predicts the step of a plan that records no prediction). Hand them to the
         trainer's logger with `routepack.metrics.log_metrics`."""
         return runner_metrics(self, cost)
+
+    def last_audit(self) -> Optional[AuditReport]:
+        """The last closed step as the audit saw it on this rank (`AuditReport`: tokens each
+        slot and replica copy computed per (micro, layer), the plan's, forwards, backwards,
+        the verdict); None before the first step or with ``audit="off"``."""
+        return self.audit.last
 
     def check_step_finished(self, where: str) -> None:
         """Raises `RoutepackError` when some layer's backward has run for part of the step's
@@ -331,33 +398,18 @@ class PlanRunner:
             )
 
     def discard_step(self) -> None:
-        """Forgets the redundant slots' gradients of a step abandoned part-way (the backward of
-        some microbatches ran, not of all); the next backward starts a new step."""
+        """Forgets a step abandoned part-way on every rank alike (the backward of some
+        microbatches ran, not of all): the redundant slots' gradients kept for it and the
+        audit's counts; the next backward starts a new step. No exchange (a rank whose peers
+        call ``finish_step`` instead is found out at its next step)."""
+        self.audit.discard()
+        self._step_closed()
+
+    def _step_closed(self) -> None:
+        """A step closed (finished, refused or discarded): the next one starts afresh."""
         if self.step_sums is not None:
             self.step_sums = StepSums(self.step_sums.num_micro)
         self.timer.abandon()
-
-    def check_replayed_ids(self) -> None:
-        """Raises `RoutepackError` on every EP rank when some rank fed a layer ids other than
-        the precomputed replay (one host sync and one small all-gather; `finish_step` calls
-        it). A no-op without precomputed routes."""
-        if not self._routes:
-            return
-        bad = int(self._mismatch.item()) if self._mismatch is not None else 0
-        self._mismatch = None
-        device = self.layers[0].w1.device
-        got = gather_ints([bad], self.group, device, self.timeout)
-        ranks = np.flatnonzero(got[:, 0]).tolist()
-        elsewhere = False
-        if self.edp_group is not None:
-            # every EP group learns it too: the later collectives (the EDP sum) span them all
-            elsewhere = bool(gather_ints([int(bool(ranks))], self.edp_group, device, self.timeout)[:, 0].any())
-        if ranks or elsewhere:
-            who = f"EP rank(s) {ranks}" if ranks else "a rank of another EP group"
-            raise RoutepackError(
-                f"topk_ids: {who} fed MoE layers ids other than the replayed microbatches "
-                "given to begin_window; this step's gradients are wrong: do not step"
-            )
 
     # ------------------------------------------------- hooks for EPMoE
     # (``layer``: the plan's MoE layer, `EPMoE.layer`)
@@ -381,12 +433,25 @@ class PlanRunner:
         micros = sorted({m for m, _ in self._routes})
         return [[self._routes[(m, l)].unit_counts.tolist() for l in self.moe_layers] for m in micros]
 
-    def note_ids(self, cell: Any, topk_ids: torch.Tensor) -> None:
+    def begin_forward(self, layer: int) -> None:
+        """``layer``'s forward of the current microbatch begins (before its collectives): the
+        audit counts it, and finds a step left open (`StepAudit.note_forward`)."""
+        self.audit.note_forward(self.micro, layer)
+
+    def note_units(self, layer: int, counts: np.ndarray) -> None:
+        """Tokens each compute unit of this rank computed in ``layer``'s forward of the
+        current microbatch (int64 ``[units]``: slots, then replica copies), for the audit."""
+        self.audit.note_units(self.micro, layer, counts)
+
+    def note_backward(self, micro: int, layer: int) -> None:
+        """``layer``'s backward of ``micro`` ran (from `SlotLink`), for the audit."""
+        self.audit.note_backward(micro, layer)
+
+    def note_ids(self, cell: Any, topk_ids: torch.Tensor, layer: int) -> None:
         """Records, on the device and without a sync, whether ``topk_ids`` differ from the ids
-        ``cell`` was computed for (checked by `check_replayed_ids`)."""
-        diff = (topk_ids != cell.ids.to(topk_ids.dtype)).any() if topk_ids.numel() else None
-        if diff is not None:
-            self._mismatch = diff if self._mismatch is None else (self._mismatch | diff)
+        ``cell`` was computed for (the audit's, checked once per step at `finish_step`)."""
+        if self.audit.on and topk_ids.numel():
+            self.audit.note_ids(self.micro, layer, (topk_ids != cell.ids.to(topk_ids.dtype)).any())
 
     def record_received(self, layer: int, rows: int) -> None:
         if self.received.shape[0] > self.micro:

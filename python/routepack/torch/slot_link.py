@@ -75,6 +75,8 @@ class SlotLink(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_recv, g1, g2, g1r, g2r):  # type: ignore[override]
         mod, exchange = ctx.mod, ctx.exchange
+        if exchange is not None and getattr(mod, "runner", None) is not None:
+            mod.runner.note_backward(ctx.micro, mod.layer)  # the audit: this cell's backward ran
         extra: Dict[int, torch.Tensor] = {}
         if exchange is not None:
             with profile.region("replica_grads"):

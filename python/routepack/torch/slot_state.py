@@ -8,17 +8,21 @@ Megatron's ``DistributedOptimizer``, assembles the slots it sends there). `Stack
 the layout of `routepack.torch.EPMoE` (tensors with one row per slot);
 `routepack.integrations.megatron` has Megatron's.
 
-`stateful_owner` finds an optimizer that has stepped and holds state for some tensors: a
-migration without ``optimizer=`` must not leave such state with the old slots.
+`stateful_owner` finds an optimizer that holds state for some tensors (stepped, restored by
+``load_state_dict``, or any entry put into its ``state``): a migration without ``optimizer=``
+must not leave such state with the old slots.
 """
 
 from __future__ import annotations
 
+import gc
 import weakref
 from abc import ABC, abstractmethod
 from typing import Any, Iterable, List, Optional, Sequence
 
 import torch
+
+from routepack.errors import RoutepackError
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 #: optimizers seen stepping since routepack.torch was imported (a global post-step hook)
@@ -43,10 +47,16 @@ def _overlaps(a: tuple, spans: List[tuple]) -> bool:
 
 
 def stateful_owner(tensors: Iterable[torch.Tensor], extra: Sequence[Any] = ()) -> Optional[str]:
-    """A description of an optimizer that has stepped and keeps state for one of ``tensors``
-    (keyed by the tensor itself or by a view of its elements, as Megatron's sharded fp32
-    main parameters are), or None. ``extra``: optimizers to check besides those seen
-    stepping."""
+    """A description of an optimizer that keeps state for one of ``tensors``, or None:
+
+    * an optimizer seen stepping (or in ``extra``) whose state is keyed by one of the tensors
+      or by a view of its elements (as Megatron's sharded fp32 main parameters are);
+    * any mapping keyed by one of the tensors itself whose entry holds a tensor with
+      elements: an optimizer's ``state`` after ``load_state_dict`` (a resumed run before its
+      first step), after a step, or with entries put there by hand. Found by the tensors'
+      referrers (`gc.get_referrers`: one pass over the tracked objects, about 0.1 s in a
+      process with torch loaded), since torch offers no hook on ``load_state_dict`` of every
+      optimizer."""
     tensors = list(tensors)
     spans = [_span(t) for t in tensors if t.numel()]
     ids = {id(t) for t in tensors}
@@ -63,7 +73,37 @@ def stateful_owner(tensors: Iterable[torch.Tensor], extra: Sequence[Any] = ()) -
                 continue
             if id(k) in ids or (k.numel() and _overlaps(_span(k), spans)):
                 return f"{type(opt).__name__} (state keys {sorted(map(str, state[k]))})"
+    return _held_state(tensors, ids)
+
+
+def _held_state(tensors: List[torch.Tensor], ids: set) -> Optional[str]:
+    """`stateful_owner`'s second search: a dict keyed by one of ``tensors`` (``ids``: theirs)
+    whose entry is a mapping holding a tensor with elements (an optimizer's per-parameter
+    state; a scalar ``step`` alone moves nothing and stays)."""
+    if not tensors:
+        return None
+    for ref in gc.get_referrers(*tensors):
+        if not isinstance(ref, dict):
+            continue
+        for k, entry in list(ref.items()):
+            if id(k) not in ids or not isinstance(entry, dict):
+                continue
+            if any(isinstance(v, torch.Tensor) and v.dim() > 0 and v.numel() for v in entry.values()):
+                return f"{_owner_name(ref)} (state keys {sorted(map(str, entry))}, stepped or loaded)"
     return None
+
+
+def _owner_name(state: dict) -> str:
+    """The class of the optimizer whose ``state`` is ``state`` ("an optimizer" when none is
+    found): one or two more passes over the referrers, on the refusal's path only."""
+    for holder in gc.get_referrers(state):
+        if not isinstance(holder, dict) and getattr(holder, "state", None) is state:
+            return type(holder).__name__  # an object whose __dict__ was never made (CPython 3.11+)
+        if isinstance(holder, dict) and holder.get("state") is state:
+            for obj in gc.get_referrers(holder):
+                if getattr(obj, "state", None) is state:
+                    return type(obj).__name__
+    return "an optimizer"
 
 
 def pack_slot(tensors: Sequence[torch.Tensor], slot: int) -> torch.Tensor:
@@ -128,4 +168,20 @@ class StackedState(SlotState):
         unpack_slot(self.tensors, slot, buf)
 
 
-__all__ = ["SlotState", "StackedState", "pack_slot", "slot_bytes", "stateful_owner", "unpack_slot"]
+def optimizer_given(optimizer: Any, optimizer_state: Any) -> None:
+    """The runners' ``begin_window`` rule (`PlanRunner`, `MegatronRunner`): the optimizer that
+    steps the layers, or ``optimizer_state="none"`` from a job that has none; never both."""
+    if optimizer_state is not None and optimizer_state != "none":
+        raise RoutepackError(f"optimizer_state: {optimizer_state!r} is not 'none' (the only value it takes)")
+    if optimizer is None and optimizer_state is None:
+        raise RoutepackError(
+            "optimizer: None; begin_window needs the optimizer that steps the layers' parameters, whose per-slot "
+            "state (Adam's moments) moves with the experts, or optimizer_state='none' to say this job has none"
+        )
+    if optimizer is not None and optimizer_state == "none":
+        raise RoutepackError(
+            f"optimizer_state: 'none', but optimizer is a {type(optimizer).__name__}; pass one or the other"
+        )
+
+
+__all__ = ["SlotState", "StackedState", "optimizer_given", "pack_slot", "slot_bytes", "stateful_owner", "unpack_slot"]

@@ -3,11 +3,13 @@
 
 use crate::error::{invalid, Result};
 
+mod finite;
 pub(crate) mod links;
 pub(crate) mod rank;
 mod step;
 mod terms;
 
+pub use finite::MAX_UNIT_SECONDS;
 pub use rank::{ExpertLine, LayerCost};
 pub use step::{Overlap, Pass, DEFAULT_PASSES};
 
@@ -131,8 +133,9 @@ pub struct CostModel {
 
 impl CostModel {
     /// Checks the coefficients against a model of `num_layers` MoE layers: `a_quad` has one
-    /// entry per layer, every coefficient is finite and >= 0, bandwidths > 0. Errors name
-    /// the field (`cost.<name>`) and its value.
+    /// entry per layer, every coefficient is finite and >= 0, bandwidths > 0, and no unit of a
+    /// step's work costs more than [`MAX_UNIT_SECONDS`] (so no step time overflows:
+    /// `finite.rs`). Errors name the field (`cost.<name>`) and its value.
     pub fn check(&self, num_layers: usize) -> Result<()> {
         if self.a_quad.len() != num_layers {
             return Err(invalid("cost.a_quad", format!("has {} entries, expected one per MoE layer ({num_layers})", self.a_quad.len())));
@@ -172,7 +175,7 @@ impl CostModel {
         if let Some((l, v)) = self.a_quad.iter().enumerate().find(|(_, v)| !v.is_finite() || **v < 0.0) {
             return Err(invalid("cost.a_quad", format!("layer {l} has {v}; must be finite and >= 0")));
         }
-        Ok(())
+        finite::check_finite_step(self)
     }
 
     /// `expert_table`'s knots: tokens finite, >= 1 and strictly increasing; seconds finite and

@@ -277,7 +277,13 @@ def _input_mask(input_ids: Any, attention_mask: Any) -> Any:
     if attention_mask is None:
         return torch.ones_like(input_ids)
     if not isinstance(attention_mask, torch.Tensor):
-        attention_mask = torch.as_tensor(np.asarray(attention_mask), device=input_ids.device)
+        arr = np.asarray(attention_mask)
+        if arr.dtype.kind not in "biuf":  # a string, an object: no mask of 0s and 1s
+            raise RoutepackTypeError(
+                f"attention_mask: expected a [B, S] tensor or array of 0/1, got {type(attention_mask).__name__} "
+                f"of dtype {arr.dtype}"
+            )
+        attention_mask = torch.as_tensor(arr, device=input_ids.device)
     if attention_mask.shape != input_ids.shape:
         raise RoutepackError(
             f"attention_mask: shape {tuple(attention_mask.shape)} differs from input_ids' {tuple(input_ids.shape)}"

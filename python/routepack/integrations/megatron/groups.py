@@ -26,7 +26,8 @@ class MegatronGroups:
     this rank's pipeline stage; ``pp_size`` / ``vpp_size``: Megatron's pipeline size and model
     chunks per rank (1: not interleaved); ``dp_rank`` / ``dp_size``: this rank in the
     data-parallel group of its stage (routepack's EP groups are consecutive blocks of ``ep``
-    DP ranks)."""
+    DP ranks); ``dp``: that data-parallel group, over which the runner's step audit reaches the
+    other EP groups of the stage (needed where ``dp_size`` > ep; None: not given)."""
 
     ep: Any
     pp: Any = None
@@ -35,6 +36,7 @@ class MegatronGroups:
     vpp_size: int = 1
     dp_rank: int = 0
     dp_size: int = 1
+    dp: Any = None
 
     def check(self) -> "MegatronGroups":
         """Self, after refusing fields that contradict each other (named)."""
@@ -90,7 +92,7 @@ class MegatronGroups:
 def groups_from_parallel_state(parallel_state: Optional[Any] = None) -> MegatronGroups:
     """`MegatronGroups` read from Megatron's ``parallel_state`` (``megatron.core.parallel_state``
     when None): its expert-parallel group, its pipeline group, rank and size (the group None
-    at size 1), its virtual pipeline size (None there: 1) and its data-parallel rank and size."""
+    at size 1), its virtual pipeline size (None there: 1), its data-parallel rank, size and group."""
     ps: Any = parallel_state
     if ps is None:
         import megatron.core.parallel_state
@@ -105,6 +107,7 @@ def groups_from_parallel_state(parallel_state: Optional[Any] = None) -> Megatron
         vpp_size=ps.get_virtual_pipeline_model_parallel_world_size() or 1,
         dp_rank=ps.get_data_parallel_rank(),
         dp_size=ps.get_data_parallel_world_size(),
+        dp=ps.get_data_parallel_group(),
     ).check()
 
 

@@ -8,12 +8,18 @@ steps (``before_optimizer_step``), and steps that run without a plan (``unplanne
 
 Shared by the verl hand-off (`routepack.integrations.verl.megatron_engine`) and the slime one
 (`routepack.integrations.slime.actor`). torch and Megatron are imported only by `Handoff`.
+
+Every planned step is audited (`MegatronRunner`'s ``audit="raise"``: a step that did not run
+the plan raises at ``optimizer_step`` / ``finish_step`` on every rank). A job that routes live on
+purpose (router replay off) sets ``ROUTEPACK_AUDIT=warn`` in its workers' environment to have
+route differences logged instead; ``off`` counts nothing.
 """
 
 from __future__ import annotations
 
 import io
 import logging
+import os
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence
 
 from routepack.errors import RoutepackError
@@ -22,6 +28,20 @@ from routepack.plan import Plan
 from routepack.window import Window
 
 LOG = logging.getLogger("routepack.integrations.megatron")
+
+#: the worker environment's variable that sets the trainers' step audit (`Handoff`)
+AUDIT_VAR = "ROUTEPACK_AUDIT"
+
+
+def audit_mode() -> str:
+    """The step audit a trainer's workers run (`routepack.torch.audit.MODES`): ``$ROUTEPACK_AUDIT``,
+    else ``"raise"``; another value is refused naming the variable."""
+    from routepack.torch.audit import MODES
+
+    mode = os.environ.get(AUDIT_VAR, "raise") or "raise"
+    if mode not in MODES:
+        raise RoutepackError(f"{AUDIT_VAR}={mode!r}: the step audit takes one of {MODES}")
+    return mode
 
 
 def pack_plan(plan: Plan, window: Window, topo: Topology) -> Dict[str, Any]:
@@ -70,8 +90,9 @@ def unpack_plan(payload: Any, where: str) -> tuple:
 
 
 class Handoff:
-    """One worker's `MegatronRunner` over ``model`` (DDP-wrapped chunks) and ``topo``, and the
-    state of the step in progress. ``name`` names the trainer in messages."""
+    """One worker's `MegatronRunner` over ``model`` (DDP-wrapped chunks) and ``topo``, its step
+    audit set by `audit_mode`, and the state of the step in progress. ``name`` names the trainer
+    in messages."""
 
     def __init__(self, model: Any, topo: Topology, name: str) -> None:
         from routepack.integrations.megatron.runner import MegatronRunner
@@ -82,10 +103,12 @@ class Handoff:
                 f"{name}: {len(chunks)} model chunks (virtual pipeline stages); routepack's Megatron execution "
                 "runs one chunk per rank (virtual_pipeline_model_parallel_size=1)"
             )
-        self.runner = MegatronRunner(chunks, topo)
+        self.runner = MegatronRunner(chunks, topo, audit=audit_mode())
         self.topo, self.name = topo, name
         self.micro_ids: Optional[List[int]] = None  # the plan's microbatch of each item of the step, or None
         self.plans_run = 0
+        #: planned steps whose audit found that what ran was the plan (verdict "ok")
+        self.audited_steps = 0
         self.unplanned_steps = 0
         self._unplanned = False
 
@@ -154,7 +177,9 @@ class Handoff:
             self._unplanned = False
         elif self.micro_ids is not None:
             self.runner.finish_step()
+            report = self.runner.last_audit()
+            self.audited_steps += int(report is not None and report.verdict == "ok")
         self.micro_ids = None
 
 
-__all__ = ["Handoff", "pack_plan", "unpack_plan"]
+__all__ = ["AUDIT_VAR", "Handoff", "audit_mode", "pack_plan", "unpack_plan"]

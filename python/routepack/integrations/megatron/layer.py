@@ -120,6 +120,8 @@ class _SlotLink(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
+        if ctx.runner is not None:
+            ctx.runner.note_backward(ctx.layer, ctx.micro)  # the step's audit (micro None: unplanned)
         if ctx.runner is not None and ctx.micro is not None:
             ctx.runner.after_backward(ctx.layer, ctx.micro)
         return grad, None
@@ -232,13 +234,24 @@ class PlanMoELayer(MoELayer):
         return out
 
     # ------------------------------------------------------------------- forward
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The stock forward; the runner's step audit sees it begin first, before the router
+        and the dispatcher's collectives (`MegatronRunner.begin_forward`)."""
+        if self.runner is not None:
+            self.runner.begin_forward(self)
+        return super().forward(*args, **kwargs)
+
     def routed_experts_compute(self, hidden_states: torch.Tensor, probs: torch.Tensor) -> Tuple[Any, Any]:
         """The stock step with `_SlotLink` on the dispatched tokens (module docstring)."""
         dispatched_input, tokens_per_expert, permuted_probs = self.token_dispatcher.dispatch_postprocess(
             hidden_states, probs
         )
-        if self.runner is not None and self.runner.recording:
-            self.runner.note_received(self, tokens_per_expert)
+        if self.runner is not None:
+            # the tokens each local expert computes, for the step's audit (on the device or the
+            # host, wherever the dispatcher keeps them: no copy, no sync)
+            self.runner.note_units(self, tokens_per_expert)
+            if self.runner.recording:
+                self.runner.note_received(self, tokens_per_expert)
         dispatched_input = _SlotLink.apply(dispatched_input, self)
         expert_output, mlp_bias = self.experts(dispatched_input, tokens_per_expert, permuted_probs)
         micro = self.slot_map.micro

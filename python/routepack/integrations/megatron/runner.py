@@ -6,8 +6,16 @@ Per window::
     runner.begin_window(plan, window, optimizer)   # check + agree, migrate, upload tables
     it = runner.microbatches(data_iterator)        # start_micro(m) at each next()
     forward_backward_func(..., data_iterator=it)   # stock Megatron schedule
-    runner.finish_step()                           # every layer's step complete
+    runner.finish_step()                           # the step's audit, every layer's step complete
     optimizer.step()
+
+Every step is audited (`routepack.torch.audit`, as `PlanRunner`'s): the tokens each local
+expert computed per (microbatch, layer), compared with the plan's on the device as Megatron's
+dispatcher reports them, and each cell's backward; ``finish_step`` exchanges every rank's
+verdict (EP group, data-parallel group where dp > ep, pipeline group) and raises `AuditError`
+on every rank when a planned microbatch never ran (the data iterator not wrapped, at any
+pipeline size), the routes differ from the plan's (router replay off) or a rank skipped
+``finish_step``.
 
 What the runner does at each point, and what it moves, is in `begin_window`, `fill_replicas`
 and `after_backward`; nothing runs per forward but the device-side slot map and, for cells
@@ -24,72 +32,27 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from routepack._checks import positive_int
-from routepack.errors import InvalidPlanError, RoutepackError, RoutepackTypeError
+from routepack.errors import RoutepackError, RoutepackTypeError
 from routepack.integrations.megatron.groups import MegatronGroups, groups_from_parallel_state
 from routepack.integrations.megatron.layer import PlanMoELayer
 from routepack.integrations.megatron.microbatch import MicrobatchState
+from routepack.integrations.megatron.plan_checks import check_plan
+from routepack.integrations.megatron.views import LayerView, MegatronExchange
 from routepack.integrations.megatron.slot_state import MegatronSlotState, optimizer_tensors
-from routepack.integrations.megatron.tables import buffer_of, cell_rows, layer_tables
+from routepack.integrations.megatron.tables import cell_rows, layer_tables
 from routepack.model import Topology
-from routepack.oversize import refuse_split
 from routepack.plan import Plan
 from routepack.torch import _args
 from routepack.torch.broadcast import default_device, digest_int, group_peers
 from routepack.torch.migrate import MigrationReport, migrate_slots
 from routepack.torch.pipeline import agree_stages, stage_plan
-from routepack.torch.replicate import ReplicaExchange
 from routepack.torch.routes import cell_origins
+from routepack.torch.audit import StepAudit, plan_units
+from routepack.torch.audit_text import AuditReport
 from routepack.torch.slot_link import redundant_experts
 from routepack.torch.step_metrics import StepTimer, runner_metrics
-from routepack.torch.slot_state import stateful_owner
+from routepack.torch.slot_state import optimizer_given
 from routepack.window import Window
-
-#: token cap for `Plan.validate` when the caller gives none (every check but the cap)
-_NO_CAP = 1 << 62
-
-
-class LayerView:
-    """One `PlanMoELayer` as the migration protocol and `ReplicaExchange` read a layer:
-    ``layer`` (index among this rank's MoE layers), ``phy2log`` (the placement row), ``topo``,
-    ``slots_per_rank``, ``num_experts``, ``ep_rank``, ``peers``, ``group``."""
-
-    def __init__(self, mod: PlanMoELayer, index: int, peers: List[int], group: Any) -> None:
-        self.mod, self.layer, self.peers, self.group = mod, index, peers, group
-        self.topo, self.ep_rank = mod.topo, mod.ep_rank
-        self.slots_per_rank, self.num_experts = mod.slots_per_rank, mod.num_logical
-
-    @property
-    def phy2log(self) -> np.ndarray:
-        return self.mod.phy2log
-
-    @phy2log.setter
-    def phy2log(self, row: np.ndarray) -> None:
-        self.mod.phy2log = np.ascontiguousarray(row, dtype=np.int32)
-
-    def local_slot_of(self, expert: int) -> int:
-        hit = np.flatnonzero(self.mod.local_experts() == expert)
-        if hit.size == 0:
-            raise RoutepackError(f"expert {expert} is not on EP rank {self.ep_rank} in MoE layer {self.mod.moe_index}")
-        return int(hit[0])
-
-
-class _Exchange(ReplicaExchange):
-    """`ReplicaExchange` over Megatron's expert modules: one flat buffer per expert
-    (`SlotPieces`); copies land in the layer's replica buffers."""
-
-    def slot_flat(self, mod: Any, slot: int) -> torch.Tensor:
-        return mod.mod.pieces.weights(slot)
-
-    def flat_spec(self, mod: Any) -> Tuple[int, torch.dtype, torch.device]:
-        p = mod.mod.pieces
-        return p.numel, p.dtype, p.device
-
-    def unflatten(self, mod: Any, copies: List[torch.Tensor]) -> Any:
-        return copies
-
-    def copy_grad(self, grads: Any, copy: int) -> torch.Tensor:
-        return grads.mod.pieces.grad(grads.slots_per_rank + copy)
 
 
 def _moe_layer_index(config: Any, layer_number: int) -> int:
@@ -104,15 +67,6 @@ def _moe_layer_index(config: Any, layer_number: int) -> int:
 def _num_moe_layers(config: Any) -> int:
     freq = getattr(config, "moe_layer_freq", 1)
     return sum(1 for i in range(config.num_layers) if i % freq == 0) if isinstance(freq, int) else int(sum(freq))
-
-
-def _recomputes_moe(config: Any) -> bool:
-    """Whether Megatron reruns the MoE layers' forward in backward (full recompute, or
-    selective recompute of ``"moe"``)."""
-    granularity = getattr(config, "recompute_granularity", None)
-    return granularity == "full" or (
-        granularity == "selective" and "moe" in (getattr(config, "recompute_modules", None) or [])
-    )
 
 
 def _check_groups(chunks: List[Any]) -> None:
@@ -173,6 +127,7 @@ class MegatronRunner:
         topo: Any,
         timeout: datetime.timedelta = datetime.timedelta(seconds=120),
         groups: Optional[MegatronGroups] = None,
+        audit: str = "raise",
     ) -> None:
         if not isinstance(topo, Topology):
             raise RoutepackTypeError(f"topo: expected routepack.Topology, got {type(topo).__name__}")
@@ -230,7 +185,7 @@ class MegatronRunner:
         #: replicas on this stage), the last migration's report
         self.plan: Optional[Plan] = None
         self._window: Optional[Window] = None
-        self.exchange: Optional[_Exchange] = None
+        self.exchange: Optional[MegatronExchange] = None
         self.last_migration: Optional[MigrationReport] = None
         #: the step's wall time, first `start_micro` to `finish_step` (`metrics`)
         self.timer = StepTimer()
@@ -238,8 +193,54 @@ class MegatronRunner:
         self.state = MicrobatchState(len(mods))
         #: with ``recording``, `received` holds the tokens each local expert received (tests)
         self.recording = False
+        #: the step's execution audit (`routepack.torch.audit.StepAudit`; ``audit`` as `PlanRunner`'s)
+        self.audit = self._make_audit(audit, groups)
         for m in mods:
             m.runner = self
+
+    def _make_audit(self, mode: str, groups: MegatronGroups) -> StepAudit:
+        """The audit over the EP group, then the stage's data-parallel group (its other EP
+        groups) and the pipeline group."""
+        more = [g for g in (groups.dp if groups.dp_size > self.topo.ep else None, self.pp_group) if g is not None]
+        if mode != "off" and groups.dp_size > self.topo.ep and groups.dp is None:
+            raise RoutepackError(
+                f"groups.dp: required when dp_size={groups.dp_size} > ep={self.topo.ep}: the step's audit reaches the "
+                "stage's other EP groups over the data-parallel group (groups_from_parallel_state reads it)"
+            )
+        never_ran = (
+            "its model chunk's forwards ran outside Megatron's forward_step (no current_microbatch)"
+            if self.topo.vpp > 1
+            else "is the data iterator wrapped (data_iterator=runner.microbatches(it), whose next() every stage's "
+            "forward_step_func calls)?"
+        )
+        params = [p for m in self.layers for p in m.pieces.params()]
+        device = default_device(self.group)
+        audit = StepAudit(
+            mode,
+            self._moe_indices,
+            params,
+            device,
+            [self.group] + more,
+            self.dp_rank,
+            self.stage,
+            self.topo.slots_per_rank,
+            self.timeout,
+            never_ran,
+            padded=True,  # Megatron computes a padded microbatch's padding tokens too (the plan counts none)
+        )
+        audit.on_close = self._step_closed
+        return audit
+
+    def _step_closed(self) -> None:
+        """A step closed (finished, refused or discarded): its backward counts start afresh."""
+        self.state.backwards = [0] * len(self.layers)
+        self.state.completed = [0] * len(self.layers)
+
+    def last_audit(self) -> Optional[AuditReport]:
+        """The last closed step as the audit saw it on this rank (`AuditReport`: tokens each
+        local expert, slots then replica buffers, computed per (micro, MoE layer), the plan's,
+        forwards, backwards, verdict); None before the first step or with ``audit="off"``."""
+        return self.audit.last
 
     @property
     def micro(self) -> Optional[int]:
@@ -271,62 +272,9 @@ class MegatronRunner:
         return stage_plan(plan, [m.moe_index for m in self.layers])
 
     def check_plan(self, plan: Any, window: Any, optimizer: Any, token_cap: Optional[int]) -> None:
-        """Local refusal, before anything moves, of a plan this job cannot carry out."""
-        if not isinstance(plan, Plan):
-            raise RoutepackTypeError(f"plan: expected routepack.Plan, got {type(plan).__name__}")
-        if not isinstance(window, Window):
-            raise RoutepackTypeError(f"window: expected routepack.Window, got {type(window).__name__}")
-        refuse_split(plan, "the Megatron runner")
-        E = self.layers[0].num_logical
-        if window.num_layers != self.num_moe_layers or window.num_experts != E:
-            raise InvalidPlanError(
-                f"window has L={window.num_layers}, E={window.num_experts}; the model has "
-                f"{self.num_moe_layers} MoE layers of {E} experts"
-            )
-        plan.validate(window, self.topo, _NO_CAP if token_cap is None else positive_int(token_cap, "token_cap"))
-        local = self._local_plan(plan)
-        if local.replicas.size and self.pp_group is not None and _recomputes_moe(self.config):
-            raise RoutepackError(
-                f"config.recompute_granularity={self.config.recompute_granularity!r}: recomputing the MoE layers "
-                "in backward under a pipeline reruns a microbatch's routing and replica copies while a later "
-                "microbatch is current; plan with replication='none' or recompute other modules"
-            )
-        for i, m in enumerate(self.layers):
-            for micro in range(plan.num_micro):
-                where = f"(group {self.group_index}, micro {micro}, layer {m.moe_index})"
-                buffer_of(cell_rows(plan, self.group_index, micro, m.moe_index), m.replica_slots, where)
-            if not local.migration.size:
-                row = local.placement.phy2log[i]
-                diff = np.flatnonzero((row >= 0) & (row != m.phy2log))
-                if diff.size:
-                    s = int(diff[0])
-                    raise InvalidPlanError(
-                        f"plan puts expert {row[s]} in slot {s} of MoE layer {m.moe_index}, which holds "
-                        f"{m.phy2log[s]} now, and has no migration"
-                    )
-        redundant = any(redundant_experts(row, E).size for row in plan.placement.phy2log)
-        if (redundant or plan.replicas.size) and any(
-            getattr(c, "overlap_grad_reduce", False) for c in self.ddp_configs
-        ):
-            raise RoutepackError(
-                "DistributedDataParallelConfig.overlap_grad_reduce: the plan has redundant experts or replicas, "
-                "whose gradients are completed in the last microbatch's backward after DDP would have started "
-                "reducing them; set overlap_grad_reduce=False"
-            )
-        if redundant and self.layers[0].pieces.kind == "GroupedMLP":
-            clip = getattr(getattr(optimizer, "config", None), "clip_grad", 0.0) or 0.0
-            if clip > 0:
-                raise RoutepackError(
-                    "optimizer.config.clip_grad: GroupedMLP holds every slot in one parameter, so redundant copies "
-                    "would count twice in the grad norm; use SequentialMLP/TEGroupedMLP or clip_grad=0"
-                )
-        if optimizer is None and local.migration.size:
-            owner = stateful_owner([p for m in self.layers for p in m.pieces.params()])
-            if owner is not None or any(hasattr(p, "main_param") for m in self.layers for p in m.pieces.params()):
-                raise RoutepackError(
-                    f"optimizer: None, but {owner or 'a Megatron optimizer'} keeps state for the expert parameters; "
-                    f"the plan moves {local.migration.size} experts and that state would stay with the old slots"
-                )
+        """Local refusal, before anything moves, of a plan this job cannot carry out
+        (`routepack.integrations.megatron.plan_checks.check_plan`)."""
+        check_plan(self, plan, window, optimizer, token_cap)
 
     # ------------------------------------------------------------------ window
     def begin_window(
@@ -336,6 +284,7 @@ class MegatronRunner:
         optimizer: Any = None,
         token_cap: Optional[int] = None,
         max_bytes_in_flight: Optional[int] = None,
+        optimizer_state: Optional[str] = None,
     ) -> Optional[MigrationReport]:
         """Checks ``plan`` on every EP rank (nothing moves unless all accept), migrates the
         experts it moves (weights, ``main_grad`` and ``optimizer``'s state together), uploads
@@ -343,11 +292,18 @@ class MegatronRunner:
         Collective over the EP group and, under a pipeline, the pipeline group: every stage
         checks the whole plan, the digests of all stages must agree (one plan per window), and
         each stage migrates its own MoE layers only. Returns the migration report (None without
-        moves)."""
-        self.check_step_finished("begin_window")
+        moves). ``optimizer`` is required (its state moves with the experts), or
+        ``optimizer_state="none"`` from a job without one. A step left open (its backward ran,
+        no ``finish_step``) raises here on every rank (`AuditError`)."""
+        if self.audit.on:
+            if self.audit.open:
+                self.audit.skipped("begin_window")
+        else:
+            self.check_step_finished("begin_window")
         err: Optional[BaseException] = None
         digest = 0
         try:
+            optimizer_given(optimizer, optimizer_state)
             self.check_plan(plan, window, optimizer, token_cap)
             digest = digest_int(plan)
         except Exception as e:  # noqa: BLE001 (shared with every EP rank, then re-raised)
@@ -376,8 +332,43 @@ class MegatronRunner:
         self.plan, self._window = plan, window
         self.exchange = self._make_exchange(local) if local.replicas.size else None
         self._mark_copies(optimizer)
+        self._guard_step(optimizer)
         self.state = MicrobatchState(len(self.layers), restores=self.state.restores)
+        if self.audit.on:
+            rows = [(m.moe_index, plan.placement.phy2log[m.moe_index]) for m in self.layers]
+            planned, units = plan_units(
+                plan,
+                window,
+                self.topo,
+                self.group_index,
+                self.ep_rank,
+                rows,
+                lambda micro, l: cell_rows(plan, self.group_index, micro, l),
+                width=self.layers[0].pieces.num_slots,
+            )
+            self.audit.window(digest, planned, units)
         return report
+
+    def _guard_step(self, optimizer: Any) -> None:
+        """Wraps ``optimizer.step`` (the object the trainer steps, on this instance): a step
+        whose audit is still open there skipped `finish_step`, and joins its peers' exchange
+        before Megatron's step runs its own collectives (the grad norm's sums), which would
+        otherwise meet the peers' exchange. Once per optimizer; nothing without an audit."""
+        if optimizer is None or not self.audit.on or getattr(optimizer, "_routepack_guarded", None) is self:
+            return
+        inner = optimizer.step
+        audit = self.audit
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            if audit.open:
+                audit.skipped("optimizer.step")
+            return inner(*args, **kwargs)
+
+        try:
+            optimizer.step = step
+            optimizer._routepack_guarded = self
+        except (AttributeError, TypeError):  # an optimizer that takes no attributes: torch's pre-hook remains
+            pass
 
     def _agree(self, err: Optional[BaseException], digest: int) -> torch.device:
         """Shares every rank's verdict on the plan and its digest over the EP group, then (pp > 1)
@@ -387,15 +378,15 @@ class MegatronRunner:
         agree_stages(err, digest, self.group, self.pp_group, device, self.timeout)
         return device
 
-    def _make_exchange(self, local: Plan) -> _Exchange:
+    def _make_exchange(self, local: Plan) -> MegatronExchange:
         """The exchange of this stage's rows (``local``: `_local_plan`, layer = position in
-        ``layers``, as `_Exchange` indexes them)."""
+        ``layers``, as `MegatronExchange` indexes them)."""
         r = local.replicas
         idx: Dict[Tuple[int, int], List[int]] = {}
         for i in np.flatnonzero(r["group"] == self.group_index).tolist():
             idx.setdefault((int(r[i]["micro"]), int(r[i]["layer"])), []).append(i)
         cells = {k: (np.asarray(v, dtype=np.int64), r[np.asarray(v)]) for k, v in idx.items()}
-        return _Exchange(self.views, cells, self.timeout)
+        return MegatronExchange(self.views, cells, self.timeout)
 
     def _mark_copies(self, optimizer: Any) -> None:
         """Every slot but each logical expert's first copy (redundant copies, empty slots,
@@ -424,6 +415,7 @@ class MegatronRunner:
             raise RoutepackError("start_micro: call begin_window first")
         current = _args.rank(micro, "micro", self.plan.num_micro)
         self.timer.start()
+        self.audit.note_micro(current)
         self.state.start(current)
         for m in self.layers:
             m.slot_map.micro = current
@@ -465,6 +457,23 @@ class MegatronRunner:
             m.slot_map.micro = None
 
     # ------------------------------------------------------------------ hooks of the layer
+    def begin_forward(self, layer: PlanMoELayer) -> None:
+        """``layer``'s forward begins (before its router and dispatcher): the audit counts it in
+        the current microbatch and finds a step left open (`StepAudit.note_forward`)."""
+        if layer.slot_map.micro is not None:
+            self.audit.note_forward(layer.slot_map.micro, layer.moe_index)
+
+    def note_units(self, layer: PlanMoELayer, tokens_per_expert: Any) -> None:
+        """The tokens each local expert of ``layer`` computes in this forward (the dispatcher's
+        ``tokens_per_expert``, slots then replica buffers), for the audit; nothing outside
+        planned microbatches."""
+        if layer.slot_map.micro is not None:
+            self.audit.note_units(layer.slot_map.micro, layer.moe_index, tokens_per_expert)
+
+    def note_backward(self, layer: PlanMoELayer, micro: Optional[int]) -> None:
+        """``layer``'s backward of ``micro`` ran (None: a forward outside planned microbatches)."""
+        self.audit.note_backward(micro, layer.moe_index)
+
     def note_received(self, layer: PlanMoELayer, tokens_per_expert: Any) -> None:
         """With ``recording``: the tokens each local expert of ``layer`` received this forward."""
         micro = self.state.micro
@@ -550,6 +559,7 @@ class MegatronRunner:
         self.check_step_finished("sum_redundant")
         for m in self.layers:
             self._sum_redundant(m)
+        self.audit.discard()  # a step outside the plan's microbatches: nothing of the plan to audit
         self.end_micro()
 
     def check_step_finished(self, where: str) -> None:
@@ -563,26 +573,24 @@ class MegatronRunner:
             )
 
     def finish_step(self) -> None:
-        """Before ``optimizer.step()``: checks every layer completed the step's microbatches
-        (replica and redundant gradients are already in ``main_grad``), and leaves planned
-        microbatches. Under a pipeline it also raises when some layer ran no planned microbatch
-        this step (its stage's forwards did not take their microbatches through
-        `microbatches`, so they routed by the default table and skipped the redundant sum)."""
-        self.check_step_finished("finish_step")
-        idle = self.state.take_idle(self._moe_indices)
-        if self.pp_group is not None and idle:
+        """Before ``optimizer.step()``: the step's audit (an `AuditError` on every rank when a planned
+        microbatch never ran, the routes differ from the plan's or a rank skipped ``finish_step``);
+        with ``audit="off"``, every layer completed the step's microbatches (under a pipeline: ran one)."""
+        try:
+            self.timer.stop()  # as PlanRunner's: the step's microbatches, before the audit's exchange
+            if self.audit.on:
+                self.audit.finish("finish_step")
+            else:
+                self.check_step_finished("finish_step")
+                idle = self.state.take_idle(self._moe_indices)
+                if self.pp_group is not None and idle:
+                    raise RoutepackError(
+                        f"finish_step: MoE layer(s) {idle} of pipeline stage {self.stage} ran no planned microbatch "
+                        "this step (its forward_step_func must call next() on the data iterator given by "
+                        "runner.microbatches, on every stage)"
+                    )
+        finally:
             self.end_micro()
-            raise RoutepackError(
-                f"finish_step: MoE layer(s) {idle} of pipeline stage {self.stage} ran no planned microbatch this "
-                + (
-                    "step: their model chunk's forwards ran outside Megatron's forward_step (no current_microbatch)"
-                    if self.topo.vpp > 1
-                    else "step: its forward_step_func must call next() on the data iterator given by "
-                    "runner.microbatches, on every stage"
-                )
-            )
-        self.timer.stop()
-        self.end_micro()
 
     def metrics(self, cost: Any = None) -> Dict[str, float]:
         """The window's plan metrics and the last step's measured time (`PlanRunner.metrics`)."""
