@@ -134,6 +134,8 @@ impl CostModel {
     /// entry per layer, every coefficient is finite and >= 0, bandwidths > 0. Errors name
     /// the field (`cost.<name>`) and its value.
     pub fn check(&self, num_layers: usize) -> Result<()> {
+        #[cfg(test)]
+        crate::request::counted::add("cost");
         if self.a_quad.len() != num_layers {
             return Err(invalid("cost.a_quad", format!("has {} entries, expected one per MoE layer ({num_layers})", self.a_quad.len())));
         }

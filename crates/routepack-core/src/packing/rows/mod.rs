@@ -22,6 +22,8 @@ use crate::error::{Error, Result};
 
 /// Refuses a sample longer than the cap, naming it (never a silent overflow).
 pub fn check_cap(seq_lens: &[i64], token_cap: i64) -> Result<()> {
+    #[cfg(test)]
+    crate::request::counted::add("token_cap");
     if token_cap < 1 {
         return Err(crate::error::invalid("token_cap", format!("must be >= 1, got {token_cap}")));
     }
@@ -36,6 +38,12 @@ pub fn check_cap(seq_lens: &[i64], token_cap: i64) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Whether [`check_cap`] passes, without its errors: what a stage's `debug_assert!` states of
+/// lengths checked at its entry (`crate::request::check_lengths`).
+pub fn within_cap(seq_lens: &[i64], token_cap: i64) -> bool {
+    token_cap >= 1 && seq_lens.iter().all(|&n| (1..=token_cap).contains(&n))
 }
 
 /// Grows the row count to a multiple of `dp` (and at least dp) by splitting the heaviest row
