@@ -62,6 +62,8 @@ pub mod counts;
 pub mod cpu;
 pub mod error;
 pub mod flow;
+#[cfg(test)]
+mod guard_counts;
 pub mod ingest;
 pub mod layout;
 pub mod migration;

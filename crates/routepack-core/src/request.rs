@@ -43,7 +43,7 @@ impl<'a> PlanRequest<'a> {
     /// `Infeasible` naming the sample over the cap).
     pub fn new(window: WindowView<'a>, topo: &'a Topology, cost: &'a CostModel, token_cap: i64, oversize: Oversize) -> Result<Self> {
         #[cfg(test)]
-        counted::add("request");
+        crate::guard_counts::add("request");
         topo.check_experts(window.num_experts)?;
         cost.check(window.num_layers)?;
         check_lengths(window.seq_lens, token_cap, &Cells::of(topo, oversize))?;
@@ -121,30 +121,6 @@ pub fn check_lengths(seq_lens: &[i64], token_cap: i64, cells: &Cells) -> Result<
         return Err(invalid("dp", "must be >= 1, got 0"));
     }
     Ok(())
-}
-
-/// How often each argument check ran on this thread (tests only): what shows that a request
-/// checked once is not checked again by the stages that take it. Each guard adds its name:
-/// `request` ([`PlanRequest::new`]), `token_cap` (`rows::check_cap`), `pieces`
-/// (`Pieces::check`), `cost` (`CostModel::check`), `topo` (`Topology::check_experts`).
-#[cfg(test)]
-pub(crate) mod counted {
-    use std::cell::RefCell;
-    use std::collections::BTreeMap;
-
-    thread_local! {
-        static COUNTS: RefCell<BTreeMap<&'static str, usize>> = const { RefCell::new(BTreeMap::new()) };
-    }
-
-    /// One more run of the check `name` on this thread.
-    pub(crate) fn add(name: &'static str) {
-        COUNTS.with(|c| *c.borrow_mut().entry(name).or_default() += 1);
-    }
-
-    /// The counts since the last call, reset.
-    pub(crate) fn take() -> BTreeMap<&'static str, usize> {
-        COUNTS.with(|c| std::mem::take(&mut *c.borrow_mut()))
-    }
 }
 
 #[cfg(test)]

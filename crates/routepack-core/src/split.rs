@@ -52,7 +52,7 @@ impl Pieces {
     /// errors [`Pieces::new`] lists, in that order.
     pub fn check(seq_lens: &[i64], token_cap: i64, cp: usize) -> Result<()> {
         #[cfg(test)]
-        crate::request::counted::add("pieces");
+        crate::guard_counts::add("pieces");
         if cp < 2 {
             return Err(invalid(
                 "topo.cp",

@@ -135,7 +135,7 @@ impl CostModel {
     /// the field (`cost.<name>`) and its value.
     pub fn check(&self, num_layers: usize) -> Result<()> {
         #[cfg(test)]
-        crate::request::counted::add("cost");
+        crate::guard_counts::add("cost");
         if self.a_quad.len() != num_layers {
             return Err(invalid("cost.a_quad", format!("has {} entries, expected one per MoE layer ({num_layers})", self.a_quad.len())));
         }

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use super::counted;
+use crate::guard_counts as counted;
 use super::*;
 use crate::packing::kk::verl_kk_of;
 use crate::packing::routepack::{routepack_packing, routepack_packing_in, Options};

@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 /// Refuses a sample longer than the cap, naming it (never a silent overflow).
 pub fn check_cap(seq_lens: &[i64], token_cap: i64) -> Result<()> {
     #[cfg(test)]
-    crate::request::counted::add("token_cap");
+    crate::guard_counts::add("token_cap");
     if token_cap < 1 {
         return Err(crate::error::invalid("token_cap", format!("must be >= 1, got {token_cap}")));
     }
