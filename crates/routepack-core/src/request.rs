@@ -8,16 +8,13 @@
 //! (`debug_assert!`s keep the internal invariants in debug builds). docs/design.md, "Errors",
 //! says where each argument is checked.
 //!
-//! A window's lengths against the cap have one check, [`check_lengths`]: every length >= 1 and
-//! within the cap, or (`Oversize::Alone`) counted as the cap, or (`Oversize::Split`) within
-//! `topo.cp` × the cap and split into pieces within it (`split::Pieces::check`).
+//! A window's lengths against the cap have one check, `oversize::check_lengths`: every length
+//! >= 1 and within the cap, or (`Oversize::Alone`) counted as the cap, or (`Oversize::Split`)
+//! within `topo.cp` × the cap and split into pieces within it (`split::Pieces::check`).
 
 use crate::cost::CostModel;
-use crate::error::{invalid, Result};
-use crate::oversize::Oversize;
-use crate::packing::cells::Cells;
-use crate::packing::rows::check_cap;
-use crate::split::Pieces;
+use crate::error::Result;
+use crate::oversize::{check_lengths, Oversize};
 use crate::topology::Topology;
 use crate::window::WindowView;
 
@@ -26,7 +23,7 @@ use crate::window::WindowView;
 /// so holding one means every check passed: the topology holds every expert
 /// (`Topology::check_experts`), the cost model has one `a_quad` per layer and valid
 /// coefficients (`CostModel::check`), the cap is >= 1 and every sample fits it as `oversize`
-/// says ([`check_lengths`]).
+/// says (`oversize::check_lengths`).
 #[derive(Clone, Copy, Debug)]
 pub struct PlanRequest<'a> {
     window: WindowView<'a>,
@@ -39,14 +36,14 @@ pub struct PlanRequest<'a> {
 impl<'a> PlanRequest<'a> {
     /// The one check of a request, in the order its errors name the arguments: the topology
     /// against the window's experts (`topo`), the cost model against its layers (`cost.<field>`),
-    /// then the cap and the lengths ([`check_lengths`]: `token_cap`, `seq_lens`, `topo.cp`, or
+    /// then the cap and the lengths (`oversize::check_lengths`: `token_cap`, `seq_lens`, `topo.cp`, or
     /// `Infeasible` naming the sample over the cap).
     pub fn new(window: WindowView<'a>, topo: &'a Topology, cost: &'a CostModel, token_cap: i64, oversize: Oversize) -> Result<Self> {
         #[cfg(test)]
         crate::guard_counts::add("request");
         topo.check_experts(window.num_experts)?;
         cost.check(window.num_layers)?;
-        check_lengths(window.seq_lens, token_cap, &Cells::of(topo, oversize))?;
+        check_lengths(window.seq_lens, token_cap, oversize, topo.dp, topo.cp)?;
         Ok(Self { window, topo, cost, token_cap, oversize })
     }
 
@@ -91,36 +88,6 @@ impl<'a> PlanRequest<'a> {
     pub fn oversize(&self) -> Oversize {
         self.oversize
     }
-
-    /// The cells a packing of this request fills (`Cells::of` its topology and `oversize`).
-    #[inline]
-    pub fn cells(&self) -> Cells {
-        Cells::of(self.topo, self.oversize)
-    }
-}
-
-/// The one check of a window's lengths `seq_lens` against `token_cap` for `cells`: with
-/// `Oversize::Split`, the pieces (`Pieces::check`: `topo.cp` >= 2, cap >= 1, every sample over the
-/// cap within cp × cap) and a CP group inside the DP ranks (`cp` divides `dp`), then the pieces'
-/// row lengths; otherwise the row lengths (`Cells::row_lens`: a sample over the cap counted as
-/// the cap where it runs alone): `rows::check_cap` (cap >= 1, every length >= 1 and within the
-/// cap, else `Infeasible` naming the sample); last, at least one DP rank. What every packer's
-/// entry runs once; the packers themselves check nothing again.
-pub fn check_lengths(seq_lens: &[i64], token_cap: i64, cells: &Cells) -> Result<()> {
-    if cells.oversize == Oversize::Split {
-        Pieces::check(seq_lens, token_cap, cells.cp)?;
-        if !cells.dp.is_multiple_of(cells.cp) {
-            return Err(invalid("cp", format!("{} must divide dp = {} (a CP group is cp consecutive DP ranks)", cells.cp, cells.dp)));
-        }
-        // a piece's index names a length below 1, as the packers always said
-        check_cap(&Pieces::of_checked(seq_lens, token_cap, cells.cp).row_lens(token_cap), token_cap)?;
-    } else {
-        check_cap(&cells.row_lens(seq_lens, token_cap), token_cap)?;
-    }
-    if cells.dp == 0 {
-        return Err(invalid("dp", "must be >= 1, got 0"));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

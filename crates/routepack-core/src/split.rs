@@ -48,7 +48,7 @@ impl Pieces {
         Ok(Self::of_checked(seq_lens, token_cap, cp))
     }
 
-    /// The one check of a split (`request::check_lengths` and [`Pieces::new`] run it): the
+    /// The one check of a split (`oversize::check_lengths` and [`Pieces::new`] run it): the
     /// errors [`Pieces::new`] lists, in that order.
     pub fn check(seq_lens: &[i64], token_cap: i64, cp: usize) -> Result<()> {
         #[cfg(test)]

@@ -71,21 +71,23 @@ impl Cells {
 
     /// The lengths rows are built from: `seq_lens` itself, or with [`Oversize::Alone`] every
     /// sample over the cap counted as the cap (see the module docs). Not checked here: a packer's
-    /// entry checks them once (`crate::request::check_lengths`, through `rows::check_cap`: a
+    /// entry checks them once ([`Cells::check_lengths`], through `rows::check_cap`: a
     /// sample over the cap otherwise is `Infeasible`, named).
     pub fn row_lens<'a>(&self, seq_lens: &'a [i64], token_cap: i64) -> Cow<'a, [i64]> {
-        if self.oversize == Oversize::Alone && token_cap >= 1 && seq_lens.iter().any(|&n| n > token_cap) {
-            Cow::Owned(seq_lens.iter().map(|&n| n.min(token_cap)).collect())
-        } else {
-            Cow::Borrowed(seq_lens)
-        }
+        self.oversize.row_lens(seq_lens, token_cap)
+    }
+
+    /// The one check of `seq_lens` against `token_cap` for these cells
+    /// (`crate::oversize::check_lengths`): what a packer's entry runs once.
+    pub fn check_lengths(&self, seq_lens: &[i64], token_cap: i64) -> Result<()> {
+        crate::oversize::check_lengths(seq_lens, token_cap, self.oversize, self.dp, self.cp)
     }
 }
 
 /// A packing of `seq_lens` into `cells` (whose `oversize` is `Split`) by `inner`, a packer of
 /// lengths within the cap: the pieces packed (`Pieces::row_lens`), aligned (`split::align`)
 /// and collapsed (`Pieces::collapse`).
-/// The lengths were checked at the packer's entry (`crate::request::check_lengths`: the
+/// The lengths were checked at the packer's entry ([`Cells::check_lengths`]: the
 /// pieces, and `cells.cp` dividing `cells.dp`); nothing is checked again here.
 pub fn pack_split<R>(
     seq_lens: &[i64],

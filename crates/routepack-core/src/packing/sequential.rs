@@ -13,7 +13,7 @@ use super::rows::heuristics::RoomTree;
 use super::rows::{equalise_rows_in, round_robin, within_cap};
 use super::Packing;
 use crate::error::Result;
-use crate::request::{check_lengths, PlanRequest};
+use crate::request::PlanRequest;
 
 /// First-fit rows in arrival order. Needs every length in [1, token_cap] (`check_cap`).
 pub fn first_fit_rows(seq_lens: &[i64], token_cap: i64) -> Vec<Vec<usize>> {
@@ -56,19 +56,19 @@ pub fn sequential_report(seq_lens: &[i64], token_cap: i64, dp: usize) -> Result<
 /// (`Cells::rows_for`), a sample over the cap alone in its row where `cells.oversize` says so
 /// (its length counted as the cap, `Cells::row_lens`), or split over a CP group
 /// (`cells::pack_split`: its pieces packed in its place in arrival order).
-/// The lengths are checked once, here (`request::check_lengths`).
+/// The lengths are checked once, here (`Cells::check_lengths`).
 pub fn sequential_in(seq_lens: &[i64], token_cap: i64, cells: &Cells) -> Result<(Packing, SequentialReport)> {
-    check_lengths(seq_lens, token_cap, cells)?;
+    cells.check_lengths(seq_lens, token_cap)?;
     sequential_checked(seq_lens, token_cap, cells)
 }
 
 /// [`sequential_in`] of a checked request: its window's lengths into its cells
-/// (`PlanRequest::cells`), nothing checked again.
+/// (`Cells::of` its topology and `oversize`), nothing checked again.
 pub fn sequential_of(req: &PlanRequest) -> Result<(Packing, SequentialReport)> {
-    sequential_checked(req.window().seq_lens, req.token_cap(), &req.cells())
+    sequential_checked(req.window().seq_lens, req.token_cap(), &Cells::of(req.topo(), req.oversize()))
 }
 
-/// [`sequential_in`] on lengths checked for `cells` (`request::check_lengths`).
+/// [`sequential_in`] on lengths checked for `cells` (`Cells::check_lengths`).
 fn sequential_checked(seq_lens: &[i64], token_cap: i64, cells: &Cells) -> Result<(Packing, SequentialReport)> {
     if cells.oversize == Oversize::Split {
         return super::cells::pack_split(seq_lens, token_cap, cells, |lens, plain| sequential_checked(lens, token_cap, plain));

@@ -5,8 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::guard_counts as counted;
 use super::*;
+use crate::guard_counts as counted;
+use crate::packing::cells::Cells;
 use crate::packing::kk::verl_kk_of;
 use crate::packing::routepack::{routepack_packing, routepack_packing_in, Options};
 use crate::packing::sequential::{sequential_in, sequential_of};
@@ -88,7 +89,7 @@ fn the_entries_that_take_the_parts_check_them_once() {
     // before: the topology twice (the packing and the proxy), the cost model once (the proxy)
     assert_eq!(counted::take(), counts(&[("cost", 1), ("request", 1), ("token_cap", 1), ("topo", 1)]));
     let (seq, _) = sequential_in(&lens, 40, &Cells::of(&topo, Oversize::Split)).unwrap();
-    // before: the pieces, then the cap on the pieces' rows
+    // as before: the pieces, then the cap on the pieces' rows (now at the entry, none inside)
     assert_eq!(counted::take(), counts(&[("pieces", 1), ("token_cap", 1)]));
     let scoring = Scoring { token_cap: Some(40), plan_cap: Some(40), ..Scoring::default() };
     for p in [&p, &seq] {

@@ -67,7 +67,7 @@ pub fn certified_rows(seq_lens: &[i64], token_cap: i64, step: usize, node_limit:
 /// [`certified_rows`] with at least `min_rows` rows (a pipeline's microbatch minimum: dp · pp);
 /// the bound and the certificate are those of counts that are multiples of `step` and at
 /// least `min_rows`. `seq_lens` were checked against `token_cap` by the caller's entry
-/// (`crate::request::check_lengths` or [`certified_rows`]); debug builds assert it.
+/// (`Cells::check_lengths`, a `PlanRequest`, or [`certified_rows`]); debug builds assert it.
 pub fn certified_rows_from(
     seq_lens: &[i64],
     token_cap: i64,
