@@ -9,8 +9,9 @@
 //! says where each argument is checked.
 //!
 //! A window's lengths against the cap have one check, `oversize::check_lengths`: every length
-//! >= 1 and within the cap, or (`Oversize::Alone`) counted as the cap, or (`Oversize::Split`)
-//! within `topo.cp` × the cap and split into pieces within it (`split::Pieces::check`).
+//! at least 1 and within the cap, or (`Oversize::Alone`) counted as the cap, or
+//! (`Oversize::Split`) within `topo.cp` × the cap and split into pieces within it
+//! (`split::Pieces::check`).
 
 use crate::cost::CostModel;
 use crate::error::Result;
