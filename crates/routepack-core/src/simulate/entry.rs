@@ -3,7 +3,7 @@
 //! bound, validation of the plan first, samples split over a CP group, and copies planned from
 //! the router's output ([`ReplicaTiming`]).
 
-use super::{score, split, SimReport};
+use super::{score, split, ExchangeTerms, SimReport};
 use crate::cell_grid::CellGrid;
 use crate::cost::CostModel;
 use crate::error::{invalid, Result};
@@ -51,9 +51,35 @@ pub struct Scoring {
 /// every option, which `simulate` and the Python binding call. The cost model and the topology
 /// are checked here, once; the plan is validated (`validate_plan_in`'s checks of the plan).
 pub fn simulate_in(plan: &Plan, w: &WindowView, topo: &Topology, cost: &CostModel, scoring: &Scoring) -> Result<SimReport> {
+    Ok(scored(plan, w, topo, cost, scoring, false)?.0)
+}
+
+/// [`simulate_in`] and every exchange it priced, each rank's part in it ([`ExchangeTerms`]):
+/// what a timeline of the step per rank is drawn from. The report is `simulate_in`'s, bit for bit.
+pub fn simulate_terms(
+    plan: &Plan,
+    w: &WindowView,
+    topo: &Topology,
+    cost: &CostModel,
+    scoring: &Scoring,
+) -> Result<(SimReport, ExchangeTerms)> {
+    let (report, terms) = scored(plan, w, topo, cost, scoring, true)?;
+    Ok((report, terms.expect("asked for the exchanges' detail")))
+}
+
+/// The entry of [`simulate_in`] and [`simulate_terms`]: the cost model and the topology checked
+/// here, once, then [`simulate_checked`].
+fn scored(
+    plan: &Plan,
+    w: &WindowView,
+    topo: &Topology,
+    cost: &CostModel,
+    scoring: &Scoring,
+    detail: bool,
+) -> Result<(SimReport, Option<ExchangeTerms>)> {
     cost.check(w.num_layers)?;
     topo.check_experts(w.num_experts)?;
-    simulate_checked(plan, w, topo, cost, scoring, false)
+    simulate_checked(plan, w, topo, cost, scoring, false, detail)
 }
 
 /// Validates and scores `plan` for the checked request `req` (nothing of it checked again):
@@ -63,11 +89,13 @@ pub fn simulate_in(plan: &Plan, w: &WindowView, topo: &Topology, cost: &CostMode
 pub fn simulate_request(plan: &Plan, req: &PlanRequest, ideal_micro: Option<usize>, timing: ReplicaTiming) -> Result<SimReport> {
     let cap = Some(req.token_cap());
     let scoring = Scoring { ideal_micro, token_cap: cap, plan_cap: cap, oversize: req.oversize(), timing };
-    simulate_checked(plan, req.window(), req.topo(), req.cost(), &scoring, true)
+    Ok(simulate_checked(plan, req.window(), req.topo(), req.cost(), &scoring, true, false)?.0)
 }
 
 /// [`simulate_in`] on a cost model and topology checked for `w`; `lengths_checked`: the
-/// window's lengths were checked against `scoring.plan_cap` too (a request's).
+/// window's lengths were checked against `scoring.plan_cap` too (a request's); `detail`: the
+/// exchanges' terms too ([`simulate_terms`]).
+#[allow(clippy::too_many_arguments)]
 fn simulate_checked(
     plan: &Plan,
     w: &WindowView,
@@ -75,7 +103,8 @@ fn simulate_checked(
     cost: &CostModel,
     scoring: &Scoring,
     lengths_checked: bool,
-) -> Result<SimReport> {
+    detail: bool,
+) -> Result<(SimReport, Option<ExchangeTerms>)> {
     let Scoring { ideal_micro, token_cap, plan_cap, oversize, timing } = *scoring;
     if oversize == Oversize::Split {
         // the cap that says which samples are split: what the plan was checked against
@@ -86,11 +115,11 @@ fn simulate_checked(
         // the validation checked the pieces
         let pieces = Pieces::of_checked(w.seq_lens, split_cap, topo.cp);
         if pieces.any_split() {
-            return split::simulate_pieces(plan, w, topo, cost, ideal_micro, token_cap, &pieces, timing);
+            return split::simulate_pieces(plan, w, topo, cost, ideal_micro, token_cap, &pieces, timing, detail);
         }
     } else {
         validate_checked(plan, w, topo, plan_cap.unwrap_or(i64::MAX), oversize, lengths_checked)?;
     }
     let grid = CellGrid::new(&plan.sample_rank, &plan.sample_micro, plan.num_micro, w.seq_lens, topo);
-    score(plan, w, topo, cost, ideal_micro, token_cap, grid, timing)
+    score(plan, w, topo, cost, ideal_micro, token_cap, grid, timing, detail)
 }
