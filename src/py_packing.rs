@@ -13,6 +13,7 @@ use routepack_core::packing::sequential::sequential_in;
 use routepack_core::packing::Packing;
 use routepack_core::split::Pieces;
 use routepack_core::topology::{MicroRule, DEFAULT_CP};
+use routepack_core::PlanRequest;
 
 use crate::convert::{self, slice};
 use crate::errors::{run, to_py};
@@ -115,7 +116,8 @@ pub fn pack_rows<'py>(
     Ok(d)
 }
 
-/// routepack's packing: certified rows, then the layout by population annealing.
+/// routepack's packing: certified rows, then the layout by population annealing, on one
+/// checked request (`routepack_core::PlanRequest`: window, topology, cost model, cap, `oversize`).
 /// Returns `(sample_rank [S], sample_micro [S], num_micro, report)`. The microbatch count meets
 /// `topo`'s pipeline rule; `oversize` as `pack_sequential`'s (split over `topo.cp`). Every option left None
 /// takes the core's default (`packing::routepack::Options::default()`, parsed by
@@ -154,7 +156,8 @@ pub fn pack_routepack<'py>(
     let pl = convert::placement(&phy2log, w.num_experts, t.slots_per_rank)?;
     let anneal = AnnealArgs { seed, moves: anneal_moves, chains, steps, start_accept, cooling, mix };
     let opts = py_options::packing(&t, anneal, exact_nodes, lambda_, time_budget_s)?;
-    let (p, r) = run(py, || routepack_packing_in(&w, &t, &c, &pl, token_cap, &opts, oversize))?;
+    // the request built once, checked once; the stage reads it
+    let (p, r) = run(py, || routepack_packing_in(&PlanRequest::new(w, &t, &c, token_cap, oversize)?, &pl, &opts))?;
     let d = PyDict::new(py);
     let rows = &r.rows;
     d.set_item("rows", rows.num_rows)?;

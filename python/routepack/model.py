@@ -499,8 +499,8 @@ class CostModel:
         raw = Path(file_path(path)).read_bytes()
         try:
             data = json.loads(raw)
-        except ValueError:
-            data = None  # from_json says what is wrong with it
+        except (ValueError, RecursionError):
+            data = None  # from_json says what is wrong with it (nested too deeply, too)
         if isinstance(data, dict) and isinstance(data.get("cost_model"), dict) and "kernels" in data:
             raw = json.dumps(data["cost_model"]).encode()  # a calibration report
         try:

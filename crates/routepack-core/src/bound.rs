@@ -339,15 +339,17 @@ pub fn check_bound_inputs(w: &WindowView, topo: &Topology, cost: &CostModel, tok
 /// [`BoundTops::new`] for `w` and `topo` where that is Some): the same result, bit for bit.
 /// Where `d` lacks the top-k sums the bound needs, the demand is read again for them (only
 /// when a candidate that charges traffic could beat the ones that do not, where a rank's slots
-/// and buffers hold every expert).
-pub fn lower_bound_of_sums(
+/// and buffers hold every expert). Its inputs come checked by the caller's entry
+/// ([`lower_bound_and_layer_tokens`], `simulate::simulate_in` or a `PlanRequest`).
+pub(crate) fn lower_bound_of_sums(
     w: &WindowView,
     topo: &Topology,
     cost: &CostModel,
     token_cap: Option<i64>,
     d: &DemandSums,
 ) -> Result<(f64, Vec<f64>)> {
-    check_bound_inputs(w, topo, cost, token_cap)?;
+    // checked by the caller's entry (`lower_bound_and_layer_tokens`, `simulate_in`)
+    debug_assert!(cost.a_quad.len() == w.num_layers && topo.num_slots() >= w.num_experts && token_cap.is_none_or(|c| c >= 1));
     assert!(
         d.num_samples == w.num_samples && d.num_experts == w.num_experts && d.row_tokens.len() == w.num_samples * w.num_layers,
         "DemandSums of another window"

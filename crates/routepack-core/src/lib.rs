@@ -32,6 +32,8 @@
 //!   1F1B schedule ([`simulate::pipeline`])
 //! * [`flow`]        where each expert's tokens go under a plan (simulator and torch remap)
 //! * [`validate`]    the invariants every plan must satisfy
+//! * [`request`]     a plan request (window, topology, cost model, cap, `oversize`) checked
+//!   once ([`PlanRequest`]): the stages' entry points take it and check nothing again
 //! * [`cpu`]         CPU capability tokens for the SIMD kernels, detected once
 //! * [`budget`]      wall-clock budgets (`time_budget_s`) to deadlines, without overflow
 //! * [`sizes`]       tables sized by an argument, checked before they are allocated
@@ -60,6 +62,8 @@ pub mod counts;
 pub mod cpu;
 pub mod error;
 pub mod flow;
+#[cfg(test)]
+mod guard_counts;
 pub mod ingest;
 pub mod layout;
 pub mod migration;
@@ -68,6 +72,7 @@ pub mod packing;
 pub mod placement;
 pub mod plan;
 pub mod replication;
+pub mod request;
 pub mod simulate;
 pub mod sizes;
 pub mod split;
@@ -80,5 +85,6 @@ pub use counts::{Counts, OwnedCounts};
 pub use error::{Error, Result};
 pub use plan::Placement;
 pub use plan::{ExpertMove, Plan, Replica};
+pub use request::PlanRequest;
 pub use topology::Topology;
 pub use window::WindowView;

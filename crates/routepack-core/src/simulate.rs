@@ -33,7 +33,7 @@
 
 use rayon::prelude::*;
 
-use crate::bound::{check_bound_inputs, lower_bound_of_sums, BoundTops, DemandSums};
+use crate::bound::{lower_bound_of_sums, BoundTops, DemandSums};
 use crate::cell_grid::CellGrid;
 use crate::cost::links::LinkBytes;
 use crate::cost::CostModel;
@@ -50,7 +50,7 @@ pub mod pipeline;
 mod split;
 mod terms;
 
-pub use entry::{simulate, simulate_in, simulate_terms, Scoring};
+pub use entry::{simulate, simulate_in, simulate_request, simulate_terms, Scoring};
 pub use terms::ExchangeTerms;
 
 pub use ideal::ideal_time;
@@ -406,8 +406,10 @@ fn score(
     timing: ReplicaTiming,
     detail: bool,
 ) -> Result<(SimReport, Option<ExchangeTerms>)> {
+    // the entry checked the cost model and topology, and the plan is valid, so its largest
+    // row has a token and the bound's cap is >= 1
     let bound_cap = token_cap.map(|cap| cap.max(largest_row(plan, w, topo)));
-    check_bound_inputs(w, topo, cost, bound_cap)?;
+    debug_assert!(bound_cap.is_none_or(|c| c >= 1));
     let (g_n, m_n, l_n, ep, e_n) = (topo.num_groups(), plan.num_micro, w.num_layers, topo.ep, w.num_experts);
     let what = format!("simulating {g_n} x {m_n} exchanges (groups x microbatches) of [L, E] = [{l_n}, {e_n}]");
     crate::sizes::check_call("window", &what, bytes::simulate_bytes(w.num_samples, topo, m_n, l_n, e_n))?;

@@ -39,10 +39,20 @@ pub struct Pieces {
 }
 
 impl Pieces {
-    /// The pieces of `seq_lens` under `token_cap` and CP groups of `cp` ranks. Errors: cp < 2
-    /// (`topo.cp`, named: there is no group to split over), a cap < 1, and a sample over the cap
-    /// longer than cp·token_cap or shorter than cp (`Infeasible`, naming it).
+    /// The pieces of `seq_lens` under `token_cap` and CP groups of `cp` ranks: [`Pieces::check`],
+    /// then [`Pieces::of_checked`]. Errors: cp < 2 (`topo.cp`, named: there is no group to split
+    /// over), a cap < 1, and a sample over the cap longer than cp·token_cap or shorter than cp
+    /// (`Infeasible`, naming it).
     pub fn new(seq_lens: &[i64], token_cap: i64, cp: usize) -> Result<Self> {
+        Self::check(seq_lens, token_cap, cp)?;
+        Ok(Self::of_checked(seq_lens, token_cap, cp))
+    }
+
+    /// The one check of a split (`oversize::check_lengths` and [`Pieces::new`] run it): the
+    /// errors [`Pieces::new`] lists, in that order.
+    pub fn check(seq_lens: &[i64], token_cap: i64, cp: usize) -> Result<()> {
+        #[cfg(test)]
+        crate::guard_counts::add("pieces");
         if cp < 2 {
             return Err(invalid(
                 "topo.cp",
@@ -52,6 +62,30 @@ impl Pieces {
         if token_cap < 1 {
             return Err(invalid("token_cap", format!("must be >= 1, got {token_cap}")));
         }
+        for (s, &n) in seq_lens.iter().enumerate().filter(|(_, &n)| n > token_cap) {
+            if n as i128 > cp as i128 * token_cap as i128 {
+                return Err(Error::Infeasible(format!(
+                    "sample {s} has {n} tokens, more than topo.cp x token_cap = {cp} x {token_cap}: no context-parallel \
+                     group holds it; raise the cap or topo.cp"
+                )));
+            }
+            if n < cp as i64 {
+                return Err(Error::Infeasible(format!(
+                    "sample {s} has {n} tokens, fewer than topo.cp = {cp}: a split gives each rank of its group at least one"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The pieces of arguments that passed [`Pieces::check`] (a checked `crate::request::PlanRequest`'s
+    /// window and cap, or [`Pieces::new`]'s): not checked again (debug builds assert the check).
+    pub fn of_checked(seq_lens: &[i64], token_cap: i64, cp: usize) -> Self {
+        debug_assert!(
+            cp >= 2
+                && token_cap >= 1
+                && seq_lens.iter().all(|&n| n <= token_cap || (cp as i64 <= n && n as i128 <= cp as i128 * token_cap as i128))
+        );
         let mut first = Vec::with_capacity(seq_lens.len() + 1);
         let (mut lens, mut sample) = (Vec::with_capacity(seq_lens.len()), Vec::with_capacity(seq_lens.len()));
         first.push(0);
@@ -60,17 +94,6 @@ impl Pieces {
                 lens.push(n);
                 sample.push(s);
             } else {
-                if n as i128 > cp as i128 * token_cap as i128 {
-                    return Err(Error::Infeasible(format!(
-                        "sample {s} has {n} tokens, more than topo.cp x token_cap = {cp} x {token_cap}: no context-parallel \
-                         group holds it; raise the cap or topo.cp"
-                    )));
-                }
-                if n < cp as i64 {
-                    return Err(Error::Infeasible(format!(
-                        "sample {s} has {n} tokens, fewer than topo.cp = {cp}: a split gives each rank of its group at least one"
-                    )));
-                }
                 let (q, r) = (n / cp as i64, n % cp as i64);
                 for j in 0..cp as i64 {
                     lens.push(q + i64::from(j < r));
@@ -79,7 +102,7 @@ impl Pieces {
             }
             first.push(lens.len());
         }
-        Ok(Self { cp, first, lens, sample })
+        Self { cp, first, lens, sample }
     }
 
     /// Samples of the window (S).

@@ -333,6 +333,8 @@ impl Topology {
 
     /// Checks that the slots can hold every logical expert at least once.
     pub fn check_experts(&self, num_experts: usize) -> Result<()> {
+        #[cfg(test)]
+        crate::guard_counts::add("topo");
         self.check()?;
         if self.num_slots() < num_experts {
             return Err(invalid(

@@ -37,6 +37,22 @@ pub fn validate_plan(plan: &Plan, w: &WindowView, topo: &Topology, token_cap: i6
 /// ranks at its microbatch hold no sample (they run its other pieces).
 pub fn validate_plan_in(plan: &Plan, w: &WindowView, topo: &Topology, token_cap: i64, oversize: Oversize) -> Result<()> {
     topo.check_experts(w.num_experts)?;
+    validate_checked(plan, w, topo, token_cap, oversize, false)
+}
+
+/// [`validate_plan_in`] where `topo` was checked against the window's experts at the caller's
+/// entry (`simulate_in`, a `crate::request::PlanRequest`), and where `lengths_checked`, the
+/// window's lengths were checked against `token_cap` under `oversize` too (a request's own cap:
+/// its split samples' pieces are then built without checking them again).
+pub(crate) fn validate_checked(
+    plan: &Plan,
+    w: &WindowView,
+    topo: &Topology,
+    token_cap: i64,
+    oversize: Oversize,
+    lengths_checked: bool,
+) -> Result<()> {
+    debug_assert!(topo.num_slots() >= w.num_experts, "topology not checked against the window");
     let p = &plan.placement;
     if p.num_layers != w.num_layers || p.num_experts != w.num_experts {
         return Err(bad_plan(format!(
@@ -84,6 +100,7 @@ pub fn validate_plan_in(plan: &Plan, w: &WindowView, topo: &Topology, token_cap:
         }
     }
     let pieces = match oversize {
+        Oversize::Split if lengths_checked => Some(Pieces::of_checked(w.seq_lens, token_cap, topo.cp)),
         Oversize::Split => Some(Pieces::new(w.seq_lens, token_cap, topo.cp).map_err(|e| match e {
             Error::Infeasible(msg) => bad_plan(msg),
             e => e,

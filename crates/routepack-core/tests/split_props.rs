@@ -15,7 +15,7 @@ use routepack_core::packing::Packing;
 use routepack_core::placement::static_placement;
 use routepack_core::simulate::{simulate_in, Scoring};
 use routepack_core::validate::validate_plan_in;
-use routepack_core::{CostModel, Plan, Topology, WindowView};
+use routepack_core::{CostModel, Plan, PlanRequest, Topology, WindowView};
 
 const L: usize = 2;
 const E: usize = 8;
@@ -180,7 +180,8 @@ proptest! {
         o.anneal.moves = 2_000;
         o.anneal.steps = 4;
         o.anneal.seed = seed;
-        let (p, rep) = routepack_packing_in(&w, &c.topo, &cost, &placement, c.cap, &o, Oversize::Split).unwrap();
+        let req = PlanRequest::new(w, &c.topo, &cost, c.cap, Oversize::Split).unwrap();
+        let (p, rep) = routepack_packing_in(&req, &placement, &o).unwrap();
         check(&c, &p)?;
         // the certificate is true: no valid split plan has fewer rows
         prop_assert_eq!(rep.rows.num_rows, c.topo.dp * p.num_micro);

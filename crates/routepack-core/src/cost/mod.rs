@@ -137,6 +137,8 @@ impl CostModel {
     /// step's work costs more than [`MAX_UNIT_SECONDS`] (so no step time overflows:
     /// `finite.rs`). Errors name the field (`cost.<name>`) and its value.
     pub fn check(&self, num_layers: usize) -> Result<()> {
+        #[cfg(test)]
+        crate::guard_counts::add("cost");
         if self.a_quad.len() != num_layers {
             return Err(invalid("cost.a_quad", format!("has {} entries, expected one per MoE layer ({num_layers})", self.a_quad.len())));
         }

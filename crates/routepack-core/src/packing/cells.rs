@@ -18,7 +18,7 @@
 use std::borrow::Cow;
 
 use super::Packing;
-use crate::error::{invalid, Result};
+use crate::error::Result;
 pub use crate::oversize::Oversize;
 use crate::split::{self, Pieces};
 use crate::topology::{MicroRule, Topology};
@@ -70,31 +70,33 @@ impl Cells {
     }
 
     /// The lengths rows are built from: `seq_lens` itself, or with [`Oversize::Alone`] every
-    /// sample over the cap counted as the cap (see the module docs). Not checked: the packers
-    /// run `rows::check_cap` on them (a sample over the cap otherwise is `Infeasible`, named).
+    /// sample over the cap counted as the cap (see the module docs). Not checked here: a packer's
+    /// entry checks them once ([`Cells::check_lengths`], through `rows::check_cap`: a
+    /// sample over the cap otherwise is `Infeasible`, named).
     pub fn row_lens<'a>(&self, seq_lens: &'a [i64], token_cap: i64) -> Cow<'a, [i64]> {
-        if self.oversize == Oversize::Alone && token_cap >= 1 && seq_lens.iter().any(|&n| n > token_cap) {
-            Cow::Owned(seq_lens.iter().map(|&n| n.min(token_cap)).collect())
-        } else {
-            Cow::Borrowed(seq_lens)
-        }
+        self.oversize.row_lens(seq_lens, token_cap)
+    }
+
+    /// The one check of `seq_lens` against `token_cap` for these cells
+    /// (`crate::oversize::check_lengths`): what a packer's entry runs once.
+    pub fn check_lengths(&self, seq_lens: &[i64], token_cap: i64) -> Result<()> {
+        crate::oversize::check_lengths(seq_lens, token_cap, self.oversize, self.dp, self.cp)
     }
 }
 
 /// A packing of `seq_lens` into `cells` (whose `oversize` is `Split`) by `inner`, a packer of
 /// lengths within the cap: the pieces packed (`Pieces::row_lens`), aligned (`split::align`)
 /// and collapsed (`Pieces::collapse`).
-/// Errors: `cells.dp` not a multiple of `cells.cp`, and [`Pieces::new`]'s.
+/// The lengths were checked at the packer's entry ([`Cells::check_lengths`]: the
+/// pieces, and `cells.cp` dividing `cells.dp`); nothing is checked again here.
 pub fn pack_split<R>(
     seq_lens: &[i64],
     token_cap: i64,
     cells: &Cells,
     inner: impl FnOnce(&[i64], &Cells) -> Result<(Packing, R)>,
 ) -> Result<(Packing, R)> {
-    let pieces = Pieces::new(seq_lens, token_cap, cells.cp)?;
-    if !cells.dp.is_multiple_of(cells.cp) {
-        return Err(invalid("cp", format!("{} must divide dp = {} (a CP group is cp consecutive DP ranks)", cells.cp, cells.dp)));
-    }
+    debug_assert!(cells.dp.is_multiple_of(cells.cp));
+    let pieces = Pieces::of_checked(seq_lens, token_cap, cells.cp);
     let plain = Cells { oversize: Oversize::Refuse, ..*cells };
     let (mut p, r) = inner(&pieces.row_lens(token_cap), &plain)?;
     split::align(&mut p.sample_rank, &mut p.sample_micro, p.num_micro, &pieces, cells.dp);

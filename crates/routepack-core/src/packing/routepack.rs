@@ -18,6 +18,7 @@ use crate::error::{bad_plan, invalid, Result};
 use crate::layout::chain::MoveMix;
 use crate::layout::{anneal, init, AnnealParams, AnnealResult, Proxy};
 use crate::plan::Placement;
+use crate::request::PlanRequest;
 use crate::split::{self, Pieces};
 use crate::topology::Topology;
 use crate::window::WindowView;
@@ -107,7 +108,8 @@ pub struct Report {
 }
 
 /// routepack's packing: certified rows, then the annealed layout. `placement` is the one the
-/// plan will use (expert loads on EP ranks are projected through it).
+/// plan will use (expert loads on EP ranks are projected through it). The arguments are checked
+/// once, as a [`PlanRequest`] (samples over the cap refused), then [`routepack_packing_in`].
 pub fn routepack_packing(
     w: &WindowView,
     topo: &Topology,
@@ -116,10 +118,12 @@ pub fn routepack_packing(
     token_cap: i64,
     opts: &Options,
 ) -> Result<(Packing, Report)> {
-    routepack_packing_in(w, topo, cost, placement, token_cap, opts, Oversize::Refuse)
+    routepack_packing_in(&PlanRequest::new(*w, topo, cost, token_cap, Oversize::Refuse)?, placement, opts)
 }
 
-/// [`routepack_packing`] with `oversize` for samples over the cap: with `Oversize::Alone` the
+/// [`routepack_packing`] of a checked request (its window, topology, cost model and cap read,
+/// not checked again; `placement` and `opts` checked here), with its `oversize` for samples
+/// over the cap: with `Oversize::Alone` the
 /// rows are certified on lengths where such a sample counts as the cap (`Cells::row_lens`),
 /// and the layout places every sample at its real length (the annealer's moves keep a cell
 /// over the cap to its one sample). With `Oversize::Split` the window's pieces (`crate::split`)
@@ -127,20 +131,13 @@ pub fn routepack_packing(
 /// proportion (the layout's proxy prices such a piece as a full row; `simulate` prices the
 /// ring), then aligned onto a CP group (`split::align`). The row count meets the topology's
 /// pipeline rule (`Topology::micro_rule`).
-pub fn routepack_packing_in(
-    w: &WindowView,
-    topo: &Topology,
-    cost: &CostModel,
-    placement: &Placement,
-    token_cap: i64,
-    opts: &Options,
-    oversize: Oversize,
-) -> Result<(Packing, Report)> {
+pub fn routepack_packing_in(req: &PlanRequest, placement: &Placement, opts: &Options) -> Result<(Packing, Report)> {
+    let (w, topo, cost, token_cap, oversize) = (req.window(), req.topo(), req.cost(), req.token_cap(), req.oversize());
     if oversize == Oversize::Split {
-        let pieces = Pieces::new(w.seq_lens, token_cap, topo.cp)?;
+        let pieces = Pieces::of_checked(w.seq_lens, token_cap, topo.cp);
         let (lens, counts) = (pieces.row_lens(token_cap), pieces.counts(w)?);
         let wp = WindowView::new(&lens, &counts, w.num_layers, w.num_experts)?;
-        let (mut p, report) = routepack_packing_in(&wp, topo, cost, placement, token_cap, opts, Oversize::Refuse)?;
+        let (mut p, report) = routepack_packing_in(&req.derived(wp, Oversize::Refuse), placement, opts)?;
         split::align(&mut p.sample_rank, &mut p.sample_micro, p.num_micro, &pieces, topo.dp);
         let (sample_rank, sample_micro) = pieces.collapse(&p.sample_rank, &p.sample_micro);
         return Ok((Packing { sample_rank, sample_micro, num_micro: p.num_micro }, report));
@@ -162,7 +159,6 @@ pub fn routepack_packing_in(
         return Err(invalid("anneal_cooling", format!("must be in (0, 1], got {}", a.cooling)));
     }
     anneal::check_sizes(a)?;
-    topo.check_experts(w.num_experts)?;
     let start = Instant::now();
     // the exact search may use a quarter of a wall-clock budget
     let exact_deadline = crate::budget::deadline(start, a.time_budget.map(|b| b / 4));
@@ -202,7 +198,8 @@ pub fn to_packing(cell_of: &[u32], micro: usize) -> Packing {
 }
 
 /// The layout proxy's step time (max_g C_g, see `layout::proxy`) of any packing: to check
-/// that the proxy tracks `simulate`. The packing's ranks and microbatches must be in range.
+/// that the proxy tracks `simulate`. The packing's ranks and microbatches must be in range; the
+/// topology and cost model are checked here, once (`Proxy::new` takes them checked).
 pub fn proxy_step_time(w: &WindowView, topo: &Topology, cost: &CostModel, placement: &Placement, packing: &Packing) -> Result<f64> {
     let m_n = packing.num_micro;
     if packing.sample_rank.len() != w.num_samples || packing.sample_micro.len() != w.num_samples {
@@ -220,6 +217,8 @@ pub fn proxy_step_time(w: &WindowView, topo: &Topology, cost: &CostModel, placem
         }
         cell_of.push((d as usize * m_n + m as usize) as u32);
     }
+    topo.check_experts(w.num_experts)?;
+    cost.check(w.num_layers)?;
     let px = Proxy::new(w, topo, cost, placement, i64::MAX, m_n, 0.0)?;
     Ok(px.step_time(&px.build(&cell_of)))
 }

@@ -10,9 +10,10 @@
 use super::cells::{Cells, Oversize};
 use super::rows::fallback::fallback_rows_in;
 use super::rows::heuristics::RoomTree;
-use super::rows::{check_cap, equalise_rows_in, round_robin};
+use super::rows::{equalise_rows_in, round_robin, within_cap};
 use super::Packing;
-use crate::error::{invalid, Result};
+use crate::error::Result;
+use crate::request::PlanRequest;
 
 /// First-fit rows in arrival order. Needs every length in [1, token_cap] (`check_cap`).
 pub fn first_fit_rows(seq_lens: &[i64], token_cap: i64) -> Vec<Vec<usize>> {
@@ -55,16 +56,26 @@ pub fn sequential_report(seq_lens: &[i64], token_cap: i64, dp: usize) -> Result<
 /// (`Cells::rows_for`), a sample over the cap alone in its row where `cells.oversize` says so
 /// (its length counted as the cap, `Cells::row_lens`), or split over a CP group
 /// (`cells::pack_split`: its pieces packed in its place in arrival order).
+/// The lengths are checked once, here (`Cells::check_lengths`).
 pub fn sequential_in(seq_lens: &[i64], token_cap: i64, cells: &Cells) -> Result<(Packing, SequentialReport)> {
+    cells.check_lengths(seq_lens, token_cap)?;
+    sequential_checked(seq_lens, token_cap, cells)
+}
+
+/// [`sequential_in`] of a checked request: its window's lengths into its cells
+/// (`Cells::of` its topology and `oversize`), nothing checked again.
+pub fn sequential_of(req: &PlanRequest) -> Result<(Packing, SequentialReport)> {
+    sequential_checked(req.window().seq_lens, req.token_cap(), &Cells::of(req.topo(), req.oversize()))
+}
+
+/// [`sequential_in`] on lengths checked for `cells` (`Cells::check_lengths`).
+fn sequential_checked(seq_lens: &[i64], token_cap: i64, cells: &Cells) -> Result<(Packing, SequentialReport)> {
     if cells.oversize == Oversize::Split {
-        return super::cells::pack_split(seq_lens, token_cap, cells, |lens, plain| sequential_in(lens, token_cap, plain));
+        return super::cells::pack_split(seq_lens, token_cap, cells, |lens, plain| sequential_checked(lens, token_cap, plain));
     }
     let seq_lens = &*cells.row_lens(seq_lens, token_cap);
-    check_cap(seq_lens, token_cap)?;
     let dp = cells.dp;
-    if dp == 0 {
-        return Err(invalid("dp", "must be >= 1, got 0"));
-    }
+    debug_assert!(within_cap(seq_lens, token_cap) && dp >= 1, "lengths not checked at the entry");
     let mut rows = first_fit_rows(seq_lens, token_cap);
     let s_n = seq_lens.len();
     if s_n >= dp && rows.len() > s_n / dp * dp {

@@ -9,9 +9,10 @@ use crate::cost::CostModel;
 use crate::error::{invalid, Result};
 use crate::oversize::Oversize;
 use crate::plan::{Plan, ReplicaTiming};
+use crate::request::PlanRequest;
 use crate::split::Pieces;
 use crate::topology::Topology;
-use crate::validate::validate_plan_in;
+use crate::validate::validate_checked;
 use crate::window::WindowView;
 
 /// Scores `plan` on `w`. `ideal_micro`: the microbatch count of the balanced reference (see
@@ -47,7 +48,8 @@ pub struct Scoring {
 }
 
 /// Scores `plan` on `w` as `scoring` says (see [`Scoring`]): the simulator's one entry with
-/// every option, which `simulate` and the Python binding call.
+/// every option, which `simulate` and the Python binding call. The cost model and the topology
+/// are checked here, once; the plan is validated (`validate_plan_in`'s checks of the plan).
 pub fn simulate_in(plan: &Plan, w: &WindowView, topo: &Topology, cost: &CostModel, scoring: &Scoring) -> Result<SimReport> {
     Ok(scored(plan, w, topo, cost, scoring, false)?.0)
 }
@@ -65,6 +67,8 @@ pub fn simulate_terms(
     Ok((report, terms.expect("asked for the exchanges' detail")))
 }
 
+/// The entry of [`simulate_in`] and [`simulate_terms`]: the cost model and the topology checked
+/// here, once, then [`simulate_checked`].
 fn scored(
     plan: &Plan,
     w: &WindowView,
@@ -73,20 +77,48 @@ fn scored(
     scoring: &Scoring,
     detail: bool,
 ) -> Result<(SimReport, Option<ExchangeTerms>)> {
-    let Scoring { ideal_micro, token_cap, plan_cap, oversize, timing } = *scoring;
     cost.check(w.num_layers)?;
+    topo.check_experts(w.num_experts)?;
+    simulate_checked(plan, w, topo, cost, scoring, false, detail)
+}
+
+/// Validates and scores `plan` for the checked request `req` (nothing of it checked again):
+/// `Plan.validate` against the request's cap under its `oversize`, then the simulator with the
+/// lower bound at that cap (`Scoring { token_cap, plan_cap }` both the request's cap). What
+/// `plan_window`'s final step computes.
+pub fn simulate_request(plan: &Plan, req: &PlanRequest, ideal_micro: Option<usize>, timing: ReplicaTiming) -> Result<SimReport> {
+    let cap = Some(req.token_cap());
+    let scoring = Scoring { ideal_micro, token_cap: cap, plan_cap: cap, oversize: req.oversize(), timing };
+    Ok(simulate_checked(plan, req.window(), req.topo(), req.cost(), &scoring, true, false)?.0)
+}
+
+/// [`simulate_in`] on a cost model and topology checked for `w`; `lengths_checked`: the
+/// window's lengths were checked against `scoring.plan_cap` too (a request's); `detail`: the
+/// exchanges' terms too ([`simulate_terms`]).
+#[allow(clippy::too_many_arguments)]
+fn simulate_checked(
+    plan: &Plan,
+    w: &WindowView,
+    topo: &Topology,
+    cost: &CostModel,
+    scoring: &Scoring,
+    lengths_checked: bool,
+    detail: bool,
+) -> Result<(SimReport, Option<ExchangeTerms>)> {
+    let Scoring { ideal_micro, token_cap, plan_cap, oversize, timing } = *scoring;
     if oversize == Oversize::Split {
         // the cap that says which samples are split: what the plan was checked against
         let Some(split_cap) = plan_cap.or(token_cap) else {
             return Err(invalid("token_cap", "oversize=\"split\": pricing needs the cap the plan splits samples at"));
         };
-        validate_plan_in(plan, w, topo, split_cap, oversize)?;
-        let pieces = Pieces::new(w.seq_lens, split_cap, topo.cp)?;
+        validate_checked(plan, w, topo, split_cap, oversize, lengths_checked && plan_cap.is_some())?;
+        // the validation checked the pieces
+        let pieces = Pieces::of_checked(w.seq_lens, split_cap, topo.cp);
         if pieces.any_split() {
             return split::simulate_pieces(plan, w, topo, cost, ideal_micro, token_cap, &pieces, timing, detail);
         }
     } else {
-        validate_plan_in(plan, w, topo, plan_cap.unwrap_or(i64::MAX), oversize)?;
+        validate_checked(plan, w, topo, plan_cap.unwrap_or(i64::MAX), oversize, lengths_checked)?;
     }
     let grid = CellGrid::new(&plan.sample_rank, &plan.sample_micro, plan.num_micro, w.seq_lens, topo);
     score(plan, w, topo, cost, ideal_micro, token_cap, grid, timing, detail)

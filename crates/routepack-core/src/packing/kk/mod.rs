@@ -20,10 +20,11 @@ pub use partition::karmarkar_karp;
 
 use super::cells::{Cells, Oversize};
 use super::rows::bounds::l2;
-use super::rows::check_cap;
 use super::rows::fallback::fallback_rows_in;
+use super::rows::within_cap;
 use super::Packing;
 use crate::error::{Error, Result};
+use crate::request::PlanRequest;
 use partition::Load;
 
 /// verl's workload of a sample of length n >= 0: 24576·n + n², exact (below 2^127 for every
@@ -74,17 +75,27 @@ pub fn verl_kk(seq_lens: &[i64], token_cap: i64, dp: usize) -> Result<(Packing, 
 /// (`MicroRule::fit`, as verl rounds its count up to Megatron's virtual-pipeline group), and a
 /// sample over the cap runs alone where `cells.oversize` says so (its length counted as the
 /// cap, `Cells::row_lens`), or is split over a CP group (`cells::pack_split`).
+/// The lengths are checked once, here (`Cells::check_lengths`).
 pub fn verl_kk_in(seq_lens: &[i64], token_cap: i64, cells: &Cells) -> Result<(Packing, KkReport)> {
+    cells.check_lengths(seq_lens, token_cap)?;
+    verl_kk_checked(seq_lens, token_cap, cells)
+}
+
+/// [`verl_kk_in`] of a checked request: its window's lengths into its cells
+/// (`Cells::of` its topology and `oversize`), nothing checked again.
+pub fn verl_kk_of(req: &PlanRequest) -> Result<(Packing, KkReport)> {
+    verl_kk_checked(req.window().seq_lens, req.token_cap(), &Cells::of(req.topo(), req.oversize()))
+}
+
+/// [`verl_kk_in`] on lengths checked for `cells` (`Cells::check_lengths`).
+fn verl_kk_checked(seq_lens: &[i64], token_cap: i64, cells: &Cells) -> Result<(Packing, KkReport)> {
     if cells.oversize == Oversize::Split {
-        return super::cells::pack_split(seq_lens, token_cap, cells, |lens, plain| verl_kk_in(lens, token_cap, plain));
+        return super::cells::pack_split(seq_lens, token_cap, cells, |lens, plain| verl_kk_checked(lens, token_cap, plain));
     }
     let seq_lens = &*cells.row_lens(seq_lens, token_cap);
-    check_cap(seq_lens, token_cap)?;
     let (dp, rule) = (cells.dp, cells.rule);
     let s_n = seq_lens.len();
-    if dp == 0 {
-        return Err(crate::error::invalid("dp", "must be >= 1, got 0"));
-    }
+    debug_assert!(within_cap(seq_lens, token_cap) && dp >= 1, "lengths not checked at the entry");
     if s_n < dp {
         return Err(Error::Infeasible(format!("window: {s_n} samples cannot fill topo.dp = {dp} DP ranks with non-empty microbatches")));
     }

@@ -11,9 +11,9 @@
 use std::time::Instant;
 
 use super::bounds::{l1, l2};
-use super::check_cap;
 use super::exact::{pack_into, Outcome};
 use super::heuristics::{bfd, ffd};
+use super::{check_cap, within_cap};
 use crate::error::{invalid, Error, Result};
 
 /// How far a row count is from optimal: the lower bounds, whether the count is certified
@@ -57,14 +57,17 @@ pub fn split_to(rows: &mut Vec<Vec<usize>>, seq_lens: &[i64], count: usize) {
 }
 
 /// The fewest rows in multiples of `step` (see the module comment). `node_limit` bounds the
-/// exact search per target; `deadline` optionally caps its wall time.
+/// exact search per target; `deadline` optionally caps its wall time. The one entry that checks
+/// the lengths against the cap (`check_cap`); [`certified_rows_from`] takes them checked.
 pub fn certified_rows(seq_lens: &[i64], token_cap: i64, step: usize, node_limit: u64, deadline: Option<Instant>) -> Result<CertifiedRows> {
+    check_cap(seq_lens, token_cap)?;
     certified_rows_from(seq_lens, token_cap, step, step, node_limit, deadline)
 }
 
 /// [`certified_rows`] with at least `min_rows` rows (a pipeline's microbatch minimum: dp · pp);
 /// the bound and the certificate are those of counts that are multiples of `step` and at
-/// least `min_rows`.
+/// least `min_rows`. `seq_lens` were checked against `token_cap` by the caller's entry
+/// (`Cells::check_lengths`, a `PlanRequest`, or [`certified_rows`]); debug builds assert it.
 pub fn certified_rows_from(
     seq_lens: &[i64],
     token_cap: i64,
@@ -73,7 +76,7 @@ pub fn certified_rows_from(
     node_limit: u64,
     deadline: Option<Instant>,
 ) -> Result<CertifiedRows> {
-    check_cap(seq_lens, token_cap)?;
+    debug_assert!(within_cap(seq_lens, token_cap), "lengths not checked against the cap at the entry");
     if step == 0 {
         return Err(invalid("step", "must be >= 1, got 0"));
     }

@@ -13,12 +13,15 @@ use crate::packing::cells::Cells;
 use crate::packing::Packing;
 
 /// The certified rows in multiples of `dp` on (rank i % dp, microbatch i / dp), and the tokens of
-/// the fullest row.
+/// the fullest row. Checks the lengths once (`Cells::check_lengths`).
 pub fn fallback_rows(seq_lens: &[i64], token_cap: i64, dp: usize) -> Result<(Packing, i64)> {
-    fallback_rows_in(seq_lens, token_cap, &Cells::plain(dp))
+    let cells = Cells::plain(dp);
+    cells.check_lengths(seq_lens, token_cap)?;
+    fallback_rows_in(seq_lens, token_cap, &cells)
 }
 
-/// [`fallback_rows`] in the counts `cells` allows (`seq_lens` the row lengths, `Cells::row_lens`).
+/// [`fallback_rows`] in the counts `cells` allows (`seq_lens` the row lengths, `Cells::row_lens`,
+/// checked by the packer's entry: `Cells::check_lengths`).
 pub fn fallback_rows_in(seq_lens: &[i64], token_cap: i64, cells: &Cells) -> Result<(Packing, i64)> {
     let dp = cells.dp;
     let rows = certified_rows_from(seq_lens, token_cap, cells.step(), cells.min_rows(), DEFAULT_NODE_LIMIT, None)?.rows;

@@ -20,23 +20,8 @@ use super::cells::Cells;
 use super::Packing;
 use crate::error::{Error, Result};
 
-/// Refuses a sample longer than the cap, naming it (never a silent overflow).
-pub fn check_cap(seq_lens: &[i64], token_cap: i64) -> Result<()> {
-    if token_cap < 1 {
-        return Err(crate::error::invalid("token_cap", format!("must be >= 1, got {token_cap}")));
-    }
-    if let Some((s, &n)) = seq_lens.iter().enumerate().find(|(_, &n)| n < 1) {
-        return Err(crate::error::invalid("seq_lens", format!("sample {s} has length {n}; every length must be >= 1")));
-    }
-    if let Some((s, &n)) = seq_lens.iter().enumerate().find(|(_, &n)| n > token_cap) {
-        return Err(Error::Infeasible(format!(
-            "sample {s} has {n} tokens, more than token_cap = {token_cap}; raise the cap, or plan with \
-             oversize=\"alone\" (it runs in a microbatch of its own) or oversize=\"split\" (split over a \
-             context-parallel group, topo.cp >= 2)"
-        )));
-    }
-    Ok(())
-}
+/// The cap checks every packer shares (one home: `crate::oversize`).
+pub use crate::oversize::{check_cap, within_cap};
 
 /// Grows the row count to a multiple of `dp` (and at least dp) by splitting the heaviest row
 /// that has two or more samples: its samples are dealt alternately (largest first) into two
