@@ -71,17 +71,29 @@ def _adam_state(opt, p):
 
 
 def slot_states(model, opt):
-    """Every local expert of the group: (layer, logical expert or -1, Adam state flattened)."""
+    """Every local expert of the group: (layer, logical expert or -1, Adam state flattened in
+    ``SequentialMLP``'s layout, whatever the expert module: `megatron_selfcheck.expert_slots`)."""
     import torch.distributed as dist
+    import megatron_selfcheck as ms
     from routepack.integrations import megatron as rm
 
     layers = [m for m in model.modules() if any(c.__name__ == "MoELayer" for c in type(m).__mro__)]
     out = []
     for li, layer in enumerate(layers):
-        for e, expert in zip(rm.slot_experts(layer).tolist(), layer.experts.local_experts):
-            states = [_adam_state(opt, p) for p in expert.parameters()]
-            st = {k: torch.cat([s[k].reshape(-1) for s in states]).clone() for k in KEYS}
-            st["step"] = torch.tensor([float(s.get("step", -1)) for s in states])
+        per_slot = {}
+        for name, p in layer.experts.named_parameters():
+            state = _adam_state(opt, p)
+            for i, tail, _, transposed in ms.expert_slots(layer.experts, name, p):
+                views = {}
+                for k in KEYS:
+                    v = ms.expert_slots(layer.experts, name, state[k].view(p.shape))
+                    t = next(t for j, _, t, _ in v if j == i)
+                    views[k] = (t.t() if transposed else t).reshape(-1)
+                per_slot.setdefault(i, []).append((tail, views, float(state.get("step", -1))))
+        for i, e in enumerate(rm.slot_experts(layer).tolist()):
+            parts = sorted(per_slot[i], key=lambda x: x[0])
+            st = {k: torch.cat([v[k] for _, v, _ in parts]).clone() for k in KEYS}
+            st["step"] = torch.tensor([s for _, _, s in parts])
             out.append((li, int(e), st))
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, out)
@@ -127,7 +139,7 @@ def _load(ddp, opt, directory, meta, stale=False):
     opt.load_state_dict(state["optimizer"])
 
 
-def check_optimizer_checkpoint(rank, world, device, root, distopt):
+def check_optimizer_checkpoint(rank, world, device, root, distopt, experts_module="sequential"):
     megatron_cpu.install(optimizers=True)
     multiprocessing.current_process()._config["daemon"] = False  # the torch_dist writer forks
     from megatron.core import parallel_state
@@ -135,7 +147,9 @@ def check_optimizer_checkpoint(rank, world, device, root, distopt):
     from routepack.integrations import megatron as rm
 
     parallel_state.initialize_model_parallel(expert_model_parallel_size=2)
-    case = ms.MegatronCase(dp=world, ep=2, gpus_per_node=2, slots_per_rank=5, distributed_optimizer=distopt)
+    case = ms.MegatronCase(
+        dp=world, ep=2, gpus_per_node=2, slots_per_rank=5, distributed_optimizer=distopt, experts_module=experts_module
+    )
     meta = None
     if distopt:  # gathers over gloo on the CPU ("mem_efficient"; the default gathers on the GPU)
         meta = {

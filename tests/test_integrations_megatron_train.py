@@ -81,7 +81,7 @@ def _load(model, directory):
     model.load_state_dict(state)
 
 
-def check_training(rank, world, device, ep, distopt, ckpt_root, refusals):
+def check_training(rank, world, device, ep, distopt, ckpt_root, refusals, experts_module="sequential"):
     megatron_cpu.install(optimizers=True)
     # Megatron's torch_dist checkpoint writer forks writer processes; run_ranks starts its
     # ranks as daemons, which multiprocessing forbids to have children
@@ -92,7 +92,12 @@ def check_training(rank, world, device, ep, distopt, ckpt_root, refusals):
 
     parallel_state.initialize_model_parallel(expert_model_parallel_size=ep)
     case = ms.MegatronCase(
-        dp=world, ep=ep, gpus_per_node=2, slots_per_rank=5 if ep == 2 else 3, distributed_optimizer=distopt
+        dp=world,
+        ep=ep,
+        gpus_per_node=2,
+        slots_per_rank=5 if ep == 2 else 3,
+        distributed_optimizer=distopt,
+        experts_module=experts_module,
     )
     plans = hand_plans(case)
     seen = {"received_ok": [], "replica_tokens": 0, "buffers": 0}

@@ -26,10 +26,12 @@ import torch.distributed as dist
 
 from routepack._checks import positive_int
 from routepack.errors import InvalidPlanError, RoutepackError, RoutepackTypeError
+from routepack.integrations.megatron.grad_norm import count_each_expert_once
 from routepack.integrations.megatron.groups import MegatronGroups, groups_from_parallel_state
 from routepack.integrations.megatron.layer import PlanMoELayer
+from routepack.integrations.megatron.layers import moe_layer_numbers, plan_layers
 from routepack.integrations.megatron.microbatch import MicrobatchState
-from routepack.integrations.megatron.slot_state import MegatronSlotState, optimizer_tensors
+from routepack.integrations.megatron.slot_state import MegatronSlotState
 from routepack.integrations.megatron.tables import buffer_of, cell_rows, layer_tables
 from routepack.model import Topology
 from routepack.oversize import refuse_split
@@ -89,20 +91,6 @@ class _Exchange(ReplicaExchange):
 
     def copy_grad(self, grads: Any, copy: int) -> torch.Tensor:
         return grads.mod.pieces.grad(grads.slots_per_rank + copy)
-
-
-def _moe_layer_index(config: Any, layer_number: int) -> int:
-    """The plan's MoE layer index of Megatron layer ``layer_number`` (1-based, global)."""
-    freq = getattr(config, "moe_layer_freq", 1)
-    idx = layer_number - 1
-    if isinstance(freq, int):
-        return sum(1 for i in range(idx) if i % freq == 0)
-    return int(sum(freq[:idx]))
-
-
-def _num_moe_layers(config: Any) -> int:
-    freq = getattr(config, "moe_layer_freq", 1)
-    return sum(1 for i in range(config.num_layers) if i % freq == 0) if isinstance(freq, int) else int(sum(freq))
 
 
 def _recomputes_moe(config: Any) -> bool:
@@ -191,7 +179,15 @@ class MegatronRunner:
                 raise RoutepackError(f"model: a PlanMoELayer was built for {m.topo}, the runner for {topo}")
             if m.layer_number is None:
                 raise RoutepackError("model: a PlanMoELayer has no layer_number (build it inside a TransformerLayer)")
-            m.moe_index = _moe_layer_index(m.logical_config, m.layer_number)
+        keyed = plan_layers(mods[0].logical_config, [m.layer_number for m in mods])
+        #: MoE layers of this rank the plan does not cover (MTP layers), by Megatron layer
+        #: number, each with the reason: they route live at their static placement
+        self.unplanned: Dict[int, str] = {n: why for n, why in keyed.items() if isinstance(why, str)}
+        mods = [m for m in mods if not isinstance(keyed[m.layer_number], str)]
+        if not mods:
+            raise RoutepackError(f"model: its PlanMoELayer layers are all outside the plan: {self.unplanned}")
+        for m in mods:
+            m.moe_index = keyed[m.layer_number]
         mods.sort(key=lambda m: m.moe_index)
         self.layers = mods
         if groups is None:  # the layers' own EP group object: no second communicator over the same ranks
@@ -200,7 +196,7 @@ class MegatronRunner:
         self.groups = groups.check()
         self.topo, self.timeout = topo, timeout
         self.config = mods[0].logical_config
-        self.num_moe_layers = _num_moe_layers(self.config)
+        self.num_moe_layers = len(moe_layer_numbers(self.config))
         self.group = groups.ep
         if dist.get_world_size(self.group) != topo.ep:
             raise RoutepackError(f"topo: ep={topo.ep}, the expert-parallel group has {dist.get_world_size(self.group)}")
@@ -310,13 +306,6 @@ class MegatronRunner:
                 "whose gradients are completed in the last microbatch's backward after DDP would have started "
                 "reducing them; set overlap_grad_reduce=False"
             )
-        if redundant and self.layers[0].pieces.kind == "GroupedMLP":
-            clip = getattr(getattr(optimizer, "config", None), "clip_grad", 0.0) or 0.0
-            if clip > 0:
-                raise RoutepackError(
-                    "optimizer.config.clip_grad: GroupedMLP holds every slot in one parameter, so redundant copies "
-                    "would count twice in the grad norm; use SequentialMLP/TEGroupedMLP or clip_grad=0"
-                )
         if optimizer is None and local.migration.size:
             owner = stateful_owner([p for m in self.layers for p in m.pieces.params()])
             if owner is not None or any(hasattr(p, "main_param") for m in self.layers for p in m.pieces.params()):
@@ -371,7 +360,7 @@ class MegatronRunner:
             m.set_placement(local.placement.phy2log[i], origins.sum(axis=0)[:, l], cells)
         self.plan, self._window = plan, window
         self.exchange = self._make_exchange(local) if local.replicas.size else None
-        self._mark_copies(optimizer)
+        count_each_expert_once(self.layers, optimizer, self.ep_rank)
         self.state = MicrobatchState(len(self.layers), restores=self.state.restores)
         return report
 
@@ -392,25 +381,6 @@ class MegatronRunner:
             idx.setdefault((int(r[i]["micro"]), int(r[i]["layer"])), []).append(i)
         cells = {k: (np.asarray(v, dtype=np.int64), r[np.asarray(v)]) for k, v in idx.items()}
         return _Exchange(self.views, cells, self.timeout)
-
-    def _mark_copies(self, optimizer: Any) -> None:
-        """Every slot but each logical expert's first copy (redundant copies, empty slots,
-        replica buffers) gets ``shared = True`` on its parameters and their optimizer tensors,
-        so Megatron's grad norm (``param_is_not_shared``) counts each expert once."""
-        for m in self.layers:
-            if m.pieces.kind == "GroupedMLP":
-                continue  # one parameter holds every slot (refused with clip_grad > 0 and redundancy)
-            first = np.full(m.num_logical, -1, dtype=np.int64)
-            for p in range(m.phy2log.size - 1, -1, -1):
-                if m.phy2log[p] >= 0:
-                    first[m.phy2log[p]] = p
-            local = m.slot_experts()
-            for s in range(m.pieces.num_slots):
-                e = int(local[s])
-                primary = s < m.slots_per_rank and e >= 0 and first[e] == self.ep_rank * m.slots_per_rank + s
-                for piece in m.pieces.slots[s]:
-                    for t in [piece.param] + optimizer_tensors(optimizer, piece.param):
-                        setattr(t, "shared", not primary)
 
     # ------------------------------------------------------------------ microbatches
     def start_micro(self, micro: int) -> None:
