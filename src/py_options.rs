@@ -250,6 +250,7 @@ pub fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     replication.set_item("replication_hot_experts", DEFAULT_HOT_EXPERTS)?;
     replication.set_item("replication_slots", r.replication_slots)?;
     replication.set_item("replication_candidates", r.experts)?;
+    replication.set_item("replication_min_tokens", routepack_core::replication::ultraep::DEFAULT_MIN_TOKENS)?;
     out.set_item("replication", replication)?;
     Ok(out)
 }
@@ -265,7 +266,7 @@ pub fn cost_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 
 /// `{field: default}` of the topology's optional fields (`replica_slots`, `pp`, `vpp`, `cp`:
 /// the core's `DEFAULT_REPLICA_SLOTS`, `DEFAULT_PP`, `DEFAULT_VPP`, `DEFAULT_CP`;
-/// `layers_per_stage`: None, the even split).
+/// `layers_per_stage`: None, the even split; `nvlink_domain`: None, a node is a domain).
 #[pyfunction]
 pub fn topology_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let out = PyDict::new(py);
@@ -274,6 +275,7 @@ pub fn topology_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     out.set_item("vpp", DEFAULT_VPP)?;
     out.set_item("cp", DEFAULT_CP)?;
     out.set_item("layers_per_stage", py.None())?;
+    out.set_item("nvlink_domain", py.None())?;
     Ok(out)
 }
 

@@ -1,4 +1,4 @@
-//! Bindings for intra-batch replication (hot_n, relibra, routepack) and ReLibra's
+//! Bindings for intra-batch replication (hot_n, relibra, routepack, moonep, ultraep) and ReLibra's
 //! node-level expert reordering placement.
 
 use numpy::{IntoPyArray, PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
@@ -103,6 +103,45 @@ pub fn replicate_routepack<'py>(
     replicate(py, plan, seq_lens, expert_tokens, topo, cost, Planner::Routepack(opts), block)
 }
 
+/// MoonEP's per-microbatch exact balance (`replication::moonep`) for a plan's placement and
+/// layout: replica columns. `buffers`: prefetch buffers a rank (MoonEP's `E / R`; capped by
+/// `topo.replica_slots`). `block`: as in `replicate_hot_n`.
+#[pyfunction]
+#[pyo3(signature = (plan, seq_lens, expert_tokens, topo, cost, buffers, block=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn replicate_moonep<'py>(
+    py: Python<'py>,
+    plan: &Bound<'py, PyAny>,
+    seq_lens: PyReadonlyArray1<'py, i64>,
+    expert_tokens: convert::CountsArray<'py>,
+    topo: &Bound<'py, PyAny>,
+    cost: &Bound<'py, PyAny>,
+    buffers: usize,
+    block: Option<(usize, usize)>,
+) -> PyResult<ReplicaColumns<'py>> {
+    replicate(py, plan, seq_lens, expert_tokens, topo, cost, Planner::MoonEp(buffers), block)
+}
+
+/// UltraEP's quota-driven balance (`replication::ultraep`) for a plan's placement and layout:
+/// replica columns. `redundant`: spare slots a rank (capped by `topo.replica_slots`);
+/// `min_tokens`: the least tokens a replica takes (>= 1). `block`: as in `replicate_hot_n`.
+#[pyfunction]
+#[pyo3(signature = (plan, seq_lens, expert_tokens, topo, cost, redundant, min_tokens, block=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn replicate_ultraep<'py>(
+    py: Python<'py>,
+    plan: &Bound<'py, PyAny>,
+    seq_lens: PyReadonlyArray1<'py, i64>,
+    expert_tokens: convert::CountsArray<'py>,
+    topo: &Bound<'py, PyAny>,
+    cost: &Bound<'py, PyAny>,
+    redundant: usize,
+    min_tokens: i64,
+    block: Option<(usize, usize)>,
+) -> PyResult<ReplicaColumns<'py>> {
+    replicate(py, plan, seq_lens, expert_tokens, topo, cost, Planner::UltraEp(redundant, min_tokens), block)
+}
+
 /// ReLibra's per-window node-level expert reordering: phy2log `[L, ep*slots_per_rank]`.
 /// `loads` float64 `[L, E]`; `previous` the phy2log in force (or None: static).
 #[pyfunction]
@@ -131,6 +170,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(replicate_hot_n, m)?)?;
     m.add_function(wrap_pyfunction!(replicate_relibra, m)?)?;
     m.add_function(wrap_pyfunction!(replicate_routepack, m)?)?;
+    m.add_function(wrap_pyfunction!(replicate_moonep, m)?)?;
+    m.add_function(wrap_pyfunction!(replicate_ultraep, m)?)?;
     m.add_function(wrap_pyfunction!(relibra_placement, m)?)?;
     Ok(())
 }

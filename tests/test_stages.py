@@ -23,12 +23,14 @@ from routepack.stages import (
     STAGES,
     EplbOptions,
     HotNOptions,
+    MoonEpOptions,
     NoOptions,
     RelibraReplicationOptions,
     RoutepackPackingOptions,
     RoutepackPlacementOptions,
     RoutepackReplicationOptions,
     StageOptions,
+    UltraEpOptions,
 )
 
 PACKAGE = Path(rp.__file__).parent
@@ -74,7 +76,7 @@ def same(a: rp.Plan, b: rp.Plan) -> bool:
 def test_every_choice_is_listed_with_its_options():
     assert set(PLACEMENTS) == {"static", "eplb", "eplb_hierarchical", "relibra", "routepack"}
     assert set(PACKINGS) == {"sequential", "kk", "routepack"}
-    assert set(REPLICATIONS) == {"none", "hot_n", "relibra", "routepack"}
+    assert set(REPLICATIONS) == {"none", "hot_n", "relibra", "routepack", "moonep", "ultraep"}
     assert PLACEMENTS["eplb"].options is EplbOptions
     assert PLACEMENTS["eplb_hierarchical"].options is EplbOptions
     assert PLACEMENTS["routepack"].options is RoutepackPlacementOptions
@@ -82,6 +84,8 @@ def test_every_choice_is_listed_with_its_options():
     assert REPLICATIONS["hot_n"].options is HotNOptions
     assert REPLICATIONS["relibra"].options is RelibraReplicationOptions
     assert REPLICATIONS["routepack"].options is RoutepackReplicationOptions
+    assert REPLICATIONS["moonep"].options is MoonEpOptions
+    assert REPLICATIONS["ultraep"].options is UltraEpOptions
     for table in STAGES.values():
         for stage in table.values():
             assert callable(stage.run)
@@ -114,7 +118,13 @@ def test_defaults_are_the_cores():
     )
     for name, default in seen.items():
         if default is None:  # computed by the stage from the window and topology
-            assert name in ("placement_cells", "placement_explore", "eplb_num_groups"), name
+            assert name in (
+                "placement_cells",
+                "placement_explore",
+                "eplb_num_groups",
+                "replication_buffers",
+                "replication_redundant",
+            ), name
         else:
             assert flat.pop(name) == default, name
     assert flat == {"placement_explore": core["placement"]["placement_explore"]}

@@ -13,6 +13,7 @@ import numpy as np
 from routepack import _core
 from routepack._checks import boolean, file_path, finite_float, instance_of, json_value, positive_int, sequence
 from routepack.errors import RoutepackError, RoutepackFileError, RoutepackTypeError
+from routepack.hardware import Hardware
 
 ATTENTION_KINDS = ("linear", "full")
 #: `CostModel.overlap` values: none, or the dispatch/combine all-to-all behind the compute.
@@ -71,6 +72,12 @@ class Topology:
     * ``cp`` consecutive DP ranks (a divisor of ``ep``: inside one EP group) form a
       context-parallel group: ``plan_window(..., oversize="split")`` splits a sample longer
       than the token cap over one (docs/design.md, "Samples over the cap"); 1: none.
+    * ``nvlink_domain``: GPUs that reach one another over NVLink (``bw_intra``); None, the
+      default, is one node. A rack-scale system joins nodes (GB200 NVL72: 72 GPUs, nodes of
+      4): a multiple of ``gpus_per_node``, and either a divisor of ``ep`` (an EP group spans
+      whole domains) or at least ``ep`` (a domain holds whole EP groups; GPUs beyond
+      ⌊domain / ep⌋·ep run none of the plan's ranks). The cost model prices a link by whether
+      its ranks share a domain (docs/design.md, "NVLink domains").
     """
 
     dp: int
@@ -82,6 +89,7 @@ class Topology:
     vpp: int = _TOPOLOGY_DEFAULTS["vpp"]
     cp: int = _TOPOLOGY_DEFAULTS["cp"]
     layers_per_stage: Optional[Tuple[int, ...]] = _TOPOLOGY_DEFAULTS["layers_per_stage"]
+    nvlink_domain: Optional[int] = _TOPOLOGY_DEFAULTS["nvlink_domain"]
 
     def __post_init__(self) -> None:
         for name in ("dp", "ep", "gpus_per_node", "slots_per_rank"):
@@ -94,6 +102,14 @@ class Topology:
             raise RoutepackError(f"topo: dp={self.dp} is not a multiple of ep={self.ep}")
         if self.ep % self.gpus_per_node and self.gpus_per_node % self.ep:
             raise RoutepackError(f"topo: ep={self.ep} and gpus_per_node={self.gpus_per_node} must divide one another")
+        if self.nvlink_domain is not None:
+            d = positive_int(self.nvlink_domain, "topo.nvlink_domain", maximum=2**31 - 1)
+            if d % self.gpus_per_node or (d < self.ep and self.ep % d):
+                raise RoutepackError(
+                    f"topo.nvlink_domain: {d} must be a multiple of gpus_per_node = {self.gpus_per_node} and "
+                    f"divide ep = {self.ep} or be at least ep"
+                )
+            _set(self, "nvlink_domain", d)
         if self.ep * self.slots_per_rank > 2**31 - 1:
             raise RoutepackError(
                 f"topo: ep*slots_per_rank = {self.ep}*{self.slots_per_rank} does not fit the int32 slot ids of a plan"
@@ -129,8 +145,14 @@ class Topology:
         return self.ep * self.slots_per_rank
 
     @property
+    def domain(self) -> int:
+        """GPUs per NVLink domain (``nvlink_domain``, or a node's ``gpus_per_node``)."""
+        return self.gpus_per_node if self.nvlink_domain is None else self.nvlink_domain
+
+    @property
     def nodes_per_group(self) -> int:
-        return max(1, -(-self.ep // self.gpus_per_node))
+        """NVLink domains (nodes unless ``nvlink_domain`` joins them) one EP group spans."""
+        return max(1, -(-self.ep // self.domain))
 
     @property
     def min_micro(self) -> int:
@@ -218,46 +240,6 @@ class ModelShape:
             if a not in ATTENTION_KINDS:
                 raise RoutepackError(f"model.attention[{i}]: {a!r} is not one of {ATTENTION_KINDS}")
         object.__setattr__(self, "attention", att)
-
-
-@dataclass(frozen=True)
-class Hardware:
-    """Per-GPU rates. Figures from presets are datasheet-level, scaled by achieved fractions."""
-
-    name: str
-    flops: float  # peak dense bf16 FLOP/s
-    flops_efficiency: float  # fraction of peak a grouped GEMM / attention kernel achieves
-    bw_intra: float  # bytes/s one direction, per GPU, inside a node (NVLink)
-    bw_inter: float  # bytes/s one direction, per GPU, between nodes (InfiniBand/RoCE)
-    comm_efficiency: float  # fraction of link bandwidth an all-to-all achieves
-    expert_overhead_s: float  # fixed time per active expert per layer (kernel/tile overhead)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str):
-            raise RoutepackTypeError(f"hardware.name: expected a str, got {type(self.name).__name__} {self.name!r}")
-        for name in ("flops", "bw_intra", "bw_inter"):
-            _set(self, name, finite_float(getattr(self, name), f"hardware.{name}", strict=True))
-        for name in ("flops_efficiency", "comm_efficiency"):
-            v = finite_float(getattr(self, name), f"hardware.{name}", strict=True)
-            if v > 1:
-                raise RoutepackError(f"hardware.{name}: must be in (0, 1], got {v}")
-            _set(self, name, v)
-        _set(self, "expert_overhead_s", finite_float(self.expert_overhead_s, "hardware.expert_overhead_s"))
-
-    @classmethod
-    def h200(cls) -> "Hardware":
-        """NVIDIA H200 SXM, datasheet-level: 989 TFLOP/s dense bf16, NVLink 900 GB/s
-        bidirectional (450 GB/s per direction), one 400 Gb/s NIC per GPU (50 GB/s). The
-        efficiency fractions are assumptions, not measurements; calibrate on real runs."""
-        return cls(
-            name="h200",
-            flops=989e12,
-            flops_efficiency=0.5,
-            bw_intra=450e9,
-            bw_inter=50e9,
-            comm_efficiency=0.8,
-            expert_overhead_s=2e-6,
-        )
 
 
 #: The kinds of `CostModel`'s number fields (besides ``a_quad`` [L]), declared on each field

@@ -8,9 +8,9 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-from routepack import _core
 from routepack._checks import WINDOW_WORDS, callers_words, finite_float
-from routepack.plan import MIGRATION_DTYPE, MIGRATION_FIELDS, Placement, Plan, empty_migration
+from routepack.choice import choose_stages, migration_rows
+from routepack.plan import Placement, Plan
 from routepack.oversize import oversize_mode
 from routepack.oversize import report as oversize_report
 from routepack.oversize import split_view
@@ -19,6 +19,7 @@ from routepack.simulate import score
 from routepack.stages.context import DEFAULT_POLICY, DEFAULT_SEED, DEFAULT_TOKEN_CAP, PlanContext, check_fills_cells
 from routepack.stages.options import StageOptions
 from routepack.stages.registry import PACKINGS, PLACEMENTS, REPLICATIONS, Stage, canonical_options, stage_options
+from routepack.stages.replication_live import REPLICA_TIMINGS
 from routepack.window import Window
 
 #: How ``time_budget_s`` is spent: the one table of shares (docs/design.md points here).
@@ -243,35 +244,38 @@ def plan_stages(request: PlanRequest, replicate: ReplicationRunner) -> Plan:
         sample_rank, sample_micro, num_micro, pack_report = PACKINGS[pol.packing].run(ctx, pack_opts, placement)
     seconds["packing"] = time.perf_counter() - t0
 
+    timing = REPLICA_TIMINGS.get(pol.replication, "prefetch")
+
+    def replicate_on(place: Placement, rank: np.ndarray, micro: np.ndarray, m: int) -> np.ndarray:
+        cells_ctx, cell_rank, cell_micro = ctx, rank, micro
+        if ctx.oversize == "split":
+            # replication reads cells: it plans on the pieces, each on its rank of its CP group
+            pieces, cell_rank, cell_micro = split_view(window, token_cap, topo.cp, rank, micro)
+            cells_ctx = ctx.derived(window=pieces)
+        with callers_words(WINDOW_WORDS):
+            return replicate(REPLICATIONS[pol.replication], cells_ctx, repl_opts, place, cell_rank, cell_micro, m)
+
+    replicas = None
+    choice_report = None
+    if pol.choose and time_budget_s is None:
+        t0 = time.perf_counter()
+        placement, packed, replicas, choice_report = choose_stages(
+            ctx, pol, placement, (sample_rank, sample_micro, num_micro, pack_report), replicate_on, timing
+        )
+        sample_rank, sample_micro, num_micro, pack_report = packed
+        seconds["choice"] = time.perf_counter() - t0
+
     t0 = time.perf_counter()
     ctx.time_budget_s = share("replication")
-    cells_ctx, cell_rank, cell_micro = ctx, sample_rank, sample_micro
-    if ctx.oversize == "split":
-        # replication reads cells: it plans on the pieces, each on its rank of its CP group
-        pieces, cell_rank, cell_micro = split_view(window, token_cap, topo.cp, sample_rank, sample_micro)
-        cells_ctx = ctx.derived(window=pieces)
-    with callers_words(WINDOW_WORDS):
-        replicas = replicate(
-            REPLICATIONS[pol.replication], cells_ctx, repl_opts, placement, cell_rank, cell_micro, num_micro
-        )
+    if replicas is None:
+        replicas = replicate_on(placement, sample_rank, sample_micro, num_micro)
     seconds["replication"] = time.perf_counter() - t0
     ctx.time_budget_s = time_budget_s
 
-    migration = empty_migration()
-    if ctx.previous is not None:
-        cols = _core.migration_diff(
-            ctx.previous.phy2log,
-            placement.phy2log,
-            placement.num_experts,
-            placement.slots_per_rank,
-            cost.expert_state_bytes,
-            min(topo.gpus_per_node, topo.ep),
-        )
-        migration = np.zeros(len(cols[0]), dtype=MIGRATION_DTYPE)
-        for name_, col in zip(MIGRATION_FIELDS, cols):
-            migration[name_] = col
-
-    plan = Plan(placement, sample_rank, sample_micro, num_micro, replicas, migration, policy=name)
+    migration = migration_rows(ctx.previous, placement, topo, cost)
+    plan = Plan(
+        placement, sample_rank, sample_micro, num_micro, replicas, migration, policy=name, replica_timing=timing
+    )
     # `Plan.validate` and the final simulate in one core call: one view of the window for both,
     # the request's arguments as checked
     mode = oversize_mode(ctx.oversize)
@@ -291,6 +295,7 @@ def plan_stages(request: PlanRequest, replicate: ReplicationRunner) -> Plan:
         "packing": pack_report,
         "stage_seconds": seconds,
         "stage_reports": ctx.reports,
+        **({"choice": choice_report} if choice_report is not None else {}),
         "seed": seed,
         "anneal_moves": anneal_moves,
         "time_budget_s": time_budget_s,

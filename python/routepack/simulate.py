@@ -183,7 +183,8 @@ def simulate(
     checked as ``plan.validate(window, topo, token_cap)`` checks it (``token_cap`` then
     required), raising the same `InvalidPlanError`, in the same call over the window (what
     `plan_window` runs on the plan it assembles); ``oversize`` as `Plan.validate` takes it
-    (None: the mode ``plan.report`` records).
+    (None: the mode ``plan.report`` records). The plan's copies are priced as
+    ``plan.replica_timing`` says they move.
     """
     from routepack.oversize import plan_mode
 
@@ -223,6 +224,15 @@ def score(
     ideal_micro = lower_bound_micro(window, topo, token_cap) if token_cap else None
     with callers_words(WINDOW_WORDS):
         out = _core.simulate(
-            plan, window.seq_lens, window.counts, topo, cost, ideal_micro, token_cap, plan_cap, oversize
+            plan,
+            window.seq_lens,
+            window.counts,
+            topo,
+            cost,
+            ideal_micro,
+            token_cap,
+            plan_cap,
+            oversize,
+            plan.replica_timing,
         )
     return SimResult(**out)

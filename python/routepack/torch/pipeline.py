@@ -60,6 +60,7 @@ def stage_plan(plan: Plan, layers: Sequence[int]) -> Plan:
         replicas=rep,
         migration=mig,
         policy=plan.policy,
+        replica_timing=plan.replica_timing,
     )
 
 

@@ -39,6 +39,7 @@ def pack_plan(plan: Plan, window: Window, topo: Topology) -> Dict[str, Any]:
             int(topo.gpus_per_node),
             int(topo.slots_per_rank),
             int(topo.replica_slots),
+            int(topo.domain),
         ],
         "digest": plan.digest(),
     }
@@ -51,10 +52,21 @@ def unpack_plan(payload: Any, where: str) -> tuple:
         raise RoutepackError(f"{where}: carries no plan for the Megatron execution (made by another routepack?)")
     plan = Plan.load(io.BytesIO(bytes(payload["plan_npz"])))
     window = Window.load(io.BytesIO(bytes(payload["window_npz"])))  # type: ignore[arg-type]
-    dp, ep, gpn, spr, rs = (int(x) for x in payload["topology"])
+    dp, ep, gpn, spr, rs, dom = (int(x) for x in payload["topology"])
     if plan.digest() != payload.get("digest", plan.digest()):
         raise RoutepackError(f"{where}: the plan's bytes do not match its digest")
-    return plan, window, Topology(dp=dp, ep=ep, gpus_per_node=gpn, slots_per_rank=spr, replica_slots=rs)
+    return (
+        plan,
+        window,
+        Topology(
+            dp=dp,
+            ep=ep,
+            gpus_per_node=gpn,
+            slots_per_rank=spr,
+            replica_slots=rs,
+            nvlink_domain=None if dom == gpn else dom,
+        ),
+    )
 
 
 class Handoff:

@@ -93,6 +93,7 @@ def equal_count_plan(plan: Any, window: Any, topo: Any, token_cap: int, cost: Op
         plan.migration,
         report=report,
         policy=plan.policy,
+        replica_timing=plan.replica_timing,
     )
     out.validate(window, topo, token_cap)
     if cost is not None:

@@ -56,6 +56,7 @@ def relayout(
         plan.migration,
         report=report,
         policy=plan.policy,
+        replica_timing=plan.replica_timing,
     )
     out.validate(window, topo, token_cap)
     if cost is not None:

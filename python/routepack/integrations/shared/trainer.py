@@ -207,6 +207,8 @@ class TrainerPlanner:
         self.last_window: Optional[Window] = None
         self.last_plans: List[Plan] = []  # what an adapter planned last (slime: one per training step)
         self.last_windows: List[Window] = []  # the windows of ``last_plans`` (slime ships them with the plans)
+        #: why the last rollout fell back to the trainer's own schedule (slime), or None when it was planned
+        self.fell_back: Optional[str] = None
 
     def topology(self, dp: int) -> Topology:
         """The `Topology` of ``dp`` DP ranks."""

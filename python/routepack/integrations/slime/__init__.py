@@ -43,12 +43,13 @@ actor's functions import torch and Megatron-Core when they run.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import logging
 
 import numpy as np
 
 from routepack._checks import boolean, positive_int, sequence
-from routepack._routed import check_ids, check_same_layout, native_order, renamed
 from routepack.errors import RoutepackError, RoutepackTypeError
 from routepack.integrations.shared.arrays import as_numpy, num_ranks, plans_list, rank_cells
 from routepack.integrations.slime.actor import (
@@ -64,72 +65,44 @@ from routepack.integrations.slime.actor import (
     step_plans,
 )
 from routepack.integrations.shared.trainer import BACKENDS, TrainerPlanner, backend_policy, plan_seconds, step_metrics
+from routepack.routes.layers import MoELayers
+from routepack.routes.slime import DEFAULT_LAST_TOKEN, LAST_TOKEN, slime_pad_row, slime_summary
 from routepack.window import Window
 
-#: What slime's last-token row is counted as (``last_token``).
-LAST_TOKEN = ("pad", "skip")
-
-
-def slime_pad_row(num_layers: int, top_k: int, num_experts: int, dtype: Any = np.int32) -> np.ndarray:
-    """``[1, L, k]``: the route slime replays for a sample's last token
-    (``_pad_routed_experts(experts, 1, num_experts)``: ``arange(L*k) % E``)."""
-    return (np.arange(num_layers * top_k, dtype=np.int64).reshape(1, num_layers, top_k) % num_experts).astype(dtype)
+LOG = logging.getLogger("routepack.integrations.slime")
+#: Fallbacks to slime's own schedule in this process, by kind; each kind is logged once.
+FALLBACKS: Dict[str, int] = {}
 
 
 def window_from_slime(
-    rollout_routed_experts: Any, num_experts: int, total_lengths: Any = None, last_token: str = "pad"
+    rollout_routed_experts: Any,
+    num_experts: int,
+    total_lengths: Any = None,
+    last_token: str = DEFAULT_LAST_TOKEN,
+    moe_layers: Any = None,
 ) -> Window:
     """A `Window` from slime's ``rollout_routed_experts``.
 
     Args:
-        rollout_routed_experts: a list of per-sample ``[T_i, L, k]`` arrays (numpy or torch;
-            int32 as slime keeps them, or uint8 | int16 | int64), same L, k and dtype.
-        num_experts:   E; every id lies in [0, E), and ``k <= E``.
+        rollout_routed_experts: a list of per-sample ``[T_i, L, k]`` arrays (numpy, read-only
+            ones too, or torch; int32 as slime keeps them, or uint8 | int16 | int64), same L,
+            k and dtype.
+        num_experts:   E; every counted id lies in [0, E), and ``k <= E``.
         total_lengths: optional ints ``[S]``, ``len(tokens)`` of each sample (slime's
             ``total_lengths``); each must be ``T_i + 1``, as slime asserts.
         last_token:    ``"pad"`` (default): the last token is counted with the route slime
             replays for it (`slime_pad_row`); ``"skip"``: not counted.
+        moe_layers:    the rows of the layer axis that are MoE layers (a model with dense
+            layers: ``routepack.routes.MoELayers.from_config(args).moe_layers(L)``); None:
+            every row.
 
     Sample i's length (int64) is ``T_i + 1``, the tokens the trainer runs; expert demand is
-    int32 ``[S, L, E]``, ``top_k`` = k.
+    ``[S, L', E]`` (one layer per MoE layer), ``top_k`` = k. The counting is
+    `routepack.routes.slime_summary`'s.
     """
-    num_experts = positive_int(num_experts, "num_experts")
-    if last_token not in LAST_TOKEN:
-        raise RoutepackError(f"last_token: expected one of {LAST_TOKEN}, got {last_token!r}")
-    if isinstance(rollout_routed_experts, np.ndarray):
-        raise RoutepackTypeError(
-            f"rollout_routed_experts: expected a list of [T_i, L, k] arrays, got one array of shape "
-            f"{rollout_routed_experts.shape}"
-        )
-    items = sequence(rollout_routed_experts, "rollout_routed_experts", "[T_i, L, k] arrays")
-    if not items:
-        raise RoutepackError("rollout_routed_experts: expected at least one sample, got none")
-    arrays = [
-        check_ids(as_numpy(a, f"rollout_routed_experts[{i}]"), f"rollout_routed_experts[{i}]", 3)
-        for i, a in enumerate(items)
-    ]
-    check_same_layout(arrays, "rollout_routed_experts")
-    first = arrays[0]
-    layers, k = int(first.shape[1]), int(first.shape[2])
-    if k > num_experts:
-        raise RoutepackError(f"num_experts: {num_experts} is fewer than the routed k = {k}")
-    rows = np.array([a.shape[0] for a in arrays], dtype=np.int64)
-    if total_lengths is not None:
-        lens = _lengths(total_lengths, len(arrays))
-        bad = np.flatnonzero(lens != rows + 1)
-        if bad.size:
-            i = int(bad[0])
-            raise RoutepackError(
-                f"rollout_routed_experts[{i}]: has {rows[i]} rows but total_lengths[{i}] = {lens[i]}; slime records "
-                "len(tokens) - 1"
-            )
-    if last_token == "pad":
-        pad = slime_pad_row(layers, k, num_experts, first.dtype)
-        arrays = [np.concatenate([native_order(a), pad]) for a in arrays]
-        counted = rows + 1
-    else:
-        counted = rows
-    return _count(arrays, counted, rows + 1, num_experts, k)
+    return Window.from_summary(
+        slime_summary(rollout_routed_experts, num_experts, total_lengths, last_token, moe_layers)
+    )
 
 
 def _lengths(total_lengths: Any, n: int) -> np.ndarray:
@@ -139,27 +112,13 @@ def _lengths(total_lengths: Any, n: int) -> np.ndarray:
     return lens.astype(np.int64)
 
 
-def _count(arrays: List[np.ndarray], counted: np.ndarray, lens: np.ndarray, num_experts: int, k: int) -> Window:
-    """Counts each sample's first ``counted[i]`` rows (samples with none count nothing)."""
-    some = np.flatnonzero(counted)
-    shape = (len(arrays), arrays[0].shape[1], num_experts)
-    expert_tokens = np.zeros(shape, dtype=np.uint8)
-    if some.size:
-        flat = np.ascontiguousarray(np.concatenate([arrays[i][: counted[i]] for i in some]))
-        cu = np.concatenate([[0], np.cumsum(counted[some])]).astype(np.int64)
-        try:
-            sub = Window.from_routed_experts(flat, cu, num_experts).counts
-        except RoutepackError as e:
-
-            def locate(t: int, s: int) -> Tuple[str, str]:
-                i = int(some[s])
-                return f"rollout_routed_experts[{i}]", f"token {t - int(cu[s])} (sample {i})"
-
-            raise renamed(e, "rollout_routed_experts", locate) from None
-        # the counted samples' narrow dtype holds the whole window's (the rest count nothing)
-        expert_tokens = np.zeros(shape, dtype=sub.dtype)
-        expert_tokens[some] = sub
-    return Window(lens, expert_tokens, top_k=k)
+def moe_layers_from_args(args: Any, num_rows: int) -> Optional[List[int]]:
+    """The ``moe_layers`` of slime's routes (``num_rows`` rows on the layer axis) from slime's
+    Megatron arguments (``num_layers``, ``moe_layer_freq``, ``mtp_num_layers``: `MoELayers`);
+    None where args name no layer count (every row counted) or every row is an MoE layer."""
+    if getattr(args, "num_layers", None) is None:
+        return None
+    return MoELayers.from_config(args).moe_layers(num_rows)
 
 
 # ------------------------------------------------------------------ the steps
@@ -337,6 +296,8 @@ def plan_dp_schedule(
     rollout_routed_experts: Any,
     planner: TrainerPlanner,
     metrics: Optional[Dict[str, Any]] = None,
+    moe_layers: Any = "args",
+    fallback: Optional[Callable[..., Any]] = None,
 ) -> Tuple[List[List[int]], List[List[List[int]]], List[int], List[int]]:
     """In place of ``build_dp_schedule(args, train_parallel_config, total_lengths, *,
     global_batch_size, rollout_indices)`` in ``_split_train_data_by_dp``: the same 4-tuple,
@@ -351,18 +312,104 @@ def plan_dp_schedule(
     ``micro_batch_size``, as slime refuses it). Under VPP (``vpp_size > 1``) each rank's count
     is a multiple of ``microbatch_group_size_per_vp_stage``.
 
+    ``moe_layers``: the route rows that are MoE layers; ``"args"`` (default) reads them from
+    slime's Megatron arguments (`moe_layers_from_args`: ``num_layers``, ``moe_layer_freq``,
+    ``mtp_num_layers``), None counts every row, or a list of rows.
+
+    A rollout never crashes on routes it cannot plan: where planning raises a
+    `RoutepackError` (routes of another layout, an id out of range, a step no plan can
+    fill), the schedule is ``fallback``'s (default: slime's own
+    ``slime.utils.dp_schedule.build_dp_schedule``, same arguments), the reason is logged once
+    per kind (logger ``routepack.integrations.slime``; `FALLBACKS` counts them),
+    ``planner.fell_back`` holds it, and `step_plans` ships no plans (the actor runs the
+    placement in force). ``planner.fell_back`` is None after a planned rollout.
+
     ``metrics`` (optional dict) gets the step's figures under slime's names: ``routepack/…``
-    (`step_metrics`, summed over the training steps of this rollout) and
-    ``perf/routepack_plan_time`` (seconds). ``planner.last_plans`` keeps the plans.
+    (`step_metrics`, summed over the training steps of this rollout),
+    ``perf/routepack_plan_time`` (seconds) and ``routepack/planned`` (1.0, or 0.0 after a
+    fallback). ``planner.last_plans`` keeps the plans.
     """
+    try:
+        plans, windows = _plan_steps(
+            args,
+            train_parallel_config,
+            total_lengths,
+            global_batch_size,
+            rollout_indices,
+            rollout_routed_experts,
+            planner,
+            moe_layers,
+        )
+    except RoutepackError as e:
+        kind = type(e).__name__
+        FALLBACKS[kind] = FALLBACKS.get(kind, 0) + 1
+        if FALLBACKS[kind] == 1:
+            LOG.warning(
+                "routepack: cannot plan this rollout (%s); slime's own build_dp_schedule runs instead [logged once per kind]",
+                e,
+            )
+        planner.last_plans, planner.last_windows, planner.fell_back = [], [], str(e)
+        if metrics is not None:
+            metrics["routepack/planned"] = 0.0
+        own = fallback if fallback is not None else _slime_schedule()
+        return own(
+            args,
+            train_parallel_config,
+            total_lengths,
+            global_batch_size=global_batch_size,
+            rollout_indices=rollout_indices,
+        )
+    planner.last_plans, planner.last_windows, planner.fell_back = plans, windows, None
+    if metrics is not None:
+        metrics.update(step_metrics(plans))
+        metrics["perf/routepack_plan_time"] = plan_seconds(plans)
+        metrics["routepack/planned"] = 1.0
+    return build_dp_schedule(
+        args,
+        train_parallel_config,
+        total_lengths,
+        global_batch_size=global_batch_size,
+        rollout_indices=rollout_indices,
+        plans=plans,
+    )
+
+
+def _slime_schedule() -> Callable[..., Any]:
+    """slime's own ``build_dp_schedule`` (``slime/utils/dp_schedule.py``)."""
+    try:
+        from slime.utils.dp_schedule import build_dp_schedule as own  # type: ignore[import-not-found]
+    except ImportError as e:
+        raise RoutepackError(
+            f"fallback: slime.utils.dp_schedule is not importable ({e}); pass fallback=build_dp_schedule"
+        ) from None
+    return own  # type: ignore[no-any-return]
+
+
+def _plan_steps(
+    args: Any,
+    train_parallel_config: Dict[str, int],
+    total_lengths: Sequence[int],
+    global_batch_size: int,
+    rollout_indices: Sequence[Any],
+    rollout_routed_experts: Any,
+    planner: TrainerPlanner,
+    moe_layers: Any,
+) -> Tuple[List[Any], List[Window]]:
+    """Each training step's validated plan and window (`plan_dp_schedule`)."""
     cfg = _parallel_config(train_parallel_config)
     dynamic = boolean(getattr(args, "use_dynamic_batch_size", False), "args.use_dynamic_batch_size")
     group = cfg["microbatch_group_size_per_vp_stage"] if cfg["vpp_size"] > 1 else 1
     routed = sequence(rollout_routed_experts, "rollout_routed_experts", "[T_i, L, k] arrays")
+    if isinstance(moe_layers, str) and moe_layers == "args":
+        rows = as_numpy(routed[0], "rollout_routed_experts[0]").shape[1] if routed else 1
+        moe_layers = moe_layers_from_args(args, int(rows))
     plans, windows = [], []
     for samples in step_samples(rollout_indices, global_batch_size):
         window = window_from_slime(
-            [routed[i] for i in samples], planner.num_experts, total_lengths=[total_lengths[i] for i in samples]
+            [routed[i] for i in samples],
+            planner.num_experts,
+            total_lengths=[total_lengths[i] for i in samples],
+            moe_layers=moe_layers,
         )
         if dynamic:
             cap = positive_int(getattr(args, "max_tokens_per_gpu", None), "args.max_tokens_per_gpu") * cfg["cp_size"]
@@ -377,18 +424,7 @@ def plan_dp_schedule(
         )
         plans.append(plan)
         windows.append(window)
-    planner.last_plans, planner.last_windows = plans, windows
-    if metrics is not None:
-        metrics.update(step_metrics(plans))
-        metrics["perf/routepack_plan_time"] = plan_seconds(plans)
-    return build_dp_schedule(
-        args,
-        train_parallel_config,
-        total_lengths,
-        global_batch_size=global_batch_size,
-        rollout_indices=rollout_indices,
-        plans=plans,
-    )
+    return plans, windows
 
 
 def _parallel_config(cfg: Any) -> Dict[str, int]:
@@ -417,6 +453,7 @@ def _check_step_plan(plan: Any, name: str, samples: List[int], dp: int, cfg: Dic
 
 __all__ = [
     "BACKENDS",
+    "FALLBACKS",
     "LAST_TOKEN",
     "LAYOUT_ARGS",
     "PLANS_KEY",
@@ -428,6 +465,7 @@ __all__ = [
     "layer_spec",
     "layout",
     "limits",
+    "moe_layers_from_args",
     "plan_dp_schedule",
     "plan_spec",
     "planner_from_args",

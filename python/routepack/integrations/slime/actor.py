@@ -169,12 +169,16 @@ def layer_spec(args: Any, config: Any, vp_stage: Optional[int] = None) -> Any:
 
 
 # ----------------------------------------------------------------------- the driver's side
-def step_plans(planner: Any) -> List[Dict[str, Any]]:
+def step_plans(planner: Any) -> Optional[List[Dict[str, Any]]]:
     """The plans of the rollout `plan_dp_schedule` planned last (one per training step), each
-    with its window and topology as bytes (`pack_plan`), for ``rollout_data[PLANS_KEY]``."""
-    from routepack.integrations.shared.arrays import num_ranks
+    with its window and topology as bytes (`pack_plan`), for ``rollout_data[PLANS_KEY]``; None
+    when that rollout fell back to slime's own schedule (``planner.fell_back``): the actor's
+    `begin_step` then runs the placement in force."""
     from routepack.integrations.megatron.handoff import pack_plan
+    from routepack.integrations.shared.arrays import num_ranks
 
+    if getattr(planner, "fell_back", None):
+        return None
     plans, windows = planner.last_plans, planner.last_windows
     if len(plans) != len(windows) or not plans:
         raise RoutepackError("planner: no plans of a rollout to ship (call plan_dp_schedule with this planner first)")

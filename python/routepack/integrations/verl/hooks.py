@@ -24,20 +24,22 @@ settings in a ``routepack`` section of the trainer config (`install_from_config`
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections import Counter
 from typing import Any, Callable, Dict, Mapping, Optional
 
 
 from routepack._checks import positive_int
-from routepack._routed import renamed
+from routepack.routes.ids import renamed
 from routepack.errors import RoutepackError
-from routepack.integrations.verl import megatron_engine as vm
 from routepack.integrations.shared.arrays import as_numpy, require
 from routepack.integrations.shared.trainer import TrainerPlanner, plan_seconds, step_metrics, window_from_loads
+from routepack.integrations.verl import megatron_engine as vm
 from routepack.integrations.verl.plans import PLAN_PREFIX, SAMPLE_KEY, NoPlan, StepPlans, micro_indices, step_plans
 from routepack.integrations.verl.split import balance_stats
 from routepack.integrations.verl.window import window_from_verl
+from routepack.routes.layers import MoELayers
 
 LOG = logging.getLogger("routepack.integrations.verl")
 #: Fallbacks to verl's own path in this process, by kind (`NoPlan.kind`).
@@ -169,9 +171,13 @@ class VerlInstall:
     """What `install` returns: the planner, the settings read from the config, the state kept
     between steps (R2's previous routes, the last step's plans) and `report`/`uninstall`."""
 
-    def __init__(self, planner: TrainerPlanner, settings: Dict[str, Any], force_group_size: int = 1) -> None:
+    def __init__(
+        self, planner: TrainerPlanner, settings: Dict[str, Any], force_group_size: int = 1, layers: Any = None
+    ) -> None:
         self.planner, self.settings = planner, settings
         self.force_group_size = positive_int(force_group_size, "force_group_size")
+        #: the model's MoE layers (`routepack.routes.MoELayers`), or None: every route row counted
+        self.layers: Optional[MoELayers] = layers
         self.previous: Any = None  # R2: the previous step's routes (a Window)
         self.last: Optional[StepPlans] = None
 
@@ -201,7 +207,9 @@ class VerlInstall:
                         "R3: the batch has no 'routed_experts' (actor_rollout_ref.rollout.enable_rollout_routing_replay=True "
                         "records them)",
                     )
-                window = window_from_verl(fields, num_experts=self.planner.num_experts, mode="R3")
+                window = window_from_verl(
+                    fields, num_experts=self.planner.num_experts, mode="R3", moe_layers=self.moe_rows(fields)
+                )
             else:
                 if self.previous is None:
                     raise NoPlan(
@@ -229,6 +237,12 @@ class VerlInstall:
             ) from None
         self.last = plans
         return plans
+
+    def moe_rows(self, fields: Any) -> Any:
+        """The ``moe_layers`` of a batch's ``routed_experts`` (its row count on the layer axis)."""
+        if self.layers is None:
+            return None
+        return self.layers.moe_layers(int(fields["routed_experts"].shape[-2]))
 
     def uninstall(self) -> None:
         """Restores verl's functions in this process (every module that bound the hook too)."""
@@ -280,13 +294,14 @@ def _compute_old_log_prob(self: Any, batch: Any) -> Any:
         try:
             routes = out[0].batch.get("routed_experts", None)
             if routes is not None:
-                inst.previous = _recorded_window(routes, batch.batch["attention_mask"], inst.planner.num_experts)
+                rows = None if inst.layers is None else inst.layers.moe_layers(int(routes.shape[-2]))
+                inst.previous = _recorded_window(routes, batch.batch["attention_mask"], inst.planner.num_experts, rows)
         except RoutepackError as e:
             log_fallback(NoPlan("r2_routes", f"R2: the recorded routes cannot be read ({e})"), "driver")
     return out
 
 
-def _recorded_window(routes: Any, attention_mask: Any, num_experts: int) -> Any:
+def _recorded_window(routes: Any, attention_mask: Any, num_experts: int, moe_layers: Any = None) -> Any:
     """A `Window` of routes recorded by the trainer (R2): a jagged nested tensor of each
     sample's real tokens ``[B, j, L, k]``, or verl's padded ``[B, T, L, k]``."""
     from routepack.window import Window
@@ -295,12 +310,14 @@ def _recorded_window(routes: Any, attention_mask: Any, num_experts: int) -> Any:
         flat = as_numpy(routes.values(), "routed_experts")
         cu = as_numpy(routes.offsets(), "routed_experts")
         try:
-            return Window.from_routed_experts(flat, cu, num_experts)
+            return Window.from_routed_experts(flat, cu, num_experts, moe_layers)
         except RoutepackError as e:  # named by the recorded sample and token, not the flattened array
             raise renamed(
                 e, "routed_experts", lambda t, b: (f"routed_experts[{b}]", f"token {t - int(cu[b])} (sample {b})")
             ) from None
-    return window_from_verl(routed_experts=routes, attention_mask=attention_mask, num_experts=num_experts, mode="R2")
+    return window_from_verl(
+        routed_experts=routes, attention_mask=attention_mask, num_experts=num_experts, mode="R2", moe_layers=moe_layers
+    )
 
 
 # ----------------------------------------------------------------------- workers
@@ -436,6 +453,7 @@ def install(
     force_group_size: int = 1,
     driver: bool = True,
     workers: bool = True,
+    model_config: Any = None,
     **planner_options: Any,
 ) -> VerlInstall:
     """Plans every step of a verl PPO run in this process (see the module docstring).
@@ -450,6 +468,11 @@ def install(
         force_group_size: consecutive samples that share a microbatch (verl's reward-model
                  pairs); plans keep them together.
         driver, workers: hook the driver's ``_balance_batch`` / the workers' microbatching.
+        model_config: the model's config (transformers or Megatron), for which layers route
+                 (`routepack.routes.MoELayers`: dense layers' zero rows are not counted, plans
+                 are keyed by MoE layer); default: the transformers config in the local
+                 checkpoint ``actor_rollout_ref.model.path``, where there is one; otherwise
+                 every route row is an MoE layer.
         planner_options: `TrainerPlanner`'s (``ep``, ``gpus_per_node``, ``slots_per_rank``
                  override the config's; ``seed``, ``anneal_moves``, ``time_budget_s``, stage options).
 
@@ -478,7 +501,7 @@ def install(
     extra_slots = planner.slots_per_rank * planner.ep > planner.num_experts or bool(planner.replica_slots)
     if ckpt is not None and planner.runs.placement and extra_slots:
         raise RoutepackError(ckpt + "; save ['model', 'extra'] or use slots_per_rank = E / ep and replica_slots = 0")
-    inst = VerlInstall(planner, settings, force_group_size)
+    inst = VerlInstall(planner, settings, force_group_size, _moe_layers(config, model_config))
     if driver:
         patch_driver()
     if workers:
@@ -486,6 +509,22 @@ def install(
     _ACTIVE = inst
     LOG.info("%s", inst.describe())
     return inst
+
+
+def _moe_layers(config: Any, model_config: Any) -> Optional[MoELayers]:
+    """The model's `MoELayers`: from ``model_config``, else from the transformers config of the
+    local checkpoint verl trains (``actor_rollout_ref.model.path``), else None."""
+    if model_config is not None:
+        return MoELayers.from_config(model_config)
+    path = _get(config, "actor_rollout_ref.model.path")
+    if not isinstance(path, str) or not os.path.isfile(os.path.join(path, "config.json")):
+        return None
+    try:
+        from transformers import AutoConfig  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    trust = bool(_get(config, "actor_rollout_ref.model.trust_remote_code", False))
+    return MoELayers.from_config(AutoConfig.from_pretrained(path, trust_remote_code=trust))
 
 
 def install_from_config(config: Any) -> VerlInstall:

@@ -1,8 +1,9 @@
-"""The routing-replay layouts trainers hold, flattened to ``(routed [T, L, k], cu_seqlens
-[S+1])``: what `Window.from_routed_experts` counts, and the way back from the flattened
-token a counting error names to the position in the trainer's layout. Builds on numpy,
-errors and `_checks` only, so `window` and `replay` both build on it without importing each
-other.
+"""Expert-id arrays as every route layout holds them: the id dtypes, their checks, the
+layouts flattened to ``(routed [T, L, k], cu_seqlens [S+1])`` (what
+`Window.from_routed_experts` counts), and the way back from the flattened token a counting
+error names to the position in the caller's layout. Builds on numpy, errors and `_checks`
+only (nothing in `routepack.routes` imports `window`), so `window` and the engine modules both
+build on it.
 
 * verl: ``batch["routed_experts"]`` ``[B, T, L, k]`` zero-padded, with ``attention_mask [B, T]``
   telling real tokens (uint8 ids when E <= 256).
@@ -32,6 +33,18 @@ def check_ids(arr: np.ndarray, name: str, ndim: int) -> np.ndarray:
     if arr.ndim != ndim:
         raise RoutepackError(f"{name}: expected {ndim} dimensions, got shape {arr.shape}")
     return native_order(arr, name)
+
+
+def host_array(value: Any, name: str) -> np.ndarray:
+    """numpy view of a numpy array (read-only ones too: slime's ``np.frombuffer``), a CPU torch
+    tensor (read without importing torch) or a nested list; a tensor on another device is
+    refused, naming ``name``."""
+    if hasattr(value, "detach") and hasattr(value, "numpy"):
+        if getattr(getattr(value, "device", None), "type", "cpu") != "cpu":
+            raise RoutepackError(f"{name}: a {value.device} tensor; pass it on the CPU (.cpu())")
+        return value.detach().numpy()
+    with allocating(name, "an array of its items"):
+        return np.asarray(value)
 
 
 def check_same_layout(arrays: "list[np.ndarray]", name: str) -> None:
@@ -146,7 +159,9 @@ def slime_location(cu: np.ndarray) -> Locate:
 __all__ = [
     "ROUTED_DTYPES",
     "check_ids",
+    "check_same_layout",
     "flatten_slime",
+    "host_array",
     "flatten_verl",
     "native_order",
     "renamed",
