@@ -20,9 +20,9 @@ Megatron's CUDA-only calls. Everything else Megatron runs is its own code.
 Megatron's optimizers (``FP32Optimizer``, ``Float16OptimizerWithFloat16Params``,
 ``DistributedOptimizer``), its grad clipping, its pipeline schedules and its checkpoint writer
 are CUDA-only beyond those five; the tests that train and checkpoint with them call
-``install(optimizers=True)``, which adds 6-8 (CUDA-only calls), 9 (a load path that fails
-in Megatron itself where neither Apex nor Transformer Engine is installed) and 10 (the
-interleaved schedule's point-to-point order at pp = 2, which gloo pairs by order):
+``install(optimizers=True)``, which adds 6-8 (CUDA-only calls) and 9 (a load path that fails
+in Megatron itself where neither Apex nor Transformer Engine is installed). Megatron's pipeline
+schedules, the interleaved one's point-to-point communication included, run as shipped.
 
 6. ``device='cuda'`` literals in ``megatron.core.optimizer`` (the loss-scale, found-inf and
    overflow tensors, the grad-norm buffers), ``megatron.core.utils`` (the l2 norm without
@@ -41,15 +41,20 @@ interleaved schedule's point-to-point order at pp = 2, which gloo pairs by order
    wrong bias correction), and the ``fully_reshardable`` load copies the state key by key
    from a loaded state that has no ``step`` (``KeyError: 'step'``). The stand-in keeps the
    step the state holds and gives each parameter its own copy after the load.
-10. The pipeline's point-to-point ops at pp = 2 under the interleaved schedule, where a
-    stage's previous and next stage are the same rank: ``_batched_p2p_ops`` and
-    ``_communicate_shapes`` (``variable_seq_lengths``) post [send_prev, recv_prev, send_next,
-    recv_next] on both ranks, and gloo pairs the messages between two ranks by posting order
-    (one tag), so the activation's shape and tensor land in the receive meant for the peer's
-    gradient and the other way round (a forward on a wrong microbatch's activations, or a size
-    mismatch). The stand-in posts the same ops with the sends next-first and the receives
-    prev-first, so each rank's k-th send meets the peer's k-th receive of the same kind;
-    where prev != next (every other case) it changes nothing that can be observed.
+
+The grouped expert modules real runs build (``GroupedMLP``, ``TEGroupedMLP``) call CUDA
+kernels; ``install(kernels=True)``, before ``megatron.core`` is imported (Megatron decides at
+import whether ``grouped_gemm`` and Transformer Engine are there), stands in for those kernels
+alone, with the real modules' parameter names, shapes, dtypes, registration and math (a loop
+of matmuls); Megatron's ``GroupedMLP`` / ``TEGroupedMLP`` / ``TEGroupedLinear`` code, their
+``sharded_state_dict`` and the dispatcher run stock:
+
+10. ``grouped_gemm.ops.gmm`` (the package ``fanshiqing/grouped_gemm`` is CUDA-only), which
+    Megatron's ``GroupedMLP`` calls (`_gmm_function`);
+11. Transformer Engine's ``transformer_engine.pytorch.GroupedLinear`` (TE is CUDA-only), which
+    Megatron's ``TEColumnParallelGroupedLinear`` / ``TERowParallelGroupedLinear`` subclass for
+    ``TEGroupedMLP`` (`_grouped_linear_class`); every other TE name Megatron imports is a
+    placeholder that raises if built or called (so no other TE path can run unnoticed).
 
 `standins()` lists them (the report in docs/megatron.md names which Megatron paths ran stock).
 """
@@ -86,7 +91,7 @@ class _NoStream:
         return 0
 
 
-def standins(optimizers: bool = False) -> List[str]:
+def standins(optimizers: bool = False, kernels: bool = False) -> List[str]:
     """The stand-ins `install` applies, one line each."""
     out = [
         "torch.cuda.current_device -> 'cpu'",
@@ -101,7 +106,11 @@ def standins(optimizers: bool = False) -> List[str]:
             "Tensor.type() of a CPU tensor -> its CUDA type string",
             "torch.cuda.synchronize -> no-op (checkpoint writer)",
             "DistributedOptimizer state load: Adam's per-parameter step kept and unshared (no Apex/TE)",
-            "pipeline p2p ops at pp = 2: sends next-first, receives prev-first (gloo pairs by order)",
+        ]
+    if kernels:
+        out += [
+            "grouped_gemm.ops.gmm -> a loop of matmuls (CUDA-only package)",
+            "transformer_engine.pytorch.GroupedLinear -> a loop of matmuls (CUDA-only package; other TE names raise)",
         ]
     return out
 

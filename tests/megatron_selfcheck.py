@@ -28,6 +28,7 @@ import torch
 
 import routepack as rp
 from routepack.plan import Placement, Plan
+from routepack.routes import MoELayers
 from routepack.torch.replay import rank_microbatches
 
 
@@ -41,7 +42,10 @@ class MegatronCase:
     expert MLP Megatron's spec builders pick (`EXPERT_MODULES`). ``moe_layer_freq``:
     Megatron's pattern of MoE layers (1: every layer; a 0/1 list: dense layers where 0);
     ``mtp_layers``: multi-token-prediction layers (Megatron's ``mtp_num_layers``; their MoE
-    layers route live, outside the plan); ``overlap_p2p_comm``: Megatron's config of the
+    layers route live, outside the plan), their spec taken from the stock decoder spec or,
+    ``mtp_from_plan``, from the plan's (a `PlanMoELayer` the runner leaves out of the plan);
+    ``router``: TransformerConfig options of the router (expert groups, score function, ...);
+    ``overlap_p2p_comm``: Megatron's config of the
     same name (the interleaved schedule's separate sends and receives)."""
 
     dp: int = 2
@@ -68,6 +72,7 @@ class MegatronCase:
     experts_module: str = "sequential"
     moe_layer_freq: Any = 1
     mtp_layers: int = 0
+    mtp_from_plan: bool = False
     overlap_p2p_comm: bool = False
     router: Tuple[Tuple[str, Any], ...] = ()
 
@@ -79,20 +84,26 @@ class MegatronCase:
 EXPERT_MODULES = {"sequential": "SequentialMLP", "grouped": "GroupedMLP", "te_grouped": "TEGroupedMLP"}
 
 
+def moe_layers(case: MegatronCase) -> MoELayers:
+    """The model's MoE layers as routepack reads them from Megatron's config fields
+    (``num_layers``, ``moe_layer_freq``, ``mtp_num_layers``)."""
+    return MoELayers.from_config(
+        {"num_layers": case.layers, "moe_layer_freq": case.moe_layer_freq, "mtp_num_layers": case.mtp_layers}
+    )
+
+
 def moe_rows(case: MegatronCase) -> List[int]:
     """The decoder layers (0-based) that are MoE layers: the rows of a route tensor in verl's
     layout (one per layer) that a plan counts."""
-    freq = case.moe_layer_freq
-    if isinstance(freq, int):
-        return [i for i in range(case.layers) if i % freq == 0]
-    return [i for i, f in enumerate(freq) if f]
+    return list(moe_layers(case).rows)
 
 
 def synthetic_window(case: MegatronCase, w: int) -> Tuple[rp.Window, np.ndarray, np.ndarray]:
     """Window ``w``: (Window, routed int32 ``[T, layers, k]``, cu ``[S+1]``): ``samples``
     samples of 4-24 tokens, each MoE layer's experts drawn from a skewed popularity that drifts
     between windows (so placements change). ``routed`` has verl's layout, one row per decoder
-    layer with zeros on dense layers; the Window counts the MoE rows (`moe_rows`)."""
+    layer with zeros on dense layers; the Window counts the MoE rows (``moe_layers``, read from
+    the model's config by `MoELayers`)."""
     rng = np.random.default_rng([case.seed, 7, w])
     lens = rng.integers(4, 24, size=case.samples)
     cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
@@ -101,9 +112,16 @@ def synthetic_window(case: MegatronCase, w: int) -> Tuple[rp.Window, np.ndarray,
         pop = rng.dirichlet(np.full(case.experts, 0.2))
         for t in range(routed.shape[0]):
             routed[t, l] = rng.choice(case.experts, size=case.top_k, replace=False, p=pop)
+    rows = moe_layers(case).moe_layers(case.layers)
+    return rp.Window.from_routed_experts(routed, cu, case.experts, moe_layers=rows), routed, cu
+
+
+def moe_routes(case: MegatronCase, routed: np.ndarray) -> np.ndarray:
+    """The MoE layers' rows of ``routed`` (verl's layout ``[T, layers, k]``): ``[T, L, k]``
+    with L the plan's layers (``routed`` itself for an all-MoE model), what the microbatches
+    replay layer by layer."""
     rows = moe_rows(case)
-    moe = routed if len(rows) == case.layers else np.ascontiguousarray(routed[:, rows])
-    return rp.Window.from_routed_experts(moe, cu, case.experts), routed, cu
+    return routed if len(rows) == routed.shape[1] else np.ascontiguousarray(routed[:, rows])
 
 
 def planned(case: MegatronCase, policy: Any = "routepack") -> Callable[[int, Placement], tuple]:
@@ -211,8 +229,9 @@ def layer_spec(case: MegatronCase, cfg: Any, vp_stage: Optional[int] = None) -> 
 
 def build_model(case: MegatronCase, plan: bool, device: Any = "cpu", **kw: Any) -> Any:
     """The GPT model (no DDP), every parameter from `init_weights`; under vpp > 1 the list of
-    this rank's model chunks. With ``mtp_layers`` the MTP block is built from the stock spec
-    (Megatron-LM's builder takes it from the decoder's last layer spec)."""
+    this rank's model chunks. With ``mtp_layers`` the MTP block is built as Megatron-LM's GPT
+    builder does, from the decoder's last layer spec (the stock one, or ``mtp_from_plan`` the
+    plan's)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec  # type: ignore[import-untyped]
     from megatron.core.models.gpt.gpt_model import GPTModel  # type: ignore[import-untyped]
 
@@ -236,7 +255,8 @@ def build_model(case: MegatronCase, plan: bool, device: Any = "cpu", **kw: Any) 
                 **({"vp_stage": v} if case.vpp > 1 else {}),
             )
         if case.mtp_layers:
-            stages["mtp_block_spec"] = get_gpt_mtp_block_spec(cfg, stock, use_transformer_engine=False, vp_stage=vp)
+            source = spec if case.mtp_from_plan else stock
+            stages["mtp_block_spec"] = get_gpt_mtp_block_spec(cfg, source, use_transformer_engine=False, vp_stage=vp)
         model = GPTModel(
             config=cfg, transformer_layer_spec=spec, vocab_size=case.vocab, max_sequence_length=512, **stages
         )
@@ -353,11 +373,12 @@ def _forward_step(case: MegatronCase, w: int, cu: np.ndarray, rs: List[Any], dev
         mb = next(data_iterator)
         ids = torch.cat([_tokens(case, w, int(s), int(cu[s + 1] - cu[s])) for s in mb.samples]).to(device)
         t = ids.numel()
-        for r in rs:  # routes in verl's layout: layer_number (global, 1-based) - 1 is a layer's row
+        for r in rs:  # the microbatch's routes are the MoE layers' rows, in layer order
             if r.layer_number > case.layers:
                 continue  # an MTP layer: no route tensor has its rows; it routes live (as under verl)
+            row = moe_rows(case).index(r.layer_number - 1)
             r.router_replay.clear_indices()
-            r.router_replay.set_target_indices(mb.routed[:, r.layer_number - 1].to(torch.int64).to(device))
+            r.router_replay.set_target_indices(mb.routed[:, row].to(torch.int64).to(device))
             r.router_replay.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
         pos = torch.arange(t, device=device).unsqueeze(0)
         mask = torch.triu(torch.ones(t, t, device=device), diagonal=1).bool()[None, None]
@@ -438,19 +459,29 @@ def train(
     ddp, opt = wrap(model, case)
     runner = rm.MegatronRunner(ddp, topology(case), groups=groups) if plan else None
     previous = Placement.static(len(moe_rows(case)), case.experts, topology(case))
-    out: Dict[str, Any] = {"losses": [], "grad_norms": [], "migrated": 0, "replicated": 0, "migrations": []}
+    out: Dict[str, Any] = {
+        "losses": [],
+        "grad_norms": [],
+        "migrated": 0,
+        "replicated": 0,
+        "redundant": 0,
+        "migrations": [],
+        "experts": expert_classes(model),
+    }
     for w in range(case.windows):
         rebalanced, static, window, routed, cu = plans(w, previous)
         if not case.replicas:
             rebalanced = _without_replicas(rebalanced)
         previous = rebalanced.placement
         use = rebalanced if plan else static
-        mbs = rank_microbatches(use, routed, rank, cu, dp=case.dp)
+        mbs = rank_microbatches(use, moe_routes(case, routed), rank, cu, dp=case.dp)
         if runner is not None:
             report = runner.begin_window(use, window, opt)
             out["migrations"].append(None if report is None else report.rows)
             out["migrated"] += int(use.migration.size)
             out["replicated"] += int(use.replicas.size)
+            held = use.placement.phy2log
+            out["redundant"] += int((held >= 0).sum()) - held.shape[0] * case.experts
         if before_step is not None:
             before_step(w, ddp, opt, runner)
         losses, norm = run_step(case, w, ddp, opt, mbs, cu, runner, device)
@@ -460,6 +491,21 @@ def train(
             after_window(w, ddp, opt, runner)
     out["weights"] = logical_weights(ddp)
     return out
+
+
+def expert_classes(model: Any) -> List[str]:
+    """The classes of the model's expert modules and their first linear (what the spec built):
+    e.g. ``TEGroupedMLP`` and ``TEColumnParallelGroupedLinear``."""
+    chunks = model if isinstance(model, list) else [model]
+    names = set()
+    for c in chunks:
+        for m in c.modules():
+            if any(k.__name__ == "MoELayer" for k in type(m).__mro__):
+                names.add(type(m.experts).__name__)
+                fc1 = getattr(m.experts, "linear_fc1", None)
+                if fc1 is not None:
+                    names.add(type(fc1).__name__)
+    return sorted(names)
 
 
 def own_groups() -> Any:

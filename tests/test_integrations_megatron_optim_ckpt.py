@@ -17,6 +17,7 @@ zeros. Formats that store optimizer state by physical buffer are refused. CUDA-o
 two faults of DistributedOptimizer's load without Apex) are stood in for by tests/megatron_cpu.py."""
 
 import multiprocessing
+import types
 import os
 import sys
 import tempfile
@@ -164,7 +165,15 @@ def check_optimizer_checkpoint(rank, world, device, root, distopt, experts_modul
     # run A: windows 0, 1, checkpoint, window 2
     model = ms.build_model(case, True)
     ddp, opt = ms.wrap(model, case)
-    runner = rm.MegatronRunner(ddp, topo)
+    # the trainers' default DistributedOptimizer formats are refused when the runner is built
+    defaults = {
+        "dp_reshardable": types.SimpleNamespace(dist_ckpt_optim_fully_reshardable=False),  # verl's, Megatron-LM's
+        "fully_sharded_model_space": {"distrib_optim_sharding_type": "fully_sharded_model_space"},  # Megatron-Core's
+    }
+    out["runner_refusals"] = {
+        f: _raised(lambda: rm.MegatronRunner(ddp, topo, checkpoint=s)) for f, s in defaults.items()
+    }
+    runner = rm.MegatronRunner(ddp, topo, checkpoint=meta)  # fully_reshardable (distopt) or None: accepted
     previous = static
     for w in range(3):
         plan, _, window, routed, cu = plans(w, previous)
@@ -233,6 +242,12 @@ def test_optimizer_checkpoint_loads_under_another_placement(world, distopt):
         out = run_ranks(
             check_optimizer_checkpoint, world, os.path.join(root, "ckpt"), distopt, join_timeout_s=600, pg_timeout_s=180
         )
+    assert_checkpoint_ok(out, world, distopt)
+
+
+def assert_checkpoint_ok(out, world, distopt):
+    """`check_optimizer_checkpoint`'s results on every rank: the loads equal run A and every
+    copy's optimizer state its expert's."""
     for rank, f in sorted(out.items()):
         assert f["placements_differ"] and min(f["second_local"].values()) > 0, (rank, f["second_local"])
         assert f["held"] < 2 * 2 * 5  # an empty slot, besides the replica buffers (2 layers, EP 2)
@@ -247,5 +262,8 @@ def test_optimizer_checkpoint_loads_under_another_placement(world, distopt):
         if distopt:  # Megatron's default format fails alike for the stock model (flattened ranges)
             for name in ("plan", "stock"):
                 assert "flattened_range is not supported" in f[f"{name}_default_format"], (rank, name, f)
+        for fmt, refusal in f["runner_refusals"].items():
+            assert refusal.startswith("RoutepackError") and f"distrib_optim_sharding_type='{fmt}'" in refusal, refusal
+            assert "dist_ckpt_optim_fully_reshardable=True" in refusal, refusal
         assert f["refused"] == "nothing"  # the stock model's state dict does not depend on a placement
         assert f["refused_plan"].startswith("RoutepackError") and "'fully_reshardable'" in f["refused_plan"], f

@@ -182,15 +182,62 @@ _REFUSED_FORMATS = (
 )
 
 
+#: the setting that makes Megatron-LM's and verl's checkpoint code pass 'fully_reshardable'
+FULLY_RESHARDABLE_SETTING = (
+    "set dist_ckpt_optim_fully_reshardable=True (Megatron-LM: --dist-ckpt-optim-fully-reshardable; verl: "
+    "actor_rollout_ref.actor.megatron.dist_ckpt_optim_fully_reshardable=True), or pass "
+    "metadata={'distrib_optim_sharding_type': 'fully_reshardable'} to the model's and the optimizer's "
+    "sharded_state_dict"
+)
+
+
+def _get(settings: Any, key: str) -> Any:
+    return settings.get(key) if isinstance(settings, dict) else getattr(settings, key, None)
+
+
+def checkpoint_format(settings: Any) -> Any:
+    """The ``distrib_optim_sharding_type`` a trainer's checkpoint code will pass, from its
+    settings: the metadata dict itself (``distrib_optim_sharding_type``), or Megatron-LM's
+    ``args`` / verl's Megatron engine config, whose checkpoint code
+    (``_build_sharded_state_dict_metadata`` in both) passes ``'fsdp_dtensor'`` under Megatron
+    FSDP (``use_megatron_fsdp`` / ``ckpt_format='fsdp_dtensor'``), else with
+    ``DistributedOptimizer`` (``use_distributed_optimizer``, absent: on, verl's default)
+    ``'fully_reshardable'`` where ``dist_ckpt_optim_fully_reshardable`` and ``'dp_reshardable'``
+    (its default) where not. None: no ``DistributedOptimizer`` format (its state by parameter)."""
+    if _get(settings, "distrib_optim_sharding_type") is not None:
+        return _get(settings, "distrib_optim_sharding_type")
+    if _get(settings, "use_megatron_fsdp") or _get(settings, "ckpt_format") == "fsdp_dtensor":
+        return "fsdp_dtensor"
+    if _get(settings, "use_distributed_optimizer") is False:
+        return None
+    if _get(settings, "dist_ckpt_optim_fully_reshardable") is None:
+        raise RoutepackError(
+            f"checkpoint: {type(settings).__name__} has neither distrib_optim_sharding_type (the metadata passed to "
+            "sharded_state_dict) nor dist_ckpt_optim_fully_reshardable (Megatron-LM's args, verl's megatron config)"
+        )
+    return "fully_reshardable" if _get(settings, "dist_ckpt_optim_fully_reshardable") else "dp_reshardable"
+
+
+def refuse_checkpoint_format(settings: Any) -> None:
+    """Refuses (`RoutepackError` naming the setting to change) checkpoint settings
+    (`checkpoint_format`'s forms) whose ``DistributedOptimizer`` format stores the state of
+    physical slots: what `MegatronRunner` checks when it is built."""
+    _refuse(checkpoint_format(settings))
+
+
 def _refuse_format(metadata: Any) -> None:
-    fmt = (metadata or {}).get("distrib_optim_sharding_type")
+    """The same for the metadata a ``sharded_state_dict`` call gets (no format named: the
+    optimizer's state is by parameter, or Megatron's default, refused at its own flattened ranges)."""
+    _refuse((metadata or {}).get("distrib_optim_sharding_type"))
+
+
+def _refuse(fmt: Any) -> None:
     if fmt in _REFUSED_FORMATS or fmt == "fsdp_dtensor":
         raise RoutepackError(
             f"checkpoint: distrib_optim_sharding_type={fmt!r}: a model under a plan saves optimizer state by "
             "logical expert, which DistributedOptimizer does only in its 'fully_reshardable' format (this one "
             "stores the state of physical slots by buffer or flattened range, so it would load into the wrong "
-            "experts under another placement); pass metadata={'distrib_optim_sharding_type': 'fully_reshardable'} "
-            "to the model's and the optimizer's sharded_state_dict"
+            f"experts under another placement); {FULLY_RESHARDABLE_SETTING}"
         )
 
 
@@ -295,4 +342,12 @@ def sync_local_copies(layer: Any, *_: Any) -> None:
             first[e] = i
 
 
-__all__ = ["is_moe_layer", "logical_sharded_state_dict", "slot_experts", "sync_local_copies"]
+__all__ = [
+    "FULLY_RESHARDABLE_SETTING",
+    "checkpoint_format",
+    "refuse_checkpoint_format",
+    "is_moe_layer",
+    "logical_sharded_state_dict",
+    "slot_experts",
+    "sync_local_copies",
+]

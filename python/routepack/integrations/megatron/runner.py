@@ -26,10 +26,12 @@ import torch.distributed as dist
 
 from routepack._checks import positive_int
 from routepack.errors import InvalidPlanError, RoutepackError, RoutepackTypeError
+from routepack.integrations.megatron.checkpoint import refuse_checkpoint_format
 from routepack.integrations.megatron.grad_norm import count_each_expert_once
 from routepack.integrations.megatron.groups import MegatronGroups, groups_from_parallel_state
 from routepack.integrations.megatron.layer import PlanMoELayer
-from routepack.integrations.megatron.layers import moe_layer_numbers, plan_layers
+from routepack.integrations.megatron.layers import plan_layers
+from routepack.routes.layers import moe_layer_numbers
 from routepack.integrations.megatron.microbatch import MicrobatchState
 from routepack.integrations.megatron.slot_state import MegatronSlotState
 from routepack.integrations.megatron.tables import buffer_of, cell_rows, layer_tables
@@ -139,7 +141,12 @@ class MegatronRunner:
     ``topo.stage_layers`` gives it). ``timeout`` bounds every wait of migration and replication.
     ``groups``: the process groups and ranks it runs over (`MegatronGroups`: expert-parallel,
     pipeline, data-parallel rank and size); None: the layers' own expert-parallel group and the
-    rest from Megatron's ``parallel_state`` (`groups_from_parallel_state`).
+    rest from Megatron's ``parallel_state`` (`groups_from_parallel_state`). ``checkpoint``: the
+    trainer's checkpoint settings (Megatron-LM's ``args``, verl's Megatron engine config, or the
+    metadata its saves pass to ``sharded_state_dict``): a ``DistributedOptimizer`` format that
+    stores physical slots' state (``dp_reshardable``, verl's and Megatron-LM's default;
+    ``fully_sharded_model_space``; ``fsdp_dtensor``) is refused here, naming the setting
+    (`checkpoint.checkpoint_format`); None: checked at each ``sharded_state_dict`` call only.
 
     Under a pipeline (pp > 1) each stage carries out the plan's rows of its own layers,
     intra-batch replicas included: with several microbatches in flight the runner keeps each
@@ -160,9 +167,12 @@ class MegatronRunner:
         topo: Any,
         timeout: datetime.timedelta = datetime.timedelta(seconds=120),
         groups: Optional[MegatronGroups] = None,
+        checkpoint: Any = None,
     ) -> None:
         if not isinstance(topo, Topology):
             raise RoutepackTypeError(f"topo: expected routepack.Topology, got {type(topo).__name__}")
+        if checkpoint is not None:  # refused now, not at the first save hours into the run
+            refuse_checkpoint_format(checkpoint)
         _args.timeout(timeout, optional=False)
         if groups is not None and not isinstance(groups, MegatronGroups):
             raise RoutepackTypeError(f"groups: expected MegatronGroups, got {type(groups).__name__}")
@@ -183,11 +193,12 @@ class MegatronRunner:
         #: MoE layers of this rank the plan does not cover (MTP layers), by Megatron layer
         #: number, each with the reason: they route live at their static placement
         self.unplanned: Dict[int, str] = {n: why for n, why in keyed.items() if isinstance(why, str)}
-        mods = [m for m in mods if not isinstance(keyed[m.layer_number], str)]
+        index = {n: i for n, i in keyed.items() if isinstance(i, int)}
+        mods = [m for m in mods if m.layer_number in index]
         if not mods:
             raise RoutepackError(f"model: its PlanMoELayer layers are all outside the plan: {self.unplanned}")
         for m in mods:
-            m.moe_index = keyed[m.layer_number]
+            m.moe_index = index[m.layer_number]
         mods.sort(key=lambda m: m.moe_index)
         self.layers = mods
         if groups is None:  # the layers' own EP group object: no second communicator over the same ranks
