@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from routepack.errors import RoutepackError
+from routepack.integrations.megatron.checkpoint_slots import LoadedCopies, Slot, refuse_flattened
 
 
 def is_moe_layer(m: Any) -> bool:
@@ -55,18 +56,7 @@ def slot_experts(layer: Any) -> np.ndarray:
     return np.arange(n, dtype=np.int64) + dist.get_rank(layer.ep_group) * n
 
 
-@dataclass(frozen=True)
-class _Slot:
-    """A local expert in a checkpoint: its logical expert (0 for a slot holding none), role
-    ("first": the first local copy, saved; "copy": a later local copy; "empty": no expert or a
-    replica buffer) and copy rank (0: the expert's first copy in the placement)."""
-
-    expert: int
-    role: str
-    rank: int
-
-
-def _slots(layer: Any) -> List[_Slot]:
+def _slots(layer: Any) -> List[Slot]:
     local = slot_experts(layer)
     n = layer.num_local_experts
     ranks = np.zeros(n, dtype=np.int64)
@@ -82,9 +72,9 @@ def _slots(layer: Any) -> List[_Slot]:
     out = []
     for i, e in enumerate(local.tolist()):
         if e < 0:
-            out.append(_Slot(0, "empty", 0))
+            out.append(Slot(0, "empty", 0))
         else:
-            out.append(_Slot(int(e), "copy" if e in first else "first", int(ranks[i])))
+            out.append(Slot(int(e), "copy" if e in first else "first", int(ranks[i])))
             first.setdefault(int(e), i)
     return out
 
@@ -100,9 +90,10 @@ def logical_sharded_state_dict(layer: Any, prefix: str, sharded_offsets: tuple, 
     E = int(getattr(layer, "num_logical", layer.config.num_moe_experts))
     experts = layer.experts
     singleton = bool((metadata or {}).get("singleton_local_shards", False))
-    edp = dist.get_rank(experts.dp_group) if hasattr(experts, "dp_group") else 0
-    edp_n = dist.get_world_size(experts.dp_group) if hasattr(experts, "dp_group") else 1
-    copies = _LoadedCopies()
+    edp_group = _expert_dp_group(experts)
+    edp = dist.get_rank(edp_group) if edp_group is not None else 0
+    edp_n = dist.get_world_size(edp_group) if edp_group is not None else 1
+    copies = LoadedCopies()
     if hasattr(experts, "weight1"):  # GroupedMLP
         from routepack.integrations.megatron.grouped_checkpoint import grouped_sharded_state_dict
 
@@ -120,6 +111,18 @@ def logical_sharded_state_dict(layer: Any, prefix: str, sharded_offsets: tuple, 
             sh.replica_id = (*rid[:2], edp + edp_n * slot.rank)
         out[name] = _entry(sh, slot, relabel, copies)
     return out
+
+
+def _expert_dp_group(experts: Any) -> Any:
+    """The expert-data-parallel group the experts' checkpoint replicas are over:
+    ``SequentialMLP`` / ``GroupedMLP`` hold it (``dp_group``); ``TEGroupedMLP`` does not, its
+    ``TEGroupedLinear`` modules do (``_pg_collection.expt_dp``, what their own
+    ``_sharded_state_dict_grouped`` reads). None: no such group (one replica)."""
+    group = getattr(experts, "dp_group", None)
+    if group is None:
+        pgs = getattr(getattr(experts, "linear_fc1", None), "_pg_collection", None)
+        group = getattr(pgs, "expt_dp", None)
+    return group
 
 
 def _local_index(name: str) -> int:
@@ -158,7 +161,7 @@ def _relabeler(axis: int, physical: int, e: int, E: int, singleton: bool) -> Cal
     return relabel
 
 
-def _entry(sh: Any, slot: _Slot, relabel: Callable[[Any], Any], copies: "_LoadedCopies") -> Any:
+def _entry(sh: Any, slot: Slot, relabel: Callable[[Any], Any], copies: LoadedCopies) -> Any:
     """``sh`` (a stock entry of ``slot``) as the plan's checkpoint holds it."""
     from megatron.core.dist_checkpointing.mapping import (  # type: ignore[import-untyped]
         LocalNonpersistentObject,
@@ -249,28 +252,6 @@ class _Pending:
     data: torch.Tensor
 
 
-class _LoadedCopies:
-    """One layer's ``sharded_state_dict`` call: the loaded tensor of each first local copy by
-    (checkpoint key, logical expert), and the second copies' tensors it fills (factory merges
-    run in any order)."""
-
-    def __init__(self) -> None:
-        self.loaded: Dict[Tuple[str, int], torch.Tensor] = {}
-        self.waiting: Dict[Tuple[str, int], List[torch.Tensor]] = {}
-
-    @torch.no_grad()
-    def first(self, key: str, e: int, t: torch.Tensor) -> None:
-        self.loaded[(key, e)] = t
-        for d in self.waiting.get((key, e), []):
-            d.copy_(t.reshape(d.shape))
-
-    @torch.no_grad()
-    def copy(self, key: str, e: int, d: torch.Tensor) -> None:
-        self.waiting.setdefault((key, e), []).append(d)
-        if (key, e) in self.loaded:
-            d.copy_(self.loaded[(key, e)].reshape(d.shape))
-
-
 def _apply(relabel: Callable[[Any], Any], built: Any) -> Any:
     """``relabel`` on every sharded entry of a factory's built structure (dicts, lists)."""
     if isinstance(built, dict):
@@ -280,7 +261,7 @@ def _apply(relabel: Callable[[Any], Any], built: Any) -> Any:
     return relabel(built)
 
 
-def _factory(sh: Any, slot: _Slot, relabel: Callable[[Any], Any], copies: _LoadedCopies) -> Any:
+def _factory(sh: Any, slot: Slot, relabel: Callable[[Any], Any], copies: LoadedCopies) -> Any:
     """A ``ShardedTensorFactory`` over ``sh`` (a local expert's ``ShardedTensor`` or GLU factory)
     whose ``build`` Megatron's optimizers call with their own key and state tensor
     (``make_sharded_optimizer_tensor`` replaces key and data); what it builds is relabeled to
@@ -292,7 +273,7 @@ def _factory(sh: Any, slot: _Slot, relabel: Callable[[Any], Any], copies: _Loade
     e, role = slot.expert, slot.role
 
     def build(key: str, data: torch.Tensor, replica_id: Any, flattened_range: Any) -> Any:
-        _refuse_flattened(key, flattened_range)
+        refuse_flattened(key, flattened_range)
         if role != "first":
             return LocalNonpersistentObject(_Pending(key, data))
         if inner_factory:
@@ -316,15 +297,6 @@ def _factory(sh: Any, slot: _Slot, relabel: Callable[[Any], Any], copies: _Loade
         return loaded.data
 
     return ShardedTensorFactory(sh.key, param, build, merge, sh.replica_id)
-
-
-def _refuse_flattened(key: str, flattened_range: Any) -> None:
-    if flattened_range is not None:
-        raise RoutepackError(
-            f"checkpoint: {key}: optimizer state with a flattened_range (DistributedOptimizer's default "
-            "'fully_sharded_model_space' format, which Megatron 0.16 refuses for the stock model too) cannot "
-            "be keyed by logical expert; pass metadata={'distrib_optim_sharding_type': 'fully_reshardable'}"
-        )
 
 
 @torch.no_grad()

@@ -23,18 +23,18 @@ from typing import Any, Dict, List, Tuple
 
 import torch
 
-from routepack.integrations.megatron.checkpoint import _LoadedCopies, _refuse_flattened, _Slot
+from routepack.integrations.megatron.checkpoint_slots import LoadedCopies, Slot, refuse_flattened
 
 
 def grouped_sharded_state_dict(
     experts: Any,
-    slots: List[_Slot],
+    slots: List[Slot],
     E: int,
     prefix: str,
     sharded_offsets: tuple,
     singleton: bool,
     edp: Tuple[int, int],
-    copies: _LoadedCopies,
+    copies: LoadedCopies,
 ) -> Dict[str, Any]:
     """The entries of a ``GroupedMLP``'s ``sharded_state_dict`` in logical experts (module
     docstring). ``slots``: each local expert's logical expert and role; ``edp``: (this rank's
@@ -73,7 +73,7 @@ class _Factory:
         name: str,
         param: torch.nn.Parameter,
         key: str,
-        slots: List[_Slot],
+        slots: List[Slot],
         E: int,
         sharded_offsets: tuple,
         singleton: bool,
@@ -100,7 +100,7 @@ class _Factory:
     def build(self, key: str, data: torch.Tensor, replica_id: Any, flattened_range: Any) -> Any:
         from megatron.core.dist_checkpointing.mapping import LocalNonpersistentObject, ShardedTensor  # type: ignore[import-untyped]
 
-        _refuse_flattened(key, flattened_range)
+        refuse_flattened(key, flattened_range)
         prepend = len(self.offsets)
         shards = []
         for i in self.first:
