@@ -267,3 +267,42 @@ def assert_checkpoint_ok(out, world, distopt):
             assert "dist_ckpt_optim_fully_reshardable=True" in refusal, refusal
         assert f["refused"] == "nothing"  # the stock model's state dict does not depend on a placement
         assert f["refused_plan"].startswith("RoutepackError") and "'fully_reshardable'" in f["refused_plan"], f
+
+
+@pytest.mark.parametrize(
+    "settings, fmt",
+    [
+        (types.SimpleNamespace(dist_ckpt_optim_fully_reshardable=False), "dp_reshardable"),  # verl's engine config
+        (
+            types.SimpleNamespace(use_distributed_optimizer=True, dist_ckpt_optim_fully_reshardable=False),
+            "dp_reshardable",  # Megatron-LM's args, its default
+        ),
+        ({"distrib_optim_sharding_type": "fully_sharded_model_space"}, "fully_sharded_model_space"),
+        (types.SimpleNamespace(use_megatron_fsdp=True, dist_ckpt_optim_fully_reshardable=True), "fsdp_dtensor"),
+    ],
+)
+def test_runner_refuses_the_trainers_default_formats_when_built(settings, fmt):
+    import routepack as rp
+    from routepack.integrations.megatron.checkpoint import checkpoint_format
+    from routepack.integrations.megatron.runner import MegatronRunner
+
+    assert checkpoint_format(settings) == fmt
+    with pytest.raises(
+        rp.RoutepackError, match=f"distrib_optim_sharding_type='{fmt}'.*dist_ckpt_optim_fully_reshardable=True"
+    ):
+        MegatronRunner(torch.nn.Linear(2, 2), rp.Topology(2, 2, 2, 5), checkpoint=settings)
+
+
+def test_the_formats_that_carry_a_plan_pass_the_check():
+    import routepack as rp
+    from routepack.integrations.megatron.checkpoint import checkpoint_format, refuse_checkpoint_format
+
+    for settings in (
+        types.SimpleNamespace(dist_ckpt_optim_fully_reshardable=True),
+        {"distrib_optim_sharding_type": "fully_reshardable"},
+        types.SimpleNamespace(use_distributed_optimizer=False),  # FP32 / mixed precision: state by parameter
+    ):
+        refuse_checkpoint_format(settings)
+    assert checkpoint_format(types.SimpleNamespace(use_distributed_optimizer=False)) is None
+    with pytest.raises(rp.RoutepackError, match="neither distrib_optim_sharding_type"):
+        checkpoint_format(types.SimpleNamespace())

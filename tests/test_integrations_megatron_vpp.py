@@ -28,8 +28,9 @@ without replicas, and with ``hot_n`` replicas) migrate experts; next to it, the 
   of its stage (a chunk routed by another microbatch's table would not);
 * losses per microbatch (the last stage, which holds the last chunk), grad norms and the
   logical weights of every chunk equal the stock model's to 1e-5;
-* with replicas: the same, the copies of every layer computed tokens, and the runner put
-  earlier microbatches' copies back before their experts' backward;
+* with replicas: the same, the copies of every layer the plan replicates computed tokens (and
+  none elsewhere), and the runner put earlier microbatches' copies back before their
+  experts' backward;
 * refused at once: both chunks given as one module where topo says vpp = 2, a topo with vpp = 1;
   with the runner's hooks removed, `finish_step` raises (no chunk ran a planned microbatch).
 
@@ -76,6 +77,7 @@ def _case(config, replica_slots):
         replica_slots=replica_slots,
         replicas=replica_slots > 0,
         token_cap=24,
+        samples=8 if pp == 2 else 16,  # a multiple of pp microbatches a DP rank, each non-empty
         overlap_p2p_comm=overlap,
     )
 
@@ -113,7 +115,19 @@ def check_interleaved(rank, world, device, config, replication):
     case = _case(config, 3 if replication != "none" else 0)
     dp_rank = parallel_state.get_data_parallel_rank()
     plans = ms.planned(case, POLICIES[replication])  # each plan validated against its window
-    seen = {k: [] for k in ("digests", "num_micro", "rows", "expected_rows", "received_ok", "copy_tokens", "bytes")}
+    seen = {
+        k: []
+        for k in (
+            "digests",
+            "num_micro",
+            "rows",
+            "expected_rows",
+            "received_ok",
+            "copy_tokens",
+            "bytes",
+            "replica_layers",
+        )
+    }
 
     def record(w, ddp, opt, runner):
         plan = runner.plan
@@ -123,6 +137,8 @@ def check_interleaved(rank, world, device, config, replication):
         seen["num_micro"].append(plan.num_micro)
         seen["rows"].append(0 if runner.last_migration is None else runner.last_migration.rows)
         seen["expected_rows"].append(int(np.isin(plan.migration["layer"], mine).sum()))
+        r = plan.replicas[np.isin(plan.replicas["layer"], mine)]
+        seen["replica_layers"].append(sorted({int(l) for l in r["layer"]}))
         for i, m in enumerate(runner.layers):
             assert np.array_equal(m.phy2log, plan.placement.phy2log[mine[i]])
         runner.recording = True
@@ -208,11 +224,13 @@ def test_interleaved_plans_equal_stock_model(config, replication):
         sent, received, restores = zip(*f["bytes"])
         assert all(b > 0 for b in sent + received), (rank, f["bytes"])
     assert any(r > 0 for f in out.values() for _, _, r in f["bytes"]), "no copies put back"
-    for stage in range(pp):  # every window, the copies of each layer of the stage computed tokens
+    for stage in range(pp):  # every window, the copies of each layer the plan replicates computed tokens
         ranks = [f for f in out.values() if f["stage"] == stage]
         for w in range(3):
             tokens = {l: 0 for l in ranks[0]["layers"]}
             for f in ranks:
                 for (m, l), n in f["copy_tokens"][w]:
                     tokens[l] += n
-            assert all(n > 0 for n in tokens.values()), (stage, w, tokens)
+            planned = ranks[0]["replica_layers"][w]
+            assert planned and all(tokens[l] > 0 for l in planned), (stage, w, planned, tokens)
+            assert all(tokens[l] == 0 for l in tokens if l not in planned), (stage, w, planned, tokens)
