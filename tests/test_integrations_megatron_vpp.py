@@ -28,9 +28,9 @@ without replicas, and with ``hot_n`` replicas) migrate experts; next to it, the 
   of its stage (a chunk routed by another microbatch's table would not);
 * losses per microbatch (the last stage, which holds the last chunk), grad norms and the
   logical weights of every chunk equal the stock model's to 1e-5;
-* with replicas: the same, the copies of every layer the plan replicates computed tokens (and
-  none elsewhere), and the runner put earlier microbatches' copies back before their
-  experts' backward;
+* with replicas: the same, every copy computed the tokens the plan's flow table sends it (a
+  replica row may carry none: then its layer's copies compute nothing), and the runner put
+  earlier microbatches' copies back before their experts' backward;
 * refused at once: both chunks given as one module where topo says vpp = 2, a topo with vpp = 1;
   with the runner's hooks removed, `finish_step` raises (no chunk ran a planned microbatch).
 
@@ -106,7 +106,10 @@ def check_interleaved(rank, world, device, config, replication):
 
     import megatron_selfcheck as ms
     from routepack.integrations import megatron as rm
+    from routepack.integrations.megatron.tables import cell_rows
+    from routepack.torch import flow_table
     from routepack.torch.broadcast import digest_int
+    from routepack.torch.routes import cell_origins
 
     pp, vpp, ep, _, _ = CONFIGS[config]
     parallel_state.initialize_model_parallel(
@@ -115,19 +118,8 @@ def check_interleaved(rank, world, device, config, replication):
     case = _case(config, 3 if replication != "none" else 0)
     dp_rank = parallel_state.get_data_parallel_rank()
     plans = ms.planned(case, POLICIES[replication])  # each plan validated against its window
-    seen = {
-        k: []
-        for k in (
-            "digests",
-            "num_micro",
-            "rows",
-            "expected_rows",
-            "received_ok",
-            "copy_tokens",
-            "bytes",
-            "replica_layers",
-        )
-    }
+    keys = "digests num_micro rows expected_rows received_ok copy_tokens bytes replica_layers copies_ok"
+    seen = {k: [] for k in keys.split()}
 
     def record(w, ddp, opt, runner):
         plan = runner.plan
@@ -153,6 +145,16 @@ def check_interleaved(rank, world, device, config, replication):
             copies[(m, l)] = sum(counts[case.slots_per_rank :])
         seen["received_ok"].append(bool(np.array_equal(got, pred)) and len(runner.received) == pred.size)
         seen["copy_tokens"].append(sorted(copies.items()))
+        # the copies' tokens on this rank against the plan's flow table of each cell
+        plan, origins = runner.plan, cell_origins(runner.plan, runner._window, runner.group_index, case.ep)
+        want = {}
+        for m, l in copies:
+            rows = cell_rows(plan, runner.group_index, m, l)
+            flows = flow_table(
+                np.ascontiguousarray(origins[m, :, l]), plan.placement.phy2log[l], ms.topology(case), rows
+            )
+            want[(m, l)] = int(flows["count"][(flows["replica"] >= 0) & (flows["dst_rank"] == runner.ep_rank)].sum())
+        seen["copies_ok"].append(want == copies)
         ex = runner.exchange
         seen["bytes"].append((0, 0, 0) if ex is None else (ex.sent_bytes, ex.received_bytes, runner.restores))
 
@@ -224,7 +226,7 @@ def test_interleaved_plans_equal_stock_model(config, replication):
         sent, received, restores = zip(*f["bytes"])
         assert all(b > 0 for b in sent + received), (rank, f["bytes"])
     assert any(r > 0 for f in out.values() for _, _, r in f["bytes"]), "no copies put back"
-    for stage in range(pp):  # every window, the copies of each layer the plan replicates computed tokens
+    for stage in range(pp):  # every window the stage's copies computed tokens, only in replicated layers
         ranks = [f for f in out.values() if f["stage"] == stage]
         for w in range(3):
             tokens = {l: 0 for l in ranks[0]["layers"]}
@@ -232,5 +234,7 @@ def test_interleaved_plans_equal_stock_model(config, replication):
                 for (m, l), n in f["copy_tokens"][w]:
                     tokens[l] += n
             planned = ranks[0]["replica_layers"][w]
-            assert planned and all(tokens[l] > 0 for l in planned), (stage, w, planned, tokens)
+            assert planned and sum(tokens.values()) > 0, (stage, w, planned, tokens)
             assert all(tokens[l] == 0 for l in tokens if l not in planned), (stage, w, planned, tokens)
+        for f in ranks:  # every copy computed the tokens the plan's flow table sends it
+            assert f["copies_ok"] == [True] * 3, (stage, f["copies_ok"])
