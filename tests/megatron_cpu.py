@@ -56,7 +56,7 @@ of matmuls); Megatron's ``GroupedMLP`` / ``TEGroupedMLP`` / ``TEGroupedLinear`` 
     ``TEGroupedMLP`` (`_grouped_linear_class`); every other TE name Megatron imports is a
     placeholder that raises if built or called (so no other TE path can run unnoticed).
 
-`standins()` lists them (the report in docs/megatron.md names which Megatron paths ran stock).
+`standins()` lists them (docs/testing.md names which Megatron paths ran stock).
 """
 
 from __future__ import annotations
