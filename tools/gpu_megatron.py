@@ -8,7 +8,8 @@ DDP, optimizers, ``forward_backward_func``; no stand-ins) under routepack plans.
     python tools/gpu_megatron.py --cpu-standins   # a rehearsal on CPU with tests/megatron_cpu.py
     python tools/gpu_megatron.py --experts te_grouped grouped --no-timing
 
-``--experts`` (default: all three) picks the expert modules; on a GPU a grouped module whose
+``--experts`` (default: all three; with ``--cpu-standins`` sequential, the grouped modules in a
+run of their own) picks the expert modules; on a GPU a grouped module whose
 kernel package (``grouped_gemm``, ``transformer_engine``) is not installed is reported as not
 run (status 0 for it, the line says so). ``GroupedMLP`` runs with ``bf16=True`` as Megatron
 asserts (its parameters fp32 as built here; ``grouped_gemm``'s kernel is bf16-only, so on a GPU
@@ -204,12 +205,19 @@ def main():
     ap.add_argument("--cpu-standins", action="store_true", help="rehearse on CPU with tests/megatron_cpu.py")
     ap.add_argument("--windows", type=int, default=WINDOWS)
     ap.add_argument("--no-timing", action="store_true")
-    ap.add_argument("--experts", nargs="+", choices=list(KERNELS), default=list(KERNELS))
+    ap.add_argument("--experts", nargs="+", choices=list(KERNELS), help="default: all three (on CPU: sequential)")
     args = ap.parse_args()
     import torch
 
-    if args.cpu_standins:  # before megatron.core is imported: it looks for grouped_gemm and TE at import
-        import megatron_cpu
+    if args.experts is None:
+        args.experts = ["sequential"] if args.cpu_standins else list(KERNELS)
+    grouped = [m for m in args.experts if KERNELS[m]]
+    if args.cpu_standins and grouped:
+        if "sequential" in args.experts:
+            # with the TE stand-in installed Megatron builds TE's norm for the local spec's block
+            print("--cpu-standins: rehearse sequential and the grouped modules in separate runs; nothing was run")
+            sys.exit(2)
+        import megatron_cpu  # before megatron.core is imported: it looks for grouped_gemm and TE at import
 
         megatron_cpu.install(kernels=True)
 
@@ -230,6 +238,8 @@ def main():
         moe_utils.te_general_gemm = None
     device = "cpu" if args.cpu_standins else "cuda"
     if args.cpu_standins:
+        import megatron_cpu
+
         megatron_cpu.install(optimizers=True)
     else:
         torch.backends.cuda.matmul.allow_tf32 = False
