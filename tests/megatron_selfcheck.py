@@ -29,6 +29,7 @@ import torch
 
 import routepack as rp
 from routepack.plan import Placement, Plan
+from routepack.routes import MoELayers
 from routepack.torch.replay import rank_microbatches
 
 
@@ -36,9 +37,17 @@ from routepack.torch.replay import rank_microbatches
 class MegatronCase:
     """Sizes: ``dp`` ranks, ``ep`` per EP group; ``slots_per_rank`` placement slots and
     ``replica_slots`` replica buffers a rank; E experts, top-k; GPT sizes; ``pp`` pipeline
-    stages (each holding ``layers // pp`` layers, all MoE; ``dp`` ranks a stage) of ``vpp``
-    model chunks each (vpp > 1: Megatron's interleaved schedule; chunk v of stage s holds
-    layers ``(v * pp + s) * n`` onwards, n = ``layers // (pp * vpp)``)."""
+    stages (each holding ``layers // pp`` layers; ``dp`` ranks a stage) of ``vpp`` model
+    chunks each (vpp > 1: Megatron's interleaved schedule; chunk v of stage s holds layers
+    ``(v * pp + s) * n`` onwards, n = ``layers // (pp * vpp)``). ``experts_module``: the
+    expert MLP Megatron's spec builders pick (`EXPERT_MODULES`). ``moe_layer_freq``:
+    Megatron's pattern of MoE layers (1: every layer; a 0/1 list: dense layers where 0);
+    ``mtp_layers``: multi-token-prediction layers (Megatron's ``mtp_num_layers``; their MoE
+    layers route live, outside the plan), their spec taken from the stock decoder spec or,
+    ``mtp_from_plan``, from the plan's (a `PlanMoELayer` the runner leaves out of the plan);
+    ``router``: TransformerConfig options of the router (expert groups, score function, ...);
+    ``overlap_p2p_comm``: Megatron's config of the
+    same name (the interleaved schedule's separate sends and receives)."""
 
     dp: int = 2
     ep: int = 2
@@ -61,33 +70,71 @@ class MegatronCase:
     token_cap: int = 64
     pp: int = 1
     vpp: int = 1
+    experts_module: str = "sequential"
+    moe_layer_freq: Any = 1
+    mtp_layers: int = 0
+    mtp_from_plan: bool = False
+    overlap_p2p_comm: bool = False
+    router: Tuple[Tuple[str, Any], ...] = ()
+
+
+#: ``MegatronCase.experts_module`` -> the expert MLP Megatron builds: ``SequentialMLP`` (the
+#: local spec), ``GroupedMLP`` (the local spec with ``moe_grouped_gemm``: ``grouped_gemm``'s
+#: ``gmm``), ``TEGroupedMLP`` (the MoE spec of the Transformer Engine builders with
+#: ``moe_grouped_gemm``: TE's ``GroupedLinear``; attention and dense layers stay local here)
+EXPERT_MODULES = {"sequential": "SequentialMLP", "grouped": "GroupedMLP", "te_grouped": "TEGroupedMLP"}
+
+
+def moe_layers(case: MegatronCase) -> MoELayers:
+    """The model's MoE layers as routepack reads them from Megatron's config fields
+    (``num_layers``, ``moe_layer_freq``, ``mtp_num_layers``)."""
+    return MoELayers.from_config(
+        {"num_layers": case.layers, "moe_layer_freq": case.moe_layer_freq, "mtp_num_layers": case.mtp_layers}
+    )
+
+
+def moe_rows(case: MegatronCase) -> List[int]:
+    """The decoder layers (0-based) that are MoE layers: the rows of a route tensor in verl's
+    layout (one per layer) that a plan counts."""
+    return list(moe_layers(case).rows)
 
 
 def synthetic_window(case: MegatronCase, w: int) -> Tuple[rp.Window, np.ndarray, np.ndarray]:
-    """Window ``w``: (Window, routed int32 ``[T, L, k]``, cu ``[S+1]``): ``samples`` samples of
-    4-24 tokens, each layer's experts drawn from a skewed popularity that drifts between
-    windows (so placements change)."""
+    """Window ``w``: (Window, routed int32 ``[T, layers, k]``, cu ``[S+1]``): ``samples``
+    samples of 4-24 tokens, each MoE layer's experts drawn from a skewed popularity that drifts
+    between windows (so placements change). ``routed`` has verl's layout, one row per decoder
+    layer with zeros on dense layers; the Window counts the MoE rows (``moe_layers``, read from
+    the model's config by `MoELayers`)."""
     rng = np.random.default_rng([case.seed, 7, w])
     lens = rng.integers(4, 24, size=case.samples)
     cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
     routed = np.zeros((int(cu[-1]), case.layers, case.top_k), dtype=np.int32)
-    for l in range(case.layers):
+    for l in moe_rows(case):
         pop = rng.dirichlet(np.full(case.experts, 0.2))
         for t in range(routed.shape[0]):
             routed[t, l] = rng.choice(case.experts, size=case.top_k, replace=False, p=pop)
-    return rp.Window.from_routed_experts(routed, cu, case.experts), routed, cu
+    rows = moe_layers(case).moe_layers(case.layers)
+    return rp.Window.from_routed_experts(routed, cu, case.experts, moe_layers=rows), routed, cu
+
+
+def moe_routes(case: MegatronCase, routed: np.ndarray) -> np.ndarray:
+    """The MoE layers' rows of ``routed`` (verl's layout ``[T, layers, k]``): ``[T, L, k]``
+    with L the plan's layers (``routed`` itself for an all-MoE model), what the microbatches
+    replay layer by layer."""
+    rows = moe_rows(case)
+    return routed if len(rows) == routed.shape[1] else np.ascontiguousarray(routed[:, rows])
 
 
 def planned(case: MegatronCase, policy: Any = "routepack") -> Callable[[int, Placement], tuple]:
     """``plans(w, previous)`` → (routepack's plan, the static plan with its layout, window,
     routed, cu): `routepack.plan_window` (``policy``) on `synthetic_window`; both validated."""
     shape = rp.ModelShape(
-        num_layers=case.layers,
+        num_layers=len(moe_rows(case)),
         num_experts=case.experts,
         top_k=case.top_k,
         hidden=case.hidden,
         expert_ffn=case.ffn,
-        attention=["full"] * case.layers,
+        attention=["full"] * len(moe_rows(case)),
     )
     cost = rp.CostModel.from_model(shape, rp.Hardware.h200())
     topo = topology(case)
@@ -106,7 +153,7 @@ def planned(case: MegatronCase, policy: Any = "routepack") -> Callable[[int, Pla
         )
         plan.validate(window, topo, case.token_cap)
         static = Plan(
-            Placement.static(case.layers, case.experts, topo), plan.sample_rank, plan.sample_micro, plan.num_micro
+            Placement.static(window.num_layers, case.experts, topo), plan.sample_rank, plan.sample_micro, plan.num_micro
         )
         return plan, static.validate(window, topo, case.token_cap), window, routed, cu
 
@@ -142,35 +189,75 @@ def config(case: MegatronCase, **kw: Any) -> Any:
         base.update(pipeline_model_parallel_size=case.pp, pipeline_dtype=torch.float32, variable_seq_lengths=True)
     if case.vpp > 1:
         base.update(virtual_pipeline_model_parallel_size=case.vpp)
+    if case.overlap_p2p_comm:  # Megatron-LM sets batch_p2p_comm = not overlap_p2p_comm
+        base.update(overlap_p2p_comm=True, batch_p2p_comm=False)
+    if case.moe_layer_freq != 1:
+        base.update(moe_layer_freq=case.moe_layer_freq)
+    if case.mtp_layers:
+        base.update(mtp_num_layers=case.mtp_layers)
+    if case.experts_module != "sequential":
+        base.update(moe_grouped_gemm=True)
+    if case.experts_module == "grouped":
+        # GroupedMLP.forward asserts config.bf16; the parameters stay fp32 (no Float16Module), so the
+        # models compute in fp32 and compare at fp32 precision; the softmax then must not cast its
+        # probabilities to bf16 (attention_softmax_in_fp32 does, for bf16 inputs)
+        base.update(bf16=True, attention_softmax_in_fp32=False)
+    base.update(dict(case.router))
     base.update(kw)
     return TransformerConfig(**base)
 
 
+def layer_spec(case: MegatronCase, cfg: Any, vp_stage: Optional[int] = None) -> Any:
+    """The stock spec Megatron's builders give this case: ``get_gpt_layer_local_spec`` for an
+    all-MoE model of ``SequentialMLP`` experts (as before), otherwise the decoder block spec of
+    Megatron-LM's GPT builder (``get_gpt_decoder_block_spec``, local, which reads
+    ``moe_layer_freq`` and ``moe_grouped_gemm`` from the config: ``GroupedMLP``), its MoE
+    layers' MLP for ``te_grouped`` the MoE spec of the Transformer Engine builders
+    (``get_moe_module_spec(use_te=True, moe_grouped_gemm=True)``: ``TEGroupedMLP``)."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec  # type: ignore[import-untyped]
+    from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec  # type: ignore[import-untyped]
+
+    if case.experts_module == "sequential" and case.moe_layer_freq == 1:
+        return get_gpt_layer_local_spec(num_experts=case.experts)
+    spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, vp_stage=vp_stage)
+    if case.experts_module == "te_grouped":
+        te_moe = get_moe_module_spec(use_te=True, num_experts=case.experts, moe_grouped_gemm=True)
+        for layer in spec.layer_specs:
+            if "MoE" in getattr(layer.submodules.mlp.module, "__name__", ""):
+                layer.submodules.mlp = te_moe
+    return spec
+
+
 def build_model(case: MegatronCase, plan: bool, device: Any = "cpu", **kw: Any) -> Any:
     """The GPT model (no DDP), every parameter from `init_weights`; under vpp > 1 the list of
-    this rank's model chunks."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec  # type: ignore[import-untyped]
+    this rank's model chunks. With ``mtp_layers`` the MTP block is built as Megatron-LM's GPT
+    builder does, from the decoder's last layer spec (the stock one, or ``mtp_from_plan`` the
+    plan's)."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec  # type: ignore[import-untyped]
     from megatron.core.models.gpt.gpt_model import GPTModel  # type: ignore[import-untyped]
 
     from routepack.integrations import megatron as rm
 
-    spec = get_gpt_layer_local_spec(num_experts=case.experts)
-    if plan:
-        spec = rm.plan_layer_spec(spec, topology(case), replica_slots=case.replica_slots)
     cfg = config(case, **kw)
     chunks = []
     for v in range(case.vpp):
+        vp = v if case.vpp > 1 else None
+        stock = layer_spec(case, cfg, vp)
+        spec = rm.plan_layer_spec(stock, topology(case), replica_slots=case.replica_slots) if plan else stock
         stages: Dict[str, Any] = {}
         if case.pp > 1:  # this rank's stage; untied output layer (tying under PP syncs on CUDA at build)
             from megatron.core import parallel_state  # type: ignore[import-untyped]
 
-            vp = dict(ignore_virtual=False, vp_stage=v) if case.vpp > 1 else {}
+            vpk = dict(ignore_virtual=False, vp_stage=v) if case.vpp > 1 else {}
             stages = dict(
-                pre_process=parallel_state.is_pipeline_first_stage(**vp),
-                post_process=parallel_state.is_pipeline_last_stage(**vp),
+                pre_process=parallel_state.is_pipeline_first_stage(**vpk),
+                post_process=parallel_state.is_pipeline_last_stage(**vpk),
                 share_embeddings_and_output_weights=False,
                 **({"vp_stage": v} if case.vpp > 1 else {}),
             )
+        if case.mtp_layers:
+            source = spec if case.mtp_from_plan else stock
+            stages["mtp_block_spec"] = get_gpt_mtp_block_spec(cfg, source, use_transformer_engine=False, vp_stage=vp)
         model = GPTModel(
             config=cfg, transformer_layer_spec=spec, vocab_size=case.vocab, max_sequence_length=512, **stages
         )
@@ -194,24 +281,52 @@ def _value(name: str, shape: tuple, seed: int) -> torch.Tensor:
     return torch.randn(shape, generator=g) * 0.1
 
 
+def expert_slots(experts: Any, name: str, p: torch.Tensor) -> List[Tuple[int, str, torch.Tensor, bool]]:
+    """The local experts parameter ``name`` (as the experts module names it) holds: (local
+    expert i, its tensor's name in ``SequentialMLP``'s layout after ``local_experts.{e}.``, the
+    view of ``p`` holding it, whether that view is the transpose of ``SequentialMLP``'s tensor).
+    ``GroupedMLP`` keeps every local expert in ``weight1`` ``[H, n * 2F]`` (expert i:
+    ``view(n, H, 2F)[i]``, ``linear_fc1.weight`` transposed) and ``weight2`` ``[n * F, H]``;
+    ``TEGroupedMLP`` one ``weight{i}`` / ``bias{i}`` a local expert."""
+    import re
+
+    if name.startswith("local_experts."):
+        i, tail = name[len("local_experts.") :].split(".", 1)
+        return [(int(i), tail, p, False)]
+    if name in ("weight1", "weight2"):
+        n = experts.num_local_experts
+        hidden = experts.config.hidden_size
+        view = p.view(n, hidden, -1) if name == "weight1" else p.view(n, -1, hidden)
+        tail = "linear_fc1.weight" if name == "weight1" else "linear_fc2.weight"
+        return [(i, tail, view[i], True) for i in range(n)]
+    m = re.fullmatch(r"(linear_fc[12])\.(weight|bias)(\d+)", name)
+    if m is None:
+        raise ValueError(f"expert parameter {name!r} of {type(experts).__name__}")
+    return [(int(m.group(3)), f"{m.group(1)}.{m.group(2)}", p, False)]
+
+
 @torch.no_grad()
 def init_weights(model: Any, case: MegatronCase, prefix: str = "") -> None:
-    """Every parameter from the seed and ``prefix`` + its logical name: dense ones by their own name,
-    experts by ``...experts.local_experts.{e}...`` with e the logical expert a slot holds
-    (empty slots and replica buffers from expert 0)."""
+    """Every parameter from the seed and ``prefix`` + its logical name: dense ones by their own
+    name, experts by ``...experts.local_experts.{e}...`` (``SequentialMLP``'s name and shape,
+    transposed where the module holds the transpose) with e the logical expert a slot holds
+    (empty slots and replica buffers from expert 0), so every expert module starts from the
+    same logical weights."""
     from routepack.integrations.megatron.checkpoint import slot_experts
 
-    experts = {n: m for n, m in model.named_modules() if any(c.__name__ == "MoELayer" for c in type(m).__mro__)}
+    layers = {n: m for n, m in model.named_modules() if any(c.__name__ == "MoELayer" for c in type(m).__mro__)}
     for name, p in model.named_parameters():
-        owner = next((k for k in experts if name.startswith(k + ".experts.local_experts.")), None)
+        owner = next((k for k in layers if name.startswith(k + ".experts.")), None)
         if owner is None:
             p.copy_(_value(prefix + name, tuple(p.shape), case.seed))
             continue
-        rest = name[len(owner) + len(".experts.local_experts.") :]
-        i, tail = rest.split(".", 1)
-        e = max(int(slot_experts(experts[owner])[int(i)]), 0)
-        logical = f"{owner}.experts.local_experts.{e}.{tail}"
-        p.copy_(_value(prefix + logical, tuple(p.shape), case.seed))
+        layer = layers[owner]
+        local = slot_experts(layer)
+        for i, tail, view, transposed in expert_slots(layer.experts, name[len(owner) + len(".experts.") :], p):
+            e = max(int(local[i]), 0)
+            shape = tuple(view.shape[::-1]) if transposed else tuple(view.shape)
+            value = _value(prefix + f"{owner}.experts.local_experts.{e}.{tail}", shape, case.seed)
+            view.copy_(value.t() if transposed else value)
 
 
 def wrap(model: Any, case: MegatronCase) -> tuple:
@@ -263,12 +378,15 @@ def _forward_step(
         mb = next(data_iterator)
         ids = torch.cat([_tokens(case, w, int(s), int(cu[s + 1] - cu[s])) for s in mb.samples]).to(device)
         t = ids.numel()
-        for r in rs:  # every layer is an MoE layer: layer_number (global, 1-based) - 1 is its routed column
+        for r in rs:  # the microbatch's routes are the MoE layers' rows, in layer order
+            if r.layer_number > case.layers:
+                continue  # an MTP layer: no route tensor has its rows; it routes live (as under verl)
+            row = moe_rows(case).index(r.layer_number - 1)
             r.router_replay.clear_indices()
             if not replay:
                 r.router_replay.clear_router_replay_action()
                 continue
-            r.router_replay.set_target_indices(mb.routed[:, r.layer_number - 1].to(torch.int64).to(device))
+            r.router_replay.set_target_indices(mb.routed[:, row].to(torch.int64).to(device))
             r.router_replay.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
         pos = torch.arange(t, device=device).unsqueeze(0)
         mask = torch.triu(torch.ones(t, t, device=device), diagonal=1).bool()[None, None]
@@ -348,20 +466,30 @@ def train(
     model = build_model(case, plan, device)
     ddp, opt = wrap(model, case)
     runner = rm.MegatronRunner(ddp, topology(case), groups=groups) if plan else None
-    previous = Placement.static(case.layers, case.experts, topology(case))
-    out: Dict[str, Any] = {"losses": [], "grad_norms": [], "migrated": 0, "replicated": 0, "migrations": []}
+    previous = Placement.static(len(moe_rows(case)), case.experts, topology(case))
+    out: Dict[str, Any] = {
+        "losses": [],
+        "grad_norms": [],
+        "migrated": 0,
+        "replicated": 0,
+        "redundant": 0,
+        "migrations": [],
+        "experts": expert_classes(model),
+    }
     for w in range(case.windows):
         rebalanced, static, window, routed, cu = plans(w, previous)
         if not case.replicas:
             rebalanced = _without_replicas(rebalanced)
         previous = rebalanced.placement
         use = rebalanced if plan else static
-        mbs = rank_microbatches(use, routed, rank, cu, dp=case.dp)
+        mbs = rank_microbatches(use, moe_routes(case, routed), rank, cu, dp=case.dp)
         if runner is not None:
             report = runner.begin_window(use, window, opt)
             out["migrations"].append(None if report is None else report.rows)
             out["migrated"] += int(use.migration.size)
             out["replicated"] += int(use.replicas.size)
+            held = use.placement.phy2log
+            out["redundant"] += int((held >= 0).sum()) - held.shape[0] * case.experts
         if before_step is not None:
             before_step(w, ddp, opt, runner)
         losses, norm = run_step(case, w, ddp, opt, mbs, cu, runner, device)
@@ -371,6 +499,21 @@ def train(
             after_window(w, ddp, opt, runner)
     out["weights"] = logical_weights(ddp)
     return out
+
+
+def expert_classes(model: Any) -> List[str]:
+    """The classes of the model's expert modules and their first linear (what the spec built):
+    e.g. ``TEGroupedMLP`` and ``TEColumnParallelGroupedLinear``."""
+    chunks = model if isinstance(model, list) else [model]
+    names = set()
+    for c in chunks:
+        for m in c.modules():
+            if any(k.__name__ == "MoELayer" for k in type(m).__mro__):
+                names.add(type(m.experts).__name__)
+                fc1 = getattr(m.experts, "linear_fc1", None)
+                if fc1 is not None:
+                    names.add(type(fc1).__name__)
+    return sorted(names)
 
 
 def own_groups() -> Any:

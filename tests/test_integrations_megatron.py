@@ -160,4 +160,27 @@ def test_gpu_check_fails_fast_without_cuda_and_rehearses_on_cpu():
         timeout=600,
     )
     assert proc.returncode == 0 and "ALL CHECKS PASSED" in proc.stdout, (proc.stdout, proc.stderr[-3000:])
+    # the grouped expert modules through the kernel stand-ins (a run of their own)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(tool),
+            "--cpu-standins",
+            "--windows",
+            "1",
+            "--no-timing",
+            "--experts",
+            "grouped",
+            "te_grouped",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0 and "ALL CHECKS PASSED" in proc.stdout, (proc.stdout, proc.stderr[-3000:])
+    assert (
+        "ok   grouped (GroupedMLP)" in proc.stdout
+        and "ok   te_grouped (TEColumnParallelGroupedLinear/TEGroupedMLP)" in proc.stdout
+    )
     assert proc.stdout.count("\nok   ") >= 4, proc.stdout

@@ -17,6 +17,7 @@ zeros. Formats that store optimizer state by physical buffer are refused. CUDA-o
 two faults of DistributedOptimizer's load without Apex) are stood in for by tests/megatron_cpu.py."""
 
 import multiprocessing
+import types
 import os
 import sys
 import tempfile
@@ -71,17 +72,29 @@ def _adam_state(opt, p):
 
 
 def slot_states(model, opt):
-    """Every local expert of the group: (layer, logical expert or -1, Adam state flattened)."""
+    """Every local expert of the group: (layer, logical expert or -1, Adam state flattened in
+    ``SequentialMLP``'s layout, whatever the expert module: `megatron_selfcheck.expert_slots`)."""
     import torch.distributed as dist
+    import megatron_selfcheck as ms
     from routepack.integrations import megatron as rm
 
     layers = [m for m in model.modules() if any(c.__name__ == "MoELayer" for c in type(m).__mro__)]
     out = []
     for li, layer in enumerate(layers):
-        for e, expert in zip(rm.slot_experts(layer).tolist(), layer.experts.local_experts):
-            states = [_adam_state(opt, p) for p in expert.parameters()]
-            st = {k: torch.cat([s[k].reshape(-1) for s in states]).clone() for k in KEYS}
-            st["step"] = torch.tensor([float(s.get("step", -1)) for s in states])
+        per_slot = {}
+        for name, p in layer.experts.named_parameters():
+            state = _adam_state(opt, p)
+            for i, tail, _, transposed in ms.expert_slots(layer.experts, name, p):
+                views = {}
+                for k in KEYS:
+                    v = ms.expert_slots(layer.experts, name, state[k].view(p.shape))
+                    t = next(t for j, _, t, _ in v if j == i)
+                    views[k] = (t.t() if transposed else t).reshape(-1)
+                per_slot.setdefault(i, []).append((tail, views, float(state.get("step", -1))))
+        for i, e in enumerate(rm.slot_experts(layer).tolist()):
+            parts = sorted(per_slot[i], key=lambda x: x[0])
+            st = {k: torch.cat([v[k] for _, v, _ in parts]).clone() for k in KEYS}
+            st["step"] = torch.tensor([s for _, _, s in parts])
             out.append((li, int(e), st))
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, out)
@@ -127,7 +140,7 @@ def _load(ddp, opt, directory, meta, stale=False):
     opt.load_state_dict(state["optimizer"])
 
 
-def check_optimizer_checkpoint(rank, world, device, root, distopt):
+def check_optimizer_checkpoint(rank, world, device, root, distopt, experts_module="sequential"):
     megatron_cpu.install(optimizers=True)
     multiprocessing.current_process()._config["daemon"] = False  # the torch_dist writer forks
     from megatron.core import parallel_state
@@ -135,7 +148,9 @@ def check_optimizer_checkpoint(rank, world, device, root, distopt):
     from routepack.integrations import megatron as rm
 
     parallel_state.initialize_model_parallel(expert_model_parallel_size=2)
-    case = ms.MegatronCase(dp=world, ep=2, gpus_per_node=2, slots_per_rank=5, distributed_optimizer=distopt)
+    case = ms.MegatronCase(
+        dp=world, ep=2, gpus_per_node=2, slots_per_rank=5, distributed_optimizer=distopt, experts_module=experts_module
+    )
     meta = None
     if distopt:  # gathers over gloo on the CPU ("mem_efficient"; the default gathers on the GPU)
         meta = {
@@ -150,7 +165,15 @@ def check_optimizer_checkpoint(rank, world, device, root, distopt):
     # run A: windows 0, 1, checkpoint, window 2
     model = ms.build_model(case, True)
     ddp, opt = ms.wrap(model, case)
-    runner = rm.MegatronRunner(ddp, topo)
+    # the trainers' default DistributedOptimizer formats are refused when the runner is built
+    defaults = {
+        "dp_reshardable": types.SimpleNamespace(dist_ckpt_optim_fully_reshardable=False),  # verl's, Megatron-LM's
+        "fully_sharded_model_space": {"distrib_optim_sharding_type": "fully_sharded_model_space"},  # Megatron-Core's
+    }
+    out["runner_refusals"] = {
+        f: _raised(lambda: rm.MegatronRunner(ddp, topo, checkpoint=s)) for f, s in defaults.items()
+    }
+    runner = rm.MegatronRunner(ddp, topo, checkpoint=meta)  # fully_reshardable (distopt) or None: accepted
     previous = static
     for w in range(3):
         plan, _, window, routed, cu = plans(w, previous)
@@ -219,6 +242,12 @@ def test_optimizer_checkpoint_loads_under_another_placement(world, distopt):
         out = run_ranks(
             check_optimizer_checkpoint, world, os.path.join(root, "ckpt"), distopt, join_timeout_s=600, pg_timeout_s=180
         )
+    assert_checkpoint_ok(out, world, distopt)
+
+
+def assert_checkpoint_ok(out, world, distopt):
+    """`check_optimizer_checkpoint`'s results on every rank: the loads equal run A and every
+    copy's optimizer state its expert's."""
     for rank, f in sorted(out.items()):
         assert f["placements_differ"] and min(f["second_local"].values()) > 0, (rank, f["second_local"])
         assert f["held"] < 2 * 2 * 5  # an empty slot, besides the replica buffers (2 layers, EP 2)
@@ -233,5 +262,47 @@ def test_optimizer_checkpoint_loads_under_another_placement(world, distopt):
         if distopt:  # Megatron's default format fails alike for the stock model (flattened ranges)
             for name in ("plan", "stock"):
                 assert "flattened_range is not supported" in f[f"{name}_default_format"], (rank, name, f)
+        for fmt, refusal in f["runner_refusals"].items():
+            assert refusal.startswith("RoutepackError") and f"distrib_optim_sharding_type='{fmt}'" in refusal, refusal
+            assert "dist_ckpt_optim_fully_reshardable=True" in refusal, refusal
         assert f["refused"] == "nothing"  # the stock model's state dict does not depend on a placement
         assert f["refused_plan"].startswith("RoutepackError") and "'fully_reshardable'" in f["refused_plan"], f
+
+
+@pytest.mark.parametrize(
+    "settings, fmt",
+    [
+        (types.SimpleNamespace(dist_ckpt_optim_fully_reshardable=False), "dp_reshardable"),  # verl's engine config
+        (
+            types.SimpleNamespace(use_distributed_optimizer=True, dist_ckpt_optim_fully_reshardable=False),
+            "dp_reshardable",  # Megatron-LM's args, its default
+        ),
+        ({"distrib_optim_sharding_type": "fully_sharded_model_space"}, "fully_sharded_model_space"),
+        (types.SimpleNamespace(use_megatron_fsdp=True, dist_ckpt_optim_fully_reshardable=True), "fsdp_dtensor"),
+    ],
+)
+def test_runner_refuses_the_trainers_default_formats_when_built(settings, fmt):
+    import routepack as rp
+    from routepack.integrations.megatron.checkpoint import checkpoint_format
+    from routepack.integrations.megatron.runner import MegatronRunner
+
+    assert checkpoint_format(settings) == fmt
+    with pytest.raises(
+        rp.RoutepackError, match=f"distrib_optim_sharding_type='{fmt}'.*dist_ckpt_optim_fully_reshardable=True"
+    ):
+        MegatronRunner(torch.nn.Linear(2, 2), rp.Topology(2, 2, 2, 5), checkpoint=settings)
+
+
+def test_the_formats_that_carry_a_plan_pass_the_check():
+    import routepack as rp
+    from routepack.integrations.megatron.checkpoint import checkpoint_format, refuse_checkpoint_format
+
+    for settings in (
+        types.SimpleNamespace(dist_ckpt_optim_fully_reshardable=True),
+        {"distrib_optim_sharding_type": "fully_reshardable"},
+        types.SimpleNamespace(use_distributed_optimizer=False),  # FP32 / mixed precision: state by parameter
+    ):
+        refuse_checkpoint_format(settings)
+    assert checkpoint_format(types.SimpleNamespace(use_distributed_optimizer=False)) is None
+    with pytest.raises(rp.RoutepackError, match="neither distrib_optim_sharding_type"):
+        checkpoint_format(types.SimpleNamespace())

@@ -81,7 +81,7 @@ def _load(model, directory):
     model.load_state_dict(state)
 
 
-def check_training(rank, world, device, ep, distopt, ckpt_root, refusals):
+def check_training(rank, world, device, ep, distopt, ckpt_root, refusals, experts_module="sequential"):
     megatron_cpu.install(optimizers=True)
     # Megatron's torch_dist checkpoint writer forks writer processes; run_ranks starts its
     # ranks as daemons, which multiprocessing forbids to have children
@@ -92,7 +92,12 @@ def check_training(rank, world, device, ep, distopt, ckpt_root, refusals):
 
     parallel_state.initialize_model_parallel(expert_model_parallel_size=ep)
     case = ms.MegatronCase(
-        dp=world, ep=ep, gpus_per_node=2, slots_per_rank=5 if ep == 2 else 3, distributed_optimizer=distopt
+        dp=world,
+        ep=ep,
+        gpus_per_node=2,
+        slots_per_rank=5 if ep == 2 else 3,
+        distributed_optimizer=distopt,
+        experts_module=experts_module,
     )
     plans = hand_plans(case)
     seen = {"received_ok": [], "replica_tokens": 0, "buffers": 0}
@@ -116,7 +121,8 @@ def check_training(rank, world, device, ep, distopt, ckpt_root, refusals):
 
     static = ms.train(case, False, rank, plans=plans, after_window=save_static)
     planned = ms.train(case, True, rank, plans=plans, before_step=record, after_window=check)
-    out = {"cmp": ms.compare(static, planned), "migrated": planned["migrated"], "replicated": planned["replicated"]}
+    out = {k: planned[k] for k in ("migrated", "replicated", "redundant", "experts")}
+    out["cmp"], out["stock_experts"] = ms.compare(static, planned), static["experts"]
     out.update(seen)
     out["migrations"] = planned["migrations"]
 
@@ -202,7 +208,7 @@ def _assert_ok(out, distopt_sharded=False):
         assert all(m for m in f["migrations"][1:]), (rank, f["migrations"])  # windows 1, 2 moved experts
         for name in ("plan<-plan", "plan<-static", "stock<-plan"):
             assert np.allclose(f[name], f["next_loss"], rtol=0, atol=TOL), (rank, name, f[name], f["next_loss"])
-    assert out[0]["migrated"] > 0 and out[0]["replicated"] > 0
+    assert out[0]["migrated"] > 0 and out[0]["replicated"] > 0 and out[0]["redundant"] > 0
     assert sum(f["replica_tokens"] for f in out.values()) > 0  # replica buffers computed tokens
 
 

@@ -1,11 +1,20 @@
 """routepack's plans inside Megatron-Core under the interleaved pipeline schedule (virtual
-pipeline, vpp > 1), on CPU with gloo: 4 ranks as pp = 2 x vpp = 2 x ep = 2 (tp = 1, dp = 2 a
-stage), a small ``GPTModel`` of 4 MoE layers in 4 model chunks of one layer (chunk ``v * pp +
-s`` of stage s: stage 0 holds layers {0, 2}, stage 1 {1, 3}; local spec, fp32, 8 experts
-top-2, the stock all-to-all dispatcher, Megatron's DDP a chunk and one optimizer), every step
-run by Megatron's own ``get_forward_backward_func()`` =
-``forward_backward_pipelining_with_interleaving`` over a multiple of pp microbatches a DP
-rank (microbatches of different lengths: ``variable_seq_lengths``), each chunk's data
+pipeline, vpp > 1), on CPU with gloo, in configurations Megatron-LM's argument checks accept
+(``validate_args``: the interleaved schedule needs ``overlap_p2p_comm``, Megatron-LM's default,
+or pp > 2, "to avoid having multiple p2p sends and recvs between same 2 ranks per
+communication batch"):
+
+* 4 ranks as pp = 2 x vpp = 2 x ep = 2 with ``overlap_p2p_comm=True`` and ``batch_p2p_comm=False``
+  (what Megatron-LM sets by default), 8 MoE layers in 4 model chunks of two (chunk ``v * pp +
+  s`` of stage s: stage 0 holds layers {0, 1, 4, 5}, stage 1 {2, 3, 6, 7});
+* 6 ranks as pp = 3 x vpp = 2 x ep = 2 with batched point-to-point ops (``--no-overlap-p2p-
+  communication``), 6 MoE layers in 6 chunks of one.
+
+tp = 1, dp = ep a stage; a small ``GPTModel`` (local spec, fp32, 8 experts top-2, the stock
+all-to-all dispatcher, Megatron's DDP a chunk and one optimizer); every step run by Megatron's
+own ``get_forward_backward_func()`` = ``forward_backward_pipelining_with_interleaving`` as
+shipped (no stand-in for its point-to-point communication) over a multiple of pp microbatches
+a DP rank (microbatches of different lengths: ``variable_seq_lengths``), each chunk's data
 iterator passed as it is: the runner takes each chunk's microbatch from the
 ``current_microbatch`` Megatron's ``forward_step`` sets on the chunk's layers. Three windows of
 plans by `routepack.plan_window` (EPLB placement with redundant experts, routepack's packing;
@@ -13,13 +22,14 @@ without replicas, and with ``hot_n`` replicas) migrate experts; next to it, the 
 (Megatron's ``MoELayer``, static placement, the same chunks) on the same data:
 
 * every plan validates (the planner and the runner check) and runs a multiple of pp
-  microbatches; one digest per window on all 4 ranks; each stage's runner holds its own
+  microbatches; one digest per window on all ranks; each stage's runner holds its own
   (non-adjacent) MoE layers and applies exactly the plan's migration rows of those layers;
 * every rank's experts receive the tokens the plan predicts in every (microbatch, layer) cell
   of its stage (a chunk routed by another microbatch's table would not);
-* losses per microbatch (stage 1, which holds the last chunk), grad norms and the logical
-  weights of every chunk equal the stock model's to 1e-5;
-* with replicas: the same, the copies of every layer computed tokens, and the runner put
+* losses per microbatch (the last stage, which holds the last chunk), grad norms and the
+  logical weights of every chunk equal the stock model's to 1e-5;
+* with replicas: the same, every copy computed the tokens the plan's flow table sends it (a
+  replica row may carry none: then its layer's copies compute nothing), and the runner put
   earlier microbatches' copies back before their experts' backward;
 * refused at once: both chunks given as one module where topo says vpp = 2, a topo with vpp = 1;
   with the runner's hooks removed, `finish_step` raises (no chunk ran a planned microbatch).
@@ -45,27 +55,37 @@ import routepack as rp  # noqa: E402
 from routepack.torch.spawn import run_ranks  # noqa: E402
 
 TOL = 1e-5
-PP, VPP, EP = 2, 2, 2
+#: (pp, vpp, ep, MoE layers a chunk, overlap_p2p_comm): the configurations run (module docstring)
+CONFIGS = {"pp2-vpp2-ep2-overlap": (2, 2, 2, 2, True), "pp3-vpp2-ep2": (3, 2, 2, 1, False)}
 POLICIES = {
     rep: rp.Policy(placement="eplb", packing="routepack", replication=rep, loads="window") for rep in ("none", "hot_n")
 }
 
 
-def _case(replica_slots):
+def _case(config, replica_slots):
     import megatron_selfcheck as ms
 
+    pp, vpp, ep, per_chunk, overlap = CONFIGS[config]
     return ms.MegatronCase(
-        dp=EP,
-        ep=EP,
-        gpus_per_node=EP,
-        pp=PP,
-        vpp=VPP,
-        layers=PP * VPP,
+        dp=ep,
+        ep=ep,
+        gpus_per_node=ep,
+        pp=pp,
+        vpp=vpp,
+        layers=pp * vpp * per_chunk,
         slots_per_rank=5,
         replica_slots=replica_slots,
         replicas=replica_slots > 0,
         token_cap=24,
+        samples=8 if pp == 2 else 16,  # a multiple of pp microbatches a DP rank, each non-empty
+        overlap_p2p_comm=overlap,
     )
+
+
+def stage_layers(config, stage):
+    """The MoE layers stage ``stage`` holds: those of its chunks ``v * pp + stage``."""
+    pp, vpp, _, n, _ = CONFIGS[config]
+    return [(v * pp + stage) * n + j for v in range(vpp) for j in range(n)]
 
 
 def _raised(fn):
@@ -78,7 +98,7 @@ def _raised(fn):
     return "nothing"
 
 
-def check_interleaved(rank, world, device, replication):
+def check_interleaved(rank, world, device, config, replication):
     megatron_cpu.install(optimizers=True)
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -86,15 +106,20 @@ def check_interleaved(rank, world, device, replication):
 
     import megatron_selfcheck as ms
     from routepack.integrations import megatron as rm
+    from routepack.integrations.megatron.tables import cell_rows
+    from routepack.torch import flow_table
     from routepack.torch.broadcast import digest_int
+    from routepack.torch.routes import cell_origins
 
+    pp, vpp, ep, _, _ = CONFIGS[config]
     parallel_state.initialize_model_parallel(
-        pipeline_model_parallel_size=PP, virtual_pipeline_model_parallel_size=VPP, expert_model_parallel_size=EP
+        pipeline_model_parallel_size=pp, virtual_pipeline_model_parallel_size=vpp, expert_model_parallel_size=ep
     )
-    case = _case(3 if replication != "none" else 0)
+    case = _case(config, 3 if replication != "none" else 0)
     dp_rank = parallel_state.get_data_parallel_rank()
     plans = ms.planned(case, POLICIES[replication])  # each plan validated against its window
-    seen = {k: [] for k in ("digests", "num_micro", "rows", "expected_rows", "received_ok", "copy_tokens", "bytes")}
+    keys = "digests num_micro rows expected_rows received_ok copy_tokens bytes replica_layers copies_ok"
+    seen = {k: [] for k in keys.split()}
 
     def record(w, ddp, opt, runner):
         plan = runner.plan
@@ -104,6 +129,8 @@ def check_interleaved(rank, world, device, replication):
         seen["num_micro"].append(plan.num_micro)
         seen["rows"].append(0 if runner.last_migration is None else runner.last_migration.rows)
         seen["expected_rows"].append(int(np.isin(plan.migration["layer"], mine).sum()))
+        r = plan.replicas[np.isin(plan.replicas["layer"], mine)]
+        seen["replica_layers"].append(sorted({int(l) for l in r["layer"]}))
         for i, m in enumerate(runner.layers):
             assert np.array_equal(m.phy2log, plan.placement.phy2log[mine[i]])
         runner.recording = True
@@ -118,6 +145,16 @@ def check_interleaved(rank, world, device, replication):
             copies[(m, l)] = sum(counts[case.slots_per_rank :])
         seen["received_ok"].append(bool(np.array_equal(got, pred)) and len(runner.received) == pred.size)
         seen["copy_tokens"].append(sorted(copies.items()))
+        # the copies' tokens on this rank against the plan's flow table of each cell
+        plan, origins = runner.plan, cell_origins(runner.plan, runner._window, runner.group_index, case.ep)
+        want = {}
+        for m, l in copies:
+            rows = cell_rows(plan, runner.group_index, m, l)
+            flows = flow_table(
+                np.ascontiguousarray(origins[m, :, l]), plan.placement.phy2log[l], ms.topology(case), rows
+            )
+            want[(m, l)] = int(flows["count"][(flows["replica"] >= 0) & (flows["dst_rank"] == runner.ep_rank)].sum())
+        seen["copies_ok"].append(want == copies)
         ex = runner.exchange
         seen["bytes"].append((0, 0, 0) if ex is None else (ex.sent_bytes, ex.received_bytes, runner.restores))
 
@@ -156,19 +193,23 @@ def check_interleaved(rank, world, device, replication):
     return out
 
 
-@pytest.mark.parametrize("replication", ["none", "hot_n"])
-def test_pp2_vpp2_ep2_plans_equal_stock_model(replication):
-    out = run_ranks(check_interleaved, 4, replication, join_timeout_s=600, pg_timeout_s=180)
+@pytest.mark.parametrize(
+    "config, replication",
+    [("pp2-vpp2-ep2-overlap", "none"), ("pp2-vpp2-ep2-overlap", "hot_n"), ("pp3-vpp2-ep2", "hot_n")],
+)
+def test_interleaved_plans_equal_stock_model(config, replication):
+    pp, vpp, ep, _, _ = CONFIGS[config]
+    out = run_ranks(check_interleaved, pp * ep, config, replication, join_timeout_s=900, pg_timeout_s=300)
     digests = {tuple(f["digests"]) for f in out.values()}
     assert len(digests) == 1 and len(set(next(iter(digests)))) == 3, digests  # one plan a window, all ranks
-    assert sorted({f["stage"] for f in out.values()}) == [0, 1]
+    assert sorted({f["stage"] for f in out.values()}) == list(range(pp))
     for rank, f in sorted(out.items()):
         c = f["cmp"]
         assert f["interleaved"], rank
         assert c["missing"] == 0 and c["loss"] <= TOL and c["weights"] <= TOL and c["grad_norm"] <= TOL, (rank, c)
-        assert f["layers"] == [f["stage"], f["stage"] + PP], (rank, f["layers"])
-        assert all(m >= PP and m % PP == 0 for m in f["num_micro"]), (rank, f["num_micro"])
-        assert f["losses"] == (f["num_micro"] if f["stage"] == PP - 1 else [0, 0, 0]), (rank, f["losses"])
+        assert f["layers"] == stage_layers(config, f["stage"]), (rank, f["layers"])
+        assert all(m >= pp and m % pp == 0 for m in f["num_micro"]), (rank, f["num_micro"])
+        assert f["losses"] == (f["num_micro"] if f["stage"] == pp - 1 else [0, 0, 0]), (rank, f["losses"])
         assert f["rows"] == f["expected_rows"] and sum(f["rows"]) > 0, (rank, f["rows"])
         assert f["received_ok"] == [True] * 3, (rank, f["received_ok"])
         print(f"rank {rank} stage {f['stage']}: {c}, micro {f['num_micro']}, rows {f['rows']}, bytes {f['bytes']}")
@@ -185,11 +226,15 @@ def test_pp2_vpp2_ep2_plans_equal_stock_model(replication):
         sent, received, restores = zip(*f["bytes"])
         assert all(b > 0 for b in sent + received), (rank, f["bytes"])
     assert any(r > 0 for f in out.values() for _, _, r in f["bytes"]), "no copies put back"
-    for stage in (0, 1):  # every window, the copies of each layer of the stage computed tokens
+    for stage in range(pp):  # every window the stage's copies computed tokens, only in replicated layers
         ranks = [f for f in out.values() if f["stage"] == stage]
         for w in range(3):
             tokens = {l: 0 for l in ranks[0]["layers"]}
             for f in ranks:
                 for (m, l), n in f["copy_tokens"][w]:
                     tokens[l] += n
-            assert all(n > 0 for n in tokens.values()), (stage, w, tokens)
+            planned = ranks[0]["replica_layers"][w]
+            assert planned and sum(tokens.values()) > 0, (stage, w, planned, tokens)
+            assert all(tokens[l] == 0 for l in tokens if l not in planned), (stage, w, planned, tokens)
+        for f in ranks:  # every copy computed the tokens the plan's flow table sends it
+            assert f["copies_ok"] == [True] * 3, (stage, f["copies_ok"])

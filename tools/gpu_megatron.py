@@ -1,10 +1,20 @@
 #!/usr/bin/env python
 """GPU check of routepack.integrations.megatron on ONE GPU: Megatron-Core's stock CUDA path
-(``GPTModel``, ``MoELayer``, the all-to-all dispatcher, ``SequentialMLP``, DDP, optimizers,
-``forward_backward_func``; no stand-ins) under routepack plans.
+(``GPTModel``, ``MoELayer``, the all-to-all dispatcher, the expert modules ``SequentialMLP``,
+``GroupedMLP`` (``grouped_gemm``) and ``TEGroupedMLP`` (Transformer Engine's ``GroupedLinear``),
+DDP, optimizers, ``forward_backward_func``; no stand-ins) under routepack plans.
 
-    python tools/gpu_megatron.py                  # one CUDA GPU, about a minute
+    python tools/gpu_megatron.py                  # one CUDA GPU, about a minute a module
     python tools/gpu_megatron.py --cpu-standins   # a rehearsal on CPU with tests/megatron_cpu.py
+    python tools/gpu_megatron.py --experts te_grouped grouped --no-timing
+
+``--experts`` (default: all three; with ``--cpu-standins`` sequential, the grouped modules in a
+run of their own) picks the expert modules; on a GPU a grouped module whose
+kernel package (``grouped_gemm``, ``transformer_engine``) is not installed is reported as not
+run (status 0 for it, the line says so). ``GroupedMLP`` runs with ``bf16=True`` as Megatron
+asserts (its parameters fp32 as built here; ``grouped_gemm``'s kernel is bf16-only, so on a GPU
+the check may fail in the kernel: that is its finding). ``--cpu-standins`` stands in for both
+kernels (tests/megatron_cpu.py stand-ins 10, 11).
 
 Without CUDA (and without ``--cpu-standins``) it exits at once with status 2, saying so.
 
@@ -28,6 +38,7 @@ Exit status 0 iff every check passed.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
@@ -40,6 +51,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 TOL = 1e-4
+#: ``MegatronCase.experts_module`` -> the packages its CUDA kernels come from
+KERNELS = {"sequential": (), "grouped": ("grouped_gemm",), "te_grouped": ("transformer_engine",)}
 E, SPR, REPLICA_SLOTS, WINDOWS, MICRO = 8, 12, 2, 3, 2
 
 
@@ -102,7 +115,9 @@ def check_training(case, device, say):
     static = ms.train(case, False, 0, device, plans=plans)
     planned = ms.train(case, True, 0, device, plans=plans, before_step=record, after_window=check)
     c = ms.compare(static, planned)
-    name = "DistributedOptimizer" if case.distributed_optimizer else "FP32Optimizer"
+    name = f"{case.experts_module} ({'/'.join(planned['experts'])}), " + (
+        "DistributedOptimizer" if case.distributed_optimizer else "FP32Optimizer"
+    )
     ok = c["missing"] == 0 and max(c["loss"], c["weights"], c["grad_norm"]) <= TOL
     say(
         f"{name}: {case.windows} windows, {planned['migrated']} migration rows: loss diff {c['loss']:.2e}, "
@@ -190,8 +205,21 @@ def main():
     ap.add_argument("--cpu-standins", action="store_true", help="rehearse on CPU with tests/megatron_cpu.py")
     ap.add_argument("--windows", type=int, default=WINDOWS)
     ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--experts", nargs="+", choices=list(KERNELS), help="default: all three (on CPU: sequential)")
     args = ap.parse_args()
     import torch
+
+    if args.experts is None:
+        args.experts = ["sequential"] if args.cpu_standins else list(KERNELS)
+    grouped = [m for m in args.experts if KERNELS[m]]
+    if args.cpu_standins and grouped:
+        if "sequential" in args.experts:
+            # with the TE stand-in installed Megatron builds TE's norm for the local spec's block
+            print("--cpu-standins: rehearse sequential and the grouped modules in separate runs; nothing was run")
+            sys.exit(2)
+        import megatron_cpu  # before megatron.core is imported: it looks for grouped_gemm and TE at import
+
+        megatron_cpu.install(kernels=True)
 
     if not torch.cuda.is_available() and not args.cpu_standins:
         print("tools/gpu_megatron.py needs a CUDA GPU (torch.cuda.is_available() is False); nothing was run")
@@ -237,12 +265,17 @@ def main():
             failed.append(line)
 
     say(f"device {torch.cuda.get_device_name(0) if device == 'cuda' else 'cpu'}, torch {torch.__version__}", True)
-    for distributed in (False, True):
-        case = MegatronCase(
-            dp=1, ep=1, gpus_per_node=1, slots_per_rank=SPR, replica_slots=REPLICA_SLOTS, samples=12,
-            windows=args.windows, micro=MICRO, distributed_optimizer=distributed,
-        )  # fmt: skip
-        check_training(case, device, say)
+    for module in args.experts:
+        missing = [] if args.cpu_standins else [p for p in KERNELS[module] if importlib.util.find_spec(p) is None]
+        if missing:
+            say(f"{module}: {', '.join(missing)} not installed on this device: not run", True)
+            continue
+        for distributed in (False, True):
+            case = MegatronCase(
+                dp=1, ep=1, gpus_per_node=1, slots_per_rank=SPR, replica_slots=REPLICA_SLOTS, samples=12,
+                windows=args.windows, micro=MICRO, distributed_optimizer=distributed, experts_module=module,
+            )  # fmt: skip
+            check_training(case, device, say)
     if not args.no_timing:
         if device == "cuda":
             timing(device, say)

@@ -5,9 +5,11 @@ never a traceback."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 
 class UsageError(Exception):
@@ -57,3 +59,17 @@ def load_cost(path: str, flag: str = "--cost") -> Any:
 
 
 __all__ = ["UsageError", "count", "load_cost", "writable"]
+
+
+@contextlib.contextmanager
+def naming_npz(args: argparse.Namespace) -> Iterator[None]:
+    """A window `compare` / `sweep` refuse (``windows[i]: ...``) named by its ``--npz`` file."""
+    from routepack.errors import RoutepackError
+
+    try:
+        yield
+    except RoutepackError as e:
+        m = re.match(r"windows\[(\d+)\]: (.*)", str(e), re.S)
+        if not args.npz or m is None or int(m.group(1)) >= len(args.npz):
+            raise
+        raise UsageError(f"--npz {args.npz[int(m.group(1))]}: {m.group(2)}") from None

@@ -30,20 +30,18 @@ with status 2; no traceback.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
-import re
 import shlex
 import sys
 import time
 import zipfile
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Iterator, List, NoReturn, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, NoReturn, Optional, Tuple
 
 from routepack import __version__, cli_setup, progress, traces, workloads
-from routepack._cliargs import UsageError, count, load_cost, writable
+from routepack._cliargs import UsageError, count, load_cost, naming_npz, writable
 from routepack.compare import (
     available_presets,
     baseline_notes,
@@ -223,18 +221,6 @@ def _paths(args: argparse.Namespace) -> Dict[str, Optional[Path]]:
     }
 
 
-@contextlib.contextmanager
-def _naming_npz(args: argparse.Namespace) -> Iterator[None]:
-    """A window `compare` / `sweep` refuse (``windows[i]: ...``) named by its ``--npz`` file."""
-    try:
-        yield
-    except RoutepackError as e:
-        m = re.match(r"windows\[(\d+)\]: (.*)", str(e), re.S)
-        if not args.npz or m is None or int(m.group(1)) >= len(args.npz):
-            raise
-        raise UsageError(f"--npz {args.npz[int(m.group(1))]}: {m.group(2)}") from None
-
-
 def _plan_args(args: argparse.Namespace, prof: traces.Profile) -> Tuple[Topology, int, Dict[str, Any]]:
     """(topology, token cap, plan_window options) of a bench run: the profile's, with the cap,
     the oversize mode and the context-parallel size the options give."""
@@ -269,7 +255,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
     topo = cli_setup.board_topology(args, topo, windows[0].num_experts, [str(p) for p in policies] + ["moonep"])
     bar = progress.bar((len(windows) - 1) * len(policies), "plan", "sweep", not args.quiet)
     try:
-        with _naming_npz(args):
+        with naming_npz(args):
             result = sweep(
                 windows,
                 topo,
@@ -348,7 +334,7 @@ def _run(args: argparse.Namespace) -> int:
     baseline = "static" if "static" in policies else policies[0]
     bar = progress.bar((len(windows) - 1) * len(policies), "plan", args.command, not args.quiet)
     try:
-        with _naming_npz(args):
+        with naming_npz(args):
             rows = compare(
                 windows,
                 topo,

@@ -32,9 +32,11 @@ loop changes by a few lines (docs/megatron.md)::
   Megatron's FP32 / Float16 / Distributed optimizers:
   `routepack.integrations.megatron.slot_state`); replicas are filled per microbatch and their
   gradients sent home in backward; redundant experts' gradients are summed once per step.
-* `export_weights` / checkpoints (`routepack.integrations.megatron.checkpoint`): logical experts at
-  every boundary: ``sharded_state_dict`` keeps stock keys (any checkpoint loads into any
-  placement), the export names experts as the stock model without EP does.
+* checkpoints (`routepack.integrations.megatron.checkpoint`, ``GroupedMLP``'s in
+  `routepack.integrations.megatron.grouped_checkpoint`) and `export_weights`
+  (`routepack.integrations.megatron.export`): logical experts at every boundary:
+  ``sharded_state_dict`` keeps stock keys (any checkpoint loads into any placement), the export
+  names experts as the stock model without EP does.
 
 The numpy-only helpers below (`num_moe_experts`, `local_experts`, `checkpoint_to_logical`,
 `logical_to_checkpoint`, `slot_topk`) and the older `plan_router` (a wrapper that routes on
@@ -127,7 +129,7 @@ _LAZY = {
     "PlanMoELayer": "routepack.integrations.megatron.layer",
     "plan_layer_spec": "routepack.integrations.megatron.layer",
     "MegatronRunner": "routepack.integrations.megatron.runner",
-    "export_weights": "routepack.integrations.megatron.checkpoint",
+    "export_weights": "routepack.integrations.megatron.export",
     "slot_experts": "routepack.integrations.megatron.checkpoint",
 }
 

@@ -1,43 +1,49 @@
-"""The logical model at the boundaries of a Megatron model under a plan (torch, Megatron):
-distributed checkpoints and the weight export to a rollout engine or a converter.
+"""The logical model in Megatron's distributed checkpoints of a model under a plan (torch,
+Megatron): `logical_sharded_state_dict` is the experts' part of a `PlanMoELayer`'s
+``sharded_state_dict``, keyed and shaped as the stock model's whatever the placement, for
+each expert module Megatron builds:
 
-* `logical_sharded_state_dict`: the ``sharded_state_dict`` of a `PlanMoELayer`'s
-  ``SequentialMLP`` in logical experts. Each local expert's tensors keep Megatron's own
-  ``ShardedTensor``s (its MLP builds them: GLU factories, TP axes) with the expert axis at the
-  logical index ``e`` of ``num_moe_experts = E`` instead of the physical slot, so the keys and
-  shapes are the stock model's. The first local copy of each expert on a rank is saved (the
-  first copy in the placement is the main replica); redundant copies, empty slots and replica
-  buffers are never saved. Every local expert's entry is a ``ShardedTensorFactory`` over its
-  parameter, so Megatron's optimizers (``optimizer.sharded_state_dict(model_sd)``: FP32,
-  mixed precision, and ``DistributedOptimizer`` in its ``fully_reshardable`` format) key their
-  state by the same logical shards: a checkpoint of model and optimizer written under one
-  placement loads into any other (and into the stock model). On load, a second local copy
-  takes the first local copy's loaded tensor (weights and every optimizer state), an empty
-  slot or replica buffer keeps its weights and gets zero optimizer state. Formats that store
-  optimizer state by buffer or flattened range are refused (`_refuse_format`).
-* `export_weights`: ``(name, tensor)`` of the whole model with every expert in logical order
-  and named as in the stock model without expert parallelism (``local_experts.{e}`` for
-  ``SequentialMLP``, ``weight{e}`` / ``bias{e}`` for ``TEGroupedMLP``, ``weight1`` / ``weight2``
-  of all E experts for ``GroupedMLP``): what verl's ``per_tensor_generator`` / Megatron-Bridge
-  and slime's weight update produce after their EP all-gather, and what the HF↔mcore
-  converters take. Works on the stock model too (identity placement).
+* ``SequentialMLP`` and ``TEGroupedMLP`` (one set of parameters a local expert:
+  ``local_experts.{i}.*``, ``weight{i}`` / ``bias{i}``): the module's own
+  ``sharded_state_dict`` is called (Megatron's GLU factories, TE's per-GEMM shards and extra
+  states, TP axes, replica ids) and each entry of local expert ``i`` is relabeled from the
+  physical expert ``ep_rank * n_local + i`` of ``ep * n_local`` to its logical expert ``e`` of
+  ``E`` (the expert axis of its ``ShardedTensor`` / ``ShardedObject``, or the ``experts.{i}.``
+  of its key with ``singleton_local_shards``).
+* ``GroupedMLP`` (every local expert in ``weight1`` ``[H, n * 2F]`` / ``weight2``
+  ``[n * F, H]``): one factory a parameter builds, per local expert, the shards Megatron's
+  own ``GroupedMLP`` factory builds for it (expert ``i``'s ``view(n, H, -1)[i]`` transposed,
+  GLU halves ``w`` / ``v``), at logical expert ``e``, and merges the loaded experts back into
+  a tensor of the parameter's shape.
+
+The first local copy of each expert on a rank is saved (the first copy in the placement is the
+main replica, a redundant copy on another rank a non-main replica); second local copies, empty
+slots and replica buffers are never saved. Every entry is a ``ShardedTensorFactory`` over its
+parameter, so Megatron's optimizers (``optimizer.sharded_state_dict(model_sd)``: FP32, mixed
+precision, ``DistributedOptimizer`` in its ``fully_reshardable`` format) key their state by
+the same logical shards: a checkpoint of model and optimizer written under one placement
+loads into any other (and into the stock model). On load a second local copy takes the first
+local copy's loaded tensor (weights and every optimizer state); an empty slot or replica
+buffer keeps its weights and gets zero optimizer state. Formats that store optimizer state by
+buffer or flattened range are refused (`_refuse_format`).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Callable, Dict, List
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from routepack.errors import RoutepackError
-from routepack.integrations.megatron.experts import SlotPieces
+from routepack.integrations.megatron.checkpoint_slots import LoadedCopies, Slot, refuse_flattened
 
 
-def _is_moe_layer(m: Any) -> bool:
+def is_moe_layer(m: Any) -> bool:
+    """Whether ``m`` is a Megatron ``MoELayer`` (a `PlanMoELayer` too)."""
     return any(c.__name__ == "MoELayer" for c in type(m).__mro__)
 
 
@@ -50,84 +56,123 @@ def slot_experts(layer: Any) -> np.ndarray:
     return np.arange(n, dtype=np.int64) + dist.get_rank(layer.ep_group) * n
 
 
-def _num_logical(layer: Any) -> int:
-    return int(getattr(layer, "num_logical", layer.config.num_moe_experts))
-
-
-def _copy_ranks(layer: Any) -> Tuple[np.ndarray, np.ndarray]:
-    """(logical id each local expert is keyed by, its copy rank: 0 for the main replica, the
-    copies of an expert numbered in placement-slot order; empty slots and replica buffers get
-    ranks no copy has)."""
+def _slots(layer: Any) -> List[Slot]:
     local = slot_experts(layer)
     n = layer.num_local_experts
-    keys = np.where(local >= 0, local, 0)
-    if not hasattr(layer, "phy2log"):
-        return keys, np.zeros(n, dtype=np.int64)
-    ep, me, spr = dist.get_world_size(layer.ep_group), dist.get_rank(layer.ep_group), layer.slots_per_rank
-    seen: Dict[int, int] = {}
-    copy_of: Dict[int, int] = {}
-    for p, e in enumerate(layer.phy2log.tolist()):
-        if e >= 0:
-            copy_of[p] = seen.get(e, 0)
-            seen[e] = copy_of[p] + 1
-    ranks = np.array(
-        [copy_of[me * spr + i] if i < spr and local[i] >= 0 else ep * n + i for i in range(n)], dtype=np.int64
-    )
-    return keys, ranks
+    ranks = np.zeros(n, dtype=np.int64)
+    if hasattr(layer, "phy2log"):  # copies of an expert numbered in placement-slot order
+        me, spr = dist.get_rank(layer.ep_group), layer.slots_per_rank
+        seen: Dict[int, int] = {}
+        for p, e in enumerate(layer.phy2log.tolist()):
+            if e >= 0:
+                if me * spr <= p < (me + 1) * spr:
+                    ranks[p - me * spr] = seen.get(e, 0)
+                seen[e] = seen.get(e, 0) + 1
+    first: Dict[int, int] = {}
+    out = []
+    for i, e in enumerate(local.tolist()):
+        if e < 0:
+            out.append(Slot(0, "empty", 0))
+        else:
+            out.append(Slot(int(e), "copy" if e in first else "first", int(ranks[i])))
+            first.setdefault(int(e), i)
+    return out
 
 
 def logical_sharded_state_dict(layer: Any, prefix: str, sharded_offsets: tuple, metadata: Any) -> Dict[str, Any]:
     """The experts' entries of ``layer.sharded_state_dict`` in logical experts (module
-    docstring). ``prefix``: the experts module's (``...mlp.experts.``).
+    docstring). ``prefix``: the experts module's (``...mlp.experts.``)."""
+    from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group  # type: ignore[import-untyped]
 
-    Every local expert maps to its logical shard; only the first local copy of an expert
-    builds a ``ShardedTensor`` (two shards of one tensor on one rank would overlap). A second
-    local copy, an empty slot and a replica buffer build a ``LocalNonpersistentObject``
-    (neither saved nor read); its merge after a load fills it (`_LoadedCopies`). The weights
-    of second copies are also set by `sync_local_copies`, a load-state-dict post-hook."""
+    _refuse_format(metadata)
+    metadata = ensure_metadata_has_dp_cp_group(metadata)
+    slots = _slots(layer)
+    E = int(getattr(layer, "num_logical", layer.config.num_moe_experts))
+    experts = layer.experts
+    singleton = bool((metadata or {}).get("singleton_local_shards", False))
+    edp_group = _expert_dp_group(experts)
+    edp = dist.get_rank(edp_group) if edp_group is not None else 0
+    edp_n = dist.get_world_size(edp_group) if edp_group is not None else 1
+    copies = LoadedCopies()
+    if hasattr(experts, "weight1"):  # GroupedMLP
+        from routepack.integrations.megatron.grouped_checkpoint import grouped_sharded_state_dict
+
+        return grouped_sharded_state_dict(experts, slots, E, prefix, sharded_offsets, singleton, (edp, edp_n), copies)
+    n = experts.num_local_experts
+    base = dist.get_rank(experts.ep_group) * n
+    axis = len(sharded_offsets)
+    out: Dict[str, Any] = {}
+    for name, sh in experts.sharded_state_dict(prefix, sharded_offsets, metadata).items():
+        i = _local_index(name[len(prefix) :])
+        slot = slots[i]
+        relabel = _relabeler(axis, base + i, slot.expert, E, singleton)
+        if slot.role == "first":
+            rid = sh.replica_id
+            sh.replica_id = (*rid[:2], edp + edp_n * slot.rank)
+        out[name] = _entry(sh, slot, relabel, copies)
+    return out
+
+
+def _expert_dp_group(experts: Any) -> Any:
+    """The expert-data-parallel group the experts' checkpoint replicas are over:
+    ``SequentialMLP`` / ``GroupedMLP`` hold it (``dp_group``); ``TEGroupedMLP`` does not, its
+    ``TEGroupedLinear`` modules do (``_pg_collection.expt_dp``, what their own
+    ``_sharded_state_dict_grouped`` reads). None: no such group (one replica)."""
+    group = getattr(experts, "dp_group", None)
+    if group is None:
+        pgs = getattr(getattr(experts, "linear_fc1", None), "_pg_collection", None)
+        group = getattr(pgs, "expt_dp", None)
+    return group
+
+
+def _local_index(name: str) -> int:
+    """Local expert of an experts module's state-dict entry: ``local_experts.{i}.…``
+    (``SequentialMLP``), ``linear_fc{1,2}.weight{i}`` / ``bias{i}`` / ``_extra_state{i}``
+    (``TEGroupedMLP``; TE names the first GEMM's extra state ``_extra_state``)."""
+    m = re.match(r"local_experts\.(\d+)\.", name) or re.search(r"(?:weight|bias|_extra_state)(\d*)$", name)
+    if m is None:
+        raise RoutepackError(f"checkpoint: cannot tell which local expert the entry {name!r} belongs to")
+    return int(m.group(1) or 0)
+
+
+def _relabeler(axis: int, physical: int, e: int, E: int, singleton: bool) -> Callable[[Any], Any]:
+    """A function moving a ``ShardedTensor`` / ``ShardedObject`` of physical expert
+    ``physical`` to logical expert ``e`` of ``E``: its expert axis ``axis`` (a prepended axis:
+    one fragment an expert), or with ``singleton_local_shards`` the ``experts.{i}.`` in its key."""
+    from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor  # type: ignore[import-untyped]
+
+    def put(t: tuple, value: int) -> tuple:
+        return (*t[:axis], value, *t[axis + 1 :])
+
+    def relabel(sh: Any) -> Any:
+        if singleton:
+            return replace(sh, key=sh.key.replace(f"experts.{physical}.", f"experts.{e}.", 1))
+        if isinstance(sh, ShardedTensor):
+            return replace(
+                sh,
+                global_shape=put(sh.global_shape, E),
+                global_offset=put(sh.global_offset, e),
+                axis_fragmentations=put(sh.axis_fragmentations, E),
+            )
+        if isinstance(sh, ShardedObject):
+            return replace(sh, global_shape=put(sh.global_shape, E), global_offset=put(sh.global_offset, e))
+        return sh
+
+    return relabel
+
+
+def _entry(sh: Any, slot: Slot, relabel: Callable[[Any], Any], copies: LoadedCopies) -> Any:
+    """``sh`` (a stock entry of ``slot``) as the plan's checkpoint holds it."""
     from megatron.core.dist_checkpointing.mapping import (  # type: ignore[import-untyped]
         LocalNonpersistentObject,
         ShardedTensor,
         ShardedTensorFactory,
     )
-    from megatron.core.dist_checkpointing.utils import replace_prefix_for_sharding  # type: ignore[import-untyped]
-    from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group  # type: ignore[import-untyped]
 
-    experts = layer.experts
-    if not hasattr(experts, "local_experts"):
-        raise RoutepackError(
-            f"checkpoint: {type(experts).__name__} under a plan: logical sharded_state_dict supports SequentialMLP "
-            "only (export_weights supports every expert module)"
-        )
-    _refuse_format(metadata)
-    metadata = ensure_metadata_has_dp_cp_group(metadata)
-    singleton = (metadata or {}).get("singleton_local_shards", False)
-    E = _num_logical(layer)
-    keys, ranks = _copy_ranks(layer)
-    local = slot_experts(layer)
-    first = {int(e): i for i, e in reversed(list(enumerate(local.tolist()))) if e >= 0}
-    dp, dp_n = experts.dp_group.rank(), experts.dp_group.size()
-    copies = _LoadedCopies()
-    out: Dict[str, Any] = {}
-    for i, expert in enumerate(experts.local_experts):
-        e = int(keys[i])
-        local_prefix = f"{prefix}local_experts.{i}."
-        if singleton:
-            sharded_prefix, offsets = f"{prefix}experts.{e}.", sharded_offsets
-        else:
-            sharded_prefix, offsets = f"{prefix}experts.", (*sharded_offsets, (len(sharded_offsets), e, E))
-        sd = expert.sharded_state_dict(local_prefix, offsets, metadata)
-        replace_prefix_for_sharding(sd, local_prefix, sharded_prefix)
-        role = "empty" if local[i] < 0 else ("first" if first[e] == i else "copy")
-        for name, sh in sd.items():
-            if role == "first":
-                rid = sh.replica_id
-                sh.replica_id = (*rid[:2], dp + dp_n * int(ranks[i]))
-            if isinstance(sh, (ShardedTensor, ShardedTensorFactory)):
-                out[name] = _factory(sh, e, role, copies)
-            else:  # a ShardedObject (a linear's _extra_state): no optimizer state
-                out[name] = sh if role == "first" else LocalNonpersistentObject(sh.data)
-    return out
+    if isinstance(sh, (ShardedTensor, ShardedTensorFactory)):
+        return _factory(sh, slot, relabel, copies)
+    # a ShardedObject (a linear's _extra_state): no optimizer state
+    return relabel(sh) if slot.role == "first" else LocalNonpersistentObject(sh.data)
 
 
 #: DistributedOptimizer formats that store state by buffer or by flattened range of a
@@ -140,15 +185,62 @@ _REFUSED_FORMATS = (
 )
 
 
+#: the setting that makes Megatron-LM's and verl's checkpoint code pass 'fully_reshardable'
+FULLY_RESHARDABLE_SETTING = (
+    "set dist_ckpt_optim_fully_reshardable=True (Megatron-LM: --dist-ckpt-optim-fully-reshardable; verl: "
+    "actor_rollout_ref.actor.megatron.dist_ckpt_optim_fully_reshardable=True), or pass "
+    "metadata={'distrib_optim_sharding_type': 'fully_reshardable'} to the model's and the optimizer's "
+    "sharded_state_dict"
+)
+
+
+def _get(settings: Any, key: str) -> Any:
+    return settings.get(key) if isinstance(settings, dict) else getattr(settings, key, None)
+
+
+def checkpoint_format(settings: Any) -> Any:
+    """The ``distrib_optim_sharding_type`` a trainer's checkpoint code will pass, from its
+    settings: the metadata dict itself (``distrib_optim_sharding_type``), or Megatron-LM's
+    ``args`` / verl's Megatron engine config, whose checkpoint code
+    (``_build_sharded_state_dict_metadata`` in both) passes ``'fsdp_dtensor'`` under Megatron
+    FSDP (``use_megatron_fsdp`` / ``ckpt_format='fsdp_dtensor'``), else with
+    ``DistributedOptimizer`` (``use_distributed_optimizer``, absent: on, verl's default)
+    ``'fully_reshardable'`` where ``dist_ckpt_optim_fully_reshardable`` and ``'dp_reshardable'``
+    (its default) where not. None: no ``DistributedOptimizer`` format (its state by parameter)."""
+    if _get(settings, "distrib_optim_sharding_type") is not None:
+        return _get(settings, "distrib_optim_sharding_type")
+    if _get(settings, "use_megatron_fsdp") or _get(settings, "ckpt_format") == "fsdp_dtensor":
+        return "fsdp_dtensor"
+    if _get(settings, "use_distributed_optimizer") is False:
+        return None
+    if _get(settings, "dist_ckpt_optim_fully_reshardable") is None:
+        raise RoutepackError(
+            f"checkpoint: {type(settings).__name__} has neither distrib_optim_sharding_type (the metadata passed to "
+            "sharded_state_dict) nor dist_ckpt_optim_fully_reshardable (Megatron-LM's args, verl's megatron config)"
+        )
+    return "fully_reshardable" if _get(settings, "dist_ckpt_optim_fully_reshardable") else "dp_reshardable"
+
+
+def refuse_checkpoint_format(settings: Any) -> None:
+    """Refuses (`RoutepackError` naming the setting to change) checkpoint settings
+    (`checkpoint_format`'s forms) whose ``DistributedOptimizer`` format stores the state of
+    physical slots: what `MegatronRunner` checks when it is built."""
+    _refuse(checkpoint_format(settings))
+
+
 def _refuse_format(metadata: Any) -> None:
-    fmt = (metadata or {}).get("distrib_optim_sharding_type")
+    """The same for the metadata a ``sharded_state_dict`` call gets (no format named: the
+    optimizer's state is by parameter, or Megatron's default, refused at its own flattened ranges)."""
+    _refuse((metadata or {}).get("distrib_optim_sharding_type"))
+
+
+def _refuse(fmt: Any) -> None:
     if fmt in _REFUSED_FORMATS or fmt == "fsdp_dtensor":
         raise RoutepackError(
             f"checkpoint: distrib_optim_sharding_type={fmt!r}: a model under a plan saves optimizer state by "
             "logical expert, which DistributedOptimizer does only in its 'fully_reshardable' format (this one "
             "stores the state of physical slots by buffer or flattened range, so it would load into the wrong "
-            "experts under another placement); pass metadata={'distrib_optim_sharding_type': 'fully_reshardable'} "
-            "to the model's and the optimizer's sharded_state_dict"
+            f"experts under another placement); {FULLY_RESHARDABLE_SETTING}"
         )
 
 
@@ -160,51 +252,36 @@ class _Pending:
     data: torch.Tensor
 
 
-class _LoadedCopies:
-    """One layer's ``sharded_state_dict`` call: the loaded tensor of each first local copy by
-    (checkpoint key, logical expert), and the second copies' tensors it fills (factory merges
-    run in any order)."""
-
-    def __init__(self) -> None:
-        self.loaded: Dict[Tuple[str, int], torch.Tensor] = {}
-        self.waiting: Dict[Tuple[str, int], List[torch.Tensor]] = {}
-
-    @torch.no_grad()
-    def first(self, key: str, e: int, t: torch.Tensor) -> None:
-        self.loaded[(key, e)] = t
-        for d in self.waiting.get((key, e), []):
-            d.copy_(t.reshape(d.shape))
-
-    @torch.no_grad()
-    def copy(self, key: str, e: int, d: torch.Tensor) -> None:
-        self.waiting.setdefault((key, e), []).append(d)
-        if (key, e) in self.loaded:
-            d.copy_(self.loaded[(key, e)].reshape(d.shape))
+def _apply(relabel: Callable[[Any], Any], built: Any) -> Any:
+    """``relabel`` on every sharded entry of a factory's built structure (dicts, lists)."""
+    if isinstance(built, dict):
+        return {k: _apply(relabel, v) for k, v in built.items()}
+    if isinstance(built, list):
+        return [_apply(relabel, v) for v in built]
+    return relabel(built)
 
 
-def _factory(sh: Any, e: int, role: str, copies: _LoadedCopies) -> Any:
-    """A ``ShardedTensorFactory`` over ``sh`` (the local expert's ``ShardedTensor`` or GLU
-    factory, keyed by logical expert ``e``) whose ``build`` Megatron's optimizers call with
-    their own key and state tensor (``make_sharded_optimizer_tensor`` replaces key and data)."""
+def _factory(sh: Any, slot: Slot, relabel: Callable[[Any], Any], copies: LoadedCopies) -> Any:
+    """A ``ShardedTensorFactory`` over ``sh`` (a local expert's ``ShardedTensor`` or GLU factory)
+    whose ``build`` Megatron's optimizers call with their own key and state tensor
+    (``make_sharded_optimizer_tensor`` replaces key and data); what it builds is relabeled to
+    the slot's logical expert."""
     from megatron.core.dist_checkpointing.mapping import LocalNonpersistentObject, ShardedTensorFactory  # type: ignore[import-untyped]
 
     param = sh.data
     inner_factory = isinstance(sh, ShardedTensorFactory)
+    e, role = slot.expert, slot.role
 
     def build(key: str, data: torch.Tensor, replica_id: Any, flattened_range: Any) -> Any:
-        if flattened_range is not None:
-            raise RoutepackError(
-                f"checkpoint: {key}: optimizer state with a flattened_range (DistributedOptimizer's default "
-                "'fully_sharded_model_space' format, which Megatron 0.16 refuses for the stock model too) cannot "
-                "be keyed by logical expert; pass metadata={'distrib_optim_sharding_type': 'fully_reshardable'}"
-            )
+        refuse_flattened(key, flattened_range)
         if role != "first":
             return LocalNonpersistentObject(_Pending(key, data))
         if inner_factory:
             built = replace(sh, key=key, data=data, replica_id=replica_id).build()
         else:
             built = replace(sh, key=key, data=data, dtype=data.dtype, replica_id=replica_id)
-            built.validate_metadata_integrity()
+        built = _apply(relabel, built)
+        _apply(lambda t: t.validate_metadata_integrity() if hasattr(t, "validate_metadata_integrity") else t, built)
         return {"tensor": built, "key": LocalNonpersistentObject(key)}
 
     @torch.no_grad()
@@ -237,87 +314,12 @@ def sync_local_copies(layer: Any, *_: Any) -> None:
             first[e] = i
 
 
-@torch.no_grad()
-def _layer_logical(layer: Any) -> Dict[int, torch.Tensor]:
-    """Logical expert → its flat weights (the first copy's), gathered over the EP group."""
-    pieces = SlotPieces(layer.experts)
-    mine = torch.stack([pieces.weights(s) for s in range(pieces.num_slots)])
-    ep = dist.get_world_size(layer.ep_group)
-    bufs = [torch.empty_like(mine) for _ in range(ep)]
-    dist.all_gather(bufs, mine, group=layer.ep_group)
-    n = pieces.num_slots
-    allw = torch.cat(bufs)
-    out: Dict[int, torch.Tensor] = {}
-    for q in range(ep * n):
-        e, first = _slot_key(layer, q, n)
-        if e >= 0 and first and e not in out:
-            out[e] = allw[q]
-    return out
-
-
-def _slot_key(layer: Any, q: int, per_rank: int) -> Tuple[int, bool]:
-    """(logical expert, whether it is the expert's first copy) of Megatron expert ``q``."""
-    if hasattr(layer, "phy2log"):
-        r, i = divmod(q, per_rank)
-        if i >= layer.slots_per_rank:
-            return -1, False
-        p = r * layer.slots_per_rank + i
-        e = int(layer.phy2log[p])
-        return e, e >= 0 and int(np.flatnonzero(layer.phy2log == e)[0]) == p
-    return q, True
-
-
-def export_weights(model: Any) -> Iterator[Tuple[str, torch.Tensor]]:
-    """The model's parameters (and persistent buffers such as ``expert_bias``) with every MoE
-    layer's experts in logical order (module docstring). Collective over each MoE layer's EP
-    group: every rank of it iterates alike and gets the same experts."""
-    chunks = list(model) if isinstance(model, (list, tuple)) else [model]
-    for c in chunks:
-        inner = c
-        while hasattr(inner, "module") and isinstance(inner.module, torch.nn.Module):
-            inner = inner.module
-        layers = {f"{n}.experts.": m for n, m in inner.named_modules() if _is_moe_layer(m)}
-        done = set()
-        params = dict(inner.named_parameters())
-        for name, p in params.items():
-            owner = next((k for k in layers if name.startswith(k)), None)
-            if owner is None:
-                yield name, p.detach()
-                continue
-            if owner in done:
-                continue
-            done.add(owner)
-            yield from _export_layer(owner, layers[owner])
-        for name, b in inner.state_dict(keep_vars=True).items():
-            if name not in params and "_extra_state" not in name and torch.is_tensor(b):
-                yield name, b.detach()
-
-
-def _export_layer(prefix: str, layer: Any) -> Iterator[Tuple[str, torch.Tensor]]:
-    pieces = SlotPieces(layer.experts)
-    E = _num_logical(layer)
-    logical = _layer_logical(layer)
-    if set(logical) != set(range(E)):  # pragma: no cover - a valid placement holds every expert
-        raise RoutepackError(f"export: MoE layer {prefix} holds experts {sorted(logical)}, not 0..{E - 1}")
-    spec = pieces.slots[0]
-    off = 0
-    for piece in spec:
-        chunks = [logical[e][off : off + piece.length] for e in range(E)]
-        if pieces.kind == "GroupedMLP":
-            shape = list(piece.param.shape)
-            shape[1] = shape[1] * E // pieces.num_slots
-            yield prefix + piece.name, torch.cat(chunks).view(*shape)
-        else:
-            for e, flat_w in enumerate(chunks):
-                yield prefix + _rename(piece.name, e), flat_w.view(piece.param.shape)
-        off += piece.length
-
-
-def _rename(name: str, e: int) -> str:
-    """``local_experts.{i}.x`` → ``local_experts.{e}.x``; ``x.weight{i}`` → ``x.weight{e}``."""
-    if name.startswith("local_experts."):
-        return re.sub(r"^local_experts\.\d+\.", f"local_experts.{e}.", name)
-    return re.sub(r"(weight|bias)\d+$", lambda m: f"{m.group(1)}{e}", name)
-
-
-__all__ = ["export_weights", "logical_sharded_state_dict", "slot_experts", "sync_local_copies"]
+__all__ = [
+    "FULLY_RESHARDABLE_SETTING",
+    "checkpoint_format",
+    "refuse_checkpoint_format",
+    "is_moe_layer",
+    "logical_sharded_state_dict",
+    "slot_experts",
+    "sync_local_copies",
+]

@@ -1,8 +1,8 @@
 """What `MegatronRunner.begin_window` refuses on each rank before anything moves (torch,
 Megatron): a plan of another shape or topology, one its layers' replica buffers cannot hold,
 one that places experts elsewhere without migrating them, and the job settings that would run
-it wrongly (DDP's overlapped reduction with redundant experts, GroupedMLP's grad norm, an
-optimizer left out of a migration, MoE recompute with replicas under a pipeline)."""
+it wrongly (DDP's overlapped reduction with redundant experts, an optimizer left out of a
+migration, MoE recompute with replicas under a pipeline)."""
 
 from __future__ import annotations
 
@@ -74,13 +74,6 @@ def check_plan(runner: Any, plan: Any, window: Any, optimizer: Any, token_cap: O
             "whose gradients are completed in the last microbatch's backward after DDP would have started "
             "reducing them; set overlap_grad_reduce=False"
         )
-    if redundant and runner.layers[0].pieces.kind == "GroupedMLP":
-        clip = getattr(getattr(optimizer, "config", None), "clip_grad", 0.0) or 0.0
-        if clip > 0:
-            raise RoutepackError(
-                "optimizer.config.clip_grad: GroupedMLP holds every slot in one parameter, so redundant copies "
-                "would count twice in the grad norm; use SequentialMLP/TEGroupedMLP or clip_grad=0"
-            )
     if optimizer is None and local.migration.size:
         owner = stateful_owner([p for m in runner.layers for p in m.pieces.params()])
         if owner is not None or any(hasattr(p, "main_param") for m in runner.layers for p in m.pieces.params()):

@@ -33,12 +33,16 @@ import torch
 import torch.distributed as dist
 
 from routepack.errors import RoutepackError, RoutepackTypeError
+from routepack.integrations.megatron.checkpoint import refuse_checkpoint_format
+from routepack.integrations.megatron.grad_norm import count_each_expert_once
 from routepack.integrations.megatron.groups import MegatronGroups, groups_from_parallel_state
 from routepack.integrations.megatron.layer import PlanMoELayer
+from routepack.integrations.megatron.layers import plan_layers
+from routepack.routes.layers import moe_layer_numbers
 from routepack.integrations.megatron.microbatch import MicrobatchState
 from routepack.integrations.megatron.plan_checks import check_plan
 from routepack.integrations.megatron.views import LayerView, MegatronExchange
-from routepack.integrations.megatron.slot_state import MegatronSlotState, optimizer_tensors
+from routepack.integrations.megatron.slot_state import MegatronSlotState
 from routepack.integrations.megatron.tables import cell_rows, layer_tables
 from routepack.model import Topology
 from routepack.plan import Plan
@@ -53,20 +57,6 @@ from routepack.torch.slot_link import redundant_experts
 from routepack.torch.step_metrics import StepTimer, runner_metrics
 from routepack.torch.slot_state import optimizer_given
 from routepack.window import Window
-
-
-def _moe_layer_index(config: Any, layer_number: int) -> int:
-    """The plan's MoE layer index of Megatron layer ``layer_number`` (1-based, global)."""
-    freq = getattr(config, "moe_layer_freq", 1)
-    idx = layer_number - 1
-    if isinstance(freq, int):
-        return sum(1 for i in range(idx) if i % freq == 0)
-    return int(sum(freq[:idx]))
-
-
-def _num_moe_layers(config: Any) -> int:
-    freq = getattr(config, "moe_layer_freq", 1)
-    return sum(1 for i in range(config.num_layers) if i % freq == 0) if isinstance(freq, int) else int(sum(freq))
 
 
 def _check_groups(chunks: List[Any]) -> None:
@@ -106,7 +96,12 @@ class MegatronRunner:
     ``topo.stage_layers`` gives it). ``timeout`` bounds every wait of migration and replication.
     ``groups``: the process groups and ranks it runs over (`MegatronGroups`: expert-parallel,
     pipeline, data-parallel rank and size); None: the layers' own expert-parallel group and the
-    rest from Megatron's ``parallel_state`` (`groups_from_parallel_state`).
+    rest from Megatron's ``parallel_state`` (`groups_from_parallel_state`). ``checkpoint``: the
+    trainer's checkpoint settings (Megatron-LM's ``args``, verl's Megatron engine config, or the
+    metadata its saves pass to ``sharded_state_dict``): a ``DistributedOptimizer`` format that
+    stores physical slots' state (``dp_reshardable``, verl's and Megatron-LM's default;
+    ``fully_sharded_model_space``; ``fsdp_dtensor``) is refused here, naming the setting
+    (`checkpoint.checkpoint_format`); None: checked at each ``sharded_state_dict`` call only.
 
     Under a pipeline (pp > 1) each stage carries out the plan's rows of its own layers,
     intra-batch replicas included: with several microbatches in flight the runner keeps each
@@ -128,9 +123,12 @@ class MegatronRunner:
         timeout: datetime.timedelta = datetime.timedelta(seconds=120),
         groups: Optional[MegatronGroups] = None,
         audit: str = "raise",
+        checkpoint: Any = None,
     ) -> None:
         if not isinstance(topo, Topology):
             raise RoutepackTypeError(f"topo: expected routepack.Topology, got {type(topo).__name__}")
+        if checkpoint is not None:  # refused now, not at the first save hours into the run
+            refuse_checkpoint_format(checkpoint)
         _args.timeout(timeout, optional=False)
         if groups is not None and not isinstance(groups, MegatronGroups):
             raise RoutepackTypeError(f"groups: expected MegatronGroups, got {type(groups).__name__}")
@@ -147,7 +145,16 @@ class MegatronRunner:
                 raise RoutepackError(f"model: a PlanMoELayer was built for {m.topo}, the runner for {topo}")
             if m.layer_number is None:
                 raise RoutepackError("model: a PlanMoELayer has no layer_number (build it inside a TransformerLayer)")
-            m.moe_index = _moe_layer_index(m.logical_config, m.layer_number)
+        keyed = plan_layers(mods[0].logical_config, [m.layer_number for m in mods])
+        #: MoE layers of this rank the plan does not cover (MTP layers), by Megatron layer
+        #: number, each with the reason: they route live at their static placement
+        self.unplanned: Dict[int, str] = {n: why for n, why in keyed.items() if isinstance(why, str)}
+        index = {n: i for n, i in keyed.items() if isinstance(i, int)}
+        mods = [m for m in mods if m.layer_number in index]
+        if not mods:
+            raise RoutepackError(f"model: its PlanMoELayer layers are all outside the plan: {self.unplanned}")
+        for m in mods:
+            m.moe_index = index[m.layer_number]
         mods.sort(key=lambda m: m.moe_index)
         self.layers = mods
         if groups is None:  # the layers' own EP group object: no second communicator over the same ranks
@@ -156,7 +163,7 @@ class MegatronRunner:
         self.groups = groups.check()
         self.topo, self.timeout = topo, timeout
         self.config = mods[0].logical_config
-        self.num_moe_layers = _num_moe_layers(self.config)
+        self.num_moe_layers = len(moe_layer_numbers(self.config))
         self.group = groups.ep
         if dist.get_world_size(self.group) != topo.ep:
             raise RoutepackError(f"topo: ep={topo.ep}, the expert-parallel group has {dist.get_world_size(self.group)}")
@@ -331,7 +338,7 @@ class MegatronRunner:
             m.set_placement(local.placement.phy2log[i], origins.sum(axis=0)[:, l], cells)
         self.plan, self._window = plan, window
         self.exchange = self._make_exchange(local) if local.replicas.size else None
-        self._mark_copies(optimizer)
+        count_each_expert_once(self.layers, optimizer, self.ep_rank)
         self._guard_step(optimizer)
         self.state = MicrobatchState(len(self.layers), restores=self.state.restores)
         if self.audit.on:
@@ -387,25 +394,6 @@ class MegatronRunner:
             idx.setdefault((int(r[i]["micro"]), int(r[i]["layer"])), []).append(i)
         cells = {k: (np.asarray(v, dtype=np.int64), r[np.asarray(v)]) for k, v in idx.items()}
         return MegatronExchange(self.views, cells, self.timeout)
-
-    def _mark_copies(self, optimizer: Any) -> None:
-        """Every slot but each logical expert's first copy (redundant copies, empty slots,
-        replica buffers) gets ``shared = True`` on its parameters and their optimizer tensors,
-        so Megatron's grad norm (``param_is_not_shared``) counts each expert once."""
-        for m in self.layers:
-            if m.pieces.kind == "GroupedMLP":
-                continue  # one parameter holds every slot (refused with clip_grad > 0 and redundancy)
-            first = np.full(m.num_logical, -1, dtype=np.int64)
-            for p in range(m.phy2log.size - 1, -1, -1):
-                if m.phy2log[p] >= 0:
-                    first[m.phy2log[p]] = p
-            local = m.slot_experts()
-            for s in range(m.pieces.num_slots):
-                e = int(local[s])
-                primary = s < m.slots_per_rank and e >= 0 and first[e] == self.ep_rank * m.slots_per_rank + s
-                for piece in m.pieces.slots[s]:
-                    for t in [piece.param] + optimizer_tensors(optimizer, piece.param):
-                        setattr(t, "shared", not primary)
 
     # ------------------------------------------------------------------ microbatches
     def start_micro(self, micro: int) -> None:

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from routepack.errors import RoutepackError
-from routepack.integrations.megatron.checkpoint import _layer_logical
+from routepack.integrations.megatron.export import _layer_logical
 from routepack.integrations.megatron.layer import PlanMoELayer
 
 LOG = logging.getLogger("routepack.integrations.megatron")

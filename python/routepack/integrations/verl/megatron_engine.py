@@ -275,7 +275,7 @@ def logical_export(bridge: Any, models: Any) -> Any:
     """mbridge's ``export_weights`` for a routepack model: `export_weights` (every expert in
     logical order, collective over the EP group) through the bridge's own
     ``_weight_to_hf_format``; buffers other than ``expert_bias`` left out, as mbridge does."""
-    from routepack.integrations.megatron.checkpoint import export_weights
+    from routepack.integrations.megatron.export import export_weights
 
     chunks = list(models) if isinstance(models, (list, tuple)) else [models]
     skip = set()
