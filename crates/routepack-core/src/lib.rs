@@ -35,6 +35,7 @@
 //! * [`cpu`]         CPU capability tokens for the SIMD kernels, detected once
 //! * [`budget`]      wall-clock budgets (`time_budget_s`) to deadlines, without overflow
 //! * [`sizes`]       tables sized by an argument, checked before they are allocated
+//! * [`rounding`]    `f64::round` without the math library's call, bit for bit
 //!
 //! # Glossary
 //! Each word means one thing, in code and docs:
@@ -80,6 +81,7 @@ pub mod packing;
 pub mod placement;
 pub mod plan;
 pub mod replication;
+pub mod rounding;
 pub mod simulate;
 pub mod sizes;
 pub mod split;

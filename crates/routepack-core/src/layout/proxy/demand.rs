@@ -10,12 +10,14 @@ use crate::topology::Topology;
 use crate::window::WindowView;
 
 /// Per layer: the single-replica experts grouped by their rank, as CSR (rank p's are
-/// `experts[off[p]..off[p + 1]]`, ascending), and the (expert, rank, share) triples of
-/// replicated experts, shares on one rank merged.
+/// `experts[off[p]..off[p + 1]]`, ascending), the (expert, rank, share) triples of
+/// replicated experts, shares on one rank merged, and the ranks those land on.
 struct Routes {
     off: Vec<usize>,
     experts: Vec<u32>,
     multi: Vec<(usize, usize, f64)>,
+    /// `[ep]` whether some replicated expert has a share on rank p (its value is rounded).
+    shared: Vec<bool>,
 }
 
 fn routes(w: &WindowView, topo: &Topology, placement: &Placement) -> Vec<Routes> {
@@ -47,7 +49,9 @@ fn routes(w: &WindowView, topo: &Topology, placement: &Placement) -> Vec<Routes>
             for p in 0..topo.ep {
                 by_rank[p + 1] += by_rank[p];
             }
-            Routes { off: by_rank, experts: single.into_iter().map(|(_, e)| e).collect(), multi }
+            let mut shared = vec![false; topo.ep];
+            multi.iter().for_each(|&(_, p, _)| shared[p] = true);
+            Routes { off: by_rank, experts: single.into_iter().map(|(_, e)| e).collect(), multi, shared }
         })
         .collect()
 }
@@ -58,41 +62,58 @@ struct Scratch {
     rpn: usize,
     whole: Vec<i64>,
     part: Vec<f64>,
+    /// Running sums of the single-replica experts' tokens in `Routes::experts` order.
+    run: Vec<i64>,
 }
 
 impl Scratch {
     fn new(topo: &Topology) -> Self {
         let ep = topo.ep;
-        Self { ep, rpn: topo.ranks_per_group_node(), whole: vec![0; ep + 1], part: vec![0.0; ep] }
+        Self { ep, rpn: topo.ranks_per_group_node(), whole: vec![0; ep + 1], part: vec![0.0; ep], run: Vec::new() }
     }
 }
 
 /// Sample s's demand vector into `out` (`[demand_len]`, every entry written).
+///
+/// Each rank's single-replica experts are summed as differences of one running sum over the
+/// experts in rank order (one loop of fixed length, where a loop per rank ended at a
+/// different count each time); a rank without a replicated expert's share holds a whole
+/// number, which rounding leaves as it is, and the others round without a call
+/// (`crate::rounding`): the values of `(whole + part).round()` on every rank, bit for bit.
 fn project_sample(w: &WindowView, routes: &[Routes], shape: Shape, s: usize, sc: &mut Scratch, out: &mut [f32]) {
     let (ep, rpn) = (sc.ep, sc.rpn);
-    let (whole, part) = (&mut sc.whole, &mut sc.part);
+    let (whole, part, run) = (&mut sc.whole, &mut sc.part, &mut sc.run);
     for (l, rt) in routes.iter().enumerate() {
         part.iter_mut().for_each(|x| *x = 0.0);
         let x = w.tokens(s, l);
-        // each rank's single-replica experts summed apart (integer sums: any order is exact,
-        // and independent sums run faster than one scatter); replicated ones are split below
+        // integer sums: any order is exact
+        run.clear();
+        run.push(0);
         crate::with_counts!(x, x => {
-            for (p, t) in whole[..ep].iter_mut().enumerate() {
-                *t = rt.experts[rt.off[p]..rt.off[p + 1]].iter().map(|&e| i64::from(x[e as usize])).sum();
-            }
+            let mut acc = 0i64;
+            run.extend(rt.experts.iter().map(|&e| {
+                acc += i64::from(x[e as usize]);
+                acc
+            }));
             for &(e, p, sh) in &rt.multi {
                 part[p] += f64::from(x[e]) * sh;
             }
         });
+        for (p, t) in whole[..ep].iter_mut().enumerate() {
+            *t = run[rt.off[p + 1]] - run[rt.off[p]];
+        }
         let (mut sent, mut node_sent) = (0f32, 0f32);
+        let mut in_node = 0;
         for p in 0..ep {
-            let v = (whole[p] as f64 + part[p]).round() as f32;
+            let v = if rt.shared[p] { crate::rounding::round(whole[p] as f64 + part[p]) as f32 } else { whole[p] as f64 as f32 };
             out[shape.proj_at(l, p)] = v;
             sent += v;
             node_sent += v;
-            if (p + 1) % rpn == 0 {
+            in_node += 1;
+            if in_node == rpn {
                 out[shape.onode_at(l, p / rpn)] = node_sent;
                 node_sent = 0.0;
+                in_node = 0;
             }
         }
         out[shape.otot_at(l)] = sent;
