@@ -159,12 +159,15 @@ pub struct ExchangeState {
     /// Scratch of `refresh_changed`: per value (expert, all-to-all, hops), the ranks whose
     /// value changed.
     moved: [Vec<usize>; 3],
-    /// `bound`'s per-expert scratch: `[ep]` values without the expert's part, ranks whose
-    /// expert time any move changes, and the maxima over them.
-    wo_x: Vec<f64>,
+    /// `bound`'s per-expert scratch: `[ep]` all-to-all values without the expert's part
+    /// (valid where `wo_seen[p] == b_stamp`), ranks whose expert time any move changes, the
+    /// copies' tokens (both set sparsely at the ranks in `b_marked`), and the maxima.
     wo_a: Vec<f64>,
+    wo_seen: Vec<u32>,
+    b_stamp: u32,
     flag: Vec<bool>,
     own: Vec<i64>,
+    b_marked: Vec<usize>,
     b_x_flag: f64,
     b_a_top: [(f64, usize); 2],
     b_a_host: f64,

@@ -23,9 +23,22 @@
 //! and the true split are different sums, so their roundings may differ); a bound never
 //! above the price skips only moves that cannot win, so the plan is the same
 //! (`routepack::plan_exchange`; `debug_assert`ed against every price in debug builds).
+//!
+//! Preparing an expert reads only what its moves can change, not every rank: its hosts and
+//! copies (marked sparsely, unmarked at the next expert), and the largest all-to-all values
+//! without its part, found by walking the ranks in the state's all-to-all order. A rank's
+//! value without e's part is at most its value now (its sums only lose e's part, and what it
+//! must still send is no more than it sends now), so the walk stops at the first rank whose
+//! value now is below the second largest found (with a margin for rounding): the ranks left
+//! cannot enter the top two. Values of the moved rank's node mates are computed when a move
+//! asks for them and kept until the next expert. The full scan this replaced is
+//! `reference.rs`, which `state::tests` requires to give the same bits.
 
 use super::{ExchangeState, Links};
 use crate::replication::exchange::Exchange;
+
+#[cfg(test)]
+pub(crate) mod reference;
 
 /// A rank's one-pass all-to-all time from its link sums (as `ExchangeState::values`).
 #[inline]
@@ -45,58 +58,103 @@ fn a2a_sending(kt: [f64; 2], l: &Links, s: i64) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
+/// How far below the second largest value without the expert's part a rank's value now must
+/// be for the walk to stop (`prepare_bound`): far above the rounding by which the value
+/// without the part can exceed the value now (the cheapest split is a different sum).
+const WALK_MARGIN: f64 = 1e-9;
+
 impl ExchangeState {
-    /// Loads the bounds of moves of expert e (O(ep)). `hosted` `[ep]`: whether rank p hosts
-    /// a slot of e.
-    pub fn prepare_bound(&mut self, c: &Exchange, e: usize, hosted: &[bool]) {
-        let (ep, base, kt) = (self.ep, e * self.ep, self.k_tok);
-        let exact = self.total[e] < 1 << 23;
-        let (mut wo_x, mut wo_a, mut flag, mut own) =
-            (std::mem::take(&mut self.wo_x), std::mem::take(&mut self.wo_a), std::mem::take(&mut self.flag), std::mem::take(&mut self.own));
-        flag.clear();
-        flag.extend_from_slice(&hosted[..ep]);
-        own.clear();
-        own.resize(ep, 0);
-        for r in &self.replicas[e] {
-            own[r.dst] = r.n;
-            flag[r.dst] |= !exact;
+    /// Rank p's one-pass all-to-all time without expert e's part (e from the last
+    /// [`Self::prepare_bound`]): a host's without the part, another rank's at least what it
+    /// must still send (its tokens of e less its copy's `n`), cheapest split. Kept until the
+    /// next expert is prepared.
+    fn without(&mut self, p: usize, hosted: &[bool]) -> f64 {
+        if self.wo_seen[p] == self.b_stamp {
+            return self.wo_a[p];
         }
-        wo_x.clear();
-        wo_a.clear();
+        let (base, kt) = (self.b_expert * self.ep, self.k_tok);
+        let (l, el) = (self.links[p], self.elinks[base + p]);
+        let l = [l[0] - el[0], l[1] - el[1], l[2] - el[2], l[3] - el[3]];
+        let a = if hosted[p] { a2a(kt, &l) } else { a2a_sending(kt, &l, self.origin_t[base + p] - self.own[p]) };
+        self.wo_a[p] = a;
+        self.wo_seen[p] = self.b_stamp;
+        a
+    }
+
+    /// Loads the bounds of moves of expert e (O(its slots and copies), plus the ranks of the
+    /// walk). `hosted` `[ep]`: whether rank p hosts a slot of e.
+    pub fn prepare_bound(&mut self, c: &Exchange, e: usize, hosted: &[bool]) {
+        let (ep, base) = (self.ep, e * self.ep);
+        let exact = self.total[e] < 1 << 23;
+        if self.flag.len() != ep {
+            self.flag.clear();
+            self.flag.resize(ep, false);
+            self.own.clear();
+            self.own.resize(ep, 0);
+            self.wo_a.clear();
+            self.wo_a.resize(ep, 0.0);
+            self.wo_seen.clear();
+            self.wo_seen.resize(ep, 0);
+            self.b_marked.clear();
+        }
+        for &p in &self.b_marked {
+            self.flag[p] = false;
+            self.own[p] = 0;
+        }
+        self.b_marked.clear();
+        self.b_stamp = self.b_stamp.wrapping_add(1);
+        if self.b_stamp == 0 {
+            self.wo_seen.iter_mut().for_each(|s| *s = 0);
+            self.b_stamp = 1;
+        }
+        self.b_expert = e;
         self.b_hosts.clear();
         for &slot in c.expert_slots(e) {
             let h = c.topo.rank_of_slot(slot);
+            self.flag[h] = true;
+            self.b_marked.push(h);
             match self.b_hosts.last_mut() {
                 Some((r, k)) if *r == h => *k += 1,
                 _ => self.b_hosts.push((h, 1)),
             }
         }
-        self.b_taken = self.replicas[e].iter().map(|r| r.n).sum();
-        let (mut x_flag, mut a_host) = (0.0f64, 0.0f64);
+        // e's copies: their tokens, and (above 2^23 tokens, where a share may not round back)
+        // their expert time counted as changed
+        let mut x_flag = 0.0f64;
+        self.b_taken = 0;
+        for i in 0..self.replicas[e].len() {
+            let r = self.replicas[e][i];
+            self.own[r.dst] = r.n;
+            self.b_taken += r.n;
+            self.b_marked.push(r.dst);
+            if !exact {
+                self.flag[r.dst] = true;
+                if !hosted[r.dst] {
+                    let t = self.etok[base + r.dst];
+                    x_flag = x_flag.max(c.cost.expert_time((self.tok[r.dst] - t) as f64, (self.active[r.dst] - i64::from(t > 0)) as f64));
+                }
+            }
+        }
+        let mut a_host = 0.0f64;
+        for i in 0..self.b_hosts.len() {
+            let h = self.b_hosts[i].0;
+            a_host = a_host.max(self.without(h, hosted));
+        }
+        // the two largest values without e's part: the walk down the all-to-all order
         let mut top = [(f64::NEG_INFINITY, usize::MAX); 2];
-        for p in 0..ep {
-            let t = self.etok[base + p];
-            let x = c.cost.expert_time((self.tok[p] - t) as f64, (self.active[p] - i64::from(t > 0)) as f64);
-            let (l, el) = (self.links[p], self.elinks[base + p]);
-            let l = [l[0] - el[0], l[1] - el[1], l[2] - el[2], l[3] - el[3]];
-            let a = if hosted[p] { a2a(kt, &l) } else { a2a_sending(kt, &l, self.origin_t[base + p] - own[p]) };
-            if flag[p] && !hosted[p] {
-                x_flag = x_flag.max(x);
+        for i in 0..ep {
+            let p = self.ao[i];
+            if self.av[p] < top[1].0 * (1.0 - WALK_MARGIN) {
+                break;
             }
-            if hosted[p] {
-                a_host = a_host.max(a);
-            }
+            let a = self.without(p, hosted);
             if a > top[0].0 {
                 top = [(a, p), top[0]];
             } else if a > top[1].0 {
                 top[1] = (a, p);
             }
-            wo_x.push(x);
-            wo_a.push(a);
         }
-        (self.wo_x, self.wo_a, self.flag, self.own) = (wo_x, wo_a, flag, own);
         (self.b_x_flag, self.b_a_host, self.b_a_top) = (x_flag, a_host, top);
-        self.b_expert = e;
     }
 
     /// Lower bound on the exchange's time after the move "expert e's copy on `dst` (a rank
@@ -111,7 +169,7 @@ impl ExchangeState {
     /// `hosted` `[ep]` as given to `prepare_bound`, `rpn` ranks per node.
     #[allow(clippy::too_many_arguments)]
     pub fn bound(
-        &self,
+        &mut self,
         c: &Exchange,
         dst: usize,
         src: usize,
@@ -123,6 +181,13 @@ impl ExchangeState {
     ) -> f64 {
         let e = self.b_expert;
         let (ep, base, kt) = (self.ep, e * self.ep, self.k_tok);
+        let mates = match local {
+            Some(node) => {
+                let (lo, hi) = (node * rpn, ((node + 1) * rpn).min(ep));
+                (lo..hi).filter(|&p| p != dst).fold(0.0f64, |m, p| m.max(self.without(p, hosted)))
+            }
+            None => 0.0,
+        };
         let first = |order: &[usize], v: &[f64], skip: &dyn Fn(usize) -> bool| order.iter().find(|&&p| !skip(p)).map_or(0.0, |&p| v[p]);
         let flag = &self.flag;
         // the destination computes n tokens of e (or, above 2^23 tokens, at least none)
@@ -130,7 +195,7 @@ impl ExchangeState {
         let x_dst = if self.total[e] < 1 << 23 {
             c.cost.expert_time((self.tok[dst] - t + n) as f64, (self.active[dst] - i64::from(t > 0) + i64::from(n > 0)) as f64)
         } else {
-            self.wo_x[dst]
+            c.cost.expert_time((self.tok[dst] - t) as f64, (self.active[dst] - i64::from(t > 0)) as f64)
         };
         // what the slots compute: at least the copies' n less (stored n never below the
         // tokens a copy computes), spread by quotas
@@ -147,7 +212,6 @@ impl ExchangeState {
         let a = match local {
             Some(node) => {
                 let (lo, hi) = (node * rpn, ((node + 1) * rpn).min(ep));
-                let mates = (lo..hi).filter(|&p| p != dst).fold(0.0f64, |m, p| m.max(self.wo_a[p]));
                 self.b_a_host.max(mates).max(a_dst).max(first(&self.ao, &self.av, &|p| hosted[p] || (lo..hi).contains(&p)))
             }
             None => {
