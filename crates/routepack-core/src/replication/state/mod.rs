@@ -507,6 +507,12 @@ impl ExchangeState {
         self.av[p]
     }
 
+    /// The ranks by expert time, largest first (lowest index first among equal times).
+    #[inline]
+    pub fn expert_order(&self) -> &[usize] {
+        &self.xo
+    }
+
     /// The rank with the largest expert time, and the one with the largest all-to-all time
     /// (lowest index on ties).
     pub fn bottlenecks(&self) -> (usize, usize) {
