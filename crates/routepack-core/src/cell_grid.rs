@@ -10,6 +10,10 @@ use crate::plan::cell_members;
 use crate::topology::Topology;
 use crate::window::WindowView;
 
+/// Rows the origin passes prefetch ahead of the one they sum: enough to cover a read from
+/// memory on a loaded machine while the rows between are summed.
+const READ_AHEAD: usize = 4;
+
 /// Samples per (DP rank, microbatch) and their Σ n, Σ n² (what attention costs).
 /// Built from a packing that `validate_plan` accepted (ranks and microbatches in range).
 #[derive(Clone, Debug)]
@@ -115,14 +119,25 @@ impl CellGrid {
         let e_n = w.num_experts;
         debug_assert_eq!(origin.len(), self.ep * e_n);
         origin.iter_mut().for_each(|x| *x = 0);
+        let mut ahead = self.read_ahead(g, m);
         for r in 0..self.ep {
             let row = &mut origin[r * e_n..(r + 1) * e_n];
             for &s in self.members(g * self.ep + r, m) {
+                if let Some(t) = ahead.next() {
+                    w.prefetch_row(t, l);
+                }
                 crate::with_counts!(w.tokens(s, l), x => for (o, &c) in row.iter_mut().zip(x) {
                     *o += i64::from(c);
                 });
             }
         }
+    }
+
+    /// The samples of group g's cells at microbatch m in the order the origin passes read
+    /// them (ranks ascending, each cell's members ascending), from the `READ_AHEAD`-th on:
+    /// what to prefetch while the earlier ones are summed.
+    fn read_ahead(&self, g: usize, m: usize) -> impl Iterator<Item = usize> + '_ {
+        (0..self.ep).flat_map(move |r| self.members(g * self.ep + r, m).iter().copied()).skip(READ_AHEAD)
     }
 
     /// [`CellGrid::origin`], gathering on the way what the lower bound reads of each row
@@ -185,9 +200,13 @@ impl CellGrid {
         let e_n = w.num_experts;
         debug_assert_eq!(origin.len(), self.ep * e_n);
         origin.iter_mut().for_each(|x| *x = 0);
+        let mut ahead = self.read_ahead(g, m);
         for r in 0..self.ep {
             let o = &mut origin[r * e_n..(r + 1) * e_n];
             for &s in self.members(g * self.ep + r, m) {
+                if let Some(t) = ahead.next() {
+                    w.prefetch_row(t, l);
+                }
                 let (tokens, experts) = crate::with_counts!(w.tokens(s, l), t => row_sums(t, w.seq_lens[s], o, share));
                 row(s, tokens, experts);
             }
