@@ -1,12 +1,12 @@
-"""Peak extra memory of a migration on the `tiny` profile, one stage against staged (issue 16).
+"""Peak extra memory of a migration on the `tiny` profile, one wave against several (issue 16).
 
     PYTHONPATH=python python3 benches/migration_memory.py [--seed 0] [--ceiling-gib 1 2 4]
 
 Plans window 0 from the static placement and window 1 from window 0's placement with the
 routepack policy, then counts, per EP rank, what `routepack.torch.migrate` holds besides the
-live tensors (`routepack.torch.staging.rank_bytes`: a staged copy and a backup per received
+live tensors (`routepack.torch.waves.rank_bytes`: a received copy and a backup per received
 row, a packed buffer per sent row) at 14 bytes per expert parameter (bf16 weight + fp32
-master + Adam's two fp32 moments), for one stage and for each ceiling. Arithmetic on the
+master + Adam's two fp32 moments), for one wave and for each ceiling. Arithmetic on the
 plan's rows, not a measurement of an allocator.
 """
 
@@ -17,7 +17,7 @@ import argparse
 import numpy as np
 
 import routepack as rp
-from routepack.torch.staging import plan_stages, rank_bytes
+from routepack.torch.waves import plan_waves, rank_bytes
 
 GIB = float(1 << 30)
 
@@ -43,15 +43,15 @@ def main() -> None:
         f"tiny: {rows.size} migration rows ({int((rows['src_rank'] != rows['dst_rank']).sum())} cross-rank), "
         f"most into one rank {int(into.max())}; slot {slot / 2**20:.1f} MiB at 14 B/param"
     )
-    _, peak = plan_stages(rows, sizes, topo.ep, None)
+    _, peak = plan_waves(rows, sizes, topo.ep, None)
     print(
-        f"one stage (max_bytes_in_flight=None): peak extra {peak / GIB:.2f} GiB on one rank; "
+        f"one wave (max_bytes_in_flight=None): peak extra {peak / GIB:.2f} GiB on one rank; "
         f"largest single layer {int(per.max()) / GIB:.2f} GiB"
     )
     for c in args.ceiling_gib:
         try:
-            stages, peak = plan_stages(rows, sizes, topo.ep, int(c * GIB))
-            print(f"max_bytes_in_flight={c:g} GiB: {len(stages)} stages, peak extra {peak / GIB:.2f} GiB")
+            waves, peak = plan_waves(rows, sizes, topo.ep, int(c * GIB))
+            print(f"max_bytes_in_flight={c:g} GiB: {len(waves)} waves, peak extra {peak / GIB:.2f} GiB")
         except rp.RoutepackError as e:
             print(f"max_bytes_in_flight={c:g} GiB: refused ({e})")
 

@@ -119,7 +119,7 @@ def measure(prof: Profile, baseline: bool, cache: str | None) -> Dict[str, Any]:
 
     sim_s = [0.0]
     stage_cpu: Dict[str, float] = {}
-    real_simulate = planner.simulate
+    real_simulate = planner.score  # the final validation + simulate (`routepack.simulate.score`)
 
     def timed_simulate(*a: Any, **k: Any) -> Any:
         t, c = time.perf_counter(), _cpu()
@@ -128,7 +128,7 @@ def measure(prof: Profile, baseline: bool, cache: str | None) -> Dict[str, Any]:
         stage_cpu["simulate"] = stage_cpu.get("simulate", 0.0) + _cpu() - c
         return out
 
-    planner.simulate = timed_simulate
+    planner.score = timed_simulate
     saved = {}
     for stage, table, choice in (
         ("placement", registry.PLACEMENTS, "routepack"),
@@ -140,7 +140,7 @@ def measure(prof: Profile, baseline: bool, cache: str | None) -> Dict[str, Any]:
     c0, t0 = _cpu(), time.perf_counter()
     plan = rp.plan_window(window, topo, cost, cap, "routepack")
     wall, cpu = time.perf_counter() - t0, _cpu() - c0
-    planner.simulate = real_simulate
+    planner.score = real_simulate
     for table, choice, entry in saved.values():
         table[choice] = entry
     st = plan.report["stage_seconds"]

@@ -100,7 +100,11 @@ pub fn topology(obj: &Bound<'_, PyAny>) -> PyResult<Topology> {
     let replica_slots: usize = attr(obj, "replica_slots")?;
     let (pp, vpp, cp): (usize, usize, usize) = (attr(obj, "pp")?, attr(obj, "vpp")?, attr(obj, "cp")?);
     let layers_per_stage: Option<Vec<usize>> = attr(obj, "layers_per_stage")?;
-    Topology::new(attr(obj, "dp")?, attr(obj, "ep")?, attr(obj, "gpus_per_node")?, attr(obj, "slots_per_rank")?)
+    let gpus_per_node: usize = attr(obj, "gpus_per_node")?;
+    // None: a node is an NVLink domain
+    let nvlink_domain: Option<usize> = attr(obj, "nvlink_domain")?;
+    Topology::new(attr(obj, "dp")?, attr(obj, "ep")?, gpus_per_node, attr(obj, "slots_per_rank")?)
+        .and_then(|t| t.with_nvlink_domain(nvlink_domain.unwrap_or(gpus_per_node)))
         .and_then(|t| t.with_replica_slots(replica_slots))
         .and_then(|t| t.with_pipeline(pp, vpp, layers_per_stage))
         .and_then(|t| t.with_cp(cp))

@@ -27,35 +27,40 @@ fn count<'py, T: ExpertId + numpy::Element>(
     routed: PyReadonlyArray3<'py, T>,
     cu: &[i64],
     num_experts: usize,
+    moe_layers: Option<&[usize]>,
 ) -> PyResult<Out<'py>> {
     let sh = routed.shape().to_vec();
     let ids = slice(&routed, "routed")?;
-    let (lens, counts) = run(py, || core_ingest(ids, sh[1], sh[2], cu, num_experts))?;
-    let shape = (lens.len(), sh[1], num_experts);
+    let (lens, counts) = run(py, || core_ingest(ids, sh[1], sh[2], cu, num_experts, moe_layers))?;
+    let shape = (lens.len(), moe_layers.map_or(sh[1], <[usize]>::len), num_experts);
     Ok((lens.into_pyarray(py), counts_array(py, shape, counts)))
 }
 
-/// `(seq_lens [S], expert_tokens [S, L, E])` from `routed [T, L, k]` and `cu_seqlens [S+1]`;
-/// the counts in the narrowest of uint8, uint16, int32 that holds them.
+/// `(seq_lens [S], expert_tokens [S, L', E])` from `routed [T, L, k]` and `cu_seqlens [S+1]`,
+/// counting the rows `moe_layers` lists (None: all, L' = L); the counts in the narrowest of
+/// uint8, uint16, int32 that holds them.
 #[pyfunction]
+#[pyo3(signature = (routed, cu_seqlens, num_experts, moe_layers=None))]
 pub fn expert_tokens_from_routed<'py>(
     py: Python<'py>,
     routed: &Bound<'py, PyAny>,
     cu_seqlens: PyReadonlyArray1<'py, i64>,
     num_experts: usize,
+    moe_layers: Option<Vec<usize>>,
 ) -> PyResult<Out<'py>> {
     let cu = slice(&cu_seqlens, "cu_seqlens")?;
+    let moe_layers = moe_layers.as_deref();
     if let Ok(a) = routed.extract::<PyReadonlyArray3<u8>>() {
-        return count(py, a, cu, num_experts);
+        return count(py, a, cu, num_experts, moe_layers);
     }
     if let Ok(a) = routed.extract::<PyReadonlyArray3<i16>>() {
-        return count(py, a, cu, num_experts);
+        return count(py, a, cu, num_experts, moe_layers);
     }
     if let Ok(a) = routed.extract::<PyReadonlyArray3<i32>>() {
-        return count(py, a, cu, num_experts);
+        return count(py, a, cu, num_experts, moe_layers);
     }
     if let Ok(a) = routed.extract::<PyReadonlyArray3<i64>>() {
-        return count(py, a, cu, num_experts);
+        return count(py, a, cu, num_experts, moe_layers);
     }
     Err(PyTypeError::new_err("routed: expected a 3-D array of uint8, int16, int32 or int64 ids [T, L, k]"))
 }

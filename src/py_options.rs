@@ -191,14 +191,14 @@ pub fn exact_nodes(node_limit: Option<u64>) -> u64 {
 /// routepack's replication options from `replicate_routepack`'s arguments (None: the core's
 /// default).
 pub fn replication(
-    replica_slots: Option<usize>,
+    replication_slots: Option<usize>,
     candidate_experts: Option<usize>,
     candidate_dsts: Option<usize>,
     time_budget_s: Option<f64>,
 ) -> PyResult<ReplicationOptions> {
     let d = ReplicationOptions::default();
     Ok(ReplicationOptions {
-        replica_slots: replica_slots.unwrap_or(d.replica_slots),
+        replication_slots: replication_slots.unwrap_or(d.replication_slots),
         experts: candidate_experts.unwrap_or(d.experts),
         dsts: candidate_dsts.unwrap_or(d.dsts),
         time_budget: budget::from_secs("time_budget_s", time_budget_s).map_err(to_py)?,
@@ -206,8 +206,8 @@ pub fn replication(
 }
 
 /// `replicate_relibra`'s copies per rank (None: the budget routepack's replication gets).
-pub fn relibra_slots(replica_slots: Option<usize>) -> usize {
-    replica_slots.unwrap_or(ReplicationOptions::default().replica_slots)
+pub fn relibra_slots(replication_slots: Option<usize>) -> usize {
+    replication_slots.unwrap_or(ReplicationOptions::default().replication_slots)
 }
 
 /// `replicate_hot_n`'s hot experts per exchange (None: the core's `DEFAULT_HOT_EXPERTS`).
@@ -248,8 +248,9 @@ pub fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let r = ReplicationOptions::default();
     let replication = PyDict::new(py);
     replication.set_item("replication_hot_experts", DEFAULT_HOT_EXPERTS)?;
-    replication.set_item("replication_slots", r.replica_slots)?;
+    replication.set_item("replication_slots", r.replication_slots)?;
     replication.set_item("replication_candidates", r.experts)?;
+    replication.set_item("replication_min_tokens", routepack_core::replication::ultraep::DEFAULT_MIN_TOKENS)?;
     out.set_item("replication", replication)?;
     Ok(out)
 }
@@ -265,7 +266,7 @@ pub fn cost_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 
 /// `{field: default}` of the topology's optional fields (`replica_slots`, `pp`, `vpp`, `cp`:
 /// the core's `DEFAULT_REPLICA_SLOTS`, `DEFAULT_PP`, `DEFAULT_VPP`, `DEFAULT_CP`;
-/// `layers_per_stage`: None, the even split).
+/// `layers_per_stage`: None, the even split; `nvlink_domain`: None, a node is a domain).
 #[pyfunction]
 pub fn topology_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let out = PyDict::new(py);
@@ -274,6 +275,7 @@ pub fn topology_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     out.set_item("vpp", DEFAULT_VPP)?;
     out.set_item("cp", DEFAULT_CP)?;
     out.set_item("layers_per_stage", py.None())?;
+    out.set_item("nvlink_domain", py.None())?;
     Ok(out)
 }
 

@@ -198,14 +198,14 @@ pub fn pack_routepack<'py>(
     Ok((p.sample_rank.into_pyarray(py), p.sample_micro.into_pyarray(py), p.num_micro, d))
 }
 
-/// Each EP group's steps reordered to shorten its pipeline under `topo`
-/// (`layout::order::order_steps`): `(sample_micro [S], report {before, after, evaluations,
+/// Each EP group's microbatches reordered to shorten its pipeline under `topo`
+/// (`layout::order::order_microbatches`): `(sample_micro [S], report {before, after, evaluations,
 /// groups_reordered})`; the layout itself without a pipeline. `evaluations`: the search's
 /// budget per group (None: the core's default).
 #[pyfunction]
 #[pyo3(signature = (seq_lens, expert_tokens, topo, cost, phy2log, sample_rank, sample_micro, num_micro, evaluations=None))]
 #[allow(clippy::too_many_arguments)]
-pub fn order_steps<'py>(
+pub fn order_microbatches<'py>(
     py: Python<'py>,
     seq_lens: PyReadonlyArray1<'py, i64>,
     expert_tokens: convert::CountsArray<'py>,
@@ -229,7 +229,7 @@ pub fn order_steps<'py>(
     let budget = evaluations.unwrap_or(layout_order::DEFAULT_EVALUATIONS);
     let (out, r) = run(py, || {
         proxy_step_time(&w, &t, &c, &pl, &p)?; // the layout checked against the window and topology
-        layout_order::order_steps(&w, &t, &c, &pl, &p.sample_rank, &p.sample_micro, num_micro, budget)
+        layout_order::order_microbatches(&w, &t, &c, &pl, &p.sample_rank, &p.sample_micro, num_micro, budget)
     })?;
     let d = PyDict::new(py);
     d.set_item("before", r.before)?;
@@ -292,6 +292,35 @@ pub fn split_pieces<'py>(
     Ok((p.lens.into_pyarray(py), counts, r.into_pyarray(py), m.into_pyarray(py)))
 }
 
+/// Megatron's microbatch rule for `pp` pipeline stages of `vpp` model chunks each
+/// (`topology::MicroRule::of_pipeline`): `(min, multiple)`, the fewest microbatches per DP rank
+/// and the multiple they come in; `(1, 1)` without a pipeline.
+#[pyfunction]
+pub fn micro_rule(pp: usize, vpp: usize) -> PyResult<(usize, usize)> {
+    let r = pipeline_rule(pp, vpp)?;
+    Ok((r.min, r.multiple))
+}
+
+/// The fewest microbatches per DP rank any plan of `total_tokens` tokens in rows of at most
+/// `token_cap` tokens on `dp` ranks can run under the rule of `pp` stages of `vpp` chunks
+/// (`topology::MicroRule::fewest`): ⌈⌈total / cap⌉ / dp⌉, at least 1, raised to the rule.
+#[pyfunction]
+#[pyo3(signature = (total_tokens, token_cap, dp, pp=1, vpp=1))]
+pub fn lower_bound_micro(total_tokens: u64, token_cap: u64, dp: usize, pp: usize, vpp: usize) -> PyResult<usize> {
+    if token_cap == 0 || dp == 0 {
+        return Err(to_py(invalid("token_cap", format!("token_cap = {token_cap} and dp = {dp} must be >= 1"))));
+    }
+    Ok(pipeline_rule(pp, vpp)?.fewest(total_tokens, token_cap, dp))
+}
+
+/// `MicroRule::of_pipeline(pp, vpp)`, the counts checked (>= 1) first.
+fn pipeline_rule(pp: usize, vpp: usize) -> PyResult<MicroRule> {
+    if pp == 0 || vpp == 0 {
+        return Err(to_py(invalid("topo.pp", format!("pp = {pp} and vpp = {vpp} must be >= 1"))));
+    }
+    Ok(MicroRule::of_pipeline(pp, vpp))
+}
+
 /// Adds this file's functions to `routepack._core`.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pack_sequential, m)?)?;
@@ -300,6 +329,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pack_rows, m)?)?;
     m.add_function(wrap_pyfunction!(pack_routepack, m)?)?;
     m.add_function(wrap_pyfunction!(layout_proxy_cost, m)?)?;
-    m.add_function(wrap_pyfunction!(order_steps, m)?)?;
+    m.add_function(wrap_pyfunction!(order_microbatches, m)?)?;
+    m.add_function(wrap_pyfunction!(micro_rule, m)?)?;
+    m.add_function(wrap_pyfunction!(lower_bound_micro, m)?)?;
     Ok(())
 }

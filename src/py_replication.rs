@@ -1,4 +1,4 @@
-//! Bindings for intra-batch replication (hot_n, relibra, routepack) and ReLibra's
+//! Bindings for intra-batch replication (hot_n, relibra, routepack, moonep, ultraep) and ReLibra's
 //! node-level expert reordering placement.
 
 use numpy::{IntoPyArray, PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
@@ -58,10 +58,10 @@ pub fn replicate_hot_n<'py>(
 }
 
 /// ReLibra's intra-node replication for a plan's placement and layout: replica columns.
-/// `replica_slots` None: the budget routepack's replication gets by default
+/// `replication_slots` None: the budget routepack's replication gets by default
 /// (`replication::routepack::Options::default()`). `block`: as in `replicate_hot_n`.
 #[pyfunction]
-#[pyo3(signature = (plan, seq_lens, expert_tokens, topo, cost, replica_slots=None, block=None))]
+#[pyo3(signature = (plan, seq_lens, expert_tokens, topo, cost, replication_slots=None, block=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn replicate_relibra<'py>(
     py: Python<'py>,
@@ -70,21 +70,21 @@ pub fn replicate_relibra<'py>(
     expert_tokens: convert::CountsArray<'py>,
     topo: &Bound<'py, PyAny>,
     cost: &Bound<'py, PyAny>,
-    replica_slots: Option<usize>,
+    replication_slots: Option<usize>,
     block: Option<(usize, usize)>,
 ) -> PyResult<ReplicaColumns<'py>> {
-    let planner = Planner::Relibra(py_options::relibra_slots(replica_slots));
+    let planner = Planner::Relibra(py_options::relibra_slots(replication_slots));
     replicate(py, plan, seq_lens, expert_tokens, topo, cost, planner, block)
 }
 
-/// routepack's replication (per-exchange simulated time, `replica_slots` copies per rank)
+/// routepack's replication (per-exchange simulated time, `replication_slots` copies per rank)
 /// for a plan's placement and layout: replica columns. Options left None take the core's
 /// defaults (`replication::routepack::Options::default()`, parsed by
 /// `py_options::replication`). `time_budget_s`: a wall-clock cap in seconds, exchanges not
 /// begun by then get no replicas (None or above `budget::UNLIMITED_S`: none; 0: no exchange
 /// planned; negative or not finite: an error). `block`: as in `replicate_hot_n`.
 #[pyfunction]
-#[pyo3(signature = (plan, seq_lens, expert_tokens, topo, cost, replica_slots=None, candidate_experts=None, candidate_dsts=None, time_budget_s=None, block=None))]
+#[pyo3(signature = (plan, seq_lens, expert_tokens, topo, cost, replication_slots=None, candidate_experts=None, candidate_dsts=None, time_budget_s=None, block=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn replicate_routepack<'py>(
     py: Python<'py>,
@@ -93,14 +93,53 @@ pub fn replicate_routepack<'py>(
     expert_tokens: convert::CountsArray<'py>,
     topo: &Bound<'py, PyAny>,
     cost: &Bound<'py, PyAny>,
-    replica_slots: Option<usize>,
+    replication_slots: Option<usize>,
     candidate_experts: Option<usize>,
     candidate_dsts: Option<usize>,
     time_budget_s: Option<f64>,
     block: Option<(usize, usize)>,
 ) -> PyResult<ReplicaColumns<'py>> {
-    let opts = py_options::replication(replica_slots, candidate_experts, candidate_dsts, time_budget_s)?;
+    let opts = py_options::replication(replication_slots, candidate_experts, candidate_dsts, time_budget_s)?;
     replicate(py, plan, seq_lens, expert_tokens, topo, cost, Planner::Routepack(opts), block)
+}
+
+/// MoonEP's per-microbatch exact balance (`replication::moonep`) for a plan's placement and
+/// layout: replica columns. `buffers`: prefetch buffers a rank (MoonEP's `E / R`; capped by
+/// `topo.replica_slots`). `block`: as in `replicate_hot_n`.
+#[pyfunction]
+#[pyo3(signature = (plan, seq_lens, expert_tokens, topo, cost, buffers, block=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn replicate_moonep<'py>(
+    py: Python<'py>,
+    plan: &Bound<'py, PyAny>,
+    seq_lens: PyReadonlyArray1<'py, i64>,
+    expert_tokens: convert::CountsArray<'py>,
+    topo: &Bound<'py, PyAny>,
+    cost: &Bound<'py, PyAny>,
+    buffers: usize,
+    block: Option<(usize, usize)>,
+) -> PyResult<ReplicaColumns<'py>> {
+    replicate(py, plan, seq_lens, expert_tokens, topo, cost, Planner::MoonEp(buffers), block)
+}
+
+/// UltraEP's quota-driven balance (`replication::ultraep`) for a plan's placement and layout:
+/// replica columns. `redundant`: spare slots a rank (capped by `topo.replica_slots`);
+/// `min_tokens`: the least tokens a replica takes (>= 1). `block`: as in `replicate_hot_n`.
+#[pyfunction]
+#[pyo3(signature = (plan, seq_lens, expert_tokens, topo, cost, redundant, min_tokens, block=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn replicate_ultraep<'py>(
+    py: Python<'py>,
+    plan: &Bound<'py, PyAny>,
+    seq_lens: PyReadonlyArray1<'py, i64>,
+    expert_tokens: convert::CountsArray<'py>,
+    topo: &Bound<'py, PyAny>,
+    cost: &Bound<'py, PyAny>,
+    redundant: usize,
+    min_tokens: i64,
+    block: Option<(usize, usize)>,
+) -> PyResult<ReplicaColumns<'py>> {
+    replicate(py, plan, seq_lens, expert_tokens, topo, cost, Planner::UltraEp(redundant, min_tokens), block)
 }
 
 /// ReLibra's per-window node-level expert reordering: phy2log `[L, ep*slots_per_rank]`.
@@ -131,6 +170,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(replicate_hot_n, m)?)?;
     m.add_function(wrap_pyfunction!(replicate_relibra, m)?)?;
     m.add_function(wrap_pyfunction!(replicate_routepack, m)?)?;
+    m.add_function(wrap_pyfunction!(replicate_moonep, m)?)?;
+    m.add_function(wrap_pyfunction!(replicate_ultraep, m)?)?;
     m.add_function(wrap_pyfunction!(relibra_placement, m)?)?;
     Ok(())
 }

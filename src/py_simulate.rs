@@ -5,8 +5,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use routepack_core::error::invalid;
 use routepack_core::packing::cells::Oversize;
+use routepack_core::plan::ReplicaTiming;
 use routepack_core::simulate::pipeline::{run_makespan, OpTimes, RunKind};
-use routepack_core::simulate::simulate_validated_in;
+use routepack_core::simulate::{simulate_in, Scoring};
 
 use crate::convert::{self, slice};
 use crate::errors::{run, to_py};
@@ -15,9 +16,10 @@ use crate::py_plan::{check_tables, plan_tables};
 /// docs/design.md's cost model → dict with the fields of `routepack.SimResult`. `token_cap`: the
 /// cap the lower bound assumes (None: no cap). `plan_cap`: first validate the plan against
 /// this cap as `validate_plan` does (None: well-formedness only, no cap), with `oversize` as
-/// `validate_plan`'s.
+/// `validate_plan`'s. `replica_timing`: `Plan.replica_timing` ("prefetch", the default, or
+/// "after_router": the copies' forward weights are exposed, `plan::ReplicaTiming`).
 #[pyfunction]
-#[pyo3(signature = (plan, seq_lens, expert_tokens, topo, cost, ideal_micro=None, token_cap=None, plan_cap=None, oversize=None))]
+#[pyo3(signature = (plan, seq_lens, expert_tokens, topo, cost, ideal_micro=None, token_cap=None, plan_cap=None, oversize=None, replica_timing=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn simulate<'py>(
     py: Python<'py>,
@@ -30,8 +32,10 @@ pub fn simulate<'py>(
     token_cap: Option<i64>,
     plan_cap: Option<i64>,
     oversize: Option<&str>,
+    replica_timing: Option<&str>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let oversize = oversize.map(Oversize::parse).transpose().map_err(to_py)?.unwrap_or_default();
+    let timing = replica_timing.map(ReplicaTiming::parse).transpose().map_err(to_py)?.unwrap_or_default();
     let tables = plan_tables(plan)?;
     let plan = convert::plan(plan)?;
     let w = convert::window(&seq_lens, &expert_tokens)?;
@@ -39,7 +43,7 @@ pub fn simulate<'py>(
     let c = crate::py_options::cost(cost)?;
     let r = run(py, || {
         // simulate validates the plan first, so its own faults are named before the tables'
-        let r = simulate_validated_in(&plan, &w, &t, &c, ideal_micro, token_cap, plan_cap.unwrap_or(i64::MAX), oversize)?;
+        let r = simulate_in(&plan, &w, &t, &c, &Scoring { ideal_micro, token_cap, plan_cap, oversize, timing })?;
         check_tables(&plan, &tables)?;
         Ok(r)
     })?;

@@ -18,6 +18,7 @@ Megatron's model-parallel state.
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -197,7 +198,7 @@ def init_weights(model: Any, case: MegatronCase, prefix: str = "") -> None:
     """Every parameter from the seed and ``prefix`` + its logical name: dense ones by their own name,
     experts by ``...experts.local_experts.{e}...`` with e the logical expert a slot holds
     (empty slots and replica buffers from expert 0)."""
-    from routepack.integrations._megatron_ckpt import slot_experts
+    from routepack.integrations.megatron.checkpoint import slot_experts
 
     experts = {n: m for n, m in model.named_modules() if any(c.__name__ == "MoELayer" for c in type(m).__mro__)}
     for name, p in model.named_parameters():
@@ -325,18 +326,20 @@ def train(
     plans: Optional[Callable[[int, Placement], tuple]] = None,
     after_window: Any = None,
     before_step: Any = None,
+    groups: Any = None,
 ) -> Dict[str, Any]:
     """Trains ``case.windows`` windows (module docstring). Returns this rank's ``losses``
     (per window, per microbatch), ``grad_norms``, the final logical ``weights`` (name →
     tensor, `export_weights`), and the plan's totals ``migrated`` (rows) and ``replicated``
     (rows). ``before_step(w, model, opt, runner)`` runs after ``begin_window``,
-    ``after_window(w, model, opt, runner)`` after each window's step."""
+    ``after_window(w, model, opt, runner)`` after each window's step. ``groups``: the
+    runner's `MegatronGroups` (None: Megatron's ``parallel_state``'s)."""
     from routepack.integrations import megatron as rm
 
     plans = plans or planned(case)
     model = build_model(case, plan, device)
     ddp, opt = wrap(model, case)
-    runner = rm.MegatronRunner(ddp, topology(case)) if plan else None
+    runner = rm.MegatronRunner(ddp, topology(case), groups=groups) if plan else None
     previous = Placement.static(case.layers, case.experts, topology(case))
     out: Dict[str, Any] = {"losses": [], "grad_norms": [], "migrated": 0, "replicated": 0, "migrations": []}
     for w in range(case.windows):
@@ -360,6 +363,30 @@ def train(
             after_window(w, ddp, opt, runner)
     out["weights"] = logical_weights(ddp)
     return out
+
+
+def own_groups() -> Any:
+    """`MegatronGroups` over communicators of their own (``dist.new_group`` with the ranks of
+    Megatron's expert-parallel and pipeline groups, every rank creating every group in one
+    order): a runner given them runs its collectives there, not on Megatron's globals."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from routepack.integrations import megatron as rm
+
+    default = rm.groups_from_parallel_state()
+
+    def copy(group: Any) -> Any:
+        if group is None:
+            return None
+        everyone: List[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, dist.get_process_group_ranks(group))
+        made = {tuple(r): dist.new_group(list(r)) for r in sorted({tuple(r) for r in everyone})}
+        return made[tuple(dist.get_process_group_ranks(group))]
+
+    ep = copy(parallel_state.get_expert_model_parallel_group())
+    pp = copy(default.pp)
+    return dataclasses.replace(default, ep=ep, pp=pp)
 
 
 def logical_weights(ddp: Any) -> Dict[str, torch.Tensor]:

@@ -100,7 +100,7 @@ def test_bench_tiny_two_windows(tmp_path):
     assert hier["eplb_hierarchical"] == hier["eplb"]
     assert "generating 3 synthetic tiny windows" in proc.stderr
     # stderr is a pipe, not a terminal: plain progress lines, first and last
-    assert "bench: 0/22 plans" in proc.stderr and "bench: 22/22 plans" in proc.stderr
+    assert "bench: 0/26 plans" in proc.stderr and "bench: 26/26 plans" in proc.stderr
     data = json.loads((tmp_path / "b.json").read_text())
     assert {r["policy"] for r in data["rows"]} == set(available_presets())
     best = next(r for r in data["ratios"] if r["against"] == "best baseline")

@@ -135,6 +135,24 @@ MODES = {
 }
 
 
+def hf_config(tmp_path: Path, **changes: Any) -> str:
+    """A Hugging Face config.json of SMALL's model (Qwen3-MoE's keys), ``changes`` applied."""
+    cfg = {
+        "model_type": "qwen3_moe",
+        "num_hidden_layers": SMALL.num_layers,
+        "num_experts": SMALL.num_experts,
+        "num_experts_per_tok": SMALL.top_k,
+        "hidden_size": SMALL.hidden,
+        "moe_intermediate_size": SMALL.expert_ffn,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        **changes,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
 def _with(base: List[str], flag: str, *values: str) -> List[str]:
     """``base`` with ``flag`` set to ``values`` (replacing the flag's values in ``base``, if any)."""
     out = list(base)
@@ -160,6 +178,11 @@ def _changes(tmp_path: Path, mode: str) -> Dict[str, List[str]]:
     }
     if mode != "demo":
         out["--token-cap"] = ["12000"]  # over SMALL's samples (at most 9.4k tokens at seed 0): more microbatches
+        # your own cluster, hardware, model (an HF config.json) and Megatron's workloads
+        out["--topology"] = ["dp=8,ep=4,gpus_per_node=2,slots_per_rank=9,nvlink_domain=4"]
+        out["--hardware"] = ["gb200_nvl72"]
+        out["--model"] = [hf_config(tmp_path, hidden_size=4096)]
+        out["--workload"] = ["W1"]
     if mode in ("demo", "bench"):
         out["--policy"] = ["static", "--policy", "relibra"]
     else:
@@ -452,3 +475,71 @@ def test_the_json_records_the_cap_and_the_oversize_mode(capsys, tmp_path):
     base = tmp_path / "base.json"
     assert run(capsys, MODES["bench"] + ["--json", str(base)])["rc"] == 0
     assert not {"token_cap", "oversize", "cp"} & set(json.loads(base.read_text()))  # the profile's cap
+
+
+# --- your own run, Megatron's workloads, the break-even sweep ---------------------------------
+
+
+def test_hf_config_reads_dense_layers_and_mtp():
+    from routepack.hf_config import model_from_config
+
+    dsv3 = {
+        "num_hidden_layers": 61,
+        "first_k_dense_replace": 3,
+        "num_nextn_predict_layers": 1,
+        "n_routed_experts": 256,
+        "num_experts_per_tok": 8,
+        "hidden_size": 7168,
+        "moe_intermediate_size": 2048,
+        "n_shared_experts": 1,
+        "n_group": 8,
+    }
+    m = model_from_config(dsv3)
+    assert (m.num_layers, m.num_experts, m.top_k, m.expert_groups, m.shared_experts) == (59, 256, 8, 8, 1)
+    qwen_next = {
+        "num_hidden_layers": 4,
+        "num_experts": 16,
+        "num_experts_per_tok": 2,
+        "hidden_size": 64,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 32,
+        "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+    }
+    m = model_from_config(qwen_next)
+    assert m.attention == ("linear", "linear", "linear", "full") and m.shared_experts == 1
+    with pytest.raises(rp.RoutepackError, match="routed expert count"):
+        model_from_config({"num_hidden_layers": 2, "hidden_size": 8})
+
+
+def test_your_own_run_from_npz(capsys, tmp_path):
+    """--npz windows of your model on your cluster: the run plans on both and records them."""
+    model = hf_config(tmp_path)
+    files = npz_files(tmp_path)
+    out = tmp_path / "run.json"
+    argv = ["bench", "--npz", *files, "--model", model, "--topology", "dp=8,ep=4,gpus_per_node=2,slots_per_rank=9"]
+    got = run(capsys, argv + ["--quiet", "--policy", "static", "--policy", "moonep", "--json", str(out)])
+    assert got["rc"] == 0, got["err"]
+    data = json.loads(out.read_text())
+    assert data["profile"] == "custom" and {r["policy"] for r in data["rows"]} == {"static", "moonep"}
+    refused(capsys, argv + ["--topology", "dp=8,ep=4,gpus=2"], "--topology", "gpus")
+    refused(capsys, ["bench", "--profile", "small-test", "--topology", "dp=8,ep=3,gpus_per_node=2"], "topo")
+    refused(capsys, ["bench", "--npz", *files, "--workload", "W1"], "--workload", "--npz")
+
+
+def test_break_even_writes_its_page(capsys, tmp_path, monkeypatch):
+    from routepack import break_even
+
+    monkeypatch.setattr(break_even, "TOKENS", (256, 4096))
+    monkeypatch.setattr(break_even, "VIOS", (0.0, 2.0))
+    out, page = tmp_path / "be.json", tmp_path / "be.md"
+    got = run(
+        capsys,
+        ["bench", "--break-even", "--profile", "small-test", "--quiet", "--json", str(out), "--results", str(page)],
+    )
+    assert got["rc"] == 0, got["err"]
+    data = json.loads(out.read_text())
+    assert len(data["cells"]) == 4 and set(data["cells"][0]["speedup"]) == {"moonep", "ultraep", "routepack"}
+    hot = [c for c in data["cells"] if c["vio"] == 2.0 and c["tokens"] == 4096][0]
+    assert hot["measured_vio"] > 1.0 and hot["speedup"]["moonep"] > 1.0
+    assert "Break-even" in page.read_text()
+    refused(capsys, ["bench", "--break-even", "--profile", "small-test", "--workload", "W1"], "--break-even")

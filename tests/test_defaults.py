@@ -50,16 +50,16 @@ PENDING = {
     ("measure/run.py", "measure", "overlap"),
     # the trainer integrations (verl's rework, the shared trainer): the
     # policy is plan_window's (DEFAULT_POLICY), the others their callee's
-    ("integrations/_equal_counts.py", "plan_equal_counts", "policy"),
-    ("integrations/_trainer.py", "__init__", "policy"),
-    ("integrations/_verl_hooks.py", "install", "policy"),
-    ("integrations/_verl_hooks.py", "install", "force_group_size"),
-    ("integrations/_verl_plans.py", "step_plans", "group"),
-    ("integrations/_verl_plans.py", "step_plans", "multiple"),
-    ("integrations/_verl_split.py", "plan_batch", "policy"),
-    ("integrations/hf_shard.py", "start_micro", "prefetch"),
+    ("integrations/shared/equal_counts.py", "plan_equal_counts", "policy"),
+    ("integrations/shared/trainer.py", "__init__", "policy"),
+    ("integrations/verl/hooks.py", "install", "policy"),
+    ("integrations/verl/hooks.py", "install", "force_group_size"),
+    ("integrations/verl/plans.py", "step_plans", "group"),
+    ("integrations/verl/plans.py", "step_plans", "multiple"),
+    ("integrations/verl/split.py", "plan_batch", "policy"),
+    ("integrations/hf/sharding.py", "start_micro", "prefetch"),
     # torch.nn.Module.parameters' own signature, kept by the stock-layout view that stands in for a module
-    ("integrations/_megatron_stock.py", "parameters", "recurse"),
+    ("integrations/megatron/stock.py", "parameters", "recurse"),
 }
 
 

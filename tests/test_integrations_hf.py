@@ -34,7 +34,8 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 import routepack as rp  # noqa: E402
 from routepack.errors import RoutepackError, RoutepackTypeError  # noqa: E402
-from routepack.integrations import _hf_families, hf  # noqa: E402
+from routepack.integrations import hf  # noqa: E402
+from routepack.integrations.hf import families as _hf_families  # noqa: E402
 
 COMMON = dict(
     vocab_size=64,

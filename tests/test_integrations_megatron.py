@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 import routepack as rp  # noqa: E402
 from routepack.integrations import megatron as rm  # noqa: E402
-from routepack.integrations._megatron_router import PlanRouter  # noqa: E402
+from routepack.integrations.megatron.router import PlanRouter  # noqa: E402
 from routepack.plan import REPLICA_DTYPE  # noqa: E402
 from routepack.torch import route_tokens  # noqa: E402
 from random_plans import TOPOLOGIES, random_phy2log  # noqa: E402

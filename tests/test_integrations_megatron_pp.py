@@ -23,7 +23,11 @@ static placement) on the same data:
   micro m, put micro m's copies back before its experts' backward; without that the weights
   drift from the stock model's (checked: the test can fail);
 * refused on every rank, nothing moved: a plan with more copies than the layers' replica
-  buffers, stages holding different plans (one digest per window), a plan one stage refuses.
+  buffers, stages holding different plans (one digest per window), a plan one stage refuses;
+* the runner works over the process groups it is given (`MegatronGroups`): the planned model
+  trains over communicators of its own with the ranks of Megatron's EP and pipeline groups,
+  and groups that are not the model's (an EP group of other ranks, a pipeline size without
+  a group, not a `MegatronGroups`) are refused naming the field.
 
 CUDA-only calls are stood in for by tests/megatron_cpu.py (the only place; each with its reason)."""
 
@@ -109,10 +113,13 @@ def check_pipeline(rank, world, device, ckpt_root, pp, ep):
         "redundant": [],
         "layers": None,
         "received_ok": [],
+        "own_groups": [],
     }
+    groups = ms.own_groups()
 
     def record(w, ddp, opt, runner):
         plan = runner.plan
+        seen["own_groups"].append(runner.group is groups.ep and runner.pp_group is groups.pp)
         mine = [m.moe_index for m in runner.layers]
         seen["layers"] = mine
         seen["digests"].append(digest_int(plan))
@@ -139,7 +146,7 @@ def check_pipeline(rank, world, device, ckpt_root, pp, ep):
             dist_checkpointing.save(ddp.module.sharded_state_dict(), os.path.join(ckpt_root, "static"))
 
     static = ms.train(case, False, dp_rank, plans=plans, after_window=save_static)
-    planned = ms.train(case, True, dp_rank, plans=plans, before_step=record, after_window=received)
+    planned = ms.train(case, True, dp_rank, plans=plans, before_step=record, after_window=received, groups=groups)
     out = {
         "stage": parallel_state.get_pipeline_model_parallel_rank(),
         "cmp": ms.compare(static, planned),
@@ -233,6 +240,12 @@ def check_refusals(case, dp_rank, plans):
     runner.begin_window(plan0, window0, opt)
     mbs = rank_microbatches(plan0, routed0, dp_rank, cu0, dp=case.dp)
     errors["bypass"] = _raised(lambda: _bypass(case, ddp, opt, mbs, cu0, runner))
+    # process groups that are not the model's: refused at once, naming the field
+    groups = rm.groups_from_parallel_state()
+    pipe = parallel_state.get_pipeline_model_parallel_group()  # as many ranks as EP, other ones
+    errors["groups_ep"] = _raised(lambda: rm.MegatronRunner(ddp, topo, groups=dataclasses.replace(groups, ep=pipe)))
+    errors["groups_pp"] = _raised(lambda: rm.MegatronRunner(ddp, topo, groups=dataclasses.replace(groups, pp=None)))
+    errors["groups_type"] = _raised(lambda: rm.MegatronRunner(ddp, topo, groups=pipe))
     # Megatron's virtual pipeline size set, the plan's topo without it: refused at once
     parallel_state.set_virtual_pipeline_model_parallel_world_size(2)
     errors["vpp"] = _raised(lambda: rm.MegatronRunner(ddp, topo))
@@ -275,6 +288,7 @@ def _assert_trained(out, pp):
         assert f["rows"] == f["expected_rows"] and all(r > 0 for r in f["rows"]), (rank, f["rows"])
         assert all(r > 0 for r in f["redundant"]), (rank, f["redundant"])
         assert f["received_ok"] == [True] * 3, (rank, f["received_ok"])
+        assert f["own_groups"] == [True] * 3, (rank, f["own_groups"])  # the runner ran over the groups given
     assert sum(f["migrated"] for f in out.values()) > 0
     for r, f in sorted(out.items()):
         print(f"rank {r} stage {f['stage']}: {f['cmp']}, micro {f['num_micro']}, migration rows {f['rows']}")
@@ -317,6 +331,12 @@ def test_pp2_ep2_plans_equal_stock_model():
         want = f"topo: gives pipeline stage {f['stage']} MoE layers {[[0], [1, 2, 3]][f['stage']]}"
         assert e["split"].startswith("RoutepackError") and want in e["split"] and "layers_per_stage" in e["split"], e
         assert e["bypass"].startswith("RoutepackError: finish_step") and "ran no planned microbatch" in e["bypass"], e
+        assert (
+            e["groups_ep"].startswith("RoutepackError: groups.ep: ranks")
+            and "another expert-parallel" in (e["groups_ep"])
+        ), e
+        assert e["groups_pp"].startswith("RoutepackError: groups.pp: a pipeline group exactly when pp_size > 1"), e
+        assert e["groups_type"].startswith("RoutepackTypeError: groups: expected MegatronGroups"), e
     for r, f in sorted(out.items()):
         ckpt = max(
             float(np.abs(np.subtract(f[n], f["next_loss"])).max(initial=0.0))

@@ -1,4 +1,4 @@
-"""routepack.integrations.megatron's on-device slot map (`_megatron_tables.SlotMap`) against the
+"""routepack.integrations.megatron's on-device slot map (`megatron.tables.SlotMap`) against the
 plan's routing rule, on CPU without a Megatron model: for random cells (placements with
 redundant copies, replica rows, ranks and experts without tokens) every (token, expert) pair
 lands on a physical expert holding its logical expert, the pairs each physical expert gets
@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 import routepack as rp  # noqa: E402
 from routepack.errors import InvalidPlanError  # noqa: E402
 from routepack.integrations import megatron as rm  # noqa: E402
-from routepack.integrations._megatron_tables import (  # noqa: E402
+from routepack.integrations.megatron.tables import (  # noqa: E402
     SlotMap,
     _flows_to_table,
     _pack,

@@ -48,7 +48,7 @@ def rank_main(rank, world, device):
     import slime_megatron_harness as sh
     from slime_split_standin import RoutepackRolloutManager
     import megatron_selfcheck as ms
-    from routepack.integrations import _slime_megatron as sm
+    from routepack.integrations.slime import actor as sm
     from routepack.stages.policy import Policy
 
     parallel_state.initialize_model_parallel(expert_model_parallel_size=2)

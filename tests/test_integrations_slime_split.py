@@ -74,9 +74,13 @@ def test_every_rank_gets_its_planned_samples_dynamic(seed, dp, gbs, vpp):
     data = rollout_data(routed, lens, ids)
     try:
         ranks = manager._split_train_data_by_dp(data)
-    except rp.InfeasibleError as e:  # a step too small for every rank (or VPP's multiple)
-        assert "cannot fill" in str(e) or "microbatch_group_size_per_vp_stage" in str(e), e
+    except AssertionError as e:  # a step too small for every rank (or VPP's multiple): slime's own
+        # schedule, which the rollout fell back to, cannot make it either
+        assert "could only produce" in str(e), e
+        why = manager.routepack.fell_back
+        assert "cannot fill" in why or "microbatch_group_size_per_vp_stage" in why, why
         return
+    assert manager.routepack.fell_back is None
     check_ranks(ranks, manager, data, ids, gbs, dp, cap=cap)
     if vpp:
         assert all(n % 2 == 0 for n in ranks[0]["num_microbatches"])
@@ -133,10 +137,10 @@ def test_static_mode_makes_slimes_microbatch_counts():
         steps = rs.step_samples(ids, gbs)
         size = 2
         if any((-(-len(s) // size)) % dp for s in steps):
-            with pytest.raises(rp.RoutepackError, match="micro_batch_size"):
-                RoutepackRolloutManager(
-                    args_for(cap, gbs, False, size), parallel_config(dp), cost_model(2, E)
-                )._split_train_data_by_dp(rollout_data(routed, lens, ids))
+            refused = RoutepackRolloutManager(args_for(cap, gbs, False, size), parallel_config(dp), cost_model(2, E))
+            with pytest.raises(AssertionError, match="static path"):  # routepack falls back to slime's own
+                refused._split_train_data_by_dp(rollout_data(routed, lens, ids))
+            assert "micro_batch_size" in refused.routepack.fell_back
             with pytest.raises(AssertionError, match="static path"):  # slime refuses it too
                 RolloutManager(args_for(cap, gbs, False, size), parallel_config(dp))._split_train_data_by_dp(
                     rollout_data(routed, lens, ids)
@@ -197,3 +201,51 @@ def test_backend_picks_the_policy_and_metrics_use_slimes_names(monkeypatch):
         == {"schedule": True, "placement": False, "replicas": False, "why": planner.runs.why}
         for p in manager.routepack.last_plans
     )
+
+
+def dense_rollout(rng, rollouts, cap):
+    """A rollout of a model whose layer 0 is dense: SGLang's rows [T - 1, 3, k], row 0 zero."""
+    routed, lens, ids = rollout(rng, rollouts, cap, layers=3, experts=E)
+    for r in routed:
+        r[:, 0] = 0
+    return routed, lens, ids
+
+
+def test_dense_layers_plan_from_slimes_moe_layer_freq():
+    rng = np.random.default_rng(11)
+    routed, lens, ids = dense_rollout(rng, 4, 30)
+    args = args_for(30, 2)
+    args.num_layers, args.moe_layer_freq = 3, [0, 1, 1]  # slime's Megatron arguments for the model
+    manager = RoutepackRolloutManager(args, parallel_config(2), cost_model(2, E), anneal_moves=200)
+    data = rollout_data(routed, lens, ids)
+    ranks = manager._split_train_data_by_dp(data)
+    assert manager.routepack.fell_back is None and manager.routepack_metrics["routepack/planned"] == 1.0
+    for plan, w in zip(manager.routepack.last_plans, manager.routepack.last_windows):
+        assert w.num_layers == 2 and plan.placement.phy2log.shape[0] == 2  # keyed by the 2 MoE layers
+    for rank in ranks:
+        assert rank[rs.PLANS_KEY] is not None and len(rank["micro_batch_indices"]) == sum(rank["num_microbatches"])
+
+
+def test_routes_it_cannot_plan_fall_back_to_slimes_schedule(caplog):
+    """The same dense rollout with args that do not say which layers are dense: routepack
+    cannot count row 0 (expert 0 twice), so slime's own build_dp_schedule runs, the reason is
+    logged once, and no plans ship."""
+    rng = np.random.default_rng(11)
+    routed, lens, ids = dense_rollout(rng, 4, 30)
+    args = args_for(30, 2)
+    args.num_layers = 3  # moe_layer_freq unset: Megatron's default 1, every layer MoE
+    rs.FALLBACKS.clear()
+    manager = RoutepackRolloutManager(args, parallel_config(2), cost_model(2, E), anneal_moves=200)
+    with caplog.at_level("WARNING", logger="routepack.integrations.slime"):
+        for _ in range(2):
+            ranks = manager._split_train_data_by_dp(rollout_data(routed, lens, ids))
+    theirs = RolloutManager(args_for(30, 2), parallel_config(2))._split_train_data_by_dp(
+        rollout_data(routed, lens, ids)
+    )
+    assert [r["partition"] for r in ranks] == [r["partition"] for r in theirs]
+    assert [r["micro_batch_indices"] for r in ranks] == [r["micro_batch_indices"] for r in theirs]
+    assert all(r.get(rs.PLANS_KEY) is None for r in ranks)  # begin_step runs the placement in force
+    assert "lists expert 0 twice" in manager.routepack.fell_back and "moe_layers" in manager.routepack.fell_back
+    assert manager.routepack_metrics["routepack/planned"] == 0.0 and rs.FALLBACKS == {"RoutepackError": 2}
+    logged = [r for r in caplog.records if "slime's own build_dp_schedule runs instead" in r.getMessage()]
+    assert len(logged) == 1

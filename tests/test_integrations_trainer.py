@@ -1,4 +1,4 @@
-"""The trainer adapters' shared planner (routepack.integrations._trainer, _layout): the
+"""The trainer adapters' shared planner (routepack.integrations.shared.trainer, _layout): the
 backend picks the policy, over-cap samples run alone and are priced on their real length,
 static batch mode's fixed-size microbatches, VPP's multiple, R2's estimated window, and the
 per-step metrics. Every plan goes through `Plan.validate`."""
@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 import routepack as rp
 import routepack.integrations.megatron as rm
-from routepack.integrations._layout import align_steps, clamp_oversize, fixed_size_layout
-from routepack.integrations._trainer import (
+from routepack.integrations.shared.layout import align_steps, clamp_oversize, fixed_size_layout
+from routepack.integrations.shared.trainer import (
     TrainerPlanner,
     backend_policy,
     backend_runs,

@@ -306,3 +306,33 @@ def test_every_error_names_an_argument_the_caller_passed():
         )
     with pytest.raises(rp.RoutepackError, match="^num_experts: 2 is fewer than the 3 experts"):
         rp.Window.from_routed_experts(np.zeros((4, 1, 3), np.int16), np.array([0, 4]), 2)
+
+
+def test_dense_layers_from_the_local_checkpoints_config(tmp_path):
+    """A DeepSeek-V3-style checkpoint (layer 0 dense) at ``actor_rollout_ref.model.path``: the
+    hook reads its transformers config, counts the MoE rows of verl's routes (L = 3 rows, row 0
+    zero) and plans 2 layers; without it the dense row is refused, naming moe_layers."""
+    transformers = pytest.importorskip("transformers")
+    from routepack.integrations.verl import hooks as vh
+
+    cfg = transformers.DeepseekV3Config(
+        num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=6, num_experts_per_tok=2, hidden_size=16
+    )
+    cfg.save_pretrained(tmp_path)
+    trainer_cfg = {"actor_rollout_ref": {"model": {"path": str(tmp_path)}}}
+    layers = vh._moe_layers(trainer_cfg, None)
+    assert layers is not None and layers.rows == (1, 2) and layers.mtp_numbers == [4]
+    assert vh._moe_layers({"actor_rollout_ref": {"model": {"path": "org/not-local"}}}, None) is None
+    vb = verl_batch(np.random.default_rng(5), 6, 8, 8, 3, 2, 6)
+    vb.routed_experts[:, :, 0] = 0  # the dense layer's zero rows
+    inst = vh.VerlInstall(object(), {}, layers=layers)
+    rows = inst.moe_rows({"routed_experts": vb.routed_experts})
+    assert rows == [1, 2]
+    w = rv.window_from_verl(
+        routed_experts=vb.routed_experts, attention_mask=vb.attention_mask, num_experts=6, moe_layers=rows
+    )
+    assert w.num_layers == 2 and np.array_equal(w.counts, reference_counts(vb)[:, 1:])
+    with pytest.raises(
+        rp.RoutepackError, match=r"routed_experts\[0, \d+\]: .*layer 0 lists expert 0 twice.*moe_layers"
+    ):
+        rv.window_from_verl(routed_experts=vb.routed_experts, attention_mask=vb.attention_mask, num_experts=6)

@@ -21,9 +21,10 @@ torch = pytest.importorskip("torch")
 
 import routepack as rp  # noqa: E402
 import verl_harness as vh  # noqa: E402
-from routepack.integrations import _verl_hooks, verl as rv  # noqa: E402
-from routepack.integrations._verl_plans import slice_window  # noqa: E402
-from routepack.integrations._trainer import window_from_loads  # noqa: E402
+from routepack.integrations import verl as rv  # noqa: E402
+from routepack.integrations.verl import hooks as _verl_hooks  # noqa: E402
+from routepack.integrations.verl.plans import slice_window  # noqa: E402
+from routepack.integrations.shared.trainer import window_from_loads  # noqa: E402
 from verl_batches import cost_model, distinct_topk, verl_batch  # noqa: E402
 
 P, R, L, K, E = 8, 24, 2, 2, 6
@@ -330,7 +331,7 @@ def test_setup_process_hooks_a_fresh_process_and_installs_from_the_config(tmp_pa
         rv.setup_process()  # what Ray's worker_process_setup_hook runs
         from verl.workers.engine.fsdp import transformer_impl
         from verl.trainer.ppo.ray_trainer import RayPPOTrainer
-        from routepack.integrations import _verl_hooks
+        from routepack.integrations.verl import hooks as _verl_hooks
         assert transformer_impl.prepare_micro_batches is _verl_hooks._prepare_micro_batches
         assert RayPPOTrainer._balance_batch is _verl_hooks._balance_batch
         import verl_harness as vh
@@ -361,8 +362,9 @@ def test_dp_group_ranks_agree_before_taking_a_plan(tmp_path):
         dist.init_process_group("gloo", init_method="file://{tmp_path}/store", rank=rank, world_size=2)
         from verl.utils import tensordict_utils as tu, seqlen_balancing
         seqlen_balancing.get_device_name = lambda: "cpu"  # verl picks "cuda" on a machine without accelerators
-        from routepack.integrations import verl as rv, _verl_hooks
-        from routepack.integrations._trainer import TrainerPlanner
+        from routepack.integrations import verl as rv
+        from routepack.integrations.verl import hooks as _verl_hooks
+        from routepack.integrations.shared.trainer import TrainerPlanner
         from verl_batches import cost_model
         rv.reset_fallbacks()
         _verl_hooks.patch_workers()
@@ -420,7 +422,7 @@ def test_rays_setup_hook_hooks_an_actor_process():
             def check(self):
                 from verl.workers.engine.fsdp import transformer_impl
                 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
-                from routepack.integrations import _verl_hooks as h
+                from routepack.integrations.verl import hooks as h
                 return (transformer_impl.prepare_micro_batches is h._prepare_micro_batches,
                         RayPPOTrainer._balance_batch is h._balance_batch, h._LAZY)
 

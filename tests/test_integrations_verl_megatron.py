@@ -62,7 +62,7 @@ def train_rank(rank, world, device, plan_model):
     import verl_harness as vh
     import verl_megatron_harness as vmh
     import megatron_selfcheck as ms
-    from routepack.integrations import _verl_megatron as vm
+    from routepack.integrations.verl import megatron_engine as vm
     from routepack.integrations import megatron as rm
     from routepack.integrations import verl as rv
     from routepack.stages.policy import Policy

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import routepack as rp
-from routepack.integrations._trainer import TrainerPlanner
+from routepack.integrations.shared.trainer import TrainerPlanner
 from routepack.integrations.verl import NoPlan, micro_indices, step_plans
 from verl_batches import cost_model
 

@@ -23,12 +23,14 @@ from routepack.stages import (
     STAGES,
     EplbOptions,
     HotNOptions,
+    MoonEpOptions,
     NoOptions,
     RelibraReplicationOptions,
     RoutepackPackingOptions,
     RoutepackPlacementOptions,
     RoutepackReplicationOptions,
     StageOptions,
+    UltraEpOptions,
 )
 
 PACKAGE = Path(rp.__file__).parent
@@ -74,7 +76,7 @@ def same(a: rp.Plan, b: rp.Plan) -> bool:
 def test_every_choice_is_listed_with_its_options():
     assert set(PLACEMENTS) == {"static", "eplb", "eplb_hierarchical", "relibra", "routepack"}
     assert set(PACKINGS) == {"sequential", "kk", "routepack"}
-    assert set(REPLICATIONS) == {"none", "hot_n", "relibra", "routepack"}
+    assert set(REPLICATIONS) == {"none", "hot_n", "relibra", "routepack", "moonep", "ultraep"}
     assert PLACEMENTS["eplb"].options is EplbOptions
     assert PLACEMENTS["eplb_hierarchical"].options is EplbOptions
     assert PLACEMENTS["routepack"].options is RoutepackPlacementOptions
@@ -82,6 +84,8 @@ def test_every_choice_is_listed_with_its_options():
     assert REPLICATIONS["hot_n"].options is HotNOptions
     assert REPLICATIONS["relibra"].options is RelibraReplicationOptions
     assert REPLICATIONS["routepack"].options is RoutepackReplicationOptions
+    assert REPLICATIONS["moonep"].options is MoonEpOptions
+    assert REPLICATIONS["ultraep"].options is UltraEpOptions
     for table in STAGES.values():
         for stage in table.values():
             assert callable(stage.run)
@@ -114,7 +118,13 @@ def test_defaults_are_the_cores():
     )
     for name, default in seen.items():
         if default is None:  # computed by the stage from the window and topology
-            assert name in ("placement_cells", "placement_explore", "eplb_num_groups"), name
+            assert name in (
+                "placement_cells",
+                "placement_explore",
+                "eplb_num_groups",
+                "replication_buffers",
+                "replication_redundant",
+            ), name
         else:
             assert flat.pop(name) == default, name
     assert flat == {"placement_explore": core["placement"]["placement_explore"]}
@@ -122,7 +132,7 @@ def test_defaults_are_the_cores():
     assert RoutepackPlacementOptions(placement_slack=0.5).placement_explore is None
     assert RoutepackPlacementOptions(placement_slack=0.5, placement_explore=0.75).placement_explore == 0.75
     assert rp.replication.DEFAULT_HOT_EXPERTS == core["replication"]["replication_hot_experts"]
-    assert rp.replication.DEFAULT_REPLICA_SLOTS == core["replication"]["replication_slots"]
+    assert rp.replication.DEFAULT_REPLICATION_SLOTS == core["replication"]["replication_slots"]
 
 
 def test_no_module_writes_a_default_or_fills_a_registry():
@@ -228,6 +238,19 @@ def test_old_names_still_work_with_a_deprecation_warning(case, old, new, value, 
     assert same(a, b)
     with pytest.warns(DeprecationWarning), pytest.raises(rp.RoutepackError, match="same option"):
         plan(case, policy, **{old: value, new: value})
+
+
+def test_the_old_name_of_the_replication_budget_default_still_works_with_a_warning():
+    """``DEFAULT_REPLICA_SLOTS`` was the replication budget's default; ``replica_slots`` now
+    names only the topology's replica buffers (`Topology.replica_slots`)."""
+    with pytest.warns(DeprecationWarning, match="DEFAULT_REPLICATION_SLOTS") as rec:
+        old = rp.replication.DEFAULT_REPLICA_SLOTS
+    assert rec[0].filename == __file__  # points at the caller
+    assert old == rp.replication.DEFAULT_REPLICATION_SLOTS
+    with pytest.warns(DeprecationWarning):
+        from routepack.replication import DEFAULT_REPLICA_SLOTS  # noqa: F401
+    with pytest.raises(AttributeError, match="DEFAULT_REPLICA_SLOTZ"):
+        rp.replication.DEFAULT_REPLICA_SLOTZ  # noqa: B018
 
 
 def test_options_change_the_plan_they_name(case):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import json
 from functools import lru_cache
 
@@ -51,10 +53,12 @@ def test_combinations_cover_the_registry():
     combos = combinations()
     assert len(combos) == len(PLACEMENTS) * len(PACKINGS) * len(REPLICATIONS)
     assert len(set(combos)) == len(combos)
-    assert PRESETS[PRESET] in combos
+    # the preset chooses among its stages' candidates (Policy.choose): it is no combination,
+    # the sweep plans it beside them; its unchosen stages are one
+    assert PRESETS[PRESET] not in combos and replace(PRESETS[PRESET], choose=False) in combos
     assert all(c.loads == "window" for c in combos)
-    # the preset and every baseline configuration that is a combination reuse its plans
-    assert sweep_policies(combos) == combos + ["eplb", "eplb_hierarchical"]
+    # every baseline configuration that is a combination reuses its plans
+    assert sweep_policies(combos) == combos + [PRESET, "eplb", "eplb_hierarchical"]
 
 
 def test_a_preset_that_is_a_combination_plans_the_same_bytes():

@@ -26,7 +26,10 @@ from routepack.simulate import SimResult, simulate
 from routepack.window import Window
 from routepack.calibrate import Calibration, calibrate
 from routepack.measure import Measurement, measure
-from routepack import stages, traces
+from routepack import rl_profiles, stages, traces
+
+# the models RL users train and the rack-scale profiles join the built-in ones
+rl_profiles.register()
 
 __all__ = [
     "__version__",

@@ -79,6 +79,13 @@ def positive_int(value: Any, name: str, minimum: int = 1, maximum: int = MAX_INT
     return int(value)
 
 
+def token_cap(value: Any, name: str = "token_cap") -> int:
+    """A token cap (tokens per microbatch) as an int >= 1, else an error naming ``name``: the one
+    check of a cap (`routepack.stages.PlanContext.check` runs it once per `plan_window` call;
+    ``tests/test_request.py`` counts it)."""
+    return positive_int(value, name)
+
+
 def index(value: Any, name: str, size: int, what: str) -> int:
     """``value`` as an index into ``size`` items (an int in ``0..size``, numpy ints too, not
     bools or negative ints counted from the end), or an error naming the argument and the range."""

@@ -4,7 +4,7 @@ section per binding file; `.ci/run` checks them against the built module with
 
 An option that defaults to None takes the Rust core's default (`defaults()` lists them)."""
 
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -30,7 +30,9 @@ __all__ = [
     "pack_rows",
     "pack_routepack",
     "layout_proxy_cost",
-    "order_steps",
+    "order_microbatches",
+    "micro_rule",
+    "lower_bound_micro",
     "simulate",
     "pipeline_makespan",
     "expert_tokens_from_routed",
@@ -40,6 +42,8 @@ __all__ = [
     "replicate_hot_n",
     "replicate_relibra",
     "replicate_routepack",
+    "replicate_moonep",
+    "replicate_ultraep",
     "relibra_placement",
     "rebalance_experts",
     "eplb_placement",
@@ -169,7 +173,13 @@ def pack_routepack(
     """Certified rows + annealed layout: (sample_rank [S], sample_micro [S], num_micro, report);
     the count meets `topo`'s pipeline rule."""
 
-def order_steps(
+def micro_rule(pp: int, vpp: int) -> Tuple[int, int]:
+    """Megatron's microbatch rule for pp stages of vpp chunks: (fewest per DP rank, multiple)."""
+
+def lower_bound_micro(total_tokens: int, token_cap: int, dp: int, pp: int = 1, vpp: int = 1) -> int:
+    """The fewest microbatches per DP rank: ceil(ceil(total / cap) / dp), raised to the rule."""
+
+def order_microbatches(
     seq_lens: _I64,
     expert_tokens: _Counts,
     topo: Any,
@@ -180,7 +190,7 @@ def order_steps(
     num_micro: int,
     evaluations: Optional[int] = None,
 ) -> Tuple[_I32, Dict[str, Any]]:
-    """Each EP group's steps reordered to shorten its pipeline: (sample_micro [S], report
+    """Each EP group's microbatches reordered to shorten its pipeline: (sample_micro [S], report
     {before, after, evaluations, groups_reordered})."""
 
 def layout_proxy_cost(plan: Any, seq_lens: _I64, expert_tokens: _Counts, topo: Any, cost: Any) -> float:
@@ -198,11 +208,13 @@ def simulate(
     token_cap: Optional[int] = None,
     plan_cap: Optional[int] = None,
     oversize: Optional[str] = None,
+    replica_timing: Optional[str] = None,
 ) -> Dict[str, Any]:
     """DESIGN.md's cost model; keys are the fields of routepack.SimResult. `ideal_micro`: the
     steps the ideal time assumes (None: the plan's own); `token_cap`: the cap the lower bound
     assumes (None: no cap); `plan_cap`: first validate the plan against this cap as
-    `validate_plan` does (None: well-formedness only)."""
+    `validate_plan` does (None: well-formedness only); `replica_timing`: the plan's
+    ("prefetch" or "after_router": forward copies exposed)."""
 
 def pipeline_makespan(
     pp: int,
@@ -216,8 +228,11 @@ def pipeline_makespan(
     or "backward") on operation times fwd, bwd [M, pp*vpp] and sends p2p [M, pp*vpp - 1]."""
 
 # ---- ingestion (src/py_ingest.rs)
-def expert_tokens_from_routed(routed: np.ndarray, cu_seqlens: _I64, num_experts: int) -> Tuple[_I64, _Counts]:
-    """(seq_lens [S], expert_tokens [S, L, E]) from top-k ids [T, L, k] (uint8/int16/int32/int64);
+def expert_tokens_from_routed(
+    routed: np.ndarray, cu_seqlens: _I64, num_experts: int, moe_layers: Optional[Sequence[int]] = None
+) -> Tuple[_I64, _Counts]:
+    """(seq_lens [S], expert_tokens [S, L', E]) from top-k ids [T, L, k] (uint8/int16/int32/int64),
+    counting the rows of the layer axis moe_layers lists (strictly increasing; None: all, L' = L);
     the counts in the narrowest of uint8, uint16, int32 that holds them."""
 
 def check_expert_tokens(seq_lens: _I64, expert_tokens: _Counts, top_k: Optional[int] = None) -> int:
@@ -256,10 +271,10 @@ def replicate_relibra(
     expert_tokens: _Counts,
     topo: Any,
     cost: Any,
-    replica_slots: Optional[int] = None,
+    replication_slots: Optional[int] = None,
     block: Optional[Tuple[int, int]] = None,
 ) -> _ReplicaColumns:
-    """ReLibra's intra-node replication for a plan's placement and layout, at most `replica_slots` copies per rank per exchange.
+    """ReLibra's intra-node replication for a plan's placement and layout, at most `replication_slots` copies per rank per exchange.
     ``block``: as in `replicate_hot_n`."""
 
 def replicate_routepack(
@@ -268,7 +283,7 @@ def replicate_routepack(
     expert_tokens: _Counts,
     topo: Any,
     cost: Any,
-    replica_slots: Optional[int] = None,
+    replication_slots: Optional[int] = None,
     candidate_experts: Optional[int] = None,
     candidate_dsts: Optional[int] = None,
     time_budget_s: Optional[float] = None,
@@ -277,6 +292,31 @@ def replicate_routepack(
     """routepack's replication for a plan's placement and layout: per exchange, the replicas
     minimising the simulated layer time.
     ``block``: as in `replicate_hot_n`."""
+
+def replicate_moonep(
+    plan: Any,
+    seq_lens: _I64,
+    expert_tokens: _Counts,
+    topo: Any,
+    cost: Any,
+    buffers: int,
+    block: Optional[Tuple[int, int]] = None,
+) -> _ReplicaColumns:
+    """MoonEP's exact per-microbatch balance inside each NVLink domain, at most `buffers`
+    distinct experts copied onto a rank. ``block``: as in `replicate_hot_n`."""
+
+def replicate_ultraep(
+    plan: Any,
+    seq_lens: _I64,
+    expert_tokens: _Counts,
+    topo: Any,
+    cost: Any,
+    redundant: int,
+    min_tokens: int,
+    block: Optional[Tuple[int, int]] = None,
+) -> _ReplicaColumns:
+    """UltraEP's quota-driven exact-load balance inside each NVLink domain: at most `redundant`
+    replicas a rank, each of at least `min_tokens` tokens. ``block``: as in `replicate_hot_n`."""
 
 def relibra_placement(loads: _F64, topo: Any, previous: Optional[_I32] = None) -> _I32:
     """ReLibra's node-level expert reordering: phy2log [L, ep*slots_per_rank] from loads [L, E]."""

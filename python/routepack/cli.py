@@ -38,7 +38,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, NoReturn, Optional, Tuple
 
-from routepack import __version__, progress, traces
+from routepack import __version__, cli_setup, progress, traces, workloads
 from routepack._cliargs import UsageError, count, load_cost, writable
 from routepack.compare import (
     available_presets,
@@ -57,6 +57,7 @@ from routepack.stages.registry import PACKINGS, PLACEMENTS, REPLICATIONS
 from routepack.sweep import combinations, format_sweep, sweep, sweep_policies
 from routepack.tables import fill
 from routepack.window import Window
+from routepack.workloads import WORKLOADS
 
 FIGURE_HINT = 'pip install ".[bench]" from a clone, or pip install "routepack[bench]"'
 #: Windows scored when ``--windows`` is not given.
@@ -98,15 +99,21 @@ def _load_windows(args: argparse.Namespace, prof: traces.Profile) -> List[Window
         src = f"{len(windows)} windows from .npz"
     else:
         n = args.windows + 1
-        desc = f"generating {n} synthetic {prof.name} windows ({prof.samples} samples each)"
+        kind = f"{args.workload} ({WORKLOADS[args.workload]})" if getattr(args, "workload", None) else "synthetic"
+        desc = f"generating {n} {kind} {prof.name} windows ({prof.samples} samples each)"
         bar = progress.bar(n, "window", desc, not args.quiet)
+        made = (
+            workloads.windows(prof, args.workload, n, args.seed)
+            if getattr(args, "workload", None)
+            else traces.synthetic(prof, n, args.seed)
+        )
         try:
-            for w in traces.synthetic(prof, n, args.seed):
+            for w in made:
                 windows.append(w)
                 bar.update(1)
         finally:
             bar.close()
-        src = f"{len(windows)} synthetic windows"
+        src = f"{len(windows)} {kind} windows"
     print(
         fill(
             f"profile {prof.name}: L={prof.num_layers}, E={prof.num_experts}, top-{prof.top_k}, "
@@ -142,8 +149,8 @@ def _bench_cost(args: argparse.Namespace, prof: Any) -> Any:
     return replace(cost, overlap=args.overlap) if args.overlap else cost
 
 
-def _cost_name(args: argparse.Namespace) -> str:
-    base = f"{args.cost}" if args.cost else "H200 datasheet-level, see routepack.Hardware.h200"
+def _cost_name(args: argparse.Namespace, prof: Any) -> str:
+    base = f"{args.cost}" if args.cost else cli_setup.hardware_name(prof)
     return base + (f", overlap {args.overlap}" if args.overlap else "")
 
 
@@ -154,8 +161,8 @@ def _record(args: argparse.Namespace, prof: Any, windows: List[Window], cost: An
         "command": "routepack " + " ".join(shlex.quote(a) for a in args.argv),
         "routepack": __version__,
         "seed": args.seed,
-        "windows": len(windows) - 1,
-        "cost_model_name": _cost_name(args),
+        "windows": max(len(windows) - 1, 0),
+        "cost_model_name": _cost_name(args, prof),
         "cost_model": asdict(cost),
         # the cap and the oversize mode where the options set them (the profile's cap otherwise)
         **{k: getattr(args, k) for k in ("token_cap", "oversize", "cp") if getattr(args, k, None) is not None},
@@ -174,10 +181,11 @@ def _write_outputs(args: argparse.Namespace, data: Dict[str, Any], paths: Dict[s
         src = str(paths["json"]) if paths["json"] is not None else None
         clean = json.loads(json.dumps(_json_safe(data)))  # the page reads what the JSON holds
         if src is not None:
-            fig = str(paths["figure"]) if kind == "bench" and paths.get("figure") is not None else None
+            fig = str(paths["figure"]) if kind in ("bench", "break_even") and paths.get("figure") is not None else None
             text = results.render(kind, [src], page, fig)
         else:
-            body = results.bench_page(clean, page) if kind == "bench" else results.sweep_page(clean, page)
+            pages = {"bench": results.bench_page, "sweep": results.sweep_page, "break_even": results.break_even_page}
+            body = pages[kind](clean, page)
             text = results.header(data["command"]) + body
         page.write_text(text, encoding="utf-8")
         print(f"wrote {page}")
@@ -222,7 +230,7 @@ def _plan_args(args: argparse.Namespace, prof: traces.Profile) -> Tuple[Topology
 
 def _run_sweep(args: argparse.Namespace) -> int:
     """``routepack bench --sweep`` (and ``benches/sweep.py``)."""
-    prof = traces.profile(args.profile)
+    prof = cli_setup.run_profile(args, traces.profile(args.profile))
     paths = _paths(args)
     try:
         combos = combinations(args.placements, args.packings, args.replications, args.loads)
@@ -232,6 +240,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
     topo, cap, options = _plan_args(args, prof)
     windows = _load_windows(args, prof)
     policies = sweep_policies(combos)
+    topo = cli_setup.board_topology(args, topo, windows[0].num_experts, [str(p) for p in policies] + ["moonep"])
     bar = progress.bar((len(windows) - 1) * len(policies), "plan", "sweep", not args.quiet)
     try:
         result = sweep(
@@ -254,7 +263,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
         fill(
             f"sweep: {len(combos)} stage combinations (loads: {args.loads}) + the routepack preset and the "
             f"baselines where not among them; median over {len(windows) - 1} window(s), scored by "
-            f"routepack.simulate (cost model: {_cost_name(args)})"
+            f"routepack.simulate (cost model: {_cost_name(args, prof)})"
         )
     )
     print()
@@ -268,15 +277,42 @@ def _run_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_break_even(args: argparse.Namespace) -> int:
+    """``routepack bench --break-even`` (`routepack.break_even`)."""
+    from routepack import break_even
+
+    prof = cli_setup.run_profile(args, traces.profile(args.profile))
+    paths = _paths(args)
+    cost = _bench_cost(args, prof)
+    topo = cli_setup.board_topology(args, prof.topology(), prof.num_experts, ("moonep", "ultraep"))
+    n = len(break_even.TOKENS) * len(break_even.VIOS)
+    bar = progress.bar(n, "cell", "break-even grid", not args.quiet)
+    try:
+        data = break_even.run(prof, topo, cost, seed=args.seed, progress=_ticker(bar))
+    finally:
+        bar.close()
+    for v in data["vios"]:
+        found = {p: break_even.break_even_tokens(data, p, v) for p in break_even.POLICIES}
+        print(f"max_vio {v:g}: break-even tokens per rank " + ", ".join(f"{p} {t}" for p, t in found.items()))
+    data = {**_record(args, prof, [], cost), **data}
+    if paths["figure"] is not None:
+        print(f"wrote {break_even.figure(data, str(paths['figure']), f'{prof.name}: per-microbatch copies')}")
+    _write_outputs(args, data, paths, "break_even")
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     if getattr(args, "sweep", False):
         return _run_sweep(args)
-    prof = traces.profile(args.profile)
+    if getattr(args, "break_even", False):
+        return _run_break_even(args)
+    prof = cli_setup.run_profile(args, traces.profile(args.profile))
     paths = _paths(args)
     cost = _bench_cost(args, prof)
     topo, cap, options = _plan_args(args, prof)
     windows = _load_windows(args, prof)
     policies = args.policy or available_presets()
+    topo = cli_setup.board_topology(args, topo, windows[0].num_experts, policies)
     baseline = "static" if "static" in policies else policies[0]
     bar = progress.bar((len(windows) - 1) * len(policies), "plan", args.command, not args.quiet)
     try:
@@ -299,7 +335,8 @@ def _run(args: argparse.Namespace) -> int:
     print()
     print(
         fill(
-            f"median over {len(windows) - 1} window(s), scored by routepack.simulate (cost model: {_cost_name(args)}):"
+            f"median over {len(windows) - 1} window(s), scored by routepack.simulate (cost model: "
+            f"{_cost_name(args, prof)}):"
         )
     )
     print()
@@ -381,9 +418,10 @@ def _bench_parser(sub: Any, name: str, helptext: str) -> argparse.ArgumentParser
         default=None,
         help="the cost model's overlap (default: the cost model's own, none for the preset)",
     )
-    p.add_argument("--cost", default=None, help="a CostModel JSON (default: the profile's H200 preset)")
+    p.add_argument("--cost", default=None, help="a CostModel JSON (default: the profile's hardware preset)")
     if name == "demo":
         return p
+    cli_setup.add_arguments(p)
     p.add_argument(
         "--figure",
         default=None,
@@ -481,6 +519,8 @@ def _check(args: argparse.Namespace) -> Optional[str]:
             return "--cp needs --oversize split (a context-parallel group serves only split samples)"
         if args.oversize == "split" and args.cp is None:
             return "--oversize split needs --cp (the context-parallel group size to split over)"
+        for why in cli_setup.check(args):
+            return why
     if args.command == "calibrate":
         from routepack.cli_calibrate import check
 

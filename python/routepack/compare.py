@@ -35,7 +35,17 @@ NAN = float("nan")
 
 #: The baselines' presets, every configuration of each that `routepack bench` runs; the
 #: ``best baseline`` row is, per window, the fastest of those that ran.
-BASELINES = ("static", "hot_n", "eplb", "eplb_oracle", "eplb_hierarchical", "eplb_hierarchical_oracle", "relibra")
+BASELINES = (
+    "static",
+    "hot_n",
+    "eplb",
+    "eplb_oracle",
+    "eplb_hierarchical",
+    "eplb_hierarchical_oracle",
+    "relibra",
+    "moonep",
+    "ultraep",
+)
 
 #: What the cross-node column of every bench table means (`SimResult.cross_node_bytes_per_token`).
 CROSS_NODE_LEGEND = (
@@ -516,7 +526,7 @@ def baseline_notes(topo: Any, num_experts: int, expert_groups: int, policies: It
     names = set(policies)
     if not names & {"eplb_hierarchical", "eplb_hierarchical_oracle"}:
         return []
-    nodes = max(1, int(topo.ep) // int(topo.gpus_per_node))
+    nodes = int(topo.nodes_per_group)
     per_node = nodes if nodes > 1 and int(num_experts) % nodes == 0 else 1
     groups = int(expert_groups)
     if per_node != groups:

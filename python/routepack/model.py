@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import dataclasses
+from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
@@ -12,6 +13,7 @@ import numpy as np
 from routepack import _core
 from routepack._checks import boolean, file_path, finite_float, instance_of, json_value, positive_int, sequence
 from routepack.errors import RoutepackError, RoutepackFileError, RoutepackTypeError
+from routepack.hardware import Hardware
 
 ATTENTION_KINDS = ("linear", "full")
 #: `CostModel.overlap` values: none, or the dispatch/combine all-to-all behind the compute.
@@ -70,6 +72,12 @@ class Topology:
     * ``cp`` consecutive DP ranks (a divisor of ``ep``: inside one EP group) form a
       context-parallel group: ``plan_window(..., oversize="split")`` splits a sample longer
       than the token cap over one (docs/design.md, "Samples over the cap"); 1: none.
+    * ``nvlink_domain``: GPUs that reach one another over NVLink (``bw_intra``); None, the
+      default, is one node. A rack-scale system joins nodes (GB200 NVL72: 72 GPUs, nodes of
+      4): a multiple of ``gpus_per_node``, and either a divisor of ``ep`` (an EP group spans
+      whole domains) or at least ``ep`` (a domain holds whole EP groups; GPUs beyond
+      ⌊domain / ep⌋·ep run none of the plan's ranks). The cost model prices a link by whether
+      its ranks share a domain (docs/design.md, "NVLink domains").
     """
 
     dp: int
@@ -81,6 +89,7 @@ class Topology:
     vpp: int = _TOPOLOGY_DEFAULTS["vpp"]
     cp: int = _TOPOLOGY_DEFAULTS["cp"]
     layers_per_stage: Optional[Tuple[int, ...]] = _TOPOLOGY_DEFAULTS["layers_per_stage"]
+    nvlink_domain: Optional[int] = _TOPOLOGY_DEFAULTS["nvlink_domain"]
 
     def __post_init__(self) -> None:
         for name in ("dp", "ep", "gpus_per_node", "slots_per_rank"):
@@ -93,6 +102,14 @@ class Topology:
             raise RoutepackError(f"topo: dp={self.dp} is not a multiple of ep={self.ep}")
         if self.ep % self.gpus_per_node and self.gpus_per_node % self.ep:
             raise RoutepackError(f"topo: ep={self.ep} and gpus_per_node={self.gpus_per_node} must divide one another")
+        if self.nvlink_domain is not None:
+            d = positive_int(self.nvlink_domain, "topo.nvlink_domain", maximum=2**31 - 1)
+            if d % self.gpus_per_node or (d < self.ep and self.ep % d):
+                raise RoutepackError(
+                    f"topo.nvlink_domain: {d} must be a multiple of gpus_per_node = {self.gpus_per_node} and "
+                    f"divide ep = {self.ep} or be at least ep"
+                )
+            _set(self, "nvlink_domain", d)
         if self.ep * self.slots_per_rank > 2**31 - 1:
             raise RoutepackError(
                 f"topo: ep*slots_per_rank = {self.ep}*{self.slots_per_rank} does not fit the int32 slot ids of a plan"
@@ -128,20 +145,27 @@ class Topology:
         return self.ep * self.slots_per_rank
 
     @property
+    def domain(self) -> int:
+        """GPUs per NVLink domain (``nvlink_domain``, or a node's ``gpus_per_node``)."""
+        return self.gpus_per_node if self.nvlink_domain is None else self.nvlink_domain
+
+    @property
     def nodes_per_group(self) -> int:
-        return max(1, -(-self.ep // self.gpus_per_node))
+        """NVLink domains (nodes unless ``nvlink_domain`` joins them) one EP group spans."""
+        return max(1, -(-self.ep // self.domain))
 
     @property
     def min_micro(self) -> int:
-        """The fewest microbatches per DP rank a plan may run: ``pp`` under a pipeline, else 1."""
-        return self.pp if self.pp > 1 else 1
+        """The fewest microbatches per DP rank a plan may run: ``pp`` under a pipeline, else 1
+        (the core's rule, ``MicroRule::of_pipeline``, through `_core.micro_rule`)."""
+        return int(_core.micro_rule(self.pp, self.vpp)[0])
 
     @property
     def micro_multiple(self) -> int:
         """Microbatches per DP rank come in multiples of this: ``pp`` under the interleaved
         schedule (``vpp`` > 1: Megatron's ``microbatch_group_size_per_vp_stage``, default pp),
-        else 1."""
-        return self.pp if self.vpp > 1 else 1
+        else 1 (the core's rule, through `_core.micro_rule`)."""
+        return int(_core.micro_rule(self.pp, self.vpp)[1])
 
     def chunk_bounds(self, num_layers: int) -> List[int]:
         """``[pp * vpp + 1]``: model chunk c holds MoE layers ``bounds[c]:bounds[c + 1]`` (chunk
@@ -218,86 +242,15 @@ class ModelShape:
         object.__setattr__(self, "attention", att)
 
 
-@dataclass(frozen=True)
-class Hardware:
-    """Per-GPU rates. Figures from presets are datasheet-level, scaled by achieved fractions."""
-
-    name: str
-    flops: float  # peak dense bf16 FLOP/s
-    flops_efficiency: float  # fraction of peak a grouped GEMM / attention kernel achieves
-    bw_intra: float  # bytes/s one direction, per GPU, inside a node (NVLink)
-    bw_inter: float  # bytes/s one direction, per GPU, between nodes (InfiniBand/RoCE)
-    comm_efficiency: float  # fraction of link bandwidth an all-to-all achieves
-    expert_overhead_s: float  # fixed time per active expert per layer (kernel/tile overhead)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str):
-            raise RoutepackTypeError(f"hardware.name: expected a str, got {type(self.name).__name__} {self.name!r}")
-        for name in ("flops", "bw_intra", "bw_inter"):
-            _set(self, name, finite_float(getattr(self, name), f"hardware.{name}", strict=True))
-        for name in ("flops_efficiency", "comm_efficiency"):
-            v = finite_float(getattr(self, name), f"hardware.{name}", strict=True)
-            if v > 1:
-                raise RoutepackError(f"hardware.{name}: must be in (0, 1], got {v}")
-            _set(self, name, v)
-        _set(self, "expert_overhead_s", finite_float(self.expert_overhead_s, "hardware.expert_overhead_s"))
-
-    @classmethod
-    def h200(cls) -> "Hardware":
-        """NVIDIA H200 SXM, datasheet-level: 989 TFLOP/s dense bf16, NVLink 900 GB/s
-        bidirectional (450 GB/s per direction), one 400 Gb/s NIC per GPU (50 GB/s). The
-        efficiency fractions are assumptions, not measurements; calibrate on real runs."""
-        return cls(
-            name="h200",
-            flops=989e12,
-            flops_efficiency=0.5,
-            bw_intra=450e9,
-            bw_inter=50e9,
-            comm_efficiency=0.8,
-            expert_overhead_s=2e-6,
-        )
-
-
-#: The coefficients besides ``a_quad`` that price a token's or an expert's work (time or bytes);
-#: a cost model needs at least one of them, or an ``a_quad`` entry, above 0.
-_WORK_COEFFICIENTS = (
-    "a_lin",
-    "c_tok",
-    "c_exp",
-    "token_bytes",
-    "expert_weight_bytes",
-    "expert_grad_bytes",
-    "expert_state_bytes",
-    "c_weights",
-    "c_gemm",
-    "c_call",
-    "a2a_latency",
-    "reduce_latency",
-    "c_replica",
-    "c_migrate",
-    "migration_latency",
-)
-
-#: CostModel fields a JSON file may lack (written before they existed): their defaults apply.
-_OPTIONAL_JSON_KEYS = frozenset(
-    {
-        "expert_groups",
-        "num_experts",
-        "c_weights",
-        "overlap",
-        "passes",
-        "c_gemm",
-        "c_call",
-        "a2a_latency",
-        "bw_reduce",
-        "expert_table",
-        "reduce_latency",
-        "replica_prefetch",
-        "c_replica",
-        "c_migrate",
-        "migration_latency",
-    }
-)
+#: The kinds of `CostModel`'s number fields (besides ``a_quad`` [L]), declared on each field
+#: (``field(metadata=_WORK_FIELD)``), so that the dataclass's field list is the one table of
+#: their names: the checks, the refusal of a model that prices nothing and the JSON keys are
+#: built from it (`_numbers`, `_OPTIONAL_JSON_KEYS`). "work" prices a token's
+#: or an expert's work, in time or bytes (finite, >= 0; a cost model needs one of these, an
+#: ``a_quad`` entry or an ``expert_table`` knot above 0), "option" is finite and >= 0 but prices
+#: nothing alone (``bw_reduce``: 0 means ``bw_intra``), "rate" is a bandwidth (finite, > 0).
+NUMBER_KINDS = ("work", "option", "rate")
+_WORK_FIELD, _OPTION_FIELD, _RATE_FIELD = ({"kind": kind} for kind in NUMBER_KINDS)
 
 
 def _expert_table(value: object) -> Tuple[Tuple[float, float], ...]:
@@ -409,37 +362,36 @@ class CostModel:
       ``("forward", "backward")`` is compute ×3, communication ×2; RL's recompute of old
       log-probs adds a forward: ``("forward", "forward", "backward")``.
 
-    The options' defaults (``c_weights``, ``c_gemm``, ``expert_table``, ``c_call``, ``a2a_latency``,
-    ``bw_reduce``, ``reduce_latency``, ``replica_prefetch``, ``c_replica``, ``c_migrate``, ``migration_latency``,
-    ``overlap``, ``passes``) come from the core (``_core.cost_defaults()``); a JSON
-    file written before they existed loads with them, and prices every plan as it did.
+    The options' defaults (every field above with a default, ``c_weights`` on) come from the
+    core (``_core.cost_defaults()``); a JSON file written before they existed loads with them,
+    and prices every plan as it did.
     """
 
-    a_lin: float
+    a_lin: float = field(metadata=_WORK_FIELD)
     a_quad: List[float]
-    c_tok: float
-    c_exp: float
-    token_bytes: float
-    bw_intra: float
-    bw_inter: float
-    expert_weight_bytes: float
-    expert_grad_bytes: float
-    expert_state_bytes: float
+    c_tok: float = field(metadata=_WORK_FIELD)
+    c_exp: float = field(metadata=_WORK_FIELD)
+    token_bytes: float = field(metadata=_WORK_FIELD)
+    bw_intra: float = field(metadata=_RATE_FIELD)
+    bw_inter: float = field(metadata=_RATE_FIELD)
+    expert_weight_bytes: float = field(metadata=_WORK_FIELD)
+    expert_grad_bytes: float = field(metadata=_WORK_FIELD)
+    expert_state_bytes: float = field(metadata=_WORK_FIELD)
     expert_groups: int = UNGROUPED
     num_experts: Optional[int] = None
-    c_weights: float = _COST_DEFAULTS["c_weights"]
+    c_weights: float = field(default=_COST_DEFAULTS["c_weights"], metadata=_WORK_FIELD)
     overlap: str = _COST_DEFAULTS["overlap"]
     passes: Tuple[str, ...] = tuple(_COST_DEFAULTS["passes"])
-    c_gemm: float = _COST_DEFAULTS["c_gemm"]
-    c_call: float = _COST_DEFAULTS["c_call"]
-    a2a_latency: float = _COST_DEFAULTS["a2a_latency"]
-    bw_reduce: float = _COST_DEFAULTS["bw_reduce"]
+    c_gemm: float = field(default=_COST_DEFAULTS["c_gemm"], metadata=_WORK_FIELD)
+    c_call: float = field(default=_COST_DEFAULTS["c_call"], metadata=_WORK_FIELD)
+    a2a_latency: float = field(default=_COST_DEFAULTS["a2a_latency"], metadata=_WORK_FIELD)
+    bw_reduce: float = field(default=_COST_DEFAULTS["bw_reduce"], metadata=_OPTION_FIELD)
     expert_table: Tuple[Tuple[float, float], ...] = tuple(map(tuple, _COST_DEFAULTS["expert_table"]))
-    reduce_latency: float = _COST_DEFAULTS["reduce_latency"]
+    reduce_latency: float = field(default=_COST_DEFAULTS["reduce_latency"], metadata=_WORK_FIELD)
     replica_prefetch: bool = _COST_DEFAULTS["replica_prefetch"]
-    c_replica: float = _COST_DEFAULTS["c_replica"]
-    c_migrate: float = _COST_DEFAULTS["c_migrate"]
-    migration_latency: float = _COST_DEFAULTS["migration_latency"]
+    c_replica: float = field(default=_COST_DEFAULTS["c_replica"], metadata=_WORK_FIELD)
+    c_migrate: float = field(default=_COST_DEFAULTS["c_migrate"], metadata=_WORK_FIELD)
+    migration_latency: float = field(default=_COST_DEFAULTS["migration_latency"], metadata=_WORK_FIELD)
 
     def __post_init__(self) -> None:
         if self.num_experts is not None:
@@ -456,44 +408,22 @@ class CostModel:
             if not isinstance(kind, str) or kind not in PASS_KINDS:
                 raise RoutepackError(f"cost.passes[{i}]: {kind!r} is not one of {PASS_KINDS}")
         object.__setattr__(self, "passes", passes)
-        for name in (
-            "a_lin",
-            "c_tok",
-            "c_exp",
-            "token_bytes",
-            "expert_weight_bytes",
-            "expert_grad_bytes",
-            "expert_state_bytes",
-            "c_weights",
-            "c_gemm",
-            "c_call",
-            "a2a_latency",
-            "bw_reduce",
-            "reduce_latency",
-            "c_replica",
-            "c_migrate",
-            "migration_latency",
-        ):
+        for name in _NONNEGATIVE:  # in field order: the first bad one is named
             object.__setattr__(self, name, finite_float(getattr(self, name), f"cost.{name}"))
         object.__setattr__(self, "replica_prefetch", boolean(self.replica_prefetch, "cost.replica_prefetch"))
-        for name in ("bw_intra", "bw_inter"):
+        for name in _RATES:
             object.__setattr__(self, name, finite_float(getattr(self, name), f"cost.{name}", strict=True))
         object.__setattr__(self, "expert_table", _expert_table(self.expert_table))
         aq = [finite_float(v, f"cost.a_quad[{i}]") for i, v in enumerate(sequence(self.a_quad, "cost.a_quad"))]
         if not aq:
             raise RoutepackError("cost.a_quad: needs one entry per MoE layer, got none")
         object.__setattr__(self, "a_quad", aq)
-        if (
-            not any(aq)
-            and not any(getattr(self, n) for n in _WORK_COEFFICIENTS)
-            and not any(v for _, v in self.expert_table)
-        ):
+        if not any(aq) and not any(getattr(self, n) for n in _PRICING) and not any(v for _, v in self.expert_table):
             # every plan would cost 0 s: nothing to rank plans by, and no throughput to report
+            priced = ", ".join(f"cost.{n}" for n in ("a_quad", *_PRICING, "expert_table"))
             raise RoutepackError(
-                "cost: every coefficient that prices work is 0 (cost.a_lin, cost.a_quad, cost.c_tok, cost.c_exp, "
-                "cost.token_bytes, cost.expert_weight_bytes, cost.expert_grad_bytes, cost.expert_state_bytes, "
-                "cost.c_weights, cost.c_gemm, cost.expert_table, cost.c_call, cost.a2a_latency), so "
-                "every plan would take 0 s and none could be told from another; set at least one"
+                f"cost: every coefficient that prices work is 0 ({priced}), so every plan would take 0 s and "
+                "none could be told from another; set at least one"
             )
 
     @property
@@ -580,3 +510,19 @@ class CostModel:
             return cls.from_json(raw)
         except RoutepackError as e:
             raise RoutepackFileError(f"cost file {str(path)!r}: {e}") from None
+
+
+#: CostModel fields a JSON file may lack (written before they existed): every field with a
+#: default, which then applies.
+_OPTIONAL_JSON_KEYS = frozenset(
+    f.name for f in dataclasses.fields(CostModel) if f.default is not MISSING or f.default_factory is not MISSING
+)
+
+
+def _numbers(*kinds: str) -> Tuple[str, ...]:
+    """`CostModel`'s number fields of ``kinds`` (`NUMBER_KINDS`), in field order."""
+    return tuple(f.name for f in dataclasses.fields(CostModel) if f.metadata.get("kind") in kinds)
+
+
+#: The fields that price work; those checked finite and >= 0; the bandwidths (finite, > 0).
+_PRICING, _NONNEGATIVE, _RATES = _numbers("work"), _numbers("work", "option"), _numbers("rate")

@@ -19,6 +19,7 @@ from routepack._checks import (
     instance_of,
     json_value,
     positive_int,
+    token_cap as check_token_cap,
 )
 from routepack.errors import RoutepackError, RoutepackFileError, RoutepackTypeError
 from routepack.model import CostModel, Topology
@@ -183,6 +184,10 @@ class Plan:
     * ``replicas``: structured array of `REPLICA_DTYPE` rows (intra-batch replication).
     * ``migration``: structured array of `MIGRATION_DTYPE` rows (moves from ``previous``).
     * ``report``: predicted step time and its parts, bounds, certificates, imbalance, wall time.
+    * ``replica_timing``: when the intra-batch copies move (`REPLICA_TIMINGS`): ``"prefetch"``
+      (the default: planned before the step, fetched while each layer's attention runs) or
+      ``"after_router"`` (planned from the router's output, as MoonEP and UltraEP plan:
+      fetched after it, so `simulate` exposes their forward weight copies).
 
     The arrays are read-only after construction (copies where the caller's could still be
     written); fields reassigned later are checked, and frozen, again by `validate`,
@@ -197,6 +202,7 @@ class Plan:
     migration: np.ndarray = field(default_factory=empty_migration)
     report: Dict[str, Any] = field(default_factory=dict)
     policy: str = ""
+    replica_timing: str = "prefetch"
 
     def __post_init__(self) -> None:
         self._check_fields()
@@ -223,6 +229,8 @@ class Plan:
             raise RoutepackTypeError(f"{prefix}report: expected a dict, got {type(self.report).__name__}")
         if not isinstance(self.policy, str):
             raise RoutepackTypeError(f"{prefix}policy: expected a str, got {type(self.policy).__name__}")
+        if not isinstance(self.replica_timing, str) or self.replica_timing not in REPLICA_TIMINGS:
+            raise RoutepackError(f"{prefix}replica_timing: {self.replica_timing!r} is not one of {REPLICA_TIMINGS}")
 
     @property
     def num_samples(self) -> int:
@@ -265,7 +273,7 @@ class Plan:
 
         instance_of(window, Window, "window")._check_fields("window")
         instance_of(topo, Topology, "topo")
-        token_cap = positive_int(token_cap, "token_cap")
+        token_cap = check_token_cap(token_cap)
         self._check_fields()  # before reading report: a field set to None must be named
         mode = plan_mode(self, oversize)
         with callers_words(WINDOW_WORDS):
@@ -343,13 +351,14 @@ class Plan:
             migration=self.migration,
             report=report,
             policy=np.array(self.policy),
+            replica_timing=np.array(self.replica_timing),
         )
 
     @classmethod
     def load(cls, path: _npz.Target) -> "Plan":
         """Reads what `save` wrote (from a path or a binary file open for reading); a damaged
         file raises `RoutepackFileError` naming it."""
-        z = _npz.read(path, _PLAN_KEYS, "plan")
+        z = _npz.read(path, _PLAN_KEYS, "plan", optional=("replica_timing",))
         try:
             report = json_value(_npz.scalar_str(z, "report", path, "plan"), "report")
         except RoutepackError as e:
@@ -370,6 +379,9 @@ class Plan:
                 migration=z["migration"],
                 report=report,
                 policy=_npz.scalar_str(z, "policy", path, "plan"),
+                replica_timing=(
+                    _npz.scalar_str(z, "replica_timing", path, "plan") if "replica_timing" in z else "prefetch"
+                ),
             )
         except RoutepackFileError:
             raise
@@ -379,8 +391,9 @@ class Plan:
     def digest(self) -> str:
         """SHA-256 (hex) of the plan's decisions: each of ``sample_rank``, ``sample_micro``,
         ``num_micro`` (as int64), ``placement.phy2log``, ``replicas``, ``migration`` as its
-        dtype name, shape and bytes. Equal digests, equal plans (the report is not hashed);
-        what the golden-digest test pins and ``benches/scale.py`` prints."""
+        dtype name, shape and bytes, and ``replica_timing`` where it is not ``"prefetch"``.
+        Equal digests, equal plans (the report is not hashed); what the golden-digest test pins
+        and ``benches/scale.py`` prints."""
         self._check_fields()
         h = hashlib.sha256()
         for arr in (
@@ -395,6 +408,8 @@ class Plan:
             h.update(str(a.dtype).encode())
             h.update(str(a.shape).encode())
             h.update(a.tobytes())
+        if self.replica_timing != "prefetch":
+            h.update(self.replica_timing.encode())
         return h.hexdigest()
 
     def same_as(self, other: "Plan") -> bool:
@@ -407,6 +422,7 @@ class Plan:
             and self.num_micro == other.num_micro
             and self.replicas.tobytes() == other.replicas.tobytes()
             and self.migration.tobytes() == other.migration.tobytes()
+            and self.replica_timing == other.replica_timing
         )
 
     def __repr__(self) -> str:
@@ -416,7 +432,12 @@ class Plan:
         )
 
 
-#: The arrays a plan file holds (`Plan.save`).
+#: `Plan.replica_timing` values: copies prefetched while the layer's attention runs, or fetched
+#: after its router (planned from the router's output).
+REPLICA_TIMINGS = ("prefetch", "after_router")
+
+#: The arrays a plan file holds (`Plan.save`; and ``replica_timing``, optional: files written
+#: before it existed hold prefetched copies).
 _PLAN_KEYS = (
     "phy2log",
     "num_experts",

@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-from routepack import _core
 from routepack._checks import WINDOW_WORDS, callers_words, finite_float
-from routepack.plan import MIGRATION_DTYPE, MIGRATION_FIELDS, Placement, Plan, empty_migration
+from routepack.choice import choose_stages, migration_rows
+from routepack.plan import Placement, Plan
 from routepack.oversize import oversize_mode
 from routepack.oversize import report as oversize_report
 from routepack.oversize import split_view
 from routepack.policies import resolve
-from routepack.simulate import simulate
+from routepack.simulate import score
 from routepack.stages.context import DEFAULT_POLICY, DEFAULT_SEED, DEFAULT_TOKEN_CAP, PlanContext, check_fills_cells
+from routepack.stages.options import StageOptions
 from routepack.stages.registry import PACKINGS, PLACEMENTS, REPLICATIONS, Stage, canonical_options, stage_options
+from routepack.stages.replication_live import REPLICA_TIMINGS
 from routepack.window import Window
 
 #: How ``time_budget_s`` is spent: the one table of shares (docs/design.md points here).
@@ -124,7 +126,7 @@ def plan_window(
         and its parts (`simulate`), bounds, certificates and each stage's wall time (and
         with a budget, ``budget``: the reserve and each stage's share, in seconds).
     """
-    return plan_stages(
+    request = plan_request(
         window,
         topo,
         cost,
@@ -135,11 +137,57 @@ def plan_window(
         seed,
         anneal_moves,
         time_budget_s,
+        oversize,
         options,
-        run_replication,
         stacklevel=3,
-        oversize=oversize,
     )
+    return plan_stages(request, run_replication)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """One `plan_window` call's arguments, checked once (`plan_request`): what crosses into the
+    stages as one object. ``ctx`` is the checked `PlanContext` every stage reads (window,
+    topology, cost model, cap, seed, budgets, canonical options, resolved policy; no stage
+    checks it again), ``name`` the policy's name (a preset, or ``placement+packing+replication``)
+    and ``stage_options`` the typed options of its (placement, packing, replication)."""
+
+    ctx: PlanContext
+    name: str
+    stage_options: Tuple[StageOptions, StageOptions, StageOptions]
+
+
+def plan_request(
+    window: Any,
+    topo: Any,
+    cost: Any,
+    token_cap: Any,
+    policy: Any,
+    previous: Optional[Placement],
+    previous_window: Any,
+    seed: Any,
+    anneal_moves: Any,
+    time_budget_s: Any,
+    oversize: Optional[str],
+    options: Dict[str, Any],
+    stacklevel: int,
+) -> PlanRequest:
+    """`plan_window`'s arguments (``options`` as a dict) checked once, in the order its errors
+    name them: the context's fields (`PlanContext.check`: window, topology, cost, cap, seed,
+    budgets, ``oversize``, ``previous``), the options' names, the policy, the options' values,
+    then whether the window can fill the cells (`check_fills_cells`). ``stacklevel`` counts the
+    deprecation warnings' frames from this function (`plan_window` passes 3: its caller)."""
+    if time_budget_s is not None:
+        time_budget_s = finite_float(time_budget_s, "time_budget_s", strict=True)
+    ctx = PlanContext(
+        window, topo, cost, token_cap, previous, previous_window, seed, anneal_moves, time_budget_s, oversize=oversize
+    ).check()
+    options = canonical_options(options, stacklevel=stacklevel)
+    name, pol = resolve(policy)
+    opts = stage_options(pol, options)
+    ctx.choose(options, pol)
+    check_fills_cells(ctx)
+    return PlanRequest(ctx, name, opts)
 
 
 #: How a plan's replication stage is run: ``f(stage, ctx, options, placement, sample_rank,
@@ -162,38 +210,14 @@ def run_replication(
     return stage.run(ctx, options, placement, sample_rank, sample_micro, num_micro)
 
 
-def plan_stages(
-    window: Any,
-    topo: Any,
-    cost: Any,
-    token_cap: Any,
-    policy: Any,
-    previous: Optional[Placement],
-    previous_window: Any,
-    seed: Any,
-    anneal_moves: Any,
-    time_budget_s: Any,
-    options: Dict[str, Any],
-    replicate: ReplicationRunner,
-    stacklevel: int,
-    oversize: Optional[str] = None,
-) -> Plan:
-    """`plan_window`'s body (same arguments, ``options`` as a dict), with its replication stage
-    run by ``replicate``; ``stacklevel`` counts the deprecation warnings' frames from this
-    function (`plan_window` passes 3: its caller)."""
-    if time_budget_s is not None:
-        time_budget_s = finite_float(time_budget_s, "time_budget_s", strict=True)
-    # every argument checked in one place, the one each stage function runs too
-    ctx = PlanContext(
-        window, topo, cost, token_cap, previous, previous_window, seed, anneal_moves, time_budget_s, oversize=oversize
-    ).check()
-    token_cap, seed, anneal_moves = ctx.token_cap, ctx.seed, ctx.anneal_moves
-
-    options = canonical_options(options, stacklevel=stacklevel)
-    name, pol = resolve(policy)
-    place_opts, pack_opts, repl_opts = stage_options(pol, options)
-    ctx.options, ctx.policy = options, pol
-    check_fills_cells(ctx)
+def plan_stages(request: PlanRequest, replicate: ReplicationRunner) -> Plan:
+    """`plan_window`'s body: the stages of the checked ``request`` (`plan_request`), its
+    replication stage run by ``replicate``, then migration, validation and the final simulate
+    in one core call. Nothing checked at the request is checked again."""
+    ctx, name = request.ctx, request.name
+    window, topo, cost, pol = ctx.window, ctx.topo, ctx.cost, ctx.policy
+    token_cap, seed, anneal_moves, time_budget_s = ctx.token_cap, ctx.seed, ctx.anneal_moves, ctx.time_budget_s
+    place_opts, pack_opts, repl_opts = request.stage_options
     seconds = {}
     start = t0 = time.perf_counter()
     budget: Dict[str, float] = {}
@@ -220,37 +244,42 @@ def plan_stages(
         sample_rank, sample_micro, num_micro, pack_report = PACKINGS[pol.packing].run(ctx, pack_opts, placement)
     seconds["packing"] = time.perf_counter() - t0
 
+    timing = REPLICA_TIMINGS.get(pol.replication, "prefetch")
+
+    def replicate_on(place: Placement, rank: np.ndarray, micro: np.ndarray, m: int) -> np.ndarray:
+        cells_ctx, cell_rank, cell_micro = ctx, rank, micro
+        if ctx.oversize == "split":
+            # replication reads cells: it plans on the pieces, each on its rank of its CP group
+            pieces, cell_rank, cell_micro = split_view(window, token_cap, topo.cp, rank, micro)
+            cells_ctx = ctx.derived(window=pieces)
+        with callers_words(WINDOW_WORDS):
+            return replicate(REPLICATIONS[pol.replication], cells_ctx, repl_opts, place, cell_rank, cell_micro, m)
+
+    replicas = None
+    choice_report = None
+    if pol.choose and time_budget_s is None:
+        t0 = time.perf_counter()
+        placement, packed, replicas, choice_report = choose_stages(
+            ctx, pol, placement, (sample_rank, sample_micro, num_micro, pack_report), replicate_on, timing
+        )
+        sample_rank, sample_micro, num_micro, pack_report = packed
+        seconds["choice"] = time.perf_counter() - t0
+
     t0 = time.perf_counter()
     ctx.time_budget_s = share("replication")
-    cells_ctx, cell_rank, cell_micro = ctx, sample_rank, sample_micro
-    if ctx.oversize == "split":
-        # replication reads cells: it plans on the pieces, each on its rank of its CP group
-        pieces, cell_rank, cell_micro = split_view(window, token_cap, topo.cp, sample_rank, sample_micro)
-        cells_ctx = replace(ctx, window=pieces)
-    with callers_words(WINDOW_WORDS):
-        replicas = replicate(
-            REPLICATIONS[pol.replication], cells_ctx, repl_opts, placement, cell_rank, cell_micro, num_micro
-        )
+    if replicas is None:
+        replicas = replicate_on(placement, sample_rank, sample_micro, num_micro)
     seconds["replication"] = time.perf_counter() - t0
     ctx.time_budget_s = time_budget_s
 
-    migration = empty_migration()
-    if previous is not None:
-        cols = _core.migration_diff(
-            previous.phy2log,
-            placement.phy2log,
-            placement.num_experts,
-            placement.slots_per_rank,
-            cost.expert_state_bytes,
-            min(topo.gpus_per_node, topo.ep),
-        )
-        migration = np.zeros(len(cols[0]), dtype=MIGRATION_DTYPE)
-        for name_, col in zip(MIGRATION_FIELDS, cols):
-            migration[name_] = col
-
-    plan = Plan(placement, sample_rank, sample_micro, num_micro, replicas, migration, policy=name)
-    # `Plan.validate` and the final simulate in one call: one view of the window for both
-    sim = simulate(plan, window, topo, cost, token_cap, validate=True, oversize=ctx.oversize)
+    migration = migration_rows(ctx.previous, placement, topo, cost)
+    plan = Plan(
+        placement, sample_rank, sample_micro, num_micro, replicas, migration, policy=name, replica_timing=timing
+    )
+    # `Plan.validate` and the final simulate in one core call: one view of the window for both,
+    # the request's arguments as checked
+    mode = oversize_mode(ctx.oversize)
+    sim = score(plan, window, topo, cost, token_cap, plan_cap=token_cap, oversize=mode)
     seconds["total"] = time.perf_counter() - start
     plan.report = {
         "policy": name,
@@ -266,13 +295,13 @@ def plan_stages(
         "packing": pack_report,
         "stage_seconds": seconds,
         "stage_reports": ctx.reports,
+        **({"choice": choice_report} if choice_report is not None else {}),
         "seed": seed,
         "anneal_moves": anneal_moves,
         "time_budget_s": time_budget_s,
     }
     if time_budget_s is not None:
         plan.report["budget"] = budget
-    mode = oversize_mode(ctx.oversize)
     if mode != "refuse":
         extra = {"cp": topo.cp} if mode == "split" else {}
         plan.report["oversize"] = oversize_report(mode, window.seq_lens, token_cap, **extra)

@@ -33,12 +33,19 @@ PRESETS: Dict[str, Policy] = {
     # ReLibra: node-level expert reordering per window + intra-node replication per microbatch;
     # both from routing replay, so from this window's loads (as its paper describes)
     "relibra": Policy("relibra", "sequential", "relibra", loads="window"),
+    # the per-microbatch exact balancers (docs/design.md, Baselines): MoonEP and UltraEP keep
+    # parameter and optimizer ownership where the model put it (Megatron's static placement),
+    # balance every exchange from the router's output inside each NVLink domain, and run under
+    # the trainer's packing (verl's Karmarkar-Karp, what RL users' dynamic batches get)
+    "moonep": Policy("static", "kk", "moonep", loads="window"),
+    "ultraep": Policy("static", "kk", "ultraep", loads="window"),
     # ablations of routepack, as in the papers: placement alone, packing alone, both
     "routepack_placement": Policy("routepack", "sequential", "none"),
     "routepack_packing": Policy("static", "routepack", "none"),
     "routepack_no_replication": Policy("routepack", "routepack", "none"),
-    # routepack: every stage, planned from this window's routing replay
-    "routepack": Policy("routepack", "routepack", "routepack"),
+    # routepack: every stage, planned from this window's routing replay; the planner keeps the
+    # fastest of its stages' candidates by simulate (routepack.choice)
+    "routepack": Policy("routepack", "routepack", "routepack", choose=True),
 }
 
 
@@ -58,7 +65,7 @@ def resolve(policy: Any) -> Tuple[str, Policy]:
     (`routepack.stages.registry.check_policy`)."""
     if isinstance(policy, Policy):
         pol = check_policy(policy)
-        name = f"{policy.placement}+{policy.packing}+{policy.replication}"
+        name = f"{policy.placement}+{policy.packing}+{policy.replication}" + ("+choose" if policy.choose else "")
     elif isinstance(policy, str):
         if policy not in PRESETS:
             raise RoutepackError(f"policy: unknown preset {policy!r}; known: {sorted(PRESETS)}")

@@ -397,6 +397,42 @@ def scale_page(data: Dict[str, Any], page: Optional[Path] = None, json_path: Opt
     return "\n".join(out) + "\n"
 
 
+def break_even_page(
+    data: Dict[str, Any], page: Optional[Path] = None, json_path: Optional[str] = None, figure: Optional[str] = None
+) -> str:
+    """The page of one ``routepack bench --break-even`` run (`routepack.break_even`), from its JSON."""
+    from routepack.break_even import BASELINE, POLICIES, break_even_tokens
+
+    out = [f"# Where per-microbatch copies stop paying: `{data['profile']}`", "", PREDICTION, ""]
+    out += _meta(data, f"routepack bench --break-even --profile {data['profile']}", json_path, page)
+    if figure:
+        out += ["", f"![break-even]({_rel(figure, page)})"]
+    tokens, vios = data["tokens"], data["vios"]
+    grid = {(c["tokens"], c["vio"]): c for c in data["cells"]}
+    out += ["", "## Break-even: the fewest tokens per rank from which on each policy is faster than no balancing", ""]
+    rows = []
+    for v in vios:
+        cells = [break_even_tokens(data, p, v) for p in POLICIES]
+        rows.append([f"{v:g}"] + [f"{t:,}" if t is not None else "never" for t in cells])
+    out.append(markdown_table(["max_vio", *POLICIES], rows, align="l" + "r" * len(POLICIES)))
+    for pol in POLICIES:
+        out += ["", f"## `{pol}` over `{BASELINE}` (throughput ratio; rows max_vio, columns tokens per rank)", ""]
+        rows = [[f"{v:g}"] + [_num(grid[(t, v)]["speedup"][pol], ".3f") for t in tokens] for v in vios]
+        out.append(markdown_table(["max_vio", *(f"{t:,}" for t in tokens)], rows, align="l" + "r" * len(tokens)))
+    measured = [f"{v:g}: {grid[(tokens[-1], v)]['measured_vio']:.2f}" for v in vios]
+    out += [
+        "",
+        "## Legend",
+        "",
+        f"- A cell's windows: {data['micro']} microbatches of one sample a rank, exactly that many tokens each; every "
+        "sample's tokens favour one EP rank's experts (chosen per sample and layer) at max_vio (verl's and MoonEP's "
+        "metric: max over experts of load / mean - 1); `routepack.break_even` says how.",
+        f"- Measured max_vio of the samples at {tokens[-1]:,} tokens (target: measured): " + ", ".join(measured) + ".",
+        f"- No balancing: `{BASELINE}` (Megatron's placement and packing, no copies).",
+    ]
+    return "\n".join(out) + "\n"
+
+
 def _load(path: str) -> Dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
@@ -421,7 +457,7 @@ def render(
         run["stated_notes"] = list(notes)
         if command and not run.get("command"):
             run["stated_command"] = command
-    kinds = ("bench", "sweep", "overlap", "calibrate", "measure", "scale")
+    kinds = ("bench", "sweep", "overlap", "calibrate", "measure", "scale", "break_even")
     if kind not in kinds:
         raise RoutepackError(f"kind: expected one of {list(kinds)}, got {kind!r}")
     if kind != "overlap" and len(runs) != 1:
@@ -436,6 +472,8 @@ def render(
         text = sweep_page(runs[0], out, paths[0])
     elif kind == "scale":
         text = scale_page(runs[0], out, paths[0])
+    elif kind == "break_even":
+        text = break_even_page(runs[0], out, paths[0], figure)
     else:
         text = measure_page(runs[0], out, paths[0])
     cmd = ["python", "-m", "routepack.results", kind, *paths] + (["--figure", figure] if figure else [])
@@ -452,7 +490,7 @@ def header(command: str) -> str:
 def parser() -> argparse.ArgumentParser:
     """The arguments of ``python -m routepack.results`` (a page's header holds them)."""
     ap = argparse.ArgumentParser(prog="python -m routepack.results", description=__doc__.splitlines()[0])
-    ap.add_argument("kind", choices=("bench", "sweep", "overlap", "calibrate", "measure", "scale"))
+    ap.add_argument("kind", choices=("bench", "sweep", "overlap", "calibrate", "measure", "scale", "break_even"))
     ap.add_argument("json", nargs="+", help="the run's JSON file(s)")
     ap.add_argument("--figure", default=None, help="bench, calibrate: the run's figure, shown on the page")
     ap.add_argument("--command", default=None, help="the run's command, for a file that predates recorded commands")
@@ -475,6 +513,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 __all__ = [
     "bench_page",
+    "break_even_page",
     "calibrate_page",
     "header",
     "measure_page",

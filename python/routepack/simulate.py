@@ -9,6 +9,7 @@ import numpy as np
 
 from routepack import _core
 from routepack._checks import WINDOW_WORDS, boolean, callers_words, instance_of, positive_int
+from routepack._checks import token_cap as check_token_cap
 from routepack.errors import RoutepackError
 from routepack.model import CostModel, Topology
 from routepack.plan import Plan
@@ -149,11 +150,17 @@ class SimResult:
 def lower_bound_micro(window: Any, topo: Any, token_cap: int) -> int:
     """ceil(ceil(Σ n_s / cap) / dp), raised to a pipeline's microbatch rule (at least
     ``topo.min_micro``, a multiple of ``topo.micro_multiple``): the fewest microbatches per DP
-    rank any plan can use."""
-    rows = -(-window.total_tokens // int(token_cap))
-    micro = max(1, -(-rows // topo.dp), getattr(topo, "min_micro", 1))
-    multiple = getattr(topo, "micro_multiple", 1)
-    return -(-micro // multiple) * multiple
+    rank any plan can use. The core's rule (``MicroRule::fewest``, `_core.lower_bound_micro`);
+    ``window`` needs only ``total_tokens``, ``topo`` only ``dp``, ``pp`` and ``vpp``."""
+    return int(
+        _core.lower_bound_micro(
+            int(window.total_tokens),
+            int(token_cap),
+            int(topo.dp),
+            int(getattr(topo, "pp", 1)),
+            int(getattr(topo, "vpp", 1)),
+        )
+    )
 
 
 def simulate(
@@ -176,7 +183,8 @@ def simulate(
     checked as ``plan.validate(window, topo, token_cap)`` checks it (``token_cap`` then
     required), raising the same `InvalidPlanError`, in the same call over the window (what
     `plan_window` runs on the plan it assembles); ``oversize`` as `Plan.validate` takes it
-    (None: the mode ``plan.report`` records).
+    (None: the mode ``plan.report`` records). The plan's copies are priced as
+    ``plan.replica_timing`` says they move.
     """
     from routepack.oversize import plan_mode
 
@@ -188,15 +196,32 @@ def simulate(
     plan._check_fields("plan.")  # before reading plan.report: a field set to None must be named
     validate = boolean(validate, "validate")
     if token_cap is not None:
-        token_cap = positive_int(token_cap, "token_cap")
+        token_cap = check_token_cap(token_cap)
     elif validate:
         raise RoutepackError("token_cap: validate=True checks the plan against a cap; pass token_cap=")
     cap = token_cap
     if cap is None and plan.report.get("token_cap") is not None:
         # the cap plan_window recorded (a report is a plain dict: an edited one is checked)
         cap = positive_int(plan.report["token_cap"], "plan.report['token_cap']")
-    mode = plan_mode(plan, oversize)
-    ideal_micro = lower_bound_micro(window, topo, cap) if cap else None
+    return score(
+        plan, window, topo, cost, cap, plan_cap=token_cap if validate else None, oversize=plan_mode(plan, oversize)
+    )
+
+
+def score(
+    plan: Plan,
+    window: Window,
+    topo: Topology,
+    cost: CostModel,
+    token_cap: Optional[int],
+    plan_cap: Optional[int] = None,
+    oversize: str = "refuse",
+) -> SimResult:
+    """`simulate` of arguments already checked (the planner's, or `simulate`'s own): one call
+    into the core's simulator (``simulate::simulate_in``). ``token_cap``: the cap the bound and
+    the balanced reference assume (None: none); ``plan_cap``: validate the plan against it first
+    (None: well-formedness only); ``oversize``: "refuse", "alone" or "split"."""
+    ideal_micro = lower_bound_micro(window, topo, token_cap) if token_cap else None
     with callers_words(WINDOW_WORDS):
         out = _core.simulate(
             plan,
@@ -205,8 +230,9 @@ def simulate(
             topo,
             cost,
             ideal_micro,
-            cap,
-            token_cap if validate else None,
-            mode,
+            token_cap,
+            plan_cap,
+            oversize,
+            plan.replica_timing,
         )
     return SimResult(**out)

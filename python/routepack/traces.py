@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass
-from typing import Iterator, List, Sequence
+from typing import Iterator, List, Optional, Sequence
 
 import numpy as np
 
@@ -69,6 +69,12 @@ class Profile:
     #: no pipeline; the trace does not depend on them
     pp: int = 1
     vpp: int = 1
+    #: GPUs per NVLink domain (`Topology.nvlink_domain`): None, a node
+    nvlink_domain: Optional[int] = None
+    #: the `Hardware` preset the profile's cost model is derived from (`Hardware.<name>()`)
+    hardware: str = "h200"
+    #: the model's shared experts (`ModelShape.shared_experts`)
+    shared_experts: int = 1
 
     def __post_init__(self) -> None:
         for name in (
@@ -95,6 +101,8 @@ class Profile:
             raise RoutepackError(f"profile.num_experts: {self.num_experts} must exceed top_k = {self.top_k}")
         if self.samples % self.group_size:
             raise RoutepackError(f"profile.samples={self.samples} is not a multiple of group_size={self.group_size}")
+        if not isinstance(self.hardware, str) or not callable(getattr(Hardware, self.hardware, None)):
+            raise RoutepackError(f"profile.hardware: {self.hardware!r} names no Hardware preset (h200, gb200_nvl72)")
         for name in ("prompt_median", "response_median"):
             finite_float(getattr(self, name), f"profile.{name}", strict=True)
         for name in ("response_sigma", "difficulty_sigma", "topic_strength", "sample_noise", "drift", "topic_drift"):
@@ -121,16 +129,28 @@ class Profile:
                 self.hidden,
                 self.expert_ffn,
                 attention,
+                shared_experts=self.shared_experts,
                 expert_groups=self.expert_groups,
             )
 
     def topology(self) -> Topology:
         with _as_profile_fields("topo"):
-            return Topology(self.dp, self.ep, self.gpus_per_node, self.slots_per_rank, pp=self.pp, vpp=self.vpp)
+            return Topology(
+                self.dp,
+                self.ep,
+                self.gpus_per_node,
+                self.slots_per_rank,
+                pp=self.pp,
+                vpp=self.vpp,
+                nvlink_domain=self.nvlink_domain,
+            )
 
     def cost(self, hardware: Hardware | None = None) -> CostModel:
+        """The cost model of the profile's model on ``hardware`` (None: the profile's own preset,
+        ``Hardware.<profile.hardware>()``)."""
         # None, not any falsy value, means the default (an empty dict is not a Hardware)
-        return CostModel.from_model(self.model(), Hardware.h200() if hardware is None else hardware)
+        hw = getattr(Hardware, self.hardware)() if hardware is None else hardware
+        return CostModel.from_model(self.model(), hw)
 
 
 @contextlib.contextmanager
@@ -271,6 +291,25 @@ def _route_counts(rng: np.random.Generator, n: np.ndarray, k: int, probs: np.nda
     return counts
 
 
+def draw_lengths(prof: Profile, rng: np.random.Generator, response_sigma: Optional[float] = None) -> np.ndarray:
+    """int64 ``[S]`` sample lengths of one window of ``prof``, drawn from ``rng``: GRPO groups
+    of ``group_size`` responses per prompt (prompt lognormal around ``prompt_median``; each
+    prompt a difficulty that shifts its responses' lognormal mean, so a group's lengths
+    correlate), responses clipped at ``max_response`` (the truncation spike), samples at the
+    cap. ``response_sigma`` overrides the profile's spread of a response around its prompt's."""
+    G = prof.group_size
+    prompts = prof.samples // G
+    prompt_len = np.clip(
+        np.round(rng.lognormal(np.log(prof.prompt_median), 0.5, size=prompts)), 16, prof.max_response // 4
+    ).astype(np.int64)
+    difficulty = rng.normal(0.0, prof.difficulty_sigma, size=prompts)
+    mu = np.log(prof.response_median) + difficulty
+    sigma = prof.response_sigma if response_sigma is None else response_sigma
+    resp = rng.lognormal(np.repeat(mu, G), sigma)
+    resp = np.clip(np.round(resp), 1, prof.max_response).astype(np.int64)  # the truncation spike
+    return np.minimum(np.repeat(prompt_len, G) + resp, prof.token_cap)
+
+
 def synthetic(profile_name: str | Profile, windows: int = 1, seed: int = 0) -> Iterator[Window]:
     """Yields `windows` successive windows of the profile, deterministically for `seed`."""
     prof = _profile(profile_name, "profile_name")
@@ -309,15 +348,7 @@ def _windows(prof: Profile, windows: int, seed: int) -> Iterator[Window]:
         topic_p = np.exp(topic_logits - topic_logits.max())
         topic_p /= topic_p.sum()
         topic = rng.choice(T, size=prompts, p=topic_p)
-        prompt_len = np.clip(
-            np.round(rng.lognormal(np.log(prof.prompt_median), 0.5, size=prompts)), 16, prof.max_response // 4
-        ).astype(np.int64)
-        difficulty = rng.normal(0.0, prof.difficulty_sigma, size=prompts)
-        mu = np.log(prof.response_median) + difficulty
-        resp = rng.lognormal(np.repeat(mu, G), prof.response_sigma)
-        resp = np.clip(np.round(resp), 1, prof.max_response).astype(np.int64)  # the truncation spike
-        seq_lens = np.repeat(prompt_len, G) + resp
-        seq_lens = np.minimum(seq_lens, prof.token_cap)
+        seq_lens = draw_lengths(prof, rng)
         sample_topic = np.repeat(topic, G)
 
         # no count exceeds its sample's length: the dtype holding the longest one holds them
@@ -339,4 +370,4 @@ def _windows(prof: Profile, windows: int, seed: int) -> Iterator[Window]:
         topic_logits = topic_logits + rng.standard_normal(T) * prof.topic_drift
 
 
-__all__ = ["Profile", "PROFILES", "profile", "synthetic"]
+__all__ = ["Profile", "PROFILES", "draw_lengths", "profile", "synthetic"]

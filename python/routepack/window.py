@@ -10,7 +10,7 @@ import numpy as np
 
 from routepack import _core, _npz
 from routepack._checks import allocating, as_int_array, boolean, positive_int, restated
-from routepack._routed import (
+from routepack.routes.ids import (
     ROUTED_DTYPES,
     flatten_slime,
     flatten_verl,
@@ -20,6 +20,8 @@ from routepack._routed import (
     verl_location,
 )
 from routepack.errors import RoutepackError, RoutepackTypeError
+from routepack.routes.layers import check_moe_layers, dense_hint
+from routepack.routes.summary import RouteSummary
 
 
 #: Largest total of a window's lengths: `Window.total_tokens` and every token sum the core
@@ -232,20 +234,28 @@ class Window:
 
     # -------------------------------------------------------- routing replay
     @classmethod
-    def from_routed_experts(cls, routed: np.ndarray, cu_seqlens: np.ndarray, num_experts: int) -> "Window":
+    def from_routed_experts(
+        cls, routed: np.ndarray, cu_seqlens: np.ndarray, num_experts: int, moe_layers: Any = None
+    ) -> "Window":
         """Builds a window from recorded top-k expert ids (routing replay).
 
         Args:
             routed:      uint8 | int16 | int32 | int64 ``[T, L, k]``: the top-k logical expert
-                         ids of every token in every MoE layer (verl, slime, vLLM layout).
+                         ids of every token, one row per layer (verl, slime, vLLM, SGLang
+                         layout: ``L = num_hidden_layers``, a dense layer's row zero filler).
             cu_seqlens:  int ``[S+1]``: cumulative token offsets of the samples in ``routed``
                          (``cu_seqlens[0] == 0``, ``cu_seqlens[-1] == T``, strictly increasing).
-            num_experts: E; every id must lie in [0, E).
+            num_experts: E; every counted id must lie in [0, E).
+            moe_layers:  ints ``[L']``, the rows of ``routed``'s layer axis that are MoE layers,
+                         strictly increasing (`routepack.routes.MoELayers` reads them from a
+                         Megatron or transformers config); None (default): every row. The
+                         window's layer l is row ``moe_layers[l]``, so plans are keyed by MoE
+                         layer (L' of them); the other rows are never read.
 
         Counting runs in Rust, in parallel over samples, reading ``routed`` without a copy.
-        A token that lists one expert twice among its k is refused naming the token and layer,
-        as is a sample of more than 2**31 - 1 tokens (its counts could not fit int32). The
-        window's ``top_k`` is the routed array's k.
+        A token that lists one expert twice among its k in a counted layer is refused naming
+        the token and the layer's row, as is a sample of more than 2**31 - 1 tokens (its counts
+        could not fit int32). The window's ``top_k`` is the routed array's k.
         """
         num_experts = positive_int(num_experts, "num_experts")
         routed = np.asarray(routed)
@@ -259,37 +269,59 @@ class Window:
             )
         with allocating("routed", "a contiguous copy", routed.nbytes):
             routed = np.ascontiguousarray(native_order(routed))
+        rows = check_moe_layers(moe_layers, int(routed.shape[1]))
         cu = as_int_array(cu_seqlens, "cu_seqlens", 1, np.int64)
-        seq_lens, counts = _core.expert_tokens_from_routed(routed, cu, num_experts)
+        layers = None if rows is None else [int(r) for r in rows]
+        try:
+            seq_lens, counts = _core.expert_tokens_from_routed(routed, cu, num_experts, layers)
+        except RoutepackError as e:
+            raise dense_hint(e, moe_layers) from None
         return cls(seq_lens, counts, top_k=int(routed.shape[2]))
 
     @classmethod
-    def from_verl(cls, routed_experts: np.ndarray, attention_mask: np.ndarray, num_experts: int) -> "Window":
+    def from_summary(cls, summary: Any) -> "Window":
+        """The window of a `routepack.routes.RouteSummary` (per-sample counts a rollout worker
+        computed; `routepack.routes.merge` joins them): its lengths and counts, in its count
+        type, and its ``top_k``."""
+        if not isinstance(summary, RouteSummary):
+            raise RoutepackTypeError(f"summary: expected a routepack.routes.RouteSummary, got {type(summary).__name__}")
+        return cls(summary.seq_lens, summary.counts, top_k=summary.top_k)
+
+    @classmethod
+    def from_verl(
+        cls, routed_experts: np.ndarray, attention_mask: np.ndarray, num_experts: int, moe_layers: Any = None
+    ) -> "Window":
         """verl's padded layout: ``routed_experts [B, T, L, k]`` top-k ids per position (padding
         ignored) and ``attention_mask [B, T]``, 1 (or True) for real tokens, 0 for padding; a
         sample's real tokens may sit anywhere in its row. Sample b's length is its number of
-        real tokens. Also `routepack.replay.from_verl`."""
+        real tokens; ``moe_layers`` as in `from_routed_experts`. Every real position is
+        counted (verl's R3 placeholder rows too: `routepack.routes.verl_summary` leaves them
+        out). Also `routepack.replay.from_verl`."""
         num_experts = positive_int(num_experts, "num_experts")
         routed, cu = flatten_verl(routed_experts, attention_mask)
         try:
-            return cls.from_routed_experts(routed, cu, num_experts)
+            return cls.from_routed_experts(routed, cu, num_experts, moe_layers)
         except RoutepackError as e:
             raise renamed(e, "routed_experts", verl_location(attention_mask, cu)) from None
 
     @classmethod
     def from_slime(
-        cls, per_sample: Iterable[np.ndarray], num_experts: int, add_last_token: bool = SLIME_ADD_LAST_TOKEN
+        cls,
+        per_sample: Iterable[np.ndarray],
+        num_experts: int,
+        add_last_token: bool = SLIME_ADD_LAST_TOKEN,
+        moe_layers: Any = None,
     ) -> "Window":
         """slime's layout: a list (or any iterable) of ``[T_i, L, k]`` arrays, one per sample
         (same L, k and dtype). slime records ``tokens - 1`` positions; with ``add_last_token``
         (default True; a bool) each sample's length is ``T_i + 1`` (the trainer runs every
-        token), while expert demand counts the recorded positions. Also
-        `routepack.replay.from_slime`."""
+        token), while expert demand counts the recorded positions; ``moe_layers`` as in
+        `from_routed_experts`. Also `routepack.replay.from_slime`."""
         num_experts = positive_int(num_experts, "num_experts")
         add_last_token = boolean(add_last_token, "add_last_token")
         routed, cu = flatten_slime(per_sample)
         try:
-            w = cls.from_routed_experts(routed, cu, num_experts)
+            w = cls.from_routed_experts(routed, cu, num_experts, moe_layers)
         except RoutepackError as e:
             raise renamed(e, "per_sample", slime_location(cu)) from None
         if add_last_token:

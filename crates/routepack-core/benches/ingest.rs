@@ -34,12 +34,30 @@ fn bench_one<T: ExpertId + Copy>(c: &mut Criterion, name: &str, conv: impl Fn(u6
     let mut g = c.benchmark_group("ingest");
     g.throughput(Throughput::Bytes((ids.len() * std::mem::size_of::<T>()) as u64));
     g.bench_with_input(BenchmarkId::new(name, format!("{tokens}tok_L{L}_k{K}_E{E}")), &ids, |b, ids| {
-        b.iter(|| black_box(expert_tokens_from_routed(ids, L, K, &cu, E).unwrap()))
+        b.iter(|| black_box(expert_tokens_from_routed(ids, L, K, &cu, E, None).unwrap()))
+    });
+    g.finish();
+}
+
+/// int16 ids (verl's layout) of a model whose first 3 of L layers are dense (zero rows, as
+/// verl, vLLM and SGLang record them): the MoE rows counted through `moe_layers`.
+fn bench_dense_rows(c: &mut Criterion) {
+    let (tokens, samples) = (64 * 1024, 32);
+    let (mut ids, cu) = input(tokens, samples, |x| x as i16);
+    for tok in ids.chunks_exact_mut(L * K) {
+        tok[..3 * K].fill(0);
+    }
+    let moe: Vec<usize> = (3..L).collect();
+    let mut g = c.benchmark_group("ingest");
+    g.throughput(Throughput::Bytes((ids.len() * 2) as u64));
+    g.bench_with_input(BenchmarkId::new("int16_moe_layers", format!("{tokens}tok_L{L}_3dense_k{K}_E{E}")), &ids, |b, ids| {
+        b.iter(|| black_box(expert_tokens_from_routed(ids, L, K, &cu, E, Some(&moe)).unwrap()))
     });
     g.finish();
 }
 
 fn ingest(c: &mut Criterion) {
+    bench_dense_rows(c);
     bench_one(c, "uint8", |x| x as u8);
     bench_one(c, "int16", |x| x as i16);
     bench_one(c, "int32", |x| x as i32);

@@ -12,7 +12,7 @@ use rand_xoshiro::Xoshiro256PlusPlus;
 use routepack_core::packing::sequential::sequential;
 use routepack_core::placement::static_placement;
 use routepack_core::replication::hot_n::DEFAULT_HOT_EXPERTS;
-use routepack_core::replication::routepack::DEFAULT_REPLICA_SLOTS;
+use routepack_core::replication::routepack::DEFAULT_REPLICATION_SLOTS;
 use routepack_core::replication::{hot_n, relibra, routepack, Packed};
 use routepack_core::{Topology, WindowView};
 use std::hint::black_box;
@@ -53,7 +53,9 @@ fn replication(c: &mut Criterion) {
     let mut g = c.benchmark_group(format!("replication_flash_L{L}_M{}", p.num_micro));
     g.sample_size(10);
     g.bench_function("hot_n", |b| b.iter(|| black_box(hot_n(&w, &topo, &cost, &placement, packed, DEFAULT_HOT_EXPERTS).unwrap())));
-    g.bench_function("relibra", |b| b.iter(|| black_box(relibra(&w, &topo, &cost, &placement, packed, DEFAULT_REPLICA_SLOTS).unwrap())));
+    g.bench_function("relibra", |b| {
+        b.iter(|| black_box(relibra(&w, &topo, &cost, &placement, packed, DEFAULT_REPLICATION_SLOTS).unwrap()))
+    });
     let opts = routepack::Options::default();
     g.bench_function("routepack", |b| b.iter(|| black_box(routepack(&w, &topo, &cost, &placement, packed, &opts).unwrap())));
     g.finish();

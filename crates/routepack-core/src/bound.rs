@@ -119,13 +119,14 @@ use tops::Holds;
 
 use crate::cost::{CostModel, Overlap};
 use crate::error::{invalid, Result};
-use crate::topology::Topology;
+use crate::topology::{MicroRule, Topology};
 use crate::window::WindowView;
 
-/// Lower-bound microbatches per rank for a cap: ceil(ceil(Σ n / cap) / dp).
+/// The fewest microbatches per DP rank any plan of `w` under `token_cap` can run on `topo`:
+/// ⌈⌈Σ n / cap⌉ / dp⌉, raised to the pipeline's rule ([`MicroRule::fewest`] of
+/// [`Topology::micro_rule`]).
 pub fn lower_bound_micro(w: &WindowView, topo: &Topology, token_cap: i64) -> usize {
-    let rows = (w.total_tokens() as u64).div_ceil(token_cap.max(1) as u64) as usize;
-    rows.div_ceil(topo.dp).max(1)
+    topo.micro_rule().fewest(w.total_tokens() as u64, token_cap.max(1) as u64, topo.dp)
 }
 
 /// The multipliers of the grid (μ, ν, θ each take every value).
@@ -356,7 +357,9 @@ pub fn lower_bound_of_sums(
         Some(c) => c.min(total),
         None => total,
     } as f64;
-    let micro = lower_bound_micro(w, topo, cap as i64) as f64;
+    // M* without the pipeline's rule: every valid plan runs at least this many (the derivation,
+    // part 1, needs no more; a pipeline's work is shared by its stages in part 8 instead)
+    let micro = MicroRule::NONE.fewest(total as u64, cap as u64, topo.dp) as f64;
     let bound = Bound { w, topo, cost, prices: Prices::new(topo, cost), micro, cap };
     // Where a rank's slots and replica buffers hold every expert, first without the top-k sums
     // (the costly part): every candidate is then over-estimated (its traffic only falls as

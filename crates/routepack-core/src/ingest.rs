@@ -1,8 +1,10 @@
 //! Routing-replay ingestion: top-k expert ids per token → per-sample per-layer expert demand.
 //!
 //! Input is the layout verl, slime and vLLM record: `routed [T, L, k]` (uint8, int16, int32 or
-//! int64 ids, row-major) with `cu_seqlens [S+1]` token offsets of the samples. Output is the
-//! window's `expert_tokens [S, L, E]`, counted straight into the narrowest type its counts fit
+//! int64 ids, row-major) with `cu_seqlens [S+1]` token offsets of the samples, and optionally
+//! which rows of the layer axis are MoE layers (`moe_layers`: a model with dense layers records
+//! zero rows for them). Output is the window's `expert_tokens [S, L', E]`, one row per MoE layer
+//! (L' = L without `moe_layers`), counted straight into the narrowest type its counts fit
 //! ([`OwnedCounts`]: uint8, uint16 or int32; never an int32 intermediate when they fit less).
 //! Samples are counted in parallel (each writes its own `[L, E]` block), so the result is
 //! identical for any thread count.
@@ -85,10 +87,11 @@ enum BadToken {
     NoMemory,
 }
 
-/// Counts every id of `ids` (`[tokens, L, k]` flattened, at most [`FLUSH_TOKENS`] tokens)
-/// into `counters[base[j] + id]`, `j` the id's position in its token; on the first id
-/// outside [0, e_max), or the first token whose top-k lists an expert twice in a layer,
-/// returns that instead.
+/// Counts every counted id of `ids` (`[tokens, L, k]` flattened, `per_token` = L·k ids a
+/// token, at most [`FLUSH_TOKENS`] tokens) into `counters[base[j] + id]`, `j` the id's place
+/// among the token's counted ids: all of them (`pick` None) or those at the token positions
+/// `pick` lists (the MoE layers' ids); on the first id outside [0, e_max), or the first token
+/// whose top-k lists an expert twice in a counted layer, returns that instead (`j` as above).
 ///
 /// Each counter is tagged: its high 16 bits hold 1 + the index of the last token that
 /// counted into it, its low 16 bits the count. A token reading its own tag back has named
@@ -97,26 +100,56 @@ enum BadToken {
 /// or bitmask test per token measured 2-4x slower on k = 8, E = 256). Without duplicates a
 /// counter grows by at most one per token, so the count never carries into the tag.
 ///
-/// Panics unless `ids` holds at most [`FLUSH_TOKENS`] tokens and every base offset leaves
-/// room for `e_max` counters (`base[j] + e_max <= counters.len()`). Both are checked once per
-/// call, before the loop: they are what make the unchecked accesses inside it sound and the
-/// tags distinct, whatever the caller passes.
-fn count_tokens<T: ExpertId>(ids: &[T], base: &[usize], e_max: u64, counters: &mut [u32]) -> Option<BadToken> {
-    let per_token = base.len();
+/// Panics unless `ids` holds at most [`FLUSH_TOKENS`] tokens, every base offset leaves room
+/// for `e_max` counters (`base[j] + e_max <= counters.len()`), and `pick` (when given) has one
+/// position per base offset, each below `per_token`. These are checked once per call, before
+/// the loop: they are what make the unchecked accesses inside it sound and the tags distinct,
+/// whatever the caller passes.
+fn count_tokens<T: ExpertId>(
+    ids: &[T],
+    per_token: usize,
+    pick: Option<&[usize]>,
+    base: &[usize],
+    e_max: u64,
+    counters: &mut [u32],
+) -> Option<BadToken> {
     assert!(ids.len() / per_token <= FLUSH_TOKENS, "count_tokens: more than {FLUSH_TOKENS} tokens");
     let room = |b: usize| usize::try_from(e_max).ok().and_then(|e| b.checked_add(e)).is_some_and(|end| end <= counters.len());
     assert!(base.iter().all(|&b| room(b)), "count_tokens: a base offset leaves no room for {e_max} counters");
-    for (t, tok) in ids.chunks_exact(per_token).enumerate() {
-        // t < FLUSH_TOKENS (asserted), so the tag fits the high half and differs per token
+    let tokens = ids.chunks_exact(per_token);
+    match pick {
+        // one monomorphised loop each: the all-layers loop reads a token's ids in order, as before
+        None => {
+            assert_eq!(base.len(), per_token, "count_tokens: one base offset per id");
+            count_loop(tokens, |tok| tok.iter().copied(), base, e_max, counters)
+        }
+        Some(pick) => {
+            assert!(pick.len() == base.len() && pick.iter().all(|&q| q < per_token), "count_tokens: a position outside the token");
+            count_loop(tokens, |tok| pick.iter().map(move |&q| tok[q]), base, e_max, counters)
+        }
+    }
+}
+
+/// The loop of [`count_tokens`] over `tokens`, reading each token's counted ids with `read`.
+#[inline(always)]
+fn count_loop<'a, T: ExpertId + 'a, I: Iterator<Item = T>>(
+    tokens: impl Iterator<Item = &'a [T]>,
+    read: impl Fn(&'a [T]) -> I,
+    base: &[usize],
+    e_max: u64,
+    counters: &mut [u32],
+) -> Option<BadToken> {
+    for (t, tok) in tokens.enumerate() {
+        // t < FLUSH_TOKENS (asserted by the caller), so the tag fits the high half and differs per token
         let tag = (t as u32 + 1) << 16;
         let mut seen = 0u32;
-        for (j, (&id, &b)) in tok.iter().zip(base).enumerate() {
+        for (j, (id, &b)) in read(tok).zip(base).enumerate() {
             let i = id.index();
             if i >= e_max {
                 return Some(BadToken::OutOfRange { t, j });
             }
             // SAFETY: `i < e_max` (tested just above) and `b + e_max <= counters.len()` without
-            // overflow (asserted for every base offset before the loop), so
+            // overflow (asserted by `count_tokens` for every base offset before the loop), so
             // `b + i < counters.len()`: the index is in bounds and the addition cannot overflow.
             let c = unsafe { counters.get_unchecked_mut(b + i as usize) };
             seen = seen.max(*c);
@@ -132,18 +165,41 @@ fn count_tokens<T: ExpertId>(ids: &[T], base: &[usize], e_max: u64, counters: &m
 }
 
 /// The first (layer, position, position, id) at which one token's ids `tok` (`[L, k]`)
-/// repeat an id; the slow, exact locator behind a duplicate [`count_tokens`] found.
-fn locate_duplicate<T: ExpertId>(tok: &[T], top_k: usize) -> Option<(usize, usize, usize, i64)> {
-    tok.chunks_exact(top_k).enumerate().find_map(|(l, sel)| {
+/// repeat an id in one of the counted `layers` (rows of the layer axis); the slow, exact
+/// locator behind a duplicate [`count_tokens`] found.
+fn locate_duplicate<T: ExpertId>(tok: &[T], top_k: usize, layers: &[usize]) -> Option<(usize, usize, usize, i64)> {
+    layers.iter().find_map(|&l| {
+        let sel = tok.get(l * top_k..(l + 1) * top_k)?;
         (1..sel.len()).find_map(|j| sel[..j].iter().position(|y| y.index() == sel[j].index()).map(|i| (l, i, j, sel[j].value())))
     })
 }
 
-/// Counts `routed [T, L, k]` into `(seq_lens [S], expert_tokens [S, L, E])`, the counts in the
+/// Checks `moe_layers` (the rows of a `[T, L, k]` layer axis that are MoE layers): at least
+/// one, each in [0, L), strictly increasing.
+pub fn check_moe_layers(moe_layers: &[usize], num_layers: usize) -> Result<()> {
+    if moe_layers.is_empty() {
+        return Err(invalid("moe_layers", "lists no layer; a window needs at least one MoE layer".to_string()));
+    }
+    if let Some(&l) = moe_layers.iter().find(|&&l| l >= num_layers) {
+        return Err(invalid("moe_layers", format!("lists layer {l}, but routed has L = {num_layers} layers (rows 0..{num_layers})")));
+    }
+    if let Some(i) = moe_layers.windows(2).position(|w| w[1] <= w[0]) {
+        return Err(invalid(
+            "moe_layers",
+            format!("must be strictly increasing: moe_layers[{i}] = {}, moe_layers[{}] = {}", moe_layers[i], i + 1, moe_layers[i + 1]),
+        ));
+    }
+    Ok(())
+}
+
+/// Counts `routed [T, L, k]` into `(seq_lens [S], expert_tokens [S, L', E])`, the counts in the
 /// narrowest type that holds them (uint8 when every count is <= 255, uint16 when <= 65,535,
-/// else int32).
+/// else int32). `moe_layers` (None: every row) lists the rows of the layer axis to count, the
+/// MoE layers, strictly increasing ([`check_moe_layers`]); row i of the output's layer axis is
+/// `moe_layers[i]`, and the other rows (a dense layer's zero filler) are not read at all.
 ///
-/// Refused, naming the token (and its sample) and layer: an id outside [0, E), and a token
+/// Refused, naming the token (and its sample) and layer (its row in `routed`): an id outside
+/// [0, E) in a counted layer, and a token
 /// whose top-k lists one expert twice (a router picks k distinct experts; a repeated id would
 /// count one token twice for one expert, more than the sample's length allows). A sample
 /// longer than [`MAX_SAMPLE_TOKENS`] is refused before anything is counted. So every count is
@@ -155,6 +211,7 @@ pub fn expert_tokens_from_routed<T: ExpertId>(
     top_k: usize,
     cu_seqlens: &[i64],
     num_experts: usize,
+    moe_layers: Option<&[usize]>,
 ) -> Result<(Vec<i64>, OwnedCounts)> {
     if num_layers == 0 || top_k == 0 {
         return Err(invalid("routed", format!("needs L >= 1 and k >= 1, got L={num_layers}, k={top_k}")));
@@ -168,11 +225,17 @@ pub fn expert_tokens_from_routed<T: ExpertId>(
     }
     let t_n = routed.len() / per_token;
     check_cu_seqlens(cu_seqlens, t_n)?;
+    if let Some(m) = moe_layers {
+        check_moe_layers(m, num_layers)?;
+    }
+    // the counted rows: every row when all are MoE layers (the fast path reads ids in order)
+    let moe_layers = moe_layers.filter(|m| m.len() < num_layers);
+    let counted = moe_layers.map_or(num_layers, <[usize]>::len);
     let block =
-        num_layers.checked_mul(num_experts).ok_or_else(|| invalid("num_experts", format!("L*E = {num_layers}*{num_experts} overflows")))?;
+        counted.checked_mul(num_experts).ok_or_else(|| invalid("num_experts", format!("L*E = {counted}*{num_experts} overflows")))?;
     let longest = cu_seqlens.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
-    check_count_call(cu_seqlens.len() - 1, block, per_token, longest, num_experts, num_layers)?;
-    let args = Args { routed, per_token, top_k, cu_seqlens, num_experts, block };
+    check_count_call(cu_seqlens.len() - 1, block, counted * top_k, longest, num_experts, counted)?;
+    let args = Args { routed, per_token, top_k, cu_seqlens, num_experts, block, moe_layers };
     let counts = if longest <= u8::MAX as i64 {
         OwnedCounts::U8(count_into(&args)?)
     } else if longest <= u16::MAX as i64 {
@@ -213,12 +276,17 @@ struct Args<'a, T> {
     cu_seqlens: &'a [i64],
     num_experts: usize,
     block: usize,
+    /// The counted rows of the layer axis, when not every row (`expert_tokens_from_routed`).
+    moe_layers: Option<&'a [usize]>,
 }
 
 /// The counts `[S, L, E]` in `C`, which must hold the longest sample's length.
 fn count_into<T: ExpertId, C: Count>(a: &Args<'_, T>) -> Result<Vec<C>> {
-    let Args { routed, per_token, top_k, cu_seqlens, num_experts, block } = *a;
+    let Args { routed, per_token, top_k, cu_seqlens, num_experts, block, moe_layers } = *a;
     let (s_n, num_layers) = (cu_seqlens.len() - 1, block / num_experts);
+    // the token positions of the counted ids (None: all, in order); counted id j goes to row j / k
+    let pick: Option<Vec<usize>> = moe_layers.map(|m| m.iter().flat_map(|&l| l * top_k..(l + 1) * top_k).collect());
+    let counted_ids = num_layers * top_k;
     let e_max = num_experts as u64;
     let mut counts = Vec::new();
     block
@@ -233,8 +301,8 @@ fn count_into<T: ExpertId, C: Count>(a: &Args<'_, T>) -> Result<Vec<C>> {
         .map_init(Vec::<u32>::new, |local, (s, out)| {
             let (lo, hi) = (cu_seqlens[s] as usize, cu_seqlens[s + 1] as usize);
             let ids = &routed[lo * per_token..hi * per_token];
-            // flat offsets: id j of a token counts in row (j / k) of this sample's [L, E] block
-            let base: Vec<usize> = (0..per_token).map(|j| (j / top_k) * num_experts).collect();
+            // flat offsets: counted id j of a token counts in row (j / k) of this sample's [L', E] block
+            let base: Vec<usize> = (0..counted_ids).map(|j| (j / top_k) * num_experts).collect();
             local.clear();
             // the worker's counters, fallibly (the call's estimate counted them)
             if local.try_reserve_exact(out.len()).is_err() {
@@ -242,7 +310,7 @@ fn count_into<T: ExpertId, C: Count>(a: &Args<'_, T>) -> Result<Vec<C>> {
             }
             local.resize(out.len(), 0);
             for (c, chunk) in ids.chunks(FLUSH_TOKENS * per_token).enumerate() {
-                if let Some(bad) = count_tokens(chunk, &base, e_max, local) {
+                if let Some(bad) = count_tokens(chunk, per_token, pick.as_deref(), &base, e_max, local) {
                     return Some((s, lo + c * FLUSH_TOKENS, bad));
                 }
                 // the sample has at most C::MAX tokens and each adds at most one here
@@ -262,17 +330,20 @@ fn count_into<T: ExpertId, C: Count>(a: &Args<'_, T>) -> Result<Vec<C>> {
             Err(invalid("num_experts", format!("a worker's counters [L, E] = [{num_layers}, {num_experts}] of uint32 cannot be allocated")))
         }
         Some((s, first, BadToken::OutOfRange { t, j })) => {
-            let id = routed[(first + t) * per_token + j].value();
+            // j counts the token's counted ids: its position in the token is pick[j] (or j)
+            let q = pick.as_ref().map_or(j, |p| p[j]);
+            let id = routed[(first + t) * per_token + q].value();
             Err(invalid(
                 "routed",
-                format!("expert id {id} at token {} (sample {s}), layer {} is outside [0, {num_experts})", first + t, j / top_k),
+                format!("expert id {id} at token {} (sample {s}), layer {} is outside [0, {num_experts})", first + t, q / top_k),
             ))
         }
         Some((s, first, BadToken::Duplicate { t })) => {
             let tok = &routed[(first + t) * per_token..(first + t + 1) * per_token];
-            // count_tokens only reports a token that repeats an id in one layer, so the
+            let rows: Vec<usize> = moe_layers.map_or_else(|| (0..per_token / top_k).collect(), <[usize]>::to_vec);
+            // count_tokens only reports a token that repeats an id in one counted layer, so the
             // locator always finds it; the fallback keeps even a broken invariant panic-free
-            let what = match locate_duplicate(tok, top_k) {
+            let what = match locate_duplicate(tok, top_k, &rows) {
                 Some((l, i, j, id)) => format!("layer {l} lists expert {id} twice (positions {i} and {j} of its top-{top_k})"),
                 None => "repeats an expert in one layer".to_string(),
             };
@@ -378,18 +449,18 @@ mod tests {
         // 140 000 counts in one counter, two u16 flushes
         let t = 140_000usize;
         let mut routed: Vec<i32> = (0..t).flat_map(|i| [3, (i % 3) as i32]).collect();
-        let (lens, c) = expert_tokens_from_routed(&routed, 1, 2, &[0, t as i64], 4).unwrap();
+        let (lens, c) = expert_tokens_from_routed(&routed, 1, 2, &[0, t as i64], 4, None).unwrap();
         let third = (t / 3) as i32; // t = 3 * 46 666 + 2: experts 0 and 1 get one more
                                     // the longest count is 140 000: int32, the only type that holds it
         assert_eq!((lens, c), (vec![t as i64], OwnedCounts::I32(vec![third + 1, third + 1, third, t as i32])));
         // a bad id after the first flush is still located exactly
         routed[70_000 * 2 + 1] = 7;
-        let e = expert_tokens_from_routed(&routed, 1, 2, &[0, t as i64], 4).unwrap_err();
+        let e = expert_tokens_from_routed(&routed, 1, 2, &[0, t as i64], 4, None).unwrap_err();
         assert!(e.to_string().contains("expert id 7 at token 70000 (sample 0), layer 0"), "{e}");
         // and so is a duplicate
         routed[70_000 * 2 + 1] = 0;
         routed[100_001 * 2 + 1] = 3;
-        let e = expert_tokens_from_routed(&routed, 1, 2, &[0, t as i64], 4).unwrap_err();
+        let e = expert_tokens_from_routed(&routed, 1, 2, &[0, t as i64], 4, None).unwrap_err();
         assert!(e.to_string().contains("token 100001 (sample 0), layer 0 lists expert 3 twice"), "{e}");
     }
 
@@ -398,7 +469,7 @@ mod tests {
         // L = 2, k = 3: token 1 of sample 1 repeats expert 4 in layer 1
         let mut routed: Vec<u8> = [0u8, 1, 2, 3, 4, 5].repeat(3);
         routed[2 * 6 + 3 + 2] = 3;
-        let e = expert_tokens_from_routed(&routed, 2, 3, &[0, 1, 3], 6).unwrap_err();
+        let e = expert_tokens_from_routed(&routed, 2, 3, &[0, 1, 3], 6, None).unwrap_err();
         assert!(e.to_string().contains("token 2 (sample 1), layer 1 lists expert 3 twice (positions 0 and 2"), "{e}");
         let long = MAX_SAMPLE_TOKENS + 1;
         let e = check_cu_seqlens(&[0, 5, 5 + long], (5 + long) as usize).unwrap_err();
@@ -431,17 +502,49 @@ mod tests {
     }
 
     #[test]
+    fn counts_only_the_moe_layers() {
+        // L = 3 rows, k = 2: row 0 is a dense layer (zero filler: "expert 0 twice"), rows 1, 2 MoE
+        let routed: Vec<i16> = vec![0, 0, 1, 2, 3, 0, /* token 1 */ 0, 0, 2, 3, 1, 3];
+        let e = expert_tokens_from_routed(&routed, 3, 2, &[0, 2], 4, None).unwrap_err();
+        assert!(e.to_string().contains("token 0 (sample 0), layer 0 lists expert 0 twice"), "{e}");
+        let (lens, c) = expert_tokens_from_routed(&routed, 3, 2, &[0, 2], 4, Some(&[1, 2])).unwrap();
+        assert_eq!(lens, vec![2]);
+        // [S=1, L'=2, E=4]: MoE row 1 counts {1, 2} and {2, 3}; row 2 counts {3, 0} and {1, 3}
+        assert_eq!(c, OwnedCounts::U8(vec![0, 1, 2, 1, 1, 1, 0, 2]));
+        // every row listed takes the all-rows path: the dense row is counted, and refused
+        assert!(expert_tokens_from_routed(&routed, 3, 2, &[0, 2], 4, Some(&[0, 1, 2])).is_err());
+        // errors name the row of routed's layer axis
+        let mut bad = routed.clone();
+        bad[6 + 2 * 2 + 1] = 9; // token 1, row 2, position 1
+        let e = expert_tokens_from_routed(&bad, 3, 2, &[0, 2], 4, Some(&[1, 2])).unwrap_err();
+        assert!(e.to_string().contains("expert id 9 at token 1 (sample 0), layer 2"), "{e}");
+        bad[6 + 2 * 2 + 1] = 1;
+        let e = expert_tokens_from_routed(&bad, 3, 2, &[0, 2], 4, Some(&[1, 2])).unwrap_err();
+        assert!(e.to_string().contains("token 1 (sample 0), layer 2 lists expert 1 twice"), "{e}");
+        // a garbage id in a dense row is never read
+        let mut dense = routed.clone();
+        dense[0] = -7;
+        assert!(expert_tokens_from_routed(&dense, 3, 2, &[0, 2], 4, Some(&[1, 2])).is_ok());
+        for (m, want) in
+            [(&[][..], "lists no layer"), (&[1, 3][..], "lists layer 3, but routed has L = 3"), (&[2, 1][..], "strictly increasing")]
+        {
+            let e = expert_tokens_from_routed(&routed, 3, 2, &[0, 2], 4, Some(m)).unwrap_err();
+            assert!(e.to_string().contains(want) && e.to_string().starts_with("moe_layers"), "{e}");
+        }
+    }
+
+    #[test]
     fn counts_and_names_bad_ids() {
         // 3 tokens, L=1, k=2, two samples [0,2) and [2,3)
         let routed: Vec<u8> = vec![0, 1, 1, 2, 2, 0];
-        let (lens, c) = expert_tokens_from_routed(&routed, 1, 2, &[0, 2, 3], 3).unwrap();
+        let (lens, c) = expert_tokens_from_routed(&routed, 1, 2, &[0, 2, 3], 3, None).unwrap();
         assert_eq!(lens, vec![2, 1]);
         assert_eq!(c, OwnedCounts::U8(vec![1, 2, 1, 1, 0, 1]));
-        let e = expert_tokens_from_routed(&routed, 1, 2, &[0, 2, 3], 2).unwrap_err();
+        let e = expert_tokens_from_routed(&routed, 1, 2, &[0, 2, 3], 2, None).unwrap_err();
         assert!(e.to_string().contains("expert id 2 at token 1 (sample 0), layer 0"), "{e}");
         let neg: Vec<i16> = vec![0, -1];
-        let e = expert_tokens_from_routed(&neg, 1, 2, &[0, 1], 4).unwrap_err();
+        let e = expert_tokens_from_routed(&neg, 1, 2, &[0, 1], 4, None).unwrap_err();
         assert!(e.to_string().contains("expert id -1"), "{e}");
-        assert!(expert_tokens_from_routed(&routed, 1, 2, &[0, 3, 3], 3).is_err());
+        assert!(expert_tokens_from_routed(&routed, 1, 2, &[0, 3, 3], 3, None).is_err());
     }
 }

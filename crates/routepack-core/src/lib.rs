@@ -17,7 +17,7 @@
 //!   [`packing::rows`] finds the fewest rows with a certificate
 //! * [`layout`]      stage 3, the layout search: rows onto (DP rank, microbatch) cells by population
 //!   annealing, against a proxy of the cost model (`layout::proxy`, its hot loop `layout::kernel`);
-//!   under a pipeline, each EP group's order of steps ([`layout::order`])
+//!   under a pipeline, each EP group's order of microbatches ([`layout::order`])
 //! * [`replication`] stage 4, intra-batch replicas per exchange: `hot_n` (MindSpeed), `relibra`,
 //!   `routepack`
 //! * [`migration`]   expert moves (weights + optimizer state) from the placement in force
@@ -37,24 +37,12 @@
 //! * [`sizes`]       tables sized by an argument, checked before they are allocated
 //! * [`rounding`]    `f64::round` without the math library's call, bit for bit
 //!
-//! # Glossary
-//! Each word means one thing, in code and docs:
-//! * **sample**: one sequence of the window.
-//! * **row**: a set of samples of at most `token_cap` tokens that runs as one microbatch on one
-//!   DP rank (packing's unit).
-//! * **microbatch** (`micro`, index m in 0..M−1): a row's place in the execution order,
-//!   the same M on every DP rank (`Plan::sample_micro`, `Plan::num_micro`).
-//! * **step**: one training step, what `step_time` prices: every microbatch of the window,
-//!   its passes (forward, backward), plus migration and the once-per-step gradient sum of
-//!   redundant experts. Other steps are named with their kind: the annealer's *temperature*
-//!   steps, replication's *greedy* steps, the expert curve's *GEMM step*.
-//! * **cell**: (DP rank, microbatch), where one row runs; no cell is empty.
-//! * **exchange**: (EP group, microbatch, layer), one dispatch/combine all-to-all: the unit the
-//!   simulator prices, tokens are routed in and replication plans for.
-//! * **chunk**: a run of consecutive samples that placement balances per-microbatch demand over
-//!   (`placement_chunks`); the layout kernel groups layers in *layer blocks*.
-//! * **slot**: a physical expert slot of an EP rank; **replica**: a copy of an expert in a slot
-//!   (placement) or, for one exchange, on another rank ([`Replica`]).
+//! # Words
+//! Each word (sample, row, microbatch, step, stage, cell, exchange, chunk, slot, replica,
+//! replica buffers) means one thing, in code and docs, as the one glossary defines it: the
+//! repository's `docs/design.md`, section "Glossary". In short: a *microbatch* (`micro`, m) is
+//! a row's place in every DP rank's execution order, a *step* one training step, a *cell*
+//! (DP rank, microbatch), an *exchange* (EP group, microbatch, layer).
 //!
 //! Inputs are borrowed views ([`WindowView`]) so numpy arrays cross the FFI without copies.
 //! Every function is deterministic for its inputs and seed: a plan is byte-identical across

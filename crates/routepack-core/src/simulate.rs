@@ -37,19 +37,19 @@ use crate::bound::{check_bound_inputs, lower_bound_of_sums, BoundTops, DemandSum
 use crate::cell_grid::CellGrid;
 use crate::cost::links::LinkBytes;
 use crate::cost::CostModel;
-use crate::error::{invalid, Result};
+use crate::error::Result;
 use crate::flow::{route_expert, Dest};
-use crate::oversize::Oversize;
-use crate::plan::{bucket_replicas, Plan, Replica};
-use crate::split::Pieces;
+use crate::plan::{bucket_replicas, Plan, Replica, ReplicaTiming};
 use crate::topology::Topology;
-use crate::validate::validate_plan_in;
 use crate::window::WindowView;
 
 mod bytes;
+mod entry;
 mod ideal;
 pub mod pipeline;
 mod split;
+
+pub use entry::{simulate, simulate_in, Scoring};
 
 pub use ideal::ideal_time;
 use ideal::ideal_time_of;
@@ -65,7 +65,7 @@ pub struct SimReport {
     /// inside their node can beat it.
     pub ideal_time: f64,
     /// [`crate::bound::lower_bound_time`] for the window, topology, cost and the cap (see
-    /// [`simulate_with_cap`]): no valid plan's `step_time` is below it.
+    /// [`Scoring::token_cap`]): no valid plan's `step_time` is below it.
     pub lower_bound_time: f64,
     /// Tokens per second: Σ n_s of the window / `step_time`; `+inf` for a step of 0 s (a
     /// window with none of the work the cost model prices), never NaN (Σ n_s >= 1).
@@ -140,6 +140,7 @@ struct Scratch {
     rep_order: Vec<usize>, // the exchange's replicas, stably sorted by expert
     node: Vec<usize>,      // [ep] node of each EP-local rank
     rep_parts: (f64, f64), // the last exchange's exposed replication: (forward copies, gradient reduction)
+    timing: ReplicaTiming, // when the plan's copies move
 }
 
 impl Scratch {
@@ -159,6 +160,7 @@ impl Scratch {
             rep_order: Vec::new(),
             node: Vec::with_capacity(ep),
             rep_parts: (0.0, 0.0),
+            timing: ReplicaTiming::Prefetched,
         }
     }
 }
@@ -177,6 +179,13 @@ impl ExchangePricer {
     /// scratch is sized for them; [`ExchangePricer::price`] panics on another shape).
     pub fn new(ep: usize, num_experts: usize) -> Self {
         Self { sc: Scratch::new(ep), ep, num_experts }
+    }
+
+    /// This pricer for a plan whose copies move as `timing` says (the plan's
+    /// `replica_timing`); [`ReplicaTiming::Prefetched`] unless set.
+    pub fn with_timing(mut self, timing: ReplicaTiming) -> Self {
+        self.sc.timing = timing;
+        self
     }
 
     /// Cost of one exchange.
@@ -336,8 +345,13 @@ fn price_exchange(
         }
         let fwd = LinkBytes::replica_time(&sc.repl_fwd, cost);
         let bwd = LinkBytes::replica_time(&sc.repl_bwd, cost);
-        replication = cost.exposed_replication(fwd, bwd, attn_max);
-        sc.rep_parts = ((fwd - attn_max).max(0.0), (bwd - 2.0 * attn_max).max(0.0));
+        if sc.timing == ReplicaTiming::Prefetched {
+            replication = cost.exposed_replication(fwd, bwd, attn_max);
+            sc.rep_parts = ((fwd - attn_max).max(0.0), (bwd - 2.0 * attn_max).max(0.0));
+        } else {
+            sc.rep_parts = cost.exposed_replication_parts(fwd, bwd, attn_max, sc.timing);
+            replication = sc.rep_parts.0 + sc.rep_parts.1;
+        }
     }
     LayerCost::new(cost, attn_max, x_max, a2a, replication, imbalance)
 }
@@ -367,79 +381,8 @@ pub fn redundant_grad_time(plan: &Plan, topo: &Topology, cost: &CostModel) -> f6
 /// Moved to [`crate::bound`], which the bound needs it for; kept here under its old path.
 pub use crate::bound::lower_bound_micro;
 
-/// Scores `plan` on `w`. `ideal_micro`: the microbatch count of the balanced reference (see
-/// [`lower_bound_micro`]); None uses the plan's own count. The lower bound is the one without
-/// a cap (see [`simulate_with_cap`]).
-pub fn simulate(plan: &Plan, w: &WindowView, topo: &Topology, cost: &CostModel, ideal_micro: Option<usize>) -> Result<SimReport> {
-    simulate_with_cap(plan, w, topo, cost, ideal_micro, None)
-}
-
-/// [`simulate`], with `lower_bound_time` computed for plans of at most `token_cap` tokens per
-/// row. The plan itself is not checked against the cap: where one of its rows holds more, the
-/// bound is taken at that row's size instead, so it still bounds this plan (and every plan
-/// valid under the larger cap). None: no cap (Σ n, the weakest bound).
-pub fn simulate_with_cap(
-    plan: &Plan,
-    w: &WindowView,
-    topo: &Topology,
-    cost: &CostModel,
-    ideal_micro: Option<usize>,
-    token_cap: Option<i64>,
-) -> Result<SimReport> {
-    simulate_validated(plan, w, topo, cost, ideal_micro, token_cap, i64::MAX)
-}
-
-/// [`simulate_with_cap`] after [`validate_plan`] with `plan_cap` (tokens per cell; `i64::MAX`
-/// checks no cap): `Plan.validate` and the simulator in one call, the window viewed once
-/// (what `plan_window` runs on the plan it assembles).
-pub fn simulate_validated(
-    plan: &Plan,
-    w: &WindowView,
-    topo: &Topology,
-    cost: &CostModel,
-    ideal_micro: Option<usize>,
-    token_cap: Option<i64>,
-    plan_cap: i64,
-) -> Result<SimReport> {
-    simulate_validated_in(plan, w, topo, cost, ideal_micro, token_cap, plan_cap, Oversize::Refuse)
-}
-
-/// [`simulate_validated`], validating with `oversize` ([`validate_plan_in`]: with
-/// `Oversize::Alone` a cell over `plan_cap` may hold one sample). With `Oversize::Split` the
-/// plan is checked against `plan_cap`, else `token_cap` (required: the cap says which samples
-/// are split), and priced on its pieces with ring attention (`simulate::split`).
+/// [`simulate_in`] of a validated plan, whose cells `grid` holds.
 #[allow(clippy::too_many_arguments)]
-pub fn simulate_validated_in(
-    plan: &Plan,
-    w: &WindowView,
-    topo: &Topology,
-    cost: &CostModel,
-    ideal_micro: Option<usize>,
-    token_cap: Option<i64>,
-    plan_cap: i64,
-    oversize: Oversize,
-) -> Result<SimReport> {
-    cost.check(w.num_layers)?;
-    if oversize == Oversize::Split {
-        // the cap that says which samples are split: what the plan was checked against
-        let split_cap = match (plan_cap, token_cap) {
-            (i64::MAX, Some(cap)) => cap,
-            (i64::MAX, None) => return Err(invalid("token_cap", "oversize=\"split\": pricing needs the cap the plan splits samples at")),
-            (cap, _) => cap,
-        };
-        validate_plan_in(plan, w, topo, split_cap, oversize)?;
-        let pieces = Pieces::new(w.seq_lens, split_cap, topo.cp)?;
-        if pieces.any_split() {
-            return split::simulate_pieces(plan, w, topo, cost, ideal_micro, token_cap, &pieces);
-        }
-    } else {
-        validate_plan_in(plan, w, topo, plan_cap, oversize)?;
-    }
-    let grid = CellGrid::new(&plan.sample_rank, &plan.sample_micro, plan.num_micro, w.seq_lens, topo);
-    score(plan, w, topo, cost, ideal_micro, token_cap, grid)
-}
-
-/// [`simulate_validated_in`] of a validated plan, whose cells `grid` holds.
 fn score(
     plan: &Plan,
     w: &WindowView,
@@ -448,6 +391,7 @@ fn score(
     ideal_micro: Option<usize>,
     token_cap: Option<i64>,
     grid: CellGrid,
+    timing: ReplicaTiming,
 ) -> Result<SimReport> {
     let bound_cap = token_cap.map(|cap| cap.max(largest_row(plan, w, topo)));
     check_bound_inputs(w, topo, cost, bound_cap)?;
@@ -465,7 +409,7 @@ fn score(
     let per_gm: Vec<GmResult> = (0..g_n * m_n)
         .into_par_iter()
         .map_init(
-            || (ExchangePricer::new(ep, e_n), vec![0i64; ep * e_n]),
+            || (ExchangePricer::new(ep, e_n).with_timing(timing), vec![0i64; ep * e_n]),
             |(pricer, origin), gm| {
                 let (g, m) = (gm / m_n, gm % m_n);
                 let mut part = GmSums { rows: Vec::new(), totals: vec![0; l_n * e_n], share: vec![0.0; l_n * e_n] };
@@ -570,12 +514,12 @@ fn score(
     })
 }
 
-/// What one (group, microbatch) task of [`simulate_validated`] returns: each layer's exchange cost,
+/// What one (group, microbatch) task of [`simulate_in`] returns: each layer's exchange cost,
 /// one-way dispatch bytes (inside nodes, between nodes) and exposed replication split into its
 /// forward and backward parts, and its part of the demand sums.
 type GmResult = (Vec<(LayerCost, (f64, f64), (f64, f64))>, GmSums);
 
-/// What one (group, microbatch) task of [`simulate_validated`] gathers for the lower bound
+/// What one (group, microbatch) task of [`simulate_in`] gathers for the lower bound
 /// ([`DemandSums`]): its rows `(sample, layer, Σ_e tokens, distinct experts, top-k sums)` and,
 /// per layer, its experts' totals and largest shares (`[L * E]` each).
 struct GmSums {

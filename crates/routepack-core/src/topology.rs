@@ -8,7 +8,11 @@ use crate::error::{invalid, Result};
 ///
 /// * `dp` data-parallel ranks, each running its own microbatches.
 /// * EP groups are consecutive blocks of `ep` DP ranks (group g = ranks g·ep .. g·ep+ep-1).
-/// * nodes are consecutive blocks of `gpus_per_node` global ranks.
+/// * nodes are consecutive blocks of `gpus_per_node` global ranks; NVLink domains (the GPUs that
+///   reach one another over NVLink at `bw_intra`) are blocks of `nvlink_domain` GPUs, a node
+///   unless a rack-scale system joins several (GB200 NVL72: 18 nodes of 4). Everything the cost
+///   model and the planners call a "node" (`node_of`, `local_node_of`, ...) is a domain: the
+///   only thing about a node that prices a plan is which link joins two ranks.
 /// * each EP rank has `slots_per_rank` physical expert slots per MoE layer; physical slot p
 ///   lives on EP-local rank p / slots_per_rank (DeepSeek EPLB convention).
 /// * each EP rank holds `replica_slots` spare expert buffers per MoE layer for the intra-batch
@@ -27,8 +31,15 @@ pub struct Topology {
     pub dp: usize,
     /// EP ranks per EP group; `ep` and `gpus_per_node` divide one another.
     pub ep: usize,
-    /// GPUs per node: ranks on one node talk over the fast intra-node link (`bw_intra`).
+    /// GPUs per node (host); an EP group spans whole nodes or lies inside one.
     pub gpus_per_node: usize,
+    /// GPUs per NVLink domain: ranks of one domain talk over the fast link (`bw_intra`), ranks
+    /// of two over `bw_inter`. [`Topology::new`] sets it to `gpus_per_node` (a node is a
+    /// domain); [`Topology::with_nvlink_domain`] sets a rack-scale one (a multiple of
+    /// `gpus_per_node`). Where it is at least `ep` it holds ⌊nvlink_domain / ep⌋ whole EP groups
+    /// (its other GPUs run no rank of the plan: an EP group never straddles two domains), else
+    /// an EP group spans whole domains (`ep` a multiple of it).
+    pub nvlink_domain: usize,
     /// Physical expert slots per EP rank per MoE layer (the placement's memory budget).
     pub slots_per_rank: usize,
     /// Spare expert buffers per EP rank per MoE layer for intra-batch copies: the most
@@ -72,6 +83,28 @@ impl MicroRule {
     /// No rule: any M >= 1 (no pipeline).
     pub const NONE: MicroRule = MicroRule { min: 1, multiple: 1 };
 
+    /// Megatron's rule for `pp` pipeline stages of `vpp` model chunks each: at least pp, in
+    /// multiples of pp under the interleaved schedule (vpp > 1); [`MicroRule::NONE`] for pp < 2.
+    /// The one statement of the rule (Python's `Topology.min_micro` / `micro_multiple` read it
+    /// through `_core.micro_rule`).
+    pub fn of_pipeline(pp: usize, vpp: usize) -> MicroRule {
+        if pp < 2 {
+            return MicroRule::NONE;
+        }
+        MicroRule { min: pp, multiple: if vpp > 1 { pp } else { 1 } }
+    }
+
+    /// The fewest microbatches per DP rank any plan of `tokens` tokens in rows of at most `cap`
+    /// tokens on `dp` ranks can run under this rule: ⌈⌈tokens / cap⌉ / dp⌉, at least 1, raised to
+    /// the rule ([`Self::fit`]). `cap` and `dp` below 1 count as 1. The one statement of the
+    /// fewest-microbatches rule ([`crate::bound::lower_bound_micro`], Python's
+    /// `routepack.simulate.lower_bound_micro` through `_core.lower_bound_micro`).
+    pub fn fewest(&self, tokens: u64, cap: u64, dp: usize) -> usize {
+        let rows = tokens.div_ceil(cap.max(1));
+        let per_rank = usize::try_from(rows.div_ceil(dp.max(1) as u64)).unwrap_or(usize::MAX);
+        self.fit(per_rank)
+    }
+
     /// The smallest count >= `micro` (and >= 1) the rule allows.
     #[inline]
     pub fn fit(&self, micro: usize) -> usize {
@@ -88,7 +121,7 @@ impl MicroRule {
 /// Replica buffers per rank and layer unless a topology says otherwise: 3, the most copies any
 /// built-in replication puts on one rank in one exchange with its defaults (MindSpeed's rule
 /// broadcasts its N = 3 hot experts to every rank, `replication::hot_n::DEFAULT_HOT_EXPERTS`;
-/// ReLibra's and routepack's replication use 2, `replication::routepack::DEFAULT_REPLICA_SLOTS`),
+/// ReLibra's and routepack's replication use 2, `replication::routepack::DEFAULT_REPLICATION_SLOTS`),
 /// so that no plan of a built-in policy with default options changes.
 pub const DEFAULT_REPLICA_SLOTS: usize = 3;
 
@@ -100,6 +133,7 @@ impl Topology {
             dp,
             ep,
             gpus_per_node,
+            nvlink_domain: gpus_per_node,
             slots_per_rank,
             replica_slots: DEFAULT_REPLICA_SLOTS,
             pp: DEFAULT_PP,
@@ -115,6 +149,13 @@ impl Topology {
     /// checked.
     pub fn with_replica_slots(self, replica_slots: usize) -> Result<Self> {
         let t = Self { replica_slots, ..self };
+        t.check()?;
+        Ok(t)
+    }
+
+    /// This topology with NVLink domains of `nvlink_domain` GPUs (see the field), checked.
+    pub fn with_nvlink_domain(self, nvlink_domain: usize) -> Result<Self> {
+        let t = Self { nvlink_domain, ..self };
         t.check()?;
         Ok(t)
     }
@@ -137,10 +178,7 @@ impl Topology {
     /// Megatron's rule for the microbatch count under this pipeline ([`MicroRule`]):
     /// [`MicroRule::NONE`] without one.
     pub fn micro_rule(&self) -> MicroRule {
-        if self.pp < 2 {
-            return MicroRule::NONE;
-        }
-        MicroRule { min: self.pp, multiple: if self.vpp > 1 { self.pp } else { 1 } }
+        MicroRule::of_pipeline(self.pp, self.vpp)
     }
 
     /// Model chunks: pp · vpp.
@@ -213,6 +251,7 @@ impl Topology {
                 ),
             ));
         }
+        self.check_domain()?;
         // plans store DP ranks and physical slots as int32
         if self.dp > i32::MAX as usize {
             return Err(invalid("topo.dp", format!("{} does not fit the int32 rank ids of a plan", self.dp)));
@@ -227,6 +266,27 @@ impl Topology {
         // a rank's experts in one exchange, slots_per_rank + replica_slots, count in usize
         if self.replica_slots > i32::MAX as usize {
             return Err(invalid("topo.replica_slots", format!("{} is more buffers than a plan's int32 ids can name", self.replica_slots)));
+        }
+        Ok(())
+    }
+
+    /// `nvlink_domain` against the nodes and the EP groups.
+    fn check_domain(&self) -> Result<()> {
+        let d = self.nvlink_domain;
+        if d == 0 {
+            return Err(invalid("topo.nvlink_domain", "must be >= 1, got 0"));
+        }
+        if !d.is_multiple_of(self.gpus_per_node) {
+            return Err(invalid(
+                "topo.nvlink_domain",
+                format!("{d} is not a multiple of gpus_per_node = {} (a domain holds whole nodes)", self.gpus_per_node),
+            ));
+        }
+        if d < self.ep && !self.ep.is_multiple_of(d) {
+            return Err(invalid(
+                "topo.nvlink_domain",
+                format!("{d} < ep = {} and does not divide it (an EP group spans whole domains or lies inside one)", self.ep),
+            ));
         }
         Ok(())
     }
@@ -298,25 +358,61 @@ impl Topology {
     pub fn rank_of_slot(&self, p: usize) -> usize {
         p / self.slots_per_rank
     }
-    /// Node of global rank d.
+    /// Node (NVLink domain: see the struct's note) of global rank d. A domain of at least `ep`
+    /// GPUs holds ⌊nvlink_domain / ep⌋ whole EP groups.
     #[inline]
     pub fn node_of(&self, global_rank: usize) -> usize {
-        global_rank / self.gpus_per_node
+        if self.nvlink_domain >= self.ep {
+            global_rank / self.ep / (self.nvlink_domain / self.ep)
+        } else {
+            global_rank / self.nvlink_domain
+        }
     }
-    /// Node index, within its EP group, of EP-local rank r (same for every group because
-    /// groups start on node boundaries or lie inside one node).
+    /// Node (NVLink domain) index, within its EP group, of EP-local rank r (same for every
+    /// group because groups start on domain boundaries or lie inside one domain).
     #[inline]
     pub fn local_node_of(&self, ep_rank: usize) -> usize {
-        ep_rank / self.gpus_per_node.min(self.ep)
+        ep_rank / self.nvlink_domain.min(self.ep)
     }
-    /// Nodes spanned by one EP group.
+    /// Nodes (NVLink domains) spanned by one EP group.
     #[inline]
     pub fn nodes_per_group(&self) -> usize {
-        self.ep.div_ceil(self.gpus_per_node).max(1)
+        self.ep.div_ceil(self.nvlink_domain).max(1)
     }
-    /// EP ranks of one group that share a node.
+    /// EP ranks of one group that share a node (an NVLink domain).
     #[inline]
     pub fn ranks_per_group_node(&self) -> usize {
-        self.gpus_per_node.min(self.ep)
+        self.nvlink_domain.min(self.ep)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nvlink_domains_hold_whole_groups() {
+        // GB200 NVL72: trays of 4, a 72-GPU domain; EP 64 uses 64 GPUs of each rack
+        let t = Topology::new(128, 64, 4, 9).unwrap().with_nvlink_domain(72).unwrap();
+        assert_eq!((t.node_of(0), t.node_of(63), t.node_of(64), t.node_of(127)), (0, 0, 1, 1));
+        assert_eq!((t.nodes_per_group(), t.ranks_per_group_node(), t.local_node_of(63)), (1, 64, 0));
+        // EP 32: two groups a rack, four racks' worth of groups over 256 ranks
+        let t = Topology::new(256, 32, 4, 17).unwrap().with_nvlink_domain(72).unwrap();
+        assert_eq!((t.node_of(63), t.node_of(64), t.node_of(255)), (0, 1, 3));
+        // a domain smaller than the group: the group spans whole domains
+        let t = Topology::new(64, 32, 4, 17).unwrap().with_nvlink_domain(16).unwrap();
+        assert_eq!((t.nodes_per_group(), t.local_node_of(15), t.local_node_of(16), t.node_of(40)), (2, 0, 1, 2));
+        // the default: a node is a domain, as before
+        let t = Topology::new(64, 32, 8, 17).unwrap();
+        assert_eq!((t.nvlink_domain, t.nodes_per_group(), t.node_of(9)), (8, 4, 1));
+    }
+
+    #[test]
+    fn bad_domains_name_the_field() {
+        let t = Topology::new(64, 32, 4, 17).unwrap();
+        for d in [0, 6, 24] {
+            let e = t.clone().with_nvlink_domain(d).unwrap_err().to_string();
+            assert!(e.contains("topo.nvlink_domain"), "{e}");
+        }
     }
 }

@@ -22,7 +22,7 @@ use routepack_core::placement::routepack::{routepack_placement, Options as Place
 use routepack_core::placement::{static_placement, Placement};
 use routepack_core::plan::{Plan, Replica};
 use routepack_core::replication::{self, Packed};
-use routepack_core::simulate::{simulate_with_cap, SimReport};
+use routepack_core::simulate::{simulate_in, Scoring, SimReport};
 use routepack_core::topology::Topology;
 use std::cell::Cell;
 
@@ -265,7 +265,8 @@ fn no_plan_beats_the_lower_bound() {
             // (a cap raises the bound by more than rounding, or leaves it: a relative slack)
             prop_assert!(uncapped <= bound * (1.0 + 1e-12), "a cap can only raise the bound: {uncapped} > {bound}");
             for plan in plans(&mut mix, &w, &topo, &cost, cap) {
-                let rep: SimReport = simulate_with_cap(&plan, &view, &topo, &cost, None, Some(cap)).unwrap();
+                let rep: SimReport =
+                    simulate_in(&plan, &view, &topo, &cost, &Scoring { token_cap: Some(cap), ..Scoring::default() }).unwrap();
                 let within_cap = largest_row(&plan, &w.seq_lens, topo.dp) <= cap;
                 // the plan's own bound (at the cap, or at its largest row when it breaks the cap)
                 // a bound as computed: no tolerance (`bound`, "In floating point")
@@ -339,7 +340,7 @@ fn the_bound_is_a_bound_in_floating_point() {
                 replicas: vec![],
                 migration: vec![],
             };
-            let rep = simulate_with_cap(&plan, &view, &topo, &cost, None, Some(cap)).unwrap();
+            let rep = simulate_in(&plan, &view, &topo, &cost, &Scoring { token_cap: Some(cap), ..Scoring::default() }).unwrap();
             prop_assert!(rep.step_time >= rep.lower_bound_time, "step {} < bound {}", rep.step_time, rep.lower_bound_time);
             if rep.lower_bound_time / (1.0 - rounding_margin(samples, layers, experts, 1)) > rep.step_time {
                 above.set(above.get() + 1);

@@ -214,8 +214,18 @@ fn check_names_the_options() {
 #[test]
 fn a_higher_floor_can_move_the_critical_group() {
     use routepack_core::topology::Topology;
-    let topo =
-        Topology { dp: 2, ep: 1, gpus_per_node: 1, slots_per_rank: 1, replica_slots: 0, pp: 1, vpp: 1, cp: 1, layers_per_stage: None };
+    let topo = Topology {
+        dp: 2,
+        ep: 1,
+        gpus_per_node: 1,
+        nvlink_domain: 1,
+        slots_per_rank: 1,
+        replica_slots: 0,
+        pp: 1,
+        vpp: 1,
+        cp: 1,
+        layers_per_stage: None,
+    };
     let mut mix = Mix(16621325469169001263);
     let (w, plan) = random_case(&mut mix, &topo, 1, 7, 40);
     let linear = CostModel::for_tests(w.layers);

@@ -14,7 +14,7 @@ use routepack_core::ingest::check_expert_tokens;
 use routepack_core::packing::routepack::{routepack_packing, Options};
 use routepack_core::placement::demand::{chunk_demand, window_loads};
 use routepack_core::replication::{self, Packed};
-use routepack_core::simulate::simulate_with_cap;
+use routepack_core::simulate::{simulate_in, Scoring};
 use routepack_core::{CostModel, Counts, Placement, Plan, Topology, WindowView};
 
 /// (dp, ep, gpus_per_node, slots_per_rank).
@@ -45,7 +45,7 @@ fn stages(w: &WindowView, topo: &Topology, pl: &Placement, cap: i64, seed: u64) 
         migration: vec![],
     };
     out += &format!("{packing:?}\n{:?}\n", plan.replicas);
-    out += &format!("{:?}\n", simulate_with_cap(&plan, w, topo, &cost, None, Some(cap)));
+    out += &format!("{:?}\n", simulate_in(&plan, w, topo, &cost, &Scoring { token_cap: Some(cap), ..Scoring::default() }));
     out += &format!("{:?}\n{:?}\n", lower_bound_time(w, topo, &cost, Some(cap)), rank_tokens(&plan, w, topo));
     out
 }

@@ -1,6 +1,6 @@
 //! Property tests of `ingest`: counts equal a naive count for every id type, a bad id and a
 //! repeated id inside one token are named exactly, every count stays within its sample's
-//! length, malformed input gives `Err`, never a panic.
+//! length, rows outside `moe_layers` are never read, malformed input gives `Err`, never a panic.
 
 mod common;
 
@@ -44,7 +44,7 @@ fn check_ingest<T: ExpertId + std::fmt::Debug>(
     cu: &[i64],
     experts: usize,
 ) -> Result<(), TestCaseError> {
-    let (lens, owned) = expert_tokens_from_routed(ids, layers, k, cu, experts).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let (lens, owned) = expert_tokens_from_routed(ids, layers, k, cu, experts, None).map_err(|e| TestCaseError::fail(e.to_string()))?;
     prop_assert!(is_narrowest(&owned));
     let counts = owned.to_i32_vec();
     prop_assert_eq!(&lens, &cu.windows(2).map(|w| w[1] - w[0]).collect::<Vec<_>>());
@@ -122,7 +122,7 @@ proptest! {
         let mut ids: Vec<i64> = (0..tokens * layers * k).map(|i| (i % k) as i64).collect();
         let i = at.index(ids.len());
         ids[i] = bad;
-        let e = expert_tokens_from_routed(&ids, layers, k, &[0, tokens as i64], 8).unwrap_err();
+        let e = expert_tokens_from_routed(&ids, layers, k, &[0, tokens as i64], 8, None).unwrap_err();
         let (t, l) = (i / (layers * k), (i / k) % layers);
         prop_assert!(e.to_string().contains(&format!("expert id {bad} at token {t} (sample 0), layer {l}")), "{}", e);
     }
@@ -140,12 +140,34 @@ proptest! {
         let (t, l) = (sel / layers, sel % layers);
         let cu = cuts(&mut mix, tokens);
         let s = cu.iter().rposition(|&c| c <= t as i64).unwrap();
-        let e = with_ids!(as_dtype(&raw, dtype), ids => expert_tokens_from_routed(&ids, layers, k, &cu, experts).unwrap_err());
+        let e = with_ids!(as_dtype(&raw, dtype), ids => expert_tokens_from_routed(&ids, layers, k, &cu, experts, None).unwrap_err());
         let (lo, hi) = (a.min(b), a.max(b));
         let id = raw[sel * k + a];
         prop_assert!(e.to_string().contains(&format!(
             "token {t} (sample {s}), layer {l} lists expert {id} twice (positions {lo} and {hi} of its top-{k})"
         )), "{}", e);
+    }
+
+    #[test]
+    fn moe_layers_count_as_their_rows_alone(seed in any::<u64>(), tokens in 1usize..50, layers in 2usize..6, k in 1usize..5, experts in 1usize..40, dtype in 0usize..4, keep in any::<u8>(), junk in -3i64..3) {
+        // rows not in moe_layers hold anything (zero filler, repeats, out-of-range ids): never read;
+        // the counts equal the naive count of the MoE rows cut out into their own [T, L', k] array
+        let mut mix = Mix(seed);
+        let experts = experts.max(k);
+        let moe: Vec<usize> = (0..layers).filter(|l| keep >> l & 1 == 1).collect();
+        prop_assume!(!moe.is_empty());
+        let mut raw: Vec<i64> = distinct_ids(&mut mix, tokens * layers, k, experts).into_iter().map(|x| x as i64).collect();
+        for t in 0..tokens {
+            for l in (0..layers).filter(|l| !moe.contains(l)) {
+                raw[(t * layers + l) * k..][..k].fill(junk);
+            }
+        }
+        let cut: Vec<i64> = (0..tokens).flat_map(|t| moe.iter().flat_map(move |&l| (0..k).map(move |j| (t, l, j)))).map(|(t, l, j)| raw[(t * layers + l) * k + j]).collect();
+        let cu = cuts(&mut mix, tokens);
+        let (lens, owned) = with_ids!(as_dtype(&raw, dtype), ids => expert_tokens_from_routed(&ids, layers, k, &cu, experts, Some(&moe))).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert!(is_narrowest(&owned));
+        prop_assert_eq!(lens, cu.windows(2).map(|w| w[1] - w[0]).collect::<Vec<_>>());
+        prop_assert_eq!(owned.to_i32_vec(), naive_count(&cut, moe.len(), k, &cu, experts));
     }
 
     #[test]
@@ -165,7 +187,7 @@ proptest! {
     #[test]
     fn ingest_never_panics(ids in prop::collection::vec(-2i32..6, 0..40), layers in usizes(), k in usizes(), cu in prop::collection::vec(-2i64..45, 0..5), experts in prop_oneof![0usize..8, Just(usize::MAX)]) {
         let _ = check_cu_seqlens(&cu, ids.len());
-        if let Ok((lens, counts)) = expert_tokens_from_routed(&ids, layers, k, &cu, experts) {
+        if let Ok((lens, counts)) = expert_tokens_from_routed(&ids, layers, k, &cu, experts, None) {
             let counts = counts.to_i32_vec();
             prop_assert_eq!(counts.len(), lens.len() * layers * experts);
             prop_assert!(lens.iter().zip(counts.chunks(layers.max(1) * experts.max(1))).all(|(&n, c)| c.iter().all(|&x| (0..=n).contains(&i64::from(x)))));

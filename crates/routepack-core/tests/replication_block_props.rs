@@ -1,6 +1,6 @@
 //! Property test of `replication::plan_block` (distributed planning: rank i of n plans block i
 //! of the exchanges): on random windows, topologies, placements and layouts, for every planner
-//! (hot_n, ReLibra, routepack) and every block count 1..=9 (more blocks than exchanges
+//! (hot_n, ReLibra, routepack, MoonEP, UltraEP) and every block count 1..=9 (more blocks than exchanges
 //! included, so some blocks are empty), the blocks' replicas concatenated in block order are
 //! byte for byte the full run's, and each block holds only exchanges of its range. Also:
 //! `Block::range` tiles `0..total` for any total and count, and bad blocks are refused.
@@ -52,7 +52,9 @@ fn blocks_concatenate_to_the_full_run() {
             let planners = [
                 Planner::HotN(1 + mix.below(3)),
                 Planner::Relibra(1 + mix.below(2)),
-                Planner::Routepack(Options { replica_slots: 1 + mix.below(4), ..Options::default() }),
+                Planner::Routepack(Options { replication_slots: 1 + mix.below(4), ..Options::default() }),
+                Planner::MoonEp(1 + mix.below(4)),
+                Planner::UltraEp(1 + mix.below(3), 1 + mix.below(20) as i64),
             ];
             for planner in &planners {
                 let full = plan_block(&view, &topo, &cost, &placement, packed, planner, Block::ALL).unwrap();
@@ -78,7 +80,7 @@ fn blocks_concatenate_to_the_full_run() {
         .unwrap();
     // the property is not vacuous: the full runs planned copies
     assert!(rows_seen.get() > 100, "only {} replica rows in all cases", rows_seen.get());
-    assert_eq!(checked.get(), 120 * 3 * 9);
+    assert_eq!(checked.get(), 120 * 5 * 9);
 }
 
 proptest! {

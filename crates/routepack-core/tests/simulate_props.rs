@@ -10,7 +10,7 @@ use routepack_core::bound::lower_bound_time;
 use routepack_core::cost::CostModel;
 use routepack_core::placement::Placement;
 use routepack_core::plan::{ExpertMove, Plan, Replica};
-use routepack_core::simulate::{ideal_time, simulate, simulate_with_cap};
+use routepack_core::simulate::{ideal_time, simulate, simulate_in, Scoring};
 use routepack_core::topology::Topology;
 use routepack_core::validate::validate_plan;
 
@@ -148,7 +148,7 @@ proptest! {
         let view = w.view();
         let longest = *w.seq_lens.iter().max().unwrap();
         let cap = if capped { Some(longest + mix.below(60) as i64) } else { None };
-        let rep = simulate_with_cap(&plan, &view, &topo, &cost, Some(1), cap).unwrap();
+        let rep = simulate_in(&plan, &view, &topo, &cost, &Scoring { ideal_micro: Some(1), token_cap: cap, ..Scoring::default() }).unwrap();
         let largest = common::cell_tokens(&plan, &w.seq_lens, topo.dp).into_iter().max().unwrap();
         let bound = lower_bound_time(&view, &topo, &cost, cap.map(|c| c.max(largest))).unwrap();
         prop_assert_eq!(rep.lower_bound_time.to_bits(), bound.to_bits());

@@ -13,7 +13,7 @@ use routepack_core::packing::routepack::{routepack_packing_in, Options};
 use routepack_core::packing::sequential::sequential_in;
 use routepack_core::packing::Packing;
 use routepack_core::placement::static_placement;
-use routepack_core::simulate::simulate_validated_in;
+use routepack_core::simulate::{simulate_in, Scoring};
 use routepack_core::validate::validate_plan_in;
 use routepack_core::{CostModel, Plan, Topology, WindowView};
 
@@ -105,7 +105,14 @@ fn check(c: &Case, p: &Packing) -> Result<(), TestCaseError> {
     }
     prop_assert!(held.iter().all(|&h| h >= 1), "an empty cell: {p:?}");
     let cost = CostModel::for_tests(L);
-    let r = simulate_validated_in(&plan, &w, &c.topo, &cost, None, Some(c.cap), c.cap, Oversize::Split).unwrap();
+    let r = simulate_in(
+        &plan,
+        &w,
+        &c.topo,
+        &cost,
+        &Scoring { token_cap: Some(c.cap), plan_cap: Some(c.cap), oversize: Oversize::Split, ..Scoring::default() },
+    )
+    .unwrap();
     prop_assert!(r.lower_bound_time <= r.step_time * (1.0 + 1e-12), "bound {} > step {}", r.lower_bound_time, r.step_time);
     Ok(())
 }

@@ -59,6 +59,7 @@ from routepack.stages.replication import (
     replica_table,
     routepack_replication,
 )
+from routepack.stages.replication_live import MoonEpOptions, UltraEpOptions, moonep_replication, ultraep_replication
 
 __all__ = [
     "DEFAULTS",
@@ -68,6 +69,7 @@ __all__ = [
     "EplbOptions",
     "HotNOptions",
     "KNOWN_OPTIONS",
+    "MoonEpOptions",
     "NoOptions",
     "PACKINGS",
     "PLACEMENTS",
@@ -82,11 +84,13 @@ __all__ = [
     "STAGES",
     "Stage",
     "StageOptions",
+    "UltraEpOptions",
     "canonical_options",
     "eplb_placement",
     "hot_n_replication",
     "kk_packing",
     "known_options",
+    "moonep_replication",
     "no_replication",
     "register_packing",
     "register_placement",
@@ -100,4 +104,5 @@ __all__ = [
     "sequential_packing",
     "stage_options",
     "static_placement",
+    "ultraep_replication",
 ]

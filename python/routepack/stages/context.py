@@ -1,16 +1,21 @@
 """`PlanContext`: everything a stage function may read, the stage signatures' types, and the
 one check of what a stage function is handed (`stage_context`, `check_placement_fits`,
-`check_fills_cells`), which `plan_window` and every stage function called directly share."""
+`check_fills_cells`), which `plan_window` and every stage function called directly share.
+
+A context is checked once: `PlanContext.check` remembers what it found valid (the fields'
+objects and values), so a stage handed a checked, unchanged context (every stage of one
+`plan_window` call) does not check it again; a context built or changed by a caller is checked
+in full by the first stage it reaches."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from routepack._checks import finite_float, instance_of, positive_int
+from routepack._checks import finite_float, instance_of, positive_int, token_cap
 from routepack.errors import InfeasibleError, RoutepackError, RoutepackTypeError
 from routepack.model import CostModel, Topology
 from routepack.oversize import oversize_mode, refusal
@@ -38,9 +43,10 @@ class PlanContext:
     ``plan_window`` was given, under its current (stage-prefixed) name.
 
     Its fields are plain attributes a caller may set; `check` (which every built-in stage
-    function runs first, through `stage_context`) checks and normalises them all, naming
-    the field: ``token_cap``, ``seed``, ``anneal_moves`` and ``time_budget_s`` as
-    `plan_window` takes them (a budget here may be 0: a stage's share of a spent budget)."""
+    function runs first, through `stage_context`, unless the context is `checked` and
+    unchanged since) checks and normalises them all, naming the field: ``token_cap``,
+    ``seed``, ``anneal_moves`` and ``time_budget_s`` as `plan_window` takes them (a budget here
+    may be 0: a stage's share of a spent budget)."""
 
     window: Any
     topo: Any
@@ -57,16 +63,62 @@ class PlanContext:
     reports: Dict[str, Any] = field(default_factory=dict)
     #: Samples over the cap: "refuse" (None), "alone", "split" (`routepack.oversize`).
     oversize: Optional[str] = None
+    #: What `check` found valid (`_state`), and what `check_fills_cells` found fillable: None
+    #: until then. Not fields a caller sets.
+    _checked: Optional[tuple] = field(default=None, init=False, repr=False, compare=False)
+    _fillable: Optional[tuple] = field(default=None, init=False, repr=False, compare=False)
+
+    def _state(self) -> tuple:
+        """What `check` checks, as it stands: the objects (compared by identity; held, so no
+        other object takes their ids) and the values (by type and value). ``time_budget_s`` is
+        left out: a planner sets each stage's share on a checked context (`stage_context`
+        checks it alone)."""
+        objects = (self.window, self.topo, self.cost, self.previous, self.previous_window, self.options)
+        values = (self.token_cap, self.seed, self.anneal_moves, self.oversize, self.policy, self.reports)
+        return objects, tuple((type(v), id(v) if isinstance(v, dict) else v) for v in values)
+
+    def _unchanged(self, seen: Optional[tuple]) -> bool:
+        """Whether `_state` is what ``seen`` recorded."""
+        if seen is None:
+            return False
+        objects, values = self._state()
+        return all(a is b for a, b in zip(objects, seen[0])) and values == seen[1]
+
+    @property
+    def checked(self) -> bool:
+        """Whether `check` passed on these fields as they are now (then no stage checks them
+        again)."""
+        return self._unchanged(self._checked)
+
+    def derived(self, **changes: Any) -> "PlanContext":
+        """A copy with ``changes`` (e.g. ``window=`` the pieces of a split plan), trusted as
+        checked: for a planner handing a stage what it built from this checked context."""
+        out = replace(self, **changes)
+        out._checked = out._state() if self.checked else None
+        out._fillable = out._checked if self._unchanged(self._fillable) else None
+        return out
+
+    def choose(self, options: Mapping[str, Any], policy: Policy) -> "PlanContext":
+        """Sets ``options`` (canonical: `routepack.stages.registry.canonical_options`) and the
+        resolved ``policy`` on this context, which stays checked if it was (what `check` asks of
+        them, a mapping and a `Policy`, is checked here). Returns self."""
+        was = self.checked
+        if not isinstance(options, Mapping):
+            raise RoutepackTypeError(f"ctx.options: expected a dict of options, got {type(options).__name__}")
+        self.options, self.policy = dict(options), instance_of(policy, Policy, "ctx.policy")
+        if was:
+            self._checked = self._state()
+        return self
 
     def check(self) -> "PlanContext":
         """Checks every field (types, ranges, and that the cost model, ``previous`` and
         ``previous_window`` fit the window and topology), normalising the numbers to Python
         ints and floats; raises `RoutepackError` / `RoutepackTypeError` naming the field.
-        Returns self."""
+        Returns self, remembered as checked (`checked`)."""
         window = instance_of(self.window, Window, "window")._check_fields("window")
         topo = instance_of(self.topo, Topology, "topo")
         cost = instance_of(self.cost, CostModel, "cost")
-        self.token_cap = positive_int(self.token_cap, "token_cap")
+        self.token_cap = token_cap(self.token_cap)
         self.seed = positive_int(self.seed, "seed", minimum=0, maximum=2**64 - 1)
         if self.anneal_moves is not None:
             self.anneal_moves = positive_int(self.anneal_moves, "anneal_moves", minimum=0)
@@ -90,6 +142,7 @@ class PlanContext:
         instance_of(self.policy, Policy, "ctx.policy")
         if not isinstance(self.reports, dict):
             raise RoutepackTypeError(f"ctx.reports: expected a dict, got {type(self.reports).__name__}")
+        self._checked = self._state()
         return self
 
     def placement_loads(self) -> np.ndarray:
@@ -113,15 +166,20 @@ class PlanContext:
 
 
 def stage_context(ctx: Any, options: Any, options_class: type) -> PlanContext:
-    """What a stage function runs first: ``ctx`` a checked `PlanContext` (`PlanContext.check`)
-    and ``options`` an instance of the stage's own options dataclass, else an error naming
-    ``ctx`` / the field, or ``options``. Returns the context."""
+    """What a stage function runs first: ``ctx`` a checked `PlanContext` (`PlanContext.check`,
+    run here unless ``ctx`` is checked and unchanged, when only its ``time_budget_s`` is) and
+    ``options`` an instance of the stage's own options dataclass, else an error naming ``ctx``
+    / the field, or ``options``. Returns the context."""
     instance_of(ctx, PlanContext, "ctx")
     if not isinstance(options, options_class):
         raise RoutepackTypeError(
             f"options: expected routepack.stages.{options_class.__name__}, got {type(options).__name__} {options!r:.80}"
         )
-    return ctx.check()
+    if not ctx.checked:
+        return ctx.check()
+    if ctx.time_budget_s is not None:
+        ctx.time_budget_s = finite_float(ctx.time_budget_s, "time_budget_s")
+    return ctx
 
 
 def check_placement_fits(placement: Any, name: str, window: Any, topo: Any) -> Placement:
@@ -145,7 +203,16 @@ def check_fills_cells(ctx: PlanContext) -> None:
     """Raises `InfeasibleError` when no plan can exist for the window, ``topo.dp`` and
     ``token_cap``, naming them: a sample longer than the cap (the first such), or too few
     samples, since every cell (DP rank, microbatch) runs at least one sample and the cap needs
-    at least `lower_bound_micro` microbatches on each of the ``topo.dp`` ranks."""
+    at least `lower_bound_micro` microbatches on each of the ``topo.dp`` ranks. ``ctx`` is a
+    checked context; once it passed here, unchanged, it is not looked at again."""
+    if ctx._unchanged(ctx._fillable):
+        return
+    _check_fills_cells(ctx)
+    ctx._fillable = ctx._state()
+
+
+def _check_fills_cells(ctx: PlanContext) -> None:
+    """`check_fills_cells`'s checks."""
     w, dp, cap = ctx.window, ctx.topo.dp, ctx.token_cap
     mode = oversize_mode(ctx.oversize)
     if int(w.seq_lens.max()) > cap and mode == "refuse":

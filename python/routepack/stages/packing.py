@@ -108,8 +108,8 @@ def routepack_packing(ctx: PlanContext, options: RoutepackPackingOptions, placem
     layout that minimises the slowest EDP shard's accumulated attention + expert + all-to-all
     cost under `placement`, by parallel population annealing.
 
-    Under a pipeline (``topo.pp`` > 1) each EP group's steps are then put in the order that
-    shortens its 1F1B schedule (`routepack._core.order_steps`; docs/design.md, "Pipeline
+    Under a pipeline (``topo.pp`` > 1) each EP group's microbatches are then put in the order
+    that shortens its 1F1B schedule (`routepack._core.order_microbatches`; docs/design.md, "Pipeline
     parallelism"): report key ``order`` {before, after (the slowest group's pipeline seconds
     without replicas), evaluations, groups_reordered}.
 
@@ -143,16 +143,16 @@ def routepack_packing(ctx: PlanContext, options: RoutepackPackingOptions, placem
     )
     report = dict(report)
     if ctx.topo.pp > 1:
-        # under a pipeline, each EP group's steps in the order that shortens its 1F1B schedule
-        # (under "split" timed on the pieces, each on its rank of its CP group: a whole EP
-        # group's steps move together, so a split sample's pieces stay at one step)
+        # under a pipeline, each EP group's microbatches in the order that shortens its 1F1B
+        # schedule (under "split" timed on the pieces, each on its rank of its CP group: a whole
+        # EP group's microbatches move together, so a split sample's pieces stay at one)
         window, cell_rank, cell_micro = ctx.window, rank, micro
         if ctx.oversize == "split":
             window, cell_rank, cell_micro = split_view(ctx.window, ctx.token_cap, ctx.topo.cp, rank, micro)
         args = (window.seq_lens, window.counts, ctx.topo, ctx.cost, placement.phy2log)
-        micro, order = _core.order_steps(*args, cell_rank, cell_micro, m)
+        micro, order = _core.order_microbatches(*args, cell_rank, cell_micro, m)
         if ctx.oversize == "split":
-            # each sample's step is its first piece's
+            # each sample's microbatch is its first piece's
             pieces = np.where(ctx.window.seq_lens > ctx.token_cap, ctx.topo.cp, 1)
             micro = micro[np.cumsum(pieces) - pieces]
         report["order"] = dict(order)

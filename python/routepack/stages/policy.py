@@ -21,6 +21,10 @@ class Policy:
     #: Where placement loads come from: "window" (this window, an oracle), or "previous"
     #: (``previous_window=``, what history-based balancers do in practice).
     loads: str = DEFAULT_LOADS
+    #: Whether the planner scores candidate stage outputs (the packing's own and verl's KK;
+    #: with routepack's placement, also the placement in force) by `simulate` and keeps the
+    #: fastest (`routepack.choice`): the ``routepack`` preset is the best of its own stages.
+    choose: bool = False
 
 
 __all__ = ["DEFAULT_LOADS", "Policy"]

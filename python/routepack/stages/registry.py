@@ -33,6 +33,7 @@ from routepack.stages.placement import (
     static_placement,
 )
 from routepack.stages.policy import Policy
+from routepack.stages.replication_live import MoonEpOptions, UltraEpOptions, moonep_replication, ultraep_replication
 from routepack.stages.replication import (
     HotNOptions,
     RelibraReplicationOptions,
@@ -70,6 +71,8 @@ REPLICATIONS: Dict[str, Stage] = {
     "hot_n": Stage(hot_n_replication, HotNOptions),
     "relibra": Stage(relibra_replication, RelibraReplicationOptions),
     "routepack": Stage(routepack_replication, RoutepackReplicationOptions),
+    "moonep": Stage(moonep_replication, MoonEpOptions),
+    "ultraep": Stage(ultraep_replication, UltraEpOptions),
 }
 
 #: The tables by stage name, in planning order.
@@ -193,6 +196,8 @@ def check_policy(policy: Any) -> Policy:
             raise RoutepackError(f"policy.{stage}: unknown choice {choice!r}; known: {sorted(table)}")
     if not isinstance(policy.loads, str) or policy.loads not in ("window", "previous"):
         raise RoutepackError(f"policy.loads: expected 'window' or 'previous', got {policy.loads!r:.80}")
+    if not isinstance(policy.choose, bool):
+        raise RoutepackTypeError(f"policy.choose: expected a bool, got {type(policy.choose).__name__}")
     return policy
 
 

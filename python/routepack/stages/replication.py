@@ -200,7 +200,7 @@ def routepack_replication(
     k = options.replication_candidates
     cols = _core.replicate_routepack(
         *args,
-        replica_slots=options.replication_slots,
+        replication_slots=options.replication_slots,
         candidate_experts=k,
         candidate_dsts=k,
         time_budget_s=ctx.time_budget_s,

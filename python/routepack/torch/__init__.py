@@ -9,8 +9,9 @@ imports torch. Backend-neutral: gloo on CPU (tests), NCCL on GPUs (``tools/gpu_c
   plan's own routing rule (``flow::route_exchange``).
 * `migrate`: plan.migration with the state of any ``torch.optim`` optimizer keyed by parameter
   (per-slot tensors move, scalars such as ``step`` stay; unmappable state is refused naming
-  the parameter and key), staged, verified and committed atomically; ``max_bytes_in_flight=``
-  moves a few layers at a time under that ceiling (`routepack.torch.staging`).
+  the parameter and key), transferred, verified and committed atomically;
+  ``max_bytes_in_flight=`` moves a few layers at a time, in waves, under that ceiling
+  (`routepack.torch.waves`).
 * `ReplicaExchange`: per-microbatch hot-expert copies, sent as the simulator's chain
   (owner → same node → others), and their fp32 gradients reduced back along it.
 * `plan_window_distributed`: `routepack.plan_window` computed by the ranks of a group together
@@ -21,8 +22,8 @@ imports torch. Backend-neutral: gloo on CPU (tests), NCCL on GPUs (``tools/gpu_c
   file to every rank, confirmed on each); `rank_microbatches` (replay order).
   ``begin_window(..., microbatches=rank_microbatches(...))`` precomputes every layer's route
   for the window (`routepack.torch.routes`: no host sync or all-gather in the forward; the
-  ids fed are checked once per step in ``finish_step``); ``max_bytes_in_flight=`` stages
-  the migration. Under a pipeline (``topo.pp`` > 1) a rank passes its stage's layers and
+  ids fed are checked once per step in ``finish_step``); ``max_bytes_in_flight=`` moves
+  the migration in waves. Under a pipeline (``topo.pp`` > 1) a rank passes its stage's layers and
   ``pipeline_group``: the plan is agreed over every stage (one digest per window) and each
   stage carries out its own layers' rows (`stage_plan`, shared with the Megatron runner);
   intra-batch replicas are refused there.

@@ -3,11 +3,12 @@ group together, each rank planning its block of the replication exchanges, and r
 every rank the very plan `plan_window` returns (docs/design.md, "Distributed planning").
 
 Placement and packing run on every rank (they are deterministic, so every rank gets the same
-bytes); the replication stage's exchanges (EP group, step, layer), which the core plans
+bytes); the replication stage's exchanges (EP group, microbatch, layer), which the core plans
 independently, are split into contiguous blocks of the flattened exchange index, rank i of n
 plans block i (`routepack.stages.replication.Block`), and the replica rows are all-gathered
 and concatenated in block order: exactly the full run's rows. Every rank then validates,
-simulates and reports as `plan_window` does, through the same code (`planner.plan_stages`).
+simulates and reports as `plan_window` does, through the same code: the arguments checked
+once (`planner.plan_request`), then `planner.plan_stages`.
 """
 
 from __future__ import annotations
@@ -16,22 +17,18 @@ import datetime
 import hashlib
 import os
 import time
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import torch.distributed as dist
 
-from routepack._checks import instance_of
 from routepack.errors import RoutepackError
-from routepack.model import CostModel, Topology
-from routepack.oversize import oversize_mode
+from routepack.model import CostModel
 from routepack.plan import REPLICA_DTYPE, Placement, Plan
-from routepack.planner import plan_stages
-from routepack.policies import resolve
-from routepack.stages.context import DEFAULT_POLICY, DEFAULT_SEED, DEFAULT_TOKEN_CAP, PlanContext, check_fills_cells
-from routepack.stages.registry import Stage, canonical_options, stage_options
+from routepack.planner import PlanRequest, plan_request, plan_stages
+from routepack.stages.context import DEFAULT_POLICY, DEFAULT_SEED, DEFAULT_TOKEN_CAP, PlanContext
+from routepack.stages.registry import Stage
 from routepack.stages.replication import hot_n_replication, relibra_replication, routepack_replication
 from routepack.torch import _args
 from routepack.torch.broadcast import gather_ints, raise_shared_failure
@@ -120,6 +117,7 @@ def plan_window_distributed(
     t0 = time.perf_counter()
     err: Optional[BaseException] = None
     prints: List[int] = [0] * len(_AGREED)
+    request: Optional[PlanRequest] = None
     try:
         if time_budget_s is not None:
             raise RoutepackError(
@@ -127,24 +125,24 @@ def plan_window_distributed(
                 "deadline makes the plan depend on each rank's clock, so ranks could disagree; plan on one rank "
                 "with time_budget_s and routepack.torch.broadcast_plan it"
             )
-        canonical = _check_locally(
-            window, topo, cost, token_cap, policy, previous, previous_window, seed, anneal_moves, oversize, options
+        # every argument checked here, before the ranks agree, so that a rank's bad argument
+        # raises its own error there (its peers: that it failed), not a disagreement
+        request = plan_request(
+            window,
+            topo,
+            cost,
+            token_cap,
+            policy,
+            previous,
+            previous_window,
+            seed,
+            anneal_moves,
+            None,
+            oversize,
+            options,
+            stacklevel=3,
         )
-        prints = _fingerprints(
-            dict(
-                window=window,
-                topo=topo,
-                cost=cost,
-                token_cap=token_cap,
-                policy=policy,
-                previous=previous,
-                previous_window=previous_window,
-                seed=seed,
-                anneal_moves=anneal_moves,
-                oversize=oversize_mode(oversize),  # None and "refuse" agree
-                options=canonical,
-            )
-        )
+        prints = _fingerprints(request)
     except Exception as e:  # noqa: BLE001 (shared with the peers, then re-raised)
         err = e
     got = gather_ints([int(err is None)] + prints, group, timeout=timeout)
@@ -172,23 +170,9 @@ def plan_window_distributed(
         "gathered_bytes": 0,
         "agree_seconds": time.perf_counter() - t0,
     }
-    replicate = _spread(me, n, group, timeout, report)
-    plan = plan_stages(
-        window,
-        topo,
-        cost,
-        token_cap,
-        policy,
-        previous,
-        previous_window,
-        seed,
-        anneal_moves,
-        None,
-        options,
-        replicate,
-        stacklevel=3,
-        oversize=oversize,
-    )
+    if request is None:  # not reached: a rank whose arguments failed raised above, with its peers
+        raise RoutepackError("plan_window_distributed: this rank's arguments were not checked")
+    plan = plan_stages(request, _spread(me, n, group, timeout, report))
     plan.report["distributed"] = report
     return plan
 
@@ -228,41 +212,14 @@ def _spread(
     return run
 
 
-def _check_locally(
-    window: Any,
-    topo: Any,
-    cost: Any,
-    token_cap: Any,
-    policy: Any,
-    previous: Any,
-    previous_window: Any,
-    seed: Any,
-    anneal_moves: Any,
-    oversize: Any,
-    options: Dict[str, Any],
-) -> Dict[str, Any]:
-    """`plan_window`'s argument checks, run before the ranks agree, so that a rank's bad
-    argument raises its own error there (its peers: that it failed), not a disagreement.
-    Returns the options under their current names (what the ranks compare). Deprecation
-    warnings are left to the planning itself, which warns once."""
-    ctx = PlanContext(
-        window, topo, cost, token_cap, previous, previous_window, seed, anneal_moves, None, oversize=oversize
-    ).check()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        canonical = canonical_options(options)
-    ctx.options, (_, ctx.policy) = canonical, resolve(policy)
-    stage_options(ctx.policy, canonical)
-    check_fills_cells(ctx)
-    return canonical
-
-
-def _fingerprints(args: Dict[str, Any]) -> List[int]:
-    """Per argument of `_AGREED`, 63 bits of a SHA-256 of its value (arrays by dtype, shape
-    and bytes; the rest by an exact text): equal arguments, equal ints."""
-    instance_of(args["window"], Window, "window")
-    instance_of(args["topo"], Topology, "topo")
-    instance_of(args["cost"], CostModel, "cost")
+def _fingerprints(request: PlanRequest) -> List[int]:
+    """Per argument of `_AGREED`, 63 bits of a SHA-256 of its checked value in ``request``
+    (arrays by dtype, shape and bytes; the rest by an exact text): equal arguments, equal ints.
+    The policy counts by its name and stages, ``oversize`` by its mode (None and "refuse"
+    agree), the options under their current names."""
+    ctx = request.ctx
+    args = {name: getattr(ctx, name) for name in _AGREED}
+    args["policy"] = (request.name, ctx.policy)
     out = []
     for name in _AGREED:
         v = args[name]

@@ -6,13 +6,13 @@ dst_slot``, EP-local; every EP group applies them on its own ranks) to `EPMoE` l
 1. **check** (local, nothing moves): the rows fit the placement in force and turn it into
    ``plan.placement``; then one all-gather agrees on (ok, plan digest, bytes per slot) so a
    plan refused by any rank, or different plans on different ranks, are refused by all.
-2. **stage**: every moved slot's tensors (weights, each optimizer state tensor shaped like its
+2. **transfer**: every moved slot's tensors (weights, each optimizer state tensor shaped like its
    parameter, e.g. Adam's ``exp_avg``/``exp_avg_sq``, and any ``extra_state`` such as fp32
    master weights) are packed as raw bytes and sent with one batched point-to-point exchange
-   (local moves are copies). Nothing is written to the live tensors.
+   (local moves are copies) into receive buffers. Nothing is written to the live tensors.
 3. **verify**: sender and receiver checksum each row; one all-gather of (status, checksums)
-   decides on every rank alike: commit only if every rank staged and every row matches.
-4. **commit**: each rank backs up the slots it overwrites and copies the staged bytes in;
+   decides on every rank alike: commit only if every rank received and every row matches.
+4. **commit**: each rank backs up the slots it overwrites and copies the received bytes in;
    one more all-gather confirms every rank committed, otherwise every rank restores its backup.
 
 A failure on any rank (an exception, a bad checksum, a timeout) makes every rank raise
@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from routepack._deprecation import renamed
 from routepack.errors import InvalidPlanError, RoutepackError, RoutepackTypeError
 from routepack.plan import MIGRATION_DTYPE, Plan
 from routepack.torch import _args
@@ -48,9 +49,10 @@ from routepack.torch.slot_state import (  # pack_slot, slot_bytes, unpack_slot: 
     stateful_owner,
     unpack_slot,  # noqa: F401
 )
-from routepack.torch.staging import plan_stages
+from routepack.torch.waves import plan_waves
 
-#: Where a test's fault hook is called, in protocol order.
+#: Where a test's fault hook is called, in protocol order ("staged": every row this rank
+#: receives is in its receive buffer).
 FAULT_POINTS = ("checked", "packed", "staged", "verified", "commit")
 #: gloo tags of migration messages (replica transfers use small tags; see replicate.py).
 _TAG_BASE = 1 << 29
@@ -63,16 +65,23 @@ class MigrationError(RuntimeError):
 @dataclass(frozen=True)
 class MigrationReport:
     """What this rank did: rows applied in its EP group, bytes it sent and received over the
-    network, slots it filled by a local copy, wall seconds; the number of stages and the peak
-    extra bytes any EP rank held at once under that staging (`staging.plan_stages`)."""
+    network, slots it filled by a local copy, wall seconds; the number of waves the layers
+    moved in and the peak extra bytes any EP rank held at once in them (`waves.plan_waves`).
+    ``stages``, the old name of ``waves``, still reads with a DeprecationWarning."""
 
     rows: int
     sent_bytes: int
     received_bytes: int
     local_copies: int
     seconds: float
-    stages: int = 1
+    waves: int = 1
     peak_bytes: int = 0
+
+    @property
+    def stages(self) -> int:
+        """Deprecated: `waves`."""
+        renamed("MigrationReport.stages", "MigrationReport.waves")
+        return self.waves
 
 
 def expert_state(
@@ -257,11 +266,11 @@ def migrate(
     stay with the old slots (`routepack.torch.slot_state.stateful_owner`).
 
     ``max_bytes_in_flight``: the ceiling on the extra memory any EP rank holds at once (its
-    staged receives, the backups of the slots it overwrites and its packed sends;
-    `routepack.torch.staging`). Layers are then moved a few at a time, each stage staged,
-    verified and committed on its own: atomic per stage, so an abort in a later stage leaves
-    the layers of earlier stages on the plan's placement (the error names them) and the
-    rest on their previous one. None (default): one stage, atomic over all layers. Every
+    received copies, the backups of the slots it overwrites and its packed sends;
+    `routepack.torch.waves`). Layers are then moved a few at a time, each wave transferred,
+    verified and committed on its own: atomic per wave, so an abort in a later wave leaves
+    the layers of earlier waves on the plan's placement (the error names them) and the
+    rest on their previous one. None (default): one wave, atomic over all layers. Every
     rank passes the same value; a single layer above the ceiling is refused before anything
     moves (`RoutepackError` naming the layer, the rank and the bytes)."""
     # arguments every rank passes alike (the layers, the group, the timeout): a bad one fails
@@ -271,8 +280,8 @@ def migrate(
         raise RoutepackTypeError(f"extra_state: expected a dict layer -> tensors, got {type(extra_state).__name__}")
     extra = extra_state or {}
     # a pipeline stage's layers carry out the plan's rows of their MoE layers (`EPMoE.layer`)
-    staged = layers[0].topo.pp > 1
-    ids = [mod.layer for mod in layers] if staged else None
+    piped = layers[0].topo.pp > 1
+    ids = [mod.layer for mod in layers] if piped else None
 
     def states() -> List[SlotState]:
         if optimizer is None and isinstance(plan, Plan) and plan.migration.size:
@@ -283,7 +292,7 @@ def migrate(
                     f"{plan.migration.size} experts and that state would stay with the old slots: pass the optimizer"
                 )
         return [
-            StackedState(expert_state(mod, optimizer, extra.get(mod.layer if staged else l, ())))
+            StackedState(expert_state(mod, optimizer, extra.get(mod.layer if piped else l, ())))
             for l, mod in enumerate(layers)
         ]
 
@@ -333,8 +342,8 @@ def migrate_slots(
     err: Optional[BaseException] = None
     st: List[SlotState] = []
     sizes: List[int] = []
-    stages: List[tuple] = []
-    stage_of: set = set()
+    waves: List[tuple] = []
+    moved: set = set()
     peak = 0
     digest = 0
     try:
@@ -347,8 +356,8 @@ def migrate_slots(
         check_migration(layers, plan)
         st = states()
         sizes = [s.nbytes for s in st]
-        stages, peak = plan_stages(rows, sizes, mod0.topo.ep, max_bytes_in_flight)
-        stage_of = {l for ls, _ in stages for l in ls}
+        waves, peak = plan_waves(rows, sizes, mod0.topo.ep, max_bytes_in_flight)
+        moved = {l for ls, _ in waves for l in ls}
         _hook(fault, "checked")
     except Exception as e:  # noqa: BLE001 (reported to every rank, then re-raised)
         err = e
@@ -383,23 +392,21 @@ def migrate_slots(
             f"max_bytes_in_flight: EP ranks passed different values {got[:, 3].tolist()} (-1: None); nothing moved"
         )
 
-    # 2-4 per stage (a few layers whose extra memory fits max_bytes_in_flight; one stage
-    # holding every layer without a ceiling): stage, verify, commit
+    # 2-4 per wave (a few layers whose extra memory fits max_bytes_in_flight; one wave
+    # holding every layer without a ceiling): transfer, verify, commit
     totals = [0, 0, 0]
     done: List[int] = []
-    for k, (stage_layers, idx) in enumerate(stages):
-        last = k == len(stages) - 1
-        # the last stage also installs the placement of layers without rows (slots emptied)
-        install = sorted(
-            set(stage_layers) | ({l for l in range(len(layers))} - set(stage_of)) if last else stage_layers
-        )
+    for k, (wave_layers, idx) in enumerate(waves):
+        last = k == len(waves) - 1
+        # the last wave also installs the placement of layers without rows (slots emptied)
+        install = sorted(set(wave_layers) | ({l for l in range(len(layers))} - set(moved)) if last else wave_layers)
         try:
-            sent_b, recv_b, local_n = _stage(layers, plan, rows, idx, install, st, group, timeout, fault, device)
+            sent_b, recv_b, local_n = _move_wave(layers, plan, rows, idx, install, st, group, timeout, fault, device)
         except MigrationError as e:
             if done:
                 raise MigrationError(
-                    f"{e} (stage {k + 1} of {len(stages)}; layers {done} were moved by earlier "
-                    "stages and keep the plan's placement, the others their previous one)"
+                    f"{e} (wave {k + 1} of {len(waves)}; layers {done} were moved by earlier "
+                    "waves and keep the plan's placement, the others their previous one)"
                 ) from e
             raise
         for j, v in enumerate((sent_b, recv_b, local_n)):
@@ -411,14 +418,14 @@ def migrate_slots(
         received_bytes=totals[1],
         local_copies=totals[2],
         seconds=time.perf_counter() - t0,
-        stages=len(stages),
+        waves=len(waves),
         peak_bytes=peak,
     )
 
 
 def _prepare(layers: List[Any], rows: np.ndarray, idx: Sequence[int], st: List[SlotState]) -> None:
-    """Each layer's `SlotState.prepare` with the local slots this rank packs in this stage
-    (every layer of the stage, in order, on every rank)."""
+    """Each layer's `SlotState.prepare` with the local slots this rank packs in this wave
+    (every layer of the wave, in order, on every rank)."""
     me, spr = layers[0].ep_rank, layers[0].slots_per_rank
     by_layer: Dict[int, List[int]] = {}
     for i in idx:
@@ -430,7 +437,7 @@ def _prepare(layers: List[Any], rows: np.ndarray, idx: Sequence[int], st: List[S
         st[l].prepare(by_layer[l])
 
 
-def _stage(
+def _move_wave(
     layers: List[Any],
     plan: Plan,
     rows: np.ndarray,
@@ -442,14 +449,14 @@ def _stage(
     fault: Optional[Callable[[str], None]],
     device: Any,
 ) -> tuple:
-    """Stages, verifies and commits migration rows ``idx`` (global row indices), then sets the
+    """Transfers, verifies and commits migration rows ``idx`` (global row indices), then sets the
     placement of layers ``install``; all or nothing on every rank. Returns (bytes sent, bytes
     received, local copies)."""
     mod0 = layers[0]
     me, spr, peers = mod0.ep_rank, mod0.slots_per_rank, mod0.peers
     err: Optional[BaseException] = None
-    # 2. stage: pack, exchange; never touch live tensors
-    staged: Dict[int, torch.Tensor] = {}
+    # 2. transfer: pack, exchange into receive buffers; never touch live tensors
+    received: Dict[int, torch.Tensor] = {}
     sent: Dict[int, torch.Tensor] = {}
     ops = []
     sent_bytes = recv_bytes = local = 0
@@ -459,13 +466,13 @@ def _stage(
             r = rows[i]
             l, s_rank, d_rank = int(r["layer"]), int(r["src_rank"]), int(r["dst_rank"])
             if s_rank == me and d_rank == me:
-                staged[i] = st[l].pack(int(r["src_slot"]) - me * spr).clone()
-                sent[i] = staged[i]
+                received[i] = st[l].pack(int(r["src_slot"]) - me * spr).clone()
+                sent[i] = received[i]
                 local += 1
             elif s_rank == me:
                 sent[i] = st[l].pack(int(r["src_slot"]) - me * spr)
             elif d_rank == me:
-                staged[i] = torch.empty(st[l].nbytes, dtype=torch.uint8, device=device)
+                received[i] = torch.empty(st[l].nbytes, dtype=torch.uint8, device=device)
         _hook(fault, "packed")
     except Exception as e:  # noqa: BLE001
         err = e
@@ -483,10 +490,10 @@ def _stage(
                 ops.append(dist.P2POp(dist.isend, buf, peers[d_rank], group, _TAG_BASE + i))
                 sent_bytes += buf.numel()
             elif d_rank == me:
-                if i not in staged:
-                    staged[i] = torch.empty(st[l].nbytes, dtype=torch.uint8, device=device)
-                ops.append(dist.P2POp(dist.irecv, staged[i], peers[s_rank], group, _TAG_BASE + i))
-                recv_bytes += staged[i].numel()
+                if i not in received:
+                    received[i] = torch.empty(st[l].nbytes, dtype=torch.uint8, device=device)
+                ops.append(dist.P2POp(dist.irecv, received[i], peers[s_rank], group, _TAG_BASE + i))
+                recv_bytes += received[i].numel()
         for w in dist.batch_isend_irecv(ops) if ops else []:
             w.wait(timeout)
         _hook(fault, "staged")
@@ -501,7 +508,7 @@ def _stage(
                 if int(rows[i]["src_rank"]) == me:
                     sums[n, 0] = checksum(sent[i])
                 if int(rows[i]["dst_rank"]) == me:
-                    sums[n, 1] = checksum(staged[i])
+                    sums[n, 1] = checksum(received[i])
         except Exception as e:  # noqa: BLE001
             err = e
     try:
@@ -511,7 +518,7 @@ def _stage(
     failed = np.flatnonzero(got[:, 0] == 0).tolist()
     if failed:
         raise MigrationError(
-            f"EP rank(s) {failed} failed to stage"
+            f"EP rank(s) {failed} failed to transfer"
             + (f" (here: {err!r})" if err is not None else "")
             + "; nothing moved"
         ) from err
@@ -532,7 +539,7 @@ def _stage(
             backups.append((l, slot, st[l].backup(slot)))
         for n, i in enumerate(mine):
             l, slot = int(rows[i]["layer"]), int(rows[i]["dst_slot"]) - me * spr
-            st[l].unpack(slot, staged.pop(i))
+            st[l].unpack(slot, received.pop(i))
             if n == 0:
                 _hook(fault, "commit")
         for l in install:

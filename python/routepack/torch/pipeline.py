@@ -17,7 +17,7 @@ Intra-batch replicas run under a pipeline in both runners: a stage keeps several
 microbatches in flight, and its `ReplicaExchange` keys copies and chains by microbatch
 (`routepack.torch.replicate`); `MegatronRunner`, whose layers hold one set of replica
 buffers, also puts each microbatch's copies back into them before its experts' backward
-(`routepack.integrations._megatron_layer`).
+(`routepack.integrations.megatron.layer`).
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ def stage_plan(plan: Plan, layers: Sequence[int]) -> Plan:
         replicas=rep,
         migration=mig,
         policy=plan.policy,
+        replica_timing=plan.replica_timing,
     )
 
 

@@ -73,7 +73,7 @@ class Chain:
 def chains(idx: np.ndarray, table: Any, topo: Any, me: int) -> List[Chain]:
     """The cell's chains, ordered by (expert, owner), from its rows (``idx`` into
     ``plan.replicas``, ``table`` the rows, table order); ``me``: this EP rank."""
-    node = lambda r: r // min(topo.gpus_per_node, topo.ep)  # noqa: E731 (Topology::local_node_of)
+    node = lambda r: r // min(topo.domain, topo.ep)  # noqa: E731 (Topology::local_node_of)
     groups: Dict[Tuple[int, int], Dict[int, List[int]]] = {}
     first_tag: Dict[Tuple[int, int, int], int] = {}
     copy = 0

@@ -87,7 +87,7 @@ def slot_bytes(tensors: Sequence[torch.Tensor]) -> int:
 class SlotState(ABC):
     """One layer's per-slot state on this rank (see the module docstring), an abstract base:
     `StackedState` (routepack.torch's layers) and
-    `routepack.integrations._megatron_state.MegatronSlotState` implement `pack` and `unpack`
+    `routepack.integrations.megatron.slot_state.MegatronSlotState` implement `pack` and `unpack`
     and set ``nbytes`` (bytes of one packed slot, the same on every rank of the group) and
     ``device``."""
 

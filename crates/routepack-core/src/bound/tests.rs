@@ -31,7 +31,7 @@ fn the_shortcut_changes_nothing() {
             topo: &topo,
             cost: &cost,
             prices: Prices::new(&topo, &cost),
-            micro: lower_bound_micro(&w, &topo, c as i64) as f64,
+            micro: MicroRule::NONE.fewest(w.total_tokens() as u64, c as u64, topo.dp) as f64,
             cap: c,
         };
         let (sums, per) = bound.layers_with_tops(&DemandSums::of_window(&w, Some(&BoundTops::with_holds(&w, Holds::new(&topo, e_n)))));

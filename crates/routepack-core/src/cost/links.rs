@@ -64,11 +64,11 @@ impl LinkBytes {
     }
 
     /// The slowest rank's replication time: its link time ([`Self::rank_time`]) plus
-    /// [`CostModel::c_replica`] per byte it sends or receives (the copies' staging at both
-    /// ends of every hop); the link time alone where `c_replica` is 0 (same bits).
+    /// [`CostModel::replica_overhead`] of the bytes it sends or receives (at both ends of every
+    /// hop); the link time alone where `c_replica` is 0 (same bits).
     pub(crate) fn replica_time(v: &[LinkBytes], cost: &CostModel) -> f64 {
         if cost.c_replica > 0.0 {
-            v.iter().map(|b| b.rank_time(cost) + cost.c_replica * b.total()).fold(0.0, f64::max)
+            v.iter().map(|b| b.rank_time(cost) + cost.replica_overhead(b.total())).fold(0.0, f64::max)
         } else {
             Self::time(v, cost)
         }

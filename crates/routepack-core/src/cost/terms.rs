@@ -8,6 +8,7 @@
 
 use super::links::LinkBytes;
 use super::{CostModel, Overlap};
+use crate::plan::ReplicaTiming;
 use crate::topology::Topology;
 
 impl CostModel {
@@ -118,6 +119,30 @@ impl CostModel {
         }
     }
 
+    /// Seconds one EP rank spends on the replica copies' bytes beyond its link time:
+    /// [`CostModel::c_replica`] per byte its hops send or receive (posting, relaying and
+    /// receiving a copy's weights, adding and forwarding its fp32 gradient), `bytes` their sum
+    /// over both links. The one statement of the term: the simulator
+    /// (`LinkBytes::replica_time`) and replication's priced state add it to a rank's hop time.
+    #[inline]
+    pub fn replica_overhead(&self, bytes: f64) -> f64 {
+        self.c_replica * bytes
+    }
+
+    /// [`CostModel::exposed_replication`] of copies moved as `timing` says, split into (forward
+    /// copies, backward gradient return): copies planned from the router's output
+    /// ([`ReplicaTiming::AfterRouter`]) cannot overlap the layer's attention in the forward
+    /// pass, which ran before them; their gradients overlap the backward attention as any
+    /// copy's do. Prefetched copies: `exposed_replication`'s two parts.
+    #[inline]
+    pub fn exposed_replication_parts(&self, fwd: f64, bwd: f64, attention_max: f64, timing: ReplicaTiming) -> (f64, f64) {
+        match (self.replica_prefetch, timing) {
+            (false, _) => (fwd, bwd),
+            (true, ReplicaTiming::Prefetched) => ((fwd - attention_max).max(0.0), (bwd - 2.0 * attention_max).max(0.0)),
+            (true, ReplicaTiming::AfterRouter) => (fwd, (bwd - 2.0 * attention_max).max(0.0)),
+        }
+    }
+
     /// Seconds of a window's migration from the bytes each EP rank sends and receives
     /// (`links`): where anything moves, [`CostModel::migration_latency`] plus the slowest
     /// rank's link time (per link max(sent, received) over its bandwidth) and staging
@@ -165,6 +190,27 @@ impl CostModel {
             t + layers * self.reduce_latency
         } else {
             t
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_after_the_router_expose_their_forward_part() {
+        let c = CostModel::for_tests(1);
+        let (fwd, bwd, attn) = (3.0, 5.0, 2.0);
+        // prefetched: the forward copies hide behind one attention pass, the backward behind two
+        assert_eq!(c.exposed_replication_parts(fwd, bwd, attn, ReplicaTiming::Prefetched), (1.0, 1.0));
+        assert_eq!(c.exposed_replication(fwd, bwd, attn), 2.0);
+        // after the router: the forward copies wait on nothing to hide behind
+        assert_eq!(c.exposed_replication_parts(fwd, bwd, attn, ReplicaTiming::AfterRouter), (3.0, 1.0));
+        // without prefetching every copy is exposed, whenever it was planned
+        let off = CostModel { replica_prefetch: false, ..c };
+        for t in [ReplicaTiming::Prefetched, ReplicaTiming::AfterRouter] {
+            assert_eq!(off.exposed_replication_parts(fwd, bwd, attn, t), (3.0, 5.0));
         }
     }
 }

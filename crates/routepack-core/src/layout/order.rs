@@ -1,20 +1,20 @@
 //! The order of microbatches under a pipeline (docs/design.md, "Pipeline parallelism"): which
-//! of a layout's steps each EP group runs first.
+//! of a layout's microbatches each EP group runs first.
 //!
 //! Without a pipeline the order of a DP rank's microbatches changes nothing the cost model
 //! prices. Under 1F1B it does: the first microbatches' forwards fill the pipeline and the last
 //! ones' backwards drain it, so a long microbatch there leaves the other stages idle, while
 //! in the steady state its extra time overlaps the neighbours' work (what verl issue 2452 asks
 //! of its dynamic batches: long microbatches where the schedule hides them). The order is
-//! chosen per EP group (its ranks run each step together, and groups run apart), by permuting
-//! the group's steps as a whole, so every exchange, its tokens and its cost stay the same.
+//! chosen per EP group (its ranks run each microbatch together, and groups run apart), by
+//! permuting the group's microbatches as a whole, so every exchange, its tokens and its cost stay the same.
 //!
-//! Each step's operations are priced once, exactly as [`crate::simulate`] prices them, without
+//! Each microbatch's operations are priced once, exactly as [`crate::simulate`] prices them, without
 //! replicas (replication is planned after the order, per exchange, and never slows one);
 //! then the group's pipeline time ([`crate::simulate::pipeline`]) is minimised over orders:
 //! every order where M! fits the budget of evaluations (the optimum), else from the best of the
 //! layout's own order, longest first, shortest first, the longest in the middle and verl's
-//! (heaviest in the middle, light ones at both ends), improved by exchanging two steps or moving
+//! (heaviest in the middle, light ones at both ends), improved by exchanging two microbatches or moving
 //! one elsewhere while that shortens the pipeline (first improvement, within a counted budget).
 //! Deterministic: no randomness, ties keep the order found first.
 
@@ -28,7 +28,7 @@ use crate::topology::Topology;
 use crate::window::WindowView;
 
 /// Pipeline-time evaluations one group's search may spend (the starts included): enough to try
-/// every order of up to 8 steps (8! = 40,320), the counts RL steps run under a pipeline
+/// every order of up to 8 microbatches (8! = 40,320), the counts RL steps run under a pipeline
 /// (pp to 2·pp microbatches).
 pub const DEFAULT_EVALUATIONS: usize = 50_000;
 
@@ -45,7 +45,7 @@ pub struct OrderReport {
     pub groups_reordered: usize,
 }
 
-/// One group's operations per step: for each run, forward and backward seconds `[M, chunks]`,
+/// One group's operations per microbatch: for each run, forward and backward seconds `[M, chunks]`,
 /// and the sends `[M, chunks − 1]`.
 struct GroupOps {
     runs: Vec<(Vec<f64>, Vec<f64>)>,
@@ -53,11 +53,11 @@ struct GroupOps {
     work: Vec<f64>,
 }
 
-/// The layout `(sample_rank, sample_micro)` of `m_n` steps (ranks and steps in range) with each
-/// EP group's steps reordered to shorten its pipeline under `topo` (see the module docs): the
+/// The layout `(sample_rank, sample_micro)` of `m_n` microbatches (ranks and microbatches in range)
+/// with each EP group's microbatches reordered to shorten its pipeline under `topo` (see the module docs): the
 /// new `sample_micro`; unchanged without a pipeline. `budget`: evaluations per group.
 #[allow(clippy::too_many_arguments)]
-pub fn order_steps(
+pub fn order_microbatches(
     w: &WindowView,
     topo: &Topology,
     cost: &CostModel,
@@ -76,7 +76,7 @@ pub fn order_steps(
     let slots = placement.slot_tables()?;
     let mut pricer = ExchangePricer::new(topo.ep, w.num_experts);
     let mut origin = vec![0i64; topo.ep * w.num_experts];
-    let mut new_step = vec![0usize; topo.num_groups() * m_n];
+    let mut new_micro = vec![0usize; topo.num_groups() * m_n];
     for g in 0..topo.num_groups() {
         let ops = group_ops(w, topo, cost, &pipe, &grid, &slots, &mut pricer, &mut origin, g);
         let identity: Vec<usize> = (0..m_n).collect();
@@ -87,16 +87,16 @@ pub fn order_steps(
         if order != identity {
             report.groups_reordered += 1;
         }
-        // order[k] is the old step run at position k
+        // order[k] is the old microbatch run at position k
         for (k, &old) in order.iter().enumerate() {
-            new_step[g * m_n + old] = k;
+            new_micro[g * m_n + old] = k;
         }
     }
-    let out = sample_rank.iter().zip(sample_micro).map(|(&d, &m)| new_step[d as usize / topo.ep * m_n + m as usize] as i32).collect();
+    let out = sample_rank.iter().zip(sample_micro).map(|(&d, &m)| new_micro[d as usize / topo.ep * m_n + m as usize] as i32).collect();
     Ok((out, report))
 }
 
-/// Group g's operation times per step (exchanges priced as `simulate` prices them, no replicas).
+/// Group g's operation times per microbatch (exchanges priced as `simulate` prices them, no replicas).
 #[allow(clippy::too_many_arguments)]
 fn group_ops(
     w: &WindowView,
@@ -146,7 +146,8 @@ fn group_ops(
     GroupOps { runs, sends: pipe.sends(grid, topo, cost, g), work }
 }
 
-/// The group's pipeline time with its steps run in `order` (order[k]: the step at position k).
+/// The group's pipeline time with its microbatches run in `order` (order[k]: the microbatch at
+/// position k).
 fn time_of(pipe: &Pipeline, ops: &GroupOps, order: &[usize], scratch: &mut [Vec<f64>; 3]) -> Result<f64> {
     let chunks = pipe.chunks();
     let m_n = order.len();
@@ -177,7 +178,7 @@ fn search(pipe: &Pipeline, ops: &GroupOps, m_n: usize, budget: usize) -> Result<
     };
     let identity: Vec<usize> = (0..m_n).collect();
     let before = eval(&identity, &mut used)?;
-    // steps by their summed exchange time, heaviest first (ties: lower step first)
+    // microbatches by their summed exchange time, heaviest first (ties: lower one first)
     let mut heavy: Vec<usize> = (0..m_n).collect();
     heavy.sort_by(|&a, &b| ops.work[b].total_cmp(&ops.work[a]).then(a.cmp(&b)));
     let light: Vec<usize> = heavy.iter().rev().copied().collect();
@@ -226,7 +227,7 @@ fn search(pipe: &Pipeline, ops: &GroupOps, m_n: usize, budget: usize) -> Result<
         }
         return Ok((best, before, best_t, used));
     }
-    // exchanges of two positions, or one step moved elsewhere, while one shortens the pipeline
+    // exchanges of two positions, or one microbatch moved elsewhere, while one shortens the pipeline
     let mut improved = true;
     while improved && used < budget {
         improved = false;
@@ -268,7 +269,7 @@ mod tests {
 
     #[test]
     fn a_long_microbatch_moves_out_of_the_fill() {
-        // one EP group of 2 ranks, 4 steps, pp = 2: step 0 holds long samples
+        // one EP group of 2 ranks, 4 microbatches, pp = 2: microbatch 0 holds long samples
         let topo = Topology::new(2, 2, 2, 2).unwrap().with_pipeline(2, 1, None).unwrap();
         let (l_n, e_n) = (2, 4);
         let lens = vec![4000i64, 4000, 100, 100, 100, 100, 100, 100];
@@ -276,16 +277,16 @@ mod tests {
         let w = WindowView::new(&lens, counts.as_slice(), l_n, e_n).unwrap();
         let cost = CostModel::for_tests(l_n);
         let pl = static_placement(l_n, e_n, &topo).unwrap();
-        // samples 2k, 2k + 1 at step k on ranks 0, 1
+        // samples 2k, 2k + 1 at microbatch k on ranks 0, 1
         let (rank, micro) = (vec![0, 1, 0, 1, 0, 1, 0, 1], vec![0, 0, 1, 1, 2, 2, 3, 3]);
-        let (out, rep) = order_steps(&w, &topo, &cost, &pl, &rank, &micro, 4, DEFAULT_EVALUATIONS).unwrap();
+        let (out, rep) = order_microbatches(&w, &topo, &cost, &pl, &rank, &micro, 4, DEFAULT_EVALUATIONS).unwrap();
         assert!(rep.after < rep.before, "{rep:?}");
-        assert_ne!(out[0], 0, "the long step left the first position");
-        assert_eq!(out[0], out[1], "a step moves whole");
-        // a permutation of the steps: every step still used once per rank
-        let mut steps = out.clone();
-        steps.sort_unstable();
-        assert_eq!(steps, vec![0, 0, 1, 1, 2, 2, 3, 3]);
+        assert_ne!(out[0], 0, "the long microbatch left the first position");
+        assert_eq!(out[0], out[1], "a microbatch moves whole");
+        // a permutation of the microbatches: every one still used once per rank
+        let mut micros = out.clone();
+        micros.sort_unstable();
+        assert_eq!(micros, vec![0, 0, 1, 1, 2, 2, 3, 3]);
         // and simulate agrees that it is faster
         let plan = |m: &[i32]| crate::plan::Plan {
             placement: pl.clone(),

@@ -32,6 +32,34 @@ pub struct Replica {
     pub share: f32,
 }
 
+/// When a plan's intra-batch copies can move ([`crate::cost::CostModel::exposed_replication`]
+/// prices them by it). A planner that knows every exchange's routing before the step (routing
+/// replay: routepack, ReLibra, MindSpeed's rule on replayed routes) posts a layer's copies while
+/// its attention runs; one that plans each exchange from the router's live output (MoonEP,
+/// UltraEP) can fetch the weights only after that layer's router has run, so the forward copies
+/// wait on nothing to hide behind; both return the copies' gradients during the backward pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReplicaTiming {
+    /// Copies planned before the step: fetched while the layer's attention runs.
+    #[default]
+    Prefetched,
+    /// Copies planned from the router's output: fetched after the layer's router, exposed in
+    /// the forward pass; their gradients still return behind the backward pass's attention.
+    AfterRouter,
+}
+
+impl ReplicaTiming {
+    /// `"prefetch"` or `"after_router"` (Python's `Plan.replica_timing`); another raises naming
+    /// `plan.replica_timing`.
+    pub fn parse(name: &str) -> crate::error::Result<Self> {
+        match name {
+            "prefetch" => Ok(Self::Prefetched),
+            "after_router" => Ok(Self::AfterRouter),
+            other => Err(crate::error::invalid("plan.replica_timing", format!("{other:?} is not one of \"prefetch\", \"after_router\""))),
+        }
+    }
+}
+
 /// One expert moved between windows: its weights and optimizer state go from physical slot
 /// `src_slot` (on EP-local rank `src_rank`) to `dst_slot` (on `dst_rank`) in `layer`.
 #[derive(Clone, Copy, Debug, PartialEq)]

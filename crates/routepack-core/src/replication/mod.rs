@@ -4,6 +4,8 @@
 //!
 //! * [`hot_n`](mod@hot_n)     MindSpeed's balanced MoE (baseline): N hot experts broadcast to every rank
 //! * [`relibra`](mod@relibra)   ReLibra's intra-node replication (baseline)
+//! * [`moonep`](mod@moonep)    MoonEP's exact per-microbatch balance inside an NVLink domain (baseline)
+//! * [`ultraep`](mod@ultraep)   UltraEP's quota-driven exact-load balance (baseline)
 //! * [`routepack`](mod@routepack) ours: replicas and shares minimising each exchange's simulated time
 //! * [`exchange`]  one exchange's inputs, the parallel driver, blocks of exchanges, share rounding
 //! * [`state`]     the simulator's exchange cost, updated one expert at a time
@@ -15,14 +17,17 @@
 
 pub mod exchange;
 pub mod hot_n;
+pub mod live;
+pub mod moonep;
 pub mod relibra;
 pub mod routepack;
 pub mod state;
+pub mod ultraep;
 
 use crate::cost::CostModel;
 use crate::error::{invalid, Result};
 use crate::plan::Placement;
-use crate::plan::Replica;
+use crate::plan::{Replica, ReplicaTiming};
 use crate::topology::Topology;
 use crate::window::WindowView;
 
@@ -53,6 +58,22 @@ pub enum Planner {
     Relibra(usize),
     /// routepack's replication ([`routepack`](fn@routepack)).
     Routepack(routepack::Options),
+    /// MoonEP's exact balance ([`moonep`](mod@moonep)) with this many prefetch buffers a rank.
+    MoonEp(usize),
+    /// UltraEP's quota planner ([`ultraep`](mod@ultraep)): spare slots a rank, least tokens a
+    /// replica.
+    UltraEp(usize, i64),
+}
+
+impl Planner {
+    /// When this planner's copies move: MoonEP and UltraEP plan each exchange from the
+    /// router's output ([`ReplicaTiming::AfterRouter`]), the others before the step.
+    pub fn timing(&self) -> ReplicaTiming {
+        match self {
+            Planner::MoonEp(_) | Planner::UltraEp(..) => ReplicaTiming::AfterRouter,
+            _ => ReplicaTiming::Prefetched,
+        }
+    }
 }
 
 /// Runs `planner` on the exchanges of `block` (see [`Block`]): the replicas the full run
@@ -82,11 +103,49 @@ pub fn plan_block(
                 hot_n::plan_exchange(c, st, n)
             })
         }
-        Planner::Relibra(replica_slots) => {
-            let k = (*replica_slots).min(buffers);
+        Planner::Relibra(replication_slots) => {
+            let k = (*replication_slots).min(buffers);
             plan_exchange_block(w, topo, cost, placement, sample_rank, sample_micro, num_micro, None, block, ExchangeState::new, |c, st| {
                 relibra::plan_exchange(c, st, k)
             })
+        }
+        Planner::MoonEp(want) => {
+            let b = (*want).min(buffers);
+            plan_exchange_block(
+                w,
+                topo,
+                cost,
+                placement,
+                sample_rank,
+                sample_micro,
+                num_micro,
+                None,
+                block,
+                moonep::Worker::default,
+                |c, wk| moonep::plan_exchange(c, wk, b),
+            )
+        }
+        Planner::UltraEp(redundant, min_tokens) => {
+            if *min_tokens < 1 {
+                return Err(invalid(
+                    "replication_min_tokens",
+                    format!("must be >= 1 (UltraEP's ULTRA_EP_QUOTA_MIN_TOKENS_PER_REPLICA), got {min_tokens}"),
+                ));
+            }
+            let r = (*redundant).min(buffers);
+            plan_exchange_block(
+                w,
+                topo,
+                cost,
+                placement,
+                sample_rank,
+                sample_micro,
+                num_micro,
+                None,
+                block,
+                ultraep::Worker::default,
+                |c, wk| ultraep::plan_exchange(c, wk, r, *min_tokens),
+            )
         }
         Planner::Routepack(opts) => {
             if opts.experts == 0 || opts.dsts == 0 {
@@ -96,7 +155,7 @@ pub fn plan_block(
                 ));
             }
             let deadline = crate::budget::deadline(std::time::Instant::now(), opts.time_budget);
-            let opts = &routepack::Options { replica_slots: opts.replica_slots.min(buffers), ..*opts };
+            let opts = &routepack::Options { replication_slots: opts.replication_slots.min(buffers), ..*opts };
             plan_exchange_block(
                 w,
                 topo,
@@ -127,17 +186,17 @@ pub fn hot_n(
     plan_block(w, topo, cost, placement, packed, &Planner::HotN(hot_experts), Block::ALL)
 }
 
-/// ReLibra's intra-node replication with at most `replica_slots` copies per rank per exchange:
-/// the same budget routepack gets ([`routepack::DEFAULT_REPLICA_SLOTS`] by default).
+/// ReLibra's intra-node replication with at most `replication_slots` copies per rank per exchange:
+/// the same budget routepack gets ([`routepack::DEFAULT_REPLICATION_SLOTS`] by default).
 pub fn relibra(
     w: &WindowView,
     topo: &Topology,
     cost: &CostModel,
     placement: &Placement,
     packed: Packed,
-    replica_slots: usize,
+    replication_slots: usize,
 ) -> Result<Vec<Replica>> {
-    plan_block(w, topo, cost, placement, packed, &Planner::Relibra(replica_slots), Block::ALL)
+    plan_block(w, topo, cost, placement, packed, &Planner::Relibra(replication_slots), Block::ALL)
 }
 
 /// routepack's replication (see [`routepack`](mod@routepack)); `opts.time_budget` caps its

@@ -9,7 +9,7 @@
 //! a free replica slot, with the share that levels the two ranks (half their gap, at most
 //! what the expert has); stop when a copy no longer narrows the gap or slots run out.
 //! Copies take the dst's own tokens first, then its node-mates' (`flow::route_expert`).
-//! The replica budget per rank is the same `replica_slots` routepack gets.
+//! The replica budget per rank is the same `replication_slots` routepack gets.
 
 use crate::plan::Replica;
 
@@ -17,13 +17,13 @@ use super::exchange::Exchange;
 use super::state::ExchangeState;
 
 /// Replicas of one exchange; `state` is scratch (reset here).
-pub fn plan_exchange(c: &Exchange, state: &mut ExchangeState, replica_slots: usize) -> Vec<Replica> {
+pub fn plan_exchange(c: &Exchange, state: &mut ExchangeState, replication_slots: usize) -> Vec<Replica> {
     state.reset(c);
     let topo = c.topo;
     let (ep, e_n) = (c.ep(), c.num_experts());
     let rpn = topo.ranks_per_group_node();
     // each accepted copy adds a replica or grows one; bounded so a pathological exchange ends
-    let max_steps = 4 * rpn * (replica_slots + 1);
+    let max_steps = 4 * rpn * (replication_slots + 1);
     // experts of each rank (its placement slots)
     let mut rank_experts: Vec<Vec<usize>> = vec![Vec::new(); ep];
     for e in 0..e_n {
@@ -57,7 +57,7 @@ pub fn plan_exchange(c: &Exchange, state: &mut ExchangeState, replica_slots: usi
                         continue;
                     }
                     let has = state.has_copy(e, q);
-                    if !has && state.used[q] >= replica_slots {
+                    if !has && state.used[q] >= replication_slots {
                         continue;
                     }
                     let taken: i64 = state.replicas[e].iter().filter(|r| r.dst != q).map(|r| r.n).sum();

@@ -1,7 +1,7 @@
 //! `routepack` replication: per exchange (EP group, microbatch, layer), the replicas and token
 //! shares that minimise that exchange's time as the simulator prices it (expert max, all-to-all,
 //! replication traffic and the part of it that that layer's attention cannot hide), with at
-//! most `replica_slots` copies on any rank.
+//! most `replication_slots` copies on any rank.
 //!
 //! Greedy with exact re-evaluation. Each greedy step scans candidate moves "a copy of expert e on
 //! rank r computes n of e's tokens in this exchange", for
@@ -28,14 +28,14 @@ use super::state::ExchangeState;
 
 /// Copies a rank may hold per exchange by default (also ReLibra's budget, `relibra`). MindSpeed's default
 /// (`hot_n` with N = 3) puts up to 3 copies on every rank; routepack gets fewer.
-pub const DEFAULT_REPLICA_SLOTS: usize = 2;
+pub const DEFAULT_REPLICATION_SLOTS: usize = 2;
 
 /// Options of routepack's replication planner; `Default` holds every default (the bindings
 /// fill unset arguments from it).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Options {
     /// Copies a rank may receive per exchange: the memory budget.
-    pub replica_slots: usize,
+    pub replication_slots: usize,
     /// Experts taken from each bottleneck list per greedy step.
     pub experts: usize,
     /// Destinations tried per expert from each destination list.
@@ -52,7 +52,7 @@ pub const DEFAULT_CANDIDATES: usize = 1;
 
 impl Default for Options {
     fn default() -> Self {
-        Self { replica_slots: DEFAULT_REPLICA_SLOTS, experts: DEFAULT_CANDIDATES, dsts: DEFAULT_CANDIDATES, time_budget: None }
+        Self { replication_slots: DEFAULT_REPLICATION_SLOTS, experts: DEFAULT_CANDIDATES, dsts: DEFAULT_CANDIDATES, time_budget: None }
     }
 }
 
@@ -148,7 +148,7 @@ fn fill_static(wk: &mut Worker, e: usize, rpn: usize) {
 /// The replicas (and their token shares) of one exchange.
 pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Replica> {
     wk.state.reset(c);
-    if opts.replica_slots == 0 {
+    if opts.replication_slots == 0 {
         return Vec::new();
     }
     let (ep, e_n) = (c.ep(), c.num_experts());
@@ -182,7 +182,7 @@ pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Repli
     }
     let none = wk.state.time(c);
     let mut cur = none;
-    let max_steps = 4 * ep * opts.replica_slots + 16;
+    let max_steps = 4 * ep * opts.replication_slots + 16;
     for _ in 0..max_steps {
         let st = &mut wk.state;
         let (px, pa) = st.bottlenecks();
@@ -205,7 +205,7 @@ pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Repli
             keyed.clear();
             keyed.extend((0..e_n).filter(|&e| !hosted[e * ep + pa]).map(|e| (st.origin(e)[pa], e)));
             let mut top = Vec::new();
-            take_top(keyed, opts.experts + opts.replica_slots, &mut top);
+            take_top(keyed, opts.experts + opts.replication_slots, &mut top);
             top.push(usize::MAX); // marks "computed" even when empty
             wk.sent_top[pa] = top;
         }
@@ -234,7 +234,7 @@ pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Repli
             // destinations: most own tokens of e, least expert time, and the a2a bottleneck
             let dsts = &mut wk.dsts;
             dsts.clear();
-            let eligible = |r: usize| !hosted[r] && (st.has_copy(e, r) || st.used[r] < opts.replica_slots);
+            let eligible = |r: usize| !hosted[r] && (st.has_copy(e, r) || st.used[r] < opts.replication_slots);
             // most own tokens: the first eligible ranks of e's ranks by tokens (those with none
             // are not candidates)
             dsts.extend(wk.by_origin[e].iter().copied().filter(|&r| eligible(r)).take(opts.dsts));

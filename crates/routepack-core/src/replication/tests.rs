@@ -24,7 +24,14 @@ fn run(case: &Case, which: &str, slots: usize) -> (Plan, Vec<Replica>) {
     let replicas = match which {
         "hot_n" => hot_n(&w, &case.topo, &cost, &case.placement, packed, hot_n::DEFAULT_HOT_EXPERTS),
         "relibra" => relibra(&w, &case.topo, &cost, &case.placement, packed, slots),
-        _ => routepack(&w, &case.topo, &cost, &case.placement, packed, &routepack::Options { replica_slots: slots, ..Default::default() }),
+        _ => routepack(
+            &w,
+            &case.topo,
+            &cost,
+            &case.placement,
+            packed,
+            &routepack::Options { replication_slots: slots, ..Default::default() },
+        ),
     }
     .unwrap();
     (base, replicas)
@@ -323,7 +330,7 @@ fn routepack_with_zero_token_cost() {
         let cost = CostModel { c_tok: 0.0, c_exp: 1e-9, token_bytes: 1e6, ..CostModel::for_tests(case.layers) };
         let mut plan = case.plan(Vec::new());
         let packed = Packed { sample_rank: &plan.sample_rank, sample_micro: &plan.sample_micro, num_micro: plan.num_micro };
-        let opts = routepack::Options { replica_slots: 1 + seed as usize % 3, ..Default::default() };
+        let opts = routepack::Options { replication_slots: 1 + seed as usize % 3, ..Default::default() };
         let replicas = routepack(&w, &case.topo, &cost, &case.placement, packed, &opts).unwrap();
         plan.replicas = replicas;
         validate_plan(&plan, &w, &case.topo, case.cap).unwrap();

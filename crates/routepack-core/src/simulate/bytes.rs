@@ -1,9 +1,9 @@
-//! The memory [`super::simulate_validated`] reserves before it allocates: its estimate of the
+//! The memory [`super::simulate_in`] reserves before it allocates: its estimate of the
 //! bytes it holds at once, checked against the process's limit (`crate::sizes::check_call`).
 
 use crate::topology::Topology;
 
-/// Bytes [`super::simulate_validated`] holds at once for a window of `s_n` samples × `l_n` layers ×
+/// Bytes [`super::simulate_in`] holds at once for a window of `s_n` samples × `l_n` layers ×
 /// `e_n` experts under a plan of `m_n` microbatches (the estimate it reserves, naming
 /// `window`, whose layers and experts size the largest part): every exchange's part of the
 /// demand sums (`[L * E]` totals and shares, `GmSums`) and its layers' costs, each sample's

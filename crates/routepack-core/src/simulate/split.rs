@@ -11,12 +11,13 @@ use super::{score, SimReport};
 use crate::cell_grid::CellGrid;
 use crate::cost::CostModel;
 use crate::error::Result;
-use crate::plan::Plan;
+use crate::plan::{Plan, ReplicaTiming};
 use crate::split::Pieces;
 use crate::topology::Topology;
 use crate::window::WindowView;
 
 /// `simulate` of `plan` (validated under `Oversize::Split`) whose split samples `pieces` gives.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn simulate_pieces(
     plan: &Plan,
     w: &WindowView,
@@ -25,6 +26,7 @@ pub(super) fn simulate_pieces(
     ideal_micro: Option<usize>,
     token_cap: Option<i64>,
     pieces: &Pieces,
+    timing: ReplicaTiming,
 ) -> Result<SimReport> {
     let (sample_rank, sample_micro) = pieces.expand(&plan.sample_rank, &plan.sample_micro);
     let counts = pieces.counts(w)?;
@@ -42,5 +44,5 @@ pub(super) fn simulate_pieces(
             grid.set_ring(d + j, m, quad, kv);
         }
     }
-    score(&expanded, &wp, topo, cost, ideal_micro, token_cap, grid)
+    score(&expanded, &wp, topo, cost, ideal_micro, token_cap, grid, timing)
 }

@@ -352,7 +352,7 @@ pub fn check_replication_planners(make_cost: impl Fn(&mut Mix, usize) -> CostMod
             let planners = [
                 Planner::HotN(1 + mix.below(3)),
                 Planner::Relibra(1 + mix.below(2)),
-                Planner::Routepack(Options { replica_slots: 1 + mix.below(4), ..Options::default() }),
+                Planner::Routepack(Options { replication_slots: 1 + mix.below(4), ..Options::default() }),
             ];
             for planner in &planners {
                 let replicas = plan_block(&view, &topo, &cost, &placement, packed, planner, Block::ALL).unwrap();

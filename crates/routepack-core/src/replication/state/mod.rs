@@ -267,14 +267,14 @@ impl ExchangeState {
 
     /// Rank values from tokens, active experts, the roofline extra, links and hops (one
     /// formula everywhere, so cached and fresh values are bit-identical). A rank's hop time
-    /// per byte is its link time and, with `c_replica`, the staging of every byte its hops
-    /// send or receive (`LinkBytes::replica_time` in the simulator).
+    /// per byte is its link time and, with `c_replica`, `CostModel::replica_overhead` of every
+    /// byte its hops send or receive (as `LinkBytes::replica_time` in the simulator).
     #[inline]
     fn values(&self, c: &Exchange, tok: i64, act: i64, extra: f64, l: &Links, h: &Links) -> (f64, f64, f64) {
         let (kt, kh) = (self.k_tok, self.k_hop);
         let mut hop = h[0].max(h[1]) as f64 * kh[0] + h[2].max(h[3]) as f64 * kh[1];
         if c.cost.c_replica > 0.0 {
-            hop += c.cost.c_replica * (h[0] + h[1] + h[2] + h[3]) as f64;
+            hop += c.cost.replica_overhead((h[0] + h[1] + h[2] + h[3]) as f64);
         }
         (c.cost.rank_expert_time(tok as f64, act as f64, extra), l[0].max(l[1]) as f64 * kt[0] + l[2].max(l[3]) as f64 * kt[1], hop)
     }
