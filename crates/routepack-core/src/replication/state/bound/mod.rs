@@ -14,7 +14,11 @@
 //! * all-to-all: a rank that hosts no slot of e sends every token of e it does not compute
 //!   itself, at least its tokens less its copy's `n`, over links unknown: the cheapest
 //!   split of them between the intra- and inter-node link (convex in the split, so one of
-//!   four integer points) bounds it; a host without e's part.
+//!   four integer points) bounds it; a host without e's part, and receiving at least what
+//!   its slots compute (`k` slots of at least the quota above) beyond its own tokens of e,
+//!   over links unknown (the cheapest split again). Without that last term a move of an
+//!   expert whose hosts are the all-to-all bottleneck was bounded as if they received none
+//!   of its tokens, and nearly every such move was priced (a `feed_slots` each).
 //!
 //! Bounding the changed ranks by 0 instead (what the planner did before) dropped the whole
 //! all-to-all term for experts with several slots (whose feeding may change any rank), and
@@ -56,6 +60,31 @@ fn a2a_sending(kt: [f64; 2], l: &Links, s: i64) -> f64 {
         .into_iter()
         .map(|s0| a2a(kt, &[l[0] + s0, l[1], l[2] + s - s0, l[3]]))
         .fold(f64::INFINITY, f64::min)
+}
+
+/// The least all-to-all time of a rank with link sums `l` that receives `r` more tokens,
+/// split between its intra- and inter-node link in any way (`a2a_sending` with the roles of
+/// sent and received swapped).
+fn a2a_receiving(kt: [f64; 2], l: &Links, r: i64) -> f64 {
+    if r <= 0 {
+        return a2a(kt, l);
+    }
+    [0, r, (l[0] - l[1]).clamp(0, r), (r - (l[2] - l[3])).clamp(0, r)]
+        .into_iter()
+        .map(|r0| a2a(kt, &[l[0], l[1] + r0, l[2], l[3] + r - r0]))
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// The least all-to-all time of e's hosts after a move that leaves each slot at least `quota`
+/// tokens: host h with k slots computes at least k·quota, of which at most its own tokens of
+/// e arrive without a link, so it receives the rest (its links without e's part, `base` =
+/// e·ep).
+fn hosts_receiving(st: &ExchangeState, base: usize, quota: i64) -> f64 {
+    st.b_hosts.iter().fold(0.0f64, |m, &(h, k)| {
+        let (l, el) = (st.links[h], st.elinks[base + h]);
+        let l = [l[0] - el[0], l[1] - el[1], l[2] - el[2], l[3] - el[3]];
+        m.max(a2a_receiving(st.k_tok, &l, k.saturating_mul(quota) - st.origin_t[base + h]))
+    })
 }
 
 /// How far below the second largest value without the expert's part a rank's value now must
@@ -209,14 +238,15 @@ impl ExchangeState {
         let x = self.b_x_flag.max(x_host).max(x_dst).max(first(&self.xo, &self.xv, &|p| flag[p] || p == dst));
         let (l, el) = (self.links[dst], self.elinks[base + dst]);
         let a_dst = a2a_sending(kt, &[l[0] - el[0], l[1] - el[1], l[2] - el[2], l[3] - el[3]], self.origin_t[base + dst] - n);
+        let a_recv = hosts_receiving(self, base, quota);
         let a = match local {
             Some(node) => {
                 let (lo, hi) = (node * rpn, ((node + 1) * rpn).min(ep));
-                self.b_a_host.max(mates).max(a_dst).max(first(&self.ao, &self.av, &|p| hosted[p] || (lo..hi).contains(&p)))
+                self.b_a_host.max(mates).max(a_dst).max(a_recv).max(first(&self.ao, &self.av, &|p| hosted[p] || (lo..hi).contains(&p)))
             }
             None => {
                 let [(a0, p0), (a1, _)] = self.b_a_top;
-                (if p0 == dst { a1 } else { a0 }).max(a_dst).max(0.0)
+                (if p0 == dst { a1 } else { a0 }).max(a_dst).max(a_recv).max(0.0)
             }
         };
         let h = if new_copy {

@@ -2,7 +2,7 @@
 //! in a full scan, then the move's bound from them. Kept as the reference the lazy form
 //! (`bound`'s `prepare_bound` and `bound`) must equal bit for bit (`state::tests`).
 
-use super::{a2a, a2a_sending};
+use super::{a2a, a2a_receiving, a2a_sending};
 use crate::replication::exchange::Exchange;
 use crate::replication::state::ExchangeState;
 
@@ -78,15 +78,20 @@ pub(crate) fn bound(
     let x = x_flag.max(x_host).max(x_dst).max(first(&st.xo, &st.xv, &|p| flag[p] || p == dst));
     let (l, el) = (st.links[dst], st.elinks[base + dst]);
     let a_dst = a2a_sending(kt, &[l[0] - el[0], l[1] - el[1], l[2] - el[2], l[3] - el[3]], st.origin_t[base + dst] - n);
+    let a_recv = hosts.iter().fold(0.0f64, |m, &(h, k)| {
+        let (l, el) = (st.links[h], st.elinks[base + h]);
+        let l = [l[0] - el[0], l[1] - el[1], l[2] - el[2], l[3] - el[3]];
+        m.max(a2a_receiving(kt, &l, k.saturating_mul(quota) - st.origin_t[base + h]))
+    });
     let a = match local {
         Some(node) => {
             let (lo, hi) = (node * rpn, ((node + 1) * rpn).min(ep));
             let mates = (lo..hi).filter(|&p| p != dst).fold(0.0f64, |m, p| m.max(wo_a[p]));
-            a_host.max(mates).max(a_dst).max(first(&st.ao, &st.av, &|p| hosted[p] || (lo..hi).contains(&p)))
+            a_host.max(mates).max(a_dst).max(a_recv).max(first(&st.ao, &st.av, &|p| hosted[p] || (lo..hi).contains(&p)))
         }
         None => {
             let [(a0, p0), (a1, _)] = top;
-            (if p0 == dst { a1 } else { a0 }).max(a_dst).max(0.0)
+            (if p0 == dst { a1 } else { a0 }).max(a_dst).max(a_recv).max(0.0)
         }
     };
     let h = if new_copy {
