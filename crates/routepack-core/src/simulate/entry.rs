@@ -44,12 +44,16 @@ pub struct Scoring {
     pub oversize: Oversize,
     /// How the plan's intra-batch copies move ([`ReplicaTiming`]: the plan's `replica_timing`).
     pub timing: ReplicaTiming,
+    /// The step time and its parts only: no lower bound and no balanced reference (both NaN),
+    /// so the pass over the demand skips the bound's row sums (about half a `simulate` at
+    /// `flash`). What a choice among candidate plans reads; the step time is the same bits.
+    pub step_only: bool,
 }
 
 /// Scores `plan` on `w` as `scoring` says (see [`Scoring`]): the simulator's one entry with
 /// every option, which `simulate` and the Python binding call.
 pub fn simulate_in(plan: &Plan, w: &WindowView, topo: &Topology, cost: &CostModel, scoring: &Scoring) -> Result<SimReport> {
-    let Scoring { ideal_micro, token_cap, plan_cap, oversize, timing } = *scoring;
+    let Scoring { ideal_micro, token_cap, plan_cap, oversize, timing, step_only } = *scoring;
     cost.check(w.num_layers)?;
     if oversize == Oversize::Split {
         // the cap that says which samples are split: what the plan was checked against
@@ -65,5 +69,5 @@ pub fn simulate_in(plan: &Plan, w: &WindowView, topo: &Topology, cost: &CostMode
         validate_plan_in(plan, w, topo, plan_cap.unwrap_or(i64::MAX), oversize)?;
     }
     let grid = CellGrid::new(&plan.sample_rank, &plan.sample_micro, plan.num_micro, w.seq_lens, topo);
-    score(plan, w, topo, cost, ideal_micro, token_cap, grid, timing)
+    score(plan, w, topo, cost, ideal_micro, token_cap, grid, timing, step_only)
 }

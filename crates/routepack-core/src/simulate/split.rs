@@ -44,5 +44,5 @@ pub(super) fn simulate_pieces(
             grid.set_ring(d + j, m, quad, kv);
         }
     }
-    score(&expanded, &wp, topo, cost, ideal_micro, token_cap, grid, timing)
+    score(&expanded, &wp, topo, cost, ideal_micro, token_cap, grid, timing, false)
 }
