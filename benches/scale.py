@@ -16,6 +16,14 @@ window is part of what a caller holds).
 
 ``--samples`` overrides S (and DP, keeping S / DP) of every size chosen: the scaling curve.
 On a loaded machine wall times include waiting for a core; CPU seconds do not.
+
+``--out FILE`` keeps the run as JSON and ``--page PAGE`` writes its Markdown page from it
+(`routepack.results`, with ``--note``s): docs/bench_scale.md is written that way, and its
+first lines hold the command that renders it again from the JSON (tests/test_docs.py checks
+it is not stale; tests/test_scale_bench.py that the bench writes what the renderer does)::
+
+    python benches/scale.py --sizes flash flash_x2 flash_x4 dsv3 kimi --cache /tmp/scalecache \
+        --out docs/bench_scale.json --page docs/bench_scale.md --note ...
 """
 
 from __future__ import annotations
@@ -29,11 +37,13 @@ import shlex
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any, Dict
 
 
 import routepack as rp
 import routepack.planner as planner
+from routepack import results
 from routepack.stages import registry
 from routepack.traces import PROFILES, Profile
 
@@ -189,9 +199,13 @@ def main() -> None:
         default=None,
         help="also write the run (command, rows) as JSON to this file; python -m routepack.results scale renders it",
     )
+    ap.add_argument("--page", default=None, help="with --out: also write the run's Markdown page to this file")
+    ap.add_argument("--note", action="append", default=[], help="with --page: a note to put on the page (repeatable)")
     ap.add_argument("--cache", help="folder to keep generated windows in and load them from (generation is slow)")
     ap.add_argument("--_one", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if (args.page or args.note) and not args.out:
+        ap.error("--page and --note need --out (the page is rendered from the run's JSON)")
     if args._one:
         prof = Profile(**json.loads(args._one))
         print(json.dumps(measure(prof, not args.no_baseline, args.cache)))
@@ -246,6 +260,10 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump(run, f, indent=2)
         print(f"wrote {args.out}")
+    if args.page:
+        page = Path(args.page)
+        page.write_text(results.render("scale", [args.out], page, notes=args.note), encoding="utf-8")
+        print(f"wrote {page}")
 
 
 if __name__ == "__main__":

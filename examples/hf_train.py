@@ -3,7 +3,7 @@
     python examples/hf_train.py                        # Qwen3-MoE, 3 windows, 4 gloo processes
     python examples/hf_train.py --family DeepSeek-V3 --windows 4 --samples 16
 
-Needs torch and transformers >= 5.17 (``pip install 'routepack[hf]'``); nothing is
+Needs torch and transformers >= 5.10 (DeepSeek-V3 and GLM-4.5: >= 5.13; ``pip install 'routepack[hf]'``); nothing is
 downloaded: the model is a tiny random one built from a config. What it does:
 
 1. rollout: each window's prompts go through the model once and the experts every MoE layer

@@ -11,6 +11,7 @@ both ways giving the same output.
     python examples/megatron_router.py
 """
 
+import argparse
 import numpy as np
 
 import routepack as rp
@@ -20,6 +21,8 @@ EXPERTS, LAYERS, K, HIDDEN = 6, 2, 2, 4
 
 
 def main():
+    # no options: --help prints what the example does
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     rng = np.random.default_rng(0)
     topo = rp.Topology(dp=2, ep=2, gpus_per_node=2, slots_per_rank=4)  # 8 slots for 6 experts
     lens = rng.integers(8, 32, size=8)

@@ -9,6 +9,7 @@ emit). Prints each DP rank's schedule in ``build_dp_schedule``'s structure.
     python examples/slime_schedule.py
 """
 
+import argparse
 from types import SimpleNamespace
 
 import numpy as np
@@ -32,6 +33,8 @@ def synthetic_rollout(rng, rollouts=12):
 
 
 def main():
+    # no options: --help prints what the example does
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     rng = np.random.default_rng(0)
     routed, total_lengths, rollout_indices = synthetic_rollout(rng)
     args = SimpleNamespace(

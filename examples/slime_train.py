@@ -17,6 +17,7 @@ The whole user change (docs/trainers.md), in slime/ray/rollout.py:
     python examples/slime_train.py
 """
 
+import argparse
 from types import SimpleNamespace
 
 import numpy as np
@@ -95,6 +96,8 @@ def train(ranks, planner, cap):
 
 
 def main():
+    # no options: --help prints what the example does
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     rng = np.random.default_rng(0)
     model = rp.ModelShape(LAYERS, EXPERTS, K, hidden=256, expert_ffn=128, attention=["full"] * LAYERS)
     cost = rp.CostModel.from_model(model, rp.Hardware.h200())

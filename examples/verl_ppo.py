@@ -16,6 +16,7 @@ The whole user change (docs/trainers.md):
     python examples/verl_ppo.py
 """
 
+import argparse
 import os
 from types import SimpleNamespace
 
@@ -102,6 +103,8 @@ def worker(rank, chunk, inst):
 
 
 def main():
+    # no options: --help prints what the example does
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     try:
         from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     except ImportError as e:

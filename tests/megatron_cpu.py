@@ -51,7 +51,7 @@ interleaved schedule's point-to-point order at pp = 2, which gloo pairs by order
     prev-first, so each rank's k-th send meets the peer's k-th receive of the same kind;
     where prev != next (every other case) it changes nothing that can be observed.
 
-`standins()` lists them (the report in docs/megatron.md names which Megatron paths ran stock).
+`standins()` lists them (docs/testing.md names which Megatron paths ran stock).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """A small Megatron-Core GPT model trained under routepack plans and under Megatron's static
 placement, on identical data and logical weights (torch, Megatron). The tests' harness, not
-part of the package: shared by the tests (CPU, gloo), ``examples/megatron_train.py`` and
-``tools/gpu_megatron.py`` (CUDA), which put ``tests/`` on their path to import it.
+part of the package: shared by the tests (CPU, gloo) and ``tools/gpu_megatron.py`` (CUDA),
+which puts ``tests/`` on its path to import it (``examples/megatron_train.py`` holds its own
+copy of the simple case, so that it runs from the installed package alone).
 
 `MegatronCase` holds the sizes. `train` builds the model (``get_gpt_layer_local_spec``:
 local spec, no Transformer Engine; with ``plan=True`` through `plan_layer_spec`), wraps it in

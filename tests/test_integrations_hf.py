@@ -108,7 +108,10 @@ FAMILIES: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
         dict(num_local_experts=8, num_experts_per_tok=2, head_dim=8, sliding_window=8),
     ),
 }
-NAMES = list(FAMILIES)
+#: The families the installed transformers runs (every one from 5.13 on; DeepSeek-V3's and
+#: GLM-4.5's routers returned the logits alone before, and hf refuses them by name there).
+SINCE = {f.name: f.since for f in _hf_families.FAMILIES}
+NAMES = [n for n in FAMILIES if hf.TRANSFORMERS >= SINCE[n]]
 PROPS = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -139,8 +142,29 @@ def model(name: str) -> Any:
     return m
 
 
+def needs(name: str) -> None:
+    if name not in NAMES:
+        pytest.skip(f"{name} needs transformers >= {'.'.join(map(str, SINCE[name]))}, found {tf.__version__}")
+
+
 def test_the_test_families_are_the_supported_ones():
-    assert sorted(NAMES) == sorted(f.name for f in _hf_families.FAMILIES)
+    assert sorted(FAMILIES) == sorted(f.name for f in _hf_families.FAMILIES)
+    assert NAMES == list(FAMILIES) or hf.TRANSFORMERS < (5, 13)
+
+
+def test_a_family_the_installed_transformers_cannot_replay_is_refused_by_name(monkeypatch):
+    """Under a transformers older than the family's ``since`` (patched here: DeepSeek-V3's router
+    returns the logits alone before 5.13) finding the routers refuses, naming family and release."""
+    name = next((n for n in NAMES if SINCE[n] > _hf_families.MIN_TRANSFORMERS), None)
+    if name is None:
+        pytest.skip(f"every family newer than {_hf_families.MIN_TRANSFORMERS} is refused here already")
+    m = model(name)
+    monkeypatch.setattr(hf, "TRANSFORMERS", _hf_families.MIN_TRANSFORMERS)
+    for call in (hf.moe_routers, hf.model_shape):
+        with pytest.raises(
+            RoutepackError, match=rf"model: {name}'s router \(\w+\) returns .* from transformers 5\.13 on"
+        ):
+            call(m)
 
 
 @st.composite
@@ -249,6 +273,7 @@ def test_replay_of_unchanged_weights_reproduces_the_captured_pass(name, batch):
 
 
 def test_replay_without_padding_and_masks_of_any_kind():
+    needs("DeepSeek-V3")
     m = model("DeepSeek-V3")
     ids = torch.randint(3, COMMON["vocab_size"], (3, 7))
     rec = hf.capture_routed(m, ids)  # no mask: every token real
@@ -378,6 +403,7 @@ def test_a_captured_window_plans_and_validates(name, policy):
 
 
 def test_model_shape_reads_each_familys_config():
+    needs("DeepSeek-V3")
     got = {n: hf.model_shape(model(n)) for n in NAMES}
     assert got["Qwen3-MoE"].num_layers == 2  # mlp_only_layers=[1] is dense
     assert got["DeepSeek-V3"].num_layers == 2 and got["GLM-4.5"].num_layers == 2  # first_k_dense_replace=1

@@ -199,37 +199,52 @@ def test_bad_input_is_named():
         plan.validate(window, topo, CAP)
 
 
+def _refuses_split(calls, window, topo) -> None:
+    plan = rp.plan_window(window, topo, cost_for(4), token_cap=CAP, policy="static", oversize="split")
+    over = window_over_cap()[1]
+    for call in calls:
+        with pytest.raises(rp.RoutepackError, match=re.escape(f'oversize="split" (samples {over.tolist()}')) as e:
+            call(plan)
+        assert "context-parallel" in str(e.value)
+
+
 def test_the_glue_refuses_a_split_plan_by_name():
     """No trainer glue runs context parallelism: a split plan is refused where plans enter it
-    (`routepack.torch`'s and the Megatron runner's `check_plan`; verl's and slime's batch
-    mapping through `plans_list` / `rank_cells`), naming oversize="split"; an "alone" plan
-    passes the same gate."""
-    torch = pytest.importorskip("torch")
+    (`routepack.torch`'s `check_plan`; verl's and slime's batch mapping through `plans_list` /
+    `rank_cells`), naming oversize="split"; an "alone" plan passes the same gate."""
+    pytest.importorskip("torch")
     from routepack.integrations.shared.arrays import plans_list, rank_cells
-    from routepack.integrations.megatron.runner import MegatronRunner
     from routepack.integrations.verl.split import balance_partitions, micro_batch_indices
     from routepack.torch.runner import PlanRunner
 
-    window, over = window_over_cap()
+    window, _ = window_over_cap()
     topo = rp.Topology(8, 4, 4, 4, cp=2)
-    plan = rp.plan_window(window, topo, cost_for(4), token_cap=CAP, policy="static", oversize="split")
     calls = [
         lambda p: plans_list(p),
         lambda p: plans_list([p]),
         lambda p: rank_cells(p, 0),
         lambda p: micro_batch_indices(p, 0),
         lambda p: balance_partitions([p]),
-        # the checks run before the runners read anything of themselves
+        # the check runs before the runner reads anything of itself
         lambda p: PlanRunner.check_plan(object.__new__(PlanRunner), p, window),
-        lambda p: MegatronRunner.check_plan(object.__new__(MegatronRunner), p, window, None, CAP),
     ]
-    for call in calls:
-        with pytest.raises(rp.RoutepackError, match=re.escape(f'oversize="split" (samples {over.tolist()}')) as e:
-            call(plan)
-        assert "context-parallel" in str(e.value)
+    _refuses_split(calls, window, topo)
     alone = rp.plan_window(window, topo, cost_for(4), token_cap=CAP, policy="static", oversize="alone")
     assert len(rank_cells(alone, 0)) == alone.num_micro and plans_list(alone) == [alone]
-    assert torch is not None
+
+
+def test_the_megatron_runner_refuses_a_split_plan_by_name():
+    """The Megatron runner's `check_plan` refuses a split plan the same way, before it reads
+    anything of itself."""
+    pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    from routepack.integrations.megatron.runner import MegatronRunner
+
+    window, _ = window_over_cap()
+    topo = rp.Topology(8, 4, 4, 4, cp=2)
+    _refuses_split(
+        [lambda p: MegatronRunner.check_plan(object.__new__(MegatronRunner), p, window, None, CAP)], window, topo
+    )
 
 
 @settings(max_examples=30, deadline=None)

@@ -2,7 +2,9 @@
 
 * ``routepack demo``: plans a few synthetic windows with every policy and prints how each
   would fare (step time from `simulate`, throughput relative to ``static`` and to the best
-  baseline).
+  baseline). Its first line points to its last, the verdict (`routepack.verdict`): routepack
+  against the best baseline, and whether that is worth turning on; ``bench`` ends the same way.
+  ``--windows`` is at most `MAX_WINDOWS`.
 * ``routepack bench``: the same over more windows (a built-in profile or your own windows
   saved as ``.npz``). It prints the tables; ``--json FILE`` also writes the results as JSON,
   ``--figure FILE`` a PNG (needs matplotlib: ``pip install ".[bench]"`` from a clone) and
@@ -56,12 +58,18 @@ from routepack.oversize import OVERSIZE_MODES
 from routepack.stages.registry import PACKINGS, PLACEMENTS, REPLICATIONS
 from routepack.sweep import combinations, format_sweep, sweep, sweep_policies
 from routepack.tables import fill
+from routepack.verdict import threshold_note, verdict
 from routepack.window import Window
 from routepack.workloads import WORKLOADS
 
 FIGURE_HINT = 'pip install ".[bench]" from a clone, or pip install "routepack[bench]"'
 #: Windows scored when ``--windows`` is not given.
 DEFAULT_WINDOWS = {"demo": 2, "bench": 8}
+#: The most windows ``--windows`` may ask for: each is planned with every preset and held in
+#: memory (134 MB a window of ``flash``: 64 take 8.6 GB), and a median over 64 is steady.
+MAX_WINDOWS = 64
+#: The first line of demo and bench, so the line a user came for is found.
+POINTER = "the last line is the verdict (routepack against the best baseline)"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -232,6 +240,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
     """``routepack bench --sweep`` (and ``benches/sweep.py``)."""
     prof = cli_setup.run_profile(args, traces.profile(args.profile))
     paths = _paths(args)
+    print(f"routepack bench --sweep: {POINTER}", flush=True)
     try:
         combos = combinations(args.placements, args.packings, args.replications, args.loads)
     except RoutepackError as e:
@@ -274,6 +283,10 @@ def _run_sweep(args: argparse.Namespace) -> int:
         "rows": _rows_json(result["rows"]),
     }
     _write_outputs(args, data, paths, "sweep")
+    preset = next(e["policy"] for e in result["entries"] if e["preset"])  # its rows' name in the sweep
+    print()
+    print(fill(threshold_note()))
+    print(verdict(ratios(result["rows"], preset), ["routepack"], name="routepack"))
     return 0
 
 
@@ -308,6 +321,7 @@ def _run(args: argparse.Namespace) -> int:
         return _run_break_even(args)
     prof = cli_setup.run_profile(args, traces.profile(args.profile))
     paths = _paths(args)
+    print(f"routepack {args.command}: {POINTER}", flush=True)
     cost = _bench_cost(args, prof)
     topo, cap, options = _plan_args(args, prof)
     windows = _load_windows(args, prof)
@@ -376,6 +390,9 @@ def _run(args: argparse.Namespace) -> int:
             )
             print(f"wrote {path}")
     _write_outputs(args, data, paths, "bench")
+    print()
+    print(fill(threshold_note()))
+    print(verdict(vs, policies))
     return 0
 
 
@@ -392,8 +409,8 @@ def _bench_parser(sub: Any, name: str, helptext: str) -> argparse.ArgumentParser
         "--windows",
         type=count(1),
         default=None,
-        help=f"windows to score (one more is generated first, for history; default {DEFAULT_WINDOWS[name]}); "
-        "not with --npz",
+        help=f"windows to score, at most {MAX_WINDOWS} (one more is generated first, for history; default "
+        f"{DEFAULT_WINDOWS[name]}); not with --npz",
     )
     p.add_argument("--seed", type=count(0), default=0, help="trace and planner seed, >= 0 (default %(default)s)")
     p.add_argument(
@@ -505,6 +522,13 @@ def _check(args: argparse.Namespace) -> Optional[str]:
             return "--npz needs at least 2 windows (the first only feeds history)"
         if args.npz and args.windows is not None:
             return "--windows does not apply with --npz (the files are the windows)"
+        if args.windows is not None and args.windows > MAX_WINDOWS:
+            prof = traces.profile(args.profile)  # a window's demand: uint16 [S, L, E]
+            mb = prof.samples * prof.num_layers * prof.num_experts * 2 / 1e6
+            return (
+                f"--windows {args.windows}: at most {MAX_WINDOWS} (a median over {MAX_WINDOWS} windows is steady; each "
+                f"window is planned with every preset and held in memory, {mb:,.0f} MB a window of {prof.name})"
+            )
         args.windows = DEFAULT_WINDOWS[args.command] if args.windows is None else args.windows
     if args.command == "bench":
         sweep_only = [f for f in ("placements", "packings", "replications", "loads") if getattr(args, f) is not None]

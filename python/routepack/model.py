@@ -503,9 +503,17 @@ class CostModel:
 
     @classmethod
     def load(cls, path: str | Path) -> "CostModel":
-        """Reads what `save` wrote. A missing or unreadable path raises the usual `OSError`;
-        a file that is not a cost model's JSON raises `RoutepackFileError` naming the path."""
+        """Reads what `save` wrote (``routepack calibrate --out``), or the cost model a
+        ``routepack calibrate --report`` file holds (its ``cost_model``, e.g. the committed
+        docs/calibrate_tiny_cpu.json). A missing or unreadable path raises the usual `OSError`;
+        a file that is neither raises `RoutepackFileError` naming the path."""
         raw = Path(file_path(path)).read_bytes()
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = None  # from_json says what is wrong with it
+        if isinstance(data, dict) and isinstance(data.get("cost_model"), dict) and "kernels" in data:
+            raw = json.dumps(data["cost_model"]).encode()  # a calibration report
         try:
             return cls.from_json(raw)
         except RoutepackError as e:

@@ -157,3 +157,24 @@ def test_refit_reproduces_the_committed_report():
     assert rp.CostModel.from_json(cal.cost.to_json()) == cal.cost
     with pytest.raises(rp.RoutepackError, match="report"):
         refit({"kernels": []})
+
+
+def test_the_committed_calibration_loads_with_the_documented_loader(tmp_path):
+    """`CostModel.load` reads a ``--report`` file as the cost model it holds (the committed
+    docs/calibrate_tiny_cpu.json is one), as well as the ``--out`` file; anything else that is
+    JSON is still refused naming the path."""
+    path = ROOT / "docs" / "calibrate_tiny_cpu.json"
+    report = json.loads(path.read_text())
+    cost = rp.CostModel.load(path)
+    assert cost == rp.CostModel.from_json(json.dumps(report["cost_model"]))
+    assert cost.expert_table and cost.c_call > 0  # the calibrated fields, not a preset's
+    out = tmp_path / "cost.json"
+    cost.save(out)
+    assert rp.CostModel.load(out) == cost
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"cost_model": {"a_lin": 1.0}, "kernels": {}}))
+    with pytest.raises(rp.RoutepackError, match=r"cost file '.*bad.json': cost JSON: unknown keys \[\], missing"):
+        rp.CostModel.load(bad)
+    bad.write_text(json.dumps({"cost_model": report["cost_model"]}))  # not a report: no kernels
+    with pytest.raises(rp.RoutepackError, match="unknown keys \\['cost_model'\\]"):
+        rp.CostModel.load(bad)

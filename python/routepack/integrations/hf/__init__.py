@@ -13,8 +13,9 @@ from it, and make a later forward pass route exactly as recorded (R3).
 * `moe_routers` (the routers, in layer order) and `model_shape` (a `routepack.ModelShape`
   read from the model) for planning.
 
-Needs transformers >= 5.17 (its MoE routers return ``(router_logits, weights, ids)``) and
-PyTorch: ``pip install 'routepack[hf]'``. Nothing is downloaded: any model object works,
+Needs transformers >= 5.10 (its MoE routers return ``(router_logits, weights, ids)``;
+DeepSeek-V3's and GLM-4.5's from 5.13, refused by name before) and PyTorch:
+``pip install 'routepack[hf]'``. Nothing is downloaded: any model object works,
 a checkpoint or a tiny random one built from a config.
 
 Supported families (the router class is matched exactly; a model without one raises
@@ -45,15 +46,19 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
-_NEEDS = "routepack.integrations.hf needs transformers >= 5.17 and PyTorch: pip install 'routepack[hf]'"
+_NEEDS = "routepack.integrations.hf needs transformers >= 5.10 and PyTorch: pip install 'routepack[hf]'"
 try:
     import transformers  # first: without it, fail before the slower torch import
     import torch
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(_NEEDS) from e
 
+from routepack.integrations.hf.families import MIN_TRANSFORMERS  # noqa: E402
+
 _v = re.match(r"(\d+)\.(\d+)", transformers.__version__)
-if _v is None or (int(_v.group(1)), int(_v.group(2))) < (5, 17):  # pragma: no cover - depends on the env
+#: (major, minor) of the transformers imported.
+TRANSFORMERS = (int(_v.group(1)), int(_v.group(2))) if _v is not None else (0, 0)
+if TRANSFORMERS < MIN_TRANSFORMERS:  # pragma: no cover - depends on the env
     raise ImportError(f"{_NEEDS} (found transformers {transformers.__version__})")
 
 from routepack.errors import RoutepackError, RoutepackTypeError  # noqa: E402
@@ -97,6 +102,13 @@ def moe_routers(model: Any) -> List[Router]:
     if not found:
         names = ", ".join(f"{f.name} ({f.router})" for f in FAMILIES)
         raise RoutepackError(f"model: {type(model).__name__} has no MoE router routepack supports (supported: {names})")
+    fam = found[0].family
+    if TRANSFORMERS < fam.since:  # its router returns the logits alone: nothing to record or replay
+        since = ".".join(map(str, fam.since))
+        raise RoutepackError(
+            f"model: {fam.name}'s router ({fam.router}) returns (router_logits, weights, ids) from transformers "
+            f"{since} on; this is transformers {transformers.__version__} (pip install 'transformers>={since}')"
+        )
     first = found[0]
     for r in found[1:]:
         if (r.module.num_experts, r.module.top_k) != (first.module.num_experts, first.module.top_k):
@@ -137,7 +149,8 @@ def _router_output(r: Router, output: Any) -> Tuple[Any, Any, Any]:
     ):
         raise RoutepackError(
             f"model: router {r.name} ({r.family.router}) did not return (router_logits, weights, ids) "
-            f"under transformers {transformers.__version__}; routepack supports this family from 5.17"
+            f"under transformers {transformers.__version__}; routepack supports this family from "
+            f"{'.'.join(map(str, r.family.since))}"
         )
     return output[0], output[1], output[2]
 

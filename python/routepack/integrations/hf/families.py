@@ -4,8 +4,8 @@ keeps the shapes `model_shape` reads.
 
 Why a formula per family: replay (R3) must route the recorded experts, yet give them the
 weights the family's own code would, so that training under replay is the same function
-of the router's parameters. Each formula below is the family's ``forward`` (transformers
->= 5.17, identical through 5.24) with ``torch.topk``'s choice replaced by given ids; the
+of the router's parameters. Each formula below is the family's ``forward`` (identical from the
+family's ``since`` release through 5.25) with ``torch.topk``'s choice replaced by given ids; the
 replay hook checks on every call that the formula, fed the router's own choice, returns
 the router's own weights bit for bit, so a transformers release that changes a router
 fails loudly instead of training a different function.
@@ -14,10 +14,13 @@ fails loudly instead of training a different function.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Tuple
 
 import torch
 
+#: The oldest transformers release `routepack.integrations.hf` runs with (tested: 5.10.4, what
+#: ``pip install ".[verl,hf]"`` gets beside verl 0.9.1, and the newest).
+MIN_TRANSFORMERS = (5, 10)
 #: (router module, router_logits [N, E], expert ids [N, k] int64) -> gate weights [N, k].
 WeightFn = Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -67,6 +70,9 @@ class Family:
     * ``expert_ffn``: the config field holding one routed expert's FFN width;
       ``shared``: config -> shared (always-on) experts per MoE layer; ``groups``: config ->
       expert groups of group-limited routing (1: none).
+    * ``since``: the first transformers release whose router returns ``(router_logits,
+      weights, ids)`` as routepack reads it (DeepSeek-V3's and GLM-4.5's returned the logits
+      alone before 5.13; the others' routers are the same from 5.10, the oldest tested).
     """
 
     name: str
@@ -76,6 +82,7 @@ class Family:
     expert_ffn: str
     shared: Callable[[Any], int]
     groups: Callable[[Any], int]
+    since: Tuple[int, int] = MIN_TRANSFORMERS
 
 
 def _none(config: Any) -> int:
@@ -131,6 +138,7 @@ FAMILIES = (  # the table in `routepack.integrations.hf`'s docstring describes e
         "moe_intermediate_size",
         _n_shared,
         _n_group,
+        (5, 13),
     ),
     Family(
         "GLM-4.5",
@@ -140,6 +148,7 @@ FAMILIES = (  # the table in `routepack.integrations.hf`'s docstring describes e
         "moe_intermediate_size",
         _n_shared,
         _n_group,
+        (5, 13),
     ),
     Family(
         "GPT-OSS",
