@@ -6,7 +6,10 @@ use proptest::prelude::*;
 use super::{feed_slots, reference};
 use crate::topology::Topology;
 
-fn flows(f: impl Fn(&mut Vec<i64>, &mut Vec<(usize, usize, usize, i64)>), origin: &[i64]) -> (Vec<(usize, usize, usize, i64)>, Vec<i64>) {
+/// A flow as the feed emits it: (origin rank, destination rank, slot, tokens).
+type Flow = (usize, usize, usize, i64);
+
+fn flows(f: impl Fn(&mut Vec<i64>, &mut Vec<Flow>), origin: &[i64]) -> (Vec<Flow>, Vec<i64>) {
     let mut buf = origin.to_vec();
     let mut out = Vec::new();
     f(&mut buf, &mut out);
