@@ -40,6 +40,8 @@ def verl_config():
         "actor_rollout_ref.rollout.n": N,
         "actor_rollout_ref.actor.ppo_epochs": EPOCHS,
         "actor_rollout_ref.actor.use_dynamic_bsz": True,
+        "actor_rollout_ref.rollout.enable_rollout_routing_replay": True,
+        "trainer.use_v1": False,  # this example drives the legacy RayPPOTrainer's methods
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": MAX_TOKENS,
         "trainer.n_gpus_per_node": DP,
     }.items():

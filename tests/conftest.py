@@ -38,6 +38,8 @@ CI_REQUIRES = (
     "verl",
     "verl.utils.seqlen_balancing",
     "verl.trainer.ppo.ray_trainer",
+    "transfer_queue",
+    "verl.trainer.ppo.v1.trainer_base",
     "tensordict",
     "torchdata",
     "ray",

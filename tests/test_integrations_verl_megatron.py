@@ -79,6 +79,7 @@ def train_rank(rank, world, device, plan_model):
             f"{mb}.vanilla_mbridge": True,
             f"{mb}.expert_model_parallel_size": 2,
             f"{mb}.router_replay.mode": "R3",
+            f"{mb}.override_transformer_config.moe_grouped_gemm": False,  # the stand-in bridge builds SequentialMLP
             f"{mb}.override_mcore_model_config": {"routepack": dict(LAYOUT)},
         },
     )

@@ -58,14 +58,18 @@ def init_process_group() -> None:
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
 
 
-def verl_config(backend: str = "fsdp", **values: Any) -> Any:
+def verl_config(backend: str = "fsdp", v1: bool = False, **values: Any) -> Any:
     """verl's generated trainer config for ``backend`` with ``values`` set (dotted keys
-    relative to the root, e.g. ``{"actor_rollout_ref.actor.ppo_epochs": 2}``)."""
+    relative to the root, e.g. ``{"actor_rollout_ref.actor.ppo_epochs": 2}``), for the legacy
+    trainer this harness runs (``trainer.use_v1=False``; ``v1=True`` keeps verl's default) and
+    with the two verl settings a routepack run needs (dynamic batch sizes, recorded routes)."""
     import os
 
     cfg = OmegaConf.load(os.path.join(os.path.dirname(verl.__file__), CONFIGS[backend]))
     defaults = {
+        "trainer.use_v1": v1,
         "actor_rollout_ref.actor.use_dynamic_bsz": True,
+        "actor_rollout_ref.rollout.enable_rollout_routing_replay": True,
         "actor_rollout_ref.rollout.n": 1,
         "actor_rollout_ref.rollout.multi_turn.enable": False,
         "trainer.n_gpus_per_node": 2,

@@ -42,6 +42,8 @@ LOG = logging.getLogger("routepack.integrations.slime")
 PLANS_KEY = "routepack_plans"
 #: slime arguments (``--custom-config-path`` YAML keys) holding the MoE layers' layout.
 LAYOUT_ARGS = {"slots_per_rank": "routepack_slots_per_rank", "replica_slots": "routepack_replica_slots"}
+#: the ``--custom-config-path`` YAML key naming the model-plugin spec `layer_spec` wraps
+SPEC_ARG = "routepack_spec"
 _SAID: set = set()
 #: id of a model's first chunk -> (that chunk, its Handoff or None for a stock model)
 _HANDOFFS: Dict[int, tuple] = {}
@@ -81,8 +83,8 @@ def limits(args: Any) -> Optional[str]:
     if not any("routepack" in str(n) for n in names) and not getattr(args, "routepack_plan_spec", False):
         return (
             f"--spec is {spec!r}, not 'routepack.integrations.slime layer_spec': the actor's MoE layers are "
-            "Megatron's (a spec of your own passed through routepack.integrations.slime.plan_spec: set "
-            "routepack_plan_spec: true in the --custom-config-path YAML)"
+            "Megatron's (to keep a model-plugin spec, pass --spec routepack.integrations.slime layer_spec and name "
+            f"yours in the --custom-config-path YAML: {SPEC_ARG}: <module> <function>)"
         )
     for name, flag, why in (
         ("tensor_model_parallel_size", "--tensor-model-parallel-size", "the MoE layers' EP groups must be DP blocks"),
@@ -146,11 +148,50 @@ def plan_spec(args: Any, spec: Any) -> Any:
     return plan_layer_spec(spec, topo, topo.replica_slots)
 
 
+def their_spec(args: Any) -> Any:
+    """The user's own spec function named by ``args.routepack_spec`` (what the run passed as
+    ``--spec``: ``"slime_plugins.models.qwen3_next get_qwen3_next_spec"`` or a two-item list),
+    imported as slime imports ``--spec`` (Megatron's ``import_module``); None where unset."""
+    named = getattr(args, SPEC_ARG, None)
+    if not named:
+        return None
+    parts = named.split() if isinstance(named, str) else list(named)
+    if len(parts) != 2:
+        raise RoutepackError(f"args.{SPEC_ARG}: expected 'module function' (slime's --spec), got {named!r}")
+    from megatron.core.transformer.spec_utils import import_module  # type: ignore[import-untyped]
+
+    return import_module(tuple(parts))
+
+
+def _is_provider(result: Any) -> bool:
+    """slime's own test for a ``--spec`` function that returned a model provider."""
+    import inspect
+
+    if not callable(result) or isinstance(result, type):
+        return False
+    try:
+        return "pre_process" in inspect.signature(result).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def layer_spec(args: Any, config: Any, vp_stage: Optional[int] = None) -> Any:
-    """For slime's ``--spec routepack.integrations.slime layer_spec``: the spec slime's model
-    provider builds without ``--spec`` (``get_gpt_decoder_block_spec`` for an MoE model, with
-    Transformer Engine where ``--transformer-impl transformer_engine``), through `plan_spec`."""
+    """For slime's ``--spec routepack.integrations.slime layer_spec``: the user's model-plugin
+    spec (``args.routepack_spec``, called as slime calls a ``--spec`` function:
+    ``spec(args, config, vp_stage)``), or else the spec slime's model provider builds without
+    ``--spec`` (``get_gpt_decoder_block_spec`` for an MoE model, with Transformer Engine where
+    ``--transformer-impl transformer_engine``); either through `plan_spec`."""
     from megatron.core.models.gpt import gpt_layer_specs as specs  # type: ignore[import-untyped]
+
+    theirs = their_spec(args)
+    if theirs is not None:
+        built = theirs(args, config, vp_stage) if callable(theirs) else theirs
+        if _is_provider(built):  # a model provider of its own (slime delegates model building to it)
+            raise RoutepackError(
+                f"args.{SPEC_ARG}: {getattr(args, SPEC_ARG)!r} returns a model provider, not a layer spec: "
+                "routepack cannot put its MoE layers into a model it does not build from a spec"
+            )
+        return plan_spec(args, built)
 
     use_te = getattr(args, "transformer_impl", "transformer_engine") == "transformer_engine"
     if getattr(args, "num_experts", None):
@@ -315,6 +356,7 @@ def stock_layout(model: Any) -> Any:
 __all__ = [
     "LAYOUT_ARGS",
     "PLANS_KEY",
+    "SPEC_ARG",
     "actor_topology",
     "begin_step",
     "finish_step",
@@ -325,4 +367,5 @@ __all__ = [
     "plan_spec",
     "stock_layout",
     "step_plans",
+    "their_spec",
 ]

@@ -1,6 +1,8 @@
 """routepack in a running verl trainer: `install` hooks the two places verl balances.
 
-* the driver's ``RayPPOTrainer._balance_batch``: plans each PPO mini-batch of the step from
+* the driver's ``_balance_batch``, in verl's default v1 trainer (``PPOTrainer``, its batch in
+  TransferQueue: `routepack.integrations.verl.v1`) and in the legacy ``RayPPOTrainer``
+  (``trainer.use_v1=False``): plans each PPO mini-batch of the step from
   its routes (R3: this step's ``routed_experts``; R2: the routes the trainer recorded in the
   previous step's log-prob pass, captured from ``_compute_old_log_prob``), orders the batch
   so that verl's equal DP chunks and the workers' mini-batches are the planned ones, and
@@ -27,7 +29,7 @@ import logging
 import os
 import sys
 from collections import Counter
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Optional
 
 
 from routepack._checks import positive_int
@@ -36,7 +38,9 @@ from routepack.errors import RoutepackError
 from routepack.integrations.shared.arrays import as_numpy, require
 from routepack.integrations.shared.trainer import TrainerPlanner, plan_seconds, step_metrics, window_from_loads
 from routepack.integrations.verl import megatron_engine as vm
+from routepack.integrations.verl import v1
 from routepack.integrations.verl.plans import PLAN_PREFIX, SAMPLE_KEY, NoPlan, StepPlans, micro_indices, step_plans
+from routepack.integrations.verl.settings import _get, settings_from_config
 from routepack.integrations.verl.split import balance_stats
 from routepack.integrations.verl.window import window_from_verl
 from routepack.routes.layers import MoELayers
@@ -67,106 +71,6 @@ def reset_fallbacks() -> None:
     _LOGGED.clear()
 
 
-def _get(config: Any, path: str, default: Any = None) -> Any:
-    """``config``'s value at dotted ``path`` (OmegaConf, dicts or attributes), or ``default``
-    where a part is missing or None."""
-    node = config
-    for part in path.split("."):
-        if isinstance(node, Mapping) or hasattr(node, "keys"):
-            try:
-                node = node.get(part)
-            except Exception:  # OmegaConf in struct mode, a missing interpolation
-                node = None
-        else:
-            node = getattr(node, part, None)
-        if node is None:
-            return default
-    return node
-
-
-def settings_from_config(config: Any) -> Dict[str, Any]:
-    """What routepack reads from verl's trainer config, refusing (`RoutepackError` naming the
-    option) a setting it cannot follow: keys backend, minibatch_size, epochs, token_cap,
-    multiple (VPP's microbatch group), ep, gpus_per_node, mode."""
-    actor = "actor_rollout_ref.actor"
-    strategy = _get(config, f"{actor}.strategy", "fsdp")
-    if strategy not in ("fsdp", "fsdp2", "megatron"):
-        raise RoutepackError(f"{actor}.strategy: routepack plans for fsdp, fsdp2 and megatron, got {strategy!r}")
-    megatron = strategy == "megatron"
-    for option, bad, why in (
-        ("trainer.balance_batch", not _get(config, "trainer.balance_batch", True), "the DP split is made there"),
-        (f"{actor}.use_dynamic_bsz", not _get(config, f"{actor}.use_dynamic_bsz", False), "plans are token-capped"),
-        (f"{actor}.shuffle", bool(_get(config, f"{actor}.shuffle", False)), "it reshuffles mini-batches every epoch"),
-        (f"{actor}.use_prefix_grouper", bool(_get(config, f"{actor}.use_prefix_grouper", False)), "it groups by uid"),
-        (
-            f"{actor}.megatron.dynamic_context_parallel",
-            megatron and bool(_get(config, f"{actor}.megatron.dynamic_context_parallel", False)),
-            "it schedules microbatches itself",
-        ),
-    ):
-        if bad:
-            raise RoutepackError(
-                f"{option}: routepack cannot plan with this setting ({why}); set it the other way or do not install routepack"
-            )
-    n = positive_int(int(_get(config, "actor_rollout_ref.rollout.n", 1)), "actor_rollout_ref.rollout.n")
-    mbs = positive_int(int(_get(config, f"{actor}.ppo_mini_batch_size", 0) or 0), f"{actor}.ppo_mini_batch_size") * n
-    sp = (
-        _get(config, f"{actor}.megatron.context_parallel_size", 1)
-        if megatron
-        else _get(config, f"{actor}.ulysses_sequence_parallel_size", 1)
-    )
-    cap = positive_int(
-        int(_get(config, f"{actor}.ppo_max_token_len_per_gpu", 0) or 0), f"{actor}.ppo_max_token_len_per_gpu"
-    )
-    multiple = 1
-    vpp = _get(config, f"{actor}.megatron.virtual_pipeline_model_parallel_size") if megatron else None
-    if vpp is not None and int(vpp) > 1:
-        group = _get(config, f"{actor}.megatron.override_transformer_config.microbatch_group_size_per_vp_stage")
-        multiple = int(group or _get(config, f"{actor}.megatron.pipeline_model_parallel_size", 1))
-    mode = _get(config, f"{actor}.megatron.router_replay.mode", "disabled") if megatron else "disabled"
-    blocked: Dict[str, str] = {}
-    layout_ = {"slots_per_rank": None, "replica_slots": 0}
-    if megatron:
-        layout_ = vm.layout(_get(config, f"{actor}.megatron.override_mcore_model_config"))
-        values = {k: _get(config, f"{actor}.megatron.{k}") for k in vm.LIMIT_KEYS}
-        limit = vm.limits(values)
-        if limit is not None:
-            blocked["placement"] = limit
-        elif not layout_["replica_slots"]:
-            blocked["replicas"] = (
-                f"{actor}.megatron.override_mcore_model_config.{vm.LAYOUT_KEY}.replica_slots is 0: the MoE layers "
-                "hold no replica buffers"
-            )
-        epochs = int(_get(config, f"{actor}.ppo_epochs", 1) or 1)
-        if limit is None and epochs > 1:
-            blocked["placement"] = (
-                f"{actor}.ppo_epochs={epochs}: each mini-batch's plan moves experts from the previous mini-batch's "
-                "placement, and later epochs run the mini-batches again in another order"
-            )
-        contents = list(_get(config, f"{actor}.checkpoint.save_contents", []) or [])
-        if limit is None and int(_get(config, "trainer.save_freq", -1) or -1) > 0 and "optimizer" in contents:
-            blocked["optimizer_ckpt"] = (
-                f"{actor}.checkpoint.save_contents holds 'optimizer' and trainer.save_freq > 0: optimizer state of "
-                "a model with redundant slots or replica buffers is not placement-independent yet"
-            )
-    if mode not in ("R2", "R3"):
-        mode = "R3"  # routes recorded by the rollout (enable_rollout_routing_replay), or none: then refused per step
-    return {
-        "backend": "megatron" if megatron else "fsdp",
-        "minibatch_size": mbs,
-        "epochs": positive_int(int(_get(config, f"{actor}.ppo_epochs", 1)), f"{actor}.ppo_epochs"),
-        "token_cap": cap * positive_int(int(sp or 1), "sequence/context parallel size"),
-        "multiple": positive_int(
-            multiple, f"{actor}.megatron.override_transformer_config.microbatch_group_size_per_vp_stage"
-        ),
-        "ep": int(_get(config, f"{actor}.megatron.expert_model_parallel_size", 1) or 1) if megatron else 1,
-        "gpus_per_node": int(_get(config, "trainer.n_gpus_per_node", 8) or 8),
-        "mode": mode,
-        "layout": layout_,
-        "blocked": blocked,
-    }
-
-
 class VerlInstall:
     """What `install` returns: the planner, the settings read from the config, the state kept
     between steps (R2's previous routes, the last step's plans) and `report`/`uninstall`."""
@@ -193,7 +97,7 @@ class VerlInstall:
             f"{p}: {'runs' if getattr(runs, p) else 'does not run'}" for p in ("placement", "replicas")
         ]
         note = "" if runs.placement and runs.replicas else f" ({runs.why})"
-        return f"routepack on verl ({runs.backend}, policy {self.planner.policy_name!r}, {self.settings['mode']}): {'; '.join(parts)}{note}"
+        return f"routepack on verl ({self.settings.get('trainer', 'legacy')} trainer, {runs.backend}, policy {self.planner.policy_name!r}, {self.settings['mode']}): {'; '.join(parts)}{note}"
 
     def plan_step(self, batch: Any, dp: int, step: int) -> StepPlans:
         """The step's `StepPlans`, or `NoPlan` where verl's own balancing must run."""
@@ -283,6 +187,48 @@ def _balance_batch(
     metrics.update(step_metrics(plans.plans, inst.settings["epochs"]))
     metrics["routepack/planned"] = 1.0
     metrics["timing_s/routepack_plan"] = plan_seconds(plans.plans)
+
+
+def _balance_batch_v1(
+    self: Any, batch: Any, metrics: Dict[str, Any], logging_prefix: str = "global_seqlen", keep_minibatch: bool = False
+) -> Any:
+    """In place of the v1 ``PPOTrainer._balance_batch``: the planned order, sample ids and plans;
+    verl's own on `NoPlan`. Returns the (padded, reordered) ``KVBatchMeta``, as verl's does."""
+    original = _ORIGINALS["PPOTrainer:_balance_batch"]
+    inst = _ACTIVE if _ACTIVE is not None else _lazy_install(self)
+    if inst is None:
+        return original(self, batch, metrics, logging_prefix, keep_minibatch)
+    torch = require("torch", "routepack.integrations.verl", "verl")
+    base = sys.modules[v1.MODULE]  # verl's own names (tq, padding) as the trainer module bound them
+    worker_group = self.actor_rollout_wg
+    if "actor" not in worker_group._dispatch_info:  # verl's lines: the actor's DP size
+        worker_group._dispatch_info["actor"] = worker_group._query_dispatch_info("actor")
+    dp = max(worker_group._dispatch_info["actor"]) + 1
+    batch = base.upsample_batch_to_divisible_size(
+        batch, self._get_required_batch_multiple(dp), self.tokenizer.eos_token_id
+    )
+    step = int(getattr(self, "global_steps", 0))
+    try:
+        fields = v1.route_fields(base.tq, batch)
+        plans = inst.plan_step(v1.Fields(fields), dp, step)
+    except NoPlan as e:
+        log_fallback(e, "driver")
+        metrics["routepack/planned"] = 0.0
+        return original(self, batch, metrics, logging_prefix, keep_minibatch)
+    lens = [int(tag["seq_len"]) for tag in batch.tags]
+    batch.reorder([int(i) for i in plans.order])
+    ids = torch.from_numpy(plans.sample_ids)
+    base.tq.kv_batch_put(
+        keys=batch.keys, partition_id=batch.partition_id, fields=base.TensorDict({SAMPLE_KEY: ids}, batch_size=len(ids))
+    )
+    if batch.extra_info is None:
+        batch.extra_info = {}
+    batch.extra_info.update(plans.payload)
+    metrics.update(balance_stats(lens, plans.partitions, logging_prefix))
+    metrics.update(step_metrics(plans.plans, inst.settings["epochs"]))
+    metrics["routepack/planned"] = 1.0
+    metrics["timing_s/routepack_plan"] = plan_seconds(plans.plans)
+    return batch
 
 
 def _compute_old_log_prob(self: Any, batch: Any) -> Any:
@@ -417,6 +363,9 @@ def unpatch() -> None:
     for name, module in list(sys.modules.items()):
         if name.startswith("verl.workers.engine") and getattr(module, "prepare_micro_batches", None) in hooks:
             setattr(module, "prepare_micro_batches", _ORIGINALS[hooks[module.prepare_micro_batches]])
+    base = sys.modules.get(v1.MODULE)
+    if base is not None and base.PPOTrainer.__dict__.get("_balance_batch") is _balance_batch_v1:
+        base.PPOTrainer._balance_batch = _ORIGINALS["PPOTrainer:_balance_batch"]
     trainer = sys.modules.get("verl.trainer.ppo.ray_trainer")
     if trainer is not None:
         cls = trainer.RayPPOTrainer
@@ -437,8 +386,26 @@ def patch_workers() -> None:
             setattr(module, "prepare_micro_batches", _prepare_micro_batches)
 
 
-def patch_driver() -> None:
-    """Hooks ``RayPPOTrainer._balance_batch`` and ``_compute_old_log_prob`` in this process."""
+def patch_driver() -> Dict[str, str]:
+    """Hooks the legacy ``RayPPOTrainer._balance_batch`` and ``_compute_old_log_prob`` and the
+    v1 ``PPOTrainer._balance_batch`` in this process. Returns ``{"legacy"/"v1": "hooked" or why
+    not}``; raises ImportError where neither trainer imports."""
+    done: Dict[str, str] = {}
+    for name, hook in (
+        ("legacy", _patch_legacy),
+        ("v1", lambda: _patch(v1.trainer_class(), "_balance_batch", _balance_batch_v1)),
+    ):
+        try:
+            hook()
+            done[name] = "hooked"
+        except ImportError as e:
+            done[name] = f"does not import here ({e})"
+    if "hooked" not in done.values():
+        raise ImportError(f"verl's trainers do not import: {done}")
+    return done
+
+
+def _patch_legacy() -> None:
     cls = _trainer_class()
     _patch(cls, "_balance_batch", _balance_batch)
     _patch(cls, "_compute_old_log_prob", _compute_old_log_prob)
@@ -502,8 +469,14 @@ def install(
     if ckpt is not None and planner.runs.placement and extra_slots:
         raise RoutepackError(ckpt + "; save ['model', 'extra'] or use slots_per_rank = E / ep and replica_slots = 0")
     inst = VerlInstall(planner, settings, force_group_size, _moe_layers(config, model_config))
+    trainer = "v1" if v1.uses_v1(config) else "legacy"
     if driver:
-        patch_driver()
+        if trainer == "v1":
+            v1.check_config(config, settings["mode"])
+        hooked = patch_driver()
+        if hooked[trainer] != "hooked":
+            raise RoutepackError(f"trainer.use_v1={trainer == 'v1'}: verl's {trainer} trainer {hooked[trainer]}")
+    settings["trainer"] = trainer
     if workers:
         patch_workers()
     _ACTIVE = inst
@@ -560,7 +533,7 @@ def setup_process() -> None:
     _LAZY = True
     patch_workers()
     try:
-        patch_driver()
+        LOG.info("routepack: verl's trainers: %s", patch_driver())
     except ImportError as e:  # a worker process without the trainer's own dependencies
         LOG.info("routepack: verl's trainer does not import here (%s); only the workers are hooked", e)
 

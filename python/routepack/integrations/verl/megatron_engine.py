@@ -120,6 +120,27 @@ def limits(values: Mapping[str, Any]) -> Optional[str]:
     return None
 
 
+def expert_limits(grouped: Any, mode: Any) -> List[str]:
+    """Why a plan's placement cannot run in the model verl builds (empty: it can), past
+    `limits`: live routing (``router_replay.mode``) and grouped experts (``grouped``: the
+    config's ``override_transformer_config.moe_grouped_gemm``, None where unset: mbridge's MoE
+    bridges set ``moe_grouped_gemm=True``, building ``TEGroupedMLP``)."""
+    p = "actor_rollout_ref.actor.megatron"
+    out = []
+    if mode not in ("R2", "R3"):
+        out.append(
+            f"{p}.router_replay.mode={mode!r}: the trainer's router routes live, so experts placed and copied for the "
+            f"replayed routes would not meet the tokens they were planned for; {p}.router_replay.mode=R3 enables it"
+        )
+    if grouped is not False:
+        out.append(
+            f"{p}.override_transformer_config.moe_grouped_gemm is not False: mbridge builds grouped experts "
+            "(TEGroupedMLP), which routepack's MoE layer does not run under a plan yet; "
+            f"+{p}.override_transformer_config.moe_grouped_gemm=False builds SequentialMLP experts, which it runs"
+        )
+    return out
+
+
 # ----------------------------------------------------------------------- model building
 def _worker_values(engine: Any) -> Dict[str, Any]:
     from megatron.core import parallel_state as mpu
@@ -176,6 +197,11 @@ def _build_megatron_module(self: Any) -> Any:
     missing = [a for a in ("_get_transformer_layer_spec", "export_weights") if not hasattr(bridge, a)]
     if why is None and missing:
         why = f"the bridge {type(bridge).__name__} has no {missing} (mbridge's AutoBridge has)"
+    if why is None and getattr(config, "moe_grouped_gemm", False):  # what the bridge builds, as the driver reads it
+        why = "; ".join(expert_limits(True, "R3"))
+    replay = getattr(getattr(self.engine_config, "router_replay", None), "mode", "R3")
+    if why is None and replay not in ("R2", "R3"):
+        why = "; ".join(expert_limits(False, replay))
     if why is not None:
         say_once("schedule_only", f"the Megatron engine runs routepack's schedule only: {why}")
         return original(self)
@@ -386,6 +412,7 @@ __all__ = [
     "HANDOFFS",
     "LAYOUT_KEY",
     "LIMIT_KEYS",
+    "expert_limits",
     "hook_bridge",
     "layout",
     "limits",
