@@ -1,13 +1,14 @@
 //! Binding for the simulator.
 
+use numpy::ndarray::{Array3, Array4};
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use routepack_core::error::invalid;
 use routepack_core::packing::cells::Oversize;
 use routepack_core::plan::ReplicaTiming;
-use routepack_core::simulate::pipeline::{run_makespan, OpTimes, RunKind};
-use routepack_core::simulate::{simulate_in, Scoring};
+use routepack_core::simulate::pipeline::{run_makespan, OpTimes, Pipeline, RunKind};
+use routepack_core::simulate::{simulate_in, simulate_terms as simulate_terms_in, ExchangeTerms, Scoring, SimReport};
 
 use crate::convert::{self, slice};
 use crate::errors::{run, to_py};
@@ -49,6 +50,68 @@ pub fn simulate<'py>(
         check_tables(&plan, &tables)?;
         Ok(r)
     })?;
+    report_dict(py, r, (t.num_groups(), plan.num_micro, w.num_layers))
+}
+
+/// `simulate` and each exchange's parts per rank (`simulate::ExchangeTerms`), what
+/// `routepack.timeline` draws a step per rank from: `(report, terms)`, the report `simulate`'s
+/// dict; `terms` float64 arrays `attention_rank`, `expert_rank` `[G, M, L, ep]` (each EP rank's
+/// attention and expert seconds, all passes), `attention`, `expert`, `all_to_all`, `hidden`,
+/// `replication`, `replica_forward`, `replica_backward` `[G, M, L]` (each exchange's parts,
+/// `LayerCost`'s), and int64 `layer_stage` `[L]` (the pipeline stage holding each layer).
+#[pyfunction]
+#[pyo3(signature = (plan, seq_lens, expert_tokens, topo, cost, ideal_micro=None, token_cap=None, oversize=None, replica_timing=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn simulate_terms<'py>(
+    py: Python<'py>,
+    plan: &Bound<'py, PyAny>,
+    seq_lens: PyReadonlyArray1<'py, i64>,
+    expert_tokens: convert::CountsArray<'py>,
+    topo: &Bound<'py, PyAny>,
+    cost: &Bound<'py, PyAny>,
+    ideal_micro: Option<usize>,
+    token_cap: Option<i64>,
+    oversize: Option<&str>,
+    replica_timing: Option<&str>,
+) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyDict>)> {
+    let oversize = oversize.map(Oversize::parse).transpose().map_err(to_py)?.unwrap_or_default();
+    let timing = replica_timing.map(ReplicaTiming::parse).transpose().map_err(to_py)?.unwrap_or_default();
+    let plan = convert::plan(plan)?;
+    let w = convert::window(&seq_lens, &expert_tokens)?;
+    let t = convert::topology(topo)?;
+    let c = crate::py_options::cost(cost)?;
+    let scoring = Scoring { ideal_micro, token_cap, plan_cap: None, oversize, timing, step_only: false };
+    let (r, x, stages) = run(py, || {
+        let (r, x) = simulate_terms_in(&plan, &w, &t, &c, &scoring)?;
+        let pipe = Pipeline::new(&t, &c, w.num_layers)?;
+        let stages: Vec<i64> = (0..w.num_layers).map(|l| pipe.stage_of_layer(l) as i64).collect();
+        Ok((r, x, stages))
+    })?;
+    let report = report_dict(py, r, (t.num_groups(), plan.num_micro, w.num_layers))?;
+    Ok((report, terms_dict(py, x, stages)?))
+}
+
+/// `ExchangeTerms` as `simulate_terms`' dict of arrays.
+fn terms_dict(py: Python<'_>, x: ExchangeTerms, stages: Vec<i64>) -> PyResult<Bound<'_, PyDict>> {
+    let (g, m, l, ep) = x.shape;
+    let d = PyDict::new(py);
+    let per_rank = |v: Vec<f64>| Array4::from_shape_vec((g, m, l, ep), v).expect("shape");
+    d.set_item("attention_rank", per_rank(x.attention).into_pyarray(py))?;
+    d.set_item("expert_rank", per_rank(x.expert).into_pyarray(py))?;
+    let per_exchange = |f: &dyn Fn(usize) -> f64| Array3::from_shape_fn((g, m, l), |(a, b, c)| f((a * m + b) * l + c));
+    d.set_item("attention", per_exchange(&|i| x.layer[i].attention).into_pyarray(py))?;
+    d.set_item("expert", per_exchange(&|i| x.layer[i].expert).into_pyarray(py))?;
+    d.set_item("all_to_all", per_exchange(&|i| x.layer[i].all_to_all).into_pyarray(py))?;
+    d.set_item("hidden", per_exchange(&|i| x.layer[i].hidden).into_pyarray(py))?;
+    d.set_item("replication", per_exchange(&|i| x.layer[i].replication).into_pyarray(py))?;
+    d.set_item("replica_forward", per_exchange(&|i| x.replication_parts[i].0).into_pyarray(py))?;
+    d.set_item("replica_backward", per_exchange(&|i| x.replication_parts[i].1).into_pyarray(py))?;
+    d.set_item("layer_stage", stages.into_pyarray(py))?;
+    Ok(d)
+}
+
+/// A `SimReport` as the dict of `routepack.SimResult`'s fields; `shape` (G, M, L) of its imbalance.
+fn report_dict(py: Python<'_>, r: SimReport, shape: (usize, usize, usize)) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("step_time", r.step_time)?;
     d.set_item("ideal_time", r.ideal_time)?;
@@ -65,8 +128,7 @@ pub fn simulate<'py>(
     d.set_item("pipeline_bubble", r.pipeline_bubble)?;
     d.set_item("critical_group", r.critical_group)?;
     d.set_item("group_times", r.group_times.into_pyarray(py))?;
-    let shape = (t.num_groups(), plan.num_micro, w.num_layers);
-    let imb = numpy::ndarray::Array3::from_shape_vec(shape, r.imbalance).expect("shape");
+    let imb = Array3::from_shape_vec(shape, r.imbalance).expect("shape");
     d.set_item("imbalance", imb.into_pyarray(py))?;
     d.set_item("mean_imbalance", r.mean_imbalance)?;
     d.set_item("intra_node_bytes", r.intra_node_bytes)?;
@@ -121,6 +183,7 @@ pub fn pipeline_makespan<'py>(
 /// Adds this file's functions to `routepack._core`.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(simulate, m)?)?;
+    m.add_function(wrap_pyfunction!(simulate_terms, m)?)?;
     m.add_function(wrap_pyfunction!(pipeline_makespan, m)?)?;
     Ok(())
 }

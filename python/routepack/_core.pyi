@@ -34,6 +34,7 @@ __all__ = [
     "micro_rule",
     "lower_bound_micro",
     "simulate",
+    "simulate_terms",
     "pipeline_makespan",
     "expert_tokens_from_routed",
     "check_expert_tokens",
@@ -217,6 +218,21 @@ def simulate(
     `validate_plan` does (None: well-formedness only); `replica_timing`: the plan's
     ("prefetch" or "after_router": forward copies exposed); `step_only`: the step time and its
     parts only (`lower_bound_time` and `ideal_time` NaN)."""
+
+def simulate_terms(
+    plan: Any,
+    seq_lens: _I64,
+    expert_tokens: _Counts,
+    topo: Any,
+    cost: Any,
+    ideal_micro: Optional[int] = None,
+    token_cap: Optional[int] = None,
+    oversize: Optional[str] = None,
+    replica_timing: Optional[str] = None,
+) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """simulate's dict and each exchange's parts per rank: float64 attention_rank, expert_rank
+    [G, M, L, ep]; attention, expert, all_to_all, hidden, replication, replica_forward,
+    replica_backward [G, M, L]; int64 layer_stage [L]."""
 
 def pipeline_makespan(
     pp: int,

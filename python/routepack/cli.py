@@ -58,6 +58,7 @@ from routepack.oversize import OVERSIZE_MODES
 from routepack.stages.registry import PACKINGS, PLACEMENTS, REPLICATIONS
 from routepack.sweep import combinations, format_sweep, sweep, sweep_policies
 from routepack.tables import fill
+from routepack.plan_figure import plan_pictures
 from routepack.verdict import threshold_note, verdict
 from routepack.window import Window
 from routepack.workloads import WORKLOADS
@@ -215,6 +216,8 @@ def _paths(args: argparse.Namespace) -> Dict[str, Optional[Path]]:
         "json": writable(args.json, "--json") if getattr(args, "json", None) else None,
         "results": writable(args.results, "--results") if getattr(args, "results", None) else None,
         "figure": writable(args.figure, "--figure") if getattr(args, "figure", None) else None,
+        "trace": writable(args.trace, "--trace") if getattr(args, "trace", None) else None,
+        "plan_figure": writable(args.plan_figure, "--plan-figure") if getattr(args, "plan_figure", None) else None,
     }
 
 
@@ -389,6 +392,8 @@ def _run(args: argparse.Namespace) -> int:
                 title=f"routepack bench: {prof.name}, {len(windows) - 1} windows",
             )
             print(f"wrote {path}")
+    for path in plan_pictures(paths, windows, topo, cost, cap, policies, winners, args.seed, options, prof.name):
+        print(f"wrote {path}")
     _write_outputs(args, data, paths, "bench")
     print()
     print(fill(threshold_note()))
@@ -443,6 +448,13 @@ def _bench_parser(sub: Any, name: str, helptext: str) -> argparse.ArgumentParser
         "--figure",
         default=None,
         help=f"also draw a PNG figure to this file (default: none; not with --sweep; needs matplotlib: {FIGURE_HINT})",
+    )
+    p.add_argument("--trace", help="also write routepack's simulated step per rank (last window) as a Chrome trace")
+    p.add_argument(
+        "--plan-figure",
+        default=None,
+        help="also draw the last window's plans of static, the best baseline and routepack to this PNG: tokens per "
+        f"(layer, rank) and the simulated step per rank (default: none; needs matplotlib: {FIGURE_HINT})",
     )
     p.add_argument("--json", default=None, help="also write the results as JSON to this file (default: none)")
     p.add_argument(
@@ -535,7 +547,12 @@ def _check(args: argparse.Namespace) -> Optional[str]:
         if not args.sweep and sweep_only:
             return f"--{sweep_only[0]} needs --sweep"
         if args.sweep:
-            for flag, why in (("policy", "it plans every combination"), ("figure", "it draws no figure")):
+            for flag, why in (
+                ("policy", "it plans every combination"),
+                ("figure", "it draws no figure"),
+                ("trace", "it traces no plan"),
+                ("plan_figure", "it draws no figure"),
+            ):
                 if getattr(args, flag):
                     return f"--{flag} does not apply with --sweep ({why})"
         args.loads = args.loads or "window"

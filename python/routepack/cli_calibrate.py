@@ -131,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
         shown = str(fig) if fig is not None and fig.exists() else None
         page.write_text(render("calibrate", [str(report)], page, shown), encoding="utf-8")
         print(f"wrote {page}")
+    from routepack.verdict import calibrate_verdict
+
+    print(fill(calibrate_verdict(rep), indent="  "))
     return 0
 
 

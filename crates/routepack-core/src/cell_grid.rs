@@ -69,15 +69,18 @@ impl CellGrid {
 
     /// The slowest rank's one-pass attention time in exchange (group g, microbatch m, layer l).
     pub fn attention_max(&self, cost: &CostModel, g: usize, m: usize, l: usize) -> f64 {
-        (0..self.ep)
-            .map(|r| {
-                let c = (g * self.ep + r) * self.num_micro + m;
-                match self.ring.get(c) {
-                    Some(&kv) => cost.ring_attention(l, self.lin[c], self.quad[c], kv),
-                    None => cost.attention_of_sums(l, self.lin[c], self.quad[c]),
-                }
-            })
-            .fold(0.0, f64::max)
+        (0..self.ep).map(|r| self.attention_of(cost, g, m, l, r)).fold(0.0, f64::max)
+    }
+
+    /// EP-local rank `r`'s one-pass attention time in exchange (group g, microbatch m, layer l):
+    /// its cell's [`CostModel::attention_of_sums`] (ring attention for a piece of a split sample).
+    #[inline]
+    pub fn attention_of(&self, cost: &CostModel, g: usize, m: usize, l: usize, r: usize) -> f64 {
+        let c = (g * self.ep + r) * self.num_micro + m;
+        match self.ring.get(c) {
+            Some(&kv) => cost.ring_attention(l, self.lin[c], self.quad[c], kv),
+            None => cost.attention_of_sums(l, self.lin[c], self.quad[c]),
+        }
     }
 
     /// Prices cell (global DP rank `d`, microbatch `m`), which runs one piece of a sample split

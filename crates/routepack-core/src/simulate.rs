@@ -48,8 +48,10 @@ mod entry;
 mod ideal;
 pub mod pipeline;
 mod split;
+mod terms;
 
-pub use entry::{simulate, simulate_in, Scoring};
+pub use entry::{simulate, simulate_in, simulate_terms, Scoring};
+pub use terms::ExchangeTerms;
 
 pub use ideal::ideal_time;
 use ideal::ideal_time_of;
@@ -141,6 +143,7 @@ struct Scratch {
     node: Vec<usize>,      // [ep] node of each EP-local rank
     rep_parts: (f64, f64), // the last exchange's exposed replication: (forward copies, gradient reduction)
     timing: ReplicaTiming, // when the plan's copies move
+    rank_x: Vec<f64>,      // [ep] the last exchange's one-pass expert time X of each rank
 }
 
 impl Scratch {
@@ -161,6 +164,7 @@ impl Scratch {
             node: Vec::with_capacity(ep),
             rep_parts: (0.0, 0.0),
             timing: ReplicaTiming::Prefetched,
+            rank_x: vec![0.0; ep],
         }
     }
 }
@@ -222,6 +226,12 @@ impl ExchangePricer {
     /// update's forward and backward.
     pub fn replication_parts(&self) -> (f64, f64) {
         self.sc.rep_parts
+    }
+
+    /// `[ep]` one-pass expert time X of each EP rank in the exchange priced last
+    /// ([`CostModel::rank_expert_time`]: the slowest is its `LayerCost::expert` over the passes).
+    pub fn rank_expert(&self) -> &[f64] {
+        &self.sc.rank_x
     }
 }
 
@@ -313,8 +323,10 @@ fn price_exchange(
         sc.touched.clear();
     }
     // the linear model's bits stay as they were: the extra is added only with a floor
-    let x_of = |p: usize| cost.rank_expert_time(sc.tokens[p] as f64, sc.active[p] as f64, sc.extra[p]);
-    let x_max = (0..ep).map(x_of).fold(0.0, f64::max);
+    for p in 0..ep {
+        sc.rank_x[p] = cost.rank_expert_time(sc.tokens[p] as f64, sc.active[p] as f64, sc.extra[p]);
+    }
+    let x_max = sc.rank_x.iter().copied().fold(0.0, f64::max);
     let total: i64 = sc.tokens.iter().sum();
     let imbalance = if total > 0 { *sc.tokens.iter().max().unwrap() as f64 * ep as f64 / total as f64 } else { 1.0 };
     let a2a = cost.all_to_all_time(&sc.a2a);
@@ -393,7 +405,8 @@ fn score(
     grid: CellGrid,
     timing: ReplicaTiming,
     step_only: bool,
-) -> Result<SimReport> {
+    detail: bool,
+) -> Result<(SimReport, Option<ExchangeTerms>)> {
     let bound_cap = token_cap.map(|cap| cap.max(largest_row(plan, w, topo)));
     check_bound_inputs(w, topo, cost, bound_cap)?;
     let (g_n, m_n, l_n, ep, e_n) = (topo.num_groups(), plan.num_micro, w.num_layers, topo.ep, w.num_experts);
@@ -415,7 +428,7 @@ fn score(
             |(pricer, origin), gm| {
                 let (g, m) = (gm / m_n, gm % m_n);
                 let sums = if step_only { 0 } else { l_n * e_n };
-                let mut part = GmSums { rows: Vec::new(), totals: vec![0; sums], share: vec![0.0; sums] };
+                let mut part = GmSums { rows: Vec::new(), totals: vec![0; sums], share: vec![0.0; sums], ranks: Vec::new() };
                 let costs = (0..l_n)
                     .map(|l| {
                         if step_only {
@@ -433,6 +446,11 @@ fn score(
                         let attn_max = grid.attention_max(cost, g, m, l);
                         let (so, sl) = &layer_slots[l];
                         let lc = pricer.price(topo, cost, origin, attn_max, so, sl, &reps[gm * l_n + l]);
+                        if detail {
+                            // each rank's own one-pass attention, then its expert time (`ExchangeTerms`)
+                            part.ranks.extend((0..ep).map(|r| grid.attention_of(cost, g, m, l, r)));
+                            part.ranks.extend_from_slice(pricer.rank_expert());
+                        }
                         (lc, pricer.dispatch_bytes(), pricer.replication_parts())
                     })
                     .collect();
@@ -495,6 +513,7 @@ fn score(
         (group_times, critical, parts, 0.0, migration_time(plan, topo, cost), redundant_grad_time(plan, topo, cost))
     };
     let step_time = group_times[critical] + migration + redundant_grads;
+    let terms = detail.then(|| ExchangeTerms::gather(&per_gm, (g_n, m_n, l_n, ep), cost));
     // a balanced pipeline without a bubble: each stage a pp-th of the work
     let (lower_bound, ideal) = match bound_and_layers {
         Some((bound, layer_tokens)) => (bound, ideal_time_of(&layer_tokens, w, topo, cost, ideal_micro.unwrap_or(m_n)) / topo.pp as f64),
@@ -502,7 +521,7 @@ fn score(
     };
     let tokens = w.total_tokens() as f64;
     let mean_imbalance = imbalance.iter().sum::<f64>() / imbalance.len() as f64;
-    Ok(SimReport {
+    let report = SimReport {
         step_time,
         ideal_time: ideal,
         lower_bound_time: lower_bound,
@@ -523,7 +542,8 @@ fn score(
         intra_node_bytes: cost.all_to_all_bytes(intra),
         cross_node_bytes: cost.all_to_all_bytes(cross),
         cross_node_bytes_per_token: cost.all_to_all_bytes(cross) / tokens,
-    })
+    };
+    Ok((report, terms))
 }
 
 /// What one (group, microbatch) task of [`simulate_in`] returns: each layer's exchange cost,
@@ -533,11 +553,14 @@ type GmResult = (Vec<(LayerCost, (f64, f64), (f64, f64))>, GmSums);
 
 /// What one (group, microbatch) task of [`simulate_in`] gathers for the lower bound
 /// ([`DemandSums`]): its rows `(sample, layer, Σ_e tokens, distinct experts, top-k sums)` and,
-/// per layer, its experts' totals and largest shares (`[L * E]` each).
+/// per layer, its experts' totals and largest shares (`[L * E]` each); where the caller asked
+/// for the exchanges' detail, `ranks` `[L * 2 * ep]`: per layer each EP rank's one-pass
+/// attention, then each one's one-pass expert time (empty otherwise).
 struct GmSums {
     rows: Vec<(usize, usize, i64, usize, [f64; 4])>,
     totals: Vec<i64>,
     share: Vec<f64>,
+    ranks: Vec<f64>,
 }
 
 /// Tokens of the plan's largest row (cell).

@@ -15,6 +15,7 @@ def run(args: argparse.Namespace) -> int:
     import importlib
 
     from routepack._cliargs import load_cost
+    from routepack.tables import fill
     from routepack.measure.report import format_table, parts_table, rank_mean_table
     from routepack.measure.workload import Workload
 
@@ -75,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(result.to_dict(), indent=2, default=str))
         print(f"wrote {args.json}")
+    from routepack.verdict import measure_verdict
+
+    print(fill(measure_verdict(result.policies, result.calibration), indent="  "))
     return 0
 
 

@@ -48,6 +48,7 @@ from routepack.torch.pipeline import agree_stages, stage_plan
 from routepack.torch.replicate import ReplicaExchange
 from routepack.torch.routes import window_routes
 from routepack.torch.slot_link import StepSums
+from routepack.torch.step_metrics import StepTimer, runner_metrics
 
 #: token cap used when the caller gives none: validation then checks everything but the cap
 NO_CAP = 1 << 62
@@ -146,6 +147,8 @@ class PlanRunner:
         #: int64 ``[G, M, L, ep]``: the plan's prediction of the same (`_core.rank_tokens`)
         self.predicted = np.zeros((0, 0, 0, 0), dtype=np.int64)
         self.last_migration: Optional[MigrationReport] = None
+        #: the step's wall time, first `start_micro` to `finish_step` (`metrics`)
+        self.timer = StepTimer(self.layers[0].w1.device)
         self._routes: Dict[Tuple[int, int], Any] = {}
         self._window: Optional[Window] = None
         #: device bool, True once a layer was fed ids other than the precomputed ones
@@ -286,6 +289,7 @@ class PlanRunner:
         if self.plan is None:
             raise RuntimeError("start_micro: call begin_window first")
         self.micro = _args.rank(micro, "micro", self.plan.num_micro)
+        self.timer.start()
         self.exchange.micro = self.micro
         if prefetch:
             with profile.region("replica_fill"):
@@ -302,6 +306,14 @@ class PlanRunner:
         self.exchange.finish()
         self.check_replayed_ids()
         sync_redundant_grads(self.layers, self.group, self.edp_group if reduce_edp else None)
+        self.timer.stop()
+
+    def metrics(self, cost: Any = None) -> Dict[str, float]:
+        """The window's plan metrics and the last step's measured time, named as
+        `routepack.metrics.METRICS` lists them (`routepack.torch.step_metrics.runner_metrics`;
+        ``cost`` predicts the step of a plan that records no prediction). Hand them to the
+        trainer's logger with `routepack.metrics.log_metrics`."""
+        return runner_metrics(self, cost)
 
     def check_step_finished(self, where: str) -> None:
         """Raises `RoutepackError` when some layer's backward has run for part of the step's
@@ -323,6 +335,7 @@ class PlanRunner:
         some microbatches ran, not of all); the next backward starts a new step."""
         if self.step_sums is not None:
             self.step_sums = StepSums(self.step_sums.num_micro)
+        self.timer.abandon()
 
     def check_replayed_ids(self) -> None:
         """Raises `RoutepackError` on every EP rank when some rank fed a layer ids other than

@@ -3,7 +3,7 @@
 //! bound, validation of the plan first, samples split over a CP group, and copies planned from
 //! the router's output ([`ReplicaTiming`]).
 
-use super::{score, split, SimReport};
+use super::{score, split, ExchangeTerms, SimReport};
 use crate::cell_grid::CellGrid;
 use crate::cost::CostModel;
 use crate::error::{invalid, Result};
@@ -53,6 +53,30 @@ pub struct Scoring {
 /// Scores `plan` on `w` as `scoring` says (see [`Scoring`]): the simulator's one entry with
 /// every option, which `simulate` and the Python binding call.
 pub fn simulate_in(plan: &Plan, w: &WindowView, topo: &Topology, cost: &CostModel, scoring: &Scoring) -> Result<SimReport> {
+    Ok(scored(plan, w, topo, cost, scoring, false)?.0)
+}
+
+/// [`simulate_in`] and every exchange it priced, each rank's part in it ([`ExchangeTerms`]):
+/// what a timeline of the step per rank is drawn from. The report is `simulate_in`'s, bit for bit.
+pub fn simulate_terms(
+    plan: &Plan,
+    w: &WindowView,
+    topo: &Topology,
+    cost: &CostModel,
+    scoring: &Scoring,
+) -> Result<(SimReport, ExchangeTerms)> {
+    let (report, terms) = scored(plan, w, topo, cost, scoring, true)?;
+    Ok((report, terms.expect("asked for the exchanges' detail")))
+}
+
+fn scored(
+    plan: &Plan,
+    w: &WindowView,
+    topo: &Topology,
+    cost: &CostModel,
+    scoring: &Scoring,
+    detail: bool,
+) -> Result<(SimReport, Option<ExchangeTerms>)> {
     let Scoring { ideal_micro, token_cap, plan_cap, oversize, timing, step_only } = *scoring;
     cost.check(w.num_layers)?;
     if oversize == Oversize::Split {
@@ -63,11 +87,11 @@ pub fn simulate_in(plan: &Plan, w: &WindowView, topo: &Topology, cost: &CostMode
         validate_plan_in(plan, w, topo, split_cap, oversize)?;
         let pieces = Pieces::new(w.seq_lens, split_cap, topo.cp)?;
         if pieces.any_split() {
-            return split::simulate_pieces(plan, w, topo, cost, ideal_micro, token_cap, &pieces, timing);
+            return split::simulate_pieces(plan, w, topo, cost, ideal_micro, token_cap, &pieces, timing, detail);
         }
     } else {
         validate_plan_in(plan, w, topo, plan_cap.unwrap_or(i64::MAX), oversize)?;
     }
     let grid = CellGrid::new(&plan.sample_rank, &plan.sample_micro, plan.num_micro, w.seq_lens, topo);
-    score(plan, w, topo, cost, ideal_micro, token_cap, grid, timing, step_only)
+    score(plan, w, topo, cost, ideal_micro, token_cap, grid, timing, step_only, detail)
 }

@@ -7,7 +7,7 @@
 //! only adds to a cell's attention (n²/cp >= piece² for n >= cp, plus the KV blocks) and the
 //! step is nondecreasing in attention.
 
-use super::{score, SimReport};
+use super::{score, ExchangeTerms, SimReport};
 use crate::cell_grid::CellGrid;
 use crate::cost::CostModel;
 use crate::error::Result;
@@ -27,7 +27,8 @@ pub(super) fn simulate_pieces(
     token_cap: Option<i64>,
     pieces: &Pieces,
     timing: ReplicaTiming,
-) -> Result<SimReport> {
+    detail: bool,
+) -> Result<(SimReport, Option<ExchangeTerms>)> {
     let (sample_rank, sample_micro) = pieces.expand(&plan.sample_rank, &plan.sample_micro);
     let counts = pieces.counts(w)?;
     let wp = WindowView::new(&pieces.lens, &counts, w.num_layers, w.num_experts)?;
@@ -44,5 +45,5 @@ pub(super) fn simulate_pieces(
             grid.set_ring(d + j, m, quad, kv);
         }
     }
-    score(&expanded, &wp, topo, cost, ideal_micro, token_cap, grid, timing, false)
+    score(&expanded, &wp, topo, cost, ideal_micro, token_cap, grid, timing, false, detail)
 }

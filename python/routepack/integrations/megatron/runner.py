@@ -41,6 +41,7 @@ from routepack.torch.pipeline import agree_stages, stage_plan
 from routepack.torch.replicate import ReplicaExchange
 from routepack.torch.routes import cell_origins
 from routepack.torch.slot_link import redundant_experts
+from routepack.torch.step_metrics import StepTimer, runner_metrics
 from routepack.torch.slot_state import stateful_owner
 from routepack.window import Window
 
@@ -231,6 +232,8 @@ class MegatronRunner:
         self._window: Optional[Window] = None
         self.exchange: Optional[_Exchange] = None
         self.last_migration: Optional[MigrationReport] = None
+        #: the step's wall time, first `start_micro` to `finish_step` (`metrics`)
+        self.timer = StepTimer()
         #: the step's microbatches (`MicrobatchState`: current one, kept copies, backwards run)
         self.state = MicrobatchState(len(mods))
         #: with ``recording``, `received` holds the tokens each local expert received (tests)
@@ -350,6 +353,7 @@ class MegatronRunner:
         except Exception as e:  # noqa: BLE001 (shared with every EP rank, then re-raised)
             err = e
         device = self._agree(err, digest)
+        self.timer.device = device
         local = self._local_plan(plan)
         report = None
         if local.migration.size:
@@ -419,6 +423,7 @@ class MegatronRunner:
         if self.plan is None:
             raise RoutepackError("start_micro: call begin_window first")
         current = _args.rank(micro, "micro", self.plan.num_micro)
+        self.timer.start()
         self.state.start(current)
         for m in self.layers:
             m.slot_map.micro = current
@@ -576,7 +581,12 @@ class MegatronRunner:
                     "runner.microbatches, on every stage"
                 )
             )
+        self.timer.stop()
         self.end_micro()
+
+    def metrics(self, cost: Any = None) -> Dict[str, float]:
+        """The window's plan metrics and the last step's measured time (`PlanRunner.metrics`)."""
+        return runner_metrics(self, cost)
 
 
 __all__ = ["LayerView", "MegatronRunner"]
