@@ -18,9 +18,10 @@ use crate::py_plan::{check_tables, plan_tables};
 /// cap the lower bound assumes (None: no cap). `plan_cap`: first validate the plan against
 /// this cap as `validate_plan` does (None: well-formedness only, no cap), with `oversize` as
 /// `validate_plan`'s. `replica_timing`: `Plan.replica_timing` ("prefetch", the default, or
-/// "after_router": the copies' forward weights are exposed, `plan::ReplicaTiming`).
+/// "after_router": the copies' forward weights are exposed, `plan::ReplicaTiming`). `step_only`:
+/// the step time and its parts only (`lower_bound_time`, `ideal_time` NaN; `Scoring::step_only`).
 #[pyfunction]
-#[pyo3(signature = (plan, seq_lens, expert_tokens, topo, cost, ideal_micro=None, token_cap=None, plan_cap=None, oversize=None, replica_timing=None))]
+#[pyo3(signature = (plan, seq_lens, expert_tokens, topo, cost, ideal_micro=None, token_cap=None, plan_cap=None, oversize=None, replica_timing=None, step_only=false))]
 #[allow(clippy::too_many_arguments)]
 pub fn simulate<'py>(
     py: Python<'py>,
@@ -34,6 +35,7 @@ pub fn simulate<'py>(
     plan_cap: Option<i64>,
     oversize: Option<&str>,
     replica_timing: Option<&str>,
+    step_only: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let oversize = oversize.map(Oversize::parse).transpose().map_err(to_py)?.unwrap_or_default();
     let timing = replica_timing.map(ReplicaTiming::parse).transpose().map_err(to_py)?.unwrap_or_default();
@@ -44,7 +46,7 @@ pub fn simulate<'py>(
     let c = crate::py_options::cost(cost)?;
     let r = run(py, || {
         // simulate validates the plan first, so its own faults are named before the tables'
-        let r = simulate_in(&plan, &w, &t, &c, &Scoring { ideal_micro, token_cap, plan_cap, oversize, timing })?;
+        let r = simulate_in(&plan, &w, &t, &c, &Scoring { ideal_micro, token_cap, plan_cap, oversize, timing, step_only })?;
         check_tables(&plan, &tables)?;
         Ok(r)
     })?;
@@ -78,7 +80,7 @@ pub fn simulate_terms<'py>(
     let w = convert::window(&seq_lens, &expert_tokens)?;
     let t = convert::topology(topo)?;
     let c = crate::py_options::cost(cost)?;
-    let scoring = Scoring { ideal_micro, token_cap, plan_cap: None, oversize, timing };
+    let scoring = Scoring { ideal_micro, token_cap, plan_cap: None, oversize, timing, step_only: false };
     let (r, x, stages) = run(py, || {
         let (r, x) = simulate_terms_in(&plan, &w, &t, &c, &scoring)?;
         let pipe = Pipeline::new(&t, &c, w.num_layers)?;

@@ -10,6 +10,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import routepack as rp
@@ -95,3 +96,26 @@ def test_the_choice_is_reported_and_deterministic():
     c = rp.plan_window(w, topo, cost, prof.token_cap, policy="routepack", time_budget_s=60.0)
     assert "choice" not in c.report
     assert resolve("routepack")[1].choose is True
+
+
+def test_probes_score_the_full_simulates_step():
+    """The choice's probes run `score(..., step_only=True)`: the step time each probe reports
+    is, bit for bit, the full simulate's of the same unreplicated plan (only the bound and the
+    balanced reference are left out, as NaN)."""
+    from routepack.plan import Plan, empty_migration, empty_replicas
+    from routepack.simulate import score
+
+    prof, cost = FLASH6, FLASH6.cost()
+    (w,) = list(traces.synthetic(prof, 1, seed=3))
+    topo = prof.topology()
+    plan = rp.plan_window(w, topo, cost, prof.token_cap, policy="routepack")
+    probes = plan.report["choice"]["probes"]
+    bare = Plan(
+        plan.placement, plan.sample_rank, plan.sample_micro, plan.num_micro, empty_replicas(), empty_migration()
+    )
+    full = score(bare, w, topo, cost, prof.token_cap)
+    probe = score(bare, w, topo, cost, prof.token_cap, step_only=True)
+    assert probe.step_time == full.step_time and probe.all_to_all == full.all_to_all
+    assert np.isnan(probe.lower_bound_time) and np.isnan(probe.ideal_time) and not np.isnan(full.lower_bound_time)
+    chosen = f"{plan.report['choice']['placement']}+{plan.report['choice']['packing']}"
+    assert probes[chosen] == full.step_time

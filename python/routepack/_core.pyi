@@ -220,12 +220,14 @@ def simulate(
     plan_cap: Optional[int] = None,
     oversize: Optional[str] = None,
     replica_timing: Optional[str] = None,
+    step_only: bool = False,
 ) -> Dict[str, Any]:
     """DESIGN.md's cost model; keys are the fields of routepack.SimResult. `ideal_micro`: the
     steps the ideal time assumes (None: the plan's own); `token_cap`: the cap the lower bound
     assumes (None: no cap); `plan_cap`: first validate the plan against this cap as
     `validate_plan` does (None: well-formedness only); `replica_timing`: the plan's
-    ("prefetch" or "after_router": forward copies exposed)."""
+    ("prefetch" or "after_router": forward copies exposed); `step_only`: the step time and its
+    parts only (`lower_bound_time` and `ideal_time` NaN)."""
 
 def simulate_terms(
     plan: Any,

@@ -19,7 +19,8 @@ the simulator every comparison is judged by, and keeps the fastest:
 The probes run without replication (a candidate's copies are planned once it is chosen). Where
 the runner-up packing scores within `REPLICATE_BOTH_WITHIN` of the winner, both are replicated
 and scored again, since copies can close a gap of that size. Ties keep the policy's own choice.
-Every probe is one `simulate` call over the window: at ``flash`` 0.2-0.3 CPU-seconds each.
+Every probe is one `simulate` call over the window, of the step time and its parts only (no lower
+bound: `score`'s ``step_only``): at ``flash`` about 0.1 CPU-seconds each.
 ``plan.report["choice"]`` records the candidates' step times and what was kept.
 """
 
@@ -81,7 +82,10 @@ def _score(ctx: Any, placement: Placement, packing: Packing, replicas: np.ndarra
     mig = migration_rows(ctx.previous, placement, ctx.topo, ctx.cost)
     plan = Plan(placement, rank, micro, m, replicas, mig, replica_timing=timing)
     # the request's checked arguments: scored without checking them again
-    return score(plan, ctx.window, ctx.topo, ctx.cost, ctx.token_cap, oversize=oversize_mode(ctx.oversize))
+    # the step time and its parts are all a probe reads: no lower bound (half a simulate's pass)
+    return score(
+        plan, ctx.window, ctx.topo, ctx.cost, ctx.token_cap, oversize=oversize_mode(ctx.oversize), step_only=True
+    )
 
 
 def choose(

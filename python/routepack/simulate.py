@@ -216,12 +216,15 @@ def score(
     token_cap: Optional[int],
     plan_cap: Optional[int] = None,
     oversize: str = "refuse",
+    step_only: bool = False,
 ) -> SimResult:
     """`simulate` of arguments already checked (the planner's, or `simulate`'s own): one call
     into the core's simulator (``simulate::simulate_in``). ``token_cap``: the cap the bound and
     the balanced reference assume (None: none); ``plan_cap``: validate the plan against it first
-    (None: well-formedness only); ``oversize``: "refuse", "alone" or "split"."""
-    ideal_micro = lower_bound_micro(window, topo, token_cap) if token_cap else None
+    (None: well-formedness only); ``oversize``: "refuse", "alone" or "split"; ``step_only``: the
+    step time and its parts only, ``lower_bound_time`` and ``ideal_time`` NaN (a choice among
+    candidates reads no more; the pass over the window skips the bound's sums)."""
+    ideal_micro = lower_bound_micro(window, topo, token_cap) if token_cap and not step_only else None
     with callers_words(WINDOW_WORDS):
         out = _core.simulate(
             plan,
@@ -234,5 +237,6 @@ def score(
             plan_cap,
             oversize,
             plan.replica_timing,
+            step_only,
         )
     return SimResult(**out)

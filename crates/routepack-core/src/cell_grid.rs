@@ -3,12 +3,16 @@
 //! per-exchange planners (replication) read for one exchange (EP group, microbatch, layer): the
 //! slowest rank's attention and the tokens each EP rank sends to each logical expert.
 
-use crate::bound::row_sums;
+use crate::bound::{row_sums, BoundTops};
 use crate::cost::CostModel;
 use crate::cpu::Avx2;
 use crate::plan::cell_members;
 use crate::topology::Topology;
 use crate::window::WindowView;
+
+/// Rows the origin passes prefetch ahead of the one they sum: enough to cover a read from
+/// memory on a loaded machine while the rows between are summed.
+const READ_AHEAD: usize = 4;
 
 /// Samples per (DP rank, microbatch) and their Σ n, Σ n² (what attention costs).
 /// Built from a packing that `validate_plan` accepted (ranks and microbatches in range).
@@ -118,9 +122,13 @@ impl CellGrid {
         let e_n = w.num_experts;
         debug_assert_eq!(origin.len(), self.ep * e_n);
         origin.iter_mut().for_each(|x| *x = 0);
+        let mut ahead = self.read_ahead(g, m);
         for r in 0..self.ep {
             let row = &mut origin[r * e_n..(r + 1) * e_n];
             for &s in self.members(g * self.ep + r, m) {
+                if let Some(t) = ahead.next() {
+                    w.prefetch_row(t, l);
+                }
                 crate::with_counts!(w.tokens(s, l), x => for (o, &c) in row.iter_mut().zip(x) {
                     *o += i64::from(c);
                 });
@@ -128,11 +136,20 @@ impl CellGrid {
         }
     }
 
+    /// The samples of group g's cells at microbatch m in the order the origin passes read
+    /// them (ranks ascending, each cell's members ascending), from the `READ_AHEAD`-th on:
+    /// what to prefetch while the earlier ones are summed.
+    fn read_ahead(&self, g: usize, m: usize) -> impl Iterator<Item = usize> + '_ {
+        (0..self.ep).flat_map(move |r| self.members(g * self.ep + r, m).iter().copied()).skip(READ_AHEAD)
+    }
+
     /// [`CellGrid::origin`], gathering on the way what the lower bound reads of each row
     /// ([`crate::bound::DemandSums`], through [`row_sums`]): `share` `[E]` is raised to every
-    /// member's largest share of its length, and `row(s, tokens, experts)` is called for each
-    /// member s (its Σ_e tokens and distinct experts in layer l). Compiled for AVX2 where the
-    /// CPU has it (integer sums and maxima: the same bits either way).
+    /// member's largest share of its length, and `row(s, tokens, experts, tops)` is called for
+    /// each member s (its Σ_e tokens and distinct experts in layer l, and its top-k sums
+    /// `BoundTops::row` where `tops` is given, else zeros). Compiled for AVX2 where the CPU has
+    /// it, the top-k sums too (computed here, not in `row`, so they are compiled so: integer
+    /// sums and maxima, the same bits either way).
     #[allow(clippy::too_many_arguments)]
     pub fn origin_and_sums(
         &self,
@@ -142,14 +159,15 @@ impl CellGrid {
         l: usize,
         origin: &mut [i64],
         share: &mut [f64],
-        row: impl FnMut(usize, i64, usize),
+        tops: Option<&BoundTops>,
+        row: impl FnMut(usize, i64, usize, [f64; 4]),
     ) {
         #[cfg(target_arch = "x86_64")]
         if let Some(cpu) = Avx2::detect() {
             // SAFETY: `cpu` proves the running CPU has AVX2
-            return unsafe { self.origin_and_sums_avx2(cpu, w, g, m, l, origin, share, row) };
+            return unsafe { self.origin_and_sums_avx2(cpu, w, g, m, l, origin, share, tops, row) };
         }
-        self.origin_and_sums_body(w, g, m, l, origin, share, row)
+        self.origin_and_sums_body(w, g, m, l, origin, share, tops, row)
     }
 
     /// [`CellGrid::origin_and_sums`] compiled for AVX2.
@@ -168,9 +186,10 @@ impl CellGrid {
         l: usize,
         origin: &mut [i64],
         share: &mut [f64],
-        row: impl FnMut(usize, i64, usize),
+        tops: Option<&BoundTops>,
+        row: impl FnMut(usize, i64, usize, [f64; 4]),
     ) {
-        self.origin_and_sums_body(w, g, m, l, origin, share, row)
+        self.origin_and_sums_body(w, g, m, l, origin, share, tops, row)
     }
 
     #[inline(always)]
@@ -183,16 +202,23 @@ impl CellGrid {
         l: usize,
         origin: &mut [i64],
         share: &mut [f64],
-        mut row: impl FnMut(usize, i64, usize),
+        tops: Option<&BoundTops>,
+        mut row: impl FnMut(usize, i64, usize, [f64; 4]),
     ) {
         let e_n = w.num_experts;
         debug_assert_eq!(origin.len(), self.ep * e_n);
         origin.iter_mut().for_each(|x| *x = 0);
+        let mut ahead = self.read_ahead(g, m);
         for r in 0..self.ep {
             let o = &mut origin[r * e_n..(r + 1) * e_n];
             for &s in self.members(g * self.ep + r, m) {
+                if let Some(t) = ahead.next() {
+                    w.prefetch_row(t, l);
+                }
                 let (tokens, experts) = crate::with_counts!(w.tokens(s, l), t => row_sums(t, w.seq_lens[s], o, share));
-                row(s, tokens, experts);
+                // the row was just read: its top-k sums while it is in cache
+                let top = tops.map_or([0.0; 4], |b| b.row(l, w.tokens(s, l), w.seq_lens[s], tokens as f64, experts));
+                row(s, tokens, experts, top);
             }
         }
     }

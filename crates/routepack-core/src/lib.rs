@@ -37,6 +37,7 @@
 //! * [`cpu`]         CPU capability tokens for the SIMD kernels, detected once
 //! * [`budget`]      wall-clock budgets (`time_budget_s`) to deadlines, without overflow
 //! * [`sizes`]       tables sized by an argument, checked before they are allocated
+//! * [`rounding`]    `f64::round` without the math library's call, bit for bit
 //!
 //! # Words
 //! Each word (sample, row, microbatch, step, stage, cell, exchange, chunk, slot, replica,
@@ -73,6 +74,7 @@ pub mod placement;
 pub mod plan;
 pub mod replication;
 pub mod request;
+pub mod rounding;
 pub mod simulate;
 pub mod sizes;
 pub mod split;

@@ -404,6 +404,7 @@ fn score(
     token_cap: Option<i64>,
     grid: CellGrid,
     timing: ReplicaTiming,
+    step_only: bool,
     detail: bool,
 ) -> Result<(SimReport, Option<ExchangeTerms>)> {
     // the entry checked the cost model and topology, and the plan is valid, so its largest
@@ -420,25 +421,29 @@ fn score(
     // each exchange's cost and its one-way dispatch bytes (inside nodes, between nodes), and
     // what the lower bound reads of the demand (its top-k sums too), gathered on the same
     // pass over it
-    let tops = BoundTops::new(w, topo);
+    // (`step_only`: the origin alone, none of the bound's sums)
+    let tops = if step_only { None } else { BoundTops::new(w, topo) };
     let per_gm: Vec<GmResult> = (0..g_n * m_n)
         .into_par_iter()
         .map_init(
             || (ExchangePricer::new(ep, e_n).with_timing(timing), vec![0i64; ep * e_n]),
             |(pricer, origin), gm| {
                 let (g, m) = (gm / m_n, gm % m_n);
-                let mut part = GmSums { rows: Vec::new(), totals: vec![0; l_n * e_n], share: vec![0.0; l_n * e_n], ranks: Vec::new() };
+                let sums = if step_only { 0 } else { l_n * e_n };
+                let mut part = GmSums { rows: Vec::new(), totals: vec![0; sums], share: vec![0.0; sums], ranks: Vec::new() };
                 let costs = (0..l_n)
                     .map(|l| {
-                        let share = &mut part.share[l * e_n..(l + 1) * e_n];
-                        grid.origin_and_sums(w, g, m, l, origin, share, |s, t, x| {
-                            // the row was just read: its top-k sums while it is in cache
-                            let top = tops.as_ref().map_or([0.0; 4], |b| b.row(l, w.tokens(s, l), w.seq_lens[s], t as f64, x));
-                            part.rows.push((s, l, t, x, top))
-                        });
-                        let totals = &mut part.totals[l * e_n..(l + 1) * e_n];
-                        for o in origin.chunks_exact(e_n) {
-                            totals.iter_mut().zip(o).for_each(|(t, &x)| *t += x);
+                        if step_only {
+                            grid.origin(w, g, m, l, origin);
+                        } else {
+                            let share = &mut part.share[l * e_n..(l + 1) * e_n];
+                            grid.origin_and_sums(w, g, m, l, origin, share, tops.as_ref(), |s, t, x, top| {
+                                part.rows.push((s, l, t, x, top))
+                            });
+                            let totals = &mut part.totals[l * e_n..(l + 1) * e_n];
+                            for o in origin.chunks_exact(e_n) {
+                                totals.iter_mut().zip(o).for_each(|(t, &x)| *t += x);
+                            }
                         }
                         let attn_max = grid.attention_max(cost, g, m, l);
                         let (so, sl) = &layer_slots[l];
@@ -455,19 +460,23 @@ fn score(
             },
         )
         .collect();
-    let mut demand = DemandSums::with_tops(w.num_samples, l_n, e_n, tops.as_ref());
-    for (_, part) in &per_gm {
-        for &(s, l, t, x, top) in &part.rows {
-            demand.set_row(s, l, t, x);
-            if tops.is_some() {
-                demand.set_row_tops(s, l, top);
+    let bound_and_layers = if step_only {
+        None
+    } else {
+        let mut demand = DemandSums::with_tops(w.num_samples, l_n, e_n, tops.as_ref());
+        for (_, part) in &per_gm {
+            for &(s, l, t, x, top) in &part.rows {
+                demand.set_row(s, l, t, x);
+                if tops.is_some() {
+                    demand.set_row_tops(s, l, top);
+                }
+            }
+            for l in 0..l_n {
+                demand.add_layer_part(l, &part.totals[l * e_n..(l + 1) * e_n], &part.share[l * e_n..(l + 1) * e_n]);
             }
         }
-        for l in 0..l_n {
-            demand.add_layer_part(l, &part.totals[l * e_n..(l + 1) * e_n], &part.share[l * e_n..(l + 1) * e_n]);
-        }
-    }
-    let (lower_bound, layer_tokens) = lower_bound_of_sums(w, topo, cost, bound_cap, &demand)?;
+        Some(lower_bound_of_sums(w, topo, cost, bound_cap, &demand)?)
+    };
 
     let mut imbalance = Vec::with_capacity(g_n * m_n * l_n);
     let (mut intra, mut cross) = (0.0, 0.0);
@@ -508,7 +517,10 @@ fn score(
     let step_time = group_times[critical] + migration + redundant_grads;
     let terms = detail.then(|| ExchangeTerms::gather(&per_gm, (g_n, m_n, l_n, ep), cost));
     // a balanced pipeline without a bubble: each stage a pp-th of the work
-    let ideal = ideal_time_of(&layer_tokens, w, topo, cost, ideal_micro.unwrap_or(m_n)) / topo.pp as f64;
+    let (lower_bound, ideal) = match bound_and_layers {
+        Some((bound, layer_tokens)) => (bound, ideal_time_of(&layer_tokens, w, topo, cost, ideal_micro.unwrap_or(m_n)) / topo.pp as f64),
+        None => (f64::NAN, f64::NAN),
+    };
     let tokens = w.total_tokens() as f64;
     let mean_imbalance = imbalance.iter().sum::<f64>() / imbalance.len() as f64;
     let report = SimReport {

@@ -82,6 +82,29 @@ impl<'a> WindowView<'a> {
         self.expert_tokens.slice(off, self.num_experts)
     }
 
+    /// Asks the CPU to bring row (s, l) (`[E]` counts, [`WindowView::tokens`]) into its cache
+    /// ahead of a read: the passes that gather a cell's samples (`CellGrid::origin`) jump
+    /// between rows far apart in the window, and on a window of gigabytes each row's first
+    /// line otherwise waits on memory. A hint only: no result depends on it (a no-op off
+    /// x86-64).
+    #[inline(always)]
+    pub fn prefetch_row(&self, s: usize, l: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            let (ptr, bytes) = crate::with_counts!(self.tokens(s, l), x => (x.as_ptr() as *const i8, std::mem::size_of_val(x)));
+            let mut off = 0;
+            while off < bytes {
+                // SAFETY: a prefetch never faults and reads nothing the program sees; the
+                // address is inside the row (`off < bytes`), borrowed for 'a
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(ptr.add(off)) };
+                off += 64;
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (s, l);
+    }
+
     /// Total tokens of the window, Σ n_s.
     pub fn total_tokens(&self) -> i64 {
         self.seq_lens.iter().sum()

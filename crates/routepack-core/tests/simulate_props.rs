@@ -155,3 +155,38 @@ proptest! {
         prop_assert_eq!(rep.ideal_time.to_bits(), ideal_time(&view, &topo, &cost, 1).to_bits());
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// `Scoring::step_only` (what the preset's choice among candidates runs) prices every
+    /// exchange as the full pass does: the step time, its parts, group times and bytes the same
+    /// bits, only the bound and the balanced reference left out (NaN).
+    #[test]
+    fn step_only_scores_the_same_step_bit_for_bit(
+        topo in topologies(),
+        seed in any::<u64>(),
+        micro in 1usize..3,
+        extra in 0usize..8,
+    ) {
+        let mut mix = Mix(seed);
+        let layers = 1 + mix.below(3);
+        let experts = 1 + mix.below(topo.num_slots());
+        let w = window(&mut mix, topo.dp * micro + extra, layers, experts, 40);
+        let plan = random_plan(&mut mix, &w, &topo, micro);
+        let cost = CostModel::for_tests(layers);
+        let view = w.view();
+        let cap = Some(*w.seq_lens.iter().max().unwrap());
+        let full = simulate_in(&plan, &view, &topo, &cost, &Scoring { token_cap: cap, ..Scoring::default() }).unwrap();
+        let probe = simulate_in(&plan, &view, &topo, &cost, &Scoring { token_cap: cap, step_only: true, ..Scoring::default() }).unwrap();
+        prop_assert!(probe.lower_bound_time.is_nan() && probe.ideal_time.is_nan());
+        let bits = |r: &routepack_core::simulate::SimReport| {
+            let mut v = vec![r.step_time, r.attention, r.expert, r.all_to_all, r.hidden, r.replication, r.migration,
+                r.redundant_grads, r.pipeline_bubble, r.intra_node_bytes, r.cross_node_bytes, r.mean_imbalance];
+            v.extend(&r.group_times);
+            v.extend(&r.imbalance);
+            (v.into_iter().map(f64::to_bits).collect::<Vec<_>>(), r.critical_group)
+        };
+        prop_assert_eq!(bits(&probe), bits(&full));
+    }
+}

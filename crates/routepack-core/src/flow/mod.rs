@@ -92,7 +92,7 @@ pub fn route_expert(
         let total: i64 = origin.iter().sum();
         let mut left = total;
         for (row, &(dst, share)) in replicas.iter().enumerate() {
-            let want = ((share as f64) * (total as f64)).round() as i64;
+            let want = crate::rounding::round((share as f64) * (total as f64)) as i64;
             let mut need = want.clamp(0, left);
             left -= need;
             // own rank, then same node ascending, then the others ascending (a node's ranks

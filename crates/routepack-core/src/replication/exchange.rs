@@ -95,7 +95,7 @@ impl Exchange<'_> {
 /// nearest f32 not above n/total. `0 <= n <= total`, `total > 0`.
 pub fn share_for(n: i64, total: i64) -> f32 {
     debug_assert!(total > 0 && (0..=total).contains(&n));
-    let hits = |s: f32| ((s as f64) * (total as f64)).round() as i64;
+    let hits = |s: f32| crate::rounding::round((s as f64) * (total as f64)) as i64;
     let s = ((n as f64) / (total as f64)) as f32;
     let down = f32::from_bits(s.to_bits().saturating_sub(1));
     let up = f32::from_bits(s.to_bits() + 1);

@@ -56,7 +56,8 @@ impl Default for Options {
     }
 }
 
-/// Per-worker scratch.
+/// Per-worker scratch. Tables by expert are filled when an expert first becomes a candidate
+/// in an exchange (`stamp` tells the exchange they were filled in).
 #[derive(Default)]
 pub struct Worker {
     state: ExchangeState,
@@ -66,11 +67,21 @@ pub struct Worker {
     cands: Vec<usize>,
     dsts: Vec<usize>,
     keyed: Vec<(i64, usize)>,
-    node_tokens: Vec<i64>,
     moves: Vec<Move>,
-    pools: Vec<Vec<i64>>,
     /// Per rank, the experts it sends most tokens to (computed on first use in a exchange).
     sent_top: Vec<Vec<usize>>,
+    /// The exchange's number (for the tables by expert below).
+    stamp: u32,
+    /// `[E]` per expert: the ranks with its tokens, most first (index ascending on ties), and
+    /// its tokens per node: fixed for the exchange; filled where `static_at[e] == stamp`.
+    by_origin: Vec<Vec<usize>>,
+    node_tokens: Vec<Vec<i64>>,
+    static_at: Vec<u32>,
+    /// `[E]` per one-slot expert: what copies appended after its replicas draw from (for the
+    /// sparse pricing of a new copy); valid where `pool_at[e] == stamp`, until its replicas
+    /// change.
+    pools: Vec<Vec<i64>>,
+    pool_at: Vec<u32>,
 }
 
 /// A move: expert e's copy on `dst` (weights from `src`) computes n tokens; `t` is its lower
@@ -79,7 +90,6 @@ pub struct Worker {
 struct Move {
     t: f64,
     idx: usize,
-    ci: usize,
     e: usize,
     dst: usize,
     src: usize,
@@ -118,10 +128,26 @@ fn take_top(keyed: &mut [(i64, usize)], k: usize, out: &mut Vec<usize>) {
     }
 }
 
+/// Fills expert e's tables that are fixed for the exchange (`Worker::by_origin`,
+/// `Worker::node_tokens`) unless this exchange filled them already.
+fn fill_static(wk: &mut Worker, e: usize, rpn: usize) {
+    if wk.static_at[e] == wk.stamp {
+        return;
+    }
+    let origin = wk.state.origin(e);
+    let order = &mut wk.by_origin[e];
+    order.clear();
+    order.extend((0..origin.len()).filter(|&r| origin[r] > 0));
+    order.sort_unstable_by(|&a, &b| origin[b].cmp(&origin[a]).then(a.cmp(&b)));
+    let nodes = &mut wk.node_tokens[e];
+    nodes.clear();
+    nodes.extend(origin.chunks(rpn).map(|ch| ch.iter().sum::<i64>()));
+    wk.static_at[e] = wk.stamp;
+}
+
 /// The replicas (and their token shares) of one exchange.
 pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Replica> {
-    let st = &mut wk.state;
-    st.reset(c);
+    wk.state.reset(c);
     if opts.replication_slots == 0 {
         return Vec::new();
     }
@@ -134,6 +160,17 @@ pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Repli
     wk.hosted.resize(e_n * ep, false);
     wk.sent_top.iter_mut().for_each(Vec::clear);
     wk.sent_top.resize_with(ep, Vec::new);
+    wk.stamp = wk.stamp.wrapping_add(1);
+    if wk.stamp == 0 || wk.static_at.len() != e_n {
+        for v in [&mut wk.static_at, &mut wk.pool_at] {
+            v.clear();
+            v.resize(e_n, 0);
+        }
+        wk.stamp = 1;
+    }
+    wk.by_origin.resize_with(e_n, Vec::new);
+    wk.node_tokens.resize_with(e_n, Vec::new);
+    wk.pools.resize_with(e_n, Vec::new);
     for e in 0..e_n {
         for &p in c.expert_slots(e) {
             let r = topo.rank_of_slot(p);
@@ -143,10 +180,11 @@ pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Repli
             }
         }
     }
-    let none = st.time(c);
+    let none = wk.state.time(c);
     let mut cur = none;
     let max_steps = 4 * ep * opts.replication_slots + 16;
     for _ in 0..max_steps {
+        let st = &mut wk.state;
         let (px, pa) = st.bottlenecks();
         let cands = &mut wk.cands;
         cands.clear();
@@ -180,46 +218,61 @@ pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Repli
         wk.moves.clear();
         for ci in 0..wk.cands.len() {
             let e = wk.cands[ci];
-            let total = st.total(e);
-            if total == 0 {
+            if wk.state.total(e) == 0 {
                 continue;
             }
+            fill_static(wk, e, rpn);
+            let st = &mut wk.state;
             // what copies appended after e's replicas draw from (for the sparse pricing of a
             // one-slot expert's new copy; an expert with several slots is priced in full)
-            if wk.pools.len() <= ci {
-                wk.pools.resize_with(ci + 1, Vec::new);
+            if c.expert_slots(e).len() == 1 && wk.pool_at[e] != wk.stamp {
+                st.pool_into(c, e, &mut wk.pools[e]);
+                wk.pool_at[e] = wk.stamp;
             }
-            if c.expert_slots(e).len() == 1 {
-                st.pool_into(c, e, &mut wk.pools[ci]);
-            }
-            st.prepare_bound(c, e, &wk.hosted[e * ep..(e + 1) * ep]);
+            let hosted = &wk.hosted[e * ep..(e + 1) * ep];
+            st.prepare_bound(c, e, hosted);
             // destinations: most own tokens of e, least expert time, and the a2a bottleneck
             let dsts = &mut wk.dsts;
             dsts.clear();
-            let hosted = &wk.hosted[e * ep..(e + 1) * ep];
             let eligible = |r: usize| !hosted[r] && (st.has_copy(e, r) || st.used[r] < opts.replication_slots);
+            // most own tokens: the first eligible ranks of e's ranks by tokens (those with none
+            // are not candidates)
+            dsts.extend(wk.by_origin[e].iter().copied().filter(|&r| eligible(r)).take(opts.dsts));
+            // least expert time: key = (largest expert time - the rank's) in ns, + 1 (> 0 for
+            // every rank, as `take_top` needs), the largest keys first, index ascending on ties;
+            // the key falls along the ranks by expert time ascending, so they are walked from
+            // there until the key drops below the `dsts`-th found
+            let x_max = st.expert_time(px);
+            let key = |r: usize| (((x_max - st.expert_time(r)) * 1e9) as i64).saturating_add(1);
             let keyed = &mut wk.keyed;
             keyed.clear();
-            keyed.extend((0..ep).filter(|&r| eligible(r)).map(|r| (st.origin(e)[r], r)));
-            take_top(keyed, opts.dsts, dsts);
-            keyed.clear();
-            // least loaded: key = -(expert time) in ns, positive offset keeps take_top's key > 0
-            let x_max = st.expert_time(px);
-            keyed.extend((0..ep).filter(|&r| eligible(r)).map(|r| ((((x_max - st.expert_time(r)) * 1e9) as i64).saturating_add(1), r)));
-            take_top(keyed, opts.dsts, dsts);
+            for &r in st.expert_order().iter().rev() {
+                if !eligible(r) {
+                    continue;
+                }
+                let k = key(r);
+                if keyed.len() >= opts.dsts && k < keyed[opts.dsts - 1].0 {
+                    break;
+                }
+                keyed.push((k, r));
+            }
+            keyed.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+            for &(_, r) in keyed.iter().take(opts.dsts) {
+                if !dsts.contains(&r) {
+                    dsts.push(r);
+                }
+            }
             if ci >= sent_from && eligible(pa) && !dsts.contains(&pa) {
                 dsts.push(pa);
             }
-            // the busiest host of e (where its tokens come off), and e's tokens per node
+            // the busiest host of e (where its tokens come off)
             let host_x = c.expert_slots(e).iter().map(|&p| st.expert_time(p / spr)).fold(0.0, f64::max);
-            wk.node_tokens.clear();
-            wk.node_tokens.extend(st.origin(e).chunks(rpn).map(|ch| ch.iter().sum::<i64>()));
             for di in 0..wk.dsts.len() {
                 let r = wk.dsts[di];
                 let existing = st.replicas[e].iter().position(|x| x.dst == r);
                 let mine = existing.map_or(0, |i| st.replicas[e][i].n);
                 let others: i64 = st.replicas[e].iter().filter(|x| x.dst != r).map(|x| x.n).sum();
-                let avail = total - others;
+                let avail = st.total(e) - others;
                 if avail <= 0 {
                     continue;
                 }
@@ -228,7 +281,7 @@ pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Repli
                 // the tokens that level r with e's busiest host when that is less. (Taking only
                 // r's own tokens, or levelling past the node, was tried: greedy then spends
                 // slots on small gains, and the plans were slower on both profiles.)
-                let node_tokens = wk.node_tokens[r / rpn];
+                let node_tokens = wk.node_tokens[e][r / rpn];
                 // with c_tok = 0 (or a huge gap) the share is "all of it": the float→int cast
                 // saturates, and the sum must too (it overflowed i64 before)
                 let level = mine.saturating_add(((host_x - st.expert_time(r)) / (2.0 * c.cost.c_tok.max(f64::MIN_POSITIVE))) as i64);
@@ -255,7 +308,7 @@ pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Repli
                     let lb = st.bound(c, r, src, n, existing.is_none(), local, hosted, rpn);
                     if lb < bar {
                         let idx = wk.moves.len();
-                        wk.moves.push(Move { t: lb, idx, ci, e, dst: r, src, n });
+                        wk.moves.push(Move { t: lb, idx, e, dst: r, src, n });
                     }
                 }
             }
@@ -264,6 +317,7 @@ pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Repli
         // the earliest in scan order among equal prices (so the order of pricing does not
         // matter), and a move whose bound cannot beat the best is not priced
         wk.moves.sort_unstable_by(|a, b| a.t.total_cmp(&b.t).then(a.idx.cmp(&b.idx)));
+        let st = &mut wk.state;
         let mut best: Option<Move> = None;
         for i in 0..wk.moves.len() {
             let m = wk.moves[i];
@@ -279,7 +333,7 @@ pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Repli
             let slots = c.expert_slots(m.e);
             // a new copy of a one-slot expert changes few ranks: priced sparsely (same result)
             let t = if slots.len() == 1 && !st.has_copy(m.e, m.dst) && st.total(m.e) < 1 << 23 {
-                st.try_append(c, m.e, slots[0] / spr, &wk.pools[m.ci], rep)
+                st.try_append(c, m.e, slots[0] / spr, &wk.pools[m.e], rep)
             } else {
                 st.try_move(c, m.e, rep)
             };
@@ -290,12 +344,14 @@ pub fn plan_exchange(c: &Exchange, wk: &mut Worker, opts: &Options) -> Vec<Repli
         }
         let Some(m) = best else { break };
         st.apply_move(c, m.e, st.make_replica(m.e, m.src, m.dst, m.n));
+        // e's replicas changed: so does what a new copy of it draws from
+        wk.pool_at[m.e] = 0;
         cur = m.t;
     }
     // keep the replicas only with a margin far above the float noise between this incremental
     // sum and the simulator's, so the simulated layer time never grows
     if cur < none * (1.0 - 1e-9) {
-        st.table(c)
+        wk.state.table(c)
     } else {
         Vec::new()
     }

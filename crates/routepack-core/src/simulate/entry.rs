@@ -45,6 +45,10 @@ pub struct Scoring {
     pub oversize: Oversize,
     /// How the plan's intra-batch copies move ([`ReplicaTiming`]: the plan's `replica_timing`).
     pub timing: ReplicaTiming,
+    /// The step time and its parts only: no lower bound and no balanced reference (both NaN),
+    /// so the pass over the demand skips the bound's row sums (about half a `simulate` at
+    /// `flash`). What a choice among candidate plans reads; the step time is the same bits.
+    pub step_only: bool,
 }
 
 /// Scores `plan` on `w` as `scoring` says (see [`Scoring`]): the simulator's one entry with
@@ -88,7 +92,7 @@ fn scored(
 /// `plan_window`'s final step computes.
 pub fn simulate_request(plan: &Plan, req: &PlanRequest, ideal_micro: Option<usize>, timing: ReplicaTiming) -> Result<SimReport> {
     let cap = Some(req.token_cap());
-    let scoring = Scoring { ideal_micro, token_cap: cap, plan_cap: cap, oversize: req.oversize(), timing };
+    let scoring = Scoring { ideal_micro, token_cap: cap, plan_cap: cap, oversize: req.oversize(), timing, step_only: false };
     Ok(simulate_checked(plan, req.window(), req.topo(), req.cost(), &scoring, true, false)?.0)
 }
 
@@ -105,7 +109,7 @@ fn simulate_checked(
     lengths_checked: bool,
     detail: bool,
 ) -> Result<(SimReport, Option<ExchangeTerms>)> {
-    let Scoring { ideal_micro, token_cap, plan_cap, oversize, timing } = *scoring;
+    let Scoring { ideal_micro, token_cap, plan_cap, oversize, timing, step_only } = *scoring;
     if oversize == Oversize::Split {
         // the cap that says which samples are split: what the plan was checked against
         let Some(split_cap) = plan_cap.or(token_cap) else {
@@ -121,5 +125,5 @@ fn simulate_checked(
         validate_checked(plan, w, topo, plan_cap.unwrap_or(i64::MAX), oversize, lengths_checked)?;
     }
     let grid = CellGrid::new(&plan.sample_rank, &plan.sample_micro, plan.num_micro, w.seq_lens, topo);
-    score(plan, w, topo, cost, ideal_micro, token_cap, grid, timing, detail)
+    score(plan, w, topo, cost, ideal_micro, token_cap, grid, timing, step_only, detail)
 }

@@ -45,5 +45,5 @@ pub(super) fn simulate_pieces(
             grid.set_ring(d + j, m, quad, kv);
         }
     }
-    score(&expanded, &wp, topo, cost, ideal_micro, token_cap, grid, timing, detail)
+    score(&expanded, &wp, topo, cost, ideal_micro, token_cap, grid, timing, false, detail)
 }

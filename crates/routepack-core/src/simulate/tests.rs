@@ -152,10 +152,13 @@ fn the_exchanges_pass_gathers_the_bounds_demand_sums() {
             for l in 0..l_n {
                 let mut share = vec![0.0; e_n];
                 let mut rows = Vec::new();
-                grid.origin_and_sums(&w, gm / m_n, gm % m_n, l, &mut origin, &mut share, |s, t, x| rows.push((s, t, x)));
+                grid.origin_and_sums(&w, gm / m_n, gm % m_n, l, &mut origin, &mut share, tops.as_ref(), |s, t, x, top| {
+                    rows.push((s, t, x, top))
+                });
                 if let Some(b) = &tops {
-                    for &(s, t, x) in &rows {
-                        got.set_row_tops(s, l, b.row(l, w.tokens(s, l), seq[s], t as f64, x));
+                    for &(s, t, x, top) in &rows {
+                        assert_eq!(top, b.row(l, w.tokens(s, l), seq[s], t as f64, x), "case {case}: the pass's top-k sums");
+                        got.set_row_tops(s, l, top);
                     }
                 }
                 let mut totals = vec![0i64; e_n];
@@ -165,7 +168,7 @@ fn the_exchanges_pass_gathers_the_bounds_demand_sums() {
                 let mut plain = vec![0i64; ep * e_n];
                 grid.origin(&w, gm / m_n, gm % m_n, l, &mut plain);
                 assert_eq!(origin, plain, "case {case}: the origins");
-                for (s, t, x) in rows {
+                for (s, t, x, _) in rows {
                     got.set_row(s, l, t, x);
                 }
                 got.add_layer_part(l, &totals, &share);

@@ -4,18 +4,20 @@
 use rayon::prelude::*;
 
 use super::{Proxy, Src};
-use crate::layout::kernel::{Demand, Shape};
+use crate::layout::kernel::{Demand, Shape, LANES};
 use crate::plan::Placement;
 use crate::topology::Topology;
 use crate::window::WindowView;
 
 /// Per layer: the single-replica experts grouped by their rank, as CSR (rank p's are
-/// `experts[off[p]..off[p + 1]]`, ascending), and the (expert, rank, share) triples of
-/// replicated experts, shares on one rank merged.
+/// `experts[off[p]..off[p + 1]]`, ascending), the (expert, rank, share) triples of
+/// replicated experts, shares on one rank merged, and the ranks those land on.
 struct Routes {
     off: Vec<usize>,
     experts: Vec<u32>,
     multi: Vec<(usize, usize, f64)>,
+    /// `[ep]` whether some replicated expert has a share on rank p (its value is rounded).
+    shared: Vec<bool>,
 }
 
 fn routes(w: &WindowView, topo: &Topology, placement: &Placement) -> Vec<Routes> {
@@ -47,7 +49,9 @@ fn routes(w: &WindowView, topo: &Topology, placement: &Placement) -> Vec<Routes>
             for p in 0..topo.ep {
                 by_rank[p + 1] += by_rank[p];
             }
-            Routes { off: by_rank, experts: single.into_iter().map(|(_, e)| e).collect(), multi }
+            let mut shared = vec![false; topo.ep];
+            multi.iter().for_each(|&(_, p, _)| shared[p] = true);
+            Routes { off: by_rank, experts: single.into_iter().map(|(_, e)| e).collect(), multi, shared }
         })
         .collect()
 }
@@ -58,45 +62,110 @@ struct Scratch {
     rpn: usize,
     whole: Vec<i64>,
     part: Vec<f64>,
+    /// Running sums of the single-replica experts' tokens in `Routes::experts` order.
+    run: Vec<i64>,
 }
 
 impl Scratch {
     fn new(topo: &Topology) -> Self {
         let ep = topo.ep;
-        Self { ep, rpn: topo.ranks_per_group_node(), whole: vec![0; ep + 1], part: vec![0.0; ep] }
+        Self { ep, rpn: topo.ranks_per_group_node(), whole: vec![0; ep + 1], part: vec![0.0; ep], run: Vec::new() }
     }
 }
 
-/// Sample s's demand vector into `out` (`[demand_len]`, every entry written).
-fn project_sample(w: &WindowView, routes: &[Routes], shape: Shape, s: usize, sc: &mut Scratch, out: &mut [f32]) {
-    let (ep, rpn) = (sc.ep, sc.rpn);
-    let (whole, part) = (&mut sc.whole, &mut sc.part);
+/// Rows (sample, layer) the projection prefetches ahead of the one it reads.
+const ROWS_AHEAD: usize = 2;
+
+/// Where a projection writes a sample's proj values (`Shape::proj_at` order, whole numbers).
+trait ProjOut {
+    /// Stores `v` at `i`; false where the store cannot hold it.
+    fn put(&mut self, i: usize, v: f32) -> bool;
+}
+
+impl ProjOut for [f32] {
+    #[inline(always)]
+    fn put(&mut self, i: usize, v: f32) -> bool {
+        self[i] = v;
+        true
+    }
+}
+
+impl ProjOut for [u16] {
+    /// The value as u16 when it fits (a whole number ≤ 65,535 is exact in f32, and one
+    /// above it is above 65,535 in f32 too).
+    #[inline(always)]
+    fn put(&mut self, i: usize, v: f32) -> bool {
+        let fits = v <= u16::MAX as f32;
+        self[i] = v as u16;
+        fits
+    }
+}
+
+/// Sample s's demand vector: its proj values into `proj` (`[proj_len]`) and its tail (otot,
+/// onode: `[demand_len − proj_len]`, offsets less `proj_len`) into `tail`, every entry of a
+/// layer written. Returns whether `proj` held every value.
+///
+/// Each rank's single-replica experts are summed as differences of one running sum over the
+/// experts in rank order (one loop of fixed length, where a loop per rank ended at a
+/// different count each time); a rank without a replicated expert's share holds a whole
+/// number, which rounding leaves as it is, and the others round without a call
+/// (`crate::rounding`): the values of `(whole + part).round()` on every rank, bit for bit.
+#[allow(clippy::too_many_arguments)]
+fn project_sample<P: ProjOut + ?Sized>(
+    w: &WindowView,
+    routes: &[Routes],
+    shape: Shape,
+    s: usize,
+    sc: &mut Scratch,
+    proj: &mut P,
+    tail: &mut [f32],
+) -> bool {
+    let (ep, rpn, pl) = (sc.ep, sc.rpn, shape.proj_len());
+    let (whole, part, run) = (&mut sc.whole, &mut sc.part, &mut sc.run);
+    let mut fits = true;
     for (l, rt) in routes.iter().enumerate() {
+        // the running sum reads the row out of order, which the CPU does not prefetch: ask
+        // for the rows ahead (the next sample's first ones at the end of this one)
+        // (rows in (sample, layer) order: any number of layers, the window's last row the last)
+        let ahead = s * w.num_layers + l + ROWS_AHEAD;
+        if ahead < w.num_samples * w.num_layers {
+            w.prefetch_row(ahead / w.num_layers, ahead % w.num_layers);
+        }
         part.iter_mut().for_each(|x| *x = 0.0);
         let x = w.tokens(s, l);
-        // each rank's single-replica experts summed apart (integer sums: any order is exact,
-        // and independent sums run faster than one scatter); replicated ones are split below
+        // integer sums: any order is exact
+        run.resize(rt.experts.len() + 1, 0);
         crate::with_counts!(x, x => {
-            for (p, t) in whole[..ep].iter_mut().enumerate() {
-                *t = rt.experts[rt.off[p]..rt.off[p + 1]].iter().map(|&e| i64::from(x[e as usize])).sum();
+            let mut acc = 0i64;
+            for (r, &e) in run[1..].iter_mut().zip(&rt.experts) {
+                acc += i64::from(x[e as usize]);
+                *r = acc;
             }
             for &(e, p, sh) in &rt.multi {
                 part[p] += f64::from(x[e]) * sh;
             }
         });
-        let (mut sent, mut node_sent) = (0f32, 0f32);
-        for p in 0..ep {
-            let v = (whole[p] as f64 + part[p]).round() as f32;
-            out[shape.proj_at(l, p)] = v;
-            sent += v;
-            node_sent += v;
-            if (p + 1) % rpn == 0 {
-                out[shape.onode_at(l, p / rpn)] = node_sent;
-                node_sent = 0.0;
+        for (t, o) in whole[..ep].iter_mut().zip(rt.off.windows(2)) {
+            *t = run[o[1]] - run[o[0]];
+        }
+        let at = shape.proj_at(l, 0);
+        let mut sent = 0f32;
+        for n in 0..ep.div_ceil(rpn) {
+            let ranks = n * rpn..((n + 1) * rpn).min(ep);
+            let mut node_sent = 0f32;
+            for p in ranks.clone() {
+                let v = if rt.shared[p] { crate::rounding::round(whole[p] as f64 + part[p]) as f32 } else { whole[p] as f64 as f32 };
+                fits &= proj.put(at + p * LANES, v);
+                sent += v;
+                node_sent += v;
+            }
+            if ranks.len() == rpn {
+                tail[shape.onode_at(l, n) - pl] = node_sent;
             }
         }
-        out[shape.otot_at(l)] = sent;
+        tail[shape.otot_at(l) - pl] = sent;
     }
+    fits
 }
 
 /// Every sample's demand vector, `[S, demand_len]` (see the module docs of `proxy`): tokens
@@ -104,18 +173,21 @@ fn project_sample(w: &WindowView, routes: &[Routes], shape: Shape, s: usize, sc:
 /// (sample, layer, rank), so every sum is exact in f32 whatever the placement.
 pub(super) fn project(w: &WindowView, topo: &Topology, placement: &Placement, shape: Shape) -> Vec<f32> {
     let routes = routes(w, topo, placement);
-    let demand_len = shape.demand_len();
+    let (demand_len, pl) = (shape.demand_len(), shape.proj_len());
     let mut demand = vec![0f32; w.num_samples * demand_len];
-    demand
-        .par_chunks_mut(demand_len)
-        .enumerate()
-        .for_each_init(|| Scratch::new(topo), |sc, (s, out)| project_sample(w, &routes, shape, s, sc, out));
+    demand.par_chunks_mut(demand_len).enumerate().for_each_init(
+        || Scratch::new(topo),
+        |sc, (s, out)| {
+            let (proj, tail) = out.split_at_mut(pl);
+            project_sample(w, &routes, shape, s, sc, proj, tail);
+        },
+    );
     demand
 }
 
 /// [`project`] stored as [`SampleDemand::new`] stores it, without holding the `[S, demand_len]`
-/// f32 table on the way when the compact form fits (each sample is projected into a scratch
-/// vector and written compact): the same values, at about 45% of the peak memory (the proxy
+/// f32 table on the way when the compact form fits (each sample is projected straight into
+/// its u16 proj and f32 tail): the same values, at about 45% of the peak memory (the proxy
 /// of a Kimi-K2-like window, 32K samples over ep 64, held 0.58 GB of f32 next to its 0.26 GB
 /// compact copy). Where some proj value needs more than 16 bits, the f32 table is built.
 pub(super) fn project_compact(w: &WindowView, topo: &Topology, placement: &Placement, shape: Shape) -> SampleDemand {
@@ -127,20 +199,7 @@ pub(super) fn project_compact(w: &WindowView, topo: &Topology, placement: &Place
         .par_chunks_mut(pl)
         .zip(tail.par_chunks_mut(len - pl))
         .enumerate()
-        .map_init(
-            || (Scratch::new(topo), vec![0f32; len]),
-            |(sc, buf), (s, (p, t))| {
-                project_sample(w, &routes, shape, s, sc, buf);
-                if buf[..pl].iter().any(|&x| x > u16::MAX as f32) {
-                    return false;
-                }
-                for (d, &x) in p.iter_mut().zip(&buf[..pl]) {
-                    *d = x as u16;
-                }
-                t.copy_from_slice(&buf[pl..]);
-                true
-            },
-        )
+        .map_init(|| Scratch::new(topo), |sc, (s, (p, t))| project_sample(w, &routes, shape, s, sc, p, t))
         .all(|ok| ok);
     if fits {
         SampleDemand::U16 { proj, tail }

@@ -34,7 +34,7 @@ impl ExchangeState {
         debug_assert!(c.expert_slots(e).len() == 1 && !self.has_copy(e, r) && r != host);
         // what route_expert gives the appended replica: round(share · T), capped by what is left
         let taken: i64 = self.replicas[e].iter().map(|x| x.n).sum();
-        let want = ((rep.share as f64) * (total as f64)).round() as i64;
+        let want = crate::rounding::round((rep.share as f64) * (total as f64)) as i64;
         let mut need = want.clamp(0, (total - taken).max(0));
         self.stamp = self.stamp.wrapping_add(1);
         if self.stamp == 0 {

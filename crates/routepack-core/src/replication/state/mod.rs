@@ -159,12 +159,15 @@ pub struct ExchangeState {
     /// Scratch of `refresh_changed`: per value (expert, all-to-all, hops), the ranks whose
     /// value changed.
     moved: [Vec<usize>; 3],
-    /// `bound`'s per-expert scratch: `[ep]` values without the expert's part, ranks whose
-    /// expert time any move changes, and the maxima over them.
-    wo_x: Vec<f64>,
+    /// `bound`'s per-expert scratch: `[ep]` all-to-all values without the expert's part
+    /// (valid where `wo_seen[p] == b_stamp`), ranks whose expert time any move changes, the
+    /// copies' tokens (both set sparsely at the ranks in `b_marked`), and the maxima.
     wo_a: Vec<f64>,
+    wo_seen: Vec<u32>,
+    b_stamp: u32,
     flag: Vec<bool>,
     own: Vec<i64>,
+    b_marked: Vec<usize>,
     b_x_flag: f64,
     b_a_top: [(f64, usize); 2],
     b_a_host: f64,
@@ -502,6 +505,12 @@ impl ExchangeState {
     #[inline]
     pub fn a2a_time(&self, p: usize) -> f64 {
         self.av[p]
+    }
+
+    /// The ranks by expert time, largest first (lowest index first among equal times).
+    #[inline]
+    pub fn expert_order(&self) -> &[usize] {
+        &self.xo
     }
 
     /// The rank with the largest expert time, and the one with the largest all-to-all time

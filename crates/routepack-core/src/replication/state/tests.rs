@@ -1,11 +1,12 @@
 //! Properties of the state's fast paths, on random windows and random moves: the direct load
 //! of unreplicated one-slot experts equals `route_expert`'s part, cached moves price and apply
-//! exactly as uncached ones, and the bounds never exceed the price.
+//! exactly as uncached ones, and the bounds never exceed the price and equal the full scan's.
 
 use proptest::prelude::*;
 use rand::{RngExt, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 
+use super::bound::reference as bound_reference;
 use super::{ExchangeState, Part};
 use crate::cost::CostModel;
 use crate::replication::exchange::{plan_exchanges, Exchange};
@@ -102,6 +103,8 @@ proptest! {
                 st.prepare_bound(c, e, &hosted);
                 let lb = st.bound(c, dst, src, n, existing.is_none(), None, &hosted, rpn);
                 assert!(lb <= price, "bound {lb} above price {price}");
+                let full_lb = bound_reference::bound(st, c, e, &hosted, dst, src, n, existing.is_none(), None, rpn);
+                assert_eq!(lb.to_bits(), full_lb.to_bits(), "lazy bound of {e} on {dst}");
                 let node = dst / rpn;
                 let node_tokens: i64 = st.origin(e)[node * rpn..((node + 1) * rpn).min(ep)].iter().sum();
                 let mine = existing.map_or(0, |r| r.n);
@@ -109,6 +112,8 @@ proptest! {
                 if alone && n.max(mine) <= node_tokens {
                     let lb = st.bound(c, dst, src, n, existing.is_none(), Some(node), &hosted, rpn);
                     assert!(lb <= price, "local bound {lb} above price {price}");
+                    let full_lb = bound_reference::bound(st, c, e, &hosted, dst, src, n, existing.is_none(), Some(node), rpn);
+                    assert_eq!(lb.to_bits(), full_lb.to_bits(), "lazy local bound of {e} on {dst}");
                 }
                 if rng.random_range(0..2) == 0 {
                     st.apply_move(c, e, rep);

@@ -1,5 +1,5 @@
-//! Step 2 of `flow`'s rule: the tokens no replica took, onto an expert's placement slots,
-//! node first (the rule and why it shares in proportion are in `flow`'s module docs).
+//! The plain form of `feed_slots` (each share divided twice, every weight divided), kept as
+//! the reference the fast one must equal flow for flow (`feed::tests`).
 
 use crate::topology::Topology;
 
@@ -7,7 +7,7 @@ use crate::topology::Topology;
 /// no replica took) is the caller's scratch; it holds `2·(ep + c)` entries on return (quotas,
 /// outflows and inflows are kept behind the ranks' tokens, so one buffer serves every call
 /// without an allocation), its first ep all zero. Calls `emit(origin, dst_rank, slot, count)`.
-pub(super) fn feed_slots(rem: &mut Vec<i64>, slots: &[usize], topo: &Topology, mut emit: impl FnMut(usize, usize, usize, i64)) {
+pub(crate) fn feed_slots(rem: &mut Vec<i64>, slots: &[usize], topo: &Topology, mut emit: impl FnMut(usize, usize, usize, i64)) {
     let (ep, c) = (rem.len(), slots.len());
     // q_j = Σ_r rem_r / c, plus one for each origin whose remainder covers j: origin r's
     // remainder covers the cyclic run r mod c, r mod c + 1, … of length rem_r mod c
