@@ -53,6 +53,10 @@ PARTS = (
 )
 
 
+#: the trace's process name where the caller gives none
+DEFAULT_TITLE = "simulated step"
+
+
 def step_parts(
     plan: Plan, window: Window, topo: Topology, cost: CostModel, token_cap: Optional[int] = None
 ) -> tuple[SimResult, Dict[str, np.ndarray]]:
@@ -109,7 +113,7 @@ def step_parts(
     return sim, parts
 
 
-def chrome_trace(parts: Dict[str, np.ndarray], step_time: float, title: str = "simulated step") -> Dict[str, Any]:
+def chrome_trace(parts: Dict[str, np.ndarray], step_time: float, title: str = DEFAULT_TITLE) -> Dict[str, Any]:
     """``parts`` (`step_parts`') as a Chrome trace-event document: process 0 named ``title``,
     one thread (track) per rank, one complete event (``"ph": "X"``, microseconds) per part,
     end to end from 0; each event's ``args`` carry its seconds."""
@@ -147,7 +151,7 @@ def write_trace(
     topo: Topology,
     cost: CostModel,
     token_cap: Optional[int] = None,
-    title: str = "simulated step",
+    title: str = DEFAULT_TITLE,
 ) -> Path:
     """Writes ``plan``'s simulated step on ``window`` per rank to ``path`` (`chrome_trace`)."""
     sim, parts = step_parts(plan, window, topo, cost, token_cap)
